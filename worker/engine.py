@@ -1,0 +1,350 @@
+"""Run one bash call right: spawn, follow, time out, shape. Usable in-process, no Redis.
+
+    result = run_call(Call(call_id="c1", command="make test"))
+
+The command runs as `bash -c COMMAND` in a new session (own process group, no
+controlling terminal), stdin from /dev/null, its stdout and stderr written straight
+into spill files. The engine waits on a pidfd, counting the files as they grow, and
+on exit (or timeout) shapes what is shown by the call's policy.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import select
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from worker import jobs, normalize, procs, truncate
+from worker.capture import FollowedFile, Shaped, shape
+from worker.environment import ChildEnv, build_env
+from worker.models import (
+    Call,
+    CallResult,
+    Spill,
+    SystemError_,
+    TruncationInfo,
+)
+from worker.sanitize import secret_pattern
+from worker.settings import Settings, get_settings
+
+#: How often the engine wakes to count output while a command runs.
+FOLLOW_INTERVAL_S = 0.05
+#: Bytes counted per wake-up, so a flood of output cannot delay the timeout check.
+FOLLOW_BUDGET = 64 * 1024 * 1024
+
+SpawnHook = Callable[[int, int, str], None]
+
+
+class CallError(Exception):
+    """A system error: the call could not be run (bad cwd, spawn failure, policy block)."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+
+    def as_model(self) -> SystemError_:
+        """The error as it travels in a result."""
+        return SystemError_(kind=self.kind, message=self.message)  # type: ignore[arg-type]
+
+
+@dataclass
+class _Streams:
+    """The files a foreground call writes into."""
+
+    stdout: Path
+    stderr: Path | None  # None: stderr goes into the stdout file (combined)
+
+    def followers(self) -> list[FollowedFile]:
+        files = [FollowedFile(self.stdout)]
+        if self.stderr is not None:
+            files.append(FollowedFile(self.stderr))
+        return files
+
+
+def resolve_cwd(cwd: str | None) -> str:
+    """Validate the working directory; nothing runs when it is wrong."""
+    path = Path(cwd).expanduser() if cwd else Path.home()
+    if not path.exists():
+        raise CallError("bad_cwd", f"Working directory does not exist: {path}")
+    if not path.is_dir():
+        raise CallError("bad_cwd", f"Working directory is not a directory: {path}")
+    if not os.access(path, os.X_OK):
+        raise CallError("bad_cwd", f"Working directory is not accessible: {path}")
+    return str(path.resolve())
+
+
+def prepare(call: Call) -> tuple[Call, str]:
+    """Apply the policy's input rules; return the call to run and its validated cwd."""
+    policy = call.policy
+    if policy.lift_head_tail:
+        lifted = normalize.normalize_command(call.command)
+        head, tail = normalize.merge_limits(lifted, call.head, call.tail)
+        call = call.model_copy(update={"command": lifted.command, "head": head, "tail": tail})
+    if policy.intercept:
+        rule = normalize.check_interception(call.command, policy.intercept, policy.available_tools)
+        if rule is not None:
+            raise CallError("blocked", normalize.blocked_message(rule, call.command))
+    timeout = call.timeout_s if call.timeout_s is not None else policy.default_timeout_s
+    if timeout > policy.max_timeout_s:
+        raise CallError(
+            "invalid", f"timeout {timeout:g}s is above this dialect's maximum of "
+            f"{policy.max_timeout_s:g}s"
+        )
+    return call, resolve_cwd(call.cwd)
+
+
+def run_call(
+    call: Call,
+    *,
+    settings: Settings | None = None,
+    on_spawn: SpawnHook | None = None,
+    cancel: threading.Event | None = None,
+) -> CallResult:
+    """Run a call to its end (or timeout) and return its result. Never raises for the command.
+
+    `on_spawn(pid, pgid, marker)` is told the process as soon as it exists (the fleet
+    records it); setting `cancel` kills the call as a timeout would.
+    """
+    settings = settings or get_settings()
+    started = time.monotonic()
+    try:
+        call, cwd = prepare(call)
+        if call.background:
+            record = jobs.start_job(call, cwd, settings)
+            return CallResult(
+                call_id=call.call_id,
+                host=settings.host,
+                backgrounded=True,
+                job=jobs.handle(record),
+                duration_s=time.monotonic() - started,
+                cwd=cwd,
+                combined=True,
+            )
+        return _run_foreground(call, cwd, settings, on_spawn, cancel, started)
+    except CallError as exc:
+        return CallResult(
+            call_id=call.call_id,
+            host=settings.host,
+            error=exc.as_model(),
+            duration_s=time.monotonic() - started,
+        )
+
+
+def _open_streams(call: Call, settings: Settings) -> _Streams:
+    settings.spill_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if call.policy.streams == "combined":
+        return _Streams(settings.spill_dir / f"{call.call_id}.log", None)
+    return _Streams(
+        settings.spill_dir / f"{call.call_id}.out", settings.spill_dir / f"{call.call_id}.err"
+    )
+
+
+def _spawn(call: Call, cwd: str, child: ChildEnv, streams: _Streams) -> subprocess.Popen[bytes]:
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_CLOEXEC
+    out_fd = os.open(streams.stdout, flags, 0o600)
+    err_fd = os.open(streams.stderr, flags, 0o600) if streams.stderr else out_fd
+    try:
+        return subprocess.Popen(
+            ["bash", "-c", call.command],
+            cwd=cwd,
+            env=child.env,
+            stdin=subprocess.DEVNULL,
+            stdout=out_fd,
+            stderr=err_fd,
+            # setsid(): a new session and process group, and no controlling terminal.
+            start_new_session=True,
+            close_fds=True,
+        )
+    except OSError as exc:
+        raise CallError("spawn_failed", f"could not start bash: {exc}") from exc
+    finally:
+        os.close(out_fd)
+        if err_fd != out_fd:
+            os.close(err_fd)
+
+
+def _wait(
+    proc: subprocess.Popen[bytes],
+    files: list[FollowedFile],
+    timeout_s: float,
+    cancel: threading.Event | None,
+) -> str:
+    """Follow the output until the process exits; return `exited`, `timeout` or `cancel`."""
+    deadline = time.monotonic() + timeout_s
+    pidfd = os.pidfd_open(proc.pid)
+    try:
+        poller = select.poll()
+        poller.register(pidfd, select.POLLIN)
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return "timeout"
+            if cancel is not None and cancel.is_set():
+                return "cancel"
+            events = poller.poll(min(remaining, FOLLOW_INTERVAL_S) * 1000)
+            for followed in files:
+                followed.catch_up(FOLLOW_BUDGET)
+            if events:
+                proc.wait()
+                return "exited"
+    finally:
+        os.close(pidfd)
+
+
+def _run_foreground(
+    call: Call,
+    cwd: str,
+    settings: Settings,
+    on_spawn: SpawnHook | None,
+    cancel: threading.Event | None,
+    started: float,
+) -> CallResult:
+    marker = call.call_id
+    child = build_env(
+        os.environ, marker=marker, extra=call.env,
+        deny=settings.secret_deny, allow=settings.secret_allow,
+    )
+    secrets = secret_pattern(child.scrubbed_values)
+    try:
+        streams = _open_streams(call, settings)
+    except OSError as exc:
+        raise CallError("spawn_failed", f"spill directory unusable: {exc}") from exc
+    proc = _spawn(call, cwd, child, streams)
+    if on_spawn is not None:
+        on_spawn(proc.pid, proc.pid, marker)
+    files = streams.followers()
+    timeout_s = call.timeout_s if call.timeout_s is not None else call.policy.default_timeout_s
+    outcome = _wait(proc, files, timeout_s, cancel)
+    result = _Outcome(call, settings, streams, files, secrets, cwd, started)
+    if outcome == "exited":
+        return result.finished(proc.returncode)
+    if outcome == "timeout" and call.policy.on_timeout == "background":
+        record = jobs.adopt_foreground(call, proc, streams.stdout, streams.stderr, cwd, settings)
+        return result.backgrounded(record, proc.pid)
+    survivors = procs.terminate(
+        proc.pid, marker, grace_s=call.policy.kill_grace_s, rounds=settings.sweep_rounds
+    )
+    proc.wait()
+    return result.killed(proc.returncode, survivors, cancelled=outcome == "cancel")
+
+
+@dataclass
+class _Outcome:
+    """Builds the result of a foreground call from its files."""
+
+    call: Call
+    settings: Settings
+    streams: _Streams
+    files: list[FollowedFile]
+    secrets: re.Pattern[str] | None
+    cwd: str
+    started: float
+
+    def _shaped(self) -> tuple[Shaped, Shaped | None]:
+        policy = self.call.policy
+        shaped: list[Shaped] = []
+        for followed in self.files:
+            followed.catch_up()
+            shaped.append(
+                shape(
+                    followed.path, followed.offset, followed.lines, policy.truncation,
+                    self.secrets, digest=policy.digest_errors,
+                )
+            )
+        return shaped[0], (shaped[1] if len(shaped) > 1 else None)
+
+    def _spill(self, out: Shaped, err: Shaped | None, keep: bool) -> Spill | None:
+        sizes = [f.offset for f in self.files]
+        wanted = keep or (
+            (out.info.truncated or (err is not None and err.info.truncated))
+            and sum(sizes) > self.call.policy.spill_min_bytes
+        )
+        if not wanted:
+            for followed in self.files:
+                followed.path.unlink(missing_ok=True)
+            return None
+        return Spill(
+            host=self.settings.host,
+            stdout_path=str(self.streams.stdout),
+            stderr_path=str(self.streams.stderr) if self.streams.stderr else None,
+            stdout_bytes=sizes[0],
+            stderr_bytes=sizes[1] if len(sizes) > 1 else 0,
+        )
+
+    def _result(self, *, keep_files: bool = False, **fields: object) -> CallResult:
+        out, err = self._shaped()
+        out_text, err_text = self._limits(out.text), self._limits(err.text if err else "")
+        return CallResult(
+            call_id=self.call.call_id,
+            host=self.settings.host,
+            combined=self.streams.stderr is None,
+            stdout=out_text,
+            stderr=err_text,
+            stdout_truncation=out.info,
+            stderr_truncation=err.info if err else None,
+            spill=self._spill(out, err, keep_files),
+            error_digest=out.digest + (err.digest if err else ()),
+            duration_s=time.monotonic() - self.started,
+            cwd=self.cwd,
+            **fields,  # type: ignore[arg-type]
+        )
+
+    def _limits(self, text: str) -> str:
+        # Seed 002: explicit head/tail limits apply to the shaped text, head first.
+        if self.call.head is not None:
+            text = truncate.head_lines(text, self.call.head)
+        if self.call.tail is not None:
+            text = truncate.last_lines(text, self.call.tail)
+        return text
+
+    def finished(self, returncode: int) -> CallResult:
+        code, sig = _split_status(returncode)
+        return self._result(exit_code=code, signal=sig)
+
+    def killed(self, returncode: int, survivors: list[int], *, cancelled: bool) -> CallResult:
+        code, sig = _split_status(returncode)
+        error = None
+        if cancelled:
+            error = SystemError_(kind="internal", message="call cancelled; its processes were killed")
+        if survivors:
+            message = f"{len(survivors)} process(es) survived the kill: {survivors}"
+            error = SystemError_(kind="internal", message=message)
+        return self._result(
+            exit_code=code, signal=sig, timed_out=not cancelled, error=error,
+            processes=procs.describe(survivors),
+        )
+
+    def backgrounded(self, record: jobs.JobRecord, pid: int) -> CallResult:
+        alive = procs.find_call_processes(record.pgid, record.marker)
+        return self._result(
+            keep_files=True,
+            timed_out=True,
+            backgrounded=True,
+            job=jobs.handle(record),
+            processes=procs.describe(alive),
+        )
+
+
+def _split_status(returncode: int) -> tuple[int | None, int | None]:
+    """Popen's returncode to (exit code, signal): negative means killed by that signal."""
+    if returncode < 0:
+        return None, -returncode
+    return returncode, None
+
+
+def signal_name(number: int | None) -> str | None:
+    """SIGTERM for 15, and so on."""
+    if number is None:
+        return None
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"

@@ -1,0 +1,356 @@
+"""Background jobs: start detached, check and kill from any process given the record.
+
+A job's record is a small JSON file beside its output (and, in the fleet, a Redis
+hash). Check and kill need nothing else: the pid with its start time (a pid reused
+by an unrelated process is never taken for the job), the process group, the marker
+every process of the job carries, and the output and status files.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import select
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+from worker import procs, truncate
+from worker.capture import read_slice
+from worker.environment import build_env
+from worker.models import (
+    Call,
+    CheckResult,
+    JobHandle,
+    JobRecord,
+    JobStatus,
+    TailLines,
+    Truncation,
+)
+from worker.sanitize import secret_pattern
+from worker.settings import Settings, get_settings
+
+_SUPERVISOR = Path(__file__).with_name("supervise.py")
+#: Seconds to wait for the supervisor to report the job's pid.
+START_TIMEOUT_S = 10.0
+#: Most bytes of new output one check reads; older new output is skipped with a note.
+CHECK_READ_LIMIT = 8 * 1024 * 1024
+
+
+class JobError(Exception):
+    """A job could not be started, found or controlled."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+
+
+def new_job_id() -> str:
+    """A job id unique across hosts and time."""
+    return f"j{uuid.uuid4().hex[:15]}"
+
+
+def handle(record: JobRecord) -> JobHandle:
+    """The caller's view of a job."""
+    return JobHandle(
+        id=record.id, host=record.host, pid=record.pid, pgid=record.pgid,
+        output_path=record.output_path,
+    )
+
+
+def record_path(settings: Settings, job_id: str) -> Path:
+    """Where the worker keeps a job's record on its own disk (for re-adoption)."""
+    return settings.jobs_dir / f"{job_id}.json"
+
+
+def save_record(record: JobRecord, settings: Settings) -> None:
+    """Write the record beside the job's files, atomically."""
+    path = record_path(settings, record.id)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(record.model_dump_json(), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def load_record(job_id: str, settings: Settings | None = None) -> JobRecord:
+    """Read a job's record from this host's disk."""
+    settings = settings or get_settings()
+    if not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", job_id):
+        raise JobError("not_found", f"no such job: {job_id!r}")
+    try:
+        return JobRecord.model_validate_json(record_path(settings, job_id).read_text("utf-8"))
+    except FileNotFoundError:
+        raise JobError("not_found", f"no such job: {job_id}") from None
+
+
+def local_records(settings: Settings | None = None) -> list[JobRecord]:
+    """Every job record kept on this host."""
+    settings = settings or get_settings()
+    if not settings.jobs_dir.is_dir():
+        return []
+    records = []
+    for path in sorted(settings.jobs_dir.glob("*.json")):
+        with contextlib.suppress(OSError, ValueError):
+            records.append(JobRecord.model_validate_json(path.read_text("utf-8")))
+    return records
+
+
+def start_job(call: Call, cwd: str, settings: Settings) -> JobRecord:
+    """Start `call` detached under a supervisor; return its record once it runs."""
+    settings.jobs_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    job_id = new_job_id()
+    output = settings.jobs_dir / f"{job_id}.log"
+    status = settings.jobs_dir / f"{job_id}.status.json"
+    child = build_env(
+        os.environ, marker=job_id, extra=call.env,
+        deny=settings.secret_deny, allow=settings.secret_allow,
+    )
+    spec = settings.jobs_dir / f"{job_id}.spec.json"
+    fd = os.open(spec, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        json.dump(
+            {
+                "command": call.command, "cwd": cwd, "env": child.env,
+                "output_path": str(output), "status_path": str(status),
+            },
+            handle,
+        )
+    output.touch(mode=0o600)
+    started = _launch_supervisor(spec)
+    record = JobRecord(
+        id=job_id, host=settings.host, pid=started["pid"], pgid=started["pgid"],
+        start_time=started["start_time"], marker=job_id, command=call.command, cwd=cwd,
+        output_path=str(output), status_path=str(status), started_at=time.time(),
+        call_id=call.call_id,
+    )
+    save_record(record, settings)
+    return record
+
+
+def _launch_supervisor(spec: Path) -> dict[str, float | int]:
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"}
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-I", "-S", str(_SUPERVISOR), str(spec)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,
+            close_fds=True,
+        )
+    except OSError as exc:
+        spec.unlink(missing_ok=True)
+        raise JobError("spawn_failed", f"could not start the job supervisor: {exc}") from exc
+    assert proc.stdout is not None
+    ready, _, _ = select.select([proc.stdout], [], [], START_TIMEOUT_S)
+    line = proc.stdout.readline() if ready else b""
+    proc.stdout.close()
+    # The supervisor lives on detached; reap it from a thread if it ends while we run.
+    threading.Thread(target=proc.wait, name="bashfleet-reap", daemon=True).start()
+    try:
+        started: dict[str, float | int] = json.loads(line)
+    except ValueError:
+        spec.unlink(missing_ok=True)
+        raise JobError("spawn_failed", "the job supervisor did not start the job") from None
+    if "error" in started:
+        raise JobError("spawn_failed", str(started["error"]))
+    return started
+
+
+def adopt_foreground(
+    call: Call,
+    proc: subprocess.Popen[bytes],
+    stdout: Path,
+    stderr: Path | None,
+    cwd: str,
+    settings: Settings,
+) -> JobRecord:
+    """Turn a timed-out foreground call into a job that keeps running.
+
+    Its output keeps going to its spill files; a watcher thread records its end.
+    If this process dies first, the end is recorded as unknown on re-adoption.
+    """
+    settings.jobs_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    job_id = new_job_id()
+    record = JobRecord(
+        id=job_id, host=settings.host, pid=proc.pid, pgid=proc.pid,
+        start_time=procs.start_time(proc.pid) or time.time(), marker=call.call_id,
+        command=call.command, cwd=cwd, output_path=str(stdout),
+        status_path=str(settings.jobs_dir / f"{job_id}.status.json"),
+        started_at=time.time(), call_id=call.call_id,
+        stderr_path=str(stderr) if stderr else None,
+    )
+    save_record(record, settings)
+    threading.Thread(
+        target=_watch, args=(proc, record), name=f"bashfleet-watch-{job_id}", daemon=True
+    ).start()
+    return record
+
+
+def _watch(proc: subprocess.Popen[bytes], record: JobRecord) -> None:
+    returncode = proc.wait()
+    with open(record.output_path, "a", encoding="utf-8") as handle:
+        handle.write(completion_line(returncode))
+    write_status(record, returncode)
+
+
+def completion_line(returncode: int) -> str:
+    """Seed 001's completion line, appended to a job's output when it ends."""
+    # One implementation for both the supervisor (which cannot import us) and here.
+    from worker.supervise import _completion_line
+
+    return _completion_line(returncode)
+
+
+def write_status(record: JobRecord, returncode: int | None, note: str | None = None) -> None:
+    """Record how a job ended, atomically, unless its end is already recorded."""
+    path = Path(record.status_path)
+    if path.exists():
+        return
+    status = JobStatus(
+        exit_code=returncode if returncode is not None and returncode >= 0 else None,
+        signal=-returncode if returncode is not None and returncode < 0 else None,
+        ended_at=time.time(),
+        note=note,
+    )
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(status.model_dump_json(), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def read_status(record: JobRecord) -> JobStatus | None:
+    """How the job ended, or None while its end is not recorded."""
+    try:
+        return JobStatus.model_validate_json(Path(record.status_path).read_text("utf-8"))
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def is_running(record: JobRecord) -> bool:
+    """True while the job's leader or any process carrying its marker is alive."""
+    if procs.is_same_process(record.pid, record.start_time):
+        return True
+    return bool(procs.find_call_processes(None, record.marker))
+
+
+def _secrets(settings: Settings) -> re.Pattern[str] | None:
+    child = build_env(os.environ, marker="", deny=settings.secret_deny, allow=settings.secret_allow)
+    return secret_pattern(child.scrubbed_values)
+
+
+def check_job(
+    record: JobRecord,
+    *,
+    offset: int = 0,
+    stderr_offset: int = 0,
+    grep: str | None = None,
+    policy: Truncation | None = None,
+    settings: Settings | None = None,
+) -> CheckResult:
+    """The job's state and its output since `offset`, filtered by `grep`, cut by `policy`."""
+    settings = settings or get_settings()
+    pattern = _compile_grep(grep)
+    status = read_status(record)
+    running = status is None and is_running(record)
+    note = None
+    if status is None and not running:
+        # Nothing recorded the end: the watcher died with its worker.
+        write_status(record, None, note="ended while no watcher was alive; exit status unknown")
+        status = read_status(record)
+    if status is not None and status.note:
+        note = status.note
+    secrets = _secrets(settings)
+    text, new_offset, skipped = _read_new(Path(record.output_path), offset, secrets)
+    err_text, new_err_offset = "", stderr_offset
+    if record.stderr_path:
+        err_text, new_err_offset, _ = _read_new(Path(record.stderr_path), stderr_offset, secrets)
+    if skipped:
+        note = (note + "; " if note else "") + f"{skipped} older bytes of new output not shown"
+    if pattern is not None:
+        text = _grep(text, pattern)
+        err_text = _grep(err_text, pattern)
+    cut = truncate.apply(text, policy or TailLines())
+    return CheckResult(
+        id=record.id,
+        host=record.host,
+        running=running,
+        exit_code=status.exit_code if status else None,
+        signal=status.signal if status else None,
+        output=cut.text,
+        offset=new_offset,
+        output_truncation=cut.info,
+        output_path=record.output_path,
+        stderr_output=truncate.apply(err_text, policy or TailLines()).text,
+        stderr_offset=new_err_offset,
+        note=note,
+    )
+
+
+def _compile_grep(grep: str | None) -> re.Pattern[str] | None:
+    if grep is None or grep == "":
+        return None
+    try:
+        return re.compile(grep)
+    except re.error as exc:
+        raise JobError("invalid", f"invalid regular expression {grep!r}: {exc}") from None
+
+
+def _grep(text: str, pattern: re.Pattern[str]) -> str:
+    return "".join(line for line in text.splitlines(keepends=True) if pattern.search(line))
+
+
+def _read_new(
+    path: Path, offset: int, secrets: re.Pattern[str] | None
+) -> tuple[str, int, int]:
+    """New output from `offset` to the end: (text, next offset, bytes skipped)."""
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        return "", offset, 0
+    skipped = max(0, size - offset - CHECK_READ_LIMIT)
+    start = offset + skipped
+    text, end, _ = read_slice(path, start, size - start, secrets)
+    return text, end, skipped
+
+
+def kill_job(
+    record: JobRecord,
+    *,
+    offset: int = 0,
+    stderr_offset: int = 0,
+    grace_s: float = 2.0,
+    policy: Truncation | None = None,
+    settings: Settings | None = None,
+) -> CheckResult:
+    """End a job (group SIGTERM, grace, SIGKILL, marker sweep); return its final state."""
+    settings = settings or get_settings()
+    leader_ours = procs.is_same_process(record.pid, record.start_time)
+    survivors = procs.terminate(
+        record.pgid if leader_ours else None, record.marker,
+        grace_s=grace_s, rounds=settings.sweep_rounds,
+    )
+    _await_status(record, timeout=2.0)
+    write_status(record, None, note="killed; the supervisor did not record the exit status")
+    result = check_job(
+        record, offset=offset, stderr_offset=stderr_offset, policy=policy, settings=settings
+    )
+    if survivors:
+        note = f"{len(survivors)} process(es) survived the kill: {survivors}"
+        result = result.model_copy(update={"running": True, "note": note})
+    return result
+
+
+def _await_status(record: JobRecord, timeout: float) -> None:
+    # The supervisor (or the adopting worker's watcher thread) writes the status right
+    # after the job dies; give it a moment before recording the end ourselves.
+    deadline = time.monotonic() + timeout
+    delay = 0.002
+    while read_status(record) is None and time.monotonic() < deadline:
+        time.sleep(delay)
+        delay = min(delay * 2, 0.05)

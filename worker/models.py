@@ -1,0 +1,369 @@
+"""The wire contract: every model that crosses Redis, a process or the CLI's --json.
+
+All models forbid unknown fields so a typo in a caller fails loudly instead of being
+ignored, and every field says what it means. Models are JSON-only (never pickle).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+#: Largest command accepted, in bytes of UTF-8. Seed 001 asks agents for < 60k tokens;
+#: 1 MiB leaves room for heredocs while keeping messages small on Redis.
+MAX_COMMAND_BYTES = 1024 * 1024
+
+#: Longest timeout any call may ask for: seed 001's background mode runs 24 hours.
+MAX_TIMEOUT_S = 24 * 60 * 60.0
+
+
+class Model(BaseModel):
+    """Base of every wire model: strict about unknown fields, immutable once built."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# --------------------------------------------------------------------------- policies
+
+
+class TailLines(Model):
+    """Keep the end of a stream: at most `max_lines` lines and `max_bytes` bytes."""
+
+    kind: Literal["tail_lines"] = "tail_lines"
+    max_lines: int = Field(2000, ge=1)
+    """Most lines shown (seed 000: 2000)."""
+    max_bytes: int = Field(50 * 1024, ge=1)
+    """Most bytes of UTF-8 shown (seed 000: 51,200)."""
+
+
+class Middle(Model):
+    """Past `max_bytes`, keep only the first and last `keep_bytes` (seed 001)."""
+
+    kind: Literal["middle"] = "middle"
+    max_bytes: int = Field(128 * 1024, ge=1)
+    """Output up to this size is shown whole."""
+    keep_bytes: int = Field(4 * 1024, ge=1)
+    """Bytes kept at each end when the output is larger."""
+
+
+class CharCap(Model):
+    """Keep the first `max_chars` characters (seed 004: 30,000)."""
+
+    kind: Literal["char_cap"] = "char_cap"
+    max_chars: int = Field(30_000, ge=1)
+    """Most characters shown."""
+
+
+class ByteTail(Model):
+    """Keep the last `max_bytes` bytes, never splitting a UTF-8 character (seed 002)."""
+
+    kind: Literal["byte_tail"] = "byte_tail"
+    max_bytes: int = Field(50 * 1024, ge=1)
+    """Most bytes of UTF-8 shown."""
+
+
+Truncation = Annotated[TailLines | Middle | CharCap | ByteTail, Field(discriminator="kind")]
+
+
+class InterceptRule(Model):
+    """Refuse commands that another tool does better (seed 002's bash interceptor)."""
+
+    pattern: str
+    """Regular expression searched in the normalized command."""
+    tool: str
+    """The tool the agent should use instead."""
+    message: str
+    """Why the command is refused; shown after `Blocked: `."""
+
+
+class Policy(Model):
+    """How one dialect wants a call run and its output shaped."""
+
+    name: str = "native"
+    """Dialect name, for logs and notices."""
+    streams: Literal["separate", "combined"] = "separate"
+    """`separate`: stdout and stderr apart; `combined`: one stream in arrival order."""
+    truncation: Truncation = Field(default_factory=TailLines)
+    """How shown output is cut."""
+    digest_errors: bool = False
+    """List error-looking lines from the part that was cut (native dialect)."""
+    default_timeout_s: float = Field(120.0, gt=0, le=MAX_TIMEOUT_S)
+    """Timeout when the call gives none."""
+    max_timeout_s: float = Field(MAX_TIMEOUT_S, gt=0, le=MAX_TIMEOUT_S)
+    """Largest timeout a call may ask for; larger ones are refused."""
+    on_timeout: Literal["kill", "background"] = "background"
+    """`kill`: end the process group; `background`: leave it running as a job."""
+    kill_grace_s: float = Field(2.0, ge=0, le=60)
+    """Seconds between SIGTERM and SIGKILL when a call is killed."""
+    spill_min_bytes: int = Field(0, ge=0)
+    """Keep the spill file only when output was cut and is larger than this (seed 000: 50 KB)."""
+    lift_head_tail: bool = False
+    """Lift a trailing `| head -n N` / `| tail -n N` into limits (seed 002)."""
+    intercept: tuple[InterceptRule, ...] = ()
+    """Commands to refuse, with the tool to use instead (seed 002)."""
+    available_tools: tuple[str, ...] = ()
+    """Tools the agent has; an intercept rule only blocks when its tool is among them."""
+
+
+# ------------------------------------------------------------------------------ calls
+
+
+class Call(Model):
+    """One bash call, as the client sends it."""
+
+    call_id: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
+    """Unique id of this call; names its spill files and records."""
+    command: str = Field(min_length=1)
+    """Run as `bash -c COMMAND`."""
+    cwd: str | None = None
+    """Working directory; must exist and be a directory. None: the worker's home."""
+    timeout_s: float | None = Field(None, gt=0, le=MAX_TIMEOUT_S)
+    """Seconds before the policy's timeout action; None: the policy's default."""
+    background: bool = False
+    """Start detached and return at once with a job handle."""
+    env: dict[str, str] = Field(default_factory=dict)
+    """Variables set on top of the scrubbed environment (session state, for example)."""
+    head: int | None = Field(None, ge=0)
+    """Show only the first N lines of the shaped output (seed 002)."""
+    tail: int | None = Field(None, ge=0)
+    """Show only the last N lines of the shaped output (seed 002)."""
+    policy: Policy = Field(default_factory=Policy)
+    """The dialect's policy."""
+
+    @field_validator("command")
+    @classmethod
+    def _command_is_sane(cls, value: str) -> str:
+        if "\x00" in value:
+            raise ValueError("command contains a NUL byte, which bash cannot receive")
+        size = len(value.encode("utf-8", "surrogatepass"))
+        if size > MAX_COMMAND_BYTES:
+            raise ValueError(
+                f"command is {size} bytes; the limit is {MAX_COMMAND_BYTES}: "
+                "write long scripts to a file and run the file"
+            )
+        if not value.strip():
+            raise ValueError("command is empty")
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _env_is_sane(cls, value: dict[str, str]) -> dict[str, str]:
+        for name, val in value.items():
+            if not name or "=" in name or "\x00" in name or "\x00" in val:
+                raise ValueError(f"invalid environment variable {name!r}")
+        return value
+
+
+class TruncationInfo(Model):
+    """Exact counts of what a stream held and what is shown of it."""
+
+    direction: Literal["tail", "head", "middle"]
+    """Which part is shown."""
+    truncated: bool
+    """True when anything was left out."""
+    limit: Literal["lines", "bytes", "chars"] | None
+    """The limit that cut the output, if any."""
+    total_lines: int
+    """Lines the stream held (a last line without newline counts)."""
+    total_bytes: int
+    """Bytes the stream held, as the command wrote them."""
+    shown_lines: int
+    """Lines (whole or partial) in the shown text."""
+    shown_bytes: int
+    """UTF-8 bytes of the shown text."""
+    partial_line: bool = False
+    """The shown text starts (tail) or ends (head) inside a line that was cut."""
+    shown_ranges: tuple[tuple[int, int], ...] = ()
+    """1-based inclusive line ranges shown: one range, or two for `middle`."""
+
+
+class SystemError_(Model):  # noqa: N801 - avoid shadowing the builtin SystemError
+    """A failure of the tool, not of the command: nothing ran, or it could not be watched."""
+
+    kind: Literal[
+        "bad_cwd", "spawn_failed", "blocked", "invalid", "worker_lost", "unavailable",
+        "not_found", "internal",
+    ]
+    """Machine-readable class of the failure."""
+    message: str
+    """What went wrong, for a person or a model."""
+
+
+class Spill(Model):
+    """Where the full output of a call is kept, on the host that ran it."""
+
+    host: str
+    """Host id of the worker that holds the files."""
+    stdout_path: str | None = None
+    """Full stdout (or the combined stream)."""
+    stderr_path: str | None = None
+    """Full stderr (None for combined streams)."""
+    stdout_bytes: int = 0
+    """Size of the stdout (or combined) file."""
+    stderr_bytes: int = 0
+    """Size of the stderr file."""
+    error: str | None = None
+    """Set when the spill file could not be written whole (disk full, unwritable)."""
+
+
+class ProcessInfo(Model):
+    """A process of a call that is still alive, for timeout and background notices."""
+
+    pid: int
+    """Process id."""
+    state: str
+    """Kernel state: running, sleeping, stopped, ..."""
+    cpu_s: float
+    """User plus system CPU seconds used so far."""
+    command: str
+    """Command line, shortened."""
+
+
+class JobHandle(Model):
+    """A background job as a caller addresses it."""
+
+    id: str
+    """Job id: unique across hosts and time."""
+    host: str
+    """Host id of the worker that owns the job."""
+    pid: int
+    """Process id of the job's bash."""
+    pgid: int
+    """Process group id: `kill -9 -<pgid>` ends the job."""
+    output_path: str
+    """File receiving the job's output, on `host`."""
+
+
+class CallResult(Model):
+    """What a call returns: small (a few KB) whatever the command printed."""
+
+    call_id: str
+    """The call's id."""
+    host: str
+    """Host id of the worker that ran it."""
+    exit_code: int | None = None
+    """The command's exit status; None when it died by signal, timed out, or never ran."""
+    signal: int | None = None
+    """Number of the signal that ended the command, if one did."""
+    timed_out: bool = False
+    """True when the timeout passed (then killed or backgrounded)."""
+    backgrounded: bool = False
+    """True when the command is still running as a background job."""
+    error: SystemError_ | None = None
+    """A system error: the tool failed, as opposed to the command."""
+    combined: bool = False
+    """True when `stdout` holds stdout and stderr interleaved."""
+    stdout: str = ""
+    """Shown stdout (or combined output), sanitized, redacted and truncated."""
+    stderr: str = ""
+    """Shown stderr, sanitized, redacted and truncated."""
+    stdout_truncation: TruncationInfo | None = None
+    """Counts for `stdout`."""
+    stderr_truncation: TruncationInfo | None = None
+    """Counts for `stderr`."""
+    spill: Spill | None = None
+    """Where the full output is, when it was kept."""
+    job: JobHandle | None = None
+    """The background job, when the call started one or was backgrounded."""
+    error_digest: tuple[str, ...] = ()
+    """Error-looking lines from the part of the output that was cut."""
+    processes: tuple[ProcessInfo, ...] = ()
+    """Processes of the call still alive when it returned (timeouts, auto-background)."""
+    duration_s: float = 0.0
+    """Wall time of the call on the worker."""
+    cwd: str | None = None
+    """Working directory the command ran in."""
+
+
+# ------------------------------------------------------------------------------- jobs
+
+
+class JobRecord(Model):
+    """Everything needed to check or kill a background job from any process on its host."""
+
+    id: str
+    """Job id: unique across hosts and time."""
+    host: str
+    """Host id of the owning worker."""
+    pid: int
+    """Process id of the job's bash (the process group leader)."""
+    pgid: int
+    """Process group id."""
+    start_time: float
+    """Kernel start time of `pid` (seconds since the epoch): guards against pid reuse."""
+    marker: str
+    """Value of the marker variable carried by every process the job started."""
+    command: str
+    """The command, for listings."""
+    cwd: str
+    """Working directory."""
+    output_path: str
+    """Combined output file; the completion line is appended to it."""
+    status_path: str
+    """JSON file the job's supervisor writes when the command ends."""
+    started_at: float
+    """Wall clock time the job started."""
+    call_id: str | None = None
+    """The call that started it (or that was auto-backgrounded)."""
+    stderr_path: str | None = None
+    """Separate stderr file, for jobs auto-backgrounded from separate-stream calls."""
+
+
+class JobStatus(Model):
+    """How a job ended, as written to its status file."""
+
+    exit_code: int | None = None
+    """Exit status, when it exited."""
+    signal: int | None = None
+    """Terminating signal, when one ended it."""
+    ended_at: float
+    """Wall clock time it ended."""
+    note: str | None = None
+    """Why the status is incomplete, when it is (for example the watcher was gone)."""
+
+
+class CheckResult(Model):
+    """A job's state and the output it printed since the given offset."""
+
+    id: str
+    """Job id."""
+    host: str
+    """Owning host."""
+    running: bool
+    """True while any process of the job is alive."""
+    exit_code: int | None = None
+    """Exit status once ended."""
+    signal: int | None = None
+    """Terminating signal once ended by one."""
+    output: str = ""
+    """New output since `offset` (sanitized, redacted, filtered by `grep` if given)."""
+    offset: int = 0
+    """Byte offset to pass next time to get only newer output."""
+    output_truncation: TruncationInfo | None = None
+    """Counts for `output`."""
+    output_path: str = ""
+    """The job's full output file."""
+    stderr_output: str = ""
+    """New stderr since the stderr offset, for jobs that keep stderr apart."""
+    stderr_offset: int = 0
+    """Byte offset into the stderr file."""
+    note: str | None = None
+    """Anything the caller should know (status unknown, process gone)."""
+
+
+class OutputChunk(Model):
+    """A slice of a spill or job output file, for `read_output`."""
+
+    path: str
+    """File read."""
+    offset: int
+    """Byte offset the slice starts at."""
+    next_offset: int
+    """Byte offset just past the slice."""
+    size: int
+    """File size when read."""
+    text: str
+    """The slice, sanitized and redacted (filtered when `grep` is given)."""
+    eof: bool
+    """True when the slice reaches the end of the file."""

@@ -1,0 +1,189 @@
+"""Find and end the processes of a call: its process group and every marked escapee.
+
+A call's processes are those in its process group plus those whose environment
+carries the call's marker: a `setsid`, `nohup ... &` or double fork leaves the group
+but keeps the environment. Zombies count as dead: they hold no resources and only
+their parent (or an init that may not reap, in containers) can remove them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import psutil
+
+from worker.environment import MARKER_VAR
+from worker.models import ProcessInfo
+
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+@dataclass(frozen=True)
+class ProcStat:
+    """The fields of /proc/<pid>/stat that matter here."""
+
+    pid: int
+    state: str
+    ppid: int
+    pgid: int
+    start_ticks: int
+
+
+def read_stat(pid: int) -> ProcStat | None:
+    """Parse /proc/<pid>/stat; None when the process is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            raw = handle.read().decode("ascii", "replace")
+    except OSError:
+        return None
+    # The command name is in parentheses and may itself hold spaces and parentheses.
+    fields = raw[raw.rfind(")") + 2 :].split()
+    return ProcStat(
+        pid=pid,
+        state=fields[0],
+        ppid=int(fields[1]),
+        pgid=int(fields[2]),
+        start_ticks=int(fields[19]),
+    )
+
+
+def _pids() -> Iterator[int]:
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            yield int(name)
+
+
+def find_call_processes(pgid: int | None, marker: str | None) -> list[int]:
+    """Live (non-zombie) processes in group `pgid` or carrying `marker`, ours excluded."""
+    needle = f"\0{MARKER_VAR}={marker}\0".encode() if marker else None
+    own = os.getpid()
+    found: list[int] = []
+    for pid in _pids():
+        if pid == own:
+            continue
+        stat = read_stat(pid)
+        if stat is None or stat.state in ("Z", "X"):
+            continue
+        in_group = pgid is not None and stat.pgid == pgid
+        if in_group or (needle is not None and _marked(pid, needle)):
+            found.append(pid)
+    return found
+
+
+def _marked(pid: int, needle: bytes) -> bool:
+    # environ has no NUL before its first variable: add one so that one matches too.
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as handle:
+            return needle in b"\0" + handle.read() + b"\0"
+    except OSError:
+        return False
+
+
+def signal_group(pgid: int, signum: int) -> bool:
+    """Send `signum` to a process group. A group already gone (ESRCH) is success.
+
+    Returns True when the group existed.
+    """
+    try:
+        os.killpg(pgid, signum)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def signal_pid(pid: int, signum: int) -> None:
+    """Send `signum` to one process; one already gone is fine."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(pid, signum)
+
+
+def wait_gone(pgid: int | None, marker: str | None, timeout: float) -> list[int]:
+    """Wait until no process of the call is alive, or `timeout`; return the survivors."""
+    deadline = time.monotonic() + timeout
+    delay = 0.002
+    while True:
+        alive = find_call_processes(pgid, marker)
+        if not alive or time.monotonic() >= deadline:
+            return alive
+        time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+        delay = min(delay * 2, 0.05)
+
+
+def terminate(
+    pgid: int | None, marker: str | None, *, grace_s: float, rounds: int = 5
+) -> list[int]:
+    """End a call: SIGTERM, `grace_s` to exit, SIGKILL, then sweep marked escapees.
+
+    Returns the pids still alive afterwards (empty unless a process is stuck in the
+    kernel or changed its environment to drop the marker and left the group).
+    """
+    _signal_all(pgid, marker, signal.SIGTERM)
+    alive = wait_gone(pgid, marker, grace_s)
+    for _ in range(rounds):
+        if not alive:
+            return []
+        _signal_all(pgid, marker, signal.SIGKILL)
+        # A marked process may fork between the scan and the kill: scan again.
+        alive = wait_gone(pgid, marker, 1.0)
+    return alive
+
+
+def _signal_all(pgid: int | None, marker: str | None, signum: int) -> list[int]:
+    if pgid is not None:
+        signal_group(pgid, signum)
+    targets = find_call_processes(None, marker) if marker else []
+    for pid in targets:
+        signal_pid(pid, signum)
+    return targets
+
+
+def start_time(pid: int) -> float | None:
+    """Kernel start time of `pid` in seconds since the epoch; None when gone."""
+    try:
+        return float(psutil.Process(pid).create_time())
+    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        return None
+    except psutil.AccessDenied:  # pragma: no cover - we run as the job's owner
+        return None
+
+
+def is_same_process(pid: int, expected_start: float) -> bool:
+    """True when `pid` is alive and is the process that started at `expected_start`.
+
+    Guards against pid reuse: an unrelated process that got the same pid later has a
+    later start time.
+    """
+    stat = read_stat(pid)
+    if stat is None or stat.state in ("Z", "X"):
+        return False
+    actual = start_time(pid)
+    return actual is not None and abs(actual - expected_start) < 0.05
+
+
+def describe(pids: list[int], limit: int = 10) -> tuple[ProcessInfo, ...]:
+    """State, CPU and command line of processes, for notices to the model."""
+    infos: list[ProcessInfo] = []
+    for pid in pids[:limit]:
+        try:
+            proc = psutil.Process(pid)
+            with proc.oneshot():
+                cpu = proc.cpu_times()
+                cmdline = " ".join(proc.cmdline()) or proc.name()
+                infos.append(
+                    ProcessInfo(
+                        pid=pid,
+                        state=proc.status(),
+                        cpu_s=round(cpu.user + cpu.system, 2),
+                        command=cmdline[:200],
+                    )
+                )
+        except psutil.Error:
+            continue
+    return tuple(infos)

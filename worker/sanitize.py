@@ -1,0 +1,67 @@
+"""Turn raw command output into clean text for a model: pure functions, no I/O.
+
+Order matters: decode first (invalid UTF-8 replaced, never raised), then strip escape
+sequences, then drop the remaining control characters, then fold CRLF, then redact.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+REDACTED = "[REDACTED]"
+
+#: Secrets shorter than this are not redacted: replacing every "1" or "ab" in the
+#: output would destroy it while protecting nothing.
+MIN_SECRET_LENGTH = 4
+
+# CSI: ESC [ parameters intermediates final byte. Also the 8-bit C1 form (U+009B).
+_CSI = r"(?:\x1b\[|\x9b)[0-?]*[ -/]*[@-~]"
+# OSC: ESC ] ... terminated by BEL or ST (ESC \). Never crosses a newline, so a
+# malformed sequence cannot swallow the rest of the output.
+_OSC = r"(?:\x1b\]|\x9d)[^\x07\x1b\n]*(?:\x07|\x1b\\)?"
+# Other two-byte escapes (ESC followed by one character: charset selection, keypad...).
+_ESC2 = r"\x1b[@-Z\\-_]|\x1b[()*+#][0-9A-Za-z]|\x1b[=>78c]"
+_ESCAPES = re.compile(f"{_CSI}|{_OSC}|{_ESC2}")
+# Control characters other than TAB, LF and CR, plus DEL and the C1 range.
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\x80-\x9f]")
+
+
+def decode(data: bytes) -> str:
+    """Decode bytes as UTF-8, replacing invalid sequences with U+FFFD."""
+    return data.decode("utf-8", errors="replace")
+
+
+def strip_escapes(text: str) -> str:
+    """Remove ANSI CSI and OSC sequences and other terminal escapes."""
+    return _ESCAPES.sub("", text)
+
+
+def drop_controls(text: str) -> str:
+    """Drop control characters except tab, newline and carriage return."""
+    return _CONTROL.sub("", text)
+
+
+def sanitize_text(text: str) -> str:
+    """Strip escapes and control characters and fold CRLF to LF."""
+    return drop_controls(strip_escapes(text)).replace("\r\n", "\n")
+
+
+def sanitize(data: bytes) -> str:
+    """Raw output bytes to clean text. Never raises, whatever the bytes."""
+    return sanitize_text(decode(data))
+
+
+def secret_pattern(secrets: Iterable[str]) -> re.Pattern[str] | None:
+    """Compile one pattern matching any of the secret values worth redacting."""
+    values = sorted({s for s in secrets if len(s) >= MIN_SECRET_LENGTH}, key=len, reverse=True)
+    if not values:
+        return None
+    return re.compile("|".join(re.escape(v) for v in values))
+
+
+def redact(text: str, pattern: re.Pattern[str] | None) -> str:
+    """Replace every occurrence of a secret value with a marker."""
+    if pattern is None:
+        return text
+    return pattern.sub(REDACTED, text)

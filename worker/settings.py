@@ -1,0 +1,75 @@
+"""Configuration: `BASHFLEET_*` environment variables, read once per process."""
+
+from __future__ import annotations
+
+import os
+import socket
+import tempfile
+from functools import lru_cache
+from pathlib import Path
+
+from typing import Annotated
+
+from pydantic import BeforeValidator, Field, SecretStr
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from worker.environment import DEFAULT_ALLOW, DEFAULT_DENY
+
+
+def _default_state_dir() -> Path:
+    return Path(tempfile.gettempdir()) / f"bashfleet-{os.getuid()}"
+
+
+def _split(value: object) -> object:
+    # Lists come from the environment as comma-separated text.
+    if isinstance(value, str):
+        return tuple(part.strip() for part in value.split(",") if part.strip())
+    return value
+
+
+CsvTuple = Annotated[tuple[str, ...], NoDecode, BeforeValidator(_split)]
+
+
+class Settings(BaseSettings):
+    """Every knob of bashfleet. Set them as `BASHFLEET_<NAME>` variables."""
+
+    model_config = SettingsConfigDict(env_prefix="BASHFLEET_", extra="ignore", frozen=True)
+
+    redis_url: SecretStr | None = None
+    """Redis URL (`redis://` or `rediss://`); None: the local fleet started by `up`."""
+    host: str = Field(default_factory=socket.gethostname)
+    """This worker's host id."""
+    state_dir: Path = Field(default_factory=_default_state_dir)
+    """Where spill files, job files and the local fleet's state live."""
+    concurrency: int = Field(4, ge=1, le=256)
+    """Command slots of a worker."""
+    labels: CsvTuple = ()
+    """Pool labels of a worker: it also serves `bashfleet.pool.<label>.exec`."""
+    secret_deny: CsvTuple = DEFAULT_DENY
+    """Variable name patterns scrubbed from the child environment."""
+    secret_allow: CsvTuple = DEFAULT_ALLOW
+    """Variable name patterns kept even when a deny pattern matches."""
+    spill_min_free_bytes: int = Field(64 * 1024 * 1024, ge=0)
+    """Below this much free space in the spill directory, output is captured in memory only."""
+    sweep_rounds: int = Field(5, ge=1, le=50)
+    """How many times a kill re-scans for processes that carry the call's marker."""
+
+    @property
+    def spill_dir(self) -> Path:
+        """Spill files of foreground calls."""
+        return self.state_dir / "spill"
+
+    @property
+    def jobs_dir(self) -> Path:
+        """Output, status and record files of background jobs."""
+        return self.state_dir / "jobs"
+
+    def redis_url_value(self) -> str | None:
+        """The Redis URL in clear, for connecting only: never print it."""
+        return self.redis_url.get_secret_value() if self.redis_url else None
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """The process's settings, read from the environment once."""
+    return Settings()

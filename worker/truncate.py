@@ -1,0 +1,238 @@
+"""Cut shown output by a policy, with exact counts: pure functions over text.
+
+Every function takes the whole (sanitized) text of one stream and returns a `Cut`:
+the shown text and a `TruncationInfo`. Counting conventions, used everywhere:
+
+- a line is a run of characters ended by `\\n`; a last run without `\\n` is a line too;
+- bytes are bytes of UTF-8;
+- shown counts describe the shown text; totals describe the whole text, so
+  `total - shown` is what was left out.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from worker.models import ByteTail, CharCap, Middle, TailLines, Truncation, TruncationInfo
+
+SNIP = "\n\n[snip]\n\n"
+
+#: Lines from a cut part that look like errors, for the native digest.
+_ERRORISH = re.compile(
+    r"error|fail|panic|traceback|exception|fatal|\bwarnings?\b.*\b(?:summary|generated)\b"
+    r"|\d+ (?:failed|errors?)\b",
+    re.IGNORECASE,
+)
+
+
+@dataclass(frozen=True)
+class Cut:
+    """Shown text of one stream with its counts."""
+
+    text: str
+    info: TruncationInfo
+
+
+def count_lines(text: str) -> int:
+    """Lines in `text`: newlines, plus one for a last line without newline."""
+    if not text:
+        return 0
+    return text.count("\n") + (0 if text.endswith("\n") else 1)
+
+
+def utf8_len(text: str) -> int:
+    """Bytes of `text` in UTF-8 (lone surrogates count as 3, as they encode)."""
+    return len(text.encode("utf-8", "surrogatepass"))
+
+
+def utf8_tail(text: str, max_bytes: int) -> str:
+    """The longest suffix of `text` of at most `max_bytes` UTF-8 bytes."""
+    data = text.encode("utf-8", "surrogatepass")
+    if len(data) <= max_bytes:
+        return text
+    tail = data[len(data) - max_bytes :]
+    # Skip continuation bytes so the cut never lands inside a character.
+    start = 0
+    while start < len(tail) and (tail[start] & 0xC0) == 0x80:
+        start += 1
+    return tail[start:].decode("utf-8", "surrogatepass")
+
+
+def utf8_head(text: str, max_bytes: int) -> str:
+    """The longest prefix of `text` of at most `max_bytes` UTF-8 bytes."""
+    data = text.encode("utf-8", "surrogatepass")
+    if len(data) <= max_bytes:
+        return text
+    return data[:max_bytes].decode("utf-8", "ignore")
+
+
+def _whole(text: str, direction: str) -> Cut:
+    lines = count_lines(text)
+    return Cut(
+        text,
+        TruncationInfo(
+            direction=direction,  # type: ignore[arg-type]
+            truncated=False,
+            limit=None,
+            total_lines=lines,
+            total_bytes=utf8_len(text),
+            shown_lines=lines,
+            shown_bytes=utf8_len(text),
+            shown_ranges=((1, lines),) if lines else (),
+        ),
+    )
+
+
+def _tail_info(text: str, shown: str, limit: str | None, partial: bool) -> TruncationInfo:
+    total = count_lines(text)
+    shown_lines = count_lines(shown)
+    first = total - shown_lines + 1
+    return TruncationInfo(
+        direction="tail",
+        truncated=shown != text,
+        limit=limit if shown != text else None,  # type: ignore[arg-type]
+        total_lines=total,
+        total_bytes=utf8_len(text),
+        shown_lines=shown_lines,
+        shown_bytes=utf8_len(shown),
+        partial_line=partial,
+        shown_ranges=((first, total),) if shown_lines else (),
+    )
+
+
+def tail_lines(text: str, max_lines: int, max_bytes: int) -> Cut:
+    """Keep whole lines from the end until `max_lines` or `max_bytes` would be passed.
+
+    When even the last line alone is larger than `max_bytes`, its tail is shown and
+    the cut is flagged as a partial line (seed 000).
+    """
+    if count_lines(text) <= max_lines and utf8_len(text) <= max_bytes:
+        return _whole(text, "tail")
+    body = text[:-1] if text.endswith("\n") else text
+    parts = body.split("\n")
+    ending = "\n" if text.endswith("\n") else ""
+    kept: list[str] = []
+    size = len(ending.encode())
+    limit = "lines"
+    for part in reversed(parts):
+        if len(kept) == max_lines:
+            limit = "lines"
+            break
+        cost = utf8_len(part) + (1 if kept else 0)
+        if size + cost > max_bytes:
+            limit = "bytes"
+            break
+        kept.append(part)
+        size += cost
+    if not kept:
+        # A single line larger than the byte limit: show its tail.
+        shown = utf8_tail(parts[-1] + ending, max_bytes)
+        return Cut(shown, _tail_info(text, shown, "bytes", partial=True))
+    shown = "\n".join(reversed(kept)) + ending
+    return Cut(shown, _tail_info(text, shown, limit, partial=False))
+
+
+def byte_tail(text: str, max_bytes: int) -> Cut:
+    """Keep the last `max_bytes` bytes, never splitting a UTF-8 character (seed 002)."""
+    shown = utf8_tail(text, max_bytes)
+    if shown == text:
+        return _whole(text, "tail")
+    partial = not text[: len(text) - len(shown)].endswith("\n")
+    return Cut(shown, _tail_info(text, shown, "bytes", partial=partial))
+
+
+def char_cap(text: str, max_chars: int) -> Cut:
+    """Keep the first `max_chars` characters (seed 004)."""
+    if len(text) <= max_chars:
+        return _whole(text, "head")
+    shown = text[:max_chars]
+    shown_lines = count_lines(shown)
+    return Cut(
+        shown,
+        TruncationInfo(
+            direction="head",
+            truncated=True,
+            limit="chars",
+            total_lines=count_lines(text),
+            total_bytes=utf8_len(text),
+            shown_lines=shown_lines,
+            shown_bytes=utf8_len(shown),
+            partial_line=not shown.endswith("\n"),
+            shown_ranges=((1, shown_lines),) if shown_lines else (),
+        ),
+    )
+
+
+def middle(text: str, max_bytes: int, keep_bytes: int) -> Cut:
+    """Past `max_bytes`, keep the first and last `keep_bytes` joined by `[snip]` (seed 001)."""
+    if utf8_len(text) <= max_bytes:
+        return _whole(text, "middle")
+    head = utf8_head(text, keep_bytes)
+    tail = utf8_tail(text, keep_bytes)
+    total = count_lines(text)
+    head_lines = count_lines(head)
+    tail_lines_ = count_lines(tail)
+    shown = head + SNIP + tail
+    return Cut(
+        shown,
+        TruncationInfo(
+            direction="middle",
+            truncated=True,
+            limit="bytes",
+            total_lines=total,
+            total_bytes=utf8_len(text),
+            shown_lines=head_lines + tail_lines_,
+            shown_bytes=utf8_len(head) + utf8_len(tail),
+            partial_line=not head.endswith("\n") or not text[: len(text) - len(tail)].endswith(
+                "\n"
+            ),
+            shown_ranges=((1, head_lines), (total - tail_lines_ + 1, total)),
+        ),
+    )
+
+
+def apply(text: str, policy: Truncation) -> Cut:
+    """Cut `text` by a policy."""
+    match policy:
+        case TailLines(max_lines=lines, max_bytes=size):
+            return tail_lines(text, lines, size)
+        case ByteTail(max_bytes=size):
+            return byte_tail(text, size)
+        case CharCap(max_chars=chars):
+            return char_cap(text, chars)
+        case Middle(max_bytes=size, keep_bytes=keep):
+            return middle(text, size, keep)
+    raise TypeError(f"unknown truncation policy {policy!r}")  # pragma: no cover
+
+
+def shown_limit(policy: Truncation) -> int:
+    """Upper bound of the shown text's size under a policy, in UTF-8 bytes or characters."""
+    match policy:
+        case TailLines(max_bytes=size) | ByteTail(max_bytes=size):
+            return size
+        case CharCap(max_chars=chars):
+            return chars
+        case Middle(max_bytes=size, keep_bytes=keep):
+            return max(size, 2 * keep + len(SNIP))
+    raise TypeError(f"unknown truncation policy {policy!r}")  # pragma: no cover
+
+
+def head_lines(text: str, count: int) -> str:
+    """The first `count` lines of `text` (seed 002's `head` limit)."""
+    lines = text.splitlines(keepends=True)
+    return "".join(lines[:count])
+
+
+def last_lines(text: str, count: int) -> str:
+    """The last `count` lines of `text` (seed 002's `tail` limit)."""
+    if count == 0:
+        return ""
+    lines = text.splitlines(keepends=True)
+    return "".join(lines[-count:])
+
+
+def error_digest(cut_text: str, limit: int = 20, width: int = 300) -> tuple[str, ...]:
+    """Up to `limit` error-looking lines of a cut part, last ones kept, each shortened."""
+    found = [line.strip()[:width] for line in cut_text.splitlines() if _ERRORISH.search(line)]
+    return tuple(found[-limit:])
