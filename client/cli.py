@@ -1,0 +1,417 @@
+"""The `bashfleet` command: a local fleet, a worker, and every call a person makes.
+
+Readable text for people, `--json` for scripts. `run` exits with the command's own
+status (128+N when a signal ended it, 124 on a timeout kill, 125 for a system error),
+so `bashfleet run 'make test' && deploy` works as with plain bash.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import itertools
+import json
+import os
+import sys
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from worker.models import CallResult, CheckResult, TruncationInfo
+
+EXIT_TIMEOUT = 124
+EXIT_SYSTEM_ERROR = 125
+EXIT_USAGE = 2
+
+
+def _print_json(data: Any) -> None:
+    print(json.dumps(data, indent=2, default=str))
+
+
+def _fleet() -> Any:
+    from client.fleet import Fleet  # noqa: PLC0415 - keep `bashfleet --help` fast
+
+    return Fleet()
+
+
+# ------------------------------------------------------------------------------ run
+
+
+@contextlib.contextmanager
+def _spinner(label: str) -> Iterator[None]:
+    """A spinner on stderr while a foreground call runs, only in a terminal."""
+    if not sys.stderr.isatty():
+        yield
+        return
+    done = threading.Event()
+    started = time.monotonic()
+
+    def spin() -> None:
+        for frame in itertools.cycle("|/-\\"):
+            if done.wait(0.1):
+                break
+            sys.stderr.write(f"\r{frame} {label} {time.monotonic() - started:5.1f}s")
+            sys.stderr.flush()
+        sys.stderr.write("\r\033[K")
+        sys.stderr.flush()
+
+    thread = threading.Thread(target=spin, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+
+
+def _notice(name: str, info: TruncationInfo | None, path: str | None, host: str) -> str | None:
+    if info is None or not info.truncated:
+        return None
+    where = f" Full output: {path} on {host}" if path else ""
+    return (
+        f"[{name}: showing {info.shown_lines} of {info.total_lines} lines "
+        f"({info.shown_bytes} of {info.total_bytes} bytes).{where}]"
+    )
+
+
+def exit_status(result: CallResult) -> int:
+    """The process exit status `bashfleet run` returns for a result."""
+    if result.error is not None and result.exit_code is None and result.signal is None:
+        return EXIT_SYSTEM_ERROR
+    if result.backgrounded:
+        return 0
+    if result.timed_out:
+        return EXIT_TIMEOUT
+    if result.signal is not None:
+        return 128 + result.signal
+    return result.exit_code if result.exit_code is not None else EXIT_SYSTEM_ERROR
+
+
+def print_result(result: CallResult) -> None:
+    """Print a call's result for a person: output on its streams, notices on stderr."""
+    if result.stdout:
+        sys.stdout.write(result.stdout if result.stdout.endswith("\n") else result.stdout + "\n")
+    if result.stderr:
+        sys.stderr.write(result.stderr if result.stderr.endswith("\n") else result.stderr + "\n")
+    spill = result.spill
+    for name, info, path in (
+        ("stdout", result.stdout_truncation, spill.stdout_path if spill else None),
+        ("stderr", result.stderr_truncation, spill.stderr_path if spill else None),
+    ):
+        line = _notice(name, info, path, result.host)
+        if line:
+            print(line, file=sys.stderr)
+    if result.error_digest:
+        print("[errors in the cut part:]", file=sys.stderr)
+        for line in result.error_digest:
+            print(f"  {line}", file=sys.stderr)
+    if result.error is not None:
+        print(f"bashfleet: {result.error.kind}: {result.error.message}", file=sys.stderr)
+    if result.timed_out and not result.backgrounded:
+        print(f"[timed out after {result.duration_s:.1f}s; processes killed]", file=sys.stderr)
+    if result.job is not None:
+        job = result.job
+        print(
+            f"[job {job.id} running on {job.host} (pid {job.pid}); "
+            f"output: {job.output_path}; `bashfleet check {job.id}`, `bashfleet kill {job.id}`]",
+            file=sys.stderr,
+        )
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    fleet = _fleet()
+    command = " ".join(args.command)
+    label = f"running on {args.host or 'any host'}"
+    with _spinner(label) if not args.json else contextlib.nullcontext():
+        result: CallResult = fleet.run(
+            command, host=args.host, mode=args.mode, timeout=args.timeout, cwd=args.cwd,
+            session=args.session,
+        )
+    if args.json:
+        print(result.model_dump_json(indent=2))
+        return exit_status(result)
+    print_result(result)
+    if args.follow and result.job is not None:
+        return _follow(fleet, result.job.id)
+    return exit_status(result)
+
+
+def _follow(fleet: Any, job_id: str) -> int:
+    """Stream a job's output until it ends; exit with its status."""
+    delay = 0.05
+    while True:
+        check: CheckResult = fleet.check(job_id)
+        if check.output:
+            sys.stdout.write(check.output)
+            sys.stdout.flush()
+            delay = 0.05
+        if not check.running:
+            if check.signal is not None:
+                return 128 + check.signal
+            return check.exit_code if check.exit_code is not None else EXIT_SYSTEM_ERROR
+        time.sleep(delay)  # polling a remote job: back off while it is quiet
+        delay = min(delay * 2, 1.0)
+
+
+# ----------------------------------------------------------------------- check, kill
+
+
+def _print_check(check: CheckResult) -> None:
+    if check.output:
+        sys.stdout.write(check.output if check.output.endswith("\n") else check.output + "\n")
+    if check.stderr_output:
+        sys.stderr.write(check.stderr_output)
+    if check.running:
+        state = "running"
+    elif check.signal is not None:
+        state = f"killed by signal {check.signal}"
+    else:
+        state = f"exited with code {check.exit_code}"
+    print(f"[job {check.id} on {check.host}: {state}; output: {check.output_path}]",
+          file=sys.stderr)
+    if check.note:
+        print(f"[{check.note}]", file=sys.stderr)
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    check: CheckResult = _fleet().check(args.id, grep=args.grep)
+    if args.json:
+        print(check.model_dump_json(indent=2))
+    else:
+        _print_check(check)
+    return 0
+
+
+def cmd_kill(args: argparse.Namespace) -> int:
+    check: CheckResult = _fleet().kill(args.id)
+    if args.json:
+        print(check.model_dump_json(indent=2))
+    else:
+        _print_check(check)
+    return 0
+
+
+def cmd_output(args: argparse.Namespace) -> int:
+    chunk = _fleet().read_output(args.id, offset=args.offset, limit=args.limit, grep=args.grep)
+    sys.stdout.write(chunk.text)
+    if not chunk.eof:
+        print(
+            f"[bytes {chunk.offset}-{chunk.next_offset} of {chunk.size}; "
+            f"next: bashfleet output {args.id} --offset {chunk.next_offset}]",
+            file=sys.stderr,
+        )
+    return 0
+
+
+# ---------------------------------------------------------------------- ps, hosts
+
+
+def _table(rows: Sequence[Sequence[object]], header: Sequence[str]) -> str:
+    cells = [[str(c) for c in header]] + [[str(c) for c in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+    return "\n".join(
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        for row in cells
+    )
+
+
+def _dump(item: Any) -> Any:
+    return item.model_dump(mode="json") if hasattr(item, "model_dump") else item
+
+
+def cmd_ps(args: argparse.Namespace) -> int:
+    jobs = _fleet().jobs(host=args.host)
+    if args.json:
+        _print_json([_dump(job) for job in jobs])
+        return 0
+    rows = []
+    for job in jobs:
+        data = _dump(job)
+        state = data.get("state") or ("running" if data.get("running") else "ended")
+        rows.append(
+            [data.get("id"), data.get("host"), data.get("pid"), state,
+             data.get("exit_code", ""), str(data.get("command", ""))[:60]]
+        )
+    print(_table(rows, ["ID", "HOST", "PID", "STATE", "EXIT", "COMMAND"]) if rows else "no jobs")
+    return 0
+
+
+def cmd_hosts(args: argparse.Namespace) -> int:
+    hosts = _fleet().hosts()
+    if args.json:
+        _print_json([_dump(host) for host in hosts])
+        return 0
+    rows = []
+    for host in hosts:
+        data = _dump(host)
+        rows.append(
+            [data.get("host"), "alive" if data.get("alive") else "dead",
+             f"{data.get('busy', 0)}/{data.get('slots', 0)}",
+             ",".join(data.get("labels") or []) or "-"]
+        )
+    print(_table(rows, ["HOST", "STATE", "BUSY/SLOTS", "LABELS"]) if rows else "no hosts")
+    return 0
+
+
+# ---------------------------------------------------------------- up, down, worker
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    from client import local  # noqa: PLC0415
+
+    hosts = tuple(h.strip() for h in args.hosts.split(",") if h.strip())
+    options = local.UpOptions(
+        hosts=hosts, concurrency=args.concurrency, flower=args.flower,
+        flower_port=args.flower_port,
+    )
+    try:
+        state = local.start(options)
+    except Exception as exc:
+        print(f"bashfleet up: {exc}", file=sys.stderr)
+        local.stop(log=lambda _: None)
+        return 1
+    if not _wait_hosts(hosts, timeout=60.0):
+        print("bashfleet up: workers did not come up; logs in "
+              f"{local.fleet_dir() / 'logs'}", file=sys.stderr)
+        local.stop(log=lambda _: None)
+        return 1
+    print(f"fleet up: {', '.join(hosts)}. Try: bashfleet run 'uname -a'. Stop: bashfleet down")
+    if args.detach:
+        return 0
+    print("(Ctrl-C stops the fleet)")
+    try:
+        while any(local.is_alive(p) for p in state.processes if p.role == "worker"):
+            time.sleep(1.0)  # idle in the foreground until Ctrl-C
+        print("bashfleet up: a worker exited; stopping the fleet", file=sys.stderr)
+    except KeyboardInterrupt:
+        pass
+    local.stop()
+    return 0
+
+
+def _wait_hosts(hosts: Sequence[str], timeout: float) -> bool:
+    fleet = _fleet()
+    deadline = time.monotonic() + timeout
+    delay = 0.05
+    while time.monotonic() < deadline:
+        with contextlib.suppress(Exception):
+            alive = {h.host for h in fleet.hosts() if h.alive}
+            if set(hosts) <= alive:
+                return True
+        time.sleep(delay)  # waiting for worker processes to register
+        delay = min(delay * 2, 0.5)
+    return False
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    del args
+    from client import local  # noqa: PLC0415
+
+    local.stop()
+    return 0
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    from worker import serve  # noqa: PLC0415
+    from worker.settings import Settings  # noqa: PLC0415
+
+    overrides: dict[str, Any] = {}
+    if args.host:
+        overrides["host"] = args.host
+    settings = Settings(**overrides)
+    labels = tuple(args.label or ()) or settings.labels
+    return serve.main(
+        host=settings.host, concurrency=args.concurrency or settings.concurrency,
+        labels=labels, settings=settings,
+    )
+
+
+# ------------------------------------------------------------------------- parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The `bashfleet` argument parser."""
+    parser = argparse.ArgumentParser(
+        prog="bashfleet", description="Run bash calls on a fleet of build machines."
+    )
+    sub = parser.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+
+    up = sub.add_parser("up", help="start a local fleet: Redis, workers, Flower")
+    up.add_argument("--hosts", default="local", help="comma-separated host ids (default: local)")
+    up.add_argument("--concurrency", type=int, default=4, help="command slots per worker")
+    up.add_argument("--flower", action=argparse.BooleanOptionalAction, default=True)
+    up.add_argument("--flower-port", type=int, default=5555)
+    up.add_argument("--detach", action="store_true", help="return once the fleet is up")
+    up.set_defaults(func=cmd_up)
+
+    down = sub.add_parser("down", help="stop the local fleet")
+    down.set_defaults(func=cmd_down)
+
+    worker = sub.add_parser("worker", help="serve calls on this machine")
+    worker.add_argument("--host", help="host id (default: BASHFLEET_HOST or the hostname)")
+    worker.add_argument("--concurrency", type=int, help="command slots")
+    worker.add_argument("--label", action="append", help="pool label (repeatable)")
+    worker.set_defaults(func=cmd_worker)
+
+    run = sub.add_parser("run", help="run a command on the fleet")
+    run.add_argument("--host", help="host id (default: any host)")
+    run.add_argument("--mode", choices=["default", "slow", "background"], default="default")
+    run.add_argument("--timeout", type=float, help="seconds before the timeout action")
+    run.add_argument("--cwd", help="working directory on the host")
+    run.add_argument("--session", help="session id (state carried between calls)")
+    run.add_argument("--follow", action="store_true", help="stream a background job's output")
+    run.add_argument("--json", action="store_true", help="print the result as JSON")
+    run.add_argument("command", nargs=argparse.REMAINDER, help="the bash command")
+    run.set_defaults(func=cmd_run)
+
+    check = sub.add_parser("check", help="state and new output of a background job")
+    check.add_argument("id")
+    check.add_argument("--grep", help="only lines matching this regular expression")
+    check.add_argument("--json", action="store_true")
+    check.set_defaults(func=cmd_check)
+
+    kill = sub.add_parser("kill", help="kill a background job")
+    kill.add_argument("id")
+    kill.add_argument("--json", action="store_true")
+    kill.set_defaults(func=cmd_kill)
+
+    output = sub.add_parser("output", help="read the full output of a call or job")
+    output.add_argument("id")
+    output.add_argument("--offset", type=int, default=0)
+    output.add_argument("--limit", type=int, default=65536)
+    output.add_argument("--grep")
+    output.set_defaults(func=cmd_output)
+
+    ps = sub.add_parser("ps", help="list background jobs")
+    ps.add_argument("--host")
+    ps.add_argument("--json", action="store_true")
+    ps.set_defaults(func=cmd_ps)
+
+    hosts = sub.add_parser("hosts", help="list hosts and their load")
+    hosts.add_argument("--json", action="store_true")
+    hosts.set_defaults(func=cmd_hosts)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `bashfleet` console script."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.cmd == "run" and not args.command:
+        parser.error("run: a command is required")
+    from client.errors import BashfleetError  # noqa: PLC0415
+
+    try:
+        status: int = args.func(args)
+    except BashfleetError as exc:
+        print(f"bashfleet: {exc}", file=sys.stderr)
+        return EXIT_SYSTEM_ERROR
+    except KeyboardInterrupt:
+        return 130
+    return status
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main())

@@ -1,0 +1,85 @@
+"""Suite-wide guard: the test session leaves no process behind.
+
+At the end of the session every process created during it that is still alive and is
+ours is reported and the session fails; the reported processes are then ended by pid,
+since this session started them. Ours: a descendant of pytest, or a process whose
+environment carries this session's tag. The tag is set in pytest's own environment, so
+Redis servers, workers and the commands they run inherit it (its name matches no
+secret pattern, so the engine's scrubbing keeps it), and several test sessions on one
+machine never mistake each other's processes for leaks.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+
+import psutil
+import pytest
+
+TAG_VAR = "PYTEST_FLEET_SESSION_TAG"
+_tag = os.environ.setdefault(TAG_VAR, uuid.uuid4().hex)
+_session_start = time.time()
+
+
+def _is_ours(proc: psutil.Process) -> bool:
+    try:
+        return proc.environ().get(TAG_VAR) == _tag
+    except psutil.Error:
+        return False
+
+
+def leftover_processes(since: float) -> list[psutil.Process]:
+    """Our processes created after `since` that are still alive (zombies excluded)."""
+    me = psutil.Process()
+    descendants = {p.pid for p in me.children(recursive=True)}
+    found = []
+    for proc in psutil.process_iter(["pid", "create_time", "status"]):
+        try:
+            if proc.pid == me.pid or proc.info["create_time"] < since - 0.5:
+                continue
+            if proc.info["status"] == psutil.STATUS_ZOMBIE:
+                continue
+            if proc.pid in descendants or _is_ours(proc):
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found
+
+
+def _describe(proc: psutil.Process) -> str:
+    try:
+        return f"pid {proc.pid}: {' '.join(proc.cmdline())[:160]}"
+    except psutil.Error:
+        return f"pid {proc.pid}: (gone)"
+
+
+def _settle(since: float, timeout: float = 5.0) -> list[psutil.Process]:
+    # Processes killed by the last test may need a moment to be gone.
+    deadline = time.monotonic() + timeout
+    left = leftover_processes(since)
+    while left and time.monotonic() < deadline:
+        psutil.wait_procs(left, timeout=0.2)
+        left = leftover_processes(since)
+    return left
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    del exitstatus
+    if os.environ.get("BASHFLEET_SKIP_LEAK_CHECK") == "1":
+        return
+    left = _settle(_session_start)
+    if not left:
+        return
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    lines = [_describe(p) for p in left]
+    message = "the test session left processes behind:\n  " + "\n  ".join(lines)
+    if reporter is not None:
+        reporter.write_line(message, red=True)
+    for proc in left:
+        try:
+            proc.kill()
+        except psutil.Error:
+            continue
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED
