@@ -321,10 +321,11 @@ def cmd_worker(args: argparse.Namespace) -> int:
         overrides["host"] = args.host
     settings = Settings(**overrides)
     labels = tuple(args.label or ()) or settings.labels
-    return serve.main(
+    status: int = serve.main(
         host=settings.host, concurrency=args.concurrency or settings.concurrency,
         labels=labels, settings=settings,
     )
+    return status
 
 
 # ------------------------------------------------------------------------- parser

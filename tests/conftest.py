@@ -25,7 +25,7 @@ _session_start = time.time()
 
 def _is_ours(proc: psutil.Process) -> bool:
     try:
-        return proc.environ().get(TAG_VAR) == _tag
+        return bool(proc.environ().get(TAG_VAR) == _tag)
     except psutil.Error:
         return False
 

@@ -7,7 +7,6 @@ import socket
 import tempfile
 from functools import lru_cache
 from pathlib import Path
-
 from typing import Annotated
 
 from pydantic import BeforeValidator, Field, SecretStr
