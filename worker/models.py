@@ -367,3 +367,68 @@ class OutputChunk(Model):
     """The slice, sanitized and redacted (filtered when `grep` is given)."""
     eof: bool
     """True when the slice reaches the end of the file."""
+
+
+# ------------------------------------------------------------------------------ fleet
+
+
+class HostInfo(Model):
+    """A worker host as the fleet registry knows it (`bashfleet hosts`)."""
+
+    host: str
+    """Host id."""
+    alive: bool
+    """True while the worker's heartbeat is fresh (it expires seconds after a crash)."""
+    ready: bool = False
+    """True once both of its consumers (commands and control) take messages."""
+    slots: int = 0
+    """Command slots (the worker's concurrency)."""
+    busy: int = 0
+    """Command slots running a call now."""
+    labels: tuple[str, ...] = ()
+    """Pool labels: the worker also serves `bashfleet.pool.<label>.exec`."""
+    version: str = ""
+    """bashfleet version of the worker."""
+    pid: int | None = None
+    """Process id of the worker's supervisor, on its machine."""
+    machine: str = ""
+    """Name of the machine the worker runs on."""
+    started_at: float | None = None
+    """When the worker started (seconds since the epoch, its clock)."""
+    heartbeat_at: float | None = None
+    """Its last heartbeat (seconds since the epoch, its clock)."""
+
+
+class JobView(Model):
+    """A background job as listings show it (`bashfleet ps`)."""
+
+    id: str
+    """Job id."""
+    host: str
+    """Owning host."""
+    pid: int
+    """Process id of the job's bash."""
+    pgid: int
+    """Process group id."""
+    command: str
+    """The command."""
+    cwd: str
+    """Working directory."""
+    output_path: str
+    """Output file on `host`."""
+    started_at: float
+    """When it started."""
+    state: Literal["running", "ended", "unknown"]
+    """`unknown` when the owning host is down and the job was running when last seen."""
+    running: bool | None
+    """True while running; None when unknown."""
+    exit_code: int | None = None
+    """Exit status once ended."""
+    signal: int | None = None
+    """Terminating signal once ended by one."""
+    ended_at: float | None = None
+    """When it ended, if known."""
+    note: str | None = None
+    """Anything worth knowing (status unknown, host down)."""
+    call_id: str | None = None
+    """The call that started it."""

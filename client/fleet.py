@@ -1,0 +1,511 @@
+"""The Python API of the fleet: `Fleet` (blocking) and `AsyncFleet` (asyncio).
+
+    fleet = Fleet()                      # BASHFLEET_REDIS_URL, else the local fleet
+    result = fleet.run("make test", host="build-1")
+    job = fleet.run("./serve.sh", mode="background").job
+    fleet.check(job.id); fleet.kill(job.id)
+
+Calls travel as Celery tasks (JSON) through Redis: a command to its host's exec queue
+(or the any / pool queue), everything else to the owning host's control queue, which
+is served apart from the command slots. While a call runs the client watches the
+worker's heartbeat, so a worker that dies shows as `WorkerLost` within seconds, and
+the command is never sent again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any, Literal
+
+import redis
+from celery import Celery
+from celery.exceptions import TimeoutError as CeleryTimeout
+from celery.result import AsyncResult
+from kombu.exceptions import OperationalError
+from kombu.utils.url import maybe_sanitize_url
+from pydantic import ValidationError
+
+from client.errors import (
+    BashfleetError,
+    CallRejected,
+    FleetUnavailable,
+    HostUnavailable,
+    UnknownJob,
+    WorkerLost,
+)
+from worker import registry
+from worker.models import (
+    Call,
+    CallResult,
+    CheckResult,
+    HostInfo,
+    JobView,
+    OutputChunk,
+    Policy,
+    SystemError_,
+)
+from worker.settings import Settings
+
+Mode = Literal["default", "slow", "background"]
+
+#: Timeout of `mode="slow"` (seed 001: 15 minutes).
+SLOW_TIMEOUT_S = 15 * 60.0
+#: How often a waiting client looks at the worker's heartbeat.
+WATCH_INTERVAL_S = 0.5
+#: Longest wait for a control call (check, kill, read_output, cancel, jobs).
+CTL_TIMEOUT_S = 30.0
+#: Seconds to connect to Redis before FleetUnavailable.
+CONNECT_TIMEOUT_S = 2.0
+
+
+def resolve_url(redis_url: str | None = None) -> str | None:
+    """The fleet's Redis URL: the argument, else BASHFLEET_REDIS_URL, else the local fleet."""
+    if redis_url:
+        return redis_url
+    configured = Settings().redis_url_value()
+    if configured:
+        return configured
+    try:
+        from client.local import local_redis_url  # noqa: PLC0415 - optional, CLI side
+    except ImportError:
+        return None
+    return local_redis_url()
+
+
+def _validation_message(exc: ValidationError) -> str:
+    parts = []
+    for error in exc.errors():
+        where = ".".join(str(part) for part in error["loc"]) or "call"
+        parts.append(f"{where}: {error['msg']}")
+    return "; ".join(parts)
+
+
+def _client_celery(url: str) -> Celery:
+    app = Celery("bashfleet-client", set_as_current=False)
+    app.conf.update(registry.celery_wire_config(url))
+    app.conf.update(
+        broker_connection_timeout=CONNECT_TIMEOUT_S,
+        broker_connection_retry=False,
+        broker_transport_options={"visibility_timeout": 3600},
+        redis_socket_connect_timeout=CONNECT_TIMEOUT_S,
+        task_publish_retry=True,
+        task_publish_retry_policy={
+            "max_retries": 2, "interval_start": 0.1, "interval_step": 0.2, "interval_max": 0.5,
+        },
+    )
+    return app
+
+
+class Fleet:
+    """A client of the fleet. Thread-safe; cheap to keep for the life of a process."""
+
+    def __init__(self, redis_url: str | None = None) -> None:
+        url = resolve_url(redis_url)
+        if not url:
+            raise FleetUnavailable(
+                "no fleet configured: pass redis_url=, set BASHFLEET_REDIS_URL, "
+                "or start a local fleet with `bashfleet up`"
+            )
+        self.url = maybe_sanitize_url(url)
+        """The Redis URL with its password hidden (for messages)."""
+        self._redis = redis.Redis.from_url(
+            url, decode_responses=True, socket_connect_timeout=CONNECT_TIMEOUT_S,
+            socket_timeout=10.0,
+        )
+        self._celery = _client_celery(url)
+
+    def close(self) -> None:
+        """Close the connections (the object is unusable afterwards)."""
+        self._redis.close()
+        self._celery.close()
+
+    def __enter__(self) -> Fleet:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @contextlib.contextmanager
+    def _errors(self) -> Iterator[None]:
+        """Redis and broker failures become FleetUnavailable, password hidden."""
+        try:
+            yield
+        except (redis.ConnectionError, redis.TimeoutError, OperationalError, OSError) as exc:
+            raise FleetUnavailable(f"Redis at {self.url} is unreachable: {exc}") from None
+
+    # ------------------------------------------------------------------------ run
+
+    def run(
+        self,
+        command: str,
+        *,
+        host: str | None = None,
+        label: str | None = None,
+        mode: Mode = "default",
+        timeout: float | None = None,
+        cwd: str | None = None,
+        session: str | None = None,
+        policy: Policy | None = None,
+        env: dict[str, str] | None = None,
+    ) -> CallResult:
+        """Run `command` on `host` (None: any live host; `label`: a host of that pool).
+
+        `mode`: `default` (the policy's timeout), `slow` (15 minutes unless `timeout`
+        says otherwise) or `background` (start it detached, return its job at once).
+        A `session` pins the host of its first call for its later calls.
+        """
+        call = self._build_call(command, mode=mode, timeout=timeout, cwd=cwd, policy=policy,
+                                env=env)
+        with self._errors():
+            if session is not None and host is None and label is None:
+                host = self._session_host(session)
+            queue, target = self._route(host, label)
+            if not registry.new_call(self._redis, call.call_id, queue, target):
+                raise CallRejected(f"call id {call.call_id} is already in use")
+            pending = self._celery.send_task(
+                registry.TASK_EXEC, args=[call.model_dump(mode="json")], queue=queue,
+                task_id=call.call_id,
+            )
+            result = self._wait_call(call.call_id, pending, target, label)
+            if session is not None:
+                pin = registry.session_key(session)
+                self._redis.set(pin, result.host, ex=registry.SESSION_TTL_S)
+            return result
+
+    @staticmethod
+    def _build_call(
+        command: str, *, mode: str, timeout: float | None, cwd: str | None,
+        policy: Policy | None, env: dict[str, str] | None,
+    ) -> Call:
+        if mode not in ("default", "slow", "background"):
+            raise CallRejected(f"mode must be default, slow or background, not {mode!r}")
+        if mode == "slow" and timeout is None:
+            timeout = SLOW_TIMEOUT_S
+        try:
+            return Call(
+                call_id=f"c{uuid.uuid4().hex[:23]}", command=command, cwd=cwd,
+                timeout_s=timeout, background=mode == "background", env=env or {},
+                policy=policy or Policy(),
+            )
+        except ValidationError as exc:
+            raise CallRejected(f"invalid call: {_validation_message(exc)}") from None
+
+    def _session_host(self, session: str) -> str | None:
+        if not registry.valid_id(session):
+            raise CallRejected(f"invalid session id {session!r}")
+        pinned = self._redis.get(registry.session_key(session))
+        return str(pinned) if pinned else None
+
+    def _route(self, host: str | None, label: str | None) -> tuple[str, str | None]:
+        """(queue, target host) for a call; HostUnavailable when nobody would take it."""
+        if host is not None:
+            try:
+                registry.validate_host(host)
+            except ValueError as exc:
+                raise CallRejected(str(exc)) from None
+            self._require_alive(host)
+            return registry.exec_queue(host), host
+        alive = registry.live_hosts(self._redis)
+        if label is not None:
+            try:
+                registry.validate_label(label)
+            except ValueError as exc:
+                raise CallRejected(str(exc)) from None
+            if not any(label in info.labels for info in self._infos(alive)):
+                raise HostUnavailable(f"no live worker has the label {label!r}")
+            return registry.pool_queue(label), None
+        if not alive:
+            raise HostUnavailable("no live worker in the fleet")
+        return registry.ANY_EXEC_QUEUE, None
+
+    def _infos(self, hosts: list[str]) -> list[HostInfo]:
+        return [i for i in (registry.host_info(self._redis, h) for h in hosts) if i is not None]
+
+    def _require_alive(self, host: str) -> str:
+        token = registry.host_alive_token(self._redis, host)
+        if token is None:
+            live = ", ".join(registry.live_hosts(self._redis)) or "none"
+            raise HostUnavailable(
+                f"no live worker for host {host!r} (live hosts: {live})", host=host
+            )
+        return token
+
+    def _wait_call(
+        self, call_id: str, pending: AsyncResult, target: str | None, label: str | None
+    ) -> CallResult:
+        while True:
+            done = self._poll_result(pending, WATCH_INTERVAL_S)
+            if done is not None:
+                return done
+            problem = self._watch(call_id, target, label)
+            if problem is None:
+                continue
+            # Before calling it lost, take a result that arrived meanwhile.
+            done = self._poll_result(pending, 0.05)
+            if done is not None:
+                return done
+            if isinstance(problem, CallResult):
+                return problem
+            raise problem
+
+    def _poll_result(self, pending: AsyncResult, timeout: float) -> CallResult | None:
+        try:
+            value = pending.get(timeout=timeout, propagate=False)
+        except CeleryTimeout:
+            return None
+        if pending.successful():
+            return CallResult.model_validate(value)
+        raise BashfleetError(f"the worker failed on call {pending.id}: {value!r}")
+
+    def _watch(
+        self, call_id: str, target: str | None, label: str | None
+    ) -> BashfleetError | CallResult | None:
+        """What went wrong with a pending call, if anything (None: keep waiting)."""
+        record = registry.call_record(self._redis, call_id)
+        state = record.get("state")
+        host = record.get("host") or target
+        if state == "lost":
+            note = record.get("note") or "it died"
+            return WorkerLost(
+                f"the worker on {host} was lost while running call {call_id} ({note}); "
+                "the command was not run again", call_id=call_id, host=host,
+            )
+        if state in registry.CALL_UNSTARTED:
+            message = f"call {call_id} was {state} before it started; it did not run"
+            return CallResult(
+                call_id=call_id, host=host or "",
+                error=SystemError_(kind="internal", message=message),
+            )
+        if state == "queued" or state is None:
+            return self._watch_queued(call_id, target, label)
+        instance = record.get("instance")
+        if host and instance and registry.host_alive_token(self._redis, host) != instance:
+            return WorkerLost(
+                f"the worker on {host} died while running call {call_id}; "
+                "the command was not run again", call_id=call_id, host=host,
+            )
+        return None
+
+    def _watch_queued(
+        self, call_id: str, target: str | None, label: str | None
+    ) -> BashfleetError | None:
+        """A call no worker took yet: withdraw it when no worker is left to take it."""
+        if target is not None:
+            if registry.host_alive_token(self._redis, target) is not None:
+                return None
+            where = f"host {target}"
+        else:
+            alive = registry.live_hosts(self._redis)
+            if label is not None:
+                alive = [i.host for i in self._infos(alive) if label in i.labels]
+            if alive:
+                return None
+            where = f"pool {label}" if label else "the fleet"
+        if registry.withdraw_call(self._redis, call_id) != "queued":
+            return None  # a worker took it meanwhile: watch it as a running call
+        return WorkerLost(
+            f"no live worker is left in {where} to run call {call_id}; "
+            "the call was withdrawn and will not run", call_id=call_id, host=target,
+        )
+
+    # -------------------------------------------------------------------- control
+
+    def check(self, id: str, *, grep: str | None = None, offset: int | None = None) -> CheckResult:
+        """A job's state and its output since `offset` (None: since the last check)."""
+        with self._errors():
+            host, job_id = self._job_owner(id)
+            value = self._ctl(host, registry.TASK_CHECK, [job_id, grep, offset])
+            return CheckResult.model_validate(value)
+
+    def kill(self, id: str) -> CheckResult:
+        """End a job; its final state and the output since the last check."""
+        with self._errors():
+            host, job_id = self._job_owner(id)
+            value = self._ctl(host, registry.TASK_KILL, [job_id])
+            return CheckResult.model_validate(value)
+
+    def read_output(
+        self,
+        id: str,
+        *,
+        offset: int = 0,
+        limit: int = 65536,
+        grep: str | None = None,
+        stream: Literal["stdout", "stderr"] = "stdout",
+    ) -> OutputChunk:
+        """A slice of a job's output, or of the kept (spilled) output of a call."""
+        if offset < 0 or limit < 1:
+            raise CallRejected("offset must be >= 0 and limit >= 1")
+        with self._errors():
+            host = self._owner_host(id)
+            value = self._ctl(host, registry.TASK_READ_OUTPUT, [id, offset, limit, grep, stream])
+            return OutputChunk.model_validate(value)
+
+    def cancel(self, call_id: str) -> bool:
+        """Stop a call: withdraw it if queued, kill its processes if running.
+
+        True when it was withdrawn or its processes were signalled; False when it had
+        ended already.
+        """
+        with self._errors():
+            record = self._call(call_id)
+            previous = registry.withdraw_call(self._redis, call_id, "cancelled")
+            if previous == "queued":
+                return True
+            if previous != "running":
+                return False
+            value = self._ctl(record["host"], registry.TASK_CANCEL, [call_id])
+            return bool(value.get("cancelled"))
+
+    def jobs(self, host: str | None = None) -> list[JobView]:
+        """Background jobs of one host, or of every host the fleet knows; oldest first."""
+        with self._errors():
+            if host is not None:
+                hosts = [host]
+            else:
+                hosts = [info.host for info in registry.list_hosts(self._redis)]
+            live = set(registry.live_hosts(self._redis))
+            asked = {
+                h: self._send_ctl(h, registry.TASK_JOBS, []) for h in hosts if h in live
+            }
+            views: list[JobView] = []
+            for name in hosts:
+                if name in asked:
+                    try:
+                        value = self._await_ctl(name, asked[name])
+                        views += [JobView.model_validate(item) for item in value]
+                        continue
+                    except (WorkerLost, HostUnavailable):
+                        pass  # it died meanwhile: show what Redis knows
+                views += registry.list_jobs(self._redis, name)
+            return sorted(views, key=lambda view: view.started_at)
+
+    def hosts(self) -> list[HostInfo]:
+        """Every host seen in the last day: alive or not, slots, busy slots, labels."""
+        with self._errors():
+            return registry.list_hosts(self._redis)
+
+    # ------------------------------------------------------------------- plumbing
+
+    def _call(self, call_id: str) -> dict[str, str]:
+        if not registry.valid_id(call_id):
+            raise UnknownJob(f"no such call: {call_id!r}", item_id=call_id)
+        record = registry.call_record(self._redis, call_id)
+        if not record:
+            raise UnknownJob(f"no such call: {call_id} (unknown or expired)", item_id=call_id)
+        return record
+
+    def _job_owner(self, item_id: str) -> tuple[str, str]:
+        """(host, job id) of a job id, or of the call that started the job."""
+        if not registry.valid_id(item_id):
+            raise UnknownJob(f"no such job: {item_id!r}", item_id=item_id)
+        host = registry.job_host(self._redis, item_id)
+        if host is not None:
+            return host, item_id
+        record = registry.call_record(self._redis, item_id)
+        job_id = record.get("job_id")
+        if job_id:
+            host = registry.job_host(self._redis, job_id)
+            if host is not None:
+                return host, job_id
+        raise UnknownJob(f"no such job: {item_id} (unknown or expired)", item_id=item_id)
+
+    def _owner_host(self, item_id: str) -> str:
+        """Host holding the output of a job or call id."""
+        if not registry.valid_id(item_id):
+            raise UnknownJob(f"no such job or call: {item_id!r}", item_id=item_id)
+        host = registry.job_host(self._redis, item_id)
+        if host is None:
+            host = registry.call_record(self._redis, item_id).get("host") or None
+        if host is None:
+            raise UnknownJob(
+                f"no such job or call: {item_id} (unknown or expired)", item_id=item_id
+            )
+        return host
+
+    def _ctl(self, host: str, task: str, args: list[Any]) -> Any:
+        return self._await_ctl(host, self._send_ctl(host, task, args))
+
+    def _send_ctl(self, host: str, task: str, args: list[Any]) -> tuple[AsyncResult, str]:
+        token = self._require_alive(host)
+        pending = self._celery.send_task(
+            task, args=args, queue=registry.ctl_queue(host), expires=CTL_TIMEOUT_S
+        )
+        return pending, token
+
+    def _await_ctl(self, host: str, sent: tuple[AsyncResult, str]) -> Any:
+        pending, token = sent
+        deadline = time.monotonic() + CTL_TIMEOUT_S
+        while True:
+            try:
+                envelope = pending.get(timeout=WATCH_INTERVAL_S, propagate=False)
+            except CeleryTimeout:
+                if registry.host_alive_token(self._redis, host) != token:
+                    raise WorkerLost(
+                        f"the worker on {host} went away before answering", host=host
+                    ) from None
+                if time.monotonic() > deadline:
+                    raise BashfleetError(
+                        f"the worker on {host} did not answer within {CTL_TIMEOUT_S:.0f}s"
+                    ) from None
+                continue
+            break
+        if not pending.successful() or not isinstance(envelope, dict):
+            raise BashfleetError(f"the worker on {host} failed: {envelope!r}")
+        if "error" in envelope:
+            kind, message = envelope["error"]["kind"], envelope["error"]["message"]
+            if kind == "not_found":
+                raise UnknownJob(message)
+            if kind == "invalid":
+                raise CallRejected(message)
+            raise BashfleetError(f"{kind}: {message}")
+        return envelope["ok"]
+
+
+class AsyncFleet:
+    """`Fleet` for asyncio: the same methods, awaited (each runs in a thread)."""
+
+    def __init__(self, redis_url: str | None = None) -> None:
+        self.fleet = Fleet(redis_url)
+
+    async def run(self, command: str, **options: Any) -> CallResult:
+        """See `Fleet.run`."""
+        return await asyncio.to_thread(self.fleet.run, command, **options)
+
+    async def check(self, id: str, **options: Any) -> CheckResult:
+        """See `Fleet.check`."""
+        return await asyncio.to_thread(self.fleet.check, id, **options)
+
+    async def kill(self, id: str) -> CheckResult:
+        """See `Fleet.kill`."""
+        return await asyncio.to_thread(self.fleet.kill, id)
+
+    async def read_output(self, id: str, **options: Any) -> OutputChunk:
+        """See `Fleet.read_output`."""
+        return await asyncio.to_thread(self.fleet.read_output, id, **options)
+
+    async def cancel(self, call_id: str) -> bool:
+        """See `Fleet.cancel`."""
+        return await asyncio.to_thread(self.fleet.cancel, call_id)
+
+    async def jobs(self, host: str | None = None) -> list[JobView]:
+        """See `Fleet.jobs`."""
+        return await asyncio.to_thread(self.fleet.jobs, host)
+
+    async def hosts(self) -> list[HostInfo]:
+        """See `Fleet.hosts`."""
+        return await asyncio.to_thread(self.fleet.hosts)
+
+    def close(self) -> None:
+        """Close the connections."""
+        self.fleet.close()
+
+    async def __aenter__(self) -> AsyncFleet:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,220 @@
+"""What a worker keeps on its own disk to survive its own death, and how it recovers.
+
+- One small JSON file per running foreground call (`<state_dir>/running/<call_id>.json`:
+  pid, process group, marker, start time), written as soon as the call's bash exists
+  and removed when the call ends. A worker that starts after a crash kills the
+  process groups those files name, so a command whose caller was told "worker lost"
+  does not go on running (or finish its side effects) behind everybody's back. The
+  files are the truth even when Redis lost its data.
+- Background jobs have their own record files (`worker.jobs`); `sync_job` publishes a
+  job's state to Redis, which a restarted worker does for every job it owns (and
+  records the exit status of jobs that ended while it was down).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+
+from worker import jobs, procs, registry
+from worker.models import JobRecord, JobStatus
+from worker.settings import Settings
+
+log = logging.getLogger("bashfleet.worker")
+
+#: Grace between SIGTERM and SIGKILL for calls orphaned by a dead worker.
+ORPHAN_GRACE_S = 1.0
+
+
+class RunningCall(BaseModel):
+    """A foreground call whose bash runs now, as recorded on the host's disk."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    call_id: str
+    """The call's id (also its marker)."""
+    pid: int
+    """Process id of the call's bash (its process group leader)."""
+    pgid: int
+    """Process group id."""
+    marker: str
+    """Marker value every process of the call carries."""
+    start_time: float
+    """Kernel start time of `pid`: guards against pid reuse."""
+    worker_pid: int
+    """Process that runs the call (the exec consumer)."""
+    instance: str
+    """Worker instance (host lock token) that ran it."""
+    kill_grace_s: float = 2.0
+    """The call's policy grace between SIGTERM and SIGKILL."""
+
+
+def running_dir(settings: Settings) -> Path:
+    """Where running-call files live."""
+    return settings.state_dir / "running"
+
+
+def _path(settings: Settings, call_id: str) -> Path:
+    return running_dir(settings) / f"{call_id}.json"
+
+
+def save_running(settings: Settings, entry: RunningCall) -> None:
+    """Record a call's processes, atomically."""
+    folder = running_dir(settings)
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    path = _path(settings, entry.call_id)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(entry.model_dump_json(), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def remove_running(settings: Settings, call_id: str) -> None:
+    """Forget a call that ended (or became a background job)."""
+    _path(settings, call_id).unlink(missing_ok=True)
+
+
+def load_running(settings: Settings, call_id: str) -> RunningCall | None:
+    """The running call's record, or None."""
+    if not registry.valid_id(call_id):
+        return None
+    try:
+        return RunningCall.model_validate_json(_path(settings, call_id).read_text("utf-8"))
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def all_running(settings: Settings) -> list[RunningCall]:
+    """Every running-call record on this host."""
+    folder = running_dir(settings)
+    if not folder.is_dir():
+        return []
+    entries = []
+    for path in sorted(folder.glob("*.json")):
+        with contextlib.suppress(OSError, ValueError):
+            entries.append(RunningCall.model_validate_json(path.read_text("utf-8")))
+    return entries
+
+
+def kill_running(entry: RunningCall, grace_s: float | None = None) -> list[int]:
+    """End a call's processes (group, then marked escapees); return survivors."""
+    # The group is signalled only while its leader is the very process we started;
+    # otherwise the marker sweep alone finds what is left of the call.
+    leader_ours = procs.is_same_process(entry.pid, entry.start_time)
+    return procs.terminate(
+        entry.pgid if leader_ours else None, entry.marker,
+        grace_s=entry.kill_grace_s if grace_s is None else grace_s,
+    )
+
+
+def recover_orphans(
+    settings: Settings,
+    client: registry.Redis | None,
+    *,
+    worker_pid: int | None = None,
+    reason: str,
+) -> list[str]:
+    """Kill the calls a dead worker left running; mark them lost; return their ids.
+
+    `worker_pid` limits this to the calls of one dead consumer process; None takes
+    every recorded call (a worker starting after a crash).
+    """
+    entries = [e for e in all_running(settings) if worker_pid in (None, e.worker_pid)]
+    if not entries:
+        return []
+
+    def end(entry: RunningCall) -> str:
+        survivors = kill_running(entry, ORPHAN_GRACE_S)
+        if survivors:
+            log.warning("call %s: %d process(es) survived the kill", entry.call_id, len(survivors))
+        if client is not None:
+            try:
+                registry.mark_call(client, entry.call_id, "lost", note=reason, ended_at=time.time())
+                client.srem(registry.running_key(settings.host), entry.call_id)
+            except Exception as exc:  # Redis down: the files are the truth; carry on.
+                log.warning("call %s: could not record it as lost: %s", entry.call_id, exc)
+        remove_running(settings, entry.call_id)
+        return entry.call_id
+
+    with ThreadPoolExecutor(max_workers=min(8, len(entries))) as pool:
+        ended = list(pool.map(end, entries))
+    log.warning("killed %d call(s) left running by %s: %s", len(ended), reason, ", ".join(ended))
+    return ended
+
+
+# ------------------------------------------------------------------------------- jobs
+
+
+def job_state(record: JobRecord) -> tuple[bool, JobStatus | None]:
+    """(running, status): a job that ended unseen gets its status recorded as unknown."""
+    status = jobs.read_status(record)
+    if status is not None:
+        return False, status
+    if jobs.is_running(record):
+        return True, None
+    jobs.write_status(record, None, note="ended while no worker was watching; exit status unknown")
+    return False, jobs.read_status(record)
+
+
+def sync_job(client: registry.Redis, record: JobRecord) -> bool:
+    """Publish a job's current state to Redis; return True while it runs."""
+    running, status = job_state(record)
+    registry.save_job(
+        client, record, running=running,
+        exit_code=status.exit_code if status else None,
+        signal=status.signal if status else None,
+        ended_at=status.ended_at if status else None,
+        note=status.note if status else None,
+    )
+    return running
+
+
+class JobWatcher:
+    """Keeps Redis in step with this host's background jobs (run by the supervisor).
+
+    Every job is published once (a restarted worker re-adopts its live jobs and records
+    the end of those that ended while it was down); running jobs are re-checked on each
+    pass, so their end shows in listings without anybody checking them.
+    """
+
+    def __init__(self, settings: Settings, client: registry.Redis) -> None:
+        self.settings = settings
+        self.client = client
+        self._ended: set[str] = set()
+        self._seen: set[str] = set()
+
+    def _record_ids(self) -> list[str]:
+        folder = self.settings.jobs_dir
+        if not folder.is_dir():
+            return []
+        # Records are <id>.json; spec and status files have a second suffix.
+        return [p.stem for p in folder.glob("*.json") if "." not in p.stem]
+
+    def sync(self) -> int:
+        """One pass; returns how many jobs run now."""
+        running = 0
+        horizon = time.time() - registry.JOB_TTL_S
+        for job_id in self._record_ids():
+            if job_id in self._ended:
+                continue
+            try:
+                record = jobs.load_record(job_id, self.settings)
+            except (jobs.JobError, ValueError, OSError):
+                self._ended.add(job_id)
+                continue
+            if job_id not in self._seen:
+                self._seen.add(job_id)
+                status = jobs.read_status(record)
+                if status is not None and status.ended_at < horizon:
+                    self._ended.add(job_id)  # too old to list again
+                    continue
+            if sync_job(self.client, record):
+                running += 1
+            else:
+                self._ended.add(job_id)
+        return running

@@ -1,0 +1,592 @@
+"""The fleet's names and state in Redis: every key, queue and task name, in one place.
+
+Both sides use this module (the client for names and reads, the worker for writes);
+it imports nothing but redis and the wire models. All updates that race (the host
+lock, a call's state) are WATCH/MULTI transactions, so they hold on any Redis.
+
+Keys (prefix `bashfleet:`; every key has a TTL or an owner that deletes it):
+
+- `bashfleet:alive:<host>` (string): host lock and heartbeat, the token of the worker
+  instance holding the host id. TTL ALIVE_TTL_S (5 s), renewed every second by the
+  worker (so a dead worker is seen within seconds); deleted when it stops.
+- `bashfleet:host:<host>` (hash): host record: concurrency, labels, version, pid,
+  machine, instance, readiness of its two consumers, last heartbeat. TTL HOST_TTL_S
+  (1 day), renewed by the heartbeat.
+- `bashfleet:hosts` (zset): host id -> last heartbeat, for listings. TTL HOST_TTL_S,
+  renewed by heartbeats; members older than that are pruned by them.
+- `bashfleet:running:<host>` (set): ids of the calls running on the host (busy slots).
+  TTL RUNNING_TTL_S (1 h), renewed by the heartbeat; reset by a starting worker,
+  deleted by a stopping one.
+- `bashfleet:call:<call_id>` (hash): call record: state, queue, host, instance, pid,
+  pgid, marker, spill paths and sizes, job id. TTL CALL_TTL_S (2 days), set by the
+  client and renewed at every transition.
+- `bashfleet:job:<job_id>` (hash): job record (JobRecord JSON), state, exit code,
+  signal, end time, last check offsets. TTL JOB_TTL_S (7 days), renewed at every
+  update and while the job runs.
+- `bashfleet:jobs:<host>` (zset): job ids of a host -> start time, for listings.
+  TTL JOB_TTL_S, renewed with its jobs and by the heartbeat; members whose job hash
+  expired are pruned when listed.
+- `bashfleet:session:<session>` (string): the host a session's calls are pinned to.
+  TTL SESSION_TTL_S (1 day), renewed by each call of the session.
+
+Celery's own keys are Celery's: the queue lists (named like the queues below, emptied
+by the consumers), kombu's `_kombu.binding.*` sets and `unacked*` bookkeeping, and the
+results `bashfleet:celery-task-meta-<id>` (expire after `RESULT_TTL_S`).
+
+Call states: `queued` (the client sent it) -> `running` (a worker claimed it) ->
+`done`; or `cancelled` / `abandoned` before it started (it never runs); `cancelling`
+/ `stopping` while its processes are being killed; `lost` when its worker died.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, TypeVar, cast
+
+import redis
+
+from worker.models import HostInfo, JobRecord, JobView
+
+PREFIX = "bashfleet:"
+
+#: Seconds between two heartbeats of a worker.
+HEARTBEAT_INTERVAL_S = 1.0
+#: Life of the host lock without a heartbeat: a dead worker is seen within this.
+ALIVE_TTL_S = 5
+#: Life of a host record (and the host listing) without a heartbeat.
+HOST_TTL_S = 24 * 3600
+#: Life of the busy-slot set without a heartbeat.
+RUNNING_TTL_S = 3600
+#: Life of a call record after its last transition.
+CALL_TTL_S = 2 * 24 * 3600
+#: Life of a job record after its last update.
+JOB_TTL_S = 7 * 24 * 3600
+#: Life of a call's result in the Celery backend.
+RESULT_TTL_S = 24 * 3600
+#: Life of a session's host pin after its last call.
+SESSION_TTL_S = 24 * 3600
+#: Key prefix of the Celery result backend.
+RESULT_KEYPREFIX = PREFIX
+
+# ----------------------------------------------------------------------------- names
+
+TASK_EXEC = "bashfleet.exec"
+TASK_CHECK = "bashfleet.check"
+TASK_KILL = "bashfleet.kill"
+TASK_READ_OUTPUT = "bashfleet.read_output"
+TASK_CANCEL = "bashfleet.cancel"
+TASK_JOBS = "bashfleet.jobs"
+
+ANY_EXEC_QUEUE = "bashfleet.any.exec"
+
+_HOST_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+_LABEL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+_ID_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+_RESERVED_HOSTS = ("any", "pool")
+
+CALL_ACTIVE = ("running", "cancelling", "stopping")
+"""States of a call whose processes may be alive on its host."""
+CALL_UNSTARTED = ("cancelled", "abandoned")
+"""States of a call that never ran and never will."""
+
+
+def validate_host(host: str) -> str:
+    """A host id, or ValueError: it names queues, so `any` and `pool.*` are taken."""
+    if not _HOST_RE.match(host):
+        raise ValueError(
+            f"invalid host id {host!r}: use 1-64 letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit"
+        )
+    if host in _RESERVED_HOSTS or host.startswith("pool."):
+        raise ValueError(f"invalid host id {host!r}: 'any' and 'pool' name shared queues")
+    return host
+
+
+def validate_label(label: str) -> str:
+    """A pool label, or ValueError."""
+    if not _LABEL_RE.match(label):
+        raise ValueError(
+            f"invalid label {label!r}: use 1-64 letters, digits, '_' or '-'"
+        )
+    return label
+
+
+def valid_id(value: str) -> bool:
+    """True when `value` can be a call or job id (what keys and file names accept)."""
+    return bool(_ID_RE.match(value))
+
+
+def exec_queue(host: str) -> str:
+    """Commands for one host."""
+    return f"bashfleet.{host}.exec"
+
+
+def pool_queue(label: str) -> str:
+    """Commands for any host with a label."""
+    return f"bashfleet.pool.{label}.exec"
+
+
+def ctl_queue(host: str) -> str:
+    """Control calls (check, kill, read_output, cancel, jobs) for one host."""
+    return f"bashfleet.{host}.ctl"
+
+
+def exec_queues(host: str, labels: Iterable[str]) -> list[str]:
+    """Every command queue a worker serves."""
+    return [exec_queue(host), ANY_EXEC_QUEUE, *(pool_queue(label) for label in labels)]
+
+
+def alive_key(host: str) -> str:
+    """Host lock and heartbeat (string: instance token)."""
+    return f"{PREFIX}alive:{host}"
+
+
+def host_key(host: str) -> str:
+    """Host record (hash)."""
+    return f"{PREFIX}host:{host}"
+
+
+HOSTS_KEY = f"{PREFIX}hosts"
+"""Host listing (zset: host -> last heartbeat)."""
+
+
+def running_key(host: str) -> str:
+    """Call ids running on a host (set)."""
+    return f"{PREFIX}running:{host}"
+
+
+def call_key(call_id: str) -> str:
+    """Call record (hash)."""
+    return f"{PREFIX}call:{call_id}"
+
+
+def job_key(job_id: str) -> str:
+    """Job record (hash)."""
+    return f"{PREFIX}job:{job_id}"
+
+
+def jobs_key(host: str) -> str:
+    """Job ids of a host (zset: job id -> start time)."""
+    return f"{PREFIX}jobs:{host}"
+
+
+def session_key(session: str) -> str:
+    """Host a session is pinned to (string)."""
+    return f"{PREFIX}session:{session}"
+
+
+def celery_wire_config(url: str) -> dict[str, object]:
+    """Celery settings both sides must agree on: where, how encoded, result keys."""
+    return {
+        "broker_url": url,
+        "result_backend": url,
+        # JSON only: a pickle from Redis would be code execution on every worker.
+        "task_serializer": "json",
+        "result_serializer": "json",
+        "accept_content": ["json"],
+        "result_accept_content": ["json"],
+        "result_expires": RESULT_TTL_S,
+        "result_backend_transport_options": {"global_keyprefix": RESULT_KEYPREFIX},
+        # Flower shows calls from the moment they are sent.
+        "task_send_sent_event": True,
+        "enable_utc": True,
+    }
+
+
+# ------------------------------------------------------------------------ helpers
+
+Redis = redis.Redis
+T = TypeVar("T")
+
+
+def _transaction(client: Redis, keys: list[str], body: Callable[[Any], T]) -> T:
+    """Run `body(pipe)` under WATCH on `keys`, retrying when another client raced us.
+
+    `body` reads with the pipe in immediate mode, then calls `pipe.multi()` and queues
+    its writes; its return value is returned once the transaction committed.
+    """
+    while True:
+        with client.pipeline() as pipe:
+            try:
+                pipe.watch(*keys)  # type: ignore[no-untyped-call]
+                value = body(pipe)
+                pipe.execute()
+                return value
+            except redis.WatchError:
+                continue
+
+
+def _str(mapping: Mapping[str, str], name: str) -> str | None:
+    value = mapping.get(name)
+    return value if value not in (None, "") else None
+
+
+def _int(mapping: Mapping[str, str], name: str) -> int | None:
+    value = _str(mapping, name)
+    return int(value) if value is not None else None
+
+
+def _float(mapping: Mapping[str, str], name: str) -> float | None:
+    value = _str(mapping, name)
+    return float(value) if value is not None else None
+
+
+def _fields(values: Mapping[str, object]) -> dict[Any, Any]:
+    # Hash values are text; None is stored as "" (and read back as None).
+    return {k: "" if v is None else str(v) for k, v in values.items()}
+
+
+# ---------------------------------------------------------------------- host lock
+
+
+def acquire_host(client: Redis, host: str, token: str) -> str | None:
+    """Take the host lock; None on success, else the token of the instance holding it."""
+    if client.set(alive_key(host), token, nx=True, ex=ALIVE_TTL_S):
+        return None
+    holder = cast("str | None", client.get(alive_key(host)))
+    if holder is None:  # expired between the two commands
+        return acquire_host(client, host, token)
+    return holder
+
+
+def take_over_host(client: Redis, host: str, old_token: str, token: str) -> bool:
+    """Replace a dead instance's lock by ours, only if `old_token` still holds it."""
+    key = alive_key(host)
+
+    def body(pipe: Any) -> bool:
+        if pipe.get(key) not in (old_token, None):
+            pipe.multi()
+            return False
+        pipe.multi()
+        pipe.set(key, token, ex=ALIVE_TTL_S)
+        return True
+
+    return _transaction(client, [key], body)
+
+
+def heartbeat(client: Redis, host: str, token: str, record: Mapping[str, object]) -> bool:
+    """Renew the lock and the host record; False when another instance holds the host.
+
+    A lock that expired (a long pause, or a Redis that lost its data) is taken again
+    if nobody else took it meanwhile.
+    """
+    key = alive_key(host)
+    now = time.time()
+
+    def body(pipe: Any) -> bool:
+        if pipe.get(key) not in (token, None):
+            pipe.multi()
+            return False
+        pipe.multi()
+        pipe.set(key, token, ex=ALIVE_TTL_S)
+        pipe.hset(host_key(host), mapping=_fields({**record, "heartbeat_at": now}))
+        pipe.expire(host_key(host), HOST_TTL_S)
+        pipe.zadd(HOSTS_KEY, {host: now})
+        pipe.zremrangebyscore(HOSTS_KEY, "-inf", now - HOST_TTL_S)
+        pipe.expire(HOSTS_KEY, HOST_TTL_S)
+        pipe.expire(running_key(host), RUNNING_TTL_S)
+        pipe.expire(jobs_key(host), JOB_TTL_S)
+        return True
+
+    return _transaction(client, [key], body)
+
+
+def release_host(client: Redis, host: str, token: str) -> None:
+    """Give the host lock up (clean stop) if we hold it, and say so in the host record."""
+    key = alive_key(host)
+
+    def body(pipe: Any) -> None:
+        held = pipe.get(key) == token
+        pipe.multi()
+        if held:
+            pipe.delete(key)
+            pipe.hset(host_key(host), mapping={"ready": "", "stopped_at": str(time.time())})
+            pipe.delete(running_key(host))
+
+    _transaction(client, [key], body)
+
+
+def set_host_fields(client: Redis, host: str, fields: Mapping[str, object]) -> None:
+    """Update some fields of the host record (readiness of a consumer, for example)."""
+    with client.pipeline() as pipe:
+        pipe.hset(host_key(host), mapping=_fields(fields))
+        pipe.expire(host_key(host), HOST_TTL_S)
+        pipe.execute()
+
+
+def host_alive_token(client: Redis, host: str) -> str | None:
+    """Token of the live instance of `host`, or None when no worker holds it."""
+    return cast("str | None", client.get(alive_key(host)))
+
+
+def live_hosts(client: Redis) -> list[str]:
+    """Host ids whose worker is alive now."""
+    hosts = cast("list[str]", client.zrange(HOSTS_KEY, 0, -1))
+    if not hosts:
+        return []
+    with client.pipeline(transaction=False) as pipe:
+        for host in hosts:
+            pipe.exists(alive_key(host))
+        alive = pipe.execute()
+    return [host for host, flag in zip(hosts, alive, strict=True) if flag]
+
+
+def list_hosts(client: Redis) -> list[HostInfo]:
+    """Every host seen within HOST_TTL_S, alive or not, sorted by id."""
+    hosts = sorted(cast("list[str]", client.zrange(HOSTS_KEY, 0, -1)))
+    return [info for info in (host_info(client, host) for host in hosts) if info is not None]
+
+
+def host_info(client: Redis, host: str) -> HostInfo | None:
+    """One host's record, or None when the fleet does not know it."""
+    with client.pipeline(transaction=False) as pipe:
+        pipe.hgetall(host_key(host))
+        pipe.get(alive_key(host))
+        pipe.scard(running_key(host))
+        record, token, busy = pipe.execute()
+    if not record:
+        return None
+    alive = token is not None and token == record.get("instance")
+    labels = tuple(part for part in record.get("labels", "").split(",") if part)
+    return HostInfo(
+        host=host,
+        alive=token is not None,
+        ready=alive and bool(record.get("exec_ready")) and bool(record.get("ctl_ready")),
+        slots=_int(record, "concurrency") or 0,
+        busy=int(busy) if token is not None else 0,
+        labels=labels,
+        version=record.get("version", ""),
+        pid=_int(record, "pid"),
+        machine=record.get("machine", ""),
+        started_at=_float(record, "started_at"),
+        heartbeat_at=_float(record, "heartbeat_at"),
+    )
+
+
+def host_record(client: Redis, host: str) -> dict[str, str]:
+    """The raw host record (for the lock holder's details)."""
+    return cast("dict[str, str]", client.hgetall(host_key(host)))
+
+
+def reset_running(client: Redis, host: str) -> None:
+    """Forget the busy slots of a previous instance (a starting worker has none)."""
+    client.delete(running_key(host))
+
+
+# ------------------------------------------------------------------------------ calls
+
+
+def new_call(client: Redis, call_id: str, queue: str, host: str | None) -> bool:
+    """Record a call as queued (client side); False when the id is already taken."""
+    key = call_key(call_id)
+    fields = {
+        "call_id": call_id, "state": "queued", "queue": queue, "host": host,
+        "sent_at": time.time(),
+    }
+
+    def body(pipe: Any) -> bool:
+        taken = bool(pipe.exists(key))
+        pipe.multi()
+        if not taken:
+            pipe.hset(key, mapping=_fields(fields))
+            pipe.expire(key, CALL_TTL_S)
+        return not taken
+
+    return _transaction(client, [key], body)
+
+
+def claim_call(
+    client: Redis, call_id: str, host: str, instance: str, worker_pid: int
+) -> str:
+    """Mark a call running on this worker; return "ok", or the state that forbids it.
+
+    A call the client withdrew (cancelled, abandoned) or that already ran is never
+    started: this is the at-most-once guard on the worker side.
+    """
+    key = call_key(call_id)
+
+    def body(pipe: Any) -> str:
+        state = pipe.hget(key, "state")
+        pipe.multi()
+        if state not in (None, "queued"):
+            return cast(str, state)
+        fields = {
+            "call_id": call_id, "state": "running", "host": host, "instance": instance,
+            "worker_pid": worker_pid, "started_at": time.time(),
+        }
+        pipe.hset(key, mapping=_fields(fields))
+        pipe.expire(key, CALL_TTL_S)
+        pipe.sadd(running_key(host), call_id)
+        pipe.expire(running_key(host), RUNNING_TTL_S)
+        return "ok"
+
+    return _transaction(client, [key], body)
+
+
+def withdraw_call(client: Redis, call_id: str, state: str = "abandoned") -> str | None:
+    """Mark a queued call `state` (cancelled / abandoned) so no worker ever starts it.
+
+    Returns the state the call had: "queued" means it is withdrawn; anything else
+    (running, done...) means it was too late; None: no such call.
+    """
+    key = call_key(call_id)
+
+    def body(pipe: Any) -> str | None:
+        current = pipe.hget(key, "state")
+        pipe.multi()
+        if current == "queued":
+            pipe.hset(key, mapping={"state": state, "ended_at": str(time.time())})
+            pipe.expire(key, CALL_TTL_S)
+        return cast("str | None", current)
+
+    return _transaction(client, [key], body)
+
+
+def mark_call(
+    client: Redis, call_id: str, state: str, *, only_from: Iterable[str] = CALL_ACTIVE,
+    **fields: object,
+) -> str | None:
+    """Move a call to `state` if it is in one of `only_from`; return its previous state."""
+    key = call_key(call_id)
+    allowed = tuple(only_from)
+
+    def body(pipe: Any) -> str | None:
+        current = pipe.hget(key, "state")
+        pipe.multi()
+        if current in allowed:
+            pipe.hset(key, mapping=_fields({**fields, "state": state}))
+            pipe.expire(key, CALL_TTL_S)
+        return cast("str | None", current)
+
+    return _transaction(client, [key], body)
+
+
+def update_call(client: Redis, call_id: str, **fields: object) -> None:
+    """Set fields of a call record (pid, pgid, marker, spill...) without a transition."""
+    with client.pipeline() as pipe:
+        pipe.hset(call_key(call_id), mapping=_fields(fields))
+        pipe.expire(call_key(call_id), CALL_TTL_S)
+        pipe.execute()
+
+
+def finish_call(client: Redis, host: str, call_id: str, **fields: object) -> str | None:
+    """Record a call's end and free its slot; return the state it ended from.
+
+    A call that was being cancelled ends `cancelled`; one killed because its worker
+    stopped ends `stopped`; otherwise `done`.
+    """
+    key = call_key(call_id)
+
+    def body(pipe: Any) -> str | None:
+        current = cast("str | None", pipe.hget(key, "state"))
+        final = {"cancelling": "cancelled", "stopping": "stopped"}.get(current or "", "done")
+        pipe.multi()
+        pipe.hset(key, mapping=_fields({**fields, "state": final, "ended_at": time.time()}))
+        pipe.expire(key, CALL_TTL_S)
+        pipe.srem(running_key(host), call_id)
+        return current
+
+    return _transaction(client, [key], body)
+
+
+def call_record(client: Redis, call_id: str) -> dict[str, str]:
+    """The call record (empty when unknown or expired)."""
+    return cast("dict[str, str]", client.hgetall(call_key(call_id)))
+
+
+# ------------------------------------------------------------------------------- jobs
+
+
+def save_job(
+    client: Redis,
+    record: JobRecord,
+    *,
+    running: bool | None,
+    exit_code: int | None = None,
+    signal: int | None = None,
+    ended_at: float | None = None,
+    note: str | None = None,
+) -> None:
+    """Publish a job's record and state (worker side)."""
+    state = "unknown" if running is None else ("running" if running else "ended")
+    fields = {
+        "record": record.model_dump_json(), "host": record.host, "state": state,
+        "exit_code": exit_code, "signal": signal, "ended_at": ended_at, "note": note,
+    }
+    with client.pipeline() as pipe:
+        pipe.hset(job_key(record.id), mapping=_fields(fields))
+        pipe.expire(job_key(record.id), JOB_TTL_S)
+        pipe.zadd(jobs_key(record.host), {record.id: record.started_at})
+        pipe.expire(jobs_key(record.host), JOB_TTL_S)
+        pipe.execute()
+
+
+def save_offsets(client: Redis, job_id: str, offset: int, stderr_offset: int) -> None:
+    """Remember where the last check stopped reading, for the next `check` without offset."""
+    with client.pipeline() as pipe:
+        pipe.hset(job_key(job_id), mapping={"offset": offset, "stderr_offset": stderr_offset})
+        pipe.expire(job_key(job_id), JOB_TTL_S)
+        pipe.execute()
+
+
+def job_fields(client: Redis, job_id: str) -> dict[str, str]:
+    """The raw job hash (empty when unknown or expired)."""
+    return cast("dict[str, str]", client.hgetall(job_key(job_id)))
+
+
+def job_host(client: Redis, job_id: str) -> str | None:
+    """Host owning a job, or None when the fleet does not know the id."""
+    return cast("str | None", client.hget(job_key(job_id), "host"))
+
+
+def job_offsets(fields: Mapping[str, str]) -> tuple[int, int]:
+    """The offsets the last check stopped at (0, 0 before any check)."""
+    return _int(fields, "offset") or 0, _int(fields, "stderr_offset") or 0
+
+
+def job_view(fields: Mapping[str, str], *, host_alive: bool = True) -> JobView | None:
+    """A listing entry from a job hash; a running job of a dead host shows `unknown`."""
+    raw = fields.get("record")
+    if not raw:
+        return None
+    record = JobRecord.model_validate_json(raw)
+    state = fields.get("state", "unknown")
+    note = _str(fields, "note")
+    if state == "running" and not host_alive:
+        state = "unknown"
+        note = f"host {record.host} is down; the job was running when last seen"
+    if state not in ("running", "ended", "unknown"):
+        state = "unknown"
+    return JobView(
+        id=record.id, host=record.host, pid=record.pid, pgid=record.pgid,
+        command=record.command, cwd=record.cwd, output_path=record.output_path,
+        started_at=record.started_at, state=state,
+        running=None if state == "unknown" else state == "running",
+        exit_code=_int(fields, "exit_code"), signal=_int(fields, "signal"),
+        ended_at=_float(fields, "ended_at"), note=note, call_id=record.call_id,
+    )
+
+
+def list_jobs(client: Redis, host: str) -> list[JobView]:
+    """The jobs Redis knows for a host, oldest first; expired entries are pruned."""
+    ids = cast("list[str]", client.zrange(jobs_key(host), 0, -1))
+    if not ids:
+        return []
+    alive = client.exists(alive_key(host)) > 0
+    with client.pipeline(transaction=False) as pipe:
+        for job_id in ids:
+            pipe.hgetall(job_key(job_id))
+        hashes = pipe.execute()
+    views: list[JobView] = []
+    gone: list[str] = []
+    for job_id, fields in zip(ids, hashes, strict=True):
+        view = job_view(fields, host_alive=alive) if fields else None
+        if view is None:
+            gone.append(job_id)
+        else:
+            views.append(view)
+    if gone:
+        client.zrem(jobs_key(host), *gone)
+    return views

@@ -1,0 +1,510 @@
+"""Serve one host: hold its id, keep its heartbeat, run its two Celery consumers.
+
+`main()` is the supervisor (what `bashfleet worker` runs). It
+
+1. takes the host lock (`bashfleet:alive:<host>`), refusing to start while another
+   live worker holds the same host id; a lock left by a dead worker of this machine
+   is taken over at once, one left elsewhere when it expires (seconds);
+2. recovers from a previous instance that died: kills the foreground calls it left
+   running (their callers were told "worker lost"; the commands must not go on),
+   and re-adopts its background jobs, recording the end of those that ended meanwhile;
+3. starts two consumer processes in its process group, each a Celery worker with a
+   threads pool: `exec@<host>` on the command queues (`--concurrency` slots) and
+   `ctl@<host>` on the control queue, so control calls never wait for a slot;
+4. renews the heartbeat every second and keeps Redis in step with its jobs, restarts
+   a consumer that crashed (killing the calls it ran), and on SIGTERM / SIGINT
+   stops: running calls are killed and answered with a note, the lock released.
+
+`python -m worker.serve --host H --concurrency N [--label L]` runs it too; the same
+module with `--child exec|ctl` is the consumer process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from importlib import metadata
+from types import FrameType
+from typing import Any
+
+import redis
+from kombu.utils.url import maybe_sanitize_url
+
+from worker import hoststate, procs, registry
+from worker.settings import Settings
+
+log = logging.getLogger("bashfleet.worker")
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+EXIT_HOST_TAKEN = 3
+
+#: Threads of the control consumer: control calls are short.
+CTL_CONCURRENCY = 4
+#: Seconds the command consumer gets to answer its (killed) calls when stopping.
+STOP_TIMEOUT_S = 15.0
+#: Seconds between two passes over the background jobs.
+JOB_SYNC_INTERVAL_S = 2.0
+#: How long a worker waits for Redis at start before giving up.
+REDIS_WAIT_S = 30.0
+#: A consumer that crashes more often than this within a minute stops the worker.
+MAX_RESTARTS_PER_MINUTE = 5
+ROLES = ("exec", "ctl")
+
+
+def version() -> str:
+    """bashfleet's version, as installed."""
+    try:
+        return metadata.version("bashfleet")
+    except metadata.PackageNotFoundError:
+        return "0+unknown"
+
+
+def machine_id() -> str:
+    """This machine and pid namespace: where a pid in a host record means something."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as handle:
+            boot = handle.read().strip()
+    except OSError:
+        boot = "?"
+    try:
+        pidns = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        pidns = 0
+    return f"{socket.gethostname()}:{boot}:{pidns}"
+
+
+def settings_env(settings: Settings) -> dict[str, str]:
+    """The settings as BASHFLEET_* variables, for the consumer processes."""
+    env: dict[str, str] = {}
+    for name in Settings.model_fields:
+        value: Any = getattr(settings, name)
+        if value is None:
+            continue
+        if hasattr(value, "get_secret_value"):
+            value = value.get_secret_value()
+        if isinstance(value, tuple):
+            value = ",".join(value)
+        env[f"BASHFLEET_{name.upper()}"] = str(value)
+    return env
+
+
+def _setup_logging() -> None:
+    if not logging.getLogger().handlers:
+        logging.basicConfig(
+            level=logging.INFO, stream=sys.stderr,
+            format="%(asctime)s bashfleet[%(process)d] %(levelname)s %(message)s",
+        )
+
+
+def main(host: str, concurrency: int, labels: tuple[str, ...], settings: Settings) -> int:
+    """Serve `host` until SIGTERM / SIGINT; return the exit status.
+
+    Refuses (status 3, with a message on stderr) while another live worker holds `host`.
+    """
+    _setup_logging()
+    try:
+        registry.validate_host(host)
+        for label in labels:
+            registry.validate_label(label)
+    except ValueError as exc:
+        print(f"bashfleet worker: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    url = settings.redis_url_value()
+    if not url:
+        print(
+            "bashfleet worker: no Redis URL: set BASHFLEET_REDIS_URL "
+            "(or start a local fleet with `bashfleet up`)",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    settings = settings.model_copy(
+        update={"host": host, "concurrency": concurrency, "labels": tuple(labels)}
+    )
+    return Supervisor(settings, url).run()
+
+
+class Supervisor:
+    """One host's worker: lock, heartbeat, recovery and the two consumers."""
+
+    def __init__(self, settings: Settings, url: str) -> None:
+        self.settings = settings
+        self.url = url
+        self.host = settings.host
+        self.token = uuid.uuid4().hex
+        self.redis = redis.Redis.from_url(
+            url, decode_responses=True, socket_connect_timeout=3, socket_timeout=5
+        )
+        self.stopping = threading.Event()
+        self.exit_code = EXIT_OK
+        self.children: dict[str, subprocess.Popen[bytes]] = {}
+        self.restarts: list[float] = []
+        self.started_at = time.time()
+        self.pid_start = procs.start_time(os.getpid()) or self.started_at
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def run(self) -> int:
+        """Serve until told to stop; the exit status."""
+        if not self._wait_redis():
+            return EXIT_ERROR
+        refusal = self._acquire()
+        if refusal is not None:
+            print(f"bashfleet worker: {refusal}", file=sys.stderr)
+            return EXIT_HOST_TAKEN
+        previous = self._install_signals()
+        beat = threading.Thread(target=self._heartbeats, name="bashfleet-heartbeat", daemon=True)
+        try:
+            self._beat(reset=True)
+            beat.start()
+            hoststate.recover_orphans(
+                self.settings, self.redis, reason="a previous worker instance that died"
+            )
+            registry.reset_running(self.redis, self.host)
+            watcher = hoststate.JobWatcher(self.settings, self.redis)
+            self._sync(watcher)
+            for role in ROLES:
+                self._start_child(role)
+            log.info(
+                "host %s: %d slot(s), labels %s, Redis %s, state in %s", self.host,
+                self.settings.concurrency, ",".join(self.settings.labels) or "-",
+                maybe_sanitize_url(self.url), self.settings.state_dir,
+            )
+            self._loop(watcher)
+        finally:
+            self.stopping.set()
+            self._shutdown()
+            self._restore_signals(previous)
+        return self.exit_code
+
+    def _wait_redis(self) -> bool:
+        deadline = time.monotonic() + REDIS_WAIT_S
+        warned = False
+        while True:
+            try:
+                self.redis.ping()
+                return True
+            except redis.RedisError as exc:
+                if time.monotonic() > deadline:
+                    print(
+                        f"bashfleet worker: Redis at {maybe_sanitize_url(self.url)} "
+                        f"is unreachable: {exc}",
+                        file=sys.stderr,
+                    )
+                    return False
+                if not warned:
+                    log.warning("waiting for Redis at %s: %s", maybe_sanitize_url(self.url), exc)
+                    warned = True
+                time.sleep(0.5)
+
+    def _acquire(self) -> str | None:
+        """Take the host lock; a refusal message when a live worker holds it."""
+        deadline = time.monotonic() + registry.ALIVE_TTL_S + 2
+        while True:
+            holder = registry.acquire_host(self.redis, self.host, self.token)
+            if holder is None:
+                return None
+            record = registry.host_record(self.redis, self.host)
+            if record.get("instance") == holder and self._dead_here(record):
+                if registry.take_over_host(self.redis, self.host, holder, self.token):
+                    log.info(
+                        "host %s: took over from a dead worker (pid %s)", self.host,
+                        record.get("pid"),
+                    )
+                    return None
+                continue
+            age = time.time() - float(record.get("heartbeat_at") or 0)
+            if age < 3 * registry.HEARTBEAT_INTERVAL_S or time.monotonic() > deadline:
+                return (
+                    f"host id {self.host!r} is taken: a live worker holds it "
+                    f"(pid {record.get('pid', '?')} on {record.get('machine', '?')}, "
+                    f"last heartbeat {max(age, 0.0):.1f}s ago). Stop that worker first, "
+                    "or give this one another --host."
+                )
+            time.sleep(0.2)  # a silent holder elsewhere: wait for its lock to expire
+
+    @staticmethod
+    def _dead_here(record: dict[str, str]) -> bool:
+        """True when the record's worker ran on this machine and its process is gone."""
+        if record.get("machine_id") != machine_id():
+            return False
+        try:
+            pid, started = int(record["pid"]), float(record["pid_start"])
+        except (KeyError, ValueError):
+            return False
+        return not procs.is_same_process(pid, started)
+
+    def _install_signals(self) -> dict[int, Any]:
+        previous: dict[int, Any] = {}
+        if threading.current_thread() is not threading.main_thread():
+            return previous  # an embedding caller stops us through `stopping`
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            previous[signum] = signal.signal(signum, self._on_signal)
+        return previous
+
+    @staticmethod
+    def _restore_signals(previous: dict[int, Any]) -> None:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        del frame
+        if not self.stopping.is_set():
+            log.info("host %s: %s received; stopping", self.host, signal.Signals(signum).name)
+        self.stopping.set()
+
+    # ----------------------------------------------------------------- heartbeat
+
+    def _record(self) -> dict[str, object]:
+        return {
+            "host": self.host, "instance": self.token, "pid": os.getpid(),
+            "pid_start": self.pid_start, "machine": socket.gethostname(),
+            "machine_id": machine_id(), "version": version(),
+            "concurrency": self.settings.concurrency, "labels": ",".join(self.settings.labels),
+            "started_at": self.started_at, "state_dir": str(self.settings.state_dir),
+        }
+
+    def _beat(self, *, reset: bool = False) -> None:
+        record = self._record()
+        if reset:
+            record.update({f"{role}_ready": "" for role in ROLES}, stopped_at="")
+        if not registry.heartbeat(self.redis, self.host, self.token, record):
+            log.error("host %s: another worker instance took this host id; stopping", self.host)
+            self.exit_code = EXIT_ERROR
+            self.stopping.set()
+
+    def _heartbeats(self) -> None:
+        failing = False
+        while not self.stopping.wait(registry.HEARTBEAT_INTERVAL_S):
+            try:
+                self._beat()
+                if failing:
+                    log.info("host %s: Redis reachable again", self.host)
+                failing = False
+            except redis.RedisError as exc:
+                if not failing:
+                    log.warning("host %s: heartbeat failed: %s", self.host, exc)
+                failing = True
+
+    # ------------------------------------------------------------------ consumers
+
+    def _start_child(self, role: str) -> None:
+        args = [
+            sys.executable, "-m", "worker.serve", "--child", role, "--instance", self.token,
+            "--host", self.host, "--concurrency", str(self.settings.concurrency),
+        ]
+        for label in self.settings.labels:
+            args += ["--label", label]
+        env = {**os.environ, **settings_env(self.settings)}
+        # Same process group as the supervisor: stopping (or killing) the worker's
+        # group ends its consumers too; the commands run in sessions of their own.
+        self.children[role] = subprocess.Popen(args, stdin=subprocess.DEVNULL, env=env)
+
+    def _loop(self, watcher: hoststate.JobWatcher) -> None:
+        next_sync = time.monotonic() + JOB_SYNC_INTERVAL_S
+        while not self.stopping.wait(0.2):
+            for role, child in list(self.children.items()):
+                if child.poll() is not None:
+                    self._child_died(role, child)
+            if time.monotonic() >= next_sync:
+                self._sync(watcher)
+                next_sync = time.monotonic() + JOB_SYNC_INTERVAL_S
+
+    def _sync(self, watcher: hoststate.JobWatcher) -> None:
+        try:
+            watcher.sync()
+        except (redis.RedisError, OSError) as exc:
+            log.warning("host %s: could not sync jobs: %s", self.host, exc)
+
+    def _child_died(self, role: str, child: subprocess.Popen[bytes]) -> None:
+        log.error(
+            "host %s: the %s consumer (pid %d) exited with %s", self.host, role, child.pid,
+            child.returncode,
+        )
+        with contextlib.suppress(redis.RedisError):
+            registry.set_host_fields(self.redis, self.host, {f"{role}_ready": ""})
+        if role == "exec":
+            hoststate.recover_orphans(
+                self.settings, self.redis, worker_pid=child.pid,
+                reason="its worker's command consumer died",
+            )
+        now = time.monotonic()
+        self.restarts = [t for t in self.restarts if now - t < 60] + [now]
+        if len(self.restarts) > MAX_RESTARTS_PER_MINUTE:
+            log.error("host %s: consumers keep crashing; stopping", self.host)
+            self.exit_code = EXIT_ERROR
+            self.stopping.set()
+            del self.children[role]
+            return
+        self._start_child(role)
+
+    # ------------------------------------------------------------------- shutdown
+
+    def _shutdown(self) -> None:
+        """Stop taking calls, kill the running ones (they answer), stop consumers."""
+        exec_child = self.children.get("exec")
+        if exec_child is not None:
+            _signal(exec_child, signal.SIGTERM)  # warm shutdown: no new calls
+            self._stop_running_calls()
+            _wait_or_kill(exec_child, STOP_TIMEOUT_S)
+        hoststate.recover_orphans(
+            self.settings, self.redis, reason="its worker was stopped"
+        )
+        ctl_child = self.children.get("ctl")
+        if ctl_child is not None:
+            _signal(ctl_child, signal.SIGTERM)
+            _wait_or_kill(ctl_child, 5.0)
+        try:
+            registry.release_host(self.redis, self.host, self.token)
+        except redis.RedisError as exc:
+            log.warning("host %s: could not release the host lock: %s", self.host, exc)
+        log.info("host %s: stopped", self.host)
+
+    def _stop_running_calls(self) -> None:
+        entries = hoststate.all_running(self.settings)
+        if not entries:
+            return
+
+        def stop(entry: hoststate.RunningCall) -> None:
+            with contextlib.suppress(redis.RedisError):
+                registry.mark_call(self.redis, entry.call_id, "stopping", only_from=("running",))
+            hoststate.kill_running(entry)
+
+        with ThreadPoolExecutor(max_workers=min(8, len(entries))) as pool:
+            list(pool.map(stop, entries))
+
+
+def _signal(child: subprocess.Popen[bytes], signum: int) -> None:
+    if child.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            child.send_signal(signum)
+
+
+def _wait_or_kill(child: subprocess.Popen[bytes], timeout: float) -> None:
+    try:
+        child.wait(timeout)
+    except subprocess.TimeoutExpired:
+        log.warning("consumer pid %d did not stop in %.0fs; killing it", child.pid, timeout)
+        child.kill()
+        child.wait()
+
+
+# ---------------------------------------------------------------------- consumers
+
+
+def run_child(role: str, instance: str, labels: Sequence[str]) -> int:
+    """A consumer process: one Celery worker (threads pool) on this role's queues."""
+    from celery.signals import worker_ready, worker_shutting_down  # noqa: PLC0415
+
+    from worker import tasks  # noqa: PLC0415 - registers the tasks on the app
+    from worker.app import app  # noqa: PLC0415
+    from worker.settings import get_settings  # noqa: PLC0415
+
+    settings = get_settings()
+    host = settings.host
+    runtime = tasks.Runtime(
+        settings=settings, redis=tasks.connect(settings.redis_url_value() or ""),
+        instance=instance,
+    )
+    tasks.set_runtime(runtime)
+    _drop_plain_settings_from_env()
+    _watch_parent(role, runtime)
+
+    def ready(**_: object) -> None:
+        registry.set_host_fields(runtime.redis, host, {f"{role}_ready": os.getpid()})
+
+    def shutting_down(**_: object) -> None:
+        with contextlib.suppress(redis.RedisError):
+            registry.set_host_fields(runtime.redis, host, {f"{role}_ready": ""})
+
+    worker_ready.connect(ready, weak=False)
+    worker_shutting_down.connect(shutting_down, weak=False)
+    if role == "exec":
+        queues, slots = registry.exec_queues(host, labels), settings.concurrency
+    else:
+        queues, slots = [registry.ctl_queue(host)], CTL_CONCURRENCY
+    app.worker_main(
+        [
+            "worker", "--hostname", f"{role}@{host}", "--queues", ",".join(queues),
+            "--pool", "threads", "--concurrency", str(slots), "--without-gossip",
+            "--without-mingle", "--task-events", "--loglevel", "INFO",
+        ]
+    )
+    return EXIT_OK
+
+
+def _drop_plain_settings_from_env() -> None:
+    """Remove the non-secret BASHFLEET_* variables from this process's environment.
+
+    The engine scrubs every BASHFLEET_* variable from a command's environment and
+    redacts the values it scrubbed wherever they show up in output, so a host id or
+    a state directory left here would turn into [REDACTED] in ordinary output. The
+    settings were read already; only the broker URL stays (it is a secret).
+    """
+    for name in list(os.environ):
+        if name.startswith("BASHFLEET_") and name != "BASHFLEET_REDIS_URL":
+            del os.environ[name]
+
+
+def _watch_parent(role: str, runtime: Any) -> None:
+    """End this consumer (and the calls it runs) if its supervisor dies."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        if role == "exec":
+            hoststate.recover_orphans(
+                runtime.settings, runtime.redis, worker_pid=os.getpid(),
+                reason="its worker's supervisor died",
+            )
+        os._exit(EXIT_ERROR)
+
+    threading.Thread(target=watch, name="bashfleet-parent-watch", daemon=True).start()
+
+
+# --------------------------------------------------------------------------- entry
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """`python -m worker.serve` arguments."""
+    parser = argparse.ArgumentParser(
+        prog="python -m worker.serve", description="Serve one host of the fleet."
+    )
+    parser.add_argument("--host", help="host id (default: BASHFLEET_HOST or the hostname)")
+    parser.add_argument("--concurrency", type=int, help="command slots")
+    parser.add_argument("--label", action="append", default=[], help="pool label (repeatable)")
+    parser.add_argument("--child", choices=ROLES, help=argparse.SUPPRESS)
+    parser.add_argument("--instance", default="", help=argparse.SUPPRESS)
+    return parser
+
+
+def cli(argv: Sequence[str] | None = None) -> int:
+    """Entry point of `python -m worker.serve`."""
+    args = build_parser().parse_args(argv)
+    if args.child:
+        return run_child(args.child, args.instance, args.label)
+    overrides: dict[str, Any] = {}
+    if args.host:
+        overrides["host"] = args.host
+    if args.concurrency:
+        overrides["concurrency"] = args.concurrency
+    settings = Settings(**overrides)
+    labels = tuple(args.label) or settings.labels
+    return main(settings.host, settings.concurrency, labels, settings)
+
+
+if __name__ == "__main__":
+    sys.exit(cli())

@@ -1,0 +1,358 @@
+"""The Celery tasks: `exec` runs a call; the control tasks reach a host's jobs and calls.
+
+Every task takes and returns JSON-able dicts (the wire models dumped). `exec` always
+returns a CallResult, even for input it cannot accept. Control tasks return an
+envelope, `{"ok": value}` or `{"error": {"kind": ..., "message": ...}}`, so the
+client can raise a typed error (`not_found` becomes UnknownJob, `invalid`
+CallRejected).
+
+`exec` is served by the command consumer (`bashfleet.<host>.exec`, the any and pool
+queues); the others by the separate control consumer (`bashfleet.<host>.ctl`), so
+they answer at once even when every command slot is busy.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import time
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import redis
+from pydantic import ValidationError
+
+from worker import hoststate, jobs, procs, registry
+from worker.app import app
+from worker.capture import read_slice
+from worker.engine import SpawnHook, run_call
+from worker.environment import build_env
+from worker.models import Call, CallResult, JobRecord, OutputChunk, SystemError_
+from worker.sanitize import secret_pattern
+from worker.settings import Settings, get_settings
+
+log = logging.getLogger("bashfleet.worker")
+
+#: Largest slice `read_output` returns (results stay small on Redis).
+MAX_READ_LIMIT = 4 * 1024 * 1024
+#: Grace between SIGTERM and SIGKILL when a job is killed through the fleet.
+KILL_GRACE_S = 2.0
+
+Envelope = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """What every task of this worker process needs."""
+
+    settings: Settings
+    redis: redis.Redis
+    instance: str
+
+
+_runtime_override: Runtime | None = None
+
+
+def set_runtime(runtime: Runtime) -> None:
+    """Set the runtime (the consumer process does at start; tests may too)."""
+    global _runtime_override  # noqa: PLW0603 - one runtime per process, set once
+    _runtime_override = runtime
+
+
+@lru_cache(maxsize=1)
+def _default_runtime() -> Runtime:
+    settings = get_settings()
+    return Runtime(
+        settings=settings,
+        redis=connect(settings.redis_url_value() or ""),
+        instance=os.environ.get("BASHFLEET_INSTANCE", ""),
+    )
+
+
+def runtime() -> Runtime:
+    """The process's runtime."""
+    return _runtime_override or _default_runtime()
+
+
+def connect(url: str) -> redis.Redis:
+    """A Redis client for the registry (text replies, bounded waits)."""
+    return redis.Redis.from_url(
+        url, decode_responses=True, socket_connect_timeout=5, socket_timeout=10,
+        health_check_interval=30,
+    )
+
+
+def _ok(value: Any) -> Envelope:
+    return {"ok": value}
+
+
+def _error(kind: str, message: str) -> Envelope:
+    return {"error": {"kind": kind, "message": message}}
+
+
+# ------------------------------------------------------------------------------- exec
+
+
+def exec_call(payload: dict[str, Any]) -> dict[str, Any]:
+    """Run one call on this host and return its CallResult."""
+    rt = runtime()
+    host = rt.settings.host
+    try:
+        call = Call.model_validate(payload)
+    except ValidationError as exc:
+        call_id = str(payload.get("call_id") or "invalid") if isinstance(payload, dict) else "?"
+        message = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        return _failed(call_id, host, "invalid", f"invalid call: {message}")
+    state = registry.claim_call(rt.redis, call.call_id, host, rt.instance, os.getpid())
+    if state != "ok":
+        return _failed(call.call_id, host, *_refusal(call.call_id, state))
+    try:
+        result = run_call(call, settings=rt.settings, on_spawn=_spawn_hook(rt, call))
+    except Exception as exc:  # an engine bug must still answer the caller
+        log.exception("call %s failed inside the worker", call.call_id)
+        result = CallResult(
+            call_id=call.call_id, host=host,
+            error=SystemError_(kind="internal", message=f"worker error: {exc!r}"),
+        )
+    finally:
+        hoststate.remove_running(rt.settings, call.call_id)
+    return _finish(rt, call, result).model_dump(mode="json")
+
+
+def _failed(call_id: str, host: str, kind: str, message: str) -> dict[str, Any]:
+    error = SystemError_(kind=kind, message=message)
+    return CallResult(call_id=call_id, host=host, error=error).model_dump(mode="json")
+
+
+def _refusal(call_id: str, state: str) -> tuple[str, str]:
+    if state == "cancelled":
+        return "internal", f"call {call_id} was cancelled before it started; it did not run"
+    if state == "abandoned":
+        return "unavailable", (
+            f"call {call_id} was withdrawn by its caller before a worker took it; it did not run"
+        )
+    return "invalid", f"call {call_id} was already taken ({state}); it was not run again"
+
+
+def _spawn_hook(rt: Runtime, call: Call) -> SpawnHook:
+    def on_spawn(pid: int, pgid: int, marker: str) -> None:
+        entry = hoststate.RunningCall(
+            call_id=call.call_id, pid=pid, pgid=pgid, marker=marker,
+            start_time=procs.start_time(pid) or time.time(), worker_pid=os.getpid(),
+            instance=rt.instance, kill_grace_s=call.policy.kill_grace_s,
+        )
+        hoststate.save_running(rt.settings, entry)
+        try:
+            registry.update_call(rt.redis, call.call_id, pid=pid, pgid=pgid, marker=marker)
+            state = registry.call_record(rt.redis, call.call_id).get("state")
+        except redis.RedisError as exc:
+            log.warning("call %s: could not record its process: %s", call.call_id, exc)
+            return
+        if state in ("cancelling", "stopping"):
+            # Cancelled between the claim and the spawn: the canceller found no process.
+            hoststate.kill_running(entry)
+
+    return on_spawn
+
+
+def _finish(rt: Runtime, call: Call, result: CallResult) -> CallResult:
+    """Record the call's end in Redis; say so in the result when it was cancelled."""
+    spill = result.spill
+    fields: dict[str, object] = {
+        "exit_code": result.exit_code, "signal": result.signal,
+        "job_id": result.job.id if result.job else None,
+    }
+    if spill is not None:
+        fields.update(
+            stdout_path=spill.stdout_path, stderr_path=spill.stderr_path,
+            stdout_bytes=spill.stdout_bytes, stderr_bytes=spill.stderr_bytes,
+        )
+    try:
+        if result.job is not None:
+            record = jobs.load_record(result.job.id, rt.settings)
+            registry.save_job(rt.redis, record, running=True)
+        previous = registry.finish_call(rt.redis, rt.settings.host, call.call_id, **fields)
+    except (redis.RedisError, jobs.JobError) as exc:
+        log.warning("call %s: could not record its end: %s", call.call_id, exc)
+        return result
+    note = {
+        "cancelling": "call cancelled; its processes were killed",
+        "stopping": "the worker was stopped; the call's processes were killed",
+    }.get(previous or "")
+    if note is not None and result.error is None:
+        result = result.model_copy(update={"error": SystemError_(kind="internal", message=note)})
+    return result
+
+
+# ---------------------------------------------------------------------------- control
+
+
+def _guard(body: Any) -> Envelope:
+    """Run a control body; turn the expected failures into an error envelope."""
+    try:
+        return _ok(body())
+    except jobs.JobError as exc:
+        return _error(exc.kind, exc.message)
+    except redis.RedisError as exc:
+        return _error("unavailable", f"the worker could not reach Redis: {exc}")
+
+
+def _record(rt: Runtime, job_id: str) -> JobRecord:
+    return jobs.load_record(job_id, rt.settings)
+
+
+def check(job_id: str, grep: str | None = None, offset: int | None = None) -> Envelope:
+    """A job's state and its output since `offset` (None: since the last check)."""
+    rt = runtime()
+
+    def body() -> Any:
+        record = _record(rt, job_id)
+        start, err_start = _offsets(rt, job_id, offset)
+        result = jobs.check_job(
+            record, offset=start, stderr_offset=err_start, grep=grep, settings=rt.settings
+        )
+        registry.save_offsets(rt.redis, job_id, result.offset, result.stderr_offset)
+        if not result.running:
+            hoststate.sync_job(rt.redis, record)
+        return result.model_dump(mode="json")
+
+    return _guard(body)
+
+
+def _offsets(rt: Runtime, job_id: str, offset: int | None) -> tuple[int, int]:
+    stored, stored_err = registry.job_offsets(registry.job_fields(rt.redis, job_id))
+    if offset is None:
+        return stored, stored_err
+    return max(0, offset), 0 if offset == 0 else stored_err
+
+
+def kill(job_id: str) -> Envelope:
+    """End a job (group SIGTERM, grace, SIGKILL, marker sweep); its final state."""
+    rt = runtime()
+
+    def body() -> Any:
+        record = _record(rt, job_id)
+        start, err_start = _offsets(rt, job_id, None)
+        result = jobs.kill_job(
+            record, offset=start, stderr_offset=err_start, grace_s=KILL_GRACE_S,
+            settings=rt.settings,
+        )
+        registry.save_offsets(rt.redis, job_id, result.offset, result.stderr_offset)
+        hoststate.sync_job(rt.redis, record)
+        return result.model_dump(mode="json")
+
+    return _guard(body)
+
+
+def read_output(
+    item_id: str, offset: int = 0, limit: int = 65536, grep: str | None = None,
+    stream: str = "stdout",
+) -> Envelope:
+    """A slice of a job's output file or of a call's spill file on this host."""
+    rt = runtime()
+
+    def body() -> Any:
+        path = _output_path(rt.settings, item_id, stream)
+        pattern = _compile(grep)
+        size = path.stat().st_size
+        start = min(max(0, offset), size)
+        text, end, size = read_slice(path, start, max(1, min(limit, MAX_READ_LIMIT)), _secrets(rt))
+        if pattern is not None:
+            text = "".join(ln for ln in text.splitlines(keepends=True) if pattern.search(ln))
+        chunk = OutputChunk(
+            path=str(path), offset=start, next_offset=end, size=size, text=text, eof=end >= size
+        )
+        return chunk.model_dump(mode="json")
+
+    return _guard(body)
+
+
+def _output_path(settings: Settings, item_id: str, stream: str) -> Path:
+    """The file of a job or call id: only files this worker wrote are ever read."""
+    if stream not in ("stdout", "stderr"):
+        raise jobs.JobError("invalid", f"stream must be stdout or stderr, not {stream!r}")
+    if not registry.valid_id(item_id):
+        raise jobs.JobError("not_found", f"no such job or call: {item_id!r}")
+    try:
+        record = jobs.load_record(item_id, settings)
+    except jobs.JobError:
+        record = None
+    if record is not None:
+        chosen = record.output_path if stream == "stdout" else record.stderr_path
+        if chosen is None:
+            raise jobs.JobError("not_found", f"job {item_id} has no separate stderr")
+        return Path(chosen)
+    suffixes = (".out", ".log") if stream == "stdout" else (".err",)
+    for suffix in suffixes:
+        candidate = settings.spill_dir / f"{item_id}{suffix}"
+        if candidate.is_file():
+            return candidate
+    raise jobs.JobError(
+        "not_found", f"no job or kept output for {item_id!r} on {settings.host}"
+    )
+
+
+def _compile(grep: str | None) -> re.Pattern[str] | None:
+    if not grep:
+        return None
+    try:
+        return re.compile(grep)
+    except re.error as exc:
+        raise jobs.JobError("invalid", f"invalid regular expression {grep!r}: {exc}") from None
+
+
+def _secrets(rt: Runtime) -> re.Pattern[str] | None:
+    child = build_env(
+        os.environ, marker="", deny=rt.settings.secret_deny, allow=rt.settings.secret_allow
+    )
+    return secret_pattern(child.scrubbed_values)
+
+
+def cancel(call_id: str) -> Envelope:
+    """Kill the processes of a running foreground call; its exec task then returns."""
+    rt = runtime()
+
+    def body() -> Any:
+        previous = registry.mark_call(rt.redis, call_id, "cancelling", only_from=("running",))
+        entry = hoststate.load_running(rt.settings, call_id)
+        if entry is None:
+            # Claimed but not yet spawned: the spawn hook sees `cancelling` and kills.
+            return {"cancelled": previous == "running", "state": previous}
+        survivors = hoststate.kill_running(entry)
+        return {"cancelled": True, "state": "cancelling", "survivors": survivors}
+
+    return _guard(body)
+
+
+def list_jobs() -> Envelope:
+    """This host's jobs, fresh from its disk (and published to Redis)."""
+    rt = runtime()
+
+    def body() -> Any:
+        views = []
+        for record in jobs.local_records(rt.settings):
+            fields = registry.job_fields(rt.redis, record.id)
+            if not fields:
+                continue  # expired from the fleet's listing: too old to show
+            if fields.get("state") != "ended":
+                hoststate.sync_job(rt.redis, record)
+                fields = registry.job_fields(rt.redis, record.id)
+            view = registry.job_view(fields)
+            if view is not None:
+                views.append(view.model_dump(mode="json"))
+        return views
+
+    return _guard(body)
+
+
+# Registered apart from their definitions so the functions keep their types (Celery's
+# decorator is untyped) and stay callable directly in tests.
+exec_task = app.task(name=registry.TASK_EXEC)(exec_call)
+check_task = app.task(name=registry.TASK_CHECK)(check)
+kill_task = app.task(name=registry.TASK_KILL)(kill)
+read_output_task = app.task(name=registry.TASK_READ_OUTPUT)(read_output)
+cancel_task = app.task(name=registry.TASK_CANCEL)(cancel)
+jobs_task = app.task(name=registry.TASK_JOBS)(list_jobs)
