@@ -27,9 +27,9 @@ from worker.environment import ChildEnv, build_env
 from worker.models import (
     Call,
     CallResult,
+    JobRecord,
     Spill,
     SystemError_,
-    TruncationInfo,
 )
 from worker.sanitize import secret_pattern
 from worker.settings import Settings, get_settings
@@ -52,7 +52,7 @@ class CallError(Exception):
 
     def as_model(self) -> SystemError_:
         """The error as it travels in a result."""
-        return SystemError_(kind=self.kind, message=self.message)  # type: ignore[arg-type]
+        return SystemError_(kind=self.kind, message=self.message)
 
 
 @dataclass
@@ -118,7 +118,11 @@ def run_call(
     try:
         call, cwd = prepare(call)
         if call.background:
-            record = jobs.start_job(call, cwd, settings)
+            try:
+                record = jobs.start_job(call, cwd, settings)
+            except jobs.JobError as exc:
+                # A job that could not start is a system error like any other spawn failure.
+                raise CallError(exc.kind, exc.message) from exc
             return CallResult(
                 call_id=call.call_id,
                 host=settings.host,
@@ -128,7 +132,9 @@ def run_call(
                 cwd=cwd,
                 combined=True,
             )
-        return _run_foreground(call, cwd, settings, on_spawn, cancel, started)
+        return _run_foreground(
+            call, cwd, settings, on_spawn=on_spawn, cancel=cancel, started=started
+        )
     except CallError as exc:
         return CallResult(
             call_id=call.call_id,
@@ -164,6 +170,10 @@ def _spawn(call: Call, cwd: str, child: ChildEnv, streams: _Streams) -> subproce
             close_fds=True,
         )
     except OSError as exc:
+        # Nothing ran: leave no empty spill files behind.
+        streams.stdout.unlink(missing_ok=True)
+        if streams.stderr is not None:
+            streams.stderr.unlink(missing_ok=True)
         raise CallError("spawn_failed", f"could not start bash: {exc}") from exc
     finally:
         os.close(out_fd)
@@ -203,6 +213,7 @@ def _run_foreground(
     call: Call,
     cwd: str,
     settings: Settings,
+    *,
     on_spawn: SpawnHook | None,
     cancel: threading.Event | None,
     started: float,
@@ -218,11 +229,18 @@ def _run_foreground(
     except OSError as exc:
         raise CallError("spawn_failed", f"spill directory unusable: {exc}") from exc
     proc = _spawn(call, cwd, child, streams)
-    if on_spawn is not None:
-        on_spawn(proc.pid, proc.pid, marker)
     files = streams.followers()
     timeout_s = call.timeout_s if call.timeout_s is not None else call.policy.default_timeout_s
-    outcome = _wait(proc, files, timeout_s, cancel)
+    try:
+        if on_spawn is not None:
+            on_spawn(proc.pid, proc.pid, marker)
+        outcome = _wait(proc, files, timeout_s, cancel)
+    except BaseException:
+        # The hook failed (or we were interrupted) while the command runs: nobody would
+        # ever watch or kill it, so end it before the error goes on.
+        procs.terminate(proc.pid, marker, grace_s=0, rounds=settings.sweep_rounds)
+        proc.wait()
+        raise
     result = _Outcome(call, settings, streams, files, secrets, cwd, started)
     if outcome == "exited":
         return result.finished(proc.returncode)
@@ -294,7 +312,7 @@ class _Outcome:
             error_digest=out.digest + (err.digest if err else ()),
             duration_s=time.monotonic() - self.started,
             cwd=self.cwd,
-            **fields,  # type: ignore[arg-type]
+            **fields,
         )
 
     def _limits(self, text: str) -> str:
@@ -313,7 +331,8 @@ class _Outcome:
         code, sig = _split_status(returncode)
         error = None
         if cancelled:
-            error = SystemError_(kind="internal", message="call cancelled; its processes were killed")
+            message = "call cancelled; its processes were killed"
+            error = SystemError_(kind="internal", message=message)
         if survivors:
             message = f"{len(survivors)} process(es) survived the kill: {survivors}"
             error = SystemError_(kind="internal", message=message)
@@ -322,7 +341,7 @@ class _Outcome:
             processes=procs.describe(survivors),
         )
 
-    def backgrounded(self, record: jobs.JobRecord, pid: int) -> CallResult:
+    def backgrounded(self, record: JobRecord, pid: int) -> CallResult:
         alive = procs.find_call_processes(record.pgid, record.marker)
         return self._result(
             keep_files=True,

@@ -34,12 +34,16 @@ from worker.models import (
 )
 from worker.sanitize import secret_pattern
 from worker.settings import Settings, get_settings
+from worker.supervise import _completion_line
 
 _SUPERVISOR = Path(__file__).with_name("supervise.py")
 #: Seconds to wait for the supervisor to report the job's pid.
 START_TIMEOUT_S = 10.0
 #: Most bytes of new output one check reads; older new output is skipped with a note.
 CHECK_READ_LIMIT = 8 * 1024 * 1024
+#: Seconds a check that finds the job dead waits for its watcher (the supervisor or the
+#: adopting worker's thread) to record the end, before concluding that none is alive.
+WATCHER_GRACE_S = 1.0
 
 
 class JobError(Exception):
@@ -121,7 +125,12 @@ def start_job(call: Call, cwd: str, settings: Settings) -> JobRecord:
             handle,
         )
     output.touch(mode=0o600)
-    started = _launch_supervisor(spec)
+    try:
+        started = _launch_supervisor(spec)
+    except JobError:
+        # Nothing ran: leave no empty output file behind.
+        output.unlink(missing_ok=True)
+        raise
     record = JobRecord(
         id=job_id, host=settings.host, pid=started["pid"], pgid=started["pgid"],
         start_time=started["start_time"], marker=job_id, command=call.command, cwd=cwd,
@@ -147,7 +156,8 @@ def _launch_supervisor(spec: Path) -> dict[str, float | int]:
     except OSError as exc:
         spec.unlink(missing_ok=True)
         raise JobError("spawn_failed", f"could not start the job supervisor: {exc}") from exc
-    assert proc.stdout is not None
+    if proc.stdout is None:  # pragma: no cover - stdout=PIPE always gives one
+        raise JobError("spawn_failed", "the job supervisor has no stdout")
     ready, _, _ = select.select([proc.stdout], [], [], START_TIMEOUT_S)
     line = proc.stdout.readline() if ready else b""
     proc.stdout.close()
@@ -163,7 +173,7 @@ def _launch_supervisor(spec: Path) -> dict[str, float | int]:
     return started
 
 
-def adopt_foreground(
+def adopt_foreground(  # noqa: PLR0917 - public signature the fleet calls
     call: Call,
     proc: subprocess.Popen[bytes],
     stdout: Path,
@@ -197,21 +207,27 @@ def _watch(proc: subprocess.Popen[bytes], record: JobRecord) -> None:
     returncode = proc.wait()
     with open(record.output_path, "a", encoding="utf-8") as handle:
         handle.write(completion_line(returncode))
-    write_status(record, returncode)
+    # The watcher knows the real status: it replaces a guess a check may have written.
+    write_status(record, returncode, replace=True)
 
 
 def completion_line(returncode: int) -> str:
     """Seed 001's completion line, appended to a job's output when it ends."""
     # One implementation for both the supervisor (which cannot import us) and here.
-    from worker.supervise import _completion_line
-
     return _completion_line(returncode)
 
 
-def write_status(record: JobRecord, returncode: int | None, note: str | None = None) -> None:
-    """Record how a job ended, atomically, unless its end is already recorded."""
+def write_status(
+    record: JobRecord, returncode: int | None, note: str | None = None, *, replace: bool = False
+) -> None:
+    """Record how a job ended, atomically, unless its end is already recorded.
+
+    `replace`: overwrite what is recorded (the job's own watcher, which knows the truth).
+    Writers race (a check, a kill, the watcher): each uses its own temporary file, and
+    without `replace` the status is linked into place only if none exists yet.
+    """
     path = Path(record.status_path)
-    if path.exists():
+    if not replace and path.exists():
         return
     status = JobStatus(
         exit_code=returncode if returncode is not None and returncode >= 0 else None,
@@ -219,9 +235,16 @@ def write_status(record: JobRecord, returncode: int | None, note: str | None = N
         ended_at=time.time(),
         note=note,
     )
-    tmp = path.with_suffix(".tmp")
+    tmp = path.with_name(f"{path.name}.{uuid.uuid4().hex}.tmp")
     tmp.write_text(status.model_dump_json(), encoding="utf-8")
-    os.replace(tmp, path)
+    try:
+        if replace:
+            os.replace(tmp, path)
+        else:
+            with contextlib.suppress(FileExistsError):
+                os.link(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def read_status(record: JobRecord) -> JobStatus | None:
@@ -259,6 +282,10 @@ def check_job(
     status = read_status(record)
     running = status is None and is_running(record)
     note = None
+    if status is None and not running:
+        # The watcher records the end moments after the job dies: give it that moment.
+        _await_status(record, timeout=WATCHER_GRACE_S)
+        status = read_status(record)
     if status is None and not running:
         # Nothing recorded the end: the watcher died with its worker.
         write_status(record, None, note="ended while no watcher was alive; exit status unknown")

@@ -1,0 +1,214 @@
+"""The process a call gets: no TTY, empty stdin, own session, hardened and scrubbed env,
+exit codes and signals, and the system errors that keep a command from running."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from worker import InterceptRule, Policy
+from worker.environment import MARKER_VAR
+
+from .engine_helpers import (
+    KILL,
+    Engine,
+    _engine_fixture,  # noqa: F401 - fixture
+    _janitor_fixture,  # noqa: F401 - fixture
+)
+
+SECRET = "s3cr3t-value-123"
+
+
+def _env_lines(text: str) -> dict[str, str]:
+    pairs = (line.split("=", 1) for line in text.splitlines() if "=" in line)
+    return {name: value for name, value in pairs}
+
+
+def test_no_tty_and_stdin_is_empty(engine: Engine) -> None:
+    result = engine.run(
+        'test -t 0; echo "t0=$?"; test -t 1; echo "t1=$?"; test -t 2; echo "t2=$?"; '
+        'tty; echo "tty=$?"; cat; echo "cat=$?"; '
+        # No controlling terminal at all: opening /dev/tty fails.
+        '( : < /dev/tty ) 2>/dev/null; echo "devtty=$?"',
+        timeout_s=10,
+    )
+    assert result.error is None
+    assert result.exit_code == 0
+    assert result.stdout == (
+        "t0=1\nt1=1\nt2=1\nnot a tty\ntty=1\ncat=0\ndevtty=1\n"
+    ), result.stdout
+    assert not result.timed_out
+    # `cat` on /dev/null returns at once: the call did not wait for input.
+    assert result.duration_s < 5
+
+
+def test_own_process_group_and_session(engine: Engine) -> None:
+    spawned: list[tuple[int, int, str]] = []
+    result = engine.run(
+        'echo "$$"; read -r line < /proc/$$/stat; echo "${line##*) }"',
+        on_spawn=lambda pid, pgid, marker: spawned.append((pid, pgid, marker)),
+    )
+    assert result.exit_code == 0, result
+    pid_text, stat_text = result.stdout.splitlines()
+    pid = int(pid_text)
+    _state, _ppid, pgid, sid = stat_text.split()[:4]
+    assert int(pgid) == pid
+    assert int(sid) == pid
+    assert int(pgid) != os.getpgid(0)
+    assert int(sid) != os.getsid(0)
+    assert spawned == [(pid, pid, result.call_id)]
+
+
+def test_hardened_environment_and_marker(engine: Engine) -> None:
+    result = engine.run("env")
+    env = _env_lines(result.stdout)
+    assert {
+        name: env.get(name)
+        for name in (
+            "PAGER", "GIT_PAGER", "GIT_EDITOR", "EDITOR", "GIT_TERMINAL_PROMPT", "CI",
+            "DEBIAN_FRONTEND", "TERM", "NO_COLOR",
+        )
+    } == {
+        "PAGER": "cat", "GIT_PAGER": "cat", "GIT_EDITOR": "true", "EDITOR": "true",
+        "GIT_TERMINAL_PROMPT": "0", "CI": "1", "DEBIAN_FRONTEND": "noninteractive",
+        "TERM": "dumb", "NO_COLOR": "1",
+    }
+    assert env[MARKER_VAR] == result.call_id
+
+
+def test_session_env_is_added_but_cannot_undo_the_hardening(engine: Engine) -> None:
+    result = engine.run(
+        'echo "$SESSION_VAR $PAGER $CI ${BASHFLEET_CALL_MARKER}"',
+        env={"SESSION_VAR": "kept", "PAGER": "less", "CI": "0", MARKER_VAR: "forged"},
+    )
+    assert result.stdout == f"kept cat 1 {result.call_id}\n"
+
+
+def test_planted_secret_is_scrubbed_and_redacted(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("MY_API_TOKEN", SECRET)
+    monkeypatch.setenv("BASHFLEET_REDIS_URL", "redis://:hunter2-broker@example:6379/0")
+    secret_file = tmp_path / "leak.txt"
+    secret_file.write_text(f"token={SECRET}\n")
+
+    listing = engine.run("env")
+    assert "MY_API_TOKEN" not in listing.stdout
+    assert SECRET not in listing.stdout
+    assert "BASHFLEET_REDIS_URL" not in listing.stdout
+    assert "hunter2-broker" not in listing.stdout
+
+    # The command finds the value some other way and prints it, on both streams.
+    leaked = engine.run(f"cat {secret_file}; printf 'err:%s\\n' \"$(cat {secret_file})\" >&2")
+    assert leaked.exit_code == 0
+    assert leaked.stdout == "token=[REDACTED]\n"
+    assert leaked.stderr == "err:token=[REDACTED]\n"
+    assert SECRET not in leaked.model_dump_json()
+
+
+@pytest.mark.parametrize("code", [0, 1, 42, 255])
+def test_exit_codes(engine: Engine, code: int) -> None:
+    result = engine.run(f"echo before; exit {code}")
+    assert (result.exit_code, result.signal, result.error, result.timed_out) == (
+        code, None, None, False,
+    )
+    assert result.stdout == "before\n"
+
+
+@pytest.mark.parametrize(("how", "number"), [("-9", 9), ("-TERM", 15)])
+def test_death_by_signal(engine: Engine, how: str, number: int) -> None:
+    result = engine.run(f"echo dying; kill {how} $$; echo not-reached")
+    assert result.exit_code is None
+    assert result.signal == number
+    assert result.error is None
+    assert not result.timed_out
+    assert result.stdout == "dying\n"
+
+
+def _side_effect_command(path: Path) -> str:
+    return f"touch {path}; echo ran"
+
+
+def _assert_nothing_ran(engine: Engine, side: Path, call_id: str) -> None:
+    assert not side.exists()
+    spill = engine.settings.spill_dir
+    assert not spill.exists() or not list(spill.glob(f"{call_id}.*"))
+
+
+@pytest.mark.parametrize("kind", ["missing", "file"])
+def test_bad_cwd_runs_nothing(engine: Engine, tmp_path: Path, kind: str) -> None:
+    side = tmp_path / "side-effect"
+    cwd = tmp_path / "nowhere"
+    if kind == "file":
+        cwd.write_text("not a directory")
+    result = engine.run(_side_effect_command(side), cwd=str(cwd))
+    assert result.error is not None
+    assert result.error.kind == "bad_cwd"
+    assert str(cwd) in result.error.message
+    assert (result.exit_code, result.signal, result.stdout) == (None, None, "")
+    _assert_nothing_ran(engine, side, result.call_id)
+
+
+def test_bad_cwd_runs_no_background_job_either(engine: Engine, tmp_path: Path) -> None:
+    side = tmp_path / "side-effect"
+    result = engine.run(_side_effect_command(side), cwd=str(tmp_path / "gone"), background=True)
+    assert result.error is not None
+    assert result.error.kind == "bad_cwd"
+    assert result.job is None
+    assert not side.exists()
+
+
+def test_cwd_is_used(engine: Engine, tmp_path: Path) -> None:
+    where = tmp_path / "here"
+    where.mkdir()
+    result = engine.run("pwd", cwd=str(where))
+    assert result.stdout == f"{where.resolve()}\n"
+    assert result.cwd == str(where.resolve())
+
+
+def test_policy_block_runs_nothing(engine: Engine, tmp_path: Path) -> None:
+    side = tmp_path / "side-effect"
+    rule = InterceptRule(pattern=r"^\s*touch\s", tool="write", message="Use the write tool.")
+    blocking = Policy(
+        on_timeout="kill", kill_grace_s=0.5, intercept=(rule,), available_tools=("write",)
+    )
+    result = engine.run(_side_effect_command(side), policy=blocking)
+    assert result.error is not None
+    assert result.error.kind == "blocked"
+    assert result.error.message.startswith("Blocked: Use the write tool.")
+    assert _side_effect_command(side) in result.error.message
+    _assert_nothing_ran(engine, side, result.call_id)
+
+    # The same rule does not block when the agent lacks the tool it points to.
+    lacking = blocking.model_copy(update={"available_tools": ("read",)})
+    allowed = engine.run(_side_effect_command(side), policy=lacking)
+    assert allowed.error is None
+    assert allowed.stdout == "ran\n"
+    assert side.exists()
+
+
+def test_timeout_above_policy_maximum_is_invalid(engine: Engine, tmp_path: Path) -> None:
+    side = tmp_path / "side-effect"
+    strict = KILL.model_copy(update={"max_timeout_s": 10.0})
+    result = engine.run(_side_effect_command(side), policy=strict, timeout_s=11)
+    assert result.error is not None
+    assert result.error.kind == "invalid"
+    assert "10s" in result.error.message
+    _assert_nothing_ran(engine, side, result.call_id)
+
+
+@pytest.mark.parametrize("background", [False, True])
+def test_spawn_failure_is_a_system_error(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch, background: bool
+) -> None:
+    # No bash on the PATH the command inherits: the call cannot start.
+    monkeypatch.setenv("PATH", "/nonexistent-bin")
+    result = engine.run("echo hi", background=background)
+    assert result.error is not None
+    assert result.error.kind == "spawn_failed"
+    assert result.exit_code is None
+    assert result.job is None
+    state = engine.settings.state_dir
+    assert [p.name for p in state.rglob("*") if p.is_file()] == [], "no files left behind"
