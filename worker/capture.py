@@ -96,16 +96,23 @@ def shape(
     """Shape the first `size` bytes of a file by a policy.
 
     Small outputs are read whole and cut exactly. Huge ones are read in windows:
-    the shown text is exact, totals are the file's own byte and line counts.
+    the shown text is exact. Totals are always those of the raw bytes (as the command
+    wrote them); shown counts are those of the shown text. `total_lines` (the caller's
+    count of the first `size` bytes) is used for huge outputs; small ones are counted
+    here.
     """
     if size <= WHOLE_READ_LIMIT:
-        text = _clean(_pread(path, 0, size), secrets)
+        raw = _pread(path, 0, size)
+        text = _clean(raw, secrets)
         cut = truncate.apply(text, policy)
         cut_part = _cut_part(text, cut) if digest and cut.info.truncated else ""
-        return Shaped(cut.text, cut.info, truncate.error_digest(cut_part) if cut_part else ())
+        # Totals are those of the raw bytes, as for huge outputs (sanitizing drops
+        # escape sequences, so the clean text is smaller than what the command wrote).
+        info = _raw_totals(cut.info, len(raw), _raw_lines(raw))
+        return Shaped(cut.text, info, truncate.error_digest(cut_part) if cut_part else ())
     match policy:
         case TailLines() | ByteTail():
-            return _shape_tail(path, size, total_lines, policy, secrets, digest)
+            return _shape_tail(path, size, total_lines, policy, secrets, digest=digest)
         case CharCap():
             return _shape_head(path, size, total_lines, policy, secrets)
         case Middle():
@@ -118,7 +125,40 @@ def _cut_part(text: str, cut: truncate.Cut) -> str:
         return text[: len(text) - len(cut.text)]
     if cut.info.direction == "head":
         return text[len(cut.text) :]
-    return text
+    head, _, tail = cut.text.partition(truncate.SNIP)
+    return text[len(head) : len(text) - len(tail)]
+
+
+def _raw_lines(raw: bytes) -> int:
+    """Lines of raw bytes, counted as `truncate.count_lines` counts text."""
+    if not raw:
+        return 0
+    return raw.count(b"\n") + (0 if raw.endswith(b"\n") else 1)
+
+
+def _raw_totals(
+    info: TruncationInfo, size: int, total_lines: int, *, truncated: bool | None = None
+) -> TruncationInfo:
+    """`info` with the raw stream's totals; shown ranges re-anchored on them.
+
+    Shown counts stay those of the shown text. `truncated` (when given) overrides the
+    cut's own flag: a window of a huge file may fit the policy while the file does not.
+    """
+    ranges = info.shown_ranges
+    if info.direction == "tail" and info.shown_lines:
+        ranges = ((total_lines - info.shown_lines + 1, total_lines),)
+    elif info.direction == "middle" and len(ranges) == 2:
+        tail_count = ranges[1][1] - ranges[1][0] + 1
+        ranges = (ranges[0], (total_lines - tail_count + 1, total_lines))
+    update: dict[str, object] = {
+        "total_lines": total_lines,
+        "total_bytes": size,
+        "shown_ranges": ranges,
+    }
+    if truncated is not None:
+        update["truncated"] = truncated
+        update["limit"] = (info.limit or "bytes") if truncated else None
+    return info.model_copy(update=update)
 
 
 def _shape_tail(
@@ -127,6 +167,7 @@ def _shape_tail(
     total_lines: int,
     policy: TailLines | ByteTail,
     secrets: re.Pattern[str] | None,
+    *,
     digest: bool,
 ) -> Shaped:
     window = 2 * policy.max_bytes + 64 * 1024
@@ -142,7 +183,8 @@ def _shape_tail(
         if cut.info.truncated or start == 0 or window >= MAX_WINDOW:
             break
         window *= 4  # Sanitizing removed much of the window: look further back.
-    info = _tail_totals(cut.info, size, total_lines)
+    # From the file's start the cut is exact; from a window, the file holds more.
+    info = _raw_totals(cut.info, size, total_lines, truncated=start > 0 or cut.info.truncated)
     found: tuple[str, ...] = ()
     if digest:
         shown_raw = len(cut.text.encode("utf-8", "surrogatepass"))
@@ -150,19 +192,6 @@ def _shape_tail(
         scan_from = max(0, end - DIGEST_SCAN)
         found = truncate.error_digest(_clean(_pread(path, scan_from, end - scan_from), secrets))
     return Shaped(cut.text, info, found)
-
-
-def _tail_totals(info: TruncationInfo, size: int, total_lines: int) -> TruncationInfo:
-    first = total_lines - info.shown_lines + 1
-    return info.model_copy(
-        update={
-            "truncated": True,
-            "limit": info.limit or "bytes",
-            "total_lines": total_lines,
-            "total_bytes": size,
-            "shown_ranges": ((first, total_lines),) if info.shown_lines else (),
-        }
-    )
 
 
 def _shape_head(
@@ -173,16 +202,12 @@ def _shape_head(
     secrets: re.Pattern[str] | None,
 ) -> Shaped:
     window = 4 * policy.max_chars + 64 * 1024
-    text = _clean(_pread(path, 0, min(size, window)), secrets)
+    read = min(size, window)
+    text = _clean(_pread(path, 0, read), secrets)
     cut = truncate.char_cap(text, policy.max_chars)
-    info = cut.info.model_copy(
-        update={
-            "truncated": True,
-            "limit": "chars",
-            "total_lines": total_lines,
-            "total_bytes": size,
-        }
-    )
+    info = _raw_totals(cut.info, size, total_lines, truncated=read < size or cut.info.truncated)
+    if info.truncated:
+        info = info.model_copy(update={"limit": "chars"})
     return Shaped(cut.text, info)
 
 
@@ -193,27 +218,18 @@ def _shape_middle(
     policy: Middle,
     secrets: re.Pattern[str] | None,
 ) -> Shaped:
-    if size <= 2 * policy.max_bytes:
-        # Sanitizing may bring it under the limit: decide on the clean text.
-        text = _clean(_pread(path, 0, size), secrets)
-        cut = truncate.middle(text, policy.max_bytes, policy.keep_bytes)
-        return Shaped(cut.text, cut.info)
     window = 2 * policy.keep_bytes + 4096
+    if size <= max(2 * policy.max_bytes, 2 * window):
+        # Sanitizing may bring it under the limit: decide on the clean text. (Below two
+        # windows, the head and tail windows would overlap.)
+        raw = _pread(path, 0, size)
+        cut = truncate.middle(_clean(raw, secrets), policy.max_bytes, policy.keep_bytes)
+        return Shaped(cut.text, _raw_totals(cut.info, len(raw), _raw_lines(raw)))
     head = truncate.utf8_head(_clean(_pread(path, 0, window), secrets), policy.keep_bytes)
-    tail = truncate.utf8_tail(_clean(_pread(path, size - window, window), secrets),
-                              policy.keep_bytes)
-    head_lines, tail_lines = truncate.count_lines(head), truncate.count_lines(tail)
-    info = TruncationInfo(
-        direction="middle",
-        truncated=True,
-        limit="bytes",
-        total_lines=total_lines,
-        total_bytes=size,
-        shown_lines=head_lines + tail_lines,
-        shown_bytes=truncate.utf8_len(head) + truncate.utf8_len(tail),
-        partial_line=True,
-        shown_ranges=((1, head_lines), (total_lines - tail_lines + 1, total_lines)),
-    )
+    end = _clean(_pread(path, size - window, window), secrets)
+    tail = truncate.utf8_tail(end, policy.keep_bytes)
+    partial = not head.endswith("\n") or not end[: len(end) - len(tail)].endswith("\n")
+    info = truncate.middle_info(head, tail, total_lines, size, partial=partial)
     return Shaped(head + truncate.SNIP + tail, info)
 
 
@@ -232,8 +248,13 @@ def read_slice(
         newline = data.rfind(b"\n")
         if newline >= 0:
             data = data[: newline + 1]
-        else:
-            data = data[: _utf8_boundary(data)]
+        elif (cut := _utf8_boundary(data)) > 0:
+            data = data[:cut]
+        elif data:
+            # `limit` is smaller than the character at `offset`: return that one
+            # character rather than nothing, so a reader always moves on.
+            data = _pread(path, offset, min(4, size - offset))
+            data = data[: _utf8_boundary(data) or len(data)]
     return _clean(data, secrets), offset + len(data), size
 
 
@@ -245,7 +266,14 @@ def _utf8_boundary(data: bytes) -> int:
         back += 1
     if end - back - 1 >= 0:
         lead = data[end - back - 1]
-        need = 2 if lead >> 5 == 0b110 else 3 if lead >> 4 == 0b1110 else 4 if lead >> 3 == 0b11110 else 1
+        if lead >> 5 == 0b110:
+            need = 2
+        elif lead >> 4 == 0b1110:
+            need = 3
+        elif lead >> 3 == 0b11110:
+            need = 4
+        else:
+            need = 1
         if need > back + 1:
             return end - back - 1
     return end

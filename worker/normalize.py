@@ -12,8 +12,10 @@ from dataclasses import dataclass
 
 from worker.models import InterceptRule
 
-# `| head -n N`, `| head -N`, `| head -n=N`... at the very end of the command.
-_TRAILING = re.compile(r"\|\s*(head|tail)\s+(?:-n\s*=?\s*|-)(\d+)\s*$")
+# `| head -n N`, `| head -N`, `| head -n=N`... at the very end of the command. The bar
+# must be a pipe: not half of `||` (run head only when the command fails) and not an
+# escaped `\|` (a literal bar).
+_TRAILING = re.compile(r"(?<![|\\])\|(?!\|)\s*(head|tail)\s+(?:-n\s*=?\s*|-)(\d+)\s*$")
 
 
 @dataclass(frozen=True)

@@ -13,10 +13,14 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Literal
 
 from worker.models import ByteTail, CharCap, Middle, TailLines, Truncation, TruncationInfo
 
 SNIP = "\n\n[snip]\n\n"
+
+_Direction = Literal["tail", "head", "middle"]
+_Limit = Literal["lines", "bytes", "chars"]
 
 #: Lines from a cut part that look like errors, for the native digest.
 _ERRORISH = re.compile(
@@ -64,15 +68,21 @@ def utf8_head(text: str, max_bytes: int) -> str:
     data = text.encode("utf-8", "surrogatepass")
     if len(data) <= max_bytes:
         return text
-    return data[:max_bytes].decode("utf-8", "ignore")
+    # Back off from continuation bytes so the cut never lands inside a character.
+    # (Decoding with errors="ignore" would also drop lone surrogates before the cut,
+    # and the result would no longer be a prefix.)
+    end = max(0, max_bytes)
+    while end > 0 and (data[end] & 0xC0) == 0x80:
+        end -= 1
+    return data[:end].decode("utf-8", "surrogatepass")
 
 
-def _whole(text: str, direction: str) -> Cut:
+def _whole(text: str, direction: _Direction) -> Cut:
     lines = count_lines(text)
     return Cut(
         text,
         TruncationInfo(
-            direction=direction,  # type: ignore[arg-type]
+            direction=direction,
             truncated=False,
             limit=None,
             total_lines=lines,
@@ -84,14 +94,14 @@ def _whole(text: str, direction: str) -> Cut:
     )
 
 
-def _tail_info(text: str, shown: str, limit: str | None, partial: bool) -> TruncationInfo:
+def _tail_info(text: str, shown: str, limit: _Limit | None, partial: bool) -> TruncationInfo:
     total = count_lines(text)
     shown_lines = count_lines(shown)
     first = total - shown_lines + 1
     return TruncationInfo(
         direction="tail",
         truncated=shown != text,
-        limit=limit if shown != text else None,  # type: ignore[arg-type]
+        limit=limit if shown != text else None,
         total_lines=total,
         total_bytes=utf8_len(text),
         shown_lines=shown_lines,
@@ -114,7 +124,7 @@ def tail_lines(text: str, max_lines: int, max_bytes: int) -> Cut:
     ending = "\n" if text.endswith("\n") else ""
     kept: list[str] = []
     size = len(ending.encode())
-    limit = "lines"
+    limit: _Limit = "lines"
     for part in reversed(parts):
         if len(kept) == max_lines:
             limit = "lines"
@@ -165,30 +175,43 @@ def char_cap(text: str, max_chars: int) -> Cut:
 
 
 def middle(text: str, max_bytes: int, keep_bytes: int) -> Cut:
-    """Past `max_bytes`, keep the first and last `keep_bytes` joined by `[snip]` (seed 001)."""
-    if utf8_len(text) <= max_bytes:
+    """Past `max_bytes`, keep the first and last `keep_bytes` joined by `[snip]` (seed 001).
+
+    A text no larger than both ends together is shown whole: there is nothing to snip
+    (and head and tail would overlap).
+    """
+    size = utf8_len(text)
+    if size <= max(max_bytes, 2 * keep_bytes):
         return _whole(text, "middle")
     head = utf8_head(text, keep_bytes)
     tail = utf8_tail(text, keep_bytes)
-    total = count_lines(text)
-    head_lines = count_lines(head)
-    tail_lines_ = count_lines(tail)
-    shown = head + SNIP + tail
-    return Cut(
-        shown,
-        TruncationInfo(
-            direction="middle",
-            truncated=True,
-            limit="bytes",
-            total_lines=total,
-            total_bytes=utf8_len(text),
-            shown_lines=head_lines + tail_lines_,
-            shown_bytes=utf8_len(head) + utf8_len(tail),
-            partial_line=not head.endswith("\n") or not text[: len(text) - len(tail)].endswith(
-                "\n"
-            ),
-            shown_ranges=((1, head_lines), (total - tail_lines_ + 1, total)),
-        ),
+    partial = not head.endswith("\n") or not text[: len(text) - len(tail)].endswith("\n")
+    info = middle_info(head, tail, count_lines(text), size, partial=partial)
+    return Cut(head + SNIP + tail, info)
+
+
+def middle_info(
+    head: str, tail: str, total_lines: int, total_bytes: int, *, partial: bool
+) -> TruncationInfo:
+    """Counts of a middle cut showing `head` and `tail` of a text with the given totals.
+
+    The snip notice is not counted in the shown bytes. When the cut falls inside one
+    line, that line's start ends the head and its end starts the tail: it is counted
+    once in `shown_lines`, and the two ranges share it.
+    """
+    head_lines, tail_lines_ = count_lines(head), count_lines(tail)
+    first_tail = total_lines - tail_lines_ + 1
+    shared = max(0, head_lines - first_tail + 1)
+    return TruncationInfo(
+        direction="middle",
+        truncated=True,
+        limit="bytes",
+        total_lines=total_lines,
+        total_bytes=total_bytes,
+        shown_lines=min(total_lines, head_lines + tail_lines_ - shared),
+        shown_bytes=utf8_len(head) + utf8_len(tail),
+        partial_line=partial,
+        shown_ranges=((1, head_lines), (first_tail, total_lines)),
     )
 
 
@@ -218,18 +241,28 @@ def shown_limit(policy: Truncation) -> int:
     raise TypeError(f"unknown truncation policy {policy!r}")  # pragma: no cover
 
 
+def _split_lines(text: str) -> list[str]:
+    """Lines ended by a newline only, ends kept, as `head -n` and `count_lines` count.
+
+    (str.splitlines also splits on CR, form feeds, U+2028 and more.)
+    """
+    lines = text.split("\n")
+    last = lines.pop()
+    return [line + "\n" for line in lines] + ([last] if last else [])
+
+
 def head_lines(text: str, count: int) -> str:
     """The first `count` lines of `text` (seed 002's `head` limit)."""
-    lines = text.splitlines(keepends=True)
-    return "".join(lines[:count])
+    if count <= 0:
+        return ""
+    return "".join(_split_lines(text)[:count])
 
 
 def last_lines(text: str, count: int) -> str:
     """The last `count` lines of `text` (seed 002's `tail` limit)."""
-    if count == 0:
+    if count <= 0:
         return ""
-    lines = text.splitlines(keepends=True)
-    return "".join(lines[-count:])
+    return "".join(_split_lines(text)[-count:])
 
 
 def error_digest(cut_text: str, limit: int = 20, width: int = 300) -> tuple[str, ...]:

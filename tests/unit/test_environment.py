@@ -1,0 +1,185 @@
+"""worker.environment: secrets scrubbed by name, hardening, the call marker."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from worker.environment import (
+    DEFAULT_ALLOW,
+    DEFAULT_DENY,
+    HARDENING,
+    MARKER_VAR,
+    build_env,
+    is_secret_name,
+)
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "AWS_SECRET_ACCESS_KEY",
+        "AWS_ACCESS_KEY_ID",
+        "aws_session_token",
+        "github_token",
+        "GITHUB_TOKEN",
+        "GH_TOKEN",
+        "MY_PASSWORD",
+        "db_password",
+        "BASHFLEET_REDIS_URL",
+        "bashfleet_anything",
+        "CELERY_BROKER_URL",
+        "BROKER_URL",
+        "REDIS_URL",
+        "OPENAI_API_KEY",
+        "ANTHROPIC_API_KEY",
+        "Api_Key",
+        "SSH_PRIVATE_KEY",
+        "GOOGLE_APPLICATION_CREDENTIALS",
+        "AZURE_CLIENT_SECRET",
+        "SENTRY_DSN",
+        "DATABASE_URL",
+        "NPM_TOKEN",
+        "GPG_PASSPHRASE",
+        "FLOWER_BASIC_AUTH",
+    ],
+)
+def test_secret_names_are_scrubbed_case_insensitively(name: str) -> None:
+    assert is_secret_name(name, DEFAULT_DENY, DEFAULT_ALLOW)
+    assert is_secret_name(name.lower(), DEFAULT_DENY, DEFAULT_ALLOW)
+    assert is_secret_name(name.upper(), DEFAULT_DENY, DEFAULT_ALLOW)
+
+
+@pytest.mark.parametrize(
+    "name", ["PATH", "HOME", "USER", "LANG", "PWD", "SHELL", "TERM", "LC_ALL", "VIRTUAL_ENV"]
+)
+def test_ordinary_names_are_kept(name: str) -> None:
+    assert not is_secret_name(name, DEFAULT_DENY, DEFAULT_ALLOW)
+
+
+def test_allow_list_wins_over_deny() -> None:
+    assert is_secret_name("GITHUB_ACTIONS", DEFAULT_DENY, ())
+    assert not is_secret_name("GITHUB_ACTIONS", DEFAULT_DENY, ("GITHUB_ACTIONS",))
+    assert not is_secret_name("github_actions", DEFAULT_DENY, ("GitHub_*",))
+    assert is_secret_name("GITHUB_TOKEN", DEFAULT_DENY, ("GITHUB_ACTIONS",))
+
+
+def test_custom_deny_patterns() -> None:
+    assert is_secret_name("INTERNAL_THING", ("internal_*",), ())
+    assert not is_secret_name("PATH", ("internal_*",), ())
+    assert not is_secret_name("AWS_SECRET_ACCESS_KEY", (), ())
+
+
+def test_build_env_scrubs_and_reports_values() -> None:
+    base = {
+        "PATH": "/usr/bin",
+        "HOME": "/home/u",
+        "AWS_SECRET_ACCESS_KEY": "wJalrXUtnFEMI",
+        "github_token": "ghp_abcdef",
+        "MY_PASSWORD": "hunter22",
+        "BASHFLEET_REDIS_URL": "redis://:pw@h:6379/0",
+        "CELERY_BROKER_URL": "redis://h/1",
+    }
+    child = build_env(base, marker="call-1")
+    assert child.env["PATH"] == "/usr/bin"
+    assert child.env["HOME"] == "/home/u"
+    scrubbed = {
+        "AWS_SECRET_ACCESS_KEY",
+        "github_token",
+        "MY_PASSWORD",
+        "BASHFLEET_REDIS_URL",
+        "CELERY_BROKER_URL",
+    }
+    for name in scrubbed:
+        assert name not in child.env
+    assert set(child.scrubbed_names) == scrubbed
+    assert set(child.scrubbed_values) == {base[name] for name in scrubbed}
+    # Names and values line up.
+    for name, value in zip(child.scrubbed_names, child.scrubbed_values, strict=True):
+        assert base[name] == value
+
+
+def test_build_env_allow_list_keeps_a_denied_name() -> None:
+    child = build_env({"GITHUB_WORKSPACE": "/w", "GITHUB_TOKEN": "t0k3n"}, marker="m",
+                      allow=("GITHUB_WORKSPACE",))
+    assert child.env["GITHUB_WORKSPACE"] == "/w"
+    assert "GITHUB_TOKEN" not in child.env
+    assert child.scrubbed_names == ("GITHUB_TOKEN",)
+
+
+def test_hardening_is_present_and_not_overridable() -> None:
+    expected = {
+        "PAGER": "cat",
+        "GIT_PAGER": "cat",
+        "GIT_EDITOR": "true",
+        "EDITOR": "true",
+        "GIT_TERMINAL_PROMPT": "0",
+        "CI": "1",
+        "DEBIAN_FRONTEND": "noninteractive",
+        "TERM": "dumb",
+        "NO_COLOR": "1",
+    }
+    for name, value in expected.items():
+        assert HARDENING[name] == value
+    base = {"PAGER": "less", "TERM": "xterm-256color", "EDITOR": "vim"}
+    extra = {name: "overridden" for name in HARDENING} | {MARKER_VAR: "forged"}
+    child = build_env(base, marker="the-marker", extra=extra)
+    for name, value in HARDENING.items():
+        assert child.env[name] == value
+    assert child.env[MARKER_VAR] == "the-marker"
+
+
+def test_extra_is_added_unscrubbed() -> None:
+    # Session variables the caller set on purpose stay, even with a secret-looking name.
+    child = build_env({"PATH": "/bin"}, marker="m", extra={"MY_TOKEN": "abc", "FOO": "1"})
+    assert child.env["MY_TOKEN"] == "abc"
+    assert child.env["FOO"] == "1"
+    assert child.scrubbed_names == ()
+    assert child.scrubbed_values == ()
+
+
+def test_marker_is_set_and_base_is_not_mutated() -> None:
+    base = {"PATH": "/bin", "API_KEY": "k3y-value"}
+    snapshot = dict(base)
+    child = build_env(base, marker="abc123")
+    assert child.env[MARKER_VAR] == "abc123"
+    assert base == snapshot
+    assert MARKER_VAR.startswith("BASHFLEET_")
+
+
+def test_marker_from_base_is_replaced() -> None:
+    # A worker started from inside another call carries a marker: the call's own wins.
+    child = build_env({MARKER_VAR: "outer"}, marker="inner")
+    assert child.env[MARKER_VAR] == "inner"
+    assert child.scrubbed_values == ("outer",)
+
+
+_names = st.text(alphabet="ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz_0123456789",
+                 min_size=1, max_size=24)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(_names, st.text(max_size=10), max_size=12), st.text(max_size=10))
+def test_build_env_partitions_the_base(base: dict[str, str], marker: str) -> None:
+    child = build_env(base, marker=marker)
+    assert child.env[MARKER_VAR] == marker
+    for name, value in base.items():
+        if name == MARKER_VAR or name in HARDENING:
+            continue
+        secret = is_secret_name(name, DEFAULT_DENY, DEFAULT_ALLOW)
+        assert (name in child.scrubbed_names) == secret
+        assert (child.env.get(name) == value) != secret
+        assert (name in child.env) != secret
+    assert len(child.scrubbed_names) == len(child.scrubbed_values)
+    for name in child.env:
+        assert name in base or name in HARDENING or name == MARKER_VAR
+
+
+@settings(max_examples=200, deadline=None)
+@given(_names)
+def test_secret_names_ignore_case(name: str) -> None:
+    verdict = is_secret_name(name, DEFAULT_DENY, DEFAULT_ALLOW)
+    assert is_secret_name(name.lower(), DEFAULT_DENY, DEFAULT_ALLOW) == verdict
+    assert is_secret_name(name.upper(), DEFAULT_DENY, DEFAULT_ALLOW) == verdict
+    assert not is_secret_name(name, DEFAULT_DENY, (name.swapcase(),))
