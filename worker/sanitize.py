@@ -13,7 +13,22 @@ REDACTED = "[REDACTED]"
 
 #: Secrets shorter than this are not redacted: replacing every "1" or "ab" in the
 #: output would destroy it while protecting nothing.
-MIN_SECRET_LENGTH = 4
+MIN_SECRET_LENGTH = 6
+
+#: Values of scrubbed variables that are settings, not secrets (`GITHUB_ACTIONS=true`,
+#: `AWS_DEFAULT_OUTPUT=json`): redacting them would garble ordinary output.
+_PLAIN_VALUES = frozenset(
+    {"true", "false", "yes", "no", "on", "off", "none", "null", "json", "text", "table",
+     "yaml", "default", "enabled", "disabled"}
+)
+
+
+def worth_redacting(value: str) -> bool:
+    """True for values that may be secrets: long enough, not a flag, word or small number."""
+    plain = value.strip()
+    if len(plain) < MIN_SECRET_LENGTH or plain.lower() in _PLAIN_VALUES:
+        return False
+    return not (plain.isdigit() and len(plain) < 12)
 
 # CSI: ESC [ parameters intermediates final byte. Also the 8-bit C1 form (U+009B).
 _CSI = r"(?:\x1b\[|\x9b)[0-?]*[ -/]*[@-~]"
@@ -61,7 +76,7 @@ def sanitize(data: bytes) -> str:
 
 def secret_pattern(secrets: Iterable[str]) -> re.Pattern[str] | None:
     """Compile one pattern matching any of the secret values worth redacting."""
-    values = sorted({s for s in secrets if len(s) >= MIN_SECRET_LENGTH}, key=len, reverse=True)
+    values = sorted({s for s in secrets if worth_redacting(s)}, key=len, reverse=True)
     if not values:
         return None
     return re.compile("|".join(re.escape(v) for v in values))
