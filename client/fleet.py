@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 import uuid
 from collections.abc import Iterator
@@ -151,15 +152,19 @@ class Fleet:
         session: str | None = None,
         policy: Policy | None = None,
         env: dict[str, str] | None = None,
+        call_id: str | None = None,
     ) -> CallResult:
         """Run `command` on `host` (None: any live host; `label`: a host of that pool).
 
         `mode`: `default` (the policy's timeout), `slow` (15 minutes unless `timeout`
         says otherwise) or `background` (start it detached, return its job at once).
-        A `session` pins the host of its first call for its later calls.
+        A `session` pins the host of its first call for its later calls. `call_id`
+        (default: a fresh one) lets another thread `cancel` the call while it runs.
         """
-        call = self._build_call(command, mode=mode, timeout=timeout, cwd=cwd, policy=policy,
-                                env=env)
+        call = self._build_call(
+            command, mode=mode, timeout=timeout, cwd=cwd, policy=policy, env=env,
+            call_id=call_id,
+        )
         with self._errors():
             if session is not None and host is None and label is None:
                 host = self._session_host(session)
@@ -179,7 +184,7 @@ class Fleet:
     @staticmethod
     def _build_call(
         command: str, *, mode: str, timeout: float | None, cwd: str | None,
-        policy: Policy | None, env: dict[str, str] | None,
+        policy: Policy | None, env: dict[str, str] | None, call_id: str | None,
     ) -> Call:
         if mode not in ("default", "slow", "background"):
             raise CallRejected(f"mode must be default, slow or background, not {mode!r}")
@@ -187,7 +192,7 @@ class Fleet:
             timeout = SLOW_TIMEOUT_S
         try:
             return Call(
-                call_id=f"c{uuid.uuid4().hex[:23]}", command=command, cwd=cwd,
+                call_id=call_id or f"c{uuid.uuid4().hex[:23]}", command=command, cwd=cwd,
                 timeout_s=timeout, background=mode == "background", env=env or {},
                 policy=policy or Policy(),
             )
@@ -467,26 +472,61 @@ class Fleet:
 
 
 class AsyncFleet:
-    """`Fleet` for asyncio: the same methods, awaited (each runs in a thread)."""
+    """`Fleet` for asyncio: the same methods, awaited (each runs in a worker thread)."""
 
     def __init__(self, redis_url: str | None = None) -> None:
         self.fleet = Fleet(redis_url)
+        self.url = self.fleet.url
 
-    async def run(self, command: str, **options: Any) -> CallResult:
+    async def run(
+        self,
+        command: str,
+        *,
+        host: str | None = None,
+        label: str | None = None,
+        mode: Mode = "default",
+        timeout: float | None = None,
+        cwd: str | None = None,
+        session: str | None = None,
+        policy: Policy | None = None,
+        env: dict[str, str] | None = None,
+        call_id: str | None = None,
+    ) -> CallResult:
         """See `Fleet.run`."""
-        return await asyncio.to_thread(self.fleet.run, command, **options)
+        return await asyncio.to_thread(
+            functools.partial(
+                self.fleet.run, command, host=host, label=label, mode=mode, timeout=timeout,
+                cwd=cwd, session=session, policy=policy, env=env, call_id=call_id,
+            )
+        )
 
-    async def check(self, id: str, **options: Any) -> CheckResult:
+    async def check(
+        self, id: str, *, grep: str | None = None, offset: int | None = None  # noqa: A002
+    ) -> CheckResult:
         """See `Fleet.check`."""
-        return await asyncio.to_thread(self.fleet.check, id, **options)
+        return await asyncio.to_thread(
+            functools.partial(self.fleet.check, id, grep=grep, offset=offset)
+        )
 
-    async def kill(self, id: str) -> CheckResult:
+    async def kill(self, id: str) -> CheckResult:  # noqa: A002
         """See `Fleet.kill`."""
         return await asyncio.to_thread(self.fleet.kill, id)
 
-    async def read_output(self, id: str, **options: Any) -> OutputChunk:
+    async def read_output(
+        self,
+        id: str,  # noqa: A002
+        *,
+        offset: int = 0,
+        limit: int = 65536,
+        grep: str | None = None,
+        stream: Literal["stdout", "stderr"] = "stdout",
+    ) -> OutputChunk:
         """See `Fleet.read_output`."""
-        return await asyncio.to_thread(self.fleet.read_output, id, **options)
+        return await asyncio.to_thread(
+            functools.partial(
+                self.fleet.read_output, id, offset=offset, limit=limit, grep=grep, stream=stream
+            )
+        )
 
     async def cancel(self, call_id: str) -> bool:
         """See `Fleet.cancel`."""

@@ -1,0 +1,248 @@
+"""Fleet fixtures: a real Redis server and real worker processes, always cleaned up.
+
+Workers are started as `python -m worker.serve --host H` in a session of their own
+(so a test can SIGKILL a worker's whole process group, as a crash would), each with
+its own state directory (as separate machines would have). Every process started
+here is ended by its pid (or its group's id) and waited for; every wait is on a
+condition, with a deadline.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TypeVar
+
+import pytest
+import redis
+
+from client import Fleet
+from client.redis_server import RedisServer
+from worker import jobs, procs, registry
+from worker.settings import Settings
+
+T = TypeVar("T")
+
+#: Seconds a worker gets to be ready (both consumers consuming) on a loaded 2-core box.
+READY_TIMEOUT_S = 40.0
+
+
+def wait_for(
+    condition: Callable[[], T | None], timeout: float, what: str, interval: float = 0.02
+) -> T:
+    """Poll `condition` until it returns something truthy; fail after `timeout`."""
+    deadline = time.monotonic() + timeout
+    delay = interval
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.1f}s waiting for {what}")
+        time.sleep(delay)  # polling a condition, with a deadline
+        delay = min(delay * 1.5, 0.2)
+
+
+class WorkerProcess:
+    """One `python -m worker.serve` process (a supervisor and its two consumers)."""
+
+    def __init__(
+        self, host: str, url: str, state_dir: Path, log_dir: Path, concurrency: int = 2,
+        labels: tuple[str, ...] = (),
+    ) -> None:
+        self.host = host
+        self.url = url
+        self.state_dir = state_dir
+        self.log_path = log_dir / f"worker-{host}-{time.monotonic_ns()}.log"
+        self.concurrency = concurrency
+        self.labels = labels
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def args(self) -> list[str]:
+        """The command line."""
+        args = [
+            sys.executable, "-m", "worker.serve", "--host", self.host,
+            "--concurrency", str(self.concurrency),
+        ]
+        for label in self.labels:
+            args += ["--label", label]
+        return args
+
+    def env(self) -> dict[str, str]:
+        """The environment: this worker's Redis and state directory."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith("BASHFLEET_")}
+        env.update(BASHFLEET_REDIS_URL=self.url, BASHFLEET_STATE_DIR=str(self.state_dir))
+        return env
+
+    def start(self) -> WorkerProcess:
+        """Start it (not waiting)."""
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                self.args(), env=self.env(), stdin=subprocess.DEVNULL, stdout=log,
+                stderr=subprocess.STDOUT, start_new_session=True,
+            )
+        return self
+
+    @property
+    def pid(self) -> int:
+        """The supervisor's pid (also its process group id)."""
+        assert self.proc is not None
+        return self.proc.pid
+
+    def wait_ready(self, client: redis.Redis, timeout: float = READY_TIMEOUT_S) -> None:
+        """Wait until this very process holds the host and both consumers consume."""
+
+        def ready() -> bool:
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                raise AssertionError(
+                    f"worker {self.host} exited with {self.proc.returncode}:\n{self.log()}"
+                )
+            info = registry.host_info(client, self.host)
+            return bool(info and info.ready and info.pid == self.pid)
+
+        wait_for(ready, timeout, f"worker {self.host} to be ready")
+
+    def log(self) -> str:
+        """What it printed so far (the end of it)."""
+        with contextlib.suppress(OSError):
+            return self.log_path.read_text(errors="replace")[-6000:]
+        return ""
+
+    def kill_group(self) -> None:
+        """SIGKILL the worker's whole process group, as a machine crash would."""
+        assert self.proc is not None
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.pid, signal.SIGKILL)
+        self.proc.wait(10)
+
+    def stop(self, timeout: float = 25.0) -> int | None:
+        """SIGTERM the group, wait; SIGKILL it if it does not stop. Returns the status."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.pid, signal.SIGKILL)
+                self.proc.wait(10)
+        # Consumers share the group: make sure none outlives its supervisor.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pid, signal.SIGKILL)
+        return self.proc.returncode
+
+    def kill_jobs(self) -> None:
+        """End every background job this worker's host still runs (test cleanup)."""
+        settings = Settings(state_dir=self.state_dir, host=self.host)
+        for record in jobs.local_records(settings):
+            if jobs.is_running(record):
+                leader = procs.is_same_process(record.pid, record.start_time)
+                procs.terminate(record.pgid if leader else None, record.marker, grace_s=0.5)
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """A real redis-server on 127.0.0.1 with a password, for the whole session."""
+    server = RedisServer(tmp_path_factory.mktemp("redis"), password=secrets.token_hex(12))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_client(redis_server: RedisServer) -> Iterator[redis.Redis]:
+    """A registry-style client (text replies) of the session's Redis."""
+    client = redis.Redis.from_url(redis_server.url, decode_responses=True)
+    yield client
+    client.close()
+
+
+class WorkerFactory:
+    """Starts workers; stops every one it started (and their jobs) at teardown."""
+
+    def __init__(self, url: str, client: redis.Redis, base: Path) -> None:
+        self.url = url
+        self.client = client
+        self.base = base
+        self.started: list[WorkerProcess] = []
+
+    def state_dir(self, host: str) -> Path:
+        """The state directory of a host (the same across restarts)."""
+        return self.base / "hosts" / host
+
+    def start(
+        self, host: str, *, concurrency: int = 2, labels: tuple[str, ...] = (),
+        wait: bool = True,
+    ) -> WorkerProcess:
+        """Start a worker for `host`; wait until it is ready unless told not to."""
+        worker = WorkerProcess(
+            host, self.url, self.state_dir(host), self.base / "logs", concurrency, labels
+        )
+        worker.start()
+        self.started.append(worker)
+        if wait:
+            worker.wait_ready(self.client)
+        return worker
+
+    def cleanup(self) -> None:
+        """Stop every worker, then end the jobs they left running."""
+        for worker in reversed(self.started):
+            worker.stop()
+        for worker in self.started:
+            worker.kill_jobs()
+
+
+@pytest.fixture(scope="session")
+def session_workers(
+    redis_server: RedisServer, redis_client: redis.Redis,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[WorkerFactory]:
+    """Workers shared by the session (started once: each start costs seconds)."""
+    factory = WorkerFactory(redis_server.url, redis_client, tmp_path_factory.mktemp("fleet"))
+    try:
+        yield factory
+    finally:
+        factory.cleanup()
+
+
+@pytest.fixture(scope="session")
+def two_hosts(session_workers: WorkerFactory) -> tuple[WorkerProcess, WorkerProcess]:
+    """Hosts `alpha` and `beta`, two command slots each, started in parallel."""
+    alpha = session_workers.start("alpha", wait=False)
+    beta = session_workers.start("beta", labels=("gpu",), wait=False)
+    alpha.wait_ready(session_workers.client)
+    beta.wait_ready(session_workers.client)
+    return alpha, beta
+
+
+@pytest.fixture
+def workers(
+    redis_server: RedisServer, redis_client: redis.Redis, tmp_path: Path
+) -> Iterator[WorkerFactory]:
+    """Workers of one test (for fault tests that kill them)."""
+    factory = WorkerFactory(redis_server.url, redis_client, tmp_path)
+    try:
+        yield factory
+    finally:
+        factory.cleanup()
+
+
+@pytest.fixture
+def fleet(redis_server: RedisServer) -> Iterator[Fleet]:
+    """A fleet client of the session's Redis."""
+    client = Fleet(redis_server.url)
+    yield client
+    client.close()
