@@ -280,7 +280,9 @@ def check_job(
     settings = settings or get_settings()
     pattern = _compile_grep(grep)
     status = read_status(record)
-    running = status is None and is_running(record)
+    # Running means the job's bash has not ended; processes it left behind are named in
+    # the note (and `kill` ends them), as a shell's `jobs` would not list them either.
+    running = status is None and procs.is_same_process(record.pid, record.start_time)
     note = None
     if status is None and not running:
         # The watcher records the end moments after the job dies: give it that moment.
@@ -292,13 +294,15 @@ def check_job(
         status = read_status(record)
     if status is not None and status.note:
         note = status.note
+    if not running:
+        note = _join(note, _lingering_note(record))
     secrets = _secrets(settings)
     text, new_offset, skipped = _read_new(Path(record.output_path), offset, secrets)
     err_text, new_err_offset = "", stderr_offset
     if record.stderr_path:
         err_text, new_err_offset, _ = _read_new(Path(record.stderr_path), stderr_offset, secrets)
     if skipped:
-        note = (note + "; " if note else "") + f"{skipped} older bytes of new output not shown"
+        note = _join(note, f"{skipped} older bytes of new output not shown")
     if pattern is not None:
         text = _grep(text, pattern)
         err_text = _grep(err_text, pattern)
@@ -317,6 +321,20 @@ def check_job(
         stderr_offset=new_err_offset,
         note=note,
     )
+
+
+def _join(note: str | None, more: str | None) -> str | None:
+    if not more:
+        return note
+    return f"{note}; {more}" if note else more
+
+
+def _lingering_note(record: JobRecord) -> str | None:
+    left = procs.find_call_processes(None, record.marker)
+    if not left:
+        return None
+    shown = ", ".join(str(pid) for pid in left[:10])
+    return f"{len(left)} process(es) the job started are still running (pid {shown}); kill ends them"
 
 
 def _compile_grep(grep: str | None) -> re.Pattern[str] | None:

@@ -331,7 +331,7 @@ class CheckResult(Model):
     host: str
     """Owning host."""
     running: bool
-    """True while any process of the job is alive."""
+    """True until the job's bash ends; processes it left running are named in `note`."""
     exit_code: int | None = None
     """Exit status once ended."""
     signal: int | None = None

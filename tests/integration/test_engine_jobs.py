@@ -336,3 +336,19 @@ def test_kill_after_the_end_keeps_the_real_status(engine: Engine) -> None:
         False, 6, None, None,
     )
     assert killed.output == "done\n\n\n[background process failed: exit status: 6]\n"
+
+
+def test_ended_job_names_the_processes_it_left_running(engine: Engine) -> None:
+    # The job's bash exits at once, leaving a sleep behind: the job has ended, the note
+    # says what still runs, and kill ends it.
+    result = engine.run("sleep 300 & echo left", background=True)
+    record = _record(engine, result)
+    final = _finished(record, engine)
+    assert (final.running, final.exit_code) == (False, 0)
+    assert final.note is not None and "1 process(es) the job started are still running" in (
+        final.note
+    )
+    kill_job(record, grace_s=0.5, settings=engine.settings)
+    assert survivors(record.marker) == []
+    after = check_job(record, settings=engine.settings)
+    assert after.note is None or "still running" not in after.note
