@@ -19,6 +19,8 @@ from worker.sanitize import redact, sanitize
 
 #: Chunk read while following a file: bounds the memory a huge output costs.
 CHUNK = 4 * 1024 * 1024
+#: First reads of a followed file: most commands print less than this.
+SMALL_CHUNK = 64 * 1024
 #: Outputs up to this size are read whole and cut by the pure functions directly.
 WHOLE_READ_LIMIT = 1024 * 1024
 #: Largest window read from a huge file to find the shown part.
@@ -35,28 +37,46 @@ class FollowedFile:
     offset: int = 0
     newlines: int = 0
     last_byte: int | None = None
-    _handle: object = field(default=None, repr=False)
+    # Reused for large outputs: a fresh 4 MiB bytes object per chunk costs a page fault
+    # per 4 KiB, which showed as 10-20% of the wall time of a 1 GiB command.
+    _buffer: bytearray | None = field(default=None, repr=False)
 
     def catch_up(self, budget: int | None = None) -> int:
         """Count what was appended since the last call; return the bytes read.
 
         `budget` caps the bytes read in this call so a caller can interleave other work.
         """
+        try:
+            if os.stat(self.path).st_size == self.offset:
+                return 0  # nothing new: a stat is cheaper than open, read and close
+            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return 0
         read_total = 0
         try:
-            with open(self.path, "rb") as handle:
-                handle.seek(self.offset)
-                while budget is None or read_total < budget:
-                    chunk = handle.read(CHUNK)
-                    if not chunk:
-                        break
-                    self.newlines += chunk.count(b"\n")
-                    self.last_byte = chunk[-1]
-                    self.offset += len(chunk)
-                    read_total += len(chunk)
-        except FileNotFoundError:
-            pass
+            while budget is None or read_total < budget:
+                count = self._read_once(fd)
+                if count == 0:
+                    break
+                read_total += count
+        finally:
+            os.close(fd)
         return read_total
+
+    def _read_once(self, fd: int) -> int:
+        if self._buffer is None:
+            data: bytes | bytearray = os.pread(fd, SMALL_CHUNK, self.offset)
+            count = len(data)
+            if count == SMALL_CHUNK:
+                self._buffer = bytearray(CHUNK)  # a big output: switch to the reused buffer
+        else:
+            data = self._buffer
+            count = os.preadv(fd, [self._buffer], self.offset)
+        if count:
+            self.newlines += data.count(b"\n", 0, count)
+            self.last_byte = data[count - 1]
+            self.offset += count
+        return count
 
     @property
     def lines(self) -> int:
@@ -101,6 +121,10 @@ def shape(
     count of the first `size` bytes) is used for huge outputs; small ones are counted
     here.
     """
+    if size == 0:
+        # Most streams of most calls are empty: no file read.
+        cut = truncate.apply("", policy)
+        return Shaped(cut.text, cut.info)
     if size <= WHOLE_READ_LIMIT:
         raw = _pread(path, 0, size)
         text = _clean(raw, secrets)

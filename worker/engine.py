@@ -14,6 +14,7 @@ import os
 import re
 import select
 import signal
+import stat
 import subprocess
 import threading
 import time
@@ -71,14 +72,18 @@ class _Streams:
 
 def resolve_cwd(cwd: str | None) -> str:
     """Validate the working directory; nothing runs when it is wrong."""
-    path = Path(cwd).expanduser() if cwd else Path.home()
-    if not path.exists():
-        raise CallError("bad_cwd", f"Working directory does not exist: {path}")
-    if not path.is_dir():
+    path = os.path.abspath(os.path.expanduser(cwd)) if cwd else os.path.expanduser("~")
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise CallError("bad_cwd", f"Working directory does not exist: {path}") from None
+    except OSError as exc:
+        raise CallError("bad_cwd", f"Working directory is not accessible: {path} ({exc})") from None
+    if not stat.S_ISDIR(mode):
         raise CallError("bad_cwd", f"Working directory is not a directory: {path}")
     if not os.access(path, os.X_OK):
         raise CallError("bad_cwd", f"Working directory is not accessible: {path}")
-    return str(path.resolve())
+    return path
 
 
 def prepare(call: Call) -> tuple[Call, str]:
@@ -145,7 +150,6 @@ def run_call(
 
 
 def _open_streams(call: Call, settings: Settings) -> _Streams:
-    settings.spill_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     if call.policy.streams == "combined":
         return _Streams(settings.spill_dir / f"{call.call_id}.log", None)
     return _Streams(
@@ -155,7 +159,13 @@ def _open_streams(call: Call, settings: Settings) -> _Streams:
 
 def _spawn(call: Call, cwd: str, child: ChildEnv, streams: _Streams) -> subprocess.Popen[bytes]:
     flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_CLOEXEC
-    out_fd = os.open(streams.stdout, flags, 0o600)
+    try:
+        out_fd = os.open(streams.stdout, flags, 0o600)
+    except FileNotFoundError:
+        # First call (or the directory was removed): create it. Not done on every call,
+        # where the mkdir was a measurable part of a `true` call's overhead.
+        streams.stdout.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        out_fd = os.open(streams.stdout, flags, 0o600)
     err_fd = os.open(streams.stderr, flags, 0o600) if streams.stderr else out_fd
     try:
         return subprocess.Popen(
@@ -199,12 +209,11 @@ def _wait(
                 return "timeout"
             if cancel is not None and cancel.is_set():
                 return "cancel"
-            events = poller.poll(min(remaining, FOLLOW_INTERVAL_S) * 1000)
+            if poller.poll(min(remaining, FOLLOW_INTERVAL_S) * 1000):
+                proc.wait()
+                return "exited"  # the result reads what is left: no catch-up here
             for followed in files:
                 followed.catch_up(FOLLOW_BUDGET)
-            if events:
-                proc.wait()
-                return "exited"
     finally:
         os.close(pidfd)
 

@@ -5,9 +5,11 @@ Pure functions over mappings, so the rules are table-tested without spawning any
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from fnmatch import fnmatchcase
+from fnmatch import translate
+from functools import lru_cache
 
 #: Variable that every process of a call inherits; its value is the call's marker.
 #: Kill sweeps find escaped processes (setsid, double fork) by it.
@@ -74,12 +76,46 @@ class ChildEnv:
     scrubbed_values: tuple[str, ...]
 
 
+@lru_cache(maxsize=64)
+def _matcher(patterns: tuple[str, ...]) -> re.Pattern[str] | None:
+    """One compiled regex for a set of shell patterns, matched against upper-cased names.
+
+    Compiled once per pattern set: matching 40 variables against 27 patterns with
+    fnmatch on every call cost a third of a millisecond per call.
+    """
+    if not patterns:
+        return None
+    return re.compile("|".join(f"(?:{translate(pattern.upper())})" for pattern in patterns))
+
+
 def is_secret_name(name: str, deny: Iterable[str], allow: Iterable[str]) -> bool:
     """True when `name` matches a deny pattern and no allow pattern (case-insensitive)."""
     upper = name.upper()
-    if any(fnmatchcase(upper, pattern.upper()) for pattern in allow):
+    allowed = _matcher(tuple(allow))
+    if allowed is not None and allowed.match(upper):
         return False
-    return any(fnmatchcase(upper, pattern.upper()) for pattern in deny)
+    denied = _matcher(tuple(deny))
+    return denied is not None and denied.match(upper) is not None
+
+
+@lru_cache(maxsize=8)
+def _scrub(
+    items: tuple[tuple[str, str], ...], deny: tuple[str, ...], allow: tuple[str, ...]
+) -> tuple[tuple[tuple[str, str], ...], tuple[str, ...], tuple[str, ...]]:
+    """Split an environment into kept items and scrubbed names and values.
+
+    Cached: a worker's own environment does not change between calls.
+    """
+    kept: list[tuple[str, str]] = []
+    names: list[str] = []
+    values: list[str] = []
+    for name, value in items:
+        if is_secret_name(name, deny, allow):
+            names.append(name)
+            values.append(value)
+        else:
+            kept.append((name, value))
+    return tuple(kept), tuple(names), tuple(values)
 
 
 def build_env(
@@ -95,17 +131,9 @@ def build_env(
     `extra` is what the caller asked for explicitly, so it is not scrubbed; the
     hardening and the marker cannot be overridden by it.
     """
-    deny, allow = tuple(deny), tuple(allow)
-    env: dict[str, str] = {}
-    names: list[str] = []
-    values: list[str] = []
-    for name, value in base.items():
-        if is_secret_name(name, deny, allow):
-            names.append(name)
-            values.append(value)
-        else:
-            env[name] = value
+    kept, names, values = _scrub(tuple(base.items()), tuple(deny), tuple(allow))
+    env = dict(kept)
     env.update(extra or {})
     env.update(HARDENING)
     env[MARKER_VAR] = marker
-    return ChildEnv(env=env, scrubbed_names=tuple(names), scrubbed_values=tuple(values))
+    return ChildEnv(env=env, scrubbed_names=names, scrubbed_values=values)

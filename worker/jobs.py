@@ -334,7 +334,10 @@ def _lingering_note(record: JobRecord) -> str | None:
     if not left:
         return None
     shown = ", ".join(str(pid) for pid in left[:10])
-    return f"{len(left)} process(es) the job started are still running (pid {shown}); kill ends them"
+    return (
+        f"{len(left)} process(es) the job started are still running (pid {shown}); "
+        "kill ends them"
+    )
 
 
 def _compile_grep(grep: str | None) -> re.Pattern[str] | None:

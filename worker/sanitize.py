@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from functools import lru_cache
 
 REDACTED = "[REDACTED]"
 
@@ -76,6 +77,12 @@ def sanitize(data: bytes) -> str:
 
 def secret_pattern(secrets: Iterable[str]) -> re.Pattern[str] | None:
     """Compile one pattern matching any of the secret values worth redacting."""
+    return _secret_pattern(tuple(secrets))
+
+
+@lru_cache(maxsize=16)
+def _secret_pattern(secrets: tuple[str, ...]) -> re.Pattern[str] | None:
+    # Cached: every call of a worker scrubs the same values from the same environment.
     values = sorted({s for s in secrets if worth_redacting(s)}, key=len, reverse=True)
     if not values:
         return None
