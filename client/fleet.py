@@ -101,6 +101,21 @@ def _client_celery(url: str) -> Celery:
     return app
 
 
+@contextlib.contextmanager
+def _releasing(pending: AsyncResult) -> Iterator[None]:
+    """Stop listening for a result we gave up on, while Redis is still there.
+
+    Celery unsubscribes when the AsyncResult is garbage collected otherwise, which
+    fails noisily if that happens after Redis went away.
+    """
+    try:
+        yield
+    finally:
+        with contextlib.suppress(Exception):
+            if not pending.ready():
+                pending.backend.remove_pending_result(pending)
+
+
 class Fleet:
     """A client of the fleet. Thread-safe; cheap to keep for the life of a process."""
 
@@ -240,6 +255,12 @@ class Fleet:
         return token
 
     def _wait_call(
+        self, call_id: str, pending: AsyncResult, target: str | None, label: str | None
+    ) -> CallResult:
+        with _releasing(pending):
+            return self._wait_call_result(call_id, pending, target, label)
+
+    def _wait_call_result(
         self, call_id: str, pending: AsyncResult, target: str | None, label: str | None
     ) -> CallResult:
         while True:
@@ -443,6 +464,10 @@ class Fleet:
         return pending, token
 
     def _await_ctl(self, host: str, sent: tuple[AsyncResult, str]) -> Any:
+        with _releasing(sent[0]):
+            return self._await_ctl_result(host, sent)
+
+    def _await_ctl_result(self, host: str, sent: tuple[AsyncResult, str]) -> Any:
         pending, token = sent
         deadline = time.monotonic() + CTL_TIMEOUT_S
         while True:
@@ -501,20 +526,20 @@ class AsyncFleet:
         )
 
     async def check(
-        self, id: str, *, grep: str | None = None, offset: int | None = None  # noqa: A002
+        self, id: str, *, grep: str | None = None, offset: int | None = None
     ) -> CheckResult:
         """See `Fleet.check`."""
         return await asyncio.to_thread(
             functools.partial(self.fleet.check, id, grep=grep, offset=offset)
         )
 
-    async def kill(self, id: str) -> CheckResult:  # noqa: A002
+    async def kill(self, id: str) -> CheckResult:
         """See `Fleet.kill`."""
         return await asyncio.to_thread(self.fleet.kill, id)
 
     async def read_output(
         self,
-        id: str,  # noqa: A002
+        id: str,
         *,
         offset: int = 0,
         limit: int = 65536,

@@ -54,7 +54,7 @@ class WorkerProcess:
     """One `python -m worker.serve` process (a supervisor and its two consumers)."""
 
     def __init__(
-        self, host: str, url: str, state_dir: Path, log_dir: Path, concurrency: int = 2,
+        self, host: str, url: str, *, state_dir: Path, log_dir: Path, concurrency: int = 2,
         labels: tuple[str, ...] = (),
     ) -> None:
         self.host = host
@@ -189,7 +189,8 @@ class WorkerFactory:
     ) -> WorkerProcess:
         """Start a worker for `host`; wait until it is ready unless told not to."""
         worker = WorkerProcess(
-            host, self.url, self.state_dir(host), self.base / "logs", concurrency, labels
+            host, self.url, state_dir=self.state_dir(host), log_dir=self.base / "logs",
+            concurrency=concurrency, labels=labels,
         )
         worker.start()
         self.started.append(worker)

@@ -6,6 +6,7 @@ import asyncio
 import threading
 import time
 import uuid
+from typing import Any
 
 import pytest
 import redis
@@ -19,9 +20,10 @@ from client import (
     UnknownJob,
 )
 from client.redis_server import RedisServer, free_port
-from tests.integration.conftest import WorkerProcess, wait_for
 from worker import registry
-from worker.models import Policy, TailLines
+from worker.models import CheckResult, Policy, TailLines
+
+from .conftest import WorkerProcess, wait_for
 
 Hosts = tuple[WorkerProcess, WorkerProcess]
 
@@ -73,10 +75,11 @@ def test_background_job_is_reached_from_another_client(
         job = started.job
         assert job.host == "beta" and job.output_path.startswith(str(two_hosts[1].state_dir))
 
-        first = wait_for(
-            lambda: (c := other.check(job.id, offset=0)) and "line3" in c.output and c,
-            10, "the job's output",
-        )
+        def all_lines() -> CheckResult | None:
+            checked = other.check(job.id, offset=0)
+            return checked if "line3" in checked.output else None
+
+        first = wait_for(all_lines, 10, "the job's output")
         assert first.host == "beta" and first.running
         # "Since the last check" is kept in Redis: shared by every client.
         assert starter.check(job.id).output == ""
@@ -120,11 +123,14 @@ def test_dead_or_unknown_host_raises_before_sending(two_hosts: Hosts, fleet: Fle
 
 
 def test_invalid_calls_are_rejected(two_hosts: Hosts, fleet: Fleet) -> None:
-    for kwargs in ({"command": ""}, {"command": "a\x00b"}, {"command": "true", "timeout": -1},
-                   {"command": "true", "mode": "weird"}, {"command": "true", "env": {"A=B": "c"}}):
+    cases: list[dict[str, Any]] = [
+        {"command": ""}, {"command": "a\x00b"}, {"command": "true", "timeout": -1},
+        {"command": "true", "mode": "weird"}, {"command": "true", "env": {"A=B": "c"}},
+    ]
+    for kwargs in cases:
         command = str(kwargs.pop("command"))
         with pytest.raises(CallRejected):
-            fleet.run(command, **kwargs)  # type: ignore[arg-type]
+            fleet.run(command, **kwargs)
 
 
 def test_unreachable_redis_is_fleet_unavailable() -> None:

@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 import uuid
+from collections.abc import Callable
+from typing import TypeVar
 
 import redis
 
 from client import Fleet
-from tests.integration.conftest import WorkerProcess, wait_for
 from worker import registry
 from worker.models import CallResult
+
+from .conftest import WorkerProcess, wait_for
+
+T = TypeVar("T")
 
 #: What "at once" means here, generously for a loaded 2-core machine.
 CONTROL_BUDGET_S = 1.0
@@ -50,19 +56,19 @@ def test_control_answers_while_every_slot_is_busy(
 
     timings: dict[str, float] = {}
 
-    def timed(name: str, action: object) -> object:
+    def timed(name: str, action: Callable[[], T]) -> T:
         started = time.monotonic()
-        value = action()  # type: ignore[operator]
+        value = action()
         timings[name] = time.monotonic() - started
         return value
 
     checked = timed("check", lambda: fleet.check(job.id, offset=0))
-    assert checked.running and "tick" in checked.output  # type: ignore[attr-defined]
+    assert checked.running and "tick" in checked.output
     timed("read_output", lambda: fleet.read_output(job.id, limit=100))
     timed("jobs", lambda: fleet.jobs(host="alpha"))
     killed = timed("kill", lambda: fleet.kill(job.id))
-    assert not killed.running  # type: ignore[attr-defined]
-    print(f"\ncontrol latency with every slot busy: "
+    assert not killed.running
+    print("\ncontrol latency with every slot busy: "
           + ", ".join(f"{k} {v * 1000:.0f} ms" for k, v in timings.items()))
     assert all(v < CONTROL_BUDGET_S for v in timings.values()), timings
     # The third call still waits for a slot: no worker took it early.
@@ -70,7 +76,7 @@ def test_control_answers_while_every_slot_is_busy(
 
     # Cancelling the sleeps frees the slots; the queued call then runs.
     for call_id in ids[:2]:
-        assert timed("cancel", lambda c=call_id: fleet.cancel(c))
+        assert timed("cancel", functools.partial(fleet.cancel, call_id))
     for thread in threads:
         thread.join(15)
         assert not thread.is_alive()

@@ -1,0 +1,180 @@
+"""Faults: a worker that dies mid-call, restarts, a duplicate host id, a crashed consumer."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import redis
+
+from client import Fleet, WorkerLost
+from worker import procs, registry
+from worker.models import CallResult, JobView
+
+from .conftest import WorkerFactory, WorkerProcess, wait_for
+
+#: A dead worker must show within seconds: heartbeat TTL plus the client's polling.
+LOST_WITHIN_S = registry.ALIVE_TTL_S + 3.0
+
+
+class Pending:
+    """A `Fleet.run` in a thread: its result or its error, and when it came."""
+
+    def __init__(self, fleet: Fleet, command: str, host: str, call_id: str) -> None:
+        self.result: CallResult | None = None
+        self.error: BaseException | None = None
+        self.finished_at: float | None = None
+        self._thread = threading.Thread(target=self._run, args=(fleet, command, host, call_id))
+        self._thread.start()
+
+    def _run(self, fleet: Fleet, command: str, host: str, call_id: str) -> None:
+        try:
+            self.result = fleet.run(command, host=host, call_id=call_id)
+        except BaseException as exc:
+            self.error = exc
+        self.finished_at = time.monotonic()
+
+    def join(self, timeout: float) -> None:
+        self._thread.join(timeout)
+        assert not self._thread.is_alive(), "the call did not return"
+
+
+def _spawned(client: redis.Redis, call_id: str) -> dict[str, str]:
+    def spawned() -> dict[str, str] | None:
+        record = registry.call_record(client, call_id)
+        return record if record.get("pgid") else None
+
+    return wait_for(spawned, 15, "the spawn")
+
+
+def _gone(marker: str) -> bool:
+    return not procs.find_call_processes(None, marker)
+
+
+def test_worker_killed_mid_call_is_lost_and_never_runs_twice(
+    workers: WorkerFactory, fleet: Fleet, redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    worker = workers.start("gamma")
+    target = tmp_path / "once.txt"
+    call_id = f"cfault{uuid.uuid4().hex[:8]}"
+    pending = Pending(fleet, f"sleep 3; echo once >> {target}", "gamma", call_id)
+    _spawned(redis_client, call_id)
+
+    worker.kill_group()  # the supervisor and both consumers; the command lives on
+    killed_at = time.monotonic()
+    assert procs.find_call_processes(None, call_id), "the orphaned command should still run"
+    # A restart kills what the dead worker left running, before taking new calls.
+    restarted = workers.start("gamma", wait=False)
+    pending.join(LOST_WITHIN_S + 5)
+    assert isinstance(pending.error, WorkerLost), pending.result
+    assert pending.finished_at is not None and pending.finished_at - killed_at < LOST_WITHIN_S
+    restarted.wait_ready(redis_client)
+    wait_for(lambda: _gone(call_id), 10, "the orphaned command to be killed")
+    assert registry.call_record(redis_client, call_id)["state"] == "lost"
+    lines = target.read_text().splitlines() if target.exists() else []
+    assert len(lines) <= 1, "the command ran twice"
+    assert lines == [], "the restart should have killed the orphan before it wrote"
+    # The restarted worker serves calls again.
+    assert fleet.run("echo back", host="gamma").stdout == "back\n"
+
+
+def test_dead_worker_is_noticed_without_a_restart(
+    workers: WorkerFactory, fleet: Fleet, redis_client: redis.Redis
+) -> None:
+    worker = workers.start("epsilon")
+    call_id = f"clost{uuid.uuid4().hex[:8]}"
+    pending = Pending(fleet, "sleep 60", "epsilon", call_id)
+    _spawned(redis_client, call_id)
+    worker.kill_group()
+    killed_at = time.monotonic()
+    pending.join(LOST_WITHIN_S + 5)
+    assert isinstance(pending.error, WorkerLost)
+    assert pending.finished_at is not None
+    lost_after = pending.finished_at - killed_at
+    print(f"\nWorkerLost {lost_after:.1f}s after the worker was killed")
+    assert lost_after < LOST_WITHIN_S
+    # The host is reported dead, calls to it are refused before sending.
+    assert not {h.host: h for h in fleet.hosts()}["epsilon"].alive
+    from client import HostUnavailable  # noqa: PLC0415
+
+    with pytest.raises(HostUnavailable):
+        fleet.run("true", host="epsilon")
+    # The restart ends the orphan.
+    workers.start("epsilon")
+    wait_for(lambda: _gone(call_id), 10, "the orphaned sleep to be killed")
+
+
+def test_job_that_ends_while_its_worker_is_down_reports_its_exit(
+    workers: WorkerFactory, fleet: Fleet, redis_client: redis.Redis
+) -> None:
+    worker = workers.start("delta")
+    short = fleet.run("sleep 1; echo bye; exit 7", host="delta", mode="background").job
+    long = fleet.run("sleep 120", host="delta", mode="background").job
+    assert short is not None and long is not None
+    worker.kill_group()
+    # The job's own supervisor records its end, with no worker alive.
+    status = Path(workers.state_dir("delta")) / "jobs" / f"{short.id}.status.json"
+    wait_for(status.exists, 15, "the short job to end")
+
+    workers.start("delta")
+    # Re-adopted from the host's disk: the ended job has its exit code, the live one runs.
+    def published() -> dict[str, JobView] | None:
+        views = {view.id: view for view in fleet.jobs(host="delta")}
+        ended = short.id in views and views[short.id].state == "ended"
+        return views if ended else None
+
+    views = wait_for(published, 10, "the restarted worker to publish the jobs")
+    assert views[short.id].exit_code == 7
+    assert views[long.id].state == "running"
+    checked = fleet.check(short.id, offset=0)
+    assert not checked.running and checked.exit_code == 7 and "bye" in checked.output
+    assert fleet.check(long.id).running
+    assert not fleet.kill(long.id).running
+
+
+def test_second_worker_with_the_same_host_id_refuses(
+    two_hosts: tuple[WorkerProcess, WorkerProcess], fleet: Fleet
+) -> None:
+    alpha = two_hosts[0]
+    twin = WorkerProcess(
+        "alpha", alpha.url, state_dir=alpha.state_dir.parent / "alpha-twin",
+        log_dir=alpha.log_path.parent,
+    )
+    done = subprocess.run(
+        twin.args(), env=twin.env(), capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode != 0
+    assert "host id 'alpha' is taken" in done.stderr
+    assert f"pid {alpha.pid}" in done.stderr
+    # The first worker is untouched.
+    assert fleet.run("echo still", host="alpha").stdout == "still\n"
+    assert {h.host: h for h in fleet.hosts()}["alpha"].pid == alpha.pid
+
+
+def test_crashed_consumer_is_restarted_and_its_calls_lost(
+    workers: WorkerFactory, fleet: Fleet, redis_client: redis.Redis
+) -> None:
+    workers.start("zeta")
+    exec_pid = int(registry.host_record(redis_client, "zeta")["exec_ready"])
+    call_id = f"ccrash{uuid.uuid4().hex[:8]}"
+    pending = Pending(fleet, "sleep 60", "zeta", call_id)
+    _spawned(redis_client, call_id)
+    os.kill(exec_pid, signal.SIGKILL)
+    killed_at = time.monotonic()
+    pending.join(15)
+    assert isinstance(pending.error, WorkerLost)
+    assert pending.finished_at is not None and pending.finished_at - killed_at < 5
+    wait_for(lambda: _gone(call_id), 10, "the call's processes to be killed")
+    # The supervisor started a new command consumer.
+    def new_consumer() -> bool:
+        pid = registry.host_record(redis_client, "zeta").get("exec_ready")
+        return bool(pid) and int(pid or 0) != exec_pid
+
+    wait_for(new_consumer, 40, "a new command consumer")
+    assert fleet.run("echo again", host="zeta").stdout == "again\n"

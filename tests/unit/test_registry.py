@@ -1,0 +1,191 @@
+"""The registry's key logic on fakeredis: names, TTLs on every key, lock and call states."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import cast
+
+import fakeredis
+import pytest
+import redis
+
+from worker import registry
+from worker.models import JobRecord
+
+
+@pytest.fixture
+def r() -> Iterator[redis.Redis]:
+    client = fakeredis.FakeRedis(decode_responses=True)
+    yield client
+    client.flushall()
+
+
+def _record(job_id: str = "j1", host: str = "alpha") -> JobRecord:
+    return JobRecord(
+        id=job_id, host=host, pid=100, pgid=100, start_time=1.0, marker=job_id,
+        command="sleep 1", cwd="/", output_path=f"/tmp/{job_id}.log",
+        status_path=f"/tmp/{job_id}.status.json", started_at=time.time(), call_id="c1",
+    )
+
+
+def _assert_every_key_expires(r: redis.Redis) -> None:
+    keys = cast("list[str]", r.keys("*"))
+    assert keys
+    for key in keys:
+        assert key.startswith(registry.PREFIX)
+        assert r.ttl(key) > 0, f"{key} has no TTL"
+
+
+def test_queue_and_key_names() -> None:
+    assert registry.exec_queue("b1") == "bashfleet.b1.exec"
+    assert registry.ctl_queue("b1") == "bashfleet.b1.ctl"
+    assert registry.pool_queue("gpu") == "bashfleet.pool.gpu.exec"
+    assert registry.exec_queues("b1", ["gpu"]) == [
+        "bashfleet.b1.exec", "bashfleet.any.exec", "bashfleet.pool.gpu.exec",
+    ]
+    assert registry.alive_key("b1") == "bashfleet:alive:b1"
+    assert registry.call_key("c1") == "bashfleet:call:c1"
+
+
+@pytest.mark.parametrize("host", ["any", "pool", "pool.x", "", "a b", "-x", "x" * 65, "a/b"])
+def test_host_ids_that_would_collide_or_break_keys_are_refused(host: str) -> None:
+    with pytest.raises(ValueError, match="invalid host id"):
+        registry.validate_host(host)
+
+
+def test_valid_host_ids() -> None:
+    for host in ("build-1", "build-1.example.com", "b_2", "A"):
+        assert registry.validate_host(host) == host
+    with pytest.raises(ValueError, match="invalid label"):
+        registry.validate_label("gpu.big")
+
+
+def test_every_key_has_a_ttl(r: redis.Redis) -> None:
+    registry.acquire_host(r, "alpha", "t1")
+    assert registry.heartbeat(r, "alpha", "t1", {"concurrency": 2, "labels": "gpu"})
+    registry.new_call(r, "c1", registry.exec_queue("alpha"), "alpha")
+    assert registry.claim_call(r, "c1", "alpha", "t1", 42) == "ok"
+    registry.update_call(r, "c1", pid=5, pgid=5, marker="c1")
+    registry.save_job(r, _record(), running=True)
+    registry.save_offsets(r, "j1", 10, 0)
+    r.set(registry.session_key("s1"), "alpha", ex=registry.SESSION_TTL_S)
+    registry.set_host_fields(r, "alpha", {"exec_ready": 7})
+    _assert_every_key_expires(r)
+    assert r.ttl(registry.alive_key("alpha")) <= registry.ALIVE_TTL_S
+    registry.finish_call(r, "alpha", "c1", exit_code=0)
+    _assert_every_key_expires(r)
+
+
+def test_host_lock_is_exclusive(r: redis.Redis) -> None:
+    assert registry.acquire_host(r, "alpha", "first") is None
+    assert registry.acquire_host(r, "alpha", "second") == "first"
+    # The holder's heartbeat renews; another instance's heartbeat is refused.
+    assert registry.heartbeat(r, "alpha", "first", {})
+    assert not registry.heartbeat(r, "alpha", "second", {})
+    assert r.get(registry.alive_key("alpha")) == "first"
+    # Only the holder releases it.
+    registry.release_host(r, "alpha", "second")
+    assert r.get(registry.alive_key("alpha")) == "first"
+    registry.release_host(r, "alpha", "first")
+    assert r.get(registry.alive_key("alpha")) is None
+    assert registry.acquire_host(r, "alpha", "second") is None
+
+
+def test_take_over_needs_the_dead_holders_token(r: redis.Redis) -> None:
+    registry.acquire_host(r, "alpha", "dead")
+    assert not registry.take_over_host(r, "alpha", "someone-else", "new")
+    assert r.get(registry.alive_key("alpha")) == "dead"
+    assert registry.take_over_host(r, "alpha", "dead", "new")
+    assert r.get(registry.alive_key("alpha")) == "new"
+    assert 0 < r.ttl(registry.alive_key("alpha")) <= registry.ALIVE_TTL_S
+
+
+def test_heartbeat_retakes_an_expired_lock_nobody_took(r: redis.Redis) -> None:
+    registry.acquire_host(r, "alpha", "t1")
+    r.delete(registry.alive_key("alpha"))  # as if it expired during a long pause
+    assert registry.heartbeat(r, "alpha", "t1", {})
+    assert r.get(registry.alive_key("alpha")) == "t1"
+
+
+def test_host_listing(r: redis.Redis) -> None:
+    registry.acquire_host(r, "alpha", "t1")
+    registry.heartbeat(
+        r, "alpha", "t1",
+        {"instance": "t1", "concurrency": 3, "labels": "gpu,big", "exec_ready": 1, "ctl_ready": 2},
+    )
+    registry.acquire_host(r, "beta", "t2")
+    registry.heartbeat(r, "beta", "t2", {"instance": "t2", "concurrency": 1})
+    registry.new_call(r, "c1", registry.exec_queue("alpha"), "alpha")
+    registry.claim_call(r, "c1", "alpha", "t1", 42)
+    assert registry.live_hosts(r) == ["alpha", "beta"]
+    infos = {info.host: info for info in registry.list_hosts(r)}
+    assert infos["alpha"].alive and infos["alpha"].ready
+    assert (infos["alpha"].slots, infos["alpha"].busy) == (3, 1)
+    assert infos["alpha"].labels == ("gpu", "big")
+    assert infos["beta"].alive and not infos["beta"].ready
+    # A host whose heartbeat expired is listed, dead.
+    r.delete(registry.alive_key("beta"))
+    infos = {info.host: info for info in registry.list_hosts(r)}
+    assert not infos["beta"].alive and infos["beta"].busy == 0
+    assert registry.live_hosts(r) == ["alpha"]
+
+
+def test_call_states_guard_at_most_once(r: redis.Redis) -> None:
+    assert registry.new_call(r, "c1", "q", "alpha")
+    assert not registry.new_call(r, "c1", "q", "alpha")  # ids are never reused
+    assert registry.claim_call(r, "c1", "alpha", "t1", 42) == "ok"
+    assert registry.claim_call(r, "c1", "alpha", "t1", 42) == "running"  # not twice
+    assert registry.withdraw_call(r, "c1") == "running"  # too late to withdraw
+    assert registry.call_record(r, "c1")["state"] == "running"
+    assert r.sismember(registry.running_key("alpha"), "c1")
+    assert registry.finish_call(r, "alpha", "c1", exit_code=0) == "running"
+    record = registry.call_record(r, "c1")
+    assert record["state"] == "done" and record["exit_code"] == "0"
+    assert not r.sismember(registry.running_key("alpha"), "c1")
+
+
+def test_a_withdrawn_call_is_never_claimed(r: redis.Redis) -> None:
+    registry.new_call(r, "c2", "q", None)
+    assert registry.withdraw_call(r, "c2", "cancelled") == "queued"
+    assert registry.claim_call(r, "c2", "alpha", "t1", 42) == "cancelled"
+    assert registry.withdraw_call(r, "nope") is None
+
+
+def test_cancelled_and_stopped_calls_end_so(r: redis.Redis) -> None:
+    for call_id, transient, final in (("c3", "cancelling", "cancelled"),
+                                      ("c4", "stopping", "stopped")):
+        registry.new_call(r, call_id, "q", "alpha")
+        registry.claim_call(r, call_id, "alpha", "t1", 42)
+        assert registry.mark_call(r, call_id, transient, only_from=("running",)) == "running"
+        assert registry.finish_call(r, "alpha", call_id) == transient
+        assert registry.call_record(r, call_id)["state"] == final
+    # A transition from a state not allowed is refused.
+    assert registry.mark_call(r, "c3", "lost") == "cancelled"
+    assert registry.call_record(r, "c3")["state"] == "cancelled"
+
+
+def test_jobs_listing_and_views(r: redis.Redis) -> None:
+    registry.acquire_host(r, "alpha", "t1")
+    registry.save_job(r, _record("j1"), running=True)
+    registry.save_job(r, _record("j2"), running=False, exit_code=3, ended_at=5.0)
+    registry.save_offsets(r, "j1", 12, 4)
+    assert registry.job_host(r, "j1") == "alpha"
+    assert registry.job_offsets(registry.job_fields(r, "j1")) == (12, 4)
+    assert registry.job_offsets(registry.job_fields(r, "j2")) == (0, 0)
+    views = {view.id: view for view in registry.list_jobs(r, "alpha")}
+    assert views["j1"].state == "running" and views["j1"].running
+    assert views["j2"].state == "ended" and views["j2"].exit_code == 3
+    # While the host is down, a job last seen running is unknown.
+    r.delete(registry.alive_key("alpha"))
+    assert {v.id: v for v in registry.list_jobs(r, "alpha")}["j1"].state == "unknown"
+    # A job whose hash expired leaves the listing.
+    r.delete(registry.job_key("j2"))
+    assert [v.id for v in registry.list_jobs(r, "alpha")] == ["j1"]
+    assert r.zrange(registry.jobs_key("alpha"), 0, -1) == ["j1"]
+
+
+def test_wire_config_is_json_only() -> None:
+    config = registry.celery_wire_config("redis://127.0.0.1:1/0")
+    assert config["accept_content"] == ["json"] == config["result_accept_content"]
+    assert config["task_serializer"] == "json" == config["result_serializer"]
