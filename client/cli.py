@@ -216,6 +216,10 @@ def _table(rows: Sequence[Sequence[object]], header: Sequence[str]) -> str:
     )
 
 
+def _blank(value: object) -> object:
+    return "-" if value is None else value
+
+
 def _dump(item: Any) -> Any:
     return item.model_dump(mode="json") if hasattr(item, "model_dump") else item
 
@@ -231,7 +235,7 @@ def cmd_ps(args: argparse.Namespace) -> int:
         state = data.get("state") or ("running" if data.get("running") else "ended")
         rows.append(
             [data.get("id"), data.get("host"), data.get("pid"), state,
-             data.get("exit_code", ""), str(data.get("command", ""))[:60]]
+             _blank(data.get("exit_code")), str(data.get("command", ""))[:60]]
         )
     print(_table(rows, ["ID", "HOST", "PID", "STATE", "EXIT", "COMMAND"]) if rows else "no jobs")
     return 0

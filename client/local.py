@@ -205,7 +205,9 @@ def _start_worker(host: str, options: UpOptions, url: str, settings: Settings) -
 
 
 def _start_flower(state: FleetState, options: UpOptions, url: str, settings: Settings) -> None:
-    port = options.flower_port if _port_free(options.flower_port) else free_port()
+    # Port 0, or a taken one: pick a free port rather than fail.
+    wanted = options.flower_port
+    port = wanted if wanted and _port_free(wanted) else free_port()
     password = secrets.token_urlsafe(12)
     env = dict(os.environ)
     env["BASHFLEET_REDIS_URL"] = url

@@ -1,0 +1,206 @@
+"""The `bashfleet` command as a person runs it: up, run, background, check, kill, down."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import psutil
+import pytest
+
+T = TypeVar("T")
+
+
+def wait_for(check: Callable[[], T | None], what: str, timeout: float = 30.0) -> T:
+    """Poll `check` until it returns something truthy; fail with `what` on timeout."""
+    deadline = time.monotonic() + timeout
+    delay = 0.02
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what}")
+        time.sleep(delay)
+        delay = min(delay * 2, 0.5)
+
+
+class Cli:
+    """Runs `bashfleet` with a private state directory."""
+
+    def __init__(self, state_dir: Path) -> None:
+        self.env = dict(os.environ)
+        self.env["BASHFLEET_STATE_DIR"] = str(state_dir)
+        self.env.pop("BASHFLEET_REDIS_URL", None)
+        self.state_dir = state_dir
+
+    def __call__(self, *args: str, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "client.cli", *args],
+            env=self.env, capture_output=True, text=True, timeout=timeout, check=False,
+        )
+
+    def fleet_state(self) -> dict[str, Any]:
+        data: dict[str, Any] = json.loads((self.state_dir / "fleet" / "fleet.json").read_text())
+        return data
+
+
+def _kill_recorded(cli: Cli) -> None:
+    # Last resort if `down` failed: end what fleet.json recorded, by pid.
+    try:
+        state = cli.fleet_state()
+    except FileNotFoundError:
+        return
+    for proc in state["processes"]:
+        try:
+            if abs(psutil.Process(proc["pid"]).create_time() - proc["start_time"]) < 0.05:
+                os.killpg(proc["pid"], signal.SIGKILL)
+        except (psutil.Error, ProcessLookupError):
+            continue
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cli]:
+    cli = Cli(tmp_path_factory.mktemp("cli-fleet"))
+    up = cli("up", "--hosts", "alpha,beta", "--concurrency", "2", "--detach",
+             "--flower-port", "0", timeout=120)
+    try:
+        assert up.returncode == 0, up.stderr + up.stdout
+        yield cli
+    finally:
+        down = cli("down", timeout=120)
+        _kill_recorded(cli)
+        assert down.returncode == 0, down.stderr
+
+
+def test_up_reports_the_fleet(fleet: Cli) -> None:
+    state = fleet.fleet_state()
+    roles = sorted(p["role"] for p in state["processes"])
+    assert roles == ["flower", "redis", "worker", "worker"]
+    assert state["redis_url"].startswith("redis://:")
+    mode = (fleet.state_dir / "fleet" / "fleet.json").stat().st_mode & 0o777
+    assert mode == 0o600  # it holds the Redis password
+
+
+def test_hosts_lists_both_hosts(fleet: Cli) -> None:
+    out = fleet("hosts", "--json")
+    assert out.returncode == 0, out.stderr
+    hosts = {h["host"]: h for h in json.loads(out.stdout)}
+    assert set(hosts) == {"alpha", "beta"}
+    assert all(h["alive"] and h["slots"] == 2 for h in hosts.values())
+    table = fleet("hosts")
+    assert "alpha" in table.stdout and "beta" in table.stdout and "BUSY/SLOTS" in table.stdout
+
+
+def test_run_exits_with_the_command_status(fleet: Cli) -> None:
+    out = fleet("run", "--host", "beta", "echo out; echo err >&2; exit 7")
+    assert out.returncode == 7
+    assert out.stdout == "out\n"
+    assert "err" in out.stderr
+
+
+def test_run_json_gives_the_result_model(fleet: Cli) -> None:
+    out = fleet("run", "--json", "--host", "alpha", "printf hello")
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert result["host"] == "alpha"
+    assert result["stdout"] == "hello"
+    assert result["exit_code"] == 0
+    for key in ("call_id", "signal", "timed_out", "backgrounded", "error", "stderr",
+                "stdout_truncation", "stderr_truncation", "spill", "job", "duration_s"):
+        assert key in result
+
+
+def test_run_reports_system_errors_and_signals(fleet: Cli) -> None:
+    missing = fleet("run", "--cwd", "/nonexistent/dir", "true")
+    assert missing.returncode == 125
+    assert "Working directory does not exist" in missing.stderr
+    killed = fleet("run", "kill -TERM $$")
+    assert killed.returncode == 128 + signal.SIGTERM
+    timed = fleet("run", "--timeout", "0.5", "--mode", "default", "sleep 30")
+    # The native default backgrounds a call at its timeout rather than killing it.
+    assert timed.returncode == 0
+    assert "[job " in timed.stderr
+    job_id = timed.stderr.split("[job ", 1)[1].split()[0]
+    assert fleet("kill", job_id).returncode == 0
+
+
+def test_background_check_kill_and_ps(fleet: Cli) -> None:
+    started = fleet("run", "--json", "--mode", "background", "--host", "alpha",
+                    "echo begin; sleep 60")
+    result = json.loads(started.stdout)
+    job = result["job"]
+    assert job["host"] == "alpha"
+
+    def begun() -> dict[str, Any] | None:
+        check = json.loads(fleet("check", job["id"], "--json").stdout)
+        return check if "begin" in check["output"] else None
+
+    first = wait_for(begun, "the job's first line")
+    assert first["running"] is True
+    listed = json.loads(fleet("ps", "--json").stdout)
+    assert job["id"] in {j["id"] for j in listed}
+    killed = json.loads(fleet("kill", job["id"], "--json").stdout)
+    assert killed["running"] is False
+    assert killed["signal"] == signal.SIGTERM
+    assert not psutil.pid_exists(job["pid"]) or psutil.Process(job["pid"]).status() == "zombie"
+
+
+def test_output_reads_a_spilled_call(fleet: Cli) -> None:
+    out = fleet("run", "--json", "seq 1 100000")
+    result = json.loads(out.stdout)
+    assert result["stdout_truncation"]["truncated"] is True
+    assert result["spill"]["stdout_bytes"] == len("".join(f"{i}\n" for i in range(1, 100001)))
+    first = fleet("output", result["call_id"], "--limit", "13")
+    assert first.stdout == "1\n2\n3\n4\n5\n6\n"  # 12 bytes: slices end on a line
+    assert "--offset 12" in first.stderr
+    second = fleet("output", result["call_id"], "--offset", "12", "--limit", "9")
+    assert second.stdout == "7\n8\n9\n10\n"
+
+
+def test_flower_lists_both_hosts_behind_auth(fleet: Cli) -> None:
+    state = fleet.fleet_state()
+    url = state["flower_url"]
+    token = base64.b64encode(f"{state['flower_user']}:{state['flower_password']}".encode())
+
+    def workers() -> dict[str, Any] | None:
+        request = urllib.request.Request(  # noqa: S310 - an http:// URL we built
+            f"{url}/api/workers?refresh=1", headers={"Authorization": f"Basic {token.decode()}"}
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=5) as response:  # noqa: S310
+                data: dict[str, Any] = json.loads(response.read())
+        except OSError:
+            return None
+        names = " ".join(data)
+        return data if "alpha" in names and "beta" in names else None
+
+    wait_for(workers, "Flower to list both hosts", timeout=60)
+    with pytest.raises(urllib.error.HTTPError) as denied:
+        urllib.request.urlopen(f"{url}/api/workers", timeout=5)  # noqa: S310
+    assert denied.value.code == 401
+
+
+def test_down_leaves_no_process(tmp_path: Path) -> None:
+    cli = Cli(tmp_path)
+    assert cli("up", "--hosts", "solo", "--no-flower", "--detach", timeout=120).returncode == 0
+    pids = [p["pid"] for p in cli.fleet_state()["processes"]]
+    try:
+        assert cli("run", "true").returncode == 0
+    finally:
+        assert cli("down", timeout=120).returncode == 0
+        _kill_recorded(cli)
+    for pid in pids:
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie"
+    assert not (tmp_path / "fleet" / "fleet.json").exists()
+    again = cli("down")
+    assert again.returncode == 0 and "no local fleet" in again.stdout
