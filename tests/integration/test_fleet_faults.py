@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -13,7 +14,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from client import Fleet, WorkerLost
+from client import Fleet, FleetUnavailable, HostUnavailable, WorkerLost
+from client.redis_server import RedisServer
 from worker import procs, registry
 from worker.models import CallResult, JobView
 
@@ -101,8 +103,6 @@ def test_dead_worker_is_noticed_without_a_restart(
     assert lost_after < LOST_WITHIN_S
     # The host is reported dead, calls to it are refused before sending.
     assert not {h.host: h for h in fleet.hosts()}["epsilon"].alive
-    from client import HostUnavailable  # noqa: PLC0415
-
     with pytest.raises(HostUnavailable):
         fleet.run("true", host="epsilon")
     # The restart ends the orphan.
@@ -178,3 +178,33 @@ def test_crashed_consumer_is_restarted_and_its_calls_lost(
 
     wait_for(new_consumer, 40, "a new command consumer")
     assert fleet.run("echo again", host="zeta").stdout == "again\n"
+
+
+def test_fleet_survives_a_redis_restart(tmp_path: Path) -> None:
+    # A Redis of its own: this test stops it.
+    server = RedisServer(tmp_path / "redis", password="restartpw")
+    server.start()
+    factory = WorkerFactory(server.url, redis.Redis.from_url(server.url, decode_responses=True),
+                            tmp_path)
+    fleet = Fleet(server.url)
+    try:
+        factory.start("eta")
+        assert fleet.run("echo before", host="eta").stdout == "before\n"
+        port = server.port
+        server.stop()
+        with pytest.raises(FleetUnavailable) as info:
+            fleet.run("true", host="eta")
+        assert "restartpw" not in str(info.value)
+        server = RedisServer(tmp_path / "redis", port=port, password="restartpw")
+        server.start()
+        # The worker reconnects (its heartbeat and both consumers); so does the client.
+        def answers() -> CallResult | None:
+            with contextlib.suppress(FleetUnavailable, HostUnavailable):
+                return fleet.run("echo after", host="eta")
+            return None
+
+        assert wait_for(answers, 30, "the fleet to work again").stdout == "after\n"
+    finally:
+        fleet.close()
+        factory.cleanup()
+        server.stop()
