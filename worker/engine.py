@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from worker import jobs, normalize, procs, truncate
+from worker import jobs, normalize, procs, session_state, truncate
 from worker.capture import FollowedFile, Shaped, shape
 from worker.environment import ChildEnv, build_env
 from worker.models import (
@@ -229,7 +229,7 @@ def _run_foreground(
 ) -> CallResult:
     marker = call.call_id
     child = build_env(
-        os.environ, marker=marker, extra=call.env,
+        os.environ, marker=marker, extra=call.env, unset=call.unset_env,
         deny=settings.secret_deny, allow=settings.secret_allow,
     )
     secrets = secret_pattern(child.scrubbed_values)
@@ -237,7 +237,12 @@ def _run_foreground(
         streams = _open_streams(call, settings)
     except OSError as exc:
         raise CallError("spawn_failed", f"spill directory unusable: {exc}") from exc
-    proc = _spawn(call, cwd, child, streams)
+    state_path = settings.spill_dir / f"{call.call_id}.state"
+    to_run = call
+    if call.capture_state:
+        wrapped = session_state.wrap_command(call.command, str(state_path))
+        to_run = call.model_copy(update={"command": wrapped})
+    proc = _spawn(to_run, cwd, child, streams)
     files = streams.followers()
     timeout_s = call.timeout_s if call.timeout_s is not None else call.policy.default_timeout_s
     try:
@@ -252,7 +257,8 @@ def _run_foreground(
         raise
     result = _Outcome(call, settings, streams, files, secrets, cwd, started)
     if outcome == "exited":
-        return result.finished(proc.returncode)
+        finished = result.finished(proc.returncode)
+        return _with_state(finished, state_path, child.env) if call.capture_state else finished
     if outcome == "timeout" and call.policy.on_timeout == "background":
         record = jobs.adopt_foreground(call, proc, streams.stdout, streams.stderr, cwd, settings)
         return result.backgrounded(record, proc.pid)
@@ -261,6 +267,22 @@ def _run_foreground(
     )
     proc.wait()
     return result.killed(proc.returncode, survivors, cancelled=outcome == "cancel")
+
+
+def _with_state(result: CallResult, state_path: Path, started_with: dict[str, str]) -> CallResult:
+    """Add the cwd and environment changes the command ended with, then drop the file."""
+    try:
+        data = state_path.read_bytes()
+    except OSError:
+        return result  # the command replaced the shell or set its own EXIT trap
+    finally:
+        state_path.unlink(missing_ok=True)
+    final = session_state.parse_state(data, started_with)
+    if final is None:
+        return result
+    return result.model_copy(
+        update={"cwd_after": final.cwd, "env_changes": final.changes, "env_removed": final.removed}
+    )
 
 
 @dataclass

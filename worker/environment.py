@@ -123,6 +123,7 @@ def build_env(
     *,
     marker: str,
     extra: Mapping[str, str] | None = None,
+    unset: Iterable[str] = (),
     deny: Iterable[str] = DEFAULT_DENY,
     allow: Iterable[str] = DEFAULT_ALLOW,
 ) -> ChildEnv:
@@ -134,6 +135,8 @@ def build_env(
     kept, names, values = _scrub(tuple(base.items()), tuple(deny), tuple(allow))
     env = dict(kept)
     env.update(extra or {})
+    for name in unset:
+        env.pop(name, None)
     env.update(HARDENING)
     env[MARKER_VAR] = marker
     return ChildEnv(env=env, scrubbed_names=names, scrubbed_values=values)

@@ -124,6 +124,10 @@ class Call(Model):
     """Start detached and return at once with a job handle."""
     env: dict[str, str] = Field(default_factory=dict)
     """Variables set on top of the scrubbed environment (session state, for example)."""
+    unset_env: tuple[str, ...] = ()
+    """Variables removed from the environment (a session's earlier `unset`)."""
+    capture_state: bool = False
+    """Report the environment and working directory the command ends with (sessions)."""
     head: int | None = Field(None, ge=0)
     """Show only the first N lines of the shaped output (seed 002)."""
     tail: int | None = Field(None, ge=0)
@@ -274,6 +278,12 @@ class CallResult(Model):
     """Wall time of the call on the worker."""
     cwd: str | None = None
     """Working directory the command ran in."""
+    cwd_after: str | None = None
+    """Working directory the command ended in (only with `capture_state`)."""
+    env_changes: dict[str, str] = Field(default_factory=dict)
+    """Variables the command exported or changed (only with `capture_state`)."""
+    env_removed: tuple[str, ...] = ()
+    """Variables the command unset (only with `capture_state`)."""
 
 
 # ------------------------------------------------------------------------------- jobs
