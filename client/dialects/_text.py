@@ -1,0 +1,78 @@
+"""Small text helpers shared by the dialects: durations, signals, lines, cut summaries."""
+
+from __future__ import annotations
+
+import signal
+
+from worker.models import CallResult, SystemError_, TruncationInfo
+
+
+def seconds(value: float) -> str:
+    """`120s`, `1.5s`: a duration as the seeds print it (no trailing `.0`)."""
+    return f"{value:g}s"
+
+
+def signal_label(number: int) -> str:
+    """`SIGKILL` for 9; `signal 99` for a number Python does not name."""
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def shell_status(exit_code: int | None, signal_number: int | None) -> int | None:
+    """The status bash reports (`$?`): the exit code, or 128+N for a signal."""
+    if exit_code is not None:
+        return exit_code
+    if signal_number is not None:
+        return 128 + signal_number
+    return None
+
+
+def chomp(text: str) -> str:
+    """`text` without one trailing newline: the stream's last newline is not content."""
+    return text[:-1] if text.endswith("\n") else text
+
+
+def count_lines(text: str) -> int:
+    """Lines in `text`, a last line without newline included (the engine's convention)."""
+    if not text:
+        return 0
+    return text.count("\n") + (0 if text.endswith("\n") else 1)
+
+
+def shown_lines_phrase(info: TruncationInfo) -> str:
+    """Which lines are shown: `the last 2000 of 8500 lines`, `lines 1-80 and 9000-9100 of 9100`."""
+    match info.direction:
+        case "middle" if len(info.shown_ranges) == 2:
+            (a, b), (c, d) = info.shown_ranges
+            return f"lines {a}-{b} and {c}-{d} of {info.total_lines}"
+        case "head":
+            return f"the first {info.shown_lines} of {info.total_lines} lines"
+    return f"the last {info.shown_lines} of {info.total_lines} lines"
+
+
+def cut_summary(info: TruncationInfo) -> str:
+    """Exact counts of a cut: lines and bytes shown of the total, the limit that cut it."""
+    text = (
+        f"showing {shown_lines_phrase(info)} "
+        f"({info.shown_bytes} of {info.total_bytes} bytes"
+        + (f", {info.limit} limit" if info.limit else "")
+        + ")"
+    )
+    if info.partial_line:
+        text += "; a line at the cut is shown in part"
+    return text
+
+
+def system_failure(result: CallResult) -> SystemError_ | None:
+    """The system error of a call that never ran (bad cwd, blocked, spawn failure...).
+
+    A result can carry an error *and* an outcome (survivors of a timeout kill, a
+    cancelled call): that error is a note on the outcome, not a failure to run, so
+    None is returned for it.
+    """
+    ran = result.exit_code is not None or result.signal is not None
+    if result.error is None or ran or result.timed_out or result.backgrounded:
+        return None
+    return result.error

@@ -1,0 +1,327 @@
+"""What every dialect is made of: tool specs, result text, the runner and the session.
+
+A dialect is pure: it turns a model's tool call into `Runner` calls and the wire results
+back into the exact text its seed prescribes. It never raises for anything a model can
+send; bad input becomes a `ToolText` with `is_error=True`.
+
+    dialect = get_dialect("pipe")
+    session = store.load(session_id)
+    text = dialect.call("bash", {"command": "make"}, fleet, session)
+    store.save(session_id, session)     # call() updates the session in place
+
+Runner exceptions (Redis down, worker lost, unknown job) are reported the same way, as
+a system error of the dialect, so an agent always gets an answer.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from client.dialects.args import ArgError, Args, parse_args
+from worker.models import CallResult, CheckResult, JobHandle, Policy
+
+JSONSchema = dict[str, Any]
+SchemaStyle = Literal["anthropic", "openai", "mcp"]
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    """One tool as a model sees it: its name, description and JSON Schema of arguments."""
+
+    name: str
+    description: str
+    input_schema: JSONSchema = field(default_factory=dict)
+
+    def as_json(self, style: SchemaStyle = "anthropic") -> dict[str, Any]:
+        """The spec in a function-calling API's shape.
+
+        `anthropic`: `input_schema`; `openai`: `parameters` (seed 000's own shape);
+        `mcp`: `inputSchema`. The schema is deep-copied: callers may mutate it.
+        """
+        key = {"anthropic": "input_schema", "openai": "parameters", "mcp": "inputSchema"}[style]
+        return {
+            "name": self.name,
+            "description": self.description,
+            key: copy.deepcopy(self.input_schema),
+        }
+
+
+@dataclass(frozen=True)
+class ToolText:
+    """A tool's answer to the model: text, and whether the tool call failed."""
+
+    text: str
+    is_error: bool = False
+
+
+@runtime_checkable
+class Runner(Protocol):
+    """What a dialect needs from the fleet (`client.Fleet` provides it)."""
+
+    def run(
+        self,
+        command: str,
+        *,
+        host: str | None = None,
+        mode: str = "default",
+        timeout: float | None = None,
+        cwd: str | None = None,
+        session: str | None = None,
+        policy: Policy | None = None,
+        env: dict[str, str] | None = None,
+        head: int | None = None,
+        tail: int | None = None,
+    ) -> CallResult:
+        """Run a command. `mode`: `default` (the policy's default timeout unless `timeout`
+        is given), `slow` (15 minutes) or `background` (a detached job)."""
+        ...
+
+    def check(self, id: str, *, grep: str | None = None, offset: int | None = None) -> CheckResult:
+        """A job's state and its output from byte `offset` on."""
+        ...
+
+    def kill(self, id: str) -> CheckResult:
+        """End a job; its final state."""
+        ...
+
+
+class RunnerError(Exception):
+    """The runner raised: the fleet could not answer (not the command's failure)."""
+
+
+class RefusalError(Exception):
+    """Raised by a handler to end a call early with a given answer (an unknown job id...)."""
+
+    def __init__(self, answer: ToolText) -> None:
+        super().__init__(answer.text)
+        self.answer = answer
+
+
+def _describe(exc: Exception) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+class GuardedRunner:
+    """A runner whose exceptions become `RunnerError`, caught by `Dialect.call`.
+
+    Only the runner's own exceptions are converted: a bug in a dialect's rendering still
+    raises, so tests see it.
+    """
+
+    def __init__(self, runner: Runner) -> None:
+        self._runner = runner
+
+    def run(
+        self,
+        command: str,
+        *,
+        host: str | None = None,
+        mode: str = "default",
+        timeout: float | None = None,
+        cwd: str | None = None,
+        session: str | None = None,
+        policy: Policy | None = None,
+        env: dict[str, str] | None = None,
+        head: int | None = None,
+        tail: int | None = None,
+    ) -> CallResult:
+        """`Runner.run`, exceptions converted."""
+        try:
+            return self._runner.run(
+                command,
+                host=host,
+                mode=mode,
+                timeout=timeout,
+                cwd=cwd,
+                session=session,
+                policy=policy,
+                env=env,
+                head=head,
+                tail=tail,
+            )
+        except Exception as exc:
+            raise RunnerError(_describe(exc)) from exc
+
+    def check(self, id: str, *, grep: str | None = None, offset: int | None = None) -> CheckResult:
+        """`Runner.check`, exceptions converted."""
+        try:
+            return self._runner.check(id, grep=grep, offset=offset)
+        except Exception as exc:
+            raise RunnerError(_describe(exc)) from exc
+
+    def kill(self, id: str) -> CheckResult:
+        """`Runner.kill`, exceptions converted."""
+        try:
+            return self._runner.kill(id)
+        except Exception as exc:
+            raise RunnerError(_describe(exc)) from exc
+
+
+# ---------------------------------------------------------------------------- session
+
+
+class SessionJob(BaseModel):
+    """A background job started in a session, as its dialect remembers it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str
+    """Job id (unique across hosts and time)."""
+    host: str
+    """Host that owns the job."""
+    pid: int
+    """The job's pid, as pid-addressing dialects show it."""
+    pgid: int
+    """The job's process group."""
+    command: str
+    """The command, for kill notices."""
+    output_path: str
+    """The job's output file on `host`."""
+    stderr_path: str | None = None
+    """Separate stderr file (auto-backgrounded separate-stream calls)."""
+    killed: bool = False
+    """True once the session killed it (claude reports status `killed`)."""
+
+
+class SessionState(BaseModel):
+    """What a dialect carries between the calls of one agent session.
+
+    Mutable on purpose: `Dialect.call` updates it in place; the caller saves it.
+    JSON-serializable, for the Redis store.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    cwd: str | None = None
+    """Working directory of the session's calls (None: the worker's home)."""
+    env: dict[str, str] = Field(default_factory=dict)
+    """Variables set on every call of the session (claude's FR-009 persistence)."""
+    host: str | None = None
+    """Host the session's calls are pinned to (None: any host)."""
+    jobs: dict[str, SessionJob] = Field(default_factory=dict)
+    """Background jobs started in this session, by job id."""
+    pids: dict[int, str] = Field(default_factory=dict)
+    """pid -> job id, for dialects that address jobs by pid (pipe)."""
+    offsets: dict[str, int] = Field(default_factory=dict)
+    """job id -> byte offset of the output already shown by a check."""
+
+    def remember(self, job: JobHandle, command: str, stderr_path: str | None = None) -> SessionJob:
+        """Record a job started in this session; a newer job takes over a reused pid."""
+        entry = SessionJob(
+            id=job.id,
+            host=job.host,
+            pid=job.pid,
+            pgid=job.pgid,
+            command=command,
+            output_path=job.output_path,
+            stderr_path=stderr_path,
+        )
+        self.jobs[job.id] = entry
+        self.pids[job.pid] = job.id
+        return entry
+
+
+class SessionStore(Protocol):
+    """Where sessions live between calls (in memory here; Redis in the fleet)."""
+
+    def load(self, session_id: str) -> SessionState:
+        """The session's state; a fresh one for an unknown id."""
+        ...
+
+    def save(self, session_id: str, state: SessionState) -> None:
+        """Store the session's state."""
+        ...
+
+
+class MemorySessionStore:
+    """Sessions in this process's memory; loads return copies, as a remote store would."""
+
+    def __init__(self) -> None:
+        self._states: dict[str, SessionState] = {}
+        self._lock = threading.Lock()
+
+    def load(self, session_id: str) -> SessionState:
+        """A copy of the session's state (a fresh state for an unknown id)."""
+        with self._lock:
+            state = self._states.get(session_id)
+            return state.model_copy(deep=True) if state is not None else SessionState()
+
+    def save(self, session_id: str, state: SessionState) -> None:
+        """Store a copy, so later changes to `state` need another save."""
+        with self._lock:
+            self._states[session_id] = state.model_copy(deep=True)
+
+
+# ---------------------------------------------------------------------------- dialect
+
+Handler = Callable[[Args, GuardedRunner, SessionState], ToolText]
+
+
+class Dialect(ABC):
+    """One agent's bash tool: its tools, policy, and the text of every result."""
+
+    name: ClassVar[str]
+    """The dialect's name (`bashfleet schema --dialect NAME`)."""
+
+    @abstractmethod
+    def policy(self) -> Policy:
+        """How the engine runs this dialect's calls and shapes their output."""
+
+    @abstractmethod
+    def tools(self, cwd: str | None = None) -> list[ToolSpec]:
+        """The tools the model sees; `cwd` fills descriptions that show it."""
+
+    @abstractmethod
+    def handlers(self) -> Mapping[str, Handler]:
+        """Tool name -> the function that serves it (arguments already validated)."""
+
+    def invalid(self, tool: str, message: str) -> ToolText:
+        """The answer to arguments the tool cannot take."""
+        return ToolText(f"Error: {message}", is_error=True)
+
+    def unknown_tool(self, tool: str) -> ToolText:
+        """The answer to a call of a tool this dialect does not have."""
+        known = ", ".join(self.handlers())
+        return ToolText(
+            f"Error: unknown tool {tool!r}; the {self.name} dialect has: {known}", is_error=True
+        )
+
+    def system_error(self, message: str) -> ToolText:
+        """The answer when the fleet itself failed (not the command)."""
+        return ToolText(f"[system error: {message}]", is_error=True)
+
+    def call(
+        self, tool: str, args: Mapping[str, object], runner: Runner, session: SessionState
+    ) -> ToolText:
+        """Serve one tool call. Never raises for anything the model sends."""
+        handlers = self.handlers()
+        if not isinstance(tool, str) or tool not in handlers:
+            return self.unknown_tool(str(tool))
+        specs = {spec.name: spec for spec in self.tools(session.cwd)}
+        try:
+            parsed = parse_args(tool, specs[tool].input_schema, args)
+        except ArgError as exc:
+            return self.invalid(tool, str(exc))
+        try:
+            return handlers[tool](parsed, GuardedRunner(runner), session)
+        except ArgError as exc:
+            return self.invalid(tool, str(exc))
+        except RefusalError as exc:
+            return exc.answer
+        except RunnerError as exc:
+            return self.system_error(str(exc))
+
+
+def schemas(
+    dialect: Dialect, cwd: str | None = None, style: SchemaStyle = "anthropic"
+) -> list[dict[str, Any]]:
+    """The dialect's tools as JSON-serializable dicts (`bashfleet schema --dialect D`)."""
+    return [spec.as_json(style) for spec in dialect.tools(cwd)]

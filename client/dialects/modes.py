@@ -1,0 +1,187 @@
+"""The `modes` dialect (seeds 001 and 003): `bash` {command, mode}, combined output.
+
+`mode` picks the timeout: `default` 30 s, `slow` 15 minutes, `background` a detached
+job (24 hours). A timed-out command's process group is killed (SIGTERM, 15 s grace,
+SIGKILL) and its partial output returned after a timeout line (seed 003). Output
+past 128 KB keeps its first and last 4 KB around `[snip]` (seed 001).
+
+Texts beyond the seeds' examples, in their style:
+- a middle-truncated output ends with `[full output: <path> on host <h> (N bytes,
+  M lines)]`, so the model knows where the rest is;
+- a command ended by a signal: `[command failed: exit code -1 (killed by SIGNAME)]`
+  (-1 is what the seed's `status.code().unwrap_or(-1)` shows; the signal is added);
+- system errors (bad cwd, spawn failure, fleet unavailable): `[system error: ...]`,
+  never mistaken for a command failure (REQ-BASH-007).
+
+A background job's output file lives on the host that runs it, and `kill -9 -<pgid>`
+must run there too, so starting a job pins the session to that host.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from client.dialects._text import seconds, signal_label, system_failure
+from client.dialects.args import ArgError, Args, command_problem
+from client.dialects.base import Dialect, GuardedRunner, Handler, SessionState, ToolSpec, ToolText
+from worker.models import CallResult, JobHandle, Middle, Policy
+
+DESCRIPTION_TEMPLATE = """\
+Executes shell commands via bash -c, returning combined stdout/stderr.
+Bash state changes (working dir, variables, aliases) don't persist between calls.
+
+With mode="background", returns immediately with output redirected to a file.
+Use background for servers/demos that need to stay running.
+
+Use mode="slow" for potentially slow commands: builds, downloads,
+installs, tests, or any other substantive operation.
+
+IMPORTANT: Keep commands concise. The command input must be less than 60k tokens.
+For complex scripts, write them to a file first and then execute the file.
+
+<pwd>{working_directory}</pwd>"""
+
+SCHEMA = {
+    "type": "object",
+    "required": ["command"],
+    "properties": {
+        "command": {"type": "string", "description": "Shell command to execute via bash -c"},
+        "mode": {
+            "type": "string",
+            "enum": ["default", "slow", "background"],
+            "description": (
+                "Execution mode: default (30s timeout), slow (15min timeout), background (detached)"
+            ),
+        },
+    },
+}
+
+DEFAULT_TIMEOUT_S = 30.0
+SLOW_TIMEOUT_S = 15 * 60.0
+BACKGROUND_TIMEOUT_S = 24 * 60 * 60.0
+MAX_OUTPUT_LENGTH = 128 * 1024
+SNIP_SIZE = 4 * 1024
+#: Shown in the description when the session has no working directory: the worker's home.
+HOME_PWD = "~"  # noqa: S105 - a directory, not a password
+
+_KIB = 1024
+_MIB = 1024 * 1024
+_GIB = 1024 * 1024 * 1024
+
+
+def humanize_bytes(size: int) -> str:
+    """A size as seed 001's truncation header shows it: `812B`, `128kB`, `3MB`.
+
+    The format of Sketch's bash tool, which seed 001's header comes from: below 4 KiB
+    the exact byte count; below 1 MiB whole kibibytes written `kB`; below 1 GiB whole
+    mebibytes written `MB`; beyond, `more than 1GB`. Values are rounded half up, so
+    131072 bytes is `128kB` and 1.5 MiB is `2MB`.
+    """
+    if size < 4 * _KIB:
+        return f"{size}B"
+    if size < _MIB:
+        return f"{(size + _KIB // 2) // _KIB}kB"
+    if size < _GIB:
+        return f"{(size + _MIB // 2) // _MIB}MB"
+    return "more than 1GB"
+
+
+class ModesDialect(Dialect):
+    """Seeds 001 and 003's bash tool."""
+
+    name = "modes"
+
+    def policy(self) -> Policy:
+        """Combined output, middle cut past 128 KB, 30 s then kill with 15 s grace."""
+        return Policy(
+            name=self.name,
+            streams="combined",
+            truncation=Middle(max_bytes=MAX_OUTPUT_LENGTH, keep_bytes=SNIP_SIZE),
+            default_timeout_s=DEFAULT_TIMEOUT_S,
+            on_timeout="kill",
+            kill_grace_s=15.0,
+        )
+
+    def tools(self, cwd: str | None = None) -> list[ToolSpec]:
+        """The `bash` tool; its description shows the working directory (REQ-BASH-006)."""
+        description = DESCRIPTION_TEMPLATE.replace("{working_directory}", cwd or HOME_PWD)
+        return [ToolSpec("bash", description, SCHEMA)]
+
+    def handlers(self) -> Mapping[str, Handler]:
+        """`bash` only."""
+        return {"bash": self._bash}
+
+    def invalid(self, tool: str, message: str) -> ToolText:
+        """Bad arguments: a system error in the seed's bracket style, not a command failure."""
+        return ToolText(f"[invalid input: {message}]", is_error=True)
+
+    def _bash(self, args: Args, runner: GuardedRunner, session: SessionState) -> ToolText:
+        command = args.text("command") or ""
+        problem = command_problem(command)
+        if problem:
+            raise ArgError(problem)
+        mode = args.text("mode") or "default"
+        result = runner.run(
+            command,
+            host=session.host,
+            mode=mode,
+            cwd=session.cwd,
+            policy=self.policy(),
+            env=dict(session.env) or None,
+        )
+        return self.render(result, mode, command, session)
+
+    def render(
+        self, result: CallResult, mode: str, command: str, session: SessionState
+    ) -> ToolText:
+        """The text of one call, by seed 001's `format_output` and seed 003's rules."""
+        failure = system_failure(result)
+        if failure is not None:
+            return self.system_error(failure.message)
+        if result.job is not None and not result.timed_out:
+            return self._started(result.job, command, session)
+        text, failed = self._output(result), False
+        if result.timed_out:
+            timeout = SLOW_TIMEOUT_S if mode == "slow" else self.policy().default_timeout_s
+            text, failed = f"[command timed out after {seconds(timeout)}]\n{text}", True
+        elif result.exit_code != 0:
+            code = result.exit_code if result.exit_code is not None else -1
+            why = f" (killed by {signal_label(result.signal)})" if result.signal is not None else ""
+            text, failed = f"[command failed: exit code {code}{why}]\n{text}", True
+        if result.error is not None:
+            text += f"\n[warning: {result.error.message}]"
+        return ToolText(text, is_error=failed)
+
+    def _output(self, result: CallResult) -> str:
+        """The combined output, with seed 001's header when its middle was cut."""
+        info = result.stdout_truncation
+        if info is None or not info.truncated:
+            return result.stdout
+        header = (
+            f"[output truncated in middle: got {humanize_bytes(info.total_bytes)}, "
+            f"max is {humanize_bytes(MAX_OUTPUT_LENGTH)}]"
+        )
+        spill = result.spill
+        counts = f"{info.total_bytes} bytes, {info.total_lines} lines"
+        if spill is None or spill.stdout_path is None:
+            trailer = f"[full output ({counts}) was not kept]"
+        elif spill.error:
+            trailer = (
+                f"[full output may be incomplete: {spill.stdout_path} on host {spill.host} "
+                f"({spill.error})]"
+            )
+        else:
+            trailer = f"[full output: {spill.stdout_path} on host {spill.host} ({counts})]"
+        return f"{header}\n{result.stdout}\n\n{trailer}"
+
+    def _started(self, job: JobHandle, command: str, session: SessionState) -> ToolText:
+        session.remember(job, command)
+        # The output file and the kill target are on the job's host: pin the session there.
+        if session.host is None:
+            session.host = job.host
+        # The seed prints its child's pid, which leads its own group: pid and pgid are
+        # the same number there. We print the pgid in both places (REQ-BASH-003).
+        return ToolText(
+            f"<pid>{job.pgid}</pid>\n<output_file>{job.output_path}</output_file>\n"
+            f"<reminder>To stop: kill -9 -{job.pgid}</reminder>"
+        )

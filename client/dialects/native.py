@@ -1,0 +1,350 @@
+"""The `native` dialect: bashfleet's own tools, `bash`, `bash_check` and `bash_kill`.
+
+Everything the engine knows, said plainly: how the command ended (exit code, signal,
+timeout, backgrounded job and its host), both streams apart, exact counts of every cut
+and how to read the rest (`bashfleet output <id>` and the file on its host), the error
+lines found in the part that was cut, and the processes still alive after a timeout.
+
+    exit code: 2
+    host build-3 · call c0ffee · 41.20s · cwd /src/app
+
+    stdout:
+    ...
+    [stdout cut: showing the last 2000 of 8500 lines (51200 of 402112 bytes, lines limit).
+    Full output: `bashfleet output c0ffee` (/var/.../c0ffee.out on host build-3)]
+
+    stderr:
+    ...
+
+    error lines in the cut part:
+      tests/test_x.py:12: AssertionError
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+from client.dialects._text import (
+    chomp,
+    count_lines,
+    cut_summary,
+    seconds,
+    signal_label,
+    system_failure,
+)
+from client.dialects.args import ArgError, Args, command_problem, path_problem
+from client.dialects.base import Dialect, GuardedRunner, Handler, SessionState, ToolSpec, ToolText
+from worker.models import (
+    MAX_TIMEOUT_S,
+    CallResult,
+    CheckResult,
+    Policy,
+    Spill,
+    TailLines,
+    TruncationInfo,
+)
+
+DEFAULT_TIMEOUT_S = 120.0
+SLOW_TIMEOUT_S = 15 * 60.0
+
+BASH_DESCRIPTION = """\
+Run a bash command on a bashfleet worker: `bash -c`, no TTY, empty stdin, its own process \
+group. stdout and stderr are shown apart, each cut to its last 2000 lines or 50KB with exact \
+counts, the error lines of the cut part, and where the full output is kept.
+
+mode: default (timeout 120s unless given; a command still running then keeps running as a \
+background job), slow (15 minutes), background (start a job and return at once).
+host: the worker to run on (default: any). session: a fleet session that keeps cwd and \
+environment between calls and stays on one host."""
+
+CHECK_DESCRIPTION = """\
+Show a background job's state and the output it printed since the last check (or since \
+byte `offset`). `grep` keeps only the lines matching a regular expression."""
+
+KILL_DESCRIPTION = """\
+Stop a background job: SIGTERM to its process group, SIGKILL after a grace period, then \
+every process it started, even those that left the group. Shows its final output."""
+
+BASH_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "command": {"type": "string", "description": "The command, run as bash -c COMMAND"},
+        "mode": {
+            "type": "string",
+            "enum": ["default", "slow", "background"],
+            "description": "default (120s, then background), slow (15 min) or background",
+        },
+        "timeout": {
+            "type": "number",
+            "description": "Seconds before the command is backgrounded (default 120)",
+        },
+        "cwd": {"type": "string", "description": "Working directory on the worker"},
+        "host": {"type": "string", "description": "Host id of the worker to run on"},
+        "session": {
+            "type": "string",
+            "description": "Fleet session id: cwd, environment and host carried between calls",
+        },
+    },
+    "required": ["command"],
+    "additionalProperties": False,
+}
+CHECK_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "id": {"type": "string", "description": "Job id"},
+        "grep": {"type": "string", "description": "Regular expression: show only matching lines"},
+        "offset": {
+            "type": "integer",
+            "description": "Byte offset to read from (default: where the last check stopped)",
+        },
+    },
+    "required": ["id"],
+    "additionalProperties": False,
+}
+KILL_SCHEMA = {
+    "type": "object",
+    "properties": {"id": {"type": "string", "description": "Job id"}},
+    "required": ["id"],
+    "additionalProperties": False,
+}
+
+
+def _signal_text(number: int) -> str:
+    return f"{signal_label(number)} ({number})"
+
+
+def _ending(exit_code: int | None, signal_number: int | None) -> str:
+    if exit_code is not None:
+        return f"exited with code {exit_code}"
+    if signal_number is not None:
+        return f"killed by signal {_signal_text(signal_number)}"
+    return "ended, exit status unknown"
+
+
+def _where(path: str, host: str, error: str | None = None) -> str:
+    text = f"{path} on host {host}"
+    return text + (f", may be incomplete: {error}" if error else "")
+
+
+def _lines(count: int) -> str:
+    return f"{count} line" if count == 1 else f"{count} lines"
+
+
+def _grep_problem(pattern: str) -> str | None:
+    try:
+        re.compile(pattern)
+    except re.error as exc:
+        return f"grep is not a valid regular expression: {exc}"
+    return None
+
+
+class NativeDialect(Dialect):
+    """bashfleet's own tools."""
+
+    name = "native"
+
+    def policy(self) -> Policy:
+        """Separate streams, tail 2000 lines / 50 KB with an error digest, 120 s then background."""
+        return Policy(
+            name=self.name,
+            streams="separate",
+            truncation=TailLines(max_lines=2000, max_bytes=51_200),
+            digest_errors=True,
+            default_timeout_s=DEFAULT_TIMEOUT_S,
+            on_timeout="background",
+        )
+
+    def tools(self, cwd: str | None = None) -> list[ToolSpec]:
+        """bash, bash_check, bash_kill."""
+        return [
+            ToolSpec("bash", BASH_DESCRIPTION, BASH_SCHEMA),
+            ToolSpec("bash_check", CHECK_DESCRIPTION, CHECK_SCHEMA),
+            ToolSpec("bash_kill", KILL_DESCRIPTION, KILL_SCHEMA),
+        ]
+
+    def handlers(self) -> Mapping[str, Handler]:
+        """One handler per tool."""
+        return {"bash": self._bash, "bash_check": self._check, "bash_kill": self._kill}
+
+    # ---------------------------------------------------------------------------- bash
+
+    def _bash(self, args: Args, runner: GuardedRunner, session: SessionState) -> ToolText:
+        command = args.text("command") or ""
+        problem = command_problem(command) or path_problem("cwd", args.text("cwd") or "")
+        if problem:
+            raise ArgError(problem)
+        timeout = args.number("timeout")
+        if timeout is not None and not 0 < timeout <= MAX_TIMEOUT_S:
+            raise ArgError(f"timeout must be above 0 and at most {MAX_TIMEOUT_S:g} seconds")
+        mode = args.text("mode") or "default"
+        result = runner.run(
+            command,
+            host=args.text("host") or session.host,
+            mode=mode,
+            timeout=timeout,
+            cwd=args.text("cwd") or session.cwd,
+            session=args.text("session") or None,
+            policy=self.policy(),
+            env=dict(session.env) or None,
+        )
+        if result.job is not None:
+            stderr_path = result.spill.stderr_path if result.spill else None
+            session.remember(result.job, command, stderr_path=stderr_path)
+        return self.render_run(result, mode, timeout)
+
+    def render_run(self, result: CallResult, mode: str, timeout: float | None) -> ToolText:
+        """How the call ended, its streams, counts, digest, live processes."""
+        where = f"host {result.host} · call {result.call_id} · {result.duration_s:.2f}s"
+        if result.cwd:
+            where += f" · cwd {result.cwd}"
+        failure = system_failure(result)
+        if failure is not None:
+            text = f"system error ({failure.kind}): {failure.message}\n{where}"
+            return ToolText(text, is_error=True)
+        if timeout is None:
+            timeout = SLOW_TIMEOUT_S if mode == "slow" else DEFAULT_TIMEOUT_S
+        status, failed = self._status(result, timeout)
+        blocks = [f"{status}\n{where}", *self._streams(result)]
+        if result.error_digest:
+            lines = "\n".join(f"  {line}" for line in result.error_digest)
+            blocks.append(f"error lines in the cut part:\n{lines}")
+        if result.processes:
+            procs = "\n".join(
+                f"  pid {p.pid} {p.state} {p.cpu_s:.1f}s cpu: {p.command}" for p in result.processes
+            )
+            blocks.append(f"processes still alive:\n{procs}")
+        if result.job is not None:
+            job = result.job.id
+            blocks.append(f"bash_check id={job} shows its output; bash_kill id={job} stops it.")
+        if result.error is not None:
+            blocks.append(f"warning: {result.error.message}")
+        return ToolText("\n\n".join(blocks), is_error=failed)
+
+    def _status(self, result: CallResult, timeout: float) -> tuple[str, bool]:
+        """The first line, and whether the call counts as failed."""
+        job = result.job
+        if job is not None and result.timed_out:
+            return (
+                f"timed out after {seconds(timeout)}; still running in background as job "
+                f"{job.id} on host {job.host} (pid {job.pid})"
+            ), False
+        if job is not None:
+            return (
+                f"started in background as job {job.id} on host {job.host} "
+                f"(pid {job.pid}, pgid {job.pgid}); output: {job.output_path}"
+            ), False
+        if result.timed_out:
+            how = f" by signal {_signal_text(result.signal)}" if result.signal is not None else ""
+            return f"timed out after {seconds(timeout)}; killed{how}", True
+        if result.exit_code is not None:
+            return f"exit code: {result.exit_code}", result.exit_code != 0
+        if result.signal is not None:
+            return f"killed by signal {_signal_text(result.signal)}", True
+        return "ended, exit status unknown", True
+
+    def _streams(self, result: CallResult) -> list[str]:
+        spill = result.spill
+        out_path = spill.stdout_path if spill else None
+        err_path = spill.stderr_path if spill else None
+        streams = (
+            ("stdout", result.stdout, result.stdout_truncation, out_path),
+            ("stderr", result.stderr, result.stderr_truncation, err_path),
+        )
+        blocks = []
+        for name, text, info, path in streams:
+            cut = info is not None and info.truncated
+            if not text and not cut:
+                continue
+            block = f"{name}:\n{chomp(text)}"
+            if info is not None and cut:
+                block += "\n" + self._notice(name, info, path, result, spill)
+            blocks.append(block)
+        if not blocks and result.job is None:
+            blocks.append("(no output)")
+        return blocks
+
+    def _notice(
+        self,
+        name: str,
+        info: TruncationInfo,
+        path: str | None,
+        result: CallResult,
+        spill: Spill | None,
+    ) -> str:
+        if path is None:
+            return f"[{name} cut: {cut_summary(info)}. The full output was not kept.]"
+        host, error = (spill.host, spill.error) if spill else (result.host, None)
+        location = _where(path, host, error)
+        if name == "stdout":
+            rest = f"Full output: `bashfleet output {result.call_id}` ({location})"
+        else:
+            rest = f"Full stderr: {location}"
+        return f"[{name} cut: {cut_summary(info)}. {rest}]"
+
+    # -------------------------------------------------------------------- check / kill
+
+    def _check(self, args: Args, runner: GuardedRunner, session: SessionState) -> ToolText:
+        job_id = args.text("id") or ""
+        grep = args.text("grep") or None
+        offset = args.integer("offset")
+        if offset is not None and offset < 0:
+            raise ArgError(f"offset must be 0 or more, not {offset}")
+        problem = _grep_problem(grep) if grep else None
+        if problem:
+            raise ArgError(problem)
+        start = offset if offset is not None else session.offsets.get(job_id, 0)
+        result = runner.check(job_id, grep=grep, offset=start)
+        session.offsets[job_id] = result.offset
+        return self.render_check(result, start, grep)
+
+    def render_check(self, result: CheckResult, start: int, grep: str | None) -> ToolText:
+        """A job's state and its new output."""
+        state = "running" if result.running else _ending(result.exit_code, result.signal)
+        blocks = [f"job {result.id} on host {result.host}: {state}"]
+        matching = f" matching {grep!r}" if grep else ""
+        blocks.extend(self._job_output(result, f"output since byte {start}{matching}"))
+        blocks.append(
+            f"next offset: {result.offset} (bash_check id={result.id} continues from there)"
+        )
+        return ToolText("\n\n".join(blocks))
+
+    def _job_output(self, result: CheckResult, label: str) -> list[str]:
+        blocks = []
+        info = result.output_truncation
+        if result.output:
+            total = info.total_lines if info is not None else count_lines(result.output)
+            block = f"{label} ({_lines(total)}):\n{chomp(result.output)}"
+            if info is not None and info.truncated:
+                location = _where(result.output_path, result.host)
+                block += (
+                    f"\n[output cut: {cut_summary(info)}. "
+                    f"Full output: `bashfleet output {result.id}` ({location})]"
+                )
+            blocks.append(block)
+        else:
+            blocks.append(f"{label}: none")
+        if result.stderr_output:
+            blocks.append(f"stderr:\n{chomp(result.stderr_output)}")
+        if result.note:
+            blocks.append(f"note: {result.note}")
+        return blocks
+
+    def _kill(self, args: Args, runner: GuardedRunner, session: SessionState) -> ToolText:
+        job_id = args.text("id") or ""
+        result = runner.kill(job_id)
+        session.offsets[job_id] = result.offset
+        job = session.jobs.get(job_id)
+        if job is not None and not result.running:
+            job.killed = True
+        return self.render_kill(result)
+
+    def render_kill(self, result: CheckResult) -> ToolText:
+        """A killed job's end and final output."""
+        if result.running:
+            head = f"job {result.id} on host {result.host}: still running after the kill"
+        else:
+            ending = _ending(result.exit_code, result.signal)
+            head = f"job {result.id} on host {result.host}: stopped; {ending}"
+        blocks = [head, *self._job_output(result, "final output")]
+        return ToolText("\n\n".join(blocks), is_error=result.running)

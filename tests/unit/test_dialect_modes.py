@@ -1,0 +1,291 @@
+"""The modes dialect (seeds 001 + 003): schema, description, policy, every result text."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from client.dialects import ModesDialect, SessionState, ToolText, humanize_bytes, schemas
+from client.dialects.testing import FakeRunner
+from worker.models import CallResult, JobHandle, Middle, Policy, Spill, SystemError_, TruncationInfo
+
+MODES = ModesDialect()
+
+#: Seed 001's schema, verbatim.
+SEED_SCHEMA = {
+    "type": "object",
+    "required": ["command"],
+    "properties": {
+        "command": {"type": "string", "description": "Shell command to execute via bash -c"},
+        "mode": {
+            "type": "string",
+            "enum": ["default", "slow", "background"],
+            "description": (
+                "Execution mode: default (30s timeout), slow (15min timeout), background (detached)"
+            ),
+        },
+    },
+}
+
+#: Seed 001's description template, verbatim, filled with /home/me/project.
+SEED_DESCRIPTION = """Executes shell commands via bash -c, returning combined stdout/stderr.
+Bash state changes (working dir, variables, aliases) don't persist between calls.
+
+With mode="background", returns immediately with output redirected to a file.
+Use background for servers/demos that need to stay running.
+
+Use mode="slow" for potentially slow commands: builds, downloads,
+installs, tests, or any other substantive operation.
+
+IMPORTANT: Keep commands concise. The command input must be less than 60k tokens.
+For complex scripts, write them to a file first and then execute the file.
+
+<pwd>/home/me/project</pwd>"""
+
+
+def call(
+    result: CallResult, args: dict[str, object] | None = None, session: SessionState | None = None
+) -> tuple[ToolText, FakeRunner, SessionState]:
+    runner = FakeRunner(run=[result])
+    session = session if session is not None else SessionState(cwd="/home/me/project")
+    return (
+        MODES.call("bash", args if args is not None else {"command": "make"}, runner, session),
+        runner,
+        session,
+    )
+
+
+def done(**fields: object) -> CallResult:
+    return CallResult(call_id="c1", host="h1", combined=True, **fields)
+
+
+def test_schema_and_description_are_the_seeds() -> None:
+    assert schemas(MODES, cwd="/home/me/project") == [
+        {"name": "bash", "description": SEED_DESCRIPTION, "input_schema": SEED_SCHEMA}
+    ]
+    assert MODES.tools()[0].description.endswith("\n\n<pwd>~</pwd>")
+
+
+def test_policy() -> None:
+    assert MODES.policy() == Policy(
+        name="modes",
+        streams="combined",
+        truncation=Middle(max_bytes=131072, keep_bytes=4096),
+        default_timeout_s=30.0,
+        on_timeout="kill",
+        kill_grace_s=15.0,
+    )
+
+
+@pytest.mark.parametrize("mode", ["default", "slow", "background"])
+def test_modes_reach_the_runner(mode: str) -> None:
+    _, runner, _ = call(done(exit_code=0), {"command": "make", "mode": mode})
+    options = runner.last().options
+    assert options["mode"] == mode
+    assert options["timeout"] is None  # the runner knows each mode's timeout
+    assert options["cwd"] == "/home/me/project"
+    assert options["policy"] == MODES.policy()
+
+
+def test_mode_defaults_to_default() -> None:
+    _, runner, _ = call(done(exit_code=0))
+    assert runner.last().options["mode"] == "default"
+
+
+HEAD = "h" * 4095 + "\n"
+TAIL = "t" * 4095 + "\n"
+MIDDLE_INFO = TruncationInfo(
+    direction="middle",
+    truncated=True,
+    limit="bytes",
+    total_lines=5000,
+    total_bytes=300000,
+    shown_lines=2,
+    shown_bytes=8192,
+    shown_ranges=((1, 1), (5000, 5000)),
+)
+
+
+@pytest.mark.parametrize(
+    ("result", "text", "is_error"),
+    [
+        (done(exit_code=0, stdout="hi\n"), "hi\n", False),
+        (done(exit_code=0, stdout=""), "", False),
+        (done(exit_code=2, stdout="boom\n"), "[command failed: exit code 2]\nboom\n", True),
+        (done(signal=11, stdout=""), "[command failed: exit code -1 (killed by SIGSEGV)]\n", True),
+        (
+            done(
+                exit_code=0,
+                stdout=HEAD + "\n\n[snip]\n\n" + TAIL,
+                stdout_truncation=MIDDLE_INFO,
+                spill=Spill(host="h1", stdout_path="/spill/c1.log", stdout_bytes=300000),
+            ),
+            "[output truncated in middle: got 293kB, max is 128kB]\n"
+            + HEAD
+            + "\n\n[snip]\n\n"
+            + TAIL
+            + "\n\n[full output: /spill/c1.log on host h1 (300000 bytes, 5000 lines)]",
+            False,
+        ),
+        (
+            done(
+                exit_code=1,
+                stdout=HEAD + "\n\n[snip]\n\n" + TAIL,
+                stdout_truncation=MIDDLE_INFO,
+                spill=Spill(host="h1", stdout_path="/spill/c1.log", error="disk full"),
+            ),
+            "[command failed: exit code 1]\n[output truncated in middle: got 293kB, max is 128kB]\n"
+            + HEAD
+            + "\n\n[snip]\n\n"
+            + TAIL
+            + "\n\n[full output may be incomplete: /spill/c1.log on host h1 (disk full)]",
+            True,
+        ),
+        (
+            done(exit_code=0, stdout="x", stdout_truncation=MIDDLE_INFO),
+            "[output truncated in middle: got 293kB, max is 128kB]\nx\n\n"
+            "[full output (300000 bytes, 5000 lines) was not kept]",
+            False,
+        ),
+        (
+            done(timed_out=True, signal=15, stdout="partial\n"),
+            "[command timed out after 30s]\npartial\n",
+            True,
+        ),
+        (
+            done(
+                timed_out=True,
+                signal=9,
+                stdout="p\n",
+                error=SystemError_(kind="internal", message="1 process(es) survived the kill: [7]"),
+            ),
+            "[command timed out after 30s]\np\n\n[warning: 1 process(es) survived the kill: [7]]",
+            True,
+        ),
+    ],
+)
+def test_default_mode_texts(result: CallResult, text: str, is_error: bool) -> None:
+    answer, _, _ = call(result)
+    assert answer == ToolText(text, is_error=is_error)
+
+
+def test_slow_timeout_text() -> None:
+    answer, _, _ = call(
+        done(timed_out=True, signal=15, stdout="building\n"), {"command": "make", "mode": "slow"}
+    )
+    assert answer == ToolText("[command timed out after 900s]\nbuilding\n", True)
+
+
+def test_background_start_pins_the_host() -> None:
+    job = JobHandle(id="j1", host="h2", pid=4242, pgid=4242, output_path="/jobs/j1.log")
+    answer, runner, session = call(
+        done(backgrounded=True, job=job), {"command": "python -m http.server", "mode": "background"}
+    )
+    assert answer == ToolText(
+        "<pid>4242</pid>\n<output_file>/jobs/j1.log</output_file>\n"
+        "<reminder>To stop: kill -9 -4242</reminder>"
+    )
+    assert session.host == "h2"
+    assert session.jobs["j1"].command == "python -m http.server"
+    # Later calls (cat the output file, kill -9 -pgid) go to the job's host.
+    _, runner, _ = call(done(exit_code=0), {"command": "kill -9 -4242"}, session)
+    assert runner.last().options["host"] == "h2"
+
+
+def test_background_keeps_an_already_pinned_host() -> None:
+    job = JobHandle(id="j1", host="h2", pid=1, pgid=1, output_path="/o")
+    _, _, session = call(
+        done(backgrounded=True, job=job),
+        {"command": "x", "mode": "background"},
+        SessionState(host="h1"),
+    )
+    assert session.host == "h1"
+
+
+@pytest.mark.parametrize(
+    ("error", "text"),
+    [
+        (
+            SystemError_(kind="bad_cwd", message="Working directory does not exist: /gone"),
+            "[system error: Working directory does not exist: /gone]",
+        ),
+        (
+            SystemError_(kind="spawn_failed", message="could not start bash: ENOMEM"),
+            "[system error: could not start bash: ENOMEM]",
+        ),
+    ],
+)
+def test_system_errors_are_not_command_failures(error: SystemError_, text: str) -> None:
+    answer, _, _ = call(done(error=error))
+    assert answer == ToolText(text, True)
+    assert not answer.text.startswith("[command failed")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ({}, "missing required parameter 'command'"),
+        ({"mode": "slow"}, "missing required parameter 'command'"),
+        (
+            {"command": "ls", "mode": "fast"},
+            "parameter 'mode' must be one of 'default', 'slow', 'background', not 'fast'",
+        ),
+        (
+            {"command": "ls", "timeout": 5},
+            "unknown parameter 'timeout' (bash takes: command, mode)",
+        ),
+        ({"command": "ls", "mode": 1}, "parameter 'mode' must be a string, not a number (1)"),
+        ({"command": ""}, "command is empty"),
+    ],
+)
+def test_bad_arguments(args: dict[str, object], message: str) -> None:
+    runner = FakeRunner()
+    assert MODES.call("bash", args, runner, SessionState()) == ToolText(
+        f"[invalid input: {message}]", True
+    )
+    assert runner.calls == []
+
+
+@pytest.mark.parametrize(
+    ("size", "text"),
+    [
+        (0, "0B"),
+        (4095, "4095B"),
+        (4096, "4kB"),
+        (4607, "4kB"),
+        (4608, "5kB"),
+        (131072, "128kB"),
+        (300000, "293kB"),
+        (1024 * 1024 - 1, "1024kB"),
+        (1024 * 1024, "1MB"),
+        (1536 * 1024, "2MB"),
+        (1024**3 - 1, "1024MB"),
+        (1024**3, "more than 1GB"),
+    ],
+)
+def test_humanize_bytes(size: int, text: str) -> None:
+    assert humanize_bytes(size) == text
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=10),
+    lambda children: (
+        st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=5), children, max_size=3)
+    ),
+    max_leaves=8,
+)
+keys = st.sampled_from(["command", "mode"]) | st.text(max_size=6)
+
+
+@given(
+    tool=st.sampled_from(["bash"]) | st.text(max_size=6),
+    args=st.dictionaries(
+        keys, json_values | st.sampled_from(["default", "slow", "background"]), max_size=3
+    )
+    | json_values,
+)
+@settings(max_examples=400)
+def test_any_arguments_give_a_tool_text(tool: str, args: object) -> None:
+    answer = MODES.call(tool, args, FakeRunner(), SessionState())  # type: ignore[arg-type]
+    assert isinstance(answer, ToolText) and isinstance(answer.text, str)
