@@ -1,0 +1,209 @@
+"""Fleet benchmark: end-to-end latency, throughput and control latency under load.
+
+Starts its own Redis server, one bashfleet worker and one bare Celery worker (the
+baseline: `bench/bare_app.py`, a task running `subprocess.run(["bash","-c",...])`)
+against that same Redis, and prints a table. Never fails on a miss: it reports.
+
+    python -m bench.bench_fleet [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+
+from celery import Celery
+
+from client import Fleet
+from client.redis_server import RedisServer
+
+HOST = "bench"
+BARE_QUEUE = "bare.exec"
+
+
+def _pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def _wait(condition: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out waiting for {what}")
+        time.sleep(0.05)  # polling a condition with a deadline
+
+
+@contextmanager
+def _process(args: list[str], env: dict[str, str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
+    with open(log, "wb") as handle:
+        proc = subprocess.Popen(
+            args, env=env, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    try:
+        yield proc
+    finally:
+        # Ours, by its group id (it leads a session of its own).
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def _bare_client(url: str) -> Celery:
+    app = Celery("bare-client", broker=url, backend=url)
+    app.conf.update(task_serializer="json", result_serializer="json", accept_content=["json"])
+    return app
+
+
+def _bare_call(app: Celery, command: str) -> None:
+    result = app.send_task("bare.run", args=[command], queue=BARE_QUEUE)
+    result.get(timeout=60)
+    result.forget()
+
+
+def latency(fleet: Fleet, bare: Celery, calls: int) -> tuple[list[float], list[float]]:
+    """Sequential `true` calls, alternating blocks of 10 between the two."""
+    ours: list[float] = []
+    base: list[float] = []
+    for block in range(calls // 10):
+        for _ in range(10):
+            if block % 2 == 0:
+                start = time.perf_counter()
+                fleet.run("true", host=HOST)
+                ours.append(time.perf_counter() - start)
+            else:
+                start = time.perf_counter()
+                _bare_call(bare, "true")
+                base.append(time.perf_counter() - start)
+        for _ in range(10):
+            if block % 2 == 0:
+                start = time.perf_counter()
+                _bare_call(bare, "true")
+                base.append(time.perf_counter() - start)
+            else:
+                start = time.perf_counter()
+                fleet.run("true", host=HOST)
+                ours.append(time.perf_counter() - start)
+    return ours, base
+
+
+def throughput(url: str, bare: Celery, calls: int, clients: int) -> tuple[float, float]:
+    """Calls per second of `echo N` with `clients` concurrent callers, each side."""
+    local = threading.local()
+
+    def ours(i: int) -> None:
+        if not hasattr(local, "fleet"):
+            local.fleet = Fleet(url)
+        result = local.fleet.run(f"echo {i}", host=HOST)
+        assert result.stdout == f"{i}\n", result
+
+    def base(i: int) -> None:
+        _bare_call(bare, f"echo {i}")
+
+    rates = []
+    for fn in (ours, base):
+        with ThreadPoolExecutor(clients) as pool:
+            start = time.perf_counter()
+            list(pool.map(fn, range(calls)))
+            rates.append(calls / (time.perf_counter() - start))
+    return rates[0], rates[1]
+
+
+def check_under_load(fleet: Fleet, url: str, slots: int, checks: int) -> list[float]:
+    """Latency of `check` on a background job while every command slot is busy."""
+    job = fleet.run("sleep 120", host=HOST, mode="background").job
+    assert job is not None
+    ids = [uuid.uuid4().hex for _ in range(slots)]
+    pool = ThreadPoolExecutor(slots)
+    busy = [pool.submit(Fleet(url).run, "sleep 60", host=HOST, call_id=i) for i in ids]
+    _wait(lambda: any(h.busy >= slots for h in fleet.hosts() if h.host == HOST), "busy slots")
+    times = []
+    for _ in range(checks):
+        start = time.perf_counter()
+        fleet.check(job.id)
+        times.append(time.perf_counter() - start)
+    for call_id in ids:
+        fleet.cancel(call_id)
+    for future in busy:
+        future.result(timeout=60)
+    pool.shutdown()
+    fleet.kill(job.id)
+    return times
+
+
+def _row(
+    name: str, measured: str, baseline: str, ratio: str, target: str, *, ok: bool | None
+) -> str:
+    status = "info" if ok is None else ("ok" if ok else "MISS")
+    return f"{name:<44} {measured:<18} {baseline:<18} {ratio:<7} {target:<12} {status}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="fewer calls, for a smoke run")
+    args = parser.parse_args(argv)
+    calls, burst, checks, slots = (40, 200, 50, 4) if args.quick else (400, 2000, 400, 4)
+    root = Path(tempfile.mkdtemp(prefix="bashfleet-bench-fleet-"))
+    print("bashfleet fleet benchmark")
+    print(f"python {sys.version.split()[0]}, cpus {os.cpu_count()}, state {root}")
+    with RedisServer(root / "redis") as server:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("BASHFLEET_")}
+        env |= {"BASHFLEET_REDIS_URL": server.url, "BASHFLEET_STATE_DIR": str(root / "host"),
+                "BARE_REDIS_URL": server.url}
+        worker = [sys.executable, "-m", "worker.serve", "--host", HOST,
+                  "--concurrency", str(slots)]
+        bare_worker = [sys.executable, "-m", "celery", "-A", "bench.bare_app", "worker",
+                       "-P", "threads", "-c", str(slots), "-Q", BARE_QUEUE, "-n", "bare@%h",
+                       "--without-gossip", "--without-mingle", "-l", "WARNING"]
+        with _process(worker, env, root / "worker.log"), \
+                _process(bare_worker, env, root / "bare.log"):
+            fleet = Fleet(server.url)
+            bare = _bare_client(server.url)
+            _wait(lambda: any(h.host == HOST and h.alive and h.ready for h in fleet.hosts()),
+                  "the bashfleet worker")
+            _bare_call(bare, "true")  # the bare worker is up once it answers
+            for _ in range(20):
+                fleet.run("true", host=HOST)
+                _bare_call(bare, "true")
+            ours, base = latency(fleet, bare, calls)
+            ours_rate, base_rate = throughput(server.url, bare, burst, clients=16)
+            check_times = check_under_load(fleet, server.url, slots, checks)
+    print()
+    print(_row("row", "measured", "baseline", "ratio", "target", ok=None).replace("info", "status"))
+    print("-" * 110)
+    p50, b50 = statistics.median(ours), statistics.median(base)
+    print(_row("`true` end to end, p50", f"{p50 * 1e3:.2f} ms", f"{b50 * 1e3:.2f} ms",
+               f"{p50 / b50:.2f}x", "<= 1.20x", ok=p50 / b50 <= 1.2))
+    p99, b99 = _pct(ours, 0.99), _pct(base, 0.99)
+    print(_row("`true` end to end, p99 (info)", f"{p99 * 1e3:.2f} ms", f"{b99 * 1e3:.2f} ms",
+               f"{p99 / b99:.2f}x", "-", ok=None))
+    print(_row(f"{burst} `echo` calls, 16 callers", f"{ours_rate:.0f} calls/s",
+               f"{base_rate:.0f} calls/s", f"{ours_rate / base_rate:.2f}x", ">= 1.00x",
+               ok=ours_rate >= base_rate))
+    c99 = _pct(check_times, 0.99)
+    print(_row(f"`check` p99, all {slots} slots busy", f"{c99 * 1e3:.2f} ms", "-", "-",
+               "<= 20 ms", ok=c99 <= 0.020))
+    print(_row("`check` p50, all slots busy (info)",
+               f"{statistics.median(check_times) * 1e3:.2f} ms", "-", "-", "-", ok=None))
+    print(f"\n(baseline: bare Celery task running subprocess.run on the same Redis, {slots} "
+          "threads each side; ratios are measured / baseline)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
