@@ -22,7 +22,7 @@ app.conf.update(
 )
 
 
-@app.task(name="bare.run")
+@app.task(name="bare.run")  # type: ignore[untyped-decorator] - celery is untyped
 def run(command: str) -> dict[str, object]:
     """Run `bash -c command` and return its status and output."""
     done = subprocess.run(["bash", "-c", command], capture_output=True, check=False)
