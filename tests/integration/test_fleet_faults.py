@@ -55,6 +55,11 @@ def _spawned(client: redis.Redis, call_id: str) -> dict[str, str]:
     return wait_for(spawned, 15, "the spawn")
 
 
+def _alive(pid: int) -> bool:
+    stat = procs.read_stat(pid)
+    return stat is not None and stat.state not in ("Z", "X")
+
+
 def _gone(marker: str) -> bool:
     return not procs.find_call_processes(None, marker)
 
@@ -208,3 +213,22 @@ def test_fleet_survives_a_redis_restart(tmp_path: Path) -> None:
         fleet.close()
         factory.cleanup()
         server.stop()
+
+
+def test_consumers_end_with_their_supervisor(
+    workers: WorkerFactory, fleet: Fleet, redis_client: redis.Redis
+) -> None:
+    worker = workers.start("theta")
+    record = registry.host_record(redis_client, "theta")
+    consumers = [int(record["exec_ready"]), int(record["ctl_ready"])]
+    call_id = f"corphan{uuid.uuid4().hex[:8]}"
+    pending = Pending(fleet, "sleep 60", "theta", call_id)
+    _spawned(redis_client, call_id)
+    os.kill(worker.pid, signal.SIGKILL)  # the supervisor alone
+    killed_at = time.monotonic()
+    # Its consumers notice, kill the calls they ran, and exit: nothing is left behind.
+    wait_for(lambda: not any(map(_alive, consumers)), 10, "the consumers to end")
+    wait_for(lambda: _gone(call_id), 10, "the call's processes to be killed")
+    pending.join(10)
+    assert isinstance(pending.error, WorkerLost)
+    assert pending.finished_at is not None and pending.finished_at - killed_at < 5
