@@ -98,7 +98,8 @@ def prepare(call: Call) -> tuple[Call, str]:
         if rule is not None:
             raise CallError("blocked", normalize.blocked_message(rule, call.command))
     timeout = call.timeout_s if call.timeout_s is not None else policy.default_timeout_s
-    if timeout > policy.max_timeout_s:
+    # A background job's limit is the policy's background timeout, not the foreground one.
+    if not call.background and timeout > policy.max_timeout_s:
         raise CallError(
             "invalid", f"timeout {timeout:g}s is above this dialect's maximum of "
             f"{policy.max_timeout_s:g}s"

@@ -111,7 +111,7 @@ def start_job(call: Call, cwd: str, settings: Settings) -> JobRecord:
     output = settings.jobs_dir / f"{job_id}.log"
     status = settings.jobs_dir / f"{job_id}.status.json"
     child = build_env(
-        os.environ, marker=job_id, extra=call.env,
+        os.environ, marker=job_id, extra=call.env, unset=call.unset_env,
         deny=settings.secret_deny, allow=settings.secret_allow,
     )
     spec = settings.jobs_dir / f"{job_id}.spec.json"
@@ -121,6 +121,8 @@ def start_job(call: Call, cwd: str, settings: Settings) -> JobRecord:
             {
                 "command": call.command, "cwd": cwd, "env": child.env,
                 "output_path": str(output), "status_path": str(status),
+                "timeout_s": call.policy.background_timeout_s,
+                "kill_grace_s": call.policy.kill_grace_s,
             },
             handle,
         )

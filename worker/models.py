@@ -77,6 +77,37 @@ class InterceptRule(Model):
     """Why the command is refused; shown after `Blocked: `."""
 
 
+#: Seed 002's default interception rules: commands a dedicated tool does better.
+#: Data of the wire contract, so a dialect (client side) can put them in its policy.
+DEFAULT_INTERCEPT_RULES: tuple[InterceptRule, ...] = (
+    InterceptRule(
+        pattern=r"^\s*(cat|head|tail|less|more)\s+[^|;&<>]+$",
+        tool="read",
+        message="Use the read tool to read files instead of cat/head/tail.",
+    ),
+    InterceptRule(
+        pattern=r"^\s*(grep|rg|ag|ack)\s",
+        tool="grep",
+        message="Use the grep tool to search file contents instead of grep/rg.",
+    ),
+    InterceptRule(
+        pattern=r"^\s*(find|fd)\s",
+        tool="find",
+        message="Use the find tool to find files instead of find/fd.",
+    ),
+    InterceptRule(
+        pattern=r"(^|[;&|]\s*)(sed\s+(-[a-zA-Z]*i|--in-place)|perl\s+-[a-zA-Z]*i|awk\s+-i\s+inplace)",
+        tool="edit",
+        message="Use the edit tool to change files instead of in-place editors.",
+    ),
+    InterceptRule(
+        pattern=r"^\s*(echo|printf|cat)\b[^|]*(>|>>)\s*[\w./~-]+\s*$|<<-?\s*['\"]?\w+['\"]?\s*>",
+        tool="write",
+        message="Use the write tool to create files instead of shell redirection.",
+    ),
+)
+
+
 class Policy(Model):
     """How one dialect wants a call run and its output shaped."""
 
@@ -91,7 +122,9 @@ class Policy(Model):
     default_timeout_s: float = Field(120.0, gt=0, le=MAX_TIMEOUT_S)
     """Timeout when the call gives none."""
     max_timeout_s: float = Field(MAX_TIMEOUT_S, gt=0, le=MAX_TIMEOUT_S)
-    """Largest timeout a call may ask for; larger ones are refused."""
+    """Largest timeout a foreground call may ask for; larger ones are refused."""
+    background_timeout_s: float | None = Field(None, gt=0, le=MAX_TIMEOUT_S)
+    """A background job is ended (group SIGTERM, grace, SIGKILL) after this; None: never."""
     on_timeout: Literal["kill", "background"] = "background"
     """`kill`: end the process group; `background`: leave it running as a job."""
     kill_grace_s: float = Field(2.0, ge=0, le=60)

@@ -10,7 +10,16 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from worker.models import InterceptRule
+from worker.models import DEFAULT_INTERCEPT_RULES, InterceptRule
+
+__all__ = [
+    "DEFAULT_INTERCEPT_RULES",
+    "Normalized",
+    "blocked_message",
+    "check_interception",
+    "merge_limits",
+    "normalize_command",
+]
 
 # `| head -n N`, `| head -N`, `| head -n=N`... at the very end of the command. The bar
 # must be a pipe: not half of `||` (run head only when the command fails) and not an
@@ -86,33 +95,3 @@ def check_interception(
 def blocked_message(rule: InterceptRule, command: str) -> str:
     """The text of a blocked call: `Blocked: ...` with the original command."""
     return f"Blocked: {rule.message}\n\nOriginal command: {command}"
-
-
-#: Seed 002's default rules: commands a dedicated tool does better.
-DEFAULT_INTERCEPT_RULES: tuple[InterceptRule, ...] = (
-    InterceptRule(
-        pattern=r"^\s*(cat|head|tail|less|more)\s+[^|;&<>]+$",
-        tool="read",
-        message="Use the read tool to read files instead of cat/head/tail.",
-    ),
-    InterceptRule(
-        pattern=r"^\s*(grep|rg|ag|ack)\s",
-        tool="grep",
-        message="Use the grep tool to search file contents instead of grep/rg.",
-    ),
-    InterceptRule(
-        pattern=r"^\s*(find|fd)\s",
-        tool="find",
-        message="Use the find tool to find files instead of find/fd.",
-    ),
-    InterceptRule(
-        pattern=r"(^|[;&|]\s*)(sed\s+(-[a-zA-Z]*i|--in-place)|perl\s+-[a-zA-Z]*i|awk\s+-i\s+inplace)",
-        tool="edit",
-        message="Use the edit tool to change files instead of in-place editors.",
-    ),
-    InterceptRule(
-        pattern=r"^\s*(echo|printf|cat)\b[^|]*(>|>>)\s*[\w./~-]+\s*$|<<-?\s*['\"]?\w+['\"]?\s*>",
-        tool="write",
-        message="Use the write tool to create files instead of shell redirection.",
-    ),
-)

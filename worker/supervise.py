@@ -65,6 +65,24 @@ def _write_status(path: str, returncode: int) -> None:
     os.replace(tmp, path)
 
 
+def _wait(proc: subprocess.Popen[bytes], timeout_s: float | None, grace_s: float) -> int:
+    """Wait for the job; past its timeout (seed 001: 24 h) end its group politely, then not."""
+    try:
+        return proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        pass
+    for signum, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, None)):
+        try:
+            os.killpg(proc.pid, signum)
+        except ProcessLookupError:
+            break  # already gone: ESRCH is success
+        try:
+            return proc.wait(wait_s)
+        except subprocess.TimeoutExpired:
+            continue
+    return proc.wait()
+
+
 def _ignore(signum: int, frame: object) -> None:
     del signum, frame
 
@@ -103,7 +121,7 @@ def main(spec_path: str) -> int:
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)
     os.dup2(devnull, 2)
-    returncode = proc.wait()
+    returncode = _wait(proc, spec.get("timeout_s"), float(spec.get("kill_grace_s") or 0))
     with open(spec["output_path"], "a", encoding="utf-8") as handle:
         handle.write(_completion_line(returncode))
     _write_status(spec["status_path"], returncode)
