@@ -475,13 +475,15 @@ def finish_call(client: Redis, host: str, call_id: str, **fields: object) -> str
     """Record a call's end and free its slot; return the state it ended from.
 
     A call that was being cancelled ends `cancelled`; one killed because its worker
-    stopped ends `stopped`; otherwise `done`.
+    stopped ends `stopped`; one already declared lost stays `lost`; otherwise `done`.
     """
     key = call_key(call_id)
 
     def body(pipe: Any) -> str | None:
         current = cast("str | None", pipe.hget(key, "state"))
-        final = {"cancelling": "cancelled", "stopping": "stopped"}.get(current or "", "done")
+        final = {"cancelling": "cancelled", "stopping": "stopped", "lost": "lost"}.get(
+            current or "", "done"
+        )
         pipe.multi()
         pipe.hset(key, mapping=_fields({**fields, "state": final, "ended_at": time.time()}))
         pipe.expire(key, CALL_TTL_S)

@@ -464,15 +464,26 @@ def _watch_parent(role: str, runtime: Any) -> None:
 
     def watch() -> None:
         while os.getppid() == parent:
-            time.sleep(0.5)
+            time.sleep(0.5)  # polling: no portable notification of a parent's death
         if role == "exec":
-            hoststate.recover_orphans(
-                runtime.settings, runtime.redis, worker_pid=os.getpid(),
-                reason="its worker's supervisor died",
-            )
+            _stop_own_calls(runtime)
         os._exit(EXIT_ERROR)
 
     threading.Thread(target=watch, name="bashfleet-parent-watch", daemon=True).start()
+
+
+def _stop_own_calls(runtime: Any, timeout: float = 5.0) -> None:
+    """Kill the calls this consumer runs; give their tasks a moment to answer."""
+    mine = [e for e in hoststate.all_running(runtime.settings) if e.worker_pid == os.getpid()]
+    for entry in mine:
+        with contextlib.suppress(redis.RedisError):
+            registry.mark_call(runtime.redis, entry.call_id, "stopping", only_from=("running",))
+        hoststate.kill_running(entry, hoststate.ORPHAN_GRACE_S)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(
+        hoststate.load_running(runtime.settings, e.call_id) for e in mine
+    ):
+        time.sleep(0.05)  # each task removes its file once it has answered
 
 
 # --------------------------------------------------------------------------- entry

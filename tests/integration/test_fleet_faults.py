@@ -76,6 +76,8 @@ def test_worker_killed_mid_call_is_lost_and_never_runs_twice(
     worker.kill_group()  # the supervisor and both consumers; the command lives on
     killed_at = time.monotonic()
     assert procs.find_call_processes(None, call_id), "the orphaned command should still run"
+    # A call sent while the host is down (its lock not yet expired) waits in its queue.
+    waiting = Pending(fleet, "echo waited", "gamma", f"cwait{uuid.uuid4().hex[:8]}")
     # A restart kills what the dead worker left running, before taking new calls.
     restarted = workers.start("gamma", wait=False)
     pending.join(LOST_WITHIN_S + 5)
@@ -87,7 +89,9 @@ def test_worker_killed_mid_call_is_lost_and_never_runs_twice(
     lines = target.read_text().splitlines() if target.exists() else []
     assert len(lines) <= 1, "the command ran twice"
     assert lines == [], "the restart should have killed the orphan before it wrote"
-    # The restarted worker serves calls again.
+    # The restarted worker ran the call that waited, and serves new ones.
+    waiting.join(20)
+    assert waiting.result is not None and waiting.result.stdout == "waited\n", waiting.error
     assert fleet.run("echo back", host="gamma").stdout == "back\n"
 
 
@@ -226,9 +230,14 @@ def test_consumers_end_with_their_supervisor(
     _spawned(redis_client, call_id)
     os.kill(worker.pid, signal.SIGKILL)  # the supervisor alone
     killed_at = time.monotonic()
-    # Its consumers notice, kill the calls they ran, and exit: nothing is left behind.
+    # Its consumers notice, kill the calls they ran (which answer), and exit.
     wait_for(lambda: not any(map(_alive, consumers)), 10, "the consumers to end")
     wait_for(lambda: _gone(call_id), 10, "the call's processes to be killed")
-    pending.join(10)
-    assert isinstance(pending.error, WorkerLost)
-    assert pending.finished_at is not None and pending.finished_at - killed_at < 5
+    pending.join(LOST_WITHIN_S + 5)
+    assert pending.finished_at is not None and pending.finished_at - killed_at < LOST_WITHIN_S
+    if pending.error is None:
+        assert pending.result is not None and pending.result.error is not None
+        assert "stopped" in pending.result.error.message
+        assert pending.result.signal is not None
+    else:
+        assert isinstance(pending.error, WorkerLost)
