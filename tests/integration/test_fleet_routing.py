@@ -183,3 +183,12 @@ def test_async_fleet(two_hosts: Hosts, redis_server: RedisServer) -> None:
             return [f"{r.host}:{r.stdout.strip()}" for r in results]
 
     assert asyncio.run(main()) == ["alpha:one", "beta:two"]
+
+
+def test_worker_settings_are_not_redacted_from_output(two_hosts: Hosts, fleet: Fleet) -> None:
+    # The worker's own BASHFLEET_* settings are scrubbed from commands; plain ones (host
+    # id, state directory) must not be treated as secrets and redacted from output.
+    alpha = two_hosts[0]
+    command = f"echo alpha {alpha.state_dir}; env | cut -d= -f1 | grep ^BASHFLEET_"
+    result = fleet.run(command, host="alpha")
+    assert result.stdout == f"alpha {alpha.state_dir}\nBASHFLEET_CALL_MARKER\n"
