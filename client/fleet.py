@@ -19,7 +19,7 @@ import contextlib
 import functools
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any, Literal
 
 import redis
@@ -101,6 +101,10 @@ def _client_celery(url: str) -> Celery:
     return app
 
 
+def _truncation(policy: Policy | None) -> dict[str, Any] | None:
+    return policy.truncation.model_dump(mode="json") if policy is not None else None
+
+
 @contextlib.contextmanager
 def _releasing(pending: AsyncResult) -> Iterator[None]:
     """Stop listening for a result we gave up on, while Redis is still there.
@@ -168,6 +172,10 @@ class Fleet:
         policy: Policy | None = None,
         env: dict[str, str] | None = None,
         call_id: str | None = None,
+        head: int | None = None,
+        tail: int | None = None,
+        unset_env: Sequence[str] = (),
+        capture_state: bool = False,
     ) -> CallResult:
         """Run `command` on `host` (None: any live host; `label`: a host of that pool).
 
@@ -175,10 +183,16 @@ class Fleet:
         says otherwise) or `background` (start it detached, return its job at once).
         A `session` pins the host of its first call for its later calls. `call_id`
         (default: a fresh one) lets another thread `cancel` the call while it runs.
+        `head` / `tail` keep the first / last lines of the shown output; `unset_env`
+        removes variables; `capture_state` returns the final cwd and exported variables.
         """
         call = self._build_call(
             command, mode=mode, timeout=timeout, cwd=cwd, policy=policy, env=env,
             call_id=call_id,
+            extra={
+                "head": head, "tail": tail, "unset_env": tuple(unset_env),
+                "capture_state": capture_state,
+            },
         )
         with self._errors():
             if session is not None and host is None and label is None:
@@ -200,6 +214,7 @@ class Fleet:
     def _build_call(
         command: str, *, mode: str, timeout: float | None, cwd: str | None,
         policy: Policy | None, env: dict[str, str] | None, call_id: str | None,
+        extra: dict[str, Any],
     ) -> Call:
         if mode not in ("default", "slow", "background"):
             raise CallRejected(f"mode must be default, slow or background, not {mode!r}")
@@ -209,7 +224,7 @@ class Fleet:
             return Call(
                 call_id=call_id or f"c{uuid.uuid4().hex[:23]}", command=command, cwd=cwd,
                 timeout_s=timeout, background=mode == "background", env=env or {},
-                policy=policy or Policy(),
+                policy=policy or Policy(), **extra,
             )
         except ValidationError as exc:
             raise CallRejected(f"invalid call: {_validation_message(exc)}") from None
@@ -340,18 +355,42 @@ class Fleet:
 
     # -------------------------------------------------------------------- control
 
-    def check(self, id: str, *, grep: str | None = None, offset: int | None = None) -> CheckResult:
-        """A job's state and its output since `offset` (None: since the last check)."""
+    def check(
+        self,
+        id: str,
+        *,
+        grep: str | None = None,
+        offset: int | None = None,
+        stderr_offset: int | None = None,
+        policy: Policy | None = None,
+    ) -> CheckResult:
+        """A job's state and its output since `offset` (None: since the last check).
+
+        "The last check" is any client's: the offsets are kept in the job's record.
+        `policy` cuts the new output by its truncation (default: the last 2000 lines).
+        """
         with self._errors():
             host, job_id = self._job_owner(id)
-            value = self._ctl(host, registry.TASK_CHECK, [job_id, grep, offset])
+            value = self._ctl(
+                host, registry.TASK_CHECK,
+                [job_id, grep, offset, stderr_offset, _truncation(policy)],
+            )
             return CheckResult.model_validate(value)
 
-    def kill(self, id: str) -> CheckResult:
-        """End a job; its final state and the output since the last check."""
+    def kill(
+        self,
+        id: str,
+        *,
+        offset: int | None = None,
+        stderr_offset: int | None = None,
+        policy: Policy | None = None,
+    ) -> CheckResult:
+        """End a job; its final state and its output since `offset` (None: the last check)."""
         with self._errors():
             host, job_id = self._job_owner(id)
-            value = self._ctl(host, registry.TASK_KILL, [job_id])
+            value = self._ctl(
+                host, registry.TASK_KILL, [job_id, offset, stderr_offset, _truncation(policy)]
+            )
             return CheckResult.model_validate(value)
 
     def read_output(
@@ -516,26 +555,51 @@ class AsyncFleet:
         policy: Policy | None = None,
         env: dict[str, str] | None = None,
         call_id: str | None = None,
+        head: int | None = None,
+        tail: int | None = None,
+        unset_env: Sequence[str] = (),
+        capture_state: bool = False,
     ) -> CallResult:
         """See `Fleet.run`."""
         return await asyncio.to_thread(
             functools.partial(
                 self.fleet.run, command, host=host, label=label, mode=mode, timeout=timeout,
-                cwd=cwd, session=session, policy=policy, env=env, call_id=call_id,
+                cwd=cwd, session=session, policy=policy, env=env, call_id=call_id, head=head,
+                tail=tail, unset_env=unset_env, capture_state=capture_state,
             )
         )
 
     async def check(
-        self, id: str, *, grep: str | None = None, offset: int | None = None
+        self,
+        id: str,
+        *,
+        grep: str | None = None,
+        offset: int | None = None,
+        stderr_offset: int | None = None,
+        policy: Policy | None = None,
     ) -> CheckResult:
         """See `Fleet.check`."""
         return await asyncio.to_thread(
-            functools.partial(self.fleet.check, id, grep=grep, offset=offset)
+            functools.partial(
+                self.fleet.check, id, grep=grep, offset=offset, stderr_offset=stderr_offset,
+                policy=policy,
+            )
         )
 
-    async def kill(self, id: str) -> CheckResult:
+    async def kill(
+        self,
+        id: str,
+        *,
+        offset: int | None = None,
+        stderr_offset: int | None = None,
+        policy: Policy | None = None,
+    ) -> CheckResult:
         """See `Fleet.kill`."""
-        return await asyncio.to_thread(self.fleet.kill, id)
+        return await asyncio.to_thread(
+            functools.partial(
+                self.fleet.kill, id, offset=offset, stderr_offset=stderr_offset, policy=policy
+            )
+        )
 
     async def read_output(
         self,

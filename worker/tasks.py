@@ -23,14 +23,21 @@ from pathlib import Path
 from typing import Any
 
 import redis
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
 
 from worker import hoststate, jobs, procs, registry
 from worker.app import app
 from worker.capture import read_slice
 from worker.engine import SpawnHook, run_call
 from worker.environment import build_env
-from worker.models import Call, CallResult, JobRecord, OutputChunk, SystemError_
+from worker.models import (
+    Call,
+    CallResult,
+    JobRecord,
+    OutputChunk,
+    SystemError_,
+    Truncation,
+)
 from worker.sanitize import secret_pattern
 from worker.settings import Settings, get_settings
 
@@ -42,6 +49,7 @@ MAX_READ_LIMIT = 4 * 1024 * 1024
 KILL_GRACE_S = 2.0
 
 Envelope = dict[str, Any]
+_TRUNCATION: TypeAdapter[Truncation] = TypeAdapter(Truncation)
 
 
 @dataclass(frozen=True)
@@ -204,15 +212,22 @@ def _record(rt: Runtime, job_id: str) -> JobRecord:
     return jobs.load_record(job_id, rt.settings)
 
 
-def check(job_id: str, grep: str | None = None, offset: int | None = None) -> Envelope:
+def check(
+    job_id: str,
+    grep: str | None = None,
+    offset: int | None = None,
+    stderr_offset: int | None = None,
+    truncation: dict[str, Any] | None = None,
+) -> Envelope:
     """A job's state and its output since `offset` (None: since the last check)."""
     rt = runtime()
 
     def body() -> Any:
         record = _record(rt, job_id)
-        start, err_start = _offsets(rt, job_id, offset)
+        start, err_start = _offsets(rt, job_id, offset, stderr_offset)
         result = jobs.check_job(
-            record, offset=start, stderr_offset=err_start, grep=grep, settings=rt.settings
+            record, offset=start, stderr_offset=err_start, grep=grep,
+            policy=_truncation(truncation), settings=rt.settings,
         )
         registry.save_offsets(rt.redis, job_id, result.offset, result.stderr_offset)
         if not result.running:
@@ -222,23 +237,42 @@ def check(job_id: str, grep: str | None = None, offset: int | None = None) -> En
     return _guard(body)
 
 
-def _offsets(rt: Runtime, job_id: str, offset: int | None) -> tuple[int, int]:
+def _offsets(
+    rt: Runtime, job_id: str, offset: int | None, stderr_offset: int | None
+) -> tuple[int, int]:
+    """Where to read from: as asked, else where the last check (by any client) stopped."""
     stored, stored_err = registry.job_offsets(registry.job_fields(rt.redis, job_id))
-    if offset is None:
-        return stored, stored_err
-    return max(0, offset), 0 if offset == 0 else stored_err
+    start = stored if offset is None else max(0, offset)
+    if stderr_offset is not None:
+        return start, max(0, stderr_offset)
+    # Reading stdout from the start reads stderr from the start too.
+    return start, 0 if offset == 0 else stored_err
 
 
-def kill(job_id: str) -> Envelope:
+def _truncation(value: dict[str, Any] | None) -> Truncation | None:
+    if value is None:
+        return None
+    try:
+        return _TRUNCATION.validate_python(value)
+    except ValidationError as exc:
+        raise jobs.JobError("invalid", f"invalid truncation policy: {exc}") from None
+
+
+def kill(
+    job_id: str,
+    offset: int | None = None,
+    stderr_offset: int | None = None,
+    truncation: dict[str, Any] | None = None,
+) -> Envelope:
     """End a job (group SIGTERM, grace, SIGKILL, marker sweep); its final state."""
     rt = runtime()
 
     def body() -> Any:
         record = _record(rt, job_id)
-        start, err_start = _offsets(rt, job_id, None)
+        start, err_start = _offsets(rt, job_id, offset, stderr_offset)
         result = jobs.kill_job(
             record, offset=start, stderr_offset=err_start, grace_s=KILL_GRACE_S,
-            settings=rt.settings,
+            policy=_truncation(truncation), settings=rt.settings,
         )
         registry.save_offsets(rt.redis, job_id, result.offset, result.stderr_offset)
         hoststate.sync_job(rt.redis, record)

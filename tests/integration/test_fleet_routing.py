@@ -83,8 +83,12 @@ def test_background_job_is_reached_from_another_client(
         assert first.host == "beta" and first.running
         # "Since the last check" is kept in Redis: shared by every client.
         assert starter.check(job.id).output == ""
-        # A call id reaches the job it started.
-        assert other.check(started.call_id, offset=0).id == job.id
+        # A call id reaches the job it started; a policy cuts what a check shows.
+        cut = other.check(
+            started.call_id, offset=0, policy=Policy(truncation=TailLines(max_lines=1))
+        )
+        assert cut.id == job.id and cut.output == "line3\n"
+        assert cut.output_truncation is not None and cut.output_truncation.total_lines == 3
 
         listed = {view.id: view for view in starter.jobs(host="beta")}
         assert listed[job.id].state == "running" and listed[job.id].running
