@@ -8,15 +8,18 @@ or Redis; neither does the engine.
 from worker.engine import CallError, run_call
 from worker.jobs import JobError, check_job, kill_job, load_record, local_records
 from worker.models import (
+    DEFAULT_INTERCEPT_RULES,
     ByteTail,
     Call,
     CallResult,
     CharCap,
     CheckResult,
+    HostInfo,
     InterceptRule,
     JobHandle,
     JobRecord,
     JobStatus,
+    JobView,
     Middle,
     OutputChunk,
     Policy,
@@ -29,17 +32,20 @@ from worker.models import (
 from worker.settings import Settings, get_settings
 
 __all__ = [
+    "DEFAULT_INTERCEPT_RULES",
     "ByteTail",
     "Call",
     "CallError",
     "CallResult",
     "CharCap",
     "CheckResult",
+    "HostInfo",
     "InterceptRule",
     "JobError",
     "JobHandle",
     "JobRecord",
     "JobStatus",
+    "JobView",
     "Middle",
     "OutputChunk",
     "Policy",
