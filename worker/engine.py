@@ -10,6 +10,7 @@ on exit (or timeout) shapes what is shown by the call's policy.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import select
@@ -29,6 +30,7 @@ from worker.models import (
     Call,
     CallResult,
     JobRecord,
+    ProcessInfo,
     Spill,
     SystemError_,
 )
@@ -263,11 +265,13 @@ def _run_foreground(
     if outcome == "timeout" and call.policy.on_timeout == "background":
         record = jobs.adopt_foreground(call, proc, streams.stdout, streams.stderr, cwd, settings)
         return result.backgrounded(record, proc.pid)
+    # What the call was doing when its time ran out, for the notice, before killing it.
+    doing = procs.describe(procs.find_call_processes(proc.pid, marker))
     survivors = procs.terminate(
         proc.pid, marker, grace_s=call.policy.kill_grace_s, rounds=settings.sweep_rounds
     )
     proc.wait()
-    return result.killed(proc.returncode, survivors, cancelled=outcome == "cancel")
+    return result.killed(proc.returncode, survivors, doing, cancelled=outcome == "cancel")
 
 
 def _with_state(result: CallResult, state_path: Path, started_with: dict[str, str]) -> CallResult:
@@ -359,7 +363,24 @@ class _Outcome:
         code, sig = _split_status(returncode)
         return self._result(exit_code=code, signal=sig)
 
-    def killed(self, returncode: int, survivors: list[int], *, cancelled: bool) -> CallResult:
+    def _output_age(self) -> float | None:
+        """Seconds since any of the call's files last grew; None when it wrote nothing."""
+        stamps = []
+        for followed in self.files:
+            with contextlib.suppress(OSError):
+                info = os.stat(followed.path)
+                if info.st_size:
+                    stamps.append(info.st_mtime)
+        return round(max(0.0, time.time() - max(stamps)), 3) if stamps else None
+
+    def killed(
+        self,
+        returncode: int,
+        survivors: list[int],
+        doing: tuple[ProcessInfo, ...],
+        *,
+        cancelled: bool,
+    ) -> CallResult:
         code, sig = _split_status(returncode)
         error = None
         if cancelled:
@@ -370,7 +391,7 @@ class _Outcome:
             error = SystemError_(kind="internal", message=message)
         return self._result(
             exit_code=code, signal=sig, timed_out=not cancelled, error=error,
-            processes=procs.describe(survivors),
+            processes=doing, last_output_age_s=self._output_age(),
         )
 
     def backgrounded(self, record: JobRecord, pid: int) -> CallResult:
@@ -381,6 +402,7 @@ class _Outcome:
             backgrounded=True,
             job=jobs.handle(record),
             processes=procs.describe(alive),
+            last_output_age_s=self._output_age(),
         )
 
 

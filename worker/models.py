@@ -306,7 +306,9 @@ class CallResult(Model):
     error_digest: tuple[str, ...] = ()
     """Error-looking lines from the part of the output that was cut."""
     processes: tuple[ProcessInfo, ...] = ()
-    """Processes of the call still alive when it returned (timeouts, auto-background)."""
+    """Processes of the call alive at its timeout: what a kill ended, or what runs on."""
+    last_output_age_s: float | None = None
+    """Seconds since the call last wrote output, at its timeout (None: it never wrote)."""
     duration_s: float = 0.0
     """Wall time of the call on the worker."""
     cwd: str | None = None
