@@ -18,7 +18,7 @@ from __future__ import annotations
 import copy
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
 
@@ -78,17 +78,32 @@ class Runner(Protocol):
         env: dict[str, str] | None = None,
         head: int | None = None,
         tail: int | None = None,
+        unset_env: Sequence[str] = (),
+        capture_state: bool = False,
     ) -> CallResult:
         """Run a command. `mode`: `default` (the policy's default timeout unless `timeout`
-        is given), `slow` (15 minutes) or `background` (a detached job)."""
+        is given), `slow` (15 minutes) or `background` (a detached job). `unset_env`:
+        variables removed from the command's environment; `capture_state`: report the
+        environment and cwd the command ends with (`CallResult.env_changes`...)."""
         ...
 
-    def check(self, id: str, *, grep: str | None = None, offset: int | None = None) -> CheckResult:
-        """A job's state and its output from byte `offset` on."""
+    def check(
+        self,
+        id: str,
+        *,
+        grep: str | None = None,
+        offset: int | None = None,
+        stderr_offset: int | None = None,
+        policy: Policy | None = None,
+    ) -> CheckResult:
+        """A job's state and its output from byte `offset` on (stderr from
+        `stderr_offset`), shaped by `policy` when given."""
         ...
 
-    def kill(self, id: str) -> CheckResult:
-        """End a job; its final state."""
+    def kill(
+        self, id: str, *, offset: int | None = None, policy: Policy | None = None
+    ) -> CheckResult:
+        """End a job; its final state and its output from byte `offset` on."""
         ...
 
 
@@ -102,6 +117,18 @@ class RefusalError(Exception):
     def __init__(self, answer: ToolText) -> None:
         super().__init__(answer.text)
         self.answer = answer
+
+
+def given(**options: Any) -> dict[str, Any]:
+    """The options that differ from "not asked for" (None, False, an empty tuple).
+
+    Identity tests, not `in`: `0 == False`, and an offset of 0 is an answer.
+    """
+    return {
+        name: value
+        for name, value in options.items()
+        if value is not None and value is not False and value != ()
+    }
 
 
 def _describe(exc: Exception) -> str:
@@ -132,8 +159,13 @@ class GuardedRunner:
         env: dict[str, str] | None = None,
         head: int | None = None,
         tail: int | None = None,
+        unset_env: Sequence[str] = (),
+        capture_state: bool = False,
     ) -> CallResult:
         """`Runner.run`, exceptions converted."""
+        # The newer options go through only when used, so a runner written before
+        # they existed still serves every call that does not need them.
+        extra = given(unset_env=tuple(unset_env), capture_state=capture_state)
         try:
             return self._runner.run(
                 command,
@@ -146,21 +178,34 @@ class GuardedRunner:
                 env=env,
                 head=head,
                 tail=tail,
+                **extra,
             )
         except Exception as exc:
             raise RunnerError(_describe(exc)) from exc
 
-    def check(self, id: str, *, grep: str | None = None, offset: int | None = None) -> CheckResult:
+    def check(
+        self,
+        id: str,
+        *,
+        grep: str | None = None,
+        offset: int | None = None,
+        stderr_offset: int | None = None,
+        policy: Policy | None = None,
+    ) -> CheckResult:
         """`Runner.check`, exceptions converted."""
+        extra = given(stderr_offset=stderr_offset, policy=policy)
         try:
-            return self._runner.check(id, grep=grep, offset=offset)
+            return self._runner.check(id, grep=grep, offset=offset, **extra)
         except Exception as exc:
             raise RunnerError(_describe(exc)) from exc
 
-    def kill(self, id: str) -> CheckResult:
+    def kill(
+        self, id: str, *, offset: int | None = None, policy: Policy | None = None
+    ) -> CheckResult:
         """`Runner.kill`, exceptions converted."""
+        extra = given(offset=offset, policy=policy)
         try:
-            return self._runner.kill(id)
+            return self._runner.kill(id, **extra)
         except Exception as exc:
             raise RunnerError(_describe(exc)) from exc
 

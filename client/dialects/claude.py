@@ -18,10 +18,13 @@ Result texts, after Claude Code's own:
 - `KillBash`: `Successfully killed shell: <id> (<command>)`, or
   `Shell <id> is not running, so cannot be killed (status: <status>)`.
 
-Environment persistence (FR-009): every call carries `SessionState.env` into the run.
-Capturing the variables a command exports into that env is a later engine feature (the
-worker will report the command's final environment in the result); until then the env
-holds what the agent's harness put in the session.
+Session persistence (FR-009): every call carries `SessionState.env` and `cwd` into the
+run, and a foreground `Bash` asks the worker for the state the command ended with
+(`capture_state`): the variables it exported or changed join the session's env, those
+it unset leave it, and the directory it ended in becomes the session's cwd, as in one
+long-lived shell. Background commands are not captured: they end after later calls
+have already run. An unset variable of the worker's own environment (not one the
+session set) comes back on the next call: the session only carries what it set.
 """
 
 from __future__ import annotations
@@ -151,6 +154,19 @@ def _tidy(text: str) -> str:
     return re.sub(r"^(\s*\n)+", "", text).rstrip()
 
 
+def carry_state(result: CallResult, session: SessionState) -> None:
+    """FR-009: what a command exported, unset or `cd`-ed into holds for the next call.
+
+    A result without captured state (a runner without `capture_state`, a command that
+    replaced its shell with `exec`) leaves the session as it was.
+    """
+    session.env.update(result.env_changes)
+    for name in result.env_removed:
+        session.env.pop(name, None)
+    if result.cwd_after:
+        session.cwd = result.cwd_after
+
+
 def _status(result: CheckResult, job: SessionJob) -> str:
     """BashOutput's status word."""
     if result.running:
@@ -239,7 +255,9 @@ class ClaudeDialect(Dialect):
             cwd=session.cwd,
             policy=self.policy(),
             env=env,
+            capture_state=True,
         )
+        carry_state(result, session)
         return self.render(result, timeout_ms)
 
     def render_started(self, result: CallResult, command: str, session: SessionState) -> ToolText:

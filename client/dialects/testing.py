@@ -11,10 +11,11 @@ server, the CLI's schema command) can test against the same fake.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from client.dialects.base import given
 from worker.models import CallResult, CheckResult, Policy
 
 
@@ -64,6 +65,8 @@ class FakeRunner:
         env: dict[str, str] | None = None,
         head: int | None = None,
         tail: int | None = None,
+        unset_env: Sequence[str] = (),
+        capture_state: bool = False,
     ) -> CallResult:
         """Record the call; the next canned result, or a plain success."""
         options: dict[str, object] = {
@@ -77,6 +80,9 @@ class FakeRunner:
             "head": head,
             "tail": tail,
         }
+        # Later options are recorded only when used, so recorded calls of dialects
+        # that never use them compare as before.
+        options.update(given(unset_env=tuple(unset_env), capture_state=capture_state))
         self.calls.append(FakeCall("run", command, options))
         if self.error is not None:
             raise self.error
@@ -84,18 +90,30 @@ class FakeRunner:
             return self.run_results.pop(0)
         return CallResult(call_id=f"fake-{next(self._ids)}", host="fake", exit_code=0)
 
-    def check(self, id: str, *, grep: str | None = None, offset: int | None = None) -> CheckResult:
+    def check(
+        self,
+        id: str,
+        *,
+        grep: str | None = None,
+        offset: int | None = None,
+        stderr_offset: int | None = None,
+        policy: Policy | None = None,
+    ) -> CheckResult:
         """Record the call; the next canned result, or a finished job."""
-        self.calls.append(FakeCall("check", id, {"grep": grep, "offset": offset}))
+        options: dict[str, object] = {"grep": grep, "offset": offset}
+        options.update(given(stderr_offset=stderr_offset, policy=policy))
+        self.calls.append(FakeCall("check", id, options))
         if self.error is not None:
             raise self.error
         if self.check_results:
             return self.check_results.pop(0)
         return CheckResult(id=id, host="fake", running=False, exit_code=0, offset=offset or 0)
 
-    def kill(self, id: str) -> CheckResult:
+    def kill(
+        self, id: str, *, offset: int | None = None, policy: Policy | None = None
+    ) -> CheckResult:
         """Record the call; the next canned result, or a job that ended on SIGTERM."""
-        self.calls.append(FakeCall("kill", id))
+        self.calls.append(FakeCall("kill", id, given(offset=offset, policy=policy)))
         if self.error is not None:
             raise self.error
         if self.kill_results:

@@ -123,6 +123,49 @@ def test_env_and_cwd_are_carried() -> None:
     assert runner.last().options["cwd"] == "/repo"
 
 
+def test_foreground_runs_capture_the_shell_state() -> None:
+    _, runner, _ = bash(done(exit_code=0))
+    assert runner.last().options["capture_state"] is True
+    _, runner, _ = bash(
+        done(backgrounded=True, job=JOB), {"command": "x", "run_in_background": True}
+    )
+    assert "capture_state" not in runner.last().options  # a job ends after later calls ran
+
+
+def test_exports_unsets_and_cd_carry_to_the_next_call() -> None:
+    """FR-009: the session behaves like one long-lived shell."""
+    session = SessionState(cwd="/repo", env={"KEEP": "1", "DROP": "2", "NODE_ENV": "dev"})
+    first = done(
+        exit_code=0,
+        env_changes={"NODE_ENV": "test", "TOKEN_PATH": "/t"},
+        env_removed=("DROP", "LANG"),
+        cwd_after="/repo/web",
+    )
+    bash(first, {"command": "cd web; export NODE_ENV=test TOKEN_PATH=/t; unset DROP LANG"}, session)
+    assert session.env == {"KEEP": "1", "NODE_ENV": "test", "TOKEN_PATH": "/t"}
+    assert session.cwd == "/repo/web"
+    _, runner, _ = bash(done(exit_code=0), {"command": "echo $NODE_ENV"}, session)
+    assert runner.last().options["env"] == {"KEEP": "1", "NODE_ENV": "test", "TOKEN_PATH": "/t"}
+    assert runner.last().options["cwd"] == "/repo/web"
+
+
+def test_a_failed_command_still_carries_its_state() -> None:
+    session = SessionState()
+    answer, _, _ = bash(
+        done(exit_code=1, env_changes={"A": "1"}), {"command": "export A=1; false"}, session
+    )
+    assert answer == ToolText("Exit code 1", True)
+    assert session.env == {"A": "1"}
+
+
+def test_no_captured_state_leaves_the_session_alone() -> None:
+    session = SessionState(cwd="/repo", env={"A": "1"})
+    bash(done(exit_code=0), {"command": "exec true"}, session)
+    assert session == SessionState(cwd="/repo", env={"A": "1"})
+    bash(done(error=SystemError_(kind="bad_cwd", message="gone")), {"command": "ls"}, session)
+    assert session == SessionState(cwd="/repo", env={"A": "1"})
+
+
 def char_cut(total_lines: int, shown_lines: int, partial: bool) -> TruncationInfo:
     return TruncationInfo(
         direction="head",
