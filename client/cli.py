@@ -332,6 +332,62 @@ def cmd_worker(args: argparse.Namespace) -> int:
     return status
 
 
+# ----------------------------------------------------------------------- schema, mcp
+
+
+def _dialect_or_usage(name: str) -> Any:
+    """The dialect called `name`; None (after saying which exist) when there is none."""
+    from client.dialects import UnknownDialectError, get_dialect  # noqa: PLC0415
+
+    try:
+        return get_dialect(name)
+    except UnknownDialectError as exc:
+        print(f"bashfleet: {exc}", file=sys.stderr)
+        return None
+
+
+def cmd_schema(args: argparse.Namespace) -> int:
+    from client.dialects import DIALECTS, schemas  # noqa: PLC0415
+
+    names = [args.dialect] if args.dialect else list(DIALECTS)
+    found = {name: _dialect_or_usage(name) for name in names}
+    if None in found.values():
+        return EXIT_USAGE
+    # As `bashfleet mcp --cwd` shows it: a relative path is one on this machine.
+    cwd = os.path.abspath(args.cwd) if args.cwd else None
+    tools = {
+        name: schemas(dialect, cwd=cwd, style=args.style) for name, dialect in found.items()
+    }
+    _print_json(tools[args.dialect] if args.dialect else tools)
+    return 0
+
+
+def cmd_mcp(args: argparse.Namespace) -> int:
+    import logging  # noqa: PLC0415
+
+    from client import mcp_server  # noqa: PLC0415 - the MCP SDK loads only for `mcp`
+    from client.sessions import validate_session_id  # noqa: PLC0415
+    from worker.registry import validate_host  # noqa: PLC0415
+
+    dialect = _dialect_or_usage(args.dialect)
+    if dialect is None:
+        return EXIT_USAGE
+    session = args.session or mcp_server.new_session_id()
+    try:
+        validate_session_id(session)
+        if args.host:
+            validate_host(args.host)
+    except ValueError as exc:
+        print(f"bashfleet mcp: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    # stdout carries the protocol: everything for people goes to stderr.
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    print(f"bashfleet mcp: {dialect.name} dialect, session {session} "
+          f"(resume it with --session {session})", file=sys.stderr)
+    mcp_server.serve(dialect, session, host=args.host, cwd=args.cwd)
+    return 0
+
+
 # ------------------------------------------------------------------------- parser
 
 
@@ -396,7 +452,25 @@ def build_parser() -> argparse.ArgumentParser:
     hosts = sub.add_parser("hosts", help="list hosts and their load")
     hosts.add_argument("--json", action="store_true")
     hosts.set_defaults(func=cmd_hosts)
+    _add_agent_commands(sub)
     return parser
+
+
+def _add_agent_commands(sub: Any) -> None:
+    """`schema` and `mcp`: the dialects as an agent sees them."""
+    schema = sub.add_parser("schema", help="print the tool schemas of the dialects as JSON")
+    schema.add_argument("--dialect", help="one dialect (default: all, by name)")
+    schema.add_argument("--style", choices=["anthropic", "openai", "mcp"], default="anthropic",
+                        help="the function-calling API's shape (default: anthropic)")
+    schema.add_argument("--cwd", help="working directory shown in descriptions (modes)")
+    schema.set_defaults(func=cmd_schema)
+
+    mcp = sub.add_parser("mcp", help="serve a dialect's tools over MCP (stdio)")
+    mcp.add_argument("--dialect", required=True, help="pipe, modes, pi, claude or native")
+    mcp.add_argument("--session", help="session id to create or resume (default: a new one)")
+    mcp.add_argument("--host", help="pin the session to this host (default: its first host)")
+    mcp.add_argument("--cwd", help="the session's working directory on the host")
+    mcp.set_defaults(func=cmd_mcp)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

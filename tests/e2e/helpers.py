@@ -1,0 +1,66 @@
+"""What the end-to-end tests share: the CLI in a private state directory, waits, cleanup."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import psutil
+import pytest
+
+T = TypeVar("T")
+
+
+def wait_for(check: Callable[[], T | None], what: str, timeout: float = 30.0) -> T:
+    """Poll `check` until it returns something truthy; fail with `what` on timeout."""
+    deadline = time.monotonic() + timeout
+    delay = 0.02
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what}")
+        time.sleep(delay)
+        delay = min(delay * 2, 0.5)
+
+
+class Cli:
+    """Runs `bashfleet` with a private state directory."""
+
+    def __init__(self, state_dir: Path) -> None:
+        self.env = dict(os.environ)
+        self.env["BASHFLEET_STATE_DIR"] = str(state_dir)
+        self.env.pop("BASHFLEET_REDIS_URL", None)
+        self.state_dir = state_dir
+
+    def __call__(self, *args: str, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "client.cli", *args],
+            env=self.env, capture_output=True, text=True, timeout=timeout, check=False,
+        )
+
+    def fleet_state(self) -> dict[str, Any]:
+        data: dict[str, Any] = json.loads((self.state_dir / "fleet" / "fleet.json").read_text())
+        return data
+
+
+def kill_recorded(cli: Cli) -> None:
+    """Last resort if `down` failed: end what fleet.json recorded, by pid."""
+    try:
+        state = cli.fleet_state()
+    except FileNotFoundError:
+        return
+    for proc in state["processes"]:
+        try:
+            if abs(psutil.Process(proc["pid"]).create_time() - proc["start_time"]) < 0.05:
+                os.killpg(proc["pid"], signal.SIGKILL)
+        except (psutil.Error, ProcessLookupError):
+            continue

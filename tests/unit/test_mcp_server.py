@@ -1,0 +1,507 @@
+"""The MCP server in-process: an SDK client over memory streams, the dialects' FakeRunner,
+sessions in a RedisSessionStore on fakeredis."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from typing import Any, cast
+
+import anyio
+import anyio.to_thread
+import fakeredis
+import pytest
+import redis
+from mcp import Client, types
+
+from client import cli
+from client.dialects import DIALECTS, SessionState, ToolText, get_dialect, schemas
+from client.dialects.testing import FakeRunner
+from client.errors import (
+    CallRejected,
+    FleetUnavailable,
+    HostUnavailable,
+    UnknownJob,
+    WorkerLost,
+)
+from client.fleet import Fleet
+from client.mcp_server import (
+    FleetBackend,
+    FleetRunner,
+    SessionRunner,
+    StaticBackend,
+    ToolServer,
+    build_server,
+)
+from client.sessions import RedisSessionStore
+from worker.models import CallResult, CheckResult, JobHandle
+
+NAMES = sorted(DIALECTS)
+SESSION = "s-test"
+JOB = JobHandle(id="j7", host="h1", pid=700, pgid=700, output_path="/jobs/j7.log")
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture
+def store() -> RedisSessionStore:
+    return RedisSessionStore(fakeredis.FakeRedis(decode_responses=True))
+
+
+def tool_server(
+    name: str, runner: Any, store: RedisSessionStore, **options: str | None
+) -> ToolServer:
+    return ToolServer(get_dialect(name), StaticBackend(runner, store), SESSION, **options)
+
+
+@asynccontextmanager
+async def connected(server: ToolServer, mode: str = "legacy") -> AsyncIterator[Client]:
+    """An SDK client on the server; `legacy`: JSON-RPC over memory streams."""
+    async with Client(build_server(server), mode=mode) as client:
+        yield client
+
+
+def text_of(result: types.CallToolResult) -> ToolText:
+    assert len(result.content) == 1
+    block = result.content[0]
+    assert isinstance(block, types.TextContent)
+    return ToolText(block.text, is_error=result.is_error)
+
+
+def done(**fields: Any) -> CallResult:
+    return CallResult(call_id="c1", host="h1", **fields)
+
+
+# ----------------------------------------------------------------------------- tools
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+@pytest.mark.parametrize("name", NAMES)
+async def test_list_tools_is_the_dialects_mcp_schema(
+    name: str, mode: str, store: RedisSessionStore
+) -> None:
+    async with connected(tool_server(name, FakeRunner(), store), mode) as client:
+        listed = await client.list_tools()
+    tools = [t.model_dump(by_alias=True, exclude_none=True, mode="json") for t in listed.tools]
+    assert tools == schemas(get_dialect(name), style="mcp")
+
+
+@pytest.mark.anyio
+async def test_modes_description_shows_the_session_cwd(store: RedisSessionStore) -> None:
+    async with connected(tool_server("modes", FakeRunner(), store, cwd="/src/app")) as client:
+        listed = await client.list_tools()
+    assert listed.tools[0].description is not None
+    assert listed.tools[0].description.endswith("<pwd>/src/app</pwd>")
+    assert [t.model_dump(by_alias=True, exclude_none=True) for t in listed.tools] == schemas(
+        get_dialect("modes"), cwd="/src/app", style="mcp"
+    )
+    # Without --cwd, the cwd a stored session has.
+    store.save(SESSION, SessionState(cwd="/from/redis"))
+    async with connected(tool_server("modes", FakeRunner(), store)) as client:
+        listed = await client.list_tools()
+    assert listed.tools[0].description is not None
+    assert "<pwd>/from/redis</pwd>" in listed.tools[0].description
+
+
+@pytest.mark.anyio
+async def test_tools_are_listed_while_the_fleet_is_down() -> None:
+    class Down:
+        def connect(self) -> Any:
+            raise FleetUnavailable("no fleet configured")
+
+        def reset(self) -> None:
+            pass
+
+    server = ToolServer(get_dialect("modes"), Down(), SESSION, cwd="/w")
+    async with connected(server) as client:
+        listed = await client.list_tools()
+        answer = text_of(await client.call_tool("bash", {"command": "ls"}))
+    assert [t.name for t in listed.tools] == ["bash"]
+    assert answer == ToolText("[system error: FleetUnavailable: no fleet configured]", True)
+
+
+# ------------------------------------------------------------------------------ calls
+
+CALLS: list[tuple[str, str, dict[str, Any], CallResult]] = [
+    ("pipe", "bash", {"command": "echo hi"}, done(exit_code=0, stdout="hi\n")),
+    ("modes", "bash", {"command": "echo x; exit 3"}, done(exit_code=3, stdout="x\n")),
+    ("pi", "bash", {"command": "true"}, done(exit_code=0)),
+    ("claude", "Bash", {"command": "echo hi"}, done(exit_code=0, stdout="hi\n")),
+    ("native", "bash", {"command": "make"}, done(exit_code=2, stderr="boom\n")),
+]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(("name", "tool", "args", "result"), CALLS)
+async def test_a_call_gives_the_dialects_text(
+    name: str, tool: str, args: dict[str, Any], result: CallResult, store: RedisSessionStore
+) -> None:
+    expected = get_dialect(name).call(tool, args, FakeRunner(run=[result]), SessionState())
+    runner = FakeRunner(run=[result])
+    async with connected(tool_server(name, runner, store)) as client:
+        answer = text_of(await client.call_tool(tool, args))
+    assert answer == expected
+    assert runner.last().target == args["command"]
+
+
+@pytest.mark.anyio
+async def test_is_error_is_carried(store: RedisSessionStore) -> None:
+    runner = FakeRunner(run=[done(exit_code=3, stdout="x\n"), done(exit_code=0, stdout="ok\n")])
+    async with connected(tool_server("modes", runner, store)) as client:
+        failed = await client.call_tool("bash", {"command": "echo x; exit 3"})
+        fine = await client.call_tool("bash", {"command": "echo ok"})
+    assert failed.is_error is True
+    assert text_of(failed).text.startswith("[command failed: exit code 3]")
+    assert fine.is_error is False
+    assert text_of(fine).text == "ok\n"
+
+
+BAD_CALLS: list[tuple[str, str, Any]] = [
+    ("pipe", "bash", {}),
+    ("pipe", "bash", {"command": "ls", "check_pid": 5}),
+    ("pipe", "bash", {"check_pid": 12345}),
+    ("modes", "bash", {"command": "ls", "mode": "turbo"}),
+    ("modes", "bash", {"command": 42}),
+    ("pi", "bash", {"command": "ls", "head": "ten"}),
+    ("pi", "bash", {"command": ""}),
+    ("claude", "Bash", {"command": "ls", "timeout": 10**9}),
+    ("claude", "BashOutput", {"bash_id": "no-such-shell"}),
+    ("claude", "KillBash", {}),
+    ("native", "bash", {"command": "ls", "timeout": -1}),
+    ("native", "bash_check", {"id": 5}),
+    ("native", "bash", {"command": "ls", "nested": {"a": [1, {"b": None}]}}),
+    ("native", "no_such_tool", {"command": "ls"}),
+    ("claude", "bash", None),
+]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(("name", "tool", "args"), BAD_CALLS)
+async def test_bad_arguments_are_error_results(
+    name: str, tool: str, args: Any, store: RedisSessionStore
+) -> None:
+    runner = FakeRunner()
+    async with connected(tool_server(name, runner, store)) as client:
+        bad = await client.call_tool(tool, args)
+        assert bad.is_error is True
+        assert text_of(bad).text
+        # The server is still there, and serves the next call.
+        first_tool = get_dialect(name).tools()[0].name
+        good = await client.call_tool(first_tool, {"command": "true"})
+    assert good.is_error is False
+    assert [c.target for c in runner.calls if c.method == "run"] == ["true"]
+
+
+FLEET_ERRORS = [
+    FleetUnavailable("Redis at redis://:**@localhost:6379// is unreachable"),
+    HostUnavailable("no live worker for host 'h9' (live hosts: h1)", host="h9"),
+    UnknownJob("no job j404"),
+    WorkerLost("the worker on h1 was lost while running call c1", call_id="c1", host="h1"),
+    CallRejected("invalid call: timeout_s: Input should be less than or equal to 86400"),
+]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("error", FLEET_ERRORS, ids=lambda e: type(e).__name__)
+@pytest.mark.parametrize("name", NAMES)
+async def test_fleet_errors_are_error_results(
+    name: str, error: Exception, store: RedisSessionStore
+) -> None:
+    failing = FakeRunner(error=error)
+    async with connected(tool_server(name, failing, store)) as client:
+        tool = get_dialect(name).tools()[0].name
+        answer = text_of(await client.call_tool(tool, {"command": "make"}))
+        failing.error = None
+        after = await client.call_tool(tool, {"command": "true"})
+    assert answer.is_error
+    assert f"{type(error).__name__}: {error}" in answer.text
+    assert after.is_error is False
+
+
+@pytest.mark.anyio
+async def test_a_bug_of_ours_is_an_error_result_not_a_dead_server(
+    store: RedisSessionStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server = tool_server("native", FakeRunner(), store)
+    render = server.dialect.render_run  # type: ignore[attr-defined]
+
+    def buggy(result: CallResult, mode: str, timeout: float | None) -> ToolText:
+        if result.call_id == "fake-1":
+            raise KeyError("oops")
+        return cast(ToolText, render(result, mode, timeout))
+
+    monkeypatch.setattr(server.dialect, "render_run", buggy)
+    async with connected(server) as client:
+        answer = text_of(await client.call_tool("bash", {"command": "broken"}))
+        after = await client.call_tool("bash", {"command": "true"})
+    assert answer == ToolText("[system error: internal error: KeyError: 'oops']", True)
+    assert after.is_error is False
+
+
+# ---------------------------------------------------------------------------- session
+
+
+@pytest.mark.anyio
+async def test_the_first_host_pins_the_session(store: RedisSessionStore) -> None:
+    runner = FakeRunner(run=[done(exit_code=0), done(exit_code=0)])
+    async with connected(tool_server("pipe", runner, store)) as client:
+        await client.call_tool("bash", {"command": "hostname"})
+        await client.call_tool("bash", {"command": "hostname"})
+    assert [c.options["host"] for c in runner.calls] == [None, "h1"]
+    assert store.load(SESSION).host == "h1"
+
+
+@pytest.mark.anyio
+async def test_host_and_cwd_options_set_the_session(store: RedisSessionStore) -> None:
+    store.save(SESSION, SessionState(host="old", cwd="/old", env={"KEEP": "1"}))
+    runner = FakeRunner()
+    server = tool_server("modes", runner, store, host="h2", cwd="/src")
+    async with connected(server) as client:
+        await client.call_tool("bash", {"command": "pwd"})
+        await client.call_tool("bash", {"command": "pwd"})
+    assert [(c.options["host"], c.options["cwd"]) for c in runner.calls] == [("h2", "/src")] * 2
+    assert store.load(SESSION) == SessionState(host="h2", cwd="/src", env={"KEEP": "1"})
+
+
+@pytest.mark.anyio
+async def test_a_restarted_server_resumes_the_session(store: RedisSessionStore) -> None:
+    started = done(backgrounded=True, job=JOB)
+    async with connected(tool_server("claude", FakeRunner(run=[started]), store)) as client:
+        answer = text_of(
+            await client.call_tool("Bash", {"command": "serve", "run_in_background": True})
+        )
+    assert answer == ToolText("Command running in background with ID: j7")
+    runner = FakeRunner(
+        check=[CheckResult(id="j7", host="h1", running=True, output="up\n", offset=3)]
+    )
+    async with connected(tool_server("claude", runner, store)) as client:  # a new process
+        output = text_of(await client.call_tool("BashOutput", {"bash_id": "j7"}))
+    assert output == ToolText("<status>running</status>\n\n<stdout>\nup\n</stdout>")
+    assert store.load(SESSION).offsets == {"j7": 3}
+    assert store.load(SESSION).host == "h1"
+
+
+@pytest.mark.anyio
+async def test_claude_state_is_carried_between_calls(store: RedisSessionStore) -> None:
+    exported = done(exit_code=0, env_changes={"FOO": "bar"}, cwd_after="/tmp/x")
+    runner = FakeRunner(run=[exported, done(exit_code=0, stdout="bar\n")])
+    async with connected(tool_server("claude", runner, store)) as client:
+        await client.call_tool("Bash", {"command": "cd /tmp/x; export FOO=bar"})
+        answer = text_of(await client.call_tool("Bash", {"command": "echo $FOO"}))
+    assert answer == ToolText("bar")
+    second = runner.calls[1].options
+    assert (second["env"], second["cwd"], second["capture_state"]) == (
+        {"FOO": "bar"},
+        "/tmp/x",
+        True,
+    )
+
+
+@pytest.mark.anyio
+async def test_calls_run_concurrently_and_both_keep_their_changes(
+    store: RedisSessionStore,
+) -> None:
+    """A long Bash call does not block BashOutput; each one's session changes are kept."""
+    store.save(SESSION, SessionState(host="h1", jobs={}, pids={}))
+    session = store.load(SESSION)
+    session.remember(JOB, "serve")
+    store.save(SESSION, session)
+    started, release = threading.Event(), threading.Event()
+
+    class Slow(FakeRunner):
+        def run(self, command: str, **options: Any) -> CallResult:
+            started.set()
+            assert release.wait(10)
+            return done(exit_code=0, env_changes={"BUILT": "1"})
+
+    runner = Slow(check=[CheckResult(id="j7", host="h1", running=True, output="a\n", offset=2)])
+    async with connected(tool_server("claude", runner, store)) as client:
+        results: dict[str, types.CallToolResult] = {}
+
+        async def build() -> None:
+            results["build"] = await client.call_tool("Bash", {"command": "make"})
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(build)
+            assert await anyio.to_thread.run_sync(started.wait, 10)
+            with anyio.fail_after(5):
+                output = await client.call_tool("BashOutput", {"bash_id": "j7"})
+            assert "build" not in results  # answered while the build still ran
+            release.set()
+    assert text_of(output).text.endswith("<stdout>\na\n</stdout>")
+    assert results["build"].is_error is False
+    final = store.load(SESSION)
+    assert final.offsets == {"j7": 2}
+    assert final.env == {"BUILT": "1"}
+
+
+@pytest.mark.anyio
+async def test_a_session_that_cannot_be_saved_says_so(store: RedisSessionStore) -> None:
+    class Unsaved(RedisSessionStore):
+        def commit(self, session_id: str, base: SessionState, mine: SessionState) -> Any:
+            raise redis.ConnectionError("Connection refused")
+
+    unsaved = Unsaved(fakeredis.FakeRedis(decode_responses=True))
+    runner = FakeRunner(run=[done(exit_code=0, stdout="hi\n")])
+    async with connected(tool_server("pipe", runner, unsaved)) as client:
+        answer = text_of(await client.call_tool("bash", {"command": "echo hi"}))
+    assert answer.is_error is False
+    assert answer.text.endswith(
+        "[bashfleet: the session could not be saved: ConnectionError: Connection refused]"
+    )
+
+
+# ------------------------------------------------------------------------ the adapters
+
+
+class RecordingFleet:
+    """Stands for `Fleet`: records what each method was given."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, dict[str, Any]]] = []
+
+    def run(self, command: str, **options: Any) -> CallResult:
+        self.calls.append(("run", options))
+        return done(exit_code=0)
+
+    def check(self, id: str, **options: Any) -> Any:
+        self.calls.append(("check", options))
+        return CheckResult(id=id, host="h1", running=False, exit_code=0)
+
+    def kill(self, id: str, **options: Any) -> Any:
+        self.calls.append(("kill", options))
+        return CheckResult(id=id, host="h1", running=False, signal=15)
+
+
+def test_fleet_runner_passes_every_option_through() -> None:
+    fleet = RecordingFleet()
+    runner = FleetRunner(cast(Fleet, fleet))
+    policy = get_dialect("claude").policy()
+    runner.run("ls", head=5, unset_env=["LANG"], capture_state=True, mode="slow", policy=policy)
+    runner.check("j1", offset=0, stderr_offset=7, policy=policy)
+    runner.kill("j1", offset=3)
+    run, check, kill = (options for _, options in fleet.calls)
+    assert run == {
+        "host": None, "mode": "slow", "timeout": None, "cwd": None, "session": None,
+        "policy": policy, "env": None, "head": 5, "tail": None, "unset_env": ["LANG"],
+        "capture_state": True,
+    }  # fmt: skip
+    assert check == {"grep": None, "offset": 0, "stderr_offset": 7, "policy": policy}
+    assert kill == {"offset": 3, "policy": None}
+
+
+def test_fleet_runner_reports_an_unreachable_fleet() -> None:
+    lost: list[bool] = []
+
+    class Unreachable(RecordingFleet):
+        def run(self, command: str, **options: Any) -> CallResult:
+            raise FleetUnavailable("Redis is unreachable")
+
+    runner = FleetRunner(cast(Fleet, Unreachable()), on_unavailable=lambda: lost.append(True))
+    with pytest.raises(FleetUnavailable):
+        runner.run("ls")
+    assert lost == [True]
+
+
+def test_session_runner_pins_only_a_host_that_ran_the_call() -> None:
+    state = SessionState()
+    runner = FakeRunner(run=[CallResult(call_id="c0", host=""), done(exit_code=0)])
+    pinned = SessionRunner(runner, state)
+    pinned.run("a")
+    assert state.host is None  # never reached a host
+    pinned.run("b", capture_state=True)
+    assert state.host == "h1"
+    pinned.run("c", host="h2")  # an explicit host wins for that call, keeps the pin
+    assert [c.options["host"] for c in runner.calls] == [None, None, "h2"]
+    assert runner.calls[1].options["capture_state"] is True
+    assert state.host == "h1"
+    pinned.check("j1", offset=4)
+    pinned.kill("j1")
+    assert [c.method for c in runner.calls[3:]] == ["check", "kill"]
+
+
+def test_a_dead_pinned_host_says_how_to_move_the_session() -> None:
+    dead = HostUnavailable("no live worker for host 'h1' (live hosts: h2)", host="h1")
+    pinned = SessionRunner(FakeRunner(error=dead), SessionState(host="h1"))
+    with pytest.raises(HostUnavailable) as caught:
+        pinned.run("ls", host="h1")
+    assert caught.value.message == (
+        "no live worker for host 'h1' (live hosts: h2). This session is pinned to h1; "
+        "to move it, restart `bashfleet mcp` with --host and a live host"
+    )
+    assert caught.value.host == "h1"
+    # A host the agent named for one call is its own choice: the error is as it was.
+    with pytest.raises(HostUnavailable) as caught:
+        SessionRunner(FakeRunner(error=dead), SessionState(host="h2")).run("ls", host="h1")
+    assert caught.value is dead
+
+
+@pytest.fixture
+def no_fleet(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.delenv("BASHFLEET_REDIS_URL", raising=False)
+    monkeypatch.setenv("BASHFLEET_STATE_DIR", str(tmp_path))
+    yield
+
+
+@pytest.mark.anyio
+@pytest.mark.usefixtures("no_fleet")
+async def test_no_fleet_configured_is_an_error_result_until_there_is_one() -> None:
+    server = ToolServer(get_dialect("claude"), FleetBackend(), SESSION)
+    async with connected(server) as client:
+        answer = text_of(await client.call_tool("Bash", {"command": "ls"}))
+        listed = await client.list_tools()
+    assert answer.is_error
+    assert answer.text.startswith("Error: FleetUnavailable: no fleet configured")
+    assert [t.name for t in listed.tools] == ["Bash", "BashOutput", "KillBash"]
+
+
+def test_a_bad_session_id_is_refused_up_front(store: RedisSessionStore) -> None:
+    with pytest.raises(ValueError, match="invalid session id"):
+        ToolServer(get_dialect("pi"), StaticBackend(FakeRunner(), store), "no spaces please")
+
+
+# -------------------------------------------------------------------------------- CLI
+
+
+def test_cli_schema_prints_every_dialect(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["schema"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert list(printed) == list(DIALECTS)
+    for name, tools in printed.items():
+        assert tools == schemas(get_dialect(name))
+
+
+@pytest.mark.parametrize("style", ["anthropic", "openai", "mcp"])
+def test_cli_schema_of_one_dialect(style: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["schema", "--dialect", "modes", "--style", style, "--cwd", "/w"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed == schemas(get_dialect("modes"), cwd="/w", style=style)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["schema", "--dialect", "bash"], "unknown dialect 'bash'; known dialects: claude, modes"),
+        (["mcp", "--dialect", "bash"], "unknown dialect 'bash'; known dialects: claude, modes"),
+        (["mcp", "--dialect", "pi", "--session", "a/b"], "invalid session id 'a/b'"),
+        (["mcp", "--dialect", "pi", "--host", "any"], "invalid host id 'any'"),
+    ],
+)
+def test_cli_usage_errors(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_cli_mcp_needs_a_dialect(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as caught:
+        cli.main(["mcp"])
+    assert caught.value.code == 2
+    assert "--dialect" in capsys.readouterr().err
