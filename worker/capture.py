@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -85,7 +86,69 @@ class FollowedFile:
         return self.newlines + (1 if partial else 0)
 
 
-def _pread(path: Path, offset: int, size: int) -> bytes:
+class MemoryStream:
+    """A stream kept in memory when no spill file can be written.
+
+    Holds the first `head_cap` bytes and (about) the last `tail_cap` bytes, with exact
+    byte and line counts, so memory stays bounded whatever the command prints while
+    every policy can still shape its shown part (their windows fit in 1 MiB).
+    """
+
+    def __init__(self, head_cap: int = WHOLE_READ_LIMIT, tail_cap: int = WHOLE_READ_LIMIT) -> None:
+        self.head_cap = head_cap
+        self.tail_cap = tail_cap
+        self.head = bytearray()
+        self.tail = bytearray()
+        self.total = 0
+        self.newlines = 0
+        self.last_byte: int | None = None
+        self.last_write = 0.0
+
+    def append(self, data: bytes) -> None:
+        """Take the next bytes of the stream."""
+        if not data:
+            return
+        self.total += len(data)
+        self.newlines += data.count(b"\n")
+        self.last_byte = data[-1]
+        self.last_write = time.time()
+        room = self.head_cap - len(self.head)
+        if room > 0:
+            self.head += data[:room]
+        self.tail += data
+        if len(self.tail) > 2 * self.tail_cap:
+            del self.tail[: len(self.tail) - self.tail_cap]  # amortized trim
+
+    @property
+    def lines(self) -> int:
+        """Lines so far, a last line without newline included."""
+        partial = self.last_byte is not None and self.last_byte != ord("\n")
+        return self.newlines + (1 if partial else 0)
+
+    def read(self, offset: int, size: int) -> bytes:
+        """Bytes `offset` to `offset + size` of the stream, as far as they are kept.
+
+        A range inside the head is exact; otherwise only its part inside the kept
+        tail is returned (the middle of a huge output is gone: that is the point).
+        """
+        offset = max(0, offset)
+        end = min(self.total, offset + size)
+        if end <= len(self.head):
+            return bytes(self.head[offset:end])
+        tail_start = self.total - len(self.tail)
+        start = max(offset, tail_start)
+        if start >= end:
+            return b""
+        return bytes(self.tail[start - tail_start : end - tail_start])
+
+
+Source = Path | MemoryStream
+"""Where a stream's bytes are: its spill file, or memory when no file could be written."""
+
+
+def _pread(path: Source, offset: int, size: int) -> bytes:
+    if isinstance(path, MemoryStream):
+        return path.read(offset, size)
     with open(path, "rb") as handle:
         handle.seek(max(0, offset))
         return handle.read(size)
@@ -105,7 +168,7 @@ class Shaped:
 
 
 def shape(
-    path: Path,
+    path: Source,
     size: int,
     total_lines: int,
     policy: Truncation,
@@ -186,7 +249,7 @@ def _raw_totals(
 
 
 def _shape_tail(
-    path: Path,
+    path: Source,
     size: int,
     total_lines: int,
     policy: TailLines | ByteTail,
@@ -219,7 +282,7 @@ def _shape_tail(
 
 
 def _shape_head(
-    path: Path,
+    path: Source,
     size: int,
     total_lines: int,
     policy: CharCap,
@@ -236,7 +299,7 @@ def _shape_head(
 
 
 def _shape_middle(
-    path: Path,
+    path: Source,
     size: int,
     total_lines: int,
     policy: Middle,

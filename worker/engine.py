@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from worker import jobs, normalize, procs, session_state, truncate
-from worker.capture import FollowedFile, Shaped, shape
+from worker.capture import FollowedFile, MemoryStream, Shaped, Source, shape
 from worker.environment import ChildEnv, build_env
 from worker.models import (
     Call,
@@ -70,6 +70,44 @@ class _Streams:
         if self.stderr is not None:
             files.append(FollowedFile(self.stderr))
         return files
+
+
+@dataclass
+class _Pipes:
+    """Output kept in bounded memory because the spill directory cannot take it."""
+
+    stdout: MemoryStream
+    stderr: MemoryStream | None  # None: stderr goes into stdout (combined)
+    reason: str
+    pumps: list[threading.Thread]
+
+    def drained(self, timeout: float = 1.0) -> None:
+        """Wait for the pumps to reach EOF; a daemon the call left holding a pipe may
+        keep one open, so give up after `timeout` (memory stays bounded either way)."""
+        deadline = time.monotonic() + timeout
+        for pump in self.pumps:
+            pump.join(max(0.0, deadline - time.monotonic()))
+
+
+class _NoSpillError(Exception):
+    """The spill files cannot be written: capture in memory instead."""
+
+
+def spill_problem(settings: Settings) -> str | None:
+    """Why spill files cannot be used now (unusable or too full a directory), or None."""
+    try:
+        info = os.statvfs(settings.spill_dir)
+    except FileNotFoundError:
+        return None  # created by the first call
+    except OSError as exc:
+        return f"spill directory unusable: {exc}"
+    free = info.f_bavail * info.f_frsize
+    if free < settings.spill_min_free_bytes:
+        return (
+            f"spill directory nearly full ({free} bytes free, "
+            f"below {settings.spill_min_free_bytes})"
+        )
+    return None
 
 
 def resolve_cwd(cwd: str | None) -> str:
@@ -160,16 +198,61 @@ def _open_streams(call: Call, settings: Settings) -> _Streams:
     )
 
 
-def _spawn(call: Call, cwd: str, child: ChildEnv, streams: _Streams) -> subprocess.Popen[bytes]:
+def _open_files(streams: _Streams) -> tuple[int, int]:
+    """Open the spill files; _NoSpillError when the directory cannot take them."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_CLOEXEC
     try:
-        out_fd = os.open(streams.stdout, flags, 0o600)
-    except FileNotFoundError:
-        # First call (or the directory was removed): create it. Not done on every call,
-        # where the mkdir was a measurable part of a `true` call's overhead.
-        streams.stdout.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        out_fd = os.open(streams.stdout, flags, 0o600)
-    err_fd = os.open(streams.stderr, flags, 0o600) if streams.stderr else out_fd
+        try:
+            out_fd = os.open(streams.stdout, flags, 0o600)
+        except FileNotFoundError:
+            # First call (or the directory was removed): create it. Not done on every
+            # call, where the mkdir was a measurable part of a `true` call's overhead.
+            streams.stdout.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            out_fd = os.open(streams.stdout, flags, 0o600)
+    except OSError as exc:
+        raise _NoSpillError(f"spill directory unusable: {exc}") from exc
+    if streams.stderr is None:
+        return out_fd, out_fd
+    try:
+        return out_fd, os.open(streams.stderr, flags, 0o600)
+    except OSError as exc:
+        os.close(out_fd)
+        streams.stdout.unlink(missing_ok=True)
+        raise _NoSpillError(f"spill directory unusable: {exc}") from exc
+
+
+def _spawn_piped(call: Call, cwd: str, child: ChildEnv, reason: str) -> tuple[
+    subprocess.Popen[bytes], _Pipes
+]:
+    """Spawn with pipes pumped into bounded memory: the fallback when no file can be written."""
+    combined = call.policy.streams == "combined"
+    try:
+        proc = subprocess.Popen(
+            ["bash", "-c", call.command], cwd=cwd, env=child.env, stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT if combined else subprocess.PIPE,
+            start_new_session=True, close_fds=True,
+        )
+    except OSError as exc:
+        raise CallError("spawn_failed", f"could not start bash: {exc}") from exc
+    pipes = _Pipes(MemoryStream(), None if combined else MemoryStream(), reason, [])
+    targets = [(proc.stdout, pipes.stdout), (proc.stderr, pipes.stderr)]
+    for pipe, stream in targets:
+        if pipe is not None and stream is not None:
+            pump = threading.Thread(
+                target=_pump, args=(pipe.fileno(), stream), name="bashfleet-pump", daemon=True
+            )
+            pump.start()
+            pipes.pumps.append(pump)
+    return proc, pipes
+
+
+def _pump(fd: int, stream: MemoryStream) -> None:
+    while chunk := os.read(fd, 65536):
+        stream.append(chunk)
+
+
+def _spawn(call: Call, cwd: str, child: ChildEnv, streams: _Streams) -> subprocess.Popen[bytes]:
+    out_fd, err_fd = _open_files(streams)
     try:
         return subprocess.Popen(
             ["bash", "-c", call.command],
@@ -245,8 +328,16 @@ def _run_foreground(
     if call.capture_state:
         wrapped = session_state.wrap_command(call.command, str(state_path))
         to_run = call.model_copy(update={"command": wrapped})
-    proc = _spawn(to_run, cwd, child, streams)
-    files = streams.followers()
+    pipes: _Pipes | None = None
+    problem = spill_problem(settings)
+    try:
+        if problem is not None:
+            raise _NoSpillError(problem)
+        proc = _spawn(to_run, cwd, child, streams)
+    except _NoSpillError as exc:
+        # Never lose the call for want of disk: keep its output in bounded memory.
+        proc, pipes = _spawn_piped(to_run, cwd, child, str(exc))
+    files = streams.followers() if pipes is None else []
     timeout_s = call.timeout_s if call.timeout_s is not None else call.policy.default_timeout_s
     try:
         if on_spawn is not None:
@@ -258,11 +349,14 @@ def _run_foreground(
         procs.terminate(proc.pid, marker, grace_s=0, rounds=settings.sweep_rounds)
         proc.wait()
         raise
-    result = _Outcome(call, settings, streams, files, secrets, cwd, started)
+    result = _Outcome(call, settings, streams, files, secrets, cwd, started, pipes)
+    if pipes is not None and outcome == "exited":
+        pipes.drained()
     if outcome == "exited":
         finished = result.finished(proc.returncode)
         return _with_state(finished, state_path, child.env) if call.capture_state else finished
-    if outcome == "timeout" and call.policy.on_timeout == "background":
+    # With output in memory there is no file to keep running into: kill instead.
+    if outcome == "timeout" and call.policy.on_timeout == "background" and pipes is None:
         record = jobs.adopt_foreground(call, proc, streams.stdout, streams.stderr, cwd, settings)
         return result.backgrounded(record, proc.pid)
     # What the call was doing when its time ran out, for the notice, before killing it.
@@ -271,6 +365,8 @@ def _run_foreground(
         proc.pid, marker, grace_s=call.policy.kill_grace_s, rounds=settings.sweep_rounds
     )
     proc.wait()
+    if pipes is not None:
+        pipes.drained()
     return result.killed(proc.returncode, survivors, doing, cancelled=outcome == "cancel")
 
 
@@ -301,21 +397,31 @@ class _Outcome:
     secrets: re.Pattern[str] | None
     cwd: str
     started: float
+    pipes: _Pipes | None = None
+
+    def _sources(self) -> list[tuple[Source, int, int]]:
+        """(source, size, lines) of each stream, files caught up to their end."""
+        if self.pipes is not None:
+            streams = [self.pipes.stdout] + ([self.pipes.stderr] if self.pipes.stderr else [])
+            return [(m, m.total, m.lines) for m in streams]
+        for followed in self.files:
+            followed.catch_up()
+        return [(f.path, f.offset, f.lines) for f in self.files]
 
     def _shaped(self) -> tuple[Shaped, Shaped | None]:
         policy = self.call.policy
-        shaped: list[Shaped] = []
-        for followed in self.files:
-            followed.catch_up()
-            shaped.append(
-                shape(
-                    followed.path, followed.offset, followed.lines, policy.truncation,
-                    self.secrets, digest=policy.digest_errors,
-                )
-            )
+        shaped = [
+            shape(source, size, lines, policy.truncation, self.secrets,
+                  digest=policy.digest_errors)
+            for source, size, lines in self._sources()
+        ]
         return shaped[0], (shaped[1] if len(shaped) > 1 else None)
 
     def _spill(self, out: Shaped, err: Shaped | None, keep: bool) -> Spill | None:
+        if self.pipes is not None:
+            cut = out.info.truncated or (err is not None and err.info.truncated)
+            reason = f"{self.pipes.reason}; output kept in memory, the cut part is lost"
+            return Spill(host=self.settings.host, error=reason) if cut else None
         sizes = [f.offset for f in self.files]
         wanted = keep or (
             (out.info.truncated or (err is not None and err.info.truncated))
@@ -339,7 +445,7 @@ class _Outcome:
         return CallResult(
             call_id=self.call.call_id,
             host=self.settings.host,
-            combined=self.streams.stderr is None,
+            combined=self.call.policy.streams == "combined",
             stdout=out_text,
             stderr=err_text,
             stdout_truncation=out.info,
@@ -365,6 +471,11 @@ class _Outcome:
 
     def _output_age(self) -> float | None:
         """Seconds since any of the call's files last grew; None when it wrote nothing."""
+        if self.pipes is not None:
+            last = self.pipes.stdout.last_write
+            if self.pipes.stderr is not None:
+                last = max(last, self.pipes.stderr.last_write)
+            return round(max(0.0, time.time() - last), 3) if last else None
         stamps = []
         for followed in self.files:
             with contextlib.suppress(OSError):
