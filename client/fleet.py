@@ -198,7 +198,14 @@ class Fleet:
             if session is not None and host is None and label is None:
                 host = self._session_host(session)
             queue, target = self._route(host, label)
-            if not registry.new_call(self._redis, call.call_id, queue, target):
+            # One round trip: the host's liveness and the new call record, atomically.
+            submitted = registry.submit_call(
+                self._redis, call.call_id, queue, target, require_alive=target is not None
+            )
+            if submitted == "down" and target is not None:
+                self._require_alive(target)  # raises HostUnavailable, with the live hosts
+                submitted = registry.submit_call(self._redis, call.call_id, queue, target)
+            if submitted == "taken":
                 raise CallRejected(f"call id {call.call_id} is already in use")
             pending = self._celery.send_task(
                 registry.TASK_EXEC, args=[call.model_dump(mode="json")], queue=queue,
@@ -236,13 +243,15 @@ class Fleet:
         return str(pinned) if pinned else None
 
     def _route(self, host: str | None, label: str | None) -> tuple[str, str | None]:
-        """(queue, target host) for a call; HostUnavailable when nobody would take it."""
+        """(queue, target host) for a call; HostUnavailable when nobody would take it.
+
+        A named host's liveness is checked by `run`, with the call's record.
+        """
         if host is not None:
             try:
                 registry.validate_host(host)
             except ValueError as exc:
                 raise CallRejected(str(exc)) from None
-            self._require_alive(host)
             return registry.exec_queue(host), host
         alive = registry.live_hosts(self._redis)
         if label is not None:

@@ -2,7 +2,9 @@
 
 Both sides use this module (the client for names and reads, the worker for writes);
 it imports nothing but redis and the wire models. All updates that race (the host
-lock, a call's state) are WATCH/MULTI transactions, so they hold on any Redis.
+lock, a call's state) are atomic: WATCH/MULTI transactions, and a Lua script each for
+the three transitions every call makes (submit, claim, finish), which take one round
+trip instead of three and never retry (see `_Script`).
 
 Keys (prefix `bashfleet:`; every key has a TTL or an owner that deletes it):
 
@@ -40,6 +42,7 @@ Call states: `queued` (the client sent it) -> `running` (a worker claimed it) ->
 
 from __future__ import annotations
 
+import hashlib
 import re
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -218,6 +221,32 @@ def _transaction(client: Redis, keys: list[str], body: Callable[[Any], T]) -> T:
                 continue
 
 
+class _Script:
+    """A Lua script run with EVALSHA (loaded on first use, and again after a restart).
+
+    Redis runs a script atomically, so a read-check-write needs one round trip and no
+    WATCH retry loop: what the hot path of every call (submit, claim, finish) uses.
+    """
+
+    def __init__(self, source: str) -> None:
+        # `unpack` is a global in Redis' Lua 5.1 and `table.unpack` in later Luas
+        # (fakeredis' through lupa).
+        self.source = "local unpack = unpack or table.unpack\n" + source
+        self.sha = hashlib.sha1(self.source.encode()).hexdigest()  # noqa: S324 - Redis' id
+
+    def __call__(self, client: Redis, keys: list[str], args: list[object]) -> Any:
+        try:
+            return client.evalsha(self.sha, len(keys), *keys, *args)  # type: ignore[arg-type]
+        except redis.exceptions.NoScriptError:
+            # Not loaded yet (or Redis restarted): EVAL runs it and caches it.
+            return client.eval(self.source, len(keys), *keys, *args)  # type: ignore[arg-type]
+
+
+def _flat(fields: Mapping[str, object]) -> list[object]:
+    """Hash fields as the flat name, value list a script passes to HSET."""
+    return [item for pair in _fields(fields).items() for item in pair]
+
+
 def _str(mapping: Mapping[str, str], name: str) -> str | None:
     value = mapping.get(name)
     return value if value not in (None, "") else None
@@ -378,23 +407,53 @@ def reset_running(client: Redis, host: str) -> None:
 # ------------------------------------------------------------------------------ calls
 
 
-def new_call(client: Redis, call_id: str, queue: str, host: str | None) -> bool:
-    """Record a call as queued (client side); False when the id is already taken."""
-    key = call_key(call_id)
+# KEYS: call, [alive]; ARGV: call TTL, fields... Refuses when the host is down (its
+# lock gone) or the id taken, so the client checks and records in one round trip.
+_SUBMIT = _Script("""
+if KEYS[2] and redis.call('EXISTS', KEYS[2]) == 0 then return 'down' end
+if redis.call('EXISTS', KEYS[1]) == 1 then return 'taken' end
+redis.call('HSET', KEYS[1], unpack(ARGV, 2))
+redis.call('EXPIRE', KEYS[1], ARGV[1])
+return 'ok'
+""")
+
+
+def submit_call(
+    client: Redis, call_id: str, queue: str, host: str | None, *, require_alive: bool = False
+) -> str:
+    """Record a call as queued (client side), atomically with the checks it needs.
+
+    Returns "ok"; "taken" when the id is already in use; "down" when `require_alive`
+    and no worker holds `host` (nothing is recorded then).
+    """
     fields = {
         "call_id": call_id, "state": "queued", "queue": queue, "host": host,
         "sent_at": time.time(),
     }
+    keys = [call_key(call_id)]
+    if require_alive:
+        if host is None:
+            raise ValueError("require_alive needs a host")
+        keys.append(alive_key(host))
+    return cast(str, _SUBMIT(client, keys, [CALL_TTL_S, *_flat(fields)]))
 
-    def body(pipe: Any) -> bool:
-        taken = bool(pipe.exists(key))
-        pipe.multi()
-        if not taken:
-            pipe.hset(key, mapping=_fields(fields))
-            pipe.expire(key, CALL_TTL_S)
-        return not taken
 
-    return _transaction(client, [key], body)
+def new_call(client: Redis, call_id: str, queue: str, host: str | None) -> bool:
+    """Record a call as queued (client side); False when the id is already taken."""
+    return submit_call(client, call_id, queue, host) == "ok"
+
+
+# KEYS: call, running; ARGV: call TTL, running TTL, call id, fields... A call in any
+# state but queued (or unknown: its record expired, or Redis lost it) is not claimed.
+_CLAIM = _Script("""
+local state = redis.call('HGET', KEYS[1], 'state')
+if state and state ~= 'queued' then return state end
+redis.call('HSET', KEYS[1], unpack(ARGV, 4))
+redis.call('EXPIRE', KEYS[1], ARGV[1])
+redis.call('SADD', KEYS[2], ARGV[3])
+redis.call('EXPIRE', KEYS[2], ARGV[2])
+return 'ok'
+""")
 
 
 def claim_call(
@@ -405,24 +464,14 @@ def claim_call(
     A call the client withdrew (cancelled, abandoned) or that already ran is never
     started: this is the at-most-once guard on the worker side.
     """
-    key = call_key(call_id)
-
-    def body(pipe: Any) -> str:
-        state = pipe.hget(key, "state")
-        pipe.multi()
-        if state not in (None, "queued"):
-            return cast(str, state)
-        fields = {
-            "call_id": call_id, "state": "running", "host": host, "instance": instance,
-            "worker_pid": worker_pid, "started_at": time.time(),
-        }
-        pipe.hset(key, mapping=_fields(fields))
-        pipe.expire(key, CALL_TTL_S)
-        pipe.sadd(running_key(host), call_id)
-        pipe.expire(running_key(host), RUNNING_TTL_S)
-        return "ok"
-
-    return _transaction(client, [key], body)
+    fields = {
+        "call_id": call_id, "state": "running", "host": host, "instance": instance,
+        "worker_pid": worker_pid, "started_at": time.time(),
+    }
+    return cast(str, _CLAIM(
+        client, [call_key(call_id), running_key(host)],
+        [CALL_TTL_S, RUNNING_TTL_S, call_id, *_flat(fields)],
+    ))
 
 
 def withdraw_call(client: Redis, call_id: str, state: str = "abandoned") -> str | None:
@@ -463,12 +512,32 @@ def mark_call(
     return _transaction(client, [key], body)
 
 
-def update_call(client: Redis, call_id: str, **fields: object) -> None:
-    """Set fields of a call record (pid, pgid, marker, spill...) without a transition."""
+def update_call(client: Redis, call_id: str, **fields: object) -> str | None:
+    """Set fields of a call record (pid, pgid, marker, spill...) without a transition.
+
+    Returns the call's state as it is after the update (one round trip for both).
+    """
+    key = call_key(call_id)
     with client.pipeline() as pipe:
-        pipe.hset(call_key(call_id), mapping=_fields(fields))
-        pipe.expire(call_key(call_id), CALL_TTL_S)
-        pipe.execute()
+        pipe.hset(key, mapping=_fields(fields))
+        pipe.expire(key, CALL_TTL_S)
+        pipe.hget(key, "state")
+        return cast("str | None", pipe.execute()[-1])
+
+
+# KEYS: call, running; ARGV: call TTL, call id, end time, fields... Returns the state
+# the call ended from (nil: no record).
+_FINISH = _Script("""
+local current = redis.call('HGET', KEYS[1], 'state')
+local final = 'done'
+if current == 'cancelling' then final = 'cancelled'
+elseif current == 'stopping' then final = 'stopped'
+elseif current == 'lost' then final = 'lost' end
+redis.call('HSET', KEYS[1], 'state', final, 'ended_at', ARGV[3], unpack(ARGV, 4))
+redis.call('EXPIRE', KEYS[1], ARGV[1])
+redis.call('SREM', KEYS[2], ARGV[2])
+return current
+""")
 
 
 def finish_call(client: Redis, host: str, call_id: str, **fields: object) -> str | None:
@@ -477,20 +546,11 @@ def finish_call(client: Redis, host: str, call_id: str, **fields: object) -> str
     A call that was being cancelled ends `cancelled`; one killed because its worker
     stopped ends `stopped`; one already declared lost stays `lost`; otherwise `done`.
     """
-    key = call_key(call_id)
-
-    def body(pipe: Any) -> str | None:
-        current = cast("str | None", pipe.hget(key, "state"))
-        final = {"cancelling": "cancelled", "stopping": "stopped", "lost": "lost"}.get(
-            current or "", "done"
-        )
-        pipe.multi()
-        pipe.hset(key, mapping=_fields({**fields, "state": final, "ended_at": time.time()}))
-        pipe.expire(key, CALL_TTL_S)
-        pipe.srem(running_key(host), call_id)
-        return current
-
-    return _transaction(client, [key], body)
+    rest = {k: v for k, v in fields.items() if k not in ("state", "ended_at")}
+    return cast("str | None", _FINISH(
+        client, [call_key(call_id), running_key(host)],
+        [CALL_TTL_S, call_id, time.time(), *_flat(rest)],
+    ))
 
 
 def call_record(client: Redis, call_id: str) -> dict[str, str]:

@@ -154,8 +154,9 @@ def _spawn_hook(rt: Runtime, call: Call) -> SpawnHook:
         )
         hoststate.save_running(rt.settings, entry)
         try:
-            registry.update_call(rt.redis, call.call_id, pid=pid, pgid=pgid, marker=marker)
-            state = registry.call_record(rt.redis, call.call_id).get("state")
+            state = registry.update_call(
+                rt.redis, call.call_id, pid=pid, pgid=pgid, marker=marker
+            )
         except redis.RedisError as exc:
             log.warning("call %s: could not record its process: %s", call.call_id, exc)
             return

@@ -189,3 +189,27 @@ def test_wire_config_is_json_only() -> None:
     config = registry.celery_wire_config("redis://127.0.0.1:1/0")
     assert config["accept_content"] == ["json"] == config["result_accept_content"]
     assert config["task_serializer"] == "json" == config["result_serializer"]
+
+
+def test_submit_checks_the_host_and_records_at_once(r: redis.Redis) -> None:
+    queue = registry.exec_queue("alpha")
+    # No worker holds the host: nothing is recorded.
+    assert registry.submit_call(r, "c5", queue, "alpha", require_alive=True) == "down"
+    assert registry.call_record(r, "c5") == {}
+    registry.acquire_host(r, "alpha", "t1")
+    assert registry.submit_call(r, "c5", queue, "alpha", require_alive=True) == "ok"
+    record = registry.call_record(r, "c5")
+    assert (record["state"], record["queue"], record["host"]) == ("queued", queue, "alpha")
+    assert 0 < r.ttl(registry.call_key("c5")) <= registry.CALL_TTL_S
+    assert registry.submit_call(r, "c5", queue, "alpha", require_alive=True) == "taken"
+    # Unrouted calls record no host.
+    assert registry.submit_call(r, "c6", registry.ANY_EXEC_QUEUE, None) == "ok"
+    assert registry.call_record(r, "c6")["host"] == ""
+
+
+def test_scripts_are_loaded_again_after_a_redis_restart(r: redis.Redis) -> None:
+    registry.new_call(r, "c7", "q", "alpha")
+    r.script_flush()  # as a restarted Redis would have forgotten them
+    assert registry.claim_call(r, "c7", "alpha", "t1", 42) == "ok"
+    assert registry.finish_call(r, "alpha", "c7", exit_code=None) == "running"
+    assert registry.call_record(r, "c7")["exit_code"] == ""
