@@ -12,13 +12,13 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from worker import Call, CallResult, Policy, Settings, run_call
-from worker.procs import find_call_processes
-
 from integration.engine_helpers import (
     Janitor,
     _janitor_fixture,  # noqa: F401 - fixture
 )
+
+from worker import Call, CallResult, Policy, Settings, run_call
+from worker.procs import find_call_processes
 
 ROUNDS = int(os.environ.get("BASHFLEET_KILL_ROUNDS", "1000"))
 ESCAPES = (
