@@ -52,6 +52,12 @@ class Settings(BaseSettings):
     """Below this much free space in the spill directory, output is captured in memory only."""
     sweep_rounds: int = Field(5, ge=1, le=50)
     """How many times a kill re-scans for processes that carry the call's marker."""
+    retention_max_age_s: float = Field(7 * 24 * 3600.0, ge=0)
+    """`bashfleet gc` removes spill and ended-job files not modified for this long."""
+    retention_max_bytes: int = Field(10 * 1024**3, ge=0)
+    """`bashfleet gc` then removes the oldest of them until they take less than this."""
+    retention_min_age_s: float = Field(3600.0, ge=0)
+    """`bashfleet gc` never removes a file modified more recently than this."""
 
     @property
     def spill_dir(self) -> Path:
