@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import signal
 
-from worker.models import CallResult, SystemError_, TruncationInfo
+from worker.models import CallResult, ProcessInfo, SystemError_, TruncationInfo
 
 
 def seconds(value: float) -> str:
@@ -76,3 +76,31 @@ def system_failure(result: CallResult) -> SystemError_ | None:
     if result.error is None or ran or result.timed_out or result.backgrounded:
         return None
     return result.error
+
+
+def process_line(process: ProcessInfo) -> str:
+    """`pid 4242 sleeping, 29.5s CPU: make -j8`: one process of a call, as notices list it."""
+    return f"pid {process.pid} {process.state}, {process.cpu_s:.1f}s CPU: {process.command}"
+
+
+def output_age(age_s: float | None) -> str:
+    """How long ago a call last printed: `last output 12.3s ago`, or `no output yet`."""
+    if age_s is None:
+        return "no output yet"
+    return f"last output {age_s:.1f}s ago"
+
+
+def sentence(text: str) -> str:
+    """`text` as a sentence: capitalized, with a full stop."""
+    return text[:1].upper() + text[1:] + "."
+
+
+def activity(result: CallResult) -> tuple[list[str], str] | None:
+    """What a timed-out call was doing: its processes' lines and the age of its output.
+
+    None when the worker said nothing about it (no process listed, no output age): an
+    older worker, or a call that never timed out. Each dialect words the heading.
+    """
+    if not result.processes and result.last_output_age_s is None:
+        return None
+    return [process_line(p) for p in result.processes], output_age(result.last_output_age_s)

@@ -236,6 +236,66 @@ class SessionJob(BaseModel):
     """True once the session killed it (claude reports status `killed`)."""
 
 
+class RunRecord(BaseModel):
+    """A command a session ran, so a later identical one can be told where its output is."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    command: str
+    """The command as the model sent it."""
+    call_id: str
+    """The call's id (`bashfleet output <call_id>` reads its kept output)."""
+    host: str
+    """Host that ran it (and holds its output)."""
+    at: float
+    """When it was sent, in seconds since the epoch (the client's clock)."""
+    exit_code: int | None = None
+    """Its exit code, when it exited in the call."""
+    signal: int | None = None
+    """The signal that ended it, when one did."""
+    spill_path: str | None = None
+    """Its full (stdout) output, kept on `host`, when it was kept."""
+    job_id: str | None = None
+    """The job it went on as, when it was backgrounded."""
+
+
+class ShellState(BaseModel):
+    """The shell state a named session carries between calls: cwd and environment."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    cwd: str | None = None
+    """Directory the last call ended in (None: not known yet)."""
+    env: dict[str, str] = Field(default_factory=dict)
+    """Variables the calls exported or changed."""
+    unset_env: list[str] = Field(default_factory=list)
+    """Variables the calls unset (kept out of later calls, the worker's own included)."""
+
+    def carry(self, result: CallResult) -> None:
+        """Take on the state `result` ended with (a result without it changes nothing)."""
+        self.env, self.unset_env = carry_env(result, self.env, self.unset_env)
+        if result.cwd_after:
+            self.cwd = result.cwd_after
+
+
+def carry_env(
+    result: CallResult, env: Mapping[str, str], unset: Sequence[str]
+) -> tuple[dict[str, str], list[str]]:
+    """The environment and the unset names of a shell after the call of `result`.
+
+    Exported or changed variables join `env` and are no longer unset; unset ones leave
+    `env` and join `unset`, so a later call does not get them back from the worker's
+    own environment. Order is kept (stable session records).
+    """
+    carried = {**env, **result.env_changes}
+    removed = [name for name in unset if name not in result.env_changes]
+    for name in result.env_removed:
+        carried.pop(name, None)
+        if name not in removed:
+            removed.append(name)
+    return carried, removed
+
+
 class SessionState(BaseModel):
     """What a dialect carries between the calls of one agent session.
 
@@ -257,6 +317,12 @@ class SessionState(BaseModel):
     """pid -> job id, for dialects that address jobs by pid (pipe)."""
     offsets: dict[str, int] = Field(default_factory=dict)
     """job id -> byte offset of the output already shown by a check."""
+    unset_env: list[str] = Field(default_factory=list)
+    """Variables a call of the session unset: removed from every later call (claude)."""
+    history: list[RunRecord] = Field(default_factory=list)
+    """The session's latest commands, oldest first (native's "already ran" hint)."""
+    shells: dict[str, ShellState] = Field(default_factory=dict)
+    """Named session (native's `session` argument) -> the shell state it carries."""
 
     def remember(self, job: JobHandle, command: str, stderr_path: str | None = None) -> SessionJob:
         """Record a job started in this session; a newer job takes over a reused pid."""

@@ -18,13 +18,16 @@ Result texts, after Claude Code's own:
 - `KillBash`: `Successfully killed shell: <id> (<command>)`, or
   `Shell <id> is not running, so cannot be killed (status: <status>)`.
 
-Session persistence (FR-009): every call carries `SessionState.env` and `cwd` into the
-run, and a foreground `Bash` asks the worker for the state the command ended with
-(`capture_state`): the variables it exported or changed join the session's env, those
-it unset leave it, and the directory it ended in becomes the session's cwd, as in one
-long-lived shell. Background commands are not captured: they end after later calls
-have already run. An unset variable of the worker's own environment (not one the
-session set) comes back on the next call: the session only carries what it set.
+Session persistence (FR-009): every call carries `SessionState.env`, `unset_env` and
+`cwd` into the run, and a foreground `Bash` asks the worker for the state the command
+ended with (`capture_state`): the variables it exported or changed join the session's
+env, those it unset leave it and stay unset on later calls (also those of the
+worker's own environment, such as `LANG`), and the directory it ended in becomes the
+session's cwd, as in one long-lived shell. Background commands are not captured: they
+end after later calls have already run.
+
+A timed-out command's text ends with what it was running when it was killed (pid,
+state, CPU seconds, command) and how long ago it last printed.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ import re
 import signal
 from collections.abc import Mapping
 
-from client.dialects._text import chomp, shell_status, system_failure
+from client.dialects._text import activity, chomp, sentence, shell_status, system_failure
 from client.dialects.args import ArgError, Args, command_problem
 from client.dialects.base import (
     Dialect,
@@ -44,6 +47,7 @@ from client.dialects.base import (
     SessionState,
     ToolSpec,
     ToolText,
+    carry_env,
 )
 from worker.models import CallResult, CharCap, CheckResult, Policy, TruncationInfo
 
@@ -160,11 +164,19 @@ def carry_state(result: CallResult, session: SessionState) -> None:
     A result without captured state (a runner without `capture_state`, a command that
     replaced its shell with `exec`) leaves the session as it was.
     """
-    session.env.update(result.env_changes)
-    for name in result.env_removed:
-        session.env.pop(name, None)
+    session.env, session.unset_env = carry_env(result, session.env, session.unset_env)
     if result.cwd_after:
         session.cwd = result.cwd_after
+
+
+def _activity_notice(result: CallResult) -> str:
+    """What a timed-out command was running when killed, and when it last printed."""
+    found = activity(result)
+    if found is None:
+        return ""
+    processes, age = found
+    lines = ["Processes at the timeout, now killed:", *(f"  {p}" for p in processes)]
+    return "\n".join([*lines, sentence(age)] if processes else [sentence(age)])
 
 
 def _status(result: CheckResult, job: SessionJob) -> str:
@@ -237,6 +249,7 @@ class ClaudeDialect(Dialect):
                 "(10 minutes); use run_in_background for longer commands"
             )
         env = dict(session.env) or None
+        unset = tuple(session.unset_env)
         if args.flag("run_in_background"):
             result = runner.run(
                 command,
@@ -245,6 +258,7 @@ class ClaudeDialect(Dialect):
                 cwd=session.cwd,
                 policy=self.policy(),
                 env=env,
+                unset_env=unset,
             )
             return self.render_started(result, command, session)
         timeout_ms = timeout_ms if timeout_ms is not None else DEFAULT_TIMEOUT_MS
@@ -255,6 +269,7 @@ class ClaudeDialect(Dialect):
             cwd=session.cwd,
             policy=self.policy(),
             env=env,
+            unset_env=unset,
             capture_state=True,
         )
         carry_state(result, session)
@@ -282,6 +297,7 @@ class ClaudeDialect(Dialect):
         head = None
         if result.timed_out:
             head = f"Command timed out after {format_duration(timeout_ms)}"
+            output = "\n".join(filter(None, [output, _activity_notice(result)]))
         elif result.exit_code != 0:
             head = f"Exit code {shell_status(result.exit_code, result.signal)}"
         if head is None:

@@ -11,7 +11,10 @@ Texts beyond the seeds' examples, in their style:
 - a command ended by a signal: `[command failed: exit code -1 (killed by SIGNAME)]`
   (-1 is what the seed's `status.code().unwrap_or(-1)` shows; the signal is added);
 - system errors (bad cwd, spawn failure, fleet unavailable): `[system error: ...]`,
-  never mistaken for a command failure (REQ-BASH-007).
+  never mistaken for a command failure (REQ-BASH-007);
+- after a timed-out command's partial output, `[processes at the timeout, now killed:
+  ...]` lists what it was running (pid, state, CPU seconds, command) and how long ago
+  it last printed.
 
 A background job's output file lives on the host that runs it, and `kill -9 -<pgid>`
 must run there too, so starting a job pins the session to that host.
@@ -21,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from client.dialects._text import seconds, signal_label, system_failure
+from client.dialects._text import activity, seconds, signal_label, system_failure
 from client.dialects.args import ArgError, Args, command_problem
 from client.dialects.base import Dialect, GuardedRunner, Handler, SessionState, ToolSpec, ToolText
 from worker.models import CallResult, JobHandle, Middle, Policy
@@ -59,6 +62,8 @@ SCHEMA = {
 DEFAULT_TIMEOUT_S = 30.0
 SLOW_TIMEOUT_S = 15 * 60.0
 BACKGROUND_TIMEOUT_S = 24 * 60 * 60.0
+#: REQ-BASH-004: the process group gets 15 seconds between SIGTERM and SIGKILL.
+KILL_GRACE_S = 15.0
 MAX_OUTPUT_LENGTH = 128 * 1024
 SNIP_SIZE = 4 * 1024
 #: Shown in the description when the session has no working directory: the worker's home.
@@ -86,20 +91,56 @@ def humanize_bytes(size: int) -> str:
     return "more than 1GB"
 
 
+def _activity_notice(result: CallResult) -> str:
+    """After the timed-out output: what the call was running when killed, its last output."""
+    found = activity(result)
+    if found is None:
+        return ""
+    processes, age = found
+    lines = ["processes at the timeout, now killed:", *(f"  {p}" for p in processes)]
+    return "[" + "\n".join([*lines, age] if processes else [age]) + "]"
+
+
+def _after(text: str, block: str) -> str:
+    """`block` on a line of its own after `text` (which may or may not end a line)."""
+    if not block:
+        return text
+    return text + ("" if not text or text.endswith("\n") else "\n") + block
+
+
 class ModesDialect(Dialect):
-    """Seeds 001 and 003's bash tool."""
+    """Seeds 001 and 003's bash tool.
+
+    The constructor's options are the seeds' values by default; tests shorten them to
+    watch a timeout or a background job's end without waiting 30 seconds or a day.
+    """
 
     name = "modes"
 
+    def __init__(
+        self,
+        *,
+        default_timeout_s: float = DEFAULT_TIMEOUT_S,
+        background_timeout_s: float = BACKGROUND_TIMEOUT_S,
+        kill_grace_s: float = KILL_GRACE_S,
+    ) -> None:
+        self._default_timeout_s = default_timeout_s
+        self._background_timeout_s = background_timeout_s
+        self._kill_grace_s = kill_grace_s
+
     def policy(self) -> Policy:
-        """Combined output, middle cut past 128 KB, 30 s then kill with 15 s grace."""
+        """Combined output, middle cut past 128 KB, 30 s then kill with 15 s grace.
+
+        A background job is ended after 24 hours (seed 001's `execute_background`).
+        """
         return Policy(
             name=self.name,
             streams="combined",
             truncation=Middle(max_bytes=MAX_OUTPUT_LENGTH, keep_bytes=SNIP_SIZE),
-            default_timeout_s=DEFAULT_TIMEOUT_S,
+            default_timeout_s=self._default_timeout_s,
+            background_timeout_s=self._background_timeout_s,
             on_timeout="kill",
-            kill_grace_s=15.0,
+            kill_grace_s=self._kill_grace_s,
         )
 
     def tools(self, cwd: str | None = None) -> list[ToolSpec]:
@@ -150,6 +191,8 @@ class ModesDialect(Dialect):
             text, failed = f"[command failed: exit code {code}{why}]\n{text}", True
         if result.error is not None:
             text += f"\n[warning: {result.error.message}]"
+        if result.timed_out:
+            text = _after(text, _activity_notice(result))
         return ToolText(text, is_error=failed)
 
     def _output(self, result: CallResult) -> str:

@@ -23,9 +23,11 @@ lines found in the part that was cut, and the processes still alive after a time
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 
 from client.dialects._text import (
+    activity,
     chomp,
     count_lines,
     cut_summary,
@@ -34,7 +36,16 @@ from client.dialects._text import (
     system_failure,
 )
 from client.dialects.args import ArgError, Args, command_problem, path_problem
-from client.dialects.base import Dialect, GuardedRunner, Handler, SessionState, ToolSpec, ToolText
+from client.dialects.base import (
+    Dialect,
+    GuardedRunner,
+    Handler,
+    RunRecord,
+    SessionState,
+    ShellState,
+    ToolSpec,
+    ToolText,
+)
 from worker.models import (
     MAX_TIMEOUT_S,
     CallResult,
@@ -47,6 +58,12 @@ from worker.models import (
 
 DEFAULT_TIMEOUT_S = 120.0
 SLOW_TIMEOUT_S = 15 * 60.0
+#: A command sent again within this many seconds gets the "already ran" hint.
+RERUN_WINDOW_S = 10 * 60.0
+#: Most runs a session remembers for that hint.
+HISTORY_SIZE = 20
+#: Most named sessions (`session` argument) a session state keeps.
+MAX_SHELLS = 16
 
 BASH_DESCRIPTION = """\
 Run a bash command on a bashfleet worker: `bash -c`, no TTY, empty stdin, its own process \
@@ -139,10 +156,79 @@ def _grep_problem(pattern: str) -> str | None:
     return None
 
 
+def _activity_block(result: CallResult) -> str:
+    """What a timed-out call was running (still, or until killed) and its last output."""
+    found = activity(result)
+    if found is None:
+        return ""
+    processes, age = found
+    heading = "processes still running:" if result.backgrounded else "processes at the timeout:"
+    lines = [heading, *(f"  {p}" for p in processes)] if processes else []
+    return "\n".join([*lines, age])
+
+
+def _with_block(text: ToolText, block: str) -> ToolText:
+    return ToolText(f"{text.text}\n\n{block}", is_error=text.is_error)
+
+
+def _ago(seconds_ago: float) -> str:
+    """`45s`, `3m 2s`: how long ago, to the second."""
+    whole = int(seconds_ago)
+    return f"{whole}s" if whole < 60 else f"{whole // 60}m {whole % 60}s"
+
+
+def _already_ran(earlier: RunRecord, now: float) -> str:
+    """The hint that the same command ran moments ago, and where its output is."""
+    if earlier.exit_code is not None:
+        ended = f"exit code {earlier.exit_code}"
+    elif earlier.signal is not None:
+        ended = f"killed by signal {_signal_text(earlier.signal)}"
+    else:
+        ended = "no exit status"
+    text = (
+        f"note: the same command ran in this session {_ago(now - earlier.at)} ago, as call "
+        f"{earlier.call_id} on host {earlier.host} ({ended})"
+    )
+    if earlier.job_id is not None:
+        return text + f"; it went on as job {earlier.job_id}: bash_check id={earlier.job_id}"
+    if earlier.spill_path is not None:
+        where = _where(earlier.spill_path, earlier.host)
+        return text + f"; its full output: `bashfleet output {earlier.call_id}` ({where})"
+    return text + "; its output was shown whole"
+
+
+def _shell_report(name: str, shell: ShellState, result: CallResult) -> str:
+    """Where the named session's next call starts, and what the call changed."""
+    if not result.cwd_after:
+        # A job, or a command that replaced its shell: its final state is unknown.
+        where = f" in {shell.cwd}" if shell.cwd else ""
+        return f"session {name}: state unchanged; its next call starts{where} as before"
+    text = f"session {name}: ended in {result.cwd_after}; its next call starts there"
+    if result.env_changes:
+        text += "; exported: " + ", ".join(sorted(result.env_changes))
+    if result.env_removed:
+        text += "; unset: " + ", ".join(result.env_removed)
+    return text
+
+
+def _keep_shell(session: SessionState, name: str, shell: ShellState) -> None:
+    """Store a named session's state, newest last; the oldest go past MAX_SHELLS."""
+    session.shells.pop(name, None)
+    session.shells[name] = shell
+    while len(session.shells) > MAX_SHELLS:
+        del session.shells[next(iter(session.shells))]
+
+
 class NativeDialect(Dialect):
-    """bashfleet's own tools."""
+    """bashfleet's own tools.
+
+    `clock` (wall clock seconds) dates the session's runs for the "already ran" hint.
+    """
 
     name = "native"
+
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self._clock = clock
 
     def policy(self) -> Policy:
         """Separate streams, tail 2000 lines / 50 KB with an error digest, 120 s then background."""
@@ -178,20 +264,65 @@ class NativeDialect(Dialect):
         if timeout is not None and not 0 < timeout <= MAX_TIMEOUT_S:
             raise ArgError(f"timeout must be above 0 and at most {MAX_TIMEOUT_S:g} seconds")
         mode = args.text("mode") or "default"
+        name = args.text("session") or None
+        shell = session.shells.get(name, ShellState()) if name else None
+        sent_at = self._clock()
         result = runner.run(
             command,
             host=args.text("host") or session.host,
             mode=mode,
             timeout=timeout,
-            cwd=args.text("cwd") or session.cwd,
-            session=args.text("session") or None,
+            cwd=args.text("cwd") or (shell.cwd if shell else None) or session.cwd,
+            session=name,
             policy=self.policy(),
-            env=dict(session.env) or None,
+            env={**session.env, **(shell.env if shell else {})} or None,
+            # A named session is a shell that lives on: learn how each call leaves it.
+            # A background job ends after later calls ran, so it cannot say.
+            unset_env=tuple(shell.unset_env) if shell else (),
+            capture_state=shell is not None and mode != "background",
         )
         if result.job is not None:
             stderr_path = result.spill.stderr_path if result.spill else None
             session.remember(result.job, command, stderr_path=stderr_path)
-        return self.render_run(result, mode, timeout)
+        earlier = self._earlier_run(command, session, sent_at)
+        text = self.render_run(result, mode, timeout)
+        if system_failure(result) is not None:
+            return text
+        if name is not None and shell is not None:
+            shell.carry(result)
+            _keep_shell(session, name, shell)
+            text = _with_block(text, _shell_report(name, shell, result))
+        self._record(command, result, session, sent_at)
+        if earlier is not None:
+            text = _with_block(text, _already_ran(earlier, sent_at))
+        return text
+
+    def _earlier_run(self, command: str, session: SessionState, now: float) -> RunRecord | None:
+        """The latest run of the same command in this session within the hint window."""
+        for record in reversed(session.history):
+            if record.command == command and 0 <= now - record.at <= RERUN_WINDOW_S:
+                return record
+        return None
+
+    def _record(
+        self, command: str, result: CallResult, session: SessionState, sent_at: float
+    ) -> None:
+        """Remember this run; keep only the latest runs of the hint window."""
+        spill = result.spill
+        session.history.append(
+            RunRecord(
+                command=command,
+                call_id=result.call_id,
+                host=result.host,
+                at=sent_at,
+                exit_code=result.exit_code,
+                signal=result.signal,
+                spill_path=spill.stdout_path if spill else None,
+                job_id=result.job.id if result.job else None,
+            )
+        )
+        recent = [r for r in session.history if sent_at - r.at <= RERUN_WINDOW_S]
+        session.history = recent[-HISTORY_SIZE:]
 
     def render_run(self, result: CallResult, mode: str, timeout: float | None) -> ToolText:
         """How the call ended, its streams, counts, digest, live processes."""
@@ -209,11 +340,9 @@ class NativeDialect(Dialect):
         if result.error_digest:
             lines = "\n".join(f"  {line}" for line in result.error_digest)
             blocks.append(f"error lines in the cut part:\n{lines}")
-        if result.processes:
-            procs = "\n".join(
-                f"  pid {p.pid} {p.state} {p.cpu_s:.1f}s cpu: {p.command}" for p in result.processes
-            )
-            blocks.append(f"processes still alive:\n{procs}")
+        doing = _activity_block(result)
+        if doing:
+            blocks.append(doing)
         if result.job is not None:
             job = result.job.id
             blocks.append(f"bash_check id={job} shows its output; bash_kill id={job} stops it.")

@@ -13,7 +13,10 @@ Texts beyond the seed's examples, in the seed's style:
   so and how to see the rest;
 - auto-backgrounded calls keep stderr in its own file: when stderr is not empty a
   `Full stderr: <path>` line follows `Full output: <path>`;
-- a command ended by a signal shows `exit code: 128+N (killed by SIGNAME)`, bash's `$?`.
+- a command ended by a signal shows `exit code: 128+N (killed by SIGNAME)`, bash's `$?`;
+- after the backgrounded text, a bracket lists the call's processes still running (pid,
+  state, CPU seconds, command) and how long ago it last printed, so the model can tell
+  a busy build from a command waiting on input.
 """
 
 from __future__ import annotations
@@ -21,9 +24,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from client.dialects._text import (
+    activity,
     chomp,
     count_lines,
     seconds,
+    sentence,
     shell_status,
     signal_label,
     system_failure,
@@ -113,6 +118,16 @@ def _exit_line(result: CallResult) -> str:
             reason = "timed out, " + reason
         line += f" ({reason})"
     return line
+
+
+def _activity_notice(result: CallResult) -> str:
+    """After the seed's backgrounded text: what still runs, and when it last printed."""
+    found = activity(result)
+    if found is None:
+        return ""
+    processes, age = found
+    lines = ["Processes still running:", *(f"  {line}" for line in processes)] if processes else []
+    return "\n\n[" + "\n".join([*lines, sentence(age)]) + "]"
 
 
 class PipeDialect(Dialect):
@@ -229,7 +244,7 @@ class PipeDialect(Dialect):
             f"{_full_output(out_path, stderr_path)}\n"
             "Use check_pid or kill_pid to manage.]"
         )
-        return ToolText(text)
+        return ToolText(text + _activity_notice(result))
 
     # -------------------------------------------------------------------- check / kill
 

@@ -14,6 +14,7 @@ from worker.models import (
     CharCap,
     CheckResult,
     JobHandle,
+    ProcessInfo,
     Spill,
     SystemError_,
     TruncationInfo,
@@ -147,6 +148,82 @@ def test_exports_unsets_and_cd_carry_to_the_next_call() -> None:
     _, runner, _ = bash(done(exit_code=0), {"command": "echo $NODE_ENV"}, session)
     assert runner.last().options["env"] == {"KEEP": "1", "NODE_ENV": "test", "TOKEN_PATH": "/t"}
     assert runner.last().options["cwd"] == "/repo/web"
+
+
+def test_unset_worker_variables_stay_unset() -> None:
+    """A variable the worker provides (not one the session set) stays unset once unset."""
+    session = SessionState(env={"KEEP": "1"})
+    bash(done(exit_code=0, env_removed=("LANG", "KEEP")), {"command": "unset LANG KEEP"}, session)
+    assert session.env == {} and session.unset_env == ["LANG", "KEEP"]
+    _, runner, _ = bash(done(exit_code=0), {"command": "echo ${LANG-none}"}, session)
+    assert runner.last().options["unset_env"] == ("LANG", "KEEP")
+    # Background runs start without it too.
+    _, runner, _ = bash(
+        done(backgrounded=True, job=JOB), {"command": "env", "run_in_background": True}, session
+    )
+    assert runner.last().options["unset_env"] == ("LANG", "KEEP")
+    # Exporting it again brings it back: no longer unset.
+    bash(done(exit_code=0, env_changes={"LANG": "C"}), {"command": "export LANG=C"}, session)
+    assert session.env == {"LANG": "C"} and session.unset_env == ["KEEP"]
+    _, runner, _ = bash(done(exit_code=0), {"command": "true"}, session)
+    assert runner.last().options["unset_env"] == ("KEEP",)
+    assert runner.last().options["env"] == {"LANG": "C"}
+
+
+def test_nothing_unset_sends_no_unset_env() -> None:
+    _, runner, _ = bash(done(exit_code=0))
+    assert "unset_env" not in runner.last().options
+
+
+def test_old_session_records_load() -> None:
+    """A session stored before `unset_env` existed still loads (with nothing unset)."""
+    stored = (
+        '{"cwd": "/repo", "env": {"A": "1"}, "host": null, "jobs": {}, "pids": {}, "offsets": {}}'
+    )
+    state = SessionState.model_validate_json(stored)
+    assert state.unset_env == [] and state.env == {"A": "1"}
+
+
+PROCS = (
+    ProcessInfo(pid=31, state="sleeping", cpu_s=0.0, command="bash -c npm test"),
+    ProcessInfo(pid=32, state="running", cpu_s=4.56, command="node jest"),
+)
+
+
+@pytest.mark.parametrize(
+    ("result", "text"),
+    [
+        (
+            done(
+                timed_out=True,
+                signal=15,
+                stdout="PASS a\n",
+                processes=PROCS,
+                last_output_age_s=9.99,
+            ),
+            "Command timed out after 2m 0.0s\nPASS a\n"
+            "Processes at the timeout, now killed:\n"
+            "  pid 31 sleeping, 0.0s CPU: bash -c npm test\n"
+            "  pid 32 running, 4.6s CPU: node jest\n"
+            "Last output 10.0s ago.",
+        ),
+        (
+            done(timed_out=True, signal=15, processes=PROCS[:1]),
+            "Command timed out after 2m 0.0s\n"
+            "Processes at the timeout, now killed:\n"
+            "  pid 31 sleeping, 0.0s CPU: bash -c npm test\n"
+            "No output yet.",
+        ),
+        (
+            done(timed_out=True, signal=15, last_output_age_s=1.25),
+            "Command timed out after 2m 0.0s\nLast output 1.2s ago.",
+        ),
+    ],
+)
+def test_timeout_lists_what_the_command_was_doing(result: CallResult, text: str) -> None:
+    """Issue 4: after the seed's timeout text, the processes killed and the last output's age."""
+    answer, _, _ = bash(result)
+    assert answer == ToolText(text, True)
 
 
 def test_a_failed_command_still_carries_its_state() -> None:

@@ -8,7 +8,16 @@ from hypothesis import strategies as st
 
 from client.dialects import ModesDialect, SessionState, ToolText, humanize_bytes, schemas
 from client.dialects.testing import FakeRunner
-from worker.models import CallResult, JobHandle, Middle, Policy, Spill, SystemError_, TruncationInfo
+from worker.models import (
+    CallResult,
+    JobHandle,
+    Middle,
+    Policy,
+    ProcessInfo,
+    Spill,
+    SystemError_,
+    TruncationInfo,
+)
 
 MODES = ModesDialect()
 
@@ -45,12 +54,15 @@ For complex scripts, write them to a file first and then execute the file.
 
 
 def call(
-    result: CallResult, args: dict[str, object] | None = None, session: SessionState | None = None
+    result: CallResult,
+    args: dict[str, object] | None = None,
+    session: SessionState | None = None,
+    dialect: ModesDialect = MODES,
 ) -> tuple[ToolText, FakeRunner, SessionState]:
     runner = FakeRunner(run=[result])
     session = session if session is not None else SessionState(cwd="/home/me/project")
     return (
-        MODES.call("bash", args if args is not None else {"command": "make"}, runner, session),
+        dialect.call("bash", args if args is not None else {"command": "make"}, runner, session),
         runner,
         session,
     )
@@ -73,9 +85,22 @@ def test_policy() -> None:
         streams="combined",
         truncation=Middle(max_bytes=131072, keep_bytes=4096),
         default_timeout_s=30.0,
+        background_timeout_s=86400.0,
         on_timeout="kill",
         kill_grace_s=15.0,
     )
+
+
+def test_options_shorten_the_seeds_values() -> None:
+    """Tests watch a timeout or a job's end without waiting 30 seconds or a day."""
+    policy = ModesDialect(default_timeout_s=1, background_timeout_s=2, kill_grace_s=0.5).policy()
+    assert (policy.default_timeout_s, policy.background_timeout_s, policy.kill_grace_s) == (
+        1,
+        2,
+        0.5,
+    )
+    answer, _, _ = call(done(timed_out=True, signal=15), dialect=ModesDialect(default_timeout_s=1))
+    assert answer == ToolText("[command timed out after 1s]\n", True)
 
 
 @pytest.mark.parametrize("mode", ["default", "slow", "background"])
@@ -175,6 +200,65 @@ def test_slow_timeout_text() -> None:
         done(timed_out=True, signal=15, stdout="building\n"), {"command": "make", "mode": "slow"}
     )
     assert answer == ToolText("[command timed out after 900s]\nbuilding\n", True)
+
+
+SLEEPER = ProcessInfo(pid=4242, state="sleeping", cpu_s=0.04, command="sleep 300")
+BUILD = ProcessInfo(pid=4243, state="running", cpu_s=29.51, command="cc -O2 big.c")
+
+
+@pytest.mark.parametrize(
+    ("result", "text"),
+    [
+        (
+            done(
+                timed_out=True,
+                signal=15,
+                stdout="building\n",
+                processes=(SLEEPER, BUILD),
+                last_output_age_s=12.34,
+            ),
+            "[command timed out after 30s]\nbuilding\n"
+            "[processes at the timeout, now killed:\n"
+            "  pid 4242 sleeping, 0.0s CPU: sleep 300\n"
+            "  pid 4243 running, 29.5s CPU: cc -O2 big.c\n"
+            "last output 12.3s ago]",
+        ),
+        (
+            done(timed_out=True, signal=15, processes=(SLEEPER,)),
+            "[command timed out after 30s]\n"
+            "[processes at the timeout, now killed:\n"
+            "  pid 4242 sleeping, 0.0s CPU: sleep 300\n"
+            "no output yet]",
+        ),
+        (
+            done(timed_out=True, signal=15, stdout="no newline", last_output_age_s=0.5),
+            "[command timed out after 30s]\nno newline\n[last output 0.5s ago]",
+        ),
+        (
+            done(
+                timed_out=True,
+                signal=9,
+                stdout="p\n",
+                processes=(SLEEPER,),
+                last_output_age_s=3,
+                error=SystemError_(kind="internal", message="1 process(es) survived the kill: [7]"),
+            ),
+            "[command timed out after 30s]\np\n\n[warning: 1 process(es) survived the kill: [7]]\n"
+            "[processes at the timeout, now killed:\n"
+            "  pid 4242 sleeping, 0.0s CPU: sleep 300\n"
+            "last output 3.0s ago]",
+        ),
+    ],
+)
+def test_timeout_lists_what_the_call_was_doing(result: CallResult, text: str) -> None:
+    """Issue 4: after the seed's timeout text, the processes it killed and its last output."""
+    answer, _, _ = call(result)
+    assert answer == ToolText(text, True)
+
+
+def test_activity_only_on_a_timeout() -> None:
+    answer, _, _ = call(done(exit_code=0, stdout="ok\n", processes=(SLEEPER,)))
+    assert answer == ToolText("ok\n")
 
 
 def test_background_start_pins_the_host() -> None:

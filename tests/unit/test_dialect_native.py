@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from client.dialects import NativeDialect, SessionState, ToolText, schemas
+from client.dialects import NativeDialect, SessionState, ShellState, ToolText, schemas
 from client.dialects.testing import FakeRunner
 from worker.models import (
     CallResult,
@@ -109,6 +109,7 @@ def test_arguments_reach_the_runner() -> None:
         "env": {"A": "1"},
         "head": None,
         "tail": None,
+        "capture_state": True,  # a named session: its final state is carried
     }
     _, runner, _ = bash(done(exit_code=0), {"command": "make"}, session)
     options = runner.last().options
@@ -194,7 +195,7 @@ CUT = "[stdout cut: showing the last 2000 of 8500 lines (51200 of 400000 bytes, 
             ),
             "timed out after 120s; killed by signal SIGTERM (15)\nhost h1 · call c1 · 0.50s\n\n"
             "stdout:\np\n\n"
-            "processes still alive:\n  pid 99 sleeping 0.2s cpu: sleep 9\n\n"
+            "processes at the timeout:\n  pid 99 sleeping, 0.2s CPU: sleep 9\nno output yet\n\n"
             "warning: 1 process(es) survived the kill: [99]",
             True,
         ),
@@ -222,6 +223,7 @@ def test_timed_out_into_background() -> None:
         stdout="compiling\n",
         duration_s=30.0,
         processes=(ProcessInfo(pid=4242, state="running", cpu_s=29.5, command="make -j8"),),
+        last_output_age_s=0.4,
         spill=Spill(host="h2", stdout_path="/jobs/j1.log", stderr_path="/jobs/j1.err"),
     )
     answer, _, session = bash(result, {"command": "make -j8", "timeout": 30})
@@ -229,7 +231,8 @@ def test_timed_out_into_background() -> None:
         "timed out after 30s; still running in background as job j1 on host h2 (pid 4242)\n"
         "host h1 · call c1 · 30.00s\n\n"
         "stdout:\ncompiling\n\n"
-        "processes still alive:\n  pid 4242 running 29.5s cpu: make -j8\n\n" + HINT
+        "processes still running:\n  pid 4242 running, 29.5s CPU: make -j8\n"
+        "last output 0.4s ago\n\n" + HINT
     )
     assert session.jobs["j1"].stderr_path == "/jobs/j1.err"
     assert session.pids == {4242: "j1"}
@@ -427,3 +430,166 @@ keys = st.sampled_from(
 def test_any_arguments_give_a_tool_text(tool: str, args: object) -> None:
     answer = NATIVE.call(tool, args, FakeRunner(), SessionState())  # type: ignore[arg-type]
     assert isinstance(answer, ToolText) and answer.text
+
+
+# ------------------------------------------------------------ "already ran" hint (issue 4)
+
+
+class Clock:
+    """A wall clock the test moves."""
+
+    def __init__(self, now: float = 1_700_000_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def run_at(
+    dialect: NativeDialect, session: SessionState, result: CallResult, command: str = "make test"
+) -> ToolText:
+    return dialect.call("bash", {"command": command}, FakeRunner(run=[result]), session)
+
+
+CUT_RUN = done(
+    exit_code=2,
+    stdout="FAILED\n",
+    stdout_truncation=tail(8500, 2000),
+    spill=Spill(host="h1", stdout_path="/spill/c1.out"),
+)
+
+
+def test_a_rerun_is_told_where_the_earlier_output_is() -> None:
+    clock = Clock()
+    native, session = NativeDialect(clock=clock), SessionState()
+    first = run_at(native, session, CUT_RUN)
+    assert "already" not in first.text and "same command" not in first.text
+    clock.now += 125
+    again = done(exit_code=2, stdout="FAILED\n").model_copy(update={"call_id": "c2"})
+    answer = run_at(native, session, again)
+    assert answer.text.endswith(
+        "\n\nnote: the same command ran in this session 2m 5s ago, as call c1 on host h1 "
+        "(exit code 2); its full output: `bashfleet output c1` (/spill/c1.out on host h1)"
+    )
+    assert answer.is_error
+    assert [(r.call_id, r.command, r.exit_code) for r in session.history] == [
+        ("c1", "make test", 2),
+        ("c2", "make test", 2),
+    ]
+    assert session.history[0].spill_path == "/spill/c1.out" and session.history[0].host == "h1"
+
+
+@pytest.mark.parametrize(
+    ("earlier", "ending"),
+    [
+        (done(exit_code=0, stdout="ok\n"), "(exit code 0); its output was shown whole"),
+        (
+            done(timed_out=True, signal=9),
+            "(killed by signal SIGKILL (9)); its output was shown whole",
+        ),
+        (
+            done(timed_out=True, backgrounded=True, job=JOB),
+            "(no exit status); it went on as job j1: bash_check id=j1",
+        ),
+    ],
+)
+def test_rerun_hint_says_how_the_earlier_run_ended(earlier: CallResult, ending: str) -> None:
+    clock = Clock()
+    native, session = NativeDialect(clock=clock), SessionState()
+    run_at(native, session, earlier)
+    clock.now += 42
+    answer = run_at(native, session, done(exit_code=0, stdout="ok\n"))
+    assert answer.text.endswith(
+        f"note: the same command ran in this session 42s ago, as call c1 on host h1 {ending}"
+    )
+
+
+def test_no_hint_past_ten_minutes_or_for_another_command() -> None:
+    clock = Clock()
+    native, session = NativeDialect(clock=clock), SessionState()
+    run_at(native, session, CUT_RUN)
+    clock.now += 30
+    assert "same command" not in run_at(native, session, done(exit_code=0), "make lint").text
+    clock.now += 600
+    assert "same command" not in run_at(native, session, done(exit_code=0)).text
+    # Runs older than the window are forgotten.
+    assert [r.command for r in session.history] == ["make lint", "make test"]
+
+
+def test_a_call_that_never_ran_is_not_remembered() -> None:
+    native, session = NativeDialect(clock=Clock()), SessionState()
+    failed = done(error=SystemError_(kind="bad_cwd", message="Working directory does not exist"))
+    run_at(native, session, failed)
+    assert session.history == []
+    assert "same command" not in run_at(native, session, done(exit_code=0)).text
+
+
+def test_history_keeps_the_latest_runs() -> None:
+    clock = Clock()
+    native, session = NativeDialect(clock=clock), SessionState()
+    for n in range(30):
+        clock.now += 1
+        run_at(native, session, done(exit_code=0), f"echo {n}")
+    assert [r.command for r in session.history] == [f"echo {n}" for n in range(10, 30)]
+
+
+def test_sessions_stored_before_the_history_load() -> None:
+    stored = '{"cwd": null, "env": {}, "host": "h1", "jobs": {}, "pids": {}, "offsets": {}}'
+    state = SessionState.model_validate_json(stored)
+    assert (state.history, state.shells, state.unset_env) == ([], {}, [])
+
+
+# -------------------------------------------------------------------- named sessions
+
+
+def test_a_named_session_carries_cwd_and_env_and_reports_the_final_cwd() -> None:
+    session = SessionState(cwd="/repo", env={"BASE": "1"})
+    first = done(
+        exit_code=0,
+        cwd="/repo",
+        cwd_after="/repo/web",
+        env_changes={"NODE_ENV": "test"},
+        env_removed=("LANG",),
+    )
+    answer, runner, _ = bash(
+        first, {"command": "cd web; export NODE_ENV=test; unset LANG", "session": "s1"}, session
+    )
+    assert runner.last().options["capture_state"] is True
+    assert answer.text.endswith(
+        "\n\nsession s1: ended in /repo/web; its next call starts there; "
+        "exported: NODE_ENV; unset: LANG"
+    )
+    _, runner, _ = bash(done(exit_code=0), {"command": "pwd", "session": "s1"}, session)
+    options = runner.last().options
+    assert options["cwd"] == "/repo/web"
+    assert options["env"] == {"BASE": "1", "NODE_ENV": "test"}
+    assert options["unset_env"] == ("LANG",)
+    assert options["session"] == "s1"
+    # Without the session, calls stay stateless; an explicit cwd wins over the session's.
+    _, runner, _ = bash(done(exit_code=0), {"command": "pwd"}, session)
+    assert runner.last().options["cwd"] == "/repo"
+    assert "capture_state" not in runner.last().options
+    _, runner, _ = bash(
+        done(exit_code=0), {"command": "pwd", "session": "s1", "cwd": "/x"}, session
+    )
+    assert runner.last().options["cwd"] == "/x"
+
+
+def test_a_named_session_that_learns_nothing_says_so() -> None:
+    session = SessionState()
+    session.shells["s1"] = ShellState(cwd="/w")
+    answer, runner, _ = bash(
+        done(backgrounded=True, job=JOB),
+        {"command": "serve", "mode": "background", "session": "s1"},
+        session,
+    )
+    assert "capture_state" not in runner.last().options  # a job ends after later calls
+    assert "\n\nsession s1: state unchanged; its next call starts in /w as before" in answer.text
+    assert session.shells["s1"] == ShellState(cwd="/w")
+
+
+def test_named_sessions_are_bounded() -> None:
+    session = SessionState()
+    for n in range(20):
+        bash(done(exit_code=0, cwd_after=f"/d{n}"), {"command": "cd", "session": f"s{n}"}, session)
+    assert list(session.shells) == [f"s{n}" for n in range(4, 20)]

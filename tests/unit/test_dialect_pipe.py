@@ -13,6 +13,7 @@ from worker.models import (
     CheckResult,
     JobHandle,
     Policy,
+    ProcessInfo,
     Spill,
     SystemError_,
     TailLines,
@@ -273,6 +274,52 @@ def test_backgrounded_with_timeout_stderr_and_cut() -> None:
         "Use check_pid or kill_pid to manage.]"
     )
     assert not answer.is_error
+
+
+def test_backgrounded_lists_what_still_runs_and_its_last_output() -> None:
+    """Issue 4: after the seed's text, the call's live processes and its output's age."""
+    result = done(
+        timed_out=True,
+        backgrounded=True,
+        job=JOB,
+        stdout="compiling\n",
+        spill=Spill(host="h1", stdout_path="/spill/c1.out", stderr_path="/spill/c1.err"),
+        processes=(
+            ProcessInfo(pid=12345, state="sleeping", cpu_s=0.01, command="bash -c make -j8"),
+            ProcessInfo(pid=12350, state="running", cpu_s=118.25, command="cc1 -O2 big.c"),
+        ),
+        last_output_age_s=61.04,
+    )
+    answer, _, _ = run(result, {"command": "make -j8"})
+    assert answer == ToolText(
+        "[Command backgrounded after 120s timeout (pid 12345). Partial output:\n\n"
+        "stdout:\ncompiling\n\n"
+        "stderr:\n\n\n"
+        "Full output: /spill/c1.out\n"
+        "Use check_pid or kill_pid to manage.]\n\n"
+        "[Processes still running:\n"
+        "  pid 12345 sleeping, 0.0s CPU: bash -c make -j8\n"
+        "  pid 12350 running, 118.2s CPU: cc1 -O2 big.c\n"
+        "Last output 61.0s ago.]"
+    )
+
+
+def test_backgrounded_without_output_or_processes_listed() -> None:
+    result = done(
+        timed_out=True,
+        backgrounded=True,
+        job=JOB,
+        last_output_age_s=None,
+        processes=(ProcessInfo(pid=1, state="sleeping", cpu_s=0, command="sleep 9"),),
+    )
+    answer, _, _ = run(result, {"command": "sleep 9"})
+    assert answer.text.endswith(
+        "Use check_pid or kill_pid to manage.]\n\n"
+        "[Processes still running:\n  pid 1 sleeping, 0.0s CPU: sleep 9\nNo output yet.]"
+    )
+    only_age = done(timed_out=True, backgrounded=True, job=JOB, last_output_age_s=2)
+    answer, _, _ = run(only_age, {"command": "sleep 9"})
+    assert answer.text.endswith("manage.]\n\n[Last output 2.0s ago.]")
 
 
 def _session_with_job() -> SessionState:
