@@ -1,14 +1,32 @@
-"""docker-compose.yml and the Dockerfile, validated without a Docker engine."""
+"""Deployment files, validated without a Docker engine, systemd as PID 1 or a cluster.
+
+Every file is parsed here and its structure checked; that is the guaranteed check. When
+the real tool is on PATH it validates the file as well (`docker-compose config -q`,
+`systemd-analyze verify`, `systemd-sysusers --dry-run`, `kubectl kustomize`); those tests
+are skipped, visibly, where the tool is missing, never the parsing ones.
+"""
 
 from __future__ import annotations
 
+import os
+import re
+import shutil
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from worker.settings import Settings
+
 ROOT = Path(__file__).resolve().parents[2]
+SYSTEMD = ROOT / "deploy" / "systemd"
+K8S = ROOT / "deploy" / "k8s"
+PLACEHOLDER = "CHANGE-ME"
+
+# ------------------------------------------------------------------- docker-compose
 
 
 @pytest.fixture(scope="module")
@@ -63,3 +81,448 @@ def test_dockerfile_runs_as_non_root_with_a_healthcheck() -> None:
     assert users and users[-1] not in ("root", "0")
     assert "HEALTHCHECK" in text
     assert "pip install" in text
+
+
+def _compose_binary() -> list[str] | None:
+    if shutil.which("docker-compose"):
+        return ["docker-compose"]
+    if shutil.which("docker"):
+        probe = subprocess.run(
+            ["docker", "compose", "version"], capture_output=True, check=False, timeout=30
+        )
+        if probe.returncode == 0:
+            return ["docker", "compose"]
+    return None
+
+
+def test_docker_compose_config_accepts_the_file() -> None:
+    binary = _compose_binary()
+    if binary is None:
+        pytest.skip("docker-compose is not on PATH; the parsing tests above cover the file")
+    base = {k: v for k, v in os.environ.items()
+            if k not in ("BASHFLEET_REDIS_PASSWORD", "FLOWER_PASSWORD")}
+    # Needs no engine: it only parses, interpolates and validates.
+    done = subprocess.run(
+        [*binary, "-f", "docker-compose.yml", "config", "-q"], cwd=ROOT, capture_output=True,
+        text=True, check=False, timeout=60,
+        env={**base, "BASHFLEET_REDIS_PASSWORD": "test-only", "FLOWER_PASSWORD": "test-only"},
+    )
+    assert done.returncode == 0, done.stderr
+    # Without the passwords it refuses (the ${VAR:?} guards): no fleet without auth.
+    refused = subprocess.run(
+        [*binary, "-f", "docker-compose.yml", "config", "-q"], cwd=ROOT, capture_output=True,
+        text=True, check=False, timeout=60, env=base,
+    )
+    assert refused.returncode != 0
+    assert "BASHFLEET_REDIS_PASSWORD" in refused.stderr + refused.stdout
+
+
+# -------------------------------------------------------------------------- systemd
+
+Unit = dict[str, list[tuple[str, str]]]
+
+
+def parse_unit(path: Path) -> Unit:
+    """A unit file as {section: [(key, value), ...]} (keys may repeat, as in systemd)."""
+    sections: Unit = {}
+    current: list[tuple[str, str]] | None = None
+    for number, raw in enumerate(path.read_text().splitlines(), 1):
+        line = raw.strip()
+        if not line or line.startswith(("#", ";")):
+            continue
+        if line.startswith("[") and line.endswith("]"):
+            current = sections.setdefault(line[1:-1], [])
+            continue
+        assert current is not None, f"{path.name}:{number}: a setting outside any section"
+        key, sep, value = line.partition("=")
+        assert sep and key.strip() and not key.strip().count(" "), f"{path.name}:{number}"
+        current.append((key.strip(), value.strip()))
+    return sections
+
+
+def one(unit: Unit, section: str, key: str) -> str:
+    values = [v for k, v in unit.get(section, []) if k == key]
+    assert len(values) == 1, f"[{section}] {key}: {values}"
+    return values[0]
+
+
+def keys(unit: Unit, section: str) -> set[str]:
+    return {k for k, _ in unit.get(section, [])}
+
+
+@pytest.fixture(scope="module")
+def worker_unit() -> Unit:
+    return parse_unit(SYSTEMD / "bashfleet-worker.service")
+
+
+@pytest.fixture(scope="module")
+def gc_unit() -> Unit:
+    return parse_unit(SYSTEMD / "bashfleet-gc.service")
+
+
+def _seconds(value: str) -> float:
+    match = re.fullmatch(r"(\d+)\s*(s|min)?", value)
+    assert match, value
+    return float(match[1]) * (60 if match[2] == "min" else 1)
+
+
+def test_worker_unit_runs_the_worker_as_a_dedicated_user(worker_unit: Unit) -> None:
+    service = "Service"
+    assert one(worker_unit, service, "ExecStart").endswith("/bashfleet worker")
+    assert one(worker_unit, service, "User") == "bashfleet"
+    assert one(worker_unit, service, "Group") == "bashfleet"
+    assert one(worker_unit, service, "EnvironmentFile") == "/etc/bashfleet/worker.env"
+    assert one(worker_unit, service, "StateDirectory") == "bashfleet"
+    assert one(worker_unit, "Install", "WantedBy") == "multi-user.target"
+
+
+def test_worker_unit_restarts_on_failure_with_a_backoff(worker_unit: Unit) -> None:
+    assert one(worker_unit, "Service", "Restart") == "on-failure"
+    assert _seconds(one(worker_unit, "Service", "RestartSec")) >= 1
+    assert int(one(worker_unit, "Unit", "StartLimitBurst")) >= 1
+    assert _seconds(one(worker_unit, "Unit", "StartLimitIntervalSec")) > 0
+    # A usage error (exit status 2) is not retried.
+    assert one(worker_unit, "Service", "RestartPreventExitStatus") == "2"
+
+
+def test_worker_unit_stop_ends_the_worker_but_not_the_background_jobs(
+    worker_unit: Unit,
+) -> None:
+    # `mixed` and `control-group` SIGKILL the whole cgroup once the main process is gone,
+    # background jobs included (they are in the unit's cgroup, in their own sessions).
+    assert one(worker_unit, "Service", "KillMode") == "process"
+    assert one(worker_unit, "Service", "KillSignal") == "SIGTERM"
+    # Longer than the supervisor's own shutdown (worker.serve.STOP_TIMEOUT_S and the ctl
+    # consumer's 5 s).
+    from worker.serve import STOP_TIMEOUT_S  # noqa: PLC0415
+
+    assert _seconds(one(worker_unit, "Service", "TimeoutStopSec")) >= STOP_TIMEOUT_S + 10
+    # An OOM-killed build must not stop the worker.
+    assert one(worker_unit, "Service", "OOMPolicy") == "continue"
+
+
+def test_worker_unit_hardening_leaves_builds_working(worker_unit: Unit) -> None:
+    assert one(worker_unit, "Service", "NoNewPrivileges") == "yes"
+    assert one(worker_unit, "Service", "ProtectSystem") == "full"  # not strict: builds write
+    present = keys(worker_unit, "Service")
+    for breaks_builds in ("PrivateTmp", "ProtectHome", "PrivateDevices",
+                          "MemoryDenyWriteExecute", "ReadOnlyPaths", "PrivateNetwork"):
+        assert breaks_builds not in present, breaks_builds
+
+
+def test_gc_service_and_timer(gc_unit: Unit) -> None:
+    assert one(gc_unit, "Service", "Type") == "oneshot"
+    assert one(gc_unit, "Service", "ExecStart").endswith("/bashfleet gc")
+    assert one(gc_unit, "Service", "User") == "bashfleet"
+    assert one(gc_unit, "Service", "EnvironmentFile") == "/etc/bashfleet/worker.env"
+    # Strict, with the state directory writable: the default state dir of both units.
+    assert one(gc_unit, "Service", "ProtectSystem") == "strict"
+    worker = parse_unit(SYSTEMD / "bashfleet-worker.service")
+    state = f"/var/lib/{one(worker, 'Service', 'StateDirectory')}"
+    assert one(gc_unit, "Service", "ReadWritePaths") == state
+    timer = parse_unit(SYSTEMD / "bashfleet-gc.timer")
+    assert one(timer, "Timer", "OnCalendar") == "hourly"
+    assert one(timer, "Timer", "Persistent") == "true"
+    assert one(timer, "Install", "WantedBy") == "timers.target"
+    # No Unit= in the timer: it starts the service of the same name.
+    assert "Unit" not in keys(timer, "Timer")
+    assert (SYSTEMD / "bashfleet-gc.service").exists()
+
+
+def _env_example() -> dict[str, str]:
+    """Active and commented-out VAR=value lines of worker.env.example."""
+    found: dict[str, str] = {}
+    for raw in (SYSTEMD / "worker.env.example").read_text().splitlines():
+        line = raw.lstrip("#").strip()
+        match = re.fullmatch(r"([A-Z][A-Z0-9_]*)=(\S*)", line)
+        if match:
+            found[match[1]] = match[2]
+        elif raw.strip() and not raw.startswith("#"):
+            pytest.fail(f"not a VAR=value line: {raw!r}")
+    return found
+
+
+def test_worker_env_example_names_only_real_settings_and_no_password() -> None:
+    variables = _env_example()
+    assert variables, "the example sets something"
+    fields = {f"BASHFLEET_{name.upper()}" for name in Settings.model_fields}
+    assert set(variables) <= fields, set(variables) - fields
+    for name in ("BASHFLEET_REDIS_URL", "BASHFLEET_RETENTION_MAX_AGE_S",
+                 "BASHFLEET_RETENTION_MAX_BYTES", "BASHFLEET_RETENTION_MIN_AGE_S"):
+        assert name in variables
+    assert variables["BASHFLEET_REDIS_URL"].startswith(f"redis://:{PLACEHOLDER}@")
+    # The commented defaults are the real defaults.
+    settings = Settings(redis_url=None)
+    for name, value in variables.items():
+        field = name.removeprefix("BASHFLEET_").lower()
+        if field.startswith("retention_"):
+            assert float(value) == getattr(settings, field), name
+
+
+def test_sysusers_creates_the_units_user() -> None:
+    line = next(
+        raw for raw in (SYSTEMD / "bashfleet.sysusers.conf").read_text().splitlines()
+        if raw.startswith("u ")
+    )
+    _, name, _, _, home, shell = re.findall(r'"[^"]*"|\S+', line)
+    assert name == "bashfleet"
+    assert home == "/var/lib/bashfleet"
+    assert shell.endswith("nologin")
+
+
+def _copy_units(tmp_path: Path) -> list[Path]:
+    # `verify` checks that ExecStart= is an executable: point it at a stand-in.
+    stub = tmp_path / "bashfleet"
+    stub.write_text("#!/bin/sh\nexit 0\n")
+    stub.chmod(0o755)
+    copies = []
+    for unit in sorted(SYSTEMD.glob("bashfleet-*")):
+        copy = tmp_path / unit.name
+        copy.write_text(unit.read_text().replace("/opt/bashfleet/venv/bin/bashfleet", str(stub)))
+        copies.append(copy)
+    return copies
+
+
+def test_systemd_analyze_verify_accepts_the_units(tmp_path: Path) -> None:
+    if shutil.which("systemd-analyze") is None:
+        pytest.skip("systemd-analyze is not on PATH; the parsing tests above cover the units")
+    copies = _copy_units(tmp_path)
+    assert {c.name for c in copies} == {
+        "bashfleet-worker.service", "bashfleet-gc.service", "bashfleet-gc.timer"
+    }
+    done = subprocess.run(
+        ["systemd-analyze", "verify", *map(str, copies)],
+        capture_output=True, text=True, check=False, timeout=60,
+    )
+    # Unknown keys and bad values are only warnings (status 0): any line naming one of
+    # our units is a failure.
+    ours = [line for line in done.stderr.splitlines() if "bashfleet" in line]
+    assert done.returncode == 0 and not ours, done.stderr
+
+
+def test_systemd_analyze_catches_a_bad_setting(tmp_path: Path) -> None:
+    # The check above can fail: a typo in a value shows on stderr.
+    if shutil.which("systemd-analyze") is None:
+        pytest.skip("systemd-analyze is not on PATH")
+    worker = next(c for c in _copy_units(tmp_path) if c.name == "bashfleet-worker.service")
+    worker.write_text(worker.read_text().replace("KillMode=process", "KillMode=procss"))
+    done = subprocess.run(
+        ["systemd-analyze", "verify", str(worker)],
+        capture_output=True, text=True, check=False, timeout=60,
+    )
+    assert "kill mode" in done.stderr.lower()
+
+
+def test_systemd_sysusers_accepts_the_user(tmp_path: Path) -> None:
+    if shutil.which("systemd-sysusers") is None:
+        pytest.skip("systemd-sysusers is not on PATH; the parsing test covers the file")
+    (tmp_path / "etc").mkdir()
+    # --root and --dry-run: nothing is created on this machine.
+    done = subprocess.run(
+        ["systemd-sysusers", f"--root={tmp_path}", "--dry-run",
+         str(SYSTEMD / "bashfleet.sysusers.conf")],
+        capture_output=True, text=True, check=False, timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "Creating user 'bashfleet'" in done.stdout + done.stderr
+
+
+# ------------------------------------------------------------------------ kubernetes
+
+
+def _documents(path: Path) -> list[dict[str, Any]]:
+    return [doc for doc in yaml.safe_load_all(path.read_text()) if doc is not None]
+
+
+@pytest.fixture(scope="module")
+def kustomization() -> dict[str, Any]:
+    data: dict[str, Any] = yaml.safe_load((K8S / "kustomization.yaml").read_text())
+    return data
+
+
+@pytest.fixture(scope="module")
+def manifests(kustomization: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every resource the kustomization applies."""
+    docs: list[dict[str, Any]] = []
+    for name in kustomization["resources"]:
+        docs += _documents(K8S / name)
+    return docs
+
+
+def _find(manifests: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    found = [d for d in manifests if d["kind"] == kind and d["metadata"]["name"] == name]
+    assert len(found) == 1, f"{kind}/{name}"
+    return found[0]
+
+
+def _containers(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    spec = doc["spec"]["template"]["spec"]
+    containers: list[dict[str, Any]] = spec.get("initContainers", []) + spec["containers"]
+    return containers
+
+
+def _env(container: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {item["name"]: item for item in container.get("env", [])}
+
+
+def _secret_ref(entry: dict[str, Any]) -> tuple[str, str]:
+    ref = entry["valueFrom"]["secretKeyRef"]
+    return ref["name"], ref["key"]
+
+
+def test_every_yaml_file_parses_and_the_kustomization_lists_all_but_the_example(
+    kustomization: dict[str, Any],
+) -> None:
+    files = {p.name for p in K8S.glob("*.yaml")}
+    for name in files:
+        assert _documents(K8S / name), name
+    assert kustomization["kind"] == "Kustomization"
+    assert kustomization["namespace"] == "bashfleet"
+    assert set(kustomization["resources"]) == files - {"kustomization.yaml",
+                                                       "secret.example.yaml"}
+
+
+def test_the_kinds(manifests: list[dict[str, Any]]) -> None:
+    kinds = sorted((d["kind"], d["metadata"]["name"]) for d in manifests)
+    assert kinds == [
+        ("DaemonSet", "bashfleet-worker"),
+        ("Deployment", "flower"),
+        ("Namespace", "bashfleet"),
+        ("Service", "flower"),
+        ("Service", "redis"),
+        ("Service", "redis-headless"),
+        ("StatefulSet", "redis"),
+    ]
+    for doc in manifests:
+        assert {"apiVersion", "kind", "metadata"} <= set(doc)
+
+
+def test_redis_statefulset(manifests: list[dict[str, Any]]) -> None:
+    redis = _find(manifests, "StatefulSet", "redis")
+    assert redis["spec"]["replicas"] == 1
+    assert redis["spec"]["serviceName"] == "redis-headless"
+    assert _find(manifests, "Service", "redis-headless")["spec"]["clusterIP"] == "None"
+    (container,) = _containers(redis)
+    args = container["args"]
+    assert args[args.index("--requirepass") + 1] == "$(REDIS_PASSWORD)"
+    assert args[args.index("--appendonly") + 1] == "yes"
+    assert args[args.index("--maxmemory-policy") + 1] == "noeviction"
+    env = _env(container)
+    assert _secret_ref(env["REDIS_PASSWORD"]) == ("bashfleet-redis", "password")
+    assert _secret_ref(env["REDISCLI_AUTH"]) == ("bashfleet-redis", "password")
+    (claim,) = redis["spec"]["volumeClaimTemplates"]
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    assert mounts[claim["metadata"]["name"]] == args[args.index("--dir") + 1]
+    assert claim["spec"]["resources"]["requests"]["storage"]
+    # The selector of each Service reaches the pods.
+    labels = redis["spec"]["template"]["metadata"]["labels"]
+    for name in ("redis", "redis-headless"):
+        selector = _find(manifests, "Service", name)["spec"]["selector"]
+        assert selector.items() <= labels.items()
+
+
+def test_worker_daemonset_takes_its_host_id_from_the_node(
+    manifests: list[dict[str, Any]],
+) -> None:
+    worker = _find(manifests, "DaemonSet", "bashfleet-worker")
+    container = next(c for c in worker["spec"]["template"]["spec"]["containers"]
+                     if c["name"] == "worker")
+    assert container["args"] == ["bashfleet", "worker"]
+    env = _env(container)
+    assert env["BASHFLEET_HOST"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    # The state directory is the mounted volume, and that is a hostPath.
+    state_dir = env["BASHFLEET_STATE_DIR"]["value"]
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in worker["spec"]["template"]["spec"]["volumes"]}
+    assert volumes[mounts[state_dir]]["hostPath"]["path"]
+    # Never two workers on one node's state directory during a rollout.
+    assert worker["spec"]["updateStrategy"]["rollingUpdate"]["maxSurge"] == 0
+    from worker.serve import STOP_TIMEOUT_S  # noqa: PLC0415
+
+    grace = worker["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+    assert grace >= STOP_TIMEOUT_S + 10
+    security = worker["spec"]["template"]["spec"]["securityContext"]
+    assert security["runAsNonRoot"] is True and security["runAsUser"] != 0
+    assert container["securityContext"]["allowPrivilegeEscalation"] is False
+
+
+def test_flower_is_cluster_internal_with_basic_auth_from_a_secret(
+    manifests: list[dict[str, Any]],
+) -> None:
+    service = _find(manifests, "Service", "flower")
+    assert service["spec"]["type"] == "ClusterIP"
+    assert "externalIPs" not in service["spec"]
+    assert all("nodePort" not in port for port in service["spec"]["ports"])
+    (container,) = _containers(_find(manifests, "Deployment", "flower"))
+    assert container["args"][:4] == ["celery", "-A", "worker.app", "flower"]
+    env = _env(container)
+    assert _secret_ref(env["FLOWER_BASIC_AUTH"]) == ("bashfleet-flower", "basic-auth")
+    # Probes use the one page that needs no credentials.
+    assert container["readinessProbe"]["httpGet"]["path"] == "/healthcheck"
+
+
+def test_no_plaintext_passwords_and_every_secret_ref_exists(
+    manifests: list[dict[str, Any]],
+) -> None:
+    examples = {
+        (doc["metadata"]["name"], key): value
+        for doc in _documents(K8S / "secret.example.yaml")
+        for key, value in doc["stringData"].items()
+    }
+    assert all(PLACEHOLDER in value for value in examples.values()), "placeholders only"
+    secretish = re.compile(r"PASSWORD|PASSWD|SECRET|TOKEN|AUTH|KEY", re.IGNORECASE)
+    checked = 0
+    for doc in manifests:
+        assert PLACEHOLDER not in yaml.safe_dump(doc), doc["metadata"]["name"]
+        if doc["kind"] not in ("Deployment", "DaemonSet", "StatefulSet"):
+            continue
+        for container in _containers(doc):
+            defined: set[str] = set()
+            for entry in container.get("env", []):
+                name = entry["name"]
+                if secretish.search(name):
+                    assert "value" not in entry, f"{name} in clear"
+                    assert _secret_ref(entry) in examples, _secret_ref(entry)
+                    checked += 1
+                for url in re.findall(r"rediss?://\S*", entry.get("value", "")):
+                    # Credentials only as $(VAR) of a variable taken from a Secret above.
+                    userinfo = re.match(r"rediss?://:\$\((\w+)\)@", url)
+                    assert userinfo and userinfo[1] in defined, url
+                if "valueFrom" in entry and "secretKeyRef" in entry["valueFrom"]:
+                    defined.add(name)
+    assert checked == 5  # two in Redis, one in the worker, two in Flower
+
+
+def test_one_image_for_worker_and_flower_named_by_the_kustomization(
+    manifests: list[dict[str, Any]], kustomization: dict[str, Any],
+) -> None:
+    (override,) = kustomization["images"]
+    for kind, name in (("DaemonSet", "bashfleet-worker"), ("Deployment", "flower")):
+        for container in _containers(_find(manifests, kind, name)):
+            assert container["image"].rsplit(":", 1)[0] == override["name"]
+
+
+def _kubectl_kustomize() -> str:
+    done = subprocess.run(
+        ["kubectl", "kustomize", str(K8S)], capture_output=True, text=True, check=False,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def _rendered_kinds(text: str) -> Iterator[tuple[str, str, str | None]]:
+    for doc in yaml.safe_load_all(text):
+        if doc:
+            yield doc["kind"], doc["metadata"]["name"], doc["metadata"].get("namespace")
+
+
+def test_kubectl_kustomize_renders_the_manifests(manifests: list[dict[str, Any]]) -> None:
+    if shutil.which("kubectl") is None:
+        pytest.skip("kubectl is not on PATH; the parsing tests above cover the manifests")
+    rendered = sorted(_rendered_kinds(_kubectl_kustomize()))
+    expected = sorted(
+        (d["kind"], d["metadata"]["name"], None if d["kind"] == "Namespace" else "bashfleet")
+        for d in manifests
+    )
+    assert rendered == expected
