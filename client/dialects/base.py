@@ -317,6 +317,8 @@ class SessionState(BaseModel):
     """pid -> job id, for dialects that address jobs by pid (pipe)."""
     offsets: dict[str, int] = Field(default_factory=dict)
     """job id -> byte offset of the output already shown by a check."""
+    stderr_offsets: dict[str, int] = Field(default_factory=dict)
+    """job id -> byte offset of the separate stderr already shown (auto-backgrounded calls)."""
     unset_env: list[str] = Field(default_factory=list)
     """Variables a call of the session unset: removed from every later call (claude)."""
     history: list[RunRecord] = Field(default_factory=list)
@@ -338,6 +340,16 @@ class SessionState(BaseModel):
         self.jobs[job.id] = entry
         self.pids[job.pid] = job.id
         return entry
+
+    def shown_until(self, job_id: str, result: CallResult) -> None:
+        """A backgrounded call's notice showed its output so far: checks read on from there.
+
+        The counts are the bytes each stream's file held when the notice was made, and
+        the job keeps writing to those same files.
+        """
+        out, err = result.stdout_truncation, result.stderr_truncation
+        self.offsets[job_id] = out.total_bytes if out is not None else 0
+        self.stderr_offsets[job_id] = err.total_bytes if err is not None else 0
 
 
 class SessionStore(Protocol):

@@ -284,6 +284,8 @@ class NativeDialect(Dialect):
         if result.job is not None:
             stderr_path = result.spill.stderr_path if result.spill else None
             session.remember(result.job, command, stderr_path=stderr_path)
+            # The output shown here is the first look: bash_check reads on after it.
+            session.shown_until(result.job.id, result)
         earlier = self._earlier_run(command, session, sent_at)
         text = self.render_run(result, mode, timeout)
         if system_failure(result) is not None:
@@ -423,8 +425,11 @@ class NativeDialect(Dialect):
         if problem:
             raise ArgError(problem)
         start = offset if offset is not None else session.offsets.get(job_id, 0)
-        result = runner.check(job_id, grep=grep, offset=start)
+        # An explicit offset rereads stdout; stderr then goes on from the job's last check.
+        err_start = None if offset is not None else session.stderr_offsets.get(job_id, 0)
+        result = runner.check(job_id, grep=grep, offset=start, stderr_offset=err_start)
         session.offsets[job_id] = result.offset
+        session.stderr_offsets[job_id] = result.stderr_offset
         return self.render_check(result, start, grep)
 
     def render_check(self, result: CheckResult, start: int, grep: str | None) -> ToolText:
@@ -461,7 +466,9 @@ class NativeDialect(Dialect):
 
     def _kill(self, args: Args, runner: GuardedRunner, session: SessionState) -> ToolText:
         job_id = args.text("id") or ""
-        result = runner.kill(job_id)
+        # Its final output: from where this session's last look stopped (a job this
+        # session did not start: from the job's last check, by anyone).
+        result = runner.kill(job_id, offset=session.offsets.get(job_id))
         session.offsets[job_id] = result.offset
         job = session.jobs.get(job_id)
         if job is not None and not result.running:

@@ -235,6 +235,8 @@ class PipeDialect(Dialect):
         spill = result.spill
         stderr_path = spill.stderr_path if spill and spill.stderr_bytes else None
         session.remember(job, command, stderr_path=spill.stderr_path if spill else None)
+        # The partial output below is the first look: check_pid shows what comes after.
+        session.shown_until(job.id, result)
         out_path = spill.stdout_path if spill and spill.stdout_path else job.output_path
         text = (
             f"[Command backgrounded after {seconds(timeout_s)} timeout (pid {job.pid}). "
@@ -263,8 +265,13 @@ class PipeDialect(Dialect):
 
     def _check(self, pid: int, runner: GuardedRunner, session: SessionState) -> ToolText:
         job_id = self._job_id(pid, session)
-        result = runner.check(job_id, offset=session.offsets.get(job_id, 0))
+        result = runner.check(
+            job_id,
+            offset=session.offsets.get(job_id, 0),
+            stderr_offset=session.stderr_offsets.get(job_id, 0),
+        )
         session.offsets[job_id] = result.offset
+        session.stderr_offsets[job_id] = result.stderr_offset
         stderr_path = self._stderr_path(job_id, session, result.stderr_output)
         return self.render_check(pid, result, stderr_path)
 
@@ -309,7 +316,8 @@ class PipeDialect(Dialect):
 
     def _kill(self, pid: int, runner: GuardedRunner, session: SessionState) -> ToolText:
         job_id = self._job_id(pid, session)
-        result = runner.kill(job_id)
+        # Its final output: what no check showed yet.
+        result = runner.kill(job_id, offset=session.offsets.get(job_id, 0))
         session.offsets[job_id] = result.offset
         job = session.jobs.get(job_id)
         if job is not None and not result.running:

@@ -238,6 +238,26 @@ def test_timed_out_into_background() -> None:
     assert session.pids == {4242: "j1"}
 
 
+def test_checks_read_on_after_the_timeout_notice() -> None:
+    result = done(
+        timed_out=True,
+        backgrounded=True,
+        job=JOB,
+        stdout="compiling\n",
+        stdout_truncation=tail(1, 1, total_bytes=10, shown_bytes=10),
+    )
+    _, _, session = bash(result, {"command": "make"})
+    assert (session.offsets, session.stderr_offsets) == ({"j1": 10}, {"j1": 0})
+    runner = FakeRunner(check=[CheckResult(id="j1", host="h2", running=True, offset=10)])
+    answer = NATIVE.call("bash_check", {"id": "j1"}, runner, session)
+    assert runner.last().options == {"grep": None, "offset": 10, "stderr_offset": 0}
+    assert "output since byte 10: none" in answer.text
+    NATIVE.call("bash_kill", {"id": "j1"}, runner, session)
+    assert runner.last().options == {"offset": 10}
+    NATIVE.call("bash_kill", {"id": "jother"}, runner, session)
+    assert runner.last().options == {}  # not this session's: from the job's last check
+
+
 def test_background_mode() -> None:
     answer, runner, session = bash(
         done(backgrounded=True, job=JOB, duration_s=0.01),
@@ -283,7 +303,7 @@ def test_check_reads_on_from_the_last_offset() -> None:
         "next offset: 50 (bash_check id=j1 continues from there)"
     )
     second = NATIVE.call("bash_check", {"id": "j1"}, runner, session)
-    assert runner.last().options == {"grep": None, "offset": 50}
+    assert runner.last().options == {"grep": None, "offset": 50, "stderr_offset": 0}
     assert second.text == (
         "job j1 on host h2: running\n\noutput since byte 50: none\n\n"
         "next offset: 50 (bash_check id=j1 continues from there)"

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from client.dialects import PipeDialect, SessionState, ToolText, schemas
-from client.dialects.testing import FakeRunner
+from client.dialects.testing import FakeCall, FakeRunner
 from worker.models import (
     CallResult,
     CheckResult,
@@ -326,6 +326,30 @@ def _session_with_job() -> SessionState:
     session = SessionState()
     session.remember(JOB, "make", stderr_path="/spill/c1.err")
     return session
+
+
+def test_checks_read_on_after_the_backgrounded_notice() -> None:
+    """The notice's partial output is the first look: check_pid and kill_pid skip it."""
+    result = done(
+        timed_out=True,
+        backgrounded=True,
+        job=JOB,
+        stdout="compiling\n",
+        stderr="warn\n",
+        stdout_truncation=tail(1, 1, total_bytes=10, shown_bytes=10),
+        stderr_truncation=tail(1, 1, total_bytes=5, shown_bytes=5),
+        spill=Spill(host="h1", stdout_path="/spill/c1.out", stderr_path="/spill/c1.err"),
+    )
+    _, _, session = run(result, {"command": "make"})
+    assert (session.offsets, session.stderr_offsets) == ({"j7f3a": 10}, {"j7f3a": 5})
+    runner = FakeRunner(
+        check=[CheckResult(id="j7f3a", host="h1", running=True, offset=30, stderr_offset=9)]
+    )
+    PIPE.call("bash", {"check_pid": 12345}, runner, session)
+    assert runner.last().options == {"grep": None, "offset": 10, "stderr_offset": 5}
+    assert (session.offsets, session.stderr_offsets) == ({"j7f3a": 30}, {"j7f3a": 9})
+    PIPE.call("bash", {"kill_pid": 12345}, runner, session)
+    assert runner.last() == FakeCall("kill", "j7f3a", {"offset": 30})
 
 
 def test_check_running_reads_new_output_from_the_last_offset() -> None:
