@@ -332,6 +332,29 @@ def cmd_worker(args: argparse.Namespace) -> int:
     return status
 
 
+def cmd_gc(args: argparse.Namespace) -> int:
+    # Like `worker`, this runs on the build machine and acts on THIS machine's state
+    # directory (the worker's BASHFLEET_STATE_DIR), so it uses the worker's own module.
+    from worker import retention  # noqa: PLC0415
+    from worker.settings import Settings  # noqa: PLC0415
+
+    return retention.gc_command(
+        Settings(), dry_run=args.dry_run, as_json=args.json, max_age_s=args.max_age,
+        max_bytes=args.max_bytes,
+    )
+
+
+def _add_gc_command(sub: Any) -> None:
+    gc = sub.add_parser("gc", help="remove old spill and job files of this machine's worker")
+    gc.add_argument("--dry-run", action="store_true", help="only show what would be removed")
+    gc.add_argument("--json", action="store_true")
+    gc.add_argument("--max-age", type=float, metavar="S",
+                    help="seconds (default: BASHFLEET_RETENTION_MAX_AGE_S, 7 days)")
+    gc.add_argument("--max-bytes", type=int, metavar="N",
+                    help="size cap (default: BASHFLEET_RETENTION_MAX_BYTES, 10 GiB)")
+    gc.set_defaults(func=cmd_gc)
+
+
 # ----------------------------------------------------------------------- schema, mcp
 
 
@@ -391,7 +414,7 @@ def cmd_mcp(args: argparse.Namespace) -> int:
 # ------------------------------------------------------------------------- parser
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - a flat list of subcommands
     """The `bashfleet` argument parser."""
     parser = argparse.ArgumentParser(
         prog="bashfleet", description="Run bash calls on a fleet of build machines."
@@ -414,6 +437,7 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--concurrency", type=int, help="command slots")
     worker.add_argument("--label", action="append", help="pool label (repeatable)")
     worker.set_defaults(func=cmd_worker)
+    _add_gc_command(sub)
 
     run = sub.add_parser("run", help="run a command on the fleet")
     run.add_argument("--host", help="host id (default: any host)")
