@@ -320,8 +320,10 @@ def _job_ref(record: JobRecord, settings: Settings) -> JobRef:
 
 def scan(settings: Settings, now: float | None = None) -> Inventory:
     """This host's known files, its jobs (live or not) and its running calls."""
-    # Files first, then who uses them: a call or job that starts after the listing
-    # is not in it, and one that ended meanwhile is at worst kept until next time.
+    # Files first, then who uses them: a call or job that starts after the listing has
+    # no files in it (the other order would list a new job's log without its record).
+    # One that ends meanwhile may lose its files in this pass rather than the next, and
+    # only those the limits would take anyway.
     files = _listing(settings.spill_dir, "spill") + _listing(settings.jobs_dir, "job")
     refs = tuple(_job_ref(record, settings) for record in jobs.local_records(settings))
     running = frozenset(entry.call_id for entry in hoststate.all_running(settings))
