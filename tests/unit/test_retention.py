@@ -1,7 +1,10 @@
-"""Retention planning (pure): ages, the size cap's order, and what is never removed."""
+"""Retention: planning (pure: ages, the size cap's order, what is never removed), and the
+executor on a temporary directory (what changed since the plan is left alone)."""
 
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 
 import pytest
@@ -14,9 +17,12 @@ from worker.retention import (
     Plan,
     StateFile,
     classify,
+    execute,
     plan,
     report,
+    scan,
 )
+from worker.settings import Settings
 
 NOW = 1_700_000_000.0
 DAY = 86400.0
@@ -279,3 +285,53 @@ def test_job_files_without_a_record_are_grouped_by_job_id() -> None:
     files = (job_file("jx", "log", age=8 * DAY), job_file("jx", "spec.json", age=8 * DAY))
     result = plan(Inventory(NOW, files), LIMITS)
     assert {r.group for r in result.removals} == {"job jx"}
+
+
+# --------------------------------------------------------------------------- executor
+
+
+def _old_files(tmp_path: Path, *names: str) -> Settings:
+    settings = Settings(state_dir=tmp_path, host="unit")
+    settings.spill_dir.mkdir(parents=True)
+    stamp = time.time() - 30 * DAY
+    for name in names:
+        path = settings.spill_dir / name
+        path.write_text("output\n")
+        os.utime(path, (stamp, stamp))
+    return settings
+
+
+def test_execute_removes_what_the_plan_says(tmp_path: Path) -> None:
+    settings = _old_files(tmp_path, "a.out", "a.err", "b.log", "notes.txt")
+    result = plan(scan(settings), LIMITS)
+    outcome = execute(result)
+    assert sorted(Path(r.path).name for r in outcome.removed) == ["a.err", "a.out", "b.log"]
+    assert not outcome.skipped and not outcome.errors
+    assert [p.name for p in settings.spill_dir.iterdir()] == ["notes.txt"], "not ours"
+
+
+def test_execute_leaves_a_group_written_since_the_plan(tmp_path: Path) -> None:
+    settings = _old_files(tmp_path, "a.out", "a.err", "b.log")
+    result = plan(scan(settings), LIMITS)
+    with (settings.spill_dir / "a.err").open("a") as handle:
+        handle.write("late\n")
+    outcome = execute(result)
+    assert [Path(r.path).name for r in outcome.removed] == ["b.log"]
+    assert sorted((Path(r.path).name, why) for r, why in outcome.skipped) == [
+        ("a.err", "changed since the plan was made"),
+        ("a.out", "changed since the plan was made"),
+    ]
+    assert (settings.spill_dir / "a.out").exists()
+
+
+def test_execute_counts_files_already_gone(tmp_path: Path) -> None:
+    settings = _old_files(tmp_path, "a.out")
+    result = plan(scan(settings), LIMITS)
+    (settings.spill_dir / "a.out").unlink()
+    outcome = execute(result)
+    assert outcome.removed == [] and [why for _, why in outcome.skipped] == ["already gone"]
+
+
+def test_scan_of_a_missing_state_dir_is_empty(tmp_path: Path) -> None:
+    settings = Settings(state_dir=tmp_path / "none", host="unit")
+    assert plan(scan(settings), LIMITS).removals == ()
