@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import re
 import signal
 
-from worker.models import CallResult, ProcessInfo, SystemError_, TruncationInfo
+from worker.models import CallResult, CheckResult, ProcessInfo, SystemError_, TruncationInfo
+
+#: The line the engine appends to every job's output file when the job ends (seed 001's
+#: `[background process completed]` / `[background process failed: STATUS]`).
+_COMPLETION_LINE = re.compile(r"\n\n\[background process (?:completed|failed: [^\]\n]*)\]\n\Z")
 
 
 def seconds(value: float) -> str:
@@ -104,3 +109,15 @@ def activity(result: CallResult) -> tuple[list[str], str] | None:
     if not result.processes and result.last_output_age_s is None:
         return None
     return [process_line(p) for p in result.processes], output_age(result.last_output_age_s)
+
+
+def without_completion_line(result: CheckResult) -> CheckResult:
+    """A check's result without the completion line at the end of the job's output.
+
+    Seed 001 wants that line in the output file, and the engine writes it for every job;
+    the other dialects say how a job ended in their own words, so they leave it out.
+    """
+    output = _COMPLETION_LINE.sub("", result.output)
+    if output == result.output:
+        return result
+    return result.model_copy(update={"output": output})

@@ -36,7 +36,14 @@ import re
 import signal
 from collections.abc import Mapping
 
-from client.dialects._text import activity, chomp, sentence, shell_status, system_failure
+from client.dialects._text import (
+    activity,
+    chomp,
+    sentence,
+    shell_status,
+    system_failure,
+    without_completion_line,
+)
 from client.dialects.args import ArgError, Args, command_problem
 from client.dialects.base import (
     Dialect,
@@ -334,6 +341,7 @@ class ClaudeDialect(Dialect):
 
     def render_output(self, result: CheckResult, job: SessionJob) -> ToolText:
         """BashOutput's text: status, exit code once ended, new stdout and stderr."""
+        result = without_completion_line(result)
         status = _status(result, job)
         blocks = [f"<status>{status}</status>"]
         code = shell_status(result.exit_code, result.signal)

@@ -34,6 +34,7 @@ from client.dialects._text import (
     seconds,
     signal_label,
     system_failure,
+    without_completion_line,
 )
 from client.dialects.args import ArgError, Args, command_problem, path_problem
 from client.dialects.base import (
@@ -444,6 +445,8 @@ class NativeDialect(Dialect):
         return ToolText("\n\n".join(blocks))
 
     def _job_output(self, result: CheckResult, label: str) -> list[str]:
+        # The status line says how it ended: the engine's completion line would repeat it.
+        result = without_completion_line(result)
         blocks = []
         info = result.output_truncation
         if result.output:

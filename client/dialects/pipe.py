@@ -32,6 +32,7 @@ from client.dialects._text import (
     shell_status,
     signal_label,
     system_failure,
+    without_completion_line,
 )
 from client.dialects.args import ArgError, Args, command_problem
 from client.dialects.base import Dialect, GuardedRunner, Handler, SessionState, ToolSpec, ToolText
@@ -277,6 +278,7 @@ class PipeDialect(Dialect):
 
     def render_check(self, pid: int, result: CheckResult, stderr_path: str | None) -> ToolText:
         """Seed 000's check_pid text: still running with new output, or exited."""
+        result = without_completion_line(result)
         if result.running:
             blocks = [f"Process {pid} still running.", self._new_output(result)]
             if result.stderr_output:
@@ -327,6 +329,7 @@ class PipeDialect(Dialect):
 
     def render_kill(self, pid: int, result: CheckResult, stderr_path: str | None) -> ToolText:
         """kill_pid's text: the process's end and its final output."""
+        result = without_completion_line(result)
         if result.running:
             head = f"Process {pid} is still running after the kill"
         elif result.exit_code is not None:

@@ -561,3 +561,20 @@ keys = st.sampled_from(
 def test_any_arguments_give_a_tool_text(tool: str, args: object) -> None:
     answer = CLAUDE.call(tool, args, FakeRunner(), with_job())  # type: ignore[arg-type]
     assert isinstance(answer, ToolText) and answer.text
+
+
+def test_bash_output_leaves_out_the_engines_completion_line() -> None:
+    session = with_job()
+    runner = FakeRunner(
+        check=[
+            CheckResult(
+                id="j5c2",
+                host="h1",
+                running=False,
+                signal=9,
+                output="ready\n\n\n[background process failed: signal: 9 (SIGKILL)]\n",
+            )
+        ]
+    )
+    answer = CLAUDE.call("BashOutput", {"bash_id": "j5c2"}, runner, session)
+    assert answer == ToolText("<status>killed</status>\n\n<stdout>\nready\n</stdout>")

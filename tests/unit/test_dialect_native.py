@@ -613,3 +613,21 @@ def test_named_sessions_are_bounded() -> None:
     for n in range(20):
         bash(done(exit_code=0, cwd_after=f"/d{n}"), {"command": "cd", "session": f"s{n}"}, session)
     assert list(session.shells) == [f"s{n}" for n in range(4, 20)]
+
+
+def test_the_engines_completion_line_is_left_out() -> None:
+    failed = "x\n\n\n[background process failed: exit status: 3]\n"
+    runner = FakeRunner(
+        check=[CheckResult(id="j1", host="h2", running=False, exit_code=3, output=failed)],
+        kill=[CheckResult(id="j1", host="h2", running=False, signal=15, output=failed)],
+    )
+    answer = NATIVE.call("bash_check", {"id": "j1"}, runner, SessionState())
+    assert answer.text.startswith(
+        "job j1 on host h2: exited with code 3\n\noutput since byte 0 (1 line):\nx\n\nnext"
+    )
+    killed = NATIVE.call("bash_kill", {"id": "j1"}, runner, SessionState())
+    assert "[background process" not in killed.text
+    # Only the engine's own line at the very end goes.
+    kept = "[background process completed] is what I print\n"
+    runner = FakeRunner(check=[CheckResult(id="j1", host="h2", running=True, output=kept)])
+    assert kept.strip() in NATIVE.call("bash_check", {"id": "j1"}, runner, SessionState()).text

@@ -595,3 +595,21 @@ def test_any_arguments_give_a_tool_text(tool: str, args: object, pid: int) -> No
         args["check_pid"] = pid
     answer = PIPE.call(tool, args, FakeRunner(), session)  # type: ignore[arg-type]
     assert isinstance(answer, ToolText) and isinstance(answer.text, str) and answer.text
+
+
+def test_the_engines_completion_line_is_left_out() -> None:
+    """Seed 001's line at the end of every job file is not pipe's: the text says the end."""
+    session = _session_with_job()
+    ended = CheckResult(
+        id="j7f3a",
+        host="h1",
+        running=False,
+        exit_code=0,
+        output="done\n\n\n[background process completed]\n",
+        output_path="/spill/c1.out",
+    )
+    runner = FakeRunner(check=[ended], kill=[ended.model_copy(update={"signal": 15})])
+    answer = PIPE.call("bash", {"check_pid": 12345}, runner, session)
+    assert answer.text.startswith("[Process 12345 exited with code 0.\n\nstdout:\ndone\n\nstderr:")
+    killed = PIPE.call("bash", {"kill_pid": 12345}, runner, session)
+    assert "[background process" not in killed.text
