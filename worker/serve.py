@@ -421,6 +421,12 @@ def run_child(role: str, instance: str, labels: Sequence[str]) -> int:
     tasks.set_runtime(runtime)
     _drop_plain_settings_from_env()
     _watch_parent(role, runtime)
+    # No log line per task ("received", "succeeded: <result>"): formatting and writing
+    # them cost the exec consumer CPU on every call, and would copy every command's
+    # output into the worker's log. Calls are seen in Flower and their call records;
+    # failures are still logged (WARNING and up).
+    for name in ("celery.app.trace", "celery.worker.strategy"):
+        logging.getLogger(name).setLevel(logging.WARNING)
 
     def ready(**_: object) -> None:
         registry.set_host_fields(runtime.redis, host, {f"{role}_ready": os.getpid()})
