@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from worker import jobs, normalize, procs, session_state, truncate
+from worker import jobs, limits, normalize, procs, session_state, truncate
 from worker.capture import FollowedFile, MemoryStream, Shaped, Source, shape
 from worker.environment import ChildEnv, build_env
 from worker.models import (
@@ -126,7 +126,15 @@ def resolve_cwd(cwd: str | None) -> str:
     return path
 
 
-def prepare(call: Call) -> tuple[Call, str]:
+def host_limits(settings: Settings) -> limits.Limits:
+    """This host's per-call resource limits."""
+    return limits.Limits(
+        memory_mb=settings.limit_memory_mb, cpu_s=settings.limit_cpu_s,
+        file_mb=settings.limit_file_mb, procs=settings.limit_procs,
+    )
+
+
+def prepare(call: Call, settings: Settings) -> tuple[Call, str]:
     """Apply the policy's input rules; return the call to run and its validated cwd."""
     policy = call.policy
     if policy.lift_head_tail:
@@ -137,6 +145,11 @@ def prepare(call: Call) -> tuple[Call, str]:
         rule = normalize.check_interception(call.command, policy.intercept, policy.available_tools)
         if rule is not None:
             raise CallError("blocked", normalize.blocked_message(rule, call.command))
+    refused = limits.host_rule_violation(
+        call.command, settings.command_deny, settings.command_allow
+    )
+    if refused is not None:
+        raise CallError("blocked", f"{refused} on host {settings.host}; nothing was run")
     timeout = call.timeout_s if call.timeout_s is not None else policy.default_timeout_s
     # A background job's limit is the policy's background timeout, not the foreground one.
     if not call.background and timeout > policy.max_timeout_s:
@@ -162,10 +175,12 @@ def run_call(
     settings = settings or get_settings()
     started = time.monotonic()
     try:
-        call, cwd = prepare(call)
+        call, cwd = prepare(call, settings)
         if call.background:
+            prefix = limits.ulimit_prefix(host_limits(settings))
+            limited = call.model_copy(update={"command": prefix + call.command})
             try:
-                record = jobs.start_job(call, cwd, settings)
+                record = jobs.start_job(limited, cwd, settings)
             except jobs.JobError as exc:
                 # A job that could not start is a system error like any other spawn failure.
                 raise CallError(exc.kind, exc.message) from exc
@@ -328,6 +343,9 @@ def _run_foreground(
     if call.capture_state:
         wrapped = session_state.wrap_command(call.command, str(state_path))
         to_run = call.model_copy(update={"command": wrapped})
+    prefix = limits.ulimit_prefix(host_limits(settings))
+    if prefix:
+        to_run = to_run.model_copy(update={"command": prefix + to_run.command})
     pipes: _Pipes | None = None
     problem = spill_problem(settings)
     try:
@@ -467,7 +485,11 @@ class _Outcome:
 
     def finished(self, returncode: int) -> CallResult:
         code, sig = _split_status(returncode)
-        return self._result(exit_code=code, signal=sig)
+        result = self._result(exit_code=code, signal=sig)
+        hit = limits.limit_hit(
+            host_limits(self.settings), code, sig, result.stdout + "\n" + result.stderr
+        )
+        return result.model_copy(update={"limit_hit": hit}) if hit else result
 
     def _output_age(self) -> float | None:
         """Seconds since any of the call's files last grew; None when it wrote nothing."""

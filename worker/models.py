@@ -307,6 +307,8 @@ class CallResult(Model):
     """Error-looking lines from the part of the output that was cut."""
     processes: tuple[ProcessInfo, ...] = ()
     """Processes of the call alive at its timeout: what a kill ended, or what runs on."""
+    limit_hit: Literal["memory", "cpu_time", "file_size", "processes"] | None = None
+    """The per-call resource limit that ended the command, if one did."""
     last_output_age_s: float | None = None
     """Seconds since the call last wrote output, at its timeout (None: it never wrote)."""
     duration_s: float = 0.0

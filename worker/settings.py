@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import os
+import re
 import socket
 import tempfile
 from functools import lru_cache
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import BeforeValidator, Field, SecretStr
+from pydantic import BeforeValidator, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from worker.environment import DEFAULT_ALLOW, DEFAULT_DENY
@@ -58,6 +59,28 @@ class Settings(BaseSettings):
     """`bashfleet gc` then removes the oldest of them until they take less than this."""
     retention_min_age_s: float = Field(3600.0, ge=0)
     """`bashfleet gc` never removes a file modified more recently than this."""
+    command_deny: tuple[str, ...] = ()
+    """Regular expressions (a JSON list): a command matching any is refused on this host."""
+    command_allow: tuple[str, ...] = ()
+    """Regular expressions (a JSON list): when set, only matching commands run here."""
+    limit_memory_mb: int | None = Field(None, ge=1)
+    """Per-call virtual memory limit (ulimit -v), in MiB."""
+    limit_cpu_s: int | None = Field(None, ge=1)
+    """Per-call CPU time limit (ulimit -t), in seconds: SIGXCPU, then SIGKILL."""
+    limit_file_mb: int | None = Field(None, ge=1)
+    """Largest file a call may write (ulimit -f), in MiB: SIGXFSZ past it."""
+    limit_procs: int | None = Field(None, ge=1)
+    """Processes of the worker's user a call may reach (ulimit -u; not enforced for root)."""
+
+    @field_validator("command_deny", "command_allow")
+    @classmethod
+    def _rules_compile(cls, rules: tuple[str, ...]) -> tuple[str, ...]:
+        for rule in rules:
+            try:
+                re.compile(rule)
+            except re.error as exc:
+                raise ValueError(f"invalid command rule {rule!r}: {exc}") from None
+        return rules
 
     @property
     def spill_dir(self) -> Path:
