@@ -39,10 +39,13 @@ def make_app(url: str) -> Celery:
         broker_connection_retry_on_startup=True,
         broker_connection_max_retries=None,  # a worker outlives a Redis restart
         broker_connection_timeout=5.0,
-        # Unacked (reserved, not started) messages of a dead worker come back after
-        # this long; with early ack and no prefetch there are none but the one being
-        # received.
-        broker_transport_options={"visibility_timeout": 3600},
+        # No ack emulation: a message taken off its queue is gone from Redis. kombu's
+        # emulation would keep a copy of each (a write when it arrives, another when
+        # it is acked: two round trips per call on the consumer's loop) only to put
+        # back, an hour later, the message of a worker that died between taking it
+        # and starting it: a call whose caller was told long ago that its worker was
+        # lost. At most once wants it gone.
+        broker_transport_options={"ack_emulation": False},
     )
     return app
 
