@@ -1,0 +1,170 @@
+"""Seed 002 (`pi` dialect) through the fleet: each stated behaviour of the tool-call path.
+
+Seed 002's PTY path, shell snapshots, the renderer and the user bang-command surface
+are not part of the tool a model calls through bashfleet and are not tested here.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+
+from client.dialects import SessionState, ToolText, get_dialect
+from client.dialects.pi import PiDialect
+from worker.models import DEFAULT_INTERCEPT_RULES
+
+from .conformance_helpers import (
+    Conformance,
+    Elapsed,
+    conform_fixture,  # noqa: F401 - the `conform` fixture
+)
+
+PI = get_dialect("pi")
+
+
+def bash(
+    conform: Conformance, args: dict[str, object], session: SessionState | None = None,
+    dialect: PiDialect | None = None,
+) -> ToolText:
+    return conform.call(dialect or PI, "bash", args, session or conform.session())
+
+
+def test_tool_schema(conform: Conformance) -> None:
+    """Tool-call surface: `bash` {command, timeout (seconds), cwd, head, tail}."""
+    schema = PI.tools()[0].input_schema
+    assert list(schema["properties"]) == ["command", "timeout", "cwd", "head", "tail"]
+    assert schema["required"] == ["command"]
+    assert bash(conform, {"command": "echo hi"}) == ToolText("hi\n")
+
+
+def test_output_is_combined(conform: Conformance) -> None:
+    """"stdout/stderr are already merged"."""
+    assert bash(conform, {"command": "echo a; echo b >&2; echo c"}) == ToolText("a\nb\nc\n")
+
+
+def test_empty_output_is_no_output(conform: Conformance) -> None:
+    """Result shaping: "empty output becomes `(no output)`"."""
+    assert bash(conform, {"command": "true"}) == ToolText("(no output)")
+
+
+def test_non_zero_exit(conform: Conformance) -> None:
+    """Exit-code mapping: "non-zero exit -> ToolError("... Command exited with code N")"."""
+    text = bash(conform, {"command": "echo bad; exit 4"})
+    assert text == ToolText("bad\n\n\nCommand exited with code 4", is_error=True)
+    empty = bash(conform, {"command": "exit 2"})
+    assert empty == ToolText("(no output)\n\nCommand exited with code 2", is_error=True)
+
+
+def test_missing_exit_status(conform: Conformance) -> None:
+    """Exit-code mapping: "missing exit code -> ToolError("... missing exit status")"
+    (a command ended by a signal has no exit code)."""
+    text = bash(conform, {"command": "echo dying; kill -9 $$"})
+    assert text == ToolText("dying\n\n\nCommand failed: missing exit status", is_error=True)
+
+
+# -------------------------------------------------------------------------- timeout
+
+
+def test_timeout_is_clamped_to_1_3600_seconds(conform: Conformance) -> None:
+    """"Timeout is clamped to `[1, 3600]` seconds": 0.01 waits a second; 99999 is taken
+    as 3600 (the fleet refuses a timeout above the policy's maximum, so it was clamped)."""
+    assert PI.policy().max_timeout_s == 3600.0
+    with Elapsed() as took:
+        text = bash(conform, {"command": "echo start; sleep 30", "timeout": 0.01})
+    assert text == ToolText("start\n\n\nCommand timed out after 1 seconds", is_error=True)
+    assert 0.9 <= took.seconds < 10
+    assert bash(conform, {"command": "echo long", "timeout": 99999}) == ToolText("long\n")
+
+
+def test_timeout_without_output(conform: Conformance) -> None:
+    """Cancellation: a timeout maps to a tool error with its annotation."""
+    text = bash(conform, {"command": "sleep 30", "timeout": 1})
+    assert text == ToolText("Command timed out after 1 seconds", is_error=True)
+
+
+# ------------------------------------------------------------ head / tail normalization
+
+
+def test_trailing_head_is_lifted_and_the_command_runs_without_it(conform: Conformance) -> None:
+    """Input normalization: "extracts trailing `| head -n N` ... into structured limits".
+    Proof that the pipe is gone: with it, head would exit after two lines and the
+    command's later `echo` would die of SIGPIPE before touching the marker."""
+    marker = conform.workdir / f"{uuid.uuid4().hex}.marker"
+    command = f"{{ seq 1 5; sleep 0.5; echo more; touch {marker}; }} | head -n 2"
+    assert bash(conform, {"command": command}) == ToolText("1\n2\n")
+    assert marker.exists()
+
+
+def test_trailing_tail_and_short_forms_are_lifted(conform: Conformance) -> None:
+    """Normalization of `| tail -n N`, `| head -N` and `| tail -N`."""
+    assert bash(conform, {"command": "seq 1 5 | tail -n 2"}) == ToolText("4\n5\n")
+    assert bash(conform, {"command": "seq 1 5 | head -2   "}) == ToolText("1\n2\n")
+    assert bash(conform, {"command": "seq 1 5 | tail -3"}) == ToolText("3\n4\n5\n")
+
+
+def test_explicit_head_and_tail_win(conform: Conformance) -> None:
+    """"explicit `head`/`tail` args override extracted values"; "apply head/tail filters
+    to final output text (head then tail)"."""
+    assert bash(conform, {"command": "seq 1 10 | head -n 3", "head": 5}) == ToolText(
+        "1\n2\n3\n4\n5\n"
+    )
+    assert bash(conform, {"command": "seq 1 10", "head": 6, "tail": 2}) == ToolText("5\n6\n")
+
+
+# ------------------------------------------------------------------------------ cwd
+
+
+def test_cwd_is_resolved_against_the_session_and_validated(conform: Conformance) -> None:
+    """CWD validation: "resolved relative to session cwd"; "missing path ->
+    `Working directory does not exist: ...`"; "non-directory -> `Working directory is
+    not a directory: ...`"."""
+    sub = conform.workdir / f"sub-{uuid.uuid4().hex[:6]}"
+    sub.mkdir()
+    (sub / "file").write_text("x")
+    assert bash(conform, {"command": "pwd", "cwd": sub.name}) == ToolText(f"{sub}\n")
+    missing = bash(conform, {"command": "pwd", "cwd": "nowhere"})
+    assert missing == ToolText(
+        f"Working directory does not exist: {conform.workdir / 'nowhere'}", is_error=True
+    )
+    not_dir = bash(conform, {"command": "pwd", "cwd": f"{sub.name}/file"})
+    assert not_dir == ToolText(f"Working directory is not a directory: {sub / 'file'}", True)
+
+
+# ----------------------------------------------------------------------- interception
+
+
+def test_interception_blocks_only_when_the_tool_is_available(conform: Conformance) -> None:
+    """Interception: "command is blocked only when regex rule matches, and the suggested
+    tool is present"; the message is `Blocked: ...` with the original command."""
+    marker = conform.workdir / f"{uuid.uuid4().hex}.ran"
+    command = f"grep -c x /dev/null; touch {marker}"
+    with_grep = PiDialect(intercept=DEFAULT_INTERCEPT_RULES, available_tools=("read", "grep"))
+    blocked = bash(conform, {"command": command}, dialect=with_grep)
+    assert blocked == ToolText(
+        "Blocked: Use the grep tool to search file contents instead of grep/rg.\n\n"
+        f"Original command: {command}",
+        is_error=True,
+    )
+    assert not marker.exists()
+    without_grep = PiDialect(intercept=DEFAULT_INTERCEPT_RULES, available_tools=("read",))
+    assert bash(conform, {"command": command}, dialect=without_grep) == ToolText("0\n")
+    assert marker.exists()
+
+
+# ------------------------------------------------------------------------- truncation
+
+
+def test_50kb_utf8_safe_tail_with_an_artifact(conform: Conformance) -> None:
+    """OutputSink: "an in-memory UTF-8-safe tail buffer (50KB)"; the full stream goes to
+    an artifact, and the notice says `Full: artifact://<id>` (readable from its host)."""
+    full = "é" * 40000 + "\n"  # 80,001 bytes: the cut falls inside a character
+    text = bash(conform, {"command": "python3 -c \"print('é' * 40000)\""})
+    found = re.fullmatch(
+        r"(é+\n)\n\n\[Showing lines 1-1 of 1 \(50\.0KB limit\)\. Full: artifact://(\S+)\]",
+        text.text,
+    )
+    assert found is not None and not text.is_error, text.text[-200:]
+    shown = found.group(1)
+    assert shown == "é" * 25599 + "\n" and len(shown.encode()) <= 51200
+    assert found.group(2) == conform.fleet.last.call_id
+    assert conform.read_all(found.group(2)) == full
