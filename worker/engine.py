@@ -34,7 +34,7 @@ from worker.models import (
     Spill,
     SystemError_,
 )
-from worker.sanitize import secret_pattern
+from worker.secrets import redaction_pattern
 from worker.settings import Settings, get_settings
 
 #: How often the engine wakes to count output while a command runs.
@@ -333,7 +333,7 @@ def _run_foreground(
         os.environ, marker=marker, extra=call.env, unset=call.unset_env,
         deny=settings.secret_deny, allow=settings.secret_allow,
     )
-    secrets = secret_pattern(child.scrubbed_values)
+    secrets = redaction_pattern(settings, child.scrubbed_values)
     try:
         streams = _open_streams(call, settings)
     except OSError as exc:

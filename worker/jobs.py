@@ -32,7 +32,7 @@ from worker.models import (
     TailLines,
     Truncation,
 )
-from worker.sanitize import secret_pattern
+from worker.secrets import redaction_pattern
 from worker.settings import Settings, get_settings
 from worker.supervise import _completion_line
 
@@ -266,7 +266,7 @@ def is_running(record: JobRecord) -> bool:
 
 def _secrets(settings: Settings) -> re.Pattern[str] | None:
     child = build_env(os.environ, marker="", deny=settings.secret_deny, allow=settings.secret_allow)
-    return secret_pattern(child.scrubbed_values)
+    return redaction_pattern(settings, child.scrubbed_values)
 
 
 def check_job(

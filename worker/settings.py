@@ -49,6 +49,8 @@ class Settings(BaseSettings):
     """Variable name patterns scrubbed from the child environment."""
     secret_allow: CsvTuple = DEFAULT_ALLOW
     """Variable name patterns kept even when a deny pattern matches."""
+    secret_files: CsvTuple = ()
+    """Files holding secrets (env files, .netrc...): their values are redacted from output."""
     spill_min_free_bytes: int = Field(64 * 1024 * 1024, ge=0)
     """Below this much free space in the spill directory, output is captured in memory only."""
     sweep_rounds: int = Field(5, ge=1, le=50)

@@ -1,0 +1,59 @@
+"""worker.secrets: URL passwords and secret files feed redaction."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from worker.sanitize import REDACTED, redact
+from worker.secrets import file_secrets, redaction_pattern, url_password, values_in_text
+from worker.settings import Settings
+
+
+@pytest.mark.parametrize(
+    ("value", "password"),
+    [
+        ("redis://:s3cret-pw@127.0.0.1:6379/0", "s3cret-pw"),
+        ("postgres://app:p%40ss-word@db/app", "p@ss-word"),
+        ("rediss://user:tls-pw-123@host:6380", "tls-pw-123"),
+        ("redis://127.0.0.1:6379/0", None),
+        ("not a url", None),
+        ("http://[::1", None),
+    ],
+)
+def test_url_password(value: str, password: str | None) -> None:
+    assert url_password(value) == password
+
+
+def test_values_in_text_reads_assignments_and_keywords() -> None:
+    text = (
+        "# comment PASSWORD=ignored-comment-value\n"
+        "export API_TOKEN='abc123def456'\n"
+        "DB_URL=postgres://u:db-pass-777@h/d\n"
+        "machine x login y password netrc-pass-1234\n"
+        "DEBUG=true\n"
+    )
+    found = set(values_in_text(text))
+    assert {"abc123def456", "db-pass-777", "netrc-pass-1234"} <= found
+    assert "true" not in found and "ignored-comment-value" not in found
+
+
+def test_file_secrets_reread_a_changed_file_and_skip_missing(tmp_path: Path) -> None:
+    path = tmp_path / "env"
+    path.write_text("A_SECRET=first-secret-1\n")
+    assert file_secrets([str(path), str(tmp_path / "missing")]) == ("first-secret-1",)
+    path.write_text("A_SECRET=second-secret-22\n")
+    assert file_secrets([str(path)]) == ("second-secret-22",)
+
+
+def test_redaction_pattern_covers_all_sources(tmp_path: Path) -> None:
+    secret_file = tmp_path / "netrc"
+    secret_file.write_text("password from-the-file-99\n")
+    settings = Settings(state_dir=tmp_path, host="t", secret_files=(str(secret_file),))
+    pattern = redaction_pattern(settings, ["redis://:url-pw-4242@h:1/0", "plain-secret-55"])
+    text = "url-pw-4242 plain-secret-55 from-the-file-99 redis://:url-pw-4242@h:1/0"
+    out = redact(text, pattern)
+    assert out.count(REDACTED) >= 4
+    for secret in ("url-pw-4242", "plain-secret-55", "from-the-file-99"):
+        assert secret not in out

@@ -1,0 +1,79 @@
+"""Which values are secrets, so that output showing them is redacted.
+
+Three sources: the values of variables scrubbed from the child environment, the
+password inside any of those that is a URL (a command may print it alone), and the
+files an operator names in `BASHFLEET_SECRET_FILES` (an env file, a .netrc, ...),
+whose `KEY=VALUE` values and the words after password/token/secret/key are taken.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable
+from functools import lru_cache
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+from worker.sanitize import secret_pattern, worth_redacting
+from worker.settings import Settings
+
+_ASSIGNMENT = re.compile(r"^\s*(?:export\s+)?[A-Za-z_][A-Za-z0-9_.-]*\s*[=:]\s*(.+?)\s*$")
+_AFTER_KEYWORD = re.compile(
+    r"(?:password|passwd|token|secret|apikey|api_key|key)\s*[=: ]\s*(\S+)", re.IGNORECASE
+)
+
+
+def url_password(value: str) -> str | None:
+    """The password of a URL such as redis://:pw@host/0, or None."""
+    if "://" not in value or "@" not in value:
+        return None
+    try:
+        password = urlsplit(value.strip()).password
+    except ValueError:
+        return None
+    return unquote(password) if password else None
+
+
+def values_in_text(text: str) -> tuple[str, ...]:
+    """Secret-looking values in a file's text: assignments' values, words after keywords."""
+    found: list[str] = []
+    for line in text.splitlines():
+        if line.lstrip().startswith("#"):
+            continue
+        assigned = _ASSIGNMENT.match(line)
+        if assigned:
+            found.append(assigned.group(1).strip("'\""))
+        found.extend(match.strip("'\"") for match in _AFTER_KEYWORD.findall(line))
+    with_passwords = found + [pw for v in found if (pw := url_password(v))]
+    return tuple(dict.fromkeys(v for v in with_passwords if worth_redacting(v)))
+
+
+@lru_cache(maxsize=64)
+def _file_values(path: str, mtime_ns: int, size: int) -> tuple[str, ...]:
+    del mtime_ns, size  # the cache key: a changed file is read again
+    try:
+        return values_in_text(Path(path).read_text("utf-8", errors="replace"))
+    except OSError:
+        return ()
+
+
+def file_secrets(paths: Iterable[str]) -> tuple[str, ...]:
+    """Secret values in the operator's secret files (missing files are skipped)."""
+    values: list[str] = []
+    for path in paths:
+        try:
+            info = os.stat(path)
+        except OSError:
+            continue
+        values.extend(_file_values(path, info.st_mtime_ns, info.st_size))
+    return tuple(values)
+
+
+def redaction_pattern(
+    settings: Settings, scrubbed_values: Iterable[str]
+) -> re.Pattern[str] | None:
+    """One pattern for every secret value a call's output must not show."""
+    scrubbed = tuple(scrubbed_values)
+    passwords = tuple(pw for value in scrubbed if (pw := url_password(value)))
+    return secret_pattern(scrubbed + passwords + file_secrets(settings.secret_files))
