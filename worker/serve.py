@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import logging
 import os
 import signal
@@ -40,6 +41,7 @@ from typing import Any
 
 import redis
 from kombu.utils.url import maybe_sanitize_url
+from pydantic_settings import NoDecode
 
 from worker import hoststate, procs, registry
 from worker.settings import Settings
@@ -96,7 +98,13 @@ def settings_env(settings: Settings) -> dict[str, str]:
         if hasattr(value, "get_secret_value"):
             value = value.get_secret_value()
         if isinstance(value, tuple):
-            value = ",".join(value)
+            # As Settings reads it back: comma-separated for the fields that take that
+            # (NoDecode), a JSON list for the others (their items may hold commas).
+            metadata = Settings.model_fields[name].metadata
+            if any(isinstance(item, NoDecode) or item is NoDecode for item in metadata):
+                value = ",".join(value)
+            else:
+                value = json.dumps(list(value))
         env[f"BASHFLEET_{name.upper()}"] = str(value)
     return env
 
