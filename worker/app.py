@@ -6,7 +6,8 @@ Configured explicitly, in one place:
 - At most once: a call's message is acknowledged when it starts (early ack), a worker
   takes no message it has no free slot for, and a message of a worker that died is
   not re-delivered. A shell command is never run twice behind the caller's back.
-- Events on, so Flower sees every call from the moment it is sent.
+- Task events on, so Flower sees every call a worker takes (and the event loop
+  wakes when a slot frees: see `worker_disable_prefetch`).
 
 Queues are not listed here: each consumer is given its own (`worker.serve`), and the
 sender declares a queue when it sends to it, so a message sent while a worker
@@ -33,6 +34,9 @@ def make_app(url: str) -> Celery:
         task_reject_on_worker_lost=False,
         worker_prefetch_multiplier=1,
         worker_disable_prefetch=True,  # no message taken without a free slot (Redis only)
+        # Task events (for Flower) are also what wakes the consumer's event loop when
+        # a call ends: without a free slot it does not ask for messages, and without
+        # an event it would only notice the freed slot at its 1 s poll timeout.
         worker_send_task_events=True,
         task_track_started=False,  # the call record says when a call started
         broker_connection_retry=True,
