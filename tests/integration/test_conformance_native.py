@@ -1,0 +1,212 @@
+"""bashfleet's own dialect (`native`) through the fleet: each behaviour its design states.
+
+DESIGN.md's table: `bash` {command, mode, timeout, cwd, host, session}, `bash_check`
+{id, grep, offset}, `bash_kill` {id}; 120 s then auto-background; separate streams,
+tail + error digest, spill reference, host. Issue 4 adds what the model reads after a
+timeout and the hint that a command already ran in the session.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from pathlib import Path
+
+from client.dialects import SessionState, ToolText, get_dialect
+
+from .conformance_helpers import (
+    HOST,
+    Conformance,
+    Elapsed,
+    alive,
+    conform_fixture,  # noqa: F401 - the `conform` fixture
+    poll,
+    wait_gone,
+)
+
+NATIVE = get_dialect("native")
+#: The second line of every run: where and how long it ran.
+WHERE = rf"host {HOST} · call (\S+) · [\d.]+s · cwd (\S+)"
+
+
+def call(conform: Conformance, tool: str, args: dict[str, object],
+         session: SessionState | None = None) -> ToolText:
+    return conform.call(NATIVE, tool, args, session or conform.session())
+
+
+def bash(conform: Conformance, args: dict[str, object],
+         session: SessionState | None = None) -> ToolText:
+    return call(conform, "bash", args, session)
+
+
+def test_three_tools(conform: Conformance) -> None:
+    """`bash` {command, mode, timeout, cwd, host, session}, `bash_check` {id, grep, offset},
+    `bash_kill` {id}."""
+    tools = {spec.name: spec.input_schema for spec in NATIVE.tools()}
+    assert {name: list(schema["properties"]) for name, schema in tools.items()} == {
+        "bash": ["command", "mode", "timeout", "cwd", "host", "session"],
+        "bash_check": ["id", "grep", "offset"],
+        "bash_kill": ["id"],
+    }
+    policy = NATIVE.policy()
+    assert (policy.default_timeout_s, policy.on_timeout) == (120.0, "background")
+
+
+def test_separate_streams_and_where_it_ran(conform: Conformance) -> None:
+    """Separate streams; the host, call id, duration and cwd of the run."""
+    text = bash(conform, {"command": "echo out; echo err >&2; exit 1"})
+    found = re.fullmatch(rf"exit code: 1\n{WHERE}\n\nstdout:\nout\n\nstderr:\nerr", text.text)
+    assert found is not None and text.is_error, text.text
+    assert found.group(1) == conform.fleet.last.call_id and found.group(2) == str(conform.workdir)
+    assert bash(conform, {"command": "true"}).text.endswith("\n\n(no output)")
+
+
+def test_tail_with_error_digest_and_spill_reference(conform: Conformance) -> None:
+    """Tail (2000 lines / 50 KB) with exact counts, "the error lines found in the part that
+    was cut", and where the full output is: `bashfleet output <id>` and the file on its
+    host."""
+    full = "error: disk quota exceeded\n" + "".join(f"{n}\n" for n in range(1, 3001))
+    text = bash(conform, {"command": "echo 'error: disk quota exceeded'; seq 1 3000"})
+    call_id = conform.fleet.last.call_id
+    found = re.search(
+        r"\n\nstdout:\n1001\n(?:.*\n)*?3000\n"
+        r"\[stdout cut: showing the last 2000 of 3001 lines \((\d+) of (\d+) bytes, lines limit\)\."
+        rf" Full output: `bashfleet output {call_id}` \((\S+) on host {HOST}\)\]\n\n"
+        r"error lines in the cut part:\n  error: disk quota exceeded$",
+        text.text,
+    )
+    assert found is not None and not text.is_error, text.text[-600:]
+    assert int(found.group(2)) == len(full)
+    path = Path(found.group(3))
+    assert path.is_relative_to(conform.worker.state_dir) and path.read_text() == full
+    assert conform.read_all(call_id) == full
+
+
+def test_timeout_then_auto_background(conform: Conformance) -> None:
+    """"120 s, then auto-background" (here 1 s): the command keeps running as a job on its
+    host; issue 4: its live processes and the age of its last output."""
+    session = conform.session()
+    with Elapsed() as took:
+        text = bash(conform, {"command": "echo started; exec sleep 300", "timeout": 1}, session)
+    assert took.seconds < 10
+    found = re.fullmatch(
+        rf"timed out after 1s; still running in background as job (\S+) on host {HOST} "
+        rf"\(pid (\d+)\)\n{WHERE}\n\nstdout:\nstarted\n\n"
+        r"processes still running:\n  pid \2 \w+, [\d.]+s CPU: sleep 300\n"
+        r"last output \d+\.\ds ago\n\n"
+        r"bash_check id=\1 shows its output; bash_kill id=\1 stops it\.",
+        text.text,
+    )
+    assert found is not None and not text.is_error, text.text
+    job, pid = found.group(1), int(found.group(2))
+    assert alive(pid)
+    checked = call(conform, "bash_check", {"id": job}, session)
+    # The check reads on after what the notice showed.
+    assert checked.text.startswith(
+        f"job {job} on host {HOST}: running\n\noutput since byte 8: none"
+    )
+    stopped = call(conform, "bash_kill", {"id": job}, session)
+    assert stopped.text.startswith(
+        f"job {job} on host {HOST}: stopped; killed by signal SIGTERM (15)"
+    )
+    wait_gone([pid])
+
+
+def test_background_mode_check_grep_offset_and_kill(conform: Conformance) -> None:
+    """mode `background` starts a job and returns at once; `bash_check` shows new output
+    (filtered by `grep`, from `offset`); `bash_kill` stops it."""
+    session = conform.session()
+    go = conform.workdir / f"{uuid.uuid4().hex}.go"
+    command = (
+        f"echo ok 1; echo bad 2; until [ -e {go.name} ]; do sleep 0.05; done; echo ok 3; "
+        "sleep 300"
+    )
+    text = bash(conform, {"command": command, "mode": "background"}, session)
+    found = re.match(
+        rf"started in background as job (\S+) on host {HOST} \(pid (\d+), pgid (\d+)\); "
+        r"output: (\S+)\n",
+        text.text,
+    )
+    assert found is not None and not text.is_error, text.text
+    job = found.group(1)
+    assert Path(found.group(4)).is_relative_to(conform.worker.state_dir)
+    first = poll(lambda: call(conform, "bash_check", {"id": job, "grep": "^ok"}, session),
+                 lambda t: "ok 1" in t.text, "the first lines")
+    assert "output since byte 0 matching '^ok' (1 line):\nok 1\n" in first.text, first.text
+    go.touch()
+    later = poll(lambda: call(conform, "bash_check", {"id": job}, session),
+                 lambda t: "ok 3" in t.text, "the third line")
+    assert "(1 line):\nok 3\n" in later.text, later.text
+    again = call(conform, "bash_check", {"id": job, "offset": 0}, session)
+    assert "output since byte 0 (3 lines):\nok 1\nbad 2\nok 3\n" in again.text, again.text
+    stopped = call(conform, "bash_kill", {"id": job}, session)
+    assert stopped.text.startswith(f"job {job} on host {HOST}: stopped; killed by signal SIGTERM")
+    wait_gone([int(found.group(2))])
+
+
+def test_kill_ends_processes_that_left_the_group(conform: Conformance) -> None:
+    """`bash_kill`: "SIGTERM to its process group, SIGKILL after a grace period, then every
+    process it started, even those that left the group"."""
+    session = conform.session()
+    text = bash(conform, {"command": "setsid sleep 300 & echo escaped=$!; sleep 300",
+                          "mode": "background"}, session)
+    job = re.match(r"started in background as job (\S+)", text.text).group(1)  # type: ignore[union-attr]
+    seen = poll(lambda: call(conform, "bash_check", {"id": job, "offset": 0}, session),
+                lambda t: "escaped=" in t.text, "the escaped pid")
+    escaped = int(re.search(r"escaped=(\d+)", seen.text).group(1))  # type: ignore[union-attr]
+    assert alive(escaped)
+    call(conform, "bash_kill", {"id": job}, session)
+    wait_gone([escaped, session.jobs[job].pid])
+
+
+def test_sessions_are_optional_and_report_the_final_cwd(conform: Conformance) -> None:
+    """`session`: "a fleet session that keeps cwd and environment between calls and stays
+    on one host"; the run says where it ended. Without one, calls are stateless."""
+    session, name = conform.session(), f"s{uuid.uuid4().hex[:8]}"
+    sub = conform.workdir / f"nat-{uuid.uuid4().hex[:6]}"
+    sub.mkdir()
+    first = bash(conform, {"command": f"cd {sub.name}; export NAT_VALUE=1", "session": name},
+                 session)
+    assert first.text.endswith(
+        f"\n\nsession {name}: ended in {sub}; its next call starts there; exported: NAT_VALUE"
+    ), first.text
+    second = bash(conform, {"command": 'pwd; echo "$NAT_VALUE"', "session": name}, session)
+    assert f"\n\nstdout:\n{sub}\n1\n\nsession {name}: ended in {sub}" in second.text, second.text
+    stateless = bash(conform, {"command": 'pwd; echo "${NAT_VALUE-unset}"'}, session)
+    assert stateless.text.endswith(f"\n\nstdout:\n{conform.workdir}\nunset")
+    assert conform.fleet.last.host == HOST
+
+
+def test_a_rerun_is_told_where_the_earlier_output_is(conform: Conformance) -> None:
+    """Issue 4: the same command again within 10 minutes gets a hint with the earlier
+    call, its host and how to read its full output."""
+    session = conform.session()
+    bash(conform, {"command": "seq 1 3000"}, session)
+    earlier = conform.fleet.last
+    assert earlier.spill is not None
+    again = bash(conform, {"command": "seq 1 3000"}, session)
+    hint = (
+        rf"\n\nnote: the same command ran in this session \d+s ago, as call {earlier.call_id} "
+        rf"on host {HOST} \(exit code 0\); its full output: `bashfleet output "
+        rf"{earlier.call_id}` \({re.escape(earlier.spill.stdout_path or '')} on host {HOST}\)$"
+    )
+    assert re.search(hint, again.text), again.text[-400:]
+    assert conform.read_all(earlier.call_id).startswith("1\n2\n3\n")
+    other = bash(conform, {"command": "seq 1 3"}, session)
+    assert "same command" not in other.text
+
+
+def test_system_errors_are_not_command_failures(conform: Conformance) -> None:
+    """The engine's "system error (could not spawn, bad cwd, policy block)" is told apart
+    from the command's own failure, and a host that is not there is named."""
+    gone = conform.workdir / "no-such-dir"
+    text = bash(conform, {"command": "true", "cwd": str(gone)})
+    assert re.fullmatch(
+        rf"system error \(bad_cwd\): Working directory does not exist: {gone}\n"
+        rf"host {HOST} · call \S+ · [\d.]+s",
+        text.text,
+    ) and text.is_error, text.text
+    nohost = bash(conform, {"command": "true", "host": "nohost"})
+    assert nohost.is_error and nohost.text.startswith(
+        "[system error: HostUnavailable: no live worker for host 'nohost'"
+    )
