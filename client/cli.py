@@ -12,6 +12,7 @@ import contextlib
 import itertools
 import json
 import os
+import re
 import sys
 import threading
 import time
@@ -131,27 +132,64 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.json:
         print(result.model_dump_json(indent=2))
         return exit_status(result)
-    print_result(result)
-    if args.follow and result.job is not None:
-        return _follow(fleet, result.job.id)
-    return exit_status(result)
+    if not (args.follow and result.job is not None):
+        print_result(result)
+        return exit_status(result)
+    # Following streams the job's files from their first byte: showing the call's own
+    # (possibly cut) output first would repeat it. Its notices still go to stderr.
+    print_result(result.model_copy(update={
+        "stdout": "", "stderr": "", "stdout_truncation": None, "stderr_truncation": None,
+    }))
+    separate_stderr = result.spill is not None and result.spill.stderr_path is not None
+    return _follow(fleet, result.job.id, stderr=separate_stderr)
 
 
-def _follow(fleet: Any, job_id: str) -> int:
-    """Stream a job's output until it ends; exit with its status."""
+def _follow(fleet: Any, job_id: str, *, stderr: bool = False) -> int:
+    """Stream a job's output until it ends, every byte once and in order; its exit status.
+
+    The bytes come from `read_output`, exact slices at our own offsets: a check cuts
+    what it shows (2000 lines by default) and reads from the offset of anyone's last
+    check. Checks only tell whether the job still runs; they read from our offset and
+    keep nothing (`grep` matches no line). A job's end is known before the final read,
+    so the last bytes it wrote are never missed. The completion line the worker
+    appends to the output file is not the job's output: its status goes to stderr.
+    `stderr`: the job keeps a separate stderr file (an auto-backgrounded call).
+    """
+    completion = re.compile(r"\n\n\[background process (?:completed|failed: [^\]\n]*)\]\n\Z")
+    targets = [("stdout", sys.stdout)] + ([("stderr", sys.stderr)] if stderr else [])
+    offsets = dict.fromkeys((name for name, _ in targets), 0)
+    held = dict.fromkeys(offsets, "")  # a tail that looks like the completion line
+
+    def drain(name: str, out: Any) -> bool:
+        """Write what the stream has past our offset; True when anything was new."""
+        start = offsets[name]
+        while True:
+            chunk = fleet.read_output(job_id, offset=offsets[name], limit=1 << 20, stream=name)
+            text, offsets[name] = held[name] + chunk.text, chunk.next_offset
+            # Held back until the job is known to have ended (then it is dropped).
+            match = completion.search(text) if chunk.eof else None
+            held[name] = match.group(0) if match else ""
+            out.write(text[: match.start()] if match else text)
+            out.flush()
+            if chunk.eof or chunk.next_offset == chunk.offset:
+                return offsets[name] > start
+
     delay = 0.05
-    while True:
-        check: CheckResult = fleet.check(job_id)
-        if check.output:
-            sys.stdout.write(check.output)
-            sys.stdout.flush()
-            delay = 0.05
-        if not check.running:
-            if check.signal is not None:
-                return 128 + check.signal
-            return check.exit_code if check.exit_code is not None else EXIT_SYSTEM_ERROR
-        time.sleep(delay)  # polling a remote job: back off while it is quiet
-        delay = min(delay * 2, 1.0)
+    try:
+        while True:
+            state: CheckResult = fleet.check(job_id, offset=offsets["stdout"], grep="(?!)")
+            moved = [drain(name, out) for name, out in targets]
+            if not state.running:
+                _print_check(state.model_copy(update={"output": "", "stderr_output": ""}))
+                if state.signal is not None:
+                    return 128 + state.signal
+                return state.exit_code if state.exit_code is not None else EXIT_SYSTEM_ERROR
+            delay = 0.05 if any(moved) else min(delay * 2, 0.5)
+            time.sleep(delay)  # polling a remote job: back off while it is quiet
+    except KeyboardInterrupt:
+        print(f"\n[stopped following; job {job_id} keeps running: "
+              f"`bashfleet kill {job_id}` ends it]", file=sys.stderr)
+        return 130
 
 
 # ----------------------------------------------------------------------- check, kill
