@@ -83,7 +83,8 @@ def test_flower_lists_the_hosts_and_the_calls(
     # Calls made while Flower watches show up in its task list, by call id.
     ids = {f"cflower{uuid.uuid4().hex[:8]}": host for host in ("alpha", "beta")}
     for call_id, host in ids.items():
-        assert fleet.run("echo seen", host=host, call_id=call_id).exit_code == 0
+        result = fleet.run("echo seen", host=host, call_id=call_id, env={"CALL_ONLY": "v4lue-x9"})
+        assert result.exit_code == 0
 
     def listed() -> dict[str, Any] | None:
         tasks = _try_get(f"{flower}/api/tasks") or {}
@@ -94,3 +95,6 @@ def test_flower_lists_the_hosts_and_the_calls(
     for call_id, host in ids.items():
         assert tasks[call_id]["name"] == "bashfleet.exec"
         assert tasks[call_id]["worker"] == f"exec@{host}"
+        # Its arguments show the command, not the call's env (it may hold secrets).
+        assert "echo seen" in tasks[call_id]["args"]
+        assert "v4lue-x9" not in json.dumps(tasks[call_id])
