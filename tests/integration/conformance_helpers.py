@@ -2,9 +2,9 @@
 
 Every conformance test drives `dialect.call(tool, args, runner=<Fleet>, session=...)`
 as an agent harness does, against the session's real Redis and a real worker process
-(host `conform`), and checks the text the model reads. The worker is started once for
-the whole test session (each start costs seconds on two cores) and carries in its own
-environment a secret and a plain variable, so tests can see what a command inherits.
+(host `conform`), and checks the text the model reads. The worker is started once per
+module (a start costs a second or two) and carries in its own environment a secret and
+a plain variable, so tests can see what a command inherits.
 
 The fixture is registered under the name `conform`; a test module imports
 `conform_fixture` to use it.
@@ -12,7 +12,6 @@ The fixture is registered under the name `conform`; a test module imports
 
 from __future__ import annotations
 
-import os
 import secrets
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -51,16 +50,9 @@ class _ConformanceWorker(WorkerProcess):
         return env
 
 
-def conformance_worker(factory: WorkerFactory) -> WorkerProcess:
-    """The session's `conform` worker, started on first use; the factory stops it.
-
-    Looked up among the factory's workers rather than cached in a session fixture: a
-    fixture imported into several modules is set up once per module, and a second
-    worker for the same host id would be refused.
-    """
-    for worker in factory.started:
-        if worker.host == HOST and worker.proc is not None and worker.proc.poll() is None:
-            return worker
+def start_conformance_worker(factory: WorkerFactory) -> WorkerProcess:
+    """Start the `conform` worker (registered with the factory, which stops it at the end
+    of the session should its module's teardown not have)."""
     worker = _ConformanceWorker(
         HOST, factory.url, state_dir=factory.state_dir(HOST), log_dir=factory.base / "logs",
         concurrency=4,
@@ -163,14 +155,19 @@ def conform_fixture(
     session_workers: WorkerFactory, redis_server: RedisServer,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Conformance]:
-    """The conformance host, a fleet client of it, and a working directory it shares."""
-    worker = conformance_worker(session_workers)
+    """The conformance host, a fleet client of it, and a working directory it shares.
+
+    The worker lives for one module: every worker also serves the fleet's `any` queue,
+    and other modules' tests expect calls without a host to land on their own hosts.
+    """
+    worker = start_conformance_worker(session_workers)
     fleet = RecordingFleet(redis_server.url)
     try:
         yield Conformance(worker, fleet, tmp_path_factory.mktemp("conform-work"))
     finally:
         fleet.close()
-        # Jobs a failed test left behind end with its module, not with the session.
+        worker.stop()
+        # Jobs a failed test left behind end with its module.
         worker.kill_jobs()
 
 
@@ -226,13 +223,3 @@ class Elapsed:
 
     def __exit__(self, *exc: object) -> None:
         self.seconds = time.monotonic() - self.started
-
-
-def short_policy(policy: Policy, **changes: object) -> Policy:
-    """A dialect's policy with some values changed (a policy is immutable)."""
-    return policy.model_copy(update=changes)
-
-
-def env_without_fleet() -> dict[str, str]:
-    """This process's environment without the fleet's settings (for subprocesses)."""
-    return {k: v for k, v in os.environ.items() if not k.startswith("BASHFLEET_")}
