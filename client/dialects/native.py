@@ -3,7 +3,14 @@
 Everything the engine knows, said plainly: how the command ended (exit code, signal,
 timeout, backgrounded job and its host), both streams apart, exact counts of every cut
 and how to read the rest (`bashfleet output <id>` and the file on its host), the error
-lines found in the part that was cut, and the processes still alive after a timeout.
+lines found in the part that was cut, and after a timeout the call's processes (pid,
+state, CPU seconds, command) and how long ago it last printed.
+
+A named `session` is a shell that lives on between calls: each call of it reports the
+state it ended in (`cwd_after`, exported and unset variables) and the next one starts
+there, on the same host. Without one, calls are stateless. A command the session already
+ran in the last 10 minutes gets a note saying which call ran it and where its output is,
+so a model that only wants the part that was cut can read it instead of running again.
 
     exit code: 2
     host build-3 · call c0ffee · 41.20s · cwd /src/app
@@ -18,6 +25,9 @@ lines found in the part that was cut, and the processes still alive after a time
 
     error lines in the cut part:
       tests/test_x.py:12: AssertionError
+
+    note: the same command ran in this session 2m 5s ago, as call c0ffee on host build-3
+    (exit code 2); its full output: `bashfleet output c0ffee` (... on host build-3)
 """
 
 from __future__ import annotations
@@ -168,10 +178,6 @@ def _activity_block(result: CallResult) -> str:
     return "\n".join([*lines, age])
 
 
-def _with_block(text: ToolText, block: str) -> ToolText:
-    return ToolText(f"{text.text}\n\n{block}", is_error=text.is_error)
-
-
 def _ago(seconds_ago: float) -> str:
     """`45s`, `3m 2s`: how long ago, to the second."""
     whole = int(seconds_ago)
@@ -282,23 +288,37 @@ class NativeDialect(Dialect):
             unset_env=tuple(shell.unset_env) if shell else (),
             capture_state=shell is not None and mode != "background",
         )
+        text = self.render_run(result, mode, timeout)
+        if system_failure(result) is not None:
+            return text  # nothing ran: nothing to remember
+        notes = self._remember(command, result, session, (name, shell), sent_at)
+        return ToolText("\n\n".join([text.text, *notes]), is_error=text.is_error)
+
+    def _remember(
+        self,
+        command: str,
+        result: CallResult,
+        session: SessionState,
+        named: tuple[str | None, ShellState | None],
+        sent_at: float,
+    ) -> list[str]:
+        """Keep what the run taught the session; the notes that tell the model about it."""
+        notes = []
         if result.job is not None:
             stderr_path = result.spill.stderr_path if result.spill else None
             session.remember(result.job, command, stderr_path=stderr_path)
             # The output shown here is the first look: bash_check reads on after it.
             session.shown_until(result.job.id, result)
-        earlier = self._earlier_run(command, session, sent_at)
-        text = self.render_run(result, mode, timeout)
-        if system_failure(result) is not None:
-            return text
+        name, shell = named
         if name is not None and shell is not None:
             shell.carry(result)
             _keep_shell(session, name, shell)
-            text = _with_block(text, _shell_report(name, shell, result))
+            notes.append(_shell_report(name, shell, result))
+        earlier = self._earlier_run(command, session, sent_at)
         self._record(command, result, session, sent_at)
         if earlier is not None:
-            text = _with_block(text, _already_ran(earlier, sent_at))
-        return text
+            notes.append(_already_ran(earlier, sent_at))
+        return notes
 
     def _earlier_run(self, command: str, session: SessionState, now: float) -> RunRecord | None:
         """The latest run of the same command in this session within the hint window."""
