@@ -7,6 +7,10 @@ command still running after its timeout (default 120 s) keeps running as a job.
 
 The model addresses jobs by pid, as in the seed; pids are not unique across hosts and
 time, so the session maps each pid it was shown to the job id (`SessionState.pids`).
+The partial output of the backgrounded notice counts as the first look: `check_pid`
+shows what came after it ("new output since last check"), and `kill_pid` what no look
+showed yet. The line the engine appends to a job's output when it ends (seed 001's) is
+left out: the text says how the process ended.
 
 Texts beyond the seed's examples, in the seed's style:
 - a stream truncated without a spill file (line limit only, 50 KB or less in all) says
