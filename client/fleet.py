@@ -57,6 +57,9 @@ Mode = Literal["default", "slow", "background"]
 SLOW_TIMEOUT_S = 15 * 60.0
 #: How often a waiting client looks at the worker's heartbeat.
 WATCH_INTERVAL_S = 0.5
+#: A claim follows a take within milliseconds; a message gone this long without one
+#: was lost with the consumer that took it.
+MESSAGE_LOST_GRACE_S = 3.0
 #: Longest wait for a control call (check, kill, read_output, cancel, jobs).
 CTL_TIMEOUT_S = 30.0
 #: Seconds to connect to Redis before FleetUnavailable.
@@ -154,6 +157,8 @@ class Fleet:
             socket_timeout=10.0,
         )
         self._celery = _client_celery(url)
+        # call id -> when its unclaimed message was first seen gone from its queue.
+        self._missing_since: dict[str, float] = {}
 
     def close(self) -> None:
         """Close the connections (the object is unusable afterwards)."""
@@ -298,8 +303,11 @@ class Fleet:
     def _wait_call(
         self, call_id: str, pending: AsyncResult, target: str | None, label: str | None
     ) -> CallResult:
-        with _releasing(pending):
-            return self._wait_call_result(call_id, pending, target, label)
+        try:
+            with _releasing(pending):
+                return self._wait_call_result(call_id, pending, target, label)
+        finally:
+            self._missing_since.pop(call_id, None)
 
     def _wait_call_result(
         self, call_id: str, pending: AsyncResult, target: str | None, label: str | None
@@ -348,7 +356,7 @@ class Fleet:
                 error=SystemError_(kind="internal", message=message),
             )
         if state == "queued" or state is None:
-            return self._watch_queued(call_id, target, label)
+            return self._watch_queued(call_id, target, label, record.get("queue"))
         instance = record.get("instance")
         if host and instance and registry.host_alive_token(self._redis, host) != instance:
             return WorkerLost(
@@ -358,9 +366,17 @@ class Fleet:
         return None
 
     def _watch_queued(
-        self, call_id: str, target: str | None, label: str | None
+        self, call_id: str, target: str | None, label: str | None, queue: str | None = None
     ) -> BashfleetError | None:
-        """A call no worker took yet: withdraw it when no worker is left to take it."""
+        """A call no worker took yet: withdraw it when no worker is left to take it, or
+        when its message left the queue without any worker starting it."""
+        if queue is not None and self._message_lost(call_id, queue):
+            if registry.withdraw_call(self._redis, call_id) != "queued":
+                return None  # a worker took it after all: watch it as a running call
+            return WorkerLost(
+                f"call {call_id} was taken from its queue by a worker that died before "
+                "starting it; it was withdrawn and will not run", call_id=call_id, host=target,
+            )
         if target is not None:
             if registry.host_alive_token(self._redis, target) is not None:
                 return None
@@ -378,6 +394,17 @@ class Fleet:
             f"no live worker is left in {where} to run call {call_id}; "
             "the call was withdrawn and will not run", call_id=call_id, host=target,
         )
+
+    def _message_lost(self, call_id: str, queue: str) -> bool:
+        """True once the call's message has been gone from its queue, unclaimed, for
+        MESSAGE_LOST_GRACE_S: a consumer took it and died (or Redis handed it to a dead
+        consumer's read), so no worker will ever start it."""
+        now = time.monotonic()
+        if registry.message_waiting(self._redis, queue, call_id):
+            self._missing_since.pop(call_id, None)
+            return False
+        since = self._missing_since.setdefault(call_id, now)
+        return now - since >= MESSAGE_LOST_GRACE_S
 
     # -------------------------------------------------------------------- control
 

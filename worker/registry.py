@@ -477,6 +477,29 @@ def claim_call(
     ))
 
 
+#: kombu keeps a queue's messages in one list per priority step: the queue's own name
+#: (the default priority) and `<queue>\x06\x16<step>` for the others.
+_PRIORITY_SUFFIXES = ("", "\x06\x163", "\x06\x166", "\x06\x169")
+#: Most messages of a queue scanned when looking for one (a queue is rarely longer).
+QUEUE_SCAN_LIMIT = 10_000
+
+
+def message_waiting(client: Redis, queue: str, call_id: str) -> bool:
+    """True when the message of `call_id` still waits in `queue` (no consumer took it).
+
+    Messages are JSON with the task id in their headers. A queue longer than the scan
+    limit counts as still holding it: the call is simply waiting its turn.
+    """
+    needle = f'"id": "{call_id}"'
+    for suffix in _PRIORITY_SUFFIXES:
+        key = queue + suffix
+        if client.llen(key) > QUEUE_SCAN_LIMIT:
+            return True
+        if any(needle in message for message in client.lrange(key, 0, -1)):
+            return True
+    return False
+
+
 def withdraw_call(client: Redis, call_id: str, state: str = "abandoned") -> str | None:
     """Mark a queued call `state` (cancelled / abandoned) so no worker ever starts it.
 

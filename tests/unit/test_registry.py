@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from typing import cast
@@ -213,3 +214,31 @@ def test_scripts_are_loaded_again_after_a_redis_restart(r: redis.Redis) -> None:
     assert registry.claim_call(r, "c7", "alpha", "t1", 42) == "ok"
     assert registry.finish_call(r, "alpha", "c7", exit_code=None) == "running"
     assert registry.call_record(r, "c7")["exit_code"] == ""
+
+
+def _message(call_id: str) -> str:
+    # The shape kombu pushes: the task id in the headers.
+    return json.dumps({"body": "W10=", "headers": {"task": "bashfleet.exec", "id": call_id}})
+
+
+def test_message_waiting_finds_a_queued_message_by_its_id(r: redis.Redis) -> None:
+    queue = registry.exec_queue("h1")
+    r.lpush(queue, _message("c-other"), _message("c-mine"))
+    assert registry.message_waiting(r, queue, "c-mine")
+    assert not registry.message_waiting(r, queue, "c-gone")
+    assert not registry.message_waiting(r, queue, "c-min")  # the whole id, not a prefix
+
+
+def test_message_waiting_looks_in_every_priority_list(r: redis.Redis) -> None:
+    queue = registry.exec_queue("h2")
+    r.lpush(queue + "\x06\x166", _message("c-prio"))
+    assert registry.message_waiting(r, queue, "c-prio")
+
+
+def test_a_very_long_queue_counts_as_still_waiting(
+    r: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    queue = registry.exec_queue("h3")
+    monkeypatch.setattr(registry, "QUEUE_SCAN_LIMIT", 2)
+    r.lpush(queue, _message("a"), _message("b"), _message("c"))
+    assert registry.message_waiting(r, queue, "not-there")

@@ -1,0 +1,108 @@
+"""50 rounds of SIGKILL on a worker at random points of a call.
+
+Each round sends `sleep R; echo ROUND >> FILE` and SIGKILLs, after a random delay, either
+the host's command consumer (its supervisor restarts it) or, every fifth round, the
+whole worker (supervisor and consumers; the test restarts it). Figures printed: rounds,
+results and worker-lost errors with the slowest answer, duplicated lines in FILE
+(commands run twice), and processes of killed calls alive after the restart.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+import redis
+
+from client import Fleet, WorkerLost
+from worker import procs, registry
+
+from .conftest import WorkerFactory, WorkerProcess, wait_for
+from .test_fleet_faults import LOST_WITHIN_S, Pending
+
+ROUNDS = int(os.environ.get("BASHFLEET_FAULT_ROUNDS", "50"))
+HOST = "kappa"
+
+
+def _exec_pid(client: redis.Redis) -> int | None:
+    pid = registry.host_record(client, HOST).get("exec_ready")
+    return int(pid) if pid else None
+
+
+def _consumer_back(client: redis.Redis, old: int | None) -> int | None:
+    pid = _exec_pid(client)
+    return pid if pid and pid != old else None
+
+
+def _kill_consumer(client: redis.Redis) -> None:
+    pid = _exec_pid(client)
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)  # a consumer this test's worker started
+    wait_for(lambda: _consumer_back(client, pid), 60, "the restarted command consumer")
+
+
+def _gone(call_id: str) -> Callable[[], bool]:
+    return lambda: not procs.find_call_processes(None, call_id)
+
+
+def _kill_worker(workers: WorkerFactory, worker: WorkerProcess) -> WorkerProcess:
+    worker.kill_group()
+    return workers.start(HOST)
+
+
+def test_fifty_rounds_of_sigkill(
+    workers: WorkerFactory, fleet: Fleet, redis_client: redis.Redis, tmp_path: Path,
+    capsys: object,
+) -> None:
+    rng = random.Random(20261121)
+    worker = workers.start(HOST)
+    target = tmp_path / "ran.txt"
+    outcomes: Counter[str] = Counter()
+    slowest = 0.0
+    survivors = 0
+    markers: list[str] = []
+    for round_no in range(ROUNDS):
+        call_id = f"f{round_no}-{uuid.uuid4().hex[:8]}"
+        markers.append(call_id)
+        command = f"sleep {rng.uniform(0, 0.6):.2f}; echo {round_no} >> {target}"
+        pending = Pending(fleet, command, HOST, call_id)
+        time.sleep(rng.uniform(0, 0.8))  # the random point of the call at which to kill
+        killed_at = time.monotonic()
+        if round_no % 5 == 4:
+            worker = _kill_worker(workers, worker)
+        else:
+            _kill_consumer(redis_client)
+        try:
+            pending.join(LOST_WITHIN_S + 60)
+        except AssertionError:
+            record = registry.call_record(redis_client, call_id)
+            raise AssertionError(f"round {round_no}: no answer; call record {record}") from None
+        assert pending.finished_at is not None
+        if pending.result is not None:
+            outcomes["result"] += 1
+        else:
+            assert isinstance(pending.error, WorkerLost), pending.error
+            outcomes["worker lost"] += 1
+            slowest = max(slowest, pending.finished_at - killed_at)
+        # Once the host serves again, nothing of the killed call may be running.
+        wait_for(_gone(call_id), 15, "the killed call's processes to be gone")
+    survivors = sum(len(procs.find_call_processes(None, m)) for m in markers)
+    lines = target.read_text().split() if target.exists() else []
+    duplicates = sum(count - 1 for count in Counter(lines).values() if count > 1)
+    with capsys.disabled():  # type: ignore[attr-defined]
+        print(
+            f"\nfault injection: {ROUNDS} SIGKILL rounds, {outcomes['result']} results, "
+            f"{outcomes['worker lost']} worker-lost errors (slowest {slowest:.1f}s after "
+            f"the kill), {duplicates} commands run twice, {survivors} survivors"
+        )
+    assert sum(outcomes.values()) == ROUNDS
+    assert duplicates == 0
+    assert survivors == 0
+    assert slowest < LOST_WITHIN_S + 5
+    assert fleet.run("echo alive", host=HOST).stdout == "alive\n"
