@@ -38,7 +38,7 @@ from client.errors import (
     UnknownJob,
     WorkerLost,
 )
-from worker import registry
+from worker import auth, registry
 from worker.models import (
     Call,
     CallResult,
@@ -80,6 +80,19 @@ def resolve_url(redis_url: str | None = None) -> str | None:
     return local_redis_url()
 
 
+def resolve_signing_key(url: str) -> str | None:
+    """The key calls are signed with: BASHFLEET_SIGNING_KEY, else the local fleet's own
+    (when `url` is that fleet's Redis), else None (unsigned)."""
+    configured = Settings().signing_key
+    if configured is not None:
+        return configured.get_secret_value()
+    try:
+        from client.local import local_signing_key  # noqa: PLC0415 - optional, CLI side
+    except ImportError:
+        return None
+    return local_signing_key(url)
+
+
 def _validation_message(exc: ValidationError) -> str:
     parts = []
     for error in exc.errors():
@@ -115,10 +128,11 @@ def _argsrepr(call: Call) -> str:
     hold secrets) on every send: ~0.1 ms of client CPU per call, for a text cut at
     1 KB anyway.
     """
-    command = call.command
-    if len(command) > ARGSREPR_COMMAND_CHARS:
-        command = command[:ARGSREPR_COMMAND_CHARS] + "..."
-    return repr({"command": command, "cwd": call.cwd, "background": call.background})
+    # The command itself is redacted: it may carry a token inline (curl -H ...), and
+    # Flower shows these arguments to anyone with its password.
+    size = len(call.command)
+    return repr({"command": f"<redacted: {size} chars>", "cwd": call.cwd,
+                 "background": call.background})
 
 
 def _truncation(policy: Policy | None) -> dict[str, Any] | None:
@@ -157,6 +171,7 @@ class Fleet:
             socket_timeout=10.0,
         )
         self._celery = _client_celery(url)
+        self._signing_key = resolve_signing_key(url)
         # call id -> when its unclaimed message was first seen gone from its queue.
         self._missing_since: dict[str, float] = {}
 
@@ -229,9 +244,10 @@ class Fleet:
                 submitted = registry.submit_call(self._redis, call.call_id, queue, target)
             if submitted == "taken":
                 raise CallRejected(f"call id {call.call_id} is already in use")
+            args = self._signed(registry.TASK_EXEC, [call.model_dump(mode="json")])
             pending = self._celery.send_task(
-                registry.TASK_EXEC, args=[call.model_dump(mode="json")], queue=queue,
-                task_id=call.call_id, argsrepr=_argsrepr(call),
+                registry.TASK_EXEC, args=args, queue=queue, task_id=call.call_id,
+                argsrepr=_argsrepr(call), kwargsrepr="{}",
             )
             result = self._wait_call(call.call_id, pending, target, label)
             if session is not None:
@@ -548,10 +564,17 @@ class Fleet:
     def _ctl(self, host: str, task: str, args: list[Any]) -> Any:
         return self._await_ctl(host, self._send_ctl(host, task, args))
 
+    def _signed(self, task: str, args: list[Any]) -> list[Any]:
+        """The task's arguments, wrapped in a signed envelope when a key is configured."""
+        if self._signing_key is None:
+            return args
+        return [auth.sign(self._signing_key, task, args, time.time())]
+
     def _send_ctl(self, host: str, task: str, args: list[Any]) -> tuple[AsyncResult, str]:
         token = self._require_alive(host)
         pending = self._celery.send_task(
-            task, args=args, queue=registry.ctl_queue(host), expires=CTL_TIMEOUT_S
+            task, args=self._signed(task, args), queue=registry.ctl_queue(host),
+            expires=CTL_TIMEOUT_S, argsrepr=repr(args[:1]), kwargsrepr="{}",
         )
         return pending, token
 

@@ -220,7 +220,7 @@ class SystemError_(Model):  # noqa: N801 - avoid shadowing the builtin SystemErr
 
     kind: Literal[
         "bad_cwd", "spawn_failed", "blocked", "invalid", "worker_lost", "unavailable",
-        "not_found", "internal",
+        "not_found", "internal", "unauthorized",
     ]
     """Machine-readable class of the failure."""
     message: str

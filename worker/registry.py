@@ -30,6 +30,8 @@ Keys (prefix `bashfleet:`; every key has a TTL or an owner that deletes it):
   expired are pruned when listed.
 - `bashfleet:session:<session>` (string): the host a session's calls are pinned to.
   TTL SESSION_TTL_S (1 day), renewed by each call of the session.
+- `bashfleet:nonce:<nonce>` (string): a signed message's nonce, seen once (replays are
+  refused). TTL: until the message expires (plus the clock skew allowed).
 
 Celery's own keys are Celery's: the queue lists (named like the queues below, emptied
 by the consumers), kombu's `_kombu.binding.*` sets and `unacked*` bookkeeping, and the
@@ -46,7 +48,7 @@ import hashlib
 import re
 import time
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, TypeVar, cast
+from typing import Any, Literal, TypeVar, cast
 
 import redis
 
@@ -304,13 +306,31 @@ def heartbeat(client: Redis, host: str, token: str, record: Mapping[str, object]
     A lock that expired (a long pause, or a Redis that lost its data) is taken again
     if nobody else took it meanwhile.
     """
+    return beat(client, host, token, record) != "taken"
+
+
+BeatOutcome = Literal["ok", "missing", "taken"]
+
+
+def beat(
+    client: Redis, host: str, token: str, record: Mapping[str, object]
+) -> BeatOutcome:
+    """`heartbeat`, telling why: "ok"; "taken" (another instance holds the host); or
+    "missing": this instance's host record was not in Redis before this beat wrote it
+    again (Redis lost its data, or the record expired), so whatever else the worker
+    published may be gone too and is worth publishing again (`restore_running_call`,
+    the job records). The first beat of an instance is "missing" too.
+    """
     key = alive_key(host)
     now = time.time()
 
-    def body(pipe: Any) -> bool:
+    def body(pipe: Any) -> BeatOutcome:
         if pipe.get(key) not in (token, None):
             pipe.multi()
-            return False
+            return "taken"
+        # Read in the same WATCHed round as the lock: a record that names us was
+        # written by one of our earlier beats, so Redis kept what we published.
+        kept = pipe.hget(host_key(host), "instance") == token
         pipe.multi()
         pipe.set(key, token, ex=ALIVE_TTL_S)
         pipe.hset(host_key(host), mapping=_fields({**record, "heartbeat_at": now}))
@@ -320,7 +340,7 @@ def heartbeat(client: Redis, host: str, token: str, record: Mapping[str, object]
         pipe.expire(HOSTS_KEY, HOST_TTL_S)
         pipe.expire(running_key(host), RUNNING_TTL_S)
         pipe.expire(jobs_key(host), JOB_TTL_S)
-        return True
+        return "ok" if kept else "missing"
 
     return _transaction(client, [key], body)
 
@@ -500,6 +520,16 @@ def message_waiting(client: Redis, queue: str, call_id: str) -> bool:
     return False
 
 
+def nonce_key(nonce: str) -> str:
+    """A signed message's nonce, once seen (TTL: until the message expires)."""
+    return f"{PREFIX}nonce:{nonce}"
+
+
+def use_nonce(client: Redis, nonce: str, ttl_s: float) -> bool:
+    """Record a signed message's nonce; False when it was seen before (a replay)."""
+    return bool(client.set(nonce_key(nonce), "1", nx=True, px=max(1, int(ttl_s * 1000))))
+
+
 def withdraw_call(client: Redis, call_id: str, state: str = "abandoned") -> str | None:
     """Mark a queued call `state` (cancelled / abandoned) so no worker ever starts it.
 
@@ -576,6 +606,41 @@ def finish_call(client: Redis, host: str, call_id: str, **fields: object) -> str
     return cast("str | None", _FINISH(
         client, [call_key(call_id), running_key(host)],
         [CALL_TTL_S, call_id, time.time(), *_flat(rest)],
+    ))
+
+
+# KEYS: call, running; ARGV: call TTL, running TTL, call id, fields... Returns the
+# call's state after it: a record Redis lost is written again as running; one whose
+# end was recorded meanwhile (finish_call) is left as it is, and out of the busy set.
+_RESTORE = _Script("""
+local state = redis.call('HGET', KEYS[1], 'state')
+if not state then
+  redis.call('HSET', KEYS[1], 'state', 'running', unpack(ARGV, 4))
+  redis.call('EXPIRE', KEYS[1], ARGV[1])
+  state = 'running'
+end
+if state == 'running' or state == 'cancelling' or state == 'stopping' then
+  redis.call('SADD', KEYS[2], ARGV[3])
+  redis.call('EXPIRE', KEYS[2], ARGV[2])
+end
+return state
+""")
+
+
+def restore_running_call(
+    client: Redis, host: str, call_id: str, **fields: object
+) -> str:
+    """Publish again a call this host runs, after Redis lost its record (worker side).
+
+    Atomic against the call's own end: a call that finished between the worker
+    reading its local file and this script stays finished and takes no busy slot.
+    Returns the call's state afterwards.
+    """
+    rest = {k: v for k, v in fields.items() if k != "state"}
+    rest.update(call_id=call_id, host=host)
+    return cast(str, _RESTORE(
+        client, [call_key(call_id), running_key(host)],
+        [CALL_TTL_S, RUNNING_TTL_S, call_id, *_flat(rest)],
     ))
 
 

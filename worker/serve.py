@@ -141,7 +141,22 @@ def main(host: str, concurrency: int, labels: tuple[str, ...], settings: Setting
     settings = settings.model_copy(
         update={"host": host, "concurrency": concurrency, "labels": tuple(labels)}
     )
+    if not settings.accepted_keys():
+        _warn_unsigned(host)
     return Supervisor(settings, url).run()
+
+
+def _warn_unsigned(host: str) -> None:
+    """Say loudly that this worker runs whatever anyone with Redis access sends it."""
+    banner = "!" * 78
+    print(
+        f"{banner}\nbashfleet worker {host}: NO SIGNING KEY CONFIGURED.\n"
+        "Unsigned calls are accepted: anyone who can write to this Redis can run commands\n"
+        "on this machine. Set BASHFLEET_SIGNING_KEY (the same key on every client).\n"
+        f"{banner}",
+        file=sys.stderr,
+    )
+    log.warning("host %s: no signing key configured; unsigned calls are accepted", host)
 
 
 class Supervisor:

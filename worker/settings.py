@@ -61,6 +61,11 @@ class Settings(BaseSettings):
     """`bashfleet gc` then removes the oldest of them until they take less than this."""
     retention_min_age_s: float = Field(3600.0, ge=0)
     """`bashfleet gc` never removes a file modified more recently than this."""
+    signing_key: SecretStr | None = None
+    """Shared key of signed calls: clients sign with it, workers require it. None: unsigned
+    (a worker then warns at start that anyone who can write to Redis runs commands)."""
+    signing_keys_accepted: SecretStr | None = None
+    """Older keys a worker still accepts (comma-separated), while clients roll to a new one."""
     command_deny: tuple[str, ...] = ()
     """Regular expressions (a JSON list): a command matching any is refused on this host."""
     command_allow: tuple[str, ...] = ()
@@ -93,6 +98,13 @@ class Settings(BaseSettings):
     def jobs_dir(self) -> Path:
         """Output, status and record files of background jobs."""
         return self.state_dir / "jobs"
+
+    def accepted_keys(self) -> tuple[str, ...]:
+        """Every key a worker accepts: the current one first, then the older ones."""
+        keys = [self.signing_key.get_secret_value()] if self.signing_key else []
+        if self.signing_keys_accepted:
+            keys += [k.strip() for k in self.signing_keys_accepted.get_secret_value().split(",")]
+        return tuple(k for k in keys if k)
 
     def redis_url_value(self) -> str | None:
         """The Redis URL in clear, for connecting only: never print it."""

@@ -17,6 +17,7 @@ import logging
 import os
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -25,7 +26,7 @@ from typing import Any
 import redis
 from pydantic import TypeAdapter, ValidationError
 
-from worker import hoststate, jobs, procs, registry
+from worker import auth, hoststate, jobs, procs, registry
 from worker.app import app
 from worker.capture import read_slice
 from worker.engine import SpawnHook, run_call
@@ -383,11 +384,61 @@ def list_jobs() -> Envelope:
     return _guard(body)
 
 
+# ------------------------------------------------------------------------ signing
+
+
+def _refused_exec(args: tuple[Any, ...], kind: str, message: str) -> dict[str, Any]:
+    rt = runtime()
+    payload = args[0] if args and isinstance(args[0], dict) else {}
+    inner = payload.get("args") if "auth" in payload else [payload]
+    first = inner[0] if isinstance(inner, list) and inner and isinstance(inner[0], dict) else {}
+    call_id = str(first.get("call_id") or "?")[:64]
+    log.warning("call %s refused: %s", call_id, message)
+    return _failed(call_id, rt.settings.host, kind, message)
+
+
+def _refused_ctl(args: tuple[Any, ...], kind: str, message: str) -> Envelope:
+    del args
+    log.warning("control message refused: %s", message)
+    return _error(kind, message)
+
+
+def _signed(task: str, body: Callable[..., Any], refuse: Callable[..., Any]) -> Callable[..., Any]:
+    """The task as the worker runs it: signature, expiry and nonce checked first.
+
+    With no key configured (the worker warned at start) a signed envelope is unwrapped
+    unverified and plain arguments are taken as they are.
+    """
+
+    def run(*args: Any) -> Any:
+        rt = runtime()
+        keys = auth.keyring(rt.settings.accepted_keys())
+        if not keys:
+            if len(args) == 1 and auth.is_envelope(args[0]):
+                return body(*args[0]["args"])
+            return body(*args)
+        try:
+            verified = auth.verify(args[0] if len(args) == 1 else None, task, keys, time.time())
+        except auth.AuthError as exc:
+            return refuse(args, "unauthorized", exc.message)
+        ttl = verified.expires - time.time() + auth.CLOCK_SKEW_S
+        if not registry.use_nonce(rt.redis, verified.nonce, ttl):
+            return refuse(args, "unauthorized", "replayed message refused (nonce seen before)")
+        return body(*verified.args)
+
+    run.__name__ = getattr(body, "__name__", task)
+    return run
+
+
 # Registered apart from their definitions so the functions keep their types (Celery's
 # decorator is untyped) and stay callable directly in tests.
-exec_task = app.task(name=registry.TASK_EXEC)(exec_call)
-check_task = app.task(name=registry.TASK_CHECK)(check)
-kill_task = app.task(name=registry.TASK_KILL)(kill)
-read_output_task = app.task(name=registry.TASK_READ_OUTPUT)(read_output)
-cancel_task = app.task(name=registry.TASK_CANCEL)(cancel)
-jobs_task = app.task(name=registry.TASK_JOBS)(list_jobs)
+exec_task = app.task(name=registry.TASK_EXEC)(_signed(registry.TASK_EXEC, exec_call, _refused_exec))
+check_task = app.task(name=registry.TASK_CHECK)(_signed(registry.TASK_CHECK, check, _refused_ctl))
+kill_task = app.task(name=registry.TASK_KILL)(_signed(registry.TASK_KILL, kill, _refused_ctl))
+read_output_task = app.task(name=registry.TASK_READ_OUTPUT)(
+    _signed(registry.TASK_READ_OUTPUT, read_output, _refused_ctl)
+)
+cancel_task = app.task(name=registry.TASK_CANCEL)(
+    _signed(registry.TASK_CANCEL, cancel, _refused_ctl)
+)
+jobs_task = app.task(name=registry.TASK_JOBS)(_signed(registry.TASK_JOBS, list_jobs, _refused_ctl))

@@ -95,6 +95,8 @@ def test_flower_lists_the_hosts_and_the_calls(
     for call_id, host in ids.items():
         assert tasks[call_id]["name"] == "bashfleet.exec"
         assert tasks[call_id]["worker"] == f"exec@{host}"
-        # Its arguments show the command, not the call's env (it may hold secrets).
-        assert "echo seen" in tasks[call_id]["args"]
+        # Its arguments are redacted: neither the command (it may carry a token inline)
+        # nor the call's env (it may hold secrets) is shown; the cwd and size are.
+        assert "echo seen" not in tasks[call_id]["args"]
+        assert "<redacted: 9 chars>" in tasks[call_id]["args"]
         assert "v4lue-x9" not in json.dumps(tasks[call_id])

@@ -1,0 +1,167 @@
+"""Signed calls end to end: a keyed worker runs only what a keyed client signed.
+
+Unsigned, tampered, expired, wrongly keyed and replayed messages are refused with an
+`unauthorized` error, and nothing runs; Flower's task-sending API (which cannot sign)
+cannot run commands either. A worker without a key says so loudly at start.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+import time
+import urllib.parse
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from client import Fleet
+from client.redis_server import RedisServer
+from worker import auth, registry
+from worker.models import CallResult
+
+from .conftest import WorkerFactory, WorkerProcess, wait_for
+from .test_fleet_flower import PASSWORD, USER, _try_get
+from .test_fleet_flower import flower as flower  # noqa: PLC0414 - the fixture
+
+KEY = "test-signing-key-" + "5" * 32
+HOST = "signed1"
+
+
+class KeyedWorker(WorkerProcess):
+    """A worker started with a signing key."""
+
+    def env(self) -> dict[str, str]:
+        env = super().env()
+        env["BASHFLEET_SIGNING_KEY"] = KEY
+        return env
+
+
+@pytest.fixture
+def keyed(
+    redis_server: RedisServer, redis_client: redis.Redis, tmp_path: Path
+) -> Iterator[WorkerProcess]:
+    factory = WorkerFactory(redis_server.url, redis_client, tmp_path)
+    worker = KeyedWorker(HOST, redis_server.url, state_dir=tmp_path / "host",
+                         log_dir=tmp_path / "logs")
+    worker.start()
+    factory.started.append(worker)
+    try:
+        worker.wait_ready(redis_client)
+        yield worker
+    finally:
+        factory.cleanup()
+
+
+@pytest.fixture
+def signed_fleet(redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch) -> Iterator[Fleet]:
+    monkeypatch.setenv("BASHFLEET_SIGNING_KEY", KEY)
+    client = Fleet(redis_server.url)
+    yield client
+    client.close()
+
+
+def _raw_exec(fleet: Fleet, args: list[Any], call_id: str) -> CallResult:
+    """Send an exec message as any Redis writer could, bypassing the client."""
+    pending = fleet._celery.send_task(
+        registry.TASK_EXEC, args=args, queue=registry.exec_queue(HOST), task_id=call_id
+    )
+    return CallResult.model_validate(pending.get(timeout=30))
+
+
+def _call(marker: Path, call_id: str) -> dict[str, Any]:
+    return {"call_id": call_id, "command": f"touch {marker}"}
+
+
+def test_signed_calls_and_control_work(keyed: WorkerProcess, signed_fleet: Fleet) -> None:
+    result = signed_fleet.run("echo signed", host=HOST)
+    assert (result.exit_code, result.stdout) == (0, "signed\n")
+    job = signed_fleet.run("sleep 30", host=HOST, mode="background").job
+    assert job is not None
+    assert signed_fleet.check(job.id).running
+    assert not signed_fleet.kill(job.id).running
+
+
+def test_unsigned_call_is_refused_and_nothing_runs(
+    keyed: WorkerProcess, fleet: Fleet, tmp_path: Path
+) -> None:
+    marker = tmp_path / "unsigned-ran"
+    result = fleet.run(f"touch {marker}", host=HOST)  # this client has no key
+    assert result.error is not None and result.error.kind == "unauthorized"
+    assert "unsigned" in result.error.message
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("attack", ["tampered", "expired", "wrong key"])
+def test_forged_messages_are_refused(
+    keyed: WorkerProcess, signed_fleet: Fleet, tmp_path: Path, attack: str
+) -> None:
+    marker = tmp_path / f"{attack.replace(' ', '-')}-ran"
+    call_id = f"c{uuid.uuid4().hex[:12]}"
+    now = time.time()
+    if attack == "tampered":
+        envelope = auth.sign(KEY, registry.TASK_EXEC, [_call(tmp_path / "x", call_id)], now)
+        envelope["args"][0]["command"] = f"touch {marker}"
+    elif attack == "expired":
+        envelope = auth.sign(KEY, registry.TASK_EXEC, [_call(marker, call_id)], now - 3600,
+                             ttl_s=1)
+    else:
+        envelope = auth.sign("some-other-key-" + "0" * 20, registry.TASK_EXEC,
+                             [_call(marker, call_id)], now)
+    result = _raw_exec(signed_fleet, [envelope], call_id)
+    assert result.error is not None and result.error.kind == "unauthorized", result
+    assert not marker.exists()
+
+
+def test_a_replayed_message_is_refused(
+    keyed: WorkerProcess, signed_fleet: Fleet, tmp_path: Path
+) -> None:
+    first_id, second_id = f"c{uuid.uuid4().hex[:12]}", f"c{uuid.uuid4().hex[:12]}"
+    marker = tmp_path / "replayed"
+    envelope = auth.sign(KEY, registry.TASK_EXEC,
+                         [{"call_id": first_id, "command": f"echo once >> {marker}"}], time.time())
+    first = _raw_exec(signed_fleet, [envelope], first_id)
+    assert first.exit_code == 0, first
+    again = _raw_exec(signed_fleet, [copy.deepcopy(envelope)], second_id)
+    assert again.error is not None and again.error.kind == "unauthorized"
+    assert "replayed" in again.error.message
+    assert marker.read_text() == "once\n"
+
+
+def test_flower_cannot_run_commands(
+    keyed: WorkerProcess, flower: str, tmp_path: Path
+) -> None:
+    wait_for(lambda: _try_get(f"{flower}/api/workers"), 60, "Flower")
+    marker = tmp_path / "via-flower"
+    call_id = f"c{uuid.uuid4().hex[:12]}"
+    body = json.dumps({"args": [_call(marker, call_id)], "queue": registry.exec_queue(HOST)})
+    token = base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode()
+    request = urllib.request.Request(  # noqa: S310 - the local Flower's http:// URL
+        f"{flower}/api/task/send-task/{registry.TASK_EXEC}", data=body.encode(), method="POST",
+        headers={"Authorization": f"Basic {token}", "Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:  # noqa: S310
+        task_id = json.loads(response.read())["task-id"]
+
+    def answered() -> dict[str, Any] | None:
+        info = _try_get(f"{flower}/api/task/result/{task_id}")
+        return info if info and info.get("state") == "SUCCESS" else None
+
+    answer = wait_for(answered, 30, "the worker's answer to Flower's message")
+    result = CallResult.model_validate(answer["result"])
+    assert result.error is not None and result.error.kind == "unauthorized"
+    assert not marker.exists()
+
+
+def test_a_worker_without_a_key_warns_at_start(
+    workers: WorkerFactory, redis_client: redis.Redis
+) -> None:
+    worker = workers.start("unkeyed1")
+    assert "NO SIGNING KEY CONFIGURED" in worker.log()
+    assert "anyone who can write to this Redis can run commands" in worker.log()
