@@ -14,6 +14,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 #: 1 MiB leaves room for heredocs while keeping messages small on Redis.
 MAX_COMMAND_BYTES = 1024 * 1024
 
+#: Longest working directory path accepted (Linux's PATH_MAX).
+MAX_PATH_CHARS = 4096
+
 #: Longest timeout any call may ask for: seed 001's background mode runs 24 hours.
 MAX_TIMEOUT_S = 24 * 60 * 60.0
 
@@ -181,6 +184,13 @@ class Call(Model):
             )
         if not value.strip():
             raise ValueError("command is empty")
+        return value
+
+    @field_validator("cwd")
+    @classmethod
+    def _cwd_is_sane(cls, value: str | None) -> str | None:
+        if value is not None and ("\x00" in value or len(value) > MAX_PATH_CHARS):
+            raise ValueError("cwd must be a path without NUL bytes, at most 4096 characters")
         return value
 
     @field_validator("env")
