@@ -280,7 +280,8 @@ def cmd_ps(args: argparse.Namespace) -> int:
 
 
 def cmd_hosts(args: argparse.Namespace) -> int:
-    hosts = _fleet().hosts()
+    fleet = _fleet()
+    hosts = fleet.hosts()
     if args.json:
         _print_json([_dump(host) for host in hosts])
         return 0
@@ -289,10 +290,19 @@ def cmd_hosts(args: argparse.Namespace) -> int:
         data = _dump(host)
         rows.append(
             [data.get("host"), "alive" if data.get("alive") else "dead",
-             f"{data.get('busy', 0)}/{data.get('slots', 0)}",
+             f"{data.get('busy', 0)}/{data.get('slots', 0)}", data.get("queued", 0),
              ",".join(data.get("labels") or []) or "-"]
         )
-    print(_table(rows, ["HOST", "STATE", "BUSY/SLOTS", "LABELS"]) if rows else "no hosts")
+    if not rows:
+        print("no hosts")
+        return 0
+    print(_table(rows, ["HOST", "STATE", "BUSY/SLOTS", "QUEUED", "LABELS"]))
+    # Calls for any host (or any of a pool) wait in queues no row above counts.
+    shared = fleet.shared_queues()
+    print("queued for any host: " + ", ".join(
+        f"{name.removeprefix('bashfleet.').removesuffix('.exec')} {count}"
+        for name, count in shared.items()
+    ))
     return 0
 
 

@@ -519,9 +519,30 @@ class Fleet:
             return sorted(views, key=lambda view: view.started_at)
 
     def hosts(self) -> list[HostInfo]:
-        """Every host seen in the last day: alive or not, slots, busy slots, labels."""
+        """Every host seen in the last day: alive or not, slots, busy and queued, labels."""
         with self._errors():
-            return registry.list_hosts(self._redis)
+            infos = registry.list_hosts(self._redis)
+            # One more round trip for all the hosts' queues; LLEN is O(1) whatever waits.
+            depths = registry.queue_depths(
+                self._redis, [registry.exec_queue(info.host) for info in infos]
+            )
+        return [
+            info.model_copy(update={"queued": depths[registry.exec_queue(info.host)]})
+            for info in infos
+        ]
+
+    def shared_queues(self) -> dict[str, int]:
+        """Calls waiting in the queues no single host owns, by queue name.
+
+        `bashfleet.any.exec` (calls with no host) and `bashfleet.pool.<label>.exec` for
+        each label of a known host: any live host (of the label) takes them, so
+        `hosts()` counts them for none.
+        """
+        with self._errors():
+            labels = sorted({label for info in registry.list_hosts(self._redis)
+                             for label in info.labels})
+            queues = [registry.ANY_EXEC_QUEUE, *(registry.pool_queue(lb) for lb in labels)]
+            return registry.queue_depths(self._redis, queues)
 
     # ------------------------------------------------------------------- plumbing
 
@@ -704,6 +725,10 @@ class AsyncFleet:
     async def hosts(self) -> list[HostInfo]:
         """See `Fleet.hosts`."""
         return await asyncio.to_thread(self.fleet.hosts)
+
+    async def shared_queues(self) -> dict[str, int]:
+        """See `Fleet.shared_queues`."""
+        return await asyncio.to_thread(self.fleet.shared_queues)
 
     def close(self) -> None:
         """Close the connections."""

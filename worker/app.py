@@ -16,9 +16,12 @@ restarts waits for it.
 
 from __future__ import annotations
 
-from celery import Celery
+import logging
 
-from worker import registry
+from celery import Celery
+from celery.signals import after_setup_logger, after_setup_task_logger
+
+from worker import logs, registry
 from worker.settings import get_settings
 
 #: Used only when no URL is configured (Celery's own default).
@@ -52,6 +55,33 @@ def make_app(url: str) -> Celery:
         broker_transport_options={"ack_emulation": False},
     )
     return app
+
+
+def setup_consumer_logging(log_format: logs.LogFormat, host: str, role: str) -> list[str]:
+    """Log a consumer's lines in `log_format`; the global options its `celery` needs.
+
+    Celery sets up the handlers (stream, level, stdout redirection); we set the format:
+    its own look plus call ids in text, or one JSON object a line.
+    """
+    # Until Celery sets up its handlers, what the start logs or warns (its
+    # SecurityWarning under root, for one) is in our format too.
+    logs.setup(log_format, host, role)
+
+    def restyle(logger: logging.Logger, format: str = logs.TEXT_FORMAT, **_: object) -> None:
+        logs.restyle(logger, log_format, host, role, format)
+
+    after_setup_logger.connect(restyle, weak=False)
+    after_setup_task_logger.connect(restyle, weak=False)
+    if log_format != "json":
+        return []
+    import celery.apps.worker as celery_worker  # noqa: PLC0415
+
+    # Celery prints its shutdown notices ("worker: Warm shutdown") as plain text,
+    # straight to the stream, from a signal handler: say them as JSON lines instead.
+    celery_worker.safe_say = logs.json_say(host, role, "celery.apps.worker")
+    # No startup banner (many lines of plain text); the supervisor's start line and
+    # the host record say what it would.
+    return ["--quiet"]
 
 
 app = make_app(get_settings().redis_url_value() or DEFAULT_URL)

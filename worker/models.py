@@ -442,6 +442,9 @@ class HostInfo(Model):
     """Command slots (the worker's concurrency)."""
     busy: int = 0
     """Command slots running a call now."""
+    queued: int = 0
+    """Calls waiting in the host's own command queue (`bashfleet.<host>.exec`, every
+    priority) for a free slot. Calls sent to the any or pool queues are not counted."""
     labels: tuple[str, ...] = ()
     """Pool labels: the worker also serves `bashfleet.pool.<label>.exec`."""
     version: str = ""

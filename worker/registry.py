@@ -47,7 +47,7 @@ from __future__ import annotations
 import hashlib
 import re
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Literal, TypeVar, cast
 
 import redis
@@ -518,6 +518,20 @@ def message_waiting(client: Redis, queue: str, call_id: str) -> bool:
         if any(needle in message for message in client.lrange(key, 0, -1)):
             return True
     return False
+
+
+def queue_depths(client: Redis, queues: Sequence[str]) -> dict[str, int]:
+    """Messages waiting in each queue (all its priority lists), in one round trip."""
+    with client.pipeline(transaction=False) as pipe:
+        for queue in queues:
+            for suffix in _PRIORITY_SUFFIXES:
+                pipe.llen(queue + suffix)
+        lengths = pipe.execute() if queues else []
+    step = len(_PRIORITY_SUFFIXES)
+    return {
+        queue: sum(int(n) for n in lengths[i * step:(i + 1) * step])
+        for i, queue in enumerate(queues)
+    }
 
 
 def nonce_key(nonce: str) -> str:

@@ -43,7 +43,7 @@ import redis
 from kombu.utils.url import maybe_sanitize_url
 from pydantic_settings import NoDecode
 
-from worker import hoststate, procs, registry
+from worker import hoststate, logs, procs, registry
 from worker.settings import Settings
 
 log = logging.getLogger("bashfleet.worker")
@@ -109,12 +109,8 @@ def settings_env(settings: Settings) -> dict[str, str]:
     return env
 
 
-def _setup_logging() -> None:
-    if not logging.getLogger().handlers:
-        logging.basicConfig(
-            level=logging.INFO, stream=sys.stderr,
-            format="%(asctime)s bashfleet[%(process)d] %(levelname)s %(message)s",
-        )
+def _setup_logging(settings: Settings, host: str) -> None:
+    logs.setup(settings.log_format, host, "supervisor")
 
 
 def main(host: str, concurrency: int, labels: tuple[str, ...], settings: Settings) -> int:
@@ -122,7 +118,7 @@ def main(host: str, concurrency: int, labels: tuple[str, ...], settings: Setting
 
     Refuses (status 3, with a message on stderr) while another live worker holds `host`.
     """
-    _setup_logging()
+    _setup_logging(settings, host)
     try:
         registry.validate_host(host)
         for label in labels:
@@ -142,20 +138,22 @@ def main(host: str, concurrency: int, labels: tuple[str, ...], settings: Setting
         update={"host": host, "concurrency": concurrency, "labels": tuple(labels)}
     )
     if not settings.accepted_keys():
-        _warn_unsigned(host)
+        # JSON logs: the warning line says it; a text banner would break one object a line.
+        _warn_unsigned(host, banner=settings.log_format == "text")
     return Supervisor(settings, url).run()
 
 
-def _warn_unsigned(host: str) -> None:
+def _warn_unsigned(host: str, *, banner: bool = True) -> None:
     """Say loudly that this worker runs whatever anyone with Redis access sends it."""
-    banner = "!" * 78
-    print(
-        f"{banner}\nbashfleet worker {host}: NO SIGNING KEY CONFIGURED.\n"
-        "Unsigned calls are accepted: anyone who can write to this Redis can run commands\n"
-        "on this machine. Set BASHFLEET_SIGNING_KEY (the same key on every client).\n"
-        f"{banner}",
-        file=sys.stderr,
-    )
+    if banner:
+        rule = "!" * 78
+        print(
+            f"{rule}\nbashfleet worker {host}: NO SIGNING KEY CONFIGURED.\n"
+            "Unsigned calls are accepted: anyone who can write to this Redis can run commands\n"
+            "on this machine. Set BASHFLEET_SIGNING_KEY (the same key on every client).\n"
+            f"{rule}",
+            file=sys.stderr,
+        )
     log.warning("host %s: no signing key configured; unsigned calls are accepted", host)
 
 
@@ -432,11 +430,12 @@ def run_child(role: str, instance: str, labels: Sequence[str]) -> int:
     from celery.signals import worker_ready, worker_shutting_down  # noqa: PLC0415
 
     from worker import tasks  # noqa: PLC0415 - registers the tasks on the app
-    from worker.app import app  # noqa: PLC0415
+    from worker.app import app, setup_consumer_logging  # noqa: PLC0415
     from worker.settings import get_settings  # noqa: PLC0415
 
     settings = get_settings()
     host = settings.host
+    celery_options = setup_consumer_logging(settings.log_format, host, role)
     runtime = tasks.Runtime(
         settings=settings, redis=tasks.connect(settings.redis_url_value() or ""),
         instance=instance,
@@ -447,7 +446,8 @@ def run_child(role: str, instance: str, labels: Sequence[str]) -> int:
     # No log line per task ("received", "succeeded: <result>"): formatting and writing
     # them cost the exec consumer CPU on every call, and would copy every command's
     # output into the worker's log. Calls are seen in Flower and their call records;
-    # failures are still logged (WARNING and up).
+    # failures are still logged (WARNING and up). bashfleet's own two short lines per
+    # call (worker.tasks: start and end, ids and outcome) carry no command and no output.
     for name in ("celery.app.trace", "celery.worker.strategy"):
         logging.getLogger(name).setLevel(logging.WARNING)
 
@@ -466,7 +466,7 @@ def run_child(role: str, instance: str, labels: Sequence[str]) -> int:
         queues, slots = [registry.ctl_queue(host)], CTL_CONCURRENCY
     app.worker_main(
         [
-            "worker", "--hostname", f"{role}@{host}", "--queues", ",".join(queues),
+            *celery_options, "worker", "--hostname", f"{role}@{host}", "--queues", ",".join(queues),
             "--pool", "threads", "--concurrency", str(slots), "--without-gossip",
             "--without-mingle", "--task-events", "--loglevel", "INFO",
         ]

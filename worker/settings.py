@@ -8,7 +8,7 @@ import socket
 import tempfile
 from functools import lru_cache
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import BeforeValidator, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -78,6 +78,8 @@ class Settings(BaseSettings):
     """Largest file a call may write (ulimit -f), in MiB: SIGXFSZ past it."""
     limit_procs: int | None = Field(None, ge=1)
     """Processes of the worker's user a call may reach (ulimit -u; not enforced for root)."""
+    log_format: Literal["text", "json"] = "text"
+    """Worker log lines: `text`, or `json` (one object per line, for log shippers)."""
 
     @field_validator("command_deny", "command_allow")
     @classmethod

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import redis
+from celery import current_task
 from pydantic import TypeAdapter, ValidationError
 
 from worker import auth, hoststate, jobs, procs, registry
@@ -114,21 +115,80 @@ def exec_call(payload: dict[str, Any]) -> dict[str, Any]:
     except ValidationError as exc:
         call_id = str(payload.get("call_id") or "invalid") if isinstance(payload, dict) else "?"
         message = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        # Field paths only: pydantic's messages may quote the input (the command).
+        log.warning(
+            "call refused: invalid (%d error(s))", exc.error_count(),
+            extra={"call_id": call_id[:64], "error_kind": "invalid"},
+        )
         return _failed(call_id, host, "invalid", f"invalid call: {message}")
     state = registry.claim_call(rt.redis, call.call_id, host, rt.instance, os.getpid())
     if state != "ok":
+        log.info("call not started: %s", state, extra={"call_id": call.call_id, "state": state})
         return _failed(call.call_id, host, *_refusal(call.call_id, state))
+    started = time.monotonic()
+    _log_start(call)
     try:
         result = run_call(call, settings=rt.settings, on_spawn=_spawn_hook(rt, call))
     except Exception as exc:  # an engine bug must still answer the caller
-        log.exception("call %s failed inside the worker", call.call_id)
+        log.exception("call %s failed inside the worker", call.call_id,
+                      extra={"call_id": call.call_id})
         result = CallResult(
             call_id=call.call_id, host=host,
             error=SystemError_(kind="internal", message=f"worker error: {exc!r}"),
         )
     finally:
         hoststate.remove_running(rt.settings, call.call_id)
-    return _finish(rt, call, result).model_dump(mode="json")
+    result = _finish(rt, call, result)
+    _log_end(result, time.monotonic() - started)
+    return result.model_dump(mode="json")
+
+
+def _queue() -> str | None:
+    """The queue the running task's message came from (None when not run by Celery)."""
+    request = getattr(current_task, "request", None)
+    delivery = getattr(request, "delivery_info", None) or {}
+    queue = delivery.get("routing_key")
+    return str(queue) if queue else None
+
+
+def _log_start(call: Call) -> None:
+    """A call's start line: never its command text nor its env (they may hold secrets)."""
+    queue = _queue()
+    log.info(
+        "call started: queue %s, cwd %s, command of %d chars%s", queue or "-", call.cwd or "~",
+        len(call.command), ", background" if call.background else "",
+        extra={
+            "call_id": call.call_id, "queue": queue, "cwd": call.cwd,
+            "command_chars": len(call.command), "background": call.background,
+            "timeout_s": call.timeout_s, "dialect": call.policy.name,
+        },
+    )
+
+
+def _log_end(result: CallResult, duration_s: float) -> None:
+    """A call's end line: how it ended and how long it took (not its output)."""
+    if result.error is not None:
+        outcome = f"error {result.error.kind}"
+    elif result.backgrounded and result.job is not None:
+        outcome = f"backgrounded as job {result.job.id}"
+    elif result.job is not None:
+        outcome = f"started job {result.job.id}"
+    elif result.signal is not None:
+        outcome = f"signal {result.signal}"
+    else:
+        outcome = f"exit {result.exit_code}"
+    if result.timed_out:
+        outcome += " (timed out)"
+    log.info(
+        "call ended: %s in %.2fs", outcome, duration_s,
+        extra={
+            "call_id": result.call_id, "job_id": result.job.id if result.job else None,
+            "exit_code": result.exit_code, "signal": result.signal,
+            "timed_out": result.timed_out, "backgrounded": result.backgrounded,
+            "error_kind": result.error.kind if result.error else None,
+            "limit_hit": result.limit_hit, "duration_s": round(duration_s, 3),
+        },
+    )
 
 
 def _failed(call_id: str, host: str, kind: str, message: str) -> dict[str, Any]:
@@ -159,7 +219,8 @@ def _spawn_hook(rt: Runtime, call: Call) -> SpawnHook:
                 rt.redis, call.call_id, pid=pid, pgid=pgid, marker=marker
             )
         except redis.RedisError as exc:
-            log.warning("call %s: could not record its process: %s", call.call_id, exc)
+            log.warning("call %s: could not record its process: %s", call.call_id, exc,
+                        extra={"call_id": call.call_id})
             return
         if state in ("cancelling", "stopping"):
             # Cancelled between the claim and the spawn: the canceller found no process.
@@ -186,7 +247,8 @@ def _finish(rt: Runtime, call: Call, result: CallResult) -> CallResult:
             registry.save_job(rt.redis, record, running=True)
         previous = registry.finish_call(rt.redis, rt.settings.host, call.call_id, **fields)
     except (redis.RedisError, jobs.JobError) as exc:
-        log.warning("call %s: could not record its end: %s", call.call_id, exc)
+        log.warning("call %s: could not record its end: %s", call.call_id, exc,
+                    extra={"call_id": call.call_id})
         return result
     note = {
         "cancelling": "call cancelled; its processes were killed",
@@ -208,6 +270,33 @@ def _guard(body: Any) -> Envelope:
         return _error(exc.kind, exc.message)
     except redis.RedisError as exc:
         return _error("unavailable", f"the worker could not reach Redis: {exc}")
+
+
+#: Fields of a control result worth a log line (never output, never paths of it).
+_LOGGED_FIELDS = ("running", "exit_code", "signal", "cancelled", "state", "survivors")
+
+
+def _logged(action: str, envelope: Envelope, **ids: str) -> Envelope:
+    """Log one line for a control call (what, on which id, how it went); pass it on."""
+    subject = " ".join(f"{name.removesuffix('_id')} {value}" for name, value in ids.items())
+    error = envelope.get("error")
+    if isinstance(error, dict):
+        log.info(
+            "%s %s: %s: %s", action, subject, error.get("kind"), error.get("message"),
+            extra={**ids, "action": action, "error_kind": error.get("kind")},
+        )
+        return envelope
+    value = envelope.get("ok")
+    fields = (
+        {name: value[name] for name in _LOGGED_FIELDS if name in value}
+        if isinstance(value, dict) else {}
+    )
+    log.info(
+        "%s %s: %s", action, subject,
+        ", ".join(f"{name} {field}" for name, field in fields.items()) or "done",
+        extra={**ids, "action": action, **fields},
+    )
+    return envelope
 
 
 def _record(rt: Runtime, job_id: str) -> JobRecord:
@@ -236,7 +325,7 @@ def check(
             hoststate.sync_job(rt.redis, record)
         return result.model_dump(mode="json")
 
-    return _guard(body)
+    return _logged("check", _guard(body), job_id=job_id)
 
 
 def _offsets(
@@ -280,7 +369,7 @@ def kill(
         hoststate.sync_job(rt.redis, record)
         return result.model_dump(mode="json")
 
-    return _guard(body)
+    return _logged("kill", _guard(body), job_id=job_id)
 
 
 def read_output(
@@ -360,7 +449,7 @@ def cancel(call_id: str) -> Envelope:
         survivors = hoststate.kill_running(entry)
         return {"cancelled": True, "state": "cancelling", "survivors": survivors}
 
-    return _guard(body)
+    return _logged("cancel", _guard(body), call_id=call_id)
 
 
 def list_jobs() -> Envelope:
@@ -393,7 +482,7 @@ def _refused_exec(args: tuple[Any, ...], kind: str, message: str) -> dict[str, A
     inner = payload.get("args") if "auth" in payload else [payload]
     first = inner[0] if isinstance(inner, list) and inner and isinstance(inner[0], dict) else {}
     call_id = str(first.get("call_id") or "?")[:64]
-    log.warning("call %s refused: %s", call_id, message)
+    log.warning("call %s refused: %s", call_id, message, extra={"call_id": call_id})
     return _failed(call_id, rt.settings.host, kind, message)
 
 
