@@ -35,6 +35,7 @@ from worker.environment import build_env
 from worker.models import (
     Call,
     CallResult,
+    CheckResult,
     JobRecord,
     OutputChunk,
     SystemError_,
@@ -311,21 +312,37 @@ def check(
     truncation: dict[str, Any] | None = None,
 ) -> Envelope:
     """A job's state and its output since `offset` (None: since the last check)."""
+    def act(rt: Runtime, record: JobRecord, start: int, err_start: int) -> CheckResult:
+        return jobs.check_job(
+            record, offset=start, stderr_offset=err_start, grep=grep,
+            policy=_truncation(truncation), settings=rt.settings,
+        )
+
+    return _logged("check", _job_action(job_id, offset, stderr_offset, act), job_id=job_id)
+
+
+def _job_action(
+    job_id: str,
+    offset: int | None,
+    stderr_offset: int | None,
+    act: Callable[[Runtime, JobRecord, int, int], CheckResult],
+    *,
+    always_sync: bool = False,
+) -> Envelope:
+    """Check or kill a job from its local record; keep the offsets and, once it has
+    ended (or always, for a kill), its record in Redis up to date."""
     rt = runtime()
 
     def body() -> Any:
         record = _record(rt, job_id)
         start, err_start = _offsets(rt, job_id, offset, stderr_offset)
-        result = jobs.check_job(
-            record, offset=start, stderr_offset=err_start, grep=grep,
-            policy=_truncation(truncation), settings=rt.settings,
-        )
+        result = act(rt, record, start, err_start)
         registry.save_offsets(rt.redis, job_id, result.offset, result.stderr_offset)
-        if not result.running:
+        if always_sync or not result.running:
             hoststate.sync_job(rt.redis, record)
         return result.model_dump(mode="json")
 
-    return _logged("check", _guard(body), job_id=job_id)
+    return _guard(body)
 
 
 def _offsets(
@@ -356,20 +373,14 @@ def kill(
     truncation: dict[str, Any] | None = None,
 ) -> Envelope:
     """End a job (group SIGTERM, grace, SIGKILL, marker sweep); its final state."""
-    rt = runtime()
-
-    def body() -> Any:
-        record = _record(rt, job_id)
-        start, err_start = _offsets(rt, job_id, offset, stderr_offset)
-        result = jobs.kill_job(
+    def act(rt: Runtime, record: JobRecord, start: int, err_start: int) -> CheckResult:
+        return jobs.kill_job(
             record, offset=start, stderr_offset=err_start, grace_s=KILL_GRACE_S,
             policy=_truncation(truncation), settings=rt.settings,
         )
-        registry.save_offsets(rt.redis, job_id, result.offset, result.stderr_offset)
-        hoststate.sync_job(rt.redis, record)
-        return result.model_dump(mode="json")
 
-    return _logged("kill", _guard(body), job_id=job_id)
+    envelope = _job_action(job_id, offset, stderr_offset, act, always_sync=True)
+    return _logged("kill", envelope, job_id=job_id)
 
 
 def read_output(
