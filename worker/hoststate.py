@@ -9,6 +9,10 @@
 - Background jobs have their own record files (`worker.jobs`); `sync_job` publishes a
   job's state to Redis, which a restarted worker does for every job it owns (and
   records the exit status of jobs that ended while it was down).
+- When Redis loses its data (a restart without persistence, a flush, a failover to an
+  empty replica), these files are how the worker rebuilds its part of the registry:
+  `republish_calls` and `JobWatcher.republish_all`, run when the supervisor's
+  heartbeat finds its host record gone.
 """
 
 from __future__ import annotations
@@ -147,6 +151,26 @@ def recover_orphans(
     return ended
 
 
+def republish_calls(settings: Settings, client: registry.Redis, instance: str) -> int:
+    """Publish again the running calls of this worker instance (Redis lost them).
+
+    Their call records and busy slots come back from the local files, so a caller
+    can still cancel them and `hosts` counts them; a call that ends meanwhile keeps
+    its end (see `registry.restore_running_call`). Returns how many were restored.
+    """
+    restored = 0
+    for entry in all_running(settings):
+        if entry.instance != instance:
+            continue  # a dead instance's call: recover_orphans ends those
+        state = registry.restore_running_call(
+            client, settings.host, entry.call_id, instance=entry.instance,
+            worker_pid=entry.worker_pid, pid=entry.pid, pgid=entry.pgid,
+            marker=entry.marker, started_at=entry.start_time,
+        )
+        restored += state in registry.CALL_ACTIVE
+    return restored
+
+
 # ------------------------------------------------------------------------------- jobs
 
 
@@ -187,6 +211,15 @@ class JobWatcher:
         self.client = client
         self._ended: set[str] = set()
         self._seen: set[str] = set()
+
+    def republish_all(self) -> None:
+        """Publish every job again at the next pass, ended ones too (Redis lost them).
+
+        Running jobs are re-published on every pass anyway; this brings back the
+        records of jobs that ended, so they stay checkable after a Redis data loss.
+        """
+        self._ended.clear()
+        self._seen.clear()
 
     def _record_ids(self) -> list[str]:
         folder = self.settings.jobs_dir

@@ -37,6 +37,12 @@ Celery's own keys are Celery's: the queue lists (named like the queues below, em
 by the consumers), kombu's `_kombu.binding.*` sets and `unacked*` bookkeeping, and the
 results `bashfleet:celery-task-meta-<id>` (expire after `RESULT_TTL_S`).
 
+Redis losing its data (a restart without persistence, a flush, a failover to an empty
+replica): each worker notices at its next heartbeat (`beat` finds its host record gone)
+and publishes again what its own disk holds: the host record with its consumers'
+readiness, its running calls (`restore_running_call`) and its background jobs. Lost
+for good: queued messages, session pins, the offsets of the last checks.
+
 Call states: `queued` (the client sent it) -> `running` (a worker claimed it) ->
 `done`; or `cancelled` / `abandoned` before it started (it never runs); `cancelling`
 / `stopping` while its processes are being killed; `lost` when its worker died.

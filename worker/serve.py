@@ -174,6 +174,13 @@ class Supervisor:
         self.restarts: list[float] = []
         self.started_at = time.time()
         self.pid_start = procs.start_time(os.getpid()) or self.started_at
+        # Redis lost what this worker published (see `_registry_lost`): what is still
+        # to publish again, retried at each beat until it worked (the job records by
+        # the main loop, which owns the job watcher).
+        self._ready_lost = False
+        self._calls_lost = False
+        self._jobs_lost = threading.Event()
+        self._sync_failing = False
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -301,10 +308,47 @@ class Supervisor:
         record = self._record()
         if reset:
             record.update({f"{role}_ready": "" for role in ROLES}, stopped_at="")
-        if not registry.heartbeat(self.redis, self.host, self.token, record):
+        outcome = registry.beat(self.redis, self.host, self.token, record)
+        if outcome == "taken":
             log.error("host %s: another worker instance took this host id; stopping", self.host)
             self.exit_code = EXIT_ERROR
             self.stopping.set()
+            return
+        if outcome == "missing" and not reset:
+            self._registry_lost()
+        self._republish()
+
+    def _registry_lost(self) -> None:
+        """Redis no longer holds our host record: it lost its data (a restart without
+        persistence, a flush, a failover to an empty replica). This beat wrote the record
+        again; the rest of what we own is published again from the local files, so that
+        clients see the host ready, its busy slots, its calls and its jobs as before."""
+        log.warning(
+            "host %s: Redis lost this host's records; publishing them again from %s",
+            self.host, self.settings.state_dir,
+        )
+        self._ready_lost = True
+        self._calls_lost = True
+        self._jobs_lost.set()
+
+    def _republish(self) -> None:
+        """What `_registry_lost` left to do (a RedisError leaves the rest for next beat)."""
+        if self._ready_lost:
+            # A consumer publishes its readiness once, when it starts: one still running
+            # was ready before, and its Celery connection comes back by itself (as after
+            # an outage that kept the data).
+            ready = {
+                f"{role}_ready": child.pid for role, child in list(self.children.items())
+                if child.poll() is None
+            }
+            if ready:
+                registry.set_host_fields(self.redis, self.host, ready)
+            self._ready_lost = False
+        if self._calls_lost:
+            restored = hoststate.republish_calls(self.settings, self.redis, self.token)
+            self._calls_lost = False
+            if restored:
+                log.info("host %s: %d running call(s) published again", self.host, restored)
 
     def _heartbeats(self) -> None:
         failing = False
@@ -339,6 +383,10 @@ class Supervisor:
             for role, child in list(self.children.items()):
                 if child.poll() is not None:
                     self._child_died(role, child)
+            if self._jobs_lost.is_set():
+                self._jobs_lost.clear()
+                watcher.republish_all()
+                next_sync = 0.0  # at once: clients may be checking those jobs now
             if time.monotonic() >= next_sync:
                 self._sync(watcher)
                 next_sync = time.monotonic() + JOB_SYNC_INTERVAL_S
@@ -347,7 +395,14 @@ class Supervisor:
         try:
             watcher.sync()
         except (redis.RedisError, OSError) as exc:
-            log.warning("host %s: could not sync jobs: %s", self.host, exc)
+            # Once per outage: a pass fails every JOB_SYNC_INTERVAL_S while Redis is down.
+            if not self._sync_failing:
+                log.warning("host %s: could not sync jobs: %s", self.host, exc)
+            self._sync_failing = True
+            return
+        if self._sync_failing:
+            log.info("host %s: jobs in sync with Redis again", self.host)
+        self._sync_failing = False
 
     def _child_died(self, role: str, child: subprocess.Popen[bytes]) -> None:
         log.error(
