@@ -114,6 +114,14 @@ def _client_celery(url: str) -> Celery:
             "max_retries": 2, "interval_start": 0.1, "interval_step": 0.2, "interval_max": 0.5,
         },
     )
+    # A caller waiting on a result when Redis goes away should hear so in about a
+    # second, not after Celery's 20 reconnect tries (~19 s). Client side only: workers
+    # keep the patient policy so a blip never costs a stored result.
+    transport = dict(app.conf.result_backend_transport_options or {})
+    transport["retry_policy"] = {
+        "max_retries": 2, "interval_start": 0.1, "interval_step": 0.2, "interval_max": 0.5,
+    }
+    app.conf.result_backend_transport_options = transport
     return app
 
 
@@ -193,6 +201,13 @@ class Fleet:
             yield
         except (redis.ConnectionError, redis.TimeoutError, OperationalError, OSError) as exc:
             raise FleetUnavailable(f"Redis at {self.url} is unreachable: {exc}") from None
+        except RuntimeError as exc:
+            # Celery's result consumer gives up reconnecting with a bare RuntimeError.
+            if "result store" not in str(exc):
+                raise
+            raise FleetUnavailable(
+                f"Redis at {self.url} went away while waiting for a result: {exc}"
+            ) from None
 
     # ------------------------------------------------------------------------ run
 
