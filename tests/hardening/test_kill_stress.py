@@ -12,6 +12,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import pytest
 from integration.engine_helpers import (
     Janitor,
     _janitor_fixture,  # noqa: F401 - fixture
@@ -36,7 +37,7 @@ def _one(settings: Settings, call_id: str) -> tuple[CallResult, list[int]]:
 
 
 def test_a_thousand_timeout_kills_leave_zero_survivors(
-    tmp_path: Path, janitor: Janitor, capsys: object
+    tmp_path: Path, janitor: Janitor, capsys: pytest.CaptureFixture[str]
 ) -> None:
     settings = Settings(state_dir=tmp_path, host="stress")
     ids = [janitor.new_call_id("k") for _ in range(ROUNDS)]
@@ -46,10 +47,11 @@ def test_a_thousand_timeout_kills_leave_zero_survivors(
     errors = [result.error for result, _ in outcomes if result.error is not None]
     left_after_each = sum(len(left) for _, left in outcomes)
     left_at_end = sum(len(find_call_processes(None, call_id)) for call_id in ids)
-    print(
-        f"\nkill stress: {ROUNDS} timeout kills, {timed_out} timed out, "
-        f"{left_after_each} survivors right after a kill, {left_at_end} at the end"
-    )
+    with capsys.disabled():  # the figure belongs in the CI output
+        print(
+            f"\nkill stress: {ROUNDS} timeout kills, {timed_out} timed out, "
+            f"{left_after_each} survivors right after a kill, {left_at_end} at the end"
+        )
     assert timed_out == ROUNDS
     assert errors == []
     assert left_after_each == 0

@@ -18,6 +18,7 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 import redis
 
 from client import Fleet, WorkerLost
@@ -58,7 +59,7 @@ def _kill_worker(workers: WorkerFactory, worker: WorkerProcess) -> WorkerProcess
 
 def test_fifty_rounds_of_sigkill(
     workers: WorkerFactory, fleet: Fleet, redis_client: redis.Redis, tmp_path: Path,
-    capsys: object,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     rng = random.Random(20261121)
     worker = workers.start(HOST)
@@ -95,7 +96,7 @@ def test_fifty_rounds_of_sigkill(
     survivors = sum(len(procs.find_call_processes(None, m)) for m in markers)
     lines = target.read_text().split() if target.exists() else []
     duplicates = sum(count - 1 for count in Counter(lines).values() if count > 1)
-    with capsys.disabled():  # type: ignore[attr-defined]
+    with capsys.disabled():
         print(
             f"\nfault injection: {ROUNDS} SIGKILL rounds, {outcomes['result']} results, "
             f"{outcomes['worker lost']} worker-lost errors (slowest {slowest:.1f}s after "
