@@ -32,7 +32,7 @@ from worker.models import (
     TailLines,
     Truncation,
 )
-from worker.secrets import redaction_pattern
+from worker.secrets import worker_redaction
 from worker.settings import Settings, get_settings
 from worker.supervise import _completion_line
 
@@ -264,11 +264,6 @@ def is_running(record: JobRecord) -> bool:
     return bool(procs.find_call_processes(None, record.marker))
 
 
-def _secrets(settings: Settings) -> re.Pattern[str] | None:
-    child = build_env(os.environ, marker="", deny=settings.secret_deny, allow=settings.secret_allow)
-    return redaction_pattern(settings, child.scrubbed_values)
-
-
 def check_job(
     record: JobRecord,
     *,
@@ -298,7 +293,7 @@ def check_job(
         note = status.note
     if not running:
         note = _join(note, _lingering_note(record))
-    secrets = _secrets(settings)
+    secrets = worker_redaction(settings)
     text, new_offset, skipped = _read_new(Path(record.output_path), offset, secrets)
     err_text, new_err_offset = "", stderr_offset
     if record.stderr_path:

@@ -15,6 +15,7 @@ from functools import lru_cache
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
+from worker.environment import build_env
 from worker.sanitize import secret_pattern, worth_redacting
 from worker.settings import Settings
 
@@ -77,3 +78,10 @@ def redaction_pattern(
     scrubbed = tuple(scrubbed_values)
     passwords = tuple(pw for value in scrubbed if (pw := url_password(value)))
     return secret_pattern(scrubbed + passwords + file_secrets(settings.secret_files))
+
+
+def worker_redaction(settings: Settings) -> re.Pattern[str] | None:
+    """The redaction pattern for output read back later (checks, output slices): the
+    same secrets a call's own output is redacted of, from this worker's environment."""
+    child = build_env(os.environ, marker="", deny=settings.secret_deny, allow=settings.secret_allow)
+    return redaction_pattern(settings, child.scrubbed_values)

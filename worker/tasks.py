@@ -31,7 +31,6 @@ from worker import auth, hoststate, jobs, procs, registry
 from worker.app import app
 from worker.capture import read_slice
 from worker.engine import SpawnHook, run_call
-from worker.environment import build_env
 from worker.models import (
     Call,
     CallResult,
@@ -41,7 +40,7 @@ from worker.models import (
     SystemError_,
     Truncation,
 )
-from worker.sanitize import secret_pattern
+from worker.secrets import worker_redaction
 from worker.settings import Settings, get_settings
 
 log = logging.getLogger("bashfleet.worker")
@@ -395,7 +394,8 @@ def read_output(
         pattern = _compile(grep)
         size = path.stat().st_size
         start = min(max(0, offset), size)
-        text, end, size = read_slice(path, start, max(1, min(limit, MAX_READ_LIMIT)), _secrets(rt))
+        size_to_read = max(1, min(limit, MAX_READ_LIMIT))
+        text, end, size = read_slice(path, start, size_to_read, worker_redaction(rt.settings))
         if pattern is not None:
             text = "".join(ln for ln in text.splitlines(keepends=True) if pattern.search(ln))
         chunk = OutputChunk(
@@ -438,13 +438,6 @@ def _compile(grep: str | None) -> re.Pattern[str] | None:
         return re.compile(grep)
     except re.error as exc:
         raise jobs.JobError("invalid", f"invalid regular expression {grep!r}: {exc}") from None
-
-
-def _secrets(rt: Runtime) -> re.Pattern[str] | None:
-    child = build_env(
-        os.environ, marker="", deny=rt.settings.secret_deny, allow=rt.settings.secret_allow
-    )
-    return secret_pattern(child.scrubbed_values)
 
 
 def cancel(call_id: str) -> Envelope:

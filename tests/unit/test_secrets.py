@@ -7,7 +7,13 @@ from pathlib import Path
 import pytest
 
 from worker.sanitize import REDACTED, redact
-from worker.secrets import file_secrets, redaction_pattern, url_password, values_in_text
+from worker.secrets import (
+    file_secrets,
+    redaction_pattern,
+    url_password,
+    values_in_text,
+    worker_redaction,
+)
 from worker.settings import Settings
 
 
@@ -56,4 +62,18 @@ def test_redaction_pattern_covers_all_sources(tmp_path: Path) -> None:
     out = redact(text, pattern)
     assert out.count(REDACTED) >= 4
     for secret in ("url-pw-4242", "plain-secret-55", "from-the-file-99"):
+        assert secret not in out
+
+
+def test_worker_redaction_covers_env_urls_and_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The pattern checks and `bashfleet output` redact with: the same sources as a call.
+    monkeypatch.setenv("MY_API_TOKEN", "env-token-31337")
+    monkeypatch.setenv("BASHFLEET_REDIS_URL", "redis://:url-pass-2718@h:1/0")
+    secret_file = tmp_path / "env"
+    secret_file.write_text("DEPLOY_SECRET=file-secret-1414\n")
+    settings = Settings(state_dir=tmp_path, host="t", secret_files=(str(secret_file),))
+    out = redact("env-token-31337 url-pass-2718 file-secret-1414", worker_redaction(settings))
+    for secret in ("env-token-31337", "url-pass-2718", "file-secret-1414"):
         assert secret not in out
