@@ -7,9 +7,10 @@
 
 Calls travel as Celery tasks (JSON) through Redis: a command to its host's exec queue
 (or the any / pool queue), everything else to the owning host's control queue, which
-is served apart from the command slots. While a call runs the client watches the
-worker's heartbeat, so a worker that dies shows as `WorkerLost` within seconds, and
-the command is never sent again.
+is served apart from the command slots. Answers come back on the client's own reply
+channel (`client.replies`). While a call runs the client watches the worker's
+heartbeat, so a worker that dies shows as `WorkerLost` within seconds, and the
+command is never sent again.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import json
 import time
 import uuid
 from collections.abc import Iterator, Sequence
@@ -24,8 +26,6 @@ from typing import Any, Literal
 
 import redis
 from celery import Celery
-from celery.exceptions import TimeoutError as CeleryTimeout
-from celery.result import AsyncResult
 from kombu.exceptions import OperationalError
 from kombu.utils.url import maybe_sanitize_url
 from pydantic import ValidationError
@@ -38,6 +38,7 @@ from client.errors import (
     UnknownJob,
     WorkerLost,
 )
+from client.replies import Replies, Waiter
 from worker import auth, registry
 from worker.models import (
     Call,
@@ -114,14 +115,6 @@ def _client_celery(url: str) -> Celery:
             "max_retries": 2, "interval_start": 0.1, "interval_step": 0.2, "interval_max": 0.5,
         },
     )
-    # A caller waiting on a result when Redis goes away should hear so in about a
-    # second, not after Celery's 20 reconnect tries (~19 s). Client side only: workers
-    # keep the patient policy so a blip never costs a stored result.
-    transport = dict(app.conf.result_backend_transport_options or {})
-    transport["retry_policy"] = {
-        "max_retries": 2, "interval_start": 0.1, "interval_step": 0.2, "interval_max": 0.5,
-    }
-    app.conf.result_backend_transport_options = transport
     return app
 
 
@@ -147,21 +140,6 @@ def _truncation(policy: Policy | None) -> dict[str, Any] | None:
     return policy.truncation.model_dump(mode="json") if policy is not None else None
 
 
-@contextlib.contextmanager
-def _releasing(pending: AsyncResult) -> Iterator[None]:
-    """Stop listening for a result we gave up on, while Redis is still there.
-
-    Celery unsubscribes when the AsyncResult is garbage collected otherwise, which
-    fails noisily if that happens after Redis went away.
-    """
-    try:
-        yield
-    finally:
-        with contextlib.suppress(Exception):
-            if not pending.ready():
-                pending.backend.remove_pending_result(pending)
-
-
 class Fleet:
     """A client of the fleet. Thread-safe; cheap to keep for the life of a process."""
 
@@ -179,12 +157,14 @@ class Fleet:
             socket_timeout=10.0,
         )
         self._celery = _client_celery(url)
+        self._replies = Replies(self._redis)
         self._signing_key = resolve_signing_key(url)
         # call id -> when its unclaimed message was first seen gone from its queue.
         self._missing_since: dict[str, float] = {}
 
     def close(self) -> None:
         """Close the connections (the object is unusable afterwards)."""
+        self._replies.close()
         self._redis.close()
         self._celery.close()
 
@@ -201,13 +181,6 @@ class Fleet:
             yield
         except (redis.ConnectionError, redis.TimeoutError, OperationalError, OSError) as exc:
             raise FleetUnavailable(f"Redis at {self.url} is unreachable: {exc}") from None
-        except RuntimeError as exc:
-            # Celery's result consumer gives up reconnecting with a bare RuntimeError.
-            if "result store" not in str(exc):
-                raise
-            raise FleetUnavailable(
-                f"Redis at {self.url} went away while waiting for a result: {exc}"
-            ) from None
 
     # ------------------------------------------------------------------------ run
 
@@ -260,11 +233,12 @@ class Fleet:
             if submitted == "taken":
                 raise CallRejected(f"call id {call.call_id} is already in use")
             args = self._signed(registry.TASK_EXEC, [call.model_dump(mode="json")])
-            pending = self._celery.send_task(
-                registry.TASK_EXEC, args=args, queue=queue, task_id=call.call_id,
-                argsrepr=_argsrepr(call), kwargsrepr="{}",
-            )
-            result = self._wait_call(call.call_id, pending, target, label)
+            waiter = self._replies.expect(call.call_id)
+            try:
+                self._send(registry.TASK_EXEC, args, queue, call.call_id, _argsrepr(call))
+                result = self._wait_call(waiter, target, label)
+            finally:
+                self._replies.forget(waiter)
             if session is not None:
                 pin = registry.session_key(session)
                 self._redis.set(pin, result.host, ex=registry.SESSION_TTL_S)
@@ -331,41 +305,39 @@ class Fleet:
             )
         return token
 
-    def _wait_call(
-        self, call_id: str, pending: AsyncResult, target: str | None, label: str | None
-    ) -> CallResult:
+    def _send(self, task: str, args: list[Any], queue: str, task_id: str, argsrepr: str,
+              **options: Any) -> None:
+        """Publish a task whose answer comes back on this client's reply channel."""
+        self._celery.send_task(
+            task, args=args, queue=queue, task_id=task_id, reply_to=self._replies.channel,
+            ignore_result=True, argsrepr=argsrepr, kwargsrepr="{}", **options,
+        )
+
+    def _answer(self, waiter: Waiter, timeout: float) -> str | None:
+        """The task's answer if it arrives within `timeout`, else the stored one (the
+        listener may have missed its publish while reconnecting), else None."""
+        payload = waiter.wait(timeout)
+        return payload if payload is not None else self._replies.stored(waiter.task_id)
+
+    def _wait_call(self, waiter: Waiter, target: str | None, label: str | None) -> CallResult:
+        call_id = waiter.task_id
         try:
-            with _releasing(pending):
-                return self._wait_call_result(call_id, pending, target, label)
+            while True:
+                payload = self._answer(waiter, WATCH_INTERVAL_S)
+                if payload is not None:
+                    return CallResult.model_validate_json(payload)
+                problem = self._watch(call_id, target, label)
+                if problem is None:
+                    continue
+                # Before calling it lost, take an answer that arrived meanwhile.
+                payload = self._answer(waiter, 0.05)
+                if payload is not None:
+                    return CallResult.model_validate_json(payload)
+                if isinstance(problem, CallResult):
+                    return problem
+                raise problem
         finally:
             self._missing_since.pop(call_id, None)
-
-    def _wait_call_result(
-        self, call_id: str, pending: AsyncResult, target: str | None, label: str | None
-    ) -> CallResult:
-        while True:
-            done = self._poll_result(pending, WATCH_INTERVAL_S)
-            if done is not None:
-                return done
-            problem = self._watch(call_id, target, label)
-            if problem is None:
-                continue
-            # Before calling it lost, take a result that arrived meanwhile.
-            done = self._poll_result(pending, 0.05)
-            if done is not None:
-                return done
-            if isinstance(problem, CallResult):
-                return problem
-            raise problem
-
-    def _poll_result(self, pending: AsyncResult, timeout: float) -> CallResult | None:
-        try:
-            value = pending.get(timeout=timeout, propagate=False)
-        except CeleryTimeout:
-            return None
-        if pending.successful():
-            return CallResult.model_validate(value)
-        raise BashfleetError(f"the worker failed on call {pending.id}: {value!r}")
 
     def _watch(
         self, call_id: str, target: str | None, label: str | None
@@ -606,37 +578,28 @@ class Fleet:
             return args
         return [auth.sign(self._signing_key, task, args, time.time())]
 
-    def _send_ctl(self, host: str, task: str, args: list[Any]) -> tuple[AsyncResult, str]:
+    def _send_ctl(self, host: str, task: str, args: list[Any]) -> tuple[Waiter, str]:
         token = self._require_alive(host)
-        pending = self._celery.send_task(
-            task, args=self._signed(task, args), queue=registry.ctl_queue(host),
-            expires=CTL_TIMEOUT_S, argsrepr=repr(args[:1]), kwargsrepr="{}",
-        )
-        return pending, token
+        waiter = self._replies.expect(uuid.uuid4().hex)
+        try:
+            self._send(
+                task, self._signed(task, args), registry.ctl_queue(host), waiter.task_id,
+                repr(args[:1]), expires=CTL_TIMEOUT_S,
+            )
+        except BaseException:
+            self._replies.forget(waiter)
+            raise
+        return waiter, token
 
-    def _await_ctl(self, host: str, sent: tuple[AsyncResult, str]) -> Any:
-        with _releasing(sent[0]):
-            return self._await_ctl_result(host, sent)
-
-    def _await_ctl_result(self, host: str, sent: tuple[AsyncResult, str]) -> Any:
-        pending, token = sent
-        deadline = time.monotonic() + CTL_TIMEOUT_S
-        while True:
-            try:
-                envelope = pending.get(timeout=WATCH_INTERVAL_S, propagate=False)
-            except CeleryTimeout:
-                if registry.host_alive_token(self._redis, host) != token:
-                    raise WorkerLost(
-                        f"the worker on {host} went away before answering", host=host
-                    ) from None
-                if time.monotonic() > deadline:
-                    raise BashfleetError(
-                        f"the worker on {host} did not answer within {CTL_TIMEOUT_S:.0f}s"
-                    ) from None
-                continue
-            break
-        if not pending.successful() or not isinstance(envelope, dict):
-            raise BashfleetError(f"the worker on {host} failed: {envelope!r}")
+    def _await_ctl(self, host: str, sent: tuple[Waiter, str]) -> Any:
+        waiter, token = sent
+        try:
+            payload = self._await_ctl_answer(host, waiter, token)
+        finally:
+            self._replies.forget(waiter)
+        envelope = json.loads(payload)
+        if not isinstance(envelope, dict):
+            raise BashfleetError(f"the worker on {host} answered {envelope!r}")
         if "error" in envelope:
             kind, message = envelope["error"]["kind"], envelope["error"]["message"]
             if kind == "not_found":
@@ -645,6 +608,19 @@ class Fleet:
                 raise CallRejected(message)
             raise BashfleetError(f"{kind}: {message}")
         return envelope["ok"]
+
+    def _await_ctl_answer(self, host: str, waiter: Waiter, token: str) -> str:
+        deadline = time.monotonic() + CTL_TIMEOUT_S
+        while True:
+            payload = self._answer(waiter, WATCH_INTERVAL_S)
+            if payload is not None:
+                return payload
+            if registry.host_alive_token(self._redis, host) != token:
+                raise WorkerLost(f"the worker on {host} went away before answering", host=host)
+            if time.monotonic() > deadline:
+                raise BashfleetError(
+                    f"the worker on {host} did not answer within {CTL_TIMEOUT_S:.0f}s"
+                )
 
 
 class AsyncFleet:

@@ -129,9 +129,8 @@ class RedisServer:
     def url(self) -> str:
         """Connection URL (holds the password: never print it).
 
-        TLS: `rediss://` with `ssl_cert_reqs=required` (Celery's result backend refuses
-        a rediss:// URL without it; redis-py and kombu read it too) and the CA to verify
-        the server against.
+        TLS: `rediss://` with `ssl_cert_reqs=required` (redis-py and kombu read it) and
+        the CA to verify the server against.
         """
         auth = f":{self.password}@" if self.password else ""
         if not self.tls:

@@ -32,10 +32,17 @@ Keys (prefix `bashfleet:`; every key has a TTL or an owner that deletes it):
   TTL SESSION_TTL_S (1 day), renewed by each call of the session.
 - `bashfleet:nonce:<nonce>` (string): a signed message's nonce, seen once (replays are
   refused). TTL: until the message expires (plus the clock skew allowed).
+- `bashfleet:reply:<task_id>` (string): a task's answer (a CallResult, or a control
+  envelope, as JSON), also published on the caller's channel
+  `bashfleet:replies:<client>`. Kept REPLY_TTL_S (1 h) for a caller that missed the
+  publish (its subscription was reconnecting): it reads the key at its next watch.
+
+Replies do not use Celery's result backend: the worker stores and publishes a call's
+answer in the same script that records its end (one round trip), and each client
+listens on one channel for all its calls (no subscribe, poll or forget per call).
 
 Celery's own keys are Celery's: the queue lists (named like the queues below, emptied
-by the consumers), kombu's `_kombu.binding.*` sets and `unacked*` bookkeeping, and the
-results `bashfleet:celery-task-meta-<id>` (expire after `RESULT_TTL_S`).
+by the consumers) and kombu's `_kombu.binding.*` sets.
 
 Redis losing its data (a restart without persistence, a flush, a failover to an empty
 replica): each worker notices at its next heartbeat (`beat` finds its host record gone)
@@ -54,11 +61,13 @@ import hashlib
 import re
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Literal, TypeVar, cast
 
 import redis
 
 from worker.models import HostInfo, JobRecord, JobView
+from worker.transport import TRANSPORT
 
 PREFIX = "bashfleet:"
 
@@ -74,12 +83,11 @@ RUNNING_TTL_S = 3600
 CALL_TTL_S = 2 * 24 * 3600
 #: Life of a job record after its last update.
 JOB_TTL_S = 7 * 24 * 3600
-#: Life of a call's result in the Celery backend.
-RESULT_TTL_S = 24 * 3600
+#: A stored reply: only for a caller that missed its publish, which reads it within
+#: seconds; an hour leaves room for a long pause (a laptop asleep) and no more.
+REPLY_TTL_S = 3600
 #: Life of a session's host pin after its last call.
 SESSION_TTL_S = 24 * 3600
-#: Key prefix of the Celery result backend.
-RESULT_KEYPREFIX = PREFIX
 
 # ----------------------------------------------------------------------------- names
 
@@ -188,18 +196,48 @@ def session_key(session: str) -> str:
     return f"{PREFIX}session:{session}"
 
 
+#: Channels callers listen on for their replies: `<prefix><client token>`.
+REPLY_CHANNEL_PREFIX = f"{PREFIX}replies:"
+_REPLY_CHANNEL_RE = re.compile(r"^bashfleet:replies:[A-Za-z0-9_-]{1,64}$")
+
+
+def reply_key(task_id: str) -> str:
+    """A task's stored reply (string)."""
+    return f"{PREFIX}reply:{task_id}"
+
+
+def reply_channel(token: str) -> str:
+    """The channel a client with `token` listens on for all its replies."""
+    return f"{REPLY_CHANNEL_PREFIX}{token}"
+
+
+def valid_reply_channel(channel: str | None) -> bool:
+    """True for a channel a worker may publish a reply on (none other is used)."""
+    return bool(channel) and _REPLY_CHANNEL_RE.match(channel or "") is not None
+
+
+def reply_message(task_id: str, payload: str) -> str:
+    """What travels on a reply channel: the task id, a newline, the reply."""
+    return f"{task_id}\n{payload}"
+
+
+def parse_reply_message(message: str) -> tuple[str, str] | None:
+    """(task id, reply) of a reply channel's message; None when malformed."""
+    task_id, newline, payload = message.partition("\n")
+    return (task_id, payload) if newline and task_id else None
+
+
 def celery_wire_config(url: str) -> dict[str, object]:
     """Celery settings both sides must agree on: where, how encoded, result keys."""
     return {
         "broker_url": url,
-        "result_backend": url,
+        "broker_transport": TRANSPORT,  # kombu's, reusing its Redis clients
+        # No result backend: answers travel as replies (see the module's docstring).
+        "result_backend": None,
+        "task_ignore_result": True,
         # JSON only: a pickle from Redis would be code execution on every worker.
         "task_serializer": "json",
-        "result_serializer": "json",
         "accept_content": ["json"],
-        "result_accept_content": ["json"],
-        "result_expires": RESULT_TTL_S,
-        "result_backend_transport_options": {"global_keyprefix": RESULT_KEYPREFIX},
         # No task-sent event from the client: it cost every call a publish (~0.4 ms of
         # client CPU, ~0.25 ms of latency). Flower lists a call from the worker's
         # events (received, started, succeeded); a call still waiting in its queue is
@@ -472,12 +510,16 @@ def new_call(client: Redis, call_id: str, queue: str, host: str | None) -> bool:
     return submit_call(client, call_id, queue, host) == "ok"
 
 
-# KEYS: call, running; ARGV: call TTL, running TTL, call id, fields... A call in any
-# state but queued (or unknown: its record expired, or Redis lost it) is not claimed.
+# KEYS: call, running[, nonce]; ARGV: call TTL, running TTL, call id, nonce TTL (ms),
+# fields... A signed message's nonce is used first (a replay claims nothing); a call in
+# any state but queued (or unknown: its record expired, or Redis lost it) is not claimed.
 _CLAIM = _Script("""
+if KEYS[3] and not redis.call('SET', KEYS[3], '1', 'NX', 'PX', ARGV[4]) then
+  return 'replayed'
+end
 local state = redis.call('HGET', KEYS[1], 'state')
 if state and state ~= 'queued' then return state end
-redis.call('HSET', KEYS[1], unpack(ARGV, 4))
+redis.call('HSET', KEYS[1], unpack(ARGV, 5))
 redis.call('EXPIRE', KEYS[1], ARGV[1])
 redis.call('SADD', KEYS[2], ARGV[3])
 redis.call('EXPIRE', KEYS[2], ARGV[2])
@@ -486,20 +528,26 @@ return 'ok'
 
 
 def claim_call(
-    client: Redis, call_id: str, host: str, instance: str, worker_pid: int
+    client: Redis, call_id: str, host: str, instance: str, worker_pid: int,
+    *, nonce: str | None = None, nonce_ttl_s: float = 0.0,
 ) -> str:
     """Mark a call running on this worker; return "ok", or the state that forbids it.
 
     A call the client withdrew (cancelled, abandoned) or that already ran is never
-    started: this is the at-most-once guard on the worker side.
+    started: this is the at-most-once guard on the worker side. With the `nonce` of a
+    signed message, the nonce is recorded in the same round trip: "replayed" when it
+    was seen before (nothing is claimed then).
     """
     fields = {
         "call_id": call_id, "state": "running", "host": host, "instance": instance,
         "worker_pid": worker_pid, "started_at": time.time(),
     }
+    keys = [call_key(call_id), running_key(host)]
+    if nonce is not None:
+        keys.append(nonce_key(nonce))
     return cast(str, _CLAIM(
-        client, [call_key(call_id), running_key(host)],
-        [CALL_TTL_S, RUNNING_TTL_S, call_id, *_flat(fields)],
+        client, keys,
+        [CALL_TTL_S, RUNNING_TTL_S, call_id, max(1, int(nonce_ttl_s * 1000)), *_flat(fields)],
     ))
 
 
@@ -588,32 +636,51 @@ def mark_call(
     return _transaction(client, [key], body)
 
 
+# KEYS: call; ARGV: call TTL, fields... Returns the call's state after the update.
+_UPDATE = _Script("""
+redis.call('HSET', KEYS[1], unpack(ARGV, 2))
+redis.call('EXPIRE', KEYS[1], ARGV[1])
+return redis.call('HGET', KEYS[1], 'state')
+""")
+
+
 def update_call(client: Redis, call_id: str, **fields: object) -> str | None:
     """Set fields of a call record (pid, pgid, marker, spill...) without a transition.
 
     Returns the call's state as it is after the update (one round trip for both).
     """
-    key = call_key(call_id)
-    with client.pipeline() as pipe:
-        pipe.hset(key, mapping=_fields(fields))
-        pipe.expire(key, CALL_TTL_S)
-        pipe.hget(key, "state")
-        return cast("str | None", pipe.execute()[-1])
+    return cast("str | None", _UPDATE(client, [call_key(call_id)], [CALL_TTL_S, *_flat(fields)]))
 
 
-# KEYS: call, running; ARGV: call TTL, call id, end time, fields... Returns the state
-# the call ended from (nil: no record).
+# KEYS: call, running[, reply]; ARGV: call TTL, call id, end time, reply TTL, reply
+# channel, reply, states that hold the reply back, fields... Returns {the state the
+# call ended from ('' : no record), 1 when the reply was stored and published}.
 _FINISH = _Script("""
 local current = redis.call('HGET', KEYS[1], 'state')
 local final = 'done'
 if current == 'cancelling' then final = 'cancelled'
 elseif current == 'stopping' then final = 'stopped'
 elseif current == 'lost' then final = 'lost' end
-redis.call('HSET', KEYS[1], 'state', final, 'ended_at', ARGV[3], unpack(ARGV, 4))
+redis.call('HSET', KEYS[1], 'state', final, 'ended_at', ARGV[3], unpack(ARGV, 8))
 redis.call('EXPIRE', KEYS[1], ARGV[1])
 redis.call('SREM', KEYS[2], ARGV[2])
-return current
+current = current or ''
+if not KEYS[3] or string.find(' ' .. ARGV[7] .. ' ', ' ' .. current .. ' ', 1, true) then
+  return {current, 0}
+end
+redis.call('SET', KEYS[3], ARGV[6], 'EX', ARGV[4])
+if ARGV[5] ~= '' then redis.call('PUBLISH', ARGV[5], ARGV[2] .. '\\n' .. ARGV[6]) end
+return {current, 1}
 """)
+
+
+@dataclass(frozen=True)
+class Reply:
+    """A task's answer on its way: stored under the task id, published on `channel`."""
+
+    task_id: str
+    channel: str | None
+    payload: str
 
 
 def finish_call(client: Redis, host: str, call_id: str, **fields: object) -> str | None:
@@ -622,11 +689,48 @@ def finish_call(client: Redis, host: str, call_id: str, **fields: object) -> str
     A call that was being cancelled ends `cancelled`; one killed because its worker
     stopped ends `stopped`; one already declared lost stays `lost`; otherwise `done`.
     """
+    return finish_and_reply(client, host, call_id, fields)[0]
+
+
+def finish_and_reply(
+    client: Redis, host: str, call_id: str, fields: Mapping[str, object],
+    *, reply: Reply | None = None, hold_in: Iterable[str] = (),
+) -> tuple[str | None, bool]:
+    """`finish_call`, and in the same round trip deliver `reply` (see `deliver_reply`)
+    unless the call ended from one of the states `hold_in` (whose reply the worker
+    must amend first). Returns (the state it ended from, whether the reply went)."""
     rest = {k: v for k, v in fields.items() if k not in ("state", "ended_at")}
-    return cast("str | None", _FINISH(
-        client, [call_key(call_id), running_key(host)],
-        [CALL_TTL_S, call_id, time.time(), *_flat(rest)],
-    ))
+    keys = [call_key(call_id), running_key(host)]
+    channel, payload = "", ""
+    if reply is not None:
+        keys.append(reply_key(reply.task_id))
+        channel = reply.channel or "" if valid_reply_channel(reply.channel) else ""
+        payload = reply.payload
+    previous, sent = _FINISH(
+        client, keys,
+        [CALL_TTL_S, call_id, time.time(), REPLY_TTL_S, channel, payload, " ".join(hold_in),
+         *_flat(rest)],
+    )
+    return (str(previous) or None), bool(sent)
+
+
+# KEYS: reply; ARGV: reply, reply TTL, channel, task id.
+_REPLY = _Script("""
+redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
+if ARGV[3] ~= '' then redis.call('PUBLISH', ARGV[3], ARGV[4] .. '\\n' .. ARGV[1]) end
+return 1
+""")
+
+
+def deliver_reply(client: Redis, reply: Reply) -> None:
+    """Store a task's answer (REPLY_TTL_S) and publish it on its caller's channel."""
+    channel = reply.channel or "" if valid_reply_channel(reply.channel) else ""
+    _REPLY(client, [reply_key(reply.task_id)], [reply.payload, REPLY_TTL_S, channel, reply.task_id])
+
+
+def stored_reply(client: Redis, task_id: str) -> str | None:
+    """A task's stored answer, or None (not answered yet, or expired)."""
+    return cast("str | None", client.get(reply_key(task_id)))
 
 
 # KEYS: call, running; ARGV: call TTL, running TTL, call id, fields... Returns the

@@ -1,10 +1,13 @@
 """The Celery tasks: `exec` runs a call; the control tasks reach a host's jobs and calls.
 
-Every task takes and returns JSON-able dicts (the wire models dumped). `exec` always
-returns a CallResult, even for input it cannot accept. Control tasks return an
-envelope, `{"ok": value}` or `{"error": {"kind": ..., "message": ...}}`, so the
-client can raise a typed error (`not_found` becomes UnknownJob, `invalid`
-CallRejected).
+Every task takes JSON-able arguments and answers exactly once, whatever happens, as a
+reply (`registry.deliver_reply`: stored under the task id, published on the caller's
+channel, the message's `reply_to`); Celery stores no result, and the task returns
+only a one-line summary for Flower. `exec` always answers a CallResult, even for
+input it cannot accept, in the same round trip that records the call's end. Control
+tasks answer an envelope, `{"ok": value}` or `{"error": {"kind": ..., "message":
+...}}`, so the client can raise a typed error (`not_found` becomes UnknownJob,
+`invalid` CallRejected).
 
 `exec` is served by the command consumer (`bashfleet.<host>.exec`, the any and pool
 queues); the others by the separate control consumer (`bashfleet.<host>.ctl`), so
@@ -13,6 +16,7 @@ they answer at once even when every command slot is busy.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -49,6 +53,8 @@ log = logging.getLogger("bashfleet.worker")
 MAX_READ_LIMIT = 4 * 1024 * 1024
 #: Grace between SIGTERM and SIGKILL when a job is killed through the fleet.
 KILL_GRACE_S = 2.0
+#: Pauses between attempts to deliver an answer while Redis is away (~30 s in all).
+REPLY_RETRY_DELAYS_S = (0.1, 0.2, 0.5, 1.0, 2.0, 2.0, 4.0, 4.0, 8.0, 8.0)
 
 Envelope = dict[str, Any]
 _TRUNCATION: TypeAdapter[Truncation] = TypeAdapter(Truncation)
@@ -106,8 +112,63 @@ def _error(kind: str, message: str) -> Envelope:
 # ------------------------------------------------------------------------------- exec
 
 
-def exec_call(payload: dict[str, Any]) -> dict[str, Any]:
-    """Run one call on this host and return its CallResult."""
+@dataclass
+class Answer:
+    """Where the running task's answer goes, and whether it went already."""
+
+    task_id: str
+    channel: str | None
+    sent: bool = False
+
+    def reply(self, payload: str) -> registry.Reply:
+        """The answer to deliver."""
+        return registry.Reply(self.task_id, self.channel, payload)
+
+
+def _current_answer() -> Answer:
+    """The answer of the task Celery runs now (its id, its message's `reply_to`)."""
+    request = getattr(current_task, "request", None)
+    channel = getattr(request, "reply_to", None)
+    return Answer(
+        task_id=str(getattr(request, "id", None) or "?"),
+        channel=channel if registry.valid_reply_channel(channel) else None,
+    )
+
+
+def _deliver(rt: Runtime, answer: Answer, payload: str) -> None:
+    """Deliver an answer not sent yet, retrying while Redis is away (as Celery's result
+    backend did): a caller waits for it."""
+    if answer.sent:
+        return
+    for delay in (*REPLY_RETRY_DELAYS_S, None):
+        try:
+            registry.deliver_reply(rt.redis, answer.reply(payload))
+            answer.sent = True
+            return
+        except redis.RedisError as exc:
+            if delay is None:
+                log.error("could not deliver the answer of task %s: %s", answer.task_id, exc,
+                          extra={"call_id": answer.task_id})
+                return
+            time.sleep(delay)
+
+
+@dataclass(frozen=True)
+class Nonce:
+    """A signed message's nonce, to record when the call is claimed."""
+
+    value: str
+    ttl_s: float
+
+
+def exec_call(
+    payload: dict[str, Any], answer: Answer | None = None, nonce: Nonce | None = None
+) -> CallResult:
+    """Run one call on this host and return its CallResult.
+
+    With an `answer`, the result is delivered in the round trip that records the end
+    (`answer.sent` says so); with a `nonce`, it is recorded in the claim's.
+    """
     rt = runtime()
     host = rt.settings.host
     try:
@@ -121,7 +182,10 @@ def exec_call(payload: dict[str, Any]) -> dict[str, Any]:
             extra={"call_id": call_id[:64], "error_kind": "invalid"},
         )
         return _failed(call_id, host, "invalid", f"invalid call: {message}")
-    state = registry.claim_call(rt.redis, call.call_id, host, rt.instance, os.getpid())
+    state = registry.claim_call(
+        rt.redis, call.call_id, host, rt.instance, os.getpid(),
+        nonce=nonce.value if nonce else None, nonce_ttl_s=nonce.ttl_s if nonce else 0.0,
+    )
     if state != "ok":
         log.info("call not started: %s", state, extra={"call_id": call.call_id, "state": state})
         return _failed(call.call_id, host, *_refusal(call.call_id, state))
@@ -138,9 +202,9 @@ def exec_call(payload: dict[str, Any]) -> dict[str, Any]:
         )
     finally:
         hoststate.remove_running(rt.settings, call.call_id)
-    result = _finish(rt, call, result)
+    result = _finish(rt, call, result, answer)
     _log_end(result, time.monotonic() - started)
-    return result.model_dump(mode="json")
+    return result
 
 
 def _queue() -> str | None:
@@ -165,22 +229,25 @@ def _log_start(call: Call) -> None:
     )
 
 
+def outcome(result: CallResult) -> str:
+    """How a call ended, in a few words (its log line, its summary in Flower)."""
+    if result.error is not None:
+        text = f"error {result.error.kind}"
+    elif result.backgrounded and result.job is not None:
+        text = f"backgrounded as job {result.job.id}"
+    elif result.job is not None:
+        text = f"started job {result.job.id}"
+    elif result.signal is not None:
+        text = f"signal {result.signal}"
+    else:
+        text = f"exit {result.exit_code}"
+    return text + (" (timed out)" if result.timed_out else "")
+
+
 def _log_end(result: CallResult, duration_s: float) -> None:
     """A call's end line: how it ended and how long it took (not its output)."""
-    if result.error is not None:
-        outcome = f"error {result.error.kind}"
-    elif result.backgrounded and result.job is not None:
-        outcome = f"backgrounded as job {result.job.id}"
-    elif result.job is not None:
-        outcome = f"started job {result.job.id}"
-    elif result.signal is not None:
-        outcome = f"signal {result.signal}"
-    else:
-        outcome = f"exit {result.exit_code}"
-    if result.timed_out:
-        outcome += " (timed out)"
     log.info(
-        "call ended: %s in %.2fs", outcome, duration_s,
+        "call ended: %s in %.2fs", outcome(result), duration_s,
         extra={
             "call_id": result.call_id, "job_id": result.job.id if result.job else None,
             "exit_code": result.exit_code, "signal": result.signal,
@@ -191,12 +258,13 @@ def _log_end(result: CallResult, duration_s: float) -> None:
     )
 
 
-def _failed(call_id: str, host: str, kind: str, message: str) -> dict[str, Any]:
-    error = SystemError_(kind=kind, message=message)
-    return CallResult(call_id=call_id, host=host, error=error).model_dump(mode="json")
+def _failed(call_id: str, host: str, kind: str, message: str) -> CallResult:
+    return CallResult(call_id=call_id, host=host, error=SystemError_(kind=kind, message=message))
 
 
 def _refusal(call_id: str, state: str) -> tuple[str, str]:
+    if state == "replayed":
+        return "unauthorized", "replayed message refused (nonce seen before)"
     if state == "cancelled":
         return "internal", f"call {call_id} was cancelled before it started; it did not run"
     if state == "abandoned":
@@ -229,8 +297,16 @@ def _spawn_hook(rt: Runtime, call: Call) -> SpawnHook:
     return on_spawn
 
 
-def _finish(rt: Runtime, call: Call, result: CallResult) -> CallResult:
-    """Record the call's end in Redis; say so in the result when it was cancelled."""
+#: Notes for a call that ended from these states (its answer must say so first).
+_END_NOTES = {
+    "cancelling": "call cancelled; its processes were killed",
+    "stopping": "the worker was stopped; the call's processes were killed",
+}
+
+
+def _finish(rt: Runtime, call: Call, result: CallResult, answer: Answer | None) -> CallResult:
+    """Record the call's end in Redis, and deliver its answer in the same round trip,
+    unless it was cancelled or stopped meanwhile: then the answer says so (sent after)."""
     spill = result.spill
     fields: dict[str, object] = {
         "exit_code": result.exit_code, "signal": result.signal,
@@ -241,19 +317,23 @@ def _finish(rt: Runtime, call: Call, result: CallResult) -> CallResult:
             stdout_path=spill.stdout_path, stderr_path=spill.stderr_path,
             stdout_bytes=spill.stdout_bytes, stderr_bytes=spill.stderr_bytes,
         )
+    reply = answer.reply(result.model_dump_json()) if answer is not None else None
     try:
         if result.job is not None:
             record = jobs.load_record(result.job.id, rt.settings)
             registry.save_job(rt.redis, record, running=True)
-        previous = registry.finish_call(rt.redis, rt.settings.host, call.call_id, **fields)
+        previous, sent = registry.finish_and_reply(
+            rt.redis, rt.settings.host, call.call_id, fields, reply=reply,
+            hold_in=_END_NOTES if result.error is None else (),
+        )
     except (redis.RedisError, jobs.JobError) as exc:
         log.warning("call %s: could not record its end: %s", call.call_id, exc,
                     extra={"call_id": call.call_id})
         return result
-    note = {
-        "cancelling": "call cancelled; its processes were killed",
-        "stopping": "the worker was stopped; the call's processes were killed",
-    }.get(previous or "")
+    if answer is not None and sent:
+        answer.sent = True
+        return result
+    note = _END_NOTES.get(previous or "")
     if note is not None and result.error is None:
         result = result.model_copy(update={"error": SystemError_(kind="internal", message=note)})
     return result
@@ -477,10 +557,51 @@ def list_jobs() -> Envelope:
     return _guard(body)
 
 
-# ------------------------------------------------------------------------ signing
+# ------------------------------------------------------------------ entry points
 
 
-def _refused_exec(args: tuple[Any, ...], kind: str, message: str) -> dict[str, Any]:
+class _RefusedError(Exception):
+    """A message the worker does not act on (unsigned, forged, expired, replayed)."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+
+
+@dataclass(frozen=True)
+class _Message:
+    """A task's arguments, verified, and the nonce still to record (None: none)."""
+
+    args: tuple[Any, ...]
+    nonce: Nonce | None
+
+
+def _verify(rt: Runtime, task: str, args: tuple[Any, ...]) -> _Message:
+    """Check a message's signature and expiry; _RefusedError when it must not be acted on.
+
+    With no key configured (the worker warned at start) a signed envelope is unwrapped
+    unverified and plain arguments are taken as they are.
+    """
+    keys = auth.keyring(rt.settings.accepted_keys())
+    if not keys:
+        if len(args) == 1 and auth.is_envelope(args[0]):
+            return _Message(tuple(args[0]["args"]), None)
+        return _Message(args, None)
+    try:
+        verified = auth.verify(args[0] if len(args) == 1 else None, task, keys, time.time())
+    except auth.AuthError as exc:
+        raise _RefusedError("unauthorized", exc.message) from None
+    ttl = verified.expires - time.time() + auth.CLOCK_SKEW_S
+    return _Message(tuple(verified.args), Nonce(verified.nonce, ttl))
+
+
+def _use_nonce(rt: Runtime, nonce: Nonce | None) -> None:
+    if nonce is not None and not registry.use_nonce(rt.redis, nonce.value, nonce.ttl_s):
+        raise _RefusedError("unauthorized", "replayed message refused (nonce seen before)")
+
+
+def _exec_refused(args: tuple[Any, ...], kind: str, message: str) -> CallResult:
     rt = runtime()
     payload = args[0] if args and isinstance(args[0], dict) else {}
     inner = payload.get("args") if "auth" in payload else [payload]
@@ -490,48 +611,69 @@ def _refused_exec(args: tuple[Any, ...], kind: str, message: str) -> dict[str, A
     return _failed(call_id, rt.settings.host, kind, message)
 
 
-def _refused_ctl(args: tuple[Any, ...], kind: str, message: str) -> Envelope:
-    del args
-    log.warning("control message refused: %s", message)
-    return _error(kind, message)
+def exec_task(*args: Any) -> str:
+    """The exec task as Celery runs it: verify, run, answer (once, whatever happens).
 
-
-def _signed(task: str, body: Callable[..., Any], refuse: Callable[..., Any]) -> Callable[..., Any]:
-    """The task as the worker runs it: signature, expiry and nonce checked first.
-
-    With no key configured (the worker warned at start) a signed envelope is unwrapped
-    unverified and plain arguments are taken as they are.
+    The nonce of a signed call is recorded with its claim (one round trip for both).
     """
+    rt = runtime()
+    answer = _current_answer()
+    try:
+        message = _verify(rt, registry.TASK_EXEC, args)
+        payload = message.args[0] if len(message.args) == 1 else None
+        result = exec_call(payload, answer, message.nonce)  # type: ignore[arg-type]
+    except _RefusedError as exc:
+        result = _exec_refused(args, exc.kind, exc.message)
+    except Exception as exc:  # a bug must still answer the caller
+        log.exception("task %s failed inside the worker", answer.task_id,
+                      extra={"call_id": answer.task_id})
+        result = _failed(answer.task_id, rt.settings.host, "internal", f"worker error: {exc!r}")
+    _deliver(rt, answer, result.model_dump_json())
+    return outcome(result)
 
-    def run(*args: Any) -> Any:
+
+def _ctl_task(task: str, body: Callable[..., Envelope]) -> Callable[..., str]:
+    """A control task as Celery runs it: verify (nonce included), act, answer."""
+
+    def run(*args: Any) -> str:
         rt = runtime()
-        keys = auth.keyring(rt.settings.accepted_keys())
-        if not keys:
-            if len(args) == 1 and auth.is_envelope(args[0]):
-                return body(*args[0]["args"])
-            return body(*args)
+        answer = _current_answer()
         try:
-            verified = auth.verify(args[0] if len(args) == 1 else None, task, keys, time.time())
-        except auth.AuthError as exc:
-            return refuse(args, "unauthorized", exc.message)
-        ttl = verified.expires - time.time() + auth.CLOCK_SKEW_S
-        if not registry.use_nonce(rt.redis, verified.nonce, ttl):
-            return refuse(args, "unauthorized", "replayed message refused (nonce seen before)")
-        return body(*verified.args)
+            message = _verify(rt, task, args)
+            _use_nonce(rt, message.nonce)
+            envelope = body(*message.args)
+        except _RefusedError as exc:
+            log.warning("control message refused: %s", exc.message)
+            envelope = _error(exc.kind, exc.message)
+        except TypeError as exc:  # wrong arguments for the task
+            envelope = _error("invalid", f"invalid arguments: {exc}")
+        except Exception as exc:  # a bug must still answer the caller
+            log.exception("task %s failed inside the worker", answer.task_id)
+            envelope = _error("internal", f"worker error: {exc!r}")
+        _deliver(rt, answer, json.dumps(envelope))
+        error = envelope.get("error")
+        return f"error {error.get('kind')}" if isinstance(error, dict) else "ok"
 
     run.__name__ = getattr(body, "__name__", task)
     return run
 
 
 # Registered apart from their definitions so the functions keep their types (Celery's
-# decorator is untyped) and stay callable directly in tests.
-exec_task = app.task(name=registry.TASK_EXEC)(_signed(registry.TASK_EXEC, exec_call, _refused_exec))
-check_task = app.task(name=registry.TASK_CHECK)(_signed(registry.TASK_CHECK, check, _refused_ctl))
-kill_task = app.task(name=registry.TASK_KILL)(_signed(registry.TASK_KILL, kill, _refused_ctl))
-read_output_task = app.task(name=registry.TASK_READ_OUTPUT)(
-    _signed(registry.TASK_READ_OUTPUT, read_output, _refused_ctl)
+# decorator is untyped) and stay callable directly in tests. No result is stored: the
+# answer is the reply.
+celery_exec_task = app.task(name=registry.TASK_EXEC, ignore_result=True)(exec_task)
+check_task = app.task(name=registry.TASK_CHECK, ignore_result=True)(
+    _ctl_task(registry.TASK_CHECK, check)
 )
-cancel_task = app.task(name=registry.TASK_CANCEL)(
-    _signed(registry.TASK_CANCEL, cancel, _refused_ctl)
+kill_task = app.task(name=registry.TASK_KILL, ignore_result=True)(
+    _ctl_task(registry.TASK_KILL, kill)
 )
-jobs_task = app.task(name=registry.TASK_JOBS)(_signed(registry.TASK_JOBS, list_jobs, _refused_ctl))
+read_output_task = app.task(name=registry.TASK_READ_OUTPUT, ignore_result=True)(
+    _ctl_task(registry.TASK_READ_OUTPUT, read_output)
+)
+cancel_task = app.task(name=registry.TASK_CANCEL, ignore_result=True)(
+    _ctl_task(registry.TASK_CANCEL, cancel)
+)
+jobs_task = app.task(name=registry.TASK_JOBS, ignore_result=True)(
+    _ctl_task(registry.TASK_JOBS, list_jobs)
+)

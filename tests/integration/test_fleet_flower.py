@@ -95,6 +95,8 @@ def test_flower_lists_the_hosts_and_the_calls(
     for call_id, host in ids.items():
         assert tasks[call_id]["name"] == "bashfleet.exec"
         assert tasks[call_id]["worker"] == f"exec@{host}"
+        # Its result column says how it ended (the answer itself went to the caller).
+        assert "exit 0" in tasks[call_id]["result"]
         # Its arguments are redacted: neither the command (it may carry a token inline)
         # nor the call's env (it may hold secrets) is shown; the cwd and size are.
         assert "echo seen" not in tasks[call_id]["args"]

@@ -69,10 +69,15 @@ def signed_fleet(redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch) -> 
 
 def _raw_exec(fleet: Fleet, args: list[Any], call_id: str) -> CallResult:
     """Send an exec message as any Redis writer could, bypassing the client."""
-    pending = fleet._celery.send_task(
-        registry.TASK_EXEC, args=args, queue=registry.exec_queue(HOST), task_id=call_id
-    )
-    return CallResult.model_validate(pending.get(timeout=30))
+    waiter = fleet._replies.expect(call_id)
+    try:
+        fleet._send(registry.TASK_EXEC, args, registry.exec_queue(HOST), call_id, "raw")
+        deadline = time.monotonic() + 30
+        while (payload := fleet._answer(waiter, 0.5)) is None:
+            assert time.monotonic() < deadline, "no answer within 30 s"
+    finally:
+        fleet._replies.forget(waiter)
+    return CallResult.model_validate_json(payload)
 
 
 def _call(marker: Path, call_id: str) -> dict[str, Any]:
@@ -135,7 +140,7 @@ def test_a_replayed_message_is_refused(
 
 
 def test_flower_cannot_run_commands(
-    keyed: WorkerProcess, flower: str, tmp_path: Path
+    keyed: WorkerProcess, flower: str, tmp_path: Path, redis_client: redis.Redis
 ) -> None:
     wait_for(lambda: _try_get(f"{flower}/api/workers"), 60, "Flower")
     marker = tmp_path / "via-flower"
@@ -149,12 +154,11 @@ def test_flower_cannot_run_commands(
     with urllib.request.urlopen(request, timeout=10) as response:  # noqa: S310
         task_id = json.loads(response.read())["task-id"]
 
-    def answered() -> dict[str, Any] | None:
-        info = _try_get(f"{flower}/api/task/result/{task_id}")
-        return info if info and info.get("state") == "SUCCESS" else None
-
-    answer = wait_for(answered, 30, "the worker's answer to Flower's message")
-    result = CallResult.model_validate(answer["result"])
+    # The worker answers every message, this one too: stored under its task id (Flower
+    # names no reply channel of ours).
+    answer = wait_for(lambda: registry.stored_reply(redis_client, task_id), 30,
+                      "the worker's answer to Flower's message")
+    result = CallResult.model_validate_json(answer)
     assert result.error is not None and result.error.kind == "unauthorized"
     assert not marker.exists()
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
-from typing import cast
+from typing import Any, cast
 
 import fakeredis
 import pytest
@@ -186,10 +186,102 @@ def test_jobs_listing_and_views(r: redis.Redis) -> None:
     assert r.zrange(registry.jobs_key("alpha"), 0, -1) == ["j1"]
 
 
-def test_wire_config_is_json_only() -> None:
+def test_wire_config_is_json_only_and_keeps_no_celery_results() -> None:
     config = registry.celery_wire_config("redis://127.0.0.1:1/0")
-    assert config["accept_content"] == ["json"] == config["result_accept_content"]
-    assert config["task_serializer"] == "json" == config["result_serializer"]
+    assert config["accept_content"] == ["json"]
+    assert config["task_serializer"] == "json"
+    # Answers travel as replies: Celery stores nothing.
+    assert config["result_backend"] is None
+    assert config["task_ignore_result"] is True
+    assert config["broker_transport"] == "worker.transport:Transport"
+
+
+def _listener(r: redis.Redis, channel: str) -> Any:
+    pubsub = r.pubsub()  # type: ignore[no-untyped-call]
+    pubsub.subscribe(channel)
+    assert pubsub.get_message(timeout=1)["type"] == "subscribe"
+    return pubsub
+
+
+def test_a_reply_is_stored_and_published_on_the_callers_channel(r: redis.Redis) -> None:
+    channel = registry.reply_channel("client1")
+    pubsub = _listener(r, channel)
+    registry.deliver_reply(r, registry.Reply("t1", channel, '{"ok": 1}'))
+    message = pubsub.get_message(timeout=1)
+    assert registry.parse_reply_message(message["data"]) == ("t1", '{"ok": 1}')
+    assert registry.stored_reply(r, "t1") == '{"ok": 1}'
+    assert 0 < r.ttl(registry.reply_key("t1")) <= registry.REPLY_TTL_S
+
+
+def test_a_reply_to_a_foreign_channel_is_only_stored(r: redis.Redis) -> None:
+    pubsub = _listener(r, "elsewhere")
+    registry.deliver_reply(r, registry.Reply("t2", "elsewhere", "x"))
+    assert pubsub.get_message(timeout=0.2) is None
+    assert registry.stored_reply(r, "t2") == "x"
+
+
+@pytest.mark.parametrize(
+    ("channel", "valid"),
+    [("bashfleet:replies:abc123", True), ("bashfleet:replies:", False),
+     ("bashfleet:reply:abc", False), ("celery@host.reply", False), (None, False),
+     ("bashfleet:replies:a b", False)],
+)
+def test_only_reply_channels_of_ours_are_valid(channel: str | None, valid: bool) -> None:
+    assert registry.valid_reply_channel(channel) is valid
+
+
+@pytest.mark.parametrize(
+    "message", ["no newline", "\nno id", ""],
+)
+def test_malformed_reply_messages_are_ignored(message: str) -> None:
+    assert registry.parse_reply_message(message) is None
+
+
+def test_finishing_delivers_the_reply_in_the_same_step(r: redis.Redis) -> None:
+    channel = registry.reply_channel("client2")
+    pubsub = _listener(r, channel)
+    registry.new_call(r, "c8", "q", "alpha")
+    registry.claim_call(r, "c8", "alpha", "t1", 42)
+    reply = registry.Reply("c8", channel, '{"exit_code": 0}')
+    assert registry.finish_and_reply(r, "alpha", "c8", {"exit_code": 0}, reply=reply) == (
+        "running", True
+    )
+    assert registry.call_record(r, "c8")["state"] == "done"
+    assert registry.parse_reply_message(pubsub.get_message(timeout=1)["data"]) == (
+        "c8", '{"exit_code": 0}'
+    )
+
+
+def test_a_reply_is_held_back_when_the_call_ended_from_a_held_state(r: redis.Redis) -> None:
+    registry.new_call(r, "c9", "q", "alpha")
+    registry.claim_call(r, "c9", "alpha", "t1", 42)
+    registry.mark_call(r, "c9", "cancelling", only_from=("running",))
+    reply = registry.Reply("c9", None, "{}")
+    held = registry.finish_and_reply(
+        r, "alpha", "c9", {}, reply=reply, hold_in=("cancelling", "stopping")
+    )
+    assert held == ("cancelling", False)
+    assert registry.stored_reply(r, "c9") is None  # the worker amends it, then delivers
+    assert registry.call_record(r, "c9")["state"] == "cancelled"
+
+
+def test_a_claim_records_the_nonce_and_refuses_a_replay(r: redis.Redis) -> None:
+    registry.new_call(r, "c10", "q", "alpha")
+    assert registry.claim_call(r, "c10", "alpha", "t1", 42, nonce="n1", nonce_ttl_s=60) == "ok"
+    assert 0 < r.pttl(registry.nonce_key("n1")) <= 60_000
+    registry.new_call(r, "c11", "q", "alpha")
+    assert registry.claim_call(
+        r, "c11", "alpha", "t1", 42, nonce="n1", nonce_ttl_s=60
+    ) == "replayed"
+    assert registry.call_record(r, "c11")["state"] == "queued"  # nothing claimed
+
+
+def test_update_call_sets_fields_and_returns_the_state(r: redis.Redis) -> None:
+    registry.new_call(r, "c12", "q", "alpha")
+    registry.claim_call(r, "c12", "alpha", "t1", 42)
+    assert registry.update_call(r, "c12", pid=7, pgid=7, marker="m") == "running"
+    assert registry.call_record(r, "c12")["pgid"] == "7"
+    assert registry.update_call(r, "nope", pid=1) is None
 
 
 def test_submit_checks_the_host_and_records_at_once(r: redis.Redis) -> None:

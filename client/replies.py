@@ -1,0 +1,139 @@
+"""Where a client hears its answers: one Redis channel per client, one listening thread.
+
+Every task a client sends names the client's channel as its `reply_to`. The worker
+stores the answer under the task id and publishes it on that channel, in the same
+round trip that records a call's end; the listener hands it to the thread waiting for
+it. Nothing is subscribed, polled or deleted per call (Celery's result backend did all
+three: four round trips a call).
+
+An answer published while the listener was (re)connecting is not lost: it is stored
+(REPLY_TTL_S), and a waiter that heard nothing reads it at its next watch (`stored`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import uuid
+from dataclasses import dataclass, field
+
+import redis
+
+from worker import registry
+
+#: How long the first call of a client waits for its subscription before sending: an
+#: answer published before it would only be read at the next watch (half a second).
+SUBSCRIBE_WAIT_S = 2.0
+#: Longest block of the listener's read, so that `close` ends it soon.
+LISTEN_TICK_S = 0.25
+#: Backoff between two subscription attempts while Redis is away.
+RETRY_DELAYS_S = (0.1, 0.2, 0.5, 1.0)
+
+
+@dataclass
+class Waiter:
+    """One task's answer, once it arrived."""
+
+    task_id: str
+    arrived: threading.Event = field(default_factory=threading.Event)
+    payload: str | None = None
+
+    def wait(self, timeout: float) -> str | None:
+        """The answer, if it arrives within `timeout` seconds."""
+        return self.payload if self.arrived.wait(timeout) else None
+
+
+class Replies:
+    """A client's reply channel and the thread listening on it. Thread-safe."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self._redis = client
+        self.channel = registry.reply_channel(uuid.uuid4().hex)
+        """The channel to name as each task's `reply_to`."""
+        self._lock = threading.Lock()
+        self._waiting: dict[str, Waiter] = {}
+        self._subscribed = threading.Event()
+        self._first_attempt = threading.Event()
+        self._closed = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def expect(self, task_id: str) -> Waiter:
+        """Register for a task's answer; call before sending the task."""
+        waiter = Waiter(task_id)
+        with self._lock:
+            self._waiting[task_id] = waiter
+            starting = self._thread is None
+            if starting:
+                self._thread = threading.Thread(
+                    target=self._listen, name="bashfleet-replies", daemon=True
+                )
+                self._thread.start()
+        if starting or not self._first_attempt.is_set():
+            # Only the first call waits, and only until the first attempt ended either
+            # way: with Redis down the call then fails at once, as it should.
+            self._first_attempt.wait(SUBSCRIBE_WAIT_S)
+        return waiter
+
+    def forget(self, waiter: Waiter) -> None:
+        """Stop waiting for a task's answer (it came, or the caller gave up)."""
+        with self._lock:
+            if self._waiting.get(waiter.task_id) is waiter:
+                del self._waiting[waiter.task_id]
+
+    def stored(self, task_id: str) -> str | None:
+        """A task's stored answer: for one whose publish the listener missed."""
+        return registry.stored_reply(self._redis, task_id)
+
+    @property
+    def listening(self) -> bool:
+        """True while subscribed (answers arrive as they are published)."""
+        return self._subscribed.is_set()
+
+    def close(self) -> None:
+        """Stop listening (the thread ends within LISTEN_TICK_S)."""
+        self._closed.set()
+
+    # ------------------------------------------------------------------ listener
+
+    def _listen(self) -> None:
+        attempt = 0
+        while not self._closed.is_set():
+            try:
+                self._serve_subscription()
+                attempt = 0
+            except (redis.RedisError, OSError, ValueError):
+                self._subscribed.clear()
+                self._first_attempt.set()
+                delay = RETRY_DELAYS_S[min(attempt, len(RETRY_DELAYS_S) - 1)]
+                attempt += 1
+                self._closed.wait(delay)
+        self._subscribed.clear()
+
+    def _serve_subscription(self) -> None:
+        pubsub = self._redis.pubsub()  # type: ignore[no-untyped-call]
+        try:
+            pubsub.subscribe(self.channel)
+            while not self._closed.is_set():
+                message = pubsub.get_message(timeout=LISTEN_TICK_S)
+                if message is None:
+                    continue
+                if message["type"] == "subscribe":
+                    self._subscribed.set()
+                    self._first_attempt.set()
+                elif message["type"] == "message":
+                    self._deliver(message["data"])
+        finally:
+            with contextlib.suppress(Exception):
+                pubsub.close()
+
+    def _deliver(self, data: str | bytes) -> None:
+        text = data.decode("utf-8", "replace") if isinstance(data, bytes) else data
+        parsed = registry.parse_reply_message(text)
+        if parsed is None:
+            return
+        task_id, payload = parsed
+        with self._lock:
+            waiter = self._waiting.get(task_id)
+        if waiter is not None:
+            waiter.payload = payload
+            waiter.arrived.set()
