@@ -1,0 +1,89 @@
+"""The client's reply listener (client.replies), against fakeredis' pub/sub."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import fakeredis
+import pytest
+import redis
+
+from client.replies import SUBSCRIBE_WAIT_S, Replies
+from worker import registry
+
+
+@pytest.fixture
+def r() -> Iterator[redis.Redis]:
+    client = fakeredis.FakeRedis(decode_responses=True)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def replies(r: redis.Redis) -> Iterator[Replies]:
+    listener = Replies(r)
+    yield listener
+    listener.close()
+
+
+def test_an_answer_published_on_the_channel_reaches_its_waiter(
+    r: redis.Redis, replies: Replies
+) -> None:
+    waiter = replies.expect("t1")
+    assert replies.listening  # the first expect waits for the subscription
+    registry.deliver_reply(r, registry.Reply("t1", replies.channel, '{"ok": 1}'))
+    assert waiter.wait(5) == '{"ok": 1}'
+
+
+def test_answers_go_to_their_own_waiters(r: redis.Redis, replies: Replies) -> None:
+    first, second = replies.expect("a"), replies.expect("b")
+    registry.deliver_reply(r, registry.Reply("b", replies.channel, "B"))
+    registry.deliver_reply(r, registry.Reply("a", replies.channel, "A"))
+    assert (first.wait(5), second.wait(5)) == ("A", "B")
+
+
+def test_an_answer_for_nobody_waiting_is_dropped(r: redis.Redis, replies: Replies) -> None:
+    waiter = replies.expect("mine")
+    registry.deliver_reply(r, registry.Reply("other", replies.channel, "x"))
+    registry.deliver_reply(r, registry.Reply("mine", replies.channel, "y"))
+    assert waiter.wait(5) == "y"
+
+
+def test_a_forgotten_waiter_hears_nothing(r: redis.Redis, replies: Replies) -> None:
+    waiter = replies.expect("t2")
+    replies.forget(waiter)
+    registry.deliver_reply(r, registry.Reply("t2", replies.channel, "late"))
+    assert waiter.wait(0.3) is None
+
+
+def test_an_answer_missed_while_not_listening_is_read_back(
+    r: redis.Redis, replies: Replies
+) -> None:
+    # Published before anyone listened (as while the listener reconnects): stored.
+    registry.deliver_reply(r, registry.Reply("t3", replies.channel, "kept"))
+    waiter = replies.expect("t3")
+    assert waiter.wait(0.2) is None
+    assert replies.stored("t3") == "kept"
+
+
+def test_each_client_has_its_own_valid_channel(r: redis.Redis) -> None:
+    one, two = Replies(r), Replies(r)
+    assert one.channel != two.channel
+    assert registry.valid_reply_channel(one.channel)
+    assert registry.valid_reply_channel(two.channel)
+
+
+def test_with_redis_down_the_first_call_is_not_held_up() -> None:
+    # As the client connects (from a URL: no retries of its own).
+    down = redis.Redis.from_url("redis://127.0.0.1:1/0", socket_connect_timeout=0.5)
+    listener = Replies(down)
+    try:
+        started = time.monotonic()
+        waiter = listener.expect("t4")  # returns once the first attempt failed
+        assert time.monotonic() - started < SUBSCRIBE_WAIT_S
+        assert not listener.listening
+        with pytest.raises(redis.ConnectionError):
+            listener.stored(waiter.task_id)
+    finally:
+        listener.close()
