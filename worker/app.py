@@ -7,7 +7,8 @@ Configured explicitly, in one place:
   takes no message it has no free slot for, and a message of a worker that died is
   not re-delivered. A shell command is never run twice behind the caller's back.
 - Task events on, so Flower sees every call a worker takes (and the event loop
-  wakes when a slot frees: see `worker_disable_prefetch`).
+  wakes when a slot frees: see `worker_disable_prefetch`), published in batches by
+  our consumer (`worker.consumer`).
 
 Queues are not listed here: each consumer is given its own (`worker.serve`), and the
 sender declares a queue when it sends to it, so a message sent while a worker
@@ -22,6 +23,7 @@ from celery import Celery
 from celery.signals import after_setup_logger, after_setup_task_logger
 
 from worker import logs, registry
+from worker.consumer import CONSUMER
 from worker.settings import get_settings
 
 #: Used only when no URL is configured (Celery's own default).
@@ -41,6 +43,7 @@ def make_app(url: str) -> Celery:
         # a call ends: without a free slot it does not ask for messages, and without
         # an event it would only notice the freed slot at its 1 s poll timeout.
         worker_send_task_events=True,
+        worker_consumer=CONSUMER,  # Celery's, publishing those events in batches
         task_track_started=False,  # the call record says when a call started
         broker_connection_retry=True,
         broker_connection_retry_on_startup=True,
