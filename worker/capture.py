@@ -41,6 +41,9 @@ class FollowedFile:
     # Reused for large outputs: a fresh 4 MiB bytes object per chunk costs a page fault
     # per 4 KiB, which showed as 10-20% of the wall time of a 1 GiB command.
     _buffer: bytearray | None = field(default=None, repr=False)
+    # Every byte read so far, while they fit in SMALL_CHUNK: shaping a small output
+    # then needs no second open and read of the file.
+    _content: bytearray | None = field(default_factory=bytearray, repr=False)
 
     def catch_up(self, budget: int | None = None) -> int:
         """Count what was appended since the last call; return the bytes read.
@@ -48,7 +51,8 @@ class FollowedFile:
         `budget` caps the bytes read in this call so a caller can interleave other work.
         """
         try:
-            if os.stat(self.path).st_size == self.offset:
+            size = os.stat(self.path).st_size
+            if size == self.offset:
                 return 0  # nothing new: a stat is cheaper than open, read and close
             fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError:
@@ -56,34 +60,53 @@ class FollowedFile:
         read_total = 0
         try:
             while budget is None or read_total < budget:
-                count = self._read_once(fd)
-                if count == 0:
-                    break
+                count, wanted = self._read_once(fd)
                 read_total += count
+                # A short read past the size just seen is the end, for now: no read
+                # that returns nothing is needed to tell.
+                if count == 0 or (count < wanted and self.offset >= size):
+                    break
         finally:
             os.close(fd)
         return read_total
 
-    def _read_once(self, fd: int) -> int:
+    def _read_once(self, fd: int) -> tuple[int, int]:
+        """Read and count the next chunk; return (bytes read, bytes asked for)."""
         if self._buffer is None:
             data: bytes | bytearray = os.pread(fd, SMALL_CHUNK, self.offset)
-            count = len(data)
+            count, wanted = len(data), SMALL_CHUNK
             if count == SMALL_CHUNK:
                 self._buffer = bytearray(CHUNK)  # a big output: switch to the reused buffer
         else:
             data = self._buffer
-            count = os.preadv(fd, [self._buffer], self.offset)
+            count, wanted = os.preadv(fd, [self._buffer], self.offset), CHUNK
         if count:
+            self._keep(data, count)
             self.newlines += data.count(b"\n", 0, count)
             self.last_byte = data[count - 1]
             self.offset += count
-        return count
+        return count, wanted
+
+    def _keep(self, data: bytes | bytearray, count: int) -> None:
+        if self._content is None:
+            return
+        if self.offset + count > SMALL_CHUNK:
+            self._content = None  # too big to keep: shaping reads the file
+        else:
+            self._content += data[:count]
 
     @property
     def lines(self) -> int:
         """Lines counted so far, a last line without newline included."""
         partial = self.last_byte is not None and self.last_byte != ord("\n")
         return self.newlines + (1 if partial else 0)
+
+    def source(self) -> Source:
+        """Where shaping reads what was counted: the bytes themselves when they were
+        kept, else the file."""
+        if self._content is not None and len(self._content) == self.offset:
+            return bytes(self._content)
+        return self.path
 
 
 class MemoryStream:
@@ -142,16 +165,31 @@ class MemoryStream:
         return bytes(self.tail[start - tail_start : end - tail_start])
 
 
-Source = Path | MemoryStream
-"""Where a stream's bytes are: its spill file, or memory when no file could be written."""
+Source = Path | MemoryStream | bytes
+"""Where a stream's bytes are: its spill file, memory when no file could be written, or
+the whole (small) output as read while following its file."""
 
 
 def _pread(path: Source, offset: int, size: int) -> bytes:
+    offset = max(0, offset)
     if isinstance(path, MemoryStream):
         return path.read(offset, size)
-    with open(path, "rb") as handle:
-        handle.seek(max(0, offset))
-        return handle.read(size)
+    if isinstance(path, bytes):
+        return path[offset : offset + size]
+    # os calls, not a file object: that would cost an fstat, an ioctl and two lseeks.
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        chunks: list[bytes] = []
+        while size > 0:
+            chunk = os.pread(fd, size, offset)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            offset += len(chunk)
+            size -= len(chunk)
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+    finally:
+        os.close(fd)
 
 
 def _clean(data: bytes, secrets: re.Pattern[str] | None) -> str:

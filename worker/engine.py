@@ -14,6 +14,7 @@ import contextlib
 import os
 import re
 import select
+import shutil
 import signal
 import stat
 import subprocess
@@ -25,7 +26,7 @@ from pathlib import Path
 
 from worker import jobs, limits, normalize, procs, session_state, truncate
 from worker.capture import FollowedFile, MemoryStream, Shaped, Source, shape
-from worker.environment import ChildEnv, build_env
+from worker.environment import ChildEnv, build_env, process_environ
 from worker.models import (
     Call,
     CallResult,
@@ -93,8 +94,34 @@ class _NoSpillError(Exception):
     """The spill files cannot be written: capture in memory instead."""
 
 
+#: How long a verdict of `spill_problem` is reused: free space does not change much in
+#: a second, and a statfs on every call was a syscall of a `true` call's overhead.
+SPILL_CHECK_TTL_S = 1.0
+
+#: (state directory, minimum free bytes) -> (verdict, monotonic time it was made).
+_spill_verdicts: dict[tuple[Path, int], tuple[str | None, float]] = {}
+_SPILL_VERDICTS_KEPT = 64
+
+
 def spill_problem(settings: Settings) -> str | None:
-    """Why spill files cannot be used now (unusable or too full a directory), or None."""
+    """Why spill files cannot be used now (unusable or too full a directory), or None.
+
+    Checked at most once per SPILL_CHECK_TTL_S per directory and threshold.
+    """
+    key = (settings.state_dir, settings.spill_min_free_bytes)  # spill_dir makes a new Path
+    now = time.monotonic()
+    cached = _spill_verdicts.get(key)
+    if cached is not None and now - cached[1] < SPILL_CHECK_TTL_S:
+        return cached[0]
+    verdict = _check_spill_dir(settings)
+    if len(_spill_verdicts) >= _SPILL_VERDICTS_KEPT:
+        _spill_verdicts.clear()  # a worker has one spill directory; tests make many
+    # One tuple, replaced whole: threads racing here at worst both check.
+    _spill_verdicts[key] = (verdict, now)
+    return verdict
+
+
+def _check_spill_dir(settings: Settings) -> str | None:
     try:
         info = os.statvfs(settings.spill_dir)
     except FileNotFoundError:
@@ -206,11 +233,10 @@ def run_call(
 
 
 def _open_streams(call: Call, settings: Settings) -> _Streams:
+    spill = settings.spill_dir
     if call.policy.streams == "combined":
-        return _Streams(settings.spill_dir / f"{call.call_id}.log", None)
-    return _Streams(
-        settings.spill_dir / f"{call.call_id}.out", settings.spill_dir / f"{call.call_id}.err"
-    )
+        return _Streams(spill / f"{call.call_id}.log", None)
+    return _Streams(spill / f"{call.call_id}.out", spill / f"{call.call_id}.err")
 
 
 def _open_files(streams: _Streams) -> tuple[int, int]:
@@ -236,16 +262,76 @@ def _open_files(streams: _Streams) -> tuple[int, int]:
         raise _NoSpillError(f"spill directory unusable: {exc}") from exc
 
 
+#: How long the bash found on a PATH is used before PATH is searched again (a bash
+#: installed earlier on PATH meanwhile is then found, as a fresh search would).
+BASH_LOOKUP_TTL_S = 10.0
+
+#: PATH -> (bash found on it or None, monotonic time of the search).
+_bash_paths: dict[str, tuple[str | None, float]] = {}
+_BASH_PATHS_KEPT = 64
+
+
+def _start_bash(
+    command: str, cwd: str, env: dict[str, str], *, stdout: int, stderr: int
+) -> subprocess.Popen[bytes]:
+    """Start `bash -c COMMAND` in its own session, stdin from /dev/null, no other fds."""
+    args = ["bash", "-c", command]
+
+    def popen(executable: str | None) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            args, executable=executable, cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+            stdout=stdout, stderr=stderr,
+            # setsid(): a new session and process group, and no controlling terminal.
+            start_new_session=True, close_fds=True,
+        )
+
+    executable = _bash_path(env)
+    try:
+        return popen(executable)
+    except OSError as exc:
+        if executable is None or exc.filename != executable:
+            raise
+        # The bash found earlier is gone (or no longer runs): search PATH as Popen does,
+        # which may find another one, or fail as it would have.
+        _bash_paths.clear()
+        return popen(None)
+
+
+def _bash_path(env: dict[str, str]) -> str | None:
+    """The bash that Popen would run with the child's PATH; None: let Popen search.
+
+    Given the bare name, Popen hands the child every PATH candidate and the child
+    tries one execve after another: with a long PATH, ~8 failed execve on every call
+    (while the worker waits on the vfork). The first candidate that is an executable
+    file is the one that execve would run.
+    """
+    search = env.get("PATH", os.defpath)
+    now = time.monotonic()
+    cached = _bash_paths.get(search)
+    if cached is not None and now - cached[1] < BASH_LOOKUP_TTL_S:
+        return cached[0]
+    found = shutil.which("bash", path=search) if _all_absolute(search) else None
+    if len(_bash_paths) >= _BASH_PATHS_KEPT:
+        _bash_paths.clear()  # a worker has one PATH; calls that set their own add more
+    # One tuple, replaced whole: threads racing here at worst both search.
+    _bash_paths[search] = (found, now)
+    return found
+
+
+def _all_absolute(search: str) -> bool:
+    # Relative (and empty) PATH entries are relative to the child's cwd: Popen searches.
+    return all(os.path.isabs(part) for part in search.split(os.pathsep))
+
+
 def _spawn_piped(call: Call, cwd: str, child: ChildEnv, reason: str) -> tuple[
     subprocess.Popen[bytes], _Pipes
 ]:
     """Spawn with pipes pumped into bounded memory: the fallback when no file can be written."""
     combined = call.policy.streams == "combined"
     try:
-        proc = subprocess.Popen(
-            ["bash", "-c", call.command], cwd=cwd, env=child.env, stdin=subprocess.DEVNULL,
+        proc = _start_bash(
+            call.command, cwd, child.env,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT if combined else subprocess.PIPE,
-            start_new_session=True, close_fds=True,
         )
     except OSError as exc:
         raise CallError("spawn_failed", f"could not start bash: {exc}") from exc
@@ -269,17 +355,7 @@ def _pump(fd: int, stream: MemoryStream) -> None:
 def _spawn(call: Call, cwd: str, child: ChildEnv, streams: _Streams) -> subprocess.Popen[bytes]:
     out_fd, err_fd = _open_files(streams)
     try:
-        return subprocess.Popen(
-            ["bash", "-c", call.command],
-            cwd=cwd,
-            env=child.env,
-            stdin=subprocess.DEVNULL,
-            stdout=out_fd,
-            stderr=err_fd,
-            # setsid(): a new session and process group, and no controlling terminal.
-            start_new_session=True,
-            close_fds=True,
-        )
+        return _start_bash(call.command, cwd, child.env, stdout=out_fd, stderr=err_fd)
     except OSError as exc:
         # Nothing ran: leave no empty spill files behind.
         streams.stdout.unlink(missing_ok=True)
@@ -330,7 +406,7 @@ def _run_foreground(
 ) -> CallResult:
     marker = call.call_id
     child = build_env(
-        os.environ, marker=marker, extra=call.env, unset=call.unset_env,
+        process_environ(), marker=marker, extra=call.env, unset=call.unset_env,
         deny=settings.secret_deny, allow=settings.secret_allow,
     )
     secrets = redaction_pattern(settings, child.scrubbed_values)
@@ -338,9 +414,9 @@ def _run_foreground(
         streams = _open_streams(call, settings)
     except OSError as exc:
         raise CallError("spawn_failed", f"spill directory unusable: {exc}") from exc
-    state_path = settings.spill_dir / f"{call.call_id}.state"
+    state_path = settings.spill_dir / f"{call.call_id}.state" if call.capture_state else None
     to_run = call
-    if call.capture_state:
+    if state_path is not None:
         wrapped = session_state.wrap_command(call.command, str(state_path))
         to_run = call.model_copy(update={"command": wrapped})
     prefix = limits.ulimit_prefix(host_limits(settings))
@@ -372,7 +448,7 @@ def _run_foreground(
         pipes.drained()
     if outcome == "exited":
         finished = result.finished(proc.returncode)
-        return _with_state(finished, state_path, child.env) if call.capture_state else finished
+        return finished if state_path is None else _with_state(finished, state_path, child.env)
     # With output in memory there is no file to keep running into: kill instead.
     if outcome == "timeout" and call.policy.on_timeout == "background" and pipes is None:
         record = jobs.adopt_foreground(call, proc, streams.stdout, streams.stderr, cwd, settings)
@@ -424,7 +500,7 @@ class _Outcome:
             return [(m, m.total, m.lines) for m in streams]
         for followed in self.files:
             followed.catch_up()
-        return [(f.path, f.offset, f.lines) for f in self.files]
+        return [(f.source(), f.offset, f.lines) for f in self.files]
 
     def _shaped(self) -> tuple[Shaped, Shaped | None]:
         policy = self.call.policy
@@ -486,9 +562,10 @@ class _Outcome:
     def finished(self, returncode: int) -> CallResult:
         code, sig = _split_status(returncode)
         result = self._result(exit_code=code, signal=sig)
-        hit = limits.limit_hit(
-            host_limits(self.settings), code, sig, result.stdout + "\n" + result.stderr
-        )
+        host = host_limits(self.settings)
+        if not host.any():
+            return result  # no limit to have hit: skip joining the output to search it
+        hit = limits.limit_hit(host, code, sig, result.stdout + "\n" + result.stderr)
         return result.model_copy(update={"limit_hit": hit}) if hit else result
 
     def _output_age(self) -> float | None:

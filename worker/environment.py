@@ -1,10 +1,12 @@
 """The child environment: secrets scrubbed, hardened for unattended runs, marked.
 
-Pure functions over mappings, so the rules are table-tested without spawning anything.
+Pure functions over mappings, so the rules are table-tested without spawning anything;
+`process_environ` is the one that reads this process's own environment.
 """
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -140,3 +142,30 @@ def build_env(
     env.update(HARDENING)
     env[MARKER_VAR] = marker
     return ChildEnv(env=env, scrubbed_names=names, scrubbed_values=values)
+
+
+#: The last snapshot of os.environ: its raw bytes (to see a change) and decoded copy.
+_environ_snapshot: dict[str, tuple[dict[bytes, bytes], dict[str, str]]] = {}
+
+
+def process_environ() -> Mapping[str, str]:
+    """This process's environment (os.environ) as a read-only snapshot.
+
+    Reading os.environ decodes every name and value in Python, tens of microseconds on
+    every call; the snapshot is decoded again only when os.environ changed, which one
+    C-level comparison of its raw bytes tells.
+    """
+    # CPython keeps os.environ's raw bytes in `_data`; elsewhere, no shortcut.
+    raw = getattr(os.environ, "_data", None)
+    if not isinstance(raw, dict):
+        return dict(os.environ)
+    cached = _environ_snapshot.get("environ")
+    if cached is not None and cached[0] == raw:
+        return cached[1]
+    copied = dict(raw)  # decode this copy: os.environ may change meanwhile
+    decoded = {
+        os.environ.decodekey(name): os.environ.decodevalue(value)
+        for name, value in copied.items()
+    }
+    _environ_snapshot["environ"] = (copied, decoded)  # one tuple, replaced whole
+    return decoded

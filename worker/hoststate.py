@@ -64,23 +64,43 @@ def running_dir(settings: Settings) -> Path:
     return settings.state_dir / "running"
 
 
-def _path(settings: Settings, call_id: str) -> Path:
-    return running_dir(settings) / f"{call_id}.json"
+def _path(settings: Settings, call_id: str, suffix: str = ".json") -> str:
+    # A str, not a Path: built twice on every call, where pathlib costs microseconds.
+    return os.path.join(settings.state_dir, "running", call_id + suffix)
 
 
 def save_running(settings: Settings, entry: RunningCall) -> None:
-    """Record a call's processes, atomically."""
-    folder = running_dir(settings)
-    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    """Record a call's processes, atomically (a reader never sees a partial file).
+
+    Runs on every foreground call: plain os calls, and the directory is made only when
+    it is missing (an mkdir on every call failed with EEXIST, a syscall for nothing).
+    """
     path = _path(settings, entry.call_id)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(entry.model_dump_json(), encoding="utf-8")
+    tmp = _path(settings, entry.call_id, ".tmp")
+    data = entry.model_dump_json().encode("utf-8")
+    try:
+        _write_file(tmp, data)
+    except FileNotFoundError:
+        running_dir(settings).mkdir(parents=True, exist_ok=True, mode=0o700)
+        _write_file(tmp, data)
     os.replace(tmp, path)
+
+
+def _write_file(path: str, data: bytes) -> None:
+    # 0o666 before the umask: the mode pathlib's write_text gave these files.
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o666)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+    finally:
+        os.close(fd)
 
 
 def remove_running(settings: Settings, call_id: str) -> None:
     """Forget a call that ended (or became a background job)."""
-    _path(settings, call_id).unlink(missing_ok=True)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(_path(settings, call_id))
 
 
 def load_running(settings: Settings, call_id: str) -> RunningCall | None:
@@ -88,7 +108,7 @@ def load_running(settings: Settings, call_id: str) -> RunningCall | None:
     if not registry.valid_id(call_id):
         return None
     try:
-        return RunningCall.model_validate_json(_path(settings, call_id).read_text("utf-8"))
+        return RunningCall.model_validate_json(Path(_path(settings, call_id)).read_text("utf-8"))
     except (FileNotFoundError, ValueError):
         return None
 

@@ -15,7 +15,7 @@ from functools import lru_cache
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
-from worker.environment import build_env
+from worker.environment import build_env, process_environ
 from worker.sanitize import secret_pattern, worth_redacting
 from worker.settings import Settings
 
@@ -83,5 +83,7 @@ def redaction_pattern(
 def worker_redaction(settings: Settings) -> re.Pattern[str] | None:
     """The redaction pattern for output read back later (checks, output slices): the
     same secrets a call's own output is redacted of, from this worker's environment."""
-    child = build_env(os.environ, marker="", deny=settings.secret_deny, allow=settings.secret_allow)
+    child = build_env(
+        process_environ(), marker="", deny=settings.secret_deny, allow=settings.secret_allow
+    )
     return redaction_pattern(settings, child.scrubbed_values)

@@ -212,3 +212,42 @@ def test_spawn_failure_is_a_system_error(
     assert result.job is None
     state = engine.settings.state_dir
     assert [p.name for p in state.rglob("*") if p.is_file()] == [], "no files left behind"
+
+
+def _fake_bash(folder: Path) -> Path:
+    """A `bash` that only says it ran, and with which arguments."""
+    folder.mkdir(parents=True, exist_ok=True)
+    fake = folder / "bash"
+    fake.write_text('#!/bin/sh\necho "fake bash $1"\n')
+    fake.chmod(0o755)
+    return fake
+
+
+def test_bash_is_the_first_on_the_childs_path(engine: Engine, tmp_path: Path) -> None:
+    # The engine resolves bash itself (one execve instead of one per PATH entry): it
+    # must still be the bash a PATH search would find, by the child's PATH.
+    first = _fake_bash(tmp_path / "first")
+    path = f"{first.parent}:{os.environ['PATH']}"
+    assert engine.run("echo hi", env={"PATH": path}).stdout == "fake bash -c\n"
+    assert engine.run("echo hi").stdout == "hi\n"
+
+
+def test_relative_path_entries_are_relative_to_the_cwd(engine: Engine) -> None:
+    _fake_bash(engine.tmp / "bin")
+    result = engine.run("echo hi", env={"PATH": f"bin:{os.environ['PATH']}"})
+    assert result.stdout == "fake bash -c\n"
+
+
+@pytest.mark.parametrize("how", ["removed", "no longer executable"])
+def test_a_bash_that_went_away_is_searched_again(
+    engine: Engine, tmp_path: Path, how: str
+) -> None:
+    first = _fake_bash(tmp_path / "gone")
+    path = f"{first.parent}:{os.environ['PATH']}"
+    assert engine.run("echo hi", env={"PATH": path}).stdout == "fake bash -c\n"
+    if how == "removed":
+        first.unlink()
+    else:
+        first.chmod(0o644)
+    again = engine.run("echo hi", env={"PATH": path})
+    assert (again.error, again.stdout) == (None, "hi\n")

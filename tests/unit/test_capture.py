@@ -10,7 +10,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from worker import truncate
-from worker.capture import WHOLE_READ_LIMIT, FollowedFile, _utf8_boundary, read_slice, shape
+from worker.capture import (
+    SMALL_CHUNK,
+    WHOLE_READ_LIMIT,
+    FollowedFile,
+    _utf8_boundary,
+    read_slice,
+    shape,
+)
 from worker.models import ByteTail, CharCap, Middle, TailLines, Truncation, TruncationInfo
 from worker.sanitize import REDACTED, redact, sanitize, secret_pattern
 
@@ -394,3 +401,54 @@ def test_shape_counts_add_up_on_any_bytes(raw: bytes, policy: Truncation) -> Non
         assert clean.endswith(shaped.text)
     elif shaped.info.direction == "head":
         assert clean.startswith(shaped.text)
+
+
+# ------------------------------------------------------------------- FollowedFile
+
+
+def test_followed_file_counts_a_growing_file(tmp_path: Path) -> None:
+    path = _write(tmp_path, b"")
+    followed = FollowedFile(path)
+    assert followed.catch_up() == 0
+    written = b""
+    for part in (b"one\ntw", b"o\n", b"x" * (3 * SMALL_CHUNK) + b"\nlast"):
+        with path.open("ab") as handle:
+            handle.write(part)
+        written += part
+        assert followed.catch_up() == len(part)
+        assert (followed.offset, followed.lines) == (len(written), _raw_lines(written))
+    assert followed.catch_up() == 0
+
+
+def test_followed_file_budget_bounds_one_catch_up(tmp_path: Path) -> None:
+    raw = b"y\n" * (5 * SMALL_CHUNK)
+    followed = FollowedFile(_write(tmp_path, raw))
+    first = followed.catch_up(budget=1)
+    assert 0 < first < len(raw)
+    followed.catch_up()
+    assert (followed.offset, followed.lines) == (len(raw), _raw_lines(raw))
+
+
+def test_small_output_is_shaped_from_what_was_read(tmp_path: Path) -> None:
+    raw = b"a\nb\n"
+    path = _write(tmp_path, raw)
+    followed = FollowedFile(path)
+    followed.catch_up()
+    assert followed.source() == raw
+    path.unlink()  # nothing needs the file any more
+    shaped = shape(followed.source(), followed.offset, followed.lines, TailLines(), None)
+    assert shaped.text == "a\nb\n"
+    assert (shaped.info.total_bytes, shaped.info.total_lines) == (4, 2)
+
+
+@pytest.mark.parametrize("size", [SMALL_CHUNK, SMALL_CHUNK + 1, WHOLE_READ_LIMIT + 1])
+def test_followed_file_source_and_the_file_shape_alike(tmp_path: Path, size: int) -> None:
+    raw = (b"0123456789abcde\n" * (size // 16 + 1))[:size]
+    path = _write(tmp_path, raw)
+    followed = FollowedFile(path)
+    followed.catch_up()
+    source = followed.source()
+    assert source == (raw if size <= SMALL_CHUNK else path)
+    for policy in (TailLines(), CharCap(), Middle(), ByteTail()):
+        kept = shape(source, followed.offset, followed.lines, policy, None, digest=True)
+        assert kept == shape(path, len(raw), _raw_lines(raw), policy, None, digest=True)

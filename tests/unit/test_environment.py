@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -13,6 +15,7 @@ from worker.environment import (
     MARKER_VAR,
     build_env,
     is_secret_name,
+    process_environ,
 )
 
 
@@ -183,3 +186,15 @@ def test_secret_names_ignore_case(name: str) -> None:
     assert is_secret_name(name.lower(), DEFAULT_DENY, DEFAULT_ALLOW) == verdict
     assert is_secret_name(name.upper(), DEFAULT_DENY, DEFAULT_ALLOW) == verdict
     assert not is_secret_name(name, DEFAULT_DENY, (name.swapcase(),))
+
+
+def test_process_environ_follows_every_change(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert process_environ() == dict(os.environ)
+    assert process_environ() is process_environ(), "unchanged: the same snapshot"
+    monkeypatch.setenv("BASHFLEET_TEST_ADDED", "caf\u00e9")
+    assert process_environ()["BASHFLEET_TEST_ADDED"] == "caf\u00e9"
+    monkeypatch.setenv("BASHFLEET_TEST_ADDED", "changed")
+    assert process_environ()["BASHFLEET_TEST_ADDED"] == "changed"
+    monkeypatch.delenv("BASHFLEET_TEST_ADDED")
+    assert "BASHFLEET_TEST_ADDED" not in process_environ()
+    assert process_environ() == dict(os.environ)

@@ -1,0 +1,92 @@
+"""The engine's per-call checks that are cached: spill directory space, bash's path."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from worker import engine
+from worker.settings import Settings
+
+
+@pytest.fixture(name="statvfs_calls")
+def _statvfs_calls_fixture(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    calls: list[str] = []
+    real = os.statvfs
+
+    def counting(path: str | os.PathLike[str]) -> os.statvfs_result:
+        calls.append(str(path))
+        return real(path)
+
+    monkeypatch.setattr(engine, "_spill_verdicts", {})
+    monkeypatch.setattr(os, "statvfs", counting)
+    return calls
+
+
+def test_spill_check_is_reused_within_its_ttl(tmp_path: Path, statvfs_calls: list[str]) -> None:
+    settings = Settings(state_dir=tmp_path, host="h")
+    assert engine.spill_problem(settings) is None
+    assert engine.spill_problem(settings) is None
+    assert len(statvfs_calls) == 1
+
+
+def test_spill_check_is_per_directory_and_threshold(
+    tmp_path: Path, statvfs_calls: list[str]
+) -> None:
+    roomy = Settings(state_dir=tmp_path, host="h")
+    roomy.spill_dir.mkdir()
+    full = Settings(state_dir=tmp_path, host="h", spill_min_free_bytes=10**18)
+    other = Settings(state_dir=tmp_path / "other", host="h")
+    assert engine.spill_problem(roomy) is None
+    problem = engine.spill_problem(full)
+    assert problem is not None and "nearly full" in problem
+    assert engine.spill_problem(other) is None  # missing: the first call creates it
+    assert engine.spill_problem(roomy) is None
+    assert len(statvfs_calls) == 3
+
+
+def test_spill_check_runs_again_after_its_ttl(
+    tmp_path: Path, statvfs_calls: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings = Settings(state_dir=tmp_path, host="h")
+    monkeypatch.setattr(engine, "SPILL_CHECK_TTL_S", 0.0)
+    engine.spill_problem(settings)
+    engine.spill_problem(settings)
+    assert len(statvfs_calls) == 2
+
+
+def test_bash_path_is_what_a_path_search_finds(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(engine, "_bash_paths", {})
+    path = os.environ["PATH"]
+    assert engine._bash_path({"PATH": path}) == shutil.which("bash", path=path)
+    assert engine._bash_path({"PATH": "/nonexistent-bin"}) is None
+    # Without PATH, Popen searches os.defpath.
+    assert engine._bash_path({}) == shutil.which("bash", path=os.defpath)
+
+
+@pytest.mark.parametrize("path", ["bin:/usr/bin", "/usr/bin::/bin", ""])
+def test_relative_path_entries_leave_the_search_to_popen(
+    monkeypatch: pytest.MonkeyPatch, path: str
+) -> None:
+    monkeypatch.setattr(engine, "_bash_paths", {})
+    assert engine._bash_path({"PATH": path}) is None
+
+
+def test_bash_path_is_searched_once_per_ttl(monkeypatch: pytest.MonkeyPatch) -> None:
+    searches: list[str | None] = []
+
+    def which(name: str, path: str | None = None) -> str:
+        searches.append(path)
+        return "/found/bash"
+
+    monkeypatch.setattr(engine, "_bash_paths", {})
+    monkeypatch.setattr(shutil, "which", which)
+    env = {"PATH": "/a:/b"}
+    assert engine._bash_path(env) == engine._bash_path(env) == "/found/bash"
+    assert searches == ["/a:/b"]
+    monkeypatch.setattr(engine, "BASH_LOOKUP_TTL_S", 0.0)
+    engine._bash_path(env)
+    assert searches == ["/a:/b", "/a:/b"]
