@@ -146,29 +146,68 @@ def recover_orphans(
     """Kill the calls a dead worker left running; mark them lost; return their ids.
 
     `worker_pid` limits this to the calls of one dead consumer process; None takes
-    every recorded call (a worker starting after a crash).
+    every recorded call (a worker starting after a crash, or stopping).
     """
     entries = [e for e in all_running(settings) if worker_pid in (None, e.worker_pid)]
-    if not entries:
-        return []
 
     def end(entry: RunningCall) -> str:
         survivors = kill_running(entry, ORPHAN_GRACE_S)
         if survivors:
             log.warning("call %s: %d process(es) survived the kill", entry.call_id, len(survivors))
-        if client is not None:
-            try:
-                registry.mark_call(client, entry.call_id, "lost", note=reason, ended_at=time.time())
-                client.srem(registry.running_key(settings.host), entry.call_id)
-            except Exception as exc:  # Redis down: the files are the truth; carry on.
-                log.warning("call %s: could not record it as lost: %s", entry.call_id, exc)
+        _mark_lost(settings, client, entry.call_id, reason)
         remove_running(settings, entry.call_id)
         return entry.call_id
 
-    with ThreadPoolExecutor(max_workers=min(8, len(entries))) as pool:
-        ended = list(pool.map(end, entries))
-    log.warning("killed %d call(s) left running by %s: %s", len(ended), reason, ", ".join(ended))
+    ended: list[str] = []
+    if entries:
+        with ThreadPoolExecutor(max_workers=min(8, len(entries))) as pool:
+            ended = list(pool.map(end, entries))
+    if client is not None:
+        known = {e.call_id for e in entries}
+        ended += _recover_unrecorded(settings, client, worker_pid, known, reason)
+    if ended:
+        log.warning("killed %d call(s) left running by %s: %s", len(ended), reason,
+                    ", ".join(ended))
     return ended
+
+
+def _mark_lost(settings: Settings, client: registry.Redis | None, call_id: str,
+               reason: str) -> None:
+    if client is None:
+        return
+    try:
+        registry.mark_call(client, call_id, "lost", note=reason, ended_at=time.time())
+        client.srem(registry.running_key(settings.host), call_id)
+    except Exception as exc:  # Redis down: the files are the truth; carry on.
+        log.warning("call %s: could not record it as lost: %s", call_id, exc)
+
+
+def _recover_unrecorded(
+    settings: Settings, client: registry.Redis, worker_pid: int | None, known: set[str],
+    reason: str,
+) -> list[str]:
+    """Calls a dead consumer claimed but had not (or no longer) on disk: it died between
+    the claim and the spawn record, or between the call's end and its finish. Their
+    records in the host's busy set name them; their processes, if any started, carry
+    their marker. Without this their callers would wait for them forever."""
+    try:
+        busy = registry.busy_calls(client, settings.host)
+    except Exception as exc:  # Redis down: its records are checked next time
+        log.warning("could not list the calls claimed on %s: %s", settings.host, exc)
+        return []
+    lost = []
+    for call_id, record in busy.items():
+        if call_id in known or record.get("state") not in registry.CALL_ACTIVE:
+            continue
+        if worker_pid is not None and record.get("worker_pid") != str(worker_pid):
+            continue
+        survivors = procs.terminate(None, record.get("marker") or call_id,
+                                    grace_s=ORPHAN_GRACE_S)
+        if survivors:
+            log.warning("call %s: %d process(es) survived the kill", call_id, len(survivors))
+        _mark_lost(settings, client, call_id, reason)
+        lost.append(call_id)
+    return lost
 
 
 def republish_calls(settings: Settings, client: registry.Redis, instance: str) -> int:

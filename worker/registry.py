@@ -768,6 +768,16 @@ def restore_running_call(
     ))
 
 
+def busy_calls(client: Redis, host: str) -> dict[str, dict[str, str]]:
+    """The calls in a host's busy set, with their records (two round trips)."""
+    ids = sorted(cast("set[str]", client.smembers(running_key(host))))
+    with client.pipeline(transaction=False) as pipe:
+        for call_id in ids:
+            pipe.hgetall(call_key(call_id))
+        records = pipe.execute() if ids else []
+    return dict(zip(ids, records, strict=True))
+
+
 def call_record(client: Redis, call_id: str) -> dict[str, str]:
     """The call record (empty when unknown or expired)."""
     return cast("dict[str, str]", client.hgetall(call_key(call_id)))

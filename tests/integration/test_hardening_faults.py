@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import random
 import signal
+import subprocess
 import time
 import uuid
 from collections import Counter
@@ -23,6 +24,7 @@ import redis
 
 from client import Fleet, WorkerLost
 from worker import procs, registry
+from worker.environment import MARKER_VAR
 
 from .conftest import WorkerFactory, WorkerProcess, wait_for
 from .test_fleet_faults import LOST_WITHIN_S, Pending
@@ -107,3 +109,40 @@ def test_fifty_rounds_of_sigkill(
     assert survivors == 0
     assert slowest < LOST_WITHIN_S + 5
     assert fleet.run("echo alive", host=HOST).stdout == "alive\n"
+
+
+def test_a_call_claimed_but_not_yet_recorded_on_disk_is_lost_not_hung(
+    workers: WorkerFactory, redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    """The consumer dies between claiming a call and writing its spawn record (or after
+    removing that record, before recording the end): its supervisor finds the call by
+    its Redis record, kills what carries its marker, and says it is lost, so that its
+    caller is told so instead of waiting forever."""
+    worker = workers.start(HOST)
+    consumer = _exec_pid(redis_client)
+    assert consumer is not None
+    record = registry.host_record(redis_client, HOST)
+    call_id = f"u{uuid.uuid4().hex[:10]}"
+    registry.new_call(redis_client, call_id, registry.exec_queue(HOST), HOST)
+    assert registry.claim_call(redis_client, call_id, HOST, record["instance"], consumer) == "ok"
+    # A process of that call which the dead consumer never recorded: found by its marker.
+    orphan = subprocess.Popen(
+        ["sleep", "300"], env={**os.environ, MARKER_VAR: call_id}, start_new_session=True,
+    )
+    try:
+        os.kill(consumer, signal.SIGKILL)  # a consumer this test's worker started
+        state = wait_for(
+            lambda: registry.call_record(redis_client, call_id).get("state") == "lost", 30,
+            "the claimed call to be marked lost",
+        )
+        assert state
+        assert orphan.wait(15) is not None  # killed by the recovery
+        assert call_id not in redis_client.smembers(registry.running_key(HOST))
+        assert "its worker's command consumer died" in registry.call_record(
+            redis_client, call_id
+        )["note"]
+    finally:
+        if orphan.poll() is None:
+            orphan.kill()
+            orphan.wait()
+    assert worker.proc is not None and worker.proc.poll() is None
