@@ -44,6 +44,8 @@ FOLLOW_INTERVAL_S = 0.05
 FOLLOW_BUDGET = 64 * 1024 * 1024
 
 SpawnHook = Callable[[int, int, str], None]
+#: Called once when a command is still running FOLLOW_INTERVAL_S after its spawn.
+RunningHook = Callable[[], None]
 
 
 class CallError(Exception):
@@ -193,11 +195,14 @@ def run_call(
     settings: Settings | None = None,
     on_spawn: SpawnHook | None = None,
     cancel: threading.Event | None = None,
+    on_running: RunningHook | None = None,
 ) -> CallResult:
     """Run a call to its end (or timeout) and return its result. Never raises for the command.
 
     `on_spawn(pid, pgid, marker)` is told the process as soon as it exists (the fleet
-    records it); setting `cancel` kills the call as a timeout would.
+    records it on the host's disk); `on_running()` once it is still running after
+    FOLLOW_INTERVAL_S (the fleet records it in Redis then: most calls end sooner);
+    setting `cancel` kills the call as a timeout would.
     """
     settings = settings or get_settings()
     started = time.monotonic()
@@ -221,7 +226,8 @@ def run_call(
                 combined=True,
             )
         return _run_foreground(
-            call, cwd, settings, on_spawn=on_spawn, cancel=cancel, started=started
+            call, cwd, settings, on_spawn=on_spawn, cancel=cancel, started=started,
+            on_running=on_running,
         )
     except CallError as exc:
         return CallResult(
@@ -373,8 +379,12 @@ def _wait(
     files: list[FollowedFile],
     timeout_s: float,
     cancel: threading.Event | None,
+    on_running: RunningHook | None = None,
 ) -> str:
-    """Follow the output until the process exits; return `exited`, `timeout` or `cancel`."""
+    """Follow the output until the process exits; return `exited`, `timeout` or `cancel`.
+
+    `on_running` is called once, at the first wake-up that finds the process running.
+    """
     deadline = time.monotonic() + timeout_s
     pidfd = os.pidfd_open(proc.pid)
     try:
@@ -389,6 +399,9 @@ def _wait(
             if poller.poll(min(remaining, FOLLOW_INTERVAL_S) * 1000):
                 proc.wait()
                 return "exited"  # the result reads what is left: no catch-up here
+            if on_running is not None:
+                on_running()
+                on_running = None
             for followed in files:
                 followed.catch_up(FOLLOW_BUDGET)
     finally:
@@ -403,6 +416,7 @@ def _run_foreground(
     on_spawn: SpawnHook | None,
     cancel: threading.Event | None,
     started: float,
+    on_running: RunningHook | None = None,
 ) -> CallResult:
     marker = call.call_id
     child = build_env(
@@ -436,7 +450,7 @@ def _run_foreground(
     try:
         if on_spawn is not None:
             on_spawn(proc.pid, proc.pid, marker)
-        outcome = _wait(proc, files, timeout_s, cancel)
+        outcome = _wait(proc, files, timeout_s, cancel, on_running)
     except BaseException:
         # The hook failed (or we were interrupted) while the command runs: nobody would
         # ever watch or kill it, so end it before the error goes on.

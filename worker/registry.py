@@ -20,8 +20,9 @@ Keys (prefix `bashfleet:`; every key has a TTL or an owner that deletes it):
   TTL RUNNING_TTL_S (1 h), renewed by the heartbeat; reset by a starting worker,
   deleted by a stopping one.
 - `bashfleet:call:<call_id>` (hash): call record: state, queue, host, instance, pid,
-  pgid, marker, spill paths and sizes, job id. TTL CALL_TTL_S (2 days), set by the
-  client and renewed at every transition.
+  pgid, marker (once the call has run 50 ms, else with its end), spill paths and
+  sizes, job id. TTL CALL_TTL_S (2 days), set by the client and renewed at every
+  transition.
 - `bashfleet:job:<job_id>` (hash): job record (JobRecord JSON), state, exit code,
   signal, end time, last check offsets. TTL JOB_TTL_S (7 days), renewed at every
   update and while the job runs.

@@ -34,7 +34,7 @@ from pydantic import TypeAdapter, ValidationError
 from worker import auth, hoststate, jobs, procs, registry
 from worker.app import app
 from worker.capture import read_slice
-from worker.engine import SpawnHook, run_call
+from worker.engine import RunningHook, SpawnHook, run_call
 from worker.models import (
     Call,
     CallResult,
@@ -191,8 +191,12 @@ def exec_call(
         return _failed(call.call_id, host, *_refusal(call.call_id, state))
     started = time.monotonic()
     _log_start(call)
+    spawned = _Spawned()
     try:
-        result = run_call(call, settings=rt.settings, on_spawn=_spawn_hook(rt, call))
+        result = run_call(
+            call, settings=rt.settings, on_spawn=_spawn_hook(rt, call, spawned),
+            on_running=_running_hook(rt, call, spawned),
+        )
     except Exception as exc:  # an engine bug must still answer the caller
         log.exception("call %s failed inside the worker", call.call_id,
                       extra={"call_id": call.call_id})
@@ -202,7 +206,7 @@ def exec_call(
         )
     finally:
         hoststate.remove_running(rt.settings, call.call_id)
-    result = _finish(rt, call, result, answer)
+    result = _finish(rt, call, result, answer, spawned.fields())
     _log_end(result, time.monotonic() - started)
     return result
 
@@ -274,7 +278,24 @@ def _refusal(call_id: str, state: str) -> tuple[str, str]:
     return "invalid", f"call {call_id} was already taken ({state}); it was not run again"
 
 
-def _spawn_hook(rt: Runtime, call: Call) -> SpawnHook:
+@dataclass
+class _Spawned:
+    """A call's process, as its hooks saw it (recorded with its end)."""
+
+    entry: hoststate.RunningCall | None = None
+
+    def fields(self) -> dict[str, object]:
+        """The process fields of the call record."""
+        entry = self.entry
+        if entry is None:
+            return {}
+        return {"pid": entry.pid, "pgid": entry.pgid, "marker": entry.marker}
+
+
+def _spawn_hook(rt: Runtime, call: Call, spawned: _Spawned) -> SpawnHook:
+    """Record the call's process on the host's disk as soon as it exists (what a
+    restarted worker and a cancel go by). Not yet in Redis: see `_running_hook`."""
+
     def on_spawn(pid: int, pgid: int, marker: str) -> None:
         entry = hoststate.RunningCall(
             call_id=call.call_id, pid=pid, pgid=pgid, marker=marker,
@@ -282,19 +303,34 @@ def _spawn_hook(rt: Runtime, call: Call) -> SpawnHook:
             instance=rt.instance, kill_grace_s=call.policy.kill_grace_s,
         )
         hoststate.save_running(rt.settings, entry)
+        spawned.entry = entry
+
+    return on_spawn
+
+
+def _running_hook(rt: Runtime, call: Call, spawned: _Spawned) -> RunningHook:
+    """Record the call's process in Redis once it has run a moment, and kill it if it
+    was cancelled (or its worker stopped) before a canceller could find its process.
+
+    Most calls end sooner: their process is recorded with their end, one round trip
+    fewer per call. A cancel that came between the claim and the spawn record is thus
+    seen within FOLLOW_INTERVAL_S (a call ending before that says it was cancelled).
+    """
+
+    def on_running() -> None:
+        entry = spawned.entry
+        if entry is None:
+            return
         try:
-            state = registry.update_call(
-                rt.redis, call.call_id, pid=pid, pgid=pgid, marker=marker
-            )
+            state = registry.update_call(rt.redis, call.call_id, **spawned.fields())
         except redis.RedisError as exc:
             log.warning("call %s: could not record its process: %s", call.call_id, exc,
                         extra={"call_id": call.call_id})
             return
         if state in ("cancelling", "stopping"):
-            # Cancelled between the claim and the spawn: the canceller found no process.
             hoststate.kill_running(entry)
 
-    return on_spawn
+    return on_running
 
 
 #: Notes for a call that ended from these states (its answer must say so first).
@@ -304,12 +340,15 @@ _END_NOTES = {
 }
 
 
-def _finish(rt: Runtime, call: Call, result: CallResult, answer: Answer | None) -> CallResult:
+def _finish(
+    rt: Runtime, call: Call, result: CallResult, answer: Answer | None,
+    process: dict[str, object],
+) -> CallResult:
     """Record the call's end in Redis, and deliver its answer in the same round trip,
     unless it was cancelled or stopped meanwhile: then the answer says so (sent after)."""
     spill = result.spill
     fields: dict[str, object] = {
-        "exit_code": result.exit_code, "signal": result.signal,
+        **process, "exit_code": result.exit_code, "signal": result.signal,
         "job_id": result.job.id if result.job else None,
     }
     if spill is not None:
@@ -528,7 +567,8 @@ def cancel(call_id: str) -> Envelope:
         previous = registry.mark_call(rt.redis, call_id, "cancelling", only_from=("running",))
         entry = hoststate.load_running(rt.settings, call_id)
         if entry is None:
-            # Claimed but not yet spawned: the spawn hook sees `cancelling` and kills.
+            # Not spawned (or not on disk) yet: its running hook sees `cancelling` and
+            # kills it (within the engine's first wake-up).
             return {"cancelled": previous == "running", "state": previous}
         survivors = hoststate.kill_running(entry)
         return {"cancelled": True, "state": "cancelling", "survivors": survivors}

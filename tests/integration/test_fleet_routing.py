@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 import time
 import uuid
@@ -20,7 +21,7 @@ from client import (
     UnknownJob,
 )
 from client.redis_server import RedisServer, free_port
-from worker import registry
+from worker import procs, registry
 from worker.models import CheckResult, Policy, TailLines
 
 from .conftest import WorkerProcess, wait_for
@@ -177,6 +178,38 @@ def test_cancel_a_running_call(two_hosts: Hosts, fleet: Fleet, redis_client: red
     assert error is not None and "cancelled" in error.message
     assert registry.call_record(redis_client, call_id)["state"] == "cancelled"
     assert not fleet.cancel(call_id)  # ended already
+
+
+def _append_run(results: list[object], fleet: Fleet, command: str, host: str,
+                call_id: str) -> None:
+    results.append(fleet.run(command, host=host, call_id=call_id))
+
+
+def test_cancel_as_soon_as_a_call_is_claimed(
+    two_hosts: Hosts, fleet: Fleet, redis_client: redis.Redis
+) -> None:
+    """Cancelled between its claim and its process showing in Redis (a canceller may
+    find no process yet): the worker sees the cancel at its first wake-up and kills."""
+    def claimed(call_id: str) -> bool:
+        return registry.call_record(redis_client, call_id).get("state") == "running"
+
+    for _ in range(5):
+        call_id = f"c{uuid.uuid4().hex[:12]}"
+        results: list[object] = []
+        runner = threading.Thread(
+            target=_append_run, args=(results, fleet, "sleep 30", "alpha", call_id)
+        )
+        runner.start()
+        wait_for(functools.partial(claimed, call_id), 10, "the claim", interval=0.001)
+        started = time.monotonic()
+        assert fleet.cancel(call_id)
+        runner.join(10)
+        assert not runner.is_alive()
+        assert time.monotonic() - started < 5
+        error = getattr(results[0], "error", None)
+        assert error is not None and "cancelled" in error.message
+        assert registry.call_record(redis_client, call_id)["state"] == "cancelled"
+        assert not procs.find_call_processes(None, call_id)
 
 
 def test_async_fleet(two_hosts: Hosts, redis_server: RedisServer) -> None:
