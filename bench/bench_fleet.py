@@ -102,8 +102,14 @@ def latency(fleet: Fleet, bare: Celery, calls: int) -> tuple[list[float], list[f
     return ours, base
 
 
-def throughput(url: str, bare: Celery, calls: int, clients: int) -> tuple[float, float]:
-    """Calls per second of `echo N` with `clients` concurrent callers, each side."""
+def throughput(url: str, bare: Celery, calls: int, clients: int, rounds: int = 4) -> tuple[
+    float, float
+]:
+    """Calls per second of `echo N` with `clients` concurrent callers, each side.
+
+    The calls go in `rounds` bursts a side, in the order ours, bare, bare, ours, ... so
+    that a machine getting slower or faster during the run favours neither side.
+    """
     local = threading.local()
 
     def ours(i: int) -> None:
@@ -115,13 +121,17 @@ def throughput(url: str, bare: Celery, calls: int, clients: int) -> tuple[float,
     def base(i: int) -> None:
         _bare_call(bare, f"echo {i}")
 
-    rates = []
-    for fn in (ours, base):
-        with ThreadPoolExecutor(clients) as pool:
-            start = time.perf_counter()
-            list(pool.map(fn, range(calls)))
-            rates.append(calls / (time.perf_counter() - start))
-    return rates[0], rates[1]
+    elapsed = {ours: 0.0, base: 0.0}
+    per_round = calls // rounds
+    with ThreadPoolExecutor(clients) as pool:
+        for round_no in range(rounds):
+            order = (ours, base) if round_no % 2 == 0 else (base, ours)
+            for fn in order:
+                start = time.perf_counter()
+                list(pool.map(fn, range(per_round)))
+                elapsed[fn] += time.perf_counter() - start
+    done = per_round * rounds
+    return done / elapsed[ours], done / elapsed[base]
 
 
 def check_under_load(fleet: Fleet, url: str, slots: int, checks: int) -> list[float]:
