@@ -1,11 +1,13 @@
 """What a worker keeps on its own disk to survive its own death, and how it recovers.
 
 - One small JSON file per running foreground call (`<state_dir>/running/<call_id>.json`:
-  pid, process group, marker, start time), written as soon as the call's bash exists
-  and removed when the call ends. A worker that starts after a crash kills the
-  process groups those files name, so a command whose caller was told "worker lost"
-  does not go on running (or finish its side effects) behind everybody's back. The
-  files are the truth even when Redis lost its data.
+  pid, process group, marker, start time), written once the call has run 50 ms (most
+  calls end sooner, and a dead consumer's youngest calls are found by their Redis
+  record and their marker instead: `_recover_unrecorded`) and removed when it ends.
+  A worker that starts after a crash kills the process groups those files name, so a
+  command whose caller was told "worker lost" does not go on running (or finish its
+  side effects) behind everybody's back. The files are the truth even when Redis lost
+  its data.
 - Background jobs have their own record files (`worker.jobs`); `sync_job` publishes a
   job's state to Redis, which a restarted worker does for every job it owns (and
   records the exit status of jobs that ended while it was down).

@@ -450,6 +450,13 @@ class Supervisor:
 
     def _stop_running_calls(self) -> None:
         entries = hoststate.all_running(self.settings)
+        # Calls not on disk yet (claimed, or younger than the engine's first wake-up):
+        # marked too, their running hook kills them when it records them.
+        with contextlib.suppress(redis.RedisError):
+            on_disk = {entry.call_id for entry in entries}
+            for call_id in registry.busy_calls(self.redis, self.host):
+                if call_id not in on_disk:
+                    registry.mark_call(self.redis, call_id, "stopping", only_from=("running",))
         if not entries:
             return
 

@@ -194,7 +194,7 @@ def exec_call(
     spawned = _Spawned()
     try:
         result = run_call(
-            call, settings=rt.settings, on_spawn=_spawn_hook(rt, call, spawned),
+            call, settings=rt.settings, on_spawn=_spawn_hook(spawned),
             on_running=_running_hook(rt, call, spawned),
         )
     except Exception as exc:  # an engine bug must still answer the caller
@@ -205,7 +205,8 @@ def exec_call(
             error=SystemError_(kind="internal", message=f"worker error: {exc!r}"),
         )
     finally:
-        hoststate.remove_running(rt.settings, call.call_id)
+        if spawned.on_disk:
+            hoststate.remove_running(rt.settings, call.call_id)
     result = _finish(rt, call, result, answer, spawned.fields())
     _log_end(result, time.monotonic() - started)
     return result
@@ -282,45 +283,50 @@ def _refusal(call_id: str, state: str) -> tuple[str, str]:
 class _Spawned:
     """A call's process, as its hooks saw it (recorded with its end)."""
 
-    entry: hoststate.RunningCall | None = None
+    pid: int = 0
+    pgid: int = 0
+    marker: str = ""
+    on_disk: bool = False
 
     def fields(self) -> dict[str, object]:
         """The process fields of the call record."""
-        entry = self.entry
-        if entry is None:
+        if not self.pid:
             return {}
-        return {"pid": entry.pid, "pgid": entry.pgid, "marker": entry.marker}
+        return {"pid": self.pid, "pgid": self.pgid, "marker": self.marker}
 
 
-def _spawn_hook(rt: Runtime, call: Call, spawned: _Spawned) -> SpawnHook:
-    """Record the call's process on the host's disk as soon as it exists (what a
-    restarted worker and a cancel go by). Not yet in Redis: see `_running_hook`."""
+def _spawn_hook(spawned: _Spawned) -> SpawnHook:
+    """Remember the call's process; it is recorded once it has run a moment (see
+    `_running_hook`), or with its end."""
 
     def on_spawn(pid: int, pgid: int, marker: str) -> None:
-        entry = hoststate.RunningCall(
-            call_id=call.call_id, pid=pid, pgid=pgid, marker=marker,
-            start_time=procs.start_time(pid) or time.time(), worker_pid=os.getpid(),
-            instance=rt.instance, kill_grace_s=call.policy.kill_grace_s,
-        )
-        hoststate.save_running(rt.settings, entry)
-        spawned.entry = entry
+        spawned.pid, spawned.pgid, spawned.marker = pid, pgid, marker
 
     return on_spawn
 
 
 def _running_hook(rt: Runtime, call: Call, spawned: _Spawned) -> RunningHook:
-    """Record the call's process in Redis once it has run a moment, and kill it if it
-    was cancelled (or its worker stopped) before a canceller could find its process.
+    """Record the call's process once it has run FOLLOW_INTERVAL_S: on the host's disk
+    (what a restarted worker, a cancel and a stop go by), then in Redis; kill it if it
+    was cancelled (or its worker stopped) before a canceller could find it on disk.
 
-    Most calls end sooner: their process is recorded with their end, one round trip
-    fewer per call. A cancel that came between the claim and the spawn record is thus
-    seen within FOLLOW_INTERVAL_S (a call ending before that says it was cancelled).
+    Most calls end sooner: their process is recorded with their end, a file write, a
+    /proc read and a round trip fewer. If their consumer dies meanwhile, the supervisor
+    finds them by their Redis record and their processes by their marker
+    (`hoststate.recover_orphans`). The order, disk then Redis, is what makes a cancel
+    never missed: a canceller marks the call in Redis, then looks on disk.
     """
 
     def on_running() -> None:
-        entry = spawned.entry
-        if entry is None:
+        if not spawned.pid:
             return
+        entry = hoststate.RunningCall(
+            call_id=call.call_id, pid=spawned.pid, pgid=spawned.pgid, marker=spawned.marker,
+            start_time=procs.start_time(spawned.pid) or time.time(), worker_pid=os.getpid(),
+            instance=rt.instance, kill_grace_s=call.policy.kill_grace_s,
+        )
+        hoststate.save_running(rt.settings, entry)
+        spawned.on_disk = True
         try:
             state = registry.update_call(rt.redis, call.call_id, **spawned.fields())
         except redis.RedisError as exc:

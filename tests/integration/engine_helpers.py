@@ -223,12 +223,15 @@ class Engine:
         *,
         on_spawn: Callable[[int, int, str], None] | None = None,
         cancel: threading.Event | None = None,
+        on_running: Callable[[], None] | None = None,
         **fields: Any,
     ) -> CallResult:
         """Run a call to its end and return its result; background jobs are registered."""
         call = self.call(command, **fields)
         self.janitor.markers.add(call.call_id)
-        result = run_call(call, settings=self.settings, on_spawn=on_spawn, cancel=cancel)
+        result = run_call(
+            call, settings=self.settings, on_spawn=on_spawn, cancel=cancel, on_running=on_running
+        )
         if result.job is not None:
             self.janitor.job(result.job)
         return result

@@ -210,3 +210,12 @@ def test_failing_spawn_hook_leaves_no_process(engine: Engine) -> None:
         engine.run("setsid sleep 300 & sleep 300", call_id=marker, on_spawn=failing_hook)
     assert spawned
     assert survivors(marker, spawned[0]) == []
+
+
+def test_the_running_hook_is_called_once_while_the_call_runs(engine: Engine) -> None:
+    calls: list[float] = []
+    result = engine.run("sleep 0.5", on_running=lambda: calls.append(time.monotonic()))
+    ended = time.monotonic()
+    assert result.exit_code == 0
+    assert len(calls) == 1  # at the first wake-up that found it running, not again
+    assert ended - calls[0] > 0.2  # well before the command ended
