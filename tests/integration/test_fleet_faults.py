@@ -11,6 +11,7 @@ import time
 import uuid
 from pathlib import Path
 
+import psutil
 import pytest
 import redis
 
@@ -64,6 +65,23 @@ def _gone(marker: str) -> bool:
     return not procs.find_call_processes(None, marker)
 
 
+def _redis_ports(worker: WorkerProcess) -> set[int]:
+    """Local ports of the worker's connections (supervisor and consumers) to Redis."""
+    group = [psutil.Process(worker.pid), *psutil.Process(worker.pid).children()]
+    return {
+        conn.laddr.port for proc in group for conn in proc.net_connections(kind="tcp")
+        if conn.raddr and conn.status == psutil.CONN_ESTABLISHED
+    }
+
+
+def _connections_closed(client: redis.Redis, ports: set[int]) -> bool:
+    """True once Redis dropped every connection from `ports` (a dead worker's)."""
+    return not any(
+        int(str(info.get("addr", ":0")).rsplit(":", 1)[1]) in ports
+        for info in client.client_list()
+    )
+
+
 def test_worker_killed_mid_call_is_lost_and_never_runs_twice(
     workers: WorkerFactory, fleet: Fleet, redis_client: redis.Redis, tmp_path: Path
 ) -> None:
@@ -72,10 +90,14 @@ def test_worker_killed_mid_call_is_lost_and_never_runs_twice(
     call_id = f"cfault{uuid.uuid4().hex[:8]}"
     pending = Pending(fleet, f"sleep 3; echo once >> {target}", "gamma", call_id)
     _spawned(redis_client, call_id)
+    ports = _redis_ports(worker)
 
     worker.kill_group()  # the supervisor and both consumers; the command lives on
     killed_at = time.monotonic()
     assert procs.find_call_processes(None, call_id), "the orphaned command should still run"
+    # Until Redis has dropped the dead consumer's connection, its pending BRPOP may still
+    # take a message (then withdrawn as lost: test_hardening_faults covers that).
+    wait_for(lambda: _connections_closed(redis_client, ports), 10, "Redis to drop the worker")
     # A call sent while the host is down (its lock not yet expired) waits in its queue.
     waiting = Pending(fleet, "echo waited", "gamma", f"cwait{uuid.uuid4().hex[:8]}")
     # A restart kills what the dead worker left running, before taking new calls.
