@@ -16,6 +16,7 @@ they answer at once even when every command slot is busy.
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import os
@@ -606,15 +607,6 @@ def list_jobs() -> Envelope:
 # ------------------------------------------------------------------ entry points
 
 
-class _RefusedError(Exception):
-    """A message the worker does not act on (unsigned, forged, expired, replayed)."""
-
-    def __init__(self, kind: str, message: str) -> None:
-        super().__init__(message)
-        self.kind = kind
-        self.message = message
-
-
 @dataclass(frozen=True)
 class _Message:
     """A task's arguments, verified, and the nonce still to record (None: none)."""
@@ -624,7 +616,7 @@ class _Message:
 
 
 def _verify(rt: Runtime, task: str, args: tuple[Any, ...]) -> _Message:
-    """Check a message's signature and expiry; _RefusedError when it must not be acted on.
+    """Check a message's signature and expiry; auth.AuthError when it must be refused.
 
     With no key configured (the worker warned at start) a signed envelope is unwrapped
     unverified and plain arguments are taken as they are.
@@ -634,17 +626,14 @@ def _verify(rt: Runtime, task: str, args: tuple[Any, ...]) -> _Message:
         if len(args) == 1 and auth.is_envelope(args[0]):
             return _Message(tuple(args[0]["args"]), None)
         return _Message(args, None)
-    try:
-        verified = auth.verify(args[0] if len(args) == 1 else None, task, keys, time.time())
-    except auth.AuthError as exc:
-        raise _RefusedError("unauthorized", exc.message) from None
+    verified = auth.verify(args[0] if len(args) == 1 else None, task, keys, time.time())
     ttl = verified.expires - time.time() + auth.CLOCK_SKEW_S
     return _Message(tuple(verified.args), Nonce(verified.nonce, ttl))
 
 
 def _use_nonce(rt: Runtime, nonce: Nonce | None) -> None:
     if nonce is not None and not registry.use_nonce(rt.redis, nonce.value, nonce.ttl_s):
-        raise _RefusedError("unauthorized", "replayed message refused (nonce seen before)")
+        raise auth.AuthError("replayed", "replayed message refused (nonce seen before)")
 
 
 def _exec_refused(args: tuple[Any, ...], kind: str, message: str) -> CallResult:
@@ -668,8 +657,8 @@ def exec_task(*args: Any) -> str:
         message = _verify(rt, registry.TASK_EXEC, args)
         payload = message.args[0] if len(message.args) == 1 else None
         result = exec_call(payload, answer, message.nonce)  # type: ignore[arg-type]
-    except _RefusedError as exc:
-        result = _exec_refused(args, exc.kind, exc.message)
+    except auth.AuthError as exc:
+        result = _exec_refused(args, "unauthorized", exc.message)
     except Exception as exc:  # a bug must still answer the caller
         log.exception("task %s failed inside the worker", answer.task_id,
                       extra={"call_id": answer.task_id})
@@ -680,22 +669,28 @@ def exec_task(*args: Any) -> str:
 
 def _ctl_task(task: str, body: Callable[..., Envelope]) -> Callable[..., str]:
     """A control task as Celery runs it: verify (nonce included), act, answer."""
+    signature = inspect.signature(body)
+
+    def envelope_of(rt: Runtime, answer: Answer, args: tuple[Any, ...]) -> Envelope:
+        try:
+            message = _verify(rt, task, args)
+            _use_nonce(rt, message.nonce)
+            signature.bind(*message.args)
+        except auth.AuthError as exc:
+            log.warning("control message refused: %s", exc.message)
+            return _error("unauthorized", exc.message)
+        except TypeError as exc:  # not this task's arguments
+            return _error("invalid", f"invalid arguments: {exc}")
+        try:
+            return body(*message.args)
+        except Exception as exc:  # a bug must still answer the caller
+            log.exception("task %s failed inside the worker", answer.task_id)
+            return _error("internal", f"worker error: {exc!r}")
 
     def run(*args: Any) -> str:
         rt = runtime()
         answer = _current_answer()
-        try:
-            message = _verify(rt, task, args)
-            _use_nonce(rt, message.nonce)
-            envelope = body(*message.args)
-        except _RefusedError as exc:
-            log.warning("control message refused: %s", exc.message)
-            envelope = _error(exc.kind, exc.message)
-        except TypeError as exc:  # wrong arguments for the task
-            envelope = _error("invalid", f"invalid arguments: {exc}")
-        except Exception as exc:  # a bug must still answer the caller
-            log.exception("task %s failed inside the worker", answer.task_id)
-            envelope = _error("internal", f"worker error: {exc!r}")
+        envelope = envelope_of(rt, answer, args)
         _deliver(rt, answer, json.dumps(envelope))
         error = envelope.get("error")
         return f"error {error.get('kind')}" if isinstance(error, dict) else "ok"

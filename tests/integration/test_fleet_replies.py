@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import time
 import uuid
 
 import redis
@@ -72,3 +74,32 @@ def test_two_clients_hear_only_their_own_answers(
         assert (ours.stdout, theirs.stdout) == ("ours\n", "theirs\n")
     finally:
         other.close()
+
+
+def _raw_ctl(fleet: Fleet, host: str, task: str, args: list[object]) -> dict[str, object]:
+    """Send a control message as any Redis writer could; its answer envelope."""
+    waiter = fleet._replies.expect(f"t{uuid.uuid4().hex[:12]}")
+    try:
+        fleet._send(task, args, registry.ctl_queue(host), waiter.task_id, "raw")
+        deadline = time.monotonic() + 30
+        while (payload := fleet._answer(waiter, 0.5)) is None:
+            assert time.monotonic() < deadline, "no answer within 30 s"
+    finally:
+        fleet._replies.forget(waiter)
+    envelope = json.loads(payload)
+    assert isinstance(envelope, dict)
+    return envelope
+
+
+def test_a_control_message_with_wrong_arguments_is_answered_invalid(
+    two_hosts: tuple[WorkerProcess, WorkerProcess], fleet: Fleet
+) -> None:
+    host = two_hosts[0].host
+    for args in ([], ["j1", None, None, None, None, "extra"], [1, 2, 3, 4, 5, 6, 7]):
+        envelope = _raw_ctl(fleet, host, registry.TASK_CHECK, list(args))
+        error = envelope.get("error")
+        assert isinstance(error, dict) and error["kind"] == "invalid", envelope
+        assert "invalid arguments" in str(error["message"])
+    # The control consumer goes on answering.
+    jobs = _raw_ctl(fleet, host, registry.TASK_JOBS, [])
+    assert "ok" in jobs
