@@ -27,6 +27,7 @@ from pathlib import Path
 from worker import jobs, limits, normalize, procs, session_state, truncate
 from worker.capture import FollowedFile, MemoryStream, Shaped, Source, shape
 from worker.environment import ChildEnv, build_env, process_environ
+from worker.memo import TimedMemo
 from worker.models import (
     Call,
     CallResult,
@@ -96,31 +97,19 @@ class _NoSpillError(Exception):
     """The spill files cannot be written: capture in memory instead."""
 
 
-#: How long a verdict of `spill_problem` is reused: free space does not change much in
-#: a second, and a statfs on every call was a syscall of a `true` call's overhead.
-SPILL_CHECK_TTL_S = 1.0
-
-#: (state directory, minimum free bytes) -> (verdict, monotonic time it was made).
-_spill_verdicts: dict[tuple[Path, int], tuple[str | None, float]] = {}
-_SPILL_VERDICTS_KEPT = 64
+#: Verdicts of `spill_problem` per (state directory, minimum free bytes), reused for a
+#: second: free space does not change much in a second, and a statfs on every call was
+#: a syscall of a `true` call's overhead.
+_spill_verdicts: TimedMemo[tuple[Path, int], str | None] = TimedMemo(ttl_s=1.0)
 
 
 def spill_problem(settings: Settings) -> str | None:
     """Why spill files cannot be used now (unusable or too full a directory), or None.
 
-    Checked at most once per SPILL_CHECK_TTL_S per directory and threshold.
+    Checked at most once a second per directory and threshold.
     """
     key = (settings.state_dir, settings.spill_min_free_bytes)  # spill_dir makes a new Path
-    now = time.monotonic()
-    cached = _spill_verdicts.get(key)
-    if cached is not None and now - cached[1] < SPILL_CHECK_TTL_S:
-        return cached[0]
-    verdict = _check_spill_dir(settings)
-    if len(_spill_verdicts) >= _SPILL_VERDICTS_KEPT:
-        _spill_verdicts.clear()  # a worker has one spill directory; tests make many
-    # One tuple, replaced whole: threads racing here at worst both check.
-    _spill_verdicts[key] = (verdict, now)
-    return verdict
+    return _spill_verdicts.get(key, lambda: _check_spill_dir(settings))
 
 
 def _check_spill_dir(settings: Settings) -> str | None:
@@ -268,13 +257,9 @@ def _open_files(streams: _Streams) -> tuple[int, int]:
         raise _NoSpillError(f"spill directory unusable: {exc}") from exc
 
 
-#: How long the bash found on a PATH is used before PATH is searched again (a bash
+#: PATH -> the bash found on it (None: none), searched again after 10 s (a bash
 #: installed earlier on PATH meanwhile is then found, as a fresh search would).
-BASH_LOOKUP_TTL_S = 10.0
-
-#: PATH -> (bash found on it or None, monotonic time of the search).
-_bash_paths: dict[str, tuple[str | None, float]] = {}
-_BASH_PATHS_KEPT = 64
+_bash_paths: TimedMemo[str, str | None] = TimedMemo(ttl_s=10.0)
 
 
 def _start_bash(
@@ -312,16 +297,9 @@ def _bash_path(env: dict[str, str]) -> str | None:
     file is the one that execve would run.
     """
     search = env.get("PATH", os.defpath)
-    now = time.monotonic()
-    cached = _bash_paths.get(search)
-    if cached is not None and now - cached[1] < BASH_LOOKUP_TTL_S:
-        return cached[0]
-    found = shutil.which("bash", path=search) if _all_absolute(search) else None
-    if len(_bash_paths) >= _BASH_PATHS_KEPT:
-        _bash_paths.clear()  # a worker has one PATH; calls that set their own add more
-    # One tuple, replaced whole: threads racing here at worst both search.
-    _bash_paths[search] = (found, now)
-    return found
+    return _bash_paths.get(
+        search, lambda: shutil.which("bash", path=search) if _all_absolute(search) else None
+    )
 
 
 def _all_absolute(search: str) -> bool:

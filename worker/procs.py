@@ -18,15 +18,12 @@ from dataclasses import dataclass
 import psutil
 
 from worker.environment import MARKER_VAR
+from worker.memo import TimedMemo
 from worker.models import ProcessInfo
 
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 #: One read of a /proc file: a stat line is a few hundred bytes.
 _PROC_READ = 4096
-#: How long the boot time read from /proc/stat is reused. It only moves when the wall
-#: clock is stepped; re-reading it now and then follows such a step as psutil would,
-#: without reading /proc/stat (a line per CPU) on every call.
-_BOOT_TIME_TTL_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -202,20 +199,17 @@ def _psutil_start_time(pid: int) -> float | None:
         return None
 
 
-#: The boot time last read, and the monotonic time it was read at (one entry).
-_boot_cache: dict[str, tuple[float, float]] = {}
+#: The boot time read from /proc/stat, reused for 10 s. It only moves when the wall
+#: clock is stepped; re-reading it now and then follows such a step as psutil would,
+#: without reading /proc/stat (a line per CPU) on every call.
+_boot_times: TimedMemo[str, float | None] = TimedMemo(ttl_s=10.0)
 
 
 def _boot_time() -> float | None:
-    """The boot time from /proc/stat (`btime`), re-read every _BOOT_TIME_TTL_S."""
-    now = time.monotonic()
-    cached = _boot_cache.get("btime")
-    if cached is not None and now - cached[1] < _BOOT_TIME_TTL_S:
-        return cached[0]
-    boot = _read_boot_time()
-    if boot is not None:
-        # One tuple, replaced whole: threads racing here at worst both read /proc/stat.
-        _boot_cache["btime"] = (boot, now)
+    """The boot time from /proc/stat (`btime`), re-read every 10 s (at once when missing)."""
+    boot = _boot_times.get("btime", _read_boot_time)
+    if boot is None:
+        _boot_times.forget("btime")
     return boot
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from worker import engine
+from worker.memo import TimedMemo
 from worker.settings import Settings
 
 
@@ -21,7 +22,7 @@ def _statvfs_calls_fixture(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         calls.append(str(path))
         return real(path)
 
-    monkeypatch.setattr(engine, "_spill_verdicts", {})
+    monkeypatch.setattr(engine, "_spill_verdicts", TimedMemo(ttl_s=1.0))
     monkeypatch.setattr(os, "statvfs", counting)
     return calls
 
@@ -52,14 +53,14 @@ def test_spill_check_runs_again_after_its_ttl(
     tmp_path: Path, statvfs_calls: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     settings = Settings(state_dir=tmp_path, host="h")
-    monkeypatch.setattr(engine, "SPILL_CHECK_TTL_S", 0.0)
+    monkeypatch.setattr(engine._spill_verdicts, "ttl_s", 0.0)
     engine.spill_problem(settings)
     engine.spill_problem(settings)
     assert len(statvfs_calls) == 2
 
 
 def test_bash_path_is_what_a_path_search_finds(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(engine, "_bash_paths", {})
+    monkeypatch.setattr(engine, "_bash_paths", TimedMemo(ttl_s=10.0))
     path = os.environ["PATH"]
     assert engine._bash_path({"PATH": path}) == shutil.which("bash", path=path)
     assert engine._bash_path({"PATH": "/nonexistent-bin"}) is None
@@ -71,7 +72,7 @@ def test_bash_path_is_what_a_path_search_finds(monkeypatch: pytest.MonkeyPatch) 
 def test_relative_path_entries_leave_the_search_to_popen(
     monkeypatch: pytest.MonkeyPatch, path: str
 ) -> None:
-    monkeypatch.setattr(engine, "_bash_paths", {})
+    monkeypatch.setattr(engine, "_bash_paths", TimedMemo(ttl_s=10.0))
     assert engine._bash_path({"PATH": path}) is None
 
 
@@ -82,11 +83,11 @@ def test_bash_path_is_searched_once_per_ttl(monkeypatch: pytest.MonkeyPatch) -> 
         searches.append(path)
         return "/found/bash"
 
-    monkeypatch.setattr(engine, "_bash_paths", {})
+    monkeypatch.setattr(engine, "_bash_paths", TimedMemo(ttl_s=10.0))
     monkeypatch.setattr(shutil, "which", which)
     env = {"PATH": "/a:/b"}
     assert engine._bash_path(env) == engine._bash_path(env) == "/found/bash"
     assert searches == ["/a:/b"]
-    monkeypatch.setattr(engine, "BASH_LOOKUP_TTL_S", 0.0)
+    monkeypatch.setattr(engine._bash_paths, "ttl_s", 0.0)
     engine._bash_path(env)
     assert searches == ["/a:/b", "/a:/b"]

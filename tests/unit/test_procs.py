@@ -10,6 +10,7 @@ import psutil
 import pytest
 
 from worker import procs
+from worker.memo import TimedMemo
 
 
 @pytest.fixture(name="child")
@@ -37,7 +38,7 @@ def test_start_time_of_a_gone_process_is_none() -> None:
 def test_start_time_falls_back_to_psutil_without_boot_time(
     child: subprocess.Popen[bytes], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(procs, "_boot_cache", {})
+    monkeypatch.setattr(procs, "_boot_times", TimedMemo(ttl_s=10.0))
     monkeypatch.setattr(procs, "_read_boot_time", lambda: None)
     assert procs.start_time(child.pid) == psutil.Process(child.pid).create_time()
 
@@ -49,10 +50,10 @@ def test_boot_time_is_read_again_after_its_ttl(monkeypatch: pytest.MonkeyPatch) 
         reads.append(1000.0 + len(reads))
         return reads[-1]
 
-    monkeypatch.setattr(procs, "_boot_cache", {})
+    monkeypatch.setattr(procs, "_boot_times", TimedMemo(ttl_s=10.0))
     monkeypatch.setattr(procs, "_read_boot_time", read)
     assert procs._boot_time() == procs._boot_time() == 1000.0
-    monkeypatch.setattr(procs, "_BOOT_TIME_TTL_S", 0.0)
+    monkeypatch.setattr(procs._boot_times, "ttl_s", 0.0)
     assert procs._boot_time() == 1001.0
 
 
