@@ -62,16 +62,14 @@ class Replies:
         waiter = Waiter(task_id)
         with self._lock:
             self._waiting[task_id] = waiter
-            starting = self._thread is None
-            if starting:
+            if self._thread is None:
                 self._thread = threading.Thread(
                     target=self._listen, name="bashfleet-replies", daemon=True
                 )
                 self._thread.start()
-        if starting or not self._first_attempt.is_set():
-            # Only the first call waits, and only until the first attempt ended either
-            # way: with Redis down the call then fails at once, as it should.
-            self._first_attempt.wait(SUBSCRIBE_WAIT_S)
+        # Only the first calls wait, and only until the first attempt ended either way
+        # (then this returns at once): with Redis down a call then fails at once.
+        self._first_attempt.wait(SUBSCRIBE_WAIT_S)
         return waiter
 
     def forget(self, waiter: Waiter) -> None:

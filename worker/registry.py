@@ -217,13 +217,9 @@ def valid_reply_channel(channel: str | None) -> bool:
     return bool(channel) and _REPLY_CHANNEL_RE.match(channel or "") is not None
 
 
-def reply_message(task_id: str, payload: str) -> str:
-    """What travels on a reply channel: the task id, a newline, the reply."""
-    return f"{task_id}\n{payload}"
-
-
 def parse_reply_message(message: str) -> tuple[str, str] | None:
-    """(task id, reply) of a reply channel's message; None when malformed."""
+    """(task id, reply) of a reply channel's message, which is the task id, a newline
+    and the reply (as the finish and reply scripts publish it); None when malformed."""
     task_id, newline, payload = message.partition("\n")
     return (task_id, payload) if newline and task_id else None
 
@@ -683,6 +679,11 @@ class Reply:
     channel: str | None
     payload: str
 
+    def publish_on(self) -> str:
+        """The channel to publish on; "" (store only) for one that is not a reply
+        channel of ours: a message's `reply_to` is whatever its sender wrote."""
+        return self.channel if self.channel and valid_reply_channel(self.channel) else ""
+
 
 def finish_call(client: Redis, host: str, call_id: str, **fields: object) -> str | None:
     """Record a call's end and free its slot; return the state it ended from.
@@ -705,8 +706,7 @@ def finish_and_reply(
     channel, payload = "", ""
     if reply is not None:
         keys.append(reply_key(reply.task_id))
-        channel = reply.channel or "" if valid_reply_channel(reply.channel) else ""
-        payload = reply.payload
+        channel, payload = reply.publish_on(), reply.payload
     previous, sent = _FINISH(
         client, keys,
         [CALL_TTL_S, call_id, time.time(), REPLY_TTL_S, channel, payload, " ".join(hold_in),
@@ -725,8 +725,10 @@ return 1
 
 def deliver_reply(client: Redis, reply: Reply) -> None:
     """Store a task's answer (REPLY_TTL_S) and publish it on its caller's channel."""
-    channel = reply.channel or "" if valid_reply_channel(reply.channel) else ""
-    _REPLY(client, [reply_key(reply.task_id)], [reply.payload, REPLY_TTL_S, channel, reply.task_id])
+    _REPLY(
+        client, [reply_key(reply.task_id)],
+        [reply.payload, REPLY_TTL_S, reply.publish_on(), reply.task_id],
+    )
 
 
 def stored_reply(client: Redis, task_id: str) -> str | None:

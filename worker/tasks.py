@@ -54,6 +54,8 @@ log = logging.getLogger("bashfleet.worker")
 MAX_READ_LIMIT = 4 * 1024 * 1024
 #: Grace between SIGTERM and SIGKILL when a job is killed through the fleet.
 KILL_GRACE_S = 2.0
+#: What a signed message seen before is told (it is not acted on).
+REPLAYED = "replayed message refused (nonce seen before)"
 #: Pauses between attempts to deliver an answer while Redis is away (~30 s in all).
 REPLY_RETRY_DELAYS_S = (0.1, 0.2, 0.5, 1.0, 2.0, 2.0, 4.0, 4.0, 8.0, 8.0)
 
@@ -129,18 +131,15 @@ class Answer:
 def _current_answer() -> Answer:
     """The answer of the task Celery runs now (its id, its message's `reply_to`)."""
     request = getattr(current_task, "request", None)
-    channel = getattr(request, "reply_to", None)
     return Answer(
         task_id=str(getattr(request, "id", None) or "?"),
-        channel=channel if registry.valid_reply_channel(channel) else None,
+        channel=getattr(request, "reply_to", None) or None,
     )
 
 
 def _deliver(rt: Runtime, answer: Answer, payload: str) -> None:
     """Deliver an answer not sent yet, retrying while Redis is away (as Celery's result
     backend did): a caller waits for it."""
-    if answer.sent:
-        return
     for delay in (*REPLY_RETRY_DELAYS_S, None):
         try:
             registry.deliver_reply(rt.redis, answer.reply(payload))
@@ -270,7 +269,7 @@ def _failed(call_id: str, host: str, kind: str, message: str) -> CallResult:
 
 def _refusal(call_id: str, state: str) -> tuple[str, str]:
     if state == "replayed":
-        return "unauthorized", "replayed message refused (nonce seen before)"
+        return "unauthorized", REPLAYED
     if state == "cancelled":
         return "internal", f"call {call_id} was cancelled before it started; it did not run"
     if state == "abandoned":
@@ -633,7 +632,7 @@ def _verify(rt: Runtime, task: str, args: tuple[Any, ...]) -> _Message:
 
 def _use_nonce(rt: Runtime, nonce: Nonce | None) -> None:
     if nonce is not None and not registry.use_nonce(rt.redis, nonce.value, nonce.ttl_s):
-        raise auth.AuthError("replayed", "replayed message refused (nonce seen before)")
+        raise auth.AuthError("replayed", REPLAYED)
 
 
 def _exec_refused(args: tuple[Any, ...], kind: str, message: str) -> CallResult:
@@ -663,7 +662,8 @@ def exec_task(*args: Any) -> str:
         log.exception("task %s failed inside the worker", answer.task_id,
                       extra={"call_id": answer.task_id})
         result = _failed(answer.task_id, rt.settings.host, "internal", f"worker error: {exc!r}")
-    _deliver(rt, answer, result.model_dump_json())
+    if not answer.sent:  # the finish script delivered it, most often
+        _deliver(rt, answer, result.model_dump_json())
     return outcome(result)
 
 
@@ -700,21 +700,13 @@ def _ctl_task(task: str, body: Callable[..., Envelope]) -> Callable[..., str]:
 
 
 # Registered apart from their definitions so the functions keep their types (Celery's
-# decorator is untyped) and stay callable directly in tests. No result is stored: the
-# answer is the reply.
-celery_exec_task = app.task(name=registry.TASK_EXEC, ignore_result=True)(exec_task)
-check_task = app.task(name=registry.TASK_CHECK, ignore_result=True)(
-    _ctl_task(registry.TASK_CHECK, check)
-)
-kill_task = app.task(name=registry.TASK_KILL, ignore_result=True)(
-    _ctl_task(registry.TASK_KILL, kill)
-)
-read_output_task = app.task(name=registry.TASK_READ_OUTPUT, ignore_result=True)(
+# decorator is untyped) and stay callable directly in tests. No result is stored
+# (`task_ignore_result` in the wire config): the answer is the reply.
+celery_exec_task = app.task(name=registry.TASK_EXEC)(exec_task)
+check_task = app.task(name=registry.TASK_CHECK)(_ctl_task(registry.TASK_CHECK, check))
+kill_task = app.task(name=registry.TASK_KILL)(_ctl_task(registry.TASK_KILL, kill))
+read_output_task = app.task(name=registry.TASK_READ_OUTPUT)(
     _ctl_task(registry.TASK_READ_OUTPUT, read_output)
 )
-cancel_task = app.task(name=registry.TASK_CANCEL, ignore_result=True)(
-    _ctl_task(registry.TASK_CANCEL, cancel)
-)
-jobs_task = app.task(name=registry.TASK_JOBS, ignore_result=True)(
-    _ctl_task(registry.TASK_JOBS, list_jobs)
-)
+cancel_task = app.task(name=registry.TASK_CANCEL)(_ctl_task(registry.TASK_CANCEL, cancel))
+jobs_task = app.task(name=registry.TASK_JOBS)(_ctl_task(registry.TASK_JOBS, list_jobs))
