@@ -5,6 +5,19 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/bootstrap.sh
 
+# The deploy tests validate docker-compose.yml and the systemd units with the real
+# tools (they skip, visibly, where a tool is missing). As root with apt-get: Debian's.
+missing=()
+command -v docker-compose >/dev/null || missing+=(docker-compose)
+command -v systemd-analyze >/dev/null || missing+=(systemd)
+if [ ${#missing[@]} -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  echo "installing ${missing[*]} (Debian) for the deploy tests" >&2
+  { apt-get update -qq &&
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+        "${missing[@]}" >/dev/null; } ||
+    echo "could not install ${missing[*]}; their deploy checks will be skipped" >&2
+fi
+
 echo "== ruff"
 .venv/bin/ruff check .
 echo "== mypy --strict"
