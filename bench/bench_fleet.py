@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         env = {k: v for k, v in os.environ.items() if not k.startswith("BASHFLEET_")}
         env |= {"BASHFLEET_REDIS_URL": server.url, "BASHFLEET_STATE_DIR": str(root / "host"),
                 "BARE_REDIS_URL": server.url}
-        worker = [sys.executable, "-m", "worker.serve", "--host", HOST,
+        worker = [sys.executable, "-m", "worker.fleet.supervisor", "--host", HOST,
                   "--concurrency", str(slots)]
         bare_worker = [sys.executable, "-m", "celery", "-A", "bench.bare_app", "worker",
                        "-P", "threads", "-c", str(slots), "-Q", BARE_QUEUE, "-n", "bare@%h",

@@ -19,7 +19,7 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from worker.models import CallResult, CheckResult, TruncationInfo
+from worker.wire.models import CallResult, CheckResult, TruncationInfo
 
 EXIT_TIMEOUT = 124
 EXIT_SYSTEM_ERROR = 125
@@ -365,7 +365,7 @@ def cmd_down(args: argparse.Namespace) -> int:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from worker import serve  # noqa: PLC0415
+    from worker.fleet import supervisor  # noqa: PLC0415
     from worker.settings import Settings  # noqa: PLC0415
 
     overrides: dict[str, Any] = {}
@@ -373,7 +373,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         overrides["host"] = args.host
     settings = Settings(**overrides)
     labels = tuple(args.label or ()) or settings.labels
-    status: int = serve.main(
+    status: int = supervisor.main(
         host=settings.host, concurrency=args.concurrency or settings.concurrency,
         labels=labels, settings=settings,
     )
@@ -438,7 +438,7 @@ def cmd_mcp(args: argparse.Namespace) -> int:
 
     from client import mcp_server  # noqa: PLC0415 - the MCP SDK loads only for `mcp`
     from client.sessions import validate_session_id  # noqa: PLC0415
-    from worker.registry import validate_host  # noqa: PLC0415
+    from worker.fleet.registry import validate_host  # noqa: PLC0415
 
     dialect = _dialect_or_usage(args.dialect)
     if dialect is None:

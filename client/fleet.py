@@ -39,8 +39,9 @@ from client.errors import (
     WorkerLost,
 )
 from client.replies import Replies, Waiter
-from worker import auth, registry
-from worker.models import (
+from worker.fleet import registry
+from worker.wire import auth
+from worker.wire.models import (
     Call,
     CallResult,
     CheckResult,

@@ -229,7 +229,7 @@ def _start_flower(state: FleetState, options: UpOptions, url: str, settings: Set
     # Credentials through the environment, not argv, so `ps` does not show them.
     env["FLOWER_BASIC_AUTH"] = f"admin:{password}"
     args = [
-        sys.executable, "-m", "celery", "-A", "worker.app", "flower",
+        sys.executable, "-m", "celery", "-A", "worker.fleet.app", "flower",
         "--address=127.0.0.1", f"--port={port}",
     ]
     log = fleet_dir(settings) / "logs" / "flower.log"

@@ -43,7 +43,7 @@ from client.dialects.base import given
 from client.errors import BashfleetError, FleetUnavailable, HostUnavailable
 from client.fleet import Fleet, Mode, resolve_url
 from client.sessions import RedisSessionStore, validate_session_id
-from worker.models import CallResult, CheckResult, Policy
+from worker.wire.models import CallResult, CheckResult, Policy
 
 __all__ = [
     "Backend",

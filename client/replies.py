@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import redis
 
-from worker import registry
+from worker.fleet import registry
 
 #: How long the first call of a client waits for its subscription before sending: an
 #: answer published before it would only be read at the next watch (half a second).

@@ -25,7 +25,7 @@ import redis
 from pydantic import ValidationError
 
 from client.dialects.base import SessionState
-from worker import registry
+from worker.fleet import registry
 
 __all__ = [
     "SESSION_STATE_TTL_S",

@@ -1,64 +1,79 @@
-"""bashfleet's worker side: the engine that runs one bash call right, and (in the fleet)
-the Celery app that runs calls from Redis.
+"""bashfleet's worker side, in three rooms:
 
-Pure helpers (sanitize, truncate, normalize, environment) import nothing from Celery
-or Redis; neither does the engine.
+- `worker.wire`: the contract both sides import (models, control requests and
+  responses, names, signing, errors); no celery, kombu, redis or psutil.
+- `worker.engine`: one call on this machine (spawn, capture, sanitize, truncate,
+  environment, secrets, limits, processes, background jobs); no Redis.
+- `worker.fleet`: the Celery and Redis side (the only importer of celery, kombu and
+  redis): connecting, the registry, the tasks, the host supervisor, recovery.
+
+This package re-exports the engine's and the wire's public names, loaded on first use
+(PEP 562), so `import worker.wire` does not load the engine, and nothing here ever
+imports `worker.fleet`.
 """
 
-from worker.engine import CallError, run_call
-from worker.jobs import JobError, check_job, kill_job, load_record, local_records
-from worker.models import (
-    DEFAULT_INTERCEPT_RULES,
-    ByteTail,
-    Call,
-    CallResult,
-    CharCap,
-    CheckResult,
-    HostInfo,
-    InterceptRule,
-    JobHandle,
-    JobRecord,
-    JobStatus,
-    JobView,
-    Middle,
-    OutputChunk,
-    Policy,
-    ProcessInfo,
-    Spill,
-    SystemError_,
-    TailLines,
-    TruncationInfo,
-)
-from worker.settings import Settings, get_settings
+from __future__ import annotations
 
-__all__ = [
-    "DEFAULT_INTERCEPT_RULES",
-    "ByteTail",
-    "Call",
-    "CallError",
-    "CallResult",
-    "CharCap",
-    "CheckResult",
-    "HostInfo",
-    "InterceptRule",
-    "JobError",
-    "JobHandle",
-    "JobRecord",
-    "JobStatus",
-    "JobView",
-    "Middle",
-    "OutputChunk",
-    "Policy",
-    "ProcessInfo",
-    "Settings",
-    "Spill",
-    "SystemError_",
-    "TailLines",
-    "TruncationInfo",
-    "check_job",
-    "get_settings",
-    "kill_job",
-    "load_record",
-    "local_records",
-    "run_call",
-]
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from worker.engine.call import CallError, run_call
+    from worker.engine.jobs import JobError, check_job, kill_job, load_record, local_records
+    from worker.settings import Settings, get_settings
+    from worker.wire.models import (
+        DEFAULT_INTERCEPT_RULES,
+        ByteTail,
+        Call,
+        CallResult,
+        CharCap,
+        CheckResult,
+        HostInfo,
+        InterceptRule,
+        JobHandle,
+        JobRecord,
+        JobStatus,
+        JobView,
+        Middle,
+        OutputChunk,
+        Policy,
+        ProcessInfo,
+        RunRequest,
+        Spill,
+        SystemError_,
+        TailLines,
+        TruncationInfo,
+    )
+
+#: Public name -> the module that defines it.
+_EXPORTS: dict[str, str] = {
+    **dict.fromkeys(("CallError", "run_call"), "worker.engine.call"),
+    **dict.fromkeys(
+        ("JobError", "check_job", "kill_job", "load_record", "local_records"), "worker.engine.jobs"
+    ),
+    **dict.fromkeys(("Settings", "get_settings"), "worker.settings"),
+    **dict.fromkeys(
+        (
+            "DEFAULT_INTERCEPT_RULES", "ByteTail", "Call", "CallResult", "CharCap",
+            "CheckResult", "HostInfo", "InterceptRule", "JobHandle", "JobRecord", "JobStatus",
+            "JobView", "Middle", "OutputChunk", "Policy", "ProcessInfo", "RunRequest", "Spill",
+            "SystemError_", "TailLines", "TruncationInfo",
+        ),
+        "worker.wire.models",
+    ),
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'worker' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # the next lookup does not come here
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})

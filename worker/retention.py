@@ -8,7 +8,7 @@ A worker keeps two kinds of files that nothing else deletes:
 - background job files, `<jobs_dir>/<job_id>.log|.status.json|.json` (output, how it
   ended, the record) and leftovers of a crash (`.spec.json`, `*.tmp`).
 
-Redis needs no collector: every bashfleet key has a TTL (see `worker.registry`).
+Redis needs no collector: every bashfleet key has a TTL (see `worker.fleet.registry`).
 
 `plan()` is pure: from a snapshot of the files, the jobs and the running calls it
 decides what goes and why. Files are removed a *group* at a time, a call's or a job's
@@ -18,10 +18,10 @@ the oldest of the rest go until all known files take at most `max_bytes`. Never
 removed, whatever the limits:
 
 - a live job's files: its end is not recorded and its process (or one carrying its
-  marker) is alive (`worker.jobs.is_running`); that covers an auto-backgrounded job
+  marker) is alive (`worker.engine.jobs.is_running`); that covers an auto-backgrounded job
   whose output goes to spill files, which a quiet job may not touch for days;
 - the spill files of a running foreground call (it has a running-call file, see
-  `worker.hoststate`), however old their modification time: a quiet `sleep 3600`
+  `worker.fleet.recovery`), however old their modification time: a quiet `sleep 3600`
   writes nothing for an hour;
 - any group with a file modified within `min_age_s`: a call or job that is starting
   (its files exist before its records do) or still writing.
@@ -43,8 +43,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from worker import hoststate, jobs
-from worker.models import JobRecord
+from worker.engine import jobs
+
+from worker.fleet import recovery
+from worker.wire.models import JobRecord
 from worker.settings import Settings
 
 Kind = Literal["spill", "job"]
@@ -326,7 +328,7 @@ def scan(settings: Settings, now: float | None = None) -> Inventory:
     # only those the limits would take anyway.
     files = _listing(settings.spill_dir, "spill") + _listing(settings.jobs_dir, "job")
     refs = tuple(_job_ref(record, settings) for record in jobs.local_records(settings))
-    running = frozenset(entry.call_id for entry in hoststate.all_running(settings))
+    running = frozenset(entry.call_id for entry in recovery.all_running(settings))
     return Inventory(
         now=time.time() if now is None else now, files=tuple(files), jobs=refs,
         running_calls=running,

@@ -13,7 +13,7 @@ from typing import Annotated, Literal
 from pydantic import BeforeValidator, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from worker.environment import DEFAULT_ALLOW, DEFAULT_DENY
+from worker.engine.environment import DEFAULT_ALLOW, DEFAULT_DENY
 
 
 def _default_state_dir() -> Path:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import signal
 
-from worker.models import CallResult, CheckResult, ProcessInfo, SystemError_, TruncationInfo
+from worker.wire.models import CallResult, CheckResult, ProcessInfo, SystemError_, TruncationInfo
 
 #: The line the engine appends to every job's output file when the job ends (seed 001's
 #: `[background process completed]` / `[background process failed: STATUS]`).

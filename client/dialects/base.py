@@ -25,7 +25,7 @@ from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
 from pydantic import BaseModel, ConfigDict, Field
 
 from client.dialects.args import ArgError, Args, parse_args
-from worker.models import CallResult, CheckResult, JobHandle, Policy
+from worker.wire.models import CallResult, CheckResult, JobHandle, Policy
 
 JSONSchema = dict[str, Any]
 SchemaStyle = Literal["anthropic", "openai", "mcp"]

@@ -56,7 +56,7 @@ from client.dialects.base import (
     ToolText,
     carry_env,
 )
-from worker.models import CallResult, CharCap, CheckResult, Policy, TruncationInfo
+from worker.wire.models import CallResult, CharCap, CheckResult, Policy, TruncationInfo
 
 DEFAULT_TIMEOUT_MS = 120_000
 MAX_TIMEOUT_MS = 600_000

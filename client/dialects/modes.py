@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from client.dialects._text import activity, seconds, signal_label, system_failure
 from client.dialects.args import ArgError, Args, command_problem
 from client.dialects.base import Dialect, GuardedRunner, Handler, SessionState, ToolSpec, ToolText
-from worker.models import CallResult, JobHandle, Middle, Policy
+from worker.wire.models import CallResult, JobHandle, Middle, Policy
 
 DESCRIPTION_TEMPLATE = """\
 Executes shell commands via bash -c, returning combined stdout/stderr.

@@ -57,7 +57,7 @@ from client.dialects.base import (
     ToolSpec,
     ToolText,
 )
-from worker.models import (
+from worker.wire.models import (
     MAX_TIMEOUT_S,
     CallResult,
     CheckResult,

@@ -6,7 +6,7 @@ refuses commands matching an interception rule whose suggested tool the agent ha
 with `Blocked: ...` and the original command. Output keeps its last 50 KB (never
 splitting a UTF-8 character); the full output is kept as an artifact.
 
-Interception rules: seed 002's defaults live with the worker (`worker.normalize`), which
+Interception rules: seed 002's defaults live with the worker (`worker.engine.normalize`), which
 the client may not import, so this dialect takes its rules as a constructor argument and
 has none by default; whoever builds the dialect for a pi agent passes the rules and the
 agent's tool names (`PiDialect(intercept=rules, available_tools=("read", "grep", ...))`).
@@ -29,7 +29,7 @@ from collections.abc import Mapping, Sequence
 
 from client.dialects.args import ArgError, Args, command_problem, path_problem
 from client.dialects.base import Dialect, GuardedRunner, Handler, SessionState, ToolSpec, ToolText
-from worker.models import ByteTail, CallResult, InterceptRule, Policy, TruncationInfo
+from worker.wire.models import ByteTail, CallResult, InterceptRule, Policy, TruncationInfo
 
 DESCRIPTION = (
     "Run a bash command; stdout and stderr come back combined. Only the last 50KB of "

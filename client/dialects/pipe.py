@@ -40,7 +40,7 @@ from client.dialects._text import (
 )
 from client.dialects.args import ArgError, Args, command_problem
 from client.dialects.base import Dialect, GuardedRunner, Handler, SessionState, ToolSpec, ToolText
-from worker.models import (
+from worker.wire.models import (
     MAX_TIMEOUT_S,
     CallResult,
     CheckResult,

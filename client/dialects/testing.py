@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from client.dialects.base import given
-from worker.models import CallResult, CheckResult, Policy
+from worker.wire.models import CallResult, CheckResult, Policy
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from integration.engine_helpers import (
 )
 
 from worker import Call, CallResult, Policy, Settings, run_call
-from worker.procs import find_call_processes
+from worker.engine.procs import find_call_processes
 
 ROUNDS = int(os.environ.get("BASHFLEET_KILL_ROUNDS", "1000"))
 ESCAPES = (

@@ -26,7 +26,7 @@ from client import Fleet
 from client.dialects import Dialect, Runner, SessionState, ToolText
 from client.fleet import Mode
 from client.redis_server import RedisServer
-from worker.models import CallResult, Policy
+from worker.wire.models import CallResult, Policy
 
 from .conftest import WorkerFactory, WorkerProcess, wait_for
 

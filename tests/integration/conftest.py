@@ -1,6 +1,6 @@
 """Fleet fixtures: a real Redis server and real worker processes, always cleaned up.
 
-Workers are started as `python -m worker.serve --host H` in a session of their own
+Workers are started as `python -m worker.fleet.supervisor --host H` in a session of their own
 (so a test can SIGKILL a worker's whole process group, as a crash would), each with
 its own state directory (as separate machines would have). Every process started
 here is ended by its pid (or its group's id) and waited for; every wait is on a
@@ -25,7 +25,8 @@ import redis
 
 from client import Fleet
 from client.redis_server import RedisServer
-from worker import jobs, procs, registry
+from worker.engine import jobs, procs
+from worker.fleet import registry
 from worker.settings import Settings
 
 T = TypeVar("T")
@@ -51,7 +52,7 @@ def wait_for(
 
 
 class WorkerProcess:
-    """One `python -m worker.serve` process (a supervisor and its two consumers)."""
+    """One `python -m worker.fleet.supervisor` process (a supervisor and its two consumers)."""
 
     def __init__(
         self, host: str, url: str, *, state_dir: Path, log_dir: Path, concurrency: int = 2,
@@ -68,7 +69,7 @@ class WorkerProcess:
     def args(self) -> list[str]:
         """The command line."""
         args = [
-            sys.executable, "-m", "worker.serve", "--host", self.host,
+            sys.executable, "-m", "worker.fleet.supervisor", "--host", self.host,
             "--concurrency", str(self.concurrency),
         ]
         for label in self.labels:

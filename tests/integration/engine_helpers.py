@@ -2,7 +2,7 @@
 
 Test modules import the fixtures they use from here (pytest finds fixtures among a
 module's attributes, imported ones included). The process inspection below reads
-/proc directly on purpose: the engine's own `worker.procs` is what is under test.
+/proc directly on purpose: the engine's own `worker.engine.procs` is what is under test.
 
 Every process a test starts is ended by pid at teardown: the processes that carry a
 call's marker, the pids a test registers, and the Popen objects it hands over.
@@ -26,7 +26,7 @@ import psutil
 import pytest
 
 from worker import Call, CallResult, JobHandle, Policy, Settings, run_call
-from worker.environment import MARKER_VAR
+from worker.engine.environment import MARKER_VAR
 
 T = TypeVar("T")
 

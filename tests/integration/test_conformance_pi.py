@@ -11,7 +11,7 @@ import uuid
 
 from client.dialects import SessionState, ToolText, get_dialect
 from client.dialects.pi import PiDialect
-from worker.models import DEFAULT_INTERCEPT_RULES
+from worker.wire.models import DEFAULT_INTERCEPT_RULES
 
 from .conformance_helpers import (
     Conformance,

@@ -13,15 +13,25 @@ from pathlib import Path
 import pytest
 
 from worker import (
+
     CallResult,
+
     CheckResult,
+
     JobError,
+
     JobRecord,
+
     Policy,
+
     check_job,
+
     kill_job,
+
     load_record,
+
     local_records,
+
 )
 
 from .engine_helpers import (
@@ -257,7 +267,7 @@ def test_job_that_ends_unwatched_reports_unknown_status(engine: Engine) -> None:
     job_stat = stat(record.pid)
     assert job_stat is not None
     supervisor = job_stat.ppid
-    assert "supervise.py" in Path(f"/proc/{supervisor}/cmdline").read_text()
+    assert "job_supervisor.py" in Path(f"/proc/{supervisor}/cmdline").read_text()
 
     os.kill(supervisor, signal.SIGKILL)
     wait_until(lambda: not alive(supervisor), what="the supervisor to die")

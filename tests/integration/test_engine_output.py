@@ -8,9 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from worker import ByteTail, CharCap, Middle, Policy, TailLines, truncate
-from worker.models import Truncation
-from worker.sanitize import sanitize
+from worker import ByteTail, CharCap, Middle, Policy, TailLines
+
+from worker.engine import truncate
+from worker.wire.models import Truncation
+from worker.engine.sanitize import sanitize
 
 from .engine_helpers import (
     KILL,

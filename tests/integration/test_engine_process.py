@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from worker import InterceptRule, Policy
-from worker.environment import MARKER_VAR
+from worker.engine.environment import MARKER_VAR
 
 from .engine_helpers import (
     KILL,

@@ -17,8 +17,9 @@ import redis
 
 from client import Fleet, FleetUnavailable, HostUnavailable, WorkerLost
 from client.redis_server import RedisServer
-from worker import procs, registry
-from worker.models import CallResult, JobView
+from worker.engine import procs
+from worker.fleet import registry
+from worker.wire.models import CallResult, JobView
 
 from .conftest import WorkerFactory, WorkerProcess, wait_for
 

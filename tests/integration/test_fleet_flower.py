@@ -28,7 +28,7 @@ USER, PASSWORD = "user", "pass"
 
 @pytest.fixture
 def flower(redis_server: RedisServer, tmp_path: Path) -> Iterator[str]:
-    """`celery -A worker.app flower` on 127.0.0.1 with basic auth; its base URL."""
+    """`celery -A worker.fleet.app flower` on 127.0.0.1 with basic auth; its base URL."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("BASHFLEET_")}
     env["BASHFLEET_REDIS_URL"] = redis_server.url
@@ -36,7 +36,7 @@ def flower(redis_server: RedisServer, tmp_path: Path) -> Iterator[str]:
     with open(log, "wb") as out:
         proc = subprocess.Popen(
             [
-                sys.executable, "-m", "celery", "-A", "worker.app", "flower",
+                sys.executable, "-m", "celery", "-A", "worker.fleet.app", "flower",
                 "--address=127.0.0.1", f"--port={port}", f"--basic-auth={USER}:{PASSWORD}",
             ],
             env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,

@@ -10,7 +10,7 @@ import redis
 
 from client import Fleet
 from client.redis_server import RedisServer
-from worker import registry
+from worker.fleet import registry
 
 from .conftest import WorkerProcess, wait_for
 

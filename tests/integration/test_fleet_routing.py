@@ -21,8 +21,9 @@ from client import (
     UnknownJob,
 )
 from client.redis_server import RedisServer, free_port
-from worker import procs, registry
-from worker.models import CheckResult, Policy, TailLines
+from worker.engine import procs
+from worker.fleet import registry
+from worker.wire.models import CheckResult, Policy, TailLines
 
 from .conftest import WorkerProcess, wait_for
 

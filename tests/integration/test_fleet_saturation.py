@@ -12,8 +12,8 @@ from typing import TypeVar
 import redis
 
 from client import Fleet
-from worker import registry
-from worker.models import CallResult
+from worker.fleet import registry
+from worker.wire.models import CallResult
 
 from .conftest import WorkerProcess, wait_for
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from client import CallRejected, Fleet, HostUnavailable, UnknownJob
-from worker.models import MAX_COMMAND_BYTES, MAX_TIMEOUT_S, Policy
+from worker.wire.models import MAX_COMMAND_BYTES, MAX_TIMEOUT_S, Policy
 
 from .conftest import WorkerProcess
 

@@ -23,8 +23,9 @@ import pytest
 import redis
 
 from client import Fleet, WorkerLost
-from worker import procs, registry
-from worker.environment import MARKER_VAR
+from worker.engine import procs
+from worker.fleet import registry
+from worker.engine.environment import MARKER_VAR
 
 from .conftest import WorkerFactory, WorkerProcess, wait_for
 from .test_fleet_faults import LOST_WITHIN_S, Pending

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from client import Fleet
 from client.dialects import DIALECTS, get_dialect
 from client.dialects.base import SessionState, ToolText
-from worker.models import CallResult, CheckResult, Policy
+from worker.wire.models import CallResult, CheckResult, Policy
 
 from .conftest import WorkerProcess, wait_for
 

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from worker import Call, Settings, check_job, load_record, run_call
-from worker.capture import read_slice
-from worker.sanitize import REDACTED
-from worker.secrets import redaction_pattern
+from worker.engine.capture import read_slice
+from worker.engine.sanitize import REDACTED
+from worker.engine.secrets import redaction_pattern
 
 from .engine_helpers import wait_until
 

@@ -26,8 +26,9 @@ import redis
 from client import Fleet
 from client.errors import FleetUnavailable, HostUnavailable, WorkerLost
 from client.redis_server import RedisServer
-from worker import jobs, registry
-from worker.models import CallResult, CheckResult, JobHandle, JobRecord
+from worker.engine import jobs
+from worker.fleet import registry
+from worker.wire.models import CallResult, CheckResult, JobHandle, JobRecord
 from worker.settings import Settings
 
 from .conftest import WorkerFactory, WorkerProcess, wait_for

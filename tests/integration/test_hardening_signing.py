@@ -23,8 +23,9 @@ import redis
 
 from client import Fleet
 from client.redis_server import RedisServer
-from worker import auth, registry
-from worker.models import CallResult
+from worker.fleet import registry
+from worker.wire import auth
+from worker.wire.models import CallResult
 
 from .conftest import WorkerFactory, WorkerProcess, wait_for
 from .test_fleet_flower import PASSWORD, USER, _try_get

@@ -21,7 +21,7 @@ import redis
 
 from client import Fleet, cli
 from client.redis_server import RedisServer
-from worker.models import CallResult, HostInfo
+from worker.wire.models import CallResult, HostInfo
 
 from .conftest import WorkerFactory, WorkerProcess, wait_for
 

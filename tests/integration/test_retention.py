@@ -16,8 +16,8 @@ import time
 from pathlib import Path
 
 from worker import CallResult, JobRecord, Policy, kill_job, load_record
-from worker.hoststate import RunningCall, remove_running, save_running
-from worker.jobs import read_status
+from worker.fleet.recovery import RunningCall, remove_running, save_running
+from worker.engine.jobs import read_status
 from worker.retention import Limits, execute, plan, scan
 
 from .engine_helpers import (

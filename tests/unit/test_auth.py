@@ -1,4 +1,4 @@
-"""worker.auth: HMAC envelopes; every refusal has its kind."""
+"""worker.wire.auth: HMAC envelopes; every refusal has its kind."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from worker.auth import AuthError, key_id, keyring, sign, verify
+from worker.wire.auth import AuthError, key_id, keyring, sign, verify
 
 KEY, OLD, OTHER = "k" * 32, "old-key-" * 4, "x" * 32
 NOW = 1_800_000_000.0
@@ -21,7 +21,7 @@ def _kind(envelope: object, keys: dict[str, str] | None = None, now: float = NOW
           task: str = TASK) -> str:
     with pytest.raises(AuthError) as caught:
         verify(envelope, task, keys if keys is not None else keyring([KEY]), now)
-    return caught.value.kind
+    return caught.value.reason
 
 
 def test_a_signed_message_verifies_and_returns_its_args() -> None:

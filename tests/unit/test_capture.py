@@ -1,4 +1,4 @@
-"""worker.capture: UTF-8 boundaries, slices of a file, and shaping small and huge files."""
+"""worker.engine.capture: UTF-8 boundaries, slices of a file, and shaping small and huge files."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from worker import truncate
-from worker.capture import (
+from worker.engine import truncate
+from worker.engine.capture import (
     SMALL_CHUNK,
     WHOLE_READ_LIMIT,
     FollowedFile,
@@ -18,8 +18,8 @@ from worker.capture import (
     read_slice,
     shape,
 )
-from worker.models import ByteTail, CharCap, Middle, TailLines, Truncation, TruncationInfo
-from worker.sanitize import REDACTED, redact, sanitize, secret_pattern
+from worker.wire.models import ByteTail, CharCap, Middle, TailLines, Truncation, TruncationInfo
+from worker.engine.sanitize import REDACTED, redact, sanitize, secret_pattern
 
 MIB = 1024 * 1024
 

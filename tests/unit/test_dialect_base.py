@@ -35,7 +35,7 @@ from client.dialects._text import (
 from client.dialects.args import ArgError, command_problem, parse_args
 from client.dialects.base import GuardedRunner, RunnerError
 from client.dialects.testing import FakeRunner
-from worker.models import (
+from worker.wire.models import (
     MAX_COMMAND_BYTES,
     CallResult,
     CheckResult,

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from client.dialects import ClaudeDialect, SessionState, ToolText, schemas
 from client.dialects.claude import EMPTY_OUTPUT, format_duration
 from client.dialects.testing import FakeRunner
-from worker.models import (
+from worker.wire.models import (
     CallResult,
     CharCap,
     CheckResult,

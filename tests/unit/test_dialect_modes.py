@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from client.dialects import ModesDialect, SessionState, ToolText, humanize_bytes, schemas
 from client.dialects.testing import FakeRunner
-from worker.models import (
+from worker.wire.models import (
     CallResult,
     JobHandle,
     Middle,

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from client.dialects import NativeDialect, SessionState, ShellState, ToolText, schemas
 from client.dialects.testing import FakeRunner
-from worker.models import (
+from worker.wire.models import (
     CallResult,
     CheckResult,
     JobHandle,

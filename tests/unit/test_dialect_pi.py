@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from client.dialects import PiDialect, SessionState, ToolText, schemas
 from client.dialects.pi import format_size, resolve_cwd
 from client.dialects.testing import FakeRunner
-from worker.models import (
+from worker.wire.models import (
     ByteTail,
     CallResult,
     InterceptRule,

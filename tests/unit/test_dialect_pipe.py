@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from client.dialects import PipeDialect, SessionState, ToolText, schemas
 from client.dialects.testing import FakeCall, FakeRunner
-from worker.models import (
+from worker.wire.models import (
     CallResult,
     CheckResult,
     JobHandle,

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from worker import engine
-from worker.memo import TimedMemo
+from worker.engine import call
+from worker.engine.memo import TimedMemo
 from worker.settings import Settings
 
 
@@ -22,15 +22,15 @@ def _statvfs_calls_fixture(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         calls.append(str(path))
         return real(path)
 
-    monkeypatch.setattr(engine, "_spill_verdicts", TimedMemo(ttl_s=1.0))
+    monkeypatch.setattr(call, "_spill_verdicts", TimedMemo(ttl_s=1.0))
     monkeypatch.setattr(os, "statvfs", counting)
     return calls
 
 
 def test_spill_check_is_reused_within_its_ttl(tmp_path: Path, statvfs_calls: list[str]) -> None:
     settings = Settings(state_dir=tmp_path, host="h")
-    assert engine.spill_problem(settings) is None
-    assert engine.spill_problem(settings) is None
+    assert call.spill_problem(settings) is None
+    assert call.spill_problem(settings) is None
     assert len(statvfs_calls) == 1
 
 
@@ -41,11 +41,11 @@ def test_spill_check_is_per_directory_and_threshold(
     roomy.spill_dir.mkdir()
     full = Settings(state_dir=tmp_path, host="h", spill_min_free_bytes=10**18)
     other = Settings(state_dir=tmp_path / "other", host="h")
-    assert engine.spill_problem(roomy) is None
-    problem = engine.spill_problem(full)
+    assert call.spill_problem(roomy) is None
+    problem = call.spill_problem(full)
     assert problem is not None and "nearly full" in problem
-    assert engine.spill_problem(other) is None  # missing: the first call creates it
-    assert engine.spill_problem(roomy) is None
+    assert call.spill_problem(other) is None  # missing: the first call creates it
+    assert call.spill_problem(roomy) is None
     assert len(statvfs_calls) == 3
 
 
@@ -53,27 +53,27 @@ def test_spill_check_runs_again_after_its_ttl(
     tmp_path: Path, statvfs_calls: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     settings = Settings(state_dir=tmp_path, host="h")
-    monkeypatch.setattr(engine._spill_verdicts, "ttl_s", 0.0)
-    engine.spill_problem(settings)
-    engine.spill_problem(settings)
+    monkeypatch.setattr(call._spill_verdicts, "ttl_s", 0.0)
+    call.spill_problem(settings)
+    call.spill_problem(settings)
     assert len(statvfs_calls) == 2
 
 
 def test_bash_path_is_what_a_path_search_finds(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(engine, "_bash_paths", TimedMemo(ttl_s=10.0))
+    monkeypatch.setattr(call, "_bash_paths", TimedMemo(ttl_s=10.0))
     path = os.environ["PATH"]
-    assert engine._bash_path({"PATH": path}) == shutil.which("bash", path=path)
-    assert engine._bash_path({"PATH": "/nonexistent-bin"}) is None
+    assert call._bash_path({"PATH": path}) == shutil.which("bash", path=path)
+    assert call._bash_path({"PATH": "/nonexistent-bin"}) is None
     # Without PATH, Popen searches os.defpath.
-    assert engine._bash_path({}) == shutil.which("bash", path=os.defpath)
+    assert call._bash_path({}) == shutil.which("bash", path=os.defpath)
 
 
 @pytest.mark.parametrize("path", ["bin:/usr/bin", "/usr/bin::/bin", ""])
 def test_relative_path_entries_leave_the_search_to_popen(
     monkeypatch: pytest.MonkeyPatch, path: str
 ) -> None:
-    monkeypatch.setattr(engine, "_bash_paths", TimedMemo(ttl_s=10.0))
-    assert engine._bash_path({"PATH": path}) is None
+    monkeypatch.setattr(call, "_bash_paths", TimedMemo(ttl_s=10.0))
+    assert call._bash_path({"PATH": path}) is None
 
 
 def test_bash_path_is_searched_once_per_ttl(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -83,11 +83,11 @@ def test_bash_path_is_searched_once_per_ttl(monkeypatch: pytest.MonkeyPatch) -> 
         searches.append(path)
         return "/found/bash"
 
-    monkeypatch.setattr(engine, "_bash_paths", TimedMemo(ttl_s=10.0))
+    monkeypatch.setattr(call, "_bash_paths", TimedMemo(ttl_s=10.0))
     monkeypatch.setattr(shutil, "which", which)
     env = {"PATH": "/a:/b"}
-    assert engine._bash_path(env) == engine._bash_path(env) == "/found/bash"
+    assert call._bash_path(env) == call._bash_path(env) == "/found/bash"
     assert searches == ["/a:/b"]
-    monkeypatch.setattr(engine._bash_paths, "ttl_s", 0.0)
-    engine._bash_path(env)
+    monkeypatch.setattr(call._bash_paths, "ttl_s", 0.0)
+    call._bash_path(env)
     assert searches == ["/a:/b", "/a:/b"]

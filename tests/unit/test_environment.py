@@ -1,4 +1,4 @@
-"""worker.environment: secrets scrubbed by name, hardening, the call marker."""
+"""worker.engine.environment: secrets scrubbed by name, hardening, the call marker."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from worker.environment import (
+from worker.engine.environment import (
     DEFAULT_ALLOW,
     DEFAULT_DENY,
     HARDENING,

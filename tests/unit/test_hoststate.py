@@ -1,16 +1,16 @@
-"""worker.hoststate: running-call records are written whole and found again."""
+"""worker.fleet.recovery: running-call records are written whole and found again."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from worker import hoststate
+from worker.fleet import recovery
 from worker.settings import Settings
 
 
-def _entry(call_id: str = "c1") -> hoststate.RunningCall:
-    return hoststate.RunningCall(
+def _entry(call_id: str = "c1") -> recovery.RunningCall:
+    return recovery.RunningCall(
         call_id=call_id, pid=123, pgid=123, marker=call_id, start_time=1.5,
         worker_pid=99, instance="i1", kill_grace_s=0.5,
     )
@@ -19,26 +19,26 @@ def _entry(call_id: str = "c1") -> hoststate.RunningCall:
 def test_save_load_remove(tmp_path: Path) -> None:
     settings = Settings(state_dir=tmp_path / "state", host="h")
     entry = _entry()
-    hoststate.save_running(settings, entry)  # the directory does not exist yet
-    folder = hoststate.running_dir(settings)
+    recovery.save_running(settings, entry)  # the directory does not exist yet
+    folder = recovery.running_dir(settings)
     assert folder.stat().st_mode & 0o777 == 0o700
     assert [p.name for p in folder.iterdir()] == ["c1.json"], "no temporary file left"
     assert json.loads((folder / "c1.json").read_text())["pid"] == 123
-    assert hoststate.load_running(settings, "c1") == entry
-    assert hoststate.all_running(settings) == [entry]
-    hoststate.remove_running(settings, "c1")
-    hoststate.remove_running(settings, "c1")  # already gone: fine
-    assert hoststate.load_running(settings, "c1") is None
+    assert recovery.load_running(settings, "c1") == entry
+    assert recovery.all_running(settings) == [entry]
+    recovery.remove_running(settings, "c1")
+    recovery.remove_running(settings, "c1")  # already gone: fine
+    assert recovery.load_running(settings, "c1") is None
     assert list(folder.iterdir()) == []
 
 
 def test_save_replaces_a_record_and_recreates_a_removed_directory(tmp_path: Path) -> None:
     settings = Settings(state_dir=tmp_path, host="h")
-    hoststate.save_running(settings, _entry())
+    recovery.save_running(settings, _entry())
     changed = _entry().model_copy(update={"pid": 456})
-    hoststate.save_running(settings, changed)
-    assert hoststate.load_running(settings, "c1") == changed
-    hoststate.remove_running(settings, "c1")
-    hoststate.running_dir(settings).rmdir()
-    hoststate.save_running(settings, _entry("c2"))
-    assert hoststate.all_running(settings) == [_entry("c2")]
+    recovery.save_running(settings, changed)
+    assert recovery.load_running(settings, "c1") == changed
+    recovery.remove_running(settings, "c1")
+    recovery.running_dir(settings).rmdir()
+    recovery.save_running(settings, _entry("c2"))
+    assert recovery.all_running(settings) == [_entry("c2")]

@@ -1,4 +1,4 @@
-"""worker.limits: the ulimit line, which limit ended a call, and per-host command rules."""
+"""worker.engine.limits: the ulimit line, which limit ended a call, and per-host command rules."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import signal
 
 import pytest
 
-from worker.limits import Limits, host_rule_violation, limit_hit, ulimit_prefix
+from worker.engine.limits import Limits, host_rule_violation, limit_hit, ulimit_prefix
 
 ALL = Limits(memory_mb=100, cpu_s=2, file_mb=1, procs=50)
 

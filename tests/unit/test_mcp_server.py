@@ -36,7 +36,7 @@ from client.mcp_server import (
     build_server,
 )
 from client.sessions import RedisSessionStore
-from worker.models import CallResult, CheckResult, JobHandle
+from worker.wire.models import CallResult, CheckResult, JobHandle
 
 NAMES = sorted(DIALECTS)
 SESSION = "s-test"

@@ -1,4 +1,4 @@
-"""worker.normalize: seed 002's head/tail lifting, limit merging and interception."""
+"""worker.engine.normalize: seed 002's head/tail lifting, limit merging and interception."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from worker.models import InterceptRule
-from worker.normalize import (
+from worker.wire.models import InterceptRule
+from worker.engine.normalize import (
     DEFAULT_INTERCEPT_RULES,
     Normalized,
     blocked_message,

@@ -1,4 +1,4 @@
-"""worker.procs: start times read from /proc equal psutil's, and pid reuse is detected."""
+"""worker.engine.procs: start times read from /proc equal psutil's, and pid reuse is detected."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from collections.abc import Iterator
 import psutil
 import pytest
 
-from worker import procs
-from worker.memo import TimedMemo
+from worker.engine import procs
+from worker.engine.memo import TimedMemo
 
 
 @pytest.fixture(name="child")

@@ -11,8 +11,8 @@ import fakeredis
 import pytest
 import redis
 
-from worker import registry
-from worker.models import JobRecord
+from worker.fleet import registry
+from worker.wire.models import JobRecord
 
 
 @pytest.fixture
@@ -193,7 +193,7 @@ def test_wire_config_is_json_only_and_keeps_no_celery_results() -> None:
     # Answers travel as replies: Celery stores nothing.
     assert config["result_backend"] is None
     assert config["task_ignore_result"] is True
-    assert config["broker_transport"] == "worker.transport:Transport"
+    assert config["broker_transport"] == "worker.fleet.transport:Transport"
 
 
 def _listener(r: redis.Redis, channel: str) -> Any:

@@ -10,7 +10,7 @@ import pytest
 import redis
 
 from client.replies import SUBSCRIBE_WAIT_S, Replies
-from worker import registry
+from worker.fleet import registry
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""worker.sanitize: escape stripping, control filtering, CRLF folding, redaction."""
+"""worker.engine.sanitize: escape stripping, control filtering, CRLF folding, redaction."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from worker.sanitize import (
+from worker.engine.sanitize import (
     MIN_SECRET_LENGTH,
     REDACTED,
     decode,

@@ -1,4 +1,4 @@
-"""worker.secrets: URL passwords and secret files feed redaction."""
+"""worker.engine.secrets: URL passwords and secret files feed redaction."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from worker.sanitize import REDACTED, redact
-from worker.secrets import (
+from worker.engine.sanitize import REDACTED, redact
+from worker.engine.secrets import (
     file_secrets,
     redaction_pattern,
     url_password,

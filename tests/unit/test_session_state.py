@@ -1,4 +1,4 @@
-"""worker.session_state: the EXIT-trap wrapper and the diff of the final environment."""
+"""worker.engine.session_state: the EXIT-trap wrapper and the diff of the final environment."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from worker.environment import MARKER_VAR
-from worker.session_state import parse_state, wrap_command
+from worker.engine.environment import MARKER_VAR
+from worker.engine.session_state import parse_state, wrap_command
 
 START = {"PATH": "/usr/bin", "HOME": "/root", "KEEP": "1", MARKER_VAR: "c1"}
 

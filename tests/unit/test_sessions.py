@@ -13,8 +13,8 @@ from client.sessions import (
     merge_states,
     session_state_key,
 )
-from worker import registry
-from worker.models import JobHandle
+from worker.fleet import registry
+from worker.wire.models import JobHandle
 
 JOB = JobHandle(id="j1", host="h1", pid=41, pgid=41, output_path="/jobs/j1.log")
 

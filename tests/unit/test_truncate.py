@@ -1,4 +1,4 @@
-"""worker.truncate: cuts by policy with exact counts, and the seed-002 line limits."""
+"""worker.engine.truncate: cuts by policy with exact counts, and the seed-002 line limits."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from worker import truncate
-from worker.models import ByteTail, CharCap, Middle, TailLines, Truncation, TruncationInfo
-from worker.truncate import (
+from worker.engine import truncate
+from worker.wire.models import ByteTail, CharCap, Middle, TailLines, Truncation, TruncationInfo
+from worker.engine.truncate import (
     SNIP,
     apply,
     byte_tail,

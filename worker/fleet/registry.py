@@ -67,8 +67,8 @@ from typing import Any, Literal, TypeVar, cast
 
 import redis
 
-from worker.models import HostInfo, JobRecord, JobView
-from worker.transport import TRANSPORT
+from worker.wire.models import HostInfo, JobRecord, JobView
+from worker.fleet.transport import TRANSPORT
 
 PREFIX = "bashfleet:"
 

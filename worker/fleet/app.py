@@ -1,4 +1,4 @@
-"""The Celery app of the workers, and of Flower (`celery -A worker.app flower`).
+"""The Celery app of the workers, and of Flower (`celery -A worker.fleet.app flower`).
 
 Configured explicitly, in one place:
 
@@ -8,9 +8,9 @@ Configured explicitly, in one place:
   not re-delivered. A shell command is never run twice behind the caller's back.
 - Task events on, so Flower sees every call a worker takes (and the event loop
   wakes when a slot frees: see `worker_disable_prefetch`), published in batches by
-  our consumer (`worker.consumer`).
+  our consumer (`worker.fleet.batching`).
 
-Queues are not listed here: each consumer is given its own (`worker.serve`), and the
+Queues are not listed here: each consumer is given its own (`worker.fleet.supervisor`), and the
 sender declares a queue when it sends to it, so a message sent while a worker
 restarts waits for it.
 """
@@ -22,8 +22,8 @@ import logging
 from celery import Celery
 from celery.signals import after_setup_logger, after_setup_task_logger
 
-from worker import logs, registry
-from worker.consumer import CONSUMER
+from worker.fleet import logs, registry
+from worker.fleet.batching import CONSUMER
 from worker.settings import get_settings
 
 #: Used only when no URL is configured (Celery's own default).
@@ -32,7 +32,7 @@ DEFAULT_URL = "redis://127.0.0.1:6379/0"
 
 def make_app(url: str) -> Celery:
     """The worker-side Celery app for a Redis URL."""
-    app = Celery("bashfleet", include=["worker.tasks"])
+    app = Celery("bashfleet", include=["worker.fleet.tasks"])
     app.conf.update(registry.celery_wire_config(url))
     app.conf.update(
         task_acks_late=False,  # early ack: at most once

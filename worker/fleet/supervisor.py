@@ -15,7 +15,7 @@
    a consumer that crashed (killing the calls it ran), and on SIGTERM / SIGINT
    stops: running calls are killed and answered with a note, the lock released.
 
-`python -m worker.serve --host H --concurrency N [--label L]` runs it too; the same
+`python -m worker.fleet.supervisor --host H --concurrency N [--label L]` runs it too; the same
 module with `--child exec|ctl` is the consumer process.
 """
 
@@ -43,7 +43,9 @@ import redis
 from kombu.utils.url import maybe_sanitize_url
 from pydantic_settings import NoDecode
 
-from worker import hoststate, logs, procs, registry
+from worker.engine import procs
+
+from worker.fleet import logs, recovery, registry
 from worker.settings import Settings
 
 log = logging.getLogger("bashfleet.worker")
@@ -197,11 +199,11 @@ class Supervisor:
         try:
             self._beat(reset=True)
             beat.start()
-            hoststate.recover_orphans(
+            recovery.recover_orphans(
                 self.settings, self.redis, reason="a previous worker instance that died"
             )
             registry.reset_running(self.redis, self.host)
-            watcher = hoststate.JobWatcher(self.settings, self.redis)
+            watcher = recovery.JobWatcher(self.settings, self.redis)
             self._sync(watcher)
             for role in ROLES:
                 self._start_child(role)
@@ -345,7 +347,7 @@ class Supervisor:
                 registry.set_host_fields(self.redis, self.host, ready)
             self._ready_lost = False
         if self._calls_lost:
-            restored = hoststate.republish_calls(self.settings, self.redis, self.token)
+            restored = recovery.republish_calls(self.settings, self.redis, self.token)
             self._calls_lost = False
             if restored:
                 log.info("host %s: %d running call(s) published again", self.host, restored)
@@ -367,7 +369,7 @@ class Supervisor:
 
     def _start_child(self, role: str) -> None:
         args = [
-            sys.executable, "-m", "worker.serve", "--child", role, "--instance", self.token,
+            sys.executable, "-m", "worker.fleet.supervisor", "--child", role, "--instance", self.token,
             "--host", self.host, "--concurrency", str(self.settings.concurrency),
         ]
         for label in self.settings.labels:
@@ -377,7 +379,7 @@ class Supervisor:
         # group ends its consumers too; the commands run in sessions of their own.
         self.children[role] = subprocess.Popen(args, stdin=subprocess.DEVNULL, env=env)
 
-    def _loop(self, watcher: hoststate.JobWatcher) -> None:
+    def _loop(self, watcher: recovery.JobWatcher) -> None:
         next_sync = time.monotonic() + JOB_SYNC_INTERVAL_S
         while not self.stopping.wait(0.2):
             for role, child in list(self.children.items()):
@@ -391,7 +393,7 @@ class Supervisor:
                 self._sync(watcher)
                 next_sync = time.monotonic() + JOB_SYNC_INTERVAL_S
 
-    def _sync(self, watcher: hoststate.JobWatcher) -> None:
+    def _sync(self, watcher: recovery.JobWatcher) -> None:
         try:
             watcher.sync()
         except (redis.RedisError, OSError) as exc:
@@ -412,7 +414,7 @@ class Supervisor:
         with contextlib.suppress(redis.RedisError):
             registry.set_host_fields(self.redis, self.host, {f"{role}_ready": ""})
         if role == "exec":
-            hoststate.recover_orphans(
+            recovery.recover_orphans(
                 self.settings, self.redis, worker_pid=child.pid,
                 reason="its worker's command consumer died",
             )
@@ -435,7 +437,7 @@ class Supervisor:
             _signal(exec_child, signal.SIGTERM)  # warm shutdown: no new calls
             self._stop_running_calls()
             _wait_or_kill(exec_child, STOP_TIMEOUT_S)
-        hoststate.recover_orphans(
+        recovery.recover_orphans(
             self.settings, self.redis, reason="its worker was stopped"
         )
         ctl_child = self.children.get("ctl")
@@ -449,7 +451,7 @@ class Supervisor:
         log.info("host %s: stopped", self.host)
 
     def _stop_running_calls(self) -> None:
-        entries = hoststate.all_running(self.settings)
+        entries = recovery.all_running(self.settings)
         # Calls not on disk yet (claimed, or younger than the engine's first wake-up):
         # marked too, their running hook kills them when it records them.
         with contextlib.suppress(redis.RedisError):
@@ -460,10 +462,10 @@ class Supervisor:
         if not entries:
             return
 
-        def stop(entry: hoststate.RunningCall) -> None:
+        def stop(entry: recovery.RunningCall) -> None:
             with contextlib.suppress(redis.RedisError):
                 registry.mark_call(self.redis, entry.call_id, "stopping", only_from=("running",))
-            hoststate.kill_running(entry)
+            recovery.kill_running(entry)
 
         with ThreadPoolExecutor(max_workers=min(8, len(entries))) as pool:
             list(pool.map(stop, entries))
@@ -491,8 +493,8 @@ def run_child(role: str, instance: str, labels: Sequence[str]) -> int:
     """A consumer process: one Celery worker (threads pool) on this role's queues."""
     from celery.signals import worker_ready, worker_shutting_down  # noqa: PLC0415
 
-    from worker import tasks  # noqa: PLC0415 - registers the tasks on the app
-    from worker.app import app, setup_consumer_logging  # noqa: PLC0415
+    from worker.fleet import tasks  # noqa: PLC0415 - registers the tasks on the app
+    from worker.fleet.app import app, setup_consumer_logging  # noqa: PLC0415
     from worker.settings import get_settings  # noqa: PLC0415
 
     settings = get_settings()
@@ -509,7 +511,7 @@ def run_child(role: str, instance: str, labels: Sequence[str]) -> int:
     # them cost the exec consumer CPU on every call, and would copy every command's
     # output into the worker's log. Calls are seen in Flower and their call records;
     # failures are still logged (WARNING and up). bashfleet's own two short lines per
-    # call (worker.tasks: start and end, ids and outcome) carry no command and no output.
+    # call (worker.fleet.tasks: start and end, ids and outcome) carry no command and no output.
     for name in ("celery.app.trace", "celery.worker.strategy"):
         logging.getLogger(name).setLevel(logging.WARNING)
 
@@ -565,14 +567,14 @@ def _watch_parent(role: str, runtime: Any) -> None:
 
 def _stop_own_calls(runtime: Any, timeout: float = 5.0) -> None:
     """Kill the calls this consumer runs; give their tasks a moment to answer."""
-    mine = [e for e in hoststate.all_running(runtime.settings) if e.worker_pid == os.getpid()]
+    mine = [e for e in recovery.all_running(runtime.settings) if e.worker_pid == os.getpid()]
     for entry in mine:
         with contextlib.suppress(redis.RedisError):
             registry.mark_call(runtime.redis, entry.call_id, "stopping", only_from=("running",))
-        hoststate.kill_running(entry, hoststate.ORPHAN_GRACE_S)
+        recovery.kill_running(entry, recovery.ORPHAN_GRACE_S)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and any(
-        hoststate.load_running(runtime.settings, e.call_id) for e in mine
+        recovery.load_running(runtime.settings, e.call_id) for e in mine
     ):
         time.sleep(0.05)  # each task removes its file once it has answered
 
@@ -581,9 +583,9 @@ def _stop_own_calls(runtime: Any, timeout: float = 5.0) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """`python -m worker.serve` arguments."""
+    """`python -m worker.fleet.supervisor` arguments."""
     parser = argparse.ArgumentParser(
-        prog="python -m worker.serve", description="Serve one host of the fleet."
+        prog="python -m worker.fleet.supervisor", description="Serve one host of the fleet."
     )
     parser.add_argument("--host", help="host id (default: BASHFLEET_HOST or the hostname)")
     parser.add_argument("--concurrency", type=int, help="command slots")
@@ -594,7 +596,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cli(argv: Sequence[str] | None = None) -> int:
-    """Entry point of `python -m worker.serve`."""
+    """Entry point of `python -m worker.fleet.supervisor`."""
     args = build_parser().parse_args(argv)
     if args.child:
         return run_child(args.child, args.instance, args.label)

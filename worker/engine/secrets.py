@@ -15,8 +15,8 @@ from functools import lru_cache
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
-from worker.environment import build_env, process_environ
-from worker.sanitize import secret_pattern, worth_redacting
+from worker.engine.environment import build_env, process_environ
+from worker.engine.sanitize import secret_pattern, worth_redacting
 from worker.settings import Settings
 
 _ASSIGNMENT = re.compile(r"^\s*(?:export\s+)?[A-Za-z_][A-Za-z0-9_.-]*\s*[=:]\s*(.+?)\s*$")

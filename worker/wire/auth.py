@@ -28,6 +28,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from worker.wire.errors import Failure
+
 VERSION = 1
 #: How long a signed message stays valid: long enough for a queue to drain after a
 #: worker restart, short enough that a captured message is soon useless.
@@ -36,13 +38,13 @@ DEFAULT_TTL_S = 300.0
 CLOCK_SKEW_S = 30.0
 
 
-class AuthError(Exception):
-    """A message the worker must refuse; `kind` says why."""
+class AuthError(Failure):
+    """A message the worker must refuse (kind `unauthorized`); `reason` says why:
+    unsigned, malformed, unknown_key, bad_signature, expired or replayed."""
 
-    def __init__(self, kind: str, message: str) -> None:
-        super().__init__(message)
-        self.kind = kind
-        self.message = message
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__("unauthorized", message)
+        self.reason = reason
 
 
 @dataclass(frozen=True)

@@ -24,11 +24,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from worker import jobs, limits, normalize, procs, session_state, truncate
-from worker.capture import FollowedFile, MemoryStream, Shaped, Source, shape
-from worker.environment import ChildEnv, build_env, process_environ
-from worker.memo import TimedMemo
-from worker.models import (
+from worker.engine import jobs, limits, normalize, procs, session_state, truncate
+from worker.engine.capture import FollowedFile, MemoryStream, Shaped, Source, shape
+from worker.engine.environment import ChildEnv, build_env, process_environ
+from worker.engine.memo import TimedMemo
+from worker.wire.errors import Failure
+from worker.wire.models import (
     Call,
     CallResult,
     JobRecord,
@@ -36,7 +37,7 @@ from worker.models import (
     Spill,
     SystemError_,
 )
-from worker.secrets import redaction_pattern
+from worker.engine.secrets import redaction_pattern
 from worker.settings import Settings, get_settings
 
 #: How often the engine wakes to count output while a command runs.
@@ -49,13 +50,8 @@ SpawnHook = Callable[[int, int, str], None]
 RunningHook = Callable[[], None]
 
 
-class CallError(Exception):
+class CallError(Failure):
     """A system error: the call could not be run (bad cwd, spawn failure, policy block)."""
-
-    def __init__(self, kind: str, message: str) -> None:
-        super().__init__(message)
-        self.kind = kind
-        self.message = message
 
     def as_model(self) -> SystemError_:
         """The error as it travels in a result."""

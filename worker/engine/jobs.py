@@ -20,10 +20,11 @@ import time
 import uuid
 from pathlib import Path
 
-from worker import procs, truncate
-from worker.capture import read_slice
-from worker.environment import build_env
-from worker.models import (
+from worker.engine import procs, truncate
+from worker.wire.errors import Failure
+from worker.engine.capture import read_slice
+from worker.engine.environment import build_env
+from worker.wire.models import (
     Call,
     CheckResult,
     JobHandle,
@@ -32,11 +33,11 @@ from worker.models import (
     TailLines,
     Truncation,
 )
-from worker.secrets import worker_redaction
+from worker.engine.secrets import worker_redaction
 from worker.settings import Settings, get_settings
-from worker.supervise import _completion_line
+from worker.engine.job_supervisor import _completion_line
 
-_SUPERVISOR = Path(__file__).with_name("supervise.py")
+_SUPERVISOR = Path(__file__).with_name("job_supervisor.py")
 #: Seconds to wait for the supervisor to report the job's pid.
 START_TIMEOUT_S = 10.0
 #: Most bytes of new output one check reads; older new output is skipped with a note.
@@ -46,13 +47,8 @@ CHECK_READ_LIMIT = 8 * 1024 * 1024
 WATCHER_GRACE_S = 1.0
 
 
-class JobError(Exception):
+class JobError(Failure):
     """A job could not be started, found or controlled."""
-
-    def __init__(self, kind: str, message: str) -> None:
-        super().__init__(message)
-        self.kind = kind
-        self.message = message
 
 
 def new_job_id() -> str:

@@ -17,7 +17,7 @@ from typing import Any
 from kombu.transport import redis as kombu_redis
 
 #: What `broker_transport` names to use this transport.
-TRANSPORT = "worker.transport:Transport"
+TRANSPORT = "worker.fleet.transport:Transport"
 
 
 class Channel(kombu_redis.Channel):

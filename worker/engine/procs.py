@@ -17,9 +17,9 @@ from dataclasses import dataclass
 
 import psutil
 
-from worker.environment import MARKER_VAR
-from worker.memo import TimedMemo
-from worker.models import ProcessInfo
+from worker.engine.environment import MARKER_VAR
+from worker.engine.memo import TimedMemo
+from worker.wire.models import ProcessInfo
 
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 #: One read of a /proc file: a stat line is a few hundred bytes.

@@ -17,7 +17,7 @@ import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from worker.environment import HARDENING, MARKER_VAR
+from worker.engine.environment import HARDENING, MARKER_VAR
 
 #: Variables bash itself maintains: never carried between calls.
 _SHELL_OWNED = frozenset({"_", "SHLVL", "PWD", "OLDPWD", MARKER_VAR})

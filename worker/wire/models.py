@@ -202,6 +202,48 @@ class Call(Model):
         return value
 
 
+Mode = Literal["default", "slow", "background"]
+"""`default`: the policy's timeout; `slow`: 15 minutes unless a timeout is given (seed
+001); `background`: start detached and return the job at once."""
+
+#: Timeout of `mode="slow"` (seed 001: 15 minutes).
+SLOW_TIMEOUT_S = 15 * 60.0
+
+
+class RunRequest(Model):
+    """One bash call as a caller asks for it: what every runner takes (the fleet, the
+    dialects' runners, the MCP server's). `Fleet.run(command, **options)` builds one."""
+
+    command: str
+    """Run as `bash -c COMMAND` (validated when the call is built)."""
+    host: str | None = None
+    """Host to run on; None: any live host (or the session's pinned host)."""
+    label: str | None = None
+    """Run on any live host with this pool label."""
+    mode: Mode = "default"
+    """`default`, `slow` or `background` (see `Mode`)."""
+    timeout: float | None = None
+    """Seconds before the policy's timeout action; None: the mode's or policy's default."""
+    cwd: str | None = None
+    """Working directory on the host; None: the worker's home."""
+    session: str | None = None
+    """Session id: pins the host of its first call for its later calls."""
+    policy: Policy | None = None
+    """The dialect's policy; None: the native one."""
+    env: dict[str, str] = Field(default_factory=dict)
+    """Variables set on top of the scrubbed environment."""
+    call_id: str | None = None
+    """The call's id (None: a fresh one); lets another thread cancel the call."""
+    head: int | None = Field(None, ge=0)
+    """Show only the first N lines of the shaped output (seed 002)."""
+    tail: int | None = Field(None, ge=0)
+    """Show only the last N lines of the shaped output (seed 002)."""
+    unset_env: tuple[str, ...] = ()
+    """Variables removed from the environment."""
+    capture_state: bool = False
+    """Report the cwd and exported variables the command ends with (sessions)."""
+
+
 class TruncationInfo(Model):
     """Exact counts of what a stream held and what is shown of it."""
 

@@ -14,9 +14,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from worker import truncate
-from worker.models import ByteTail, CharCap, Middle, TailLines, Truncation, TruncationInfo
-from worker.sanitize import redact, sanitize
+from worker.engine import truncate
+from worker.wire.models import ByteTail, CharCap, Middle, TailLines, Truncation, TruncationInfo
+from worker.engine.sanitize import redact, sanitize
 
 #: Chunk read while following a file: bounds the memory a huge output costs.
 CHUNK = 4 * 1024 * 1024

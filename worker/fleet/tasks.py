@@ -32,11 +32,15 @@ import redis
 from celery import current_task
 from pydantic import TypeAdapter, ValidationError
 
-from worker import auth, hoststate, jobs, procs, registry
-from worker.app import app
-from worker.capture import read_slice
-from worker.engine import RunningHook, SpawnHook, run_call
-from worker.models import (
+from worker.engine import jobs, procs
+
+from worker.fleet import recovery, registry
+
+from worker.wire import auth
+from worker.fleet.app import app
+from worker.engine.capture import read_slice
+from worker.engine.call import RunningHook, SpawnHook, run_call
+from worker.wire.models import (
     Call,
     CallResult,
     CheckResult,
@@ -45,7 +49,7 @@ from worker.models import (
     SystemError_,
     Truncation,
 )
-from worker.secrets import worker_redaction
+from worker.engine.secrets import worker_redaction
 from worker.settings import Settings, get_settings
 
 log = logging.getLogger("bashfleet.worker")
@@ -206,7 +210,7 @@ def exec_call(
         )
     finally:
         if spawned.on_disk:
-            hoststate.remove_running(rt.settings, call.call_id)
+            recovery.remove_running(rt.settings, call.call_id)
     result = _finish(rt, call, result, answer, spawned.fields())
     _log_end(result, time.monotonic() - started)
     return result
@@ -313,19 +317,19 @@ def _running_hook(rt: Runtime, call: Call, spawned: _Spawned) -> RunningHook:
     Most calls end sooner: their process is recorded with their end, a file write, a
     /proc read and a round trip fewer. If their consumer dies meanwhile, the supervisor
     finds them by their Redis record and their processes by their marker
-    (`hoststate.recover_orphans`). The order, disk then Redis, is what makes a cancel
+    (`recovery.recover_orphans`). The order, disk then Redis, is what makes a cancel
     never missed: a canceller marks the call in Redis, then looks on disk.
     """
 
     def on_running() -> None:
         if not spawned.pid:
             return
-        entry = hoststate.RunningCall(
+        entry = recovery.RunningCall(
             call_id=call.call_id, pid=spawned.pid, pgid=spawned.pgid, marker=spawned.marker,
             start_time=procs.start_time(spawned.pid) or time.time(), worker_pid=os.getpid(),
             instance=rt.instance, kill_grace_s=call.policy.kill_grace_s,
         )
-        hoststate.save_running(rt.settings, entry)
+        recovery.save_running(rt.settings, entry)
         spawned.on_disk = True
         try:
             state = registry.update_call(rt.redis, call.call_id, **spawned.fields())
@@ -334,7 +338,7 @@ def _running_hook(rt: Runtime, call: Call, spawned: _Spawned) -> RunningHook:
                         extra={"call_id": call.call_id})
             return
         if state in ("cancelling", "stopping"):
-            hoststate.kill_running(entry)
+            recovery.kill_running(entry)
 
     return on_running
 
@@ -463,7 +467,7 @@ def _job_action(
         result = act(rt, record, start, err_start)
         registry.save_offsets(rt.redis, job_id, result.offset, result.stderr_offset)
         if always_sync or not result.running:
-            hoststate.sync_job(rt.redis, record)
+            recovery.sync_job(rt.redis, record)
         return result.model_dump(mode="json")
 
     return _guard(body)
@@ -571,12 +575,12 @@ def cancel(call_id: str) -> Envelope:
 
     def body() -> Any:
         previous = registry.mark_call(rt.redis, call_id, "cancelling", only_from=("running",))
-        entry = hoststate.load_running(rt.settings, call_id)
+        entry = recovery.load_running(rt.settings, call_id)
         if entry is None:
             # Not spawned (or not on disk) yet: its running hook sees `cancelling` and
             # kills it (within the engine's first wake-up).
             return {"cancelled": previous == "running", "state": previous}
-        survivors = hoststate.kill_running(entry)
+        survivors = recovery.kill_running(entry)
         return {"cancelled": True, "state": "cancelling", "survivors": survivors}
 
     return _logged("cancel", _guard(body), call_id=call_id)
@@ -593,7 +597,7 @@ def list_jobs() -> Envelope:
             if not fields:
                 continue  # expired from the fleet's listing: too old to show
             if fields.get("state") != "ended":
-                hoststate.sync_job(rt.redis, record)
+                recovery.sync_job(rt.redis, record)
                 fields = registry.job_fields(rt.redis, record.id)
             view = registry.job_view(fields)
             if view is not None:

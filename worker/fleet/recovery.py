@@ -8,7 +8,7 @@
   command whose caller was told "worker lost" does not go on running (or finish its
   side effects) behind everybody's back. The files are the truth even when Redis lost
   its data.
-- Background jobs have their own record files (`worker.jobs`); `sync_job` publishes a
+- Background jobs have their own record files (`worker.engine.jobs`); `sync_job` publishes a
   job's state to Redis, which a restarted worker does for every job it owns (and
   records the exit status of jobs that ended while it was down).
 - When Redis loses its data (a restart without persistence, a flush, a failover to an
@@ -28,8 +28,10 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from worker import jobs, procs, registry
-from worker.models import JobRecord, JobStatus
+from worker.engine import jobs, procs
+
+from worker.fleet import registry
+from worker.wire.models import JobRecord, JobStatus
 from worker.settings import Settings
 
 log = logging.getLogger("bashfleet.worker")

@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-from worker.models import ByteTail, CharCap, Middle, TailLines, Truncation, TruncationInfo
+from worker.wire.models import ByteTail, CharCap, Middle, TailLines, Truncation, TruncationInfo
 
 SNIP = "\n\n[snip]\n\n"
 

@@ -1,0 +1,7 @@
+"""The wire contract: what a client and a worker both import.
+
+`models` (calls, results, jobs, hosts), `control` (one request and one response model
+per control call), `names` (every Redis key, channel, queue and task name, TTLs, the
+state enums, id validation), `auth` (signed envelopes), `errors` (one error base).
+Nothing here imports celery, kombu, redis or psutil: a client loads only this.
+"""

@@ -1,0 +1,25 @@
+"""The one error base of the worker side: a machine-readable kind and a message.
+
+A kind travels in results (`SystemError_.kind`) and in control replies, and the client
+turns each into a typed exception (`client.errors`). The engine's, the jobs' and the
+signing's errors are this class under names that say where they come from.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+ErrorKind = Literal[
+    "bad_cwd", "spawn_failed", "blocked", "invalid", "worker_lost", "unavailable",
+    "not_found", "internal", "unauthorized",
+]
+"""Every kind of failure the fleet reports (the tool's failure, never the command's)."""
+
+
+class Failure(Exception):
+    """A failure of the tool, with its `kind` and a `message` for a person or a model."""
+
+    def __init__(self, kind: ErrorKind, message: str) -> None:
+        super().__init__(message)
+        self.kind: ErrorKind = kind
+        self.message = message

@@ -1,0 +1,253 @@
+"""Every name the fleet uses in Redis: keys, channels, queues, tasks; their TTLs; the
+call and job states; id validation. Imports nothing (like arq's `constants.py`): both
+sides, and every tool that reads Redis, agree on these.
+
+Keys (prefix `bashfleet:`; every key has a TTL or an owner that deletes it):
+
+- `bashfleet:alive:<host>` (string): host lock and heartbeat, the token of the worker
+  instance holding the host id. TTL ALIVE_TTL_S (5 s), renewed every second by the
+  worker (so a dead worker is seen within seconds); deleted when it stops.
+- `bashfleet:host:<host>` (hash): host record: concurrency, labels, version, pid,
+  machine, instance, readiness of its two consumers, last heartbeat. TTL HOST_TTL_S
+  (1 day), renewed by the heartbeat.
+- `bashfleet:hosts` (zset): host id -> last heartbeat, for listings. TTL HOST_TTL_S,
+  renewed by heartbeats; members older than that are pruned by them.
+- `bashfleet:running:<host>` (set): ids of the calls running on the host (busy slots).
+  TTL RUNNING_TTL_S (1 h), renewed by the heartbeat; reset by a starting worker,
+  deleted by a stopping one.
+- `bashfleet:call:<call_id>` (hash): call record: state, queue, host, instance, pid,
+  pgid, marker (once the call has run 50 ms, else with its end), spill paths and
+  sizes, job id. TTL CALL_TTL_S (2 days), set by the client and renewed at every
+  transition.
+- `bashfleet:job:<job_id>` (hash): job record (JobRecord JSON), state, exit code,
+  signal, end time, last check offsets. TTL JOB_TTL_S (7 days), renewed at every
+  update and while the job runs.
+- `bashfleet:jobs:<host>` (zset): job ids of a host -> start time, for listings.
+  TTL JOB_TTL_S, renewed with its jobs and by the heartbeat; members whose job hash
+  expired are pruned when listed.
+- `bashfleet:session:<session>` (string): the host a session's calls are pinned to.
+  TTL SESSION_TTL_S (1 day), renewed by each call of the session.
+- `bashfleet:session-state:<session>` (string): what a dialect carries between the
+  calls of one agent session (SessionState JSON). TTL SESSION_TTL_S, renewed by saves.
+- `bashfleet:nonce:<nonce>` (string): a signed message's nonce, seen once (replays are
+  refused). TTL: until the message expires (plus the clock skew allowed).
+- `bashfleet:reply:<task_id>` (string): a task's answer (a CallResult, or a control
+  reply, as JSON), also published on the caller's channel `bashfleet:replies:<client>`.
+  Kept REPLY_TTL_S (1 h) for a caller that missed the publish.
+
+Celery's own keys are Celery's: the queue lists (named like the queues below: one list
+per queue, as `priority_steps` is [0] on both sides) and kombu's `_kombu.binding.*`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from enum import StrEnum
+
+PREFIX = "bashfleet:"
+
+#: Seconds between two heartbeats of a worker.
+HEARTBEAT_INTERVAL_S = 1.0
+#: Life of the host lock without a heartbeat: a dead worker is seen within this.
+ALIVE_TTL_S = 5
+#: Life of a host record (and the host listing) without a heartbeat.
+HOST_TTL_S = 24 * 3600
+#: Life of the busy-slot set without a heartbeat.
+RUNNING_TTL_S = 3600
+#: Life of a call record after its last transition.
+CALL_TTL_S = 2 * 24 * 3600
+#: Life of a job record after its last update.
+JOB_TTL_S = 7 * 24 * 3600
+#: A stored reply: only for a caller that missed its publish, which reads it within
+#: seconds; an hour leaves room for a long pause (a laptop asleep) and no more.
+REPLY_TTL_S = 3600
+#: Life of a session's host pin and state after its last call.
+SESSION_TTL_S = 24 * 3600
+
+
+class CallState(StrEnum):
+    """Where a call is: `queued` (the client sent it) -> `running` (a worker claimed it)
+    -> `done`; `cancelled` / `abandoned` before it started (it never runs);
+    `cancelling` / `stopping` while its processes are being killed (then `cancelled` /
+    `stopped`); `lost` when its worker died."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    CANCELLING = "cancelling"
+    STOPPING = "stopping"
+    DONE = "done"
+    CANCELLED = "cancelled"
+    STOPPED = "stopped"
+    ABANDONED = "abandoned"
+    LOST = "lost"
+
+
+#: States of a call whose processes may be alive on its host.
+CALL_ACTIVE: tuple[CallState, ...] = (CallState.RUNNING, CallState.CANCELLING, CallState.STOPPING)
+#: States of a call that never ran and never will.
+CALL_UNSTARTED: tuple[CallState, ...] = (CallState.CANCELLED, CallState.ABANDONED)
+
+
+class JobState(StrEnum):
+    """A background job as listings show it; `unknown` when its host is down."""
+
+    RUNNING = "running"
+    ENDED = "ended"
+    UNKNOWN = "unknown"
+
+
+# ----------------------------------------------------------------------------- tasks
+
+
+class Task(StrEnum):
+    """Celery task names: `exec` on the command queues, the others on the control queue."""
+
+    EXEC = "bashfleet.exec"
+    CHECK = "bashfleet.check"
+    KILL = "bashfleet.kill"
+    READ_OUTPUT = "bashfleet.read_output"
+    CANCEL = "bashfleet.cancel"
+    JOBS = "bashfleet.jobs"
+
+
+# ---------------------------------------------------------------------- validation
+
+_HOST_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+_LABEL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+_ID_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+_RESERVED_HOSTS = ("any", "pool")
+
+
+def validate_host(host: str) -> str:
+    """A host id, or ValueError: it names queues, so `any` and `pool.*` are taken."""
+    if not _HOST_RE.match(host):
+        raise ValueError(
+            f"invalid host id {host!r}: use 1-64 letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit"
+        )
+    if host in _RESERVED_HOSTS or host.startswith("pool."):
+        raise ValueError(f"invalid host id {host!r}: 'any' and 'pool' name shared queues")
+    return host
+
+
+def validate_label(label: str) -> str:
+    """A pool label, or ValueError."""
+    if not _LABEL_RE.match(label):
+        raise ValueError(f"invalid label {label!r}: use 1-64 letters, digits, '_' or '-'")
+    return label
+
+
+def valid_id(value: str) -> bool:
+    """True when `value` can be a call, job or session id (what keys and file names take)."""
+    return bool(_ID_RE.match(value))
+
+
+# ---------------------------------------------------------------------------- queues
+
+ANY_EXEC_QUEUE = "bashfleet.any.exec"
+
+
+def exec_queue(host: str) -> str:
+    """Commands for one host."""
+    return f"bashfleet.{host}.exec"
+
+
+def pool_queue(label: str) -> str:
+    """Commands for any host with a label."""
+    return f"bashfleet.pool.{label}.exec"
+
+
+def ctl_queue(host: str) -> str:
+    """Control calls (check, kill, read_output, cancel, jobs) for one host."""
+    return f"bashfleet.{host}.ctl"
+
+
+def exec_queues(host: str, labels: Iterable[str]) -> list[str]:
+    """Every command queue a worker serves."""
+    return [exec_queue(host), ANY_EXEC_QUEUE, *(pool_queue(label) for label in labels)]
+
+
+# ------------------------------------------------------------------------------ keys
+
+
+def alive_key(host: str) -> str:
+    """Host lock and heartbeat (string: instance token)."""
+    return f"{PREFIX}alive:{host}"
+
+
+def host_key(host: str) -> str:
+    """Host record (hash)."""
+    return f"{PREFIX}host:{host}"
+
+
+HOSTS_KEY = f"{PREFIX}hosts"
+"""Host listing (zset: host -> last heartbeat)."""
+
+
+def running_key(host: str) -> str:
+    """Call ids running on a host (set)."""
+    return f"{PREFIX}running:{host}"
+
+
+def call_key(call_id: str) -> str:
+    """Call record (hash)."""
+    return f"{PREFIX}call:{call_id}"
+
+
+def job_key(job_id: str) -> str:
+    """Job record (hash)."""
+    return f"{PREFIX}job:{job_id}"
+
+
+def jobs_key(host: str) -> str:
+    """Job ids of a host (zset: job id -> start time)."""
+    return f"{PREFIX}jobs:{host}"
+
+
+def session_key(session: str) -> str:
+    """Host a session's calls are pinned to (string)."""
+    return f"{PREFIX}session:{session}"
+
+
+def session_state_key(session: str) -> str:
+    """A dialect session's state (string: SessionState JSON)."""
+    return f"{PREFIX}session-state:{session}"
+
+
+def nonce_key(nonce: str) -> str:
+    """A signed message's nonce, once seen (TTL: until the message expires)."""
+    return f"{PREFIX}nonce:{nonce}"
+
+
+def reply_key(task_id: str) -> str:
+    """A task's stored reply (string)."""
+    return f"{PREFIX}reply:{task_id}"
+
+
+# -------------------------------------------------------------------------- replies
+
+#: Channels callers listen on for their replies: `<prefix><client token>`.
+REPLY_CHANNEL_PREFIX = f"{PREFIX}replies:"
+_REPLY_CHANNEL_RE = re.compile(r"^bashfleet:replies:[A-Za-z0-9_-]{1,64}$")
+
+
+def reply_channel(token: str) -> str:
+    """The channel a client with `token` listens on for all its replies."""
+    return f"{REPLY_CHANNEL_PREFIX}{token}"
+
+
+def valid_reply_channel(channel: str | None) -> bool:
+    """True for a channel a worker may publish a reply on (none other is used)."""
+    return bool(channel) and _REPLY_CHANNEL_RE.match(channel or "") is not None
+
+
+def reply_message(task_id: str, payload: str) -> str:
+    """A reply as published on a reply channel: the task id, a newline, the reply."""
+    return f"{task_id}\n{payload}"
+
+
+def parse_reply_message(message: str) -> tuple[str, str] | None:
+    """(task id, reply) of a reply channel's message; None when malformed."""
+    task_id, newline, payload = message.partition("\n")
+    return (task_id, payload) if newline and task_id else None
