@@ -3,18 +3,27 @@
     from client import Fleet
     result = Fleet().run("make test", host="build-1")
 
-The CLI, the tool dialects and the MCP server are built on these.
+The CLI, the tool dialects and the MCP server are built on these. Names load on first
+use (PEP 562): `import client.dialects` does not load the fleet client (nor Celery).
 """
 
-from client.errors import (
-    BashfleetError,
-    CallRejected,
-    FleetUnavailable,
-    HostUnavailable,
-    UnknownJob,
-    WorkerLost,
-)
-from client.fleet import AsyncFleet, Fleet
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from client.errors import (
+        BashfleetError,
+        CallRejected,
+        FleetUnavailable,
+        HostUnavailable,
+        Unauthorized,
+        UnknownJob,
+        WorkerError,
+        WorkerLost,
+    )
+    from client.fleet import AsyncFleet, Fleet
 
 __all__ = [
     "AsyncFleet",
@@ -23,6 +32,21 @@ __all__ = [
     "Fleet",
     "FleetUnavailable",
     "HostUnavailable",
+    "Unauthorized",
     "UnknownJob",
+    "WorkerError",
     "WorkerLost",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in __all__:
+        raise AttributeError(f"module 'client' has no attribute {name!r}")
+    home = "client.fleet" if name in ("AsyncFleet", "Fleet") else "client.errors"
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value  # the next lookup does not come here
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

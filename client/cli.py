@@ -438,7 +438,7 @@ def cmd_mcp(args: argparse.Namespace) -> int:
 
     from client import mcp_server  # noqa: PLC0415 - the MCP SDK loads only for `mcp`
     from client.sessions import validate_session_id  # noqa: PLC0415
-    from worker.fleet.registry import validate_host  # noqa: PLC0415
+    from worker.wire.names import validate_host  # noqa: PLC0415
 
     dialect = _dialect_or_usage(args.dialect)
     if dialect is None:

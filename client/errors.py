@@ -6,7 +6,10 @@
     ├── UnknownJob                 no job or call has that id (or it expired)
     ├── WorkerLost                 the worker died while running the call; the
     │                              command was not run again
-    └── CallRejected               the call is invalid (bad arguments); nothing was sent
+    ├── CallRejected               the call is invalid (bad arguments); nothing was run
+    ├── Unauthorized               the worker refused the message (unsigned, bad
+    │                              signature, unknown key, expired, replayed)
+    └── WorkerError                the worker failed inside, or did not answer in time
 
 A command that fails is not an error: its exit code, signal or system error are in
 the returned `CallResult`. Messages never show the Redis password.
@@ -19,8 +22,11 @@ __all__ = [
     "CallRejected",
     "FleetUnavailable",
     "HostUnavailable",
+    "Unauthorized",
     "UnknownJob",
+    "WorkerError",
     "WorkerLost",
+    "error_for",
 ]
 
 
@@ -63,3 +69,24 @@ class WorkerLost(BashfleetError):  # noqa: N818 - names of the public API
 
 class CallRejected(BashfleetError):  # noqa: N818 - names of the public API
     """The call is invalid; nothing was sent."""
+
+
+class Unauthorized(BashfleetError):  # noqa: N818 - names of the public API
+    """The worker refused the message: unsigned, badly signed, unknown key, expired or
+    replayed. Nothing was run."""
+
+
+class WorkerError(BashfleetError):
+    """The worker failed inside (a bug of ours, reported), or did not answer in time."""
+
+
+def error_for(kind: str, message: str) -> BashfleetError:
+    """The typed exception of an error kind a worker answered (`ErrorKind`)."""
+    by_kind: dict[str, type[BashfleetError]] = {
+        "not_found": UnknownJob,
+        "invalid": CallRejected,
+        "unauthorized": Unauthorized,
+        "unavailable": FleetUnavailable,
+        "worker_lost": WorkerLost,
+    }
+    return by_kind.get(kind, WorkerError)(message)

@@ -7,56 +7,72 @@
 
 Calls travel as Celery tasks (JSON) through Redis: a command to its host's exec queue
 (or the any / pool queue), everything else to the owning host's control queue, which
-is served apart from the command slots. Answers come back on the client's own reply
-channel (`client.replies`). While a call runs the client watches the worker's
-heartbeat, so a worker that dies shows as `WorkerLost` within seconds, and the
-command is never sent again.
+is served apart from the command slots. Every operation is one request model
+(`RunRequest`, or a control request of `worker.wire.control`) and one result model;
+every error a worker answers is a typed exception (`client.errors`). Answers come back
+on the client's own reply channel (`client.replies`). While a call runs the client
+watches the worker's heartbeat, so a worker that dies shows as `WorkerLost` within
+seconds, and the command is never sent again.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
-import json
 import time
 import uuid
-from collections.abc import Iterator, Sequence
-from typing import Any, Literal
+from collections.abc import Iterator
+from typing import Any, Literal, TypeVar
 
 import redis
-from celery import Celery
 from kombu.exceptions import OperationalError
 from kombu.utils.url import maybe_sanitize_url
 from pydantic import ValidationError
 
+from client import records
 from client.errors import (
     BashfleetError,
     CallRejected,
     FleetUnavailable,
     HostUnavailable,
     UnknownJob,
+    WorkerError,
     WorkerLost,
+    error_for,
 )
 from client.replies import Replies, Waiter
-from worker.fleet import registry
-from worker.wire import auth
+from worker.fleet.connect import client_celery, redis_client
+from worker.settings import Settings
+from worker.wire import auth, names
+from worker.wire.control import (
+    CancelRequest,
+    CancelResult,
+    CheckRequest,
+    ControlReply,
+    ControlRequest,
+    JobList,
+    JobsRequest,
+    KillRequest,
+    ReadOutputRequest,
+)
 from worker.wire.models import (
+    SLOW_TIMEOUT_S,
     Call,
     CallResult,
     CheckResult,
     HostInfo,
     JobView,
+    Model,
     OutputChunk,
-    Policy,
+    RunRequest,
     SystemError_,
+    Truncation,
 )
-from worker.settings import Settings
+from worker.wire.names import CALL_UNSTARTED, CallState, Task
 
-Mode = Literal["default", "slow", "background"]
+R = TypeVar("R", bound=Model)
+Q = TypeVar("Q", bound=ControlRequest)
 
-#: Timeout of `mode="slow"` (seed 001: 15 minutes).
-SLOW_TIMEOUT_S = 15 * 60.0
 #: How often a waiting client looks at the worker's heartbeat.
 WATCH_INTERVAL_S = 0.5
 #: A claim follows a take within milliseconds; a message gone this long without one
@@ -64,8 +80,8 @@ WATCH_INTERVAL_S = 0.5
 MESSAGE_LOST_GRACE_S = 3.0
 #: Longest wait for a control call (check, kill, read_output, cancel, jobs).
 CTL_TIMEOUT_S = 30.0
-#: Seconds to connect to Redis before FleetUnavailable.
-CONNECT_TIMEOUT_S = 2.0
+#: Longest command shown in a call's task arguments (Flower's "args").
+ARGSREPR_COMMAND_CHARS = 500
 
 
 def resolve_url(redis_url: str | None = None) -> str | None:
@@ -95,7 +111,8 @@ def resolve_signing_key(url: str) -> str | None:
     return local_signing_key(url)
 
 
-def _validation_message(exc: ValidationError) -> str:
+def validation_message(exc: ValidationError) -> str:
+    """A pydantic error as one line: each field path and what is wrong with it."""
     parts = []
     for error in exc.errors():
         where = ".".join(str(part) for part in error["loc"]) or "call"
@@ -103,24 +120,29 @@ def _validation_message(exc: ValidationError) -> str:
     return "; ".join(parts)
 
 
-def _client_celery(url: str) -> Celery:
-    app = Celery("bashfleet-client", set_as_current=False)
-    app.conf.update(registry.celery_wire_config(url))
-    app.conf.update(
-        broker_connection_timeout=CONNECT_TIMEOUT_S,
-        broker_connection_retry=False,
-        broker_transport_options={"visibility_timeout": 3600},
-        redis_socket_connect_timeout=CONNECT_TIMEOUT_S,
-        task_publish_retry=True,
-        task_publish_retry_policy={
-            "max_retries": 2, "interval_start": 0.1, "interval_step": 0.2, "interval_max": 0.5,
-        },
-    )
-    return app
+def build_call(request: RunRequest) -> Call:
+    """The call a request sends: its mode applied, a fresh id unless it names one."""
+    timeout = request.timeout
+    if request.mode == "slow" and timeout is None:
+        timeout = SLOW_TIMEOUT_S
+    try:
+        return Call(
+            call_id=request.call_id or f"c{uuid.uuid4().hex[:23]}", command=request.command,
+            cwd=request.cwd, timeout_s=timeout, background=request.mode == "background",
+            env=request.env, unset_env=request.unset_env, capture_state=request.capture_state,
+            head=request.head, tail=request.tail,
+            **({"policy": request.policy} if request.policy is not None else {}),
+        )
+    except ValidationError as exc:
+        raise CallRejected(f"invalid call: {validation_message(exc)}") from None
 
 
-#: Longest command shown in a call's task arguments (Flower's "args").
-ARGSREPR_COMMAND_CHARS = 500
+def run_request(command: str, options: dict[str, Any]) -> RunRequest:
+    """`RunRequest(command=command, **options)`, a bad option a CallRejected."""
+    try:
+        return RunRequest(command=command, **options)
+    except ValidationError as exc:
+        raise CallRejected(f"invalid call: {validation_message(exc)}") from None
 
 
 def _argsrepr(call: Call) -> str:
@@ -137,10 +159,6 @@ def _argsrepr(call: Call) -> str:
                  "background": call.background})
 
 
-def _truncation(policy: Policy | None) -> dict[str, Any] | None:
-    return policy.truncation.model_dump(mode="json") if policy is not None else None
-
-
 class Fleet:
     """A client of the fleet. Thread-safe; cheap to keep for the life of a process."""
 
@@ -153,11 +171,8 @@ class Fleet:
             )
         self.url = maybe_sanitize_url(url)
         """The Redis URL with its password hidden (for messages)."""
-        self._redis = redis.Redis.from_url(
-            url, decode_responses=True, socket_connect_timeout=CONNECT_TIMEOUT_S,
-            socket_timeout=10.0,
-        )
-        self._celery = _client_celery(url)
+        self._redis = redis_client(url)
+        self._celery = client_celery(url)
         self._replies = Replies(self._redis)
         self._signing_key = resolve_signing_key(url)
         # call id -> when its unclaimed message was first seen gone from its queue.
@@ -185,122 +200,84 @@ class Fleet:
 
     # ------------------------------------------------------------------------ run
 
-    def run(
-        self,
-        command: str,
-        *,
-        host: str | None = None,
-        label: str | None = None,
-        mode: Mode = "default",
-        timeout: float | None = None,
-        cwd: str | None = None,
-        session: str | None = None,
-        policy: Policy | None = None,
-        env: dict[str, str] | None = None,
-        call_id: str | None = None,
-        head: int | None = None,
-        tail: int | None = None,
-        unset_env: Sequence[str] = (),
-        capture_state: bool = False,
-    ) -> CallResult:
-        """Run `command` on `host` (None: any live host; `label`: a host of that pool).
+    def run(self, command: str, **options: Any) -> CallResult:
+        """Run `command`; `options` are `RunRequest`'s fields (host, label, mode,
+        timeout, cwd, session, policy, env, call_id, head, tail, unset_env,
+        capture_state). An unknown or invalid option is a CallRejected.
 
-        `mode`: `default` (the policy's timeout), `slow` (15 minutes unless `timeout`
-        says otherwise) or `background` (start it detached, return its job at once).
-        A `session` pins the host of its first call for its later calls. `call_id`
-        (default: a fresh one) lets another thread `cancel` the call while it runs.
-        `head` / `tail` keep the first / last lines of the shown output; `unset_env`
-        removes variables; `capture_state` returns the final cwd and exported variables.
+        `host` None: any live host (`label`: a host of that pool). `mode`: `default`
+        (the policy's timeout), `slow` (15 minutes unless `timeout` says otherwise) or
+        `background` (start it detached, return its job at once). A `session` pins the
+        host of its first call for its later calls. `call_id` (default: a fresh one)
+        lets another thread `cancel` the call while it runs.
         """
-        call = self._build_call(
-            command, mode=mode, timeout=timeout, cwd=cwd, policy=policy, env=env,
-            call_id=call_id,
-            extra={
-                "head": head, "tail": tail, "unset_env": tuple(unset_env),
-                "capture_state": capture_state,
-            },
-        )
+        return self.execute(run_request(command, options))
+
+    def execute(self, request: RunRequest) -> CallResult:
+        """Run a `RunRequest` (what `run` builds) and wait for its result."""
+        call = build_call(request)
+        host, label, session = request.host, request.label, request.session
         with self._errors():
             if session is not None and host is None and label is None:
                 host = self._session_host(session)
             queue, target = self._route(host, label)
             # One round trip: the host's liveness and the new call record, atomically.
-            submitted = registry.submit_call(
+            submitted = records.submit_call(
                 self._redis, call.call_id, queue, target, require_alive=target is not None
             )
             if submitted == "down" and target is not None:
                 self._require_alive(target)  # raises HostUnavailable, with the live hosts
-                submitted = registry.submit_call(self._redis, call.call_id, queue, target)
+                submitted = records.submit_call(self._redis, call.call_id, queue, target)
             if submitted == "taken":
                 raise CallRejected(f"call id {call.call_id} is already in use")
-            args = self._signed(registry.TASK_EXEC, [call.model_dump(mode="json")])
+            args = self._signed(Task.EXEC, [call.model_dump(mode="json")])
             waiter = self._replies.expect(call.call_id)
             try:
-                self._send(registry.TASK_EXEC, args, queue, call.call_id, _argsrepr(call))
+                self._send(Task.EXEC, args, queue, call.call_id, _argsrepr(call))
                 result = self._wait_call(waiter, target, label)
             finally:
                 self._replies.forget(waiter)
             if session is not None:
-                pin = registry.session_key(session)
-                self._redis.set(pin, result.host, ex=registry.SESSION_TTL_S)
+                records.pin_session(self._redis, session, result.host)
             return result
 
-    @staticmethod
-    def _build_call(
-        command: str, *, mode: str, timeout: float | None, cwd: str | None,
-        policy: Policy | None, env: dict[str, str] | None, call_id: str | None,
-        extra: dict[str, Any],
-    ) -> Call:
-        if mode not in ("default", "slow", "background"):
-            raise CallRejected(f"mode must be default, slow or background, not {mode!r}")
-        if mode == "slow" and timeout is None:
-            timeout = SLOW_TIMEOUT_S
-        try:
-            return Call(
-                call_id=call_id or f"c{uuid.uuid4().hex[:23]}", command=command, cwd=cwd,
-                timeout_s=timeout, background=mode == "background", env=env or {},
-                policy=policy or Policy(), **extra,
-            )
-        except ValidationError as exc:
-            raise CallRejected(f"invalid call: {_validation_message(exc)}") from None
-
     def _session_host(self, session: str) -> str | None:
-        if not registry.valid_id(session):
+        if not names.valid_id(session):
             raise CallRejected(f"invalid session id {session!r}")
-        pinned = self._redis.get(registry.session_key(session))
-        return str(pinned) if pinned else None
+        return records.session_host(self._redis, session)
 
     def _route(self, host: str | None, label: str | None) -> tuple[str, str | None]:
         """(queue, target host) for a call; HostUnavailable when nobody would take it.
 
-        A named host's liveness is checked by `run`, with the call's record.
+        A named host's liveness is checked by `execute`, with the call's record.
         """
         if host is not None:
             try:
-                registry.validate_host(host)
+                names.validate_host(host)
             except ValueError as exc:
                 raise CallRejected(str(exc)) from None
-            return registry.exec_queue(host), host
-        alive = registry.live_hosts(self._redis)
+            return names.exec_queue(host), host
+        alive = records.live_hosts(self._redis)
         if label is not None:
             try:
-                registry.validate_label(label)
+                names.validate_label(label)
             except ValueError as exc:
                 raise CallRejected(str(exc)) from None
             if not any(label in info.labels for info in self._infos(alive)):
                 raise HostUnavailable(f"no live worker has the label {label!r}")
-            return registry.pool_queue(label), None
+            return names.pool_queue(label), None
         if not alive:
             raise HostUnavailable("no live worker in the fleet")
-        return registry.ANY_EXEC_QUEUE, None
+        return names.ANY_EXEC_QUEUE, None
 
     def _infos(self, hosts: list[str]) -> list[HostInfo]:
-        return [i for i in (registry.host_info(self._redis, h) for h in hosts) if i is not None]
+        infos = (records.host_info(self._redis, host) for host in hosts)
+        return [info for info in infos if info is not None]
 
     def _require_alive(self, host: str) -> str:
-        token = registry.host_alive_token(self._redis, host)
+        token = records.host_alive_token(self._redis, host)
         if token is None:
-            live = ", ".join(registry.live_hosts(self._redis)) or "none"
+            live = ", ".join(records.live_hosts(self._redis)) or "none"
             raise HostUnavailable(
                 f"no live worker for host {host!r} (live hosts: {live})", host=host
             )
@@ -344,25 +321,25 @@ class Fleet:
         self, call_id: str, target: str | None, label: str | None
     ) -> BashfleetError | CallResult | None:
         """What went wrong with a pending call, if anything (None: keep waiting)."""
-        record = registry.call_record(self._redis, call_id)
+        record = records.call_record(self._redis, call_id)
         state = record.get("state")
         host = record.get("host") or target
-        if state == "lost":
+        if state == CallState.LOST:
             note = record.get("note") or "it died"
             return WorkerLost(
                 f"the worker on {host} was lost while running call {call_id} ({note}); "
                 "the command was not run again", call_id=call_id, host=host,
             )
-        if state in registry.CALL_UNSTARTED:
+        if state in CALL_UNSTARTED:
             message = f"call {call_id} was {state} before it started; it did not run"
             return CallResult(
                 call_id=call_id, host=host or "",
                 error=SystemError_(kind="internal", message=message),
             )
-        if state == "queued" or state is None:
+        if state == CallState.QUEUED or state is None:
             return self._watch_queued(call_id, target, label, record.get("queue"))
         instance = record.get("instance")
-        if host and instance and registry.host_alive_token(self._redis, host) != instance:
+        if host and instance and records.host_alive_token(self._redis, host) != instance:
             return WorkerLost(
                 f"the worker on {host} died while running call {call_id}; "
                 "the command was not run again", call_id=call_id, host=host,
@@ -375,24 +352,24 @@ class Fleet:
         """A call no worker took yet: withdraw it when no worker is left to take it, or
         when its message left the queue without any worker starting it."""
         if queue is not None and self._message_lost(call_id, queue):
-            if registry.withdraw_call(self._redis, call_id) != "queued":
+            if records.withdraw_call(self._redis, call_id) != CallState.QUEUED:
                 return None  # a worker took it after all: watch it as a running call
             return WorkerLost(
                 f"call {call_id} was taken from its queue by a worker that died before "
                 "starting it; it was withdrawn and will not run", call_id=call_id, host=target,
             )
         if target is not None:
-            if registry.host_alive_token(self._redis, target) is not None:
+            if records.host_alive_token(self._redis, target) is not None:
                 return None
             where = f"host {target}"
         else:
-            alive = registry.live_hosts(self._redis)
+            alive = records.live_hosts(self._redis)
             if label is not None:
                 alive = [i.host for i in self._infos(alive) if label in i.labels]
             if alive:
                 return None
             where = f"pool {label}" if label else "the fleet"
-        if registry.withdraw_call(self._redis, call_id) != "queued":
+        if records.withdraw_call(self._redis, call_id) != CallState.QUEUED:
             return None  # a worker took it meanwhile: watch it as a running call
         return WorkerLost(
             f"no live worker is left in {where} to run call {call_id}; "
@@ -404,7 +381,7 @@ class Fleet:
         MESSAGE_LOST_GRACE_S: a consumer took it and died (or Redis handed it to a dead
         consumer's read), so no worker will ever start it."""
         now = time.monotonic()
-        if registry.message_waiting(self._redis, queue, call_id):
+        if records.message_waiting(self._redis, queue, call_id):
             self._missing_since.pop(call_id, None)
             return False
         since = self._missing_since.setdefault(call_id, now)
@@ -413,59 +390,53 @@ class Fleet:
     # -------------------------------------------------------------------- control
 
     def check(
-        self,
-        id: str,
-        *,
-        grep: str | None = None,
-        offset: int | None = None,
-        stderr_offset: int | None = None,
-        policy: Policy | None = None,
+        self, id: str, *, grep: str | None = None, offset: int | None = None,
+        stderr_offset: int | None = None, truncation: Truncation | None = None,
     ) -> CheckResult:
         """A job's state and its output since `offset` (None: since the last check).
 
         "The last check" is any client's: the offsets are kept in the job's record.
-        `policy` cuts the new output by its truncation (default: the last 2000 lines).
+        `truncation` cuts the new output (default: the last 2000 lines).
         """
+        return self.check_job(self._request(
+            CheckRequest, id=id, grep=grep, offset=offset, stderr_offset=stderr_offset,
+            truncation=truncation,
+        ))
+
+    def check_job(self, request: CheckRequest) -> CheckResult:
+        """`check`, from its request model."""
         with self._errors():
-            host, job_id = self._job_owner(id)
-            value = self._ctl(
-                host, registry.TASK_CHECK,
-                [job_id, grep, offset, stderr_offset, _truncation(policy)],
-            )
-            return CheckResult.model_validate(value)
+            host, job_id = self._job_owner(request.id)
+            request = request.model_copy(update={"id": job_id})
+            return self._control(host, request, CheckResult)
 
     def kill(
-        self,
-        id: str,
-        *,
-        offset: int | None = None,
-        stderr_offset: int | None = None,
-        policy: Policy | None = None,
+        self, id: str, *, offset: int | None = None, stderr_offset: int | None = None,
+        truncation: Truncation | None = None,
     ) -> CheckResult:
         """End a job; its final state and its output since `offset` (None: the last check)."""
+        return self.kill_job(self._request(
+            KillRequest, id=id, offset=offset, stderr_offset=stderr_offset,
+            truncation=truncation,
+        ))
+
+    def kill_job(self, request: KillRequest) -> CheckResult:
+        """`kill`, from its request model."""
         with self._errors():
-            host, job_id = self._job_owner(id)
-            value = self._ctl(
-                host, registry.TASK_KILL, [job_id, offset, stderr_offset, _truncation(policy)]
-            )
-            return CheckResult.model_validate(value)
+            host, job_id = self._job_owner(request.id)
+            request = request.model_copy(update={"id": job_id})
+            return self._control(host, request, CheckResult)
 
     def read_output(
-        self,
-        id: str,
-        *,
-        offset: int = 0,
-        limit: int = 65536,
-        grep: str | None = None,
+        self, id: str, *, offset: int = 0, limit: int = 65536, grep: str | None = None,
         stream: Literal["stdout", "stderr"] = "stdout",
     ) -> OutputChunk:
         """A slice of a job's output, or of the kept (spilled) output of a call."""
-        if offset < 0 or limit < 1:
-            raise CallRejected("offset must be >= 0 and limit >= 1")
+        request = self._request(
+            ReadOutputRequest, id=id, offset=offset, limit=limit, grep=grep, stream=stream
+        )
         with self._errors():
-            host = self._owner_host(id)
-            value = self._ctl(host, registry.TASK_READ_OUTPUT, [id, offset, limit, grep, stream])
-            return OutputChunk.model_validate(value)
+            return self._control(self._owner_host(id), request, OutputChunk)
 
     def cancel(self, call_id: str) -> bool:
         """Stop a call: withdraw it if queued, kill its processes if running.
@@ -475,47 +446,43 @@ class Fleet:
         """
         with self._errors():
             record = self._call(call_id)
-            previous = registry.withdraw_call(self._redis, call_id, "cancelled")
-            if previous == "queued":
+            previous = records.withdraw_call(self._redis, call_id, CallState.CANCELLED)
+            if previous == CallState.QUEUED:
                 return True
-            if previous != "running":
+            if previous != CallState.RUNNING:
                 return False
-            value = self._ctl(record["host"], registry.TASK_CANCEL, [call_id])
-            return bool(value.get("cancelled"))
+            result = self._control(record["host"], CancelRequest(call_id=call_id), CancelResult)
+            return result.cancelled
 
     def jobs(self, host: str | None = None) -> list[JobView]:
         """Background jobs of one host, or of every host the fleet knows; oldest first."""
         with self._errors():
-            if host is not None:
-                hosts = [host]
-            else:
-                hosts = [info.host for info in registry.list_hosts(self._redis)]
-            live = set(registry.live_hosts(self._redis))
-            asked = {
-                h: self._send_ctl(h, registry.TASK_JOBS, []) for h in hosts if h in live
-            }
+            hosts = [host] if host is not None else [
+                info.host for info in records.list_hosts(self._redis)
+            ]
+            live = set(records.live_hosts(self._redis))
+            asked = {h: self._send_control(h, JobsRequest()) for h in hosts if h in live}
             views: list[JobView] = []
             for name in hosts:
                 if name in asked:
                     try:
-                        value = self._await_ctl(name, asked[name])
-                        views += [JobView.model_validate(item) for item in value]
+                        views += self._await_control(name, asked[name], JobList).jobs
                         continue
                     except (WorkerLost, HostUnavailable):
                         pass  # it died meanwhile: show what Redis knows
-                views += registry.list_jobs(self._redis, name)
+                views += records.list_jobs(self._redis, name)
             return sorted(views, key=lambda view: view.started_at)
 
     def hosts(self) -> list[HostInfo]:
         """Every host seen in the last day: alive or not, slots, busy and queued, labels."""
         with self._errors():
-            infos = registry.list_hosts(self._redis)
+            infos = records.list_hosts(self._redis)
             # One more round trip for all the hosts' queues; LLEN is O(1) whatever waits.
-            depths = registry.queue_depths(
-                self._redis, [registry.exec_queue(info.host) for info in infos]
+            depths = records.queue_depths(
+                self._redis, [names.exec_queue(info.host) for info in infos]
             )
         return [
-            info.model_copy(update={"queued": depths[registry.exec_queue(info.host)]})
+            info.model_copy(update={"queued": depths[names.exec_queue(info.host)]})
             for info in infos
         ]
 
@@ -527,51 +494,55 @@ class Fleet:
         `hosts()` counts them for none.
         """
         with self._errors():
-            labels = sorted({label for info in registry.list_hosts(self._redis)
+            labels = sorted({label for info in records.list_hosts(self._redis)
                              for label in info.labels})
-            queues = [registry.ANY_EXEC_QUEUE, *(registry.pool_queue(lb) for lb in labels)]
-            return registry.queue_depths(self._redis, queues)
+            queues = [names.ANY_EXEC_QUEUE, *(names.pool_queue(lb) for lb in labels)]
+            return records.queue_depths(self._redis, queues)
 
     # ------------------------------------------------------------------- plumbing
 
+    @staticmethod
+    def _request(model: type[Q], **fields: Any) -> Q:
+        """A control request, a bad field a CallRejected (nothing sent)."""
+        try:
+            return model(**fields)
+        except ValidationError as exc:
+            raise CallRejected(f"invalid {model.__name__}: {validation_message(exc)}") from None
+
     def _call(self, call_id: str) -> dict[str, str]:
-        if not registry.valid_id(call_id):
+        if not names.valid_id(call_id):
             raise UnknownJob(f"no such call: {call_id!r}", item_id=call_id)
-        record = registry.call_record(self._redis, call_id)
+        record = records.call_record(self._redis, call_id)
         if not record:
             raise UnknownJob(f"no such call: {call_id} (unknown or expired)", item_id=call_id)
         return record
 
     def _job_owner(self, item_id: str) -> tuple[str, str]:
         """(host, job id) of a job id, or of the call that started the job."""
-        if not registry.valid_id(item_id):
+        if not names.valid_id(item_id):
             raise UnknownJob(f"no such job: {item_id!r}", item_id=item_id)
-        host = registry.job_host(self._redis, item_id)
+        host = records.job_host(self._redis, item_id)
         if host is not None:
             return host, item_id
-        record = registry.call_record(self._redis, item_id)
-        job_id = record.get("job_id")
+        job_id = records.call_record(self._redis, item_id).get("job_id")
         if job_id:
-            host = registry.job_host(self._redis, job_id)
+            host = records.job_host(self._redis, job_id)
             if host is not None:
                 return host, job_id
         raise UnknownJob(f"no such job: {item_id} (unknown or expired)", item_id=item_id)
 
     def _owner_host(self, item_id: str) -> str:
         """Host holding the output of a job or call id."""
-        if not registry.valid_id(item_id):
+        if not names.valid_id(item_id):
             raise UnknownJob(f"no such job or call: {item_id!r}", item_id=item_id)
-        host = registry.job_host(self._redis, item_id)
+        host = records.job_host(self._redis, item_id)
         if host is None:
-            host = registry.call_record(self._redis, item_id).get("host") or None
+            host = records.call_record(self._redis, item_id).get("host") or None
         if host is None:
             raise UnknownJob(
                 f"no such job or call: {item_id} (unknown or expired)", item_id=item_id
             )
         return host
-
-    def _ctl(self, host: str, task: str, args: list[Any]) -> Any:
-        return self._await_ctl(host, self._send_ctl(host, task, args))
 
     def _signed(self, task: str, args: list[Any]) -> list[Any]:
         """The task's arguments, wrapped in a signed envelope when a key is configured."""
@@ -579,47 +550,49 @@ class Fleet:
             return args
         return [auth.sign(self._signing_key, task, args, time.time())]
 
-    def _send_ctl(self, host: str, task: str, args: list[Any]) -> tuple[Waiter, str]:
+    def _control(self, host: str, request: ControlRequest, response: type[R]) -> R:
+        """Send a control request to `host`'s control queue; its typed response."""
+        return self._await_control(host, self._send_control(host, request), response)
+
+    def _send_control(self, host: str, request: ControlRequest) -> tuple[Waiter, str]:
         token = self._require_alive(host)
         waiter = self._replies.expect(uuid.uuid4().hex)
+        args = [request.model_dump(mode="json")]
+        subject = getattr(request, "id", None) or getattr(request, "call_id", None)
         try:
             self._send(
-                task, self._signed(task, args), registry.ctl_queue(host), waiter.task_id,
-                repr(args[:1]), expires=CTL_TIMEOUT_S,
+                request.task, self._signed(request.task, args), names.ctl_queue(host),
+                waiter.task_id, repr(subject), expires=CTL_TIMEOUT_S,
             )
         except BaseException:
             self._replies.forget(waiter)
             raise
         return waiter, token
 
-    def _await_ctl(self, host: str, sent: tuple[Waiter, str]) -> Any:
+    def _await_control(self, host: str, sent: tuple[Waiter, str], response: type[R]) -> R:
         waiter, token = sent
         try:
-            payload = self._await_ctl_answer(host, waiter, token)
+            payload = self._await_control_answer(host, waiter, token)
         finally:
             self._replies.forget(waiter)
-        envelope = json.loads(payload)
-        if not isinstance(envelope, dict):
-            raise BashfleetError(f"the worker on {host} answered {envelope!r}")
-        if "error" in envelope:
-            kind, message = envelope["error"]["kind"], envelope["error"]["message"]
-            if kind == "not_found":
-                raise UnknownJob(message)
-            if kind == "invalid":
-                raise CallRejected(message)
-            raise BashfleetError(f"{kind}: {message}")
-        return envelope["ok"]
+        try:
+            reply = ControlReply.model_validate_json(payload)
+        except ValidationError:
+            raise WorkerError(f"the worker on {host} answered {payload[:200]!r}") from None
+        if reply.error is not None:
+            raise error_for(reply.error.kind, reply.error.message)
+        return response.model_validate(reply.ok or {})
 
-    def _await_ctl_answer(self, host: str, waiter: Waiter, token: str) -> str:
+    def _await_control_answer(self, host: str, waiter: Waiter, token: str) -> str:
         deadline = time.monotonic() + CTL_TIMEOUT_S
         while True:
             payload = self._answer(waiter, WATCH_INTERVAL_S)
             if payload is not None:
                 return payload
-            if registry.host_alive_token(self._redis, host) != token:
+            if records.host_alive_token(self._redis, host) != token:
                 raise WorkerLost(f"the worker on {host} went away before answering", host=host)
             if time.monotonic() > deadline:
-                raise BashfleetError(
+                raise WorkerError(
                     f"the worker on {host} did not answer within {CTL_TIMEOUT_S:.0f}s"
                 )
 
@@ -631,80 +604,25 @@ class AsyncFleet:
         self.fleet = Fleet(redis_url)
         self.url = self.fleet.url
 
-    async def run(
-        self,
-        command: str,
-        *,
-        host: str | None = None,
-        label: str | None = None,
-        mode: Mode = "default",
-        timeout: float | None = None,
-        cwd: str | None = None,
-        session: str | None = None,
-        policy: Policy | None = None,
-        env: dict[str, str] | None = None,
-        call_id: str | None = None,
-        head: int | None = None,
-        tail: int | None = None,
-        unset_env: Sequence[str] = (),
-        capture_state: bool = False,
-    ) -> CallResult:
+    async def run(self, command: str, **options: Any) -> CallResult:
         """See `Fleet.run`."""
-        return await asyncio.to_thread(
-            functools.partial(
-                self.fleet.run, command, host=host, label=label, mode=mode, timeout=timeout,
-                cwd=cwd, session=session, policy=policy, env=env, call_id=call_id, head=head,
-                tail=tail, unset_env=unset_env, capture_state=capture_state,
-            )
-        )
+        return await self.execute(run_request(command, options))
 
-    async def check(
-        self,
-        id: str,
-        *,
-        grep: str | None = None,
-        offset: int | None = None,
-        stderr_offset: int | None = None,
-        policy: Policy | None = None,
-    ) -> CheckResult:
+    async def execute(self, request: RunRequest) -> CallResult:
+        """See `Fleet.execute`."""
+        return await asyncio.to_thread(self.fleet.execute, request)
+
+    async def check(self, id: str, **options: Any) -> CheckResult:
         """See `Fleet.check`."""
-        return await asyncio.to_thread(
-            functools.partial(
-                self.fleet.check, id, grep=grep, offset=offset, stderr_offset=stderr_offset,
-                policy=policy,
-            )
-        )
+        return await asyncio.to_thread(lambda: self.fleet.check(id, **options))
 
-    async def kill(
-        self,
-        id: str,
-        *,
-        offset: int | None = None,
-        stderr_offset: int | None = None,
-        policy: Policy | None = None,
-    ) -> CheckResult:
+    async def kill(self, id: str, **options: Any) -> CheckResult:
         """See `Fleet.kill`."""
-        return await asyncio.to_thread(
-            functools.partial(
-                self.fleet.kill, id, offset=offset, stderr_offset=stderr_offset, policy=policy
-            )
-        )
+        return await asyncio.to_thread(lambda: self.fleet.kill(id, **options))
 
-    async def read_output(
-        self,
-        id: str,
-        *,
-        offset: int = 0,
-        limit: int = 65536,
-        grep: str | None = None,
-        stream: Literal["stdout", "stderr"] = "stdout",
-    ) -> OutputChunk:
+    async def read_output(self, id: str, **options: Any) -> OutputChunk:
         """See `Fleet.read_output`."""
-        return await asyncio.to_thread(
-            functools.partial(
-                self.fleet.read_output, id, offset=offset, limit=limit, grep=grep, stream=stream
-            )
-        )
+        return await asyncio.to_thread(lambda: self.fleet.read_output(id, **options))
 
     async def cancel(self, call_id: str) -> bool:
         """See `Fleet.cancel`."""

@@ -25,7 +25,7 @@ import logging
 import os
 import threading
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from importlib import metadata
 from typing import Any, Protocol, TypeVar, cast
@@ -39,11 +39,12 @@ from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
 
 from client.dialects import Dialect, Runner, SessionState, ToolText
-from client.dialects.base import given
 from client.errors import BashfleetError, FleetUnavailable, HostUnavailable
-from client.fleet import Fleet, Mode, resolve_url
+from client.fleet import Fleet, resolve_url
 from client.sessions import RedisSessionStore, validate_session_id
-from worker.wire.models import CallResult, CheckResult, Policy
+from worker.fleet.connect import redis_client
+from worker.wire.control import CheckRequest, KillRequest
+from worker.wire.models import CallResult, CheckResult, RunRequest
 
 __all__ = [
     "Backend",
@@ -85,12 +86,8 @@ def _describe(exc: BaseException) -> str:
 
 
 class FleetRunner:
-    """The dialects' `Runner` on a `Fleet`: the same calls, every option passed through.
-
-    `Fleet.run` takes its `mode` as a `Literal` (the dialects hand a `str`, which the
-    fleet validates), and a fleet found unreachable is reported to `on_unavailable`,
-    so the server connects afresh for the next call.
-    """
+    """The dialects' `Runner` on a `Fleet`; a fleet found unreachable is reported to
+    `on_unavailable`, so the server connects afresh for the next call."""
 
     def __init__(self, fleet: Fleet, on_unavailable: Callable[[], None] | None = None) -> None:
         self.fleet = fleet
@@ -104,61 +101,17 @@ class FleetRunner:
                 self._on_unavailable()
             raise
 
-    def run(
-        self,
-        command: str,
-        *,
-        host: str | None = None,
-        mode: str = "default",
-        timeout: float | None = None,
-        cwd: str | None = None,
-        session: str | None = None,
-        policy: Policy | None = None,
-        env: dict[str, str] | None = None,
-        head: int | None = None,
-        tail: int | None = None,
-        unset_env: Sequence[str] = (),
-        capture_state: bool = False,
-    ) -> CallResult:
-        """`Fleet.run`."""
-        return self._guard(
-            lambda: self.fleet.run(
-                command,
-                host=host,
-                mode=cast("Mode", mode),
-                timeout=timeout,
-                cwd=cwd,
-                session=session,
-                policy=policy,
-                env=env,
-                head=head,
-                tail=tail,
-                unset_env=unset_env,
-                capture_state=capture_state,
-            )
-        )
+    def execute(self, request: RunRequest) -> CallResult:
+        """`Fleet.execute`."""
+        return self._guard(lambda: self.fleet.execute(request))
 
-    def check(
-        self,
-        id: str,
-        *,
-        grep: str | None = None,
-        offset: int | None = None,
-        stderr_offset: int | None = None,
-        policy: Policy | None = None,
-    ) -> CheckResult:
-        """`Fleet.check`."""
-        return self._guard(
-            lambda: self.fleet.check(
-                id, grep=grep, offset=offset, stderr_offset=stderr_offset, policy=policy
-            )
-        )
+    def check_job(self, request: CheckRequest) -> CheckResult:
+        """`Fleet.check_job`."""
+        return self._guard(lambda: self.fleet.check_job(request))
 
-    def kill(
-        self, id: str, *, offset: int | None = None, policy: Policy | None = None
-    ) -> CheckResult:
-        """`Fleet.kill`."""
-        return self._guard(lambda: self.fleet.kill(id, offset=offset, policy=policy))
+    def kill_job(self, request: KillRequest) -> CheckResult:
+        """`Fleet.kill_job`."""
+        return self._guard(lambda: self.fleet.kill_job(request))
 
 
 class SessionRunner:
@@ -172,39 +125,11 @@ class SessionRunner:
         self._runner = runner
         self._state = state
 
-    def run(
-        self,
-        command: str,
-        *,
-        host: str | None = None,
-        mode: str = "default",
-        timeout: float | None = None,
-        cwd: str | None = None,
-        session: str | None = None,
-        policy: Policy | None = None,
-        env: dict[str, str] | None = None,
-        head: int | None = None,
-        tail: int | None = None,
-        unset_env: Sequence[str] = (),
-        capture_state: bool = False,
-    ) -> CallResult:
-        """`Runner.run` on the pinned host (an explicit `host` wins, for one call)."""
-        extra = given(unset_env=tuple(unset_env), capture_state=capture_state)
-        target = host or self._state.host
+    def execute(self, request: RunRequest) -> CallResult:
+        """`Runner.execute` on the pinned host (an explicit `host` wins, for one call)."""
+        target = request.host or self._state.host
         try:
-            result = self._runner.run(
-                command,
-                host=target,
-                mode=mode,
-                timeout=timeout,
-                cwd=cwd,
-                session=session,
-                policy=policy,
-                env=env,
-                head=head,
-                tail=tail,
-                **extra,
-            )
+            result = self._runner.execute(request.model_copy(update={"host": target}))
         except HostUnavailable as exc:
             if target is None or target != self._state.host:
                 raise
@@ -218,24 +143,13 @@ class SessionRunner:
             self._state.host = result.host
         return result
 
-    def check(
-        self,
-        id: str,
-        *,
-        grep: str | None = None,
-        offset: int | None = None,
-        stderr_offset: int | None = None,
-        policy: Policy | None = None,
-    ) -> CheckResult:
-        """`Runner.check` (jobs are routed by id, wherever they run)."""
-        extra = given(stderr_offset=stderr_offset, policy=policy)
-        return self._runner.check(id, grep=grep, offset=offset, **extra)
+    def check_job(self, request: CheckRequest) -> CheckResult:
+        """`Runner.check_job` (jobs are routed by id, wherever they run)."""
+        return self._runner.check_job(request)
 
-    def kill(
-        self, id: str, *, offset: int | None = None, policy: Policy | None = None
-    ) -> CheckResult:
-        """`Runner.kill`."""
-        return self._runner.kill(id, **given(offset=offset, policy=policy))
+    def kill_job(self, request: KillRequest) -> CheckResult:
+        """`Runner.kill_job`."""
+        return self._runner.kill_job(request)
 
 
 # ---------------------------------------------------------------------------- backend
@@ -272,12 +186,7 @@ class FleetBackend:
             if self._connected is None:
                 url = resolve_url(self._redis_url)
                 fleet = Fleet(url)  # no URL: FleetUnavailable, with what to do about it
-                client = redis.Redis.from_url(
-                    cast("str", url),
-                    decode_responses=True,
-                    socket_connect_timeout=2.0,
-                    socket_timeout=10.0,
-                )
+                client = redis_client(cast("str", url))
                 runner = FleetRunner(fleet, on_unavailable=self.reset)
                 self._connected = (runner, RedisSessionStore(client), client)
             runner, store, _ = self._connected
@@ -334,7 +243,9 @@ class ToolServer:
         self.dialect = dialect
         self.session_id = validate_session_id(session_id)
         self._backend = backend
-        self._overrides: dict[str, str] = given(host=host, cwd=cwd)
+        self._overrides: dict[str, str] = {
+            name: value for name, value in (("host", host), ("cwd", cwd)) if value is not None
+        }
         # Commits of this process's concurrent calls one at a time (merges are cheap);
         # the calls themselves run in parallel.
         self._commit_lock = threading.Lock()

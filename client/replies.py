@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 
 import redis
 
-from worker.fleet import registry
+from client import records
+from worker.wire import names
 
 #: How long the first call of a client waits for its subscription before sending: an
 #: answer published before it would only be read at the next watch (half a second).
@@ -48,7 +49,7 @@ class Replies:
 
     def __init__(self, client: redis.Redis) -> None:
         self._redis = client
-        self.channel = registry.reply_channel(uuid.uuid4().hex)
+        self.channel = names.reply_channel(uuid.uuid4().hex)
         """The channel to name as each task's `reply_to`."""
         self._lock = threading.Lock()
         self._waiting: dict[str, Waiter] = {}
@@ -80,7 +81,7 @@ class Replies:
 
     def stored(self, task_id: str) -> str | None:
         """A task's stored answer: for one whose publish the listener missed."""
-        return registry.stored_reply(self._redis, task_id)
+        return records.stored_reply(self._redis, task_id)
 
     @property
     def listening(self) -> bool:
@@ -126,7 +127,7 @@ class Replies:
 
     def _deliver(self, data: str | bytes) -> None:
         text = data.decode("utf-8", "replace") if isinstance(data, bytes) else data
-        parsed = registry.parse_reply_message(text)
+        parsed = names.parse_reply_message(text)
         if parsed is None:
             return
         task_id, payload = parsed

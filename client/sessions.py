@@ -25,7 +25,8 @@ import redis
 from pydantic import ValidationError
 
 from client.dialects.base import SessionState
-from worker.fleet import registry
+from worker.wire import names
+from worker.wire.names import session_state_key
 
 __all__ = [
     "SESSION_STATE_TTL_S",
@@ -38,25 +39,15 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 #: Life of a session's state after its last save (refreshed by every save).
-SESSION_STATE_TTL_S = registry.SESSION_TTL_S
+SESSION_STATE_TTL_S = names.SESSION_TTL_S
 
 K = TypeVar("K")
 V = TypeVar("V")
 
 
-def session_state_key(session_id: str) -> str:
-    """A session's state (string: SessionState JSON).
-
-    Not `registry.session_key`: that key is the fleet client's own host pin for
-    `Fleet.run(session=...)`, a plain host name that `Fleet` reads back as such. The
-    dialect state is a different record, so it has a key of its own under the prefix.
-    """
-    return f"{registry.PREFIX}session-state:{session_id}"
-
-
 def validate_session_id(session_id: str) -> str:
     """A session id, or ValueError: it names a Redis key, so the call ids' alphabet."""
-    if not registry.valid_id(session_id):
+    if not names.valid_id(session_id):
         raise ValueError(
             f"invalid session id {session_id!r}: use 1-64 letters, digits, '.', '_' or '-'"
         )

@@ -45,35 +45,61 @@ if TYPE_CHECKING:
         TruncationInfo,
     )
 
-#: Public name -> the module that defines it.
-_EXPORTS: dict[str, str] = {
-    **dict.fromkeys(("CallError", "run_call"), "worker.engine.call"),
-    **dict.fromkeys(
-        ("JobError", "check_job", "kill_job", "load_record", "local_records"), "worker.engine.jobs"
-    ),
-    **dict.fromkeys(("Settings", "get_settings"), "worker.settings"),
-    **dict.fromkeys(
-        (
-            "DEFAULT_INTERCEPT_RULES", "ByteTail", "Call", "CallResult", "CharCap",
-            "CheckResult", "HostInfo", "InterceptRule", "JobHandle", "JobRecord", "JobStatus",
-            "JobView", "Middle", "OutputChunk", "Policy", "ProcessInfo", "RunRequest", "Spill",
-            "SystemError_", "TailLines", "TruncationInfo",
-        ),
-        "worker.wire.models",
-    ),
-}
+__all__ = [
+    "DEFAULT_INTERCEPT_RULES",
+    "ByteTail",
+    "Call",
+    "CallError",
+    "CallResult",
+    "CharCap",
+    "CheckResult",
+    "HostInfo",
+    "InterceptRule",
+    "JobError",
+    "JobHandle",
+    "JobRecord",
+    "JobStatus",
+    "JobView",
+    "Middle",
+    "OutputChunk",
+    "Policy",
+    "ProcessInfo",
+    "RunRequest",
+    "Settings",
+    "Spill",
+    "SystemError_",
+    "TailLines",
+    "TruncationInfo",
+    "check_job",
+    "get_settings",
+    "kill_job",
+    "load_record",
+    "local_records",
+    "run_call",
+]
 
-__all__ = sorted(_EXPORTS)
+#: Where each public name is defined (every other one is in `worker.wire.models`).
+_HOMES: dict[str, str] = {
+    "CallError": "worker.engine.call",
+    "run_call": "worker.engine.call",
+    "JobError": "worker.engine.jobs",
+    "check_job": "worker.engine.jobs",
+    "kill_job": "worker.engine.jobs",
+    "load_record": "worker.engine.jobs",
+    "local_records": "worker.engine.jobs",
+    "Settings": "worker.settings",
+    "get_settings": "worker.settings",
+}
 
 
 def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
+    if name not in __all__:
         raise AttributeError(f"module 'worker' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
+    module = importlib.import_module(_HOMES.get(name, "worker.wire.models"))
+    value = getattr(module, name)
     globals()[name] = value  # the next lookup does not come here
     return value
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *_EXPORTS})
+    return sorted({*globals(), *__all__})

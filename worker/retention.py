@@ -43,11 +43,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from worker.engine import jobs
-
-from worker.fleet import recovery
-from worker.wire.models import JobRecord
+from worker.engine import jobs, running
 from worker.settings import Settings
+from worker.wire.models import JobRecord
 
 Kind = Literal["spill", "job"]
 Reason = Literal["max_age", "max_bytes"]
@@ -95,7 +93,7 @@ class JobRef:
 
 
 @dataclass(frozen=True)
-class Limits:
+class RetentionPolicy:
     """What `bashfleet gc` keeps."""
 
     max_age_s: float
@@ -105,7 +103,7 @@ class Limits:
     @classmethod
     def from_settings(
         cls, settings: Settings, *, max_age_s: float | None = None, max_bytes: int | None = None
-    ) -> Limits:
+    ) -> RetentionPolicy:
         """The configured limits, with command-line overrides."""
         return cls(
             max_age_s=settings.retention_max_age_s if max_age_s is None else max_age_s,
@@ -174,7 +172,7 @@ class Held:
 class Plan:
     """What to remove, what is held, and the sizes before and after."""
 
-    limits: Limits
+    limits: RetentionPolicy
     removals: tuple[Removal, ...]
     held: tuple[Held, ...]
     total_bytes: int
@@ -233,7 +231,7 @@ def group_files(inventory: Inventory) -> list[Group]:
     return groups
 
 
-def _hold(group: Group, inventory: Inventory, limits: Limits) -> Hold | None:
+def _hold(group: Group, inventory: Inventory, limits: RetentionPolicy) -> Hold | None:
     if group.live:
         return "live_job"
     if group.call_ids & inventory.running_calls:
@@ -244,7 +242,7 @@ def _hold(group: Group, inventory: Inventory, limits: Limits) -> Hold | None:
     return None
 
 
-def plan(inventory: Inventory, limits: Limits) -> Plan:
+def plan(inventory: Inventory, limits: RetentionPolicy) -> Plan:
     """Decide what to remove: past the age limit, then the oldest over the size cap."""
     now = inventory.now
     groups = group_files(inventory)
@@ -328,10 +326,10 @@ def scan(settings: Settings, now: float | None = None) -> Inventory:
     # only those the limits would take anyway.
     files = _listing(settings.spill_dir, "spill") + _listing(settings.jobs_dir, "job")
     refs = tuple(_job_ref(record, settings) for record in jobs.local_records(settings))
-    running = frozenset(entry.call_id for entry in recovery.all_running(settings))
+    live = frozenset(entry.call_id for entry in running.all_calls(settings))
     return Inventory(
         now=time.time() if now is None else now, files=tuple(files), jobs=refs,
-        running_calls=running,
+        running_calls=live,
     )
 
 
@@ -488,7 +486,7 @@ def gc_command(
     max_bytes: int | None = None,
 ) -> int:
     """`bashfleet gc`: plan, print, remove unless `dry_run`; 1 when a removal failed."""
-    limits = Limits.from_settings(settings, max_age_s=max_age_s, max_bytes=max_bytes)
+    limits = RetentionPolicy.from_settings(settings, max_age_s=max_age_s, max_bytes=max_bytes)
     done_plan = plan(scan(settings), limits)
     outcome = None if dry_run else execute(done_plan)
     if as_json:

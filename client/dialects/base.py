@@ -22,10 +22,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from client.dialects.args import ArgError, Args, parse_args
-from worker.wire.models import CallResult, CheckResult, JobHandle, Policy
+from worker.wire.control import CheckRequest, KillRequest
+from worker.wire.models import CallResult, CheckResult, JobHandle, Policy, RunRequest
 
 JSONSchema = dict[str, Any]
 SchemaStyle = Literal["anthropic", "openai", "mcp"]
@@ -63,47 +64,19 @@ class ToolText:
 
 @runtime_checkable
 class Runner(Protocol):
-    """What a dialect needs from the fleet (`client.Fleet` provides it)."""
+    """What a dialect needs from the fleet (`client.Fleet` provides it): one request
+    model in, one result model out."""
 
-    def run(
-        self,
-        command: str,
-        *,
-        host: str | None = None,
-        mode: str = "default",
-        timeout: float | None = None,
-        cwd: str | None = None,
-        session: str | None = None,
-        policy: Policy | None = None,
-        env: dict[str, str] | None = None,
-        head: int | None = None,
-        tail: int | None = None,
-        unset_env: Sequence[str] = (),
-        capture_state: bool = False,
-    ) -> CallResult:
-        """Run a command. `mode`: `default` (the policy's default timeout unless `timeout`
-        is given), `slow` (15 minutes) or `background` (a detached job). `unset_env`:
-        variables removed from the command's environment; `capture_state`: report the
-        environment and cwd the command ends with (`CallResult.env_changes`...)."""
+    def execute(self, request: RunRequest) -> CallResult:
+        """Run a command (see `RunRequest`)."""
         ...
 
-    def check(
-        self,
-        id: str,
-        *,
-        grep: str | None = None,
-        offset: int | None = None,
-        stderr_offset: int | None = None,
-        policy: Policy | None = None,
-    ) -> CheckResult:
-        """A job's state and its output from byte `offset` on (stderr from
-        `stderr_offset`), shaped by `policy` when given."""
+    def check_job(self, request: CheckRequest) -> CheckResult:
+        """A job's state and its new output (see `CheckRequest`)."""
         ...
 
-    def kill(
-        self, id: str, *, offset: int | None = None, policy: Policy | None = None
-    ) -> CheckResult:
-        """End a job; its final state and its output from byte `offset` on."""
+    def kill_job(self, request: KillRequest) -> CheckResult:
+        """End a job; its final state (see `KillRequest`)."""
         ...
 
 
@@ -119,16 +92,12 @@ class RefusalError(Exception):
         self.answer = answer
 
 
-def given(**options: Any) -> dict[str, Any]:
-    """The options that differ from "not asked for" (None, False, an empty tuple).
-
-    Identity tests, not `in`: `0 == False`, and an offset of 0 is an answer.
-    """
-    return {
-        name: value
-        for name, value in options.items()
-        if value is not None and value is not False and value != ()
-    }
+def validation_text(exc: ValidationError) -> str:
+    """A request model's validation errors as one line: each field and what is wrong."""
+    return "; ".join(
+        f"{'.'.join(map(str, error['loc'])) or 'request'}: {error['msg']}"
+        for error in exc.errors()
+    )
 
 
 def _describe(exc: Exception) -> str:
@@ -146,66 +115,24 @@ class GuardedRunner:
     def __init__(self, runner: Runner) -> None:
         self._runner = runner
 
-    def run(
-        self,
-        command: str,
-        *,
-        host: str | None = None,
-        mode: str = "default",
-        timeout: float | None = None,
-        cwd: str | None = None,
-        session: str | None = None,
-        policy: Policy | None = None,
-        env: dict[str, str] | None = None,
-        head: int | None = None,
-        tail: int | None = None,
-        unset_env: Sequence[str] = (),
-        capture_state: bool = False,
-    ) -> CallResult:
-        """`Runner.run`, exceptions converted."""
-        # The newer options go through only when used, so a runner written before
-        # they existed still serves every call that does not need them.
-        extra = given(unset_env=tuple(unset_env), capture_state=capture_state)
+    def execute(self, request: RunRequest) -> CallResult:
+        """`Runner.execute`, exceptions converted."""
         try:
-            return self._runner.run(
-                command,
-                host=host,
-                mode=mode,
-                timeout=timeout,
-                cwd=cwd,
-                session=session,
-                policy=policy,
-                env=env,
-                head=head,
-                tail=tail,
-                **extra,
-            )
+            return self._runner.execute(request)
         except Exception as exc:
             raise RunnerError(_describe(exc)) from exc
 
-    def check(
-        self,
-        id: str,
-        *,
-        grep: str | None = None,
-        offset: int | None = None,
-        stderr_offset: int | None = None,
-        policy: Policy | None = None,
-    ) -> CheckResult:
-        """`Runner.check`, exceptions converted."""
-        extra = given(stderr_offset=stderr_offset, policy=policy)
+    def check_job(self, request: CheckRequest) -> CheckResult:
+        """`Runner.check_job`, exceptions converted."""
         try:
-            return self._runner.check(id, grep=grep, offset=offset, **extra)
+            return self._runner.check_job(request)
         except Exception as exc:
             raise RunnerError(_describe(exc)) from exc
 
-    def kill(
-        self, id: str, *, offset: int | None = None, policy: Policy | None = None
-    ) -> CheckResult:
-        """`Runner.kill`, exceptions converted."""
-        extra = given(offset=offset, policy=policy)
+    def kill_job(self, request: KillRequest) -> CheckResult:
+        """`Runner.kill_job`, exceptions converted."""
         try:
-            return self._runner.kill(id, **extra)
+            return self._runner.kill_job(request)
         except Exception as exc:
             raise RunnerError(_describe(exc)) from exc
 
@@ -431,12 +358,11 @@ class Dialect(ABC):
         specs = {spec.name: spec for spec in self.tools(session.cwd)}
         try:
             parsed = parse_args(tool, specs[tool].input_schema, args)
-        except ArgError as exc:
-            return self.invalid(tool, str(exc))
-        try:
             return handlers[tool](parsed, GuardedRunner(runner), session)
         except ArgError as exc:
             return self.invalid(tool, str(exc))
+        except ValidationError as exc:  # a request the arguments could not make
+            return self.invalid(tool, validation_text(exc))
         except RefusalError as exc:
             return exc.answer
         except RunnerError as exc:

@@ -56,7 +56,8 @@ from client.dialects.base import (
     ToolText,
     carry_env,
 )
-from worker.wire.models import CallResult, CharCap, CheckResult, Policy, TruncationInfo
+from worker.wire.control import CheckRequest, KillRequest
+from worker.wire.models import CallResult, CharCap, CheckResult, Policy, RunRequest, TruncationInfo
 
 DEFAULT_TIMEOUT_MS = 120_000
 MAX_TIMEOUT_MS = 600_000
@@ -255,22 +256,22 @@ class ClaudeDialect(Dialect):
                 f"timeout {_number(timeout_ms)} ms is above the maximum of {MAX_TIMEOUT_MS} ms "
                 "(10 minutes); use run_in_background for longer commands"
             )
-        env = dict(session.env) or None
+        env = dict(session.env)
         unset = tuple(session.unset_env)
         if args.flag("run_in_background"):
-            result = runner.run(
-                command,
+            result = runner.execute(RunRequest(
+                command=command,
                 host=session.host,
                 mode="background",
                 cwd=session.cwd,
                 policy=self.policy(),
                 env=env,
                 unset_env=unset,
-            )
+            ))
             return self.render_started(result, command, session)
         timeout_ms = timeout_ms if timeout_ms is not None else DEFAULT_TIMEOUT_MS
-        result = runner.run(
-            command,
+        result = runner.execute(RunRequest(
+            command=command,
             host=session.host,
             timeout=timeout_ms / 1000,
             cwd=session.cwd,
@@ -278,7 +279,7 @@ class ClaudeDialect(Dialect):
             env=env,
             unset_env=unset,
             capture_state=True,
-        )
+        ))
         carry_state(result, session)
         return self.render(result, timeout_ms)
 
@@ -335,7 +336,8 @@ class ClaudeDialect(Dialect):
                 re.compile(pattern)
             except re.error as exc:
                 raise ArgError(f"filter is not a valid regular expression: {exc}") from None
-        result = runner.check(job.id, grep=pattern, offset=session.offsets.get(job.id, 0))
+        offset = session.offsets.get(job.id, 0)
+        result = runner.check_job(CheckRequest(id=job.id, grep=pattern, offset=offset))
         session.offsets[job.id] = result.offset
         return self.render_output(result, job)
 
@@ -365,9 +367,10 @@ class ClaudeDialect(Dialect):
         job = self._job(args, session)
         if not job.killed:
             # Learn whether it still runs without consuming output BashOutput has not shown.
-            before = runner.check(job.id, offset=session.offsets.get(job.id, 0))
+            offset = session.offsets.get(job.id, 0)
+            before = runner.check_job(CheckRequest(id=job.id, offset=offset))
             if before.running:
-                result = runner.kill(job.id)
+                result = runner.kill_job(KillRequest(id=job.id))
                 return self.render_kill(result, job)
             status = _status(before, job)
         else:

@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from client.dialects._text import activity, seconds, signal_label, system_failure
 from client.dialects.args import ArgError, Args, command_problem
 from client.dialects.base import Dialect, GuardedRunner, Handler, SessionState, ToolSpec, ToolText
-from worker.wire.models import CallResult, JobHandle, Middle, Policy
+from worker.wire.models import CallResult, JobHandle, Middle, Policy, RunRequest
 
 DESCRIPTION_TEMPLATE = """\
 Executes shell commands via bash -c, returning combined stdout/stderr.
@@ -162,14 +162,14 @@ class ModesDialect(Dialect):
         if problem:
             raise ArgError(problem)
         mode = args.text("mode") or "default"
-        result = runner.run(
-            command,
+        result = runner.execute(RunRequest(
+            command=command,
             host=session.host,
             mode=mode,
             cwd=session.cwd,
             policy=self.policy(),
-            env=dict(session.env) or None,
-        )
+            env=dict(session.env),
+        ))
         return self.render(result, mode, command, session)
 
     def render(

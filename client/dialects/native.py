@@ -57,11 +57,13 @@ from client.dialects.base import (
     ToolSpec,
     ToolText,
 )
+from worker.wire.control import CheckRequest, KillRequest
 from worker.wire.models import (
     MAX_TIMEOUT_S,
     CallResult,
     CheckResult,
     Policy,
+    RunRequest,
     Spill,
     TailLines,
     TruncationInfo,
@@ -274,20 +276,20 @@ class NativeDialect(Dialect):
         name = args.text("session") or None
         shell = session.shells.get(name, ShellState()) if name else None
         sent_at = self._clock()
-        result = runner.run(
-            command,
+        result = runner.execute(RunRequest(
+            command=command,
             host=args.text("host") or session.host,
             mode=mode,
             timeout=timeout,
             cwd=args.text("cwd") or (shell.cwd if shell else None) or session.cwd,
             session=name,
             policy=self.policy(),
-            env={**session.env, **(shell.env if shell else {})} or None,
+            env={**session.env, **(shell.env if shell else {})},
             # A named session is a shell that lives on: learn how each call leaves it.
             # A background job ends after later calls ran, so it cannot say.
             unset_env=tuple(shell.unset_env) if shell else (),
             capture_state=shell is not None and mode != "background",
-        )
+        ))
         text = self.render_run(result, mode, timeout)
         if system_failure(result) is not None:
             return text  # nothing ran: nothing to remember
@@ -448,7 +450,9 @@ class NativeDialect(Dialect):
         start = offset if offset is not None else session.offsets.get(job_id, 0)
         # An explicit offset rereads stdout; stderr then goes on from the job's last check.
         err_start = None if offset is not None else session.stderr_offsets.get(job_id, 0)
-        result = runner.check(job_id, grep=grep, offset=start, stderr_offset=err_start)
+        result = runner.check_job(
+            CheckRequest(id=job_id, grep=grep, offset=start, stderr_offset=err_start)
+        )
         session.offsets[job_id] = result.offset
         session.stderr_offsets[job_id] = result.stderr_offset
         return self.render_check(result, start, grep)
@@ -491,7 +495,7 @@ class NativeDialect(Dialect):
         job_id = args.text("id") or ""
         # Its final output: from where this session's last look stopped (a job this
         # session did not start: from the job's last check, by anyone).
-        result = runner.kill(job_id, offset=session.offsets.get(job_id))
+        result = runner.kill_job(KillRequest(id=job_id, offset=session.offsets.get(job_id)))
         session.offsets[job_id] = result.offset
         job = session.jobs.get(job_id)
         if job is not None and not result.running:

@@ -29,7 +29,14 @@ from collections.abc import Mapping, Sequence
 
 from client.dialects.args import ArgError, Args, command_problem, path_problem
 from client.dialects.base import Dialect, GuardedRunner, Handler, SessionState, ToolSpec, ToolText
-from worker.wire.models import ByteTail, CallResult, InterceptRule, Policy, TruncationInfo
+from worker.wire.models import (
+    ByteTail,
+    CallResult,
+    InterceptRule,
+    Policy,
+    RunRequest,
+    TruncationInfo,
+)
 
 DESCRIPTION = (
     "Run a bash command; stdout and stderr come back combined. Only the last 50KB of "
@@ -157,16 +164,16 @@ class PiDialect(Dialect):
             raise ArgError(problem)
         head, tail = _line_limit(args, "head"), _line_limit(args, "tail")
         timeout = clamp_timeout(args.number("timeout"))
-        result = runner.run(
-            command,
+        result = runner.execute(RunRequest(
+            command=command,
             host=session.host,
             timeout=timeout,
             cwd=resolve_cwd(args.text("cwd"), session.cwd),
             policy=self.policy(),
-            env=dict(session.env) or None,
+            env=dict(session.env),
             head=head,
             tail=tail,
-        )
+        ))
         return self.render(result, timeout)
 
     def render(self, result: CallResult, timeout: float) -> ToolText:

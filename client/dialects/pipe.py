@@ -40,12 +40,14 @@ from client.dialects._text import (
 )
 from client.dialects.args import ArgError, Args, command_problem
 from client.dialects.base import Dialect, GuardedRunner, Handler, SessionState, ToolSpec, ToolText
+from worker.wire.control import CheckRequest, KillRequest
 from worker.wire.models import (
     MAX_TIMEOUT_S,
     CallResult,
     CheckResult,
     JobHandle,
     Policy,
+    RunRequest,
     TailLines,
     TruncationInfo,
 )
@@ -192,14 +194,14 @@ class PipeDialect(Dialect):
             raise ArgError(
                 f"timeout must be between 1 and {int(MAX_TIMEOUT_S * 1000)} ms, not {timeout_ms}"
             )
-        result = runner.run(
-            command,
+        result = runner.execute(RunRequest(
+            command=command,
             host=session.host,
             timeout=timeout_ms / 1000,
             cwd=session.cwd,
             policy=self.policy(),
-            env=dict(session.env) or None,
-        )
+            env=dict(session.env),
+        ))
         return self.render_run(result, command, timeout_ms / 1000, session)
 
     def render_run(
@@ -270,11 +272,11 @@ class PipeDialect(Dialect):
 
     def _check(self, pid: int, runner: GuardedRunner, session: SessionState) -> ToolText:
         job_id = self._job_id(pid, session)
-        result = runner.check(
-            job_id,
+        result = runner.check_job(CheckRequest(
+            id=job_id,
             offset=session.offsets.get(job_id, 0),
             stderr_offset=session.stderr_offsets.get(job_id, 0),
-        )
+        ))
         session.offsets[job_id] = result.offset
         session.stderr_offsets[job_id] = result.stderr_offset
         stderr_path = self._stderr_path(job_id, session, result.stderr_output)
@@ -323,7 +325,7 @@ class PipeDialect(Dialect):
     def _kill(self, pid: int, runner: GuardedRunner, session: SessionState) -> ToolText:
         job_id = self._job_id(pid, session)
         # Its final output: what no check showed yet.
-        result = runner.kill(job_id, offset=session.offsets.get(job_id, 0))
+        result = runner.kill_job(KillRequest(id=job_id, offset=session.offsets.get(job_id, 0)))
         session.offsets[job_id] = result.offset
         job = session.jobs.get(job_id)
         if job is not None and not result.running:

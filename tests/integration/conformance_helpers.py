@@ -17,16 +17,15 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, cast
+from typing import Literal
 
 import psutil
 import pytest
 
 from client import Fleet
 from client.dialects import Dialect, Runner, SessionState, ToolText
-from client.fleet import Mode
 from client.redis_server import RedisServer
-from worker.wire.models import CallResult, Policy
+from worker.wire.models import CallResult, RunRequest
 
 from .conftest import WorkerFactory, WorkerProcess, wait_for
 
@@ -70,30 +69,9 @@ class RecordingFleet(Fleet):
         super().__init__(redis_url)
         self.results: list[CallResult] = []
 
-    def run(
-        self,
-        command: str,
-        *,
-        host: str | None = None,
-        label: str | None = None,
-        mode: Mode = "default",
-        timeout: float | None = None,
-        cwd: str | None = None,
-        session: str | None = None,
-        policy: Policy | None = None,
-        env: dict[str, str] | None = None,
-        call_id: str | None = None,
-        head: int | None = None,
-        tail: int | None = None,
-        unset_env: Sequence[str] = (),
-        capture_state: bool = False,
-    ) -> CallResult:
-        """`Fleet.run`, its result kept."""
-        result = super().run(
-            command, host=host, label=label, mode=mode, timeout=timeout, cwd=cwd,
-            session=session, policy=policy, env=env, call_id=call_id, head=head, tail=tail,
-            unset_env=unset_env, capture_state=capture_state,
-        )
+    def execute(self, request: RunRequest) -> CallResult:
+        """`Fleet.execute`, its result kept."""
+        result = super().execute(request)
         self.results.append(result)
         return result
 
@@ -113,14 +91,8 @@ class Conformance:
 
     @property
     def runner(self) -> Runner:
-        """The Fleet as the dialects' Runner.
-
-        `Fleet.run` types `mode` as a Literal where the protocol says `str` (a dialect
-        passes the model's validated string); at run time the Fleet is the runner, as
-        `isinstance(fleet, Runner)` confirms, so only the static type needs the cast.
-        """
-        assert isinstance(self.fleet, Runner)
-        return cast("Runner", self.fleet)
+        """The Fleet as the dialects' Runner."""
+        return self.fleet
 
     def session(self, **fields: object) -> SessionState:
         """A fresh agent session on the conformance host, in the module's directory."""

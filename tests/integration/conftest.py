@@ -23,10 +23,9 @@ from typing import TypeVar
 import pytest
 import redis
 
-from client import Fleet
+from client import Fleet, records
 from client.redis_server import RedisServer
 from worker.engine import jobs, procs
-from worker.fleet import registry
 from worker.settings import Settings
 
 T = TypeVar("T")
@@ -107,7 +106,7 @@ class WorkerProcess:
                 raise AssertionError(
                     f"worker {self.host} exited with {self.proc.returncode}:\n{self.log()}"
                 )
-            info = registry.host_info(client, self.host)
+            info = records.host_info(client, self.host)
             return bool(info and info.ready and info.pid == self.pid)
 
         wait_for(ready, timeout, f"worker {self.host} to be ready")

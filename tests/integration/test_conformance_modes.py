@@ -14,7 +14,7 @@ from pathlib import Path
 
 from client.dialects import SessionState, ToolText, get_dialect
 from client.dialects.modes import ModesDialect
-from client.fleet import SLOW_TIMEOUT_S
+from worker.wire.models import SLOW_TIMEOUT_S
 
 from .conformance_helpers import (
     PLAIN_VALUE,

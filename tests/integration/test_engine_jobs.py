@@ -13,25 +13,15 @@ from pathlib import Path
 import pytest
 
 from worker import (
-
     CallResult,
-
     CheckResult,
-
     JobError,
-
     JobRecord,
-
     Policy,
-
     check_job,
-
     kill_job,
-
     load_record,
-
     local_records,
-
 )
 
 from .engine_helpers import (

@@ -9,10 +9,9 @@ from pathlib import Path
 import pytest
 
 from worker import ByteTail, CharCap, Middle, Policy, TailLines
-
 from worker.engine import truncate
-from worker.wire.models import Truncation
 from worker.engine.sanitize import sanitize
+from worker.wire.models import Truncation
 
 from .engine_helpers import (
     KILL,

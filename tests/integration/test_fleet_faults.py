@@ -15,16 +15,17 @@ import psutil
 import pytest
 import redis
 
-from client import Fleet, FleetUnavailable, HostUnavailable, WorkerLost
+from client import Fleet, FleetUnavailable, HostUnavailable, WorkerLost, records
 from client.redis_server import RedisServer
 from worker.engine import procs
 from worker.fleet import registry
+from worker.wire import names
 from worker.wire.models import CallResult, JobView
 
 from .conftest import WorkerFactory, WorkerProcess, wait_for
 
 #: A dead worker must show within seconds: heartbeat TTL plus the client's polling.
-LOST_WITHIN_S = registry.ALIVE_TTL_S + 3.0
+LOST_WITHIN_S = names.ALIVE_TTL_S + 3.0
 
 
 class Pending:
@@ -51,7 +52,7 @@ class Pending:
 
 def _spawned(client: redis.Redis, call_id: str) -> dict[str, str]:
     def spawned() -> dict[str, str] | None:
-        record = registry.call_record(client, call_id)
+        record = records.call_record(client, call_id)
         return record if record.get("pgid") else None
 
     return wait_for(spawned, 15, "the spawn")
@@ -108,7 +109,7 @@ def test_worker_killed_mid_call_is_lost_and_never_runs_twice(
     assert pending.finished_at is not None and pending.finished_at - killed_at < LOST_WITHIN_S
     restarted.wait_ready(redis_client)
     wait_for(lambda: _gone(call_id), 10, "the orphaned command to be killed")
-    assert registry.call_record(redis_client, call_id)["state"] == "lost"
+    assert records.call_record(redis_client, call_id)["state"] == "lost"
     lines = target.read_text().splitlines() if target.exists() else []
     assert len(lines) <= 1, "the command ran twice"
     assert lines == [], "the restart should have killed the orphan before it wrote"

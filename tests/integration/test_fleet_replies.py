@@ -8,9 +8,10 @@ import uuid
 
 import redis
 
-from client import Fleet
+from client import Fleet, records
 from client.redis_server import RedisServer
-from worker.fleet import registry
+from worker.wire import names
+from worker.wire.names import Task
 
 from .conftest import WorkerProcess, wait_for
 
@@ -34,9 +35,9 @@ def test_answers_come_back_on_the_callers_channel_and_are_stored(
     assert result.stdout == "back\n"
     assert fleet._replies.listening
     # The stored copy is the same answer, for a caller that missed the publish.
-    stored = registry.stored_reply(redis_client, call_id)
+    stored = records.stored_reply(redis_client, call_id)
     assert stored is not None and '"stdout":"back\\n"' in stored
-    assert 0 < redis_client.ttl(registry.reply_key(call_id)) <= registry.REPLY_TTL_S
+    assert 0 < redis_client.ttl(names.reply_key(call_id)) <= names.REPLY_TTL_S
 
 
 def test_calls_are_answered_while_the_reply_subscription_is_cut(
@@ -80,7 +81,7 @@ def _raw_ctl(fleet: Fleet, host: str, task: str, args: list[object]) -> dict[str
     """Send a control message as any Redis writer could; its answer envelope."""
     waiter = fleet._replies.expect(f"t{uuid.uuid4().hex[:12]}")
     try:
-        fleet._send(task, args, registry.ctl_queue(host), waiter.task_id, "raw")
+        fleet._send(task, args, names.ctl_queue(host), waiter.task_id, "raw")
         deadline = time.monotonic() + 30
         while (payload := fleet._answer(waiter, 0.5)) is None:
             assert time.monotonic() < deadline, "no answer within 30 s"
@@ -96,10 +97,10 @@ def test_a_control_message_with_wrong_arguments_is_answered_invalid(
 ) -> None:
     host = two_hosts[0].host
     for args in ([], ["j1", None, None, None, None, "extra"], [1, 2, 3, 4, 5, 6, 7]):
-        envelope = _raw_ctl(fleet, host, registry.TASK_CHECK, list(args))
+        envelope = _raw_ctl(fleet, host, Task.CHECK, list(args))
         error = envelope.get("error")
         assert isinstance(error, dict) and error["kind"] == "invalid", envelope
         assert "invalid arguments" in str(error["message"])
     # The control consumer goes on answering.
-    jobs = _raw_ctl(fleet, host, registry.TASK_JOBS, [])
+    jobs = _raw_ctl(fleet, host, Task.JOBS, [])
     assert "ok" in jobs

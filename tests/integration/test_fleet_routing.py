@@ -19,10 +19,10 @@ from client import (
     FleetUnavailable,
     HostUnavailable,
     UnknownJob,
+    records,
 )
 from client.redis_server import RedisServer, free_port
 from worker.engine import procs
-from worker.fleet import registry
 from worker.wire.models import CheckResult, Policy, TailLines
 
 from .conftest import WorkerProcess, wait_for
@@ -90,7 +90,7 @@ def test_background_job_is_reached_from_another_client(
         assert starter.check(job.id).output == ""
         # A call id reaches the job it started; a policy cuts what a check shows.
         cut = other.check(
-            started.call_id, offset=0, policy=Policy(truncation=TailLines(max_lines=1))
+            started.call_id, offset=0, truncation=TailLines(max_lines=1)
         )
         assert cut.id == job.id and cut.output == "line3\n"
         assert cut.output_truncation is not None and cut.output_truncation.total_lines == 3
@@ -167,7 +167,7 @@ def test_cancel_a_running_call(two_hosts: Hosts, fleet: Fleet, redis_client: red
         target=lambda: results.append(fleet.run("sleep 30", host="alpha", call_id=call_id))
     )
     runner.start()
-    wait_for(lambda: registry.call_record(redis_client, call_id).get("pgid"), 10, "the spawn")
+    wait_for(lambda: records.call_record(redis_client, call_id).get("pgid"), 10, "the spawn")
     started = time.monotonic()
     assert fleet.cancel(call_id)
     runner.join(10)
@@ -177,7 +177,7 @@ def test_cancel_a_running_call(two_hosts: Hosts, fleet: Fleet, redis_client: red
     assert getattr(result, "signal", None) is not None
     error = getattr(result, "error", None)
     assert error is not None and "cancelled" in error.message
-    assert registry.call_record(redis_client, call_id)["state"] == "cancelled"
+    assert records.call_record(redis_client, call_id)["state"] == "cancelled"
     assert not fleet.cancel(call_id)  # ended already
 
 
@@ -192,7 +192,7 @@ def test_cancel_as_soon_as_a_call_is_claimed(
     """Cancelled between its claim and its process showing in Redis (a canceller may
     find no process yet): the worker sees the cancel at its first wake-up and kills."""
     def claimed(call_id: str) -> bool:
-        return registry.call_record(redis_client, call_id).get("state") == "running"
+        return records.call_record(redis_client, call_id).get("state") == "running"
 
     for _ in range(5):
         call_id = f"c{uuid.uuid4().hex[:12]}"
@@ -209,7 +209,7 @@ def test_cancel_as_soon_as_a_call_is_claimed(
         assert time.monotonic() - started < 5
         error = getattr(results[0], "error", None)
         assert error is not None and "cancelled" in error.message
-        assert registry.call_record(redis_client, call_id)["state"] == "cancelled"
+        assert records.call_record(redis_client, call_id)["state"] == "cancelled"
         assert not procs.find_call_processes(None, call_id)
 
 

@@ -11,8 +11,7 @@ from typing import TypeVar
 
 import redis
 
-from client import Fleet
-from worker.fleet import registry
+from client import Fleet, records
 from worker.wire.models import CallResult
 
 from .conftest import WorkerProcess, wait_for
@@ -45,13 +44,13 @@ def test_control_answers_while_every_slot_is_busy(
     ]
     for thread in threads:
         thread.start()
-    wait_for(lambda: all(registry.call_record(redis_client, c).get("pgid") for c in ids[:2]),
+    wait_for(lambda: all(records.call_record(redis_client, c).get("pgid") for c in ids[:2]),
              15, "both slots to run a sleep")
     third = threading.Thread(target=run, args=(ids[2], commands[2]))
     third.start()
     threads.append(third)
-    wait_for(lambda: registry.call_record(redis_client, ids[2]).get("state"), 5, "the 3rd call")
-    info = registry.host_info(redis_client, "alpha")
+    wait_for(lambda: records.call_record(redis_client, ids[2]).get("state"), 5, "the 3rd call")
+    info = records.host_info(redis_client, "alpha")
     assert info is not None and info.busy == 2 == info.slots
 
     timings: dict[str, float] = {}
@@ -72,7 +71,7 @@ def test_control_answers_while_every_slot_is_busy(
           + ", ".join(f"{k} {v * 1000:.0f} ms" for k, v in timings.items()))
     assert all(v < CONTROL_BUDGET_S for v in timings.values()), timings
     # The third call still waits for a slot: no worker took it early.
-    assert registry.call_record(redis_client, ids[2])["state"] == "queued"
+    assert records.call_record(redis_client, ids[2])["state"] == "queued"
 
     # Cancelling the sleeps frees the slots; the queued call then runs.
     for call_id in ids[:2]:

@@ -34,7 +34,7 @@ def test_malformed_calls_are_rejected_before_sending(
     two_hosts: Hosts, fleet: Fleet, command: str, options: dict[str, object], says: str
 ) -> None:
     with pytest.raises(CallRejected) as caught:
-        fleet.run(command, host=two_hosts[0].host, **options)  # type: ignore[arg-type]
+        fleet.run(command, host=two_hosts[0].host, **options)
     assert says in caught.value.message
 
 

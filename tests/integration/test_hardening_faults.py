@@ -22,10 +22,11 @@ from pathlib import Path
 import pytest
 import redis
 
-from client import Fleet, WorkerLost
+from client import Fleet, WorkerLost, records
 from worker.engine import procs
-from worker.fleet import registry
 from worker.engine.environment import MARKER_VAR
+from worker.fleet import registry
+from worker.wire import names
 
 from .conftest import WorkerFactory, WorkerProcess, wait_for
 from .test_fleet_faults import LOST_WITHIN_S, Pending
@@ -85,7 +86,7 @@ def test_fifty_rounds_of_sigkill(
         try:
             pending.join(LOST_WITHIN_S + 60)
         except AssertionError:
-            record = registry.call_record(redis_client, call_id)
+            record = records.call_record(redis_client, call_id)
             raise AssertionError(f"round {round_no}: no answer; call record {record}") from None
         assert pending.finished_at is not None
         if pending.result is not None:
@@ -124,7 +125,7 @@ def test_a_call_claimed_but_not_yet_recorded_on_disk_is_lost_not_hung(
     assert consumer is not None
     record = registry.host_record(redis_client, HOST)
     call_id = f"u{uuid.uuid4().hex[:10]}"
-    registry.new_call(redis_client, call_id, registry.exec_queue(HOST), HOST)
+    records.submit_call(redis_client, call_id, names.exec_queue(HOST), HOST)
     assert registry.claim_call(redis_client, call_id, HOST, record["instance"], consumer) == "ok"
     # A process of that call which the dead consumer never recorded: found by its marker.
     orphan = subprocess.Popen(
@@ -133,13 +134,13 @@ def test_a_call_claimed_but_not_yet_recorded_on_disk_is_lost_not_hung(
     try:
         os.kill(consumer, signal.SIGKILL)  # a consumer this test's worker started
         state = wait_for(
-            lambda: registry.call_record(redis_client, call_id).get("state") == "lost", 30,
+            lambda: records.call_record(redis_client, call_id).get("state") == "lost", 30,
             "the claimed call to be marked lost",
         )
         assert state
         assert orphan.wait(15) is not None  # killed by the recovery
-        assert call_id not in redis_client.smembers(registry.running_key(HOST))
-        assert "its worker's command consumer died" in registry.call_record(
+        assert call_id not in redis_client.smembers(names.running_key(HOST))
+        assert "its worker's command consumer died" in records.call_record(
             redis_client, call_id
         )["note"]
     finally:

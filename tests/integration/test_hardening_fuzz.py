@@ -23,7 +23,8 @@ from hypothesis import strategies as st
 from client import Fleet
 from client.dialects import DIALECTS, get_dialect
 from client.dialects.base import SessionState, ToolText
-from worker.wire.models import CallResult, CheckResult, Policy
+from worker.wire.control import CheckRequest, KillRequest
+from worker.wire.models import CallResult, CheckResult, Policy, RunRequest
 
 from .conftest import WorkerProcess, wait_for
 
@@ -38,18 +39,19 @@ class DataOnlyRunner:
         self.fleet = fleet
         self.host = host
 
-    def run(self, command: str, **options: Any) -> CallResult:
-        options["host"] = self.host
+    def execute(self, request: RunRequest) -> CallResult:
         # Keep runs short whatever the fuzzer asked for: the point is the path, not sleep.
-        if options.get("timeout") is not None:
-            options["timeout"] = min(float(options["timeout"]), 5.0)
-        return self.fleet.run(f"printf %s {shlex.quote(command)}", **options)
+        timeout = None if request.timeout is None else min(request.timeout, 5.0)
+        printed = f"printf %s {shlex.quote(request.command)}"
+        return self.fleet.execute(
+            request.model_copy(update={"command": printed, "host": self.host, "timeout": timeout})
+        )
 
-    def check(self, id: str, **options: Any) -> CheckResult:
-        return self.fleet.check(id, **options)
+    def check_job(self, request: CheckRequest) -> CheckResult:
+        return self.fleet.check_job(request)
 
-    def kill(self, id: str, **options: Any) -> CheckResult:
-        return self.fleet.kill(id, **options)
+    def kill_job(self, request: KillRequest) -> CheckResult:
+        return self.fleet.kill_job(request)
 
 
 _scalar = (

@@ -23,13 +23,14 @@ from pathlib import Path
 import pytest
 import redis
 
-from client import Fleet
+from client import Fleet, records
 from client.errors import FleetUnavailable, HostUnavailable, WorkerLost
 from client.redis_server import RedisServer
 from worker.engine import jobs
 from worker.fleet import registry
-from worker.wire.models import CallResult, CheckResult, JobHandle, JobRecord
 from worker.settings import Settings
+from worker.wire import names
+from worker.wire.models import CallResult, CheckResult, JobHandle, JobRecord
 
 from .conftest import WorkerFactory, WorkerProcess, wait_for
 
@@ -252,7 +253,7 @@ def test_redis_outage(
         call_id = f"coutage{secrets.token_hex(6)}"
         long_call = Pending(server.url, "sleep 300", host, call_id)
         wait_for(
-            lambda: registry.call_record(probe, call_id).get("pgid"), 15, "the long call's spawn"
+            lambda: records.call_record(probe, call_id).get("pgid"), 15, "the long call's spawn"
         )
         probe.set("test:sentinel", "kept")
 
@@ -309,11 +310,11 @@ def test_redis_outage(
         assert listed.slots == worker.concurrency and listed.pid == worker.pid
         # The call still running is known again (busy slot, record), so it can be
         # cancelled; its caller, cut off by the outage, got an error or its result.
-        assert registry.call_record(probe, call_id).get("state") == "running"
+        assert records.call_record(probe, call_id).get("state") == "running"
         assert listed.busy >= 1
         assert fleet.cancel(call_id)
         wait_for(
-            lambda: registry.call_record(probe, call_id).get("state") == "cancelled", 15,
+            lambda: records.call_record(probe, call_id).get("state") == "cancelled", 15,
             "the long call to end cancelled",
         )
         # A caller waiting when Redis went away hears so within seconds, as a
@@ -363,12 +364,12 @@ def test_redis_outage(
 def test_beat_tells_when_redis_lost_the_host_record(redis_client: redis.Redis) -> None:
     host, token = f"beat{secrets.token_hex(4)}", secrets.token_hex(8)
     record = {"instance": token, "concurrency": 1}
-    assert registry.beat(redis_client, host, token, record) == "missing"  # first beat
-    assert registry.beat(redis_client, host, token, record) == "ok"
-    redis_client.delete(registry.host_key(host), registry.alive_key(host))  # data loss
-    assert registry.beat(redis_client, host, token, record) == "missing"
-    assert registry.beat(redis_client, host, token, record) == "ok"
-    assert registry.beat(redis_client, host, "another", record) == "taken"
+    assert registry.heartbeat(redis_client, host, token, record) == "missing"  # first beat
+    assert registry.heartbeat(redis_client, host, token, record) == "ok"
+    redis_client.delete(names.host_key(host), names.alive_key(host))  # data loss
+    assert registry.heartbeat(redis_client, host, token, record) == "missing"
+    assert registry.heartbeat(redis_client, host, token, record) == "ok"
+    assert registry.heartbeat(redis_client, host, "another", record) == "taken"
     registry.release_host(redis_client, host, token)
 
 
@@ -377,13 +378,13 @@ def test_restore_running_call_never_revives_an_ended_call(redis_client: redis.Re
     lost, ended = f"clost{secrets.token_hex(6)}", f"cended{secrets.token_hex(6)}"
     # Redis lost the record of a running call: it comes back running, in the busy set.
     assert registry.restore_running_call(redis_client, host, lost, pid=12, pgid=12) == "running"
-    record = registry.call_record(redis_client, lost)
+    record = records.call_record(redis_client, lost)
     assert (record["state"], record["host"], record["pgid"]) == ("running", host, "12")
     # A call whose end was recorded before the restore got to it stays ended.
-    registry.finish_call(redis_client, host, ended, exit_code=0)
+    registry.finish_and_reply(redis_client, host, ended, dict(exit_code=0))[0]
     assert registry.restore_running_call(redis_client, host, ended, pid=13) == "done"
-    assert redis_client.smembers(registry.running_key(host)) == {lost}
+    assert redis_client.smembers(names.running_key(host)) == {lost}
     # ... and one that ends after it leaves its slot.
-    registry.finish_call(redis_client, host, lost, exit_code=0)
-    assert redis_client.smembers(registry.running_key(host)) == set()
-    redis_client.delete(registry.call_key(lost), registry.call_key(ended))
+    registry.finish_and_reply(redis_client, host, lost, dict(exit_code=0))[0]
+    assert redis_client.smembers(names.running_key(host)) == set()
+    redis_client.delete(names.call_key(lost), names.call_key(ended))

@@ -21,11 +21,11 @@ from typing import Any
 import pytest
 import redis
 
-from client import Fleet
+from client import Fleet, records
 from client.redis_server import RedisServer
-from worker.fleet import registry
-from worker.wire import auth
+from worker.wire import auth, names
 from worker.wire.models import CallResult
+from worker.wire.names import Task
 
 from .conftest import WorkerFactory, WorkerProcess, wait_for
 from .test_fleet_flower import PASSWORD, USER, _try_get
@@ -72,7 +72,7 @@ def _raw_exec(fleet: Fleet, args: list[Any], call_id: str) -> CallResult:
     """Send an exec message as any Redis writer could, bypassing the client."""
     waiter = fleet._replies.expect(call_id)
     try:
-        fleet._send(registry.TASK_EXEC, args, registry.exec_queue(HOST), call_id, "raw")
+        fleet._send(Task.EXEC, args, names.exec_queue(HOST), call_id, "raw")
         deadline = time.monotonic() + 30
         while (payload := fleet._answer(waiter, 0.5)) is None:
             assert time.monotonic() < deadline, "no answer within 30 s"
@@ -112,13 +112,13 @@ def test_forged_messages_are_refused(
     call_id = f"c{uuid.uuid4().hex[:12]}"
     now = time.time()
     if attack == "tampered":
-        envelope = auth.sign(KEY, registry.TASK_EXEC, [_call(tmp_path / "x", call_id)], now)
+        envelope = auth.sign(KEY, Task.EXEC, [_call(tmp_path / "x", call_id)], now)
         envelope["args"][0]["command"] = f"touch {marker}"
     elif attack == "expired":
-        envelope = auth.sign(KEY, registry.TASK_EXEC, [_call(marker, call_id)], now - 3600,
+        envelope = auth.sign(KEY, Task.EXEC, [_call(marker, call_id)], now - 3600,
                              ttl_s=1)
     else:
-        envelope = auth.sign("some-other-key-" + "0" * 20, registry.TASK_EXEC,
+        envelope = auth.sign("some-other-key-" + "0" * 20, Task.EXEC,
                              [_call(marker, call_id)], now)
     result = _raw_exec(signed_fleet, [envelope], call_id)
     assert result.error is not None and result.error.kind == "unauthorized", result
@@ -130,7 +130,7 @@ def test_a_replayed_message_is_refused(
 ) -> None:
     first_id, second_id = f"c{uuid.uuid4().hex[:12]}", f"c{uuid.uuid4().hex[:12]}"
     marker = tmp_path / "replayed"
-    envelope = auth.sign(KEY, registry.TASK_EXEC,
+    envelope = auth.sign(KEY, Task.EXEC,
                          [{"call_id": first_id, "command": f"echo once >> {marker}"}], time.time())
     first = _raw_exec(signed_fleet, [envelope], first_id)
     assert first.exit_code == 0, first
@@ -146,10 +146,10 @@ def test_flower_cannot_run_commands(
     wait_for(lambda: _try_get(f"{flower}/api/workers"), 60, "Flower")
     marker = tmp_path / "via-flower"
     call_id = f"c{uuid.uuid4().hex[:12]}"
-    body = json.dumps({"args": [_call(marker, call_id)], "queue": registry.exec_queue(HOST)})
+    body = json.dumps({"args": [_call(marker, call_id)], "queue": names.exec_queue(HOST)})
     token = base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode()
     request = urllib.request.Request(  # noqa: S310 - the local Flower's http:// URL
-        f"{flower}/api/task/send-task/{registry.TASK_EXEC}", data=body.encode(), method="POST",
+        f"{flower}/api/task/send-task/{Task.EXEC}", data=body.encode(), method="POST",
         headers={"Authorization": f"Basic {token}", "Content-Type": "application/json"},
     )
     with urllib.request.urlopen(request, timeout=10) as response:  # noqa: S310
@@ -157,7 +157,7 @@ def test_flower_cannot_run_commands(
 
     # The worker answers every message, this one too: stored under its task id (Flower
     # names no reply channel of ours).
-    answer = wait_for(lambda: registry.stored_reply(redis_client, task_id), 30,
+    answer = wait_for(lambda: records.stored_reply(redis_client, task_id), 30,
                       "the worker's answer to Flower's message")
     result = CallResult.model_validate_json(answer)
     assert result.error is not None and result.error.kind == "unauthorized"

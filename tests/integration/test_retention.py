@@ -16,9 +16,9 @@ import time
 from pathlib import Path
 
 from worker import CallResult, JobRecord, Policy, kill_job, load_record
-from worker.fleet.recovery import RunningCall, remove_running, save_running
 from worker.engine.jobs import read_status
-from worker.retention import Limits, execute, plan, scan
+from worker.engine.running import RunningCall, remove, save
+from worker.retention import RetentionPolicy, execute, plan, scan
 
 from .engine_helpers import (
     DEADLINE_S,
@@ -30,7 +30,7 @@ from .engine_helpers import (
 
 DAY = 86400.0
 #: The defaults: seven days, 10 GiB, one hour.
-LIMITS = Limits(max_age_s=7 * DAY, max_bytes=10 * 1024**3, min_age_s=3600.0)
+LIMITS = RetentionPolicy(max_age_s=7 * DAY, max_bytes=10 * 1024**3, min_age_s=3600.0)
 AUTO = Policy(on_timeout="background", kill_grace_s=0.5)
 
 
@@ -123,7 +123,7 @@ def test_a_running_foreground_calls_spill_files_are_kept(engine: Engine) -> None
     spawned = threading.Event()
 
     def on_spawn(pid: int, pgid: int, marker: str) -> None:
-        save_running(engine.settings, RunningCall(
+        save(engine.settings, RunningCall(
             call_id=call.call_id, pid=pid, pgid=pgid, marker=marker, start_time=time.time(),
             worker_pid=os.getpid(), instance="test",
         ))
@@ -141,7 +141,7 @@ def test_a_running_foreground_calls_spill_files_are_kept(engine: Engine) -> None
         wait_until(lambda: spill[0].exists() and spill[0].stat().st_size > 0,
                    what="the call's first output")
         _age(spill, days=30)
-        result = plan(scan(engine.settings), Limits(max_age_s=0, max_bytes=0, min_age_s=0))
+        result = plan(scan(engine.settings), RetentionPolicy(max_age_s=0, max_bytes=0, min_age_s=0))
         assert result.removals == ()
         assert {h.group: h.reason for h in result.held} == {
             f"call {call.call_id}": "running_call"
@@ -149,7 +149,7 @@ def test_a_running_foreground_calls_spill_files_are_kept(engine: Engine) -> None
     finally:
         gate.touch()
         runner.join(DEADLINE_S)
-        remove_running(engine.settings, call.call_id)
+        remove(engine.settings, call.call_id)
     assert not runner.is_alive() and results and results[0].exit_code == 0
 
 

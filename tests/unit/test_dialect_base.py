@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from typing import Any
 
 import jsonschema  # type: ignore[import-untyped]
@@ -35,12 +36,14 @@ from client.dialects._text import (
 from client.dialects.args import ArgError, command_problem, parse_args
 from client.dialects.base import GuardedRunner, RunnerError
 from client.dialects.testing import FakeRunner
+from worker.wire.control import CheckRequest, KillRequest
 from worker.wire.models import (
     MAX_COMMAND_BYTES,
     CallResult,
     CheckResult,
     JobHandle,
     ProcessInfo,
+    RunRequest,
     Spill,
     SystemError_,
     TruncationInfo,
@@ -282,16 +285,17 @@ def test_fake_runner_is_a_runner() -> None:
 
 def test_guarded_runner_converts_exceptions() -> None:
     guarded = GuardedRunner(FakeRunner(error=ConnectionError("redis is down")))
-    for action in (
-        lambda: guarded.run("ls"),
-        lambda: guarded.check("j"),
-        lambda: guarded.kill("j"),
-    ):
+    actions: list[Callable[[], object]] = [
+        lambda: guarded.execute(RunRequest(command="ls")),
+        lambda: guarded.check_job(CheckRequest(id="j")),
+        lambda: guarded.kill_job(KillRequest(id="j")),
+    ]
+    for action in actions:
         with pytest.raises(RunnerError) as caught:
             action()
         assert str(caught.value) == "ConnectionError: redis is down"
     with pytest.raises(RunnerError, match=r"^TimeoutError$"):
-        GuardedRunner(FakeRunner(error=TimeoutError())).run("ls")
+        GuardedRunner(FakeRunner(error=TimeoutError())).execute(RunRequest(command="ls"))
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -311,7 +315,7 @@ def test_a_rendering_bug_is_not_swallowed(name: str) -> None:
     """Only the runner's exceptions become system errors: our own bugs must surface."""
 
     class Broken(FakeRunner):
-        def run(self, command: str, **options: Any) -> CallResult:
+        def execute(self, request: RunRequest) -> CallResult:
             return "not a result"  # type: ignore[return-value]
 
     dialect = get_dialect(name)

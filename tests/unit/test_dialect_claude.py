@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from client.dialects import ClaudeDialect, SessionState, ToolText, schemas
 from client.dialects.claude import EMPTY_OUTPUT, format_duration
 from client.dialects.testing import FakeRunner
+from worker.wire.control import CheckRequest
 from worker.wire.models import (
     CallResult,
     CharCap,
@@ -130,7 +131,7 @@ def test_foreground_runs_capture_the_shell_state() -> None:
     _, runner, _ = bash(
         done(backgrounded=True, job=JOB), {"command": "x", "run_in_background": True}
     )
-    assert "capture_state" not in runner.last().options  # a job ends after later calls ran
+    assert runner.last().options["capture_state"] is False  # a job ends after later calls ran
 
 
 def test_exports_unsets_and_cd_carry_to_the_next_call() -> None:
@@ -172,7 +173,7 @@ def test_unset_worker_variables_stay_unset() -> None:
 
 def test_nothing_unset_sends_no_unset_env() -> None:
     _, runner, _ = bash(done(exit_code=0))
-    assert "unset_env" not in runner.last().options
+    assert runner.last().options["unset_env"] == ()
 
 
 def test_old_session_records_load() -> None:
@@ -370,10 +371,10 @@ def test_bash_output_reads_incrementally() -> None:
     )
     first = CLAUDE.call("BashOutput", {"bash_id": "j5c2"}, runner, session)
     assert first == ToolText("<status>running</status>\n\n<stdout>\nready\n</stdout>")
-    assert runner.last().options == {"grep": None, "offset": 0}
+    assert runner.last().request == CheckRequest(id=runner.last().target, offset=0)
     second = CLAUDE.call("BashOutput", {"bash_id": "j5c2"}, runner, session)
     assert second == ToolText("<status>running</status>")
-    assert runner.last().options == {"grep": None, "offset": 6}
+    assert runner.last().request == CheckRequest(id=runner.last().target, offset=6)
 
 
 @pytest.mark.parametrize(

@@ -8,11 +8,13 @@ from hypothesis import strategies as st
 
 from client.dialects import NativeDialect, SessionState, ShellState, ToolText, schemas
 from client.dialects.testing import FakeRunner
+from worker.wire.control import CheckRequest, KillRequest
 from worker.wire.models import (
     CallResult,
     CheckResult,
     JobHandle,
     ProcessInfo,
+    RunRequest,
     Spill,
     SystemError_,
     TailLines,
@@ -99,18 +101,17 @@ def test_arguments_reach_the_runner() -> None:
         },
         session,
     )
-    assert runner.last().options == {
-        "host": "h9",
-        "mode": "slow",
-        "timeout": 30.0,
-        "cwd": "/src",
-        "session": "s1",
-        "policy": NATIVE.policy(),
-        "env": {"A": "1"},
-        "head": None,
-        "tail": None,
-        "capture_state": True,  # a named session: its final state is carried
-    }
+    assert runner.last().request == RunRequest(
+        command="make",
+        host="h9",
+        mode="slow",
+        timeout=30.0,
+        cwd="/src",
+        session="s1",
+        policy=NATIVE.policy(),
+        env={"A": "1"},
+        capture_state=True,  # a named session: its final state is carried
+    )
     _, runner, _ = bash(done(exit_code=0), {"command": "make"}, session)
     options = runner.last().options
     assert (
@@ -250,12 +251,13 @@ def test_checks_read_on_after_the_timeout_notice() -> None:
     assert (session.offsets, session.stderr_offsets) == ({"j1": 10}, {"j1": 0})
     runner = FakeRunner(check=[CheckResult(id="j1", host="h2", running=True, offset=10)])
     answer = NATIVE.call("bash_check", {"id": "j1"}, runner, session)
-    assert runner.last().options == {"grep": None, "offset": 10, "stderr_offset": 0}
+    assert runner.last().request == CheckRequest(id="j1", offset=10, stderr_offset=0)
     assert "output since byte 10: none" in answer.text
     NATIVE.call("bash_kill", {"id": "j1"}, runner, session)
-    assert runner.last().options == {"offset": 10}
+    assert runner.last().request == KillRequest(id=runner.last().target, offset=10)
     NATIVE.call("bash_kill", {"id": "jother"}, runner, session)
-    assert runner.last().options == {}  # not this session's: from the job's last check
+    # Not this session's job: from the job's last check.
+    assert runner.last().request == KillRequest(id="jother")
 
 
 def test_background_mode() -> None:
@@ -303,13 +305,13 @@ def test_check_reads_on_from_the_last_offset() -> None:
         "next offset: 50 (bash_check id=j1 continues from there)"
     )
     second = NATIVE.call("bash_check", {"id": "j1"}, runner, session)
-    assert runner.last().options == {"grep": None, "offset": 50, "stderr_offset": 0}
+    assert runner.last().request == CheckRequest(id="j1", offset=50, stderr_offset=0)
     assert second.text == (
         "job j1 on host h2: running\n\noutput since byte 50: none\n\n"
         "next offset: 50 (bash_check id=j1 continues from there)"
     )
     third = NATIVE.call("bash_check", {"id": "j1", "offset": 10, "grep": "x"}, runner, session)
-    assert runner.last().options == {"grep": "x", "offset": 10}
+    assert runner.last().request == CheckRequest(id="j1", grep="x", offset=10)
     assert third.text == (
         "job j1 on host h2: exited with code 0\n\n"
         "output since byte 10 matching 'x' (1 line):\nx\n\n"
@@ -588,7 +590,7 @@ def test_a_named_session_carries_cwd_and_env_and_reports_the_final_cwd() -> None
     # Without the session, calls stay stateless; an explicit cwd wins over the session's.
     _, runner, _ = bash(done(exit_code=0), {"command": "pwd"}, session)
     assert runner.last().options["cwd"] == "/repo"
-    assert "capture_state" not in runner.last().options
+    assert runner.last().options["capture_state"] is False
     _, runner, _ = bash(
         done(exit_code=0), {"command": "pwd", "session": "s1", "cwd": "/x"}, session
     )
@@ -603,7 +605,7 @@ def test_a_named_session_that_learns_nothing_says_so() -> None:
         {"command": "serve", "mode": "background", "session": "s1"},
         session,
     )
-    assert "capture_state" not in runner.last().options  # a job ends after later calls
+    assert runner.last().options["capture_state"] is False  # a job ends after later calls
     assert "\n\nsession s1: state unchanged; its next call starts in /w as before" in answer.text
     assert session.shells["s1"] == ShellState(cwd="/w")
 

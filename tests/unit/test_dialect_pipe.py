@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from client.dialects import PipeDialect, SessionState, ToolText, schemas
 from client.dialects.testing import FakeCall, FakeRunner
+from worker.wire.control import CheckRequest, KillRequest
 from worker.wire.models import (
     CallResult,
     CheckResult,
@@ -118,7 +119,7 @@ def test_run_sends_the_policy_timeout_and_session() -> None:
     assert call.options["policy"] == PIPE.policy()
     _, runner, _ = run(done(exit_code=0))
     assert runner.last().options["timeout"] == 120.0
-    assert runner.last().options["env"] is None
+    assert runner.last().options["env"] == {}
 
 
 # --------------------------------------------------------------------- normal results
@@ -346,10 +347,10 @@ def test_checks_read_on_after_the_backgrounded_notice() -> None:
         check=[CheckResult(id="j7f3a", host="h1", running=True, offset=30, stderr_offset=9)]
     )
     PIPE.call("bash", {"check_pid": 12345}, runner, session)
-    assert runner.last().options == {"grep": None, "offset": 10, "stderr_offset": 5}
+    assert runner.last().request == CheckRequest(id="j7f3a", offset=10, stderr_offset=5)
     assert (session.offsets, session.stderr_offsets) == ({"j7f3a": 30}, {"j7f3a": 9})
     PIPE.call("bash", {"kill_pid": 12345}, runner, session)
-    assert runner.last() == FakeCall("kill", "j7f3a", {"offset": 30})
+    assert runner.last() == FakeCall(KillRequest(id="j7f3a", offset=30))
 
 
 def test_check_running_reads_new_output_from_the_last_offset() -> None:

@@ -6,13 +6,13 @@ import signal
 
 import pytest
 
-from worker.engine.limits import Limits, host_rule_violation, limit_hit, ulimit_prefix
+from worker.engine.limits import ResourceLimits, host_rule_violation, limit_hit, ulimit_prefix
 
-ALL = Limits(memory_mb=100, cpu_s=2, file_mb=1, procs=50)
+ALL = ResourceLimits(memory_mb=100, cpu_s=2, file_mb=1, procs=50)
 
 
 def test_no_limits_no_prefix() -> None:
-    assert ulimit_prefix(Limits()) == ""
+    assert ulimit_prefix(ResourceLimits()) == ""
 
 
 def test_prefix_sets_every_limit_and_refuses_on_failure() -> None:
@@ -49,8 +49,8 @@ def test_limit_hit(
 
 
 def test_limit_hit_needs_the_limit_set() -> None:
-    assert limit_hit(Limits(), None, signal.SIGXCPU, "") is None
-    assert limit_hit(Limits(), 1, None, "MemoryError") is None
+    assert limit_hit(ResourceLimits(), None, signal.SIGXCPU, "") is None
+    assert limit_hit(ResourceLimits(), 1, None, "MemoryError") is None
 
 
 @pytest.mark.parametrize(

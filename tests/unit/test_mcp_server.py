@@ -36,7 +36,8 @@ from client.mcp_server import (
     build_server,
 )
 from client.sessions import RedisSessionStore
-from worker.wire.models import CallResult, CheckResult, JobHandle
+from worker.wire.control import CheckRequest, KillRequest
+from worker.wire.models import CallResult, CheckResult, JobHandle, RunRequest
 
 NAMES = sorted(DIALECTS)
 SESSION = "s-test"
@@ -315,7 +316,7 @@ async def test_calls_run_concurrently_and_both_keep_their_changes(
     started, release = threading.Event(), threading.Event()
 
     class Slow(FakeRunner):
-        def run(self, command: str, **options: Any) -> CallResult:
+        def execute(self, request: RunRequest) -> CallResult:
             started.set()
             assert release.wait(10)
             return done(exit_code=0, env_changes={"BUILT": "1"})
@@ -361,51 +362,49 @@ async def test_a_session_that_cannot_be_saved_says_so(store: RedisSessionStore) 
 
 
 class RecordingFleet:
-    """Stands for `Fleet`: records what each method was given."""
+    """Stands for `Fleet`: records the request each method was given."""
 
     def __init__(self) -> None:
-        self.calls: list[tuple[str, dict[str, Any]]] = []
+        self.calls: list[RunRequest | CheckRequest | KillRequest] = []
 
-    def run(self, command: str, **options: Any) -> CallResult:
-        self.calls.append(("run", options))
+    def execute(self, request: RunRequest) -> CallResult:
+        self.calls.append(request)
         return done(exit_code=0)
 
-    def check(self, id: str, **options: Any) -> Any:
-        self.calls.append(("check", options))
-        return CheckResult(id=id, host="h1", running=False, exit_code=0)
+    def check_job(self, request: CheckRequest) -> CheckResult:
+        self.calls.append(request)
+        return CheckResult(id=request.id, host="h1", running=False, exit_code=0)
 
-    def kill(self, id: str, **options: Any) -> Any:
-        self.calls.append(("kill", options))
-        return CheckResult(id=id, host="h1", running=False, signal=15)
+    def kill_job(self, request: KillRequest) -> CheckResult:
+        self.calls.append(request)
+        return CheckResult(id=request.id, host="h1", running=False, signal=15)
 
 
-def test_fleet_runner_passes_every_option_through() -> None:
+def test_fleet_runner_passes_every_request_through() -> None:
     fleet = RecordingFleet()
     runner = FleetRunner(cast(Fleet, fleet))
     policy = get_dialect("claude").policy()
-    runner.run("ls", head=5, unset_env=["LANG"], capture_state=True, mode="slow", policy=policy)
-    runner.check("j1", offset=0, stderr_offset=7, policy=policy)
-    runner.kill("j1", offset=3)
-    run, check, kill = (options for _, options in fleet.calls)
-    assert run == {
-        "host": None, "mode": "slow", "timeout": None, "cwd": None, "session": None,
-        "policy": policy, "env": None, "head": 5, "tail": None, "unset_env": ["LANG"],
-        "capture_state": True,
-    }  # fmt: skip
-    assert check == {"grep": None, "offset": 0, "stderr_offset": 7, "policy": policy}
-    assert kill == {"offset": 3, "policy": None}
+    run = RunRequest(
+        command="ls", head=5, unset_env=("LANG",), capture_state=True, mode="slow", policy=policy
+    )
+    check = CheckRequest(id="j1", offset=0, stderr_offset=7, truncation=policy.truncation)
+    kill = KillRequest(id="j1", offset=3)
+    runner.execute(run)
+    runner.check_job(check)
+    runner.kill_job(kill)
+    assert fleet.calls == [run, check, kill]
 
 
 def test_fleet_runner_reports_an_unreachable_fleet() -> None:
     lost: list[bool] = []
 
     class Unreachable(RecordingFleet):
-        def run(self, command: str, **options: Any) -> CallResult:
+        def execute(self, request: RunRequest) -> CallResult:
             raise FleetUnavailable("Redis is unreachable")
 
     runner = FleetRunner(cast(Fleet, Unreachable()), on_unavailable=lambda: lost.append(True))
     with pytest.raises(FleetUnavailable):
-        runner.run("ls")
+        runner.execute(RunRequest(command="ls"))
     assert lost == [True]
 
 
@@ -413,16 +412,16 @@ def test_session_runner_pins_only_a_host_that_ran_the_call() -> None:
     state = SessionState()
     runner = FakeRunner(run=[CallResult(call_id="c0", host=""), done(exit_code=0)])
     pinned = SessionRunner(runner, state)
-    pinned.run("a")
+    pinned.execute(RunRequest(command="a"))
     assert state.host is None  # never reached a host
-    pinned.run("b", capture_state=True)
+    pinned.execute(RunRequest(command="b", capture_state=True))
     assert state.host == "h1"
-    pinned.run("c", host="h2")  # an explicit host wins for that call, keeps the pin
+    pinned.execute(RunRequest(command="c", host="h2"))  # an explicit host wins, keeps the pin
     assert [c.options["host"] for c in runner.calls] == [None, None, "h2"]
     assert runner.calls[1].options["capture_state"] is True
     assert state.host == "h1"
-    pinned.check("j1", offset=4)
-    pinned.kill("j1")
+    pinned.check_job(CheckRequest(id="j1", offset=4))
+    pinned.kill_job(KillRequest(id="j1"))
     assert [c.method for c in runner.calls[3:]] == ["check", "kill"]
 
 
@@ -430,7 +429,7 @@ def test_a_dead_pinned_host_says_how_to_move_the_session() -> None:
     dead = HostUnavailable("no live worker for host 'h1' (live hosts: h2)", host="h1")
     pinned = SessionRunner(FakeRunner(error=dead), SessionState(host="h1"))
     with pytest.raises(HostUnavailable) as caught:
-        pinned.run("ls", host="h1")
+        pinned.execute(RunRequest(command="ls", host="h1"))
     assert caught.value.message == (
         "no live worker for host 'h1' (live hosts: h2). This session is pinned to h1; "
         "to move it, restart `bashfleet mcp` with --host and a live host"
@@ -438,7 +437,9 @@ def test_a_dead_pinned_host_says_how_to_move_the_session() -> None:
     assert caught.value.host == "h1"
     # A host the agent named for one call is its own choice: the error is as it was.
     with pytest.raises(HostUnavailable) as caught:
-        SessionRunner(FakeRunner(error=dead), SessionState(host="h2")).run("ls", host="h1")
+        SessionRunner(FakeRunner(error=dead), SessionState(host="h2")).execute(
+            RunRequest(command="ls", host="h1")
+        )
     assert caught.value is dead
 
 

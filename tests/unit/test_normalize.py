@@ -8,7 +8,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from worker.wire.models import InterceptRule
 from worker.engine.normalize import (
     DEFAULT_INTERCEPT_RULES,
     Normalized,
@@ -17,6 +16,7 @@ from worker.engine.normalize import (
     merge_limits,
     normalize_command,
 )
+from worker.wire.models import InterceptRule
 
 # ------------------------------------------------------------------ normalization
 

@@ -11,8 +11,12 @@ import fakeredis
 import pytest
 import redis
 
-from worker.fleet import registry
+from client import records
+from worker.fleet import connect, registry
+from worker.wire import names
+from worker.wire import records as wire_records
 from worker.wire.models import JobRecord
+from worker.wire.names import CallState
 
 
 @pytest.fixture
@@ -34,47 +38,47 @@ def _assert_every_key_expires(r: redis.Redis) -> None:
     keys = cast("list[str]", r.keys("*"))
     assert keys
     for key in keys:
-        assert key.startswith(registry.PREFIX)
+        assert key.startswith(names.PREFIX)
         assert r.ttl(key) > 0, f"{key} has no TTL"
 
 
 def test_queue_and_key_names() -> None:
-    assert registry.exec_queue("b1") == "bashfleet.b1.exec"
-    assert registry.ctl_queue("b1") == "bashfleet.b1.ctl"
-    assert registry.pool_queue("gpu") == "bashfleet.pool.gpu.exec"
-    assert registry.exec_queues("b1", ["gpu"]) == [
+    assert names.exec_queue("b1") == "bashfleet.b1.exec"
+    assert names.ctl_queue("b1") == "bashfleet.b1.ctl"
+    assert names.pool_queue("gpu") == "bashfleet.pool.gpu.exec"
+    assert names.exec_queues("b1", ["gpu"]) == [
         "bashfleet.b1.exec", "bashfleet.any.exec", "bashfleet.pool.gpu.exec",
     ]
-    assert registry.alive_key("b1") == "bashfleet:alive:b1"
-    assert registry.call_key("c1") == "bashfleet:call:c1"
+    assert names.alive_key("b1") == "bashfleet:alive:b1"
+    assert names.call_key("c1") == "bashfleet:call:c1"
 
 
 @pytest.mark.parametrize("host", ["any", "pool", "pool.x", "", "a b", "-x", "x" * 65, "a/b"])
 def test_host_ids_that_would_collide_or_break_keys_are_refused(host: str) -> None:
     with pytest.raises(ValueError, match="invalid host id"):
-        registry.validate_host(host)
+        names.validate_host(host)
 
 
 def test_valid_host_ids() -> None:
     for host in ("build-1", "build-1.example.com", "b_2", "A"):
-        assert registry.validate_host(host) == host
+        assert names.validate_host(host) == host
     with pytest.raises(ValueError, match="invalid label"):
-        registry.validate_label("gpu.big")
+        names.validate_label("gpu.big")
 
 
 def test_every_key_has_a_ttl(r: redis.Redis) -> None:
     registry.acquire_host(r, "alpha", "t1")
-    assert registry.heartbeat(r, "alpha", "t1", {"concurrency": 2, "labels": "gpu"})
-    registry.new_call(r, "c1", registry.exec_queue("alpha"), "alpha")
+    assert registry.heartbeat(r, "alpha", "t1", {"concurrency": 2, "labels": "gpu"}) != "taken"
+    records.submit_call(r, "c1", names.exec_queue("alpha"), "alpha")
     assert registry.claim_call(r, "c1", "alpha", "t1", 42) == "ok"
     registry.update_call(r, "c1", pid=5, pgid=5, marker="c1")
     registry.save_job(r, _record(), running=True)
     registry.save_offsets(r, "j1", 10, 0)
-    r.set(registry.session_key("s1"), "alpha", ex=registry.SESSION_TTL_S)
+    r.set(names.session_key("s1"), "alpha", ex=names.SESSION_TTL_S)
     registry.set_host_fields(r, "alpha", {"exec_ready": 7})
     _assert_every_key_expires(r)
-    assert r.ttl(registry.alive_key("alpha")) <= registry.ALIVE_TTL_S
-    registry.finish_call(r, "alpha", "c1", exit_code=0)
+    assert r.ttl(names.alive_key("alpha")) <= names.ALIVE_TTL_S
+    registry.finish_and_reply(r, "alpha", "c1", dict(exit_code=0))[0]
     _assert_every_key_expires(r)
 
 
@@ -82,31 +86,31 @@ def test_host_lock_is_exclusive(r: redis.Redis) -> None:
     assert registry.acquire_host(r, "alpha", "first") is None
     assert registry.acquire_host(r, "alpha", "second") == "first"
     # The holder's heartbeat renews; another instance's heartbeat is refused.
-    assert registry.heartbeat(r, "alpha", "first", {})
-    assert not registry.heartbeat(r, "alpha", "second", {})
-    assert r.get(registry.alive_key("alpha")) == "first"
+    assert registry.heartbeat(r, "alpha", "first", {}) != "taken"
+    assert registry.heartbeat(r, "alpha", "second", {}) == "taken"
+    assert r.get(names.alive_key("alpha")) == "first"
     # Only the holder releases it.
     registry.release_host(r, "alpha", "second")
-    assert r.get(registry.alive_key("alpha")) == "first"
+    assert r.get(names.alive_key("alpha")) == "first"
     registry.release_host(r, "alpha", "first")
-    assert r.get(registry.alive_key("alpha")) is None
+    assert r.get(names.alive_key("alpha")) is None
     assert registry.acquire_host(r, "alpha", "second") is None
 
 
 def test_take_over_needs_the_dead_holders_token(r: redis.Redis) -> None:
     registry.acquire_host(r, "alpha", "dead")
     assert not registry.take_over_host(r, "alpha", "someone-else", "new")
-    assert r.get(registry.alive_key("alpha")) == "dead"
+    assert r.get(names.alive_key("alpha")) == "dead"
     assert registry.take_over_host(r, "alpha", "dead", "new")
-    assert r.get(registry.alive_key("alpha")) == "new"
-    assert 0 < r.ttl(registry.alive_key("alpha")) <= registry.ALIVE_TTL_S
+    assert r.get(names.alive_key("alpha")) == "new"
+    assert 0 < r.ttl(names.alive_key("alpha")) <= names.ALIVE_TTL_S
 
 
 def test_heartbeat_retakes_an_expired_lock_nobody_took(r: redis.Redis) -> None:
     registry.acquire_host(r, "alpha", "t1")
-    r.delete(registry.alive_key("alpha"))  # as if it expired during a long pause
-    assert registry.heartbeat(r, "alpha", "t1", {})
-    assert r.get(registry.alive_key("alpha")) == "t1"
+    r.delete(names.alive_key("alpha"))  # as if it expired during a long pause
+    assert registry.heartbeat(r, "alpha", "t1", {}) != "taken"
+    assert r.get(names.alive_key("alpha")) == "t1"
 
 
 def test_host_listing(r: redis.Redis) -> None:
@@ -117,53 +121,56 @@ def test_host_listing(r: redis.Redis) -> None:
     )
     registry.acquire_host(r, "beta", "t2")
     registry.heartbeat(r, "beta", "t2", {"instance": "t2", "concurrency": 1})
-    registry.new_call(r, "c1", registry.exec_queue("alpha"), "alpha")
+    records.submit_call(r, "c1", names.exec_queue("alpha"), "alpha")
     registry.claim_call(r, "c1", "alpha", "t1", 42)
-    assert registry.live_hosts(r) == ["alpha", "beta"]
-    infos = {info.host: info for info in registry.list_hosts(r)}
+    assert records.live_hosts(r) == ["alpha", "beta"]
+    infos = {info.host: info for info in records.list_hosts(r)}
     assert infos["alpha"].alive and infos["alpha"].ready
     assert (infos["alpha"].slots, infos["alpha"].busy) == (3, 1)
     assert infos["alpha"].labels == ("gpu", "big")
     assert infos["beta"].alive and not infos["beta"].ready
     # A host whose heartbeat expired is listed, dead.
-    r.delete(registry.alive_key("beta"))
-    infos = {info.host: info for info in registry.list_hosts(r)}
+    r.delete(names.alive_key("beta"))
+    infos = {info.host: info for info in records.list_hosts(r)}
     assert not infos["beta"].alive and infos["beta"].busy == 0
-    assert registry.live_hosts(r) == ["alpha"]
+    assert records.live_hosts(r) == ["alpha"]
 
 
 def test_call_states_guard_at_most_once(r: redis.Redis) -> None:
-    assert registry.new_call(r, "c1", "q", "alpha")
-    assert not registry.new_call(r, "c1", "q", "alpha")  # ids are never reused
+    assert records.submit_call(r, "c1", "q", "alpha") == "ok"
+    assert records.submit_call(r, "c1", "q", "alpha") != "ok"  # ids are never reused
     assert registry.claim_call(r, "c1", "alpha", "t1", 42) == "ok"
     assert registry.claim_call(r, "c1", "alpha", "t1", 42) == "running"  # not twice
-    assert registry.withdraw_call(r, "c1") == "running"  # too late to withdraw
-    assert registry.call_record(r, "c1")["state"] == "running"
-    assert r.sismember(registry.running_key("alpha"), "c1")
-    assert registry.finish_call(r, "alpha", "c1", exit_code=0) == "running"
-    record = registry.call_record(r, "c1")
+    assert records.withdraw_call(r, "c1") == "running"  # too late to withdraw
+    assert records.call_record(r, "c1")["state"] == "running"
+    assert r.sismember(names.running_key("alpha"), "c1")
+    assert registry.finish_and_reply(r, "alpha", "c1", dict(exit_code=0))[0] == "running"
+    record = records.call_record(r, "c1")
     assert record["state"] == "done" and record["exit_code"] == "0"
-    assert not r.sismember(registry.running_key("alpha"), "c1")
+    assert not r.sismember(names.running_key("alpha"), "c1")
 
 
 def test_a_withdrawn_call_is_never_claimed(r: redis.Redis) -> None:
-    registry.new_call(r, "c2", "q", None)
-    assert registry.withdraw_call(r, "c2", "cancelled") == "queued"
+    records.submit_call(r, "c2", "q", None)
+    assert records.withdraw_call(r, "c2", CallState.CANCELLED) == "queued"
     assert registry.claim_call(r, "c2", "alpha", "t1", 42) == "cancelled"
-    assert registry.withdraw_call(r, "nope") is None
+    assert records.withdraw_call(r, "nope") is None
 
 
 def test_cancelled_and_stopped_calls_end_so(r: redis.Redis) -> None:
     for call_id, transient, final in (("c3", "cancelling", "cancelled"),
                                       ("c4", "stopping", "stopped")):
-        registry.new_call(r, call_id, "q", "alpha")
+        records.submit_call(r, call_id, "q", "alpha")
         registry.claim_call(r, call_id, "alpha", "t1", 42)
-        assert registry.mark_call(r, call_id, transient, only_from=("running",)) == "running"
-        assert registry.finish_call(r, "alpha", call_id) == transient
-        assert registry.call_record(r, call_id)["state"] == final
+        marked = registry.mark_call(
+            r, call_id, CallState(transient), only_from=(CallState.RUNNING,)
+        )
+        assert marked == "running"
+        assert registry.finish_and_reply(r, "alpha", call_id, dict())[0] == transient
+        assert records.call_record(r, call_id)["state"] == final
     # A transition from a state not allowed is refused.
-    assert registry.mark_call(r, "c3", "lost") == "cancelled"
-    assert registry.call_record(r, "c3")["state"] == "cancelled"
+    assert registry.mark_call(r, "c3", CallState.LOST) == "cancelled"
+    assert records.call_record(r, "c3")["state"] == "cancelled"
 
 
 def test_jobs_listing_and_views(r: redis.Redis) -> None:
@@ -171,23 +178,23 @@ def test_jobs_listing_and_views(r: redis.Redis) -> None:
     registry.save_job(r, _record("j1"), running=True)
     registry.save_job(r, _record("j2"), running=False, exit_code=3, ended_at=5.0)
     registry.save_offsets(r, "j1", 12, 4)
-    assert registry.job_host(r, "j1") == "alpha"
-    assert registry.job_offsets(registry.job_fields(r, "j1")) == (12, 4)
-    assert registry.job_offsets(registry.job_fields(r, "j2")) == (0, 0)
-    views = {view.id: view for view in registry.list_jobs(r, "alpha")}
+    assert records.job_host(r, "j1") == "alpha"
+    assert wire_records.job_offsets(registry.job_fields(r, "j1")) == (12, 4)
+    assert wire_records.job_offsets(registry.job_fields(r, "j2")) == (0, 0)
+    views = {view.id: view for view in records.list_jobs(r, "alpha")}
     assert views["j1"].state == "running" and views["j1"].running
     assert views["j2"].state == "ended" and views["j2"].exit_code == 3
     # While the host is down, a job last seen running is unknown.
-    r.delete(registry.alive_key("alpha"))
-    assert {v.id: v for v in registry.list_jobs(r, "alpha")}["j1"].state == "unknown"
+    r.delete(names.alive_key("alpha"))
+    assert {v.id: v for v in records.list_jobs(r, "alpha")}["j1"].state == "unknown"
     # A job whose hash expired leaves the listing.
-    r.delete(registry.job_key("j2"))
-    assert [v.id for v in registry.list_jobs(r, "alpha")] == ["j1"]
-    assert r.zrange(registry.jobs_key("alpha"), 0, -1) == ["j1"]
+    r.delete(names.job_key("j2"))
+    assert [v.id for v in records.list_jobs(r, "alpha")] == ["j1"]
+    assert r.zrange(names.jobs_key("alpha"), 0, -1) == ["j1"]
 
 
 def test_wire_config_is_json_only_and_keeps_no_celery_results() -> None:
-    config = registry.celery_wire_config("redis://127.0.0.1:1/0")
+    config = connect.wire_config("redis://127.0.0.1:1/0")
     assert config["accept_content"] == ["json"]
     assert config["task_serializer"] == "json"
     # Answers travel as replies: Celery stores nothing.
@@ -204,20 +211,20 @@ def _listener(r: redis.Redis, channel: str) -> Any:
 
 
 def test_a_reply_is_stored_and_published_on_the_callers_channel(r: redis.Redis) -> None:
-    channel = registry.reply_channel("client1")
+    channel = names.reply_channel("client1")
     pubsub = _listener(r, channel)
     registry.deliver_reply(r, registry.Reply("t1", channel, '{"ok": 1}'))
     message = pubsub.get_message(timeout=1)
-    assert registry.parse_reply_message(message["data"]) == ("t1", '{"ok": 1}')
-    assert registry.stored_reply(r, "t1") == '{"ok": 1}'
-    assert 0 < r.ttl(registry.reply_key("t1")) <= registry.REPLY_TTL_S
+    assert names.parse_reply_message(message["data"]) == ("t1", '{"ok": 1}')
+    assert records.stored_reply(r, "t1") == '{"ok": 1}'
+    assert 0 < r.ttl(names.reply_key("t1")) <= names.REPLY_TTL_S
 
 
 def test_a_reply_to_a_foreign_channel_is_only_stored(r: redis.Redis) -> None:
     pubsub = _listener(r, "elsewhere")
     registry.deliver_reply(r, registry.Reply("t2", "elsewhere", "x"))
     assert pubsub.get_message(timeout=0.2) is None
-    assert registry.stored_reply(r, "t2") == "x"
+    assert records.stored_reply(r, "t2") == "x"
 
 
 @pytest.mark.parametrize(
@@ -227,85 +234,85 @@ def test_a_reply_to_a_foreign_channel_is_only_stored(r: redis.Redis) -> None:
      ("bashfleet:replies:a b", False)],
 )
 def test_only_reply_channels_of_ours_are_valid(channel: str | None, valid: bool) -> None:
-    assert registry.valid_reply_channel(channel) is valid
+    assert names.valid_reply_channel(channel) is valid
 
 
 @pytest.mark.parametrize(
     "message", ["no newline", "\nno id", ""],
 )
 def test_malformed_reply_messages_are_ignored(message: str) -> None:
-    assert registry.parse_reply_message(message) is None
+    assert names.parse_reply_message(message) is None
 
 
 def test_finishing_delivers_the_reply_in_the_same_step(r: redis.Redis) -> None:
-    channel = registry.reply_channel("client2")
+    channel = names.reply_channel("client2")
     pubsub = _listener(r, channel)
-    registry.new_call(r, "c8", "q", "alpha")
+    records.submit_call(r, "c8", "q", "alpha")
     registry.claim_call(r, "c8", "alpha", "t1", 42)
     reply = registry.Reply("c8", channel, '{"exit_code": 0}')
     assert registry.finish_and_reply(r, "alpha", "c8", {"exit_code": 0}, reply=reply) == (
         "running", True
     )
-    assert registry.call_record(r, "c8")["state"] == "done"
-    assert registry.parse_reply_message(pubsub.get_message(timeout=1)["data"]) == (
+    assert records.call_record(r, "c8")["state"] == "done"
+    assert names.parse_reply_message(pubsub.get_message(timeout=1)["data"]) == (
         "c8", '{"exit_code": 0}'
     )
 
 
 def test_a_reply_is_held_back_when_the_call_ended_from_a_held_state(r: redis.Redis) -> None:
-    registry.new_call(r, "c9", "q", "alpha")
+    records.submit_call(r, "c9", "q", "alpha")
     registry.claim_call(r, "c9", "alpha", "t1", 42)
-    registry.mark_call(r, "c9", "cancelling", only_from=("running",))
+    registry.mark_call(r, "c9", CallState.CANCELLING, only_from=(CallState.RUNNING,))
     reply = registry.Reply("c9", None, "{}")
     held = registry.finish_and_reply(
         r, "alpha", "c9", {}, reply=reply, hold_in=("cancelling", "stopping")
     )
     assert held == ("cancelling", False)
-    assert registry.stored_reply(r, "c9") is None  # the worker amends it, then delivers
-    assert registry.call_record(r, "c9")["state"] == "cancelled"
+    assert records.stored_reply(r, "c9") is None  # the worker amends it, then delivers
+    assert records.call_record(r, "c9")["state"] == "cancelled"
 
 
 def test_a_claim_records_the_nonce_and_refuses_a_replay(r: redis.Redis) -> None:
-    registry.new_call(r, "c10", "q", "alpha")
+    records.submit_call(r, "c10", "q", "alpha")
     assert registry.claim_call(r, "c10", "alpha", "t1", 42, nonce="n1", nonce_ttl_s=60) == "ok"
-    assert 0 < r.pttl(registry.nonce_key("n1")) <= 60_000
-    registry.new_call(r, "c11", "q", "alpha")
+    assert 0 < r.pttl(names.nonce_key("n1")) <= 60_000
+    records.submit_call(r, "c11", "q", "alpha")
     assert registry.claim_call(
         r, "c11", "alpha", "t1", 42, nonce="n1", nonce_ttl_s=60
     ) == "replayed"
-    assert registry.call_record(r, "c11")["state"] == "queued"  # nothing claimed
+    assert records.call_record(r, "c11")["state"] == "queued"  # nothing claimed
 
 
 def test_update_call_sets_fields_and_returns_the_state(r: redis.Redis) -> None:
-    registry.new_call(r, "c12", "q", "alpha")
+    records.submit_call(r, "c12", "q", "alpha")
     registry.claim_call(r, "c12", "alpha", "t1", 42)
     assert registry.update_call(r, "c12", pid=7, pgid=7, marker="m") == "running"
-    assert registry.call_record(r, "c12")["pgid"] == "7"
+    assert records.call_record(r, "c12")["pgid"] == "7"
     assert registry.update_call(r, "nope", pid=1) is None
 
 
 def test_submit_checks_the_host_and_records_at_once(r: redis.Redis) -> None:
-    queue = registry.exec_queue("alpha")
+    queue = names.exec_queue("alpha")
     # No worker holds the host: nothing is recorded.
-    assert registry.submit_call(r, "c5", queue, "alpha", require_alive=True) == "down"
-    assert registry.call_record(r, "c5") == {}
+    assert records.submit_call(r, "c5", queue, "alpha", require_alive=True) == "down"
+    assert records.call_record(r, "c5") == {}
     registry.acquire_host(r, "alpha", "t1")
-    assert registry.submit_call(r, "c5", queue, "alpha", require_alive=True) == "ok"
-    record = registry.call_record(r, "c5")
+    assert records.submit_call(r, "c5", queue, "alpha", require_alive=True) == "ok"
+    record = records.call_record(r, "c5")
     assert (record["state"], record["queue"], record["host"]) == ("queued", queue, "alpha")
-    assert 0 < r.ttl(registry.call_key("c5")) <= registry.CALL_TTL_S
-    assert registry.submit_call(r, "c5", queue, "alpha", require_alive=True) == "taken"
+    assert 0 < r.ttl(names.call_key("c5")) <= names.CALL_TTL_S
+    assert records.submit_call(r, "c5", queue, "alpha", require_alive=True) == "taken"
     # Unrouted calls record no host.
-    assert registry.submit_call(r, "c6", registry.ANY_EXEC_QUEUE, None) == "ok"
-    assert registry.call_record(r, "c6")["host"] == ""
+    assert records.submit_call(r, "c6", names.ANY_EXEC_QUEUE, None) == "ok"
+    assert records.call_record(r, "c6")["host"] == ""
 
 
 def test_scripts_are_loaded_again_after_a_redis_restart(r: redis.Redis) -> None:
-    registry.new_call(r, "c7", "q", "alpha")
+    records.submit_call(r, "c7", "q", "alpha")
     r.script_flush()  # as a restarted Redis would have forgotten them
     assert registry.claim_call(r, "c7", "alpha", "t1", 42) == "ok"
-    assert registry.finish_call(r, "alpha", "c7", exit_code=None) == "running"
-    assert registry.call_record(r, "c7")["exit_code"] == ""
+    assert registry.finish_and_reply(r, "alpha", "c7", dict(exit_code=None))[0] == "running"
+    assert records.call_record(r, "c7")["exit_code"] == ""
 
 
 def _message(call_id: str) -> str:
@@ -314,23 +321,25 @@ def _message(call_id: str) -> str:
 
 
 def test_message_waiting_finds_a_queued_message_by_its_id(r: redis.Redis) -> None:
-    queue = registry.exec_queue("h1")
+    queue = names.exec_queue("h1")
     r.lpush(queue, _message("c-other"), _message("c-mine"))
-    assert registry.message_waiting(r, queue, "c-mine")
-    assert not registry.message_waiting(r, queue, "c-gone")
-    assert not registry.message_waiting(r, queue, "c-min")  # the whole id, not a prefix
+    assert records.message_waiting(r, queue, "c-mine")
+    assert not records.message_waiting(r, queue, "c-gone")
+    assert not records.message_waiting(r, queue, "c-min")  # the whole id, not a prefix
 
 
-def test_message_waiting_looks_in_every_priority_list(r: redis.Redis) -> None:
-    queue = registry.exec_queue("h2")
-    r.lpush(queue + "\x06\x166", _message("c-prio"))
-    assert registry.message_waiting(r, queue, "c-prio")
+def test_both_sides_keep_a_queue_in_the_one_list_of_its_name() -> None:
+    # No priority steps but 0: kombu keeps every message of a queue in the list named
+    # like the queue, the one list `message_waiting` and `queue_depths` read.
+    url = "redis://127.0.0.1:1/0"
+    for app in (connect.client_celery(url), connect.worker_celery(url, "celery.worker:x")):
+        assert app.conf.broker_transport_options["priority_steps"] == [0]
 
 
 def test_a_very_long_queue_counts_as_still_waiting(
     r: redis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    queue = registry.exec_queue("h3")
-    monkeypatch.setattr(registry, "QUEUE_SCAN_LIMIT", 2)
+    queue = names.exec_queue("h3")
+    monkeypatch.setattr(records, "QUEUE_SCAN_LIMIT", 2)
     r.lpush(queue, _message("a"), _message("b"), _message("c"))
-    assert registry.message_waiting(r, queue, "not-there")
+    assert records.message_waiting(r, queue, "not-there")

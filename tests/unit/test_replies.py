@@ -11,6 +11,7 @@ import redis
 
 from client.replies import SUBSCRIBE_WAIT_S, Replies
 from worker.fleet import registry
+from worker.wire import names
 
 
 @pytest.fixture
@@ -70,8 +71,8 @@ def test_an_answer_missed_while_not_listening_is_read_back(
 def test_each_client_has_its_own_valid_channel(r: redis.Redis) -> None:
     one, two = Replies(r), Replies(r)
     assert one.channel != two.channel
-    assert registry.valid_reply_channel(one.channel)
-    assert registry.valid_reply_channel(two.channel)
+    assert names.valid_reply_channel(one.channel)
+    assert names.valid_reply_channel(two.channel)
 
 
 def test_with_redis_down_the_first_call_is_not_held_up() -> None:

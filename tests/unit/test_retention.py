@@ -13,8 +13,8 @@ from worker.retention import (
     Inventory,
     JobRef,
     Kind,
-    Limits,
     Plan,
+    RetentionPolicy,
     StateFile,
     classify,
     execute,
@@ -30,7 +30,7 @@ HOUR = 3600.0
 SPILL = "/state/spill"
 JOBS = "/state/jobs"
 #: Seven days, 10 GiB, one hour: the defaults.
-LIMITS = Limits(max_age_s=7 * DAY, max_bytes=10 * 1024**3, min_age_s=HOUR)
+LIMITS = RetentionPolicy(max_age_s=7 * DAY, max_bytes=10 * 1024**3, min_age_s=HOUR)
 
 
 def spill(call_id: str, suffix: str, *, age: float, size: int = 100) -> StateFile:
@@ -141,7 +141,7 @@ def test_ages_and_reasons_are_reported_per_file() -> None:
 def test_the_size_cap_removes_the_oldest_first_until_under_it() -> None:
     # c5 is the oldest, c0 the youngest; none is past the age limit.
     files = tuple(spill(f"c{i}", "out", age=(i + 2) * HOUR, size=1000) for i in range(6))
-    limits = Limits(max_age_s=7 * DAY, max_bytes=2500, min_age_s=HOUR)
+    limits = RetentionPolicy(max_age_s=7 * DAY, max_bytes=2500, min_age_s=HOUR)
     result = plan(Inventory(NOW, files), limits)
     assert [r.group for r in result.removals] == ["call c5", "call c4", "call c3", "call c2"]
     assert {r.reason for r in result.removals} == {"max_bytes"}
@@ -154,7 +154,7 @@ def test_the_size_cap_counts_what_the_age_limit_removed_first() -> None:
         spill("a", "out", age=3 * DAY, size=1000),
         spill("b", "out", age=2 * DAY, size=1000),
     )
-    result = plan(Inventory(NOW, files), Limits(max_age_s=7 * DAY, max_bytes=1500,
+    result = plan(Inventory(NOW, files), RetentionPolicy(max_age_s=7 * DAY, max_bytes=1500,
                                                 min_age_s=HOUR))
     assert removed(result) == {"ancient.out": "max_age", "a.out": "max_bytes"}
     assert result.remaining_bytes == 1000
@@ -162,7 +162,7 @@ def test_the_size_cap_counts_what_the_age_limit_removed_first() -> None:
 
 def test_the_size_cap_stops_as_soon_as_it_is_met() -> None:
     files = tuple(spill(f"c{i}", "out", age=(i + 2) * HOUR, size=1000) for i in range(4))
-    result = plan(Inventory(NOW, files), Limits(max_age_s=7 * DAY, max_bytes=2000,
+    result = plan(Inventory(NOW, files), RetentionPolicy(max_age_s=7 * DAY, max_bytes=2000,
                                                 min_age_s=HOUR))
     assert [r.group for r in result.removals] == ["call c3", "call c2"]
     assert result.remaining_bytes == 2000
@@ -173,7 +173,7 @@ def test_held_groups_count_toward_the_cap_but_are_never_removed() -> None:
         *job_files("jlive", age=20 * DAY, size=10_000),
         spill("c1", "out", age=2 * DAY, size=100),
     )
-    limits = Limits(max_age_s=7 * DAY, max_bytes=1000, min_age_s=HOUR)
+    limits = RetentionPolicy(max_age_s=7 * DAY, max_bytes=1000, min_age_s=HOUR)
     result = plan(Inventory(NOW, files, jobs=(ref("jlive", live=True),)), limits)
     assert removed(result) == {"c1.out": "max_bytes"}
     assert held(result) == {"job jlive": "live_job"}
@@ -182,7 +182,7 @@ def test_held_groups_count_toward_the_cap_but_are_never_removed() -> None:
 
 def test_the_same_state_gives_the_same_plan() -> None:
     files = tuple(spill(f"c{i}", "out", age=2 * DAY, size=10) for i in range(5))
-    limits = Limits(max_age_s=7 * DAY, max_bytes=25, min_age_s=HOUR)
+    limits = RetentionPolicy(max_age_s=7 * DAY, max_bytes=25, min_age_s=HOUR)
     first = plan(Inventory(NOW, files), limits)
     again = plan(Inventory(NOW, tuple(reversed(files))), limits)
     assert first == again
@@ -195,7 +195,7 @@ def test_the_same_state_gives_the_same_plan() -> None:
 def test_a_live_jobs_files_are_kept_however_old() -> None:
     inventory = Inventory(NOW, tuple(job_files("j1", age=30 * DAY)),
                           jobs=(ref("j1", live=True),))
-    result = plan(inventory, Limits(max_age_s=DAY, max_bytes=0, min_age_s=0))
+    result = plan(inventory, RetentionPolicy(max_age_s=DAY, max_bytes=0, min_age_s=0))
     assert result.removals == ()
     assert held(result) == {"job j1": "live_job"}
 
@@ -208,7 +208,7 @@ def test_an_auto_backgrounded_live_jobs_spill_files_are_kept() -> None:
     )
     job = ref("j1", live=True, call_id="call7", output=f"{SPILL}/call7.out",
               stderr=f"{SPILL}/call7.err")
-    result = plan(Inventory(NOW, files, jobs=(job,)), Limits(DAY, 0, 0))
+    result = plan(Inventory(NOW, files, jobs=(job,)), RetentionPolicy(DAY, 0, 0))
     assert result.removals == ()
     assert held(result) == {"job j1": "live_job"}
 
@@ -217,7 +217,7 @@ def test_spill_files_named_by_a_live_job_are_kept_even_under_another_name() -> N
     # Matched by path, not only by call id.
     files = (spill("other", "log", age=30 * DAY), job_file("j1", "json", age=30 * DAY))
     job = ref("j1", live=True, call_id=None, output=f"{SPILL}/other.log")
-    result = plan(Inventory(NOW, files, jobs=(job,)), Limits(DAY, 0, 0))
+    result = plan(Inventory(NOW, files, jobs=(job,)), RetentionPolicy(DAY, 0, 0))
     assert result.removals == ()
 
 
@@ -247,7 +247,7 @@ def test_files_younger_than_the_minimum_age_are_kept_even_over_the_cap() -> None
         spill("fresh", "out", age=10 * 60, size=10**9),
         spill("old", "out", age=2 * HOUR, size=10),
     )
-    result = plan(Inventory(NOW, files), Limits(max_age_s=0, max_bytes=0, min_age_s=HOUR))
+    result = plan(Inventory(NOW, files), RetentionPolicy(max_age_s=0, max_bytes=0, min_age_s=HOUR))
     assert removed(result) == {"old.out": "max_age"}
     assert held(result) == {"call fresh": "min_age"}
 
@@ -260,7 +260,7 @@ def test_one_young_file_keeps_its_whole_group() -> None:
 
 
 def test_a_file_from_the_future_counts_as_young() -> None:
-    result = plan(Inventory(NOW, (spill("c1", "out", age=-DAY),)), Limits(0, 0, HOUR))
+    result = plan(Inventory(NOW, (spill("c1", "out", age=-DAY),)), RetentionPolicy(0, 0, HOUR))
     assert held(result) == {"call c1": "min_age"}
 
 
@@ -269,14 +269,14 @@ def test_a_running_calls_spill_files_are_kept_however_old() -> None:
     files = (spill("busy", "out", age=30 * DAY), spill("busy", "err", age=30 * DAY),
              spill("done", "out", age=30 * DAY))
     inventory = Inventory(NOW, files, running_calls=frozenset({"busy"}))
-    result = plan(inventory, Limits(max_age_s=DAY, max_bytes=0, min_age_s=0))
+    result = plan(inventory, RetentionPolicy(max_age_s=DAY, max_bytes=0, min_age_s=0))
     assert removed(result) == {"done.out": "max_age"}
     assert held(result) == {"call busy": "running_call"}
 
 
 def test_a_minimum_age_of_zero_and_no_limits_remove_everything_unused() -> None:
     files = (spill("a", "out", age=1), *job_files("j1", age=1))
-    result = plan(Inventory(NOW, files, jobs=(ref("j1", live=False),)), Limits(0, 0, 0))
+    result = plan(Inventory(NOW, files, jobs=(ref("j1", live=False),)), RetentionPolicy(0, 0, 0))
     assert len(result.removals) == 4
     assert result.remaining_bytes == 0
 

@@ -13,7 +13,7 @@ from client.sessions import (
     merge_states,
     session_state_key,
 )
-from worker.fleet import registry
+from worker.wire import names
 from worker.wire.models import JobHandle
 
 JOB = JobHandle(id="j1", host="h1", pid=41, pgid=41, output_path="/jobs/j1.log")
@@ -60,8 +60,8 @@ def test_key_is_under_the_prefix_and_apart_from_the_fleet_pin(
 ) -> None:
     store.save("s1", SessionState(host="h1"))
     assert client.keys("*") == ["bashfleet:session-state:s1"]
-    assert session_state_key("s1").startswith(registry.PREFIX)
-    assert session_state_key("s1") != registry.session_key("s1")
+    assert session_state_key("s1").startswith(names.PREFIX)
+    assert session_state_key("s1") != names.session_key("s1")
 
 
 def test_every_save_sets_and_refreshes_the_ttl(

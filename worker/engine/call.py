@@ -28,7 +28,9 @@ from worker.engine import jobs, limits, normalize, procs, session_state, truncat
 from worker.engine.capture import FollowedFile, MemoryStream, Shaped, Source, shape
 from worker.engine.environment import ChildEnv, build_env, process_environ
 from worker.engine.memo import TimedMemo
-from worker.wire.errors import Failure
+from worker.engine.secrets import redaction_pattern
+from worker.settings import Settings, get_settings
+from worker.wire.errors import ToolError
 from worker.wire.models import (
     Call,
     CallResult,
@@ -37,8 +39,6 @@ from worker.wire.models import (
     Spill,
     SystemError_,
 )
-from worker.engine.secrets import redaction_pattern
-from worker.settings import Settings, get_settings
 
 #: How often the engine wakes to count output while a command runs.
 FOLLOW_INTERVAL_S = 0.05
@@ -50,7 +50,7 @@ SpawnHook = Callable[[int, int, str], None]
 RunningHook = Callable[[], None]
 
 
-class CallError(Failure):
+class CallError(ToolError):
     """A system error: the call could not be run (bad cwd, spawn failure, policy block)."""
 
     def as_model(self) -> SystemError_:
@@ -140,9 +140,9 @@ def resolve_cwd(cwd: str | None) -> str:
     return path
 
 
-def host_limits(settings: Settings) -> limits.Limits:
+def host_limits(settings: Settings) -> limits.ResourceLimits:
     """This host's per-call resource limits."""
-    return limits.Limits(
+    return limits.ResourceLimits(
         memory_mb=settings.limit_memory_mb, cpu_s=settings.limit_cpu_s,
         file_mb=settings.limit_file_mb, procs=settings.limit_procs,
     )

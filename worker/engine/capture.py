@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from worker.engine import truncate
-from worker.wire.models import ByteTail, CharCap, Middle, TailLines, Truncation, TruncationInfo
 from worker.engine.sanitize import redact, sanitize
+from worker.wire.models import ByteTail, CharCap, Middle, TailLines, Truncation, TruncationInfo
 
 #: Chunk read while following a file: bounds the memory a huge output costs.
 CHUNK = 4 * 1024 * 1024

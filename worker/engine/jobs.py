@@ -21,9 +21,12 @@ import uuid
 from pathlib import Path
 
 from worker.engine import procs, truncate
-from worker.wire.errors import Failure
 from worker.engine.capture import read_slice
 from worker.engine.environment import build_env
+from worker.engine.job_supervisor import _completion_line
+from worker.engine.secrets import worker_redaction
+from worker.settings import Settings, get_settings
+from worker.wire.errors import ToolError
 from worker.wire.models import (
     Call,
     CheckResult,
@@ -33,9 +36,6 @@ from worker.wire.models import (
     TailLines,
     Truncation,
 )
-from worker.engine.secrets import worker_redaction
-from worker.settings import Settings, get_settings
-from worker.engine.job_supervisor import _completion_line
 
 _SUPERVISOR = Path(__file__).with_name("job_supervisor.py")
 #: Seconds to wait for the supervisor to report the job's pid.
@@ -47,7 +47,7 @@ CHECK_READ_LIMIT = 8 * 1024 * 1024
 WATCHER_GRACE_S = 1.0
 
 
-class JobError(Failure):
+class JobError(ToolError):
     """A job could not be started, found or controlled."""
 
 

@@ -24,7 +24,7 @@ _FILE_TOO_BIG = re.compile(r"file size limit exceeded|file too large", re.I)
 
 
 @dataclass(frozen=True)
-class Limits:
+class ResourceLimits:
     """Per-call limits; None means unlimited."""
 
     memory_mb: int | None = None
@@ -37,7 +37,7 @@ class Limits:
         return any(v is not None for v in (self.memory_mb, self.cpu_s, self.file_mb, self.procs))
 
 
-def ulimit_prefix(limits: Limits) -> str:
+def ulimit_prefix(limits: ResourceLimits) -> str:
     """The bash line that sets the limits, refusing to run the command if one fails."""
     if not limits.any():
         return ""
@@ -56,7 +56,7 @@ def ulimit_prefix(limits: Limits) -> str:
 
 
 def limit_hit(
-    limits: Limits, exit_code: int | None, signum: int | None, output: str
+    limits: ResourceLimits, exit_code: int | None, signum: int | None, output: str
 ) -> str | None:
     """Which limit ended the call, if one did: memory, cpu_time, file_size or processes."""
     if limits.cpu_s is not None and (signum == signal.SIGXCPU or _CPU_KILLED.search(output)):

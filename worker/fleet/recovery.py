@@ -1,13 +1,11 @@
-"""What a worker keeps on its own disk to survive its own death, and how it recovers.
+"""How a worker recovers from faults, from what it keeps on its own disk.
 
-- One small JSON file per running foreground call (`<state_dir>/running/<call_id>.json`:
-  pid, process group, marker, start time), written once the call has run 50 ms (most
-  calls end sooner, and a dead consumer's youngest calls are found by their Redis
-  record and their marker instead: `_recover_unrecorded`) and removed when it ends.
-  A worker that starts after a crash kills the process groups those files name, so a
-  command whose caller was told "worker lost" does not go on running (or finish its
-  side effects) behind everybody's back. The files are the truth even when Redis lost
-  its data.
+- Running foreground calls (`worker.engine.running`: one file per call once it has run
+  50 ms): a worker that starts after a crash kills the calls those files name and
+  marks them lost, so a command whose caller was told "worker lost" does not go on
+  running (or finish its side effects) behind everybody's back. A dead consumer's
+  youngest calls are found by their Redis record and their marker instead
+  (`_recover_unrecorded`).
 - Background jobs have their own record files (`worker.engine.jobs`); `sync_job` publishes a
   job's state to Redis, which a restarted worker does for every job it owns (and
   records the exit status of jobs that ended while it was down).
@@ -19,130 +17,25 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict
-
-from worker.engine import jobs, procs
-
+from worker.engine import jobs, procs, running
+from worker.engine.running import ORPHAN_GRACE_S, RunningCall
 from worker.fleet import registry
-from worker.wire.models import JobRecord, JobStatus
+from worker.fleet.connect import Redis
 from worker.settings import Settings
+from worker.wire import names
+from worker.wire.models import JobRecord, JobStatus
+from worker.wire.names import CALL_ACTIVE, CallState
 
 log = logging.getLogger("bashfleet.worker")
-
-#: Grace between SIGTERM and SIGKILL for calls orphaned by a dead worker.
-ORPHAN_GRACE_S = 1.0
-
-
-class RunningCall(BaseModel):
-    """A foreground call whose bash runs now, as recorded on the host's disk."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    call_id: str
-    """The call's id (also its marker)."""
-    pid: int
-    """Process id of the call's bash (its process group leader)."""
-    pgid: int
-    """Process group id."""
-    marker: str
-    """Marker value every process of the call carries."""
-    start_time: float
-    """Kernel start time of `pid`: guards against pid reuse."""
-    worker_pid: int
-    """Process that runs the call (the exec consumer)."""
-    instance: str
-    """Worker instance (host lock token) that ran it."""
-    kill_grace_s: float = 2.0
-    """The call's policy grace between SIGTERM and SIGKILL."""
-
-
-def running_dir(settings: Settings) -> Path:
-    """Where running-call files live."""
-    return settings.state_dir / "running"
-
-
-def _path(settings: Settings, call_id: str, suffix: str = ".json") -> str:
-    # A str, not a Path: built twice on every call, where pathlib costs microseconds.
-    return os.path.join(settings.state_dir, "running", call_id + suffix)
-
-
-def save_running(settings: Settings, entry: RunningCall) -> None:
-    """Record a call's processes, atomically (a reader never sees a partial file).
-
-    Runs on every foreground call: plain os calls, and the directory is made only when
-    it is missing (an mkdir on every call failed with EEXIST, a syscall for nothing).
-    """
-    path = _path(settings, entry.call_id)
-    tmp = _path(settings, entry.call_id, ".tmp")
-    data = entry.model_dump_json().encode("utf-8")
-    try:
-        _write_file(tmp, data)
-    except FileNotFoundError:
-        running_dir(settings).mkdir(parents=True, exist_ok=True, mode=0o700)
-        _write_file(tmp, data)
-    os.replace(tmp, path)
-
-
-def _write_file(path: str, data: bytes) -> None:
-    # 0o666 before the umask: the mode pathlib's write_text gave these files.
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o666)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-    finally:
-        os.close(fd)
-
-
-def remove_running(settings: Settings, call_id: str) -> None:
-    """Forget a call that ended (or became a background job)."""
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(_path(settings, call_id))
-
-
-def load_running(settings: Settings, call_id: str) -> RunningCall | None:
-    """The running call's record, or None."""
-    if not registry.valid_id(call_id):
-        return None
-    try:
-        return RunningCall.model_validate_json(Path(_path(settings, call_id)).read_text("utf-8"))
-    except (FileNotFoundError, ValueError):
-        return None
-
-
-def all_running(settings: Settings) -> list[RunningCall]:
-    """Every running-call record on this host."""
-    folder = running_dir(settings)
-    if not folder.is_dir():
-        return []
-    entries = []
-    for path in sorted(folder.glob("*.json")):
-        with contextlib.suppress(OSError, ValueError):
-            entries.append(RunningCall.model_validate_json(path.read_text("utf-8")))
-    return entries
-
-
-def kill_running(entry: RunningCall, grace_s: float | None = None) -> list[int]:
-    """End a call's processes (group, then marked escapees); return survivors."""
-    # The group is signalled only while its leader is the very process we started;
-    # otherwise the marker sweep alone finds what is left of the call.
-    leader_ours = procs.is_same_process(entry.pid, entry.start_time)
-    return procs.terminate(
-        entry.pgid if leader_ours else None, entry.marker,
-        grace_s=entry.kill_grace_s if grace_s is None else grace_s,
-    )
 
 
 def recover_orphans(
     settings: Settings,
-    client: registry.Redis | None,
+    client: Redis | None,
     *,
     worker_pid: int | None = None,
     reason: str,
@@ -152,14 +45,14 @@ def recover_orphans(
     `worker_pid` limits this to the calls of one dead consumer process; None takes
     every recorded call (a worker starting after a crash, or stopping).
     """
-    entries = [e for e in all_running(settings) if worker_pid in (None, e.worker_pid)]
+    entries = [e for e in running.all_calls(settings) if worker_pid in (None, e.worker_pid)]
 
     def end(entry: RunningCall) -> str:
-        survivors = kill_running(entry, ORPHAN_GRACE_S)
+        survivors = running.kill(entry, ORPHAN_GRACE_S)
         if survivors:
             log.warning("call %s: %d process(es) survived the kill", entry.call_id, len(survivors))
         _mark_lost(settings, client, entry.call_id, reason)
-        remove_running(settings, entry.call_id)
+        running.remove(settings, entry.call_id)
         return entry.call_id
 
     ended: list[str] = []
@@ -175,19 +68,19 @@ def recover_orphans(
     return ended
 
 
-def _mark_lost(settings: Settings, client: registry.Redis | None, call_id: str,
+def _mark_lost(settings: Settings, client: Redis | None, call_id: str,
                reason: str) -> None:
     if client is None:
         return
     try:
-        registry.mark_call(client, call_id, "lost", note=reason, ended_at=time.time())
-        client.srem(registry.running_key(settings.host), call_id)
+        registry.mark_call(client, call_id, CallState.LOST, note=reason, ended_at=time.time())
+        registry.forget_busy(client, settings.host, call_id)
     except Exception as exc:  # Redis down: the files are the truth; carry on.
         log.warning("call %s: could not record it as lost: %s", call_id, exc)
 
 
 def _recover_unrecorded(
-    settings: Settings, client: registry.Redis, worker_pid: int | None, known: set[str],
+    settings: Settings, client: Redis, worker_pid: int | None, known: set[str],
     reason: str,
 ) -> list[str]:
     """Calls a dead consumer claimed but had not (or no longer) on disk: it died between
@@ -201,7 +94,7 @@ def _recover_unrecorded(
         return []
     lost = []
     for call_id, record in busy.items():
-        if call_id in known or record.get("state") not in registry.CALL_ACTIVE:
+        if call_id in known or record.get("state") not in CALL_ACTIVE:
             continue
         if worker_pid is not None and record.get("worker_pid") != str(worker_pid):
             continue
@@ -214,7 +107,7 @@ def _recover_unrecorded(
     return lost
 
 
-def republish_calls(settings: Settings, client: registry.Redis, instance: str) -> int:
+def republish_calls(settings: Settings, client: Redis, instance: str) -> int:
     """Publish again the running calls of this worker instance (Redis lost them).
 
     Their call records and busy slots come back from the local files, so a caller
@@ -222,7 +115,7 @@ def republish_calls(settings: Settings, client: registry.Redis, instance: str) -
     its end (see `registry.restore_running_call`). Returns how many were restored.
     """
     restored = 0
-    for entry in all_running(settings):
+    for entry in running.all_calls(settings):
         if entry.instance != instance:
             continue  # a dead instance's call: recover_orphans ends those
         state = registry.restore_running_call(
@@ -230,7 +123,7 @@ def republish_calls(settings: Settings, client: registry.Redis, instance: str) -
             worker_pid=entry.worker_pid, pid=entry.pid, pgid=entry.pgid,
             marker=entry.marker, started_at=entry.start_time,
         )
-        restored += state in registry.CALL_ACTIVE
+        restored += state in CALL_ACTIVE
     return restored
 
 
@@ -248,17 +141,17 @@ def job_state(record: JobRecord) -> tuple[bool, JobStatus | None]:
     return False, jobs.read_status(record)
 
 
-def sync_job(client: registry.Redis, record: JobRecord) -> bool:
+def sync_job(client: Redis, record: JobRecord) -> bool:
     """Publish a job's current state to Redis; return True while it runs."""
-    running, status = job_state(record)
+    alive, status = job_state(record)
     registry.save_job(
-        client, record, running=running,
+        client, record, running=alive,
         exit_code=status.exit_code if status else None,
         signal=status.signal if status else None,
         ended_at=status.ended_at if status else None,
         note=status.note if status else None,
     )
-    return running
+    return alive
 
 
 class JobWatcher:
@@ -269,7 +162,7 @@ class JobWatcher:
     pass, so their end shows in listings without anybody checking them.
     """
 
-    def __init__(self, settings: Settings, client: registry.Redis) -> None:
+    def __init__(self, settings: Settings, client: Redis) -> None:
         self.settings = settings
         self.client = client
         self._ended: set[str] = set()
@@ -293,8 +186,8 @@ class JobWatcher:
 
     def sync(self) -> int:
         """One pass; returns how many jobs run now."""
-        running = 0
-        horizon = time.time() - registry.JOB_TTL_S
+        live = 0
+        horizon = time.time() - names.JOB_TTL_S
         for job_id in self._record_ids():
             if job_id in self._ended:
                 continue
@@ -310,7 +203,7 @@ class JobWatcher:
                     self._ended.add(job_id)  # too old to list again
                     continue
             if sync_job(self.client, record):
-                running += 1
+                live += 1
             else:
                 self._ended.add(job_id)
-        return running
+        return live

@@ -15,8 +15,8 @@
    a consumer that crashed (killing the calls it ran), and on SIGTERM / SIGINT
    stops: running calls are killed and answered with a note, the lock released.
 
-`python -m worker.fleet.supervisor --host H --concurrency N [--label L]` runs it too; the same
-module with `--child exec|ctl` is the consumer process.
+`python -m worker.fleet.supervisor --host H --concurrency N [--label L]` runs it too; each
+consumer is `python -m worker.fleet.consumer` (`worker.fleet.consumer`).
 """
 
 from __future__ import annotations
@@ -43,10 +43,12 @@ import redis
 from kombu.utils.url import maybe_sanitize_url
 from pydantic_settings import NoDecode
 
-from worker.engine import procs
-
+from worker.engine import procs, running
 from worker.fleet import logs, recovery, registry
+from worker.fleet.connect import redis_client
 from worker.settings import Settings
+from worker.wire import names
+from worker.wire.names import ROLES, CallState
 
 log = logging.getLogger("bashfleet.worker")
 
@@ -55,8 +57,6 @@ EXIT_ERROR = 1
 EXIT_USAGE = 2
 EXIT_HOST_TAKEN = 3
 
-#: Threads of the control consumer: control calls are short.
-CTL_CONCURRENCY = 4
 #: Seconds the command consumer gets to answer its (killed) calls when stopping.
 STOP_TIMEOUT_S = 15.0
 #: Seconds between two passes over the background jobs.
@@ -65,7 +65,6 @@ JOB_SYNC_INTERVAL_S = 2.0
 REDIS_WAIT_S = 30.0
 #: A consumer that crashes more often than this within a minute stops the worker.
 MAX_RESTARTS_PER_MINUTE = 5
-ROLES = ("exec", "ctl")
 
 
 def version() -> str:
@@ -122,9 +121,9 @@ def main(host: str, concurrency: int, labels: tuple[str, ...], settings: Setting
     """
     _setup_logging(settings, host)
     try:
-        registry.validate_host(host)
+        names.validate_host(host)
         for label in labels:
-            registry.validate_label(label)
+            names.validate_label(label)
     except ValueError as exc:
         print(f"bashfleet worker: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -142,7 +141,7 @@ def main(host: str, concurrency: int, labels: tuple[str, ...], settings: Setting
     if not settings.accepted_keys():
         # JSON logs: the warning line says it; a text banner would break one object a line.
         _warn_unsigned(host, banner=settings.log_format == "text")
-    return Supervisor(settings, url).run()
+    return HostSupervisor(settings, url).run()
 
 
 def _warn_unsigned(host: str, *, banner: bool = True) -> None:
@@ -159,7 +158,7 @@ def _warn_unsigned(host: str, *, banner: bool = True) -> None:
     log.warning("host %s: no signing key configured; unsigned calls are accepted", host)
 
 
-class Supervisor:
+class HostSupervisor:
     """One host's worker: lock, heartbeat, recovery and the two consumers."""
 
     def __init__(self, settings: Settings, url: str) -> None:
@@ -167,9 +166,7 @@ class Supervisor:
         self.url = url
         self.host = settings.host
         self.token = uuid.uuid4().hex
-        self.redis = redis.Redis.from_url(
-            url, decode_responses=True, socket_connect_timeout=3, socket_timeout=5
-        )
+        self.redis = redis_client(url)
         self.stopping = threading.Event()
         self.exit_code = EXIT_OK
         self.children: dict[str, subprocess.Popen[bytes]] = {}
@@ -195,10 +192,12 @@ class Supervisor:
             print(f"bashfleet worker: {refusal}", file=sys.stderr)
             return EXIT_HOST_TAKEN
         previous = self._install_signals()
-        beat = threading.Thread(target=self._heartbeats, name="bashfleet-heartbeat", daemon=True)
+        ticker = threading.Thread(
+            target=self._heartbeat_loop, name="bashfleet-heartbeat", daemon=True
+        )
         try:
-            self._beat(reset=True)
-            beat.start()
+            self._heartbeat(reset=True)
+            ticker.start()
             recovery.recover_orphans(
                 self.settings, self.redis, reason="a previous worker instance that died"
             )
@@ -241,7 +240,7 @@ class Supervisor:
 
     def _acquire(self) -> str | None:
         """Take the host lock; a refusal message when a live worker holds it."""
-        deadline = time.monotonic() + registry.ALIVE_TTL_S + 2
+        deadline = time.monotonic() + names.ALIVE_TTL_S + 2
         while True:
             holder = registry.acquire_host(self.redis, self.host, self.token)
             if holder is None:
@@ -256,7 +255,7 @@ class Supervisor:
                     return None
                 continue
             age = time.time() - float(record.get("heartbeat_at") or 0)
-            if age < 3 * registry.HEARTBEAT_INTERVAL_S or time.monotonic() > deadline:
+            if age < 3 * names.HEARTBEAT_INTERVAL_S or time.monotonic() > deadline:
                 return (
                     f"host id {self.host!r} is taken: a live worker holds it "
                     f"(pid {record.get('pid', '?')} on {record.get('machine', '?')}, "
@@ -306,11 +305,11 @@ class Supervisor:
             "started_at": self.started_at, "state_dir": str(self.settings.state_dir),
         }
 
-    def _beat(self, *, reset: bool = False) -> None:
+    def _heartbeat(self, *, reset: bool = False) -> None:
         record = self._record()
         if reset:
             record.update({f"{role}_ready": "" for role in ROLES}, stopped_at="")
-        outcome = registry.beat(self.redis, self.host, self.token, record)
+        outcome = registry.heartbeat(self.redis, self.host, self.token, record)
         if outcome == "taken":
             log.error("host %s: another worker instance took this host id; stopping", self.host)
             self.exit_code = EXIT_ERROR
@@ -352,11 +351,11 @@ class Supervisor:
             if restored:
                 log.info("host %s: %d running call(s) published again", self.host, restored)
 
-    def _heartbeats(self) -> None:
+    def _heartbeat_loop(self) -> None:
         failing = False
-        while not self.stopping.wait(registry.HEARTBEAT_INTERVAL_S):
+        while not self.stopping.wait(names.HEARTBEAT_INTERVAL_S):
             try:
-                self._beat()
+                self._heartbeat()
                 if failing:
                     log.info("host %s: Redis reachable again", self.host)
                 failing = False
@@ -368,12 +367,7 @@ class Supervisor:
     # ------------------------------------------------------------------ consumers
 
     def _start_child(self, role: str) -> None:
-        args = [
-            sys.executable, "-m", "worker.fleet.supervisor", "--child", role, "--instance", self.token,
-            "--host", self.host, "--concurrency", str(self.settings.concurrency),
-        ]
-        for label in self.settings.labels:
-            args += ["--label", label]
+        args = [sys.executable, "-m", "worker.fleet.consumer", role, "--instance", self.token]
         env = {**os.environ, **settings_env(self.settings)}
         # Same process group as the supervisor: stopping (or killing) the worker's
         # group ends its consumers too; the commands run in sessions of their own.
@@ -451,21 +445,26 @@ class Supervisor:
         log.info("host %s: stopped", self.host)
 
     def _stop_running_calls(self) -> None:
-        entries = recovery.all_running(self.settings)
+        entries = running.all_calls(self.settings)
         # Calls not on disk yet (claimed, or younger than the engine's first wake-up):
         # marked too, their running hook kills them when it records them.
         with contextlib.suppress(redis.RedisError):
             on_disk = {entry.call_id for entry in entries}
             for call_id in registry.busy_calls(self.redis, self.host):
                 if call_id not in on_disk:
-                    registry.mark_call(self.redis, call_id, "stopping", only_from=("running",))
+                    registry.mark_call(
+                        self.redis, call_id, CallState.STOPPING, only_from=(CallState.RUNNING,)
+                    )
         if not entries:
             return
 
-        def stop(entry: recovery.RunningCall) -> None:
+        def stop(entry: running.RunningCall) -> None:
             with contextlib.suppress(redis.RedisError):
-                registry.mark_call(self.redis, entry.call_id, "stopping", only_from=("running",))
-            recovery.kill_running(entry)
+                registry.mark_call(
+                    self.redis, entry.call_id, CallState.STOPPING,
+                    only_from=(CallState.RUNNING,),
+                )
+            running.kill(entry)
 
         with ThreadPoolExecutor(max_workers=min(8, len(entries))) as pool:
             list(pool.map(stop, entries))
@@ -486,99 +485,6 @@ def _wait_or_kill(child: subprocess.Popen[bytes], timeout: float) -> None:
         child.wait()
 
 
-# ---------------------------------------------------------------------- consumers
-
-
-def run_child(role: str, instance: str, labels: Sequence[str]) -> int:
-    """A consumer process: one Celery worker (threads pool) on this role's queues."""
-    from celery.signals import worker_ready, worker_shutting_down  # noqa: PLC0415
-
-    from worker.fleet import tasks  # noqa: PLC0415 - registers the tasks on the app
-    from worker.fleet.app import app, setup_consumer_logging  # noqa: PLC0415
-    from worker.settings import get_settings  # noqa: PLC0415
-
-    settings = get_settings()
-    host = settings.host
-    celery_options = setup_consumer_logging(settings.log_format, host, role)
-    runtime = tasks.Runtime(
-        settings=settings, redis=tasks.connect(settings.redis_url_value() or ""),
-        instance=instance,
-    )
-    tasks.set_runtime(runtime)
-    _drop_plain_settings_from_env()
-    _watch_parent(role, runtime)
-    # No log line per task ("received", "succeeded: <result>"): formatting and writing
-    # them cost the exec consumer CPU on every call, and would copy every command's
-    # output into the worker's log. Calls are seen in Flower and their call records;
-    # failures are still logged (WARNING and up). bashfleet's own two short lines per
-    # call (worker.fleet.tasks: start and end, ids and outcome) carry no command and no output.
-    for name in ("celery.app.trace", "celery.worker.strategy"):
-        logging.getLogger(name).setLevel(logging.WARNING)
-
-    def ready(**_: object) -> None:
-        registry.set_host_fields(runtime.redis, host, {f"{role}_ready": os.getpid()})
-
-    def shutting_down(**_: object) -> None:
-        with contextlib.suppress(redis.RedisError):
-            registry.set_host_fields(runtime.redis, host, {f"{role}_ready": ""})
-
-    worker_ready.connect(ready, weak=False)
-    worker_shutting_down.connect(shutting_down, weak=False)
-    if role == "exec":
-        queues, slots = registry.exec_queues(host, labels), settings.concurrency
-    else:
-        queues, slots = [registry.ctl_queue(host)], CTL_CONCURRENCY
-    app.worker_main(
-        [
-            *celery_options, "worker", "--hostname", f"{role}@{host}", "--queues", ",".join(queues),
-            "--pool", "threads", "--concurrency", str(slots), "--without-gossip",
-            "--without-mingle", "--task-events", "--loglevel", "INFO",
-        ]
-    )
-    return EXIT_OK
-
-
-def _drop_plain_settings_from_env() -> None:
-    """Remove the non-secret BASHFLEET_* variables from this process's environment.
-
-    The engine scrubs every BASHFLEET_* variable from a command's environment and
-    redacts the values it scrubbed wherever they show up in output, so a host id or
-    a state directory left here would turn into [REDACTED] in ordinary output. The
-    settings were read already; only the broker URL stays (it is a secret).
-    """
-    for name in list(os.environ):
-        if name.startswith("BASHFLEET_") and name != "BASHFLEET_REDIS_URL":
-            del os.environ[name]
-
-
-def _watch_parent(role: str, runtime: Any) -> None:
-    """End this consumer (and the calls it runs) if its supervisor dies."""
-    parent = os.getppid()
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(0.5)  # polling: no portable notification of a parent's death
-        if role == "exec":
-            _stop_own_calls(runtime)
-        os._exit(EXIT_ERROR)
-
-    threading.Thread(target=watch, name="bashfleet-parent-watch", daemon=True).start()
-
-
-def _stop_own_calls(runtime: Any, timeout: float = 5.0) -> None:
-    """Kill the calls this consumer runs; give their tasks a moment to answer."""
-    mine = [e for e in recovery.all_running(runtime.settings) if e.worker_pid == os.getpid()]
-    for entry in mine:
-        with contextlib.suppress(redis.RedisError):
-            registry.mark_call(runtime.redis, entry.call_id, "stopping", only_from=("running",))
-        recovery.kill_running(entry, recovery.ORPHAN_GRACE_S)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and any(
-        recovery.load_running(runtime.settings, e.call_id) for e in mine
-    ):
-        time.sleep(0.05)  # each task removes its file once it has answered
-
-
 # --------------------------------------------------------------------------- entry
 
 
@@ -590,16 +496,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--host", help="host id (default: BASHFLEET_HOST or the hostname)")
     parser.add_argument("--concurrency", type=int, help="command slots")
     parser.add_argument("--label", action="append", default=[], help="pool label (repeatable)")
-    parser.add_argument("--child", choices=ROLES, help=argparse.SUPPRESS)
-    parser.add_argument("--instance", default="", help=argparse.SUPPRESS)
     return parser
 
 
 def cli(argv: Sequence[str] | None = None) -> int:
     """Entry point of `python -m worker.fleet.supervisor`."""
     args = build_parser().parse_args(argv)
-    if args.child:
-        return run_child(args.child, args.instance, args.label)
     overrides: dict[str, Any] = {}
     if args.host:
         overrides["host"] = args.host

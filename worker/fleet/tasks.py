@@ -1,13 +1,12 @@
-"""The Celery tasks: `exec` runs a call; the control tasks reach a host's jobs and calls.
+"""The Celery tasks: `exec` runs a call; one control task per request model.
 
-Every task takes JSON-able arguments and answers exactly once, whatever happens, as a
-reply (`registry.deliver_reply`: stored under the task id, published on the caller's
+Every task takes JSON arguments and answers exactly once, whatever happens, as a reply
+(`registry.deliver_reply`: stored under the task id, published on the caller's
 channel, the message's `reply_to`); Celery stores no result, and the task returns
-only a one-line summary for Flower. `exec` always answers a CallResult, even for
-input it cannot accept, in the same round trip that records the call's end. Control
-tasks answer an envelope, `{"ok": value}` or `{"error": {"kind": ..., "message":
-...}}`, so the client can raise a typed error (`not_found` becomes UnknownJob,
-`invalid` CallRejected).
+only a one-line summary for Flower. `exec` always answers a CallResult, even for input
+it cannot accept, in the same round trip that records the call's end. A control task
+answers a `ControlReply`: its response model, or an error whose kind the client raises
+as a typed exception.
 
 `exec` is served by the command consumer (`bashfleet.<host>.exec`, the any and pool
 queues); the others by the separate control consumer (`bashfleet.<host>.ctl`), so
@@ -16,65 +15,38 @@ they answer at once even when every command slot is busy.
 
 from __future__ import annotations
 
-import inspect
-import json
 import logging
 import os
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
-from pathlib import Path
 from typing import Any
 
 import redis
 from celery import current_task
-from pydantic import TypeAdapter, ValidationError
+from pydantic import ValidationError
 
-from worker.engine import jobs, procs
-
-from worker.fleet import recovery, registry
-
-from worker.wire import auth
-from worker.fleet.app import app
-from worker.engine.capture import read_slice
+from worker.engine import procs, running
 from worker.engine.call import RunningHook, SpawnHook, run_call
-from worker.wire.models import (
-    Call,
-    CallResult,
-    CheckResult,
-    JobRecord,
-    OutputChunk,
-    SystemError_,
-    Truncation,
-)
-from worker.engine.secrets import worker_redaction
-from worker.settings import Settings, get_settings
+from worker.engine.jobs import load_record
+from worker.fleet import control, registry
+from worker.fleet.app import app
+from worker.fleet.connect import redis_client
+from worker.fleet.control import Runtime
+from worker.settings import get_settings
+from worker.wire import auth
+from worker.wire.control import REQUESTS, ControlError, ControlReply, ControlRequest
+from worker.wire.errors import ToolError
+from worker.wire.models import Call, CallResult, Model, SystemError_
+from worker.wire.names import CallState, Task
 
 log = logging.getLogger("bashfleet.worker")
 
-#: Largest slice `read_output` returns (results stay small on Redis).
-MAX_READ_LIMIT = 4 * 1024 * 1024
-#: Grace between SIGTERM and SIGKILL when a job is killed through the fleet.
-KILL_GRACE_S = 2.0
 #: What a signed message seen before is told (it is not acted on).
 REPLAYED = "replayed message refused (nonce seen before)"
 #: Pauses between attempts to deliver an answer while Redis is away (~30 s in all).
 REPLY_RETRY_DELAYS_S = (0.1, 0.2, 0.5, 1.0, 2.0, 2.0, 4.0, 4.0, 8.0, 8.0)
-
-Envelope = dict[str, Any]
-_TRUNCATION: TypeAdapter[Truncation] = TypeAdapter(Truncation)
-
-
-@dataclass(frozen=True)
-class Runtime:
-    """What every task of this worker process needs."""
-
-    settings: Settings
-    redis: redis.Redis
-    instance: str
-
 
 _runtime_override: Runtime | None = None
 
@@ -90,7 +62,7 @@ def _default_runtime() -> Runtime:
     settings = get_settings()
     return Runtime(
         settings=settings,
-        redis=connect(settings.redis_url_value() or ""),
+        redis=redis_client(settings.redis_url_value() or ""),
         instance=os.environ.get("BASHFLEET_INSTANCE", ""),
     )
 
@@ -100,23 +72,7 @@ def runtime() -> Runtime:
     return _runtime_override or _default_runtime()
 
 
-def connect(url: str) -> redis.Redis:
-    """A Redis client for the registry (text replies, bounded waits)."""
-    return redis.Redis.from_url(
-        url, decode_responses=True, socket_connect_timeout=5, socket_timeout=10,
-        health_check_interval=30,
-    )
-
-
-def _ok(value: Any) -> Envelope:
-    return {"ok": value}
-
-
-def _error(kind: str, message: str) -> Envelope:
-    return {"error": {"kind": kind, "message": message}}
-
-
-# ------------------------------------------------------------------------------- exec
+# ----------------------------------------------------------------------------- answers
 
 
 @dataclass
@@ -157,6 +113,9 @@ def _deliver(rt: Runtime, answer: Answer, payload: str) -> None:
             time.sleep(delay)
 
 
+# ----------------------------------------------------------------------------- signing
+
+
 @dataclass(frozen=True)
 class Nonce:
     """A signed message's nonce, to record when the call is claimed."""
@@ -165,7 +124,39 @@ class Nonce:
     ttl_s: float
 
 
-def exec_call(
+@dataclass(frozen=True)
+class Message:
+    """A task's arguments, verified, and the nonce still to record (None: none)."""
+
+    args: tuple[Any, ...]
+    nonce: Nonce | None
+
+
+def verify(rt: Runtime, task: str, args: tuple[Any, ...]) -> Message:
+    """Check a message's signature and expiry; auth.AuthError when it must be refused.
+
+    With no key configured (the worker warned at start) a signed envelope is unwrapped
+    unverified and plain arguments are taken as they are.
+    """
+    keys = auth.keyring(rt.settings.accepted_keys())
+    if not keys:
+        if len(args) == 1 and auth.is_envelope(args[0]):
+            return Message(tuple(args[0]["args"]), None)
+        return Message(args, None)
+    verified = auth.verify(args[0] if len(args) == 1 else None, task, keys, time.time())
+    ttl = verified.expires - time.time() + auth.CLOCK_SKEW_S
+    return Message(tuple(verified.args), Nonce(verified.nonce, ttl))
+
+
+def _use_nonce(rt: Runtime, nonce: Nonce | None) -> None:
+    if nonce is not None and not registry.use_nonce(rt.redis, nonce.value, nonce.ttl_s):
+        raise auth.AuthError("replayed", REPLAYED)
+
+
+# -------------------------------------------------------------------------------- exec
+
+
+def run_exec(
     payload: dict[str, Any], answer: Answer | None = None, nonce: Nonce | None = None
 ) -> CallResult:
     """Run one call on this host and return its CallResult.
@@ -204,13 +195,10 @@ def exec_call(
     except Exception as exc:  # an engine bug must still answer the caller
         log.exception("call %s failed inside the worker", call.call_id,
                       extra={"call_id": call.call_id})
-        result = CallResult(
-            call_id=call.call_id, host=host,
-            error=SystemError_(kind="internal", message=f"worker error: {exc!r}"),
-        )
+        result = _failed(call.call_id, host, "internal", f"worker error: {exc!r}")
     finally:
         if spawned.on_disk:
-            recovery.remove_running(rt.settings, call.call_id)
+            running.remove(rt.settings, call.call_id)
     result = _finish(rt, call, result, answer, spawned.fields())
     _log_end(result, time.monotonic() - started)
     return result
@@ -267,16 +255,16 @@ def _log_end(result: CallResult, duration_s: float) -> None:
     )
 
 
-def _failed(call_id: str, host: str, kind: str, message: str) -> CallResult:
+def _failed(call_id: str, host: str, kind: Any, message: str) -> CallResult:
     return CallResult(call_id=call_id, host=host, error=SystemError_(kind=kind, message=message))
 
 
 def _refusal(call_id: str, state: str) -> tuple[str, str]:
     if state == "replayed":
         return "unauthorized", REPLAYED
-    if state == "cancelled":
+    if state == CallState.CANCELLED:
         return "internal", f"call {call_id} was cancelled before it started; it did not run"
-    if state == "abandoned":
+    if state == CallState.ABANDONED:
         return "unavailable", (
             f"call {call_id} was withdrawn by its caller before a worker took it; it did not run"
         )
@@ -324,12 +312,12 @@ def _running_hook(rt: Runtime, call: Call, spawned: _Spawned) -> RunningHook:
     def on_running() -> None:
         if not spawned.pid:
             return
-        entry = recovery.RunningCall(
+        entry = running.RunningCall(
             call_id=call.call_id, pid=spawned.pid, pgid=spawned.pgid, marker=spawned.marker,
             start_time=procs.start_time(spawned.pid) or time.time(), worker_pid=os.getpid(),
             instance=rt.instance, kill_grace_s=call.policy.kill_grace_s,
         )
-        recovery.save_running(rt.settings, entry)
+        running.save(rt.settings, entry)
         spawned.on_disk = True
         try:
             state = registry.update_call(rt.redis, call.call_id, **spawned.fields())
@@ -337,16 +325,16 @@ def _running_hook(rt: Runtime, call: Call, spawned: _Spawned) -> RunningHook:
             log.warning("call %s: could not record its process: %s", call.call_id, exc,
                         extra={"call_id": call.call_id})
             return
-        if state in ("cancelling", "stopping"):
-            recovery.kill_running(entry)
+        if state in (CallState.CANCELLING, CallState.STOPPING):
+            running.kill(entry)
 
     return on_running
 
 
 #: Notes for a call that ended from these states (its answer must say so first).
 _END_NOTES = {
-    "cancelling": "call cancelled; its processes were killed",
-    "stopping": "the worker was stopped; the call's processes were killed",
+    CallState.CANCELLING: "call cancelled; its processes were killed",
+    CallState.STOPPING: "the worker was stopped; the call's processes were killed",
 }
 
 
@@ -369,287 +357,36 @@ def _finish(
     reply = answer.reply(result.model_dump_json()) if answer is not None else None
     try:
         if result.job is not None:
-            record = jobs.load_record(result.job.id, rt.settings)
+            record = load_record(result.job.id, rt.settings)
             registry.save_job(rt.redis, record, running=True)
         previous, sent = registry.finish_and_reply(
             rt.redis, rt.settings.host, call.call_id, fields, reply=reply,
             hold_in=_END_NOTES if result.error is None else (),
         )
-    except (redis.RedisError, jobs.JobError) as exc:
+    except (redis.RedisError, ToolError) as exc:
         log.warning("call %s: could not record its end: %s", call.call_id, exc,
                     extra={"call_id": call.call_id})
         return result
     if answer is not None and sent:
         answer.sent = True
         return result
-    note = _END_NOTES.get(previous or "")
+    note = _END_NOTES.get(CallState(previous)) if previous in tuple(CallState) else None
     if note is not None and result.error is None:
         result = result.model_copy(update={"error": SystemError_(kind="internal", message=note)})
     return result
 
 
-# ---------------------------------------------------------------------------- control
-
-
-def _guard(body: Any) -> Envelope:
-    """Run a control body; turn the expected failures into an error envelope."""
-    try:
-        return _ok(body())
-    except jobs.JobError as exc:
-        return _error(exc.kind, exc.message)
-    except redis.RedisError as exc:
-        return _error("unavailable", f"the worker could not reach Redis: {exc}")
-
-
-#: Fields of a control result worth a log line (never output, never paths of it).
-_LOGGED_FIELDS = ("running", "exit_code", "signal", "cancelled", "state", "survivors")
-
-
-def _logged(action: str, envelope: Envelope, **ids: str) -> Envelope:
-    """Log one line for a control call (what, on which id, how it went); pass it on."""
-    subject = " ".join(f"{name.removesuffix('_id')} {value}" for name, value in ids.items())
-    error = envelope.get("error")
-    if isinstance(error, dict):
-        log.info(
-            "%s %s: %s: %s", action, subject, error.get("kind"), error.get("message"),
-            extra={**ids, "action": action, "error_kind": error.get("kind")},
-        )
-        return envelope
-    value = envelope.get("ok")
-    fields = (
-        {name: value[name] for name in _LOGGED_FIELDS if name in value}
-        if isinstance(value, dict) else {}
-    )
-    log.info(
-        "%s %s: %s", action, subject,
-        ", ".join(f"{name} {field}" for name, field in fields.items()) or "done",
-        extra={**ids, "action": action, **fields},
-    )
-    return envelope
-
-
-def _record(rt: Runtime, job_id: str) -> JobRecord:
-    return jobs.load_record(job_id, rt.settings)
-
-
-def check(
-    job_id: str,
-    grep: str | None = None,
-    offset: int | None = None,
-    stderr_offset: int | None = None,
-    truncation: dict[str, Any] | None = None,
-) -> Envelope:
-    """A job's state and its output since `offset` (None: since the last check)."""
-    def act(rt: Runtime, record: JobRecord, start: int, err_start: int) -> CheckResult:
-        return jobs.check_job(
-            record, offset=start, stderr_offset=err_start, grep=grep,
-            policy=_truncation(truncation), settings=rt.settings,
-        )
-
-    return _logged("check", _job_action(job_id, offset, stderr_offset, act), job_id=job_id)
-
-
-def _job_action(
-    job_id: str,
-    offset: int | None,
-    stderr_offset: int | None,
-    act: Callable[[Runtime, JobRecord, int, int], CheckResult],
-    *,
-    always_sync: bool = False,
-) -> Envelope:
-    """Check or kill a job from its local record; keep the offsets and, once it has
-    ended (or always, for a kill), its record in Redis up to date."""
-    rt = runtime()
-
-    def body() -> Any:
-        record = _record(rt, job_id)
-        start, err_start = _offsets(rt, job_id, offset, stderr_offset)
-        result = act(rt, record, start, err_start)
-        registry.save_offsets(rt.redis, job_id, result.offset, result.stderr_offset)
-        if always_sync or not result.running:
-            recovery.sync_job(rt.redis, record)
-        return result.model_dump(mode="json")
-
-    return _guard(body)
-
-
-def _offsets(
-    rt: Runtime, job_id: str, offset: int | None, stderr_offset: int | None
-) -> tuple[int, int]:
-    """Where to read from: as asked, else where the last check (by any client) stopped."""
-    stored, stored_err = registry.job_offsets(registry.job_fields(rt.redis, job_id))
-    start = stored if offset is None else max(0, offset)
-    if stderr_offset is not None:
-        return start, max(0, stderr_offset)
-    # Reading stdout from the start reads stderr from the start too.
-    return start, 0 if offset == 0 else stored_err
-
-
-def _truncation(value: dict[str, Any] | None) -> Truncation | None:
-    if value is None:
-        return None
-    try:
-        return _TRUNCATION.validate_python(value)
-    except ValidationError as exc:
-        raise jobs.JobError("invalid", f"invalid truncation policy: {exc}") from None
-
-
-def kill(
-    job_id: str,
-    offset: int | None = None,
-    stderr_offset: int | None = None,
-    truncation: dict[str, Any] | None = None,
-) -> Envelope:
-    """End a job (group SIGTERM, grace, SIGKILL, marker sweep); its final state."""
-    def act(rt: Runtime, record: JobRecord, start: int, err_start: int) -> CheckResult:
-        return jobs.kill_job(
-            record, offset=start, stderr_offset=err_start, grace_s=KILL_GRACE_S,
-            policy=_truncation(truncation), settings=rt.settings,
-        )
-
-    envelope = _job_action(job_id, offset, stderr_offset, act, always_sync=True)
-    return _logged("kill", envelope, job_id=job_id)
-
-
-def read_output(
-    item_id: str, offset: int = 0, limit: int = 65536, grep: str | None = None,
-    stream: str = "stdout",
-) -> Envelope:
-    """A slice of a job's output file or of a call's spill file on this host."""
-    rt = runtime()
-
-    def body() -> Any:
-        path = _output_path(rt.settings, item_id, stream)
-        pattern = _compile(grep)
-        size = path.stat().st_size
-        start = min(max(0, offset), size)
-        size_to_read = max(1, min(limit, MAX_READ_LIMIT))
-        text, end, size = read_slice(path, start, size_to_read, worker_redaction(rt.settings))
-        if pattern is not None:
-            text = "".join(ln for ln in text.splitlines(keepends=True) if pattern.search(ln))
-        chunk = OutputChunk(
-            path=str(path), offset=start, next_offset=end, size=size, text=text, eof=end >= size
-        )
-        return chunk.model_dump(mode="json")
-
-    return _guard(body)
-
-
-def _output_path(settings: Settings, item_id: str, stream: str) -> Path:
-    """The file of a job or call id: only files this worker wrote are ever read."""
-    if stream not in ("stdout", "stderr"):
-        raise jobs.JobError("invalid", f"stream must be stdout or stderr, not {stream!r}")
-    if not registry.valid_id(item_id):
-        raise jobs.JobError("not_found", f"no such job or call: {item_id!r}")
-    try:
-        record = jobs.load_record(item_id, settings)
-    except jobs.JobError:
-        record = None
-    if record is not None:
-        chosen = record.output_path if stream == "stdout" else record.stderr_path
-        if chosen is None:
-            raise jobs.JobError("not_found", f"job {item_id} has no separate stderr")
-        return Path(chosen)
-    suffixes = (".out", ".log") if stream == "stdout" else (".err",)
-    for suffix in suffixes:
-        candidate = settings.spill_dir / f"{item_id}{suffix}"
-        if candidate.is_file():
-            return candidate
-    raise jobs.JobError(
-        "not_found", f"no job or kept output for {item_id!r} on {settings.host}"
-    )
-
-
-def _compile(grep: str | None) -> re.Pattern[str] | None:
-    if not grep:
-        return None
-    try:
-        return re.compile(grep)
-    except re.error as exc:
-        raise jobs.JobError("invalid", f"invalid regular expression {grep!r}: {exc}") from None
-
-
-def cancel(call_id: str) -> Envelope:
-    """Kill the processes of a running foreground call; its exec task then returns."""
-    rt = runtime()
-
-    def body() -> Any:
-        previous = registry.mark_call(rt.redis, call_id, "cancelling", only_from=("running",))
-        entry = recovery.load_running(rt.settings, call_id)
-        if entry is None:
-            # Not spawned (or not on disk) yet: its running hook sees `cancelling` and
-            # kills it (within the engine's first wake-up).
-            return {"cancelled": previous == "running", "state": previous}
-        survivors = recovery.kill_running(entry)
-        return {"cancelled": True, "state": "cancelling", "survivors": survivors}
-
-    return _logged("cancel", _guard(body), call_id=call_id)
-
-
-def list_jobs() -> Envelope:
-    """This host's jobs, fresh from its disk (and published to Redis)."""
-    rt = runtime()
-
-    def body() -> Any:
-        views = []
-        for record in jobs.local_records(rt.settings):
-            fields = registry.job_fields(rt.redis, record.id)
-            if not fields:
-                continue  # expired from the fleet's listing: too old to show
-            if fields.get("state") != "ended":
-                recovery.sync_job(rt.redis, record)
-                fields = registry.job_fields(rt.redis, record.id)
-            view = registry.job_view(fields)
-            if view is not None:
-                views.append(view.model_dump(mode="json"))
-        return views
-
-    return _guard(body)
-
-
-# ------------------------------------------------------------------ entry points
-
-
-@dataclass(frozen=True)
-class _Message:
-    """A task's arguments, verified, and the nonce still to record (None: none)."""
-
-    args: tuple[Any, ...]
-    nonce: Nonce | None
-
-
-def _verify(rt: Runtime, task: str, args: tuple[Any, ...]) -> _Message:
-    """Check a message's signature and expiry; auth.AuthError when it must be refused.
-
-    With no key configured (the worker warned at start) a signed envelope is unwrapped
-    unverified and plain arguments are taken as they are.
-    """
-    keys = auth.keyring(rt.settings.accepted_keys())
-    if not keys:
-        if len(args) == 1 and auth.is_envelope(args[0]):
-            return _Message(tuple(args[0]["args"]), None)
-        return _Message(args, None)
-    verified = auth.verify(args[0] if len(args) == 1 else None, task, keys, time.time())
-    ttl = verified.expires - time.time() + auth.CLOCK_SKEW_S
-    return _Message(tuple(verified.args), Nonce(verified.nonce, ttl))
-
-
-def _use_nonce(rt: Runtime, nonce: Nonce | None) -> None:
-    if nonce is not None and not registry.use_nonce(rt.redis, nonce.value, nonce.ttl_s):
-        raise auth.AuthError("replayed", REPLAYED)
-
-
-def _exec_refused(args: tuple[Any, ...], kind: str, message: str) -> CallResult:
+def _exec_refused(args: tuple[Any, ...], message: str) -> CallResult:
     rt = runtime()
     payload = args[0] if args and isinstance(args[0], dict) else {}
     inner = payload.get("args") if "auth" in payload else [payload]
     first = inner[0] if isinstance(inner, list) and inner and isinstance(inner[0], dict) else {}
     call_id = str(first.get("call_id") or "?")[:64]
     log.warning("call %s refused: %s", call_id, message, extra={"call_id": call_id})
-    return _failed(call_id, rt.settings.host, kind, message)
+    return _failed(call_id, rt.settings.host, "unauthorized", message)
 
 
-def exec_task(*args: Any) -> str:
+def exec_message(*args: Any) -> str:
     """The exec task as Celery runs it: verify, run, answer (once, whatever happens).
 
     The nonce of a signed call is recorded with its claim (one round trip for both).
@@ -657,11 +394,11 @@ def exec_task(*args: Any) -> str:
     rt = runtime()
     answer = _current_answer()
     try:
-        message = _verify(rt, registry.TASK_EXEC, args)
+        message = verify(rt, Task.EXEC, args)
         payload = message.args[0] if len(message.args) == 1 else None
-        result = exec_call(payload, answer, message.nonce)  # type: ignore[arg-type]
+        result = run_exec(payload, answer, message.nonce)  # type: ignore[arg-type]
     except auth.AuthError as exc:
-        result = _exec_refused(args, "unauthorized", exc.message)
+        result = _exec_refused(args, exc.message)
     except Exception as exc:  # a bug must still answer the caller
         log.exception("task %s failed inside the worker", answer.task_id,
                       extra={"call_id": answer.task_id})
@@ -671,46 +408,103 @@ def exec_task(*args: Any) -> str:
     return outcome(result)
 
 
-def _ctl_task(task: str, body: Callable[..., Envelope]) -> Callable[..., str]:
-    """A control task as Celery runs it: verify (nonce included), act, answer."""
-    signature = inspect.signature(body)
+# ----------------------------------------------------------------------------- control
 
-    def envelope_of(rt: Runtime, answer: Answer, args: tuple[Any, ...]) -> Envelope:
-        try:
-            message = _verify(rt, task, args)
-            _use_nonce(rt, message.nonce)
-            signature.bind(*message.args)
-        except auth.AuthError as exc:
-            log.warning("control message refused: %s", exc.message)
-            return _error("unauthorized", exc.message)
-        except TypeError as exc:  # not this task's arguments
-            return _error("invalid", f"invalid arguments: {exc}")
-        try:
-            return body(*message.args)
-        except Exception as exc:  # a bug must still answer the caller
-            log.exception("task %s failed inside the worker", answer.task_id)
-            return _error("internal", f"worker error: {exc!r}")
+#: What each control request does (`worker.fleet.control`).
+HANDLERS: dict[str, Callable[[Runtime, Any], Model]] = {
+    Task.CHECK: control.check,
+    Task.KILL: control.kill,
+    Task.READ_OUTPUT: control.read_output,
+    Task.CANCEL: control.cancel,
+    Task.JOBS: control.list_jobs,
+}
+
+#: Fields of a control response worth a log line (never output, never paths of it).
+_LOGGED_FIELDS = ("running", "exit_code", "signal", "cancelled", "state", "survivors")
+
+
+def _request(task: str, args: tuple[Any, ...]) -> ControlRequest:
+    """The request model of a control message; `ToolError("invalid")` when it is not one."""
+    cls = REQUESTS[task]
+    if len(args) != 1 or not isinstance(args[0], dict):
+        raise ToolError("invalid", f"invalid arguments: {task} takes one {cls.__name__}")
+    try:
+        return cls.model_validate(args[0])
+    except ValidationError as exc:
+        fields = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise ToolError("invalid", f"invalid {cls.__name__}: {fields}") from None
+
+
+def control_reply(
+    rt: Runtime, task: str, args: tuple[Any, ...]
+) -> tuple[ControlRequest | None, ControlReply]:
+    """Verify (nonce included), validate, act: the request (None: refused before it was
+    read) and the reply of one control message."""
+    request: ControlRequest | None = None
+    try:
+        message = verify(rt, task, args)
+        _use_nonce(rt, message.nonce)
+        request = _request(task, message.args)
+        response = HANDLERS[task](rt, request)
+        return request, ControlReply(ok=response.model_dump(mode="json"))
+    except auth.AuthError as exc:
+        log.warning("control message refused: %s", exc.message)
+        return request, _error_reply(exc)
+    except ToolError as exc:
+        return request, _error_reply(exc)
+    except redis.RedisError as exc:
+        failure = ToolError("unavailable", f"the worker could not reach Redis: {exc}")
+        return request, _error_reply(failure)
+    except Exception as exc:  # a bug must still answer the caller
+        log.exception("control task %s failed inside the worker", task)
+        return request, _error_reply(ToolError("internal", f"worker error: {exc!r}"))
+
+
+def _error_reply(exc: ToolError) -> ControlReply:
+    return ControlReply(error=ControlError(kind=exc.kind, message=exc.message))
+
+
+#: Control calls that get a log line, and the id field each is about.
+_LOGGED_SUBJECTS = {Task.CHECK: "job_id", Task.KILL: "job_id", Task.CANCEL: "call_id"}
+
+
+def _log_control(task: str, request: ControlRequest | None, reply: ControlReply) -> None:
+    """One line per check, kill and cancel: what, on which id, how it went (no output)."""
+    id_field = _LOGGED_SUBJECTS.get(Task(task))
+    if id_field is None:
+        return
+    action = task.removeprefix("bashfleet.")
+    item = str(getattr(request, "id", None) or getattr(request, "call_id", None) or "?")
+    subject = f"{id_field.removesuffix('_id')} {item}"
+    ids = {id_field: item}
+    if reply.error is not None:
+        log.info("%s %s: %s: %s", action, subject, reply.error.kind, reply.error.message,
+                 extra={**ids, "action": action, "error_kind": reply.error.kind})
+        return
+    value = reply.ok or {}
+    fields = {name: value[name] for name in _LOGGED_FIELDS if name in value}
+    log.info("%s %s: %s", action, subject,
+             ", ".join(f"{name} {field}" for name, field in fields.items()) or "done",
+             extra={**ids, "action": action, **fields})
+
+
+def _control_task(task: str) -> Callable[..., str]:
+    """A control task as Celery runs it: reply once, log one line, summarize."""
 
     def run(*args: Any) -> str:
         rt = runtime()
         answer = _current_answer()
-        envelope = envelope_of(rt, answer, args)
-        _deliver(rt, answer, json.dumps(envelope))
-        error = envelope.get("error")
-        return f"error {error.get('kind')}" if isinstance(error, dict) else "ok"
+        request, reply = control_reply(rt, task, args)
+        _deliver(rt, answer, reply.model_dump_json())
+        _log_control(task, request, reply)
+        return f"error {reply.error.kind}" if reply.error is not None else "ok"
 
-    run.__name__ = getattr(body, "__name__", task)
+    run.__name__ = task.removeprefix("bashfleet.")
     return run
 
 
 # Registered apart from their definitions so the functions keep their types (Celery's
 # decorator is untyped) and stay callable directly in tests. No result is stored
 # (`task_ignore_result` in the wire config): the answer is the reply.
-celery_exec_task = app.task(name=registry.TASK_EXEC)(exec_task)
-check_task = app.task(name=registry.TASK_CHECK)(_ctl_task(registry.TASK_CHECK, check))
-kill_task = app.task(name=registry.TASK_KILL)(_ctl_task(registry.TASK_KILL, kill))
-read_output_task = app.task(name=registry.TASK_READ_OUTPUT)(
-    _ctl_task(registry.TASK_READ_OUTPUT, read_output)
-)
-cancel_task = app.task(name=registry.TASK_CANCEL)(_ctl_task(registry.TASK_CANCEL, cancel))
-jobs_task = app.task(name=registry.TASK_JOBS)(_ctl_task(registry.TASK_JOBS, list_jobs))
+exec_task = app.task(name=Task.EXEC)(exec_message)
+control_tasks = {task: app.task(name=task)(_control_task(task)) for task in HANDLERS}

@@ -28,7 +28,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from worker.wire.errors import Failure
+from worker.wire.errors import ToolError
 
 VERSION = 1
 #: How long a signed message stays valid: long enough for a queue to drain after a
@@ -38,7 +38,7 @@ DEFAULT_TTL_S = 300.0
 CLOCK_SKEW_S = 30.0
 
 
-class AuthError(Failure):
+class AuthError(ToolError):
     """A message the worker must refuse (kind `unauthorized`); `reason` says why:
     unsigned, malformed, unknown_key, bad_signature, expired or replayed."""
 

@@ -16,7 +16,7 @@ ErrorKind = Literal[
 """Every kind of failure the fleet reports (the tool's failure, never the command's)."""
 
 
-class Failure(Exception):
+class ToolError(Exception):
     """A failure of the tool, with its `kind` and a `message` for a person or a model."""
 
     def __init__(self, kind: ErrorKind, message: str) -> None:

@@ -243,6 +243,13 @@ class RunRequest(Model):
     capture_state: bool = False
     """Report the cwd and exported variables the command ends with (sessions)."""
 
+    @field_validator("mode", mode="before")
+    @classmethod
+    def _mode_is_known(cls, value: object) -> object:
+        if value not in ("default", "slow", "background"):
+            raise ValueError(f"mode must be default, slow or background, not {value!r}")
+        return value
+
 
 class TruncationInfo(Model):
     """Exact counts of what a stream held and what is shown of it."""

@@ -44,6 +44,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from enum import StrEnum
+from typing import Literal
 
 PREFIX = "bashfleet:"
 
@@ -144,6 +145,11 @@ def valid_id(value: str) -> bool:
 
 
 # ---------------------------------------------------------------------------- queues
+
+Role = Literal["exec", "ctl"]
+"""A worker's two consumers: `exec` serves the command queues, `ctl` the control queue."""
+ROLES: tuple[Role, ...] = ("exec", "ctl")
+
 
 ANY_EXEC_QUEUE = "bashfleet.any.exec"
 

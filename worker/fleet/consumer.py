@@ -1,0 +1,143 @@
+"""A consumer process of a worker: one Celery worker (threads pool) on one role's queues.
+
+The host supervisor (`worker.fleet.supervisor`) starts two, in its process group:
+`exec` on the command queues (`--concurrency` slots) and `ctl` on the control queue,
+so control calls never wait for a slot:
+
+    python -m worker.fleet.consumer exec|ctl --instance TOKEN
+
+Settings come from the BASHFLEET_* variables the supervisor sets. A consumer whose
+supervisor dies ends itself, and the calls it runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import sys
+import threading
+import time
+from collections.abc import Sequence
+
+import redis
+from celery.signals import worker_ready, worker_shutting_down
+
+from worker.engine import running
+from worker.fleet import registry, tasks
+from worker.fleet.app import app, setup_consumer_logging
+from worker.fleet.connect import redis_client
+from worker.fleet.control import Runtime
+from worker.settings import get_settings
+from worker.wire import names
+from worker.wire.names import ROLES, CallState, Role
+
+log = logging.getLogger("bashfleet.worker")
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+#: Threads of the control consumer: control calls are short.
+CTL_CONCURRENCY = 4
+
+
+def run_consumer(role: Role, instance: str) -> int:
+    """A consumer process: one Celery worker (threads pool) on this role's queues."""
+    settings = get_settings()
+    host = settings.host
+    celery_options = setup_consumer_logging(settings.log_format, host, role)
+    runtime = Runtime(
+        settings=settings, redis=redis_client(settings.redis_url_value() or ""),
+        instance=instance,
+    )
+    tasks.set_runtime(runtime)
+    _drop_plain_settings_from_env()
+    _watch_parent(role, runtime)
+    # No log line per task ("received", "succeeded: <result>"): formatting and writing
+    # them cost the exec consumer CPU on every call, and would copy every command's
+    # output into the worker's log. Calls are seen in Flower and their call records;
+    # failures are still logged (WARNING and up). bashfleet's own two short lines per
+    # call (worker.fleet.tasks: start and end, ids and outcome) carry no command and no output.
+    for name in ("celery.app.trace", "celery.worker.strategy"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+    def ready(**_: object) -> None:
+        registry.set_host_fields(runtime.redis, host, {f"{role}_ready": os.getpid()})
+
+    def shutting_down(**_: object) -> None:
+        with contextlib.suppress(redis.RedisError):
+            registry.set_host_fields(runtime.redis, host, {f"{role}_ready": ""})
+
+    worker_ready.connect(ready, weak=False)
+    worker_shutting_down.connect(shutting_down, weak=False)
+    if role == "exec":
+        queues, slots = names.exec_queues(host, settings.labels), settings.concurrency
+    else:
+        queues, slots = [names.ctl_queue(host)], CTL_CONCURRENCY
+    app.worker_main(
+        [
+            *celery_options, "worker", "--hostname", f"{role}@{host}", "--queues", ",".join(queues),
+            "--pool", "threads", "--concurrency", str(slots), "--without-gossip",
+            "--without-mingle", "--task-events", "--loglevel", "INFO",
+        ]
+    )
+    return EXIT_OK
+
+
+def _drop_plain_settings_from_env() -> None:
+    """Remove the non-secret BASHFLEET_* variables from this process's environment.
+
+    The engine scrubs every BASHFLEET_* variable from a command's environment and
+    redacts the values it scrubbed wherever they show up in output, so a host id or
+    a state directory left here would turn into [REDACTED] in ordinary output. The
+    settings were read already; only the broker URL stays (it is a secret).
+    """
+    for name in list(os.environ):
+        if name.startswith("BASHFLEET_") and name != "BASHFLEET_REDIS_URL":
+            del os.environ[name]
+
+
+def _watch_parent(role: Role, runtime: Runtime) -> None:
+    """End this consumer (and the calls it runs) if its supervisor dies."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)  # polling: no portable notification of a parent's death
+        if role == "exec":
+            _stop_own_calls(runtime)
+        os._exit(EXIT_ERROR)
+
+    threading.Thread(target=watch, name="bashfleet-parent-watch", daemon=True).start()
+
+
+def _stop_own_calls(runtime: Runtime, timeout: float = 5.0) -> None:
+    """Kill the calls this consumer runs; give their tasks a moment to answer."""
+    mine = [e for e in running.all_calls(runtime.settings) if e.worker_pid == os.getpid()]
+    for entry in mine:
+        with contextlib.suppress(redis.RedisError):
+            registry.mark_call(
+                runtime.redis, entry.call_id, CallState.STOPPING, only_from=(CallState.RUNNING,)
+            )
+        running.kill(entry, running.ORPHAN_GRACE_S)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(
+        running.load(runtime.settings, e.call_id) for e in mine
+    ):
+        time.sleep(0.05)  # each task removes its file once it has answered
+
+
+def cli(argv: Sequence[str] | None = None) -> int:
+    """Entry point of `python -m worker.fleet.consumer`."""
+    parser = argparse.ArgumentParser(
+        prog="python -m worker.fleet.consumer",
+        description="A consumer process of a worker (started by its host supervisor).",
+    )
+    parser.add_argument("role", choices=ROLES)
+    parser.add_argument("--instance", default="", help="the host supervisor's lock token")
+    args = parser.parse_args(argv)
+    return run_consumer(args.role, args.instance)
+
+
+if __name__ == "__main__":
+    sys.exit(cli())
