@@ -364,43 +364,28 @@ def cmd_down(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_worker(args: argparse.Namespace) -> int:
-    from worker.fleet import supervisor  # noqa: PLC0415
-    from worker.settings import Settings  # noqa: PLC0415
-
-    overrides: dict[str, Any] = {}
-    if args.host:
-        overrides["host"] = args.host
-    settings = Settings(**overrides)
-    labels = tuple(args.label or ()) or settings.labels
-    status: int = supervisor.main(
-        host=settings.host, concurrency=args.concurrency or settings.concurrency,
-        labels=labels, settings=settings,
-    )
-    return status
+#: Subcommands that run the build machine's own side, by module: their arguments are
+#: that module's (`bashfleet worker --help` is the supervisor's own help).
+WORKER_SIDE = {
+    "worker": ("worker.fleet.supervisor", "serve calls on this machine (--host, --concurrency, "
+               "--label)"),
+    "gc": ("worker.retention", "remove old spill and job files of this machine's worker "
+           "(--dry-run, --json, --max-age, --max-bytes)"),
+}
 
 
-def cmd_gc(args: argparse.Namespace) -> int:
-    # Like `worker`, this runs on the build machine and acts on THIS machine's state
-    # directory (the worker's BASHFLEET_STATE_DIR), so it uses the worker's own module.
-    from worker import retention  # noqa: PLC0415
-    from worker.settings import Settings  # noqa: PLC0415
+def exec_worker_side(command: str, argv: Sequence[str]) -> int:
+    """Become `python -m MODULE ARGV`: a command of the build machine's own side.
 
-    return retention.gc_command(
-        Settings(), dry_run=args.dry_run, as_json=args.json, max_age_s=args.max_age,
-        max_bytes=args.max_bytes,
-    )
-
-
-def _add_gc_command(sub: Any) -> None:
-    gc = sub.add_parser("gc", help="remove old spill and job files of this machine's worker")
-    gc.add_argument("--dry-run", action="store_true", help="only show what would be removed")
-    gc.add_argument("--json", action="store_true")
-    gc.add_argument("--max-age", type=float, metavar="S",
-                    help="seconds (default: BASHFLEET_RETENTION_MAX_AGE_S, 7 days)")
-    gc.add_argument("--max-bytes", type=int, metavar="N",
-                    help="size cap (default: BASHFLEET_RETENTION_MAX_BYTES, 10 GiB)")
-    gc.set_defaults(func=cmd_gc)
+    `worker` and `gc` run the worker's code on this machine, which the client never
+    imports (`worker.fleet`, the engine): the process is replaced, so its pid, its
+    signals and its exit status are the command's own.
+    """
+    module = WORKER_SIDE[command][0]
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, [sys.executable, "-m", module, *argv])  # noqa: S606 - no shell
+    return EXIT_USAGE  # pragma: no cover - execv does not return
 
 
 # ----------------------------------------------------------------------- schema, mcp
@@ -462,7 +447,7 @@ def cmd_mcp(args: argparse.Namespace) -> int:
 # ------------------------------------------------------------------------- parser
 
 
-def build_parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - a flat list of subcommands
+def build_parser() -> argparse.ArgumentParser:
     """The `bashfleet` argument parser."""
     parser = argparse.ArgumentParser(
         prog="bashfleet", description="Run bash calls on a fleet of build machines."
@@ -480,12 +465,9 @@ def build_parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - a flat list of
     down = sub.add_parser("down", help="stop the local fleet")
     down.set_defaults(func=cmd_down)
 
-    worker = sub.add_parser("worker", help="serve calls on this machine")
-    worker.add_argument("--host", help="host id (default: BASHFLEET_HOST or the hostname)")
-    worker.add_argument("--concurrency", type=int, help="command slots")
-    worker.add_argument("--label", action="append", help="pool label (repeatable)")
-    worker.set_defaults(func=cmd_worker)
-    _add_gc_command(sub)
+    for name, (_, text) in WORKER_SIDE.items():
+        # No options here: they are the module's own, passed through (see `main`).
+        sub.add_parser(name, help=text, add_help=False)
 
     run = sub.add_parser("run", help="run a command on the fleet")
     run.add_argument("--host", help="host id (default: any host)")
@@ -548,7 +530,11 @@ def _add_agent_commands(sub: Any) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `bashfleet` console script."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, rest = parser.parse_known_args(argv)
+    if args.cmd in WORKER_SIDE:
+        return exec_worker_side(args.cmd, rest)
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     if args.cmd == "run" and not args.command:
         parser.error("run: a command is required")
     from client.errors import BashfleetError  # noqa: PLC0415

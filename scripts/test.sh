@@ -24,4 +24,6 @@ echo "== mypy --strict"
 .venv/bin/mypy
 echo "== pytest"
 # Exit code 5 (no tests collected) is a failure here, as any non-zero code is.
-exec .venv/bin/pytest "$@"
+.venv/bin/pytest "$@"
+echo "== the end-to-end tests against the installed package"
+PYTHON=.venv/bin/python ./scripts/test_installed.sh -q

@@ -11,7 +11,10 @@ machine never mistake each other's processes for leaks.
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 import time
 import uuid
 
@@ -21,6 +24,22 @@ import pytest
 TAG_VAR = "PYTEST_FLEET_SESSION_TAG"
 _tag = os.environ.setdefault(TAG_VAR, uuid.uuid4().hex)
 _session_start = time.time()
+
+
+def _hermetic_environment() -> None:
+    """Keep the suite off the user's own fleet: no BASHFLEET_* of the user's, and a
+    state directory of the session's own (where `bashfleet up` records its fleet), set
+    before anything reads the settings (`get_settings` is cached per process)."""
+    for name in [n for n in os.environ if n.startswith("BASHFLEET_")]:
+        if name != "BASHFLEET_SKIP_LEAK_CHECK":  # the suite's own switch, read at its end
+            del os.environ[name]
+    state = tempfile.mkdtemp(prefix="bashfleet-tests-")
+    atexit.register(shutil.rmtree, state, ignore_errors=True)
+    os.environ["BASHFLEET_STATE_DIR"] = state
+    os.environ["XDG_STATE_HOME"] = os.path.join(state, "xdg")
+
+
+_hermetic_environment()
 
 
 def _is_ours(proc: psutil.Process) -> bool:

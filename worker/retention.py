@@ -33,6 +33,7 @@ each group again first (a group touched since the plan was made is left alone).
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -494,3 +495,30 @@ def gc_command(
     else:
         _print_text(settings.state_dir, done_plan, outcome)
     return 1 if outcome is not None and outcome.errors else 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """`bashfleet gc` (and `python -m worker.retention`) arguments."""
+    parser = argparse.ArgumentParser(
+        prog="bashfleet gc", description="Remove old spill and job files of this machine's worker."
+    )
+    parser.add_argument("--dry-run", action="store_true", help="only show what would be removed")
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--max-age", type=float, metavar="S",
+                        help="seconds (default: BASHFLEET_RETENTION_MAX_AGE_S, 7 days)")
+    parser.add_argument("--max-bytes", type=int, metavar="N",
+                        help="size cap (default: BASHFLEET_RETENTION_MAX_BYTES, 10 GiB)")
+    return parser
+
+
+def cli(argv: Sequence[str] | None = None) -> int:
+    """Entry point of `python -m worker.retention` (what `bashfleet gc` runs)."""
+    args = build_parser().parse_args(argv)
+    return gc_command(
+        Settings(), dry_run=args.dry_run, as_json=args.json, max_age_s=args.max_age,
+        max_bytes=args.max_bytes,
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(cli())

@@ -32,6 +32,13 @@ def wait_for(check: Callable[[], T | None], what: str, timeout: float = 30.0) ->
         delay = min(delay * 2, 0.5)
 
 
+def bashfleet_command() -> list[str]:
+    """The `bashfleet` console script of this interpreter's environment, as a user runs
+    it (CI runs these tests against the wheel installed in a fresh virtualenv)."""
+    script = Path(sys.executable).with_name("bashfleet")
+    return [str(script)] if script.exists() else [sys.executable, "-m", "client.cli"]
+
+
 class Cli:
     """Runs `bashfleet` with a private state directory."""
 
@@ -43,7 +50,7 @@ class Cli:
 
     def __call__(self, *args: str, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "client.cli", *args],
+            [*bashfleet_command(), *args],
             env=self.env, capture_output=True, text=True, timeout=timeout, check=False,
         )
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -20,7 +19,7 @@ import redis
 from mcp import ClientSession, types
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
-from .helpers import Cli, kill_recorded, wait_for
+from .helpers import Cli, bashfleet_command, kill_recorded, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 HOST = "mcp-a"
@@ -70,8 +69,9 @@ async def mcp(
 ) -> AsyncIterator[ClientSession]:
     """An initialized MCP client session on `bashfleet mcp --dialect D` (a subprocess)."""
     session = session or f"e2e-{dialect}-{uuid.uuid4().hex[:12]}"
-    args = ["-m", "client.cli", "mcp", "--dialect", dialect, "--session", session, *options]
-    params = StdioServerParameters(command=sys.executable, args=args, env=cli.env, cwd=REPO)
+    command, *first = bashfleet_command()
+    args = [*first, "mcp", "--dialect", dialect, "--session", session, *options]
+    params = StdioServerParameters(command=command, args=args, env=cli.env, cwd=REPO)
     log_path = cli.state_dir / f"{session}.log"
     try:
         with log_path.open("w") as errlog:

@@ -1,7 +1,7 @@
 """Supervisor of one background job: run it, wait for it, record how it ended.
 
 Started detached (own session) by `worker.engine.jobs.start_job` as
-`python -I -S supervise.py SPEC_PATH`, it outlives the worker that started it, so a
+`python -I -S job_supervisor.py SPEC_PATH`, it outlives the worker that started it, so a
 job's exit status is recorded even when no worker is watching when it ends.
 
 Standard library only, and no package imports: it runs with `-I -S` to start fast

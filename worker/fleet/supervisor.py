@@ -491,7 +491,7 @@ def _wait_or_kill(child: subprocess.Popen[bytes], timeout: float) -> None:
 def build_parser() -> argparse.ArgumentParser:
     """`python -m worker.fleet.supervisor` arguments."""
     parser = argparse.ArgumentParser(
-        prog="python -m worker.fleet.supervisor", description="Serve one host of the fleet."
+        prog="bashfleet worker", description="Serve one host of the fleet."
     )
     parser.add_argument("--host", help="host id (default: BASHFLEET_HOST or the hostname)")
     parser.add_argument("--concurrency", type=int, help="command slots")

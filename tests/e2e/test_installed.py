@@ -1,0 +1,51 @@
+"""What is installed is whole: every module of the two packages imports, and the console
+script answers for every dialect. CI runs this directory against the package installed
+from exactly the files the Dockerfile copies, in a fresh virtualenv outside the
+checkout (`scripts/test_installed.sh`, which first checks the packages load from there).
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import subprocess
+
+import pytest
+
+import client
+import worker
+
+from .helpers import bashfleet_command
+
+PACKAGES = (worker, client)
+
+
+def _all_modules() -> list[str]:
+    found = []
+    for package in PACKAGES:
+        found.append(package.__name__)
+        for info in pkgutil.walk_packages(package.__path__, prefix=f"{package.__name__}."):
+            found.append(info.name)
+    return sorted(found)
+
+
+def test_every_module_of_the_installed_packages_imports() -> None:
+    modules = _all_modules()
+    # The rooms and the modules every deployment needs are all there.
+    for expected in (
+        "client.dialects.claude", "client.mcp_server", "worker.wire.control",
+        "worker.engine.job_supervisor", "worker.fleet.supervisor", "worker.fleet.consumer",
+    ):
+        assert expected in modules
+    for name in modules:
+        importlib.import_module(name)
+
+
+@pytest.mark.parametrize("dialect", ["pipe", "modes", "pi", "claude", "native"])
+def test_schema_of_every_dialect(dialect: str) -> None:
+    done = subprocess.run(
+        [*bashfleet_command(), "schema", "--dialect", dialect], capture_output=True, text=True,
+        timeout=60, check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.lstrip().startswith("[")
