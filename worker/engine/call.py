@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from worker.engine import jobs, limits, normalize, procs, session_state, truncate
-from worker.engine.capture import FollowedFile, MemoryStream, Shaped, Source, shape
+from worker.engine.capture import Extras, FollowedFile, MemoryStream, Shaped, Source, shape
 from worker.engine.environment import ChildEnv, build_env, process_environ
 from worker.engine.memo import TimedMemo
 from worker.wire.errors import Failure
@@ -492,9 +492,10 @@ class _Outcome:
 
     def _shaped(self) -> tuple[Shaped, Shaped | None]:
         policy = self.call.policy
+        extras = Extras.of(policy)
         shaped = [
             shape(source, size, lines, policy.truncation, self.secrets,
-                  digest=policy.digest_errors)
+                  digest=policy.digest_errors, extras=extras)
             for source, size, lines in self._sources()
         ]
         return shaped[0], (shaped[1] if len(shaped) > 1 else None)
