@@ -71,15 +71,16 @@ def test_timeout_is_clamped_to_1_3600_seconds(conform: Conformance) -> None:
     assert PI.policy().max_timeout_s == 3600.0
     with Elapsed() as took:
         text = bash(conform, {"command": "echo start; sleep 30", "timeout": 0.01})
-    assert text == ToolText("start\n\n\nCommand timed out after 1 seconds", is_error=True)
+    assert text == ToolText("[Command timed out after 1 seconds]\nstart\n", is_error=True)
     assert 0.9 <= took.seconds < 10
     assert bash(conform, {"command": "echo long", "timeout": 99999}) == ToolText("long\n")
 
 
 def test_timeout_without_output(conform: Conformance) -> None:
-    """Cancellation: a timeout maps to a tool error with its annotation."""
+    """Cancellation: a timeout maps to a tool error with its annotation, which
+    `OutputSink.dump(notice)` puts first: `[notice]` and a newline, then the output."""
     text = bash(conform, {"command": "sleep 30", "timeout": 1})
-    assert text == ToolText("Command timed out after 1 seconds", is_error=True)
+    assert text == ToolText("[Command timed out after 1 seconds]\n", is_error=True)
 
 
 # ------------------------------------------------------------ head / tail normalization

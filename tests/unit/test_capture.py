@@ -62,7 +62,7 @@ def _write(tmp_path: Path, raw: bytes, name: str = "out.log") -> Path:
         (b"a\xff", 2),  # not a lead byte at all
     ],
 )
-def testutf8_boundary(data: bytes, boundary: int) -> None:
+def test_utf8_boundary(data: bytes, boundary: int) -> None:
     assert utf8_boundary(data) == boundary
 
 

@@ -44,14 +44,15 @@ def worth_redacting(value: str) -> bool:
 # newline, so each character is looked at a bounded number of times: the scan is linear
 # whatever the input (a megabyte of lone introducers included).
 #
-# A string terminator (ST): BEL (xterm's), ESC \ (7-bit ST) or U+009C (8-bit ST).
-_ST = r"(?:\x07|\x1b\\|\x9c)"
 # Control strings (§5.6): OSC, DCS, SOS, PM, APC, as ESC ] / P / X / ^ / _ or their C1
-# forms U+009D, U+0090, U+0098, U+009E, U+009F; the payload ends at ST. A doubled ESC in
-# the payload is an escaped ESC (tmux passthrough), not an end. Without its ST (the
-# payload meets a newline, another ESC or a C1 control first) this does not match and the
-# introducer alone is removed below: "important\x90data" keeps "data".
-_STRING = rf"(?:\x1b[\]PX^_]|[\x90\x98\x9d\x9e\x9f])(?:[^\x07\x1b\x80-\x9f\n]|\x1b\x1b)*+{_ST}"
+# forms U+009D, U+0090, U+0098, U+009E, U+009F, each ended by a string terminator (ST):
+# ESC \ or U+009C, and for OSC also BEL (xterm's). For the others BEL is payload, as in
+# DEC's parser. A doubled ESC in a payload is an escaped ESC (tmux passthrough), not an
+# end. Without its ST (the payload meets a newline, another ESC or a C1 control first)
+# a string does not match and its introducer alone is removed below: "important\x90data"
+# keeps "data".
+_OSC = r"(?:\x1b\]|\x9d)(?:[^\x07\x1b\x80-\x9f\n]|\x1b\x1b)*+(?:\x07|\x1b\\|\x9c)"
+_STRING = r"(?:\x1b[PX^_]|[\x90\x98\x9e\x9f])(?:[^\x1b\x80-\x9f\n]|\x1b\x1b)*+(?:\x1b\\|\x9c)"
 # CSI (§5.4): ESC [ or U+009B, parameter bytes 0x30-0x3F, intermediate bytes 0x20-0x2F,
 # one final byte 0x40-0x7E.
 _CSI = r"(?:\x1b\[|\x9b)[0-?]*+[ -/]*+[@-~]"
@@ -66,7 +67,7 @@ _NF = r"\x1b[ -/]++[0-~]"
 # (0x60-0x7E: `ESC c`, SCO cursor save/restore `ESC s` / `ESC u`). This is also what
 # removes a lone 7-bit introducer (`ESC [`, `ESC ]`, `ESC P`) whose sequence never ends.
 _ESC2 = r"\x1b[0-~]"
-_ESCAPES = re.compile(f"{_STRING}|{_CSI}|{_DSR}|{_NF}|{_ESC2}")
+_ESCAPES = re.compile(f"{_OSC}|{_STRING}|{_CSI}|{_DSR}|{_NF}|{_ESC2}")
 # Control characters other than TAB, LF and CR, plus DEL and the C1 range.
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\x80-\x9f]")
 # CR before LF, any number of them: "\r\r\n" (a CRLF written through a second CRLF
