@@ -511,12 +511,14 @@ def read_slice(
 
 
 # A terminal escape that `data` ends inside of: a control string still waiting for its
-# terminator, a CSI or nF sequence still waiting for its final byte, a lone ESC, or an
-# `ESC digit` that may yet be a status report. (C1 controls are two bytes in UTF-8, C2 80
-# to C2 9F.) Anchored at the end and possessive, so each candidate is scanned once.
+# terminator (its ESC \\ perhaps begun), a CSI or nF sequence still waiting for its final
+# byte, a lone ESC, or an `ESC digit` that may yet be a status report. (C1 controls are
+# two bytes in UTF-8, C2 80 to C2 9F.) Anchored at the end and possessive, so each
+# candidate is scanned once.
 _UNFINISHED = re.compile(
-    rb"(?:(?:\x1b\]|\xc2\x9d)(?:[^\x07\x1b\xc2\n]|\xc2[^\x80-\x9f]|\x1b\x1b)*+"
-    rb"|(?:\x1b[PX^_]|\xc2[\x90\x98\x9e\x9f])(?:[^\x1b\xc2\n]|\xc2[^\x80-\x9f]|\x1b\x1b)*+"
+    rb"(?:(?:\x1b\]|\xc2\x9d)(?:[^\x07\x1b\xc2\n]|\xc2[^\x80-\x9f]|\x1b\x1b)*+\x1b?"
+    rb"|(?:\x1b[PX^_]|\xc2[\x90\x98\x9e\x9f])"
+    rb"(?:[^\x1b\xc2\n]|\xc2[^\x80-\x9f]|\x1b\x1b)*+\x1b?"
     rb"|(?:\x1b\[|\xc2\x9b)[0-?]*+[ -/]*+"
     rb"|\x1b[ -/]*+"
     rb"|\x1b[0-9])\Z"
