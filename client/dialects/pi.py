@@ -21,8 +21,9 @@ Result text, as seed 002's `BashTool` shapes it:
   `\\n\\nCommand failed: missing exit status` (ended by a signal); cwd and block errors
   are the worker's own messages (`Working directory does not exist: ...`, `Blocked: ...`);
 - a timeout: `[Command timed out after N seconds]` on the first line, then the partial
-  output. Seed 002's executor maps a timeout to an annotation that `OutputSink.dump`
-  puts before the output (`[notice]\\n` + output), and the tool throws that text.
+  output; a cancelled call: `[Command cancelled]`, then the output. Seed 002's executor
+  maps both to an annotation that `OutputSink.dump` puts before the output
+  (`[notice]\\n` + output), and the tool throws that text.
 """
 
 from __future__ import annotations
@@ -186,6 +187,8 @@ class PiDialect(Dialect):
             return self.system_error(result.error.message)
         artifact = result.call_id if result.spill is not None else None
         notice = truncation_notice(result.stdout_truncation, artifact)
+        if result.cancelled:
+            return ToolText(annotated("Command cancelled", result.stdout) + notice, is_error=True)
         if result.timed_out:
             timed_out = f"Command timed out after {timeout:g} seconds"
             return ToolText(annotated(timed_out, result.stdout) + notice, is_error=True)

@@ -207,6 +207,16 @@ def cut(first: int, total: int, limit: str = "bytes") -> TruncationInfo:
         ),
         (
             done(
+                cancelled=True,
+                signal=15,
+                stdout="so far\n",
+                error=SystemError_(kind="internal", message="call cancelled"),
+            ),
+            "[Command cancelled]\nso far\n",
+            True,
+        ),
+        (
+            done(
                 timed_out=True,
                 signal=15,
                 stdout="tail\n",

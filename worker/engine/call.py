@@ -589,7 +589,7 @@ class _Outcome:
             message = f"{len(survivors)} process(es) survived the kill: {survivors}"
             error = SystemError_(kind="internal", message=message)
         return self._result(
-            exit_code=code, signal=sig, timed_out=not cancelled, error=error,
+            exit_code=code, signal=sig, timed_out=not cancelled, cancelled=cancelled, error=error,
             processes=doing, last_output_age_s=self._output_age(),
         )
 

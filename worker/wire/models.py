@@ -356,6 +356,8 @@ class CallResult(Model):
     """Number of the signal that ended the command, if one did."""
     timed_out: bool = False
     """True when the timeout passed (then killed or backgrounded)."""
+    cancelled: bool = False
+    """True when the caller cancelled the call before it ended; its processes were killed."""
     backgrounded: bool = False
     """True when the command is still running as a background job."""
     error: SystemError_ | None = None
