@@ -17,8 +17,8 @@ from worker.engine.capture import (
     read_slice,
     shape,
 )
-from worker.wire.models import ByteTail, CharCap, Middle, TailLines, Truncation, TruncationInfo
 from worker.engine.sanitize import REDACTED, redact, sanitize, secret_pattern, utf8_boundary
+from worker.wire.models import ByteTail, CharCap, Middle, TailLines, Truncation, TruncationInfo
 
 MIB = 1024 * 1024
 

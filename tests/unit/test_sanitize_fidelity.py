@@ -261,6 +261,8 @@ def test_sanitizing_never_removes_printable_text(pieces: list[tuple[str, st.Data
             piece = data.draw(_sequence if kind == "seq" else _lone)
         raw.append(piece)
     assert sanitize_text("".join(raw)) == "".join(kept)
+    # The same as the bytes a command writes (C1 controls as UTF-8, C2 80 to C2 9F).
+    assert sanitize("".join(raw).encode("utf-8")) == "".join(kept)
 
 
 _noise = st.lists(

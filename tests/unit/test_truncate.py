@@ -9,7 +9,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from worker.engine import truncate
-from worker.wire.models import ByteTail, CharCap, Middle, TailLines, Truncation, TruncationInfo
 from worker.engine.truncate import (
     SNIP,
     apply,
@@ -26,6 +25,7 @@ from worker.engine.truncate import (
     utf8_len,
     utf8_tail,
 )
+from worker.wire.models import ByteTail, CharCap, Middle, TailLines, Truncation, TruncationInfo
 
 KB = 1024
 
