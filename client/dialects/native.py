@@ -6,6 +6,13 @@ and how to read the rest (`bashfleet output <id>` and the file on its host), the
 lines found in the part that was cut, and after a timeout the call's processes (pid,
 state, CPU seconds, command) and how long ago it last printed.
 
+The text shown is the text the bytes hold, and no more than a model can use: binary
+output (a NUL byte, or mostly invalid UTF-8, in its first 8 KiB) is reported by its size
+and where it is kept, not shown as cleaned-up garbage; bidirectional and zero-width
+characters show as `<U+202E>` markers (the "Trojan Source" class); a line rewritten with
+carriage returns (a progress bar) shows its last frame; a line longer than 2,000
+characters is cut there (`… [N more characters]`) and counted in the cut notice.
+
 A named `session` is a shell that lives on between calls: each call of it reports the
 state it ended in (`cwd_after`, exported and unset variables) and the next one starts
 there, on the same host. Without one, calls are stateless. A command the session already
@@ -22,12 +29,19 @@ so a model that only wants the part that was cut can read it instead of running 
 
     stderr:
     ...
+    [stderr cut: showing the last 3 of 3 lines (4120 of 901233 bytes); 1 line cut to
+    2,000 characters. Full stderr: /var/.../c0ffee.err on host build-3]
 
     error lines in the cut part:
       tests/test_x.py:12: AssertionError
 
     note: the same command ran in this session 2m 5s ago, as call c0ffee on host build-3
     (exit code 2); its full output: `bashfleet output c0ffee` (... on host build-3)
+
+A binary stream:
+
+    stdout:
+    [binary output: 81920 bytes, saved to /var/.../c0ffee.out on host build-3]
 """
 
 from __future__ import annotations
@@ -77,11 +91,14 @@ RERUN_WINDOW_S = 10 * 60.0
 HISTORY_SIZE = 20
 #: Most named sessions (`session` argument) a session state keeps.
 MAX_SHELLS = 16
+#: Longest line shown, in characters: one minified line cannot fill the 50 KB budget.
+MAX_LINE_CHARS = 2000
 
 BASH_DESCRIPTION = """\
 Run a bash command on a bashfleet worker: `bash -c`, no TTY, empty stdin, its own process \
 group. stdout and stderr are shown apart, each cut to its last 2000 lines or 50KB with exact \
-counts, the error lines of the cut part, and where the full output is kept.
+counts, the error lines of the cut part, and where the full output is kept. Lines over 2,000 \
+characters are cut, a progress bar shows its last frame, and binary output is reported by size.
 
 mode: default (timeout 120s unless given; a command still running then keeps running as a \
 background job), slow (15 minutes), background (start a job and return at once).
@@ -159,6 +176,25 @@ def _where(path: str, host: str, error: str | None = None) -> str:
 
 def _lines(count: int) -> str:
     return f"{count} line" if count == 1 else f"{count} lines"
+
+
+def _long_lines_phrase(info: TruncationInfo) -> str:
+    """`; 3 lines cut to 2,000 characters`, when the width cap cut any shown line."""
+    if not info.long_lines_cut:
+        return ""
+    return f"; {_lines(info.long_lines_cut)} cut to {MAX_LINE_CHARS:,} characters"
+
+
+def _binary_notice(
+    info: TruncationInfo, path: str | None, result: CallResult, spill: Spill | None
+) -> str:
+    """`[binary output: N bytes, saved to <file> on host <host>]`: a binary stream is
+    reported by its size and where its bytes are, never shown."""
+    if path is None:
+        reason = spill.error if spill is not None and spill.error else "no spill file"
+        return f"[binary output: {info.total_bytes} bytes, not kept: {reason}]"
+    host, error = (spill.host, spill.error) if spill else (result.host, None)
+    return f"[binary output: {info.total_bytes} bytes, saved to {_where(path, host, error)}]"
 
 
 def _grep_problem(pattern: str) -> str | None:
@@ -240,7 +276,8 @@ class NativeDialect(Dialect):
         self._clock = clock
 
     def policy(self) -> Policy:
-        """Separate streams, tail 2000 lines / 50 KB with an error digest, 120 s then background."""
+        """Separate streams, tail 2000 lines / 50 KB with an error digest, 120 s then
+        background; binary detection, visible invisibles, last frames, 2,000-character lines."""
         return Policy(
             name=self.name,
             streams="separate",
@@ -248,6 +285,10 @@ class NativeDialect(Dialect):
             digest_errors=True,
             default_timeout_s=DEFAULT_TIMEOUT_S,
             on_timeout="background",
+            detect_binary=True,
+            reveal_invisible=True,
+            last_frame=True,
+            max_line_chars=MAX_LINE_CHARS,
         )
 
     def tools(self, cwd: str | None = None) -> list[ToolSpec]:
@@ -410,6 +451,9 @@ class NativeDialect(Dialect):
             cut = info is not None and info.truncated
             if not text and not cut:
                 continue
+            if info is not None and info.binary:
+                blocks.append(f"{name}:\n{_binary_notice(info, path, result, spill)}")
+                continue
             block = f"{name}:\n{chomp(text)}"
             if info is not None and cut:
                 block += "\n" + self._notice(name, info, path, result, spill)
@@ -426,15 +470,16 @@ class NativeDialect(Dialect):
         result: CallResult,
         spill: Spill | None,
     ) -> str:
+        summary = cut_summary(info) + _long_lines_phrase(info)
         if path is None:
-            return f"[{name} cut: {cut_summary(info)}. The full output was not kept.]"
+            return f"[{name} cut: {summary}. The full output was not kept.]"
         host, error = (spill.host, spill.error) if spill else (result.host, None)
         location = _where(path, host, error)
         if name == "stdout":
             rest = f"Full output: `bashfleet output {result.call_id}` ({location})"
         else:
             rest = f"Full stderr: {location}"
-        return f"[{name} cut: {cut_summary(info)}. {rest}]"
+        return f"[{name} cut: {summary}. {rest}]"
 
     # -------------------------------------------------------------------- check / kill
 

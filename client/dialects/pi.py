@@ -4,7 +4,8 @@ The worker does seed 002's input handling when the policy asks: it lifts a trail
 `| head -n N` / `| tail -n N` into limits (explicit `head`/`tail` arguments win), and
 refuses commands matching an interception rule whose suggested tool the agent has,
 with `Blocked: ...` and the original command. Output keeps its last 50 KB (never
-splitting a UTF-8 character); the full output is kept as an artifact.
+splitting a UTF-8 character, and from a whole line's start unless the last line alone is
+larger); the full output is kept as an artifact.
 
 Interception rules: seed 002's defaults live with the worker (`worker.engine.normalize`), which
 the client may not import, so this dialect takes its rules as a constructor argument and
@@ -17,9 +18,12 @@ Result text, as seed 002's `BashTool` shapes it:
   artifact id is the call id: the full output is the call's spill file on the host that
   ran it, read with `bashfleet output <call_id>`;
 - errors (`is_error`): the output then `\\n\\nCommand exited with code N`, or
-  `\\n\\nCommand failed: missing exit status` (ended by a signal), or `Command timed out
-  after N seconds` after any partial output; cwd and block errors are the worker's own
-  messages (`Working directory does not exist: ...`, `Blocked: ...`).
+  `\\n\\nCommand failed: missing exit status` (ended by a signal); cwd and block errors
+  are the worker's own messages (`Working directory does not exist: ...`, `Blocked: ...`);
+- a timeout: `[Command timed out after N seconds]` on the first line, then the partial
+  output; a cancelled call: `[Command cancelled]`, then the output. Seed 002's executor
+  maps both to an annotation that `OutputSink.dump` puts before the output
+  (`[notice]\\n` + output), and the tool throws that text.
 """
 
 from __future__ import annotations
@@ -89,6 +93,12 @@ def resolve_cwd(cwd: str | None, session_cwd: str | None) -> str | None:
     if cwd.startswith(("/", "~")) or not session_cwd:
         return cwd
     return posixpath.normpath(posixpath.join(session_cwd, cwd))
+
+
+def annotated(notice: str, output: str) -> str:
+    """Output under an executor annotation, as seed 002's `OutputSink.dump(notice)` shapes
+    it: `[notice]` on the first line, then the output."""
+    return f"[{notice}]\n{output}"
 
 
 def truncation_notice(info: TruncationInfo | None, artifact_id: str | None) -> str:
@@ -184,11 +194,11 @@ class PiDialect(Dialect):
             return self.system_error(result.error.message)
         artifact = result.call_id if result.spill is not None else None
         notice = truncation_notice(result.stdout_truncation, artifact)
+        if result.cancelled:
+            return ToolText(annotated("Command cancelled", result.stdout) + notice, is_error=True)
         if result.timed_out:
             timed_out = f"Command timed out after {timeout:g} seconds"
-            if result.stdout:
-                return ToolText(f"{result.stdout}{notice}\n\n{timed_out}", is_error=True)
-            return ToolText(timed_out, is_error=True)
+            return ToolText(annotated(timed_out, result.stdout) + notice, is_error=True)
         text = (result.stdout or "(no output)") + notice
         if result.exit_code is None:
             return ToolText(f"{text}\n\nCommand failed: missing exit status", is_error=True)

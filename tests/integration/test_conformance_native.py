@@ -210,3 +210,48 @@ def test_system_errors_are_not_command_failures(conform: Conformance) -> None:
     assert nohost.is_error and nohost.text.startswith(
         "[system error: HostUnavailable: no live worker for host 'nohost'"
     )
+
+
+# ---------------------------------------------------------------- issue 16: fidelity
+
+
+def test_binary_output_is_reported_with_its_spill_file(conform: Conformance) -> None:
+    """Binary output (a NUL byte in its first 8 KiB) is `[binary output: N bytes, saved
+    to <file> on host <host>]`, and the file holds the bytes."""
+    command = r"printf 'PK\003\004\000\000'; head -c 500 /dev/zero; echo"
+    text = bash(conform, {"command": command})
+    found = re.search(
+        rf"\n\nstdout:\n\[binary output: 507 bytes, saved to (\S+) on host {HOST}\]$", text.text
+    )
+    assert found is not None and not text.is_error, text.text
+    # The worker runs on this machine: its spill file holds the bytes as written.
+    assert Path(found.group(1)).read_bytes() == b"PK\x03\x04\x00\x00" + b"\x00" * 500 + b"\n"
+
+
+def test_text_shows_what_its_bytes_hold(conform: Conformance) -> None:
+    """Bidirectional controls are shown as markers; a progress bar shows its last frame;
+    escape sequences go and the text around them stays (C1 DCS, OSC ended by U+009C)."""
+    command = (
+        r"printf 'role != \"user\342\200\256 \342\201\246// admin\342\201\251\"\n'; "
+        r"printf '10%%\r60%%\r100%%\n'; "
+        r"printf 'important\302\220data \033]8;;http://x/\302\234link\033]8;;\302\234\n'"
+    )
+    text = bash(conform, {"command": command})
+    assert text.text.endswith(
+        '\n\nstdout:\nrole != "user<U+202E> <U+2066>// admin<U+2069>"\n100%\n'
+        "importantdata link"
+    ), text.text
+
+
+def test_a_minified_line_is_cut_to_2000_characters(conform: Conformance) -> None:
+    """One long line cannot fill the budget: it is cut to 2,000 characters and counted,
+    and the output after it is shown."""
+    text = bash(conform, {"command": "python3 -c \"print('y' * 100000); print('done')\""})
+    call_id = conform.fleet.last.call_id
+    expected = (
+        "\n\nstdout:\n" + "y" * 2000 + "… [98,000 more characters]\ndone\n"
+        r"[stdout cut: showing the last 2 of 2 lines (2034 of 100006 bytes); 1 line cut to "
+        rf"2,000 characters. Full output: `bashfleet output {call_id}` ("
+    )
+    assert expected in text.text, text.text[-400:]
+    assert conform.read_all(call_id) == "y" * 100000 + "\ndone\n"

@@ -71,15 +71,16 @@ def test_timeout_is_clamped_to_1_3600_seconds(conform: Conformance) -> None:
     assert PI.policy().max_timeout_s == 3600.0
     with Elapsed() as took:
         text = bash(conform, {"command": "echo start; sleep 30", "timeout": 0.01})
-    assert text == ToolText("start\n\n\nCommand timed out after 1 seconds", is_error=True)
+    assert text == ToolText("[Command timed out after 1 seconds]\nstart\n", is_error=True)
     assert 0.9 <= took.seconds < 10
     assert bash(conform, {"command": "echo long", "timeout": 99999}) == ToolText("long\n")
 
 
 def test_timeout_without_output(conform: Conformance) -> None:
-    """Cancellation: a timeout maps to a tool error with its annotation."""
+    """Cancellation: a timeout maps to a tool error with its annotation, which
+    `OutputSink.dump(notice)` puts first: `[notice]` and a newline, then the output."""
     text = bash(conform, {"command": "sleep 30", "timeout": 1})
-    assert text == ToolText("Command timed out after 1 seconds", is_error=True)
+    assert text == ToolText("[Command timed out after 1 seconds]\n", is_error=True)
 
 
 # ------------------------------------------------------------ head / tail normalization
@@ -168,3 +169,28 @@ def test_50kb_utf8_safe_tail_with_an_artifact(conform: Conformance) -> None:
     assert shown == "é" * 25599 + "\n" and len(shown.encode()) <= 51200
     assert found.group(2) == conform.fleet.last.call_id
     assert conform.read_all(found.group(2)) == full
+
+
+def test_a_byte_cut_starts_at_the_line_its_notice_names(conform: Conformance) -> None:
+    """Past 50 KB the shown text starts at a whole line, the one "Showing lines A-B"
+    names (issue 16: it used to start with a fragment of the line before)."""
+    text = bash(conform, {"command": "seq 1 200000"})
+    found = re.search(
+        r"\n\n\[Showing lines (\d+)-200000 of 200000 \(50\.0KB limit\)\. Full: artifact://\S+\]$",
+        text.text,
+    )
+    assert found is not None and not text.is_error, text.text[-300:]
+    assert text.text.split("\n", 1)[0] == found.group(1) == "192687"
+
+
+def test_escape_sequences_go_and_their_text_stays(conform: Conformance) -> None:
+    """Sanitizing: a lone C1 introducer removes only itself; a link ended by U+009C keeps
+    its text; two-byte escapes leave no final byte. Seed 002's text is otherwise as is:
+    carriage returns and bidirectional controls are not native's to touch here."""
+    command = (
+        r"printf 'important\302\220data \033]8;;http://x/\302\234link\033]8;;\302\234 "
+        r"hel\033<lo\033s\033u\n'; printf 'a\rb\342\200\256\n'"
+    )
+    assert bash(conform, {"command": command}) == ToolText(
+        "importantdata link hello\na\rb\u202e\n"
+    )

@@ -159,6 +159,7 @@ def test_cancel_from_another_thread_kills_the_call(engine: Engine) -> None:
 
     assert time.monotonic() - started < 30
     assert not result.timed_out
+    assert result.cancelled
     assert result.error is not None
     assert result.error.kind == "internal"
     assert "cancel" in result.error.message

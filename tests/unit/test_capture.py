@@ -14,11 +14,10 @@ from worker.engine.capture import (
     SMALL_CHUNK,
     WHOLE_READ_LIMIT,
     FollowedFile,
-    _utf8_boundary,
     read_slice,
     shape,
 )
-from worker.engine.sanitize import REDACTED, redact, sanitize, secret_pattern
+from worker.engine.sanitize import REDACTED, redact, sanitize, secret_pattern, utf8_boundary
 from worker.wire.models import ByteTail, CharCap, Middle, TailLines, Truncation, TruncationInfo
 
 MIB = 1024 * 1024
@@ -64,7 +63,7 @@ def _write(tmp_path: Path, raw: bytes, name: str = "out.log") -> Path:
     ],
 )
 def test_utf8_boundary(data: bytes, boundary: int) -> None:
-    assert _utf8_boundary(data) == boundary
+    assert utf8_boundary(data) == boundary
 
 
 @settings(max_examples=400, deadline=None)
@@ -73,7 +72,7 @@ def test_utf8_boundary_of_any_cut(text: str, data: st.DataObject) -> None:
     encoded = text.encode("utf-8")
     cut = data.draw(st.integers(0, len(encoded)))
     prefix = encoded[:cut]
-    end = _utf8_boundary(prefix)
+    end = utf8_boundary(prefix)
     # The longest prefix that is whole characters: it decodes, and it is a real
     # character boundary of the text.
     assert cut - 3 <= end <= cut

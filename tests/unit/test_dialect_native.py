@@ -85,6 +85,9 @@ def test_policy() -> None:
     assert policy.digest_errors is True
     assert policy.default_timeout_s == 120.0
     assert policy.on_timeout == "background"
+    # Issue #16: what native shows beyond the seeds.
+    assert policy.detect_binary and policy.reveal_invisible and policy.last_frame
+    assert policy.max_line_chars == 2000
 
 
 def test_arguments_reach_the_runner() -> None:
@@ -214,6 +217,79 @@ CUT = "[stdout cut: showing the last 2000 of 8500 lines (51200 of 400000 bytes, 
 def test_run_texts(result: CallResult, text: str, is_error: bool) -> None:
     answer, _, _ = bash(result)
     assert answer == ToolText(text, is_error=is_error)
+
+
+def binary(total_bytes: int) -> TruncationInfo:
+    return TruncationInfo(
+        direction="tail",
+        truncated=True,
+        limit=None,
+        total_lines=3,
+        total_bytes=total_bytes,
+        shown_lines=0,
+        shown_bytes=0,
+        binary=True,
+    )
+
+
+@pytest.mark.parametrize(
+    ("result", "text"),
+    [
+        (
+            done(
+                exit_code=0,
+                stdout_truncation=binary(812),
+                spill=Spill(host="h1", stdout_path="/spill/c1.out", stderr_path="/spill/c1.err"),
+            ),
+            "exit code: 0\nhost h1 · call c1 · 0.50s\n\n"
+            "stdout:\n[binary output: 812 bytes, saved to /spill/c1.out on host h1]",
+        ),
+        (
+            done(
+                exit_code=0,
+                stdout="fine\n",
+                stderr_truncation=binary(64),
+                spill=Spill(host="h1", stdout_path="/spill/c1.out", stderr_path="/spill/c1.err"),
+            ),
+            "exit code: 0\nhost h1 · call c1 · 0.50s\n\nstdout:\nfine\n\n"
+            "stderr:\n[binary output: 64 bytes, saved to /spill/c1.err on host h1]",
+        ),
+        (
+            done(
+                exit_code=0,
+                stdout_truncation=binary(10),
+                spill=Spill(host="h1", error="no spill directory; output kept in memory"),
+            ),
+            "exit code: 0\nhost h1 · call c1 · 0.50s\n\nstdout:\n"
+            "[binary output: 10 bytes, not kept: no spill directory; output kept in memory]",
+        ),
+        (
+            done(exit_code=0, stdout_truncation=binary(10)),
+            "exit code: 0\nhost h1 · call c1 · 0.50s\n\nstdout:\n"
+            "[binary output: 10 bytes, not kept: no spill file]",
+        ),
+    ],
+)
+def test_binary_output_is_reported_not_shown(result: CallResult, text: str) -> None:
+    answer, _, _ = bash(result)
+    assert answer == ToolText(text)
+
+
+@pytest.mark.parametrize(("cut", "phrase"), [(1, "1 line"), (3, "3 lines")])
+def test_long_lines_are_counted_in_the_cut_notice(cut: int, phrase: str) -> None:
+    info = tail(3, 3, 300003, 6030).model_copy(update={"truncated": True, "long_lines_cut": cut})
+    result = done(
+        exit_code=0,
+        stdout="x… [98,000 more characters]\n",
+        stdout_truncation=info,
+        spill=Spill(host="h1", stdout_path="/spill/c1.out"),
+    )
+    answer, _, _ = bash(result)
+    assert answer.text.endswith(
+        "stdout:\nx… [98,000 more characters]\n"
+        f"[stdout cut: showing the last 3 of 3 lines (6030 of 300003 bytes); {phrase} cut to "
+        "2,000 characters. Full output: `bashfleet output c1` (/spill/c1.out on host h1)]"
+    )
 
 
 def test_timed_out_into_background() -> None:

@@ -193,12 +193,40 @@ def cut(first: int, total: int, limit: str = "bytes") -> TruncationInfo:
             "e\n\n\n[Showing lines 10-20 of 20. Full: artifact://c1]\n\nCommand exited with code 2",
             True,
         ),
+        # Seed 002: the timeout annotation comes first (`OutputSink.dump(notice)`), then
+        # the partial output.
         (
             done(timed_out=True, signal=15, stdout="partial\n"),
-            "partial\n\n\nCommand timed out after 300 seconds",
+            "[Command timed out after 300 seconds]\npartial\n",
             True,
         ),
-        (done(timed_out=True, signal=15, stdout=""), "Command timed out after 300 seconds", True),
+        (
+            done(timed_out=True, signal=15, stdout=""),
+            "[Command timed out after 300 seconds]\n",
+            True,
+        ),
+        (
+            done(
+                cancelled=True,
+                signal=15,
+                stdout="so far\n",
+                error=SystemError_(kind="internal", message="call cancelled"),
+            ),
+            "[Command cancelled]\nso far\n",
+            True,
+        ),
+        (
+            done(
+                timed_out=True,
+                signal=15,
+                stdout="tail\n",
+                stdout_truncation=cut(5, 9),
+                spill=Spill(host="h1", stdout_path="/spill/c1.log"),
+            ),
+            "[Command timed out after 300 seconds]\ntail\n\n\n"
+            "[Showing lines 5-9 of 9 (50.0KB limit). Full: artifact://c1]",
+            True,
+        ),
         (
             done(
                 error=SystemError_(
@@ -238,9 +266,9 @@ def test_result_texts(result: CallResult, text: str, is_error: bool) -> None:
 
 def test_timeout_text_uses_the_clamped_timeout() -> None:
     answer, _ = call(done(timed_out=True, signal=15), {"command": "sleep 9", "timeout": 0.2})
-    assert answer.text == "Command timed out after 1 seconds"
+    assert answer.text == "[Command timed out after 1 seconds]\n"
     answer, _ = call(done(timed_out=True, signal=15), {"command": "sleep 9", "timeout": 2.5})
-    assert answer.text == "Command timed out after 2.5 seconds"
+    assert answer.text == "[Command timed out after 2.5 seconds]\n"
 
 
 @pytest.mark.parametrize(

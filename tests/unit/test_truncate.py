@@ -177,12 +177,23 @@ def test_tail_lines_never_splits_a_character() -> None:
 # ---------------------------------------------------------- seed 002: byte tail
 
 
-def test_byte_tail_cuts_inside_a_line() -> None:
+def test_byte_tail_starts_at_the_next_whole_line() -> None:
+    # The last 8 bytes start inside "hello": the shown text starts at the next line, so
+    # its first line is the one the notice names (issue #16; pi's truncateTail).
     cut = byte_tail("hello\nworld\n", 8)
-    assert cut.text == "o\nworld\n"
-    assert cut.info.partial_line
+    assert cut.text == "world\n"
+    assert not cut.info.partial_line
     assert cut.info.limit == "bytes"
-    assert cut.info.shown_ranges == ((1, 2),)
+    assert cut.info.shown_ranges == ((2, 2),)
+
+
+def test_byte_tail_shows_part_of_a_last_line_larger_than_the_limit() -> None:
+    cut = byte_tail("hello\nworld\n", 4)
+    assert cut.text == "rld\n"
+    assert cut.info.partial_line
+    assert cut.info.shown_ranges == ((2, 2),)
+    cut = byte_tail("hello\nworld", 3)
+    assert (cut.text, cut.info.partial_line) == ("rld", True)
 
 
 def test_byte_tail_at_a_line_start_is_not_partial() -> None:
@@ -457,15 +468,28 @@ def test_tail_lines_properties(text: str, max_lines: int, max_bytes: int) -> Non
 
 @settings(max_examples=300, deadline=None)
 @given(_texts, st.integers(1, 120))
-def test_byte_tail_is_the_longest_fitting_suffix(text: str, max_bytes: int) -> None:
+def test_byte_tail_is_the_longest_fitting_run_of_whole_lines(text: str, max_bytes: int) -> None:
     cut = byte_tail(text, max_bytes)
-    assert text.endswith(cut.text)
-    assert utf8_len(cut.text) <= max_bytes
-    if cut.text != text:
-        one_more = text[len(text) - len(cut.text) - 1 :]
-        assert utf8_len(one_more) > max_bytes
-        before = text[: len(text) - len(cut.text)]
-        assert cut.info.partial_line == (not before.endswith("\n"))
+    shown = cut.text
+    assert text.endswith(shown)
+    assert utf8_len(shown) <= max_bytes
+    if shown == text:
+        return
+    before = text[: len(text) - len(shown)]
+    assert cut.info.partial_line == (not before.endswith("\n"))
+    lines = _lines_ref(text)
+    if cut.info.partial_line:
+        # Only a last line larger than the limit is shown in part: its longest tail.
+        assert utf8_len(lines[-1]) > max_bytes
+        assert shown == utf8_tail(text, max_bytes)
+    else:
+        # Whole lines, and the line before would not have fitted.
+        assert utf8_len(_lines_ref(before)[-1]) + utf8_len(shown) > max_bytes
+    # The notice's first line is the shown text's first line.
+    if shown:
+        assert cut.info.shown_ranges == ((len(lines) - count_lines(shown) + 1, len(lines)),)
+    else:
+        assert cut.info.shown_ranges == ()
 
 
 @settings(max_examples=300, deadline=None)

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from worker.engine import jobs, limits, normalize, procs, session_state, truncate
-from worker.engine.capture import FollowedFile, MemoryStream, Shaped, Source, shape
+from worker.engine.capture import Extras, FollowedFile, MemoryStream, Shaped, Source, shape
 from worker.engine.environment import ChildEnv, build_env, process_environ
 from worker.engine.memo import TimedMemo
 from worker.engine.secrets import redaction_pattern
@@ -492,9 +492,10 @@ class _Outcome:
 
     def _shaped(self) -> tuple[Shaped, Shaped | None]:
         policy = self.call.policy
+        extras = Extras.of(policy)
         shaped = [
             shape(source, size, lines, policy.truncation, self.secrets,
-                  digest=policy.digest_errors)
+                  digest=policy.digest_errors, extras=extras)
             for source, size, lines in self._sources()
         ]
         return shaped[0], (shaped[1] if len(shaped) > 1 else None)
@@ -588,7 +589,7 @@ class _Outcome:
             message = f"{len(survivors)} process(es) survived the kill: {survivors}"
             error = SystemError_(kind="internal", message=message)
         return self._result(
-            exit_code=code, signal=sig, timed_out=not cancelled, error=error,
+            exit_code=code, signal=sig, timed_out=not cancelled, cancelled=cancelled, error=error,
             processes=doing, last_output_age_s=self._output_age(),
         )
 

@@ -15,8 +15,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from worker.engine import truncate
-from worker.engine.sanitize import redact, sanitize
-from worker.wire.models import ByteTail, CharCap, Middle, TailLines, Truncation, TruncationInfo
+from worker.engine.sanitize import (
+    BINARY_SNIFF,
+    cap_lines,
+    last_frames,
+    looks_binary,
+    redact,
+    reveal_invisible,
+    sanitize,
+    utf8_boundary,
+)
+from worker.wire.models import (
+    ByteTail,
+    CharCap,
+    Middle,
+    Policy,
+    TailLines,
+    Truncation,
+    TruncationInfo,
+)
 
 #: Chunk read while following a file: bounds the memory a huge output costs.
 CHUNK = 4 * 1024 * 1024
@@ -192,8 +209,84 @@ def _pread(path: Source, offset: int, size: int) -> bytes:
         os.close(fd)
 
 
-def _clean(data: bytes, secrets: re.Pattern[str] | None) -> str:
-    return redact(sanitize(data), secrets)
+@dataclass(frozen=True)
+class Extras:
+    """What a policy asks on top of plain sanitizing; all off, the seed dialects' text."""
+
+    detect_binary: bool = False
+    reveal_invisible: bool = False
+    last_frame: bool = False
+    max_line_chars: int | None = None
+
+    @classmethod
+    def of(cls, policy: Policy) -> Extras:
+        """The extras a dialect's policy turns on."""
+        return cls(
+            detect_binary=policy.detect_binary,
+            reveal_invisible=policy.reveal_invisible,
+            last_frame=policy.last_frame,
+            max_line_chars=policy.max_line_chars,
+        )
+
+
+PLAIN = Extras()
+
+
+def _clean(data: bytes, secrets: re.Pattern[str] | None, extras: Extras = PLAIN) -> str:
+    text = sanitize(data)
+    if extras.reveal_invisible:
+        text = reveal_invisible(text)
+    if extras.last_frame:
+        text = last_frames(text)
+    # Redaction last: nothing after it may rebuild a secret from pieces.
+    return redact(text, secrets)
+
+
+def _capped(text: str, extras: Extras) -> tuple[str, tuple[int, ...]]:
+    """`text` with its long lines cut by the policy, and the numbers of the lines cut."""
+    if extras.max_line_chars is None:
+        return text, ()
+    return cap_lines(text, extras.max_line_chars)
+
+
+def _long_shown(cut_lines: tuple[int, ...], ranges: tuple[tuple[int, int], ...]) -> int:
+    """How many of the (0-based) cut lines fall in the (1-based) shown ranges."""
+    return sum(1 for number in cut_lines if any(a <= number + 1 <= b for a, b in ranges))
+
+
+def _with_long_lines(info: TruncationInfo, shown_cut: int) -> TruncationInfo:
+    """`info` counting `shown_cut` shown lines cut to the width cap (characters left out)."""
+    if not shown_cut:
+        return info
+    return info.model_copy(update={"long_lines_cut": shown_cut, "truncated": True})
+
+
+def _direction(policy: Truncation) -> str:
+    match policy:
+        case CharCap():
+            return "head"
+        case Middle():
+            return "middle"
+    return "tail"
+
+
+def _binary(path: Source, size: int, total_lines: int, policy: Truncation) -> Shaped:
+    """A binary stream: nothing shown, everything counted as left out (in the spill)."""
+    if size <= WHOLE_READ_LIMIT:
+        total_lines = _raw_lines(_pread(path, 0, size))
+    info = TruncationInfo.model_validate(
+        {
+            "direction": _direction(policy),
+            "truncated": True,
+            "limit": None,
+            "total_lines": total_lines,
+            "total_bytes": size,
+            "shown_lines": 0,
+            "shown_bytes": 0,
+            "binary": True,
+        }
+    )
+    return Shaped("", info)
 
 
 @dataclass(frozen=True)
@@ -213,6 +306,7 @@ def shape(
     secrets: re.Pattern[str] | None,
     *,
     digest: bool = False,
+    extras: Extras = PLAIN,
 ) -> Shaped:
     """Shape the first `size` bytes of a file by a policy.
 
@@ -220,29 +314,47 @@ def shape(
     the shown text is exact. Totals are always those of the raw bytes (as the command
     wrote them); shown counts are those of the shown text. `total_lines` (the caller's
     count of the first `size` bytes) is used for huge outputs; small ones are counted
-    here.
+    here. `extras` are the policy's additions to sanitizing (native).
     """
     if size == 0:
         # Most streams of most calls are empty: no file read.
         cut = truncate.apply("", policy)
         return Shaped(cut.text, cut.info)
+    if extras.detect_binary and looks_binary(_pread(path, 0, min(size, BINARY_SNIFF))):
+        return _binary(path, size, total_lines, policy)
     if size <= WHOLE_READ_LIMIT:
-        raw = _pread(path, 0, size)
-        text = _clean(raw, secrets)
-        cut = truncate.apply(text, policy)
-        cut_part = _cut_part(text, cut) if digest and cut.info.truncated else ""
-        # Totals are those of the raw bytes, as for huge outputs (sanitizing drops
-        # escape sequences, so the clean text is smaller than what the command wrote).
-        info = _raw_totals(cut.info, len(raw), _raw_lines(raw))
-        return Shaped(cut.text, info, truncate.error_digest(cut_part) if cut_part else ())
+        return _shape_whole(path, size, policy, secrets, digest=digest, extras=extras)
     match policy:
         case TailLines() | ByteTail():
-            return _shape_tail(path, size, total_lines, policy, secrets, digest=digest)
+            return _shape_tail(
+                path, size, total_lines, policy, secrets, digest=digest, extras=extras
+            )
         case CharCap():
-            return _shape_head(path, size, total_lines, policy, secrets)
+            return _shape_head(path, size, total_lines, policy, secrets, extras=extras)
         case Middle():
-            return _shape_middle(path, size, total_lines, policy, secrets)
+            return _shape_middle(path, size, total_lines, policy, secrets, extras=extras)
     raise TypeError(f"unknown truncation policy {policy!r}")  # pragma: no cover
+
+
+def _shape_whole(
+    path: Source,
+    size: int,
+    policy: Truncation,
+    secrets: re.Pattern[str] | None,
+    *,
+    digest: bool,
+    extras: Extras,
+) -> Shaped:
+    """A small output, read whole and cut exactly."""
+    raw = _pread(path, 0, size)
+    text, cut_lines = _capped(_clean(raw, secrets, extras), extras)
+    cut = truncate.apply(text, policy)
+    cut_part = _cut_part(text, cut) if digest and cut.info.truncated else ""
+    info = _with_long_lines(cut.info, _long_shown(cut_lines, cut.info.shown_ranges))
+    # Totals are those of the raw bytes, as for huge outputs (sanitizing drops escape
+    # sequences, so the clean text is smaller than what the command wrote).
+    info = _raw_totals(info, len(raw), _raw_lines(raw))
+    return Shaped(cut.text, info, truncate.error_digest(cut_part) if cut_part else ())
 
 
 def _cut_part(text: str, cut: truncate.Cut) -> str:
@@ -294,22 +406,25 @@ def _shape_tail(
     secrets: re.Pattern[str] | None,
     *,
     digest: bool,
+    extras: Extras,
 ) -> Shaped:
     window = 2 * policy.max_bytes + 64 * 1024
     while True:
         start = max(0, size - window)
-        text = _clean(_pread(path, start, size - start), secrets)
+        text = _clean(_pread(path, start, size - start), secrets, extras)
         if start > 0 and isinstance(policy, TailLines):
             # The window's first line is probably partial: drop it when others remain.
             newline = text.find("\n")
             if 0 <= newline < len(text) - 1:
                 text = text[newline + 1 :]
+        text, cut_lines = _capped(text, extras)
         cut = truncate.apply(text, policy)
         if cut.info.truncated or start == 0 or window >= MAX_WINDOW:
             break
         window *= 4  # Sanitizing removed much of the window: look further back.
+    info = _with_long_lines(cut.info, _long_shown(cut_lines, cut.info.shown_ranges))
     # From the file's start the cut is exact; from a window, the file holds more.
-    info = _raw_totals(cut.info, size, total_lines, truncated=start > 0 or cut.info.truncated)
+    info = _raw_totals(info, size, total_lines, truncated=start > 0 or info.truncated)
     found: tuple[str, ...] = ()
     if digest:
         shown_raw = len(cut.text.encode("utf-8", "surrogatepass"))
@@ -325,12 +440,15 @@ def _shape_head(
     total_lines: int,
     policy: CharCap,
     secrets: re.Pattern[str] | None,
+    *,
+    extras: Extras,
 ) -> Shaped:
     window = 4 * policy.max_chars + 64 * 1024
     read = min(size, window)
-    text = _clean(_pread(path, 0, read), secrets)
+    text, cut_lines = _capped(_clean(_pread(path, 0, read), secrets, extras), extras)
     cut = truncate.char_cap(text, policy.max_chars)
-    info = _raw_totals(cut.info, size, total_lines, truncated=read < size or cut.info.truncated)
+    info = _with_long_lines(cut.info, _long_shown(cut_lines, cut.info.shown_ranges))
+    info = _raw_totals(info, size, total_lines, truncated=read < size or info.truncated)
     if info.truncated:
         info = info.model_copy(update={"limit": "chars"})
     return Shaped(cut.text, info)
@@ -342,20 +460,29 @@ def _shape_middle(
     total_lines: int,
     policy: Middle,
     secrets: re.Pattern[str] | None,
+    *,
+    extras: Extras,
 ) -> Shaped:
     window = 2 * policy.keep_bytes + 4096
     if size <= max(2 * policy.max_bytes, 2 * window):
         # Sanitizing may bring it under the limit: decide on the clean text. (Below two
         # windows, the head and tail windows would overlap.)
         raw = _pread(path, 0, size)
-        cut = truncate.middle(_clean(raw, secrets), policy.max_bytes, policy.keep_bytes)
-        return Shaped(cut.text, _raw_totals(cut.info, len(raw), _raw_lines(raw)))
-    head = truncate.utf8_head(_clean(_pread(path, 0, window), secrets), policy.keep_bytes)
-    end = _clean(_pread(path, size - window, window), secrets)
+        text, cut_lines = _capped(_clean(raw, secrets, extras), extras)
+        cut = truncate.middle(text, policy.max_bytes, policy.keep_bytes)
+        info = _with_long_lines(cut.info, _long_shown(cut_lines, cut.info.shown_ranges))
+        return Shaped(cut.text, _raw_totals(info, len(raw), _raw_lines(raw)))
+    start, head_cut = _capped(_clean(_pread(path, 0, window), secrets, extras), extras)
+    end, end_cut = _capped(_clean(_pread(path, size - window, window), secrets, extras), extras)
+    head = truncate.utf8_head(start, policy.keep_bytes)
     tail = truncate.utf8_tail(end, policy.keep_bytes)
     partial = not head.endswith("\n") or not end[: len(end) - len(tail)].endswith("\n")
     info = truncate.middle_info(head, tail, total_lines, size, partial=partial)
-    return Shaped(head + truncate.SNIP + tail, info)
+    end_lines = truncate.count_lines(end)
+    long_cut = _long_shown(head_cut, ((1, truncate.count_lines(head)),)) + _long_shown(
+        end_cut, ((end_lines - truncate.count_lines(tail) + 1, end_lines),)
+    )
+    return Shaped(head + truncate.SNIP + tail, _with_long_lines(info, long_cut))
 
 
 def read_slice(
@@ -373,32 +500,43 @@ def read_slice(
         newline = data.rfind(b"\n")
         if newline >= 0:
             data = data[: newline + 1]
-        elif (cut := _utf8_boundary(data)) > 0:
-            data = data[:cut]
+        elif (cut := utf8_boundary(data)) > 0:
+            data = data[: escape_boundary(data[:cut])]
         elif data:
             # `limit` is smaller than the character at `offset`: return that one
             # character rather than nothing, so a reader always moves on.
             data = _pread(path, offset, min(4, size - offset))
-            data = data[: _utf8_boundary(data) or len(data)]
+            data = data[: utf8_boundary(data) or len(data)]
     return _clean(data, secrets), offset + len(data), size
 
 
-def _utf8_boundary(data: bytes) -> int:
-    """Length of the longest prefix of `data` that does not end inside a character."""
-    end = len(data)
-    back = 0
-    while back < 4 and end - back - 1 >= 0 and (data[end - back - 1] & 0xC0) == 0x80:
-        back += 1
-    if end - back - 1 >= 0:
-        lead = data[end - back - 1]
-        if lead >> 5 == 0b110:
-            need = 2
-        elif lead >> 4 == 0b1110:
-            need = 3
-        elif lead >> 3 == 0b11110:
-            need = 4
-        else:
-            need = 1
-        if need > back + 1:
-            return end - back - 1
-    return end
+# A terminal escape that `data` ends inside of: a control string still waiting for its
+# terminator (its ESC \\ perhaps begun), a CSI or nF sequence still waiting for its final
+# byte, a lone ESC, or an `ESC digit` that may yet be a status report. (C1 controls are
+# two bytes in UTF-8, C2 80 to C2 9F.) Anchored at the end and possessive, so each
+# candidate is scanned once.
+_UNFINISHED = re.compile(
+    rb"(?:(?:\x1b\]|\xc2\x9d)(?:[^\x07\x1b\xc2\n]|\xc2[^\x80-\x9f]|\x1b\x1b)*+\x1b?"
+    rb"|(?:\x1b[PX^_]|\xc2[\x90\x98\x9e\x9f])"
+    rb"(?:[^\x1b\xc2\n]|\xc2[^\x80-\x9f]|\x1b\x1b)*+\x1b?"
+    rb"|(?:\x1b\[|\xc2\x9b)[0-?]*+[ -/]*+"
+    rb"|\x1b[ -/]*+"
+    rb"|\x1b[0-9])\Z"
+)
+#: How far back a slice's end is searched for an escape sequence it cuts in two.
+_ESCAPE_LOOKBACK = 4096
+
+
+def escape_boundary(data: bytes) -> int:
+    """Length of `data` without a terminal escape cut off at its end.
+
+    A slice that ends inside an escape sequence would show its pieces as text (the
+    sanitizer removes a lone introducer, not what follows it): the next slice starts at
+    the sequence instead. A sequence that fills the whole slice is kept, so a reader
+    always moves on.
+    """
+    start = max(0, len(data) - _ESCAPE_LOOKBACK)
+    found = _UNFINISHED.search(data, start)
+    if found is None or found.start() == 0:
+        return len(data)
+    return found.start()

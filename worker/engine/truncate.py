@@ -144,10 +144,21 @@ def tail_lines(text: str, max_lines: int, max_bytes: int) -> Cut:
 
 
 def byte_tail(text: str, max_bytes: int) -> Cut:
-    """Keep the last `max_bytes` bytes, never splitting a UTF-8 character (seed 002)."""
+    """Keep the end of `text` within `max_bytes` bytes, from a line's start (seed 002).
+
+    The cut never splits a UTF-8 character. When the last `max_bytes` bytes start inside
+    a line, the shown text starts at the next whole line instead, so its first line is
+    the one the "Showing lines A-B" notice names (pi's `truncateTail` never shows a line
+    in part otherwise). Only a last line larger than `max_bytes` on its own is shown in
+    part: its tail, flagged as a partial line.
+    """
     shown = utf8_tail(text, max_bytes)
     if shown == text:
         return _whole(text, "tail")
+    if not text[: len(text) - len(shown)].endswith("\n"):
+        newline = shown.find("\n")
+        if 0 <= newline < len(shown) - 1:
+            shown = shown[newline + 1 :]
     partial = not text[: len(text) - len(shown)].endswith("\n")
     return Cut(shown, _tail_info(text, shown, "bytes", partial=partial))
 

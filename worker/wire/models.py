@@ -140,6 +140,19 @@ class Policy(Model):
     """Commands to refuse, with the tool to use instead (seed 002)."""
     available_tools: tuple[str, ...] = ()
     """Tools the agent has; an intercept rule only blocks when its tool is among them."""
+    detect_binary: bool = False
+    """Show a stream whose first 8 KiB look binary (a NUL byte, or mostly invalid UTF-8
+    and control bytes) as a count of its bytes, not as text; its spill file is kept
+    (native)."""
+    reveal_invisible: bool = False
+    """Show bidirectional controls and zero-width characters as `<U+202E>` markers, so the
+    text a model reads is the text the bytes hold (native)."""
+    last_frame: bool = False
+    """A line rewritten with carriage returns (a progress bar) shows only its last frame
+    (native)."""
+    max_line_chars: int | None = Field(None, ge=1)
+    """Lines longer than this many characters are cut to it, and the cut is counted, so
+    one minified line cannot fill the output budget (native: 2000). None: no cap."""
 
 
 # ------------------------------------------------------------------------------ calls
@@ -272,6 +285,12 @@ class TruncationInfo(Model):
     """The shown text starts (tail) or ends (head) inside a line that was cut."""
     shown_ranges: tuple[tuple[int, int], ...] = ()
     """1-based inclusive line ranges shown: one range, or two for `middle`."""
+    long_lines_cut: int = 0
+    """Shown lines that were longer than the policy's `max_line_chars` and were cut to it
+    (the cut characters count as left out: `truncated` is then true)."""
+    binary: bool = False
+    """The stream looked binary (policy `detect_binary`): no text is shown, `truncated` is
+    true, and the bytes are in the spill file."""
 
 
 class SystemError_(Model):  # noqa: N801 - avoid shadowing the builtin SystemError
@@ -344,6 +363,8 @@ class CallResult(Model):
     """Number of the signal that ended the command, if one did."""
     timed_out: bool = False
     """True when the timeout passed (then killed or backgrounded)."""
+    cancelled: bool = False
+    """True when the caller cancelled the call before it ended; its processes were killed."""
     backgrounded: bool = False
     """True when the command is still running as a background job."""
     error: SystemError_ | None = None
