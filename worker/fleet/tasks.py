@@ -495,8 +495,10 @@ def _control_task(task: str) -> Callable[..., str]:
         rt = runtime()
         answer = _current_answer()
         request, reply = control_reply(rt, task, args)
-        _deliver(rt, answer, reply.model_dump_json())
+        # Logged before the answer goes: a caller that reads the log once answered
+        # finds the line there.
         _log_control(task, request, reply)
+        _deliver(rt, answer, reply.model_dump_json())
         return f"error {reply.error.kind}" if reply.error is not None else "ok"
 
     run.__name__ = task.removeprefix("bashfleet.")
