@@ -173,8 +173,8 @@ class Fleet:
         """The Redis URL with its password hidden (for messages)."""
         self._redis = redis_client(url)
         self._celery = client_celery(url)
-        self._replies = Replies(self._redis)
         self._signing_key = resolve_signing_key(url)
+        self._replies = Replies(self._redis, auth.keyring([self._signing_key or ""]))
         # call id -> when its unclaimed message was first seen gone from its queue.
         self._missing_since: dict[str, float] = {}
 
@@ -292,10 +292,8 @@ class Fleet:
         )
 
     def _answer(self, waiter: Waiter, timeout: float) -> str | None:
-        """The task's answer if it arrives within `timeout`, else the stored one (the
-        listener may have missed its publish while reconnecting), else None."""
-        payload = waiter.wait(timeout)
-        return payload if payload is not None else self._replies.stored(waiter.task_id)
+        """The task's verified answer if it arrives within `timeout` (`Replies.answer`)."""
+        return self._replies.answer(waiter, timeout)
 
     def _wait_call(self, waiter: Waiter, target: str | None, label: str | None) -> CallResult:
         call_id = waiter.task_id

@@ -15,12 +15,14 @@ from __future__ import annotations
 import contextlib
 import threading
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import redis
 
 from client import records
-from worker.wire import names
+from client.errors import Unauthorized
+from worker.wire import auth, names
 
 #: How long the first call of a client waits for its subscription before sending: an
 #: answer published before it would only be read at the next watch (half a second).
@@ -47,8 +49,11 @@ class Waiter:
 class Replies:
     """A client's reply channel and the thread listening on it. Thread-safe."""
 
-    def __init__(self, client: redis.Redis) -> None:
+    def __init__(self, client: redis.Redis, keys: Mapping[str, str] | None = None) -> None:
+        """`keys`: the keys (by id) a worker may seal this client's answers with; none:
+        an unsigned client, which takes answers as they come."""
         self._redis = client
+        self._keys = dict(keys or {})
         self.channel = names.reply_channel(uuid.uuid4().hex)
         """The channel to name as each task's `reply_to`."""
         self._lock = threading.Lock()
@@ -80,8 +85,20 @@ class Replies:
                 del self._waiting[waiter.task_id]
 
     def stored(self, task_id: str) -> str | None:
-        """A task's stored answer: for one whose publish the listener missed."""
+        """A task's stored answer, as sealed: for one whose publish the listener missed."""
         return records.stored_reply(self._redis, task_id)
+
+    def answer(self, waiter: Waiter, timeout: float) -> str | None:
+        """The task's answer if it arrives within `timeout`, else the stored one (the
+        listener may have missed its publish while reconnecting), else None; verified.
+
+        Unauthorized when its seal does not verify: a Redis writer may have published
+        it (a forged "all tests passed"); the caller gets an error, never the text.
+        """
+        sealed = waiter.wait(timeout)
+        if sealed is None:
+            sealed = self.stored(waiter.task_id)
+        return None if sealed is None else open_reply(self._keys, waiter.task_id, sealed)
 
     @property
     def listening(self) -> bool:
@@ -136,3 +153,15 @@ class Replies:
         if waiter is not None:
             waiter.payload = payload
             waiter.arrived.set()
+
+
+def open_reply(keys: Mapping[str, str], task_id: str, sealed: str) -> str:
+    """A worker's answer to `task_id`, its seal checked with `keys`; Unauthorized when
+    it does not verify (the answer is not trusted, whatever it says)."""
+    try:
+        return auth.unseal(keys, auth.REPLY, task_id, sealed)
+    except auth.AuthError as exc:
+        raise Unauthorized(
+            f"the answer to {task_id} could not be verified ({exc.message}); it was not "
+            "trusted: a worker with another key, or a forgery in Redis"
+        ) from None

@@ -37,6 +37,13 @@ def _hermetic_environment() -> None:
     atexit.register(shutil.rmtree, state, ignore_errors=True)
     os.environ["BASHFLEET_STATE_DIR"] = state
     os.environ["XDG_STATE_HOME"] = os.path.join(state, "xdg")
+    # Every client of the suite signs, and every worker it starts requires it, as a
+    # deployment does (a worker without a key refuses to start).
+    os.environ["BASHFLEET_SIGNING_KEY"] = SUITE_SIGNING_KEY
+
+
+#: The signing key of the suite's clients and workers.
+SUITE_SIGNING_KEY = "suite-key-" + uuid.uuid4().hex
 
 
 _hermetic_environment()

@@ -2,22 +2,30 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import socket
-import tempfile
+import stat
 from functools import lru_cache
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, Field, SecretStr, field_validator
+from pydantic import BeforeValidator, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from worker.engine.environment import DEFAULT_ALLOW, DEFAULT_DENY
 
 
 def _default_state_dir() -> Path:
-    return Path(tempfile.gettempdir()) / f"bashfleet-{os.getuid()}"
+    """Per user: `$XDG_STATE_HOME/bashfleet`, else `~/.local/state/bashfleet`.
+
+    Never a shared directory such as /tmp: another user who creates `/tmp/bashfleet-<uid>`
+    first would own what the fleet reads (a planted fleet.json sent root's next command
+    to that user's Redis). `check_state_dir` refuses a directory the user does not own.
+    """
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join(Path.home(), ".local", "state")
+    return Path(base) / "bashfleet"
 
 
 def _split(value: object) -> object:
@@ -80,6 +88,37 @@ class Settings(BaseSettings):
     """Processes of the worker's user a call may reach (ulimit -u; not enforced for root)."""
     log_format: Literal["text", "json"] = "text"
     """Worker log lines: `text`, or `json` (one object per line, for log shippers)."""
+    signing_key_file: Path | None = None
+    """File holding the signing key (instead of BASHFLEET_SIGNING_KEY): a Kubernetes
+    Secret or a systemd credential mounted as a file keeps it out of every environment."""
+    redis_url_file: Path | None = None
+    """File holding the Redis URL (instead of BASHFLEET_REDIS_URL), for the same reason."""
+    admin_key: SecretStr | None = None
+    """Key of an administrator's client: its calls may check, read and kill any owner's
+    jobs and list them all (a worker verifies it as it verifies the signing key)."""
+    admin_key_file: Path | None = None
+    """File holding the admin key (instead of BASHFLEET_ADMIN_KEY)."""
+    insecure_unsigned: bool = False
+    """A worker without a signing key refuses to start unless this is set: then anyone
+    who can write to its Redis runs commands on its machine."""
+    owner: str | None = Field(None, pattern=r"^[A-Za-z0-9_.:@-]{1,64}$")
+    """Who a client's calls and jobs belong to when no session names them (a tenant);
+    None: `user:<login name>`. Another owner's jobs cannot be checked, read or killed."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _secrets_from_files_and_parent(cls, data: Any) -> Any:
+        """Fill the secret fields from their files, then from what the parent process
+        handed over (`inherit_secrets`); a value given directly wins."""
+        if not isinstance(data, dict):
+            return data
+        for name in SECRET_FIELDS:
+            if data.get(name) is None and data.get(f"{name}_file"):
+                data[name] = _read_secret_file(Path(data[f"{name}_file"]), name)
+        for name, value in _inherited().items():
+            if data.get(name) is None:
+                data[name] = value
+        return data
 
     @field_validator("command_deny", "command_allow")
     @classmethod
@@ -111,6 +150,92 @@ class Settings(BaseSettings):
     def redis_url_value(self) -> str | None:
         """The Redis URL in clear, for connecting only: never print it."""
         return self.redis_url.get_secret_value() if self.redis_url else None
+
+    def secrets(self) -> dict[str, str]:
+        """The secret settings in clear, by field name (to hand to a child process)."""
+        values = {name: getattr(self, name) for name in SECRET_FIELDS}
+        return {name: value.get_secret_value() for name, value in values.items() if value}
+
+    def owner_name(self) -> str:
+        """Who this client's calls belong to without a session: `owner`, else the user."""
+        return self.owner or f"user:{_login_name()}"
+
+
+#: Settings that are secrets: never in an environment a call could read, never printed.
+SECRET_FIELDS = ("redis_url", "signing_key", "signing_keys_accepted", "admin_key")
+#: The variable naming the descriptor a parent handed the secrets over on.
+SECRETS_FD_VAR = "BASHFLEET_SECRETS_FD"
+
+
+def _read_secret_file(path: Path, name: str) -> str:
+    try:
+        return path.read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        raise ValueError(f"cannot read {name} from {path}: {exc.strerror}") from None
+
+
+def _login_name() -> str:
+    import pwd  # noqa: PLC0415 - POSIX only, and only for the default owner
+
+    try:
+        return pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:
+        return str(os.getuid())
+
+
+_inherited_secrets: dict[str, str] | None = None
+
+
+def _inherited() -> dict[str, str]:
+    """The secrets a parent handed over on the descriptor named by BASHFLEET_SECRETS_FD
+    (read once, then the descriptor is closed and the variable dropped)."""
+    global _inherited_secrets  # noqa: PLW0603 - read once per process, by design
+    if _inherited_secrets is None:
+        _inherited_secrets = {}
+        fd = os.environ.pop(SECRETS_FD_VAR, None)
+        if fd is not None and fd.isdigit():
+            with os.fdopen(int(fd), "rb") as handle:
+                loaded = json.loads(handle.read() or b"{}")
+            _inherited_secrets = {
+                k: str(v) for k, v in loaded.items() if k in SECRET_FIELDS and v
+            }
+    return _inherited_secrets
+
+
+def secrets_pipe(values: dict[str, str]) -> int:
+    """A pipe holding `values` for a child: returns the read end, to pass with
+    `pass_fds` and name in BASHFLEET_SECRETS_FD (the child's settings read it).
+
+    Secrets travel this way, not in an environment: /proc/<pid>/environ keeps a
+    process's initial environment for its whole life, readable by its user.
+    """
+    read_end, write_end = os.pipe()
+    with os.fdopen(write_end, "wb") as handle:
+        handle.write(json.dumps(values).encode())  # small: far below the pipe's buffer
+    return read_end
+
+
+def check_state_dir(path: Path) -> Path:
+    """Create the state directory (0700) or check it: owned by this user and writable
+    by nobody else. ValueError, saying why, for one that is not safe to trust."""
+    try:
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+        info = path.lstat()
+    except OSError as exc:
+        raise ValueError(f"state directory {path} is unusable: {exc.strerror}") from None
+    if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
+        raise ValueError(f"state directory {path} is not a directory (a symlink?)")
+    if info.st_uid != os.geteuid():
+        raise ValueError(
+            f"state directory {path} belongs to uid {info.st_uid}, not to this user "
+            f"({os.geteuid()}): refusing to use it (set BASHFLEET_STATE_DIR)"
+        )
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise ValueError(
+            f"state directory {path} is writable by others (mode {stat.S_IMODE(info.st_mode):o}):"
+            " refusing to use it (chmod go-w, or set BASHFLEET_STATE_DIR)"
+        )
+    return path
 
 
 @lru_cache(maxsize=1)

@@ -122,7 +122,7 @@ def test_flower_lists_both_hosts_behind_auth(fleet: Cli) -> None:
 
     def workers() -> dict[str, Any] | None:
         request = urllib.request.Request(  # noqa: S310 - an http:// URL we built
-            f"{url}/api/workers?refresh=1", headers={"Authorization": f"Basic {token.decode()}"}
+            f"{url}/api/workers?status=1", headers={"Authorization": f"Basic {token.decode()}"}
         )
         try:
             with urllib.request.urlopen(request, timeout=5) as response:  # noqa: S310

@@ -78,7 +78,10 @@ class WorkerProcess:
     def env(self) -> dict[str, str]:
         """The environment: this worker's Redis and state directory."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("BASHFLEET_")}
-        env.update(BASHFLEET_REDIS_URL=self.url, BASHFLEET_STATE_DIR=str(self.state_dir))
+        env.update(
+            BASHFLEET_REDIS_URL=self.url, BASHFLEET_STATE_DIR=str(self.state_dir),
+            BASHFLEET_SIGNING_KEY=os.environ["BASHFLEET_SIGNING_KEY"],
+        )
         return env
 
     def start(self) -> WorkerProcess:

@@ -73,7 +73,7 @@ def test_flower_lists_the_hosts_and_the_calls(
     two_hosts: tuple[WorkerProcess, WorkerProcess], flower: str, fleet: Fleet
 ) -> None:
     def both_hosts() -> set[str] | None:
-        workers = _try_get(f"{flower}/api/workers?refresh=1")
+        workers = _try_get(f"{flower}/api/workers?status=1")
         names = set(workers or ())
         return names if {"exec@alpha", "exec@beta"} <= names else None
 

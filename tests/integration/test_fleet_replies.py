@@ -78,10 +78,11 @@ def test_two_clients_hear_only_their_own_answers(
 
 
 def _raw_ctl(fleet: Fleet, host: str, task: str, args: list[object]) -> dict[str, object]:
-    """Send a control message as any Redis writer could; its answer envelope."""
+    """Send a signed control message with any arguments; its answer envelope."""
     waiter = fleet._replies.expect(f"t{uuid.uuid4().hex[:12]}")
     try:
-        fleet._send(task, args, names.ctl_queue(host), waiter.task_id, "raw")
+        signed = fleet._signed(task, args)
+        fleet._send(task, signed, names.ctl_queue(host), waiter.task_id, "raw")
         deadline = time.monotonic() + 30
         while (payload := fleet._answer(waiter, 0.5)) is None:
             assert time.monotonic() < deadline, "no answer within 30 s"
@@ -102,5 +103,5 @@ def test_a_control_message_with_wrong_arguments_is_answered_invalid(
         assert isinstance(error, dict) and error["kind"] == "invalid", envelope
         assert "invalid arguments" in str(error["message"])
     # The control consumer goes on answering.
-    jobs = _raw_ctl(fleet, host, Task.JOBS, [])
+    jobs = _raw_ctl(fleet, host, Task.JOBS, [{}])
     assert "ok" in jobs

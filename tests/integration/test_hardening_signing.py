@@ -22,6 +22,7 @@ import pytest
 import redis
 
 from client import Fleet, records
+from client.errors import Unauthorized
 from client.redis_server import RedisServer
 from worker.wire import auth, names
 from worker.wire.models import CallResult
@@ -94,13 +95,34 @@ def test_signed_calls_and_control_work(keyed: WorkerProcess, signed_fleet: Fleet
     assert not signed_fleet.kill(job.id).running
 
 
+@pytest.fixture
+def unsigned_fleet(
+    redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Fleet]:
+    monkeypatch.delenv("BASHFLEET_SIGNING_KEY")
+    client = Fleet(redis_server.url)
+    yield client
+    client.close()
+
+
 def test_unsigned_call_is_refused_and_nothing_runs(
-    keyed: WorkerProcess, fleet: Fleet, tmp_path: Path
+    keyed: WorkerProcess, unsigned_fleet: Fleet, tmp_path: Path
 ) -> None:
     marker = tmp_path / "unsigned-ran"
-    result = fleet.run(f"touch {marker}", host=HOST)  # this client has no key
+    result = unsigned_fleet.run(f"touch {marker}", host=HOST)  # this client has no key
     assert result.error is not None and result.error.kind == "unauthorized"
     assert "unsigned" in result.error.message
+    assert not marker.exists()
+
+
+def test_a_client_with_another_key_is_refused_and_told_so(
+    keyed: WorkerProcess, fleet: Fleet, tmp_path: Path
+) -> None:
+    marker = tmp_path / "other-key-ran"
+    # The worker refuses the call and answers with its own key, which this client does
+    # not hold: it cannot trust the answer, and says why instead of showing it.
+    with pytest.raises(Unauthorized, match="could not be verified"):
+        fleet.run(f"touch {marker}", host=HOST)
     assert not marker.exists()
 
 
@@ -159,14 +181,45 @@ def test_flower_cannot_run_commands(
     # names no reply channel of ours).
     answer = wait_for(lambda: records.stored_reply(redis_client, task_id), 30,
                       "the worker's answer to Flower's message")
-    result = CallResult.model_validate_json(answer)
+    result = CallResult.model_validate_json(auth.unseal(auth.keyring([KEY]), auth.REPLY,
+                                                         task_id, answer))
     assert result.error is not None and result.error.kind == "unauthorized"
     assert not marker.exists()
 
 
-def test_a_worker_without_a_key_warns_at_start(
-    workers: WorkerFactory, redis_client: redis.Redis
+class UnkeyedWorker(WorkerProcess):
+    """A worker started without a signing key (and, with `insecure`, told to run so)."""
+
+    insecure = False
+
+    def env(self) -> dict[str, str]:
+        env = super().env()
+        del env["BASHFLEET_SIGNING_KEY"]
+        return env
+
+    def args(self) -> list[str]:
+        return [*super().args(), *(["--insecure-unsigned"] if self.insecure else [])]
+
+
+def test_a_worker_without_a_key_refuses_to_start(tmp_path: Path, redis_server: RedisServer) -> None:
+    worker = UnkeyedWorker("unkeyed0", redis_server.url, state_dir=tmp_path / "h",
+                           log_dir=tmp_path / "logs").start()
+    try:
+        assert worker.proc is not None and worker.proc.wait(60) == 2
+    finally:
+        worker.stop()
+    assert "no signing key: refusing to start" in worker.log()
+    assert "--insecure-unsigned" in worker.log()
+
+
+def test_an_insecure_unsigned_worker_warns_at_start(
+    workers: WorkerFactory, redis_client: redis.Redis, tmp_path: Path
 ) -> None:
-    worker = workers.start("unkeyed1")
+    worker = UnkeyedWorker("unkeyed1", workers.url, state_dir=tmp_path / "h",
+                           log_dir=tmp_path / "logs")
+    worker.insecure = True
+    worker.start()
+    workers.started.append(worker)
+    worker.wait_ready(redis_client)
     assert "NO SIGNING KEY CONFIGURED" in worker.log()
     assert "anyone who can write to this Redis can run commands" in worker.log()

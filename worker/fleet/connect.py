@@ -117,6 +117,11 @@ def worker_celery(url: str, consumer: str) -> Celery:
         worker_send_task_events=True,
         worker_consumer=consumer,
         task_track_started=False,  # the call record says when a call started
+        # No remote control: its broadcast messages are unsigned, so anyone who can
+        # write to Redis could `celery control shutdown` every host (again at each
+        # restart) or `celery inspect active` a running call's arguments. Flower reads
+        # the fleet from task events and worker heartbeats instead.
+        worker_enable_remote_control=False,
         broker_connection_retry=True,
         broker_connection_retry_on_startup=True,
         broker_connection_max_retries=None,  # a worker outlives a Redis restart

@@ -29,6 +29,7 @@ from worker.fleet import registry, tasks
 from worker.fleet.app import app, setup_consumer_logging
 from worker.fleet.connect import redis_client
 from worker.fleet.control import Runtime
+from worker.fleet.nonces import NonceMemory
 from worker.settings import get_settings
 from worker.wire import names
 from worker.wire.names import ROLES, CallState, Role
@@ -48,7 +49,7 @@ def run_consumer(role: Role, instance: str) -> int:
     celery_options = setup_consumer_logging(settings.log_format, host, role)
     runtime = Runtime(
         settings=settings, redis=redis_client(settings.redis_url_value() or ""),
-        instance=instance,
+        instance=instance, nonces=NonceMemory(settings.state_dir / "nonces" / f"{role}.log"),
     )
     tasks.set_runtime(runtime)
     _drop_plain_settings_from_env()
@@ -90,10 +91,10 @@ def _drop_plain_settings_from_env() -> None:
     The engine scrubs every BASHFLEET_* variable from a command's environment and
     redacts the values it scrubbed wherever they show up in output, so a host id or
     a state directory left here would turn into [REDACTED] in ordinary output. The
-    settings were read already; only the broker URL stays (it is a secret).
+    settings were read already (the secrets came on a pipe, never in this environment).
     """
     for name in list(os.environ):
-        if name.startswith("BASHFLEET_") and name != "BASHFLEET_REDIS_URL":
+        if name.startswith("BASHFLEET_"):
             del os.environ[name]
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 import redis
@@ -19,8 +20,9 @@ from worker.engine import jobs, running
 from worker.engine.capture import read_slice
 from worker.engine.secrets import worker_redaction
 from worker.fleet import recovery, registry
+from worker.fleet.nonces import NonceMemory
 from worker.settings import Settings
-from worker.wire import names
+from worker.wire import auth, names
 from worker.wire.control import (
     MAX_READ_LIMIT,
     CancelRequest,
@@ -46,6 +48,30 @@ class Runtime:
     settings: Settings
     redis: redis.Redis
     instance: str
+    nonces: NonceMemory | None = None
+    """The nonces this consumer accepted (None: Redis alone remembers them)."""
+
+    @property
+    def keys(self) -> dict[str, str]:
+        """The keys a message may be signed with, by id (the admin key among them)."""
+        return keyring(self.settings)
+
+    @property
+    def admin_key_id(self) -> str | None:
+        """The id of the admin key, when one is configured."""
+        admin = self.settings.admin_key
+        return auth.key_id(admin.get_secret_value()) if admin else None
+
+
+@lru_cache(maxsize=8)
+def _keyring(keys: tuple[str, ...]) -> dict[str, str]:
+    return auth.keyring(keys)
+
+
+def keyring(settings: Settings) -> dict[str, str]:
+    """Every key this worker accepts, by id: the signing keys, then the admin key."""
+    admin = (settings.admin_key.get_secret_value(),) if settings.admin_key else ()
+    return _keyring((*settings.accepted_keys(), *admin))
 
 
 JobAction = Callable[[Runtime, JobRecord, int, int, Truncation | None], CheckResult]

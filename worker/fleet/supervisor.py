@@ -46,7 +46,13 @@ from pydantic_settings import NoDecode
 from worker.engine import procs, running
 from worker.fleet import logs, recovery, registry
 from worker.fleet.connect import redis_client
-from worker.settings import Settings
+from worker.settings import (
+    SECRET_FIELDS,
+    SECRETS_FD_VAR,
+    Settings,
+    check_state_dir,
+    secrets_pipe,
+)
 from worker.wire import names
 from worker.wire.names import ROLES, CallState
 
@@ -94,8 +100,8 @@ def settings_env(settings: Settings) -> dict[str, str]:
     env: dict[str, str] = {}
     for name in Settings.model_fields:
         value: Any = getattr(settings, name)
-        if value is None:
-            continue
+        if value is None or name in SECRET_FIELDS:
+            continue  # secrets travel on a pipe (`secrets_pipe`), never in an environment
         if hasattr(value, "get_secret_value"):
             value = value.get_secret_value()
         if isinstance(value, tuple):
@@ -138,10 +144,48 @@ def main(host: str, concurrency: int, labels: tuple[str, ...], settings: Setting
     settings = settings.model_copy(
         update={"host": host, "concurrency": concurrency, "labels": tuple(labels)}
     )
+    try:
+        check_state_dir(settings.state_dir)
+    except ValueError as exc:
+        print(f"bashfleet worker: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     if not settings.accepted_keys():
+        if not settings.insecure_unsigned:
+            print(UNSIGNED_REFUSAL, file=sys.stderr)
+            return EXIT_USAGE
         # JSON logs: the warning line says it; a text banner would break one object a line.
         _warn_unsigned(host, banner=settings.log_format == "text")
     return HostSupervisor(settings, url).run()
+
+
+#: Why a worker without a signing key does not start.
+UNSIGNED_REFUSAL = (
+    "bashfleet worker: no signing key: refusing to start. Without one, anyone who can "
+    "write to Redis runs commands on this machine. Set BASHFLEET_SIGNING_KEY (or "
+    "BASHFLEET_SIGNING_KEY_FILE; the same key on every client), or start with "
+    "--insecure-unsigned to accept unsigned calls anyway."
+)
+
+
+def scrub_own_environment(settings: Settings, argv: Sequence[str]) -> None:
+    """Start again without the secrets in this process's environment, if they are there.
+
+    /proc/<pid>/environ shows a process's initial environment for its whole life (and
+    `ps e` prints it): deleting a variable from os.environ does not change it. So a
+    worker given its key or Redis URL as variables execs itself once, the secrets
+    handed over on a pipe (`secrets_pipe`), the variables gone.
+    """
+    present = [n for n in (f"BASHFLEET_{f.upper()}" for f in SECRET_FIELDS) if n in os.environ]
+    if not present:
+        return
+    env = {k: v for k, v in os.environ.items() if k not in present}
+    read_end = secrets_pipe(settings.secrets())
+    os.set_inheritable(read_end, True)
+    env[SECRETS_FD_VAR] = str(read_end)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    args = [sys.executable, "-m", "worker.fleet.supervisor", *argv]
+    os.execve(sys.executable, args, env)  # noqa: S606 - no shell: this very module
 
 
 def _warn_unsigned(host: str, *, banner: bool = True) -> None:
@@ -368,10 +412,16 @@ class HostSupervisor:
 
     def _start_child(self, role: str) -> None:
         args = [sys.executable, "-m", "worker.fleet.consumer", role, "--instance", self.token]
-        env = {**os.environ, **settings_env(self.settings)}
+        secrets = secrets_pipe(self.settings.secrets())
+        env = {**os.environ, **settings_env(self.settings), SECRETS_FD_VAR: str(secrets)}
         # Same process group as the supervisor: stopping (or killing) the worker's
         # group ends its consumers too; the commands run in sessions of their own.
-        self.children[role] = subprocess.Popen(args, stdin=subprocess.DEVNULL, env=env)
+        try:
+            self.children[role] = subprocess.Popen(
+                args, stdin=subprocess.DEVNULL, env=env, pass_fds=(secrets,)
+            )
+        finally:
+            os.close(secrets)
 
     def _loop(self, watcher: recovery.JobWatcher) -> None:
         next_sync = time.monotonic() + JOB_SYNC_INTERVAL_S
@@ -496,18 +546,26 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--host", help="host id (default: BASHFLEET_HOST or the hostname)")
     parser.add_argument("--concurrency", type=int, help="command slots")
     parser.add_argument("--label", action="append", default=[], help="pool label (repeatable)")
+    parser.add_argument(
+        "--insecure-unsigned", action="store_true",
+        help="run without a signing key: anyone who can write to Redis runs commands here",
+    )
     return parser
 
 
 def cli(argv: Sequence[str] | None = None) -> int:
     """Entry point of `python -m worker.fleet.supervisor`."""
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     overrides: dict[str, Any] = {}
     if args.host:
         overrides["host"] = args.host
     if args.concurrency:
         overrides["concurrency"] = args.concurrency
+    if args.insecure_unsigned:
+        overrides["insecure_unsigned"] = True
     settings = Settings(**overrides)
+    scrub_own_environment(settings, argv)
     labels = tuple(args.label) or settings.labels
     return main(settings.host, settings.concurrency, labels, settings)
 

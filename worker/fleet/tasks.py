@@ -77,23 +77,28 @@ def runtime() -> Runtime:
 
 @dataclass
 class Answer:
-    """Where the running task's answer goes, and whether it went already."""
+    """Where the running task's answer goes, with which key it is sealed, and whether
+    it went already."""
 
     task_id: str
     channel: str | None
+    key: str | None = None
     sent: bool = False
 
     def reply(self, payload: str) -> registry.Reply:
-        """The answer to deliver."""
-        return registry.Reply(self.task_id, self.channel, payload)
+        """The answer to deliver, sealed: a client trusts no answer it cannot verify."""
+        sealed = auth.seal(self.key, auth.REPLY, self.task_id, payload)
+        return registry.Reply(self.task_id, self.channel, sealed)
 
 
-def _current_answer() -> Answer:
-    """The answer of the task Celery runs now (its id, its message's `reply_to`)."""
+def _current_answer(rt: Runtime) -> Answer:
+    """The answer of the task Celery runs now (its id, its message's `reply_to`),
+    sealed with this worker's current key until the message names the key it used."""
     request = getattr(current_task, "request", None)
     return Answer(
         task_id=str(getattr(request, "id", None) or "?"),
         channel=getattr(request, "reply_to", None) or None,
+        key=next(iter(rt.keys.values()), None),
     )
 
 
@@ -126,26 +131,35 @@ class Nonce:
 
 @dataclass(frozen=True)
 class Message:
-    """A task's arguments, verified, and the nonce still to record (None: none)."""
+    """A task's arguments, verified, the nonce still to record in Redis (None: none),
+    and whether the admin key signed it."""
 
     args: tuple[Any, ...]
     nonce: Nonce | None
+    admin: bool = False
 
 
-def verify(rt: Runtime, task: str, args: tuple[Any, ...]) -> Message:
-    """Check a message's signature and expiry; auth.AuthError when it must be refused.
+def verify(rt: Runtime, task: str, args: tuple[Any, ...], answer: Answer) -> Message:
+    """Check a message's signature, expiry and nonce; auth.AuthError when it must be
+    refused. The answer is then sealed with the key that signed the message.
 
-    With no key configured (the worker warned at start) a signed envelope is unwrapped
+    The nonce is checked against this consumer's own memory first (Redis, which any
+    writer can edit, records it too: with the claim, or `_use_nonce`). With no key
+    configured (a worker run --insecure-unsigned) a signed envelope is unwrapped
     unverified and plain arguments are taken as they are.
     """
-    keys = auth.keyring(rt.settings.accepted_keys())
+    keys = rt.keys
     if not keys:
         if len(args) == 1 and auth.is_envelope(args[0]):
             return Message(tuple(args[0]["args"]), None)
         return Message(args, None)
     verified = auth.verify(args[0] if len(args) == 1 else None, task, keys, time.time())
-    ttl = verified.expires - time.time() + auth.CLOCK_SKEW_S
-    return Message(tuple(verified.args), Nonce(verified.nonce, ttl))
+    answer.key = keys[verified.key_id]
+    expires = verified.expires + auth.CLOCK_SKEW_S
+    if rt.nonces is not None and not rt.nonces.first_use(verified.nonce, expires):
+        raise auth.AuthError("replayed", REPLAYED)
+    nonce = Nonce(verified.nonce, expires - time.time())
+    return Message(tuple(verified.args), nonce, admin=verified.key_id == rt.admin_key_id)
 
 
 def _use_nonce(rt: Runtime, nonce: Nonce | None) -> None:
@@ -392,9 +406,9 @@ def exec_message(*args: Any) -> str:
     The nonce of a signed call is recorded with its claim (one round trip for both).
     """
     rt = runtime()
-    answer = _current_answer()
+    answer = _current_answer(rt)
     try:
-        message = verify(rt, Task.EXEC, args)
+        message = verify(rt, Task.EXEC, args, answer)
         payload = message.args[0] if len(message.args) == 1 else None
         result = run_exec(payload, answer, message.nonce)  # type: ignore[arg-type]
     except auth.AuthError as exc:
@@ -436,13 +450,13 @@ def _request(task: str, args: tuple[Any, ...]) -> ControlRequest:
 
 
 def control_reply(
-    rt: Runtime, task: str, args: tuple[Any, ...]
+    rt: Runtime, task: str, args: tuple[Any, ...], answer: Answer
 ) -> tuple[ControlRequest | None, ControlReply]:
     """Verify (nonce included), validate, act: the request (None: refused before it was
     read) and the reply of one control message."""
     request: ControlRequest | None = None
     try:
-        message = verify(rt, task, args)
+        message = verify(rt, task, args, answer)
         _use_nonce(rt, message.nonce)
         request = _request(task, message.args)
         response = HANDLERS[task](rt, request)
@@ -493,8 +507,8 @@ def _control_task(task: str) -> Callable[..., str]:
 
     def run(*args: Any) -> str:
         rt = runtime()
-        answer = _current_answer()
-        request, reply = control_reply(rt, task, args)
+        answer = _current_answer(rt)
+        request, reply = control_reply(rt, task, args, answer)
         # Logged before the answer goes: a caller that reads the log once answered
         # finds the line there.
         _log_control(task, request, reply)

@@ -54,6 +54,8 @@ class Verified:
     args: list[Any]
     nonce: str
     expires: float
+    key_id: str = ""
+    """Which key signed it (the worker answers with the same key)."""
 
 
 def key_id(key: str) -> str:
@@ -115,4 +117,51 @@ def verify(
         raise AuthError("bad_signature", "message with a bad signature refused (tampered?)")
     if float(expires) + CLOCK_SKEW_S < now:
         raise AuthError("expired", f"expired message refused (expired at {expires})")
-    return Verified(args=args, nonce=nonce, expires=float(expires))
+    return Verified(args=args, nonce=nonce, expires=float(expires), key_id=kid)
+
+
+# --------------------------------------------------------------------------- sealing
+#
+# What the worker answers, and what a client keeps in Redis between its calls (session
+# state, a session's host pin), is sealed: `<key id>:<mac>` on a first line, then the
+# value. The MAC covers the purpose, the name it is stored under (a task id, a session
+# id) and the value, so a sealed value cannot be replayed under another name or for
+# another purpose. A Redis writer without the key can delete or garble a sealed value,
+# never forge one: a reader refuses what does not verify.
+
+#: The key id of a value sealed without a key (a fleet run `--insecure-unsigned`).
+UNSEALED = "-"
+#: What a sealed value is for: a task's answer, a session's state, a session's host pin.
+REPLY = "reply"
+SESSION_STATE = "session-state"
+SESSION_PIN = "session-pin"
+
+
+def _seal_mac(key: str, purpose: str, name: str, value: str) -> str:
+    return _mac(key, f"{purpose}\n{name}\n".encode() + value.encode("utf-8", "surrogatepass"))
+
+
+def seal(key: str | None, purpose: str, name: str, value: str) -> str:
+    """`value` with its seal: `<key id>:<mac>`, a newline, the value (`-:-` keyless)."""
+    if key is None:
+        return f"{UNSEALED}:{UNSEALED}\n{value}"
+    return f"{key_id(key)}:{_seal_mac(key, purpose, name, value)}\n{value}"
+
+
+def unseal(keys: Mapping[str, str], purpose: str, name: str, sealed: str) -> str:
+    """The value of a sealed text; AuthError when it does not verify with one of `keys`
+    (by id). With no keys at all (an unsigned client) the seal is not checked."""
+    head, newline, value = sealed.partition("\n")
+    kid, colon, mac = head.partition(":")
+    if not newline or not colon:
+        raise AuthError("malformed", f"unsealed {purpose} refused (no seal)")
+    if not keys:
+        return value
+    key = keys.get(kid)
+    if key is None:
+        raise AuthError(
+            "unknown_key", f"{purpose} sealed with a key this client does not hold ({kid})"
+        )
+    if not hmac.compare_digest(_seal_mac(key, purpose, name, value), mac):
+        raise AuthError("bad_signature", f"{purpose} with a bad seal refused (forged?)")
+    return value
