@@ -174,7 +174,8 @@ class Fleet:
         self._redis = redis_client(url)
         self._celery = client_celery(url)
         self._signing_key = resolve_signing_key(url)
-        self._replies = Replies(self._redis, auth.keyring([self._signing_key or ""]))
+        self._keys = auth.keyring([self._signing_key or ""])
+        self._replies = Replies(self._redis, self._keys)
         # call id -> when its unclaimed message was first seen gone from its queue.
         self._missing_since: dict[str, float] = {}
 
@@ -238,13 +239,13 @@ class Fleet:
             finally:
                 self._replies.forget(waiter)
             if session is not None:
-                records.pin_session(self._redis, session, result.host)
+                records.pin_session(self._redis, session, result.host, self._signing_key)
             return result
 
     def _session_host(self, session: str) -> str | None:
         if not names.valid_id(session):
             raise CallRejected(f"invalid session id {session!r}")
-        return records.session_host(self._redis, session)
+        return records.session_host(self._redis, session, self._keys)
 
     def _route(self, host: str | None, label: str | None) -> tuple[str, str | None]:
         """(queue, target host) for a call; HostUnavailable when nobody would take it.

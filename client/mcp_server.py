@@ -40,7 +40,7 @@ from mcp.server.stdio import stdio_server
 
 from client.dialects import Dialect, Runner, SessionState, ToolText
 from client.errors import BashfleetError, FleetUnavailable, HostUnavailable
-from client.fleet import Fleet, resolve_url
+from client.fleet import Fleet, resolve_signing_key, resolve_url
 from client.sessions import RedisSessionStore, validate_session_id
 from worker.fleet.connect import redis_client
 from worker.wire.control import CheckRequest, KillRequest
@@ -188,7 +188,8 @@ class FleetBackend:
                 fleet = Fleet(url)  # no URL: FleetUnavailable, with what to do about it
                 client = redis_client(cast("str", url))
                 runner = FleetRunner(fleet, on_unavailable=self.reset)
-                self._connected = (runner, RedisSessionStore(client), client)
+                store = RedisSessionStore(client, key=resolve_signing_key(cast("str", url)))
+                self._connected = (runner, store, client)
             runner, store, _ = self._connected
             return runner, store
 

@@ -8,11 +8,11 @@ Names and TTLs are in `worker.wire.names`; the worker's side is `worker.fleet.re
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
 from worker.fleet.connect import Redis, Script, flat_fields, transaction
-from worker.wire import names
+from worker.wire import auth, names
 from worker.wire.models import HostInfo, JobView
 from worker.wire.names import CallState
 from worker.wire.records import host_info as parse_host_info
@@ -109,15 +109,22 @@ def stored_reply(client: Redis, task_id: str) -> str | None:
 # --------------------------------------------------------------------------- sessions
 
 
-def session_host(client: Redis, session: str) -> str | None:
-    """The host a session's calls are pinned to, if any."""
+def session_host(client: Redis, session: str, keys: Mapping[str, str]) -> str | None:
+    """The host a session's calls are pinned to, if any (and if its seal verifies with
+    `keys`: a pin a Redis writer forged would send the session's calls elsewhere)."""
     pinned = client.get(names.session_key(session))
-    return str(pinned) if pinned else None
+    if not pinned:
+        return None
+    try:
+        return auth.unseal(keys, auth.SESSION_PIN, session, str(pinned)) or None
+    except auth.AuthError:
+        return None  # not ours: the session goes where a new one would
 
 
-def pin_session(client: Redis, session: str, host: str) -> None:
+def pin_session(client: Redis, session: str, host: str, key: str | None) -> None:
     """Pin a session's later calls to `host` (renewed by every call of the session)."""
-    client.set(names.session_key(session), host, ex=names.SESSION_TTL_S)
+    sealed = auth.seal(key, auth.SESSION_PIN, session, host)
+    client.set(names.session_key(session), sealed, ex=names.SESSION_TTL_S)
 
 
 # ------------------------------------------------------------------------------ hosts

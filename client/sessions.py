@@ -25,7 +25,7 @@ import redis
 from pydantic import ValidationError
 
 from client.dialects.base import SessionState
-from worker.wire import names
+from worker.wire import auth, names
 from worker.wire.names import session_state_key
 
 __all__ = [
@@ -85,12 +85,24 @@ def merge_states(base: SessionState, mine: SessionState, theirs: SessionState) -
 
 
 class RedisSessionStore:
-    """The dialects' `SessionStore` on Redis: one JSON string per session, with a TTL."""
+    """The dialects' `SessionStore` on Redis: one JSON string per session, with a TTL,
+    sealed with the client's signing key.
 
-    def __init__(self, client: redis.Redis, ttl_s: int = SESSION_STATE_TTL_S) -> None:
-        """`client` must decode responses (`decode_responses=True`)."""
+    A session's state decides what its next calls run (their cwd, their environment):
+    a Redis writer who could edit it would choose them. So it is sealed
+    (`auth.seal`): a state that does not verify is not used (the session starts
+    afresh, with a warning), whatever it says.
+    """
+
+    def __init__(
+        self, client: redis.Redis, ttl_s: int = SESSION_STATE_TTL_S, *, key: str | None = None
+    ) -> None:
+        """`client` must decode responses (`decode_responses=True`); `key`: the signing
+        key the states are sealed with (None: an unsigned client, states unsealed)."""
         self._redis = client
         self._ttl_s = ttl_s
+        self._key = key
+        self._keys = auth.keyring([key] if key else [])
 
     def load(self, session_id: str) -> SessionState:
         """The session's state; a fresh one for an unknown or expired id."""
@@ -100,7 +112,7 @@ class RedisSessionStore:
     def save(self, session_id: str, state: SessionState) -> None:
         """Store the state and (re)start its TTL."""
         key = session_state_key(validate_session_id(session_id))
-        self._redis.set(key, state.model_dump_json(), ex=self._ttl_s)
+        self._redis.set(key, self._sealed(session_id, state), ex=self._ttl_s)
 
     def commit(self, session_id: str, base: SessionState, mine: SessionState) -> SessionState:
         """Save what a call changed (`base` -> `mine`) onto the stored state; the result.
@@ -116,7 +128,7 @@ class RedisSessionStore:
                     theirs = self._parse(session_id, pipe.get(key))
                     merged = merge_states(base, mine, theirs)
                     pipe.multi()
-                    pipe.set(key, merged.model_dump_json(), ex=self._ttl_s)
+                    pipe.set(key, self._sealed(session_id, merged), ex=self._ttl_s)
                     pipe.execute()
                     return merged
                 except redis.WatchError:
@@ -130,12 +142,21 @@ class RedisSessionStore:
         """Seconds the session's state has left (-2: none stored)."""
         return int(self._redis.ttl(session_state_key(validate_session_id(session_id))))
 
-    @staticmethod
-    def _parse(session_id: str, raw: object) -> SessionState:
+    def _sealed(self, session_id: str, state: SessionState) -> str:
+        return auth.seal(self._key, auth.SESSION_STATE, session_id, state.model_dump_json())
+
+    def _parse(self, session_id: str, raw: object) -> SessionState:
         if raw is None:
             return SessionState()
         try:
-            return SessionState.model_validate_json(str(raw))
+            text = auth.unseal(self._keys, auth.SESSION_STATE, session_id, str(raw))
+        except auth.AuthError as exc:
+            # Forged, or sealed by a client with another key: never used.
+            log.warning("session %s: state refused (%s); starting afresh", session_id,
+                        exc.message)
+            return SessionState()
+        try:
+            return SessionState.model_validate_json(text)
         except ValidationError as exc:
             # A record written by another version, or damaged: starting afresh loses the
             # session's memory, but refusing every call would lose the agent.

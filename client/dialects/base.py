@@ -26,7 +26,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from client.dialects.args import ArgError, Args, parse_args
 from worker.wire.control import CheckRequest, KillRequest
-from worker.wire.models import CallResult, CheckResult, JobHandle, Policy, RunRequest
+from worker.wire.models import (
+    CallResult,
+    CheckResult,
+    JobHandle,
+    Policy,
+    RunRequest,
+    runs_code,
+)
 
 JSONSchema = dict[str, Any]
 SchemaStyle = Literal["anthropic", "openai", "mcp"]
@@ -214,7 +221,10 @@ def carry_env(
     `env` and join `unset`, so a later call does not get them back from the worker's
     own environment. Order is kept (stable session records).
     """
-    carried = {**env, **result.env_changes}
+    # A variable a call may not set (BASH_ENV, LD_*...: `runs_code`) is not carried:
+    # the next call would be refused.
+    changes = {k: v for k, v in result.env_changes.items() if not runs_code(k)}
+    carried = {**env, **changes}
     removed = [name for name in unset if name not in result.env_changes]
     for name in result.env_removed:
         carried.pop(name, None)

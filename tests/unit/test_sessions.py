@@ -13,7 +13,7 @@ from client.sessions import (
     merge_states,
     session_state_key,
 )
-from worker.wire import names
+from worker.wire import auth, names
 from worker.wire.models import JobHandle
 
 JOB = JobHandle(id="j1", host="h1", pid=41, pgid=41, output_path="/jobs/j1.log")
@@ -100,9 +100,10 @@ def test_a_new_store_sees_the_session(client: fakeredis.FakeRedis) -> None:
 def test_damaged_state_starts_afresh(
     store: RedisSessionStore, client: fakeredis.FakeRedis, caplog: pytest.LogCaptureFixture
 ) -> None:
-    client.set(session_state_key("s1"), '{"cwd": 5, "unknown": true}')
+    damaged = auth.seal(None, auth.SESSION_STATE, "s1", '{"cwd": 5, "unknown": true}')
+    client.set(session_state_key("s1"), damaged)
     assert store.load("s1") == SessionState()
-    client.set(session_state_key("s2"), "not json")
+    client.set(session_state_key("s2"), auth.seal(None, auth.SESSION_STATE, "s2", "not json"))
     assert store.load("s2") == SessionState()
     assert "unreadable state" in caplog.text
 
@@ -198,3 +199,28 @@ def test_commit_starts_over_when_another_client_saved_meanwhile(
     merged = store.commit("s1", base, SessionState(cwd="/mine"))
     assert len(merges) == 2
     assert merged == SessionState(cwd="/mine", env={"OTHER": "1"}) == store.load("s1")
+
+
+KEY = "session-test-key-" + "7" * 20
+
+
+def test_a_sealed_state_round_trips_and_a_forged_one_is_refused(
+    client: fakeredis.FakeRedis, caplog: pytest.LogCaptureFixture
+) -> None:
+    keyed = RedisSessionStore(client, key=KEY)
+    keyed.save("s1", SessionState(cwd="/repo", env={"A": "1"}))
+    assert keyed.load("s1") == SessionState(cwd="/repo", env={"A": "1"})
+    # A Redis writer without the key: its state (unsealed, sealed with another key, or
+    # ours moved to another session) is never used; the session starts afresh.
+    evil = '{"env": {"PATH": "/tmp/evil"}}'
+    for forged in (
+        evil,
+        auth.seal(None, auth.SESSION_STATE, "s1", evil),
+        auth.seal("another-key-" + "1" * 20, auth.SESSION_STATE, "s1", evil),
+    ):
+        client.set(session_state_key("s1"), forged)
+        assert keyed.load("s1") == SessionState()
+    keyed.save("s2", SessionState(cwd="/elsewhere"))
+    client.set(session_state_key("s1"), client.get(session_state_key("s2")))
+    assert keyed.load("s1") == SessionState()
+    assert caplog.text.count("starting afresh") == 4

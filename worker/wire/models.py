@@ -20,6 +20,20 @@ MAX_PATH_CHARS = 4096
 #: Longest timeout any call may ask for: seed 001's background mode runs 24 hours.
 MAX_TIMEOUT_S = 24 * 60 * 60.0
 
+#: Variables that make bash, or the loader under it, run code of their own: a call may
+#: not set them (nor a session carry them), whoever sent it.
+CODE_VARIABLES = frozenset(
+    {"BASH_ENV", "ENV", "PROMPT_COMMAND", "SHELLOPTS", "BASHOPTS", "IFS", "PS4"}
+)
+#: Prefixes of such variables: exported functions and the dynamic loader's settings.
+CODE_VARIABLE_PREFIXES = ("BASH_FUNC_", "LD_")
+
+
+def runs_code(name: str) -> bool:
+    """True for a variable a call may not set: BASH_ENV, ENV, BASH_FUNC_*, LD_*,
+    PROMPT_COMMAND, SHELLOPTS, BASHOPTS, IFS, PS4."""
+    return name in CODE_VARIABLES or name.startswith(CODE_VARIABLE_PREFIXES)
+
 
 class Model(BaseModel):
     """Base of every wire model: strict about unknown fields, immutable once built."""
@@ -212,6 +226,11 @@ class Call(Model):
         for name, val in value.items():
             if not name or "=" in name or "\x00" in name or "\x00" in val:
                 raise ValueError(f"invalid environment variable {name!r}")
+            if runs_code(name):
+                raise ValueError(
+                    f"environment variable {name} is refused: it makes bash (or the "
+                    "dynamic loader) run code before the command does"
+                )
         return value
 
 
