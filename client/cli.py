@@ -33,7 +33,9 @@ def _print_json(data: Any) -> None:
 def _fleet() -> Any:
     from client.fleet import Fleet  # noqa: PLC0415 - keep `bashfleet --help` fast
 
-    return Fleet()
+    # A person's CLI: the admin key when one is configured (or the local fleet's), so
+    # `check`, `kill`, `output` and `ps --all` reach every owner's jobs.
+    return Fleet(admin=True)
 
 
 # ------------------------------------------------------------------------------ run
@@ -263,7 +265,7 @@ def _dump(item: Any) -> Any:
 
 
 def cmd_ps(args: argparse.Namespace) -> int:
-    jobs = _fleet().jobs(host=args.host)
+    jobs = _fleet().jobs(host=args.host, all_owners=args.all)
     if args.json:
         _print_json([_dump(job) for job in jobs])
         return 0
@@ -500,6 +502,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     ps = sub.add_parser("ps", help="list background jobs")
     ps.add_argument("--host")
+    ps.add_argument("--all", action="store_true",
+                    help="every owner's jobs (needs the admin key), not only this user's")
     ps.add_argument("--json", action="store_true")
     ps.set_defaults(func=cmd_ps)
 

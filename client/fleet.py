@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import time
 import uuid
 from collections.abc import Iterator
@@ -56,6 +57,7 @@ from worker.wire.control import (
     ReadOutputRequest,
 )
 from worker.wire.models import (
+    OWNER_PATTERN,
     SLOW_TIMEOUT_S,
     Call,
     CallResult,
@@ -95,7 +97,10 @@ def resolve_url(redis_url: str | None = None) -> str | None:
         from client.local import local_redis_url  # noqa: PLC0415 - optional, CLI side
     except ImportError:
         return None
-    return local_redis_url()
+    try:
+        return local_redis_url()
+    except ValueError as exc:  # a state directory that is not this user's alone
+        raise FleetUnavailable(f"the local fleet's state is not trusted: {exc}") from None
 
 
 def resolve_signing_key(url: str) -> str | None:
@@ -111,6 +116,19 @@ def resolve_signing_key(url: str) -> str | None:
     return local_signing_key(url)
 
 
+def resolve_admin_key(url: str) -> str | None:
+    """The admin key: BASHFLEET_ADMIN_KEY, else the local fleet's own (when `url` is that
+    fleet's Redis: whoever runs `bashfleet up` administers it), else None."""
+    configured = Settings().admin_key
+    if configured is not None:
+        return configured.get_secret_value()
+    try:
+        from client.local import local_admin_key  # noqa: PLC0415 - optional, CLI side
+    except ImportError:
+        return None
+    return local_admin_key(url)
+
+
 def validation_message(exc: ValidationError) -> str:
     """A pydantic error as one line: each field path and what is wrong with it."""
     parts = []
@@ -120,7 +138,7 @@ def validation_message(exc: ValidationError) -> str:
     return "; ".join(parts)
 
 
-def build_call(request: RunRequest) -> Call:
+def build_call(request: RunRequest, owner: str = "") -> Call:
     """The call a request sends: its mode applied, a fresh id unless it names one."""
     timeout = request.timeout
     if request.mode == "slow" and timeout is None:
@@ -130,7 +148,7 @@ def build_call(request: RunRequest) -> Call:
             call_id=request.call_id or f"c{uuid.uuid4().hex[:23]}", command=request.command,
             cwd=request.cwd, timeout_s=timeout, background=request.mode == "background",
             env=request.env, unset_env=request.unset_env, capture_state=request.capture_state,
-            head=request.head, tail=request.tail,
+            head=request.head, tail=request.tail, owner=owner,
             **({"policy": request.policy} if request.policy is not None else {}),
         )
     except ValidationError as exc:
@@ -160,9 +178,19 @@ def _argsrepr(call: Call) -> str:
 
 
 class Fleet:
-    """A client of the fleet. Thread-safe; cheap to keep for the life of a process."""
+    """A client of the fleet. Thread-safe; cheap to keep for the life of a process.
 
-    def __init__(self, redis_url: str | None = None) -> None:
+    `owner`: who this client's calls and jobs belong to (default: BASHFLEET_OWNER, else
+    `user:<login>`); another owner's jobs are unknown to it. `admin`: sign with the
+    admin key when one is configured (BASHFLEET_ADMIN_KEY, or the local fleet's), to
+    reach every owner's jobs.
+    """
+
+    def __init__(
+        self, redis_url: str | None = None, *, owner: str | None = None, admin: bool = False
+    ) -> None:
+        if owner is not None and not re.fullmatch(OWNER_PATTERN, owner):
+            raise CallRejected(f"invalid owner {owner!r}: 1-128 letters, digits, _.:@-")
         url = resolve_url(redis_url)
         if not url:
             raise FleetUnavailable(
@@ -173,7 +201,12 @@ class Fleet:
         """The Redis URL with its password hidden (for messages)."""
         self._redis = redis_client(url)
         self._celery = client_celery(url)
-        self._signing_key = resolve_signing_key(url)
+        self.owner = owner or Settings().owner_name()
+        """Who this client's calls and jobs belong to."""
+        admin_key = resolve_admin_key(url) if admin else None
+        self.admin = admin_key is not None
+        """True when this client signs with the admin key."""
+        self._signing_key = admin_key or resolve_signing_key(url)
         self._keys = auth.keyring([self._signing_key or ""])
         self._replies = Replies(self._redis, self._keys)
         # call id -> when its unclaimed message was first seen gone from its queue.
@@ -216,7 +249,7 @@ class Fleet:
 
     def execute(self, request: RunRequest) -> CallResult:
         """Run a `RunRequest` (what `run` builds) and wait for its result."""
-        call = build_call(request)
+        call = build_call(request, self.owner)
         host, label, session = request.host, request.label, request.session
         with self._errors():
             if session is not None and host is None and label is None:
@@ -453,14 +486,16 @@ class Fleet:
             result = self._control(record["host"], CancelRequest(call_id=call_id), CancelResult)
             return result.cancelled
 
-    def jobs(self, host: str | None = None) -> list[JobView]:
-        """Background jobs of one host, or of every host the fleet knows; oldest first."""
+    def jobs(self, host: str | None = None, *, all_owners: bool = False) -> list[JobView]:
+        """This client's background jobs on one host, or on every host the fleet knows;
+        oldest first. `all_owners`: every owner's (an admin client only)."""
         with self._errors():
             hosts = [host] if host is not None else [
                 info.host for info in records.list_hosts(self._redis)
             ]
             live = set(records.live_hosts(self._redis))
-            asked = {h: self._send_control(h, JobsRequest()) for h in hosts if h in live}
+            request = JobsRequest(all_owners=all_owners)
+            asked = {h: self._send_control(h, request) for h in hosts if h in live}
             views: list[JobView] = []
             for name in hosts:
                 if name in asked:
@@ -469,7 +504,10 @@ class Fleet:
                         continue
                     except (WorkerLost, HostUnavailable):
                         pass  # it died meanwhile: show what Redis knows
-                views += records.list_jobs(self._redis, name)
+                views += [
+                    view for view in records.list_jobs(self._redis, name)
+                    if all_owners or view.owner == self.owner
+                ]
             return sorted(views, key=lambda view: view.started_at)
 
     def hosts(self) -> list[HostInfo]:
@@ -555,6 +593,7 @@ class Fleet:
 
     def _send_control(self, host: str, request: ControlRequest) -> tuple[Waiter, str]:
         token = self._require_alive(host)
+        request = request.model_copy(update={"owner": self.owner})  # who asks: this client
         waiter = self._replies.expect(uuid.uuid4().hex)
         args = [request.model_dump(mode="json")]
         subject = getattr(request, "id", None) or getattr(request, "call_id", None)
@@ -599,8 +638,10 @@ class Fleet:
 class AsyncFleet:
     """`Fleet` for asyncio: the same methods, awaited (each runs in a worker thread)."""
 
-    def __init__(self, redis_url: str | None = None) -> None:
-        self.fleet = Fleet(redis_url)
+    def __init__(
+        self, redis_url: str | None = None, *, owner: str | None = None, admin: bool = False
+    ) -> None:
+        self.fleet = Fleet(redis_url, owner=owner, admin=admin)
         self.url = self.fleet.url
 
     async def run(self, command: str, **options: Any) -> CallResult:
@@ -627,9 +668,9 @@ class AsyncFleet:
         """See `Fleet.cancel`."""
         return await asyncio.to_thread(self.fleet.cancel, call_id)
 
-    async def jobs(self, host: str | None = None) -> list[JobView]:
+    async def jobs(self, host: str | None = None, *, all_owners: bool = False) -> list[JobView]:
         """See `Fleet.jobs`."""
-        return await asyncio.to_thread(self.fleet.jobs, host)
+        return await asyncio.to_thread(lambda: self.fleet.jobs(host, all_owners=all_owners))
 
     async def hosts(self) -> list[HostInfo]:
         """See `Fleet.hosts`."""

@@ -65,6 +65,12 @@ SERVER_NAME = "bashfleet"
 T = TypeVar("T")
 
 
+def session_owner(session_id: str) -> str:
+    """Who the calls and jobs of an MCP session belong to: another session's tools (a
+    native agent's `bash_check`, say) cannot reach them."""
+    return f"session:{session_id}"
+
+
 def new_session_id() -> str:
     """A fresh session id (what `--session` defaults to)."""
     return f"mcp-{uuid.uuid4().hex}"
@@ -175,8 +181,10 @@ class FleetBackend:
     needs it, not when the server starts.
     """
 
-    def __init__(self, redis_url: str | None = None) -> None:
+    def __init__(self, redis_url: str | None = None, owner: str | None = None) -> None:
+        """`owner`: who the calls and jobs of this server belong to (its session)."""
         self._redis_url = redis_url
+        self._owner = owner
         self._lock = threading.Lock()
         self._connected: tuple[FleetRunner, RedisSessionStore, redis.Redis] | None = None
 
@@ -185,7 +193,9 @@ class FleetBackend:
         with self._lock:
             if self._connected is None:
                 url = resolve_url(self._redis_url)
-                fleet = Fleet(url)  # no URL: FleetUnavailable, with what to do about it
+                # No URL: FleetUnavailable, with what to do about it. Never an admin: an
+                # agent's tools reach only their own session's jobs.
+                fleet = Fleet(url, owner=self._owner)
                 client = redis_client(cast("str", url))
                 runner = FleetRunner(fleet, on_unavailable=self.reset)
                 store = RedisSessionStore(client, key=resolve_signing_key(cast("str", url)))
@@ -344,7 +354,7 @@ def serve(
     if cwd is not None:
         # A relative path means one on this machine, as for a local fleet.
         cwd = os.path.abspath(cwd)
-    backend = FleetBackend(redis_url)
+    backend = FleetBackend(redis_url, owner=session_owner(session_id))
     tool_server = ToolServer(dialect, backend, session_id, host=host, cwd=cwd)
     try:
         anyio.run(_serve_stdio, build_server(tool_server))

@@ -54,7 +54,7 @@ Hold = Literal["live_job", "running_call", "min_age"]
 
 #: `<call_id>.<suffix>` in the spill directory; call ids may contain dots, suffixes
 #: are fixed, so the id is everything before the last known suffix.
-_SPILL_NAME = re.compile(r"^(?P<key>[A-Za-z0-9_.-]{1,64})\.(?:out|err|log|state)$")
+_SPILL_NAME = re.compile(r"^(?P<key>[A-Za-z0-9_.-]{1,64})\.(?:out|err|log|state|owner)$")
 #: `<job_id>.<suffix>` in the jobs directory (job ids have no dots), including the
 #: temporary files an interrupted atomic write leaves behind.
 _JOB_NAME = re.compile(

@@ -8,7 +8,9 @@ the command slots, so they answer at once even when every slot is busy.
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
@@ -33,6 +35,7 @@ from worker.wire.control import (
     KillRequest,
     ReadOutputRequest,
 )
+from worker.wire.errors import ToolError
 from worker.wire.models import CheckResult, JobRecord, OutputChunk, Truncation
 from worker.wire.names import CallState, JobState
 from worker.wire.records import job_offsets, job_view
@@ -77,7 +80,7 @@ def keyring(settings: Settings) -> dict[str, str]:
 JobAction = Callable[[Runtime, JobRecord, int, int, Truncation | None], CheckResult]
 
 
-def check(rt: Runtime, request: CheckRequest) -> CheckResult:
+def check(rt: Runtime, request: CheckRequest, admin: bool = False) -> CheckResult:
     """A job's state and its output since the offset (None: since the last check)."""
 
     def act(
@@ -88,10 +91,10 @@ def check(rt: Runtime, request: CheckRequest) -> CheckResult:
             settings=rt.settings,
         )
 
-    return _job_action(rt, request, act)
+    return _job_action(rt, request, act, admin)
 
 
-def kill(rt: Runtime, request: KillRequest) -> CheckResult:
+def kill(rt: Runtime, request: KillRequest, admin: bool = False) -> CheckResult:
     """End a job (group SIGTERM, grace, SIGKILL, marker sweep); its final state."""
 
     def act(
@@ -102,16 +105,40 @@ def kill(rt: Runtime, request: KillRequest) -> CheckResult:
             settings=rt.settings,
         )
 
-    return _job_action(rt, request, act, always_sync=True)
+    return _job_action(rt, request, act, admin, always_sync=True)
+
+
+def owned_record(settings: Settings, job_id: str, owner: str, admin: bool) -> JobRecord:
+    """A job's record, for its owner (or an admin): another owner's job is answered as
+    an unknown one, so its existence does not leak; so is one whose files are not
+    regular files of this worker's state directory."""
+    record = jobs.load_record(job_id, settings)
+    files = [record.output_path, *([record.stderr_path] if record.stderr_path else [])]
+    if (record.owner != owner and not admin) or not all(
+        served_file(settings, Path(path)) for path in files
+    ):
+        raise jobs.JobError("not_found", f"no such job: {job_id}")
+    return record
+
+
+def served_file(settings: Settings, path: Path) -> bool:
+    """True for a regular file (not a symlink) inside this worker's state directory:
+    the only files a control call ever reads."""
+    try:
+        info = path.lstat()
+    except OSError:
+        return not path.exists()  # not written yet (a job's first byte): nothing to read
+    inside = os.path.realpath(path).startswith(os.path.realpath(settings.state_dir) + os.sep)
+    return inside and stat.S_ISREG(info.st_mode)
 
 
 def _job_action(
-    rt: Runtime, request: CheckRequest | KillRequest, act: JobAction, *,
+    rt: Runtime, request: CheckRequest | KillRequest, act: JobAction, admin: bool, *,
     always_sync: bool = False,
 ) -> CheckResult:
     """Check or kill a job from its local record; keep the offsets and, once it has
     ended (or always, for a kill), its record in Redis up to date."""
-    record = jobs.load_record(request.id, rt.settings)
+    record = owned_record(rt.settings, request.id, request.owner, admin)
     start, err_start = _offsets(rt, request)
     result = act(rt, record, start, err_start, request.truncation)
     registry.save_offsets(rt.redis, request.id, result.offset, result.stderr_offset)
@@ -130,9 +157,9 @@ def _offsets(rt: Runtime, request: CheckRequest | KillRequest) -> tuple[int, int
     return start, 0 if request.offset == 0 else stored_err
 
 
-def read_output(rt: Runtime, request: ReadOutputRequest) -> OutputChunk:
+def read_output(rt: Runtime, request: ReadOutputRequest, admin: bool = False) -> OutputChunk:
     """A slice of a job's output file or of a call's spill file on this host."""
-    path = _output_path(rt.settings, request.id, request.stream)
+    path = _output_path(rt.settings, request, admin)
     pattern = _compile(request.grep)
     size = path.stat().st_size
     start = min(request.offset, size)
@@ -145,12 +172,14 @@ def read_output(rt: Runtime, request: ReadOutputRequest) -> OutputChunk:
     )
 
 
-def _output_path(settings: Settings, item_id: str, stream: str) -> Path:
-    """The file of a job or call id: only files this worker wrote are ever read."""
+def _output_path(settings: Settings, request: ReadOutputRequest, admin: bool) -> Path:
+    """The file of a job or call id: only regular files this worker wrote, in its state
+    directory, for their owner (or an admin), are ever read."""
+    item_id, stream = request.id, request.stream
     if not names.valid_id(item_id):
         raise jobs.JobError("not_found", f"no such job or call: {item_id!r}")
     try:
-        record = jobs.load_record(item_id, settings)
+        record = owned_record(settings, item_id, request.owner, admin)
     except jobs.JobError:
         record = None
     if record is not None:
@@ -158,12 +187,30 @@ def _output_path(settings: Settings, item_id: str, stream: str) -> Path:
         if chosen is None:
             raise jobs.JobError("not_found", f"job {item_id} has no separate stderr")
         return Path(chosen)
+    unknown = jobs.JobError(
+        "not_found", f"no job or kept output for {item_id!r} on {settings.host}"
+    )
+    if not admin and spill_owner(settings, item_id) != request.owner:
+        raise unknown
     suffixes = (".out", ".log") if stream == "stdout" else (".err",)
     for suffix in suffixes:
         candidate = settings.spill_dir / f"{item_id}{suffix}"
-        if candidate.is_file():
+        if candidate.exists() and served_file(settings, candidate):
             return candidate
-    raise jobs.JobError("not_found", f"no job or kept output for {item_id!r} on {settings.host}")
+    raise unknown
+
+
+def owner_file(settings: Settings, call_id: str) -> Path:
+    """Where the owner of a call's kept output is written (beside its spill files)."""
+    return settings.spill_dir / f"{call_id}.owner"
+
+
+def spill_owner(settings: Settings, call_id: str) -> str | None:
+    """The owner of a call's kept output; None when unknown (then only an admin reads it)."""
+    path = owner_file(settings, call_id)
+    if not served_file(settings, path) or not path.exists():
+        return None
+    return path.read_text(encoding="utf-8").strip()
 
 
 def _compile(grep: str | None) -> re.Pattern[str] | None:
@@ -175,8 +222,11 @@ def _compile(grep: str | None) -> re.Pattern[str] | None:
         raise jobs.JobError("invalid", f"invalid regular expression {grep!r}: {exc}") from None
 
 
-def cancel(rt: Runtime, request: CancelRequest) -> CancelResult:
+def cancel(rt: Runtime, request: CancelRequest, admin: bool = False) -> CancelResult:
     """Kill the processes of a running foreground call; its exec task then answers."""
+    owner = registry.call_owner(rt.redis, request.call_id)
+    if owner is None or (owner != request.owner and not admin):
+        raise jobs.JobError("not_found", f"no such call: {request.call_id}")
     previous = registry.mark_call(
         rt.redis, request.call_id, CallState.CANCELLING, only_from=(CallState.RUNNING,)
     )
@@ -191,11 +241,15 @@ def cancel(rt: Runtime, request: CancelRequest) -> CancelResult:
     )
 
 
-def list_jobs(rt: Runtime, request: JobsRequest) -> JobList:
-    """This host's jobs, fresh from its disk (and published to Redis)."""
-    del request
+def list_jobs(rt: Runtime, request: JobsRequest, admin: bool = False) -> JobList:
+    """This host's jobs, fresh from its disk (and published to Redis): the asker's own,
+    or every owner's for an admin who asks for `all_owners`."""
+    if request.all_owners and not admin:
+        raise ToolError("unauthorized", "listing every owner's jobs needs the admin key")
     views = []
     for record in jobs.local_records(rt.settings):
+        if record.owner != request.owner and not request.all_owners:
+            continue
         fields = registry.job_fields(rt.redis, record.id)
         if not fields:
             continue  # expired from the fleet's listing: too old to show

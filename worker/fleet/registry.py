@@ -138,7 +138,7 @@ def reset_running(client: Redis, host: str) -> None:
 
 def claim_call(
     client: Redis, call_id: str, host: str, instance: str, worker_pid: int,
-    *, nonce: str | None = None, nonce_ttl_s: float = 0.0,
+    *, nonce: str | None = None, nonce_ttl_s: float = 0.0, owner: str = "",
 ) -> str:
     """Mark a call running on this worker; return "ok", or the state that forbids it.
 
@@ -149,7 +149,7 @@ def claim_call(
     """
     fields = {
         "call_id": call_id, "state": CallState.RUNNING, "host": host, "instance": instance,
-        "worker_pid": worker_pid, "started_at": time.time(),
+        "worker_pid": worker_pid, "started_at": time.time(), "owner": owner,
     }
     keys = [names.call_key(call_id), names.running_key(host)]
     if nonce is not None:
@@ -184,6 +184,12 @@ def mark_call(
         return cast("str | None", current)
 
     return transaction(client, [key], body)
+
+
+def call_owner(client: Redis, call_id: str) -> str | None:
+    """The owner its worker recorded when it claimed the call; None for an unknown call."""
+    fields = cast("list[str | None]", client.hmget(names.call_key(call_id), ["state", "owner"]))
+    return None if fields[0] is None else (fields[1] or "")
 
 
 def update_call(client: Redis, call_id: str, **fields: object) -> str | None:

@@ -194,6 +194,7 @@ def run_exec(
     state = registry.claim_call(
         rt.redis, call.call_id, host, rt.instance, os.getpid(),
         nonce=nonce.value if nonce else None, nonce_ttl_s=nonce.ttl_s if nonce else 0.0,
+        owner=call.owner,
     )
     if state != "ok":
         log.info("call not started: %s", state, extra={"call_id": call.call_id, "state": state})
@@ -369,6 +370,8 @@ def _finish(
             stdout_bytes=spill.stdout_bytes, stderr_bytes=spill.stderr_bytes,
         )
     reply = answer.reply(result.model_dump_json()) if answer is not None else None
+    if spill is not None and spill.stdout_path:
+        _keep_owner(rt, call)
     try:
         if result.job is not None:
             record = load_record(result.job.id, rt.settings)
@@ -388,6 +391,16 @@ def _finish(
     if note is not None and result.error is None:
         result = result.model_copy(update={"error": SystemError_(kind="internal", message=note)})
     return result
+
+
+def _keep_owner(rt: Runtime, call: Call) -> None:
+    """Write who owns a call's kept output, beside it: `read_output` serves it to that
+    owner only (the file outlives the call's record in Redis)."""
+    try:
+        control.owner_file(rt.settings, call.call_id).write_text(call.owner, encoding="utf-8")
+    except OSError as exc:  # the output stays readable by an admin
+        log.warning("call %s: could not record its owner: %s", call.call_id, exc,
+                    extra={"call_id": call.call_id})
 
 
 def _exec_refused(args: tuple[Any, ...], message: str) -> CallResult:
@@ -425,7 +438,7 @@ def exec_message(*args: Any) -> str:
 # ----------------------------------------------------------------------------- control
 
 #: What each control request does (`worker.fleet.control`).
-HANDLERS: dict[str, Callable[[Runtime, Any], Model]] = {
+HANDLERS: dict[str, Callable[[Runtime, Any, bool], Model]] = {
     Task.CHECK: control.check,
     Task.KILL: control.kill,
     Task.READ_OUTPUT: control.read_output,
@@ -459,7 +472,7 @@ def control_reply(
         message = verify(rt, task, args, answer)
         _use_nonce(rt, message.nonce)
         request = _request(task, message.args)
-        response = HANDLERS[task](rt, request)
+        response = HANDLERS[task](rt, request, message.admin)
         return request, ControlReply(ok=response.model_dump(mode="json"))
     except auth.AuthError as exc:
         log.warning("control message refused: %s", exc.message)

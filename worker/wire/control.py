@@ -20,6 +20,7 @@ from pydantic import Field
 
 from worker.wire.errors import ErrorKind
 from worker.wire.models import (
+    OWNER_PATTERN,
     CheckResult,
     JobView,
     Model,
@@ -33,10 +34,15 @@ MAX_READ_LIMIT = 4 * 1024 * 1024
 
 
 class ControlRequest(Model):
-    """Base of the control requests: each names its task and its response model."""
+    """Base of the control requests: each names its task and its response model, and
+    says who asks (only the owner of a job or call, or an admin, reaches it)."""
 
     task: ClassVar[Task]
     response: ClassVar[type[Model]]
+
+    owner: str = Field("", pattern=OWNER_PATTERN)
+    """Who asks: another owner's job or call is answered as unknown (`not_found`),
+    unless the message was signed with the admin key."""
 
 
 class CheckRequest(ControlRequest):
@@ -120,10 +126,13 @@ class JobList(Model):
 
 
 class JobsRequest(ControlRequest):
-    """The host's background jobs."""
+    """The host's background jobs: the asker's own, or with `all_owners` (admin) all."""
 
     task: ClassVar[Task] = Task.JOBS
     response: ClassVar[type[Model]] = JobList
+
+    all_owners: bool = False
+    """Every owner's jobs (refused unless the message was signed with the admin key)."""
 
 
 #: Every control request by task name (what the worker validates a message against).

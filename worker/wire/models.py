@@ -20,6 +20,9 @@ MAX_PATH_CHARS = 4096
 #: Longest timeout any call may ask for: seed 001's background mode runs 24 hours.
 MAX_TIMEOUT_S = 24 * 60 * 60.0
 
+#: What an owner may be: a session (`session:<id>`), a user (`user:<name>`), a tenant.
+OWNER_PATTERN = r"^[A-Za-z0-9_.:@-]{0,128}$"
+
 #: Variables that make bash, or the loader under it, run code of their own: a call may
 #: not set them (nor a session carry them), whoever sent it.
 CODE_VARIABLES = frozenset(
@@ -197,6 +200,9 @@ class Call(Model):
     """Show only the last N lines of the shaped output (seed 002)."""
     policy: Policy = Field(default_factory=Policy)
     """The dialect's policy."""
+    owner: str = Field("", pattern=OWNER_PATTERN)
+    """Who the call, and the job it starts, belong to (an MCP session, a tenant): only
+    the same owner (or an admin) may check, read or kill that job."""
 
     @field_validator("command")
     @classmethod
@@ -454,6 +460,8 @@ class JobRecord(Model):
     """The call that started it (or that was auto-backgrounded)."""
     stderr_path: str | None = None
     """Separate stderr file, for jobs auto-backgrounded from separate-stream calls."""
+    owner: str = ""
+    """Who the job belongs to (the owner of the call that started it)."""
 
 
 class JobStatus(Model):
@@ -581,3 +589,5 @@ class JobView(Model):
     """Anything worth knowing (status unknown, host down)."""
     call_id: str | None = None
     """The call that started it."""
+    owner: str = ""
+    """Who the job belongs to."""
