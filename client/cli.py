@@ -146,6 +146,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     return _follow(fleet, result.job.id, stderr=separate_stderr)
 
 
+#: A pattern that matches no line (RE2, as the workers run callers' patterns).
+NO_LINE = r"[^\s\S]"
+
+
 def _follow(fleet: Any, job_id: str, *, stderr: bool = False) -> int:
     """Stream a job's output until it ends, every byte once and in order; its exit status.
 
@@ -179,7 +183,7 @@ def _follow(fleet: Any, job_id: str, *, stderr: bool = False) -> int:
     delay = 0.05
     try:
         while True:
-            state: CheckResult = fleet.check(job_id, offset=offsets["stdout"], grep="(?!)")
+            state: CheckResult = fleet.check(job_id, offset=offsets["stdout"], grep=NO_LINE)
             moved = [drain(name, out) for name, out in targets]
             if not state.running:
                 _print_check(state.model_copy(update={"output": "", "stderr_output": ""}))

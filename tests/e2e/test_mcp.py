@@ -19,6 +19,8 @@ import redis
 from mcp import ClientSession, types
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
+from worker.wire import auth
+
 from .helpers import Cli, bashfleet_command, kill_recorded, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -120,7 +122,11 @@ def session_record(cli: Cli, session: str) -> tuple[dict[str, Any], int]:
         key = f"bashfleet:session-state:{session}"
         raw = client.get(key)
         assert isinstance(raw, str), f"no session state under {key}"
-        return json.loads(raw), int(client.ttl(key))
+        # Sealed with the fleet's signing key (a forged state would never be used).
+        state = auth.unseal(
+            auth.keyring([cli.fleet_state()["signing_key"]]), auth.SESSION_STATE, session, raw
+        )
+        return json.loads(state), int(client.ttl(key))
     finally:
         client.close()
 

@@ -222,7 +222,7 @@ def ended_job(state_dir: Path, host: str) -> JobRecord:
         id=job_id, host=host, pid=2**22 + 1, pgid=2**22 + 1, start_time=1.0, marker=job_id,
         command="echo ended before", cwd=str(state_dir), output_path=str(output),
         status_path=str(settings.jobs_dir / f"{job_id}.status.json"),
-        started_at=time.time() - 60,
+        started_at=time.time() - 60, owner=Settings().owner_name(),  # the tests' clients'
     )
     jobs.save_record(record, settings)
     jobs.write_status(record, 0)

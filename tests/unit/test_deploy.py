@@ -203,6 +203,9 @@ def test_worker_unit_stop_ends_the_worker_but_not_the_background_jobs(
 
 def test_worker_unit_hardening_leaves_builds_working(worker_unit: Unit) -> None:
     assert one(worker_unit, "Service", "NoNewPrivileges") == "yes"
+    # Bounded, and the per-call cgroups of the delegated subtree are writable.
+    assert one(worker_unit, "Service", "TasksMax") != "infinity"
+    assert one(worker_unit, "Service", "Delegate") == "yes"
     assert one(worker_unit, "Service", "ProtectSystem") == "full"  # not strict: builds write
     present = keys(worker_unit, "Service")
     for breaks_builds in ("PrivateTmp", "ProtectHome", "PrivateDevices",
@@ -247,6 +250,7 @@ def test_worker_env_example_names_only_real_settings_and_no_password() -> None:
     assert variables, "the example sets something"
     fields = {f"BASHFLEET_{name.upper()}" for name in Settings.model_fields}
     assert set(variables) <= fields, set(variables) - fields
+    assert variables["BASHFLEET_SIGNING_KEY"] == PLACEHOLDER  # a worker needs one
     for name in ("BASHFLEET_REDIS_URL", "BASHFLEET_RETENTION_MAX_AGE_S",
                  "BASHFLEET_RETENTION_MAX_BYTES", "BASHFLEET_RETENTION_MIN_AGE_S"):
         assert name in variables
@@ -490,7 +494,7 @@ def test_no_plaintext_passwords_and_every_secret_ref_exists(
                     assert userinfo and userinfo[1] in defined, url
                 if "valueFrom" in entry and "secretKeyRef" in entry["valueFrom"]:
                     defined.add(name)
-    assert checked == 5  # two in Redis, one in the worker, two in Flower
+    assert checked == 6  # two in Redis, two in the worker, two in Flower
 
 
 def test_one_image_for_worker_and_flower_named_by_the_kustomization(

@@ -24,6 +24,7 @@ from worker.engine import procs, truncate
 from worker.engine.capture import read_slice
 from worker.engine.environment import build_env
 from worker.engine.job_supervisor import _completion_line
+from worker.engine.patterns import Pattern, caller_pattern, grep_lines
 from worker.engine.secrets import worker_redaction
 from worker.settings import Settings, get_settings
 from worker.wire.errors import ToolError
@@ -271,7 +272,7 @@ def check_job(
 ) -> CheckResult:
     """The job's state and its output since `offset`, filtered by `grep`, cut by `policy`."""
     settings = settings or get_settings()
-    pattern = _compile_grep(grep)
+    pattern = compile_grep(grep)
     status = read_status(record)
     # Running means the job's bash has not ended; processes it left behind are named in
     # the note (and `kill` ends them), as a shell's `jobs` would not list them either.
@@ -297,8 +298,8 @@ def check_job(
     if skipped:
         note = _join(note, f"{skipped} older bytes of new output not shown")
     if pattern is not None:
-        text = _grep(text, pattern)
-        err_text = _grep(err_text, pattern)
+        text = grep_lines(text, pattern)
+        err_text = grep_lines(err_text, pattern)
     cut = truncate.apply(text, policy or TailLines())
     return CheckResult(
         id=record.id,
@@ -333,17 +334,15 @@ def _lingering_note(record: JobRecord) -> str | None:
     )
 
 
-def _compile_grep(grep: str | None) -> re.Pattern[str] | None:
+def compile_grep(grep: str | None) -> Pattern | None:
+    """A caller's `grep`, compiled in RE2 (linear time); None for none; JobError
+    `invalid` (saying why) for a pattern RE2 cannot take."""
     if grep is None or grep == "":
         return None
     try:
-        return re.compile(grep)
-    except re.error as exc:
+        return caller_pattern(grep)
+    except ValueError as exc:
         raise JobError("invalid", f"invalid regular expression {grep!r}: {exc}") from None
-
-
-def _grep(text: str, pattern: re.Pattern[str]) -> str:
-    return "".join(line for line in text.splitlines(keepends=True) if pattern.search(line))
 
 
 def _read_new(

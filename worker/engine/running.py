@@ -45,6 +45,8 @@ class RunningCall(BaseModel):
     """Worker instance (host lock token) that ran it."""
     kill_grace_s: float = 2.0
     """The call's policy grace between SIGTERM and SIGKILL."""
+    owner: str = ""
+    """Who the call belongs to (its cancel is its owner's)."""
 
 
 def directory(settings: Settings) -> Path:

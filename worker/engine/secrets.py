@@ -8,6 +8,7 @@ whose `KEY=VALUE` values and the words after password/token/secret/key are taken
 
 from __future__ import annotations
 
+import base64
 import os
 import re
 from collections.abc import Iterable
@@ -71,13 +72,42 @@ def file_secrets(paths: Iterable[str]) -> tuple[str, ...]:
     return tuple(values)
 
 
+def encoded_forms(value: str) -> tuple[str, ...]:
+    """`value` as a command could print it to get it past a literal redaction: itself,
+    reversed, in hex, and in base64 at each of the three alignments a byte stream can
+    put it at (the characters that depend on the value's bytes alone)."""
+    raw = value.encode("utf-8", "surrogatepass")
+    forms = [value, value[::-1], raw.hex()]
+    for align in range(3):
+        encoded = base64.b64encode(bytes(align) + raw).decode("ascii")
+        # Skip the characters the padding bytes reach into, and the last group, which
+        # the bytes after the value change.
+        forms.append(encoded[(align * 4 + 2) // 3 + 1 : -4])
+    return tuple(form for form in forms if form)
+
+
+def own_secrets(settings: Settings) -> tuple[str, ...]:
+    """The worker's own secrets (its keys, its Redis password) and their encodings.
+
+    They are never in a call's environment nor readable in its sandbox; redacting them
+    too is defence in depth, should a command reach them anyway (a host run with
+    isolation `none`)."""
+    values = list(settings.secrets().values())
+    values += [pw for value in values if (pw := url_password(value))]
+    keys = [part.strip() for value in values for part in value.split(",")]
+    return tuple(form for value in keys if worth_redacting(value)
+                 for form in encoded_forms(value))
+
+
 def redaction_pattern(
     settings: Settings, scrubbed_values: Iterable[str]
 ) -> re.Pattern[str] | None:
     """One pattern for every secret value a call's output must not show."""
     scrubbed = tuple(scrubbed_values)
     passwords = tuple(pw for value in scrubbed if (pw := url_password(value)))
-    return secret_pattern(scrubbed + passwords + file_secrets(settings.secret_files))
+    return secret_pattern(
+        scrubbed + passwords + file_secrets(settings.secret_files) + own_secrets(settings)
+    )
 
 
 def worker_redaction(settings: Settings) -> re.Pattern[str] | None:

@@ -9,7 +9,6 @@ the command slots, so they answer at once even when every slot is busy.
 from __future__ import annotations
 
 import os
-import re
 import stat
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ import redis
 
 from worker.engine import jobs, running
 from worker.engine.capture import read_slice
+from worker.engine.patterns import grep_lines
 from worker.engine.secrets import worker_redaction
 from worker.fleet import recovery, registry
 from worker.fleet.nonces import NonceMemory
@@ -160,13 +160,13 @@ def _offsets(rt: Runtime, request: CheckRequest | KillRequest) -> tuple[int, int
 def read_output(rt: Runtime, request: ReadOutputRequest, admin: bool = False) -> OutputChunk:
     """A slice of a job's output file or of a call's spill file on this host."""
     path = _output_path(rt.settings, request, admin)
-    pattern = _compile(request.grep)
+    pattern = jobs.compile_grep(request.grep)
     size = path.stat().st_size
     start = min(request.offset, size)
     size_to_read = min(request.limit, MAX_READ_LIMIT)
     text, end, size = read_slice(path, start, size_to_read, worker_redaction(rt.settings))
     if pattern is not None:
-        text = "".join(ln for ln in text.splitlines(keepends=True) if pattern.search(ln))
+        text = grep_lines(text, pattern)
     return OutputChunk(
         path=str(path), offset=start, next_offset=end, size=size, text=text, eof=end >= size
     )
@@ -211,15 +211,6 @@ def spill_owner(settings: Settings, call_id: str) -> str | None:
     if not served_file(settings, path) or not path.exists():
         return None
     return path.read_text(encoding="utf-8").strip()
-
-
-def _compile(grep: str | None) -> re.Pattern[str] | None:
-    if not grep:
-        return None
-    try:
-        return re.compile(grep)
-    except re.error as exc:
-        raise jobs.JobError("invalid", f"invalid regular expression {grep!r}: {exc}") from None
 
 
 def cancel(rt: Runtime, request: CancelRequest, admin: bool = False) -> CancelResult:

@@ -121,7 +121,7 @@ def republish_calls(settings: Settings, client: Redis, instance: str) -> int:
         state = registry.restore_running_call(
             client, settings.host, entry.call_id, instance=entry.instance,
             worker_pid=entry.worker_pid, pid=entry.pid, pgid=entry.pgid,
-            marker=entry.marker, started_at=entry.start_time,
+            marker=entry.marker, started_at=entry.start_time, owner=entry.owner,
         )
         restored += state in CALL_ACTIVE
     return restored

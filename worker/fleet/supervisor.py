@@ -44,6 +44,7 @@ from kombu.utils.url import maybe_sanitize_url
 from pydantic_settings import NoDecode
 
 from worker.engine import procs, running
+from worker.engine.environment import DEFAULT_DENY, is_secret_name
 from worker.fleet import logs, recovery, registry
 from worker.fleet.connect import redis_client
 from worker.settings import (
@@ -167,6 +168,19 @@ UNSIGNED_REFUSAL = (
 )
 
 
+#: What names a secret among the worker's own variables (BASHFLEET_* itself aside).
+_SECRET_NAMES = tuple(pattern for pattern in DEFAULT_DENY if pattern != "BASHFLEET_*")
+
+
+def _own_secret_variable(name: str) -> bool:
+    """A variable of the fleet's own that holds a secret: a secret setting, or one an
+    operator passes them through (BASHFLEET_REDIS_PASSWORD, in Kubernetes)."""
+    fields = {f"BASHFLEET_{field.upper()}" for field in SECRET_FIELDS}
+    return name in fields or (
+        name.startswith("BASHFLEET_") and is_secret_name(name, _SECRET_NAMES, ())
+    )
+
+
 def scrub_own_environment(settings: Settings, argv: Sequence[str]) -> None:
     """Start again without the secrets in this process's environment, if they are there.
 
@@ -175,7 +189,7 @@ def scrub_own_environment(settings: Settings, argv: Sequence[str]) -> None:
     worker given its key or Redis URL as variables execs itself once, the secrets
     handed over on a pipe (`secrets_pipe`), the variables gone.
     """
-    present = [n for n in (f"BASHFLEET_{f.upper()}" for f in SECRET_FIELDS) if n in os.environ]
+    present = [name for name in os.environ if _own_secret_variable(name)]
     if not present:
         return
     env = {k: v for k, v in os.environ.items() if k not in present}

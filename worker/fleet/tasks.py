@@ -330,7 +330,7 @@ def _running_hook(rt: Runtime, call: Call, spawned: _Spawned) -> RunningHook:
         entry = running.RunningCall(
             call_id=call.call_id, pid=spawned.pid, pgid=spawned.pgid, marker=spawned.marker,
             start_time=procs.start_time(spawned.pid) or time.time(), worker_pid=os.getpid(),
-            instance=rt.instance, kill_grace_s=call.policy.kill_grace_s,
+            instance=rt.instance, kill_grace_s=call.policy.kill_grace_s, owner=call.owner,
         )
         running.save(rt.settings, entry)
         spawned.on_disk = True
