@@ -289,7 +289,7 @@ def test_10_another_owners_job_is_unknown_to_it(
         lambda: agent_b.check(job.id), lambda: agent_b.read_output(job.id),
         lambda: agent_b.kill(job.id),
     ):
-        with pytest.raises(UnknownJob, match="no such job|no job or kept output"):
+        with pytest.raises(UnknownJob, match=r"no such job|no job or kept output"):
             attempt()
     assert job.id not in {view.id for view in agent_b.jobs(host=HOST)}
     assert job.id in {view.id for view in agent_a.jobs(host=HOST)}
