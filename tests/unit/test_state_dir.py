@@ -9,6 +9,7 @@ alone is refused, saying why.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,7 @@ import pytest
 from client import local
 from client.errors import FleetUnavailable
 from client.fleet import resolve_url
-from worker.settings import Settings, check_state_dir
+from worker.settings import Settings, check_state_dir, get_settings
 
 NOBODY = 65534
 
@@ -53,8 +54,17 @@ def test_an_untrusted_state_dir_is_refused(tmp_path: Path, problem: str) -> None
         check_state_dir(state)
 
 
+@pytest.fixture
+def fresh_settings() -> Iterator[None]:
+    """`get_settings` read again (it is cached per process) around a test that sets
+    BASHFLEET_* variables: the client finds the local fleet through it."""
+    get_settings.cache_clear()
+    yield
+    get_settings.cache_clear()
+
+
 def test_a_planted_fleet_json_is_never_read(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fresh_settings: None
 ) -> None:
     state = tmp_path / "state"
     monkeypatch.setenv("BASHFLEET_STATE_DIR", str(state))
