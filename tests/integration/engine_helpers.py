@@ -26,6 +26,7 @@ import psutil
 import pytest
 
 from worker import Call, CallResult, JobHandle, Policy, Settings, run_call
+from worker.engine import sandbox
 from worker.engine.environment import MARKER_VAR
 
 T = TypeVar("T")
@@ -237,12 +238,28 @@ class Engine:
         return result
 
 
-@pytest.fixture(name="engine")
-def _engine_fixture(tmp_path: Path, janitor: Janitor) -> Engine:
-    settings = Settings(state_dir=tmp_path / "state", host="test")
+def _make_engine(tmp_path: Path, janitor: Janitor, **settings: Any) -> Iterator[Engine]:
     work = tmp_path / "work"
     work.mkdir()
-    return Engine(settings=settings, janitor=janitor, tmp=work)
+    engine = Engine(Settings(state_dir=tmp_path / "state", host="test", **settings), janitor, work)
+    try:
+        yield engine
+    finally:
+        # The sandbox's launchers and idle runners of this test's layout: ended here.
+        sandbox.close_all()
+
+
+@pytest.fixture(name="engine")
+def _engine_fixture(tmp_path: Path, janitor: Janitor) -> Iterator[Engine]:
+    """The engine as a host runs it by default (sandboxed where bubblewrap works)."""
+    yield from _make_engine(tmp_path, janitor)
+
+
+@pytest.fixture(name="plain_engine")
+def _plain_engine_fixture(tmp_path: Path, janitor: Janitor) -> Iterator[Engine]:
+    """The engine without a sandbox (`isolation=none`): pids the command prints are the
+    host's, and the marker sweep alone finds escapees."""
+    yield from _make_engine(tmp_path, janitor, isolation="none")
 
 
 class PeakRss:

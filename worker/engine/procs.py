@@ -14,6 +14,7 @@ import signal
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Protocol
 
 import psutil
 
@@ -24,6 +25,20 @@ from worker.wire.models import ProcessInfo
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 #: One read of a /proc file: a stat line is a few hundred bytes.
 _PROC_READ = 4096
+
+
+class Process(Protocol):
+    """A started call's bash, as the engine watches it: a Popen, or a call in a sandbox
+    runner (`worker.engine.launcher.RunnerProcess`). `pid` is its host pid and process
+    group; `wait` and `poll` give Popen's returncode (negative: killed by that signal)."""
+
+    pid: int
+
+    def wait(self, timeout: float | None = None) -> int:
+        """Wait for the end; subprocess.TimeoutExpired past `timeout`."""
+
+    def poll(self) -> int | None:
+        """The returncode once ended, else None."""
 
 
 @dataclass(frozen=True)
