@@ -343,26 +343,36 @@ class _Launch:
     def sandboxed(self) -> bool:
         return self.choice.level != "none"
 
-    def command(self, join: str = "") -> str:
-        """The command with its state trap (sessions) and limit lines in front."""
+    def command(self, join: str = "", state_fd: int | None = None) -> str:
+        """The command with its state trap (sessions: into the open file `state_fd`, as
+        neither a sandbox nor a `run_as` user can open the worker's spill directory) and
+        its limit lines in front."""
         command = self.call.command
-        if self.state_path is not None:
-            target = {"fd": launcher.STATE_FD} if self.sandboxed else {}
-            command = session_state.wrap_command(command, str(self.state_path), **target)
+        if state_fd is not None:
+            command = session_state.wrap_command(command, fd=state_fd)
         return join + limits.ulimit_prefix(sandbox.ulimit_limits(self.settings)) + command
 
     def start(self, stdout: int, stderr: int) -> procs.Process:
         """Start bash writing to `stdout` and `stderr`; OSError when it cannot start."""
-        if self.sandboxed:
-            return self._sandboxed(stdout, stderr)
-        return self._plain(stdout, stderr)
+        state_fd = None
+        if self.state_path is not None:
+            flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
+            state_fd = os.open(self.state_path, flags, 0o600)
+        try:
+            if self.sandboxed:
+                return self._sandboxed(stdout, stderr, state_fd)
+            return self._plain(stdout, stderr, state_fd)
+        finally:
+            if state_fd is not None:
+                os.close(state_fd)
 
-    def _plain(self, stdout: int, stderr: int) -> procs.Process:
+    def _plain(self, stdout: int, stderr: int, state_fd: int | None) -> procs.Process:
         carried, support = sandbox.cgroup_plan(self.settings)
         if support.version is not None and carried.controllers() and self.group is None:
             self.group = cgroups.create(support, carried)
         fds = self.group.procs_fds() if self.group is not None else []
-        command = self.command(cgroups.join_line(fds))
+        command = self.command(cgroups.join_line(fds), state_fd)
+        passed = [*fds, *([state_fd] if state_fd is not None else [])]
         user = self.user
 
         def popen(executable: str | None) -> procs.Process:
@@ -370,7 +380,7 @@ class _Launch:
                 ["bash", "-c", command], executable=executable, cwd=self.cwd,
                 env=self.child.env, stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr,
                 # setsid(): a new session and process group, and no controlling terminal.
-                start_new_session=True, close_fds=True, pass_fds=fds,
+                start_new_session=True, close_fds=True, pass_fds=passed,
                 user=user.uid if user else None, group=user.gid if user else None,
                 extra_groups=sandbox.extra_groups(user) if user else None,
             )
@@ -381,18 +391,15 @@ class _Launch:
             for fd in fds:
                 os.close(fd)
 
-    def _sandboxed(self, stdout: int, stderr: int) -> procs.Process:
-        state_fd = None
-        if self.state_path is not None:
-            state_fd = os.open(self.state_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC
-                               | os.O_CLOEXEC, 0o600)
+    def _sandboxed(self, stdout: int, stderr: int, state_fd: int | None) -> procs.Process:
         strict = self.choice.level == "strict"
         paths = sandbox.strict_paths(self.settings, self.cwd) if strict else []
         null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+        command = self.command(state_fd=launcher.STATE_FD if state_fd is not None else None)
 
         def spawn(executable: str | None) -> procs.Process:
             return sandbox.spawn(
-                self.settings, self.choice, self.command(), cwd=self.cwd, env=self.child.env,
+                self.settings, self.choice, command, cwd=self.cwd, env=self.child.env,
                 executable=executable, fds=[null, stdout, stderr], state_fd=state_fd,
                 paths=paths,
             )
@@ -406,8 +413,6 @@ class _Launch:
             raise
         finally:
             os.close(null)
-            if state_fd is not None:
-                os.close(state_fd)
 
     def hits(self, proc: procs.Process) -> tuple[str, ...]:
         """The cgroup limits the call hit (call this once it ended)."""
@@ -567,7 +572,8 @@ def _run_foreground(
             raise _NoSpillError(problem)
         proc = _spawn(launch, streams)
     except _NoSpillError as exc:
-        # Never lose the call for want of disk: keep its output in bounded memory.
+        # Never lose the call for want of disk: keep its output in bounded memory (and
+        # its state: the directory it would go to is the one that is unusable).
         launch.state_path = None
         proc, pipes = _spawn_piped(launch, str(exc))
     files = streams.followers() if pipes is None else []

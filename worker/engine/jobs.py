@@ -25,7 +25,7 @@ from typing import Any
 from worker.engine import cgroups, launcher, limits, procs, sandbox, truncate
 from worker.engine.capture import read_slice
 from worker.engine.environment import build_env
-from worker.engine.job_supervisor import _cap_notice, _completion_line
+from worker.engine.job_supervisor import CAP_MIN_WAIT_S, _cap_notice, _CapWatch, _completion_line
 from worker.engine.secrets import worker_redaction
 from worker.settings import Settings, get_settings
 from worker.wire.errors import Failure
@@ -47,8 +47,6 @@ CHECK_READ_LIMIT = 8 * 1024 * 1024
 #: Seconds a check that finds the job dead waits for its watcher (the supervisor or the
 #: adopting worker's thread) to record the end, before concluding that none is alive.
 WATCHER_GRACE_S = 1.0
-#: Seconds between two looks at an auto-backgrounded call's output size (its cap).
-WATCH_INTERVAL_S = 0.25
 
 
 class JobError(Failure):
@@ -278,23 +276,19 @@ class _Watch:
         """(returncode, whether the output cap stopped it)."""
         if self.cap_mb is None:
             return self.proc.wait(), False
+        watch = _CapWatch(self.record.output_path, self.cap_mb * 1024 * 1024)
+        if self.record.stderr_path:
+            watch.paths.append(self.record.stderr_path)
+        pause = CAP_MIN_WAIT_S
         while True:
             try:
-                return self.proc.wait(WATCH_INTERVAL_S), False
+                return self.proc.wait(pause), False
             except subprocess.TimeoutExpired:
                 pass
-            if _output_size(self.record) > self.cap_mb * 1024 * 1024:
+            over, pause = watch.step()
+            if over:
                 procs.terminate(self.record.pgid, self.record.marker, grace_s=self.grace_s)
                 return self.proc.wait(), True
-
-
-def _output_size(record: JobRecord) -> int:
-    total = 0
-    for path in (record.output_path, record.stderr_path):
-        if path:
-            with contextlib.suppress(OSError):
-                total += os.stat(path).st_size
-    return total
 
 
 def completion_line(returncode: int) -> str:

@@ -25,8 +25,9 @@ _SHELL_OWNED = frozenset({"_", "SHLVL", "PWD", "OLDPWD", MARKER_VAR})
 
 def wrap_command(command: str, state_path: str | None = None, *, fd: int | None = None) -> str:
     """The command behind an EXIT trap that records its final cwd and environment, into
-    the file `state_path`, or into the open file `fd` (a sandboxed call cannot see the
-    worker's spill directory: the worker opens the file and passes it in).
+    the file `state_path`, or into the open file `fd` (the engine's way: a sandboxed or
+    `run_as` call cannot open the worker's spill directory, so the worker opens the file
+    and passes it in).
 
     The trap keeps the command's exit status (bash exits with the status the command
     had when the trap started), and the command stays on a line of its own.
