@@ -338,6 +338,8 @@ class _Launch:
     state_path: Path | None
     group: cgroups.Group | None = None
     """`none`: the call's own cgroup (a sandbox runner brings its own)."""
+    groups: cgroups.GroupPool | None = None
+    """Where `group` came from."""
 
     @property
     def sandboxed(self) -> bool:
@@ -350,7 +352,7 @@ class _Launch:
         command = self.call.command
         if state_fd is not None:
             command = session_state.wrap_command(command, fd=state_fd)
-        return join + limits.ulimit_prefix(sandbox.ulimit_limits(self.settings)) + command
+        return join + sandbox.ulimit_line(self.settings) + command
 
     def start(self, stdout: int, stderr: int) -> procs.Process:
         """Start bash writing to `stdout` and `stderr`; OSError when it cannot start."""
@@ -367,9 +369,9 @@ class _Launch:
                 os.close(state_fd)
 
     def _plain(self, stdout: int, stderr: int, state_fd: int | None) -> procs.Process:
-        carried, support = sandbox.cgroup_plan(self.settings)
-        if support.version is not None and carried.controllers() and self.group is None:
-            self.group = cgroups.create(support, carried)
+        self.groups = sandbox.group_pool(self.settings)
+        if self.groups is not None and self.group is None:
+            self.group = self.groups.acquire()
         fds = self.group.procs_fds() if self.group is not None else []
         command = self.command(cgroups.join_line(fds), state_fd)
         passed = [*fds, *([state_fd] if state_fd is not None else [])]
@@ -421,10 +423,10 @@ class _Launch:
         return self.group.hits() if self.group is not None else ()
 
     def release(self) -> None:
-        """Remove the call's own cgroup (`none`), once its processes are gone."""
-        if self.group is not None:
-            self.group.remove()
-            self.group = None
+        """Give the call's own cgroup (`none`) back, once the call ended."""
+        if self.group is not None and self.groups is not None:
+            self.groups.release(self.group)
+        self.group = None
 
 
 def _spawn_piped(launch: _Launch, reason: str) -> tuple[procs.Process, _Pipes]:

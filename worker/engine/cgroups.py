@@ -10,10 +10,11 @@ directory, so whatever limits the worker itself lives under still bind its calls
 - cgroup v1 (as root): one directory per controller hierarchy (memory, pids, cpu).
 - neither: the ulimit line (`worker.engine.limits`) is all there is.
 
-A call joins its cgroup itself: the worker opens the group's `cgroup.procs` files and
-passes them in; the command's first line writes `0` (itself) into each, before it runs
-anything, so no process of the call can start outside (the kernel checks the
-credentials of whoever opened the file, not the writer's). Groups are named
+Joining: the worker opens the group's `cgroup.procs` files and passes them on; whoever
+gets them writes `0` (itself) into each before any process of the call exists, so none
+can start outside (the kernel checks the credentials of whoever opened the file, not
+the writer's). A sandbox runner joins its group once, and every bash it spawns is born
+there; an unsandboxed call's command joins with its first line. Groups are named
 `<owner pid>-<n>`: a worker sweeps away empty groups of owners that died.
 
 Costs measured here (cgroup v1, memory + pids + cpu): making a group with its limits
@@ -28,6 +29,7 @@ import errno
 import itertools
 import os
 import re
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -216,8 +218,16 @@ class Support:
 
 
 def _read(path: str) -> str:
-    with open(path, encoding="utf-8") as handle:
-        return handle.read()
+    # os.open/os.read: a text file object costs ~15 us more per read, and a call reads
+    # its group's counters after it ends.
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        chunks = [os.read(fd, 65536)]
+        while chunks[-1]:
+            chunks.append(os.read(fd, 65536))
+    finally:
+        os.close(fd)
+    return b"".join(chunks).decode("utf-8", "replace")
 
 
 def _write(path: str, value: str) -> None:
@@ -387,6 +397,63 @@ def _write_limits(path: str, version: Literal["v1", "v2"], controller: str,
         _write(target, value)
 
 
+def is_empty(group: Group) -> bool:
+    """True when no process is in the group (a call's daemons may still be)."""
+    try:
+        return all(not _read(os.path.join(path, "cgroup.procs")).strip() for path, _ in group.paths)
+    except OSError:
+        return False
+
+
+class GroupPool:
+    """Groups kept for reuse: making one costs 0.16 ms, checking that one is empty 0.01.
+
+    A group goes back to the pool once its call ended; it is reused only when empty
+    (a call left nothing running in it), else removed once it is.
+    """
+
+    def __init__(self, support: Support, limits: Limits, max_idle: int = 8) -> None:
+        self.support = support
+        self.limits = limits
+        self.max_idle = max_idle
+        self.idle: list[Group] = []
+        self.lock = threading.Lock()
+
+    def acquire(self) -> Group:
+        """An empty group with the pool's limits."""
+        while True:
+            with self.lock:
+                group = self.idle.pop() if self.idle else None
+            if group is None:
+                return create(self.support, self.limits)
+            if is_empty(group):
+                # Its baseline is what the counters said when its last call ended, and
+                # an empty group counts nothing since.
+                return group
+            _remove_later(group)
+
+    def release(self, group: Group) -> None:
+        """Take a group back after its call."""
+        with self.lock:
+            if len(self.idle) < self.max_idle:
+                self.idle.append(group)
+                return
+        _remove_later(group)
+
+    def close(self) -> None:
+        """Remove the idle groups."""
+        with self.lock:
+            idle, self.idle = self.idle, []
+        for group in idle:
+            _remove_later(group)
+
+
+def _remove_later(group: Group) -> None:
+    # Off the call's path: the group's last processes may take a moment to go.
+    threading.Thread(target=group.remove, kwargs={"timeout": 10.0},
+                     name="bashfleet-cgroup-rm", daemon=True).start()
+
+
 def sweep(support: Support, alive: Callable[[int], bool]) -> int:
     """Remove the empty groups of owners that are gone; how many were removed."""
     removed = 0
@@ -407,6 +474,7 @@ def join_line(fds: Iterable[int]) -> str:
     if not fds:
         return ""
     writes = " && ".join(f"echo 0 >&{fd}" for fd in fds)
+    # Closed at once: an fd opened by root would let the command move other processes.
     closes = " ".join(f"{fd}>&-" for fd in fds)
     failed = "{ echo 'bashfleet: could not join the call cgroup' >&2; exit 126; }"
-    return f"{{ {writes}; }} 2>/dev/null || {failed}\nexec {closes}\n"
+    return f"{writes} || {failed}\nexec {closes}\n"

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from worker.engine import cgroups, launcher, limits, procs, sandbox, truncate
+from worker.engine import cgroups, launcher, procs, sandbox, truncate
 from worker.engine.capture import read_slice
 from worker.engine.environment import build_env
 from worker.engine.job_supervisor import CAP_MIN_WAIT_S, _cap_notice, _CapWatch, _completion_line
@@ -168,8 +168,11 @@ def _job_spec(
         unset=call.unset_env, deny=settings.secret_deny, allow=settings.secret_allow,
     )
     dirs = [path for path, _ in group.paths] if group is not None else []
-    join = cgroups.join_line(launcher.CGROUP_FD + n for n in range(len(dirs)))
-    command = join + limits.ulimit_prefix(sandbox.ulimit_limits(settings)) + call.command
+    # A sandboxed job's runner joins the cgroup before it spawns bash; a plain one's
+    # command joins it with its first line.
+    plain = choice.level == "none"
+    join = cgroups.join_line(launcher.CGROUP_FD + n for n in range(len(dirs))) if plain else ""
+    command = join + sandbox.ulimit_line(settings) + call.command
     spec: dict[str, Any] = {
         "command": command, "cwd": cwd, "env": child.env,
         "timeout_s": call.policy.background_timeout_s,

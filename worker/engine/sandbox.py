@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
+import functools
 import os
 import pwd
 import re
@@ -41,7 +42,6 @@ from typing import Any, Literal
 
 from worker.engine import cgroups, launcher, limits
 from worker.engine.launcher import (
-    CGROUP_FD,
     STATE_FD,
     LauncherClient,
     RunnerClient,
@@ -305,10 +305,6 @@ class Slot:
     pool: Pool
     kind: Kind
 
-    def cgroup_fds(self) -> list[int]:
-        """Where the call finds its cgroup procs files."""
-        return [] if self.group is None else [CGROUP_FD + n for n in range(len(self.group.paths))]
-
     def discard(self) -> None:
         """Close the runner and remove its cgroup."""
         self.runner.close()
@@ -442,12 +438,17 @@ def _trim_pools() -> None:
 
 
 def close_all() -> None:
-    """Close every pool of this process: idle runners and launchers exit."""
+    """Close every pool of this process: idle runners and launchers exit, idle cgroups
+    are removed."""
     with _pools_lock:
         pools = list(_pools.values())
+        groups = list(_group_pools.values())
         _pools.clear()
+        _group_pools.clear()
     for pool in pools:
         pool.close()
+    for group_pool in groups:
+        group_pool.close()
 
 
 def spawn(
@@ -464,13 +465,12 @@ def spawn(
 ) -> SandboxedProcess:
     """Start `bash -c COMMAND` in a runner. `fds` are the call's stdin, stdout, stderr;
     `state_fd` lands on STATE_FD; `paths` (strict) are what stays visible and whether
-    it is writable. The command joins the runner's cgroup first."""
+    it is writable. The runner is in its cgroup already: so is bash."""
     pool = pool_for(settings, choice.level)
     kind = Kind(choice.network, run_as_user(settings))
     for attempt in range(2):
         slot = pool.acquire(kind)
-        join = cgroups.join_line(slot.cgroup_fds())
-        request = _request(join + command, cwd, env, executable, choice=choice, paths=paths)
+        request = _request(command, cwd, env, executable, choice=choice, paths=paths)
         if state_fd is not None:
             request["targets"].append(STATE_FD)
         passed = [*fds, *([state_fd] if state_fd is not None else [])]
@@ -557,6 +557,16 @@ def ulimit_limits(settings: Settings) -> limits.Limits:
     )
 
 
+def ulimit_line(settings: Settings) -> str:
+    """The ulimit line of a call's command (`limits.ulimit_prefix` of `ulimit_limits`)."""
+    return _ulimit_line(ulimit_limits(settings))
+
+
+@functools.lru_cache(maxsize=64)
+def _ulimit_line(chosen: limits.Limits) -> str:
+    return limits.ulimit_prefix(chosen)
+
+
 def output_cap(settings: Settings) -> int | None:
     """Bytes of output one call or job may write; None: no cap."""
     mib = settings.limit_output_mb
@@ -569,11 +579,13 @@ _cgroup_support: TimedMemo[tuple[str, tuple[str, ...]], cgroups.Support] = Timed
 
 def cgroup_limits(settings: Settings) -> cgroups.Limits:
     """The limits of `settings` that a cgroup carries."""
-    memory = settings.limit_memory_mb
-    return cgroups.Limits(
-        memory_bytes=memory * 1024 * 1024 if memory is not None else None,
-        pids=settings.limit_procs, cpus=settings.limit_cpus,
-    )
+    return _cgroup_limits(settings.limit_memory_mb, settings.limit_procs, settings.limit_cpus)
+
+
+@functools.lru_cache(maxsize=64)
+def _cgroup_limits(memory_mb: int | None, pids: int | None, cpus: float | None) -> cgroups.Limits:
+    memory = memory_mb * 1024 * 1024 if memory_mb is not None else None
+    return cgroups.Limits(memory_bytes=memory, pids=pids, cpus=cpus)
 
 
 def cgroup_plan(settings: Settings) -> tuple[cgroups.Limits, cgroups.Support]:
@@ -585,6 +597,22 @@ def cgroup_plan(settings: Settings) -> tuple[cgroups.Limits, cgroups.Support]:
         reason = "cgroups are off (settings)" if wanted else "no limit needs a cgroup"
         return limits, cgroups.Support(None, problem=reason)
     return limits, _cgroup_support.get((settings.cgroups, wanted), lambda: _detect(wanted))
+
+
+_group_pools: dict[tuple[cgroups.Support, cgroups.Limits], cgroups.GroupPool] = {}
+
+
+def group_pool(settings: Settings) -> cgroups.GroupPool | None:
+    """The pool of cgroups for unsandboxed calls of `settings`; None: no cgroups."""
+    carried, support = cgroup_plan(settings)
+    if support.version is None:
+        return None
+    key = (support, carried)
+    with _pools_lock:
+        pool = _group_pools.get(key)
+        if pool is None:
+            pool = _group_pools[key] = cgroups.GroupPool(support, carried, settings.concurrency)
+    return pool
 
 
 def _detect(wanted: tuple[str, ...]) -> cgroups.Support:
