@@ -238,28 +238,32 @@ class Engine:
         return result
 
 
-def _make_engine(tmp_path: Path, janitor: Janitor, **settings: Any) -> Iterator[Engine]:
+@contextlib.contextmanager
+def engine_with(tmp_path: Path, janitor: Janitor, **settings: Any) -> Iterator[Engine]:
+    """An engine with these settings (a test may hold two, sharing its directories);
+    the sandbox's launchers and idle runners are ended when it is left."""
     work = tmp_path / "work"
-    work.mkdir()
+    work.mkdir(parents=True, exist_ok=True)
     engine = Engine(Settings(state_dir=tmp_path / "state", host="test", **settings), janitor, work)
     try:
         yield engine
     finally:
-        # The sandbox's launchers and idle runners of this test's layout: ended here.
         sandbox.close_all()
 
 
 @pytest.fixture(name="engine")
 def _engine_fixture(tmp_path: Path, janitor: Janitor) -> Iterator[Engine]:
     """The engine as a host runs it by default (sandboxed where bubblewrap works)."""
-    yield from _make_engine(tmp_path, janitor)
+    with engine_with(tmp_path, janitor) as engine:
+        yield engine
 
 
 @pytest.fixture(name="plain_engine")
 def _plain_engine_fixture(tmp_path: Path, janitor: Janitor) -> Iterator[Engine]:
     """The engine without a sandbox (`isolation=none`): pids the command prints are the
     host's, and the marker sweep alone finds escapees."""
-    yield from _make_engine(tmp_path, janitor, isolation="none")
+    with engine_with(tmp_path, janitor, isolation="none") as engine:
+        yield engine
 
 
 class PeakRss:

@@ -403,7 +403,7 @@ class _Launch:
             return sandbox.spawn(
                 self.settings, self.choice, command, cwd=self.cwd, env=self.child.env,
                 executable=executable, fds=[null, stdout, stderr], state_fd=state_fd,
-                paths=paths,
+                paths=paths, grace_s=self.call.policy.kill_grace_s,
             )
 
         try:
@@ -622,6 +622,9 @@ def _finished(
     launch.release()
     if result.pipes is not None:
         result.pipes.drained()
+    if getattr(proc, "capped", False):
+        # Its runner stopped it for writing too much before our next look did.
+        return result.killed(returncode, [], (), reason="output")
     finished = result.finished(returncode, hits)
     return finished if state_path is None else _with_state(finished, state_path, started_with)
 

@@ -75,57 +75,25 @@ def _write_status(path: str, returncode: int, note: str | None = None) -> None:
     os.replace(tmp, path)
 
 
-#: Bounds of the pause between two looks at the output size of a job with an output cap.
-CAP_MIN_WAIT_S = 0.01
-CAP_MAX_WAIT_S = 0.25
-
-
-class _CapWatch:
-    """When to look at a job's output size next: half the time its output would take to
-    reach the cap at the rate it grew since the last look, between 10 ms and 0.25 s.
-    A quiet job costs four stats a second; `yes` (about 0.4-1 GB/s here) is stopped
-    within ~10 MB of the cap once it is seen writing (a fixed 0.25 s: ~100-250 MB), and
-    within 0.25 s of writing when it starts after a quiet spell."""
-
-    def __init__(self, path: str, cap: int) -> None:
-        self.paths = [path]
-        self.cap = cap
-        self.size = 0
-        self.at = time.monotonic()
-
-    def over(self) -> bool:
-        """True once the output passed the cap."""
-        self.size, self.at = sum(_size(p) for p in self.paths), time.monotonic()
-        return self.size > self.cap
-
-    def pause(self, previous: int, since: float) -> float:
-        rate = (self.size - previous) / max(1e-6, self.at - since)
-        if rate <= 0:
-            return CAP_MAX_WAIT_S
-        return max(CAP_MIN_WAIT_S, min(CAP_MAX_WAIT_S, (self.cap - self.size) / rate / 2))
-
-    def step(self) -> tuple[bool, float]:
-        """(over the cap, seconds to wait before the next step)."""
-        previous, since = self.size, self.at
-        if self.over():
-            return True, 0.0
-        return False, self.pause(previous, since)
-
-
 def _wait(proc: Any, spec: dict[str, Any]) -> tuple[int, bool]:
     """Wait for the job: (returncode, whether its output cap stopped it). Past its
     timeout (seed 001: 24 h) or its cap, end its group politely, then not."""
     timeout_s = spec.get("timeout_s")
     cap = spec.get("output_cap")
-    watch = _CapWatch(spec["output_path"], cap) if cap is not None else None
+    watch = None
+    if cap is not None and not spec.get("sandbox"):
+        # A sandboxed job's runner watches its cap itself.
+        launcher = _launcher(spec)
+        watch = launcher.CapWatch(lambda: _size(spec["output_path"]), cap)
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
-    step: float | None = CAP_MIN_WAIT_S if watch is not None else None
+    step: float | None = 0.01 if watch is not None else None
     while True:
         if deadline is not None:
             left = max(0.0, deadline - time.monotonic())
             step = left if step is None else min(step, left)
         try:
-            return proc.wait(step), False
+            returncode = proc.wait(step)
+            return returncode, bool(getattr(proc, "capped", False))
         except subprocess.TimeoutExpired:
             pass
         if watch is not None:

@@ -25,7 +25,8 @@ from typing import Any
 from worker.engine import cgroups, launcher, procs, sandbox, truncate
 from worker.engine.capture import read_slice
 from worker.engine.environment import build_env
-from worker.engine.job_supervisor import CAP_MIN_WAIT_S, _cap_notice, _CapWatch, _completion_line
+from worker.engine.job_supervisor import _cap_notice, _completion_line
+from worker.engine.launcher import CAP_MIN_WAIT_S, CapWatch, files_size
 from worker.engine.secrets import worker_redaction
 from worker.settings import Settings, get_settings
 from worker.wire.errors import Failure
@@ -182,7 +183,9 @@ def _job_spec(
         "launcher": launcher.__file__,
     }
     if choice.level != "none":
-        spec["sandbox"] = sandbox.job_spec(settings, choice, command, cwd=cwd, env=child.env)
+        spec["sandbox"] = sandbox.job_spec(
+            settings, choice, command, cwd=cwd, env=child.env, grace_s=call.policy.kill_grace_s
+        )
     elif user is not None:
         spec["user"] = [user.uid, user.gid, list(sandbox.extra_groups(user))]
     return spec
@@ -277,11 +280,15 @@ class _Watch:
 
     def _wait(self) -> tuple[int, bool]:
         """(returncode, whether the output cap stopped it)."""
+        if isinstance(self.proc, launcher.RunnerProcess):
+            # Its runner watches the cap (out of this process: no thread of ours to wait
+            # for the GIL meanwhile).
+            returncode = self.proc.wait()
+            return returncode, self.proc.capped
         if self.cap_mb is None:
             return self.proc.wait(), False
-        watch = _CapWatch(self.record.output_path, self.cap_mb * 1024 * 1024)
-        if self.record.stderr_path:
-            watch.paths.append(self.record.stderr_path)
+        paths = [p for p in (self.record.output_path, self.record.stderr_path) if p]
+        watch = CapWatch(lambda: _paths_size(paths), self.cap_mb * 1024 * 1024)
         pause = CAP_MIN_WAIT_S
         while True:
             try:
@@ -292,6 +299,18 @@ class _Watch:
             if over:
                 procs.terminate(self.record.pgid, self.record.marker, grace_s=self.grace_s)
                 return self.proc.wait(), True
+
+
+def _paths_size(paths: list[str]) -> int:
+    fds = []
+    try:
+        for path in paths:
+            with contextlib.suppress(OSError):
+                fds.append(os.open(path, os.O_RDONLY | os.O_CLOEXEC))
+        return files_size(fds)
+    finally:
+        for fd in fds:
+            os.close(fd)
 
 
 def completion_line(returncode: int) -> str:

@@ -462,15 +462,18 @@ def spawn(
     fds: Sequence[int],
     state_fd: int | None = None,
     paths: Sequence[tuple[str, bool]] = (),
+    grace_s: float = 0.0,
 ) -> SandboxedProcess:
     """Start `bash -c COMMAND` in a runner. `fds` are the call's stdin, stdout, stderr;
     `state_fd` lands on STATE_FD; `paths` (strict) are what stays visible and whether
-    it is writable. The runner is in its cgroup already: so is bash."""
+    it is writable. The runner is in its cgroup already: so is bash. The runner stops
+    the call (group SIGTERM, `grace_s`, SIGKILL) once its output passes the cap."""
     pool = pool_for(settings, choice.level)
     kind = Kind(choice.network, run_as_user(settings))
     for attempt in range(2):
         slot = pool.acquire(kind)
         request = _request(command, cwd, env, executable, choice=choice, paths=paths)
+        request.update(output_cap=output_cap(settings), kill_grace_s=grace_s)
         if state_fd is not None:
             request["targets"].append(STATE_FD)
         passed = [*fds, *([state_fd] if state_fd is not None else [])]
@@ -506,6 +509,7 @@ def _request(
 
 def job_spec(
     settings: Settings, choice: Choice, command: str, *, cwd: str, env: Mapping[str, str],
+    grace_s: float,
 ) -> dict[str, Any]:
     """What a job's supervisor needs to run `command` in its own launcher and runner."""
     bwrap = bwrap_path(settings)
@@ -517,7 +521,10 @@ def job_spec(
         "argv": bwrap_args(bwrap, layout_for(settings, strict=strict), launcher_command()),
         "env": LAUNCHER_ENV,
         "runner": Kind(choice.network, run_as_user(settings)).spec(),
-        "request": _request(command, cwd, env, None, choice=choice, paths=paths),
+        "request": {
+            **_request(command, cwd, env, None, choice=choice, paths=paths),
+            "output_cap": output_cap(settings), "kill_grace_s": grace_s,
+        },
     }
 
 
