@@ -42,6 +42,7 @@ from .engine_helpers import (
 )
 
 PROBE = sandbox.probe(Settings(host="probe"))
+PROBE_BWRAP = sandbox.bwrap_path(Settings(host="probe")) or "bwrap"
 pytestmark = pytest.mark.skipif(
     PROBE.isolation == "none", reason=f"no working bubblewrap here: {PROBE.problem}"
 )
@@ -320,6 +321,76 @@ def test_root_in_the_sandbox_cannot_unhide_or_mount(engine: Engine) -> None:
     bounding = int(result.stdout.split()[1], 16)
     assert not bounding & (1 << CAP_SYS_ADMIN)
     assert {"no-umount", "no-mount", "no-sysctl", "no-mknod"} <= set(result.stdout.splitlines())
+
+
+def test_what_hides_the_state_dir_cannot_be_unmounted(engine: Engine) -> None:
+    state = engine.settings.state_dir
+    state.mkdir(parents=True, exist_ok=True)
+    (state / "kept-secret").write_text("state-secret-321")
+    result = engine.run(
+        f"umount {state}; umount -l {state}; "
+        # A user namespace of its own gives it CAP_SYS_ADMIN there: the mounts it copies
+        # are locked together, so unmounting one is refused.
+        f"unshare -rm sh -c 'umount {state}; umount -l {state}; cat {state}/kept-secret'"
+    )
+    assert "state-secret-321" not in result.stdout + result.stderr
+
+
+ROOTLESS_SCRIPT = """
+import os, sys
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import launcher
+argv = [sys.argv[1], "--dev-bind", "/", "/", "--dev", "/dev", "--tmpfs", sys.argv[2],
+        "--remount-ro", sys.argv[2], "--cap-add", "ALL", "--",
+        sys.executable, "-I", "-S", launcher.__file__]
+client = launcher.LauncherClient(argv, {"PATH": "/usr/bin:/bin"})
+runner = client.runner({"network": False})
+out = os.open(sys.argv[3], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+null = os.open(os.devnull, os.O_RDONLY)
+runner.start({"argv": ["bash", "-c", sys.argv[4]], "cwd": "/", "targets": [0, 1, 2],
+              "env": {"PATH": "/usr/bin:/bin"}}, [null, out, out])
+print(runner.wait_status(30))
+runner.close()
+client.close()
+"""
+
+
+@needs_root
+@pytest.mark.skipif(not Path("/usr/bin/python3").exists(), reason="no system python3")
+def test_a_worker_that_is_not_root_gets_the_same_sandbox(tmp_path: Path) -> None:
+    # A worker that is not root: bwrap makes a user namespace, the launcher gets its
+    # capabilities in it, the calls none (bwrap hands them out as ambient ones).
+    # The launcher alone (standard library) under the system Python, as `nobody`.
+    folder = Path(tempfile.mkdtemp(prefix="bashfleet-rootless-"))
+    try:
+        shutil.copy(sandbox.launcher.__file__ or "", folder / "launcher.py")
+        (folder / "run.py").write_text(ROOTLESS_SCRIPT)
+        hidden = folder / "hidden"
+        hidden.mkdir()
+        (hidden / "secret").write_text("rootless-secret-654")
+        folder.chmod(0o755)
+        out = folder / "out"
+        out.touch()
+        os.chown(out, pwd.getpwnam("nobody").pw_uid, -1)
+        command = (
+            f"id -u; grep CapEff /proc/self/status; ps -e | wc -l; ls -A {hidden}; "
+            f"umount {hidden}; unshare -rm sh -c 'umount {hidden}; cat {hidden}/secret'"
+        )
+        done = subprocess.run(
+            ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups",
+             "/usr/bin/python3", "-I", str(folder / "run.py"), PROBE_BWRAP, str(hidden),
+             str(out), command],
+            capture_output=True, text=True, timeout=60, check=False, cwd="/",
+        )
+        assert done.returncode == 0, done.stderr
+        text = out.read_text()
+        lines = text.splitlines()
+        assert lines[0] == str(pwd.getpwnam("nobody").pw_uid)
+        assert lines[1].split() == ["CapEff:", "0000000000000000"]
+        assert int(lines[2]) <= 5  # the runner, bash, ps, wc
+        assert "rootless-secret-654" not in text
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 # ------------------------------------------------------ what a call cannot reach

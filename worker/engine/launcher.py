@@ -5,7 +5,7 @@ bubblewrap, and the job supervisor (which imports no package) loads it by path.
 Processes, from the worker down:
 
     worker (a consumer) ──socketpair──► bwrap ─► launcher        one per sandbox layout
-                                                   │ unshare(PID) + fork, per runner
+                                                   │ fork, unshare(PID), fork, per runner
                                                    ▼
                                                  runner (pid 1 of its own PID namespace,
                                                    its own mount namespace with a fresh
@@ -80,6 +80,8 @@ MS_PRIVATE = 1 << 18
 MNT_DETACH = 2
 PR_SET_DUMPABLE = 4
 PR_CAPBSET_DROP = 24
+PR_CAP_AMBIENT = 47
+PR_CAP_AMBIENT_CLEAR_ALL = 4
 SIOCGIFFLAGS = 0x8913
 SIOCSIFFLAGS = 0x8914
 IFF_UP = 1
@@ -115,11 +117,6 @@ def _check(result: int, what: str) -> None:
 def unshare(flags: int) -> None:
     """unshare(2): os.unshare is Python 3.12+."""
     _check(_libc.unshare(ctypes.c_int(flags)), "unshare")
-
-
-def setns(fd: int, nstype: int) -> None:
-    """setns(2): os.setns is Python 3.12+."""
-    _check(_libc.setns(ctypes.c_int(fd), ctypes.c_int(nstype)), "setns")
 
 
 def mount(source: str | None, target: str, fstype: str | None, flags: int,
@@ -414,7 +411,11 @@ def _loopback_up() -> None:
 
 
 def _bound_capabilities(keep: Sequence[int]) -> None:
-    """Drop every capability but `keep` from the bounding set: what bash (as root) may get."""
+    """What bash may get: none unless it runs as root (the ambient set is cleared; a
+    worker that is not root gets all of them from bwrap in its user namespace, with
+    which a call could unmount what hides the worker's files), and as root only `keep`
+    (the bounding set)."""
+    prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL)
     try:
         with open("/proc/sys/kernel/cap_last_cap", encoding="ascii") as handle:
             last = int(handle.read())
@@ -567,47 +568,78 @@ def _runner_main(sock: socket.socket, spec: Mapping[str, Any], cgroup_fds: list[
 # ---------------------------------------------------------------------------- launcher
 
 
-def _new_runner(chan: socket.socket, pidns: int, spec: Mapping[str, Any],
-                fds: list[int]) -> None:
+def _new_runner(chan: socket.socket, spec: Mapping[str, Any], fds: list[int]) -> None:
     """Fork a runner into a new PID namespace; answer with its pid and socket."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
-        pid = _fork_into_new_pid_namespace(pidns)
+        pid = _fork_runner(lambda: _runner_main(theirs, spec, fds), close=[chan, ours])
     except OSError as exc:
-        ours.close()
-        theirs.close()
-        _close_all(fds)
         send(chan, b"E", {"errno": exc.errno or errno.EIO, "message": str(exc)})
         return
-    if pid == 0:
-        code = 1
-        try:
-            chan.close()
-            ours.close()
-            gc.enable()
-            _runner_main(theirs, spec, fds)
-            code = 0
-        finally:
-            os._exit(code)
-    theirs.close()
-    _close_all(fds)
+    finally:
+        theirs.close()
+        _close_all(fds)
     send(chan, b"R", {"pid": pid}, [ours.fileno()])
     ours.close()
 
 
-def _fork_into_new_pid_namespace(pidns: int) -> int:
-    """fork() whose child is pid 1 of a new PID namespace; 0 in the child."""
-    unshare(CLONE_NEWPID)
+def _fork_runner(main: Callable[[], None], close: Sequence[socket.socket]) -> int:
+    """Run `main` in a child that is pid 1 of a new PID namespace; its pid (ours).
+
+    A helper child makes the namespace and forks the runner into it, reports its pid
+    and exits (the runner is then reparented, and the kernel reaps it: SIGCHLD is
+    ignored). unshare(CLONE_NEWPID) in the launcher itself would need setns to come
+    back for the next runner, which a launcher in a user namespace (a worker that is
+    not root) is not allowed. The extra fork (~0.5 ms) is paid once per runner.
+    """
+    read_end, write_end = os.pipe()
     try:
-        pid = os.fork()
-    except OSError:
-        setns(pidns, CLONE_NEWPID)
-        raise
-    if pid:
-        # Back to our own namespace for children: the next unshare(CLONE_NEWPID) is
-        # refused while this one is pending.
-        setns(pidns, CLONE_NEWPID)
-    return pid
+        helper = os.fork()
+        if helper == 0:
+            os.close(read_end)
+            _helper(main, close, write_end)  # never returns
+        os.close(write_end)
+        write_end = -1
+        answer = _read_all_fd(read_end)
+    finally:
+        os.close(read_end)
+        if write_end >= 0:
+            os.close(write_end)
+    if not answer.startswith(b"pid "):
+        raise OSError(errno.EIO, answer.decode("utf-8", "replace") or "the runner did not start")
+    return int(answer.split()[1])
+
+
+def _helper(main: Callable[[], None], close: Sequence[socket.socket], report: int) -> None:
+    code = 1
+    try:
+        for sock in close:
+            sock.close()
+        unshare(CLONE_NEWPID)
+        runner = os.fork()
+        if runner == 0:
+            os.close(report)
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            gc.enable()
+            try:
+                main()
+                code = 0
+            finally:
+                os._exit(code)
+        os.write(report, f"pid {runner}".encode())
+        code = 0
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.write(report, str(exc).encode())
+    finally:
+        os._exit(code)
+
+
+def _read_all_fd(fd: int) -> bytes:
+    chunks = []
+    while chunk := os.read(fd, 4096):
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def launcher_main(fd: int) -> int:
@@ -615,9 +647,8 @@ def launcher_main(fd: int) -> int:
     chan = socket.socket(fileno=fd)
     chan.set_inheritable(False)
     prctl(PR_SET_DUMPABLE, 0)
-    # Runners are reaped by the kernel: the launcher never waits for them.
+    # Helpers (and runners that come back to us) are reaped by the kernel.
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)
-    pidns = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
     # Fewer copy-on-write faults in the runners: the collector never touches (writes)
     # the objects that exist now.
     gc.disable()
@@ -627,7 +658,7 @@ def launcher_main(fd: int) -> int:
         if tag == b"":
             return 0
         if tag == b"N":
-            _new_runner(chan, pidns, body, fds)
+            _new_runner(chan, body, fds)
         else:
             _close_all(fds)
 
