@@ -22,7 +22,7 @@ import psutil
 import pytest
 from pydantic import ValidationError
 
-from worker.engine import sandbox
+from worker.engine import launcher, sandbox
 from worker.engine.call import run_call
 from worker.engine.jobs import check_job, kill_job, load_record
 from worker.settings import Settings
@@ -363,7 +363,7 @@ def test_a_worker_that_is_not_root_gets_the_same_sandbox(tmp_path: Path) -> None
     # The launcher alone (standard library) under the system Python, as `nobody`.
     folder = Path(tempfile.mkdtemp(prefix="bashfleet-rootless-"))
     try:
-        shutil.copy(sandbox.launcher.__file__ or "", folder / "launcher.py")
+        shutil.copy(launcher.__file__ or "", folder / "launcher.py")
         (folder / "run.py").write_text(ROOTLESS_SCRIPT)
         hidden = folder / "hidden"
         hidden.mkdir()
