@@ -28,6 +28,7 @@ import contextlib
 import dataclasses
 import errno
 import functools
+import logging
 import os
 import pwd
 import re
@@ -52,6 +53,8 @@ from worker.engine.launcher import (
 from worker.engine.memo import TimedMemo
 from worker.settings import Settings, default_state_dir
 from worker.wire.models import Isolation, SandboxProbe
+
+log = logging.getLogger("bashfleet.sandbox")
 
 LEVELS: tuple[Isolation, ...] = ("none", "process", "strict")
 #: The environment bwrap and the launcher run with: nothing of the worker's.
@@ -691,11 +694,18 @@ def _smoke_test(bwrap: str) -> str | None:
 
 
 def availability(settings: Settings) -> tuple[bool, str | None]:
-    """(bubblewrap works, why not) for this host."""
+    """(bubblewrap works, why not) for this host. The first time it does not, under
+    `auto`, the process logs a warning: its calls run unsandboxed."""
     if settings.isolation == "none":
         return False, "isolation is none (settings)"
     _, problem = bwrap_status(settings)
+    if problem is not None and settings.isolation == "auto" and problem not in _warned:
+        _warned.add(problem)
+        log.warning("calls run WITHOUT a sandbox: %s", problem)
     return problem is None, problem
+
+
+_warned: set[str] = set()
 
 
 def probe(settings: Settings) -> SandboxProbe:
