@@ -144,6 +144,19 @@ def test_state_dir_fleet_json_and_secret_files_are_hidden(
         assert sorted(listed) == sorted(f"{path}:" for path in (state, extra, default))
 
 
+def test_the_state_dir_is_no_working_directory(engine: Engine) -> None:
+    engine.settings.spill_dir.mkdir(parents=True, exist_ok=True)
+    result = engine.run("ls", cwd=str(engine.settings.spill_dir))
+    assert result.error is not None and result.error.kind == "bad_cwd"
+    assert "not visible inside the sandbox" in result.error.message
+
+
+def test_the_runner_ignores_what_its_call_sends_it(engine: Engine) -> None:
+    result = engine.run("kill -INT 1; kill -TERM 1; kill -KILL 1; sleep 0.2; echo alive")
+    assert (result.exit_code, result.stdout) == (0, "alive\n")
+    assert engine.run("echo again").stdout == "again\n"
+
+
 def test_spill_files_of_other_calls_are_hidden(engine: Engine) -> None:
     first = engine.run("echo other-calls-output; exit 3")
     assert first.spill is None or first.spill.stdout_path

@@ -274,6 +274,9 @@ class _Runner:
     def setup(self) -> None:
         """Own session, namespaces, a fresh /proc, bounded capabilities, the call's user."""
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        # Python's SIGINT handler would let the call (which may signal us: same user)
+        # raise KeyboardInterrupt here; with none, pid 1 ignores what its namespace sends.
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.setsid()
         prctl(PR_SET_DUMPABLE, 0)
         # The host's /proc, kept to read bash's host pid from a pidfd (close-on-exec).
