@@ -97,7 +97,7 @@ def test_the_worker_environment_and_key_are_unreadable(
     engine: Engine, plain_engine: Engine, keyholder: int
 ) -> None:
     # Positive control: without the sandbox, a command reads another process's key.
-    leaked = plain_engine.run(_all_environments(keyholder))
+    leaked = plain_engine.run(f"tr '\\0' '\\n' < /proc/{keyholder}/environ")
     assert SIGNING_KEY in leaked.stdout
     result = engine.run(_all_environments(keyholder))
     assert SIGNING_KEY not in result.stdout + result.stderr
