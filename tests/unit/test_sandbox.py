@@ -152,17 +152,26 @@ def test_parse_bwrap_version(text: str, version: str | None) -> None:
     assert sandbox.parse_bwrap_version(text) == version
 
 
-def test_strict_paths(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("writable", "cwd", "paths"),
+    [
+        ((), "/src", [("/src", True)]),  # no workspace configured: the cwd
+        (("/ws",), "/src", [("/ws", True), ("/src", False)]),  # the cwd visible, read-only
+        (("/ws",), "/ws/sub", [("/ws", True)]),
+        (("/ws", "/cache"), "/ws", [("/ws", True), ("/cache", True)]),
+    ],
+)
+def test_strict_paths(writable: tuple[str, ...], cwd: str, paths: list[tuple[str, bool]]) -> None:
+    assert sandbox.strict_paths(writable, cwd) == paths
+
+
+def test_strict_layout_keeps_existing_workspaces(tmp_path: Path) -> None:
     workspace = tmp_path / "ws"
-    (workspace / "sub").mkdir(parents=True)
-    cwd = str(tmp_path / "elsewhere")
-    plain = Settings(state_dir=tmp_path / "state", host="t")
-    assert sandbox.strict_paths(plain, cwd) == [(cwd, True)]
-    configured = Settings(state_dir=tmp_path / "state", host="t",
-                          sandbox_writable=(str(workspace),))
-    assert sandbox.strict_paths(configured, cwd) == [(str(workspace), True), (cwd, False)]
-    inside = str(workspace / "sub")
-    assert sandbox.strict_paths(configured, inside) == [(str(workspace), True)]
+    workspace.mkdir()
+    settings = Settings(state_dir=tmp_path / "state", host="t",
+                        sandbox_writable=(str(workspace), str(tmp_path / "missing")))
+    assert sandbox.layout_for(settings, strict=True).writable == (str(workspace),)
+    assert sandbox.layout_for(settings, strict=False).writable == ()
 
 
 def test_hidden_paths_are_real_and_existing(tmp_path: Path,

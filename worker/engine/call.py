@@ -394,8 +394,6 @@ class _Launch:
                 os.close(fd)
 
     def _sandboxed(self, stdout: int, stderr: int, state_fd: int | None) -> procs.Process:
-        strict = self.choice.level == "strict"
-        paths = sandbox.strict_paths(self.settings, self.cwd) if strict else []
         null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
         command = self.command(state_fd=launcher.STATE_FD if state_fd is not None else None)
 
@@ -403,7 +401,7 @@ class _Launch:
             return sandbox.spawn(
                 self.settings, self.choice, command, cwd=self.cwd, env=self.child.env,
                 executable=executable, fds=[null, stdout, stderr], state_fd=state_fd,
-                paths=paths, grace_s=self.call.policy.kill_grace_s,
+                grace_s=self.call.policy.kill_grace_s,
             )
 
         try:
