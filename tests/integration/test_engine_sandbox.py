@@ -553,6 +553,23 @@ def test_cgroup_caps_processes(tmp_path: Path, janitor: Janitor, isolation: str)
         assert "fork" in result.stderr
 
 
+BUSY_SECOND = (
+    "python3 -c 'import os, time\nstart = time.time()\nwhile time.time() - start < 1: pass\n"
+    "print(round(os.times().user + os.times().system, 2))'"
+)
+
+
+@needs_cgroups
+def test_cgroup_caps_cpu_bandwidth(tmp_path: Path, janitor: Janitor) -> None:
+    with engine_with(tmp_path, janitor, limit_cpus=0.2) as engine:
+        capped = float(engine.run(BUSY_SECOND).stdout)
+    with engine_with(tmp_path / "free", janitor) as engine:
+        free = float(engine.run(BUSY_SECOND).stdout)
+    # A second of busy loop gets at most a fifth of a CPU second under the cap (about as
+    # much as it gets when the machine is busy, so the uncapped one only has to do better).
+    assert capped <= 0.3 and free > capped, (capped, free)
+
+
 @pytest.fixture(name="shared_dir")
 def _shared_dir_fixture() -> Iterator[Path]:
     """A directory another user can enter and write (pytest's tmp_path is 0700 root)."""
