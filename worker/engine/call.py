@@ -587,7 +587,7 @@ def _run_foreground(
         # The hook failed (or we were interrupted) while the command runs: nobody would
         # ever watch or kill it, so end it before the error goes on.
         procs.terminate(proc.pid, marker, grace_s=0, rounds=settings.sweep_rounds)
-        proc.wait()
+        _reap(proc)
         launch.release()
         raise
     result = _Outcome(call, settings, streams, files, secrets, cwd, started, pipes)
@@ -604,11 +604,28 @@ def _run_foreground(
     survivors = procs.terminate(
         proc.pid, marker, grace_s=call.policy.kill_grace_s, rounds=settings.sweep_rounds
     )
-    proc.wait()
+    returncode = _reap(proc)
     launch.release()
     if pipes is not None:
         pipes.drained()
-    return result.killed(proc.wait(), survivors, doing, reason=outcome)
+    return result.killed(returncode, survivors, doing, reason=outcome)
+
+
+#: Seconds a runner gets to report the status of a call its processes were killed in:
+#: it reaps what is left of the namespace first (up to launcher.REAP_TIMEOUT_S).
+RUNNER_REPORT_S = launcher.REAP_TIMEOUT_S + 5.0
+
+
+def _reap(proc: procs.Process) -> int:
+    """The returncode of a call whose processes were just killed. A runner that does not
+    report it in time is killed, which ends its namespace: never a hang."""
+    if not isinstance(proc, launcher.RunnerProcess):
+        return proc.wait()
+    try:
+        return proc.wait(RUNNER_REPORT_S)
+    except subprocess.TimeoutExpired:
+        proc.runner.kill()
+        return proc.wait()
 
 
 def _finished(
