@@ -351,11 +351,15 @@ class Pool:
 
     def _launcher(self) -> LauncherClient:
         if self.client is None or not self.client.alive():
-            if self.client is not None:
-                self.client.close(timeout=0.5)
+            self._drop_launcher()
             argv = bwrap_args(self.bwrap, self.layout, launcher_command())
             self.client = LauncherClient(argv, LAUNCHER_ENV)
         return self.client
+
+    def _drop_launcher(self) -> None:
+        if self.client is not None:
+            self.client.close(timeout=0.5)  # reaps its bwrap, killing it if need be
+            self.client = None
 
     def acquire(self, kind: Kind) -> Slot:
         """An idle runner of `kind`, or a new one."""
@@ -377,7 +381,7 @@ class Pool:
                 runner = self._launcher().runner(kind.spec(), fds, ANSWER_TIMEOUT_S)
             except RunnerLostError:
                 # The launcher died since we last used it: once more with a new one.
-                self.client = None
+                self._drop_launcher()
                 runner = self._launcher().runner(kind.spec(), fds, ANSWER_TIMEOUT_S)
         except BaseException:
             if group is not None:
@@ -405,9 +409,7 @@ class Pool:
                 for slot in slots:
                     slot.discard()
             self.idle.clear()
-            if self.client is not None:
-                self.client.close()
-                self.client = None
+            self._drop_launcher()
 
 
 _pools: dict[tuple[str, Layout, cgroups.Limits], Pool] = {}
