@@ -199,3 +199,43 @@ def test_sweep_removes_empty_groups_of_dead_owners(support: Support) -> None:
 def test_a_cgroup_not_marked_as_delegated_is_not_ours_as_root(tmp_path: Path) -> None:
     (tmp_path / "cgroup.procs").write_text("")
     assert cgroups.delegated(str(tmp_path)) == (os.geteuid() != 0)
+
+
+def _v2_owner(tmp_path: Path, procs: str) -> tuple[Path, Plan]:
+    owner = tmp_path / "bashfleet.service"
+    owner.mkdir()
+    (owner / "cgroup.controllers").write_text("cpuset cpu io memory pids\n")
+    (owner / "cgroup.subtree_control").write_text("\n")
+    (owner / "cgroup.procs").write_text(procs)
+    laid_out = Plan("v2", (Hierarchy(str(owner / "bashfleet"), ("memory", "pids")),),
+                    owner=str(owner))
+    return owner, laid_out
+
+
+def test_v2_delegated_cgroup_is_prepared(tmp_path: Path) -> None:
+    owner, laid_out = _v2_owner(tmp_path, "")
+    try:
+        os.setxattr(owner, "user.delegate", b"1")
+    except OSError:
+        pytest.skip("no user xattrs on this file system")
+    cgroups._prepare_v2(laid_out)
+    # Controllers handed down to `bashfleet`, and by it to the groups it will hold.
+    assert (owner / "cgroup.subtree_control").read_text() == "+memory +pids"
+    assert (owner / "bashfleet" / "cgroup.subtree_control").read_text() == "+memory +pids"
+    assert (owner / "bashfleet-worker").is_dir()
+
+
+def test_v2_refuses_a_cgroup_not_delegated(tmp_path: Path) -> None:
+    owner, laid_out = _v2_owner(tmp_path, "123\n")
+    if os.geteuid() != 0:
+        pytest.skip("as another user the directory would count as delegated")
+    with pytest.raises(OSError, match="not delegated"):
+        cgroups._prepare_v2(laid_out)
+    assert (owner / "cgroup.subtree_control").read_text() == "\n"  # untouched
+
+
+def test_v2_refuses_missing_controllers(tmp_path: Path) -> None:
+    owner, laid_out = _v2_owner(tmp_path, "")
+    (owner / "cgroup.controllers").write_text("cpu io\n")
+    with pytest.raises(OSError, match="not delegated"):
+        cgroups._prepare_v2(laid_out)
