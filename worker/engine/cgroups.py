@@ -441,11 +441,11 @@ class GroupPool:
         _remove_later(group)
 
     def close(self) -> None:
-        """Remove the idle groups."""
+        """Remove the idle groups (they are empty, or were when they were taken back)."""
         with self.lock:
             idle, self.idle = self.idle, []
         for group in idle:
-            _remove_later(group)
+            group.remove()
 
 
 def _remove_later(group: Group) -> None:

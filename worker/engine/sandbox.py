@@ -24,6 +24,7 @@ their detached supervisor, so they outlive the worker as before.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import dataclasses
 import errno
@@ -308,13 +309,17 @@ class Slot:
     pool: Pool
     kind: Kind
 
-    def discard(self) -> None:
-        """Close the runner and remove its cgroup."""
+    def discard(self, *, wait: bool = False) -> None:
+        """Close the runner and remove its cgroup (off the call's path unless `wait`:
+        the runner and its call's last processes may take a moment to go)."""
         self.runner.close()
-        if self.group is not None:
-            group = self.group
-            # The runner's last call may still be dying: remove the group off the call path.
-            threading.Thread(target=group.remove, name="bashfleet-cgroup-rm", daemon=True).start()
+        if self.group is None:
+            return
+        if wait:
+            self.group.remove()
+        else:
+            threading.Thread(target=self.group.remove, name="bashfleet-cgroup-rm",
+                             daemon=True).start()
 
 
 class SandboxedProcess(RunnerProcess):
@@ -402,13 +407,16 @@ class Pool:
                 idle.append(slot)
 
     def close(self) -> None:
-        """Close every idle runner and the launcher (busy runners finish their calls)."""
+        """Close every idle runner (removing their cgroups) and the launcher; busy
+        runners finish their calls."""
         with self.lock:
             self.closed = True
-            for slots in self.idle.values():
-                for slot in slots:
-                    slot.discard()
+            slots = [slot for kind in self.idle.values() for slot in kind]
             self.idle.clear()
+            for slot in slots:
+                slot.runner.close()  # all at once: they exit in parallel
+            for slot in slots:
+                slot.discard(wait=True)
             self._drop_launcher()
 
 
@@ -461,6 +469,7 @@ def _trim_pools() -> None:
         _pools.pop(oldest).close()
 
 
+@atexit.register
 def close_all() -> None:
     """Close every pool of this process: idle runners and launchers exit, idle cgroups
     are removed."""
@@ -650,7 +659,20 @@ def _detect(wanted: tuple[str, ...]) -> cgroups.Support:
     support = cgroups.detect(wanted)
     if support.version is not None:
         cgroups.sweep(support, _alive)
+        _made.append(support)
     return support
+
+
+#: Where this process made groups: at its exit, the empty ones of its own are removed
+#: (a job whose supervisor was killed, a runner killed from outside leave theirs).
+_made: list[cgroups.Support] = []
+
+
+@atexit.register
+def _sweep_own() -> None:
+    own = os.getpid()
+    for support in _made:
+        cgroups.sweep(support, lambda pid: pid != own and _alive(pid))
 
 
 def _alive(pid: int) -> bool:
