@@ -5,10 +5,15 @@
 Every row is measured against a baseline taken in the same run, interleaved with it
 so that a noisy machine hurts both sides alike:
 
-1. Per-call overhead of `true`: `run_call(Call(command="true"))` against
-   `subprocess.run(["bash", "-c", "true"])`, N calls each in rotating blocks; median
-   and p90 per call; target: median ratio <= 1.3x. Two informational rows repeat it
-   with the native dialect's error digest on and with combined streams.
+1. Per-call overhead of `true`: `run_call(Call(command="true"))` unsandboxed
+   (`isolation=none`) against `subprocess.run(["bash", "-c", "true"])`, N calls each in
+   rotating blocks; median and p90 per call; target: median ratio <= 1.3x. Two
+   informational rows repeat it with the native dialect's error digest on and with
+   combined streams.
+1b. The sandbox: `run_call` of `true` with `isolation=process` (bubblewrap: a PID
+   namespace, the worker's files hidden) against the same call unsandboxed, measured
+   in the same rotation; target: median ratio <= 1.3x. An informational row for
+   `strict` (read-only root, private /tmp, no network).
 2. Wall time of a command printing 1 GiB of lines through `run_call` against bash
    redirecting the same command into a file; median of alternating runs;
    target: ratio <= 1.15x.
@@ -22,6 +27,7 @@ and `ok` / `MISS` per row (`info` for rows without a target).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import math
 import os
@@ -43,6 +49,7 @@ from types import TracebackType
 import psutil
 
 from worker import Call, Policy, Settings, run_call
+from worker.engine import sandbox
 
 MIB = 1024 * 1024
 GIB = 1024 * MIB
@@ -160,7 +167,10 @@ def _ms(values: Sequence[float]) -> str:
 
 
 def overhead_rows(settings: Settings, config: Config) -> list[Row]:
-    """Row 1 and its informational variants."""
+    """Row 1 and its informational variants (unsandboxed), and the sandbox rows (1b)."""
+    plain = settings.model_copy(update={"isolation": "none"})
+    boxed = settings.model_copy(update={"isolation": "process"})
+    strict = settings.model_copy(update={"isolation": "strict"})
     variants: dict[str, tuple[str, Policy | None]] = {
         "default": ("`true` per call: run_call vs bash -c", None),
         "digest": (
@@ -171,22 +181,39 @@ def overhead_rows(settings: Settings, config: Config) -> list[Row]:
     }
     runners: dict[str, Runner] = {"bash": _bash_true}
     for key, (_, policy) in variants.items():
-        runners[key] = _engine_true(settings, policy)
+        runners[key] = _engine_true(plain, policy)
+    sandboxed = sandbox.availability(boxed)[0]
+    if sandboxed:
+        runners["process"] = _engine_true(boxed, None)
+        runners["strict"] = _engine_true(strict, None)
     _progress(
         f"`true`: {config.calls} calls x {len(runners)} variants "
         f"(warm-up {config.warmup}), blocks of {BLOCK}"
     )
     times = measure_interleaved(runners, config.calls, config.warmup)
-    base = times["bash"]
     rows = []
     for key, (label, _) in variants.items():
-        median, base_median = statistics.median(times[key]), statistics.median(base)
-        ratio = median / base_median
-        ok = ratio <= TRUE_TARGET
-        target = f"<= {TRUE_TARGET:.2f}x"
-        note = f"`true` {key}: run_call adds {(median - base_median) * 1e3:.3f} ms per call"
-        rows.append(Row(label, _ms(times[key]), _ms(base), ratio, target, _status(ok), note))
+        rows.append(_ratio_row(label, key, times[key], times["bash"], "run_call"))
+    if not sandboxed:
+        reason = sandbox.availability(boxed)[1]
+        return [*rows, Row("`true` sandboxed", "-", "-", None, "-", f"skip ({reason})")]
+    rows.append(_ratio_row(
+        "`true` sandboxed (process) vs unsandboxed run_call", "process", times["process"],
+        times["default"], "the sandbox",
+    ))
+    strict_row = _ratio_row("  same, strict (info)", "strict", times["strict"],
+                            times["default"], "strict")
+    rows.append(dataclasses.replace(strict_row, target="-", status="info"))
     return rows
+
+
+def _ratio_row(label: str, key: str, measured: list[float], base: list[float],
+               what: str) -> Row:
+    median, base_median = statistics.median(measured), statistics.median(base)
+    ratio = median / base_median
+    note = f"`true` {key}: {what} adds {(median - base_median) * 1e3:.3f} ms per call"
+    return Row(label, _ms(measured), _ms(base), ratio, f"<= {TRUE_TARGET:.2f}x",
+               _status(ratio <= TRUE_TARGET), note)
 
 
 # ---------------------------------------------------------------------- 1 GiB output
@@ -441,10 +468,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = Settings(state_dir=work / "state", host="bench")
         print("bashfleet engine benchmark")
         print("\n".join(environment_lines(work, config, args.quick)))
+        found = sandbox.probe(settings.model_copy(update={"isolation": "auto"}))
+        print(f"sandbox  bubblewrap {found.bwrap or '-'} ({found.problem or 'works'}), "
+              f"cgroup {found.cgroup or '-'} ({found.cgroup_problem or 'per call'})")
         print(flush=True)
         rows = overhead_rows(settings, config)
         rows += big_rows(settings, work, config)
     finally:
+        sandbox.close_all()
         shutil.rmtree(work, ignore_errors=True)
     print(render(rows))
     print(

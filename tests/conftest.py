@@ -14,9 +14,11 @@ from __future__ import annotations
 import atexit
 import os
 import shutil
+import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
 
 import psutil
 import pytest
@@ -89,6 +91,16 @@ def _settle(since: float, timeout: float = 5.0) -> list[psutil.Process]:
         psutil.wait_procs(left, timeout=0.2)
         left = leftover_processes(since)
     return left
+
+
+@pytest.fixture(autouse=True)
+def _end_sandbox_pools() -> Iterator[None]:
+    """The sandbox launchers and idle runners a test's in-process calls started end with
+    the test (each layout, a state directory, has its own)."""
+    yield
+    pools = sys.modules.get("worker.engine.sandbox")
+    if pools is not None:
+        pools.close_all()
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import re
 import socket
 import stat
@@ -26,6 +27,12 @@ def _default_state_dir() -> Path:
     """
     base = os.environ.get("XDG_STATE_HOME") or os.path.join(Path.home(), ".local", "state")
     return Path(base) / "bashfleet"
+
+
+def default_state_dir() -> Path:
+    """The state directory when none is configured (also where `bashfleet up` keeps a
+    local fleet's fleet.json, which sandboxed calls must never read)."""
+    return _default_state_dir()
 
 
 def _split(value: object) -> object:
@@ -79,13 +86,17 @@ class Settings(BaseSettings):
     command_allow: tuple[str, ...] = ()
     """Regular expressions (a JSON list): when set, only matching commands run here."""
     limit_memory_mb: int | None = Field(None, ge=1)
-    """Per-call virtual memory limit (ulimit -v), in MiB."""
+    """Per-call memory limit, in MiB: the call's cgroup (resident memory, the OOM killer
+    past it) where the host lets the worker make one, else ulimit -v (virtual memory)."""
     limit_cpu_s: int | None = Field(None, ge=1)
     """Per-call CPU time limit (ulimit -t), in seconds: SIGXCPU, then SIGKILL."""
-    limit_file_mb: int | None = Field(None, ge=1)
-    """Largest file a call may write (ulimit -f), in MiB: SIGXFSZ past it."""
-    limit_procs: int | None = Field(None, ge=1)
-    """Processes of the worker's user a call may reach (ulimit -u; not enforced for root)."""
+    limit_file_mb: int | None = Field(4096, ge=1)
+    """Largest file a call may write (ulimit -f), in MiB: SIGXFSZ past it. Default 4 GiB: a
+    runaway `yes > file` stops there instead of filling the disk."""
+    limit_procs: int | None = Field(4096, ge=1)
+    """Processes a call may run at once: the call's cgroup (pids.max) where the host lets
+    the worker make one, else ulimit -u (which counts all of the user's processes and is
+    not enforced for root). Default 4096: a fork bomb stops there."""
     log_format: Literal["text", "json"] = "text"
     """Worker log lines: `text`, or `json` (one object per line, for log shippers)."""
     signing_key_file: Path | None = None
@@ -104,6 +115,33 @@ class Settings(BaseSettings):
     owner: str | None = Field(None, pattern=r"^[A-Za-z0-9_.:@-]{1,64}$")
     """Who a client's calls and jobs belong to when no session names them (a tenant);
     None: `user:<login name>`. Another owner's jobs cannot be checked, read or killed."""
+    isolation: Literal["auto", "none", "process", "strict"] = "auto"
+    """How calls are sandboxed by default (a call may ask for stronger, never weaker):
+    `process`: bubblewrap, a PID namespace with its own /proc, the worker's state and
+    secret files hidden; `strict`: also a read-only root with writable workspace paths,
+    a private /tmp and no network; `none`: plain `bash -c` (only when asked for);
+    `auto`: `process` where bubblewrap works, else `none` with a warning at start."""
+    bwrap: str = "bwrap"
+    """The bubblewrap executable (a name looked up on PATH, or a path)."""
+    sandbox_writable: CsvTuple = ()
+    """`strict`: the paths calls may write (besides their private /tmp). Empty: the
+    call's working directory."""
+    sandbox_hidden: CsvTuple = ()
+    """More paths hidden from sandboxed calls (an empty directory or file in their place),
+    besides the state directory, the default state directory and `secret_files`."""
+    sandbox_network: bool = False
+    """`strict`: calls may reach the network. A call may cut it (`Call.network=False`)."""
+    cgroups: Literal["auto", "off"] = "auto"
+    """`auto`: each call runs in a cgroup of its own (memory, processes, CPU) where the
+    host lets the worker make one (cgroup v2 delegated to it, or v1 as root); `off`: the
+    ulimit line only."""
+    limit_cpus: float | None = Field(None, gt=0)
+    """CPU bandwidth of a call, in CPUs (1.5: one and a half cores), in its cgroup."""
+    limit_output_mb: int | None = Field(1024, ge=1)
+    """Output (stdout + stderr) one call or background job may write, in MiB: past it the
+    call is stopped like a timeout, with a notice. Default 1 GiB."""
+    run_as: str | None = None
+    """User name calls run as, for a worker started as root (its home, groups and ids)."""
 
     @model_validator(mode="before")
     @classmethod
@@ -129,6 +167,17 @@ class Settings(BaseSettings):
             except re.error as exc:
                 raise ValueError(f"invalid command rule {rule!r}: {exc}") from None
         return rules
+
+    @field_validator("run_as")
+    @classmethod
+    def _user_exists(cls, user: str | None) -> str | None:
+        if user is None:
+            return None
+        try:
+            pwd.getpwnam(user)
+        except KeyError:
+            raise ValueError(f"run_as: no such user {user!r} on this machine") from None
+        return user
 
     @property
     def spill_dir(self) -> Path:

@@ -40,12 +40,20 @@ PLAIN_VALUE = "provided-by-the-worker"
 
 
 class _ConformanceWorker(WorkerProcess):
-    """A worker whose environment also holds a secret and a plain variable."""
+    """A worker whose environment also holds a secret and a plain variable.
+
+    It runs calls unsandboxed (`isolation=none`): the seeds describe one machine, where
+    the pids a command prints (`echo $!`) are the host's, and a later command may end a
+    background job with `kill -9 -<pgid>` (seed 001's reminder). In a sandbox each call
+    has a PID namespace of its own (tests/integration/test_engine_sandbox.py), and these
+    tests' pid checks would look at other processes.
+    """
 
     def env(self) -> dict[str, str]:
-        """The usual worker environment plus SECRET_VAR and PLAIN_VAR."""
+        """The usual worker environment plus SECRET_VAR and PLAIN_VAR, unsandboxed."""
         env = super().env()
-        env.update({SECRET_VAR: SECRET_VALUE, PLAIN_VAR: PLAIN_VALUE})
+        env.update({SECRET_VAR: SECRET_VALUE, PLAIN_VAR: PLAIN_VALUE,
+                    "BASHFLEET_ISOLATION": "none"})
         return env
 
 

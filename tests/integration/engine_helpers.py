@@ -26,6 +26,7 @@ import psutil
 import pytest
 
 from worker import Call, CallResult, JobHandle, Policy, Settings, run_call
+from worker.engine import sandbox
 from worker.engine.environment import MARKER_VAR
 
 T = TypeVar("T")
@@ -237,12 +238,32 @@ class Engine:
         return result
 
 
-@pytest.fixture(name="engine")
-def _engine_fixture(tmp_path: Path, janitor: Janitor) -> Engine:
-    settings = Settings(state_dir=tmp_path / "state", host="test")
+@contextlib.contextmanager
+def engine_with(tmp_path: Path, janitor: Janitor, **settings: Any) -> Iterator[Engine]:
+    """An engine with these settings (a test may hold two, sharing its directories);
+    the sandbox's launchers and idle runners are ended when it is left."""
     work = tmp_path / "work"
-    work.mkdir()
-    return Engine(settings=settings, janitor=janitor, tmp=work)
+    work.mkdir(parents=True, exist_ok=True)
+    engine = Engine(Settings(state_dir=tmp_path / "state", host="test", **settings), janitor, work)
+    try:
+        yield engine
+    finally:
+        sandbox.close_all()
+
+
+@pytest.fixture(name="engine")
+def _engine_fixture(tmp_path: Path, janitor: Janitor) -> Iterator[Engine]:
+    """The engine as a host runs it by default (sandboxed where bubblewrap works)."""
+    with engine_with(tmp_path, janitor) as engine:
+        yield engine
+
+
+@pytest.fixture(name="plain_engine")
+def _plain_engine_fixture(tmp_path: Path, janitor: Janitor) -> Iterator[Engine]:
+    """The engine without a sandbox (`isolation=none`): pids the command prints are the
+    host's, and the marker sweep alone finds escapees."""
+    with engine_with(tmp_path, janitor, isolation="none") as engine:
+        yield engine
 
 
 class PeakRss:

@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from worker import (
@@ -28,6 +29,7 @@ from .engine_helpers import (
     Engine,
     _engine_fixture,  # noqa: F401 - fixture
     _janitor_fixture,  # noqa: F401 - fixture
+    _plain_engine_fixture,  # noqa: F401 - fixture
     alive,
     create_time,
     marked_pids,
@@ -254,10 +256,13 @@ def test_job_that_ends_unwatched_reports_unknown_status(engine: Engine) -> None:
     result = engine.run("until [ -e gate ]; do sleep 0.01; done; exit 3", background=True)
     assert result.job is not None
     record = _record(engine, result)
-    job_stat = stat(record.pid)
-    assert job_stat is not None
-    supervisor = job_stat.ppid
-    assert "job_supervisor.py" in Path(f"/proc/{supervisor}/cmdline").read_text()
+    # Its supervisor: our child (in a sandbox the job's parent is its runner).
+    supervisors = [
+        child.pid for child in psutil.Process().children()
+        if "job_supervisor.py" in " ".join(child.cmdline())
+    ]
+    assert len(supervisors) == 1, supervisors
+    supervisor = supervisors[0]
 
     os.kill(supervisor, signal.SIGKILL)
     wait_until(lambda: not alive(supervisor), what="the supervisor to die")
@@ -338,9 +343,11 @@ def test_kill_after_the_end_keeps_the_real_status(engine: Engine) -> None:
     assert killed.output == "done\n\n\n[background process failed: exit status: 6]\n"
 
 
-def test_ended_job_names_the_processes_it_left_running(engine: Engine) -> None:
+def test_ended_job_names_the_processes_it_left_running(plain_engine: Engine) -> None:
     # The job's bash exits at once, leaving a sleep behind: the job has ended, the note
-    # says what still runs, and kill ends it.
+    # says what still runs, and kill ends it. Unsandboxed: in a sandbox, what a job
+    # leaves behind dies with it (test_engine_sandbox).
+    engine = plain_engine
     result = engine.run("sleep 300 & echo left", background=True)
     record = _record(engine, result)
     final = _finished(record, engine)

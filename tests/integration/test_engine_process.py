@@ -16,6 +16,7 @@ from .engine_helpers import (
     Engine,
     _engine_fixture,  # noqa: F401 - fixture
     _janitor_fixture,  # noqa: F401 - fixture
+    _plain_engine_fixture,  # noqa: F401 - fixture
 )
 
 SECRET = "s3cr3t-value-123"
@@ -44,7 +45,8 @@ def test_no_tty_and_stdin_is_empty(engine: Engine) -> None:
     assert result.duration_s < 5
 
 
-def test_own_process_group_and_session(engine: Engine) -> None:
+def test_own_process_group_and_session(plain_engine: Engine) -> None:
+    engine = plain_engine
     spawned: list[tuple[int, int, str]] = []
     result = engine.run(
         'echo "$$"; read -r line < /proc/$$/stat; echo "${line##*) }"',

@@ -77,3 +77,11 @@ def test_any_exported_change_round_trips(extra: dict[str, str]) -> None:
                       "PYTHONUNBUFFERED", "PIP_NO_INPUT"}
     }
     assert state.changes == expected
+
+
+def test_wrap_into_an_open_fd() -> None:
+    # The engine's way: the worker opens the state file and passes it in as this fd.
+    wrapped = wrap_command("cd /tmp", fd=200)
+    trap_line, command = wrapped.split("\n")
+    assert command == "cd /tmp"
+    assert trap_line.count(">&200") == 2 and "state" not in trap_line

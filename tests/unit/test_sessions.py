@@ -221,6 +221,8 @@ def test_a_sealed_state_round_trips_and_a_forged_one_is_refused(
         client.set(session_state_key("s1"), forged)
         assert keyed.load("s1") == SessionState()
     keyed.save("s2", SessionState(cwd="/elsewhere"))
-    client.set(session_state_key("s1"), client.get(session_state_key("s2")))
+    moved = client.get(session_state_key("s2"))
+    assert isinstance(moved, str)
+    client.set(session_state_key("s1"), moved)
     assert keyed.load("s1") == SessionState()
     assert caplog.text.count("starting afresh") == 4

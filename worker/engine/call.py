@@ -23,8 +23,19 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
-from worker.engine import jobs, limits, normalize, procs, session_state, truncate
+from worker.engine import (
+    cgroups,
+    jobs,
+    launcher,
+    limits,
+    normalize,
+    procs,
+    sandbox,
+    session_state,
+    truncate,
+)
 from worker.engine.capture import Extras, FollowedFile, MemoryStream, Shaped, Source, shape
 from worker.engine.environment import ChildEnv, build_env, process_environ
 from worker.engine.memo import TimedMemo
@@ -124,9 +135,9 @@ def _check_spill_dir(settings: Settings) -> str | None:
     return None
 
 
-def resolve_cwd(cwd: str | None) -> str:
-    """Validate the working directory; nothing runs when it is wrong."""
-    path = os.path.abspath(os.path.expanduser(cwd)) if cwd else os.path.expanduser("~")
+def resolve_cwd(cwd: str | None, home: str | None = None) -> str:
+    """Validate the working directory (None: `home`, else ours); nothing runs when it is wrong."""
+    path = os.path.abspath(os.path.expanduser(cwd)) if cwd else (home or os.path.expanduser("~"))
     try:
         mode = os.stat(path).st_mode
     except FileNotFoundError:
@@ -142,10 +153,26 @@ def resolve_cwd(cwd: str | None) -> str:
 
 def host_limits(settings: Settings) -> limits.ResourceLimits:
     """This host's per-call resource limits."""
-    return limits.ResourceLimits(
-        memory_mb=settings.limit_memory_mb, cpu_s=settings.limit_cpu_s,
-        file_mb=settings.limit_file_mb, procs=settings.limit_procs,
-    )
+    return sandbox.host_limits(settings)
+
+
+def _user(settings: Settings) -> sandbox.User | None:
+    try:
+        return sandbox.run_as_user(settings)
+    except OSError as exc:
+        raise CallError("spawn_failed", exc.strerror or str(exc)) from None
+
+
+def isolation(call: Call, settings: Settings) -> sandbox.Choice:
+    """The sandbox this call gets (CallError when it asks for what the host refuses)."""
+    available, reason = sandbox.availability(settings)
+    try:
+        return sandbox.decide(
+            configured=settings.isolation, available=available, reason=reason,
+            asked=call.isolation, network=call.network, host_network=settings.sandbox_network,
+        )
+    except sandbox.IsolationError as exc:
+        raise CallError(exc.kind, exc.message) from None
 
 
 def prepare(call: Call, settings: Settings) -> tuple[Call, str]:
@@ -171,7 +198,8 @@ def prepare(call: Call, settings: Settings) -> tuple[Call, str]:
             "invalid", f"timeout {timeout:g}s is above this dialect's maximum of "
             f"{policy.max_timeout_s:g}s"
         )
-    return call, resolve_cwd(call.cwd)
+    user = _user(settings)
+    return call, resolve_cwd(call.cwd, user.home if user is not None else None)
 
 
 def run_call(
@@ -193,25 +221,11 @@ def run_call(
     started = time.monotonic()
     try:
         call, cwd = prepare(call, settings)
+        choice = isolation(call, settings)
         if call.background:
-            prefix = limits.ulimit_prefix(host_limits(settings))
-            limited = call.model_copy(update={"command": prefix + call.command})
-            try:
-                record = jobs.start_job(limited, cwd, settings)
-            except jobs.JobError as exc:
-                # A job that could not start is a system error like any other spawn failure.
-                raise CallError(exc.kind, exc.message) from exc
-            return CallResult(
-                call_id=call.call_id,
-                host=settings.host,
-                backgrounded=True,
-                job=jobs.handle(record),
-                duration_s=time.monotonic() - started,
-                cwd=cwd,
-                combined=True,
-            )
+            return _start_background(call, cwd, settings, choice, started)
         return _run_foreground(
-            call, cwd, settings, on_spawn=on_spawn, cancel=cancel, started=started,
+            call, cwd, settings, choice, on_spawn=on_spawn, cancel=cancel, started=started,
             on_running=on_running,
         )
     except CallError as exc:
@@ -221,6 +235,25 @@ def run_call(
             error=exc.as_model(),
             duration_s=time.monotonic() - started,
         )
+
+
+def _start_background(
+    call: Call, cwd: str, settings: Settings, choice: sandbox.Choice, started: float
+) -> CallResult:
+    try:
+        record = jobs.start_job(call, cwd, settings, choice)
+    except jobs.JobError as exc:
+        # A job that could not start is a system error like any other spawn failure.
+        raise CallError(exc.kind, exc.message) from exc
+    return CallResult(
+        call_id=call.call_id,
+        host=settings.host,
+        backgrounded=True,
+        job=jobs.handle(record),
+        duration_s=time.monotonic() - started,
+        cwd=cwd,
+        combined=True,
+    )
 
 
 def _open_streams(call: Call, settings: Settings) -> _Streams:
@@ -258,30 +291,19 @@ def _open_files(streams: _Streams) -> tuple[int, int]:
 _bash_paths: TimedMemo[str, str | None] = TimedMemo(ttl_s=10.0)
 
 
-def _start_bash(
-    command: str, cwd: str, env: dict[str, str], *, stdout: int, stderr: int
-) -> subprocess.Popen[bytes]:
-    """Start `bash -c COMMAND` in its own session, stdin from /dev/null, no other fds."""
-    args = ["bash", "-c", command]
-
-    def popen(executable: str | None) -> subprocess.Popen[bytes]:
-        return subprocess.Popen(
-            args, executable=executable, cwd=cwd, env=env, stdin=subprocess.DEVNULL,
-            stdout=stdout, stderr=stderr,
-            # setsid(): a new session and process group, and no controlling terminal.
-            start_new_session=True, close_fds=True,
-        )
-
+def _start_bash(env: dict[str, str], start: Callable[[str | None], procs.Process]) -> procs.Process:
+    """Start bash through `start(executable)` with the bash found on the child's PATH
+    (None: let the starter search PATH as Popen does)."""
     executable = _bash_path(env)
     try:
-        return popen(executable)
+        return start(executable)
     except OSError as exc:
         if executable is None or exc.filename != executable:
             raise
         # The bash found earlier is gone (or no longer runs): search PATH as Popen does,
         # which may find another one, or fail as it would have.
         _bash_paths.clear()
-        return popen(None)
+        return start(None)
 
 
 def _bash_path(env: dict[str, str]) -> str | None:
@@ -303,24 +325,128 @@ def _all_absolute(search: str) -> bool:
     return all(os.path.isabs(part) for part in search.split(os.pathsep))
 
 
-def _spawn_piped(call: Call, cwd: str, child: ChildEnv, reason: str) -> tuple[
-    subprocess.Popen[bytes], _Pipes
-]:
+@dataclass
+class _Launch:
+    """How this call's bash starts: plainly (isolation `none`), or in a sandbox runner."""
+
+    call: Call
+    cwd: str
+    child: ChildEnv
+    settings: Settings
+    choice: sandbox.Choice
+    user: sandbox.User | None
+    state_path: Path | None
+    group: cgroups.Group | None = None
+    """`none`: the call's own cgroup (a sandbox runner brings its own)."""
+    groups: cgroups.GroupPool | None = None
+    """Where `group` came from."""
+
+    @property
+    def sandboxed(self) -> bool:
+        return self.choice.level != "none"
+
+    def command(self, join: str = "", state_fd: int | None = None) -> str:
+        """The command with its state trap (sessions: into the open file `state_fd`, as
+        neither a sandbox nor a `run_as` user can open the worker's spill directory) and
+        its limit lines in front."""
+        command = self.call.command
+        if state_fd is not None:
+            command = session_state.wrap_command(command, fd=state_fd)
+        return join + sandbox.ulimit_line(self.settings) + command
+
+    def start(self, stdout: int, stderr: int) -> procs.Process:
+        """Start bash writing to `stdout` and `stderr`; OSError when it cannot start."""
+        state_fd = None
+        if self.state_path is not None:
+            flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
+            state_fd = os.open(self.state_path, flags, 0o600)
+        try:
+            if self.sandboxed:
+                return self._sandboxed(stdout, stderr, state_fd)
+            return self._plain(stdout, stderr, state_fd)
+        finally:
+            if state_fd is not None:
+                os.close(state_fd)
+
+    def _plain(self, stdout: int, stderr: int, state_fd: int | None) -> procs.Process:
+        self.groups = sandbox.group_pool(self.settings)
+        if self.groups is not None and self.group is None:
+            self.group = self.groups.acquire()
+        fds = self.group.procs_fds() if self.group is not None else []
+        command = self.command(cgroups.join_line(fds), state_fd)
+        passed = [*fds, *([state_fd] if state_fd is not None else [])]
+        user = self.user
+
+        def popen(executable: str | None) -> procs.Process:
+            return subprocess.Popen(
+                ["bash", "-c", command], executable=executable, cwd=self.cwd,
+                env=self.child.env, stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr,
+                # setsid(): a new session and process group, and no controlling terminal.
+                start_new_session=True, close_fds=True, pass_fds=passed,
+                user=user.uid if user else None, group=user.gid if user else None,
+                extra_groups=sandbox.extra_groups(user) if user else None,
+            )
+
+        try:
+            return _start_bash(self.child.env, popen)
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+    def _sandboxed(self, stdout: int, stderr: int, state_fd: int | None) -> procs.Process:
+        null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+        command = self.command(state_fd=launcher.STATE_FD if state_fd is not None else None)
+
+        def spawn(executable: str | None) -> procs.Process:
+            return sandbox.spawn(
+                self.settings, self.choice, command, cwd=self.cwd, env=self.child.env,
+                executable=executable, fds=[null, stdout, stderr], state_fd=state_fd,
+                grace_s=self.call.policy.kill_grace_s,
+            )
+
+        try:
+            return _start_bash(self.child.env, spawn)
+        except OSError as exc:
+            if exc.filename == self.cwd:
+                raise CallError("bad_cwd", f"Working directory is not visible inside the "
+                                f"sandbox: {self.cwd}") from None
+            raise
+        finally:
+            os.close(null)
+
+    def hits(self, proc: procs.Process) -> tuple[str, ...]:
+        """The cgroup limits the call hit (call this once it ended)."""
+        if isinstance(proc, sandbox.SandboxedProcess):
+            return proc.hits
+        return self.group.hits() if self.group is not None else ()
+
+    def release(self) -> None:
+        """Give the call's own cgroup (`none`) back, once the call ended."""
+        if self.group is not None and self.groups is not None:
+            self.groups.release(self.group)
+        self.group = None
+
+
+def _spawn_piped(launch: _Launch, reason: str) -> tuple[procs.Process, _Pipes]:
     """Spawn with pipes pumped into bounded memory: the fallback when no file can be written."""
-    combined = call.policy.streams == "combined"
+    combined = launch.call.policy.streams == "combined"
+    out_read, out_write = os.pipe()
+    err_read, err_write = (out_read, out_write) if combined else os.pipe()
     try:
-        proc = _start_bash(
-            call.command, cwd, child.env,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT if combined else subprocess.PIPE,
-        )
+        proc = launch.start(out_write, err_write)
     except OSError as exc:
+        for fd in {out_read, err_read}:
+            os.close(fd)
         raise CallError("spawn_failed", f"could not start bash: {exc}") from exc
+    finally:
+        for fd in {out_write, err_write}:
+            os.close(fd)
     pipes = _Pipes(MemoryStream(), None if combined else MemoryStream(), reason, [])
-    targets = [(proc.stdout, pipes.stdout), (proc.stderr, pipes.stderr)]
-    for pipe, stream in targets:
-        if pipe is not None and stream is not None:
+    targets = [(out_read, pipes.stdout)] + ([] if combined else [(err_read, pipes.stderr)])
+    for fd, stream in targets:
+        if stream is not None:
             pump = threading.Thread(
-                target=_pump, args=(pipe.fileno(), stream), name="bashfleet-pump", daemon=True
+                target=_pump, args=(fd, stream), name="bashfleet-pump", daemon=True
             )
             pump.start()
             pipes.pumps.append(pump)
@@ -328,14 +454,17 @@ def _spawn_piped(call: Call, cwd: str, child: ChildEnv, reason: str) -> tuple[
 
 
 def _pump(fd: int, stream: MemoryStream) -> None:
-    while chunk := os.read(fd, 65536):
-        stream.append(chunk)
+    try:
+        while chunk := os.read(fd, 65536):
+            stream.append(chunk)
+    finally:
+        os.close(fd)
 
 
-def _spawn(call: Call, cwd: str, child: ChildEnv, streams: _Streams) -> subprocess.Popen[bytes]:
+def _spawn(launch: _Launch, streams: _Streams) -> procs.Process:
     out_fd, err_fd = _open_files(streams)
     try:
-        return _start_bash(call.command, cwd, child.env, stdout=out_fd, stderr=err_fd)
+        return launch.start(out_fd, err_fd)
     except OSError as exc:
         # Nothing ran: leave no empty spill files behind.
         streams.stdout.unlink(missing_ok=True)
@@ -348,22 +477,36 @@ def _spawn(call: Call, cwd: str, child: ChildEnv, streams: _Streams) -> subproce
             os.close(err_fd)
 
 
+def _exit_fd(proc: procs.Process) -> tuple[int, bool]:
+    """(fd that polls readable once the call ended, whether we must close it)."""
+    if isinstance(proc, launcher.RunnerProcess):
+        # Its status message: a pidfd of bash would race the runner reaping it.
+        return proc.exit_fd(), False
+    return os.pidfd_open(proc.pid), True
+
+
+Outcome = Literal["exited", "timeout", "cancel", "output"]
+
+
 def _wait(
-    proc: subprocess.Popen[bytes],
+    proc: procs.Process,
     files: list[FollowedFile],
     timeout_s: float,
     cancel: threading.Event | None,
     on_running: RunningHook | None = None,
-) -> str:
-    """Follow the output until the process exits; return `exited`, `timeout` or `cancel`.
+    *,
+    over_cap: Callable[[], bool] | None = None,
+) -> Outcome:
+    """Follow the output until the process exits; return why the wait ended.
 
-    `on_running` is called once, at the first wake-up that finds the process running.
+    `on_running` is called once, at the first wake-up that finds the process running;
+    `over_cap()` says when the call wrote more than it may (checked at each wake-up).
     """
     deadline = time.monotonic() + timeout_s
-    pidfd = os.pidfd_open(proc.pid)
+    fd, owned = _exit_fd(proc)
     try:
         poller = select.poll()
-        poller.register(pidfd, select.POLLIN)
+        poller.register(fd, select.POLLIN)
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -378,14 +521,31 @@ def _wait(
                 on_running = None
             for followed in files:
                 followed.catch_up(FOLLOW_BUDGET)
+            if over_cap is not None and over_cap():
+                return "output"
     finally:
-        os.close(pidfd)
+        if owned:
+            os.close(fd)
+
+
+def _cap_check(
+    settings: Settings, files: list[FollowedFile], pipes: _Pipes | None
+) -> Callable[[], bool] | None:
+    """`over_cap` for `_wait`: the call's output passed `limit_output_mb`."""
+    cap = sandbox.output_cap(settings)
+    if cap is None:
+        return None
+    if pipes is not None:
+        streams = [pipes.stdout] + ([pipes.stderr] if pipes.stderr else [])
+        return lambda: sum(s.total for s in streams) > cap
+    return lambda: sum(f.offset for f in files) > cap
 
 
 def _run_foreground(
     call: Call,
     cwd: str,
     settings: Settings,
+    choice: sandbox.Choice,
     *,
     on_spawn: SpawnHook | None,
     cancel: threading.Event | None,
@@ -393,9 +553,10 @@ def _run_foreground(
     on_running: RunningHook | None = None,
 ) -> CallResult:
     marker = call.call_id
+    user = _user(settings)
     child = build_env(
-        process_environ(), marker=marker, extra=call.env, unset=call.unset_env,
-        deny=settings.secret_deny, allow=settings.secret_allow,
+        process_environ(), marker=marker, extra={**sandbox.user_env(user), **call.env},
+        unset=call.unset_env, deny=settings.secret_deny, allow=settings.secret_allow,
     )
     secrets = redaction_pattern(settings, child.scrubbed_values)
     try:
@@ -403,53 +564,84 @@ def _run_foreground(
     except OSError as exc:
         raise CallError("spawn_failed", f"spill directory unusable: {exc}") from exc
     state_path = settings.spill_dir / f"{call.call_id}.state" if call.capture_state else None
-    to_run = call
-    if state_path is not None:
-        wrapped = session_state.wrap_command(call.command, str(state_path))
-        to_run = call.model_copy(update={"command": wrapped})
-    prefix = limits.ulimit_prefix(host_limits(settings))
-    if prefix:
-        to_run = to_run.model_copy(update={"command": prefix + to_run.command})
+    launch = _Launch(call, cwd, child, settings, choice, user, state_path)
     pipes: _Pipes | None = None
     problem = spill_problem(settings)
     try:
         if problem is not None:
             raise _NoSpillError(problem)
-        proc = _spawn(to_run, cwd, child, streams)
+        proc = _spawn(launch, streams)
     except _NoSpillError as exc:
-        # Never lose the call for want of disk: keep its output in bounded memory.
-        proc, pipes = _spawn_piped(to_run, cwd, child, str(exc))
+        # Never lose the call for want of disk: keep its output in bounded memory (and
+        # its state: the directory it would go to is the one that is unusable).
+        launch.state_path = None
+        proc, pipes = _spawn_piped(launch, str(exc))
     files = streams.followers() if pipes is None else []
     timeout_s = call.timeout_s if call.timeout_s is not None else call.policy.default_timeout_s
     try:
         if on_spawn is not None:
             on_spawn(proc.pid, proc.pid, marker)
-        outcome = _wait(proc, files, timeout_s, cancel, on_running)
+        outcome = _wait(proc, files, timeout_s, cancel, on_running,
+                        over_cap=_cap_check(settings, files, pipes))
     except BaseException:
         # The hook failed (or we were interrupted) while the command runs: nobody would
         # ever watch or kill it, so end it before the error goes on.
         procs.terminate(proc.pid, marker, grace_s=0, rounds=settings.sweep_rounds)
-        proc.wait()
+        _reap(proc)
+        launch.release()
         raise
     result = _Outcome(call, settings, streams, files, secrets, cwd, started, pipes)
-    if pipes is not None and outcome == "exited":
-        pipes.drained()
     if outcome == "exited":
-        finished = result.finished(proc.returncode)
-        return finished if state_path is None else _with_state(finished, state_path, child.env)
+        return _finished(result, proc, launch, state_path=state_path, started_with=child.env)
     # With output in memory there is no file to keep running into: kill instead.
     if outcome == "timeout" and call.policy.on_timeout == "background" and pipes is None:
-        record = jobs.adopt_foreground(call, proc, streams.stdout, streams.stderr, cwd, settings)
+        record = jobs.adopt_foreground(
+            call, proc, streams.stdout, streams.stderr, cwd, settings, on_end=launch.release,
+        )
         return result.backgrounded(record, proc.pid)
     # What the call was doing when its time ran out, for the notice, before killing it.
     doing = procs.describe(procs.find_call_processes(proc.pid, marker))
     survivors = procs.terminate(
         proc.pid, marker, grace_s=call.policy.kill_grace_s, rounds=settings.sweep_rounds
     )
-    proc.wait()
+    returncode = _reap(proc)
+    launch.release()
     if pipes is not None:
         pipes.drained()
-    return result.killed(proc.returncode, survivors, doing, cancelled=outcome == "cancel")
+    return result.killed(returncode, survivors, doing, reason=outcome)
+
+
+#: Seconds a runner gets to report the status of a call its processes were killed in:
+#: it reaps what is left of the namespace first (up to launcher.REAP_TIMEOUT_S).
+RUNNER_REPORT_S = launcher.REAP_TIMEOUT_S + 5.0
+
+
+def _reap(proc: procs.Process) -> int:
+    """The returncode of a call whose processes were just killed. A runner that does not
+    report it in time is killed, which ends its namespace: never a hang."""
+    if not isinstance(proc, launcher.RunnerProcess):
+        return proc.wait()
+    try:
+        return proc.wait(RUNNER_REPORT_S)
+    except subprocess.TimeoutExpired:
+        proc.runner.kill()
+        return proc.wait()
+
+
+def _finished(
+    result: _Outcome, proc: procs.Process, launch: _Launch, *, state_path: Path | None,
+    started_with: dict[str, str],
+) -> CallResult:
+    returncode = proc.wait()
+    hits = launch.hits(proc)
+    launch.release()
+    if result.pipes is not None:
+        result.pipes.drained()
+    if getattr(proc, "capped", False):
+        # Its runner stopped it for writing too much before our next look did.
+        return result.killed(returncode, [], (), reason="output")
+    finished = result.finished(returncode, hits)
+    return finished if state_path is None else _with_state(finished, state_path, started_with)
 
 
 def _with_state(result: CallResult, state_path: Path, started_with: dict[str, str]) -> CallResult:
@@ -548,13 +740,13 @@ class _Outcome:
             text = truncate.last_lines(text, self.call.tail)
         return text
 
-    def finished(self, returncode: int) -> CallResult:
+    def finished(self, returncode: int, hits: tuple[str, ...] = ()) -> CallResult:
         code, sig = _split_status(returncode)
         result = self._result(exit_code=code, signal=sig)
+        hit: str | None = _cgroup_hit(hits, code, sig)
         host = host_limits(self.settings)
-        if not host.any():
-            return result  # no limit to have hit: skip joining the output to search it
-        hit = limits.limit_hit(host, code, sig, result.stdout + "\n" + result.stderr)
+        if hit is None and host.any():
+            hit = limits.limit_hit(host, code, sig, result.stdout + "\n" + result.stderr)
         return result.model_copy(update={"limit_hit": hit}) if hit else result
 
     def _output_age(self) -> float | None:
@@ -578,20 +770,30 @@ class _Outcome:
         survivors: list[int],
         doing: tuple[ProcessInfo, ...],
         *,
-        cancelled: bool,
+        reason: Outcome,
     ) -> CallResult:
         code, sig = _split_status(returncode)
         error = None
-        if cancelled:
+        if reason == "cancel":
             message = "call cancelled; its processes were killed"
             error = SystemError_(kind="internal", message=message)
         if survivors:
             message = f"{len(survivors)} process(es) survived the kill: {survivors}"
             error = SystemError_(kind="internal", message=message)
-        return self._result(
-            exit_code=code, signal=sig, timed_out=not cancelled, cancelled=cancelled, error=error,
-            processes=doing, last_output_age_s=self._output_age(),
+        result = self._result(
+            exit_code=code, signal=sig, timed_out=reason == "timeout",
+            cancelled=reason == "cancel", error=error, processes=doing,
+            last_output_age_s=self._output_age(),
         )
+        return result if reason != "output" else self._capped(result)
+
+    def _capped(self, result: CallResult) -> CallResult:
+        """The result of a call stopped for writing too much: says so where it is read."""
+        notice = (f"\n[bashfleet: the output passed this host's cap of "
+                  f"{self.settings.limit_output_mb} MiB; the call was stopped]\n")
+        field = "stdout" if self.call.policy.streams == "combined" else "stderr"
+        text = getattr(result, field)
+        return result.model_copy(update={field: text + notice, "limit_hit": "output"})
 
     def backgrounded(self, record: JobRecord, pid: int) -> CallResult:
         alive = procs.find_call_processes(record.pgid, record.marker)
@@ -603,6 +805,20 @@ class _Outcome:
             processes=procs.describe(alive),
             last_output_age_s=self._output_age(),
         )
+
+
+def _cgroup_hit(
+    hits: tuple[str, ...], code: int | None, sig: int | None
+) -> Literal["memory", "processes"] | None:
+    """The cgroup limit that ended a call: counted by the kernel, reported when the call
+    failed (a limit reached on the way by a call that then succeeded ended nothing)."""
+    if sig is None and code == 0:
+        return None
+    if "memory" in hits:
+        return "memory"
+    if "pids" in hits:
+        return "processes"
+    return None
 
 
 def _split_status(returncode: int) -> tuple[int | None, int | None]:

@@ -18,12 +18,15 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-from worker.engine import procs, truncate
+from worker.engine import cgroups, launcher, procs, sandbox, truncate
 from worker.engine.capture import read_slice
 from worker.engine.environment import build_env
-from worker.engine.job_supervisor import _completion_line
+from worker.engine.job_supervisor import _cap_notice, _completion_line
+from worker.engine.launcher import CAP_MIN_WAIT_S, CapWatch, files_size
 from worker.engine.patterns import Pattern, caller_pattern, grep_lines
 from worker.engine.secrets import worker_redaction
 from worker.settings import Settings, get_settings
@@ -101,34 +104,34 @@ def local_records(settings: Settings | None = None) -> list[JobRecord]:
     return records
 
 
-def start_job(call: Call, cwd: str, settings: Settings) -> JobRecord:
-    """Start `call` detached under a supervisor; return its record once it runs."""
+def start_job(
+    call: Call, cwd: str, settings: Settings, choice: sandbox.Choice | None = None
+) -> JobRecord:
+    """Start `call` detached under a supervisor (in a sandbox of its own unless `choice`
+    is `none`); return its record once it runs."""
+    choice = choice or sandbox.Choice("none", network=True)
     settings.jobs_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     job_id = new_job_id()
     output = settings.jobs_dir / f"{job_id}.log"
     status = settings.jobs_dir / f"{job_id}.status.json"
-    child = build_env(
-        os.environ, marker=job_id, extra=call.env, unset=call.unset_env,
-        deny=settings.secret_deny, allow=settings.secret_allow,
-    )
-    spec = settings.jobs_dir / f"{job_id}.spec.json"
-    fd = os.open(spec, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    group = _job_group(settings)
+    try:
+        spec = _job_spec(call, cwd, settings, choice, job_id=job_id, group=group)
+    except OSError as exc:
+        _drop_group(group)
+        raise JobError("spawn_failed", f"could not start the job: {exc}") from exc
+    spec.update(output_path=str(output), status_path=str(status))
+    path = settings.jobs_dir / f"{job_id}.spec.json"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        json.dump(
-            {
-                "command": call.command, "cwd": cwd, "env": child.env,
-                "output_path": str(output), "status_path": str(status),
-                "timeout_s": call.policy.background_timeout_s,
-                "kill_grace_s": call.policy.kill_grace_s,
-            },
-            handle,
-        )
+        json.dump(spec, handle)
     output.touch(mode=0o600)
     try:
-        started = _launch_supervisor(spec)
+        started = _launch_supervisor(path)
     except JobError:
-        # Nothing ran: leave no empty output file behind.
+        # Nothing ran: leave no empty output file (or cgroup) behind.
         output.unlink(missing_ok=True)
+        _drop_group(group)
         raise
     record = JobRecord(
         id=job_id, host=settings.host, pid=started["pid"], pgid=started["pgid"],
@@ -138,6 +141,55 @@ def start_job(call: Call, cwd: str, settings: Settings) -> JobRecord:
     )
     save_record(record, settings)
     return record
+
+
+def _job_group(settings: Settings) -> cgroups.Group | None:
+    """The job's cgroup, when this host makes them (its supervisor removes it at the end)."""
+    carried, support = sandbox.cgroup_plan(settings)
+    if support.version is None or not carried.controllers():
+        return None
+    try:
+        return cgroups.create(support, carried)
+    except OSError as exc:
+        raise JobError("spawn_failed", f"could not make the job's cgroup: {exc}") from exc
+
+
+def _drop_group(group: cgroups.Group | None) -> None:
+    if group is not None:
+        group.remove(timeout=0)
+
+
+def _job_spec(
+    call: Call, cwd: str, settings: Settings, choice: sandbox.Choice, *, job_id: str,
+    group: cgroups.Group | None,
+) -> dict[str, Any]:
+    """The supervisor's instructions (without the output and status paths)."""
+    user = sandbox.run_as_user(settings)
+    child = build_env(
+        os.environ, marker=job_id, extra={**sandbox.user_env(user), **call.env},
+        unset=call.unset_env, deny=settings.secret_deny, allow=settings.secret_allow,
+    )
+    dirs = [path for path, _ in group.paths] if group is not None else []
+    # A sandboxed job's runner joins the cgroup before it spawns bash; a plain one's
+    # command joins it with its first line.
+    plain = choice.level == "none"
+    join = cgroups.join_line(launcher.CGROUP_FD + n for n in range(len(dirs))) if plain else ""
+    command = join + sandbox.ulimit_line(settings) + call.command
+    spec: dict[str, Any] = {
+        "command": command, "cwd": cwd, "env": child.env,
+        "timeout_s": call.policy.background_timeout_s,
+        "kill_grace_s": call.policy.kill_grace_s,
+        "output_cap": sandbox.output_cap(settings), "output_cap_mb": settings.limit_output_mb,
+        "cgroup_dirs": dirs, "cgroup_fd": launcher.CGROUP_FD,
+        "launcher": launcher.__file__,
+    }
+    if choice.level != "none":
+        spec["sandbox"] = sandbox.job_spec(
+            settings, choice, command, cwd=cwd, env=child.env, grace_s=call.policy.kill_grace_s
+        )
+    elif user is not None:
+        spec["user"] = [user.uid, user.gid, list(sandbox.extra_groups(user))]
+    return spec
 
 
 def _launch_supervisor(spec: Path) -> dict[str, float | int]:
@@ -174,15 +226,18 @@ def _launch_supervisor(spec: Path) -> dict[str, float | int]:
 
 def adopt_foreground(  # noqa: PLR0917 - public signature the fleet calls
     call: Call,
-    proc: subprocess.Popen[bytes],
+    proc: procs.Process,
     stdout: Path,
     stderr: Path | None,
     cwd: str,
     settings: Settings,
+    *,
+    on_end: Callable[[], object] | None = None,
 ) -> JobRecord:
     """Turn a timed-out foreground call into a job that keeps running.
 
-    Its output keeps going to its spill files; a watcher thread records its end.
+    Its output keeps going to its spill files; a watcher thread records its end (and
+    stops it if its output passes the host's cap), then calls `on_end`.
     If this process dies first, the end is recorded as unknown on re-adoption.
     """
     settings.jobs_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -196,18 +251,67 @@ def adopt_foreground(  # noqa: PLR0917 - public signature the fleet calls
         stderr_path=str(stderr) if stderr else None,
     )
     save_record(record, settings)
-    threading.Thread(
-        target=_watch, args=(proc, record), name=f"bashfleet-watch-{job_id}", daemon=True
-    ).start()
+    watch = _Watch(proc, record, settings.limit_output_mb, call.policy.kill_grace_s, on_end)
+    threading.Thread(target=watch.run, name=f"bashfleet-watch-{job_id}", daemon=True).start()
     return record
 
 
-def _watch(proc: subprocess.Popen[bytes], record: JobRecord) -> None:
-    returncode = proc.wait()
-    with open(record.output_path, "a", encoding="utf-8") as handle:
-        handle.write(completion_line(returncode))
-    # The watcher knows the real status: it replaces a guess a check may have written.
-    write_status(record, returncode, replace=True)
+class _Watch:
+    """The worker's watcher of an auto-backgrounded call."""
+
+    def __init__(self, proc: procs.Process, record: JobRecord, cap_mb: int | None,
+                 grace_s: float, on_end: Callable[[], object] | None) -> None:
+        self.proc = proc
+        self.record = record
+        self.cap_mb = cap_mb
+        self.grace_s = grace_s
+        self.on_end = on_end
+
+    def run(self) -> None:
+        returncode, capped = self._wait()
+        with open(self.record.output_path, "a", encoding="utf-8") as handle:
+            if capped:
+                handle.write(_cap_notice(self.cap_mb))
+            handle.write(completion_line(returncode))
+        # The watcher knows the real status: it replaces a guess a check may have written.
+        note = f"stopped: its output passed this host's cap of {self.cap_mb} MiB"
+        write_status(self.record, returncode, note if capped else None, replace=True)
+        if self.on_end is not None:
+            self.on_end()
+
+    def _wait(self) -> tuple[int, bool]:
+        """(returncode, whether the output cap stopped it)."""
+        if isinstance(self.proc, launcher.RunnerProcess):
+            # Its runner watches the cap (out of this process: no thread of ours to wait
+            # for the GIL meanwhile).
+            returncode = self.proc.wait()
+            return returncode, self.proc.capped
+        if self.cap_mb is None:
+            return self.proc.wait(), False
+        paths = [p for p in (self.record.output_path, self.record.stderr_path) if p]
+        watch = CapWatch(lambda: _paths_size(paths), self.cap_mb * 1024 * 1024)
+        pause = CAP_MIN_WAIT_S
+        while True:
+            try:
+                return self.proc.wait(pause), False
+            except subprocess.TimeoutExpired:
+                pass
+            over, pause = watch.step()
+            if over:
+                procs.terminate(self.record.pgid, self.record.marker, grace_s=self.grace_s)
+                return self.proc.wait(), True
+
+
+def _paths_size(paths: list[str]) -> int:
+    fds = []
+    try:
+        for path in paths:
+            with contextlib.suppress(OSError):
+                fds.append(os.open(path, os.O_RDONLY | os.O_CLOEXEC))
+        return files_size(fds)
+    finally:
+        for fd in fds:
+            os.close(fd)
 
 
 def completion_line(returncode: int) -> str:

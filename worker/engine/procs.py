@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Protocol
 
 import psutil
 
@@ -24,6 +26,20 @@ from worker.wire.models import ProcessInfo
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 #: One read of a /proc file: a stat line is a few hundred bytes.
 _PROC_READ = 4096
+
+
+class Process(Protocol):
+    """A started call's bash, as the engine watches it: a Popen, or a call in a sandbox
+    runner (`worker.engine.launcher.RunnerProcess`). `pid` is its host pid and process
+    group; `wait` and `poll` give Popen's returncode (negative: killed by that signal)."""
+
+    pid: int
+
+    def wait(self, timeout: float | None = None) -> int:
+        """Wait for the end; subprocess.TimeoutExpired past `timeout`."""
+
+    def poll(self) -> int | None:
+        """The returncode once ended, else None."""
 
 
 @dataclass(frozen=True)
@@ -243,7 +259,7 @@ def describe(pids: list[int], limit: int = 10) -> tuple[ProcessInfo, ...]:
             proc = psutil.Process(pid)
             with proc.oneshot():
                 cpu = proc.cpu_times()
-                cmdline = " ".join(proc.cmdline()) or proc.name()
+                cmdline = " ".join(shown_args(proc.cmdline())) or proc.name()
                 infos.append(
                     ProcessInfo(
                         pid=pid,
@@ -255,3 +271,20 @@ def describe(pids: list[int], limit: int = 10) -> tuple[ProcessInfo, ...]:
         except psutil.Error:
             continue
     return tuple(infos)
+
+
+#: Lines the engine puts before a command (limits, cgroup, session state trap): a
+#: notice shows the command as the caller wrote it.
+_ENGINE_LINES = re.compile(
+    r"\A(?:ulimit [^\n]*bashfleet: could not set resource limits[^\n]*\n"
+    r"|echo 0 >&\d+[^\n]*bashfleet: could not join the call cgroup[^\n]*\n"
+    r"|exec (?:\d+>&- ?)+\n"
+    r"|trap '[^\n]*' EXIT\n)+"
+)
+
+
+def shown_args(args: list[str]) -> list[str]:
+    """A call's command line without the lines the engine put before the command."""
+    if len(args) >= 3 and os.path.basename(args[0]) == "bash" and args[1] == "-c":
+        return [*args[:2], _ENGINE_LINES.sub("", args[2]), *args[3:]]
+    return args

@@ -23,14 +23,21 @@ from worker.engine.environment import HARDENING, MARKER_VAR
 _SHELL_OWNED = frozenset({"_", "SHLVL", "PWD", "OLDPWD", MARKER_VAR})
 
 
-def wrap_command(command: str, state_path: str) -> str:
-    """The command behind an EXIT trap that records its final cwd and environment.
+def wrap_command(command: str, state_path: str | None = None, *, fd: int | None = None) -> str:
+    """The command behind an EXIT trap that records its final cwd and environment, into
+    the file `state_path`, or into the open file `fd` (the engine's way: a sandboxed or
+    `run_as` call cannot open the worker's spill directory, so the worker opens the file
+    and passes it in).
 
     The trap keeps the command's exit status (bash exits with the status the command
     had when the trap started), and the command stays on a line of its own.
     """
-    target = shlex.quote(state_path)
-    trap = f"printf '%s\\0' \"$PWD\" > {target} 2>/dev/null; env -0 >> {target} 2>/dev/null"
+    if fd is not None:
+        first = then = f">&{fd}"
+    else:
+        target = shlex.quote(state_path or "/dev/null")
+        first, then = f"> {target}", f">> {target}"
+    trap = f"printf '%s\\0' \"$PWD\" {first} 2>/dev/null; env -0 {then} 2>/dev/null"
     return f"trap {shlex.quote(trap)} EXIT\n{command}"
 
 

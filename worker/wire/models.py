@@ -174,6 +174,11 @@ class Policy(Model):
 
 # ------------------------------------------------------------------------------ calls
 
+Isolation = Literal["none", "process", "strict"]
+"""How a call is sandboxed, weakest first. `none`: plain `bash -c`; `process`: its own
+PID namespace and /proc, the worker's state and secrets hidden; `strict`: also a
+read-only root with writable workspace paths, a private /tmp and no network."""
+
 
 class Call(Model):
     """One bash call, as the client sends it."""
@@ -203,6 +208,13 @@ class Call(Model):
     owner: str = Field("", pattern=OWNER_PATTERN)
     """Who the call, and the job it starts, belong to (an MCP session, a tenant): only
     the same owner (or an admin) may check, read or kill that job."""
+    isolation: Isolation | None = None
+    """Sandbox of this call: `none`, `process` or `strict` (see `Isolation`); None: the
+    host's default. Stronger than the host's default is granted, weaker is refused."""
+    network: bool | None = None
+    """Whether a sandboxed call may reach the network. None: yes for `process` and
+    `none`, the host's `sandbox_network` for `strict`. Refused (`invalid`) when asking for
+    more than the host grants."""
 
     @field_validator("command")
     @classmethod
@@ -412,7 +424,7 @@ class CallResult(Model):
     """Error-looking lines from the part of the output that was cut."""
     processes: tuple[ProcessInfo, ...] = ()
     """Processes of the call alive at its timeout: what a kill ended, or what runs on."""
-    limit_hit: Literal["memory", "cpu_time", "file_size", "processes"] | None = None
+    limit_hit: Literal["memory", "cpu_time", "file_size", "processes", "output"] | None = None
     """The per-call resource limit that ended the command, if one did."""
     last_output_age_s: float | None = None
     """Seconds since the call last wrote output, at its timeout (None: it never wrote)."""
@@ -591,3 +603,22 @@ class JobView(Model):
     """The call that started it."""
     owner: str = ""
     """Who the job belongs to."""
+
+
+class SandboxProbe(Model):
+    """What sandbox a host gives its calls (`worker.engine.sandbox.probe`), for `hosts`."""
+
+    isolation: Isolation
+    """Default isolation of this host's calls (what `auto` resolved to)."""
+    configured: Literal["auto", "none", "process", "strict"] = "auto"
+    """The host's `isolation` setting."""
+    bwrap: str | None = None
+    """bubblewrap's version when it works here, e.g. `0.8.0`."""
+    problem: str | None = None
+    """Why calls run without a sandbox (bubblewrap missing or failing), when they do."""
+    cgroup: Literal["v2", "v1"] | None = None
+    """The cgroup version calls get a cgroup of their own with; None: ulimit only."""
+    cgroup_problem: str | None = None
+    """Why calls get no cgroup of their own, when they do not."""
+    run_as: str | None = None
+    """User the calls run as (None: the worker's own user)."""
