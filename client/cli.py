@@ -19,6 +19,7 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from worker.wire.control import NO_LINE
 from worker.wire.models import CallResult, CheckResult, TruncationInfo
 
 EXIT_TIMEOUT = 124
@@ -129,7 +130,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     with _spinner(label) if not args.json else contextlib.nullcontext():
         result: CallResult = fleet.run(
             command, host=args.host, mode=args.mode, timeout=args.timeout, cwd=args.cwd,
-            session=args.session,
+            session=args.session, isolation=args.isolation, network=args.network,
         )
     if args.json:
         print(result.model_dump_json(indent=2))
@@ -144,10 +145,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     }))
     separate_stderr = result.spill is not None and result.spill.stderr_path is not None
     return _follow(fleet, result.job.id, stderr=separate_stderr)
-
-
-#: A pattern that matches no line (RE2, as the workers run callers' patterns).
-NO_LINE = r"[^\s\S]"
 
 
 def _follow(fleet: Any, job_id: str, *, stderr: bool = False) -> int:
@@ -285,6 +282,19 @@ def cmd_ps(args: argparse.Namespace) -> int:
     return 0
 
 
+def isolation_text(sandbox: dict[str, Any] | None) -> str:
+    """A host's isolation in a few words: `process, cgroup v1`; `NONE` when its calls
+    run unsandboxed (the reason goes under the table); `?` for a worker that does not say."""
+    if not sandbox:
+        return "?"
+    level = sandbox.get("isolation") or "?"
+    parts = ["NONE" if level == "none" else level]
+    parts.append(f"cgroup {sandbox['cgroup']}" if sandbox.get("cgroup") else "ulimit")
+    if sandbox.get("run_as"):
+        parts.append(f"as {sandbox['run_as']}")
+    return ", ".join(parts)
+
+
 def cmd_hosts(args: argparse.Namespace) -> int:
     fleet = _fleet()
     hosts = fleet.hosts()
@@ -297,12 +307,17 @@ def cmd_hosts(args: argparse.Namespace) -> int:
         rows.append(
             [data.get("host"), "alive" if data.get("alive") else "dead",
              f"{data.get('busy', 0)}/{data.get('slots', 0)}", data.get("queued", 0),
-             ",".join(data.get("labels") or []) or "-"]
+             ",".join(data.get("labels") or []) or "-", isolation_text(data.get("sandbox"))]
         )
     if not rows:
         print("no hosts")
         return 0
-    print(_table(rows, ["HOST", "STATE", "BUSY/SLOTS", "QUEUED", "LABELS"]))
+    print(_table(rows, ["HOST", "STATE", "BUSY/SLOTS", "QUEUED", "LABELS", "ISOLATION"]))
+    for host in hosts:
+        sandbox = _dump(host).get("sandbox") or {}
+        for problem in (sandbox.get("problem"), sandbox.get("cgroup_problem")):
+            if problem and host.alive:
+                print(f"{host.host}: {problem}", file=sys.stderr)
     # Calls for any host (or any of a pool) wait in queues no row above counts.
     shared = fleet.shared_queues()
     print("queued for any host: " + ", ".join(
@@ -481,6 +496,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--timeout", type=float, help="seconds before the timeout action")
     run.add_argument("--cwd", help="working directory on the host")
     run.add_argument("--session", help="session id (state carried between calls)")
+    run.add_argument("--isolation", choices=["process", "strict", "none"],
+                     help="the sandbox (default: the host's; stronger is granted, weaker "
+                     "refused)")
+    run.add_argument("--network", action=argparse.BooleanOptionalAction, default=None,
+                     help="let the command reach the network (default: the isolation's)")
     run.add_argument("--follow", action="store_true", help="stream a background job's output")
     run.add_argument("--json", action="store_true", help="print the result as JSON")
     run.add_argument("command", nargs=argparse.REMAINDER, help="the bash command")

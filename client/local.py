@@ -258,6 +258,9 @@ def _worker_env(host: str, settings: Settings) -> dict[str, str]:
     # No secret here (they go on a pipe): and none inherited from ours either.
     env = {k: v for k, v in os.environ.items() if not _is_secret_variable(k)}
     env["BASHFLEET_HOST"] = host
+    # The whole local fleet's directory is hidden from sandboxed calls: fleet.json (the
+    # Redis URL, the keys) lives in it, beside every host's own state directory.
+    env["BASHFLEET_SANDBOX_HIDDEN"] = str(settings.state_dir)
     # Each local host keeps its own spill and job files, as separate machines would.
     env["BASHFLEET_STATE_DIR"] = str(settings.state_dir / "hosts" / host)
     return env

@@ -16,18 +16,27 @@ Texts beyond the seeds' examples, in their style:
   ...]` lists what it was running (pid, state, CPU seconds, command) and how long ago
   it last printed.
 
-A background job's output file lives on the host that runs it, and `kill -9 -<pgid>`
-must run there too, so starting a job pins the session to that host.
+A background job's output file lives on the host that runs it, so starting a job pins
+the session to that host. Its reminder, `To stop: kill -9 -<pgid>`, is the seed's; but
+each call runs in a sandbox of its own (a PID namespace), where a later call cannot see
+the job: a command that is exactly such a `kill` of one of the session's jobs is
+therefore sent to the job's host as a kill of that job, and answered as bash would
+(nothing; or `No such process` when the job had already ended).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 
 from client.dialects._text import activity, seconds, signal_label, system_failure
 from client.dialects.args import ArgError, Args, command_problem
 from client.dialects.base import Dialect, GuardedRunner, Handler, SessionState, ToolSpec, ToolText
+from worker.wire.control import NO_LINE, CheckRequest, KillRequest
 from worker.wire.models import CallResult, JobHandle, Middle, Policy, RunRequest
+
+#: `kill`, `kill -9`, `kill -KILL`... of a process group (`-N`) or a pid.
+_KILL = re.compile(r"^\s*kill\s+(?:-(?:9|KILL|SIGKILL|15|TERM|SIGTERM)\s+)?(-?)(\d+)\s*;?\s*$")
 
 DESCRIPTION_TEMPLATE = """\
 Executes shell commands via bash -c, returning combined stdout/stderr.
@@ -162,6 +171,9 @@ class ModesDialect(Dialect):
         if problem:
             raise ArgError(problem)
         mode = args.text("mode") or "default"
+        killed = self._kill_job(command, runner, session)
+        if killed is not None:
+            return killed
         result = runner.execute(RunRequest(
             command=command,
             host=session.host,
@@ -171,6 +183,22 @@ class ModesDialect(Dialect):
             env=dict(session.env),
         ))
         return self.render(result, mode, command, session)
+
+    def _kill_job(
+        self, command: str, runner: GuardedRunner, session: SessionState
+    ) -> ToolText | None:
+        """The answer to `kill [-9] -<pgid>` of one of the session's jobs, done through
+        the fleet; None for any other command (it runs as it is)."""
+        match = _KILL.match(command)
+        number = int(match.group(2)) if match else None
+        job = next((j for j in session.jobs.values() if number in (j.pgid, j.pid)), None)
+        if match is None or job is None:
+            return None
+        if not runner.check_job(CheckRequest(id=job.id, grep=NO_LINE)).running:
+            gone = f"bash: line 1: kill: ({match.group(1)}{number}) - No such process"
+            return ToolText(f"[command failed: exit code 1]\n{gone}", is_error=True)
+        runner.kill_job(KillRequest(id=job.id))
+        return ToolText("")
 
     def render(
         self, result: CallResult, mode: str, command: str, session: SessionState

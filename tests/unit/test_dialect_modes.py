@@ -8,8 +8,10 @@ from hypothesis import strategies as st
 
 from client.dialects import ModesDialect, SessionState, ToolText, humanize_bytes, schemas
 from client.dialects.testing import FakeRunner
+from worker.wire.control import KillRequest
 from worker.wire.models import (
     CallResult,
+    CheckResult,
     JobHandle,
     Middle,
     Policy,
@@ -272,8 +274,8 @@ def test_background_start_pins_the_host() -> None:
     )
     assert session.host == "h2"
     assert session.jobs["j1"].command == "python -m http.server"
-    # Later calls (cat the output file, kill -9 -pgid) go to the job's host.
-    _, runner, _ = call(done(exit_code=0), {"command": "kill -9 -4242"}, session)
+    # Later calls (cat the output file) go to the job's host.
+    _, runner, _ = call(done(exit_code=0), {"command": "cat /jobs/j1.log"}, session)
     assert runner.last().options["host"] == "h2"
 
 
@@ -373,3 +375,42 @@ keys = st.sampled_from(["command", "mode"]) | st.text(max_size=6)
 def test_any_arguments_give_a_tool_text(tool: str, args: object) -> None:
     answer = MODES.call(tool, args, FakeRunner(), SessionState())  # type: ignore[arg-type]
     assert isinstance(answer, ToolText) and isinstance(answer.text, str)
+
+
+def _session_with_job() -> tuple[SessionState, JobHandle]:
+    job = JobHandle(id="j7", host="h2", pid=4242, pgid=4242, output_path="/jobs/j7.log")
+    session = SessionState()
+    session.remember(job, "python3 -m http.server")
+    return session, job
+
+
+@pytest.mark.parametrize("command", ["kill -9 -4242", "kill -4242", "kill -TERM 4242 ;",
+                                     "  kill -SIGKILL -4242  "])
+def test_the_reminders_kill_of_a_session_job_goes_through_the_fleet(command: str) -> None:
+    # Each call runs in a PID namespace of its own: a later call's `kill -9 -<pgid>`
+    # could not reach the job, so the seed's reminder is carried out by the fleet.
+    session, job = _session_with_job()
+    runner = FakeRunner(check=[CheckResult(id="j7", host="h2", running=True)])
+    answer = MODES.call("bash", {"command": command}, runner, session)
+    assert answer == ToolText("")
+    assert [c.method for c in runner.calls] == ["check", "kill"]
+    assert runner.last().request == KillRequest(id=job.id)
+
+
+def test_killing_an_ended_job_fails_as_bash_would() -> None:
+    session, _ = _session_with_job()
+    runner = FakeRunner(check=[CheckResult(id="j7", host="h2", running=False, exit_code=0)])
+    answer = MODES.call("bash", {"command": "kill -9 -4242"}, runner, session)
+    assert answer == ToolText(
+        "[command failed: exit code 1]\nbash: line 1: kill: (-4242) - No such process",
+        is_error=True,
+    )
+    assert [c.method for c in runner.calls] == ["check"]
+
+
+@pytest.mark.parametrize("command", ["kill -9 -999", "kill -9 -4242; echo done", "pkill x"])
+def test_other_kills_run_as_commands(command: str) -> None:
+    session, _ = _session_with_job()
+    runner = FakeRunner()
+    MODES.call("bash", {"command": command}, runner, session)
+    assert [c.method for c in runner.calls] == ["run"]

@@ -43,7 +43,7 @@ import redis
 from kombu.utils.url import maybe_sanitize_url
 from pydantic_settings import NoDecode
 
-from worker.engine import procs, running
+from worker.engine import procs, running, sandbox
 from worker.engine.environment import DEFAULT_DENY, is_secret_name
 from worker.fleet import logs, recovery, registry
 from worker.fleet.connect import redis_client
@@ -150,6 +150,13 @@ def main(host: str, concurrency: int, labels: tuple[str, ...], settings: Setting
     except ValueError as exc:
         print(f"bashfleet worker: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    errors, warnings = sandbox.startup_problems(settings)
+    for error in errors:
+        print(f"bashfleet worker: {error}", file=sys.stderr)
+    if errors:
+        return EXIT_USAGE
+    for warning in warnings:
+        log.warning("host %s: %s", host, warning)
     if not settings.accepted_keys():
         if not settings.insecure_unsigned:
             print(UNSIGNED_REFUSAL, file=sys.stderr)
@@ -231,6 +238,7 @@ class HostSupervisor:
         self.restarts: list[float] = []
         self.started_at = time.time()
         self.pid_start = procs.start_time(os.getpid()) or self.started_at
+        self.sandbox = sandbox.probe(settings)
         # Redis lost what this worker published (see `_registry_lost`): what is still
         # to publish again, retried at each beat until it worked (the job records by
         # the main loop, which owns the job watcher).
@@ -361,6 +369,7 @@ class HostSupervisor:
             "machine_id": machine_id(), "version": version(),
             "concurrency": self.settings.concurrency, "labels": ",".join(self.settings.labels),
             "started_at": self.started_at, "state_dir": str(self.settings.state_dir),
+            "sandbox": self.sandbox.model_dump_json(),
         }
 
     def _heartbeat(self, *, reset: bool = False) -> None:

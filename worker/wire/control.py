@@ -29,6 +29,9 @@ from worker.wire.models import (
 )
 from worker.wire.names import Task
 
+#: A `grep` that matches no line (RE2 syntax): a check that reads a job's state only.
+NO_LINE = r"[^\s\S]"
+
 #: Largest slice `read_output` returns (results stay small on Redis).
 MAX_READ_LIMIT = 4 * 1024 * 1024
 

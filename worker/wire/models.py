@@ -292,6 +292,11 @@ class RunRequest(Model):
     """Variables removed from the environment."""
     capture_state: bool = False
     """Report the cwd and exported variables the command ends with (sessions)."""
+    isolation: Isolation | None = None
+    """The sandbox to run in (`process`, `strict`, `none`); None: the host's default.
+    Stronger than the host's default is granted, weaker refused."""
+    network: bool | None = None
+    """Whether the command may reach the network; None: the isolation's default."""
 
     @field_validator("mode", mode="before")
     @classmethod
@@ -566,6 +571,9 @@ class HostInfo(Model):
     """When the worker started (seconds since the epoch, its clock)."""
     heartbeat_at: float | None = None
     """Its last heartbeat (seconds since the epoch, its clock)."""
+    sandbox: SandboxProbe | None = None
+    """The isolation its calls get (default level, bubblewrap, cgroups, run-as user);
+    None for a worker that does not say (an older version)."""
 
 
 class JobView(Model):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from worker.wire.models import HostInfo, JobRecord, JobView
+from worker.wire.models import HostInfo, JobRecord, JobView, SandboxProbe
 from worker.wire.names import JobState
 
 
@@ -79,4 +79,14 @@ def host_info(
         machine=record.get("machine", ""),
         started_at=number(record, "started_at"),
         heartbeat_at=number(record, "heartbeat_at"),
+        sandbox=_sandbox(record.get("sandbox")),
     )
+
+
+def _sandbox(raw: str | None) -> SandboxProbe | None:
+    if not raw:
+        return None
+    try:
+        return SandboxProbe.model_validate_json(raw)
+    except ValueError:
+        return None  # a newer worker's shape: show the host without it
