@@ -36,7 +36,9 @@ from worker.wire.control import NO_LINE, CheckRequest, KillRequest
 from worker.wire.models import CallResult, JobHandle, Middle, Policy, RunRequest
 
 #: `kill`, `kill -9`, `kill -KILL`... of a process group (`-N`) or a pid.
-_KILL = re.compile(r"^\s*kill\s+(?:-(?:9|KILL|SIGKILL|15|TERM|SIGTERM)\s+)?(-?)(\d+)\s*;?\s*$")
+_KILL = re.compile(
+    r"^\s*kill\s+(?:-(?P<signal>9|KILL|SIGKILL|15|TERM|SIGTERM)\s+)?(-?)(\d+)\s*;?\s*$"
+)
 
 DESCRIPTION_TEMPLATE = """\
 Executes shell commands via bash -c, returning combined stdout/stderr.
@@ -190,14 +192,15 @@ class ModesDialect(Dialect):
         """The answer to `kill [-9] -<pgid>` of one of the session's jobs, done through
         the fleet; None for any other command (it runs as it is)."""
         match = _KILL.match(command)
-        number = int(match.group(2)) if match else None
+        number = int(match.group(3)) if match else None
         job = next((j for j in session.jobs.values() if number in (j.pgid, j.pid)), None)
         if match is None or job is None:
             return None
         if not runner.check_job(CheckRequest(id=job.id, grep=NO_LINE)).running:
-            gone = f"bash: line 1: kill: ({match.group(1)}{number}) - No such process"
+            gone = f"bash: line 1: kill: ({match.group(2)}{number}) - No such process"
             return ToolText(f"[command failed: exit code 1]\n{gone}", is_error=True)
-        runner.kill_job(KillRequest(id=job.id))
+        signal = 15 if match["signal"] in (None, "15", "TERM", "SIGTERM") else 9
+        runner.kill_job(KillRequest(id=job.id, signal=signal))
         return ToolText("")
 
     def render(

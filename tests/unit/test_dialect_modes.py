@@ -394,7 +394,8 @@ def test_the_reminders_kill_of_a_session_job_goes_through_the_fleet(command: str
     answer = MODES.call("bash", {"command": command}, runner, session)
     assert answer == ToolText("")
     assert [c.method for c in runner.calls] == ["check", "kill"]
-    assert runner.last().request == KillRequest(id=job.id)
+    signal = 9 if "9" in command or "KILL" in command else 15
+    assert runner.last().request == KillRequest(id=job.id, signal=signal)
 
 
 def test_killing_an_ended_job_fails_as_bash_would() -> None:

@@ -13,6 +13,7 @@ import json
 import os
 import re
 import select
+import signal
 import subprocess
 import sys
 import threading
@@ -471,13 +472,15 @@ def kill_job(
     grace_s: float = 2.0,
     policy: Truncation | None = None,
     settings: Settings | None = None,
+    first: int = signal.SIGTERM,
 ) -> CheckResult:
-    """End a job (group SIGTERM, grace, SIGKILL, marker sweep); return its final state."""
+    """End a job (group SIGTERM or `first`, grace, SIGKILL, marker sweep); return its
+    final state."""
     settings = settings or get_settings()
     leader_ours = procs.is_same_process(record.pid, record.start_time)
     survivors = procs.terminate(
         record.pgid if leader_ours else None, record.marker,
-        grace_s=grace_s, rounds=settings.sweep_rounds,
+        grace_s=grace_s, rounds=settings.sweep_rounds, first=first,
     )
     _await_status(record, timeout=2.0)
     write_status(record, None, note="killed; the supervisor did not record the exit status")

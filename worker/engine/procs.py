@@ -156,14 +156,16 @@ def wait_gone(pgid: int | None, marker: str | None, timeout: float) -> list[int]
 
 
 def terminate(
-    pgid: int | None, marker: str | None, *, grace_s: float, rounds: int = 5
+    pgid: int | None, marker: str | None, *, grace_s: float, rounds: int = 5,
+    first: int = signal.SIGTERM,
 ) -> list[int]:
-    """End a call: SIGTERM, `grace_s` to exit, SIGKILL, then sweep marked escapees.
+    """End a call: SIGTERM (or `first`), `grace_s` to exit, SIGKILL, then sweep marked
+    escapees.
 
     Returns the pids still alive afterwards (empty unless a process is stuck in the
     kernel or changed its environment to drop the marker and left the group).
     """
-    _signal_all(pgid, marker, signal.SIGTERM)
+    _signal_all(pgid, marker, first)
     alive = wait_gone(pgid, marker, grace_s)
     for _ in range(rounds):
         if not alive:

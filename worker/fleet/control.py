@@ -102,7 +102,7 @@ def kill(rt: Runtime, request: KillRequest, admin: bool = False) -> CheckResult:
     ) -> CheckResult:
         return jobs.kill_job(
             record, offset=start, stderr_offset=err_start, grace_s=KILL_GRACE_S, policy=cut,
-            settings=rt.settings,
+            settings=rt.settings, first=request.signal,
         )
 
     return _job_action(rt, request, act, admin, always_sync=True)

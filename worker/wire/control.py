@@ -80,6 +80,9 @@ class KillRequest(ControlRequest):
     """Byte offset of a separate stderr file; None: where the last check stopped."""
     truncation: Truncation | None = None
     """How to cut the final output; None: the last 2000 lines."""
+    signal: Literal[9, 15] = 15
+    """The first signal to the job's group: 15 (SIGTERM, then SIGKILL after a grace) or
+    9 (SIGKILL at once, as `kill -9 -<pgid>` does)."""
 
 
 class ReadOutputRequest(ControlRequest):
