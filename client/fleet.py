@@ -103,30 +103,27 @@ def resolve_url(redis_url: str | None = None) -> str | None:
         raise FleetUnavailable(f"the local fleet's state is not trusted: {exc}") from None
 
 
+def _key(url: str, name: Literal["signing_key", "admin_key"]) -> str | None:
+    configured = getattr(Settings(), name)
+    if configured is not None:
+        return str(configured.get_secret_value())
+    try:
+        from client.local import local_key  # noqa: PLC0415 - optional, CLI side
+    except ImportError:
+        return None
+    return local_key(url, name)
+
+
 def resolve_signing_key(url: str) -> str | None:
     """The key calls are signed with: BASHFLEET_SIGNING_KEY, else the local fleet's own
     (when `url` is that fleet's Redis), else None (unsigned)."""
-    configured = Settings().signing_key
-    if configured is not None:
-        return configured.get_secret_value()
-    try:
-        from client.local import local_signing_key  # noqa: PLC0415 - optional, CLI side
-    except ImportError:
-        return None
-    return local_signing_key(url)
+    return _key(url, "signing_key")
 
 
 def resolve_admin_key(url: str) -> str | None:
     """The admin key: BASHFLEET_ADMIN_KEY, else the local fleet's own (when `url` is that
     fleet's Redis: whoever runs `bashfleet up` administers it), else None."""
-    configured = Settings().admin_key
-    if configured is not None:
-        return configured.get_secret_value()
-    try:
-        from client.local import local_admin_key  # noqa: PLC0415 - optional, CLI side
-    except ImportError:
-        return None
-    return local_admin_key(url)
+    return _key(url, "admin_key")
 
 
 def validation_message(exc: ValidationError) -> str:

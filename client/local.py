@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import psutil
 from pydantic import BaseModel, ConfigDict
@@ -142,16 +143,11 @@ def local_redis_url(settings: Settings | None = None) -> str | None:
     return state.redis_url if state else None
 
 
-def local_signing_key(url: str, settings: Settings | None = None) -> str | None:
-    """The local fleet's signing key, when `url` is that fleet's Redis."""
+def local_key(url: str, name: Literal["signing_key", "admin_key"],
+              settings: Settings | None = None) -> str | None:
+    """The local fleet's signing or admin key, when `url` is that fleet's Redis."""
     state = load_state(settings)
-    return state.signing_key if state is not None and state.redis_url == url else None
-
-
-def local_admin_key(url: str, settings: Settings | None = None) -> str | None:
-    """The local fleet's admin key, when `url` is that fleet's Redis."""
-    state = load_state(settings)
-    return state.admin_key if state is not None and state.redis_url == url else None
+    return getattr(state, name) if state is not None and state.redis_url == url else None
 
 
 def _record(role: str, name: str, proc: subprocess.Popen[bytes], log: Path | None) -> FleetProcess:

@@ -27,6 +27,8 @@ from client import Fleet, records
 from client.redis_server import RedisServer
 from worker.engine import jobs, procs
 from worker.settings import Settings
+from worker.wire.models import CallResult
+from worker.wire.names import Task, exec_queue
 
 T = TypeVar("T")
 
@@ -250,3 +252,17 @@ def fleet(redis_server: RedisServer) -> Iterator[Fleet]:
     client = Fleet(redis_server.url)
     yield client
     client.close()
+
+
+def raw_exec(fleet: Fleet, host: str, args: list[object], call_id: str) -> CallResult:
+    """Send an exec message with exactly these arguments to `host` (as any Redis writer
+    could, bypassing the client's signing); the answer the worker gives it."""
+    waiter = fleet._replies.expect(call_id)
+    try:
+        fleet._send(Task.EXEC, args, exec_queue(host), call_id, "raw")
+        deadline = time.monotonic() + 30
+        while (payload := fleet._answer(waiter, 0.5)) is None:
+            assert time.monotonic() < deadline, "no answer within 30 s"
+    finally:
+        fleet._replies.forget(waiter)
+    return CallResult.model_validate_json(payload)

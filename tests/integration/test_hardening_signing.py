@@ -28,7 +28,7 @@ from worker.wire import auth, names
 from worker.wire.models import CallResult
 from worker.wire.names import Task
 
-from .conftest import WorkerFactory, WorkerProcess, wait_for
+from .conftest import WorkerFactory, WorkerProcess, raw_exec, wait_for
 from .test_fleet_flower import PASSWORD, USER, _try_get
 from .test_fleet_flower import flower as flower  # noqa: PLC0414 - the fixture
 
@@ -67,19 +67,6 @@ def signed_fleet(redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch) -> 
     client = Fleet(redis_server.url)
     yield client
     client.close()
-
-
-def _raw_exec(fleet: Fleet, args: list[Any], call_id: str) -> CallResult:
-    """Send an exec message as any Redis writer could, bypassing the client."""
-    waiter = fleet._replies.expect(call_id)
-    try:
-        fleet._send(Task.EXEC, args, names.exec_queue(HOST), call_id, "raw")
-        deadline = time.monotonic() + 30
-        while (payload := fleet._answer(waiter, 0.5)) is None:
-            assert time.monotonic() < deadline, "no answer within 30 s"
-    finally:
-        fleet._replies.forget(waiter)
-    return CallResult.model_validate_json(payload)
 
 
 def _call(marker: Path, call_id: str) -> dict[str, Any]:
@@ -142,7 +129,7 @@ def test_forged_messages_are_refused(
     else:
         envelope = auth.sign("some-other-key-" + "0" * 20, Task.EXEC,
                              [_call(marker, call_id)], now)
-    result = _raw_exec(signed_fleet, [envelope], call_id)
+    result = raw_exec(signed_fleet, HOST, [envelope], call_id)
     assert result.error is not None and result.error.kind == "unauthorized", result
     assert not marker.exists()
 
@@ -154,9 +141,9 @@ def test_a_replayed_message_is_refused(
     marker = tmp_path / "replayed"
     envelope = auth.sign(KEY, Task.EXEC,
                          [{"call_id": first_id, "command": f"echo once >> {marker}"}], time.time())
-    first = _raw_exec(signed_fleet, [envelope], first_id)
+    first = raw_exec(signed_fleet, HOST, [envelope], first_id)
     assert first.exit_code == 0, first
-    again = _raw_exec(signed_fleet, [copy.deepcopy(envelope)], second_id)
+    again = raw_exec(signed_fleet, HOST, [copy.deepcopy(envelope)], second_id)
     assert again.error is not None and again.error.kind == "unauthorized"
     assert "replayed" in again.error.message
     assert marker.read_text() == "once\n"

@@ -35,10 +35,10 @@ from client.sessions import RedisSessionStore
 from worker.fleet.connect import redis_client
 from worker.settings import Settings
 from worker.wire import auth, names
-from worker.wire.models import CallResult, JobRecord
+from worker.wire.models import JobRecord
 from worker.wire.names import Task
 
-from .conftest import WorkerFactory, WorkerProcess, wait_for
+from .conftest import WorkerFactory, WorkerProcess, raw_exec, wait_for
 
 ADMIN_KEY = "admin-key-" + uuid.uuid4().hex
 HOST = "trust1"
@@ -195,29 +195,17 @@ def test_5_a_replayed_message_does_not_run_again_even_with_redis_wiped(
         os.environ["BASHFLEET_SIGNING_KEY"], Task.EXEC,
         [{"call_id": call_id, "command": f"echo once >> {marker}"}], time.time(),
     )
-    first = _raw_exec(fleet, [envelope], call_id)
+    first = raw_exec(fleet, HOST, [envelope], call_id)
     assert first.exit_code == 0 and marker.read_text() == "once\n"
     # The attacker deletes what Redis remembers of it (the nonce, the call, the reply),
     # then pushes the captured message again.
     client.delete(names.nonce_key(envelope["auth"]["nonce"]), names.call_key(call_id),
                   names.reply_key(call_id))
-    again = _raw_exec(fleet, [envelope], call_id)
+    again = raw_exec(fleet, HOST, [envelope], call_id)
     assert again.error is not None and again.error.kind == "unauthorized"
     assert "replayed" in again.error.message
     assert marker.read_text() == "once\n"
     client.close()
-
-
-def _raw_exec(fleet: Fleet, args: list[object], call_id: str) -> CallResult:
-    waiter = fleet._replies.expect(call_id)
-    try:
-        fleet._send(Task.EXEC, args, names.exec_queue(HOST), call_id, "raw")
-        deadline = time.monotonic() + 30
-        while (payload := fleet._answer(waiter, 0.5)) is None:
-            assert time.monotonic() < deadline, "no answer within 30 s"
-    finally:
-        fleet._replies.forget(waiter)
-    return CallResult.model_validate_json(payload)
 
 
 # ------------------------------------------------------------ 6: remote control

@@ -35,6 +35,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
+from worker.engine.job_supervisor import open_procs_files
+
 #: Controllers a call's limits may need, and the limit each one carries.
 CONTROLLERS = ("memory", "pids", "cpu")
 GROUP_DIR = "bashfleet"
@@ -319,15 +321,7 @@ class Group:
 
     def procs_fds(self) -> list[int]:
         """Open `cgroup.procs` of each directory for writing (close-on-exec)."""
-        fds: list[int] = []
-        try:
-            for path, _ in self.paths:
-                fds.append(os.open(os.path.join(path, "cgroup.procs"), os.O_WRONLY | os.O_CLOEXEC))
-        except OSError:
-            for fd in fds:
-                os.close(fd)
-            raise
-        return fds
+        return open_procs_files(path for path, _ in self.paths)
 
     def counters(self) -> dict[str, int]:
         """{controller: count of limit hits so far}."""

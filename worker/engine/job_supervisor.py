@@ -24,6 +24,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 from typing import Any
 
 
@@ -138,17 +139,26 @@ def _launcher(spec: dict[str, Any]) -> Any:
     return module
 
 
-def _procs_fds(spec: dict[str, Any]) -> list[int]:
-    """The job's cgroup procs files, opened for writing (the job writes itself in)."""
+def open_procs_files(folders: Iterable[str]) -> list[int]:
+    """The `cgroup.procs` file of each cgroup directory, opened for writing
+    (close-on-exec): a process writes itself in. All or none (an error closes them).
+
+    Here, in this standard-library-only module, so that the worker's cgroups use it too.
+    """
     fds: list[int] = []
     try:
-        for folder in spec.get("cgroup_dirs") or []:
+        for folder in folders:
             fds.append(os.open(os.path.join(folder, "cgroup.procs"), os.O_WRONLY | os.O_CLOEXEC))
     except OSError:
         for fd in fds:
             os.close(fd)
         raise
     return fds
+
+
+def _procs_fds(spec: dict[str, Any]) -> list[int]:
+    """The job's cgroup procs files, opened for writing (the job writes itself in)."""
+    return open_procs_files(spec.get("cgroup_dirs") or [])
 
 
 def _start_plain(spec: dict[str, Any], out_fd: int) -> tuple[Any, float]:
