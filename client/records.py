@@ -1,5 +1,5 @@
 """The client's side of the fleet's state in Redis: what a caller records (a call it
-submits or withdraws, a session's host pin) and what it reads (hosts, call and job
+submits or withdraws) and what it reads (hosts, call and job
 records, queue depths, stored replies).
 
 Names and TTLs are in `worker.wire.names`; the worker's side is `worker.fleet.registry`.
@@ -104,20 +104,6 @@ def queue_depths(client: Redis, queues: Sequence[str]) -> dict[str, int]:
 def stored_reply(client: Redis, task_id: str) -> str | None:
     """A task's stored answer, or None (not answered yet, or expired)."""
     return cast("str | None", client.get(names.reply_key(task_id)))
-
-
-# --------------------------------------------------------------------------- sessions
-
-
-def session_host(client: Redis, session: str) -> str | None:
-    """The host a session's calls are pinned to, if any."""
-    pinned = client.get(names.session_key(session))
-    return str(pinned) if pinned else None
-
-
-def pin_session(client: Redis, session: str, host: str) -> None:
-    """Pin a session's later calls to `host` (renewed by every call of the session)."""
-    client.set(names.session_key(session), host, ex=names.SESSION_TTL_S)
 
 
 # ------------------------------------------------------------------------------ hosts

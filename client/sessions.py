@@ -13,6 +13,14 @@ that restarts with the same session id picks up where the last one stopped.
 Two callers that save the same session at once would lose one of the updates;
 `commit` merges instead: it reapplies what one call changed onto the state stored now
 (`merge_states`), in a WATCH/MULTI transaction.
+
+A session's *shell* (cwd, exported and unset variables, pinned host: `client.shells`)
+is stored apart, under `bashfleet:shell:<id>` (`ShellStore`), because every caller of a
+session shares it, not only the dialect's MCP server: `bashfleet run --session S`, the
+Python API's `session=`, native's `session` argument. Each call's change is laid onto
+the stored shell in a WATCH/MULTI transaction, so concurrent calls never lose a `cd`.
+
+Every read and write of session data goes through `_encode` / `_decode` here.
 """
 
 from __future__ import annotations
@@ -25,14 +33,17 @@ import redis
 from pydantic import ValidationError
 
 from client.dialects.base import SessionState
+from client.shells import ShellChange, ShellState, apply_change
 from worker.wire import names
-from worker.wire.names import session_state_key
+from worker.wire.names import session_state_key, shell_key
 
 __all__ = [
     "SESSION_STATE_TTL_S",
     "RedisSessionStore",
+    "ShellStore",
     "merge_states",
     "session_state_key",
+    "shell_key",
     "validate_session_id",
 ]
 
@@ -43,6 +54,26 @@ SESSION_STATE_TTL_S = names.SESSION_TTL_S
 
 K = TypeVar("K")
 V = TypeVar("V")
+M = TypeVar("M", SessionState, ShellState)
+
+
+def _encode(state: SessionState | ShellState) -> str:
+    """What is stored for a session's state or shell."""
+    return state.model_dump_json()
+
+
+def _decode(session_id: str, raw: object, model: type[M]) -> M:
+    """A stored state or shell; a fresh one for none, or for one that cannot be read."""
+    if raw is None:
+        return model()
+    try:
+        return model.model_validate_json(str(raw))
+    except ValidationError as exc:
+        # A record written by another version, or damaged: starting afresh loses the
+        # session's memory, but refusing every call would lose the agent.
+        what = "shell" if model is ShellState else "state"
+        log.warning("session %s: unreadable %s, starting afresh (%s)", session_id, what, exc)
+        return model()
 
 
 def validate_session_id(session_id: str) -> str:
@@ -92,6 +123,11 @@ class RedisSessionStore:
         self._redis = client
         self._ttl_s = ttl_s
 
+    @property
+    def shells(self) -> ShellStore:
+        """The sessions' shells, on the same Redis."""
+        return ShellStore(self._redis, self._ttl_s)
+
     def load(self, session_id: str) -> SessionState:
         """The session's state; a fresh one for an unknown or expired id."""
         key = session_state_key(validate_session_id(session_id))
@@ -100,7 +136,7 @@ class RedisSessionStore:
     def save(self, session_id: str, state: SessionState) -> None:
         """Store the state and (re)start its TTL."""
         key = session_state_key(validate_session_id(session_id))
-        self._redis.set(key, state.model_dump_json(), ex=self._ttl_s)
+        self._redis.set(key, _encode(state), ex=self._ttl_s)
 
     def commit(self, session_id: str, base: SessionState, mine: SessionState) -> SessionState:
         """Save what a call changed (`base` -> `mine`) onto the stored state; the result.
@@ -116,7 +152,7 @@ class RedisSessionStore:
                     theirs = self._parse(session_id, pipe.get(key))
                     merged = merge_states(base, mine, theirs)
                     pipe.multi()
-                    pipe.set(key, merged.model_dump_json(), ex=self._ttl_s)
+                    pipe.set(key, _encode(merged), ex=self._ttl_s)
                     pipe.execute()
                     return merged
                 except redis.WatchError:
@@ -132,12 +168,46 @@ class RedisSessionStore:
 
     @staticmethod
     def _parse(session_id: str, raw: object) -> SessionState:
-        if raw is None:
-            return SessionState()
-        try:
-            return SessionState.model_validate_json(str(raw))
-        except ValidationError as exc:
-            # A record written by another version, or damaged: starting afresh loses the
-            # session's memory, but refusing every call would lose the agent.
-            log.warning("session %s: unreadable state, starting afresh (%s)", session_id, exc)
-            return SessionState()
+        return _decode(session_id, raw, SessionState)
+
+
+class ShellStore:
+    """Sessions' shells on Redis: one JSON string per session, with a TTL."""
+
+    def __init__(self, client: redis.Redis, ttl_s: int = SESSION_STATE_TTL_S) -> None:
+        """`client` must decode responses (`decode_responses=True`)."""
+        self._redis = client
+        self._ttl_s = ttl_s
+
+    def load(self, session_id: str) -> ShellState:
+        """The session's shell; a fresh one for an unknown or expired id."""
+        key = shell_key(validate_session_id(session_id))
+        return _decode(session_id, self._redis.get(key), ShellState)
+
+    def commit(self, session_id: str, change: ShellChange) -> ShellState:
+        """Lay one call's change onto the stored shell (and restart its TTL); the result.
+
+        WATCH/MULTI: a change committed by another caller in between makes this one
+        start over on that newer shell, so neither is lost.
+        """
+        key = shell_key(validate_session_id(session_id))
+        while True:
+            with self._redis.pipeline() as pipe:
+                try:
+                    pipe.watch(key)  # type: ignore[no-untyped-call]
+                    now = _decode(session_id, pipe.get(key), ShellState)
+                    shell = apply_change(now, change)
+                    pipe.multi()
+                    pipe.set(key, _encode(shell), ex=self._ttl_s)
+                    pipe.execute()
+                    return shell
+                except redis.WatchError:
+                    continue
+
+    def delete(self, session_id: str) -> None:
+        """Forget a session's shell."""
+        self._redis.delete(shell_key(validate_session_id(session_id)))
+
+    def ttl(self, session_id: str) -> int:
+        """Seconds the session's shell has left (-2: none stored)."""
+        return int(self._redis.ttl(shell_key(validate_session_id(session_id))))

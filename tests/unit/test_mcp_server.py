@@ -36,6 +36,7 @@ from client.mcp_server import (
     build_server,
 )
 from client.sessions import RedisSessionStore
+from client.shells import ShellState
 from worker.wire.control import CheckRequest, KillRequest
 from worker.wire.models import CallResult, CheckResult, JobHandle, RunRequest
 
@@ -267,13 +268,18 @@ async def test_host_and_cwd_options_set_the_session(store: RedisSessionStore) ->
         await client.call_tool("bash", {"command": "pwd"})
         await client.call_tool("bash", {"command": "pwd"})
     assert [(c.options["host"], c.options["cwd"]) for c in runner.calls] == [("h2", "/src")] * 2
-    assert store.load(SESSION) == SessionState(host="h2", cwd="/src", env={"KEEP": "1"})
+    assert store.load(SESSION) == SessionState(
+        host="h2", cwd="/src", env={"KEEP": "1"}, fleet_session=SESSION
+    )
+    # The session's shell (shared with `bashfleet run --session`) starts there too.
+    assert store.shells.load(SESSION) == ShellState(host="h2", cwd="/src")
 
 
 @pytest.mark.anyio
 async def test_a_restarted_server_resumes_the_session(store: RedisSessionStore) -> None:
     started = done(backgrounded=True, job=JOB)
-    async with connected(tool_server("claude", FakeRunner(run=[started]), store)) as client:
+    first = FakeRunner(run=[started])
+    async with connected(tool_server("claude", first, store)) as client:
         answer = text_of(
             await client.call_tool("Bash", {"command": "serve", "run_in_background": True})
         )
@@ -285,7 +291,9 @@ async def test_a_restarted_server_resumes_the_session(store: RedisSessionStore) 
         output = text_of(await client.call_tool("BashOutput", {"bash_id": "j7"}))
     assert output == ToolText("<status>running</status>\n\n<stdout>\nup\n</stdout>")
     assert store.load(SESSION).offsets == {"j7": 3}
-    assert store.load(SESSION).host == "h1"
+    # Claude's calls run in the session's shell, which the fleet pins (not the server).
+    assert store.load(SESSION).fleet_session == SESSION
+    assert first.shells[SESSION].host == "h1"
 
 
 @pytest.mark.anyio
@@ -319,9 +327,12 @@ async def test_calls_run_concurrently_and_both_keep_their_changes(
         def execute(self, request: RunRequest) -> CallResult:
             started.set()
             assert release.wait(10)
-            return done(exit_code=0, env_changes={"BUILT": "1"})
+            return super().execute(request)
 
-    runner = Slow(check=[CheckResult(id="j7", host="h1", running=True, output="a\n", offset=2)])
+    runner = Slow(
+        run=[done(exit_code=0, env_changes={"BUILT": "1"})],
+        check=[CheckResult(id="j7", host="h1", running=True, output="a\n", offset=2)],
+    )
     async with connected(tool_server("claude", runner, store)) as client:
         results: dict[str, types.CallToolResult] = {}
 
@@ -337,9 +348,8 @@ async def test_calls_run_concurrently_and_both_keep_their_changes(
             release.set()
     assert text_of(output).text.endswith("<stdout>\na\n</stdout>")
     assert results["build"].is_error is False
-    final = store.load(SESSION)
-    assert final.offsets == {"j7": 2}
-    assert final.env == {"BUILT": "1"}
+    assert store.load(SESSION).offsets == {"j7": 2}
+    assert runner.shells[SESSION].env == {"BUILT": "1"}
 
 
 @pytest.mark.anyio

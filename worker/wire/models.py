@@ -240,7 +240,8 @@ class RunRequest(Model):
     cwd: str | None = None
     """Working directory on the host; None: the worker's home."""
     session: str | None = None
-    """Session id: pins the host of its first call for its later calls."""
+    """Session id: the call runs in the session's shell (its pinned host, cwd and
+    variables) and what it changes there holds for the session's next call."""
     policy: Policy | None = None
     """The dialect's policy; None: the native one."""
     env: dict[str, str] = Field(default_factory=dict)
