@@ -78,6 +78,8 @@ class FakeRunner:
         self.read_results = list(read)
         self.error = error
         self.calls: list[FakeCall] = []
+        self.cancelled: list[str] = []
+        """Ids of the calls `cancel` was asked to stop."""
         self.shells: dict[str, ShellState] = {}
         """Sessions' shells, by session id (as the fleet keeps them in Redis)."""
         self._ids = itertools.count(1)
@@ -128,6 +130,11 @@ class FakeRunner:
         return OutputChunk(
             path=f"/fake/{request.id}.out", offset=0, next_offset=0, size=0, text="", eof=True
         )
+
+    def cancel(self, call_id: str) -> bool:
+        """Record a cancel (as the MCP server asks the fleet); True, as for a running call."""
+        self.cancelled.append(call_id)
+        return True
 
     def last(self) -> FakeCall:
         """The most recent call."""
