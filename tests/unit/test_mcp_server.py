@@ -592,8 +592,8 @@ async def test_a_long_call_sends_progress_with_its_last_output(store: RedisSessi
     assert message is not None and message.startswith("running for ")
     assert message.endswith("last output:\nstep 2\nstep 3\nstep 4")
     # The output is read by the call's own id.
-    reads = [c.request for c in runner.calls if c.method == "read"]
-    assert reads and {r.id for r in reads} == set(runner.sent)
+    reads = [c.target for c in runner.calls if c.method == "read"]
+    assert reads and set(reads) == set(runner.sent)
 
 
 @pytest.mark.anyio
