@@ -51,6 +51,8 @@ from worker.wire.control import (
     CheckRequest,
     ControlReply,
     ControlRequest,
+    DetachRequest,
+    DetachResult,
     JobList,
     JobsRequest,
     KillRequest,
@@ -133,7 +135,7 @@ def build_call(request: RunRequest) -> Call:
             call_id=request.call_id or f"c{uuid.uuid4().hex[:23]}", command=request.command,
             cwd=request.cwd, timeout_s=timeout, background=request.mode == "background",
             env=request.env, unset_env=request.unset_env, capture_state=request.capture_state,
-            head=request.head, tail=request.tail,
+            head=request.head, tail=request.tail, session=request.session,
             **({"policy": request.policy} if request.policy is not None else {}),
         )
     except ValidationError as exc:
@@ -148,21 +150,19 @@ def run_request(command: str, options: dict[str, Any]) -> RunRequest:
         raise CallRejected(f"invalid call: {validation_message(exc)}") from None
 
 
-def _argsrepr(call: Call, request: RunRequest) -> str:
+def _argsrepr(call: Call) -> str:
     """What Flower shows as a call's arguments when it is sent: the command's size, the
     cwd asked for, the dialect, the session (the worker adds the cwd actually used and
-    the job id once the call ends: `worker.fleet.tasks`).
+    the job id once the call ends: `worker.fleet.flower`).
 
     Celery would otherwise repr the whole call (its policy, and its `env`, which may
     hold secrets) on every send: ~0.1 ms of client CPU per call, for a text cut at
-    1 KB anyway.
+    1 KB anyway. The command itself is redacted: it may carry a token inline
+    (curl -H ...), and Flower shows these arguments to anyone with its password.
     """
-    # The command itself is redacted: it may carry a token inline (curl -H ...), and
-    # Flower shows these arguments to anyone with its password.
-    size = len(call.command)
-    return repr({"command": f"<redacted: {size} chars>", "cwd": call.cwd,
+    return repr({"command": f"<redacted: {len(call.command)} chars>", "cwd": call.cwd,
                  "background": call.background, "dialect": call.policy.name,
-                 "session": request.session})
+                 "session": call.session})
 
 
 class Fleet:
@@ -263,7 +263,7 @@ class Fleet:
             args = self._signed(Task.EXEC, [call.model_dump(mode="json")])
             waiter = self._replies.expect(call.call_id)
             try:
-                self._send(Task.EXEC, args, queue, call.call_id, _argsrepr(call, request))
+                self._send(Task.EXEC, args, queue, call.call_id, _argsrepr(call))
                 return self._wait_call(waiter, target, label)
             finally:
                 self._replies.forget(waiter)
@@ -479,6 +479,20 @@ class Fleet:
             result = self._control(record["host"], CancelRequest(call_id=call_id), CancelResult)
             return result.cancelled
 
+    def detach(self, call_id: str) -> bool:
+        """Leave a running foreground call running as a background job.
+
+        True when the call was asked to: its own result (the one `run` returns) then
+        names the job (`CallResult.job`). False when it was not running (yet: a call is
+        detachable once it has run 50 ms) or had ended already.
+        """
+        with self._errors():
+            record = self._call(call_id)
+            if record.get("state") != CallState.RUNNING:
+                return False
+            request = DetachRequest(call_id=call_id)
+            return self._control(record["host"], request, DetachResult).detached
+
     def jobs(self, host: str | None = None) -> list[JobView]:
         """Background jobs of one host, or of every host the fleet knows; oldest first."""
         with self._errors():
@@ -652,6 +666,10 @@ class AsyncFleet:
     async def cancel(self, call_id: str) -> bool:
         """See `Fleet.cancel`."""
         return await asyncio.to_thread(self.fleet.cancel, call_id)
+
+    async def detach(self, call_id: str) -> bool:
+        """See `Fleet.detach`."""
+        return await asyncio.to_thread(self.fleet.detach, call_id)
 
     async def jobs(self, host: str | None = None) -> list[JobView]:
         """See `Fleet.jobs`."""

@@ -1,13 +1,18 @@
-"""worker.engine.session_state: the EXIT-trap wrapper and the diff of the final environment."""
+"""worker.engine.session_state: the EXIT trap bash sources through BASH_ENV, and the diff
+of the final environment."""
 
 from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from worker.engine.environment import MARKER_VAR
-from worker.engine.session_state import parse_state, wrap_command
+from worker.engine.session_state import parse_state, startup_script
 
 START = {"PATH": "/usr/bin", "HOME": "/root", "KEEP": "1", MARKER_VAR: "c1"}
 
@@ -46,16 +51,48 @@ def test_marker_and_hardening_are_never_carried() -> None:
     assert state.changes == {} and state.removed == ()
 
 
-def test_empty_state_is_unusable() -> None:
+def test_empty_state_or_the_unrun_script_is_unusable() -> None:
     assert parse_state(b"", START) is None
+    # The trap never ran (the command replaced its shell): the file is still the script.
+    assert parse_state(startup_script("/s/c1.state").encode(), START) is None
 
 
-def test_wrap_keeps_the_command_on_its_own_line_and_quotes_the_path() -> None:
-    wrapped = wrap_command("echo 'hi'", "/tmp/a b/state")
-    first, second = wrapped.split("\n", 1)
-    assert first.startswith("trap ") and first.endswith(" EXIT")
-    assert "'\"'\"'" in first or "a b" in first  # the spaced path is quoted
-    assert second == "echo 'hi'"
+def _run(tmp_path: Path, command: str) -> tuple[subprocess.CompletedProcess[str], Path]:
+    state = tmp_path / "c1 .state"  # a path with a space, quoted in the trap
+    state.write_text(startup_script(str(state)))
+    env = {"PATH": os.environ["PATH"], "BASH_ENV": str(state), "KEEP": "1"}
+    done = subprocess.run(["bash", "-c", command], env=env, cwd=tmp_path, text=True,
+                          capture_output=True, check=False)
+    return done, state
+
+
+def test_bash_sources_the_trap_and_records_the_final_state(tmp_path: Path) -> None:
+    (tmp_path / "sub").mkdir()
+    done, state = _run(tmp_path, "cd sub; export NEW=2; unset KEEP; exit 3")
+    assert done.returncode == 3  # the command's own status
+    started = {"PATH": os.environ["PATH"], "KEEP": "1", "BASH_ENV": str(state)}
+    final = parse_state(state.read_bytes(), started)
+    assert final is not None
+    assert (final.cwd, final.changes, final.removed) == (str(tmp_path / "sub"), {"NEW": "2"},
+                                                         ("KEEP",))
+
+
+def test_the_command_line_is_the_callers_and_nested_bash_does_not_source_it(
+    tmp_path: Path,
+) -> None:
+    """Issue #13: a process list shows the command, not the capture; a script the command
+    runs does not inherit BASH_ENV (so it neither re-arms the trap nor overwrites the
+    state when it exits)."""
+    done, state = _run(
+        tmp_path,
+        'tr "\\0" " " < /proc/$$/cmdline; echo; echo "${BASH_ENV-none}"; '
+        'bash -c \'echo "${BASH_ENV-none}"; cd /\'; true',
+    )
+    cmdline, outer, inner = done.stdout.splitlines()
+    assert cmdline.startswith("bash -c tr ") and "trap" not in cmdline
+    assert (outer, inner) == ("none", "none")
+    final = parse_state(state.read_bytes(), {})
+    assert final is not None and final.cwd == str(tmp_path)  # the nested `cd /` is not ours
 
 
 @given(
@@ -71,7 +108,8 @@ def test_any_exported_change_round_trips(extra: dict[str, str]) -> None:
     assert state is not None
     expected = {
         k: v for k, v in extra.items()
-        if START.get(k) != v and k not in {"SHLVL", "PWD", "OLDPWD", "_", MARKER_VAR}
+        if START.get(k) != v
+        and k not in {"SHLVL", "PWD", "OLDPWD", "_", "BASH_ENV", MARKER_VAR}
         and k not in {"PAGER", "GIT_PAGER", "MANPAGER", "GIT_EDITOR", "EDITOR", "VISUAL",
                       "GIT_TERMINAL_PROMPT", "CI", "DEBIAN_FRONTEND", "TERM", "NO_COLOR",
                       "PYTHONUNBUFFERED", "PIP_NO_INPUT"}

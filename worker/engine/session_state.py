@@ -1,10 +1,15 @@
 """Carry shell state between stateless calls: the environment and cwd a command ends with.
 
 Every call is a fresh `bash -c`, yet seed 004 (FR-009) wants exported variables to
-persist across calls of a session. With `Call.capture_state`, the command runs behind
-an EXIT trap that writes `$PWD` and `env -0` to a state file; the worker diffs that
-against the environment the command started with and returns the changes, which the
-session applies to its next call.
+persist across calls of a session. With `Call.capture_state`, bash sets an EXIT trap
+before the command runs that writes `$PWD` and `env -0` to a state file; the worker
+diffs that against the environment the command started with and returns the changes,
+which the session applies to its next call.
+
+The trap comes in through `BASH_ENV` (a file bash sources before the command; the
+state file itself, which the trap then overwrites), not the command line: the
+process list shows `bash -c <the command>` as the caller wrote it. The script unsets
+`BASH_ENV` first, so the bash scripts the command runs do not source it too.
 
 Limits, by construction: only exported variables persist (as with any environment);
 a command that replaces the shell (`exec prog`) or sets its own EXIT trap records
@@ -19,19 +24,20 @@ from dataclasses import dataclass
 
 from worker.engine.environment import HARDENING, MARKER_VAR
 
-#: Variables bash itself maintains: never carried between calls.
-_SHELL_OWNED = frozenset({"_", "SHLVL", "PWD", "OLDPWD", MARKER_VAR})
+#: Variables bash itself (or this capture) maintains: never carried between calls.
+_SHELL_OWNED = frozenset({"_", "SHLVL", "PWD", "OLDPWD", "BASH_ENV", MARKER_VAR})
 
 
-def wrap_command(command: str, state_path: str) -> str:
-    """The command behind an EXIT trap that records its final cwd and environment.
+def startup_script(state_path: str) -> str:
+    """What bash sources before the command (`BASH_ENV=state_path`): an EXIT trap that
+    records the final cwd and environment into the same file.
 
     The trap keeps the command's exit status (bash exits with the status the command
-    had when the trap started), and the command stays on a line of its own.
+    had when the trap started).
     """
     target = shlex.quote(state_path)
     trap = f"printf '%s\\0' \"$PWD\" > {target} 2>/dev/null; env -0 >> {target} 2>/dev/null"
-    return f"trap {shlex.quote(trap)} EXIT\n{command}"
+    return f"unset BASH_ENV\ntrap {shlex.quote(trap)} EXIT\n"
 
 
 @dataclass(frozen=True)
@@ -44,8 +50,9 @@ class FinalState:
 
 
 def parse_state(data: bytes, started_with: Mapping[str, str]) -> FinalState | None:
-    """Diff a state file against the starting environment; None when it is unusable."""
-    if not data:
+    """Diff a state file against the starting environment; None when it is unusable
+    (empty, or still the startup script: the trap never ran)."""
+    if not data.startswith(b"/"):
         return None
     fields = data.decode("utf-8", "surrogateescape").split("\0")
     cwd, entries = fields[0], [field for field in fields[1:] if field]

@@ -186,6 +186,11 @@ def mark_call(
     return transaction(client, [key], body)
 
 
+def call_state(client: Redis, call_id: str) -> str | None:
+    """A call's state (None: no such call)."""
+    return cast("str | None", client.hget(names.call_key(call_id), "state"))
+
+
 def update_call(client: Redis, call_id: str, **fields: object) -> str | None:
     """Set fields of a call record (pid, pgid, marker, spill...) without a transition.
 

@@ -183,6 +183,8 @@ class Call(Model):
     """Show only the last N lines of the shaped output (seed 002)."""
     policy: Policy = Field(default_factory=Policy)
     """The dialect's policy."""
+    session: str | None = Field(None, max_length=64)
+    """The session the call runs in, for logs and Flower (the client fills in its state)."""
 
     @field_validator("command")
     @classmethod

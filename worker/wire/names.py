@@ -111,6 +111,7 @@ class Task(StrEnum):
     KILL = "bashfleet.kill"
     READ_OUTPUT = "bashfleet.read_output"
     CANCEL = "bashfleet.cancel"
+    DETACH = "bashfleet.detach"
     JOBS = "bashfleet.jobs"
 
 
