@@ -133,7 +133,8 @@ def build_call(request: RunRequest) -> Call:
     try:
         return Call(
             call_id=request.call_id or f"c{uuid.uuid4().hex[:23]}", command=request.command,
-            cwd=request.cwd, timeout_s=timeout, background=request.mode == "background",
+            cwd=request.cwd or request.default_cwd, timeout_s=timeout,
+            background=request.mode == "background",
             env=request.env, unset_env=request.unset_env, capture_state=request.capture_state,
             head=request.head, tail=request.tail, session=request.session,
             **({"policy": request.policy} if request.policy is not None else {}),

@@ -90,9 +90,10 @@ class ShellChange(BaseModel):
 def fill_request(shell: ShellState, request: RunRequest) -> RunRequest:
     """The request as the session runs it: its host, cwd and environment filled in.
 
-    What the request says itself wins: an explicit host, label, cwd or variable. A
-    foreground call asks the worker for the state it ends in (`capture_state`); a
-    background job ends after later calls ran, so it cannot say.
+    What the request says itself wins: an explicit host, label, cwd or variable; its
+    `default_cwd` holds only while the shell has no cwd of its own. A foreground call
+    asks the worker for the state it ends in (`capture_state`); a background job ends
+    after later calls ran, so it cannot say.
     """
     env = {**shell.env, **request.env}
     unset = tuple(dict.fromkeys(
@@ -101,7 +102,7 @@ def fill_request(shell: ShellState, request: RunRequest) -> RunRequest:
     pinned = request.host is None and request.label is None
     return request.model_copy(update={
         "host": shell.host if pinned else request.host,
-        "cwd": request.cwd or shell.cwd,
+        "cwd": request.cwd or shell.cwd or request.default_cwd,
         "env": env,
         "unset_env": unset,
         "capture_state": request.capture_state or request.mode != "background",

@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from client.dialects.args import ArgError, Args, parse_args
 from worker.wire.control import CheckRequest, KillRequest, ReadOutputRequest
@@ -217,6 +217,10 @@ class Artifact(BaseModel):
     """When the call was sent, in seconds since the epoch."""
 
 
+#: SessionState fields of older versions, now in the session's shell (`client.shells`).
+_RETIRED = frozenset({"unset_env", "shells"})
+
+
 class SessionState(BaseModel):
     """What a dialect carries between the calls of one agent session.
 
@@ -229,7 +233,8 @@ class SessionState(BaseModel):
     cwd: str | None = None
     """Working directory of the session's calls (None: the worker's home)."""
     env: dict[str, str] = Field(default_factory=dict)
-    """Variables set on every call of the session (claude's FR-009 persistence)."""
+    """Variables set on every call of the session (fixed; what commands export lives in
+    the session's shell, `fleet_session`)."""
     host: str | None = None
     """Host the session's calls are pinned to (None: any host)."""
     jobs: dict[str, SessionJob] = Field(default_factory=dict)
@@ -240,17 +245,24 @@ class SessionState(BaseModel):
     """job id -> byte offset of the output already shown by a check."""
     stderr_offsets: dict[str, int] = Field(default_factory=dict)
     """job id -> byte offset of the separate stderr already shown (auto-backgrounded calls)."""
-    unset_env: list[str] = Field(default_factory=list)
-    """Variables a call of the session unset: removed from every later call (claude)."""
     history: list[RunRecord] = Field(default_factory=list)
     """The session's latest commands, oldest first (native's "already ran" hint)."""
     fleet_session: str | None = None
     """The fleet session whose shell (cwd, exported variables: `client.shells`) the
     calls of dialects that keep one share (claude's FR-009). The MCP server names its
-    own session; None: such calls are stateless."""
+    own session; a dialect names a fresh one on first use."""
     artifacts: dict[str, Artifact] = Field(default_factory=dict)
     """Call id -> a kept full output this session was told of (pi's `artifact://<id>`),
     oldest first."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_retired_fields(cls, data: Any) -> Any:
+        """A session stored by an older version still loads: fields that moved to the
+        session's shell (`unset_env`, native's `shells`) are dropped."""
+        if isinstance(data, dict) and not _RETIRED.isdisjoint(data):
+            data = {name: value for name, value in data.items() if name not in _RETIRED}
+        return data
 
     def remember(self, job: JobHandle, command: str, stderr_path: str | None = None) -> SessionJob:
         """Record a job started in this session; a newer job takes over a reused pid."""

@@ -19,14 +19,14 @@ Result texts, after Claude Code's own:
   `Shell <id> is not running, so cannot be killed (status: <status>)`.
 
 Session persistence (FR-009): every call runs in the session's shell
-(`SessionState.fleet_session`: `client.shells`), which the fleet keeps in
-Redis: a foreground `Bash` reports the state its command ended with, and the variables
-it exported or changed, those it unset (also those of the worker's own environment,
-such as `LANG`) and the directory it `cd`-ed into hold for the session's next calls,
-as in one long-lived shell, also when several calls run at once or another process
-(`bashfleet run --session ID`) shares the session. Background commands are not
-captured: they end after later calls have already run. A session with no shell runs
-every call in its fixed `cwd` with its `env`.
+(`SessionState.fleet_session`, named on first use: `client.shells`), which the fleet
+keeps in Redis: a foreground `Bash` reports the state its command ended with, and the
+variables it exported or changed, those it unset (also those of the worker's own
+environment, such as `LANG`) and the directory it `cd`-ed into hold for the session's
+next calls, as in one long-lived shell, also when several calls run at once or another
+process (`bashfleet run --session ID`) shares the session. The shell starts in the
+session's `cwd`. Background commands are not captured: they end after later calls have
+already run.
 
 A timed-out command's text ends with what it was running when it was killed (pid,
 state, CPU seconds, command) and how long ago it last printed.
@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import re
 import signal
+import uuid
 from collections.abc import Mapping
 from typing import Any
 
@@ -255,17 +256,12 @@ class ClaudeDialect(Dialect):
         return self.render(result, timeout_ms)
 
     def _request(self, command: str, session: SessionState, **options: Any) -> RunRequest:
-        """A run in the session's shell (FR-009), or, with none, in its fixed cwd and env."""
-        if session.fleet_session is not None:
-            # The shell holds the cwd and the variables; the fleet fills them in and keeps
-            # what the command changes (`client.shells`).
-            return RunRequest(
-                command=command, host=session.host, session=session.fleet_session,
-                policy=self.policy(), **options,
-            )
+        """A run in the session's shell (FR-009), which starts in the session's cwd."""
+        if session.fleet_session is None:
+            session.fleet_session = f"claude-{uuid.uuid4().hex[:24]}"
         return RunRequest(
-            command=command, host=session.host, cwd=session.cwd, env=dict(session.env),
-            unset_env=tuple(session.unset_env), policy=self.policy(), **options,
+            command=command, host=session.host, session=session.fleet_session,
+            default_cwd=session.cwd, policy=self.policy(), **options,
         )
 
     def render_started(self, result: CallResult, command: str, session: SessionState) -> ToolText:

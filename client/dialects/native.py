@@ -365,6 +365,7 @@ class NativeDialect(Dialect):
             mode=mode,
             timeout=timeout,
             cwd=cwd or (None if name else session.cwd),
+            default_cwd=session.cwd if name else None,
             session=name,
             policy=self.policy(),
             env=dict(session.env),

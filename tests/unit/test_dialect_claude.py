@@ -117,16 +117,17 @@ def test_timeout_refusals(timeout: object, message: str) -> None:
     assert runner.calls == []
 
 
-def test_without_a_shell_env_and_cwd_are_fixed() -> None:
-    session = SessionState(cwd="/repo", env={"NODE_ENV": "test"})
-    _, runner, _ = bash(
-        done(exit_code=0, cwd_after="/elsewhere"),
-        {"command": "npm test", "description": "Run tests"}, session,
-    )
-    assert runner.last().options["env"] == {"NODE_ENV": "test"}
+def test_a_session_gets_its_shell_on_first_use_starting_in_its_cwd() -> None:
+    session = SessionState(cwd="/repo", host="h1")
+    runner = FakeRunner(run=[done(exit_code=0, cwd="/repo", cwd_after="/repo/web"),
+                             done(exit_code=0)])
+    CLAUDE.call("Bash", {"command": "cd web", "description": "Enter web"}, runner, session)
+    assert session.fleet_session is not None and session.fleet_session.startswith("claude-")
     assert runner.last().options["cwd"] == "/repo"
-    assert runner.last().options["session"] is None
-    assert session.cwd == "/repo"
+    CLAUDE.call("Bash", {"command": "pwd"}, runner, session)
+    assert runner.last().options["cwd"] == "/repo/web"
+    assert runner.last().options["session"] == session.fleet_session
+    assert session.cwd == "/repo"  # the agent's own cwd: where its shell started
 
 
 def shell_session() -> SessionState:
@@ -213,12 +214,14 @@ def test_nothing_unset_sends_no_unset_env() -> None:
 
 
 def test_old_session_records_load() -> None:
-    """A session stored before `unset_env` existed still loads (with nothing unset)."""
+    """A session stored by an older version still loads (its FR-009 state is in the
+    shell now: `unset_env` is dropped)."""
     stored = (
-        '{"cwd": "/repo", "env": {"A": "1"}, "host": null, "jobs": {}, "pids": {}, "offsets": {}}'
+        '{"cwd": "/repo", "env": {"A": "1"}, "host": null, "jobs": {}, "pids": {}, '
+        '"offsets": {}, "unset_env": ["B"]}'
     )
     state = SessionState.model_validate_json(stored)
-    assert state.unset_env == [] and state.env == {"A": "1"}
+    assert state.env == {"A": "1"} and state.cwd == "/repo"
 
 
 PROCS = (

@@ -115,6 +115,7 @@ def test_arguments_reach_the_runner() -> None:
         timeout=30.0,
         cwd="/src",
         session="s1",
+        default_cwd="/default",  # where a fresh named session starts
         policy=NATIVE.policy(),
         env={"A": "1"},
         capture_state=True,  # a named session: the fleet carries its final state
@@ -639,8 +640,10 @@ def test_history_keeps_the_latest_runs() -> None:
 def test_sessions_stored_before_the_history_load() -> None:
     stored = '{"cwd": null, "env": {}, "host": "h1", "jobs": {}, "pids": {}, "offsets": {}}'
     state = SessionState.model_validate_json(stored)
-    assert (state.history, state.artifacts, state.unset_env) == ([], {}, [])
-    assert state.fleet_session is None
+    assert (state.history, state.artifacts, state.fleet_session) == ([], {}, None)
+    # Fields that moved to the session's shell are dropped, not refused.
+    older = SessionState.model_validate({"unset_env": ["A"], "shells": {"s1": {"cwd": "/w"}}})
+    assert older == SessionState()
 
 
 # -------------------------------------------------------------------- named sessions
@@ -660,8 +663,8 @@ def test_a_named_session_is_a_fleet_session_that_carries_cwd_and_env() -> None:
         "bash", {"command": "cd web; export NODE_ENV=test; unset LANG", "session": "s1"},
         runner, session,
     )
-    # The agent's own cwd and pin are not the named session's: the fleet session has them.
-    assert (runner.last().options["cwd"], runner.last().options["host"]) == (None, None)
+    # The agent's own pin is not the named session's; its cwd is where a fresh one starts.
+    assert (runner.last().options["cwd"], runner.last().options["host"]) == ("/repo", None)
     assert runner.last().options["capture_state"] is True
     assert "\n\nsession s1: ended in /home/w/web; its next call starts there; " \
         "exported: NODE_ENV; unset: LANG" in first.text

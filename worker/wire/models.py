@@ -240,7 +240,11 @@ class RunRequest(Model):
     timeout: float | None = None
     """Seconds before the policy's timeout action; None: the mode's or policy's default."""
     cwd: str | None = None
-    """Working directory on the host; None: the worker's home."""
+    """Working directory on the host; None: the session's, else `default_cwd`, else the
+    worker's home."""
+    default_cwd: str | None = None
+    """Working directory when neither `cwd` nor the session's shell gives one (where a
+    fresh session starts)."""
     session: str | None = None
     """Session id: the call runs in the session's shell (its pinned host, cwd and
     variables) and what it changes there holds for the session's next call."""
