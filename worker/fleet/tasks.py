@@ -377,7 +377,10 @@ def _finish(
         return result
     note = _END_NOTES.get(CallState(previous)) if previous in tuple(CallState) else None
     if note is not None and result.error is None:
-        result = result.model_copy(update={"error": SystemError_(kind="internal", message=note)})
+        result = result.model_copy(update={
+            "error": SystemError_(kind="internal", message=note),
+            "cancelled": previous == CallState.CANCELLING,
+        })
     return result
 
 
