@@ -7,6 +7,7 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -26,6 +27,7 @@ from worker.wire.models import Policy
 from .conftest import WorkerProcess, wait_for
 
 USER, PASSWORD = "user", "pass"
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -199,3 +201,40 @@ def test_background_jobs_are_tasks_in_flower(
     failed = wait_for(lambda: _task_when(flower, bad.id, "FAILURE"), 30, "exit 3 to fail",
                       interval=0.3)
     assert failed["exception"] == "JobFailed('exit 3')"
+
+
+def _png_size(path: Path) -> tuple[int, int]:
+    """Width and height of a PNG (its IHDR), checking the signature."""
+    data = path.read_bytes()[:24]
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR", path
+    return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+
+
+@pytest.mark.skipif(
+    not any(shutil.which(name) for name in ("chromium", "chromium-browser", "google-chrome")),
+    reason="no Chromium (scripts/test.sh installs Debian's chromium when run as root)",
+)
+def test_flower_pages_render_in_headless_chromium(
+    two_hosts: tuple[WorkerProcess, WorkerProcess], flower: str, fleet: Fleet, tmp_path: Path
+) -> None:
+    """Flower as an operator sees it, in a real browser (scripts/flower_screenshot.py):
+    the tasks page lists failed calls and jobs as FAILURE, next to the successes."""
+    wait_for(lambda: _try_get(f"{flower}/api/workers?refresh=1"), 60, "Flower", interval=0.5)
+    failing = f"cshot{uuid.uuid4().hex[:8]}"
+    fleet.run("exit 42", host="alpha", call_id=failing)
+    job = fleet.run("exit 3", host="alpha", mode="background").job
+    assert job is not None
+    wait_for(lambda: _task_when(flower, failing, "FAILURE"), 30, "the failure", interval=0.3)
+    wait_for(lambda: _task_when(flower, job.id, "FAILURE"), 30, "the job's end", interval=0.3)
+    shots = tmp_path / "shots"
+    done = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "flower_screenshot.py"), str(shots),
+         "--url", flower, "--user", USER, "--password", PASSWORD],
+        capture_output=True, text=True, timeout=300, check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert _png_size(shots / "tasks.png") == (1500, 1000)
+    assert _png_size(shots / "workers.png") == (1500, 1000)
+    assert (shots / "tasks.png").stat().st_size > 20_000  # a rendered page, not a blank one
+    page = (shots / "tasks.html").read_text()
+    assert failing in page and job.id in page and "FAILURE" in page, page[-2000:]

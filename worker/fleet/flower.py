@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+import time
 from collections import OrderedDict
 from typing import Any
 
@@ -103,13 +104,20 @@ def _final_args(task_id: str) -> str | None:
 
 
 class CallRequest(Request):  # type: ignore[misc]  # celery is untyped
-    """The exec task's request: its end event carries the call's final arguments."""
+    """The exec task's request: its end event carries the call's final arguments; a
+    failed call's, its runtime and no traceback (it is the command's failure, not a bug
+    of the worker's: the traceback would only show the worker's code)."""
 
     def send_event(self, type: str, **fields: Any) -> None:
         if type in ("task-succeeded", "task-failed"):
             args = _final_args(self.id)
             if args is not None:
                 fields["args"] = args
+        if type == "task-failed" and str(fields.get("exception", "")).startswith("CallFailed("):
+            fields["traceback"] = ""
+            started = getattr(self, "time_start", None)
+            if started:
+                fields.setdefault("runtime", max(0.0, time.time() - started))
         super().send_event(type, **fields)
 
 
@@ -163,8 +171,9 @@ class JobEvents:
             runtime = max(0.0, ended_at - record.started_at)
             self._send("task-succeeded", result="'exit 0'", runtime=runtime, **fields)
         else:
+            runtime = max(0.0, ended_at - record.started_at)
             self._send("task-failed", exception=f"JobFailed({reason!r})", traceback="",
-                       **fields)
+                       runtime=runtime, **fields)
 
     def _send(self, type_: str, **fields: Any) -> None:
         try:
