@@ -457,14 +457,14 @@ def _run_foreground(
     ):
         record = jobs.adopt_foreground(call, proc, streams.stdout, streams.stderr, cwd, settings)
         return result.backgrounded(record, proc.pid, timed_out=outcome == "timeout")
-    if state_path is not None:
-        state_path.unlink(missing_ok=True)  # killed: it ends in no state worth reading
     # What the call was doing when its time ran out, for the notice, before killing it.
     doing = procs.describe(procs.find_call_processes(proc.pid, marker))
     survivors = procs.terminate(
         proc.pid, marker, grace_s=call.policy.kill_grace_s, rounds=settings.sweep_rounds
     )
     proc.wait()
+    if state_path is not None:
+        state_path.unlink(missing_ok=True)  # killed: its trap may have run, to no use
     if pipes is not None:
         pipes.drained()
     return result.killed(proc.returncode, survivors, doing, cancelled=outcome == "cancel")
