@@ -478,6 +478,30 @@ async def test_pis_artifacts_are_resources(fleet: Cli) -> None:
 
 
 @pytest.mark.anyio
+async def test_three_parallel_claude_calls_keep_the_cd(fleet: Cli) -> None:
+    """Three parallel `Bash` calls in a fresh session: a quick `cd /tmp` used to be lost
+    to a slower call that did not `cd` and finished later."""
+    async with mcp(fleet, "claude") as client:
+        async with anyio.create_task_group() as tasks:
+            for command in ("cd /tmp; export A=1", "sleep 1; export B=2", "sleep 2; export C=3"):
+                tasks.start_soon(call, client, "Bash", {"command": command})
+        assert await call(client, "Bash", {"command": "pwd; echo $A$B$C"}) == ("/tmp\n123", False)
+
+
+@pytest.mark.anyio
+async def test_pis_head_and_tail_are_whole_lines(fleet: Cli) -> None:
+    """The schema said `number` and 2.5 was refused (`integer, minimum 0`): the schema
+    says so now, and the refusal matches it."""
+    async with mcp(fleet, "pi") as client:
+        listed = await client.list_tools()
+        head = listed.tools[0].input_schema["properties"]["head"]
+        assert (head["type"], head["minimum"]) == ("integer", 0)
+        assert await call(client, "bash", {"command": "seq 10", "head": 3}) == ("1\n2\n3\n", False)
+        text, error = await call(client, "bash", {"command": "seq 10", "head": 2.5})
+    assert error and "parameter 'head' must be an integer, not a number (2.5)" in text
+
+
+@pytest.mark.anyio
 async def test_claudes_process_list_shows_the_command(fleet: Cli) -> None:
     """The state capture (FR-009) is not in the command line: a process list shows the
     command as the model wrote it."""
