@@ -1,8 +1,10 @@
 """The `bashfleet` command: a local fleet, a worker, and every call a person makes.
 
 Readable text for people, `--json` for scripts. `run` exits with the command's own
-status (128+N when a signal ended it, 124 on a timeout kill, 125 for a system error),
-so `bashfleet run 'make test' && deploy` works as with plain bash.
+status (128+N when a signal ended it, 124 on a timeout kill, 125 for a system error,
+130 after Ctrl-C), so `bashfleet run 'make test' && deploy` works as with plain bash:
+a timeout kills the command unless `--background-on-timeout` says otherwise. Ctrl-C,
+`--follow` and stdin: `client.foreground`.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import itertools
 import json
 import os
 import re
+import signal
 import sys
 import threading
 import time
@@ -20,7 +23,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from worker.wire.control import NO_LINE
-from worker.wire.models import CallResult, CheckResult, TruncationInfo
+from worker.wire.models import CallResult, CheckResult, Policy, TruncationInfo
 
 EXIT_TIMEOUT = 124
 EXIT_SYSTEM_ERROR = 125
@@ -110,10 +113,14 @@ def print_result(result: CallResult) -> None:
         print("[errors in the cut part:]", file=sys.stderr)
         for line in result.error_digest:
             print(f"  {line}", file=sys.stderr)
-    if result.error is not None:
+    if result.cancelled:
+        print("[call cancelled; its processes were killed]", file=sys.stderr)
+    elif result.error is not None:
         print(f"bashfleet: {result.error.kind}: {result.error.message}", file=sys.stderr)
     if result.timed_out and not result.backgrounded:
-        print(f"[timed out after {result.duration_s:.1f}s; processes killed]", file=sys.stderr)
+        print(f"[timed out after {result.duration_s:.1f}s; processes killed. More time: "
+              "--timeout S or --mode slow; to leave it running instead: "
+              "--background-on-timeout]", file=sys.stderr)
     if result.job is not None:
         job = result.job
         print(
@@ -123,15 +130,51 @@ def print_result(result: CallResult) -> None:
         )
 
 
+def _run_request(args: argparse.Namespace) -> Any:
+    """The RunRequest of `bashfleet run`'s arguments (a bad one: CallRejected)."""
+    from client.fleet import run_request  # noqa: PLC0415 - keep `bashfleet --help` fast
+
+    options: dict[str, Any] = {
+        "host": args.host, "mode": args.mode, "timeout": args.timeout, "cwd": args.cwd,
+        "session": args.session, "isolation": args.isolation, "network": args.network,
+    }
+    if args.mode != "background":
+        # A person's (or a script's) `run` fails at its timeout, as `timeout(1)` does:
+        # `run 'make' && deploy` must never deploy an unfinished build.
+        on_timeout = "background" if args.background_on_timeout else "kill"
+        options["policy"] = Policy(name="cli", on_timeout=on_timeout)
+    return run_request(" ".join(args.command), options)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
+    from client.foreground import ForegroundRun, StdinWatch  # noqa: PLC0415
+
     fleet = _fleet()
-    command = " ".join(args.command)
-    label = f"running on {args.host or 'any host'}"
-    with _spinner(label) if not args.json else contextlib.nullcontext():
-        result: CallResult = fleet.run(
-            command, host=args.host, mode=args.mode, timeout=args.timeout, cwd=args.cwd,
-            session=args.session, isolation=args.isolation, network=args.network,
-        )
+    request = _run_request(args)
+    if args.mode == "background":
+        StdinWatch().check()
+        return _report_run(fleet, fleet.execute(request), args)
+    run = ForegroundRun(fleet, request, follow=args.follow and not args.json)
+    quiet = args.json or args.follow
+    with _spinner(f"running on {args.host or 'any host'}") if not quiet else (
+        contextlib.nullcontext()
+    ):
+        outcome = run.run()
+    if outcome.result is None:
+        return outcome.status if outcome.status is not None else EXIT_SYSTEM_ERROR
+    result = outcome.result
+    if run.follower is not None:
+        result = run.follower.finish(result)
+        if result.job is not None and outcome.status is None:
+            print_result(result)
+            stderr = result.spill is not None and result.spill.stderr_path is not None
+            return _follow(fleet, result.job.id, stderr=stderr, offsets=run.follower.offsets())
+    status = _report_run(fleet, result, args)
+    return outcome.status if outcome.status is not None else status
+
+
+def _report_run(fleet: Any, result: CallResult, args: argparse.Namespace) -> int:
+    """Print a call's result (or follow the job it started); the exit status."""
     if args.json:
         print(result.model_dump_json(indent=2))
         return exit_status(result)
@@ -147,7 +190,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     return _follow(fleet, result.job.id, stderr=separate_stderr)
 
 
-def _follow(fleet: Any, job_id: str, *, stderr: bool = False) -> int:
+def _follow(
+    fleet: Any, job_id: str, *, stderr: bool = False, offsets: dict[str, int] | None = None
+) -> int:
     """Stream a job's output until it ends, every byte once and in order; its exit status.
 
     The bytes come from `read_output`, exact slices at our own offsets: a check cuts
@@ -156,11 +201,12 @@ def _follow(fleet: Any, job_id: str, *, stderr: bool = False) -> int:
     keep nothing (`grep` matches no line). A job's end is known before the final read,
     so the last bytes it wrote are never missed. The completion line the worker
     appends to the output file is not the job's output: its status goes to stderr.
-    `stderr`: the job keeps a separate stderr file (an auto-backgrounded call).
+    `stderr`: the job keeps a separate stderr file (an auto-backgrounded call);
+    `offsets`: where to start in each file (what following the call printed already).
     """
     completion = re.compile(r"\n\n\[background process (?:completed|failed: [^\]\n]*)\]\n\Z")
     targets = [("stdout", sys.stdout)] + ([("stderr", sys.stderr)] if stderr else [])
-    offsets = dict.fromkeys((name for name, _ in targets), 0)
+    offsets = {name: (offsets or {}).get(name, 0) for name, _ in targets}
     held = dict.fromkeys(offsets, "")  # a tail that looks like the completion line
 
     def drain(name: str, out: Any) -> bool:
@@ -261,6 +307,16 @@ def _blank(value: object) -> object:
     return "-" if value is None else value
 
 
+def _exit_column(exit_code: object, signal_number: object) -> object:
+    """`ps`'s EXIT: the exit code, or the signal that ended the job (`SIGTERM`)."""
+    if exit_code is None and isinstance(signal_number, int):
+        try:
+            return signal.Signals(signal_number).name
+        except ValueError:
+            return f"signal {signal_number}"
+    return _blank(exit_code)
+
+
 def _dump(item: Any) -> Any:
     return item.model_dump(mode="json") if hasattr(item, "model_dump") else item
 
@@ -276,7 +332,8 @@ def cmd_ps(args: argparse.Namespace) -> int:
         state = data.get("state") or ("running" if data.get("running") else "ended")
         rows.append(
             [data.get("id"), data.get("host"), data.get("pid"), state,
-             _blank(data.get("exit_code")), str(data.get("command", ""))[:60]]
+             _exit_column(data.get("exit_code"), data.get("signal")),
+             str(data.get("command", ""))[:60]]
         )
     print(_table(rows, ["ID", "HOST", "PID", "STATE", "EXIT", "COMMAND"]) if rows else "no jobs")
     return 0
@@ -493,15 +550,24 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run a command on the fleet")
     run.add_argument("--host", help="host id (default: any host)")
     run.add_argument("--mode", choices=["default", "slow", "background"], default="default")
-    run.add_argument("--timeout", type=float, help="seconds before the timeout action")
+    run.add_argument("--timeout", type=float,
+                     help="seconds before the command is killed (exit 124); default 120, "
+                          "15 minutes with --mode slow")
+    run.add_argument("--background-on-timeout", action="store_true",
+                     help="at the timeout, leave the command running as a background job "
+                          "instead of killing it")
     run.add_argument("--cwd", help="working directory on the host")
-    run.add_argument("--session", help="session id (state carried between calls)")
+    run.add_argument("--session",
+                     help="session id: the call runs on the session's host, in its cwd, with "
+                          "its exported variables, and what it changes there holds for the "
+                          "session's next call (kept in Redis: any process, any machine)")
+    run.add_argument("--follow", action="store_true",
+                     help="stream the output as the host writes it (also a background job's)")
     run.add_argument("--isolation", choices=["process", "strict", "none"],
                      help="the sandbox (default: the host's; stronger is granted, weaker "
                      "refused)")
     run.add_argument("--network", action=argparse.BooleanOptionalAction, default=None,
                      help="let the command reach the network (default: the isolation's)")
-    run.add_argument("--follow", action="store_true", help="stream a background job's output")
     run.add_argument("--json", action="store_true", help="print the result as JSON")
     run.add_argument("command", nargs=argparse.REMAINDER, help="the bash command")
     run.set_defaults(func=cmd_run)

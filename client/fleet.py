@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import re
 import time
 import uuid
@@ -30,7 +31,7 @@ from kombu.exceptions import OperationalError
 from kombu.utils.url import maybe_sanitize_url
 from pydantic import ValidationError
 
-from client import records
+from client import records, shells
 from client.errors import (
     BashfleetError,
     CallRejected,
@@ -51,6 +52,8 @@ from worker.wire.control import (
     CheckRequest,
     ControlReply,
     ControlRequest,
+    DetachRequest,
+    DetachResult,
     JobList,
     JobsRequest,
     KillRequest,
@@ -71,6 +74,8 @@ from worker.wire.models import (
     Truncation,
 )
 from worker.wire.names import CALL_UNSTARTED, CallState, Task
+
+log = logging.getLogger(__name__)
 
 R = TypeVar("R", bound=Model)
 Q = TypeVar("Q", bound=ControlRequest)
@@ -143,10 +148,11 @@ def build_call(request: RunRequest, owner: str = "") -> Call:
     try:
         return Call(
             call_id=request.call_id or f"c{uuid.uuid4().hex[:23]}", command=request.command,
-            cwd=request.cwd, timeout_s=timeout, background=request.mode == "background",
+            cwd=request.cwd or request.default_cwd, timeout_s=timeout,
+            background=request.mode == "background",
             env=request.env, unset_env=request.unset_env, capture_state=request.capture_state,
             head=request.head, tail=request.tail, owner=owner, isolation=request.isolation,
-            network=request.network,
+            network=request.network, session=request.session,
             **({"policy": request.policy} if request.policy is not None else {}),
         )
     except ValidationError as exc:
@@ -162,17 +168,18 @@ def run_request(command: str, options: dict[str, Any]) -> RunRequest:
 
 
 def _argsrepr(call: Call) -> str:
-    """What Flower and the task events show as a call's arguments: command and cwd.
+    """What Flower shows as a call's arguments when it is sent: the command's size, the
+    cwd asked for, the dialect, the session (the worker adds the cwd actually used and
+    the job id once the call ends: `worker.fleet.flower`).
 
     Celery would otherwise repr the whole call (its policy, and its `env`, which may
     hold secrets) on every send: ~0.1 ms of client CPU per call, for a text cut at
-    1 KB anyway.
+    1 KB anyway. The command itself is redacted: it may carry a token inline
+    (curl -H ...), and Flower shows these arguments to anyone with its password.
     """
-    # The command itself is redacted: it may carry a token inline (curl -H ...), and
-    # Flower shows these arguments to anyone with its password.
-    size = len(call.command)
-    return repr({"command": f"<redacted: {size} chars>", "cwd": call.cwd,
-                 "background": call.background})
+    return repr({"command": f"<redacted: {len(call.command)} chars>", "cwd": call.cwd,
+                 "background": call.background, "dialect": call.policy.name,
+                 "session": call.session})
 
 
 class Fleet:
@@ -239,19 +246,43 @@ class Fleet:
 
         `host` None: any live host (`label`: a host of that pool). `mode`: `default`
         (the policy's timeout), `slow` (15 minutes unless `timeout` says otherwise) or
-        `background` (start it detached, return its job at once). A `session` pins the
-        host of its first call for its later calls. `call_id` (default: a fresh one)
-        lets another thread `cancel` the call while it runs.
+        `background` (start it detached, return its job at once). A `session` is a
+        shell that lives on in Redis: its calls run on the host of its first call, and
+        each starts in the directory and with the variables the previous ones left.
+        `call_id` (default: a fresh one) lets another thread `cancel` the call.
         """
         return self.execute(run_request(command, options))
 
     def execute(self, request: RunRequest) -> CallResult:
-        """Run a `RunRequest` (what `run` builds) and wait for its result."""
-        call = build_call(request, self.owner)
-        host, label, session = request.host, request.label, request.session
+        """Run a `RunRequest` (what `run` builds) and wait for its result.
+
+        With a `session`, the call runs in the session's shell (`client.shells`): on its
+        pinned host, in its cwd, with its variables; and what the call changed (a `cd`,
+        an `export`, an `unset`) is kept for the session's next call, whoever makes it.
+        """
+        if request.session is None:
+            return self._execute(request)
+        from client.sessions import ShellStore  # noqa: PLC0415 - only sessions need it
+
+        if not names.valid_id(request.session):
+            raise CallRejected(f"invalid session id {request.session!r}")
+        store = ShellStore(self._redis, key=self._signing_key)
         with self._errors():
-            if session is not None and host is None and label is None:
-                host = self._session_host(session)
+            shell = store.load(request.session)
+        result = self._execute(shells.fill_request(shell, request))
+        change = shells.change_of(result)
+        if change:
+            try:
+                store.commit(request.session, change)
+            except redis.RedisError as exc:
+                # The call ran: its result matters more than the session's next cwd.
+                log.warning("session %s: could not save its shell: %s", request.session, exc)
+        return result
+
+    def _execute(self, request: RunRequest) -> CallResult:
+        call = build_call(request, self.owner)
+        host, label = request.host, request.label
+        with self._errors():
             queue, target = self._route(host, label)
             # One round trip: the host's liveness and the new call record, atomically.
             submitted = records.submit_call(
@@ -266,17 +297,9 @@ class Fleet:
             waiter = self._replies.expect(call.call_id)
             try:
                 self._send(Task.EXEC, args, queue, call.call_id, _argsrepr(call))
-                result = self._wait_call(waiter, target, label)
+                return self._wait_call(waiter, target, label)
             finally:
                 self._replies.forget(waiter)
-            if session is not None:
-                records.pin_session(self._redis, session, result.host, self._signing_key)
-            return result
-
-    def _session_host(self, session: str) -> str | None:
-        if not names.valid_id(session):
-            raise CallRejected(f"invalid session id {session!r}")
-        return records.session_host(self._redis, session, self._keys)
 
     def _route(self, host: str | None, label: str | None) -> tuple[str, str | None]:
         """(queue, target host) for a call; HostUnavailable when nobody would take it.
@@ -462,11 +485,14 @@ class Fleet:
         stream: Literal["stdout", "stderr"] = "stdout",
     ) -> OutputChunk:
         """A slice of a job's output, or of the kept (spilled) output of a call."""
-        request = self._request(
+        return self.read_chunk(self._request(
             ReadOutputRequest, id=id, offset=offset, limit=limit, grep=grep, stream=stream
-        )
+        ))
+
+    def read_chunk(self, request: ReadOutputRequest) -> OutputChunk:
+        """`read_output`, from its request model."""
         with self._errors():
-            return self._control(self._owner_host(id), request, OutputChunk)
+            return self._control(self._owner_host(request.id), request, OutputChunk)
 
     def cancel(self, call_id: str) -> bool:
         """Stop a call: withdraw it if queued, kill its processes if running.
@@ -483,6 +509,20 @@ class Fleet:
                 return False
             result = self._control(record["host"], CancelRequest(call_id=call_id), CancelResult)
             return result.cancelled
+
+    def detach(self, call_id: str) -> bool:
+        """Leave a running foreground call running as a background job.
+
+        True when the call was asked to: its own result (the one `run` returns) then
+        names the job (`CallResult.job`). False when it was not running (yet: a call is
+        detachable once it has run 50 ms) or had ended already.
+        """
+        with self._errors():
+            record = self._call(call_id)
+            if record.get("state") != CallState.RUNNING:
+                return False
+            request = DetachRequest(call_id=call_id)
+            return self._control(record["host"], request, DetachResult).detached
 
     def jobs(self, host: str | None = None, *, all_owners: bool = False) -> list[JobView]:
         """This client's background jobs on one host, or on every host the fleet knows;
@@ -665,6 +705,10 @@ class AsyncFleet:
     async def cancel(self, call_id: str) -> bool:
         """See `Fleet.cancel`."""
         return await asyncio.to_thread(self.fleet.cancel, call_id)
+
+    async def detach(self, call_id: str) -> bool:
+        """See `Fleet.detach`."""
+        return await asyncio.to_thread(self.fleet.detach, call_id)
 
     async def jobs(self, host: str | None = None, *, all_owners: bool = False) -> list[JobView]:
         """See `Fleet.jobs`."""

@@ -17,6 +17,18 @@ so the session outlives the server: env, cwd, pinned host, jobs, read offsets.
   dialect's own error shape.
 - Fleet calls block (a build can take 10 minutes): they run in worker threads, so
   the server keeps answering, concurrent calls included.
+- Long calls: while a call runs, a request that carries a progress token gets a
+  `notifications/progress` every PROGRESS_INTERVAL_S, its message the seconds so far
+  and the last lines of output, so clients that reset their request timeout on
+  progress (the TypeScript SDK's `resetTimeoutOnProgress`) wait for a 15-minute build.
+- Cancellation: `notifications/cancelled` (a client giving up, or its timeout) cancels
+  the call on its host (`Fleet.cancel`: withdrawn if queued, killed if running, its
+  slot freed); the call's id is chosen before it is sent, so no window loses it.
+- Shells: the session's shell (cwd, exported variables: `client.shells`) is the fleet
+  session of the same id, so the claude dialect's FR-009 state is shared with
+  `bashfleet run --session ID`; `--host` and `--cwd` are written into it too.
+- Resources: the kept full outputs the session was told of (pi's `artifact://<id>`)
+  are listed by `resources/list` and read by `resources/read`, through the fleet.
 """
 
 from __future__ import annotations
@@ -24,11 +36,13 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any, Protocol, TypeVar, cast
+from urllib.parse import parse_qs, urlsplit
 
 import anyio
 import anyio.to_thread
@@ -37,14 +51,17 @@ from mcp import types
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
+from mcp.shared.exceptions import MCPError
+from mcp_types.jsonrpc import INVALID_PARAMS
 
-from client.dialects import Dialect, Runner, SessionState, ToolText
-from client.errors import BashfleetError, FleetUnavailable, HostUnavailable
+from client.dialects import Artifact, Dialect, Runner, SessionState, ToolText
+from client.errors import BashfleetError, FleetUnavailable, HostUnavailable, UnknownJob
 from client.fleet import Fleet, resolve_signing_key, resolve_url
-from client.sessions import RedisSessionStore, validate_session_id
+from client.sessions import RedisSessionStore, ShellStore, validate_session_id
+from client.shells import ShellChange
 from worker.fleet.connect import redis_client
-from worker.wire.control import CheckRequest, KillRequest
-from worker.wire.models import CallResult, CheckResult, RunRequest
+from worker.wire.control import CheckRequest, KillRequest, ReadOutputRequest
+from worker.wire.models import CallResult, CheckResult, OutputChunk, RunRequest
 
 __all__ = [
     "Backend",
@@ -61,6 +78,18 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 SERVER_NAME = "bashfleet"
+#: Seconds between two progress notifications of a running call: well inside the 60 s
+#: default request timeout of the MCP SDKs, which a notification resets.
+PROGRESS_INTERVAL_S = 5.0
+#: Bytes of a running call's output read for a progress message, and lines shown of them.
+PROGRESS_TAIL_BYTES = 2048
+PROGRESS_TAIL_LINES = 3
+#: How long a cancel keeps trying to reach a call whose record is not written yet.
+CANCEL_REACH_S = 10.0
+#: Bytes of an artifact one `resources/read` returns (`?offset=N` reads on).
+ARTIFACT_READ_BYTES = 1024 * 1024
+#: An offset past any file: `read_output` then answers the file's size and no text.
+_END = 1 << 62
 
 T = TypeVar("T")
 
@@ -119,23 +148,82 @@ class FleetRunner:
         """`Fleet.kill_job`."""
         return self._guard(lambda: self.fleet.kill_job(request))
 
+    def read_chunk(self, request: ReadOutputRequest) -> OutputChunk:
+        """`Fleet.read_chunk`."""
+        return self._guard(lambda: self.fleet.read_chunk(request))
+
+    def cancel(self, call_id: str) -> bool:
+        """`Fleet.cancel`."""
+        return self._guard(lambda: self.fleet.cancel(call_id))
+
+
+class ServerRunner(Runner, Protocol):
+    """What the server needs beyond the dialects' `Runner`: cancelling a call."""
+
+    def cancel(self, call_id: str) -> bool:
+        """Withdraw a queued call or kill a running one (see `Fleet.cancel`)."""
+        ...
+
+
+class CallCancelledError(BashfleetError):
+    """The request was cancelled before its call was sent: nothing ran."""
+
+
+@dataclass
+class CallWatch:
+    """One tool call's fleet call, so that cancelling the request reaches it.
+
+    Its id is chosen here, before it is sent: a cancel that arrives at any moment finds
+    the call (or stops it from being sent at all).
+    """
+
+    started: float = field(default_factory=time.monotonic)
+    call_id: str | None = None
+    cancelled: bool = False
+    done: threading.Event = field(default_factory=threading.Event)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def next_call_id(self) -> str:
+        """The id of the next call this tool call sends; refused once cancelled."""
+        with self._lock:
+            if self.cancelled:
+                raise CallCancelledError("the request was cancelled; nothing was run")
+            self.call_id = f"c{uuid.uuid4().hex[:23]}"
+            return self.call_id
+
+    def cancel(self) -> str | None:
+        """Mark the tool call cancelled; the id of the call it sent, if any."""
+        with self._lock:
+            self.cancelled = True
+            return self.call_id
+
 
 class SessionRunner:
     """A runner bound to one session's state: runs go to its pinned host.
 
     The session is pinned to the host of its first run that reached one, so later
-    calls find the cwd, files and jobs the earlier ones left there.
+    calls find the cwd, files and jobs the earlier ones left there. A run in a fleet
+    session (`request.session`: native's `session` argument, claude's shell) goes where
+    that session is pinned, unless it names a host. With a `watch`, each run's id is
+    chosen here, so a cancelled request can cancel it.
     """
 
-    def __init__(self, runner: Runner, state: SessionState) -> None:
+    def __init__(
+        self, runner: Runner, state: SessionState, watch: CallWatch | None = None
+    ) -> None:
         self._runner = runner
         self._state = state
+        self._watch = watch
 
     def execute(self, request: RunRequest) -> CallResult:
         """`Runner.execute` on the pinned host (an explicit `host` wins, for one call)."""
-        target = request.host or self._state.host
+        own_pin = request.session is None
+        target = request.host or (self._state.host if own_pin else None)
+        update: dict[str, object] = {"host": target}
+        if self._watch is not None and request.call_id is None:
+            update["call_id"] = self._watch.next_call_id()
         try:
-            result = self._runner.execute(request.model_copy(update={"host": target}))
+            result = self._runner.execute(request.model_copy(update=update))
         except HostUnavailable as exc:
             if target is None or target != self._state.host:
                 raise
@@ -145,7 +233,7 @@ class SessionRunner:
                 "`bashfleet mcp` with --host and a live host",
                 host=exc.host,
             ) from exc
-        if self._state.host is None and result.host:
+        if own_pin and self._state.host is None and result.host:
             self._state.host = result.host
         return result
 
@@ -157,6 +245,10 @@ class SessionRunner:
         """`Runner.kill_job`."""
         return self._runner.kill_job(request)
 
+    def read_chunk(self, request: ReadOutputRequest) -> OutputChunk:
+        """`Runner.read_chunk` (routed by id)."""
+        return self._runner.read_chunk(request)
+
 
 # ---------------------------------------------------------------------------- backend
 
@@ -164,7 +256,7 @@ class SessionRunner:
 class Backend(Protocol):
     """Where a tool server's calls go and its session lives."""
 
-    def connect(self) -> tuple[Runner, RedisSessionStore]:
+    def connect(self) -> tuple[ServerRunner, RedisSessionStore]:
         """The runner and session store (raises BashfleetError / RedisError when down)."""
         ...
 
@@ -188,7 +280,7 @@ class FleetBackend:
         self._lock = threading.Lock()
         self._connected: tuple[FleetRunner, RedisSessionStore, redis.Redis] | None = None
 
-    def connect(self) -> tuple[Runner, RedisSessionStore]:
+    def connect(self) -> tuple[ServerRunner, RedisSessionStore]:
         """A runner on the fleet and the session store on the fleet's Redis."""
         with self._lock:
             if self._connected is None:
@@ -220,10 +312,10 @@ class FleetBackend:
 class StaticBackend:
     """A fixed runner and store (tests, embedding)."""
 
-    runner: Runner
+    runner: ServerRunner
     store: RedisSessionStore
 
-    def connect(self) -> tuple[Runner, RedisSessionStore]:
+    def connect(self) -> tuple[ServerRunner, RedisSessionStore]:
         """The runner and store given."""
         return self.runner, self.store
 
@@ -274,19 +366,47 @@ class ToolServer:
             for spec in self.dialect.tools(cwd)
         ]
 
-    def call(self, tool: str, arguments: Mapping[str, object]) -> ToolText:
-        """Serve one tool call; never raises for the agent's input or a fleet failure."""
+    def call(
+        self, tool: str, arguments: Mapping[str, object], watch: CallWatch | None = None
+    ) -> ToolText:
+        """Serve one tool call; never raises for the agent's input or a fleet failure.
+
+        `watch` (the server's) lets a cancelled request reach the call it sent.
+        """
         try:
-            runner, store = self._backend.connect()
-            base = store.load(self.session_id)
-        except (BashfleetError, redis.RedisError) as exc:
-            self._backend.reset()
-            return self.dialect.system_error(_describe(exc))
+            try:
+                runner, store = self._backend.connect()
+                base = store.load(self.session_id)
+                overrides = dict(self._overrides)
+                if overrides:
+                    self._seed_shell(store.shells, overrides)
+            except (BashfleetError, redis.RedisError) as exc:
+                self._backend.reset()
+                return self.dialect.system_error(_describe(exc))
+            return self._serve(
+                tool, arguments, watch, runner=runner, store=store, base=base,
+                overrides=overrides,
+            )
+        finally:
+            if watch is not None:
+                watch.done.set()
+
+    def _seed_shell(self, shells: ShellStore, overrides: Mapping[str, str]) -> None:
+        """`--host` / `--cwd` into the session's shell (its FR-009 state starts there)."""
+        shells.commit(self.session_id, ShellChange(
+            host=overrides.get("host"), cwd=overrides.get("cwd"), force_host=True,
+        ))
+
+    def _serve(
+        self, tool: str, arguments: Mapping[str, object], watch: CallWatch | None, *,
+        runner: Runner, store: RedisSessionStore, base: SessionState,
+        overrides: Mapping[str, str],
+    ) -> ToolText:
         state = base.model_copy(deep=True)
-        overrides = dict(self._overrides)
         for name, value in overrides.items():
             setattr(state, name, value)
-        answer = self.dialect.call(tool, arguments, SessionRunner(runner, state), state)
+        state.fleet_session = self.session_id
+        answer = self.dialect.call(tool, arguments, SessionRunner(runner, state, watch), state)
         try:
             with self._commit_lock:
                 store.commit(self.session_id, base, state)
@@ -298,11 +418,133 @@ class ToolServer:
             return ToolText(f"{answer.text}\n{note}", is_error=answer.is_error)
         return answer
 
+    # ------------------------------------------------------------- cancel, progress
+
+    def cancel(self, watch: CallWatch) -> None:
+        """Stop what a cancelled request started: its call, withdrawn or killed.
+
+        The call's record may not be written yet (the request was cancelled while its
+        call was being sent): try again until it is, or until the tool call is over.
+        """
+        call_id = watch.cancel()
+        if call_id is None:
+            return
+        deadline = time.monotonic() + CANCEL_REACH_S
+        while True:
+            try:
+                runner, _ = self._backend.connect()
+                runner.cancel(call_id)
+                log.info("call %s cancelled: its request was cancelled", call_id)
+                return
+            except UnknownJob:
+                if watch.done.wait(0.05) or time.monotonic() > deadline:
+                    return
+            except (BashfleetError, redis.RedisError) as exc:
+                log.warning("call %s: could not cancel it: %s", call_id, _describe(exc))
+                return
+
+    def progress_message(self, watch: CallWatch) -> str:
+        """What a progress notification says: time so far, and the last output lines."""
+        elapsed = f"running for {time.monotonic() - watch.started:.0f}s"
+        call_id = watch.call_id
+        if call_id is None:
+            return elapsed
+        try:
+            tail = self._output_tail(call_id)
+        except (BashfleetError, redis.RedisError):
+            return elapsed  # not claimed yet, or its output is not in a file
+        return f"{elapsed}; last output:\n{tail}" if tail else elapsed
+
+    def _output_tail(self, call_id: str) -> str:
+        runner, _ = self._backend.connect()
+        size = runner.read_chunk(ReadOutputRequest(id=call_id, offset=_END, limit=1)).size
+        start = max(0, size - PROGRESS_TAIL_BYTES)
+        chunk = runner.read_chunk(
+            ReadOutputRequest(id=call_id, offset=start, limit=PROGRESS_TAIL_BYTES)
+        )
+        lines = chunk.text.splitlines()
+        if start > 0:
+            lines = lines[1:]  # the first line begins before the slice
+        return "\n".join(line for line in lines[-PROGRESS_TAIL_LINES:])
+
+    # -------------------------------------------------------------------- resources
+
+    def artifacts(self) -> list[Artifact]:
+        """The kept full outputs this session was told of (pi's `artifact://<id>`)."""
+        try:
+            _, store = self._backend.connect()
+            return list(store.load(self.session_id).artifacts.values())
+        except (BashfleetError, redis.RedisError) as exc:
+            log.warning("listing artifacts without the session (%s)", _describe(exc))
+            return []
+
+    def read_artifact(self, uri: str) -> str:
+        """An artifact's text from `?offset=N` (default 0), ARTIFACT_READ_BYTES at most;
+        MCPError for a URI that names none of the session's artifacts."""
+        call_id, offset = _artifact_address(uri)
+        runner, store = self._backend.connect()
+        if call_id not in store.load(self.session_id).artifacts:
+            raise MCPError(INVALID_PARAMS, f"Resource not found: {uri}")
+        chunk = runner.read_chunk(
+            ReadOutputRequest(id=call_id, offset=offset, limit=ARTIFACT_READ_BYTES)
+        )
+        if chunk.eof:
+            return chunk.text
+        return chunk.text + (
+            f"\n[artifact continues: bytes {chunk.offset}-{chunk.next_offset} of {chunk.size} "
+            f"shown; read artifact://{call_id}?offset={chunk.next_offset} for more]"
+        )
+
+
+def _artifact_address(uri: str) -> tuple[str, int]:
+    """(call id, offset) of `artifact://<id>[?offset=N]`; MCPError when malformed."""
+    parts = urlsplit(uri)
+    offsets = parse_qs(parts.query).get("offset", ["0"])
+    if parts.scheme != "artifact" or not parts.netloc or not offsets[0].isdigit():
+        raise MCPError(INVALID_PARAMS, f"Resource not found: {uri}")
+    return parts.netloc, int(offsets[0])
+
 
 def _text_result(answer: ToolText) -> types.CallToolResult:
     return types.CallToolResult(
         content=[types.TextContent(type="text", text=answer.text)], is_error=answer.is_error
     )
+
+
+def _progress_token(ctx: ServerRequestContext[Any]) -> object:
+    """The request's progress token (None: the client asked for no progress)."""
+    meta = (ctx.params or {}).get("_meta")
+    return meta.get("progressToken") if isinstance(meta, Mapping) else None
+
+
+async def _report_progress(
+    ctx: ServerRequestContext[Any], tool_server: ToolServer, watch: CallWatch
+) -> None:
+    """A progress notification every PROGRESS_INTERVAL_S until cancelled; never raises."""
+    while True:
+        await anyio.sleep(PROGRESS_INTERVAL_S)
+        try:
+            message = await anyio.to_thread.run_sync(
+                tool_server.progress_message, watch, abandon_on_cancel=True
+            )
+            await ctx.session.report_progress(
+                round(time.monotonic() - watch.started, 1), None, message
+            )
+        except anyio.get_cancelled_exc_class():
+            raise
+        except Exception:  # a notification is a courtesy: never fail the call for one
+            log.debug("progress notification failed", exc_info=True)
+
+
+def _serve_call(
+    tool_server: ToolServer, name: str, arguments: Mapping[str, object], watch: CallWatch
+) -> ToolText:
+    try:
+        return tool_server.call(name, arguments, watch)
+    except Exception as exc:
+        # A bug of ours: report it to the agent and keep serving.
+        log.exception("tool call %s failed", name)
+        return tool_server.dialect.system_error(f"internal error: {_describe(exc)}")
 
 
 def build_server(tool_server: ToolServer) -> Server[Any]:
@@ -318,15 +560,45 @@ def build_server(tool_server: ToolServer) -> Server[Any]:
     async def call_tool(
         ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
     ) -> types.CallToolResult:
-        del ctx
         arguments: Mapping[str, object] = params.arguments or {}
+        watch = CallWatch()
         try:
-            answer = await anyio.to_thread.run_sync(tool_server.call, params.name, arguments)
-        except Exception as exc:
-            # A bug of ours: report it to the agent and keep serving.
-            log.exception("tool call %s failed", params.name)
-            answer = tool_server.dialect.system_error(f"internal error: {_describe(exc)}")
+            async with anyio.create_task_group() as tasks:
+                if _progress_token(ctx) is not None:
+                    tasks.start_soon(_report_progress, ctx, tool_server, watch)
+                # Abandoned on cancel: the thread goes on until the cancelled call
+                # answers (and the session is saved); the request ends at once.
+                answer = await anyio.to_thread.run_sync(
+                    _serve_call, tool_server, params.name, arguments, watch,
+                    abandon_on_cancel=True,
+                )
+                tasks.cancel_scope.cancel()
+        except anyio.get_cancelled_exc_class():
+            # `notifications/cancelled` (or the client went away): stop the call too.
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(tool_server.cancel, watch)
+            raise
         return _text_result(answer)
+
+    async def list_resources(
+        ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListResourcesResult:
+        del ctx, params
+        found = await anyio.to_thread.run_sync(tool_server.artifacts)
+        return types.ListResourcesResult(resources=[_resource(item) for item in found])
+
+    async def read_resource(
+        ctx: ServerRequestContext[Any], params: types.ReadResourceRequestParams
+    ) -> types.ReadResourceResult:
+        del ctx
+        uri = str(params.uri)
+        try:
+            text = await anyio.to_thread.run_sync(tool_server.read_artifact, uri)
+        except (BashfleetError, redis.RedisError) as exc:
+            raise MCPError(INVALID_PARAMS, f"{uri}: {_describe(exc)}") from None
+        return types.ReadResourceResult(
+            contents=[types.TextResourceContents(uri=uri, mime_type="text/plain", text=text)]
+        )
 
     return Server(
         SERVER_NAME,
@@ -334,6 +606,22 @@ def build_server(tool_server: ToolServer) -> Server[Any]:
         instructions=f"bash on a bashfleet fleet ({tool_server.dialect.name} dialect)",
         on_list_tools=list_tools,
         on_call_tool=call_tool,
+        on_list_resources=list_resources,
+        on_read_resource=read_resource,
+    )
+
+
+def _resource(artifact: Artifact) -> types.Resource:
+    """An artifact as `resources/list` shows it."""
+    return types.Resource(
+        uri=f"artifact://{artifact.call_id}",
+        name=artifact.call_id,
+        description=(
+            f"Full output of `{artifact.command[:200]}` ({artifact.size} bytes, kept on "
+            f"host {artifact.host})"
+        ),
+        mime_type="text/plain",
+        size=artifact.size,
     )
 
 

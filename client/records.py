@@ -1,5 +1,5 @@
 """The client's side of the fleet's state in Redis: what a caller records (a call it
-submits or withdraws, a session's host pin) and what it reads (hosts, call and job
+submits or withdraws) and what it reads (hosts, call and job
 records, queue depths, stored replies).
 
 Names and TTLs are in `worker.wire.names`; the worker's side is `worker.fleet.registry`.
@@ -8,11 +8,11 @@ Names and TTLs are in `worker.wire.names`; the worker's side is `worker.fleet.re
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any, cast
 
 from worker.fleet.connect import Redis, Script, flat_fields, transaction
-from worker.wire import auth, names
+from worker.wire import names
 from worker.wire.models import HostInfo, JobView
 from worker.wire.names import CallState
 from worker.wire.records import host_info as parse_host_info
@@ -104,27 +104,6 @@ def queue_depths(client: Redis, queues: Sequence[str]) -> dict[str, int]:
 def stored_reply(client: Redis, task_id: str) -> str | None:
     """A task's stored answer, or None (not answered yet, or expired)."""
     return cast("str | None", client.get(names.reply_key(task_id)))
-
-
-# --------------------------------------------------------------------------- sessions
-
-
-def session_host(client: Redis, session: str, keys: Mapping[str, str]) -> str | None:
-    """The host a session's calls are pinned to, if any (and if its seal verifies with
-    `keys`: a pin a Redis writer forged would send the session's calls elsewhere)."""
-    pinned = client.get(names.session_key(session))
-    if not pinned:
-        return None
-    try:
-        return auth.unseal(keys, auth.SESSION_PIN, session, str(pinned)) or None
-    except auth.AuthError:
-        return None  # not ours: the session goes where a new one would
-
-
-def pin_session(client: Redis, session: str, host: str, key: str | None) -> None:
-    """Pin a session's later calls to `host` (renewed by every call of the session)."""
-    sealed = auth.seal(key, auth.SESSION_PIN, session, host)
-    client.set(names.session_key(session), sealed, ex=names.SESSION_TTL_S)
 
 
 # ------------------------------------------------------------------------------ hosts

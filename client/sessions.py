@@ -13,26 +13,42 @@ that restarts with the same session id picks up where the last one stopped.
 Two callers that save the same session at once would lose one of the updates;
 `commit` merges instead: it reapplies what one call changed onto the state stored now
 (`merge_states`), in a WATCH/MULTI transaction.
+
+A session's *shell* (cwd, exported and unset variables, pinned host: `client.shells`)
+is stored apart, under `bashfleet:shell:<id>` (`ShellStore`), because every caller of a
+session shares it, not only the dialect's MCP server: `bashfleet run --session S`, the
+Python API's `session=`, native's `session` argument. Each call's change is laid onto
+the stored shell in a WATCH/MULTI transaction, so concurrent calls never lose a `cd`.
+
+Every read and write of session data goes through `Seal` here: what a session stores
+decides what its next calls run (their cwd, their environment), so a Redis writer who
+could edit it would choose them. It is sealed with the client's signing key
+(`auth.seal`); a record that does not verify is not used (the session starts afresh,
+with a warning), whatever it says.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import redis
 from pydantic import ValidationError
 
 from client.dialects.base import SessionState
+from client.shells import ShellChange, ShellState, apply_change
 from worker.wire import auth, names
-from worker.wire.names import session_state_key
+from worker.wire.names import session_state_key, shell_key
 
 __all__ = [
     "SESSION_STATE_TTL_S",
     "RedisSessionStore",
+    "ShellStore",
     "merge_states",
     "session_state_key",
+    "shell_key",
     "validate_session_id",
 ]
 
@@ -43,6 +59,47 @@ SESSION_STATE_TTL_S = names.SESSION_TTL_S
 
 K = TypeVar("K")
 V = TypeVar("V")
+M = TypeVar("M", SessionState, ShellState)
+
+
+@dataclass(frozen=True)
+class Seal:
+    """How a client seals what it stores for its sessions, and checks what it reads."""
+
+    key: str | None = None
+    """The client's signing key (None: an unsigned client, records unsealed)."""
+
+    def encode(self, session_id: str, state: SessionState | ShellState) -> str:
+        """What is stored for a session's state or shell."""
+        return auth.seal(self.key, _purpose(state), session_id, state.model_dump_json())
+
+    def decode(self, session_id: str, raw: object, model: type[M]) -> M:
+        """A stored state or shell; a fresh one for none, or for one that cannot be read
+        or does not verify."""
+        if raw is None:
+            return model()
+        what = "shell" if model is ShellState else "state"
+        try:
+            keys = auth.keyring([self.key] if self.key else [])
+            text = auth.unseal(keys, _purpose(model), session_id, str(raw))
+        except auth.AuthError as exc:
+            # Forged, or sealed by a client with another key: never used.
+            log.warning("session %s: %s refused (%s); starting afresh", session_id, what,
+                        exc.message)
+            return model()
+        try:
+            return model.model_validate_json(text)
+        except ValidationError as exc:
+            # A record written by another version, or damaged: starting afresh loses the
+            # session's memory, but refusing every call would lose the agent.
+            log.warning("session %s: unreadable %s, starting afresh (%s)", session_id, what,
+                        exc)
+            return model()
+
+
+def _purpose(state: object) -> str:
+    is_shell = state is ShellState or isinstance(state, ShellState)
+    return auth.SHELL if is_shell else auth.SESSION_STATE
 
 
 def validate_session_id(session_id: str) -> str:
@@ -85,24 +142,22 @@ def merge_states(base: SessionState, mine: SessionState, theirs: SessionState) -
 
 
 class RedisSessionStore:
-    """The dialects' `SessionStore` on Redis: one JSON string per session, with a TTL,
-    sealed with the client's signing key.
-
-    A session's state decides what its next calls run (their cwd, their environment):
-    a Redis writer who could edit it would choose them. So it is sealed
-    (`auth.seal`): a state that does not verify is not used (the session starts
-    afresh, with a warning), whatever it says.
-    """
+    """The dialects' `SessionStore` on Redis: one sealed JSON string per session, with a
+    TTL."""
 
     def __init__(
         self, client: redis.Redis, ttl_s: int = SESSION_STATE_TTL_S, *, key: str | None = None
     ) -> None:
         """`client` must decode responses (`decode_responses=True`); `key`: the signing
-        key the states are sealed with (None: an unsigned client, states unsealed)."""
+        key the records are sealed with (None: an unsigned client, records unsealed)."""
         self._redis = client
         self._ttl_s = ttl_s
-        self._key = key
-        self._keys = auth.keyring([key] if key else [])
+        self._seal = Seal(key)
+
+    @property
+    def shells(self) -> ShellStore:
+        """The sessions' shells, on the same Redis, sealed with the same key."""
+        return ShellStore(self._redis, self._ttl_s, key=self._seal.key)
 
     def load(self, session_id: str) -> SessionState:
         """The session's state; a fresh one for an unknown or expired id."""
@@ -112,7 +167,7 @@ class RedisSessionStore:
     def save(self, session_id: str, state: SessionState) -> None:
         """Store the state and (re)start its TTL."""
         key = session_state_key(validate_session_id(session_id))
-        self._redis.set(key, self._sealed(session_id, state), ex=self._ttl_s)
+        self._redis.set(key, self._seal.encode(session_id, state), ex=self._ttl_s)
 
     def commit(self, session_id: str, base: SessionState, mine: SessionState) -> SessionState:
         """Save what a call changed (`base` -> `mine`) onto the stored state; the result.
@@ -128,7 +183,7 @@ class RedisSessionStore:
                     theirs = self._parse(session_id, pipe.get(key))
                     merged = merge_states(base, mine, theirs)
                     pipe.multi()
-                    pipe.set(key, self._sealed(session_id, merged), ex=self._ttl_s)
+                    pipe.set(key, self._seal.encode(session_id, merged), ex=self._ttl_s)
                     pipe.execute()
                     return merged
                 except redis.WatchError:
@@ -142,23 +197,51 @@ class RedisSessionStore:
         """Seconds the session's state has left (-2: none stored)."""
         return int(self._redis.ttl(session_state_key(validate_session_id(session_id))))
 
-    def _sealed(self, session_id: str, state: SessionState) -> str:
-        return auth.seal(self._key, auth.SESSION_STATE, session_id, state.model_dump_json())
-
     def _parse(self, session_id: str, raw: object) -> SessionState:
-        if raw is None:
-            return SessionState()
-        try:
-            text = auth.unseal(self._keys, auth.SESSION_STATE, session_id, str(raw))
-        except auth.AuthError as exc:
-            # Forged, or sealed by a client with another key: never used.
-            log.warning("session %s: state refused (%s); starting afresh", session_id,
-                        exc.message)
-            return SessionState()
-        try:
-            return SessionState.model_validate_json(text)
-        except ValidationError as exc:
-            # A record written by another version, or damaged: starting afresh loses the
-            # session's memory, but refusing every call would lose the agent.
-            log.warning("session %s: unreadable state, starting afresh (%s)", session_id, exc)
-            return SessionState()
+        return self._seal.decode(session_id, raw, SessionState)
+
+
+class ShellStore:
+    """Sessions' shells on Redis: one sealed JSON string per session, with a TTL."""
+
+    def __init__(
+        self, client: redis.Redis, ttl_s: int = SESSION_STATE_TTL_S, *, key: str | None = None
+    ) -> None:
+        """`client` must decode responses (`decode_responses=True`); `key`: the signing
+        key the shells are sealed with (None: an unsigned client, shells unsealed)."""
+        self._redis = client
+        self._ttl_s = ttl_s
+        self._seal = Seal(key)
+
+    def load(self, session_id: str) -> ShellState:
+        """The session's shell; a fresh one for an unknown or expired id."""
+        key = shell_key(validate_session_id(session_id))
+        return self._seal.decode(session_id, self._redis.get(key), ShellState)
+
+    def commit(self, session_id: str, change: ShellChange) -> ShellState:
+        """Lay one call's change onto the stored shell (and restart its TTL); the result.
+
+        WATCH/MULTI: a change committed by another caller in between makes this one
+        start over on that newer shell, so neither is lost.
+        """
+        key = shell_key(validate_session_id(session_id))
+        while True:
+            with self._redis.pipeline() as pipe:
+                try:
+                    pipe.watch(key)  # type: ignore[no-untyped-call]
+                    now = self._seal.decode(session_id, pipe.get(key), ShellState)
+                    shell = apply_change(now, change)
+                    pipe.multi()
+                    pipe.set(key, self._seal.encode(session_id, shell), ex=self._ttl_s)
+                    pipe.execute()
+                    return shell
+                except redis.WatchError:
+                    continue
+
+    def delete(self, session_id: str) -> None:
+        """Forget a session's shell."""
+        self._redis.delete(shell_key(validate_session_id(session_id)))
+
+    def ttl(self, session_id: str) -> int:
+        """Seconds the session's shell has left (-2: none stored)."""
+        return int(self._redis.ttl(shell_key(validate_session_id(session_id))))

@@ -6,16 +6,20 @@ cd "$(dirname "$0")/.."
 ./scripts/bootstrap.sh
 
 # The deploy tests validate docker-compose.yml and the systemd units with the real
-# tools (they skip, visibly, where a tool is missing). As root with apt-get: Debian's.
+# tools, Flower's pages are looked at in headless Chromium (those tests skip, visibly,
+# where a tool is missing), and the TypeScript SDK's MCP client needs node and npm. As
+# root with apt-get: Debian's.
 missing=()
 command -v docker-compose >/dev/null || missing+=(docker-compose)
 command -v systemd-analyze >/dev/null || missing+=(systemd)
+command -v chromium >/dev/null || missing+=(chromium)
+command -v npm >/dev/null || missing+=(nodejs npm)
 if [ ${#missing[@]} -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-  echo "installing ${missing[*]} (Debian) for the deploy tests" >&2
+  echo "installing ${missing[*]} (Debian) for the deploy, Flower and MCP client tests" >&2
   { apt-get update -qq &&
       DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
         "${missing[@]}" >/dev/null; } ||
-    echo "could not install ${missing[*]}; their deploy checks will be skipped" >&2
+    echo "could not install ${missing[*]}; the tests that need them say so" >&2
 fi
 
 echo "== ruff"

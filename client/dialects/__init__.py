@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 from client.dialects.base import (
+    Artifact,
     Dialect,
     MemorySessionStore,
     RefusalError,
@@ -27,7 +28,6 @@ from client.dialects.base import (
     SessionJob,
     SessionState,
     SessionStore,
-    ShellState,
     ToolSpec,
     ToolText,
     schemas,
@@ -59,6 +59,7 @@ def get_dialect(name: str) -> Dialect:
 
 __all__ = [
     "DIALECTS",
+    "Artifact",
     "ClaudeDialect",
     "Dialect",
     "MemorySessionStore",
@@ -73,7 +74,6 @@ __all__ = [
     "SessionJob",
     "SessionState",
     "SessionStore",
-    "ShellState",
     "ToolSpec",
     "ToolText",
     "UnknownDialectError",

@@ -111,13 +111,37 @@ def activity(result: CallResult) -> tuple[list[str], str] | None:
     return [process_line(p) for p in result.processes], output_age(result.last_output_age_s)
 
 
+def _without_last_lines(
+    ranges: tuple[tuple[int, int], ...], lines: int
+) -> tuple[tuple[int, int], ...]:
+    """Shown line ranges once the last `lines` lines of the stream are gone."""
+    if not ranges:
+        return ranges
+    first, last = ranges[-1]
+    end = last - lines
+    return (*ranges[:-1], (first, end)) if end >= first else ranges[:-1]
+
+
 def without_completion_line(result: CheckResult) -> CheckResult:
     """A check's result without the completion line at the end of the job's output.
 
     Seed 001 wants that line in the output file, and the engine writes it for every job;
-    the other dialects say how a job ended in their own words, so they leave it out.
+    the other dialects say how a job ended in their own words, so they leave it out, and
+    out of the counts too (a notice must count the lines it shows).
     """
     output = _COMPLETION_LINE.sub("", result.output)
     if output == result.output:
         return result
-    return result.model_copy(update={"output": output})
+    update: dict[str, object] = {"output": output}
+    info = result.output_truncation
+    if info is not None:
+        lines = count_lines(result.output) - count_lines(output)
+        size = len(result.output.encode()) - len(output.encode())
+        update["output_truncation"] = info.model_copy(update={
+            "total_lines": max(0, info.total_lines - lines),
+            "shown_lines": max(0, info.shown_lines - lines),
+            "total_bytes": max(0, info.total_bytes - size),
+            "shown_bytes": max(0, info.shown_bytes - size),
+            "shown_ranges": _without_last_lines(info.shown_ranges, lines),
+        })
+    return result.model_copy(update=update)

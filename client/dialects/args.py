@@ -4,7 +4,7 @@ Models send anything: missing fields, strings for numbers, extra keys, nested ju
 dialect validates the arguments before doing anything and turns every problem into a
 clear sentence the model can act on. Only the schema features the dialects use are
 understood: an object with `properties` (types `string`, `integer`, `number`, `boolean`,
-optionally an `enum`) and `required`.
+optionally an `enum` or a `minimum`) and `required`.
 
 Two deliberate choices:
 
@@ -116,6 +116,9 @@ def _coerce(name: str, value: object, spec: Mapping[str, Any]) -> object:
         raise ArgError(
             f"parameter '{name}' must be {expected}, not {_kind(value)} ({_shown(value)})"
         )
+    minimum = spec.get("minimum")
+    if minimum is not None and isinstance(value, int | float) and value < minimum:
+        raise ArgError(f"parameter '{name}' must be at least {minimum}, not {_shown(value)}")
     choices = spec.get("enum")
     if choices is not None and value not in choices:
         listed = ", ".join(repr(choice) for choice in choices)

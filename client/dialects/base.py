@@ -18,22 +18,15 @@ from __future__ import annotations
 import copy
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from client.dialects.args import ArgError, Args, parse_args
-from worker.wire.control import CheckRequest, KillRequest
-from worker.wire.models import (
-    CallResult,
-    CheckResult,
-    JobHandle,
-    Policy,
-    RunRequest,
-    runs_code,
-)
+from worker.wire.control import CheckRequest, KillRequest, ReadOutputRequest
+from worker.wire.models import CallResult, CheckResult, JobHandle, OutputChunk, Policy, RunRequest
 
 JSONSchema = dict[str, Any]
 SchemaStyle = Literal["anthropic", "openai", "mcp"]
@@ -84,6 +77,11 @@ class Runner(Protocol):
 
     def kill_job(self, request: KillRequest) -> CheckResult:
         """End a job; its final state (see `KillRequest`)."""
+        ...
+
+    def read_chunk(self, request: ReadOutputRequest) -> OutputChunk:
+        """A slice of the full output a call or job kept on its host (see
+        `ReadOutputRequest`)."""
         ...
 
 
@@ -143,6 +141,13 @@ class GuardedRunner:
         except Exception as exc:
             raise RunnerError(_describe(exc)) from exc
 
+    def read_chunk(self, request: ReadOutputRequest) -> OutputChunk:
+        """`Runner.read_chunk`, exceptions converted."""
+        try:
+            return self._runner.read_chunk(request)
+        except Exception as exc:
+            raise RunnerError(_describe(exc)) from exc
+
 
 # ---------------------------------------------------------------------------- session
 
@@ -178,7 +183,7 @@ class RunRecord(BaseModel):
     command: str
     """The command as the model sent it."""
     call_id: str
-    """The call's id (`bashfleet output <call_id>` reads its kept output)."""
+    """The call's id (its kept output is read by that id)."""
     host: str
     """Host that ran it (and holds its output)."""
     at: float
@@ -193,44 +198,27 @@ class RunRecord(BaseModel):
     """The job it went on as, when it was backgrounded."""
 
 
-class ShellState(BaseModel):
-    """The shell state a named session carries between calls: cwd and environment."""
+class Artifact(BaseModel):
+    """A call's full output kept on its host, as a session lists it (pi's `artifact://`)."""
 
     model_config = ConfigDict(extra="forbid")
 
-    cwd: str | None = None
-    """Directory the last call ended in (None: not known yet)."""
-    env: dict[str, str] = Field(default_factory=dict)
-    """Variables the calls exported or changed."""
-    unset_env: list[str] = Field(default_factory=list)
-    """Variables the calls unset (kept out of later calls, the worker's own included)."""
+    call_id: str
+    """The call's id (the artifact id)."""
+    host: str
+    """Host that keeps the output."""
+    path: str
+    """The output file on `host`."""
+    size: int
+    """Its size in bytes when the call ended."""
+    command: str
+    """The command, for listings."""
+    at: float
+    """When the call was sent, in seconds since the epoch."""
 
-    def carry(self, result: CallResult) -> None:
-        """Take on the state `result` ended with (a result without it changes nothing)."""
-        self.env, self.unset_env = carry_env(result, self.env, self.unset_env)
-        if result.cwd_after:
-            self.cwd = result.cwd_after
 
-
-def carry_env(
-    result: CallResult, env: Mapping[str, str], unset: Sequence[str]
-) -> tuple[dict[str, str], list[str]]:
-    """The environment and the unset names of a shell after the call of `result`.
-
-    Exported or changed variables join `env` and are no longer unset; unset ones leave
-    `env` and join `unset`, so a later call does not get them back from the worker's
-    own environment. Order is kept (stable session records).
-    """
-    # A variable a call may not set (BASH_ENV, LD_*...: `runs_code`) is not carried:
-    # the next call would be refused.
-    changes = {k: v for k, v in result.env_changes.items() if not runs_code(k)}
-    carried = {**env, **changes}
-    removed = [name for name in unset if name not in result.env_changes]
-    for name in result.env_removed:
-        carried.pop(name, None)
-        if name not in removed:
-            removed.append(name)
-    return carried, removed
+#: SessionState fields of older versions, now in the session's shell (`client.shells`).
+_RETIRED = frozenset({"unset_env", "shells"})
 
 
 class SessionState(BaseModel):
@@ -245,7 +233,8 @@ class SessionState(BaseModel):
     cwd: str | None = None
     """Working directory of the session's calls (None: the worker's home)."""
     env: dict[str, str] = Field(default_factory=dict)
-    """Variables set on every call of the session (claude's FR-009 persistence)."""
+    """Variables set on every call of the session (fixed; what commands export lives in
+    the session's shell, `fleet_session`)."""
     host: str | None = None
     """Host the session's calls are pinned to (None: any host)."""
     jobs: dict[str, SessionJob] = Field(default_factory=dict)
@@ -256,12 +245,24 @@ class SessionState(BaseModel):
     """job id -> byte offset of the output already shown by a check."""
     stderr_offsets: dict[str, int] = Field(default_factory=dict)
     """job id -> byte offset of the separate stderr already shown (auto-backgrounded calls)."""
-    unset_env: list[str] = Field(default_factory=list)
-    """Variables a call of the session unset: removed from every later call (claude)."""
     history: list[RunRecord] = Field(default_factory=list)
     """The session's latest commands, oldest first (native's "already ran" hint)."""
-    shells: dict[str, ShellState] = Field(default_factory=dict)
-    """Named session (native's `session` argument) -> the shell state it carries."""
+    fleet_session: str | None = None
+    """The fleet session whose shell (cwd, exported variables: `client.shells`) the
+    calls of dialects that keep one share (claude's FR-009). The MCP server names its
+    own session; a dialect names a fresh one on first use."""
+    artifacts: dict[str, Artifact] = Field(default_factory=dict)
+    """Call id -> a kept full output this session was told of (pi's `artifact://<id>`),
+    oldest first."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_retired_fields(cls, data: Any) -> Any:
+        """A session stored by an older version still loads: fields that moved to the
+        session's shell (`unset_env`, native's `shells`) are dropped."""
+        if isinstance(data, dict) and not _RETIRED.isdisjoint(data):
+            data = {name: value for name, value in data.items() if name not in _RETIRED}
+        return data
 
     def remember(self, job: JobHandle, command: str, stderr_path: str | None = None) -> SessionJob:
         """Record a job started in this session; a newer job takes over a reused pid."""

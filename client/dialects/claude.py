@@ -18,13 +18,15 @@ Result texts, after Claude Code's own:
 - `KillBash`: `Successfully killed shell: <id> (<command>)`, or
   `Shell <id> is not running, so cannot be killed (status: <status>)`.
 
-Session persistence (FR-009): every call carries `SessionState.env`, `unset_env` and
-`cwd` into the run, and a foreground `Bash` asks the worker for the state the command
-ended with (`capture_state`): the variables it exported or changed join the session's
-env, those it unset leave it and stay unset on later calls (also those of the
-worker's own environment, such as `LANG`), and the directory it ended in becomes the
-session's cwd, as in one long-lived shell. Background commands are not captured: they
-end after later calls have already run.
+Session persistence (FR-009): every call runs in the session's shell
+(`SessionState.fleet_session`, named on first use: `client.shells`), which the fleet
+keeps in Redis: a foreground `Bash` reports the state its command ended with, and the
+variables it exported or changed, those it unset (also those of the worker's own
+environment, such as `LANG`) and the directory it `cd`-ed into hold for the session's
+next calls, as in one long-lived shell, also when several calls run at once or another
+process (`bashfleet run --session ID`) shares the session. The shell starts in the
+session's `cwd`. Background commands are not captured: they end after later calls have
+already run.
 
 A timed-out command's text ends with what it was running when it was killed (pid,
 state, CPU seconds, command) and how long ago it last printed.
@@ -34,7 +36,9 @@ from __future__ import annotations
 
 import re
 import signal
+import uuid
 from collections.abc import Mapping
+from typing import Any
 
 from client.dialects._text import (
     activity,
@@ -54,7 +58,6 @@ from client.dialects.base import (
     SessionState,
     ToolSpec,
     ToolText,
-    carry_env,
 )
 from worker.wire.control import CheckRequest, KillRequest
 from worker.wire.models import CallResult, CharCap, CheckResult, Policy, RunRequest, TruncationInfo
@@ -166,17 +169,6 @@ def _tidy(text: str) -> str:
     return re.sub(r"^(\s*\n)+", "", text).rstrip()
 
 
-def carry_state(result: CallResult, session: SessionState) -> None:
-    """FR-009: what a command exported, unset or `cd`-ed into holds for the next call.
-
-    A result without captured state (a runner without `capture_state`, a command that
-    replaced its shell with `exec`) leaves the session as it was.
-    """
-    session.env, session.unset_env = carry_env(result, session.env, session.unset_env)
-    if result.cwd_after:
-        session.cwd = result.cwd_after
-
-
 def _activity_notice(result: CallResult) -> str:
     """What a timed-out command was running when killed, and when it last printed."""
     found = activity(result)
@@ -256,32 +248,21 @@ class ClaudeDialect(Dialect):
                 f"timeout {_number(timeout_ms)} ms is above the maximum of {MAX_TIMEOUT_MS} ms "
                 "(10 minutes); use run_in_background for longer commands"
             )
-        env = dict(session.env)
-        unset = tuple(session.unset_env)
         if args.flag("run_in_background"):
-            result = runner.execute(RunRequest(
-                command=command,
-                host=session.host,
-                mode="background",
-                cwd=session.cwd,
-                policy=self.policy(),
-                env=env,
-                unset_env=unset,
-            ))
+            result = runner.execute(self._request(command, session, mode="background"))
             return self.render_started(result, command, session)
         timeout_ms = timeout_ms if timeout_ms is not None else DEFAULT_TIMEOUT_MS
-        result = runner.execute(RunRequest(
-            command=command,
-            host=session.host,
-            timeout=timeout_ms / 1000,
-            cwd=session.cwd,
-            policy=self.policy(),
-            env=env,
-            unset_env=unset,
-            capture_state=True,
-        ))
-        carry_state(result, session)
+        result = runner.execute(self._request(command, session, timeout=timeout_ms / 1000))
         return self.render(result, timeout_ms)
+
+    def _request(self, command: str, session: SessionState, **options: Any) -> RunRequest:
+        """A run in the session's shell (FR-009), which starts in the session's cwd."""
+        if session.fleet_session is None:
+            session.fleet_session = f"claude-{uuid.uuid4().hex[:24]}"
+        return RunRequest(
+            command=command, host=session.host, session=session.fleet_session,
+            default_cwd=session.cwd, policy=self.policy(), **options,
+        )
 
     def render_started(self, result: CallResult, command: str, session: SessionState) -> ToolText:
         """A background start: the shell id, remembered in the session."""

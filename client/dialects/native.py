@@ -1,8 +1,10 @@
-"""The `native` dialect: bashfleet's own tools, `bash`, `bash_check` and `bash_kill`.
+"""The `native` dialect: bashfleet's own tools, `bash`, `bash_check`, `bash_kill` and
+`bash_output`.
 
 Everything the engine knows, said plainly: how the command ended (exit code, signal,
 timeout, backgrounded job and its host), both streams apart, exact counts of every cut
-and how to read the rest (`bashfleet output <id>` and the file on its host), the error
+and how to read the rest (the `bash_output` call that reads it, and the file on its
+host: a hint names a tool the model has, never a command its calls could not run), the error
 lines found in the part that was cut, and after a timeout the call's processes (pid,
 state, CPU seconds, command) and how long ago it last printed.
 
@@ -13,9 +15,11 @@ characters show as `<U+202E>` markers (the "Trojan Source" class); a line rewrit
 carriage returns (a progress bar) shows its last frame; a line longer than 2,000
 characters is cut there (`… [N more characters]`) and counted in the cut notice.
 
-A named `session` is a shell that lives on between calls: each call of it reports the
-state it ended in (`cwd_after`, exported and unset variables) and the next one starts
-there, on the same host. Without one, calls are stateless. A command the session already
+A named `session` is a fleet session (`client.shells`): a shell that lives on in Redis
+between calls, whoever makes them (another agent, `bashfleet run --session NAME`). Each
+call of it reports the state it ended in (`cwd_after`, exported and unset variables) and
+the next one starts there, on the same host; an explicit `cwd` holds for its call only.
+Without a session, calls are stateless. A command the session already
 ran in the last 10 minutes gets a note saying which call ran it and where its output is,
 so a model that only wants the part that was cut can read it instead of running again.
 
@@ -25,23 +29,32 @@ so a model that only wants the part that was cut can read it instead of running 
     stdout:
     ...
     [stdout cut: showing the last 2000 of 8500 lines (51200 of 402112 bytes, lines limit).
-    Full output: `bashfleet output c0ffee` (/var/.../c0ffee.out on host build-3)]
+    Full output: bash_output id=c0ffee (/var/.../c0ffee.out on host build-3)]
 
     stderr:
     ...
     [stderr cut: showing the last 3 of 3 lines (4120 of 901233 bytes); 1 line cut to
-    2,000 characters. Full stderr: /var/.../c0ffee.err on host build-3]
+    2,000 characters. Full stderr: bash_output id=c0ffee stream=stderr
+    (/var/.../c0ffee.err on host build-3)]
 
     error lines in the cut part:
       tests/test_x.py:12: AssertionError
 
     note: the same command ran in this session 2m 5s ago, as call c0ffee on host build-3
-    (exit code 2); its full output: `bashfleet output c0ffee` (... on host build-3)
+    (exit code 2); its full output: bash_output id=c0ffee (... on host build-3)
 
 A binary stream:
 
     stdout:
     [binary output: 81920 bytes, saved to /var/.../c0ffee.out on host build-3]
+
+`bash_output` id=c0ffee:
+
+    c0ffee stdout: bytes 0-51200 of 402112 (/var/.../c0ffee.out)
+
+    ...
+
+    next: bash_output id=c0ffee offset=51200
 """
 
 from __future__ import annotations
@@ -67,21 +80,22 @@ from client.dialects.base import (
     Handler,
     RunRecord,
     SessionState,
-    ShellState,
     ToolSpec,
     ToolText,
 )
-from worker.wire.control import CheckRequest, KillRequest
+from worker.wire.control import CheckRequest, KillRequest, ReadOutputRequest
 from worker.wire.models import (
     MAX_TIMEOUT_S,
     CallResult,
     CheckResult,
+    OutputChunk,
     Policy,
     RunRequest,
     Spill,
     TailLines,
     TruncationInfo,
 )
+from worker.wire.names import valid_id
 
 DEFAULT_TIMEOUT_S = 120.0
 SLOW_TIMEOUT_S = 15 * 60.0
@@ -89,10 +103,10 @@ SLOW_TIMEOUT_S = 15 * 60.0
 RERUN_WINDOW_S = 10 * 60.0
 #: Most runs a session remembers for that hint.
 HISTORY_SIZE = 20
-#: Most named sessions (`session` argument) a session state keeps.
-MAX_SHELLS = 16
 #: Longest line shown, in characters: one minified line cannot fill the 50 KB budget.
 MAX_LINE_CHARS = 2000
+#: Bytes of kept output one `bash_output` call returns (the budget of one `bash` call).
+OUTPUT_SLICE_BYTES = 51_200
 
 BASH_DESCRIPTION = """\
 Run a bash command on a bashfleet worker: `bash -c`, no TTY, empty stdin, its own process \
@@ -108,6 +122,12 @@ environment between calls and stays on one host."""
 CHECK_DESCRIPTION = """\
 Show a background job's state and the output it printed since the last check (or since \
 byte `offset`). `grep` keeps only the lines matching a regular expression."""
+
+OUTPUT_DESCRIPTION = """\
+Read the full output a call or job kept on its host (what a cut notice points to), 50KB \
+at a time from byte `offset` (default 0): `id` is the call id or job id the notice names; \
+`stream` stderr reads a call's separate stderr; `grep` keeps only the matching lines of \
+the slice. The answer says where the next slice starts."""
 
 KILL_DESCRIPTION = """\
 Stop a background job: SIGTERM to its process group, SIGKILL after a grace period, then \
@@ -145,6 +165,25 @@ CHECK_SCHEMA = {
             "type": "integer",
             "description": "Byte offset to read from (default: where the last check stopped)",
         },
+    },
+    "required": ["id"],
+    "additionalProperties": False,
+}
+OUTPUT_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "id": {"type": "string", "description": "Call id or job id"},
+        "offset": {
+            "type": "integer",
+            "minimum": 0,
+            "description": "Byte offset to read from (default 0)",
+        },
+        "stream": {
+            "type": "string",
+            "enum": ["stdout", "stderr"],
+            "description": "stdout (default) or a call's separate stderr",
+        },
+        "grep": {"type": "string", "description": "Regular expression: only matching lines"},
     },
     "required": ["id"],
     "additionalProperties": False,
@@ -238,30 +277,25 @@ def _already_ran(earlier: RunRecord, now: float) -> str:
         return text + f"; it went on as job {earlier.job_id}: bash_check id={earlier.job_id}"
     if earlier.spill_path is not None:
         where = _where(earlier.spill_path, earlier.host)
-        return text + f"; its full output: `bashfleet output {earlier.call_id}` ({where})"
+        return text + f"; its full output: bash_output id={earlier.call_id} ({where})"
     return text + "; its output was shown whole"
 
 
-def _shell_report(name: str, shell: ShellState, result: CallResult) -> str:
+def _shell_report(name: str, result: CallResult, cwd_given: bool) -> str:
     """Where the named session's next call starts, and what the call changed."""
     if not result.cwd_after:
         # A job, or a command that replaced its shell: its final state is unknown.
-        where = f" in {shell.cwd}" if shell.cwd else ""
-        return f"session {name}: state unchanged; its next call starts{where} as before"
-    text = f"session {name}: ended in {result.cwd_after}; its next call starts there"
+        return f"session {name}: state unchanged; its next call starts where its last one ended"
+    if cwd_given and result.cwd_after == result.cwd:
+        text = (f"session {name}: ran in {result.cwd_after} (this call's cwd); its next call "
+                "starts in the session's own directory")
+    else:
+        text = f"session {name}: ended in {result.cwd_after}; its next call starts there"
     if result.env_changes:
         text += "; exported: " + ", ".join(sorted(result.env_changes))
     if result.env_removed:
         text += "; unset: " + ", ".join(result.env_removed)
     return text
-
-
-def _keep_shell(session: SessionState, name: str, shell: ShellState) -> None:
-    """Store a named session's state, newest last; the oldest go past MAX_SHELLS."""
-    session.shells.pop(name, None)
-    session.shells[name] = shell
-    while len(session.shells) > MAX_SHELLS:
-        del session.shells[next(iter(session.shells))]
 
 
 class NativeDialect(Dialect):
@@ -292,16 +326,20 @@ class NativeDialect(Dialect):
         )
 
     def tools(self, cwd: str | None = None) -> list[ToolSpec]:
-        """bash, bash_check, bash_kill."""
+        """bash, bash_check, bash_kill, bash_output."""
         return [
             ToolSpec("bash", BASH_DESCRIPTION, BASH_SCHEMA),
             ToolSpec("bash_check", CHECK_DESCRIPTION, CHECK_SCHEMA),
             ToolSpec("bash_kill", KILL_DESCRIPTION, KILL_SCHEMA),
+            ToolSpec("bash_output", OUTPUT_DESCRIPTION, OUTPUT_SCHEMA),
         ]
 
     def handlers(self) -> Mapping[str, Handler]:
         """One handler per tool."""
-        return {"bash": self._bash, "bash_check": self._check, "bash_kill": self._kill}
+        return {
+            "bash": self._bash, "bash_check": self._check, "bash_kill": self._kill,
+            "bash_output": self._output,
+        }
 
     # ---------------------------------------------------------------------------- bash
 
@@ -315,35 +353,33 @@ class NativeDialect(Dialect):
             raise ArgError(f"timeout must be above 0 and at most {MAX_TIMEOUT_S:g} seconds")
         mode = args.text("mode") or "default"
         name = args.text("session") or None
-        shell = session.shells.get(name, ShellState()) if name else None
+        if name is not None and not valid_id(name):
+            raise ArgError(f"session must be 1-64 letters, digits, '.', '_' or '-', not {name!r}")
+        cwd = args.text("cwd") or None
         sent_at = self._clock()
         result = runner.execute(RunRequest(
             command=command,
-            host=args.text("host") or session.host,
+            # A named session is a fleet session: its own pin, cwd and variables (in
+            # Redis, shared with every caller of it), filled in by the fleet.
+            host=args.text("host") or (None if name else session.host),
             mode=mode,
             timeout=timeout,
-            cwd=args.text("cwd") or (shell.cwd if shell else None) or session.cwd,
+            cwd=cwd or (None if name else session.cwd),
+            default_cwd=session.cwd if name else None,
             session=name,
             policy=self.policy(),
-            env={**session.env, **(shell.env if shell else {})},
-            # A named session is a shell that lives on: learn how each call leaves it.
-            # A background job ends after later calls ran, so it cannot say.
-            unset_env=tuple(shell.unset_env) if shell else (),
-            capture_state=shell is not None and mode != "background",
+            env=dict(session.env),
         ))
         text = self.render_run(result, mode, timeout)
         if system_failure(result) is not None:
             return text  # nothing ran: nothing to remember
-        notes = self._remember(command, result, session, (name, shell), sent_at)
+        notes = self._remember(command, result, session, sent_at)
+        if name is not None:
+            notes.insert(0, _shell_report(name, result, cwd_given=cwd is not None))
         return ToolText("\n\n".join([text.text, *notes]), is_error=text.is_error)
 
     def _remember(
-        self,
-        command: str,
-        result: CallResult,
-        session: SessionState,
-        named: tuple[str | None, ShellState | None],
-        sent_at: float,
+        self, command: str, result: CallResult, session: SessionState, sent_at: float
     ) -> list[str]:
         """Keep what the run taught the session; the notes that tell the model about it."""
         notes = []
@@ -352,11 +388,6 @@ class NativeDialect(Dialect):
             session.remember(result.job, command, stderr_path=stderr_path)
             # The output shown here is the first look: bash_check reads on after it.
             session.shown_until(result.job.id, result)
-        name, shell = named
-        if name is not None and shell is not None:
-            shell.carry(result)
-            _keep_shell(session, name, shell)
-            notes.append(_shell_report(name, shell, result))
         earlier = self._earlier_run(command, session, sent_at)
         self._record(command, result, session, sent_at)
         if earlier is not None:
@@ -476,9 +507,9 @@ class NativeDialect(Dialect):
         host, error = (spill.host, spill.error) if spill else (result.host, None)
         location = _where(path, host, error)
         if name == "stdout":
-            rest = f"Full output: `bashfleet output {result.call_id}` ({location})"
+            rest = f"Full output: bash_output id={result.call_id} ({location})"
         else:
-            rest = f"Full stderr: {location}"
+            rest = f"Full stderr: bash_output id={result.call_id} stream=stderr ({location})"
         return f"[{name} cut: {summary}. {rest}]"
 
     # -------------------------------------------------------------------- check / kill
@@ -525,7 +556,7 @@ class NativeDialect(Dialect):
                 location = _where(result.output_path, result.host)
                 block += (
                     f"\n[output cut: {cut_summary(info)}. "
-                    f"Full output: `bashfleet output {result.id}` ({location})]"
+                    f"Full output: bash_output id={result.id} ({location})]"
                 )
             blocks.append(block)
         else:
@@ -546,6 +577,40 @@ class NativeDialect(Dialect):
         if job is not None and not result.running:
             job.killed = True
         return self.render_kill(result)
+
+    # ----------------------------------------------------------------------- output
+
+    def _output(self, args: Args, runner: GuardedRunner, session: SessionState) -> ToolText:
+        del session
+        item = args.text("id") or ""
+        offset = args.integer("offset") or 0
+        if offset < 0:
+            raise ArgError(f"offset must be 0 or more, not {offset}")
+        grep = args.text("grep") or None
+        problem = _grep_problem(grep) if grep else None
+        if problem:
+            raise ArgError(problem)
+        stream = args.text("stream") or "stdout"
+        chunk = runner.read_chunk(ReadOutputRequest(
+            id=item, offset=offset, limit=OUTPUT_SLICE_BYTES, grep=grep,
+            stream="stderr" if stream == "stderr" else "stdout",
+        ))
+        return self.render_output(item, stream, chunk, grep)
+
+    def render_output(
+        self, item: str, stream: str, chunk: OutputChunk, grep: str | None
+    ) -> ToolText:
+        """A slice of kept output, and where the next one starts."""
+        matching = f", lines matching {grep!r}" if grep else ""
+        head = (f"{item} {stream}: bytes {chunk.offset}-{chunk.next_offset} of {chunk.size}"
+                f"{matching} ({chunk.path})")
+        body = chomp(chunk.text) if chunk.text else "(nothing)"
+        if chunk.eof:
+            tail = "end of the output"
+        else:
+            extra = f" stream={stream}" if stream != "stdout" else ""
+            tail = f"next: bash_output id={item}{extra} offset={chunk.next_offset}"
+        return ToolText(f"{head}\n\n{body}\n\n{tail}")
 
     def render_kill(self, result: CheckResult) -> ToolText:
         """A killed job's end and final output."""

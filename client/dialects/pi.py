@@ -16,7 +16,8 @@ Result text, as seed 002's `BashTool` shapes it:
 - the output (head/tail applied), `(no output)` when empty;
 - when cut: `\\n\\n[Showing lines A-B of T (50.0KB limit). Full: artifact://<id>]`. The
   artifact id is the call id: the full output is the call's spill file on the host that
-  ran it, read with `bashfleet output <call_id>`;
+  ran it. The session lists it, and the MCP server serves it as a resource
+  (`resources/list`, `resources/read` of `artifact://<id>`), read through the fleet;
 - errors (`is_error`): the output then `\\n\\nCommand exited with code N`, or
   `\\n\\nCommand failed: missing exit status` (ended by a signal); cwd and block errors
   are the worker's own messages (`Working directory does not exist: ...`, `Blocked: ...`);
@@ -29,10 +30,19 @@ Result text, as seed 002's `BashTool` shapes it:
 from __future__ import annotations
 
 import posixpath
+import time
 from collections.abc import Mapping, Sequence
 
 from client.dialects.args import ArgError, Args, command_problem, path_problem
-from client.dialects.base import Dialect, GuardedRunner, Handler, SessionState, ToolSpec, ToolText
+from client.dialects.base import (
+    Artifact,
+    Dialect,
+    GuardedRunner,
+    Handler,
+    SessionState,
+    ToolSpec,
+    ToolText,
+)
 from worker.wire.models import (
     ByteTail,
     CallResult,
@@ -54,8 +64,16 @@ SCHEMA = {
         "command": {"type": "string", "description": "Shell command to execute"},
         "timeout": {"type": "number", "description": "Timeout in seconds"},
         "cwd": {"type": "string", "description": "Working directory"},
-        "head": {"type": "number", "description": "Return only the first N lines of output"},
-        "tail": {"type": "number", "description": "Return only the last N lines of output"},
+        "head": {
+            "type": "integer",
+            "minimum": 0,
+            "description": "Return only the first N lines of output",
+        },
+        "tail": {
+            "type": "integer",
+            "minimum": 0,
+            "description": "Return only the last N lines of output",
+        },
     },
     "required": ["command"],
 }
@@ -64,6 +82,9 @@ DEFAULT_TIMEOUT_S = 300.0
 MIN_TIMEOUT_S = 1.0
 MAX_TIMEOUT_S = 3600.0
 MAX_BYTES = 50 * 1024
+#: Most artifacts a session lists (`resources/list`); older ones stay readable on their
+#: host by id until `bashfleet gc` removes them, but are no longer listed.
+MAX_ARTIFACTS = 100
 
 
 def format_size(size: int) -> str:
@@ -95,6 +116,19 @@ def resolve_cwd(cwd: str | None, session_cwd: str | None) -> str | None:
     return posixpath.normpath(posixpath.join(session_cwd, cwd))
 
 
+def remember_artifact(session: SessionState, result: CallResult, command: str, at: float) -> None:
+    """List a call's kept full output in the session (what `artifact://<id>` names)."""
+    spill = result.spill
+    if spill is None or spill.stdout_path is None:
+        return
+    session.artifacts[result.call_id] = Artifact(
+        call_id=result.call_id, host=spill.host, path=spill.stdout_path,
+        size=spill.stdout_bytes, command=command, at=at,
+    )
+    while len(session.artifacts) > MAX_ARTIFACTS:
+        del session.artifacts[next(iter(session.artifacts))]
+
+
 def annotated(notice: str, output: str) -> str:
     """Output under an executor annotation, as seed 002's `OutputSink.dump(notice)` shapes
     it: `[notice]` on the first line, then the output."""
@@ -115,15 +149,6 @@ def truncation_notice(info: TruncationInfo | None, artifact_id: str | None) -> s
     if artifact_id:
         notice += f". Full: artifact://{artifact_id}"
     return f"\n\n[{notice}]"
-
-
-def _line_limit(args: Args, name: str) -> int | None:
-    value = args.number(name)
-    if value is None:
-        return None
-    if value < 0 or not value.is_integer():
-        raise ArgError(f"{name} must be a whole number of lines (0 or more), not {value:g}")
-    return int(value)
 
 
 class PiDialect(Dialect):
@@ -172,8 +197,9 @@ class PiDialect(Dialect):
         problem = command_problem(command) or path_problem("cwd", args.text("cwd") or "")
         if problem:
             raise ArgError(problem)
-        head, tail = _line_limit(args, "head"), _line_limit(args, "tail")
+        head, tail = args.integer("head"), args.integer("tail")
         timeout = clamp_timeout(args.number("timeout"))
+        sent_at = time.time()
         result = runner.execute(RunRequest(
             command=command,
             host=session.host,
@@ -184,6 +210,7 @@ class PiDialect(Dialect):
             head=head,
             tail=tail,
         ))
+        remember_artifact(session, result, command, sent_at)
         return self.render(result, timeout)
 
     def render(self, result: CallResult, timeout: float) -> ToolText:

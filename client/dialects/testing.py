@@ -1,7 +1,10 @@
 """A fake `Runner` for tests: records every request, answers with canned results.
 
 Shipped next to the real thing (the fleet) so every layer above the dialects (the MCP
-server, the CLI's schema command) can test against the same fake.
+server, the CLI's schema command) can test against the same fake. Sessions' shells are
+kept in memory with the fleet's own rules (`client.shells`): a request with a `session`
+is recorded as the fleet would send it (host, cwd and variables of the shell filled in),
+and its result changes the shell as the fleet's would.
 
     runner = FakeRunner(run=[CallResult(call_id="c1", host="h", exit_code=0, stdout="hi\\n")])
     dialect.call("bash", {"command": "echo hi"}, runner, SessionState())
@@ -14,10 +17,11 @@ import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from worker.wire.control import CheckRequest, KillRequest
-from worker.wire.models import CallResult, CheckResult, RunRequest
+from client.shells import ShellState, apply_change, change_of, fill_request
+from worker.wire.control import CheckRequest, KillRequest, ReadOutputRequest
+from worker.wire.models import CallResult, CheckResult, OutputChunk, RunRequest
 
-Request = RunRequest | CheckRequest | KillRequest
+Request = RunRequest | CheckRequest | KillRequest | ReadOutputRequest
 
 
 @dataclass(frozen=True)
@@ -29,9 +33,10 @@ class FakeCall:
     @property
     def method(self) -> str:
         """`run`, `check` or `kill`."""
-        return {RunRequest: "run", CheckRequest: "check", KillRequest: "kill"}[
-            type(self.request)
-        ]
+        return {
+            RunRequest: "run", CheckRequest: "check", KillRequest: "kill",
+            ReadOutputRequest: "read",
+        }[type(self.request)]
 
     @property
     def options(self) -> dict[str, object]:
@@ -44,7 +49,7 @@ class FakeCall:
 
     @property
     def target(self) -> str:
-        """The command (run) or job id (check, kill)."""
+        """The command (run) or job or call id (check, kill, read)."""
         if isinstance(self.request, RunRequest):
             return self.request.command
         return self.request.id
@@ -64,13 +69,19 @@ class FakeRunner:
         run: Iterable[CallResult] = (),
         check: Iterable[CheckResult] = (),
         kill: Iterable[CheckResult] = (),
+        read: Iterable[OutputChunk] = (),
         error: Exception | None = None,
     ) -> None:
         self.run_results = list(run)
         self.check_results = list(check)
         self.kill_results = list(kill)
+        self.read_results = list(read)
         self.error = error
         self.calls: list[FakeCall] = []
+        self.cancelled: list[str] = []
+        """Ids of the calls `cancel` was asked to stop."""
+        self.shells: dict[str, ShellState] = {}
+        """Sessions' shells, by session id (as the fleet keeps them in Redis)."""
         self._ids = itertools.count(1)
 
     def _record(self, request: Request) -> None:
@@ -79,11 +90,21 @@ class FakeRunner:
             raise self.error
 
     def execute(self, request: RunRequest) -> CallResult:
-        """Record the request; the next canned result, or a plain success."""
+        """Record the request (in its session's shell); the next canned result, or a
+        plain success."""
+        session = request.session
+        if session is not None:
+            request = fill_request(self.shells.get(session, ShellState()), request)
         self._record(request)
         if self.run_results:
-            return self.run_results.pop(0)
-        return CallResult(call_id=f"fake-{next(self._ids)}", host="fake", exit_code=0)
+            result = self.run_results.pop(0)
+        else:
+            result = CallResult(call_id=f"fake-{next(self._ids)}", host="fake", exit_code=0)
+        if session is not None:
+            self.shells[session] = apply_change(
+                self.shells.get(session, ShellState()), change_of(result)
+            )
+        return result
 
     def check_job(self, request: CheckRequest) -> CheckResult:
         """Record the request; the next canned result, or a finished job."""
@@ -100,6 +121,20 @@ class FakeRunner:
         if self.kill_results:
             return self.kill_results.pop(0)
         return CheckResult(id=request.id, host="fake", running=False, signal=15)
+
+    def read_chunk(self, request: ReadOutputRequest) -> OutputChunk:
+        """Record the request; the next canned chunk, or an empty file."""
+        self._record(request)
+        if self.read_results:
+            return self.read_results.pop(0)
+        return OutputChunk(
+            path=f"/fake/{request.id}.out", offset=0, next_offset=0, size=0, text="", eof=True
+        )
+
+    def cancel(self, call_id: str) -> bool:
+        """Record a cancel (as the MCP server asks the fleet); True, as for a running call."""
+        self.cancelled.append(call_id)
+        return True
 
     def last(self) -> FakeCall:
         """The most recent call."""

@@ -75,10 +75,14 @@ def test_run_reports_system_errors_and_signals(fleet: Cli) -> None:
     killed = fleet("run", "kill -TERM $$")
     assert killed.returncode == 128 + signal.SIGTERM
     timed = fleet("run", "--timeout", "0.5", "--mode", "default", "sleep 30")
-    # The native default backgrounds a call at its timeout rather than killing it.
-    assert timed.returncode == 0
-    assert "[job " in timed.stderr
-    job_id = timed.stderr.split("[job ", 1)[1].split()[0]
+    # A timeout kills the command: `run` fails, as `timeout(1)` does.
+    assert timed.returncode == 124
+    assert "[timed out after " in timed.stderr and "[job " not in timed.stderr
+    kept = fleet("run", "--timeout", "0.5", "--background-on-timeout", "sleep 30")
+    # Unless asked to leave it running: then the job is named.
+    assert kept.returncode == 0
+    assert "[job " in kept.stderr
+    job_id = kept.stderr.split("[job ", 1)[1].split()[0]
     assert fleet("kill", job_id).returncode == 0
 
 

@@ -1,5 +1,6 @@
-"""`bashfleet run --follow` as a person runs it: a background job's output streamed live,
-every byte once and in order, and the job's own exit status at the end.
+"""`bashfleet run --follow` as a person runs it: the output streamed live, of a foreground
+call as of a background job, every byte once and in order, and the command's own exit
+status at the end.
 """
 
 from __future__ import annotations
@@ -65,12 +66,14 @@ def test_follow_ends_with_the_jobs_signal_status(fleet: Cli) -> None:
 
 
 def test_follow_after_a_timeout_streams_both_files_from_the_start(fleet: Cli) -> None:
-    """A call still running at its timeout goes on as a job with stdout and stderr apart:
-    `--follow` streams each from its first byte (the partial output is not shown twice)."""
+    """A call still running at its timeout goes on as a job with stdout and stderr apart
+    (`--background-on-timeout`): `--follow` streams each from its first byte, on from what
+    it showed before the timeout (nothing is shown twice)."""
     command = (
         f"echo out 1; echo err 1 >&2; {numbered(2, 30, 0.05)}; echo err 2 >&2; exit 4"
     )
-    out = fleet("run", "--host", HOST, "--timeout", "0.5", "--follow", command, timeout=60)
+    out = fleet("run", "--host", HOST, "--timeout", "0.5", "--background-on-timeout", "--follow",
+                command, timeout=60)
     assert out.stdout.splitlines() == ["out 1"] + [f"line {n}" for n in range(2, 31)]
     assert re.findall(r"^err \d$", out.stderr, re.M) == ["err 1", "err 2"], out.stderr
     assert out.returncode == 4, out.stderr
@@ -109,3 +112,41 @@ def test_another_clients_checks_take_nothing_from_the_follower(
             proc.wait(10)
     assert stdout.read_text().splitlines() == [f"line {n}" for n in range(1, 61)]
     assert not psutil.pid_exists(proc.pid) or psutil.Process(proc.pid).status() == "zombie"
+
+
+def test_follow_streams_a_foreground_call_as_it_runs(fleet: Cli, tmp_path: Path) -> None:
+    """Issue #13, point 5: a foreground command's lines arrive while it runs (it used to
+    show a spinner, then everything at once), then the rest, once each; its status."""
+    go = tmp_path / f"{uuid.uuid4().hex}.go"
+    command = (f"{numbered(1, 5, 0.01)}; echo oops >&2; until [ -e {go} ]; do sleep 0.05; "
+               f"done; seq -f 'burst %g' 1 5000; printf 'last, no newline'; exit 5")
+    stdout, stderr = tmp_path / "follow.out", tmp_path / "follow.err"
+    with stdout.open("wb") as out, stderr.open("wb") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "client.cli", "run", "--host", HOST, "--follow", command],
+            env=fleet.env, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
+        )
+    try:
+        # The first lines are there while the command still waits for `go`.
+        wait_for(lambda: "line 5\n" in stdout.read_text(), "the first lines, live")
+        wait_for(lambda: "oops\n" in stderr.read_text(), "stderr, live")
+        assert proc.poll() is None
+        go.touch()
+        assert proc.wait(60) == 5, stderr.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    expected = ([f"line {n}" for n in range(1, 6)] + [f"burst {n}" for n in range(1, 5001)]
+                + ["last, no newline"])
+    assert stdout.read_text().splitlines() == expected
+    assert stderr.read_text().count("oops\n") == 1
+
+
+def test_follow_of_a_short_foreground_call_shows_each_line_once(fleet: Cli) -> None:
+    """Output small enough to come whole in the result (its files are not kept): what was
+    streamed is not shown again."""
+    out = fleet("run", "--host", HOST, "--follow",
+                "echo a; sleep 0.6; echo b; echo e >&2; sleep 0.6; printf c")
+    assert (out.returncode, out.stdout) == (0, "a\nb\nc"), out.stderr
+    assert out.stderr.count("e\n") == 1

@@ -115,11 +115,13 @@ async def wait_async(check: Any, what: str, timeout: float = 30.0) -> None:
     pytest.fail(f"timed out waiting for {what}")
 
 
-def session_record(cli: Cli, session: str) -> tuple[dict[str, Any], int]:
-    """A session's state as stored in the fleet's Redis, and its TTL."""
+def session_record(
+    cli: Cli, session: str, kind: str = "session-state"
+) -> tuple[dict[str, Any], int]:
+    """A session's state (or its `shell`) as stored in the fleet's Redis, and its TTL."""
     client = redis.Redis.from_url(cli.fleet_state()["redis_url"], decode_responses=True)
     try:
-        key = f"bashfleet:session-state:{session}"
+        key = f"bashfleet:{kind}:{session}"
         raw = client.get(key)
         assert isinstance(raw, str), f"no session state under {key}"
         # Sealed with the fleet's signing key (a forged state would never be used).
@@ -309,11 +311,15 @@ async def test_claude_session_carries_state_across_calls_and_restarts(
             f"hi\n{workdir}/sub",
             False,
         )
-    stored, ttl = session_record(fleet, session)
+    # The session's shell is a fleet session of the same id: in Redis, with a TTL, and
+    # shared with `bashfleet run --session`.
+    stored, ttl = session_record(fleet, session, "shell")
     assert stored["env"] == {"GREETING": "hi"}
     assert stored["cwd"] == f"{workdir}/sub"
     assert stored["host"] == HOST  # pinned by its first call
     assert 0 < ttl <= 24 * 3600
+    shared = fleet("run", "--session", session, 'echo "$GREETING"; pwd')
+    assert shared.stdout == f"hi\n{workdir}/sub\n", shared.stderr
     async with mcp(fleet, "claude", session=session) as client:  # a new server process
         assert await call(client, "Bash", {"command": 'echo "$GREETING"; pwd'}) == (
             f"hi\n{workdir}/sub",
@@ -358,6 +364,157 @@ async def test_native(fleet: Cli, workdir: Path) -> None:
         assert error and text.startswith("[system error: HostUnavailable: no live worker")
         text, error = await call(client, "bash", {"command": "ls", "timeout": "soon"})
         assert error and "timeout" in text
+
+
+# ------------------------------------------------- long calls, cancellation (issue #13)
+
+
+@pytest.mark.anyio
+async def test_a_long_call_sends_progress_with_its_output(fleet: Cli) -> None:
+    """Progress notifications while the call runs, its last output lines as the message."""
+    notes: list[tuple[float, str | None]] = []
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        notes.append((progress, message))
+
+    async with mcp(fleet, "pipe") as client:
+        result = await client.call_tool(
+            "bash", {"command": "for i in $(seq 1 12); do echo tick $i; sleep 1; done"},
+            progress_callback=on_progress,
+        )
+    assert not result.is_error
+    assert len(notes) >= 2, notes
+    assert [p for p, _ in notes] == sorted(p for p, _ in notes)
+    assert any(m and m.startswith("running for ") and "last output:\ntick " in m
+               for _, m in notes), notes
+
+
+def sleeping(seconds: str) -> list[int]:
+    """Pids of live `sleep SECONDS` processes."""
+    return [p.pid for p in psutil.process_iter(["cmdline", "status"])
+            if p.info["cmdline"] == ["sleep", seconds] and p.info["status"] != "zombie"]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("dialect", ["native", "modes"])
+async def test_a_cancelled_request_cancels_its_call(fleet: Cli, dialect: str) -> None:
+    """`notifications/cancelled` used to be ignored: the command ran on, out of reach."""
+    seconds = f"5{uuid.uuid4().int % 10**6:06d}"
+    async with mcp(fleet, dialect) as client:
+        with anyio.move_on_after(60) as scope:
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(client.call_tool, "bash", {"command": f"sleep {seconds}"})
+                await anyio.to_thread.run_sync(
+                    lambda: wait_for(lambda: sleeping(seconds), "the command to run")
+                )
+                tasks.cancel_scope.cancel()  # the client gives up on the request
+        assert not scope.cancelled_caught
+        wait_for(lambda: not sleeping(seconds), "the command to be killed")
+        # The server goes on serving.
+        text, error = await call(client, "bash", {"command": "echo still here"})
+        assert not error and "still here" in text
+    wait_for(lambda: all(h["busy"] == 0 for h in json.loads(fleet("hosts", "--json").stdout)),
+             "the slot to be freed")
+
+
+# --------------------------------------------------- sessions, hints, texts (issue #13)
+
+
+@pytest.mark.anyio
+async def test_natives_session_is_a_fleet_session(fleet: Cli, workdir: Path) -> None:
+    """The `session` argument's shell is shared by every MCP server and the CLI (it used
+    to live inside one server's own session)."""
+    (workdir / "shared").mkdir(exist_ok=True)
+    name = f"fleet-{uuid.uuid4().hex[:8]}"
+    async with mcp(fleet, "native", "--cwd", str(workdir)) as first:
+        text, error = await call(first, "bash", {"command": "cd shared; export N=1",
+                                                 "session": name})
+        assert not error and f"session {name}: ended in {workdir}/shared" in text, text
+    async with mcp(fleet, "native") as second:  # another server, another agent session
+        text, error = await call(second, "bash", {"command": "pwd; echo $N", "session": name})
+        assert not error and f"stdout:\n{workdir}/shared\n1" in text, text
+    shared = fleet("run", "--session", name, "pwd; echo $N")
+    assert shared.stdout == f"{workdir}/shared\n1\n"
+
+
+@pytest.mark.anyio
+async def test_natives_hints_are_tool_calls_it_has(fleet: Cli) -> None:
+    """The cut notice names `bash_output` (a tool of the model's), which reads the rest
+    (it used to name `bashfleet output`, a CLI the call's environment cannot reach)."""
+    async with mcp(fleet, "native") as client:
+        text, _ = await call(client, "bash", {"command": "seq 1 3000"})
+        hint = re.search(r"Full output: bash_output id=(\S+) \(", text)
+        assert hint is not None and "bashfleet output" not in text, text
+        text, error = await call(client, "bash_output", {"id": hint.group(1)})
+    assert not error
+    head, body, tail = text.split("\n\n")
+    assert head.startswith(f"{hint.group(1)} stdout: bytes 0-")
+    assert body.splitlines() == [str(n) for n in range(1, 3001)]
+    assert tail == "end of the output"
+
+
+@pytest.mark.anyio
+async def test_natives_kill_counts_the_lines_it_shows(fleet: Cli) -> None:
+    """`bash_kill` said "final output (20 lines)" and showed 17 (the trailer was counted)."""
+    async with mcp(fleet, "native") as client:
+        text, _ = await call(client, "bash", {"command": "seq 1 17; sleep 60",
+                                              "mode": "background"})
+        job, output = re.findall(r"as job (\S+) .*; output: (\S+)", text)[0]
+        wait_for(lambda: Path(output).read_text().count("\n") >= 17, "the job's 17 lines")
+        text, error = await call(client, "bash_kill", {"id": job})
+    assert not error
+    shown = text.split("final output (17 lines):\n", 1)[1]
+    assert shown.splitlines() == [str(n) for n in range(1, 18)]
+
+
+@pytest.mark.anyio
+async def test_pis_artifacts_are_resources(fleet: Cli) -> None:
+    """`Full: artifact://<id>` names a resource the server lists and reads (it used to
+    answer -32601 to both)."""
+    full = "".join(f"{n}\n" for n in range(1, 20001))
+    async with mcp(fleet, "pi") as client:
+        text, error = await call(client, "bash", {"command": "seq 1 20000"})
+        artifact = re.search(r"Full: (artifact://\S+)\]$", text)
+        assert not error and artifact is not None, text[-300:]
+        listed = await client.list_resources()
+        assert artifact.group(1) in [str(r.uri) for r in listed.resources]
+        read = await client.read_resource(artifact.group(1))
+    [content] = read.contents
+    assert isinstance(content, types.TextResourceContents) and content.text == full
+
+
+@pytest.mark.anyio
+async def test_three_parallel_claude_calls_keep_the_cd(fleet: Cli) -> None:
+    """Three parallel `Bash` calls in a fresh session: a quick `cd /tmp` used to be lost
+    to a slower call that did not `cd` and finished later."""
+    async with mcp(fleet, "claude") as client:
+        async with anyio.create_task_group() as tasks:
+            for command in ("cd /tmp; export A=1", "sleep 1; export B=2", "sleep 2; export C=3"):
+                tasks.start_soon(call, client, "Bash", {"command": command})
+        assert await call(client, "Bash", {"command": "pwd; echo $A$B$C"}) == ("/tmp\n123", False)
+
+
+@pytest.mark.anyio
+async def test_pis_head_and_tail_are_whole_lines(fleet: Cli) -> None:
+    """The schema said `number` and 2.5 was refused (`integer, minimum 0`): the schema
+    says so now, and the refusal matches it."""
+    async with mcp(fleet, "pi") as client:
+        listed = await client.list_tools()
+        head = listed.tools[0].input_schema["properties"]["head"]
+        assert (head["type"], head["minimum"]) == ("integer", 0)
+        assert await call(client, "bash", {"command": "seq 10", "head": 3}) == ("1\n2\n3\n", False)
+        text, error = await call(client, "bash", {"command": "seq 10", "head": 2.5})
+    assert error and "parameter 'head' must be an integer, not a number (2.5)" in text
+
+
+@pytest.mark.anyio
+async def test_claudes_process_list_shows_the_command(fleet: Cli) -> None:
+    """The state capture (FR-009) is not in the command line: a process list shows the
+    command as the model wrote it."""
+    async with mcp(fleet, "claude") as client:
+        text, error = await call(client, "Bash", {"command": "tr '\\0' ' ' < /proc/$$/cmdline"})
+    assert not error
+    assert text == "bash -c tr '\\0' ' ' < /proc/$$/cmdline", text
 
 
 def test_the_servers_ended_with_their_clients(fleet: Cli) -> None:

@@ -225,13 +225,15 @@ class Engine:
         on_spawn: Callable[[int, int, str], None] | None = None,
         cancel: threading.Event | None = None,
         on_running: Callable[[], None] | None = None,
+        detach: Callable[[], bool] | None = None,
         **fields: Any,
     ) -> CallResult:
         """Run a call to its end and return its result; background jobs are registered."""
         call = self.call(command, **fields)
         self.janitor.markers.add(call.call_id)
         result = run_call(
-            call, settings=self.settings, on_spawn=on_spawn, cancel=cancel, on_running=on_running
+            call, settings=self.settings, on_spawn=on_spawn, cancel=cancel, on_running=on_running,
+            detach=detach,
         )
         if result.job is not None:
             self.janitor.job(result.job)

@@ -39,14 +39,15 @@ def bash(conform: Conformance, args: dict[str, object],
     return call(conform, "bash", args, session)
 
 
-def test_three_tools(conform: Conformance) -> None:
+def test_four_tools(conform: Conformance) -> None:
     """`bash` {command, mode, timeout, cwd, host, session}, `bash_check` {id, grep, offset},
-    `bash_kill` {id}."""
+    `bash_kill` {id}, `bash_output` {id, offset, stream, grep}."""
     tools = {spec.name: spec.input_schema for spec in NATIVE.tools()}
     assert {name: list(schema["properties"]) for name, schema in tools.items()} == {
         "bash": ["command", "mode", "timeout", "cwd", "host", "session"],
         "bash_check": ["id", "grep", "offset"],
         "bash_kill": ["id"],
+        "bash_output": ["id", "offset", "stream", "grep"],
     }
     policy = NATIVE.policy()
     assert (policy.default_timeout_s, policy.on_timeout) == (120.0, "background")
@@ -63,15 +64,15 @@ def test_separate_streams_and_where_it_ran(conform: Conformance) -> None:
 
 def test_tail_with_error_digest_and_spill_reference(conform: Conformance) -> None:
     """Tail (2000 lines / 50 KB) with exact counts, "the error lines found in the part that
-    was cut", and where the full output is: `bashfleet output <id>` and the file on its
-    host."""
+    was cut", and where the full output is: the `bash_output` call that reads it (a tool
+    the model has) and the file on its host."""
     full = "error: disk quota exceeded\n" + "".join(f"{n}\n" for n in range(1, 3001))
     text = bash(conform, {"command": "echo 'error: disk quota exceeded'; seq 1 3000"})
     call_id = conform.fleet.last.call_id
     found = re.search(
         r"\n\nstdout:\n1001\n(?:.*\n)*?3000\n"
         r"\[stdout cut: showing the last 2000 of 3001 lines \((\d+) of (\d+) bytes, lines limit\)\."
-        rf" Full output: `bashfleet output {call_id}` \((\S+) on host {HOST}\)\]\n\n"
+        rf" Full output: bash_output id={call_id} \((\S+) on host {HOST}\)\]\n\n"
         r"error lines in the cut part:\n  error: disk quota exceeded$",
         text.text,
     )
@@ -80,6 +81,25 @@ def test_tail_with_error_digest_and_spill_reference(conform: Conformance) -> Non
     path = Path(found.group(3))
     assert path.is_relative_to(conform.worker.state_dir) and path.read_text() == full
     assert conform.read_all(call_id) == full
+    # The hint is a tool call the model can make: following it reads the whole output.
+    assert follow_output_hint(conform, {"id": call_id}) == full
+
+
+def follow_output_hint(conform: Conformance, args: dict[str, object]) -> str:
+    """Call `bash_output` as the hint says, then as each answer's `next:` says, to the end."""
+    text = ""
+    for _ in range(100):
+        answer = call(conform, "bash_output", args)
+        assert not answer.is_error, answer.text
+        head, body, tail = answer.text.split("\n\n")
+        assert head.startswith(f"{args['id']} stdout: bytes ")
+        text += body + "\n"
+        if tail == "end of the output":
+            return text
+        found = re.fullmatch(rf"next: bash_output id={args['id']} offset=(\d+)", tail)
+        assert found is not None, tail
+        args = {**args, "offset": int(found.group(1))}
+    raise AssertionError("bash_output never reached the end")
 
 
 def test_timeout_then_auto_background(conform: Conformance) -> None:
@@ -187,8 +207,8 @@ def test_a_rerun_is_told_where_the_earlier_output_is(conform: Conformance) -> No
     again = bash(conform, {"command": "seq 1 3000"}, session)
     hint = (
         rf"\n\nnote: the same command ran in this session \d+s ago, as call {earlier.call_id} "
-        rf"on host {HOST} \(exit code 0\); its full output: `bashfleet output "
-        rf"{earlier.call_id}` \({re.escape(earlier.spill.stdout_path or '')} on host {HOST}\)$"
+        rf"on host {HOST} \(exit code 0\); its full output: bash_output "
+        rf"id={earlier.call_id} \({re.escape(earlier.spill.stdout_path or '')} on host {HOST}\)$"
     )
     assert re.search(hint, again.text), again.text[-400:]
     assert conform.read_all(earlier.call_id).startswith("1\n2\n3\n")
@@ -251,7 +271,7 @@ def test_a_minified_line_is_cut_to_2000_characters(conform: Conformance) -> None
     expected = (
         "\n\nstdout:\n" + "y" * 2000 + "… [98,000 more characters]\ndone\n"
         r"[stdout cut: showing the last 2 of 2 lines (2034 of 100006 bytes); 1 line cut to "
-        rf"2,000 characters. Full output: `bashfleet output {call_id}` ("
+        rf"2,000 characters. Full output: bash_output id={call_id} ("
     )
     assert expected in text.text, text.text[-400:]
     assert conform.read_all(call_id) == "y" * 100000 + "\ndone\n"

@@ -8,6 +8,7 @@ from .engine_helpers import (
     Engine,
     _engine_fixture,  # noqa: F401 - fixture
     _janitor_fixture,  # noqa: F401 - fixture
+    wait_until,
 )
 
 
@@ -29,6 +30,31 @@ def test_exported_variables_and_cwd_carry_to_the_next_call(engine: Engine, tmp_p
     assert second.env_changes == {} and second.env_removed == ()
 
 
+def test_the_command_line_is_the_command(engine: Engine) -> None:
+    """Issue #13, point 9: the capture comes in through BASH_ENV, not the command line, so
+    a process list (and `procs.describe` after a timeout) shows the command itself."""
+    result = engine.run("tr '\\0' ' ' < /proc/$$/cmdline; echo; echo ${BASH_ENV-none}",
+                        capture_state=True)
+    cmdline, bash_env = result.stdout.splitlines()
+    assert cmdline == "bash -c tr '\\0' ' ' < /proc/$$/cmdline; echo; echo ${BASH_ENV-none} "
+    assert bash_env == "none"
+    assert result.env_changes == {} and result.env_removed == ()
+
+
+def test_a_call_that_does_not_cd_ends_where_it_started_symlinks_included(
+    engine: Engine, tmp_path: Path
+) -> None:
+    """$PWD starts as the cwd asked for, so a call without `cd` reports no move (a session
+    then keeps a concurrent call's `cd`), also in a directory reached through a symlink."""
+    real = tmp_path / "real"
+    real.mkdir()
+    link = tmp_path / "link"
+    link.symlink_to(real)
+    result = engine.run("echo $PWD", cwd=str(link), capture_state=True)
+    assert result.stdout == f"{link}\n"
+    assert result.cwd == result.cwd_after == str(link)
+
+
 def test_exec_records_nothing_and_leaves_no_state_file(engine: Engine) -> None:
     result = engine.run("export LOST=1; exec true", capture_state=True)
     assert result.exit_code == 0
@@ -40,3 +66,23 @@ def test_without_capture_the_command_runs_unwrapped(engine: Engine) -> None:
     result = engine.run("trap -p EXIT; export X=1")
     assert result.stdout == ""
     assert result.cwd_after is None and result.env_changes == {}
+
+
+def test_a_killed_call_leaves_no_state_file(engine: Engine) -> None:
+    result = engine.run("export X=1; sleep 30", capture_state=True, timeout_s=0.3)
+    assert result.timed_out and result.cwd_after is None
+    assert not any(p.suffix == ".state" for p in engine.settings.spill_dir.iterdir())
+
+
+def test_a_running_call_detaches_into_a_job(engine: Engine, tmp_path: Path) -> None:
+    """`detach` (a caller's second Ctrl-C) leaves the call running as a job, output and all."""
+    flag = tmp_path / "detach"
+    result = engine.run(
+        "echo before; sleep 0.5; echo after; sleep 30", detach=flag.exists,
+        on_running=flag.touch, timeout_s=60,
+    )
+    assert result.backgrounded and result.job is not None
+    assert result.timed_out is False and result.exit_code is None
+    assert result.stdout == "before\n"
+    log = Path(result.job.output_path)
+    wait_until(lambda: "after" in log.read_text(), what="the job to go on writing")

@@ -6,6 +6,8 @@ import base64
 import contextlib
 import json
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -20,10 +22,12 @@ import pytest
 
 from client import Fleet
 from client.redis_server import RedisServer, free_port
+from worker.wire.models import Policy
 
 from .conftest import WorkerProcess, wait_for
 
 USER, PASSWORD = "user", "pass"
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -102,3 +106,135 @@ def test_flower_lists_the_hosts_and_the_calls(
         assert "echo seen" not in tasks[call_id]["args"]
         assert "<redacted: 9 chars>" in tasks[call_id]["args"]
         assert "v4lue-x9" not in json.dumps(tasks[call_id])
+
+
+def _metric(metrics: str, name: str, **labels: str) -> float:
+    """The value of one sample of a Prometheus text page (0 when absent)."""
+    for line in metrics.splitlines():
+        if not line.startswith(name + "{"):
+            continue
+        found = dict(re.findall(r'(\w+)="([^"]*)"', line.split("}", 1)[0]))
+        if all(found.get(key) == value for key, value in labels.items()):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def _metrics(flower: str) -> str:
+    with urllib.request.urlopen(f"{flower}/metrics", timeout=10) as response:  # noqa: S310
+        return str(response.read().decode())
+
+
+def _task_when(flower: str, task_id: str, state: str) -> dict[str, Any] | None:
+    task = (_try_get(f"{flower}/api/tasks") or {}).get(task_id)
+    return task if task is not None and task.get("state") == state else None
+
+
+def test_failed_calls_are_failures_in_flower_with_their_reason(
+    two_hosts: tuple[WorkerProcess, WorkerProcess], flower: str, fleet: Fleet, tmp_path: Path
+) -> None:
+    """Issue #13, point 7: a failed command shows as FAILURE with why; what OPERATIONS.md
+    says to alert on (`task-failed` events) counts them; the arguments name the dialect,
+    the session, the job and the cwd actually used."""
+    wait_for(lambda: _try_get(f"{flower}/api/workers?refresh=1"), 60, "Flower", interval=0.5)
+    before = _metrics(flower)
+    failed_before = _metric(before, "flower_events_total", task="bashfleet.exec",
+                            type="task-failed")
+    kill = Policy(name="cli", on_timeout="kill")
+    calls = {
+        "exit": (dict(command="exit 42"), "exit 42"),
+        "timeout": (dict(command="sleep 30", timeout=2, policy=kill), "timeout after 2s"),
+        "signal": (dict(command="kill -TERM $$"), "signal 15 (SIGTERM)"),
+        "cwd": (dict(command="true", cwd="/nonexistent/dir"),
+                "error bad_cwd: Working directory does not exist: /nonexistent/dir"),
+    }
+    ids = {name: f"cfail{name}{uuid.uuid4().hex[:8]}" for name in calls}
+    for name, (options, _) in calls.items():
+        fleet.run(host="alpha", call_id=ids[name], **options)  # type: ignore[arg-type]
+    for name, (_, reason) in calls.items():
+        task = wait_for(lambda i=ids[name]: _task_when(flower, i, "FAILURE"), 30,  # type: ignore[misc]
+                        f"{name} to show as FAILURE", interval=0.3)
+        assert task["exception"] == f"CallFailed({reason!r})"
+        assert task["name"] == "bashfleet.exec" and task["worker"] == "exec@alpha"
+
+    # A success: its arguments, once it ended, say where it ran and in which session.
+    done_id = f"cok{uuid.uuid4().hex[:8]}"
+    session = f"fs{uuid.uuid4().hex[:6]}"
+    result = fleet.run("cd /tmp", host="alpha", call_id=done_id, session=session,
+                       cwd=str(tmp_path))
+    assert result.exit_code == 0
+    task = wait_for(lambda: _task_when(flower, done_id, "SUCCESS"), 30, "the success",
+                    interval=0.3)
+    args = task["args"]
+    assert f"'cwd': '{tmp_path}'" in args and "'dialect': 'native'" in args
+    assert "'session': 'fs" in args and "'job': None" in args and "cd /tmp" not in args
+
+    # What OPERATIONS.md says to alert on.
+    def counted() -> float | None:
+        value = _metric(_metrics(flower), "flower_events_total", task="bashfleet.exec",
+                        type="task-failed")
+        return value if value >= failed_before + len(calls) else None
+
+    wait_for(counted, 30, "flower_events_total{type=task-failed} to count them", interval=0.5)
+    failures = _get(f"{flower}/api/tasks?state=FAILURE")
+    assert set(ids.values()) <= set(failures)
+    workers = _get(f"{flower}/workers?json=1")["data"]
+    assert sum(w.get("task-failed", 0) for w in workers) >= len(calls)  # "Failed" on the page
+
+
+def test_background_jobs_are_tasks_in_flower(
+    two_hosts: tuple[WorkerProcess, WorkerProcess], flower: str, fleet: Fleet
+) -> None:
+    """Issue #13, point 7: background jobs show in Flower, as `bashfleet.job` tasks (id: the
+    job id) that start and end: SUCCESS for exit 0, FAILURE with the reason otherwise."""
+    wait_for(lambda: _try_get(f"{flower}/api/workers?refresh=1"), 60, "Flower", interval=0.5)
+    ok = fleet.run("sleep 3; exit 0", host="beta", mode="background").job
+    bad = fleet.run("sleep 3; exit 3", host="beta", mode="background").job
+    assert ok is not None and bad is not None
+    for job in (ok, bad):
+        running = wait_for(lambda j=job.id: _task_when(flower, j, "STARTED"), 30,  # type: ignore[misc]
+                           "the job to show as started", interval=0.3)
+        assert running["name"] == "bashfleet.job" and running["worker"] == "exec@beta"
+        assert f"'pid': {job.pid}" in running["args"] and "sleep 3" not in running["args"]
+    ended = wait_for(lambda: _task_when(flower, ok.id, "SUCCESS"), 30, "exit 0 to succeed",
+                     interval=0.3)
+    assert ended["runtime"] >= 2.5
+    failed = wait_for(lambda: _task_when(flower, bad.id, "FAILURE"), 30, "exit 3 to fail",
+                      interval=0.3)
+    assert failed["exception"] == "JobFailed('exit 3')"
+
+
+def _png_size(path: Path) -> tuple[int, int]:
+    """Width and height of a PNG (its IHDR), checking the signature."""
+    data = path.read_bytes()[:24]
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR", path
+    return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+
+
+@pytest.mark.skipif(
+    not any(shutil.which(name) for name in ("chromium", "chromium-browser", "google-chrome")),
+    reason="no Chromium (scripts/test.sh installs Debian's chromium when run as root)",
+)
+def test_flower_pages_render_in_headless_chromium(
+    two_hosts: tuple[WorkerProcess, WorkerProcess], flower: str, fleet: Fleet, tmp_path: Path
+) -> None:
+    """Flower as an operator sees it, in a real browser (scripts/flower_screenshot.py):
+    the tasks page lists failed calls and jobs as FAILURE, next to the successes."""
+    wait_for(lambda: _try_get(f"{flower}/api/workers?refresh=1"), 60, "Flower", interval=0.5)
+    failing = f"cshot{uuid.uuid4().hex[:8]}"
+    fleet.run("exit 42", host="alpha", call_id=failing)
+    job = fleet.run("exit 3", host="alpha", mode="background").job
+    assert job is not None
+    wait_for(lambda: _task_when(flower, failing, "FAILURE"), 30, "the failure", interval=0.3)
+    wait_for(lambda: _task_when(flower, job.id, "FAILURE"), 30, "the job's end", interval=0.3)
+    shots = tmp_path / "shots"
+    done = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "flower_screenshot.py"), str(shots),
+         "--url", flower, "--user", USER, "--password", PASSWORD],
+        capture_output=True, text=True, timeout=300, check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert _png_size(shots / "tasks.png") == (1500, 1000)
+    assert _png_size(shots / "workers.png") == (1500, 1000)
+    assert (shots / "tasks.png").stat().st_size > 20_000  # a rendered page, not a blank one
+    page = (shots / "tasks.html").read_text()
+    assert failing in page and job.id in page and "FAILURE" in page, page[-2000:]

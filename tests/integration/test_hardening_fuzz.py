@@ -23,8 +23,8 @@ from hypothesis import strategies as st
 from client import Fleet
 from client.dialects import DIALECTS, get_dialect
 from client.dialects.base import SessionState, ToolText
-from worker.wire.control import CheckRequest, KillRequest
-from worker.wire.models import CallResult, CheckResult, Policy, RunRequest
+from worker.wire.control import CheckRequest, KillRequest, ReadOutputRequest
+from worker.wire.models import CallResult, CheckResult, OutputChunk, Policy, RunRequest
 
 from .conftest import WorkerProcess, wait_for
 
@@ -52,6 +52,9 @@ class DataOnlyRunner:
 
     def kill_job(self, request: KillRequest) -> CheckResult:
         return self.fleet.kill_job(request)
+
+    def read_chunk(self, request: ReadOutputRequest) -> OutputChunk:
+        return self.fleet.read_chunk(request)
 
 
 _scalar = (

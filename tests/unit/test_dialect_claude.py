@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from client.dialects import ClaudeDialect, SessionState, ToolText, schemas
 from client.dialects.claude import EMPTY_OUTPUT, format_duration
 from client.dialects.testing import FakeRunner
+from client.shells import ShellState
 from worker.wire.control import CheckRequest
 from worker.wire.models import (
     CallResult,
@@ -116,59 +117,95 @@ def test_timeout_refusals(timeout: object, message: str) -> None:
     assert runner.calls == []
 
 
-def test_env_and_cwd_are_carried() -> None:
-    session = SessionState(cwd="/repo", env={"NODE_ENV": "test"})
-    _, runner, _ = bash(
-        done(exit_code=0), {"command": "npm test", "description": "Run tests"}, session
-    )
-    assert runner.last().options["env"] == {"NODE_ENV": "test"}
+def test_a_session_gets_its_shell_on_first_use_starting_in_its_cwd() -> None:
+    session = SessionState(cwd="/repo", host="h1")
+    runner = FakeRunner(run=[done(exit_code=0, cwd="/repo", cwd_after="/repo/web"),
+                             done(exit_code=0)])
+    CLAUDE.call("Bash", {"command": "cd web", "description": "Enter web"}, runner, session)
+    assert session.fleet_session is not None and session.fleet_session.startswith("claude-")
     assert runner.last().options["cwd"] == "/repo"
+    CLAUDE.call("Bash", {"command": "pwd"}, runner, session)
+    assert runner.last().options["cwd"] == "/repo/web"
+    assert runner.last().options["session"] == session.fleet_session
+    assert session.cwd == "/repo"  # the agent's own cwd: where its shell started
+
+
+def shell_session() -> SessionState:
+    """An agent session whose calls share the fleet session `agent-1`'s shell."""
+    return SessionState(fleet_session="agent-1")
 
 
 def test_foreground_runs_capture_the_shell_state() -> None:
-    _, runner, _ = bash(done(exit_code=0))
+    session = shell_session()
+    _, runner, _ = bash(done(exit_code=0), session=session)
     assert runner.last().options["capture_state"] is True
+    assert runner.last().options["session"] == "agent-1"
     _, runner, _ = bash(
-        done(backgrounded=True, job=JOB), {"command": "x", "run_in_background": True}
+        done(backgrounded=True, job=JOB), {"command": "x", "run_in_background": True}, session
     )
     assert runner.last().options["capture_state"] is False  # a job ends after later calls ran
 
 
 def test_exports_unsets_and_cd_carry_to_the_next_call() -> None:
-    """FR-009: the session behaves like one long-lived shell."""
-    session = SessionState(cwd="/repo", env={"KEEP": "1", "DROP": "2", "NODE_ENV": "dev"})
-    first = done(
-        exit_code=0,
-        env_changes={"NODE_ENV": "test", "TOKEN_PATH": "/t"},
-        env_removed=("DROP", "LANG"),
-        cwd_after="/repo/web",
+    """FR-009: the session behaves like one long-lived shell, kept by the fleet."""
+    session = shell_session()
+    runner = FakeRunner(run=[
+        done(exit_code=0, cwd="/repo", cwd_after="/repo/web",
+             env_changes={"NODE_ENV": "test", "TOKEN_PATH": "/t"}, env_removed=("DROP", "LANG")),
+        done(exit_code=0),
+    ])
+    runner.shells["agent-1"] = ShellState(
+        cwd="/repo", env={"KEEP": "1", "DROP": "2", "NODE_ENV": "dev"}
     )
-    bash(first, {"command": "cd web; export NODE_ENV=test TOKEN_PATH=/t; unset DROP LANG"}, session)
-    assert session.env == {"KEEP": "1", "NODE_ENV": "test", "TOKEN_PATH": "/t"}
-    assert session.cwd == "/repo/web"
-    _, runner, _ = bash(done(exit_code=0), {"command": "echo $NODE_ENV"}, session)
+    CLAUDE.call(
+        "Bash", {"command": "cd web; export NODE_ENV=test TOKEN_PATH=/t; unset DROP LANG"},
+        runner, session,
+    )
+    assert runner.last().options["cwd"] == "/repo"
+    CLAUDE.call("Bash", {"command": "echo $NODE_ENV"}, runner, session)
     assert runner.last().options["env"] == {"KEEP": "1", "NODE_ENV": "test", "TOKEN_PATH": "/t"}
     assert runner.last().options["cwd"] == "/repo/web"
+    assert runner.last().options["unset_env"] == ("DROP", "LANG")
 
 
 def test_unset_worker_variables_stay_unset() -> None:
     """A variable the worker provides (not one the session set) stays unset once unset."""
-    session = SessionState(env={"KEEP": "1"})
-    bash(done(exit_code=0, env_removed=("LANG", "KEEP")), {"command": "unset LANG KEEP"}, session)
-    assert session.env == {} and session.unset_env == ["LANG", "KEEP"]
-    _, runner, _ = bash(done(exit_code=0), {"command": "echo ${LANG-none}"}, session)
+    session = shell_session()
+    runner = FakeRunner(run=[
+        done(exit_code=0, env_removed=("LANG", "KEEP")),
+        done(exit_code=0),
+        done(backgrounded=True, job=JOB),
+        done(exit_code=0, env_changes={"LANG": "C"}),
+        done(exit_code=0),
+    ])
+    runner.shells["agent-1"] = ShellState(env={"KEEP": "1"})
+    CLAUDE.call("Bash", {"command": "unset LANG KEEP"}, runner, session)
+    CLAUDE.call("Bash", {"command": "echo ${LANG-none}"}, runner, session)
     assert runner.last().options["unset_env"] == ("LANG", "KEEP")
+    assert runner.last().options["env"] == {}
     # Background runs start without it too.
-    _, runner, _ = bash(
-        done(backgrounded=True, job=JOB), {"command": "env", "run_in_background": True}, session
-    )
+    CLAUDE.call("Bash", {"command": "env", "run_in_background": True}, runner, session)
     assert runner.last().options["unset_env"] == ("LANG", "KEEP")
     # Exporting it again brings it back: no longer unset.
-    bash(done(exit_code=0, env_changes={"LANG": "C"}), {"command": "export LANG=C"}, session)
-    assert session.env == {"LANG": "C"} and session.unset_env == ["KEEP"]
-    _, runner, _ = bash(done(exit_code=0), {"command": "true"}, session)
+    CLAUDE.call("Bash", {"command": "export LANG=C"}, runner, session)
+    CLAUDE.call("Bash", {"command": "true"}, runner, session)
     assert runner.last().options["unset_env"] == ("KEEP",)
     assert runner.last().options["env"] == {"LANG": "C"}
+
+
+def test_concurrent_calls_never_lose_a_cd() -> None:
+    """Issue #13: three calls of a fresh session at once; the quick `cd /tmp` is kept
+    although slower calls that did not `cd` end after it."""
+    session = shell_session()
+    runner = FakeRunner(run=[
+        done(exit_code=0, cwd="/root", cwd_after="/tmp"),
+        done(exit_code=0, cwd="/root", cwd_after="/root"),
+        done(exit_code=0, cwd="/root", cwd_after="/root", env_changes={"B": "2"}),
+    ])
+    for command in ("cd /tmp", "sleep 1", "export B=2; sleep 2"):
+        CLAUDE.call("Bash", {"command": command}, runner, session)
+    assert runner.shells["agent-1"].cwd == "/tmp"
+    assert runner.shells["agent-1"].env == {"B": "2"}
 
 
 def test_nothing_unset_sends_no_unset_env() -> None:
@@ -177,12 +214,14 @@ def test_nothing_unset_sends_no_unset_env() -> None:
 
 
 def test_old_session_records_load() -> None:
-    """A session stored before `unset_env` existed still loads (with nothing unset)."""
+    """A session stored by an older version still loads (its FR-009 state is in the
+    shell now: `unset_env` is dropped)."""
     stored = (
-        '{"cwd": "/repo", "env": {"A": "1"}, "host": null, "jobs": {}, "pids": {}, "offsets": {}}'
+        '{"cwd": "/repo", "env": {"A": "1"}, "host": null, "jobs": {}, "pids": {}, '
+        '"offsets": {}, "unset_env": ["B"]}'
     )
     state = SessionState.model_validate_json(stored)
-    assert state.unset_env == [] and state.env == {"A": "1"}
+    assert state.env == {"A": "1"} and state.cwd == "/repo"
 
 
 PROCS = (
@@ -228,20 +267,24 @@ def test_timeout_lists_what_the_command_was_doing(result: CallResult, text: str)
 
 
 def test_a_failed_command_still_carries_its_state() -> None:
-    session = SessionState()
-    answer, _, _ = bash(
-        done(exit_code=1, env_changes={"A": "1"}), {"command": "export A=1; false"}, session
-    )
+    session = shell_session()
+    runner = FakeRunner(run=[done(exit_code=1, env_changes={"A": "1"})])
+    answer = CLAUDE.call("Bash", {"command": "export A=1; false"}, runner, session)
     assert answer == ToolText("Exit code 1", True)
-    assert session.env == {"A": "1"}
+    assert runner.shells["agent-1"].env == {"A": "1"}
 
 
 def test_no_captured_state_leaves_the_session_alone() -> None:
-    session = SessionState(cwd="/repo", env={"A": "1"})
-    bash(done(exit_code=0), {"command": "exec true"}, session)
-    assert session == SessionState(cwd="/repo", env={"A": "1"})
-    bash(done(error=SystemError_(kind="bad_cwd", message="gone")), {"command": "ls"}, session)
-    assert session == SessionState(cwd="/repo", env={"A": "1"})
+    session = shell_session()
+    runner = FakeRunner(run=[
+        done(exit_code=0),
+        CallResult(call_id="c2", host="", error=SystemError_(kind="bad_cwd", message="gone")),
+    ])
+    runner.shells["agent-1"] = ShellState(cwd="/repo", env={"A": "1"}, host="h1")
+    CLAUDE.call("Bash", {"command": "exec true"}, runner, session)
+    CLAUDE.call("Bash", {"command": "ls"}, runner, session)
+    assert runner.shells["agent-1"] == ShellState(cwd="/repo", env={"A": "1"}, host="h1")
+    assert session == shell_session()
 
 
 def char_cut(total_lines: int, shown_lines: int, partial: bool) -> TruncationInfo:

@@ -1,4 +1,5 @@
-"""The native dialect: bash, bash_check, bash_kill, and every fact the engine reports."""
+"""The native dialect: bash, bash_check, bash_kill, bash_output, and every fact the engine
+reports."""
 
 from __future__ import annotations
 
@@ -6,13 +7,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from client.dialects import NativeDialect, SessionState, ShellState, ToolText, schemas
+from client.dialects import NativeDialect, SessionState, ToolText, schemas
 from client.dialects.testing import FakeRunner
-from worker.wire.control import CheckRequest, KillRequest
+from client.shells import ShellState
+from worker.wire.control import CheckRequest, KillRequest, ReadOutputRequest
 from worker.wire.models import (
     CallResult,
     CheckResult,
     JobHandle,
+    OutputChunk,
     ProcessInfo,
     RunRequest,
     Spill,
@@ -63,7 +66,7 @@ def tail(
 
 def test_tools() -> None:
     tools = {tool["name"]: tool["input_schema"] for tool in schemas(NATIVE)}
-    assert list(tools) == ["bash", "bash_check", "bash_kill"]
+    assert list(tools) == ["bash", "bash_check", "bash_kill", "bash_output"]
     assert list(tools["bash"]["properties"]) == [
         "command",
         "mode",
@@ -76,6 +79,7 @@ def test_tools() -> None:
     assert list(tools["bash_check"]["properties"]) == ["id", "grep", "offset"]
     assert tools["bash_check"]["properties"]["offset"]["type"] == "integer"
     assert list(tools["bash_kill"]["properties"]) == ["id"]
+    assert list(tools["bash_output"]["properties"]) == ["id", "offset", "stream", "grep"]
 
 
 def test_policy() -> None:
@@ -111,9 +115,10 @@ def test_arguments_reach_the_runner() -> None:
         timeout=30.0,
         cwd="/src",
         session="s1",
+        default_cwd="/default",  # where a fresh named session starts
         policy=NATIVE.policy(),
         env={"A": "1"},
-        capture_state=True,  # a named session: its final state is carried
+        capture_state=True,  # a named session: the fleet carries its final state
     )
     _, runner, _ = bash(done(exit_code=0), {"command": "make"}, session)
     options = runner.last().options
@@ -161,7 +166,7 @@ CUT = "[stdout cut: showing the last 2000 of 8500 lines (51200 of 400000 bytes, 
             "exit code: 1\nhost h1 · call c1 · 41.20s\n\n"
             "stdout:\ntail\n"
             + CUT
-            + "Full output: `bashfleet output c1` (/spill/c1.out on host h1)]\n\n"
+            + "Full output: bash_output id=c1 (/spill/c1.out on host h1)]\n\n"
             "stderr:\nwarn\n\n"
             "error lines in the cut part:\n  error: x\n  FAIL y",
             True,
@@ -177,7 +182,8 @@ CUT = "[stdout cut: showing the last 2000 of 8500 lines (51200 of 400000 bytes, 
             ),
             "exit code: 0\nhost h1 · call c1 · 0.50s\n\nstderr:\nw\n"
             "[stderr cut: showing the last 2000 of 3000 lines (60000 of 90000 bytes, lines limit)."
-            " Full stderr: /spill/c1.err on host h1, may be incomplete: disk full]",
+            " Full stderr: bash_output id=c1 stream=stderr (/spill/c1.err on host h1, may be "
+            "incomplete: disk full)]",
             False,
         ),
         (
@@ -288,7 +294,7 @@ def test_long_lines_are_counted_in_the_cut_notice(cut: int, phrase: str) -> None
     assert answer.text.endswith(
         "stdout:\nx… [98,000 more characters]\n"
         f"[stdout cut: showing the last 3 of 3 lines (6030 of 300003 bytes); {phrase} cut to "
-        "2,000 characters. Full output: `bashfleet output c1` (/spill/c1.out on host h1)]"
+        "2,000 characters. Full output: bash_output id=c1 (/spill/c1.out on host h1)]"
     )
 
 
@@ -414,7 +420,7 @@ def test_check_cut_stderr_and_note() -> None:
         "job j1 on host h2: killed by signal SIGKILL (9)\n\n"
         "output since byte 0 (8500 lines):\nt\n"
         "[output cut: showing the last 2000 of 8500 lines (51200 of 400000 bytes, lines limit). "
-        "Full output: `bashfleet output j1` (/jobs/j1.log on host h2)]\n\n"
+        "Full output: bash_output id=j1 (/jobs/j1.log on host h2)]\n\n"
         "stderr:\ne\n\nnote: status unknown\n\n"
         "next offset: 9 (bash_check id=j1 continues from there)"
     )
@@ -567,7 +573,7 @@ def test_a_rerun_is_told_where_the_earlier_output_is() -> None:
     answer = run_at(native, session, again)
     assert answer.text.endswith(
         "\n\nnote: the same command ran in this session 2m 5s ago, as call c1 on host h1 "
-        "(exit code 2); its full output: `bashfleet output c1` (/spill/c1.out on host h1)"
+        "(exit code 2); its full output: bash_output id=c1 (/spill/c1.out on host h1)"
     )
     assert answer.is_error
     assert [(r.call_id, r.command, r.exit_code) for r in session.history] == [
@@ -634,63 +640,134 @@ def test_history_keeps_the_latest_runs() -> None:
 def test_sessions_stored_before_the_history_load() -> None:
     stored = '{"cwd": null, "env": {}, "host": "h1", "jobs": {}, "pids": {}, "offsets": {}}'
     state = SessionState.model_validate_json(stored)
-    assert (state.history, state.shells, state.unset_env) == ([], {}, [])
+    assert (state.history, state.artifacts, state.fleet_session) == ([], {}, None)
+    # Fields that moved to the session's shell are dropped, not refused.
+    older = SessionState.model_validate({"unset_env": ["A"], "shells": {"s1": {"cwd": "/w"}}})
+    assert older == SessionState()
 
 
 # -------------------------------------------------------------------- named sessions
 
 
-def test_a_named_session_carries_cwd_and_env_and_reports_the_final_cwd() -> None:
-    session = SessionState(cwd="/repo", env={"BASE": "1"})
-    first = done(
-        exit_code=0,
-        cwd="/repo",
-        cwd_after="/repo/web",
-        env_changes={"NODE_ENV": "test"},
-        env_removed=("LANG",),
+def test_a_named_session_is_a_fleet_session_that_carries_cwd_and_env() -> None:
+    """The shell lives with the runner (the fleet: in Redis), not in this agent's state:
+    another agent, or `bashfleet run --session s1`, shares it."""
+    session = SessionState(cwd="/repo", env={"BASE": "1"}, host="mcp-pin")
+    runner = FakeRunner(run=[
+        done(exit_code=0, cwd="/home/w", cwd_after="/home/w/web",
+             env_changes={"NODE_ENV": "test"}, env_removed=("LANG",)),
+        done(exit_code=0, cwd="/home/w/web", cwd_after="/home/w/web"),
+        done(exit_code=0, cwd="/x", cwd_after="/x"),
+    ])
+    first = NATIVE.call(
+        "bash", {"command": "cd web; export NODE_ENV=test; unset LANG", "session": "s1"},
+        runner, session,
     )
-    answer, runner, _ = bash(
-        first, {"command": "cd web; export NODE_ENV=test; unset LANG", "session": "s1"}, session
-    )
+    # The agent's own pin is not the named session's; its cwd is where a fresh one starts.
+    assert (runner.last().options["cwd"], runner.last().options["host"]) == ("/repo", None)
     assert runner.last().options["capture_state"] is True
-    assert answer.text.endswith(
-        "\n\nsession s1: ended in /repo/web; its next call starts there; "
-        "exported: NODE_ENV; unset: LANG"
-    )
-    _, runner, _ = bash(done(exit_code=0), {"command": "pwd", "session": "s1"}, session)
+    assert "\n\nsession s1: ended in /home/w/web; its next call starts there; " \
+        "exported: NODE_ENV; unset: LANG" in first.text
+    NATIVE.call("bash", {"command": "pwd", "session": "s1"}, runner, session)
     options = runner.last().options
-    assert options["cwd"] == "/repo/web"
-    assert options["env"] == {"BASE": "1", "NODE_ENV": "test"}
+    assert options["cwd"] == "/home/w/web"
+    assert options["host"] == "h1"  # pinned where its first call ran
+    assert options["env"] == {"NODE_ENV": "test", "BASE": "1"}
     assert options["unset_env"] == ("LANG",)
-    assert options["session"] == "s1"
-    # Without the session, calls stay stateless; an explicit cwd wins over the session's.
-    _, runner, _ = bash(done(exit_code=0), {"command": "pwd"}, session)
-    assert runner.last().options["cwd"] == "/repo"
-    assert runner.last().options["capture_state"] is False
-    _, runner, _ = bash(
-        done(exit_code=0), {"command": "pwd", "session": "s1", "cwd": "/x"}, session
-    )
+    # An explicit cwd holds for its call only.
+    once = NATIVE.call("bash", {"command": "pwd", "session": "s1", "cwd": "/x"}, runner, session)
     assert runner.last().options["cwd"] == "/x"
+    assert "session s1: ran in /x (this call's cwd); its next call starts in the session's " \
+        "own directory" in once.text
+    assert runner.shells["s1"].cwd == "/home/w/web"
+    assert session.cwd == "/repo" and session.host == "mcp-pin"
+
+
+def test_without_a_session_calls_are_stateless() -> None:
+    session = SessionState(cwd="/repo", host="pinned")
+    _, runner, _ = bash(done(exit_code=0, cwd_after="/elsewhere"), {"command": "pwd"}, session)
+    options = runner.last().options
+    assert (options["cwd"], options["host"], options["capture_state"]) == (
+        "/repo", "pinned", False
+    )
+    assert runner.shells == {}
 
 
 def test_a_named_session_that_learns_nothing_says_so() -> None:
-    session = SessionState()
-    session.shells["s1"] = ShellState(cwd="/w")
-    answer, runner, _ = bash(
-        done(backgrounded=True, job=JOB),
-        {"command": "serve", "mode": "background", "session": "s1"},
-        session,
+    runner = FakeRunner(run=[done(backgrounded=True, job=JOB)])
+    runner.shells["s1"] = ShellState(cwd="/w")
+    answer = NATIVE.call(
+        "bash", {"command": "serve", "mode": "background", "session": "s1"}, runner,
+        SessionState(),
     )
     assert runner.last().options["capture_state"] is False  # a job ends after later calls
-    assert "\n\nsession s1: state unchanged; its next call starts in /w as before" in answer.text
-    assert session.shells["s1"] == ShellState(cwd="/w")
+    assert runner.last().options["cwd"] == "/w"
+    assert "\n\nsession s1: state unchanged; its next call starts where its last one ended" \
+        in answer.text
+    assert runner.shells["s1"] == ShellState(cwd="/w", host="h1")
 
 
-def test_named_sessions_are_bounded() -> None:
-    session = SessionState()
-    for n in range(20):
-        bash(done(exit_code=0, cwd_after=f"/d{n}"), {"command": "cd", "session": f"s{n}"}, session)
-    assert list(session.shells) == [f"s{n}" for n in range(4, 20)]
+def test_a_bad_session_name_is_refused() -> None:
+    answer, runner, _ = bash(None, {"command": "ls", "session": "no spaces"})
+    assert answer.is_error and "session must be 1-64 letters" in answer.text
+    assert runner.calls == []
+
+
+# ----------------------------------------------------------------------- bash_output
+
+
+def test_output_reads_kept_output_a_slice_at_a_time() -> None:
+    runner = FakeRunner(read=[
+        OutputChunk(path="/spill/c1.out", offset=0, next_offset=51200, size=90000,
+                    text="a\nb\n", eof=False),
+        OutputChunk(path="/spill/c1.err", offset=51200, next_offset=90000, size=90000,
+                    text="z\n", eof=True),
+    ])
+    first = NATIVE.call("bash_output", {"id": "c1"}, runner, SessionState())
+    assert runner.last().request == ReadOutputRequest(id="c1", offset=0, limit=51200)
+    assert first == ToolText(
+        "c1 stdout: bytes 0-51200 of 90000 (/spill/c1.out)\n\na\nb\n\n"
+        "next: bash_output id=c1 offset=51200"
+    )
+    last = NATIVE.call(
+        "bash_output", {"id": "c1", "offset": 51200, "stream": "stderr", "grep": "z"}, runner,
+        SessionState(),
+    )
+    assert runner.last().request == ReadOutputRequest(
+        id="c1", offset=51200, limit=51200, grep="z", stream="stderr"
+    )
+    assert last.text.endswith("lines matching 'z' (/spill/c1.err)\n\nz\n\nend of the output")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ({"id": "c1", "offset": -1}, "parameter 'offset' must be at least 0, not -1"),
+        ({"id": "c1", "grep": "("}, "grep is not a valid regular expression"),
+        ({"id": "c1", "stream": "both"}, "parameter 'stream' must be one of"),
+    ],
+)
+def test_output_refuses_bad_arguments(args: dict[str, object], message: str) -> None:
+    runner = FakeRunner()
+    answer = NATIVE.call("bash_output", args, runner, SessionState())
+    assert answer.is_error and message in answer.text
+    assert runner.calls == []
+
+
+def test_kill_counts_the_lines_it_shows() -> None:
+    """The engine's completion line is not output: the count leaves it out too."""
+    lines = "".join(f"{n}\n" for n in range(17))
+    output = lines + "\n\n[background process failed: signal: 15 (SIGTERM)]\n"
+    info = TruncationInfo(
+        direction="tail", truncated=False, limit=None, total_lines=20,
+        total_bytes=len(output), shown_lines=20, shown_bytes=len(output),
+        shown_ranges=((1, 20),),
+    )
+    runner = FakeRunner(kill=[CheckResult(id="j1", host="h2", running=False, signal=15,
+                                          output=output, output_truncation=info)])
+    answer = NATIVE.call("bash_kill", {"id": "j1"}, runner, SessionState())
+    assert "final output (17 lines):\n0\n1\n" in answer.text
+    assert answer.text.endswith("\n16")
 
 
 def test_the_engines_completion_line_is_left_out() -> None:

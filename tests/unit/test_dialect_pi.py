@@ -48,8 +48,12 @@ def test_schema() -> None:
             "command": {"type": "string", "description": "Shell command to execute"},
             "timeout": {"type": "number", "description": "Timeout in seconds"},
             "cwd": {"type": "string", "description": "Working directory"},
-            "head": {"type": "number", "description": "Return only the first N lines of output"},
-            "tail": {"type": "number", "description": "Return only the last N lines of output"},
+            # Whole lines: the schema says so, so a model is never refused for a 2.5 the
+            # schema allowed (issue #13).
+            "head": {"type": "integer", "minimum": 0,
+                     "description": "Return only the first N lines of output"},
+            "tail": {"type": "integer", "minimum": 0,
+                     "description": "Return only the last N lines of output"},
         },
         "required": ["command"],
     }
@@ -125,10 +129,10 @@ def test_head_and_tail_reach_the_runner() -> None:
     ("args", "message"),
     [
         ({}, "missing required parameter 'command'"),
-        ({"command": "ls", "head": -1}, "head must be a whole number of lines (0 or more), not -1"),
+        ({"command": "ls", "head": -1}, "parameter 'head' must be at least 0, not -1"),
         (
             {"command": "ls", "tail": 2.5},
-            "tail must be a whole number of lines (0 or more), not 2.5",
+            "parameter 'tail' must be an integer, not a number (2.5)",
         ),
         (
             {"command": "ls", "timeout": "10"},

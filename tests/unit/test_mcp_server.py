@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from typing import Any, cast
@@ -15,10 +16,11 @@ import fakeredis
 import pytest
 import redis
 from mcp import Client, types
+from mcp.shared.exceptions import MCPError
 
-from client import cli
-from client.dialects import DIALECTS, SessionState, ToolText, get_dialect, schemas
-from client.dialects.testing import FakeRunner
+from client import cli, mcp_server
+from client.dialects import DIALECTS, Artifact, SessionState, ToolText, get_dialect, schemas
+from client.dialects.testing import FakeCall, FakeRunner
 from client.errors import (
     CallRejected,
     FleetUnavailable,
@@ -28,6 +30,8 @@ from client.errors import (
 )
 from client.fleet import Fleet
 from client.mcp_server import (
+    CallCancelledError,
+    CallWatch,
     FleetBackend,
     FleetRunner,
     SessionRunner,
@@ -36,8 +40,17 @@ from client.mcp_server import (
     build_server,
 )
 from client.sessions import RedisSessionStore
-from worker.wire.control import CheckRequest, KillRequest
-from worker.wire.models import CallResult, CheckResult, JobHandle, RunRequest
+from client.shells import ShellState
+from worker.wire.control import CheckRequest, KillRequest, ReadOutputRequest
+from worker.wire.models import (
+    CallResult,
+    CheckResult,
+    JobHandle,
+    OutputChunk,
+    RunRequest,
+    Spill,
+    TruncationInfo,
+)
 
 NAMES = sorted(DIALECTS)
 SESSION = "s-test"
@@ -267,13 +280,18 @@ async def test_host_and_cwd_options_set_the_session(store: RedisSessionStore) ->
         await client.call_tool("bash", {"command": "pwd"})
         await client.call_tool("bash", {"command": "pwd"})
     assert [(c.options["host"], c.options["cwd"]) for c in runner.calls] == [("h2", "/src")] * 2
-    assert store.load(SESSION) == SessionState(host="h2", cwd="/src", env={"KEEP": "1"})
+    assert store.load(SESSION) == SessionState(
+        host="h2", cwd="/src", env={"KEEP": "1"}, fleet_session=SESSION
+    )
+    # The session's shell (shared with `bashfleet run --session`) starts there too.
+    assert store.shells.load(SESSION) == ShellState(host="h2", cwd="/src")
 
 
 @pytest.mark.anyio
 async def test_a_restarted_server_resumes_the_session(store: RedisSessionStore) -> None:
     started = done(backgrounded=True, job=JOB)
-    async with connected(tool_server("claude", FakeRunner(run=[started]), store)) as client:
+    first = FakeRunner(run=[started])
+    async with connected(tool_server("claude", first, store)) as client:
         answer = text_of(
             await client.call_tool("Bash", {"command": "serve", "run_in_background": True})
         )
@@ -285,7 +303,9 @@ async def test_a_restarted_server_resumes_the_session(store: RedisSessionStore) 
         output = text_of(await client.call_tool("BashOutput", {"bash_id": "j7"}))
     assert output == ToolText("<status>running</status>\n\n<stdout>\nup\n</stdout>")
     assert store.load(SESSION).offsets == {"j7": 3}
-    assert store.load(SESSION).host == "h1"
+    # Claude's calls run in the session's shell, which the fleet pins (not the server).
+    assert store.load(SESSION).fleet_session == SESSION
+    assert first.shells[SESSION].host == "h1"
 
 
 @pytest.mark.anyio
@@ -319,9 +339,12 @@ async def test_calls_run_concurrently_and_both_keep_their_changes(
         def execute(self, request: RunRequest) -> CallResult:
             started.set()
             assert release.wait(10)
-            return done(exit_code=0, env_changes={"BUILT": "1"})
+            return super().execute(request)
 
-    runner = Slow(check=[CheckResult(id="j7", host="h1", running=True, output="a\n", offset=2)])
+    runner = Slow(
+        run=[done(exit_code=0, env_changes={"BUILT": "1"})],
+        check=[CheckResult(id="j7", host="h1", running=True, output="a\n", offset=2)],
+    )
     async with connected(tool_server("claude", runner, store)) as client:
         results: dict[str, types.CallToolResult] = {}
 
@@ -337,9 +360,8 @@ async def test_calls_run_concurrently_and_both_keep_their_changes(
             release.set()
     assert text_of(output).text.endswith("<stdout>\na\n</stdout>")
     assert results["build"].is_error is False
-    final = store.load(SESSION)
-    assert final.offsets == {"j7": 2}
-    assert final.env == {"BUILT": "1"}
+    assert store.load(SESSION).offsets == {"j7": 2}
+    assert runner.shells[SESSION].env == {"BUILT": "1"}
 
 
 @pytest.mark.anyio
@@ -506,3 +528,187 @@ def test_cli_mcp_needs_a_dialect(capsys: pytest.CaptureFixture[str]) -> None:
         cli.main(["mcp"])
     assert caught.value.code == 2
     assert "--dialect" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------ progress, cancellation
+
+
+class Blocking(FakeRunner):
+    """A runner whose run blocks until released (or cancelled), with output to tail."""
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        self.running = threading.Event()
+        self.release = threading.Event()
+        self.sent: list[str] = []
+
+    def execute(self, request: RunRequest) -> CallResult:
+        assert request.call_id is not None  # chosen before it is sent: a cancel finds it
+        self.sent.append(request.call_id)
+        self.running.set()
+        assert self.release.wait(10)
+        return super().execute(request)
+
+    def cancel(self, call_id: str) -> bool:
+        super().cancel(call_id)
+        self.release.set()  # the killed call answers
+        return True
+
+    def read_chunk(self, request: ReadOutputRequest) -> OutputChunk:
+        self.calls.append(FakeCall(request))
+        text = "step 1\nstep 2\nstep 3\nstep 4\n"
+        if request.offset >= len(text):
+            return OutputChunk(path="/s/c.out", offset=len(text), next_offset=len(text),
+                               size=len(text), text="", eof=True)
+        return OutputChunk(path="/s/c.out", offset=request.offset, next_offset=len(text),
+                           size=len(text), text=text[request.offset:], eof=True)
+
+
+@pytest.fixture
+def quick_progress(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(mcp_server, "PROGRESS_INTERVAL_S", 0.05)
+
+
+@pytest.mark.anyio
+@pytest.mark.usefixtures("quick_progress")
+async def test_a_long_call_sends_progress_with_its_last_output(store: RedisSessionStore) -> None:
+    runner = Blocking(run=[done(exit_code=0, stdout="finished\n")])
+    notes: list[tuple[float, str | None]] = []
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        notes.append((progress, message))
+        if len(notes) >= 3:
+            runner.release.set()
+
+    async with connected(tool_server("pipe", runner, store)) as client:
+        with anyio.fail_after(10):
+            result = await client.call_tool(
+                "bash", {"command": "make"}, progress_callback=on_progress
+            )
+    assert text_of(result).text.startswith("stdout:\nfinished")
+    assert len(notes) >= 3
+    assert [p for p, _ in notes] == sorted(p for p, _ in notes)  # progress only grows
+    message = notes[-1][1]
+    assert message is not None and message.startswith("running for ")
+    assert message.endswith("last output:\nstep 2\nstep 3\nstep 4")
+    # The output is read by the call's own id.
+    reads = [c.target for c in runner.calls if c.method == "read"]
+    assert reads and set(reads) == set(runner.sent)
+
+
+@pytest.mark.anyio
+@pytest.mark.usefixtures("quick_progress")
+async def test_no_progress_token_no_progress(store: RedisSessionStore) -> None:
+    runner = Blocking(run=[done(exit_code=0)])
+    async with (
+        connected(tool_server("pipe", runner, store)) as client,
+        anyio.create_task_group() as tg,
+    ):
+        tg.start_soon(client.call_tool, "bash", {"command": "make"})
+        assert await anyio.to_thread.run_sync(runner.running.wait, 10)
+        await anyio.sleep(0.3)  # six progress intervals: none may be sent
+        runner.release.set()
+    assert [c.method for c in runner.calls] == ["run"]  # never a read for progress
+
+
+@pytest.mark.anyio
+async def test_a_cancelled_request_cancels_its_call(store: RedisSessionStore) -> None:
+    runner = Blocking(
+        run=[done(exit_code=None, signal=15, cancelled=True)],
+        check=[CheckResult(id="j7", host="h1", running=True, output="x\n", offset=2)],
+    )
+    async with connected(tool_server("claude", runner, store)) as client:
+        with anyio.move_on_after(0.5):  # the client gives up: `notifications/cancelled`
+            await client.call_tool("Bash", {"command": "sleep 75"})
+        with anyio.fail_after(10):
+            await anyio.to_thread.run_sync(lambda: _wait_until(lambda: runner.cancelled))
+        # The server still serves, and the cancelled call's session was saved.
+        session = store.load(SESSION)
+        session.remember(JOB, "serve")
+        store.save(SESSION, session)
+        answer = await client.call_tool("BashOutput", {"bash_id": "j7"})
+    assert runner.cancelled == runner.sent  # the very call that was sent
+    assert text_of(answer).text.startswith("<status>running</status>")
+
+
+def _wait_until(check: Any, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)  # waiting for another thread's cancel
+
+
+def test_a_watch_cancelled_before_its_call_refuses_to_send() -> None:
+    watch = CallWatch()
+    assert watch.cancel() is None
+    with pytest.raises(CallCancelledError):
+        watch.next_call_id()
+    runner = FakeRunner()
+    answer = get_dialect("native").call(
+        "bash", {"command": "ls"}, SessionRunner(runner, SessionState(), watch), SessionState()
+    )
+    assert answer.is_error and "the request was cancelled; nothing was run" in answer.text
+    assert runner.calls == []
+
+
+def test_cancel_retries_until_the_call_is_recorded(store: RedisSessionStore) -> None:
+    class Late(FakeRunner):
+        tries = 0
+
+        def cancel(self, call_id: str) -> bool:
+            self.tries += 1
+            if self.tries < 3:
+                raise UnknownJob(f"no such call: {call_id}")
+            return super().cancel(call_id)
+
+    runner = Late()
+    server = tool_server("pipe", runner, store)
+    watch = CallWatch()
+    call_id = watch.next_call_id()
+    server.cancel(watch)
+    assert runner.cancelled == [call_id] and runner.tries == 3
+
+
+# -------------------------------------------------------------------- resources
+
+
+@pytest.mark.anyio
+async def test_pi_artifacts_are_resources(store: RedisSessionStore) -> None:
+    cut = TruncationInfo(direction="tail", truncated=True, limit="bytes", total_lines=9000,
+                         total_bytes=90000, shown_lines=500, shown_bytes=51200,
+                         shown_ranges=((8501, 9000),))
+    kept = done(exit_code=0, stdout="tail\n", stdout_truncation=cut,
+                spill=Spill(host="h1", stdout_path="/spill/c1.log", stdout_bytes=90000))
+    chunk = OutputChunk(path="/spill/c1.log", offset=0, next_offset=90000, size=90000,
+                        text="all of it\n", eof=True)
+    runner = FakeRunner(run=[kept], read=[chunk])
+    async with connected(tool_server("pi", runner, store)) as client:
+        answer = text_of(await client.call_tool("bash", {"command": "seq 9000"}))
+        assert answer.text.endswith("Full: artifact://c1]")
+        listed = await client.list_resources()
+        read = await client.read_resource("artifact://c1")
+        with pytest.raises(MCPError, match="Resource not found: artifact://c404"):
+            await client.read_resource("artifact://c404")
+    [resource] = listed.resources
+    assert (resource.uri, resource.name, resource.size) == ("artifact://c1", "c1", 90000)
+    assert resource.description == "Full output of `seq 9000` (90000 bytes, kept on host h1)"
+    [content] = read.contents
+    assert isinstance(content, types.TextResourceContents) and content.text == "all of it\n"
+    assert runner.last().request == ReadOutputRequest(id="c1", offset=0, limit=1024 * 1024)
+
+
+def test_a_large_artifact_says_how_to_read_on(store: RedisSessionStore) -> None:
+    session = SessionState()
+    session.artifacts["c1"] = Artifact(call_id="c1", host="h1", path="/s/c1.log",
+                                       size=5_000_000, command="x", at=0.0)
+    store.save(SESSION, session)
+    chunk = OutputChunk(path="/s/c1.log", offset=10, next_offset=1_048_586, size=5_000_000,
+                        text="...", eof=False)
+    server = tool_server("pi", FakeRunner(read=[chunk]), store)
+    assert server.read_artifact("artifact://c1?offset=10") == (
+        "...\n[artifact continues: bytes 10-1048586 of 5000000 shown; "
+        "read artifact://c1?offset=1048586 for more]"
+    )
+    for bad in ("artifact://", "file://c1", "artifact://c1?offset=-5"):
+        with pytest.raises(MCPError, match="Resource not found"):
+            server.read_artifact(bad)

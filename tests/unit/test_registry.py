@@ -74,7 +74,7 @@ def test_every_key_has_a_ttl(r: redis.Redis) -> None:
     registry.update_call(r, "c1", pid=5, pgid=5, marker="c1")
     registry.save_job(r, _record(), running=True)
     registry.save_offsets(r, "j1", 10, 0)
-    r.set(names.session_key("s1"), "alpha", ex=names.SESSION_TTL_S)
+    r.set(names.shell_key("s1"), "{}", ex=names.SESSION_TTL_S)
     registry.set_host_fields(r, "alpha", {"exec_ready": 7})
     _assert_every_key_expires(r)
     assert r.ttl(names.alive_key("alpha")) <= names.ALIVE_TTL_S

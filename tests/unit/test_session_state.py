@@ -1,13 +1,18 @@
-"""worker.engine.session_state: the EXIT-trap wrapper and the diff of the final environment."""
+"""worker.engine.session_state: the EXIT trap bash sources through BASH_ENV, and the diff
+of the final environment."""
 
 from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from worker.engine.environment import MARKER_VAR
-from worker.engine.session_state import parse_state, wrap_command
+from worker.engine.session_state import StateCapture, parse_state, startup_script
 
 START = {"PATH": "/usr/bin", "HOME": "/root", "KEEP": "1", MARKER_VAR: "c1"}
 
@@ -50,12 +55,54 @@ def test_empty_state_is_unusable() -> None:
     assert parse_state(b"", START) is None
 
 
-def test_wrap_keeps_the_command_on_its_own_line_and_quotes_the_path() -> None:
-    wrapped = wrap_command("echo 'hi'", "/tmp/a b/state")
-    first, second = wrapped.split("\n", 1)
-    assert first.startswith("trap ") and first.endswith(" EXIT")
-    assert "'\"'\"'" in first or "a b" in first  # the spaced path is quoted
-    assert second == "echo 'hi'"
+def _run(
+    tmp_path: Path, command: str
+) -> tuple[subprocess.CompletedProcess[str], StateCapture]:
+    state = StateCapture()
+    env = {"PATH": os.environ["PATH"], "BASH_ENV": state.bash_env, "KEEP": "1"}
+    done = subprocess.run(["bash", "-c", command], env=env, cwd=tmp_path, text=True,
+                          capture_output=True, check=False, pass_fds=[state.fd])
+    return done, state
+
+
+def test_a_command_that_replaces_its_shell_records_nothing(tmp_path: Path) -> None:
+    done, state = _run(tmp_path, "exec true")
+    assert done.returncode == 0 and state.recorded() == b""
+    state.close()
+
+
+def test_the_script_writes_to_the_descriptor_only() -> None:
+    script = startup_script(200)
+    assert script.startswith("unset BASH_ENV\n")
+    assert script.count(">&200") == 2 and ".state" not in script
+
+def test_bash_sources_the_trap_and_records_the_final_state(tmp_path: Path) -> None:
+    (tmp_path / "sub").mkdir()
+    done, state = _run(tmp_path, "cd sub; export NEW=2; unset KEEP; exit 3")
+    assert done.returncode == 3  # the command's own status
+    started = {"PATH": os.environ["PATH"], "KEEP": "1", "BASH_ENV": state.bash_env}
+    final = parse_state(state.recorded(), started)
+    assert final is not None
+    assert (final.cwd, final.changes, final.removed) == (str(tmp_path / "sub"), {"NEW": "2"},
+                                                         ("KEEP",))
+
+
+def test_the_command_line_is_the_callers_and_nested_bash_does_not_source_it(
+    tmp_path: Path,
+) -> None:
+    """Issue #13: a process list shows the command, not the capture; a script the command
+    runs does not inherit BASH_ENV (so it neither re-arms the trap nor overwrites the
+    state when it exits)."""
+    done, state = _run(
+        tmp_path,
+        'tr "\\0" " " < /proc/$$/cmdline; echo; echo "${BASH_ENV-none}"; '
+        'bash -c \'echo "${BASH_ENV-none}"; cd /\'; true',
+    )
+    cmdline, outer, inner = done.stdout.splitlines()
+    assert cmdline.startswith("bash -c tr ") and "trap" not in cmdline
+    assert (outer, inner) == ("none", "none")
+    final = parse_state(state.recorded(), {})
+    assert final is not None and final.cwd == str(tmp_path)  # the nested `cd /` is not ours
 
 
 @given(
@@ -71,7 +118,8 @@ def test_any_exported_change_round_trips(extra: dict[str, str]) -> None:
     assert state is not None
     expected = {
         k: v for k, v in extra.items()
-        if START.get(k) != v and k not in {"SHLVL", "PWD", "OLDPWD", "_", MARKER_VAR}
+        if START.get(k) != v
+        and k not in {"SHLVL", "PWD", "OLDPWD", "_", "BASH_ENV", MARKER_VAR}
         and k not in {"PAGER", "GIT_PAGER", "MANPAGER", "GIT_EDITOR", "EDITOR", "VISUAL",
                       "GIT_TERMINAL_PROMPT", "CI", "DEBIAN_FRONTEND", "TERM", "NO_COLOR",
                       "PYTHONUNBUFFERED", "PIP_NO_INPUT"}
@@ -79,9 +127,3 @@ def test_any_exported_change_round_trips(extra: dict[str, str]) -> None:
     assert state.changes == expected
 
 
-def test_wrap_into_an_open_fd() -> None:
-    # The engine's way: the worker opens the state file and passes it in as this fd.
-    wrapped = wrap_command("cd /tmp", fd=200)
-    trap_line, command = wrapped.split("\n")
-    assert command == "cd /tmp"
-    assert trap_line.count(">&200") == 2 and "state" not in trap_line

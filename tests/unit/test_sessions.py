@@ -61,7 +61,7 @@ def test_key_is_under_the_prefix_and_apart_from_the_fleet_pin(
     store.save("s1", SessionState(host="h1"))
     assert client.keys("*") == ["bashfleet:session-state:s1"]
     assert session_state_key("s1").startswith(names.PREFIX)
-    assert session_state_key("s1") != names.session_key("s1")
+    assert session_state_key("s1") != names.shell_key("s1")
 
 
 def test_every_save_sets_and_refreshes_the_ttl(

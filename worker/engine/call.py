@@ -59,6 +59,8 @@ FOLLOW_BUDGET = 64 * 1024 * 1024
 SpawnHook = Callable[[int, int, str], None]
 #: Called once when a command is still running FOLLOW_INTERVAL_S after its spawn.
 RunningHook = Callable[[], None]
+#: Asked at each wake-up of a running call: True turns it into a background job.
+DetachHook = Callable[[], bool]
 
 
 class CallError(ToolError):
@@ -209,13 +211,16 @@ def run_call(
     on_spawn: SpawnHook | None = None,
     cancel: threading.Event | None = None,
     on_running: RunningHook | None = None,
+    detach: DetachHook | None = None,
 ) -> CallResult:
     """Run a call to its end (or timeout) and return its result. Never raises for the command.
 
     `on_spawn(pid, pgid, marker)` is told the process as soon as it exists (the fleet
     records it on the host's disk); `on_running()` once it is still running after
     FOLLOW_INTERVAL_S (the fleet records it in Redis then: most calls end sooner);
-    setting `cancel` kills the call as a timeout would.
+    setting `cancel` kills the call as a timeout would; `detach()` turning true leaves it
+    running as a background job (its caller's second Ctrl-C), as an auto-background
+    timeout would.
     """
     settings = settings or get_settings()
     started = time.monotonic()
@@ -226,7 +231,7 @@ def run_call(
             return _start_background(call, cwd, settings, choice, started)
         return _run_foreground(
             call, cwd, settings, choice, on_spawn=on_spawn, cancel=cancel, started=started,
-            on_running=on_running,
+            on_running=on_running, detach=detach,
         )
     except CallError as exc:
         return CallResult(
@@ -335,7 +340,10 @@ class _Launch:
     settings: Settings
     choice: sandbox.Choice
     user: sandbox.User | None
-    state_path: Path | None
+    capture: bool
+    """Capture the cwd and environment the command ends with (`state`)."""
+    state: session_state.StateCapture | None = None
+    """Where the capture goes, once started (closed with the launch)."""
     group: cgroups.Group | None = None
     """`none`: the call's own cgroup (a sandbox runner brings its own)."""
     groups: cgroups.GroupPool | None = None
@@ -345,35 +353,35 @@ class _Launch:
     def sandboxed(self) -> bool:
         return self.choice.level != "none"
 
-    def command(self, join: str = "", state_fd: int | None = None) -> str:
-        """The command with its state trap (sessions: into the open file `state_fd`, as
-        neither a sandbox nor a `run_as` user can open the worker's spill directory) and
-        its limit lines in front."""
-        command = self.call.command
-        if state_fd is not None:
-            command = session_state.wrap_command(command, fd=state_fd)
-        return join + sandbox.ulimit_line(self.settings) + command
+    def command(self, join: str = "") -> str:
+        """The command with its limit lines in front (the state capture comes in through
+        BASH_ENV: `session_state`)."""
+        return join + sandbox.ulimit_line(self.settings) + self.call.command
 
     def start(self, stdout: int, stderr: int) -> procs.Process:
         """Start bash writing to `stdout` and `stderr`; OSError when it cannot start."""
         state_fd = None
-        if self.state_path is not None:
-            flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
-            state_fd = os.open(self.state_path, flags, 0o600)
-        try:
-            if self.sandboxed:
-                return self._sandboxed(stdout, stderr, state_fd)
-            return self._plain(stdout, stderr, state_fd)
-        finally:
-            if state_fd is not None:
-                os.close(state_fd)
+        if self.capture:
+            # The sandbox gives the descriptor a fixed number; a plain spawn keeps ours.
+            self.state = session_state.StateCapture(
+                launcher.STATE_FD if self.sandboxed else None
+            )
+            self.child.env["BASH_ENV"] = self.state.bash_env
+            state_fd = self.state.fd
+        if self.sandboxed:
+            return self._sandboxed(stdout, stderr, state_fd)
+        return self._plain(stdout, stderr, state_fd)
+
+    def recorded_state(self) -> bytes | None:
+        """What the call's state capture recorded (None: it captured nothing)."""
+        return self.state.recorded() if self.state is not None else None
 
     def _plain(self, stdout: int, stderr: int, state_fd: int | None) -> procs.Process:
         self.groups = sandbox.group_pool(self.settings)
         if self.groups is not None and self.group is None:
             self.group = self.groups.acquire()
         fds = self.group.procs_fds() if self.group is not None else []
-        command = self.command(cgroups.join_line(fds), state_fd)
+        command = self.command(cgroups.join_line(fds))
         passed = [*fds, *([state_fd] if state_fd is not None else [])]
         user = self.user
 
@@ -395,7 +403,7 @@ class _Launch:
 
     def _sandboxed(self, stdout: int, stderr: int, state_fd: int | None) -> procs.Process:
         null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
-        command = self.command(state_fd=launcher.STATE_FD if state_fd is not None else None)
+        command = self.command()
 
         def spawn(executable: str | None) -> procs.Process:
             return sandbox.spawn(
@@ -421,10 +429,14 @@ class _Launch:
         return self.group.hits() if self.group is not None else ()
 
     def release(self) -> None:
-        """Give the call's own cgroup (`none`) back, once the call ended."""
+        """Give the call's own cgroup (`none`) back and drop its state capture, once the
+        call ended."""
         if self.group is not None and self.groups is not None:
             self.groups.release(self.group)
         self.group = None
+        if self.state is not None:
+            self.state.close()
+            self.state = None
 
 
 def _spawn_piped(launch: _Launch, reason: str) -> tuple[procs.Process, _Pipes]:
@@ -485,7 +497,7 @@ def _exit_fd(proc: procs.Process) -> tuple[int, bool]:
     return os.pidfd_open(proc.pid), True
 
 
-Outcome = Literal["exited", "timeout", "cancel", "output"]
+Outcome = Literal["exited", "timeout", "cancel", "output", "detach"]
 
 
 def _wait(
@@ -496,11 +508,13 @@ def _wait(
     on_running: RunningHook | None = None,
     *,
     over_cap: Callable[[], bool] | None = None,
+    detach: DetachHook | None = None,
 ) -> Outcome:
     """Follow the output until the process exits; return why the wait ended.
 
     `on_running` is called once, at the first wake-up that finds the process running;
-    `over_cap()` says when the call wrote more than it may (checked at each wake-up).
+    `over_cap()` says when the call wrote more than it may (checked at each wake-up);
+    `detach()` at every wake-up after the first (a stat of a flag file: ~2 us a time).
     """
     deadline = time.monotonic() + timeout_s
     fd, owned = _exit_fd(proc)
@@ -519,6 +533,8 @@ def _wait(
             if on_running is not None:
                 on_running()
                 on_running = None
+            elif detach is not None and detach():
+                return "detach"
             for followed in files:
                 followed.catch_up(FOLLOW_BUDGET)
             if over_cap is not None and over_cap():
@@ -551,6 +567,7 @@ def _run_foreground(
     cancel: threading.Event | None,
     started: float,
     on_running: RunningHook | None = None,
+    detach: DetachHook | None = None,
 ) -> CallResult:
     marker = call.call_id
     user = _user(settings)
@@ -563,8 +580,10 @@ def _run_foreground(
         streams = _open_streams(call, settings)
     except OSError as exc:
         raise CallError("spawn_failed", f"spill directory unusable: {exc}") from exc
-    state_path = settings.spill_dir / f"{call.call_id}.state" if call.capture_state else None
-    launch = _Launch(call, cwd, child, settings, choice, user, state_path)
+    # bash's $PWD is the cwd as asked (not the worker's, nor the physical path), so a
+    # command that does not `cd` ends where it started, symlinks included.
+    child.env["PWD"] = cwd
+    launch = _Launch(call, cwd, child, settings, choice, user, call.capture_state)
     pipes: _Pipes | None = None
     problem = spill_problem(settings)
     try:
@@ -572,17 +591,18 @@ def _run_foreground(
             raise _NoSpillError(problem)
         proc = _spawn(launch, streams)
     except _NoSpillError as exc:
-        # Never lose the call for want of disk: keep its output in bounded memory (and
-        # its state: the directory it would go to is the one that is unusable).
-        launch.state_path = None
+        # Never lose the call for want of disk: keep its output in bounded memory.
+        launch.release()  # a capture the spill attempt armed is armed again
         proc, pipes = _spawn_piped(launch, str(exc))
     files = streams.followers() if pipes is None else []
     timeout_s = call.timeout_s if call.timeout_s is not None else call.policy.default_timeout_s
     try:
         if on_spawn is not None:
             on_spawn(proc.pid, proc.pid, marker)
+        # Output kept in memory has no file to go on into: such a call cannot detach.
         outcome = _wait(proc, files, timeout_s, cancel, on_running,
-                        over_cap=_cap_check(settings, files, pipes))
+                        over_cap=_cap_check(settings, files, pipes),
+                        detach=detach if pipes is None else None)
     except BaseException:
         # The hook failed (or we were interrupted) while the command runs: nobody would
         # ever watch or kill it, so end it before the error goes on.
@@ -592,13 +612,15 @@ def _run_foreground(
         raise
     result = _Outcome(call, settings, streams, files, secrets, cwd, started, pipes)
     if outcome == "exited":
-        return _finished(result, proc, launch, state_path=state_path, started_with=child.env)
+        return _finished(result, proc, launch, started_with=child.env)
     # With output in memory there is no file to keep running into: kill instead.
-    if outcome == "timeout" and call.policy.on_timeout == "background" and pipes is None:
+    if outcome == "detach" or (
+        outcome == "timeout" and call.policy.on_timeout == "background" and pipes is None
+    ):
         record = jobs.adopt_foreground(
             call, proc, streams.stdout, streams.stderr, cwd, settings, on_end=launch.release,
         )
-        return result.backgrounded(record, proc.pid)
+        return result.backgrounded(record, proc.pid, timed_out=outcome == "timeout")
     # What the call was doing when its time ran out, for the notice, before killing it.
     doing = procs.describe(procs.find_call_processes(proc.pid, marker))
     survivors = procs.terminate(
@@ -629,11 +651,11 @@ def _reap(proc: procs.Process) -> int:
 
 
 def _finished(
-    result: _Outcome, proc: procs.Process, launch: _Launch, *, state_path: Path | None,
-    started_with: dict[str, str],
+    result: _Outcome, proc: procs.Process, launch: _Launch, *, started_with: dict[str, str],
 ) -> CallResult:
     returncode = proc.wait()
     hits = launch.hits(proc)
+    recorded = launch.recorded_state()
     launch.release()
     if result.pipes is not None:
         result.pipes.drained()
@@ -641,18 +663,13 @@ def _finished(
         # Its runner stopped it for writing too much before our next look did.
         return result.killed(returncode, [], (), reason="output")
     finished = result.finished(returncode, hits)
-    return finished if state_path is None else _with_state(finished, state_path, started_with)
+    return finished if recorded is None else _with_state(finished, recorded, started_with)
 
 
-def _with_state(result: CallResult, state_path: Path, started_with: dict[str, str]) -> CallResult:
-    """Add the cwd and environment changes the command ended with, then drop the file."""
-    try:
-        data = state_path.read_bytes()
-    except OSError:
-        return result  # the command replaced the shell or set its own EXIT trap
-    finally:
-        state_path.unlink(missing_ok=True)
-    final = session_state.parse_state(data, started_with)
+def _with_state(result: CallResult, recorded: bytes, started_with: dict[str, str]) -> CallResult:
+    """Add the cwd and environment changes the command ended with (nothing recorded: the
+    command replaced the shell, or set its own EXIT trap)."""
+    final = session_state.parse_state(recorded, started_with)
     if final is None:
         return result
     return result.model_copy(
@@ -795,11 +812,11 @@ class _Outcome:
         text = getattr(result, field)
         return result.model_copy(update={field: text + notice, "limit_hit": "output"})
 
-    def backgrounded(self, record: JobRecord, pid: int) -> CallResult:
+    def backgrounded(self, record: JobRecord, pid: int, *, timed_out: bool) -> CallResult:
         alive = procs.find_call_processes(record.pgid, record.marker)
         return self._result(
             keep_files=True,
-            timed_out=True,
+            timed_out=timed_out,
             backgrounded=True,
             job=jobs.handle(record),
             processes=procs.describe(alive),

@@ -1,7 +1,9 @@
 """The host's record of its running foreground calls: one small JSON file per call.
 
 `<state_dir>/running/<call_id>.json` (pid, process group, marker, start time) is
-written once the call has run 50 ms (most calls end sooner) and removed when it ends.
+written once the call has run 50 ms (most calls end sooner) and removed when it ends;
+`<call_id>.detach`, written by the control consumer, asks the engine running the call
+(another process) to leave it running as a background job.
 A worker that starts after a crash kills the process groups those files name, so a
 command whose caller was told "worker lost" does not go on running behind everybody's
 back; a cancel and a stop go by them too. The files are the truth even when Redis lost
@@ -89,8 +91,21 @@ def _write_file(path: str, data: bytes) -> None:
 
 def remove(settings: Settings, call_id: str) -> None:
     """Forget a call that ended (or became a background job)."""
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(_path(settings, call_id))
+    for suffix in (".json", ".detach"):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(_path(settings, call_id, suffix))
+
+
+def request_detach(settings: Settings, call_id: str) -> None:
+    """Ask the call's engine to leave it running as a background job (its flag file,
+    `<call_id>.detach`, which the engine looks for at each wake-up)."""
+    directory(settings).mkdir(parents=True, exist_ok=True, mode=0o700)
+    _write_file(_path(settings, call_id, ".detach"), b"")
+
+
+def detach_requested(settings: Settings, call_id: str) -> bool:
+    """True once `request_detach` was called for the call (one stat)."""
+    return os.path.exists(_path(settings, call_id, ".detach"))
 
 
 def load(settings: Settings, call_id: str) -> RunningCall | None:

@@ -30,6 +30,8 @@ from worker.wire.control import (
     CancelRequest,
     CancelResult,
     CheckRequest,
+    DetachRequest,
+    DetachResult,
     JobList,
     JobsRequest,
     KillRequest,
@@ -230,6 +232,27 @@ def cancel(rt: Runtime, request: CancelRequest, admin: bool = False) -> CancelRe
     return CancelResult(
         cancelled=True, state=CallState.CANCELLING, survivors=tuple(survivors)
     )
+
+
+def detach(rt: Runtime, request: DetachRequest, admin: bool = False) -> DetachResult:
+    """Ask the engine running a foreground call to leave it running as a job.
+
+    Only a call whose process is recorded on this host's disk (it has run 50 ms) can
+    be asked: the flag is its `running/<call_id>.detach` file, which the call's exec task
+    removes with the record when the call ends. If the record is gone once the flag is
+    written, the call ended meanwhile and the flag goes too.
+    """
+    owner = registry.call_owner(rt.redis, request.call_id)
+    if owner is None or (owner != request.owner and not admin):
+        raise jobs.JobError("not_found", f"no such call: {request.call_id}")
+    state = registry.call_state(rt.redis, request.call_id)
+    if state != CallState.RUNNING or running.load(rt.settings, request.call_id) is None:
+        return DetachResult(detached=False, state=state)
+    running.request_detach(rt.settings, request.call_id)
+    if running.load(rt.settings, request.call_id) is None:
+        running.remove(rt.settings, request.call_id)
+        return DetachResult(detached=False, state=CallState.DONE)
+    return DetachResult(detached=True, state=state)
 
 
 def list_jobs(rt: Runtime, request: JobsRequest, admin: bool = False) -> JobList:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Protocol
 
 from worker.engine import jobs, procs, running
 from worker.engine.running import ORPHAN_GRACE_S, RunningCall
@@ -154,6 +155,16 @@ def sync_job(client: Redis, record: JobRecord) -> bool:
     return alive
 
 
+class JobListener(Protocol):
+    """Told of background jobs' starts and ends (`worker.fleet.flower.JobEvents`)."""
+
+    def started(self, record: JobRecord) -> None:
+        """A job runs (first seen running by this watcher)."""
+
+    def ended(self, record: JobRecord, status: JobStatus | None) -> None:
+        """A job the listener was told of ended."""
+
+
 class JobWatcher:
     """Keeps Redis in step with this host's background jobs (run by the supervisor).
 
@@ -162,11 +173,16 @@ class JobWatcher:
     pass, so their end shows in listings without anybody checking them.
     """
 
-    def __init__(self, settings: Settings, client: Redis) -> None:
+    def __init__(
+        self, settings: Settings, client: Redis, listener: JobListener | None = None
+    ) -> None:
         self.settings = settings
         self.client = client
         self._ended: set[str] = set()
         self._seen: set[str] = set()
+        self._listener = listener
+        self._announced: set[str] = set()  # told to the listener as running
+        self._since = time.time()
 
     def republish_all(self) -> None:
         """Publish every job again at the next pass, ended ones too (Redis lost them).
@@ -204,6 +220,23 @@ class JobWatcher:
                     continue
             if sync_job(self.client, record):
                 live += 1
+                self._announce(record, running=True)
             else:
                 self._ended.add(job_id)
+                self._announce(record, running=False)
         return live
+
+    def _announce(self, record: JobRecord, *, running: bool) -> None:
+        """Tell the listener (Flower's view) of a job's start, once, and of its end: for
+        a job it saw running, or one that started (and ended) since this watcher did."""
+        listener = self._listener
+        if listener is None:
+            return
+        seen = record.id in self._announced
+        if not seen and (running or record.started_at >= self._since):
+            listener.started(record)
+            self._announced.add(record.id)
+            seen = True
+        if not running and seen:
+            listener.ended(record, jobs.read_status(record))
+            self._announced.discard(record.id)

@@ -192,6 +192,11 @@ def call_owner(client: Redis, call_id: str) -> str | None:
     return None if fields[0] is None else (fields[1] or "")
 
 
+def call_state(client: Redis, call_id: str) -> str | None:
+    """A call's state (None: no such call)."""
+    return cast("str | None", client.hget(names.call_key(call_id), "state"))
+
+
 def update_call(client: Redis, call_id: str, **fields: object) -> str | None:
     """Set fields of a call record (pid, pgid, marker, spill...) without a transition.
 

@@ -11,9 +11,9 @@
 3. starts two consumer processes in its process group, each a Celery worker with a
    threads pool: `exec@<host>` on the command queues (`--concurrency` slots) and
    `ctl@<host>` on the control queue, so control calls never wait for a slot;
-4. renews the heartbeat every second and keeps Redis in step with its jobs, restarts
-   a consumer that crashed (killing the calls it ran), and on SIGTERM / SIGINT
-   stops: running calls are killed and answered with a note, the lock released.
+4. renews the heartbeat every second and keeps Redis (and Flower) in step with its
+   jobs, restarts a consumer that crashed (killing the calls it ran), and on SIGTERM /
+   SIGINT stops: running calls are killed and answered with a note, the lock released.
 
 `python -m worker.fleet.supervisor --host H --concurrency N [--label L]` runs it too; each
 consumer is `python -m worker.fleet.consumer` (`worker.fleet.consumer`).
@@ -45,8 +45,8 @@ from pydantic_settings import NoDecode
 
 from worker.engine import procs, running, sandbox
 from worker.engine.environment import DEFAULT_DENY, is_secret_name
-from worker.fleet import logs, recovery, registry
-from worker.fleet.connect import redis_client
+from worker.fleet import flower, logs, recovery, registry
+from worker.fleet.connect import client_celery, redis_client
 from worker.settings import (
     SECRET_FIELDS,
     SECRETS_FD_VAR,
@@ -258,6 +258,7 @@ class HostSupervisor:
             print(f"bashfleet worker: {refusal}", file=sys.stderr)
             return EXIT_HOST_TAKEN
         previous = self._install_signals()
+        job_events: flower.JobEvents | None = None
         ticker = threading.Thread(
             target=self._heartbeat_loop, name="bashfleet-heartbeat", daemon=True
         )
@@ -268,7 +269,8 @@ class HostSupervisor:
                 self.settings, self.redis, reason="a previous worker instance that died"
             )
             registry.reset_running(self.redis, self.host)
-            watcher = recovery.JobWatcher(self.settings, self.redis)
+            job_events = flower.JobEvents(client_celery(self.url), self.host)
+            watcher = recovery.JobWatcher(self.settings, self.redis, job_events)
             self._sync(watcher)
             for role in ROLES:
                 self._start_child(role)
@@ -281,6 +283,8 @@ class HostSupervisor:
         finally:
             self.stopping.set()
             self._shutdown()
+            if job_events is not None:
+                job_events.close()
             self._restore_signals(previous)
         return self.exit_code
 

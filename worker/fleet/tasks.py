@@ -30,7 +30,7 @@ from pydantic import ValidationError
 from worker.engine import procs, running
 from worker.engine.call import RunningHook, SpawnHook, run_call
 from worker.engine.jobs import load_record
-from worker.fleet import control, registry
+from worker.fleet import control, flower, registry
 from worker.fleet.app import app
 from worker.fleet.connect import redis_client
 from worker.fleet.control import Runtime
@@ -84,6 +84,8 @@ class Answer:
     channel: str | None
     key: str | None = None
     sent: bool = False
+    call: Call | None = None
+    """The call, once its message was read (what Flower's view of it needs)."""
 
     def reply(self, payload: str) -> registry.Reply:
         """The answer to deliver, sealed: a client trusts no answer it cannot verify."""
@@ -191,6 +193,8 @@ def run_exec(
             extra={"call_id": call_id[:64], "error_kind": "invalid"},
         )
         return _failed(call_id, host, "invalid", f"invalid call: {message}")
+    if answer is not None:
+        answer.call = call
     state = registry.claim_call(
         rt.redis, call.call_id, host, rt.instance, os.getpid(),
         nonce=nonce.value if nonce else None, nonce_ttl_s=nonce.ttl_s if nonce else 0.0,
@@ -206,6 +210,7 @@ def run_exec(
         result = run_call(
             call, settings=rt.settings, on_spawn=_spawn_hook(spawned),
             on_running=_running_hook(rt, call, spawned),
+            detach=lambda: spawned.on_disk and running.detach_requested(rt.settings, call.call_id),
         )
     except Exception as exc:  # an engine bug must still answer the caller
         log.exception("call %s failed inside the worker", call.call_id,
@@ -389,7 +394,10 @@ def _finish(
         return result
     note = _END_NOTES.get(CallState(previous)) if previous in tuple(CallState) else None
     if note is not None and result.error is None:
-        result = result.model_copy(update={"error": SystemError_(kind="internal", message=note)})
+        result = result.model_copy(update={
+            "error": SystemError_(kind="internal", message=note),
+            "cancelled": previous == CallState.CANCELLING,
+        })
     return result
 
 
@@ -417,6 +425,9 @@ def exec_message(*args: Any) -> str:
     """The exec task as Celery runs it: verify, run, answer (once, whatever happens).
 
     The nonce of a signed call is recorded with its claim (one round trip for both).
+    Once answered, a call whose command failed raises `CallFailed` with the reason, so
+    Flower shows it as a failure (`worker.fleet.flower`); its end event carries the cwd
+    it ran in and its job.
     """
     rt = runtime()
     answer = _current_answer(rt)
@@ -432,7 +443,19 @@ def exec_message(*args: Any) -> str:
         result = _failed(answer.task_id, rt.settings.host, "internal", f"worker error: {exc!r}")
     if not answer.sent:  # the finish script delivered it, most often
         _deliver(rt, answer, result.model_dump_json())
+    reason = _report(answer.task_id, answer.call, result)
+    if reason is not None:
+        raise flower.CallFailed(reason)
     return outcome(result)
+
+
+def _report(task_id: str, call: Call | None, result: CallResult) -> str | None:
+    """Flower's view of a finished call: its final arguments; why it failed, if it did."""
+    if call is None:
+        return flower.failure_reason(result, 0.0)
+    flower.set_final_args(task_id, flower.call_args(call, result))
+    timeout = call.timeout_s if call.timeout_s is not None else call.policy.default_timeout_s
+    return flower.failure_reason(result, timeout)
 
 
 # ----------------------------------------------------------------------------- control
@@ -443,11 +466,14 @@ HANDLERS: dict[str, Callable[[Runtime, Any, bool], Model]] = {
     Task.KILL: control.kill,
     Task.READ_OUTPUT: control.read_output,
     Task.CANCEL: control.cancel,
+    Task.DETACH: control.detach,
     Task.JOBS: control.list_jobs,
 }
 
 #: Fields of a control response worth a log line (never output, never paths of it).
-_LOGGED_FIELDS = ("running", "exit_code", "signal", "cancelled", "state", "survivors")
+_LOGGED_FIELDS = (
+    "running", "exit_code", "signal", "cancelled", "detached", "state", "survivors",
+)
 
 
 def _request(task: str, args: tuple[Any, ...]) -> ControlRequest:
@@ -492,7 +518,9 @@ def _error_reply(exc: ToolError) -> ControlReply:
 
 
 #: Control calls that get a log line, and the id field each is about.
-_LOGGED_SUBJECTS = {Task.CHECK: "job_id", Task.KILL: "job_id", Task.CANCEL: "call_id"}
+_LOGGED_SUBJECTS = {
+    Task.CHECK: "job_id", Task.KILL: "job_id", Task.CANCEL: "call_id", Task.DETACH: "call_id",
+}
 
 
 def _log_control(task: str, request: ControlRequest | None, reply: ControlReply) -> None:
@@ -535,5 +563,7 @@ def _control_task(task: str) -> Callable[..., str]:
 # Registered apart from their definitions so the functions keep their types (Celery's
 # decorator is untyped) and stay callable directly in tests. No result is stored
 # (`task_ignore_result` in the wire config): the answer is the reply.
-exec_task = app.task(name=Task.EXEC)(exec_message)
+exec_task = app.task(
+    name=Task.EXEC, Request=flower.CallRequest, throws=(flower.CallFailed,)
+)(exec_message)
 control_tasks = {task: app.task(name=task)(_control_task(task)) for task in HANDLERS}

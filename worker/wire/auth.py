@@ -134,7 +134,7 @@ UNSEALED = "-"
 #: What a sealed value is for: a task's answer, a session's state, a session's host pin.
 REPLY = "reply"
 SESSION_STATE = "session-state"
-SESSION_PIN = "session-pin"
+SHELL = "shell"
 
 
 def _seal_mac(key: str, purpose: str, name: str, value: str) -> str:

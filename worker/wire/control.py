@@ -9,6 +9,7 @@ an `error` whose kind the client raises as a typed exception.
     KillRequest       -> CheckResult    end a job; its final state
     ReadOutputRequest -> OutputChunk    a slice of a job's or a call's kept output
     CancelRequest     -> CancelResult   kill a running foreground call
+    DetachRequest     -> DetachResult   leave a running foreground call running as a job
     JobsRequest       -> JobList        the host's background jobs
 """
 
@@ -124,6 +125,27 @@ class CancelRequest(ControlRequest):
     """The call's id."""
 
 
+class DetachResult(Model):
+    """What asking a foreground call to go on as a background job did."""
+
+    detached: bool
+    """True when the call was running and was asked to go on as a job: its own answer
+    (`CallResult.job`) then names the job."""
+    state: str | None = None
+    """The call's state when the request arrived."""
+
+
+class DetachRequest(ControlRequest):
+    """Leave a running foreground call running as a background job; its exec task then
+    answers with the job (as an auto-background timeout would)."""
+
+    task: ClassVar[Task] = Task.DETACH
+    response: ClassVar[type[Model]] = DetachResult
+
+    call_id: str
+    """The call's id."""
+
+
 class JobList(Model):
     """A host's background jobs, oldest first."""
 
@@ -144,7 +166,9 @@ class JobsRequest(ControlRequest):
 #: Every control request by task name (what the worker validates a message against).
 REQUESTS: dict[str, type[ControlRequest]] = {
     cls.task: cls
-    for cls in (CheckRequest, KillRequest, ReadOutputRequest, CancelRequest, JobsRequest)
+    for cls in (
+        CheckRequest, KillRequest, ReadOutputRequest, CancelRequest, DetachRequest, JobsRequest,
+    )
 }
 
 

@@ -215,6 +215,8 @@ class Call(Model):
     """Whether a sandboxed call may reach the network. None: yes for `process` and
     `none`, the host's `sandbox_network` for `strict`. Refused (`invalid`) when asking for
     more than the host grants."""
+    session: str | None = Field(None, max_length=64)
+    """The session the call runs in, for logs and Flower (the client fills in its state)."""
 
     @field_validator("command")
     @classmethod
@@ -275,9 +277,14 @@ class RunRequest(Model):
     timeout: float | None = None
     """Seconds before the policy's timeout action; None: the mode's or policy's default."""
     cwd: str | None = None
-    """Working directory on the host; None: the worker's home."""
+    """Working directory on the host; None: the session's, else `default_cwd`, else the
+    worker's home."""
+    default_cwd: str | None = None
+    """Working directory when neither `cwd` nor the session's shell gives one (where a
+    fresh session starts)."""
     session: str | None = None
-    """Session id: pins the host of its first call for its later calls."""
+    """Session id: the call runs in the session's shell (its pinned host, cwd and
+    variables) and what it changes there holds for the session's next call."""
     policy: Policy | None = None
     """The dialect's policy; None: the native one."""
     env: dict[str, str] = Field(default_factory=dict)

@@ -25,8 +25,10 @@ Keys (prefix `bashfleet:`; every key has a TTL or an owner that deletes it):
 - `bashfleet:jobs:<host>` (zset): job ids of a host -> start time, for listings.
   TTL JOB_TTL_S, renewed with its jobs and by the heartbeat; members whose job hash
   expired are pruned when listed.
-- `bashfleet:session:<session>` (string): the host a session's calls are pinned to.
-  TTL SESSION_TTL_S (1 day), renewed by each call of the session.
+- `bashfleet:shell:<session>` (string): a session's shell (ShellState JSON: pinned host,
+  cwd, exported and unset variables), shared by every caller of the session (CLI
+  `--session`, `Fleet.run(session=)`, native's `session` argument, claude's FR-009, each
+  MCP server's own session). TTL SESSION_TTL_S (1 day), renewed by each call.
 - `bashfleet:session-state:<session>` (string): what a dialect carries between the
   calls of one agent session (SessionState JSON). TTL SESSION_TTL_S, renewed by saves.
 - `bashfleet:nonce:<nonce>` (string): a signed message's nonce, seen once (replays are
@@ -63,7 +65,7 @@ JOB_TTL_S = 7 * 24 * 3600
 #: A stored reply: only for a caller that missed its publish, which reads it within
 #: seconds; an hour leaves room for a long pause (a laptop asleep) and no more.
 REPLY_TTL_S = 3600
-#: Life of a session's host pin and state after its last call.
+#: Life of a session's shell and dialect state after its last call.
 SESSION_TTL_S = 24 * 3600
 
 
@@ -109,6 +111,7 @@ class Task(StrEnum):
     KILL = "bashfleet.kill"
     READ_OUTPUT = "bashfleet.read_output"
     CANCEL = "bashfleet.cancel"
+    DETACH = "bashfleet.detach"
     JOBS = "bashfleet.jobs"
 
 
@@ -211,9 +214,9 @@ def jobs_key(host: str) -> str:
     return f"{PREFIX}jobs:{host}"
 
 
-def session_key(session: str) -> str:
-    """Host a session's calls are pinned to (string)."""
-    return f"{PREFIX}session:{session}"
+def shell_key(session: str) -> str:
+    """A session's shell: pinned host, cwd, variables (string: ShellState JSON)."""
+    return f"{PREFIX}shell:{session}"
 
 
 def session_state_key(session: str) -> str:

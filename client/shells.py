@@ -1,0 +1,141 @@
+"""Shell sessions: the cwd and environment a named session carries between its calls.
+
+Pure (no Redis): what a session's state is, how it fills a call, and what a finished
+call changes in it. The state lives in Redis (`client.sessions.ShellStore`, key
+`bashfleet:shell:<id>`) so every caller shares it: `bashfleet run --session S`,
+`Fleet.run(..., session=S)`, the native dialect's `session` argument, the claude
+dialect's FR-009 persistence and every MCP server's own session.
+
+    shell = store.load("s1")                       # host pin, cwd, env, unset names
+    result = fleet.execute(fill_request(shell, request))
+    store.commit("s1", change_of(result))          # atomically, onto the stored state
+
+A call's effect is stored as a *change*, never as the state it saw: the directory it
+`cd`-ed into (only if it changed directory: its final `$PWD` differs from the one it
+started in), the variables it exported or changed, the ones it unset. So two calls of
+one session that run at once both count, whichever ends last: a slow call that did not
+`cd` leaves a quick one's `cd` alone. Two calls that both `cd` end where the later one
+went, as two shells writing one file would.
+
+Variables that make bash run code (BASH_ENV, LD_PRELOAD, BASH_FUNC_*...) are never
+carried: a command that exported one does not get it into the next call (which the
+worker would refuse, failing every later call of the session).
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from worker.wire.models import CallResult, RunRequest, runs_code
+
+__all__ = [
+    "ShellChange",
+    "ShellState",
+    "apply_change",
+    "carryable",
+    "change_of",
+    "fill_request",
+]
+
+#: Names a session never carries besides those that make bash or the loader run code
+#: (`runs_code`, which the worker refuses in `Call.env`: a session drops them instead):
+#: ones that change how a later command line is read, and the fleet's own.
+_NOT_CARRIED = frozenset({"BASH_XTRACEFD", "CDPATH", "GLOBIGNORE"})
+
+
+def carryable(name: str) -> bool:
+    """True when a variable may travel from one call of a session to the next."""
+    return (
+        bool(name) and "=" not in name and not runs_code(name)
+        and name not in _NOT_CARRIED and not name.startswith("BASHFLEET_")
+    )
+
+
+class ShellState(BaseModel):
+    """A session's shell as stored: where its next call runs and with what environment."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    host: str | None = None
+    """Host the session's calls are pinned to (its cwd and files are there)."""
+    cwd: str | None = None
+    """Directory the session's next call starts in (None: the worker's home)."""
+    env: dict[str, str] = Field(default_factory=dict)
+    """Variables its calls exported or changed."""
+    unset_env: tuple[str, ...] = ()
+    """Variables its calls unset: kept out of later calls, the worker's own included."""
+
+
+class ShellChange(BaseModel):
+    """What one call changed in its session's shell."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    host: str | None = None
+    """Host the call ran on: pins a session that has no pin yet."""
+    cwd: str | None = None
+    """Directory the call changed into; None: it did not change directory."""
+    env: dict[str, str] = Field(default_factory=dict)
+    """Variables it exported or changed."""
+    unset_env: tuple[str, ...] = ()
+    """Variables it unset."""
+    force_host: bool = False
+    """The host replaces an existing pin (a server's `--host`), not only an empty one."""
+
+    def __bool__(self) -> bool:
+        return bool(self.host or self.cwd or self.env or self.unset_env)
+
+
+def fill_request(shell: ShellState, request: RunRequest) -> RunRequest:
+    """The request as the session runs it: its host, cwd and environment filled in.
+
+    What the request says itself wins: an explicit host, label, cwd or variable; its
+    `default_cwd` holds only while the shell has no cwd of its own. A foreground call
+    asks the worker for the state it ends in (`capture_state`); a background job ends
+    after later calls ran, so it cannot say.
+    """
+    env = {**shell.env, **request.env}
+    unset = tuple(dict.fromkeys(
+        name for name in (*shell.unset_env, *request.unset_env) if name not in env
+    ))
+    pinned = request.host is None and request.label is None
+    return request.model_copy(update={
+        "host": shell.host if pinned else request.host,
+        "cwd": request.cwd or shell.cwd or request.default_cwd,
+        "env": env,
+        "unset_env": unset,
+        "capture_state": request.capture_state or request.mode != "background",
+    })
+
+
+def change_of(result: CallResult) -> ShellChange:
+    """What a finished call changed in its session (nothing, for a call that never ran)."""
+    host = result.host or None
+    moved = result.cwd_after if result.cwd_after and result.cwd_after != result.cwd else None
+    return ShellChange(
+        host=host,
+        cwd=moved,
+        env={name: value for name, value in result.env_changes.items() if carryable(name)},
+        unset_env=tuple(name for name in result.env_removed if carryable(name)),
+    )
+
+
+def apply_change(shell: ShellState, change: ShellChange) -> ShellState:
+    """The session after a call: its change laid onto the state stored now.
+
+    A change made on another host than the pinned one does not move the pinned
+    session's cwd (that directory is on the other machine); its variables still count.
+    """
+    host = shell.host
+    if change.host is not None and (host is None or change.force_host):
+        host = change.host
+    cwd = shell.cwd
+    if change.cwd is not None and (change.host is None or change.host == host):
+        cwd = change.cwd
+    env = {**shell.env, **change.env}
+    unset = [name for name in shell.unset_env if name not in change.env]
+    for name in change.unset_env:
+        env.pop(name, None)
+        if name not in unset:
+            unset.append(name)
+    return ShellState(host=host, cwd=cwd, env=env, unset_env=tuple(unset))

@@ -1,0 +1,136 @@
+"""`bashfleet mcp` driven by a client nobody here wrote: the official TypeScript SDK
+(`@modelcontextprotocol/sdk`, installed with npm), as agent harnesses built on it do.
+
+- A 75-second call completes in a client that keeps the SDK's default 60-second request
+  timeout and resets it on progress (`resetTimeoutOnProgress`): the server sends
+  progress notifications, with the last output lines, while the call runs.
+- A call the client aborts (`notifications/cancelled`) is cancelled on its host: its
+  processes are gone, its slot is free, and no job is left behind.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import shutil
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from .helpers import Cli, bashfleet_command, kill_recorded, wait_for
+
+HOST = "ts-a"
+HERE = Path(__file__).resolve().parent
+#: The SDK's major version the script is written against.
+SDK = "@modelcontextprotocol/sdk@1"
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cli]:
+    cli = Cli(tmp_path_factory.mktemp("ts-fleet"))
+    up = cli("up", "--hosts", HOST, "--no-flower", "--detach", timeout=120)
+    try:
+        assert up.returncode == 0, up.stderr + up.stdout
+        yield cli
+    finally:
+        down = cli("down", timeout=120)
+        kill_recorded(cli)
+        assert down.returncode == 0, down.stderr
+
+
+@pytest.fixture(scope="module")
+def ts_client(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A directory with the TypeScript SDK installed (npm) and the client script."""
+    node, npm = shutil.which("node"), shutil.which("npm")
+    if node is None or npm is None:
+        pytest.fail("node and npm are needed: the TypeScript SDK client is part of the suite")
+    folder = tmp_path_factory.mktemp("ts-client")
+    (folder / "package.json").write_text('{"private": true, "type": "module"}\n')
+    shutil.copy(HERE / "ts_client.mjs", folder / "ts_client.mjs")
+    installed = subprocess.run(
+        [npm, "install", "--no-audit", "--no-fund", "--loglevel=error", SDK],
+        cwd=folder, capture_output=True, text=True, timeout=300, check=False,
+    )
+    assert installed.returncode == 0, installed.stderr[-2000:]
+    return folder
+
+
+def run_client(
+    fleet: Cli, folder: Path, dialect: str, *args: str, timeout: float
+) -> dict[str, Any]:
+    """Run the TypeScript client against `bashfleet mcp --dialect D`; its JSON report."""
+    session = f"ts-{dialect}-{uuid.uuid4().hex[:10]}"
+    server = [*bashfleet_command(), "mcp", "--dialect", dialect, "--session", session]
+    env = {**fleet.env, "BASHFLEET_SERVER_COMMAND": json.dumps(server)}
+    done = subprocess.run(
+        ["node", "ts_client.mjs", *args], cwd=folder, env=env, capture_output=True, text=True,
+        timeout=timeout, check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    report: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return report
+
+
+def processes_running(argv: list[str]) -> list[int]:
+    """Pids of live processes whose command line is exactly `argv`."""
+    found = []
+    for proc in psutil.process_iter(["cmdline", "status"]):
+        if proc.info["cmdline"] == argv and proc.info["status"] != psutil.STATUS_ZOMBIE:
+            found.append(proc.pid)
+    return found
+
+
+def busy_slots(fleet: Cli) -> int:
+    hosts = json.loads(fleet("hosts", "--json").stdout)
+    return sum(host["busy"] for host in hosts if host["host"] == HOST)
+
+
+def test_a_75_second_call_completes_in_a_client_that_resets_its_timeout_on_progress(
+    fleet: Cli, ts_client: Path
+) -> None:
+    """Issue #13, point 1: the pipe dialect's `sleep 75` (its timeout is 120 s) used to fail
+    at 60 s with `MCP error -32001: Request timed out`. (The one slow test of the suite.)"""
+    command = "for i in $(seq 1 15); do echo tick $i; sleep 5; done; echo finished"
+    report = run_client(fleet, ts_client, "pipe", "long", "bash",
+                        json.dumps({"command": command}), timeout=150)
+    result = report["result"]
+    assert result.get("isError") is not True, result
+    text = result["content"][0]["text"]
+    assert text.startswith("stdout:\ntick 1\n") and "\ntick 15\nfinished\n" in text, text
+    assert text.endswith("\n\nexit code: 0"), text
+    assert report["seconds"] >= 75
+    progress = report["progress"]
+    # Every few seconds, never near the 60 s the SDK would wait without one.
+    assert len(progress) >= 12, progress
+    moments = [0.0] + [note["at"] for note in progress] + [report["seconds"]]
+    assert max(b - a for a, b in itertools.pairwise(moments)) < 15
+    assert [note["progress"] for note in progress] == sorted(note["progress"] for note in progress)
+    messages = [note.get("message", "") for note in progress]
+    assert any("last output:\ntick " in message for message in messages), messages
+
+
+@pytest.mark.parametrize("dialect", ["pipe", "claude"])
+def test_an_aborted_call_is_cancelled_on_its_host(
+    fleet: Cli, ts_client: Path, tmp_path: Path, dialect: str
+) -> None:
+    """Issue #13, point 2: `notifications/cancelled` used to be ignored; the command ran on,
+    out of every tool's reach."""
+    marker = tmp_path / "running"
+    seconds = f"3{uuid.uuid4().int % 10**6:06d}"  # a `sleep` no other test runs
+    tool = "Bash" if dialect == "claude" else "bash"
+    arguments = {"command": f"touch {marker}; sleep {seconds}"}
+    report = run_client(fleet, ts_client, dialect, "cancel", tool, json.dumps(arguments),
+                        str(marker), timeout=90)
+    assert report["markerSeen"] is True
+    assert "the user pressed stop" in report["error"], report
+    wait_for(lambda: not processes_running(["sleep", seconds]), "the command to be killed")
+    wait_for(lambda: busy_slots(fleet) == 0, "the slot to be freed")
+    jobs = json.loads(fleet("ps", "--json").stdout)
+    assert [job for job in jobs if job["state"] == "running"] == []
+    assert os.path.exists(marker)

@@ -1,0 +1,219 @@
+"""`bashfleet run` as a person at a terminal (or a CI runner) uses it: Ctrl-C, SIGTERM, a
+timeout in a `&&` chain, stdin, and sessions that outlive the process (issue #13)."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import signal
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from .helpers import Cli, bashfleet_command, kill_recorded, wait_for
+
+HOST = "term"
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cli]:
+    cli = Cli(tmp_path_factory.mktemp("term-fleet"))
+    up = cli("up", "--hosts", HOST, "--concurrency", "4", "--no-flower", "--detach",
+             timeout=120)
+    try:
+        assert up.returncode == 0, up.stderr + up.stdout
+        yield cli
+    finally:
+        down = cli("down", timeout=120)
+        kill_recorded(cli)
+        assert down.returncode == 0, down.stderr
+
+
+class Running:
+    """`bashfleet run ...` started in the background, its streams in files."""
+
+    def __init__(self, cli: Cli, folder: Path, *args: str, stdin: Any = subprocess.DEVNULL):
+        self.out, self.err = folder / f"{uuid.uuid4().hex}.out", folder / f"{uuid.uuid4().hex}.err"
+        with self.out.open("wb") as out, self.err.open("wb") as err:
+            self.proc = subprocess.Popen([*bashfleet_command(), "run", *args], env=cli.env,
+                                         stdout=out, stderr=err, stdin=stdin)
+
+    def stdout(self) -> str:
+        return self.out.read_text()
+
+    def stderr(self) -> str:
+        return self.err.read_text()
+
+    def wait(self, timeout: float = 30) -> int:
+        try:
+            return self.proc.wait(timeout)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait(10)
+
+
+def sleeping(seconds: str) -> list[psutil.Process]:
+    """Live `sleep SECONDS` processes (each test sleeps a number of its own)."""
+    found = []
+    for proc in psutil.process_iter(["cmdline", "status"]):
+        if proc.info["cmdline"] == ["sleep", seconds] and (
+            proc.info["status"] != psutil.STATUS_ZOMBIE
+        ):
+            found.append(proc)
+    return found
+
+
+def unique_seconds() -> str:
+    return f"4{uuid.uuid4().int % 10**6:06d}"
+
+
+def busy(cli: Cli) -> int:
+    return sum(h["busy"] for h in json.loads(cli("hosts", "--json").stdout))
+
+
+def running_jobs(cli: Cli) -> list[dict[str, Any]]:
+    return [j for j in json.loads(cli("ps", "--json").stdout) if j["state"] == "running"]
+
+
+# ----------------------------------------------------------------------------- Ctrl-C
+
+
+def test_ctrl_c_cancels_the_remote_call(fleet: Cli, tmp_path: Path) -> None:
+    """Point 4: Ctrl-C used to exit 130 with no word, the command running on, unlisted,
+    its slot busy."""
+    seconds = unique_seconds()
+    run = Running(fleet, tmp_path, "--host", HOST, f"echo begin; sleep {seconds}")
+    wait_for(lambda: sleeping(seconds), "the command to run")
+    run.proc.send_signal(signal.SIGINT)
+    assert run.wait() == 130, run.stderr()
+    assert "^C: cancelling call c" in run.stderr()
+    assert "[call cancelled; its processes were killed]" in run.stderr()
+    assert run.stdout() == "begin\n"  # its output so far
+    assert sleeping(seconds) == []
+    wait_for(lambda: busy(fleet) == 0, "the slot to be freed")
+    assert running_jobs(fleet) == []
+
+
+def test_a_second_ctrl_c_leaves_it_running_as_a_job(fleet: Cli, tmp_path: Path) -> None:
+    seconds = unique_seconds()
+    run = Running(fleet, tmp_path, "--host", HOST, f"echo begin; sleep {seconds}")
+    wait_for(lambda: sleeping(seconds), "the command to run")
+    run.proc.send_signal(signal.SIGINT)
+    wait_for(lambda: "^C: cancelling" in run.stderr(), "the first Ctrl-C's notice")
+    run.proc.send_signal(signal.SIGINT)
+    assert run.wait() == 130, run.stderr()
+    notice = run.stderr().split("[job ", 1)[1]
+    job_id = notice.split()[0]
+    assert f"`bashfleet kill {job_id}`" in notice
+    assert len(sleeping(seconds)) == 1  # still running, now as a job
+    assert [j["id"] for j in running_jobs(fleet)] == [job_id]
+    killed = fleet("kill", job_id)
+    assert killed.returncode == 0
+    wait_for(lambda: sleeping(seconds) == [], "the job to end")
+    # Point 9: `ps` says which signal ended it.
+    row = next(line for line in fleet("ps").stdout.splitlines() if line.startswith(job_id))
+    assert row.split()[4] == "SIGTERM", row
+
+
+def test_sigterm_cancels_at_once(fleet: Cli, tmp_path: Path) -> None:
+    """A CI runner stopping the job stops the remote command too."""
+    seconds = unique_seconds()
+    run = Running(fleet, tmp_path, "--host", HOST, f"sleep {seconds}")
+    wait_for(lambda: sleeping(seconds), "the command to run")
+    run.proc.send_signal(signal.SIGTERM)
+    assert run.wait() == 143, run.stderr()
+    wait_for(lambda: sleeping(seconds) == [], "the command to be killed")
+    wait_for(lambda: busy(fleet) == 0, "the slot to be freed")
+
+
+# ---------------------------------------------------------------------------- timeout
+
+
+@pytest.mark.parametrize("mode", ["default", "slow"])
+def test_a_timeout_fails_the_chain(fleet: Cli, mode: str) -> None:
+    """Point 3: `run --timeout 2 'sleep 5; echo finished' && echo deploy` used to exit 0
+    and deploy; the README's 124 could never happen."""
+    command = [*bashfleet_command(), "run", "--mode", mode, "--timeout", "2",
+               "sleep 5; echo finished"]
+    chained = subprocess.run(
+        ["bash", "-c", 'exec "$@" && echo deploy', "chain", *command], env=fleet.env,
+        capture_output=True, text=True, timeout=60, check=False,
+    )
+    assert chained.returncode == 124
+    assert "deploy" not in chained.stdout and "finished" not in chained.stdout
+    assert "[timed out after 2.0s; processes killed" in chained.stderr
+    assert running_jobs(fleet) == []
+
+
+# ------------------------------------------------------------------------------ stdin
+
+
+def test_piped_stdin_is_said_to_be_lost(fleet: Cli) -> None:
+    piped = subprocess.run([*bashfleet_command(), "run", "cat; echo done"], env=fleet.env,
+                           input="data\n", capture_output=True, text=True, timeout=60,
+                           check=False)
+    assert piped.stdout == "done\n"
+    assert "warning: the command's stdin is /dev/null on its host; what is piped" in (
+        piped.stderr
+    )
+    quiet = subprocess.run([*bashfleet_command(), "run", "true"], env=fleet.env,
+                           stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                           timeout=60, check=False)
+    assert "warning" not in quiet.stderr
+
+
+def test_typing_at_the_terminal_is_said_to_be_lost(fleet: Cli, tmp_path: Path) -> None:
+    primary, secondary = pty.openpty()
+    try:
+        with os.fdopen(secondary, "rb", buffering=0, closefd=False) as terminal:
+            run = Running(fleet, tmp_path, "--json", "sleep 2; echo done",
+                          stdin=terminal)
+        wait_for(lambda: psutil.pid_exists(run.proc.pid), "the CLI to start")
+        os.write(primary, b"yes\n")  # a person answering a prompt the command never sees
+        assert run.wait() == 0, run.stderr()
+    finally:
+        os.close(primary)
+        os.close(secondary)
+    assert "warning: the command's stdin is /dev/null on its host; what you type here" in (
+        run.stderr()
+    )
+
+
+# --------------------------------------------------------------------------- sessions
+
+
+def test_a_session_lives_on_across_processes(fleet: Cli) -> None:
+    """Point 6: `run --session s 'cd /tmp; export Y=2'` then `run --session s 'pwd; echo
+    $Y'` used to print the home directory and nothing."""
+    session = f"e2e-{uuid.uuid4().hex[:8]}"
+    first = fleet("run", "--session", session, "cd /tmp; export Y=2")
+    assert first.returncode == 0, first.stderr
+    second = fleet("run", "--session", session, "pwd; echo $Y; unset Y")
+    assert second.stdout == "/tmp\n2\n"
+    third = fleet("run", "--session", session, 'echo "${Y-unset}"; pwd')
+    assert third.stdout == "unset\n/tmp\n"
+    # An explicit --cwd holds for its call only.
+    assert fleet("run", "--session", session, "--cwd", "/", "pwd").stdout == "/\n"
+    assert fleet("run", "--session", session, "pwd").stdout == "/tmp\n"
+
+
+def test_concurrent_calls_of_a_session_never_lose_a_cd(fleet: Cli, tmp_path: Path) -> None:
+    """Point 6: three calls at once in a fresh session; the quick `cd` is kept although
+    slower calls that did not `cd` end after it, and every export counts."""
+    session = f"e2e-{uuid.uuid4().hex[:8]}"
+    runs = [
+        Running(fleet, tmp_path, "--session", session, "cd /tmp; export A=1"),
+        Running(fleet, tmp_path, "--session", session, "sleep 1; export B=2"),
+        Running(fleet, tmp_path, "--session", session, "sleep 2; export C=3"),
+    ]
+    assert [run.wait() for run in runs] == [0, 0, 0], [run.stderr() for run in runs]
+    after = fleet("run", "--session", session, "pwd; echo $A$B$C")
+    assert after.stdout == "/tmp\n123\n", after.stderr
+

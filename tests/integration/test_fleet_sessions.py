@@ -1,0 +1,132 @@
+"""Sessions that live in Redis, whoever calls; a running call that goes on as a job; a
+cancelled call that says so (issue #13), through real workers."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import redis
+
+from client import Fleet, records
+from client.errors import CallRejected
+from client.redis_server import RedisServer
+from client.sessions import ShellStore
+from worker.wire import names
+from worker.wire.models import CallResult
+
+from .conftest import WorkerProcess, wait_for
+
+Hosts = tuple[WorkerProcess, WorkerProcess]
+
+
+def new_session() -> str:
+    return f"py-{uuid.uuid4().hex[:10]}"
+
+
+def test_a_session_is_shared_by_every_client(
+    two_hosts: Hosts, redis_server: RedisServer, redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    """Two clients (two processes or machines, as far as Redis can tell) share one shell:
+    its host, its cwd, its variables."""
+    session = new_session()
+    sub = tmp_path / "sub"
+    sub.mkdir()
+    with Fleet(redis_server.url) as one, Fleet(redis_server.url) as other:
+        first = one.run(f"cd {sub}; export SHARED=yes; unset HOME", session=session)
+        assert first.exit_code == 0
+        second = other.run('pwd; echo "$SHARED ${HOME-nohome}"', session=session)
+    assert second.stdout == f"{sub}\nyes nohome\n"
+    assert second.host == first.host  # pinned by its first call
+    shell = ShellStore(redis_client).load(session)
+    assert (shell.host, shell.cwd, shell.env, shell.unset_env) == (
+        first.host, str(sub), {"SHARED": "yes"}, ("HOME",)
+    )
+    assert 0 < redis_client.ttl(names.shell_key(session)) <= names.SESSION_TTL_S
+
+
+def test_concurrent_calls_of_a_session_keep_every_change(
+    two_hosts: Hosts, fleet: Fleet, tmp_path: Path
+) -> None:
+    """Issue #13: a slower call that finished later used to overwrite a quick `cd`."""
+    session = new_session()
+    fleet.run("true", session=session)  # pin it (and its cwd: the worker's home)
+    target = tmp_path / "there"
+    target.mkdir()
+    commands = [f"cd {target}"] + [f"sleep 0.{n}; export V{n}={n}" for n in range(1, 6)]
+    with ThreadPoolExecutor(len(commands)) as pool:
+        results = list(pool.map(lambda c: fleet.run(c, session=session), commands))
+    assert all(r.exit_code == 0 for r in results)
+    after = fleet.run("pwd; echo $V1$V2$V3$V4$V5", session=session)
+    assert after.stdout == f"{target}\n12345\n"
+
+
+def test_a_session_never_carries_what_makes_bash_run_code(
+    two_hosts: Hosts, fleet: Fleet, tmp_path: Path
+) -> None:
+    """Variables the worker refuses in `Call.env` are dropped, so they never break (or
+    steer) the session's next call."""
+    session = new_session()
+    hook = tmp_path / "hook.sh"
+    hook.write_text("echo hooked\n")
+    fleet.run(f"export BASH_ENV={hook} LD_PRELOAD=/nope.so PROMPT_COMMAND=x KEPT=1",
+              session=session)
+    after = fleet.run('echo "${BASH_ENV-none} ${LD_PRELOAD-none} $KEPT"', session=session)
+    assert (after.exit_code, after.stdout) == (0, "none none 1\n")
+
+
+def test_a_bad_session_id_is_refused(fleet: Fleet) -> None:
+    with pytest.raises(CallRejected, match="invalid session id"):
+        fleet.run("true", session="no spaces")
+
+
+def _in_thread(
+    fleet: Fleet, command: str, call_id: str
+) -> tuple[threading.Thread, list[CallResult]]:
+    """Run a call in a thread (as the CLI does); its thread and where its result lands."""
+    results: list[CallResult] = []
+    thread = threading.Thread(target=lambda: results.append(fleet.run(command, call_id=call_id)))
+    thread.start()
+    return thread, results
+
+
+def _running(client: redis.Redis, call_id: str) -> bool:
+    """True once the call runs and its process is recorded (it has run 50 ms)."""
+    record = records.call_record(client, call_id)
+    return record.get("state") == "running" and bool(record.get("pid"))
+
+
+def test_a_running_call_goes_on_as_a_job(
+    two_hosts: Hosts, fleet: Fleet, redis_client: redis.Redis
+) -> None:
+    """`Fleet.detach`: what a person's second Ctrl-C asks for."""
+    call_id = f"cdetach{uuid.uuid4().hex[:8]}"
+    thread, results = _in_thread(fleet, "echo before; sleep 0.3; echo after; sleep 30", call_id)
+    wait_for(lambda: _running(redis_client, call_id), 20, "the call to run")
+    assert fleet.detach(call_id) is True
+    thread.join(20)
+    [result] = results
+    assert result.backgrounded and result.job is not None and not result.timed_out
+    job = result.job
+    wait_for(lambda: "after" in fleet.check(job.id, offset=0).output, 20, "the job's output")
+    assert fleet.kill(job.id).running is False
+    assert fleet.detach(call_id) is False  # not a running call any more
+
+
+def test_a_cancelled_call_says_so(
+    two_hosts: Hosts, fleet: Fleet, redis_client: redis.Redis
+) -> None:
+    call_id = f"ccancel{uuid.uuid4().hex[:8]}"
+    thread, results = _in_thread(fleet, "echo begun; sleep 30", call_id)
+    wait_for(lambda: _running(redis_client, call_id), 20, "the call to run")
+    started = time.monotonic()
+    assert fleet.cancel(call_id) is True
+    thread.join(20)
+    [result] = results
+    assert result.cancelled and result.stdout == "begun\n"
+    assert result.error is not None and "cancelled" in result.error.message
+    assert time.monotonic() - started < 10
