@@ -12,7 +12,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from worker.engine.environment import MARKER_VAR
-from worker.engine.session_state import StateCapture, parse_state, startup_script
+from worker.engine.session_state import parse_state
+from worker.engine.startup import Startup, startup_script
 
 START = {"PATH": "/usr/bin", "HOME": "/root", "KEEP": "1", MARKER_VAR: "c1"}
 
@@ -57,8 +58,8 @@ def test_empty_state_is_unusable() -> None:
 
 def _run(
     tmp_path: Path, command: str
-) -> tuple[subprocess.CompletedProcess[str], StateCapture]:
-    state = StateCapture()
+) -> tuple[subprocess.CompletedProcess[str], Startup]:
+    state = Startup("", capture=True)
     env = {"PATH": os.environ["PATH"], "BASH_ENV": state.bash_env, "KEEP": "1"}
     done = subprocess.run(["bash", "-c", command], env=env, cwd=tmp_path, text=True,
                           capture_output=True, check=False, pass_fds=[state.fd])
@@ -68,12 +69,13 @@ def _run(
 def test_a_command_that_replaces_its_shell_records_nothing(tmp_path: Path) -> None:
     done, state = _run(tmp_path, "exec true")
     assert done.returncode == 0 and state.recorded() == b""
+    assert Startup("", capture=False).recorded() is None
     state.close()
 
 
 def test_the_script_writes_to_the_descriptor_only() -> None:
-    script = startup_script(200)
-    assert script.startswith("unset BASH_ENV\n")
+    script = startup_script("ulimit -f 8\n", 200)
+    assert script.startswith("unset BASH_ENV\nulimit -f 8\n")
     assert script.count(">&200") == 2 and ".state" not in script
 
 def test_bash_sources_the_trap_and_records_the_final_state(tmp_path: Path) -> None:
@@ -81,7 +83,7 @@ def test_bash_sources_the_trap_and_records_the_final_state(tmp_path: Path) -> No
     done, state = _run(tmp_path, "cd sub; export NEW=2; unset KEEP; exit 3")
     assert done.returncode == 3  # the command's own status
     started = {"PATH": os.environ["PATH"], "KEEP": "1", "BASH_ENV": state.bash_env}
-    final = parse_state(state.recorded(), started)
+    final = parse_state(state.recorded() or b"", started)
     assert final is not None
     assert (final.cwd, final.changes, final.removed) == (str(tmp_path / "sub"), {"NEW": "2"},
                                                          ("KEEP",))
@@ -101,7 +103,7 @@ def test_the_command_line_is_the_callers_and_nested_bash_does_not_source_it(
     cmdline, outer, inner = done.stdout.splitlines()
     assert cmdline.startswith("bash -c tr ") and "trap" not in cmdline
     assert (outer, inner) == ("none", "none")
-    final = parse_state(state.recorded(), {})
+    final = parse_state(state.recorded() or b"", {})
     assert final is not None and final.cwd == str(tmp_path)  # the nested `cd /` is not ours
 
 

@@ -40,6 +40,7 @@ from worker.engine.capture import Extras, FollowedFile, MemoryStream, Shaped, So
 from worker.engine.environment import ChildEnv, build_env, process_environ
 from worker.engine.memo import TimedMemo
 from worker.engine.secrets import redaction_pattern
+from worker.engine.startup import Startup
 from worker.settings import Settings, get_settings
 from worker.wire.errors import ToolError
 from worker.wire.models import (
@@ -341,9 +342,9 @@ class _Launch:
     choice: sandbox.Choice
     user: sandbox.User | None
     capture: bool
-    """Capture the cwd and environment the command ends with (`state`)."""
-    state: session_state.StateCapture | None = None
-    """Where the capture goes, once started (closed with the launch)."""
+    """Capture the cwd and environment the command ends with (`startup`)."""
+    startup: Startup | None = None
+    """What bash sources before the command, once started (closed with the launch)."""
     group: cgroups.Group | None = None
     """`none`: the call's own cgroup (a sandbox runner brings its own)."""
     groups: cgroups.GroupPool | None = None
@@ -353,36 +354,34 @@ class _Launch:
     def sandboxed(self) -> bool:
         return self.choice.level != "none"
 
-    def command(self, join: str = "") -> str:
-        """The command with its limit lines in front (the state capture comes in through
-        BASH_ENV: `session_state`)."""
-        return join + sandbox.ulimit_line(self.settings) + self.call.command
+    def _arm(self, engine_lines: str) -> int:
+        """Write the call's startup script (`worker.engine.startup`): the descriptor to
+        pass; BASH_ENV names it. The sandbox gives it a fixed number, a plain spawn ours."""
+        self.startup = Startup(
+            engine_lines + sandbox.ulimit_line(self.settings), capture=self.capture,
+            fd_in_child=launcher.STATE_FD if self.sandboxed else None,
+        )
+        self.child.env["BASH_ENV"] = self.startup.bash_env
+        return self.startup.fd
 
     def start(self, stdout: int, stderr: int) -> procs.Process:
         """Start bash writing to `stdout` and `stderr`; OSError when it cannot start."""
-        state_fd = None
-        if self.capture:
-            # The sandbox gives the descriptor a fixed number; a plain spawn keeps ours.
-            self.state = session_state.StateCapture(
-                launcher.STATE_FD if self.sandboxed else None
-            )
-            self.child.env["BASH_ENV"] = self.state.bash_env
-            state_fd = self.state.fd
         if self.sandboxed:
-            return self._sandboxed(stdout, stderr, state_fd)
-        return self._plain(stdout, stderr, state_fd)
+            return self._sandboxed(stdout, stderr)
+        return self._plain(stdout, stderr)
 
     def recorded_state(self) -> bytes | None:
         """What the call's state capture recorded (None: it captured nothing)."""
-        return self.state.recorded() if self.state is not None else None
+        return self.startup.recorded() if self.startup is not None else None
 
-    def _plain(self, stdout: int, stderr: int, state_fd: int | None) -> procs.Process:
+    def _plain(self, stdout: int, stderr: int) -> procs.Process:
         self.groups = sandbox.group_pool(self.settings)
         if self.groups is not None and self.group is None:
             self.group = self.groups.acquire()
         fds = self.group.procs_fds() if self.group is not None else []
-        command = self.command(cgroups.join_line(fds))
-        passed = [*fds, *([state_fd] if state_fd is not None else [])]
+        startup = self._arm(cgroups.join_line(fds))
+        command = self.call.command
+        passed = [*fds, startup]
         user = self.user
 
         def popen(executable: str | None) -> procs.Process:
@@ -401,9 +400,10 @@ class _Launch:
             for fd in fds:
                 os.close(fd)
 
-    def _sandboxed(self, stdout: int, stderr: int, state_fd: int | None) -> procs.Process:
+    def _sandboxed(self, stdout: int, stderr: int) -> procs.Process:
         null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
-        command = self.command()
+        state_fd = self._arm("")
+        command = self.call.command
 
         def spawn(executable: str | None) -> procs.Process:
             return sandbox.spawn(
@@ -434,9 +434,9 @@ class _Launch:
         if self.group is not None and self.groups is not None:
             self.groups.release(self.group)
         self.group = None
-        if self.state is not None:
-            self.state.close()
-            self.state = None
+        if self.startup is not None:
+            self.startup.close()
+            self.startup = None
 
 
 def _spawn_piped(launch: _Launch, reason: str) -> tuple[procs.Process, _Pipes]:
