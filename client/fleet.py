@@ -1,4 +1,4 @@
-"""The Python API of the fleet: `Fleet` (blocking) and `AsyncFleet` (asyncio).
+"""The Python API of the fleet: `Fleet` (blocking; `AsyncFleet`, in `client.aio`, for asyncio).
 
     fleet = Fleet()                      # BASHFLEET_REDIS_URL, else the local fleet
     result = fleet.run("make test", host="build-1")
@@ -17,11 +17,10 @@ seconds, and the command is never sent again.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator, Mapping
 from typing import Any, Literal, TypeVar
 
 import redis
@@ -29,13 +28,14 @@ from kombu.exceptions import OperationalError
 from kombu.utils.url import maybe_sanitize_url
 from pydantic import ValidationError
 
-from client import records
+from client import events, records
 from client.errors import (
     BashfleetError,
     CallRejected,
     FleetUnavailable,
     HostUnavailable,
     UnknownJob,
+    WaitTimeout,
     WorkerError,
     WorkerLost,
     error_for,
@@ -55,6 +55,7 @@ from worker.wire.control import (
     KillRequest,
     ReadOutputRequest,
 )
+from worker.wire.events import EventKind, JobEvent, event_matches
 from worker.wire.models import (
     SLOW_TIMEOUT_S,
     Call,
@@ -130,7 +131,7 @@ def build_call(request: RunRequest) -> Call:
             call_id=request.call_id or f"c{uuid.uuid4().hex[:23]}", command=request.command,
             cwd=request.cwd, timeout_s=timeout, background=request.mode == "background",
             env=request.env, unset_env=request.unset_env, capture_state=request.capture_state,
-            head=request.head, tail=request.tail,
+            head=request.head, tail=request.tail, tags=request.tags,
             **({"policy": request.policy} if request.policy is not None else {}),
         )
     except ValidationError as exc:
@@ -454,8 +455,16 @@ class Fleet:
             result = self._control(record["host"], CancelRequest(call_id=call_id), CancelResult)
             return result.cancelled
 
-    def jobs(self, host: str | None = None) -> list[JobView]:
-        """Background jobs of one host, or of every host the fleet knows; oldest first."""
+    def jobs(
+        self, host: str | None = None, *, tags: Mapping[str, str] | None = None,
+        owner: str | None = None,
+    ) -> list[JobView]:
+        """Background jobs of one host, or of every host the fleet knows; oldest first;
+        only those carrying every tag of `tags` (and of `owner`, when given)."""
+        return [view for view in self._all_jobs(host)
+                if events.job_matches(view, tags=tags, owner=owner)]
+
+    def _all_jobs(self, host: str | None) -> list[JobView]:
         with self._errors():
             hosts = [host] if host is not None else [
                 info.host for info in records.list_hosts(self._redis)
@@ -472,6 +481,59 @@ class Fleet:
                         pass  # it died meanwhile: show what Redis knows
                 views += records.list_jobs(self._redis, name)
             return sorted(views, key=lambda view: view.started_at)
+
+    def job_views(self, ids: list[str]) -> dict[str, JobView]:
+        """What Redis knows of these jobs, by id, in one round trip (no worker is asked):
+        how a dialect learns which of its jobs ended. Unknown ids are left out."""
+        with self._errors():
+            return events.job_views(self._redis, [i for i in ids if names.valid_id(i)])
+
+    def wait(self, id: str, *, timeout: float | None = None) -> JobView:
+        """Wait until a job (or the job a call started) ends; its final view.
+
+        Hears the job's `ended` event (`events`) as it is published, and reads the job's
+        record at each idle tick, so neither a missed publish nor a Redis reconnect
+        makes it miss the end. WaitTimeout after `timeout` seconds (the job runs on).
+        """
+        with self._errors():
+            _, job_id = self._job_owner(id)
+            since = events.last_seq(self._redis)
+            view = self.job_views([job_id]).get(job_id)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        stream = events.follow(self._redis, since)
+        try:
+            while view is None or view.state != "ended":
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise WaitTimeout(
+                        f"job {job_id} still running after {timeout:g}s", job_id=job_id
+                    )
+                event = next(stream)
+                if event is None or (event.job_id == job_id and event.kind == "ended"):
+                    with contextlib.suppress(FleetUnavailable):  # Redis away: next tick
+                        view = self.job_views([job_id]).get(job_id, view)
+            return view
+        finally:
+            stream.close()
+
+    def events(
+        self, *, host: str | None = None, kinds: tuple[EventKind, ...] = (),
+        tags: Mapping[str, str] | None = None, since: str | None = None,
+    ) -> Generator[JobEvent, None, None]:
+        """Job events (a job started, a job ended) of the whole fleet as they happen,
+        from any client; filtered by host, kind and tags. `since`: a `JobEvent.seq` to
+        resume after ("0-0": every event kept); None: from now. Endless: break out of
+        it (or close it). Nothing is missed across a Redis reconnect (see
+        `client.events`)."""
+        with self._errors():
+            start = since if since is not None else events.last_seq(self._redis)
+        stream = events.follow(self._redis, start)
+        try:
+            for event in stream:
+                if event is not None and event_matches(event, host=host, kinds=kinds,
+                                                       tags=dict(tags or {})):
+                    yield event
+        finally:
+            stream.close()
 
     def hosts(self) -> list[HostInfo]:
         """Every host seen in the last day: alive or not, slots, busy and queued, labels."""
@@ -596,56 +658,3 @@ class Fleet:
                     f"the worker on {host} did not answer within {CTL_TIMEOUT_S:.0f}s"
                 )
 
-
-class AsyncFleet:
-    """`Fleet` for asyncio: the same methods, awaited (each runs in a worker thread)."""
-
-    def __init__(self, redis_url: str | None = None) -> None:
-        self.fleet = Fleet(redis_url)
-        self.url = self.fleet.url
-
-    async def run(self, command: str, **options: Any) -> CallResult:
-        """See `Fleet.run`."""
-        return await self.execute(run_request(command, options))
-
-    async def execute(self, request: RunRequest) -> CallResult:
-        """See `Fleet.execute`."""
-        return await asyncio.to_thread(self.fleet.execute, request)
-
-    async def check(self, id: str, **options: Any) -> CheckResult:
-        """See `Fleet.check`."""
-        return await asyncio.to_thread(lambda: self.fleet.check(id, **options))
-
-    async def kill(self, id: str, **options: Any) -> CheckResult:
-        """See `Fleet.kill`."""
-        return await asyncio.to_thread(lambda: self.fleet.kill(id, **options))
-
-    async def read_output(self, id: str, **options: Any) -> OutputChunk:
-        """See `Fleet.read_output`."""
-        return await asyncio.to_thread(lambda: self.fleet.read_output(id, **options))
-
-    async def cancel(self, call_id: str) -> bool:
-        """See `Fleet.cancel`."""
-        return await asyncio.to_thread(self.fleet.cancel, call_id)
-
-    async def jobs(self, host: str | None = None) -> list[JobView]:
-        """See `Fleet.jobs`."""
-        return await asyncio.to_thread(self.fleet.jobs, host)
-
-    async def hosts(self) -> list[HostInfo]:
-        """See `Fleet.hosts`."""
-        return await asyncio.to_thread(self.fleet.hosts)
-
-    async def shared_queues(self) -> dict[str, int]:
-        """See `Fleet.shared_queues`."""
-        return await asyncio.to_thread(self.fleet.shared_queues)
-
-    def close(self) -> None:
-        """Close the connections."""
-        self.fleet.close()
-
-    async def __aenter__(self) -> AsyncFleet:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        self.close()

@@ -13,11 +13,14 @@ from collections.abc import Callable, Mapping
 from typing import Any, Literal, TypeVar
 
 import redis
+import redis.asyncio as aioredis
 from celery import Celery
+from kombu.utils.url import maybe_sanitize_url
 
 from worker.fleet.transport import TRANSPORT
 
 Redis = redis.Redis
+AsyncRedis = aioredis.Redis
 T = TypeVar("T")
 
 #: Seconds to connect to Redis before giving up (a client then says FleetUnavailable).
@@ -41,6 +44,20 @@ _CLIENT_PUBLISH_RETRY = {
 def redis_client(url: str) -> Redis:
     """A Redis client for the registry, replies and sessions (text replies)."""
     return redis.Redis.from_url(
+        url, decode_responses=True, socket_connect_timeout=CONNECT_TIMEOUT_S,
+        socket_timeout=SOCKET_TIMEOUT_S, health_check_interval=HEALTH_CHECK_INTERVAL_S,
+    )
+
+
+def safe_url(url: str) -> str:
+    """The URL with its password hidden: what messages and logs may show."""
+    return str(maybe_sanitize_url(url))
+
+
+def async_redis_client(url: str) -> AsyncRedis:
+    """`redis_client` for asyncio (`client.aio.AsyncFleet`): the same URL forms and
+    timeouts, text replies. Bound to the event loop that first uses it."""
+    return aioredis.Redis.from_url(
         url, decode_responses=True, socket_connect_timeout=CONNECT_TIMEOUT_S,
         socket_timeout=SOCKET_TIMEOUT_S, health_check_interval=HEALTH_CHECK_INTERVAL_S,
     )
@@ -145,6 +162,13 @@ class Script:
         except redis.exceptions.NoScriptError:
             # Not loaded yet (or Redis restarted): EVAL runs it and caches it.
             return client.eval(self.source, len(keys), *keys, *args)  # type: ignore[arg-type]
+
+    async def run_async(self, client: AsyncRedis, keys: list[str], args: list[object]) -> Any:
+        """`self(...)` on an asyncio client."""
+        try:
+            return await client.evalsha(self.sha, len(keys), *keys, *args)  # type: ignore[arg-type]
+        except redis.exceptions.NoScriptError:
+            return await client.eval(self.source, len(keys), *keys, *args)  # type: ignore[arg-type]
 
 
 def transaction(client: Redis, keys: list[str], body: Callable[[Any], T]) -> T:

@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -167,6 +168,7 @@ class JobWatcher:
         self.client = client
         self._ended: set[str] = set()
         self._seen: set[str] = set()
+        self._running: dict[str, JobRecord] = {}
 
     def republish_all(self) -> None:
         """Publish every job again at the next pass, ended ones too (Redis lost them).
@@ -176,6 +178,7 @@ class JobWatcher:
         """
         self._ended.clear()
         self._seen.clear()
+        self._running.clear()
 
     def _record_ids(self) -> list[str]:
         folder = self.settings.jobs_dir
@@ -204,6 +207,19 @@ class JobWatcher:
                     continue
             if sync_job(self.client, record):
                 live += 1
+                self._running[job_id] = record
             else:
                 self._ended.add(job_id)
+                self._running.pop(job_id, None)
         return live
+
+    def sync_ended(self) -> int:
+        """Publish at once the end of the running jobs whose status file appeared (one
+        stat each, no Redis otherwise), so `wait` and job events hear of an end within
+        a tick of the supervisor's loop, not at the next full pass. Returns how many."""
+        ended = [r for r in self._running.values() if os.path.exists(r.status_path)]
+        for record in ended:
+            sync_job(self.client, record)
+            self._running.pop(record.id, None)
+            self._ended.add(record.id)
+        return len(ended)

@@ -28,7 +28,8 @@ from typing import Any, Literal, cast
 from worker.fleet import scripts
 from worker.fleet.connect import Redis, flat_fields, hash_fields, transaction
 from worker.wire import names
-from worker.wire.models import JobRecord
+from worker.wire.events import ended_event, started_event
+from worker.wire.models import JobRecord, JobStatus
 from worker.wire.names import CALL_ACTIVE, CallState, JobState
 
 # ---------------------------------------------------------------------- host lock
@@ -287,8 +288,13 @@ def save_job(
     signal: int | None = None,
     ended_at: float | None = None,
     note: str | None = None,
-) -> None:
-    """Publish a job's record and state."""
+) -> str | None:
+    """Publish a job's record and state, and its event when this is a transition (it
+    started, it ended: `worker.wire.events`); returns that event's stream id, if any.
+
+    One script, so two processes that both see a job end (its host's watcher and a
+    `check`) publish one `ended` event between them. Foreground calls never come here.
+    """
     state = JobState.UNKNOWN if running is None else (
         JobState.RUNNING if running else JobState.ENDED
     )
@@ -296,12 +302,16 @@ def save_job(
         "record": record.model_dump_json(), "host": record.host, "state": state,
         "exit_code": exit_code, "signal": signal, "ended_at": ended_at, "note": note,
     }
-    with client.pipeline() as pipe:
-        pipe.hset(names.job_key(record.id), mapping=hash_fields(fields))
-        pipe.expire(names.job_key(record.id), names.JOB_TTL_S)
-        pipe.zadd(names.jobs_key(record.host), {record.id: record.started_at})
-        pipe.expire(names.jobs_key(record.host), names.JOB_TTL_S)
-        pipe.execute()
+    status = None if running or ended_at is None else JobStatus(
+        exit_code=exit_code, signal=signal, ended_at=ended_at, note=note
+    )
+    event_id = scripts.SAVE_JOB(
+        client, [names.job_key(record.id), names.jobs_key(record.host), names.EVENTS_KEY],
+        [names.JOB_TTL_S, record.id, record.started_at, names.EVENTS_MAXLEN,
+         names.EVENTS_CHANNEL, started_event(record).model_dump_json(),
+         ended_event(record, status).model_dump_json(), state, *flat_fields(fields)],
+    )
+    return str(event_id) if event_id else None
 
 
 def save_offsets(client: Redis, job_id: str, offset: int, stderr_offset: int) -> None:

@@ -386,9 +386,14 @@ class HostSupervisor:
             if time.monotonic() >= next_sync:
                 self._sync(watcher)
                 next_sync = time.monotonic() + JOB_SYNC_INTERVAL_S
+            else:
+                self._sync(watcher, ended_only=True)
 
-    def _sync(self, watcher: recovery.JobWatcher) -> None:
+    def _sync(self, watcher: recovery.JobWatcher, *, ended_only: bool = False) -> None:
         try:
+            if ended_only:
+                watcher.sync_ended()
+                return
             watcher.sync()
         except (redis.RedisError, OSError) as exc:
             # Once per outage: a pass fails every JOB_SYNC_INTERVAL_S while Redis is down.

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
 #: Largest command accepted, in bytes of UTF-8. Seed 001 asks agents for < 60k tokens;
 #: 1 MiB leaves room for heredocs while keeping messages small on Redis.
@@ -19,6 +19,36 @@ MAX_PATH_CHARS = 4096
 
 #: Longest timeout any call may ask for: seed 001's background mode runs 24 hours.
 MAX_TIMEOUT_S = 24 * 60 * 60.0
+
+
+#: Most tags a call or job carries; the longest tag name and value.
+MAX_TAGS = 16
+MAX_TAG_NAME_CHARS = 64
+MAX_TAG_VALUE_CHARS = 256
+_TAG_NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-")
+
+
+def _tags_are_sane(tags: dict[str, str]) -> dict[str, str]:
+    """Tags an orchestrator gives a job (`{"agent": "a17"}`): few, short, one line each,
+    names that a `--tag NAME=VALUE` filter can spell."""
+    if len(tags) > MAX_TAGS:
+        raise ValueError(f"at most {MAX_TAGS} tags, not {len(tags)}")
+    for name, value in tags.items():
+        if not name or len(name) > MAX_TAG_NAME_CHARS or not set(name) <= _TAG_NAME_CHARS:
+            raise ValueError(
+                f"invalid tag name {name!r}: use 1-{MAX_TAG_NAME_CHARS} letters, digits, "
+                "'.', '_' or '-'"
+            )
+        if len(value) > MAX_TAG_VALUE_CHARS or any(c in value for c in "\x00\n\r"):
+            raise ValueError(
+                f"invalid value of tag {name!r}: one line of at most {MAX_TAG_VALUE_CHARS} "
+                "characters"
+            )
+    return tags
+
+
+Tags = Annotated[dict[str, str], AfterValidator(_tags_are_sane)]
+"""Tags of a call and of the job it starts: name -> value."""
 
 
 class Model(BaseModel):
@@ -183,6 +213,8 @@ class Call(Model):
     """Show only the last N lines of the shaped output (seed 002)."""
     policy: Policy = Field(default_factory=Policy)
     """The dialect's policy."""
+    tags: Tags = Field(default_factory=dict)
+    """Tags of the job this call starts (listings and job events filter by them)."""
 
     @field_validator("command")
     @classmethod
@@ -255,6 +287,9 @@ class RunRequest(Model):
     """Variables removed from the environment."""
     capture_state: bool = False
     """Report the cwd and exported variables the command ends with (sessions)."""
+    tags: Tags = Field(default_factory=dict)
+    """Tags of the job the call starts, if it starts one (`{"agent": "a17"}`): `jobs()`,
+    `ps --tag` and job events carry them and filter by them."""
 
     @field_validator("mode", mode="before")
     @classmethod
@@ -435,6 +470,8 @@ class JobRecord(Model):
     """The call that started it (or that was auto-backgrounded)."""
     stderr_path: str | None = None
     """Separate stderr file, for jobs auto-backgrounded from separate-stream calls."""
+    tags: Tags = Field(default_factory=dict)
+    """Tags given by the call that started it."""
 
 
 class JobStatus(Model):
@@ -562,3 +599,5 @@ class JobView(Model):
     """Anything worth knowing (status unknown, host down)."""
     call_id: str | None = None
     """The call that started it."""
+    tags: Tags = Field(default_factory=dict)
+    """Tags given by the call that started it."""
