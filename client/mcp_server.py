@@ -39,12 +39,13 @@ from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
 
 from client.dialects import Dialect, Runner, SessionState, ToolText
+from client.dialects.base import JobViewer
 from client.errors import BashfleetError, FleetUnavailable, HostUnavailable
 from client.fleet import Fleet, resolve_url
 from client.sessions import RedisSessionStore, validate_session_id
 from worker.fleet.connect import redis_client
 from worker.wire.control import CheckRequest, KillRequest
-from worker.wire.models import CallResult, CheckResult, RunRequest
+from worker.wire.models import CallResult, CheckResult, JobView, RunRequest
 
 __all__ = [
     "Backend",
@@ -113,6 +114,10 @@ class FleetRunner:
         """`Fleet.kill_job`."""
         return self._guard(lambda: self.fleet.kill_job(request))
 
+    def job_views(self, ids: list[str]) -> dict[str, JobView]:
+        """`Fleet.job_views` (the native dialect's ended-job notes)."""
+        return self._guard(lambda: self.fleet.job_views(ids))
+
 
 class SessionRunner:
     """A runner bound to one session's state: runs go to its pinned host.
@@ -150,6 +155,12 @@ class SessionRunner:
     def kill_job(self, request: KillRequest) -> CheckResult:
         """`Runner.kill_job`."""
         return self._runner.kill_job(request)
+
+    def job_views(self, ids: list[str]) -> dict[str, JobView]:
+        """`JobViewer.job_views` of the runner, when it has it."""
+        if not isinstance(self._runner, JobViewer):
+            return {}
+        return self._runner.job_views(ids)
 
 
 # ---------------------------------------------------------------------------- backend

@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
+from typing import Any
 
 import psutil
 import pytest
@@ -18,17 +19,18 @@ import redis
 
 from client import AsyncFleet, HostUnavailable, UnknownJob, WorkerLost
 from client.redis_server import RedisServer
-from tests.integration.conftest import WorkerFactory, WorkerProcess
 from worker.fleet.connect import client_celery
 from worker.wire.messages import task_message
+
+from .conftest import WorkerFactory, WorkerProcess
 
 Hosts = tuple[WorkerProcess, WorkerProcess]
 
 
-def _pushed_by_kombu(url: str, client: redis.Redis, queue: str, **options: object) -> dict:
+def _pushed_by_kombu(url: str, client: redis.Redis, queue: str, **options: Any) -> dict[str, Any]:
     app = client_celery(url)
     try:
-        app.send_task(queue=queue, **options)  # type: ignore[arg-type]
+        app.send_task(queue=queue, **options)
     finally:
         app.close()
     raw = client.rpop(queue)
@@ -36,7 +38,7 @@ def _pushed_by_kombu(url: str, client: redis.Redis, queue: str, **options: objec
     return dict(json.loads(raw))
 
 
-def _comparable(message: dict) -> dict:
+def _comparable(message: dict[str, Any]) -> dict[str, Any]:
     """A message without what differs between two sends (tag, sender, expiry instant)."""
     message["properties"].pop("delivery_tag")
     message["headers"].pop("origin")
@@ -50,7 +52,7 @@ def test_message_is_what_kombu_pushes(
 ) -> None:
     queue = "bashfleet.capture-test.exec"
     args = [{"call_id": "c-cap", "command": "echo héllo \"quoted\" ✓"}]
-    options = {
+    options: dict[str, Any] = {
         "name": "bashfleet.exec", "args": args, "task_id": "c-cap",
         "reply_to": "bashfleet:replies:abc", "ignore_result": True,
         "argsrepr": "{'command': '<redacted>'}", "kwargsrepr": "{}",
