@@ -50,6 +50,7 @@ from client.errors import (
 from client.fleet import (
     CTL_TIMEOUT_S,
     MESSAGE_LOST_GRACE_S,
+    OUTAGE_GRACE_S,
     WATCH_INTERVAL_S,
     _argsrepr,
     build_call,
@@ -96,11 +97,12 @@ DEFAULT_MAX_IN_FLIGHT = 1024
 #: Redis commands under way at once, at most: the connections the client holds (plus
 #: one for its reply channel).
 DEFAULT_REDIS_CONCURRENCY = 16
-#: A Redis outage shorter than this (a restart, a Sentinel failover) does not fail the
-#: calls in flight: their answers are stored, and read once Redis is back.
-OUTAGE_GRACE_S = 30.0
 #: Longest block of the reply listener's read (how soon `close` ends it).
 LISTEN_TICK_S = 1.0
+#: A running call's host lock gone this long (not replaced by another instance's) means
+#: its worker died. The lock lives ALIVE_TTL_S past the last heartbeat; this covers a
+#: heartbeat that came late because Redis was away (a failover longer than the lock).
+LOCK_GONE_GRACE_S = 2.0
 #: Most messages of a queue scanned when looking for the ones still waiting.
 QUEUE_SCAN_LIMIT = 10_000
 
@@ -208,6 +210,8 @@ class Pending:
     """The host its record names, once a worker claimed it."""
     missing_since: float | None = None
     """When its message was first seen gone from its queue while it was still queued."""
+    lock_gone_since: float | None = None
+    """When its host's lock was first seen gone while it ran (None: held)."""
 
 
 @dataclass(frozen=True)
@@ -224,11 +228,14 @@ KEEP_WAITING = Verdict()
 
 
 def running_verdict(call_id: str, record: Mapping[str, str | None], token: str | None,
-                    host_known: bool) -> Verdict:
-    """A claimed call: lost when its host's lock no longer names the instance that claimed
-    it (`host_known`: the token was read this pass)."""
+                    host_known: bool, lock_gone_for: float) -> Verdict:
+    """A claimed call: lost when its host's lock names another instance than the one that
+    claimed it, or has been gone for LOCK_GONE_GRACE_S (`host_known`: the token was read
+    this pass; `lock_gone_for`: how long it has been seen gone)."""
     host, instance = record.get("host"), record.get("instance")
-    if host and instance and host_known and token != instance:
+    if not (host and instance and host_known) or token == instance:
+        return KEEP_WAITING
+    if token is not None or lock_gone_for >= LOCK_GONE_GRACE_S:
         return Verdict(WorkerLost(
             f"the worker on {host} died while running call {call_id}; "
             "the command was not run again", call_id=call_id, host=host,
@@ -259,7 +266,9 @@ def verdict(
         return Verdict(CallResult(call_id=call_id, host=host or "",
                                   error=SystemError_(kind="internal", message=message)))
     if state not in (CallState.QUEUED, None):
-        return running_verdict(call_id, record, tokens.get(host or ""), (host or "") in tokens)
+        gone_for = now - pending.lock_gone_since if pending.lock_gone_since is not None else 0.0
+        return running_verdict(call_id, record, tokens.get(host or ""), (host or "") in tokens,
+                               gone_for)
     return queued_verdict(pending, tokens, live, now)
 
 
@@ -498,9 +507,20 @@ class AsyncFleet:
                 self._replies.deliver(pending.call_id, payload)
                 continue
             pending.host = record.get("host") or pending.host
+            self._note_lock(pending, tokens, now)
             found = verdict(pending, record, tokens, live.get(pending.label or ""), now)
             if found.problem is not None:
                 await self._conclude(pending, found)
+
+    @staticmethod
+    def _note_lock(pending: Pending, tokens: Mapping[str, str | None], now: float) -> None:
+        """Remember since when the lock of the call's host has been seen gone."""
+        if pending.host is None or pending.host not in tokens:
+            return
+        if tokens[pending.host] is not None:
+            pending.lock_gone_since = None
+        elif pending.lock_gone_since is None:
+            pending.lock_gone_since = now
 
     async def _live_for(self, queued: list[Pending]) -> dict[str, list[str]]:
         """Live hosts that could take each untargeted queued call, by its label ("" for

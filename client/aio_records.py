@@ -1,10 +1,9 @@
 """The asyncio client's Redis I/O (`client.aio`): what `client.records` does for the
 blocking client, on `redis.asyncio`, plus the one script that sends a call.
 
-Sending a call is one round trip: `SEND` records the call as queued (refusing a taken
-id, or a named host that is down) and pushes its Celery message (`worker.wire.messages`)
-on its queue list, atomically, so a call is never recorded without its message nor
-sent without its record, and Redis replicates both or neither.
+Sending a call is one round trip, the blocking client's `records.SEND`: it records the
+call as queued (refusing a taken id, or a named host that is down) and pushes its
+Celery message (`worker.wire.messages`) on its queue list, atomically.
 """
 
 from __future__ import annotations
@@ -13,28 +12,19 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import cast
 
-from worker.fleet.connect import AsyncRedis, Script, flat_fields
+from client.records import SEND, send_keys_args
+from worker.fleet.connect import AsyncRedis, Script
 from worker.wire import names
 from worker.wire.models import HostInfo, JobView
 from worker.wire.names import CallState
 from worker.wire.records import host_info as parse_host_info
 from worker.wire.records import job_view
 
-# KEYS: call, queue[, alive]; ARGV: call TTL, message, fields... 'down' when the named
-# host's lock is gone, 'taken' when the id is in use (nothing recorded nor pushed).
-SEND = Script("""
-if KEYS[3] and redis.call('EXISTS', KEYS[3]) == 0 then return 'down' end
-if redis.call('EXISTS', KEYS[1]) == 1 then return 'taken' end
-redis.call('HSET', KEYS[1], unpack(ARGV, 3))
-redis.call('EXPIRE', KEYS[1], ARGV[1])
-redis.call('LPUSH', KEYS[2], ARGV[2])
-return 'ok'
-""")
-
 # KEYS: call; ARGV: new state, end time, call TTL. Returns the state the call had; only
-# a queued call is moved (the worker's claim is the other side of this race).
+# a queued call is moved (the worker's claim is the other side of this race). A call
+# without a record counts as queued (`records.withdraw_call` says why).
 WITHDRAW = Script("""
-local current = redis.call('HGET', KEYS[1], 'state')
+local current = redis.call('HGET', KEYS[1], 'state') or 'queued'
 if current == 'queued' then
   redis.call('HSET', KEYS[1], 'state', ARGV[1], 'ended_at', ARGV[2])
   redis.call('EXPIRE', KEYS[1], ARGV[3])
@@ -50,17 +40,8 @@ async def send_call(
     client: AsyncRedis, call_id: str, queue: str, host: str | None, message: str, *,
     require_alive: bool,
 ) -> str:
-    """Record a call as queued and push its message: "ok", "taken" or "down"."""
-    fields = {
-        "call_id": call_id, "state": CallState.QUEUED, "queue": queue, "host": host,
-        "sent_at": time.time(),
-    }
-    keys = [names.call_key(call_id), queue]
-    if require_alive:
-        if host is None:
-            raise ValueError("require_alive needs a host")
-        keys.append(names.alive_key(host))
-    args = [names.CALL_TTL_S, message, *flat_fields(fields)]
+    """`records.send_call`: "ok", "taken" or "down"."""
+    keys, args = send_keys_args(call_id, queue, host, message, require_alive=require_alive)
     return cast(str, await SEND.run_async(client, keys, args))
 
 

@@ -25,7 +25,6 @@ from typing import Any, Literal, TypeVar
 
 import redis
 from kombu.exceptions import OperationalError
-from kombu.utils.url import maybe_sanitize_url
 from pydantic import ValidationError
 
 from client import events, records
@@ -41,7 +40,7 @@ from client.errors import (
     error_for,
 )
 from client.replies import Replies, Waiter
-from worker.fleet.connect import client_celery, redis_client
+from worker.fleet.connect import client_celery, redis_client, safe_url
 from worker.settings import Settings
 from worker.wire import auth, names
 from worker.wire.control import (
@@ -56,6 +55,7 @@ from worker.wire.control import (
     ReadOutputRequest,
 )
 from worker.wire.events import EventKind, JobEvent, event_matches
+from worker.wire.messages import task_message
 from worker.wire.models import (
     SLOW_TIMEOUT_S,
     Call,
@@ -79,6 +79,9 @@ WATCH_INTERVAL_S = 0.5
 #: A claim follows a take within milliseconds; a message gone this long without one
 #: was lost with the consumer that took it.
 MESSAGE_LOST_GRACE_S = 3.0
+#: A Redis outage shorter than this (a restart, a Sentinel failover) does not fail the
+#: calls being waited for: their answers are stored, and read once Redis is back.
+OUTAGE_GRACE_S = 30.0
 #: Longest wait for a control call (check, kill, read_output, cancel, jobs).
 CTL_TIMEOUT_S = 30.0
 #: Longest command shown in a call's task arguments (Flower's "args").
@@ -160,6 +163,28 @@ def _argsrepr(call: Call) -> str:
                  "background": call.background})
 
 
+class Outage:
+    """Redis errors while a call is waited for: tolerated for OUTAGE_GRACE_S (a restart,
+    a Sentinel failover), since the worker stores the answer for when Redis is back."""
+
+    def __init__(self) -> None:
+        self.since: float | None = None
+
+    @contextlib.contextmanager
+    def tolerated(self) -> Iterator[None]:
+        """Run the block; a Redis error in it passes (after a short pause) unless the
+        outage has lasted OUTAGE_GRACE_S, then it is raised."""
+        try:
+            yield
+            self.since = None
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            now = time.monotonic()
+            self.since = self.since or now
+            if now - self.since >= OUTAGE_GRACE_S:
+                raise exc from None
+            time.sleep(WATCH_INTERVAL_S)  # Redis is away: look again in a moment
+
+
 class Fleet:
     """A client of the fleet. Thread-safe; cheap to keep for the life of a process."""
 
@@ -170,7 +195,7 @@ class Fleet:
                 "no fleet configured: pass redis_url=, set BASHFLEET_REDIS_URL, "
                 "or start a local fleet with `bashfleet up`"
             )
-        self.url = maybe_sanitize_url(url)
+        self.url = safe_url(url)
         """The Redis URL with its password hidden (for messages)."""
         self._redis = redis_client(url)
         self._celery = client_celery(url)
@@ -222,25 +247,33 @@ class Fleet:
             if session is not None and host is None and label is None:
                 host = self._session_host(session)
             queue, target = self._route(host, label)
-            # One round trip: the host's liveness and the new call record, atomically.
-            submitted = records.submit_call(
-                self._redis, call.call_id, queue, target, require_alive=target is not None
-            )
-            if submitted == "down" and target is not None:
-                self._require_alive(target)  # raises HostUnavailable, with the live hosts
-                submitted = records.submit_call(self._redis, call.call_id, queue, target)
-            if submitted == "taken":
-                raise CallRejected(f"call id {call.call_id} is already in use")
             args = self._signed(Task.EXEC, [call.model_dump(mode="json")])
+            message = task_message(
+                Task.EXEC, args, task_id=call.call_id, queue=queue,
+                reply_to=self._replies.channel, argsrepr=_argsrepr(call),
+            )
             waiter = self._replies.expect(call.call_id)
             try:
-                self._send(Task.EXEC, args, queue, call.call_id, _argsrepr(call))
-                result = self._wait_call(waiter, target, label)
+                self._send_call(call.call_id, queue, target, message)
+                result = self._wait_call(waiter, target, label, queue)
             finally:
                 self._replies.forget(waiter)
             if session is not None:
                 records.pin_session(self._redis, session, result.host)
             return result
+
+    def _send_call(self, call_id: str, queue: str, target: str | None, message: str) -> None:
+        """Record the call and push its message: one round trip, one Lua script that also
+        checks the named host is alive (no Celery publish: see `worker.wire.messages`)."""
+        sent = records.send_call(
+            self._redis, call_id, queue, target, message, require_alive=target is not None
+        )
+        if sent == "down" and target is not None:
+            self._require_alive(target)  # raises HostUnavailable, with the live hosts
+            sent = records.send_call(self._redis, call_id, queue, target, message,
+                                     require_alive=False)
+        if sent == "taken":
+            raise CallRejected(f"call id {call_id} is already in use")
 
     def _session_host(self, session: str) -> str | None:
         if not names.valid_id(session):
@@ -298,14 +331,19 @@ class Fleet:
         payload = waiter.wait(timeout)
         return payload if payload is not None else self._replies.stored(waiter.task_id)
 
-    def _wait_call(self, waiter: Waiter, target: str | None, label: str | None) -> CallResult:
+    def _wait_call(
+        self, waiter: Waiter, target: str | None, label: str | None, queue: str
+    ) -> CallResult:
         call_id = waiter.task_id
+        outage = Outage()
         try:
             while True:
-                payload = self._answer(waiter, WATCH_INTERVAL_S)
-                if payload is not None:
-                    return CallResult.model_validate_json(payload)
-                problem = self._watch(call_id, target, label)
+                problem: BashfleetError | CallResult | None = None
+                with outage.tolerated():
+                    payload = self._answer(waiter, WATCH_INTERVAL_S)
+                    if payload is not None:
+                        return CallResult.model_validate_json(payload)
+                    problem = self._watch(call_id, target, label, queue)
                 if problem is None:
                     continue
                 # Before calling it lost, take an answer that arrived meanwhile.
@@ -319,7 +357,7 @@ class Fleet:
             self._missing_since.pop(call_id, None)
 
     def _watch(
-        self, call_id: str, target: str | None, label: str | None
+        self, call_id: str, target: str | None, label: str | None, queue: str
     ) -> BashfleetError | CallResult | None:
         """What went wrong with a pending call, if anything (None: keep waiting)."""
         record = records.call_record(self._redis, call_id)
@@ -338,7 +376,8 @@ class Fleet:
                 error=SystemError_(kind="internal", message=message),
             )
         if state == CallState.QUEUED or state is None:
-            return self._watch_queued(call_id, target, label, record.get("queue"))
+            # The queue as sent: a record Redis lost (a failover) names none.
+            return self._watch_queued(call_id, target, label, record.get("queue") or queue)
         instance = record.get("instance")
         if host and instance and records.host_alive_token(self._redis, host) != instance:
             return WorkerLost(

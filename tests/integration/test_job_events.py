@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from pathlib import Path
 from typing import cast
 
@@ -56,11 +57,12 @@ def test_events_and_wait_from_other_processes(
     two_hosts: Hosts, fleet: Fleet, redis_server: RedisServer, redis_client: redis.Redis
 ) -> None:
     since = last_seq(redis_client)
+    agent = f"a17-{uuid.uuid4().hex[:8]}"  # jobs of other tests have tags too
     listener = _cli(redis_server.url, "events", "--json", "--count", "2", "--since", since,
-                    "--tag", "agent=a17")
+                    "--tag", f"agent={agent}")
     other = fleet.run("sleep 30", host="alpha", mode="background", tags={"agent": "a9"})
     started = fleet.run("sleep 1; exit 3", host="beta", mode="background",
-                        tags={"agent": "a17"})
+                        tags={"agent": agent})
     assert started.job is not None and other.job is not None
     job = started.job.id
     waiter = _cli(redis_server.url, "wait", job)
@@ -74,7 +76,7 @@ def test_events_and_wait_from_other_processes(
     seen = [JobEvent.model_validate_json(line) for line in out.splitlines()]
     assert [(e.kind, e.job_id, e.host) for e in seen] == [("started", job, "beta"),
                                                          ("ended", job, "beta")]
-    assert seen[1].exit_code == 3 and seen[1].tags == {"agent": "a17"}
+    assert seen[1].exit_code == 3 and seen[1].tags == {"agent": agent}
     assert seen[1].duration_s is not None and 0.9 <= seen[1].duration_s < 10
     assert seen[1].output_path == started.job.output_path
     assert _finish(timed_out)[0] == 124
@@ -82,7 +84,7 @@ def test_events_and_wait_from_other_processes(
     assert fleet.check(job).exit_code == 3
     assert [e.kind for e in _stream_events(redis_client, job)] == ["started", "ended"]
     # ps by tag.
-    listed = _cli(redis_server.url, "ps", "--json", "--tag", "agent=a17")
+    listed = _cli(redis_server.url, "ps", "--json", "--tag", f"agent={agent}")
     code, out, err = _finish(listed)
     assert code == 0, err
     assert [row["id"] for row in json.loads(out)] == [job]

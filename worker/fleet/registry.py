@@ -156,7 +156,7 @@ def claim_call(
     if nonce is not None:
         keys.append(names.nonce_key(nonce))
     ttl_ms = max(1, int(nonce_ttl_s * 1000))
-    return cast(str, scripts.CLAIM(
+    return cast(str, scripts.CLAIM.run_durable(
         client, keys,
         [names.CALL_TTL_S, names.RUNNING_TTL_S, call_id, ttl_ms, *flat_fields(fields)],
     ))
@@ -228,7 +228,7 @@ def finish_and_reply(
     if reply is not None:
         keys.append(names.reply_key(reply.task_id))
         channel, payload = reply.publish_on(), reply.payload
-    previous, sent = scripts.FINISH(
+    previous, sent = scripts.FINISH.run_durable(
         client, keys,
         [names.CALL_TTL_S, call_id, time.time(), names.REPLY_TTL_S, channel, payload,
          " ".join(hold_in), *flat_fields(rest)],
@@ -238,7 +238,7 @@ def finish_and_reply(
 
 def deliver_reply(client: Redis, reply: Reply) -> None:
     """Store a task's answer (REPLY_TTL_S) and publish it on its caller's channel."""
-    scripts.REPLY(
+    scripts.REPLY.run_durable(
         client, [names.reply_key(reply.task_id)],
         [reply.payload, names.REPLY_TTL_S, reply.publish_on(), reply.task_id],
     )

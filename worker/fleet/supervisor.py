@@ -40,12 +40,11 @@ from types import FrameType
 from typing import Any
 
 import redis
-from kombu.utils.url import maybe_sanitize_url
 from pydantic_settings import NoDecode
 
 from worker.engine import procs, running
 from worker.fleet import logs, recovery, registry
-from worker.fleet.connect import redis_client
+from worker.fleet.connect import redis_client, safe_url
 from worker.settings import Settings
 from worker.wire import names
 from worker.wire.names import ROLES, CallState
@@ -209,7 +208,7 @@ class HostSupervisor:
             log.info(
                 "host %s: %d slot(s), labels %s, Redis %s, state in %s", self.host,
                 self.settings.concurrency, ",".join(self.settings.labels) or "-",
-                maybe_sanitize_url(self.url), self.settings.state_dir,
+                safe_url(self.url), self.settings.state_dir,
             )
             self._loop(watcher)
         finally:
@@ -228,13 +227,13 @@ class HostSupervisor:
             except redis.RedisError as exc:
                 if time.monotonic() > deadline:
                     print(
-                        f"bashfleet worker: Redis at {maybe_sanitize_url(self.url)} "
+                        f"bashfleet worker: Redis at {safe_url(self.url)} "
                         f"is unreachable: {exc}",
                         file=sys.stderr,
                     )
                     return False
                 if not warned:
-                    log.warning("waiting for Redis at %s: %s", maybe_sanitize_url(self.url), exc)
+                    log.warning("waiting for Redis at %s: %s", safe_url(self.url), exc)
                     warned = True
                 time.sleep(0.5)
 
