@@ -50,10 +50,10 @@ from client.errors import (
 from client.fleet import (
     CTL_TIMEOUT_S,
     MESSAGE_LOST_GRACE_S,
-    OUTAGE_GRACE_S,
     WATCH_INTERVAL_S,
     _argsrepr,
     build_call,
+    outage_grace_s,
     resolve_signing_key,
     resolve_url,
     run_request,
@@ -327,6 +327,7 @@ class AsyncFleet:
         self._redis = async_redis_client(url)
         self._replies = AsyncReplies(self._redis)
         self._signing_key = resolve_signing_key(url)
+        self._outage_grace_s = outage_grace_s(url)
         self._keys = auth.keyring([self._signing_key or ""])
         self._slots = asyncio.Semaphore(max_in_flight)
         self._io = asyncio.Semaphore(redis_concurrency)
@@ -481,7 +482,7 @@ class AsyncFleet:
             except FleetUnavailable as exc:
                 now = time.monotonic()
                 outage_since = outage_since or now
-                if now - outage_since >= OUTAGE_GRACE_S:
+                if now - outage_since >= self._outage_grace_s:
                     self._fail_all(exc)
 
     def _fail_all(self, error: BashfleetError) -> None:

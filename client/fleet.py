@@ -40,7 +40,7 @@ from client.errors import (
     error_for,
 )
 from client.replies import Replies, Waiter
-from worker.fleet.connect import client_celery, redis_client, safe_url
+from worker.fleet.connect import client_celery, redis_client, safe_url, sentinel_target
 from worker.settings import Settings
 from worker.wire import auth, names
 from worker.wire.control import (
@@ -79,9 +79,15 @@ WATCH_INTERVAL_S = 0.5
 #: A claim follows a take within milliseconds; a message gone this long without one
 #: was lost with the consumer that took it.
 MESSAGE_LOST_GRACE_S = 3.0
-#: A Redis outage shorter than this (a restart, a Sentinel failover) does not fail the
-#: calls being waited for: their answers are stored, and read once Redis is back.
-OUTAGE_GRACE_S = 30.0
+#: Behind Redis Sentinel, an outage shorter than this (a failover: seconds) does not
+#: fail the calls being waited for: their answers are stored, and read once a replica
+#: took over. A single Redis that goes away is said at once (FleetUnavailable).
+FAILOVER_GRACE_S = 30.0
+
+
+def outage_grace_s(url: str) -> float:
+    """How long the calls in flight wait through a Redis outage (see FAILOVER_GRACE_S)."""
+    return FAILOVER_GRACE_S if sentinel_target(url) is not None else 0.0
 #: Longest wait for a control call (check, kill, read_output, cancel, jobs).
 CTL_TIMEOUT_S = 30.0
 #: Longest command shown in a call's task arguments (Flower's "args").
@@ -164,23 +170,24 @@ def _argsrepr(call: Call) -> str:
 
 
 class Outage:
-    """Redis errors while a call is waited for: tolerated for OUTAGE_GRACE_S (a restart,
-    a Sentinel failover), since the worker stores the answer for when Redis is back."""
+    """Redis errors while a call is waited for: tolerated for `grace_s` (a Sentinel
+    failover), since the worker stores the answer for when a replica took over."""
 
-    def __init__(self) -> None:
+    def __init__(self, grace_s: float) -> None:
+        self.grace_s = grace_s
         self.since: float | None = None
 
     @contextlib.contextmanager
     def tolerated(self) -> Iterator[None]:
         """Run the block; a Redis error in it passes (after a short pause) unless the
-        outage has lasted OUTAGE_GRACE_S, then it is raised."""
+        outage has lasted `grace_s`, then it is raised."""
         try:
             yield
             self.since = None
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             now = time.monotonic()
             self.since = self.since or now
-            if now - self.since >= OUTAGE_GRACE_S:
+            if now - self.since >= self.grace_s:
                 raise exc from None
             time.sleep(WATCH_INTERVAL_S)  # Redis is away: look again in a moment
 
@@ -201,6 +208,7 @@ class Fleet:
         self._celery = client_celery(url)
         self._replies = Replies(self._redis)
         self._signing_key = resolve_signing_key(url)
+        self._outage_grace_s = outage_grace_s(url)
         # call id -> when its unclaimed message was first seen gone from its queue.
         self._missing_since: dict[str, float] = {}
 
@@ -335,7 +343,7 @@ class Fleet:
         self, waiter: Waiter, target: str | None, label: str | None, queue: str
     ) -> CallResult:
         call_id = waiter.task_id
-        outage = Outage()
+        outage = Outage(self._outage_grace_s)
         try:
             while True:
                 problem: BashfleetError | CallResult | None = None

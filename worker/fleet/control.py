@@ -169,11 +169,14 @@ def list_jobs(rt: Runtime, request: JobsRequest) -> JobList:
     """This host's jobs, fresh from its disk (and published to Redis)."""
     del request
     views = []
-    for record in jobs.local_records(rt.settings):
-        fields = registry.job_fields(rt.redis, record.id)
-        if not fields:
+    records = jobs.local_records(rt.settings)
+    # One round trip for all of them (10,000 jobs: 2.2 s one by one, see bench_scale).
+    known = registry.jobs_fields(rt.redis, [record.id for record in records])
+    for record, stored in zip(records, known, strict=True):
+        if not stored:
             continue  # expired from the fleet's listing: too old to show
-        if fields.get("state") != JobState.ENDED:
+        fields = stored
+        if stored.get("state") != JobState.ENDED:
             recovery.sync_job(rt.redis, record)
             fields = registry.job_fields(rt.redis, record.id)
         view = job_view(fields)

@@ -323,6 +323,16 @@ def save_offsets(client: Redis, job_id: str, offset: int, stderr_offset: int) ->
         pipe.execute()
 
 
+def jobs_fields(client: Redis, job_ids: list[str]) -> list[dict[str, str]]:
+    """The raw hashes of several jobs, in one round trip (empty ones for unknown ids)."""
+    if not job_ids:
+        return []
+    with client.pipeline(transaction=False) as pipe:
+        for job_id in job_ids:
+            pipe.hgetall(names.job_key(job_id))
+        return cast("list[dict[str, str]]", pipe.execute())
+
+
 def job_fields(client: Redis, job_id: str) -> dict[str, str]:
     """The raw job hash (empty when unknown or expired)."""
     return cast("dict[str, str]", client.hgetall(names.job_key(job_id)))
