@@ -27,7 +27,7 @@ import redis
 
 from client import AsyncFleet, BashfleetError, Fleet
 from client.redis_server import RedisServer, find_redis_server, free_port
-from worker.fleet.connect import redis_client, safe_url, sentinel_target
+from worker.fleet.connect import redis_client
 
 from .conftest import WorkerFactory, WorkerProcess, wait_for
 
@@ -147,25 +147,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
             sentinel.stop()
         replica.stop()
         primary.stop()
-
-
-def test_sentinel_urls_parse_and_hide_their_passwords() -> None:
-    url = "sentinel://u:p%40ss@10.0.0.1:26379,[::1]:26380,h3/2?master=m&sentinel_password=sp"
-    target = sentinel_target(url)
-    assert target is not None
-    assert target.sentinels == (("10.0.0.1", 26379), ("::1", 26380), ("h3", 26379))
-    assert (target.master, target.username, target.password, target.db) == ("m", "u", "p@ss", 2)
-    assert target.sentinel_password == "sp"
-    assert target.kombu_url() == (
-        "sentinel://u:p%40ss@10.0.0.1:26379/2;sentinel://u:p%40ss@[::1]:26380/2;"
-        "sentinel://u:p%40ss@h3:26379/2"
-    )
-    assert "p@ss" not in safe_url(url) and "sp" not in safe_url(url).split("?")[1]
-    assert sentinel_target("redis://h:1/0") is None
-    with pytest.raises(ValueError, match="master"):
-        sentinel_target("sentinel://h:1/0")
-    with pytest.raises(ValueError, match="port"):
-        sentinel_target("sentinel://h:x/0?master=m")
 
 
 def _flower_workers(port: int) -> set[str] | None:
