@@ -333,9 +333,13 @@ class AsyncFleet:
         self._io = asyncio.Semaphore(redis_concurrency)
         self._pending: dict[str, Pending] = {}
         self._watch_task: asyncio.Task[None] | None = None
+        self._cancelling: set[asyncio.Task[None]] = set()
 
     async def close(self) -> None:
-        """Stop listening and close the connections (the object is unusable afterwards)."""
+        """Stop listening and close the connections (the object is unusable afterwards);
+        cancels of calls whose callers gave up are sent first."""
+        if self._cancelling:
+            await asyncio.gather(*self._cancelling, return_exceptions=True)
         if self._watch_task is not None:
             self._watch_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -377,7 +381,9 @@ class AsyncFleet:
         return await self.execute(run_request(command, options))
 
     async def execute(self, request: RunRequest) -> CallResult:
-        """See `Fleet.execute`: waits for a slot of `max_in_flight` first."""
+        """See `Fleet.execute`: waits for a slot of `max_in_flight` first. Cancelling the
+        awaiting task cancels the call too (withdrawn if queued, its processes killed if
+        running), as `cancel` does."""
         call = build_call(request)
         async with self._slots:
             host, label, session = request.host, request.label, request.session
@@ -390,14 +396,31 @@ class AsyncFleet:
                 reply_to=self._replies.channel, argsrepr=_argsrepr(call),
             )
             answer = await self._replies.expect(call.call_id)
+            sent = False
             try:
                 await self._send_call(call.call_id, queue, target, message)
+                sent = True
                 result = await self._wait_call(Pending(call.call_id, target, label, queue, answer))
+            except asyncio.CancelledError:
+                if sent:  # the caller gave up: so does the fleet (withdraw, or kill)
+                    self._cancel_soon(call.call_id)
+                raise
             finally:
                 self._replies.forget(call.call_id)
             if session is not None:
                 await self._r(aio_records.pin_session(self._redis, session, result.host))
             return result
+
+    def _cancel_soon(self, call_id: str) -> None:
+        """Cancel a call in the background (its awaiting task was cancelled); `close`
+        waits for these."""
+        task = asyncio.create_task(self._cancel_quietly(call_id), name=f"cancel-{call_id}")
+        self._cancelling.add(task)
+        task.add_done_callback(self._cancelling.discard)
+
+    async def _cancel_quietly(self, call_id: str) -> None:
+        with contextlib.suppress(BashfleetError):
+            await self.cancel(call_id)
 
     async def _send_call(self, call_id: str, queue: str, target: str | None, message: str) -> None:
         sent = await self._r(aio_records.send_call(

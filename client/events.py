@@ -115,9 +115,11 @@ def _catch_up(client: Redis, cursor: _Cursor) -> Generator[JobEvent, None, None]
             return
 
 
-def follow(client: Redis, since: str | None = None) -> Generator[JobEvent | None, None, None]:
+def follow(
+    client: Redis, since: str | None = None, tick_s: float = IDLE_TICK_S
+) -> Generator[JobEvent | None, None, None]:
     """Job events after `since` (a stream id; "0-0": every event kept; None: from now),
-    as they happen, forever; None at each idle tick (IDLE_TICK_S without an event).
+    as they happen, forever; None at each idle tick (`tick_s` without an event).
 
     Reconnects by itself while Redis is away (yielding None meanwhile) and catches up.
     """
@@ -130,7 +132,7 @@ def follow(client: Redis, since: str | None = None) -> Generator[JobEvent | None
             yield from _catch_up(client, cursor)
             attempt = 0
             while True:
-                message = pubsub.get_message(timeout=IDLE_TICK_S)
+                message = pubsub.get_message(timeout=tick_s)
                 if message is None:
                     yield None
                 elif message["type"] == "message":

@@ -547,7 +547,9 @@ class Fleet:
             since = events.last_seq(self._redis)
             view = self.job_views([job_id]).get(job_id)
         deadline = None if timeout is None else time.monotonic() + timeout
-        stream = events.follow(self._redis, since)
+        # Ticks short enough to keep the timeout, within a tenth of a second or so.
+        tick = events.IDLE_TICK_S if timeout is None else min(events.IDLE_TICK_S, 0.1)
+        stream = events.follow(self._redis, since, tick)
         try:
             while view is None or view.state != "ended":
                 if deadline is not None and time.monotonic() >= deadline:

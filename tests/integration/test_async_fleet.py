@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import threading
 import time
@@ -19,10 +20,11 @@ import redis
 
 from client import AsyncFleet, HostUnavailable, UnknownJob, WorkerLost
 from client.redis_server import RedisServer
+from worker.engine import procs
 from worker.fleet.connect import client_celery
 from worker.wire.messages import task_message
 
-from .conftest import WorkerFactory, WorkerProcess
+from .conftest import WorkerFactory, WorkerProcess, wait_for
 
 Hosts = tuple[WorkerProcess, WorkerProcess]
 
@@ -226,3 +228,26 @@ def test_a_worker_dying_mid_call_is_worker_lost(
     assert asyncio.run(main()) < 15
     # A worker of the same host, starting, kills what the dead one left running.
     workers.start("async-doomed")
+
+
+def test_cancelling_the_awaiting_task_cancels_the_call(
+    two_hosts: Hosts, redis_server: RedisServer, redis_client: redis.Redis
+) -> None:
+    async def main() -> None:
+        async with AsyncFleet(redis_server.url) as fleet:
+            call = asyncio.create_task(fleet.run("sleep 30", host="alpha", call_id="c-atask"))
+            for _ in range(1000):
+                if redis_client.hget("bashfleet:call:c-atask", "state") == "running":
+                    break
+                await asyncio.sleep(0.01)
+            call.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await call
+        # Leaving the block waited for the cancel to be sent.
+
+    started = time.monotonic()
+    asyncio.run(main())
+    wait_for(lambda: redis_client.hget("bashfleet:call:c-atask", "state") == "cancelled", 15,
+             "the call to end cancelled")
+    assert time.monotonic() - started < 15
+    assert not procs.find_call_processes(None, "c-atask")
