@@ -127,7 +127,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     with _spinner(label) if not args.json else contextlib.nullcontext():
         result: CallResult = fleet.run(
             command, host=args.host, mode=args.mode, timeout=args.timeout, cwd=args.cwd,
-            session=args.session,
+            session=args.session, tags=_tag_filter(args.tag),
         )
     if args.json:
         print(result.model_dump_json(indent=2))
@@ -547,6 +547,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--cwd", help="working directory on the host")
     run.add_argument("--session", help="session id (state carried between calls)")
     run.add_argument("--follow", action="store_true", help="stream a background job's output")
+    run.add_argument("--tag", action="append", metavar="NAME=VALUE",
+                     help="a tag of the job it starts (repeatable; ps, wait and events see it)")
     run.add_argument("--json", action="store_true", help="print the result as JSON")
     run.add_argument("command", nargs=argparse.REMAINDER, help="the bash command")
     run.set_defaults(func=cmd_run)
