@@ -334,6 +334,7 @@ class AsyncFleet:
         self._pending: dict[str, Pending] = {}
         self._watch_task: asyncio.Task[None] | None = None
         self._cancelling: set[asyncio.Task[None]] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     async def close(self) -> None:
         """Stop listening and close the connections (the object is unusable afterwards);
@@ -360,6 +361,16 @@ class AsyncFleet:
 
     async def _r(self, operation: Awaitable[T]) -> T:
         """One Redis operation, within the concurrency bound; failures FleetUnavailable."""
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop:
+            if self._loop is not None:
+                if asyncio.iscoroutine(operation):
+                    operation.close()
+                raise RuntimeError(
+                    "this AsyncFleet was first used in another event loop: its connections "
+                    "belong to that one; make one AsyncFleet per event loop"
+                )
+            self._loop = loop
         async with self._io:
             try:
                 return await operation

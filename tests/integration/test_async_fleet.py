@@ -25,6 +25,9 @@ from worker.fleet.connect import client_celery
 from worker.wire.messages import task_message
 
 from .conftest import WorkerFactory, WorkerProcess, wait_for
+from .test_hardening_signing import HOST as SIGNED_HOST
+from .test_hardening_signing import KEY
+from .test_hardening_signing import keyed as keyed  # noqa: PLC0414 - the fixture
 
 Hosts = tuple[WorkerProcess, WorkerProcess]
 
@@ -251,3 +254,21 @@ def test_cancelling_the_awaiting_task_cancels_the_call(
              "the call to end cancelled")
     assert time.monotonic() - started < 15
     assert not procs.find_call_processes(None, "c-atask")
+
+
+def test_signed_calls_and_control(
+    keyed: WorkerProcess, redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def main() -> tuple[str | None, bool | None]:
+        async with AsyncFleet(redis_server.url) as fleet:
+            result = await fleet.run("sleep 30", host=SIGNED_HOST, mode="background")
+            if result.job is None:
+                return (result.error.kind if result.error else None), None
+            running = (await fleet.check(result.job.id)).running
+            await fleet.kill(result.job.id)
+            return None, running
+
+    monkeypatch.setenv("BASHFLEET_SIGNING_KEY", KEY)
+    assert asyncio.run(main()) == (None, True)
+    monkeypatch.delenv("BASHFLEET_SIGNING_KEY")
+    assert asyncio.run(main()) == ("unauthorized", None)

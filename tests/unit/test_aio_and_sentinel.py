@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from client.aio import KEEP_WAITING, LOCK_GONE_GRACE_S, Pending, verdict
-from client.errors import WorkerLost
+from client.aio import KEEP_WAITING, LOCK_GONE_GRACE_S, AsyncFleet, Pending, verdict
+from client.errors import FleetUnavailable, WorkerLost
 from client.fleet import FAILOVER_GRACE_S, MESSAGE_LOST_GRACE_S, outage_grace_s
 from worker.fleet.connect import safe_url, sentinel_target, wire_config
 from worker.fleet.transport import SENTINEL_TRANSPORT, TRANSPORT
@@ -184,3 +184,16 @@ def test_wire_config_picks_the_transport() -> None:
 def test_waiting_callers_ride_out_only_a_failover() -> None:
     assert outage_grace_s("redis://h:6379/0") == 0.0
     assert outage_grace_s("sentinel://h1:1/0?master=m") == FAILOVER_GRACE_S
+
+
+def test_an_async_fleet_belongs_to_one_event_loop() -> None:
+    fleet = AsyncFleet("redis://127.0.0.1:1/0")  # nothing listens: nothing is reached
+    with pytest.raises(FleetUnavailable):
+        asyncio.run(fleet.hosts())
+    with pytest.raises(RuntimeError, match="another event loop"):
+        asyncio.run(fleet.hosts())
+
+
+def test_in_flight_limits_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="at least 1"):
+        AsyncFleet("redis://127.0.0.1:1/0", max_in_flight=0)
