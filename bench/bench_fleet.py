@@ -22,8 +22,10 @@ import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 from celery import Celery
 
 from client import Fleet
@@ -102,10 +104,54 @@ def latency(fleet: Fleet, bare: Celery, calls: int) -> tuple[list[float], list[f
     return ours, base
 
 
-def throughput(url: str, bare: Celery, calls: int, clients: int, rounds: int = 4) -> tuple[
-    float, float
-]:
-    """Calls per second of `echo N` with `clients` concurrent callers, each side.
+@dataclass
+class Cpu:
+    """CPU seconds spent by each party during one side's bursts."""
+
+    client: float = 0.0
+    worker: float = 0.0
+    bash: float = 0.0
+    redis: float = 0.0
+
+    def add(self, other: Cpu) -> None:
+        """Sum another burst's figures in."""
+        self.client += other.client
+        self.worker += other.worker
+        self.bash += other.bash
+        self.redis += other.redis
+
+
+def _cpu_now(worker_pid: int, redis_pid: int) -> Cpu:
+    """CPU used so far: this process (the callers), the worker's processes (their own,
+    and the commands they reaped), Redis."""
+    def own(proc: psutil.Process) -> float:
+        times = proc.cpu_times()
+        return float(times.user + times.system)
+
+    def reaped(proc: psutil.Process) -> float:
+        times = proc.cpu_times()
+        return float(times.children_user + times.children_system)
+
+    top = psutil.Process(worker_pid)
+    tree = [top, *top.children(recursive=True)]
+    # What a worker process reaped is the bash commands it ran (a consumer a supervisor
+    # reaped would count too: none restarts here).
+    return Cpu(
+        client=own(psutil.Process()), worker=sum(own(p) for p in tree),
+        bash=sum(reaped(p) for p in tree), redis=own(psutil.Process(redis_pid)),
+    )
+
+
+def _cpu_delta(before: Cpu, after: Cpu) -> Cpu:
+    return Cpu(after.client - before.client, after.worker - before.worker,
+               after.bash - before.bash, after.redis - before.redis)
+
+
+def throughput(
+    url: str, bare: Celery, calls: int, clients: int, *, pids: dict[str, int], rounds: int = 4
+) -> tuple[float, float, dict[str, Cpu]]:
+    """Calls per second of `echo N` with `clients` concurrent callers, each side, and the
+    CPU each party spent per side (`pids`: ours, bare, redis).
 
     The calls go in `rounds` bursts a side, in the order ours, bare, bare, ours, ... so
     that a machine getting slower or faster during the run favours neither side.
@@ -122,16 +168,21 @@ def throughput(url: str, bare: Celery, calls: int, clients: int, rounds: int = 4
         _bare_call(bare, f"echo {i}")
 
     elapsed = {ours: 0.0, base: 0.0}
+    spent = {"ours": Cpu(), "bare": Cpu()}
+    side = {ours: "ours", base: "bare"}
     per_round = calls // rounds
     with ThreadPoolExecutor(clients) as pool:
         for round_no in range(rounds):
             order = (ours, base) if round_no % 2 == 0 else (base, ours)
             for fn in order:
+                worker = pids[side[fn]]
+                before = _cpu_now(worker, pids["redis"])
                 start = time.perf_counter()
                 list(pool.map(fn, range(per_round)))
                 elapsed[fn] += time.perf_counter() - start
+                spent[side[fn]].add(_cpu_delta(before, _cpu_now(worker, pids["redis"])))
     done = per_round * rounds
-    return done / elapsed[ours], done / elapsed[base]
+    return done / elapsed[ours], done / elapsed[base], spent
 
 
 def check_under_load(fleet: Fleet, url: str, slots: int, checks: int) -> list[float]:
@@ -180,8 +231,8 @@ def main(argv: list[str] | None = None) -> int:
         bare_worker = [sys.executable, "-m", "celery", "-A", "bench.bare_app", "worker",
                        "-P", "threads", "-c", str(slots), "-Q", BARE_QUEUE, "-n", "bare@%h",
                        "--without-gossip", "--without-mingle", "-l", "WARNING"]
-        with _process(worker, env, root / "worker.log"), \
-                _process(bare_worker, env, root / "bare.log"):
+        with _process(worker, env, root / "worker.log") as ours_worker, \
+                _process(bare_worker, env, root / "bare.log") as bare_proc:
             fleet = Fleet(server.url)
             bare = _bare_client(server.url)
             _wait(lambda: any(h.host == HOST and h.alive and h.ready for h in fleet.hosts()),
@@ -191,20 +242,22 @@ def main(argv: list[str] | None = None) -> int:
                 fleet.run("true", host=HOST)
                 _bare_call(bare, "true")
             ours, base = latency(fleet, bare, calls)
-            ours_rate, base_rate = throughput(server.url, bare, burst, clients=16)
+            pids = {"ours": ours_worker.pid, "bare": bare_proc.pid, "redis": server.pid or 0}
+            ours_rate, base_rate, spent = throughput(server.url, bare, burst, clients=16,
+                                                     pids=pids)
             check_times = check_under_load(fleet, server.url, slots, checks)
     print()
     print(_row("row", "measured", "baseline", "ratio", "target", ok=None).replace("info", "status"))
     print("-" * 110)
     p50, b50 = statistics.median(ours), statistics.median(base)
     print(_row("`true` end to end, p50", f"{p50 * 1e3:.2f} ms", f"{b50 * 1e3:.2f} ms",
-               f"{p50 / b50:.2f}x", "<= 1.20x", ok=p50 / b50 <= 1.2))
+               f"{p50 / b50:.2f}x", "<= 1.00x", ok=p50 / b50 <= 1.0))
     p99, b99 = _pct(ours, 0.99), _pct(base, 0.99)
     print(_row("`true` end to end, p99 (info)", f"{p99 * 1e3:.2f} ms", f"{b99 * 1e3:.2f} ms",
                f"{p99 / b99:.2f}x", "-", ok=None))
     print(_row(f"{burst} `echo` calls, 16 callers", f"{ours_rate:.0f} calls/s",
-               f"{base_rate:.0f} calls/s", f"{ours_rate / base_rate:.2f}x", ">= 1.00x",
-               ok=ours_rate >= base_rate))
+               f"{base_rate:.0f} calls/s", f"{ours_rate / base_rate:.2f}x", ">= 1.50x",
+               ok=ours_rate >= 1.5 * base_rate))
     c99 = _pct(check_times, 0.99)
     print(_row(f"`check` p99, all {slots} slots busy", f"{c99 * 1e3:.2f} ms", "-", "-",
                "<= 20 ms", ok=c99 <= 0.020))
@@ -212,6 +265,13 @@ def main(argv: list[str] | None = None) -> int:
                f"{statistics.median(check_times) * 1e3:.2f} ms", "-", "-", "-", ok=None))
     print(f"\n(baseline: bare Celery task running subprocess.run on the same Redis, {slots} "
           "threads each side; ratios are measured / baseline)")
+    print(f"\nCPU per call during the `echo` bursts, ms (the callers, the worker's own "
+          f"processes, the bash commands they ran, Redis; {burst} calls a side):")
+    print(f"{'side':<6} {'callers':>8} {'worker':>8} {'bash':>8} {'redis':>8} {'total':>8}")
+    for name, cpu in spent.items():
+        parts = [cpu.client, cpu.worker, cpu.bash, cpu.redis]
+        cells = " ".join(f"{part / burst * 1e3:8.2f}" for part in [*parts, sum(parts)])
+        print(f"{name:<6} {cells}")
     return 0
 
 

@@ -13,6 +13,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from client.aio import AsyncFleet
     from client.errors import (
         BashfleetError,
         CallRejected,
@@ -20,10 +21,11 @@ if TYPE_CHECKING:
         HostUnavailable,
         Unauthorized,
         UnknownJob,
+        WaitTimeout,
         WorkerError,
         WorkerLost,
     )
-    from client.fleet import AsyncFleet, Fleet
+    from client.fleet import Fleet
 
 __all__ = [
     "AsyncFleet",
@@ -34,6 +36,7 @@ __all__ = [
     "HostUnavailable",
     "Unauthorized",
     "UnknownJob",
+    "WaitTimeout",
     "WorkerError",
     "WorkerLost",
 ]
@@ -42,7 +45,8 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     if name not in __all__:
         raise AttributeError(f"module 'client' has no attribute {name!r}")
-    home = "client.fleet" if name in ("AsyncFleet", "Fleet") else "client.errors"
+    homes = {"AsyncFleet": "client.aio", "Fleet": "client.fleet"}
+    home = homes.get(name, "client.errors")
     value = getattr(importlib.import_module(home), name)
     globals()[name] = value  # the next lookup does not come here
     return value

@@ -137,6 +137,7 @@ def _run_request(args: argparse.Namespace) -> Any:
     options: dict[str, Any] = {
         "host": args.host, "mode": args.mode, "timeout": args.timeout, "cwd": args.cwd,
         "session": args.session, "isolation": args.isolation, "network": args.network,
+        "tags": _tag_filter(args.tag),
     }
     if args.mode != "background":
         # A person's (or a script's) `run` fails at its timeout, as `timeout(1)` does:
@@ -321,8 +322,21 @@ def _dump(item: Any) -> Any:
     return item.model_dump(mode="json") if hasattr(item, "model_dump") else item
 
 
+def _tag_filter(pairs: Sequence[str] | None) -> dict[str, str]:
+    """`--tag NAME=VALUE` options as a mapping; ValueError for one without `=`."""
+    tags = {}
+    for pair in pairs or ():
+        name, equals, value = pair.partition("=")
+        if not equals or not name:
+            raise ValueError(f"--tag takes NAME=VALUE, not {pair!r}")
+        tags[name] = value
+    return tags
+
+
 def cmd_ps(args: argparse.Namespace) -> int:
-    jobs = _fleet().jobs(host=args.host, all_owners=args.all)
+    jobs = _fleet().jobs(
+        host=args.host, all_owners=args.all, tags=_tag_filter(args.tag), owner=args.owner
+    )
     if args.json:
         _print_json([_dump(job) for job in jobs])
         return 0
@@ -350,6 +364,66 @@ def isolation_text(sandbox: dict[str, Any] | None) -> str:
     if sandbox.get("run_as"):
         parts.append(f"as {sandbox['run_as']}")
     return ", ".join(parts)
+
+
+# --------------------------------------------------------------------- wait, events
+
+
+def job_status(exit_code: int | None, signal: int | None) -> int:
+    """The exit status of a job that ended, as `run` gives a call's."""
+    if signal is not None:
+        return 128 + signal
+    return exit_code if exit_code is not None else EXIT_SYSTEM_ERROR
+
+
+def _ending(exit_code: int | None, signal: int | None) -> str:
+    if exit_code is not None:
+        return f"exited with code {exit_code}"
+    if signal is not None:
+        return f"killed by signal {signal}"
+    return "ended, exit status unknown"
+
+
+def cmd_wait(args: argparse.Namespace) -> int:
+    from client.errors import WaitTimeout  # noqa: PLC0415
+
+    try:
+        view = _fleet().wait(args.id, timeout=args.timeout)
+    except WaitTimeout as exc:
+        print(f"bashfleet wait: {exc}", file=sys.stderr)
+        return EXIT_TIMEOUT
+    if args.json:
+        print(view.model_dump_json(indent=2))
+    else:
+        took = f" after {view.ended_at - view.started_at:.1f}s" if view.ended_at else ""
+        print(f"[job {view.id} on {view.host}: {_ending(view.exit_code, view.signal)}{took}; "
+              f"output: {view.output_path}]", file=sys.stderr)
+    return job_status(view.exit_code, view.signal)
+
+
+def event_line(event: Any) -> str:
+    """One job event as `bashfleet events` prints it for a person."""
+    at = time.strftime("%H:%M:%S", time.localtime(event.at))
+    tags = " ".join(f"{k}={v}" for k, v in sorted(event.tags.items()))
+    if event.kind == "started":
+        what = f"started  {event.job_id} on {event.host}"
+    else:
+        what = (f"ended    {event.job_id} on {event.host}: "
+                f"{_ending(event.exit_code, event.signal)} after {event.duration_s or 0:.1f}s")
+    command = event.command if len(event.command) <= 60 else event.command[:57] + "..."
+    return f"{at} {what}  [{command}]" + (f"  {tags}" if tags else "") + \
+        f"  output: {event.output_path}"
+
+
+def cmd_events(args: argparse.Namespace) -> int:
+    kinds = tuple(args.kind or ())
+    stream = _fleet().events(host=args.host, kinds=kinds, tags=_tag_filter(args.tag),
+                             since="0-0" if args.since == "all" else args.since)
+    for count, event in enumerate(stream, start=1):
+        print(event.model_dump_json() if args.json else event_line(event), flush=True)
+        if args.count is not None and count >= args.count:
+            break
+    return 0
 
 
 def cmd_hosts(args: argparse.Namespace) -> int:
@@ -547,30 +621,7 @@ def build_parser() -> argparse.ArgumentParser:
         # No options here: they are the module's own, passed through (see `main`).
         sub.add_parser(name, help=text, add_help=False)
 
-    run = sub.add_parser("run", help="run a command on the fleet")
-    run.add_argument("--host", help="host id (default: any host)")
-    run.add_argument("--mode", choices=["default", "slow", "background"], default="default")
-    run.add_argument("--timeout", type=float,
-                     help="seconds before the command is killed (exit 124); default 120, "
-                          "15 minutes with --mode slow")
-    run.add_argument("--background-on-timeout", action="store_true",
-                     help="at the timeout, leave the command running as a background job "
-                          "instead of killing it")
-    run.add_argument("--cwd", help="working directory on the host")
-    run.add_argument("--session",
-                     help="session id: the call runs on the session's host, in its cwd, with "
-                          "its exported variables, and what it changes there holds for the "
-                          "session's next call (kept in Redis: any process, any machine)")
-    run.add_argument("--follow", action="store_true",
-                     help="stream the output as the host writes it (also a background job's)")
-    run.add_argument("--isolation", choices=["process", "strict", "none"],
-                     help="the sandbox (default: the host's; stronger is granted, weaker "
-                     "refused)")
-    run.add_argument("--network", action=argparse.BooleanOptionalAction, default=None,
-                     help="let the command reach the network (default: the isolation's)")
-    run.add_argument("--json", action="store_true", help="print the result as JSON")
-    run.add_argument("command", nargs=argparse.REMAINDER, help="the bash command")
-    run.set_defaults(func=cmd_run)
+    _add_run_command(sub)
 
     check = sub.add_parser("check", help="state and new output of a background job")
     check.add_argument("id")
@@ -594,14 +645,68 @@ def build_parser() -> argparse.ArgumentParser:
     ps.add_argument("--host")
     ps.add_argument("--all", action="store_true",
                     help="every owner's jobs (needs the admin key), not only this user's")
+    ps.add_argument("--tag", action="append", metavar="NAME=VALUE",
+                    help="only jobs with this tag (repeatable: all of them)")
+    ps.add_argument("--owner", help="only jobs of this owner")
     ps.add_argument("--json", action="store_true")
     ps.set_defaults(func=cmd_ps)
 
     hosts = sub.add_parser("hosts", help="list hosts and their load")
     hosts.add_argument("--json", action="store_true")
     hosts.set_defaults(func=cmd_hosts)
+    _add_event_commands(sub)
     _add_agent_commands(sub)
     return parser
+
+
+def _add_run_command(sub: Any) -> None:
+    """`run`: one bash call on the fleet."""
+    run = sub.add_parser("run", help="run a command on the fleet")
+    run.add_argument("--host", help="host id (default: any host)")
+    run.add_argument("--mode", choices=["default", "slow", "background"], default="default")
+    run.add_argument("--timeout", type=float,
+                     help="seconds before the command is killed (exit 124); default 120, "
+                          "15 minutes with --mode slow")
+    run.add_argument("--background-on-timeout", action="store_true",
+                     help="at the timeout, leave the command running as a background job "
+                          "instead of killing it")
+    run.add_argument("--cwd", help="working directory on the host")
+    run.add_argument("--session",
+                     help="session id: the call runs on the session's host, in its cwd, with "
+                          "its exported variables, and what it changes there holds for the "
+                          "session's next call (kept in Redis: any process, any machine)")
+    run.add_argument("--follow", action="store_true",
+                     help="stream the output as the host writes it (also a background job's)")
+    run.add_argument("--isolation", choices=["process", "strict", "none"],
+                     help="the sandbox (default: the host's; stronger is granted, weaker "
+                     "refused)")
+    run.add_argument("--network", action=argparse.BooleanOptionalAction, default=None,
+                     help="let the command reach the network (default: the isolation's)")
+    run.add_argument("--tag", action="append", metavar="NAME=VALUE",
+                     help="a tag of the job it starts (repeatable; ps, wait and events see it)")
+    run.add_argument("--json", action="store_true", help="print the result as JSON")
+    run.add_argument("command", nargs=argparse.REMAINDER, help="the bash command")
+    run.set_defaults(func=cmd_run)
+
+
+def _add_event_commands(sub: Any) -> None:
+    """`wait` and `events`: job ends, heard from any client."""
+    wait = sub.add_parser("wait", help="wait until a background job ends; exit with its status")
+    wait.add_argument("id", help="job id (or the id of the call that started it)")
+    wait.add_argument("--timeout", type=float, help="give up after S seconds (exit 124)")
+    wait.add_argument("--json", action="store_true", help="print the job's final view")
+    wait.set_defaults(func=cmd_wait)
+
+    events = sub.add_parser("events", help="job starts and ends as they happen, fleet-wide")
+    events.add_argument("--host", help="only jobs of this host")
+    events.add_argument("--kind", action="append", choices=["started", "ended"])
+    events.add_argument("--tag", action="append", metavar="NAME=VALUE",
+                        help="only jobs with this tag (repeatable: all of them)")
+    events.add_argument("--since", help="an event's seq to resume after, or `all` (every "
+                        "event kept); default: from now")
+    events.add_argument("--count", type=int, help="stop after N events")
+    events.add_argument("--json", action="store_true", help="one JSON object a line")
+    events.set_defaults(func=cmd_events)
 
 
 def _add_agent_commands(sub: Any) -> None:
@@ -638,6 +743,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BashfleetError as exc:
         print(f"bashfleet: {exc}", file=sys.stderr)
         return EXIT_SYSTEM_ERROR
+    except ValueError as exc:  # a malformed option value (`--tag` without `=`)
+        print(f"bashfleet {args.cmd}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     except KeyboardInterrupt:
         return 130
     return status

@@ -9,7 +9,9 @@
     ├── CallRejected               the call is invalid (bad arguments); nothing was run
     ├── Unauthorized               the worker refused the message (unsigned, bad
     │                              signature, unknown key, expired, replayed)
-    └── WorkerError                the worker failed inside, or did not answer in time
+    ├── WorkerError                the worker failed inside, or did not answer in time
+    └── WaitTimeout                `wait` gave up before the job ended (it runs on);
+                                   also a TimeoutError
 
 A command that fails is not an error: its exit code, signal or system error are in
 the returned `CallResult`. Messages never show the Redis password.
@@ -24,6 +26,7 @@ __all__ = [
     "HostUnavailable",
     "Unauthorized",
     "UnknownJob",
+    "WaitTimeout",
     "WorkerError",
     "WorkerLost",
     "error_for",
@@ -78,6 +81,14 @@ class Unauthorized(BashfleetError):  # noqa: N818 - names of the public API
 
 class WorkerError(BashfleetError):
     """The worker failed inside (a bug of ours, reported), or did not answer in time."""
+
+
+class WaitTimeout(BashfleetError, TimeoutError):  # noqa: N818 - names of the public API
+    """`wait` gave up: the job had not ended within the timeout (it keeps running)."""
+
+    def __init__(self, message: str, job_id: str | None = None) -> None:
+        super().__init__(message)
+        self.id = job_id
 
 
 def error_for(kind: str, message: str) -> BashfleetError:

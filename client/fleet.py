@@ -1,4 +1,4 @@
-"""The Python API of the fleet: `Fleet` (blocking) and `AsyncFleet` (asyncio).
+"""The Python API of the fleet: `Fleet` (blocking; `AsyncFleet`, in `client.aio`, for asyncio).
 
     fleet = Fleet()                      # BASHFLEET_REDIS_URL, else the local fleet
     result = fleet.run("make test", host="build-1")
@@ -17,33 +17,33 @@ seconds, and the command is never sent again.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import re
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
 import redis
 from kombu.exceptions import OperationalError
-from kombu.utils.url import maybe_sanitize_url
 from pydantic import ValidationError
 
-from client import records, shells
+from client import events, records, shells
 from client.errors import (
     BashfleetError,
     CallRejected,
     FleetUnavailable,
     HostUnavailable,
     UnknownJob,
+    WaitTimeout,
     WorkerError,
     WorkerLost,
     error_for,
 )
 from client.replies import Replies, Waiter
-from worker.fleet.connect import client_celery, redis_client
+from worker.fleet.connect import client_celery, redis_client, safe_url, sentinel_target
 from worker.settings import Settings
 from worker.wire import auth, names
 from worker.wire.control import (
@@ -59,6 +59,8 @@ from worker.wire.control import (
     KillRequest,
     ReadOutputRequest,
 )
+from worker.wire.events import EventKind, JobEvent, event_matches
+from worker.wire.messages import task_message
 from worker.wire.models import (
     OWNER_PATTERN,
     SLOW_TIMEOUT_S,
@@ -85,6 +87,21 @@ WATCH_INTERVAL_S = 0.5
 #: A claim follows a take within milliseconds; a message gone this long without one
 #: was lost with the consumer that took it.
 MESSAGE_LOST_GRACE_S = 3.0
+#: Longest wait for a control call (check, kill, read_output, cancel, jobs).
+CTL_TIMEOUT_S = 30.0
+#: Longest command shown in a call's task arguments (Flower's "args").
+ARGSREPR_COMMAND_CHARS = 500
+
+
+#: Behind Redis Sentinel, an outage shorter than this (a failover: seconds) does not
+#: fail the calls being waited for: their answers are stored, and read once a replica
+#: took over. A single Redis that goes away is said at once (FleetUnavailable).
+FAILOVER_GRACE_S = 30.0
+
+
+def outage_grace_s(url: str) -> float:
+    """How long the calls in flight wait through a Redis outage (see FAILOVER_GRACE_S)."""
+    return FAILOVER_GRACE_S if sentinel_target(url) is not None else 0.0
 #: Longest wait for a control call (check, kill, read_output, cancel, jobs).
 CTL_TIMEOUT_S = 30.0
 #: Longest command shown in a call's task arguments (Flower's "args").
@@ -140,6 +157,29 @@ def validation_message(exc: ValidationError) -> str:
     return "; ".join(parts)
 
 
+@dataclass(frozen=True)
+class Identity:
+    """Who a client is to the fleet: the owner of its calls and the key it signs with."""
+
+    owner: str
+    signing_key: str | None
+    admin: bool
+    """True when `signing_key` is the admin key."""
+
+
+def resolve_identity(url: str, owner: str | None, admin: bool) -> Identity:
+    """A client's identity (`Fleet`'s `owner` and `admin` arguments); CallRejected for an
+    owner that is not a valid name."""
+    if owner is not None and not re.fullmatch(OWNER_PATTERN, owner):
+        raise CallRejected(f"invalid owner {owner!r}: 1-128 letters, digits, _.:@-")
+    admin_key = resolve_admin_key(url) if admin else None
+    return Identity(
+        owner=owner or Settings().owner_name(),
+        signing_key=admin_key or resolve_signing_key(url),
+        admin=admin_key is not None,
+    )
+
+
 def build_call(request: RunRequest, owner: str = "") -> Call:
     """The call a request sends: its mode applied, a fresh id unless it names one."""
     timeout = request.timeout
@@ -152,7 +192,7 @@ def build_call(request: RunRequest, owner: str = "") -> Call:
             background=request.mode == "background",
             env=request.env, unset_env=request.unset_env, capture_state=request.capture_state,
             head=request.head, tail=request.tail, owner=owner, isolation=request.isolation,
-            network=request.network, session=request.session,
+            network=request.network, session=request.session, tags=request.tags,
             **({"policy": request.policy} if request.policy is not None else {}),
         )
     except ValidationError as exc:
@@ -182,6 +222,29 @@ def _argsrepr(call: Call) -> str:
                  "session": call.session})
 
 
+class Outage:
+    """Redis errors while a call is waited for: tolerated for `grace_s` (a Sentinel
+    failover), since the worker stores the answer for when a replica took over."""
+
+    def __init__(self, grace_s: float) -> None:
+        self.grace_s = grace_s
+        self.since: float | None = None
+
+    @contextlib.contextmanager
+    def tolerated(self) -> Iterator[None]:
+        """Run the block; a Redis error in it passes (after a short pause) unless the
+        outage has lasted `grace_s`, then it is raised."""
+        try:
+            yield
+            self.since = None
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            now = time.monotonic()
+            self.since = self.since or now
+            if now - self.since >= self.grace_s:
+                raise exc from None
+            time.sleep(WATCH_INTERVAL_S)  # Redis is away: look again in a moment
+
+
 class Fleet:
     """A client of the fleet. Thread-safe; cheap to keep for the life of a process.
 
@@ -194,26 +257,25 @@ class Fleet:
     def __init__(
         self, redis_url: str | None = None, *, owner: str | None = None, admin: bool = False
     ) -> None:
-        if owner is not None and not re.fullmatch(OWNER_PATTERN, owner):
-            raise CallRejected(f"invalid owner {owner!r}: 1-128 letters, digits, _.:@-")
         url = resolve_url(redis_url)
         if not url:
             raise FleetUnavailable(
                 "no fleet configured: pass redis_url=, set BASHFLEET_REDIS_URL, "
                 "or start a local fleet with `bashfleet up`"
             )
-        self.url = maybe_sanitize_url(url)
+        self.url = safe_url(url)
         """The Redis URL with its password hidden (for messages)."""
         self._redis = redis_client(url)
         self._celery = client_celery(url)
-        self.owner = owner or Settings().owner_name()
+        identity = resolve_identity(url, owner, admin)
+        self.owner = identity.owner
         """Who this client's calls and jobs belong to."""
-        admin_key = resolve_admin_key(url) if admin else None
-        self.admin = admin_key is not None
+        self.admin = identity.admin
         """True when this client signs with the admin key."""
-        self._signing_key = admin_key or resolve_signing_key(url)
+        self._signing_key = identity.signing_key
         self._keys = auth.keyring([self._signing_key or ""])
         self._replies = Replies(self._redis, self._keys)
+        self._outage_grace_s = outage_grace_s(url)
         # call id -> when its unclaimed message was first seen gone from its queue.
         self._missing_since: dict[str, float] = {}
 
@@ -284,22 +346,30 @@ class Fleet:
         host, label = request.host, request.label
         with self._errors():
             queue, target = self._route(host, label)
-            # One round trip: the host's liveness and the new call record, atomically.
-            submitted = records.submit_call(
-                self._redis, call.call_id, queue, target, require_alive=target is not None
-            )
-            if submitted == "down" and target is not None:
-                self._require_alive(target)  # raises HostUnavailable, with the live hosts
-                submitted = records.submit_call(self._redis, call.call_id, queue, target)
-            if submitted == "taken":
-                raise CallRejected(f"call id {call.call_id} is already in use")
             args = self._signed(Task.EXEC, [call.model_dump(mode="json")])
+            message = task_message(
+                Task.EXEC, args, task_id=call.call_id, queue=queue,
+                reply_to=self._replies.channel, argsrepr=_argsrepr(call),
+            )
             waiter = self._replies.expect(call.call_id)
             try:
-                self._send(Task.EXEC, args, queue, call.call_id, _argsrepr(call))
-                return self._wait_call(waiter, target, label)
+                self._send_call(call.call_id, queue, target, message)
+                return self._wait_call(waiter, target, label, queue)
             finally:
                 self._replies.forget(waiter)
+
+    def _send_call(self, call_id: str, queue: str, target: str | None, message: str) -> None:
+        """Record the call and push its message: one round trip, one Lua script that also
+        checks the named host is alive (no Celery publish: see `worker.wire.messages`)."""
+        sent = records.send_call(
+            self._redis, call_id, queue, target, message, require_alive=target is not None
+        )
+        if sent == "down" and target is not None:
+            self._require_alive(target)  # raises HostUnavailable, with the live hosts
+            sent = records.send_call(self._redis, call_id, queue, target, message,
+                                     require_alive=False)
+        if sent == "taken":
+            raise CallRejected(f"call id {call_id} is already in use")
 
     def _route(self, host: str | None, label: str | None) -> tuple[str, str | None]:
         """(queue, target host) for a call; HostUnavailable when nobody would take it.
@@ -350,14 +420,19 @@ class Fleet:
         """The task's verified answer if it arrives within `timeout` (`Replies.answer`)."""
         return self._replies.answer(waiter, timeout)
 
-    def _wait_call(self, waiter: Waiter, target: str | None, label: str | None) -> CallResult:
+    def _wait_call(
+        self, waiter: Waiter, target: str | None, label: str | None, queue: str
+    ) -> CallResult:
         call_id = waiter.task_id
+        outage = Outage(self._outage_grace_s)
         try:
             while True:
-                payload = self._answer(waiter, WATCH_INTERVAL_S)
-                if payload is not None:
-                    return CallResult.model_validate_json(payload)
-                problem = self._watch(call_id, target, label)
+                problem: BashfleetError | CallResult | None = None
+                with outage.tolerated():
+                    payload = self._answer(waiter, WATCH_INTERVAL_S)
+                    if payload is not None:
+                        return CallResult.model_validate_json(payload)
+                    problem = self._watch(call_id, target, label, queue)
                 if problem is None:
                     continue
                 # Before calling it lost, take an answer that arrived meanwhile.
@@ -371,7 +446,7 @@ class Fleet:
             self._missing_since.pop(call_id, None)
 
     def _watch(
-        self, call_id: str, target: str | None, label: str | None
+        self, call_id: str, target: str | None, label: str | None, queue: str
     ) -> BashfleetError | CallResult | None:
         """What went wrong with a pending call, if anything (None: keep waiting)."""
         record = records.call_record(self._redis, call_id)
@@ -390,7 +465,8 @@ class Fleet:
                 error=SystemError_(kind="internal", message=message),
             )
         if state == CallState.QUEUED or state is None:
-            return self._watch_queued(call_id, target, label, record.get("queue"))
+            # The queue as sent: a record Redis lost (a failover) names none.
+            return self._watch_queued(call_id, target, label, record.get("queue") or queue)
         instance = record.get("instance")
         if host and instance and records.host_alive_token(self._redis, host) != instance:
             return WorkerLost(
@@ -524,9 +600,18 @@ class Fleet:
             request = DetachRequest(call_id=call_id)
             return self._control(record["host"], request, DetachResult).detached
 
-    def jobs(self, host: str | None = None, *, all_owners: bool = False) -> list[JobView]:
+    def jobs(
+        self, host: str | None = None, *, all_owners: bool = False,
+        tags: Mapping[str, str] | None = None, owner: str | None = None,
+    ) -> list[JobView]:
         """This client's background jobs on one host, or on every host the fleet knows;
-        oldest first. `all_owners`: every owner's (an admin client only)."""
+        oldest first; only those carrying every tag of `tags`. `all_owners` (an admin
+        client only): every owner's, or those of `owner`."""
+        every = all_owners or (owner is not None and owner != self.owner)
+        return [view for view in self._all_jobs(host, every)
+                if events.job_matches(view, tags=tags, owner=owner)]
+
+    def _all_jobs(self, host: str | None, all_owners: bool) -> list[JobView]:
         with self._errors():
             hosts = [host] if host is not None else [
                 info.host for info in records.list_hosts(self._redis)
@@ -547,6 +632,61 @@ class Fleet:
                     if all_owners or view.owner == self.owner
                 ]
             return sorted(views, key=lambda view: view.started_at)
+
+    def job_views(self, ids: list[str]) -> dict[str, JobView]:
+        """What Redis knows of these jobs, by id, in one round trip (no worker is asked):
+        how a dialect learns which of its jobs ended. Unknown ids are left out."""
+        with self._errors():
+            return events.job_views(self._redis, [i for i in ids if names.valid_id(i)])
+
+    def wait(self, id: str, *, timeout: float | None = None) -> JobView:
+        """Wait until a job (or the job a call started) ends; its final view.
+
+        Hears the job's `ended` event (`events`) as it is published, and reads the job's
+        record at each idle tick, so neither a missed publish nor a Redis reconnect
+        makes it miss the end. WaitTimeout after `timeout` seconds (the job runs on).
+        """
+        with self._errors():
+            _, job_id = self._job_owner(id)
+            since = events.last_seq(self._redis)
+            view = self.job_views([job_id]).get(job_id)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        # Ticks short enough to keep the timeout, within a tenth of a second or so.
+        tick = events.IDLE_TICK_S if timeout is None else min(events.IDLE_TICK_S, 0.1)
+        stream = events.follow(self._redis, since, tick)
+        try:
+            while view is None or view.state != "ended":
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise WaitTimeout(
+                        f"job {job_id} still running after {timeout:g}s", job_id=job_id
+                    )
+                event = next(stream)
+                if event is None or (event.job_id == job_id and event.kind == "ended"):
+                    with contextlib.suppress(FleetUnavailable):  # Redis away: next tick
+                        view = self.job_views([job_id]).get(job_id, view)
+            return view
+        finally:
+            stream.close()
+
+    def events(
+        self, *, host: str | None = None, kinds: tuple[EventKind, ...] = (),
+        tags: Mapping[str, str] | None = None, since: str | None = None,
+    ) -> Generator[JobEvent, None, None]:
+        """Job events (a job started, a job ended) of the whole fleet as they happen,
+        from any client; filtered by host, kind and tags. `since`: a `JobEvent.seq` to
+        resume after ("0-0": every event kept); None: from now. Endless: break out of
+        it (or close it). Nothing is missed across a Redis reconnect (see
+        `client.events`)."""
+        with self._errors():
+            start = since if since is not None else events.last_seq(self._redis)
+        stream = events.follow(self._redis, start)
+        try:
+            for event in stream:
+                if event is not None and event_matches(event, host=host, kinds=kinds,
+                                                       tags=dict(tags or {})):
+                    yield event
+        finally:
+            stream.close()
 
     def hosts(self) -> list[HostInfo]:
         """Every host seen in the last day: alive or not, slots, busy and queued, labels."""
@@ -671,63 +811,3 @@ class Fleet:
                 raise WorkerError(
                     f"the worker on {host} did not answer within {CTL_TIMEOUT_S:.0f}s"
                 )
-
-
-class AsyncFleet:
-    """`Fleet` for asyncio: the same methods, awaited (each runs in a worker thread)."""
-
-    def __init__(
-        self, redis_url: str | None = None, *, owner: str | None = None, admin: bool = False
-    ) -> None:
-        self.fleet = Fleet(redis_url, owner=owner, admin=admin)
-        self.url = self.fleet.url
-
-    async def run(self, command: str, **options: Any) -> CallResult:
-        """See `Fleet.run`."""
-        return await self.execute(run_request(command, options))
-
-    async def execute(self, request: RunRequest) -> CallResult:
-        """See `Fleet.execute`."""
-        return await asyncio.to_thread(self.fleet.execute, request)
-
-    async def check(self, id: str, **options: Any) -> CheckResult:
-        """See `Fleet.check`."""
-        return await asyncio.to_thread(lambda: self.fleet.check(id, **options))
-
-    async def kill(self, id: str, **options: Any) -> CheckResult:
-        """See `Fleet.kill`."""
-        return await asyncio.to_thread(lambda: self.fleet.kill(id, **options))
-
-    async def read_output(self, id: str, **options: Any) -> OutputChunk:
-        """See `Fleet.read_output`."""
-        return await asyncio.to_thread(lambda: self.fleet.read_output(id, **options))
-
-    async def cancel(self, call_id: str) -> bool:
-        """See `Fleet.cancel`."""
-        return await asyncio.to_thread(self.fleet.cancel, call_id)
-
-    async def detach(self, call_id: str) -> bool:
-        """See `Fleet.detach`."""
-        return await asyncio.to_thread(self.fleet.detach, call_id)
-
-    async def jobs(self, host: str | None = None, *, all_owners: bool = False) -> list[JobView]:
-        """See `Fleet.jobs`."""
-        return await asyncio.to_thread(lambda: self.fleet.jobs(host, all_owners=all_owners))
-
-    async def hosts(self) -> list[HostInfo]:
-        """See `Fleet.hosts`."""
-        return await asyncio.to_thread(self.fleet.hosts)
-
-    async def shared_queues(self) -> dict[str, int]:
-        """See `Fleet.shared_queues`."""
-        return await asyncio.to_thread(self.fleet.shared_queues)
-
-    def close(self) -> None:
-        """Close the connections."""
-        self.fleet.close()
-
-    async def __aenter__(self) -> AsyncFleet:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        self.close()

@@ -55,13 +55,14 @@ from mcp.shared.exceptions import MCPError
 from mcp_types.jsonrpc import INVALID_PARAMS
 
 from client.dialects import Artifact, Dialect, Runner, SessionState, ToolText
+from client.dialects.base import JobViewer
 from client.errors import BashfleetError, FleetUnavailable, HostUnavailable, UnknownJob
 from client.fleet import Fleet, resolve_signing_key, resolve_url
 from client.sessions import RedisSessionStore, ShellStore, validate_session_id
 from client.shells import ShellChange
 from worker.fleet.connect import redis_client
 from worker.wire.control import CheckRequest, KillRequest, ReadOutputRequest
-from worker.wire.models import CallResult, CheckResult, OutputChunk, RunRequest
+from worker.wire.models import CallResult, CheckResult, JobView, OutputChunk, RunRequest
 
 __all__ = [
     "Backend",
@@ -156,6 +157,10 @@ class FleetRunner:
         """`Fleet.cancel`."""
         return self._guard(lambda: self.fleet.cancel(call_id))
 
+    def job_views(self, ids: list[str]) -> dict[str, JobView]:
+        """`Fleet.job_views` (the native dialect's ended-job notes)."""
+        return self._guard(lambda: self.fleet.job_views(ids))
+
 
 class ServerRunner(Runner, Protocol):
     """What the server needs beyond the dialects' `Runner`: cancelling a call."""
@@ -248,6 +253,12 @@ class SessionRunner:
     def read_chunk(self, request: ReadOutputRequest) -> OutputChunk:
         """`Runner.read_chunk` (routed by id)."""
         return self._runner.read_chunk(request)
+
+    def job_views(self, ids: list[str]) -> dict[str, JobView]:
+        """`JobViewer.job_views` of the runner, when it has it."""
+        if not isinstance(self._runner, JobViewer):
+            return {}
+        return self._runner.job_views(ids)
 
 
 # ---------------------------------------------------------------------------- backend

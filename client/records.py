@@ -28,6 +28,20 @@ redis.call('EXPIRE', KEYS[1], ARGV[1])
 return 'ok'
 """)
 
+# KEYS: call, queue[, alive]; ARGV: call TTL, message, fields... Records the call as
+# queued and pushes its Celery message (`worker.wire.messages`) atomically: a call is
+# never recorded without its message nor sent without its record, and a replica gets
+# both or neither. 'down' when the named host's lock is gone, 'taken' when the id is
+# in use (nothing recorded nor pushed then).
+SEND = Script("""
+if KEYS[3] and redis.call('EXISTS', KEYS[3]) == 0 then return 'down' end
+if redis.call('EXISTS', KEYS[1]) == 1 then return 'taken' end
+redis.call('HSET', KEYS[1], unpack(ARGV, 3))
+redis.call('EXPIRE', KEYS[1], ARGV[1])
+redis.call('LPUSH', KEYS[2], ARGV[2])
+return 'ok'
+""")
+
 #: Most messages of a queue scanned when looking for one (a queue is rarely longer).
 QUEUE_SCAN_LIMIT = 10_000
 
@@ -54,18 +68,46 @@ def submit_call(
     return cast(str, _SUBMIT(client, keys, [names.CALL_TTL_S, *flat_fields(fields)]))
 
 
+def send_keys_args(
+    call_id: str, queue: str, host: str | None, message: str, *, require_alive: bool
+) -> tuple[list[str], list[object]]:
+    """The keys and arguments of `SEND` (both clients send with it)."""
+    fields = {
+        "call_id": call_id, "state": CallState.QUEUED, "queue": queue, "host": host,
+        "sent_at": time.time(),
+    }
+    keys = [names.call_key(call_id), queue]
+    if require_alive:
+        if host is None:
+            raise ValueError("require_alive needs a host")
+        keys.append(names.alive_key(host))
+    return keys, [names.CALL_TTL_S, message, *flat_fields(fields)]
+
+
+def send_call(
+    client: Redis, call_id: str, queue: str, host: str | None, message: str, *,
+    require_alive: bool,
+) -> str:
+    """Record a call as queued and push its message, in one round trip: "ok"; "taken"
+    (the id is in use); "down" (`require_alive` and no worker holds `host`)."""
+    keys, args = send_keys_args(call_id, queue, host, message, require_alive=require_alive)
+    return cast(str, SEND(client, keys, args))
+
+
 def withdraw_call(
     client: Redis, call_id: str, state: CallState = CallState.ABANDONED
 ) -> str | None:
     """Mark a queued call `state` (cancelled / abandoned) so no worker ever starts it.
 
     Returns the state the call had: "queued" means it is withdrawn; anything else
-    (running, done...) means it was too late; None: no such call.
+    (running, done...) means it was too late. A call without a record (Redis lost it
+    with its message in a failover, or a sender died before sending it) counts as
+    queued: it is recorded withdrawn, so a message of it that turns up is never run.
     """
     key = names.call_key(call_id)
 
     def body(pipe: Any) -> str | None:
-        current = pipe.hget(key, "state")
+        current = pipe.hget(key, "state") or CallState.QUEUED
         pipe.multi()
         if current == CallState.QUEUED:
             pipe.hset(key, mapping={"state": state, "ended_at": str(time.time())})

@@ -143,8 +143,7 @@ class Replies:
                 pubsub.close()
 
     def _deliver(self, data: str | bytes) -> None:
-        text = data.decode("utf-8", "replace") if isinstance(data, bytes) else data
-        parsed = names.parse_reply_message(text)
+        parsed = reply_of(data)
         if parsed is None:
             return
         task_id, payload = parsed
@@ -153,6 +152,13 @@ class Replies:
         if waiter is not None:
             waiter.payload = payload
             waiter.arrived.set()
+
+
+def reply_of(data: str | bytes) -> tuple[str, str] | None:
+    """(task id, answer as sent) of a message heard on a reply channel; None when it is
+    not one. What both listeners (this one and `client.aio`'s) parse with."""
+    text = data.decode("utf-8", "replace") if isinstance(data, bytes) else data
+    return names.parse_reply_message(text)
 
 
 def open_reply(keys: Mapping[str, str], task_id: str, sealed: str) -> str:

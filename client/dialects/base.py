@@ -26,7 +26,15 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from client.dialects.args import ArgError, Args, parse_args
 from worker.wire.control import CheckRequest, KillRequest, ReadOutputRequest
-from worker.wire.models import CallResult, CheckResult, JobHandle, OutputChunk, Policy, RunRequest
+from worker.wire.models import (
+    CallResult,
+    CheckResult,
+    JobHandle,
+    JobView,
+    OutputChunk,
+    Policy,
+    RunRequest,
+)
 
 JSONSchema = dict[str, Any]
 SchemaStyle = Literal["anthropic", "openai", "mcp"]
@@ -82,6 +90,17 @@ class Runner(Protocol):
     def read_chunk(self, request: ReadOutputRequest) -> OutputChunk:
         """A slice of the full output a call or job kept on its host (see
         `ReadOutputRequest`)."""
+        ...
+
+
+@runtime_checkable
+class JobViewer(Protocol):
+    """A runner that can also say, cheaply, how jobs are doing (`Fleet.job_views`): the
+    native dialect tells a model which of its jobs ended. Optional: a runner without it
+    simply tells nothing."""
+
+    def job_views(self, ids: list[str]) -> dict[str, JobView]:
+        """What the fleet knows of these jobs, by id (unknown ids left out)."""
         ...
 
 
@@ -148,6 +167,16 @@ class GuardedRunner:
         except Exception as exc:
             raise RunnerError(_describe(exc)) from exc
 
+    def job_views(self, ids: list[str]) -> dict[str, JobView]:
+        """`JobViewer.job_views` when the runner has it, else nothing; a failure is
+        nothing too (what it tells is a courtesy, never worth failing a call for)."""
+        if not ids or not isinstance(self._runner, JobViewer):
+            return {}
+        try:
+            return self._runner.job_views(ids)
+        except Exception:
+            return {}
+
 
 # ---------------------------------------------------------------------------- session
 
@@ -173,6 +202,9 @@ class SessionJob(BaseModel):
     """Separate stderr file (auto-backgrounded separate-stream calls)."""
     killed: bool = False
     """True once the session killed it (claude reports status `killed`)."""
+    end_told: bool = False
+    """True once the model was told the job ended (native: by a check, a kill, or the
+    note on the result after it ended)."""
 
 
 class RunRecord(BaseModel):

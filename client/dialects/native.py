@@ -107,6 +107,8 @@ HISTORY_SIZE = 20
 MAX_LINE_CHARS = 2000
 #: Bytes of kept output one `bash_output` call returns (the budget of one `bash` call).
 OUTPUT_SLICE_BYTES = 51_200
+#: Most ended jobs one result tells of (the others are told on the next ones).
+MAX_JOB_NEWS = 10
 
 BASH_DESCRIPTION = """\
 Run a bash command on a bashfleet worker: `bash -c`, no TTY, empty stdin, its own process \
@@ -298,6 +300,27 @@ def _shell_report(name: str, result: CallResult, cwd_given: bool) -> str:
     return text
 
 
+def job_news(runner: GuardedRunner, session: SessionState) -> str | None:
+    """The jobs of this session that ended and the model was not told of yet (at most
+    MAX_JOB_NEWS lines), each marked told; one round trip to Redis, no worker asked."""
+    untold = [job.id for job in session.jobs.values() if not job.end_told and not job.killed]
+    ended = [view for view in runner.job_views(untold).values() if view.state == "ended"]
+    if not ended:
+        return None
+    lines = []
+    for view in sorted(ended, key=lambda v: v.ended_at or 0.0):
+        session.jobs[view.id].end_told = True
+        took = f" after {view.ended_at - view.started_at:.1f}s" if view.ended_at else ""
+        command = view.command if len(view.command) <= 60 else view.command[:57] + "..."
+        lines.append(
+            f"  job {view.id} ({command}): {_ending(view.exit_code, view.signal)}{took}; "
+            f"output: {_where(view.output_path, view.host)} (bash_check id={view.id} reads it)"
+        )
+    more = len(lines) - MAX_JOB_NEWS
+    shown = lines[:MAX_JOB_NEWS] + ([f"  ... and {more} more"] if more > 0 else [])
+    return "background jobs that ended since your last call:\n" + "\n".join(shown)
+
+
 class NativeDialect(Dialect):
     """bashfleet's own tools.
 
@@ -335,11 +358,23 @@ class NativeDialect(Dialect):
         ]
 
     def handlers(self) -> Mapping[str, Handler]:
-        """One handler per tool."""
+        """One handler per tool; each result also says which of the session's background
+        jobs ended since the last call (`_with_job_news`)."""
         return {
-            "bash": self._bash, "bash_check": self._check, "bash_kill": self._kill,
-            "bash_output": self._output,
+            "bash": self._with_job_news(self._bash),
+            "bash_check": self._with_job_news(self._check),
+            "bash_kill": self._with_job_news(self._kill),
+            "bash_output": self._with_job_news(self._output),
         }
+
+    @staticmethod
+    def _with_job_news(handler: Handler) -> Handler:
+        def serve(args: Args, runner: GuardedRunner, session: SessionState) -> ToolText:
+            text = handler(args, runner, session)
+            news = job_news(runner, session)
+            return ToolText(f"{text.text}\n\n{news}", is_error=text.is_error) if news else text
+
+        return serve
 
     # ---------------------------------------------------------------------------- bash
 
@@ -531,6 +566,8 @@ class NativeDialect(Dialect):
         )
         session.offsets[job_id] = result.offset
         session.stderr_offsets[job_id] = result.stderr_offset
+        if not result.running and job_id in session.jobs:
+            session.jobs[job_id].end_told = True
         return self.render_check(result, start, grep)
 
     def render_check(self, result: CheckResult, start: int, grep: str | None) -> ToolText:

@@ -5,7 +5,9 @@ from __future__ import annotations
 import base64
 import json
 import signal
+import subprocess
 import urllib.request
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,7 +15,7 @@ from typing import Any
 import psutil
 import pytest
 
-from .helpers import Cli, kill_recorded, wait_for
+from .helpers import Cli, bashfleet_command, kill_recorded, wait_for
 
 
 @pytest.fixture(scope="module")
@@ -105,6 +107,36 @@ def test_background_check_kill_and_ps(fleet: Cli) -> None:
     assert killed["running"] is False
     assert killed["signal"] == signal.SIGTERM
     assert not psutil.pid_exists(job["pid"]) or psutil.Process(job["pid"]).status() == "zombie"
+
+
+def test_wait_events_and_ps_by_tag(fleet: Cli) -> None:
+    agent = f"e2e-{uuid.uuid4().hex[:8]}"
+    listener = subprocess.Popen(
+        [*bashfleet_command(), "events", "--json", "--count", "2", "--since", "all",
+         "--tag", f"agent={agent}"],
+        env=fleet.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        started = fleet("run", "--json", "--mode", "background", "--tag", f"agent={agent}",
+                        "sleep 1; exit 4")
+        assert started.returncode == 0, started.stderr
+        job = json.loads(started.stdout)["job"]["id"]
+        listed = fleet("ps", "--json", "--tag", f"agent={agent}")
+        assert [row["id"] for row in json.loads(listed.stdout)] == [job]
+        waited = fleet("wait", job, "--timeout", "60")
+        assert waited.returncode == 4, waited.stderr
+        assert f"[job {job} on " in waited.stderr and "exited with code 4" in waited.stderr
+        out, err = listener.communicate(timeout=60)
+    finally:
+        if listener.poll() is None:
+            listener.kill()
+            listener.communicate()
+    assert listener.returncode == 0, err
+    events = [json.loads(line) for line in out.splitlines()]
+    assert [(e["kind"], e["job_id"], e["exit_code"]) for e in events] == [
+        ("started", job, None), ("ended", job, 4),
+    ]
+    assert events[1]["tags"] == {"agent": agent}
 
 
 def test_output_reads_a_spilled_call(fleet: Cli) -> None:

@@ -16,7 +16,8 @@ EXPECTED = {
     },
     "client": {
         "AsyncFleet", "BashfleetError", "CallRejected", "Fleet", "FleetUnavailable",
-        "HostUnavailable", "Unauthorized", "UnknownJob", "WorkerError", "WorkerLost",
+        "HostUnavailable", "Unauthorized", "UnknownJob", "WaitTimeout", "WorkerError",
+        "WorkerLost",
     },
 }
 

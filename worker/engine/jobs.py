@@ -138,7 +138,7 @@ def start_job(
         id=job_id, host=settings.host, pid=started["pid"], pgid=started["pgid"],
         start_time=started["start_time"], marker=job_id, command=call.command, cwd=cwd,
         output_path=str(output), status_path=str(status), started_at=time.time(),
-        call_id=call.call_id, owner=call.owner,
+        call_id=call.call_id, owner=call.owner, tags=call.tags,
     )
     save_record(record, settings)
     return record
@@ -249,7 +249,7 @@ def adopt_foreground(  # noqa: PLR0917 - public signature the fleet calls
         command=call.command, cwd=cwd, output_path=str(stdout),
         status_path=str(settings.jobs_dir / f"{job_id}.status.json"),
         started_at=time.time(), call_id=call.call_id, owner=call.owner,
-        stderr_path=str(stderr) if stderr else None,
+        stderr_path=str(stderr) if stderr else None, tags=call.tags,
     )
     save_record(record, settings)
     watch = _Watch(proc, record, settings.limit_output_mb, call.policy.kill_grace_s, on_end)

@@ -9,15 +9,23 @@ and its Celery app from the same wire settings, so the two sides always agree.
 from __future__ import annotations
 
 import hashlib
+import time
 from collections.abc import Callable, Mapping
-from typing import Any, Literal, TypeVar
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar, cast
+from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 import redis
+import redis.asyncio as aioredis
+import redis.asyncio.sentinel as aiosentinel
+import redis.sentinel
 from celery import Celery
+from kombu.utils.url import maybe_sanitize_url
 
-from worker.fleet.transport import TRANSPORT
+from worker.fleet.transport import SENTINEL_TRANSPORT, TRANSPORT
 
 Redis = redis.Redis
+AsyncRedis = aioredis.Redis
 T = TypeVar("T")
 
 #: Seconds to connect to Redis before giving up (a client then says FleetUnavailable).
@@ -39,8 +47,191 @@ _CLIENT_PUBLISH_RETRY = {
 
 
 def redis_client(url: str) -> Redis:
-    """A Redis client for the registry, replies and sessions (text replies)."""
+    """A Redis client for the registry, replies and sessions (text replies).
+
+    `redis://`, `rediss://` (TLS), or `sentinel://` (`SentinelTarget`): a client of the
+    current primary, found again through the sentinels after a failover."""
+    target = sentinel_target(url)
+    if target is not None:
+        sentinel = redis.sentinel.Sentinel(  # type: ignore[no-untyped-call]
+            list(target.sentinels), sentinel_kwargs=_sentinel_kwargs(target)
+        )
+        primary = sentinel.master_for(  # type: ignore[no-untyped-call]
+            target.master, redis_class=ReplicatedRedis, **_primary_kwargs(target)
+        )
+        return cast(Redis, primary)
     return redis.Redis.from_url(
+        url, decode_responses=True, socket_connect_timeout=CONNECT_TIMEOUT_S,
+        socket_timeout=SOCKET_TIMEOUT_S, health_check_interval=HEALTH_CHECK_INTERVAL_S,
+    )
+
+
+# ---------------------------------------------------------------------------- Sentinel
+
+
+@dataclass(frozen=True)
+class SentinelTarget:
+    """A Redis behind Redis Sentinel, as a `sentinel://` URL names it:
+
+        sentinel://[[USER]:PASSWORD@]HOST:PORT[,HOST:PORT...][/DB]?master=NAME[&sentinel_password=P]
+
+    HOST:PORT are the sentinels (26379 when no port is given); `master` the name they
+    monitor; USER / PASSWORD log in to the Redis they point at (the primary), and
+    `sentinel_password` to the sentinels themselves, when they ask for one. Every
+    process (workers, clients, Flower) asks the sentinels where the primary is, and
+    again after a failover.
+    """
+
+    sentinels: tuple[tuple[str, int], ...]
+    """(host, port) of each sentinel."""
+    master: str
+    """The name of the monitored primary."""
+    username: str | None = None
+    """ACL user on the primary (None: the default user)."""
+    password: str | None = None
+    """Password on the primary."""
+    db: int = 0
+    """Database number."""
+    sentinel_password: str | None = None
+    """Password of the sentinels (None: they ask for none)."""
+
+    def kombu_url(self) -> str:
+        """What kombu's Sentinel transport reads: one `sentinel://` URL per sentinel,
+        joined by `;` (the master name goes in the transport options)."""
+        auth = ""
+        if self.password is not None:
+            auth = f"{quote(self.username or '', safe='')}:{quote(self.password, safe='')}@"
+        return ";".join(f"sentinel://{auth}{_host_text(h)}:{p}/{self.db}"
+                        for h, p in self.sentinels)
+
+    def transport_options(self) -> dict[str, object]:
+        """kombu's (and Flower's) Sentinel options."""
+        options: dict[str, object] = {"master_name": self.master}
+        if self.sentinel_password is not None:
+            options["sentinel_kwargs"] = {"password": self.sentinel_password}
+        return options
+
+
+def _host_text(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+def _parse_sentinel(address: str) -> tuple[str, int]:
+    if address.startswith("["):  # [IPv6]:port
+        host, _, rest = address[1:].partition("]")
+        port = rest.removeprefix(":")
+    else:
+        host, _, port = address.rpartition(":") if ":" in address else (address, "", "")
+    if not host:
+        raise ValueError(f"sentinel URL: no host in {address!r}")
+    try:
+        return host, int(port) if port else 26379
+    except ValueError:
+        raise ValueError(f"sentinel URL: invalid port in {address!r}") from None
+
+
+def sentinel_target(url: str) -> SentinelTarget | None:
+    """The Sentinel setup a `sentinel://` URL names; None for any other URL.
+
+    ValueError (saying what is wrong, never the password) for a malformed one.
+    """
+    if not url.startswith("sentinel://"):
+        return None
+    parts = urlsplit(url)
+    userinfo, at, hostlist = parts.netloc.rpartition("@")
+    if not at:
+        userinfo, hostlist = "", parts.netloc
+    user, colon, password = userinfo.partition(":")
+    query = parse_qs(parts.query)
+    masters = query.get("master") or query.get("master_name")
+    if not masters:
+        raise ValueError("sentinel URL: name the monitored primary with ?master=NAME")
+    addresses = [a for a in hostlist.split(",") if a]
+    if not addresses:
+        raise ValueError("sentinel URL: name at least one sentinel as HOST:PORT")
+    db_text = parts.path.strip("/") or "0"
+    if not db_text.isdigit():
+        raise ValueError(f"sentinel URL: invalid database number {db_text!r}")
+    secret = query.get("sentinel_password")
+    return SentinelTarget(
+        sentinels=tuple(_parse_sentinel(a) for a in addresses), master=masters[0],
+        username=unquote(user) or None, password=unquote(password) if colon else None,
+        db=int(db_text), sentinel_password=secret[0] if secret else None,
+    )
+
+
+def safe_url(url: str) -> str:
+    """The URL with its passwords hidden: what messages and logs may show."""
+    target = sentinel_target(url) if url.startswith("sentinel://") else None
+    if target is None:
+        return str(maybe_sanitize_url(url))
+    auth = f"{target.username or ''}:**@" if target.password is not None else ""
+    hosts = ",".join(f"{_host_text(h)}:{p}" for h, p in target.sentinels)
+    extra = "&sentinel_password=**" if target.sentinel_password is not None else ""
+    return f"sentinel://{auth}{hosts}/{target.db}?master={target.master}{extra}"
+
+
+#: How long a write that must survive a failover waits for a replica to acknowledge it.
+REPLICA_ACK_TIMEOUT_MS = 200
+#: How long a primary's count of connected replicas is trusted.
+REPLICAS_TTL_S = 2.0
+
+
+class ReplicatedRedis(redis.Redis):
+    """A client of a primary behind Sentinel, which has replicas: the writes that decide
+    whether a command runs and what its caller is told (a call's claim and its end, an
+    answer) wait for a replica's acknowledgement (`Script.run_durable`), so a failover
+    to that replica keeps them. A claim lost in a failover would let the promoted replica
+    hand the same message out again: the command would run twice."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._replicas = (0, float("-inf"))
+
+    def connected_replicas(self) -> int:
+        """Replicas the primary has now (cached REPLICAS_TTL_S; 0 when it cannot say)."""
+        count, checked = self._replicas
+        now = time.monotonic()
+        if now - checked < REPLICAS_TTL_S:
+            return count
+        try:
+            role = self.execute_command("ROLE")  # type: ignore[no-untyped-call]
+            count = len(role[2]) if role and role[0] == "master" else 0
+        except redis.RedisError:
+            count = 0
+        self._replicas = (count, now)
+        return count
+
+
+def _sentinel_kwargs(target: SentinelTarget) -> dict[str, Any]:
+    """Connection settings of the sentinels themselves (timeouts, their password)."""
+    kwargs: dict[str, Any] = {
+        "socket_connect_timeout": CONNECT_TIMEOUT_S, "socket_timeout": CONNECT_TIMEOUT_S,
+    }
+    if target.sentinel_password is not None:
+        kwargs["password"] = target.sentinel_password
+    return kwargs
+
+
+def _primary_kwargs(target: SentinelTarget) -> dict[str, Any]:
+    """Connection settings of the primary the sentinels point at."""
+    return {
+        "username": target.username, "password": target.password, "db": target.db,
+        "socket_connect_timeout": CONNECT_TIMEOUT_S, "socket_timeout": SOCKET_TIMEOUT_S,
+        "health_check_interval": HEALTH_CHECK_INTERVAL_S, "decode_responses": True,
+    }
+
+
+def async_redis_client(url: str) -> AsyncRedis:
+    """`redis_client` for asyncio (`client.aio.AsyncFleet`): the same URL forms and
+    timeouts, text replies. Bound to the event loop that first uses it."""
+    target = sentinel_target(url)
+    if target is not None:
+        sentinel = aiosentinel.Sentinel(  # type: ignore[no-untyped-call]
+            list(target.sentinels), sentinel_kwargs=_sentinel_kwargs(target)
+        )
+        return cast(AsyncRedis, sentinel.master_for(target.master, **_primary_kwargs(target)))
+    return aioredis.Redis.from_url(
         url, decode_responses=True, socket_connect_timeout=CONNECT_TIMEOUT_S,
         socket_timeout=SOCKET_TIMEOUT_S, health_check_interval=HEALTH_CHECK_INTERVAL_S,
     )
@@ -48,9 +239,11 @@ def redis_client(url: str) -> Redis:
 
 def wire_config(url: str) -> dict[str, object]:
     """Celery settings both sides must agree on: where, how encoded, no result keys."""
+    target = sentinel_target(url)
     return {
-        "broker_url": url,
-        "broker_transport": TRANSPORT,  # kombu's, reusing its Redis clients
+        "broker_url": target.kombu_url() if target else url,
+        # kombu's (its Sentinel one for sentinel://), reusing its Redis clients.
+        "broker_transport": SENTINEL_TRANSPORT if target else TRANSPORT,
         # No result backend: answers travel as replies (`worker.fleet.registry`).
         "result_backend": None,
         "task_ignore_result": True,
@@ -66,8 +259,11 @@ def wire_config(url: str) -> dict[str, object]:
     }
 
 
-def _transport_options(side: Literal["client", "worker"]) -> dict[str, object]:
+def _transport_options(side: Literal["client", "worker"], url: str) -> dict[str, object]:
     options: dict[str, object] = {"priority_steps": PRIORITY_STEPS}
+    target = sentinel_target(url)
+    if target is not None:
+        options.update(target.transport_options())
     if side == "worker":
         # No ack emulation: a message taken off its queue is gone from Redis. kombu's
         # emulation would keep a copy of each (a write when it arrives, another when
@@ -88,7 +284,7 @@ def client_celery(url: str) -> Celery:
     app.conf.update(
         broker_connection_timeout=CONNECT_TIMEOUT_S,
         broker_connection_retry=False,
-        broker_transport_options=_transport_options("client"),
+        broker_transport_options=_transport_options("client", url),
         redis_socket_connect_timeout=CONNECT_TIMEOUT_S,
         task_publish_retry=True,
         task_publish_retry_policy=_CLIENT_PUBLISH_RETRY,
@@ -126,7 +322,7 @@ def worker_celery(url: str, consumer: str) -> Celery:
         broker_connection_retry_on_startup=True,
         broker_connection_max_retries=None,  # a worker outlives a Redis restart
         broker_connection_timeout=5.0,
-        broker_transport_options=_transport_options("worker"),
+        broker_transport_options=_transport_options("worker", url),
     )
     return app
 
@@ -150,6 +346,26 @@ class Script:
         except redis.exceptions.NoScriptError:
             # Not loaded yet (or Redis restarted): EVAL runs it and caches it.
             return client.eval(self.source, len(keys), *keys, *args)  # type: ignore[arg-type]
+
+    def run_durable(self, client: Redis, keys: list[str], args: list[object]) -> Any:
+        """`self(...)`, then, on a primary with replicas (`ReplicatedRedis`), wait until
+        one acknowledged the script's writes (WAIT, on the same connection: one pipeline,
+        one round trip). A replica slower than REPLICA_ACK_TIMEOUT_MS is not waited for
+        longer: the write stands, unacknowledged."""
+        if not isinstance(client, ReplicatedRedis) or client.connected_replicas() == 0:
+            return self(client, keys, args)
+        with client.pipeline(transaction=False) as pipe:
+            pipe.eval(self.source, len(keys), *keys, *args)  # type: ignore[arg-type]
+            pipe.execute_command("WAIT", 1, REPLICA_ACK_TIMEOUT_MS)  # type: ignore[no-untyped-call]
+            result, _acknowledged = pipe.execute()
+        return result
+
+    async def run_async(self, client: AsyncRedis, keys: list[str], args: list[object]) -> Any:
+        """`self(...)` on an asyncio client."""
+        try:
+            return await client.evalsha(self.sha, len(keys), *keys, *args)  # type: ignore[arg-type]
+        except redis.exceptions.NoScriptError:
+            return await client.eval(self.source, len(keys), *keys, *args)  # type: ignore[arg-type]
 
 
 def transaction(client: Redis, keys: list[str], body: Callable[[Any], T]) -> T:

@@ -261,13 +261,17 @@ def list_jobs(rt: Runtime, request: JobsRequest, admin: bool = False) -> JobList
     if request.all_owners and not admin:
         raise ToolError("unauthorized", "listing every owner's jobs needs the admin key")
     views = []
-    for record in jobs.local_records(rt.settings):
-        if record.owner != request.owner and not request.all_owners:
-            continue
-        fields = registry.job_fields(rt.redis, record.id)
-        if not fields:
+    records = [
+        record for record in jobs.local_records(rt.settings)
+        if record.owner == request.owner or request.all_owners
+    ]
+    # One round trip for all of them (10,000 jobs: 2.2 s one by one, see bench_scale).
+    known = registry.jobs_fields(rt.redis, [record.id for record in records])
+    for record, stored in zip(records, known, strict=True):
+        if not stored:
             continue  # expired from the fleet's listing: too old to show
-        if fields.get("state") != JobState.ENDED:
+        fields = stored
+        if stored.get("state") != JobState.ENDED:
             recovery.sync_job(rt.redis, record)
             fields = registry.job_fields(rt.redis, record.id)
         view = job_view(fields)

@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
@@ -183,6 +184,7 @@ class JobWatcher:
         self._listener = listener
         self._announced: set[str] = set()  # told to the listener as running
         self._since = time.time()
+        self._running: dict[str, JobRecord] = {}
 
     def republish_all(self) -> None:
         """Publish every job again at the next pass, ended ones too (Redis lost them).
@@ -192,6 +194,7 @@ class JobWatcher:
         """
         self._ended.clear()
         self._seen.clear()
+        self._running.clear()
 
     def _record_ids(self) -> list[str]:
         folder = self.settings.jobs_dir
@@ -220,11 +223,25 @@ class JobWatcher:
                     continue
             if sync_job(self.client, record):
                 live += 1
+                self._running[job_id] = record
                 self._announce(record, running=True)
             else:
                 self._ended.add(job_id)
+                self._running.pop(job_id, None)
                 self._announce(record, running=False)
         return live
+
+    def sync_ended(self) -> int:
+        """Publish at once the end of the running jobs whose status file appeared (one
+        stat each, no Redis otherwise), so `wait` and job events hear of an end within
+        a tick of the supervisor's loop, not at the next full pass. Returns how many."""
+        ended = [r for r in self._running.values() if os.path.exists(r.status_path)]
+        for record in ended:
+            sync_job(self.client, record)
+            self._running.pop(record.id, None)
+            self._ended.add(record.id)
+            self._announce(record, running=False)
+        return len(ended)
 
     def _announce(self, record: JobRecord, *, running: bool) -> None:
         """Tell the listener (Flower's view) of a job's start, once, and of its end: for

@@ -28,7 +28,8 @@ from typing import Any, Literal, cast
 from worker.fleet import scripts
 from worker.fleet.connect import Redis, flat_fields, hash_fields, transaction
 from worker.wire import names
-from worker.wire.models import JobRecord
+from worker.wire.events import ended_event, started_event
+from worker.wire.models import JobRecord, JobStatus
 from worker.wire.names import CALL_ACTIVE, CallState, JobState
 
 # ---------------------------------------------------------------------- host lock
@@ -155,7 +156,7 @@ def claim_call(
     if nonce is not None:
         keys.append(names.nonce_key(nonce))
     ttl_ms = max(1, int(nonce_ttl_s * 1000))
-    return cast(str, scripts.CLAIM(
+    return cast(str, scripts.CLAIM.run_durable(
         client, keys,
         [names.CALL_TTL_S, names.RUNNING_TTL_S, call_id, ttl_ms, *flat_fields(fields)],
     ))
@@ -238,7 +239,7 @@ def finish_and_reply(
     if reply is not None:
         keys.append(names.reply_key(reply.task_id))
         channel, payload = reply.publish_on(), reply.payload
-    previous, sent = scripts.FINISH(
+    previous, sent = scripts.FINISH.run_durable(
         client, keys,
         [names.CALL_TTL_S, call_id, time.time(), names.REPLY_TTL_S, channel, payload,
          " ".join(hold_in), *flat_fields(rest)],
@@ -248,7 +249,7 @@ def finish_and_reply(
 
 def deliver_reply(client: Redis, reply: Reply) -> None:
     """Store a task's answer (REPLY_TTL_S) and publish it on its caller's channel."""
-    scripts.REPLY(
+    scripts.REPLY.run_durable(
         client, [names.reply_key(reply.task_id)],
         [reply.payload, names.REPLY_TTL_S, reply.publish_on(), reply.task_id],
     )
@@ -298,8 +299,13 @@ def save_job(
     signal: int | None = None,
     ended_at: float | None = None,
     note: str | None = None,
-) -> None:
-    """Publish a job's record and state."""
+) -> str | None:
+    """Publish a job's record and state, and its event when this is a transition (it
+    started, it ended: `worker.wire.events`); returns that event's stream id, if any.
+
+    One script, so two processes that both see a job end (its host's watcher and a
+    `check`) publish one `ended` event between them. Foreground calls never come here.
+    """
     state = JobState.UNKNOWN if running is None else (
         JobState.RUNNING if running else JobState.ENDED
     )
@@ -307,12 +313,16 @@ def save_job(
         "record": record.model_dump_json(), "host": record.host, "state": state,
         "exit_code": exit_code, "signal": signal, "ended_at": ended_at, "note": note,
     }
-    with client.pipeline() as pipe:
-        pipe.hset(names.job_key(record.id), mapping=hash_fields(fields))
-        pipe.expire(names.job_key(record.id), names.JOB_TTL_S)
-        pipe.zadd(names.jobs_key(record.host), {record.id: record.started_at})
-        pipe.expire(names.jobs_key(record.host), names.JOB_TTL_S)
-        pipe.execute()
+    status = None if running or ended_at is None else JobStatus(
+        exit_code=exit_code, signal=signal, ended_at=ended_at, note=note
+    )
+    event_id = scripts.SAVE_JOB(
+        client, [names.job_key(record.id), names.jobs_key(record.host), names.EVENTS_KEY],
+        [names.JOB_TTL_S, record.id, record.started_at, names.EVENTS_MAXLEN,
+         names.EVENTS_CHANNEL, started_event(record).model_dump_json(),
+         ended_event(record, status).model_dump_json(), state, *flat_fields(fields)],
+    )
+    return str(event_id) if event_id else None
 
 
 def save_offsets(client: Redis, job_id: str, offset: int, stderr_offset: int) -> None:
@@ -322,6 +332,16 @@ def save_offsets(client: Redis, job_id: str, offset: int, stderr_offset: int) ->
         pipe.hset(names.job_key(job_id), mapping=offsets)
         pipe.expire(names.job_key(job_id), names.JOB_TTL_S)
         pipe.execute()
+
+
+def jobs_fields(client: Redis, job_ids: list[str]) -> list[dict[str, str]]:
+    """The raw hashes of several jobs, in one round trip (empty ones for unknown ids)."""
+    if not job_ids:
+        return []
+    with client.pipeline(transaction=False) as pipe:
+        for job_id in job_ids:
+            pipe.hgetall(names.job_key(job_id))
+        return cast("list[dict[str, str]]", pipe.execute())
 
 
 def job_fields(client: Redis, job_id: str) -> dict[str, str]:

@@ -75,3 +75,24 @@ if state == 'running' or state == 'cancelling' or state == 'stopping' then
 end
 return state
 """)
+
+# KEYS: job, jobs of the host, events; ARGV: job TTL, job id, start time, events kept,
+# events channel, started event, ended event, new state, fields... Publishes a job's
+# state and, on a transition, its event (stream + channel): `started` the first time
+# the job is published running, `ended` the first time it is published ended. Returns
+# the event's stream id, or false when there was no transition.
+SAVE_JOB = Script("""
+local previous = redis.call('HGET', KEYS[1], 'state')
+redis.call('HSET', KEYS[1], unpack(ARGV, 9))
+redis.call('EXPIRE', KEYS[1], ARGV[1])
+redis.call('ZADD', KEYS[2], ARGV[3], ARGV[2])
+redis.call('EXPIRE', KEYS[2], ARGV[1])
+local event = false
+if ARGV[8] == 'running' and not previous then event = ARGV[6]
+elseif ARGV[8] == 'ended' and previous ~= 'ended' then event = ARGV[7] end
+if not event then return false end
+local id = redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[4], '*', 'e', event)
+redis.call('EXPIRE', KEYS[3], ARGV[1])
+redis.call('PUBLISH', ARGV[5], id .. '\\n' .. event)
+return id
+""")

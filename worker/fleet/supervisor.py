@@ -40,13 +40,12 @@ from types import FrameType
 from typing import Any
 
 import redis
-from kombu.utils.url import maybe_sanitize_url
 from pydantic_settings import NoDecode
 
 from worker.engine import procs, running, sandbox
 from worker.engine.environment import DEFAULT_DENY, is_secret_name
 from worker.fleet import flower, logs, recovery, registry
-from worker.fleet.connect import client_celery, redis_client
+from worker.fleet.connect import client_celery, redis_client, safe_url
 from worker.settings import (
     SECRET_FIELDS,
     SECRETS_FD_VAR,
@@ -277,7 +276,7 @@ class HostSupervisor:
             log.info(
                 "host %s: %d slot(s), labels %s, Redis %s, state in %s", self.host,
                 self.settings.concurrency, ",".join(self.settings.labels) or "-",
-                maybe_sanitize_url(self.url), self.settings.state_dir,
+                safe_url(self.url), self.settings.state_dir,
             )
             self._loop(watcher)
         finally:
@@ -298,13 +297,13 @@ class HostSupervisor:
             except redis.RedisError as exc:
                 if time.monotonic() > deadline:
                     print(
-                        f"bashfleet worker: Redis at {maybe_sanitize_url(self.url)} "
+                        f"bashfleet worker: Redis at {safe_url(self.url)} "
                         f"is unreachable: {exc}",
                         file=sys.stderr,
                     )
                     return False
                 if not warned:
-                    log.warning("waiting for Redis at %s: %s", maybe_sanitize_url(self.url), exc)
+                    log.warning("waiting for Redis at %s: %s", safe_url(self.url), exc)
                     warned = True
                 time.sleep(0.5)
 
@@ -463,9 +462,14 @@ class HostSupervisor:
             if time.monotonic() >= next_sync:
                 self._sync(watcher)
                 next_sync = time.monotonic() + JOB_SYNC_INTERVAL_S
+            else:
+                self._sync(watcher, ended_only=True)
 
-    def _sync(self, watcher: recovery.JobWatcher) -> None:
+    def _sync(self, watcher: recovery.JobWatcher, *, ended_only: bool = False) -> None:
         try:
+            if ended_only:
+                watcher.sync_ended()
+                return
             watcher.sync()
         except (redis.RedisError, OSError) as exc:
             # Once per outage: a pass fails every JOB_SYNC_INTERVAL_S while Redis is down.

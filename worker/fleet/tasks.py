@@ -202,6 +202,11 @@ def run_exec(
     )
     if state != "ok":
         log.info("call not started: %s", state, extra={"call_id": call.call_id, "state": state})
+        if answer is not None and state not in _ANSWERED_REFUSALS:
+            # A second delivery of a message that ran already (a failover handed out again
+            # a message whose take the promoted replica never got): the run that claimed
+            # it answers. An answer from here would overwrite that one.
+            answer.sent = True
         return _failed(call.call_id, host, *_refusal(call.call_id, state))
     started = time.monotonic()
     _log_start(call)
@@ -277,6 +282,10 @@ def _log_end(result: CallResult, duration_s: float) -> None:
 
 def _failed(call_id: str, host: str, kind: Any, message: str) -> CallResult:
     return CallResult(call_id=call_id, host=host, error=SystemError_(kind=kind, message=message))
+
+
+#: Claims refused for a reason the caller must hear (nothing else will answer it).
+_ANSWERED_REFUSALS = ("replayed", CallState.CANCELLED, CallState.ABANDONED)
 
 
 def _refusal(call_id: str, state: str) -> tuple[str, str]:
@@ -437,6 +446,12 @@ def exec_message(*args: Any) -> str:
         result = run_exec(payload, answer, message.nonce)  # type: ignore[arg-type]
     except auth.AuthError as exc:
         result = _exec_refused(args, exc.message)
+    except redis.RedisError as exc:  # the claim could not be recorded: nothing ran
+        log.warning("task %s: Redis unreachable before the start: %s", answer.task_id, exc,
+                    extra={"call_id": answer.task_id})
+        result = _failed(answer.task_id, rt.settings.host, "unavailable",
+                         f"the worker could not reach Redis to start the call ({exc}); "
+                         "the command was not run")
     except Exception as exc:  # a bug must still answer the caller
         log.exception("task %s failed inside the worker", answer.task_id,
                       extra={"call_id": answer.task_id})

@@ -20,26 +20,47 @@ from kombu.transport import redis as kombu_redis
 TRANSPORT = "worker.fleet.transport:Transport"
 
 
-class Channel(kombu_redis.Channel):
-    """A Redis channel that reuses its synchronous client."""
+#: The same for a Redis behind Sentinel (`sentinel://`).
+SENTINEL_TRANSPORT = "worker.fleet.transport:SentinelTransport"
+
+
+class SharedClient:
+    """Mixin of a kombu Redis channel: one synchronous client per connection pool."""
+
+    pool: Any
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._client_lock = threading.Lock()
         self._shared_client: Any = None
-        super().__init__(*args, **kwargs)  # type: ignore[no-untyped-call]
+        super().__init__(*args, **kwargs)
 
     def _create_client(self, asynchronous: bool = False) -> Any:
         if asynchronous:
-            return super()._create_client(asynchronous=True)  # type: ignore[no-untyped-call]
+            return super()._create_client(asynchronous=True)  # type: ignore[misc]
         with self._client_lock:
             client = self._shared_client
-            # A new pool (kombu replaces it after a connection error) gets a new client.
+            # A new pool (kombu replaces it after a connection error, and a Sentinel
+            # channel after a failover) gets a new client.
             if client is None or client.connection_pool is not self.pool:
-                client = self._shared_client = super()._create_client()  # type: ignore[no-untyped-call]
+                client = self._shared_client = super()._create_client()  # type: ignore[misc]
             return client
+
+
+class Channel(SharedClient, kombu_redis.Channel):
+    """A Redis channel that reuses its synchronous client."""
 
 
 class Transport(kombu_redis.Transport):
     """kombu's Redis transport with `Channel` above."""
 
     Channel = Channel
+
+
+class SentinelChannel(SharedClient, kombu_redis.SentinelChannel):
+    """kombu's Sentinel channel, reusing its synchronous client like `Channel`."""
+
+
+class SentinelTransport(kombu_redis.SentinelTransport):
+    """kombu's Sentinel transport with `SentinelChannel` above."""
+
+    Channel = SentinelChannel

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
 #: Largest command accepted, in bytes of UTF-8. Seed 001 asks agents for < 60k tokens;
 #: 1 MiB leaves room for heredocs while keeping messages small on Redis.
@@ -36,6 +36,36 @@ def runs_code(name: str) -> bool:
     """True for a variable a call may not set: BASH_ENV, ENV, BASH_FUNC_*, LD_*,
     PROMPT_COMMAND, SHELLOPTS, BASHOPTS, IFS, PS4."""
     return name in CODE_VARIABLES or name.startswith(CODE_VARIABLE_PREFIXES)
+
+
+#: Most tags a call or job carries; the longest tag name and value.
+MAX_TAGS = 16
+MAX_TAG_NAME_CHARS = 64
+MAX_TAG_VALUE_CHARS = 256
+_TAG_NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-")
+
+
+def _tags_are_sane(tags: dict[str, str]) -> dict[str, str]:
+    """Tags an orchestrator gives a job (`{"agent": "a17"}`): few, short, one line each,
+    names that a `--tag NAME=VALUE` filter can spell."""
+    if len(tags) > MAX_TAGS:
+        raise ValueError(f"at most {MAX_TAGS} tags, not {len(tags)}")
+    for name, value in tags.items():
+        if not name or len(name) > MAX_TAG_NAME_CHARS or not set(name) <= _TAG_NAME_CHARS:
+            raise ValueError(
+                f"invalid tag name {name!r}: use 1-{MAX_TAG_NAME_CHARS} letters, digits, "
+                "'.', '_' or '-'"
+            )
+        if len(value) > MAX_TAG_VALUE_CHARS or any(c in value for c in "\x00\n\r"):
+            raise ValueError(
+                f"invalid value of tag {name!r}: one line of at most {MAX_TAG_VALUE_CHARS} "
+                "characters"
+            )
+    return tags
+
+
+Tags = Annotated[dict[str, str], AfterValidator(_tags_are_sane)]
+"""Tags of a call and of the job it starts: name -> value."""
 
 
 class Model(BaseModel):
@@ -217,6 +247,8 @@ class Call(Model):
     more than the host grants."""
     session: str | None = Field(None, max_length=64)
     """The session the call runs in, for logs and Flower (the client fills in its state)."""
+    tags: Tags = Field(default_factory=dict)
+    """Tags of the job this call starts (listings and job events filter by them)."""
 
     @field_validator("command")
     @classmethod
@@ -304,6 +336,9 @@ class RunRequest(Model):
     Stronger than the host's default is granted, weaker refused."""
     network: bool | None = None
     """Whether the command may reach the network; None: the isolation's default."""
+    tags: Tags = Field(default_factory=dict)
+    """Tags of the job the call starts, if it starts one (`{"agent": "a17"}`): `jobs()`,
+    `ps --tag` and job events carry them and filter by them."""
 
     @field_validator("mode", mode="before")
     @classmethod
@@ -486,6 +521,8 @@ class JobRecord(Model):
     """Separate stderr file, for jobs auto-backgrounded from separate-stream calls."""
     owner: str = ""
     """Who the job belongs to (the owner of the call that started it)."""
+    tags: Tags = Field(default_factory=dict)
+    """Tags given by the call that started it."""
 
 
 class JobStatus(Model):
@@ -618,6 +655,8 @@ class JobView(Model):
     """The call that started it."""
     owner: str = ""
     """Who the job belongs to."""
+    tags: Tags = Field(default_factory=dict)
+    """Tags given by the call that started it."""
 
 
 class SandboxProbe(Model):

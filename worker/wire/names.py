@@ -37,6 +37,12 @@ Keys (prefix `bashfleet:`; every key has a TTL or an owner that deletes it):
   reply, as JSON), also published on the caller's channel `bashfleet:replies:<client>`.
   Kept REPLY_TTL_S (1 h) for a caller that missed the publish.
 
+- `bashfleet:events` (stream): job events (a job started, a job ended), each as one
+  JobEvent JSON, newest last; capped at EVENTS_MAXLEN entries (approximately) and
+  expiring JOB_TTL_S after the last one. Each is also published on the channel
+  `bashfleet:events` as `<stream id>\n<event>`: listeners hear it at once, and read
+  the stream from the last id they saw after a reconnect.
+
 Celery's own keys are Celery's: the queue lists (named like the queues below: one list
 per queue, as `priority_steps` is [0] on both sides) and kombu's `_kombu.binding.*`.
 """
@@ -67,6 +73,8 @@ JOB_TTL_S = 7 * 24 * 3600
 REPLY_TTL_S = 3600
 #: Life of a session's shell and dialect state after its last call.
 SESSION_TTL_S = 24 * 3600
+#: Job events kept for catch-up reads (a listener away longer misses the oldest).
+EVENTS_MAXLEN = 10_000
 
 
 class CallState(StrEnum):
@@ -232,6 +240,23 @@ def nonce_key(nonce: str) -> str:
 def reply_key(task_id: str) -> str:
     """A task's stored reply (string)."""
     return f"{PREFIX}reply:{task_id}"
+
+
+EVENTS_KEY = f"{PREFIX}events"
+"""Job events (stream: one `e` field, a JobEvent's JSON)."""
+EVENTS_CHANNEL = f"{PREFIX}events"
+"""Where each job event is also published, as `event_message` builds it."""
+
+
+def event_message(entry_id: str, event_json: str) -> str:
+    """A job event as published: its stream id, a newline, the event."""
+    return f"{entry_id}\n{event_json}"
+
+
+def parse_event_message(message: str) -> tuple[str, str] | None:
+    """(stream id, event JSON) of a published job event; None when malformed."""
+    entry_id, newline, payload = message.partition("\n")
+    return (entry_id, payload) if newline and entry_id else None
 
 
 # -------------------------------------------------------------------------- replies

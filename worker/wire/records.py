@@ -55,7 +55,7 @@ def job_view(fields: Mapping[str, str], *, host_alive: bool = True) -> JobView |
         running=None if state == JobState.UNKNOWN else state == JobState.RUNNING,
         exit_code=integer(fields, "exit_code"), signal=integer(fields, "signal"),
         ended_at=number(fields, "ended_at"), note=note, call_id=record.call_id,
-        owner=record.owner,
+        owner=record.owner, tags=record.tags,
     )
 
 

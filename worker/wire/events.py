@@ -1,0 +1,83 @@
+"""Job events: a background job started, a job ended. Workers add them to a Redis
+stream and publish them (`worker.fleet.events`); any client hears them
+(`client.events`): `Fleet.wait`, `Fleet.events`, `bashfleet wait` / `bashfleet events`.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from worker.wire.models import JobRecord, JobStatus, Model, Tags
+
+EventKind = Literal["started", "ended"]
+
+
+class JobEvent(Model):
+    """One job event, as listeners get it."""
+
+    kind: EventKind
+    """`started` (the job runs) or `ended` (it exited, was killed, or its end was found
+    while nobody watched)."""
+    job_id: str
+    """The job's id."""
+    host: str
+    """Host that owns the job."""
+    at: float
+    """When it happened (seconds since the epoch, the host's clock)."""
+    command: str
+    """The job's command."""
+    output_path: str
+    """The job's output file, on `host`."""
+    call_id: str | None = None
+    """The call that started it."""
+    exit_code: int | None = None
+    """Exit status (ended, when it exited)."""
+    signal: int | None = None
+    """Terminating signal (ended, when a signal ended it)."""
+    duration_s: float | None = None
+    """Seconds from its start to its end (ended)."""
+    note: str | None = None
+    """Why the end is incomplete, when it is (its status was unknown)."""
+    tags: Tags = Field(default_factory=dict)
+    """The job's tags."""
+    seq: str = ""
+    """The event's id in the stream (`<ms>-<n>`, increasing): resume a listing after it.
+    Empty until Redis assigned it."""
+
+
+def started_event(record: JobRecord) -> JobEvent:
+    """The event of a job that started."""
+    return JobEvent(
+        kind="started", job_id=record.id, host=record.host, at=record.started_at,
+        command=record.command, output_path=record.output_path, call_id=record.call_id,
+        tags=record.tags,
+    )
+
+
+def ended_event(record: JobRecord, status: JobStatus | None) -> JobEvent:
+    """The event of a job that ended (`status` None: its status is not known)."""
+    ended_at = status.ended_at if status is not None else record.started_at
+    return JobEvent(
+        kind="ended", job_id=record.id, host=record.host, at=ended_at,
+        command=record.command, output_path=record.output_path, call_id=record.call_id,
+        exit_code=status.exit_code if status else None,
+        signal=status.signal if status else None,
+        duration_s=round(max(0.0, ended_at - record.started_at), 3),
+        note=status.note if status else "exit status unknown", tags=record.tags,
+    )
+
+
+def event_matches(
+    event: JobEvent, *, host: str | None = None, kinds: tuple[EventKind, ...] = (),
+    tags: dict[str, str] | None = None, job_id: str | None = None,
+) -> bool:
+    """True when `event` passes the filters (None / empty: any)."""
+    if host is not None and event.host != host:
+        return False
+    if kinds and event.kind not in kinds:
+        return False
+    if job_id is not None and event.job_id != job_id:
+        return False
+    return all(event.tags.get(name) == value for name, value in (tags or {}).items())

@@ -1,0 +1,68 @@
+"""A Celery task message as kombu's Redis transport puts it on a queue list: built here,
+without Celery or kombu, so a client can send with one LPUSH (or inside a Lua script
+that records the call in the same round trip) and no thread per call.
+
+What Celery 5 (task protocol 2) and kombu's Redis transport push for
+`send_task(name, args=..., queue=Q, task_id=..., reply_to=..., ignore_result=True,
+argsrepr=..., kwargsrepr="{}", expires=...)` with the JSON serializer, captured from
+them and pinned by `tests/integration/test_async_fleet.py` (the two built side by side)
+and by a real worker running what this builds. bashfleet's queues have one priority
+step (`priority_steps` [0] on both sides), so the list is the queue's own name, and the
+default exchange ("") routes by the queue's name: no binding is read.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import socket
+import uuid
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+#: The embed part of a protocol 2 body: no callbacks, chain or chord.
+_EMBED = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
+
+
+def origin() -> str:
+    """What Celery names a sender in its messages: `gen<pid>@<hostname>`."""
+    return f"gen{os.getpid()}@{socket.gethostname()}"
+
+
+def task_message(
+    task: str, args: list[Any], *, task_id: str, queue: str, reply_to: str, argsrepr: str,
+    expires_s: float | None = None, now: datetime | None = None, sender: str | None = None,
+) -> str:
+    """The JSON text kombu pushes on list `queue` for this task (see the module doc).
+
+    `expires_s`: the worker drops the message unrun after this many seconds (control
+    calls); `now` and `sender` are for tests (default: the clock, `origin()`).
+    """
+    body = json.dumps([args, {}, _EMBED])
+    expires = None
+    if expires_s is not None:
+        expires = ((now or datetime.now(UTC)) + timedelta(seconds=expires_s)).isoformat()
+    headers: dict[str, Any] = {
+        "lang": "py", "task": task, "id": task_id, "shadow": None, "eta": None,
+        "expires": expires, "group": None, "group_index": None, "retries": 0,
+        "timelimit": [None, None], "root_id": task_id, "parent_id": None,
+        "argsrepr": argsrepr, "kwargsrepr": "{}", "origin": sender or origin(),
+        "ignore_result": True, "replaced_task_nesting": 0, "stamped_headers": None,
+        "stamps": {},
+    }
+    properties: dict[str, Any] = {
+        "correlation_id": task_id, "reply_to": reply_to, "argsrepr": argsrepr,
+        "kwargsrepr": "{}", "delivery_mode": 2,
+    }
+    if expires_s is not None:
+        properties["expiration"] = str(int(expires_s * 1000))
+    properties.update({
+        "delivery_info": {"exchange": "", "routing_key": queue}, "priority": 0,
+        "body_encoding": "base64", "delivery_tag": str(uuid.uuid4()),
+    })
+    return json.dumps({
+        "body": base64.b64encode(body.encode("utf-8")).decode("ascii"),
+        "content-encoding": "utf-8", "content-type": "application/json",
+        "headers": headers, "properties": properties,
+    })
