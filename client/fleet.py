@@ -211,7 +211,10 @@ class Fleet:
         admin_key = resolve_admin_key(url) if admin else None
         self.admin = admin_key is not None
         """True when this client signs with the admin key."""
-        self._signing_key = admin_key or resolve_signing_key(url)
+        self._shell_key = resolve_signing_key(url)
+        # The sessions' shells are sealed with the fleet's key, an admin client's too: any
+        # client of the fleet (a person's CLI, an agent's MCP server) opens them.
+        self._signing_key = admin_key or self._shell_key
         self._keys = auth.keyring([self._signing_key or ""])
         self._replies = Replies(self._redis, self._keys)
         # call id -> when its unclaimed message was first seen gone from its queue.
@@ -266,7 +269,7 @@ class Fleet:
 
         if not names.valid_id(request.session):
             raise CallRejected(f"invalid session id {request.session!r}")
-        store = ShellStore(self._redis, key=self._signing_key)
+        store = ShellStore(self._redis, key=self._shell_key)
         with self._errors():
             shell = store.load(request.session)
         result = self._execute(shells.fill_request(shell, request))
