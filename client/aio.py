@@ -340,7 +340,7 @@ class AsyncFleet:
         self._redis = async_redis_client(url)
         self._replies = AsyncReplies(self._redis)
         self._sync_redis = redis_client(url)  # a thread's, for the sessions' shells
-        self._shells = ShellStore(self._sync_redis, key=self._signing_key)
+        self._shells = ShellStore(self._sync_redis, key=identity.shell_key)
         self._outage_grace_s = outage_grace_s(url)
         self._keys = auth.keyring([self._signing_key or ""])
         self._slots = asyncio.Semaphore(max_in_flight)

@@ -165,6 +165,9 @@ class Identity:
     signing_key: str | None
     admin: bool
     """True when `signing_key` is the admin key."""
+    shell_key: str | None
+    """The fleet's signing key, which seals the sessions' shells (an admin client's too:
+    any client of the fleet, a person's CLI or an agent's MCP server, opens them)."""
 
 
 def resolve_identity(url: str, owner: str | None, admin: bool) -> Identity:
@@ -173,10 +176,12 @@ def resolve_identity(url: str, owner: str | None, admin: bool) -> Identity:
     if owner is not None and not re.fullmatch(OWNER_PATTERN, owner):
         raise CallRejected(f"invalid owner {owner!r}: 1-128 letters, digits, _.:@-")
     admin_key = resolve_admin_key(url) if admin else None
+    fleet_key = resolve_signing_key(url)
     return Identity(
         owner=owner or Settings().owner_name(),
-        signing_key=admin_key or resolve_signing_key(url),
+        signing_key=admin_key or fleet_key,
         admin=admin_key is not None,
+        shell_key=fleet_key,
     )
 
 
@@ -273,6 +278,7 @@ class Fleet:
         self.admin = identity.admin
         """True when this client signs with the admin key."""
         self._signing_key = identity.signing_key
+        self._shell_key = identity.shell_key
         self._keys = auth.keyring([self._signing_key or ""])
         self._replies = Replies(self._redis, self._keys)
         self._outage_grace_s = outage_grace_s(url)
@@ -328,7 +334,7 @@ class Fleet:
 
         if not names.valid_id(request.session):
             raise CallRejected(f"invalid session id {request.session!r}")
-        store = ShellStore(self._redis, key=self._signing_key)
+        store = ShellStore(self._redis, key=self._shell_key)
         with self._errors():
             shell = store.load(request.session)
         result = self._execute(shells.fill_request(shell, request))

@@ -126,7 +126,8 @@ def session_record(
         assert isinstance(raw, str), f"no session state under {key}"
         # Sealed with the fleet's signing key (a forged state would never be used).
         state = auth.unseal(
-            auth.keyring([cli.fleet_state()["signing_key"]]), auth.SESSION_STATE, session, raw
+            auth.keyring([cli.fleet_state()["signing_key"]]),
+            auth.SHELL if kind == "shell" else auth.SESSION_STATE, session, raw,
         )
         return json.loads(state), int(client.ttl(key))
     finally:

@@ -135,7 +135,7 @@ def test_failed_calls_are_failures_in_flower_with_their_reason(
     """Issue #13, point 7: a failed command shows as FAILURE with why; what OPERATIONS.md
     says to alert on (`task-failed` events) counts them; the arguments name the dialect,
     the session, the job and the cwd actually used."""
-    wait_for(lambda: _try_get(f"{flower}/api/workers?refresh=1"), 60, "Flower", interval=0.5)
+    wait_for(lambda: _try_get(f"{flower}/api/workers?status=1"), 60, "Flower", interval=0.5)
     before = _metrics(flower)
     failed_before = _metric(before, "flower_events_total", task="bashfleet.exec",
                             type="task-failed")
@@ -186,7 +186,7 @@ def test_background_jobs_are_tasks_in_flower(
 ) -> None:
     """Issue #13, point 7: background jobs show in Flower, as `bashfleet.job` tasks (id: the
     job id) that start and end: SUCCESS for exit 0, FAILURE with the reason otherwise."""
-    wait_for(lambda: _try_get(f"{flower}/api/workers?refresh=1"), 60, "Flower", interval=0.5)
+    wait_for(lambda: _try_get(f"{flower}/api/workers?status=1"), 60, "Flower", interval=0.5)
     ok = fleet.run("sleep 3; exit 0", host="beta", mode="background").job
     bad = fleet.run("sleep 3; exit 3", host="beta", mode="background").job
     assert ok is not None and bad is not None
@@ -219,7 +219,7 @@ def test_flower_pages_render_in_headless_chromium(
 ) -> None:
     """Flower as an operator sees it, in a real browser (scripts/flower_screenshot.py):
     the tasks page lists failed calls and jobs as FAILURE, next to the successes."""
-    wait_for(lambda: _try_get(f"{flower}/api/workers?refresh=1"), 60, "Flower", interval=0.5)
+    wait_for(lambda: _try_get(f"{flower}/api/workers?status=1"), 60, "Flower", interval=0.5)
     failing = f"cshot{uuid.uuid4().hex[:8]}"
     fleet.run("exit 42", host="alpha", call_id=failing)
     job = fleet.run("exit 3", host="alpha", mode="background").job

@@ -15,12 +15,14 @@ they answer at once even when every command slot is busy.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 import redis
@@ -210,6 +212,7 @@ def run_exec(
         return _failed(call.call_id, host, *_refusal(call.call_id, state))
     started = time.monotonic()
     _log_start(call)
+    _keep_owner(rt, call)  # before it runs: its output is read while it runs (progress)
     spawned = _Spawned()
     try:
         result = run_call(
@@ -384,8 +387,8 @@ def _finish(
             stdout_bytes=spill.stdout_bytes, stderr_bytes=spill.stderr_bytes,
         )
     reply = answer.reply(result.model_dump_json()) if answer is not None else None
-    if spill is not None and spill.stdout_path:
-        _keep_owner(rt, call)
+    if spill is None or not spill.stdout_path:
+        _drop_owner(rt, call)
     try:
         if result.job is not None:
             record = load_record(result.job.id, rt.settings)
@@ -413,11 +416,29 @@ def _finish(
 def _keep_owner(rt: Runtime, call: Call) -> None:
     """Write who owns a call's kept output, beside it: `read_output` serves it to that
     owner only (the file outlives the call's record in Redis)."""
+    path = control.owner_file(rt.settings, call.call_id)
     try:
-        control.owner_file(rt.settings, call.call_id).write_text(call.owner, encoding="utf-8")
+        try:
+            _write_private(path, call.owner)
+        except FileNotFoundError:  # the host's first call: the engine has not made it yet
+            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            _write_private(path, call.owner)
     except OSError as exc:  # the output stays readable by an admin
         log.warning("call %s: could not record its owner: %s", call.call_id, exc,
                     extra={"call_id": call.call_id})
+
+
+def _write_private(path: Path, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as file:
+        file.write(text)
+
+
+def _drop_owner(rt: Runtime, call: Call) -> None:
+    """Remove the owner file of a call that kept no output."""
+    with contextlib.suppress(OSError):
+        control.owner_file(rt.settings, call.call_id).unlink(missing_ok=True)
 
 
 def _exec_refused(args: tuple[Any, ...], message: str) -> CallResult:
