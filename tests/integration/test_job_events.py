@@ -29,8 +29,7 @@ Hosts = tuple[WorkerProcess, WorkerProcess]
 
 
 def _cli(url: str, *args: str) -> subprocess.Popen[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("BASHFLEET_")}
-    env["BASHFLEET_REDIS_URL"] = url
+    env = {**os.environ, "BASHFLEET_REDIS_URL": url}  # the suite's key and state dir
     return subprocess.Popen(
         [sys.executable, "-m", "client.cli", *args], env=env, text=True,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
