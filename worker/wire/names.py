@@ -110,6 +110,9 @@ class Task(StrEnum):
     READ_OUTPUT = "bashfleet.read_output"
     CANCEL = "bashfleet.cancel"
     JOBS = "bashfleet.jobs"
+    WRITE_STDIN = "bashfleet.write_stdin"
+    RESIZE = "bashfleet.resize"
+    CLOSE_STDIN = "bashfleet.close_stdin"
 
 
 # ---------------------------------------------------------------------- validation
