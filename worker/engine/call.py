@@ -224,7 +224,7 @@ def run_call(
         call, cwd = prepare(call, settings)
         choice = isolation(call, settings)
         if call.stdin != "null":
-            return _run_session(call, cwd, settings, choice, started, cancel)
+            return _run_session(call, cwd, settings, choice, started, cancel=cancel)
         if call.background:
             return _start_background(call, cwd, settings, choice, started)
         return _run_foreground(
@@ -242,11 +242,11 @@ def run_call(
 
 def _run_session(
     call: Call, cwd: str, settings: Settings, choice: sandbox.Choice, started: float,
-    cancel: threading.Event | None,
+    *, cancel: threading.Event | None,
 ) -> CallResult:
     """An interactive call (stdin `closed`, `pipe` or `pty`): `worker.engine.interactive`."""
     try:
-        return interactive.run(call, cwd, settings, choice, started, cancel)
+        return interactive.run(call, cwd, settings, choice, started=started, cancel=cancel)
     except interactive.SessionError as exc:
         raise CallError(exc.kind, exc.message) from exc
 

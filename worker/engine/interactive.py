@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import fcntl
 import os
 import platform
 import re
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -305,8 +307,10 @@ def _ask(record: JobRecord, body: dict[str, object]) -> dict[str, object]:
         raise SessionError("not_found", f"session {record.id} has ended (its supervisor "
                            f"does not answer: {exc})") from None
     if "error" in answer:
-        kind = "invalid" if answer["error"] != "full" else "unavailable"
-        raise SessionError(kind, str(answer.get("message") or answer["error"]))
+        message = str(answer.get("message") or answer["error"])
+        if answer["error"] == "full":
+            raise SessionError("unavailable", message)
+        raise SessionError("invalid", message)
     return answer
 
 
@@ -364,7 +368,7 @@ def start(call: Call, cwd: str, settings: Settings, choice: sandbox.Choice) -> J
         raise SessionError(exc.kind, exc.message) from exc
 
 
-def run(call: Call, cwd: str, settings: Settings, choice: sandbox.Choice, started: float,
+def run(call: Call, cwd: str, settings: Settings, choice: sandbox.Choice, *, started: float,
         cancel: threading.Event | None = None) -> CallResult:
     """Start the session, wait its yield (the call's timeout; 0 in the background), and
     return what it printed meanwhile; a session still running is a job one writes to."""
@@ -373,14 +377,16 @@ def run(call: Call, cwd: str, settings: Settings, choice: sandbox.Choice, starte
         call.timeout_s if call.timeout_s is not None else call.policy.default_timeout_s)
     spec = Collect(wait_s=min(wait, 300.0), input_wait_s=call.input_wait_s,
                    truncation=call.policy.truncation)
-    out = collect(record, 0, spec, settings, cancel=cancel)
-    if cancel is not None and cancel.is_set() and out.running:
-        jobs.kill_job(record, grace_s=call.policy.kill_grace_s, settings=settings)
-        out = collect(record, out.offset, Collect(), settings)
-    return session_result(call, record, out, cwd, started, settings)
+    with _reader_lock(settings, record.id):
+        out = collect(record, 0, spec, settings, cancel=cancel)
+        if cancel is not None and cancel.is_set() and out.running:
+            jobs.kill_job(record, grace_s=call.policy.kill_grace_s, settings=settings)
+            out = collect(record, out.offset, Collect(), settings)
+        save_offset(settings, record.id, out.offset)
+    return session_result(call, record, out, cwd, started=started, settings=settings)
 
 
-def session_result(call: Call, record: JobRecord, out: SessionOutput, cwd: str,
+def session_result(call: Call, record: JobRecord, out: SessionOutput, cwd: str, *,
                    started: float, settings: Settings) -> CallResult:
     """A session's first answer as a call's result."""
     return CallResult(
@@ -397,3 +403,62 @@ def session_result(call: Call, record: JobRecord, out: SessionOutput, cwd: str,
 def truncation_or_default(policy: Truncation | None) -> Truncation:
     """The truncation of a read (the last 2000 lines / 50 KB when none is given)."""
     return policy or TailLines()
+
+
+# ------------------------------------------------------------------ exchanges (the fleet)
+
+
+def _offset_path(settings: Settings, job_id: str) -> Path:
+    return settings.jobs_dir / f"{job_id}.read"
+
+
+@contextlib.contextmanager
+def _reader_lock(settings: Settings, job_id: str) -> Iterator[Path]:
+    """One reader of a session at a time (threads and processes of the host): every byte
+    goes to exactly one read."""
+    path = _offset_path(settings, job_id)
+    fd = os.open(path.with_suffix(".lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield path
+    finally:
+        os.close(fd)
+
+
+def load_offset(settings: Settings, job_id: str) -> int:
+    """Where the last read of a session stopped (0 before any)."""
+    try:
+        return int(_offset_path(settings, job_id).read_text("ascii") or 0)
+    except (OSError, ValueError):
+        return 0
+
+
+def save_offset(settings: Settings, job_id: str, offset: int) -> None:
+    """Remember where the last read of a session stopped (on the host's disk, atomically)."""
+    path = _offset_path(settings, job_id)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    tmp.write_text(str(offset), encoding="ascii")
+    os.replace(tmp, path)
+
+
+def exchange(
+    settings: Settings, record: JobRecord, data: bytes, spec: Collect, *, close_input: bool = False,
+) -> SessionOutput:
+    """Write `data` (and EOF with `close_input`) to a session, then read its new output
+    since the last read by anyone: what the fleet's write_stdin / close_stdin do."""
+    written = write(record, data) if data else 0
+    if not data:
+        with contextlib.suppress(SessionError):
+            write(record, b"")
+    if close_input:
+        close(record)
+    if not spec.read:
+        return SessionOutput(id=record.id, host=record.host, running=True, stdin=record.stdin,
+                             stdin_open=record.stdin in ("pipe", "pty"), written=written,
+                             offset=load_offset(settings, record.id),
+                             output_path=record.output_path)
+    with _reader_lock(settings, record.id):
+        out = collect(record, load_offset(settings, record.id), spec, settings,
+                      written=written)
+        save_offset(settings, record.id, out.offset)
+    return out

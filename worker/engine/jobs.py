@@ -141,7 +141,7 @@ def start_job(
         output_path=str(output), status_path=str(status), started_at=time.time(),
         call_id=call.call_id, owner=call.owner, stdin=call.stdin,
         socket_path=spec.get("socket_path"),
-        stdin_id=tuple(stdin_id) if isinstance(stdin_id, list) else None,  # type: ignore[arg-type]
+        stdin_id=tuple(stdin_id) if isinstance(stdin_id, list) else None,
     )
     save_record(record, settings)
     return record

@@ -419,7 +419,7 @@ def spawn_with_ctty(executable: str, argv: Sequence[str], env: Mapping[str, str]
             if resetids:
                 os.setgid(os.getgid())
                 os.setuid(os.getuid())
-            os.execve(executable, list(argv), dict(env))
+            os.execve(executable, list(argv), dict(env))  # noqa: S606 - no shell: argv
         except OSError as exc:
             os.write(write_end, str(exc.errno or errno.EIO).encode())
         finally:

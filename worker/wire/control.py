@@ -175,6 +175,9 @@ class Collect(Model):
     person's terminal (`bashfleet attach`), never for a model."""
     max_bytes: int = Field(8 * 1024 * 1024, ge=1, le=64 * 1024 * 1024)
     """Most bytes of new output read in one answer; the rest waits for the next read."""
+    read: bool = True
+    """False: write only, read nothing (the output stays for the next read): a person's
+    keystrokes while another request waits for the output."""
 
 
 class SessionOutput(Model):
