@@ -43,7 +43,7 @@ from client.errors import BashfleetError, FleetUnavailable, HostUnavailable
 from client.fleet import Fleet, resolve_signing_key, resolve_url
 from client.sessions import RedisSessionStore, validate_session_id
 from worker.fleet.connect import redis_client
-from worker.wire.control import CheckRequest, KillRequest
+from worker.wire.control import CheckRequest, KillRequest, SessionOutput, WriteStdinRequest
 from worker.wire.models import CallResult, CheckResult, RunRequest
 
 __all__ = [
@@ -119,6 +119,10 @@ class FleetRunner:
         """`Fleet.kill_job`."""
         return self._guard(lambda: self.fleet.kill_job(request))
 
+    def write_stdin_request(self, request: WriteStdinRequest) -> SessionOutput:
+        """`Fleet.write_stdin_request`."""
+        return self._guard(lambda: self.fleet.write_stdin_request(request))
+
 
 class SessionRunner:
     """A runner bound to one session's state: runs go to its pinned host.
@@ -156,6 +160,10 @@ class SessionRunner:
     def kill_job(self, request: KillRequest) -> CheckResult:
         """`Runner.kill_job`."""
         return self._runner.kill_job(request)
+
+    def write_stdin_request(self, request: WriteStdinRequest) -> SessionOutput:
+        """`Runner.write_stdin_request` (sessions are routed by job id, wherever they run)."""
+        return self._runner.write_stdin_request(request)
 
 
 # ---------------------------------------------------------------------------- backend

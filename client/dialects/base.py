@@ -25,7 +25,7 @@ from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from client.dialects.args import ArgError, Args, parse_args
-from worker.wire.control import CheckRequest, KillRequest
+from worker.wire.control import CheckRequest, KillRequest, SessionOutput, WriteStdinRequest
 from worker.wire.models import (
     CallResult,
     CheckResult,
@@ -86,6 +86,10 @@ class Runner(Protocol):
         """End a job; its final state (see `KillRequest`)."""
         ...
 
+    def write_stdin_request(self, request: WriteStdinRequest) -> SessionOutput:
+        """Write to an interactive job, read its new output (see `WriteStdinRequest`)."""
+        ...
+
 
 class RunnerError(Exception):
     """The runner raised: the fleet could not answer (not the command's failure)."""
@@ -140,6 +144,14 @@ class GuardedRunner:
         """`Runner.kill_job`, exceptions converted."""
         try:
             return self._runner.kill_job(request)
+        except Exception as exc:
+            raise RunnerError(_describe(exc)) from exc
+
+    def write_stdin_request(self, request: WriteStdinRequest) -> SessionOutput:
+        """`Runner.write_stdin_request`, exceptions converted (the original kept as the
+        cause: a dialect may tell an unknown session from a fleet failure)."""
+        try:
+            return self._runner.write_stdin_request(request)
         except Exception as exc:
             raise RunnerError(_describe(exc)) from exc
 
@@ -233,6 +245,23 @@ def carry_env(
     return carried, removed
 
 
+class ExecSession(BaseModel):
+    """An interactive session a dialect addresses by a number of its own (codex)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    job_id: str
+    """The fleet's job id of the session's process."""
+    host: str
+    """Host that runs it."""
+    tty: bool = False
+    """True when it has a terminal (writes are taken); False: its stdin is closed."""
+    command: str = ""
+    """The command, for notes."""
+    last_used: float = 0.0
+    """When it was last written to or read (seconds since the epoch, client's clock)."""
+
+
 class SessionState(BaseModel):
     """What a dialect carries between the calls of one agent session.
 
@@ -262,6 +291,8 @@ class SessionState(BaseModel):
     """The session's latest commands, oldest first (native's "already ran" hint)."""
     shells: dict[str, ShellState] = Field(default_factory=dict)
     """Named session (native's `session` argument) -> the shell state it carries."""
+    exec_sessions: dict[int, ExecSession] = Field(default_factory=dict)
+    """Interactive sessions by the number the model uses (codex's session ids)."""
 
     def remember(self, job: JobHandle, command: str, stderr_path: str | None = None) -> SessionJob:
         """Record a job started in this session; a newer job takes over a reused pid."""

@@ -46,6 +46,7 @@ A binary stream:
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections.abc import Callable, Mapping
@@ -71,11 +72,19 @@ from client.dialects.base import (
     ToolSpec,
     ToolText,
 )
-from worker.wire.control import CheckRequest, KillRequest
+from worker.wire.control import (
+    MAX_COLLECT_WAIT_S,
+    CheckRequest,
+    Collect,
+    KillRequest,
+    SessionOutput,
+    WriteStdinRequest,
+)
 from worker.wire.models import (
     MAX_TIMEOUT_S,
     CallResult,
     CheckResult,
+    InputWait,
     Policy,
     RunRequest,
     Spill,
@@ -132,6 +141,14 @@ BASH_SCHEMA = {
             "type": "string",
             "description": "Fleet session id: cwd, environment and host carried between calls",
         },
+        "stdin": {
+            "type": "boolean",
+            "description": "Keep stdin open as a pipe: bash_write sends it input",
+        },
+        "tty": {
+            "type": "boolean",
+            "description": "Run in a terminal (PTY): prompts, REPLs, Ctrl-C through bash_write",
+        },
     },
     "required": ["command"],
     "additionalProperties": False,
@@ -149,6 +166,29 @@ CHECK_SCHEMA = {
     "required": ["id"],
     "additionalProperties": False,
 }
+WRITE_DESCRIPTION = """\
+Send input to a job started with stdin or tty (a REPL, a prompt, a dev server), then show \
+what it printed since the last look. Through a terminal, \\u0003 is Ctrl-C and \\n is Enter. \
+Waits until its output settles, it waits for input again, or it ends (at most `timeout` \
+seconds, default 10). `close` ends its input (EOF) after the text."""
+
+WRITE_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "id": {"type": "string", "description": "Job id"},
+        "input": {"type": "string", "description": "Text to send (empty: just read)"},
+        "close": {"type": "boolean", "description": "End the input (EOF) after the text"},
+        "timeout": {"type": "number", "description": "Most seconds to wait (default 10)"},
+    },
+    "required": ["id"],
+    "additionalProperties": False,
+}
+#: How long bash_write waits at most, and how long output must stay quiet to count as done.
+WRITE_TIMEOUT_S = 10.0
+WRITE_SETTLE_S = 0.3
+#: Seconds blocked on input without output before a process counts as waiting.
+INPUT_WAIT_S = 2.0
+
 KILL_SCHEMA = {
     "type": "object",
     "properties": {"id": {"type": "string", "description": "Job id"}},
@@ -256,6 +296,16 @@ def _shell_report(name: str, shell: ShellState, result: CallResult) -> str:
     return text
 
 
+def session_status(job_id: str, host: str, stdin: str, waiting: InputWait | None) -> str:
+    """The first line of a running interactive job: where it runs, what it waits for."""
+    kind = {"pty": "a terminal", "pipe": "stdin as a pipe"}.get(stdin, "no stdin")
+    text = f"running as job {job_id} on host {host} with {kind}"
+    if waiting is not None:
+        text += (f"; WAITING FOR INPUT (blocked reading it for {waiting.idle_s:.1f}s, "
+                 f"pid {waiting.pid}) after printing: {json.dumps(waiting.prompt)}")
+    return text
+
+
 def _keep_shell(session: SessionState, name: str, shell: ShellState) -> None:
     """Store a named session's state, newest last; the oldest go past MAX_SHELLS."""
     session.shells.pop(name, None)
@@ -297,11 +347,13 @@ class NativeDialect(Dialect):
             ToolSpec("bash", BASH_DESCRIPTION, BASH_SCHEMA),
             ToolSpec("bash_check", CHECK_DESCRIPTION, CHECK_SCHEMA),
             ToolSpec("bash_kill", KILL_DESCRIPTION, KILL_SCHEMA),
+            ToolSpec("bash_write", WRITE_DESCRIPTION, WRITE_SCHEMA),
         ]
 
     def handlers(self) -> Mapping[str, Handler]:
         """One handler per tool."""
-        return {"bash": self._bash, "bash_check": self._check, "bash_kill": self._kill}
+        return {"bash": self._bash, "bash_check": self._check, "bash_kill": self._kill,
+                "bash_write": self._write}
 
     # ---------------------------------------------------------------------------- bash
 
@@ -314,6 +366,8 @@ class NativeDialect(Dialect):
         if timeout is not None and not 0 < timeout <= MAX_TIMEOUT_S:
             raise ArgError(f"timeout must be above 0 and at most {MAX_TIMEOUT_S:g} seconds")
         mode = args.text("mode") or "default"
+        stdin = "pty" if args.flag("tty") else "pipe" if args.flag("stdin") else "null"
+        interactive = stdin != "null"
         name = args.text("session") or None
         shell = session.shells.get(name, ShellState()) if name else None
         sent_at = self._clock()
@@ -329,7 +383,8 @@ class NativeDialect(Dialect):
             # A named session is a shell that lives on: learn how each call leaves it.
             # A background job ends after later calls ran, so it cannot say.
             unset_env=tuple(shell.unset_env) if shell else (),
-            capture_state=shell is not None and mode != "background",
+            capture_state=shell is not None and mode != "background" and not interactive,
+            stdin=stdin, input_wait_s=INPUT_WAIT_S if interactive else None,
         ))
         text = self.render_run(result, mode, timeout)
         if system_failure(result) is not None:
@@ -401,7 +456,11 @@ class NativeDialect(Dialect):
             return ToolText(text, is_error=True)
         if timeout is None:
             timeout = SLOW_TIMEOUT_S if mode == "slow" else DEFAULT_TIMEOUT_S
-        status, failed = self._status(result, timeout)
+        job = result.job
+        if job is not None and job.stdin != "null" and result.backgrounded:
+            status, failed = session_status(job.id, job.host, job.stdin, result.input_wait), False
+        else:
+            status, failed = self._status(result, timeout)
         blocks = [f"{status}\n{where}", *self._streams(result)]
         if result.error_digest:
             lines = "\n".join(f"  {line}" for line in result.error_digest)
@@ -409,9 +468,12 @@ class NativeDialect(Dialect):
         doing = _activity_block(result)
         if doing:
             blocks.append(doing)
-        if result.job is not None:
-            job = result.job.id
-            blocks.append(f"bash_check id={job} shows its output; bash_kill id={job} stops it.")
+        if job is not None and result.backgrounded and job.stdin != "null":
+            blocks.append(f"bash_write id={job.id} sends input and shows new output; "
+                          f"bash_kill id={job.id} stops it.")
+        elif job is not None and job.stdin == "null":
+            blocks.append(f"bash_check id={job.id} shows its output; "
+                          f"bash_kill id={job.id} stops it.")
         if result.error is not None:
             blocks.append(f"warning: {result.error.message}")
         return ToolText("\n\n".join(blocks), is_error=failed)
@@ -535,6 +597,41 @@ class NativeDialect(Dialect):
         if result.note:
             blocks.append(f"note: {result.note}")
         return blocks
+
+    # ----------------------------------------------------------------------- bash_write
+
+    def _write(self, args: Args, runner: GuardedRunner, session: SessionState) -> ToolText:
+        job_id = args.text("id") or ""
+        timeout = args.number("timeout")
+        if timeout is not None and not 0 <= timeout <= MAX_COLLECT_WAIT_S:
+            raise ArgError(f"timeout must be 0 to {MAX_COLLECT_WAIT_S:g} seconds")
+        collect = Collect(
+            wait_s=WRITE_TIMEOUT_S if timeout is None else timeout, settle_s=WRITE_SETTLE_S,
+            input_wait_s=INPUT_WAIT_S, truncation=self.policy().truncation,
+        )
+        out = runner.write_stdin_request(WriteStdinRequest(
+            id=job_id, data=args.text("input") or "", close=bool(args.flag("close")),
+            collect=collect,
+        ))
+        return self.render_write(out)
+
+    def render_write(self, out: SessionOutput) -> ToolText:
+        """A session's state and what it printed since the last look."""
+        if out.running:
+            state = session_status(out.id, out.host, out.stdin, out.input_wait)
+        else:
+            state = f"job {out.id} on host {out.host}: {_ending(out.exit_code, out.signal)}"
+        blocks = [state]
+        if out.written:
+            blocks.append(f"sent {out.written} bytes")
+        output = chomp(out.output)
+        blocks.append(f"new output:\n{output}" if output else "new output: none")
+        if out.output_truncation is not None and out.output_truncation.truncated:
+            blocks.append(f"[output cut: {cut_summary(out.output_truncation)}. Full output: "
+                          f"`bashfleet output {out.id}` ({_where(out.output_path, out.host)})]")
+        if out.note:
+            blocks.append(f"note: {out.note}")
+        return ToolText("\n\n".join(blocks), is_error=not out.running and out.exit_code != 0)
 
     def _kill(self, args: Args, runner: GuardedRunner, session: SessionState) -> ToolText:
         job_id = args.text("id") or ""

@@ -14,10 +14,10 @@ import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from worker.wire.control import CheckRequest, KillRequest
+from worker.wire.control import CheckRequest, KillRequest, SessionOutput, WriteStdinRequest
 from worker.wire.models import CallResult, CheckResult, RunRequest
 
-Request = RunRequest | CheckRequest | KillRequest
+Request = RunRequest | CheckRequest | KillRequest | WriteStdinRequest
 
 
 @dataclass(frozen=True)
@@ -28,10 +28,11 @@ class FakeCall:
 
     @property
     def method(self) -> str:
-        """`run`, `check` or `kill`."""
-        return {RunRequest: "run", CheckRequest: "check", KillRequest: "kill"}[
-            type(self.request)
-        ]
+        """`run`, `check`, `kill` or `write`."""
+        return {
+            RunRequest: "run", CheckRequest: "check", KillRequest: "kill",
+            WriteStdinRequest: "write",
+        }[type(self.request)]
 
     @property
     def options(self) -> dict[str, object]:
@@ -51,7 +52,8 @@ class FakeCall:
 
 
 class FakeRunner:
-    """Answers `execute`, `check_job` and `kill_job` from queues of canned results.
+    """Answers `execute`, `check_job`, `kill_job` and `write_stdin_request` from queues of
+    canned results.
 
     An empty queue answers with a plain success: exit code 0 for a run, a finished job
     with exit code 0 for a check, one ended by SIGTERM for a kill. `error`, when set,
@@ -64,11 +66,13 @@ class FakeRunner:
         run: Iterable[CallResult] = (),
         check: Iterable[CheckResult] = (),
         kill: Iterable[CheckResult] = (),
+        write: Iterable[SessionOutput | Exception] = (),
         error: Exception | None = None,
     ) -> None:
         self.run_results = list(run)
         self.check_results = list(check)
         self.kill_results = list(kill)
+        self.write_results = list(write)
         self.error = error
         self.calls: list[FakeCall] = []
         self._ids = itertools.count(1)
@@ -100,6 +104,18 @@ class FakeRunner:
         if self.kill_results:
             return self.kill_results.pop(0)
         return CheckResult(id=request.id, host="fake", running=False, signal=15)
+
+    def write_stdin_request(self, request: WriteStdinRequest) -> SessionOutput:
+        """Record the request; the next canned output (an exception in the queue is
+        raised), or a session still running that printed nothing."""
+        self._record(request)
+        if self.write_results:
+            answer = self.write_results.pop(0)
+            if isinstance(answer, Exception):
+                raise answer
+            return answer
+        return SessionOutput(id=request.id, host="fake", running=True, stdin="pty",
+                             stdin_open=True)
 
     def last(self) -> FakeCall:
         """The most recent call."""

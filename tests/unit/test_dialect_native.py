@@ -63,7 +63,7 @@ def tail(
 
 def test_tools() -> None:
     tools = {tool["name"]: tool["input_schema"] for tool in schemas(NATIVE)}
-    assert list(tools) == ["bash", "bash_check", "bash_kill"]
+    assert list(tools) == ["bash", "bash_check", "bash_kill", "bash_write"]
     assert list(tools["bash"]["properties"]) == [
         "command",
         "mode",
@@ -71,7 +71,11 @@ def test_tools() -> None:
         "cwd",
         "host",
         "session",
+        "stdin",
+        "tty",
     ]
+    assert list(tools["bash_write"]["properties"]) == ["id", "input", "close", "timeout"]
+    assert tools["bash_write"]["required"] == ["id"]
     assert tools["bash"]["properties"]["mode"]["enum"] == ["default", "slow", "background"]
     assert list(tools["bash_check"]["properties"]) == ["id", "grep", "offset"]
     assert tools["bash_check"]["properties"]["offset"]["type"] == "integer"

@@ -316,7 +316,7 @@ def _ask(record: JobRecord, body: dict[str, object]) -> dict[str, object]:
 
 def write(record: JobRecord, data: bytes) -> int:
     """Hand `data` to the job's stdin (through its terminal for a PTY); bytes taken."""
-    if record.stdin == "closed":
+    if record.stdin == "closed" and data:
         raise SessionError("invalid", "stdin is closed for this session")
     if not data:
         with contextlib.suppress(SessionError):
@@ -446,12 +446,17 @@ def exchange(
 ) -> SessionOutput:
     """Write `data` (and EOF with `close_input`) to a session, then read its new output
     since the last read by anyone: what the fleet's write_stdin / close_stdin do."""
-    written = write(record, data) if data else 0
-    if not data:
-        with contextlib.suppress(SessionError):
-            write(record, b"")
-    if close_input:
-        close(record)
+    written, note = 0, None
+    try:
+        written = write(record, data)
+        if close_input:
+            close(record)
+    except SessionError as exc:
+        # A process that ended since the last read: its last output and status are
+        # still worth more than an error.
+        if exc.kind != "not_found" or jobs.read_status(record) is None:
+            raise
+        note = "the input was not delivered: the process had ended"
     if not spec.read:
         return SessionOutput(id=record.id, host=record.host, running=True, stdin=record.stdin,
                              stdin_open=record.stdin in ("pipe", "pty"), written=written,
@@ -461,4 +466,4 @@ def exchange(
         out = collect(record, load_offset(settings, record.id), spec, settings,
                       written=written)
         save_offset(settings, record.id, out.offset)
-    return out
+    return out.model_copy(update={"note": note}) if note else out

@@ -45,7 +45,8 @@ def _ended(rt: Runtime, record: JobRecord, out: SessionOutput) -> SessionOutput:
 def write_stdin(rt: Runtime, request: WriteStdinRequest, admin: bool = False) -> SessionOutput:
     """Write to a session's stdin (nothing for a poll); its new output."""
     record = owned_record(rt.settings, request.id, request.owner, admin)
-    out = interactive.exchange(rt.settings, record, _input(request), request.collect)
+    out = interactive.exchange(rt.settings, record, _input(request), request.collect,
+                               close_input=request.close)
     return _ended(rt, record, out)
 
 

@@ -233,6 +233,8 @@ class WriteStdinRequest(ControlRequest):
     """Text to write (UTF-8). Through a terminal `\u0003` is Ctrl-C, `\r` or `\n` Enter."""
     data_b64: str | None = Field(None, max_length=MAX_WRITE_BYTES * 4 // 3 + 4)
     """Bytes to write, base64 (a person's keystrokes), instead of `data`."""
+    close: bool = False
+    """End the input after the data: the pipe is closed, a terminal gets Ctrl-D."""
     collect: Collect = Field(default_factory=Collect)
     """How to wait for the output."""
 

@@ -83,7 +83,19 @@ class ByteTail(Model):
     """Most bytes of UTF-8 shown."""
 
 
-Truncation = Annotated[TailLines | Middle | CharCap | ByteTail, Field(discriminator="kind")]
+class HeadTailTokens(Model):
+    """Past `max_tokens` tokens (a token is 4 bytes), keep half of those bytes from the
+    head and half from the tail, at UTF-8 boundaries, with `…N tokens truncated…` between
+    them (N: tokens left out) (codex)."""
+
+    kind: Literal["head_tail_tokens"] = "head_tail_tokens"
+    max_tokens: int = Field(10_000, ge=0)
+    """Most tokens shown."""
+
+
+Truncation = Annotated[
+    TailLines | Middle | CharCap | ByteTail | HeadTailTokens, Field(discriminator="kind")
+]
 
 
 class InterceptRule(Model):
