@@ -24,6 +24,7 @@ import fcntl
 import os
 import platform
 import re
+import stat
 import threading
 import time
 from collections.abc import Iterator
@@ -77,12 +78,31 @@ _READ_CHANNELS = {"wait_woken", "n_tty_read", "anon_pipe_read", "pipe_read", "pi
 _INFINITE = (0xFFFFFFFF, 0xFFFFFFFFFFFFFFFF)
 
 
+#: /dev/tty (5, 0): a process of a PTY session that opens it reads the session's terminal
+#: (ssh-keygen and sudo ask for passwords there, not on stdin).
+_DEV_TTY = os.makedev(5, 0)
+
+
 def _fd_is(pid: int, fd: int, stdin_id: tuple[int, int]) -> bool:
+    """True when `fd` of `pid` is the session's stdin (a pipe or its terminal), or the
+    /dev/tty of a process whose controlling terminal that is."""
     try:
         info = os.stat(f"/proc/{pid}/fd/{fd}")
     except OSError:
         return False
-    return (info.st_dev, info.st_ino) == tuple(stdin_id)
+    if (info.st_dev, info.st_ino) == tuple(stdin_id):
+        return True
+    return stat.S_ISCHR(info.st_mode) and info.st_rdev == _DEV_TTY and _ctty_is(pid, stdin_id)
+
+
+def _ctty_is(pid: int, stdin_id: tuple[int, int]) -> bool:
+    """True when `pid`'s controlling terminal is the session's (its fd 0, 1 or 2 is)."""
+    for fd in (0, 1, 2):
+        with contextlib.suppress(OSError):
+            info = os.stat(f"/proc/{pid}/fd/{fd}")
+            if (info.st_dev, info.st_ino) == tuple(stdin_id):
+                return True
+    return False
 
 
 def _epoll_watches(pid: int, epfd: int, stdin_id: tuple[int, int]) -> bool:
