@@ -15,7 +15,7 @@ from client import Fleet
 from client.errors import BashfleetError, UnknownJob
 from worker.wire.control import Collect
 
-from .conftest import WorkerFactory, WorkerProcess, wait_for
+from .conftest import WorkerFactory, WorkerProcess
 
 SETTLE = Collect(wait_s=10, settle_s=0.3)
 

@@ -213,5 +213,5 @@ def test_pruning_spares_the_most_recent_and_warns() -> None:
     CodexDialect(rng=random.Random(1)).call("exec_command", {"cmd": "cat", "tty": True},
                                              runner, state)
     assert 1000 not in state.exec_sessions and len(state.exec_sessions) == MAX_SESSIONS
-    killed = [call.request for call in runner.calls if call.method == "kill"]
-    assert [k.id for k in killed] == ["j1000"]
+    killed = [call.target for call in runner.calls if call.method == "kill"]
+    assert killed == ["j1000"]
