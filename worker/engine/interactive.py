@@ -393,8 +393,13 @@ def run(call: Call, cwd: str, settings: Settings, choice: sandbox.Choice, *, sta
     """Start the session, wait its yield (the call's timeout; 0 in the background), and
     return what it printed meanwhile; a session still running is a job one writes to."""
     record = start(call, cwd, settings, choice)
-    wait = 0.0 if call.background else (
-        call.timeout_s if call.timeout_s is not None else call.policy.default_timeout_s)
+    if call.background:
+        # Started to be read later (a terminal attached, a stdin forwarded): nothing is
+        # read now, so the first read gets the output from its first byte.
+        out = SessionOutput(id=record.id, host=record.host, running=True, stdin=record.stdin,
+                            stdin_open=record.stdin in ("pipe", "pty"))
+        return session_result(call, record, out, cwd, started=started, settings=settings)
+    wait = call.timeout_s if call.timeout_s is not None else call.policy.default_timeout_s
     spec = Collect(wait_s=min(wait, 300.0), input_wait_s=call.input_wait_s,
                    truncation=call.policy.truncation)
     with _reader_lock(settings, record.id):
