@@ -6,6 +6,7 @@ TypeScript SDK clients, all on a real local fleet (`bashfleet up`).
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import pty
@@ -21,7 +22,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import fcntl
 import pytest
 
 from .helpers import Cli, bashfleet_command, kill_recorded
@@ -184,7 +184,8 @@ async def test_codex_drives_a_repl_a_prompt_and_refuses_pipe_writes(fleet: Cli) 
                                                       "yield_time_ms": 250})
         piped = _session_of(text)
         text, error = await call(client, "write_stdin", {"session_id": piped, "chars": "x"})
-        assert error and text == "stdin is closed for this session; rerun exec_command with tty=true"
+        assert error
+        assert text == "stdin is closed for this session; rerun exec_command with tty=true"
         text, _ = await call(client, "write_stdin", {"session_id": piped})
         assert "Process exited with code 0" in text and "slept" in text
     # A second server process of the same session reaches the REPL the first one started.
