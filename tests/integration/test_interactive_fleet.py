@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 
 from client import Fleet
-from client.errors import BashfleetError, UnknownJob
+from client.errors import UnknownJob
 from worker.wire.control import Collect
 
 from .conftest import WorkerFactory, WorkerProcess
@@ -64,8 +64,8 @@ def test_python_repl_in_a_pty_driven_from_two_clients(
     assert "KeyboardInterrupt" in out.output, out
     ended = first.write_stdin(job, "exit(4)\n", collect=Collect(wait_s=10))
     assert not ended.running and ended.exit_code == 4
-    with pytest.raises(BashfleetError):
-        first.write_stdin(job, "more\n")
+    late = first.write_stdin(job, "more\n")  # its end was read: nothing more to deliver to
+    assert not late.running and late.note == "the input was not delivered: the process had ended"
 
 
 def test_another_owner_cannot_write(owner_fleets: tuple[Fleet, Fleet], host: WorkerProcess) -> None:
@@ -82,3 +82,33 @@ def test_another_owner_cannot_write(owner_fleets: tuple[Fleet, Fleet], host: Wor
     assert out.output == "hello\n"
     closed = first.close_stdin(started.job.id, collect=Collect(wait_s=10))
     assert not closed.running and closed.exit_code == 0
+
+
+def test_a_session_outlives_its_worker(workers: WorkerFactory) -> None:
+    """The supervisor holds the PTY: a restarted worker's control consumer reaches it."""
+    worker = workers.start("inter-restart")
+    fleet = Fleet(worker.url, owner="session:restart")
+    try:
+        started = fleet.run("python3 -i -q", host=worker.host, stdin="pty", timeout=10)
+        assert started.job is not None and started.input_wait is not None
+        assert worker.stop() is not None
+        workers.start("inter-restart")
+        out = fleet.write_stdin(started.job.id, "print(6*7)\n", collect=SETTLE)
+        assert "42" in out.output and out.running
+        ended = fleet.close_stdin(started.job.id, collect=Collect(wait_s=10))
+        assert not ended.running and ended.exit_code == 0
+    finally:
+        fleet.close()
+
+
+def test_a_long_wait_is_answered_past_the_control_timeout(
+    owner_fleets: tuple[Fleet, Fleet], host: WorkerProcess
+) -> None:
+    """A read may wait longer than a plain control call: the client waits as long."""
+    first, _ = owner_fleets
+    started = first.run("sleep 1; echo late; sleep 30", host=host.host, stdin="closed",
+                        timeout=0.2)
+    assert started.job is not None and started.backgrounded
+    out = first.read(started.job.id, collect=Collect(wait_s=20, settle_s=0.2))
+    assert out.output == "late\n" and out.running
+    first.kill(started.job.id)
