@@ -197,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     print("-" * 116)
     print(_row("line through `cat` in a PTY, p50", _ms(ours), f"local {_ms(local_all)}",
                "<= local + 5 ms", p50 - l50 <= 0.005))
-    print(_row(f"  same, p50 added by the fleet (info)", f"{(p50 - l50) * 1e3:.2f} ms", "-",
+    print(_row("  same, p50 added by the fleet (info)", f"{(p50 - l50) * 1e3:.2f} ms", "-",
                "-", None))
     print(_row(f"{sessions} live sessions: memory per session", f"{pss / 2**20:.1f} MiB PSS",
                f"host {drop / 2**20:.1f} MiB", "info", None))
