@@ -188,6 +188,26 @@ async def test_codex_drives_a_repl_a_prompt_and_refuses_pipe_writes(fleet: Cli) 
         assert text == "stdin is closed for this session; rerun exec_command with tty=true"
         text, _ = await call(client, "write_stdin", {"session_id": piped})
         assert "Process exited with code 0" in text and "slept" in text
+        key = f"/tmp/bashfleet-e2e-{uuid.uuid4().hex[:8]}"
+        text, _ = await call(client, "exec_command",
+                             {"cmd": f"ssh-keygen -q -t ed25519 -f {key}", "tty": True})
+        assert "after printing: \"Enter passphrase" in text, text
+        keygen = _session_of(text)
+        text, _ = await call(client, "write_stdin", {"session_id": keygen, "chars": "\n",
+                                                     "yield_time_ms": 3000})
+        assert "same passphrase" in text
+        text, _ = await call(client, "write_stdin", {"session_id": keygen, "chars": "\n",
+                                                     "yield_time_ms": 5000})
+        assert "Process exited with code 0" in text
+        await call(client, "exec_command", {"cmd": f"rm -f {key} {key}.pub"})
+        text, _ = await call(client, "exec_command", {
+            "cmd": "python3 -u -m http.server 0 --bind 127.0.0.1", "tty": True,
+            "yield_time_ms": 3000})
+        assert "Serving HTTP on 127.0.0.1" in text and "waiting for input" not in text
+        server = _session_of(text)
+        text, _ = await call(client, "write_stdin", {"session_id": server, "chars": "\u0003",
+                                                     "yield_time_ms": 5000})
+        assert "Keyboard interrupt received" in text and "Process exited with code 0" in text
     # A second server process of the same session reaches the REPL the first one started.
     async with mcp(fleet, "codex", "--host", HOST, session=session) as client:
         text, error = await call(client, "write_stdin", {
