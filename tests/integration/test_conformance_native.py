@@ -39,14 +39,15 @@ def bash(conform: Conformance, args: dict[str, object],
     return call(conform, "bash", args, session)
 
 
-def test_three_tools(conform: Conformance) -> None:
-    """`bash` {command, mode, timeout, cwd, host, session}, `bash_check` {id, grep, offset},
-    `bash_kill` {id}."""
+def test_four_tools(conform: Conformance) -> None:
+    """`bash` {command, mode, timeout, cwd, host, session, stdin, tty}, `bash_check` {id,
+    grep, offset}, `bash_kill` {id}, `bash_write` {id, input, close, timeout}."""
     tools = {spec.name: spec.input_schema for spec in NATIVE.tools()}
     assert {name: list(schema["properties"]) for name, schema in tools.items()} == {
-        "bash": ["command", "mode", "timeout", "cwd", "host", "session"],
+        "bash": ["command", "mode", "timeout", "cwd", "host", "session", "stdin", "tty"],
         "bash_check": ["id", "grep", "offset"],
         "bash_kill": ["id"],
+        "bash_write": ["id", "input", "close", "timeout"],
     }
     policy = NATIVE.policy()
     assert (policy.default_timeout_s, policy.on_timeout) == (120.0, "background")
