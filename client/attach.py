@@ -36,8 +36,9 @@ from worker.wire.models import ByteTail, TailLines
 DETACH_KEY = b"\x1d"
 #: Longest a read waits for output before asking again (a long poll).
 POLL_S = 1.0
-#: Bytes of local input forwarded at a time.
-CHUNK = 65536
+#: Bytes of local input forwarded at a time: one write the host takes whole or not at all
+#: (`worker.engine.interactive.WRITE_CHUNK`), so a retry never sends anything twice.
+CHUNK = 32 * 1024
 #: A control string not terminated within this many bytes is dropped whole.
 MAX_HELD = 4096
 

@@ -162,3 +162,14 @@ def test_pty_output_cap(tmp_path: Path, janitor: Janitor) -> None:
         assert not out.running
         tail = Path(record.output_path).read_bytes()[-200:]
         assert b"cap of 1 MiB" in tail
+
+
+def test_a_big_write_arrives_whole(any_engine: Engine) -> None:
+    """More than one datagram of the supervisor's socket, to a slow reader."""
+    _, record = start(any_engine, "sleep 0.5; wc -c", stdin="pipe", wait=0.0)
+    data = bytes(range(256)) * 1200  # 307,200 bytes
+    written = interactive.write(record, data)
+    assert written == len(data)
+    out = interactive.exchange(any_engine.settings, record, b"", Collect(wait_s=15),
+                               close_input=True)
+    assert out.output.strip() == str(len(data)) and out.exit_code == 0

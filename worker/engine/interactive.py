@@ -334,17 +334,42 @@ def _ask(record: JobRecord, body: dict[str, object]) -> dict[str, object]:
     return answer
 
 
+#: Bytes handed to a supervisor per request (a datagram of the socket: ~64 KiB of base64).
+WRITE_CHUNK = 48 * 1024
+#: Seconds a big write waits, chunk by chunk, for a process that reads its input slowly.
+WRITE_PATIENCE_S = 10.0
+
+
 def write(record: JobRecord, data: bytes) -> int:
-    """Hand `data` to the job's stdin (through its terminal for a PTY); bytes taken."""
+    """Hand `data` to the job's stdin (through its terminal for a PTY); bytes taken.
+    A write of at most WRITE_CHUNK bytes is taken whole or not at all."""
     if record.stdin == "closed" and data:
         raise SessionError("invalid", "stdin is closed for this session")
     if not data:
         with contextlib.suppress(SessionError):
             _ask(record, {"op": "touch"})  # a poll keeps an idle session alive
         return 0
-    answer = _ask(record, {"op": "write", "data_b64": base64.b64encode(data).decode()})
-    written = answer.get("written", 0)
-    return written if isinstance(written, int) else 0
+    written = 0
+    while written < len(data):
+        chunk = data[written: written + WRITE_CHUNK]
+        _write_chunk(record, chunk, first=written == 0)
+        written += len(chunk)
+    return written
+
+
+def _write_chunk(record: JobRecord, chunk: bytes, *, first: bool) -> None:
+    """One chunk; past the first, a full input buffer is waited out (what came before
+    was taken: failing now would make the caller send it twice)."""
+    deadline = time.monotonic() + WRITE_PATIENCE_S
+    body: dict[str, object] = {"op": "write", "data_b64": base64.b64encode(chunk).decode()}
+    while True:
+        try:
+            _ask(record, body)
+            return
+        except SessionError as exc:
+            if first or exc.kind != "unavailable" or time.monotonic() > deadline:
+                raise
+            time.sleep(0.02)  # the process reads its input: give it a moment
 
 
 def close(record: JobRecord) -> None:

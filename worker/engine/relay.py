@@ -92,9 +92,11 @@ def _listen(path: str) -> socket.socket:
         if len(os.fsencode(path)) <= MAX_SOCKET_PATH:
             sock.bind(path)
         else:
-            # This process is single-threaded: its cwd is ours to move.
-            os.chdir(os.path.dirname(path))
-            sock.bind(os.path.basename(path))
+            folder = os.open(os.path.dirname(path), os.O_PATH | os.O_CLOEXEC)
+            try:
+                sock.bind(f"/proc/self/fd/{folder}/{os.path.basename(path)}")
+            finally:
+                os.close(folder)
     finally:
         os.umask(old)
     sock.listen(64)
