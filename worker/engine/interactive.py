@@ -390,13 +390,17 @@ def resize(record: JobRecord, rows: int, cols: int) -> None:
 
 
 def running_sessions(settings: Settings, owner: str) -> list[JobRecord]:
-    """The owner's interactive sessions that run on this host."""
-    return [
-        record for record in jobs.local_records(settings)
-        if record.stdin != "null" and record.owner == owner
-        and jobs.read_status(record) is None
-        and procs.is_same_process(record.pid, record.start_time)
-    ]
+    """The owner's interactive sessions that run on this host: those whose supervisor's
+    socket is still there (it removes it at the end), their process alive. Only those
+    records are read, not every job's the host keeps."""
+    found = []
+    for socket_path in sorted(settings.jobs_dir.glob("*.sock")):
+        with contextlib.suppress(jobs.JobError, OSError, ValueError):
+            record = jobs.load_record(socket_path.stem, settings)
+            if (record.owner == owner and jobs.read_status(record) is None
+                    and procs.is_same_process(record.pid, record.start_time)):
+                found.append(record)
+    return found
 
 
 def start(call: Call, cwd: str, settings: Settings, choice: sandbox.Choice) -> JobRecord:

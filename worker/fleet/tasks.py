@@ -497,6 +497,7 @@ def _error_reply(exc: ToolError) -> ControlReply:
 
 
 #: Control calls that get a log line, and the id field each is about.
+#: (Not write_stdin: a person's terminal sends one per keystroke.)
 _LOGGED_SUBJECTS = {
     Task.CHECK: "job_id", Task.KILL: "job_id", Task.CANCEL: "call_id",
     Task.CLOSE_STDIN: "job_id", Task.RESIZE: "job_id",
