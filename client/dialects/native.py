@@ -459,6 +459,9 @@ class NativeDialect(Dialect):
         job = result.job
         if job is not None and job.stdin != "null" and result.backgrounded:
             status, failed = session_status(job.id, job.host, job.stdin, result.input_wait), False
+        elif job is not None and job.stdin != "null":
+            # An interactive command that ended within its wait: ended like any call.
+            status, failed = self._status(result.model_copy(update={"job": None}), timeout)
         else:
             status, failed = self._status(result, timeout)
         blocks = [f"{status}\n{where}", *self._streams(result)]
