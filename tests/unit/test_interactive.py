@@ -102,3 +102,14 @@ def test_reads_in_pieces_lose_and_repeat_nothing(text: str, size: int) -> None:
         assert b"".join(pieces) + rest.raw == data
     finally:
         path.unlink()
+
+
+def test_raw_bytes_are_redacted_too() -> None:
+    from worker.engine.interactive import redact_bytes  # noqa: PLC0415
+    from worker.engine.sanitize import secret_pattern  # noqa: PLC0415
+
+    pattern = secret_pattern(("hunter2-signing-key",))
+    raw = b"\x1b[31mkey=hunter2-signing-key\xff\x1b[0m\r\n"
+    shown = redact_bytes(raw, pattern)
+    assert b"hunter2" not in shown and shown.startswith(b"\x1b[31mkey=") and b"\xff" in shown
+    assert redact_bytes(raw, None) == raw

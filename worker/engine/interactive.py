@@ -33,7 +33,7 @@ from pathlib import Path
 
 from worker.engine import jobs, procs, relay, sandbox, truncate
 from worker.engine.capture import PLAIN, _clean, escape_boundary
-from worker.engine.sanitize import utf8_boundary
+from worker.engine.sanitize import redact, utf8_boundary
 from worker.engine.secrets import worker_redaction
 from worker.settings import Settings
 from worker.wire.control import Collect, SessionOutput
@@ -210,7 +210,17 @@ def read_new(path: str, offset: int, max_bytes: int, secrets: re.Pattern[str] | 
     if data and (more or not final):
         cut = utf8_boundary(data)
         data = data[: escape_boundary(data[:cut]) if cut else 0]
-    return _Read(_clean(data, secrets, PLAIN), data, offset + len(data), more)
+    return _Read(_clean(data, secrets, PLAIN), redact_bytes(data, secrets), offset + len(data),
+                 more)
+
+
+def redact_bytes(data: bytes, secrets: re.Pattern[str] | None) -> bytes:
+    """The bytes as written (for a person's terminal), with the worker's secrets redacted
+    as in any text it shows: raw does not mean unredacted."""
+    if secrets is None or not data:
+        return data
+    text = data.decode("utf-8", "surrogateescape")
+    return redact(text, secrets).encode("utf-8", "surrogateescape")
 
 
 # -------------------------------------------------------------------------- collecting
