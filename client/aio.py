@@ -68,6 +68,8 @@ from worker.wire.control import (
     CancelRequest,
     CancelResult,
     CheckRequest,
+    CloseStdinRequest,
+    Collect,
     ControlReply,
     ControlRequest,
     DetachRequest,
@@ -76,6 +78,9 @@ from worker.wire.control import (
     JobsRequest,
     KillRequest,
     ReadOutputRequest,
+    ResizeRequest,
+    SessionOutput,
+    WriteStdinRequest,
 )
 from worker.wire.events import EventKind, JobEvent, event_matches
 from worker.wire.messages import task_message
@@ -697,6 +702,47 @@ class AsyncFleet:
         request = DetachRequest(call_id=call_id)
         return (await self._control(record["host"], request, DetachResult)).detached
 
+    # ---------------------------------------------------------- interactive sessions
+
+    async def write_stdin(
+        self, id: str, data: str = "", *, collect: Collect | None = None,
+        data_b64: str | None = None,
+    ) -> SessionOutput:
+        """See `Fleet.write_stdin`."""
+        return await self.write_stdin_request(self._request(
+            WriteStdinRequest, id=id, data=data, data_b64=data_b64,
+            collect=collect or Collect(),
+        ))
+
+    async def write_stdin_request(self, request: WriteStdinRequest) -> SessionOutput:
+        """See `Fleet.write_stdin_request`."""
+        return await self._session_control(request, request.collect)
+
+    async def read(self, id: str, *, collect: Collect | None = None) -> SessionOutput:
+        """See `Fleet.read`."""
+        return await self.write_stdin(id, collect=collect)
+
+    async def close_stdin(self, id: str, *, collect: Collect | None = None) -> SessionOutput:
+        """See `Fleet.close_stdin`."""
+        return await self._session_control(
+            self._request(CloseStdinRequest, id=id, collect=collect or Collect()),
+            collect or Collect(),
+        )
+
+    async def resize(self, id: str, rows: int, cols: int) -> SessionOutput:
+        """See `Fleet.resize`."""
+        request = self._request(ResizeRequest, id=id, rows=rows, cols=cols)
+        return await self._session_control(request, Collect(read=False))
+
+    async def _session_control(
+        self, request: WriteStdinRequest | CloseStdinRequest | ResizeRequest, collect: Collect
+    ) -> SessionOutput:
+        host, job_id = await self._job_owner(request.id)
+        # The worker may wait that long for output before it answers.
+        timeout = CTL_TIMEOUT_S + collect.wait_s + collect.delay_s
+        return await self._control(host, request.model_copy(update={"id": job_id}),
+                                   SessionOutput, timeout)
+
     async def jobs(
         self, host: str | None = None, *, all_owners: bool = False,
         tags: Mapping[str, str] | None = None, owner: str | None = None,
@@ -816,7 +862,8 @@ class AsyncFleet:
                              item_id=item_id)
         return host
 
-    async def _control(self, host: str, request: ControlRequest, response: type[R]) -> R:
+    async def _control(self, host: str, request: ControlRequest, response: type[R],
+                       timeout: float = CTL_TIMEOUT_S) -> R:
         """Send a control request to `host`'s control queue; its typed response."""
         token = await self._require_alive(host)
         request = request.model_copy(update={"owner": self.owner})  # who asks: this client
@@ -826,11 +873,11 @@ class AsyncFleet:
         message = task_message(
             request.task, self._signed(request.task, [request.model_dump(mode="json")]),
             task_id=task_id, queue=names.ctl_queue(host), reply_to=self._replies.channel,
-            argsrepr=repr(subject), expires_s=CTL_TIMEOUT_S,
+            argsrepr=repr(subject), expires_s=timeout,
         )
         try:
             await self._r(aio_records.push(self._redis, names.ctl_queue(host), message))
-            payload = await self._await_control(host, task_id, answer, token)
+            payload = await self._await_control(host, task_id, answer, token, timeout)
         finally:
             self._replies.forget(task_id)
             answer.cancel()
@@ -843,9 +890,9 @@ class AsyncFleet:
         return response.model_validate(reply.ok or {})
 
     async def _await_control(
-        self, host: str, task_id: str, answer: asyncio.Future[str], token: str
+        self, host: str, task_id: str, answer: asyncio.Future[str], token: str, timeout: float
     ) -> str:
-        deadline = time.monotonic() + CTL_TIMEOUT_S
+        deadline = time.monotonic() + timeout
         while True:
             with contextlib.suppress(TimeoutError):
                 return await asyncio.wait_for(asyncio.shield(answer), WATCH_INTERVAL_S)
@@ -856,6 +903,6 @@ class AsyncFleet:
                 raise WorkerLost(f"the worker on {host} went away before answering", host=host)
             if time.monotonic() > deadline:
                 raise WorkerError(
-                    f"the worker on {host} did not answer within {CTL_TIMEOUT_S:.0f}s"
+                    f"the worker on {host} did not answer within {timeout:.0f}s"
                 )
 

@@ -148,8 +148,11 @@ def _run_request(args: argparse.Namespace) -> Any:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from client import attach  # noqa: PLC0415
     from client.foreground import ForegroundRun, StdinWatch  # noqa: PLC0415
 
+    if args.tty or (not args.no_stdin and attach.piped_stdin()):
+        return _run_interactive(args, tty=args.tty)
     fleet = _fleet()
     request = _run_request(args)
     if args.mode == "background":
@@ -240,6 +243,90 @@ def _follow(
         print(f"\n[stopped following; job {job_id} keeps running: "
               f"`bashfleet kill {job_id}` ends it]", file=sys.stderr)
         return 130
+
+
+# ------------------------------------------------------ interactive: tty, stdin, attach
+
+
+def _session_status(out: Any) -> int:
+    """The exit status of `run --tty` / piped `run` for the job's last output."""
+    if out is None:
+        return 0  # detached: it runs on
+    if out.signal is not None:
+        return 128 + int(out.signal)
+    return int(out.exit_code) if out.exit_code is not None else EXIT_SYSTEM_ERROR
+
+
+def _run_interactive(args: argparse.Namespace, *, tty: bool) -> int:
+    """`run --tty` (a PTY job, this terminal attached) or `run` with piped stdin (a pipe
+    job, stdin forwarded, output streamed): the command's exit status."""
+    from client import attach  # noqa: PLC0415
+
+    if args.json or args.follow or args.mode != "default":
+        print("bashfleet run: --tty and piped stdin take no --json, --follow or --mode "
+              "(pass --no-stdin to run without forwarding stdin)", file=sys.stderr)
+        return EXIT_USAGE
+    fleet = _fleet()
+    size = None
+    if tty and os.isatty(0):
+        lines, columns = os.get_terminal_size(0).lines, os.get_terminal_size(0).columns
+        size = {"rows": lines, "cols": columns}
+    result: CallResult = fleet.run(
+        " ".join(args.command), host=args.host, mode="background", cwd=args.cwd,
+        session=args.session, isolation=args.isolation, network=args.network,
+        tags=_tag_filter(args.tag), stdin="pty" if tty else "pipe", term_size=size,
+    )
+    if result.job is None:
+        print_result(result)
+        return exit_status(result)
+    try:
+        if tty:
+            last = attach.attach(fleet, result.job.id)
+        else:
+            last = attach.forward_stdin(fleet, result.job.id)
+    except KeyboardInterrupt:
+        print(f"\n[job {result.job.id} keeps running: `bashfleet attach {result.job.id}`, "
+              f"`bashfleet kill {result.job.id}`]", file=sys.stderr)
+        return 130
+    return _session_status(last)
+
+
+def cmd_attach(args: argparse.Namespace) -> int:
+    from client import attach  # noqa: PLC0415
+
+    key = args.detach_key.encode().decode("unicode_escape").encode("latin-1")
+    shown = "Ctrl-]" if key == attach.DETACH_KEY else repr(key.decode("latin-1"))
+    last = attach.attach(_fleet(), args.id, detach_key=key,
+                         header=f"[attached to job {args.id}; {shown} detaches]")
+    if last is not None:
+        print(f"\r\n[job {args.id} ended: {_ending_text(last)}]", file=sys.stderr)
+    return _session_status(last)
+
+
+def _ending_text(out: Any) -> str:
+    if out.signal is not None:
+        return f"killed by signal {out.signal}"
+    return f"exit code {out.exit_code}" if out.exit_code is not None else "exit status unknown"
+
+
+def cmd_write(args: argparse.Namespace) -> int:
+    from worker.wire.control import Collect  # noqa: PLC0415
+
+    text = " ".join(args.text) + ("" if args.no_newline else "\n")
+    collect = Collect(wait_s=args.wait, settle_s=0.3, input_wait_s=2.0)
+    out = _fleet().write_stdin(args.id, text, collect=collect)
+    if args.close:
+        out = _fleet().close_stdin(args.id, collect=collect)
+    if args.json:
+        print(out.model_dump_json(indent=2))
+        return 0
+    if out.output:
+        sys.stdout.write(out.output if out.output.endswith("\n") else out.output + "\n")
+    state = "running" if out.running else _ending_text(out)
+    if out.input_wait is not None:
+        state += f"; waiting for input after printing {json.dumps(out.input_wait.prompt)}"
+    print(f"[job {out.id} on {out.host}: {state}]", file=sys.stderr)
+    return 0
 
 
 # ----------------------------------------------------------------------- check, kill
@@ -621,7 +708,7 @@ def build_parser() -> argparse.ArgumentParser:
         # No options here: they are the module's own, passed through (see `main`).
         sub.add_parser(name, help=text, add_help=False)
 
-    _add_run_command(sub)
+    run = _add_run_command(sub)
 
     check = sub.add_parser("check", help="state and new output of a background job")
     check.add_argument("id")
@@ -656,12 +743,13 @@ def build_parser() -> argparse.ArgumentParser:
     hosts.set_defaults(func=cmd_hosts)
     _add_event_commands(sub)
     _add_agent_commands(sub)
+    _add_session_commands(sub, run)
     return parser
 
 
-def _add_run_command(sub: Any) -> None:
+def _add_run_command(sub: Any) -> argparse.ArgumentParser:
     """`run`: one bash call on the fleet."""
-    run = sub.add_parser("run", help="run a command on the fleet")
+    run: argparse.ArgumentParser = sub.add_parser("run", help="run a command on the fleet")
     run.add_argument("--host", help="host id (default: any host)")
     run.add_argument("--mode", choices=["default", "slow", "background"], default="default")
     run.add_argument("--timeout", type=float,
@@ -687,6 +775,7 @@ def _add_run_command(sub: Any) -> None:
     run.add_argument("--json", action="store_true", help="print the result as JSON")
     run.add_argument("command", nargs=argparse.REMAINDER, help="the bash command")
     run.set_defaults(func=cmd_run)
+    return run
 
 
 def _add_event_commands(sub: Any) -> None:
@@ -707,6 +796,31 @@ def _add_event_commands(sub: Any) -> None:
     events.add_argument("--count", type=int, help="stop after N events")
     events.add_argument("--json", action="store_true", help="one JSON object a line")
     events.set_defaults(func=cmd_events)
+
+
+
+def _add_session_commands(sub: Any, run: argparse.ArgumentParser) -> None:
+    """`write`, `attach`, and `run`'s options for input: interactive jobs."""
+    run.add_argument("--tty", action="store_true",
+                     help="run in a terminal (PTY) and attach this one to it (Ctrl-] detaches)")
+    run.add_argument("--no-stdin", action="store_true",
+                     help="do not forward a piped stdin (default: forwarded to the command)")
+    write = sub.add_parser("write", help="send input to an interactive job; show its output")
+    write.add_argument("id")
+    write.add_argument("text", nargs="*", help="the text (a newline is added)")
+    write.add_argument("-n", "--no-newline", action="store_true", help="add no newline")
+    write.add_argument("--close", action="store_true", help="end the job's input after it")
+    write.add_argument("--wait", type=float, default=5.0,
+                       help="most seconds to wait for output (default 5)")
+    write.add_argument("--json", action="store_true")
+    write.set_defaults(func=cmd_write)
+
+    attach = sub.add_parser("attach", help="attach this terminal to an interactive job")
+    attach.add_argument("id")
+    attach.add_argument("--detach-key", default="\\x1d",
+                        help="the key that detaches, leaving the job running (default Ctrl-])")
+    attach.set_defaults(func=cmd_attach)
+
 
 
 def _add_agent_commands(sub: Any) -> None:

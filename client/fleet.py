@@ -50,6 +50,8 @@ from worker.wire.control import (
     CancelRequest,
     CancelResult,
     CheckRequest,
+    CloseStdinRequest,
+    Collect,
     ControlReply,
     ControlRequest,
     DetachRequest,
@@ -58,6 +60,9 @@ from worker.wire.control import (
     JobsRequest,
     KillRequest,
     ReadOutputRequest,
+    ResizeRequest,
+    SessionOutput,
+    WriteStdinRequest,
 )
 from worker.wire.events import EventKind, JobEvent, event_matches
 from worker.wire.messages import task_message
@@ -198,6 +203,9 @@ def build_call(request: RunRequest, owner: str = "") -> Call:
             env=request.env, unset_env=request.unset_env, capture_state=request.capture_state,
             head=request.head, tail=request.tail, owner=owner, isolation=request.isolation,
             network=request.network, session=request.session, tags=request.tags,
+            stdin=request.stdin, term_size=request.term_size, shell=request.shell,
+            login=request.login,
+            **({"input_wait_s": request.input_wait_s} if request.input_wait_s else {}),
             **({"policy": request.policy} if request.policy is not None else {}),
         )
     except ValidationError as exc:
@@ -720,6 +728,52 @@ class Fleet:
             queues = [names.ANY_EXEC_QUEUE, *(names.pool_queue(lb) for lb in labels)]
             return records.queue_depths(self._redis, queues)
 
+    # ---------------------------------------------------------- interactive sessions
+
+    def write_stdin(
+        self, id: str, data: str = "", *, collect: Collect | None = None,
+        data_b64: str | None = None,
+    ) -> SessionOutput:
+        """Write `data` to an interactive job's stdin (through its terminal for a PTY:
+        `\u0003` is Ctrl-C), then return its output since the last read by any client of
+        this owner; empty `data` only reads. `collect` says how long to wait for output."""
+        return self.write_stdin_request(self._request(
+            WriteStdinRequest, id=id, data=data, data_b64=data_b64,
+            collect=collect or Collect(),
+        ))
+
+    def write_stdin_request(self, request: WriteStdinRequest) -> SessionOutput:
+        """`write_stdin`, from its request model."""
+        return self._session_control(request, request.collect)
+
+    def read(self, id: str, *, collect: Collect | None = None) -> SessionOutput:
+        """An interactive job's output since the last read (a poll: nothing is written)."""
+        return self.write_stdin(id, collect=collect)
+
+    def close_stdin(self, id: str, *, collect: Collect | None = None) -> SessionOutput:
+        """End an interactive job's input (EOF; Ctrl-D through a terminal); its new output."""
+        return self.close_stdin_request(self._request(
+            CloseStdinRequest, id=id, collect=collect or Collect()))
+
+    def close_stdin_request(self, request: CloseStdinRequest) -> SessionOutput:
+        """`close_stdin`, from its request model."""
+        return self._session_control(request, request.collect)
+
+    def resize(self, id: str, rows: int, cols: int) -> SessionOutput:
+        """Set an interactive job's terminal size (its foreground process gets SIGWINCH)."""
+        request = self._request(ResizeRequest, id=id, rows=rows, cols=cols)
+        return self._session_control(request, Collect(read=False))
+
+    def _session_control(
+        self, request: WriteStdinRequest | CloseStdinRequest | ResizeRequest, collect: Collect
+    ) -> SessionOutput:
+        with self._errors():
+            host, job_id = self._job_owner(request.id)
+            request = request.model_copy(update={"id": job_id})
+            # The worker may wait that long for output before it answers.
+            timeout = CTL_TIMEOUT_S + collect.wait_s + collect.delay_s
+            return self._control(host, request, SessionOutput, timeout)
+
     # ------------------------------------------------------------------- plumbing
 
     @staticmethod
@@ -771,11 +825,14 @@ class Fleet:
             return args
         return [auth.sign(self._signing_key, task, args, time.time())]
 
-    def _control(self, host: str, request: ControlRequest, response: type[R]) -> R:
+    def _control(self, host: str, request: ControlRequest, response: type[R],
+                 timeout: float = CTL_TIMEOUT_S) -> R:
         """Send a control request to `host`'s control queue; its typed response."""
-        return self._await_control(host, self._send_control(host, request), response)
+        return self._await_control(host, self._send_control(host, request, timeout), response,
+                                   timeout)
 
-    def _send_control(self, host: str, request: ControlRequest) -> tuple[Waiter, str]:
+    def _send_control(self, host: str, request: ControlRequest,
+                      timeout: float = CTL_TIMEOUT_S) -> tuple[Waiter, str]:
         token = self._require_alive(host)
         request = request.model_copy(update={"owner": self.owner})  # who asks: this client
         waiter = self._replies.expect(uuid.uuid4().hex)
@@ -784,17 +841,18 @@ class Fleet:
         try:
             self._send(
                 request.task, self._signed(request.task, args), names.ctl_queue(host),
-                waiter.task_id, repr(subject), expires=CTL_TIMEOUT_S,
+                waiter.task_id, repr(subject), expires=timeout,
             )
         except BaseException:
             self._replies.forget(waiter)
             raise
         return waiter, token
 
-    def _await_control(self, host: str, sent: tuple[Waiter, str], response: type[R]) -> R:
+    def _await_control(self, host: str, sent: tuple[Waiter, str], response: type[R],
+                       timeout: float = CTL_TIMEOUT_S) -> R:
         waiter, token = sent
         try:
-            payload = self._await_control_answer(host, waiter, token)
+            payload = self._await_control_answer(host, waiter, token, timeout)
         finally:
             self._replies.forget(waiter)
         try:
@@ -805,8 +863,9 @@ class Fleet:
             raise error_for(reply.error.kind, reply.error.message)
         return response.model_validate(reply.ok or {})
 
-    def _await_control_answer(self, host: str, waiter: Waiter, token: str) -> str:
-        deadline = time.monotonic() + CTL_TIMEOUT_S
+    def _await_control_answer(self, host: str, waiter: Waiter, token: str,
+                              timeout: float = CTL_TIMEOUT_S) -> str:
+        deadline = time.monotonic() + timeout
         while True:
             payload = self._answer(waiter, WATCH_INTERVAL_S)
             if payload is not None:
@@ -815,5 +874,5 @@ class Fleet:
                 raise WorkerLost(f"the worker on {host} went away before answering", host=host)
             if time.monotonic() > deadline:
                 raise WorkerError(
-                    f"the worker on {host} did not answer within {CTL_TIMEOUT_S:.0f}s"
+                    f"the worker on {host} did not answer within {timeout:.0f}s"
                 )

@@ -61,7 +61,13 @@ from client.fleet import Fleet, resolve_signing_key, resolve_url
 from client.sessions import RedisSessionStore, ShellStore, validate_session_id
 from client.shells import ShellChange
 from worker.fleet.connect import redis_client
-from worker.wire.control import CheckRequest, KillRequest, ReadOutputRequest
+from worker.wire.control import (
+    CheckRequest,
+    KillRequest,
+    ReadOutputRequest,
+    SessionOutput,
+    WriteStdinRequest,
+)
 from worker.wire.models import CallResult, CheckResult, JobView, OutputChunk, RunRequest
 
 __all__ = [
@@ -161,6 +167,10 @@ class FleetRunner:
         """`Fleet.job_views` (the native dialect's ended-job notes)."""
         return self._guard(lambda: self.fleet.job_views(ids))
 
+    def write_stdin_request(self, request: WriteStdinRequest) -> SessionOutput:
+        """`Fleet.write_stdin_request`."""
+        return self._guard(lambda: self.fleet.write_stdin_request(request))
+
 
 class ServerRunner(Runner, Protocol):
     """What the server needs beyond the dialects' `Runner`: cancelling a call."""
@@ -259,6 +269,10 @@ class SessionRunner:
         if not isinstance(self._runner, JobViewer):
             return {}
         return self._runner.job_views(ids)
+
+    def write_stdin_request(self, request: WriteStdinRequest) -> SessionOutput:
+        """`Runner.write_stdin_request` (sessions are routed by job id, wherever they run)."""
+        return self._runner.write_stdin_request(request)
 
 
 # ---------------------------------------------------------------------------- backend

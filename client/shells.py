@@ -91,8 +91,8 @@ def fill_request(shell: ShellState, request: RunRequest) -> RunRequest:
 
     What the request says itself wins: an explicit host, label, cwd or variable; its
     `default_cwd` holds only while the shell has no cwd of its own. A foreground call
-    asks the worker for the state it ends in (`capture_state`); a background job ends
-    after later calls ran, so it cannot say.
+    asks the worker for the state it ends in (`capture_state`); a background job or an
+    interactive session ends after later calls ran, so it cannot say.
     """
     env = {**shell.env, **request.env}
     unset = tuple(dict.fromkeys(
@@ -104,7 +104,9 @@ def fill_request(shell: ShellState, request: RunRequest) -> RunRequest:
         "cwd": request.cwd or shell.cwd or request.default_cwd,
         "env": env,
         "unset_env": unset,
-        "capture_state": request.capture_state or request.mode != "background",
+        "capture_state": request.capture_state or (
+            request.mode != "background" and request.stdin == "null"
+        ),
     })
 
 

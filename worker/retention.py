@@ -5,7 +5,7 @@ A worker keeps two kinds of files that nothing else deletes:
 - spill files of foreground calls, `<spill_dir>/<call_id>.out|.err|.log|.state`, kept
   when the output was cut (their path is in the call's result) and, for a call that
   was auto-backgrounded on timeout, the job's output while it runs and after;
-- background job files, `<jobs_dir>/<job_id>.log|.status.json|.json` (output, how it
+- background job files, `<jobs_dir>/<job_id>.log|.status.json|.json|.read` (output, how it
   ended, the record) and leftovers of a crash (`.spec.json`, `*.tmp`).
 
 Redis needs no collector: every bashfleet key has a TTL (see `worker.fleet.registry`).
@@ -59,7 +59,8 @@ _SPILL_NAME = re.compile(r"^(?P<key>[A-Za-z0-9_.-]{1,64})\.(?:out|err|log|state|
 #: temporary files an interrupted atomic write leaves behind.
 _JOB_NAME = re.compile(
     r"^(?P<key>[A-Za-z0-9_-]{1,64})"
-    r"\.(?:log|json|status\.json|spec\.json|json\.tmp|status\.json\.[0-9a-f]{32}\.tmp)$"
+    r"\.(?:log|json|status\.json|spec\.json|json\.tmp|status\.json\.[0-9a-f]{32}\.tmp"
+    r"|read|read\.lock)$"  # an interactive session's read offset and its lock
 )
 #: Removed last within a job, so a half-removed job is still found (and finished) next time.
 _RECORD_SUFFIX = ".json"

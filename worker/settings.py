@@ -142,6 +142,12 @@ class Settings(BaseSettings):
     call is stopped like a timeout, with a notice. Default 1 GiB."""
     run_as: str | None = None
     """User name calls run as, for a worker started as root (its home, groups and ids)."""
+    interactive_idle_s: float | None = Field(3600.0, gt=0)
+    """An interactive session (stdin `pipe`, `pty` or `closed`) that nobody wrote to or
+    read from, and that printed nothing, for this many seconds is ended. None: never."""
+    interactive_max_per_owner: int = Field(64, ge=1, le=10_000)
+    """Most interactive sessions one owner may have running on this host at once; a new
+    one past it is refused (`invalid`), saying which are running."""
 
     @model_validator(mode="before")
     @classmethod

@@ -12,7 +12,8 @@
 | `modes`  | 001 + 003 | bash {command, mode}                   |
 | `pi`     | 002       | bash {command, timeout, cwd, head, tail} |
 | `claude` | 004       | Bash, BashOutput, KillBash             |
-| `native` | ours      | bash, bash_check, bash_kill            |
+| `native` | ours      | bash, bash_check, bash_kill, bash_write |
+| `codex`  | specs     | exec_command, write_stdin              |
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from client.dialects.base import (
     schemas,
 )
 from client.dialects.claude import ClaudeDialect
+from client.dialects.codex import CodexDialect
 from client.dialects.modes import ModesDialect, humanize_bytes
 from client.dialects.native import NativeDialect
 from client.dialects.pi import PiDialect
@@ -40,7 +42,8 @@ from client.dialects.pipe import PipeDialect
 
 #: Every dialect by name; each class builds with no arguments.
 DIALECTS: dict[str, type[Dialect]] = {
-    cls.name: cls for cls in (PipeDialect, ModesDialect, PiDialect, ClaudeDialect, NativeDialect)
+    cls.name: cls
+    for cls in (PipeDialect, ModesDialect, PiDialect, ClaudeDialect, NativeDialect, CodexDialect)
 }
 
 
@@ -61,6 +64,7 @@ __all__ = [
     "DIALECTS",
     "Artifact",
     "ClaudeDialect",
+    "CodexDialect",
     "Dialect",
     "MemorySessionStore",
     "ModesDialect",

@@ -25,7 +25,13 @@ from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from client.dialects.args import ArgError, Args, parse_args
-from worker.wire.control import CheckRequest, KillRequest, ReadOutputRequest
+from worker.wire.control import (
+    CheckRequest,
+    KillRequest,
+    ReadOutputRequest,
+    SessionOutput,
+    WriteStdinRequest,
+)
 from worker.wire.models import (
     CallResult,
     CheckResult,
@@ -90,6 +96,10 @@ class Runner(Protocol):
     def read_chunk(self, request: ReadOutputRequest) -> OutputChunk:
         """A slice of the full output a call or job kept on its host (see
         `ReadOutputRequest`)."""
+        ...
+
+    def write_stdin_request(self, request: WriteStdinRequest) -> SessionOutput:
+        """Write to an interactive job, read its new output (see `WriteStdinRequest`)."""
         ...
 
 
@@ -177,6 +187,14 @@ class GuardedRunner:
         except Exception:
             return {}
 
+    def write_stdin_request(self, request: WriteStdinRequest) -> SessionOutput:
+        """`Runner.write_stdin_request`, exceptions converted (the original kept as the
+        cause: a dialect may tell an unknown session from a fleet failure)."""
+        try:
+            return self._runner.write_stdin_request(request)
+        except Exception as exc:
+            raise RunnerError(_describe(exc)) from exc
+
 
 # ---------------------------------------------------------------------------- session
 
@@ -253,6 +271,23 @@ class Artifact(BaseModel):
 _RETIRED = frozenset({"unset_env", "shells"})
 
 
+class ExecSession(BaseModel):
+    """An interactive session a dialect addresses by a number of its own (codex)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    job_id: str
+    """The fleet's job id of the session's process."""
+    host: str
+    """Host that runs it."""
+    tty: bool = False
+    """True when it has a terminal (writes are taken); False: its stdin is closed."""
+    command: str = ""
+    """The command, for notes."""
+    last_used: float = 0.0
+    """When it was last written to or read (seconds since the epoch, client's clock)."""
+
+
 class SessionState(BaseModel):
     """What a dialect carries between the calls of one agent session.
 
@@ -286,6 +321,8 @@ class SessionState(BaseModel):
     artifacts: dict[str, Artifact] = Field(default_factory=dict)
     """Call id -> a kept full output this session was told of (pi's `artifact://<id>`),
     oldest first."""
+    exec_sessions: dict[int, ExecSession] = Field(default_factory=dict)
+    """Interactive sessions by the number the model uses (codex's session ids)."""
 
     @model_validator(mode="before")
     @classmethod

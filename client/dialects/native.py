@@ -59,6 +59,7 @@ A binary stream:
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections.abc import Callable, Mapping
@@ -83,11 +84,20 @@ from client.dialects.base import (
     ToolSpec,
     ToolText,
 )
-from worker.wire.control import CheckRequest, KillRequest, ReadOutputRequest
+from worker.wire.control import (
+    MAX_COLLECT_WAIT_S,
+    CheckRequest,
+    Collect,
+    KillRequest,
+    ReadOutputRequest,
+    SessionOutput,
+    WriteStdinRequest,
+)
 from worker.wire.models import (
     MAX_TIMEOUT_S,
     CallResult,
     CheckResult,
+    InputWait,
     OutputChunk,
     Policy,
     RunRequest,
@@ -154,6 +164,14 @@ BASH_SCHEMA = {
             "type": "string",
             "description": "Fleet session id: cwd, environment and host carried between calls",
         },
+        "stdin": {
+            "type": "boolean",
+            "description": "Keep stdin open as a pipe: bash_write sends it input",
+        },
+        "tty": {
+            "type": "boolean",
+            "description": "Run in a terminal (PTY): prompts, REPLs, Ctrl-C through bash_write",
+        },
     },
     "required": ["command"],
     "additionalProperties": False,
@@ -190,6 +208,30 @@ OUTPUT_SCHEMA = {
     "required": ["id"],
     "additionalProperties": False,
 }
+
+WRITE_DESCRIPTION = """\
+Send input to a job started with stdin or tty (a REPL, a prompt, a dev server), then show \
+what it printed since the last look. Through a terminal, \\u0003 is Ctrl-C and \\n is Enter. \
+Waits until its output settles, it waits for input again, or it ends (at most `timeout` \
+seconds, default 10). `close` ends its input (EOF) after the text."""
+
+WRITE_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "id": {"type": "string", "description": "Job id"},
+        "input": {"type": "string", "description": "Text to send (empty: just read)"},
+        "close": {"type": "boolean", "description": "End the input (EOF) after the text"},
+        "timeout": {"type": "number", "description": "Most seconds to wait (default 10)"},
+    },
+    "required": ["id"],
+    "additionalProperties": False,
+}
+#: How long bash_write waits at most, and how long output must stay quiet to count as done.
+WRITE_TIMEOUT_S = 10.0
+WRITE_SETTLE_S = 0.3
+#: Seconds blocked on input without output before a process counts as waiting.
+INPUT_WAIT_S = 2.0
+
 KILL_SCHEMA = {
     "type": "object",
     "properties": {"id": {"type": "string", "description": "Job id"}},
@@ -321,6 +363,17 @@ def job_news(runner: GuardedRunner, session: SessionState) -> str | None:
     return "background jobs that ended since your last call:\n" + "\n".join(shown)
 
 
+def session_status(job_id: str, host: str, stdin: str, waiting: InputWait | None) -> str:
+    """The first line of a running interactive job: where it runs, what it waits for."""
+    kind = {"pty": "a terminal", "pipe": "stdin as a pipe"}.get(stdin, "no stdin")
+    text = f"running as job {job_id} on host {host} with {kind}"
+    if waiting is not None:
+        text += (f"; WAITING FOR INPUT (blocked reading it for {waiting.idle_s:.1f}s, "
+                 f"pid {waiting.pid}) after printing: {json.dumps(waiting.prompt)}")
+    return text
+
+
+
 class NativeDialect(Dialect):
     """bashfleet's own tools.
 
@@ -355,6 +408,7 @@ class NativeDialect(Dialect):
             ToolSpec("bash_check", CHECK_DESCRIPTION, CHECK_SCHEMA),
             ToolSpec("bash_kill", KILL_DESCRIPTION, KILL_SCHEMA),
             ToolSpec("bash_output", OUTPUT_DESCRIPTION, OUTPUT_SCHEMA),
+            ToolSpec("bash_write", WRITE_DESCRIPTION, WRITE_SCHEMA),
         ]
 
     def handlers(self) -> Mapping[str, Handler]:
@@ -365,6 +419,7 @@ class NativeDialect(Dialect):
             "bash_check": self._with_job_news(self._check),
             "bash_kill": self._with_job_news(self._kill),
             "bash_output": self._with_job_news(self._output),
+            "bash_write": self._with_job_news(self._write),
         }
 
     @staticmethod
@@ -387,6 +442,8 @@ class NativeDialect(Dialect):
         if timeout is not None and not 0 < timeout <= MAX_TIMEOUT_S:
             raise ArgError(f"timeout must be above 0 and at most {MAX_TIMEOUT_S:g} seconds")
         mode = args.text("mode") or "default"
+        stdin = "pty" if args.flag("tty") else "pipe" if args.flag("stdin") else "null"
+        interactive = stdin != "null"
         name = args.text("session") or None
         if name is not None and not valid_id(name):
             raise ArgError(f"session must be 1-64 letters, digits, '.', '_' or '-', not {name!r}")
@@ -404,6 +461,7 @@ class NativeDialect(Dialect):
             session=name,
             policy=self.policy(),
             env=dict(session.env),
+            stdin=stdin, input_wait_s=INPUT_WAIT_S if interactive else None,
         ))
         text = self.render_run(result, mode, timeout)
         if system_failure(result) is not None:
@@ -467,7 +525,14 @@ class NativeDialect(Dialect):
             return ToolText(text, is_error=True)
         if timeout is None:
             timeout = SLOW_TIMEOUT_S if mode == "slow" else DEFAULT_TIMEOUT_S
-        status, failed = self._status(result, timeout)
+        job = result.job
+        if job is not None and job.stdin != "null" and result.backgrounded:
+            status, failed = session_status(job.id, job.host, job.stdin, result.input_wait), False
+        elif job is not None and job.stdin != "null":
+            # An interactive command that ended within its wait: ended like any call.
+            status, failed = self._status(result.model_copy(update={"job": None}), timeout)
+        else:
+            status, failed = self._status(result, timeout)
         blocks = [f"{status}\n{where}", *self._streams(result)]
         if result.error_digest:
             lines = "\n".join(f"  {line}" for line in result.error_digest)
@@ -475,9 +540,12 @@ class NativeDialect(Dialect):
         doing = _activity_block(result)
         if doing:
             blocks.append(doing)
-        if result.job is not None:
-            job = result.job.id
-            blocks.append(f"bash_check id={job} shows its output; bash_kill id={job} stops it.")
+        if job is not None and result.backgrounded and job.stdin != "null":
+            blocks.append(f"bash_write id={job.id} sends input and shows new output; "
+                          f"bash_kill id={job.id} stops it.")
+        elif job is not None and job.stdin == "null":
+            blocks.append(f"bash_check id={job.id} shows its output; "
+                          f"bash_kill id={job.id} stops it.")
         if result.error is not None:
             blocks.append(f"warning: {result.error.message}")
         return ToolText("\n\n".join(blocks), is_error=failed)
@@ -603,6 +671,41 @@ class NativeDialect(Dialect):
         if result.note:
             blocks.append(f"note: {result.note}")
         return blocks
+
+    # ----------------------------------------------------------------------- bash_write
+
+    def _write(self, args: Args, runner: GuardedRunner, session: SessionState) -> ToolText:
+        job_id = args.text("id") or ""
+        timeout = args.number("timeout")
+        if timeout is not None and not 0 <= timeout <= MAX_COLLECT_WAIT_S:
+            raise ArgError(f"timeout must be 0 to {MAX_COLLECT_WAIT_S:g} seconds")
+        collect = Collect(
+            wait_s=WRITE_TIMEOUT_S if timeout is None else timeout, settle_s=WRITE_SETTLE_S,
+            input_wait_s=INPUT_WAIT_S, truncation=self.policy().truncation,
+        )
+        out = runner.write_stdin_request(WriteStdinRequest(
+            id=job_id, data=args.text("input") or "", close=bool(args.flag("close")),
+            collect=collect,
+        ))
+        return self.render_write(out)
+
+    def render_write(self, out: SessionOutput) -> ToolText:
+        """A session's state and what it printed since the last look."""
+        if out.running:
+            state = session_status(out.id, out.host, out.stdin, out.input_wait)
+        else:
+            state = f"job {out.id} on host {out.host}: {_ending(out.exit_code, out.signal)}"
+        blocks = [state]
+        if out.written:
+            blocks.append(f"sent {out.written} bytes")
+        output = chomp(out.output)
+        blocks.append(f"new output:\n{output}" if output else "new output: none")
+        if out.output_truncation is not None and out.output_truncation.truncated:
+            blocks.append(f"[output cut: {cut_summary(out.output_truncation)}. Full output: "
+                          f"`bashfleet output {out.id}` ({_where(out.output_path, out.host)})]")
+        if out.note:
+            blocks.append(f"note: {out.note}")
+        return ToolText("\n\n".join(blocks), is_error=not out.running and out.exit_code != 0)
 
     def _kill(self, args: Args, runner: GuardedRunner, session: SessionState) -> ToolText:
         job_id = args.text("id") or ""

@@ -18,10 +18,16 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from client.shells import ShellState, apply_change, change_of, fill_request
-from worker.wire.control import CheckRequest, KillRequest, ReadOutputRequest
+from worker.wire.control import (
+    CheckRequest,
+    KillRequest,
+    ReadOutputRequest,
+    SessionOutput,
+    WriteStdinRequest,
+)
 from worker.wire.models import CallResult, CheckResult, OutputChunk, RunRequest
 
-Request = RunRequest | CheckRequest | KillRequest | ReadOutputRequest
+Request = RunRequest | CheckRequest | KillRequest | ReadOutputRequest | WriteStdinRequest
 
 
 @dataclass(frozen=True)
@@ -32,10 +38,10 @@ class FakeCall:
 
     @property
     def method(self) -> str:
-        """`run`, `check` or `kill`."""
+        """`run`, `check`, `kill`, `read` or `write`."""
         return {
             RunRequest: "run", CheckRequest: "check", KillRequest: "kill",
-            ReadOutputRequest: "read",
+            ReadOutputRequest: "read", WriteStdinRequest: "write",
         }[type(self.request)]
 
     @property
@@ -56,7 +62,8 @@ class FakeCall:
 
 
 class FakeRunner:
-    """Answers `execute`, `check_job` and `kill_job` from queues of canned results.
+    """Answers `execute`, `check_job`, `kill_job` and `write_stdin_request` from queues of
+    canned results.
 
     An empty queue answers with a plain success: exit code 0 for a run, a finished job
     with exit code 0 for a check, one ended by SIGTERM for a kill. `error`, when set,
@@ -70,12 +77,14 @@ class FakeRunner:
         check: Iterable[CheckResult] = (),
         kill: Iterable[CheckResult] = (),
         read: Iterable[OutputChunk] = (),
+        write: Iterable[SessionOutput | Exception] = (),
         error: Exception | None = None,
     ) -> None:
         self.run_results = list(run)
         self.check_results = list(check)
         self.kill_results = list(kill)
         self.read_results = list(read)
+        self.write_results = list(write)
         self.error = error
         self.calls: list[FakeCall] = []
         self.cancelled: list[str] = []
@@ -135,6 +144,18 @@ class FakeRunner:
         """Record a cancel (as the MCP server asks the fleet); True, as for a running call."""
         self.cancelled.append(call_id)
         return True
+
+    def write_stdin_request(self, request: WriteStdinRequest) -> SessionOutput:
+        """Record the request; the next canned output (an exception in the queue is
+        raised), or a session still running that printed nothing."""
+        self._record(request)
+        if self.write_results:
+            answer = self.write_results.pop(0)
+            if isinstance(answer, Exception):
+                raise answer
+            return answer
+        return SessionOutput(id=request.id, host="fake", running=True, stdin="pty",
+                             stdin_open=True)
 
     def last(self) -> FakeCall:
         """The most recent call."""

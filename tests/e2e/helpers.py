@@ -48,9 +48,14 @@ class Cli:
         self.env.pop("BASHFLEET_REDIS_URL", None)
         self.state_dir = state_dir
 
-    def __call__(self, *args: str, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
+    def __call__(
+        self, *args: str, timeout: float = 60.0, input: str | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        # No stdin unless given: `run` forwards a piped stdin to the command, so an
+        # inherited one (a CI runner's pipe) would change what the tests run.
+        stdin = subprocess.DEVNULL if input is None else None
         return subprocess.run(
-            [*bashfleet_command(), *args],
+            [*bashfleet_command(), *args], input=input, stdin=stdin,
             env=self.env, capture_output=True, text=True, timeout=timeout, check=False,
         )
 

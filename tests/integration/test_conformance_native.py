@@ -40,14 +40,16 @@ def bash(conform: Conformance, args: dict[str, object],
 
 
 def test_four_tools(conform: Conformance) -> None:
-    """`bash` {command, mode, timeout, cwd, host, session}, `bash_check` {id, grep, offset},
-    `bash_kill` {id}, `bash_output` {id, offset, stream, grep}."""
+    """`bash` {command, mode, timeout, cwd, host, session, stdin, tty}, `bash_check` {id,
+    grep, offset}, `bash_kill` {id}, `bash_output` {id, offset, stream, grep}, `bash_write`
+    {id, input, close, timeout}."""
     tools = {spec.name: spec.input_schema for spec in NATIVE.tools()}
     assert {name: list(schema["properties"]) for name, schema in tools.items()} == {
-        "bash": ["command", "mode", "timeout", "cwd", "host", "session"],
+        "bash": ["command", "mode", "timeout", "cwd", "host", "session", "stdin", "tty"],
         "bash_check": ["id", "grep", "offset"],
         "bash_kill": ["id"],
         "bash_output": ["id", "offset", "stream", "grep"],
+        "bash_write": ["id", "input", "close", "timeout"],
     }
     policy = NATIVE.policy()
     assert (policy.default_timeout_s, policy.on_timeout) == (120.0, "background")

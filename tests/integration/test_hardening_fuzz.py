@@ -23,7 +23,13 @@ from hypothesis import strategies as st
 from client import Fleet
 from client.dialects import DIALECTS, get_dialect
 from client.dialects.base import SessionState, ToolText
-from worker.wire.control import CheckRequest, KillRequest, ReadOutputRequest
+from worker.wire.control import (
+    CheckRequest,
+    KillRequest,
+    ReadOutputRequest,
+    SessionOutput,
+    WriteStdinRequest,
+)
 from worker.wire.models import CallResult, CheckResult, OutputChunk, Policy, RunRequest
 
 from .conftest import WorkerProcess, wait_for
@@ -43,9 +49,11 @@ class DataOnlyRunner:
         # Keep runs short whatever the fuzzer asked for: the point is the path, not sleep.
         timeout = None if request.timeout is None else min(request.timeout, 5.0)
         printed = f"printf %s {shlex.quote(request.command)}"
-        return self.fleet.execute(
-            request.model_copy(update={"command": printed, "host": self.host, "timeout": timeout})
-        )
+        # An interactive session costs a supervisor of its own (~0.1 s): the fuzz covers
+        # the dialects' paths, the sessions' own tests cover them.
+        return self.fleet.execute(request.model_copy(update={
+            "command": printed, "host": self.host, "timeout": timeout, "stdin": "null",
+        }))
 
     def check_job(self, request: CheckRequest) -> CheckResult:
         return self.fleet.check_job(request)
@@ -55,6 +63,9 @@ class DataOnlyRunner:
 
     def read_chunk(self, request: ReadOutputRequest) -> OutputChunk:
         return self.fleet.read_chunk(request)
+
+    def write_stdin_request(self, request: WriteStdinRequest) -> SessionOutput:
+        return self.fleet.write_stdin_request(request)
 
 
 _scalar = (

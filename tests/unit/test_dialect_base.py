@@ -49,13 +49,18 @@ from worker.wire.models import (
     TruncationInfo,
 )
 
-NAMES = ["pipe", "modes", "pi", "claude", "native"]
+NAMES = ["pipe", "modes", "pi", "claude", "native", "codex"]
+
+
+def command_args(name: str, command: str) -> dict[str, object]:
+    """The first tool's arguments that run `command` (codex calls it `cmd`)."""
+    return {"cmd" if name == "codex" else "command": command}
 
 
 # --------------------------------------------------------------------------- registry
 
 
-def test_registry_has_the_five_dialects() -> None:
+def test_registry_has_the_six_dialects() -> None:
     assert sorted(DIALECTS) == sorted(NAMES)
     for name in NAMES:
         dialect = get_dialect(name)
@@ -68,7 +73,7 @@ def test_unknown_dialect_lists_the_known_ones() -> None:
     with pytest.raises(UnknownDialectError) as caught:
         get_dialect("bogus")
     assert str(caught.value) == (
-        "unknown dialect 'bogus'; known dialects: claude, modes, native, pi, pipe"
+        "unknown dialect 'bogus'; known dialects: claude, codex, modes, native, pi, pipe"
     )
     assert isinstance(caught.value, ValueError)
 
@@ -303,7 +308,7 @@ def test_runner_failure_is_a_system_error_of_the_dialect(name: str) -> None:
     dialect = get_dialect(name)
     tool = dialect.tools()[0].name
     answer = dialect.call(
-        tool, {"command": "ls"}, FakeRunner(error=OSError("no route")), SessionState()
+        tool, command_args(name, "ls"), FakeRunner(error=OSError("no route")), SessionState()
     )
     assert isinstance(answer, ToolText)
     assert answer.is_error
@@ -320,7 +325,7 @@ def test_a_rendering_bug_is_not_swallowed(name: str) -> None:
 
     dialect = get_dialect(name)
     with pytest.raises(AttributeError):
-        dialect.call(dialect.tools()[0].name, {"command": "ls"}, Broken(), SessionState())
+        dialect.call(dialect.tools()[0].name, command_args(name, "ls"), Broken(), SessionState())
 
 
 # ----------------------------------------------------------------------- text helpers

@@ -10,15 +10,23 @@ from hypothesis import strategies as st
 from client.dialects import NativeDialect, SessionState, ToolText, schemas
 from client.dialects.testing import FakeRunner
 from client.shells import ShellState
-from worker.wire.control import CheckRequest, KillRequest, ReadOutputRequest
+from worker.wire.control import (
+    CheckRequest,
+    KillRequest,
+    ReadOutputRequest,
+    SessionOutput,
+    WriteStdinRequest,
+)
 from worker.wire.models import (
     CallResult,
     CheckResult,
+    InputWait,
     JobHandle,
     OutputChunk,
     ProcessInfo,
     RunRequest,
     Spill,
+    Stdin,
     SystemError_,
     TailLines,
     TruncationInfo,
@@ -66,7 +74,7 @@ def tail(
 
 def test_tools() -> None:
     tools = {tool["name"]: tool["input_schema"] for tool in schemas(NATIVE)}
-    assert list(tools) == ["bash", "bash_check", "bash_kill", "bash_output"]
+    assert list(tools) == ["bash", "bash_check", "bash_kill", "bash_output", "bash_write"]
     assert list(tools["bash"]["properties"]) == [
         "command",
         "mode",
@@ -74,7 +82,11 @@ def test_tools() -> None:
         "cwd",
         "host",
         "session",
+        "stdin",
+        "tty",
     ]
+    assert list(tools["bash_write"]["properties"]) == ["id", "input", "close", "timeout"]
+    assert tools["bash_write"]["required"] == ["id"]
     assert tools["bash"]["properties"]["mode"]["enum"] == ["default", "slow", "background"]
     assert list(tools["bash_check"]["properties"]) == ["id", "grep", "offset"]
     assert tools["bash_check"]["properties"]["offset"]["type"] == "integer"
@@ -786,3 +798,44 @@ def test_the_engines_completion_line_is_left_out() -> None:
     kept = "[background process completed] is what I print\n"
     runner = FakeRunner(check=[CheckResult(id="j1", host="h2", running=True, output=kept)])
     assert kept.strip() in NATIVE.call("bash_check", {"id": "j1"}, runner, SessionState()).text
+
+
+# ------------------------------------------------------------------- interactive (bash_write)
+
+
+def _session_handle(stdin: Stdin = "pty") -> JobHandle:
+    return JobHandle(id="j1", host="h1", pid=7, pgid=7, output_path="/s/j1.log", stdin=stdin)
+
+
+def test_bash_tty_waiting_for_input_and_bash_write() -> None:
+    waiting = CallResult(
+        call_id="c1", host="h1", backgrounded=True, combined=True, stdout="Name: ",
+        job=_session_handle(),
+        input_wait=InputWait(idle_s=2.0, prompt="Name: ", pid=8, command="bash"),
+    )
+    runner = FakeRunner(run=[waiting], write=[SessionOutput(
+        id="j1", host="h1", running=False, exit_code=0, stdin="pty", output="bob\nhi bob\n",
+        written=4)])
+    state = SessionState()
+    answer = NATIVE.call("bash", {"command": "read -p 'Name: ' n", "tty": True}, runner, state)
+    assert answer.text.startswith(
+        'running as job j1 on host h1 with a terminal; WAITING FOR INPUT (blocked reading it '
+        'for 2.0s, pid 8) after printing: "Name: "')
+    assert "bash_write id=j1 sends input" in answer.text and not answer.is_error
+    request = runner.last().request
+    assert getattr(request, "stdin", None) == "pty"
+    written = NATIVE.call("bash_write", {"id": "j1", "input": "bob\n", "close": True}, runner,
+                          state)
+    assert written.text == ("job j1 on host h1: exited with code 0\n\nsent 4 bytes\n\n"
+                            "new output:\nbob\nhi bob")
+    sent = runner.last().request
+    assert isinstance(sent, WriteStdinRequest) and sent.close and sent.data == "bob\n"
+
+
+def test_bash_stdin_that_ends_within_its_wait_reads_as_a_call() -> None:
+    ended = CallResult(call_id="c2", host="h1", exit_code=3, combined=True, stdout="x\n",
+                       job=_session_handle("pipe"))
+    answer = NATIVE.call("bash", {"command": "exit 3", "stdin": True},
+                         FakeRunner(run=[ended]), SessionState())
+    assert answer.text.startswith("exit code: 3\nhost h1") and answer.is_error
+    assert "bash_check" not in answer.text and "bash_write" not in answer.text

@@ -53,6 +53,11 @@ from worker.wire.models import (
 )
 
 NAMES = sorted(DIALECTS)
+
+
+def command_args(name: str, command: str) -> dict[str, object]:
+    """The first tool's arguments that run `command` (codex calls it `cmd`)."""
+    return {"cmd" if name == "codex" else "command": command}
 SESSION = "s-test"
 JOB = JobHandle(id="j7", host="h1", pid=700, pgid=700, output_path="/jobs/j7.log")
 
@@ -230,9 +235,9 @@ async def test_fleet_errors_are_error_results(
     failing = FakeRunner(error=error)
     async with connected(tool_server(name, failing, store)) as client:
         tool = get_dialect(name).tools()[0].name
-        answer = text_of(await client.call_tool(tool, {"command": "make"}))
+        answer = text_of(await client.call_tool(tool, command_args(name, "make")))
         failing.error = None
-        after = await client.call_tool(tool, {"command": "true"})
+        after = await client.call_tool(tool, command_args(name, "true"))
     assert answer.is_error
     assert f"{type(error).__name__}: {error}" in answer.text
     assert after.is_error is False
@@ -510,8 +515,8 @@ def test_cli_schema_of_one_dialect(style: str, capsys: pytest.CaptureFixture[str
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["schema", "--dialect", "bash"], "unknown dialect 'bash'; known dialects: claude, modes"),
-        (["mcp", "--dialect", "bash"], "unknown dialect 'bash'; known dialects: claude, modes"),
+        (["schema", "--dialect", "bash"], "unknown dialect 'bash'; known dialects: claude, codex"),
+        (["mcp", "--dialect", "bash"], "unknown dialect 'bash'; known dialects: claude, codex"),
         (["mcp", "--dialect", "pi", "--session", "a/b"], "invalid session id 'a/b'"),
         (["mcp", "--dialect", "pi", "--host", "any"], "invalid host id 'any'"),
     ],

@@ -27,6 +27,7 @@ from typing import Literal
 
 from worker.engine import (
     cgroups,
+    interactive,
     jobs,
     launcher,
     limits,
@@ -228,6 +229,8 @@ def run_call(
     try:
         call, cwd = prepare(call, settings)
         choice = isolation(call, settings)
+        if call.stdin != "null":
+            return _run_session(call, cwd, settings, choice, started, cancel=cancel)
         if call.background:
             return _start_background(call, cwd, settings, choice, started)
         return _run_foreground(
@@ -241,6 +244,17 @@ def run_call(
             error=exc.as_model(),
             duration_s=time.monotonic() - started,
         )
+
+
+def _run_session(
+    call: Call, cwd: str, settings: Settings, choice: sandbox.Choice, started: float,
+    *, cancel: threading.Event | None,
+) -> CallResult:
+    """An interactive call (stdin `closed`, `pipe` or `pty`): `worker.engine.interactive`."""
+    try:
+        return interactive.run(call, cwd, settings, choice, started=started, cancel=cancel)
+    except interactive.SessionError as exc:
+        raise CallError(exc.kind, exc.message) from exc
 
 
 def _start_background(

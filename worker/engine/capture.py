@@ -28,6 +28,7 @@ from worker.engine.sanitize import (
 from worker.wire.models import (
     ByteTail,
     CharCap,
+    HeadTailTokens,
     Middle,
     Policy,
     TailLines,
@@ -265,7 +266,7 @@ def _direction(policy: Truncation) -> str:
     match policy:
         case CharCap():
             return "head"
-        case Middle():
+        case Middle() | HeadTailTokens():
             return "middle"
     return "tail"
 
@@ -298,7 +299,7 @@ class Shaped:
     digest: tuple[str, ...] = ()
 
 
-def shape(
+def shape(  # noqa: PLR0911 - one return per policy
     path: Source,
     size: int,
     total_lines: int,
@@ -333,6 +334,13 @@ def shape(
             return _shape_head(path, size, total_lines, policy, secrets, extras=extras)
         case Middle():
             return _shape_middle(path, size, total_lines, policy, secrets, extras=extras)
+        case HeadTailTokens(max_tokens=count):
+            # Only interactive reads (which cut their text whole) use it; a huge stream
+            # shows its tail within the same budget.
+            budget = TailLines(max_lines=1 << 30, max_bytes=max(1, count * 4))
+            return _shape_tail(
+                path, size, total_lines, budget, secrets, digest=digest, extras=extras
+            )
     raise TypeError(f"unknown truncation policy {policy!r}")  # pragma: no cover
 
 

@@ -161,8 +161,24 @@ def _procs_fds(spec: dict[str, Any]) -> list[int]:
     return open_procs_files(spec.get("cgroup_dirs") or [])
 
 
-def _start_plain(spec: dict[str, Any], out_fd: int) -> tuple[Any, float]:
-    """bash -c COMMAND, its cgroup fds where the command's first line expects them."""
+def _argv(spec: dict[str, Any]) -> list[str]:
+    """`bash -c COMMAND`, or an interactive session's own shell (`-l`: a login shell)."""
+    shell = spec.get("shell") or "bash"
+    return [shell, *(["-l"] if spec.get("login") else []), "-c", spec["command"]]
+
+
+def _ctty() -> None:
+    """In the child (plain jobs on a PTY): its fd 0 becomes its controlling terminal."""
+    import fcntl  # noqa: PLC0415
+    import termios  # noqa: PLC0415
+
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+
+def _start_plain(spec: dict[str, Any], out_fd: int, stdio: tuple[int, int, int] | None = None,
+                 ctty: bool = False) -> tuple[Any, float]:
+    """bash -c COMMAND, its cgroup fds where the command's first line expects them.
+    `stdio`: the child's fds 0, 1, 2 (an interactive session's pipe or terminal)."""
     targets = []
     for offset, fd in enumerate(_procs_fds(spec)):
         target = spec["cgroup_fd"] + offset
@@ -171,10 +187,13 @@ def _start_plain(spec: dict[str, Any], out_fd: int) -> tuple[Any, float]:
         targets.append(target)
     user = spec.get("user") or [None, None, None]
     try:
+        stdin, stdout, stderr = stdio or (subprocess.DEVNULL, out_fd, out_fd)
         proc = subprocess.Popen(
-            ["bash", "-c", spec["command"]], cwd=spec["cwd"], env=spec["env"],
-            stdin=subprocess.DEVNULL, stdout=out_fd, stderr=out_fd, start_new_session=True,
+            _argv(spec), cwd=spec["cwd"], env=spec["env"],
+            stdin=stdin, stdout=stdout, stderr=stderr, start_new_session=True,
             close_fds=True, pass_fds=targets, user=user[0], group=user[1], extra_groups=user[2],
+            # This process is single-threaded: a preexec_fn is safe here.
+            preexec_fn=_ctty if ctty else None,  # noqa: PLW1509
         )
     finally:
         for target in targets:
@@ -182,10 +201,16 @@ def _start_plain(spec: dict[str, Any], out_fd: int) -> tuple[Any, float]:
     return proc, _start_time(proc.pid)
 
 
-def _start_sandboxed(spec: dict[str, Any], out_fd: int) -> tuple[Any, float]:
+def _start_sandboxed(spec: dict[str, Any], out_fd: int,
+                     stdio: tuple[int, int, int] | None = None,
+                     ctty: bool = False) -> tuple[Any, float]:
     """The job in a runner of a launcher of its own."""
     launcher = _launcher(spec)
     box = spec["sandbox"]
+    if ctty:
+        box["request"]["ctty"] = True
+    if stdio is not None:
+        box["request"]["argv"] = _argv(spec)
     client = launcher.LauncherClient(box["argv"], box["env"])
     try:
         fds = _procs_fds(spec)
@@ -196,7 +221,7 @@ def _start_sandboxed(spec: dict[str, Any], out_fd: int) -> tuple[Any, float]:
                 os.close(fd)
         null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
         try:
-            pid = runner.start(box["request"], [null, out_fd, out_fd])
+            pid = runner.start(box["request"], list(stdio or (null, out_fd, out_fd)))
         finally:
             os.close(null)
     finally:
@@ -230,10 +255,25 @@ def _remove_groups(spec: dict[str, Any], timeout: float = 5.0) -> None:
                 time.sleep(0.02)
 
 
+def _relay(spec: dict[str, Any]) -> Any:
+    """`worker/engine/relay.py` (an interactive session's loop), loaded by path."""
+    found = importlib.util.spec_from_file_location("bashfleet_relay", spec["relay"])
+    if found is None or found.loader is None:
+        raise OSError(f"cannot load {spec['relay']}")
+    module = importlib.util.module_from_spec(found)
+    found.loader.exec_module(module)
+    return module
+
+
 def main(spec_path: str) -> int:
     with open(spec_path, encoding="utf-8") as handle:
         spec = json.load(handle)
     os.unlink(spec_path)
+    if spec.get("stdin", "null") != "null":
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(signum, _ignore)
+        start = _start_sandboxed if spec.get("sandbox") else _start_plain
+        return int(_relay(spec).main(spec, start, _write_status, _remove_groups))
     # The worker may stop (and signal its own group) while the job runs: this process
     # is in a session of its own, and it ignores the polite signals so it can record
     # the job's end. SIGKILL still ends it. A handler (not SIG_IGN, which exec keeps)

@@ -65,7 +65,7 @@ def handle(record: JobRecord) -> JobHandle:
     """The caller's view of a job."""
     return JobHandle(
         id=record.id, host=record.host, pid=record.pid, pgid=record.pgid,
-        output_path=record.output_path,
+        output_path=record.output_path, stdin=record.stdin,
     )
 
 
@@ -134,11 +134,14 @@ def start_job(
         output.unlink(missing_ok=True)
         _drop_group(group)
         raise
+    stdin_id = started.get("stdin_id")
     record = JobRecord(
         id=job_id, host=settings.host, pid=started["pid"], pgid=started["pgid"],
         start_time=started["start_time"], marker=job_id, command=call.command, cwd=cwd,
         output_path=str(output), status_path=str(status), started_at=time.time(),
-        call_id=call.call_id, owner=call.owner, tags=call.tags,
+        call_id=call.call_id, owner=call.owner, tags=call.tags, stdin=call.stdin,
+        socket_path=spec.get("socket_path"),
+        stdin_id=tuple(stdin_id) if isinstance(stdin_id, list) else None,
     )
     save_record(record, settings)
     return record
@@ -184,6 +187,14 @@ def _job_spec(
         "cgroup_dirs": dirs, "cgroup_fd": launcher.CGROUP_FD,
         "launcher": launcher.__file__,
     }
+    if call.stdin != "null":
+        size = call.term_size
+        spec.update(
+            stdin=call.stdin, socket_path=str(settings.jobs_dir / f"{job_id}.sock"),
+            term_size=[size.rows, size.cols] if size else None, shell=call.shell,
+            login=call.login, idle_s=settings.interactive_idle_s,
+            relay=str(Path(launcher.__file__).with_name("relay.py")),
+        )
     if choice.level != "none":
         spec["sandbox"] = sandbox.job_spec(
             settings, choice, command, cwd=cwd, env=child.env, grace_s=call.policy.kill_grace_s
@@ -193,7 +204,7 @@ def _job_spec(
     return spec
 
 
-def _launch_supervisor(spec: Path) -> dict[str, float | int]:
+def _launch_supervisor(spec: Path) -> dict[str, Any]:
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"}
     try:
         proc = subprocess.Popen(
@@ -216,7 +227,7 @@ def _launch_supervisor(spec: Path) -> dict[str, float | int]:
     # The supervisor lives on detached; reap it from a thread if it ends while we run.
     threading.Thread(target=proc.wait, name="bashfleet-reap", daemon=True).start()
     try:
-        started: dict[str, float | int] = json.loads(line)
+        started: dict[str, Any] = json.loads(line)
     except ValueError:
         spec.unlink(missing_ok=True)
         raise JobError("spawn_failed", "the job supervisor did not start the job") from None

@@ -355,6 +355,9 @@ class _Runner:
         ]
         env = request["env"]
         executable = request.get("executable") or _find(request["argv"][0], env)
+        if request.get("ctty"):
+            return spawn_with_ctty(executable, request["argv"], env, fds, targets,
+                                   resetids=self.run_as)
         return os.posix_spawn(
             executable, request["argv"], env, file_actions=actions, setsid=True,
             setsigdef=(signal.SIGPIPE, signal.SIGXFSZ), resetids=self.run_as,
@@ -391,6 +394,46 @@ class _Runner:
             with contextlib.suppress(OSError):
                 umount(path)
         self.mounted.clear()
+
+
+def spawn_with_ctty(executable: str, argv: Sequence[str], env: Mapping[str, str],
+                    fds: Sequence[int], targets: Sequence[int], *, resetids: bool) -> int:
+    """Start `argv` in a new session whose controlling terminal is its fd 0 (a PTY slave):
+    what posix_spawn cannot do (no TIOCSCTTY), so a fork and exec, with the child's exec
+    error reported on a close-on-exec pipe as subprocess does. Only interactive (`pty`)
+    calls pay the fork (~0.5 ms here); it is safe in the single-threaded runner and job
+    supervisor."""
+    import termios  # noqa: PLC0415 - only PTY calls need it
+
+    read_end, write_end = os.pipe2(os.O_CLOEXEC)
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child execs or exits
+        try:
+            os.close(read_end)
+            os.setsid()
+            for fd, target in zip(fds, targets, strict=True):
+                os.dup2(fd, target)
+            fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+            for signum in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT, signal.SIGCHLD):
+                signal.signal(signum, signal.SIG_DFL)
+            if resetids:
+                os.setgid(os.getgid())
+                os.setuid(os.getuid())
+            os.execve(executable, list(argv), dict(env))  # noqa: S606 - no shell: argv
+        except OSError as exc:
+            os.write(write_end, str(exc.errno or errno.EIO).encode())
+        finally:
+            os._exit(127)
+    os.close(write_end)
+    try:
+        answer = _read_all_fd(read_end)
+    finally:
+        os.close(read_end)
+    if answer:
+        os.waitpid(pid, 0)
+        code = int(answer)
+        raise OSError(code, os.strerror(code), executable)
+    return pid
 
 
 def _cover_proc() -> None:

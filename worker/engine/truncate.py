@@ -15,7 +15,15 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-from worker.wire.models import ByteTail, CharCap, Middle, TailLines, Truncation, TruncationInfo
+from worker.wire.models import (
+    ByteTail,
+    CharCap,
+    HeadTailTokens,
+    Middle,
+    TailLines,
+    Truncation,
+    TruncationInfo,
+)
 
 SNIP = "\n\n[snip]\n\n"
 
@@ -226,6 +234,30 @@ def middle_info(
     )
 
 
+#: Bytes per token, for head_tail_tokens (codex counts ~4 bytes a token, rounded up).
+TOKEN_BYTES = 4
+
+
+def tokens(size: int) -> int:
+    """Tokens of `size` bytes: a token is 4 bytes, rounded up."""
+    return -(-size // TOKEN_BYTES)
+
+
+def head_tail_tokens(text: str, max_tokens: int) -> Cut:
+    """Past `max_tokens` tokens, keep half the byte budget from the head and half from
+    the tail (UTF-8 boundaries) around `…N tokens truncated…`, N the tokens left out."""
+    size = utf8_len(text)
+    budget = max_tokens * TOKEN_BYTES
+    if size <= budget:
+        return _whole(text, "middle")
+    head = utf8_head(text, budget // 2)
+    tail = utf8_tail(text, budget - budget // 2) if budget - budget // 2 else ""
+    removed = size - utf8_len(head) - utf8_len(tail)
+    partial = not head.endswith("\n") or not text[: len(text) - len(tail)].endswith("\n")
+    info = middle_info(head, tail, count_lines(text), size, partial=partial)
+    return Cut(f"{head}…{tokens(removed)} tokens truncated…{tail}", info)
+
+
 def apply(text: str, policy: Truncation) -> Cut:
     """Cut `text` by a policy."""
     match policy:
@@ -237,6 +269,8 @@ def apply(text: str, policy: Truncation) -> Cut:
             return char_cap(text, chars)
         case Middle(max_bytes=size, keep_bytes=keep):
             return middle(text, size, keep)
+        case HeadTailTokens(max_tokens=count):
+            return head_tail_tokens(text, count)
     raise TypeError(f"unknown truncation policy {policy!r}")  # pragma: no cover
 
 
@@ -249,6 +283,8 @@ def shown_limit(policy: Truncation) -> int:
             return chars
         case Middle(max_bytes=size, keep_bytes=keep):
             return max(size, 2 * keep + len(SNIP))
+        case HeadTailTokens(max_tokens=count):
+            return count * TOKEN_BYTES + 64  # the marker
     raise TypeError(f"unknown truncation policy {policy!r}")  # pragma: no cover
 
 

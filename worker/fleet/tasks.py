@@ -32,7 +32,7 @@ from pydantic import ValidationError
 from worker.engine import procs, running
 from worker.engine.call import RunningHook, SpawnHook, run_call
 from worker.engine.jobs import load_record
-from worker.fleet import control, flower, registry
+from worker.fleet import control, flower, interactive, recovery, registry
 from worker.fleet.app import app
 from worker.fleet.connect import redis_client
 from worker.fleet.control import Runtime
@@ -393,6 +393,8 @@ def _finish(
         if result.job is not None:
             record = load_record(result.job.id, rt.settings)
             registry.save_job(rt.redis, record, running=True)
+            if not result.backgrounded:  # an interactive session that ended in its call
+                recovery.sync_job(rt.redis, record)
         previous, sent = registry.finish_and_reply(
             rt.redis, rt.settings.host, call.call_id, fields, reply=reply,
             hold_in=_END_NOTES if result.error is None else (),
@@ -504,6 +506,9 @@ HANDLERS: dict[str, Callable[[Runtime, Any, bool], Model]] = {
     Task.CANCEL: control.cancel,
     Task.DETACH: control.detach,
     Task.JOBS: control.list_jobs,
+    Task.WRITE_STDIN: interactive.write_stdin,
+    Task.CLOSE_STDIN: interactive.close_stdin,
+    Task.RESIZE: interactive.resize,
 }
 
 #: Fields of a control response worth a log line (never output, never paths of it).
@@ -554,8 +559,10 @@ def _error_reply(exc: ToolError) -> ControlReply:
 
 
 #: Control calls that get a log line, and the id field each is about.
+#: (Not write_stdin: a person's terminal sends one per keystroke.)
 _LOGGED_SUBJECTS = {
     Task.CHECK: "job_id", Task.KILL: "job_id", Task.CANCEL: "call_id", Task.DETACH: "call_id",
+    Task.CLOSE_STDIN: "job_id", Task.RESIZE: "job_id",
 }
 
 

@@ -11,6 +11,9 @@ an `error` whose kind the client raises as a typed exception.
     CancelRequest     -> CancelResult   kill a running foreground call
     DetachRequest     -> DetachResult   leave a running foreground call running as a job
     JobsRequest       -> JobList        the host's background jobs
+    WriteStdinRequest -> SessionOutput  write to an interactive job; its new output
+    CloseStdinRequest -> SessionOutput  end an interactive job's input (EOF)
+    ResizeRequest     -> SessionOutput  set an interactive job's terminal size
 """
 
 from __future__ import annotations
@@ -23,10 +26,13 @@ from worker.wire.errors import ErrorKind
 from worker.wire.models import (
     OWNER_PATTERN,
     CheckResult,
+    InputWait,
     JobView,
     Model,
     OutputChunk,
+    Stdin,
     Truncation,
+    TruncationInfo,
 )
 from worker.wire.names import Task
 
@@ -163,11 +169,131 @@ class JobsRequest(ControlRequest):
     """Every owner's jobs (refused unless the message was signed with the admin key)."""
 
 
+#: Most bytes one `write_stdin` carries (a paste; bigger inputs go in several writes).
+MAX_WRITE_BYTES = 1024 * 1024
+#: Longest an interactive read may wait for output (a control call must answer).
+MAX_COLLECT_WAIT_S = 300.0
+
+
+class Collect(Model):
+    """How an interactive read (a write, a poll, a close) waits for output before it
+    answers: at most `wait_s`, less when the process ends, when output came and settled,
+    or when the process waits for input."""
+
+    wait_s: float = Field(0.0, ge=0, le=MAX_COLLECT_WAIT_S)
+    """Most seconds to wait (0: answer with what is there now)."""
+    delay_s: float = Field(0.0, ge=0, le=10)
+    """Seconds to let the process react to a write before reading (codex: 0.1)."""
+    settle_s: float | None = Field(None, ge=0, le=MAX_COLLECT_WAIT_S)
+    """Answer once output arrived and then none came for this long (0: at the first
+    output); None: wait the whole `wait_s` unless the process ends or waits for input."""
+    input_wait_s: float = Field(2.0, ge=0.05, le=3600)
+    """Answer when the process has been blocked reading its input, with no output, for
+    this long (it is then reported as waiting for input)."""
+    truncation: Truncation | None = None
+    """How to cut the new output; None: the last 2000 lines / 50 KB."""
+    raw: bool = False
+    """Also return the new output's bytes as written (base64), unsanitized: for a
+    person's terminal (`bashfleet attach`), never for a model."""
+    max_bytes: int = Field(8 * 1024 * 1024, ge=1, le=64 * 1024 * 1024)
+    """Most bytes of new output read in one answer; the rest waits for the next read."""
+    read: bool = True
+    """False: write only, read nothing (the output stays for the next read): a person's
+    keystrokes while another request waits for the output."""
+
+
+class SessionOutput(Model):
+    """An interactive job's state and the output it produced since the last read (by
+    any client of its owner): every byte is returned once, in order."""
+
+    id: str
+    """Job id."""
+    host: str
+    """Owning host."""
+    running: bool
+    """True until the job's shell ends."""
+    exit_code: int | None = None
+    """Exit status once ended."""
+    signal: int | None = None
+    """Terminating signal once ended by one."""
+    stdin: Stdin = "null"
+    """The job's standard input."""
+    stdin_open: bool = False
+    """True while writes reach the process (pipe or pty, not closed, job running)."""
+    output: str = ""
+    """New output since the last read: sanitized, redacted, cut by the truncation."""
+    output_truncation: TruncationInfo | None = None
+    """Counts for `output`."""
+    raw_b64: str | None = None
+    """The new output's bytes as written, base64 (with `Collect.raw`)."""
+    offset: int = 0
+    """Byte offset of the job's output this answer read up to."""
+    start_offset: int = 0
+    """Byte offset this answer read from."""
+    more: bool = False
+    """More output is waiting past `max_bytes`: read again."""
+    input_wait: InputWait | None = None
+    """Set when the process waits for input (blocked reading, no output for a while)."""
+    written: int = 0
+    """Bytes of this request's input handed to the process."""
+    output_path: str = ""
+    """The job's full output file on `host`."""
+    note: str | None = None
+    """Anything the caller should know."""
+
+
+class WriteStdinRequest(ControlRequest):
+    """Write to an interactive job's stdin (a pipe, or its terminal), then read its new
+    output; empty `data` just reads (a poll)."""
+
+    task: ClassVar[Task] = Task.WRITE_STDIN
+    response: ClassVar[type[Model]] = SessionOutput
+
+    id: str
+    """Job id."""
+    data: str = Field("", max_length=MAX_WRITE_BYTES)
+    """Text to write (UTF-8). Through a terminal `\u0003` is Ctrl-C, `\r` or `\n` Enter."""
+    data_b64: str | None = Field(None, max_length=MAX_WRITE_BYTES * 4 // 3 + 4)
+    """Bytes to write, base64 (a person's keystrokes), instead of `data`."""
+    close: bool = False
+    """End the input after the data: the pipe is closed, a terminal gets Ctrl-D."""
+    collect: Collect = Field(default_factory=Collect)
+    """How to wait for the output."""
+
+
+class CloseStdinRequest(ControlRequest):
+    """End an interactive job's input: its pipe is closed, or its terminal sends EOF
+    (Ctrl-D); then read its new output."""
+
+    task: ClassVar[Task] = Task.CLOSE_STDIN
+    response: ClassVar[type[Model]] = SessionOutput
+
+    id: str
+    """Job id."""
+    collect: Collect = Field(default_factory=Collect)
+    """How to wait for the output."""
+
+
+class ResizeRequest(ControlRequest):
+    """Set an interactive job's terminal size (its foreground process gets SIGWINCH)."""
+
+    task: ClassVar[Task] = Task.RESIZE
+    response: ClassVar[type[Model]] = SessionOutput
+
+    id: str
+    """Job id."""
+    rows: int = Field(ge=1, le=1000)
+    """Lines."""
+    cols: int = Field(ge=1, le=1000)
+    """Columns."""
+
+
 #: Every control request by task name (what the worker validates a message against).
 REQUESTS: dict[str, type[ControlRequest]] = {
     cls.task: cls
     for cls in (
         CheckRequest, KillRequest, ReadOutputRequest, CancelRequest, DetachRequest, JobsRequest,
+        WriteStdinRequest, CloseStdinRequest, ResizeRequest,
     )
 }
 

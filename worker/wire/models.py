@@ -113,7 +113,19 @@ class ByteTail(Model):
     """Most bytes of UTF-8 shown."""
 
 
-Truncation = Annotated[TailLines | Middle | CharCap | ByteTail, Field(discriminator="kind")]
+class HeadTailTokens(Model):
+    """Past `max_tokens` tokens (a token is 4 bytes), keep half of those bytes from the
+    head and half from the tail, at UTF-8 boundaries, with `…N tokens truncated…` between
+    them (N: tokens left out) (codex)."""
+
+    kind: Literal["head_tail_tokens"] = "head_tail_tokens"
+    max_tokens: int = Field(10_000, ge=0)
+    """Most tokens shown."""
+
+
+Truncation = Annotated[
+    TailLines | Middle | CharCap | ByteTail | HeadTailTokens, Field(discriminator="kind")
+]
 
 
 class InterceptRule(Model):
@@ -209,6 +221,40 @@ Isolation = Literal["none", "process", "strict"]
 PID namespace and /proc, the worker's state and secrets hidden; `strict`: also a
 read-only root with writable workspace paths, a private /tmp and no network."""
 
+Stdin = Literal["null", "closed", "pipe", "pty"]
+"""A call's standard input. `null`: /dev/null, the call runs to its end or timeout as
+always. The others make it an interactive session (a job of its own supervisor, whose
+output is read as it comes): `closed`: stdin is /dev/null but the process keeps running
+past the call's wait (codex `tty: false`); `pipe`: a pipe the fleet writes to
+(`write_stdin`); `pty`: a pseudo-terminal, its controlling terminal, stdout and stderr in
+one stream (Ctrl-C, window size, prompts that read /dev/tty)."""
+
+#: Longest shell name or path a call may ask for.
+MAX_SHELL_CHARS = 256
+
+
+class TermSize(Model):
+    """A terminal's window size."""
+
+    rows: int = Field(24, ge=1, le=1000)
+    """Lines."""
+    cols: int = Field(80, ge=1, le=1000)
+    """Columns."""
+
+
+class InputWait(Model):
+    """An interactive process found blocked reading its stdin or terminal with no output
+    for a while: it waits for input nobody gave yet."""
+
+    idle_s: float
+    """Seconds since the process last printed anything."""
+    prompt: str
+    """The last line it printed (its prompt), sanitized; empty when it printed none."""
+    pid: int
+    """The process that reads (host pid)."""
+    command: str
+    """Its command line, shortened."""
+
 
 class Call(Model):
     """One bash call, as the client sends it."""
@@ -249,6 +295,19 @@ class Call(Model):
     """The session the call runs in, for logs and Flower (the client fills in its state)."""
     tags: Tags = Field(default_factory=dict)
     """Tags of the job this call starts (listings and job events filter by them)."""
+    stdin: Stdin = "null"
+    """Standard input (see `Stdin`): anything but `null` makes the call an interactive
+    session that waits at most `timeout_s` (its yield), returns earlier when the process
+    ends or waits for input, and otherwise goes on as a job one can write to."""
+    term_size: TermSize | None = None
+    """The PTY's window size (`stdin="pty"`); None: 24x80."""
+    shell: str | None = Field(None, max_length=MAX_SHELL_CHARS, pattern=r"^[A-Za-z0-9_./+-]+$")
+    """Shell that runs an interactive session's command (`SHELL -c COMMAND`); None: bash."""
+    login: bool = False
+    """Run an interactive session's shell as a login shell (`-l`): profiles are read."""
+    input_wait_s: float = Field(2.0, ge=0.05, le=3600)
+    """An interactive session's process blocked reading its input with no output for this
+    long is reported as waiting for input (and the call returns)."""
 
     @field_validator("command")
     @classmethod
@@ -339,6 +398,18 @@ class RunRequest(Model):
     tags: Tags = Field(default_factory=dict)
     """Tags of the job the call starts, if it starts one (`{"agent": "a17"}`): `jobs()`,
     `ps --tag` and job events carry them and filter by them."""
+    stdin: Stdin = "null"
+    """`pipe` / `pty`: an interactive session one writes to (`write_stdin`); `closed`: a
+    session without input; `null`: a plain call (see `Stdin`)."""
+    term_size: TermSize | None = None
+    """The PTY's window size (`stdin="pty"`)."""
+    shell: str | None = None
+    """Shell of an interactive session (default bash)."""
+    login: bool = False
+    """Run an interactive session's shell as a login shell."""
+    input_wait_s: float | None = None
+    """Seconds blocked on input without output before a session is reported as waiting
+    for input (default 2)."""
 
     @field_validator("mode", mode="before")
     @classmethod
@@ -432,6 +503,8 @@ class JobHandle(Model):
     """Process group id: `kill -9 -<pgid>` ends the job."""
     output_path: str
     """File receiving the job's output, on `host`."""
+    stdin: Stdin = "null"
+    """The job's standard input: `pipe` or `pty` take `write_stdin`."""
 
 
 class CallResult(Model):
@@ -485,6 +558,11 @@ class CallResult(Model):
     """Variables the command exported or changed (only with `capture_state`)."""
     env_removed: tuple[str, ...] = ()
     """Variables the command unset (only with `capture_state`)."""
+    input_wait: InputWait | None = None
+    """An interactive call whose process waits for input (and has shown its prompt)."""
+    read_offset: int | None = None
+    """Interactive calls: the byte offset of the job's output this result showed up to
+    (the next read starts there)."""
 
 
 # ------------------------------------------------------------------------------- jobs
@@ -523,6 +601,13 @@ class JobRecord(Model):
     """Who the job belongs to (the owner of the call that started it)."""
     tags: Tags = Field(default_factory=dict)
     """Tags given by the call that started it."""
+    stdin: Stdin = "null"
+    """The job's standard input (`pipe` and `pty` take writes through its supervisor)."""
+    socket_path: str | None = None
+    """Unix socket of the job's supervisor (interactive jobs): writes, resizes, closes."""
+    stdin_id: tuple[int, int] | None = None
+    """(st_dev, st_ino) of the job's stdin pipe or terminal: how a process reading it is
+    recognised."""
 
 
 class JobStatus(Model):

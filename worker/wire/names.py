@@ -121,6 +121,9 @@ class Task(StrEnum):
     CANCEL = "bashfleet.cancel"
     DETACH = "bashfleet.detach"
     JOBS = "bashfleet.jobs"
+    WRITE_STDIN = "bashfleet.write_stdin"
+    RESIZE = "bashfleet.resize"
+    CLOSE_STDIN = "bashfleet.close_stdin"
 
 
 # ---------------------------------------------------------------------- validation

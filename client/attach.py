@@ -1,0 +1,273 @@
+"""A person's terminal on an interactive job, and a local stdin forwarded to one.
+
+    bashfleet attach j3f2c9a1b7d4e5f6        # keystrokes to the job's PTY, its output here
+    bashfleet run --tty python3              # start a PTY job and attach to it
+    printf 'a\\nb\\n' | bashfleet run 'sort -r'   # piped stdin forwarded, output streamed
+
+`attach` puts the local terminal in raw mode and relays: every key goes to the job's
+terminal (`write_stdin`, Ctrl-C included: it is the remote terminal's), the job's
+output comes back as written (long-polled reads, `Collect(raw=True)`), and the local
+window size follows (`resize` at start and on SIGWINCH). The detach key (Ctrl-] by
+default) leaves the job running. The output is the bytes the job wrote, with the escape
+sequences that could act on the local terminal beyond drawing (OSC: titles, clipboard
+writes, hyperlinks; DCS, APC, PM, SOS) removed: a command may have been written by a
+model under a prompt injection.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import os
+import re
+import signal
+import stat
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import Any, BinaryIO
+
+from worker.wire.control import Collect, SessionOutput
+from worker.wire.models import ByteTail, TailLines
+
+#: Ctrl-]: the detach key (telnet's), sent by no common program.
+DETACH_KEY = b"\x1d"
+#: Longest a read waits for output before asking again (a long poll).
+POLL_S = 1.0
+#: Bytes of local input forwarded at a time: one write the host takes whole or not at all
+#: (`worker.engine.interactive.WRITE_CHUNK`), so a retry never sends anything twice.
+CHUNK = 32 * 1024
+#: A control string not terminated within this many bytes is dropped whole.
+MAX_HELD = 4096
+
+# A terminal control string: OSC (ESC ]), DCS (ESC P), SOS (ESC X), PM (ESC ^), APC (ESC _),
+# 7- or 8-bit, ended by BEL (OSC) or ST (ESC \ or 0x9C).
+_CONTROL_STRING = re.compile(rb"(?:\x1b[\]PX^_]|[\x90\x98\x9d\x9e\x9f])[^\x07\x9c\x1b]*"
+                             rb"(?:\x07|\x9c|\x1b\\)")
+_UNFINISHED = re.compile(rb"(?:\x1b[\]PX^_]|[\x90\x98\x9d\x9e\x9f])[^\x07\x9c\x1b]*\x1b?\Z"
+                         rb"|\x1b\Z")
+
+
+@dataclass
+class TerminalFilter:
+    """Removes control strings from a stream of output chunks (one may span chunks)."""
+
+    held: bytes = b""
+
+    def feed(self, data: bytes) -> bytes:
+        """What of `held + data` may reach the terminal now."""
+        data = self.held + data
+        self.held = b""
+        data = _CONTROL_STRING.sub(b"", data)
+        unfinished = _UNFINISHED.search(data)
+        if unfinished is not None:
+            rest = data[unfinished.start():]
+            self.held = rest if len(rest) <= MAX_HELD else b""
+            data = data[: unfinished.start()]
+        return data
+
+
+def piped_stdin(fd: int = 0) -> bool:
+    """True when `fd` is a pipe, a socket or a file (data to forward), not a terminal,
+    /dev/null or closed."""
+    try:
+        mode = os.fstat(fd).st_mode
+    except OSError:
+        return False
+    return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or stat.S_ISREG(mode)
+
+
+@dataclass
+class _Relay:
+    """The state two threads share while a job's output is relayed."""
+
+    fleet: Any
+    job_id: str
+    out: BinaryIO
+    raw: bool
+    done: threading.Event = field(default_factory=threading.Event)
+    last: SessionOutput | None = None
+    error: BaseException | None = None
+    filter: TerminalFilter = field(default_factory=TerminalFilter)
+
+    def pump_output(self) -> None:
+        """Read the job's output until it ends (or the relay stops), writing it out."""
+        collect = (Collect(wait_s=POLL_S, settle_s=0, raw=True, truncation=ByteTail(max_bytes=1))
+                   if self.raw else Collect(wait_s=POLL_S, settle_s=0, truncation=TailLines(
+                       max_lines=1 << 30, max_bytes=64 * 1024 * 1024)))
+        try:
+            while not self.done.is_set():
+                out: SessionOutput = self.fleet.read(self.job_id, collect=collect)
+                data = (self.filter.feed(base64.b64decode(out.raw_b64 or "")) if self.raw
+                        else out.output.encode())
+                if data:
+                    self.out.write(data)
+                    self.out.flush()
+                if not out.running and not out.more:
+                    self.last = out
+                    break
+        except BaseException as exc:  # reported by the caller, once the terminal is back
+            self.error = exc
+        finally:
+            self.done.set()
+
+
+@contextlib.contextmanager
+def raw_terminal(fd: int) -> Iterator[bool]:
+    """The local terminal in raw mode (keys as typed, no local echo), restored after;
+    yields whether `fd` is a terminal at all."""
+    if not os.isatty(fd):
+        yield False
+        return
+    import termios  # noqa: PLC0415 - a terminal's business only
+    import tty  # noqa: PLC0415
+
+    saved = termios.tcgetattr(fd)
+    try:
+        # TCSANOW: what the person typed ahead is kept (and sent), not flushed.
+        tty.setraw(fd, termios.TCSANOW)
+        yield True
+    finally:
+        termios.tcsetattr(fd, termios.TCSADRAIN, saved)
+
+
+def _window_size(fd: int) -> tuple[int, int] | None:
+    try:
+        size = os.get_terminal_size(fd)
+    except OSError:
+        return None
+    return size.lines, size.columns
+
+
+def attach(
+    fleet: Any, job_id: str, *, detach_key: bytes = DETACH_KEY, stdin_fd: int = 0,
+    out: BinaryIO | None = None, note: Callable[[str], None] | None = None,
+    header: str | None = None,
+) -> SessionOutput | None:
+    """Relay a terminal to an interactive job until it ends (its last output returned)
+    or the detach key is pressed (None: it runs on). `header` is said once the local
+    terminal is raw (what is typed from then on goes to the job)."""
+    out = out or sys.stdout.buffer
+    say = note or (lambda text: print(text, file=sys.stderr, flush=True))
+    relay = _Relay(fleet, job_id, out, raw=True)
+    resized = threading.Event()
+    previous = _on_winch(resized)
+    with raw_terminal(stdin_fd) as is_tty:
+        if header:
+            say(f"{header}\r")
+        size = _window_size(stdin_fd) if is_tty else None
+        if size is not None:
+            fleet.resize(job_id, *size)
+        reader = threading.Thread(target=relay.pump_output, name="bashfleet-attach", daemon=True)
+        reader.start()
+        detached = _forward_keys(fleet, job_id, stdin_fd, relay, detach_key=detach_key,
+                                 resized=resized)
+        relay.done.set()
+        reader.join(POLL_S + 5)
+    _restore_winch(previous)
+    if relay.error is not None:
+        raise relay.error
+    if detached:
+        say(f"\r\n[detached from job {job_id}; it keeps running: `bashfleet attach {job_id}` "
+            f"comes back, `bashfleet kill {job_id}` ends it]")
+        return None
+    return relay.last
+
+
+def _on_winch(flag: threading.Event) -> Any:
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        del signum, frame
+        flag.set()
+
+    return signal.signal(signal.SIGWINCH, handler)
+
+
+def _restore_winch(previous: Any) -> None:
+    if previous is not None:
+        signal.signal(signal.SIGWINCH, previous)
+
+
+def _forward_keys(fleet: Any, job_id: str, fd: int, relay: _Relay, *, detach_key: bytes,
+                  resized: threading.Event) -> bool:
+    """Send local input to the job until it ends; True when the person detached."""
+    import select  # noqa: PLC0415
+
+    open_input = True
+    while not relay.done.is_set():
+        if resized.is_set():
+            resized.clear()
+            size = _window_size(fd)
+            if size is not None:
+                fleet.resize(job_id, *size)
+        if not open_input:
+            relay.done.wait(0.2)
+            continue
+        ready, _, _ = select.select([fd], [], [], 0.1)
+        if not ready:
+            continue
+        data = os.read(fd, CHUNK)
+        if detach_key and detach_key in data:
+            before = data.split(detach_key, 1)[0]
+            if before:
+                send_input(fleet, job_id, before)
+            return True
+        if not data:  # end of the local input: the job's input ends too
+            fleet.close_stdin(job_id, collect=Collect(read=False))
+            open_input = False
+            continue
+        send_input(fleet, job_id, data, relay.done)
+    return False
+
+
+def forward_stdin(fleet: Any, job_id: str, *, stdin_fd: int = 0, out: BinaryIO | None = None
+                  ) -> SessionOutput | None:
+    """Forward a piped stdin to a `pipe` job (EOF closes its input) while its output is
+    streamed out; the job's last output once it ended."""
+    relay = _Relay(fleet, job_id, out or sys.stdout.buffer, raw=False)
+    reader = threading.Thread(target=relay.pump_output, name="bashfleet-output", daemon=True)
+    reader.start()
+    pump = threading.Thread(target=_pump_input, args=(fleet, job_id, stdin_fd, relay),
+                            name="bashfleet-stdin", daemon=True)
+    pump.start()
+    relay.done.wait()
+    if relay.error is not None:
+        raise relay.error
+    return relay.last
+
+
+#: Pause before offering input again to a process that has not read what it was given.
+BACKPRESSURE_S = 0.05
+
+
+def send_input(fleet: Any, job_id: str, data: bytes, done: threading.Event | None = None
+               ) -> None:
+    """Hand `data` to the job, waiting while its supervisor holds as much unread input as
+    it takes (the process reads slower than we send)."""
+    encoded = base64.b64encode(data).decode()
+    while True:
+        try:
+            fleet.write_stdin(job_id, data_b64=encoded, collect=Collect(read=False))
+            return
+        except Exception as exc:
+            if "has not read" not in str(exc) or (done is not None and done.is_set()):
+                raise
+            threading.Event().wait(BACKPRESSURE_S)
+
+
+def _pump_input(fleet: Any, job_id: str, fd: int, relay: _Relay) -> None:
+    """Local stdin to the job; a job that ends first stops it (data left unread is not
+    the job's any more)."""
+    try:
+        while not relay.done.is_set():
+            data = os.read(fd, CHUNK)
+            if not data:
+                fleet.close_stdin(job_id, collect=Collect(read=False))
+                return
+            send_input(fleet, job_id, data, relay.done)
+    except Exception:  # the job ended meanwhile (its input is gone): the reader says how
+        return
