@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -62,6 +63,21 @@ class Cli:
     def fleet_state(self) -> dict[str, Any]:
         data: dict[str, Any] = json.loads((self.state_dir / "fleet" / "fleet.json").read_text())
         return data
+
+
+@contextlib.contextmanager
+def local_fleet(state_dir: Path, *up_args: str) -> Iterator[Cli]:
+    """`bashfleet up --detach UP_ARGS` in a private state directory; `down` at the end
+    (and whatever it recorded killed by pid, should `down` fail)."""
+    cli = Cli(state_dir)
+    up = cli("up", *up_args, "--detach", timeout=120)
+    try:
+        assert up.returncode == 0, up.stderr + up.stdout
+        yield cli
+    finally:
+        down = cli("down", timeout=120)
+        kill_recorded(cli)
+        assert down.returncode == 0, down.stderr
 
 
 def kill_recorded(cli: Cli) -> None:

@@ -15,21 +15,15 @@ from typing import Any
 import psutil
 import pytest
 
-from .helpers import Cli, bashfleet_command, kill_recorded, wait_for
+from .helpers import Cli, bashfleet_command, kill_recorded, local_fleet, wait_for
 
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cli]:
-    cli = Cli(tmp_path_factory.mktemp("cli-fleet"))
-    up = cli("up", "--hosts", "alpha,beta", "--concurrency", "2", "--detach",
-             "--flower-port", "0", timeout=120)
-    try:
-        assert up.returncode == 0, up.stderr + up.stdout
+    state_dir = tmp_path_factory.mktemp("cli-fleet")
+    up_args = ("--hosts", "alpha,beta", "--concurrency", "2", "--flower-port", "0")
+    with local_fleet(state_dir, *up_args) as cli:
         yield cli
-    finally:
-        down = cli("down", timeout=120)
-        kill_recorded(cli)
-        assert down.returncode == 0, down.stderr
 
 
 def test_up_reports_the_fleet(fleet: Cli) -> None:

@@ -15,22 +15,16 @@ from pathlib import Path
 import psutil
 import pytest
 
-from .helpers import Cli, kill_recorded, wait_for
+from .helpers import Cli, local_fleet, wait_for
 
 HOST = "f"
 
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cli]:
-    cli = Cli(tmp_path_factory.mktemp("follow-fleet"))
-    up = cli("up", "--hosts", HOST, "--no-flower", "--detach", timeout=120)
-    try:
-        assert up.returncode == 0, up.stderr + up.stdout
+    state_dir = tmp_path_factory.mktemp("follow-fleet")
+    with local_fleet(state_dir, "--hosts", HOST, "--no-flower") as cli:
         yield cli
-    finally:
-        down = cli("down", timeout=120)
-        kill_recorded(cli)
-        assert down.returncode == 0, down.stderr
 
 
 def numbered(first: int, last: int, pause: float) -> str:

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from .helpers import Cli, bashfleet_command, kill_recorded
+from .helpers import Cli, bashfleet_command, local_fleet
 from .test_mcp import call, mcp
 
 HOST = "inter-e2e"
@@ -40,15 +40,9 @@ def anyio_backend() -> str:
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cli]:
-    cli = Cli(tmp_path_factory.mktemp("inter-fleet"))
-    up = cli("up", "--hosts", HOST, "--no-flower", "--detach", timeout=120)
-    try:
-        assert up.returncode == 0, up.stderr + up.stdout
+    state_dir = tmp_path_factory.mktemp("inter-fleet")
+    with local_fleet(state_dir, "--hosts", HOST, "--no-flower") as cli:
         yield cli
-    finally:
-        down = cli("down", timeout=120)
-        kill_recorded(cli)
-        assert down.returncode == 0, down.stderr
 
 
 # --------------------------------------------------------------- a terminal, for people

@@ -21,7 +21,7 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 
 from worker.wire import auth
 
-from .helpers import Cli, bashfleet_command, kill_recorded, wait_for
+from .helpers import Cli, bashfleet_command, local_fleet, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 HOST = "mcp-a"
@@ -37,15 +37,9 @@ def anyio_backend() -> str:
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cli]:
-    cli = Cli(tmp_path_factory.mktemp("mcp-fleet"))
-    up = cli("up", "--hosts", HOST, "--no-flower", "--detach", timeout=120)
-    try:
-        assert up.returncode == 0, up.stderr + up.stdout
+    state_dir = tmp_path_factory.mktemp("mcp-fleet")
+    with local_fleet(state_dir, "--hosts", HOST, "--no-flower") as cli:
         yield cli
-    finally:
-        down = cli("down", timeout=120)
-        kill_recorded(cli)
-        assert down.returncode == 0, down.stderr
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,7 @@ from typing import Any
 import psutil
 import pytest
 
-from .helpers import Cli, bashfleet_command, kill_recorded, wait_for
+from .helpers import Cli, bashfleet_command, local_fleet, wait_for
 
 HOST = "ts-a"
 HERE = Path(__file__).resolve().parent
@@ -33,15 +33,9 @@ SDK = "@modelcontextprotocol/sdk@1"
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cli]:
-    cli = Cli(tmp_path_factory.mktemp("ts-fleet"))
-    up = cli("up", "--hosts", HOST, "--no-flower", "--detach", timeout=120)
-    try:
-        assert up.returncode == 0, up.stderr + up.stdout
+    state_dir = tmp_path_factory.mktemp("ts-fleet")
+    with local_fleet(state_dir, "--hosts", HOST, "--no-flower") as cli:
         yield cli
-    finally:
-        down = cli("down", timeout=120)
-        kill_recorded(cli)
-        assert down.returncode == 0, down.stderr
 
 
 @pytest.fixture(scope="module")

@@ -16,23 +16,16 @@ from typing import Any
 import psutil
 import pytest
 
-from .helpers import Cli, bashfleet_command, kill_recorded, wait_for
+from .helpers import Cli, bashfleet_command, local_fleet, wait_for
 
 HOST = "term"
 
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cli]:
-    cli = Cli(tmp_path_factory.mktemp("term-fleet"))
-    up = cli("up", "--hosts", HOST, "--concurrency", "4", "--no-flower", "--detach",
-             timeout=120)
-    try:
-        assert up.returncode == 0, up.stderr + up.stdout
+    state_dir = tmp_path_factory.mktemp("term-fleet")
+    with local_fleet(state_dir, "--hosts", HOST, "--concurrency", "4", "--no-flower") as cli:
         yield cli
-    finally:
-        down = cli("down", timeout=120)
-        kill_recorded(cli)
-        assert down.returncode == 0, down.stderr
 
 
 class Running:
@@ -155,10 +148,17 @@ def test_a_timeout_fails_the_chain(fleet: Cli, mode: str) -> None:
 # ------------------------------------------------------------------------------ stdin
 
 
-def test_piped_stdin_is_said_to_be_lost(fleet: Cli) -> None:
-    piped = subprocess.run([*bashfleet_command(), "run", "cat; echo done"], env=fleet.env,
-                           input="data\n", capture_output=True, text=True, timeout=60,
-                           check=False)
+def test_piped_stdin_is_forwarded_or_said_to_be_lost(fleet: Cli) -> None:
+    """#15: a piped stdin reaches the command (as with ssh); with --no-stdin it does not,
+    and #13's warning says so."""
+    forwarded = subprocess.run([*bashfleet_command(), "run", "cat; echo done"], env=fleet.env,
+                               input="data\n", capture_output=True, text=True, timeout=60,
+                               check=False)
+    assert (forwarded.returncode, forwarded.stdout) == (0, "data\ndone\n"), forwarded.stderr
+    assert "warning" not in forwarded.stderr
+    piped = subprocess.run([*bashfleet_command(), "run", "--no-stdin", "cat; echo done"],
+                           env=fleet.env, input="data\n", capture_output=True, text=True,
+                           timeout=60, check=False)
     assert piped.stdout == "done\n"
     assert "warning: the command's stdin is /dev/null on its host; what is piped" in (
         piped.stderr

@@ -53,19 +53,25 @@ CAP_TICK_S = 0.1
 DRAIN_S = 0.5
 
 
+def _by_path(path: str, use: Callable[[str], None]) -> None:
+    """`use(path)` (a socket's connect or bind), through /proc/self/fd when the path is
+    longer than a socket address holds."""
+    if len(os.fsencode(path)) <= MAX_SOCKET_PATH:
+        use(path)
+        return
+    folder = os.open(os.path.dirname(path), os.O_PATH | os.O_CLOEXEC)
+    try:
+        use(f"/proc/self/fd/{folder}/{os.path.basename(path)}")
+    finally:
+        os.close(folder)
+
+
 def connect(path: str, timeout: float = 5.0) -> socket.socket:
     """A client connection to a session's socket (a long path through /proc/self/fd)."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
     sock.settimeout(timeout)
     try:
-        if len(os.fsencode(path)) <= MAX_SOCKET_PATH:
-            sock.connect(path)
-        else:
-            folder = os.open(os.path.dirname(path), os.O_PATH | os.O_CLOEXEC)
-            try:
-                sock.connect(f"/proc/self/fd/{folder}/{os.path.basename(path)}")
-            finally:
-                os.close(folder)
+        _by_path(path, sock.connect)
     except OSError:
         sock.close()
         raise
@@ -89,14 +95,7 @@ def _listen(path: str) -> socket.socket:
         os.unlink(path)
     old = os.umask(0o177)
     try:
-        if len(os.fsencode(path)) <= MAX_SOCKET_PATH:
-            sock.bind(path)
-        else:
-            folder = os.open(os.path.dirname(path), os.O_PATH | os.O_CLOEXEC)
-            try:
-                sock.bind(f"/proc/self/fd/{folder}/{os.path.basename(path)}")
-            finally:
-                os.close(folder)
+        _by_path(path, sock.bind)
     finally:
         os.umask(old)
     sock.listen(64)
