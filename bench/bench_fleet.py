@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import secrets
 import signal
 import statistics
 import subprocess
@@ -33,6 +34,19 @@ from client.redis_server import RedisServer
 
 HOST = "bench"
 BARE_QUEUE = "bare.exec"
+
+
+def worker_env(url: str, state_dir: Path) -> dict[str, str]:
+    """The environment of a worker of this benchmark: its Redis, its state, a signing key.
+
+    The key is made once per process and put in this process's environment too, so
+    every client the benchmark makes signs its calls with it (workers refuse unsigned
+    calls). Nothing of the caller's own BASHFLEET_* settings leaks in.
+    """
+    key = os.environ.setdefault("BASHFLEET_SIGNING_KEY", secrets.token_hex(16))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BASHFLEET_")}
+    return env | {"BASHFLEET_REDIS_URL": url, "BASHFLEET_STATE_DIR": str(state_dir),
+                  "BASHFLEET_SIGNING_KEY": key}
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -223,9 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     print("bashfleet fleet benchmark")
     print(f"python {sys.version.split()[0]}, cpus {os.cpu_count()}, state {root}")
     with RedisServer(root / "redis") as server:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("BASHFLEET_")}
-        env |= {"BASHFLEET_REDIS_URL": server.url, "BASHFLEET_STATE_DIR": str(root / "host"),
-                "BARE_REDIS_URL": server.url}
+        env = worker_env(server.url, root / "host") | {"BARE_REDIS_URL": server.url}
         worker = [sys.executable, "-m", "worker.fleet.supervisor", "--host", HOST,
                   "--concurrency", str(slots)]
         bare_worker = [sys.executable, "-m", "celery", "-A", "bench.bare_app", "worker",

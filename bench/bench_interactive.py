@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import os
 import pty
-import secrets
 import select
 import statistics
 import subprocess
@@ -36,7 +35,7 @@ from pathlib import Path
 
 import psutil
 
-from bench.bench_fleet import _pct, _process, _wait
+from bench.bench_fleet import _pct, _process, _wait, worker_env
 from client import Fleet
 from client.redis_server import RedisServer
 from worker.wire.control import Collect
@@ -159,15 +158,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     trips, sessions = (100, 20) if args.quick else (1000, 100)
     root = Path(tempfile.mkdtemp(prefix="bashfleet-bench-inter-"))
-    key = secrets.token_hex(16)
-    os.environ["BASHFLEET_SIGNING_KEY"] = key
     print("bashfleet interactive benchmark")
     print(f"python {sys.version.split()[0]}, cpus {os.cpu_count()}, state {root}")
     with RedisServer(root / "redis") as server:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("BASHFLEET_")}
-        env |= {"BASHFLEET_REDIS_URL": server.url, "BASHFLEET_STATE_DIR": str(root / "host"),
-                "BASHFLEET_SIGNING_KEY": key,
-                "BASHFLEET_INTERACTIVE_MAX_PER_OWNER": str(sessions + 10)}
+        env = worker_env(server.url, root / "host")
+        env["BASHFLEET_INTERACTIVE_MAX_PER_OWNER"] = str(sessions + 10)
         worker = [sys.executable, "-m", "worker.fleet.supervisor", "--host", HOST]
         with _process(worker, env, root / "worker.log"):
             fleet = Fleet(server.url)

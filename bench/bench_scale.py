@@ -36,7 +36,7 @@ from typing import Any
 import psutil
 import redis
 
-from bench.bench_fleet import _process, _wait
+from bench.bench_fleet import _process, _wait, worker_env
 from client import AsyncFleet, Fleet
 from client.redis_server import RedisServer
 from worker.engine import jobs as engine_jobs
@@ -57,14 +57,12 @@ class Hosts:
         self.url = url
         self.root = root
         self.stack = stack
-        self.env = {k: v for k, v in os.environ.items() if not k.startswith("BASHFLEET_")}
-        self.env["BASHFLEET_REDIS_URL"] = url
 
     def start(self, fleet: Fleet, hosts: list[str], slots: int) -> None:
         """Start `hosts` (each with `slots` command slots) and wait until all are ready."""
         self.root.mkdir(parents=True, exist_ok=True)
         for host in hosts:
-            env = {**self.env, "BASHFLEET_STATE_DIR": str(self.root / "hosts" / host)}
+            env = worker_env(self.url, self.root / "hosts" / host)
             args = [sys.executable, "-m", "worker.fleet.supervisor", "--host", host,
                     "--concurrency", str(slots)]
             self.stack.enter_context(_process(args, env, self.root / f"{host}.log"))
