@@ -225,6 +225,9 @@ def in_flight_rows(url: str, root: Path, quick: bool) -> list[Row]:
 # ---------------------------------------------------------------------- job records
 
 
+JOB_OWNER = "user:bench"
+
+
 def _write_jobs(state_dir: Path, host: str, count: int) -> None:
     """`count` ended jobs on a host's disk, as the engine records them."""
     settings = Settings(state_dir=state_dir, host=host)
@@ -239,6 +242,7 @@ def _write_jobs(state_dir: Path, host: str, count: int) -> None:
             start_time=now - 60, marker=job_id, command=f"make shard-{index}", cwd="/src",
             output_path=str(output), status_path=str(settings.jobs_dir / f"{job_id}.status.json"),
             started_at=now - 60 + index * 0.001, tags={"agent": f"a{index % 100}"},
+            owner=JOB_OWNER,
         )
         engine_jobs.save_record(record, settings)
         engine_jobs.write_status(record, index % 3)
@@ -261,7 +265,7 @@ def job_rows(url: str, root: Path, quick: bool) -> list[Row]:
     _write_jobs(state_dir, host, count)
     client = redis.Redis.from_url(url, decode_responses=True)
     memory_before = _redis_memory(client)
-    fleet = Fleet(url)
+    fleet = Fleet(url, owner=JOB_OWNER)  # a client lists its own owner's jobs
     with _hosts(url, root / "jobs") as workers:
         started = time.perf_counter()
         workers.start(fleet, [host], slots=1)

@@ -1,0 +1,51 @@
+"""The benchmarks in bench/ still run: each one's smoke mode (`--quick`) as a process.
+
+They are not timed here (these machines are noisy; the tables say how fast). They
+start real Redis servers and workers, so a change that stops them (a worker that now
+wants a signing key, a listing that now filters by owner) shows here rather than the
+next time someone wants the numbers.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+#: Each benchmark and the first words of rows its table must hold.
+BENCHMARKS = {
+    "bench_engine": ["`true` per call", "`true` sandboxed (process)", "1 GiB output wall time"],
+    "bench_fleet": ["`true` end to end, p50", "`echo` calls, 16 callers", "`check` p99"],
+    "bench_interactive": ["line through `cat` in a PTY, p50", "live sessions: memory"],
+    "bench_scale": ["1 host(s) x 4 slots", "8 host(s) x 4 slots", "calls in flight, one AsyncFleet",
+                    "job records: published", "`jobs()` / `bashfleet ps`",
+                    "Redis memory per job record"],
+}
+
+
+def _run_quick(module: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BASHFLEET_")}
+    env |= {"TMPDIR": str(tmp_path), "PYTHONPATH": str(REPO)}
+    return subprocess.run(
+        [sys.executable, "-m", f"bench.{module}", "--quick"], cwd=REPO, env=env,
+        capture_output=True, text=True, timeout=240, check=False,
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("module", sorted(BENCHMARKS))
+def test_benchmark_runs_and_prints_its_table(module: str, tmp_path: Path) -> None:
+    done = _run_quick(module, tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert any(line.startswith("row") for line in lines), done.stdout
+    for row in BENCHMARKS[module]:
+        found = [line for line in lines if row in line]
+        assert found, f"{module}: no row {row!r} in\n{done.stdout}"
+        assert "nan" not in found[0].split(), found[0]
