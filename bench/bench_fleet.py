@@ -147,13 +147,26 @@ def _cpu_now(worker_pid: int, redis_pid: int) -> Cpu:
         return float(times.children_user + times.children_system)
 
     top = psutil.Process(worker_pid)
-    tree = [top, *top.children(recursive=True)]
-    # What a worker process reaped is the bash commands it ran (a consumer a supervisor
-    # reaped would count too: none restarts here).
+    tree = [top, *top.children(recursive=True), *_sandbox_runners(top.create_time())]
+    # What a worker process (or its sandbox's runner) reaped is the bash commands it ran
+    # (a consumer a supervisor reaped would count too: none restarts here).
     return Cpu(
         client=own(psutil.Process()), worker=sum(own(p) for p in tree),
         bash=sum(reaped(p) for p in tree), redis=own(psutil.Process(redis_pid)),
     )
+
+
+def _sandbox_runners(since: float) -> list[psutil.Process]:
+    """The sandbox runners started since `since`: they spawn and reap the calls' bash,
+    and leave the worker's process tree (the launcher forks them twice, into a PID
+    namespace of their own), so a tree walk does not find them."""
+    found = []
+    for proc in psutil.process_iter(["ppid", "create_time", "cmdline"]):
+        args = proc.info["cmdline"] or []
+        if (proc.info["ppid"] == 1 and proc.info["create_time"] >= since
+                and any(arg.endswith("worker/engine/launcher.py") for arg in args)):
+            found.append(proc)
+    return found
 
 
 def _cpu_delta(before: Cpu, after: Cpu) -> Cpu:
