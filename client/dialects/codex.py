@@ -93,6 +93,18 @@ WRITE_DESCRIPTION = (
     "Writes characters to an existing unified exec session and returns recent output."
 )
 
+# The two properties both tools share, word for word (the spec's schemas).
+_OUTPUT_PROPERTIES = {
+    "yield_time_ms": {
+        "type": "number",
+        "description": "How long to wait (in milliseconds) for output before yielding.",
+    },
+    "max_output_tokens": {
+        "type": "number",
+        "description": "Maximum number of tokens to return. Excess output will be truncated.",
+    },
+}
+
 EXEC_SCHEMA = {
     "type": "object",
     "properties": {
@@ -115,15 +127,7 @@ EXEC_SCHEMA = {
             "type": "boolean",
             "description": "Whether to run the shell with -l/-i semantics. Defaults to true.",
         },
-        "yield_time_ms": {
-            "type": "number",
-            "description": "How long to wait (in milliseconds) for output before yielding.",
-        },
-        "max_output_tokens": {
-            "type": "number",
-            "description": "Maximum number of tokens to return. Excess output will be "
-            "truncated.",
-        },
+        **_OUTPUT_PROPERTIES,
     },
     "required": ["cmd"],
     "additionalProperties": False,
@@ -139,15 +143,7 @@ WRITE_SCHEMA = {
             "type": "string",
             "description": "Bytes to write to stdin (may be empty to poll).",
         },
-        "yield_time_ms": {
-            "type": "number",
-            "description": "How long to wait (in milliseconds) for output before yielding.",
-        },
-        "max_output_tokens": {
-            "type": "number",
-            "description": "Maximum number of tokens to return. Excess output will be "
-            "truncated.",
-        },
+        **_OUTPUT_PROPERTIES,
     },
     "required": ["session_id"],
     "additionalProperties": False,

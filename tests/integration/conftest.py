@@ -52,6 +52,18 @@ def wait_for(
         delay = min(delay * 1.5, 0.2)
 
 
+def end_group(proc: subprocess.Popen[bytes], grace_s: float = 10.0) -> None:
+    """End a process this suite started as the leader of its own group: SIGTERM the
+    group, then SIGKILL it if it has not ended within `grace_s`."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+
+
 class WorkerProcess:
     """One `python -m worker.fleet.supervisor` process (a supervisor and its two consumers)."""
 

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import base64
-import contextlib
 import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import urllib.error
@@ -24,7 +22,7 @@ from client import Fleet
 from client.redis_server import RedisServer, free_port
 from worker.wire.models import Policy
 
-from .conftest import WorkerProcess, wait_for
+from .conftest import WorkerProcess, end_group, wait_for
 
 USER, PASSWORD = "user", "pass"
 REPO = Path(__file__).resolve().parents[2]
@@ -49,13 +47,7 @@ def flower(redis_server: RedisServer, tmp_path: Path) -> Iterator[str]:
     try:
         yield f"http://127.0.0.1:{port}"
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
+        end_group(proc)
 
 
 def _get(url: str) -> Any:

@@ -29,7 +29,7 @@ from client import AsyncFleet, BashfleetError, Fleet
 from client.redis_server import RedisServer, find_redis_server, free_port
 from worker.fleet.connect import redis_client
 
-from .conftest import WorkerFactory, WorkerProcess, wait_for
+from .conftest import WorkerFactory, WorkerProcess, end_group, wait_for
 
 MASTER = "bashfleet-primary"
 PASSWORD = "sentinel-test-secret"
@@ -179,12 +179,7 @@ def test_flower_through_sentinel(cluster: Cluster, tmp_path: Path) -> None:
         wait_for(lambda: wanted <= (_flower_workers(port) or set()), 60,
                  "Flower to list the host", interval=0.5)
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
+        end_group(proc)
 
 
 @dataclass
