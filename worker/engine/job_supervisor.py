@@ -129,14 +129,19 @@ def _ignore(signum: int, frame: object) -> None:
     del signum, frame
 
 
-def _launcher(spec: dict[str, Any]) -> Any:
-    """`worker/engine/launcher.py`, loaded by path (no package imports here)."""
-    found = importlib.util.spec_from_file_location("bashfleet_launcher", spec["launcher"])
+def _load_by_path(name: str, path: str) -> Any:
+    """A module of the engine loaded from its file (no package imports here)."""
+    found = importlib.util.spec_from_file_location(name, path)
     if found is None or found.loader is None:
-        raise OSError(f"cannot load {spec['launcher']}")
+        raise OSError(f"cannot load {path}")
     module = importlib.util.module_from_spec(found)
     found.loader.exec_module(module)
     return module
+
+
+def _launcher(spec: dict[str, Any]) -> Any:
+    """`worker/engine/launcher.py`, loaded by path."""
+    return _load_by_path("bashfleet_launcher", spec["launcher"])
 
 
 def open_procs_files(folders: Iterable[str]) -> list[int]:
@@ -257,12 +262,7 @@ def _remove_groups(spec: dict[str, Any], timeout: float = 5.0) -> None:
 
 def _relay(spec: dict[str, Any]) -> Any:
     """`worker/engine/relay.py` (an interactive session's loop), loaded by path."""
-    found = importlib.util.spec_from_file_location("bashfleet_relay", spec["relay"])
-    if found is None or found.loader is None:
-        raise OSError(f"cannot load {spec['relay']}")
-    module = importlib.util.module_from_spec(found)
-    found.loader.exec_module(module)
-    return module
+    return _load_by_path("bashfleet_relay", spec["relay"])
 
 
 def main(spec_path: str) -> int:

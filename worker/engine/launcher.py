@@ -485,16 +485,21 @@ def _find(name: str, env: Mapping[str, str]) -> str:
     raise FileNotFoundError(errno.ENOENT, "No such file or directory", name)
 
 
+def _read_host_proc(path: str, hostproc: int) -> bytes:
+    """The first 4 KiB of a file of the host's /proc (`hostproc`: a descriptor of it)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC, dir_fd=hostproc)
+    try:
+        return os.read(fd, 4096)
+    finally:
+        os.close(fd)
+
+
 def _host_pid(pid: int, hostproc: int) -> int:
     """`pid` (in our namespace) as the host sees it: a pidfd's fdinfo, read through the
     host's /proc, says `Pid:` in that /proc's namespace."""
     pidfd = os.pidfd_open(pid)
     try:
-        fd = os.open(f"self/fdinfo/{pidfd}", os.O_RDONLY | os.O_CLOEXEC, dir_fd=hostproc)
-        try:
-            text = os.read(fd, 4096)
-        finally:
-            os.close(fd)
+        text = _read_host_proc(f"self/fdinfo/{pidfd}", hostproc)
     finally:
         os.close(pidfd)
     for line in text.splitlines():
@@ -507,11 +512,7 @@ def _start_ticks(pid: int, hostproc: int) -> int | None:
     """Field 22 of /proc/<pid>/stat (start time, clock ticks after boot) in the host's
     /proc; None if it cannot be read."""
     try:
-        fd = os.open(f"{pid}/stat", os.O_RDONLY | os.O_CLOEXEC, dir_fd=hostproc)
-        try:
-            raw = os.read(fd, 4096)
-        finally:
-            os.close(fd)
+        raw = _read_host_proc(f"{pid}/stat", hostproc)
         return int(raw[raw.rfind(b")") + 2 :].split()[19])
     except (OSError, IndexError, ValueError):
         return None
