@@ -60,7 +60,7 @@ from client.fleet import (
     run_request,
     validation_message,
 )
-from client.replies import RETRY_DELAYS_S, SUBSCRIBE_WAIT_S, open_reply, reply_of
+from client.replies import RETRY_DELAYS_S, SUBSCRIBE_WAIT_S, backoff, open_reply, reply_of
 from client.sessions import ShellStore
 from worker.fleet.connect import AsyncRedis, async_redis_client, redis_client, safe_url
 from worker.wire import auth, names
@@ -178,7 +178,7 @@ class AsyncReplies:
                 attempt = 0
             except (*_REDIS_ERRORS, redis.RedisError):
                 self._first_attempt.set()
-                await asyncio.sleep(RETRY_DELAYS_S[min(attempt, len(RETRY_DELAYS_S) - 1)])
+                await asyncio.sleep(backoff(RETRY_DELAYS_S, attempt))
                 attempt += 1
 
     async def _serve_subscription(self) -> None:
@@ -336,18 +336,17 @@ class AsyncFleet:
         """The Redis URL with its password hidden (for messages)."""
         self.max_in_flight = max_in_flight
         """Calls sent and not answered, at most."""
-        identity = resolve_identity(url, owner, admin)
+        identity = self._identity = resolve_identity(url, owner, admin)
         self.owner = identity.owner
         """Who this client's calls and jobs belong to (see `Fleet`)."""
         self.admin = identity.admin
         """True when this client signs with the admin key."""
-        self._signing_key = identity.signing_key
         self._redis = async_redis_client(url)
         self._replies = AsyncReplies(self._redis)
         self._sync_redis = redis_client(url)  # a thread's, for the sessions' shells
         self._shells = ShellStore(self._sync_redis, key=identity.shell_key)
         self._outage_grace_s = outage_grace_s(url)
-        self._keys = auth.keyring([self._signing_key or ""])
+        self._keys = auth.keyring([identity.signing_key or ""])
         self._slots = asyncio.Semaphore(max_in_flight)
         self._io = asyncio.Semaphore(redis_concurrency)
         self._pending: dict[str, Pending] = {}
@@ -397,11 +396,6 @@ class AsyncFleet:
             except _REDIS_ERRORS as exc:
                 raise _unreachable(self.url, exc) from None
 
-    def _signed(self, task: str, args: list[Any]) -> list[Any]:
-        if self._signing_key is None:
-            return args
-        return [auth.sign(self._signing_key, task, args, time.time())]
-
     def _open(self, task_id: str, sealed: str) -> str:
         return open_reply(self._keys, task_id, sealed)
 
@@ -440,7 +434,7 @@ class AsyncFleet:
         async with self._slots:
             queue, target = await self._route(request.host, request.label)
             label = request.label
-            args = self._signed(Task.EXEC, [call.model_dump(mode="json")])
+            args = self._identity.signed(Task.EXEC, [call.model_dump(mode="json")])
             message = task_message(
                 Task.EXEC, args, task_id=call.call_id, queue=queue,
                 reply_to=self._replies.channel, argsrepr=_argsrepr(call),
@@ -871,7 +865,7 @@ class AsyncFleet:
         answer = await self._replies.expect(task_id)
         subject = getattr(request, "id", None) or getattr(request, "call_id", None)
         message = task_message(
-            request.task, self._signed(request.task, [request.model_dump(mode="json")]),
+            request.task, self._identity.signed(request.task, [request.model_dump(mode="json")]),
             task_id=task_id, queue=names.ctl_queue(host), reply_to=self._replies.channel,
             argsrepr=repr(subject), expires_s=timeout,
         )

@@ -25,6 +25,7 @@ from typing import Any, cast
 import redis
 from pydantic import ValidationError
 
+from client.replies import backoff
 from worker.fleet.connect import AsyncRedis, Redis
 from worker.wire import names
 from worker.wire.events import JobEvent
@@ -88,6 +89,24 @@ class _Cursor:
         self.last = event.seq
         return True
 
+    def take_entries(self, entries: list[Any]) -> list[JobEvent]:
+        """The fresh events among a batch of stream entries (one not ours is passed)."""
+        found = []
+        for entry_id, fields in entries:
+            event = parse_entry(entry_id, fields)
+            if event is None:
+                self.last = entry_id
+            elif self.fresh(event):
+                found.append(event)
+        return found
+
+    def take_message(self, message: Mapping[str, Any]) -> JobEvent | None:
+        """The fresh event a channel message brings (None: not an event, or one seen)."""
+        if message["type"] != "message":
+            return None
+        event = parse_published(message["data"])
+        return event if event is not None and self.fresh(event) else None
+
 
 # ---------------------------------------------------------------------------- blocking
 
@@ -105,12 +124,7 @@ def _catch_up(client: Redis, cursor: _Cursor) -> Generator[JobEvent, None, None]
         entries = cast("list[tuple[str, dict[str, str]]]", client.xrange(
             names.EVENTS_KEY, f"({cursor.last}", "+", count=CATCH_UP_BATCH
         ))
-        for entry_id, fields in entries:
-            event = parse_entry(entry_id, fields)
-            if event is None:
-                cursor.last = entry_id
-            elif cursor.fresh(event):
-                yield event
+        yield from cursor.take_entries(entries)
         if len(entries) < CATCH_UP_BATCH:
             return
 
@@ -135,13 +149,11 @@ def follow(
                 message = pubsub.get_message(timeout=tick_s)
                 if message is None:
                     yield None
-                elif message["type"] == "message":
-                    event = parse_published(message["data"])
-                    if event is not None and cursor.fresh(event):
-                        yield event
+                elif (event := cursor.take_message(message)) is not None:
+                    yield event
         except _REDIS_ERRORS:
             yield None
-            time.sleep(RETRY_DELAYS_S[min(attempt, len(RETRY_DELAYS_S) - 1)])
+            time.sleep(backoff(RETRY_DELAYS_S, attempt))
             attempt += 1
         finally:
             with contextlib.suppress(Exception):
@@ -163,12 +175,7 @@ async def _catch_up_async(client: AsyncRedis, cursor: _Cursor) -> list[JobEvent]
         entries: list[Any] = await client.xrange(  # type: ignore[assignment]
             names.EVENTS_KEY, f"({cursor.last}", "+", count=CATCH_UP_BATCH
         )
-        for entry_id, fields in entries:
-            event = parse_entry(entry_id, fields)
-            if event is None:
-                cursor.last = entry_id
-            elif cursor.fresh(event):
-                found.append(event)
+        found += cursor.take_entries(entries)
         if len(entries) < CATCH_UP_BATCH:
             return found
 
@@ -183,20 +190,18 @@ async def follow_async(
         pubsub = client.pubsub()
         try:
             await pubsub.subscribe(names.EVENTS_CHANNEL)
-            for event in await _catch_up_async(client, cursor):
-                yield event
+            for caught in await _catch_up_async(client, cursor):
+                yield caught
             attempt = 0
             while True:
                 message = await pubsub.get_message(timeout=IDLE_TICK_S)
                 if message is None:
                     yield None
-                elif message["type"] == "message":
-                    heard = parse_published(message["data"])
-                    if heard is not None and cursor.fresh(heard):
-                        yield heard
+                elif (event := cursor.take_message(message)) is not None:
+                    yield event
         except _REDIS_ERRORS:
             yield None
-            await asyncio.sleep(RETRY_DELAYS_S[min(attempt, len(RETRY_DELAYS_S) - 1)])
+            await asyncio.sleep(backoff(RETRY_DELAYS_S, attempt))
             attempt += 1
         finally:
             with contextlib.suppress(Exception):

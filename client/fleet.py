@@ -174,6 +174,12 @@ class Identity:
     """The fleet's signing key, which seals the sessions' shells (an admin client's too:
     any client of the fleet, a person's CLI or an agent's MCP server, opens them)."""
 
+    def signed(self, task: str, args: list[Any]) -> list[Any]:
+        """A task's arguments, wrapped in a signed envelope when there is a key."""
+        if self.signing_key is None:
+            return args
+        return [auth.sign(self.signing_key, task, args, time.time())]
+
 
 def resolve_identity(url: str, owner: str | None, admin: bool) -> Identity:
     """A client's identity (`Fleet`'s `owner` and `admin` arguments); CallRejected for an
@@ -280,14 +286,13 @@ class Fleet:
         """The Redis URL with its password hidden (for messages)."""
         self._redis = redis_client(url)
         self._celery = client_celery(url)
-        identity = resolve_identity(url, owner, admin)
+        identity = self._identity = resolve_identity(url, owner, admin)
         self.owner = identity.owner
         """Who this client's calls and jobs belong to."""
         self.admin = identity.admin
         """True when this client signs with the admin key."""
-        self._signing_key = identity.signing_key
         self._shell_key = identity.shell_key
-        self._keys = auth.keyring([self._signing_key or ""])
+        self._keys = auth.keyring([identity.signing_key or ""])
         self._replies = Replies(self._redis, self._keys)
         self._outage_grace_s = outage_grace_s(url)
         # call id -> when its unclaimed message was first seen gone from its queue.
@@ -360,7 +365,7 @@ class Fleet:
         host, label = request.host, request.label
         with self._errors():
             queue, target = self._route(host, label)
-            args = self._signed(Task.EXEC, [call.model_dump(mode="json")])
+            args = self._identity.signed(Task.EXEC, [call.model_dump(mode="json")])
             message = task_message(
                 Task.EXEC, args, task_id=call.call_id, queue=queue,
                 reply_to=self._replies.channel, argsrepr=_argsrepr(call),
@@ -819,12 +824,6 @@ class Fleet:
             )
         return host
 
-    def _signed(self, task: str, args: list[Any]) -> list[Any]:
-        """The task's arguments, wrapped in a signed envelope when a key is configured."""
-        if self._signing_key is None:
-            return args
-        return [auth.sign(self._signing_key, task, args, time.time())]
-
     def _control(self, host: str, request: ControlRequest, response: type[R],
                  timeout: float = CTL_TIMEOUT_S) -> R:
         """Send a control request to `host`'s control queue; its typed response."""
@@ -840,7 +839,7 @@ class Fleet:
         subject = getattr(request, "id", None) or getattr(request, "call_id", None)
         try:
             self._send(
-                request.task, self._signed(request.task, args), names.ctl_queue(host),
+                request.task, self._identity.signed(request.task, args), names.ctl_queue(host),
                 waiter.task_id, repr(subject), expires=timeout,
             )
         except BaseException:

@@ -33,6 +33,11 @@ LISTEN_TICK_S = 0.25
 RETRY_DELAYS_S = (0.1, 0.2, 0.5, 1.0)
 
 
+def backoff(delays: tuple[float, ...], attempt: int) -> float:
+    """The wait before attempt `attempt` + 1 (counted from 0): the last delay repeats."""
+    return delays[min(attempt, len(delays) - 1)]
+
+
 @dataclass
 class Waiter:
     """One task's answer, once it arrived."""
@@ -120,7 +125,7 @@ class Replies:
             except (redis.RedisError, OSError, ValueError):
                 self._subscribed.clear()
                 self._first_attempt.set()
-                delay = RETRY_DELAYS_S[min(attempt, len(RETRY_DELAYS_S) - 1)]
+                delay = backoff(RETRY_DELAYS_S, attempt)
                 attempt += 1
                 self._closed.wait(delay)
         self._subscribed.clear()
