@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -17,6 +18,9 @@ import psutil
 import pytest
 
 T = TypeVar("T")
+
+#: The TypeScript MCP SDK's clients (`*.mjs`) and the lock file they are installed from.
+TS_DIR = Path(__file__).with_name("ts")
 
 
 def wait_for(check: Callable[[], T | None], what: str, timeout: float = 30.0) -> T:
@@ -31,6 +35,21 @@ def wait_for(check: Callable[[], T | None], what: str, timeout: float = 30.0) ->
             pytest.fail(f"timed out waiting for {what}")
         time.sleep(delay)
         delay = min(delay * 2, 0.5)
+
+
+def typescript_client(script: str) -> Path:
+    """A client script of TS_DIR, with the TypeScript SDK installed beside it from the
+    lock file (once: `npm ci`; node and npm are part of the test environment, as the
+    MCP Inspector's users have them)."""
+    npm = shutil.which("npm")
+    if npm is None or shutil.which("node") is None:
+        pytest.fail("node and npm are needed: the TypeScript SDK client is part of the suite")
+    if not (TS_DIR / "node_modules" / "@modelcontextprotocol" / "sdk").is_dir():
+        done = subprocess.run([npm, "ci", "--no-audit", "--no-fund", "--loglevel=error"],
+                              cwd=TS_DIR, capture_output=True, text=True, timeout=600,
+                              check=False)
+        assert done.returncode == 0, done.stderr[-2000:]
+    return TS_DIR / script
 
 
 def bashfleet_command() -> list[str]:

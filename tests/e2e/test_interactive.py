@@ -11,7 +11,6 @@ import json
 import os
 import pty
 import re
-import shutil
 import signal
 import struct
 import subprocess
@@ -19,16 +18,14 @@ import termios
 import time
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from .helpers import Cli, bashfleet_command, local_fleet
+from .helpers import Cli, bashfleet_command, local_fleet, typescript_client
 from .test_mcp import call, mcp
 
 HOST = "inter-e2e"
-TS_DIR = Path(__file__).with_name("ts")
 #: Longest wait for a terminal to show something.
 EXPECT_S = 30.0
 
@@ -245,20 +242,8 @@ async def test_native_drives_a_repl_and_a_dev_server(fleet: Cli) -> None:
         assert "Keyboard interrupt received" in text and "exited with code 0" in text
 
 
-def _node_client() -> Path:
-    """The TypeScript SDK, installed from the lock file once (npm is part of the test
-    environment, as the MCP Inspector's users have it)."""
-    npm = shutil.which("npm")
-    assert npm is not None and shutil.which("node"), "node and npm are needed for this test"
-    if not (TS_DIR / "node_modules" / "@modelcontextprotocol" / "sdk").is_dir():
-        done = subprocess.run([npm, "ci", "--no-audit", "--no-fund"], cwd=TS_DIR,
-                              capture_output=True, text=True, timeout=600, check=False)
-        assert done.returncode == 0, done.stderr[-2000:]
-    return TS_DIR / "mcp_client.mjs"
-
-
 def test_typescript_sdk_client_drives_codex_and_native(fleet: Cli) -> None:
-    script = _node_client()
+    script = typescript_client("mcp_client.mjs")
     for dialect, steps, expected in (
         ("codex", [
             {"tool": "exec_command", "arguments": {"cmd": "python3 -i -q", "tty": True}},

@@ -1,5 +1,6 @@
 """`bashfleet mcp` driven by a client nobody here wrote: the official TypeScript SDK
-(`@modelcontextprotocol/sdk`, installed with npm), as agent harnesses built on it do.
+(`@modelcontextprotocol/sdk`, installed with npm from `ts/package-lock.json`), as agent
+harnesses built on it do.
 
 - A 75-second call completes in a client that keeps the SDK's default 60-second request
   timeout and resets it on progress (`resetTimeoutOnProgress`): the server sends
@@ -13,7 +14,6 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import shutil
 import subprocess
 import uuid
 from collections.abc import Iterator
@@ -23,12 +23,9 @@ from typing import Any
 import psutil
 import pytest
 
-from .helpers import Cli, bashfleet_command, local_fleet, wait_for
+from .helpers import Cli, bashfleet_command, local_fleet, typescript_client, wait_for
 
 HOST = "ts-a"
-HERE = Path(__file__).resolve().parent
-#: The SDK's major version the script is written against.
-SDK = "@modelcontextprotocol/sdk@1"
 
 
 @pytest.fixture(scope="module")
@@ -39,31 +36,20 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cli]:
 
 
 @pytest.fixture(scope="module")
-def ts_client(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A directory with the TypeScript SDK installed (npm) and the client script."""
-    node, npm = shutil.which("node"), shutil.which("npm")
-    if node is None or npm is None:
-        pytest.fail("node and npm are needed: the TypeScript SDK client is part of the suite")
-    folder = tmp_path_factory.mktemp("ts-client")
-    (folder / "package.json").write_text('{"private": true, "type": "module"}\n')
-    shutil.copy(HERE / "ts_client.mjs", folder / "ts_client.mjs")
-    installed = subprocess.run(
-        [npm, "install", "--no-audit", "--no-fund", "--loglevel=error", SDK],
-        cwd=folder, capture_output=True, text=True, timeout=300, check=False,
-    )
-    assert installed.returncode == 0, installed.stderr[-2000:]
-    return folder
+def ts_client() -> Path:
+    """The progress and cancellation client, with the TypeScript SDK installed."""
+    return typescript_client("progress_client.mjs")
 
 
 def run_client(
-    fleet: Cli, folder: Path, dialect: str, *args: str, timeout: float
+    fleet: Cli, script: Path, dialect: str, *args: str, timeout: float
 ) -> dict[str, Any]:
     """Run the TypeScript client against `bashfleet mcp --dialect D`; its JSON report."""
     session = f"ts-{dialect}-{uuid.uuid4().hex[:10]}"
     server = [*bashfleet_command(), "mcp", "--dialect", dialect, "--session", session]
     env = {**fleet.env, "BASHFLEET_SERVER_COMMAND": json.dumps(server)}
     done = subprocess.run(
-        ["node", "ts_client.mjs", *args], cwd=folder, env=env, capture_output=True, text=True,
+        ["node", str(script), *args], env=env, capture_output=True, text=True,
         timeout=timeout, check=False,
     )
     assert done.returncode == 0, done.stderr[-3000:]

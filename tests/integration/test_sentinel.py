@@ -28,6 +28,7 @@ import redis
 from client import AsyncFleet, BashfleetError, Fleet
 from client.redis_server import RedisServer, find_redis_server, free_port
 from worker.fleet.connect import redis_client
+from worker.wire.models import CallResult
 
 from .conftest import WorkerFactory, WorkerProcess, end_group, wait_for
 
@@ -193,6 +194,17 @@ class Outcome:
     error: str | None
 
 
+def _ledger_command(call_id: str, ledger: Path) -> str:
+    """A load call's command: its id into the ledger (what ran, how often), then a pause."""
+    return f"echo {call_id} >> {ledger}; sleep 0.2"
+
+
+def _judged(result: CallResult) -> tuple[bool, str | None]:
+    """(ran fine, the error's message) of a load call's result."""
+    error = result.error.message if result.error else None
+    return result.exit_code == 0 and result.error is None, error
+
+
 async def _load(url: str, ledger: Path, stop_at: float) -> list[Outcome]:
     """Calls, 12 in flight at a time, until `stop_at`: each appends its id to `ledger`."""
     outcomes: list[Outcome] = []
@@ -204,10 +216,9 @@ async def _load(url: str, ledger: Path, stop_at: float) -> list[Outcome]:
                 call_id = f"c-sentinel-{lane}-{number}"
                 sent = time.monotonic()
                 try:
-                    result = await fleet.run(f"echo {call_id} >> {ledger}; sleep 0.2",
-                                             host="sentinel-host", call_id=call_id)
-                    error = result.error.message if result.error else None
-                    ok = result.exit_code == 0 and result.error is None
+                    ok, error = _judged(await fleet.run(
+                        _ledger_command(call_id, ledger), host="sentinel-host", call_id=call_id
+                    ))
                 except BashfleetError as exc:
                     ok, error = False, f"{type(exc).__name__}: {exc}"
                 outcomes.append(Outcome(call_id, sent, time.monotonic(), ok, error))
@@ -227,10 +238,9 @@ def _sync_load(url: str, ledger: Path, stop_at: float, outcomes: list[Outcome]) 
             call_id = f"c-sentinel-sync-{number}"
             sent = time.monotonic()
             try:
-                result = fleet.run(f"echo {call_id} >> {ledger}; sleep 0.2",
-                                   host="sentinel-host", call_id=call_id)
-                error = result.error.message if result.error else None
-                ok = result.exit_code == 0 and result.error is None
+                ok, error = _judged(fleet.run(
+                    _ledger_command(call_id, ledger), host="sentinel-host", call_id=call_id
+                ))
             except BashfleetError as exc:
                 ok, error = False, f"{type(exc).__name__}: {exc}"
             outcomes.append(Outcome(call_id, sent, time.monotonic(), ok, error))

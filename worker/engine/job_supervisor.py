@@ -269,20 +269,17 @@ def main(spec_path: str) -> int:
     with open(spec_path, encoding="utf-8") as handle:
         spec = json.load(handle)
     os.unlink(spec_path)
-    if spec.get("stdin", "null") != "null":
-        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            signal.signal(signum, _ignore)
-        start = _start_sandboxed if spec.get("sandbox") else _start_plain
-        return int(_relay(spec).main(spec, start, _write_status, _remove_groups))
     # The worker may stop (and signal its own group) while the job runs: this process
     # is in a session of its own, and it ignores the polite signals so it can record
     # the job's end. SIGKILL still ends it. A handler (not SIG_IGN, which exec keeps)
     # so that the job itself starts with default signal handling.
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, _ignore)
+    start = _start_sandboxed if spec.get("sandbox") else _start_plain
+    if spec.get("stdin", "null") != "null":
+        return int(_relay(spec).main(spec, start, _write_status, _remove_groups))
     out_fd = os.open(spec["output_path"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     try:
-        start = _start_sandboxed if spec.get("sandbox") else _start_plain
         proc, started = start(spec, out_fd)
     except OSError as exc:
         sys.stdout.write(json.dumps({"error": f"could not start bash: {exc}"}) + "\n")

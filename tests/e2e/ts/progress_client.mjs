@@ -1,8 +1,8 @@
 // An MCP client written with the official TypeScript SDK, driving `bashfleet mcp` over
 // stdio as an agent harness built on that SDK does. Run by tests/e2e/test_mcp_typescript.py:
 //
-//   node ts_client.mjs long   TOOL ARGS_JSON        -> {"result", "progress"} on stdout
-//   node ts_client.mjs cancel TOOL ARGS_JSON MARKER -> aborts the call once MARKER exists
+//   node progress_client.mjs long   TOOL ARGS_JSON        -> {"result", "progress"} on stdout
+//   node progress_client.mjs cancel TOOL ARGS_JSON MARKER -> aborts the call once MARKER exists
 //
 // The server's command line is the JSON array in BASHFLEET_SERVER_COMMAND.
 import { existsSync } from "node:fs";
