@@ -195,21 +195,28 @@ class Follower:
             return None  # not started yet, or its output is kept in memory: nothing to read
 
     def _drain(self, stream: _FollowedStream, *, final: bool) -> bool:
-        """Print the stream's new complete lines (all of it when `final`); True if any."""
+        """Print the stream's new complete lines (all of it when `final`, the last line
+        without a newline too, even when an earlier poll read it); True if any."""
         moved = False
         while (chunk := self._read(stream)) is not None and chunk.next_offset > stream.offset:
             stream.offset = chunk.next_offset
-            text = stream.held + chunk.text
-            complete, _, stream.held = text.rpartition("\n") if not final else (text, "", "")
-            if complete:
-                shown = complete + "\n" if not final else complete
-                stream.out.write(shown)
-                stream.out.flush()
-                stream.printed_lines += shown.count("\n")
+            complete, newline, stream.held = (stream.held + chunk.text).rpartition("\n")
+            if newline:
+                self._show(stream, complete + newline)
                 moved = True
             if chunk.eof:
                 break
+        if final and stream.held:
+            self._show(stream, stream.held)
+            stream.held = ""
+            moved = True
         return moved
+
+    @staticmethod
+    def _show(stream: _FollowedStream, text: str) -> None:
+        stream.out.write(text)
+        stream.out.flush()
+        stream.printed_lines += text.count("\n")
 
     def finish(self, result: CallResult) -> CallResult:
         """Print the rest once the call answered; the result without what was printed.

@@ -8,6 +8,7 @@ import os
 import signal
 import threading
 from typing import Any
+from unittest.mock import patch
 
 import pytest
 
@@ -158,6 +159,28 @@ def test_follow_reads_kept_files_to_their_end() -> None:
     watcher.finish(CallResult(call_id="c1", host="h1", exit_code=0, stdout="cut", spill=kept))
     assert (out.getvalue(), err.getvalue()) == ("1\n2\n3\nlast", "e\n")
     assert watcher.offsets() == {"stdout": 10, "stderr": 2}
+
+
+def test_follow_prints_a_last_line_an_earlier_poll_read_already() -> None:
+    # The command wrote its last line, without a newline, before the last poll: that poll
+    # held it back; the end finds no new bytes and must still print it.
+    fleet = FakeFleet({"stdout": "1\nlast, no newline", "stderr": ""})
+    watcher, out, _ = follower(fleet)
+    watcher.poll()
+    assert out.getvalue() == "1\n"
+    kept = Spill(host="h1", stdout_path="/s/c1.out", stderr_path="/s/c1.err")
+    watcher.finish(CallResult(call_id="c1", host="h1", exit_code=5, stdout="cut", spill=kept))
+    assert out.getvalue() == "1\nlast, no newline"
+
+
+def test_follow_of_a_line_cut_by_a_slice_prints_it_whole_once() -> None:
+    fleet = FakeFleet({"stdout": "abc\ndef\nghi", "stderr": ""})
+    watcher, out, _ = follower(fleet)
+    watcher.streams[0].offset = 0
+    kept = Spill(host="h1", stdout_path="/s/c1.out", stderr_path="/s/c1.err")
+    with patch("client.foreground.FOLLOW_SLICE_BYTES", 5):  # slices end mid-line
+        watcher.finish(CallResult(call_id="c1", host="h1", exit_code=0, stdout="", spill=kept))
+    assert out.getvalue() == "abc\ndef\nghi"
 
 
 def test_follow_waits_for_a_call_that_has_not_started() -> None:
