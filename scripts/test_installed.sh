@@ -27,6 +27,31 @@ echo "== installed package: pip install . (the Dockerfile's files) into a fresh 
 "$python" -m venv "$work/venv"
 pip=("$work/venv/bin/python" -m pip install --quiet --disable-pip-version-check)
 "${pip[@]}" "$work/src"
+# The wheel alone, before any test tool lands beside it (pytest pulls `packaging`, which
+# once hid that kombu's Redis transport needs it): a local fleet starts from this
+# environment and runs a call through its worker.
+echo "== installed package alone: bashfleet up, a call through the worker, bashfleet down"
+smoke_state=$(mktemp -d "${TMPDIR:-/tmp}/bashfleet-smoke.XXXXXX")
+smoke() {
+  env -u BASHFLEET_SIGNING_KEY -u BASHFLEET_REDIS_URL BASHFLEET_STATE_DIR="$smoke_state" \
+    XDG_STATE_HOME="$smoke_state/xdg" "$work/venv/bin/bashfleet" "$@"
+}
+smoke_status=0
+if smoke up --no-flower --detach >"$smoke_state/up.log" 2>&1; then
+  answer=$(smoke run 'echo installed-ok' 2>>"$smoke_state/up.log") || smoke_status=$?
+  [ "$answer" = installed-ok ] || { echo "the call answered: $answer" >&2; smoke_status=1; }
+else
+  smoke_status=1
+fi
+smoke down >>"$smoke_state/up.log" 2>&1 || true
+if [ "$smoke_status" != 0 ]; then
+  echo "the installed package could not run a call through a local fleet:" >&2
+  cat "$smoke_state/up.log" >&2
+  rm -rf "$smoke_state"
+  exit 1
+fi
+rm -rf "$smoke_state"
+
 # The test tools only; the package's own dependencies came with it.
 "${pip[@]}" pytest pytest-timeout
 
