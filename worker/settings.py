@@ -141,7 +141,26 @@ class Settings(BaseSettings):
     """Output (stdout + stderr) one call or background job may write, in MiB: past it the
     call is stopped like a timeout, with a notice. Default 1 GiB."""
     run_as: str | None = None
-    """User name calls run as, for a worker started as root (its home, groups and ids)."""
+    """User name calls run as when the worker is root (never root; its groups and ids).
+    None: `bashfleet-run` when that account exists, else `nobody`. A worker that is not
+    root runs calls as itself, in a user namespace, with no capability."""
+    workspace_root: Path | None = None
+    """Where fresh workspaces are made. None: /var/lib/bashfleet/workspaces for a root
+    worker, else `$XDG_DATA_HOME/bashfleet/workspaces` (~/.local/share/...)."""
+    workspace_allow: CsvTuple = ()
+    """Roots under which an existing host directory may be a workspace (`path=`, a call's
+    `--cwd`): writable by its calls, every other directory under these roots hidden."""
+    workspace_ttl_s: float = Field(3600.0, gt=0)
+    """Seconds a workspace lives unused before this host reaps it, unless its maker gave
+    a TTL (a session's lives as long as the session: 24 h)."""
+    workspace_pool: int = Field(2, ge=0, le=64)
+    """Throwaway workspaces (for calls without a session) each command consumer keeps
+    ready, so that such a call does not wait for one to be made."""
+    limit_workspaces: int = Field(256, ge=1, le=100_000)
+    """Most live workspaces one owner may have, counted across the fleet."""
+    limit_workspace_mb: int | None = Field(None, ge=1)
+    """Bytes one workspace may hold on disk (its directory, /tmp, HOME, kept output), in
+    MiB. None: no cap."""
     interactive_idle_s: float | None = Field(3600.0, gt=0)
     """An interactive session (stdin `pipe`, `pty` or `closed`) that nobody wrote to or
     read from, and that printed nothing, for this many seconds is ended. None: never."""
@@ -189,6 +208,20 @@ class Settings(BaseSettings):
     def spill_dir(self) -> Path:
         """Spill files of foreground calls."""
         return self.state_dir / "spill"
+
+    @property
+    def workspaces_dir(self) -> Path:
+        """Records, keeper sockets and the private /tmp and HOME of this host's workspaces."""
+        return self.state_dir / "workspaces"
+
+    def workspace_root_dir(self) -> Path:
+        """Where fresh workspaces are made (`workspace_root`, else the run mode's default)."""
+        if self.workspace_root is not None:
+            return self.workspace_root
+        if os.geteuid() == 0:
+            return Path("/var/lib/bashfleet/workspaces")
+        data = os.environ.get("XDG_DATA_HOME") or os.path.join(Path.home(), ".local", "share")
+        return Path(data) / "bashfleet" / "workspaces"
 
     @property
     def jobs_dir(self) -> Path:

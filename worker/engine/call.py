@@ -11,6 +11,7 @@ on exit (or timeout) shapes what is shown by the call's policy.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
 import select
@@ -33,9 +34,11 @@ from worker.engine import (
     limits,
     normalize,
     procs,
+    resources,
     sandbox,
     session_state,
     truncate,
+    workspaces,
 )
 from worker.engine.capture import Extras, FollowedFile, MemoryStream, Shaped, Source, shape
 from worker.engine.environment import ChildEnv, build_env, process_environ
@@ -51,6 +54,8 @@ from worker.wire.models import (
     ProcessInfo,
     Spill,
     SystemError_,
+    WorkspaceRecord,
+    WorkspaceSpec,
 )
 
 #: How often the engine wakes to count output while a command runs.
@@ -114,18 +119,18 @@ class _NoSpillError(Exception):
 _spill_verdicts: TimedMemo[tuple[Path, int], str | None] = TimedMemo(ttl_s=1.0)
 
 
-def spill_problem(settings: Settings) -> str | None:
-    """Why spill files cannot be used now (unusable or too full a directory), or None.
+def spill_problem(settings: Settings, folder: Path) -> str | None:
+    """Why spill files cannot be used now in `folder` (unusable or too full), or None.
 
-    Checked at most once a second per directory and threshold.
+    Checked at most once a second per file system's directory and threshold.
     """
-    key = (settings.state_dir, settings.spill_min_free_bytes)  # spill_dir makes a new Path
-    return _spill_verdicts.get(key, lambda: _check_spill_dir(settings))
+    key = (folder.parent, settings.spill_min_free_bytes)
+    return _spill_verdicts.get(key, lambda: _check_spill_dir(settings, folder))
 
 
-def _check_spill_dir(settings: Settings) -> str | None:
+def _check_spill_dir(settings: Settings, folder: Path) -> str | None:
     try:
-        info = os.statvfs(settings.spill_dir)
+        info = os.statvfs(folder)
     except FileNotFoundError:
         return None  # created by the first call
     except OSError as exc:
@@ -157,30 +162,82 @@ def resolve_cwd(cwd: str | None, home: str | None = None) -> str:
 
 def host_limits(settings: Settings) -> limits.ResourceLimits:
     """This host's per-call resource limits."""
-    return sandbox.host_limits(settings)
+    return resources.host_limits(settings)
+
+
+def user_env(user: sandbox.User | None, workspace: WorkspaceRecord) -> dict[str, str]:
+    """What a call's environment says about its user: a sandboxed call's HOME is its
+    workspace's own (writable, at the run user's home path in its view)."""
+    env: dict[str, str] = {}
+    if workspace.keeper_pid is not None:
+        env["HOME"] = workspaces.home_of(user)
+    elif user is not None:
+        env["HOME"] = user.home
+    if user is not None:
+        env.update(USER=user.name, LOGNAME=user.name)
+    return env
 
 
 def _user(settings: Settings) -> sandbox.User | None:
     try:
-        return sandbox.run_as_user(settings)
+        return sandbox.run_user(settings)
     except OSError as exc:
         raise CallError("spawn_failed", exc.strerror or str(exc)) from None
 
 
-def isolation(call: Call, settings: Settings) -> sandbox.Choice:
-    """The sandbox this call gets (CallError when it asks for what the host refuses)."""
-    available, reason = sandbox.availability(settings)
+def workspace_of(call: Call, settings: Settings) -> tuple[WorkspaceRecord, bool]:
+    """The workspace the call runs in and whether it is a throwaway one (made for it):
+    its own when it names one, else a fresh one, or the project directory its cwd is in
+    when that is under a root this host allows."""
     try:
-        return sandbox.decide(
-            configured=settings.isolation, available=available, reason=reason,
-            asked=call.isolation, network=call.network, host_network=settings.sandbox_network,
-        )
-    except sandbox.IsolationError as exc:
+        if call.workspace is not None:
+            record = workspaces.load(call.workspace, settings)
+            if record.owner != call.owner:
+                raise CallError("not_found", f"no such workspace on host {settings.host}: "
+                                f"{call.workspace}")
+            _check_isolation(call, record)
+            return record, False
+        spec = WorkspaceSpec(owner=call.owner, isolation=call.isolation, network=call.network,
+                             path=_project_dir(call.cwd, settings), tags=call.tags)
+        return workspaces.throwaways.take(settings, spec), True
+    except workspaces.WorkspaceError as exc:
         raise CallError(exc.kind, exc.message) from None
 
 
-def prepare(call: Call, settings: Settings) -> tuple[Call, str]:
-    """Apply the policy's input rules; return the call to run and its validated cwd."""
+def _check_isolation(call: Call, record: WorkspaceRecord) -> None:
+    order = sandbox.LEVELS
+    if call.isolation is not None and order.index(call.isolation) > order.index(record.isolation):
+        raise CallError("invalid", f"workspace {record.id} runs calls with isolation "
+                        f"{record.isolation!r}; make a workspace with {call.isolation!r}")
+    if call.network is not None and call.network != record.network:
+        raise CallError("invalid", f"workspace {record.id} runs calls "
+                        f"{'with' if record.network else 'without'} network")
+
+
+def _project_dir(cwd: str | None, settings: Settings) -> str | None:
+    """For a call without a workspace: the directory under an allowed root its absolute
+    cwd is in (the root's child that holds it: the project), else None (a fresh one)."""
+    if cwd is None or not os.path.isabs(cwd):
+        return None
+    real = os.path.realpath(cwd)
+    root = workspaces.allowed_root(real, settings)
+    if root is None or not os.path.isdir(real):
+        return None
+    rest = os.path.relpath(real, root)
+    return root if rest == "." else os.path.join(root, rest.split(os.sep)[0])
+
+
+def workspace_cwd(cwd: str | None, record: WorkspaceRecord) -> str:
+    """A call's cwd: the workspace's directory when it gives none, relative ones from
+    there; absolute ones as given (a path of its view)."""
+    if not cwd:
+        return record.path
+    path = os.path.expanduser(cwd) if record.isolation == "none" else cwd
+    return os.path.normpath(os.path.join(record.path, path))
+
+
+def prepare(call: Call, settings: Settings) -> Call:
+    """Apply the policy's input rules; return the call to run."""
     policy = call.policy
     if policy.lift_head_tail:
         lifted = normalize.normalize_command(call.command)
@@ -202,8 +259,7 @@ def prepare(call: Call, settings: Settings) -> tuple[Call, str]:
             "invalid", f"timeout {timeout:g}s is above this dialect's maximum of "
             f"{policy.max_timeout_s:g}s"
         )
-    user = _user(settings)
-    return call, resolve_cwd(call.cwd, user.home if user is not None else None)
+    return call
 
 
 def run_call(
@@ -227,41 +283,68 @@ def run_call(
     settings = settings or get_settings()
     started = time.monotonic()
     try:
-        call, cwd = prepare(call, settings)
-        choice = isolation(call, settings)
-        if call.stdin != "null":
-            return _run_session(call, cwd, settings, choice, started, cancel=cancel)
-        if call.background:
-            return _start_background(call, cwd, settings, choice, started)
-        return _run_foreground(
-            call, cwd, settings, choice, on_spawn=on_spawn, cancel=cancel, started=started,
-            on_running=on_running, detach=detach,
-        )
+        call = prepare(call, settings)
+        record, throwaway = workspace_of(call, settings)
     except CallError as exc:
-        return CallResult(
-            call_id=call.call_id,
-            host=settings.host,
-            error=exc.as_model(),
-            duration_s=time.monotonic() - started,
-        )
+        return _error_result(call, settings, exc, started)
+    result: CallResult | None = None
+    try:
+        cwd = workspace_cwd(call.cwd, record)
+        if record.isolation == "none":
+            cwd = resolve_cwd(cwd)
+        if call.stdin != "null":
+            result = _run_session(call, cwd, settings, record, started, cancel=cancel)
+        elif call.background:
+            result = _start_background(call, cwd, settings, record, started)
+        else:
+            result = _run_foreground(
+                call, cwd, settings, record, on_spawn=on_spawn, cancel=cancel, started=started,
+                on_running=on_running, detach=detach,
+            )
+        return result
+    except CallError as exc:
+        result = _error_result(call, settings, exc, started)
+        return result
+    finally:
+        _after(record, settings, throwaway=throwaway, result=result)
+
+
+def _error_result(call: Call, settings: Settings, exc: CallError, started: float) -> CallResult:
+    return CallResult(
+        call_id=call.call_id,
+        host=settings.host,
+        error=exc.as_model(),
+        duration_s=time.monotonic() - started,
+    )
+
+
+def _after(record: WorkspaceRecord, settings: Settings, *, throwaway: bool,
+           result: CallResult | None) -> None:
+    """A call's workspace once it ended: used now, or, a throwaway one, removed (once
+    the job it started ends, if it started one)."""
+    if throwaway:
+        workspaces.throwaways.end(record, settings,
+                                  jobs_left=result is not None and result.job is not None)
+    else:
+        workspaces.touch(record, settings)
 
 
 def _run_session(
-    call: Call, cwd: str, settings: Settings, choice: sandbox.Choice, started: float,
+    call: Call, cwd: str, settings: Settings, record: WorkspaceRecord, started: float,
     *, cancel: threading.Event | None,
 ) -> CallResult:
     """An interactive call (stdin `closed`, `pipe` or `pty`): `worker.engine.interactive`."""
     try:
-        return interactive.run(call, cwd, settings, choice, started=started, cancel=cancel)
+        return interactive.run(call, cwd, settings, record, started=started, cancel=cancel)
     except interactive.SessionError as exc:
         raise CallError(exc.kind, exc.message) from exc
 
 
 def _start_background(
-    call: Call, cwd: str, settings: Settings, choice: sandbox.Choice, started: float
+    call: Call, cwd: str, settings: Settings, workspace: WorkspaceRecord, started: float
 ) -> CallResult:
     try:
-        record = jobs.start_job(call, cwd, settings, choice)
+        record = jobs.start_job(call, cwd, settings, workspace)
     except jobs.JobError as exc:
         # A job that could not start is a system error like any other spawn failure.
         raise CallError(exc.kind, exc.message) from exc
@@ -276,8 +359,10 @@ def _start_background(
     )
 
 
-def _open_streams(call: Call, settings: Settings) -> _Streams:
-    spill = settings.spill_dir
+def _open_streams(call: Call, record: WorkspaceRecord) -> _Streams:
+    """A call's spill files: in its workspace's output directory, which its calls read
+    at the same path."""
+    spill = Path(record.out_dir)
     if call.policy.streams == "combined":
         return _Streams(spill / f"{call.call_id}.log", None)
     return _Streams(spill / f"{call.call_id}.out", spill / f"{call.call_id}.err")
@@ -285,21 +370,21 @@ def _open_streams(call: Call, settings: Settings) -> _Streams:
 
 def _open_files(streams: _Streams) -> tuple[int, int]:
     """Open the spill files; _NoSpillError when the directory cannot take them."""
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_CLOEXEC
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW
     try:
         try:
-            out_fd = os.open(streams.stdout, flags, 0o600)
+            out_fd = os.open(streams.stdout, flags, 0o644)
         except FileNotFoundError:
-            # First call (or the directory was removed): create it. Not done on every
-            # call, where the mkdir was a measurable part of a `true` call's overhead.
-            streams.stdout.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            out_fd = os.open(streams.stdout, flags, 0o600)
+            # The directory was removed (a gc): create it. Not done on every call, where
+            # the mkdir was a measurable part of a `true` call's overhead.
+            streams.stdout.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
+            out_fd = os.open(streams.stdout, flags, 0o644)
     except OSError as exc:
         raise _NoSpillError(f"spill directory unusable: {exc}") from exc
     if streams.stderr is None:
         return out_fd, out_fd
     try:
-        return out_fd, os.open(streams.stderr, flags, 0o600)
+        return out_fd, os.open(streams.stderr, flags, 0o644)
     except OSError as exc:
         os.close(out_fd)
         streams.stdout.unlink(missing_ok=True)
@@ -347,32 +432,33 @@ def _all_absolute(search: str) -> bool:
 
 @dataclass
 class _Launch:
-    """How this call's bash starts: plainly (isolation `none`), or in a sandbox runner."""
+    """How this call's bash starts: in its workspace's keeper, or plainly (`none`)."""
 
     call: Call
     cwd: str
     child: ChildEnv
     settings: Settings
-    choice: sandbox.Choice
+    workspace: WorkspaceRecord
     user: sandbox.User | None
     capture: bool
     """Capture the cwd and environment the command ends with (`startup`)."""
     startup: Startup | None = None
     """What bash sources before the command, once started (closed with the launch)."""
     group: cgroups.Group | None = None
-    """`none`: the call's own cgroup (a sandbox runner brings its own)."""
+    """`none`: the call's own cgroup; else its workspace's (its counters read around it)."""
     groups: cgroups.GroupPool | None = None
-    """Where `group` came from."""
+    """Where `group` came from (`none`)."""
 
     @property
     def sandboxed(self) -> bool:
-        return self.choice.level != "none"
+        return self.workspace.keeper_pid is not None
 
-    def _arm(self, engine_lines: str) -> int:
+    def _arm(self, engine_lines: str, *, carried: bool) -> int:
         """Write the call's startup script (`worker.engine.startup`): the descriptor to
-        pass; BASH_ENV names it. The sandbox gives it a fixed number, a plain spawn ours."""
+        pass; BASH_ENV names it. The sandbox gives it a fixed number, a plain spawn ours.
+        `carried`: a cgroup carries the memory and process limits."""
         self.startup = Startup(
-            engine_lines + sandbox.ulimit_line(self.settings), capture=self.capture,
+            engine_lines + resources.ulimit_line(self.settings, carried), capture=self.capture,
             fd_in_child=launcher.STATE_FD if self.sandboxed else None,
         )
         self.child.env["BASH_ENV"] = self.startup.bash_env
@@ -389,11 +475,11 @@ class _Launch:
         return self.startup.recorded() if self.startup is not None else None
 
     def _plain(self, stdout: int, stderr: int) -> procs.Process:
-        self.groups = sandbox.group_pool(self.settings)
+        self.groups = resources.group_pool(self.settings)
         if self.groups is not None and self.group is None:
             self.group = self.groups.acquire()
         fds = self.group.procs_fds() if self.group is not None else []
-        startup = self._arm(cgroups.join_line(fds))
+        startup = self._arm(cgroups.join_line(fds), carried=bool(fds))
         command = self.call.command
         passed = [*fds, startup]
         user = self.user
@@ -416,30 +502,35 @@ class _Launch:
 
     def _sandboxed(self, stdout: int, stderr: int) -> procs.Process:
         null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
-        state_fd = self._arm("")
+        self.group = workspaces.group_of(self.workspace)
+        if self.group is not None:
+            self.group.hits()  # the baseline: what its other calls hit before this one
+        state_fd = self._arm("", carried=self.group is not None)
         command = self.call.command
 
         def spawn(executable: str | None) -> procs.Process:
-            return sandbox.spawn(
-                self.settings, self.choice, command, cwd=self.cwd, env=self.child.env,
-                executable=executable, fds=[null, stdout, stderr], state_fd=state_fd,
-                grace_s=self.call.policy.kill_grace_s,
-            )
+            request: dict[str, object] = {
+                "argv": ["bash", "-c", command], "executable": executable, "cwd": self.cwd,
+                "env": self.child.env, "targets": [0, 1, 2, launcher.STATE_FD],
+                "output_cap": resources.output_cap(self.settings),
+                "kill_grace_s": self.call.policy.kill_grace_s,
+            }
+            return workspaces.start(self.workspace, request, [null, stdout, stderr, state_fd])
 
         try:
             return _start_bash(self.child.env, spawn)
+        except launcher.KeeperLostError as exc:
+            raise CallError("unavailable", f"workspace {self.workspace.id} is gone "
+                            f"({exc.strerror or exc}): make a new one") from None
         except OSError as exc:
             if exc.filename == self.cwd:
-                raise CallError("bad_cwd", f"Working directory is not visible inside the "
-                                f"sandbox: {self.cwd}") from None
+                raise CallError("bad_cwd", _cwd_problem(exc, self.cwd)) from None
             raise
         finally:
             os.close(null)
 
     def hits(self, proc: procs.Process) -> tuple[str, ...]:
         """The cgroup limits the call hit (call this once it ended)."""
-        if isinstance(proc, sandbox.SandboxedProcess):
-            return proc.hits
         return self.group.hits() if self.group is not None else ()
 
     def release(self) -> None:
@@ -448,9 +539,19 @@ class _Launch:
         if self.group is not None and self.groups is not None:
             self.groups.release(self.group)
         self.group = None
+        self.groups = None
         if self.startup is not None:
             self.startup.close()
             self.startup = None
+
+
+def _cwd_problem(exc: OSError, cwd: str) -> str:
+    """What a call is told when its cwd cannot be entered in its workspace."""
+    if exc.errno == errno.ENOENT:
+        return f"Working directory does not exist: {cwd}"
+    if exc.errno == errno.ENOTDIR:
+        return f"Working directory is not a directory: {cwd}"
+    return f"Working directory is not accessible: {cwd} ({exc.strerror or exc})"
 
 
 def _spawn_piped(launch: _Launch, reason: str) -> tuple[procs.Process, _Pipes]:
@@ -505,8 +606,8 @@ def _spawn(launch: _Launch, streams: _Streams) -> procs.Process:
 
 def _exit_fd(proc: procs.Process) -> tuple[int, bool]:
     """(fd that polls readable once the call ended, whether we must close it)."""
-    if isinstance(proc, launcher.RunnerProcess):
-        # Its status message: a pidfd of bash would race the runner reaping it.
+    if isinstance(proc, launcher.KeeperProcess):
+        # Its status message: a pidfd of bash would race the keeper reaping it.
         return proc.exit_fd(), False
     return os.pidfd_open(proc.pid), True
 
@@ -562,7 +663,7 @@ def _cap_check(
     settings: Settings, files: list[FollowedFile], pipes: _Pipes | None
 ) -> Callable[[], bool] | None:
     """`over_cap` for `_wait`: the call's output passed `limit_output_mb`."""
-    cap = sandbox.output_cap(settings)
+    cap = resources.output_cap(settings)
     if cap is None:
         return None
     if pipes is not None:
@@ -575,7 +676,7 @@ def _run_foreground(
     call: Call,
     cwd: str,
     settings: Settings,
-    choice: sandbox.Choice,
+    workspace: WorkspaceRecord,
     *,
     on_spawn: SpawnHook | None,
     cancel: threading.Event | None,
@@ -586,20 +687,21 @@ def _run_foreground(
     marker = call.call_id
     user = _user(settings)
     child = build_env(
-        process_environ(), marker=marker, extra={**sandbox.user_env(user), **call.env},
+        process_environ(), marker=marker,
+        extra={**user_env(user, workspace), **call.env},
         unset=call.unset_env, deny=settings.secret_deny, allow=settings.secret_allow,
     )
     secrets = redaction_pattern(settings, child.scrubbed_values)
     try:
-        streams = _open_streams(call, settings)
+        streams = _open_streams(call, workspace)
     except OSError as exc:
         raise CallError("spawn_failed", f"spill directory unusable: {exc}") from exc
     # bash's $PWD is the cwd as asked (not the worker's, nor the physical path), so a
     # command that does not `cd` ends where it started, symlinks included.
     child.env["PWD"] = cwd
-    launch = _Launch(call, cwd, child, settings, choice, user, call.capture_state)
+    launch = _Launch(call, cwd, child, settings, workspace, user, call.capture_state)
     pipes: _Pipes | None = None
-    problem = spill_problem(settings)
+    problem = spill_problem(settings, streams.stdout.parent)
     try:
         if problem is not None:
             raise _NoSpillError(problem)
@@ -633,7 +735,10 @@ def _run_foreground(
     ):
         record = jobs.adopt_foreground(
             call, proc, streams.stdout, streams.stderr, cwd, settings, on_end=launch.release,
+            workspace=workspace,
         )
+        if record is None:  # it ended as it was made a job: a finished call after all
+            return _finished(result, proc, launch, started_with=child.env)
         return result.backgrounded(record, proc.pid, timed_out=outcome == "timeout")
     # What the call was doing when its time ran out, for the notice, before killing it.
     doing = procs.describe(procs.find_call_processes(proc.pid, marker))
@@ -647,21 +752,22 @@ def _run_foreground(
     return result.killed(returncode, survivors, doing, reason=outcome)
 
 
-#: Seconds a runner gets to report the status of a call its processes were killed in:
-#: it reaps what is left of the namespace first (up to launcher.REAP_TIMEOUT_S).
-RUNNER_REPORT_S = launcher.REAP_TIMEOUT_S + 5.0
+#: Seconds a keeper gets to report the status of a call whose processes were killed.
+RUNNER_REPORT_S = 10.0
 
 
 def _reap(proc: procs.Process) -> int:
     """The returncode of a call whose processes were just killed. A runner that does not
     report it in time is killed, which ends its namespace: never a hang."""
-    if not isinstance(proc, launcher.RunnerProcess):
+    if not isinstance(proc, launcher.KeeperProcess):
         return proc.wait()
     try:
         return proc.wait(RUNNER_REPORT_S)
     except subprocess.TimeoutExpired:
-        proc.runner.kill()
-        return proc.wait()
+        # Its keeper does not report (stuck, or gone): the call's processes were killed.
+        proc.conn.close()
+        proc.returncode = -9
+        return proc.returncode
 
 
 def _finished(

@@ -362,11 +362,14 @@ def _rmdir(path: str) -> bool:
     return True
 
 
-def create(support: Support, limits: CgroupLimits, *, owner: int | None = None) -> Group:
-    """A new group with `limits` (OSError when the host refuses)."""
+def create(support: Support, limits: CgroupLimits, *, owner: int | None = None,
+           name: str | None = None) -> Group:
+    """A new group with `limits` (OSError when the host refuses). `name`: a workspace's
+    (`ws-<id>`: never swept for its maker's exit, it outlives the worker), else
+    `<owner pid>-<serial>`."""
     if support.version is None:
         raise OSError(errno.ENOTSUP, support.problem or "no cgroups")
-    name = f"{owner or os.getpid()}-{next(_serial)}"
+    name = name or f"{owner or os.getpid()}-{next(_serial)}"
     group = Group(support.version, [])
     try:
         for item in support.hierarchies:

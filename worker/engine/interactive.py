@@ -31,7 +31,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from worker.engine import jobs, procs, relay, sandbox, truncate
+from worker.engine import jobs, procs, relay, truncate
 from worker.engine.capture import PLAIN, _clean, escape_boundary
 from worker.engine.sanitize import redact, utf8_boundary
 from worker.engine.secrets import worker_redaction
@@ -46,6 +46,7 @@ from worker.wire.models import (
     Spill,
     TailLines,
     Truncation,
+    WorkspaceRecord,
 )
 
 #: Seconds between two looks for output: short at first (a reply to a keystroke comes
@@ -413,7 +414,7 @@ def running_sessions(settings: Settings, owner: str) -> list[JobRecord]:
     return found
 
 
-def start(call: Call, cwd: str, settings: Settings, choice: sandbox.Choice) -> JobRecord:
+def start(call: Call, cwd: str, settings: Settings, workspace: WorkspaceRecord) -> JobRecord:
     """Start an interactive session (refused past the owner's cap on this host)."""
     live = running_sessions(settings, call.owner)
     if len(live) >= settings.interactive_max_per_owner:
@@ -422,16 +423,16 @@ def start(call: Call, cwd: str, settings: Settings, choice: sandbox.Choice) -> J
             f"{len(live)} interactive sessions of this owner run on host {settings.host}, "
             f"the most allowed (interactive_max_per_owner); end one first ({ids})"))
     try:
-        return jobs.start_job(call, cwd, settings, choice)
+        return jobs.start_job(call, cwd, settings, workspace)
     except jobs.JobError as exc:
         raise SessionError(exc.kind, exc.message) from exc
 
 
-def run(call: Call, cwd: str, settings: Settings, choice: sandbox.Choice, *, started: float,
-        cancel: threading.Event | None = None) -> CallResult:
+def run(call: Call, cwd: str, settings: Settings, workspace: WorkspaceRecord, *,
+        started: float, cancel: threading.Event | None = None) -> CallResult:
     """Start the session, wait its yield (the call's timeout; 0 in the background), and
     return what it printed meanwhile; a session still running is a job one writes to."""
-    record = start(call, cwd, settings, choice)
+    record = start(call, cwd, settings, workspace)
     if call.background:
         # Started to be read later (a terminal attached, a stdin forwarded): nothing is
         # read now, so the first read gets the output from its first byte.

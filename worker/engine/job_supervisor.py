@@ -2,30 +2,41 @@
 
 Started detached (own session) by `worker.engine.jobs.start_job` as
 `python -I -S job_supervisor.py SPEC_PATH`, it outlives the worker that started it, so a
-job's exit status is recorded even when no worker is watching when it ends.
+job's exit status is recorded even when no worker is watching when it ends. It serves
+the jobs a workspace's keeper does not watch alone: interactive ones (it holds their
+stdin: `worker.engine.relay`), which it asks the keeper to start inside the workspace,
+and the jobs of a host without a sandbox, which it starts itself.
 
-Standard library only, and no package imports: it runs with `-I -S` to start fast
-and to be immune to the caller's PYTHON* variables. The spec (JSON, mode 0600) is
-read and deleted at once because it holds the job's environment. A sandboxed job gets
-a launcher of its own (bwrap, then `launcher.py`, loaded here by path): the launcher
-exits once it made the job's runner, and the runner lives as long as the job.
+Standard library only: it runs with `-I -S` to start fast and to be immune to the
+caller's PYTHON* variables, and registers the engine's standard-library modules as a
+bare package (as the zygote does). The spec (JSON, mode 0600) is read and deleted at once
+because it holds the job's environment.
 
-Protocol: one JSON line `{"pid": P, "pgid": G, "start_time": T}` on stdout once the
-job runs (or `{"error": "..."}`), then stdout is closed. When the job ends:
+Protocol: one JSON line `{"pid": P, "pgid": G, "start_time": T, "ns_pid": N}` on stdout
+once the job runs (or `{"error": "..."}`), then stdout is closed. When the job ends:
 the status file is written atomically and a completion line (seed 001's text) is
 appended to the output file. A job whose output passes the host's cap is stopped
 (group SIGTERM, grace, SIGKILL) with a notice before that line.
 """
 
-import importlib.util
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+import types
 from collections.abc import Iterable
 from typing import Any
+
+if "worker.engine" not in sys.modules:  # pragma: no cover - run by path with -I -S
+    _engine_dir = os.path.dirname(os.path.abspath(__file__))
+    for _name, _path in (("worker", os.path.dirname(_engine_dir)), ("worker.engine", _engine_dir)):
+        _package = types.ModuleType(_name)
+        _package.__path__ = [_path]
+        sys.modules[_name] = _package
+
+from worker.engine import job_end, launcher, proto, relay
 
 
 def _start_time(pid: int) -> float:
@@ -43,37 +54,8 @@ def _start_time(pid: int) -> float:
     return boot + ticks / os.sysconf("SC_CLK_TCK")
 
 
-def _completion_line(returncode: int) -> str:
-    # Seed 001: "[background process completed]" or "[background process failed: STATUS]",
-    # STATUS as Rust's ExitStatus prints it.
-    if returncode == 0:
-        return "\n\n[background process completed]\n"
-    if returncode < 0:
-        number = -returncode
-        try:
-            name = signal.Signals(number).name
-        except ValueError:
-            name = "?"
-        return f"\n\n[background process failed: signal: {number} ({name})]\n"
-    return f"\n\n[background process failed: exit status: {returncode}]\n"
-
-
-def _cap_notice(cap_mb: int | None) -> str:
-    """The line appended to a job's output when its output cap stopped it."""
-    return f"\n[bashfleet: the output passed this host's cap of {cap_mb} MiB; the job was stopped]"
-
-
 def _write_status(path: str, returncode: int, note: str | None = None) -> None:
-    status = {
-        "exit_code": returncode if returncode >= 0 else None,
-        "signal": -returncode if returncode < 0 else None,
-        "ended_at": time.time(),
-        "note": note,
-    }
-    tmp = f"{path}.tmp"
-    with open(tmp, "w", encoding="utf-8") as handle:
-        json.dump(status, handle)
-    os.replace(tmp, path)
+    job_end.write_status(path, returncode, note)
 
 
 def _wait(proc: Any, spec: dict[str, Any]) -> tuple[int, bool]:
@@ -82,10 +64,9 @@ def _wait(proc: Any, spec: dict[str, Any]) -> tuple[int, bool]:
     timeout_s = spec.get("timeout_s")
     cap = spec.get("output_cap")
     watch = None
-    if cap is not None and not spec.get("sandbox"):
-        # A sandboxed job's runner watches its cap itself.
-        launcher = _launcher(spec)
-        watch = launcher.CapWatch(lambda: _size(spec["output_path"]), cap)
+    if cap is not None and not spec.get("keeper"):
+        # A job in a workspace: its keeper watches its cap.
+        watch = proto.CapWatch(lambda: _size(spec["output_path"]), cap)
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     step: float | None = 0.01 if watch is not None else None
     while True:
@@ -127,21 +108,6 @@ def _stop(proc: Any, grace_s: float) -> int:
 
 def _ignore(signum: int, frame: object) -> None:
     del signum, frame
-
-
-def _load_by_path(name: str, path: str) -> Any:
-    """A module of the engine loaded from its file (no package imports here)."""
-    found = importlib.util.spec_from_file_location(name, path)
-    if found is None or found.loader is None:
-        raise OSError(f"cannot load {path}")
-    module = importlib.util.module_from_spec(found)
-    found.loader.exec_module(module)
-    return module
-
-
-def _launcher(spec: dict[str, Any]) -> Any:
-    """`worker/engine/launcher.py`, loaded by path."""
-    return _load_by_path("bashfleet_launcher", spec["launcher"])
 
 
 def open_procs_files(folders: Iterable[str]) -> list[int]:
@@ -206,34 +172,33 @@ def _start_plain(spec: dict[str, Any], out_fd: int, stdio: tuple[int, int, int] 
     return proc, _start_time(proc.pid)
 
 
-def _start_sandboxed(spec: dict[str, Any], out_fd: int,
+def _start_in_keeper(spec: dict[str, Any], out_fd: int,
                      stdio: tuple[int, int, int] | None = None,
                      ctty: bool = False) -> tuple[Any, float]:
-    """The job in a runner of a launcher of its own."""
-    launcher = _launcher(spec)
-    box = spec["sandbox"]
-    if ctty:
-        box["request"]["ctty"] = True
-    if stdio is not None:
-        box["request"]["argv"] = _argv(spec)
-    client = launcher.LauncherClient(box["argv"], box["env"])
+    """The job as a child of its workspace's keeper (in the workspace's namespaces)."""
+    keeper = spec["keeper"]
+    conn = launcher.KeeperConnection.connect(keeper["socket"])
+    startup = os.memfd_create("bashfleet-startup", os.MFD_CLOEXEC)
+    os.write(startup, f"unset BASH_ENV\n{keeper.get('startup') or ''}".encode())
+    env = {**spec["env"], "BASH_ENV": f"/dev/fd/{launcher.STATE_FD}"}
+    null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+    request = {
+        "argv": _argv(spec), "cwd": spec["cwd"], "env": env, "ctty": ctty,
+        "targets": [0, 1, 2, launcher.STATE_FD], "kill_grace_s": spec.get("kill_grace_s"),
+        # A terminal's output is copied by the relay, which watches the cap on it.
+        "output_cap": None if stdio is not None else spec.get("output_cap"),
+    }
     try:
-        fds = _procs_fds(spec)
-        try:
-            runner = client.runner(box["runner"], fds)
-        finally:
-            for fd in fds:
-                os.close(fd)
-        null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            pid = runner.start(box["request"], list(stdio or (null, out_fd, out_fd)))
-        finally:
-            os.close(null)
+        started = conn.start(request, [*(stdio or (null, out_fd, out_fd)), startup])
+    except OSError:
+        conn.close()
+        raise
     finally:
-        client.close()  # the launcher exits; the runner lives on with the job
-    ticks = runner.start_ticks
-    started = _boot_time() + ticks / os.sysconf("SC_CLK_TCK") if ticks is not None else time.time()
-    return launcher.RunnerProcess(runner, pid), started
+        os.close(null)
+        os.close(startup)
+    ticks = started.start_ticks
+    when = _boot_time() + ticks / os.sysconf("SC_CLK_TCK") if ticks is not None else time.time()
+    return launcher.KeeperProcess(conn, started), when
 
 
 def _boot_time() -> float:
@@ -260,11 +225,6 @@ def _remove_groups(spec: dict[str, Any], timeout: float = 5.0) -> None:
                 time.sleep(0.02)
 
 
-def _relay(spec: dict[str, Any]) -> Any:
-    """`worker/engine/relay.py` (an interactive session's loop), loaded by path."""
-    return _load_by_path("bashfleet_relay", spec["relay"])
-
-
 def main(spec_path: str) -> int:
     with open(spec_path, encoding="utf-8") as handle:
         spec = json.load(handle)
@@ -275,10 +235,10 @@ def main(spec_path: str) -> int:
     # so that the job itself starts with default signal handling.
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, _ignore)
-    start = _start_sandboxed if spec.get("sandbox") else _start_plain
+    start = _start_in_keeper if spec.get("keeper") else _start_plain
     if spec.get("stdin", "null") != "null":
-        return int(_relay(spec).main(spec, start, _write_status, _remove_groups))
-    out_fd = os.open(spec["output_path"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        return int(relay.main(spec, start, _write_status, _remove_groups))
+    out_fd = os.open(spec["output_path"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     try:
         proc, started = start(spec, out_fd)
     except OSError as exc:
@@ -287,7 +247,8 @@ def main(spec_path: str) -> int:
         return 1
     finally:
         os.close(out_fd)
-    sys.stdout.write(json.dumps({"pid": proc.pid, "pgid": proc.pid, "start_time": started}) + "\n")
+    sys.stdout.write(json.dumps({"pid": proc.pid, "pgid": proc.pid, "start_time": started,
+                                 "ns_pid": getattr(proc, "ns_pid", None)}) + "\n")
     sys.stdout.flush()
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)
@@ -295,9 +256,9 @@ def main(spec_path: str) -> int:
     returncode, capped = _wait(proc, spec)
     with open(spec["output_path"], "a", encoding="utf-8") as handle:
         if capped:
-            handle.write(_cap_notice(spec.get("output_cap_mb")))
-        handle.write(_completion_line(returncode))
-    note = f"stopped: its output passed this host's cap of {spec.get('output_cap_mb')} MiB"
+            handle.write(job_end.cap_notice(spec.get("output_cap_mb")))
+        handle.write(job_end.completion_line(returncode))
+    note = job_end.cap_note(spec.get("output_cap_mb"))
     _write_status(spec["status_path"], returncode, note if capped else None)
     _remove_groups(spec)
     return 0

@@ -1,9 +1,17 @@
-"""Background jobs: start detached, check and kill from any process given the record.
+"""Background jobs: start in a workspace, check and kill from any process given the record.
 
-A job's record is a small JSON file beside its output (and, in the fleet, a Redis
-hash). Check and kill need nothing else: the pid with its start time (a pid reused
-by an unrelated process is never taken for the job), the process group, the marker
-every process of the job carries, and the output and status files.
+A job's record is a small JSON file beside its status (`worker.engine.job_records`; in
+the fleet, a Redis hash too). Check and kill need nothing else: the pid with its start
+time (a pid reused by an unrelated process is never taken for the job), the process
+group, the marker every process of the job carries, and the output and status files.
+
+Where a job runs and who records its end:
+
+- in a sandboxed workspace, a plain job is a child of the workspace's keeper, which
+  writes its status and completion line when it ends, the worker up or not;
+- an interactive one (stdin `pipe`, `pty`, `closed`) has a supervisor of its own that
+  holds its stdin (`worker.engine.relay`) and asks the keeper to start it;
+- on a host without a sandbox (`none`), the supervisor starts it plainly.
 """
 
 from __future__ import annotations
@@ -20,40 +28,52 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from worker.engine import cgroups, launcher, procs, sandbox, truncate
+from worker.engine import cgroups, job_end, launcher, procs, resources, sandbox, truncate
+from worker.engine import workspaces as ws
 from worker.engine.capture import read_slice
 from worker.engine.environment import build_env
-from worker.engine.job_supervisor import _cap_notice, _completion_line
-from worker.engine.launcher import CAP_MIN_WAIT_S, CapWatch, files_size
+from worker.engine.job_records import (
+    JobError,
+    load_record,
+    local_records,
+    read_status,
+    record_path,
+    save_record,
+    write_status,
+)
 from worker.engine.patterns import Pattern, caller_pattern, grep_lines
+from worker.engine.proto import CAP_MIN_WAIT_S, CapWatch, files_size
 from worker.engine.secrets import worker_redaction
+from worker.engine.startup import Startup
 from worker.settings import Settings, get_settings
-from worker.wire.errors import ToolError
 from worker.wire.models import (
     Call,
     CheckResult,
     JobHandle,
     JobRecord,
-    JobStatus,
     TailLines,
     Truncation,
+    WorkspaceRecord,
 )
+
+__all__ = [
+    "JobError", "load_record", "local_records", "read_status", "record_path", "save_record",
+    "write_status",
+]
 
 _SUPERVISOR = Path(__file__).with_name("job_supervisor.py")
 #: Seconds to wait for the supervisor to report the job's pid.
 START_TIMEOUT_S = 10.0
 #: Most bytes of new output one check reads; older new output is skipped with a note.
 CHECK_READ_LIMIT = 8 * 1024 * 1024
-#: Seconds a check that finds the job dead waits for its watcher (the supervisor or the
-#: adopting worker's thread) to record the end, before concluding that none is alive.
+#: Seconds a check that finds the job dead waits for its watcher (the keeper, the
+#: supervisor or the adopting worker's thread) to record the end, before concluding that
+#: none is alive.
 WATCHER_GRACE_S = 1.0
-
-
-class JobError(ToolError):
-    """A job could not be started, found or controlled."""
 
 
 def new_job_id() -> str:
@@ -62,62 +82,127 @@ def new_job_id() -> str:
 
 
 def handle(record: JobRecord) -> JobHandle:
-    """The caller's view of a job."""
+    """The caller's view of a job: its numbers as the calls of its workspace see them."""
     return JobHandle(
-        id=record.id, host=record.host, pid=record.pid, pgid=record.pgid,
+        id=record.id, host=record.host,
+        pid=record.ns_pid if record.ns_pid is not None else record.pid,
+        pgid=record.ns_pgid if record.ns_pgid is not None else record.pgid,
         output_path=record.output_path, stdin=record.stdin,
+        host_pid=record.pid if record.ns_pid is not None else None,
+        workspace=record.workspace,
     )
 
 
-def record_path(settings: Settings, job_id: str) -> Path:
-    """Where the worker keeps a job's record on its own disk (for re-adoption)."""
-    return settings.jobs_dir / f"{job_id}.json"
-
-
-def save_record(record: JobRecord, settings: Settings) -> None:
-    """Write the record beside the job's files, atomically."""
-    path = record_path(settings, record.id)
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(record.model_dump_json(), encoding="utf-8")
-    os.replace(tmp, path)
-
-
-def load_record(job_id: str, settings: Settings | None = None) -> JobRecord:
-    """Read a job's record from this host's disk."""
-    settings = settings or get_settings()
-    if not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", job_id):
-        raise JobError("not_found", f"no such job: {job_id!r}")
-    try:
-        return JobRecord.model_validate_json(record_path(settings, job_id).read_text("utf-8"))
-    except FileNotFoundError:
-        raise JobError("not_found", f"no such job: {job_id}") from None
-
-
-def local_records(settings: Settings | None = None) -> list[JobRecord]:
-    """Every job record kept on this host."""
-    settings = settings or get_settings()
-    if not settings.jobs_dir.is_dir():
-        return []
-    records = []
-    for path in sorted(settings.jobs_dir.glob("*.json")):
-        with contextlib.suppress(OSError, ValueError):
-            records.append(JobRecord.model_validate_json(path.read_text("utf-8")))
-    return records
+def output_path(settings: Settings, workspace: WorkspaceRecord | None, job_id: str) -> Path:
+    """Where a job's output goes: its workspace's output directory (readable by its
+    calls at that same path), else the jobs directory."""
+    if workspace is not None:
+        return Path(workspace.out_dir) / f"{job_id}.log"
+    return settings.jobs_dir / f"{job_id}.log"
 
 
 def start_job(
-    call: Call, cwd: str, settings: Settings, choice: sandbox.Choice | None = None
+    call: Call, cwd: str, settings: Settings, workspace: WorkspaceRecord | None = None,
 ) -> JobRecord:
-    """Start `call` detached under a supervisor (in a sandbox of its own unless `choice`
-    is `none`); return its record once it runs."""
-    choice = choice or sandbox.Choice("none", network=True)
+    """Start `call` as a background job in `workspace` (None, or one without a sandbox:
+    plainly, under a supervisor); return its record once it runs."""
     settings.jobs_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     job_id = new_job_id()
-    output = settings.jobs_dir / f"{job_id}.log"
+    output = output_path(settings, workspace, job_id)
     status = settings.jobs_dir / f"{job_id}.status.json"
-    group = _job_group(settings)
+    new = _NewJob(call, cwd, settings, workspace, job_id, output, status)
+    if workspace is not None and workspace.keeper_pid is not None and call.stdin == "null":
+        started = _start_in_keeper(new, workspace)
+    else:
+        started = _start_supervised(new)
+    stdin_id = started.get("stdin_id")
+    record = JobRecord(
+        id=job_id, host=settings.host, pid=started["pid"], pgid=started["pgid"],
+        start_time=started["start_time"], marker=job_id, command=call.command, cwd=cwd,
+        output_path=str(output), status_path=str(status), started_at=time.time(),
+        call_id=call.call_id, owner=call.owner, tags=call.tags, stdin=call.stdin,
+        socket_path=started.get("socket_path"),
+        stdin_id=tuple(stdin_id) if isinstance(stdin_id, list) else None,
+        workspace=workspace.id if workspace is not None else None,
+        ns_pid=started.get("ns_pid"), ns_pgid=started.get("ns_pid"),
+    )
+    save_record(record, settings)
+    return record
+
+
+def _job_env(call: Call, settings: Settings, job_id: str, home: str | None) -> dict[str, str]:
+    extra = {"HOME": home} if home else {}
+    child = build_env(
+        os.environ, marker=job_id, extra={**extra, **call.env},
+        unset=call.unset_env, deny=settings.secret_deny, allow=settings.secret_allow,
+    )
+    return child.env
+
+
+@dataclass(frozen=True)
+class _NewJob:
+    """A job about to start."""
+
+    call: Call
+    cwd: str
+    settings: Settings
+    workspace: WorkspaceRecord | None
+    job_id: str
+    output: Path
+    status: Path
+
+
+def _start_in_keeper(new: _NewJob, workspace: WorkspaceRecord) -> dict[str, Any]:
+    """A plain job as a child of its workspace's keeper, which records its end."""
+    call, cwd, settings, job_id = new.call, new.cwd, new.settings, new.job_id
+    output, status = new.output, new.status
+    env = _job_env(call, settings, job_id, ws.home_of(sandbox.run_user(settings)))
+    startup = Startup(resources.ulimit_line(settings, bool(workspace.cgroup)), capture=False,
+                      fd_in_child=launcher.STATE_FD)
+    env["BASH_ENV"] = startup.bash_env
+    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
+    fds = [os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC), os.open(output, flags, 0o644),
+           startup.fd, os.open(status.parent, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)]
+    request = {
+        "argv": [call.shell or "bash", *(["-l"] if call.login else []), "-c", call.command],
+        "cwd": cwd, "env": env, "targets": [0, 1, 2, launcher.STATE_FD],
+        "output_cap": resources.output_cap(settings),
+        "kill_grace_s": call.policy.kill_grace_s,
+        "job": {"status": status.name, "cap_mb": settings.limit_output_mb,
+                "timeout_s": call.policy.background_timeout_s},
+    }
     try:
-        spec = _job_spec(call, cwd, settings, choice, job_id=job_id, group=group)
+        conn = ws.connections.take(workspace)
+        try:
+            started = conn.start(request, [fds[0], fds[1], fds[1], fds[2], fds[3]])
+        finally:
+            ws.connections.give_back(workspace.id, conn)
+    except OSError as exc:
+        output.unlink(missing_ok=True)
+        raise JobError("spawn_failed", f"could not start the job: {exc.strerror or exc}") from exc
+    finally:
+        for fd in fds[:2] + fds[3:]:
+            os.close(fd)
+        startup.close()
+    return {"pid": started.host_pid, "pgid": started.host_pid, "ns_pid": started.pid,
+            "start_time": _ticks_time(started.start_ticks)}
+
+
+def _ticks_time(ticks: int | None) -> float:
+    if ticks is None:
+        return time.time()
+    boot = procs.boot_time() or 0.0
+    return boot + ticks / os.sysconf("SC_CLK_TCK")
+
+
+def _start_supervised(new: _NewJob) -> dict[str, Any]:
+    """A job under a supervisor of its own: an interactive one (its stdin held there),
+    or any job where there is no sandbox."""
+    call, cwd, settings, workspace = new.call, new.cwd, new.settings, new.workspace
+    job_id, output, status = new.job_id, new.output, new.status
+    group = _job_group(settings) if workspace is None or workspace.keeper_pid is None else None
+    try:
+        spec = _job_spec(call, cwd, settings, workspace, job_id=job_id, group=group)
     except OSError as exc:
         _drop_group(group)
         raise JobError("spawn_failed", f"could not start the job: {exc}") from exc
@@ -126,7 +211,7 @@ def start_job(
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as handle:
         json.dump(spec, handle)
-    output.touch(mode=0o600)
+    output.touch(mode=0o644)
     try:
         started = _launch_supervisor(path)
     except JobError:
@@ -134,22 +219,13 @@ def start_job(
         output.unlink(missing_ok=True)
         _drop_group(group)
         raise
-    stdin_id = started.get("stdin_id")
-    record = JobRecord(
-        id=job_id, host=settings.host, pid=started["pid"], pgid=started["pgid"],
-        start_time=started["start_time"], marker=job_id, command=call.command, cwd=cwd,
-        output_path=str(output), status_path=str(status), started_at=time.time(),
-        call_id=call.call_id, owner=call.owner, tags=call.tags, stdin=call.stdin,
-        socket_path=spec.get("socket_path"),
-        stdin_id=tuple(stdin_id) if isinstance(stdin_id, list) else None,
-    )
-    save_record(record, settings)
-    return record
+    started["socket_path"] = spec.get("socket_path")
+    return started
 
 
 def _job_group(settings: Settings) -> cgroups.Group | None:
-    """The job's cgroup, when this host makes them (its supervisor removes it at the end)."""
-    carried, support = sandbox.cgroup_plan(settings)
+    """An unsandboxed job's cgroup, when this host makes them (its supervisor removes it)."""
+    carried, support = resources.cgroup_plan(settings)
     if support.version is None or not carried.controllers():
         return None
     try:
@@ -164,42 +240,41 @@ def _drop_group(group: cgroups.Group | None) -> None:
 
 
 def _job_spec(
-    call: Call, cwd: str, settings: Settings, choice: sandbox.Choice, *, job_id: str,
-    group: cgroups.Group | None,
+    call: Call, cwd: str, settings: Settings, workspace: WorkspaceRecord | None, *,
+    job_id: str, group: cgroups.Group | None,
 ) -> dict[str, Any]:
     """The supervisor's instructions (without the output and status paths)."""
-    user = sandbox.run_as_user(settings)
-    child = build_env(
-        os.environ, marker=job_id, extra={**sandbox.user_env(user), **call.env},
-        unset=call.unset_env, deny=settings.secret_deny, allow=settings.secret_allow,
-    )
+    user = sandbox.run_user(settings)
+    in_keeper = workspace is not None and workspace.keeper_pid is not None
+    home = ws.home_of(user) if in_keeper else (user.home if user is not None else None)
+    env = _job_env(call, settings, job_id, home)
+    if user is not None and not in_keeper:
+        env.update(USER=user.name, LOGNAME=user.name)
     dirs = [path for path, _ in group.paths] if group is not None else []
-    # A sandboxed job's runner joins the cgroup before it spawns bash; a plain one's
-    # command joins it with its first line.
-    plain = choice.level == "none"
-    join = cgroups.join_line(launcher.CGROUP_FD + n for n in range(len(dirs))) if plain else ""
-    command = join + sandbox.ulimit_line(settings) + call.command
+    # An unsandboxed job's command joins its cgroup with its first line; a sandboxed one
+    # is born in its workspace's.
+    join = cgroups.join_line(launcher.CGROUP_FD + n for n in range(len(dirs)))
+    carried = bool(dirs) or bool(workspace and workspace.cgroup)
+    limits_line = resources.ulimit_line(settings, carried)
     spec: dict[str, Any] = {
-        "command": command, "cwd": cwd, "env": child.env,
+        "command": (join + limits_line if not in_keeper else "") + call.command,
+        "cwd": cwd, "env": env,
         "timeout_s": call.policy.background_timeout_s,
         "kill_grace_s": call.policy.kill_grace_s,
-        "output_cap": sandbox.output_cap(settings), "output_cap_mb": settings.limit_output_mb,
+        "output_cap": resources.output_cap(settings), "output_cap_mb": settings.limit_output_mb,
         "cgroup_dirs": dirs, "cgroup_fd": launcher.CGROUP_FD,
-        "launcher": launcher.__file__,
+        "engine": str(Path(launcher.__file__).parent),
     }
+    if in_keeper and workspace is not None:
+        spec["keeper"] = {"socket": workspace.socket_path, "startup": limits_line}
     if call.stdin != "null":
         size = call.term_size
         spec.update(
             stdin=call.stdin, socket_path=str(settings.jobs_dir / f"{job_id}.sock"),
             term_size=[size.rows, size.cols] if size else None, shell=call.shell,
             login=call.login, idle_s=settings.interactive_idle_s,
-            relay=str(Path(launcher.__file__).with_name("relay.py")),
         )
-    if choice.level != "none":
-        spec["sandbox"] = sandbox.job_spec(
-            settings, choice, command, cwd=cwd, env=child.env, grace_s=call.policy.kill_grace_s
-        )
-    elif user is not None:
+    if user is not None and not in_keeper:
         spec["user"] = [user.uid, user.gid, list(sandbox.extra_groups(user))]
     return spec
 
@@ -245,31 +320,60 @@ def adopt_foreground(  # noqa: PLR0917 - public signature the fleet calls
     settings: Settings,
     *,
     on_end: Callable[[], object] | None = None,
-) -> JobRecord:
-    """Turn a timed-out foreground call into a job that keeps running.
+    workspace: WorkspaceRecord | None = None,
+) -> JobRecord | None:
+    """Turn a running foreground call into a job that keeps running (its timeout made it
+    auto-background, or its caller detached it); None when it ended meanwhile.
 
-    Its output keeps going to its spill files; a watcher thread records its end (and
-    stops it if its output passes the host's cap), then calls `on_end`.
-    If this process dies first, the end is recorded as unknown on re-adoption.
+    Its output keeps going to its spill files. In a workspace its keeper records its end
+    (the worker up or not); else a watcher thread of this process does (and stops it if
+    its output passes the host's cap), then calls `on_end`. If this process dies first,
+    the end is recorded as unknown on re-adoption.
     """
     settings.jobs_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     job_id = new_job_id()
+    status = settings.jobs_dir / f"{job_id}.status.json"
+    ns_pid = getattr(proc, "ns_pid", None)
     record = JobRecord(
         id=job_id, host=settings.host, pid=proc.pid, pgid=proc.pid,
         start_time=procs.start_time(proc.pid) or time.time(), marker=call.call_id,
-        command=call.command, cwd=cwd, output_path=str(stdout),
-        status_path=str(settings.jobs_dir / f"{job_id}.status.json"),
+        command=call.command, cwd=cwd, output_path=str(stdout), status_path=str(status),
         started_at=time.time(), call_id=call.call_id, owner=call.owner,
         stderr_path=str(stderr) if stderr else None, tags=call.tags,
+        workspace=workspace.id if workspace is not None else None,
+        ns_pid=ns_pid, ns_pgid=ns_pid,
     )
+    if isinstance(proc, ws.WorkspaceProcess):
+        if not _adopt_in_keeper(proc, call, settings, status):
+            return None
+        save_record(record, settings)
+        if on_end is not None:
+            on_end()
+        return record
     save_record(record, settings)
     watch = _Watch(proc, record, settings.limit_output_mb, call.policy.kill_grace_s, on_end)
     threading.Thread(target=watch.run, name=f"bashfleet-watch-{job_id}", daemon=True).start()
     return record
 
 
+def _adopt_in_keeper(proc: ws.WorkspaceProcess, call: Call, settings: Settings,
+                     status: Path) -> bool:
+    folder = os.open(status.parent, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        adopted = proc.conn.adopt({"status": status.name, "cap_mb": settings.limit_output_mb,
+                                   "timeout_s": None, "kill_grace_s": call.policy.kill_grace_s},
+                                  [folder])
+    except OSError:
+        adopted = False
+    finally:
+        os.close(folder)
+    if adopted:
+        ws.connections.give_back(proc.record.id, proc.conn)  # free for the next call
+    return adopted
+
+
 class _Watch:
-    """The worker's watcher of an auto-backgrounded call."""
+    """The worker's watcher of an auto-backgrounded call that runs unsandboxed."""
 
     def __init__(self, proc: procs.Process, record: JobRecord, cap_mb: int | None,
                  grace_s: float, on_end: Callable[[], object] | None) -> None:
@@ -283,21 +387,16 @@ class _Watch:
         returncode, capped = self._wait()
         with open(self.record.output_path, "a", encoding="utf-8") as handle:
             if capped:
-                handle.write(_cap_notice(self.cap_mb))
-            handle.write(completion_line(returncode))
+                handle.write(job_end.cap_notice(self.cap_mb))
+            handle.write(job_end.completion_line(returncode))
         # The watcher knows the real status: it replaces a guess a check may have written.
-        note = f"stopped: its output passed this host's cap of {self.cap_mb} MiB"
-        write_status(self.record, returncode, note if capped else None, replace=True)
+        write_status(self.record, returncode, job_end.cap_note(self.cap_mb) if capped else None,
+                     replace=True)
         if self.on_end is not None:
             self.on_end()
 
     def _wait(self) -> tuple[int, bool]:
         """(returncode, whether the output cap stopped it)."""
-        if isinstance(self.proc, launcher.RunnerProcess):
-            # Its runner watches the cap (out of this process: no thread of ours to wait
-            # for the GIL meanwhile).
-            returncode = self.proc.wait()
-            return returncode, self.proc.capped
         if self.cap_mb is None:
             return self.proc.wait(), False
         paths = [p for p in (self.record.output_path, self.record.stderr_path) if p]
@@ -328,46 +427,7 @@ def _paths_size(paths: list[str]) -> int:
 
 def completion_line(returncode: int) -> str:
     """Seed 001's completion line, appended to a job's output when it ends."""
-    # One implementation for both the supervisor (which cannot import us) and here.
-    return _completion_line(returncode)
-
-
-def write_status(
-    record: JobRecord, returncode: int | None, note: str | None = None, *, replace: bool = False
-) -> None:
-    """Record how a job ended, atomically, unless its end is already recorded.
-
-    `replace`: overwrite what is recorded (the job's own watcher, which knows the truth).
-    Writers race (a check, a kill, the watcher): each uses its own temporary file, and
-    without `replace` the status is linked into place only if none exists yet.
-    """
-    path = Path(record.status_path)
-    if not replace and path.exists():
-        return
-    status = JobStatus(
-        exit_code=returncode if returncode is not None and returncode >= 0 else None,
-        signal=-returncode if returncode is not None and returncode < 0 else None,
-        ended_at=time.time(),
-        note=note,
-    )
-    tmp = path.with_name(f"{path.name}.{uuid.uuid4().hex}.tmp")
-    tmp.write_text(status.model_dump_json(), encoding="utf-8")
-    try:
-        if replace:
-            os.replace(tmp, path)
-        else:
-            with contextlib.suppress(FileExistsError):
-                os.link(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def read_status(record: JobRecord) -> JobStatus | None:
-    """How the job ended, or None while its end is not recorded."""
-    try:
-        return JobStatus.model_validate_json(Path(record.status_path).read_text("utf-8"))
-    except (FileNotFoundError, ValueError):
-        return None
+    return job_end.completion_line(returncode)
 
 
 def is_running(record: JobRecord) -> bool:

@@ -223,6 +223,22 @@ def _psutil_start_time(pid: int) -> float | None:
 _boot_times: TimedMemo[str, float | None] = TimedMemo(ttl_s=10.0)
 
 
+def boot_time() -> float | None:
+    """The host's boot time (seconds since the epoch), remembered once read."""
+    return _boot_time()
+
+
+def ns_pid(pid: int) -> int:
+    """`pid` as the innermost PID namespace it is in sees it (its workspace's): the last
+    NSpid of its status; `pid` itself when it has no other."""
+    raw = _read_proc_file(f"/proc/{pid}/status")
+    if raw:
+        for line in raw.split(b"\n"):
+            if line.startswith(b"NSpid:"):
+                return int(line.split()[-1])
+    return pid
+
+
 def _boot_time() -> float | None:
     """The boot time from /proc/stat (`btime`), re-read every 10 s (at once when missing)."""
     boot = _boot_times.get("btime", _read_boot_time)
@@ -264,7 +280,7 @@ def describe(pids: list[int], limit: int = 10) -> tuple[ProcessInfo, ...]:
                 cmdline = " ".join(shown_args(proc.cmdline())) or proc.name()
                 infos.append(
                     ProcessInfo(
-                        pid=pid,
+                        pid=ns_pid(pid),
                         state=proc.status(),
                         cpu_s=round(cpu.user + cpu.system, 2),
                         command=cmdline[:200],

@@ -435,7 +435,7 @@ def main(
     remove_groups: Callable[..., None],
 ) -> int:
     """Start the job with its stdin, report it, serve it to its end, record the end."""
-    out_fd = os.open(spec["output_path"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    out_fd = os.open(spec["output_path"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     session = Session(spec, out_fd)
     try:
         listener = _listen(spec["socket_path"])
@@ -448,7 +448,8 @@ def main(
     finally:
         session.started()
     print(json.dumps({"pid": proc.pid, "pgid": proc.pid, "start_time": started,
-                      "stdin_id": stdin_id}), flush=True)
+                      "stdin_id": stdin_id, "ns_pid": getattr(proc, "ns_pid", None)}),
+          flush=True)
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)
     os.dup2(devnull, 2)

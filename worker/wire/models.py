@@ -20,6 +20,9 @@ MAX_PATH_CHARS = 4096
 #: Longest timeout any call may ask for: seed 001's background mode runs 24 hours.
 MAX_TIMEOUT_S = 24 * 60 * 60.0
 
+#: A workspace id: `w` and 15 hex digits, unique across hosts and time.
+WORKSPACE_ID_PATTERN = r"^w[0-9a-f]{15}$"
+
 #: What an owner may be: a session (`session:<id>`), a user (`user:<name>`), a tenant.
 OWNER_PATTERN = r"^[A-Za-z0-9_.:@-]{0,128}$"
 
@@ -308,6 +311,9 @@ class Call(Model):
     input_wait_s: float = Field(2.0, ge=0.05, le=3600)
     """An interactive session's process blocked reading its input with no output for this
     long is reported as waiting for input (and the call returns)."""
+    workspace: str | None = Field(None, pattern=WORKSPACE_ID_PATTERN)
+    """The workspace it runs in, on the host it is sent to (None: a throwaway one, made for
+    it and removed once it and its jobs end)."""
 
     @field_validator("command")
     @classmethod
@@ -498,13 +504,18 @@ class JobHandle(Model):
     host: str
     """Host id of the worker that owns the job."""
     pid: int
-    """Process id of the job's bash."""
+    """Process id of the job's bash, as the calls of its workspace see it."""
     pgid: int
-    """Process group id: `kill -9 -<pgid>` ends the job."""
+    """Process group id: `kill -9 -<pgid>` from a call of its workspace ends the job."""
     output_path: str
-    """File receiving the job's output, on `host`."""
+    """File receiving the job's output, on `host`: the same path in the calls of its
+    workspace (read-only there)."""
     stdin: Stdin = "null"
     """The job's standard input: `pipe` or `pty` take `write_stdin`."""
+    host_pid: int | None = None
+    """Its bash's pid on the host (None: the same as `pid`)."""
+    workspace: str | None = None
+    """The workspace it runs in."""
 
 
 class CallResult(Model):
@@ -608,6 +619,13 @@ class JobRecord(Model):
     stdin_id: tuple[int, int] | None = None
     """(st_dev, st_ino) of the job's stdin pipe or terminal: how a process reading it is
     recognised."""
+    workspace: str | None = None
+    """The workspace the job runs in (None: a job of an unsandboxed host)."""
+    ns_pid: int | None = None
+    """Its bash's pid in the workspace's PID namespace: the number its calls use (None:
+    the same as `pid`)."""
+    ns_pgid: int | None = None
+    """Its process group in the workspace's PID namespace (None: the same as `pgid`)."""
 
 
 class JobStatus(Model):
@@ -761,3 +779,116 @@ class SandboxProbe(Model):
     """Why calls get no cgroup of their own, when they do not."""
     run_as: str | None = None
     """User the calls run as (None: the worker's own user)."""
+
+
+
+class WorkspaceLimits(Model):
+    """What a workspace's processes may use together (None: the host's default)."""
+
+    memory_mb: int | None = Field(None, ge=1)
+    """Memory of all its processes (a cgroup where the host makes them)."""
+    procs: int | None = Field(None, ge=1)
+    """Processes and threads at once."""
+    cpus: float | None = Field(None, gt=0)
+    """CPUs' worth of time (throttled past it)."""
+    disk_mb: int | None = Field(None, ge=1)
+    """Bytes on disk: its directory, /tmp, HOME and kept output (past it: a notice on
+    every call, background jobs stopped, new ones refused)."""
+
+
+class WorkspaceSpec(Model):
+    """What a caller asks for when it makes a workspace."""
+
+    owner: str = Field("", pattern=OWNER_PATTERN)
+    """Who it belongs to (inside the signed message)."""
+    path: str | None = Field(None, max_length=MAX_PATH_CHARS)
+    """An existing host directory under a root the host allows; None: a fresh one."""
+    isolation: Isolation | None = None
+    """At least the host's level (None: the host's)."""
+    network: bool | None = None
+    """False: its own network namespace (loopback only); None: the host's policy."""
+    ttl_s: float | None = Field(None, gt=0, le=30 * 24 * 3600.0)
+    """Seconds it lives unused before the host reaps it (None: the host's default)."""
+    limits: WorkspaceLimits = Field(default_factory=WorkspaceLimits)
+    """Caps of its processes and disk (lower than the host's, never higher)."""
+    mounts: dict[str, str] = Field(default_factory=dict)
+    """Absolute paths in its calls' view -> subdirectories of the workspace
+    (`{"/logs": "logs"}`): Harbor's `/logs`, `/tests`, `/solution`."""
+    session: str | None = Field(None, max_length=128)
+    """The session it serves, when it is one's."""
+    tags: Tags = Field(default_factory=dict)
+    """Tags, for listings."""
+
+
+class WorkspaceRecord(Model):
+    """A workspace as its host keeps it (its disk record; sealed in Redis)."""
+
+    id: str = Field(pattern=WORKSPACE_ID_PATTERN)
+    """Unique across hosts and time."""
+    host: str
+    """The host it lives on."""
+    owner: str = ""
+    """Who it belongs to."""
+    path: str
+    """Its directory: the same path on the host and in its calls' view; a call's default
+    cwd."""
+    fresh: bool
+    """Made by the worker (removed with the workspace), not an existing directory."""
+    out_dir: str
+    """Where its calls' kept output and its jobs' output go (read-only in its view)."""
+    isolation: Isolation
+    """Its sandbox: `none` (a directory only), `process` or `strict`."""
+    network: bool
+    """Whether its calls have the host's network."""
+    ttl_s: float
+    """Seconds unused before it is reaped."""
+    created_at: float
+    """Wall clock time it was made."""
+    limits: WorkspaceLimits = Field(default_factory=WorkspaceLimits)
+    """Its caps as granted."""
+    mounts: dict[str, str] = Field(default_factory=dict)
+    """View path -> host directory bound there."""
+    session: str | None = None
+    """The session it serves."""
+    tags: Tags = Field(default_factory=dict)
+    """Tags given when it was made."""
+    throwaway: bool = False
+    """Made for one call without a session: removed once that call and its jobs end."""
+    keeper_pid: int | None = None
+    """Host pid of its keeper (pid 1 of its namespaces); None: not sandboxed."""
+    keeper_start: float | None = None
+    """Start time of the keeper (pid reuse guard)."""
+    socket_path: str | None = None
+    """The keeper's socket (in the host's state directory)."""
+    cgroup: tuple[str, ...] = ()
+    """Its cgroup directories."""
+    run_as: str | None = None
+    """The user its calls run as."""
+
+
+class WorkspaceView(Model):
+    """A workspace as a client sees it (`Fleet.workspace`, `bashfleet workspace ls`)."""
+
+    id: str
+    host: str
+    owner: str = ""
+    path: str
+    """Its directory (the same path on its host and in its calls)."""
+    isolation: Isolation
+    network: bool
+    ttl_s: float
+    created_at: float
+    last_used_at: float | None = None
+    """When a call, control call or file operation last used it."""
+    expires_at: float | None = None
+    """When it is reaped unless used before."""
+    session: str | None = None
+    tags: Tags = Field(default_factory=dict)
+    limits: WorkspaceLimits = Field(default_factory=WorkspaceLimits)
+    disk_bytes: int | None = None
+    """Bytes it holds on disk, when counted."""
+    processes: int | None = None
+    """Processes running in it, when counted."""
+    run_as: str | None = None
+    """The user its calls run as."""
+

@@ -1,0 +1,436 @@
+"""A workspace's keeper: pid 1 of the workspace's PID namespace, holder of its mount view.
+
+Standard library only: the zygote (`worker.engine.launcher`) forks it as `python -I -S`.
+
+    worker consumer ─┐                     keeper (pid 1)   ── posix_spawn ──► bash -c CMD
+    job supervisor  ─┼── unix socket ──►   in the workspace's
+    (another) worker ┘   (its path: the    PID, mount, IPC (and network) namespaces
+                          host's state dir)
+
+Every call and background job of a workspace is a child of its keeper, so they all share
+one PID namespace: a call sees and signals the processes the previous ones left running
+(`kill -9 -PGID` with the numbers a dialect showed works), and nothing outside the
+workspace is visible. A call ends when its bash ends: what it left running (`cmd &`,
+`nohup`, `setsid`) lives on in the workspace, reparented to the keeper, which reaps it,
+until a kill, the workspace's end or a timeout of the call it came from. The keeper
+outlives the worker that made it (so do the jobs in it); a worker that restarts reaches
+it again through its socket. Killing the keeper (SIGKILL from the host) ends everything
+in the workspace: that is how a workspace is deleted.
+
+The socket answers only the worker: a peer must be outside the workspace's PID
+namespace (SO_PEERCRED gives pid 0 then) and have the worker's uid. Calls run as another
+user when the worker is root; when it is not, they cannot reach the socket's path (the
+state directory is hidden from every workspace).
+
+Messages (`worker.engine.proto`), per connection, one call at a time:
+
+    C {argv, executable, cwd, env, targets, ctty, output_cap, kill_grace_s, job}
+      + fds (the call's targets, then the job's status directory)  ->  P {pid, host_pid,
+      start_ticks} or E {errno, message, filename}; then S {status, capped} when its bash
+      ends (not for a job: the keeper records a job's end itself)
+    A {status, cap_mb, timeout_s, kill_grace_s} + the status directory: the running
+      call of this connection becomes a job (its end recorded by the keeper)  ->  a, or
+      E when it ended already (its S was sent)
+    X {}  exit once no call or job runs (a throwaway workspace whose job outlives its
+      call)  ->  x
+    R {}  recycle (a throwaway workspace whose call left no job): kill every process of
+      the workspace, then say whether it is clean (no process, nothing in /dev/shm, no
+      System V IPC object)  ->  r {clean}
+    ? {}  ->  ! {pid}  (ready, alive)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import errno
+import os
+import selectors
+import signal
+import socket
+import struct
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from worker.engine import job_end, kernel, proto, view
+
+
+@dataclasses.dataclass
+class Job:
+    """A process whose end the keeper records (a background job)."""
+
+    status: str
+    """Its status file's name in `dir_fd`."""
+    dir_fd: int
+    cap_mb: int | None
+    deadline: float | None
+    """Monotonic time past which it is stopped (its background timeout); None: never."""
+
+
+@dataclasses.dataclass
+class Tracked:
+    """The bash of one call or job, until the keeper reaps it."""
+
+    pid: int
+    conn: Conn | None
+    """Who hears its status (None: a job, or a call whose worker went away)."""
+    outputs: list[int]
+    """Its stdout/stderr files (the cap is watched on them; a job's end appended)."""
+    grace_s: float
+    watch: proto.CapWatch | None = None
+    next_look: float = 0.0
+    job: Job | None = None
+    kill_at: float | None = None
+    """Set once it is being stopped: SIGKILL to its group at that time."""
+    capped: bool = False
+
+    def close(self) -> None:
+        proto.close_all(self.outputs)
+        self.outputs = []
+        if self.job is not None:
+            proto.close_all([self.job.dir_fd])
+
+
+@dataclasses.dataclass(eq=False)
+class Conn:
+    """One connection from the worker (or a job supervisor)."""
+
+    sock: socket.socket
+    busy: Tracked | None = None
+
+
+class Keeper:
+    """The keeper's loop: connections, spawns, reaping, caps and timeouts."""
+
+    def __init__(self, listener: socket.socket, *, worker_uid: int, run_as: bool,
+                 host_proc: int) -> None:
+        self.listener = listener
+        self.worker_uid = worker_uid
+        self.run_as = run_as
+        self.host_proc = host_proc
+        self.sel = selectors.DefaultSelector()
+        self.tracked: dict[int, Tracked] = {}
+        self.exit_when_idle = False
+        wake_read, wake_write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self.wake = wake_read
+        signal.signal(signal.SIGCHLD, _noop)
+        signal.set_wakeup_fd(wake_write, warn_on_full_buffer=False)
+        self.sel.register(listener, selectors.EVENT_READ, "listen")
+        self.sel.register(wake_read, selectors.EVENT_READ, "wake")
+
+    # ------------------------------------------------------------------------ the loop
+
+    def serve(self) -> int:
+        """Serve until asked to exit once idle (a keeper is otherwise killed)."""
+        while True:
+            for key, _ in self.sel.select(self._pause()):
+                self._event(key)
+            self._reap()
+            self._tick()
+            if self.exit_when_idle and not self.tracked:
+                return 0
+
+    def _pause(self) -> float | None:
+        times = [t for tracked in self.tracked.values() for t in _due(tracked)]
+        return None if not times else max(0.0, min(times) - time.monotonic())
+
+    def _event(self, key: selectors.SelectorKey) -> None:
+        if key.data == "listen":
+            self._accept()
+        elif key.data == "wake":
+            with contextlib.suppress(BlockingIOError):
+                while os.read(self.wake, 512):
+                    pass
+        else:
+            self._message(key.data)
+
+    def _accept(self) -> None:
+        try:
+            sock, _ = self.listener.accept()
+        except OSError:
+            return
+        pid, uid, _ = struct.unpack("3i", sock.getsockopt(
+            socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+        if pid != 0 or uid != self.worker_uid:
+            sock.close()  # a process of the workspace, or another user: never served
+            return
+        sock.setblocking(True)
+        self.sel.register(sock, selectors.EVENT_READ, Conn(sock))
+
+    def _message(self, conn: Conn) -> None:
+        try:
+            tag, body, fds = proto.recv(conn.sock)
+        except OSError:
+            tag, body, fds = b"", {}, []
+        if tag == b"":
+            self._drop(conn)
+            return
+        try:
+            self._answer(conn, tag, body, fds)
+        except OSError:
+            proto.close_all(fds)
+            self._drop(conn)
+
+    def _answer(self, conn: Conn, tag: bytes, body: dict[str, Any], fds: list[int]) -> None:
+        if tag == b"C":
+            self._spawn(conn, body, fds)
+        elif tag == b"A":
+            self._adopt(conn, body, fds)
+        elif tag == b"X":
+            self.exit_when_idle = True
+            proto.send(conn.sock, b"x", {})
+        elif tag == b"?":
+            proto.send(conn.sock, b"!", {"pid": os.getpid()})
+        elif tag == b"R":
+            proto.send(conn.sock, b"r", {"clean": self._recycle()})
+        else:
+            proto.close_all(fds)
+            proto.send(conn.sock, b"E", {"errno": errno.EPROTO, "message": f"unknown {tag!r}"})
+
+    def _drop(self, conn: Conn) -> None:
+        """A connection closed: a call it ran goes on (the worker that restarts, or its
+        recovery, deals with it); it just has nobody to tell its end."""
+        if conn.busy is not None:
+            conn.busy.conn = None
+        with contextlib.suppress(KeyError, ValueError):
+            self.sel.unregister(conn.sock)
+        conn.sock.close()
+
+    # ------------------------------------------------------------------------- spawning
+
+    def _spawn(self, conn: Conn, body: dict[str, Any], fds: list[int]) -> None:
+        targets: list[int] = body["targets"]
+        stdio, extra = fds[: len(targets)], fds[len(targets):]
+        outputs = [os.dup(fd) for fd, target in zip(stdio, targets, strict=True)
+                   if target in (1, 2)]
+        try:
+            pid = self._start(body, stdio, targets)
+        except OSError as exc:
+            proto.close_all(outputs + extra)
+            proto.send(conn.sock, b"E", proto.error_body(exc))
+            return
+        finally:
+            proto.close_all(stdio)
+        tracked = Tracked(pid, conn, outputs, float(body.get("kill_grace_s") or 0))
+        cap = body.get("output_cap")
+        if cap is not None and outputs:
+            tracked.watch = proto.CapWatch(lambda: proto.files_size(tracked.outputs), int(cap))
+        job = body.get("job")
+        if job is not None and extra:
+            tracked.job = _job(job, extra[0])
+            tracked.conn = None
+        else:
+            conn.busy = tracked
+        self.tracked[pid] = tracked
+        host = kernel.host_pid(pid, self.host_proc)
+        proto.send(conn.sock, b"P", {
+            "pid": pid, "host_pid": host, "start_ticks": kernel.start_ticks(host, self.host_proc),
+        })
+
+    def _start(self, body: dict[str, Any], stdio: Sequence[int], targets: Sequence[int]) -> int:
+        cwd = body["cwd"]
+        env: dict[str, str] = body["env"]
+        os.chdir(cwd)
+        try:
+            # access() goes by the real uid: the run user's, not this keeper's root.
+            if not os.access(".", os.X_OK):
+                raise PermissionError(errno.EACCES, "Permission denied", cwd)
+            executable = body.get("executable") or kernel.find_executable(body["argv"][0], env)
+            return kernel.spawn(executable, body["argv"], env, stdio, targets,
+                                resetids=self.run_as, ctty=bool(body.get("ctty")))
+        finally:
+            os.chdir("/")
+
+    def _adopt(self, conn: Conn, body: dict[str, Any], fds: list[int]) -> None:
+        tracked = conn.busy
+        if tracked is None or not fds:
+            proto.close_all(fds)
+            proto.send(conn.sock, b"E", {"errno": errno.ESRCH, "message": "it ended already"})
+            return
+        tracked.job = _job(body, fds[0])
+        tracked.grace_s = float(body.get("kill_grace_s") or tracked.grace_s)
+        tracked.conn = None
+        conn.busy = None
+        proto.send(conn.sock, b"a", {})
+
+    def _recycle(self) -> bool:
+        """Kill every process of the workspace (kill(-1) from pid 1 reaches them all, a
+        fork racing it fails: its parent has SIGKILL pending) and reap them; True when
+        nothing of the last call is left in the namespaces."""
+        if self.tracked:
+            return False
+        deadline = time.monotonic() + RECYCLE_TIMEOUT_S
+        delay = 0.0005
+        while True:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(-1, signal.SIGKILL)
+            try:
+                while os.waitpid(-1, os.WNOHANG)[0]:
+                    pass
+            except ChildProcessError:
+                break
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(delay)
+            delay = min(delay * 2, 0.05)
+        return _empty_dir("/dev/shm") and _no_ipc_objects()
+
+    # -------------------------------------------------------------------- ends and caps
+
+    def _reap(self) -> None:
+        """Reap every child that ended (orphans of the workspace come to pid 1 too)."""
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            tracked = self.tracked.pop(pid, None)
+            if tracked is not None:
+                self._ended(tracked, status)
+
+    def _ended(self, tracked: Tracked, status: int) -> None:
+        try:
+            if tracked.job is not None:
+                code = proto.returncode(status)
+                if tracked.outputs:
+                    job_end.append_end(tracked.outputs[0], code, tracked.capped,
+                                       tracked.job.cap_mb)
+                note = job_end.cap_note(tracked.job.cap_mb) if tracked.capped else None
+                with contextlib.suppress(OSError):
+                    job_end.write_status(tracked.job.status, code, note,
+                                         dir_fd=tracked.job.dir_fd)
+            elif tracked.conn is not None:
+                tracked.conn.busy = None
+                with contextlib.suppress(OSError):
+                    proto.send(tracked.conn.sock, b"S",
+                               {"status": status, "capped": tracked.capped})
+        finally:
+            tracked.close()
+
+    def _tick(self) -> None:
+        now = time.monotonic()
+        for tracked in list(self.tracked.values()):
+            if tracked.kill_at is not None:
+                if now >= tracked.kill_at:
+                    _signal_group(tracked.pid, signal.SIGKILL)
+                    tracked.kill_at = None
+                continue
+            if tracked.job is not None and tracked.job.deadline is not None \
+                    and now >= tracked.job.deadline:
+                self._stop(tracked, now)
+            elif tracked.watch is not None and now >= tracked.next_look:
+                over, pause = tracked.watch.step()
+                tracked.next_look = now + pause
+                if over:
+                    tracked.capped = True
+                    self._stop(tracked, now)
+
+    @staticmethod
+    def _stop(tracked: Tracked, now: float) -> None:
+        """SIGTERM to its group now, SIGKILL after its grace period."""
+        _signal_group(tracked.pid, signal.SIGTERM)
+        tracked.watch = None
+        tracked.kill_at = now + tracked.grace_s
+
+
+#: Seconds a recycle waits for the last processes to die of SIGKILL (one stuck in the
+#: kernel, on a dead NFS server say): past it the workspace is deleted instead.
+RECYCLE_TIMEOUT_S = 2.0
+
+
+def _empty_dir(path: str) -> bool:
+    try:
+        return not os.listdir(path)
+    except OSError:
+        return True
+
+
+def _no_ipc_objects() -> bool:
+    """No System V shared memory, semaphore or message queue in our IPC namespace."""
+    for name in ("shm", "sem", "msg"):
+        try:
+            with open(f"/proc/sysvipc/{name}", "rb") as table:
+                if len(table.read().splitlines()) > 1:  # a header line, then one per object
+                    return False
+        except OSError:
+            continue
+    return True
+
+
+def _due(tracked: Tracked) -> list[float]:
+    times = []
+    if tracked.kill_at is not None:
+        times.append(tracked.kill_at)
+    elif tracked.watch is not None:
+        times.append(tracked.next_look)
+    if tracked.job is not None and tracked.job.deadline is not None:
+        times.append(tracked.job.deadline)
+    return times
+
+
+def _job(body: dict[str, Any], dir_fd: int) -> Job:
+    timeout = body.get("timeout_s")
+    return Job(status=str(body["status"]), dir_fd=dir_fd, cap_mb=body.get("cap_mb"),
+               deadline=None if timeout is None else time.monotonic() + float(timeout))
+
+
+def _signal_group(pgid: int, signum: int) -> None:
+    # ESRCH is success: the group is gone already.
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signum)
+
+
+def _noop(signum: int, frame: object) -> None:
+    del signum, frame
+
+
+# ----------------------------------------------------------------------------- setup
+
+
+def main(spec: dict[str, Any], listener_fd: int, report_fd: int) -> int:
+    """The keeper's process, forked by the zygote's helper into the new namespaces:
+    build the view, drop what calls must not have, report ready (or why not), serve."""
+    try:
+        host_proc = _setup(spec)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.write(report_fd, f"error {exc.errno or errno.EIO} {exc}".encode())
+        return 1
+    os.write(report_fd, b"ready")
+    os.close(report_fd)
+    listener = socket.socket(fileno=listener_fd)
+    listener.setblocking(False)
+    keeper = Keeper(listener, worker_uid=int(spec["worker_uid"]),
+                    run_as=spec.get("uid") is not None, host_proc=host_proc)
+    return keeper.serve()
+
+
+def _setup(spec: dict[str, Any]) -> int:
+    """Namespaces are made (by the helper); here: the view, the network, the user."""
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE):
+        signal.signal(signum, signal.SIG_DFL)
+    # The worker's stdio (a terminal, a log, a test's pipe) is not the keeper's to hold:
+    # it outlives the worker.
+    null = os.open("/dev/null", os.O_RDWR)
+    for target in (0, 1, 2):
+        os.dup2(null, target)
+    os.close(null)
+    os.setsid()
+    kernel.prctl(kernel.PR_SET_DUMPABLE, 0)
+    # The host's /proc, kept to read a call's host pid from a pidfd (close-on-exec).
+    host_proc = os.open("/proc", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    view.carry_out(spec["plan"])
+    if not spec.get("network", True):
+        kernel.loopback_up()
+    kernel.drop_privileges_of_children()
+    if spec.get("uid") is not None:
+        os.setgroups(spec.get("groups") or [])
+        os.setresgid(spec["gid"], 0, 0)
+        # Real uid the run user's, effective root: the keeper keeps what it needs (its
+        # capabilities), and posix_spawn(resetids) makes bash the run user before it
+        # runs anything.
+        os.setresuid(spec["uid"], 0, 0)
+    return host_proc

@@ -1,0 +1,198 @@
+"""What a workspace's calls see: the mount plan its keeper carries out (`worker.engine.view`).
+
+Pure functions over what was looked up on the host (`HostRoot`, `ViewSpec`), so every
+rule is table-tested here:
+
+- the host is read-only: each entry of `/` is bound read-only (mounts under it too);
+- the workspace's directory is read-write at its host path, and so are the roots an
+  operator lists as writable (`BASHFLEET_SANDBOX_WRITABLE`); its output directory is
+  read-only at its host path (every path a dialect shows is a path a call can read);
+- `/tmp` and `/var/tmp` are the workspace's own (directories of its state on the host),
+  so are `HOME` and `/dev/shm`; `/dev` is minimal, `/proc` the workspace's;
+- hidden (an empty read-only tmpfs, or /dev/null for a file): every bashfleet state
+  directory known on this machine, every workspace root and allowed root (other
+  workspaces), config and env files, every file a setting names as secret. Hidden wins
+  over writable; the workspace's own paths are bound back into what hides them;
+- the installed package (and the Python that runs the worker) is read-only even where a
+  writable root holds it: a call must never change code the worker runs.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+Step = list[Any]
+
+#: Entries of the host's `/` a view never binds: it has its own.
+OWN_ENTRIES = frozenset({"proc", "dev", "tmp"})
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One entry of the host's `/`."""
+
+    name: str
+    kind: str
+    """`dir`, `file` or `link`."""
+    target: str = ""
+    """A link's target."""
+
+
+@dataclass(frozen=True)
+class ViewSpec:
+    """Everything a workspace's view depends on (real, absolute host paths)."""
+
+    root: str
+    """The empty directory the new root is built on (in the workspace's state)."""
+    workspace: str
+    out_dir: str
+    tmp: str
+    var_tmp: str
+    home: str
+    """The workspace's HOME directory on the host."""
+    home_view: str
+    """Where HOME is in the view."""
+    entries: tuple[Entry, ...]
+    hidden_dirs: tuple[str, ...] = ()
+    hidden_files: tuple[str, ...] = ()
+    writable: tuple[str, ...] = ()
+    protected: tuple[str, ...] = ()
+    mounts: Mapping[str, str] = field(default_factory=dict)
+    """View path -> host directory (inside the workspace)."""
+    has_var_tmp: bool = True
+
+
+def inside(path: str, outer: str) -> bool:
+    """`path` is `outer` or under it."""
+    return path == outer or path.startswith(outer.rstrip("/") + "/")
+
+
+def outermost(paths: Iterable[str]) -> tuple[str, ...]:
+    """The paths with duplicates and those inside another one dropped, sorted."""
+    kept: list[str] = []
+    for path in sorted(set(paths)):
+        if not any(inside(path, outer) for outer in kept):
+            kept.append(path)
+    return tuple(kept)
+
+
+def plan_view(spec: ViewSpec) -> list[Step]:
+    """The steps that build `spec`'s view, in order (see `worker.engine.view`)."""
+    r = spec.root.rstrip("/")
+    steps: list[Step] = [["private"], ["tmpfs", r, 0o755]]
+    steps += _host_entries(r, spec.entries)
+    steps += [["mkdir", f"{r}/tmp", 0o755], ["bind", spec.tmp, f"{r}/tmp", True]]
+    if spec.has_var_tmp:
+        steps.append(["bind", spec.var_tmp, f"{r}/var/tmp", True])
+    steps += [["mkdir", f"{r}/dev", 0o755], ["devices", f"{r}/dev"],
+              ["mkdir", f"{r}/proc", 0o555], ["proc", f"{r}/proc"]]
+    hidden = _hidden_dirs(spec)
+    made = [r, *(f"{r}{d}" for d in hidden), f"{r}/tmp"]
+    steps += [["tmpfs", f"{r}{d}", 0o755] for d in hidden]
+    steps += [["bind_file", "/dev/null", f"{r}{f}", False] for f in _hidden_files(spec, hidden)]
+    writable_views = [w for w in outermost(spec.writable) if not _hidden_by(w, hidden)]
+    for w in writable_views:
+        steps += _bind_own(r, made, w, w, True, grow=False)
+    for view_path, host_path, writable in _own_paths(spec):
+        steps += _bind_own(r, made, view_path, host_path, writable)
+    steps += [["rbind_ro", p, f"{r}{p}"] for p in _protected(spec, writable_views)]
+    steps += [["remount_ro", f"{r}{d}"] for d in hidden]
+    steps += [["pivot", r], ["remount_ro", "/"]]
+    return steps
+
+
+def _host_entries(r: str, entries: Sequence[Entry]) -> list[Step]:
+    steps: list[Step] = []
+    for entry in sorted(entries, key=lambda e: e.name):
+        if entry.name in OWN_ENTRIES or "/" in entry.name or entry.name in ("", ".", ".."):
+            continue
+        path = f"/{entry.name}"
+        if entry.kind == "link":
+            steps.append(["symlink", entry.target, f"{r}{path}"])
+        elif entry.kind == "dir":
+            steps += [["mkdir", f"{r}{path}", 0o755], ["rbind_ro", path, f"{r}{path}"]]
+        else:
+            steps.append(["bind_file", path, f"{r}{path}", False])
+    return steps
+
+
+def _own_paths(spec: ViewSpec) -> list[tuple[str, str, bool]]:
+    """(view path, host path, writable) of what is the workspace's own, outer first: its
+    HOME, its directory, its outputs, its mounts."""
+    own = [(spec.home_view, spec.home, True), (spec.workspace, spec.workspace, True),
+           (spec.out_dir, spec.out_dir, False)]
+    own += [(view, host, True) for view, host in sorted(spec.mounts.items())]
+    return sorted(own, key=lambda item: (item[0].count("/"), item[0]))
+
+
+def _bind_own(r: str, made: list[str], view_path: str, host: str, writable: bool, *,
+              grow: bool = True) -> list[Step]:
+    """Bind one of the workspace's own paths; its mount point is made where the path is
+    on a tmpfs of the view (the new root, a hiding tmpfs, /tmp) or in a directory of the
+    workspace bound before (`grow`: mount points may be made inside this one), else it
+    must exist."""
+    target = f"{r}{view_path}"
+    steps: list[Step] = []
+    if any(inside(target, base) for base in made):
+        steps.append(["mkdir", target, 0o755])
+    steps.append(["bind", host, target, writable])
+    if writable and grow:
+        made.append(target)  # what is bound inside it next is made in the workspace
+    return steps
+
+
+def _hidden_dirs(spec: ViewSpec) -> tuple[str, ...]:
+    """What hides by a tmpfs: outermost first; nothing under the view's own /tmp, /proc
+    and /dev (the host's are not there to hide)."""
+    return outermost(d for d in spec.hidden_dirs if d not in ("/", "") and not _own_area(d))
+
+
+def _own_area(path: str) -> bool:
+    return any(inside(path, f"/{name}") for name in OWN_ENTRIES)
+
+
+def _hidden_by(path: str, hidden: Sequence[str]) -> bool:
+    return any(inside(path, d) for d in hidden)
+
+
+def _hidden_files(spec: ViewSpec, hidden: Sequence[str]) -> tuple[str, ...]:
+    return tuple(sorted({f for f in spec.hidden_files
+                         if not _hidden_by(f, hidden) and not _own_area(f)}))
+
+
+def _protected(spec: ViewSpec, writable_views: Sequence[str]) -> tuple[str, ...]:
+    """Protected paths that a writable bind would otherwise expose read-write."""
+    rw = [*writable_views, spec.workspace, *spec.mounts.values(), spec.home]
+    return outermost(p for p in spec.protected if any(inside(p, w) for w in rw))
+
+
+# ------------------------------------------------------------------ the host (impure)
+
+
+def host_entries(root: str = "/") -> tuple[Entry, ...]:
+    """The entries of the host's `/`."""
+    found = []
+    with os.scandir(root) as listing:
+        for item in listing:
+            if item.is_symlink():
+                found.append(Entry(item.name, "link", os.readlink(item.path)))
+            elif item.is_dir(follow_symlinks=False):
+                found.append(Entry(item.name, "dir"))
+            else:
+                found.append(Entry(item.name, "file"))
+    return tuple(found)
+
+
+def existing(paths: Iterable[str | os.PathLike[str]]) -> tuple[list[str], list[str]]:
+    """(directories, files) among `paths` that exist, as real paths."""
+    dirs, files = [], []
+    for path in paths:
+        real = os.path.realpath(os.path.expanduser(os.fspath(path)))
+        if os.path.isdir(real):
+            dirs.append(real)
+        elif os.path.exists(real):
+            files.append(real)
+    return dirs, files

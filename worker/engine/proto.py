@@ -1,0 +1,159 @@
+"""The messages between the worker and its sandbox processes, and the output cap watch.
+
+Standard library only: the zygote and the workspace keepers (`worker.engine.launcher`,
+`worker.engine.keeper`) run it as `python -I -S`, without the package's dependencies.
+
+Messages are SOCK_SEQPACKET datagrams: one tag byte, then JSON, with descriptors
+(SCM_RIGHTS) beside it; a body larger than one datagram travels in a memfd passed along
+(the tag is then prefixed with `M`).
+"""
+
+from __future__ import annotations
+
+import array
+import contextlib
+import json
+import os
+import socket
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+#: Largest message sent inline; larger ones travel in a memfd.
+INLINE_LIMIT = 64 * 1024
+_MAX_FDS = 16
+_RECV_SIZE = INLINE_LIMIT + 1024
+
+
+def send(sock: socket.socket, tag: bytes, body: Mapping[str, Any],
+         fds: Sequence[int] = ()) -> None:
+    """Send one message: a tag, a JSON body, and fds (SCM_RIGHTS)."""
+    data = json.dumps(body, separators=(",", ":")).encode("utf-8", "surrogatepass")
+    fds = list(fds)
+    if len(data) > INLINE_LIMIT:
+        fds.append(_memfd(data))
+        try:
+            _send_raw(sock, b"M" + tag, fds)
+        finally:
+            os.close(fds[-1])
+        return
+    _send_raw(sock, tag + data, fds)
+
+
+def _send_raw(sock: socket.socket, data: bytes, fds: Sequence[int]) -> None:
+    ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
+    sock.sendmsg([data], ancillary)
+
+
+def _memfd(data: bytes) -> int:
+    fd = os.memfd_create("bashfleet-request", os.MFD_CLOEXEC)
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+    return fd
+
+
+def recv(sock: socket.socket) -> tuple[bytes, dict[str, Any], list[int]]:
+    """Receive one message: (tag, body, fds); tag b"" at end of file.
+
+    Received fds are close-on-exec (MSG_CMSG_CLOEXEC): nothing leaks into a spawn.
+    """
+    data, ancillary, _, _ = sock.recvmsg(
+        _RECV_SIZE, socket.CMSG_SPACE(_MAX_FDS * 4), socket.MSG_CMSG_CLOEXEC
+    )
+    fds = array.array("i")
+    for level, kind, payload in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
+    received = list(fds)
+    if not data:
+        close_all(received)
+        return b"", {}, []
+    if data[:1] == b"M":
+        tag, memfd = data[1:2], received.pop()
+        try:
+            body = read_all_at(memfd)
+        finally:
+            os.close(memfd)
+        return tag, json.loads(body.decode("utf-8", "surrogatepass")), received
+    return data[:1], json.loads(data[1:].decode("utf-8", "surrogatepass")), received
+
+
+def read_all_at(fd: int) -> bytes:
+    """Everything in the file `fd` from its start (pread: its offset is left alone)."""
+    chunks = []
+    offset = 0
+    while chunk := os.pread(fd, 1 << 20, offset):
+        chunks.append(chunk)
+        offset += len(chunk)
+    return b"".join(chunks)
+
+
+def read_until_eof(fd: int) -> bytes:
+    """Everything a pipe gives until its writers closed it."""
+    chunks = []
+    while chunk := os.read(fd, 4096):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def close_all(fds: Sequence[int]) -> None:
+    """Close every fd, ignoring those already closed."""
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+
+def error_body(exc: OSError) -> dict[str, Any]:
+    """An `E` message's body for `exc`."""
+    return {"errno": exc.errno or 5, "message": exc.strerror or str(exc),
+            "filename": exc.filename}
+
+
+# -------------------------------------------------------------------------- output cap
+
+#: Bounds of the pause between two looks at the output size of a call with an output cap.
+CAP_MIN_WAIT_S = 0.01
+CAP_MAX_WAIT_S = 0.05
+
+
+class CapWatch:
+    """When to look at a call's output size next: half the time its output would take
+    to reach the cap at the rate it grew since the last look, between 10 ms and 50 ms.
+    `yes` writes 0.4-1.5 GB/s here: it is stopped within ~10 MB of the cap once seen
+    writing, within ~75 MB when it starts after a quiet spell (with 0.25 s, 300 MB were
+    measured). A quiet call costs 20 fstat and wake-ups a second, ~0.1 ms of CPU.
+    The one output-cap rule: keepers, job supervisors, and the worker for calls it runs
+    unsandboxed all use it."""
+
+    def __init__(self, size: Callable[[], int], cap: int) -> None:
+        self.measure = size
+        self.cap = cap
+        self.size = 0
+        self.at = time.monotonic()
+
+    def step(self) -> tuple[bool, float]:
+        """(over the cap now, seconds to wait before the next step)."""
+        previous, since = self.size, self.at
+        self.size, self.at = self.measure(), time.monotonic()
+        if self.size > self.cap:
+            return True, 0.0
+        rate = (self.size - previous) / max(1e-6, self.at - since)
+        if rate <= 0:
+            return False, CAP_MAX_WAIT_S
+        return False, max(CAP_MIN_WAIT_S, min(CAP_MAX_WAIT_S, (self.cap - self.size) / rate / 2))
+
+
+def files_size(fds: Sequence[int]) -> int:
+    """Total size of the distinct files open as `fds` (stdout and stderr may be one)."""
+    seen: dict[tuple[int, int], int] = {}
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            info = os.fstat(fd)
+            seen[(info.st_dev, info.st_ino)] = info.st_size
+    return sum(seen.values())
+
+
+def returncode(status: int) -> int:
+    """A raw wait status as Popen's returncode (negative: killed by that signal)."""
+    return os.waitstatus_to_exitcode(status)

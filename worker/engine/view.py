@@ -1,0 +1,140 @@
+"""Build a workspace's mount view: carry out a plan of mount steps (a list of JSON lists).
+
+Standard library only: a keeper runs it as `python -I -S`, as pid 1 of the workspace's
+new PID namespace, in a mount namespace of its own, before any call runs. The plan is
+made by the worker (`worker.engine.layout.plan_view`, pure and tested), so what a
+workspace sees is decided in one place and only carried out here.
+
+Steps (sources are host paths, resolved before the new root replaces the old one):
+
+    ["private"]                          the mount tree private (nothing propagates out)
+    ["tmpfs", path, mode]                a fresh tmpfs (nosuid, nodev)
+    ["mkdir", path, mode]                a directory (and its parents) where missing
+    ["rbind_ro", src, dst]               src and every mount under it, read-only
+    ["bind", src, dst, writable]         src (a directory) at dst
+    ["bind_file", src, dst, writable]    src (a file) at dst, made if missing
+    ["symlink", target, path]
+    ["devices", dev]                     a minimal /dev: tmpfs, the usual nodes, a fresh
+                                         devpts, /dev/shm
+    ["proc", path]                       this PID namespace's /proc, /proc/sys read-only
+    ["remount_ro", path]                 one mount read-only
+    ["pivot", root]                      root becomes / and the old root goes away
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from worker.engine import kernel
+
+#: Device nodes a call gets in its /dev (bound from the host's), as bubblewrap gives.
+DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
+_DEV_LINKS = (("/proc/self/fd", "fd"), ("/proc/self/fd/0", "stdin"),
+              ("/proc/self/fd/1", "stdout"), ("/proc/self/fd/2", "stderr"),
+              ("pts/ptmx", "ptmx"))
+_TMPFS_FLAGS = kernel.MS_NOSUID | kernel.MS_NODEV
+
+
+def carry_out(plan: Sequence[Sequence[Any]]) -> None:
+    """Carry out every step of `plan`; OSError (naming the step) when one fails."""
+    for step in plan:
+        action = _ACTIONS.get(str(step[0]))
+        if action is None:
+            raise OSError(22, f"unknown mount step {step[0]!r}")
+        try:
+            action(*step[1:])
+        except OSError as exc:
+            raise OSError(exc.errno, f"{step[0]} {' '.join(map(str, step[1:3]))}: "
+                          f"{exc.strerror or exc}") from exc
+
+
+def _private() -> None:
+    kernel.mount(None, "/", None, kernel.MS_REC | kernel.MS_PRIVATE)
+
+
+def _tmpfs(path: str, mode: int) -> None:
+    kernel.mount("tmpfs", path, "tmpfs", _TMPFS_FLAGS, f"mode={mode:o}")
+
+
+def _mkdir(path: str, mode: int) -> None:
+    if not os.path.isdir(path):
+        os.makedirs(path, mode)
+
+
+def _rbind_ro(src: str, dst: str) -> None:
+    kernel.mount(src, dst, None, kernel.MS_BIND | kernel.MS_REC)
+    kernel.read_only_tree(dst)
+
+
+def _bind(src: str, dst: str, writable: bool) -> None:
+    kernel.mount(src, dst, None, kernel.MS_BIND | kernel.MS_REC)
+    if not writable:
+        kernel.read_only_tree(dst)
+
+
+def _bind_file(src: str, dst: str, writable: bool) -> None:
+    if not os.path.lexists(dst):
+        os.close(os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644))
+    kernel.mount(src, dst, None, kernel.MS_BIND)
+    if not writable:
+        kernel.remount_read_only(dst)
+
+
+def _symlink(target: str, path: str) -> None:
+    if not os.path.lexists(path):
+        os.symlink(target, path)
+
+
+def _devices(dev: str) -> None:
+    """A minimal /dev at `dev`, as bubblewrap's --dev makes it."""
+    kernel.mount("tmpfs", dev, "tmpfs", kernel.MS_NOSUID | kernel.MS_NOEXEC, "mode=755")
+    for name in DEVICES:
+        if os.path.exists(f"/dev/{name}"):
+            _bind_file(f"/dev/{name}", f"{dev}/{name}", writable=True)
+    os.mkdir(f"{dev}/pts", 0o755)
+    kernel.mount("devpts", f"{dev}/pts", "devpts", kernel.MS_NOSUID | kernel.MS_NOEXEC,
+                 "newinstance,ptmxmode=0666,mode=620")
+    os.mkdir(f"{dev}/shm", 0o755)
+    kernel.mount("tmpfs", f"{dev}/shm", "tmpfs", _TMPFS_FLAGS, "mode=1777")
+    for target, name in _DEV_LINKS:
+        os.symlink(target, f"{dev}/{name}")
+    kernel.remount_read_only(dev)
+
+
+def _proc(path: str) -> None:
+    """This PID namespace's /proc (we are its pid 1), with the parts that would let a
+    privileged process change the host read-only, as bubblewrap does."""
+    flags = kernel.MS_NOSUID | kernel.MS_NODEV | kernel.MS_NOEXEC
+    kernel.mount("proc", path, "proc", flags)
+    for name in ("sys", "sysrq-trigger", "irq", "bus"):
+        target = f"{path}/{name}"
+        try:
+            kernel.mount(target, target, None, kernel.MS_BIND | kernel.MS_REC)
+        except OSError:
+            continue  # not on this kernel
+        kernel.mount(None, target, None, kernel.MS_REMOUNT | kernel.MS_BIND | flags
+                     | kernel.MS_RDONLY)
+
+
+def _remount_ro(path: str) -> None:
+    kernel.remount_read_only(path)
+
+
+def _pivot(root: str) -> None:
+    old = f"{root}/.old"
+    os.mkdir(old, 0o700)
+    kernel.pivot_root(root, old)
+    os.chdir("/")
+    kernel.umount("/.old")
+    with contextlib.suppress(OSError):
+        os.rmdir("/.old")
+
+
+_ACTIONS: dict[str, Callable[..., None]] = {
+    "private": _private, "tmpfs": _tmpfs, "mkdir": _mkdir, "rbind_ro": _rbind_ro,
+    "bind": _bind, "bind_file": _bind_file, "symlink": _symlink, "devices": _devices,
+    "proc": _proc, "remount_ro": _remount_ro, "pivot": _pivot,
+}

@@ -1,0 +1,804 @@
+"""The workspaces of this host: made, found, used, reaped.
+
+A workspace is a directory on this host plus the namespaces its calls share (its keeper:
+`worker.engine.keeper`). Its record is a JSON file in the state directory
+(`workspaces/<id>.json`, its mtime the time it was last used), beside its keeper's socket
+and its private /tmp, /var/tmp and HOME. Its directory is either fresh
+(`<workspace root>/<id>`, made and removed by the worker) or an existing directory under
+a root the operator allows (`workspace_allow`). Its calls' kept output and its jobs'
+output go to `<workspace root>/.out/<id>`, read-only in its view at the same path.
+
+Workspaces are leases: unused for their TTL (or deleted by their owner), the host reaps
+them (`reap`, run by the host supervisor): its keeper killed (so every process in it),
+its cgroup and its files removed, its jobs' ends recorded. A call without a workspace
+gets a throwaway one from a pool (`throwaways`), removed once it and its jobs end.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import select
+import shutil
+import stat
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Literal
+
+from worker.engine import cgroups, job_records, launcher, layout, procs, resources, sandbox
+from worker.engine.launcher import KeeperConnection, KeeperLostError, KeeperProcess, SandboxError
+from worker.engine.memo import TimedMemo
+from worker.settings import Settings, default_state_dir
+from worker.wire.errors import ToolError
+from worker.wire.models import WorkspaceRecord, WorkspaceSpec, WorkspaceView
+
+log = logging.getLogger("bashfleet.workspaces")
+
+#: Seconds a workspace deletion waits for its keeper (and so its processes) to be gone.
+KEEPER_END_S = 10.0
+#: Most bytes a disk usage count looks at files for before it stops counting.
+USAGE_FILES_LIMIT = 200_000
+
+
+class WorkspaceError(ToolError):
+    """A workspace could not be made, found or used."""
+
+
+def new_id() -> str:
+    """A workspace id unique across hosts and time."""
+    return f"w{uuid.uuid4().hex[:15]}"
+
+
+# ------------------------------------------------------------------------------ paths
+
+
+def record_path(settings: Settings, ws_id: str) -> Path:
+    """The workspace's record."""
+    return settings.workspaces_dir / f"{ws_id}.json"
+
+
+def state_path(settings: Settings, ws_id: str) -> Path:
+    """Its private /tmp, /var/tmp, HOME, and the mount point of its view's root."""
+    return settings.workspaces_dir / ws_id
+
+
+def socket_path(settings: Settings, ws_id: str) -> Path:
+    """Its keeper's socket."""
+    return settings.workspaces_dir / f"{ws_id}.sock"
+
+
+def out_dir(settings: Settings, ws_id: str) -> Path:
+    """Where its output files go (the same path in its view, read-only there)."""
+    return settings.workspace_root_dir() / ".out" / ws_id
+
+
+# --------------------------------------------------------------------------- records
+
+
+def save(record: WorkspaceRecord, settings: Settings) -> None:
+    """Write the record atomically (its mtime is its last use)."""
+    path = record_path(settings, record.id)
+    tmp = path.with_name(f".{record.id}.{uuid.uuid4().hex[:8]}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(record.model_dump_json())
+    os.replace(tmp, path)
+    _loaded.pop((settings.workspaces_dir, record.id), None)
+
+
+#: (directory, id) -> (mtime, record): a call reads its workspace's record once (a stat
+#: after that), not a JSON parse per call.
+_loaded: dict[tuple[Path, str], tuple[int, WorkspaceRecord]] = {}
+
+
+def load(ws_id: str, settings: Settings) -> WorkspaceRecord:
+    """The record of workspace `ws_id` on this host; WorkspaceError `not_found`."""
+    if not _valid_id(ws_id):
+        raise WorkspaceError("not_found", f"no such workspace: {ws_id!r}")
+    path = record_path(settings, ws_id)
+    try:
+        mtime = os.stat(path).st_mtime_ns
+    except FileNotFoundError:
+        raise WorkspaceError("not_found", f"no such workspace on host {settings.host}: "
+                             f"{ws_id}") from None
+    cached = _loaded.get((settings.workspaces_dir, ws_id))
+    if cached is not None and cached[0] == mtime:
+        return cached[1]
+    try:
+        record = WorkspaceRecord.model_validate_json(path.read_text("utf-8"))
+    except (OSError, ValueError) as exc:
+        raise WorkspaceError("not_found", f"workspace {ws_id} is unreadable: {exc}") from None
+    _loaded[(settings.workspaces_dir, ws_id)] = (mtime, record)
+    return record
+
+
+def _valid_id(ws_id: str) -> bool:
+    return len(ws_id) == 16 and ws_id[0] == "w" and all(c in "0123456789abcdef" for c in ws_id[1:])
+
+
+def local_records(settings: Settings) -> list[WorkspaceRecord]:
+    """Every workspace record kept on this host."""
+    found = []
+    with contextlib.suppress(FileNotFoundError):
+        for entry in os.scandir(settings.workspaces_dir):
+            if entry.name.endswith(".json") and _valid_id(entry.name[:-5]):
+                with contextlib.suppress(WorkspaceError):
+                    found.append(load(entry.name[:-5], settings))
+    return found
+
+
+def touch(record: WorkspaceRecord, settings: Settings) -> None:
+    """Mark it used now (a call, a control call, a file operation, `renew`)."""
+    path = record_path(settings, record.id)
+    with contextlib.suppress(FileNotFoundError):
+        os.utime(path)
+        _loaded[(settings.workspaces_dir, record.id)] = (os.stat(path).st_mtime_ns, record)
+
+
+def last_used(record: WorkspaceRecord, settings: Settings) -> float | None:
+    """When it was last used (None: its record is gone)."""
+    try:
+        return os.stat(record_path(settings, record.id)).st_mtime
+    except FileNotFoundError:
+        return None
+
+
+def view(record: WorkspaceRecord, settings: Settings, *, count: bool = False) -> WorkspaceView:
+    """What a client is shown of it (`count`: its disk bytes and processes too)."""
+    used = last_used(record, settings)
+    return WorkspaceView(
+        id=record.id, host=record.host, owner=record.owner, path=record.path,
+        isolation=record.isolation, network=record.network, ttl_s=record.ttl_s,
+        created_at=record.created_at, last_used_at=used,
+        expires_at=None if used is None else used + record.ttl_s, session=record.session,
+        tags=record.tags, limits=record.limits, run_as=record.run_as,
+        disk_bytes=disk_bytes(record, settings) if count else None,
+        processes=len(processes(record)) if count else None,
+    )
+
+
+# ------------------------------------------------------------------------- making one
+
+
+def create(spec: WorkspaceSpec, settings: Settings, *, throwaway: bool = False) -> WorkspaceRecord:
+    """Make a workspace as `spec` asks (its keeper ready for calls); WorkspaceError
+    (`invalid`, `unavailable`, `spawn_failed`) when it cannot be."""
+    choice = choose(spec, settings)
+    user = _user(settings)
+    ws_id = new_id()
+    path, fresh = _directory(spec.path, ws_id, settings, user)
+    granted = resources.granted(spec.limits, settings)
+    record = WorkspaceRecord(
+        id=ws_id, host=settings.host, owner=spec.owner, path=path, fresh=fresh,
+        out_dir=str(out_dir(settings, ws_id)), isolation=choice.level, network=choice.network,
+        ttl_s=spec.ttl_s or settings.workspace_ttl_s, created_at=time.time(), limits=granted,
+        mounts=_mounts(spec.mounts, path, user), session=spec.session, tags=spec.tags,
+        throwaway=throwaway, run_as=user.name if user else sandbox.run_user_name(settings),
+    )
+    try:
+        _make_dirs(record, settings, user)
+        if choice.level != "none":
+            record = _start_keeper(record, settings, user)
+        save(record, settings)
+    except BaseException:
+        _remove_files(record, settings)
+        raise
+    return record
+
+
+def choose(spec: WorkspaceSpec, settings: Settings) -> sandbox.Choice:
+    """The isolation a workspace gets (WorkspaceError when it asks for what this host
+    refuses)."""
+    available, reason = sandbox.availability(settings)
+    try:
+        return sandbox.decide(
+            configured=settings.isolation, available=available, reason=reason,
+            asked=spec.isolation, network=spec.network, host_network=settings.sandbox_network,
+        )
+    except sandbox.IsolationError as exc:
+        raise WorkspaceError(exc.kind, exc.message) from None
+
+
+def _user(settings: Settings) -> sandbox.User | None:
+    try:
+        return sandbox.run_user(settings)
+    except OSError as exc:
+        raise WorkspaceError("spawn_failed", exc.strerror or str(exc)) from None
+
+
+def allowed_root(path: str, settings: Settings) -> str | None:
+    """The allowed root (`workspace_allow`) `path` is under, or None."""
+    for root in settings.workspace_allow:
+        real = os.path.realpath(os.path.expanduser(root))
+        if layout.inside(path, real):
+            return real
+    return None
+
+
+def _directory(asked: str | None, ws_id: str, settings: Settings,
+               user: sandbox.User | None) -> tuple[str, bool]:
+    """(its directory, whether it is fresh): an existing directory under an allowed root,
+    or a new one in the workspace root."""
+    if asked is None:
+        root = settings.workspace_root_dir()
+        _ensure_dir(root, 0o711)
+        path = root / ws_id
+        path.mkdir(mode=0o755)
+        if user is not None:
+            os.chown(path, user.uid, user.gid)
+        return str(path), True
+    if not os.path.isabs(asked):
+        raise WorkspaceError("invalid", f"a workspace's path is absolute: {asked!r}")
+    real = os.path.realpath(asked)
+    if not os.path.isdir(real):
+        raise WorkspaceError("bad_cwd", f"Working directory does not exist: {asked}")
+    if allowed_root(real, settings) is None or layout.inside(real, "/proc") \
+            or layout.inside(real, "/dev") or layout.inside(real, str(settings.state_dir)):
+        roots = ", ".join(settings.workspace_allow) or "none"
+        raise WorkspaceError("invalid", f"{asked} is not under a root this host allows for "
+                             f"workspaces (workspace_allow: {roots})")
+    return real, False
+
+
+def _mounts(asked: dict[str, str], path: str, user: sandbox.User | None) -> dict[str, str]:
+    """`{view path: subdirectory}` -> `{view path: host directory}`, made in the
+    workspace when missing (owned by the run user)."""
+    mounts: dict[str, str] = {}
+    for view_path, sub in asked.items():
+        clean = os.path.normpath(view_path)
+        if not os.path.isabs(view_path) or clean == "/" or layout.inside(clean, "/proc") \
+                or layout.inside(clean, "/dev"):
+            raise WorkspaceError("invalid", f"a mount's path is absolute and not /, /proc "
+                                 f"or /dev: {view_path!r}")
+        host = os.path.normpath(os.path.join(path, sub))
+        if not layout.inside(host, path):
+            raise WorkspaceError("invalid", f"a mount's source is inside the workspace: {sub!r}")
+        os.makedirs(host, mode=0o755, exist_ok=True)
+        if user is not None:
+            os.chown(host, user.uid, user.gid)
+        mounts[clean] = host
+    return mounts
+
+
+def _ensure_dir(path: Path, mode: int) -> None:
+    if not path.is_dir():
+        path.mkdir(mode=mode, parents=True, exist_ok=True)
+        path.chmod(mode)
+
+
+def _make_dirs(record: WorkspaceRecord, settings: Settings, user: sandbox.User | None) -> None:
+    _ensure_dir(settings.workspaces_dir, 0o700)
+    _ensure_dir(Path(record.out_dir).parent, 0o711)
+    out = Path(record.out_dir)
+    out.mkdir(mode=0o755)
+    state = state_path(settings, record.id)
+    state.mkdir(mode=0o700)
+    for name, mode in (("tmp", 0o1777), ("vartmp", 0o1777), ("home", 0o700), ("root", 0o700)):
+        (state / name).mkdir(mode=mode)
+        (state / name).chmod(mode)  # the umask took the sticky bit
+    if user is not None:
+        os.chown(state / "home", user.uid, user.gid)
+
+
+def _start_keeper(record: WorkspaceRecord, settings: Settings,
+                  user: sandbox.User | None) -> WorkspaceRecord:
+    group = _cgroup(record, settings)
+    sock_path = str(socket_path(settings, record.id))
+    plan = layout.plan_view(view_spec(record, settings, user))
+    spec: dict[str, object] = {"plan": plan, "network": record.network,
+                               "worker_uid": os.geteuid()}
+    if user is not None:
+        spec.update(uid=user.uid, gid=user.gid, groups=list(user.groups))
+    listener = launcher.listen(sock_path)
+    fds = group.procs_fds() if group is not None else []
+    try:
+        pid = sandbox.zygote.keeper(settings, spec, [listener.fileno(), *fds])
+    except OSError as exc:
+        if group is not None:
+            group.remove(timeout=0)
+        raise WorkspaceError("spawn_failed", f"could not make the workspace's sandbox: "
+                             f"{exc.strerror or exc}") from exc
+    finally:
+        listener.close()
+        for fd in fds:
+            os.close(fd)
+    return record.model_copy(update={
+        "keeper_pid": pid, "keeper_start": _start_time(pid), "socket_path": sock_path,
+        "cgroup": tuple(path for path, _ in group.paths) if group is not None else (),
+    })
+
+
+def _cgroup(record: WorkspaceRecord, settings: Settings) -> cgroups.Group | None:
+    try:
+        return resources.workspace_group(settings, record.limits, f"ws-{record.id}")
+    except OSError as exc:
+        log.warning("workspace %s gets no cgroup: %s", record.id, exc)
+        return None
+
+
+def group_of(record: WorkspaceRecord) -> cgroups.Group | None:
+    """The workspace's cgroup (its counters: which limits its processes hit)."""
+    if not record.cgroup:
+        return None
+    version: Literal["v1", "v2"] = (
+        "v2" if os.path.exists(os.path.join(record.cgroup[0], "cgroup.controllers")) else "v1")
+    controllers = tuple(resources.cgroup_limits(record.limits).controllers())
+    return cgroups.Group(version, [(path, controllers) for path in record.cgroup])
+
+
+def _start_time(pid: int) -> float | None:
+    return procs.start_time(pid)
+
+
+# ------------------------------------------------------------------ the view (impure)
+
+
+#: (state dirs and workspace roots registered on this machine), re-read after 10 s.
+_known: TimedMemo[str, tuple[str, ...]] = TimedMemo(ttl_s=10.0)
+_registered: set[tuple[str, str]] = set()
+
+
+def _registry_dirs() -> list[Path]:
+    """Where this user's workers register their state directories and workspace roots:
+    the default state directory, and the one of the user's passwd home (which an
+    XDG_STATE_HOME of a test or a service may differ from)."""
+    import pwd  # noqa: PLC0415
+
+    home = pwd.getpwuid(os.geteuid()).pw_dir
+    dirs = {default_state_dir() / "known", Path(home) / ".local/state/bashfleet/known"}
+    return sorted(dirs)
+
+
+def register_known(settings: Settings) -> None:
+    """Record this worker's state directory and workspace root where every worker of this
+    user looks for the directories to hide (two fleets on one machine hide each other's)."""
+    for path in (str(settings.state_dir), str(settings.workspace_root_dir())):
+        for registry in _registry_dirs():
+            if (str(registry), path) in _registered:
+                continue
+            with contextlib.suppress(OSError):
+                registry.mkdir(parents=True, exist_ok=True, mode=0o700)
+                name = hashlib.sha256(path.encode()).hexdigest()[:24]
+                (registry / name).write_text(path, encoding="utf-8")
+                _registered.add((str(registry), path))
+    _known.clear()
+
+
+def known_dirs() -> tuple[str, ...]:
+    """Every state directory and workspace root registered on this machine (this user's)."""
+    return _known.get("", _read_known)
+
+
+def _read_known() -> tuple[str, ...]:
+    found: set[str] = set()
+    for registry in _registry_dirs():
+        with contextlib.suppress(OSError):
+            for entry in os.scandir(registry):
+                with contextlib.suppress(OSError):
+                    found.add(Path(entry.path).read_text("utf-8").strip())
+    return tuple(sorted(p for p in found if p))
+
+
+def hidden_paths(settings: Settings, record: WorkspaceRecord) -> list[str]:
+    """What a workspace's calls must not see (the workspace's own paths are bound back)."""
+    import pwd  # noqa: PLC0415
+
+    home = pwd.getpwuid(os.geteuid()).pw_dir
+    wanted = [
+        str(settings.state_dir), str(default_state_dir()),
+        os.path.join(home, ".local/state/bashfleet"), os.path.join(home, ".config/bashfleet"),
+        str(settings.workspace_root_dir()), "/etc/bashfleet", *known_dirs(),
+        *settings.workspace_allow, *settings.sandbox_hidden, *secret_paths(settings),
+    ]
+    if record.isolation == "strict":
+        wanted += ["/home", "/root"]
+    return wanted
+
+
+def secret_paths(settings: Settings) -> list[str]:
+    """Every file a setting names as secret: `secret_files` and every `*_file` setting."""
+    paths = [str(p) for p in settings.secret_files]
+    for name in type(settings).model_fields:
+        value = getattr(settings, name)
+        if name.endswith("_file") and value:
+            paths.append(str(value))
+    return paths
+
+
+def protected_paths() -> list[str]:
+    """What no call may change even inside a writable root: the installed package and
+    the Python that runs the worker."""
+    import client  # noqa: PLC0415
+    import worker  # noqa: PLC0415
+
+    found = {os.path.dirname(os.path.realpath(m.__file__ or "")) for m in (worker, client)}
+    found |= {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
+    found.add(os.path.dirname(os.path.realpath(sys.executable)))
+    return sorted(p for p in found if p and p != "/")
+
+
+def view_spec(record: WorkspaceRecord, settings: Settings,
+              user: sandbox.User | None) -> layout.ViewSpec:
+    """What `record`'s view is made of, looked up on this host now."""
+    register_known(settings)
+    state = state_path(settings, record.id)
+    dirs, files = layout.existing(hidden_paths(settings, record))
+    writable, _ = layout.existing(settings.sandbox_writable)
+    return layout.ViewSpec(
+        root=str(state / "root"), workspace=record.path, out_dir=record.out_dir,
+        tmp=str(state / "tmp"), var_tmp=str(state / "vartmp"), home=str(state / "home"),
+        home_view=home_of(user), entries=_entries.get("/", layout.host_entries),
+        hidden_dirs=tuple(dirs), hidden_files=tuple(files), writable=tuple(writable),
+        protected=tuple(protected_paths()), mounts=record.mounts,
+        has_var_tmp=os.path.isdir("/var/tmp"),
+    )
+
+
+_entries: TimedMemo[str, tuple[layout.Entry, ...]] = TimedMemo(ttl_s=60.0)
+
+
+def home_of(user: sandbox.User | None) -> str:
+    """Where HOME is in a workspace's view, for `user` (None: the worker's own)."""
+    home = user.home if user is not None else os.path.expanduser("~")
+    return home if os.path.isabs(home) and home != "/" else "/home/bashfleet"
+
+
+# ---------------------------------------------------------------- calls in a workspace
+
+
+class _Connections:
+    """Idle connections to keepers, per workspace, in this process."""
+
+    def __init__(self) -> None:
+        self.idle: dict[str, list[KeeperConnection]] = {}
+        self.lock = threading.Lock()
+
+    def take(self, record: WorkspaceRecord) -> KeeperConnection:
+        with self.lock:
+            idle = self.idle.get(record.id)
+            if idle:
+                return idle.pop()
+        if record.socket_path is None:
+            raise KeeperLostError(2, f"workspace {record.id} has no sandbox")
+        return KeeperConnection.connect(record.socket_path)
+
+    def give_back(self, ws_id: str, conn: KeeperConnection) -> None:
+        with self.lock:
+            idle = self.idle.setdefault(ws_id, [])
+            if conn.reusable and len(idle) < 8:
+                idle.append(conn)
+                return
+        conn.close()
+
+    def drop(self, ws_id: str) -> None:
+        with self.lock:
+            idle = self.idle.pop(ws_id, [])
+        for conn in idle:
+            conn.close()
+
+
+connections = _Connections()
+
+
+class WorkspaceProcess(KeeperProcess):
+    """A call in a workspace; its connection goes back to the pool when it ended."""
+
+    def __init__(self, record: WorkspaceRecord, conn: KeeperConnection, started: object) -> None:
+        super().__init__(conn, started)  # type: ignore[arg-type]
+        self.record = record
+
+    def ended(self) -> None:
+        connections.give_back(self.record.id, self.conn)
+
+
+def start(record: WorkspaceRecord, request: dict[str, object], fds: list[int],
+          timeout: float = sandbox.ANSWER_TIMEOUT_S) -> WorkspaceProcess:
+    """Start a call in the workspace; SandboxError when it could not (KeeperLostError:
+    the workspace is gone)."""
+    for attempt in range(2):
+        conn = connections.take(record)
+        try:
+            started = conn.start(request, fds, timeout)
+        except KeeperLostError:
+            conn.close()
+            if attempt:
+                raise
+            continue  # an idle connection whose keeper restarted: a fresh one
+        except SandboxError:
+            connections.give_back(record.id, conn)
+            raise
+        return WorkspaceProcess(record, conn, started)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+# -------------------------------------------------------------------------- its state
+
+
+def processes(record: WorkspaceRecord) -> list[int]:
+    """Host pids of the processes running in the workspace (its keeper excluded)."""
+    if record.keeper_pid is None or not keeper_alive(record):
+        return []
+    try:
+        ns = os.stat(f"/proc/{record.keeper_pid}/ns/pid").st_ino
+    except OSError:
+        return []
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == record.keeper_pid:
+            continue
+        with contextlib.suppress(OSError):
+            if os.stat(f"/proc/{name}/ns/pid").st_ino == ns:
+                found.append(int(name))
+    return found
+
+
+def keeper_alive(record: WorkspaceRecord) -> bool:
+    """True while the workspace's keeper (so its namespaces) lives."""
+    if record.keeper_pid is None:
+        return record.isolation == "none"
+    if record.keeper_start is None:
+        return procs.start_time(record.keeper_pid) is not None
+    return procs.is_same_process(record.keeper_pid, record.keeper_start)
+
+
+def disk_bytes(record: WorkspaceRecord, settings: Settings) -> int:
+    """Bytes the workspace holds on disk: its directory (when fresh), /tmp, /var/tmp,
+    HOME and its output."""
+    state = state_path(settings, record.id)
+    roots = [state / "tmp", state / "vartmp", state / "home", Path(record.out_dir)]
+    if record.fresh:
+        roots.append(Path(record.path))
+    return sum(_tree_bytes(root) for root in roots)
+
+
+def _tree_bytes(root: Path) -> int:
+    total = 0
+    seen = 0
+    stack = [str(root)]
+    while stack and seen < USAGE_FILES_LIMIT:
+        with contextlib.suppress(OSError), os.scandir(stack.pop()) as listing:
+            for entry in listing:
+                seen += 1
+                with contextlib.suppress(OSError):
+                    info = entry.stat(follow_symlinks=False)
+                    total += info.st_blocks * 512
+                    if stat.S_ISDIR(info.st_mode):
+                        stack.append(entry.path)
+    return total
+
+
+# --------------------------------------------------------------------------- its end
+
+
+def delete(ws_id: str, settings: Settings, *, note: str = "its workspace was deleted") -> bool:
+    """End a workspace: its keeper killed (so every process in it), its jobs' ends
+    recorded, its cgroup and files removed. False when there was none."""
+    try:
+        record = load(ws_id, settings)
+    except WorkspaceError:
+        return False
+    connections.drop(ws_id)
+    _end_keeper(record)
+    job_records.end_workspace_jobs(settings, ws_id, note)
+    for path in record.cgroup:
+        cgroups.Group("v2", [(path, ())]).remove(timeout=2.0)
+    _remove_files(record, settings)
+    record_path(settings, ws_id).unlink(missing_ok=True)
+    _loaded.pop((settings.workspaces_dir, ws_id), None)
+    return True
+
+
+def _end_keeper(record: WorkspaceRecord) -> None:
+    if record.keeper_pid is None or not keeper_alive(record):
+        return
+    try:
+        pidfd = os.pidfd_open(record.keeper_pid)
+    except ProcessLookupError:
+        return
+    try:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(record.keeper_pid, 9)  # pid 1 of its namespace: the kernel ends them all
+        select.select([pidfd], [], [], KEEPER_END_S)
+    finally:
+        os.close(pidfd)
+
+
+def _remove_files(record: WorkspaceRecord, settings: Settings) -> None:
+    remove_tree(state_path(settings, record.id))
+    socket_path(settings, record.id).unlink(missing_ok=True)
+    if record.fresh and layout.inside(record.path, str(settings.workspace_root_dir())) \
+            and record.path != str(settings.workspace_root_dir()):
+        remove_tree(Path(record.path))
+
+
+def remove_tree(path: Path) -> None:
+    """Remove a tree a call may have made hard to remove (directories without write or
+    execute permission for the worker that is not root)."""
+    def unlock(func: object, failed: str, exc: object) -> None:
+        del func, exc
+        with contextlib.suppress(OSError):
+            os.chmod(os.path.dirname(failed), 0o700)
+            os.chmod(failed, 0o700)
+        with contextlib.suppress(OSError):
+            if os.path.isdir(failed) and not os.path.islink(failed):
+                shutil.rmtree(failed, ignore_errors=True)
+            else:
+                os.unlink(failed)
+
+    if path.exists() or path.is_symlink():
+        shutil.rmtree(path, onerror=unlock)
+
+
+def reap(settings: Settings, now: float | None = None) -> list[str]:
+    """Delete the workspaces unused past their TTL and those whose keeper is gone; their
+    ids. The host supervisor runs this every few seconds."""
+    now = time.time() if now is None else now
+    reaped = []
+    for record in local_records(settings):
+        used = last_used(record, settings)
+        if used is None:
+            continue
+        expired = now - used > record.ttl_s
+        if expired or not keeper_alive(record):
+            note = "its workspace expired (unused past its TTL)" if expired else \
+                "its workspace's sandbox ended"
+            if delete(record.id, settings, note=note):
+                reaped.append(record.id)
+    return reaped
+
+
+# ----------------------------------------------------------------- throwaway workspaces
+
+
+def _left_nothing(record: WorkspaceRecord, settings: Settings) -> bool:
+    """No file in its directory, /tmp, /var/tmp, HOME or output directory but the mount
+    points its view made (a workspace path under /tmp has its parents made in its /tmp)."""
+    state = state_path(settings, record.id)
+    skeleton = _skeleton(record)
+    return all(_only(path, skeleton if path.name == "tmp" else set()) for path in (
+        Path(record.path), state / "tmp", state / "vartmp", state / "home",
+        Path(record.out_dir)))
+
+
+def _skeleton(record: WorkspaceRecord) -> set[str]:
+    """Paths (relative to /tmp) of the mount points the view made in its /tmp."""
+    found: set[str] = set()
+    for path in (record.path, record.out_dir, *record.mounts):
+        if layout.inside(path, "/tmp") and path != "/tmp":
+            parts = os.path.relpath(path, "/tmp").split(os.sep)
+            found.update(os.sep.join(parts[:n]) for n in range(1, len(parts) + 1))
+    return found
+
+
+def _only(root: Path, skeleton: set[str], prefix: str = "") -> bool:
+    """`root` holds nothing but the directories of `skeleton` (relative paths)."""
+    try:
+        with os.scandir(root) as listing:
+            for entry in listing:
+                rel = f"{prefix}{entry.name}"
+                if rel not in skeleton or not entry.is_dir(follow_symlinks=False):
+                    return False
+                if not _only(Path(entry.path), skeleton, f"{rel}{os.sep}"):
+                    return False
+    except OSError:
+        return False
+    return True
+
+
+class Throwaways:
+    """Workspaces made ahead for calls without one (a few per process), so such a call
+    does not wait the few milliseconds one takes to make."""
+
+    def __init__(self) -> None:
+        self.ready: dict[tuple[Path, sandbox.Choice], list[WorkspaceRecord]] = {}
+        self.lock = threading.Lock()
+        self.filling: set[tuple[Path, sandbox.Choice]] = set()
+
+    def take(self, settings: Settings, spec: WorkspaceSpec) -> WorkspaceRecord:
+        """A throwaway workspace for `spec` (its owner set, marked used now)."""
+        if spec.path is not None:
+            return create(spec, settings, throwaway=True)
+        choice = choose(spec, settings)
+        key = (settings.state_dir, choice)
+        record = self._pop(key)
+        if record is None:
+            # None ready: make this one now, and a few ahead for the calls that follow
+            # (those that end give theirs back: `end`).
+            self._refill_later(settings, choice)
+            return create(spec, settings, throwaway=True)
+        record = record.model_copy(update={"owner": spec.owner, "created_at": time.time(),
+                                           "tags": spec.tags})
+        save(record, settings)
+        return record
+
+    def _pop(self, key: tuple[Path, sandbox.Choice]) -> WorkspaceRecord | None:
+        with self.lock:
+            ready = self.ready.get(key, [])
+            while ready:
+                record = ready.pop()
+                if keeper_alive(record):
+                    return record
+        return None
+
+    def _refill_later(self, settings: Settings, choice: sandbox.Choice) -> None:
+        key = (settings.state_dir, choice)
+        with self.lock:
+            if key in self.filling or len(self.ready.get(key, [])) >= settings.workspace_pool:
+                return
+            self.filling.add(key)
+        threading.Thread(target=self._refill, args=(settings, choice), daemon=True,
+                         name="bashfleet-throwaways").start()
+
+    def _refill(self, settings: Settings, choice: sandbox.Choice) -> None:
+        key = (settings.state_dir, choice)
+        spec = WorkspaceSpec(isolation=choice.level, network=choice.network)
+        try:
+            while len(self.ready.get(key, [])) < settings.workspace_pool:
+                record = create(spec, settings, throwaway=True)
+                with self.lock:
+                    self.ready.setdefault(key, []).append(record)
+        except (OSError, WorkspaceError) as exc:
+            log.warning("could not make a throwaway workspace ahead: %s", exc)
+        finally:
+            with self.lock:
+                self.filling.discard(key)
+
+    def fill(self, settings: Settings) -> None:
+        """Make the host default's throwaways now (a consumer's start)."""
+        spec = WorkspaceSpec()
+        self._refill_later(settings, choose(spec, settings))
+
+    def end(self, record: WorkspaceRecord, settings: Settings, *, jobs_left: bool) -> None:
+        """After its call: made ready for another call when nothing of this one is left in
+        it, else removed (off the call's path); while a job it started runs, removed once
+        that ends (its keeper exits then; the reaper removes the rest)."""
+        if jobs_left and record.keeper_pid is not None:
+            try:
+                conn = connections.take(record)
+                conn.exit_when_idle()
+                connections.give_back(record.id, conn)
+                return
+            except OSError:
+                pass
+        if jobs_left:
+            return  # an unsandboxed one: reaped with its TTL once its jobs ended
+        threading.Thread(target=self._recycle_or_delete, args=(record, settings), daemon=True,
+                         name="bashfleet-throwaway-end").start()
+
+    def _recycle_or_delete(self, record: WorkspaceRecord, settings: Settings) -> None:
+        """Back to the ready ones when its call left nothing: no process, no file in its
+        directory, /tmp, /var/tmp, HOME or output directory (a kept output is another's
+        to read only), nothing in /dev/shm, no IPC object. Else deleted."""
+        key = (settings.state_dir, sandbox.Choice(record.isolation, record.network))
+        clean = False
+        if record.fresh and record.keeper_pid is not None:
+            try:
+                conn = connections.take(record)
+                clean = conn.recycle()
+                connections.give_back(record.id, conn)
+            except OSError:
+                clean = False
+        clean = clean and _left_nothing(record, settings)
+        with self.lock:
+            room = len(self.ready.get(key, [])) < max(settings.workspace_pool,
+                                                      settings.concurrency)
+        if not (clean and room):
+            delete(record.id, settings)
+            return
+        fresh = record.model_copy(update={"owner": "", "tags": {}})
+        save(fresh, settings)
+        with self.lock:
+            self.ready.setdefault(key, []).append(fresh)
+
+    def close(self) -> None:
+        """Forget the ready ones (their TTL reaps them if nobody takes them)."""
+        with self.lock:
+            self.ready.clear()
+
+
+throwaways = Throwaways()
