@@ -29,8 +29,8 @@ def _statvfs_calls_fixture(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 def test_spill_check_is_reused_within_its_ttl(tmp_path: Path, statvfs_calls: list[str]) -> None:
     settings = Settings(state_dir=tmp_path, host="h")
-    assert call.spill_problem(settings) is None
-    assert call.spill_problem(settings) is None
+    assert call.spill_problem(settings, settings.spill_dir) is None
+    assert call.spill_problem(settings, settings.spill_dir) is None
     assert len(statvfs_calls) == 1
 
 
@@ -41,11 +41,11 @@ def test_spill_check_is_per_directory_and_threshold(
     roomy.spill_dir.mkdir()
     full = Settings(state_dir=tmp_path, host="h", spill_min_free_bytes=10**18)
     other = Settings(state_dir=tmp_path / "other", host="h")
-    assert call.spill_problem(roomy) is None
-    problem = call.spill_problem(full)
+    assert call.spill_problem(roomy, roomy.spill_dir) is None
+    problem = call.spill_problem(full, full.spill_dir)
     assert problem is not None and "nearly full" in problem
-    assert call.spill_problem(other) is None  # missing: the first call creates it
-    assert call.spill_problem(roomy) is None
+    assert call.spill_problem(other, other.spill_dir) is None  # missing: the first call creates it
+    assert call.spill_problem(roomy, roomy.spill_dir) is None
     assert len(statvfs_calls) == 3
 
 
@@ -54,8 +54,8 @@ def test_spill_check_runs_again_after_its_ttl(
 ) -> None:
     settings = Settings(state_dir=tmp_path, host="h")
     monkeypatch.setattr(call._spill_verdicts, "ttl_s", 0.0)
-    call.spill_problem(settings)
-    call.spill_problem(settings)
+    call.spill_problem(settings, settings.spill_dir)
+    call.spill_problem(settings, settings.spill_dir)
     assert len(statvfs_calls) == 2
 
 

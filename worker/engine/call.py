@@ -68,6 +68,8 @@ SpawnHook = Callable[[int, int, str], None]
 RunningHook = Callable[[], None]
 #: Asked at each wake-up of a running call: True turns it into a background job.
 DetachHook = Callable[[], bool]
+#: Told the directory of a foreground call's spill files before it starts.
+StreamsHook = Callable[[Path], None]
 
 
 class CallError(ToolError):
@@ -270,6 +272,7 @@ def run_call(
     cancel: threading.Event | None = None,
     on_running: RunningHook | None = None,
     detach: DetachHook | None = None,
+    on_streams: StreamsHook | None = None,
 ) -> CallResult:
     """Run a call to its end (or timeout) and return its result. Never raises for the command.
 
@@ -299,7 +302,7 @@ def run_call(
         else:
             result = _run_foreground(
                 call, cwd, settings, record, on_spawn=on_spawn, cancel=cancel, started=started,
-                on_running=on_running, detach=detach,
+                on_running=on_running, detach=detach, on_streams=on_streams,
             )
         return result
     except CallError as exc:
@@ -683,6 +686,7 @@ def _run_foreground(
     started: float,
     on_running: RunningHook | None = None,
     detach: DetachHook | None = None,
+    on_streams: StreamsHook | None = None,
 ) -> CallResult:
     marker = call.call_id
     user = _user(settings)
@@ -696,6 +700,8 @@ def _run_foreground(
         streams = _open_streams(call, workspace)
     except OSError as exc:
         raise CallError("spawn_failed", f"spill directory unusable: {exc}") from exc
+    if on_streams is not None:
+        on_streams(streams.stdout.parent)
     # bash's $PWD is the cwd as asked (not the worker's, nor the physical path), so a
     # command that does not `cd` ends where it started, symlinks included.
     child.env["PWD"] = cwd

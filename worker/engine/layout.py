@@ -93,7 +93,8 @@ def plan_view(spec: ViewSpec) -> list[Step]:
     made = [r, *(f"{r}{d}" for d in hidden), f"{r}/tmp"]
     steps += [["tmpfs", f"{r}{d}", 0o755] for d in hidden]
     steps += [["bind_file", "/dev/null", f"{r}{f}", False] for f in _hidden_files(spec, hidden)]
-    writable_views = [w for w in outermost(spec.writable) if not _hidden_by(w, hidden)]
+    # Hidden wins: a writable root inside any hidden directory is not bound.
+    writable_views = [w for w in outermost(spec.writable) if not _hidden_by(w, spec.hidden_dirs)]
     for w in writable_views:
         steps += _bind_own(r, made, w, w, True, grow=False)
     for view_path, host_path, writable in _own_paths(spec):

@@ -165,12 +165,13 @@ def view(record: WorkspaceRecord, settings: Settings, *, count: bool = False) ->
 # ------------------------------------------------------------------------- making one
 
 
-def create(spec: WorkspaceSpec, settings: Settings, *, throwaway: bool = False) -> WorkspaceRecord:
+def create(spec: WorkspaceSpec, settings: Settings, *, throwaway: bool = False,
+           ws_id: str | None = None) -> WorkspaceRecord:
     """Make a workspace as `spec` asks (its keeper ready for calls); WorkspaceError
     (`invalid`, `unavailable`, `spawn_failed`) when it cannot be."""
     choice = choose(spec, settings)
     user = _user(settings)
-    ws_id = new_id()
+    ws_id = ws_id or new_id()
     path, fresh = _directory(spec.path, ws_id, settings, user)
     granted = resources.granted(spec.limits, settings)
     record = WorkspaceRecord(
@@ -413,10 +414,11 @@ def secret_paths(settings: Settings) -> list[str]:
 def protected_paths() -> list[str]:
     """What no call may change even inside a writable root: the installed package and
     the Python that runs the worker."""
-    import client  # noqa: PLC0415
     import worker  # noqa: PLC0415
 
-    found = {os.path.dirname(os.path.realpath(m.__file__ or "")) for m in (worker, client)}
+    package = os.path.dirname(os.path.realpath(worker.__file__ or ""))
+    # Its sibling `client` (the engine never imports it): installed side by side.
+    found = {package, os.path.join(os.path.dirname(package), "client")}
     found |= {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
     found.add(os.path.dirname(os.path.realpath(sys.executable)))
     return sorted(p for p in found if p and p != "/")
@@ -634,11 +636,11 @@ def remove_tree(path: Path) -> None:
         shutil.rmtree(path, onerror=unlock)
 
 
-def reap(settings: Settings, now: float | None = None) -> list[str]:
-    """Delete the workspaces unused past their TTL and those whose keeper is gone; their
-    ids. The host supervisor runs this every few seconds."""
+def reap(settings: Settings, now: float | None = None) -> list[WorkspaceRecord]:
+    """Delete the workspaces unused past their TTL and those whose keeper is gone. The
+    host supervisor runs this every few seconds."""
     now = time.time() if now is None else now
-    reaped = []
+    reaped: list[WorkspaceRecord] = []
     for record in local_records(settings):
         used = last_used(record, settings)
         if used is None:
@@ -648,7 +650,7 @@ def reap(settings: Settings, now: float | None = None) -> list[str]:
             note = "its workspace expired (unused past its TTL)" if expired else \
                 "its workspace's sandbox ended"
             if delete(record.id, settings, note=note):
-                reaped.append(record.id)
+                reaped.append(record)
     return reaped
 
 

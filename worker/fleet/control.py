@@ -124,13 +124,16 @@ def owned_record(settings: Settings, job_id: str, owner: str, admin: bool) -> Jo
 
 
 def served_file(settings: Settings, path: Path) -> bool:
-    """True for a regular file (not a symlink) inside this worker's state directory:
-    the only files a control call ever reads."""
+    """True for a regular file (not a symlink) inside this worker's state directory or
+    its workspaces' output directories (read-only in every workspace's view): the only
+    files a control call ever reads."""
     try:
         info = path.lstat()
     except OSError:
         return not path.exists()  # not written yet (a job's first byte): nothing to read
-    inside = os.path.realpath(path).startswith(os.path.realpath(settings.state_dir) + os.sep)
+    real = os.path.realpath(path)
+    roots = (settings.state_dir, settings.workspace_root_dir() / ".out")
+    inside = any(real.startswith(os.path.realpath(root) + os.sep) for root in roots)
     return inside and stat.S_ISREG(info.st_mode)
 
 
@@ -192,11 +195,12 @@ def _output_path(settings: Settings, request: ReadOutputRequest, admin: bool) ->
     unknown = jobs.JobError(
         "not_found", f"no job or kept output for {item_id!r} on {settings.host}"
     )
-    if not admin and spill_owner(settings, item_id) != request.owner:
+    owner, folder = spill_owner_and_folder(settings, item_id)
+    if not admin and owner != request.owner:
         raise unknown
     suffixes = (".out", ".log") if stream == "stdout" else (".err",)
     for suffix in suffixes:
-        candidate = settings.spill_dir / f"{item_id}{suffix}"
+        candidate = folder / f"{item_id}{suffix}"
         if candidate.exists() and served_file(settings, candidate):
             return candidate
     raise unknown
@@ -209,10 +213,17 @@ def owner_file(settings: Settings, call_id: str) -> Path:
 
 def spill_owner(settings: Settings, call_id: str) -> str | None:
     """The owner of a call's kept output; None when unknown (then only an admin reads it)."""
+    return spill_owner_and_folder(settings, call_id)[0]
+
+
+def spill_owner_and_folder(settings: Settings, call_id: str) -> tuple[str | None, Path]:
+    """(the owner of a call's kept output, the directory of its spill files): from the
+    owner file its exec task wrote (None, the spill directory: unknown)."""
     path = owner_file(settings, call_id)
     if not served_file(settings, path) or not path.exists():
-        return None
-    return path.read_text(encoding="utf-8").strip()
+        return None, settings.spill_dir
+    owner, _, folder = path.read_text(encoding="utf-8").partition("\n")
+    return owner.strip(), Path(folder.strip()) if folder.strip() else settings.spill_dir
 
 
 def cancel(rt: Runtime, request: CancelRequest, admin: bool = False) -> CancelResult:

@@ -44,7 +44,7 @@ from pydantic_settings import NoDecode
 
 from worker.engine import procs, running, sandbox
 from worker.engine.environment import DEFAULT_DENY, is_secret_name
-from worker.fleet import flower, logs, recovery, registry
+from worker.fleet import flower, logs, recovery, registry, workspace_calls
 from worker.fleet.connect import client_celery, redis_client, safe_url
 from worker.settings import (
     SECRET_FIELDS,
@@ -451,7 +451,9 @@ class HostSupervisor:
 
     def _loop(self, watcher: recovery.JobWatcher) -> None:
         next_sync = time.monotonic() + JOB_SYNC_INTERVAL_S
+        reaper = workspace_calls.Reaper(self.settings, self.redis)
         while not self.stopping.wait(0.2):
+            reaper.tick()
             for role, child in list(self.children.items()):
                 if child.poll() is not None:
                     self._child_died(role, child)

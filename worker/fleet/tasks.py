@@ -32,7 +32,7 @@ from pydantic import ValidationError
 from worker.engine import procs, running
 from worker.engine.call import RunningHook, SpawnHook, run_call
 from worker.engine.jobs import load_record
-from worker.fleet import control, flower, interactive, recovery, registry
+from worker.fleet import control, flower, interactive, recovery, registry, workspace_calls
 from worker.fleet.app import app
 from worker.fleet.connect import redis_client
 from worker.fleet.control import Runtime
@@ -212,13 +212,14 @@ def run_exec(
         return _failed(call.call_id, host, *_refusal(call.call_id, state))
     started = time.monotonic()
     _log_start(call)
-    _keep_owner(rt, call)  # before it runs: its output is read while it runs (progress)
     spawned = _Spawned()
     try:
         result = run_call(
             call, settings=rt.settings, on_spawn=_spawn_hook(spawned),
             on_running=_running_hook(rt, call, spawned),
             detach=lambda: spawned.on_disk and running.detach_requested(rt.settings, call.call_id),
+            # Before it runs: its output is read while it runs (progress).
+            on_streams=lambda folder: _keep_owner(rt, call, folder),
         )
     except Exception as exc:  # an engine bug must still answer the caller
         log.exception("call %s failed inside the worker", call.call_id,
@@ -415,16 +416,17 @@ def _finish(
     return result
 
 
-def _keep_owner(rt: Runtime, call: Call) -> None:
-    """Write who owns a call's kept output, beside it: `read_output` serves it to that
-    owner only (the file outlives the call's record in Redis)."""
+def _keep_owner(rt: Runtime, call: Call, folder: Path) -> None:
+    """Write who owns a call's kept output and where it is: `read_output` serves it to
+    that owner only (the file outlives the call's record in Redis)."""
     path = control.owner_file(rt.settings, call.call_id)
+    text = f"{call.owner}\n{folder}"
     try:
         try:
-            _write_private(path, call.owner)
-        except FileNotFoundError:  # the host's first call: the engine has not made it yet
+            _write_private(path, text)
+        except FileNotFoundError:  # the host's first call
             path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            _write_private(path, call.owner)
+            _write_private(path, text)
     except OSError as exc:  # the output stays readable by an admin
         log.warning("call %s: could not record its owner: %s", call.call_id, exc,
                     extra={"call_id": call.call_id})
@@ -509,6 +511,13 @@ HANDLERS: dict[str, Callable[[Runtime, Any, bool], Model]] = {
     Task.WRITE_STDIN: interactive.write_stdin,
     Task.CLOSE_STDIN: interactive.close_stdin,
     Task.RESIZE: interactive.resize,
+    Task.WORKSPACE_CREATE: workspace_calls.create,
+    Task.WORKSPACE_DELETE: workspace_calls.delete,
+    Task.WORKSPACE_RENEW: workspace_calls.renew,
+    Task.WORKSPACES: workspace_calls.list_workspaces,
+    Task.FILE_READ: workspace_calls.read_file,
+    Task.FILE_WRITE: workspace_calls.write_file,
+    Task.ARCHIVE: workspace_calls.archive,
 }
 
 #: Fields of a control response worth a log line (never output, never paths of it).
@@ -562,7 +571,7 @@ def _error_reply(exc: ToolError) -> ControlReply:
 #: (Not write_stdin: a person's terminal sends one per keystroke.)
 _LOGGED_SUBJECTS = {
     Task.CHECK: "job_id", Task.KILL: "job_id", Task.CANCEL: "call_id", Task.DETACH: "call_id",
-    Task.CLOSE_STDIN: "job_id", Task.RESIZE: "job_id",
+    Task.CLOSE_STDIN: "job_id", Task.RESIZE: "job_id", Task.WORKSPACE_DELETE: "workspace_id",
 }
 
 

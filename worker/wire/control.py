@@ -14,6 +14,13 @@ an `error` whose kind the client raises as a typed exception.
     WriteStdinRequest -> SessionOutput  write to an interactive job; its new output
     CloseStdinRequest -> SessionOutput  end an interactive job's input (EOF)
     ResizeRequest     -> SessionOutput  set an interactive job's terminal size
+    WorkspaceCreateRequest -> WorkspaceView      make a workspace on the host
+    WorkspaceDeleteRequest -> WorkspaceDeleted   end one (its processes, files, cgroup)
+    WorkspaceRenewRequest  -> WorkspaceView      mark one used (its lease starts again)
+    WorkspacesRequest      -> WorkspaceList      the host's workspaces
+    FileReadRequest        -> FileChunk          a slice of a file, as its calls see it
+    FileWriteRequest       -> FileWritten        write (or append) bytes to a file
+    ArchiveRequest         -> ArchiveResult      tar a directory up, or unpack one
 """
 
 from __future__ import annotations
@@ -33,6 +40,8 @@ from worker.wire.models import (
     Stdin,
     Truncation,
     TruncationInfo,
+    WorkspaceSpec,
+    WorkspaceView,
 )
 from worker.wire.names import Task
 
@@ -288,12 +297,157 @@ class ResizeRequest(ControlRequest):
     """Columns."""
 
 
+# ------------------------------------------------------------------------ workspaces
+
+#: Most bytes one file read or write carries (bigger files go in several).
+MAX_FILE_CHUNK = 4 * 1024 * 1024
+#: Longest file path a file operation takes.
+MAX_FILE_PATH = 4096
+
+
+class WorkspaceCreateRequest(ControlRequest):
+    """Make a workspace on the host (counted against the owner's cap)."""
+
+    task: ClassVar[Task] = Task.WORKSPACE_CREATE
+    response: ClassVar[type[Model]] = WorkspaceView
+
+    spec: WorkspaceSpec = Field(default_factory=WorkspaceSpec)
+    """What it is made of (its owner is the request's)."""
+
+
+class WorkspaceDeleted(Model):
+    """A workspace's end."""
+
+    id: str
+    deleted: bool
+    """False when there was no such workspace (gone already)."""
+
+
+class WorkspaceDeleteRequest(ControlRequest):
+    """End a workspace: its processes killed, its jobs' ends recorded, its files (a fresh
+    one's directory too), /tmp, HOME and cgroup removed (its kept output stays)."""
+
+    task: ClassVar[Task] = Task.WORKSPACE_DELETE
+    response: ClassVar[type[Model]] = WorkspaceDeleted
+
+    id: str
+    """The workspace."""
+
+
+class WorkspaceRenewRequest(ControlRequest):
+    """Mark a workspace used now: its TTL starts again."""
+
+    task: ClassVar[Task] = Task.WORKSPACE_RENEW
+    response: ClassVar[type[Model]] = WorkspaceView
+
+    id: str
+    """The workspace."""
+    count: bool = False
+    """Also count its disk bytes and processes."""
+
+
+class WorkspaceList(Model):
+    """A host's workspaces."""
+
+    workspaces: tuple[WorkspaceView, ...] = ()
+
+
+class WorkspacesRequest(ControlRequest):
+    """The host's workspaces: the asker's own, or with `all_owners` (admin) all."""
+
+    task: ClassVar[Task] = Task.WORKSPACES
+    response: ClassVar[type[Model]] = WorkspaceList
+
+    all_owners: bool = False
+    """Every owner's (refused unless the message was signed with the admin key)."""
+
+
+class FileChunk(Model):
+    """A slice of a file of a workspace."""
+
+    path: str
+    """The file, as the workspace's calls see it."""
+    offset: int
+    """Where the slice starts."""
+    data_b64: str
+    """The bytes, base64."""
+    size: int
+    """The file's size."""
+    eof: bool
+    """The slice reaches the end of the file."""
+
+
+class FileReadRequest(ControlRequest):
+    """Read a file of a workspace as its calls see it (read as the run user)."""
+
+    task: ClassVar[Task] = Task.FILE_READ
+    response: ClassVar[type[Model]] = FileChunk
+
+    workspace: str
+    path: str = Field(min_length=1, max_length=MAX_FILE_PATH)
+    """Relative to the workspace's directory, or absolute in its calls' view."""
+    offset: int = Field(0, ge=0)
+    limit: int = Field(MAX_FILE_CHUNK, ge=0, le=MAX_FILE_CHUNK)
+
+
+class FileWritten(Model):
+    """What a write left."""
+
+    path: str
+    size: int
+    """The file's size after the write."""
+
+
+class FileWriteRequest(ControlRequest):
+    """Write bytes to a file of a workspace as its calls see it (as the run user: its
+    owner and mode are what a call's would be)."""
+
+    task: ClassVar[Task] = Task.FILE_WRITE
+    response: ClassVar[type[Model]] = FileWritten
+
+    workspace: str
+    path: str = Field(min_length=1, max_length=MAX_FILE_PATH)
+    """Relative to the workspace's directory, or absolute in its calls' view."""
+    data_b64: str = Field("", max_length=MAX_FILE_CHUNK * 4 // 3 + 8)
+    """The bytes, base64."""
+    append: bool = False
+    """Append (the next chunk of a large file) instead of replacing the file."""
+    mode: int | None = Field(None, ge=0, le=0o7777)
+    """Permissions to give the file (None: the umask's)."""
+    make_parents: bool = True
+    """Make its missing parent directories."""
+
+
+class ArchiveResult(Model):
+    """An archive made or unpacked."""
+
+    path: str
+    """The archive, as the workspace's calls see it (made: read it, then remove it)."""
+    size: int
+
+
+class ArchiveRequest(ControlRequest):
+    """`create`: tar `directory` up into `archive`; `extract`: unpack `archive` into
+    `directory` (made if missing) and remove it; `remove`: remove `archive`. In the
+    workspace, as the run user (upload and download of directories)."""
+
+    task: ClassVar[Task] = Task.ARCHIVE
+    response: ClassVar[type[Model]] = ArchiveResult
+
+    workspace: str
+    action: Literal["create", "extract", "remove"]
+    directory: str = Field(".", min_length=1, max_length=MAX_FILE_PATH)
+    archive: str = Field(min_length=1, max_length=MAX_FILE_PATH)
+
+
 #: Every control request by task name (what the worker validates a message against).
 REQUESTS: dict[str, type[ControlRequest]] = {
     cls.task: cls
     for cls in (
         CheckRequest, KillRequest, ReadOutputRequest, CancelRequest, DetachRequest, JobsRequest,
-        WriteStdinRequest, CloseStdinRequest, ResizeRequest,
+        WriteStdinRequest, CloseStdinRequest, ResizeRequest, WorkspaceCreateRequest,
+        WorkspaceDeleteRequest, WorkspaceRenewRequest, WorkspacesRequest, FileReadRequest,
+        FileWriteRequest, ArchiveRequest,
     )
 }
 

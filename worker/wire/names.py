@@ -124,6 +124,13 @@ class Task(StrEnum):
     WRITE_STDIN = "bashfleet.write_stdin"
     RESIZE = "bashfleet.resize"
     CLOSE_STDIN = "bashfleet.close_stdin"
+    WORKSPACE_CREATE = "bashfleet.workspace_create"
+    WORKSPACE_DELETE = "bashfleet.workspace_delete"
+    WORKSPACE_RENEW = "bashfleet.workspace_renew"
+    WORKSPACES = "bashfleet.workspaces"
+    FILE_READ = "bashfleet.file_read"
+    FILE_WRITE = "bashfleet.file_write"
+    ARCHIVE = "bashfleet.archive"
 
 
 # ---------------------------------------------------------------------- validation
@@ -223,6 +230,16 @@ def job_key(job_id: str) -> str:
 def jobs_key(host: str) -> str:
     """Job ids of a host (zset: job id -> start time)."""
     return f"{PREFIX}jobs:{host}"
+
+
+def workspace_key(ws_id: str) -> str:
+    """A workspace's view, sealed by its host (string: `seal` of WorkspaceView JSON)."""
+    return f"{PREFIX}ws:{ws_id}"
+
+
+def owner_workspaces_key(owner: str) -> str:
+    """An owner's workspaces across the fleet (zset: workspace id -> expiry time)."""
+    return f"{PREFIX}owner-ws:{owner}"
 
 
 def shell_key(session: str) -> str:

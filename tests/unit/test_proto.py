@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from worker.engine import launcher
-from worker.engine.launcher import CapWatch
+from worker.engine import kernel, proto
+from worker.engine.proto import CapWatch
 
 
 @pytest.fixture(name="pair")
@@ -30,9 +30,9 @@ def test_a_message_carries_its_body_and_fds(pair: tuple[socket.socket, socket.so
     ours, theirs = pair
     read_end, write_end = os.pipe()
     try:
-        launcher.send(ours, b"C", {"argv": ["bash", "-c", "x"], "env": {"K": "v\udcff"}},
+        proto.send(ours, b"C", {"argv": ["bash", "-c", "x"], "env": {"K": "v\udcff"}},
                       [write_end])
-        tag, body, fds = launcher.recv(theirs)
+        tag, body, fds = proto.recv(theirs)
         assert (tag, body["argv"], body["env"]) == (b"C", ["bash", "-c", "x"], {"K": "v\udcff"})
         (received,) = fds
         # A new fd for the same pipe, close-on-exec: it leaks into no spawn.
@@ -47,16 +47,16 @@ def test_a_message_carries_its_body_and_fds(pair: tuple[socket.socket, socket.so
 
 def test_a_large_message_travels_in_a_memfd(pair: tuple[socket.socket, socket.socket]) -> None:
     ours, theirs = pair
-    command = "echo " + "x" * (3 * launcher.INLINE_LIMIT)
-    launcher.send(ours, b"C", {"argv": ["bash", "-c", command]})
-    tag, body, fds = launcher.recv(theirs)
+    command = "echo " + "x" * (3 * proto.INLINE_LIMIT)
+    proto.send(ours, b"C", {"argv": ["bash", "-c", command]})
+    tag, body, fds = proto.recv(theirs)
     assert (tag, body["argv"][2], fds) == (b"C", command, [])
 
 
 def test_end_of_file(pair: tuple[socket.socket, socket.socket]) -> None:
     ours, theirs = pair
     ours.close()
-    assert launcher.recv(theirs) == (b"", {}, [])
+    assert proto.recv(theirs) == (b"", {}, [])
 
 
 @pytest.mark.parametrize(
@@ -64,7 +64,7 @@ def test_end_of_file(pair: tuple[socket.socket, socket.socket]) -> None:
     [(0, 0), (3 << 8, 3), (signal.SIGTERM, -signal.SIGTERM), (signal.SIGKILL, -9)],
 )
 def test_returncode(status: int, code: int) -> None:
-    assert launcher.returncode(status) == code
+    assert proto.returncode(status) == code
 
 
 def test_find_searches_the_childs_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -75,12 +75,12 @@ def test_find_searches_the_childs_path(tmp_path: Path, monkeypatch: pytest.Monke
     tool.write_text("#!/bin/sh\n")
     tool.chmod(0o755)
     env = {"PATH": f"{tmp_path / 'a'}:{tmp_path / 'b'}"}
-    assert launcher._find("tool", env) == str(tool)
-    assert launcher._find("/bin/sh", {}) == "/bin/sh"
+    assert kernel.find_executable("tool", env) == str(tool)
+    assert kernel.find_executable("/bin/sh", {}) == "/bin/sh"
     monkeypatch.chdir(tmp_path)
-    assert launcher._find("tool", {"PATH": "a:b"}) == "b/tool"  # relative to the cwd
+    assert kernel.find_executable("tool", {"PATH": "a:b"}) == "b/tool"  # relative to the cwd
     with pytest.raises(FileNotFoundError):
-        launcher._find("tool", {"PATH": "/nonexistent"})
+        kernel.find_executable("tool", {"PATH": "/nonexistent"})
 
 
 class _Clock:
@@ -93,18 +93,18 @@ class _Clock:
 
 def test_cap_watch_paces_its_looks_by_the_write_rate(monkeypatch: pytest.MonkeyPatch) -> None:
     clock = _Clock()
-    monkeypatch.setattr("worker.engine.launcher.time.monotonic", clock)
+    monkeypatch.setattr("worker.engine.proto.time.monotonic", clock)
     sizes = [0]
     watch = CapWatch(lambda: sizes[0], cap=1000)
     clock.now += 1
-    assert watch.step() == (False, launcher.CAP_MAX_WAIT_S)  # quiet
+    assert watch.step() == (False, proto.CAP_MAX_WAIT_S)  # quiet
     sizes[0], clock.now = 100, clock.now + 0.01  # 10,000 bytes a second: 0.09 s left
     over, pause = watch.step()
     assert not over and pause == pytest.approx(0.045)  # half of it
     sizes[0], clock.now = 110, clock.now + 0.01  # 1,000 a second: 0.89 s left
-    assert watch.step() == (False, launcher.CAP_MAX_WAIT_S)  # no longer than the longest
+    assert watch.step() == (False, proto.CAP_MAX_WAIT_S)  # no longer than the longest
     sizes[0], clock.now = 900, clock.now + 0.01  # 80,000 a second: 1.25 ms left
-    assert watch.step() == (False, launcher.CAP_MIN_WAIT_S)
+    assert watch.step() == (False, proto.CAP_MIN_WAIT_S)
     sizes[0], clock.now = 1001, clock.now + 0.01
     assert watch.step() == (True, 0.0)
 
@@ -116,7 +116,7 @@ def test_files_size_counts_a_shared_file_once(tmp_path: Path) -> None:
     err.write_bytes(b"y" * 5)
     fds = [os.open(p, os.O_RDONLY) for p in (out, out, err)]
     try:
-        assert launcher.files_size(fds) == 15
+        assert proto.files_size(fds) == 15
     finally:
         for fd in fds:
             os.close(fd)

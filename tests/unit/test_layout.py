@@ -1,0 +1,151 @@
+"""worker.engine.layout: what a workspace's calls see, as a plan of mount steps."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from worker.engine import layout
+from worker.engine.layout import Entry, ViewSpec
+
+R = "/state/workspaces/w1/root"
+ENTRIES = (Entry("usr", "dir"), Entry("etc", "dir"), Entry("var", "dir"), Entry("home", "dir"),
+           Entry("bin", "link", "usr/bin"), Entry("tmp", "dir"), Entry("proc", "dir"),
+           Entry("dev", "dir"), Entry("swapfile", "file"), Entry("srv", "dir"))
+
+
+def spec(**changes: Any) -> ViewSpec:
+    base: dict[str, Any] = dict(
+        root=R, workspace="/srv/ws/w1", out_dir="/srv/ws/.out/w1", tmp="/state/workspaces/w1/tmp",
+        var_tmp="/state/workspaces/w1/vartmp", home="/state/workspaces/w1/home",
+        home_view="/home/runner", entries=ENTRIES,
+        hidden_dirs=("/state", "/srv/ws", "/etc/bashfleet"), hidden_files=("/etc/key",),
+    )
+    base.update(changes)
+    return ViewSpec(**base)
+
+
+def binds(plan: list[list[Any]]) -> dict[str, tuple[str, bool]]:
+    """target -> (source, writable) of the plan's bind steps."""
+    found: dict[str, tuple[str, bool]] = {}
+    for step in plan:
+        if step[0] == "bind":
+            found[step[2]] = (step[1], bool(step[3]))
+        elif step[0] == "rbind_ro":
+            found[step[2]] = (step[1], False)
+    return found
+
+
+@pytest.mark.parametrize(
+    ("paths", "expected"),
+    [
+        (["/a/b", "/a", "/c"], ("/a", "/c")),
+        (["/a", "/ab"], ("/a", "/ab")),
+        (["/x/y", "/x/y"], ("/x/y",)),
+        ([], ()),
+    ],
+)
+def test_outermost(paths: list[str], expected: tuple[str, ...]) -> None:
+    assert layout.outermost(paths) == expected
+
+
+def test_the_host_is_read_only_and_its_own_dirs_are_not_the_hosts() -> None:
+    plan = layout.plan_view(spec())
+    found = binds(plan)
+    assert found[f"{R}/usr"] == ("/usr", False)
+    assert found[f"{R}/etc"] == ("/etc", False)
+    assert ["symlink", "usr/bin", f"{R}/bin"] in plan
+    assert ["bind_file", "/swapfile", f"{R}/swapfile", False] in plan
+    for own in ("tmp", "proc", "dev"):  # never the host's
+        assert found.get(f"{R}/{own}", ("", True))[0] != f"/{own}"
+    assert found[f"{R}/tmp"] == ("/state/workspaces/w1/tmp", True)
+    assert found[f"{R}/var/tmp"] == ("/state/workspaces/w1/vartmp", True)
+    assert ["devices", f"{R}/dev"] in plan and ["proc", f"{R}/proc"] in plan
+
+
+def test_the_workspace_and_home_are_writable_its_output_read_only() -> None:
+    found = binds(layout.plan_view(spec()))
+    assert found[f"{R}/srv/ws/w1"] == ("/srv/ws/w1", True)
+    assert found[f"{R}/srv/ws/.out/w1"] == ("/srv/ws/.out/w1", False)
+    assert found[f"{R}/home/runner"] == ("/state/workspaces/w1/home", True)
+
+
+def test_hidden_dirs_are_covered_and_the_workspace_is_bound_back_into_them() -> None:
+    plan = layout.plan_view(spec())
+    tmpfs = [s[1] for s in plan if s[0] == "tmpfs"]
+    assert f"{R}/state" in tmpfs and f"{R}/srv/ws" in tmpfs
+    hidden_at = plan.index(["tmpfs", f"{R}/srv/ws", 0o755])
+    made = plan.index(["mkdir", f"{R}/srv/ws/w1", 0o755])
+    bound = next(i for i, s in enumerate(plan) if s[0] == "bind" and s[2] == f"{R}/srv/ws/w1")
+    assert hidden_at < made < bound
+    assert ["remount_ro", f"{R}/srv/ws"] in plan
+    assert ["bind_file", "/dev/null", f"{R}/etc/key", False] in plan
+
+
+def test_hidden_wins_over_writable_but_not_over_the_workspaces_own() -> None:
+    found = binds(layout.plan_view(spec(writable=("/state/cache", "/opt/cache"))))
+    assert f"{R}/state/cache" not in found
+    assert found[f"{R}/opt/cache"] == ("/opt/cache", True)
+
+
+def test_nothing_under_the_views_own_tmp_is_hidden_from_the_host() -> None:
+    plan = layout.plan_view(spec(hidden_dirs=("/tmp/pytest-1/state",),
+                                 hidden_files=("/tmp/key",)))
+    assert not any(s[0] == "tmpfs" and s[1].startswith(f"{R}/tmp/") for s in plan)
+    assert not any(s[0] == "bind_file" and s[2] == f"{R}/tmp/key" for s in plan)
+
+
+def test_a_workspace_under_tmp_is_bound_into_the_private_tmp() -> None:
+    plan = layout.plan_view(spec(workspace="/tmp/t/ws", out_dir="/tmp/t/.out/w1"))
+    assert ["mkdir", f"{R}/tmp/t/ws", 0o755] in plan
+    assert binds(plan)[f"{R}/tmp/t/ws"] == ("/tmp/t/ws", True)
+
+
+def test_mounts_show_workspace_dirs_at_absolute_paths() -> None:
+    plan = layout.plan_view(spec(mounts={"/logs": "/srv/ws/w1/logs",
+                                         "/logs/agent": "/srv/ws/w1/agent"}))
+    found = binds(plan)
+    assert found[f"{R}/logs"] == ("/srv/ws/w1/logs", True)
+    assert found[f"{R}/logs/agent"] == ("/srv/ws/w1/agent", True)
+    assert plan.index(["mkdir", f"{R}/logs", 0o755]) < plan.index(["mkdir", f"{R}/logs/agent",
+                                                                  0o755])
+
+
+def test_the_package_stays_read_only_inside_a_writable_workspace() -> None:
+    plan = layout.plan_view(spec(workspace="/srv/src", protected=("/srv/src/.venv", "/usr/lib")))
+    assert ["rbind_ro", "/srv/src/.venv", f"{R}/srv/src/.venv"] in plan
+    assert not any(s[0] == "rbind_ro" and s[1] == "/usr/lib" for s in plan)  # ro already
+
+
+def test_the_plan_ends_with_the_pivot_and_a_read_only_root() -> None:
+    plan = layout.plan_view(spec())
+    assert plan[0] == ["private"] and plan[1] == ["tmpfs", R, 0o755]
+    assert plan[-2:] == [["pivot", R], ["remount_ro", "/"]]
+
+
+paths = st.lists(st.sampled_from(["/srv", "/srv/ws", "/state", "/opt", "/opt/x", "/home",
+                                  "/home/runner", "/etc", "/tmp/a", "/var"]), max_size=5)
+
+
+@settings(max_examples=200, deadline=None)
+@given(hidden=paths, writable=paths, protected=paths)
+def test_no_host_path_is_writable_but_the_workspaces_own_and_the_listed_roots(
+    hidden: list[str], writable: list[str], protected: list[str],
+) -> None:
+    view = spec(hidden_dirs=tuple(hidden), writable=tuple(writable), protected=tuple(protected))
+    plan = layout.plan_view(view)
+    own = {view.workspace, view.tmp, view.var_tmp, view.home}
+    for source, writable_bind in binds(plan).values():
+        if writable_bind:
+            assert source in own or source in writable, source
+    for step in plan:  # every hidden directory outside the private /tmp is covered
+        assert step[0] != "bind" or not step[3] or not any(
+            layout.inside(step[1], h) and step[1] not in own for h in hidden)
+    covered = {s[1] for s in plan if s[0] == "tmpfs"}
+    for h in layout.outermost(hidden):
+        if not layout.inside(h, "/tmp"):
+            assert f"{R}{h}" in covered
+    assert plan[-2][0] == "pivot"

@@ -1,0 +1,159 @@
+"""A workspace's files, read and written as its calls would: by small tools run in it.
+
+The worker never opens a workspace's files itself: a path a call could have turned into
+a symlink to the worker's key would then be the worker's to follow. `cat`, `dd`, `stat`,
+`mkdir`, `chmod` and `tar` run inside the workspace (as its run user, in its view, through
+its keeper like any call), with the bytes passed on anonymous files (memfd). What they
+can reach is what a call can: the owner and mode of what they write is a call's too.
+
+    data, size = read_file(record, settings, "src/app.py", offset=0, limit=1 << 20)
+    write_file(record, settings, "/tmp/x.txt", b"...", mode=0o644)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+from dataclasses import dataclass
+
+from worker.engine import sandbox, workspaces
+from worker.settings import Settings
+from worker.wire.errors import ErrorKind
+from worker.wire.models import WorkspaceRecord
+
+#: Seconds a file tool may take (a 4 MiB chunk, a tar of a large tree).
+TOOL_TIMEOUT_S = 300.0
+#: The environment of the tools: nothing of the worker's.
+TOOL_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            "LC_ALL": "C"}
+
+_CHECK = (
+    'f=$1; if [ ! -e "$f" ]; then echo "No such file or directory: $f" >&2; exit 2; fi; '
+    'if [ -d "$f" ]; then echo "Is a directory: $f" >&2; exit 3; fi; '
+    'if [ ! -r "$f" ]; then echo "Permission denied: $f" >&2; exit 4; fi; '
+)
+_READ = _CHECK + (
+    'stat -L -c %s -- "$f" >&3 || exit 5; '
+    'exec dd if="$f" iflag=skip_bytes,count_bytes skip="$2" count="$3" bs=1M status=none'
+)
+_WRITE = (
+    'f=$1; set -e; if [ "$4" = 1 ]; then mkdir -p -- "$(dirname -- "$f")"; fi; '
+    'if [ "$3" = 1 ]; then cat >> "$f"; else cat > "$f"; fi; '
+    'if [ -n "$2" ]; then chmod -- "$2" "$f"; fi; stat -c %s -- "$f" >&3'
+)
+_ARCHIVE = {
+    "create": 'set -e; tar -c -f "$2" -C "$1" . ; stat -c %s -- "$2" >&3',
+    "extract": 'set -e; mkdir -p -- "$1"; tar -x -f "$2" -C "$1" --no-same-owner; '
+               'rm -f -- "$2"; echo 0 >&3',
+    "remove": 'rm -f -- "$2"; echo 0 >&3',
+}
+#: How a tool's exit status is told: not found, not a regular file, not readable.
+_KINDS: dict[int, ErrorKind] = {2: "not_found", 3: "invalid", 4: "unauthorized"}
+
+
+class FileError(workspaces.WorkspaceError):
+    """A file operation failed (its message is the tool's)."""
+
+
+@dataclass(frozen=True)
+class ToolRun:
+    """How a tool ended and what it wrote (stdout, stderr, fd 3)."""
+
+    status: int
+    stdout: bytes
+    stderr: bytes
+    answer: bytes
+
+
+def in_view(record: WorkspaceRecord, path: str) -> str:
+    """A path as the workspace's calls see it: relative ones from its directory."""
+    return os.path.normpath(os.path.join(record.path, path))
+
+
+def read_file(record: WorkspaceRecord, settings: Settings, path: str, *, offset: int,
+              limit: int) -> tuple[bytes, int]:
+    """(`limit` bytes of the file from `offset`, its size)."""
+    run = _checked(record, settings, ["bash", "-c", _READ, "read", in_view(record, path),
+                                      str(offset), str(limit)], b"", limit)
+    return run.stdout, int(run.answer.strip() or 0)
+
+
+def write_file(record: WorkspaceRecord, settings: Settings, path: str, data: bytes, *,
+               append: bool = False, mode: int | None = None,
+               make_parents: bool = True) -> int:
+    """Write (or append) `data`; the file's size after."""
+    argv = ["bash", "-c", _WRITE, "write", in_view(record, path),
+            "" if mode is None else format(mode, "o"), "1" if append else "0",
+            "1" if make_parents else "0"]
+    return int(_checked(record, settings, argv, data, 0).answer.strip() or 0)
+
+
+def archive(record: WorkspaceRecord, settings: Settings, action: str, directory: str,
+            archive_path: str) -> int:
+    """`create` a tar of `directory` at `archive_path` (its size), `extract` it into
+    `directory` (then remove it), or `remove` it."""
+    argv = ["bash", "-c", _ARCHIVE[action], action, in_view(record, directory),
+            in_view(record, archive_path)]
+    return int(_checked(record, settings, argv, b"", 0).answer.strip() or 0)
+
+
+def _checked(record: WorkspaceRecord, settings: Settings, argv: list[str], data: bytes,
+             max_out: int) -> ToolRun:
+    run = run_tool(record, settings, argv, data, max_out=max_out)
+    if run.status != 0:
+        message = run.stderr.decode("utf-8", "replace").strip() or f"status {run.status}"
+        raise FileError(_KINDS.get(run.status, "invalid"), message[-2000:])
+    return run
+
+
+def run_tool(record: WorkspaceRecord, settings: Settings, argv: list[str], data: bytes, *,
+             max_out: int) -> ToolRun:
+    """Run `argv` in the workspace with `data` on its stdin; what it wrote. At most
+    `max_out` bytes of stdout are kept (the tools are asked for no more)."""
+    fds = [_memfd(data), _memfd(b""), _memfd(b""), _memfd(b"")]
+    try:
+        status = _run(record, settings, argv, fds)
+        return ToolRun(status, _read(fds[1], max_out), _read(fds[2], 64 * 1024),
+                       _read(fds[3], 4096))
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def _run(record: WorkspaceRecord, settings: Settings, argv: list[str], fds: list[int]) -> int:
+    user = sandbox.run_user(settings)
+    env = {**TOOL_ENV, "HOME": workspaces.home_of(user)}
+    if record.keeper_pid is not None:
+        proc = workspaces.start(record, {"argv": argv, "cwd": "/", "env": env,
+                                         "targets": [0, 1, 2, 3]}, fds)
+        try:
+            return proc.wait(TOOL_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, 9)
+            return proc.wait(10)
+    # A plain spawn keeps the answer descriptor's own number (never a fixed one: this
+    # process is threaded, its fd 3 is somebody's): the script moves it to 3 itself.
+    plain = [*argv[:2], f"exec 3>&{fds[3]}; {argv[2]}", *argv[3:]]
+    done = subprocess.run(
+        plain, stdin=fds[0], stdout=fds[1], stderr=fds[2], pass_fds=(fds[3],), env=env,
+        cwd="/", timeout=TOOL_TIMEOUT_S, check=False, start_new_session=True,
+        user=user.uid if user else None, group=user.gid if user else None,
+        extra_groups=sandbox.extra_groups(user) if user else None,
+    )
+    return done.returncode
+
+
+def _memfd(data: bytes) -> int:
+    fd = os.memfd_create("bashfleet-file", os.MFD_CLOEXEC)
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
+def _read(fd: int, limit: int) -> bytes:
+    size = os.fstat(fd).st_size
+    return os.pread(fd, min(size, limit), 0) if limit else b""

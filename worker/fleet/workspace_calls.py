@@ -1,0 +1,229 @@
+"""What the workspace control calls do on the owning host, and their Redis records.
+
+A workspace's record lives on its host's disk (`worker.engine.workspaces`); Redis holds
+what clients list: its view, sealed by the host (`bashfleet:ws:<id>`), and the owner's
+index of live workspaces across the fleet (`bashfleet:owner-ws:<owner>`, a zset scored by
+each one's expiry), which also counts them against `BASHFLEET_LIMIT_WORKSPACES` in one
+Lua script: many orchestrator processes sharing an owner cannot pass the cap together,
+and the workspaces of a host that died drop out when they would have expired.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import logging
+import threading
+import time
+
+import redis
+
+from worker.engine import files
+from worker.engine import workspaces as engine
+from worker.fleet.control import Runtime
+from worker.settings import Settings
+from worker.wire import auth, names
+from worker.wire.control import (
+    ArchiveRequest,
+    ArchiveResult,
+    FileChunk,
+    FileReadRequest,
+    FileWriteRequest,
+    FileWritten,
+    WorkspaceCreateRequest,
+    WorkspaceDeleted,
+    WorkspaceDeleteRequest,
+    WorkspaceList,
+    WorkspaceRenewRequest,
+    WorkspacesRequest,
+)
+from worker.wire.errors import ToolError
+from worker.wire.models import WorkspaceRecord, WorkspaceView
+
+log = logging.getLogger("bashfleet.worker")
+
+#: Seconds a workspace's Redis records outlive its expiry (a host reaps it within a
+#: minute of it; its listing must not drop it before).
+RECORD_MARGIN_S = 120.0
+#: Seal purpose of a workspace's view in Redis.
+WORKSPACE = "workspace"
+
+# KEYS[1] owner index; ARGV now, limit, id, expiry, index ttl. -1: admitted, else the
+# number of live workspaces that refused it.
+_ADMIT = """
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
+local live = redis.call('ZCARD', KEYS[1])
+if redis.call('ZSCORE', KEYS[1], ARGV[3]) == false and live >= tonumber(ARGV[2]) then
+  return live
+end
+redis.call('ZADD', KEYS[1], ARGV[4], ARGV[3])
+redis.call('EXPIRE', KEYS[1], ARGV[5])
+return -1
+"""
+
+
+def _admit(rt: Runtime, owner: str, ws_id: str, expires: float) -> None:
+    """Count a new workspace against its owner's cap, or refuse it (`limit`)."""
+    now = time.time()
+    limit = rt.settings.limit_workspaces
+    live = int(rt.redis.eval(_ADMIT, 1, names.owner_workspaces_key(owner), now, limit, ws_id,
+                             expires, int(expires - now + RECORD_MARGIN_S)))
+    if live >= 0:
+        raise ToolError("limit", (
+            f"owner {owner or '(none)'} has {live} live workspaces, the most allowed "
+            f"(BASHFLEET_LIMIT_WORKSPACES={limit}); delete one (`bashfleet workspace rm`), "
+            "or retry once one expires"))
+
+
+def publish(rt: Runtime, record: WorkspaceRecord) -> WorkspaceView:
+    """Write the workspace's view to Redis (sealed) and its expiry to the owner's index."""
+    view = engine.view(record, rt.settings)
+    expires = view.expires_at or time.time() + record.ttl_s
+    ttl = max(1, int(expires - time.time() + RECORD_MARGIN_S))
+    key = next(iter(rt.keys.values()), None)
+    sealed = auth.seal(key, WORKSPACE, record.id, view.model_dump_json())
+    pipe = rt.redis.pipeline(transaction=False)
+    pipe.set(names.workspace_key(record.id), sealed, ex=ttl)
+    pipe.zadd(names.owner_workspaces_key(record.owner), {record.id: expires})
+    pipe.expire(names.owner_workspaces_key(record.owner), ttl)
+    pipe.execute()
+    return view
+
+
+def unpublish(rt: Runtime, record: WorkspaceRecord) -> None:
+    """Drop a workspace that ended from Redis."""
+    pipe = rt.redis.pipeline(transaction=False)
+    pipe.delete(names.workspace_key(record.id))
+    pipe.zrem(names.owner_workspaces_key(record.owner), record.id)
+    pipe.execute()
+
+
+def _owned(rt: Runtime, ws_id: str, owner: str, admin: bool) -> WorkspaceRecord:
+    """A workspace of this host, for its owner (or an admin); another's is unknown."""
+    try:
+        record = engine.load(ws_id, rt.settings)
+    except engine.WorkspaceError:
+        record = None
+    if record is None or (record.owner != owner and not admin) or record.throwaway:
+        raise ToolError("not_found", f"no such workspace on host {rt.settings.host}: {ws_id}")
+    return record
+
+
+def create(rt: Runtime, request: WorkspaceCreateRequest, admin: bool = False) -> WorkspaceView:
+    """Make a workspace for the asker (counted against their cap first)."""
+    del admin
+    spec = request.spec.model_copy(update={"owner": request.owner})
+    ws_id = engine.new_id()
+    _admit(rt, request.owner, ws_id, time.time() + (spec.ttl_s or rt.settings.workspace_ttl_s))
+    try:
+        record = engine.create(spec, rt.settings, ws_id=ws_id)
+    except BaseException:
+        rt.redis.zrem(names.owner_workspaces_key(request.owner), ws_id)
+        raise
+    return publish(rt, record)
+
+
+def delete(rt: Runtime, request: WorkspaceDeleteRequest, admin: bool = False) -> WorkspaceDeleted:
+    """End a workspace of the asker's."""
+    record = _owned(rt, request.id, request.owner, admin)
+    deleted = engine.delete(record.id, rt.settings)
+    unpublish(rt, record)
+    return WorkspaceDeleted(id=record.id, deleted=deleted)
+
+
+def renew(rt: Runtime, request: WorkspaceRenewRequest, admin: bool = False) -> WorkspaceView:
+    """Mark a workspace used now; its view (counted, when asked)."""
+    record = _owned(rt, request.id, request.owner, admin)
+    engine.touch(record, rt.settings)
+    view = publish(rt, record)
+    return engine.view(record, rt.settings, count=True) if request.count else view
+
+
+def list_workspaces(rt: Runtime, request: WorkspacesRequest,
+                    admin: bool = False) -> WorkspaceList:
+    """The host's workspaces of the asker (every owner's for an admin who asks)."""
+    if request.all_owners and not admin:
+        raise ToolError("unauthorized", "listing every owner's workspaces needs the admin key")
+    views = [
+        engine.view(record, rt.settings) for record in engine.local_records(rt.settings)
+        if not record.throwaway and (request.all_owners or record.owner == request.owner)
+    ]
+    return WorkspaceList(workspaces=tuple(sorted(views, key=lambda v: v.created_at)))
+
+
+def read_file(rt: Runtime, request: FileReadRequest, admin: bool = False) -> FileChunk:
+    """A slice of a file of the workspace, read in it as its calls would."""
+    record = _owned(rt, request.workspace, request.owner, admin)
+    engine.touch(record, rt.settings)
+    data, size = files.read_file(record, rt.settings, request.path, offset=request.offset,
+                                 limit=request.limit)
+    return FileChunk(path=files.in_view(record, request.path), offset=request.offset,
+                     data_b64=base64.b64encode(data).decode("ascii"), size=size,
+                     eof=request.offset + len(data) >= size)
+
+
+def write_file(rt: Runtime, request: FileWriteRequest, admin: bool = False) -> FileWritten:
+    """Write bytes to a file of the workspace, in it as its calls would."""
+    record = _owned(rt, request.workspace, request.owner, admin)
+    engine.touch(record, rt.settings)
+    try:
+        data = base64.b64decode(request.data_b64, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise ToolError("invalid", f"data_b64 is not base64: {exc}") from None
+    size = files.write_file(record, rt.settings, request.path, data, append=request.append,
+                            mode=request.mode, make_parents=request.make_parents)
+    return FileWritten(path=files.in_view(record, request.path), size=size)
+
+
+def archive(rt: Runtime, request: ArchiveRequest, admin: bool = False) -> ArchiveResult:
+    """Tar a directory of the workspace up, or unpack an archive into one."""
+    record = _owned(rt, request.workspace, request.owner, admin)
+    engine.touch(record, rt.settings)
+    size = files.archive(record, rt.settings, request.action, request.directory,
+                         request.archive)
+    return ArchiveResult(path=files.in_view(record, request.archive), size=size)
+
+
+def reap(settings: Settings, client: redis.Redis) -> int:
+    """Reap this host's expired or dead workspaces and drop them from Redis; how many."""
+    reaped = engine.reap(settings)
+    for record in reaped:
+        try:
+            pipe = client.pipeline(transaction=False)
+            pipe.delete(names.workspace_key(record.id))
+            pipe.zrem(names.owner_workspaces_key(record.owner), record.id)
+            pipe.execute()
+        except redis.RedisError as exc:
+            log.warning("workspace %s reaped; Redis not told: %s", record.id, exc)
+    if reaped:
+        log.info("reaped %d workspace(s): %s", len(reaped), ", ".join(r.id for r in reaped))
+    return len(reaped)
+
+
+#: Seconds between two reaps of a host's workspaces (a lease ends within a minute).
+REAP_INTERVAL_S = 15.0
+
+
+class Reaper:
+    """Reaps the host's workspaces every REAP_INTERVAL_S, in a thread of its own (a
+    deletion waits for a keeper and removes trees: never the supervisor's loop)."""
+
+    def __init__(self, settings: Settings, client: redis.Redis) -> None:
+        self.settings = settings
+        self.client = client
+        self.next_at = time.monotonic()
+        self.thread: threading.Thread | None = None
+
+    def tick(self) -> None:
+        """Start a reap when one is due and none runs."""
+        if time.monotonic() < self.next_at or (self.thread and self.thread.is_alive()):
+            return
+        self.next_at = time.monotonic() + REAP_INTERVAL_S
+        self.thread = threading.Thread(target=self._reap, name="bashfleet-reaper", daemon=True)
+        self.thread.start()
+
+    def _reap(self) -> None:
+        try:
+            reap(self.settings, self.client)
+        except Exception:  # the reaper must live on: log and retry next time
+            log.exception("could not reap workspaces")
