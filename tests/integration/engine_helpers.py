@@ -240,12 +240,29 @@ class Engine:
         return result
 
 
+def run_user_ids() -> tuple[int, int] | None:
+    """(uid, gid) calls run as when this suite runs as root (None: as ourselves)."""
+    user = sandbox.run_user(Settings(host="test"))
+    return (user.uid, user.gid) if user is not None else None
+
+
+def give_to_run_user(path: Path) -> None:
+    """Make `path` the run user's, as an operator makes a build directory the run user's
+    (calls never run as root: they could not write to a directory of root's)."""
+    ids = run_user_ids()
+    if ids is not None:
+        os.chown(path, *ids)
+
+
 @contextlib.contextmanager
 def engine_with(tmp_path: Path, janitor: Janitor, **settings: Any) -> Iterator[Engine]:
     """An engine with these settings (a test may hold two, sharing its directories);
     the sandbox's launchers and idle runners are ended when it is left."""
     work = tmp_path / "work"
     work.mkdir(parents=True, exist_ok=True)
+    give_to_run_user(work)
+    settings.setdefault("workspace_root", tmp_path / "workspaces")
+    settings.setdefault("workspace_allow", (str(work),))
     engine = Engine(Settings(state_dir=tmp_path / "state", host="test", **settings), janitor, work)
     try:
         yield engine

@@ -93,7 +93,7 @@ def test_planted_secret_is_scrubbed_and_redacted(
 ) -> None:
     monkeypatch.setenv("MY_API_TOKEN", SECRET)
     monkeypatch.setenv("BASHFLEET_REDIS_URL", "redis://:hunter2-broker@example:6379/0")
-    secret_file = tmp_path / "leak.txt"
+    secret_file = engine.tmp / "leak.txt"  # in the workspace: what a call can read
     secret_file.write_text(f"token={SECRET}\n")
 
     listing = engine.run("env")

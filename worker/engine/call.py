@@ -11,7 +11,6 @@ on exit (or timeout) shapes what is shown by the call's policy.
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import re
 import select
@@ -511,23 +510,22 @@ class _Launch:
         state_fd = self._arm("", carried=self.group is not None)
         command = self.call.command
 
-        def spawn(executable: str | None) -> procs.Process:
-            request: dict[str, object] = {
-                "argv": ["bash", "-c", command], "executable": executable, "cwd": self.cwd,
-                "env": self.child.env, "targets": [0, 1, 2, launcher.STATE_FD],
-                "output_cap": resources.output_cap(self.settings),
-                "kill_grace_s": self.call.policy.kill_grace_s,
-            }
-            return workspaces.start(self.workspace, request, [null, stdout, stderr, state_fd])
-
+        # The keeper finds bash on the child's PATH in the workspace's view (which is not
+        # the host's: a search here could find what the call cannot see).
+        request: dict[str, object] = {
+            "argv": ["bash", "-c", command], "cwd": self.cwd,
+            "env": self.child.env, "targets": [0, 1, 2, launcher.STATE_FD],
+            "output_cap": resources.output_cap(self.settings),
+            "kill_grace_s": self.call.policy.kill_grace_s,
+        }
         try:
-            return _start_bash(self.child.env, spawn)
+            return workspaces.start(self.workspace, request, [null, stdout, stderr, state_fd])
         except launcher.KeeperLostError as exc:
             raise CallError("unavailable", f"workspace {self.workspace.id} is gone "
                             f"({exc.strerror or exc}): make a new one") from None
         except OSError as exc:
             if exc.filename == self.cwd:
-                raise CallError("bad_cwd", _cwd_problem(exc, self.cwd)) from None
+                raise CallError("bad_cwd", jobs.cwd_problem(exc, self.cwd)) from None
             raise
         finally:
             os.close(null)
@@ -546,15 +544,6 @@ class _Launch:
         if self.startup is not None:
             self.startup.close()
             self.startup = None
-
-
-def _cwd_problem(exc: OSError, cwd: str) -> str:
-    """What a call is told when its cwd cannot be entered in its workspace."""
-    if exc.errno == errno.ENOENT:
-        return f"Working directory does not exist: {cwd}"
-    if exc.errno == errno.ENOTDIR:
-        return f"Working directory is not a directory: {cwd}"
-    return f"Working directory is not accessible: {cwd} ({exc.strerror or exc})"
 
 
 def _spawn_piped(launch: _Launch, reason: str) -> tuple[procs.Process, _Pipes]:

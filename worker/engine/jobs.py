@@ -17,6 +17,7 @@ Where a job runs and who records its end:
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import re
@@ -179,6 +180,8 @@ def _start_in_keeper(new: _NewJob, workspace: WorkspaceRecord) -> dict[str, Any]
             ws.connections.give_back(workspace.id, conn)
     except OSError as exc:
         output.unlink(missing_ok=True)
+        if exc.filename == cwd:
+            raise JobError("bad_cwd", cwd_problem(exc, cwd)) from exc
         raise JobError("spawn_failed", f"could not start the job: {exc.strerror or exc}") from exc
     finally:
         for fd in fds[:2] + fds[3:]:
@@ -186,6 +189,15 @@ def _start_in_keeper(new: _NewJob, workspace: WorkspaceRecord) -> dict[str, Any]
         startup.close()
     return {"pid": started.host_pid, "pgid": started.host_pid, "ns_pid": started.pid,
             "start_time": _ticks_time(started.start_ticks)}
+
+
+def cwd_problem(exc: OSError, cwd: str) -> str:
+    """What a call is told when its cwd cannot be entered in its workspace."""
+    if exc.errno == errno.ENOENT:
+        return f"Working directory does not exist: {cwd}"
+    if exc.errno == errno.ENOTDIR:
+        return f"Working directory is not a directory: {cwd}"
+    return f"Working directory is not accessible: {cwd} ({exc.strerror or exc})"
 
 
 def _ticks_time(ticks: int | None) -> float:
