@@ -33,6 +33,12 @@ Keys (prefix `bashfleet:`; every key has a TTL or an owner that deletes it):
   calls of one agent session (SessionState JSON). TTL SESSION_TTL_S, renewed by saves.
 - `bashfleet:nonce:<nonce>` (string): a signed message's nonce, seen once (replays are
   refused). TTL: until the message expires (plus the clock skew allowed).
+- `bashfleet:quota:<kind>:<owner>` (zset): what one owner holds live of a kind (`jobs`:
+  its background jobs; `workspaces`) fleet-wide, member -> when it expires (ms, Redis'
+  clock). A cap (BASHFLEET_LIMIT_JOBS...) is checked and taken in one script; its host
+  refreshes a live member (a job, at each pass of its watcher) and removes it when it
+  ends; a member of a host that died expires after QUOTA_TTL_S. The key expires with
+  its last member.
 - `bashfleet:reply:<task_id>` (string): a task's answer (a CallResult, or a control
   reply, as JSON), also published on the caller's channel `bashfleet:replies:<client>`.
   Kept REPLY_TTL_S (1 h) for a caller that missed the publish.
@@ -75,6 +81,9 @@ REPLY_TTL_S = 3600
 SESSION_TTL_S = 24 * 3600
 #: Job events kept for catch-up reads (a listener away longer misses the oldest).
 EVENTS_MAXLEN = 10_000
+#: Life of an owner's quota member (a live job) without a refresh by its host: what
+#: a host that died holds is given back within this.
+QUOTA_TTL_S = 60
 
 
 class CallState(StrEnum):
@@ -238,6 +247,11 @@ def session_state_key(session: str) -> str:
 def nonce_key(nonce: str) -> str:
     """A signed message's nonce, once seen (TTL: until the message expires)."""
     return f"{PREFIX}nonce:{nonce}"
+
+
+def quota_key(kind: str, owner: str) -> str:
+    """What `owner` holds live of `kind` (zset: member -> expiry, ms)."""
+    return f"{PREFIX}quota:{kind}:{owner}"
 
 
 def reply_key(task_id: str) -> str:
