@@ -61,7 +61,9 @@ class Settings(BaseSettings):
     labels: CsvTuple = ()
     """Pool labels of a worker: it also serves `bashfleet.pool.<label>.exec`."""
     secret_deny: CsvTuple = DEFAULT_DENY
-    """Variable name patterns scrubbed from the child environment."""
+    """Variable name patterns scrubbed from the child environment, besides the default
+    ones (`*KEY*`, `*SECRET*`, `*TOKEN*`...: an operator's patterns add to them; keep a
+    variable they would scrub with `secret_allow`)."""
     secret_allow: CsvTuple = DEFAULT_ALLOW
     """Variable name patterns kept even when a deny pattern matches."""
     secret_files: CsvTuple = ()
@@ -168,6 +170,11 @@ class Settings(BaseSettings):
             if data.get(name) is None:
                 data[name] = value
         return data
+
+    @field_validator("secret_deny")
+    @classmethod
+    def _deny_adds_to_defaults(cls, patterns: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(dict.fromkeys((*DEFAULT_DENY, *patterns)))
 
     @field_validator("command_deny", "command_allow")
     @classmethod

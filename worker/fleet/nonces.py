@@ -97,11 +97,13 @@ class NonceMemory:
             info = os.fstat(handle.fileno())
             if info.st_ino != self._inode or info.st_size < self._read_to:
                 self._expiries, self._inode, self._read_to, self._lines = {}, info.st_ino, 0, 0
+                self._torn = False
             handle.seek(self._read_to)
             data = handle.read()
         self._read_to += len(data)
         text = data.decode("ascii", "replace")
-        self._torn = bool(text) and not text.endswith("\n")
+        if text:
+            self._torn = not text.endswith("\n")
         self._expiries.update(parse_lines(text, now))
         self._lines += text.count("\n")
 
