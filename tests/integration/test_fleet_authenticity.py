@@ -324,3 +324,49 @@ def test_9_secret_settings_reach_the_worker_and_apply(
         assert value not in printed.stdout + printed.stderr
     finally:
         factory.cleanup()
+
+
+# ---------------------------------------------------- no silent fallback to no sandbox
+
+
+class NoBwrapWorker(WorkerProcess):
+    """A worker on a machine where bubblewrap is missing (its executable named wrongly),
+    started with extra arguments."""
+
+    extra: tuple[str, ...] = ()
+
+    def args(self) -> list[str]:
+        plain = [arg for arg in super().args() if arg != "--local-fallback"]
+        return [*plain, *self.extra]
+
+    def env(self) -> dict[str, str]:
+        return {**super().env(), "BASHFLEET_BWRAP": "/nonexistent/bwrap"}
+
+
+def test_a_worker_refuses_to_run_calls_unsandboxed_unless_told(
+    redis_server: RedisServer, redis_client: redis.Redis, tmp_path: Path, fleet: Fleet
+) -> None:
+    def worker(host: str, *extra: str) -> NoBwrapWorker:
+        made = NoBwrapWorker(host, redis_server.url, state_dir=tmp_path / host,
+                             log_dir=tmp_path / "logs")
+        made.extra = extra
+        return made
+
+    refused = worker("nobwrap1").start()
+    assert refused.proc is not None and refused.proc.wait(60) == 2
+    assert "WITHOUT a sandbox" in refused.log() and "--isolation none" in refused.log()
+    factory = WorkerFactory(redis_server.url, redis_client, tmp_path)
+    try:
+        for host, extra in (("nobwrap2", ("--isolation", "none")),
+                            ("nobwrap3", ("--local-fallback",))):
+            started = worker(host, *extra).start()
+            factory.started.append(started)
+            started.wait_ready(redis_client)
+            info = {i.host: i for i in fleet.hosts()}[host]
+            assert info.sandbox is not None and info.sandbox.isolation == "none"
+            assert fleet.run("echo ran", host=host).stdout == "ran\n"
+        # The local fleet's fallback is said loudly, with the reason.
+        assert "WITHOUT a sandbox" in factory.started[-1].log()
+        assert "not installed" in (info.sandbox.problem or "")
+    finally:
+        factory.cleanup()
