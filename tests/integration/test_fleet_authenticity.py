@@ -367,6 +367,6 @@ def test_a_worker_refuses_to_run_calls_unsandboxed_unless_told(
             assert fleet.run("echo ran", host=host).stdout == "ran\n"
         # The local fleet's fallback is said loudly, with the reason.
         assert "WITHOUT a sandbox" in factory.started[-1].log()
-        assert "not installed" in (info.sandbox.problem or "")
+        assert info.sandbox is not None and "not installed" in (info.sandbox.problem or "")
     finally:
         factory.cleanup()
