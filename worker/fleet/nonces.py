@@ -60,6 +60,9 @@ class NonceMemory:
         self._lines = 0
         self._torn = False
         self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        # Open for the memory's life: the threads of this process take turns on
+        # `_lock`, the processes of the host on this descriptor's flock.
+        self._lock_fd = os.open(self.lock_path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
 
     def first_use(self, nonce: str, expires: float) -> bool:
         """Record `nonce` (valid until `expires`); False when it was seen already, by this
@@ -78,12 +81,11 @@ class NonceMemory:
 
     @contextlib.contextmanager
     def _file_lock(self) -> Iterator[None]:
-        fd = os.open(self.lock_path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
             yield
         finally:
-            os.close(fd)  # closing releases the lock
+            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
 
     def _catch_up(self, now: float) -> None:
         """Read what was appended since this process last looked (all of it when the file

@@ -8,8 +8,9 @@ Keys (prefix `bashfleet:`; every key has a TTL or an owner that deletes it):
   instance holding the host id. TTL ALIVE_TTL_S (5 s), renewed every second by the
   worker (so a dead worker is seen within seconds); deleted when it stops.
 - `bashfleet:host:<host>` (hash): host record: concurrency, labels, version, pid,
-  machine, instance, readiness of its two consumers, last heartbeat. TTL HOST_TTL_S
-  (1 day), renewed by the heartbeat.
+  machine, instance, readiness of its two consumers, last heartbeat, each sealed by the
+  worker (`seal`, `<role>_ready_seal`: `worker.wire.records`). TTL HOST_TTL_S (1 day),
+  renewed by the heartbeat.
 - `bashfleet:hosts` (zset): host id -> last heartbeat, for listings. TTL HOST_TTL_S,
   renewed by heartbeats; members older than that are pruned by them.
 - `bashfleet:running:<host>` (set): ids of the calls running on the host (busy slots).
@@ -20,8 +21,8 @@ Keys (prefix `bashfleet:`; every key has a TTL or an owner that deletes it):
   sizes, job id. TTL CALL_TTL_S (2 days), set by the client and renewed at every
   transition.
 - `bashfleet:job:<job_id>` (hash): job record (JobRecord JSON), state, exit code,
-  signal, end time, last check offsets. TTL JOB_TTL_S (7 days), renewed at every
-  update and while the job runs.
+  signal, end time, last check offsets, sealed by the worker (`seal`, `offsets_seal`).
+  TTL JOB_TTL_S (7 days), renewed at every update and while the job runs.
 - `bashfleet:jobs:<host>` (zset): job ids of a host -> start time, for listings.
   TTL JOB_TTL_S, renewed with its jobs and by the heartbeat; members whose job hash
   expired are pruned when listed.
@@ -44,10 +45,11 @@ Keys (prefix `bashfleet:`; every key has a TTL or an owner that deletes it):
   Kept REPLY_TTL_S (1 h) for a caller that missed the publish.
 
 - `bashfleet:events` (stream): job events (a job started, a job ended), each as one
-  JobEvent JSON, newest last; capped at EVENTS_MAXLEN entries (approximately) and
-  expiring JOB_TTL_S after the last one. Each is also published on the channel
-  `bashfleet:events` as `<stream id>\n<event>`: listeners hear it at once, and read
-  the stream from the last id they saw after a reconnect.
+  sealed JobEvent JSON (`worker.wire.events.seal_event`), newest last; capped at
+  EVENTS_MAXLEN entries (approximately) and expiring JOB_TTL_S after the last one.
+  Each is also published on the channel `bashfleet:events` as `<stream id>\n<event>`:
+  listeners hear it at once, and read the stream from the last id they saw after a
+  reconnect.
 
 Celery's own keys are Celery's: the queue lists (named like the queues below: one list
 per queue, as `priority_steps` is [0] on both sides) and kombu's `_kombu.binding.*`.
