@@ -159,3 +159,45 @@ def test_quickstart_twice_works_and_keeps_the_fleet(local: LocalCli) -> None:
         assert "hello from" in done.stdout
         runs.append(local.pids())
     assert runs[0] == runs[1] and _alive(runs[0])
+
+
+def test_stop_only_ends_what_one_up_started(tmp_path: Path) -> None:
+    from client import local  # noqa: PLC0415
+    from worker.settings import Settings  # noqa: PLC0415
+
+    settings = Settings(state_dir=tmp_path / "state")
+    procs = [subprocess.Popen(["sleep", "300"], start_new_session=True) for _ in range(2)]
+    try:
+        recorded = [local._record("worker", name, proc, None)
+                    for name, proc in zip(("kept", "added"), procs, strict=True)]
+        state = local.FleetState(redis_url="redis://x", redis_owned=False,
+                                 processes=recorded, hosts=["kept", "added"])
+        local.save_state(state, settings)
+        assert local.stop(settings, log=lambda _: None, only=[recorded[1]]) == 1
+        assert procs[1].wait(10) is not None and procs[0].poll() is None
+        after = local.load_state(settings)
+        assert after is not None and after.hosts == ["kept"]
+        assert [p.name for p in after.processes] == ["kept"]
+        assert local.stop(settings, log=lambda _: None) == 1  # `down`: the rest
+        assert local.load_state(settings) is None
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait(10)
+
+
+def test_up_says_loudly_which_hosts_run_calls_unsandboxed() -> None:
+    from client import local  # noqa: PLC0415
+    from worker.wire.models import HostInfo, SandboxProbe  # noqa: PLC0415
+
+    def host(name: str, isolation: str, configured: str = "auto") -> HostInfo:
+        probe = SandboxProbe(isolation=isolation, configured=configured,
+                             problem=None if isolation != "none" else "no bwrap here")
+        return HostInfo(host=name, alive=True, sandbox=probe)
+
+    infos = [host("a", "none"), host("b", "process"), host("c", "none", "none"),
+             host("other", "none")]
+    warnings = local.unsandboxed_warnings(infos, ["a", "b", "c"])
+    assert len(warnings) == 1  # `c` asked for none; `other` is not this up's
+    assert "host a runs calls WITHOUT a sandbox (no bwrap here)" in warnings[0]

@@ -642,3 +642,20 @@ def test_kubectl_kustomize_renders_the_manifests(manifests: list[dict[str, Any]]
         for d in manifests
     )
     assert rendered == expected
+
+
+def test_every_installer_makes_the_same_run_user() -> None:
+    # bootstrap.sh (as root), the image and sysusers: one unprivileged account, a group
+    # of its own, no home, no login; the engine's BASHFLEET_RUN_AS default when present.
+    bootstrap = re.sub(r"\\\n\s*", " ", (ROOT / "scripts" / "bootstrap.sh").read_text())
+    line = re.search(r"useradd ([^|&\n]*) bashfleet-run", bootstrap)
+    assert line is not None and '[ "$(id -u)" = 0 ]' in bootstrap
+    for flag in ("--system", "--user-group", "--no-create-home", "--home-dir /nonexistent",
+                 "--shell /usr/sbin/nologin"):
+        assert flag in line[1]
+    dockerfile = re.sub(r"\\\n\s*", " ", (ROOT / "deploy" / "Dockerfile").read_text())
+    image = re.search(r"useradd ([^&]*) bashfleet-run", dockerfile)
+    assert image is not None
+    for flag in ("--system", "--user-group", "--no-create-home", "--home-dir /nonexistent",
+                 "--shell /usr/sbin/nologin"):
+        assert flag in image[1]
