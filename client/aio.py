@@ -347,6 +347,7 @@ class AsyncFleet:
         self._shells = ShellStore(self._sync_redis, key=identity.shell_key)
         self._outage_grace_s = outage_grace_s(url)
         self._keys = auth.keyring([identity.signing_key or ""])
+        self._record_keys = identity.record_keys()
         self._slots = asyncio.Semaphore(max_in_flight)
         self._io = asyncio.Semaphore(redis_concurrency)
         self._pending: dict[str, Pending] = {}
@@ -434,7 +435,7 @@ class AsyncFleet:
         async with self._slots:
             queue, target = await self._route(request.host, request.label)
             label = request.label
-            args = self._identity.signed(Task.EXEC, [call.model_dump(mode="json")])
+            args = self._identity.signed(Task.EXEC, [call.model_dump(mode="json")], queue)
             message = task_message(
                 Task.EXEC, args, task_id=call.call_id, queue=queue,
                 reply_to=self._replies.channel, argsrepr=_argsrepr(call),
@@ -490,7 +491,8 @@ class AsyncFleet:
                 names.validate_label(label)
             except ValueError as exc:
                 raise CallRejected(str(exc)) from None
-            infos = await self._r(aio_records.list_hosts(self._redis, alive))
+            infos = await self._r(
+                aio_records.list_hosts(self._redis, alive, keys=self._record_keys))
             if not any(label in info.labels for info in infos):
                 raise HostUnavailable(f"no live worker has the label {label!r}")
             return names.pool_queue(label), None
@@ -590,7 +592,7 @@ class AsyncFleet:
         if not labels:
             return {}
         alive = await self._r(aio_records.live_hosts(self._redis))
-        infos = await self._r(aio_records.list_hosts(self._redis, alive)) \
+        infos = await self._r(aio_records.list_hosts(self._redis, alive, keys=self._record_keys)) \
             if labels - {""} else []
         return {label: alive if not label else [i.host for i in infos if label in i.labels]
                 for label in labels}
@@ -746,7 +748,8 @@ class AsyncFleet:
         if host is not None:
             hosts = [host]
         else:
-            hosts = [info.host for info in await self._r(aio_records.list_hosts(self._redis))]
+            hosts = [info.host for info in await self._r(
+                aio_records.list_hosts(self._redis, keys=self._record_keys))]
         live = set(await self._r(aio_records.live_hosts(self._redis)))
         listed = await asyncio.gather(
             *(self._host_jobs(name, name in live, every) for name in hosts)
@@ -762,12 +765,13 @@ class AsyncFleet:
                 return list((await self._control(host, request, JobList)).jobs)
             except (WorkerLost, HostUnavailable):
                 pass  # it died meanwhile: show what Redis knows
-        return [view for view in await self._r(aio_records.list_jobs(self._redis, host))
+        listed = await self._r(aio_records.list_jobs(self._redis, host, keys=self._record_keys))
+        return [view for view in listed
                 if all_owners or view.owner == self.owner]
 
     async def hosts(self) -> list[HostInfo]:
         """See `Fleet.hosts`."""
-        infos = await self._r(aio_records.list_hosts(self._redis))
+        infos = await self._r(aio_records.list_hosts(self._redis, keys=self._record_keys))
         depths = await self._r(aio_records.queue_depths(
             self._redis, [names.exec_queue(info.host) for info in infos]
         ))
@@ -776,7 +780,7 @@ class AsyncFleet:
 
     async def shared_queues(self) -> dict[str, int]:
         """See `Fleet.shared_queues`."""
-        infos = await self._r(aio_records.list_hosts(self._redis))
+        infos = await self._r(aio_records.list_hosts(self._redis, keys=self._record_keys))
         labels = sorted({label for info in infos for label in info.labels})
         queues = [names.ANY_EXEC_QUEUE, *(names.pool_queue(label) for label in labels)]
         return await self._r(aio_records.queue_depths(self._redis, queues))
@@ -784,7 +788,7 @@ class AsyncFleet:
     async def job_views(self, ids: list[str]) -> dict[str, JobView]:
         """See `Fleet.job_views`."""
         valid = [i for i in ids if names.valid_id(i)]
-        return await self._r(events.job_views_async(self._redis, valid))
+        return await self._r(events.job_views_async(self._redis, valid, keys=self._record_keys))
 
     # --------------------------------------------------------------------- events
 
@@ -794,7 +798,7 @@ class AsyncFleet:
         since = await self._r(events.last_seq_async(self._redis))
         view = (await self.job_views([job_id])).get(job_id)
         deadline = None if timeout is None else time.monotonic() + timeout
-        stream = events.follow_async(self._redis, since)
+        stream = events.follow_async(self._redis, since, keys=self._record_keys)
         try:
             while view is None or view.state != "ended":
                 left = None if deadline is None else deadline - time.monotonic()
@@ -818,7 +822,7 @@ class AsyncFleet:
     ) -> AsyncGenerator[JobEvent, None]:
         """See `Fleet.events`."""
         start = since if since is not None else await self._r(events.last_seq_async(self._redis))
-        stream = events.follow_async(self._redis, start)
+        stream = events.follow_async(self._redis, start, keys=self._record_keys)
         try:
             async for event in stream:
                 if event is not None and event_matches(event, host=host, kinds=kinds,
@@ -865,7 +869,8 @@ class AsyncFleet:
         answer = await self._replies.expect(task_id)
         subject = getattr(request, "id", None) or getattr(request, "call_id", None)
         message = task_message(
-            request.task, self._identity.signed(request.task, [request.model_dump(mode="json")]),
+            request.task, self._identity.signed(request.task, [request.model_dump(mode="json")],
+                                                names.ctl_queue(host)),
             task_id=task_id, queue=names.ctl_queue(host), reply_to=self._replies.channel,
             argsrepr=repr(subject), expires_s=timeout,
         )

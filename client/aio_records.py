@@ -9,7 +9,7 @@ Celery message (`worker.wire.messages`) on its queue list, atomically.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import cast
 
 from client.records import SEND, send_keys_args
@@ -17,8 +17,7 @@ from worker.fleet.connect import AsyncRedis, Script
 from worker.wire import names
 from worker.wire.models import HostInfo, JobView
 from worker.wire.names import CallState
-from worker.wire.records import host_info as parse_host_info
-from worker.wire.records import job_view
+from worker.wire.records import open_host_info, open_job_view
 
 # KEYS: call; ARGV: new state, end time, call TTL. Returns the state the call had; only
 # a queued call is moved (the worker's claim is the other side of this race). A call
@@ -134,9 +133,12 @@ async def live_hosts(client: AsyncRedis) -> list[str]:
     return [host for host, flag in zip(hosts, alive, strict=True) if flag]
 
 
-async def list_hosts(client: AsyncRedis, only: Iterable[str] | None = None) -> list[HostInfo]:
-    """Every host seen within HOST_TTL_S (or those of `only`), sorted by id; one round
-    trip for all of them after the listing."""
+async def list_hosts(
+    client: AsyncRedis, only: Iterable[str] | None = None, *, keys: Mapping[str, str]
+) -> list[HostInfo]:
+    """Every host seen within HOST_TTL_S (or those of `only`), sorted by id, verified with
+    `keys` (a forged record is left out); one round trip for all of them after the
+    listing."""
     if only is None:
         hosts = sorted(cast("list[str]", await client.zrange(names.HOSTS_KEY, 0, -1)))
     else:
@@ -152,7 +154,7 @@ async def list_hosts(client: AsyncRedis, only: Iterable[str] | None = None) -> l
     infos = []
     for index, host in enumerate(hosts):
         record, token, busy = answers[3 * index:3 * index + 3]
-        info = parse_host_info(host, record, token, int(busy))
+        info = open_host_info(keys, host, record, token, int(busy))
         if info is not None:
             infos.append(info)
     return infos
@@ -168,8 +170,9 @@ async def job_fields(client: AsyncRedis, job_id: str) -> dict[str, str]:
     return cast("dict[str, str]", await client.hgetall(names.job_key(job_id)))
 
 
-async def list_jobs(client: AsyncRedis, host: str) -> list[JobView]:
-    """The jobs Redis knows for a host, oldest first."""
+async def list_jobs(client: AsyncRedis, host: str, *, keys: Mapping[str, str]) -> list[JobView]:
+    """The jobs Redis knows for a host, oldest first, verified with `keys` (a forged one
+    is left out)."""
     ids = cast("list[str]", await client.zrange(names.jobs_key(host), 0, -1))
     if not ids:
         return []
@@ -178,5 +181,6 @@ async def list_jobs(client: AsyncRedis, host: str) -> list[JobView]:
         for job_id in ids:
             pipe.hgetall(names.job_key(job_id))
         hashes = await pipe.execute()
-    views = [job_view(fields, host_alive=alive) if fields else None for fields in hashes]
+    views = [open_job_view(keys, job_id, fields, host_alive=alive)
+             for job_id, fields in zip(ids, hashes, strict=True)]
     return [view for view in views if view is not None]

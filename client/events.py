@@ -23,14 +23,13 @@ from collections.abc import AsyncGenerator, Generator, Mapping
 from typing import Any, cast
 
 import redis
-from pydantic import ValidationError
 
 from client.replies import backoff
 from worker.fleet.connect import AsyncRedis, Redis
 from worker.wire import names
-from worker.wire.events import JobEvent
+from worker.wire.events import JobEvent, open_event
 from worker.wire.models import JobView
-from worker.wire.records import job_view
+from worker.wire.records import open_job_view
 
 #: Longest block of a listener's read: how often an idle listener looks up (a `wait`
 #: re-reads its job then; `close` ends a listener within it).
@@ -49,21 +48,19 @@ def seq_key(seq: str) -> tuple[int, int]:
     return int(millis or 0), int(count or 0)
 
 
-def parse_entry(entry_id: str, fields: Mapping[str, str]) -> JobEvent | None:
-    """A stream entry as an event (None: not one of ours, or of a newer format)."""
-    try:
-        return JobEvent.model_validate_json(fields.get("e", "")).model_copy(
-            update={"seq": entry_id}
-        )
-    except ValidationError:
-        return None
+def parse_entry(
+    entry_id: str, fields: Mapping[str, str], keys: Mapping[str, str]
+) -> JobEvent | None:
+    """A stream entry as an event, its seal checked with `keys` (None: not one of ours,
+    of a newer format, or not verified: dropped with a warning)."""
+    return open_event(keys, fields.get("e", ""), entry_id)
 
 
-def parse_published(data: str | bytes) -> JobEvent | None:
-    """A message of the events channel as an event (None when malformed)."""
+def parse_published(data: str | bytes, keys: Mapping[str, str]) -> JobEvent | None:
+    """A message of the events channel as an event (None when malformed or forged)."""
     text = data.decode("utf-8", "replace") if isinstance(data, bytes) else data
     parsed = names.parse_event_message(text)
-    return parse_entry(parsed[0], {"e": parsed[1]}) if parsed else None
+    return parse_entry(parsed[0], {"e": parsed[1]}, keys) if parsed else None
 
 
 def job_matches(
@@ -79,8 +76,9 @@ def job_matches(
 class _Cursor:
     """The last event a listener delivered: what to skip, where to catch up from."""
 
-    def __init__(self, since: str) -> None:
+    def __init__(self, since: str, keys: Mapping[str, str]) -> None:
         self.last = since
+        self.keys = keys
 
     def fresh(self, event: JobEvent) -> bool:
         """True (and remembered) for an event after the last one delivered."""
@@ -93,7 +91,7 @@ class _Cursor:
         """The fresh events among a batch of stream entries (one not ours is passed)."""
         found = []
         for entry_id, fields in entries:
-            event = parse_entry(entry_id, fields)
+            event = parse_entry(entry_id, fields, self.keys)
             if event is None:
                 self.last = entry_id
             elif self.fresh(event):
@@ -104,7 +102,7 @@ class _Cursor:
         """The fresh event a channel message brings (None: not an event, or one seen)."""
         if message["type"] != "message":
             return None
-        event = parse_published(message["data"])
+        event = parse_published(message["data"], self.keys)
         return event if event is not None and self.fresh(event) else None
 
 
@@ -130,14 +128,16 @@ def _catch_up(client: Redis, cursor: _Cursor) -> Generator[JobEvent, None, None]
 
 
 def follow(
-    client: Redis, since: str | None = None, tick_s: float = IDLE_TICK_S
+    client: Redis, since: str | None = None, tick_s: float = IDLE_TICK_S, *,
+    keys: Mapping[str, str],
 ) -> Generator[JobEvent | None, None, None]:
     """Job events after `since` (a stream id; "0-0": every event kept; None: from now),
-    as they happen, forever; None at each idle tick (`tick_s` without an event).
+    as they happen, forever; None at each idle tick (`tick_s` without an event). Events
+    whose seal does not verify with `keys` are dropped (with a warning).
 
     Reconnects by itself while Redis is away (yielding None meanwhile) and catches up.
     """
-    cursor = _Cursor(since if since is not None else last_seq(client))
+    cursor = _Cursor(since if since is not None else last_seq(client), keys)
     attempt = 0
     while True:
         pubsub = client.pubsub()  # type: ignore[no-untyped-call]
@@ -181,10 +181,10 @@ async def _catch_up_async(client: AsyncRedis, cursor: _Cursor) -> list[JobEvent]
 
 
 async def follow_async(
-    client: AsyncRedis, since: str | None = None
+    client: AsyncRedis, since: str | None = None, *, keys: Mapping[str, str]
 ) -> AsyncGenerator[JobEvent | None, None]:
     """`follow` for asyncio."""
-    cursor = _Cursor(since if since is not None else await last_seq_async(client))
+    cursor = _Cursor(since if since is not None else await last_seq_async(client), keys)
     attempt = 0
     while True:
         pubsub = client.pubsub()
@@ -211,9 +211,12 @@ async def follow_async(
 # ------------------------------------------------------------------------ job records
 
 
-def job_views(client: Redis, job_ids: list[str]) -> dict[str, JobView]:
+def job_views(
+    client: Redis, job_ids: list[str], *, keys: Mapping[str, str]
+) -> dict[str, JobView]:
     """The jobs Redis knows among `job_ids`, by id, in one round trip (a running job of
-    a dead host shows `unknown`)."""
+    a dead host shows `unknown`; one whose hash does not verify with `keys` is left
+    out)."""
     if not job_ids:
         return {}
     with client.pipeline(transaction=False) as pipe:
@@ -225,21 +228,23 @@ def job_views(client: Redis, job_ids: list[str]) -> dict[str, JobView]:
         for host in hosts:
             pipe.exists(names.alive_key(host))
         alive = dict(zip(hosts, pipe.execute() if hosts else [], strict=True))
-    return _views(job_ids, hashes, alive)
+    return _views(job_ids, hashes, alive, keys)
 
 
-def _views(job_ids: list[str], hashes: list[dict[str, str]], alive: Mapping[str, Any]
-           ) -> dict[str, JobView]:
+def _views(job_ids: list[str], hashes: list[dict[str, str]], alive: Mapping[str, Any],
+           keys: Mapping[str, str]) -> dict[str, JobView]:
     views = {}
     for job_id, fields in zip(job_ids, hashes, strict=True):
-        view = job_view(fields, host_alive=bool(alive.get(fields.get("host", "")))) \
-            if fields else None
+        up = bool(alive.get(fields.get("host", "")))
+        view = open_job_view(keys, job_id, fields, host_alive=up)
         if view is not None:
             views[job_id] = view
     return views
 
 
-async def job_views_async(client: AsyncRedis, job_ids: list[str]) -> dict[str, JobView]:
+async def job_views_async(
+    client: AsyncRedis, job_ids: list[str], *, keys: Mapping[str, str]
+) -> dict[str, JobView]:
     """`job_views` on an asyncio client."""
     if not job_ids:
         return {}
@@ -254,5 +259,5 @@ async def job_views_async(client: AsyncRedis, job_ids: list[str]) -> dict[str, J
             for host in hosts:
                 pipe.exists(names.alive_key(host))
             alive = dict(zip(hosts, await pipe.execute(), strict=True))
-    return _views(job_ids, hashes, alive)
+    return _views(job_ids, hashes, alive, keys)
 

@@ -174,11 +174,17 @@ class Identity:
     """The fleet's signing key, which seals the sessions' shells (an admin client's too:
     any client of the fleet, a person's CLI or an agent's MCP server, opens them)."""
 
-    def signed(self, task: str, args: list[Any]) -> list[Any]:
-        """A task's arguments, wrapped in a signed envelope when there is a key."""
+    def signed(self, task: str, args: list[Any], target: str) -> list[Any]:
+        """A task's arguments, wrapped in a signed envelope for the queue `target` they
+        are sent to, when there is a key."""
         if self.signing_key is None:
             return args
-        return [auth.sign(self.signing_key, task, args, time.time())]
+        return [auth.sign(self.signing_key, task, args, time.time(), target=target)]
+
+    def record_keys(self) -> dict[str, str]:
+        """The keys that verify what workers publish (host and job records, job
+        events): the fleet's key, and the admin key of an admin client."""
+        return auth.keyring([self.shell_key or "", self.signing_key or ""])
 
 
 def resolve_identity(url: str, owner: str | None, admin: bool) -> Identity:
@@ -293,6 +299,7 @@ class Fleet:
         """True when this client signs with the admin key."""
         self._shell_key = identity.shell_key
         self._keys = auth.keyring([identity.signing_key or ""])
+        self._record_keys = identity.record_keys()
         self._replies = Replies(self._redis, self._keys)
         self._outage_grace_s = outage_grace_s(url)
         # call id -> when its unclaimed message was first seen gone from its queue.
@@ -365,7 +372,7 @@ class Fleet:
         host, label = request.host, request.label
         with self._errors():
             queue, target = self._route(host, label)
-            args = self._identity.signed(Task.EXEC, [call.model_dump(mode="json")])
+            args = self._identity.signed(Task.EXEC, [call.model_dump(mode="json")], queue)
             message = task_message(
                 Task.EXEC, args, task_id=call.call_id, queue=queue,
                 reply_to=self._replies.channel, argsrepr=_argsrepr(call),
@@ -415,7 +422,7 @@ class Fleet:
         return names.ANY_EXEC_QUEUE, None
 
     def _infos(self, hosts: list[str]) -> list[HostInfo]:
-        infos = (records.host_info(self._redis, host) for host in hosts)
+        infos = (records.host_info(self._redis, host, keys=self._record_keys) for host in hosts)
         return [info for info in infos if info is not None]
 
     def _require_alive(self, host: str) -> str:
@@ -633,7 +640,7 @@ class Fleet:
     def _all_jobs(self, host: str | None, all_owners: bool) -> list[JobView]:
         with self._errors():
             hosts = [host] if host is not None else [
-                info.host for info in records.list_hosts(self._redis)
+                info.host for info in records.list_hosts(self._redis, keys=self._record_keys)
             ]
             live = set(records.live_hosts(self._redis))
             request = JobsRequest(all_owners=all_owners)
@@ -647,7 +654,7 @@ class Fleet:
                     except (WorkerLost, HostUnavailable):
                         pass  # it died meanwhile: show what Redis knows
                 views += [
-                    view for view in records.list_jobs(self._redis, name)
+                    view for view in records.list_jobs(self._redis, name, keys=self._record_keys)
                     if all_owners or view.owner == self.owner
                 ]
             return sorted(views, key=lambda view: view.started_at)
@@ -656,7 +663,8 @@ class Fleet:
         """What Redis knows of these jobs, by id, in one round trip (no worker is asked):
         how a dialect learns which of its jobs ended. Unknown ids are left out."""
         with self._errors():
-            return events.job_views(self._redis, [i for i in ids if names.valid_id(i)])
+            return events.job_views(self._redis, [i for i in ids if names.valid_id(i)],
+                                    keys=self._record_keys)
 
     def wait(self, id: str, *, timeout: float | None = None) -> JobView:
         """Wait until a job (or the job a call started) ends; its final view.
@@ -672,7 +680,7 @@ class Fleet:
         deadline = None if timeout is None else time.monotonic() + timeout
         # Ticks short enough to keep the timeout, within a tenth of a second or so.
         tick = events.IDLE_TICK_S if timeout is None else min(events.IDLE_TICK_S, 0.1)
-        stream = events.follow(self._redis, since, tick)
+        stream = events.follow(self._redis, since, tick, keys=self._record_keys)
         try:
             while view is None or view.state != "ended":
                 if deadline is not None and time.monotonic() >= deadline:
@@ -698,7 +706,7 @@ class Fleet:
         `client.events`)."""
         with self._errors():
             start = since if since is not None else events.last_seq(self._redis)
-        stream = events.follow(self._redis, start)
+        stream = events.follow(self._redis, start, keys=self._record_keys)
         try:
             for event in stream:
                 if event is not None and event_matches(event, host=host, kinds=kinds,
@@ -710,7 +718,7 @@ class Fleet:
     def hosts(self) -> list[HostInfo]:
         """Every host seen in the last day: alive or not, slots, busy and queued, labels."""
         with self._errors():
-            infos = records.list_hosts(self._redis)
+            infos = records.list_hosts(self._redis, keys=self._record_keys)
             # One more round trip for all the hosts' queues; LLEN is O(1) whatever waits.
             depths = records.queue_depths(
                 self._redis, [names.exec_queue(info.host) for info in infos]
@@ -728,8 +736,8 @@ class Fleet:
         `hosts()` counts them for none.
         """
         with self._errors():
-            labels = sorted({label for info in records.list_hosts(self._redis)
-                             for label in info.labels})
+            infos = records.list_hosts(self._redis, keys=self._record_keys)
+            labels = sorted({label for info in infos for label in info.labels})
             queues = [names.ANY_EXEC_QUEUE, *(names.pool_queue(lb) for lb in labels)]
             return records.queue_depths(self._redis, queues)
 
@@ -839,7 +847,8 @@ class Fleet:
         subject = getattr(request, "id", None) or getattr(request, "call_id", None)
         try:
             self._send(
-                request.task, self._identity.signed(request.task, args), names.ctl_queue(host),
+                request.task, self._identity.signed(request.task, args, names.ctl_queue(host)),
+                names.ctl_queue(host),
                 waiter.task_id, repr(subject), expires=timeout,
             )
         except BaseException:

@@ -8,15 +8,14 @@ Names and TTLs are in `worker.wire.names`; the worker's side is `worker.fleet.re
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
 from worker.fleet.connect import Redis, Script, flat_fields, transaction
 from worker.wire import names
 from worker.wire.models import HostInfo, JobView
 from worker.wire.names import CallState
-from worker.wire.records import host_info as parse_host_info
-from worker.wire.records import job_view
+from worker.wire.records import open_host_info, open_job_view
 
 # KEYS: call, [alive]; ARGV: call TTL, fields... Refuses when the host is down (its
 # lock gone) or the id taken, so the client checks and records in one round trip.
@@ -168,20 +167,23 @@ def live_hosts(client: Redis) -> list[str]:
     return [host for host, flag in zip(hosts, alive, strict=True) if flag]
 
 
-def host_info(client: Redis, host: str) -> HostInfo | None:
-    """One host's record, or None when the fleet does not know it."""
+def host_info(client: Redis, host: str, *, keys: Mapping[str, str]) -> HostInfo | None:
+    """One host's record, verified with `keys`; None when the fleet does not know it (or
+    its record does not verify: left out with a warning)."""
     with client.pipeline(transaction=False) as pipe:
         pipe.hgetall(names.host_key(host))
         pipe.get(names.alive_key(host))
         pipe.scard(names.running_key(host))
         record, token, busy = pipe.execute()
-    return parse_host_info(host, record, token, int(busy))
+    return open_host_info(keys, host, record, token, int(busy))
 
 
-def list_hosts(client: Redis) -> list[HostInfo]:
-    """Every host seen within HOST_TTL_S, alive or not, sorted by id."""
+def list_hosts(client: Redis, *, keys: Mapping[str, str]) -> list[HostInfo]:
+    """Every host seen within HOST_TTL_S, alive or not, sorted by id (those whose record
+    does not verify with `keys` left out)."""
     hosts = sorted(cast("list[str]", client.zrange(names.HOSTS_KEY, 0, -1)))
-    return [info for info in (host_info(client, host) for host in hosts) if info is not None]
+    infos = (host_info(client, host, keys=keys) for host in hosts)
+    return [info for info in infos if info is not None]
 
 
 # ------------------------------------------------------------------------------- jobs
@@ -192,8 +194,9 @@ def job_host(client: Redis, job_id: str) -> str | None:
     return cast("str | None", client.hget(names.job_key(job_id), "host"))
 
 
-def list_jobs(client: Redis, host: str) -> list[JobView]:
-    """The jobs Redis knows for a host, oldest first; expired entries are pruned."""
+def list_jobs(client: Redis, host: str, *, keys: Mapping[str, str]) -> list[JobView]:
+    """The jobs Redis knows for a host, oldest first, verified with `keys` (a forged one
+    is left out); expired entries are pruned."""
     ids = cast("list[str]", client.zrange(names.jobs_key(host), 0, -1))
     if not ids:
         return []
@@ -205,10 +208,10 @@ def list_jobs(client: Redis, host: str) -> list[JobView]:
     views: list[JobView] = []
     gone: list[str] = []
     for job_id, fields in zip(ids, hashes, strict=True):
-        view = job_view(fields, host_alive=alive) if fields else None
-        if view is None:
+        view = open_job_view(keys, job_id, fields, host_alive=alive)
+        if not fields:
             gone.append(job_id)
-        else:
+        elif view is not None:
             views.append(view)
     if gone:
         client.zrem(names.jobs_key(host), *gone)

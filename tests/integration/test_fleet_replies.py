@@ -81,7 +81,7 @@ def _raw_ctl(fleet: Fleet, host: str, task: str, args: list[object]) -> dict[str
     """Send a signed control message with any arguments; its answer envelope."""
     waiter = fleet._replies.expect(f"t{uuid.uuid4().hex[:12]}")
     try:
-        signed = fleet._identity.signed(task, args)
+        signed = fleet._identity.signed(task, args, names.ctl_queue(host))
         fleet._send(task, signed, names.ctl_queue(host), waiter.task_id, "raw")
         deadline = time.monotonic() + 30
         while (payload := fleet._answer(waiter, 0.5)) is None:

@@ -33,7 +33,7 @@ from typing import Literal
 from worker.engine import cgroups, job_records, launcher, layout, procs, resources, sandbox
 from worker.engine.launcher import KeeperConnection, KeeperLostError, KeeperProcess, SandboxError
 from worker.engine.memo import TimedMemo
-from worker.settings import Settings, default_state_dir
+from worker.settings import Settings, default_state_dir, secret_paths
 from worker.wire.errors import ToolError
 from worker.wire.models import WorkspaceRecord, WorkspaceSpec, WorkspaceView
 
@@ -394,21 +394,12 @@ def hidden_paths(settings: Settings, record: WorkspaceRecord) -> list[str]:
         str(settings.state_dir), str(default_state_dir()),
         os.path.join(home, ".local/state/bashfleet"), os.path.join(home, ".config/bashfleet"),
         str(settings.workspace_root_dir()), "/etc/bashfleet", *known_dirs(),
-        *settings.workspace_allow, *settings.sandbox_hidden, *secret_paths(settings),
+        *settings.workspace_allow, *settings.sandbox_hidden,
+        *map(str, secret_paths(settings)),
     ]
     if record.isolation == "strict":
         wanted += ["/home", "/root"]
     return wanted
-
-
-def secret_paths(settings: Settings) -> list[str]:
-    """Every file a setting names as secret: `secret_files` and every `*_file` setting."""
-    paths = [str(p) for p in settings.secret_files]
-    for name in type(settings).model_fields:
-        value = getattr(settings, name)
-        if name.endswith("_file") and value:
-            paths.append(str(value))
-    return paths
 
 
 def protected_paths() -> list[str]:

@@ -1,11 +1,10 @@
 """What the workspace control calls do on the owning host, and their Redis records.
 
 A workspace's record lives on its host's disk (`worker.engine.workspaces`); Redis holds
-what clients list: its view, sealed by the host (`bashfleet:ws:<id>`), and the owner's
-index of live workspaces across the fleet (`bashfleet:owner-ws:<owner>`, a zset scored by
-each one's expiry), which also counts them against `BASHFLEET_LIMIT_WORKSPACES` in one
-Lua script: many orchestrator processes sharing an owner cannot pass the cap together,
-and the workspaces of a host that died drop out when they would have expired.
+what clients list: its view, sealed by the host (`bashfleet:ws:<id>`), and its place in
+its owner's quota of workspaces (`worker.fleet.registry.quota_acquire`: one Lua script,
+so many orchestrator processes sharing an owner cannot pass `BASHFLEET_LIMIT_WORKSPACES`
+together), which its host renews while it lives; a dead host's drop out.
 """
 
 from __future__ import annotations
@@ -20,6 +19,7 @@ import redis
 
 from worker.engine import files
 from worker.engine import workspaces as engine
+from worker.fleet import registry
 from worker.fleet.control import Runtime
 from worker.settings import Settings
 from worker.wire import auth, names
@@ -47,32 +47,19 @@ log = logging.getLogger("bashfleet.worker")
 RECORD_MARGIN_S = 120.0
 #: Seal purpose of a workspace's view in Redis.
 WORKSPACE = "workspace"
-
-# KEYS[1] owner index; ARGV now, limit, id, expiry, index ttl. -1: admitted, else the
-# number of live workspaces that refused it.
-_ADMIT = """
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
-local live = redis.call('ZCARD', KEYS[1])
-if redis.call('ZSCORE', KEYS[1], ARGV[3]) == false and live >= tonumber(ARGV[2]) then
-  return live
-end
-redis.call('ZADD', KEYS[1], ARGV[4], ARGV[3])
-redis.call('EXPIRE', KEYS[1], ARGV[5])
-return -1
-"""
+#: The owner quota workspaces count in (`worker.fleet.registry.quota_acquire`).
+QUOTA_KIND = "workspaces"
 
 
-def _admit(rt: Runtime, owner: str, ws_id: str, expires: float) -> None:
+def _admit(rt: Runtime, owner: str, ws_id: str) -> None:
     """Count a new workspace against its owner's cap, or refuse it (`limit`)."""
-    now = time.time()
     limit = rt.settings.limit_workspaces
-    live = int(rt.redis.eval(_ADMIT, 1, names.owner_workspaces_key(owner), now, limit, ws_id,
-                             expires, int(expires - now + RECORD_MARGIN_S)))
-    if live >= 0:
+    quota = registry.quota_acquire(rt.redis, QUOTA_KIND, owner, ws_id, limit)
+    if not quota.taken:
         raise ToolError("limit", (
-            f"owner {owner or '(none)'} has {live} live workspaces, the most allowed "
+            f"owner {owner or '(none)'} has {quota.held} live workspaces, the most allowed "
             f"(BASHFLEET_LIMIT_WORKSPACES={limit}); delete one (`bashfleet workspace rm`), "
-            "or retry once one expires"))
+            f"or retry once one ends (the soonest in {quota.retry_after_s:.0f}s unless used)"))
 
 
 def publish(rt: Runtime, record: WorkspaceRecord) -> WorkspaceView:
@@ -82,20 +69,14 @@ def publish(rt: Runtime, record: WorkspaceRecord) -> WorkspaceView:
     ttl = max(1, int(expires - time.time() + RECORD_MARGIN_S))
     key = next(iter(rt.keys.values()), None)
     sealed = auth.seal(key, WORKSPACE, record.id, view.model_dump_json())
-    pipe = rt.redis.pipeline(transaction=False)
-    pipe.set(names.workspace_key(record.id), sealed, ex=ttl)
-    pipe.zadd(names.owner_workspaces_key(record.owner), {record.id: expires})
-    pipe.expire(names.owner_workspaces_key(record.owner), ttl)
-    pipe.execute()
+    rt.redis.set(names.workspace_key(record.id), sealed, ex=ttl)
     return view
 
 
-def unpublish(rt: Runtime, record: WorkspaceRecord) -> None:
-    """Drop a workspace that ended from Redis."""
-    pipe = rt.redis.pipeline(transaction=False)
-    pipe.delete(names.workspace_key(record.id))
-    pipe.zrem(names.owner_workspaces_key(record.owner), record.id)
-    pipe.execute()
+def unpublish(client: redis.Redis, record: WorkspaceRecord) -> None:
+    """Drop a workspace that ended from Redis (its view, its place in the quota)."""
+    client.delete(names.workspace_key(record.id))
+    registry.quota_release(client, QUOTA_KIND, record.owner, record.id)
 
 
 def _owned(rt: Runtime, ws_id: str, owner: str, admin: bool) -> WorkspaceRecord:
@@ -114,11 +95,11 @@ def create(rt: Runtime, request: WorkspaceCreateRequest, admin: bool = False) ->
     del admin
     spec = request.spec.model_copy(update={"owner": request.owner})
     ws_id = engine.new_id()
-    _admit(rt, request.owner, ws_id, time.time() + (spec.ttl_s or rt.settings.workspace_ttl_s))
+    _admit(rt, request.owner, ws_id)
     try:
         record = engine.create(spec, rt.settings, ws_id=ws_id)
     except BaseException:
-        rt.redis.zrem(names.owner_workspaces_key(request.owner), ws_id)
+        registry.quota_release(rt.redis, QUOTA_KIND, request.owner, ws_id)
         raise
     return publish(rt, record)
 
@@ -127,7 +108,7 @@ def delete(rt: Runtime, request: WorkspaceDeleteRequest, admin: bool = False) ->
     """End a workspace of the asker's."""
     record = _owned(rt, request.id, request.owner, admin)
     deleted = engine.delete(record.id, rt.settings)
-    unpublish(rt, record)
+    unpublish(rt.redis, record)
     return WorkspaceDeleted(id=record.id, deleted=deleted)
 
 
@@ -189,18 +170,28 @@ def reap(settings: Settings, client: redis.Redis) -> int:
     reaped = engine.reap(settings)
     for record in reaped:
         try:
-            pipe = client.pipeline(transaction=False)
-            pipe.delete(names.workspace_key(record.id))
-            pipe.zrem(names.owner_workspaces_key(record.owner), record.id)
-            pipe.execute()
+            unpublish(client, record)
         except redis.RedisError as exc:
             log.warning("workspace %s reaped; Redis not told: %s", record.id, exc)
+    _refresh_quota(settings, client)
     if reaped:
         log.info("reaped %d workspace(s): %s", len(reaped), ", ".join(r.id for r in reaped))
     return len(reaped)
 
 
-#: Seconds between two reaps of a host's workspaces (a lease ends within a minute).
+def _refresh_quota(settings: Settings, client: redis.Redis) -> None:
+    """Keep the places of this host's live workspaces in their owners' quotas (those of
+    a host that died expire after QUOTA_TTL_S)."""
+    by_owner: dict[str, list[str]] = {}
+    for record in engine.local_records(settings):
+        if not record.throwaway:
+            by_owner.setdefault(record.owner, []).append(record.id)
+    for owner, ids in by_owner.items():
+        registry.quota_refresh(client, QUOTA_KIND, owner, ids)
+
+
+#: Seconds between two reaps of a host's workspaces (a lease ends within a minute; a
+#: workspace's place in its owner's quota is renewed well within QUOTA_TTL_S).
 REAP_INTERVAL_S = 15.0
 
 

@@ -459,9 +459,9 @@ class SystemError_(Model):  # noqa: N801 - avoid shadowing the builtin SystemErr
 
     kind: Literal[
         "bad_cwd", "spawn_failed", "blocked", "invalid", "worker_lost", "unavailable",
-        "not_found", "internal", "unauthorized",
+        "not_found", "internal", "unauthorized", "limit",
     ]
-    """Machine-readable class of the failure."""
+    """Machine-readable class of the failure (`limit`: an owner's cap was reached)."""
     message: str
     """What went wrong, for a person or a model."""
 
