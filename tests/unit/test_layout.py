@@ -73,6 +73,14 @@ def test_the_workspace_and_home_are_writable_its_output_read_only() -> None:
     assert found[f"{R}/home/runner"] == ("/state/workspaces/w1/home", True)
 
 
+def test_mount_points_are_made_on_the_views_tmpfs_never_in_a_host_bind() -> None:
+    plan = layout.plan_view(spec(home_view="/home/runner", mounts={"/logs": "/srv/ws/w1/l"}))
+    assert ["mkdir", f"{R}/home/runner", 0o755] not in plan  # /home is the host's: must exist
+    assert ["mkdir", f"{R}/logs", 0o755] in plan  # on the view's own root
+    plan = layout.plan_view(spec(home_view="/nonexistent"))
+    assert ["mkdir", f"{R}/nonexistent", 0o755] in plan
+
+
 def test_hidden_dirs_are_covered_and_the_workspace_is_bound_back_into_them() -> None:
     plan = layout.plan_view(spec())
     tmpfs = [s[1] for s in plan if s[0] == "tmpfs"]
@@ -83,6 +91,15 @@ def test_hidden_dirs_are_covered_and_the_workspace_is_bound_back_into_them() -> 
     assert hidden_at < made < bound
     assert ["remount_ro", f"{R}/srv/ws"] in plan
     assert ["bind_file", "/dev/null", f"{R}/etc/key", False] in plan
+
+
+def test_secrets_inside_the_workspace_stay_hidden() -> None:
+    plan = layout.plan_view(spec(hidden_dirs=("/srv/ws", "/srv/ws/w1/.state"),
+                                 hidden_files=("/srv/ws/w1/signing.key",)))
+    bound = next(i for i, s in enumerate(plan) if s[0] == "bind" and s[2] == f"{R}/srv/ws/w1")
+    state = plan.index(["tmpfs", f"{R}/srv/ws/w1/.state", 0o755])
+    key = plan.index(["bind_file", "/dev/null", f"{R}/srv/ws/w1/signing.key", False])
+    assert bound < state and bound < key
 
 
 def test_hidden_wins_over_writable_but_not_over_the_workspaces_own() -> None:
@@ -148,4 +165,9 @@ def test_no_host_path_is_writable_but_the_workspaces_own_and_the_listed_roots(
     for h in layout.outermost(hidden):
         if not layout.inside(h, "/tmp"):
             assert f"{R}{h}" in covered
+    last_bind = max(i for i, s in enumerate(plan) if s[0] == "bind")
+    for i, step in enumerate(plan):  # what hides inside an own path comes after its bind
+        if step[0] == "tmpfs" and any(layout.inside(step[1], f"{R}{o}") and step[1] != f"{R}{o}"
+                                      for o in (view.workspace, view.home_view)):
+            assert i > last_bind
     assert plan[-2][0] == "pivot"

@@ -89,16 +89,29 @@ def plan_view(spec: ViewSpec) -> list[Step]:
         steps.append(["bind", spec.var_tmp, f"{r}/var/tmp", True])
     steps += [["mkdir", f"{r}/dev", 0o755], ["devices", f"{r}/dev"],
               ["mkdir", f"{r}/proc", 0o555], ["proc", f"{r}/proc"]]
-    hidden = _hidden_dirs(spec)
-    made = [r, *(f"{r}{d}" for d in hidden), f"{r}/tmp"]
-    steps += [["tmpfs", f"{r}{d}", 0o755] for d in hidden]
-    steps += [["bind_file", "/dev/null", f"{r}{f}", False] for f in _hidden_files(spec, hidden)]
     # Hidden wins: a writable root inside any hidden directory is not bound.
     writable_views = [w for w in outermost(spec.writable) if not _hidden_by(w, spec.hidden_dirs)]
+    own = [view for view, _, _ in _own_paths(spec)] + writable_views
+    hidden = _hidden_dirs(spec, own)
+    # A hidden directory holding one of the workspace's own paths is hidden first, and
+    # that path bound back into it; one inside an own path (a state directory in the
+    # workspace) is hidden after it is bound, or the bind would show it again.
+    inner = [d for d in hidden if any(inside(d, o) and d != o for o in own)]
+    outer = [d for d in hidden if d not in inner]
+    # Mount points are made where the target lies on a tmpfs of the view (its root, a
+    # hiding tmpfs, /tmp) or in a writable directory of the workspace bound before; in a
+    # read-only bind of the host they must exist.
+    mounts: list[tuple[str, bool]] = [(r, True), (f"{r}/tmp", True)]
+    mounts += [(f"{r}/{e.name}", False) for e in spec.entries if e.kind == "dir"]
+    mounts += [(f"{r}{d}", True) for d in outer]
+    steps += [["tmpfs", f"{r}{d}", 0o755] for d in outer]
     for w in writable_views:
-        steps += _bind_own(r, made, w, w, True, grow=False)
+        steps += _bind_own(r, mounts, w, w, True, grow=False)
     for view_path, host_path, writable in _own_paths(spec):
-        steps += _bind_own(r, made, view_path, host_path, writable)
+        steps += _bind_own(r, mounts, view_path, host_path, writable)
+    steps += [["tmpfs", f"{r}{d}", 0o755] for d in inner]
+    files = _hidden_files(spec, hidden, own)
+    steps += [["bind_file", "/dev/null", f"{r}{f}", False] for f in files]
     steps += [["rbind_ro", p, f"{r}{p}"] for p in _protected(spec, writable_views)]
     steps += [["remount_ro", f"{r}{d}"] for d in hidden]
     steps += [["pivot", r], ["remount_ro", "/"]]
@@ -129,26 +142,38 @@ def _own_paths(spec: ViewSpec) -> list[tuple[str, str, bool]]:
     return sorted(own, key=lambda item: (item[0].count("/"), item[0]))
 
 
-def _bind_own(r: str, made: list[str], view_path: str, host: str, writable: bool, *,
-              grow: bool = True) -> list[Step]:
-    """Bind one of the workspace's own paths; its mount point is made where the path is
-    on a tmpfs of the view (the new root, a hiding tmpfs, /tmp) or in a directory of the
-    workspace bound before (`grow`: mount points may be made inside this one), else it
-    must exist."""
+def _bind_own(r: str, mounts: list[tuple[str, bool]], view_path: str, host: str,
+              writable: bool, *, grow: bool = True) -> list[Step]:
+    """Bind one of the workspace's own paths; its mount point is made when the mount it
+    lies on takes new directories (`mounts`: path, whether it does), else it must exist.
+    `grow`: mount points of later binds may be made inside this one."""
     target = f"{r}{view_path}"
     steps: list[Step] = []
-    if any(inside(target, base) for base in made):
+    if _covering(target, mounts):
         steps.append(["mkdir", target, 0o755])
     steps.append(["bind", host, target, writable])
-    if writable and grow:
-        made.append(target)  # what is bound inside it next is made in the workspace
+    mounts.append((target, writable and grow))
     return steps
 
 
-def _hidden_dirs(spec: ViewSpec) -> tuple[str, ...]:
-    """What hides by a tmpfs: outermost first; nothing under the view's own /tmp, /proc
-    and /dev (the host's are not there to hide)."""
-    return outermost(d for d in spec.hidden_dirs if d not in ("/", "") and not _own_area(d))
+def _covering(target: str, mounts: Sequence[tuple[str, bool]]) -> bool:
+    """Whether the deepest of `mounts` holding `target` takes new directories."""
+    holding = [(path, grows) for path, grows in mounts if inside(target, path) and path != target]
+    return max(holding, key=lambda item: len(item[0]))[1] if holding else False
+
+
+def _hidden_dirs(spec: ViewSpec, own: Sequence[str]) -> tuple[str, ...]:
+    """What hides by a tmpfs, parents first: a hidden directory inside another one is
+    left to it, unless one of the workspace's own paths between them is bound back
+    (then it must hide again inside that); nothing under the view's own /tmp, /proc and
+    /dev (the host's are not there to hide)."""
+    kept: list[str] = []
+    for path in sorted({d for d in spec.hidden_dirs if d not in ("/", "") and not _own_area(d)}):
+        covered = any(inside(path, outer) and not any(
+            inside(o, outer) and inside(path, o) for o in own) for outer in kept)
+        if not covered:
+            kept.append(path)
+    return tuple(kept)
 
 
 def _own_area(path: str) -> bool:
@@ -159,9 +184,14 @@ def _hidden_by(path: str, hidden: Sequence[str]) -> bool:
     return any(inside(path, d) for d in hidden)
 
 
-def _hidden_files(spec: ViewSpec, hidden: Sequence[str]) -> tuple[str, ...]:
-    return tuple(sorted({f for f in spec.hidden_files
-                         if not _hidden_by(f, hidden) and not _own_area(f)}))
+def _hidden_files(spec: ViewSpec, hidden: Sequence[str], own: Sequence[str]) -> tuple[str, ...]:
+    """Files hidden by /dev/null: those a hidden directory does not already cover (one of
+    the workspace's own paths bound back between them uncovers them)."""
+    def covered(path: str) -> bool:
+        return any(inside(path, d) and not any(inside(o, d) and inside(path, o) for o in own)
+                   for d in hidden)
+
+    return tuple(sorted({f for f in spec.hidden_files if not covered(f) and not _own_area(f)}))
 
 
 def _protected(spec: ViewSpec, writable_views: Sequence[str]) -> tuple[str, ...]:

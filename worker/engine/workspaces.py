@@ -436,9 +436,13 @@ _entries: TimedMemo[str, tuple[layout.Entry, ...]] = TimedMemo(ttl_s=60.0)
 
 
 def home_of(user: sandbox.User | None) -> str:
-    """Where HOME is in a workspace's view, for `user` (None: the worker's own)."""
-    home = user.home if user is not None else os.path.expanduser("~")
-    return home if os.path.isabs(home) and home != "/" else "/home/bashfleet"
+    """Where HOME is in a workspace's view, for `user` (None: the worker's own): its home
+    directory when the host has it or it can be made on the view's root (`/nonexistent`),
+    else a directory of the workspace's /tmp."""
+    home = os.path.normpath(user.home if user is not None else os.path.expanduser("~"))
+    usable = os.path.isabs(home) and home != "/" and (
+        os.path.isdir(home) or os.path.dirname(home) == "/")
+    return home if usable and not layout.inside(home, "/tmp") else "/tmp/home"
 
 
 # ---------------------------------------------------------------- calls in a workspace
