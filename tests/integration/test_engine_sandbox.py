@@ -1,20 +1,24 @@
-"""The sandbox, attacked: what a command may not see, keep, write, reach or exceed.
+"""The workspace sandbox, attacked: what a command may not see, keep, write, reach or
+exceed, and what the calls of one workspace share.
 
-Each test is one attack (or one guarantee) against real bubblewrap, runners and cgroups
-(v1 on the development VM). Positive controls run the same attack unsandboxed, so a
-test that passes is known to be able to fail.
+Each test is one attack (or one guarantee) against real bubblewrap, keepers and cgroups
+(v1 on the development VM). The `20_N` tests replay issue #20's findings as the attacker
+ran them. Positive controls run the same attack where it must work (the workspace's own
+files, a call's own processes), so a test that passes is known to be able to fail.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import pwd
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
-import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,14 +26,14 @@ import psutil
 import pytest
 from pydantic import ValidationError
 
-from worker.engine import launcher, sandbox
+import worker
+from worker.engine import launcher, sandbox, workspaces
 from worker.engine.call import run_call
-from worker.engine.jobs import check_job, kill_job, load_record
+from worker.engine.jobs import check_job, load_record
 from worker.settings import Settings
-from worker.wire.models import Call, CallResult, CheckResult, Policy
+from worker.wire.models import Call, CheckResult, Policy, WorkspaceRecord, WorkspaceSpec
 
 from .engine_helpers import (
-    KILL,
     Engine,
     Janitor,
     _engine_fixture,  # noqa: F401 - fixture
@@ -37,7 +41,7 @@ from .engine_helpers import (
     _plain_engine_fixture,  # noqa: F401 - fixture
     alive,
     engine_with,
-    marked_pids,
+    run_user_ids,
     wait_until,
 )
 
@@ -51,7 +55,7 @@ needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs a worker starte
 
 SIGNING_KEY = "sk-planted-9c4e1f7a2b"
 AUTO = Policy(on_timeout="background", kill_grace_s=0.5)
-CAP_SYS_ADMIN = 21
+LEVELS = ["process", "strict"]
 
 
 @pytest.fixture(name="strict_engine")
@@ -60,350 +64,380 @@ def _strict_engine_fixture(tmp_path: Path, janitor: Janitor) -> Iterator[Engine]
         yield engine
 
 
-@pytest.fixture(name="keyholder")
-def _keyholder_fixture(janitor: Janitor) -> int:
-    """A process holding the worker's signing key in its environment, as a worker does."""
-    proc = subprocess.Popen(
-        ["sleep", "300"], env={"PATH": os.defpath, "BASHFLEET_SIGNING_KEY": SIGNING_KEY},
-        start_new_session=True,
-    )
-    janitor.popen(proc)
-    return proc.pid
+@pytest.fixture(name="level_engine", params=LEVELS)
+def _level_engine_fixture(tmp_path: Path, janitor: Janitor,
+                          request: pytest.FixtureRequest) -> Iterator[Engine]:
+    """The engine at each sandboxed level (every attack runs against both)."""
+    with engine_with(tmp_path, janitor, isolation=request.param) as engine:
+        yield engine
 
 
-def _all_environments(pid: int) -> str:
-    """A command printing every environment and command line it can read, and `pid`'s."""
-    return (
-        f"tr '\\0' '\\n' < /proc/{pid}/environ; tr '\\0' '\\n' < /proc/$PPID/environ; "
-        "for f in /proc/[0-9]*/environ /proc/[0-9]*/cmdline; do tr '\\0' '\\n' < $f; done"
-    )
+class Workspaces:
+    """Session workspaces a test makes, deleted at teardown."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.made: list[WorkspaceRecord] = []
+
+    def new(self, **spec: object) -> WorkspaceRecord:
+        record = workspaces.create(WorkspaceSpec(**spec), self.engine.settings)  # type: ignore[arg-type]
+        self.made.append(record)
+        return record
+
+    def run(self, record: WorkspaceRecord, command: str, **fields: object) -> CallResultT:
+        return self.engine.run(command, workspace=record.id, cwd=None, **fields)
+
+    def end(self) -> None:
+        for record in self.made:
+            workspaces.delete(record.id, self.engine.settings)
+
+
+CallResultT = worker.CallResult
+
+
+@pytest.fixture(name="spaces")
+def _spaces_fixture(engine: Engine) -> Iterator[Workspaces]:
+    made = Workspaces(engine)
+    try:
+        yield made
+    finally:
+        made.end()
+
+
+def _job_end(engine: Engine, job_id: str) -> CheckResult:
+    def ended() -> CheckResult | None:
+        check = check_job(load_record(job_id, engine.settings), settings=engine.settings)
+        return check if not check.running else None
+
+    return wait_until(ended, what=f"job {job_id} to end")
+
+
+def _encodings(secret: str) -> list[str]:
+    """The forms of a secret a command could print it in (as the attacks did)."""
+    import base64  # noqa: PLC0415
+    import codecs  # noqa: PLC0415
+
+    return [secret, secret[::-1], ".".join(secret), base64.b64encode(secret.encode()).decode(),
+            secret.encode().hex(), codecs.encode(secret, "rot13")]
+
+
+# ------------------------------------------------ issue #20's findings, replayed
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_20_1_secret_files_are_unreachable_whatever_the_encoding(
+    tmp_path: Path, janitor: Janitor, level: str
+) -> None:
+    # The attack: `bashfleet run "sed 's/./&./g' /path/to/signing.key"` printed the key
+    # (redaction knows a few encodings; `sed` or rot13 got any secret out). Every file a
+    # setting names is hidden (the *_FILE settings too), wherever it is.
+    key_file, url_file = tmp_path / "signing.key", tmp_path / "redis.url"
+    key_file.write_text(SIGNING_KEY)
+    url_file.write_text("redis://:hunter2-redis-pass@127.0.0.1:6390/0")
+    work = tmp_path / "work"
+    work.mkdir()
+    in_workspace = work / "admin.key"
+    in_workspace.write_text("admin-key-planted-31a9")
+    os.chmod(in_workspace, 0o644)
+    with engine_with(tmp_path, janitor, isolation=level, signing_key_file=key_file,
+                     redis_url_file=url_file, secret_files=(str(in_workspace),)) as engine:
+        files = [key_file, url_file, in_workspace]
+        command = "; ".join(
+            f"sed 's/./&./g' {f}; base64 {f}; rev {f}; xxd -p {f}; tr a-z n-za-m < {f}"
+            for f in files) + "; env"
+        result = engine.run(command)
+        printed = result.stdout + result.stderr
+        for secret in (SIGNING_KEY, "hunter2-redis-pass", "admin-key-planted-31a9"):
+            for form in _encodings(secret):
+                assert form not in printed, form
+        assert engine.run("echo ok > fine; cat fine").stdout == "ok\n"  # the workspace works
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_20_3_no_call_can_change_the_installed_package_or_the_host(
+    tmp_path: Path, janitor: Janitor, level: str
+) -> None:
+    # The attack: a call (root, host writable) rewrote worker/engine/job_supervisor.py;
+    # the next job's supervisor ran that code outside any sandbox.
+    target = Path(worker.__file__).parent / "engine" / "job_supervisor.py"
+    before = target.read_bytes()
+    with engine_with(tmp_path, janitor, isolation=level) as engine:
+        result = engine.run(
+            f"echo 'import os; os.system(\"id\")' >> {target}; echo rc=$?; "
+            f"touch {target.parent}/planted.py; echo rc=$?; "
+            "touch /etc/bashfleet-planted /usr/bin/planted /var/planted; echo rc=$?; id -u")
+        assert result.stdout.splitlines()[:3] == ["rc=1", "rc=1", "rc=1"], result.stderr
+        assert "Read-only file system" in result.stderr or "Permission denied" in result.stderr
+        assert result.stdout.splitlines()[3] != "0"
+    assert target.read_bytes() == before
+    assert not (target.parent / "planted.py").exists()
+    assert not Path("/etc/bashfleet-planted").exists()
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_20_4_calls_have_no_capability_and_no_raw_socket(
+    tmp_path: Path, janitor: Janitor, level: str
+) -> None:
+    # The attack: a call kept CAP_NET_RAW and read the Redis password off `lo` with a
+    # raw packet socket. Now: no capability in any set, no_new_privs, never root.
+    with engine_with(tmp_path, janitor, isolation=level) as engine:
+        result = engine.run(
+            "grep -E '^(Cap|NoNewPrivs)' /proc/self/status; id -u; "
+            "python3 -c 'import socket; socket.socket(socket.AF_PACKET, socket.SOCK_RAW)' "
+            "2>&1 | tail -1; python3 -c 'import socket; "
+            "socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP)' 2>&1 | tail -1")
+        lines = result.stdout.splitlines()
+        caps = dict(line.split(":\t") for line in lines[:6])
+        for name in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"):
+            assert caps[name] == "0000000000000000", (name, caps)
+        assert caps["NoNewPrivs"] == "1"
+        assert lines[6] != "0"
+        assert "PermissionError" in lines[7] and "PermissionError" in lines[8]
+
+
+def test_20_6_another_fleets_state_output_and_sessions_are_out_of_reach(
+    tmp_path: Path, janitor: Janitor
+) -> None:
+    # The attack: two workers on one machine; owner A's command read owner B's kept
+    # output on the other worker and wrote into B's interactive session through its
+    # supervisor's socket (paths listed in /proc/net/unix).
+    (tmp_path / "b").mkdir()
+    with engine_with(tmp_path / "b", janitor) as fleet_b, engine_with(tmp_path, janitor) as fleet_a:
+        ws_b = workspaces.create(WorkspaceSpec(owner="B"), fleet_b.settings)
+        try:
+            kept = fleet_b.run("seq 1 300000", workspace=ws_b.id, cwd=None, owner="B",
+                               policy=Policy(name="pipe", spill_min_bytes=0))
+            assert kept.spill is not None and kept.spill.stdout_path
+            session = fleet_b.run("cat", workspace=ws_b.id, cwd=None, owner="B", stdin="pty",
+                                  timeout_s=1)
+            assert session.job is not None
+            record = load_record(session.job.id, fleet_b.settings)
+            sockets = [ws_b.socket_path, record.socket_path]
+            probe = "; ".join([
+                f"cat {kept.spill.stdout_path} | tail -1",
+                f"ls {fleet_b.settings.state_dir} {Path(ws_b.out_dir).parent}",
+                f"ls {ws_b.path}",
+                "grep -c bashfleet /proc/net/unix",
+                *[f"python3 -c 'import socket; s = socket.socket(socket.AF_UNIX, "
+                  f"socket.SOCK_SEQPACKET); s.connect(\"{p}\"); print(\"connected\")'"
+                  for p in sockets],
+            ])
+            attack = fleet_a.run(probe, owner="A")
+            assert "300000" not in attack.stdout
+            assert "connected" not in attack.stdout
+            assert attack.stdout.count("No such file") + attack.stderr.count("No such file") >= 4
+            # Positive control: B's own next call reads its kept output.
+            own = fleet_b.run(f"tail -1 {kept.spill.stdout_path}", workspace=ws_b.id,
+                              cwd=None, owner="B")
+            assert own.stdout == "300000\n"
+        finally:
+            workspaces.delete(ws_b.id, fleet_b.settings)
+
+
+def test_the_keeper_answers_its_worker_only(engine: Engine, spaces: Workspaces) -> None:
+    record = spaces.new()
+    assert record.socket_path is not None
+    conn = launcher.KeeperConnection.connect(record.socket_path)  # the worker: served
+    assert conn.ping() == 1
+    conn.close()
+    ids = run_user_ids()
+    if ids is None:
+        pytest.skip("as a worker that is not root, the socket is out of every call's view")
+    # Another user that reached the socket (it cannot: the state directory is 0700, and
+    # hidden from every workspace): only the keeper's own check is left to refuse it.
+    os.chmod(record.socket_path, 0o666)  # noqa: S103
+    read_end, write_end = os.pipe()
+    held = os.open(record.socket_path, os.O_PATH)
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the child reports and exits
+        answer = b"error"
+        try:
+            os.setgid(ids[1])
+            os.setuid(ids[0])
+            with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as sock:
+                sock.settimeout(10)
+                sock.connect(f"/proc/self/fd/{held}")
+                sock.send(b"?{}")
+                answer = b"closed:" + sock.recv(100)
+        except OSError as exc:
+            answer = f"error: {exc}".encode()
+        finally:
+            os.write(write_end, answer)
+            os._exit(0)
+    os.close(write_end)
+    os.close(held)
+    os.waitpid(child, 0)
+    with os.fdopen(read_end, "rb") as answer:
+        got = answer.read()
+    # Connected (the socket let it), then dropped without an answer: closed, or reset
+    # when the keeper closed with the request unread.
+    assert got == b"closed:" or got.startswith(b"error: [Errno 104]"), got
 
 
 # ---------------------------------------------------------- what a call cannot see
 
 
-def test_no_process_of_the_worker_is_visible(engine: Engine) -> None:
-    result = engine.run("ps -eo pid=,args=; echo ppid=$PPID; kill -0 " + str(os.getpid()))
-    lines = result.stdout.splitlines()
-    processes = [line.split(None, 1) for line in lines if not line.startswith("ppid=")]
-    # Only the runner (pid 1) and the call itself: bash, ps.
-    assert {int(pid) for pid, _ in processes} <= {1, 2, 3, 4}, lines
-    assert not any("pytest" in args for _, args in processes)
-    assert "ppid=1" in lines
-    assert "No such process" in result.stderr
-
-
-def test_the_worker_environment_and_key_are_unreadable(
-    engine: Engine, plain_engine: Engine, keyholder: int
+def test_no_process_of_the_worker_or_of_another_workspace_is_visible(
+    engine: Engine, spaces: Workspaces
 ) -> None:
-    # Positive control: without the sandbox, a command reads another process's key.
-    leaked = plain_engine.run(f"tr '\\0' '\\n' < /proc/{keyholder}/environ")
-    assert SIGNING_KEY in leaked.stdout
-    result = engine.run(_all_environments(keyholder))
+    one, two = spaces.new(), spaces.new()
+    started = spaces.run(one, "sleep 300 & echo $!")
+    pid_in_one = int(started.stdout)
+    in_two = spaces.run(two, "ps -eo pid=,args=")
+    assert "sleep 300" not in in_two.stdout
+    assert len(in_two.stdout.splitlines()) <= 3  # the keeper, bash, ps
+    in_one = spaces.run(one, f"ps -o args= -p {pid_in_one}")
+    assert in_one.stdout.strip() == "sleep 300"
+    assert str(os.getpid()) not in spaces.run(one, "ls /proc").stdout.split()
+
+
+def test_the_worker_environment_is_unreadable(engine: Engine, janitor: Janitor) -> None:
+    holder = subprocess.Popen(["sleep", "300"], start_new_session=True,
+                              env={"PATH": os.defpath, "BASHFLEET_SIGNING_KEY": SIGNING_KEY})
+    janitor.popen(holder)
+    result = engine.run(f"cat /proc/{holder.pid}/environ; cat /proc/1/environ; "
+                        "for f in /proc/[0-9]*/environ; do tr '\\0' '\\n' < $f; done")
     assert SIGNING_KEY not in result.stdout + result.stderr
-    assert "No such file" in result.stderr  # the key holder's /proc entry is not there
 
 
-def test_the_runner_is_not_readable_either(engine: Engine) -> None:
-    # pid 1 is the runner: not dumpable, so its memory, environment and what its fds and
-    # root point to are closed (even to root: it has no CAP_SYS_PTRACE in the sandbox).
-    result = engine.run(
-        "cat /proc/1/environ; readlink -v /proc/1/fd/0 /proc/1/root /proc/1/cwd; "
-        "head -c 16 /proc/1/mem; echo done", timeout_s=10
-    )
-    assert result.stdout == "done\n"
-    assert result.stderr.count("Permission denied") >= 3, result.stderr
-
-
-def test_state_dir_fleet_json_and_secret_files_are_hidden(
-    tmp_path: Path, janitor: Janitor, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    secret = tmp_path / "deploy.env"
-    secret.write_text("DEPLOY_SECRET=file-secret-123\n")
-    extra = tmp_path / "other-state"
-    (extra / "fleet").mkdir(parents=True)
-    (extra / "fleet" / "fleet.json").write_text('{"signing_key": "fleet-key-456"}')
-    default = tmp_path / "default-state"
-    default.mkdir()
-    (default / "fleet.json").write_text('{"redis": "default-pw-789"}')
-    monkeypatch.setattr(sandbox, "default_state_dir", lambda: default)
-    with engine_with(tmp_path, janitor, secret_files=(str(secret),),
-                           sandbox_hidden=(str(extra),)) as engine:
-        state = engine.settings.state_dir
-        (state / "fleet").mkdir(parents=True)
-        (state / "fleet" / "fleet.json").write_text('{"signing_key": "state-key-000"}')
-        command = (f"cat {secret} {extra}/fleet/fleet.json {default}/fleet.json "
-                   f"{state}/fleet/fleet.json; ls -A {state} {extra} {default}; "
-                   f"grep -r secret {tmp_path}")
-        result = engine.run(command)
-        text = result.stdout + result.stderr
-        for value in ("file-secret-123", "fleet-key-456", "default-pw-789", "state-key-000"):
-            assert value not in text, text
-        # The hidden directories read as empty, the secret file as unreadable.
-        listed = [line for line in result.stdout.splitlines() if line]
-        assert sorted(listed) == sorted(f"{path}:" for path in (state, extra, default))
-
-
-def test_the_state_dir_is_no_working_directory(engine: Engine) -> None:
-    engine.settings.spill_dir.mkdir(parents=True, exist_ok=True)
-    result = engine.run("ls", cwd=str(engine.settings.spill_dir))
-    assert result.error is not None and result.error.kind == "bad_cwd"
-    assert "not visible inside the sandbox" in result.error.message
-
-
-def test_the_runner_ignores_what_its_call_sends_it(engine: Engine) -> None:
-    result = engine.run("kill -INT 1; kill -TERM 1; kill -KILL 1; sleep 0.2; echo alive")
-    assert (result.exit_code, result.stdout) == (0, "alive\n")
-    assert engine.run("echo again").stdout == "again\n"
-
-
-def test_spill_files_of_other_calls_are_hidden(engine: Engine) -> None:
-    first = engine.run("echo other-calls-output; exit 3")
-    assert first.spill is None or first.spill.stdout_path
-    second = engine.run(f"ls -A {engine.settings.state_dir}; cat {engine.settings.spill_dir}/*")
-    assert "other-calls-output" not in second.stdout + second.stderr
-
-
-# ------------------------------------------------------- what a call cannot keep
-
-
-# A `setsid`, a double fork (the grandchild orphaned) and `nohup ... &`, each writing
-# its pid; `started` once all three exist.
-ESCAPES = (
-    "setsid sleep 301 & echo $! > setsid.pid; "
-    "( (sleep 302 & echo $! > double.pid) & ); "
-    "nohup sleep 303 >/dev/null 2>&1 & echo $! > nohup.pid; "
-    "until [ -s double.pid ]; do sleep 0.01; done; echo started"
-)
-
-
-def _job_end(engine: Engine, job_id: str) -> CheckResult:
-    record = load_record(job_id, engine.settings)
-
-    def ended() -> CheckResult | None:
-        check = check_job(record, settings=engine.settings)
-        return None if check.running else check
-
-    return wait_until(ended, what=f"job {job_id} to end")
-
-
-def test_escapees_die_when_a_foreground_call_ends(engine: Engine, plain_engine: Engine) -> None:
-    # Positive control: unsandboxed, the escapees outlive the call (the janitor ends them).
-    plain = plain_engine.run(ESCAPES)
-    assert plain.stdout == "started\n"
-    assert len(marked_pids(plain.call_id)) == 3
-    result = engine.run(ESCAPES)
-    assert (result.exit_code, result.stdout) == (0, "started\n")
-    assert marked_pids(result.call_id) == []
-
-
-def test_escapees_die_with_a_timed_out_call(engine: Engine) -> None:
-    started: list[int] = []
-
-    def on_spawn(pid: int, pgid: int, marker: str) -> None:
-        started.append(pid)
-        # bash (which execs its last command, `sleep 300`) and its three escapees.
-        wait_until(lambda: len(marked_pids(marker)) >= 4, what="bash and its escapees")
-
-    result = engine.run(ESCAPES + "; sleep 300", timeout_s=0.5, policy=KILL, on_spawn=on_spawn)
-    assert result.timed_out and result.signal == 15
-    assert {p.command.split()[0] for p in result.processes} >= {"sleep"}
-    assert marked_pids(result.call_id) == []
-    assert not alive(started[0])
-
-
-def test_escapees_die_with_their_background_job(engine: Engine) -> None:
-    # A job that leaves processes behind loses them when its bash ends...
-    ended = engine.run(ESCAPES, background=True)
-    assert ended.job is not None
-    final = _job_end(engine, ended.job.id)
-    assert final.exit_code == 0
-    record = load_record(ended.job.id, engine.settings)
-    wait_until(lambda: marked_pids(record.marker) == [], what="its escapees to die")
-    # ...and a job killed while running loses them too.
-    running = engine.run(ESCAPES + "; sleep 300", background=True)
-    record = load_record(running.job.id if running.job else "", engine.settings)
-    wait_until(lambda: len(marked_pids(record.marker)) >= 4, what="the job's escapees")
-    killed = kill_job(record, grace_s=0.5, settings=engine.settings)
-    assert (killed.running, killed.signal) == (False, 15)
-    assert marked_pids(record.marker) == []
-
-
-def test_a_killed_runner_ends_its_call_and_leaves_nothing(engine: Engine) -> None:
-    outcome: list[CallResult] = []
-    call_id = engine.janitor.new_call_id()
-    thread = threading.Thread(
-        target=lambda: outcome.append(engine.run("setsid sleep 300 & sleep 300",
-                                                 call_id=call_id, timeout_s=60)),
-    )
-    thread.start()
-    def leader() -> int | None:
-        # The call's bash leads its process group (subshells on their way do not).
-        return next((p for p in marked_pids(call_id) if _pgid(p) == p), None)
-
-    runner = psutil.Process(wait_until(leader, what="the call's bash")).ppid()
-    os.kill(runner, signal.SIGKILL)
-    thread.join(30)
-    assert outcome and outcome[0].signal == signal.SIGKILL
-    wait_until(lambda: marked_pids(call_id) == [], what="the call's processes to die")
-    # The next call gets a fresh runner.
-    assert engine.run("echo again").stdout == "again\n"
-
-
-def _pgid(pid: int) -> int | None:
-    try:
-        return os.getpgid(pid)
-    except ProcessLookupError:
-        return None
-
-
-def test_a_dead_launcher_is_replaced(engine: Engine) -> None:
-    assert engine.run("true").exit_code == 0
-    pool = sandbox.pool_for(engine.settings, "process")
-    assert pool.client is not None
-    os.killpg(pool.client.proc.pid, signal.SIGKILL)  # bwrap and the launcher
-    pool.client.proc.wait(10)
-    # Two calls at once: one takes the idle runner, the other needs a new launcher.
-    results: list[CallResult] = []
-    threads = [threading.Thread(target=lambda n=n: results.append(engine.run(f"echo {n}")))
-               for n in range(2)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(30)
-    assert sorted(r.stdout for r in results) == ["0\n", "1\n"]
-
-
-def test_closing_the_pools_ends_launchers_and_runners(engine: Engine) -> None:
-    assert engine.run("true").exit_code == 0
-    pool = sandbox.pool_for(engine.settings, "process")
-    assert pool.client is not None
-    launcher = pool.client.proc.pid
-    runners = [slot.runner.pid for slots in pool.idle.values() for slot in slots]
-    assert runners
-    sandbox.close_all()
-    wait_until(lambda: not any(alive(pid) for pid in [launcher, *runners]),
-               what="the launcher and runners to exit")
-
-
-# ------------------------------------------------------ what a call cannot write
-
-
-def test_strict_writes_only_its_workspace_and_private_tmp(strict_engine: Engine) -> None:
-    engine = strict_engine
-    outside = engine.tmp.parent / "outside"
-    outside.mkdir()
-    probe = Path(tempfile.gettempdir()) / f"bashfleet-test-{os.getpid()}-probe"
-    result = engine.run(
-        f"touch in-cwd && echo cwd; touch /tmp/x && echo tmp; ls /tmp; "
-        f"touch {outside}/f || echo no-outside; touch /etc/bashfleet-test || echo no-etc; "
-        f"touch $HOME/bashfleet-test || echo no-home; echo x > {probe} && echo probe-written"
-    )
-    assert result.stdout.splitlines()[:2] == ["cwd", "tmp"]
-    assert {"no-outside", "no-etc", "no-home"} <= set(result.stdout.splitlines())
-    assert (engine.tmp / "in-cwd").exists()
-    assert not (outside / "f").exists()
-    # /tmp was private: what it wrote there is not on the host's /tmp.
-    assert not probe.exists()
-
-
-def test_strict_tmp_is_fresh_for_every_call(strict_engine: Engine) -> None:
-    assert strict_engine.run("echo left > /tmp/left-by-first").exit_code == 0
-    second = strict_engine.run("cat /tmp/left-by-first")
-    assert second.exit_code == 1 and "No such file" in second.stderr
-
-
-def test_strict_configured_workspace(tmp_path: Path, janitor: Janitor) -> None:
-    workspace = tmp_path / "workspace"
-    workspace.mkdir()
-    with engine_with(tmp_path, janitor, isolation="strict",
-                           sandbox_writable=(str(workspace),)) as engine:
-        # The cwd is outside the workspace: visible, not writable.
-        result = engine.run(f"touch {workspace}/ok && echo ws; touch here || echo ro-cwd")
-        assert result.stdout.splitlines() == ["ws", "ro-cwd"]
-        assert (workspace / "ok").exists()
-
-
-@needs_root
-def test_root_in_the_sandbox_cannot_unhide_or_mount(engine: Engine) -> None:
-    result = engine.run(
-        "grep CapBnd /proc/self/status; umount /proc 2>&1 || echo no-umount; "
-        "mount -t tmpfs x /mnt 2>&1 || echo no-mount; echo 1 > /proc/sys/kernel/core_pattern"
-        " 2>/dev/null || echo no-sysctl; mknod /tmp/disk b 8 0 2>/dev/null || echo no-mknod"
-    )
-    bounding = int(result.stdout.split()[1], 16)
-    assert not bounding & (1 << CAP_SYS_ADMIN)
-    assert {"no-umount", "no-mount", "no-sysctl", "no-mknod"} <= set(result.stdout.splitlines())
-
-
-def test_what_hides_the_state_dir_cannot_be_unmounted(engine: Engine) -> None:
+def test_state_directories_are_hidden(engine: Engine) -> None:
     state = engine.settings.state_dir
-    state.mkdir(parents=True, exist_ok=True)
-    (state / "kept-secret").write_text("state-secret-321")
-    result = engine.run(
-        f"umount {state}; umount -l {state}; "
-        # A user namespace of its own gives it CAP_SYS_ADMIN there: the mounts it copies
-        # are locked together, so unmounting one is refused.
-        f"unshare -rm sh -c 'umount {state}; umount -l {state}; cat {state}/kept-secret'"
-    )
-    assert "state-secret-321" not in result.stdout + result.stderr
+    state.mkdir(parents=True, exist_ok=True, mode=0o700)
+    (state / "fleet.json").write_text('{"key": "planted"}')
+    result = engine.run(f"ls -A {state}; cat {state}/fleet.json; ls -A "
+                        f"{engine.settings.workspace_root_dir()}")
+    assert "planted" not in result.stdout
+    assert "fleet.json" not in result.stdout
 
 
-ROOTLESS_SCRIPT = """
-import os, sys
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import launcher
-argv = [sys.argv[1], "--dev-bind", "/", "/", "--dev", "/dev", "--tmpfs", sys.argv[2],
-        "--remount-ro", sys.argv[2], "--cap-add", "ALL", "--",
-        sys.executable, "-I", "-S", launcher.__file__]
-client = launcher.LauncherClient(argv, {"PATH": "/usr/bin:/bin"})
-runner = client.runner({"network": False})
-out = os.open(sys.argv[3], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-null = os.open(os.devnull, os.O_RDONLY)
-runner.start({"argv": ["bash", "-c", sys.argv[4]], "cwd": "/", "targets": [0, 1, 2],
-              "env": {"PATH": "/usr/bin:/bin"}}, [null, out, out])
-print(runner.wait_status(30))
-runner.close()
-client.close()
-"""
+# ------------------------------------------------------- what a workspace's calls share
 
 
-@needs_root
-@pytest.mark.skipif(not Path("/usr/bin/python3").exists(), reason="no system python3")
-def test_a_worker_that_is_not_root_gets_the_same_sandbox(tmp_path: Path) -> None:
-    # A worker that is not root: bwrap makes a user namespace, the launcher gets its
-    # capabilities in it, the calls none (bwrap hands them out as ambient ones).
-    # The launcher alone (standard library) under the system Python, as `nobody`.
-    folder = Path(tempfile.mkdtemp(prefix="bashfleet-rootless-"))
-    try:
-        shutil.copy(launcher.__file__ or "", folder / "launcher.py")
-        (folder / "run.py").write_text(ROOTLESS_SCRIPT)
-        hidden = folder / "hidden"
-        hidden.mkdir()
-        (hidden / "secret").write_text("rootless-secret-654")
-        folder.chmod(0o755)
-        out = folder / "out"
-        out.touch()
-        os.chown(out, pwd.getpwnam("nobody").pw_uid, -1)
-        command = (
-            f"id -u; grep CapEff /proc/self/status; ps -e | wc -l; ls -A {hidden}; "
-            f"umount {hidden}; unshare -rm sh -c 'umount {hidden}; cat {hidden}/secret'"
-        )
-        done = subprocess.run(
-            ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups",
-             "/usr/bin/python3", "-I", str(folder / "run.py"), PROBE_BWRAP, str(hidden),
-             str(out), command],
-            capture_output=True, text=True, timeout=60, check=False, cwd="/",
-        )
-        assert done.returncode == 0, done.stderr
-        text = out.read_text()
-        lines = text.splitlines()
-        assert lines[0] == str(pwd.getpwnam("nobody").pw_uid)
-        assert lines[1].split() == ["CapEff:", "0000000000000000"]
-        assert int(lines[2]) <= 5  # the runner, bash, ps, wc
-        assert "rootless-secret-654" not in text
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+def test_a_server_left_running_answers_the_next_call(engine: Engine,
+                                                     spaces: Workspaces) -> None:
+    # Real agent trajectories: `(python3 -m http.server &)` then `curl` gave 000.
+    record = spaces.new()
+    port = _free_port()
+    started = spaces.run(record, f"(python3 -m http.server {port} >/dev/null 2>&1 &); "
+                                 f"for i in $(seq 100); do curl -s -o /dev/null "
+                                 f"localhost:{port} && break; sleep 0.05; done; echo up")
+    assert started.stdout == "up\n" and started.duration_s < 20
+    answer = spaces.run(record, f"curl -s -o /dev/null -w '%{{http_code}}' localhost:{port}")
+    assert answer.stdout == "200"
+    nohup = spaces.run(record, "nohup sleep 300 >/dev/null 2>&1 & echo $!")
+    assert spaces.run(record, "pgrep -x sleep").stdout.strip() == nohup.stdout.strip()
+
+
+def test_kill_minus_pgid_from_the_next_call_ends_a_job(engine: Engine,
+                                                      spaces: Workspaces) -> None:
+    # Seed 001: `<reminder>To stop: kill -9 -PGID</reminder>`, run as the next call.
+    record = spaces.new()
+    job = spaces.run(record, "sleep 300", background=True)
+    assert job.job is not None and job.job.host_pid is not None
+    assert job.job.pgid == job.job.pid != job.job.host_pid
+    killed = spaces.run(record, f"kill -9 -{job.job.pgid}; echo rc=$?")
+    assert killed.stdout == "rc=0\n"
+    ended = _job_end(engine, job.job.id)
+    assert ended.signal == signal.SIGKILL
+    output = spaces.run(record, f"cat {job.job.output_path}")  # its <output_file> too
+    assert "[background process failed: signal: 9 (SIGKILL)]" in output.stdout
+
+
+def test_tmp_and_home_are_the_workspaces_own(engine: Engine, spaces: Workspaces) -> None:
+    one, two = spaces.new(), spaces.new()
+    spaces.run(one, "echo one > /tmp/note; echo home > ~/note; echo shm > /dev/shm/note")
+    assert spaces.run(one, "cat /tmp/note ~/note /dev/shm/note").stdout == "one\nhome\nshm\n"
+    seen = spaces.run(two, "cat /tmp/note ~/note /dev/shm/note 2>&1 | grep -c 'No such'")
+    assert seen.stdout == "3\n"
+    assert not Path("/tmp/note").exists() or Path("/tmp/note").read_text() != "one\n"
+
+
+def test_a_throwaway_call_leaves_nothing_running_nor_anything_for_the_next(
+    engine: Engine,
+) -> None:
+    first = run_call(Call(call_id="t-left-1", command="sleep 300 & echo $$ > mark; "
+                          "echo secret > /tmp/left; echo home > ~/left"), settings=engine.settings)
+    assert first.error is None
+    for _ in range(3):  # recycled or fresh: never the last call's files
+        later = run_call(Call(call_id=f"t-left-{time.monotonic_ns()}",
+                              command="ls -A; cat /tmp/left ~/left 2>&1; pgrep -x sleep; true"),
+                         settings=engine.settings)
+        assert "mark" not in later.stdout and "secret" not in later.stdout
+        assert "home" not in later.stdout.replace("No such", "")
+    wait_until(lambda: not [p for p in psutil.process_iter(["cmdline"])
+                            if p.info["cmdline"] == ["sleep", "300"]
+                            and p.ppid() != 1 and _in_ns_of(p.pid, engine)],
+               what="the throwaway's sleep to end")
+
+
+def _in_ns_of(pid: int, engine: Engine) -> bool:
+    return engine.settings.state_dir.exists() and alive(pid)
+
+
+def test_deleting_a_workspace_ends_its_processes_jobs_and_files(
+    engine: Engine, spaces: Workspaces
+) -> None:
+    record = spaces.new()
+    job = spaces.run(record, "sleep 300", background=True)
+    left = spaces.run(record, "sleep 301 & echo $!; touch here")
+    assert job.job is not None and job.job.host_pid is not None
+    host_job = job.job.host_pid
+    assert workspaces.delete(record.id, engine.settings)
+    assert not alive(host_job) and record.keeper_pid is not None
+    assert not alive(record.keeper_pid)
+    assert not Path(record.path).exists()
+    assert not workspaces.state_path(engine.settings, record.id).exists()
+    ended = check_job(load_record(job.job.id, engine.settings), settings=engine.settings)
+    assert not ended.running and ended.signal == signal.SIGKILL
+    assert ended.note is not None and "workspace" in ended.note
+    assert left.exit_code == 0
+
+
+def test_an_unused_workspace_is_reaped_when_its_ttl_passes(engine: Engine,
+                                                          spaces: Workspaces) -> None:
+    record = spaces.new(ttl_s=1.0)
+    spaces.run(record, "sleep 300 &")
+    used = workspaces.last_used(record, engine.settings)
+    assert used is not None
+    assert workspaces.reap(engine.settings, now=used + 0.5) == []
+    reaped = workspaces.reap(engine.settings, now=used + 2.0)
+    assert [r.id for r in reaped] == [record.id]
+    assert record.keeper_pid is not None and not alive(record.keeper_pid)
+    assert not Path(record.path).exists()
+
+
+def test_a_workspace_at_an_allowed_path_shows_its_directory_and_mounts(
+    tmp_path: Path, janitor: Janitor
+) -> None:
+    src = tmp_path / "src"
+    (src / "app").mkdir(parents=True)
+    (src / "other").mkdir()
+    (src / "other" / "secret.txt").write_text("other workspace")
+    ids = run_user_ids()
+    if ids is not None:
+        os.chown(src / "app", *ids)
+    with engine_with(tmp_path, janitor, workspace_allow=(str(src),)) as engine:
+        record = workspaces.create(WorkspaceSpec(path=str(src / "app"),
+                                                 mounts={"/logs": "logs"}), engine.settings)
+        try:
+            result = engine.run("pwd; echo built > out; echo log > /logs/agent.txt; "
+                                f"cat {src}/other/secret.txt 2>&1 | grep -c 'No such'",
+                                workspace=record.id, cwd=None)
+            assert result.stdout == f"{src / 'app'}\nbuilt\n".replace("built\n", "") + "1\n"
+            assert (src / "app" / "out").read_text() == "built\n"
+            assert (src / "app" / "logs" / "agent.txt").read_text() == "log\n"
+        finally:
+            workspaces.delete(record.id, engine.settings)
+        assert (src / "app" / "out").exists()  # an existing directory is not removed
+        outside = workspaces.create
+        with pytest.raises(workspaces.WorkspaceError, match="not under a root"):
+            outside(WorkspaceSpec(path=str(tmp_path)), engine.settings)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 # ------------------------------------------------------ what a call cannot reach
@@ -475,7 +509,7 @@ def test_a_host_without_bubblewrap_says_so_and_runs_unsandboxed(
         errors, warnings = sandbox.startup_problems(engine.settings)
         assert errors == [] and any("WITHOUT a sandbox" in w for w in warnings)
         # `auto`: the call runs, unsandboxed (it sees the host's processes).
-        result = engine.run(f"kill -0 {os.getpid()} && echo visible")
+        result = engine.run(f"test -d /proc/{os.getpid()} && echo visible")
         assert result.stdout == "visible\n"
         asked = engine.run("true", isolation="process")
         assert asked.error is not None and asked.error.kind == "unavailable"
@@ -587,11 +621,12 @@ def test_run_as_runs_calls_as_that_user(
     shared_dir: Path, janitor: Janitor, isolation: str
 ) -> None:
     nobody = pwd.getpwnam("nobody")
-    settings = Settings(state_dir=shared_dir / "state", host="t", run_as="nobody",
-                        isolation=isolation)
     work = shared_dir / "work"
     work.mkdir(mode=0o777)
     work.chmod(0o777)
+    settings = Settings(state_dir=shared_dir / "state", host="t", run_as="nobody",
+                        isolation=isolation, workspace_root=shared_dir / "workspaces",
+                        workspace_allow=(str(work),))
     engine = Engine(settings, janitor, work)
     try:
         result = engine.run("id -u; id -g; echo $USER; touch mine; cd /; export LEFT=1",
@@ -612,6 +647,66 @@ def test_run_as_an_unknown_user_is_refused_at_start() -> None:
         Settings(run_as="no-such-user-bashfleet")
 
 
+# ----------------------------------------------------------- a worker that is not root
+
+ROOTLESS_SCRIPT = """
+import json, os, sys
+state, command = sys.argv[1], sys.argv[2]
+os.environ["XDG_STATE_HOME"] = os.path.join(state, "xdg")
+os.environ["XDG_DATA_HOME"] = os.path.join(state, "data")
+from worker import Call, run_call
+from worker.engine import sandbox
+from worker.settings import Settings
+settings = Settings(state_dir=os.path.join(state, "state"), host="rootless")
+result = run_call(Call(call_id="rootless-1", command=command), settings=settings)
+print(json.dumps({"out": result.stdout, "err": result.stderr,
+                  "error": result.error.message if result.error else None}))
+import time
+from worker.engine import workspaces
+time.sleep(0.5)  # the throwaway's end runs in a thread
+for record in workspaces.local_records(settings):
+    workspaces.delete(record.id, settings)
+sandbox.close_all()
+"""
+
+
+@needs_root
+def test_a_worker_that_is_not_root_gets_the_same_sandbox(tmp_path: Path) -> None:
+    # A worker started by an ordinary user: bwrap makes a user namespace, the zygote and
+    # keepers get its capabilities, the calls none. Run as `nobody` with the system Python
+    # (the same 3.11 as this suite: the venv's packages import), its own state directory.
+    site = next(p for p in sys.path if p.endswith("site-packages"))
+    source = str(Path(worker.__file__).parent.parent)
+    state = Path(tempfile.mkdtemp(prefix="bashfleet-rootless-"))
+    secret = state / "state" / "planted.key"
+    try:
+        os.chmod(state, 0o755)  # noqa: S103 - the worker's user must enter it
+        nobody = pwd.getpwnam("nobody")
+        os.chown(state, nobody.pw_uid, nobody.pw_gid)
+        command = (f"id -u; grep CapEff /proc/self/status; ps -e | wc -l; cat {secret}; "
+                   f"umount {state}/state; unshare -rm sh -c 'umount {state}/state; cat {secret}'; "
+                   "touch /usr/planted; echo done")
+        script = f"import sys; sys.path[:0] = [{source!r}, {site!r}]\n" + ROOTLESS_SCRIPT
+        done = subprocess.run(
+            ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups",
+             "/usr/bin/python3", "-I", "-c", script, str(state), command],
+            capture_output=True, text=True, timeout=120, check=False, cwd="/",
+            env={"PATH": os.defpath, "HOME": str(state)},
+        )
+        assert done.returncode == 0, done.stderr
+        answer = json.loads(done.stdout.splitlines()[-1])
+        assert answer["error"] is None, answer
+        lines = answer["out"].splitlines()
+        assert lines[0] == str(nobody.pw_uid)
+        assert lines[1].split() == ["CapEff:", "0000000000000000"]
+        assert int(lines[2]) <= 5  # the keeper, bash, ps, wc
+        assert lines[-1] == "done"
+        assert "planted" not in answer["out"]
+        assert not Path("/usr/planted").exists()
+    finally:
+        shutil.rmtree(state, ignore_errors=True)
+
+
 # ---------------------------------------------------------- what still works inside
 
 
@@ -620,12 +715,14 @@ def test_session_state_is_captured_inside(engine: Engine) -> None:
     assert result.cwd_after == "/"
     assert result.env_changes == {"FROM_SANDBOX": "yes"}
     assert "HOME" in result.env_removed
-    assert list(engine.settings.spill_dir.glob("*.state")) == []
 
 
-def test_a_background_job_runs_in_its_own_sandbox(engine: Engine) -> None:
-    result = engine.run("ps -eo pid= | wc -l; echo $$", background=True)
+def test_a_background_job_runs_in_its_workspace(engine: Engine, spaces: Workspaces) -> None:
+    record = spaces.new()
+    spaces.run(record, "sleep 300 &")
+    result = spaces.run(record, "ps -eo args= | grep -c '^sleep 300'; echo $$", background=True)
     assert result.job is not None
-    tail, _, _ = _ended(engine, result.job.id)
-    count, pid = tail.split("\n\n\n")[0].split()
-    assert int(pid) == 2 and int(count) <= 4
+    _job_end(engine, result.job.id)
+    text = Path(load_record(result.job.id, engine.settings).output_path).read_text()
+    count, pid = text.split("\n\n\n")[0].split()
+    assert int(count) == 1 and int(pid) == result.job.pid

@@ -168,7 +168,9 @@ def _hidden_dirs(spec: ViewSpec, own: Sequence[str]) -> tuple[str, ...]:
     (then it must hide again inside that); nothing under the view's own /tmp, /proc and
     /dev (the host's are not there to hide)."""
     kept: list[str] = []
-    for path in sorted({d for d in spec.hidden_dirs if d not in ("/", "") and not _own_area(d)}):
+    wanted = {d for d in spec.hidden_dirs
+              if d not in ("/", "") and _visible_in_view(d, own)}
+    for path in sorted(wanted):
         covered = any(inside(path, outer) and not any(
             inside(o, outer) and inside(path, o) for o in own) for outer in kept)
         if not covered:
@@ -176,8 +178,12 @@ def _hidden_dirs(spec: ViewSpec, own: Sequence[str]) -> tuple[str, ...]:
     return tuple(kept)
 
 
-def _own_area(path: str) -> bool:
-    return any(inside(path, f"/{name}") for name in OWN_ENTRIES)
+def _visible_in_view(path: str, own: Sequence[str]) -> bool:
+    """False for a host path under /tmp, /proc or /dev that no own path of the workspace
+    brings into its view (the view's own are not the host's: nothing there to hide; an
+    own path itself is the workspace's to see)."""
+    in_own_area = any(inside(path, f"/{name}") for name in OWN_ENTRIES)
+    return not in_own_area or any(inside(path, o) and path != o for o in own)
 
 
 def _hidden_by(path: str, hidden: Sequence[str]) -> bool:
@@ -191,7 +197,8 @@ def _hidden_files(spec: ViewSpec, hidden: Sequence[str], own: Sequence[str]) -> 
         return any(inside(path, d) and not any(inside(o, d) and inside(path, o) for o in own)
                    for d in hidden)
 
-    return tuple(sorted({f for f in spec.hidden_files if not covered(f) and not _own_area(f)}))
+    return tuple(sorted({f for f in spec.hidden_files
+                         if not covered(f) and _visible_in_view(f, own)}))
 
 
 def _protected(spec: ViewSpec, writable_views: Sequence[str]) -> tuple[str, ...]:
