@@ -21,6 +21,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -79,12 +80,12 @@ class Workspaces:
         self.engine = engine
         self.made: list[WorkspaceRecord] = []
 
-    def new(self, **spec: object) -> WorkspaceRecord:
-        record = workspaces.create(WorkspaceSpec(**spec), self.engine.settings)  # type: ignore[arg-type]
+    def new(self, **spec: Any) -> WorkspaceRecord:
+        record = workspaces.create(WorkspaceSpec(**spec), self.engine.settings)
         self.made.append(record)
         return record
 
-    def run(self, record: WorkspaceRecord, command: str, **fields: object) -> CallResultT:
+    def run(self, record: WorkspaceRecord, command: str, **fields: Any) -> CallResultT:
         return self.engine.run(command, workspace=record.id, cwd=None, **fields)
 
     def end(self) -> None:
@@ -267,8 +268,8 @@ def test_the_keeper_answers_its_worker_only(engine: Engine, spaces: Workspaces) 
     os.close(write_end)
     os.close(held)
     os.waitpid(child, 0)
-    with os.fdopen(read_end, "rb") as answer:
-        got = answer.read()
+    with os.fdopen(read_end, "rb") as reader:
+        got = reader.read()
     # Connected (the socket let it), then dropped without an answer: closed, or reset
     # when the keeper closed with the request unread.
     assert got == b"closed:" or got.startswith(b"error: [Errno 104]"), got

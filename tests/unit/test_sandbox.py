@@ -116,7 +116,7 @@ def test_extra_groups() -> None:
 
 def test_a_root_worker_runs_calls_as_its_run_user(monkeypatch: pytest.MonkeyPatch,
                                                   tmp_path: Path) -> None:
-    monkeypatch.setattr(sandbox.os, "geteuid", lambda: 0)
+    monkeypatch.setattr("worker.engine.sandbox.os.geteuid", lambda: 0)
     monkeypatch.setattr(sandbox, "_exists", lambda name: False)
     user = sandbox.run_user(Settings(state_dir=tmp_path, host="t"))
     assert user is not None and user.name == "nobody" and user.uid != 0
@@ -124,14 +124,14 @@ def test_a_root_worker_runs_calls_as_its_run_user(monkeypatch: pytest.MonkeyPatc
 
 def test_a_run_user_that_is_root_is_refused(monkeypatch: pytest.MonkeyPatch,
                                             tmp_path: Path) -> None:
-    monkeypatch.setattr(sandbox.os, "geteuid", lambda: 0)
+    monkeypatch.setattr("worker.engine.sandbox.os.geteuid", lambda: 0)
     with pytest.raises(OSError, match="never run as root"):
         sandbox.run_user(Settings(state_dir=tmp_path, host="t", run_as="root"))
 
 
 def test_a_worker_that_is_not_root_runs_calls_as_itself(monkeypatch: pytest.MonkeyPatch,
                                                        tmp_path: Path) -> None:
-    monkeypatch.setattr(sandbox.os, "geteuid", lambda: 4242)
+    monkeypatch.setattr("worker.engine.sandbox.os.geteuid", lambda: 4242)
     assert sandbox.run_user(Settings(state_dir=tmp_path, host="t")) is None
 
 
