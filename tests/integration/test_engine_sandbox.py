@@ -727,3 +727,23 @@ def test_a_background_job_runs_in_its_workspace(engine: Engine, spaces: Workspac
     text = Path(load_record(result.job.id, engine.settings).output_path).read_text()
     count, pid = text.split("\n\n\n")[0].split()
     assert int(count) == 1 and int(pid) == result.job.pid
+
+
+def test_a_workspace_past_its_disk_cap_is_told_so_and_its_jobs_stopped(
+    engine: Engine, spaces: Workspaces
+) -> None:
+    record = spaces.new(limits={"disk_mb": 1})
+    job = spaces.run(record, "sleep 300", background=True)
+    assert job.job is not None
+    spaces.run(record, "head -c 3000000 /dev/zero > big; head -c 10 /dev/zero > /tmp/small")
+    used = workspaces.check_disk(record, engine.settings)
+    assert used is not None and used > 2**20
+    ended = _job_end(engine, job.job.id)
+    assert ended.note is not None and "disk cap of 1 MiB" in ended.note
+    told = spaces.run(record, "echo still here")
+    assert told.stdout == "still here\n" and "past its cap of 1 MiB" in told.stderr
+    refused = spaces.run(record, "sleep 1", background=True)
+    assert refused.error is not None and refused.error.kind == "limit"
+    spaces.run(record, "rm big")
+    assert workspaces.check_disk(record, engine.settings) is None
+    assert spaces.run(record, "echo fine").stderr == ""

@@ -290,7 +290,10 @@ def run_call(
     except CallError as exc:
         return _error_result(call, settings, exc, started)
     result: CallResult | None = None
+    full = workspaces.over_disk_cap(record, settings)
     try:
+        if full is not None and call.background:
+            raise CallError("limit", workspaces.disk_cap_notice(record, full).strip())
         cwd = workspace_cwd(call.cwd, record)
         if record.isolation == "none":
             cwd = resolve_cwd(cwd)
@@ -303,12 +306,19 @@ def run_call(
                 call, cwd, settings, record, on_spawn=on_spawn, cancel=cancel, started=started,
                 on_running=on_running, detach=detach, on_streams=on_streams,
             )
-        return result
+        return result if full is None else _with_notice(result, workspaces.disk_cap_notice(
+            record, full))
     except CallError as exc:
         result = _error_result(call, settings, exc, started)
         return result
     finally:
         _after(record, settings, throwaway=throwaway, result=result)
+
+
+def _with_notice(result: CallResult, notice: str) -> CallResult:
+    """A result with a notice where its reader looks (stderr, or the combined output)."""
+    field = "stdout" if result.combined else "stderr"
+    return result.model_copy(update={field: getattr(result, field) + notice})
 
 
 def _error_result(call: Call, settings: Settings, exc: CallError, started: float) -> CallResult:

@@ -569,6 +569,49 @@ def _tree_bytes(root: Path) -> int:
     return total
 
 
+def full_path(settings: Settings, ws_id: str) -> Path:
+    """The flag a workspace over its disk cap has (its bytes, when last counted)."""
+    return settings.workspaces_dir / f"{ws_id}.full"
+
+
+def over_disk_cap(record: WorkspaceRecord, settings: Settings) -> int | None:
+    """The bytes a workspace held when last counted over its disk cap; None: under it."""
+    try:
+        return int(full_path(settings, record.id).read_text("ascii") or 0)
+    except (OSError, ValueError):
+        return None
+
+
+def disk_cap_notice(record: WorkspaceRecord, used: int) -> str:
+    """What every call of a workspace over its disk cap is told."""
+    cap = record.limits.disk_mb
+    return (f"\n[bashfleet: workspace {record.id} holds {used / 2**20:.0f} MiB on disk, past its "
+            f"cap of {cap} MiB: its background jobs were stopped and new ones are refused "
+            "until files are removed (its directory, /tmp, HOME)]\n")
+
+
+def check_disk(record: WorkspaceRecord, settings: Settings) -> int | None:
+    """Count a capped workspace's bytes; past the cap flag it and stop its background
+    jobs (the call that freed space removes the flag at the next count). Its bytes
+    when over, else None."""
+    cap = record.limits.disk_mb
+    if cap is None:
+        return None
+    used = disk_bytes(record, settings)
+    flag = full_path(settings, record.id)
+    if used <= cap * 2**20:
+        flag.unlink(missing_ok=True)
+        return None
+    flag.write_text(str(used), encoding="ascii")
+    from worker.engine import jobs  # noqa: PLC0415 - jobs imports this module
+
+    for job in job_records.running_in(settings, record.id):
+        jobs.kill_job(job, settings=settings, grace_s=2.0)
+        job_records.write_status(job, -15, note=f"stopped: workspace {record.id} passed its "
+                                 f"disk cap of {cap} MiB", replace=True)
+    return used
+
+
 # --------------------------------------------------------------------------- its end
 
 
@@ -585,6 +628,7 @@ def delete(ws_id: str, settings: Settings, *, note: str = "its workspace was del
     for path in record.cgroup:
         cgroups.Group("v2", [(path, ())]).remove(timeout=2.0)
     _remove_files(record, settings)
+    full_path(settings, ws_id).unlink(missing_ok=True)
     record_path(settings, ws_id).unlink(missing_ok=True)
     _loaded.pop((settings.workspaces_dir, ws_id), None)
     return True
@@ -641,6 +685,9 @@ def reap(settings: Settings, now: float | None = None) -> list[WorkspaceRecord]:
         if used is None:
             continue
         expired = now - used > record.ttl_s
+        if not expired and keeper_alive(record):
+            check_disk(record, settings)
+            continue
         if expired or not keeper_alive(record):
             note = "its workspace expired (unused past its TTL)" if expired else \
                 "its workspace's sandbox ended"
