@@ -27,6 +27,7 @@ and `ok` / `MISS` per row (`info` for rows without a target).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import itertools
 import math
@@ -49,7 +50,8 @@ from types import TracebackType
 import psutil
 
 from worker import Call, Policy, Settings, run_call
-from worker.engine import sandbox
+from worker.engine import sandbox, workspaces
+from worker.wire.models import WorkspaceSpec
 
 MIB = 1024 * 1024
 GIB = 1024 * MIB
@@ -124,12 +126,11 @@ def _status(ok: bool) -> str:
 # ------------------------------------------------------------------- per-call overhead
 
 
-def _engine_true(settings: Settings, policy: Policy | None) -> Runner:
+def _engine_true(settings: Settings, policy: Policy | None,
+                 workspace: str | None = None) -> Runner:
     def run() -> None:
-        if policy is None:
-            call = Call(call_id=_call_id("true"), command="true")
-        else:
-            call = Call(call_id=_call_id("true"), command="true", policy=policy)
+        call = Call(call_id=_call_id("true"), command="true", policy=policy or Policy(),
+                    workspace=workspace)
         result = run_call(call, settings=settings)
         if result.exit_code != 0 or result.error is not None:
             raise RuntimeError(f"run_call failed: {result!r}")
@@ -184,6 +185,8 @@ def overhead_rows(settings: Settings, config: Config) -> list[Row]:
         runners[key] = _engine_true(plain, policy)
     sandboxed = sandbox.availability(boxed)[0]
     if sandboxed:
+        warm = workspaces.create(WorkspaceSpec(), boxed)
+        runners["workspace"] = _engine_true(boxed, None, warm.id)
         runners["process"] = _engine_true(boxed, None)
         runners["strict"] = _engine_true(strict, None)
     _progress(
@@ -198,8 +201,12 @@ def overhead_rows(settings: Settings, config: Config) -> list[Row]:
         reason = sandbox.availability(boxed)[1]
         return [*rows, Row("`true` sandboxed", "-", "-", None, "-", f"skip ({reason})")]
     rows.append(_ratio_row(
-        "`true` sandboxed (process) vs unsandboxed run_call", "process", times["process"],
-        times["default"], "the sandbox",
+        "`true` in a warm workspace vs unsandboxed run_call", "workspace",
+        times["workspace"], times["default"], "a workspace",
+    ))
+    rows.append(_ratio_row(
+        "`true` in a throwaway workspace (no session)", "process", times["process"],
+        times["default"], "a throwaway workspace",
     ))
     strict_row = _ratio_row("  same, strict (info)", "strict", times["strict"],
                             times["default"], "strict")
@@ -214,6 +221,74 @@ def _ratio_row(label: str, key: str, measured: list[float], base: list[float],
     note = f"`true` {key}: {what} adds {(median - base_median) * 1e3:.3f} ms per call"
     return Row(label, _ms(measured), _ms(base), ratio, f"<= {TRUE_TARGET:.2f}x",
                _status(ratio <= TRUE_TARGET), note)
+
+
+# ------------------------------------------------------------------------ workspaces
+
+#: Issue #20's target: a workspace ready for its first call (published by sandbox
+#: services for the same "time to interactive": 110 ms and 440 ms medians).
+READY_TARGET_MS = 20.0
+IDLE_WORKSPACES = 100
+
+
+def workspace_rows(settings: Settings, config: Config) -> list[Row]:
+    """A workspace made and ready (its keeper's view built), then its first `true`; and
+    the memory of 100 idle workspaces."""
+    boxed = settings.model_copy(update={"isolation": "process"})
+    if not sandbox.availability(boxed)[0]:
+        return [Row("workspace ready", "-", "-", None, "-", "skip (no sandbox)")]
+    made: list[str] = []
+    ready: list[float] = []
+    first: list[float] = []
+    spawn: list[float] = []
+    try:
+        count = max(20, config.calls // 5)
+        _progress(f"workspaces: {count} made, each then runs its first `true`")
+        for _ in range(count):
+            start = time.perf_counter()
+            record = workspaces.create(WorkspaceSpec(), boxed)
+            ready.append(time.perf_counter() - start)
+            made.append(record.id)
+            _engine_true(boxed, None, record.id)()
+            first.append(time.perf_counter() - start)
+            spawn_start = time.perf_counter()
+            subprocess.run(["bash", "-c", "true"], check=True)
+            spawn.append(time.perf_counter() - spawn_start)
+        rows = [
+            Row("workspace ready for its first call", _ms(ready), "-", None,
+                f"<= {READY_TARGET_MS:.0f} ms p50",
+                _status(statistics.median(ready) * 1e3 <= READY_TARGET_MS)),
+            Row("  made, then `true` answered (info)", _ms(first), _ms(spawn),
+                statistics.median(first) / statistics.median(spawn), "-", "info"),
+        ]
+        for ws_id in made:
+            workspaces.delete(ws_id, boxed)
+        made = []
+        _progress(f"{IDLE_WORKSPACES} idle workspaces: their keepers' memory")
+        made = [workspaces.create(WorkspaceSpec(), boxed).id for _ in range(IDLE_WORKSPACES)]
+        rows.append(_idle_row(boxed, made))
+        return rows
+    finally:
+        for ws_id in made:
+            workspaces.delete(ws_id, boxed)
+
+
+def _idle_row(settings: Settings, made: list[str]) -> Row:
+    pss = 0
+    for ws_id in made:
+        pid = workspaces.load(ws_id, settings).keeper_pid
+        if pid is not None:
+            with contextlib.suppress(psutil.Error):
+                pss += psutil.Process(pid).memory_full_info().pss
+    shell = psutil.Process(subprocess.Popen(["sleep", "5"]).pid)
+    base = shell.memory_full_info().pss
+    shell.kill()
+    shell.wait()
+    per = pss / len(made) / 2**20
+    return Row(f"{len(made)} idle workspaces: memory per workspace", f"{per:.2f} MiB PSS",
+               f"`sleep` {base / 2**20:.2f} MiB", None, "info", "info",
+               f"{len(made)} keepers hold {pss / 2**20:.0f} MiB PSS in all (forks of one "
+               "zygote: the pages they share are counted once)")
 
 
 # ---------------------------------------------------------------------- 1 GiB output
@@ -465,7 +540,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.monotonic()
     work = Path(tempfile.mkdtemp(prefix="bashfleet-bench-", dir=args.dir)).resolve()
     try:
-        settings = Settings(state_dir=work / "state", host="bench")
+        settings = Settings(state_dir=work / "state", host="bench",
+                            workspace_root=work / "workspaces")
         print("bashfleet engine benchmark")
         print("\n".join(environment_lines(work, config, args.quick)))
         found = sandbox.probe(settings.model_copy(update={"isolation": "auto"}))
@@ -473,6 +549,7 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"cgroup {found.cgroup or '-'} ({found.cgroup_problem or 'per call'})")
         print(flush=True)
         rows = overhead_rows(settings, config)
+        rows += workspace_rows(settings, config)
         rows += big_rows(settings, work, config)
     finally:
         sandbox.close_all()

@@ -358,6 +358,7 @@ def _registry_dirs() -> list[Path]:
 def register_known(settings: Settings) -> None:
     """Record this worker's state directory and workspace root where every worker of this
     user looks for the directories to hide (two fleets on one machine hide each other's)."""
+    added = False
     for path in (str(settings.state_dir), str(settings.workspace_root_dir())):
         for registry in _registry_dirs():
             if (str(registry), path) in _registered:
@@ -367,7 +368,9 @@ def register_known(settings: Settings) -> None:
                 name = hashlib.sha256(path.encode()).hexdigest()[:24]
                 (registry / name).write_text(path, encoding="utf-8")
                 _registered.add((str(registry), path))
-    _known.clear()
+                added = True
+    if added:
+        _known.clear()
 
 
 def known_dirs() -> tuple[str, ...]:
@@ -376,13 +379,19 @@ def known_dirs() -> tuple[str, ...]:
 
 
 def _read_known() -> tuple[str, ...]:
+    """The registered directories that still exist; the entries of those gone (a test's
+    temporary fleet, a removed state directory) are dropped on the way."""
     found: set[str] = set()
     for registry in _registry_dirs():
-        with contextlib.suppress(OSError):
-            for entry in os.scandir(registry):
+        with contextlib.suppress(OSError), os.scandir(registry) as listing:
+            for entry in listing:
                 with contextlib.suppress(OSError):
-                    found.add(Path(entry.path).read_text("utf-8").strip())
-    return tuple(sorted(p for p in found if p))
+                    path = Path(entry.path).read_text("utf-8").strip()
+                    if path and os.path.isdir(path):
+                        found.add(os.path.realpath(path))
+                    else:
+                        os.unlink(entry.path)
+    return tuple(sorted(found))
 
 
 def hidden_paths(settings: Settings, record: WorkspaceRecord) -> list[str]:
@@ -393,8 +402,7 @@ def hidden_paths(settings: Settings, record: WorkspaceRecord) -> list[str]:
     wanted = [
         str(settings.state_dir), str(default_state_dir()),
         os.path.join(home, ".local/state/bashfleet"), os.path.join(home, ".config/bashfleet"),
-        str(settings.workspace_root_dir()), "/etc/bashfleet", *known_dirs(),
-        *settings.workspace_allow, *settings.sandbox_hidden,
+        str(settings.workspace_root_dir()), "/etc/bashfleet", *settings.workspace_allow, *settings.sandbox_hidden,
         *map(str, secret_paths(settings)),
     ]
     if record.isolation == "strict":
@@ -421,6 +429,7 @@ def view_spec(record: WorkspaceRecord, settings: Settings,
     register_known(settings)
     state = state_path(settings, record.id)
     dirs, files = layout.existing(hidden_paths(settings, record))
+    dirs += known_dirs()  # real and existing already (looked up once every 10 s)
     writable, _ = layout.existing(settings.sandbox_writable)
     return layout.ViewSpec(
         root=str(state / "root"), workspace=record.path, out_dir=record.out_dir,
