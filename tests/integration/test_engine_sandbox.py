@@ -270,9 +270,9 @@ def test_the_keeper_answers_its_worker_only(engine: Engine, spaces: Workspaces) 
     os.waitpid(child, 0)
     with os.fdopen(read_end, "rb") as reader:
         got = reader.read()
-    # Connected (the socket let it), then dropped without an answer: closed, or reset
-    # when the keeper closed with the request unread.
-    assert got == b"closed:" or got.startswith(b"error: [Errno 104]"), got
+    # Connected (the socket let it), then dropped without an answer: closed, reset (the
+    # keeper closed with the request unread), or a broken pipe (closed before the send).
+    assert got == b"closed:" or got.startswith((b"error: [Errno 104]", b"error: [Errno 32]")), got
 
 
 # ---------------------------------------------------------- what a call cannot see

@@ -385,6 +385,23 @@ def create(support: Support, limits: CgroupLimits, *, owner: int | None = None,
     return group
 
 
+def write_limits(group: Group, limits: CgroupLimits) -> None:
+    """Write `limits` into an existing group (a blank workspace's, once claimed)."""
+    for path, controllers in group.paths:
+        for controller in controllers:
+            _write_limits(path, group.version, controller, limits)
+
+
+def rename(group: Group, name: str) -> Group:
+    """The group under a new name (rename(2) of its directories; its processes stay)."""
+    paths = []
+    for path, controllers in group.paths:
+        target = os.path.join(os.path.dirname(path), name)
+        os.rename(path, target)
+        paths.append((target, controllers))
+    return Group(group.version, paths, group.baseline)
+
+
 def _write_limits(path: str, version: Literal["v1", "v2"], controller: str,
                   limits: CgroupLimits) -> None:
     for filename, value in limit_files(version, controller, limits):

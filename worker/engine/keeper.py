@@ -37,6 +37,7 @@ Messages (`worker.engine.proto`), per connection, one call at a time:
       the workspace, then say whether it is clean (no process, nothing in /dev/shm, no
       System V IPC object)  ->  r {clean}
     ? {}  ->  ! {pid}  (ready, alive)
+    V {plan, uid, gid, groups}  (a blank keeper's first message: `main`)  ->  v
 """
 
 from __future__ import annotations
@@ -392,9 +393,16 @@ def _noop(signum: int, frame: object) -> None:
 
 def main(spec: dict[str, Any], listener_fd: int, report_fd: int) -> int:
     """The keeper's process, forked by the zygote's helper into the new namespaces:
-    build the view, drop what calls must not have, report ready (or why not), serve."""
+    build the view, drop what calls must not have, report ready (or why not), serve.
+
+    A spec without a plan makes a *blank* keeper: it reports ready at once and builds its
+    view when the worker claims it for a workspace (`V` {plan, uid, gid, groups} as the
+    first message, answered `v`): the fork, the namespaces and the cgroup join (a cgroup
+    v1 migration waits out an RCU grace period, ~15 ms here) are made ahead."""
     try:
-        host_proc = _setup(spec)
+        host_proc = _enter(spec)
+        if spec.get("plan") is not None:
+            _setup_view(spec)
     except OSError as exc:
         with contextlib.suppress(OSError):
             os.write(report_fd, f"error {exc.errno or errno.EIO} {exc}".encode())
@@ -402,14 +410,48 @@ def main(spec: dict[str, Any], listener_fd: int, report_fd: int) -> int:
     os.write(report_fd, b"ready")
     os.close(report_fd)
     listener = socket.socket(fileno=listener_fd)
+    first = None
+    if spec.get("plan") is None:
+        first, spec = _claimed(listener, spec)
     listener.setblocking(False)
     keeper = Keeper(listener, worker_uid=int(spec["worker_uid"]),
                     run_as=spec.get("uid") is not None, host_proc=host_proc)
+    if first is not None:
+        keeper.sel.register(first, selectors.EVENT_READ, Conn(first))
     return keeper.serve()
 
 
-def _setup(spec: dict[str, Any]) -> int:
-    """Namespaces are made (by the helper); here: the view, the network, the user."""
+def _claimed(listener: socket.socket, spec: dict[str, Any]) -> tuple[socket.socket, dict[str, Any]]:
+    """A blank keeper waits for the worker that claims it, and builds the view it is sent
+    (exiting when it cannot: the worker makes the workspace again)."""
+    listener.setblocking(True)
+    while True:
+        sock, _ = listener.accept()
+        pid, uid, _ = struct.unpack("3i", sock.getsockopt(
+            socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+        if pid != 0 or uid != int(spec["worker_uid"]):
+            sock.close()
+            continue
+        tag, body, fds = proto.recv(sock)
+        proto.close_all(fds)
+        if tag != b"V":
+            sock.close()
+            continue
+        claimed = {**body, "network": spec.get("network", True),
+                   "worker_uid": spec["worker_uid"]}
+        try:
+            _setup_view(claimed)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                proto.send(sock, b"E", proto.error_body(exc))
+            os._exit(1)
+        proto.send(sock, b"v", {"pid": os.getpid()})
+        return sock, claimed
+
+
+def _enter(spec: dict[str, Any]) -> int:
+    """Namespaces are made (by the helper); here: this process's own setup. Returns a
+    descriptor of the host's /proc."""
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE):
         signal.signal(signum, signal.SIG_DFL)
     # The worker's stdio (a terminal, a log, a test's pipe) is not the keeper's to hold:
@@ -419,12 +461,19 @@ def _setup(spec: dict[str, Any]) -> int:
         os.dup2(null, target)
     os.close(null)
     os.setsid()
+    # The directories the view makes, and what calls create, get the usual modes
+    # whatever umask the worker had.
+    os.umask(0o022)
     kernel.prctl(kernel.PR_SET_DUMPABLE, 0)
-    # The host's /proc, kept to read a call's host pid from a pidfd (close-on-exec).
-    host_proc = os.open("/proc", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-    view.carry_out(spec["plan"])
     if not spec.get("network", True):
         kernel.loopback_up()
+    # The host's /proc, kept to read a call's host pid from a pidfd (close-on-exec).
+    return os.open("/proc", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+
+
+def _setup_view(spec: dict[str, Any]) -> None:
+    """The view, then what calls must not have, then the user."""
+    view.carry_out(spec["plan"])
     kernel.drop_privileges_of_children()
     if spec.get("uid") is not None:
         os.setgroups(spec.get("groups") or [])
@@ -433,4 +482,3 @@ def _setup(spec: dict[str, Any]) -> int:
         # capabilities), and posix_spawn(resetids) makes bash the run user before it
         # runs anything.
         os.setresuid(spec["uid"], 0, 0)
-    return host_proc

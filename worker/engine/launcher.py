@@ -352,6 +352,11 @@ class KeeperConnection:
             return False
         return True
 
+    def claim(self, body: Mapping[str, Any], timeout: float = 10.0) -> None:
+        """A blank keeper builds the view `body` gives (its first message)."""
+        self._send(b"V", body)
+        self._expect(b"v", timeout)
+
     def exit_when_idle(self, timeout: float = 5.0) -> None:
         """The keeper exits once nothing runs in it (ending its workspace's namespaces)."""
         self._send(b"X", {})
@@ -434,11 +439,10 @@ def listen(path: str) -> socket.socket:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
-    old = os.umask(0o177)
-    try:
-        _by_path(path, sock.bind)
-    finally:
-        os.umask(old)
+    # chmod after bind, never the umask: it is the whole process's, and a worker is
+    # threaded (a zygote started meanwhile would inherit it). The directory is 0700.
+    _by_path(path, sock.bind)
+    os.chmod(path, 0o600)
     sock.listen(64)
     return sock
 

@@ -95,6 +95,15 @@ def workspace_group(settings: Settings, granted_limits: WorkspaceLimits,
     return cgroups.create(support, carried, name=name)
 
 
+def blank_group(settings: Settings, name: str) -> cgroups.Group | None:
+    """A cgroup with every controller a workspace may need and no limit yet (a blank
+    keeper's: its workspace's limits are written when it is claimed)."""
+    support = cgroup_support(settings, cgroups.CONTROLLERS)
+    if support.version is None:
+        return None
+    return cgroups.create(support, cgroups.CgroupLimits(), name=name)
+
+
 def ulimit_limits(settings: Settings, carried_by_cgroup: bool) -> limits.ResourceLimits:
     """The limits the ulimit line sets: all but those a cgroup carries."""
     host = host_limits(settings)

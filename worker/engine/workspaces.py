@@ -16,8 +16,10 @@ gets a throwaway one from a pool (`throwaways`), removed once it and its jobs en
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import hashlib
+import json
 import logging
 import os
 import select
@@ -27,6 +29,7 @@ import sys
 import threading
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -288,38 +291,41 @@ def _make_dirs(record: WorkspaceRecord, settings: Settings, user: sandbox.User |
 
 def _start_keeper(record: WorkspaceRecord, settings: Settings,
                   user: sandbox.User | None) -> WorkspaceRecord:
-    group = _cgroup(record, settings)
-    sock_path = str(socket_path(settings, record.id))
+    """Claim a blank keeper for the workspace (made ahead: `Blanks`), name its socket and
+    cgroup after it, write its limits, and have it build the workspace's view."""
     plan = layout.plan_view(view_spec(record, settings, user))
-    spec: dict[str, object] = {"plan": plan, "network": record.network,
-                               "worker_uid": os.geteuid()}
+    body: dict[str, object] = {"plan": plan}
     if user is not None:
-        spec.update(uid=user.uid, gid=user.gid, groups=list(user.groups))
-    listener = launcher.listen(sock_path)
-    fds = group.procs_fds() if group is not None else []
+        body.update(uid=user.uid, gid=user.gid, groups=list(user.groups))
+    blank = blanks.take(settings, record.network)
+    sock_path = str(socket_path(settings, record.id))
     try:
-        pid = sandbox.zygote.keeper(settings, spec, [listener.fileno(), *fds])
+        os.rename(blank.socket_path, sock_path)
+        group = _claim_group(blank, record)
+        conn = KeeperConnection.connect(sock_path)
+        try:
+            conn.claim(body)
+        finally:
+            connections.give_back(record.id, conn)
     except OSError as exc:
-        if group is not None:
-            group.remove(timeout=0)
+        blank.end()
         raise WorkspaceError("spawn_failed", f"could not make the workspace's sandbox: "
                              f"{exc.strerror or exc}") from exc
-    finally:
-        listener.close()
-        for fd in fds:
-            os.close(fd)
+    blank.forget()
     return record.model_copy(update={
-        "keeper_pid": pid, "keeper_start": _start_time(pid), "socket_path": sock_path,
+        "keeper_pid": blank.pid, "keeper_start": blank.start, "socket_path": sock_path,
         "cgroup": tuple(path for path, _ in group.paths) if group is not None else (),
     })
 
 
-def _cgroup(record: WorkspaceRecord, settings: Settings) -> cgroups.Group | None:
-    try:
-        return resources.workspace_group(settings, record.limits, f"ws-{record.id}")
-    except OSError as exc:
-        log.warning("workspace %s gets no cgroup: %s", record.id, exc)
+def _claim_group(blank: Blank, record: WorkspaceRecord) -> cgroups.Group | None:
+    if blank.group is None:
         return None
+    group = cgroups.rename(blank.group, f"ws-{record.id}")
+    blank.group = group
+    cgroups.write_limits(group, resources.cgroup_limits(record.limits))
+    group.baseline = group.counters()
+    return group
 
 
 def group_of(record: WorkspaceRecord) -> cgroups.Group | None:
@@ -334,6 +340,145 @@ def group_of(record: WorkspaceRecord) -> cgroups.Group | None:
 
 def _start_time(pid: int) -> float | None:
     return procs.start_time(pid)
+
+
+# --------------------------------------------------------------------- blank keepers
+
+
+@dataclass
+class Blank:
+    """A keeper made ahead: its namespaces and cgroup ready, no view yet."""
+
+    pid: int
+    start: float | None
+    socket_path: str
+    group: cgroups.Group | None
+    note: Path
+    """Its file in the state directory (who made it): the reaper ends the blanks of a
+    worker process that died."""
+
+    def end(self) -> None:
+        """Kill it and remove what it held (a blank never claimed, or a failed claim)."""
+        with contextlib.suppress(ProcessLookupError):
+            if self.start is None or procs.is_same_process(self.pid, self.start):
+                os.kill(self.pid, 9)
+        for path in (self.socket_path, str(self.note)):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+        if self.group is not None:
+            threading.Thread(target=self.group.remove, kwargs={"timeout": 10.0},
+                             daemon=True, name="bashfleet-blank-end").start()
+
+    def forget(self) -> None:
+        """It is a workspace now: its note goes."""
+        with contextlib.suppress(FileNotFoundError):
+            self.note.unlink()
+
+
+class Blanks:
+    """Blank keepers made ahead, per network kind, in this process (a few: `workspace_pool`)."""
+
+    def __init__(self) -> None:
+        self.ready: dict[tuple[Path, bool], list[Blank]] = {}
+        self.lock = threading.Lock()
+        self.filling: set[tuple[Path, bool]] = set()
+
+    def take(self, settings: Settings, network: bool) -> Blank:
+        """A blank keeper (made now when none is ready); more are made in the background."""
+        key = (settings.state_dir, network)
+        with self.lock:
+            ready = self.ready.get(key, [])
+            blank = ready.pop() if ready else None
+        self._fill_later(settings, network)
+        if blank is not None and (blank.start is None or procs.is_same_process(blank.pid,
+                                                                              blank.start)):
+            return blank
+        return make_blank(settings, network)
+
+    def _fill_later(self, settings: Settings, network: bool) -> None:
+        key = (settings.state_dir, network)
+        with self.lock:
+            if key in self.filling or len(self.ready.get(key, [])) >= settings.workspace_pool:
+                return
+            self.filling.add(key)
+        threading.Thread(target=self._fill, args=(settings, network), daemon=True,
+                         name="bashfleet-blanks").start()
+
+    def _fill(self, settings: Settings, network: bool) -> None:
+        key = (settings.state_dir, network)
+        try:
+            while len(self.ready.get(key, [])) < settings.workspace_pool:
+                blank = make_blank(settings, network)
+                with self.lock:
+                    self.ready.setdefault(key, []).append(blank)
+        except OSError as exc:
+            log.warning("could not make a keeper ahead: %s", exc)
+        finally:
+            with self.lock:
+                self.filling.discard(key)
+
+    def close(self) -> None:
+        """End the blanks this process made (at its exit)."""
+        with self.lock:
+            ready = [blank for blanks_ in self.ready.values() for blank in blanks_]
+            self.ready.clear()
+        for blank in ready:
+            blank.end()
+
+
+blanks = Blanks()
+atexit.register(blanks.close)
+
+
+def make_blank(settings: Settings, network: bool) -> Blank:
+    """A blank keeper: forked by the zygote into new namespaces, in a cgroup of its own."""
+    _ensure_dir(settings.workspaces_dir, 0o700)
+    name = f"blank-{uuid.uuid4().hex[:15]}"
+    sock_path = str(settings.workspaces_dir / f"{name}.sock")
+    note = settings.workspaces_dir / f"{name}.blank"
+    group = None
+    with contextlib.suppress(OSError):
+        group = resources.blank_group(settings, f"ws-{name}")
+    listener = launcher.listen(sock_path)
+    fds = group.procs_fds() if group is not None else []
+    try:
+        pid = sandbox.zygote.keeper(settings, {"network": network, "worker_uid": os.geteuid()},
+                                    [listener.fileno(), *fds])
+    except OSError:
+        if group is not None:
+            group.remove(timeout=0)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(sock_path)
+        raise
+    finally:
+        listener.close()
+        for fd in fds:
+            os.close(fd)
+    blank = Blank(pid, _start_time(pid), sock_path, group, note)
+    note.write_text(json.dumps({"pid": pid, "start": blank.start, "maker": os.getpid(),
+                                "maker_start": _start_time(os.getpid()),
+                                "cgroup": [p for p, _ in group.paths] if group else []}),
+                    encoding="utf-8")
+    return blank
+
+
+def reap_blanks(settings: Settings) -> int:
+    """End the blank keepers of worker processes that died; how many."""
+    ended = 0
+    with contextlib.suppress(FileNotFoundError):
+        for entry in os.scandir(settings.workspaces_dir):
+            if not entry.name.endswith(".blank"):
+                continue
+            with contextlib.suppress(OSError, ValueError, KeyError):
+                info = json.loads(Path(entry.path).read_text("utf-8"))
+                maker_start = info.get("maker_start")
+                if maker_start is not None and procs.is_same_process(info["maker"], maker_start):
+                    continue
+                group = cgroups.Group("v2", [(p, ()) for p in info.get("cgroup", [])])
+                Blank(info["pid"], info.get("start"), entry.path[:-6] + ".sock", group,
+                      Path(entry.path)).end()
+                ended += 1
+    return ended
 
 
 # ------------------------------------------------------------------ the view (impure)
@@ -402,8 +547,8 @@ def hidden_paths(settings: Settings, record: WorkspaceRecord) -> list[str]:
     wanted = [
         str(settings.state_dir), str(default_state_dir()),
         os.path.join(home, ".local/state/bashfleet"), os.path.join(home, ".config/bashfleet"),
-        str(settings.workspace_root_dir()), "/etc/bashfleet", *settings.workspace_allow, *settings.sandbox_hidden,
-        *map(str, secret_paths(settings)),
+        str(settings.workspace_root_dir()), "/etc/bashfleet", *settings.workspace_allow,
+        *settings.sandbox_hidden, *map(str, secret_paths(settings)),
     ]
     if record.isolation == "strict":
         wanted += ["/home", "/root"]
@@ -702,6 +847,7 @@ def reap(settings: Settings, now: float | None = None) -> list[WorkspaceRecord]:
                 "its workspace's sandbox ended"
             if delete(record.id, settings, note=note):
                 reaped.append(record)
+    reap_blanks(settings)
     return reaped
 
 
