@@ -181,8 +181,9 @@ def input_wait(record: JobRecord, idle_s: float, secrets: re.Pattern[str] | None
         if reads_input(pid, record.stdin_id):
             found = procs.describe([pid])
             command = found[0].command if found else ""
+            # Its pid as the calls of its workspace see it (what a model would kill).
             return InputWait(idle_s=round(idle_s, 3), prompt=prompt_of(record.output_path,
-                             secrets), pid=pid, command=command)
+                             secrets), pid=procs.ns_pid(pid), command=command)
     return None
 
 
