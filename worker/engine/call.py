@@ -594,11 +594,13 @@ def _spawn(launch: _Launch, streams: _Streams) -> procs.Process:
     out_fd, err_fd = _open_files(streams)
     try:
         return launch.start(out_fd, err_fd)
-    except OSError as exc:
-        # Nothing ran: leave no empty spill files behind.
+    except (OSError, CallError) as exc:
+        # Nothing ran (a bad cwd, no bash): leave no empty spill files behind.
         streams.stdout.unlink(missing_ok=True)
         if streams.stderr is not None:
             streams.stderr.unlink(missing_ok=True)
+        if isinstance(exc, CallError):
+            raise
         raise CallError("spawn_failed", f"could not start bash: {exc}") from exc
     finally:
         os.close(out_fd)
