@@ -110,15 +110,16 @@ def kill(rt: Runtime, request: KillRequest, admin: bool = False) -> CheckResult:
     return _job_action(rt, request, act, admin, always_sync=True)
 
 
-def owned_record(settings: Settings, job_id: str, owner: str, admin: bool) -> JobRecord:
+def owned_record(settings: Settings, job_id: str, owner: str, admin: bool,
+                 workspace: str | None = None) -> JobRecord:
     """A job's record, for its owner (or an admin): another owner's job is answered as
     an unknown one, so its existence does not leak; so is one whose files are not
-    regular files of this worker's state directory."""
+    regular files this worker serves, and, asked within a workspace, another's job."""
     record = jobs.load_record(job_id, settings)
     files = [record.output_path, *([record.stderr_path] if record.stderr_path else [])]
     if (record.owner != owner and not admin) or not all(
         served_file(settings, Path(path)) for path in files
-    ):
+    ) or (workspace is not None and record.workspace != workspace):
         raise jobs.JobError("not_found", f"no such job: {job_id}")
     return record
 
@@ -143,7 +144,7 @@ def _job_action(
 ) -> CheckResult:
     """Check or kill a job from its local record; keep the offsets and, once it has
     ended (or always, for a kill), its record in Redis up to date."""
-    record = owned_record(rt.settings, request.id, request.owner, admin)
+    record = owned_record(rt.settings, request.id, request.owner, admin, request.workspace)
     start, err_start = _offsets(rt, request)
     result = act(rt, record, start, err_start, request.truncation)
     registry.save_offsets(
@@ -186,7 +187,7 @@ def _output_path(settings: Settings, request: ReadOutputRequest, admin: bool) ->
     if not names.valid_id(item_id):
         raise jobs.JobError("not_found", f"no such job or call: {item_id!r}")
     try:
-        record = owned_record(settings, item_id, request.owner, admin)
+        record = owned_record(settings, item_id, request.owner, admin, request.workspace)
     except jobs.JobError:
         record = None
     if record is not None:
@@ -198,7 +199,8 @@ def _output_path(settings: Settings, request: ReadOutputRequest, admin: bool) ->
         "not_found", f"no job or kept output for {item_id!r} on {settings.host}"
     )
     owner, folder = spill_owner_and_folder(settings, item_id)
-    if not admin and owner != request.owner:
+    if (not admin and owner != request.owner) or (
+            request.workspace is not None and folder.name != request.workspace):
         raise unknown
     suffixes = (".out", ".log") if stream == "stdout" else (".err",)
     for suffix in suffixes:
@@ -277,7 +279,8 @@ def list_jobs(rt: Runtime, request: JobsRequest, admin: bool = False) -> JobList
     views = []
     records = [
         record for record in jobs.local_records(rt.settings)
-        if record.owner == request.owner or request.all_owners
+        if (record.owner == request.owner or request.all_owners)
+        and (request.workspace is None or record.workspace == request.workspace)
     ]
     # One round trip for all of them (10,000 jobs: 2.2 s one by one, see bench_scale).
     known = registry.jobs_fields(rt.redis, [record.id for record in records])

@@ -80,6 +80,8 @@ class CheckRequest(ControlRequest):
     """Byte offset of a separate stderr file; None: where the last check stopped."""
     truncation: Truncation | None = None
     """How to cut the new output; None: the last 2000 lines."""
+    workspace: str | None = None
+    """Only a job of this workspace: another's is answered as unknown (`Workspace.check`)."""
 
 
 class KillRequest(ControlRequest):
@@ -99,6 +101,8 @@ class KillRequest(ControlRequest):
     signal: Literal[9, 15] = 15
     """The first signal to the job's group: 15 (SIGTERM, then SIGKILL after a grace) or
     9 (SIGKILL at once, as `kill -9 -<pgid>` does)."""
+    workspace: str | None = None
+    """Only a job of this workspace: another's is answered as unknown (`Workspace.check`)."""
 
 
 class ReadOutputRequest(ControlRequest):
@@ -117,6 +121,8 @@ class ReadOutputRequest(ControlRequest):
     """Only lines matching this regular expression."""
     stream: Literal["stdout", "stderr"] = "stdout"
     """Which file of a separate-stream call."""
+    workspace: str | None = None
+    """Only a job of this workspace: another's is answered as unknown (`Workspace.check`)."""
 
 
 class CancelResult(Model):
@@ -176,6 +182,8 @@ class JobsRequest(ControlRequest):
 
     all_owners: bool = False
     """Every owner's jobs (refused unless the message was signed with the admin key)."""
+    workspace: str | None = None
+    """Only a job of this workspace: another's is answered as unknown (`Workspace.check`)."""
 
 
 #: Most bytes one `write_stdin` carries (a paste; bigger inputs go in several writes).

@@ -760,6 +760,10 @@ class JobView(Model):
     """Who the job belongs to."""
     tags: Tags = Field(default_factory=dict)
     """Tags given by the call that started it."""
+    host_pid: int | None = None
+    """Its bash's pid on the host, when `pid` is its workspace's."""
+    workspace: str | None = None
+    """The workspace it runs in."""
 
 
 class SandboxProbe(Model):

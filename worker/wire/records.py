@@ -130,7 +130,12 @@ def _job_view(record: JobRecord, fields: Mapping[str, str], *, host_alive: bool)
     if state not in tuple(JobState):
         state = JobState.UNKNOWN
     return JobView(
-        id=record.id, host=record.host, pid=record.pid, pgid=record.pgid,
+        id=record.id, host=record.host,
+        # The numbers its workspace's calls use; the host's beside them.
+        pid=record.ns_pid if record.ns_pid is not None else record.pid,
+        pgid=record.ns_pgid if record.ns_pgid is not None else record.pgid,
+        host_pid=record.pid if record.ns_pid is not None else None,
+        workspace=record.workspace,
         command=record.command, cwd=record.cwd, output_path=record.output_path,
         started_at=record.started_at, state=JobState(state),
         running=None if state == JobState.UNKNOWN else state == JobState.RUNNING,
