@@ -36,7 +36,7 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -255,11 +255,21 @@ class Zygote:
 
 
 zygote = Zygote()
+#: What else `close_all` ends (the workspaces' pools of ready keepers register here).
+_closers: list[Callable[[], None]] = []
+
+
+def on_close(closer: Callable[[], None]) -> None:
+    """Have `close_all` call `closer` too."""
+    _closers.append(closer)
 
 
 @atexit.register
 def close_all() -> None:
-    """Close this process's zygote; keepers and their workspaces live on."""
+    """End what this process made ahead (ready keepers, throwaway workspaces nobody took)
+    and close its zygote; the workspaces in use and their keepers live on."""
+    for closer in list(_closers):
+        closer()
     zygote.close()
 
 
@@ -267,14 +277,29 @@ def close_all() -> None:
 
 
 _probes: TimedMemo[tuple[str, str], tuple[str | None, str | None]] = TimedMemo(ttl_s=3600.0)
+_probe_lock = threading.Lock()
+#: Tries of the sandbox's probe before it is said not to work (a loaded machine can time
+#: one out): a host must never run calls unsandboxed for a passing fault.
+PROBE_TRIES = 3
 
 
 def bwrap_status(settings: Settings) -> tuple[str | None, str | None]:
     """(bubblewrap's version, None) when the sandbox works here, else (version or None,
-    why not). Found out once per process and bwrap setting: it makes a workspace's
-    namespaces and mounts, and runs `true` in it."""
+    why not). Found out once per process and bwrap setting (the threads that ask at once
+    wait for one probe): it makes a workspace's namespaces and mounts, and runs `true` in
+    it, tried again before it is said not to work."""
     key = (settings.bwrap, str(os.geteuid()))
-    return _probes.get(key, lambda: _try_bwrap(settings))
+    with _probe_lock:
+        return _probes.get(key, lambda: _probe(settings))
+
+
+def _probe(settings: Settings) -> tuple[str | None, str | None]:
+    found: tuple[str | None, str | None] = (None, None)
+    for _ in range(PROBE_TRIES):
+        found = _try_bwrap(settings)
+        if found[1] is None or "not installed" in found[1]:
+            return found
+    return found
 
 
 def _try_bwrap(settings: Settings) -> tuple[str | None, str | None]:

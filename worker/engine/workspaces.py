@@ -16,7 +16,6 @@ gets a throwaway one from a pool (`throwaways`), removed once it and its jobs en
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import hashlib
 import json
@@ -427,7 +426,7 @@ class Blanks:
 
 
 blanks = Blanks()
-atexit.register(blanks.close)
+sandbox.on_close(blanks.close)
 
 
 def make_blank(settings: Settings, network: bool) -> Blank:
@@ -995,9 +994,21 @@ class Throwaways:
             self.ready.setdefault(key, []).append(fresh)
 
     def close(self) -> None:
-        """Forget the ready ones (their TTL reaps them if nobody takes them)."""
+        """Delete the ready ones nobody took."""
         with self.lock:
+            ready = [(key[0], record) for key, records in self.ready.items()
+                     for record in records]
             self.ready.clear()
+        for state_dir, record in ready:
+            delete_at(state_dir, record)
 
 
 throwaways = Throwaways()
+sandbox.on_close(throwaways.close)
+
+
+def delete_at(state_dir: Path, record: WorkspaceRecord) -> None:
+    """Delete `record`'s workspace kept in `state_dir` (its keeper, files, cgroup)."""
+    settings = Settings(state_dir=state_dir, host=record.host,
+                        workspace_root=Path(record.out_dir).parent.parent)
+    delete(record.id, settings)
