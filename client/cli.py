@@ -157,7 +157,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     request = _run_request(args)
     if args.mode == "background":
         StdinWatch().check()
-        return _report_run(fleet, fleet.execute(request), args)
+        return _report_run(fleet, fleet.execute(request, check=False), args)
     run = ForegroundRun(fleet, request, follow=args.follow and not args.json)
     quiet = args.json or args.follow
     with _spinner(f"running on {args.host or 'any host'}") if not quiet else (
@@ -275,6 +275,7 @@ def _run_interactive(args: argparse.Namespace, *, tty: bool) -> int:
         " ".join(args.command), host=args.host, mode="background", cwd=args.cwd,
         session=args.session, isolation=args.isolation, network=args.network,
         tags=_tag_filter(args.tag), stdin="pty" if tty else "pipe", term_size=size,
+        check=False,
     )
     if result.job is None:
         print_result(result)

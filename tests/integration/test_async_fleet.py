@@ -18,10 +18,11 @@ import psutil
 import pytest
 import redis
 
-from client import AsyncFleet, Fleet, HostUnavailable, UnknownJob, WorkerLost
+from client import AsyncFleet, CallNotRun, Fleet, HostUnavailable, UnknownJob, WorkerLost
+from client._async import records
 from client.redis_server import RedisServer
 from worker.engine import procs
-from worker.fleet.connect import client_celery
+from worker.fleet.celery_apps import client_celery
 from worker.wire.messages import task_message
 
 from .conftest import WorkerFactory, WorkerProcess, wait_for
@@ -240,8 +241,8 @@ def test_cancel_a_running_call(two_hosts: Hosts, redis_server: RedisServer) -> N
         async with AsyncFleet(redis_server.url) as fleet:
             running = asyncio.create_task(fleet.run("sleep 30", host="alpha", call_id="c-acancel"))
             for _ in range(500):
-                record = await fleet._r(fleet._redis.hget("bashfleet:call:c-acancel", "state"))
-                if record == "running":
+                record = await fleet._r(records.call_record, "c-acancel")
+                if record.get("state") == "running":
                     break
                 await asyncio.sleep(0.01)
             assert await fleet.cancel("c-acancel")
@@ -302,9 +303,11 @@ def test_signed_calls_and_control(
 ) -> None:
     async def main() -> tuple[str | None, bool | None]:
         async with AsyncFleet(redis_server.url) as fleet:
-            result = await fleet.run("sleep 30", host=SIGNED_HOST, mode="background")
-            if result.job is None:
-                return (result.error.kind if result.error else None), None
+            try:
+                result = await fleet.run("sleep 30", host=SIGNED_HOST, mode="background")
+            except CallNotRun as refused:
+                return refused.kind, None
+            assert result.job is not None
             running = (await fleet.check(result.job.id)).running
             await fleet.kill(result.job.id)
             return None, running

@@ -18,7 +18,8 @@ from typing import cast
 import redis
 
 from client import AsyncFleet, Fleet, WaitTimeout
-from client.events import last_seq, parse_entry
+from client._core.events import parse_entry
+from client.records import last_seq
 from client.redis_server import RedisServer
 from worker.wire import names
 from worker.wire.events import JobEvent
