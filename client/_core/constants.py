@@ -56,9 +56,11 @@ CATCH_UP_BATCH = 500
 #: Jobs a listener remembers the events of (so none is heard twice): as many as the
 #: stream keeps (EVENTS_MAXLEN).
 EVENT_MEMORY = 10_000
-#: Hosts' clocks and the client's may disagree by this much: an event stamped this much
-#: before a listener lost its Redis is still taken as new after a restart.
-CLOCK_SKEW_S = 30.0
+#: Hosts' clocks and the client's may disagree by this much: an event stamped up to this
+#: much before a listener lost its Redis is still taken as new after a restart (an event
+#: that happens after the restart is stamped after it, less its host's clock offset).
+#: NTP keeps a fleet's clocks within milliseconds; 5 s leaves room for a host without.
+CLOCK_SKEW_S = 5.0
 
 # ----------------------------------------------------------------------------- calls
 
