@@ -157,7 +157,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     request = _run_request(args)
     if args.mode == "background":
         StdinWatch().check()
-        return _report_run(fleet, fleet.execute(request, check=False), args)
+        return _report_run(fleet, fleet.execute(request), args)
     run = ForegroundRun(fleet, request, follow=args.follow and not args.json)
     quiet = args.json or args.follow
     with _spinner(f"running on {args.host or 'any host'}") if not quiet else (

@@ -145,7 +145,7 @@ class FleetRunner:
 
     def execute(self, request: RunRequest) -> CallResult:
         """`Fleet.execute`."""
-        return self._guard(lambda: self.fleet.execute(request, check=False))
+        return self._guard(lambda: self.fleet.execute(request))
 
     def check_job(self, request: CheckRequest) -> CheckResult:
         """`Fleet.check_job`."""

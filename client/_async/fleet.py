@@ -272,11 +272,15 @@ class AsyncFleet:
                                   max_output_bytes=max_output_bytes)
 
     async def execute(
-        self, request: RunRequest, *, check: bool = True, output: OutputMode = "tail",
+        self, request: RunRequest, *, check: bool = False, output: OutputMode = "tail",
         max_output_bytes: int = FULL_OUTPUT_MAX_BYTES,
     ) -> CallResult:
         """Run a `RunRequest` (what `run` builds) and wait for its result (`run` says what
         `check`, `output` and `max_output_bytes` do).
+
+        The dialects' `Runner` method: a call that did not run is in its result (`error`),
+        which a dialect renders as text for its model, unless `check` asks for CallNotRun
+        (`run` asks by default).
 
         With a `session`, the call runs in the session's shell (`client.shells`): on its
         pinned host, in its cwd, with its variables; and what the call changed (a `cd`,

@@ -395,7 +395,7 @@ class RecordingFleet:
     def __init__(self) -> None:
         self.calls: list[RunRequest | CheckRequest | KillRequest] = []
 
-    def execute(self, request: RunRequest, *, check: bool = True) -> CallResult:
+    def execute(self, request: RunRequest, *, check: bool = False) -> CallResult:
         assert not check  # a call that did not run is rendered as text for the model
         self.calls.append(request)
         return done(exit_code=0)
@@ -428,7 +428,7 @@ def test_fleet_runner_reports_an_unreachable_fleet() -> None:
     lost: list[bool] = []
 
     class Unreachable(RecordingFleet):
-        def execute(self, request: RunRequest, *, check: bool = True) -> CallResult:
+        def execute(self, request: RunRequest, *, check: bool = False) -> CallResult:
             raise FleetUnavailable("Redis is unreachable")
 
     runner = FleetRunner(cast(Fleet, Unreachable()), on_unavailable=lambda: lost.append(True))
