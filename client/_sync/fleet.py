@@ -416,9 +416,13 @@ class Fleet:
             try:
                 self._watch_pass()
                 outage.ended()
-            except FleetUnavailable as exc:
+            except (FleetUnavailable, redis.RedisError) as exc:
                 if outage.outlasted(time.monotonic()):
-                    self._fail_all(exc)
+                    self._fail_all(exc if isinstance(exc, FleetUnavailable) else
+                                   FleetUnavailable(f"Redis at {self.url} failed: {exc}"))
+            except Exception as exc:  # a bug of ours: tell the callers, never leave them
+                log.exception("the watch of the calls in flight failed")
+                self._fail_all(WorkerError(f"the client's watch failed: {exc!r}"))
 
     def _fail_all(self, error: BashfleetError) -> None:
         for pending in list(self._pending.values()):
