@@ -558,27 +558,30 @@ def cmd_up(args: argparse.Namespace) -> int:
         flower_port=args.flower_port,
     )
     try:
-        state = local.start(options)
-    except Exception as exc:
+        up = local.start(options)  # a running fleet is joined, never stopped
+    except local.UpError as exc:
         print(f"bashfleet up: {exc}", file=sys.stderr)
-        local.stop(log=lambda _: None)
         return 1
     if not _wait_hosts(hosts, timeout=60.0):
         print("bashfleet up: workers did not come up; logs in "
               f"{local.fleet_dir() / 'logs'}", file=sys.stderr)
-        local.stop(log=lambda _: None)
+        local.stop(log=lambda _: None, only=up.started)
         return 1
-    print(f"fleet up: {', '.join(hosts)}. Try: bashfleet run 'uname -a'. Stop: bashfleet down")
-    if args.detach:
+    for warning in local.unsandboxed_warnings(_fleet().hosts(), hosts):
+        print(f"bashfleet up: {warning}", file=sys.stderr)
+    print(f"fleet up: {', '.join(up.state.hosts)}. Try: bashfleet run 'uname -a'. "
+          "Stop: bashfleet down")
+    if args.detach or not up.started:
         return 0
-    print("(Ctrl-C stops the fleet)")
+    print("(Ctrl-C stops the fleet)" if not up.joined else
+          "(Ctrl-C stops the hosts this command added)")
     try:
-        while any(local.is_alive(p) for p in state.processes if p.role == "worker"):
+        while any(local.is_alive(p) for p in up.started if p.role == "worker"):
             time.sleep(1.0)  # idle in the foreground until Ctrl-C
         print("bashfleet up: a worker exited; stopping the fleet", file=sys.stderr)
     except KeyboardInterrupt:
         pass
-    local.stop()
+    local.stop(only=up.started if up.joined else None)
     return 0
 
 

@@ -65,3 +65,18 @@ if ! command -v bwrap >/dev/null; then
   echo "note: no bubblewrap (bwrap): calls run without a sandbox" >&2
   echo "(sudo apt-get install bubblewrap, or run this script as root)" >&2
 fi
+
+# The account a worker started as root runs every call as (BASHFLEET_RUN_AS, whose
+# default it is when it exists; else `nobody`): unprivileged, a group of its own, no
+# home, no login, never the worker's own user, so no call reads the worker's secrets.
+# The deploy files make the same account (deploy/Dockerfile, deploy/systemd).
+if [ "$(id -u)" = 0 ] && ! id bashfleet-run >/dev/null 2>&1; then
+  if command -v useradd >/dev/null; then
+    echo "creating the account calls run as (bashfleet-run)" >&2
+    useradd --system --user-group --no-create-home --home-dir /nonexistent \
+      --shell /usr/sbin/nologin bashfleet-run ||
+      echo "could not create bashfleet-run: a root worker runs calls as nobody" >&2
+  else
+    echo "no useradd: a root worker runs calls as nobody (create bashfleet-run yourself)" >&2
+  fi
+fi

@@ -61,7 +61,9 @@ class Settings(BaseSettings):
     labels: CsvTuple = ()
     """Pool labels of a worker: it also serves `bashfleet.pool.<label>.exec`."""
     secret_deny: CsvTuple = DEFAULT_DENY
-    """Variable name patterns scrubbed from the child environment."""
+    """Variable name patterns scrubbed from the child environment, besides the default
+    ones (`*KEY*`, `*SECRET*`, `*TOKEN*`...: an operator's patterns add to them; keep a
+    variable they would scrub with `secret_allow`)."""
     secret_allow: CsvTuple = DEFAULT_ALLOW
     """Variable name patterns kept even when a deny pattern matches."""
     secret_files: CsvTuple = ()
@@ -148,6 +150,11 @@ class Settings(BaseSettings):
     interactive_max_per_owner: int = Field(64, ge=1, le=10_000)
     """Most interactive sessions one owner may have running on this host at once; a new
     one past it is refused (`invalid`), saying which are running."""
+    limit_jobs: int = Field(64, ge=1, le=100_000)
+    """Most background jobs one owner may have running at once, fleet-wide (counted in
+    Redis, atomically: many clients sharing an owner cannot pass it). A background start
+    past it is refused (`limit`), saying how many run and when to retry. A foreground
+    call that goes to the background (a timeout, a detach) is counted, never refused."""
 
     @model_validator(mode="before")
     @classmethod
@@ -163,6 +170,11 @@ class Settings(BaseSettings):
             if data.get(name) is None:
                 data[name] = value
         return data
+
+    @field_validator("secret_deny")
+    @classmethod
+    def _deny_adds_to_defaults(cls, patterns: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(dict.fromkeys((*DEFAULT_DENY, *patterns)))
 
     @field_validator("command_deny", "command_allow")
     @classmethod
@@ -202,6 +214,13 @@ class Settings(BaseSettings):
             keys += [k.strip() for k in self.signing_keys_accepted.get_secret_value().split(",")]
         return tuple(k for k in keys if k)
 
+    def sealing_keys(self) -> tuple[str, ...]:
+        """The keys a worker seals what it publishes with (job records and events, its
+        host record): every signing key it accepts and the admin key, so that a client
+        holding any one of them verifies."""
+        admin = (self.admin_key.get_secret_value(),) if self.admin_key else ()
+        return tuple(dict.fromkeys((*self.accepted_keys(), *admin)))
+
     def redis_url_value(self) -> str | None:
         """The Redis URL in clear, for connecting only: never print it."""
         return self.redis_url.get_secret_value() if self.redis_url else None
@@ -218,6 +237,25 @@ class Settings(BaseSettings):
 
 #: Settings that are secrets: never in an environment a call could read, never printed.
 SECRET_FIELDS = ("redis_url", "signing_key", "signing_keys_accepted", "admin_key")
+#: Variables that hold one of the worker's own secrets, by name: the secret settings,
+#: and the password an operator passes through to build the Redis URL (Kubernetes'
+#: `$(BASHFLEET_REDIS_PASSWORD)`). Never a pattern: `*SECRET*` would also take
+#: BASHFLEET_SECRET_FILES, _DENY and _ALLOW, which are settings, not secrets.
+SECRET_VARIABLES = (
+    *(f"BASHFLEET_{name.upper()}" for name in SECRET_FIELDS), "BASHFLEET_REDIS_PASSWORD",
+)
+
+
+def secret_paths(settings: Settings) -> list[Path]:
+    """Every file a setting names as secret: `BASHFLEET_SECRET_FILES` and every `*_FILE`
+    setting (the signing key's, the admin key's, the Redis URL's...). A sandbox hides
+    them all from calls; the worker reads them before any call runs."""
+    named = [Path(path) for path in settings.secret_files]
+    for name in Settings.model_fields:
+        value = getattr(settings, name)
+        if name.endswith("_file") and value is not None:
+            named.append(Path(value))
+    return list(dict.fromkeys(named))
 #: The variable naming the descriptor a parent handed the secrets over on.
 SECRETS_FD_VAR = "BASHFLEET_SECRETS_FD"
 

@@ -68,7 +68,12 @@ from client._core.constants import (
     WATCH_INTERVAL_S,
 )
 from client._core.events import EventCursor, job_matches
-from client._core.identity import outage_grace_s, require_url, resolve_identity
+from client._core.identity import (
+    outage_grace_s,
+    record_keys_at,
+    require_url,
+    resolve_identity,
+)
 from client._core.messages import (
     build_call,
     control_message,
@@ -202,6 +207,8 @@ class AsyncFleet:
         self._raw_url = url
         self._redis = async_redis_client(url)
         self._keys = identity.reply_keys()
+        # What verifies the host and job records and the job events workers publish.
+        self._record_keys = identity.record_keys()
         self._tasks = AsyncTasks()
         self._replies = AsyncReplies(self._redis, self._tasks)
         self._shells = AsyncShellStore(self._redis, key=identity.shell_key)
@@ -211,7 +218,8 @@ class AsyncFleet:
         self._loop = AsyncLoopGuard()
         self._pending: dict[str, Pending] = {}
         self._closing = AsyncEvent()
-        self._event_clients: dict[str, AsyncRedis] = {}
+        # Another fleet's Redis (the local fleet brought down and up) and its keys, by URL.
+        self._event_clients: dict[str, tuple[AsyncRedis, dict[str, str]]] = {}
 
     async def close(self) -> None:
         """Close the connections (the object is unusable afterwards). The cancels of calls
@@ -221,7 +229,7 @@ class AsyncFleet:
         self._fail_all(FleetUnavailable("the fleet client was closed"))
         self._replies.close()
         await self._tasks.stop()
-        for client in [self._redis, *self._event_clients.values()]:
+        for client in [self._redis, *(each for each, _ in self._event_clients.values())]:
             with contextlib.suppress(*_REDIS_ERRORS):
                 await client.aclose()
 
@@ -263,10 +271,11 @@ class AsyncFleet:
         together (OutputTooLarge past it).
 
         `check` (default True): a call that did not run at all (a bad cwd, a blocked or
-        invalid command, a refused signature, a spawn failure, no worker to take it)
-        raises CallNotRun, which carries its kind, message and result; `check=False`
-        returns that result instead (its `error` says why). A command that ran and
-        failed is never an error: see `exit_code`, `signal`, `timed_out`.
+        invalid command, a refused signature, a spawn failure, no worker to take it, a
+        background job past its owner's cap) raises CallNotRun, which carries its kind,
+        message and result; `check=False` returns that result instead (its `error` says
+        why). A command that ran and failed is never an error: see `exit_code`,
+        `signal`, `timed_out`.
         """
         return await self.execute(run_request(command, options), check=check, output=output,
                                   max_output_bytes=max_output_bytes)
@@ -340,7 +349,7 @@ class AsyncFleet:
         live = await self._r(records.live_hosts)
         infos: list[HostInfo] = []
         if placement.label is not None and live:
-            infos = await self._r(records.list_hosts, live)
+            infos = await self._r(records.list_hosts, live, keys=self._record_keys)
         return route(placement, live, infos)
 
     async def _send_call(self, call_id: str, where: Route, message: str) -> None:
@@ -458,7 +467,8 @@ class AsyncFleet:
         if not labels:
             return {}
         alive = await self._r(records.live_hosts)
-        infos = await self._r(records.list_hosts, alive) if labels - {""} and alive else []
+        infos = await self._r(records.list_hosts, alive, keys=self._record_keys) \
+            if labels - {""} and alive else []
         return {label: pool_members(label, infos) if label else alive for label in labels}
 
     async def _scan_queues(self, queued: list[Pending]) -> None:
@@ -597,17 +607,19 @@ class AsyncFleet:
                 return list((await self._await_control(sent, JobList)).jobs)
             except (WorkerLost, HostUnavailable):
                 pass  # it died meanwhile: show what Redis knows
-        return [view for view in await self._r(records.list_jobs, host)
-                if all_owners or view.owner == self.owner]
+        listed = await self._r(records.list_jobs, host, keys=self._record_keys)
+        return [view for view in listed if all_owners or view.owner == self.owner]
 
     async def job_views(self, ids: list[str]) -> dict[str, JobView]:
         """What Redis knows of these jobs, by id, in one round trip (no worker is asked):
         how a dialect learns which of its jobs ended. Unknown ids are left out."""
-        return await self._r(records.job_views, [i for i in ids if names.valid_id(i)])
+        return await self._r(records.job_views, [i for i in ids if names.valid_id(i)],
+                             keys=self._record_keys)
 
     async def hosts(self) -> list[HostInfo]:
-        """Every host seen in the last day: alive or not, slots, busy and queued, labels."""
-        return await self._r(records.list_hosts)
+        """Every host seen in the last day: alive or not, slots, busy and queued, labels
+        (a host whose record does not verify is left out, with a warning)."""
+        return await self._r(records.list_hosts, keys=self._record_keys)
 
     async def shared_queues(self) -> dict[str, int]:
         """Calls waiting in the queues no single host owns, by queue name.
@@ -616,7 +628,7 @@ class AsyncFleet:
         each label of a known host: any live host (of the label) takes them, so
         `hosts()` counts them for none.
         """
-        infos = await self._r(records.list_hosts)
+        infos = await self._r(records.list_hosts, keys=self._record_keys)
         labels = sorted({label for info in infos for label in info.labels})
         queues = [names.ANY_EXEC_QUEUE, *(names.pool_queue(label) for label in labels)]
         return await self._r(records.queue_depths, queues)
@@ -675,20 +687,23 @@ class AsyncFleet:
             await stream.aclose()
 
     def _follow(self, since: str, tick_s: float) -> AsyncGenerator[JobEvent | None, None]:
-        return follow(self._event_source, EventCursor(since, time.time()), tick_s)
+        cursor = EventCursor(since, time.time(), keys=self._record_keys)
+        return follow(self._event_source, cursor, tick_s)
 
-    def _event_source(self) -> tuple[AsyncRedis, str]:
-        """The Redis to hear job events from now: this client's, or, when the fleet it
-        found through `bashfleet up` was replaced by another, the new one's."""
+    def _event_source(self) -> tuple[AsyncRedis, str, dict[str, str]]:
+        """The Redis to hear job events from now and the keys that verify them: this
+        client's, or, when the fleet it found through `bashfleet up` was replaced by
+        another, the new one's (another fleet seals with other keys)."""
         url = self._raw_url
         with contextlib.suppress(FleetUnavailable):
             url = require_url(self._asked_url)
         if url == self._raw_url:
-            return self._redis, self.url
-        client = self._event_clients.get(url)
-        if client is None:
-            client = self._event_clients[url] = async_redis_client(url)
-        return client, safe_url(url)
+            return self._redis, self.url, self._record_keys
+        found = self._event_clients.get(url)
+        if found is None:
+            keys = record_keys_at(url, self.admin)
+            found = self._event_clients[url] = (async_redis_client(url), keys)
+        return found[0], safe_url(url), found[1]
 
     # ---------------------------------------------------------- interactive sessions
 

@@ -1,5 +1,7 @@
 """The client's Redis I/O: every read and write a fleet client makes, one function each,
-over the core's scripts and parsers (`client._core.records`).
+over the core's scripts and parsers (`client._core.records`). The readers of what
+workers publish (host records, job hashes) take the client's record keys (`keys`): the
+core's parsers verify each record with them and leave out what does not verify.
 
 Written for asyncio; `client/_sync/records.py` is generated from it by
 `scripts/unasync.py` (the blocking client, and the tests' probes, use that one).
@@ -7,7 +9,7 @@ Written for asyncio; `client/_sync/records.py` is generated from it by
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, cast
 
 from client._async.concurrency import run_script
@@ -116,9 +118,12 @@ async def live_hosts(client: AsyncRedis) -> list[str]:
     return [host for host, flag in zip(hosts, alive, strict=True) if flag]
 
 
-async def list_hosts(client: AsyncRedis, only: Iterable[str] | None = None) -> list[HostInfo]:
+async def list_hosts(
+    client: AsyncRedis, only: Iterable[str] | None = None, *, keys: Mapping[str, str]
+) -> list[HostInfo]:
     """Every host seen within HOST_TTL_S (or those of `only`), sorted by id, with their
-    exec queues' depths: one round trip for all of them after the listing."""
+    exec queues' depths: one round trip for all of them after the listing. Verified with
+    `keys`: a host whose record does not verify is left out, with a warning."""
     hosts = await known_hosts(client) if only is None else sorted(set(only))
     if not hosts:
         return []
@@ -127,12 +132,15 @@ async def list_hosts(client: AsyncRedis, only: Iterable[str] | None = None) -> l
             for command, key in core.host_reads(host):
                 getattr(pipe, command)(key)
         answers = await pipe.execute()
-    return core.host_infos(hosts, answers)
+    return core.host_infos(hosts, answers, keys)
 
 
-async def host_info(client: AsyncRedis, host: str) -> HostInfo | None:
-    """One host's record, or None when the fleet does not know it."""
-    infos = await list_hosts(client, [host])
+async def host_info(
+    client: AsyncRedis, host: str, *, keys: Mapping[str, str]
+) -> HostInfo | None:
+    """One host's record, verified with `keys`; None when the fleet does not know it (or
+    its record does not verify: left out with a warning)."""
+    infos = await list_hosts(client, [host], keys=keys)
     return infos[0] if infos else None
 
 
@@ -168,9 +176,11 @@ async def lookup_id(client: AsyncRedis, item_id: str) -> IdLookup:
     return found
 
 
-async def list_jobs(client: AsyncRedis, host: str) -> list[JobView]:
-    """The jobs Redis knows for a host, oldest first; ids whose records expired are
-    pruned from the host's list."""
+async def list_jobs(
+    client: AsyncRedis, host: str, *, keys: Mapping[str, str]
+) -> list[JobView]:
+    """The jobs Redis knows for a host, oldest first, verified with `keys` (one that does
+    not verify is left out); ids whose records expired are pruned from the host's list."""
     ids = cast("list[str]", await client.zrange(names.jobs_key(host), 0, -1))
     if not ids:
         return []
@@ -179,15 +189,18 @@ async def list_jobs(client: AsyncRedis, host: str) -> list[JobView]:
         for job_id in ids:
             pipe.hgetall(names.job_key(job_id))
         alive, *hashes = await pipe.execute()
-    listing = core.job_listing(ids, hashes, host_alive=bool(alive))
+    listing = core.job_listing(ids, hashes, host_alive=bool(alive), keys=keys)
     if listing.expired:
         await client.zrem(names.jobs_key(host), *listing.expired)
     return listing.views
 
 
-async def job_views(client: AsyncRedis, job_ids: Sequence[str]) -> dict[str, JobView]:
+async def job_views(
+    client: AsyncRedis, job_ids: Sequence[str], *, keys: Mapping[str, str]
+) -> dict[str, JobView]:
     """The jobs Redis knows among `job_ids`, by id, in two round trips (a running job of
-    a dead host shows `unknown`)."""
+    a dead host shows `unknown`; one whose hash does not verify with `keys` is left
+    out)."""
     if not job_ids:
         return {}
     async with client.pipeline(transaction=False) as pipe:
@@ -201,7 +214,7 @@ async def job_views(client: AsyncRedis, job_ids: Sequence[str]) -> dict[str, Job
             for host in hosts:
                 pipe.exists(names.alive_key(host))
             alive = dict(zip(hosts, await pipe.execute(), strict=True))
-    return core.job_views(job_ids, hashes, alive)
+    return core.job_views(job_ids, hashes, alive, keys)
 
 
 # ----------------------------------------------------------------------------- events

@@ -19,6 +19,12 @@ What it delivers is decided here (`EventCursor.admit`):
    before the listener lost the old instance (less CLOCK_SKEW_S), is such a
    re-publication of the past: skipped. An end that happened during the outage is
    still news, and so is anything of a job the listener follows.
+
+Before any of that, an event is opened with the keys of the fleet it came from
+(`worker.wire.events.open_event`): a worker seals every event it publishes, and one
+that does not verify (a Redis writer's "job ended, exit 0") is dropped with a warning,
+never delivered. A listener that follows a local fleet brought down and up again gets
+the new fleet's keys with its address (`EventCursor.connected`).
 """
 
 from __future__ import annotations
@@ -27,11 +33,9 @@ from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from pydantic import ValidationError
-
 from client._core.constants import CLOCK_SKEW_S, EVENT_MEMORY
 from worker.wire import names
-from worker.wire.events import JobEvent
+from worker.wire.events import JobEvent, open_event
 from worker.wire.models import JobView
 
 
@@ -41,21 +45,19 @@ def seq_key(seq: str) -> tuple[int, int]:
     return int(millis or 0), int(count or 0)
 
 
-def parse_entry(entry_id: str, fields: Mapping[str, str]) -> JobEvent | None:
-    """A stream entry as an event (None: not one of ours, or of a newer format)."""
-    try:
-        return JobEvent.model_validate_json(fields.get("e", "")).model_copy(
-            update={"seq": entry_id}
-        )
-    except ValidationError:
-        return None
+def parse_entry(
+    entry_id: str, fields: Mapping[str, str], keys: Mapping[str, str]
+) -> JobEvent | None:
+    """A stream entry as an event, its seal checked with `keys` (None: not one of ours,
+    of a newer format, or not verified: dropped with a warning)."""
+    return open_event(keys, fields.get("e", ""), entry_id)
 
 
-def parse_published(data: str | bytes) -> JobEvent | None:
-    """A message of the events channel as an event (None when malformed)."""
+def parse_published(data: str | bytes, keys: Mapping[str, str]) -> JobEvent | None:
+    """A message of the events channel as an event (None when malformed or forged)."""
     text = data.decode("utf-8", "replace") if isinstance(data, bytes) else data
     parsed = names.parse_event_message(text)
-    return parse_entry(parsed[0], {"e": parsed[1]}) if parsed else None
+    return parse_entry(parsed[0], {"e": parsed[1]}, keys) if parsed else None
 
 
 def job_matches(
@@ -72,10 +74,13 @@ class EventCursor:
     """What one listener delivered: where to catch up from, and what not to deliver again
     (the module's rules 1-3)."""
 
-    def __init__(self, since: str, started_at: float, memory: int = EVENT_MEMORY) -> None:
+    def __init__(self, since: str, started_at: float, *, keys: Mapping[str, str],
+                 memory: int = EVENT_MEMORY) -> None:
         """`since`: the stream id to deliver after; `started_at`: when the listener began
-        (the clock of its host)."""
+        (the clock of its host); `keys`: what verifies the events (the client's record
+        keys: `Identity.record_keys`)."""
         self.last = since
+        self.keys: Mapping[str, str] = keys
         self._memory = memory
         self._heard: OrderedDict[str, str] = OrderedDict()  # job id -> last kind delivered
         self._instance: str | None = None
@@ -84,9 +89,11 @@ class EventCursor:
 
     # ------------------------------------------------------------------ connection
 
-    def connected(self, instance: str, now: float) -> bool:
-        """Note the Redis instance (its run id) a listener (re)connected to; True when it
-        is another than before (rule 3 applies from then on)."""
+    def connected(self, instance: str, now: float, keys: Mapping[str, str]) -> bool:
+        """Note the Redis instance (its run id) a listener (re)connected to, and the keys
+        of the fleet it serves (another local fleet has other keys); True when it is
+        another instance than before (rule 3 applies from then on)."""
+        self.keys = keys
         changed = self._instance is not None and instance != self._instance
         if changed:
             self._forgotten_before = self._contact - CLOCK_SKEW_S
@@ -127,7 +134,7 @@ class EventCursor:
         one that is not ours moves the cursor past it)."""
         found = []
         for entry_id, fields in entries:
-            event = parse_entry(entry_id, fields)
+            event = parse_entry(entry_id, fields, self.keys)
             if event is None:
                 if seq_key(entry_id) > seq_key(self.last):
                     self.last = entry_id
@@ -139,7 +146,7 @@ class EventCursor:
         """The event a channel message brings, if it is one to deliver."""
         if message["type"] != "message":
             return None
-        event = parse_published(message["data"])
+        event = parse_published(message["data"], self.keys)
         return event if event is not None and self.admit(event) else None
 
     def catch_up_start(self) -> str:

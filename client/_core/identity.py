@@ -92,15 +92,36 @@ class Identity:
     """The fleet's signing key, which seals the sessions' shells (an admin client's too:
     any client of the fleet, a person's CLI or an agent's MCP server, opens them)."""
 
-    def signed(self, task: str, args: list[Any]) -> list[Any]:
-        """A task's arguments, wrapped in a signed envelope when there is a key."""
+    def signed(self, task: str, args: list[Any], target: str) -> list[Any]:
+        """A task's arguments, wrapped in a signed envelope for the queue `target` they
+        are sent to (a worker refuses it taken from any other queue), when there is a
+        key."""
         if self.signing_key is None:
             return args
-        return [auth.sign(self.signing_key, task, args, time.time())]
+        return [auth.sign(self.signing_key, task, args, time.time(), target=target)]
 
     def reply_keys(self) -> dict[str, str]:
         """The keys (by id) a worker may seal this client's answers with."""
         return auth.keyring([self.signing_key or ""])
+
+    def record_keys(self) -> dict[str, str]:
+        """The keys (by id) that verify what workers publish for every client (host and
+        job records, job events, check offsets): the fleet's key, and the admin key of
+        an admin client. Empty for an unsigned client (an `--insecure-unsigned` fleet,
+        whose records carry no seal)."""
+        return auth.keyring([self.shell_key or "", self.signing_key or ""])
+
+
+def record_keys_at(url: str, admin: bool) -> dict[str, str]:
+    """The record keys (`Identity.record_keys`) of a client of the fleet at `url`: how a
+    listener that follows a local fleet to its new address verifies the new fleet's
+    events. FleetUnavailable when the local fleet's state is not trusted."""
+    try:
+        fleet_key = resolve_signing_key(url)
+        admin_key = resolve_admin_key(url) if admin else None
+    except ValueError as exc:  # a state directory that is not this user's alone
+        raise FleetUnavailable(f"the local fleet's state is not trusted: {exc}") from None
+    return auth.keyring([fleet_key or "", admin_key or ""])
 
 
 def resolve_identity(url: str, owner: str | None, admin: bool) -> Identity:

@@ -3,7 +3,9 @@
 - A request (`RunRequest`, or a control request of `worker.wire.control`) is built and
   validated here: a bad one is a CallRejected, nothing sent.
 - A call or a control request becomes the Celery task message kombu would push
-  (`worker.wire.messages.task_message`), its arguments signed with the client's key.
+  (`worker.wire.messages.task_message`), its arguments signed with the client's key
+  for the very queue it is pushed on (the envelope's `target`: a worker refuses a
+  message taken from another queue, `auth.check_target`).
   Both clients push it themselves (no Celery in a client).
 - An answer is opened (its seal checked: `open_reply`) and decoded: a `CallResult`, or
   a control reply whose error kind becomes its typed exception (`client.errors`).
@@ -34,12 +36,13 @@ Q = TypeVar("Q", bound=ControlRequest)
 ARGSREPR_COMMAND_CHARS = 500
 
 #: The system errors of a call that did not run at all: `run` raises CallNotRun for
-#: these. Not among them: a timeout, a signal, a cancel (the command ran, or was stopped
-#: on purpose), `worker_lost` (raised as WorkerLost), `internal` (a bug of ours, after
-#: which nobody can say what ran).
+#: these (`limit`: its owner's cap of background jobs was reached, checked before the
+#: job starts). Not among them: a timeout, a signal, a cancel (the command ran, or was
+#: stopped on purpose), `worker_lost` (raised as WorkerLost), `internal` (a bug of ours,
+#: after which nobody can say what ran).
 NOT_RUN_KINDS = frozenset({
     "bad_cwd", "spawn_failed", "blocked", "invalid", "unauthorized", "unavailable",
-    "not_found",
+    "not_found", "limit",
 })
 
 #: How workers word a cancel (kind `internal`, which every reader knows): a running
@@ -116,7 +119,7 @@ def argsrepr(call: Call) -> str:
 
 def exec_message(identity: Identity, call: Call, queue: str, reply_to: str) -> str:
     """The task message of a call, for its queue; answered on `reply_to`."""
-    args = identity.signed(Task.EXEC, [call.model_dump(mode="json")])
+    args = identity.signed(Task.EXEC, [call.model_dump(mode="json")], queue)
     return task_message(Task.EXEC, args, task_id=call.call_id, queue=queue,
                         reply_to=reply_to, argsrepr=argsrepr(call))
 
@@ -128,9 +131,10 @@ def control_message(
     """The task message of a control request to `host`, asked as this client's owner; the
     worker drops it unrun once `timeout` passed (nobody waits for its answer then)."""
     request = request.model_copy(update={"owner": identity.owner})
-    args = identity.signed(request.task, [request.model_dump(mode="json")])
+    queue = names.ctl_queue(host)
+    args = identity.signed(request.task, [request.model_dump(mode="json")], queue)
     subject = getattr(request, "id", None) or getattr(request, "call_id", None)
-    return task_message(request.task, args, task_id=task_id, queue=names.ctl_queue(host),
+    return task_message(request.task, args, task_id=task_id, queue=queue,
                         reply_to=reply_to, argsrepr=repr(subject), expires_s=timeout)
 
 

@@ -2,6 +2,11 @@
 withdraws them with, the keys and arguments of those scripts, and how the replies of
 its pipelined reads read as models.
 
+What a worker publishes (host records, job hashes) is sealed by it; every parser here
+opens it with the client's record keys (`worker.wire.records.open_host_info`,
+`open_job_view`) and leaves out, with a warning, what does not verify: a Redis writer
+without the key can hide a host or a job from a listing, never forge one.
+
 Names and TTLs are in `worker.wire.names`; the worker's side is `worker.fleet.registry`;
 the reads themselves are `client._async.records` (and its generated twin).
 """
@@ -16,8 +21,7 @@ from typing import Any
 from worker.wire import names
 from worker.wire.models import HostInfo, JobView
 from worker.wire.names import CallState
-from worker.wire.records import host_info as parse_host_info
-from worker.wire.records import job_view
+from worker.wire.records import open_host_info, open_job_view
 
 # KEYS: call, queue[, alive]; ARGV: call TTL, message, fields... Records the call as
 # queued and pushes its Celery message (`worker.wire.messages`) atomically: a call is
@@ -88,13 +92,16 @@ def host_reads(host: str) -> list[tuple[str, str]]:
             ("scard", names.running_key(host)), ("llen", names.exec_queue(host))]
 
 
-def host_infos(hosts: Sequence[str], answers: Sequence[Any]) -> list[HostInfo]:
-    """The listing entries of `hosts` from the answers of their `host_reads`, in order;
-    a host without a record is left out."""
+def host_infos(
+    hosts: Sequence[str], answers: Sequence[Any], keys: Mapping[str, str]
+) -> list[HostInfo]:
+    """The listing entries of `hosts` from the answers of their `host_reads`, in order,
+    each record verified with `keys`; a host without a record, or whose record does not
+    verify, is left out."""
     infos = []
     for index, host in enumerate(hosts):
         record, token, busy, queued = answers[HOST_READS * index:HOST_READS * (index + 1)]
-        info = parse_host_info(host, record, token, int(busy))
+        info = open_host_info(keys, host, record, token, int(busy))
         if info is not None:
             infos.append(info.model_copy(update={"queued": int(queued)}))
     return infos
@@ -112,27 +119,28 @@ class JobListing:
 
 
 def job_listing(ids: Sequence[str], hashes: Sequence[Mapping[str, str]],
-                host_alive: bool) -> JobListing:
-    """A host's listing from its job ids and their hashes (a running job of a dead host
-    shows `unknown`)."""
+                host_alive: bool, keys: Mapping[str, str]) -> JobListing:
+    """A host's listing from its job ids and their hashes, each verified with `keys` (a
+    running job of a dead host shows `unknown`). A hash that does not verify is left out
+    but not pruned: its job may be real (its worker seals it again), only forged over."""
     views: list[JobView] = []
     expired: list[str] = []
     for job_id, fields in zip(ids, hashes, strict=True):
-        view = job_view(fields, host_alive=host_alive) if fields else None
-        if view is None:
+        if not fields:
             expired.append(job_id)
-        else:
+        elif (view := open_job_view(keys, job_id, fields, host_alive=host_alive)) is not None:
             views.append(view)
     return JobListing(views, expired)
 
 
 def job_views(job_ids: Sequence[str], hashes: Sequence[Mapping[str, str]],
-              alive: Mapping[str, Any]) -> dict[str, JobView]:
-    """The jobs Redis knows among `job_ids`, by id (`alive`: each host's lock, by host)."""
+              alive: Mapping[str, Any], keys: Mapping[str, str]) -> dict[str, JobView]:
+    """The jobs Redis knows among `job_ids`, by id (`alive`: each host's lock, by host),
+    each verified with `keys`: one that does not verify is left out, never believed."""
     views = {}
     for job_id, fields in zip(job_ids, hashes, strict=True):
-        view = job_view(fields, host_alive=bool(alive.get(fields.get("host", "")))) \
-            if fields else None
+        up = bool(alive.get(fields.get("host", "")))
+        view = open_job_view(keys, job_id, fields, host_alive=up)
         if view is not None:
             views[job_id] = view
     return views

@@ -4,11 +4,12 @@
 It subscribes to the events channel, reads the stream after the last event it
 delivered (what it missed), then takes what the channel brings; what it delivers is
 decided by the core's `EventCursor` (each event once, in order, across a Redis restart
-or a fleet replaced by another: `client._core.events`).
+or a fleet replaced by another: `client._core.events`), and only events whose seal
+verifies with the keys of the fleet heard are delivered.
 
 While Redis cannot be reached it keeps trying (RETRY_DELAYS_S), says so once in the log
 (a warning: the CLI prints it on stderr) and asks its source again at each attempt, so a
-local fleet brought down and up again is found at its new address.
+local fleet brought down and up again is found at its new address, with its keys.
 
 Written for asyncio; `client/_sync/events.py` is generated from it by
 `scripts/unasync.py`.
@@ -19,7 +20,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Mapping
 
 import redis
 
@@ -34,9 +35,10 @@ from worker.wire.events import JobEvent
 
 log = logging.getLogger("bashfleet.events")
 
-#: The Redis to listen to now, and its URL as messages show it (asked again after every
-#: failed attempt).
-Source = Callable[[], tuple[Redis, str]]
+#: The Redis to listen to now, its URL as messages show it, and the keys that verify
+#: its fleet's events (asked again after every failed attempt: a local fleet brought
+#: down and up again has another address and other keys).
+Source = Callable[[], tuple[Redis, str, Mapping[str, str]]]
 
 _LISTEN_ERRORS = (redis.ConnectionError, redis.TimeoutError, OSError, FleetUnavailable)
 
@@ -62,10 +64,10 @@ def follow(
         where = "Redis"
         pubsub = None
         try:
-            client, where = source()
+            client, where, keys = source()
             pubsub = open_pubsub(client)
             pubsub.subscribe(names.EVENTS_CHANNEL)
-            if cursor.connected(records.server_instance(client), time.time()):
+            if cursor.connected(records.server_instance(client), time.time(), keys):
                 log.info("job events: %s is another Redis instance now", where)
             backlog = _catch_up(client, cursor)
             while backlog:

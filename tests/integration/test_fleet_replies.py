@@ -78,7 +78,7 @@ def test_two_clients_hear_only_their_own_answers(
 
 def _raw_ctl(fleet: Fleet, host: str, task: str, args: list[object]) -> dict[str, object]:
     """Send a signed control message with any arguments; its answer envelope."""
-    signed = fleet._identity.signed(task, args)
+    signed = fleet._identity.signed(task, args, names.ctl_queue(host))
     answer = raw_task(fleet, task, signed, names.ctl_queue(host), f"t{uuid.uuid4().hex[:12]}")
     envelope = json.loads(answer)
     assert isinstance(envelope, dict)

@@ -14,7 +14,7 @@ import redis
 from client import Fleet, records
 from worker.wire.models import CallResult
 
-from .conftest import WorkerProcess, wait_for
+from .conftest import RECORD_KEYS, WorkerProcess, wait_for
 
 T = TypeVar("T")
 
@@ -50,7 +50,7 @@ def test_control_answers_while_every_slot_is_busy(
     third.start()
     threads.append(third)
     wait_for(lambda: records.call_record(redis_client, ids[2]).get("state"), 5, "the 3rd call")
-    info = records.host_info(redis_client, "alpha")
+    info = records.host_info(redis_client, "alpha", keys=RECORD_KEYS)
     assert info is not None and info.busy == 2 == info.slots
 
     timings: dict[str, float] = {}

@@ -364,12 +364,12 @@ def test_redis_outage(
 def test_beat_tells_when_redis_lost_the_host_record(redis_client: redis.Redis) -> None:
     host, token = f"beat{secrets.token_hex(4)}", secrets.token_hex(8)
     record = {"instance": token, "concurrency": 1}
-    assert registry.heartbeat(redis_client, host, token, record) == "missing"  # first beat
-    assert registry.heartbeat(redis_client, host, token, record) == "ok"
+    assert registry.heartbeat(redis_client, host, token, record, ()) == "missing"  # first beat
+    assert registry.heartbeat(redis_client, host, token, record, ()) == "ok"
     redis_client.delete(names.host_key(host), names.alive_key(host))  # data loss
-    assert registry.heartbeat(redis_client, host, token, record) == "missing"
-    assert registry.heartbeat(redis_client, host, token, record) == "ok"
-    assert registry.heartbeat(redis_client, host, "another", record) == "taken"
+    assert registry.heartbeat(redis_client, host, token, record, ()) == "missing"
+    assert registry.heartbeat(redis_client, host, token, record, ()) == "ok"
+    assert registry.heartbeat(redis_client, host, "another", record, ()) == "taken"
     registry.release_host(redis_client, host, token)
 
 

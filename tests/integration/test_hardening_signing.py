@@ -34,6 +34,7 @@ from .test_fleet_flower import flower as flower  # noqa: PLC0414 - the fixture
 
 KEY = "test-signing-key-" + "5" * 32
 HOST = "signed1"
+QUEUE = names.exec_queue(HOST)
 
 
 class KeyedWorker(WorkerProcess):
@@ -121,14 +122,15 @@ def test_forged_messages_are_refused(
     call_id = f"c{uuid.uuid4().hex[:12]}"
     now = time.time()
     if attack == "tampered":
-        envelope = auth.sign(KEY, Task.EXEC, [_call(tmp_path / "x", call_id)], now)
+        envelope = auth.sign(KEY, Task.EXEC, [_call(tmp_path / "x", call_id)], now,
+                             target=QUEUE)
         envelope["args"][0]["command"] = f"touch {marker}"
     elif attack == "expired":
         envelope = auth.sign(KEY, Task.EXEC, [_call(marker, call_id)], now - 3600,
-                             ttl_s=1)
+                             ttl_s=1, target=QUEUE)
     else:
         envelope = auth.sign("some-other-key-" + "0" * 20, Task.EXEC,
-                             [_call(marker, call_id)], now)
+                             [_call(marker, call_id)], now, target=QUEUE)
     result = raw_exec(signed_fleet, HOST, [envelope], call_id)
     assert result.error is not None and result.error.kind == "unauthorized", result
     assert not marker.exists()
@@ -140,7 +142,8 @@ def test_a_replayed_message_is_refused(
     first_id, second_id = f"c{uuid.uuid4().hex[:12]}", f"c{uuid.uuid4().hex[:12]}"
     marker = tmp_path / "replayed"
     envelope = auth.sign(KEY, Task.EXEC,
-                         [{"call_id": first_id, "command": f"echo once >> {marker}"}], time.time())
+                         [{"call_id": first_id, "command": f"echo once >> {marker}"}], time.time(),
+                         target=QUEUE)
     first = raw_exec(signed_fleet, HOST, [envelope], first_id)
     assert first.exit_code == 0, first
     again = raw_exec(signed_fleet, HOST, [copy.deepcopy(envelope)], second_id)

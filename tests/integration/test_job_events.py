@@ -28,7 +28,7 @@ from worker.settings import Settings
 from worker.wire import names
 from worker.wire.events import JobEvent
 
-from .conftest import WorkerFactory, WorkerProcess, wait_for
+from .conftest import RECORD_KEYS, WorkerFactory, WorkerProcess, wait_for
 
 Hosts = tuple[WorkerProcess, WorkerProcess]
 
@@ -53,7 +53,7 @@ def _finish(proc: subprocess.Popen[str], timeout: float = 30) -> tuple[int, str,
 
 def _stream_events(client: redis.Redis, job_id: str) -> list[JobEvent]:
     entries = cast("list[tuple[str, dict[str, str]]]", client.xrange(names.EVENTS_KEY, "-", "+"))
-    found = (parse_entry(i, f) for i, f in entries)
+    found = (parse_entry(i, f, RECORD_KEYS) for i, f in entries)
     return [e for e in found if e is not None and e.job_id == job_id]
 
 

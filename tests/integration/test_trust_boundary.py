@@ -194,6 +194,7 @@ def test_5_a_replayed_message_does_not_run_again_even_with_redis_wiped(
     envelope = auth.sign(
         os.environ["BASHFLEET_SIGNING_KEY"], Task.EXEC,
         [{"call_id": call_id, "command": f"echo once >> {marker}"}], time.time(),
+        target=names.exec_queue(HOST),
     )
     first = raw_exec(fleet, HOST, [envelope], call_id)
     assert first.exit_code == 0 and marker.read_text() == "once\n"

@@ -4,6 +4,7 @@ tests, and hypothesis where a rule must hold for any input."""
 
 from __future__ import annotations
 
+import base64
 import json
 from typing import Any
 
@@ -19,9 +20,11 @@ from client._core.messages import (
     CANCELLED_QUEUED_SUFFIX,
     CANCELLED_RUNNING,
     NOT_RUN_KINDS,
+    build_call,
     control_message,
     decode_control,
     decode_result,
+    exec_message,
     named_cancel,
     raise_if_not_run,
     unstarted_result,
@@ -51,14 +54,17 @@ from client.errors import (
     WorkerLost,
 )
 from worker.wire import auth, names
+from worker.wire import records as wire_records
 from worker.wire.control import CheckRequest
-from worker.wire.events import JobEvent
+from worker.wire.events import JobEvent, seal_event
 from worker.wire.messages import task_message
 from worker.wire.models import (
     SYSTEM_ERROR_KINDS,
     CallResult,
     CheckResult,
     HostInfo,
+    JobRecord,
+    RunRequest,
     Spill,
     SystemError_,
     TruncationInfo,
@@ -137,6 +143,41 @@ SIGNED = Identity(owner="agent:a", signing_key=KEY, admin=False, shell_key=KEY)
 
 def _sealed(task_id: str, payload: str, key: str | None = KEY) -> str:
     return auth.seal(key, auth.REPLY, task_id, payload)
+
+
+ADMIN_KEY = "a" * 32
+UNSIGNED = Identity(owner="agent:a", signing_key=None, admin=False, shell_key=None)
+
+
+def _envelope(message: str) -> dict[str, Any]:
+    """The signed envelope a task message carries (its first argument)."""
+    body = json.loads(base64.b64decode(json.loads(message)["body"]))
+    envelope = body[0][0]
+    assert isinstance(envelope, dict)
+    return envelope
+
+
+def test_every_signed_message_names_the_queue_it_is_pushed_on() -> None:
+    call = build_call(RunRequest(command="true"), SIGNED.owner)
+    sent = exec_message(SIGNED, call, "bashfleet.h1.exec", "r")
+    envelope = _envelope(sent)
+    assert envelope["target"] == "bashfleet.h1.exec"
+    assert json.loads(sent)["properties"]["delivery_info"]["routing_key"] == envelope["target"]
+    verified = auth.verify(envelope, names.Task.EXEC, SIGNED.reply_keys(), now=0.0)
+    auth.check_target(verified.target, "bashfleet.h1.exec", {"bashfleet.h1.exec"})
+    with pytest.raises(auth.AuthError) as moved:  # pushed onto another host's queue
+        auth.check_target(verified.target, "bashfleet.h2.exec", {"bashfleet.h2.exec"})
+    assert moved.value.reason == "wrong_target"
+    control = _envelope(control_message(SIGNED, CheckRequest(id="j1"), task_id="t1",
+                                        host="h1", reply_to="r", timeout=30.0))
+    assert control["target"] == names.ctl_queue("h1")
+
+
+def test_record_keys_are_the_fleets_and_an_admins() -> None:
+    admin = Identity(owner="o", signing_key=ADMIN_KEY, admin=True, shell_key=KEY)
+    assert admin.record_keys() == auth.keyring([KEY, ADMIN_KEY])
+    assert SIGNED.record_keys() == auth.keyring([KEY])
+    assert UNSIGNED.record_keys() == {}
 
 
 def test_a_control_message_asks_as_its_owner_and_expires() -> None:
@@ -293,15 +334,23 @@ def _event(job_id: str, kind: str, seq: str, at: float = 1000.0) -> JobEvent:
                                     "command": "c", "output_path": "/o", "seq": seq})
 
 
+RING = auth.keyring([KEY])
+
+
+def _entry(event: JobEvent, key: str = KEY) -> tuple[str, dict[str, str]]:
+    """A stream entry as a worker with `key` adds it."""
+    return event.seq, {"e": seal_event([key], event)}
+
+
 def test_a_redis_restart_replays_nothing_it_showed_nor_the_past() -> None:
     """`bashfleet events` across a Redis restart that lost its data: the workers publish
     their jobs again (new stream ids); the listener shows only what is new."""
-    cursor = EventCursor("100-0", started_at=1000.0)
-    assert cursor.connected("run-1", now=1000.0) is False
+    cursor = EventCursor("100-0", started_at=1000.0, keys=RING)
+    assert cursor.connected("run-1", now=1000.0, keys=RING) is False
     assert cursor.admit(_event("j1", "started", "101-0", at=1001.0))
     cursor.heard_from_redis(1050.0)
     # Redis restarts empty, as another instance.
-    assert cursor.connected("run-2", now=1060.0) is True
+    assert cursor.connected("run-2", now=1060.0, keys=RING) is True
     replayed = [
         _event("j1", "started", "200-0", at=1001.0),  # shown before
         _event("j0", "started", "200-1", at=900.0),  # started before the listener
@@ -317,19 +366,50 @@ def test_a_redis_restart_replays_nothing_it_showed_nor_the_past() -> None:
 def test_without_a_restart_an_old_stamp_is_still_news() -> None:
     # An end found late (its status unknown: stamped at the job's start) is news while
     # Redis is the same instance.
-    cursor = EventCursor("100-0", started_at=1000.0)
-    cursor.connected("run-1", now=1000.0)
-    assert cursor.connected("run-1", now=1010.0) is False  # a reconnect, same instance
+    cursor = EventCursor("100-0", started_at=1000.0, keys=RING)
+    cursor.connected("run-1", now=1000.0, keys=RING)
+    assert cursor.connected("run-1", now=1010.0, keys=RING) is False  # same instance
     assert cursor.admit(_event("j0", "ended", "101-0", at=10.0))
 
 
 def test_malformed_entries_move_the_cursor() -> None:
-    cursor = EventCursor("100-0", started_at=0.0)
+    cursor = EventCursor("100-0", started_at=0.0, keys=RING)
     good = _event("j1", "started", "102-0")
-    found = cursor.take_entries([("101-0", {"e": "junk"}),
-                                 ("102-0", {"e": good.model_dump_json()})])
+    found = cursor.take_entries([("101-0", {"e": "junk"}), _entry(good)])
     assert [e.job_id for e in found] == ["j1"] and cursor.last == "102-0"
     assert cursor.catch_up_start() == "(102-0"
+
+
+def _forgeries(event: JobEvent) -> list[str]:
+    """What a Redis writer without the key can add: the bare JSON, an "unsealed" mark,
+    a seal by its own key, a sealed event's body changed (exit code 0)."""
+    body = event.model_dump_json()
+    sealed = seal_event([KEY], event.model_copy(update={"exit_code": 3}))
+    return [body, f"-:-\n{body}", seal_event(["attacker-" + "1" * 24], event),
+            sealed.replace('"exit_code":3', '"exit_code":0')]
+
+
+def test_forged_events_are_never_delivered() -> None:
+    cursor = EventCursor("100-0", started_at=0.0, keys=RING)
+    ended = _event("j1", "ended", "105-0").model_copy(update={"exit_code": 0})
+    entries = [(f"101-{i}", {"e": text}) for i, text in enumerate(_forgeries(ended))]
+    assert cursor.take_entries(entries) == []
+    assert cursor.last == "101-3"  # passed over, never to be read again
+    published = {"type": "message", "data": names.event_message("102-0", _forgeries(ended)[2])}
+    assert cursor.take_message(published) is None
+    assert [e.job_id for e in cursor.take_entries([_entry(ended)])] == ["j1"]
+
+
+def test_a_listener_verifies_with_the_keys_of_the_fleet_it_hears() -> None:
+    """A local fleet brought down and up seals with its new key: the listener that follows
+    it to its new address verifies with that key, and no longer with the old one."""
+    new_key = "n" * 32
+    cursor = EventCursor("0-0", started_at=0.0, keys=RING)
+    cursor.connected("run-1", now=0.0, keys=RING)
+    cursor.connected("run-2", now=10.0, keys=auth.keyring([new_key]))
+    old, new = _event("j1", "started", "20-0", at=20.0), _event("j2", "started", "21-0", at=21.0)
+    assert cursor.take_entries([_entry(old, KEY)]) == []
+    assert [e.job_id for e in cursor.take_entries([_entry(new, new_key)])] == ["j2"]
 
 
 _EVENTS = st.lists(
@@ -341,12 +421,12 @@ _EVENTS = st.lists(
 
 @given(_EVENTS)
 def test_admitted_events_are_once_and_in_order(raw: list[tuple[str, str, int, int, bool]]) -> None:
-    cursor = EventCursor("0-0", started_at=0.0)
-    cursor.connected("run-1", now=0.0)
+    cursor = EventCursor("0-0", started_at=0.0, keys=RING)
+    cursor.connected("run-1", now=0.0, keys=RING)
     delivered: list[JobEvent] = []
     for job_id, kind, millis, count, restart in raw:
         if restart:
-            cursor.connected(f"run-{millis}", now=float(millis))
+            cursor.connected(f"run-{millis}", now=float(millis), keys=RING)
         event = _event(job_id, kind, f"{millis}-{count}", at=float(millis))
         if cursor.admit(event):
             delivered.append(event)
@@ -411,19 +491,61 @@ def test_the_whole_output_replaces_the_tail() -> None:
 # ---------------------------------------------------------------------------- records
 
 
+def _host(host: str, key: str = KEY, **fields: str) -> dict[str, str]:
+    """A host record as its worker (holding `key`) writes it: sealed."""
+    record = {"host": host, "instance": "t1", "concurrency": "4", "labels": "gpu", **fields}
+    return {**record, wire_records.SEAL: wire_records.host_seal([key], host, record)}
+
+
 def test_host_listing_entries_read_from_one_pipeline() -> None:
-    answers = [{"concurrency": "4", "instance": "t1", "labels": "gpu"}, "t1", 2, 7,
+    answers = [_host("a"), "t1", 2, 7,
                {}, None, 0, 0]  # a host without a record is left out
-    infos = core_records.host_infos(["a", "b"], answers)
+    infos = core_records.host_infos(["a", "b"], answers, RING)
     assert [(i.host, i.alive, i.slots, i.busy, i.queued, i.labels) for i in infos] == [
         ("a", True, 4, 2, 7, ("gpu",))]
     assert [command for command, _ in core_records.host_reads("a")] == [
         "hgetall", "get", "scard", "llen"]
 
 
+@pytest.mark.parametrize(
+    "record",
+    [
+        {"host": "a", "instance": "t1", "concurrency": "4"},  # no seal: a Redis writer's
+        {**_host("a"), "concurrency": "512"},  # a real record changed
+        _host("a", key="attacker-" + "1" * 24),  # sealed with another key
+        _host("b"),  # another host's record copied here
+    ],
+)
+def test_a_host_record_that_does_not_verify_is_left_out(record: dict[str, str]) -> None:
+    answers = [record, "t1", 0, 0, _host("c"), "t1", 0, 0]
+    assert [i.host for i in core_records.host_infos(["a", "c"], answers, RING)] == ["c"]
+
+
+def _job_hash(job_id: str, key: str = KEY, **fields: str) -> dict[str, str]:
+    """A job's hash as its worker (holding `key`) writes it: sealed."""
+    record = JobRecord(id=job_id, host="h1", pid=10, pgid=10, start_time=1.0, marker=job_id,
+                       command="make", cwd="/src", output_path=f"/jobs/{job_id}.log",
+                       status_path=f"/jobs/{job_id}.status.json", started_at=1000.0,
+                       call_id="c1")
+    stored = {"record": record.model_dump_json(), "host": "h1", "state": "running", **fields}
+    return {**stored, wire_records.SEAL: wire_records.job_seal([key], job_id, stored)}
+
+
 def test_a_job_listing_names_the_expired_ids() -> None:
-    listing = core_records.job_listing(["j1", "j2"], [{}, {}], host_alive=True)
+    listing = core_records.job_listing(["j1", "j2"], [{}, {}], host_alive=True, keys=RING)
     assert (listing.views, listing.expired) == ([], ["j1", "j2"])
+
+
+def test_a_forged_job_is_left_out_of_listings_never_believed() -> None:
+    forged = {**_job_hash("j2"), "state": "ended", "exit_code": "0"}  # one HSET, no key
+    hashes = [_job_hash("j1"), forged, _job_hash("j3", key="attacker-" + "1" * 24)]
+    listing = core_records.job_listing(["j1", "j2", "j3"], hashes, host_alive=True, keys=RING)
+    assert [v.id for v in listing.views] == ["j1"]
+    assert listing.expired == []  # left out, not pruned: its worker seals it again
+    views = core_records.job_views(["j1", "j2", "j3"], hashes, {"h1": "t1"}, RING)
+    assert list(views) == ["j1"] and views["j1"].state == "running"
+    # A dead host's running job shows `unknown`, verified all the same.
+    assert core_records.job_views(["j1"], hashes[:1], {}, RING)["j1"].state == "unknown"
 
 
 def test_a_watch_snapshot_is_laid_out_as_read() -> None:

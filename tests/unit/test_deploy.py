@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
-from worker.settings import Settings
+from worker.settings import SECRET_VARIABLES, Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 SYSTEMD = ROOT / "deploy" / "systemd"
@@ -60,8 +60,27 @@ def test_two_workers_with_distinct_host_ids(compose: dict[str, Any]) -> None:
         assert svc["environment"]["BASHFLEET_REDIS_URL"].startswith("redis://:")
 
 
+#: What bubblewrap needs of a worker's container (Docker's and containerd's default
+#: seccomp profiles allow namespaces and mounts only with CAP_SYS_ADMIN in the bounding
+#: set), and what the root worker's own work needs; nothing more.
+WORKER_CAPS = {"SYS_ADMIN", "SYS_CHROOT", "SETUID", "SETGID", "SETPCAP", "NET_ADMIN", "KILL",
+               "SYS_PTRACE", "CHOWN", "FOWNER", "DAC_OVERRIDE"}
+RUN_USER = "bashfleet-run"
+
+
+def test_compose_workers_get_what_bubblewrap_needs_and_no_more(compose: dict[str, Any]) -> None:
+    workers = [svc for svc in compose["services"].values() if "worker" in _command(svc)]
+    for svc in workers:
+        assert svc["cap_drop"] == ["ALL"]
+        assert set(svc["cap_add"]) == WORKER_CAPS
+        assert "apparmor=unconfined" in svc["security_opt"]
+        assert "privileged" not in svc
+        assert "user" not in svc  # the image's: root, which runs calls as bashfleet-run
+
+
 def test_flower_requires_auth_and_is_published_on_loopback(compose: dict[str, Any]) -> None:
     flower = compose["services"]["flower"]
+    assert flower["user"] == "bashfleet"  # runs no command, needs no root
     assert flower["environment"]["FLOWER_BASIC_AUTH"].startswith("admin:${FLOWER_PASSWORD")
     assert all(port.startswith("127.0.0.1:") for port in flower["ports"])
 
@@ -75,10 +94,18 @@ def test_images_come_from_the_project_dockerfile(compose: dict[str, Any]) -> Non
             assert svc["image"] == image
 
 
-def test_dockerfile_runs_as_non_root_with_a_healthcheck() -> None:
-    text = (ROOT / "deploy" / "Dockerfile").read_text()
+def test_dockerfile_worker_is_root_and_runs_calls_as_its_own_unprivileged_account() -> None:
+    text = re.sub(r"\\\n\s*", " ", (ROOT / "deploy" / "Dockerfile").read_text())
     users = [line.split()[1] for line in text.splitlines() if line.startswith("USER ")]
-    assert users and users[-1] not in ("root", "0")
+    assert users[-1] == "root"  # the worker (its secrets: root's alone)
+    run_user = re.search(r"useradd ([^&]*) bashfleet-run", text)
+    assert run_user is not None
+    assert "--no-create-home" in run_user[1] and "nologin" in run_user[1]
+    assert "--user-group" in run_user[1]  # a group of its own, shared with nobody
+    env = re.search(r"^ENV (.*)$", text, re.MULTILINE)
+    assert env is not None and f"BASHFLEET_RUN_AS={RUN_USER}" in env[1].split()
+    assert "bubblewrap" in text and "tini" in text
+    assert "install -d -m 0700 /var/lib/bashfleet" in text
     assert "HEALTHCHECK" in text
     assert "pip install" in text
 
@@ -166,14 +193,46 @@ def _seconds(value: str) -> float:
     return float(match[1]) * (60 if match[2] == "min" else 1)
 
 
-def test_worker_unit_runs_the_worker_as_a_dedicated_user(worker_unit: Unit) -> None:
+def _environment(unit: Unit) -> dict[str, str]:
+    """Every VAR=value of the unit's Environment= lines."""
+    found: dict[str, str] = {}
+    for key, value in unit["Service"]:
+        if key == "Environment":
+            found.update(item.split("=", 1) for item in value.split())  # type: ignore[misc]
+    return found
+
+
+def test_worker_unit_runs_the_worker_as_root_and_calls_as_another_account(
+    worker_unit: Unit,
+) -> None:
     service = "Service"
     assert one(worker_unit, service, "ExecStart").endswith("/bashfleet worker")
-    assert one(worker_unit, service, "User") == "bashfleet"
-    assert one(worker_unit, service, "Group") == "bashfleet"
+    assert "User" not in keys(worker_unit, service)  # root: its secrets are root's alone
+    assert "Group" not in keys(worker_unit, service)
+    assert _environment(worker_unit)["BASHFLEET_RUN_AS"] == RUN_USER
     assert one(worker_unit, service, "EnvironmentFile") == "/etc/bashfleet/worker.env"
     assert one(worker_unit, service, "StateDirectory") == "bashfleet"
+    assert one(worker_unit, service, "StateDirectoryMode") == "0700"
     assert one(worker_unit, "Install", "WantedBy") == "multi-user.target"
+
+
+def test_worker_unit_loads_its_secrets_as_credentials_not_environment(
+    worker_unit: Unit,
+) -> None:
+    credentials = dict(
+        value.split(":", 1) for key, value in worker_unit["Service"] if key == "LoadCredential"
+    )
+    assert credentials == {"signing-key": "/etc/bashfleet/signing.key",
+                           "redis-url": "/etc/bashfleet/redis.url"}
+    environment = _environment(worker_unit)
+    assert environment["BASHFLEET_SIGNING_KEY_FILE"] == "%d/signing-key"
+    assert environment["BASHFLEET_REDIS_URL_FILE"] == "%d/redis-url"
+    assert not {"BASHFLEET_SIGNING_KEY", "BASHFLEET_REDIS_URL"} & set(environment)
+
+
+def test_worker_unit_bounds_the_root_workers_capabilities(worker_unit: Unit) -> None:
+    bounding = one(worker_unit, "Service", "CapabilityBoundingSet").split()
+    assert {cap.removeprefix("CAP_") for cap in bounding} == WORKER_CAPS
 
 
 def test_worker_unit_restarts_on_failure_with_a_backoff(worker_unit: Unit) -> None:
@@ -216,7 +275,10 @@ def test_worker_unit_hardening_leaves_builds_working(worker_unit: Unit) -> None:
 def test_gc_service_and_timer(gc_unit: Unit) -> None:
     assert one(gc_unit, "Service", "Type") == "oneshot"
     assert one(gc_unit, "Service", "ExecStart").endswith("/bashfleet gc")
-    assert one(gc_unit, "Service", "User") == "bashfleet"
+    assert "User" not in keys(gc_unit, "Service")  # the worker's (root), as its files are
+    assert set(one(gc_unit, "Service", "CapabilityBoundingSet").split()) == {
+        "CAP_DAC_OVERRIDE", "CAP_FOWNER"
+    }
     assert one(gc_unit, "Service", "EnvironmentFile") == "/etc/bashfleet/worker.env"
     # Strict, with the state directory writable: the default state dir of both units.
     assert one(gc_unit, "Service", "ProtectSystem") == "strict"
@@ -245,16 +307,20 @@ def _env_example() -> dict[str, str]:
     return found
 
 
-def test_worker_env_example_names_only_real_settings_and_no_password() -> None:
+def test_worker_env_example_names_only_real_settings_and_no_secret() -> None:
     variables = _env_example()
     assert variables, "the example sets something"
     fields = {f"BASHFLEET_{name.upper()}" for name in Settings.model_fields}
     assert set(variables) <= fields, set(variables) - fields
-    assert variables["BASHFLEET_SIGNING_KEY"] == PLACEHOLDER  # a worker needs one
-    for name in ("BASHFLEET_REDIS_URL", "BASHFLEET_RETENTION_MAX_AGE_S",
-                 "BASHFLEET_RETENTION_MAX_BYTES", "BASHFLEET_RETENTION_MIN_AGE_S"):
+    # The secrets are credentials of their own (LoadCredential=), never in this file.
+    assert not set(variables) & set(SECRET_VARIABLES), set(variables) & set(SECRET_VARIABLES)
+    assert PLACEHOLDER not in "".join(variables.values())
+    text = (SYSTEMD / "worker.env.example").read_text()
+    assert "install -m 0600 worker.env.example" in text
+    assert "0640" not in text and "bashfleet -m" not in text  # no group may read it
+    for name in ("BASHFLEET_RETENTION_MAX_AGE_S", "BASHFLEET_RETENTION_MAX_BYTES",
+                 "BASHFLEET_RETENTION_MIN_AGE_S"):
         assert name in variables
-    assert variables["BASHFLEET_REDIS_URL"].startswith(f"redis://:{PLACEHOLDER}@")
     # The commented defaults are the real defaults.
     settings = Settings(redis_url=None)
     for name, value in variables.items():
@@ -263,15 +329,13 @@ def test_worker_env_example_names_only_real_settings_and_no_password() -> None:
             assert float(value) == getattr(settings, field), name
 
 
-def test_sysusers_creates_the_units_user() -> None:
-    line = next(
-        raw for raw in (SYSTEMD / "bashfleet.sysusers.conf").read_text().splitlines()
-        if raw.startswith("u ")
-    )
-    _, name, _, _, home, shell = re.findall(r'"[^"]*"|\S+', line)
-    assert name == "bashfleet"
-    assert home == "/var/lib/bashfleet"
-    assert shell.endswith("nologin")
+def test_sysusers_creates_the_run_user_only() -> None:
+    lines = [raw for raw in (SYSTEMD / "bashfleet.sysusers.conf").read_text().splitlines()
+             if raw and not raw.startswith("#")]
+    assert len(lines) == 1
+    kind, name, uid, _, home, shell = re.findall(r'"[^"]*"|\S+', lines[0])
+    assert (kind, name, uid) == ("u", RUN_USER, "-")  # a system uid, and a group of its own
+    assert home == "/nonexistent" and shell.endswith("nologin")
 
 
 def _copy_units(tmp_path: Path) -> list[Path]:
@@ -328,7 +392,7 @@ def test_systemd_sysusers_accepts_the_user(tmp_path: Path) -> None:
         capture_output=True, text=True, check=False, timeout=60,
     )
     assert done.returncode == 0, done.stderr
-    assert "Creating user 'bashfleet'" in done.stdout + done.stderr
+    assert "Creating user 'bashfleet-run'" in done.stdout + done.stderr
 
 
 # ------------------------------------------------------------------------ kubernetes
@@ -445,9 +509,57 @@ def test_worker_daemonset_takes_its_host_id_from_the_node(
 
     grace = worker["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
     assert grace >= STOP_TIMEOUT_S + 10
-    security = worker["spec"]["template"]["spec"]["securityContext"]
-    assert security["runAsNonRoot"] is True and security["runAsUser"] != 0
-    assert container["securityContext"]["allowPrivilegeEscalation"] is False
+
+
+
+def _worker_container(manifests: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
+    worker = _find(manifests, "DaemonSet", "bashfleet-worker")
+    container = next(c for c in worker["spec"]["template"]["spec"]["containers"]
+                     if c["name"] == "worker")
+    return worker, container
+
+
+def test_worker_daemonset_gives_bubblewrap_what_it_needs_and_no_more(
+    manifests: list[dict[str, Any]],
+) -> None:
+    worker, container = _worker_container(manifests)
+    pod = worker["spec"]["template"]["spec"]["securityContext"]
+    # RuntimeDefault kept: with CAP_SYS_ADMIN in the bounding set it allows the
+    # namespace and mount calls (containerd's contrib/seccomp); never Unconfined.
+    assert pod["seccompProfile"] == {"type": "RuntimeDefault"}
+    security = container["securityContext"]
+    assert security["capabilities"]["drop"] == ["ALL"]
+    assert set(security["capabilities"]["add"]) == WORKER_CAPS
+    assert security["appArmorProfile"] == {"type": "Unconfined"}  # the default denies mount
+    assert "privileged" not in security and "procMount" not in security
+    # Kubernetes refuses allowPrivilegeEscalation: false with CAP_SYS_ADMIN.
+    assert security["allowPrivilegeEscalation"] is True
+    # Root runs the worker; calls run as the image's bashfleet-run.
+    assert security["runAsUser"] == 0 and security["runAsNonRoot"] is False
+    assert _env(container)["BASHFLEET_RUN_AS"]["value"] == RUN_USER
+
+
+def test_worker_daemonset_reads_its_secrets_from_root_only_files(
+    manifests: list[dict[str, Any]],
+) -> None:
+    worker, container = _worker_container(manifests)
+    env = _env(container)
+    assert not any("valueFrom" in entry and "secretKeyRef" in entry["valueFrom"]
+                   for entry in env.values()), "no secret in the worker's environment"
+    volumes = {v["name"]: v for v in worker["spec"]["template"]["spec"]["volumes"]}
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    projected = volumes["secrets"]["projected"]
+    assert projected["defaultMode"] == 0o400 and mounts["secrets"]["readOnly"] is True
+    files = {
+        f"{mounts['secrets']['mountPath']}/{item['path']}": (source["secret"]["name"], item["key"])
+        for source in projected["sources"] for item in source["secret"]["items"]
+    }
+    assert files == {
+        env["BASHFLEET_REDIS_URL_FILE"]["value"]: ("bashfleet-redis-url", "url"),
+        env["BASHFLEET_SIGNING_KEY_FILE"]["value"]: ("bashfleet-signing", "key"),
+    }
+    examples = {doc["metadata"]["name"] for doc in _documents(K8S / "secret.example.yaml")}
+    assert {name for name, _ in files.values()} <= examples
 
 
 def test_flower_is_cluster_internal_with_basic_auth_from_a_secret(
@@ -484,7 +596,7 @@ def test_no_plaintext_passwords_and_every_secret_ref_exists(
             defined: set[str] = set()
             for entry in container.get("env", []):
                 name = entry["name"]
-                if secretish.search(name):
+                if secretish.search(name) and not name.endswith("_FILE"):  # a path, not a secret
                     assert "value" not in entry, f"{name} in clear"
                     assert _secret_ref(entry) in examples, _secret_ref(entry)
                     checked += 1
@@ -494,7 +606,7 @@ def test_no_plaintext_passwords_and_every_secret_ref_exists(
                     assert userinfo and userinfo[1] in defined, url
                 if "valueFrom" in entry and "secretKeyRef" in entry["valueFrom"]:
                     defined.add(name)
-    assert checked == 6  # two in Redis, two in the worker, two in Flower
+    assert checked == 4  # two in Redis, two in Flower (the worker's are files)
 
 
 def test_one_image_for_worker_and_flower_named_by_the_kustomization(
@@ -530,3 +642,20 @@ def test_kubectl_kustomize_renders_the_manifests(manifests: list[dict[str, Any]]
         for d in manifests
     )
     assert rendered == expected
+
+
+def test_every_installer_makes_the_same_run_user() -> None:
+    # bootstrap.sh (as root), the image and sysusers: one unprivileged account, a group
+    # of its own, no home, no login; the engine's BASHFLEET_RUN_AS default when present.
+    bootstrap = re.sub(r"\\\n\s*", " ", (ROOT / "scripts" / "bootstrap.sh").read_text())
+    line = re.search(r"useradd ([^|&\n]*) bashfleet-run", bootstrap)
+    assert line is not None and '[ "$(id -u)" = 0 ]' in bootstrap
+    for flag in ("--system", "--user-group", "--no-create-home", "--home-dir /nonexistent",
+                 "--shell /usr/sbin/nologin"):
+        assert flag in line[1]
+    dockerfile = re.sub(r"\\\n\s*", " ", (ROOT / "deploy" / "Dockerfile").read_text())
+    image = re.search(r"useradd ([^&]*) bashfleet-run", dockerfile)
+    assert image is not None
+    for flag in ("--system", "--user-group", "--no-create-home", "--home-dir /nonexistent",
+                 "--shell /usr/sbin/nologin"):
+        assert flag in image[1]

@@ -18,7 +18,7 @@ from client.dialects.native import NativeDialect
 from client.dialects.testing import FakeRunner
 from client.records import job_views
 from worker.fleet import registry
-from worker.wire import names
+from worker.wire import auth, names
 from worker.wire.events import JobEvent, ended_event, event_matches, started_event
 from worker.wire.models import JobHandle, JobRecord, JobStatus, JobView, RunRequest
 
@@ -32,6 +32,14 @@ def _record(job_id: str = "j1", tags: dict[str, str] | None = None) -> JobRecord
     )
 
 
+KEYS = ("k" * 32,)
+RING = auth.keyring(KEYS)
+
+
+def _save(client: Any, record: JobRecord, **state: Any) -> str | None:
+    return registry.save_job(client, record, keys=KEYS, **state)
+
+
 @pytest.fixture
 def client() -> Any:
     return fakeredis.FakeRedis(decode_responses=True)
@@ -39,17 +47,17 @@ def client() -> Any:
 
 def _events(client: Any) -> list[JobEvent]:
     entries = client.xrange(names.EVENTS_KEY, "-", "+")
-    return [event for event in (parse_entry(i, f) for i, f in entries) if event is not None]
+    return [event for event in (parse_entry(i, f, RING) for i, f in entries) if event is not None]
 
 
 def test_one_event_per_transition(client: Any) -> None:
     record = _record(tags={"agent": "a17"})
-    assert registry.save_job(client, record, running=True) is not None
-    assert registry.save_job(client, record, running=True) is None  # republished: no event
-    first = registry.save_job(client, record, running=False, exit_code=3, ended_at=1041.5)
+    assert _save(client, record, running=True) is not None
+    assert _save(client, record, running=True) is None  # republished: no event
+    first = _save(client, record, running=False, exit_code=3, ended_at=1041.5)
     assert first is not None
     # A check and the host's watcher both see the end: one event between them.
-    assert registry.save_job(client, record, running=False, exit_code=3, ended_at=1041.5) is None
+    assert _save(client, record, running=False, exit_code=3, ended_at=1041.5) is None
     started, ended = _events(client)
     assert (started.kind, ended.kind) == ("started", "ended")
     assert started.tags == ended.tags == {"agent": "a17"}
@@ -62,14 +70,14 @@ def test_published_and_stored_events_read_the_same(client: Any) -> None:
     pubsub = client.pubsub()
     pubsub.subscribe(names.EVENTS_CHANNEL)
     pubsub.get_message(timeout=1)  # the subscription
-    registry.save_job(client, _record(), running=True)
+    _save(client, _record(), running=True)
     message = pubsub.get_message(timeout=1)
     assert message is not None
-    assert parse_published(message["data"]) == _events(client)[0]
+    assert parse_published(message["data"], RING) == _events(client)[0]
 
 
 def test_cursor_skips_what_it_delivered() -> None:
-    cursor = EventCursor("5-0", started_at=0.0)
+    cursor = EventCursor("5-0", started_at=0.0, keys=RING)
     event = JobEvent(kind="started", job_id="j", host="h", at=1.0, command="c",
                      output_path="/o", seq="5-1")
     assert cursor.admit(event)
@@ -85,9 +93,9 @@ def test_seq_order_is_numeric(pairs: list[tuple[int, int]]) -> None:
 
 
 def test_malformed_entries_are_skipped() -> None:
-    assert parse_entry("1-0", {"e": "not json"}) is None
-    assert parse_entry("1-0", {}) is None
-    assert parse_published("no newline") is None
+    assert parse_entry("1-0", {"e": "not json"}, RING) is None
+    assert parse_entry("1-0", {}, RING) is None
+    assert parse_published("no newline", RING) is None
 
 
 @pytest.mark.parametrize(
@@ -129,10 +137,10 @@ def test_bad_tags_are_refused(tags: dict[str, str]) -> None:
 
 
 def test_job_views_and_tag_filter(client: Any) -> None:
-    registry.save_job(client, _record("j1", {"agent": "a1"}), running=True)
-    registry.save_job(client, _record("j2", {"agent": "a2"}), running=False, exit_code=0,
+    _save(client, _record("j1", {"agent": "a1"}), running=True)
+    _save(client, _record("j2", {"agent": "a2"}), running=False, exit_code=0,
                       ended_at=1001.0)
-    views = job_views(client, ["j1", "j2", "j-unknown"])
+    views = job_views(client, ["j1", "j2", "j-unknown"], keys=RING)
     assert sorted(views) == ["j1", "j2"]
     assert views["j1"].state == "unknown"  # host h1 holds no lock: not known to run
     assert views["j2"].state == "ended"

@@ -13,10 +13,14 @@ import redis
 
 from client import records
 from worker.fleet import celery_apps, registry
-from worker.wire import names
+from worker.wire import auth, names
 from worker.wire import records as wire_records
 from worker.wire.models import JobRecord
 from worker.wire.names import CallState
+
+#: The worker's sealing keys, and the keyring a client verifies with.
+KEYS = ("k" * 32,)
+RING = auth.keyring(KEYS)
 
 
 @pytest.fixture
@@ -68,12 +72,13 @@ def test_valid_host_ids() -> None:
 
 def test_every_key_has_a_ttl(r: redis.Redis) -> None:
     registry.acquire_host(r, "alpha", "t1")
-    assert registry.heartbeat(r, "alpha", "t1", {"concurrency": 2, "labels": "gpu"}) != "taken"
+    record = {"concurrency": 2, "labels": "gpu"}
+    assert registry.heartbeat(r, "alpha", "t1", record, KEYS) != "taken"
     _queued(r, "c1", names.exec_queue("alpha"), "alpha")
     assert registry.claim_call(r, "c1", "alpha", "t1", 42) == "ok"
     registry.update_call(r, "c1", pid=5, pgid=5, marker="c1")
-    registry.save_job(r, _record(), running=True)
-    registry.save_offsets(r, "j1", 10, 0)
+    registry.save_job(r, _record(), keys=KEYS, running=True)
+    registry.save_offsets(r, "j1", 10, 0, KEYS)
     r.set(names.shell_key("s1"), "{}", ex=names.SESSION_TTL_S)
     registry.set_host_fields(r, "alpha", {"exec_ready": 7})
     _assert_every_key_expires(r)
@@ -86,8 +91,8 @@ def test_host_lock_is_exclusive(r: redis.Redis) -> None:
     assert registry.acquire_host(r, "alpha", "first") is None
     assert registry.acquire_host(r, "alpha", "second") == "first"
     # The holder's heartbeat renews; another instance's heartbeat is refused.
-    assert registry.heartbeat(r, "alpha", "first", {}) != "taken"
-    assert registry.heartbeat(r, "alpha", "second", {}) == "taken"
+    assert registry.heartbeat(r, "alpha", "first", {}, KEYS) != "taken"
+    assert registry.heartbeat(r, "alpha", "second", {}, KEYS) == "taken"
     assert r.get(names.alive_key("alpha")) == "first"
     # Only the holder releases it.
     registry.release_host(r, "alpha", "second")
@@ -109,29 +114,29 @@ def test_take_over_needs_the_dead_holders_token(r: redis.Redis) -> None:
 def test_heartbeat_retakes_an_expired_lock_nobody_took(r: redis.Redis) -> None:
     registry.acquire_host(r, "alpha", "t1")
     r.delete(names.alive_key("alpha"))  # as if it expired during a long pause
-    assert registry.heartbeat(r, "alpha", "t1", {}) != "taken"
+    assert registry.heartbeat(r, "alpha", "t1", {}, KEYS) != "taken"
     assert r.get(names.alive_key("alpha")) == "t1"
 
 
 def test_host_listing(r: redis.Redis) -> None:
     registry.acquire_host(r, "alpha", "t1")
+    ready = registry.readiness(KEYS, "alpha", "t1", {"exec": 1, "ctl": 2})
     registry.heartbeat(
-        r, "alpha", "t1",
-        {"instance": "t1", "concurrency": 3, "labels": "gpu,big", "exec_ready": 1, "ctl_ready": 2},
+        r, "alpha", "t1", {"instance": "t1", "concurrency": 3, "labels": "gpu,big", **ready}, KEYS
     )
     registry.acquire_host(r, "beta", "t2")
-    registry.heartbeat(r, "beta", "t2", {"instance": "t2", "concurrency": 1})
+    registry.heartbeat(r, "beta", "t2", {"instance": "t2", "concurrency": 1}, KEYS)
     _queued(r, "c1", names.exec_queue("alpha"), "alpha")
     registry.claim_call(r, "c1", "alpha", "t1", 42)
     assert records.live_hosts(r) == ["alpha", "beta"]
-    infos = {info.host: info for info in records.list_hosts(r)}
+    infos = {info.host: info for info in records.list_hosts(r, keys=RING)}
     assert infos["alpha"].alive and infos["alpha"].ready
     assert (infos["alpha"].slots, infos["alpha"].busy) == (3, 1)
     assert infos["alpha"].labels == ("gpu", "big")
     assert infos["beta"].alive and not infos["beta"].ready
     # A host whose heartbeat expired is listed, dead.
     r.delete(names.alive_key("beta"))
-    infos = {info.host: info for info in records.list_hosts(r)}
+    infos = {info.host: info for info in records.list_hosts(r, keys=RING)}
     assert not infos["beta"].alive and infos["beta"].busy == 0
     assert records.live_hosts(r) == ["alpha"]
 
@@ -179,21 +184,21 @@ def test_cancelled_and_stopped_calls_end_so(r: redis.Redis) -> None:
 
 def test_jobs_listing_and_views(r: redis.Redis) -> None:
     registry.acquire_host(r, "alpha", "t1")
-    registry.save_job(r, _record("j1"), running=True)
-    registry.save_job(r, _record("j2"), running=False, exit_code=3, ended_at=5.0)
-    registry.save_offsets(r, "j1", 12, 4)
+    registry.save_job(r, _record("j1"), keys=KEYS, running=True)
+    registry.save_job(r, _record("j2"), keys=KEYS, running=False, exit_code=3, ended_at=5.0)
+    registry.save_offsets(r, "j1", 12, 4, KEYS)
     assert records.job_host(r, "j1") == "alpha"
-    assert wire_records.job_offsets(registry.job_fields(r, "j1")) == (12, 4)
-    assert wire_records.job_offsets(registry.job_fields(r, "j2")) == (0, 0)
-    views = {view.id: view for view in records.list_jobs(r, "alpha")}
+    assert wire_records.job_offsets(RING, "j1", registry.job_fields(r, "j1")) == (12, 4)
+    assert wire_records.job_offsets(RING, "j2", registry.job_fields(r, "j2")) == (0, 0)
+    views = {view.id: view for view in records.list_jobs(r, "alpha", keys=RING)}
     assert views["j1"].state == "running" and views["j1"].running
     assert views["j2"].state == "ended" and views["j2"].exit_code == 3
     # While the host is down, a job last seen running is unknown.
     r.delete(names.alive_key("alpha"))
-    assert {v.id: v for v in records.list_jobs(r, "alpha")}["j1"].state == "unknown"
+    assert {v.id: v for v in records.list_jobs(r, "alpha", keys=RING)}["j1"].state == "unknown"
     # A job whose hash expired leaves the listing.
     r.delete(names.job_key("j2"))
-    assert [v.id for v in records.list_jobs(r, "alpha")] == ["j1"]
+    assert [v.id for v in records.list_jobs(r, "alpha", keys=RING)] == ["j1"]
     assert r.zrange(names.jobs_key("alpha"), 0, -1) == ["j1"]
 
 

@@ -29,7 +29,7 @@ from worker.fleet import registry, tasks
 from worker.fleet.app import app, setup_consumer_logging
 from worker.fleet.connect import redis_client
 from worker.fleet.control import Runtime
-from worker.fleet.nonces import NonceMemory
+from worker.fleet.nonces import HOST_FILE, NonceMemory
 from worker.settings import get_settings
 from worker.wire import names
 from worker.wire.names import ROLES, CallState, Role
@@ -49,7 +49,8 @@ def run_consumer(role: Role, instance: str) -> int:
     celery_options = setup_consumer_logging(settings.log_format, host, role)
     runtime = Runtime(
         settings=settings, redis=redis_client(settings.redis_url_value() or ""),
-        instance=instance, nonces=NonceMemory(settings.state_dir / "nonces" / f"{role}.log"),
+        # One memory for the host: both consumers, across their restarts.
+        instance=instance, nonces=NonceMemory(settings.state_dir / HOST_FILE),
     )
     tasks.set_runtime(runtime)
     _drop_plain_settings_from_env()
@@ -64,12 +65,14 @@ def run_consumer(role: Role, instance: str) -> int:
     for name in ("celery.app.trace", "celery.worker.strategy"):
         logging.getLogger(name).setLevel(logging.WARNING)
 
+    keys = settings.sealing_keys()
+
     def ready(**_: object) -> None:
-        registry.set_host_fields(runtime.redis, host, {f"{role}_ready": os.getpid()})
+        registry.set_ready(runtime.redis, keys, host, instance, {role: os.getpid()})
 
     def shutting_down(**_: object) -> None:
         with contextlib.suppress(redis.RedisError):
-            registry.set_host_fields(runtime.redis, host, {f"{role}_ready": ""})
+            registry.set_ready(runtime.redis, keys, host, instance, {role: ""})
 
     worker_ready.connect(ready, weak=False)
     worker_shutting_down.connect(shutting_down, weak=False)

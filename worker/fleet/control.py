@@ -39,8 +39,8 @@ from worker.wire.control import (
 )
 from worker.wire.errors import ToolError
 from worker.wire.models import CheckResult, JobRecord, OutputChunk, Truncation
-from worker.wire.names import CallState, JobState
-from worker.wire.records import job_offsets, job_view
+from worker.wire.names import CallState
+from worker.wire.records import job_offsets, open_job_view
 
 #: Grace between SIGTERM and SIGKILL when a job is killed through the fleet.
 KILL_GRACE_S = 2.0
@@ -143,15 +143,17 @@ def _job_action(
     record = owned_record(rt.settings, request.id, request.owner, admin)
     start, err_start = _offsets(rt, request)
     result = act(rt, record, start, err_start, request.truncation)
-    registry.save_offsets(rt.redis, request.id, result.offset, result.stderr_offset)
+    registry.save_offsets(
+        rt.redis, request.id, result.offset, result.stderr_offset, rt.settings.sealing_keys()
+    )
     if always_sync or not result.running:
-        recovery.sync_job(rt.redis, record)
+        recovery.sync_job(rt.redis, record, rt.settings.sealing_keys())
     return result
 
 
 def _offsets(rt: Runtime, request: CheckRequest | KillRequest) -> tuple[int, int]:
     """Where to read from: as asked, else where the last check (by any client) stopped."""
-    stored, stored_err = job_offsets(registry.job_fields(rt.redis, request.id))
+    stored, stored_err = job_offsets(rt.keys, request.id, registry.job_fields(rt.redis, request.id))
     start = stored if request.offset is None else request.offset
     if request.stderr_offset is not None:
         return start, request.stderr_offset
@@ -257,7 +259,8 @@ def detach(rt: Runtime, request: DetachRequest, admin: bool = False) -> DetachRe
 
 def list_jobs(rt: Runtime, request: JobsRequest, admin: bool = False) -> JobList:
     """This host's jobs, fresh from its disk (and published to Redis): the asker's own,
-    or every owner's for an admin who asks for `all_owners`."""
+    or every owner's for an admin who asks for `all_owners`. A job whose hash in Redis
+    does not verify (forged) is published again from the disk, never shown as it was."""
     if request.all_owners and not admin:
         raise ToolError("unauthorized", "listing every owner's jobs needs the admin key")
     views = []
@@ -267,14 +270,14 @@ def list_jobs(rt: Runtime, request: JobsRequest, admin: bool = False) -> JobList
     ]
     # One round trip for all of them (10,000 jobs: 2.2 s one by one, see bench_scale).
     known = registry.jobs_fields(rt.redis, [record.id for record in records])
+    keys = rt.settings.sealing_keys()
     for record, stored in zip(records, known, strict=True):
         if not stored:
             continue  # expired from the fleet's listing: too old to show
-        fields = stored
-        if stored.get("state") != JobState.ENDED:
-            recovery.sync_job(rt.redis, record)
-            fields = registry.job_fields(rt.redis, record.id)
-        view = job_view(fields)
+        view = open_job_view(rt.keys, record.id, stored)
+        if view is None or view.state != "ended":
+            recovery.sync_job(rt.redis, record, keys)
+            view = open_job_view(rt.keys, record.id, registry.job_fields(rt.redis, record.id))
         if view is not None:
             views.append(view)
     return JobList(jobs=tuple(views))

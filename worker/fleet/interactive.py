@@ -38,7 +38,7 @@ def _input(request: WriteStdinRequest) -> bytes:
 def _ended(rt: Runtime, record: JobRecord, out: SessionOutput) -> SessionOutput:
     """Keep the fleet's record of a session that ended in step."""
     if not out.running:
-        recovery.sync_job(rt.redis, record)
+        recovery.sync_job(rt.redis, record, rt.settings.sealing_keys())
     return out
 
 

@@ -1,55 +1,75 @@
-"""The nonces of the signed messages a consumer accepted, remembered by the worker itself.
+"""The nonces of the signed messages a host accepted, remembered by the host itself.
 
 Redis records each nonce too (the claim of a call, `registry.use_nonce`), but Redis is
 exactly what an attacker who captured a message can write to: delete the nonce key
 and the call record, push the message again, and a Redis-only check runs it twice.
-So each consumer also keeps the nonces it accepted, until their message expires, in
-memory and in an append-only file on its own disk (read back when it restarts).
+So each host also keeps the nonces it accepted, until their message expires, in an
+append-only file on its own disk, `<state_dir>/nonces/host.log`, shared by its two
+consumer processes (a message taken by the command consumer and pushed again onto the
+control queue is a replay too) and read back when they restart.
 
-One line per nonce, `<expiry> <nonce>`; the file is rewritten without the expired
-lines when it has grown past COMPACT_LINES. One short write per signed message.
+One line per nonce, `<expiry> <nonce>`. Every use holds an exclusive lock on a lock
+file beside it (`flock`, so both consumers, and each consumer's threads, take turns):
+read what the other process appended since this one last looked, decide, append. The
+file is rewritten without its expired lines when it has grown past COMPACT_LINES; the
+other process sees the new file (another inode) and reads it whole. One lock, one
+`fstat`, one short read and one short write per signed message.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 #: Lines past which the file is rewritten without its expired nonces.
 COMPACT_LINES = 50_000
+#: The file of a host's nonces, under its state directory.
+HOST_FILE = Path("nonces") / "host.log"
+
+
+def parse_lines(text: str, now: float) -> dict[str, float]:
+    """The unexpired nonces of complete `<expiry> <nonce>` lines (a torn or garbled line
+    is skipped)."""
+    found: dict[str, float] = {}
+    for line in text.splitlines():
+        expiry, _, nonce = line.partition(" ")
+        try:
+            if nonce and float(expiry) > now:
+                found[nonce] = float(expiry)
+        except ValueError:
+            continue  # a torn line (a process died writing it)
+    return found
 
 
 class NonceMemory:
-    """Nonces seen before their expiry: `first_use` is False for a replay. Thread-safe."""
+    """Nonces seen before their expiry, by any process of the host: `first_use` is False
+    for a replay. Thread- and process-safe."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        self.lock_path = path.with_name(path.name + ".lock")
         self._lock = threading.Lock()
         self._expiries: dict[str, float] = {}
+        self._inode: int | None = None
+        self._read_to = 0
         self._lines = 0
-        self._load()
-
-    def _load(self) -> None:
-        now = time.time()
-        try:
-            text = self.path.read_text(encoding="ascii", errors="replace")
-        except FileNotFoundError:
-            return
-        for line in text.splitlines():
-            expiry, _, nonce = line.partition(" ")
-            try:
-                if float(expiry) > now and nonce:
-                    self._expiries[nonce] = float(expiry)
-            except ValueError:
-                continue  # a torn last line (the process died writing it)
-        self._lines = len(self._expiries)
+        self._torn = False
+        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        # Open for the memory's life: the threads of this process take turns on
+        # `_lock`, the processes of the host on this descriptor's flock.
+        self._lock_fd = os.open(self.lock_path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
 
     def first_use(self, nonce: str, expires: float) -> bool:
-        """Record `nonce` (valid until `expires`); False when it was seen already."""
+        """Record `nonce` (valid until `expires`); False when it was seen already, by this
+        process or another of the host, now or before a restart."""
         now = time.time()
-        with self._lock:
+        with self._lock, self._file_lock():
+            self._catch_up(now)
             seen = self._expiries.get(nonce)
             if seen is not None and seen > now:
                 return False
@@ -59,18 +79,58 @@ class NonceMemory:
                 self._compact(now)
         return True
 
+    @contextlib.contextmanager
+    def _file_lock(self) -> Iterator[None]:
+        fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+
+    def _catch_up(self, now: float) -> None:
+        """Read what was appended since this process last looked (all of it when the file
+        is new to it: its first use, or another process compacted it)."""
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            self._expiries, self._inode, self._read_to, self._lines = {}, None, 0, 0
+            return
+        with os.fdopen(fd, "rb") as handle:
+            info = os.fstat(handle.fileno())
+            if info.st_ino != self._inode or info.st_size < self._read_to:
+                self._expiries, self._inode, self._read_to, self._lines = {}, info.st_ino, 0, 0
+                self._torn = False
+            handle.seek(self._read_to)
+            data = handle.read()
+        self._read_to += len(data)
+        text = data.decode("ascii", "replace")
+        if text:
+            self._torn = not text.endswith("\n")
+        self._expiries.update(parse_lines(text, now))
+        self._lines += text.count("\n")
+
     def _append(self, line: str) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if self._torn:  # a process died mid-line: start ours on a line of its own
+            line = "\n" + line
+            self._torn = False
         fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
         try:
-            os.write(fd, line.encode("ascii", "replace"))
+            data = line.encode("ascii", "replace")
+            os.write(fd, data)
+            self._inode = os.fstat(fd).st_ino
         finally:
             os.close(fd)
+        self._read_to += len(data)
         self._lines += 1
 
     def _compact(self, now: float) -> None:
         self._expiries = {n: e for n, e in self._expiries.items() if e > now}
         tmp = self.path.with_suffix(".tmp")
-        tmp.write_text("".join(f"{e:.3f} {n}\n" for n, e in self._expiries.items()), "ascii")
+        text = "".join(f"{e:.3f} {n}\n" for n, e in self._expiries.items())
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "w", encoding="ascii") as handle:
+            handle.write(text)
         os.replace(tmp, self.path)
+        self._inode = os.stat(self.path).st_ino
+        self._read_to = len(text.encode("ascii"))
         self._lines = len(self._expiries)

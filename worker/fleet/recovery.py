@@ -143,11 +143,11 @@ def job_state(record: JobRecord) -> tuple[bool, JobStatus | None]:
     return False, jobs.read_status(record)
 
 
-def sync_job(client: Redis, record: JobRecord) -> bool:
-    """Publish a job's current state to Redis; return True while it runs."""
+def sync_job(client: Redis, record: JobRecord, keys: registry.Keys) -> bool:
+    """Publish a job's current state to Redis, sealed with `keys`; True while it runs."""
     alive, status = job_state(record)
     registry.save_job(
-        client, record, running=alive,
+        client, record, keys=keys, running=alive,
         exit_code=status.exit_code if status else None,
         signal=status.signal if status else None,
         ended_at=status.ended_at if status else None,
@@ -179,6 +179,7 @@ class JobWatcher:
     ) -> None:
         self.settings = settings
         self.client = client
+        self.keys = settings.sealing_keys()
         self._ended: set[str] = set()
         self._seen: set[str] = set()
         self._listener = listener
@@ -221,7 +222,7 @@ class JobWatcher:
                 if status is not None and status.ended_at < horizon:
                     self._ended.add(job_id)  # too old to list again
                     continue
-            if sync_job(self.client, record):
+            if sync_job(self.client, record, self.keys):
                 live += 1
                 self._running[job_id] = record
                 self._announce(record, running=True)
@@ -237,7 +238,7 @@ class JobWatcher:
         a tick of the supervisor's loop, not at the next full pass. Returns how many."""
         ended = [r for r in self._running.values() if os.path.exists(r.status_path)]
         for record in ended:
-            sync_job(self.client, record)
+            sync_job(self.client, record, self.keys)
             self._running.pop(record.id, None)
             self._ended.add(record.id)
             self._announce(record, running=False)

@@ -11,6 +11,11 @@ Replies do not use Celery's result backend: the worker stores and publishes a ca
 answer in the same script that records its end (one round trip), and each client
 listens on one channel for all its calls (no subscribe, poll or forget per call).
 
+What clients believe of a host and its jobs is sealed here with the worker's keys
+(`worker.wire.records`, `worker.wire.events`): the host record at each heartbeat, the
+readiness of each consumer, each job's record and state, its events and the offsets of
+its last check. A client verifies every one before it shows it.
+
 Redis losing its data (a restart without persistence, a flush, a failover to an empty
 replica): each worker notices at its next heartbeat (`heartbeat` says "missing") and
 publishes again what its own disk holds: the host record with its consumers'
@@ -21,16 +26,28 @@ for good: queued messages, session pins, the offsets of the last checks.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, cast
 
 from worker.fleet import scripts
 from worker.fleet.connect import Redis, flat_fields, hash_fields, transaction
 from worker.wire import names
-from worker.wire.events import ended_event, started_event
+from worker.wire.events import ended_event, seal_event, started_event
 from worker.wire.models import JobRecord, JobStatus
 from worker.wire.names import CALL_ACTIVE, CallState, JobState
+from worker.wire.records import (
+    OFFSETS_SEAL,
+    SEAL,
+    host_seal,
+    job_seal,
+    offsets_seal,
+    ready_seal,
+)
+
+#: The keys a worker seals with (`Settings.sealing_keys()`: its signing keys and the
+#: admin key; empty for a worker run --insecure-unsigned).
+Keys = Sequence[str]
 
 # ---------------------------------------------------------------------- host lock
 
@@ -65,7 +82,7 @@ Heartbeat = Literal["ok", "missing", "taken"]
 
 
 def heartbeat(
-    client: Redis, host: str, token: str, record: Mapping[str, object]
+    client: Redis, host: str, token: str, record: Mapping[str, object], keys: Keys
 ) -> Heartbeat:
     """Renew the lock and the host record; say how it went.
 
@@ -77,7 +94,9 @@ def heartbeat(
     lost its data) is taken again if nobody else took it meanwhile.
     """
     key = names.alive_key(host)
-    now = time.time()
+    fields = hash_fields({**record, "heartbeat_at": time.time()})
+    fields[SEAL] = host_seal(keys, host, fields)
+    now = float(fields["heartbeat_at"])
 
     def body(pipe: Any) -> Heartbeat:
         if pipe.get(key) not in (token, None):
@@ -88,7 +107,7 @@ def heartbeat(
         kept = pipe.hget(names.host_key(host), "instance") == token
         pipe.multi()
         pipe.set(key, token, ex=names.ALIVE_TTL_S)
-        pipe.hset(names.host_key(host), mapping=hash_fields({**record, "heartbeat_at": now}))
+        pipe.hset(names.host_key(host), mapping=fields)
         pipe.expire(names.host_key(host), names.HOST_TTL_S)
         pipe.zadd(names.HOSTS_KEY, {host: now})
         pipe.zremrangebyscore(names.HOSTS_KEY, "-inf", now - names.HOST_TTL_S)
@@ -116,8 +135,27 @@ def release_host(client: Redis, host: str, token: str) -> None:
     transaction(client, [key], body)
 
 
+def readiness(
+    keys: Keys, host: str, instance: str, ready: Mapping[str, object]
+) -> dict[str, str]:
+    """The host record fields saying whether consumers take messages (`{role: pid, or
+    "" once stopped}`), each with its seal for this worker instance."""
+    fields: dict[str, str] = {}
+    for role, value in hash_fields(ready).items():
+        fields[f"{role}_ready"] = value
+        fields[f"{role}_ready_seal"] = ready_seal(keys, host, instance, role, value)
+    return fields
+
+
+def set_ready(
+    client: Redis, keys: Keys, host: str, instance: str, ready: Mapping[str, object]
+) -> None:
+    """Say (sealed) whether consumers of this worker instance take messages."""
+    set_host_fields(client, host, readiness(keys, host, instance, ready))
+
+
 def set_host_fields(client: Redis, host: str, fields: Mapping[str, object]) -> None:
-    """Update some fields of the host record (readiness of a consumer, for example)."""
+    """Update some fields of the host record (a consumer's sealed readiness)."""
     with client.pipeline() as pipe:
         pipe.hset(names.host_key(host), mapping=hash_fields(fields))
         pipe.expire(names.host_key(host), names.HOST_TTL_S)
@@ -294,6 +332,7 @@ def save_job(
     client: Redis,
     record: JobRecord,
     *,
+    keys: Keys,
     running: bool | None,
     exit_code: int | None = None,
     signal: int | None = None,
@@ -305,30 +344,43 @@ def save_job(
 
     One script, so two processes that both see a job end (its host's watcher and a
     `check`) publish one `ended` event between them. Foreground calls never come here.
+    The hash and the events are sealed with `keys`. A plain background job (not an
+    interactive session, which has its own cap) counts in its owner's job quota while
+    it runs (`QUOTA_ACQUIRE` took its place before it started).
     """
     state = JobState.UNKNOWN if running is None else (
         JobState.RUNNING if running else JobState.ENDED
     )
-    fields = {
+    fields = hash_fields({
         "record": record.model_dump_json(), "host": record.host, "state": state,
         "exit_code": exit_code, "signal": signal, "ended_at": ended_at, "note": note,
-    }
+    })
+    fields[SEAL] = job_seal(keys, record.id, fields)
     status = None if running or ended_at is None else JobStatus(
         exit_code=exit_code, signal=signal, ended_at=ended_at, note=note
     )
+    job_keys = [names.job_key(record.id), names.jobs_key(record.host), names.EVENTS_KEY]
+    if counts_as_job(record):
+        job_keys.append(names.quota_key(JOBS_QUOTA, record.owner))
     event_id = scripts.SAVE_JOB(
-        client, [names.job_key(record.id), names.jobs_key(record.host), names.EVENTS_KEY],
+        client, job_keys,
         [names.JOB_TTL_S, record.id, record.started_at, names.EVENTS_MAXLEN,
-         names.EVENTS_CHANNEL, started_event(record).model_dump_json(),
-         ended_event(record, status).model_dump_json(), state, *flat_fields(fields)],
+         names.EVENTS_CHANNEL, seal_event(keys, started_event(record)),
+         seal_event(keys, ended_event(record, status)), state, job_member(record),
+         names.QUOTA_TTL_S * 1000, *flat_fields(fields)],
     )
     return str(event_id) if event_id else None
 
 
-def save_offsets(client: Redis, job_id: str, offset: int, stderr_offset: int) -> None:
+def save_offsets(
+    client: Redis, job_id: str, offset: int, stderr_offset: int, keys: Keys
+) -> None:
     """Remember where the last check stopped reading, for the next `check` without offset."""
     with client.pipeline() as pipe:
-        offsets = hash_fields({"offset": offset, "stderr_offset": stderr_offset})
+        offsets = hash_fields({
+            "offset": offset, "stderr_offset": stderr_offset,
+            OFFSETS_SEAL: offsets_seal(keys, job_id, offset, stderr_offset),
+        })
         pipe.hset(names.job_key(job_id), mapping=offsets)
         pipe.expire(names.job_key(job_id), names.JOB_TTL_S)
         pipe.execute()
@@ -347,3 +399,68 @@ def jobs_fields(client: Redis, job_ids: list[str]) -> list[dict[str, str]]:
 def job_fields(client: Redis, job_id: str) -> dict[str, str]:
     """The raw job hash (empty when unknown or expired)."""
     return cast("dict[str, str]", client.hgetall(names.job_key(job_id)))
+
+
+# ----------------------------------------------------------------------------- quotas
+#
+# What one owner holds live fleet-wide, per kind (its background jobs; the lead's
+# workspaces): a sorted set per owner and kind, member -> expiry. Taken in one script
+# (`QUOTA_ACQUIRE`), so many orchestrator processes sharing an owner, and every host,
+# cannot together pass the cap; refreshed by the host while the member lives; given back
+# when it ends, or by expiry when its host died.
+
+#: The kind of quota of background jobs (BASHFLEET_LIMIT_JOBS).
+JOBS_QUOTA = "jobs"
+
+
+@dataclass(frozen=True)
+class Quota:
+    """The answer of `quota_acquire`."""
+
+    taken: bool
+    """True when the member has its place (new, or held already)."""
+    held: int
+    """Members the owner holds now (the refused one not counted)."""
+    limit: int
+    """The cap that applied."""
+    retry_after_s: float
+    """Refused: seconds until the soonest held member would expire unless its host
+    renews it (a job still running is renewed: retry once one of them ended)."""
+
+
+def quota_acquire(
+    client: Redis, kind: str, owner: str, member: str, limit: int, *,
+    ttl_s: float = names.QUOTA_TTL_S,
+) -> Quota:
+    """Take a place for `member` in `owner`'s quota of `kind`, unless `limit` are held."""
+    taken, held, soonest_ms = scripts.QUOTA_ACQUIRE(
+        client, [names.quota_key(kind, owner)], [member, limit, int(ttl_s * 1000)]
+    )
+    return Quota(bool(taken), int(held), limit, max(0.0, int(soonest_ms) / 1000))
+
+
+def quota_refresh(
+    client: Redis, kind: str, owner: str, members: Iterable[str],
+    ttl_s: float = names.QUOTA_TTL_S,
+) -> int:
+    """Renew live members of `owner`'s quota (past the limit too: they exist); returns
+    how many the owner holds."""
+    args: list[object] = [int(ttl_s * 1000), *members]
+    return int(scripts.QUOTA_REFRESH(client, [names.quota_key(kind, owner)], args))
+
+
+def quota_release(client: Redis, kind: str, owner: str, member: str) -> None:
+    """Give a member's place back (it ended, or never started)."""
+    client.zrem(names.quota_key(kind, owner), member)
+
+
+def counts_as_job(record: JobRecord) -> bool:
+    """True for a job its owner's job quota counts: a plain background job (an
+    interactive session has its own cap, per host)."""
+    return record.stdin == "null"
+
+
+def job_member(record: JobRecord) -> str:
+    """A job's member in its owner's quota: the call that started it (known before the
+    job exists, when its place is taken)."""
+    return record.call_id or record.id

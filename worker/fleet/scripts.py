@@ -76,17 +76,30 @@ end
 return state
 """)
 
-# KEYS: job, jobs of the host, events; ARGV: job TTL, job id, start time, events kept,
-# events channel, started event, ended event, new state, fields... Publishes a job's
-# state and, on a transition, its event (stream + channel): `started` the first time
-# the job is published running, `ended` the first time it is published ended. Returns
-# the event's stream id, or false when there was no transition.
+# KEYS: job, jobs of the host, events[, owner's job quota]; ARGV: job TTL, job id, start
+# time, events kept, events channel, started event, ended event, new state, quota
+# member, quota TTL (ms), fields... Publishes a job's state and, on a transition, its
+# event (stream + channel): `started` the first time the job is published running,
+# `ended` the first time it is published ended. With a quota key, the job's member is
+# refreshed while it runs and removed once it ended (its owner's cap counts it: never
+# refused here, the job exists; `QUOTA_ACQUIRE` refuses new starts). Returns the
+# event's stream id, or false when there was no transition.
 SAVE_JOB = Script("""
 local previous = redis.call('HGET', KEYS[1], 'state')
-redis.call('HSET', KEYS[1], unpack(ARGV, 9))
+redis.call('HSET', KEYS[1], unpack(ARGV, 11))
 redis.call('EXPIRE', KEYS[1], ARGV[1])
 redis.call('ZADD', KEYS[2], ARGV[3], ARGV[2])
 redis.call('EXPIRE', KEYS[2], ARGV[1])
+if KEYS[4] then
+  if ARGV[8] == 'ended' then
+    redis.call('ZREM', KEYS[4], ARGV[9])
+  elseif ARGV[8] == 'running' then
+    local t = redis.call('TIME')
+    local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    redis.call('ZADD', KEYS[4], now + tonumber(ARGV[10]), ARGV[9])
+    redis.call('PEXPIRE', KEYS[4], ARGV[10])
+  end
+end
 local event = false
 if ARGV[8] == 'running' and not previous then event = ARGV[6]
 elseif ARGV[8] == 'ended' and previous ~= 'ended' then event = ARGV[7] end
@@ -95,4 +108,38 @@ local id = redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[4], '*', 'e', event)
 redis.call('EXPIRE', KEYS[3], ARGV[1])
 redis.call('PUBLISH', ARGV[5], id .. '\\n' .. event)
 return id
+""")
+
+# KEYS: an owner's quota of one kind; ARGV: member, limit, TTL (ms). Takes a place for
+# `member` unless the owner holds `limit` live members already (expired ones, of hosts
+# that died, are dropped first; a member already held is refreshed, never refused).
+# Redis' own clock: hosts' clocks may differ. Returns {1 taken / 0 refused, members
+# held afterwards, ms until the soonest held member expires (0: none)}.
+QUOTA_ACQUIRE = Script("""
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local ttl = tonumber(ARGV[3])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+local held = redis.call('ZSCORE', KEYS[1], ARGV[1])
+local count = redis.call('ZCARD', KEYS[1])
+if not held and count >= tonumber(ARGV[2]) then
+  local soonest = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+  return {0, count, soonest[2] and (tonumber(soonest[2]) - now) or 0}
+end
+redis.call('ZADD', KEYS[1], now + ttl, ARGV[1])
+redis.call('PEXPIRE', KEYS[1], ttl)
+if not held then count = count + 1 end
+return {1, count, 0}
+""")
+
+# KEYS: an owner's quota of one kind; ARGV: TTL (ms), members... Refreshes members that
+# are live (a host's pass over its jobs, a workspace's use), taking their place even past
+# the limit: they exist. Returns the members held afterwards.
+QUOTA_REFRESH = Script("""
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+for i = 2, #ARGV do redis.call('ZADD', KEYS[1], now + tonumber(ARGV[1]), ARGV[i]) end
+redis.call('PEXPIRE', KEYS[1], ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+return redis.call('ZCARD', KEYS[1])
 """)

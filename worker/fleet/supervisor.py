@@ -43,19 +43,21 @@ import redis
 from pydantic_settings import NoDecode
 
 from worker.engine import procs, running, sandbox
-from worker.engine.environment import DEFAULT_DENY, is_secret_name
 from worker.fleet import flower, logs, recovery, registry
 from worker.fleet.celery_apps import client_celery
 from worker.fleet.connect import redis_client, safe_url
 from worker.settings import (
     SECRET_FIELDS,
+    SECRET_VARIABLES,
     SECRETS_FD_VAR,
     Settings,
     check_state_dir,
     secrets_pipe,
 )
 from worker.wire import names
+from worker.wire.auth import AuthError, keyring
 from worker.wire.names import ROLES, CallState
+from worker.wire.records import open_host
 
 log = logging.getLogger("bashfleet.worker")
 
@@ -121,10 +123,16 @@ def _setup_logging(settings: Settings, host: str) -> None:
     logs.setup(settings.log_format, host, "supervisor")
 
 
-def main(host: str, concurrency: int, labels: tuple[str, ...], settings: Settings) -> int:
+def main(
+    host: str, concurrency: int, labels: tuple[str, ...], settings: Settings, *,
+    local_fallback: bool = False,
+) -> int:
     """Serve `host` until SIGTERM / SIGINT; return the exit status.
 
-    Refuses (status 3, with a message on stderr) while another live worker holds `host`.
+    Refuses (status 3, with a message on stderr) while another live worker holds `host`,
+    and (status 2) where its calls would run without a sandbox it was not told to do
+    without (`unsandboxed_refusal`); `local_fallback` (the local fleet of `bashfleet up`
+    only) lets `auto` fall back to no sandbox, loudly.
     """
     _setup_logging(settings, host)
     try:
@@ -151,12 +159,16 @@ def main(host: str, concurrency: int, labels: tuple[str, ...], settings: Setting
         print(f"bashfleet worker: {exc}", file=sys.stderr)
         return EXIT_USAGE
     errors, warnings = sandbox.startup_problems(settings)
-    for error in errors:
+    refusal = unsandboxed_refusal(settings.isolation, sandbox.probe(settings).problem,
+                                  local_fallback=local_fallback)
+    for error in [*errors, *([refusal] if refusal else [])]:
         print(f"bashfleet worker: {error}", file=sys.stderr)
-    if errors:
+    if errors or refusal:
         return EXIT_USAGE
     for warning in warnings:
         log.warning("host %s: %s", host, warning)
+        if local_fallback and "WITHOUT a sandbox" in warning:
+            print(f"bashfleet worker {host}: {warning}", file=sys.stderr)
     if not settings.accepted_keys():
         if not settings.insecure_unsigned:
             print(UNSIGNED_REFUSAL, file=sys.stderr)
@@ -175,17 +187,29 @@ UNSIGNED_REFUSAL = (
 )
 
 
-#: What names a secret among the worker's own variables (BASHFLEET_* itself aside).
-_SECRET_NAMES = tuple(pattern for pattern in DEFAULT_DENY if pattern != "BASHFLEET_*")
+def unsandboxed_refusal(
+    isolation: str, problem: str | None, *, local_fallback: bool
+) -> str | None:
+    """Why a worker must not start, when its calls would run without a sandbox nobody
+    asked to do without: `auto` where bubblewrap does not work. None when it may start:
+    the sandbox works, `none` was asked for, a level was configured (startup_problems
+    refuses that one itself), or this is the local fleet of `bashfleet up`, which may fall
+    back (it says so loudly)."""
+    if isolation != "auto" or problem is None or local_fallback:
+        return None
+    return (
+        f"calls would run WITHOUT a sandbox: {problem}. Refusing to start: a command could "
+        "read this worker's processes, environment and files. Give the worker what "
+        "bubblewrap needs (deploy/OPERATIONS.md, \"The sandbox\"), or start it with "
+        "--isolation none (BASHFLEET_ISOLATION=none) to run calls unsandboxed knowingly."
+    )
 
 
 def _own_secret_variable(name: str) -> bool:
-    """A variable of the fleet's own that holds a secret: a secret setting, or one an
-    operator passes them through (BASHFLEET_REDIS_PASSWORD, in Kubernetes)."""
-    fields = {f"BASHFLEET_{field.upper()}" for field in SECRET_FIELDS}
-    return name in fields or (
-        name.startswith("BASHFLEET_") and is_secret_name(name, _SECRET_NAMES, ())
-    )
+    """A variable that holds one of the worker's own secrets, by exact name
+    (`SECRET_VARIABLES`): never a pattern, which would also take settings such as
+    BASHFLEET_SECRET_FILES and drop them when the worker execs itself."""
+    return name in SECRET_VARIABLES
 
 
 def scrub_own_environment(settings: Settings, argv: Sequence[str]) -> None:
@@ -239,6 +263,7 @@ class HostSupervisor:
         self.started_at = time.time()
         self.pid_start = procs.start_time(os.getpid()) or self.started_at
         self.sandbox = sandbox.probe(settings)
+        self.keys = settings.sealing_keys()
         # Redis lost what this worker published (see `_registry_lost`): what is still
         # to publish again, retried at each beat until it worked (the job records by
         # the main loop, which owns the job watcher).
@@ -316,6 +341,8 @@ class HostSupervisor:
             if holder is None:
                 return None
             record = registry.host_record(self.redis, self.host)
+            if not self._sealed(record):
+                record = {}  # forged, or another fleet's: only the lock's expiry is believed
             if record.get("instance") == holder and self._dead_here(record):
                 if registry.take_over_host(self.redis, self.host, holder, self.token):
                     log.info(
@@ -333,6 +360,14 @@ class HostSupervisor:
                     "or give this one another --host."
                 )
             time.sleep(0.2)  # a silent holder elsewhere: wait for its lock to expire
+
+    def _sealed(self, record: dict[str, str]) -> bool:
+        """True when a host record was sealed by a worker of this fleet."""
+        try:
+            open_host(keyring(self.keys), self.host, record)
+        except AuthError:
+            return False
+        return True
 
     @staticmethod
     def _dead_here(record: dict[str, str]) -> bool:
@@ -379,8 +414,8 @@ class HostSupervisor:
     def _heartbeat(self, *, reset: bool = False) -> None:
         record = self._record()
         if reset:
-            record.update({f"{role}_ready": "" for role in ROLES}, stopped_at="")
-        outcome = registry.heartbeat(self.redis, self.host, self.token, record)
+            record.update(self._readiness({role: "" for role in ROLES}), stopped_at="")
+        outcome = registry.heartbeat(self.redis, self.host, self.token, record, self.keys)
         if outcome == "taken":
             log.error("host %s: another worker instance took this host id; stopping", self.host)
             self.exit_code = EXIT_ERROR
@@ -389,6 +424,10 @@ class HostSupervisor:
         if outcome == "missing" and not reset:
             self._registry_lost()
         self._republish()
+
+    def _readiness(self, ready: dict[str, object]) -> dict[str, str]:
+        """Consumers' readiness fields (`{role: pid or ""}`), sealed for this instance."""
+        return registry.readiness(self.keys, self.host, self.token, ready)
 
     def _registry_lost(self) -> None:
         """Redis no longer holds our host record: it lost its data (a restart without
@@ -409,12 +448,12 @@ class HostSupervisor:
             # A consumer publishes its readiness once, when it starts: one still running
             # was ready before, and its Celery connection comes back by itself (as after
             # an outage that kept the data).
-            ready = {
-                f"{role}_ready": child.pid for role, child in list(self.children.items())
+            ready: dict[str, object] = {
+                role: child.pid for role, child in list(self.children.items())
                 if child.poll() is None
             }
             if ready:
-                registry.set_host_fields(self.redis, self.host, ready)
+                registry.set_host_fields(self.redis, self.host, self._readiness(ready))
             self._ready_lost = False
         if self._calls_lost:
             restored = recovery.republish_calls(self.settings, self.redis, self.token)
@@ -488,7 +527,7 @@ class HostSupervisor:
             child.returncode,
         )
         with contextlib.suppress(redis.RedisError):
-            registry.set_host_fields(self.redis, self.host, {f"{role}_ready": ""})
+            registry.set_host_fields(self.redis, self.host, self._readiness({role: ""}))
         if role == "exec":
             recovery.recover_orphans(
                 self.settings, self.redis, worker_pid=child.pid,
@@ -582,6 +621,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--insecure-unsigned", action="store_true",
         help="run without a signing key: anyone who can write to Redis runs commands here",
     )
+    parser.add_argument(
+        "--isolation", choices=("auto", "none", "process", "strict"),
+        help="how calls are sandboxed (default: BASHFLEET_ISOLATION, else auto: bubblewrap, "
+             "and the worker refuses to start where it does not work); `none` runs calls "
+             "unsandboxed",
+    )
+    parser.add_argument(
+        "--local-fallback", action="store_true",
+        help="(used by `bashfleet up` for its local fleet) under auto, run calls without "
+             "a sandbox where bubblewrap does not work, saying so loudly, instead of "
+             "refusing to start",
+    )
     return parser
 
 
@@ -596,10 +647,13 @@ def cli(argv: Sequence[str] | None = None) -> int:
         overrides["concurrency"] = args.concurrency
     if args.insecure_unsigned:
         overrides["insecure_unsigned"] = True
+    if args.isolation:
+        overrides["isolation"] = args.isolation
     settings = Settings(**overrides)
     scrub_own_environment(settings, argv)
     labels = tuple(args.label) or settings.labels
-    return main(settings.host, settings.concurrency, labels, settings)
+    return main(settings.host, settings.concurrency, labels, settings,
+                local_fallback=args.local_fallback)
 
 
 if __name__ == "__main__":

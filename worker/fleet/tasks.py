@@ -36,8 +36,8 @@ from worker.fleet import control, flower, interactive, recovery, registry
 from worker.fleet.app import app
 from worker.fleet.connect import redis_client
 from worker.fleet.control import Runtime
-from worker.settings import get_settings
-from worker.wire import auth
+from worker.settings import Settings, get_settings
+from worker.wire import auth, names
 from worker.wire.control import REQUESTS, ControlError, ControlReply, ControlRequest
 from worker.wire.errors import ToolError
 from worker.wire.models import Call, CallResult, Model, SystemError_
@@ -143,14 +143,25 @@ class Message:
     admin: bool = False
 
 
-def verify(rt: Runtime, task: str, args: tuple[Any, ...], answer: Answer) -> Message:
-    """Check a message's signature, expiry and nonce; auth.AuthError when it must be
-    refused. The answer is then sealed with the key that signed the message.
+def own_queues(settings: Settings, task: str) -> list[str]:
+    """The queues a message for `task` may come from on this host: its command queues
+    (its own, the any queue, its pools) for a call, its control queue otherwise."""
+    if task == Task.EXEC:
+        return names.exec_queues(settings.host, settings.labels)
+    return [names.ctl_queue(settings.host)]
 
-    The nonce is checked against this consumer's own memory first (Redis, which any
-    writer can edit, records it too: with the claim, or `_use_nonce`). With no key
-    configured (a worker run --insecure-unsigned) a signed envelope is unwrapped
-    unverified and plain arguments are taken as they are.
+
+def verify(rt: Runtime, task: str, args: tuple[Any, ...], answer: Answer) -> Message:
+    """Check a message's signature, expiry, target and nonce; auth.AuthError when it
+    must be refused. The answer is then sealed with the key that signed the message.
+
+    The target is the queue the message was signed for: it must be the queue this
+    consumer took it from (as its transport saw it, `_queue`), and one of this host's.
+    The nonce is checked against the host's own memory first, shared by its consumers
+    and kept on its disk across restarts (Redis, which any writer can edit, records it
+    too: with the claim, or `_use_nonce`). With no key configured (a worker run
+    --insecure-unsigned) a signed envelope is unwrapped unverified and plain arguments
+    are taken as they are.
     """
     keys = rt.keys
     if not keys:
@@ -159,6 +170,7 @@ def verify(rt: Runtime, task: str, args: tuple[Any, ...], answer: Answer) -> Mes
         return Message(args, None)
     verified = auth.verify(args[0] if len(args) == 1 else None, task, keys, time.time())
     answer.key = keys[verified.key_id]
+    auth.check_target(verified.target, _queue(), own_queues(rt.settings, task))
     expires = verified.expires + auth.CLOCK_SKEW_S
     if rt.nonces is not None and not rt.nonces.first_use(verified.nonce, expires):
         raise auth.AuthError("replayed", REPLAYED)
@@ -210,6 +222,9 @@ def run_exec(
             # it answers. An answer from here would overwrite that one.
             answer.sent = True
         return _failed(call.call_id, host, *_refusal(call.call_id, state))
+    refused = _take_job_place(rt, call)
+    if refused is not None:
+        return _finish(rt, call, refused, answer, {})
     started = time.monotonic()
     _log_start(call)
     _keep_owner(rt, call)  # before it runs: its output is read while it runs (progress)
@@ -227,9 +242,46 @@ def run_exec(
     finally:
         if spawned.on_disk:
             running.remove(rt.settings, call.call_id)
+    if result.job is None and _counts_as_job(call):
+        _give_job_place_back(rt, call)  # it never started (a bad cwd, a spawn failure)
     result = _finish(rt, call, result, answer, spawned.fields())
     _log_end(result, time.monotonic() - started)
     return result
+
+
+def _counts_as_job(call: Call) -> bool:
+    """True for a call that starts a job its owner's job quota counts: a background
+    call (an interactive session has its own cap, per host)."""
+    return call.background and call.stdin == "null"
+
+
+def _take_job_place(rt: Runtime, call: Call) -> CallResult | None:
+    """Take a background call's place in its owner's job quota, fleet-wide, before its
+    job starts; the refusal (`limit`) when the owner runs BASHFLEET_LIMIT_JOBS already."""
+    if not _counts_as_job(call):
+        return None
+    limit = rt.settings.limit_jobs
+    quota = registry.quota_acquire(rt.redis, registry.JOBS_QUOTA, call.owner, call.call_id, limit)
+    if quota.taken:
+        return None
+    log.info("call refused: job limit", extra={"call_id": call.call_id, "error_kind": "limit"})
+    return _failed(call.call_id, rt.settings.host, "limit", job_limit_message(call.owner, quota))
+
+
+def job_limit_message(owner: str, quota: registry.Quota) -> str:
+    """What a background start refused by its owner's job cap says."""
+    return (
+        f"background job refused: {owner or 'this owner'} has {quota.held} background "
+        f"job(s) running across the fleet, the most allowed (BASHFLEET_LIMIT_JOBS="
+        f"{quota.limit}); nothing was started. Retry once one of them has ended: "
+        "`bashfleet ps` lists them, `bashfleet wait ID` waits for one, `bashfleet kill ID` "
+        f"ends one (the jobs of a host that died are given back within {names.QUOTA_TTL_S} s)."
+    )
+
+
+def _give_job_place_back(rt: Runtime, call: Call) -> None:
+    with contextlib.suppress(redis.RedisError):  # it expires by itself otherwise
+        registry.quota_release(rt.redis, registry.JOBS_QUOTA, call.owner, call.call_id)
 
 
 def _queue() -> str | None:
@@ -392,9 +444,10 @@ def _finish(
     try:
         if result.job is not None:
             record = load_record(result.job.id, rt.settings)
-            registry.save_job(rt.redis, record, running=True)
+            keys = rt.settings.sealing_keys()
+            registry.save_job(rt.redis, record, keys=keys, running=True)
             if not result.backgrounded:  # an interactive session that ended in its call
-                recovery.sync_job(rt.redis, record)
+                recovery.sync_job(rt.redis, record, keys)
         previous, sent = registry.finish_and_reply(
             rt.redis, rt.settings.host, call.call_id, fields, reply=reply,
             hold_in=_END_NOTES if result.error is None else (),

@@ -7,6 +7,12 @@ one on the client. A Redis client is thread-safe (each command takes a connectio
 from the pool), so a channel keeps one for as long as its pool lives.
 
 Both sides use it through `broker_transport` (`registry.celery_wire_config`).
+
+A consumer also learns here which queue a message really came from: kombu hands a task
+the `routing_key` its sender wrote in the message, which anyone who pushes a message
+onto another queue writes too. `TrueQueue` overwrites it with the list the message was
+popped from, so a signed message's target is checked against the truth
+(`worker.fleet.tasks.verify`).
 """
 
 from __future__ import annotations
@@ -46,7 +52,24 @@ class SharedClient:
             return client
 
 
-class Channel(SharedClient, kombu_redis.Channel):
+class TrueQueue:
+    """Mixin of a kombu channel: a consumed message's `routing_key` is the queue it was
+    taken from (the default exchange routes by queue name, so for an honest sender the
+    two are the same), never what its sender wrote."""
+
+    def basic_consume(
+        self, queue: str, no_ack: bool, callback: Any, consumer_tag: str, **kwargs: Any
+    ) -> Any:
+        def from_queue(message: Any) -> Any:
+            message.delivery_info = {**(message.delivery_info or {}), "routing_key": queue}
+            return callback(message)
+
+        return super().basic_consume(  # type: ignore[misc]
+            queue, no_ack, from_queue, consumer_tag, **kwargs
+        )
+
+
+class Channel(TrueQueue, SharedClient, kombu_redis.Channel):
     """A Redis channel that reuses its synchronous client."""
 
 
@@ -56,7 +79,7 @@ class Transport(kombu_redis.Transport):
     Channel = Channel
 
 
-class SentinelChannel(SharedClient, kombu_redis.SentinelChannel):
+class SentinelChannel(TrueQueue, SharedClient, kombu_redis.SentinelChannel):
     """kombu's Sentinel channel, reusing its synchronous client like `Channel`."""
 
 

@@ -11,11 +11,16 @@ gets. An HMAC envelope is a few lines we can test fully, gives every refusal a c
 reason in the call's result, and rotates by key id.
 
 Envelope, as sent (JSON):
-    {"v": 1, "task": NAME, "args": [...],
+    {"v": 2, "task": NAME, "target": QUEUE, "args": [...],
      "auth": {"key": KEY_ID, "exp": UNIX_TIME, "nonce": HEX, "mac": HEX}}
-The MAC covers the version, task name, arguments, key id, expiry and nonce, in a
-canonical JSON encoding. Replay protection (each nonce accepted once until its expiry)
-needs shared state: the worker records nonces in Redis (`registry`), not here.
+The MAC covers the version, task name, target, arguments, key id, expiry and nonce, in
+a canonical JSON encoding. The target is the queue the message was sent to
+(`bashfleet.<host>.exec`, `bashfleet.<host>.ctl`, `bashfleet.any.exec`,
+`bashfleet.pool.<label>.exec`): a worker refuses a message taken from another queue or
+meant for another host (`check_target`), so a message captured for host s1 never runs on
+s2. Replay protection (each nonce accepted once until its expiry) needs state: each
+host remembers the nonces it accepted on its own disk (`worker.fleet.nonces`) and in
+Redis (`registry`), not here.
 """
 
 from __future__ import annotations
@@ -24,13 +29,14 @@ import hashlib
 import hmac
 import json
 import secrets
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from worker.wire.errors import ToolError
 
-VERSION = 1
+#: Version 2: the target queue is signed (version 1 named none: refused).
+VERSION = 2
 #: How long a signed message stays valid: long enough for a queue to drain after a
 #: worker restart, short enough that a captured message is soon useless.
 DEFAULT_TTL_S = 300.0
@@ -40,7 +46,8 @@ CLOCK_SKEW_S = 30.0
 
 class AuthError(ToolError):
     """A message the worker must refuse (kind `unauthorized`); `reason` says why:
-    unsigned, malformed, unknown_key, bad_signature, expired or replayed."""
+    unsigned, malformed, bad_version, unknown_key, bad_signature, expired, replayed or
+    wrong_target."""
 
     def __init__(self, reason: str, message: str) -> None:
         super().__init__("unauthorized", message)
@@ -56,6 +63,8 @@ class Verified:
     expires: float
     key_id: str = ""
     """Which key signed it (the worker answers with the same key)."""
+    target: str = ""
+    """The queue it was sent to, as its sender signed it."""
 
 
 def key_id(key: str) -> str:
@@ -68,9 +77,11 @@ def keyring(keys: Iterable[str]) -> dict[str, str]:
     return {key_id(key): key for key in keys if key}
 
 
-def _canonical(task: str, args: list[Any], kid: str, expires: float, nonce: str) -> bytes:
-    body = {"v": VERSION, "task": task, "args": args, "key": kid, "exp": expires, "nonce": nonce}
-    return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+def _canonical(body: dict[str, Any]) -> bytes:
+    """What a message's MAC covers: version, task, target, args, key id, expiry, nonce."""
+    return json.dumps(
+        {"v": VERSION, **body}, sort_keys=True, separators=(",", ":"), ensure_ascii=False
+    ).encode()
 
 
 def _mac(key: str, message: bytes) -> str:
@@ -78,13 +89,15 @@ def _mac(key: str, message: bytes) -> str:
 
 
 def sign(
-    key: str, task: str, args: list[Any], now: float, ttl_s: float = DEFAULT_TTL_S
+    key: str, task: str, args: list[Any], now: float, ttl_s: float = DEFAULT_TTL_S, *,
+    target: str,
 ) -> dict[str, Any]:
-    """The signed envelope of a task's arguments."""
+    """The signed envelope of a task's arguments, for the queue `target` it is sent to."""
     kid, expires, nonce = key_id(key), round(now + ttl_s, 3), secrets.token_hex(16)
-    mac = _mac(key, _canonical(task, args, kid, expires, nonce))
+    mac = _mac(key, _canonical({"task": task, "target": target, "args": args, "key": kid,
+                                "exp": expires, "nonce": nonce}))
     return {
-        "v": VERSION, "task": task, "args": args,
+        "v": VERSION, "task": task, "target": target, "args": args,
         "auth": {"key": kid, "exp": expires, "nonce": nonce, "mac": mac},
     }
 
@@ -100,9 +113,13 @@ def verify(
     """Check a message for `task`; AuthError (with its kind) when it must be refused."""
     if not isinstance(envelope, dict) or not is_envelope(envelope):
         raise AuthError("unsigned", "unsigned message refused: this worker requires signed calls")
-    auth, args = envelope.get("auth"), envelope.get("args")
+    auth, args, target = envelope.get("auth"), envelope.get("args"), envelope.get("target")
     if not isinstance(auth, dict) or not isinstance(args, list):
         raise AuthError("malformed", "malformed signed message refused")
+    if envelope.get("v") != VERSION or not isinstance(target, str):
+        raise AuthError("bad_version", f"message of signing version {envelope.get('v')!r} "
+                        f"refused: this worker takes version {VERSION}, which names its "
+                        "target queue (upgrade the client)")
     kid, expires, nonce, mac = (auth.get(k) for k in ("key", "exp", "nonce", "mac"))
     if not (isinstance(kid, str) and isinstance(nonce, str) and isinstance(mac, str)
             and isinstance(expires, int | float)):
@@ -110,14 +127,25 @@ def verify(
     key = keys.get(kid)
     if key is None:
         raise AuthError("unknown_key", f"message signed with an unknown key ({kid}) refused")
-    expected = _mac(key, _canonical(task, args, kid, float(expires), nonce))
-    if envelope.get("v") != VERSION or envelope.get("task") != task or not hmac.compare_digest(
-        expected, mac
-    ):
+    expected = _mac(key, _canonical({"task": task, "target": target, "args": args, "key": kid,
+                                     "exp": float(expires), "nonce": nonce}))
+    if envelope.get("task") != task or not hmac.compare_digest(expected, mac):
         raise AuthError("bad_signature", "message with a bad signature refused (tampered?)")
     if float(expires) + CLOCK_SKEW_S < now:
         raise AuthError("expired", f"expired message refused (expired at {expires})")
-    return Verified(args=args, nonce=nonce, expires=float(expires), key_id=kid)
+    return Verified(args=args, nonce=nonce, expires=float(expires), key_id=kid, target=target)
+
+
+def check_target(target: str, queue: str | None, own_queues: Collection[str]) -> None:
+    """AuthError (`wrong_target`) unless a message was signed for the very queue it was
+    taken from, and that queue is one this consumer serves: a message captured on one
+    host's queue and pushed onto another's (or onto the control queue) is refused."""
+    if queue is None or target != queue or queue not in own_queues:
+        raise AuthError(
+            "wrong_target",
+            f"message signed for {target or 'no queue'!r} refused on "
+            f"{queue or 'an unknown queue'!r}: it was meant for another host or queue",
+        )
 
 
 # --------------------------------------------------------------------------- sealing
@@ -131,10 +159,17 @@ def verify(
 
 #: The key id of a value sealed without a key (a fleet run `--insecure-unsigned`).
 UNSEALED = "-"
-#: What a sealed value is for: a task's answer, a session's state, a session's host pin.
+#: What a sealed value is for: a task's answer, a session's state, a session's host pin;
+#: what a worker publishes: a job's record and state, where its last check stopped, a
+#: job event, a host's record and the readiness of its consumers.
 REPLY = "reply"
 SESSION_STATE = "session-state"
 SHELL = "shell"
+JOB = "job"
+JOB_OFFSETS = "job-offsets"
+EVENT = "event"
+HOST = "host"
+HOST_READY = "host-ready"
 
 
 def _seal_mac(key: str, purpose: str, name: str, value: str) -> str:
@@ -165,3 +200,40 @@ def unseal(keys: Mapping[str, str], purpose: str, name: str, sealed: str) -> str
     if not hmac.compare_digest(_seal_mac(key, purpose, name, value), mac):
         raise AuthError("bad_signature", f"{purpose} with a bad seal refused (forged?)")
     return value
+
+
+# ----------------------------------------------------------------------------- marks
+#
+# What a worker publishes for every client to read (a job's hash, a host's record, a job
+# event) carries a mark: the seals of one value by each key the worker holds,
+# `<key id>:<mac>[,<key id>:<mac>...]`. Every key, so that a client still on the old key
+# during a rotation, or an admin client, verifies with the key it has. The value is not
+# repeated in the mark: a hash keeps its fields readable, the mark in a field beside.
+
+
+def mark(keys: Sequence[str], purpose: str, name: str, value: str) -> str:
+    """The seals of `value` (for `purpose`, under `name`) by each of `keys`; `-:-` with
+    no key (a worker run `--insecure-unsigned`)."""
+    seals = [f"{key_id(key)}:{_seal_mac(key, purpose, name, value)}" for key in keys if key]
+    return ",".join(seals) or f"{UNSEALED}:{UNSEALED}"
+
+
+def check_mark(
+    keys: Mapping[str, str], purpose: str, name: str, value: str, marked: str
+) -> None:
+    """AuthError unless one seal of `marked` verifies `value` with a key of `keys` (by
+    id). With no keys at all (an unsigned client) the mark is not checked."""
+    if not keys:
+        return
+    seals = [part.partition(":") for part in marked.split(",") if part]
+    known = [(keys[kid], mac) for kid, colon, mac in seals if colon and kid in keys]
+    if not seals:
+        raise AuthError("malformed", f"{purpose} without a seal refused (not a worker's?)")
+    if not known:
+        ids = ", ".join(kid for kid, _, _ in seals)
+        raise AuthError(
+            "unknown_key", f"{purpose} sealed with keys this client does not hold ({ids})"
+        )
+    if not any(hmac.compare_digest(_seal_mac(key, purpose, name, value), mac)
+               for key, mac in known):
+        raise AuthError("bad_signature", f"{purpose} with a bad seal refused (forged?)")

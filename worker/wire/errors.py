@@ -11,7 +11,7 @@ from typing import Literal
 
 ErrorKind = Literal[
     "bad_cwd", "spawn_failed", "blocked", "invalid", "worker_lost", "unavailable",
-    "not_found", "internal", "unauthorized",
+    "not_found", "internal", "unauthorized", "limit",
 ]
 """Every kind of failure the fleet reports (the tool's failure, never the command's)."""
 

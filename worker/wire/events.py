@@ -1,15 +1,25 @@
 """Job events: a background job started, a job ended. Workers add them to a Redis
-stream and publish them (`worker.fleet.events`); any client hears them
+stream and publish them (`worker.fleet.registry.save_job`); any client hears them
 (`client.events`): `Fleet.wait`, `Fleet.events`, `bashfleet wait` / `bashfleet events`.
+
+An event travels sealed (`seal_event`: `<seals>` on a first line, then its JSON, with
+the worker's keys); a listener opens it with `open_event` and drops, with a warning,
+one that does not verify: a Redis writer cannot make a client hear of an end that did
+not happen.
 """
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Mapping, Sequence
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, ValidationError
 
+from worker.wire import auth
 from worker.wire.models import JobRecord, JobStatus, Model, Tags
+
+log = logging.getLogger("bashfleet")
 
 EventKind = Literal["started", "ended"]
 
@@ -81,3 +91,29 @@ def event_matches(
     if job_id is not None and event.job_id != job_id:
         return False
     return all(event.tags.get(name) == value for name, value in (tags or {}).items())
+
+
+def seal_event(keys: Sequence[str], event: JobEvent) -> str:
+    """An event as a worker adds and publishes it: its seals, a newline, its JSON."""
+    body = event.model_dump_json()
+    return f"{auth.mark(keys, auth.EVENT, event.job_id, body)}\n{body}"
+
+
+def open_event(keys: Mapping[str, str], sealed: str, seq: str) -> JobEvent | None:
+    """The event of a stream entry or channel message (`seq`: its stream id), its seal
+    checked with `keys`. None for what is not an event of ours (malformed, a newer
+    format) and for one that does not verify (dropped with a warning, never believed)."""
+    marked, newline, body = sealed.partition("\n")
+    if not newline:  # no seal line (an older worker's): only a keyless client takes it
+        marked, body = "", sealed
+    try:
+        event = JobEvent.model_validate_json(body)
+    except ValidationError:
+        return None
+    try:
+        auth.check_mark(keys, auth.EVENT, event.job_id, body, marked)
+    except auth.AuthError as exc:
+        log.warning("job event %s of job %s does not verify (%s); dropped",
+                    seq, event.job_id, exc.message)
+        return None
+    return event.model_copy(update={"seq": seq})

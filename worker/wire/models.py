@@ -450,7 +450,7 @@ class TruncationInfo(Model):
 
 SystemErrorKind = Literal[
     "bad_cwd", "spawn_failed", "blocked", "invalid", "worker_lost", "unavailable",
-    "not_found", "internal", "unauthorized", "cancelled",
+    "not_found", "internal", "unauthorized", "cancelled", "limit",
 ]
 #: Every `SystemError_.kind` this version knows.
 SYSTEM_ERROR_KINDS = frozenset(get_args(SystemErrorKind))
@@ -462,7 +462,8 @@ class SystemError_(Model):  # noqa: N801 - avoid shadowing the builtin SystemErr
     kind: SystemErrorKind
     """Machine-readable class of the failure. `cancelled`: the caller cancelled the call
     (workers still answer a cancel as `internal`, which readers older than the kind
-    take; the client names it: `client._core.messages.named_cancel`)."""
+    take; the client names it: `client._core.messages.named_cancel`). `limit`: an
+    owner's cap was reached (the call did not run)."""
     message: str
     """What went wrong, for a person or a model."""
 

@@ -8,8 +8,9 @@ Keys (prefix `bashfleet:`; every key has a TTL or an owner that deletes it):
   instance holding the host id. TTL ALIVE_TTL_S (5 s), renewed every second by the
   worker (so a dead worker is seen within seconds); deleted when it stops.
 - `bashfleet:host:<host>` (hash): host record: concurrency, labels, version, pid,
-  machine, instance, readiness of its two consumers, last heartbeat. TTL HOST_TTL_S
-  (1 day), renewed by the heartbeat.
+  machine, instance, readiness of its two consumers, last heartbeat, each sealed by the
+  worker (`seal`, `<role>_ready_seal`: `worker.wire.records`). TTL HOST_TTL_S (1 day),
+  renewed by the heartbeat.
 - `bashfleet:hosts` (zset): host id -> last heartbeat, for listings. TTL HOST_TTL_S,
   renewed by heartbeats; members older than that are pruned by them.
 - `bashfleet:running:<host>` (set): ids of the calls running on the host (busy slots).
@@ -20,8 +21,8 @@ Keys (prefix `bashfleet:`; every key has a TTL or an owner that deletes it):
   sizes, job id. TTL CALL_TTL_S (2 days), set by the client and renewed at every
   transition.
 - `bashfleet:job:<job_id>` (hash): job record (JobRecord JSON), state, exit code,
-  signal, end time, last check offsets. TTL JOB_TTL_S (7 days), renewed at every
-  update and while the job runs.
+  signal, end time, last check offsets, sealed by the worker (`seal`, `offsets_seal`).
+  TTL JOB_TTL_S (7 days), renewed at every update and while the job runs.
 - `bashfleet:jobs:<host>` (zset): job ids of a host -> start time, for listings.
   TTL JOB_TTL_S, renewed with its jobs and by the heartbeat; members whose job hash
   expired are pruned when listed.
@@ -33,15 +34,22 @@ Keys (prefix `bashfleet:`; every key has a TTL or an owner that deletes it):
   calls of one agent session (SessionState JSON). TTL SESSION_TTL_S, renewed by saves.
 - `bashfleet:nonce:<nonce>` (string): a signed message's nonce, seen once (replays are
   refused). TTL: until the message expires (plus the clock skew allowed).
+- `bashfleet:quota:<kind>:<owner>` (zset): what one owner holds live of a kind (`jobs`:
+  its background jobs; `workspaces`) fleet-wide, member -> when it expires (ms, Redis'
+  clock). A cap (BASHFLEET_LIMIT_JOBS...) is checked and taken in one script; its host
+  refreshes a live member (a job, at each pass of its watcher) and removes it when it
+  ends; a member of a host that died expires after QUOTA_TTL_S. The key expires with
+  its last member.
 - `bashfleet:reply:<task_id>` (string): a task's answer (a CallResult, or a control
   reply, as JSON), also published on the caller's channel `bashfleet:replies:<client>`.
   Kept REPLY_TTL_S (1 h) for a caller that missed the publish.
 
 - `bashfleet:events` (stream): job events (a job started, a job ended), each as one
-  JobEvent JSON, newest last; capped at EVENTS_MAXLEN entries (approximately) and
-  expiring JOB_TTL_S after the last one. Each is also published on the channel
-  `bashfleet:events` as `<stream id>\n<event>`: listeners hear it at once, and read
-  the stream from the last id they saw after a reconnect.
+  sealed JobEvent JSON (`worker.wire.events.seal_event`), newest last; capped at
+  EVENTS_MAXLEN entries (approximately) and expiring JOB_TTL_S after the last one.
+  Each is also published on the channel `bashfleet:events` as `<stream id>\n<event>`:
+  listeners hear it at once, and read the stream from the last id they saw after a
+  reconnect.
 
 Celery's own keys are Celery's: the queue lists (named like the queues below: one list
 per queue, as `priority_steps` is [0] on both sides) and kombu's `_kombu.binding.*`.
@@ -75,6 +83,9 @@ REPLY_TTL_S = 3600
 SESSION_TTL_S = 24 * 3600
 #: Job events kept for catch-up reads (a listener away longer misses the oldest).
 EVENTS_MAXLEN = 10_000
+#: Life of an owner's quota member (a live job) without a refresh by its host: what
+#: a host that died holds is given back within this.
+QUOTA_TTL_S = 60
 
 
 class CallState(StrEnum):
@@ -238,6 +249,11 @@ def session_state_key(session: str) -> str:
 def nonce_key(nonce: str) -> str:
     """A signed message's nonce, once seen (TTL: until the message expires)."""
     return f"{PREFIX}nonce:{nonce}"
+
+
+def quota_key(kind: str, owner: str) -> str:
+    """What `owner` holds live of `kind` (zset: member -> expiry, ms)."""
+    return f"{PREFIX}quota:{kind}:{owner}"
 
 
 def reply_key(task_id: str) -> str:
