@@ -159,21 +159,26 @@ def queue_depths(client: Redis, queues: Sequence[str]) -> dict[str, int]:
 # ------------------------------------------------------------------------------- jobs
 
 
-def job_host(client: Redis, job_id: str) -> str | None:
-    """Host owning a job, or None when the fleet does not know the id."""
-    return cast("str | None", client.hget(names.job_key(job_id), "host"))
+def job_host(client: Redis, job_id: str, *, keys: Mapping[str, str]) -> str | None:
+    """Host owning a job, from its record verified with `keys`; None when the fleet does
+    not know the id (or its record does not verify)."""
+    fields = cast("dict[str, str]", client.hgetall(names.job_key(job_id)))
+    return core.job_host(keys, job_id, fields)
 
 
-def lookup_id(client: Redis, item_id: str) -> IdLookup:
-    """What Redis knows of an id (a job's host, a call's record, and the host of the job
-    that call started): one round trip, two when the id is a call that started a job."""
+def lookup_id(client: Redis, item_id: str, *, keys: Mapping[str, str]) -> IdLookup:
+    """What Redis knows of an id (a job's host, from its record verified with `keys`; a
+    call's record; and the host of the job that call started): one round trip, two when
+    the id is a call that started a job."""
     with client.pipeline(transaction=False) as pipe:
-        pipe.hget(names.job_key(item_id), "host")
+        pipe.hgetall(names.job_key(item_id))
         pipe.hgetall(names.call_key(item_id))
-        host, record = pipe.execute()
+        fields, record = pipe.execute()
+    host = core.job_host(keys, item_id, fields)
     found = IdLookup(job_host=host, call=record)
     if host is None and found.call_job_id is not None:
-        found = IdLookup(call=record, call_job_host=job_host(client, found.call_job_id))
+        found = IdLookup(call=record, call_job_host=job_host(
+            client, found.call_job_id, keys=keys))
     return found
 
 

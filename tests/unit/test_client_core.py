@@ -6,16 +6,18 @@ from __future__ import annotations
 
 import base64
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from client import local
 from client._core import records as core_records
 from client._core.constants import RETRY_DELAYS_S, backoff
 from client._core.events import EventCursor
-from client._core.identity import Identity, resolve_identity
+from client._core.identity import Identity, record_keys_at, resolve_identity
 from client._core.messages import (
     CANCELLED_QUEUED_SUFFIX,
     CANCELLED_RUNNING,
@@ -53,6 +55,7 @@ from client.errors import (
     WorkerError,
     WorkerLost,
 )
+from worker.settings import get_settings
 from worker.wire import auth, names
 from worker.wire import records as wire_records
 from worker.wire.control import CheckRequest
@@ -272,6 +275,28 @@ def test_a_call_withdrawn_before_it_started(state: str, kind: str) -> None:
 def test_an_owner_must_be_a_valid_name() -> None:
     with pytest.raises(CallRejected, match="invalid owner"):
         resolve_identity("redis://127.0.0.1:1/0", "no spaces allowed", admin=False)
+
+
+def test_a_local_fleets_record_keys_are_found_at_its_address(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`bashfleet up` after `down` makes a fleet with new keys at a new address: a
+    listener that follows it verifies its events with those, and only at that address."""
+    monkeypatch.delenv("BASHFLEET_SIGNING_KEY", raising=False)
+    monkeypatch.delenv("BASHFLEET_ADMIN_KEY", raising=False)
+    monkeypatch.setenv("BASHFLEET_STATE_DIR", str(tmp_path / "state"))
+    get_settings.cache_clear()  # the local fleet is found through the cached settings
+    try:
+        url = "redis://127.0.0.1:7001/0"
+        local.save_state(local.FleetState(redis_url=url, redis_owned=True, signing_key=KEY,
+                                          admin_key=ADMIN_KEY), get_settings())
+        assert record_keys_at(url, admin=False) == auth.keyring([KEY])
+        assert record_keys_at(url, admin=True) == auth.keyring([KEY, ADMIN_KEY])
+        assert record_keys_at("redis://127.0.0.1:7002/0", admin=True) == {}
+        assert resolve_identity(url, None, admin=True).record_keys() == \
+            record_keys_at(url, admin=True)
+    finally:
+        get_settings.cache_clear()
 
 
 # ------------------------------------------------------------------------------ watch
@@ -546,6 +571,22 @@ def test_a_forged_job_is_left_out_of_listings_never_believed() -> None:
     assert list(views) == ["j1"] and views["j1"].state == "running"
     # A dead host's running job shows `unknown`, verified all the same.
     assert core_records.job_views(["j1"], hashes[:1], {}, RING)["j1"].state == "unknown"
+
+
+@pytest.mark.parametrize(
+    ("fields", "host"),
+    [
+        (_job_hash("j1"), "h1"),
+        ({}, None),  # unknown, or expired
+        ({**_job_hash("j1"), "host": "h2"}, None),  # moved by a Redis writer
+        (_job_hash("j2"), None),  # another job's hash copied here
+        (_job_hash("j1", key="attacker-" + "1" * 24), None),
+    ],
+)
+def test_a_control_call_is_routed_by_a_verified_record_only(
+    fields: dict[str, str], host: str | None
+) -> None:
+    assert core_records.job_host(RING, "j1", fields) == host
 
 
 def test_a_watch_snapshot_is_laid_out_as_read() -> None:
