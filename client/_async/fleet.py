@@ -544,8 +544,7 @@ class AsyncFleet:
 
     async def read_chunk(self, request: ReadOutputRequest) -> OutputChunk:
         """`read_output`, from its request model."""
-        found = await self._r(records.lookup_id, checked_id(request.id, "job or call"),
-                              keys=self._record_keys)
+        found = await self._r(records.lookup_id, checked_id(request.id, "job or call"))
         return await self._control(output_host(request.id, found), request, OutputChunk)
 
     async def cancel(self, call_id: str) -> bool:
@@ -778,8 +777,7 @@ class AsyncFleet:
 
     async def _job_target(self, item_id: str) -> tuple[str, str]:
         """(host, job id) of a job id, or of the call that started the job."""
-        found = await self._r(records.lookup_id, checked_id(item_id, "job"),
-                              keys=self._record_keys)
+        found = await self._r(records.lookup_id, checked_id(item_id, "job"))
         return job_target(item_id, found)
 
     async def _control(self, host: str, request: ControlRequest, response: type[R],

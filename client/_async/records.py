@@ -158,26 +158,29 @@ async def queue_depths(client: AsyncRedis, queues: Sequence[str]) -> dict[str, i
 # ------------------------------------------------------------------------------- jobs
 
 
-async def job_host(client: AsyncRedis, job_id: str, *, keys: Mapping[str, str]) -> str | None:
-    """Host owning a job, from its record verified with `keys`; None when the fleet does
-    not know the id (or its record does not verify)."""
-    fields = cast("dict[str, str]", await client.hgetall(names.job_key(job_id)))
-    return core.job_host(keys, job_id, fields)
+async def job_host(client: AsyncRedis, job_id: str) -> str | None:
+    """Host owning a job, or None when the fleet does not know the id.
+
+    A routing hint, read unverified on purpose: the job's hash is sealed whole, so a
+    Redis writer who changed any of its fields (`state ended`) would make a verified
+    lookup fail, and `wait` / `check` / `kill` of a real job with it. The control call
+    goes to the host named; that worker opens the record with its keys and answers
+    `not_found` for a job it does not hold: a forged host can make the call fail, never
+    make it report a state the worker did not seal.
+    """
+    return cast("str | None", await client.hget(names.job_key(job_id), "host"))
 
 
-async def lookup_id(client: AsyncRedis, item_id: str, *, keys: Mapping[str, str]) -> IdLookup:
-    """What Redis knows of an id (a job's host, from its record verified with `keys`; a
-    call's record; and the host of the job that call started): one round trip, two when
-    the id is a call that started a job."""
+async def lookup_id(client: AsyncRedis, item_id: str) -> IdLookup:
+    """What Redis knows of an id (a job's host, a call's record, and the host of the job
+    that call started): one round trip, two when the id is a call that started a job."""
     async with client.pipeline(transaction=False) as pipe:
-        pipe.hgetall(names.job_key(item_id))
+        pipe.hget(names.job_key(item_id), "host")
         pipe.hgetall(names.call_key(item_id))
-        fields, record = await pipe.execute()
-    host = core.job_host(keys, item_id, fields)
+        host, record = await pipe.execute()
     found = IdLookup(job_host=host, call=record)
     if host is None and found.call_job_id is not None:
-        found = IdLookup(call=record, call_job_host=await job_host(
-            client, found.call_job_id, keys=keys))
+        found = IdLookup(call=record, call_job_host=await job_host(client, found.call_job_id))
     return found
 
 

@@ -13,18 +13,15 @@ the reads themselves are `client._async.records` (and its generated twin).
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from worker.wire import auth, names
+from worker.wire import names
 from worker.wire.models import HostInfo, JobView
 from worker.wire.names import CallState
-from worker.wire.records import open_host_info, open_job, open_job_view
-
-log = logging.getLogger("bashfleet")
+from worker.wire.records import open_host_info, open_job_view
 
 # KEYS: call, queue[, alive]; ARGV: call TTL, message, fields... Records the call as
 # queued and pushes its Celery message (`worker.wire.messages`) atomically: a call is
@@ -147,20 +144,6 @@ def job_views(job_ids: Sequence[str], hashes: Sequence[Mapping[str, str]],
         if view is not None:
             views[job_id] = view
     return views
-
-
-def job_host(keys: Mapping[str, str], job_id: str, fields: Mapping[str, str]) -> str | None:
-    """The host that owns job `job_id`, from its hash verified with `keys`; None when
-    there is no hash, or when it does not verify (with a warning): a control call is
-    never routed by a record a Redis writer made or changed."""
-    if not fields:
-        return None
-    try:
-        return open_job(keys, job_id, fields).host
-    except auth.AuthError as exc:
-        log.warning("job %s: its record in Redis does not verify (%s); not used",
-                    job_id, exc.message)
-        return None
 
 
 def hosts_of(hashes: Sequence[Mapping[str, str]]) -> list[str]:

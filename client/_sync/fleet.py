@@ -545,8 +545,7 @@ class Fleet:
 
     def read_chunk(self, request: ReadOutputRequest) -> OutputChunk:
         """`read_output`, from its request model."""
-        found = self._r(records.lookup_id, checked_id(request.id, "job or call"),
-                              keys=self._record_keys)
+        found = self._r(records.lookup_id, checked_id(request.id, "job or call"))
         return self._control(output_host(request.id, found), request, OutputChunk)
 
     def cancel(self, call_id: str) -> bool:
@@ -779,8 +778,7 @@ class Fleet:
 
     def _job_target(self, item_id: str) -> tuple[str, str]:
         """(host, job id) of a job id, or of the call that started the job."""
-        found = self._r(records.lookup_id, checked_id(item_id, "job"),
-                              keys=self._record_keys)
+        found = self._r(records.lookup_id, checked_id(item_id, "job"))
         return job_target(item_id, found)
 
     def _control(self, host: str, request: ControlRequest, response: type[R],

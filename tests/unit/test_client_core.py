@@ -573,22 +573,6 @@ def test_a_forged_job_is_left_out_of_listings_never_believed() -> None:
     assert core_records.job_views(["j1"], hashes[:1], {}, RING)["j1"].state == "unknown"
 
 
-@pytest.mark.parametrize(
-    ("fields", "host"),
-    [
-        (_job_hash("j1"), "h1"),
-        ({}, None),  # unknown, or expired
-        ({**_job_hash("j1"), "host": "h2"}, None),  # moved by a Redis writer
-        (_job_hash("j2"), None),  # another job's hash copied here
-        (_job_hash("j1", key="attacker-" + "1" * 24), None),
-    ],
-)
-def test_a_control_call_is_routed_by_a_verified_record_only(
-    fields: dict[str, str], host: str | None
-) -> None:
-    assert core_records.job_host(RING, "j1", fields) == host
-
-
 def test_a_watch_snapshot_is_laid_out_as_read() -> None:
     snapshot = core_records.watch_snapshot(2, ("state", "host"), ["h1"],
                                            ["a1", None, ["running", "h1"], [None, None], "t"])
