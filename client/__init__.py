@@ -4,7 +4,9 @@
     result = Fleet().run("make test", host="build-1")
 
 The CLI, the tool dialects and the MCP server are built on these. Names load on first
-use (PEP 562): `import client.dialects` does not load the fleet client (nor Celery).
+use (PEP 562): `import client.dialects` does not load the fleet client. No part of the
+client loads Celery or kombu: it builds the messages it sends itself
+(`worker.wire.messages`).
 """
 
 from __future__ import annotations
@@ -16,10 +18,14 @@ if TYPE_CHECKING:
     from client.aio import AsyncFleet
     from client.errors import (
         BashfleetError,
+        CallNotRun,
         CallRejected,
         FleetUnavailable,
         HostUnavailable,
+        OutputTooLarge,
+        SessionPinned,
         Unauthorized,
+        UnknownCall,
         UnknownJob,
         WaitTimeout,
         WorkerError,
@@ -30,11 +36,15 @@ if TYPE_CHECKING:
 __all__ = [
     "AsyncFleet",
     "BashfleetError",
+    "CallNotRun",
     "CallRejected",
     "Fleet",
     "FleetUnavailable",
     "HostUnavailable",
+    "OutputTooLarge",
+    "SessionPinned",
     "Unauthorized",
+    "UnknownCall",
     "UnknownJob",
     "WaitTimeout",
     "WorkerError",

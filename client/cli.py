@@ -275,6 +275,7 @@ def _run_interactive(args: argparse.Namespace, *, tty: bool) -> int:
         " ".join(args.command), host=args.host, mode="background", cwd=args.cwd,
         session=args.session, isolation=args.isolation, network=args.network,
         tags=_tag_filter(args.tag), stdin="pty" if tty else "pipe", term_size=size,
+        check=False,
     )
     if result.job is None:
         print_result(result)

@@ -3,28 +3,48 @@
     BashfleetError                 anything the fleet (not the command) got wrong
     ├── FleetUnavailable           Redis cannot be reached (or no fleet is configured)
     ├── HostUnavailable            no live worker serves the asked host (nothing was sent)
-    ├── UnknownJob                 no job or call has that id (or it expired)
+    ├── UnknownJob                 no job (or call that started one) has that id, or no
+    │                              call kept output under it (or it expired)
+    ├── UnknownCall                no call has that id (`cancel`, `detach`)
     ├── WorkerLost                 the worker died while running the call; the
     │                              command was not run again
     ├── CallRejected               the call is invalid (bad arguments); nothing was run
+    │   └── SessionPinned          the session's calls run on another host than the one
+    │                              asked (`pinned`)
+    ├── CallNotRun                 the worker did not run the command: a bad cwd, a
+    │                              blocked or invalid call, a refused signature, a spawn
+    │                              failure, no worker to take it (`kind`, `result`)
+    ├── OutputTooLarge             `run(output="full")`: more output than the max asked
+    │                              for (`result` holds the call, its tail shown)
     ├── Unauthorized               the worker refused the message (unsigned, bad
     │                              signature, unknown key, expired, replayed)
     ├── WorkerError                the worker failed inside, or did not answer in time
     └── WaitTimeout                `wait` gave up before the job ended (it runs on);
                                    also a TimeoutError
 
-A command that fails is not an error: its exit code, signal or system error are in
-the returned `CallResult`. Messages never show the Redis password.
+A command that fails is not an error: its exit code or signal are in the returned
+`CallResult` (so is a timeout, and a cancel). A call that did not run at all raises
+CallNotRun from `run` / `execute` unless asked `check=False` (then its `error` says
+why). Messages never show the Redis password.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from worker.wire.models import CallResult
+
 __all__ = [
     "BashfleetError",
+    "CallNotRun",
     "CallRejected",
     "FleetUnavailable",
     "HostUnavailable",
+    "OutputTooLarge",
+    "SessionPinned",
     "Unauthorized",
+    "UnknownCall",
     "UnknownJob",
     "WaitTimeout",
     "WorkerError",
@@ -61,6 +81,14 @@ class UnknownJob(BashfleetError):  # noqa: N818 - names of the public API
         self.id = item_id
 
 
+class UnknownCall(BashfleetError):  # noqa: N818 - names of the public API
+    """No call has this id (never sent, or its record expired): `cancel`, `detach`."""
+
+    def __init__(self, message: str, call_id: str | None = None) -> None:
+        super().__init__(message)
+        self.id = call_id
+
+
 class WorkerLost(BashfleetError):  # noqa: N818 - names of the public API
     """The worker died (or was replaced) while the call ran; it is not run again."""
 
@@ -72,6 +100,41 @@ class WorkerLost(BashfleetError):  # noqa: N818 - names of the public API
 
 class CallRejected(BashfleetError):  # noqa: N818 - names of the public API
     """The call is invalid; nothing was sent."""
+
+
+class SessionPinned(CallRejected):
+    """A session call asked for another host than the one its session is pinned to (its
+    cwd and files are there); nothing was sent."""
+
+    def __init__(self, message: str, session: str, pinned: str, asked: str) -> None:
+        super().__init__(message)
+        self.session = session
+        self.pinned = pinned
+        """The host the session's calls run on."""
+        self.asked = asked
+
+
+class CallNotRun(BashfleetError):  # noqa: N818 - names of the public API
+    """The worker did not run the command; `kind` says why (`SystemError_.kind`:
+    bad_cwd, spawn_failed, blocked, invalid, unauthorized, unavailable, not_found) and
+    `result` is the call's result as the worker answered it."""
+
+    def __init__(self, kind: str, message: str, result: CallResult) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.result = result
+
+
+class OutputTooLarge(BashfleetError):  # noqa: N818 - names of the public API
+    """`run(..., output="full")` found more output than it may read back; the call ran
+    (`result`, its output's tail shown) and its full output stays in its spill files."""
+
+    def __init__(self, message: str, result: CallResult, size: int, limit: int) -> None:
+        super().__init__(message)
+        self.result = result
+        self.size = size
+        """Bytes of stdout and stderr the call wrote."""
+        self.limit = limit
 
 
 class Unauthorized(BashfleetError):  # noqa: N818 - names of the public API

@@ -272,7 +272,7 @@ class ForegroundRun:
 
     def _send(self) -> None:
         try:
-            self._result = self.fleet.execute(self.request)
+            self._result = self.fleet.execute(self.request, check=False)
         except BaseException as exc:  # handed to the main thread, raised there
             self._error = exc
         finally:

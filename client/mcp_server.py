@@ -56,7 +56,7 @@ from mcp_types.jsonrpc import INVALID_PARAMS
 
 from client.dialects import Artifact, Dialect, Runner, SessionState, ToolText
 from client.dialects.base import JobViewer
-from client.errors import BashfleetError, FleetUnavailable, HostUnavailable, UnknownJob
+from client.errors import BashfleetError, FleetUnavailable, HostUnavailable, UnknownCall
 from client.fleet import Fleet, resolve_signing_key, resolve_url
 from client.sessions import RedisSessionStore, ShellStore, validate_session_id
 from client.shells import ShellChange
@@ -461,7 +461,7 @@ class ToolServer:
                 runner.cancel(call_id)
                 log.info("call %s cancelled: its request was cancelled", call_id)
                 return
-            except UnknownJob:
+            except UnknownCall:
                 if watch.done.wait(0.05) or time.monotonic() > deadline:
                     return
             except (BashfleetError, redis.RedisError) as exc:

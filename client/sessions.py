@@ -20,25 +20,26 @@ session shares it, not only the dialect's MCP server: `bashfleet run --session S
 Python API's `session=`, native's `session` argument. Each call's change is laid onto
 the stored shell in a WATCH/MULTI transaction, so concurrent calls never lose a `cd`.
 
-Every read and write of session data goes through `Seal` here: what a session stores
-decides what its next calls run (their cwd, their environment), so a Redis writer who
-could edit it would choose them. It is sealed with the client's signing key
-(`auth.seal`); a record that does not verify is not used (the session starts afresh,
-with a warning), whatever it says.
+Every read and write of session data goes through a `Seal` (`client._core.seal`): what
+a session stores decides what its next calls run (their cwd, their environment), so a
+Redis writer who could edit it would choose them. It is sealed with the client's
+signing key (`auth.seal`); a record that does not verify is not used (the session
+starts afresh, with a warning), whatever it says.
+
+`ShellStore` is the blocking one (generated from `client/_async/shells.py`, which the
+asyncio client uses natively).
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import redis
-from pydantic import ValidationError
 
+from client._core.seal import Seal, validate_session_id
+from client._sync.shells import ShellStore
 from client.dialects.base import SessionState
-from client.shells import ShellChange, ShellState, apply_change
 from worker.wire import auth, names
 from worker.wire.names import session_state_key, shell_key
 
@@ -52,63 +53,11 @@ __all__ = [
     "validate_session_id",
 ]
 
-log = logging.getLogger(__name__)
-
 #: Life of a session's state after its last save (refreshed by every save).
 SESSION_STATE_TTL_S = names.SESSION_TTL_S
 
 K = TypeVar("K")
 V = TypeVar("V")
-M = TypeVar("M", SessionState, ShellState)
-
-
-@dataclass(frozen=True)
-class Seal:
-    """How a client seals what it stores for its sessions, and checks what it reads."""
-
-    key: str | None = None
-    """The client's signing key (None: an unsigned client, records unsealed)."""
-
-    def encode(self, session_id: str, state: SessionState | ShellState) -> str:
-        """What is stored for a session's state or shell."""
-        return auth.seal(self.key, _purpose(state), session_id, state.model_dump_json())
-
-    def decode(self, session_id: str, raw: object, model: type[M]) -> M:
-        """A stored state or shell; a fresh one for none, or for one that cannot be read
-        or does not verify."""
-        if raw is None:
-            return model()
-        what = "shell" if model is ShellState else "state"
-        try:
-            keys = auth.keyring([self.key] if self.key else [])
-            text = auth.unseal(keys, _purpose(model), session_id, str(raw))
-        except auth.AuthError as exc:
-            # Forged, or sealed by a client with another key: never used.
-            log.warning("session %s: %s refused (%s); starting afresh", session_id, what,
-                        exc.message)
-            return model()
-        try:
-            return model.model_validate_json(text)
-        except ValidationError as exc:
-            # A record written by another version, or damaged: starting afresh loses the
-            # session's memory, but refusing every call would lose the agent.
-            log.warning("session %s: unreadable %s, starting afresh (%s)", session_id, what,
-                        exc)
-            return model()
-
-
-def _purpose(state: object) -> str:
-    is_shell = state is ShellState or isinstance(state, ShellState)
-    return auth.SHELL if is_shell else auth.SESSION_STATE
-
-
-def validate_session_id(session_id: str) -> str:
-    """A session id, or ValueError: it names a Redis key, so the call ids' alphabet."""
-    if not names.valid_id(session_id):
-        raise ValueError(
-            f"invalid session id {session_id!r}: use 1-64 letters, digits, '.', '_' or '-'"
-        )
-    return session_id
 
 
 def _merge_dict(base: Mapping[K, V], mine: Mapping[K, V], theirs: Mapping[K, V]) -> dict[K, V]:
@@ -152,7 +101,7 @@ class RedisSessionStore:
         key the records are sealed with (None: an unsigned client, records unsealed)."""
         self._redis = client
         self._ttl_s = ttl_s
-        self._seal = Seal(key)
+        self._seal = Seal(key, auth.SESSION_STATE)
 
     @property
     def shells(self) -> ShellStore:
@@ -199,49 +148,3 @@ class RedisSessionStore:
 
     def _parse(self, session_id: str, raw: object) -> SessionState:
         return self._seal.decode(session_id, raw, SessionState)
-
-
-class ShellStore:
-    """Sessions' shells on Redis: one sealed JSON string per session, with a TTL."""
-
-    def __init__(
-        self, client: redis.Redis, ttl_s: int = SESSION_STATE_TTL_S, *, key: str | None = None
-    ) -> None:
-        """`client` must decode responses (`decode_responses=True`); `key`: the signing
-        key the shells are sealed with (None: an unsigned client, shells unsealed)."""
-        self._redis = client
-        self._ttl_s = ttl_s
-        self._seal = Seal(key)
-
-    def load(self, session_id: str) -> ShellState:
-        """The session's shell; a fresh one for an unknown or expired id."""
-        key = shell_key(validate_session_id(session_id))
-        return self._seal.decode(session_id, self._redis.get(key), ShellState)
-
-    def commit(self, session_id: str, change: ShellChange) -> ShellState:
-        """Lay one call's change onto the stored shell (and restart its TTL); the result.
-
-        WATCH/MULTI: a change committed by another caller in between makes this one
-        start over on that newer shell, so neither is lost.
-        """
-        key = shell_key(validate_session_id(session_id))
-        while True:
-            with self._redis.pipeline() as pipe:
-                try:
-                    pipe.watch(key)  # type: ignore[no-untyped-call]
-                    now = self._seal.decode(session_id, pipe.get(key), ShellState)
-                    shell = apply_change(now, change)
-                    pipe.multi()
-                    pipe.set(key, self._seal.encode(session_id, shell), ex=self._ttl_s)
-                    pipe.execute()
-                    return shell
-                except redis.WatchError:
-                    continue
-
-    def delete(self, session_id: str) -> None:
-        """Forget a session's shell."""
-        self._redis.delete(shell_key(validate_session_id(session_id)))
-
-    def ttl(self, session_id: str) -> int:
-        """Seconds the session's shell has left (-2: none stored)."""
-        return int(self._redis.ttl(shell_key(validate_session_id(session_id))))

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from client.errors import SessionPinned
 from worker.wire.models import CallResult, RunRequest, runs_code
 
 __all__ = [
@@ -34,6 +35,7 @@ __all__ = [
     "apply_change",
     "carryable",
     "change_of",
+    "check_pin",
     "fill_request",
 ]
 
@@ -89,11 +91,15 @@ class ShellChange(BaseModel):
 def fill_request(shell: ShellState, request: RunRequest) -> RunRequest:
     """The request as the session runs it: its host, cwd and environment filled in.
 
-    What the request says itself wins: an explicit host, label, cwd or variable; its
-    `default_cwd` holds only while the shell has no cwd of its own. A foreground call
-    asks the worker for the state it ends in (`capture_state`); a background job or an
-    interactive session ends after later calls ran, so it cannot say.
+    What the request says itself wins: a label, a cwd or a variable; its `default_cwd`
+    holds only while the shell has no cwd of its own. A host it names must be the
+    session's pinned host, if it has one (SessionPinned otherwise: the session's cwd
+    and files are on the pinned host, so running elsewhere would silently run
+    somewhere else than the caller believes). A foreground call asks the worker for
+    the state it ends in (`capture_state`); a background job or an interactive session
+    ends after later calls ran, so it cannot say.
     """
+    check_pin(shell, request)
     env = {**shell.env, **request.env}
     unset = tuple(dict.fromkeys(
         name for name in (*shell.unset_env, *request.unset_env) if name not in env
@@ -108,6 +114,19 @@ def fill_request(shell: ShellState, request: RunRequest) -> RunRequest:
             request.mode != "background" and request.stdin == "null"
         ),
     })
+
+
+def check_pin(shell: ShellState, request: RunRequest) -> None:
+    """SessionPinned when the request names another host than its session's pinned one."""
+    asked, pinned = request.host, shell.host
+    if asked is None or pinned is None or asked == pinned:
+        return
+    session = request.session or "?"
+    raise SessionPinned(
+        f"session {session} is pinned to host {pinned} (its cwd and files are there): "
+        f"it cannot run a call on host {asked}; leave out the host, or use another "
+        "session", session=session, pinned=pinned, asked=asked,
+    )
 
 
 def change_of(result: CallResult) -> ShellChange:

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import psutil
 import pytest
@@ -77,9 +77,9 @@ class RecordingFleet(Fleet):
         super().__init__(redis_url)
         self.results: list[CallResult] = []
 
-    def execute(self, request: RunRequest) -> CallResult:
+    def execute(self, request: RunRequest, **options: Any) -> CallResult:
         """`Fleet.execute`, its result kept."""
-        result = super().execute(request)
+        result = super().execute(request, **options)
         self.results.append(result)
         return result
 

@@ -24,10 +24,12 @@ import pytest
 import redis
 
 from client import Fleet, records
+from client._core.messages import open_reply
 from client.redis_server import RedisServer
 from worker.engine import jobs, procs
 from worker.settings import Settings
 from worker.wire import auth
+from worker.wire.messages import task_message
 from worker.wire.models import CallResult
 from worker.wire.names import Task, exec_queue
 
@@ -278,18 +280,29 @@ def fleet(redis_server: RedisServer) -> Iterator[Fleet]:
     client.close()
 
 
+def raw_task(fleet: Fleet, task: str, args: list[object], queue: str, task_id: str) -> str:
+    """Push a task message with exactly these arguments on `queue` (as any Redis writer
+    could, bypassing the client's signing); the answer the worker gives it, its seal
+    checked."""
+    message = task_message(task, args, task_id=task_id, queue=queue,
+                           reply_to=fleet._replies.channel, argsrepr="raw")
+    slot = fleet._replies.expect(task_id)
+    try:
+        records.push(fleet._redis, queue, message)
+        deadline = time.monotonic() + 30
+        while not isinstance(answer := slot.wait(0.5) or records.stored_reply(
+                fleet._redis, task_id), str):
+            assert time.monotonic() < deadline, "no answer within 30 s"
+    finally:
+        fleet._replies.forget(task_id)
+    return open_reply(fleet._keys, task_id, answer)
+
+
 def raw_exec(
     fleet: Fleet, host: str, args: list[object], call_id: str, queue: str | None = None
 ) -> CallResult:
     """Send an exec message with exactly these arguments to `host` (as any Redis writer
     could, bypassing the client's signing), on its command queue unless `queue` says
     another; the answer the worker gives it."""
-    waiter = fleet._replies.expect(call_id)
-    try:
-        fleet._send(Task.EXEC, args, queue or exec_queue(host), call_id, "raw")
-        deadline = time.monotonic() + 30
-        while (payload := fleet._answer(waiter, 0.5)) is None:
-            assert time.monotonic() < deadline, "no answer within 30 s"
-    finally:
-        fleet._replies.forget(waiter)
-    return CallResult.model_validate_json(payload)
+    answer = raw_task(fleet, Task.EXEC, args, queue or exec_queue(host), call_id)
+    return CallResult.model_validate_json(answer)

@@ -1,6 +1,8 @@
 """AsyncFleet, natively asynchronous: the message it pushes is kombu's, a real worker
 runs it, one process holds hundreds of calls in flight on a bounded number of threads,
-control calls, the watch (a dead worker, a withdrawn call) and the in-flight limit."""
+the in-flight limit, a cancelled awaiting task cancels its call, signed calls. What both
+clients do alike (control calls, sessions, owners, cancels, a dead worker...) is tested
+once per client in `test_client_api.py`."""
 
 from __future__ import annotations
 
@@ -18,10 +20,10 @@ import psutil
 import pytest
 import redis
 
-from client import AsyncFleet, Fleet, HostUnavailable, UnknownJob, WorkerLost
+from client import AsyncFleet, CallNotRun
 from client.redis_server import RedisServer
 from worker.engine import procs
-from worker.fleet.connect import client_celery
+from worker.fleet.celery_apps import client_celery
 from worker.wire.messages import task_message
 
 from .conftest import WorkerFactory, WorkerProcess, wait_for
@@ -169,111 +171,6 @@ def test_in_flight_limit_is_kept(two_hosts: Hosts, redis_server: RedisServer) ->
     assert asyncio.run(main()) == 2
 
 
-def test_control_calls(two_hosts: Hosts, redis_server: RedisServer) -> None:
-    async def main() -> None:
-        async with AsyncFleet(redis_server.url) as fleet:
-            started = await fleet.run("echo ready; sleep 60", host="beta", mode="background",
-                                      tags={"agent": "a17"})
-            assert started.job is not None
-            job = started.job.id
-            checked = await fleet.check(job)
-            assert checked.running
-            listed = await fleet.jobs(tags={"agent": "a17"})
-            assert [view.id for view in listed] == [job]
-            assert listed[0].tags == {"agent": "a17"}
-            assert await fleet.jobs(tags={"agent": "nobody"}) == []
-            chunk = await fleet.read_output(job)
-            assert chunk.text.startswith("ready\n")
-            killed = await fleet.kill(started.call_id)  # the call that started it works too
-            assert not killed.running and killed.signal is not None
-            with pytest.raises(UnknownJob):
-                await fleet.check("j-no-such-job")
-            with pytest.raises(HostUnavailable):
-                await fleet.run("true", host="nowhere")
-
-    asyncio.run(main())
-
-
-def test_a_session_keeps_its_shell_across_clients(
-    two_hosts: Hosts, redis_server: RedisServer
-) -> None:
-    """A session call's cd and export hold for the session's next call, made by another
-    client (sync `Fleet` too): the shell lives in Redis, not in the AsyncFleet."""
-
-    async def main() -> tuple[str, str]:
-        async with AsyncFleet(redis_server.url) as fleet:
-            first = await fleet.run("cd /tmp && export ASYNC_SESSION_MARK=kept",
-                                    session="s-async-1")
-        async with AsyncFleet(redis_server.url) as fleet:
-            second = await fleet.run('echo "$PWD $ASYNC_SESSION_MARK"', session="s-async-1")
-        assert first.exit_code == 0
-        return first.host, second.stdout
-
-    host, out = asyncio.run(main())
-    assert out == "/tmp kept\n"
-    with Fleet(redis_server.url) as sync_fleet:
-        third = sync_fleet.run("pwd", session="s-async-1")
-    assert (third.host, third.stdout) == (host, "/tmp\n")
-
-
-def test_another_owner_cannot_reach_a_job(two_hosts: Hosts, redis_server: RedisServer) -> None:
-    async def main() -> None:
-        async with AsyncFleet(redis_server.url, owner="agent:a") as mine, \
-                AsyncFleet(redis_server.url, owner="agent:b") as theirs:
-            started = await mine.run("sleep 60", host="alpha", mode="background")
-            assert started.job is not None
-            job = started.job.id
-            try:
-                assert [view.id for view in await mine.jobs()] == [job]
-                assert [view.id for view in await theirs.jobs()] == []
-                with pytest.raises(UnknownJob):
-                    await theirs.kill(job)
-                assert (await mine.check(job)).running
-            finally:
-                await mine.kill(job)
-
-    asyncio.run(main())
-
-
-def test_cancel_a_running_call(two_hosts: Hosts, redis_server: RedisServer) -> None:
-    async def main() -> None:
-        async with AsyncFleet(redis_server.url) as fleet:
-            running = asyncio.create_task(fleet.run("sleep 30", host="alpha", call_id="c-acancel"))
-            for _ in range(500):
-                record = await fleet._r(fleet._redis.hget("bashfleet:call:c-acancel", "state"))
-                if record == "running":
-                    break
-                await asyncio.sleep(0.01)
-            assert await fleet.cancel("c-acancel")
-            result = await asyncio.wait_for(running, 10)
-            assert result.error is not None and "cancelled" in result.error.message
-
-    asyncio.run(main())
-
-
-def test_a_worker_dying_mid_call_is_worker_lost(
-    workers: WorkerFactory, redis_server: RedisServer
-) -> None:
-    worker = workers.start("async-doomed")
-
-    async def main() -> float:
-        async with AsyncFleet(redis_server.url) as fleet:
-            call = asyncio.create_task(fleet.run("sleep 60", host="async-doomed"))
-            for _ in range(1000):
-                if any(h.busy for h in await fleet.hosts() if h.host == "async-doomed"):
-                    break
-                await asyncio.sleep(0.01)
-            killed = time.monotonic()
-            worker.kill_group()
-            with pytest.raises(WorkerLost):
-                await asyncio.wait_for(call, 30)
-            return time.monotonic() - killed
-
-    assert asyncio.run(main()) < 15
-    # A worker of the same host, starting, kills what the dead one left running.
-    workers.start("async-doomed")
-
-
 def test_cancelling_the_awaiting_task_cancels_the_call(
     two_hosts: Hosts, redis_server: RedisServer, redis_client: redis.Redis
 ) -> None:
@@ -302,9 +199,11 @@ def test_signed_calls_and_control(
 ) -> None:
     async def main() -> tuple[str | None, bool | None]:
         async with AsyncFleet(redis_server.url) as fleet:
-            result = await fleet.run("sleep 30", host=SIGNED_HOST, mode="background")
-            if result.job is None:
-                return (result.error.kind if result.error else None), None
+            try:
+                result = await fleet.run("sleep 30", host=SIGNED_HOST, mode="background")
+            except CallNotRun as refused:
+                return refused.kind, None
+            assert result.job is not None
             running = (await fleet.check(result.job.id)).running
             await fleet.kill(result.job.id)
             return None, running

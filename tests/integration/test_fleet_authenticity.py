@@ -18,15 +18,15 @@ from pathlib import Path
 import pytest
 import redis
 
-from client import Fleet
-from client.events import last_seq
+from client import CallNotRun, Fleet
+from client.records import last_seq
 from client.redis_server import RedisServer
 from worker.wire import auth, names
 from worker.wire.events import JobEvent
 from worker.wire.models import CallResult, JobHandle
 from worker.wire.names import Task
 
-from .conftest import WorkerFactory, WorkerProcess, raw_exec, wait_for
+from .conftest import WorkerFactory, WorkerProcess, raw_exec, raw_task, wait_for
 
 Hosts = tuple[WorkerProcess, WorkerProcess]
 KEY = os.environ["BASHFLEET_SIGNING_KEY"]
@@ -190,15 +190,9 @@ def test_7_a_control_message_for_one_host_is_refused_by_another(
     job = _job(fleet, "sleep 30", alpha.host)
     request = {"id": job.id, "owner": fleet.owner}
     captured = fleet._identity.signed(Task.KILL, [request], names.ctl_queue(alpha.host))
-    waiter = fleet._replies.expect(f"t{uuid.uuid4().hex[:12]}")
-    try:
-        fleet._send(Task.KILL, captured, names.ctl_queue(beta.host), waiter.task_id, "raw")
-        deadline = time.monotonic() + 30
-        while (payload := fleet._answer(waiter, 0.5)) is None:
-            assert time.monotonic() < deadline, "no answer within 30 s"
-    finally:
-        fleet._replies.forget(waiter)
-    reply = json.loads(payload)
+    answer = raw_task(fleet, Task.KILL, captured, names.ctl_queue(beta.host),
+                      f"t{uuid.uuid4().hex[:12]}")
+    reply = json.loads(answer)
     assert reply["error"]["kind"] == "unauthorized", reply
     assert fleet.check(job.id).running  # alpha's job was not touched
     fleet.kill(job.id)
@@ -247,7 +241,8 @@ def test_8_one_owner_cannot_pass_its_job_cap_from_many_clients_and_hosts(
 
     def start(index: int) -> None:
         host = capped[index % 2].host
-        result = clients[index % 3].run("sleep 300", host=host, mode="background")
+        result = clients[index % 3].run("sleep 300", host=host, mode="background",
+                                        check=False)
         with lock:
             results.append(result)
 
@@ -262,12 +257,16 @@ def test_8_one_owner_cannot_pass_its_job_cap_from_many_clients_and_hosts(
     refused = [r.error for r in results if r.error is not None]
     assert len(started) == LIMIT and len(refused) == 10 - LIMIT, results
     for error in refused:
-        assert error.kind == "limit"
+        assert error.kind == "limit"  # a call that did not run: CallNotRun unless check=False
         assert f"BASHFLEET_LIMIT_JOBS={LIMIT}" in error.message and "Retry once" in error.message
     # One ends: the next start is taken.
     clients[0].kill(started[0].id)
-    wait_for(lambda: clients[0].run("sleep 300", host=capped[1].host, mode="background").job,
+    wait_for(lambda: clients[0].run("sleep 300", host=capped[1].host, mode="background",
+                                    check=False).job,
              30, "a place given back", interval=0.2)
+    with pytest.raises(CallNotRun) as refused_again:  # full again: run() says so
+        clients[1].run("sleep 300", host=capped[0].host, mode="background")
+    assert refused_again.value.kind == "limit"
     # Another owner is not affected by this one's cap.
     with Fleet(redis_server.url, owner=f"other:{uuid.uuid4().hex[:6]}") as other:
         job = other.run("sleep 300", host=capped[0].host, mode="background").job

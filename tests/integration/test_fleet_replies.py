@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 import uuid
 
 import redis
@@ -13,7 +12,7 @@ from client.redis_server import RedisServer
 from worker.wire import names
 from worker.wire.names import Task
 
-from .conftest import WorkerProcess, wait_for
+from .conftest import WorkerProcess, raw_task, wait_for
 
 
 def _cut_reply_subscriptions(client: redis.Redis) -> int:
@@ -79,16 +78,9 @@ def test_two_clients_hear_only_their_own_answers(
 
 def _raw_ctl(fleet: Fleet, host: str, task: str, args: list[object]) -> dict[str, object]:
     """Send a signed control message with any arguments; its answer envelope."""
-    waiter = fleet._replies.expect(f"t{uuid.uuid4().hex[:12]}")
-    try:
-        signed = fleet._identity.signed(task, args, names.ctl_queue(host))
-        fleet._send(task, signed, names.ctl_queue(host), waiter.task_id, "raw")
-        deadline = time.monotonic() + 30
-        while (payload := fleet._answer(waiter, 0.5)) is None:
-            assert time.monotonic() < deadline, "no answer within 30 s"
-    finally:
-        fleet._replies.forget(waiter)
-    envelope = json.loads(payload)
+    signed = fleet._identity.signed(task, args, names.ctl_queue(host))
+    answer = raw_task(fleet, task, signed, names.ctl_queue(host), f"t{uuid.uuid4().hex[:12]}")
+    envelope = json.loads(answer)
     assert isinstance(envelope, dict)
     return envelope
 

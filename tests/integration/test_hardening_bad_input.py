@@ -6,9 +6,11 @@ modes, unknown hosts and ids: each gets a typed error whose message says what is
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
-from client import CallRejected, Fleet, HostUnavailable, UnknownJob
+from client import CallNotRun, CallRejected, Fleet, HostUnavailable, UnknownJob
 from worker.wire.models import MAX_COMMAND_BYTES, MAX_TIMEOUT_S, Policy
 
 from .conftest import WorkerProcess
@@ -31,7 +33,7 @@ Hosts = tuple[WorkerProcess, WorkerProcess]
     ],
 )
 def test_malformed_calls_are_rejected_before_sending(
-    two_hosts: Hosts, fleet: Fleet, command: str, options: dict[str, object], says: str
+    two_hosts: Hosts, fleet: Fleet, command: str, options: dict[str, Any], says: str
 ) -> None:
     with pytest.raises(CallRejected) as caught:
         fleet.run(command, host=two_hosts[0].host, **options)
@@ -41,10 +43,13 @@ def test_malformed_calls_are_rejected_before_sending(
 def test_timeout_above_the_dialect_maximum_is_a_clear_error(
     two_hosts: Hosts, fleet: Fleet
 ) -> None:
-    result = fleet.run("echo hi", host=two_hosts[0].host, timeout=601,
-                       policy=Policy(max_timeout_s=600))
+    with pytest.raises(CallNotRun) as caught:
+        fleet.run("echo hi", host=two_hosts[0].host, timeout=601,
+                  policy=Policy(max_timeout_s=600))
+    assert caught.value.kind == "invalid"
+    assert "above this dialect's maximum of 600s" in caught.value.message
+    result = caught.value.result  # what `check=False` returns
     assert result.error is not None and result.error.kind == "invalid"
-    assert "above this dialect's maximum of 600s" in result.error.message
 
 
 def test_unknown_host_and_ids(two_hosts: Hosts, fleet: Fleet) -> None:

@@ -125,7 +125,10 @@ def test_a_call_claimed_but_not_yet_recorded_on_disk_is_lost_not_hung(
     assert consumer is not None
     record = registry.host_record(redis_client, HOST)
     call_id = f"u{uuid.uuid4().hex[:10]}"
-    records.submit_call(redis_client, call_id, names.exec_queue(HOST), HOST)
+    redis_client.hset(names.call_key(call_id), mapping={  # recorded as sent, not pushed
+        "call_id": call_id, "state": "queued", "queue": names.exec_queue(HOST), "host": HOST,
+    })
+    redis_client.expire(names.call_key(call_id), names.CALL_TTL_S)
     assert registry.claim_call(redis_client, call_id, HOST, record["instance"], consumer) == "ok"
     # A process of that call which the dead consumer never recorded: found by its marker.
     orphan = subprocess.Popen(

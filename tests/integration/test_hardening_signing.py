@@ -22,7 +22,7 @@ import pytest
 import redis
 
 from client import Fleet, records
-from client.errors import Unauthorized
+from client.errors import CallNotRun, Unauthorized
 from client.redis_server import RedisServer
 from worker.wire import auth, names
 from worker.wire.models import CallResult
@@ -97,9 +97,9 @@ def test_unsigned_call_is_refused_and_nothing_runs(
     keyed: WorkerProcess, unsigned_fleet: Fleet, tmp_path: Path
 ) -> None:
     marker = tmp_path / "unsigned-ran"
-    result = unsigned_fleet.run(f"touch {marker}", host=HOST)  # this client has no key
-    assert result.error is not None and result.error.kind == "unauthorized"
-    assert "unsigned" in result.error.message
+    with pytest.raises(CallNotRun) as refused:  # this client has no key
+        unsigned_fleet.run(f"touch {marker}", host=HOST)
+    assert refused.value.kind == "unauthorized" and "unsigned" in refused.value.message
     assert not marker.exists()
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -17,9 +18,13 @@ from typing import cast
 
 import redis
 
-from client import AsyncFleet, Fleet, WaitTimeout
-from client.events import last_seq, parse_entry
+from client import AsyncFleet, Fleet, WaitTimeout, records
+from client._core.constants import CLOCK_SKEW_S
+from client._core.events import parse_entry
+from client.local import FleetState, save_state
+from client.records import last_seq
 from client.redis_server import RedisServer
+from worker.settings import Settings
 from worker.wire import names
 from worker.wire.events import JobEvent
 
@@ -163,3 +168,138 @@ def test_wait_and_events_across_a_redis_restart(tmp_path: Path) -> None:
         factory.cleanup()
         client.close()
         server.stop()
+
+
+def _wipe(server: RedisServer) -> None:
+    """Remove a stopped server's data: it starts again empty (a restart that lost it)."""
+    for path in server.data_dir.iterdir():
+        if path.name.startswith(("appendonly", "dump")):
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
+
+
+def _events_of(out: str) -> list[tuple[str, str]]:
+    return [(e.kind, e.job_id) for e in map(JobEvent.model_validate_json, out.splitlines())]
+
+
+class _Printed:
+    """What a listener process prints, line by line, as it prints it."""
+
+    def __init__(self, proc: subprocess.Popen[str]) -> None:
+        self.lines: list[str] = []
+        self._thread = threading.Thread(target=self._read, args=(proc,), daemon=True)
+        self._thread.start()
+
+    def _read(self, proc: subprocess.Popen[str]) -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            self.lines.append(line)
+
+    def events(self) -> list[tuple[str, str]]:
+        """The events printed so far."""
+        self._thread.join(0.1)
+        return _events_of("".join(self.lines))
+
+
+def test_events_across_a_redis_restart_that_lost_its_data(tmp_path: Path) -> None:
+    """Issue #22 point 4: after such a restart the workers publish their jobs again, and
+    `bashfleet events` used to print their events again (old ones, out of order, one it
+    had shown). It prints each event once, and says once that Redis is away."""
+    server = RedisServer(tmp_path / "redis", password="events-wipe")
+    server.start()
+    client = redis.Redis.from_url(server.url, decode_responses=True)
+    factory = WorkerFactory(server.url, client, tmp_path)
+    fleet = Fleet(server.url)
+    errors = (tmp_path / "listener.err").open("w+")
+    listener: subprocess.Popen[str] | None = None
+    try:
+        factory.start("replayer")
+        old = [fleet.run(command, host="replayer", mode="background").job
+               for command in ("sleep 120", "true")]
+        assert all(job is not None for job in old)
+        past = time.time() + CLOCK_SKEW_S + 1
+        wait_for(lambda: time.time() > past, CLOCK_SKEW_S + 5, "the old jobs to be the past")
+        listener = subprocess.Popen(
+            [sys.executable, "-m", "client.cli", "events", "--json", "--count", "2",
+             "--since", last_seq(client)],
+            env={**os.environ, "BASHFLEET_REDIS_URL": server.url}, text=True,
+            stdout=subprocess.PIPE, stderr=errors,
+        )
+        printed = _Printed(listener)
+        shown = fleet.run("sleep 120", host="replayer", mode="background").job
+        assert shown is not None
+        wait_for(lambda: printed.events() == [("started", shown.id)], 30, "the job's start")
+        server.stop()
+        _wipe(server)
+        server.start()
+        # The worker finds its host record gone and publishes every job again.
+        wait_for(lambda: _stream_events(client, shown.id), 60, "the jobs published again")
+        wait_for(lambda: records.host_alive_token(client, "replayer"), 30, "the worker back")
+        fleet.kill(shown.id)
+        assert listener.wait(60) == 0
+        assert printed.events() == [("started", shown.id), ("ended", shown.id)]
+        errors.seek(0)
+        said = errors.read()
+        assert said.count("unreachable") == 1, said
+    finally:
+        if listener is not None and listener.poll() is None:
+            listener.kill()
+            listener.wait()
+        errors.close()
+        fleet.close()
+        factory.cleanup()
+        client.close()
+        server.stop()
+
+
+def test_events_pick_up_a_local_fleet_brought_down_and_up(tmp_path: Path) -> None:
+    """Issue #22 point 4: `bashfleet events` started before `down` / `up` hung silently
+    for ever on the old fleet's address. It keeps trying, says so once, and hears the
+    new fleet (found, as at its start, through the local fleet's state)."""
+    state_dir = tmp_path / "state"
+    state_dir.mkdir(mode=0o700)
+    settings = Settings(state_dir=state_dir)
+    first = RedisServer(tmp_path / "redis-1", password="fleet-one")
+    second = RedisServer(tmp_path / "redis-2", password="fleet-two")
+    first.start()
+    save_state(FleetState(redis_url=first.url, redis_owned=True), settings)
+    env = {k: v for k, v in os.environ.items() if k != "BASHFLEET_REDIS_URL"}
+    env["BASHFLEET_STATE_DIR"] = str(state_dir)
+    tag = f"phoenix={uuid.uuid4().hex[:8]}"
+    listener = subprocess.Popen(
+        [sys.executable, "-m", "client.cli", "events", "--json", "--count", "1", "--tag", tag],
+        env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+    factories: list[WorkerFactory] = []
+    clients: list[redis.Redis] = []
+    try:
+        one = redis.Redis.from_url(first.url, decode_responses=True)
+        clients.append(one)
+        wait_for(lambda: int(one.pubsub_numsub(names.EVENTS_CHANNEL)[0][1]) > 0, 30,
+                 "the listener to subscribe")
+        first.stop()  # `bashfleet down`
+        second.start()  # `bashfleet up`: another Redis, another port
+        save_state(FleetState(redis_url=second.url, redis_owned=True), settings)
+        two = redis.Redis.from_url(second.url, decode_responses=True)
+        clients.append(two)
+        factories.append(WorkerFactory(second.url, two, tmp_path / "fleet-2"))
+        factories[0].start("reborn")
+        wait_for(lambda: int(two.pubsub_numsub(names.EVENTS_CHANNEL)[0][1]) > 0, 30,
+                 "the listener to find the new fleet")
+        with Fleet(second.url) as fleet:
+            job = fleet.run("true", host="reborn", mode="background",
+                            tags=dict([tag.split("=")])).job
+        assert job is not None
+        code, out, err = _finish(listener, 60)
+        assert code == 0, err
+        assert _events_of(out) == [("started", job.id)]
+        assert err.count("unreachable") == 1, err
+    finally:
+        if listener.poll() is None:
+            listener.kill()
+            listener.wait()
+        for factory in factories:
+            factory.cleanup()
+        for each in clients:
+            each.close()
+        second.stop()
+        first.stop()

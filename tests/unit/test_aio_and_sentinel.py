@@ -1,5 +1,5 @@
-"""Pure parts of the async client and of Sentinel support: the watch's verdicts (table
-tests), the task message, `sentinel://` URLs (and that no password ever shows)."""
+"""Pure parts of the clients and of Sentinel support: the watch's verdicts (table tests),
+the task message, `sentinel://` URLs (and that no password ever shows)."""
 
 from __future__ import annotations
 
@@ -13,10 +13,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from client.aio import KEEP_WAITING, LOCK_GONE_GRACE_S, AsyncFleet, Pending, verdict
+from client._core.constants import FAILOVER_GRACE_S, LOCK_GONE_GRACE_S, MESSAGE_LOST_GRACE_S
+from client._core.identity import outage_grace_s
+from client._core.routing import Route
+from client._core.watch import KEEP_WAITING, Pending, message_task_id, verdict
+from client.aio import AsyncFleet
 from client.errors import FleetUnavailable, WorkerLost
-from client.fleet import FAILOVER_GRACE_S, MESSAGE_LOST_GRACE_S, outage_grace_s
-from worker.fleet.connect import safe_url, sentinel_target, wire_config
+from worker.fleet.celery_apps import wire_config
+from worker.fleet.connect import safe_url, sentinel_target
 from worker.fleet.transport import SENTINEL_TRANSPORT, TRANSPORT
 from worker.wire.messages import task_message
 from worker.wire.models import CallResult
@@ -25,11 +29,7 @@ NOW = 1000.0
 
 
 def _pending(target: str | None = "h1", label: str | None = None, **fields: Any) -> Pending:
-    async def make() -> Pending:
-        answer: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-        return Pending("c1", target, label, "q", answer, **fields)
-
-    return asyncio.run(make())
+    return Pending("c1", Route("q", target, label), **fields)
 
 
 def _kind(found: Any) -> str:
@@ -56,7 +56,7 @@ def _kind(found: Any) -> str:
         # the host's lock was not read this pass: no verdict on it
         ({"state": "running", "host": "h2", "instance": "t1"}, {"h1": "t1"}, {}, None, "wait"),
         ({"state": "lost", "host": "h1", "note": "its consumer died"}, {}, {}, None, "lost"),
-        ({"state": "cancelled"}, {}, {}, None, "result"),
+        ({"state": "cancelled"}, {}, {}, None, "result"),  # kind cancelled: a cancel
         ({"state": "abandoned"}, {}, {}, None, "result"),
         ({"state": "done"}, {"h1": "t1"}, {}, None, "wait"),  # its answer is on its way
         # queued for a live host: wait; for a dead one: withdraw
@@ -120,8 +120,9 @@ def test_task_message_carries_any_command(command: str) -> None:
         argsrepr="x",
     ))
     assert json.loads(base64.b64decode(message["body"]))[0][0]["command"] == command
-    # What `records.message_waiting` looks for, found only where the id is.
+    # What the lost-message scan looks for, found only where the id is.
     assert json.dumps(message).count('"id": "c"') == 1
+    assert message_task_id(json.dumps(message)) == "c"
 
 
 # --------------------------------------------------------------------------- sentinel

@@ -20,6 +20,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 #: Libraries only worker.fleet (and the client) may import.
 BROKER_LIBS = ("celery", "kombu", "redis", "vine")
+#: Celery and its own libraries: worker.fleet alone imports them (a client builds its
+#: task messages itself: `worker.wire.messages`).
+CELERY_LIBS = ("celery", "kombu", "vine")
 
 
 @dataclass(frozen=True)
@@ -39,8 +42,19 @@ RULES = (
     Rule("worker/settings.py", (*BROKER_LIBS, "worker.fleet", "client")),
     Rule("worker/retention.py", (*BROKER_LIBS, "worker.fleet", "client")),
     Rule("worker/fleet", ("client",)),
-    Rule("client", only_worker=("worker.wire", "worker.settings", "worker.fleet.connect")),
+    Rule("worker/fleet/connect.py", (*CELERY_LIBS, "worker.fleet.transport",
+                                     "worker.fleet.celery_apps")),
+    Rule("client", CELERY_LIBS,
+         only_worker=("worker.wire", "worker.settings", "worker.fleet.connect")),
     Rule("client/dialects", (*BROKER_LIBS, "client.fleet", "client.mcp_server")),
+    # The core decides, the I/O layer does: no Redis, no I/O layer, no front end.
+    Rule("client/_core", (*BROKER_LIBS, "worker.fleet", "client._async", "client._sync",
+                          "client.fleet", "client.aio", "client.cli", "client.mcp_server",
+                          "client.dialects")),
+    # The asyncio layer is the source the blocking one is generated from, never the
+    # other way round (and neither reaches the front ends).
+    Rule("client/_async", ("client._sync", "client.fleet", "client.aio", "client.cli",
+                           "client.mcp_server")),
 )
 
 
@@ -95,7 +109,7 @@ def test_a_forbidden_import_is_caught(tmp_path: Path) -> None:
     (client / "cli.py").write_text(
         "from worker.fleet import registry\nfrom worker.wire import names\n"
     )
-    rules = (RULES[1], RULES[6])
+    rules = (RULES[1], RULES[7])
     assert violations(tmp_path, rules) == [
         "worker/engine/sneaky.py:2: redis (forbidden in worker/engine)",
         "worker/engine/sneaky.py:2: redis.Redis (forbidden in worker/engine)",
@@ -103,6 +117,16 @@ def test_a_forbidden_import_is_caught(tmp_path: Path) -> None:
         "('worker.wire', 'worker.settings', 'worker.fleet.connect'))",
         "client/cli.py:1: worker.fleet.registry (client imports only "
         "('worker.wire', 'worker.settings', 'worker.fleet.connect'))",
+    ]
+
+
+def test_a_client_module_importing_celery_is_caught(tmp_path: Path) -> None:
+    client = tmp_path / "client"
+    client.mkdir()
+    (client / "fleet.py").write_text("from kombu.exceptions import OperationalError\n")
+    assert violations(tmp_path, (RULES[7],)) == [
+        "client/fleet.py:1: kombu.exceptions (forbidden in client)",
+        "client/fleet.py:1: kombu.exceptions.OperationalError (forbidden in client)",
     ]
 
 
@@ -122,6 +146,13 @@ def _loaded_after(statement: str) -> list[str]:
     ("statement", "absent"),
     [
         ("import client.dialects", (*BROKER_LIBS, "worker.fleet", "worker.engine", "client.fleet")),
+        # The Python API: Fleet and AsyncFleet speak Redis, never Celery.
+        ("import client; from client import Fleet, AsyncFleet", CELERY_LIBS),
+        ("import client.fleet, client.aio, client.records, client.sessions", CELERY_LIBS),
+        # The core is pure: not even redis.
+        ("import client._core.events, client._core.identity, client._core.messages, "
+         "client._core.output, client._core.records, client._core.routing, "
+         "client._core.seal, client._core.watch", (*BROKER_LIBS, "worker.fleet")),
         ("import worker.wire.models, worker.wire.control, worker.wire.names, "
          "worker.wire.auth, worker.wire.records", (*BROKER_LIBS, "psutil", "worker.engine")),
         ("import worker", (*BROKER_LIBS, "psutil", "worker.engine", "worker.fleet")),

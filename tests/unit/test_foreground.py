@@ -30,7 +30,8 @@ class FakeFleet:
         self.answer = CallResult(call_id="c1", host="h1", exit_code=0)
         self.running = threading.Event()
 
-    def execute(self, request: RunRequest) -> CallResult:
+    def execute(self, request: RunRequest, *, check: bool = False) -> CallResult:
+        assert not check  # a person sees a call that did not run as its result
         self.actions.append(f"execute {request.call_id}")
         self.running.set()
         assert self.ended.wait(10)

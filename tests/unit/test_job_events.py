@@ -12,10 +12,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
+from client._core.events import EventCursor, job_matches, parse_entry, parse_published, seq_key
 from client.dialects.base import SessionState
 from client.dialects.native import NativeDialect
 from client.dialects.testing import FakeRunner
-from client.events import _Cursor, job_matches, job_views, parse_entry, parse_published, seq_key
+from client.records import job_views
 from worker.fleet import registry
 from worker.wire import auth, names
 from worker.wire.events import JobEvent, ended_event, event_matches, started_event
@@ -76,12 +77,12 @@ def test_published_and_stored_events_read_the_same(client: Any) -> None:
 
 
 def test_cursor_skips_what_it_delivered() -> None:
-    cursor = _Cursor("5-0", RING)
+    cursor = EventCursor("5-0", started_at=0.0, keys=RING)
     event = JobEvent(kind="started", job_id="j", host="h", at=1.0, command="c",
                      output_path="/o", seq="5-1")
-    assert cursor.fresh(event)
-    assert not cursor.fresh(event)  # heard twice (catch-up, then the channel)
-    assert not cursor.fresh(event.model_copy(update={"seq": "4-9"}))
+    assert cursor.admit(event)
+    assert not cursor.admit(event)  # heard twice (catch-up, then the channel)
+    assert not cursor.admit(event.model_copy(update={"seq": "4-9"}))
     assert cursor.last == "5-1"
 
 

@@ -25,6 +25,7 @@ from client.errors import (
     CallRejected,
     FleetUnavailable,
     HostUnavailable,
+    UnknownCall,
     UnknownJob,
     WorkerLost,
 )
@@ -394,7 +395,8 @@ class RecordingFleet:
     def __init__(self) -> None:
         self.calls: list[RunRequest | CheckRequest | KillRequest] = []
 
-    def execute(self, request: RunRequest) -> CallResult:
+    def execute(self, request: RunRequest, *, check: bool = False) -> CallResult:
+        assert not check  # a call that did not run is rendered as text for the model
         self.calls.append(request)
         return done(exit_code=0)
 
@@ -426,7 +428,7 @@ def test_fleet_runner_reports_an_unreachable_fleet() -> None:
     lost: list[bool] = []
 
     class Unreachable(RecordingFleet):
-        def execute(self, request: RunRequest) -> CallResult:
+        def execute(self, request: RunRequest, *, check: bool = False) -> CallResult:
             raise FleetUnavailable("Redis is unreachable")
 
     runner = FleetRunner(cast(Fleet, Unreachable()), on_unavailable=lambda: lost.append(True))
@@ -663,7 +665,7 @@ def test_cancel_retries_until_the_call_is_recorded(store: RedisSessionStore) -> 
         def cancel(self, call_id: str) -> bool:
             self.tries += 1
             if self.tries < 3:
-                raise UnknownJob(f"no such call: {call_id}")
+                raise UnknownCall(f"no such call: {call_id}")
             return super().cancel(call_id)
 
     runner = Late()

@@ -15,8 +15,9 @@ EXPECTED = {
         "get_settings", "kill_job", "load_record", "local_records", "run_call",
     },
     "client": {
-        "AsyncFleet", "BashfleetError", "CallRejected", "Fleet", "FleetUnavailable",
-        "HostUnavailable", "Unauthorized", "UnknownJob", "WaitTimeout", "WorkerError",
+        "AsyncFleet", "BashfleetError", "CallNotRun", "CallRejected", "Fleet",
+        "FleetUnavailable", "HostUnavailable", "OutputTooLarge", "SessionPinned",
+        "Unauthorized", "UnknownCall", "UnknownJob", "WaitTimeout", "WorkerError",
         "WorkerLost",
     },
 }

@@ -12,7 +12,7 @@ import pytest
 import redis
 
 from client import records
-from worker.fleet import connect, registry
+from worker.fleet import celery_apps, registry
 from worker.wire import auth, names
 from worker.wire import records as wire_records
 from worker.wire.models import JobRecord
@@ -74,7 +74,7 @@ def test_every_key_has_a_ttl(r: redis.Redis) -> None:
     registry.acquire_host(r, "alpha", "t1")
     record = {"concurrency": 2, "labels": "gpu"}
     assert registry.heartbeat(r, "alpha", "t1", record, KEYS) != "taken"
-    records.submit_call(r, "c1", names.exec_queue("alpha"), "alpha")
+    _queued(r, "c1", names.exec_queue("alpha"), "alpha")
     assert registry.claim_call(r, "c1", "alpha", "t1", 42) == "ok"
     registry.update_call(r, "c1", pid=5, pgid=5, marker="c1")
     registry.save_job(r, _record(), keys=KEYS, running=True)
@@ -126,7 +126,7 @@ def test_host_listing(r: redis.Redis) -> None:
     )
     registry.acquire_host(r, "beta", "t2")
     registry.heartbeat(r, "beta", "t2", {"instance": "t2", "concurrency": 1}, KEYS)
-    records.submit_call(r, "c1", names.exec_queue("alpha"), "alpha")
+    _queued(r, "c1", names.exec_queue("alpha"), "alpha")
     registry.claim_call(r, "c1", "alpha", "t1", 42)
     assert records.live_hosts(r) == ["alpha", "beta"]
     infos = {info.host: info for info in records.list_hosts(r, keys=RING)}
@@ -142,8 +142,9 @@ def test_host_listing(r: redis.Redis) -> None:
 
 
 def test_call_states_guard_at_most_once(r: redis.Redis) -> None:
-    assert records.submit_call(r, "c1", "q", "alpha") == "ok"
-    assert records.submit_call(r, "c1", "q", "alpha") != "ok"  # ids are never reused
+    assert records.send_call(r, "c1", "q", "alpha", "{}", require_alive=False) == "ok"
+    # Ids are never reused.
+    assert records.send_call(r, "c1", "q", "alpha", "{}", require_alive=False) == "taken"
     assert registry.claim_call(r, "c1", "alpha", "t1", 42) == "ok"
     assert registry.claim_call(r, "c1", "alpha", "t1", 42) == "running"  # not twice
     assert records.withdraw_call(r, "c1") == "running"  # too late to withdraw
@@ -156,7 +157,7 @@ def test_call_states_guard_at_most_once(r: redis.Redis) -> None:
 
 
 def test_a_withdrawn_call_is_never_claimed(r: redis.Redis) -> None:
-    records.submit_call(r, "c2", "q", None)
+    _queued(r, "c2", "q", None)
     assert records.withdraw_call(r, "c2", CallState.CANCELLED) == "queued"
     assert registry.claim_call(r, "c2", "alpha", "t1", 42) == "cancelled"
     # A call without a record (Redis lost it with its message in a failover) counts as
@@ -168,7 +169,7 @@ def test_a_withdrawn_call_is_never_claimed(r: redis.Redis) -> None:
 def test_cancelled_and_stopped_calls_end_so(r: redis.Redis) -> None:
     for call_id, transient, final in (("c3", "cancelling", "cancelled"),
                                       ("c4", "stopping", "stopped")):
-        records.submit_call(r, call_id, "q", "alpha")
+        _queued(r, call_id, "q", "alpha")
         registry.claim_call(r, call_id, "alpha", "t1", 42)
         marked = registry.mark_call(
             r, call_id, CallState(transient), only_from=(CallState.RUNNING,)
@@ -202,7 +203,7 @@ def test_jobs_listing_and_views(r: redis.Redis) -> None:
 
 
 def test_wire_config_is_json_only_and_keeps_no_celery_results() -> None:
-    config = connect.wire_config("redis://127.0.0.1:1/0")
+    config = celery_apps.wire_config("redis://127.0.0.1:1/0")
     assert config["accept_content"] == ["json"]
     assert config["task_serializer"] == "json"
     # Answers travel as replies: Celery stores nothing.
@@ -259,7 +260,7 @@ def test_malformed_reply_messages_are_ignored(message: str) -> None:
 def test_finishing_delivers_the_reply_in_the_same_step(r: redis.Redis) -> None:
     channel = names.reply_channel("client2")
     pubsub = _listener(r, channel)
-    records.submit_call(r, "c8", "q", "alpha")
+    _queued(r, "c8", "q", "alpha")
     registry.claim_call(r, "c8", "alpha", "t1", 42)
     reply = registry.Reply("c8", channel, '{"exit_code": 0}')
     assert registry.finish_and_reply(r, "alpha", "c8", {"exit_code": 0}, reply=reply) == (
@@ -272,7 +273,7 @@ def test_finishing_delivers_the_reply_in_the_same_step(r: redis.Redis) -> None:
 
 
 def test_a_reply_is_held_back_when_the_call_ended_from_a_held_state(r: redis.Redis) -> None:
-    records.submit_call(r, "c9", "q", "alpha")
+    _queued(r, "c9", "q", "alpha")
     registry.claim_call(r, "c9", "alpha", "t1", 42)
     registry.mark_call(r, "c9", CallState.CANCELLING, only_from=(CallState.RUNNING,))
     reply = registry.Reply("c9", None, "{}")
@@ -285,10 +286,10 @@ def test_a_reply_is_held_back_when_the_call_ended_from_a_held_state(r: redis.Red
 
 
 def test_a_claim_records_the_nonce_and_refuses_a_replay(r: redis.Redis) -> None:
-    records.submit_call(r, "c10", "q", "alpha")
+    _queued(r, "c10", "q", "alpha")
     assert registry.claim_call(r, "c10", "alpha", "t1", 42, nonce="n1", nonce_ttl_s=60) == "ok"
     assert 0 < r.pttl(names.nonce_key("n1")) <= 60_000
-    records.submit_call(r, "c11", "q", "alpha")
+    _queued(r, "c11", "q", "alpha")
     assert registry.claim_call(
         r, "c11", "alpha", "t1", 42, nonce="n1", nonce_ttl_s=60
     ) == "replayed"
@@ -296,35 +297,60 @@ def test_a_claim_records_the_nonce_and_refuses_a_replay(r: redis.Redis) -> None:
 
 
 def test_update_call_sets_fields_and_returns_the_state(r: redis.Redis) -> None:
-    records.submit_call(r, "c12", "q", "alpha")
+    _queued(r, "c12", "q", "alpha")
     registry.claim_call(r, "c12", "alpha", "t1", 42)
     assert registry.update_call(r, "c12", pid=7, pgid=7, marker="m") == "running"
     assert records.call_record(r, "c12")["pgid"] == "7"
     assert registry.update_call(r, "nope", pid=1) is None
 
 
-def test_submit_checks_the_host_and_records_at_once(r: redis.Redis) -> None:
+def test_send_checks_the_host_and_records_at_once(r: redis.Redis) -> None:
     queue = names.exec_queue("alpha")
-    # No worker holds the host: nothing is recorded.
-    assert records.submit_call(r, "c5", queue, "alpha", require_alive=True) == "down"
+    # No worker holds the host: nothing is recorded, nothing pushed.
+    assert records.send_call(r, "c5", queue, "alpha", _message("c5"), require_alive=True) == "down"
     assert records.call_record(r, "c5") == {}
+    assert r.llen(queue) == 0
     registry.acquire_host(r, "alpha", "t1")
-    assert records.submit_call(r, "c5", queue, "alpha", require_alive=True) == "ok"
+    assert records.send_call(r, "c5", queue, "alpha", _message("c5"), require_alive=True) == "ok"
     record = records.call_record(r, "c5")
     assert (record["state"], record["queue"], record["host"]) == ("queued", queue, "alpha")
     assert 0 < r.ttl(names.call_key("c5")) <= names.CALL_TTL_S
-    assert records.submit_call(r, "c5", queue, "alpha", require_alive=True) == "taken"
+    assert records.queued_ids(r, queue) == {"c5"}
+    assert records.send_call(r, "c5", queue, "alpha", "x", require_alive=True) == "taken"
+    assert r.llen(queue) == 1  # a taken id pushes nothing
     # Unrouted calls record no host.
-    assert records.submit_call(r, "c6", names.ANY_EXEC_QUEUE, None) == "ok"
+    assert records.send_call(r, "c6", names.ANY_EXEC_QUEUE, None, "{}",
+                             require_alive=False) == "ok"
     assert records.call_record(r, "c6")["host"] == ""
 
 
+def test_withdraw_moves_only_a_queued_call(r: redis.Redis) -> None:
+    _queued(r, "c13", "q", "alpha")
+    assert records.withdraw_call(r, "c13", CallState.CANCELLED) == "queued"
+    assert records.call_record(r, "c13")["state"] == "cancelled"
+    assert records.withdraw_call(r, "c13") == "cancelled"  # too late: left as it is
+    assert records.call_record(r, "c13")["state"] == "cancelled"
+    # No record (lost in a failover): recorded withdrawn, so its message never runs.
+    assert records.withdraw_call(r, "c14") == "queued"
+    assert records.call_record(r, "c14")["state"] == "abandoned"
+    assert 0 < r.ttl(names.call_key("c14")) <= names.CALL_TTL_S
+
+
 def test_scripts_are_loaded_again_after_a_redis_restart(r: redis.Redis) -> None:
-    records.submit_call(r, "c7", "q", "alpha")
+    _queued(r, "c7", "q", "alpha")
     r.script_flush()  # as a restarted Redis would have forgotten them
     assert registry.claim_call(r, "c7", "alpha", "t1", 42) == "ok"
     assert registry.finish_and_reply(r, "alpha", "c7", dict(exit_code=None))[0] == "running"
     assert records.call_record(r, "c7")["exit_code"] == ""
+
+
+def _queued(r: redis.Redis, call_id: str, queue: str, host: str | None) -> None:
+    """A call recorded as queued (as `send_call` records it), its message not pushed."""
+    r.hset(names.call_key(call_id), mapping={
+        "call_id": call_id, "state": CallState.QUEUED, "queue": queue, "host": host or "",
+        "sent_at": time.time(),
+    })
+    r.expire(names.call_key(call_id), names.CALL_TTL_S)
 
 
 def _message(call_id: str) -> str:
@@ -332,26 +358,24 @@ def _message(call_id: str) -> str:
     return json.dumps({"body": "W10=", "headers": {"task": "bashfleet.exec", "id": call_id}})
 
 
-def test_message_waiting_finds_a_queued_message_by_its_id(r: redis.Redis) -> None:
+def test_the_lost_message_scan_finds_messages_by_their_parsed_ids(r: redis.Redis) -> None:
     queue = names.exec_queue("h1")
-    r.lpush(queue, _message("c-other"), _message("c-mine"))
-    assert records.message_waiting(r, queue, "c-mine")
-    assert not records.message_waiting(r, queue, "c-gone")
-    assert not records.message_waiting(r, queue, "c-min")  # the whole id, not a prefix
+    r.lpush(queue, _message("c-other"), _message("c-mine"), "not a task message")
+    found = records.queued_ids(r, queue)
+    assert found == {"c-other", "c-mine"}
+    assert "c-min" not in found  # the whole id, not a prefix
 
 
 def test_both_sides_keep_a_queue_in_the_one_list_of_its_name() -> None:
     # No priority steps but 0: kombu keeps every message of a queue in the list named
-    # like the queue, the one list `message_waiting` and `queue_depths` read.
+    # like the queue, the one list the lost-message scan and `queue_depths` read.
     url = "redis://127.0.0.1:1/0"
-    for app in (connect.client_celery(url), connect.worker_celery(url, "celery.worker:x")):
+    for app in (celery_apps.client_celery(url), celery_apps.worker_celery(url, "celery.worker:x")):
         assert app.conf.broker_transport_options["priority_steps"] == [0]
 
 
-def test_a_very_long_queue_counts_as_still_waiting(
-    r: redis.Redis, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_very_long_queue_counts_as_still_waiting(r: redis.Redis) -> None:
     queue = names.exec_queue("h3")
-    monkeypatch.setattr(records, "QUEUE_SCAN_LIMIT", 2)
     r.lpush(queue, _message("a"), _message("b"), _message("c"))
-    assert records.message_waiting(r, queue, "not-there")
+    assert records.queued_ids(r, queue, limit=2) is None  # every call in it waits its turn
+    assert records.queued_ids(r, queue, limit=3) == {"a", "b", "c"}

@@ -1,4 +1,5 @@
-"""The client's reply listener (client.replies), against fakeredis' pub/sub."""
+"""The client's reply listener (the blocking one, generated from
+`client/_async/replies.py`), against fakeredis' pub/sub."""
 
 from __future__ import annotations
 
@@ -9,7 +10,10 @@ import fakeredis
 import pytest
 import redis
 
-from client.replies import SUBSCRIBE_WAIT_S, Replies
+from client import records
+from client._core.constants import SUBSCRIBE_WAIT_S
+from client._sync.concurrency import Tasks
+from client._sync.replies import Replies
 from worker.fleet import registry
 from worker.wire import names
 
@@ -23,9 +27,11 @@ def r() -> Iterator[redis.Redis]:
 
 @pytest.fixture
 def replies(r: redis.Redis) -> Iterator[Replies]:
-    listener = Replies(r)
+    tasks = Tasks()
+    listener = Replies(r, tasks)
     yield listener
     listener.close()
+    tasks.stop()
 
 
 def test_an_answer_published_on_the_channel_reaches_its_waiter(
@@ -53,7 +59,7 @@ def test_an_answer_for_nobody_waiting_is_dropped(r: redis.Redis, replies: Replie
 
 def test_a_forgotten_waiter_hears_nothing(r: redis.Redis, replies: Replies) -> None:
     waiter = replies.expect("t2")
-    replies.forget(waiter)
+    replies.forget("t2")
     registry.deliver_reply(r, registry.Reply("t2", replies.channel, "late"))
     assert waiter.wait(0.3) is None
 
@@ -65,11 +71,20 @@ def test_an_answer_missed_while_not_listening_is_read_back(
     registry.deliver_reply(r, registry.Reply("t3", replies.channel, "kept"))
     waiter = replies.expect("t3")
     assert waiter.wait(0.2) is None
-    assert replies.stored("t3") == "kept"
+    assert records.stored_reply(r, "t3") == "kept"
+
+
+def test_an_answer_delivered_twice_keeps_the_first(r: redis.Redis, replies: Replies) -> None:
+    # The listener and the watch (reading the stored copy) may both deliver it.
+    waiter = replies.expect("t5")
+    replies.deliver("t5", "first")
+    replies.deliver("t5", "second")
+    assert waiter.wait(1) == "first"
+    assert replies.answered("t5")
 
 
 def test_each_client_has_its_own_valid_channel(r: redis.Redis) -> None:
-    one, two = Replies(r), Replies(r)
+    one, two = Replies(r, Tasks()), Replies(r, Tasks())
     assert one.channel != two.channel
     assert names.valid_reply_channel(one.channel)
     assert names.valid_reply_channel(two.channel)
@@ -78,13 +93,15 @@ def test_each_client_has_its_own_valid_channel(r: redis.Redis) -> None:
 def test_with_redis_down_the_first_call_is_not_held_up() -> None:
     # As the client connects (from a URL: no retries of its own).
     down = redis.Redis.from_url("redis://127.0.0.1:1/0", socket_connect_timeout=0.5)
-    listener = Replies(down)
+    tasks = Tasks()
+    listener = Replies(down, tasks)
     try:
         started = time.monotonic()
-        waiter = listener.expect("t4")  # returns once the first attempt failed
+        listener.expect("t4")  # returns once the first attempt failed
         assert time.monotonic() - started < SUBSCRIBE_WAIT_S
         assert not listener.listening
         with pytest.raises(redis.ConnectionError):
-            listener.stored(waiter.task_id)
+            records.stored_reply(down, "t4")
     finally:
         listener.close()
+        tasks.stop()

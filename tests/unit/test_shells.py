@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from client.errors import CallRejected, SessionPinned
 from client.sessions import ShellStore
 from client.shells import (
     ShellChange,
@@ -37,9 +38,9 @@ def ran(**fields: object) -> CallResult:
         # The shell fills what the request leaves open.
         ({}, {"host": "h1", "cwd": "/w", "env": {"A": "1"}, "unset_env": ("LANG",),
               "capture_state": True}),
-        # What the request says wins.
-        ({"host": "h2", "cwd": "/x", "env": {"A": "2", "LANG": "C"}},
-         {"host": "h2", "cwd": "/x", "env": {"A": "2", "LANG": "C"}, "unset_env": (),
+        # What the request says wins (its host is the pinned one: another is an error).
+        ({"host": "h1", "cwd": "/x", "env": {"A": "2", "LANG": "C"}},
+         {"host": "h1", "cwd": "/x", "env": {"A": "2", "LANG": "C"}, "unset_env": (),
           "capture_state": True}),
         # A label chooses a pool: the pin does not apply.
         ({"label": "gpu"}, {"host": None, "cwd": "/w"}),
@@ -53,6 +54,31 @@ def test_fill_request(request_fields: dict[str, object], expected: dict[str, obj
     filled = fill_request(shell, RunRequest(command="ls", session="s1", **request_fields))
     assert {name: getattr(filled, name) for name in expected} == expected
     assert filled.session == "s1" and filled.command == "ls"
+
+
+@pytest.mark.parametrize(
+    ("pinned", "asked", "refused"),
+    [
+        ("h1", "h2", True),  # the session's cwd and files are on h1
+        ("h1", "h1", False),
+        ("h1", None, False),  # the pin fills it in
+        (None, "h2", False),  # the call pins the session
+    ],
+)
+def test_a_session_runs_only_on_its_pinned_host(
+    pinned: str | None, asked: str | None, refused: bool
+) -> None:
+    shell = ShellState(host=pinned, cwd="/w")
+    request = RunRequest(command="ls", session="s2", host=asked)
+    if not refused:
+        assert fill_request(shell, request).host == (asked or pinned)
+        return
+    with pytest.raises(SessionPinned) as caught:
+        fill_request(shell, request)
+    assert isinstance(caught.value, CallRejected)  # nothing was sent
+    assert (caught.value.pinned, caught.value.asked, caught.value.session) == ("h1", "h2", "s2")
+    assert "session s2 is pinned to host h1" in caught.value.message
+    assert "host h2" in caught.value.message
 
 
 # --------------------------------------------------------------------------- change_of

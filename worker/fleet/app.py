@@ -3,7 +3,7 @@
 Configured explicitly, in one place:
 
 - JSON only (never pickle): what comes from Redis is data, not code.
-- At most once (`worker.fleet.connect.worker_celery`): a call's message is
+- At most once (`worker.fleet.celery_apps.worker_celery`): a call's message is
   acknowledged when it starts (early ack), a worker takes no message it has no free
   slot for, and a message of a worker that died is not re-delivered. A shell command
   is never run twice behind the caller's back.
@@ -25,7 +25,7 @@ from celery.signals import after_setup_logger, after_setup_task_logger
 
 from worker.fleet import logs
 from worker.fleet.batching import CONSUMER
-from worker.fleet.connect import worker_celery
+from worker.fleet.celery_apps import worker_celery
 from worker.settings import get_settings
 
 #: Used only when no URL is configured (Celery's own default).

@@ -44,7 +44,8 @@ from pydantic_settings import NoDecode
 
 from worker.engine import procs, running, sandbox
 from worker.fleet import flower, logs, recovery, registry, workspace_calls
-from worker.fleet.connect import client_celery, redis_client, safe_url
+from worker.fleet.celery_apps import client_celery
+from worker.fleet.connect import redis_client, safe_url
 from worker.settings import (
     SECRET_FIELDS,
     SECRET_VARIABLES,

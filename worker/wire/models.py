@@ -6,7 +6,7 @@ ignored, and every field says what it means. Models are JSON-only (never pickle)
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Literal, get_args
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
@@ -454,16 +454,31 @@ class TruncationInfo(Model):
     true, and the bytes are in the spill file."""
 
 
+SystemErrorKind = Literal[
+    "bad_cwd", "spawn_failed", "blocked", "invalid", "worker_lost", "unavailable",
+    "not_found", "internal", "unauthorized", "cancelled", "limit",
+]
+#: Every `SystemError_.kind` this version knows.
+SYSTEM_ERROR_KINDS = frozenset(get_args(SystemErrorKind))
+
+
 class SystemError_(Model):  # noqa: N801 - avoid shadowing the builtin SystemError
     """A failure of the tool, not of the command: nothing ran, or it could not be watched."""
 
-    kind: Literal[
-        "bad_cwd", "spawn_failed", "blocked", "invalid", "worker_lost", "unavailable",
-        "not_found", "internal", "unauthorized", "limit",
-    ]
-    """Machine-readable class of the failure (`limit`: an owner's cap was reached)."""
+    kind: SystemErrorKind
+    """Machine-readable class of the failure. `cancelled`: the caller cancelled the call
+    (workers still answer a cancel as `internal`, which readers older than the kind
+    take; the client names it: `client._core.messages.named_cancel`). `limit`: an
+    owner's cap was reached (the call did not run)."""
     message: str
     """What went wrong, for a person or a model."""
+
+    @field_validator("kind", mode="before")
+    @classmethod
+    def _unknown_kind_is_internal(cls, value: object) -> object:
+        # A kind added by a newer version reads as `internal` here rather than making
+        # the whole result unreadable.
+        return value if value in SYSTEM_ERROR_KINDS else "internal"
 
 
 class Spill(Model):

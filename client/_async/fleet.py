@@ -1,0 +1,825 @@
+"""The fleet client, written once: `client.aio.AsyncFleet` is the class of
+`client/_async/fleet.py`, and `client.fleet.Fleet` the same class in
+`client/_sync/fleet.py`, which `scripts/unasync.py` generates from it (dropping `async`,
+`await` and the `Async` prefix of names; checked in, and a test fails when it differs).
+
+    async with AsyncFleet() as fleet:        # BASHFLEET_REDIS_URL, else the local fleet
+        result = await fleet.run("make test", host="build-1")
+        job = (await fleet.run("./serve.sh", mode="background")).job
+        await fleet.check(job.id); await fleet.kill(job.id)
+
+What the client decides is the core's (`client._core`, no I/O): how a request is
+validated and signed, where a call goes, what an answer means, when a call waited for
+is lost. What this layer does is Redis I/O (`client._async.records`), in the order the
+core asks for it:
+
+- a call is one Lua script that records it and pushes its Celery message (the JSON
+  kombu would push: `worker.wire.messages`) in one round trip; a control call (check,
+  kill, read_output, cancel, jobs, write_stdin...) is one message pushed on the owning
+  host's control queue, served apart from the command slots. No Celery in a client.
+- answers arrive on the client's reply channel, heard by one listener
+  (`client._async.replies`); a call waits on its own slot;
+- calls in flight are watched together: every WATCH_INTERVAL_S one pipelined round
+  trip reads every waiting call's stored answer and record and the locks of their
+  hosts (a worker that dies shows as WorkerLost within seconds; the command is never
+  sent again);
+- backpressure is explicit: at most `max_in_flight` calls sent and not answered (more
+  wait in the client, unsent), at most `redis_concurrency` Redis commands under way;
+- every error a worker answers is a typed exception (`client.errors`).
+
+The asyncio client belongs to one event loop; the blocking one serves any number of
+threads (its listener and watch are threads: two, whatever the calls in flight).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import time
+import uuid
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any, Concatenate, Literal, ParamSpec, TypeVar
+
+import redis
+
+from client import shells
+from client._async import records
+from client._async.concurrency import (
+    CANCELLED,
+    AsyncEvent,
+    AsyncLoopGuard,
+    AsyncSemaphore,
+    AsyncSlot,
+    AsyncTasks,
+)
+from client._async.events import follow
+from client._async.replies import Answer, AsyncReplies
+from client._async.shells import AsyncShellStore
+from client._core.constants import (
+    CTL_TIMEOUT_S,
+    DEFAULT_MAX_IN_FLIGHT,
+    DEFAULT_REDIS_CONCURRENCY,
+    FULL_OUTPUT_MAX_BYTES,
+    IDLE_TICK_S,
+    TIMED_WAIT_TICK_S,
+    WATCH_INTERVAL_S,
+)
+from client._core.events import EventCursor, job_matches
+from client._core.identity import (
+    outage_grace_s,
+    record_keys_at,
+    require_url,
+    resolve_identity,
+)
+from client._core.messages import (
+    build_call,
+    control_message,
+    control_request,
+    decode_control,
+    decode_result,
+    exec_message,
+    raise_if_not_run,
+    run_request,
+)
+from client._core.output import FullRead, OutputMode, full_reads, with_full_output
+from client._core.routing import (
+    Placement,
+    Route,
+    call_record_of,
+    checked_call_id,
+    checked_id,
+    host_down,
+    job_target,
+    output_host,
+    pool_members,
+    route,
+)
+from client._core.watch import (
+    Outage,
+    Pending,
+    Verdict,
+    control_verdict,
+    labels_to_read,
+    note_lock,
+    note_queue,
+    verdict,
+)
+from client.errors import (
+    BashfleetError,
+    CallRejected,
+    FleetUnavailable,
+    HostUnavailable,
+    WaitTimeout,
+    WorkerError,
+    WorkerLost,
+)
+from worker.fleet.connect import AsyncRedis, async_redis_client, safe_url
+from worker.wire import names
+from worker.wire.control import (
+    MAX_READ_LIMIT,
+    CancelRequest,
+    CancelResult,
+    CheckRequest,
+    CloseStdinRequest,
+    Collect,
+    ControlRequest,
+    DetachRequest,
+    DetachResult,
+    JobList,
+    JobsRequest,
+    KillRequest,
+    ReadOutputRequest,
+    ResizeRequest,
+    SessionOutput,
+    WriteStdinRequest,
+)
+from worker.wire.events import EventKind, JobEvent, event_matches
+from worker.wire.models import (
+    CallResult,
+    CheckResult,
+    HostInfo,
+    JobView,
+    Model,
+    OutputChunk,
+    RunRequest,
+    Truncation,
+)
+from worker.wire.names import CallState
+
+log = logging.getLogger(__name__)
+
+R = TypeVar("R", bound=Model)
+T = TypeVar("T")
+P = ParamSpec("P")
+
+#: The watch's name among a client's background work.
+WATCH = "bashfleet-watch"
+
+_REDIS_ERRORS = (redis.ConnectionError, redis.TimeoutError, OSError)
+
+
+@dataclass(frozen=True)
+class SentControl:
+    """A control request on its way: what waiting for its answer needs."""
+
+    host: str
+    task_id: str
+    token: str
+    """The lock token of the host's instance when it was sent."""
+    slot: AsyncSlot[Answer]
+    timeout: float
+    deadline: float
+
+
+class AsyncFleet:
+    """A client of the fleet. Cheap to keep for the life of a process.
+
+    `redis_url`: the fleet's Redis (default BASHFLEET_REDIS_URL, else the local fleet of
+    `bashfleet up`). `owner`: who this client's calls and jobs belong to (default:
+    BASHFLEET_OWNER, else `user:<login>`); another owner's jobs are unknown to it.
+    `admin`: sign with the admin key when one is configured (BASHFLEET_ADMIN_KEY, or the
+    local fleet's), to reach every owner's jobs. `max_in_flight`: calls sent and not
+    answered, at most (the others wait their turn in this process, unsent).
+    `redis_concurrency`: Redis commands under way at once (the connections it holds).
+    """
+
+    def __init__(
+        self, redis_url: str | None = None, *, owner: str | None = None, admin: bool = False,
+        max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
+        redis_concurrency: int = DEFAULT_REDIS_CONCURRENCY,
+    ) -> None:
+        if max_in_flight < 1 or redis_concurrency < 1:
+            raise ValueError("max_in_flight and redis_concurrency must be at least 1")
+        url = require_url(redis_url)
+        self.url = safe_url(url)
+        """The Redis URL with its password hidden (for messages)."""
+        self.max_in_flight = max_in_flight
+        """Calls sent and not answered, at most."""
+        identity = self._identity = resolve_identity(url, owner, admin)
+        self.owner = identity.owner
+        """Who this client's calls and jobs belong to."""
+        self.admin = identity.admin
+        """True when this client signs with the admin key."""
+        self._asked_url = redis_url
+        self._raw_url = url
+        self._redis = async_redis_client(url)
+        self._keys = identity.reply_keys()
+        # What verifies the host and job records and the job events workers publish.
+        self._record_keys = identity.record_keys()
+        self._tasks = AsyncTasks()
+        self._replies = AsyncReplies(self._redis, self._tasks)
+        self._shells = AsyncShellStore(self._redis, key=identity.shell_key)
+        self._outage_grace_s = outage_grace_s(url)
+        self._slots = AsyncSemaphore(max_in_flight)
+        self._io = AsyncSemaphore(redis_concurrency)
+        self._loop = AsyncLoopGuard()
+        self._pending: dict[str, Pending] = {}
+        self._closing = AsyncEvent()
+        # Another fleet's Redis (the local fleet brought down and up) and its keys, by URL.
+        self._event_clients: dict[str, tuple[AsyncRedis, dict[str, str]]] = {}
+
+    async def close(self) -> None:
+        """Close the connections (the object is unusable afterwards). The cancels of calls
+        whose callers gave up are sent first; calls still waited for fail."""
+        await self._tasks.join()
+        self._closing.set()
+        self._fail_all(FleetUnavailable("the fleet client was closed"))
+        self._replies.close()
+        await self._tasks.stop()
+        for client in [self._redis, *(each for each, _ in self._event_clients.values())]:
+            with contextlib.suppress(*_REDIS_ERRORS):
+                await client.aclose()
+
+    async def __aenter__(self) -> AsyncFleet:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    @property
+    def in_flight(self) -> int:
+        """Calls sent and not answered yet."""
+        return len(self._pending)
+
+    # ------------------------------------------------------------------------ run
+
+    async def run(
+        self, command: str, *, check: bool = True, output: OutputMode = "tail",
+        max_output_bytes: int = FULL_OUTPUT_MAX_BYTES, **options: Any,
+    ) -> CallResult:
+        """Run `command` and wait for its result; `options` are `RunRequest`'s fields
+        (host, label, mode, timeout, cwd, session, policy, env, call_id, head, tail,
+        unset_env, capture_state, tags, stdin...). An unknown or invalid option is a
+        CallRejected, nothing sent.
+
+        `host` None: any live host (`label`: a host of that pool). `mode`: `default`
+        (the policy's timeout), `slow` (15 minutes unless `timeout` says otherwise) or
+        `background` (start it detached, return its job at once). A `session` is a
+        shell that lives on in Redis: its calls run on the host of its first call (asking
+        for another host is a SessionPinned error), and each starts in the directory and
+        with the variables the previous ones left. `call_id` (default: a fresh one) lets
+        another caller `cancel` or `detach` the call.
+
+        The result's `stdout` and `stderr` are the output as the native policy shows it:
+        the last 2000 lines / 50 KB of each stream, the rest left out (its counts in
+        `stdout_truncation` / `stderr_truncation`, the whole in the call's spill files on
+        its host: `result.spill`). `output="full"` reads the whole output back (through
+        `read_output`) into the result, up to `max_output_bytes` of stdout and stderr
+        together (OutputTooLarge past it).
+
+        `check` (default True): a call that did not run at all (a bad cwd, a blocked or
+        invalid command, a refused signature, a spawn failure, no worker to take it, a
+        background job past its owner's cap) raises CallNotRun, which carries its kind,
+        message and result; `check=False` returns that result instead (its `error` says
+        why). A command that ran and failed is never an error: see `exit_code`,
+        `signal`, `timed_out`.
+        """
+        return await self.execute(run_request(command, options), check=check, output=output,
+                                  max_output_bytes=max_output_bytes)
+
+    async def execute(
+        self, request: RunRequest, *, check: bool = False, output: OutputMode = "tail",
+        max_output_bytes: int = FULL_OUTPUT_MAX_BYTES,
+    ) -> CallResult:
+        """Run a `RunRequest` (what `run` builds) and wait for its result (`run` says what
+        `check`, `output` and `max_output_bytes` do).
+
+        The dialects' `Runner` method: a call that did not run is in its result (`error`),
+        which a dialect renders as text for its model, unless `check` asks for CallNotRun
+        (`run` asks by default).
+
+        With a `session`, the call runs in the session's shell (`client.shells`): on its
+        pinned host, in its cwd, with its variables; and what the call changed (a `cd`,
+        an `export`, an `unset`) is kept for the session's next call, whoever makes it.
+        An asyncio task awaiting it that is cancelled cancels the call too (withdrawn if
+        queued, its processes killed if running), as `cancel` does.
+        """
+        if output not in ("tail", "full"):
+            raise CallRejected(f"invalid output {output!r}: 'tail' or 'full'")
+        if request.session is None:
+            result = await self._execute(request)
+        else:
+            result = await self._execute_in_session(request, request.session)
+        if check:
+            raise_if_not_run(result)
+        if output == "full":
+            result = await self._full_output(result, max_output_bytes)
+        return result
+
+    async def _execute_in_session(self, request: RunRequest, session: str) -> CallResult:
+        if not names.valid_id(session):
+            raise CallRejected(f"invalid session id {session!r}")
+        shell = await self._call(self._shells.load, session)
+        result = await self._execute(shells.fill_request(shell, request))
+        change = shells.change_of(result)
+        if change:
+            try:
+                await self._call(self._shells.commit, session, change)
+            except (FleetUnavailable, redis.RedisError) as exc:
+                # The call ran: its result matters more than the session's next cwd.
+                log.warning("session %s: could not save its shell: %s", session, exc)
+        return result
+
+    async def _execute(self, request: RunRequest) -> CallResult:
+        call = build_call(request, self.owner)
+        async with self._slots:
+            where = await self._route(Placement.of(request))
+            message = exec_message(self._identity, call, where.queue, self._replies.channel)
+            slot = await self._replies.expect(call.call_id)
+            sent = False
+            try:
+                await self._send_call(call.call_id, where, message)
+                sent = True
+                return await self._wait_call(Pending(call.call_id, where), slot)
+            except CANCELLED:
+                if sent:  # the caller gave up: so does the fleet (withdraw, or kill)
+                    self._cancel_soon(call.call_id)
+                raise
+            finally:
+                self._replies.forget(call.call_id)
+
+    async def _route(self, placement: Placement) -> Route:
+        """Where a call goes (`client._core.routing.route`), from the live hosts when no
+        host is named."""
+        if not placement.needs_live_hosts:
+            return route(placement)
+        live = await self._r(records.live_hosts)
+        infos: list[HostInfo] = []
+        if placement.label is not None and live:
+            infos = await self._r(records.list_hosts, live, keys=self._record_keys)
+        return route(placement, live, infos)
+
+    async def _send_call(self, call_id: str, where: Route, message: str) -> None:
+        """Record the call and push its message: one round trip, one Lua script that also
+        checks the named host is alive."""
+        target = where.target
+        sent = await self._r(records.send_call, call_id, where.queue, target, message,
+                             require_alive=target is not None)
+        if sent == "down" and target is not None:
+            await self._require_alive(target)  # raises HostUnavailable, naming live hosts
+            sent = await self._r(records.send_call, call_id, where.queue, target, message,
+                                 require_alive=False)
+        if sent == "taken":
+            raise CallRejected(f"call id {call_id} is already in use")
+
+    async def _require_alive(self, host: str) -> str:
+        """The lock token of the host's live instance; HostUnavailable when none holds it."""
+        token = await self._r(records.host_alive_token, host)
+        if token is None:
+            raise host_down(host, await self._r(records.live_hosts))
+        return token
+
+    async def _wait_call(self, pending: Pending, slot: AsyncSlot[Answer]) -> CallResult:
+        """The call's result: its answer, or what the watch found wrong with it."""
+        self._pending[pending.call_id] = pending
+        try:
+            self._tasks.start_once(WATCH, self._watch_calls)
+            answer = await slot.wait()
+        finally:
+            self._pending.pop(pending.call_id, None)
+        if isinstance(answer, str):
+            return decode_result(self._keys, pending.call_id, answer)
+        if isinstance(answer, CallResult):
+            return answer
+        raise answer if answer is not None else WorkerError(f"call {pending.call_id}: no answer")
+
+    def _cancel_soon(self, call_id: str) -> None:
+        """Cancel a call in the background (its awaiting caller was cancelled); `close`
+        waits for these."""
+        self._tasks.spawn(f"cancel-{call_id}", functools.partial(self._cancel_quietly, call_id))
+
+    async def _cancel_quietly(self, call_id: str) -> None:
+        with contextlib.suppress(BashfleetError):
+            await self.cancel(call_id)
+
+    async def _full_output(self, result: CallResult, max_bytes: int) -> CallResult:
+        """The result with its whole output read back (`client._core.output`)."""
+        texts = {}
+        for read in full_reads(result, max_bytes):
+            texts[read.stream] = await self._read_whole(result.call_id, read)
+        return with_full_output(result, texts) if texts else result
+
+    async def _read_whole(self, call_id: str, read: FullRead) -> str:
+        parts = []
+        offset = 0
+        while True:
+            chunk = await self.read_output(call_id, offset=offset, limit=MAX_READ_LIMIT,
+                                           stream=read.stream)
+            parts.append(chunk.text)
+            if chunk.eof or chunk.next_offset <= offset:
+                return "".join(parts)
+            offset = chunk.next_offset
+
+    # ------------------------------------------------------------------ the watch
+
+    async def _watch_calls(self) -> None:
+        """Watch every waiting call, one pass per WATCH_INTERVAL_S, until none waits."""
+        outage = Outage(self._outage_grace_s)
+        while not await self._closing.wait(WATCH_INTERVAL_S):
+            if self._tasks.retire(WATCH, lambda: not self._pending):
+                return
+            try:
+                await self._watch_pass()
+                outage.ended()
+            except (FleetUnavailable, redis.RedisError) as exc:
+                if outage.outlasted(time.monotonic()):
+                    self._fail_all(exc if isinstance(exc, FleetUnavailable) else
+                                   FleetUnavailable(f"Redis at {self.url} failed: {exc}"))
+            except Exception as exc:  # a bug of ours: tell the callers, never leave them
+                log.exception("the watch of the calls in flight failed")
+                self._fail_all(WorkerError(f"the client's watch failed: {exc!r}"))
+
+    def _fail_all(self, error: BashfleetError) -> None:
+        for pending in list(self._pending.values()):
+            self._replies.deliver(pending.call_id, error)
+
+    async def _watch_pass(self) -> None:
+        waiting = [p for p in list(self._pending.values())
+                   if not self._replies.answered(p.call_id)]
+        if not waiting:
+            return
+        hosts = {h for p in waiting for h in (p.target, p.host) if h}
+        snapshot = await self._r(records.watch_snapshot, [p.call_id for p in waiting], hosts)
+        queued = [p for p, record in zip(waiting, snapshot.records, strict=True)
+                  if record.get("state") in (CallState.QUEUED, None)]
+        live = await self._live_for(queued)
+        await self._scan_queues(queued)
+        now = time.monotonic()
+        for pending, answer, record in zip(waiting, snapshot.answers, snapshot.records,
+                                           strict=True):
+            if answer is not None:
+                self._replies.deliver(pending.call_id, answer)
+                continue
+            pending.host = record.get("host") or pending.host
+            note_lock(pending, snapshot.tokens, now)
+            found = verdict(pending, record, snapshot.tokens, live.get(pending.label or ""),
+                            now)
+            if found.problem is not None:
+                await self._conclude(pending, found)
+
+    async def _live_for(self, queued: list[Pending]) -> dict[str, list[str]]:
+        """Live hosts that could take each untargeted queued call, by its label ("" for
+        any host); read only when such a call waits."""
+        labels = labels_to_read(queued)
+        if not labels:
+            return {}
+        alive = await self._r(records.live_hosts)
+        infos = await self._r(records.list_hosts, alive, keys=self._record_keys) \
+            if labels - {""} and alive else []
+        return {label: pool_members(label, infos) if label else alive for label in labels}
+
+    async def _scan_queues(self, queued: list[Pending]) -> None:
+        """Note which queued calls' messages are gone from their queues (taken by a
+        consumer that never claimed them); one read per queue."""
+        now = time.monotonic()
+        for queue in {p.route.queue for p in queued}:
+            ids = await self._r(records.queued_ids, queue)
+            for pending in queued:
+                if pending.route.queue == queue:
+                    note_queue(pending, ids, now)
+
+    async def _conclude(self, pending: Pending, found: Verdict) -> None:
+        """End a call the watch found in trouble (withdrawing it first when it was queued);
+        an answer stored meanwhile wins."""
+        if found.withdraw:
+            previous = await self._r(records.withdraw_call, pending.call_id)
+            if previous != CallState.QUEUED:
+                return  # a worker took it after all: watch it as a running call
+        stored = await self._r(records.stored_reply, pending.call_id)
+        if stored is not None:
+            self._replies.deliver(pending.call_id, stored)
+        elif found.problem is not None:
+            self._replies.deliver(pending.call_id, found.problem)
+
+    # -------------------------------------------------------------------- control
+
+    async def check(
+        self, id: str, *, grep: str | None = None, offset: int | None = None,
+        stderr_offset: int | None = None, truncation: Truncation | None = None,
+    ) -> CheckResult:
+        """A job's state and its output since `offset` (None: since the last check).
+
+        "The last check" is any client's: the offsets are kept in the job's record.
+        `truncation` cuts the new output (default: the last 2000 lines). `id`: the job's,
+        or the call's that started it.
+        """
+        return await self.check_job(control_request(
+            CheckRequest, id=id, grep=grep, offset=offset, stderr_offset=stderr_offset,
+            truncation=truncation,
+        ))
+
+    async def check_job(self, request: CheckRequest) -> CheckResult:
+        """`check`, from its request model."""
+        host, job_id = await self._job_target(request.id)
+        return await self._control(host, request.model_copy(update={"id": job_id}),
+                                   CheckResult)
+
+    async def kill(
+        self, id: str, *, offset: int | None = None, stderr_offset: int | None = None,
+        truncation: Truncation | None = None,
+    ) -> CheckResult:
+        """End a job; its final state and its output since `offset` (None: the last check)."""
+        return await self.kill_job(control_request(
+            KillRequest, id=id, offset=offset, stderr_offset=stderr_offset,
+            truncation=truncation,
+        ))
+
+    async def kill_job(self, request: KillRequest) -> CheckResult:
+        """`kill`, from its request model."""
+        host, job_id = await self._job_target(request.id)
+        return await self._control(host, request.model_copy(update={"id": job_id}),
+                                   CheckResult)
+
+    async def read_output(
+        self, id: str, *, offset: int = 0, limit: int = 65536, grep: str | None = None,
+        stream: Literal["stdout", "stderr"] = "stdout",
+    ) -> OutputChunk:
+        """A slice of a job's output, or of the kept (spilled) output of a call."""
+        return await self.read_chunk(control_request(
+            ReadOutputRequest, id=id, offset=offset, limit=limit, grep=grep, stream=stream
+        ))
+
+    async def read_chunk(self, request: ReadOutputRequest) -> OutputChunk:
+        """`read_output`, from its request model."""
+        found = await self._r(records.lookup_id, checked_id(request.id, "job or call"))
+        return await self._control(output_host(request.id, found), request, OutputChunk)
+
+    async def cancel(self, call_id: str) -> bool:
+        """Stop a call: withdraw it if queued, kill its processes if running (its result
+        then says `cancelled`). True when it was withdrawn or its processes were
+        signalled; False when it had ended already. UnknownCall for an id no call has.
+        """
+        record = call_record_of(
+            call_id, await self._r(records.call_record, checked_call_id(call_id)))
+        previous = await self._r(records.withdraw_call, call_id, CallState.CANCELLED)
+        if previous == CallState.QUEUED:
+            return True
+        if previous != CallState.RUNNING:
+            return False
+        request = CancelRequest(call_id=call_id)
+        return (await self._control(record["host"], request, CancelResult)).cancelled
+
+    async def detach(self, call_id: str) -> bool:
+        """Leave a running foreground call running as a background job.
+
+        True when the call was asked to: its own result (the one `run` returns) then
+        names the job (`CallResult.job`). False when it was not running (yet: a call is
+        detachable once it has run 50 ms) or had ended already. UnknownCall for an id
+        no call has.
+        """
+        record = call_record_of(
+            call_id, await self._r(records.call_record, checked_call_id(call_id)))
+        if record.get("state") != CallState.RUNNING:
+            return False
+        request = DetachRequest(call_id=call_id)
+        return (await self._control(record["host"], request, DetachResult)).detached
+
+    async def jobs(
+        self, host: str | None = None, *, all_owners: bool = False,
+        tags: Mapping[str, str] | None = None, owner: str | None = None,
+    ) -> list[JobView]:
+        """This client's background jobs on one host, or on every host the fleet knows;
+        oldest first; only those carrying every tag of `tags`. `all_owners` (an admin
+        client only): every owner's, or those of `owner`. Every live host is asked at
+        once; a dead one's jobs are what Redis last knew of them."""
+        every = all_owners or (owner is not None and owner != self.owner)
+        hosts = [host] if host is not None else await self._r(records.known_hosts)
+        live = set(await self._r(records.live_hosts))
+        request = JobsRequest(all_owners=every)
+        asked: dict[str, SentControl] = {}
+        for name in hosts:
+            if name in live:
+                with contextlib.suppress(WorkerLost, HostUnavailable):
+                    asked[name] = await self._send_control(name, request)
+        views: list[JobView] = []
+        for name in hosts:
+            views += await self._host_jobs(name, asked.get(name), every)
+        return sorted((view for view in views if job_matches(view, tags=tags, owner=owner)),
+                      key=lambda view: view.started_at)
+
+    async def _host_jobs(self, host: str, sent: SentControl | None,
+                         all_owners: bool) -> list[JobView]:
+        if sent is not None:
+            try:
+                return list((await self._await_control(sent, JobList)).jobs)
+            except (WorkerLost, HostUnavailable):
+                pass  # it died meanwhile: show what Redis knows
+        listed = await self._r(records.list_jobs, host, keys=self._record_keys)
+        return [view for view in listed if all_owners or view.owner == self.owner]
+
+    async def job_views(self, ids: list[str]) -> dict[str, JobView]:
+        """What Redis knows of these jobs, by id, in one round trip (no worker is asked):
+        how a dialect learns which of its jobs ended. Unknown ids are left out."""
+        return await self._r(records.job_views, [i for i in ids if names.valid_id(i)],
+                             keys=self._record_keys)
+
+    async def hosts(self) -> list[HostInfo]:
+        """Every host seen in the last day: alive or not, slots, busy and queued, labels
+        (a host whose record does not verify is left out, with a warning)."""
+        return await self._r(records.list_hosts, keys=self._record_keys)
+
+    async def shared_queues(self) -> dict[str, int]:
+        """Calls waiting in the queues no single host owns, by queue name.
+
+        `bashfleet.any.exec` (calls with no host) and `bashfleet.pool.<label>.exec` for
+        each label of a known host: any live host (of the label) takes them, so
+        `hosts()` counts them for none.
+        """
+        infos = await self._r(records.list_hosts, keys=self._record_keys)
+        labels = sorted({label for info in infos for label in info.labels})
+        queues = [names.ANY_EXEC_QUEUE, *(names.pool_queue(label) for label in labels)]
+        return await self._r(records.queue_depths, queues)
+
+    # --------------------------------------------------------------------- events
+
+    async def wait(self, id: str, *, timeout: float | None = None) -> JobView:
+        """Wait until a job (or the job a call started) ends; its final view.
+
+        Hears the job's `ended` event (`events`) as it is published, and reads the job's
+        record at each idle tick, so neither a missed publish nor a Redis reconnect
+        makes it miss the end. WaitTimeout after `timeout` seconds (the job runs on).
+        """
+        _, job_id = await self._job_target(id)
+        since = await self._r(records.last_seq)
+        view = (await self.job_views([job_id])).get(job_id)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        tick = IDLE_TICK_S if timeout is None else TIMED_WAIT_TICK_S
+        stream = self._follow(since, tick)
+        try:
+            while view is None or view.state != "ended":
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise WaitTimeout(f"job {job_id} still running after {timeout:g}s",
+                                      job_id=job_id)
+                event = await anext(stream)
+                if event is None or (event.job_id == job_id and event.kind == "ended"):
+                    with contextlib.suppress(FleetUnavailable):  # Redis away: next tick
+                        view = (await self.job_views([job_id])).get(job_id, view)
+            return view
+        finally:
+            await stream.aclose()
+
+    async def events(
+        self, *, host: str | None = None, kinds: tuple[EventKind, ...] = (),
+        tags: Mapping[str, str] | None = None, since: str | None = None,
+    ) -> AsyncGenerator[JobEvent, None]:
+        """Job events (a job started, a job ended) of the whole fleet as they happen,
+        from any client; filtered by host, kind and tags. `since`: a `JobEvent.seq` to
+        resume after ("0-0": every event kept); None: from now. Endless: break out of
+        it (or close it).
+
+        Each event is heard once, in order, across Redis reconnects and restarts, and
+        across a local fleet brought down and up again (`client._core.events`); while
+        Redis cannot be reached it keeps trying, and says so once (a warning in the
+        `bashfleet.events` log).
+        """
+        start = since if since is not None else await self._r(records.last_seq)
+        wanted = dict(tags or {})
+        stream = self._follow(start, IDLE_TICK_S)
+        try:
+            async for event in stream:
+                if event is not None and event_matches(event, host=host, kinds=kinds,
+                                                       tags=wanted):
+                    yield event
+        finally:
+            await stream.aclose()
+
+    def _follow(self, since: str, tick_s: float) -> AsyncGenerator[JobEvent | None, None]:
+        cursor = EventCursor(since, time.time(), keys=self._record_keys)
+        return follow(self._event_source, cursor, tick_s)
+
+    def _event_source(self) -> tuple[AsyncRedis, str, dict[str, str]]:
+        """The Redis to hear job events from now and the keys that verify them: this
+        client's, or, when the fleet it found through `bashfleet up` was replaced by
+        another, the new one's (another fleet seals with other keys)."""
+        url = self._raw_url
+        with contextlib.suppress(FleetUnavailable):
+            url = require_url(self._asked_url)
+        if url == self._raw_url:
+            return self._redis, self.url, self._record_keys
+        found = self._event_clients.get(url)
+        if found is None:
+            keys = record_keys_at(url, self.admin)
+            found = self._event_clients[url] = (async_redis_client(url), keys)
+        return found[0], safe_url(url), found[1]
+
+    # ---------------------------------------------------------- interactive sessions
+
+    async def write_stdin(
+        self, id: str, data: str = "", *, collect: Collect | None = None,
+        data_b64: str | None = None,
+    ) -> SessionOutput:
+        """Write `data` to an interactive job's stdin (through its terminal for a PTY:
+        `\u0003` is Ctrl-C), then return its output since the last read by any client of
+        this owner; empty `data` only reads. `collect` says how long to wait for output."""
+        return await self.write_stdin_request(control_request(
+            WriteStdinRequest, id=id, data=data, data_b64=data_b64,
+            collect=collect or Collect(),
+        ))
+
+    async def write_stdin_request(self, request: WriteStdinRequest) -> SessionOutput:
+        """`write_stdin`, from its request model."""
+        return await self._session_control(request, request.collect)
+
+    async def read(self, id: str, *, collect: Collect | None = None) -> SessionOutput:
+        """An interactive job's output since the last read (a poll: nothing is written)."""
+        return await self.write_stdin(id, collect=collect)
+
+    async def close_stdin(self, id: str, *, collect: Collect | None = None) -> SessionOutput:
+        """End an interactive job's input (EOF; Ctrl-D through a terminal); its new output."""
+        return await self.close_stdin_request(control_request(
+            CloseStdinRequest, id=id, collect=collect or Collect()))
+
+    async def close_stdin_request(self, request: CloseStdinRequest) -> SessionOutput:
+        """`close_stdin`, from its request model."""
+        return await self._session_control(request, request.collect)
+
+    async def resize(self, id: str, rows: int, cols: int) -> SessionOutput:
+        """Set an interactive job's terminal size (its foreground process gets SIGWINCH)."""
+        request = control_request(ResizeRequest, id=id, rows=rows, cols=cols)
+        return await self._session_control(request, Collect(read=False))
+
+    async def _session_control(
+        self, request: WriteStdinRequest | CloseStdinRequest | ResizeRequest, collect: Collect
+    ) -> SessionOutput:
+        host, job_id = await self._job_target(request.id)
+        # The worker may wait that long for output before it answers.
+        timeout = CTL_TIMEOUT_S + collect.wait_s + collect.delay_s
+        return await self._control(host, request.model_copy(update={"id": job_id}),
+                                   SessionOutput, timeout)
+
+    # ------------------------------------------------------------------- plumbing
+
+    @asynccontextmanager
+    async def _guarded(self) -> AsyncIterator[None]:
+        """One Redis operation: within the concurrency bound, its failure FleetUnavailable
+        (password hidden)."""
+        self._loop.check()
+        async with self._io:
+            try:
+                yield
+            except _REDIS_ERRORS as exc:
+                raise FleetUnavailable(f"Redis at {self.url} is unreachable: {exc}") from None
+
+    async def _r(self, operation: Callable[Concatenate[AsyncRedis, P], Awaitable[T]],
+                 *args: P.args, **kwargs: P.kwargs) -> T:
+        """`operation(self's Redis, *args, **kwargs)`, guarded (`_guarded`)."""
+        async with self._guarded():
+            return await operation(self._redis, *args, **kwargs)
+
+    async def _call(self, operation: Callable[P, Awaitable[T]], *args: P.args,
+                    **kwargs: P.kwargs) -> T:
+        """`operation(*args, **kwargs)` (a Redis operation of its own), guarded."""
+        async with self._guarded():
+            return await operation(*args, **kwargs)
+
+    async def _job_target(self, item_id: str) -> tuple[str, str]:
+        """(host, job id) of a job id, or of the call that started the job."""
+        found = await self._r(records.lookup_id, checked_id(item_id, "job"))
+        return job_target(item_id, found)
+
+    async def _control(self, host: str, request: ControlRequest, response: type[R],
+                       timeout: float = CTL_TIMEOUT_S) -> R:
+        """Send a control request to `host`'s control queue; its typed response (every
+        error kind the worker answers, its typed exception)."""
+        return await self._await_control(await self._send_control(host, request, timeout),
+                                         response)
+
+    async def _send_control(self, host: str, request: ControlRequest,
+                            timeout: float = CTL_TIMEOUT_S) -> SentControl:
+        token = await self._require_alive(host)
+        task_id = uuid.uuid4().hex
+        message = control_message(self._identity, request, task_id=task_id, host=host,
+                                  reply_to=self._replies.channel, timeout=timeout)
+        slot = await self._replies.expect(task_id)
+        try:
+            await self._r(records.push, names.ctl_queue(host), message)
+        except BaseException:
+            self._replies.forget(task_id)
+            raise
+        return SentControl(host, task_id, token, slot, timeout, time.monotonic() + timeout)
+
+    async def _await_control(self, sent: SentControl, response: type[R]) -> R:
+        try:
+            sealed = await self._control_answer(sent)
+        finally:
+            self._replies.forget(sent.task_id)
+        return decode_control(self._keys, sent.task_id, sent.host, sealed, response)
+
+    async def _control_answer(self, sent: SentControl) -> str:
+        """The answer as sent: heard, or read back (the listener may have missed its
+        publish while reconnecting); WorkerLost / WorkerError as `control_verdict` says."""
+        while True:
+            answer = await sent.slot.wait(WATCH_INTERVAL_S)
+            if isinstance(answer, str):
+                return answer
+            stored = await self._r(records.stored_reply, sent.task_id)
+            if stored is not None:
+                return stored
+            token = await self._r(records.host_alive_token, sent.host)
+            problem = control_verdict(sent.host, sent.token, token, now=time.monotonic(),
+                                      deadline=sent.deadline, timeout=sent.timeout)
+            if problem is not None:
+                raise problem

@@ -1,0 +1,246 @@
+"""The client's Redis I/O: every read and write a fleet client makes, one function each,
+over the core's scripts and parsers (`client._core.records`). The readers of what
+workers publish (host records, job hashes) take the client's record keys (`keys`): the
+core's parsers verify each record with them and leave out what does not verify.
+
+Written for asyncio; `client/_sync/records.py` is generated from it by
+`scripts/unasync.py` (the blocking client, and the tests' probes, use that one).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, cast
+
+from client._async.concurrency import run_script
+from client._core import records as core
+from client._core.constants import CATCH_UP_BATCH, QUEUE_SCAN_LIMIT
+from client._core.routing import IdLookup
+from client._core.watch import WATCHED_FIELDS, waiting_ids
+from worker.fleet.connect import AsyncRedis, Script
+from worker.wire import names
+from worker.wire.models import HostInfo, JobView
+from worker.wire.names import CallState
+
+SEND = Script(core.SEND)
+WITHDRAW = Script(core.WITHDRAW)
+
+# ------------------------------------------------------------------------------ calls
+
+
+async def send_call(
+    client: AsyncRedis, call_id: str, queue: str, host: str | None, message: str, *,
+    require_alive: bool,
+) -> str:
+    """Record a call as queued and push its message, in one round trip: "ok"; "taken"
+    (the id is in use); "down" (`require_alive` and no worker holds `host`)."""
+    keys, args = core.send_keys_args(call_id, queue, host, message,
+                                     require_alive=require_alive)
+    return cast(str, await run_script(SEND, client, keys, args))
+
+
+async def withdraw_call(
+    client: AsyncRedis, call_id: str, state: CallState = CallState.ABANDONED
+) -> str | None:
+    """Mark a queued call `state` (cancelled / abandoned) so no worker ever starts it.
+
+    Returns the state the call had: "queued" means it is withdrawn; anything else
+    (running, done...) means it was too late (`core.WITHDRAW` says more).
+    """
+    keys, args = core.withdraw_keys_args(call_id, state)
+    return cast("str | None", await run_script(WITHDRAW, client, keys, args))
+
+
+async def call_record(client: AsyncRedis, call_id: str) -> dict[str, str]:
+    """The call record (empty when unknown or expired)."""
+    return cast("dict[str, str]", await client.hgetall(names.call_key(call_id)))
+
+
+async def push(client: AsyncRedis, queue: str, message: str) -> None:
+    """Put a task message on its queue list (what kombu's publish does)."""
+    await client.lpush(queue, message)
+
+
+async def stored_reply(client: AsyncRedis, task_id: str) -> str | None:
+    """A task's stored answer, as sealed, or None (not answered yet, or expired)."""
+    return cast("str | None", await client.get(names.reply_key(task_id)))
+
+
+async def queued_ids(
+    client: AsyncRedis, queue: str, limit: int = QUEUE_SCAN_LIMIT
+) -> set[str] | None:
+    """Task ids of the messages waiting in `queue`; None when it holds more than `limit`
+    (then every call in it counts as still waiting its turn)."""
+    if await client.llen(queue) > limit:
+        return None
+    return waiting_ids(cast("list[str]", await client.lrange(queue, 0, -1)))
+
+
+async def watch_snapshot(
+    client: AsyncRedis, call_ids: Sequence[str], hosts: Iterable[str]
+) -> core.WatchSnapshot:
+    """For the calls waited for, in one round trip: their stored answers, their records'
+    watched fields, and the lock tokens of `hosts`."""
+    host_list = sorted(set(hosts))
+    async with client.pipeline(transaction=False) as pipe:
+        for call_id in call_ids:
+            pipe.get(names.reply_key(call_id))
+        for call_id in call_ids:
+            pipe.hmget(names.call_key(call_id), list(WATCHED_FIELDS))
+        for host in host_list:
+            pipe.get(names.alive_key(host))
+        answers = await pipe.execute()
+    return core.watch_snapshot(len(call_ids), WATCHED_FIELDS, host_list, answers)
+
+
+# ------------------------------------------------------------------------------ hosts
+
+
+async def host_alive_token(client: AsyncRedis, host: str) -> str | None:
+    """Token of the live instance of `host`, or None when no worker holds it."""
+    return cast("str | None", await client.get(names.alive_key(host)))
+
+
+async def known_hosts(client: AsyncRedis) -> list[str]:
+    """Every host seen within HOST_TTL_S, sorted by id."""
+    return sorted(cast("list[str]", await client.zrange(names.HOSTS_KEY, 0, -1)))
+
+
+async def live_hosts(client: AsyncRedis) -> list[str]:
+    """Host ids whose worker is alive now."""
+    hosts = await known_hosts(client)
+    if not hosts:
+        return []
+    async with client.pipeline(transaction=False) as pipe:
+        for host in hosts:
+            pipe.exists(names.alive_key(host))
+        alive = await pipe.execute()
+    return [host for host, flag in zip(hosts, alive, strict=True) if flag]
+
+
+async def list_hosts(
+    client: AsyncRedis, only: Iterable[str] | None = None, *, keys: Mapping[str, str]
+) -> list[HostInfo]:
+    """Every host seen within HOST_TTL_S (or those of `only`), sorted by id, with their
+    exec queues' depths: one round trip for all of them after the listing. Verified with
+    `keys`: a host whose record does not verify is left out, with a warning."""
+    hosts = await known_hosts(client) if only is None else sorted(set(only))
+    if not hosts:
+        return []
+    async with client.pipeline(transaction=False) as pipe:
+        for host in hosts:
+            for command, key in core.host_reads(host):
+                getattr(pipe, command)(key)
+        answers = await pipe.execute()
+    return core.host_infos(hosts, answers, keys)
+
+
+async def host_info(
+    client: AsyncRedis, host: str, *, keys: Mapping[str, str]
+) -> HostInfo | None:
+    """One host's record, verified with `keys`; None when the fleet does not know it (or
+    its record does not verify: left out with a warning)."""
+    infos = await list_hosts(client, [host], keys=keys)
+    return infos[0] if infos else None
+
+
+async def queue_depths(client: AsyncRedis, queues: Sequence[str]) -> dict[str, int]:
+    """Messages waiting in each queue, in one round trip."""
+    if not queues:
+        return {}
+    async with client.pipeline(transaction=False) as pipe:
+        for queue in queues:
+            pipe.llen(queue)
+        lengths = await pipe.execute()
+    return {queue: int(n) for queue, n in zip(queues, lengths, strict=True)}
+
+
+# ------------------------------------------------------------------------------- jobs
+
+
+async def job_host(client: AsyncRedis, job_id: str) -> str | None:
+    """Host owning a job, or None when the fleet does not know the id.
+
+    A routing hint, read unverified on purpose: the job's hash is sealed whole, so a
+    Redis writer who changed any of its fields (`state ended`) would make a verified
+    lookup fail, and `wait` / `check` / `kill` of a real job with it. The control call
+    goes to the host named; that worker opens the record with its keys and answers
+    `not_found` for a job it does not hold: a forged host can make the call fail, never
+    make it report a state the worker did not seal.
+    """
+    return cast("str | None", await client.hget(names.job_key(job_id), "host"))
+
+
+async def lookup_id(client: AsyncRedis, item_id: str) -> IdLookup:
+    """What Redis knows of an id (a job's host, a call's record, and the host of the job
+    that call started): one round trip, two when the id is a call that started a job."""
+    async with client.pipeline(transaction=False) as pipe:
+        pipe.hget(names.job_key(item_id), "host")
+        pipe.hgetall(names.call_key(item_id))
+        host, record = await pipe.execute()
+    found = IdLookup(job_host=host, call=record)
+    if host is None and found.call_job_id is not None:
+        found = IdLookup(call=record, call_job_host=await job_host(client, found.call_job_id))
+    return found
+
+
+async def list_jobs(
+    client: AsyncRedis, host: str, *, keys: Mapping[str, str]
+) -> list[JobView]:
+    """The jobs Redis knows for a host, oldest first, verified with `keys` (one that does
+    not verify is left out); ids whose records expired are pruned from the host's list."""
+    ids = cast("list[str]", await client.zrange(names.jobs_key(host), 0, -1))
+    if not ids:
+        return []
+    async with client.pipeline(transaction=False) as pipe:
+        pipe.exists(names.alive_key(host))
+        for job_id in ids:
+            pipe.hgetall(names.job_key(job_id))
+        alive, *hashes = await pipe.execute()
+    listing = core.job_listing(ids, hashes, host_alive=bool(alive), keys=keys)
+    if listing.expired:
+        await client.zrem(names.jobs_key(host), *listing.expired)
+    return listing.views
+
+
+async def job_views(
+    client: AsyncRedis, job_ids: Sequence[str], *, keys: Mapping[str, str]
+) -> dict[str, JobView]:
+    """The jobs Redis knows among `job_ids`, by id, in two round trips (a running job of
+    a dead host shows `unknown`; one whose hash does not verify with `keys` is left
+    out)."""
+    if not job_ids:
+        return {}
+    async with client.pipeline(transaction=False) as pipe:
+        for job_id in job_ids:
+            pipe.hgetall(names.job_key(job_id))
+        hashes = await pipe.execute()
+    hosts = core.hosts_of(hashes)
+    alive: dict[str, Any] = {}
+    if hosts:
+        async with client.pipeline(transaction=False) as pipe:
+            for host in hosts:
+                pipe.exists(names.alive_key(host))
+            alive = dict(zip(hosts, await pipe.execute(), strict=True))
+    return core.job_views(job_ids, hashes, alive, keys)
+
+
+# ----------------------------------------------------------------------------- events
+
+
+async def last_seq(client: AsyncRedis) -> str:
+    """The id of the newest event kept ("0-0" when there is none)."""
+    newest = cast("list[Any]", await client.xrevrange(names.EVENTS_KEY, "+", "-", count=1))
+    return str(newest[0][0]) if newest else "0-0"
+
+
+async def events_after(client: AsyncRedis, start: str,
+                       count: int = CATCH_UP_BATCH) -> list[Any]:
+    """Up to `count` stream entries from `start` (an XRANGE bound), oldest first."""
+    return cast("list[Any]", await client.xrange(names.EVENTS_KEY, start, "+", count=count))
+
+
+async def server_instance(client: AsyncRedis) -> str:
+    """The Redis server's run id: another one after a restart, or on another server."""
+    info = await client.info("server")
+    return str(info.get("run_id", ""))

@@ -1,0 +1,139 @@
+"""Who a client is to the fleet and where the fleet is: the Redis URL, the owner of its
+calls, the keys it signs with and seals sessions with.
+
+Configuration lookups only (the environment, `bashfleet up`'s state file): no Redis.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from client._core.constants import FAILOVER_GRACE_S
+from client.errors import CallRejected, FleetUnavailable
+from worker.settings import Settings
+from worker.wire import auth
+from worker.wire.models import OWNER_PATTERN
+
+#: What a client says when it finds no fleet to talk to.
+NO_FLEET = (
+    "no fleet configured: pass redis_url=, set BASHFLEET_REDIS_URL, "
+    "or start a local fleet with `bashfleet up`"
+)
+
+
+def resolve_url(redis_url: str | None = None) -> str | None:
+    """The fleet's Redis URL: the argument, else BASHFLEET_REDIS_URL, else the local fleet
+    (`bashfleet up`'s, read again at each call: a fleet brought down and up again is
+    found at its new address)."""
+    if redis_url:
+        return redis_url
+    configured = Settings().redis_url_value()
+    if configured:
+        return configured
+    try:
+        from client.local import local_redis_url  # noqa: PLC0415 - optional, CLI side
+    except ImportError:
+        return None
+    try:
+        return local_redis_url()
+    except ValueError as exc:  # a state directory that is not this user's alone
+        raise FleetUnavailable(f"the local fleet's state is not trusted: {exc}") from None
+
+
+def require_url(redis_url: str | None) -> str:
+    """`resolve_url`, FleetUnavailable when there is no fleet."""
+    url = resolve_url(redis_url)
+    if not url:
+        raise FleetUnavailable(NO_FLEET)
+    return url
+
+
+def _key(url: str, name: Literal["signing_key", "admin_key"]) -> str | None:
+    configured = getattr(Settings(), name)
+    if configured is not None:
+        return str(configured.get_secret_value())
+    try:
+        from client.local import local_key  # noqa: PLC0415 - optional, CLI side
+    except ImportError:
+        return None
+    return local_key(url, name)
+
+
+def resolve_signing_key(url: str) -> str | None:
+    """The key calls are signed with: BASHFLEET_SIGNING_KEY, else the local fleet's own
+    (when `url` is that fleet's Redis), else None (unsigned)."""
+    return _key(url, "signing_key")
+
+
+def resolve_admin_key(url: str) -> str | None:
+    """The admin key: BASHFLEET_ADMIN_KEY, else the local fleet's own (when `url` is that
+    fleet's Redis: whoever runs `bashfleet up` administers it), else None."""
+    return _key(url, "admin_key")
+
+
+def outage_grace_s(url: str) -> float:
+    """How long the calls in flight wait through a Redis outage: a Sentinel failover's
+    FAILOVER_GRACE_S behind `sentinel://`, none for a single Redis."""
+    return FAILOVER_GRACE_S if url.startswith("sentinel://") else 0.0
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Who a client is to the fleet: the owner of its calls and the key it signs with."""
+
+    owner: str
+    signing_key: str | None
+    admin: bool
+    """True when `signing_key` is the admin key."""
+    shell_key: str | None
+    """The fleet's signing key, which seals the sessions' shells (an admin client's too:
+    any client of the fleet, a person's CLI or an agent's MCP server, opens them)."""
+
+    def signed(self, task: str, args: list[Any], target: str) -> list[Any]:
+        """A task's arguments, wrapped in a signed envelope for the queue `target` they
+        are sent to (a worker refuses it taken from any other queue), when there is a
+        key."""
+        if self.signing_key is None:
+            return args
+        return [auth.sign(self.signing_key, task, args, time.time(), target=target)]
+
+    def reply_keys(self) -> dict[str, str]:
+        """The keys (by id) a worker may seal this client's answers with."""
+        return auth.keyring([self.signing_key or ""])
+
+    def record_keys(self) -> dict[str, str]:
+        """The keys (by id) that verify what workers publish for every client (host and
+        job records, job events, check offsets): the fleet's key, and the admin key of
+        an admin client. Empty for an unsigned client (an `--insecure-unsigned` fleet,
+        whose records carry no seal)."""
+        return auth.keyring([self.shell_key or "", self.signing_key or ""])
+
+
+def record_keys_at(url: str, admin: bool) -> dict[str, str]:
+    """The record keys (`Identity.record_keys`) of a client of the fleet at `url`: how a
+    listener that follows a local fleet to its new address verifies the new fleet's
+    events. FleetUnavailable when the local fleet's state is not trusted."""
+    try:
+        fleet_key = resolve_signing_key(url)
+        admin_key = resolve_admin_key(url) if admin else None
+    except ValueError as exc:  # a state directory that is not this user's alone
+        raise FleetUnavailable(f"the local fleet's state is not trusted: {exc}") from None
+    return auth.keyring([fleet_key or "", admin_key or ""])
+
+
+def resolve_identity(url: str, owner: str | None, admin: bool) -> Identity:
+    """A client's identity (`Fleet`'s `owner` and `admin` arguments); CallRejected for an
+    owner that is not a valid name."""
+    if owner is not None and not re.fullmatch(OWNER_PATTERN, owner):
+        raise CallRejected(f"invalid owner {owner!r}: 1-128 letters, digits, _.:@-")
+    admin_key = resolve_admin_key(url) if admin else None
+    fleet_key = resolve_signing_key(url)
+    return Identity(
+        owner=owner or Settings().owner_name(),
+        signing_key=admin_key or fleet_key,
+        admin=admin_key is not None,
+        shell_key=fleet_key,
+    )

@@ -1,0 +1,216 @@
+"""What a client sends and how it reads what comes back, with no I/O.
+
+- A request (`RunRequest`, or a control request of `worker.wire.control`) is built and
+  validated here: a bad one is a CallRejected, nothing sent.
+- A call or a control request becomes the Celery task message kombu would push
+  (`worker.wire.messages.task_message`), its arguments signed with the client's key
+  for the very queue it is pushed on (the envelope's `target`: a worker refuses a
+  message taken from another queue, `auth.check_target`).
+  Both clients push it themselves (no Celery in a client).
+- An answer is opened (its seal checked: `open_reply`) and decoded: a `CallResult`, or
+  a control reply whose error kind becomes its typed exception (`client.errors`).
+- A result is judged: a call that did not run is a CallNotRun for the caller who asked
+  to be told (`raise_if_not_run`).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from typing import Any, TypeVar
+
+from pydantic import ValidationError
+
+from client._core.identity import Identity
+from client.errors import CallNotRun, CallRejected, Unauthorized, WorkerError, error_for
+from worker.wire import auth, names
+from worker.wire.control import ControlReply, ControlRequest
+from worker.wire.messages import task_message
+from worker.wire.models import SLOW_TIMEOUT_S, Call, CallResult, Model, RunRequest, SystemError_
+from worker.wire.names import Task
+
+R = TypeVar("R", bound=Model)
+Q = TypeVar("Q", bound=ControlRequest)
+
+#: Longest command shown in a call's task arguments (Flower's "args").
+ARGSREPR_COMMAND_CHARS = 500
+
+#: The system errors of a call that did not run at all: `run` raises CallNotRun for
+#: these (`limit`: its owner's cap of background jobs was reached, checked before the
+#: job starts). Not among them: a timeout, a signal, a cancel (the command ran, or was
+#: stopped on purpose), `worker_lost` (raised as WorkerLost), `internal` (a bug of ours,
+#: after which nobody can say what ran).
+NOT_RUN_KINDS = frozenset({
+    "bad_cwd", "spawn_failed", "blocked", "invalid", "unauthorized", "unavailable",
+    "not_found", "limit",
+})
+
+#: How workers word a cancel (kind `internal`, which every reader knows): a running
+#: call's (`worker.engine.call`) and a queued one's (`worker.fleet.tasks._refusal`).
+CANCELLED_RUNNING = "call cancelled; its processes were killed"
+CANCELLED_QUEUED_SUFFIX = " was cancelled before it started; it did not run"
+
+
+def validation_message(exc: ValidationError) -> str:
+    """A pydantic error as one line: each field path and what is wrong with it."""
+    parts = []
+    for error in exc.errors():
+        where = ".".join(str(part) for part in error["loc"]) or "call"
+        parts.append(f"{where}: {error['msg']}")
+    return "; ".join(parts)
+
+
+def run_request(command: str, options: Mapping[str, Any]) -> RunRequest:
+    """`RunRequest(command=command, **options)`, a bad option a CallRejected."""
+    try:
+        return RunRequest(command=command, **options)
+    except ValidationError as exc:
+        raise CallRejected(f"invalid call: {validation_message(exc)}") from None
+
+
+def control_request(model: type[Q], **fields: Any) -> Q:
+    """A control request, a bad field a CallRejected (nothing sent)."""
+    try:
+        return model(**fields)
+    except ValidationError as exc:
+        raise CallRejected(f"invalid {model.__name__}: {validation_message(exc)}") from None
+
+
+def new_call_id() -> str:
+    """A fresh call id (24 characters, `c` and hex)."""
+    return f"c{uuid.uuid4().hex[:23]}"
+
+
+def build_call(request: RunRequest, owner: str = "") -> Call:
+    """The call a request sends: its mode applied, a fresh id unless it names one."""
+    timeout = request.timeout
+    if request.mode == "slow" and timeout is None:
+        timeout = SLOW_TIMEOUT_S
+    try:
+        return Call(
+            call_id=request.call_id or new_call_id(), command=request.command,
+            cwd=request.cwd or request.default_cwd, timeout_s=timeout,
+            background=request.mode == "background",
+            env=request.env, unset_env=request.unset_env, capture_state=request.capture_state,
+            head=request.head, tail=request.tail, owner=owner, isolation=request.isolation,
+            network=request.network, session=request.session, tags=request.tags,
+            stdin=request.stdin, term_size=request.term_size, shell=request.shell,
+            login=request.login,
+            **({"input_wait_s": request.input_wait_s} if request.input_wait_s else {}),
+            **({"policy": request.policy} if request.policy is not None else {}),
+        )
+    except ValidationError as exc:
+        raise CallRejected(f"invalid call: {validation_message(exc)}") from None
+
+
+def argsrepr(call: Call) -> str:
+    """What Flower shows as a call's arguments when it is sent: the command's size, the
+    cwd asked for, the dialect, the session (the worker adds the cwd actually used and
+    the job id once the call ends: `worker.fleet.flower`).
+
+    Celery would otherwise repr the whole call (its policy, and its `env`, which may
+    hold secrets) on every send. The command itself is redacted: it may carry a token
+    inline (curl -H ...), and Flower shows these arguments to anyone with its password.
+    """
+    return repr({"command": f"<redacted: {len(call.command)} chars>", "cwd": call.cwd,
+                 "background": call.background, "dialect": call.policy.name,
+                 "session": call.session})
+
+
+def exec_message(identity: Identity, call: Call, queue: str, reply_to: str) -> str:
+    """The task message of a call, for its queue; answered on `reply_to`."""
+    args = identity.signed(Task.EXEC, [call.model_dump(mode="json")], queue)
+    return task_message(Task.EXEC, args, task_id=call.call_id, queue=queue,
+                        reply_to=reply_to, argsrepr=argsrepr(call))
+
+
+def control_message(
+    identity: Identity, request: ControlRequest, *, task_id: str, host: str, reply_to: str,
+    timeout: float,
+) -> str:
+    """The task message of a control request to `host`, asked as this client's owner; the
+    worker drops it unrun once `timeout` passed (nobody waits for its answer then)."""
+    request = request.model_copy(update={"owner": identity.owner})
+    queue = names.ctl_queue(host)
+    args = identity.signed(request.task, [request.model_dump(mode="json")], queue)
+    subject = getattr(request, "id", None) or getattr(request, "call_id", None)
+    return task_message(request.task, args, task_id=task_id, queue=queue,
+                        reply_to=reply_to, argsrepr=repr(subject), expires_s=timeout)
+
+
+# ------------------------------------------------------------------------- answers
+
+
+def reply_of(data: str | bytes) -> tuple[str, str] | None:
+    """(task id, answer as sent) of a message heard on a reply channel; None when it is
+    not one."""
+    text = data.decode("utf-8", "replace") if isinstance(data, bytes) else data
+    return names.parse_reply_message(text)
+
+
+def open_reply(keys: Mapping[str, str], task_id: str, sealed: str) -> str:
+    """A worker's answer to `task_id`, its seal checked with `keys`; Unauthorized when
+    it does not verify (a Redis writer may have published it: a forged "all tests
+    passed"; the caller gets an error, never the text)."""
+    try:
+        return auth.unseal(keys, auth.REPLY, task_id, sealed)
+    except auth.AuthError as exc:
+        raise Unauthorized(
+            f"the answer to {task_id} could not be verified ({exc.message}); it was not "
+            "trusted: a worker with another key, or a forgery in Redis"
+        ) from None
+
+
+def named_cancel(result: CallResult) -> CallResult:
+    """A cancelled call's result with its error kind `cancelled` (workers answer a cancel
+    as `internal`: see CANCELLED_RUNNING). A cancel whose kill left survivors keeps its
+    `internal` error: that one is a problem."""
+    error = result.error
+    if error is None or error.kind != "internal":
+        return result
+    if error.message == CANCELLED_RUNNING or error.message.endswith(CANCELLED_QUEUED_SUFFIX):
+        return result.model_copy(update={"error": error.model_copy(update={"kind": "cancelled"})})
+    return result
+
+
+def decode_result(keys: Mapping[str, str], call_id: str, sealed: str) -> CallResult:
+    """A call's answer as its result (seal checked, a cancel named)."""
+    text = open_reply(keys, call_id, sealed)
+    try:
+        return named_cancel(CallResult.model_validate_json(text))
+    except ValidationError:
+        raise WorkerError(f"call {call_id}: unreadable answer {text[:200]!r}") from None
+
+
+def decode_control(
+    keys: Mapping[str, str], task_id: str, host: str, sealed: str, response: type[R]
+) -> R:
+    """A control call's answer as its response model; the worker's error as its typed
+    exception (`error_for`)."""
+    text = open_reply(keys, task_id, sealed)
+    try:
+        reply = ControlReply.model_validate_json(text)
+    except ValidationError:
+        raise WorkerError(f"the worker on {host} answered {text[:200]!r}") from None
+    if reply.error is not None:
+        raise error_for(reply.error.kind, reply.error.message)
+    return response.model_validate(reply.ok or {})
+
+
+def unstarted_result(call_id: str, host: str | None, state: str) -> CallResult:
+    """The result of a call withdrawn before any worker started it: `cancelled` (its
+    caller cancelled it) or `unavailable` (abandoned: nobody was left to run it)."""
+    kind = "cancelled" if state == "cancelled" else "unavailable"
+    message = f"call {call_id} was {state} before it started; it did not run"
+    return CallResult(call_id=call_id, host=host or "",
+                      error=SystemError_(kind=kind, message=message))
+
+
+def raise_if_not_run(result: CallResult) -> CallResult:
+    """The result, unless the call did not run at all (NOT_RUN_KINDS): then CallNotRun,
+    which carries the kind, the message and the result."""
+    error = result.error
+    if error is not None and error.kind in NOT_RUN_KINDS:
+        raise CallNotRun(error.kind, f"call {result.call_id} did not run: {error.message}",
+                         result)
+    return result

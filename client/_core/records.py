@@ -1,0 +1,175 @@
+"""The client's side of the fleet's Redis state, with no I/O: the Lua it sends calls and
+withdraws them with, the keys and arguments of those scripts, and how the replies of
+its pipelined reads read as models.
+
+What a worker publishes (host records, job hashes) is sealed by it; every parser here
+opens it with the client's record keys (`worker.wire.records.open_host_info`,
+`open_job_view`) and leaves out, with a warning, what does not verify: a Redis writer
+without the key can hide a host or a job from a listing, never forge one.
+
+Names and TTLs are in `worker.wire.names`; the worker's side is `worker.fleet.registry`;
+the reads themselves are `client._async.records` (and its generated twin).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from worker.wire import names
+from worker.wire.models import HostInfo, JobView
+from worker.wire.names import CallState
+from worker.wire.records import open_host_info, open_job_view
+
+# KEYS: call, queue[, alive]; ARGV: call TTL, message, fields... Records the call as
+# queued and pushes its Celery message (`worker.wire.messages`) atomically: a call is
+# never recorded without its message nor sent without its record, and a replica gets
+# both or neither. 'down' when the named host's lock is gone, 'taken' when the id is
+# in use (nothing recorded nor pushed then).
+SEND = """
+if KEYS[3] and redis.call('EXISTS', KEYS[3]) == 0 then return 'down' end
+if redis.call('EXISTS', KEYS[1]) == 1 then return 'taken' end
+redis.call('HSET', KEYS[1], unpack(ARGV, 3))
+redis.call('EXPIRE', KEYS[1], ARGV[1])
+redis.call('LPUSH', KEYS[2], ARGV[2])
+return 'ok'
+"""
+
+# KEYS: call; ARGV: new state, end time, call TTL. Returns the state the call had; only
+# a queued call is moved (the worker's claim is the other side of this race, and it is
+# a script too: one of the two wins, whole). A call without a record counts as queued:
+# Redis lost it with its message in a failover, or its sender died before sending it;
+# it is recorded withdrawn, so a message of it that turns up is never run. Both
+# clients withdraw with it (a cancel, or the watch giving a call up).
+WITHDRAW = """
+local current = redis.call('HGET', KEYS[1], 'state') or 'queued'
+if current == 'queued' then
+  redis.call('HSET', KEYS[1], 'state', ARGV[1], 'ended_at', ARGV[2])
+  redis.call('EXPIRE', KEYS[1], ARGV[3])
+end
+return current
+"""
+
+
+def hash_fields(values: Mapping[str, object]) -> list[object]:
+    """Hash fields as the flat name, value list a script passes to HSET (None as "")."""
+    return [item for key, value in values.items()
+            for item in (key, "" if value is None else str(value))]
+
+
+def send_keys_args(
+    call_id: str, queue: str, host: str | None, message: str, *, require_alive: bool
+) -> tuple[list[str], list[object]]:
+    """The keys and arguments of `SEND`."""
+    fields = {
+        "call_id": call_id, "state": CallState.QUEUED, "queue": queue, "host": host,
+        "sent_at": time.time(),
+    }
+    keys = [names.call_key(call_id), queue]
+    if require_alive:
+        if host is None:
+            raise ValueError("require_alive needs a host")
+        keys.append(names.alive_key(host))
+    return keys, [names.CALL_TTL_S, message, *hash_fields(fields)]
+
+
+def withdraw_keys_args(call_id: str, state: CallState) -> tuple[list[str], list[object]]:
+    """The keys and arguments of `WITHDRAW`."""
+    return [names.call_key(call_id)], [state, time.time(), names.CALL_TTL_S]
+
+
+# ------------------------------------------------------------------------- hosts
+
+#: Commands read per host by `host_infos` (record, lock, busy set, exec queue depth).
+HOST_READS = 4
+
+
+def host_reads(host: str) -> list[tuple[str, str]]:
+    """The reads of one host's listing entry, in `host_infos`' order: (command, key)."""
+    return [("hgetall", names.host_key(host)), ("get", names.alive_key(host)),
+            ("scard", names.running_key(host)), ("llen", names.exec_queue(host))]
+
+
+def host_infos(
+    hosts: Sequence[str], answers: Sequence[Any], keys: Mapping[str, str]
+) -> list[HostInfo]:
+    """The listing entries of `hosts` from the answers of their `host_reads`, in order,
+    each record verified with `keys`; a host without a record, or whose record does not
+    verify, is left out."""
+    infos = []
+    for index, host in enumerate(hosts):
+        record, token, busy, queued = answers[HOST_READS * index:HOST_READS * (index + 1)]
+        info = open_host_info(keys, host, record, token, int(busy))
+        if info is not None:
+            infos.append(info.model_copy(update={"queued": int(queued)}))
+    return infos
+
+
+# -------------------------------------------------------------------------- jobs
+
+
+@dataclass(frozen=True)
+class JobListing:
+    """A host's jobs as Redis lists them, and the ids whose records expired (to prune)."""
+
+    views: list[JobView] = field(default_factory=list)
+    expired: list[str] = field(default_factory=list)
+
+
+def job_listing(ids: Sequence[str], hashes: Sequence[Mapping[str, str]],
+                host_alive: bool, keys: Mapping[str, str]) -> JobListing:
+    """A host's listing from its job ids and their hashes, each verified with `keys` (a
+    running job of a dead host shows `unknown`). A hash that does not verify is left out
+    but not pruned: its job may be real (its worker seals it again), only forged over."""
+    views: list[JobView] = []
+    expired: list[str] = []
+    for job_id, fields in zip(ids, hashes, strict=True):
+        if not fields:
+            expired.append(job_id)
+        elif (view := open_job_view(keys, job_id, fields, host_alive=host_alive)) is not None:
+            views.append(view)
+    return JobListing(views, expired)
+
+
+def job_views(job_ids: Sequence[str], hashes: Sequence[Mapping[str, str]],
+              alive: Mapping[str, Any], keys: Mapping[str, str]) -> dict[str, JobView]:
+    """The jobs Redis knows among `job_ids`, by id (`alive`: each host's lock, by host),
+    each verified with `keys`: one that does not verify is left out, never believed."""
+    views = {}
+    for job_id, fields in zip(job_ids, hashes, strict=True):
+        up = bool(alive.get(fields.get("host", "")))
+        view = open_job_view(keys, job_id, fields, host_alive=up)
+        if view is not None:
+            views[job_id] = view
+    return views
+
+
+def hosts_of(hashes: Sequence[Mapping[str, str]]) -> list[str]:
+    """The hosts named by job hashes, sorted, once each."""
+    return sorted({fields.get("host", "") for fields in hashes if fields.get("host")})
+
+
+# ------------------------------------------------------------------------- watch
+
+
+@dataclass(frozen=True)
+class WatchSnapshot:
+    """One watch pass' reads: each waiting call's stored answer and record, and the lock
+    tokens of their hosts."""
+
+    answers: list[str | None]
+    records: list[dict[str, str | None]]
+    tokens: dict[str, str | None]
+
+
+def watch_snapshot(count: int, fields: Sequence[str], hosts: Sequence[str],
+                   answers: Sequence[Any]) -> WatchSnapshot:
+    """A pass' snapshot from its pipeline's answers: `count` GETs of stored answers,
+    `count` HMGETs of `fields`, one GET per host's lock."""
+    return WatchSnapshot(
+        answers=list(answers[:count]),
+        records=[dict(zip(fields, row, strict=True)) for row in answers[count:2 * count]],
+        tokens=dict(zip(hosts, answers[2 * count:], strict=True)),
+    )

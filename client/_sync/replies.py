@@ -1,0 +1,122 @@
+# Generated from client/_async/replies.py by scripts/unasync.py: edit that file and run the script.
+"""Where a client hears its answers: one Redis channel per client, one listener.
+
+Every task a client sends names the client's channel as its `reply_to`. The worker
+stores the answer under the task id and publishes it on that channel, in the same
+round trip that records a call's end; the listener (a task here, a thread in the
+blocking client) hands it to the slot waiting for it. Nothing is subscribed, polled or
+deleted per call (Celery's result backend did all three: four round trips a call).
+
+An answer published while the listener was (re)connecting is not lost: it is stored
+(REPLY_TTL_S), and the watch reads it back (`records.stored_reply`). The watch also
+delivers into a call's slot what it found wrong with the call (a dead worker...): the
+first thing delivered wins.
+
+Written for asyncio; `client/_sync/replies.py` is generated from it by
+`scripts/unasync.py`.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import redis
+
+from client._core.constants import LISTEN_TICK_S, RETRY_DELAYS_S, SUBSCRIBE_WAIT_S, backoff
+from client._core.messages import reply_of
+from client._sync.concurrency import (
+    Event,
+    Slot,
+    Tasks,
+    close_pubsub,
+    open_pubsub,
+)
+from client.errors import BashfleetError
+from worker.fleet.connect import Redis
+from worker.wire import names
+from worker.wire.models import CallResult
+
+#: What a waiting call's slot gets: its answer as sent (sealed), or what the watch found
+#: (an error, or the result of a call withdrawn before it started).
+Answer = str | BashfleetError | CallResult
+
+#: The listener's name among its client's background work.
+LISTENER = "bashfleet-replies"
+
+_LISTEN_ERRORS = (redis.RedisError, OSError, ValueError)
+
+
+class Replies:
+    """A client's reply channel and its listener."""
+
+    def __init__(self, client: Redis, tasks: Tasks) -> None:
+        self._redis = client
+        self._tasks = tasks
+        self.channel = names.reply_channel(uuid.uuid4().hex)
+        """The channel each task names as its `reply_to`."""
+        self._waiting: dict[str, Slot[Answer]] = {}
+        self._first_attempt = Event()
+        self._closed = Event()
+        self.listening = False
+        """True while subscribed (answers arrive as they are published)."""
+
+    def expect(self, task_id: str) -> Slot[Answer]:
+        """Register for a task's answer (before sending it): the slot it will fill."""
+        slot: Slot[Answer] = Slot()
+        self._waiting[task_id] = slot
+        self._tasks.start_once(LISTENER, self._listen)
+        if not self._first_attempt.is_set():
+            # Only the first calls wait, and only until the first attempt ended either
+            # way (then this returns at once): with Redis down a call then fails at once.
+            self._first_attempt.wait(SUBSCRIBE_WAIT_S)
+        return slot
+
+    def deliver(self, task_id: str, answer: Answer) -> None:
+        """Hand an answer to its slot (heard, read back, or found by the watch)."""
+        slot = self._waiting.get(task_id)
+        if slot is not None:
+            slot.set(answer)
+
+    def answered(self, task_id: str) -> bool:
+        """True once something was delivered for the task."""
+        slot = self._waiting.get(task_id)
+        return slot is not None and slot.done()
+
+    def forget(self, task_id: str) -> None:
+        """Stop waiting for a task's answer (it came, or the caller gave up)."""
+        self._waiting.pop(task_id, None)
+
+    def close(self) -> None:
+        """Stop listening (the listener ends within LISTEN_TICK_S)."""
+        self._closed.set()
+
+    def _listen(self) -> None:
+        attempt = 0
+        while not self._closed.is_set():
+            try:
+                self._serve_subscription()
+                attempt = 0
+            except _LISTEN_ERRORS:
+                self.listening = False
+                self._first_attempt.set()
+                self._closed.wait(backoff(RETRY_DELAYS_S, attempt))
+                attempt += 1
+        self.listening = False
+
+    def _serve_subscription(self) -> None:
+        pubsub = open_pubsub(self._redis)
+        try:
+            pubsub.subscribe(self.channel)
+            while not self._closed.is_set():
+                message = pubsub.get_message(timeout=LISTEN_TICK_S)
+                if message is None:
+                    continue
+                if message["type"] == "subscribe":
+                    self.listening = True
+                    self._first_attempt.set()
+                elif message["type"] == "message":
+                    parsed = reply_of(message["data"])
+                    if parsed is not None:
+                        self.deliver(*parsed)
+        finally:
+            close_pubsub(pubsub)

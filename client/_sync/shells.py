@@ -1,0 +1,68 @@
+# Generated from client/_async/shells.py by scripts/unasync.py: edit that file and run the script.
+"""Sessions' shells on Redis: one sealed JSON string per session, with a TTL.
+
+A session's shell (cwd, exported and unset variables, pinned host: `client.shells`) is
+shared by every caller of the session, whichever client makes the call. Each call's
+change is laid onto the stored shell in a WATCH/MULTI transaction, so concurrent calls
+never lose a `cd`. Records are sealed (`client._core.seal`).
+
+Written for asyncio; `client/_sync/shells.py` is generated from it by
+`scripts/unasync.py` (what `client.sessions.ShellStore` is).
+"""
+
+from __future__ import annotations
+
+import redis
+
+from client._core.seal import Seal, validate_session_id
+from client._sync.concurrency import multi, watch
+from client.shells import ShellChange, ShellState, apply_change
+from worker.fleet.connect import Redis
+from worker.wire import auth, names
+from worker.wire.names import shell_key
+
+
+class ShellStore:
+    """Sessions' shells on Redis: one sealed JSON string per session, with a TTL."""
+
+    def __init__(
+        self, client: Redis, ttl_s: int = names.SESSION_TTL_S, *, key: str | None = None
+    ) -> None:
+        """`client` must decode responses (`decode_responses=True`); `key`: the signing
+        key the shells are sealed with (None: an unsigned client, shells unsealed)."""
+        self._redis = client
+        self._ttl_s = ttl_s
+        self._seal = Seal(key, auth.SHELL)
+
+    def load(self, session_id: str) -> ShellState:
+        """The session's shell; a fresh one for an unknown or expired id."""
+        key = shell_key(validate_session_id(session_id))
+        return self._seal.decode(session_id, self._redis.get(key), ShellState)
+
+    def commit(self, session_id: str, change: ShellChange) -> ShellState:
+        """Lay one call's change onto the stored shell (and restart its TTL); the result.
+
+        WATCH/MULTI: a change committed by another caller in between makes this one
+        start over on that newer shell, so neither is lost.
+        """
+        key = shell_key(validate_session_id(session_id))
+        while True:
+            with self._redis.pipeline() as pipe:
+                try:
+                    watch(pipe, key)
+                    now = self._seal.decode(session_id, pipe.get(key), ShellState)
+                    shell = apply_change(now, change)
+                    multi(pipe)
+                    pipe.set(key, self._seal.encode(session_id, shell), ex=self._ttl_s)
+                    pipe.execute()
+                    return shell
+                except redis.WatchError:
+                    continue
+
+    def delete(self, session_id: str) -> None:
+        """Forget a session's shell."""
+        self._redis.delete(shell_key(validate_session_id(session_id)))
+
+    def ttl(self, session_id: str) -> int:
+        """Seconds the session's shell has left (-2: none stored)."""
+        return int(self._redis.ttl(shell_key(validate_session_id(session_id))))
