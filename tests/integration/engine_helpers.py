@@ -135,6 +135,21 @@ def host_pid(handle: JobHandle) -> int:
     return handle.host_pid if handle.host_pid is not None else handle.pid
 
 
+def output_dirs(settings: Settings) -> Path:
+    """Where every workspace of `settings`' host keeps its calls' spill files and its
+    jobs' output: `<workspace root>/.out/<workspace id>/`."""
+    return settings.workspace_root_dir() / ".out"
+
+
+def spill_files(settings: Settings, call_id: str) -> list[Path]:
+    """Every spill file of call `call_id`, in whichever workspace it ran (and in the
+    state directory's spill directory, where they went before workspaces)."""
+    found = list(output_dirs(settings).glob(f"*/{call_id}.*"))
+    if settings.spill_dir.exists():
+        found += settings.spill_dir.glob(f"{call_id}.*")
+    return sorted(found)
+
+
 # ------------------------------------------------------------------------- the janitor
 
 

@@ -22,6 +22,7 @@ from .engine_helpers import (
     _plain_engine_fixture,  # noqa: F401 - fixture
     _witness_engine_fixture,  # noqa: F401 - fixture
     current_umask,
+    spill_files,
     wait_until,
 )
 
@@ -141,8 +142,7 @@ def _side_effect_command(path: Path) -> str:
 
 def _assert_nothing_ran(engine: Engine, side: Path, call_id: str) -> None:
     assert not side.exists()
-    spill = engine.settings.spill_dir
-    assert not spill.exists() or not list(spill.glob(f"{call_id}.*"))
+    assert spill_files(engine.settings, call_id) == []
 
 
 @pytest.mark.parametrize("kind", ["missing", "file"])
