@@ -3,17 +3,21 @@ exit codes and signals, and the system errors that keep a command from running."
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import os
 import threading
 from pathlib import Path
 
+import psutil
 import pytest
 
 from worker import InterceptRule, Policy
-from worker.engine import launcher
+from worker.engine import launcher, sandbox, workspaces
 from worker.engine.environment import MARKER_VAR
 
 from .engine_helpers import (
+    DEADLINE_S,
     KILL,
     Engine,
     WitnessEngine,
@@ -301,3 +305,52 @@ def test_concurrent_workspaces_keep_the_umask(tmp_path: Path) -> None:
     os.umask(before)  # the next tests get the umask they expect
     assert len(list(tmp_path.glob("*.sock"))) == 200, "every socket was made"
     assert oct(after) == oct(before)
+
+
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def _set_subreaper(on: bool) -> None:
+    """Orphans of our descendants come to us (not to init) while on: the probe's keepers
+    that the engine leaves behind can then be told from other sessions' and ended."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER)")
+
+
+def _end_adopted_keepers() -> None:
+    """Kill and reap the keepers that came to us as orphans (ours: we are their
+    subreaper), the workspaces' as well as the probe's."""
+    for child in psutil.Process().children():
+        with contextlib.suppress(psutil.Error):
+            if "launcher.py" in " ".join(child.cmdline()):
+                child.kill()
+                child.wait(DEADLINE_S)
+
+
+def test_concurrent_first_calls_are_all_sandboxed(engine: Engine) -> None:
+    """The first workspaces of a worker process, made together (a consumer's threads,
+    the throwaway pool's refill), all get the host's sandbox: none is made without one
+    because the sandbox's probe, run by each of them at once, failed for one of them
+    (issue #20: no silent fallback to no sandbox)."""
+    made: list[str] = []
+    _set_subreaper(True)
+    try:
+        sandbox.close_all()
+        sandbox._probes.clear()  # nothing probed yet, as in a fresh worker process
+
+        def make() -> None:
+            made.append(engine.workspace().isolation)
+
+        threads = [threading.Thread(target=make) for _ in range(6)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        for record in workspaces.local_records(engine.settings):
+            workspaces.delete(record.id, engine.settings)
+        sandbox.close_all()
+        _end_adopted_keepers()
+        _set_subreaper(False)
+    assert sorted(made) == ["process"] * 6
