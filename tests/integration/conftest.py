@@ -31,6 +31,8 @@ from worker.wire import auth
 from worker.wire.models import CallResult
 from worker.wire.names import Task, exec_queue
 
+from .engine_helpers import keepers_under
+
 T = TypeVar("T")
 
 #: Seconds a worker gets to be ready (both consumers consuming) on a loaded 2-core box.
@@ -189,6 +191,12 @@ class WorkerProcess:
                 procs.terminate(record.pgid if leader else None, record.marker, grace_s=0.5)
         for workspace in workspaces.local_records(settings):
             workspaces.delete(workspace.id, settings)
+        # A worker killed between starting a keeper and saving its record leaves a keeper
+        # no record names (nothing, not even the reaper, would end it): found by its
+        # mounts (its /tmp and HOME come from this state directory), ended by pid.
+        for pid in keepers_under(self.state_dir):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 @pytest.fixture(scope="session")
