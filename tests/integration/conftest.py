@@ -26,12 +26,14 @@ import redis
 from client import Fleet, records
 from client._core.messages import open_reply
 from client.redis_server import RedisServer
-from worker.engine import jobs, procs
+from worker.engine import jobs, procs, workspaces
 from worker.settings import Settings
 from worker.wire import auth
 from worker.wire.messages import task_message
 from worker.wire.models import CallResult
 from worker.wire.names import Task, exec_queue
+
+from .engine_helpers import keepers_under
 
 T = TypeVar("T")
 
@@ -74,7 +76,7 @@ class WorkerProcess:
 
     def __init__(
         self, host: str, url: str, *, state_dir: Path, log_dir: Path, concurrency: int = 2,
-        labels: tuple[str, ...] = (),
+        labels: tuple[str, ...] = (), extra_env: dict[str, str] | None = None,
     ) -> None:
         self.host = host
         self.url = url
@@ -82,6 +84,7 @@ class WorkerProcess:
         self.log_path = log_dir / f"worker-{host}-{time.monotonic_ns()}.log"
         self.concurrency = concurrency
         self.labels = labels
+        self.extra_env = dict(extra_env or {})
         self.proc: subprocess.Popen[bytes] | None = None
 
     def args(self) -> list[str]:
@@ -98,12 +101,16 @@ class WorkerProcess:
         return args
 
     def env(self) -> dict[str, str]:
-        """The environment: this worker's Redis and state directory."""
+        """The environment: this worker's Redis, state directory and workspace root (the
+        test's, never the machine's default, which every run on this machine shares),
+        then what the test adds (`extra_env`)."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("BASHFLEET_")}
         env.update(
             BASHFLEET_REDIS_URL=self.url, BASHFLEET_STATE_DIR=str(self.state_dir),
             BASHFLEET_SIGNING_KEY=os.environ["BASHFLEET_SIGNING_KEY"],
+            BASHFLEET_WORKSPACE_ROOT=str(self.state_dir.parent / f"{self.state_dir.name}-ws"),
         )
+        env.update(self.extra_env)
         return env
 
     def record_keys(self) -> dict[str, str]:
@@ -174,12 +181,24 @@ class WorkerProcess:
         return self.proc.returncode
 
     def kill_jobs(self) -> None:
-        """End every background job this worker's host still runs (test cleanup)."""
-        settings = Settings(state_dir=self.state_dir, host=self.host)
+        """End every background job this worker's host still runs, and delete its
+        workspaces (test cleanup): their keepers outlive the worker by design (a real
+        host's reaper would end them; here nothing else would)."""
+        root = self.env().get("BASHFLEET_WORKSPACE_ROOT")
+        settings = Settings(state_dir=self.state_dir, host=self.host,
+                            workspace_root=Path(root) if root else None)
         for record in jobs.local_records(settings):
             if jobs.is_running(record):
                 leader = procs.is_same_process(record.pid, record.start_time)
                 procs.terminate(record.pgid if leader else None, record.marker, grace_s=0.5)
+        for workspace in workspaces.local_records(settings):
+            workspaces.delete(workspace.id, settings)
+        # A worker killed between starting a keeper and saving its record leaves a keeper
+        # no record names (nothing, not even the reaper, would end it): found by its
+        # mounts (its /tmp and HOME come from this state directory), ended by pid.
+        for pid in keepers_under(self.state_dir):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 @pytest.fixture(scope="session")
@@ -216,12 +235,13 @@ class WorkerFactory:
 
     def start(
         self, host: str, *, concurrency: int = 2, labels: tuple[str, ...] = (),
-        wait: bool = True,
+        wait: bool = True, env: dict[str, str] | None = None,
     ) -> WorkerProcess:
-        """Start a worker for `host`; wait until it is ready unless told not to."""
+        """Start a worker for `host` (`env`: settings of its own); wait until it is
+        ready unless told not to."""
         worker = WorkerProcess(
             host, self.url, state_dir=self.state_dir(host), log_dir=self.base / "logs",
-            concurrency=concurrency, labels=labels,
+            concurrency=concurrency, labels=labels, extra_env=env,
         )
         worker.start()
         self.started.append(worker)

@@ -26,8 +26,9 @@ import psutil
 import pytest
 
 from worker import Call, CallResult, JobHandle, Policy, Settings, run_call
-from worker.engine import sandbox
+from worker.engine import sandbox, workspaces
 from worker.engine.environment import MARKER_VAR
+from worker.wire.models import WorkspaceRecord, WorkspaceSpec
 
 T = TypeVar("T")
 
@@ -129,6 +130,26 @@ def create_time(pid: int) -> float | None:
         return None
 
 
+def host_pid(handle: JobHandle) -> int:
+    """The host's pid of a job's leader (a sandboxed job's `pid` is its workspace's)."""
+    return handle.host_pid if handle.host_pid is not None else handle.pid
+
+
+def output_dirs(settings: Settings) -> Path:
+    """Where every workspace of `settings`' host keeps its calls' spill files and its
+    jobs' output: `<workspace root>/.out/<workspace id>/`."""
+    return settings.workspace_root_dir() / ".out"
+
+
+def spill_files(settings: Settings, call_id: str) -> list[Path]:
+    """Every spill file of call `call_id`, in whichever workspace it ran (and in the
+    state directory's spill directory, where they went before workspaces)."""
+    found = list(output_dirs(settings).glob(f"*/{call_id}.*"))
+    if settings.spill_dir.exists():
+        found += settings.spill_dir.glob(f"{call_id}.*")
+    return sorted(found)
+
+
 # ------------------------------------------------------------------------- the janitor
 
 
@@ -158,10 +179,13 @@ class Janitor:
         return proc
 
     def job(self, handle: JobHandle) -> None:
-        """A background job: its marker, its pid, and its supervisor (the pid's parent)."""
+        """A background job: its marker, its leader, and the leader's parent (its
+        supervisor, or its workspace's keeper). By host pid: `handle.pid` is the number
+        in its workspace's PID namespace, which on the host is another process."""
         self.markers.add(handle.id)
-        self.pid(handle.pid)
-        info = stat(handle.pid)
+        pid = host_pid(handle)
+        self.pid(pid)
+        info = stat(pid)
         if info is not None and info.ppid > 1:
             self.pid(info.ppid)
 
@@ -211,12 +235,19 @@ class Engine:
     tmp: Path
 
     def call(self, command: str, **fields: Any) -> Call:
-        """A call with a fresh id; defaults: 30 s timeout, the quick-kill policy."""
+        """A call with a fresh id; defaults: 30 s timeout, the quick-kill policy, and, in
+        no session workspace, `tmp` as its cwd (so its throwaway workspace is `tmp`)."""
         fields.setdefault("call_id", self.janitor.new_call_id())
         fields.setdefault("timeout_s", 30.0)
         fields.setdefault("policy", KILL)
-        fields.setdefault("cwd", str(self.tmp))
+        if fields.get("workspace") is None:
+            fields.setdefault("cwd", str(self.tmp))
         return Call(command=command, **fields)
+
+    def workspace(self, **spec: Any) -> WorkspaceRecord:
+        """A session workspace on the engine's host (a fresh directory unless `path=`);
+        it is deleted, with everything running in it, when the engine is left."""
+        return workspaces.create(WorkspaceSpec(**spec), self.settings)
 
     def run(
         self,
@@ -264,10 +295,63 @@ def engine_with(tmp_path: Path, janitor: Janitor, **settings: Any) -> Iterator[E
     settings.setdefault("workspace_root", tmp_path / "workspaces")
     settings.setdefault("workspace_allow", (str(work),))
     engine = Engine(Settings(state_dir=tmp_path / "state", host="test", **settings), janitor, work)
+    umask = current_umask()
     try:
         yield engine
     finally:
-        sandbox.close_all()
+        try:
+            end_workspaces(engine.settings)
+        finally:
+            sandbox.close_all()
+            # Workspaces made in two threads at once can leave this process's umask at
+            # 0o177 (test_engine_process.py::test_concurrent_workspaces_keep_the_umask
+            # shows it): the next tests' directories and keepers would inherit it.
+            os.umask(umask)
+
+
+def current_umask() -> int:
+    """This process's umask (reading it means setting it: set back at once)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _throwaway_threads() -> list[threading.Thread]:
+    """The engine's threads that make throwaway workspaces ahead or recycle used ones."""
+    return [t for t in threading.enumerate()
+            if t.name.startswith("bashfleet-throwaway") and t.is_alive()]
+
+
+def end_workspaces(settings: Settings) -> None:
+    """Delete every workspace of `settings`' host (session ones, throwaways made ahead or
+    left to the reaper), so every keeper, and every process in it, ends with the test;
+    then check that no keeper of its state directory is left."""
+    # A thread may be making a throwaway ahead, or recycling one, right now.
+    wait_until(lambda: not _throwaway_threads(), what="the throwaway pool's threads")
+    workspaces.throwaways.close()
+    for record in workspaces.local_records(settings):
+        workspaces.delete(record.id, settings)
+    sandbox.close_all()
+    left = keepers_under(settings.state_dir)
+    for pid in left:  # ended (they are this test's), then reported
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    assert not left, f"keepers outlived the deletion of every workspace: {left}"
+
+
+def keepers_under(directory: Path) -> list[int]:
+    """Live keepers (and zygotes) whose mounts come from under `directory`: a keeper's view
+    binds its /tmp, /var/tmp and HOME from its state directory, so a keeper whose record
+    is gone is found too."""
+    needle = f" {directory.resolve()}/"
+    found = []
+    for pid in _all_pids():
+        with contextlib.suppress(OSError):
+            if b"launcher.py" not in Path(f"/proc/{pid}/cmdline").read_bytes():
+                continue
+            if needle in Path(f"/proc/{pid}/mountinfo").read_text() and alive(pid):
+                found.append(pid)
+    return found
 
 
 @pytest.fixture(name="engine")
@@ -283,6 +367,24 @@ def _plain_engine_fixture(tmp_path: Path, janitor: Janitor) -> Iterator[Engine]:
     host's, and the marker sweep alone finds escapees."""
     with engine_with(tmp_path, janitor, isolation="none") as engine:
         yield engine
+
+
+@dataclass
+class WitnessEngine(Engine):
+    """An engine whose calls may all write `witness` (an operator's writable root), in
+    any workspace: where a command that must not run would leave its mark."""
+
+    witness: Path = Path()
+
+
+@pytest.fixture(name="witness_engine")
+def _witness_engine_fixture(tmp_path: Path, janitor: Janitor) -> Iterator[WitnessEngine]:
+    """The default engine, plus a directory every call can write (`witness`)."""
+    witness = tmp_path / "witness"
+    witness.mkdir()
+    give_to_run_user(witness)
+    with engine_with(tmp_path, janitor, sandbox_writable=(str(witness),)) as engine:
+        yield WitnessEngine(engine.settings, engine.janitor, engine.tmp, witness)
 
 
 class PeakRss:

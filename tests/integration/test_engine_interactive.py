@@ -31,7 +31,8 @@ SETTLE = Collect(wait_s=10, settle_s=0.3)
 
 @pytest.fixture(params=["engine", "plain_engine"])
 def any_engine(request: pytest.FixtureRequest) -> Engine:
-    """Both: sandboxed (a runner spawns the shell) and plain (the supervisor does)."""
+    """Both: sandboxed (the workspace's keeper spawns the shell for the session's
+    supervisor) and plain (the supervisor does)."""
     engine: Engine = request.getfixturevalue(request.param)
     return engine
 
@@ -63,7 +64,9 @@ def test_read_p_prompt_is_reported_then_answered(any_engine: Engine) -> None:
 
 def test_ssh_keygen_prompts_through_dev_tty(any_engine: Engine) -> None:
     key = any_engine.tmp / "id_test"
-    result, record = start(any_engine, f"ssh-keygen -q -t ed25519 -f {key}")
+    # Relative to its cwd (the work directory): unsandboxed, the run user cannot reach
+    # the test's directory by its absolute path (pytest's base directory is root's, 0700).
+    result, record = start(any_engine, f"ssh-keygen -q -t ed25519 -f {key.name}")
     assert result.input_wait is not None
     assert "passphrase" in result.input_wait.prompt.lower()
     again = interactive.exchange(any_engine.settings, record, b"s3cret-pass\n",

@@ -24,6 +24,7 @@ from worker import (
     load_record,
     local_records,
 )
+from worker.engine import workspaces
 
 from .engine_helpers import (
     Engine,
@@ -32,6 +33,7 @@ from .engine_helpers import (
     _plain_engine_fixture,  # noqa: F401 - fixture
     alive,
     create_time,
+    host_pid,
     marked_pids,
     stat,
     survivors,
@@ -98,13 +100,17 @@ def test_auto_background_keeps_running_and_checks_give_new_output(engine: Engine
     assert (result.stdout, result.stderr) == ("first\n", "efirst\n")
     assert result.job is not None
     assert result.processes, "the still-running processes are described"
+    # The numbers a call shows are those of its workspace's PID namespace, the job's
+    # record keeps the host's too (the engine checks and kills by those).
     assert result.job.pid in [p.pid for p in result.processes]
     assert result.spill is not None, "a backgrounded call keeps its files"
-    assert alive(result.job.pid)
+    assert alive(host_pid(result.job))
 
     record = _record(engine, result)
     assert record.marker == result.call_id
-    assert (record.pid, record.pgid) == (result.job.pid, result.job.pid)
+    assert (record.pid, record.pgid) == (host_pid(result.job), host_pid(result.job))
+    assert (record.ns_pid, record.ns_pgid) == (result.job.pid, result.job.pgid)
+    assert result.job.pgid == result.job.pid
     job_started = create_time(record.pid)
     assert job_started is not None
     assert abs(record.start_time - job_started) < 0.05
@@ -132,7 +138,7 @@ def test_auto_background_keeps_running_and_checks_give_new_output(engine: Engine
     final = _finished(record, engine, offset=check.offset, stderr_offset=check.stderr_offset)
     assert (final.exit_code, final.signal, final.note) == (0, None, None)
     assert final.output == "third\n\n\n[background process completed]\n"
-    assert survivors(result.call_id, result.job.pgid) == []
+    assert survivors(result.call_id, record.pgid) == []
 
 
 def test_kill_auto_backgrounded_job_ends_all_its_processes(engine: Engine) -> None:
@@ -147,13 +153,13 @@ def test_kill_auto_backgrounded_job_ends_all_its_processes(engine: Engine) -> No
     assert not killed.running
     assert (killed.exit_code, killed.signal) == (None, 15)
     assert killed.output == "up\n\n\n[background process failed: signal: 15 (SIGTERM)]\n"
-    assert survivors(result.call_id, result.job.pgid) == []
+    assert survivors(result.call_id, record.pgid) == []
 
 
 # ------------------------------------------------------------------- background mode
 
 
-def test_background_job_runs_detached_and_reports_its_exit(engine: Engine) -> None:
+def _start_gated_job(engine: Engine) -> CallResult:
     started = time.monotonic()
     result = engine.run(
         "echo hello; until [ -e gate ]; do sleep 0.01; done; echo bye; exit 4",
@@ -166,19 +172,12 @@ def test_background_job_runs_detached_and_reports_its_exit(engine: Engine) -> No
     job = result.job
     assert job is not None
     assert job.pgid == job.pid
+    return result
 
-    # The job and its supervisor each live in a session of their own, not ours.
-    job_stat, supervisor = stat(job.pid), None
-    assert job_stat is not None
-    assert job_stat.sid == job.pid != os.getsid(0)
-    supervisor = stat(job_stat.ppid)
-    assert supervisor is not None
-    assert supervisor.sid == supervisor.pid
-    assert supervisor.sid not in (os.getsid(0), job.pid)
 
-    record = _record(engine, result)
+def _runs_until_the_gate_then_exits_4(engine: Engine, record: JobRecord) -> None:
     # The pid reuse guard knows the job's leader by its kernel start time.
-    job_started = create_time(job.pid)
+    job_started = create_time(record.pid)
     assert job_started is not None
     assert abs(record.start_time - job_started) < 0.05
     first = wait_until(lambda: _with_output(record, engine), what="the first line")
@@ -190,24 +189,77 @@ def test_background_job_runs_detached_and_reports_its_exit(engine: Engine) -> No
     final = _finished(record, engine, offset=first.offset)
     assert (final.exit_code, final.signal, final.note) == (4, None, None)
     assert final.output == "bye\n\n\n[background process failed: exit status: 4]\n"
+
+
+def test_background_job_runs_detached_and_reports_its_exit(engine: Engine) -> None:
+    """In a sandbox a job is a child of its workspace's keeper (pid 1 of the workspace),
+    in a session of its own, not ours; the keeper records its end, and the throwaway
+    workspace's keeper leaves once the job it outlived its call for has ended."""
+    result = _start_gated_job(engine)
+    job = result.job
+    assert job is not None and job.workspace is not None
+    assert job.host_pid is not None and job.host_pid != job.pid
+
+    job_stat = stat(job.host_pid)
+    assert job_stat is not None
+    assert job_stat.sid == job.host_pid != os.getsid(0)
+    workspace = workspaces.load(job.workspace, engine.settings)
+    assert workspace.keeper_pid is not None
+    assert job_stat.ppid == workspace.keeper_pid
+    keeper = stat(workspace.keeper_pid)
+    assert keeper is not None
+    assert keeper.sid == keeper.pid
+    assert keeper.sid not in (os.getsid(0), job.host_pid)
+    # The record keeps the number the workspace's calls use beside the host's.
+    record = _record(engine, result)
+    assert record.ns_pid == job.pid
+
+    _runs_until_the_gate_then_exits_4(engine, record)
+    wait_until(lambda: not alive(keeper.pid), what="the throwaway workspace's keeper to exit")
+
+
+def test_background_job_runs_detached_and_reports_its_exit_unsandboxed(
+    plain_engine: Engine,
+) -> None:
+    """Without a sandbox a job has a supervisor of its own, which records its end: both
+    live in a session of their own, not ours, and the supervisor leaves after the end."""
+    engine = plain_engine
+    result = _start_gated_job(engine)
+    job = result.job
+    assert job is not None
+    assert job.host_pid is None, "no PID namespace: the handle's pid is the host's"
+
+    job_stat = stat(job.pid)
+    assert job_stat is not None
+    assert job_stat.sid == job.pid != os.getsid(0)
+    supervisor = stat(job_stat.ppid)
+    assert supervisor is not None
+    assert supervisor.sid == supervisor.pid
+    assert supervisor.sid not in (os.getsid(0), job.pid)
+
+    _runs_until_the_gate_then_exits_4(engine, _record(engine, result))
     # The supervisor leaves once it has recorded the end.
     wait_until(lambda: not alive(supervisor.pid), what="the supervisor to exit")
 
 
 def test_background_job_outlives_the_process_that_started_it(engine: Engine) -> None:
     # A separate Python process starts the job and exits, as a worker restart would.
+    # Its settings are the engine's (the work directory an allowed workspace); its
+    # throwaway workspace outlives it, as the job does.
     script = (
         "import sys\n"
         "from pathlib import Path\n"
         "from worker import Call, Settings, run_call\n"
-        "settings = Settings(state_dir=Path(sys.argv[1]), host='test')\n"
+        "settings = Settings(state_dir=Path(sys.argv[1]), host='test',\n"
+        "                    workspace_root=Path(sys.argv[5]), workspace_allow=(sys.argv[4],))\n"
         "call = Call(call_id=sys.argv[2], command=sys.argv[3], cwd=sys.argv[4], background=True)\n"
         "print(run_call(call, settings=settings).model_dump_json())\n"
     )
     call_id = engine.janitor.new_call_id()
     starter = subprocess.run(
         [sys.executable, "-c", script, str(engine.settings.state_dir), call_id,
-         "until [ -e gate ]; do sleep 0.01; done; echo done; exit 7", str(engine.tmp)],
+         "until [ -e gate ]; do sleep 0.01; done; echo done; exit 7", str(engine.tmp),
+         str(engine.settings.workspace_root_dir())],
         capture_output=True, check=True, timeout=60,
     )
     result = CallResult.model_validate_json(starter.stdout)
@@ -252,11 +304,14 @@ def test_check_grep_filters_lines(engine: Engine) -> None:
     assert caught.value.kind == "invalid"
 
 
-def test_job_that_ends_unwatched_reports_unknown_status(engine: Engine) -> None:
+def test_job_that_ends_unwatched_reports_unknown_status(plain_engine: Engine) -> None:
+    """Unsandboxed, a job's supervisor records its end: killed (as with its worker), the
+    job runs on and ends unwatched, and a check says its status is unknown."""
+    engine = plain_engine
     result = engine.run("until [ -e gate ]; do sleep 0.01; done; exit 3", background=True)
     assert result.job is not None
     record = _record(engine, result)
-    # Its supervisor: our child (in a sandbox the job's parent is its runner).
+    # Its supervisor: our child.
     supervisors = [
         child.pid for child in psutil.Process().children()
         if "job_supervisor.py" in " ".join(child.cmdline())
@@ -275,6 +330,29 @@ def test_job_that_ends_unwatched_reports_unknown_status(engine: Engine) -> None:
     assert (check.exit_code, check.signal) == (None, None)
     assert check.note is not None and "unknown" in check.note
     assert not Path(record.output_path).read_text().endswith("]\n"), "no completion line"
+
+
+def test_job_whose_keeper_dies_reports_unknown_status(engine: Engine) -> None:
+    """In a sandbox the workspace's keeper (pid 1 of its PID namespace) records a job's
+    end; killed from the host (a crash, the OOM killer), it takes every process of the
+    workspace with it: the job is no longer running, and a check says its status is
+    unknown, with no completion line (nothing recorded one)."""
+    result = engine.run("echo up; until [ -e gate ]; do sleep 0.01; done; exit 3",
+                        background=True)
+    assert result.job is not None and result.job.workspace is not None
+    record = _record(engine, result)
+    wait_until(lambda: _with_output(record, engine), what="the job's first line")
+    keeper = workspaces.load(result.job.workspace, engine.settings).keeper_pid
+    assert keeper is not None and stat(record.pid) is not None
+    assert stat(record.pid).ppid == keeper  # type: ignore[union-attr]
+
+    os.kill(keeper, signal.SIGKILL)
+    wait_until(lambda: not alive(record.pid), what="the job to end with its keeper")
+    check = check_job(record, settings=engine.settings)
+    assert not check.running
+    assert (check.exit_code, check.signal) == (None, None)
+    assert check.note is not None and "unknown" in check.note
+    assert Path(record.output_path).read_text() == "up\n", "no completion line"
 
 
 # ------------------------------------------------------------------ pid reuse guard

@@ -19,6 +19,7 @@ from .engine_helpers import (
     PeakRss,
     _engine_fixture,  # noqa: F401 - fixture
     _janitor_fixture,  # noqa: F401 - fixture
+    spill_files,
 )
 
 GIB = 1024 * 1024 * 1024
@@ -113,8 +114,7 @@ def test_separate_streams_stay_apart(engine: Engine) -> None:
 
 
 def _spill_files(engine: Engine, call_id: str) -> list[Path]:
-    spill = engine.settings.spill_dir
-    return sorted(spill.glob(f"{call_id}.*")) if spill.exists() else []
+    return spill_files(engine.settings, call_id)
 
 
 def test_spill_removed_when_nothing_was_cut(engine: Engine) -> None:
@@ -139,6 +139,27 @@ def test_spill_kept_when_cut(engine: Engine) -> None:
     assert Path(spill.stdout_path).read_bytes() == expected
     assert Path(spill.stderr_path).read_bytes() == b"err\n"
     assert (spill.stdout_bytes, spill.stderr_bytes) == (len(expected), 4)
+    # Where the other tests look for spill files that must not be there.
+    assert _spill_files(engine, result.call_id) == sorted(
+        [Path(spill.stdout_path), Path(spill.stderr_path)]
+    )
+
+
+def test_a_kept_spill_file_is_read_by_the_next_call_of_its_workspace(engine: Engine) -> None:
+    """The `Full output:` path a dialect shows is in the workspace's output directory,
+    at the same path in its calls' view: the model's next call in the same session
+    reads it (read-only: it cannot rewrite what it is shown)."""
+    workspace = engine.workspace()
+    cut = engine.run("seq 5000", workspace=workspace.id)
+    assert cut.spill is not None and cut.spill.stdout_path is not None
+    assert Path(cut.spill.stdout_path).parent == Path(workspace.out_dir)
+
+    read = engine.run(f"wc -l < {cut.spill.stdout_path}; tail -n 1 {cut.spill.stdout_path}; "
+                      f"echo x >> {cut.spill.stdout_path} || echo read-only",
+                      workspace=workspace.id)
+    assert read.error is None
+    assert read.stdout == "5000\n5000\nread-only\n"
+    assert Path(cut.spill.stdout_path).stat().st_size == cut.spill.stdout_bytes
 
 
 def test_spill_kept_when_only_stderr_was_cut(engine: Engine) -> None:

@@ -3,20 +3,31 @@ exit codes and signals, and the system errors that keep a command from running."
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import os
+import threading
 from pathlib import Path
 
+import psutil
 import pytest
 
 from worker import InterceptRule, Policy
+from worker.engine import launcher, sandbox, workspaces
 from worker.engine.environment import MARKER_VAR
 
 from .engine_helpers import (
+    DEADLINE_S,
     KILL,
     Engine,
+    WitnessEngine,
     _engine_fixture,  # noqa: F401 - fixture
     _janitor_fixture,  # noqa: F401 - fixture
     _plain_engine_fixture,  # noqa: F401 - fixture
+    _witness_engine_fixture,  # noqa: F401 - fixture
+    current_umask,
+    spill_files,
+    wait_until,
 )
 
 SECRET = "s3cr3t-value-123"
@@ -89,7 +100,7 @@ def test_session_env_is_added_but_cannot_undo_the_hardening(engine: Engine) -> N
 
 
 def test_planted_secret_is_scrubbed_and_redacted(
-    engine: Engine, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("MY_API_TOKEN", SECRET)
     monkeypatch.setenv("BASHFLEET_REDIS_URL", "redis://:hunter2-broker@example:6379/0")
@@ -135,14 +146,17 @@ def _side_effect_command(path: Path) -> str:
 
 def _assert_nothing_ran(engine: Engine, side: Path, call_id: str) -> None:
     assert not side.exists()
-    spill = engine.settings.spill_dir
-    assert not spill.exists() or not list(spill.glob(f"{call_id}.*"))
+    assert spill_files(engine.settings, call_id) == []
 
 
 @pytest.mark.parametrize("kind", ["missing", "file"])
-def test_bad_cwd_runs_nothing(engine: Engine, tmp_path: Path, kind: str) -> None:
-    side = tmp_path / "side-effect"
-    cwd = tmp_path / "nowhere"
+def test_bad_cwd_runs_nothing(witness_engine: WitnessEngine, kind: str) -> None:
+    """A cwd that is missing or a file, in the call's view (the witness directory is in
+    every view): bad_cwd, and the command, which could have written the witness, did not
+    run."""
+    engine = witness_engine
+    side = engine.witness / "side-effect"
+    cwd = engine.witness / "nowhere"
     if kind == "file":
         cwd.write_text("not a directory")
     result = engine.run(_side_effect_command(side), cwd=str(cwd))
@@ -153,25 +167,27 @@ def test_bad_cwd_runs_nothing(engine: Engine, tmp_path: Path, kind: str) -> None
     _assert_nothing_ran(engine, side, result.call_id)
 
 
-def test_bad_cwd_runs_no_background_job_either(engine: Engine, tmp_path: Path) -> None:
-    side = tmp_path / "side-effect"
-    result = engine.run(_side_effect_command(side), cwd=str(tmp_path / "gone"), background=True)
+def test_bad_cwd_runs_no_background_job_either(witness_engine: WitnessEngine) -> None:
+    engine = witness_engine
+    side = engine.witness / "side-effect"
+    result = engine.run(_side_effect_command(side), cwd=str(engine.witness / "gone"),
+                        background=True)
     assert result.error is not None
     assert result.error.kind == "bad_cwd"
     assert result.job is None
     assert not side.exists()
 
 
-def test_cwd_is_used(engine: Engine, tmp_path: Path) -> None:
-    where = tmp_path / "here"
+def test_cwd_is_used(engine: Engine) -> None:
+    where = engine.tmp / "here"
     where.mkdir()
     result = engine.run("pwd", cwd=str(where))
     assert result.stdout == f"{where.resolve()}\n"
     assert result.cwd == str(where.resolve())
 
 
-def test_policy_block_runs_nothing(engine: Engine, tmp_path: Path) -> None:
-    side = tmp_path / "side-effect"
+def test_policy_block_runs_nothing(engine: Engine) -> None:
+    side = engine.tmp / "side-effect"  # in the call's workspace: it could write there
     rule = InterceptRule(pattern=r"^\s*touch\s", tool="write", message="Use the write tool.")
     blocking = Policy(
         on_timeout="kill", kill_grace_s=0.5, intercept=(rule,), available_tools=("write",)
@@ -191,8 +207,8 @@ def test_policy_block_runs_nothing(engine: Engine, tmp_path: Path) -> None:
     assert side.exists()
 
 
-def test_timeout_above_policy_maximum_is_invalid(engine: Engine, tmp_path: Path) -> None:
-    side = tmp_path / "side-effect"
+def test_timeout_above_policy_maximum_is_invalid(engine: Engine) -> None:
+    side = engine.tmp / "side-effect"
     strict = KILL.model_copy(update={"max_timeout_s": 10.0})
     result = engine.run(_side_effect_command(side), policy=strict, timeout_s=11)
     assert result.error is not None
@@ -212,8 +228,17 @@ def test_spawn_failure_is_a_system_error(
     assert result.error.kind == "spawn_failed"
     assert result.exit_code is None
     assert result.job is None
+    # Nothing of the call is left behind: no spill, no job record or status; the
+    # throwaway workspace it ran in (its record is the state directory's only file while
+    # it exists) is removed once the call ended.
     state = engine.settings.state_dir
-    assert [p.name for p in state.rglob("*") if p.is_file()] == [], "no files left behind"
+
+    def files_left() -> list[str]:
+        # os.walk, unlike rglob, skips what is removed while it walks.
+        return [name for folder, _dirs, names in os.walk(state) for name in names
+                if os.path.isfile(os.path.join(folder, name))]
+
+    wait_until(lambda: files_left() == [], what="no files left behind")
 
 
 def _fake_bash(folder: Path) -> Path:
@@ -225,10 +250,11 @@ def _fake_bash(folder: Path) -> Path:
     return fake
 
 
-def test_bash_is_the_first_on_the_childs_path(engine: Engine, tmp_path: Path) -> None:
+def test_bash_is_the_first_on_the_childs_path(engine: Engine) -> None:
     # The engine resolves bash itself (one execve instead of one per PATH entry): it
-    # must still be the bash a PATH search would find, by the child's PATH.
-    first = _fake_bash(tmp_path / "first")
+    # must still be the bash a PATH search would find, by the child's PATH (in the
+    # call's view: the fake one is in its workspace).
+    first = _fake_bash(engine.tmp / "first")
     path = f"{first.parent}:{os.environ['PATH']}"
     assert engine.run("echo hi", env={"PATH": path}).stdout == "fake bash -c\n"
     assert engine.run("echo hi").stdout == "hi\n"
@@ -241,10 +267,8 @@ def test_relative_path_entries_are_relative_to_the_cwd(engine: Engine) -> None:
 
 
 @pytest.mark.parametrize("how", ["removed", "no longer executable"])
-def test_a_bash_that_went_away_is_searched_again(
-    engine: Engine, tmp_path: Path, how: str
-) -> None:
-    first = _fake_bash(tmp_path / "gone")
+def test_a_bash_that_went_away_is_searched_again(engine: Engine, how: str) -> None:
+    first = _fake_bash(engine.tmp / "gone")
     path = f"{first.parent}:{os.environ['PATH']}"
     assert engine.run("echo hi", env={"PATH": path}).stdout == "fake bash -c\n"
     if how == "removed":
@@ -253,3 +277,80 @@ def test_a_bash_that_went_away_is_searched_again(
         first.chmod(0o644)
     again = engine.run("echo hi", env={"PATH": path})
     assert (again.error, again.stdout) == (None, "hi\n")
+
+
+def test_concurrent_workspaces_keep_the_umask(tmp_path: Path) -> None:
+    """Workspaces made in several threads at once (a call's own beside the throwaway
+    pool's refill, or two consumers' calls) leave the worker's umask as it was: every
+    directory the worker makes, and the zygote and keepers it starts (so every call's
+    files), inherit it. Under 0o177 a keeper makes its view's directories 0600 (the run
+    user cannot enter its own workspace: bad_cwd "Permission denied"), and the sandbox's
+    probe fails (the worker falls back to no sandbox).
+
+    Each workspace's keeper socket is made by `launcher.listen`, which sets the process
+    umask around its bind; here four threads make sockets at once, as four workspaces
+    being made would (making whole workspaces shows the same, less often per second)."""
+    before = current_umask()
+
+    def make(thread: int) -> None:
+        for i in range(50):
+            launcher.listen(str(tmp_path / f"{thread}-{i}.sock")).close()
+
+    threads = [threading.Thread(target=make, args=(n,)) for n in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    after = current_umask()
+    os.umask(before)  # the next tests get the umask they expect
+    assert len(list(tmp_path.glob("*.sock"))) == 200, "every socket was made"
+    assert oct(after) == oct(before)
+
+
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def _set_subreaper(on: bool) -> None:
+    """Orphans of our descendants come to us (not to init) while on: the probe's keepers
+    that the engine leaves behind can then be told from other sessions' and ended."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER)")
+
+
+def _end_adopted_keepers() -> None:
+    """Kill and reap the keepers that came to us as orphans (ours: we are their
+    subreaper), the workspaces' as well as the probe's."""
+    for child in psutil.Process().children():
+        with contextlib.suppress(psutil.Error):
+            if "launcher.py" in " ".join(child.cmdline()):
+                child.kill()
+                child.wait(DEADLINE_S)
+
+
+def test_concurrent_first_calls_are_all_sandboxed(engine: Engine) -> None:
+    """The first workspaces of a worker process, made together (a consumer's threads,
+    the throwaway pool's refill), all get the host's sandbox: none is made without one
+    because the sandbox's probe, run by each of them at once, failed for one of them
+    (issue #20: no silent fallback to no sandbox)."""
+    made: list[str] = []
+    _set_subreaper(True)
+    try:
+        sandbox.close_all()
+        sandbox._probes.clear()  # nothing probed yet, as in a fresh worker process
+
+        def make() -> None:
+            made.append(engine.workspace().isolation)
+
+        threads = [threading.Thread(target=make) for _ in range(6)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        for record in workspaces.local_records(engine.settings):
+            workspaces.delete(record.id, engine.settings)
+        sandbox.close_all()
+        _end_adopted_keepers()
+        _set_subreaper(False)
+    assert sorted(made) == ["process"] * 6

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from .engine_helpers import (
@@ -12,8 +13,9 @@ from .engine_helpers import (
 )
 
 
-def test_exported_variables_and_cwd_carry_to_the_next_call(engine: Engine, tmp_path: Path) -> None:
-    sub = tmp_path / "sub"
+def test_exported_variables_and_cwd_carry_to_the_next_call(engine: Engine) -> None:
+    # In the call's workspace: the directories a call can enter.
+    sub = engine.tmp / "sub"
     sub.mkdir()
     first = engine.run(f"export GREETING='hello there'; unset HOME; cd {sub}; exit 3",
                        capture_state=True)
@@ -42,24 +44,36 @@ def test_the_command_line_is_the_command(engine: Engine) -> None:
 
 
 def test_a_call_that_does_not_cd_ends_where_it_started_symlinks_included(
-    engine: Engine, tmp_path: Path
+    engine: Engine,
 ) -> None:
     """$PWD starts as the cwd asked for, so a call without `cd` reports no move (a session
-    then keeps a concurrent call's `cd`), also in a directory reached through a symlink."""
-    real = tmp_path / "real"
-    real.mkdir()
-    link = tmp_path / "link"
+    then keeps a concurrent call's `cd`), also in a directory reached through a symlink
+    (both in one project directory under the allowed root: the call's workspace)."""
+    project = engine.tmp / "project"
+    real = project / "real"
+    real.mkdir(parents=True)
+    link = project / "link"
     link.symlink_to(real)
     result = engine.run("echo $PWD", cwd=str(link), capture_state=True)
     assert result.stdout == f"{link}\n"
     assert result.cwd == result.cwd_after == str(link)
 
 
+def _state_files(engine: Engine) -> list[Path]:
+    """State capture files anywhere the engine or its calls write: its state directory,
+    the workspaces' directories and output directories (the capture goes through a
+    descriptor, so there should be none)."""
+    root = engine.settings.state_dir.parent
+    # os.walk, unlike rglob, skips what a throwaway workspace's removal takes meanwhile.
+    return [Path(folder, name) for folder, _dirs, names in os.walk(root)
+            for name in names if name.endswith(".state")]
+
+
 def test_exec_records_nothing_and_leaves_no_state_file(engine: Engine) -> None:
     result = engine.run("export LOST=1; exec true", capture_state=True)
     assert result.exit_code == 0
     assert result.cwd_after is None and result.env_changes == {}
-    assert not any(p.suffix == ".state" for p in engine.settings.spill_dir.iterdir())
+    assert _state_files(engine) == []
 
 
 def test_without_capture_the_command_runs_unwrapped(engine: Engine) -> None:
@@ -71,7 +85,7 @@ def test_without_capture_the_command_runs_unwrapped(engine: Engine) -> None:
 def test_a_killed_call_leaves_no_state_file(engine: Engine) -> None:
     result = engine.run("export X=1; sleep 30", capture_state=True, timeout_s=0.3)
     assert result.timed_out and result.cwd_after is None
-    assert not any(p.suffix == ".state" for p in engine.settings.spill_dir.iterdir())
+    assert _state_files(engine) == []
 
 
 def test_a_running_call_detaches_into_a_job(engine: Engine, tmp_path: Path) -> None:

@@ -1,4 +1,8 @@
-"""No spill file possible (unusable or full directory): the call still returns its output."""
+"""No spill file possible (unusable or full directory): the call still returns its output.
+
+A call's spill files go to its workspace's output directory; here that directory is
+made unusable (a file in its place, as a broken disk or a careless clean-up would leave
+it), or the host's free-space floor is set above any disk's."""
 
 from __future__ import annotations
 
@@ -7,30 +11,32 @@ from pathlib import Path
 
 import psutil
 
-from worker import Call, Policy, Settings, run_call
+from worker import Policy
+from worker.wire.models import WorkspaceRecord
 
 from .engine_helpers import (
     Engine,
+    Janitor,
     _engine_fixture,  # noqa: F401 - fixture
     _janitor_fixture,  # noqa: F401 - fixture
+    engine_with,
+    spill_files,
     survivors,
 )
 
 
-def _broken(tmp_path: Path) -> Settings:
-    # A file where the spill directory should be: unusable even for root.
-    state = tmp_path / "broken-state"
-    state.mkdir()
-    (state / "spill").write_text("not a directory")
-    return Settings(state_dir=state, host="t")
+def _broken_workspace(engine: Engine) -> WorkspaceRecord:
+    """A session workspace whose output directory is a file: unusable even for root."""
+    record = engine.workspace()
+    out = Path(record.out_dir)
+    out.rmdir()
+    out.write_text("not a directory")
+    return record
 
 
-def test_unusable_spill_directory_still_returns_the_output(tmp_path: Path) -> None:
-    settings = _broken(tmp_path)
-    result = run_call(
-        Call(call_id="fallback-1", command="seq 1 100000; echo oops >&2; exit 2"),
-        settings=settings,
-    )
+def test_unusable_spill_directory_still_returns_the_output(engine: Engine) -> None:
+    broken = _broken_workspace(engine)
+    result = engine.run("seq 1 100000; echo oops >&2; exit 2", workspace=broken.id)
     assert result.exit_code == 2
     assert result.stdout.endswith("99999\n100000\n")
     assert result.stderr == "oops\n"
@@ -41,19 +47,17 @@ def test_unusable_spill_directory_still_returns_the_output(tmp_path: Path) -> No
     assert result.spill.error is not None and "spill directory unusable" in result.spill.error
 
 
-def test_nearly_full_spill_directory_keeps_small_output_whole(tmp_path: Path) -> None:
-    settings = Settings(state_dir=tmp_path, host="t", spill_min_free_bytes=10**18)
-    result = run_call(
-        Call(call_id="fallback-2", command="echo 1; echo 2 >&2; echo 3",
-             policy=Policy(streams="combined")),
-        settings=settings,
-    )
-    assert (result.exit_code, result.stdout, result.spill) == (0, "1\n2\n3\n", None)
-    assert not (tmp_path / "spill" / "fallback-2.log").exists()
+def test_nearly_full_spill_directory_keeps_small_output_whole(
+    tmp_path: Path, janitor: Janitor
+) -> None:
+    with engine_with(tmp_path, janitor, spill_min_free_bytes=10**18) as engine:
+        result = engine.run("echo 1; echo 2 >&2; echo 3", policy=Policy(streams="combined"))
+        assert (result.exit_code, result.stdout, result.spill) == (0, "1\n2\n3\n", None)
+        assert spill_files(engine.settings, result.call_id) == []
 
 
-def test_memory_stays_bounded_without_spill_files(tmp_path: Path) -> None:
-    settings = _broken(tmp_path)
+def test_memory_stays_bounded_without_spill_files(engine: Engine) -> None:
+    broken = _broken_workspace(engine)
     me = psutil.Process()
     before = me.memory_info().rss
     peak = [before]
@@ -66,13 +70,11 @@ def test_memory_stays_bounded_without_spill_files(tmp_path: Path) -> None:
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
     try:
-        result = run_call(
-            Call(call_id="fallback-3", command="yes abcdefghij | head -c 200000000"),
-            settings=settings,
-        )
+        result = engine.run("yes abcdefghij | head -c 200000000", workspace=broken.id)
     finally:
         done.set()
         sampler.join()
+    assert result.spill is not None and result.spill.stdout_path is None, "no file was used"
     assert result.stdout_truncation is not None
     assert result.stdout_truncation.total_bytes == 200_000_000
     assert result.stdout_truncation.total_lines == 200_000_000 // 11 + 1
@@ -80,19 +82,16 @@ def test_memory_stays_bounded_without_spill_files(tmp_path: Path) -> None:
 
 
 def test_timeout_kills_instead_of_backgrounding_and_the_engine_keeps_serving(
-    engine: Engine, tmp_path: Path
+    engine: Engine,
 ) -> None:
-    settings = _broken(tmp_path)
-    marker = engine.janitor.new_call_id()
-    engine.janitor.markers.add(marker)
-    result = run_call(
-        Call(call_id=marker, command="echo started; sleep 30", timeout_s=0.5,
-             policy=Policy(on_timeout="background", kill_grace_s=0.2)),
-        settings=settings,
-    )
+    broken = _broken_workspace(engine)
+    result = engine.run("echo started; sleep 30", workspace=broken.id, timeout_s=0.5,
+                        policy=Policy(on_timeout="background", kill_grace_s=0.2))
     assert result.timed_out and not result.backgrounded and result.job is None
     assert result.signal == 15 and result.stdout == "started\n"
-    assert survivors(marker) == []
+    assert survivors(result.call_id) == []
     # The next call, with a usable spill directory, uses files again.
-    again = engine.run("echo fine")
-    assert (again.exit_code, again.stdout) == (0, "fine\n")
+    again = engine.run("seq 5000")
+    assert (again.exit_code, again.stdout.endswith("5000\n")) == (0, True)
+    assert again.spill is not None and again.spill.stdout_path is not None
+    assert Path(again.spill.stdout_path).stat().st_size == again.spill.stdout_bytes

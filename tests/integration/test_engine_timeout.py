@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from worker import Policy
+from worker.engine import workspaces
 
 from .engine_helpers import (
     Engine,
@@ -226,3 +227,30 @@ def test_the_running_hook_is_called_once_while_the_call_runs(engine: Engine) -> 
     assert result.exit_code == 0
     assert len(calls) == 1  # at the first wake-up that found it running, not again
     assert ended - calls[0] > 0.2  # well before the command ended
+
+
+def test_a_daemon_left_in_a_session_workspace_lives_on_without_holding_the_call(
+    engine: Engine,
+) -> None:
+    """A call ends when its bash ends: in a session workspace what it left running (a dev
+    server, `sleep &`) lives on, never holds the call open, and the next call of the
+    workspace sees it by the number the first one printed (its PID namespace's) and can
+    end it. A timeout still kills the call's own group (the tests above)."""
+    workspace = engine.workspace()
+    started = time.monotonic()
+    result = engine.run("sleep 300 & echo daemon=$!; exit 0", workspace=workspace.id,
+                        timeout_s=60)
+    assert time.monotonic() - started < 10
+    assert (result.exit_code, result.timed_out, result.error) == (0, False, None)
+    daemon = int(result.stdout.strip().removeprefix("daemon="))
+    host_pids = workspaces.processes(workspace)
+    assert len(host_pids) == 1 and marked_pids(result.call_id) == host_pids
+
+    seen = engine.run(f"kill -0 {daemon} && echo alive; tr '\\0' ' ' < /proc/{daemon}/cmdline",
+                      workspace=workspace.id)
+    assert seen.stdout == "alive\nsleep 300 "
+    ended = engine.run(f"kill {daemon}; while kill -0 {daemon} 2>/dev/null; do sleep 0.01; done",
+                       workspace=workspace.id)
+    assert ended.exit_code == 0
+    wait_until(lambda: not any(alive(pid) for pid in host_pids), what="the daemon's end")
+    assert workspaces.processes(workspace) == []

@@ -29,6 +29,7 @@ from worker.fleet import registry
 from worker.wire import names
 
 from .conftest import WorkerFactory, WorkerProcess, wait_for
+from .engine_helpers import give_to_run_user
 from .test_fleet_faults import LOST_WITHIN_S, Pending
 
 ROUNDS = int(os.environ.get("BASHFLEET_FAULT_ROUNDS", "50"))
@@ -58,7 +59,7 @@ def _gone(call_id: str) -> Callable[[], bool]:
 
 def _kill_worker(workers: WorkerFactory, worker: WorkerProcess) -> WorkerProcess:
     worker.kill_group()
-    return workers.start(HOST)
+    return workers.start(HOST, env=worker.extra_env)
 
 
 def test_fifty_rounds_of_sigkill(
@@ -66,8 +67,15 @@ def test_fifty_rounds_of_sigkill(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     rng = random.Random(20261121)
-    worker = workers.start(HOST)
-    target = tmp_path / "ran.txt"
+    # The commands append to a file in a root every call of the host may write (each
+    # call runs in a throwaway workspace of its own, gone with it).
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    give_to_run_user(shared)
+    env = {"BASHFLEET_SANDBOX_WRITABLE": str(shared)}
+    worker = workers.start(HOST, env=env)
+    target = shared / "ran.txt"
+    completed: list[int] = []
     outcomes: Counter[str] = Counter()
     slowest = 0.0
     survivors = 0
@@ -91,6 +99,8 @@ def test_fifty_rounds_of_sigkill(
         assert pending.finished_at is not None
         if pending.result is not None:
             outcomes["result"] += 1
+            if pending.result.exit_code == 0:
+                completed.append(round_no)
         else:
             assert isinstance(pending.error, WorkerLost), pending.error
             outcomes["worker lost"] += 1
@@ -100,6 +110,9 @@ def test_fifty_rounds_of_sigkill(
     survivors = sum(len(procs.find_call_processes(None, m)) for m in markers)
     lines = target.read_text().split() if target.exists() else []
     duplicates = sum(count - 1 for count in Counter(lines).values() if count > 1)
+    # The file is where the commands wrote: every round that returned a success did.
+    assert completed, "some rounds ran to their end"
+    assert {str(n) for n in completed} <= set(lines)
     with capsys.disabled():
         print(
             f"\nfault injection: {ROUNDS} SIGKILL rounds, {outcomes['result']} results, "

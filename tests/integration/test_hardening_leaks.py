@@ -1,23 +1,32 @@
 """Secrets planted in the worker's environment and in files; commands try to print them.
 
 The figure the issue asks for: how many leak (a secret value appearing in shown output,
-in a check of a background job, or in an output slice). It must be zero. Printing a
-secret transformed (base64, split across lines) is out of reach of redaction: commands
-run as the worker's user and can read what it reads; that is documented, not tested.
+in a check of a background job, or in an output slice). It must be zero. The secret
+files lie in the call's own workspace, readable by the run user, so only the engine
+stands between them and the output: a file a setting names as secret is hidden from the
+call (and its values redacted). Transformed secrets (base64, `sed 's/./&./g'`) are the
+trust boundary's to refuse (test_trust_boundary), not redaction's.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from worker import Call, Settings, check_job, load_record, run_call
+from worker import check_job, load_record
 from worker.engine.capture import read_slice
 from worker.engine.sanitize import REDACTED
 from worker.engine.secrets import redaction_pattern
 
-from .engine_helpers import wait_until
+from .engine_helpers import (
+    Engine,
+    Janitor,
+    _janitor_fixture,  # noqa: F401 - fixture
+    engine_with,
+    wait_until,
+)
 
 ENV_SECRETS = {
     "MY_API_TOKEN": "tok-7f3a9c1e5b2d4f60",
@@ -44,21 +53,28 @@ ATTEMPTS = [
 ]
 
 
+#: A file beside the secret ones, not named secret: the calls do see that directory.
+CONTROL = "control-file-text-5e1d"
+
+
 @pytest.fixture
-def planted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Settings, list[str]]:
+def planted(
+    tmp_path: Path, janitor: Janitor, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[Engine, list[str]]]:
     for name, value in ENV_SECRETS.items():
         monkeypatch.setenv(name, value)
-    netrc = tmp_path / "netrc"
+    work = tmp_path / "work"  # the engine's work directory: the calls' workspace
+    work.mkdir()
+    netrc = work / "netrc"
     netrc.write_text(f"machine git.internal login ci password {FILE_SECRETS[0]}\n")
-    env_file = tmp_path / "worker.env"
+    env_file = work / "worker.env"
     env_file.write_text(f"# deploy secrets\nDEPLOY_SECRET={FILE_SECRETS[1]}\n")
+    (work / "control.txt").write_text(f"{CONTROL}\n")
     for path in (netrc, env_file):
-        path.chmod(0o600)
-    settings = Settings(
-        state_dir=tmp_path / "state", host="leaks",
-        secret_files=(str(netrc), str(env_file)),
-    )
-    return settings, [str(netrc), str(env_file)]
+        path.chmod(0o644)  # the run user could read them: only the engine hides them
+    with engine_with(tmp_path, janitor, secret_files=(str(netrc), str(env_file))) as engine:
+        assert engine.tmp == work
+        yield engine, [str(netrc), str(env_file)]
 
 
 def _commands(files: list[str]) -> list[str]:
@@ -78,13 +94,16 @@ def _leaks(text: str) -> list[str]:
 
 
 def test_no_planted_secret_leaks(
-    planted: tuple[Settings, list[str]], capsys: pytest.CaptureFixture[str]
+    planted: tuple[Engine, list[str]], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    settings, files = planted
+    engine, files = planted
+    settings = engine.settings
+    control = engine.run(f"cat {engine.tmp}/control.txt")
+    assert control.stdout == f"{CONTROL}\n", "the secret files' directory is in view"
     leaked: list[tuple[str, str]] = []
     shown = 0
-    for index, command in enumerate(_commands(files)):
-        result = run_call(Call(call_id=f"leak-{index}", command=command), settings=settings)
+    for command in _commands(files):
+        result = engine.run(command)
         text = result.stdout + result.stderr
         shown += len(text)
         leaked += [(command, secret) for secret in _leaks(text)]
@@ -95,8 +114,7 @@ def test_no_planted_secret_leaks(
                 sliced, _, _ = read_slice(Path(path), 0, 1 << 20, pattern)
                 leaked += [(command, secret) for secret in _leaks(sliced)]
     # A background job printing them, checked later from its record.
-    job = run_call(Call(call_id="leak-job", command=_commands(files)[0], background=True),
-                   settings=settings)
+    job = engine.run(_commands(files)[0], background=True)
     assert job.job is not None
     record = load_record(job.job.id, settings)
     wait_until(lambda: not check_job(record, settings=settings).running, what="the job's end")

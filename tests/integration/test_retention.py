@@ -1,8 +1,12 @@
-"""Retention on a real state directory: live jobs and running calls kept, the rest aged out.
+"""Retention on a real host's files: live jobs and running calls kept, the rest aged out.
 
-Jobs and calls are real (`worker.run_call` in a private state dir); their files are
-made old with `os.utime`, so no test waits for days. Every job is ended with
-`worker.kill_job` (and the janitor sweeps whatever a failing test leaves).
+Jobs and calls are real (`worker.run_call` in a private state dir and workspace root);
+their files are made old with `os.utime`, so no test waits for days. Every job is ended
+with `worker.kill_job` (and the janitor sweeps whatever a failing test leaves).
+
+The files a host keeps: job records in the state directory, and, since workspaces, the
+kept spill files of calls and the output of jobs in each workspace's output directory
+(`<workspace root>/.out/<workspace id>/`), which outlives a throwaway workspace.
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ from .engine_helpers import (
     Engine,
     _engine_fixture,  # noqa: F401 - fixture
     _janitor_fixture,  # noqa: F401 - fixture
+    output_dirs,
+    spill_files,
     wait_until,
 )
 
@@ -41,15 +47,19 @@ def _age(paths: list[Path], days: float) -> None:
 
 
 def _state_files(engine: Engine) -> list[Path]:
+    """Every file the host keeps for calls and jobs: spill files and job output in the
+    workspaces' output directories, job records and statuses in the state directory."""
     found: list[Path] = []
     for folder in (engine.settings.spill_dir, engine.settings.jobs_dir):
         if folder.is_dir():
             found += sorted(p for p in folder.iterdir() if p.is_file())
+    found += sorted(p for p in output_dirs(engine.settings).glob("*/*") if p.is_file())
     return found
 
 
 def _job_paths(record: JobRecord, engine: Engine) -> list[Path]:
-    """Every file of the job that exists: record, output (maybe in the spill dir), status."""
+    """Every file of the job that exists: record, output (in its workspace's output
+    directory), status."""
     named = [record.output_path, record.status_path, record.stderr_path,
              str(engine.settings.jobs_dir / f"{record.id}.json")]
     return [Path(p) for p in named if p and Path(p).exists()]
@@ -73,8 +83,10 @@ def test_live_jobs_are_kept_then_removed_once_ended_and_old(engine: Engine) -> N
     detached = engine.run("echo bg; sleep 300", background=True)
     assert detached.backgrounded, detached
     auto_job, bg_job = _record(engine, auto), _record(engine, detached)
-    # The auto-backgrounded job writes into the spill directory.
-    assert Path(auto_job.output_path).parent == engine.settings.spill_dir
+    # The auto-backgrounded job goes on writing its spill files, in its workspace's
+    # output directory.
+    assert auto.job is not None and auto.job.workspace is not None
+    assert Path(auto_job.output_path).parent == output_dirs(engine.settings) / auto.job.workspace
     assert auto_job.stderr_path is not None
     finished = _finished_call_with_spill(engine)
     assert finished.spill is not None and finished.spill.stdout_path is not None
@@ -137,9 +149,10 @@ def test_a_running_foreground_calls_spill_files_are_kept(engine: Engine) -> None
     runner.start()
     try:
         assert spawned.wait(DEADLINE_S)
-        spill = [engine.settings.spill_dir / f"{call.call_id}.{s}" for s in ("out", "err")]
-        wait_until(lambda: spill[0].exists() and spill[0].stat().st_size > 0,
-                   what="the call's first output")
+        spill = wait_until(lambda: spill_files(engine.settings, call.call_id),
+                           what="the call's spill files")
+        stdout = next(p for p in spill if p.suffix == ".out")
+        wait_until(lambda: stdout.stat().st_size > 0, what="the call's first output")
         _age(spill, days=30)
         result = plan(scan(engine.settings), RetentionPolicy(max_age_s=0, max_bytes=0, min_age_s=0))
         assert result.removals == ()
