@@ -6,7 +6,10 @@ A worker keeps two kinds of files that nothing else deletes:
   when the output was cut (their path is in the call's result) and, for a call that
   was auto-backgrounded on timeout, the job's output while it runs and after;
 - background job files, `<jobs_dir>/<job_id>.log|.status.json|.json|.read` (output, how it
-  ended, the record) and leftovers of a crash (`.spec.json`, `*.tmp`).
+  ended, the record) and leftovers of a crash (`.spec.json`, `*.tmp`);
+- in a workspace's output directory (`<workspace root>/.out/<id>`: its calls read it),
+  the spill files of its calls and the output of its jobs, named as above; it outlives
+  the workspace, and goes once empty after the workspace did.
 
 Redis needs no collector: every bashfleet key has a TTL (see `worker.fleet.registry`).
 
@@ -34,6 +37,7 @@ each group again first (a group touched since the plan was made is left alone).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -320,6 +324,32 @@ def _job_ref(record: JobRecord, settings: Settings) -> JobRef:
     return JobRef(record.id, record.call_id, frozenset(paths), live)
 
 
+def workspace_outputs(settings: Settings) -> list[Path]:
+    """The output directories of this host's workspaces, those deleted included (their
+    kept output outlives them): each has a marker in the state directory naming it (the
+    state directory is never shared by two fleets; their workspace root may be)."""
+    found = []
+    with contextlib.suppress(OSError), os.scandir(settings.workspaces_dir) as listing:
+        for entry in listing:
+            if entry.name.endswith(".out") and entry.is_file(follow_symlinks=False):
+                with contextlib.suppress(OSError):
+                    found.append(Path(Path(entry.path).read_text("utf-8").strip()))
+    return found
+
+
+def drop_empty_outputs(settings: Settings) -> None:
+    """Remove the output directories of deleted workspaces that hold nothing any more
+    (and their markers)."""
+    for folder in workspace_outputs(settings):
+        ws_id = folder.name
+        if (settings.workspaces_dir / f"{ws_id}.json").exists():
+            continue  # a live workspace: its output directory stays
+        with contextlib.suppress(OSError):
+            if folder.exists():
+                folder.rmdir()
+            (settings.workspaces_dir / f"{ws_id}.out").unlink()
+
+
 def scan(settings: Settings, now: float | None = None) -> Inventory:
     """This host's known files, its jobs (live or not) and its running calls."""
     # Files first, then who uses them: a call or job that starts after the listing has
@@ -327,6 +357,8 @@ def scan(settings: Settings, now: float | None = None) -> Inventory:
     # One that ends meanwhile may lose its files in this pass rather than the next, and
     # only those the limits would take anyway.
     files = _listing(settings.spill_dir, "spill") + _listing(settings.jobs_dir, "job")
+    for folder in workspace_outputs(settings):
+        files += _listing(folder, "spill")
     refs = tuple(_job_ref(record, settings) for record in jobs.local_records(settings))
     live = frozenset(entry.call_id for entry in running.all_calls(settings))
     return Inventory(
@@ -491,6 +523,8 @@ def gc_command(
     limits = RetentionPolicy.from_settings(settings, max_age_s=max_age_s, max_bytes=max_bytes)
     done_plan = plan(scan(settings), limits)
     outcome = None if dry_run else execute(done_plan)
+    if not dry_run:
+        drop_empty_outputs(settings)
     if as_json:
         print(json.dumps(report(settings.state_dir, done_plan, outcome), indent=2))
     else:

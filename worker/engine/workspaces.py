@@ -279,6 +279,9 @@ def _make_dirs(record: WorkspaceRecord, settings: Settings, user: sandbox.User |
     _ensure_dir(Path(record.out_dir).parent, 0o711)
     out = Path(record.out_dir)
     out.mkdir(mode=0o755)
+    # This host's mark on it: its kept output outlives the workspace, until `bashfleet
+    # gc` (`worker.retention`) removes it.
+    (settings.workspaces_dir / f"{record.id}.out").write_text(record.out_dir, encoding="utf-8")
     state = state_path(settings, record.id)
     state.mkdir(mode=0o700)
     for name, mode in (("tmp", 0o1777), ("vartmp", 0o1777), ("home", 0o700), ("root", 0o700)):
@@ -804,6 +807,9 @@ def _end_keeper(record: WorkspaceRecord) -> None:
 
 def _remove_files(record: WorkspaceRecord, settings: Settings) -> None:
     remove_tree(state_path(settings, record.id))
+    with contextlib.suppress(OSError):  # an output directory with nothing kept in it
+        os.rmdir(record.out_dir)
+        (settings.workspaces_dir / f"{record.id}.out").unlink()
     socket_path(settings, record.id).unlink(missing_ok=True)
     if record.fresh and layout.inside(record.path, str(settings.workspace_root_dir())) \
             and record.path != str(settings.workspace_root_dir()):
