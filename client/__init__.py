@@ -15,47 +15,54 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from client.aio import AsyncFleet
+    from client.aio import AsyncFleet, AsyncWorkspace
     from client.errors import (
         BashfleetError,
         CallNotRun,
         CallRejected,
         FleetUnavailable,
         HostUnavailable,
+        LimitReached,
         OutputTooLarge,
         SessionPinned,
         Unauthorized,
         UnknownCall,
         UnknownJob,
+        UnknownWorkspace,
         WaitTimeout,
         WorkerError,
         WorkerLost,
     )
-    from client.fleet import Fleet
+    from client.fleet import Fleet, Workspace
 
 __all__ = [
     "AsyncFleet",
+    "AsyncWorkspace",
     "BashfleetError",
     "CallNotRun",
     "CallRejected",
     "Fleet",
     "FleetUnavailable",
     "HostUnavailable",
+    "LimitReached",
     "OutputTooLarge",
     "SessionPinned",
     "Unauthorized",
     "UnknownCall",
     "UnknownJob",
+    "UnknownWorkspace",
     "WaitTimeout",
     "WorkerError",
     "WorkerLost",
+    "Workspace",
 ]
 
 
 def __getattr__(name: str) -> Any:
     if name not in __all__:
         raise AttributeError(f"module 'client' has no attribute {name!r}")
-    homes = {"AsyncFleet": "client.aio", "Fleet": "client.fleet"}
+    homes = {"AsyncFleet": "client.aio", "AsyncWorkspace": "client.aio",
+             "Fleet": "client.fleet", "Workspace": "client.fleet"}
     home = homes.get(name, "client.errors")
     value = getattr(importlib.import_module(home), name)
     globals()[name] = value  # the next lookup does not come here

@@ -13,5 +13,6 @@ belongs to one event loop.
 from __future__ import annotations
 
 from client._async.fleet import AsyncFleet
+from client._async.workspace import AsyncWorkspace
 
-__all__ = ["AsyncFleet"]
+__all__ = ["AsyncFleet", "AsyncWorkspace"]

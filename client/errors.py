@@ -5,7 +5,10 @@
     ├── HostUnavailable            no live worker serves the asked host (nothing was sent)
     ├── UnknownJob                 no job (or call that started one) has that id, or no
     │                              call kept output under it (or it expired)
+    │   └── UnknownWorkspace       no workspace has that id (or it ended: deleted, expired)
     ├── UnknownCall                no call has that id (`cancel`, `detach`)
+    ├── LimitReached               an owner's cap (live workspaces, background jobs): the
+    │                              message says the cap, how many, and when to retry
     ├── WorkerLost                 the worker died while running the call; the
     │                              command was not run again
     ├── CallRejected               the call is invalid (bad arguments); nothing was run
@@ -41,11 +44,13 @@ __all__ = [
     "CallRejected",
     "FleetUnavailable",
     "HostUnavailable",
+    "LimitReached",
     "OutputTooLarge",
     "SessionPinned",
     "Unauthorized",
     "UnknownCall",
     "UnknownJob",
+    "UnknownWorkspace",
     "WaitTimeout",
     "WorkerError",
     "WorkerLost",
@@ -154,6 +159,14 @@ class WaitTimeout(BashfleetError, TimeoutError):  # noqa: N818 - names of the pu
         self.id = job_id
 
 
+class UnknownWorkspace(UnknownJob):
+    """No workspace has that id on its host (it was deleted, or expired unused)."""
+
+
+class LimitReached(BashfleetError):  # noqa: N818 - names of the public API
+    """An owner's cap refused it (live workspaces, background jobs): nothing was made."""
+
+
 def error_for(kind: str, message: str) -> BashfleetError:
     """The typed exception of an error kind a worker answered (`ErrorKind`)."""
     by_kind: dict[str, type[BashfleetError]] = {
@@ -162,5 +175,6 @@ def error_for(kind: str, message: str) -> BashfleetError:
         "unauthorized": Unauthorized,
         "unavailable": FleetUnavailable,
         "worker_lost": WorkerLost,
+        "limit": LimitReached,
     }
     return by_kind.get(kind, WorkerError)(message)

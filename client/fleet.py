@@ -17,5 +17,7 @@ from __future__ import annotations
 from client._core.identity import resolve_admin_key, resolve_signing_key, resolve_url
 from client._core.messages import run_request
 from client._sync.fleet import Fleet
+from client._sync.workspace import Workspace
 
-__all__ = ["Fleet", "resolve_admin_key", "resolve_signing_key", "resolve_url", "run_request"]
+__all__ = ["Fleet", "Workspace", "resolve_admin_key", "resolve_signing_key", "resolve_url",
+           "run_request"]

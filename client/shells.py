@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from client.errors import SessionPinned
+from client.errors import CallRejected, SessionPinned
 from worker.wire.models import CallResult, RunRequest, runs_code
 
 __all__ = [
@@ -66,6 +66,9 @@ class ShellState(BaseModel):
     """Variables its calls exported or changed."""
     unset_env: tuple[str, ...] = ()
     """Variables its calls unset: kept out of later calls, the worker's own included."""
+    workspace: str | None = None
+    """The session's workspace (on its pinned host): its calls' processes, /tmp and
+    files are shared there; made at the session's first call."""
 
 
 class ShellChange(BaseModel):
@@ -83,6 +86,13 @@ class ShellChange(BaseModel):
     """Variables it unset."""
     force_host: bool = False
     """The host replaces an existing pin (a server's `--host`), not only an empty one."""
+    workspace: str | None = None
+    """A workspace made for the session: kept only when it has none yet (the first one
+    made wins), unless `force_workspace` (its old one ended)."""
+    force_workspace: bool = False
+    started_in: str | None = None
+    """The directory the call ran in: a session with no cwd yet starts its next calls
+    there (the first call's cwd is where the session was opened)."""
 
     def __bool__(self) -> bool:
         return bool(self.host or self.cwd or self.env or self.unset_env)
@@ -100,6 +110,9 @@ def fill_request(shell: ShellState, request: RunRequest) -> RunRequest:
     ends after later calls ran, so it cannot say.
     """
     check_pin(shell, request)
+    if shell.workspace is not None and request.workspace not in (None, shell.workspace):
+        raise CallRejected(f"session {request.session} runs in workspace {shell.workspace}: "
+                           f"a call of it cannot run in workspace {request.workspace}")
     env = {**shell.env, **request.env}
     unset = tuple(dict.fromkeys(
         name for name in (*shell.unset_env, *request.unset_env) if name not in env
@@ -110,6 +123,7 @@ def fill_request(shell: ShellState, request: RunRequest) -> RunRequest:
         "cwd": request.cwd or shell.cwd or request.default_cwd,
         "env": env,
         "unset_env": unset,
+        "workspace": request.workspace or shell.workspace,
         "capture_state": request.capture_state or (
             request.mode != "background" and request.stdin == "null"
         ),
@@ -138,6 +152,7 @@ def change_of(result: CallResult) -> ShellChange:
         cwd=moved,
         env={name: value for name, value in result.env_changes.items() if carryable(name)},
         unset_env=tuple(name for name in result.env_removed if carryable(name)),
+        started_in=result.cwd if result.error is None else None,
     )
 
 
@@ -153,10 +168,35 @@ def apply_change(shell: ShellState, change: ShellChange) -> ShellState:
     cwd = shell.cwd
     if change.cwd is not None and (change.host is None or change.host == host):
         cwd = change.cwd
+    elif cwd is None and change.started_in is not None and change.host in (None, host):
+        cwd = change.started_in
+    workspace = shell.workspace
+    if change.workspace is not None and (workspace is None or change.force_workspace):
+        workspace = change.workspace
     env = {**shell.env, **change.env}
     unset = [name for name in shell.unset_env if name not in change.env]
     for name in change.unset_env:
         env.pop(name, None)
         if name not in unset:
             unset.append(name)
-    return ShellState(host=host, cwd=cwd, env=env, unset_env=tuple(unset))
+    return ShellState(host=host, cwd=cwd, env=env, unset_env=tuple(unset), workspace=workspace)
+
+
+def workspace_gone(shell: ShellState, result: CallResult) -> bool:
+    """True when a session's call was refused because its workspace ended (unused past
+    its TTL): the session gets a new one."""
+    error = result.error
+    return (shell.workspace is not None and error is not None and error.kind == "not_found"
+            and shell.workspace in error.message)
+
+
+#: What a session's call says when its workspace had ended and a new one was made.
+NEW_WORKSPACE_NOTICE = ("[bashfleet: this session's workspace had ended (unused past its "
+                        "TTL); the command ran in a new one: files and processes of the "
+                        "old one are gone]\n")
+
+
+def with_new_workspace(result: CallResult) -> CallResult:
+    """The result of a call rerun in a new workspace, saying so."""
+    field = "stdout" if result.combined else "stderr"
+    return result.model_copy(update={field: NEW_WORKSPACE_NOTICE + getattr(result, field)})

@@ -52,8 +52,8 @@ _COMPILED = tuple((re.compile(pattern), replacement) for pattern, replacement in
 
 def header(name: str) -> str:
     """The first line of a generated module."""
-    return (f"# Generated from client/_async/{name} by scripts/unasync.py: edit that file "
-            "and run the script.\n")
+    return (f"# Generated from client/_async/{name} by scripts/unasync.py:\n"
+            "# edit that file and run the script.\n")
 
 
 def unasync_line(line: str) -> str:

@@ -58,6 +58,7 @@ from client._async.concurrency import (
 from client._async.events import follow
 from client._async.replies import Answer, AsyncReplies
 from client._async.shells import AsyncShellStore
+from client._async.workspace import AsyncWorkspace
 from client._core.constants import (
     CTL_TIMEOUT_S,
     DEFAULT_MAX_IN_FLIGHT,
@@ -107,11 +108,13 @@ from client._core.watch import (
     note_queue,
     verdict,
 )
+from client._core.workspaces import choose_host, open_view
 from client.errors import (
     BashfleetError,
     CallRejected,
     FleetUnavailable,
     HostUnavailable,
+    UnknownWorkspace,
     WaitTimeout,
     WorkerError,
     WorkerLost,
@@ -134,6 +137,7 @@ from worker.wire.control import (
     ReadOutputRequest,
     ResizeRequest,
     SessionOutput,
+    WorkspaceCreateRequest,
     WriteStdinRequest,
 )
 from worker.wire.events import EventKind, JobEvent, event_matches
@@ -146,6 +150,8 @@ from worker.wire.models import (
     OutputChunk,
     RunRequest,
     Truncation,
+    WorkspaceLimits,
+    WorkspaceView,
 )
 from worker.wire.names import CallState
 
@@ -313,7 +319,14 @@ class AsyncFleet:
         if not names.valid_id(session):
             raise CallRejected(f"invalid session id {session!r}")
         shell = await self._call(self._shells.load, session)
+        if shell.workspace is None and request.workspace is None:
+            shell = await self._session_workspace(session, shell, request)
         result = await self._execute(shells.fill_request(shell, request))
+        if shells.workspace_gone(shell, result):
+            # Its workspace ended (unused past its TTL): a new one, said so in the result.
+            shell = await self._session_workspace(session, shell, request, replace=True)
+            result = shells.with_new_workspace(
+                await self._execute(shells.fill_request(shell, request)))
         change = shells.change_of(result)
         if change:
             try:
@@ -324,6 +337,10 @@ class AsyncFleet:
         return result
 
     async def _execute(self, request: RunRequest) -> CallResult:
+        if request.workspace is not None and request.host is None:
+            # A call in a workspace runs on its host: from its sealed view in Redis.
+            view = await self._workspace_view(request.workspace)
+            request = request.model_copy(update={"host": view.host})
         call = build_call(request, self.owner)
         async with self._slots:
             where = await self._route(Placement.of(request))
@@ -340,6 +357,25 @@ class AsyncFleet:
                 raise
             finally:
                 self._replies.forget(call.call_id)
+
+    async def _session_workspace(self, session: str, shell: shells.ShellState,
+                                 request: RunRequest, *, replace: bool = False,
+                                 ) -> shells.ShellState:
+        """The session's workspace, made at its first call (on its pinned host, or where
+        the call goes), at the directory of that call's cwd when the host allows it;
+        laid onto the shell so that every caller of the session shares one (the first
+        made wins: a concurrent one made meanwhile is deleted)."""
+        host = shell.host or request.host
+        workspace = await self.workspace(
+            host=host, label=None if host else request.label, ttl_s=names.SESSION_TTL_S,
+            near=request.cwd or request.default_cwd, session=session,
+            isolation=request.isolation, network=request.network)
+        change = shells.ShellChange(host=workspace.host, workspace=workspace.id,
+                                    force_workspace=replace)
+        stored = await self._call(self._shells.commit, session, change)
+        if stored.workspace != workspace.id:
+            await workspace.delete()  # another caller's made first: the session's
+        return stored
 
     async def _route(self, placement: Placement) -> Route:
         """Where a call goes (`client._core.routing.route`), from the live hosts when no
@@ -632,6 +668,57 @@ class AsyncFleet:
         labels = sorted({label for info in infos for label in info.labels})
         queues = [names.ANY_EXEC_QUEUE, *(names.pool_queue(label) for label in labels)]
         return await self._r(records.queue_depths, queues)
+
+    # ----------------------------------------------------------------- workspaces
+
+    async def workspace(
+        self, *, host: str | None = None, label: str | None = None, path: str | None = None,
+        ttl_s: float | None = None, isolation: Literal["none", "process", "strict"] | None = None,
+        network: bool | None = None, limits: WorkspaceLimits | Mapping[str, Any] | None = None,
+        mounts: Mapping[str, str] | None = None, tags: Mapping[str, str] | None = None,
+        near: str | None = None, session: str | None = None,
+    ) -> AsyncWorkspace:
+        """Make a workspace: a directory on one host and the namespaces its calls share
+        (`AsyncWorkspace`). `host`, else a live host of `label` (else of the fleet) with
+        free slots. `path`: an existing directory under a root the host allows (else a
+        fresh one, removed with it). `ttl_s`: seconds it lives unused (the host's default,
+        1 h). `isolation` (at least the host's) and `network` (False: its own network
+        namespace). `limits`: memory_mb, procs, cpus, disk_mb of its processes together,
+        never above the host's. `mounts`: absolute paths in its calls' view -> its own
+        subdirectories (`{"/logs": "logs"}`). LimitReached past the owner's cap."""
+        spec = control_request(
+            WorkspaceCreateRequest,
+            spec={"path": path, "ttl_s": ttl_s, "isolation": isolation, "network": network,
+                  "limits": limits or {}, "mounts": dict(mounts or {}),
+                  "tags": dict(tags or {}), "near": near, "session": session})
+        where = choose_host(await self.hosts(), host, label)
+        view = await self._control(where, spec, WorkspaceView)
+        return AsyncWorkspace(self, view)
+
+    async def open_workspace(self, workspace_id: str) -> AsyncWorkspace:
+        """A workspace made before (by any client of this owner): UnknownWorkspace when
+        the fleet knows none by that id."""
+        return AsyncWorkspace(self, await self._workspace_view(workspace_id))
+
+    async def workspaces(self) -> list[WorkspaceView]:
+        """This owner's live workspaces across the fleet, oldest first (from what their
+        hosts sealed in Redis: a record that does not verify is left out)."""
+        ids = await self._r(records.owner_workspaces, self.owner)
+        views = await self._r(records.workspace_views, ids)
+        opened = [open_view(self._record_keys, ws_id, sealed)
+                  for ws_id, sealed in zip(ids, views, strict=True)]
+        return sorted((view for view in opened if view is not None
+                       and view.owner == self.owner), key=lambda view: view.created_at)
+
+    async def _workspace_view(self, workspace_id: str) -> WorkspaceView:
+        if not names.valid_id(workspace_id):
+            raise UnknownWorkspace(f"no such workspace: {workspace_id!r}")
+        sealed = (await self._r(records.workspace_views, [workspace_id]))[0]
+        view = open_view(self._record_keys, workspace_id, sealed)
+        if view is None or (view.owner != self.owner and not self.admin):
+            raise UnknownWorkspace(f"no such workspace: {workspace_id} (deleted, expired "
+                                   "unused, or another owner's)")
+        return view
 
     # --------------------------------------------------------------------- events
 

@@ -9,6 +9,7 @@ Written for asyncio; `client/_sync/records.py` is generated from it by
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, cast
 
@@ -17,6 +18,7 @@ from client._core import records as core
 from client._core.constants import CATCH_UP_BATCH, QUEUE_SCAN_LIMIT
 from client._core.routing import IdLookup
 from client._core.watch import WATCHED_FIELDS, waiting_ids
+from client._core.workspaces import QUOTA_KIND
 from worker.fleet.connect import AsyncRedis, Script
 from worker.wire import names
 from worker.wire.models import HostInfo, JobView
@@ -244,3 +246,19 @@ async def server_instance(client: AsyncRedis) -> str:
     """The Redis server's run id: another one after a restart, or on another server."""
     info = await client.info("server")
     return str(info.get("run_id", ""))
+
+
+async def owner_workspaces(client: AsyncRedis, owner: str) -> list[str]:
+    """Ids of an owner's live workspaces (their places in its quota, renewed by their
+    hosts)."""
+    now_ms = int(time.time() * 1000)
+    found = await client.zrangebyscore(names.quota_key(QUOTA_KIND, owner), now_ms, "+inf")
+    return [str(item) for item in found]
+
+
+async def workspace_views(client: AsyncRedis, ids: Sequence[str]) -> list[str | None]:
+    """The sealed views of these workspaces (None where Redis has none), one round trip."""
+    if not ids:
+        return []
+    values = await client.mget([names.workspace_key(ws_id) for ws_id in ids])
+    return [None if value is None else str(value) for value in values]

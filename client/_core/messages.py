@@ -95,7 +95,7 @@ def build_call(request: RunRequest, owner: str = "") -> Call:
             head=request.head, tail=request.tail, owner=owner, isolation=request.isolation,
             network=request.network, session=request.session, tags=request.tags,
             stdin=request.stdin, term_size=request.term_size, shell=request.shell,
-            login=request.login,
+            login=request.login, workspace=request.workspace,
             **({"input_wait_s": request.input_wait_s} if request.input_wait_s else {}),
             **({"policy": request.policy} if request.policy is not None else {}),
         )

@@ -1,4 +1,5 @@
-# Generated from client/_async/events.py by scripts/unasync.py: edit that file and run the script.
+# Generated from client/_async/events.py by scripts/unasync.py:
+# edit that file and run the script.
 """The job-event listener: what `events` and `wait` read from.
 
 It subscribes to the events channel, reads the stream after the last event it

@@ -1,4 +1,5 @@
-# Generated from client/_async/records.py by scripts/unasync.py: edit that file and run the script.
+# Generated from client/_async/records.py by scripts/unasync.py:
+# edit that file and run the script.
 """The client's Redis I/O: every read and write a fleet client makes, one function each,
 over the core's scripts and parsers (`client._core.records`). The readers of what
 workers publish (host records, job hashes) take the client's record keys (`keys`): the
@@ -10,6 +11,7 @@ Written for asyncio; `client/_sync/records.py` is generated from it by
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, cast
 
@@ -17,6 +19,7 @@ from client._core import records as core
 from client._core.constants import CATCH_UP_BATCH, QUEUE_SCAN_LIMIT
 from client._core.routing import IdLookup
 from client._core.watch import WATCHED_FIELDS, waiting_ids
+from client._core.workspaces import QUOTA_KIND
 from client._sync.concurrency import run_script
 from worker.fleet.connect import Redis, Script
 from worker.wire import names
@@ -245,3 +248,19 @@ def server_instance(client: Redis) -> str:
     """The Redis server's run id: another one after a restart, or on another server."""
     info = client.info("server")
     return str(info.get("run_id", ""))
+
+
+def owner_workspaces(client: Redis, owner: str) -> list[str]:
+    """Ids of an owner's live workspaces (their places in its quota, renewed by their
+    hosts)."""
+    now_ms = int(time.time() * 1000)
+    found = client.zrangebyscore(names.quota_key(QUOTA_KIND, owner), now_ms, "+inf")
+    return [str(item) for item in found]
+
+
+def workspace_views(client: Redis, ids: Sequence[str]) -> list[str | None]:
+    """The sealed views of these workspaces (None where Redis has none), one round trip."""
+    if not ids:
+        return []
+    values = client.mget([names.workspace_key(ws_id) for ws_id in ids])
+    return [None if value is None else str(value) for value in values]

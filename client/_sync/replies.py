@@ -1,4 +1,5 @@
-# Generated from client/_async/replies.py by scripts/unasync.py: edit that file and run the script.
+# Generated from client/_async/replies.py by scripts/unasync.py:
+# edit that file and run the script.
 """Where a client hears its answers: one Redis channel per client, one listener.
 
 Every task a client sends names the client's channel as its `reply_to`. The worker

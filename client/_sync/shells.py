@@ -1,4 +1,5 @@
-# Generated from client/_async/shells.py by scripts/unasync.py: edit that file and run the script.
+# Generated from client/_async/shells.py by scripts/unasync.py:
+# edit that file and run the script.
 """Sessions' shells on Redis: one sealed JSON string per session, with a TTL.
 
 A session's shell (cwd, exported and unset variables, pinned host: `client.shells`) is

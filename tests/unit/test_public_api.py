@@ -15,10 +15,10 @@ EXPECTED = {
         "get_settings", "kill_job", "load_record", "local_records", "run_call",
     },
     "client": {
-        "AsyncFleet", "BashfleetError", "CallNotRun", "CallRejected", "Fleet",
-        "FleetUnavailable", "HostUnavailable", "OutputTooLarge", "SessionPinned",
-        "Unauthorized", "UnknownCall", "UnknownJob", "WaitTimeout", "WorkerError",
-        "WorkerLost",
+        "AsyncFleet", "AsyncWorkspace", "BashfleetError", "CallNotRun", "CallRejected",
+        "Fleet", "FleetUnavailable", "HostUnavailable", "LimitReached", "OutputTooLarge",
+        "SessionPinned", "Unauthorized", "UnknownCall", "UnknownJob", "UnknownWorkspace",
+        "WaitTimeout", "WorkerError", "WorkerLost", "Workspace",
     },
 }
 

@@ -87,10 +87,12 @@ def test_a_session_runs_only_on_its_pinned_host(
 @pytest.mark.parametrize(
     ("result", "change"),
     [
-        (ran(cwd="/w", cwd_after="/w/sub"), ShellChange(host="h1", cwd="/w/sub")),
-        # A call that did not change directory changes no cwd, whatever it started in.
-        (ran(cwd="/root", cwd_after="/root"), ShellChange(host="h1")),
-        (ran(cwd="/w"), ShellChange(host="h1")),  # no state reported (exec, a job)
+        (ran(cwd="/w", cwd_after="/w/sub"),
+         ShellChange(host="h1", cwd="/w/sub", started_in="/w")),
+        # A call that did not change directory changes no cwd; where it started is said
+        # (a session with no cwd yet starts there: where it was opened).
+        (ran(cwd="/root", cwd_after="/root"), ShellChange(host="h1", started_in="/root")),
+        (ran(cwd="/w"), ShellChange(host="h1", started_in="/w")),  # no state (exec, a job)
         (ran(env_changes={"A": "1", "LD_PRELOAD": "/x.so", "BASH_FUNC_f%%": "() { :; }"},
              env_removed=("B", "BASH_ENV")),
          ShellChange(host="h1", env={"A": "1"}, unset_env=("B",))),
@@ -211,3 +213,29 @@ def test_concurrent_commits_all_count(client: fakeredis.FakeRedis) -> None:
     shell = store.load("s1")
     assert shell.cwd == "/tmp"
     assert shell.env == {f"V{n}": str(n) for n in range(8)}
+
+
+def test_a_session_starts_where_its_first_call_ran_until_a_cd_moves_it() -> None:
+    first = apply_change(ShellState(), ShellChange(host="h1", started_in="/src/app"))
+    assert (first.host, first.cwd) == ("h1", "/src/app")
+    later = apply_change(first, ShellChange(host="h1", started_in="/tmp"))  # its own --cwd
+    assert later.cwd == "/src/app"
+    moved = apply_change(later, ShellChange(host="h1", cwd="/src/app/lib", started_in="/src"))
+    assert moved.cwd == "/src/app/lib"
+
+
+def test_a_sessions_first_workspace_wins_unless_it_ended() -> None:
+    made = apply_change(ShellState(), ShellChange(host="h1", workspace="w" + "1" * 15))
+    raced = apply_change(made, ShellChange(host="h1", workspace="w" + "2" * 15))
+    assert raced.workspace == "w" + "1" * 15
+    renewed = apply_change(raced, ShellChange(host="h1", workspace="w" + "3" * 15,
+                                              force_workspace=True))
+    assert renewed.workspace == "w" + "3" * 15
+
+
+def test_a_session_call_runs_in_its_workspace_and_no_other() -> None:
+    shell = ShellState(host="h1", workspace="w" + "1" * 15)
+    filled = fill_request(shell, RunRequest(command="ls", session="s1"))
+    assert (filled.host, filled.workspace) == ("h1", "w" + "1" * 15)
+    with pytest.raises(CallRejected, match="runs in workspace"):
+        fill_request(shell, RunRequest(command="ls", session="s1", workspace="w" + "2" * 15))

@@ -199,7 +199,7 @@ def workspace_of(call: Call, settings: Settings) -> tuple[WorkspaceRecord, bool]
             _check_isolation(call, record)
             return record, False
         spec = WorkspaceSpec(owner=call.owner, isolation=call.isolation, network=call.network,
-                             path=_project_dir(call.cwd, settings), tags=call.tags)
+                             path=workspaces.project_dir(call.cwd, settings), tags=call.tags)
         return workspaces.throwaways.take(settings, spec), True
     except workspaces.WorkspaceError as exc:
         raise CallError(exc.kind, exc.message) from None
@@ -213,19 +213,6 @@ def _check_isolation(call: Call, record: WorkspaceRecord) -> None:
     if call.network is not None and call.network != record.network:
         raise CallError("invalid", f"workspace {record.id} runs calls "
                         f"{'with' if record.network else 'without'} network")
-
-
-def _project_dir(cwd: str | None, settings: Settings) -> str | None:
-    """For a call without a workspace: the directory under an allowed root its absolute
-    cwd is in (the root's child that holds it: the project), else None (a fresh one)."""
-    if cwd is None or not os.path.isabs(cwd):
-        return None
-    real = os.path.realpath(cwd)
-    root = workspaces.allowed_root(real, settings)
-    if root is None or not os.path.isdir(real):
-        return None
-    rest = os.path.relpath(real, root)
-    return root if rest == "." else os.path.join(root, rest.split(os.sep)[0])
 
 
 def workspace_cwd(cwd: str | None, record: WorkspaceRecord) -> str:

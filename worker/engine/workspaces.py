@@ -174,7 +174,8 @@ def create(spec: WorkspaceSpec, settings: Settings, *, throwaway: bool = False,
     choice = choose(spec, settings)
     user = _user(settings)
     ws_id = ws_id or new_id()
-    path, fresh = _directory(spec.path, ws_id, settings, user)
+    path, fresh = _directory(spec.path or project_dir(spec.near, settings), ws_id, settings,
+                             user)
     granted = resources.granted(spec.limits, settings)
     record = WorkspaceRecord(
         id=ws_id, host=settings.host, owner=spec.owner, path=path, fresh=fresh,
@@ -212,6 +213,19 @@ def _user(settings: Settings) -> sandbox.User | None:
         return sandbox.run_user(settings)
     except OSError as exc:
         raise WorkspaceError("spawn_failed", exc.strerror or str(exc)) from None
+
+
+def project_dir(cwd: str | None, settings: Settings) -> str | None:
+    """The directory under an allowed root an absolute `cwd` is in (the root's child that
+    holds it: the project), else None (a fresh workspace)."""
+    if cwd is None or not os.path.isabs(cwd):
+        return None
+    real = os.path.realpath(cwd)
+    root = allowed_root(real, settings)
+    if root is None or not os.path.isdir(real):
+        return None
+    rest = os.path.relpath(real, root)
+    return root if rest == "." else os.path.join(root, rest.split(os.sep)[0])
 
 
 def allowed_root(path: str, settings: Settings) -> str | None:

@@ -416,6 +416,9 @@ class RunRequest(Model):
     input_wait_s: float | None = None
     """Seconds blocked on input without output before a session is reported as waiting
     for input (default 2)."""
+    workspace: str | None = Field(None, pattern=WORKSPACE_ID_PATTERN)
+    """The workspace to run in (`Workspace.run`, `--workspace W`), on its host; None: a
+    session's own workspace, or a throwaway one."""
 
     @field_validator("mode", mode="before")
     @classmethod
@@ -837,6 +840,10 @@ class WorkspaceSpec(Model):
     """The session it serves, when it is one's."""
     tags: Tags = Field(default_factory=dict)
     """Tags, for listings."""
+    near: str | None = Field(None, max_length=MAX_PATH_CHARS)
+    """A directory it is made for (a session's first cwd): when no `path` is given and
+    this one is under a root the host allows, the project directory holding it (the
+    root's child) is the workspace's directory; else a fresh one."""
 
 
 class WorkspaceRecord(Model):

@@ -1,0 +1,212 @@
+"""A workspace as a client holds it: `AsyncFleet.workspace(...)` makes one.
+
+    async with await fleet.workspace(label="linux", ttl_s=3600) as ws:
+        await ws.write_file("src/main.py", b"print('hi')")
+        result = await ws.run("python3 src/main.py")
+        job = (await ws.run("python3 -m http.server 8000", mode="background")).job
+        await ws.run("curl -s localhost:8000")        # the server it left runs on
+        await ws.download("src", "./back")
+
+A directory on one host plus the namespaces its calls share: its calls and background
+jobs see and signal each other, and read their own output files; other workspaces, the
+worker and the fleet are invisible to them. It lives until `delete` (or leaving the
+`async with`), or until its TTL passes unused (a call, a control call, a file operation
+or `renew` uses it). Files are read and written in it as its calls would (as its run
+user, in its view): a path is relative to its directory, or absolute as its calls see it.
+
+Written for asyncio; `client/_sync/workspace.py` (`client.Workspace`) is generated from
+it by `scripts/unasync.py`.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
+
+from client._core.messages import control_request
+from client._core.workspaces import FILE_CHUNK, chunks, pack, staging_path, unpack
+from client.errors import CallRejected, UnknownJob, UnknownWorkspace
+from worker.wire.control import (
+    ArchiveRequest,
+    ArchiveResult,
+    CheckRequest,
+    FileChunk,
+    FileReadRequest,
+    FileWriteRequest,
+    FileWritten,
+    KillRequest,
+    ReadOutputRequest,
+    WorkspaceDeleted,
+    WorkspaceDeleteRequest,
+    WorkspaceRenewRequest,
+)
+from worker.wire.models import (
+    CallResult,
+    CheckResult,
+    JobView,
+    Model,
+    OutputChunk,
+    Truncation,
+    WorkspaceView,
+)
+
+if TYPE_CHECKING:
+    from client._async.fleet import AsyncFleet
+
+R = TypeVar("R", bound=Model)
+
+
+class AsyncWorkspace:
+    """A workspace on one host (see the module's docstring)."""
+
+    def __init__(self, fleet: AsyncFleet, view: WorkspaceView) -> None:
+        self._fleet = fleet
+        self.view = view
+        """What its host said of it when it was made (or last renewed)."""
+
+    @property
+    def id(self) -> str:
+        """Its id: `w` and 15 hex digits."""
+        return self.view.id
+
+    @property
+    def host(self) -> str:
+        """The host it lives on (its calls run there)."""
+        return self.view.host
+
+    @property
+    def path(self) -> str:
+        """Its directory: the same path on its host and in its calls' view, where a call
+        without a cwd starts."""
+        return self.view.path
+
+    def __repr__(self) -> str:
+        return f"<Workspace {self.id} on {self.host} at {self.path}>"
+
+    async def __aenter__(self) -> AsyncWorkspace:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.delete()
+
+    # ----------------------------------------------------------------------- calls
+
+    async def run(self, command: str, **options: Any) -> CallResult:
+        """Run `command` in this workspace (`AsyncFleet.run`'s options: mode, timeout,
+        cwd, env, stdin...; its host is this workspace's)."""
+        if options.get("host") not in (None, self.host) or options.get("label") is not None:
+            raise CallRejected(f"workspace {self.id} is on host {self.host}: a call in it "
+                               "runs there")
+        options.update(host=self.host, workspace=self.id)
+        return await self._fleet.run(command, **options)
+
+    async def check(self, job_id: str, *, grep: str | None = None, offset: int | None = None,
+                    truncation: Truncation | None = None) -> CheckResult:
+        """A job of this workspace: its state and output since `offset` (another
+        workspace's job is unknown here: UnknownJob)."""
+        return await self._fleet.check_job(control_request(
+            CheckRequest, id=job_id, grep=grep, offset=offset, truncation=truncation,
+            workspace=self.id))
+
+    async def kill(self, job_id: str, *, signal: Literal[9, 15] = 15) -> CheckResult:
+        """End a job of this workspace (group SIGTERM, grace, SIGKILL; 9: SIGKILL at once)."""
+        return await self._fleet.kill_job(control_request(
+            KillRequest, id=job_id, signal=signal, workspace=self.id))
+
+    async def jobs(self) -> list[JobView]:
+        """This workspace's background jobs, oldest first."""
+        return [view for view in await self._fleet.jobs(host=self.host)
+                if view.workspace == self.id]
+
+    async def read_output(self, id: str, *, offset: int = 0, limit: int = 65536,
+                          stream: Literal["stdout", "stderr"] = "stdout") -> OutputChunk:
+        """A slice of the output of a job or a call of this workspace."""
+        return await self._fleet.read_chunk(control_request(
+            ReadOutputRequest, id=id, offset=offset, limit=limit, stream=stream,
+            workspace=self.id))
+
+    # ----------------------------------------------------------------------- files
+
+    async def read_file(self, path: str) -> bytes:
+        """A file's bytes, read in the workspace as its calls would (large files in
+        chunks of FILE_CHUNK)."""
+        data = bytearray()
+        while True:
+            chunk = await self._ask(control_request(
+                FileReadRequest, workspace=self.id, path=path, offset=len(data),
+                limit=FILE_CHUNK), FileChunk)
+            data += base64.b64decode(chunk.data_b64)
+            if chunk.eof or not chunk.data_b64:
+                return bytes(data)
+
+    async def write_file(self, path: str, data: bytes | str, *, mode: int | None = None) -> int:
+        """Write a file in the workspace as its calls would (owned by its run user; its
+        parents made); its size after. `str` data is written as UTF-8."""
+        raw = data.encode() if isinstance(data, str) else data
+        size = 0
+        pieces = list(chunks(raw))
+        for index, (offset, piece) in enumerate(pieces):
+            last = index == len(pieces) - 1
+            written = await self._ask(control_request(
+                FileWriteRequest, workspace=self.id, path=path, append=offset > 0,
+                data_b64=base64.b64encode(piece).decode("ascii"),
+                mode=mode if last else None), FileWritten)
+            size = written.size
+        return size
+
+    async def upload(self, local: str | os.PathLike[str], dst: str = ".") -> None:
+        """Copy a local directory's contents into `dst` of the workspace (a tar stream,
+        unpacked there as its run user)."""
+        archive = staging_path("upload")
+        await self.write_file(archive, pack(local))
+        await self._archive("extract", dst, archive)
+
+    async def download(self, src: str, local: str | os.PathLike[str]) -> None:
+        """Copy the workspace's directory `src` into a local directory (made if missing)."""
+        archive = staging_path("download")
+        await self._archive("create", src, archive)
+        try:
+            data = await self.read_file(archive)
+        finally:
+            await self._archive("remove", src, archive)
+        unpack(data, local)
+
+    async def _archive(self, action: Literal["create", "extract", "remove"], directory: str,
+                       archive: str) -> ArchiveResult:
+        return await self._ask(control_request(
+            ArchiveRequest, workspace=self.id, action=action, directory=directory,
+            archive=archive), ArchiveResult)
+
+    async def _ask(self, request: Any, response: type[R]) -> R:
+        """A control call about this workspace; UnknownWorkspace when its host no longer
+        has it (deleted, or expired unused)."""
+        try:
+            return await self._fleet._control(self.host, request, response)
+        except UnknownJob as exc:
+            raise UnknownWorkspace(f"workspace {self.id}: {exc}") from None
+
+    # ---------------------------------------------------------------------- lease
+
+    async def renew(self) -> WorkspaceView:
+        """Mark it used now (its TTL starts again): what a long-lived holder (an MCP
+        server, a framework's sandbox) calls while it lives; its view."""
+        self.view = await self._ask(control_request(
+            WorkspaceRenewRequest, id=self.id), WorkspaceView)
+        return self.view
+
+    async def info(self) -> WorkspaceView:
+        """Its view, with its disk bytes and processes counted (and it is renewed)."""
+        self.view = await self._ask(control_request(
+            WorkspaceRenewRequest, id=self.id, count=True), WorkspaceView)
+        return self.view
+
+    async def delete(self) -> bool:
+        """End it: every process in it killed, its jobs' ends recorded, its files (a
+        fresh directory too), /tmp and HOME removed. False when it was gone already."""
+        try:
+            done = await self._ask(control_request(
+                WorkspaceDeleteRequest, id=self.id), WorkspaceDeleted)
+        except UnknownWorkspace:
+            return False
+        return done.deleted

@@ -1,0 +1,89 @@
+"""Workspaces, the client's pure part: where one is made, what Redis says of one, how
+files travel (chunks, tar streams). No I/O.
+
+A workspace is a directory on one host and the namespaces its calls share (see
+`worker.engine.workspaces`); the client reaches it through its host's control queue
+(make, renew, delete, files) and runs calls in it through that host's command queue.
+"""
+
+from __future__ import annotations
+
+import os
+import tarfile
+import uuid
+from collections.abc import Iterator, Sequence
+
+from pydantic import ValidationError
+
+from client.errors import CallRejected, HostUnavailable
+from worker.wire import auth
+from worker.wire.models import HostInfo, WorkspaceView
+
+#: Seal purpose of a workspace's view in Redis (what its host wrote).
+WORKSPACE = "workspace"
+#: Bytes per file read or write (a control call's message stays small on Redis).
+FILE_CHUNK = 4 * 1024 * 1024
+#: The owner quota workspaces count in: its members are an owner's live workspaces.
+QUOTA_KIND = "workspaces"
+
+
+def choose_host(infos: Sequence[HostInfo], host: str | None, label: str | None) -> str:
+    """Where a new workspace goes: `host`, else the live host (of `label`) with the most
+    free slots; HostUnavailable when none is alive."""
+    if host is not None:
+        return host
+    alive = [info for info in infos if info.alive and (label is None or label in info.labels)]
+    if not alive:
+        where = f" with label {label!r}" if label else ""
+        raise HostUnavailable(f"no live host{where} to make a workspace on")
+    return max(alive, key=lambda info: (info.slots - info.busy - info.queued, info.host)).host
+
+
+def open_view(keys: dict[str, str], ws_id: str, sealed: str | None) -> WorkspaceView | None:
+    """A workspace's view as its host sealed it in Redis; None when there is none or it
+    does not verify (never believed)."""
+    if sealed is None:
+        return None
+    try:
+        return WorkspaceView.model_validate_json(auth.unseal(keys, WORKSPACE, ws_id, sealed))
+    except (auth.AuthError, ValidationError, ValueError):
+        return None
+
+
+def chunks(data: bytes, size: int = FILE_CHUNK) -> Iterator[tuple[int, bytes]]:
+    """(offset, bytes) pieces of `data`: one, empty, for empty data."""
+    if not data:
+        yield 0, b""
+        return
+    for offset in range(0, len(data), size):
+        yield offset, data[offset:offset + size]
+
+
+def staging_path(kind: str) -> str:
+    """Where an archive waits in the workspace's own /tmp while it travels."""
+    return f"/tmp/.bashfleet-{kind}-{uuid.uuid4().hex[:12]}.tar"
+
+
+def pack(directory: str | os.PathLike[str]) -> bytes:
+    """A local directory as an uncompressed tar (its contents, not itself)."""
+    folder = os.fspath(directory)
+    if not os.path.isdir(folder):
+        raise CallRejected(f"not a directory: {folder}")
+    import io  # noqa: PLC0415
+
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        for name in sorted(os.listdir(folder)):
+            archive.add(os.path.join(folder, name), arcname=name)
+    return buffer.getvalue()
+
+
+def unpack(data: bytes, directory: str | os.PathLike[str]) -> None:
+    """Unpack a tar from a workspace into a local directory (made if missing), refusing
+    what would land outside it (absolute names, `..`, links out, devices): the archive
+    comes from a place a model's commands can write."""
+    import io  # noqa: PLC0415
+
+    os.makedirs(directory, exist_ok=True)
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r") as archive:
+        archive.extractall(directory, filter="data")
