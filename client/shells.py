@@ -172,6 +172,8 @@ def apply_change(shell: ShellState, change: ShellChange) -> ShellState:
         cwd = change.started_in
     workspace = shell.workspace
     if change.workspace is not None and (workspace is None or change.force_workspace):
+        if workspace is not None and cwd is not None and f"/{workspace}/" in f"{cwd}/":
+            cwd = None  # it was in the ended workspace's own directory: gone with it
         workspace = change.workspace
     env = {**shell.env, **change.env}
     unset = [name for name in shell.unset_env if name not in change.env]
