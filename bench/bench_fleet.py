@@ -139,11 +139,17 @@ def _cpu_now(worker_pid: int, redis_pid: int) -> Cpu:
     """CPU used so far: this process (the callers), the worker's processes (their own,
     and the commands they reaped), Redis."""
     def own(proc: psutil.Process) -> float:
-        times = proc.cpu_times()
+        try:
+            times = proc.cpu_times()
+        except psutil.Error:  # a workspace's keeper that ended since it was listed
+            return 0.0
         return float(times.user + times.system)
 
     def reaped(proc: psutil.Process) -> float:
-        times = proc.cpu_times()
+        try:
+            times = proc.cpu_times()
+        except psutil.Error:
+            return 0.0
         return float(times.children_user + times.children_system)
 
     top = psutil.Process(worker_pid)
@@ -157,9 +163,10 @@ def _cpu_now(worker_pid: int, redis_pid: int) -> Cpu:
 
 
 def _sandbox_runners(since: float) -> list[psutil.Process]:
-    """The sandbox runners started since `since`: they spawn and reap the calls' bash,
-    and leave the worker's process tree (the launcher forks them twice, into a PID
-    namespace of their own), so a tree walk does not find them."""
+    """The workspaces' keepers started since `since`: they spawn and reap the calls'
+    bash, and leave the worker's process tree (the zygote forks them twice, into a PID
+    namespace of their own), so a tree walk does not find them. (A keeper that ends
+    between two looks takes its CPU with it: workspaces are recycled, few end.)"""
     found = []
     for proc in psutil.process_iter(["ppid", "create_time", "cmdline"]):
         args = proc.info["cmdline"] or []

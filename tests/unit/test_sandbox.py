@@ -114,6 +114,11 @@ def test_extra_groups() -> None:
     assert sandbox.extra_groups(user) == (27,)
 
 
+@pytest.fixture(autouse=True)
+def _fresh_run_users() -> None:
+    sandbox._run_users.clear()  # the run user is looked up once a minute
+
+
 def test_a_root_worker_runs_calls_as_its_run_user(monkeypatch: pytest.MonkeyPatch,
                                                   tmp_path: Path) -> None:
     monkeypatch.setattr("worker.engine.sandbox.os.geteuid", lambda: 0)

@@ -193,7 +193,9 @@ def workspace_of(call: Call, settings: Settings) -> tuple[WorkspaceRecord, bool]
     try:
         if call.workspace is not None:
             record = workspaces.load(call.workspace, settings)
-            if record.owner != call.owner:
+            # A throwaway one serves the call it was taken for, never a call that names it
+            # (it goes back to the pool for other owners' calls).
+            if record.owner != call.owner or record.throwaway:
                 raise CallError("not_found", f"no such workspace on host {settings.host}: "
                                 f"{call.workspace}")
             _check_isolation(call, record)
@@ -502,8 +504,6 @@ class _Launch:
     def _sandboxed(self, stdout: int, stderr: int) -> procs.Process:
         null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
         self.group = workspaces.group_of(self.workspace)
-        if self.group is not None:
-            self.group.hits()  # the baseline: what its other calls hit before this one
         state_fd = self._arm("", carried=self.group is not None)
         command = self.call.command
 
@@ -514,6 +514,9 @@ class _Launch:
             "env": self.child.env, "targets": [0, 1, 2, launcher.STATE_FD],
             "output_cap": resources.output_cap(self.settings),
             "kill_grace_s": self.call.policy.kill_grace_s,
+            # A throwaway workspace's call: nothing it starts outlives it (its keeper ends
+            # it all, and says whether the workspace is fit for the next call).
+            "recycle": self.workspace.throwaway,
         }
         try:
             return workspaces.start(self.workspace, request, [null, stdout, stderr, state_fd])

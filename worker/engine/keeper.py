@@ -85,6 +85,9 @@ class Tracked:
     kill_at: float | None = None
     """Set once it is being stopped: SIGKILL to its group at that time."""
     capped: bool = False
+    recycle: bool = False
+    """A throwaway workspace's call: when it ends, everything left in the workspace is
+    killed and its status says whether the workspace is clean for another call."""
 
     def close(self) -> None:
         proto.close_all(self.outputs)
@@ -213,7 +216,8 @@ class Keeper:
             return
         finally:
             proto.close_all(stdio)
-        tracked = Tracked(pid, conn, outputs, float(body.get("kill_grace_s") or 0))
+        tracked = Tracked(pid, conn, outputs, float(body.get("kill_grace_s") or 0),
+                          recycle=bool(body.get("recycle")))
         cap = body.get("output_cap")
         if cap is not None and outputs:
             tracked.watch = proto.CapWatch(lambda: proto.files_size(tracked.outputs), int(cap))
@@ -251,6 +255,7 @@ class Keeper:
             return
         tracked.job = _job(body, fds[0])
         tracked.grace_s = float(body.get("kill_grace_s") or tracked.grace_s)
+        tracked.recycle = False  # a job now: the workspace lives on with it
         tracked.conn = None
         conn.busy = None
         proto.send(conn.sock, b"a", {})
@@ -305,9 +310,12 @@ class Keeper:
                                          dir_fd=tracked.job.dir_fd)
             elif tracked.conn is not None:
                 tracked.conn.busy = None
+                answer: dict[str, Any] = {"status": status, "capped": tracked.capped}
+                if tracked.recycle:
+                    # The old runner's end of a call: nothing it started outlives it.
+                    answer["clean"] = self._recycle()
                 with contextlib.suppress(OSError):
-                    proto.send(tracked.conn.sock, b"S",
-                               {"status": status, "capped": tracked.capped})
+                    proto.send(tracked.conn.sock, b"S", answer)
         finally:
             tracked.close()
 

@@ -270,6 +270,8 @@ class KeeperConnection:
         self.reusable = True
         self.capped = False
         """The last call was stopped for passing its output cap."""
+        self.clean: bool | None = None
+        """A recycled call's workspace is clean (None: not asked)."""
 
     @classmethod
     def connect(cls, path: str, timeout: float = 5.0) -> KeeperConnection:
@@ -338,6 +340,7 @@ class KeeperConnection:
             self.reusable = False
             return signal.SIGKILL
         self.capped = bool(body.get("capped"))
+        self.clean = body.get("clean")
         return int(body["status"])
 
     def adopt(self, body: Mapping[str, Any], fds: Sequence[int], timeout: float = 10.0) -> bool:

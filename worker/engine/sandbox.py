@@ -157,7 +157,15 @@ class User:
 
 def run_user(settings: Settings) -> User | None:
     """The run user of a root worker (never root: SandboxError); None when the worker is
-    not root (calls run as itself, in a user namespace)."""
+    not root (calls run as itself, in a user namespace). Looked up once a minute (its
+    groups cost a scan of the group database: 0.1 ms a call)."""
+    return _run_users.get((settings.run_as, os.geteuid()), lambda: _run_user(settings))
+
+
+_run_users: TimedMemo[tuple[str | None, int], User | None] = TimedMemo(ttl_s=60.0)
+
+
+def _run_user(settings: Settings) -> User | None:
     if os.geteuid() != 0:
         if settings.run_as is not None and _uid_of(settings.run_as) != os.geteuid():
             raise SandboxError(errno.EPERM, f"run_as={settings.run_as!r} needs a worker "

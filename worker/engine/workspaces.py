@@ -21,6 +21,7 @@ import hashlib
 import json
 import logging
 import os
+import queue
 import select
 import shutil
 import stat
@@ -344,10 +345,26 @@ def _claim_group(blank: Blank, record: WorkspaceRecord) -> cgroups.Group | None:
     return group
 
 
+#: Workspace id -> its cgroup as last read (the counters' baseline lives there: one read
+#: after each call says which limit its processes hit since the last one).
+_groups: dict[str, cgroups.Group] = {}
+
+
 def group_of(record: WorkspaceRecord) -> cgroups.Group | None:
     """The workspace's cgroup (its counters: which limits its processes hit)."""
     if not record.cgroup:
         return None
+    known = _groups.get(record.id)
+    if known is not None and known.paths[0][0] == record.cgroup[0]:
+        return known
+    if len(_groups) > 4096:
+        _groups.clear()
+    _groups[record.id] = group = _read_group(record)
+    group.hits()  # its baseline: what it hit before this process looked
+    return group
+
+
+def _read_group(record: WorkspaceRecord) -> cgroups.Group:
     version: Literal["v1", "v2"] = (
         "v2" if os.path.exists(os.path.join(record.cgroup[0], "cgroup.controllers")) else "v1")
     controllers = tuple(resources.cgroup_limits(record.limits).controllers())
@@ -660,7 +677,14 @@ class WorkspaceProcess(KeeperProcess):
         self.record = record
 
     def ended(self) -> None:
+        if self.conn.clean is not None:
+            recycled[self.record.id] = self.conn.clean
         connections.give_back(self.record.id, self.conn)
+
+
+#: Workspace id -> whether its throwaway call left it clean (its keeper said so in the
+#: call's status); read once by `Throwaways.end`.
+recycled: dict[str, bool] = {}
 
 
 def start(record: WorkspaceRecord, request: dict[str, object], fds: list[int],
@@ -908,31 +932,47 @@ def _only(root: Path, skeleton: set[str], prefix: str = "") -> bool:
     return True
 
 
+#: How long a throwaway workspace may go without a call before the reaper takes it: longer
+#: than any call or job may run (a background job's 24 h), so one in use is never reaped.
+THROWAWAY_TTL_S = 25 * 3600.0
+
+
+def _pool_size(settings: Settings) -> int:
+    """Throwaway workspaces kept ready: a consumer's slots can all start a call at once."""
+    return max(settings.workspace_pool, settings.concurrency)
+
+
 class Throwaways:
-    """Workspaces made ahead for calls without one (a few per process), so such a call
-    does not wait the few milliseconds one takes to make."""
+    """Workspaces made ahead for calls without one (a consumer's slots' worth), so such a
+    call does not wait the few milliseconds one takes to make; given back after a call
+    that left nothing in it (`end`), by one thread of this process."""
 
     def __init__(self) -> None:
         self.ready: dict[tuple[Path, sandbox.Choice], list[WorkspaceRecord]] = {}
         self.lock = threading.Lock()
         self.filling: set[tuple[Path, sandbox.Choice]] = set()
+        self.ended: queue.SimpleQueue[tuple[WorkspaceRecord, Settings] | None] = \
+            queue.SimpleQueue()
+        self.recycler: threading.Thread | None = None
 
     def take(self, settings: Settings, spec: WorkspaceSpec) -> WorkspaceRecord:
         """A throwaway workspace for `spec` (its owner set, marked used now)."""
         if spec.path is not None:
-            return create(spec, settings, throwaway=True)
+            return create(spec.model_copy(update={"ttl_s": THROWAWAY_TTL_S}), settings,
+                          throwaway=True)
         choice = choose(spec, settings)
         key = (settings.state_dir, choice)
         record = self._pop(key)
         if record is None:
-            # None ready: make this one now, and a few ahead for the calls that follow
+            # None ready: make this one now, and some ahead for the calls that follow
             # (those that end give theirs back: `end`).
             self._refill_later(settings, choice)
-            return create(spec, settings, throwaway=True)
-        record = record.model_copy(update={"owner": spec.owner, "created_at": time.time(),
-                                           "tags": spec.tags})
-        save(record, settings)
-        return record
+            return create(spec.model_copy(update={"ttl_s": THROWAWAY_TTL_S}), settings,
+                          throwaway=True)
+        touch(record, settings)
+        # Its owner and tags are this call's: held here, not written (no call reads them
+        # from its record; the next call that takes it gets its own).
+        return record.model_copy(update={"owner": spec.owner, "tags": spec.tags})
 
     def _pop(self, key: tuple[Path, sandbox.Choice]) -> WorkspaceRecord | None:
         with self.lock:
@@ -946,7 +986,7 @@ class Throwaways:
     def _refill_later(self, settings: Settings, choice: sandbox.Choice) -> None:
         key = (settings.state_dir, choice)
         with self.lock:
-            if key in self.filling or len(self.ready.get(key, [])) >= settings.workspace_pool:
+            if key in self.filling or len(self.ready.get(key, [])) >= _pool_size(settings):
                 return
             self.filling.add(key)
         threading.Thread(target=self._refill, args=(settings, choice), daemon=True,
@@ -954,9 +994,10 @@ class Throwaways:
 
     def _refill(self, settings: Settings, choice: sandbox.Choice) -> None:
         key = (settings.state_dir, choice)
-        spec = WorkspaceSpec(isolation=choice.level, network=choice.network)
+        spec = WorkspaceSpec(isolation=choice.level, network=choice.network,
+                             ttl_s=THROWAWAY_TTL_S)
         try:
-            while len(self.ready.get(key, [])) < settings.workspace_pool:
+            while len(self.ready.get(key, [])) < _pool_size(settings):
                 record = create(spec, settings, throwaway=True)
                 with self.lock:
                     self.ready.setdefault(key, []).append(record)
@@ -973,8 +1014,9 @@ class Throwaways:
 
     def end(self, record: WorkspaceRecord, settings: Settings, *, jobs_left: bool) -> None:
         """After its call: made ready for another call when nothing of this one is left in
-        it, else removed (off the call's path); while a job it started runs, removed once
-        that ends (its keeper exits then; the reaper removes the rest)."""
+        it, else removed (off the call's path, by the recycling thread); while a job it
+        started runs, removed once that ends (its keeper exits then; the reaper removes
+        the rest)."""
         if jobs_left and record.keeper_pid is not None:
             try:
                 conn = connections.take(record)
@@ -985,14 +1027,28 @@ class Throwaways:
                 pass
         if jobs_left:
             return  # an unsandboxed one: reaped with its TTL once its jobs ended
-        threading.Thread(target=self._recycle_or_delete, args=(record, settings), daemon=True,
-                         name="bashfleet-throwaway-end").start()
+        clean = recycled.pop(record.id, None)
+        if clean and record.fresh and _left_nothing(record, settings) \
+                and self._give_back(record, settings):
+            return  # its keeper killed what the call left, and nothing else is left
+        self.ended.put((record, settings))
+        with self.lock:
+            if self.recycler is None or not self.recycler.is_alive():
+                self.recycler = threading.Thread(target=self._recycle_loop, daemon=True,
+                                                 name="bashfleet-recycler")
+                self.recycler.start()
+
+    def _recycle_loop(self) -> None:
+        while (item := self.ended.get()) is not None:
+            try:
+                self._recycle_or_delete(*item)
+            except Exception:  # the thread lives on for the next ones
+                log.exception("could not recycle or delete workspace %s", item[0].id)
 
     def _recycle_or_delete(self, record: WorkspaceRecord, settings: Settings) -> None:
         """Back to the ready ones when its call left nothing: no process, no file in its
         directory, /tmp, /var/tmp, HOME or output directory (a kept output is another's
         to read only), nothing in /dev/shm, no IPC object. Else deleted."""
-        key = (settings.state_dir, sandbox.Choice(record.isolation, record.network))
         clean = False
         if record.fresh and record.keeper_pid is not None:
             try:
@@ -1001,17 +1057,18 @@ class Throwaways:
                 connections.give_back(record.id, conn)
             except OSError:
                 clean = False
-        clean = clean and _left_nothing(record, settings)
-        with self.lock:
-            room = len(self.ready.get(key, [])) < max(settings.workspace_pool,
-                                                      settings.concurrency)
-        if not (clean and room):
+        if not (clean and _left_nothing(record, settings) and self._give_back(record, settings)):
             delete(record.id, settings)
-            return
-        fresh = record.model_copy(update={"owner": "", "tags": {}})
-        save(fresh, settings)
+
+    def _give_back(self, record: WorkspaceRecord, settings: Settings) -> bool:
+        """Back to the ready ones, if the pool has room."""
+        key = (settings.state_dir, sandbox.Choice(record.isolation, record.network))
         with self.lock:
-            self.ready.setdefault(key, []).append(fresh)
+            ready = self.ready.setdefault(key, [])
+            if len(ready) >= _pool_size(settings):
+                return False
+            ready.append(record.model_copy(update={"owner": "", "tags": {}}))
+        return True
 
     def close(self) -> None:
         """Delete the ready ones nobody took."""
