@@ -696,6 +696,13 @@ class AsyncFleet:
         request = DetachRequest(call_id=call_id)
         return (await self._control(record["host"], request, DetachResult)).detached
 
+    async def call_host(self, call_id: str) -> str | None:
+        """See `Fleet.call_host`."""
+        if not names.valid_id(call_id):
+            return None
+        record = await self._r(aio_records.call_record(self._redis, call_id))
+        return record.get("host") or None
+
     # ---------------------------------------------------------- interactive sessions
 
     async def write_stdin(

@@ -42,12 +42,54 @@ CHUNK = 32 * 1024
 #: A control string not terminated within this many bytes is dropped whole.
 MAX_HELD = 4096
 
+#: How `--detach-key` is written (`bashfleet attach --help`, README).
+DETACH_KEY_FORMAT = (
+    "^X or ctrl-X for Ctrl-X (X a letter or one of @ [ \\ ] ^ _ ?; ^? is DEL), "
+    "a Python escape such as \\x1d, or one plain character"
+)
+#: The characters caret notation names, after `^`: Ctrl-@ (NUL) to Ctrl-_ (0x1f), ^? (DEL).
+_CARET = re.compile(r"(?:\^|(?i:ctrl|c)[-+])([@A-Za-z\[\\\]^_?])")
+
+
+def parse_detach_key(text: str) -> bytes:
+    """The byte `--detach-key` names: `^]` / `^x` / `ctrl-x` / `C-x` (any case) for a
+    control key, `\\x1d` (a Python escape), or one plain ASCII character. ValueError,
+    saying the format, for anything else (`^x` once meant the two keys `^` then `x`)."""
+    caret = _CARET.fullmatch(text)
+    if caret is not None:
+        char = caret.group(1)
+        return b"\x7f" if char == "?" else bytes([ord(char.upper()) ^ 0x40])
+    try:
+        key = text.encode("ascii").decode("unicode_escape").encode("latin-1")
+    except (UnicodeError, ValueError):
+        key = b""
+    if len(key) != 1 or key[0] > 0x7F:
+        raise ValueError(f"--detach-key takes one key, not {text!r}: {DETACH_KEY_FORMAT}")
+    return key
+
+
+def key_name(key: bytes) -> str:
+    """How a person reads a detach key: `Ctrl-]`, `Ctrl-X`, `DEL`, `'~'`."""
+    if key == b"\x7f":
+        return "DEL"
+    if len(key) == 1 and key[0] < 0x20:
+        return f"Ctrl-{chr(key[0] ^ 0x40)}"
+    return repr(key.decode("latin-1"))
+
+
 # A terminal control string: OSC (ESC ]), DCS (ESC P), SOS (ESC X), PM (ESC ^), APC (ESC _),
-# 7- or 8-bit, ended by BEL (OSC) or ST (ESC \ or 0x9C).
-_CONTROL_STRING = re.compile(rb"(?:\x1b[\]PX^_]|[\x90\x98\x9d\x9e\x9f])[^\x07\x9c\x1b]*"
-                             rb"(?:\x07|\x9c|\x1b\\)")
-_UNFINISHED = re.compile(rb"(?:\x1b[\]PX^_]|[\x90\x98\x9d\x9e\x9f])[^\x07\x9c\x1b]*\x1b?\Z"
-                         rb"|\x1b\Z")
+# 7- or 8-bit, ended by BEL (OSC) or ST (ESC \ or U+009C). The stream is UTF-8 bytes, as a
+# UTF-8 terminal reads them: an 8-bit control is its code point's two bytes (C2 9D), never
+# a lone 0x9D, which is a continuation byte of an ordinary character (`❯` is E2 9D AF):
+# taken for an introducer, it made every byte after such a character vanish.
+_C1_INTRO = rb"\xc2[\x90\x98\x9d\x9e\x9f]"
+_PAYLOAD = rb"(?:[^\x07\x1b\xc2]|\xc2(?!\x9c))*"
+_CONTROL_STRING = re.compile(
+    rb"(?:\x1b[\]PX^_]|" + _C1_INTRO + rb")" + _PAYLOAD + rb"(?:\x07|\xc2\x9c|\x1b\\)"
+)
+_UNFINISHED = re.compile(
+    rb"(?:\x1b[\]PX^_]|" + _C1_INTRO + rb")" + _PAYLOAD + rb"(?:\x1b|\xc2)?\Z|[\x1b\xc2]\Z"
+)
 
 
 @dataclass

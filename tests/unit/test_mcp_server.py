@@ -505,7 +505,7 @@ def test_cli_schema_prints_every_dialect(capsys: pytest.CaptureFixture[str]) -> 
         assert tools == schemas(get_dialect(name))
 
 
-@pytest.mark.parametrize("style", ["anthropic", "openai", "mcp"])
+@pytest.mark.parametrize("style", ["anthropic", "openai", "openai-responses", "mcp", "function"])
 def test_cli_schema_of_one_dialect(style: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["schema", "--dialect", "modes", "--style", style, "--cwd", "/w"]) == 0
     printed = json.loads(capsys.readouterr().out)
