@@ -51,6 +51,9 @@ def shown_lines_phrase(info: TruncationInfo) -> str:
         case "middle" if len(info.shown_ranges) == 2:
             (a, b), (c, d) = info.shown_ranges
             return f"lines {a}-{b} and {c}-{d} of {info.total_lines}"
+        case "middle" if len(info.shown_ranges) == 1:  # a `head` then `tail` range
+            ((a, b),) = info.shown_ranges
+            return f"lines {a}-{b} of {info.total_lines}"
         case "head":
             return f"the first {info.shown_lines} of {info.total_lines} lines"
     return f"the last {info.shown_lines} of {info.total_lines} lines"
