@@ -30,7 +30,14 @@ from client.exit_status import SYSTEM_ERROR as EXIT_SYSTEM_ERROR
 from client.exit_status import TIMEOUT as EXIT_TIMEOUT
 from client.exit_status import USAGE as EXIT_USAGE
 from worker.wire.control import NO_LINE, SessionOutput
-from worker.wire.models import CallResult, CheckResult, Policy, RunRequest, TruncationInfo
+from worker.wire.models import (
+    CallResult,
+    CheckResult,
+    HostInfo,
+    Policy,
+    RunRequest,
+    TruncationInfo,
+)
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
@@ -608,9 +615,29 @@ def cmd_events(args: argparse.Namespace) -> int:
     return 0
 
 
+#: A dead host not heard from for this long is left out of `bashfleet hosts` (`--all`
+#: lists it until its record expires, a day after its last heartbeat): a fleet stopped
+#: long ago is not one a person is looking for.
+DEAD_HOST_SHOWN_S = 3600.0
+
+
+def shown_hosts(hosts: Sequence[HostInfo], now: float, *, all_hosts: bool) -> list[HostInfo]:
+    """The hosts `bashfleet hosts` lists: live ones, and dead ones heard from within
+    DEAD_HOST_SHOWN_S (all of them with `all_hosts`)."""
+    return [
+        host for host in hosts
+        if all_hosts or host.alive or now - (host.heartbeat_at or 0.0) <= DEAD_HOST_SHOWN_S
+    ]
+
+
 def cmd_hosts(args: argparse.Namespace) -> int:
     fleet = _fleet()
-    hosts = fleet.hosts()
+    known = fleet.hosts()
+    hosts = shown_hosts(known, time.time(), all_hosts=args.all)
+    if len(hosts) < len(known):
+        hidden = len(known) - len(hosts)
+        print(f"[{hidden} host(s) dead for more than {DEAD_HOST_SHOWN_S / 3600:g} h not "
+              "shown: --all lists them]", file=sys.stderr)
     if args.json:
         _print_json([_dump(host) for host in hosts])
         return 0
@@ -863,6 +890,8 @@ def _add_job_commands(sub: SubParsers) -> None:
     ps.set_defaults(func=cmd_ps)
 
     hosts = sub.add_parser("hosts", help="list hosts and their load")
+    hosts.add_argument("--all", action="store_true", help="also hosts dead for more than an "
+                       "hour (their records expire a day after their last heartbeat)")
     hosts.add_argument("--json", action="store_true", help="print the hosts as a JSON list")
     hosts.set_defaults(func=cmd_hosts)
 

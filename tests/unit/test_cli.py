@@ -22,7 +22,7 @@ from client import exit_status as statuses
 from client.dialects import DIALECTS
 from client.dialects.base import SCHEMA_STYLES
 from worker.wire.control import Collect, SessionOutput
-from worker.wire.models import CallResult, JobHandle, SystemError_
+from worker.wire.models import CallResult, HostInfo, JobHandle, SystemError_
 
 # ------------------------------------------------------------------- help everywhere
 
@@ -346,3 +346,18 @@ def test_schema_into_head_shows_no_traceback(tmp_path: Path) -> None:
     done = subprocess.run(["bash", "-c", shell], text=True, capture_output=True, timeout=60,
                           check=False, env={**os.environ, "XDG_STATE_HOME": str(tmp_path)})
     assert done.stdout == "{\n" and done.stderr == ""
+
+
+# ------------------------------------------------------------------ hosts (#22 point 13)
+
+
+def test_hosts_leaves_out_a_fleet_long_gone() -> None:
+    now = 1_700_000_000.0
+    hosts = [
+        HostInfo(host="live", alive=True, heartbeat_at=now - 1),
+        HostInfo(host="just-died", alive=False, heartbeat_at=now - 600),
+        HostInfo(host="long-gone", alive=False, heartbeat_at=now - 5 * 3600),
+        HostInfo(host="never-beat", alive=False),
+    ]
+    assert [h.host for h in cli.shown_hosts(hosts, now, all_hosts=False)] == ["live", "just-died"]
+    assert cli.shown_hosts(hosts, now, all_hosts=True) == hosts
