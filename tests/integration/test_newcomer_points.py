@@ -157,3 +157,45 @@ def test_14_a_foreground_calls_host_is_known_while_it_runs(
         assert host in {"alpha", "beta"}
     finally:
         runner.join(30)
+
+
+def test_20_the_first_key_after_attaching_again_is_shown(
+    two_hosts: Hosts, fleet: Fleet
+) -> None:
+    """"mport sys" for "import sys" after attaching again: a terminal that died without
+    detaching left its last long-poll read on the host, which took the echo of the first
+    key typed at the new one. Forced here: a read left in flight (as a killed `attach`
+    leaves it), then a new attach and keys typed one at a time. The new terminal shows
+    the current line first, what the abandoned read took of it included."""
+    import io  # noqa: PLC0415
+
+    from client import attach  # noqa: PLC0415
+    from worker.wire.control import Collect  # noqa: PLC0415
+    from worker.wire.models import ByteTail  # noqa: PLC0415
+
+    started = fleet.run("python3 -q", host="alpha", mode="background", stdin="pty")
+    assert started.job is not None
+    job_id = started.job.id
+    try:
+        fleet.read(job_id, collect=Collect(wait_s=5, settle_s=0.3))  # the first prompt
+        abandoned = threading.Thread(target=fleet.read, args=(job_id,), kwargs={
+            "collect": Collect(wait_s=5, settle_s=0, raw=True, truncation=ByteTail(max_bytes=1)),
+        }, daemon=True)
+        abandoned.start()  # a dead terminal's read, waiting on the host
+        keys_r, keys_w = os.pipe()
+        shown = io.BytesIO()
+        attached = threading.Thread(target=attach.attach, args=(fleet, job_id), kwargs={
+            "stdin_fd": keys_r, "out": shown, "note": lambda _: None})
+        attached.start()
+        for key in b"import sys\r":
+            os.write(keys_w, bytes([key]))
+            threading.Event().wait(0.05)  # typed, one key at a time
+        wait_for(lambda: b"import sys\r\n>>> " in shown.getvalue(), 20,
+                 f"the keys' echo, whole (shown: {shown.getvalue()!r})")
+        os.write(keys_w, attach.DETACH_KEY)
+        attached.join(20)
+        abandoned.join(20)
+        os.close(keys_r)
+        os.close(keys_w)
+    finally:
+        fleet.kill(job_id)

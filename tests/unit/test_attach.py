@@ -4,11 +4,21 @@ attach (#22 point 20)."""
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from client.attach import DETACH_KEY, TerminalFilter, key_name, parse_detach_key
+from client.attach import (
+    DETACH_KEY,
+    REPLAY_BYTES,
+    TerminalFilter,
+    current_line,
+    key_name,
+    parse_detach_key,
+)
+from worker.wire.models import OutputChunk
 
 # ------------------------------------------------------------------- the detach key
 
@@ -79,3 +89,48 @@ def test_c1_controls_written_as_utf8_are_removed() -> None:
     for cut in range(len(stream) + 1):
         feed = TerminalFilter()
         assert feed.feed(stream[:cut]) + feed.feed(stream[cut:]) == b"ab", cut
+
+
+# ------------------------------------------------- the current line (#22 point 20)
+
+
+class FileFleet:
+    """`read_output` of one job's output file, as the host slices it (whole lines when
+    the file goes on past the slice)."""
+
+    def __init__(self, data: str) -> None:
+        self.data = data
+        self.asked: list[tuple[int, int]] = []
+
+    def read_output(self, id: str, *, offset: int = 0, limit: int = 65536) -> OutputChunk:
+        self.asked.append((offset, limit))
+        size = len(self.data)
+        text = self.data[offset: offset + limit]
+        if offset + len(text) < size and "\n" in text:
+            text = text[: text.rfind("\n") + 1]
+        return OutputChunk(path="/j.log", offset=offset, next_offset=offset + len(text),
+                           size=size, text=text, eof=offset + len(text) >= size)
+
+
+@pytest.mark.parametrize(
+    ("data", "end", "line"),
+    [
+        # An idle prompt, and the key a dead terminal's read took of the line.
+        ("banner\n>>> ", 11, ">>> "),
+        ("banner\n>>> i", 12, ">>> i"),
+        # Output came after `end`: the slice stops at a whole line, nothing is replayed.
+        ("banner\n>>> i\nmore\n", 12, ""),
+        ("", 0, ""),
+        ("no newline yet", 14, "no newline yet"),
+        ("x" * 5000, 5000, ""),  # the window does not reach the line's start
+    ],
+)
+def test_current_line(data: str, end: int, line: str) -> None:
+    assert current_line(cast("Any", FileFleet(data)), "j1", end) == line
+
+
+def test_current_line_reads_at_most_the_replay_window() -> None:
+    fleet = FileFleet("a\n" * 10_000 + ">>> ")
+    end = len(fleet.data)
+    assert current_line(cast("Any", fleet), "j1", end) == ">>> "
+    assert fleet.asked == [(end - REPLAY_BYTES, REPLAY_BYTES)]
