@@ -690,6 +690,10 @@ def cmd_up(args: argparse.Namespace) -> int:
         local.stop(log=lambda _: None)
         return 1
     print(f"fleet up: {', '.join(hosts)}. Try: bashfleet run 'uname -a'. Stop: bashfleet down")
+    if state.flower_url:
+        # The password stays in the file (mode 0600): never printed.
+        print(f"Flower: {state.flower_url} (user {state.flower_user}; its password is "
+              f"`flower_password` in {local.state_path()})")
     if args.detach:
         return 0
     print("(Ctrl-C stops the fleet)")
