@@ -76,10 +76,11 @@ def _fleet() -> Fleet:
     NoFleet when none is configured (no URL and no `bashfleet up` running)."""
     from client.fleet import Fleet, resolve_url  # noqa: PLC0415 - keep `--help` fast
 
-    url = resolve_url()
-    if not url:
+    if not resolve_url():
         raise NoFleet(f"no fleet to talk to: {NO_FLEET_HINT}")
-    return Fleet(url, admin=True)
+    # No URL handed over: a client that found the local fleet finds it again where it
+    # must (`bashfleet events` across a `down` and `up` hears the new fleet).
+    return Fleet(admin=True)
 
 
 # ------------------------------------------------------------------------------ run

@@ -312,6 +312,24 @@ def test_with_redis_stopped_the_cli_says_to_start_the_fleet(tmp_path: Path) -> N
     assert "redis_url=" not in done.stderr and "Traceback" not in done.stderr
 
 
+def test_the_cli_client_finds_the_fleet_itself(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CLI's client is given no URL: one found through `bashfleet up` is found again
+    where it must be (`bashfleet events` across a `down` and `up` hears the new fleet,
+    tests/integration/test_job_events.py), and it signs with the admin key."""
+    import client.fleet  # noqa: PLC0415
+
+    made: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
+
+    def fleet(*args: Any, **kwargs: Any) -> str:
+        made.append((args, kwargs))
+        return "the fleet"
+
+    monkeypatch.setattr(client.fleet, "resolve_url", lambda *_: "redis://127.0.0.1:1/0")
+    monkeypatch.setattr(client.fleet, "Fleet", fleet)
+    assert cast(object, cli._fleet()) == "the fleet"
+    assert made == [((), {"admin": True})]
+
+
 def _into_a_closed_pipe(argv: list[str], tmp_path: Path) -> subprocess.CompletedProcess[str]:
     """The CLI with a stdout whose reader is gone before anything is written (`head`
     that read its lines)."""
