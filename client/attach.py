@@ -27,10 +27,13 @@ import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from types import FrameType
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from worker.wire.control import Collect, SessionOutput
 from worker.wire.models import ByteTail, TailLines
+
+if TYPE_CHECKING:
+    from client.fleet import Fleet
 
 #: Ctrl-]: the detach key (telnet's), sent by no common program.
 DETACH_KEY = b"\x1d"
@@ -41,13 +44,58 @@ POLL_S = 1.0
 CHUNK = 32 * 1024
 #: A control string not terminated within this many bytes is dropped whole.
 MAX_HELD = 4096
+#: Bytes before the session's read offset searched for its current line, which a
+#: terminal shows first when it attaches (`current_line`).
+REPLAY_BYTES = 4096
+
+#: How `--detach-key` is written (`bashfleet attach --help`, README).
+DETACH_KEY_FORMAT = (
+    "^X or ctrl-X for Ctrl-X (X a letter or one of @ [ \\ ] ^ _ ?; ^? is DEL), "
+    "a Python escape such as \\x1d, or one plain character"
+)
+#: The characters caret notation names, after `^`: Ctrl-@ (NUL) to Ctrl-_ (0x1f), ^? (DEL).
+_CARET = re.compile(r"(?:\^|(?i:ctrl|c)[-+])([@A-Za-z\[\\\]^_?])")
+
+
+def parse_detach_key(text: str) -> bytes:
+    """The byte `--detach-key` names: `^]` / `^x` / `ctrl-x` / `C-x` (any case) for a
+    control key, `\\x1d` (a Python escape), or one plain ASCII character. ValueError,
+    saying the format, for anything else (`^x` once meant the two keys `^` then `x`)."""
+    caret = _CARET.fullmatch(text)
+    if caret is not None:
+        char = caret.group(1)
+        return b"\x7f" if char == "?" else bytes([ord(char.upper()) ^ 0x40])
+    try:
+        key = text.encode("ascii").decode("unicode_escape").encode("latin-1")
+    except (UnicodeError, ValueError):
+        key = b""
+    if len(key) != 1 or key[0] > 0x7F:
+        raise ValueError(f"--detach-key takes one key, not {text!r}: {DETACH_KEY_FORMAT}")
+    return key
+
+
+def key_name(key: bytes) -> str:
+    """How a person reads a detach key: `Ctrl-]`, `Ctrl-X`, `DEL`, `'~'`."""
+    if key == b"\x7f":
+        return "DEL"
+    if len(key) == 1 and key[0] < 0x20:
+        return f"Ctrl-{chr(key[0] ^ 0x40)}"
+    return repr(key.decode("latin-1"))
+
 
 # A terminal control string: OSC (ESC ]), DCS (ESC P), SOS (ESC X), PM (ESC ^), APC (ESC _),
-# 7- or 8-bit, ended by BEL (OSC) or ST (ESC \ or 0x9C).
-_CONTROL_STRING = re.compile(rb"(?:\x1b[\]PX^_]|[\x90\x98\x9d\x9e\x9f])[^\x07\x9c\x1b]*"
-                             rb"(?:\x07|\x9c|\x1b\\)")
-_UNFINISHED = re.compile(rb"(?:\x1b[\]PX^_]|[\x90\x98\x9d\x9e\x9f])[^\x07\x9c\x1b]*\x1b?\Z"
-                         rb"|\x1b\Z")
+# 7- or 8-bit, ended by BEL (OSC) or ST (ESC \ or U+009C). The stream is UTF-8 bytes, as a
+# UTF-8 terminal reads them: an 8-bit control is its code point's two bytes (C2 9D), never
+# a lone 0x9D, which is a continuation byte of an ordinary character (`❯` is E2 9D AF):
+# taken for an introducer, it made every byte after such a character vanish.
+_C1_INTRO = rb"\xc2[\x90\x98\x9d\x9e\x9f]"
+_PAYLOAD = rb"(?:[^\x07\x1b\xc2]|\xc2(?!\x9c))*"
+_CONTROL_STRING = re.compile(
+    rb"(?:\x1b[\]PX^_]|" + _C1_INTRO + rb")" + _PAYLOAD + rb"(?:\x07|\xc2\x9c|\x1b\\)"
+)
+_UNFINISHED = re.compile(
+    rb"(?:\x1b[\]PX^_]|" + _C1_INTRO + rb")" + _PAYLOAD + rb"(?:\x1b|\xc2)?\Z|[\x1b\xc2]\Z"
+)
 
 
 @dataclass
@@ -83,7 +131,7 @@ def piped_stdin(fd: int = 0) -> bool:
 class _Relay:
     """The state two threads share while a job's output is relayed."""
 
-    fleet: Any
+    fleet: Fleet
     job_id: str
     out: BinaryIO
     raw: bool
@@ -93,13 +141,25 @@ class _Relay:
     filter: TerminalFilter = field(default_factory=TerminalFilter)
 
     def pump_output(self) -> None:
-        """Read the job's output until it ends (or the relay stops), writing it out."""
+        """Read the job's output until it ends (or the relay stops), writing it out.
+
+        A terminal's first read does not wait (`wait_s=0`), and its answer is preceded by
+        the job's current line (`current_line`): the prompt the job waits at, which the
+        person would otherwise not see until it printed again, and what a reader that died
+        without detaching took of that line (see `current_line`)."""
         collect = (Collect(wait_s=POLL_S, settle_s=0, raw=True, truncation=ByteTail(max_bytes=1))
                    if self.raw else Collect(wait_s=POLL_S, settle_s=0, truncation=TailLines(
                        max_lines=1 << 30, max_bytes=64 * 1024 * 1024)))
+        first = self.raw
         try:
             while not self.done.is_set():
-                out: SessionOutput = self.fleet.read(self.job_id, collect=collect)
+                asked = collect.model_copy(update={"wait_s": 0.0}) if first else collect
+                out: SessionOutput = self.fleet.read(self.job_id, collect=asked)
+                if first:
+                    first = False
+                    line = current_line(self.fleet, self.job_id, out.start_offset)
+                    if line:
+                        self.out.write(line.encode())
                 data = (self.filter.feed(base64.b64decode(out.raw_b64 or "")) if self.raw
                         else out.output.encode())
                 if data:
@@ -112,6 +172,34 @@ class _Relay:
             self.error = exc
         finally:
             self.done.set()
+
+
+def current_line(fleet: Fleet, job_id: str, end: int) -> str:
+    """The job's last line up to byte `end` (where the session's last read stopped), as
+    text (escape sequences removed, secrets redacted); "" when there is none, or when
+    output came after `end` (a read of the file then stops at a whole line).
+
+    A reader that dies without detaching (its terminal closed, the process killed)
+    leaves its last long-poll read on the host, which takes the next output (up to
+    POLL_S after its death) and shows it to nobody: a person who attached again at once
+    saw "mport sys" for "import sys", the echo of the first key gone (#22 point 20). A
+    new terminal's first read waits for that read to finish (one reader at a time), and
+    then shows what it took of the current line from the job's output file. Output it
+    took past a newline is not shown again: that needs the host to keep where an
+    unanswered read began."""
+    if end <= 0:
+        return ""
+    start = max(0, end - REPLAY_BYTES)
+    try:
+        chunk = fleet.read_output(job_id, offset=start, limit=end - start)
+    except Exception:  # a redraw is a courtesy: never a reason to fail an attach
+        return ""
+    if chunk.next_offset != end:
+        return ""
+    _, newline, line = chunk.text.rpartition("\n")
+    if not newline and start > 0:
+        return ""  # the window does not reach the line's start: an endless line
+    return line
 
 
 @contextlib.contextmanager
@@ -142,7 +230,7 @@ def _window_size(fd: int) -> tuple[int, int] | None:
 
 
 def attach(
-    fleet: Any, job_id: str, *, detach_key: bytes = DETACH_KEY, stdin_fd: int = 0,
+    fleet: Fleet, job_id: str, *, detach_key: bytes = DETACH_KEY, stdin_fd: int = 0,
     out: BinaryIO | None = None, note: Callable[[str], None] | None = None,
     header: str | None = None,
 ) -> SessionOutput | None:
@@ -192,7 +280,7 @@ def _restore_winch(previous: Any) -> None:
         signal.signal(signal.SIGWINCH, previous)
 
 
-def _forward_keys(fleet: Any, job_id: str, fd: int, relay: _Relay, *, detach_key: bytes,
+def _forward_keys(fleet: Fleet, job_id: str, fd: int, relay: _Relay, *, detach_key: bytes,
                   resized: threading.Event) -> bool:
     """Send local input to the job until it ends; True when the person detached."""
     import select  # noqa: PLC0415
@@ -224,7 +312,7 @@ def _forward_keys(fleet: Any, job_id: str, fd: int, relay: _Relay, *, detach_key
     return False
 
 
-def forward_stdin(fleet: Any, job_id: str, *, stdin_fd: int = 0, out: BinaryIO | None = None
+def forward_stdin(fleet: Fleet, job_id: str, *, stdin_fd: int = 0, out: BinaryIO | None = None
                   ) -> SessionOutput | None:
     """Forward a piped stdin to a `pipe` job (EOF closes its input) while its output is
     streamed out; the job's last output once it ended."""
@@ -244,7 +332,7 @@ def forward_stdin(fleet: Any, job_id: str, *, stdin_fd: int = 0, out: BinaryIO |
 BACKPRESSURE_S = 0.05
 
 
-def send_input(fleet: Any, job_id: str, data: bytes, done: threading.Event | None = None
+def send_input(fleet: Fleet, job_id: str, data: bytes, done: threading.Event | None = None
                ) -> None:
     """Hand `data` to the job, waiting while its supervisor holds as much unread input as
     it takes (the process reads slower than we send)."""
@@ -259,7 +347,7 @@ def send_input(fleet: Any, job_id: str, data: bytes, done: threading.Event | Non
             threading.Event().wait(BACKPRESSURE_S)
 
 
-def _pump_input(fleet: Any, job_id: str, fd: int, relay: _Relay) -> None:
+def _pump_input(fleet: Fleet, job_id: str, fd: int, relay: _Relay) -> None:
     """Local stdin to the job; a job that ends first stops it (data left unread is not
     the job's any more)."""
     try:

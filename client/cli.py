@@ -2,15 +2,18 @@
 
 Readable text for people, `--json` for scripts. `run` exits with the command's own
 status (128+N when a signal ended it, 124 on a timeout kill, 125 for a system error,
-130 after Ctrl-C), so `bashfleet run 'make test' && deploy` works as with plain bash:
-a timeout kills the command unless `--background-on-timeout` says otherwise. Ctrl-C,
-`--follow` and stdin: `client.foreground`.
+130 after Ctrl-C: `client.exit_status`, the one mapping), so `bashfleet run 'make test'
+&& deploy` works as with plain bash: a timeout kills the command unless
+`--background-on-timeout` says otherwise. Ctrl-C, `--follow` and stdin:
+`client.foreground`. A reader that goes away (`bashfleet schema | head`) ends any
+command quietly with 141, as SIGPIPE ends `yes | head`'s `yes`.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import io
 import itertools
 import json
 import os
@@ -19,57 +22,170 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, TextIO, cast
 
-from worker.wire.control import NO_LINE
-from worker.wire.models import CallResult, CheckResult, Policy, TruncationInfo
+from client import exit_status as statuses
+from client.exit_status import SYSTEM_ERROR as EXIT_SYSTEM_ERROR
+from client.exit_status import TIMEOUT as EXIT_TIMEOUT
+from client.exit_status import USAGE as EXIT_USAGE
+from worker.wire.control import NO_LINE, SessionOutput
+from worker.wire.models import (
+    CallResult,
+    CheckResult,
+    HostInfo,
+    Policy,
+    RunRequest,
+    TruncationInfo,
+)
 
-EXIT_TIMEOUT = 124
-EXIT_SYSTEM_ERROR = 125
-EXIT_USAGE = 2
+if TYPE_CHECKING:
+    from pydantic import BaseModel
+
+    from client.dialects import Dialect
+    from client.fleet import Fleet
+    from client.foreground import ForegroundRun, Stream
+    from worker.wire.events import JobEvent
+
+    SubParsers = argparse._SubParsersAction[argparse.ArgumentParser]
+
+#: The dialects `schema` and `mcp` take, and `schema`'s styles (`client.dialects.DIALECTS`
+#: and `client.dialects.base.SCHEMA_STYLES`, which a unit test holds these to: importing
+#: the dialects here would slow every `bashfleet --help`).
+DIALECT_NAMES = ("claude", "codex", "modes", "native", "pi", "pipe")
+SCHEMA_STYLES = ("anthropic", "openai", "openai-responses", "mcp", "function")
+
+#: What a CLI user does when no fleet answers (not the Python API's `redis_url=`).
+NO_FLEET_HINT = (
+    "start a local fleet with `bashfleet up`, or set BASHFLEET_REDIS_URL to the Redis "
+    "of a running fleet"
+)
+
+
+class NoFleet(Exception):  # noqa: N818 - said to a person as is
+    """No fleet is configured or reachable: the CLI's words for it."""
 
 
 def _print_json(data: Any) -> None:
     print(json.dumps(data, indent=2, default=str))
 
 
-def _fleet() -> Any:
-    from client.fleet import Fleet  # noqa: PLC0415 - keep `bashfleet --help` fast
+def _fleet() -> Fleet:
+    """The fleet client of a person's CLI: the admin key when one is configured (or the
+    local fleet's), so `check`, `kill`, `output` and `ps --all` reach every owner's jobs.
+    NoFleet when none is configured (no URL and no `bashfleet up` running)."""
+    from client.fleet import Fleet, resolve_url  # noqa: PLC0415 - keep `--help` fast
 
-    # A person's CLI: the admin key when one is configured (or the local fleet's), so
-    # `check`, `kill`, `output` and `ps --all` reach every owner's jobs.
+    if not resolve_url():
+        raise NoFleet(f"no fleet to talk to: {NO_FLEET_HINT}")
+    # No URL handed over: a client that found the local fleet finds it again where it
+    # must (`bashfleet events` across a `down` and `up` hears the new fleet).
     return Fleet(admin=True)
 
 
 # ------------------------------------------------------------------------------ run
 
 
-@contextlib.contextmanager
-def _spinner(label: str) -> Iterator[None]:
-    """A spinner on stderr while a foreground call runs, only in a terminal."""
-    if not sys.stderr.isatty():
-        yield
-        return
-    done = threading.Event()
-    started = time.monotonic()
+class Spinner(io.TextIOBase):
+    """A spinner on stderr while a foreground call runs (only at a terminal), naming the
+    call's host once it is known (`label()` is asked at each frame).
 
-    def spin() -> None:
+    It stands in for `sys.stderr` while it spins: whatever else is written there (the
+    Ctrl-C notice, a warning) first stops it for good and clears its line, so a spinner
+    line is never left behind nor drawn over a message.
+    """
+
+    FRAME_S = 0.1
+
+    def __init__(self, label: Callable[[], str], out: TextIO) -> None:
+        super().__init__()
+        self._label = label
+        self._out = out
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        self._drawn = False
+        self._started = time.monotonic()
+        self._thread = threading.Thread(target=self._spin, name="bashfleet-spinner",
+                                        daemon=True)
+
+    def _spin(self) -> None:
         for frame in itertools.cycle("|/-\\"):
-            if done.wait(0.1):
-                break
-            sys.stderr.write(f"\r{frame} {label} {time.monotonic() - started:5.1f}s")
-            sys.stderr.flush()
-        sys.stderr.write("\r\033[K")
-        sys.stderr.flush()
+            if self._done.wait(self.FRAME_S):
+                return
+            label = self._label()
+            with self._lock:
+                if self._done.is_set():
+                    return
+                took = time.monotonic() - self._started
+                self._out.write(f"\r\033[K{frame} {label} {took:5.1f}s")
+                self._out.flush()
+                self._drawn = True
 
-    thread = threading.Thread(target=spin, daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        done.set()
-        thread.join()
+    def stop(self) -> None:
+        """Stop spinning and clear the spinner's line (once; safe from any thread)."""
+        with self._lock:
+            if not self._done.is_set():
+                self._done.set()
+                if self._drawn:
+                    self._out.write("\r\033[K")
+                    self._out.flush()
+
+    def write(self, text: str) -> int:
+        """Someone else speaks on stderr: the spinner gives way first."""
+        self.stop()
+        return self._out.write(text)
+
+    def flush(self) -> None:
+        self._out.flush()
+
+    def isatty(self) -> bool:
+        return self._out.isatty()
+
+    def fileno(self) -> int:
+        return self._out.fileno()
+
+    @contextlib.contextmanager
+    def spinning(self) -> Iterator[None]:
+        """Spin (standing in for sys.stderr) until the block ends, however it ends."""
+        previous = sys.stderr
+        sys.stderr = cast("TextIO", self)
+        self._thread.start()
+        try:
+            yield
+        finally:
+            self.stop()
+            self._thread.join()
+            sys.stderr = previous
+
+
+class HostLabel:
+    """The spinner's words: `running on HOST` once the call's host is known (asked of
+    the fleet at most every LOOKUP_S), `waiting for a host` before."""
+
+    LOOKUP_S = 0.5
+
+    def __init__(self, fleet: Fleet, call_id: str, host: str | None) -> None:
+        self._fleet = fleet
+        self._call_id = call_id
+        self._host = host
+        self._next = 0.0
+
+    def __call__(self) -> str:
+        now = time.monotonic()
+        if self._host is None and now >= self._next:
+            self._next = now + self.LOOKUP_S
+            with contextlib.suppress(Exception):  # a spinner's words never fail a call
+                self._host = self._fleet.call_host(self._call_id)
+        return f"running on {self._host}" if self._host else "waiting for a host"
+
+
+def _spinner(
+    fleet: Fleet, run: ForegroundRun, host: str | None
+) -> contextlib.AbstractContextManager[None]:
+    """A spinner for a foreground call at a terminal; nothing otherwise."""
+    if not sys.stderr.isatty():
+        return contextlib.nullcontext()
+    return Spinner(HostLabel(fleet, run.call_id, host), sys.stderr).spinning()
 
 
 def _notice(name: str, info: TruncationInfo | None, path: str | None, host: str) -> str | None:
@@ -82,21 +198,13 @@ def _notice(name: str, info: TruncationInfo | None, path: str | None, host: str)
     )
 
 
-def exit_status(result: CallResult) -> int:
-    """The process exit status `bashfleet run` returns for a result."""
-    if result.error is not None and result.exit_code is None and result.signal is None:
-        return EXIT_SYSTEM_ERROR
-    if result.backgrounded:
-        return 0
-    if result.timed_out:
-        return EXIT_TIMEOUT
-    if result.signal is not None:
-        return 128 + result.signal
-    return result.exit_code if result.exit_code is not None else EXIT_SYSTEM_ERROR
+def print_result(result: CallResult, *, job_id_on_stdout: bool = True) -> None:
+    """Print a call's result for a person: output on its streams, notices on stderr.
 
-
-def print_result(result: CallResult) -> None:
-    """Print a call's result for a person: output on its streams, notices on stderr."""
+    A call that started a background job (`--mode background`, or one that went to the
+    background) prints the job's id alone on stdout, last, so `X=$(bashfleet run --mode
+    background CMD)` holds it; how to check and kill it goes to stderr. Not when the
+    job's output is followed on stdout (`job_id_on_stdout=False`)."""
     if result.stdout:
         sys.stdout.write(result.stdout if result.stdout.endswith("\n") else result.stdout + "\n")
     if result.stderr:
@@ -126,11 +234,13 @@ def print_result(result: CallResult) -> None:
         print(
             f"[job {job.id} running on {job.host} (pid {job.pid}); "
             f"output: {job.output_path}; `bashfleet check {job.id}`, `bashfleet kill {job.id}`]",
-            file=sys.stderr,
+            file=sys.stderr, flush=True,
         )
+        if job_id_on_stdout:
+            print(job.id, flush=True)
 
 
-def _run_request(args: argparse.Namespace) -> Any:
+def _run_request(args: argparse.Namespace) -> RunRequest:
     """The RunRequest of `bashfleet run`'s arguments (a bad one: CallRejected)."""
     from client.fleet import run_request  # noqa: PLC0415 - keep `bashfleet --help` fast
 
@@ -160,9 +270,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         return _report_run(fleet, fleet.execute(request), args)
     run = ForegroundRun(fleet, request, follow=args.follow and not args.json)
     quiet = args.json or args.follow
-    with _spinner(f"running on {args.host or 'any host'}") if not quiet else (
-        contextlib.nullcontext()
-    ):
+    with contextlib.nullcontext() if quiet else _spinner(fleet, run, args.host):
         outcome = run.run()
     if outcome.result is None:
         return outcome.status if outcome.status is not None else EXIT_SYSTEM_ERROR
@@ -170,32 +278,32 @@ def cmd_run(args: argparse.Namespace) -> int:
     if run.follower is not None:
         result = run.follower.finish(result)
         if result.job is not None and outcome.status is None:
-            print_result(result)
+            print_result(result, job_id_on_stdout=False)
             stderr = result.spill is not None and result.spill.stderr_path is not None
             return _follow(fleet, result.job.id, stderr=stderr, offsets=run.follower.offsets())
     status = _report_run(fleet, result, args)
     return outcome.status if outcome.status is not None else status
 
 
-def _report_run(fleet: Any, result: CallResult, args: argparse.Namespace) -> int:
+def _report_run(fleet: Fleet, result: CallResult, args: argparse.Namespace) -> int:
     """Print a call's result (or follow the job it started); the exit status."""
     if args.json:
         print(result.model_dump_json(indent=2))
-        return exit_status(result)
+        return statuses.of_call(result)
     if not (args.follow and result.job is not None):
         print_result(result)
-        return exit_status(result)
+        return statuses.of_call(result)
     # Following streams the job's files from their first byte: showing the call's own
     # (possibly cut) output first would repeat it. Its notices still go to stderr.
     print_result(result.model_copy(update={
         "stdout": "", "stderr": "", "stdout_truncation": None, "stderr_truncation": None,
-    }))
+    }), job_id_on_stdout=False)
     separate_stderr = result.spill is not None and result.spill.stderr_path is not None
     return _follow(fleet, result.job.id, stderr=separate_stderr)
 
 
 def _follow(
-    fleet: Any, job_id: str, *, stderr: bool = False, offsets: dict[str, int] | None = None
+    fleet: Fleet, job_id: str, *, stderr: bool = False, offsets: dict[str, int] | None = None
 ) -> int:
     """Stream a job's output until it ends, every byte once and in order; its exit status.
 
@@ -209,11 +317,13 @@ def _follow(
     `offsets`: where to start in each file (what following the call printed already).
     """
     completion = re.compile(r"\n\n\[background process (?:completed|failed: [^\]\n]*)\]\n\Z")
-    targets = [("stdout", sys.stdout)] + ([("stderr", sys.stderr)] if stderr else [])
+    targets: list[tuple[Stream, TextIO]] = [("stdout", sys.stdout)]
+    if stderr:
+        targets.append(("stderr", sys.stderr))
     offsets = {name: (offsets or {}).get(name, 0) for name, _ in targets}
     held = dict.fromkeys(offsets, "")  # a tail that looks like the completion line
 
-    def drain(name: str, out: Any) -> bool:
+    def drain(name: Stream, out: TextIO) -> bool:
         """Write what the stream has past our offset; True when anything was new."""
         start = offsets[name]
         while True:
@@ -234,27 +344,23 @@ def _follow(
             moved = [drain(name, out) for name, out in targets]
             if not state.running:
                 _print_check(state.model_copy(update={"output": "", "stderr_output": ""}))
-                if state.signal is not None:
-                    return 128 + state.signal
-                return state.exit_code if state.exit_code is not None else EXIT_SYSTEM_ERROR
+                return statuses.of_process(state.exit_code, state.signal)
             delay = 0.05 if any(moved) else min(delay * 2, 0.5)
             time.sleep(delay)  # polling a remote job: back off while it is quiet
     except KeyboardInterrupt:
         print(f"\n[stopped following; job {job_id} keeps running: "
               f"`bashfleet kill {job_id}` ends it]", file=sys.stderr)
-        return 130
+        return statuses.INTERRUPTED
 
 
 # ------------------------------------------------------ interactive: tty, stdin, attach
 
 
-def _session_status(out: Any) -> int:
-    """The exit status of `run --tty` / piped `run` for the job's last output."""
+def _session_status(out: SessionOutput | None) -> int:
+    """The exit status of `run --tty` / piped `run` / `attach` for the job's last output."""
     if out is None:
         return 0  # detached: it runs on
-    if out.signal is not None:
-        return 128 + int(out.signal)
-    return int(out.exit_code) if out.exit_code is not None else EXIT_SYSTEM_ERROR
+    return statuses.of_process(out.exit_code, out.signal)
 
 
 def _run_interactive(args: argparse.Namespace, *, tty: bool) -> int:
@@ -271,7 +377,7 @@ def _run_interactive(args: argparse.Namespace, *, tty: bool) -> int:
     if tty and os.isatty(0):
         lines, columns = os.get_terminal_size(0).lines, os.get_terminal_size(0).columns
         size = {"rows": lines, "cols": columns}
-    result: CallResult = fleet.run(
+    result = fleet.run(
         " ".join(args.command), host=args.host, mode="background", cwd=args.cwd,
         session=args.session, isolation=args.isolation, network=args.network,
         tags=_tag_filter(args.tag), stdin="pty" if tty else "pipe", term_size=size,
@@ -279,7 +385,7 @@ def _run_interactive(args: argparse.Namespace, *, tty: bool) -> int:
     )
     if result.job is None:
         print_result(result)
-        return exit_status(result)
+        return statuses.of_call(result)
     try:
         if tty:
             last = attach.attach(fleet, result.job.id)
@@ -288,23 +394,22 @@ def _run_interactive(args: argparse.Namespace, *, tty: bool) -> int:
     except KeyboardInterrupt:
         print(f"\n[job {result.job.id} keeps running: `bashfleet attach {result.job.id}`, "
               f"`bashfleet kill {result.job.id}`]", file=sys.stderr)
-        return 130
+        return statuses.INTERRUPTED
     return _session_status(last)
 
 
 def cmd_attach(args: argparse.Namespace) -> int:
     from client import attach  # noqa: PLC0415
 
-    key = args.detach_key.encode().decode("unicode_escape").encode("latin-1")
-    shown = "Ctrl-]" if key == attach.DETACH_KEY else repr(key.decode("latin-1"))
+    key = attach.parse_detach_key(args.detach_key)  # ValueError: a usage error
     last = attach.attach(_fleet(), args.id, detach_key=key,
-                         header=f"[attached to job {args.id}; {shown} detaches]")
+                         header=f"[attached to job {args.id}; {attach.key_name(key)} detaches]")
     if last is not None:
         print(f"\r\n[job {args.id} ended: {_ending_text(last)}]", file=sys.stderr)
     return _session_status(last)
 
 
-def _ending_text(out: Any) -> str:
+def _ending_text(out: SessionOutput) -> str:
     if out.signal is not None:
         return f"killed by signal {out.signal}"
     return f"exit code {out.exit_code}" if out.exit_code is not None else "exit status unknown"
@@ -313,11 +418,16 @@ def _ending_text(out: Any) -> str:
 def cmd_write(args: argparse.Namespace) -> int:
     from worker.wire.control import Collect  # noqa: PLC0415
 
-    text = " ".join(args.text) + ("" if args.no_newline else "\n")
     collect = Collect(wait_s=args.wait, settle_s=0.3, input_wait_s=2.0)
-    out = _fleet().write_stdin(args.id, text, collect=collect)
-    if args.close:
-        out = _fleet().close_stdin(args.id, collect=collect)
+    fleet = _fleet()
+    if args.close and not args.text:
+        # Only the end of input: no line was given, so none is sent before it.
+        out = fleet.close_stdin(args.id, collect=collect)
+    else:
+        text = " ".join(args.text) + ("" if args.no_newline else "\n")
+        out = fleet.write_stdin(args.id, text, collect=collect)
+        if args.close:
+            out = fleet.close_stdin(args.id, collect=collect)
     if args.json:
         print(out.model_dump_json(indent=2))
         return 0
@@ -351,7 +461,7 @@ def _print_check(check: CheckResult) -> None:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    check: CheckResult = _fleet().check(args.id, grep=args.grep)
+    check = _fleet().check(args.id, grep=args.grep)
     if args.json:
         print(check.model_dump_json(indent=2))
     else:
@@ -360,7 +470,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_kill(args: argparse.Namespace) -> int:
-    check: CheckResult = _fleet().kill(args.id)
+    check = _fleet().kill(args.id)
     if args.json:
         print(check.model_dump_json(indent=2))
     else:
@@ -406,13 +516,13 @@ def _exit_column(exit_code: object, signal_number: object) -> object:
     return _blank(exit_code)
 
 
-def _dump(item: Any) -> Any:
-    return item.model_dump(mode="json") if hasattr(item, "model_dump") else item
+def _dump(item: BaseModel) -> dict[str, Any]:
+    return item.model_dump(mode="json")
 
 
 def _tag_filter(pairs: Sequence[str] | None) -> dict[str, str]:
     """`--tag NAME=VALUE` options as a mapping; ValueError for one without `=`."""
-    tags = {}
+    tags: dict[str, str] = {}
     for pair in pairs or ():
         name, equals, value = pair.partition("=")
         if not equals or not name:
@@ -457,13 +567,6 @@ def isolation_text(sandbox: dict[str, Any] | None) -> str:
 # --------------------------------------------------------------------- wait, events
 
 
-def job_status(exit_code: int | None, signal: int | None) -> int:
-    """The exit status of a job that ended, as `run` gives a call's."""
-    if signal is not None:
-        return 128 + signal
-    return exit_code if exit_code is not None else EXIT_SYSTEM_ERROR
-
-
 def _ending(exit_code: int | None, signal: int | None) -> str:
     if exit_code is not None:
         return f"exited with code {exit_code}"
@@ -486,10 +589,10 @@ def cmd_wait(args: argparse.Namespace) -> int:
         took = f" after {view.ended_at - view.started_at:.1f}s" if view.ended_at else ""
         print(f"[job {view.id} on {view.host}: {_ending(view.exit_code, view.signal)}{took}; "
               f"output: {view.output_path}]", file=sys.stderr)
-    return job_status(view.exit_code, view.signal)
+    return statuses.of_process(view.exit_code, view.signal)
 
 
-def event_line(event: Any) -> str:
+def event_line(event: JobEvent) -> str:
     """One job event as `bashfleet events` prints it for a person."""
     at = time.strftime("%H:%M:%S", time.localtime(event.at))
     tags = " ".join(f"{k}={v}" for k, v in sorted(event.tags.items()))
@@ -514,9 +617,29 @@ def cmd_events(args: argparse.Namespace) -> int:
     return 0
 
 
+#: A dead host not heard from for this long is left out of `bashfleet hosts` (`--all`
+#: lists it until its record expires, a day after its last heartbeat): a fleet stopped
+#: long ago is not one a person is looking for.
+DEAD_HOST_SHOWN_S = 3600.0
+
+
+def shown_hosts(hosts: Sequence[HostInfo], now: float, *, all_hosts: bool) -> list[HostInfo]:
+    """The hosts `bashfleet hosts` lists: live ones, and dead ones heard from within
+    DEAD_HOST_SHOWN_S (all of them with `all_hosts`)."""
+    return [
+        host for host in hosts
+        if all_hosts or host.alive or now - (host.heartbeat_at or 0.0) <= DEAD_HOST_SHOWN_S
+    ]
+
+
 def cmd_hosts(args: argparse.Namespace) -> int:
     fleet = _fleet()
-    hosts = fleet.hosts()
+    known = fleet.hosts()
+    hosts = shown_hosts(known, time.time(), all_hosts=args.all)
+    if len(hosts) < len(known):
+        hidden = len(known) - len(hosts)
+        print(f"[{hidden} host(s) dead for more than {DEAD_HOST_SHOWN_S / 3600:g} h not "
+              "shown: --all lists them]", file=sys.stderr)
     if args.json:
         _print_json([_dump(host) for host in hosts])
         return 0
@@ -571,6 +694,10 @@ def cmd_up(args: argparse.Namespace) -> int:
         print(f"bashfleet up: {warning}", file=sys.stderr)
     print(f"fleet up: {', '.join(up.state.hosts)}. Try: bashfleet run 'uname -a'. "
           "Stop: bashfleet down")
+    if up.state.flower_url:
+        # The password stays in the file (mode 0600): never printed.
+        print(f"Flower: {up.state.flower_url} (user {up.state.flower_user}; its password is "
+              f"`flower_password` in {local.state_path()})")
     if args.detach or not up.started:
         return 0
     print("(Ctrl-C stops the fleet)" if not up.joined else
@@ -634,7 +761,7 @@ def exec_worker_side(command: str, argv: Sequence[str]) -> int:
 # ----------------------------------------------------------------------- schema, mcp
 
 
-def _dialect_or_usage(name: str) -> Any:
+def _dialect_or_usage(name: str) -> Dialect | None:
     """The dialect called `name`; None (after saying which exist) when there is none."""
     from client.dialects import UnknownDialectError, get_dialect  # noqa: PLC0415
 
@@ -649,9 +776,12 @@ def cmd_schema(args: argparse.Namespace) -> int:
     from client.dialects import DIALECTS, schemas  # noqa: PLC0415
 
     names = [args.dialect] if args.dialect else list(DIALECTS)
-    found = {name: _dialect_or_usage(name) for name in names}
-    if None in found.values():
-        return EXIT_USAGE
+    found = {}
+    for name in names:
+        dialect = _dialect_or_usage(name)
+        if dialect is None:
+            return EXIT_USAGE
+        found[name] = dialect
     # As `bashfleet mcp --cwd` shows it: a relative path is one on this machine.
     cwd = os.path.abspath(args.cwd) if args.cwd else None
     tools = {
@@ -691,17 +821,35 @@ def cmd_mcp(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The `bashfleet` argument parser."""
+    """The `bashfleet` argument parser. Every option has help text (a unit test walks
+    the tree)."""
     parser = argparse.ArgumentParser(
-        prog="bashfleet", description="Run bash calls on a fleet of build machines."
+        prog="bashfleet", description="Run bash calls on a fleet of build machines.",
+        epilog="Exit status: the command's own; 128+N when signal N ended it; 124 on a "
+        "timeout kill; 125 for a system error (did not run, worker lost); 130 after "
+        "Ctrl-C; 141 when the reader of its output went away (`| head`); 2 for usage.",
     )
     sub = parser.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+    _add_fleet_commands(sub)
+    run = _add_run_command(sub)
+    _add_job_commands(sub)
+    _add_event_commands(sub)
+    _add_agent_commands(sub)
+    _add_session_commands(sub, run)
+    return parser
 
+
+def _add_fleet_commands(sub: SubParsers) -> None:
+    """`up`, `down`, and the build machine's own commands (`worker`, `gc`)."""
     up = sub.add_parser("up", help="start a local fleet: Redis, workers, Flower")
     up.add_argument("--hosts", default="local", help="comma-separated host ids (default: local)")
-    up.add_argument("--concurrency", type=int, default=4, help="command slots per worker")
-    up.add_argument("--flower", action=argparse.BooleanOptionalAction, default=True)
-    up.add_argument("--flower-port", type=int, default=5555)
+    up.add_argument("--concurrency", type=int, default=4, help="command slots per worker "
+                    "(default 4)")
+    up.add_argument("--flower", action=argparse.BooleanOptionalAction, default=True,
+                    help="also start Flower, the fleet's web UI (default: on; its URL, user "
+                    "and password file are printed)")
+    up.add_argument("--flower-port", type=int, default=5555,
+                    help="Flower's port on 127.0.0.1 (default 5555)")
     up.add_argument("--detach", action="store_true", help="return once the fleet is up")
     up.set_defaults(func=cmd_up)
 
@@ -712,56 +860,64 @@ def build_parser() -> argparse.ArgumentParser:
         # No options here: they are the module's own, passed through (see `main`).
         sub.add_parser(name, help=text, add_help=False)
 
-    run = _add_run_command(sub)
 
+def _add_job_commands(sub: SubParsers) -> None:
+    """`check`, `kill`, `output`, `ps`, `hosts`: background jobs and the fleet's state."""
     check = sub.add_parser("check", help="state and new output of a background job")
-    check.add_argument("id")
-    check.add_argument("--grep", help="only lines matching this regular expression")
-    check.add_argument("--json", action="store_true")
+    check.add_argument("id", help="job id (or the id of the call that started it)")
+    check.add_argument("--grep", help="only lines matching this regular expression (RE2; "
+                       "`^` and `$` are a line's start and end)")
+    check.add_argument("--json", action="store_true",
+                       help="print the check as JSON (id, host, running, exit_code, signal, "
+                       "output, offset...)")
     check.set_defaults(func=cmd_check)
 
     kill = sub.add_parser("kill", help="kill a background job")
-    kill.add_argument("id")
-    kill.add_argument("--json", action="store_true")
+    kill.add_argument("id", help="job id (or the id of the call that started it)")
+    kill.add_argument("--json", action="store_true",
+                      help="print the job's final check as JSON")
     kill.set_defaults(func=cmd_kill)
 
     output = sub.add_parser("output", help="read the full output of a call or job")
-    output.add_argument("id")
-    output.add_argument("--offset", type=int, default=0)
-    output.add_argument("--limit", type=int, default=65536)
-    output.add_argument("--grep")
+    output.add_argument("id", help="job or call id")
+    output.add_argument("--offset", type=int, default=0,
+                        help="first byte to read (default 0; the next offset is printed)")
+    output.add_argument("--limit", type=int, default=65536,
+                        help="most bytes to read (default 65536)")
+    output.add_argument("--grep", help="only lines matching this regular expression (RE2; "
+                        "`^` and `$` are a line's start and end)")
     output.set_defaults(func=cmd_output)
 
     ps = sub.add_parser("ps", help="list background jobs")
-    ps.add_argument("--host")
+    ps.add_argument("--host", help="only jobs of this host")
     ps.add_argument("--all", action="store_true",
                     help="every owner's jobs (needs the admin key), not only this user's")
     ps.add_argument("--tag", action="append", metavar="NAME=VALUE",
                     help="only jobs with this tag (repeatable: all of them)")
     ps.add_argument("--owner", help="only jobs of this owner")
-    ps.add_argument("--json", action="store_true")
+    ps.add_argument("--json", action="store_true", help="print the jobs as a JSON list")
     ps.set_defaults(func=cmd_ps)
 
     hosts = sub.add_parser("hosts", help="list hosts and their load")
-    hosts.add_argument("--json", action="store_true")
+    hosts.add_argument("--all", action="store_true", help="also hosts dead for more than an "
+                       "hour (their records expire a day after their last heartbeat)")
+    hosts.add_argument("--json", action="store_true", help="print the hosts as a JSON list")
     hosts.set_defaults(func=cmd_hosts)
-    _add_event_commands(sub)
-    _add_agent_commands(sub)
-    _add_session_commands(sub, run)
-    return parser
 
 
-def _add_run_command(sub: Any) -> argparse.ArgumentParser:
+def _add_run_command(sub: SubParsers) -> argparse.ArgumentParser:
     """`run`: one bash call on the fleet."""
     run: argparse.ArgumentParser = sub.add_parser("run", help="run a command on the fleet")
     run.add_argument("--host", help="host id (default: any host)")
-    run.add_argument("--mode", choices=["default", "slow", "background"], default="default")
+    run.add_argument("--mode", choices=["default", "slow", "background"], default="default",
+                     help="default: wait (120 s timeout); slow: wait up to 15 minutes; "
+                     "background: start a job and print its id on stdout at once")
     run.add_argument("--timeout", type=float,
                      help="seconds before the command is killed (exit 124); default 120, "
                           "15 minutes with --mode slow")
     run.add_argument("--background-on-timeout", action="store_true",
                      help="at the timeout, leave the command running as a background job "
-                          "instead of killing it")
+                          "instead of killing it (its id is printed on stdout)")
     run.add_argument("--cwd", help="working directory on the host")
     run.add_argument("--session",
                      help="session id: the call runs on the session's host, in its cwd, with "
@@ -782,7 +938,7 @@ def _add_run_command(sub: Any) -> argparse.ArgumentParser:
     return run
 
 
-def _add_event_commands(sub: Any) -> None:
+def _add_event_commands(sub: SubParsers) -> None:
     """`wait` and `events`: job ends, heard from any client."""
     wait = sub.add_parser("wait", help="wait until a background job ends; exit with its status")
     wait.add_argument("id", help="job id (or the id of the call that started it)")
@@ -792,7 +948,8 @@ def _add_event_commands(sub: Any) -> None:
 
     events = sub.add_parser("events", help="job starts and ends as they happen, fleet-wide")
     events.add_argument("--host", help="only jobs of this host")
-    events.add_argument("--kind", action="append", choices=["started", "ended"])
+    events.add_argument("--kind", action="append", choices=["started", "ended"],
+                        help="only events of this kind (repeatable)")
     events.add_argument("--tag", action="append", metavar="NAME=VALUE",
                         help="only jobs with this tag (repeatable: all of them)")
     events.add_argument("--since", help="an event's seq to resume after, or `all` (every "
@@ -802,62 +959,99 @@ def _add_event_commands(sub: Any) -> None:
     events.set_defaults(func=cmd_events)
 
 
-
-def _add_session_commands(sub: Any, run: argparse.ArgumentParser) -> None:
+def _add_session_commands(sub: SubParsers, run: argparse.ArgumentParser) -> None:
     """`write`, `attach`, and `run`'s options for input: interactive jobs."""
+    from client.attach import DETACH_KEY_FORMAT  # noqa: PLC0415 - small, no dependencies
+
     run.add_argument("--tty", action="store_true",
                      help="run in a terminal (PTY) and attach this one to it (Ctrl-] detaches)")
     run.add_argument("--no-stdin", action="store_true",
                      help="do not forward a piped stdin (default: forwarded to the command)")
     write = sub.add_parser("write", help="send input to an interactive job; show its output")
-    write.add_argument("id")
-    write.add_argument("text", nargs="*", help="the text (a newline is added)")
+    write.add_argument("id", help="job id")
+    write.add_argument("text", nargs="*", help="the text (words joined by spaces; a newline "
+                       "is added); options may come before or after it")
     write.add_argument("-n", "--no-newline", action="store_true", help="add no newline")
-    write.add_argument("--close", action="store_true", help="end the job's input after it")
+    write.add_argument("--close", action="store_true",
+                       help="end the job's input after the text (alone: only end it)")
     write.add_argument("--wait", type=float, default=5.0,
                        help="most seconds to wait for output (default 5)")
-    write.add_argument("--json", action="store_true")
+    write.add_argument("--json", action="store_true", help="print the job's answer as JSON")
     write.set_defaults(func=cmd_write)
 
     attach = sub.add_parser("attach", help="attach this terminal to an interactive job")
-    attach.add_argument("id")
-    attach.add_argument("--detach-key", default="\\x1d",
-                        help="the key that detaches, leaving the job running (default Ctrl-])")
+    attach.add_argument("id", help="job id")
+    attach.add_argument("--detach-key", default="^]", metavar="KEY",
+                        help=f"the key that detaches, leaving the job running (default ^], "
+                        f"Ctrl-]): {DETACH_KEY_FORMAT}".replace("%", "%%"))
     attach.set_defaults(func=cmd_attach)
 
 
-
-def _add_agent_commands(sub: Any) -> None:
+def _add_agent_commands(sub: SubParsers) -> None:
     """`schema` and `mcp`: the dialects as an agent sees them."""
+    dialects = ", ".join(DIALECT_NAMES)
     schema = sub.add_parser("schema", help="print the tool schemas of the dialects as JSON")
-    schema.add_argument("--dialect", help="one dialect (default: all, by name)")
-    schema.add_argument("--style", choices=["anthropic", "openai", "mcp"], default="anthropic",
-                        help="the function-calling API's shape (default: anthropic)")
+    schema.add_argument("--dialect", metavar="DIALECT",
+                        help=f"one dialect: {dialects} (default: all, by name)")
+    schema.add_argument("--style", choices=SCHEMA_STYLES, default="anthropic",
+                        help="the shape of the API that takes the tools: anthropic (Messages "
+                        "API), openai (Chat Completions: type function, function {...}), "
+                        "openai-responses (Responses API: flat, strict false), mcp "
+                        "(tools/list), function (the bare name, description, parameters) "
+                        "(default: anthropic)")
     schema.add_argument("--cwd", help="working directory shown in descriptions (modes)")
     schema.set_defaults(func=cmd_schema)
 
     mcp = sub.add_parser("mcp", help="serve a dialect's tools over MCP (stdio)")
-    mcp.add_argument("--dialect", required=True, help="pipe, modes, pi, claude or native")
+    mcp.add_argument("--dialect", required=True, metavar="DIALECT",
+                     help=f"the dialect served: {dialects}")
     mcp.add_argument("--session", help="session id to create or resume (default: a new one)")
     mcp.add_argument("--host", help="pin the session to this host (default: its first host)")
     mcp.add_argument("--cwd", help="the session's working directory on the host")
     mcp.set_defaults(func=cmd_mcp)
 
 
+def _parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None
+           ) -> tuple[argparse.Namespace, list[str]]:
+    """Parse `argv`; what no option takes is returned (a worker-side command's own).
+
+    `write`'s text may come on both sides of its options (`write J -n abc`): argparse
+    gives the words after an option back unparsed, and they are the text's."""
+    args, rest = parser.parse_known_args(argv)
+    if args.cmd == "write" and rest and not any(word.startswith("-") for word in rest):
+        args.text = [*args.text, *rest]
+        rest = []
+    return args, rest
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `bashfleet` console script."""
     parser = build_parser()
-    args, rest = parser.parse_known_args(argv)
+    args, rest = _parse(parser, argv)
     if args.cmd in WORKER_SIDE:
         return exec_worker_side(args.cmd, rest)
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     if args.cmd == "run" and not args.command:
         parser.error("run: a command is required")
-    from client.errors import BashfleetError  # noqa: PLC0415
+    try:
+        return _dispatch(args)
+    except BrokenPipeError:
+        return _reader_gone()
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    """Run the command; its exit status, with errors said in the CLI's words."""
+    from client.errors import BashfleetError, FleetUnavailable  # noqa: PLC0415
 
     try:
         status: int = args.func(args)
+    except NoFleet as exc:
+        print(f"bashfleet: {exc}", file=sys.stderr)
+        return EXIT_SYSTEM_ERROR
+    except FleetUnavailable as exc:
+        print(f"bashfleet: {exc}\nbashfleet: is the fleet up? {NO_FLEET_HINT}", file=sys.stderr)
+        return EXIT_SYSTEM_ERROR
     except BashfleetError as exc:
         print(f"bashfleet: {exc}", file=sys.stderr)
         return EXIT_SYSTEM_ERROR
@@ -865,8 +1059,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"bashfleet {args.cmd}: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
-        return 130
+        return statuses.INTERRUPTED
     return status
+
+
+def _reader_gone() -> int:
+    """The reader of stdout went away (`bashfleet schema | head`): say nothing, as a
+    command that SIGPIPE ends says nothing, and exit 141 (128 + SIGPIPE) as it does.
+
+    stdout is pointed at /dev/null so the interpreter's last flush at exit does not
+    fail again (Python's own advice for SIGPIPE)."""
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    return statuses.BROKEN_PIPE
 
 
 if __name__ == "__main__":

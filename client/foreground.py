@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any, Literal, TextIO
 
+from client import exit_status
 from client.errors import BashfleetError, UnknownJob
 from worker.wire.models import CallResult, OutputChunk, RunRequest
 
@@ -49,8 +50,8 @@ FOLLOW_SLICE_BYTES = 1 << 20
 #: After SIGTERM, how long the cancelled call's answer is waited for.
 TERM_WAIT_S = 10.0
 #: `run`'s status after Ctrl-C (128 + SIGINT) and after SIGTERM (128 + SIGTERM), as bash's.
-EXIT_INTERRUPTED = 130
-EXIT_TERMINATED = 143
+EXIT_INTERRUPTED = exit_status.INTERRUPTED
+EXIT_TERMINATED = exit_status.TERMINATED
 
 Stream = Literal["stdout", "stderr"]
 

@@ -56,7 +56,13 @@ from mcp_types.jsonrpc import INVALID_PARAMS
 
 from client.dialects import Artifact, Dialect, Runner, SessionState, ToolText
 from client.dialects.base import JobViewer
-from client.errors import BashfleetError, FleetUnavailable, HostUnavailable, UnknownCall
+from client.errors import (
+    BashfleetError,
+    FleetUnavailable,
+    HostUnavailable,
+    UnknownCall,
+    UnknownJob,
+)
 from client.fleet import Fleet, resolve_signing_key, resolve_url
 from client.sessions import RedisSessionStore, ShellStore, validate_session_id
 from client.shells import ShellChange
@@ -181,7 +187,19 @@ class ServerRunner(Runner, Protocol):
 
 
 class CallCancelledError(BashfleetError):
-    """The request was cancelled before its call was sent: nothing ran."""
+    """The request was cancelled: before its call was sent (nothing ran), or while it
+    ran (what it started was stopped)."""
+
+
+def kill_unseen_job(runner: Runner, item_id: str) -> bool:
+    """Kill the job a cancelled request's call started (`item_id`: the job's id, or the
+    call's, which the fleet resolves); False when the call started none."""
+    try:
+        runner.kill_job(KillRequest(id=item_id))
+    except UnknownJob:
+        return False
+    log.info("job of %s killed: its request was cancelled before its id was sent", item_id)
+    return True
 
 
 @dataclass
@@ -250,6 +268,16 @@ class SessionRunner:
             ) from exc
         if own_pin and self._state.host is None and result.host:
             self._state.host = result.host
+        if self._watch is not None and self._watch.cancelled and result.job is not None:
+            # Cancelled while its call ran, and the call went on as a job (a codex
+            # session is one from its start; a call past its timeout moves to the
+            # background): its answer is never sent, so the model never gets the job's
+            # id. Nothing may be left running out of its reach.
+            kill_unseen_job(self._runner, result.job.id)
+            raise CallCancelledError(
+                f"the request was cancelled; job {result.job.id}, which its call started, "
+                "was killed"
+            )
         return result
 
     def check_job(self, request: CheckRequest) -> CheckResult:
@@ -446,7 +474,9 @@ class ToolServer:
     # ------------------------------------------------------------- cancel, progress
 
     def cancel(self, watch: CallWatch) -> None:
-        """Stop what a cancelled request started: its call, withdrawn or killed.
+        """Stop what a cancelled request started: its call, withdrawn or killed, and a
+        job it went on as (`SessionRunner.execute` kills one that comes with the call's
+        answer; here, one whose call had ended before the cancel came).
 
         The call's record may not be written yet (the request was cancelled while its
         call was being sent): try again until it is, or until the tool call is over.
@@ -458,7 +488,10 @@ class ToolServer:
         while True:
             try:
                 runner, _ = self._backend.connect()
-                runner.cancel(call_id)
+                if not runner.cancel(call_id):
+                    # It had ended, but its answer was not sent yet: a job it started
+                    # (codex's session, a backgrounded call) has an id nobody will see.
+                    kill_unseen_job(runner, call_id)
                 log.info("call %s cancelled: its request was cancelled", call_id)
                 return
             except UnknownCall:

@@ -31,7 +31,11 @@ removed, whatever the limits:
 
 `scan()` takes the snapshot of this host; `execute()` removes a plan's files, checking
 each group again first (a group touched since the plan was made is left alone).
-`gc_command()` is `bashfleet gc`.
+`gc_command()` is `bashfleet gc`: it collects the configured state directory and, under
+it, each host directory of a local fleet (`bashfleet up` gives host H the state
+directory `<state>/hosts/H`, where its spill and job files are), each with its own plan
+and limits as that host's own `gc` would (`gc --dry-run` said "0 B known" while a local
+fleet's files filled those).
 """
 
 from __future__ import annotations
@@ -511,6 +515,18 @@ def _print_text(state_dir: Path, done_plan: Plan, outcome: Outcome | None) -> No
             print(f"could not remove {removal.path}: {error}", file=sys.stderr)
 
 
+def state_dirs(settings: Settings) -> list[Settings]:
+    """The settings of each state directory `gc` collects: the configured one, then
+    those of a local fleet's hosts under it (`<state>/hosts/<host>`), by host id."""
+    hosts = settings.state_dir / "hosts"
+    try:
+        found = sorted(entry for entry in hosts.iterdir()
+                       if entry.is_dir() and not entry.is_symlink())
+    except OSError:  # no local fleet here
+        found = []
+    return [settings] + [settings.model_copy(update={"state_dir": path}) for path in found]
+
+
 def gc_command(
     settings: Settings,
     *,
@@ -519,17 +535,43 @@ def gc_command(
     max_age_s: float | None = None,
     max_bytes: int | None = None,
 ) -> int:
-    """`bashfleet gc`: plan, print, remove unless `dry_run`; 1 when a removal failed."""
-    limits = RetentionPolicy.from_settings(settings, max_age_s=max_age_s, max_bytes=max_bytes)
-    done_plan = plan(scan(settings), limits)
-    outcome = None if dry_run else execute(done_plan)
-    if not dry_run:
-        drop_empty_outputs(settings)
+    """`bashfleet gc`: plan, print, remove unless `dry_run`, for each state directory
+    (`state_dirs`); 1 when a removal failed.
+
+    `--json` prints the configured directory's report, with `hosts`: the reports of the
+    local fleet's host directories, and `all_total_bytes` / `all_remaining_bytes` over
+    all of them."""
+    reports: list[dict[str, object]] = []
+    failed = False
+    for index, each in enumerate(state_dirs(settings)):
+        limits = RetentionPolicy.from_settings(each, max_age_s=max_age_s, max_bytes=max_bytes)
+        done_plan = plan(scan(each), limits)
+        outcome = None if dry_run else execute(done_plan)
+        if not dry_run:
+            drop_empty_outputs(each)
+        failed = failed or bool(outcome is not None and outcome.errors)
+        reports.append(report(each.state_dir, done_plan, outcome))
+        if not as_json:
+            if index == 1:
+                print("\nthe local fleet's hosts:")
+            _print_text(each.state_dir, done_plan, outcome)
     if as_json:
-        print(json.dumps(report(settings.state_dir, done_plan, outcome), indent=2))
-    else:
-        _print_text(settings.state_dir, done_plan, outcome)
-    return 1 if outcome is not None and outcome.errors else 0
+        main, *hosts = reports
+        print(json.dumps({
+            **main, "hosts": hosts,
+            "all_total_bytes": sum(_bytes(r, "total_bytes") for r in reports),
+            "all_remaining_bytes": sum(_bytes(r, "remaining_bytes") for r in reports),
+        }, indent=2))
+    elif len(reports) > 1:
+        total = sum(_bytes(r, "total_bytes") for r in reports)
+        left = sum(_bytes(r, "remaining_bytes") for r in reports)
+        print(f"\nall {len(reports)} directories: {_size(total)} known, {_size(left)} after")
+    return 1 if failed else 0
+
+
+def _bytes(data: dict[str, object], key: str) -> int:
+    value = data[key]
+    return value if isinstance(value, int) else 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -538,7 +580,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="bashfleet gc", description="Remove old spill and job files of this machine's worker."
     )
     parser.add_argument("--dry-run", action="store_true", help="only show what would be removed")
-    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--json", action="store_true", help="print the plan (and what was "
+                        "removed) as JSON")
     parser.add_argument("--max-age", type=float, metavar="S",
                         help="seconds (default: BASHFLEET_RETENTION_MAX_AGE_S, 7 days)")
     parser.add_argument("--max-bytes", type=int, metavar="N",

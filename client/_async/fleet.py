@@ -613,6 +613,15 @@ class AsyncFleet:
         request = DetachRequest(call_id=call_id)
         return (await self._control(record["host"], request, DetachResult)).detached
 
+    async def call_host(self, call_id: str) -> str | None:
+        """The host a call runs (or ran) on; None while it waits in a queue for any host,
+        or when the call is unknown (`bashfleet run`'s spinner names it once known).
+        Read from the call record's host field as control calls route by it: a name to
+        show, not a verified claim."""
+        if not names.valid_id(call_id):
+            return None
+        return (await self._r(records.call_record, call_id)).get("host") or None
+
     async def jobs(
         self, host: str | None = None, *, all_owners: bool = False,
         tags: Mapping[str, str] | None = None, owner: str | None = None,

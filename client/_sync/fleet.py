@@ -615,6 +615,15 @@ class Fleet:
         request = DetachRequest(call_id=call_id)
         return (self._control(record["host"], request, DetachResult)).detached
 
+    def call_host(self, call_id: str) -> str | None:
+        """The host a call runs (or ran) on; None while it waits in a queue for any host,
+        or when the call is unknown (`bashfleet run`'s spinner names it once known).
+        Read from the call record's host field as control calls route by it: a name to
+        show, not a verified claim."""
+        if not names.valid_id(call_id):
+            return None
+        return (self._r(records.call_record, call_id)).get("host") or None
+
     def jobs(
         self, host: str | None = None, *, all_owners: bool = False,
         tags: Mapping[str, str] | None = None, owner: str | None = None,

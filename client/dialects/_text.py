@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import signal
 
+from client import exit_status
 from worker.wire.models import CallResult, CheckResult, ProcessInfo, SystemError_, TruncationInfo
 
 #: The line the engine appends to every job's output file when the job ends (seed 001's
@@ -27,11 +28,9 @@ def signal_label(number: int) -> str:
 
 def shell_status(exit_code: int | None, signal_number: int | None) -> int | None:
     """The status bash reports (`$?`): the exit code, or 128+N for a signal."""
-    if exit_code is not None:
-        return exit_code
-    if signal_number is not None:
-        return 128 + signal_number
-    return None
+    if exit_code is None and signal_number is None:
+        return None
+    return exit_status.of_process(exit_code, signal_number)
 
 
 def chomp(text: str) -> str:
@@ -52,6 +51,9 @@ def shown_lines_phrase(info: TruncationInfo) -> str:
         case "middle" if len(info.shown_ranges) == 2:
             (a, b), (c, d) = info.shown_ranges
             return f"lines {a}-{b} and {c}-{d} of {info.total_lines}"
+        case "middle" if len(info.shown_ranges) == 1:  # a `head` then `tail` range
+            ((a, b),) = info.shown_ranges
+            return f"lines {a}-{b} of {info.total_lines}"
         case "head":
             return f"the first {info.shown_lines} of {info.total_lines} lines"
     return f"the last {info.shown_lines} of {info.total_lines} lines"

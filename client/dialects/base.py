@@ -43,7 +43,11 @@ from worker.wire.models import (
 )
 
 JSONSchema = dict[str, Any]
-SchemaStyle = Literal["anthropic", "openai", "mcp"]
+SchemaStyle = Literal["anthropic", "openai", "openai-responses", "mcp", "function"]
+#: Every style, in the order `bashfleet schema --help` lists them.
+SCHEMA_STYLES: tuple[SchemaStyle, ...] = (
+    "anthropic", "openai", "openai-responses", "mcp", "function",
+)
 
 
 @dataclass(frozen=True)
@@ -55,17 +59,37 @@ class ToolSpec:
     input_schema: JSONSchema = field(default_factory=dict)
 
     def as_json(self, style: SchemaStyle = "anthropic") -> dict[str, Any]:
-        """The spec in a function-calling API's shape.
+        """The spec in the shape a function-calling API takes in its `tools` list.
 
-        `anthropic`: `input_schema`; `openai`: `parameters` (seed 000's own shape);
-        `mcp`: `inputSchema`. The schema is deep-copied: callers may mutate it.
+        - `anthropic`: Anthropic's Messages API, `{name, description, input_schema}`.
+        - `openai`: OpenAI's Chat Completions API, `{"type": "function", "function":
+          {name, description, parameters}}`.
+        - `openai-responses`: OpenAI's Responses API, `{"type": "function", name,
+          description, parameters, "strict": false}`: flat, and `strict` said, since the
+          Responses API defaults it to true, which takes only schemas whose every property
+          is required (ours have optional ones).
+        - `mcp`: an MCP `tools/list` entry, `{name, description, inputSchema}`.
+        - `function`: the bare function, `{name, description, parameters}` (seed 000's
+          own shape; Chat Completions' inner `function`; Gemini's function declaration).
+
+        The schema is deep-copied: callers may mutate it.
         """
-        key = {"anthropic": "input_schema", "openai": "parameters", "mcp": "inputSchema"}[style]
-        return {
-            "name": self.name,
-            "description": self.description,
-            key: copy.deepcopy(self.input_schema),
-        }
+        schema = copy.deepcopy(self.input_schema)
+        function = {"name": self.name, "description": self.description, "parameters": schema}
+        match style:
+            case "anthropic":
+                return {"name": self.name, "description": self.description,
+                        "input_schema": schema}
+            case "mcp":
+                return {"name": self.name, "description": self.description,
+                        "inputSchema": schema}
+            case "openai":
+                return {"type": "function", "function": function}
+            case "openai-responses":
+                return {"type": "function", **function, "strict": False}
+            case "function":
+                return function
+        raise ValueError(f"unknown schema style {style!r}; known: {', '.join(SCHEMA_STYLES)}")
 
 
 @dataclass(frozen=True)

@@ -19,9 +19,12 @@ A named `session` is a fleet session (`client.shells`): a shell that lives on in
 between calls, whoever makes them (another agent, `bashfleet run --session NAME`). Each
 call of it reports the state it ended in (`cwd_after`, exported and unset variables) and
 the next one starts there, on the same host; an explicit `cwd` holds for its call only.
-Without a session, calls are stateless. A command the session already
-ran in the last 10 minutes gets a note saying which call ran it and where its output is,
-so a model that only wants the part that was cut can read it instead of running again.
+Without a session, calls are stateless. Notes say only what changed (tokens count on
+every call): the session's line comes when the call moved its directory or exported or
+unset a variable. A command the session already ran in the last 10 minutes, whose
+output was cut (or went on as a job), gets a note saying which call ran it and where its
+output is, so a model that only wants the part that was cut can read it instead of
+running again; a rerun whose earlier output was shown whole gets none.
 
     exit code: 2
     host build-3 · call c0ffee · 41.20s · cwd /src/app
@@ -162,7 +165,8 @@ BASH_SCHEMA = {
         "host": {"type": "string", "description": "Host id of the worker to run on"},
         "session": {
             "type": "string",
-            "description": "Fleet session id: cwd, environment and host carried between calls",
+            "description": "Fleet session id: cwd, environment and host carried between calls "
+            "(not a background job's changes)",
         },
         "stdin": {
             "type": "boolean",
@@ -305,8 +309,13 @@ def _ago(seconds_ago: float) -> str:
     return f"{whole}s" if whole < 60 else f"{whole // 60}m {whole % 60}s"
 
 
-def _already_ran(earlier: RunRecord, now: float) -> str:
-    """The hint that the same command ran moments ago, and where its output is."""
+def _already_ran(earlier: RunRecord, now: float) -> str | None:
+    """The hint that the same command ran moments ago and where its output is; None when
+    it would not help: the earlier output was shown whole (nothing more to read), so the
+    run is a rerun the model meant (tests again after an edit), and every token of a note
+    on every such call is wasted."""
+    if earlier.job_id is None and earlier.spill_path is None:
+        return None
     if earlier.exit_code is not None:
         ended = f"exit code {earlier.exit_code}"
     elif earlier.signal is not None:
@@ -319,27 +328,23 @@ def _already_ran(earlier: RunRecord, now: float) -> str:
     )
     if earlier.job_id is not None:
         return text + f"; it went on as job {earlier.job_id}: bash_check id={earlier.job_id}"
-    if earlier.spill_path is not None:
-        where = _where(earlier.spill_path, earlier.host)
-        return text + f"; its full output: bash_output id={earlier.call_id} ({where})"
-    return text + "; its output was shown whole"
+    where = _where(earlier.spill_path or "", earlier.host)
+    return text + f"; its full output: bash_output id={earlier.call_id} ({where})"
 
 
-def _shell_report(name: str, result: CallResult, cwd_given: bool) -> str:
-    """Where the named session's next call starts, and what the call changed."""
-    if not result.cwd_after:
-        # A job, or a command that replaced its shell: its final state is unknown.
-        return f"session {name}: state unchanged; its next call starts where its last one ended"
-    if cwd_given and result.cwd_after == result.cwd:
-        text = (f"session {name}: ran in {result.cwd_after} (this call's cwd); its next call "
-                "starts in the session's own directory")
-    else:
-        text = f"session {name}: ended in {result.cwd_after}; its next call starts there"
+def _shell_report(name: str, result: CallResult) -> str | None:
+    """What the call changed in the named session: the directory it moved to (where the
+    next call starts), the variables it exported or unset. None when it changed nothing
+    (a job's changes are never kept: its end comes after later calls), so a call that
+    only ran says nothing about the session."""
+    changes = []
+    if result.cwd_after and result.cwd_after != result.cwd:
+        changes.append(f"ended in {result.cwd_after}; its next call starts there")
     if result.env_changes:
-        text += "; exported: " + ", ".join(sorted(result.env_changes))
+        changes.append("exported: " + ", ".join(sorted(result.env_changes)))
     if result.env_removed:
-        text += "; unset: " + ", ".join(result.env_removed)
-    return text
+        changes.append("unset: " + ", ".join(result.env_removed))
+    return f"session {name}: " + "; ".join(changes) if changes else None
 
 
 def job_news(runner: GuardedRunner, session: SessionState) -> str | None:
@@ -467,8 +472,9 @@ class NativeDialect(Dialect):
         if system_failure(result) is not None:
             return text  # nothing ran: nothing to remember
         notes = self._remember(command, result, session, sent_at)
-        if name is not None:
-            notes.insert(0, _shell_report(name, result, cwd_given=cwd is not None))
+        report = _shell_report(name, result) if name is not None else None
+        if report is not None:
+            notes.insert(0, report)
         return ToolText("\n\n".join([text.text, *notes]), is_error=text.is_error)
 
     def _remember(
@@ -483,8 +489,9 @@ class NativeDialect(Dialect):
             session.shown_until(result.job.id, result)
         earlier = self._earlier_run(command, session, sent_at)
         self._record(command, result, session, sent_at)
-        if earlier is not None:
-            notes.append(_already_ran(earlier, sent_at))
+        hint = _already_ran(earlier, sent_at) if earlier is not None else None
+        if hint is not None:
+            notes.append(hint)
         return notes
 
     def _earlier_run(self, command: str, session: SessionState, now: float) -> RunRecord | None:

@@ -13,8 +13,13 @@ has none by default; whoever builds the dialect for a pi agent passes the rules 
 agent's tool names (`PiDialect(intercept=rules, available_tools=("read", "grep", ...))`).
 
 Result text, as seed 002's `BashTool` shapes it:
-- the output (head/tail applied), `(no output)` when empty;
-- when cut: `\\n\\n[Showing lines A-B of T (50.0KB limit). Full: artifact://<id>]`. The
+- the output (head/tail applied), `(no output)` when empty. `head` is the first lines of
+  the whole output and `tail` its last (head first, then tail of what head kept), read
+  from the full output wherever they are, not from the 50 KB tail kept in view
+  (`seq 1 100000` with `head: 3` shows 1, 2, 3);
+- when the output was larger than 50 KB (as seed 002's sink, which then keeps the
+  artifact): `\\n\\n[Showing lines A-B of T (50.0KB limit). Full: artifact://<id>]`,
+  the lines shown exactly (`(50.0KB limit)` only when that limit cut what is shown). The
   artifact id is the call id: the full output is the call's spill file on the host that
   ran it. The session lists it, and the MCP server serves it as a resource
   (`resources/list`, `resources/read` of `artifact://<id>`), read through the fleet;
@@ -139,6 +144,8 @@ def truncation_notice(info: TruncationInfo | None, artifact_id: str | None) -> s
     """Pi's meta notice: `\\n\\n[Showing lines A-B of T (50.0KB limit). Full: artifact://ID]`."""
     if info is None or not info.truncated:
         return ""
+    if info.limit != "bytes" and info.total_bytes <= MAX_BYTES:
+        return ""  # `head`/`tail` of an output the sink kept whole: nothing to add
     if info.shown_ranges:
         start, end = info.shown_ranges[0]
         notice = f"Showing lines {start}-{end} of {info.total_lines}"
@@ -172,6 +179,8 @@ class PiDialect(Dialect):
             max_timeout_s=MAX_TIMEOUT_S,
             on_timeout="kill",
             lift_head_tail=True,
+            # Seed 002 keeps an artifact only for an output past its in-memory 50 KB.
+            spill_min_bytes=MAX_BYTES,
             intercept=self._intercept,
             available_tools=self._available_tools,
         )

@@ -67,6 +67,8 @@ class Cli:
         self.env["BASHFLEET_STATE_DIR"] = str(state_dir)
         self.env.pop("BASHFLEET_REDIS_URL", None)
         self.state_dir = state_dir
+        self.up_stdout = ""
+        """What `bashfleet up` printed (`local_fleet`)."""
 
     def __call__(
         self, *args: str, timeout: float = 60.0, input: str | None = None
@@ -90,6 +92,7 @@ def local_fleet(state_dir: Path, *up_args: str) -> Iterator[Cli]:
     (and whatever it recorded killed by pid, should `down` fail)."""
     cli = Cli(state_dir)
     up = cli("up", *up_args, "--detach", timeout=120)
+    cli.up_stdout = up.stdout
     try:
         assert up.returncode == 0, up.stderr + up.stdout
         yield cli

@@ -411,6 +411,33 @@ async def test_a_cancelled_request_cancels_its_call(fleet: Cli, dialect: str) ->
              "the slot to be freed")
 
 
+@pytest.mark.anyio
+@pytest.mark.parametrize("tty", [False, True])
+async def test_a_cancelled_codex_exec_command_leaves_nothing_running(
+    fleet: Cli, tty: bool
+) -> None:
+    """#22 point 3: a cancelled `exec_command` left its process running as a job the model
+    never got a session id for (the other five dialects cleaned up)."""
+    seconds = f"6{uuid.uuid4().int % 10**6:06d}"
+    async with mcp(fleet, "codex") as client:
+        with anyio.move_on_after(60) as scope:
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(client.call_tool, "exec_command", {
+                    "cmd": f"sleep {seconds}", "yield_time_ms": 20000, "tty": tty,
+                })
+                await anyio.to_thread.run_sync(
+                    lambda: wait_for(lambda: sleeping(seconds), "the command to run")
+                )
+                tasks.cancel_scope.cancel()  # the client gives up on the request
+        assert not scope.cancelled_caught
+        # Killed once the session's first answer (its yield) comes back to the server.
+        wait_for(lambda: not sleeping(seconds), "the command to be killed", timeout=60)
+        text, error = await call(client, "exec_command", {"cmd": "echo still here"})
+        assert not error and "still here" in text
+    assert not [job for job in json.loads(fleet("ps", "--all", "--json").stdout)
+                if seconds in job["command"] and job.get("state") != "ended"]
+
+
 # --------------------------------------------------- sessions, hints, texts (issue #13)
 
 

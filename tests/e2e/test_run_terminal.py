@@ -217,3 +217,50 @@ def test_concurrent_calls_of_a_session_never_lose_a_cd(fleet: Cli, tmp_path: Pat
     after = fleet("run", "--session", session, "pwd; echo $A$B$C")
     assert after.stdout == "/tmp\n123\n", after.stderr
 
+
+
+def test_the_spinner_names_the_host_and_is_gone_after_ctrl_c(fleet: Cli) -> None:
+    """#22 point 14: at a terminal the spinner said "running on any host" for a call that
+    ran on a host, and its line stayed after Ctrl-C."""
+    import select  # noqa: PLC0415
+    import time  # noqa: PLC0415
+
+    seconds = unique_seconds()
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([*bashfleet_command(), "run", f"sleep {seconds}"], env=fleet.env,
+                            stdin=subprocess.DEVNULL, stdout=slave, stderr=slave)
+    os.close(slave)
+    shown = b""
+
+    def read_for(check: Any, seconds_left: float = 30.0) -> None:
+        nonlocal shown
+        deadline = time.monotonic() + seconds_left
+        while not check(shown):
+            assert time.monotonic() < deadline, shown[-600:]
+            if select.select([master], [], [], 0.2)[0]:
+                try:
+                    shown += os.read(master, 65536)
+                except OSError:  # the process ended and closed its side
+                    return
+
+    try:
+        read_for(lambda seen: f"running on {HOST}".encode() in seen)
+        assert b"any host" not in shown
+        wait_for(lambda: sleeping(seconds), "the command to run")
+        proc.send_signal(signal.SIGINT)
+        read_for(lambda seen: b"[call cancelled" in seen)
+        assert proc.wait(30) == 130
+        while select.select([master], [], [], 0.2)[0]:  # what it wrote before it ended
+            try:
+                shown += os.read(master, 65536)
+            except OSError:
+                break
+        after = shown.split(b"^C: cancelling call", 1)[1]
+        # Cleared before the notice, never drawn again after it.
+        assert shown.split(b"^C: cancelling call", 1)[0].rstrip(b"\r\n").endswith(b"\x1b[K")
+        assert b"running on" not in after, after
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        os.close(master)

@@ -386,6 +386,23 @@ def test_a_running_call_goes_on_as_a_job(two_hosts: Hosts, client: Fleet,
     client.kill(result.job.id)
 
 
+def test_call_host_names_the_host_once_a_worker_took_the_call(
+    two_hosts: Hosts, client: Fleet, redis_client: redis.Redis
+) -> None:
+    """What `bashfleet run`'s spinner shows (#22 point 14): None for an id no call has
+    (or that cannot be one), the host once a worker claimed the call."""
+    call_id = _new_id("c")
+    assert client.call_host(call_id) is None
+    assert client.call_host("not an id!") is None
+    thread, _ = _run_in_thread(client, "sleep 30", call_id)
+    try:
+        wait_for(lambda: _state(redis_client, call_id) == "running", 10, "the claim")
+        assert client.call_host(call_id) == "alpha"  # where `_run_in_thread` sends it
+    finally:
+        client.cancel(call_id)
+        thread.join(10)
+
+
 # ------------------------------------------------------------------------ whole output
 
 

@@ -212,6 +212,15 @@ def test_bash_output_filter(conform: Conformance) -> None:
     assert "banana" not in output(conform, bash_id, session).text
 
 
+def test_bash_output_filter_anchors_at_line_ends(conform: Conformance) -> None:
+    """#22 point 2: a filter ending in `$` never matched (lines kept their newline)."""
+    session = conform.session()
+    bash_id = start(conform, "seq 1 30", session)
+    filtered = poll(lambda: output(conform, bash_id, session, filter="0$"),
+                    lambda t: "completed" in t.text, "the job to complete")
+    assert stdout_of(filtered) == "10\n20\n30"
+
+
 def test_kill_bash_terminates_the_process_group(conform: Conformance) -> None:
     """US2 AS3: "When `KillBash` is called with its ID, Then the process MUST be
     terminated"; edge case: "terminate the entire process group to avoid leaving orphan

@@ -166,6 +166,21 @@ def test_background_mode_check_grep_offset_and_kill(conform: Conformance) -> Non
     wait_gone([int(found.group(2))])
 
 
+def test_bash_check_and_output_grep_anchor_at_line_ends(conform: Conformance) -> None:
+    """#22 point 2: a `grep` ending in `$` never matched (lines kept their newline)."""
+    session = conform.session()
+    text = bash(conform, {"command": "seq 1 30", "mode": "background"}, session)
+    found = re.match(r"started in background as job (\S+) ", text.text)
+    assert found is not None, text.text
+    job = found.group(1)
+    checked = poll(lambda: call(conform, "bash_check", {"id": job, "grep": "0$", "offset": 0},
+                                session),
+                   lambda t: "exited" in t.text or "ended" in t.text, "the job's end")
+    assert "10\n20\n30\n" in checked.text and "\n11\n" not in checked.text, checked.text
+    sliced = call(conform, "bash_output", {"id": job, "grep": "^2.$"}, session)
+    assert "".join(f"{n}\n" for n in range(20, 30)) in sliced.text, sliced.text
+
+
 def test_kill_ends_processes_that_left_the_group(conform: Conformance) -> None:
     """`bash_kill`: "SIGTERM to its process group, SIGKILL after a grace period, then every
     process it started, even those that left the group"."""
@@ -193,7 +208,8 @@ def test_sessions_are_optional_and_report_the_final_cwd(conform: Conformance) ->
         f"\n\nsession {name}: ended in {sub}; its next call starts there; exported: NAT_VALUE"
     ), first.text
     second = bash(conform, {"command": 'pwd; echo "$NAT_VALUE"', "session": name}, session)
-    assert f"\n\nstdout:\n{sub}\n1\n\nsession {name}: ended in {sub}" in second.text, second.text
+    # It changed nothing: no word about the session (#22 point 26).
+    assert second.text.endswith(f"\n\nstdout:\n{sub}\n1"), second.text
     stateless = bash(conform, {"command": 'pwd; echo "${NAT_VALUE-unset}"'}, session)
     assert stateless.text.endswith(f"\n\nstdout:\n{conform.workdir}\nunset")
     assert conform.fleet.last.host == HOST

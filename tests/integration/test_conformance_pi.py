@@ -112,6 +112,20 @@ def test_explicit_head_and_tail_win(conform: Conformance) -> None:
     assert bash(conform, {"command": "seq 1 10", "head": 6, "tail": 2}) == ToolText("5\n6\n")
 
 
+def test_head_shows_the_first_lines_of_the_whole_output(conform: Conformance) -> None:
+    """#22 point 11, replayed: `head: 3` on `seq 1 100000` showed lines 91468-91470
+    (the head of the 50 KB tail) under a notice about that tail. Head is the first lines
+    of the whole output, tail its last, and the notice says exactly which are shown."""
+    text = bash(conform, {"command": "seq 1 100000", "head": 3})
+    artifact = conform.fleet.last.call_id
+    assert text == ToolText(f"1\n2\n3\n\n\n[Showing lines 1-3 of 100000. Full: artifact://{artifact}]")
+    lifted = bash(conform, {"command": "seq 1 100000 | head -n 2"})
+    assert lifted.text.startswith("1\n2\n\n\n[Showing lines 1-2 of 100000. Full: artifact://")
+    both = bash(conform, {"command": "seq 1 100000", "head": 50000, "tail": 2})
+    assert both.text.startswith("49999\n50000\n\n\n[Showing lines 49999-50000 of 100000.")
+    assert conform.read_all(artifact).startswith("1\n2\n3\n4\n")
+
+
 # ------------------------------------------------------------------------------ cwd
 
 

@@ -45,7 +45,7 @@ def stream(text: str, name: str) -> str:
 
 def test_tool_schema(conform: Conformance) -> None:
     """Tool Schema: one `bash` tool with `command`, `timeout` (ms), `check_pid`, `kill_pid`."""
-    spec = PIPE.tools()[0].as_json("openai")
+    spec = PIPE.tools()[0].as_json("function")  # the seed's own shape
     assert spec["name"] == "bash"
     assert list(spec["parameters"]["properties"]) == ["command", "timeout", "check_pid", "kill_pid"]
     assert "(default: 120000)" in spec["parameters"]["properties"]["timeout"]["description"]

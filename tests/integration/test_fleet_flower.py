@@ -71,15 +71,17 @@ def test_flower_lists_the_hosts_and_the_calls(
     def both_hosts() -> set[str] | None:
         workers = _try_get(f"{flower}/api/workers?status=1")
         names = set(workers or ())
-        return names if {"exec@alpha", "exec@beta"} <= names else None
+        return names if {"calls@alpha", "calls@beta"} <= names else None
 
+    # #22 point 12: named for what they do (they were `exec@` and `ctl@`, with no hint).
     names = wait_for(both_hosts, 60, "Flower to list both hosts", interval=0.5)
-    assert {"ctl@alpha", "ctl@beta"} <= names
+    assert {"control@alpha", "control@beta"} <= names
 
     # Calls made while Flower watches show up in its task list, by call id.
     ids = {f"cflower{uuid.uuid4().hex[:8]}": host for host in ("alpha", "beta")}
     for call_id, host in ids.items():
-        result = fleet.run("echo seen", host=host, call_id=call_id, env={"CALL_ONLY": "v4lue-x9"})
+        result = fleet.run("echo seen v4lue-x9", host=host, call_id=call_id,
+                           env={"CALL_ONLY": "v4lue-x9"})
         assert result.exit_code == 0
 
     def listed() -> dict[str, Any] | None:
@@ -90,13 +92,12 @@ def test_flower_lists_the_hosts_and_the_calls(
     tasks = wait_for(listed, 30, "Flower to list the calls", interval=0.3)
     for call_id, host in ids.items():
         assert tasks[call_id]["name"] == "bashfleet.exec"
-        assert tasks[call_id]["worker"] == f"exec@{host}"
+        assert tasks[call_id]["worker"] == f"calls@{host}"
         # Its result column says how it ended (the answer itself went to the caller).
         assert "exit 0" in tasks[call_id]["result"]
-        # Its arguments are redacted: neither the command (it may carry a token inline)
-        # nor the call's env (it may hold secrets) is shown; the cwd and size are.
-        assert "echo seen" not in tasks[call_id]["args"]
-        assert "<redacted: 9 chars>" in tasks[call_id]["args"]
+        # #22 point 12: its command shows (a person tells calls apart), with the values
+        # of secrets redacted (here one of the call's own env); the env never shows.
+        assert "'command': 'echo seen [REDACTED]'" in tasks[call_id]["args"]
         assert "v4lue-x9" not in json.dumps(tasks[call_id])
 
 
@@ -147,7 +148,7 @@ def test_failed_calls_are_failures_in_flower_with_their_reason(
         task = wait_for(lambda i=ids[name]: _task_when(flower, i, "FAILURE"), 30,  # type: ignore[misc]
                         f"{name} to show as FAILURE", interval=0.3)
         assert task["exception"] == f"CallFailed({reason!r})"
-        assert task["name"] == "bashfleet.exec" and task["worker"] == "exec@alpha"
+        assert task["name"] == "bashfleet.exec" and task["worker"] == "calls@alpha"
 
     # A success: its arguments, once it ended, say where it ran and in which session.
     done_id = f"cok{uuid.uuid4().hex[:8]}"
@@ -159,7 +160,7 @@ def test_failed_calls_are_failures_in_flower_with_their_reason(
                     interval=0.3)
     args = task["args"]
     assert f"'cwd': '{tmp_path}'" in args and "'dialect': 'native'" in args
-    assert "'session': 'fs" in args and "'job': None" in args and "cd /tmp" not in args
+    assert "'session': 'fs" in args and "'job': None" in args and "'command': 'cd /tmp'" in args
 
     # What OPERATIONS.md says to alert on.
     def counted() -> float | None:
@@ -186,14 +187,62 @@ def test_background_jobs_are_tasks_in_flower(
     for job in (ok, bad):
         running = wait_for(lambda j=job.id: _task_when(flower, j, "STARTED"), 30,  # type: ignore[misc]
                            "the job to show as started", interval=0.3)
-        assert running["name"] == "bashfleet.job" and running["worker"] == "exec@beta"
-        assert f"'pid': {job.pid}" in running["args"] and "sleep 3" not in running["args"]
+        assert running["name"] == "bashfleet.job" and running["worker"] == "jobs@beta"
+        assert f"'pid': {job.pid}" in running["args"] and "sleep 3" in running["args"]
     ended = wait_for(lambda: _task_when(flower, ok.id, "SUCCESS"), 30, "exit 0 to succeed",
                      interval=0.3)
     assert ended["runtime"] >= 2.5
     failed = wait_for(lambda: _task_when(flower, bad.id, "FAILURE"), 30, "exit 3 to fail",
                       interval=0.3)
     assert failed["exception"] == "JobFailed('exit 3')"
+
+
+def _post(url: str) -> tuple[int, str]:
+    token = base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode()
+    request = urllib.request.Request(  # noqa: S310 - only the local Flower's http:// URL
+        url, data=b"", method="POST", headers={"Authorization": f"Basic {token}"})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:  # noqa: S310
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def _page(url: str) -> str:
+    token = base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode()
+    request = urllib.request.Request(url, headers={"Authorization": f"Basic {token}"})  # noqa: S310
+    with urllib.request.urlopen(request, timeout=10) as response:  # noqa: S310
+        return str(response.read().decode())
+
+
+def test_a_running_job_is_active_and_flower_offers_no_control_that_would_lie(
+    two_hosts: tuple[WorkerProcess, WorkerProcess], flower: str, fleet: Fleet
+) -> None:
+    """#22 point 12: a running background job was not counted as Active; "Terminate"
+    answered "Revoked" and the job kept running (Celery's remote control is off). The
+    host's `jobs@` worker counts its running jobs; Flower is read-only: it offers no
+    Revoke or Terminate, and its API refuses them, so nothing says "Revoked"."""
+    wait_for(lambda: _try_get(f"{flower}/api/workers?status=1"), 60, "Flower", interval=0.5)
+    job = fleet.run("sleep 60", host="beta", mode="background").job
+    assert job is not None
+    try:
+        wait_for(lambda: _task_when(flower, job.id, "STARTED"), 30, "the job to start",
+                 interval=0.3)
+
+        def active_jobs() -> int | None:
+            workers = (_try_get(f"{flower}/workers?json=1") or {}).get("data", [])
+            found = [w.get("active") for w in workers if w.get("hostname") == "jobs@beta"]
+            return found[0] if found and found[0] else None
+
+        assert wait_for(active_jobs, 30, "jobs@beta to count the job as Active",
+                        interval=0.5) >= 1
+        status, body = _post(f"{flower}/api/task/revoke/{job.id}?terminate=true")
+        assert status == 403 and "Revoked" not in body, (status, body)
+        page = _page(f"{flower}/task/{job.id}")
+        assert job.id in page and "Terminate" not in page and "Revoke" not in page
+        assert fleet.check(job.id).running, "nothing claimed to stop it, and it runs on"
+    finally:
+        fleet.kill(job.id)
 
 
 def _png_size(path: Path) -> tuple[int, int]:

@@ -113,8 +113,10 @@ def test_no_planted_secret_leaks(
             if path:
                 sliced, _, _ = read_slice(Path(path), 0, 1 << 20, pattern)
                 leaked += [(command, secret) for secret in _leaks(sliced)]
-    # A background job printing them, checked later from its record.
-    job = engine.run(_commands(files)[0], background=True)
+    # A background job printing them (its environment is scrubbed and the files hidden:
+    # the command spells each value out, one a line), checked later.
+    printed = "env; printf '%s\\n' " + " ".join(f"'{v}'" for v in ENV_SECRETS.values())
+    job = engine.run(printed, background=True)
     assert job.job is not None
     record = load_record(job.job.id, settings)
     wait_until(lambda: not check_job(record, settings=settings).running, what="the job's end")
@@ -125,5 +127,7 @@ def test_no_planted_secret_leaks(
         print(f"\nsecret leaks: {len(leaked)} of {len(ATTEMPTS) + 1} attempts "
               f"({shown} characters shown)")
     assert shown > 0
-    assert redacted >= len(ENV_SECRETS)  # the secrets were there, and were redacted
+    # The secrets were there and were redacted. (Before #22 point 21 this passed on CA
+    # bundle paths from `env`, blanked by the `AWS_*` rule, not on secrets.)
+    assert redacted >= len(ENV_SECRETS)
     assert leaked == []

@@ -175,7 +175,7 @@ def test_flower_through_sentinel(cluster: Cluster, tmp_path: Path) -> None:
             start_new_session=True,
         )
     try:
-        wanted = {"exec@sentinel-host", "ctl@sentinel-host"}
+        wanted = {"calls@sentinel-host", "control@sentinel-host"}  # worker.fleet.flower names
         # Flower learns each consumer from its own heartbeat event: wait for both.
         wait_for(lambda: wanted <= (_flower_workers(port) or set()), 60,
                  "Flower to list the host", interval=0.5)

@@ -451,3 +451,61 @@ def test_followed_file_source_and_the_file_shape_alike(tmp_path: Path, size: int
     for policy in (TailLines(), CharCap(), Middle(), ByteTail()):
         kept = shape(source, followed.offset, followed.lines, policy, None, digest=True)
         assert kept == shape(path, len(raw), _raw_lines(raw), policy, None, digest=True)
+
+
+# ------------------------------------------------- seed 002's head / tail (#22 point 11)
+
+SEQ = 100_000
+SEQ_RAW = b"".join(b"%d\n" % n for n in range(1, SEQ + 1))  # 588,895 bytes
+
+
+@pytest.mark.parametrize(
+    ("asked", "shown"),
+    [
+        # Read whole (588,895 bytes): the newcomer's `head: 3` showed 91468-91470.
+        ((1, 3, None), (1, 3, "head")),
+        ((1, None, 3), (99_998, 100_000, "tail")),
+        ((1, 10, 3), (8, 10, "middle")),
+        ((1, 99_999, 2), (99_998, 99_999, "middle")),
+        ((1, 200_000, 2), (99_999, 100_000, "tail")),
+        # The sequence 4 times (2.4 MB): read in windows, lines where they are.
+        ((4, 3, None), (1, 3, "head")),
+        ((4, None, 3), (399_998, 400_000, "tail")),
+        ((4, 10, 3), (8, 10, "middle")),
+        ((4, 200_000, 2), (199_999, 200_000, "middle")),
+        ((4, 500_000, 2), (399_999, 400_000, "tail")),
+    ],
+)
+def test_head_and_tail_pick_lines_of_the_whole_output(
+    tmp_path: Path, asked: tuple[int, int | None, int | None], shown: tuple[int, int, str]
+) -> None:
+    """`asked`: copies of the sequence, head, tail; `shown`: first and last line, the
+    direction."""
+    (copies, head, tail), (first, last, direction) = asked, shown
+    raw = SEQ_RAW * copies
+    path = _write(tmp_path, raw)
+    shaped = shape(path, len(raw), SEQ * copies, ByteTail(), None, lines=(head, tail))
+    assert shaped.text == "".join(f"{n % SEQ or SEQ}\n" for n in range(first, last + 1))
+    info = shaped.info
+    assert info.shown_ranges == ((first, last),)
+    assert (info.total_lines, info.total_bytes) == (SEQ * copies, len(raw))
+    assert (info.shown_lines, info.shown_bytes) == (last - first + 1, len(shaped.text))
+    assert info.truncated and info.limit == "lines" and info.direction == direction
+
+
+def test_a_head_past_the_byte_limit_is_cut_at_its_start(tmp_path: Path) -> None:
+    path = _write(tmp_path, SEQ_RAW * 4)
+    shaped = shape(path, 4 * len(SEQ_RAW), 4 * SEQ, ByteTail(), None, lines=(50_000, None))
+    assert shaped.text.startswith("1\n2\n3\n")
+    assert len(shaped.text.encode()) <= 50 * 1024
+    info = shaped.info
+    assert info.limit == "bytes" and info.direction == "head"
+    assert info.shown_ranges == ((1, info.shown_lines),)
+    last_shown = shaped.text.splitlines()[-1]
+    assert str(info.shown_lines).startswith(last_shown) and info.partial_line
+
+
+def test_no_head_or_tail_shapes_by_the_policy_as_before(tmp_path: Path) -> None:
+    path = _write(tmp_path, SEQ_RAW)
+    assert shape(path, len(SEQ_RAW), SEQ, ByteTail(), None) == \
+        shape(path, len(SEQ_RAW), SEQ, ByteTail(), None, lines=(None, None))

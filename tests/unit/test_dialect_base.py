@@ -105,14 +105,29 @@ def test_tool_names_are_unique_and_match_handlers(name: str) -> None:
 
 
 def test_schema_styles() -> None:
+    """Each style is the shape its API takes in `tools` (#22 point 18: `openai` lacked
+    Chat Completions' `{"type": "function", "function": ...}` wrapper)."""
     dialect = get_dialect("pipe")
     anthropic = schemas(dialect)[0]
     openai = schemas(dialect, style="openai")[0]
+    responses = schemas(dialect, style="openai-responses")[0]
     mcp = schemas(dialect, style="mcp")[0]
+    function = schemas(dialect, style="function")[0]
     assert set(anthropic) == {"name", "description", "input_schema"}
-    assert set(openai) == {"name", "description", "parameters"}
+    assert set(openai) == {"type", "function"} and openai["type"] == "function"
+    assert openai["function"] == function
+    assert set(function) == {"name", "description", "parameters"}
+    # The Responses API: flat, and not strict (it defaults to strict, which refuses
+    # optional properties).
+    assert responses == {"type": "function", **function, "strict": False}
     assert set(mcp) == {"name", "description", "inputSchema"}
-    assert anthropic["input_schema"] == openai["parameters"] == mcp["inputSchema"]
+    assert anthropic["input_schema"] == function["parameters"] == mcp["inputSchema"]
+    assert anthropic["name"] == function["name"] == mcp["name"] == "bash"
+
+
+def test_an_unknown_schema_style_is_refused_naming_the_known_ones() -> None:
+    with pytest.raises(ValueError, match="openai-responses"):
+        schemas(get_dialect("pipe"), style="openapi")  # type: ignore[arg-type]
 
 
 def test_schemas_are_copies() -> None:

@@ -598,10 +598,11 @@ def test_a_rerun_is_told_where_the_earlier_output_is() -> None:
 @pytest.mark.parametrize(
     ("earlier", "ending"),
     [
-        (done(exit_code=0, stdout="ok\n"), "(exit code 0); its output was shown whole"),
+        (CUT_RUN, "(exit code 2); its full output: bash_output id=c1 (/spill/c1.out on host h1)"),
         (
-            done(timed_out=True, signal=9),
-            "(killed by signal SIGKILL (9)); its output was shown whole",
+            done(timed_out=True, signal=9, spill=Spill(host="h1", stdout_path="/spill/c1.out")),
+            "(killed by signal SIGKILL (9)); its full output: bash_output id=c1 "
+            "(/spill/c1.out on host h1)",
         ),
         (
             done(timed_out=True, backgrounded=True, job=JOB),
@@ -618,6 +619,45 @@ def test_rerun_hint_says_how_the_earlier_run_ended(earlier: CallResult, ending: 
     assert answer.text.endswith(
         f"note: the same command ran in this session 42s ago, as call c1 on host h1 {ending}"
     )
+
+
+@pytest.mark.parametrize(
+    "earlier", [done(exit_code=0, stdout="ok\n"), done(timed_out=True, signal=9)]
+)
+def test_no_rerun_note_when_the_earlier_output_was_shown_whole(earlier: CallResult) -> None:
+    """#22 point 26: `note: the same command ran in this session 0s ago` on every rerun of
+    `pytest` after an edit: nothing more to read there, so no note (tokens on every call)."""
+    clock = Clock()
+    native, session = NativeDialect(clock=clock), SessionState()
+    run_at(native, session, earlier)
+    clock.now += 0.2
+    answer = run_at(native, session, done(exit_code=0, stdout="ok\n"))
+    assert "note:" not in answer.text, answer.text
+
+
+@pytest.mark.parametrize(
+    ("result", "report"),
+    [
+        (done(exit_code=0, cwd="/w", cwd_after="/w/web"),
+         "session s1: ended in /w/web; its next call starts there"),
+        (done(exit_code=0, cwd="/w", cwd_after="/w", env_changes={"B": "1", "A": "2"}),
+         "session s1: exported: A, B"),
+        (done(exit_code=0, cwd="/w", cwd_after="/w", env_removed=("PAGER",)),
+         "session s1: unset: PAGER"),
+        (done(exit_code=0, cwd="/w", cwd_after="/x", env_removed=("PAGER",)),
+         "session s1: ended in /x; its next call starts there; unset: PAGER"),
+        # #22 point 26: nothing changed, nothing said.
+        (done(exit_code=0, cwd="/w", cwd_after="/w"), None),
+        (done(backgrounded=True, job=JOB), None),
+    ],
+)
+def test_the_session_line_says_only_what_changed(result: CallResult, report: str | None) -> None:
+    runner = FakeRunner(run=[result])
+    answer = NATIVE.call("bash", {"command": "x", "session": "s1"}, runner, SessionState())
+    if report is None:
+        assert "session s1" not in answer.text
+    else:
+        assert answer.text.endswith(f"\n\n{report}"), answer.text
 
 
 def test_no_hint_past_ten_minutes_or_for_another_command() -> None:
@@ -686,11 +726,10 @@ def test_a_named_session_is_a_fleet_session_that_carries_cwd_and_env() -> None:
     assert options["host"] == "h1"  # pinned where its first call ran
     assert options["env"] == {"NODE_ENV": "test", "BASE": "1"}
     assert options["unset_env"] == ("LANG",)
-    # An explicit cwd holds for its call only.
+    # An explicit cwd holds for its call only; nothing changed, nothing is said.
     once = NATIVE.call("bash", {"command": "pwd", "session": "s1", "cwd": "/x"}, runner, session)
     assert runner.last().options["cwd"] == "/x"
-    assert "session s1: ran in /x (this call's cwd); its next call starts in the session's " \
-        "own directory" in once.text
+    assert "session s1" not in once.text
     assert runner.shells["s1"].cwd == "/home/w/web"
     assert session.cwd == "/repo" and session.host == "mcp-pin"
 
@@ -705,7 +744,7 @@ def test_without_a_session_calls_are_stateless() -> None:
     assert runner.shells == {}
 
 
-def test_a_named_session_that_learns_nothing_says_so() -> None:
+def test_a_named_session_that_learns_nothing_says_nothing() -> None:
     runner = FakeRunner(run=[done(backgrounded=True, job=JOB)])
     runner.shells["s1"] = ShellState(cwd="/w")
     answer = NATIVE.call(
@@ -714,8 +753,7 @@ def test_a_named_session_that_learns_nothing_says_so() -> None:
     )
     assert runner.last().options["capture_state"] is False  # a job ends after later calls
     assert runner.last().options["cwd"] == "/w"
-    assert "\n\nsession s1: state unchanged; its next call starts where its last one ended" \
-        in answer.text
+    assert "session s1" not in answer.text  # #22 point 26: only what changed is said
     assert runner.shells["s1"] == ShellState(cwd="/w", host="h1")
 
 

@@ -68,6 +68,7 @@ def test_policy_without_and_with_interception() -> None:
     assert policy.on_timeout == "kill"
     assert (policy.default_timeout_s, policy.max_timeout_s) == (300.0, 3600.0)
     assert policy.intercept == () and policy.available_tools == ()
+    assert policy.spill_min_bytes == 51200  # an artifact only past the 50 KB kept in view
     rule = InterceptRule(pattern=r"^\s*cat\s", tool="read", message="Use the read tool.")
     custom = PiDialect(intercept=[rule], available_tools=["read", "grep"]).policy()
     assert custom.intercept == (rule,)
@@ -266,6 +267,28 @@ def cut(first: int, total: int, limit: str = "bytes") -> TruncationInfo:
 def test_result_texts(result: CallResult, text: str, is_error: bool) -> None:
     answer, _ = call(result)
     assert answer == ToolText(text, is_error=is_error)
+
+
+def _head_info(total_lines: int, total_bytes: int, shown: int) -> TruncationInfo:
+    return TruncationInfo(direction="head", truncated=True, limit="lines",
+                          total_lines=total_lines, total_bytes=total_bytes, shown_lines=shown,
+                          shown_bytes=2 * shown, shown_ranges=((1, shown),))
+
+
+@pytest.mark.parametrize(
+    ("result", "text"),
+    [
+        # #22 point 11: `head: 3` on `seq 1 100000` showed lines 91468-91470 under a
+        # notice about the tail; the engine now gives the first lines and says so.
+        (done(exit_code=0, stdout="1\n2\n3\n", stdout_truncation=_head_info(100000, 588895, 3),
+              spill=Spill(host="h1", stdout_path="/spill/c1.log")),
+         "1\n2\n3\n\n\n[Showing lines 1-3 of 100000. Full: artifact://c1]"),
+        # A head of an output the sink kept whole: no notice, as in the seed.
+        (done(exit_code=0, stdout="1\n2\n", stdout_truncation=_head_info(5, 10, 2)), "1\n2\n"),
+    ],
+)
+def test_the_notice_of_a_head_says_exactly_what_is_shown(result: CallResult, text: str) -> None:
+    assert call(result)[0] == ToolText(text)
 
 
 def test_timeout_text_uses_the_clamped_timeout() -> None:

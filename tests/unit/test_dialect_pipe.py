@@ -92,7 +92,7 @@ def done(**fields: object) -> CallResult:
 
 
 def test_schema_is_the_seeds() -> None:
-    assert schemas(PIPE, style="openai") == [SEED_SCHEMA]
+    assert schemas(PIPE, style="function") == [SEED_SCHEMA]
 
 
 def test_policy() -> None:

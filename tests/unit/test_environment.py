@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fnmatch
 import os
 
 import pytest
@@ -13,6 +14,7 @@ from worker.engine.environment import (
     DEFAULT_DENY,
     HARDENING,
     MARKER_VAR,
+    WORKER_INTERNALS,
     build_env,
     is_secret_name,
     process_environ,
@@ -111,7 +113,7 @@ def test_build_env_allow_list_keeps_a_denied_name() -> None:
     assert child.scrubbed_names == ("GITHUB_TOKEN",)
 
 
-def test_hardening_is_present_and_not_overridable() -> None:
+def test_hardening_is_present_and_a_default() -> None:
     expected = {
         "PAGER": "cat",
         "GIT_PAGER": "cat",
@@ -125,12 +127,58 @@ def test_hardening_is_present_and_not_overridable() -> None:
     }
     for name, value in expected.items():
         assert HARDENING[name] == value
+    # The worker's own values never reach a call: the hardening is laid over them.
     base = {"PAGER": "less", "TERM": "xterm-256color", "EDITOR": "vim"}
-    extra = {name: "overridden" for name in HARDENING} | {MARKER_VAR: "forged"}
-    child = build_env(base, marker="the-marker", extra=extra)
+    child = build_env(base, marker="the-marker")
     for name, value in HARDENING.items():
         assert child.env[name] == value
+    # What the session exported wins over the defaults; the marker is never overridden.
+    extra = {name: "overridden" for name in HARDENING} | {MARKER_VAR: "forged"}
+    child = build_env(base, marker="the-marker", extra=extra)
+    for name in HARDENING:
+        assert child.env[name] == "overridden"
     assert child.env[MARKER_VAR] == "the-marker"
+
+
+@pytest.mark.parametrize(
+    ("extra", "unset", "name", "expected"),
+    [
+        # #22 point 23: `unset PAGER` in a session sticks on its later calls.
+        ({}, ("PAGER",), "PAGER", None),
+        ({}, ("TERM", "NO_COLOR"), "NO_COLOR", None),
+        ({"PAGER": "less"}, (), "PAGER", "less"),
+        ({}, (), "PAGER", "cat"),
+        # An unset names what the session removed last: it wins over an old export.
+        ({"PAGER": "less"}, ("PAGER",), "PAGER", None),
+        # The marker is set whatever the session did.
+        ({}, (MARKER_VAR,), MARKER_VAR, "m"),
+    ],
+)
+def test_a_sessions_exports_and_unsets_win_over_the_hardening(
+    extra: dict[str, str], unset: tuple[str, ...], name: str, expected: str | None
+) -> None:
+    child = build_env({"PAGER": "more"}, marker="m", extra=extra, unset=unset)
+    assert child.env.get(name) == expected
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["_MP_FORK_LOGLEVEL_", "_MP_FORK_LOGFILE_", "_MP_FORK_LOGFORMAT_", "OLDPWD", "PWD", "_",
+     "FORKED_BY_MULTIPROCESSING", "MP_MAIN_FILE", "INVOCATION_ID", "JOURNAL_STREAM",
+     "NOTIFY_SOCKET", "LISTEN_FDS", "LISTEN_PID", "WATCHDOG_USEC", "oldpwd"],
+)
+def test_worker_internals_never_reach_a_call_and_are_not_redacted(name: str) -> None:
+    child = build_env({name: "[%(levelname)s] internal", "PATH": "/bin"}, marker="m")
+    assert name not in child.env
+    assert child.env["PATH"] == "/bin"
+    # Not a secret: its value must not be redacted from output.
+    assert child.scrubbed_names == ()
+    assert child.scrubbed_values == ()
+
+
+def test_names_that_only_look_internal_are_kept() -> None:
+    base = {"MP_THREADS": "4", "PWD_HINT": "x", "__X": "1", "HOME_PWD": "/h"}
+    assert {k: v for k, v in build_env(base, marker="m").env.items() if k in base} == base
 
 
 def test_extra_is_added_unscrubbed() -> None:
@@ -158,6 +206,10 @@ def test_marker_from_base_is_replaced() -> None:
     assert child.scrubbed_values == ("outer",)
 
 
+def _internal(name: str) -> bool:
+    return any(fnmatch.fnmatchcase(name.upper(), p) for p in WORKER_INTERNALS)
+
+
 _names = st.text(alphabet="ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz_0123456789",
                  min_size=1, max_size=24)
 
@@ -169,6 +221,9 @@ def test_build_env_partitions_the_base(base: dict[str, str], marker: str) -> Non
     assert child.env[MARKER_VAR] == marker
     for name, value in base.items():
         if name == MARKER_VAR or name in HARDENING:
+            continue
+        if _internal(name):
+            assert name not in child.env and name not in child.scrubbed_names
             continue
         secret = is_secret_name(name, DEFAULT_DENY, DEFAULT_ALLOW)
         assert (name in child.scrubbed_names) == secret

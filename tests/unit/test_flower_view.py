@@ -3,8 +3,10 @@ job's outcome, and the job watcher telling a listener of jobs' starts and ends."
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
+from typing import ClassVar
 
 import fakeredis
 import pytest
@@ -51,18 +53,59 @@ def test_failure_reason(outcome: CallResult, reason: str | None) -> None:
     assert flower.failure_reason(outcome, 2.0) == reason
 
 
-def test_call_args_never_show_the_command_nor_the_env() -> None:
-    call = Call(call_id="c1", command="curl -H 'Authorization: t0ken' x", cwd=None,
-                env={"SECRET": "s3cret"}, session="agent-1", policy=Policy(name="claude"))
-    sent = flower.call_args(call)
+def test_call_args_show_the_command_with_its_secrets_redacted_never_the_env() -> None:
+    """#22 point 12: the command was redacted whole on every page (a person could not tell
+    calls apart): it shows, with its credentials redacted; the env never shows."""
+    call = Call(call_id="c1", command="curl -H 'Authorization: Bearer t0ken-9f8e7d' x",
+                cwd=None, env={"SECRET": "s3cret-value"}, session="agent-1",
+                policy=Policy(name="claude"))
+    sent = flower.call_args(call, secrets=None)
     ended = flower.call_args(call, result(exit_code=0, cwd="/home/w", job=JobHandle(
         id="j9", host="h1", pid=1, pgid=1, output_path="/j")))
-    assert sent == ("{'command': '<redacted: 32 chars>', 'cwd': None, 'background': False, "
-                    "'dialect': 'claude', 'session': 'agent-1'}")
+    assert sent == ("{'command': \"curl -H 'Authorization: Bearer [REDACTED]' x\", "
+                    "'cwd': None, 'background': False, 'dialect': 'claude', "
+                    "'session': 'agent-1'}")
     assert ended.endswith("'cwd': '/home/w', 'background': False, 'dialect': 'claude', "
                           "'session': 'agent-1', 'job': 'j9'}")
     for text in (sent, ended):
         assert "t0ken" not in text and "s3cret" not in text
+
+
+@pytest.mark.parametrize(
+    ("command", "shown"),
+    [
+        ("make -j8 test", "make -j8 test"),
+        ("echo WARNING; ls /etc/ssl/certs", "echo WARNING; ls /etc/ssl/certs"),
+        ("git clone https://bob:hunter22@git.example/r.git",
+         "git clone https://bob:[REDACTED]@git.example/r.git"),
+        ("mysql --password=pa55word -u root", "mysql --password=[REDACTED] -u root"),
+        ("login --token abc123def", "login --token [REDACTED]"),
+        ("API_TOKEN=abc123 ./deploy.sh", "API_TOKEN=[REDACTED] ./deploy.sh"),
+        ("gh auth login ghp_0123456789abcdefghijABCDEFGHIJ",
+         "gh auth login [REDACTED]"),
+        ("aws s3 ls # AKIAIOSFODNN7EXAMPLE", "aws s3 ls # [REDACTED]"),
+        ("echo env-secret-31337", "echo [REDACTED]"),  # a value the worker knows
+        ("echo my-own-s3cret", "echo [REDACTED]"),  # a value of the call's own env
+        ("x" * 400, "x" * 300 + "… (+100 chars)"),
+    ],
+)
+def test_shown_command(command: str, shown: str) -> None:
+    known = re.compile(re.escape("env-secret-31337"))
+    assert flower.shown_command(command, known, ["my-own-s3cret", "true"]) == shown
+
+
+def test_job_args_show_the_command() -> None:
+    record = JobRecord(id="j1", host="h1", pid=7, pgid=7, start_time=0.0, command="npm run dev",
+                       cwd="/w", output_path="/o", status_path="/s", marker="m", started_at=1.0,
+                       call_id="c1")
+    assert flower.job_args(record, secrets=None) == (
+        "{'command': 'npm run dev', 'cwd': '/w', 'call': 'c1', 'pid': 7}")
+
+
+@pytest.mark.parametrize(("role", "name"), [("exec", "calls@h1"), ("ctl", "control@h1"),
+                                            ("jobs", "jobs@h1")])
+def test_workers_are_named_for_what_they_do(role: str, name: str) -> None:
+    assert flower.worker_name(role, "h1") == name
 
 
 def test_final_args_are_bounded() -> None:
@@ -146,3 +189,58 @@ def test_detach_flags_live_and_go_with_the_call(tmp_path: Path) -> None:
     assert running.detach_requested(settings, "c1") is True
     running.remove(settings, "c1")
     assert running.detach_requested(settings, "c1") is False
+
+
+class Recorder:
+    """An EventDispatcher that keeps what it is asked to send."""
+
+    sent: ClassVar[list[tuple[str, str, dict[str, object]]]] = []
+
+    def __init__(self, connection: object, hostname: str, enabled: bool) -> None:
+        del connection, enabled
+        self.hostname = hostname
+
+    def send(self, type_: str, **fields: object) -> None:
+        Recorder.sent.append((self.hostname, type_, fields))
+
+    def close(self) -> None:
+        pass
+
+
+class FakeApp:
+    def connection_for_write(self) -> object:
+        return object()
+
+
+def test_running_jobs_are_active_on_the_hosts_jobs_worker(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """#22 point 12: a running background job was not counted as Active. The host's
+    `jobs@` worker's heartbeats count the jobs running."""
+    monkeypatch.setattr(flower, "EventDispatcher", Recorder)
+    Recorder.sent = []
+    events = flower.JobEvents(FakeApp(), "h1", heartbeat_s=0.01)
+    record = JobRecord(id="j1", host="h1", pid=7, pgid=7, start_time=0.0, command="sleep 9",
+                       cwd="/w", output_path="/o", status_path="/s", marker="m", started_at=1.0)
+
+    def beats(active: int) -> bool:
+        return any(t == "worker-heartbeat" and f["active"] == active for _, t, f in Recorder.sent)
+
+    events.started(record)
+    assert events.active == 1
+    deadline = time.monotonic() + 10
+    while not beats(1):
+        assert time.monotonic() < deadline, Recorder.sent
+        time.sleep(0.01)  # the heartbeat thread's next beat
+    events.ended(record, JobStatus(exit_code=0, ended_at=2.0))
+    assert events.active == 0
+    while not beats(0):
+        assert time.monotonic() < deadline, Recorder.sent
+        time.sleep(0.01)
+    events.close()
+    kinds = [t for _, t, _ in Recorder.sent]
+    assert kinds[0] == "worker-online" and kinds[-1] == "worker-offline"
+    assert {"task-received", "task-started", "task-succeeded"} <= set(kinds)
+    assert {h for h, _, _ in Recorder.sent} == {"jobs@h1"}
+    received = next(f for _, t, f in Recorder.sent if t == "task-received")
+    assert "'command': 'sleep 9'" in str(received["args"])

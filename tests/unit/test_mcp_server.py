@@ -507,7 +507,7 @@ def test_cli_schema_prints_every_dialect(capsys: pytest.CaptureFixture[str]) -> 
         assert tools == schemas(get_dialect(name))
 
 
-@pytest.mark.parametrize("style", ["anthropic", "openai", "mcp"])
+@pytest.mark.parametrize("style", ["anthropic", "openai", "openai-responses", "mcp", "function"])
 def test_cli_schema_of_one_dialect(style: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["schema", "--dialect", "modes", "--style", style, "--cwd", "/w"]) == 0
     printed = json.loads(capsys.readouterr().out)
@@ -674,6 +674,65 @@ def test_cancel_retries_until_the_call_is_recorded(store: RedisSessionStore) -> 
     call_id = watch.next_call_id()
     server.cancel(watch)
     assert runner.cancelled == [call_id] and runner.tries == 3
+
+
+def test_a_cancelled_calls_job_is_killed_and_no_session_is_made(
+    store: RedisSessionStore,
+) -> None:
+    """#22 point 3: cancelling a codex `exec_command` left its process running as a job
+    the model never got an id for. Its answer comes back once the cancel went out (the
+    session waited its yield): the job it names is killed, nothing is remembered."""
+    watch = CallWatch()
+    state = SessionState()
+
+    class CancelledMeanwhile(FakeRunner):
+        def execute(self, request: RunRequest) -> CallResult:
+            watch.cancel()  # `notifications/cancelled` came while the call ran
+            return super().execute(request)
+
+    runner = CancelledMeanwhile(run=[done(backgrounded=True, job=JOB, cancelled=True)])
+    answer = get_dialect("codex").call(
+        "exec_command", {"cmd": "sleep 600", "yield_time_ms": 30000},
+        SessionRunner(runner, state, watch), state,
+    )
+    assert answer.is_error and "job j7, which its call started, was killed" in answer.text
+    assert [(c.method, c.target) for c in runner.calls] == [("run", "sleep 600"), ("kill", "j7")]
+    assert state.exec_sessions == {}
+
+
+def test_a_cancel_after_the_call_ended_kills_the_job_it_left(store: RedisSessionStore) -> None:
+    """The call had answered (its job running) but the answer was not sent yet when the
+    request was cancelled: the job is found by the call's id and killed."""
+
+    class Ended(FakeRunner):
+        def cancel(self, call_id: str) -> bool:
+            super().cancel(call_id)
+            return False  # it had ended
+
+    runner = Ended()
+    server = tool_server("codex", runner, store)
+    watch = CallWatch()
+    call_id = watch.next_call_id()
+    server.cancel(watch)
+    assert runner.cancelled == [call_id]
+    assert [(c.method, c.target) for c in runner.calls] == [("kill", call_id)]
+
+
+def test_a_cancel_of_a_call_that_started_no_job_kills_nothing(store: RedisSessionStore) -> None:
+    class NoJob(FakeRunner):
+        def cancel(self, call_id: str) -> bool:
+            super().cancel(call_id)
+            return False
+
+        def kill_job(self, request: KillRequest) -> CheckResult:
+            super().kill_job(request)
+            raise UnknownJob(f"no such job: {request.id}")
+
+    runner = NoJob()
+    watch = CallWatch()
+    watch.next_call_id()
+    tool_server("pipe", runner, store).cancel(watch)  # no error
+    assert [c.method for c in runner.calls] == ["kill"]
 
 
 # -------------------------------------------------------------------- resources

@@ -3,6 +3,7 @@ executor on a temporary directory (what changed since the plan is left alone).""
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -18,9 +19,11 @@ from worker.retention import (
     StateFile,
     classify,
     execute,
+    gc_command,
     plan,
     report,
     scan,
+    state_dirs,
 )
 from worker.settings import Settings
 
@@ -338,3 +341,53 @@ def test_execute_counts_files_already_gone(tmp_path: Path) -> None:
 def test_scan_of_a_missing_state_dir_is_empty(tmp_path: Path) -> None:
     settings = Settings(state_dir=tmp_path / "none", host="unit")
     assert plan(scan(settings), LIMITS).removals == ()
+
+
+# ------------------------------------------- a local fleet's host directories (#22 point 13)
+
+
+def _spilled(state_dir: Path, call_id: str, size: int, age_s: float) -> Path:
+    spill_dir = state_dir / "spill"
+    spill_dir.mkdir(parents=True, exist_ok=True)
+    path = spill_dir / f"{call_id}.out"
+    path.write_bytes(b"x" * size)
+    stamp = time.time() - age_s
+    os.utime(path, (stamp, stamp))
+    return path
+
+
+def test_gc_counts_and_collects_the_local_fleets_host_directories(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`gc --dry-run` said "0 B known" while MBs of spill files sat under the local
+    fleet's host directories (`<state>/hosts/<host>`): each is collected as its host's
+    own `gc` would."""
+    settings = Settings(state_dir=tmp_path, host="unit")
+    old_a = _spilled(tmp_path / "hosts" / "a", "c-old-a", 3 * 1024 * 1024, 9 * DAY)
+    new_b = _spilled(tmp_path / "hosts" / "b", "c-new-b", 2048, 2 * DAY)
+    own = _spilled(tmp_path, "c-own", 100, 9 * DAY)
+    assert [s.state_dir for s in state_dirs(settings)] == [
+        tmp_path, tmp_path / "hosts" / "a", tmp_path / "hosts" / "b"]
+
+    assert gc_command(settings, dry_run=True, as_json=True) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["total_bytes"] == 100  # the configured directory's own
+    assert [h["state_dir"] for h in shown["hosts"]] == [
+        str(tmp_path / "hosts" / "a"), str(tmp_path / "hosts" / "b")]
+    assert shown["all_total_bytes"] == 3 * 1024 * 1024 + 2048 + 100
+    assert [r["path"] for r in shown["hosts"][0]["remove"]] == [str(old_a)]
+    assert shown["hosts"][1]["remove"] == []
+
+    assert gc_command(settings, dry_run=True, as_json=False) == 0
+    text = capsys.readouterr().out
+    assert "3.0 MiB" in text and "all 3 directories: 3.0 MiB known" in text
+    assert old_a.exists() and own.exists(), "a dry run removes nothing"
+
+    assert gc_command(settings, dry_run=False, as_json=False) == 0
+    capsys.readouterr()
+    assert not old_a.exists() and not own.exists() and new_b.exists()
+
+
+def test_gc_without_a_local_fleet_collects_the_configured_directory_only(tmp_path: Path) -> None:
+    settings = Settings(state_dir=tmp_path, host="unit")
+    assert [s.state_dir for s in state_dirs(settings)] == [tmp_path]

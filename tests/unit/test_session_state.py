@@ -45,11 +45,15 @@ def test_parse_state_diffs_against_the_start(
     assert state.removed == removed
 
 
-def test_marker_and_hardening_are_never_carried() -> None:
-    final = {k: v for k, v in START.items() if k != MARKER_VAR} | {"PAGER": "less"}
-    state = parse_state(_state("/", final), START)
+def test_the_marker_is_never_carried_the_hardening_like_any_variable() -> None:
+    """#22 point 23: `unset PAGER` did not stick (the diff skipped the hardening)."""
+    start = {**START, "PAGER": "cat", "GIT_PAGER": "cat"}
+    final = {k: v for k, v in start.items() if k not in (MARKER_VAR, "PAGER")}
+    state = parse_state(_state("/", final | {"GIT_PAGER": "less"}), start)
     assert state is not None
-    assert state.changes == {} and state.removed == ()
+    assert state.changes == {"GIT_PAGER": "less"} and state.removed == ("PAGER",)
+    unchanged = parse_state(_state("/", start), start)
+    assert unchanged is not None and unchanged.changes == {} and unchanged.removed == ()
 
 
 def test_empty_state_is_unusable() -> None:
@@ -122,9 +126,6 @@ def test_any_exported_change_round_trips(extra: dict[str, str]) -> None:
         k: v for k, v in extra.items()
         if START.get(k) != v
         and k not in {"SHLVL", "PWD", "OLDPWD", "_", "BASH_ENV", MARKER_VAR}
-        and k not in {"PAGER", "GIT_PAGER", "MANPAGER", "GIT_EDITOR", "EDITOR", "VISUAL",
-                      "GIT_TERMINAL_PROMPT", "CI", "DEBIAN_FRONTEND", "TERM", "NO_COLOR",
-                      "PYTHONUNBUFFERED", "PIP_NO_INPUT"}
     }
     assert state.changes == expected
 

@@ -18,12 +18,14 @@ from worker.engine.truncate import (
     error_digest,
     head_lines,
     last_lines,
+    line_range,
     middle,
     shown_limit,
     tail_lines,
     utf8_head,
     utf8_len,
     utf8_tail,
+    wanted_lines,
 )
 from worker.wire.models import ByteTail, CharCap, Middle, TailLines, Truncation, TruncationInfo
 
@@ -544,3 +546,88 @@ def test_middle_info_counts_a_shared_line_once() -> None:
     assert info.shown_lines == 4
     assert info.shown_ranges == ((1, 2), (9, 10))
     assert not info.partial_line
+
+
+# ------------------------------------------------- seed 002's head / tail (#22 point 11)
+
+SEQ_10 = "".join(f"{n}\n" for n in range(1, 11))
+
+
+@pytest.mark.parametrize(
+    ("total", "head", "tail", "wanted"),
+    [
+        (10, 3, None, (1, 3)), (10, None, 3, (8, 10)), (10, 6, 2, (5, 6)), (10, 2, 6, (1, 2)),
+        (10, 20, None, (1, 10)), (10, None, 20, (1, 10)), (10, 0, None, (1, 0)),
+        (10, None, 0, (1, 0)), (0, 3, None, (1, 0)), (10, 10, 1, (10, 10)),
+    ],
+)
+def test_wanted_lines(total: int, head: int | None, tail: int | None,
+                      wanted: tuple[int, int]) -> None:
+    assert wanted_lines(total, head, tail) == wanted
+
+
+@pytest.mark.parametrize(
+    ("asked", "expected"),
+    [
+        ((3, None), ("1\n2\n3\n", "head", ((1, 3),), "lines")),
+        ((None, 3), ("8\n9\n10\n", "tail", ((8, 10),), "lines")),
+        ((6, 2), ("5\n6\n", "middle", ((5, 6),), "lines")),
+        ((10, 2), ("9\n10\n", "tail", ((9, 10),), "lines")),
+        ((20, None), (SEQ_10, "tail", ((1, 10),), None)),  # all of it: not cut
+        ((None, 10), (SEQ_10, "tail", ((1, 10),), None)),
+        ((0, None), ("", "head", (), "lines")),
+    ],
+)
+def test_line_range_shows_the_asked_lines_and_says_which(
+    asked: tuple[int | None, int | None],
+    expected: tuple[str, str, tuple[tuple[int, int], ...], str | None],
+) -> None:
+    (head, tail), (text, direction, ranges, limit) = asked, expected
+    cut = line_range(SEQ_10, head, tail, 50 * 1024)
+    assert cut.text == text
+    assert cut.info.direction == direction
+    assert cut.info.shown_ranges == ranges
+    assert cut.info.limit == limit
+    assert cut.info.truncated == (limit is not None)
+    assert (cut.info.total_lines, cut.info.total_bytes) == (10, 21)
+    assert (cut.info.shown_lines, cut.info.shown_bytes) == (count_lines(text), len(text))
+
+
+def test_line_range_past_the_byte_limit_cuts_a_head_at_its_start_a_tail_at_its_end() -> None:
+    text = "aaaa\nbbbb\ncccc\n"
+    head = line_range(text, 3, None, 7)
+    assert head.text == "aaaa\nbb"
+    assert (head.info.limit, head.info.partial_line, head.info.shown_ranges) == (
+        "bytes", True, ((1, 2),))
+    tail = line_range(text, None, 3, 7)
+    assert tail.text == "b\ncccc\n"
+    assert (tail.info.limit, tail.info.partial_line, tail.info.shown_ranges) == (
+        "bytes", True, ((2, 3),))
+    exact = line_range(text, None, 3, 10)
+    assert exact.text == "bbbb\ncccc\n" and not exact.info.partial_line
+
+
+def test_line_range_of_a_window_numbers_the_streams_lines() -> None:
+    window = "".join(f"{n}\n" for n in range(1, 6))
+    cut = line_range(window, 3, None, 1000, total_lines=100_000)
+    assert cut.text == "1\n2\n3\n"
+    assert cut.info.shown_ranges == ((1, 3),) and cut.info.total_lines == 100_000
+
+
+@given(st.lists(st.text(alphabet="ab", max_size=4), max_size=12),
+       st.one_of(st.none(), st.integers(0, 14)), st.one_of(st.none(), st.integers(0, 14)))
+def test_line_range_is_head_then_tail_of_the_whole_text(
+    words: list[str], head: int | None, tail: int | None
+) -> None:
+    text = "".join(f"{w}\n" for w in words)
+    expected = text
+    if head is not None:
+        expected = head_lines(expected, head)
+    if tail is not None:
+        expected = last_lines(expected, tail)
+    cut = line_range(text, head, tail, 1 << 20)
+    assert cut.text == expected
+    assert cut.info.shown_lines == count_lines(expected)
+    if cut.info.shown_ranges:
+        ((first, last),) = cut.info.shown_ranges
+        assert "".join(f"{w}\n" for w in words[first - 1:last]) == expected

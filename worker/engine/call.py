@@ -819,9 +819,11 @@ class _Outcome:
     def _shaped(self) -> tuple[Shaped, Shaped | None]:
         policy = self.call.policy
         extras = Extras.of(policy)
+        # Seed 002's head/tail pick lines of the whole output (#22 point 11).
+        asked = (self.call.head, self.call.tail)
         shaped = [
             shape(source, size, lines, policy.truncation, self.secrets,
-                  digest=policy.digest_errors, extras=extras)
+                  digest=policy.digest_errors, extras=extras, lines=asked)
             for source, size, lines in self._sources()
         ]
         return shaped[0], (shaped[1] if len(shaped) > 1 else None)
@@ -867,7 +869,9 @@ class _Outcome:
         )
 
     def _limits(self, text: str) -> str:
-        # Seed 002: explicit head/tail limits apply to the shaped text, head first.
+        # Seed 002: explicit head/tail limits, head first. `shape` applied them to the
+        # whole output already (this changes nothing then); kept for texts it did not
+        # shape by them (an output kept in memory whose middle is gone).
         if self.call.head is not None:
             text = truncate.head_lines(text, self.call.head)
         if self.call.tail is not None:

@@ -290,6 +290,97 @@ def _binary(path: Source, size: int, total_lines: int, policy: Truncation) -> Sh
     return Shaped("", info)
 
 
+LineLimits = tuple[int | None, int | None]
+"""A call's `head` and `tail` (None: not asked)."""
+NO_LINE_LIMITS: LineLimits = (None, None)
+
+
+def _shape_lines(
+    path: Source, size: int, total_lines: int, lines: LineLimits, *, max_bytes: int,
+    secrets: re.Pattern[str] | None, extras: Extras,
+) -> Shaped | None:
+    """Seed 002's `head` / `tail`: the lines they ask for of the *whole* output (head
+    first, then tail of what it kept), at most `max_bytes` of them, with counts that say
+    which lines those are. A huge output's lines are read where they are in its file,
+    never from the tail the policy keeps in view. None when they cannot be read (the
+    middle of an output kept in memory is gone): the policy shapes it then."""
+    head, tail = lines
+    if size <= WHOLE_READ_LIMIT:
+        raw = _pread(path, 0, size)
+        text, _ = _capped(_clean(raw, secrets, extras), extras)
+        cut = truncate.line_range(text, head, tail, max_bytes, total_lines=_raw_lines(raw))
+        return Shaped(cut.text, cut.info.model_copy(update={"total_bytes": size}))
+    first, last = truncate.wanted_lines(total_lines, head, tail)
+    if first > last:  # `head: 0` or `tail: 0`
+        return _nothing_shown(size, total_lines)
+    if tail is None:
+        return _shape_head_lines(path, size, total_lines, last, max_bytes=max_bytes,
+                                 secrets=secrets, extras=extras)
+    # The last lines of the first `last` lines: a tail of the file's first bytes.
+    end = size if last == total_lines else _end_of_line(path, size, last)
+    if end is None:
+        return None
+    policy = TailLines(max_lines=last - first + 1, max_bytes=max_bytes)
+    shaped = _shape_tail(path, end, last, policy, secrets, digest=False, extras=extras)
+    info = shaped.info.model_copy(update={
+        "total_lines": total_lines, "total_bytes": size,
+        "truncated": shaped.info.truncated or last < total_lines or first > 1,
+        "limit": shaped.info.limit or "lines",
+        "direction": "tail" if last == total_lines else "middle",
+    })
+    return Shaped(shaped.text, info)
+
+
+def _shape_head_lines(
+    path: Source, size: int, total_lines: int, head: int, *, max_bytes: int,
+    secrets: re.Pattern[str] | None, extras: Extras,
+) -> Shaped:
+    """The first `head` lines of a huge output, at most `max_bytes` of them."""
+    window = 2 * max_bytes + 64 * 1024
+    while True:
+        read = min(size, window)
+        text, _ = _capped(_clean(_pread(path, 0, read), secrets, extras), extras)
+        # Enough: every wanted line is whole in the window, or the window fills the cap.
+        complete = text.count("\n") >= head
+        if complete or read == size or truncate.utf8_len(text) > max_bytes or \
+                window >= MAX_WINDOW:
+            break
+        window *= 4  # sanitizing removed much of the window: read further
+    cut = truncate.line_range(text, head, None, max_bytes, total_lines=total_lines)
+    return Shaped(cut.text, cut.info.model_copy(update={"total_bytes": size}))
+
+
+def _nothing_shown(size: int, total_lines: int) -> Shaped:
+    """`head: 0` or `tail: 0`: no line asked for."""
+    info = TruncationInfo(direction="tail", truncated=total_lines > 0,
+                          limit="lines" if total_lines else None, total_lines=total_lines,
+                          total_bytes=size, shown_lines=0, shown_bytes=0)
+    return Shaped("", info)
+
+
+#: Bytes scanned at a time for newlines.
+SCAN_CHUNK = 1024 * 1024
+
+
+def _end_of_line(path: Source, size: int, line: int) -> int | None:
+    """The offset just past line `line` (1-based) of the first `size` bytes (`size` when
+    the stream has fewer lines); None when a part of it is not kept (memory)."""
+    seen, offset = 0, 0
+    while offset < size:
+        chunk = _pread(path, offset, min(SCAN_CHUNK, size - offset))
+        if not chunk:
+            return None
+        found = chunk.count(b"\n")
+        if seen + found >= line:
+            at = -1
+            for _ in range(line - seen):
+                at = chunk.index(b"\n", at + 1)
+            return offset + at + 1
+        seen += found
+        offset += len(chunk)
+    return size
+
+
 @dataclass(frozen=True)
 class Shaped:
     """What is shown of one stream, with its counts and the error digest of the cut."""
@@ -308,6 +399,7 @@ def shape(  # noqa: PLR0911 - one return per policy
     *,
     digest: bool = False,
     extras: Extras = PLAIN,
+    lines: LineLimits = NO_LINE_LIMITS,
 ) -> Shaped:
     """Shape the first `size` bytes of a file by a policy.
 
@@ -315,7 +407,9 @@ def shape(  # noqa: PLR0911 - one return per policy
     the shown text is exact. Totals are always those of the raw bytes (as the command
     wrote them); shown counts are those of the shown text. `total_lines` (the caller's
     count of the first `size` bytes) is used for huge outputs; small ones are counted
-    here. `extras` are the policy's additions to sanitizing (native).
+    here. `extras` are the policy's additions to sanitizing (native). `lines`: the
+    call's `head` / `tail` (seed 002), which pick lines of the whole output, within the
+    policy's size (`_shape_lines`).
     """
     if size == 0:
         # Most streams of most calls are empty: no file read.
@@ -323,6 +417,12 @@ def shape(  # noqa: PLR0911 - one return per policy
         return Shaped(cut.text, cut.info)
     if extras.detect_binary and looks_binary(_pread(path, 0, min(size, BINARY_SNIFF))):
         return _binary(path, size, total_lines, policy)
+    if lines != NO_LINE_LIMITS:
+        shaped = _shape_lines(path, size, total_lines, lines,
+                              max_bytes=truncate.shown_limit(policy), secrets=secrets,
+                              extras=extras)
+        if shaped is not None:
+            return shaped
     if size <= WHOLE_READ_LIMIT:
         return _shape_whole(path, size, policy, secrets, digest=digest, extras=extras)
     match policy:

@@ -1,4 +1,5 @@
-"""The child environment: secrets scrubbed, hardened for unattended runs, marked.
+"""The child environment: worker internals dropped, secrets scrubbed, hardened for
+unattended runs (defaults a session's own exports and unsets win over), marked.
 
 Pure functions over mappings, so the rules are table-tested without spawning anything;
 `process_environ` is the one that reads this process's own environment.
@@ -50,6 +51,32 @@ DEFAULT_DENY: tuple[str, ...] = (
 
 #: Names kept even when a deny pattern matches (none by default; settings add some).
 DEFAULT_ALLOW: tuple[str, ...] = ()
+
+#: The worker's own workings, never passed to a call (case-insensitive shell patterns):
+#: Celery's and billiard's fork settings (`_MP_FORK_LOGFORMAT_`...), the shell state of
+#: whoever started the worker (`OLDPWD`, `PWD`: bash sets `PWD` to the call's cwd
+#: itself; `_`), and systemd's service plumbing (`NOTIFY_SOCKET`, `LISTEN_FDS`...).
+#: Not secrets: dropped, not scrubbed, so their values are never redacted from output.
+WORKER_INTERNALS: tuple[str, ...] = (
+    "_MP_*",
+    "FORKED_BY_MULTIPROCESSING",
+    "MP_MAIN_FILE",
+    "MULTIPROCESSING_FORKING_DISABLE",
+    "OLDPWD",
+    "PWD",
+    "_",
+    "INVOCATION_ID",
+    "JOURNAL_STREAM",
+    "NOTIFY_SOCKET",
+    "LISTEN_PID",
+    "LISTEN_FDS",
+    "LISTEN_FDNAMES",
+    "WATCHDOG_PID",
+    "WATCHDOG_USEC",
+    "MAINPID",
+    "MANAGERPID",
+    "SYSTEMD_EXEC_PID",
+)
 
 #: Set for every call so that tools never wait for a person.
 HARDENING: Mapping[str, str] = {
@@ -111,7 +138,10 @@ def _scrub(
     kept: list[tuple[str, str]] = []
     names: list[str] = []
     values: list[str] = []
+    internal = _matcher(WORKER_INTERNALS)
     for name, value in items:
+        if internal is not None and internal.match(name.upper()):
+            continue
         if is_secret_name(name, deny, allow):
             names.append(name)
             values.append(value)
@@ -129,17 +159,21 @@ def build_env(
     deny: Iterable[str] = DEFAULT_DENY,
     allow: Iterable[str] = DEFAULT_ALLOW,
 ) -> ChildEnv:
-    """Scrub `base`, apply the hardening, add `extra` (session variables), then the marker.
+    """Drop the worker's internals from `base` and scrub its secrets, lay the hardening
+    over it, then `extra` (the session's exported variables, the call's own), remove
+    `unset` (what the session unset), and set the marker.
 
-    `extra` is what the caller asked for explicitly, so it is not scrubbed; the
-    hardening and the marker cannot be overridden by it.
+    The hardening is a default for unattended runs: a session that exported `PAGER=less`
+    or ran `unset PAGER` keeps that on its later calls, as a shell would. `extra` is
+    what the caller asked for explicitly, so it is not scrubbed. The marker is set last:
+    nothing overrides it (kill sweeps find a call's processes by it).
     """
     kept, names, values = _scrub(tuple(base.items()), tuple(deny), tuple(allow))
     env = dict(kept)
+    env.update(HARDENING)
     env.update(extra or {})
     for name in unset:
         env.pop(name, None)
-    env.update(HARDENING)
     env[MARKER_VAR] = marker
     return ChildEnv(env=env, scrubbed_names=names, scrubbed_values=values)
 

@@ -29,13 +29,36 @@ _PLAIN_VALUES = frozenset(
      "yaml", "default", "enabled", "disabled"}
 )
 
+#: Shapes of the values a variable scrubbed *by its name* holds when it is a setting,
+#: not a secret: one word in one case or Capitalized, at most 12 letters (`WARNING`,
+#: `production`, `Linux`: a logging level scrubbed this way blanked every `WARNING` of a
+#: pytest run), a number or version (`3`, `v1.2.3`), a cloud region (`us-east-1`).
+#: A mixed-case or longer run of letters, or one with digits or punctuation, may be a
+#: secret and stays redacted.
+_SETTING_SHAPES = re.compile(
+    r"[a-z]{1,12}|[A-Z]{1,12}|[A-Z][a-z]{1,11}"
+    r"|v?[0-9]+(?:\.[0-9]+)*"
+    r"|[a-z]{2,6}(?:-gov|-iso[a-z]?)?-(?:(?:north|south)?(?:east|west)|north|south|central)"
+    r"-?[0-9]{1,2}[a-z]?"
+)
+
 
 def worth_redacting(value: str) -> bool:
-    """True for values that may be secrets: long enough, not a flag, word or small number."""
+    """True for values that may be secrets: long enough, not a flag, word or small number.
+
+    The test for a value known to be a secret (the worker's own keys and password)."""
     plain = value.strip()
     if len(plain) < MIN_SECRET_LENGTH or plain.lower() in _PLAIN_VALUES:
         return False
     return not (plain.isdigit() and len(plain) < 12)
+
+
+def may_be_secret(value: str) -> bool:
+    """True for a value of a variable that was scrubbed for its name (`AWS_*`,
+    `*TOKEN*`...) or found in a secret file, when it can be a secret: worth redacting
+    and not shaped as a setting (a word, a version, a region). Paths of public files
+    are told apart where the disk can be looked at (`worker.engine.secrets`)."""
+    return worth_redacting(value) and _SETTING_SHAPES.fullmatch(value.strip()) is None
 
 # Terminal escapes, as ECMA-48 (5th edition, 1991) defines them and xterm and chalk's
 # ansi-regex read them. The rule for every class: remove the sequence, never the text

@@ -4,6 +4,14 @@ Three sources: the values of variables scrubbed from the child environment, the
 password inside any of those that is a URL (a command may print it alone), and the
 files an operator names in `BASHFLEET_SECRET_FILES` (an env file, a .netrc, ...),
 whose `KEY=VALUE` values and the words after password/token/secret/key are taken.
+The worker's own secrets (its keys, its Redis password) are known to be secrets.
+
+The first and the third are guesses by name, and a name rule such as `AWS_*` takes
+settings too: `AWS_CA_BUNDLE=/etc/ssl/certs/ca-certificates.crt`, a logging level
+`WARNING`. Redacting those blanked ordinary output (every `WARNING` of a pytest run),
+so a guessed value is redacted only when it can be a secret: long enough, not shaped as
+a setting (`sanitize.may_be_secret`: a word, a version, a region) and not the path of a
+file anyone on the host may read.
 """
 
 from __future__ import annotations
@@ -11,13 +19,14 @@ from __future__ import annotations
 import base64
 import os
 import re
+import stat
 from collections.abc import Iterable
 from functools import lru_cache
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 from worker.engine.environment import build_env, process_environ
-from worker.engine.sanitize import secret_pattern, worth_redacting
+from worker.engine.sanitize import may_be_secret, secret_pattern, worth_redacting
 from worker.settings import Settings
 
 _ASSIGNMENT = re.compile(r"^\s*(?:export\s+)?[A-Za-z_][A-Za-z0-9_.-]*\s*[=:]\s*(.+?)\s*$")
@@ -48,7 +57,32 @@ def values_in_text(text: str) -> tuple[str, ...]:
             found.append(assigned.group(1).strip("'\""))
         found.extend(match.strip("'\"") for match in _AFTER_KEYWORD.findall(line))
     with_passwords = found + [pw for v in found if (pw := url_password(v))]
-    return tuple(dict.fromkeys(v for v in with_passwords if worth_redacting(v)))
+    return guessed_secrets(with_passwords)
+
+
+#: An absolute path as a setting holds one: no whitespace, no URL.
+_PATH = re.compile(r"/[^\s:]*")
+
+
+@lru_cache(maxsize=256)
+def is_public_path(value: str) -> bool:
+    """True when `value` is the absolute path of a file or directory every user of this
+    host may read (`/etc/ssl/certs/ca-certificates.crt`): printing it reveals nothing.
+    Cached: a worker's scrubbed values are the same on every call."""
+    if _PATH.fullmatch(value) is None:
+        return False
+    try:
+        mode = os.stat(value).st_mode
+    except (OSError, ValueError):
+        return False
+    return bool(mode & stat.S_IROTH)
+
+
+def guessed_secrets(values: Iterable[str]) -> tuple[str, ...]:
+    """The values, found by a name rule, that can be secrets (see the module's doc)."""
+    return tuple(dict.fromkeys(
+        v for v in values if may_be_secret(v) and not is_public_path(v.strip())
+    ))
 
 
 @lru_cache(maxsize=64)
@@ -106,7 +140,8 @@ def redaction_pattern(
     scrubbed = tuple(scrubbed_values)
     passwords = tuple(pw for value in scrubbed if (pw := url_password(value)))
     return secret_pattern(
-        scrubbed + passwords + file_secrets(settings.secret_files) + own_secrets(settings)
+        guessed_secrets(scrubbed + passwords) + file_secrets(settings.secret_files)
+        + own_secrets(settings)
     )
 
 

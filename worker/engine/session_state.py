@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from worker.engine.environment import HARDENING, MARKER_VAR
+from worker.engine.environment import MARKER_VAR
 
 #: Variables bash itself (or this capture) maintains: never carried between calls.
 _SHELL_OWNED = frozenset({"_", "SHLVL", "PWD", "OLDPWD", "BASH_ENV", MARKER_VAR})
@@ -46,7 +46,9 @@ def parse_state(data: bytes, started_with: Mapping[str, str]) -> FinalState | No
         name, sep, value = entry.partition("=")
         if sep and name:
             final[name] = value
-    skip = _SHELL_OWNED | set(HARDENING)
+    # The hardening (PAGER=cat...) is diffed like any variable: it is a default, so a
+    # session's `unset PAGER` or `export PAGER=less` holds on its later calls (#22).
+    skip = _SHELL_OWNED
     changes = {
         name: value
         for name, value in final.items()

@@ -312,6 +312,68 @@ def last_lines(text: str, count: int) -> str:
     return "".join(_split_lines(text)[-count:])
 
 
+def wanted_lines(total: int, head: int | None, tail: int | None) -> tuple[int, int]:
+    """The 1-based inclusive range of lines `head` / `tail` ask for in a stream of
+    `total` lines, as seed 002 applies them: head first, then tail of what head kept.
+    An empty range is (1, 0)."""
+    last = total if head is None else min(max(head, 0), total)
+    first = 1 if tail is None else max(1, last - max(tail, 0) + 1)
+    if tail is not None and tail <= 0:
+        first = last + 1
+    return (first, last) if first <= last else (1, 0)
+
+
+def line_range(
+    text: str, head: int | None, tail: int | None, max_bytes: int, *, first_line: int = 1,
+    total_lines: int | None = None,
+) -> Cut:
+    """The lines of the whole `text` that `head` / `tail` ask for (`wanted_lines`), at
+    most `max_bytes` of them (UTF-8-safe: from their start for a head alone, else from
+    their end, as the tail policy cuts), with counts that say exactly which lines are
+    shown (#22 point 11: the head of a 100,000-line output showed lines of its last
+    50 KB, under a notice about those).
+
+    `text` may be a window of a longer stream that starts at line `first_line` and holds
+    every wanted line; `total_lines` is then the stream's count (shown ranges are the
+    stream's line numbers; the byte totals stay the window's, for the caller to set).
+    """
+    lines = _split_lines(text)
+    offset = first_line - 1
+    total = len(lines) + offset if total_lines is None else total_lines
+    first, last = wanted_lines(total, head, tail)
+    chosen = "".join(lines[max(0, first - 1 - offset): max(0, last - offset)])
+    # A head is cut to its start; a tail (also head then tail) to its end.
+    from_start = tail is None
+    shown = utf8_head(chosen, max_bytes) if from_start else utf8_tail(chosen, max_bytes)
+    count = count_lines(shown)
+    if not shown:
+        ranges: tuple[tuple[int, int], ...] = ()
+    elif from_start:
+        ranges = ((first, first + count - 1),)
+    else:
+        ranges = ((last - count + 1, last),)
+    byte_cut = shown != chosen
+    cut_lines = (first, last) != (1, total)
+    direction: _Direction = "tail"
+    if (byte_cut or cut_lines) and from_start:
+        direction = "head"
+    elif (byte_cut or cut_lines) and last < total:
+        direction = "middle"  # one range inside the output: lines A-B of T
+    partial = byte_cut and (not shown.endswith("\n") if from_start
+                            else not chosen[: len(chosen) - len(shown)].endswith("\n"))
+    return Cut(shown, TruncationInfo(
+        direction=direction,
+        truncated=byte_cut or cut_lines,
+        limit="bytes" if byte_cut else "lines" if cut_lines else None,
+        total_lines=total,
+        total_bytes=utf8_len(text),
+        shown_lines=count,
+        shown_bytes=utf8_len(shown),
+        partial_line=partial,
+        shown_ranges=ranges,
+    ))
+
+
 def error_digest(cut_text: str, limit: int = 20, width: int = 300) -> tuple[str, ...]:
     """Up to `limit` error-looking lines of a cut part, last ones kept, each shortened."""
     found = [line.strip()[:width] for line in cut_text.splitlines() if _ERRORISH.search(line)]

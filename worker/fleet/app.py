@@ -23,7 +23,7 @@ import logging
 from celery import Celery
 from celery.signals import after_setup_logger, after_setup_task_logger
 
-from worker.fleet import logs
+from worker.fleet import flower, logs
 from worker.fleet.batching import CONSUMER
 from worker.fleet.celery_apps import worker_celery
 from worker.settings import get_settings
@@ -65,3 +65,5 @@ def setup_consumer_logging(log_format: logs.LogFormat, host: str, role: str) -> 
 
 
 app = make_app(get_settings().redis_url_value() or DEFAULT_URL)
+# Flower serving this app is read-only: its Revoke/Terminate would stop nothing.
+flower.read_only_by_default()

@@ -25,7 +25,7 @@ import redis
 from celery.signals import worker_ready, worker_shutting_down
 
 from worker.engine import running, sandbox
-from worker.fleet import registry, tasks
+from worker.fleet import flower, registry, tasks
 from worker.fleet.app import app, setup_consumer_logging
 from worker.fleet.connect import redis_client
 from worker.fleet.control import Runtime
@@ -82,7 +82,8 @@ def run_consumer(role: Role, instance: str) -> int:
         queues, slots = [names.ctl_queue(host)], CTL_CONCURRENCY
     app.worker_main(
         [
-            *celery_options, "worker", "--hostname", f"{role}@{host}", "--queues", ",".join(queues),
+            *celery_options, "worker", "--hostname", flower.worker_name(role, host),
+            "--queues", ",".join(queues),
             "--pool", "threads", "--concurrency", str(slots), "--without-gossip",
             "--without-mingle", "--task-events", "--loglevel", "INFO",
         ]

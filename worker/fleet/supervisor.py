@@ -9,8 +9,9 @@
    running (their callers were told "worker lost"; the commands must not go on),
    and re-adopts its background jobs, recording the end of those that ended meanwhile;
 3. starts two consumer processes in its process group, each a Celery worker with a
-   threads pool: `exec@<host>` on the command queues (`--concurrency` slots) and
-   `ctl@<host>` on the control queue, so control calls never wait for a slot;
+   threads pool: `calls@<host>` on the command queues (`--concurrency` slots) and
+   `control@<host>` on the control queue, so control calls never wait for a slot
+   (`flower.worker_name`);
 4. renews the heartbeat every second and keeps Redis (and Flower) in step with its
    jobs, restarts a consumer that crashed (killing the calls it ran), and on SIGTERM /
    SIGINT stops: running calls are killed and answered with a note, the lock released.

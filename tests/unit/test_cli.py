@@ -1,0 +1,381 @@
+"""The CLI without a fleet: its parser (every option has help), `write`'s arguments, the
+job id on stdout, the spinner, the exit statuses, the words when no fleet answers, and a
+closed stdout (#22 points 6, 7, 14, 15, 16, 24, and the exit-status mapping)."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+
+from client import cli
+from client import exit_status as statuses
+from client.dialects import DIALECTS
+from client.dialects.base import SCHEMA_STYLES
+from worker.wire.control import Collect, SessionOutput
+from worker.wire.models import CallResult, HostInfo, JobHandle, SystemError_
+
+# ------------------------------------------------------------------- help everywhere
+
+
+def _parsers(parser: argparse.ArgumentParser) -> Iterator[tuple[str, argparse.ArgumentParser]]:
+    """Every parser of the tree, by its command path (`bashfleet run`)."""
+    yield parser.prog, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                yield from _parsers(child)
+
+
+def test_every_option_of_every_command_has_help() -> None:
+    """#22 point 16: `up`'s Flower options, `output --offset/--limit`, `ps --host`, the
+    `--json` of check and kill had none."""
+    missing = [
+        f"{prog} {'/'.join(action.option_strings) or action.dest}"
+        for prog, parser in _parsers(cli.build_parser())
+        for action in parser._actions
+        if not isinstance(action, argparse._HelpAction | argparse._SubParsersAction)
+        and not (action.help and action.help != argparse.SUPPRESS)
+    ]
+    assert missing == []
+
+
+def _help(*argv: str) -> str:
+    parser = dict(_parsers(cli.build_parser()))[" ".join(("bashfleet", *argv))]
+    return " ".join(parser.format_help().split())
+
+
+def test_mcp_and_schema_help_list_every_dialect() -> None:
+    assert list(cli.DIALECT_NAMES) == sorted(DIALECTS)
+    for command in ("mcp", "schema"):
+        shown = _help(command)
+        for name in DIALECTS:
+            assert name in shown, (command, name)
+    assert "codex" in _help("mcp")
+
+
+def test_schema_styles_are_the_dialects_own() -> None:
+    assert cli.SCHEMA_STYLES == SCHEMA_STYLES
+    assert "openai-responses" in _help("schema")
+
+
+def test_attach_help_says_the_detach_keys_format() -> None:
+    shown = _help("attach")
+    assert "^X or ctrl-X" in shown and "default ^]" in shown
+
+
+# --------------------------------------------------------------------------- write
+
+
+@pytest.mark.parametrize(
+    ("argv", "text", "no_newline", "close"),
+    [
+        # The newcomer's: options after the text, then before it.
+        (["write", "J", "-n", "abc"], ["abc"], True, False),
+        (["write", "J", "abc", "-n"], ["abc"], True, False),
+        (["write", "J", "a", "-n", "b", "c"], ["a", "b", "c"], True, False),
+        (["write", "J", "--close"], [], False, True),
+        (["write", "J", "--", "-n"], ["-n"], False, False),
+    ],
+)
+def test_write_takes_options_on_both_sides_of_its_text(
+    argv: list[str], text: list[str], no_newline: bool, close: bool
+) -> None:
+    args, rest = cli._parse(cli.build_parser(), argv)
+    assert rest == []
+    assert (args.text, args.no_newline, args.close) == (text, no_newline, close)
+
+
+def test_write_still_refuses_an_unknown_option(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["write", "J", "abc", "--bogus"])
+    assert exited.value.code == 2
+    assert "unrecognized arguments: --bogus" in capsys.readouterr().err
+
+
+class FakeSessionFleet:
+    """What `write` asks of the fleet, recorded."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, str]] = []
+
+    def _out(self) -> SessionOutput:
+        return SessionOutput(id="j1", host="h", running=True)
+
+    def write_stdin(self, id: str, data: str = "", *, collect: Collect | None = None
+                    ) -> SessionOutput:
+        self.sent.append(("write", data))
+        return self._out()
+
+    def close_stdin(self, id: str, *, collect: Collect | None = None) -> SessionOutput:
+        self.sent.append(("close", ""))
+        return self._out()
+
+
+@pytest.mark.parametrize(
+    ("argv", "sent"),
+    [
+        # #22 point 6: `--close` alone sent a newline before the EOF.
+        (["write", "j1", "--close"], [("close", "")]),
+        (["write", "j1", "abc", "--close"], [("write", "abc\n"), ("close", "")]),
+        (["write", "j1", "-n", "abc", "--close"], [("write", "abc"), ("close", "")]),
+        (["write", "j1", "-n", "abc"], [("write", "abc")]),
+        (["write", "j1"], [("write", "\n")]),  # Enter
+    ],
+)
+def test_write_sends_what_was_asked_and_nothing_more(
+    argv: list[str], sent: list[tuple[str, str]], monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    fake = FakeSessionFleet()
+    monkeypatch.setattr(cli, "_fleet", lambda: fake)
+    assert cli.main(argv) == 0
+    assert fake.sent == sent
+    assert "[job j1 on h: running]" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- the job id, stdout
+
+
+def _job_result(**fields: Any) -> CallResult:
+    job = JobHandle(id="j3f2c9a1b7d4e5f6", host="a", pid=42, pgid=42, output_path="/o")
+    return CallResult(call_id="c1", host="a", backgrounded=True, job=job, exit_code=None,
+                      **fields)
+
+
+def test_a_background_job_prints_its_id_alone_on_stdout(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """#22 point 7: `X=$(bashfleet run --mode background 'sleep 5')` must hold the id."""
+    cli.print_result(_job_result())
+    out, err = capsys.readouterr()
+    assert out == "j3f2c9a1b7d4e5f6\n"
+    assert "bashfleet check j3f2c9a1b7d4e5f6" in err and "bashfleet kill" in err
+
+
+def test_a_call_that_went_to_the_background_prints_its_output_then_the_id(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    cli.print_result(_job_result(stdout="partial\n", timed_out=True))
+    out, _ = capsys.readouterr()
+    assert out == "partial\nj3f2c9a1b7d4e5f6\n"
+
+
+def test_a_followed_job_keeps_stdout_for_its_output(capsys: pytest.CaptureFixture[str]) -> None:
+    cli.print_result(_job_result(), job_id_on_stdout=False)
+    out, err = capsys.readouterr()
+    assert out == "" and "j3f2c9a1b7d4e5f6" in err
+
+
+# ------------------------------------------------------------------ exit statuses
+
+
+@pytest.mark.parametrize(
+    ("exit_code", "signal_number", "status"),
+    [(0, None, 0), (3, None, 3), (None, 9, 137), (None, 15, 143), (None, 2, 130),
+     (None, None, 125)],
+)
+def test_a_process_ending_as_a_status(
+    exit_code: int | None, signal_number: int | None, status: int
+) -> None:
+    assert statuses.of_process(exit_code, signal_number) == status
+
+
+@pytest.mark.parametrize(
+    ("fields", "status"),
+    [
+        ({"exit_code": 0}, 0),
+        ({"exit_code": 42}, 42),
+        ({"signal": 9}, 137),
+        ({"exit_code": None, "timed_out": True, "signal": 15}, 124),
+        ({"error": SystemError_(kind="bad_cwd", message="no such dir")}, 125),
+        # A timeout kill that left survivors: an error note on an outcome, not a failure.
+        ({"signal": 15, "timed_out": True, "error": SystemError_(kind="internal",
+                                                                 message="survivors")}, 124),
+        ({"backgrounded": True}, 0),
+        ({}, 125),
+    ],
+)
+def test_a_call_as_a_status(fields: dict[str, Any], status: int) -> None:
+    assert statuses.of_call(CallResult(call_id="c", host="h", **fields)) == status
+
+
+def test_the_constants_are_bashs() -> None:
+    assert (statuses.TIMEOUT, statuses.SYSTEM_ERROR, statuses.INTERRUPTED,
+            statuses.BROKEN_PIPE, statuses.TERMINATED, statuses.USAGE) == (
+        124, 125, 130, 141, 143, 2)
+
+
+# --------------------------------------------------------------------- the spinner
+
+
+class Tty(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+class FakeHosts:
+    """`call_host` that knows the host from its third question on."""
+
+    def __init__(self) -> None:
+        self.asked = 0
+
+    def call_host(self, call_id: str) -> str | None:
+        self.asked += 1
+        return "a" if self.asked >= 3 else None
+
+
+def test_the_spinner_names_the_host_once_known(monkeypatch: pytest.MonkeyPatch) -> None:
+    """#22 point 14: it said "running on any host" for a call that ran on host a."""
+    monkeypatch.setattr(cli.HostLabel, "LOOKUP_S", 0.0)
+    fake = FakeHosts()
+    label = cli.HostLabel(cast("Any", fake), "c1", None)
+    assert [label(), label(), label(), label()] == [
+        "waiting for a host", "waiting for a host", "running on a", "running on a"]
+    assert fake.asked == 3  # known: not asked again
+    assert cli.HostLabel(cast("Any", fake), "c1", "b")() == "running on b"
+
+
+def test_the_spinner_gives_way_to_any_message_and_leaves_no_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """#22 point 14: after Ctrl-C its line stayed. Whatever else writes to stderr (the
+    Ctrl-C notice) stops it for good and clears its line first."""
+    monkeypatch.setattr(cli.Spinner, "FRAME_S", 0.005)
+    out = Tty()
+    drawn = threading.Event()
+
+    def label() -> str:
+        drawn.set()
+        return "running on a"
+
+    spinner = cli.Spinner(label, out)
+    with spinner.spinning():
+        assert drawn.wait(5)
+        while "running on a" not in out.getvalue():
+            threading.Event().wait(0.005)  # the first frame is being written
+        print("\n^C: cancelling call c1", file=sys.stderr, flush=True)
+        frames = out.getvalue()
+        threading.Event().wait(0.05)  # frames would come every 5 ms
+        assert out.getvalue() == frames, "a frame was drawn after the message"
+    assert sys.stderr is not spinner
+    text = out.getvalue()
+    before, message = text.split("\n^C: cancelling call c1\n")
+    assert before.endswith("\r\033[K"), "its line is cleared before the message"
+    assert message == ""
+
+
+def test_no_spinner_off_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys, "stderr", io.StringIO())
+    spinner = cli._spinner(cast("Any", FakeHosts()), cast("Any", None), None)
+    assert isinstance(spinner, contextlib.nullcontext)
+
+
+# ------------------------------------------------------- no fleet; a closed stdout
+
+
+def _cli(env: dict[str, str], *argv: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("BASHFLEET_")}
+    clean.update(XDG_STATE_HOME=str(tmp_path / "xdg"), HOME=str(tmp_path), **env)
+    return subprocess.run([sys.executable, "-m", "client.cli", *argv], env=clean, text=True,
+                          capture_output=True, timeout=60, check=False)
+
+
+def test_with_no_fleet_the_cli_says_what_a_cli_user_does(tmp_path: Path) -> None:
+    """#22 point 15: it said "pass redis_url=" (the Python API's words)."""
+    done = _cli({}, "ps", tmp_path=tmp_path)
+    assert done.returncode == 125
+    assert "redis_url=" not in done.stderr
+    assert "bashfleet up" in done.stderr and "BASHFLEET_REDIS_URL" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_with_redis_stopped_the_cli_says_to_start_the_fleet(tmp_path: Path) -> None:
+    import socket  # noqa: PLC0415
+
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    done = _cli({"BASHFLEET_REDIS_URL": f"redis://127.0.0.1:{port}/0"}, "hosts",
+                tmp_path=tmp_path)
+    assert done.returncode == 125
+    assert "unreachable" in done.stderr and "bashfleet up" in done.stderr
+    assert "redis_url=" not in done.stderr and "Traceback" not in done.stderr
+
+
+def test_the_cli_client_finds_the_fleet_itself(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CLI's client is given no URL: one found through `bashfleet up` is found again
+    where it must be (`bashfleet events` across a `down` and `up` hears the new fleet,
+    tests/integration/test_job_events.py), and it signs with the admin key."""
+    import client.fleet  # noqa: PLC0415
+
+    made: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
+
+    def fleet(*args: Any, **kwargs: Any) -> str:
+        made.append((args, kwargs))
+        return "the fleet"
+
+    monkeypatch.setattr(client.fleet, "resolve_url", lambda *_: "redis://127.0.0.1:1/0")
+    monkeypatch.setattr(client.fleet, "Fleet", fleet)
+    assert cast(object, cli._fleet()) == "the fleet"
+    assert made == [((), {"admin": True})]
+
+
+def _into_a_closed_pipe(argv: list[str], tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    """The CLI with a stdout whose reader is gone before anything is written (`head`
+    that read its lines)."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "client.cli", *argv], stdout=write_end, stderr=subprocess.PIPE,
+            text=True, timeout=60, check=False,
+            env={**os.environ, "XDG_STATE_HOME": str(tmp_path)},
+        )
+    finally:
+        os.close(write_end)
+    return done
+
+
+@pytest.mark.parametrize("argv", [["schema"], ["schema", "--dialect", "native"]])
+def test_a_closed_stdout_ends_quietly_with_141(argv: list[str], tmp_path: Path) -> None:
+    """#22 point 24: `bashfleet schema | head` ended in a BrokenPipeError traceback."""
+    done = _into_a_closed_pipe(argv, tmp_path)
+    assert done.stderr == ""
+    assert done.returncode == statuses.BROKEN_PIPE
+
+
+def test_help_into_a_closed_pipe_is_quiet(tmp_path: Path) -> None:
+    # argparse drops a failed write of its help itself (and exits 0).
+    assert _into_a_closed_pipe(["--help"], tmp_path).stderr == ""
+
+
+def test_schema_into_head_shows_no_traceback(tmp_path: Path) -> None:
+    shell = f"{sys.executable} -m client.cli schema | head -n 1"
+    done = subprocess.run(["bash", "-c", shell], text=True, capture_output=True, timeout=60,
+                          check=False, env={**os.environ, "XDG_STATE_HOME": str(tmp_path)})
+    assert done.stdout == "{\n" and done.stderr == ""
+
+
+# ------------------------------------------------------------------ hosts (#22 point 13)
+
+
+def test_hosts_leaves_out_a_fleet_long_gone() -> None:
+    now = 1_700_000_000.0
+    hosts = [
+        HostInfo(host="live", alive=True, heartbeat_at=now - 1),
+        HostInfo(host="just-died", alive=False, heartbeat_at=now - 600),
+        HostInfo(host="long-gone", alive=False, heartbeat_at=now - 5 * 3600),
+        HostInfo(host="never-beat", alive=False),
+    ]
+    assert [h.host for h in cli.shown_hosts(hosts, now, all_hosts=False)] == ["live", "just-died"]
+    assert cli.shown_hosts(hosts, now, all_hosts=True) == hosts
