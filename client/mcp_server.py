@@ -55,7 +55,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types.jsonrpc import INVALID_PARAMS
 
 from client.dialects import Artifact, Dialect, Runner, SessionState, ToolText
-from client.dialects.base import JobViewer
+from client.dialects.base import JobViewer, MadeWorkspace, WorkspaceMaker
 from client.errors import (
     BashfleetError,
     FleetUnavailable,
@@ -105,6 +105,10 @@ ARTIFACT_READ_BYTES = 1024 * 1024
 _END = 1 << 62
 
 T = TypeVar("T")
+
+
+#: Seconds between two renewals of a server's workspaces (a workspace lives a day unused).
+RENEW_INTERVAL_S = 600.0
 
 
 def session_owner(session_id: str) -> str:
@@ -176,6 +180,16 @@ class FleetRunner:
     def write_stdin_request(self, request: WriteStdinRequest) -> SessionOutput:
         """`Fleet.write_stdin_request`."""
         return self._guard(lambda: self.fleet.write_stdin_request(request))
+
+    def workspace(self, *, host: str | None = None, near: str | None = None,
+                  ttl_s: float | None = None, session: str | None = None) -> MadeWorkspace:
+        """`Fleet.workspace`: the session's workspace on a host (at its first call there)."""
+        return self._guard(lambda: self.fleet.workspace(host=host, near=near, ttl_s=ttl_s,
+                                                        session=session))
+
+    def renew_workspace(self, workspace_id: str) -> None:
+        """Mark a workspace of the session used (the server renews them while it lives)."""
+        self._guard(lambda: self.fleet.open_workspace(workspace_id).renew())
 
 
 class ServerRunner(Runner, Protocol):
@@ -302,6 +316,14 @@ class SessionRunner:
         """`Runner.write_stdin_request` (sessions are routed by job id, wherever they run)."""
         return self._runner.write_stdin_request(request)
 
+    def workspace(self, *, host: str | None = None, near: str | None = None,
+                  ttl_s: float | None = None, session: str | None = None) -> MadeWorkspace:
+        """The runner's `workspace` (NotImplementedError when it makes none: its calls
+        then run in throwaway workspaces)."""
+        if not isinstance(self._runner, WorkspaceMaker):
+            raise NotImplementedError("this runner makes no workspaces")
+        return self._runner.workspace(host=host, near=near, ttl_s=ttl_s, session=session)
+
 
 # ---------------------------------------------------------------------------- backend
 
@@ -405,6 +427,38 @@ class ToolServer:
         # Commits of this process's concurrent calls one at a time (merges are cheap);
         # the calls themselves run in parallel.
         self._commit_lock = threading.Lock()
+
+    def renew_workspaces(self) -> int:
+        """Mark the session's workspaces used (their TTL starts again): what the server
+        does every RENEW_INTERVAL_S while it lives, so an agent that pauses keeps its
+        files and processes; how many were renewed."""
+        renewed = 0
+        try:
+            runner, store = self._backend.connect()
+            state = store.load(self.session_id)
+        except (BashfleetError, redis.RedisError) as exc:
+            log.info("workspaces not renewed: %s", _describe(exc))
+            return 0
+        renew = getattr(runner, "renew_workspace", None)
+        for workspace_id in state.workspaces.values():
+            try:
+                if renew is not None:
+                    renew(workspace_id)
+                    renewed += 1
+            except (BashfleetError, redis.RedisError) as exc:
+                log.info("workspace %s not renewed: %s", workspace_id, _describe(exc))
+        return renewed
+
+    def keep_renewing(self, stop: threading.Event, interval_s: float) -> threading.Thread:
+        """Renew the session's workspaces every `interval_s` until `stop` is set."""
+
+        def loop() -> None:
+            while not stop.wait(interval_s):
+                self.renew_workspaces()
+
+        thread = threading.Thread(target=loop, name="bashfleet-renew", daemon=True)
+        thread.start()
+        return thread
 
     def tools(self) -> list[types.Tool]:
         """The dialect's tools; listing works even while the fleet is down."""
@@ -702,7 +756,10 @@ def serve(
         cwd = os.path.abspath(cwd)
     backend = FleetBackend(redis_url, owner=session_owner(session_id))
     tool_server = ToolServer(dialect, backend, session_id, host=host, cwd=cwd)
+    stop = threading.Event()
+    tool_server.keep_renewing(stop, RENEW_INTERVAL_S)
     try:
         anyio.run(_serve_stdio, build_server(tool_server))
     finally:
+        stop.set()
         backend.reset()

@@ -321,6 +321,11 @@ class AsyncFleet:
         shell = await self._call(self._shells.load, session)
         if shell.workspace is None and request.workspace is None:
             shell = await self._session_workspace(session, shell, request)
+        elif shell.workspace is None and request.workspace is not None:
+            # An agent session's workspace (a dialect's): the shell lives in it from now,
+            # whoever calls next (the CLI's --session included).
+            shell = await self._call(self._shells.commit, session, shells.ShellChange(
+                host=request.host, workspace=request.workspace))
         result = await self._execute(shells.fill_request(shell, request))
         if shells.workspace_gone(shell, result):
             # Its workspace ended (unused past its TTL): a new one, said so in the result.

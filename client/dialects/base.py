@@ -20,10 +20,11 @@ import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
+from typing import Any, ClassVar, Literal, Protocol, TypeVar, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from client import shells
 from client.dialects.args import ArgError, Args, parse_args
 from worker.wire.control import (
     CheckRequest,
@@ -41,6 +42,7 @@ from worker.wire.models import (
     Policy,
     RunRequest,
 )
+from worker.wire.names import SESSION_TTL_S
 
 JSONSchema = dict[str, Any]
 SchemaStyle = Literal["anthropic", "openai", "openai-responses", "mcp", "function"]
@@ -138,6 +140,32 @@ class JobViewer(Protocol):
         ...
 
 
+T = TypeVar("T")
+
+
+class MadeWorkspace(Protocol):
+    """What a runner says of a workspace it made (`client.Workspace` is one)."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def host(self) -> str: ...
+
+
+@runtime_checkable
+class WorkspaceMaker(Protocol):
+    """A runner that makes workspaces (`Fleet.workspace`): an agent session's calls then
+    run in one, where what they leave (files, /tmp, processes) is there for the next,
+    and the pids and paths a dialect shows work in the next call. Optional: a runner
+    without it runs every call in a throwaway workspace."""
+
+    def workspace(self, *, host: str | None = ..., near: str | None = ...,
+                  ttl_s: float | None = ..., session: str | None = ...) -> MadeWorkspace:
+        """A new workspace (see `Fleet.workspace`)."""
+        ...
+
+
 class RunnerError(Exception):
     """The runner raised: the fleet could not answer (not the command's failure)."""
 
@@ -148,6 +176,18 @@ class RefusalError(Exception):
     def __init__(self, answer: ToolText) -> None:
         super().__init__(answer.text)
         self.answer = answer
+
+
+def workspace_ended(request: RunRequest, result: CallResult) -> bool:
+    """True when a call was refused because its workspace had ended."""
+    error = result.error
+    return (request.workspace is not None and error is not None
+            and error.kind == "not_found" and request.workspace in error.message)
+
+
+def with_workspace_notice(result: CallResult) -> CallResult:
+    """A result of a call run again in a new workspace, saying so (as a session's)."""
+    return shells.with_new_workspace(result)
 
 
 def validation_text(exc: ValidationError) -> str:
@@ -170,15 +210,50 @@ class GuardedRunner:
     raises, so tests see it.
     """
 
-    def __init__(self, runner: Runner) -> None:
+    def __init__(self, runner: Runner, session: SessionState | None = None) -> None:
         self._runner = runner
+        self._session = session
 
     def execute(self, request: RunRequest) -> CallResult:
-        """`Runner.execute`, exceptions converted."""
+        """`Runner.execute`, in the agent session's workspace on the call's host (made at
+        its first call there), exceptions converted. A workspace that ended (unused past
+        its TTL) is made again, and the result says so."""
+        placed = self._guarded(self._in_workspace, request)
+        result = self._guarded(self._runner.execute, placed)
+        if self._session is not None and workspace_ended(placed, result):
+            self._session.workspaces.pop(placed.host or "", None)
+            again = self._guarded(self._in_workspace, request)
+            result = with_workspace_notice(self._guarded(self._runner.execute, again))
+        return result
+
+    @staticmethod
+    def _guarded(step: Callable[[RunRequest], T], request: RunRequest) -> T:
         try:
-            return self._runner.execute(request)
+            return step(request)
         except Exception as exc:
             raise RunnerError(_describe(exc)) from exc
+
+    def _in_workspace(self, request: RunRequest) -> RunRequest:
+        session = self._session
+        if session is None or request.workspace is not None or \
+                not isinstance(self._runner, WorkspaceMaker):
+            return request
+        host = request.host or session.host
+        found = session.workspaces.get(host) if host else next(
+            iter(session.workspaces.items()), None)
+        if isinstance(found, tuple):
+            host, found = found
+        if found is None:
+            try:
+                made = self._runner.workspace(
+                    host=host, near=request.cwd or session.cwd, ttl_s=SESSION_TTL_S,
+                    session=session.fleet_session)
+            except NotImplementedError:  # a wrapper around a runner that makes none
+                return request
+            host, found = made.host, made.id
+            session.workspaces[host] = found
+        return request.model_copy(update={"workspace": found, "host": host,
+                                          "label": None})
 
     def check_job(self, request: CheckRequest) -> CheckResult:
         """`Runner.check_job`, exceptions converted."""
@@ -338,6 +413,9 @@ class SessionState(BaseModel):
     """job id -> byte offset of the separate stderr already shown (auto-backgrounded calls)."""
     history: list[RunRecord] = Field(default_factory=list)
     """The session's latest commands, oldest first (native's "already ran" hint)."""
+    workspaces: dict[str, str] = Field(default_factory=dict)
+    """Host -> the session's workspace there (made at its first call on that host): its
+    calls share its processes, /tmp and files, as on one machine."""
     fleet_session: str | None = None
     """The fleet session whose shell (cwd, exported variables: `client.shells`) the
     calls of dialects that keep one share (claude's FR-009). The MCP server names its
@@ -462,7 +540,7 @@ class Dialect(ABC):
         specs = {spec.name: spec for spec in self.tools(session.cwd)}
         try:
             parsed = parse_args(tool, specs[tool].input_schema, args)
-            return handlers[tool](parsed, GuardedRunner(runner), session)
+            return handlers[tool](parsed, GuardedRunner(runner, session), session)
         except ArgError as exc:
             return self.invalid(tool, str(exc))
         except ValidationError as exc:  # a request the arguments could not make
