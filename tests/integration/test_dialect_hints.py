@@ -11,7 +11,7 @@ next call reads.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -45,6 +45,15 @@ def call(fleet: Fleet, dialect: str, tool: str, args: dict[str, object],
     return get_dialect(dialect).call(tool, args, fleet, session)
 
 
+def until(ask: Callable[[], ToolText], holds: Callable[[str], bool], what: str) -> str:
+    """The text of `ask()` once `holds(text)`: the model's next calls, repeated."""
+    def answer() -> str | None:
+        text = ask().text
+        return text if holds(text) else None
+
+    return wait_for(answer, 15, what)
+
+
 def test_modes_output_file_and_kill_minus_pgid(fleet: Fleet) -> None:
     session = SessionState(host=HOST)
     started = call(fleet, "modes", "bash",
@@ -53,18 +62,18 @@ def test_modes_output_file_and_kill_minus_pgid(fleet: Fleet) -> None:
                       r"<reminder>To stop: kill -9 -(\d+)</reminder>", started.text)
     assert found, started.text
     pid, output_file, pgid = found.groups()
-    read = wait_for(lambda: (text := call(fleet, "modes", "bash",
-                                          {"command": f"cat {output_file}"}, session))
-                    .text.startswith("started") and text, 15, "the job's output")
-    assert read.text.startswith("started")
+    def cat() -> ToolText:
+        return call(fleet, "modes", "bash", {"command": f"cat {output_file}"}, session)
+
+    read = until(cat, lambda text: text.startswith("started"), "the job's output")
+    assert read.startswith("started")
     shown = call(fleet, "modes", "bash", {"command": f"ps -o args= -p {pid}"}, session)
     # The job's pid in the next call's view (bash ran its last command in its place).
     assert shown.text.strip() == "sleep 300", shown.text
     killed = call(fleet, "modes", "bash", {"command": f"kill -9 -{pgid}; echo rc=$?"}, session)
     assert killed.text.strip().endswith("rc=0"), killed.text
-    ended = wait_for(lambda: "[background process failed: signal: 9 (SIGKILL)]" in (
-        text := call(fleet, "modes", "bash", {"command": f"cat {output_file}"}, session).text)
-        and text, 15, "the completion line")
+    ended = until(cat, lambda text: "[background process failed: signal: 9 (SIGKILL)]" in text,
+                  "the completion line")
     assert "started" in ended
 
 
@@ -100,9 +109,8 @@ def test_claude_full_output_path_and_background_shell(fleet: Fleet) -> None:
     shell = re.search(r"ID: (\S+)", background.text) or re.search(r"(j[0-9a-f]{15})",
                                                                   background.text)
     assert shell, background.text
-    out = wait_for(lambda: "bg-out" in (text := call(
-        fleet, "claude", "BashOutput", {"bash_id": shell.group(1)}, session).text) and text,
-        15, "the background shell's output")
+    out = until(lambda: call(fleet, "claude", "BashOutput", {"bash_id": shell.group(1)},
+                             session), lambda text: "bg-out" in text, "the shell's output")
     assert "bg-out" in out
     assert not call(fleet, "claude", "KillBash", {"bash_id": shell.group(1)}, session).is_error
 
@@ -118,9 +126,8 @@ def test_native_bash_output_and_bash_check(fleet: Fleet) -> None:
                                          "mode": "background"}, session)
     job_id = re.search(r"(j[0-9a-f]{15})", job.text)
     assert job_id, job.text
-    checked = wait_for(lambda: "hi" in (text := call(
-        fleet, "native", "bash_check", {"id": job_id.group(1)}, session).text) and text,
-        15, "the job's output")
+    checked = until(lambda: call(fleet, "native", "bash_check", {"id": job_id.group(1)},
+                                 session), lambda text: "hi" in text, "the job's output")
     assert "hi" in checked
     assert not call(fleet, "native", "bash_kill", {"id": job_id.group(1)}, session).is_error
 
