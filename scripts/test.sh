@@ -28,6 +28,10 @@ echo "== mypy --strict"
 .venv/bin/mypy
 echo "== pytest: unit and integration (tests/e2e runs next, against the installed package)"
 # Exit code 5 (no tests collected) is a failure here, as any non-zero code is.
-.venv/bin/pytest --ignore=tests/e2e "$@"
+.venv/bin/pytest --ignore=tests/e2e --ignore=tests/frameworks "$@"
+echo "== the framework adapters, each against its framework from PyPI (environments of their own)"
+./scripts/frameworks.sh
+.venv-frameworks/bin/pytest tests/frameworks --ignore=tests/frameworks/test_harbor.py -q
+.venv-harbor/bin/pytest tests/frameworks/test_harbor.py -q
 echo "== the end-to-end tests against the installed package"
 PYTHON=.venv/bin/python ./scripts/test_installed.sh -q

@@ -1,0 +1,12 @@
+"""Where orchestrators pick a backend: bashfleet as the execution environment of the
+frameworks they run (issue #21). One module per framework, each a thin layer over
+`client.Workspace` / `client.AsyncWorkspace`, each installed by an extra:
+
+    inspect_ai      pip install 'bashfleet[inspect]'         Task(sandbox="bashfleet")
+    harbor          pip install 'bashfleet[harbor]'          harbor run --env ...
+    openai_agents   pip install 'bashfleet[openai-agents]'   BashfleetSandboxClient
+    swerex_server   pip install 'bashfleet[swerex]'          bashfleet swerex
+    mini_swe_agent  pip install 'bashfleet[mini-swe-agent]'  environment_class: ...
+
+The core install pulls none of them; importing this package imports none.
+"""
