@@ -32,6 +32,7 @@ if TYPE_CHECKING:
         WaitTimeout,
         WorkerError,
         WorkerLost,
+        WorkspaceFileError,
     )
     from client.fleet import Fleet, Workspace
 
@@ -55,6 +56,7 @@ __all__ = [
     "WorkerError",
     "WorkerLost",
     "Workspace",
+    "WorkspaceFileError",
 ]
 
 

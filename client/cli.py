@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TextIO, cast
 
 from client import exit_status as statuses
+from client import workspace_cli
 from client.exit_status import SYSTEM_ERROR as EXIT_SYSTEM_ERROR
 from client.exit_status import TIMEOUT as EXIT_TIMEOUT
 from client.exit_status import USAGE as EXIT_USAGE
@@ -247,7 +248,7 @@ def _run_request(args: argparse.Namespace) -> RunRequest:
     options: dict[str, Any] = {
         "host": args.host, "mode": args.mode, "timeout": args.timeout, "cwd": args.cwd,
         "session": args.session, "isolation": args.isolation, "network": args.network,
-        "tags": _tag_filter(args.tag),
+        "tags": _tag_filter(args.tag), "workspace": args.workspace,
     }
     if args.mode != "background":
         # A person's (or a script's) `run` fails at its timeout, as `timeout(1)` does:
@@ -381,6 +382,7 @@ def _run_interactive(args: argparse.Namespace, *, tty: bool) -> int:
         " ".join(args.command), host=args.host, mode="background", cwd=args.cwd,
         session=args.session, isolation=args.isolation, network=args.network,
         tags=_tag_filter(args.tag), stdin="pty" if tty else "pipe", term_size=size,
+        workspace=args.workspace,
         check=False,
     )
     if result.job is None:
@@ -836,6 +838,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_event_commands(sub)
     _add_agent_commands(sub)
     _add_session_commands(sub, run)
+    workspace_cli.add_commands(sub)
     return parser
 
 
@@ -918,7 +921,11 @@ def _add_run_command(sub: SubParsers) -> argparse.ArgumentParser:
     run.add_argument("--background-on-timeout", action="store_true",
                      help="at the timeout, leave the command running as a background job "
                           "instead of killing it (its id is printed on stdout)")
-    run.add_argument("--cwd", help="working directory on the host")
+    run.add_argument("--workspace", metavar="W",
+                     help="run in this workspace (`bashfleet workspace create`), on its host; "
+                     "default: a throwaway one, ended with the call and its jobs")
+    run.add_argument("--cwd", help="working directory (relative: from the workspace's "
+                     "directory, or the session's cwd)")
     run.add_argument("--session",
                      help="session id: the call runs on the session's host, in its cwd, with "
                           "its exported variables, and what it changes there holds for the "

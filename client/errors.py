@@ -22,8 +22,14 @@
     ├── Unauthorized               the worker refused the message (unsigned, bad
     │                              signature, unknown key, expired, replayed)
     ├── WorkerError                the worker failed inside, or did not answer in time
-    └── WaitTimeout                `wait` gave up before the job ended (it runs on);
-                                   also a TimeoutError
+    ├── WaitTimeout                `wait` gave up before the job ended (it runs on);
+    │                              also a TimeoutError
+    └── WorkspaceFileError         a workspace's file operation failed on the file: also
+        │                          the OSError a local one raises (`except OSError`)
+        ├── WorkspaceFileNotFound      also a FileNotFoundError
+        ├── WorkspaceIsADirectory      also an IsADirectoryError
+        ├── WorkspaceNotADirectory     also a NotADirectoryError
+        └── WorkspacePermissionError   also a PermissionError
 
 A command that fails is not an error: its exit code or signal are in the returned
 `CallResult` (so is a timeout, and a cancel). A call that did not run at all raises
@@ -33,6 +39,7 @@ why). Messages never show the Redis password.
 
 from __future__ import annotations
 
+import errno
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -54,6 +61,11 @@ __all__ = [
     "WaitTimeout",
     "WorkerError",
     "WorkerLost",
+    "WorkspaceFileError",
+    "WorkspaceFileNotFound",
+    "WorkspaceIsADirectory",
+    "WorkspaceNotADirectory",
+    "WorkspacePermissionError",
     "error_for",
 ]
 
@@ -167,8 +179,56 @@ class LimitReached(BashfleetError):  # noqa: N818 - names of the public API
     """An owner's cap refused it (live workspaces, background jobs): nothing was made."""
 
 
-def error_for(kind: str, message: str) -> BashfleetError:
-    """The typed exception of an error kind a worker answered (`ErrorKind`)."""
+class WorkspaceFileError(BashfleetError, OSError):
+    """A workspace's file operation (`read_file`, `write_file`, `upload`, `download`)
+    failed on the file itself; the message is the workspace's file tool's, `errno` the
+    one a local operation would have set."""
+
+    ERRNO = errno.EIO
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.errno = self.ERRNO
+
+
+class WorkspaceFileNotFound(WorkspaceFileError, FileNotFoundError):  # noqa: N818
+    """No such file or directory in the workspace."""
+
+    ERRNO = errno.ENOENT
+
+
+class WorkspaceIsADirectory(WorkspaceFileError, IsADirectoryError):  # noqa: N818
+    """A file operation named a directory of the workspace."""
+
+    ERRNO = errno.EISDIR
+
+
+class WorkspaceNotADirectory(WorkspaceFileError, NotADirectoryError):  # noqa: N818
+    """A directory operation named a file of the workspace (or a path through one)."""
+
+    ERRNO = errno.ENOTDIR
+
+
+class WorkspacePermissionError(WorkspaceFileError, PermissionError):
+    """The workspace's run user may not read or write it."""
+
+    ERRNO = errno.EACCES
+
+
+#: The exception of each `worker.wire.errors.FileProblem`.
+FILE_ERRORS: dict[str, type[WorkspaceFileError]] = {
+    "missing": WorkspaceFileNotFound,
+    "directory": WorkspaceIsADirectory,
+    "not_directory": WorkspaceNotADirectory,
+    "denied": WorkspacePermissionError,
+}
+
+
+def error_for(kind: str, message: str, file: str | None = None) -> BashfleetError:
+    """The typed exception of an error kind a worker answered (`ErrorKind`); a file
+    operation's problem with the file (`FileProblem`) as its OSError-like exception."""
+    if file in FILE_ERRORS:
+        return FILE_ERRORS[file](message)
     by_kind: dict[str, type[BashfleetError]] = {
         "not_found": UnknownJob,
         "invalid": CallRejected,

@@ -24,6 +24,8 @@ worker would refuse, failing every later call of the session).
 
 from __future__ import annotations
 
+import posixpath
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from client.errors import CallRejected, SessionPinned
@@ -120,7 +122,7 @@ def fill_request(shell: ShellState, request: RunRequest) -> RunRequest:
     pinned = request.host is None and request.label is None
     return request.model_copy(update={
         "host": shell.host if pinned else request.host,
-        "cwd": request.cwd or shell.cwd or request.default_cwd,
+        "cwd": session_cwd(request.cwd, shell.cwd or request.default_cwd),
         "env": env,
         "unset_env": unset,
         "workspace": request.workspace or shell.workspace,
@@ -128,6 +130,18 @@ def fill_request(shell: ShellState, request: RunRequest) -> RunRequest:
             request.mode != "background" and request.stdin == "null"
         ),
     })
+
+
+def session_cwd(asked: str | None, current: str | None) -> str | None:
+    """Where a session's call runs: `asked` when absolute (or `~`), relative to the
+    session's cwd when relative (`cd tmp` would go there; the worker's own cwd means
+    nothing to the caller), the session's cwd when none is asked. A session with no
+    cwd yet leaves a relative one to the worker, which joins it to the workspace."""
+    if not asked:
+        return current
+    if asked.startswith(("/", "~")) or not current:
+        return asked
+    return posixpath.normpath(posixpath.join(current, asked))
 
 
 def check_pin(shell: ShellState, request: RunRequest) -> None:

@@ -193,7 +193,7 @@ def decode_control(
     except ValidationError:
         raise WorkerError(f"the worker on {host} answered {text[:200]!r}") from None
     if reply.error is not None:
-        raise error_for(reply.error.kind, reply.error.message)
+        raise error_for(reply.error.kind, reply.error.message, reply.error.file)
     return response.model_validate(reply.ok or {})
 
 

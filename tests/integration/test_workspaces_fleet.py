@@ -5,11 +5,13 @@ jobs scoped to them, leases, caps, sessions that live in one; with real workers,
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from client import Fleet, LimitReached, UnknownJob, UnknownWorkspace
+from client.errors import WorkspaceFileError
 from client.redis_server import RedisServer
 
 from .conftest import WorkerFactory, WorkerProcess
@@ -39,6 +41,32 @@ def test_a_workspace_runs_calls_keeps_files_and_processes(host: WorkerProcess,
             == 5 * 1024 * 1024 + 7
         assert ws.run("stat -c '%s %a' data/big.bin").stdout == f"{5 * 1024 * 1024 + 7} 600\n"
         assert len(ws.read_file(f"{ws.path}/data/big.bin")) == 5 * 1024 * 1024 + 7
+
+
+def test_file_errors_are_the_oserrors_a_local_file_raises(
+    host: WorkerProcess, redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """A framework adapter (inspect's `read_file`, SWE-ReX's) catches FileNotFoundError,
+    IsADirectoryError, PermissionError as for a local file; the workspace is still there."""
+    with Fleet(redis_server.url, owner=owner()) as fleet, fleet.workspace(host="wsp") as ws:
+        ws.run("mkdir dir; echo x > file; echo s > secret; chmod 000 secret")
+        cases: list[tuple[type[OSError], Callable[[], object]]] = [
+            (FileNotFoundError, lambda: ws.read_file("missing")),
+            (IsADirectoryError, lambda: ws.read_file("dir")),
+            (IsADirectoryError, lambda: ws.write_file("dir", b"x")),
+            (PermissionError, lambda: ws.read_file("secret")),
+            (PermissionError, lambda: ws.read_file("/etc/shadow")),
+            (PermissionError, lambda: ws.write_file("/usr/new", b"x")),
+            (NotADirectoryError, lambda: ws.write_file("file/inside", b"x")),
+            (FileNotFoundError, lambda: ws.download("missing", tmp_path / "m")),
+            (NotADirectoryError, lambda: ws.download("file", tmp_path / "f")),
+        ]
+        for raised, act in cases:
+            with pytest.raises(raised) as caught:
+                act()
+            assert isinstance(caught.value, WorkspaceFileError)
+            assert caught.value.errno is not None
+        assert ws.read_file("file") == b"x\n"
 
 
 def test_upload_and_download_a_directory(host: WorkerProcess, redis_server: RedisServer,

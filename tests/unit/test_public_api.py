@@ -18,7 +18,7 @@ EXPECTED = {
         "AsyncFleet", "AsyncWorkspace", "BashfleetError", "CallNotRun", "CallRejected",
         "Fleet", "FleetUnavailable", "HostUnavailable", "LimitReached", "OutputTooLarge",
         "SessionPinned", "Unauthorized", "UnknownCall", "UnknownJob", "UnknownWorkspace",
-        "WaitTimeout", "WorkerError", "WorkerLost", "Workspace",
+        "WaitTimeout", "WorkerError", "WorkerLost", "Workspace", "WorkspaceFileError",
     },
 }
 

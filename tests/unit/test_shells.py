@@ -19,6 +19,7 @@ from client.shells import (
     carryable,
     change_of,
     fill_request,
+    session_cwd,
 )
 from worker.wire import names
 from worker.wire.models import CallResult, RunRequest, SystemError_
@@ -47,6 +48,10 @@ def ran(**fields: object) -> CallResult:
         # A background job reports no final state.
         ({"mode": "background"}, {"capture_state": False, "host": "h1"}),
         ({"unset_env": ("TZ", "LANG")}, {"unset_env": ("LANG", "TZ")}),
+        # A relative cwd is the session's cwd's subdirectory (#22 point 9), as `cd` has it.
+        ({"cwd": "tmp"}, {"cwd": "/w/tmp"}),
+        ({"cwd": "../x/./y"}, {"cwd": "/x/y"}),
+        ({"cwd": "~/src"}, {"cwd": "~/src"}),
     ],
 )
 def test_fill_request(request_fields: dict[str, object], expected: dict[str, object]) -> None:
@@ -213,6 +218,21 @@ def test_concurrent_commits_all_count(client: fakeredis.FakeRedis) -> None:
     shell = store.load("s1")
     assert shell.cwd == "/tmp"
     assert shell.env == {f"V{n}": str(n) for n in range(8)}
+
+
+@pytest.mark.parametrize(
+    ("asked", "current", "cwd"),
+    [
+        (None, "/w", "/w"),
+        ("", None, None),
+        ("sub", None, "sub"),  # no session cwd yet: the worker joins it to the workspace
+        ("sub", "/w", "/w/sub"),
+        ("/abs", "/w", "/abs"),
+        ("a/../../b", "/w/x", "/w/b"),
+    ],
+)
+def test_session_cwd(asked: str | None, current: str | None, cwd: str | None) -> None:
+    assert session_cwd(asked, current) == cwd
 
 
 def test_a_session_starts_where_its_first_call_ran_until_a_cd_moves_it() -> None:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from worker.engine import sandbox, workspaces
 from worker.settings import Settings
-from worker.wire.errors import ErrorKind
+from worker.wire.errors import ErrorKind, FileProblem
 from worker.wire.models import WorkspaceRecord
 
 #: Seconds a file tool may take (a 4 MiB chunk, a tar of a large tree).
@@ -38,18 +38,31 @@ _READ = _CHECK + (
     'exec dd if="$f" iflag=skip_bytes,count_bytes skip="$2" count="$3" bs=1M status=none'
 )
 _WRITE = (
-    'f=$1; set -e; if [ "$4" = 1 ]; then mkdir -p -- "$(dirname -- "$f")"; fi; '
+    'f=$1; d=$(dirname -- "$f"); '
+    'if [ -d "$f" ]; then echo "Is a directory: $f" >&2; exit 3; fi; '
+    'if [ -e "$d" ] && [ ! -d "$d" ]; then echo "Not a directory: $d" >&2; exit 6; fi; '
+    'if [ "$4" != 1 ] && [ ! -d "$d" ]; then echo "No such file or directory: $d" >&2; exit 2; fi; '
+    'if { [ -e "$f" ] && [ ! -w "$f" ]; } || { [ -d "$d" ] && [ ! -e "$f" ] && [ ! -w "$d" ]; }; '
+    'then echo "Permission denied: $f" >&2; exit 4; fi; '
+    'set -e; if [ "$4" = 1 ]; then mkdir -p -- "$d"; fi; '
     'if [ "$3" = 1 ]; then cat >> "$f"; else cat > "$f"; fi; '
     'if [ -n "$2" ]; then chmod -- "$2" "$f"; fi; stat -c %s -- "$f" >&3'
 )
 _ARCHIVE = {
-    "create": 'set -e; tar -c -f "$2" -C "$1" . ; stat -c %s -- "$2" >&3',
-    "extract": 'set -e; mkdir -p -- "$1"; tar -x -f "$2" -C "$1" --no-same-owner; '
+    "create": 'if [ ! -e "$1" ]; then echo "No such file or directory: $1" >&2; exit 2; fi; '
+              'if [ ! -d "$1" ]; then echo "Not a directory: $1" >&2; exit 6; fi; '
+              'set -e; tar -c -f "$2" -C "$1" . ; stat -c %s -- "$2" >&3',
+    "extract": 'if [ -e "$1" ] && [ ! -d "$1" ]; then echo "Not a directory: $1" >&2; exit 6; fi; '
+               'set -e; mkdir -p -- "$1"; tar -x -f "$2" -C "$1" --no-same-owner; '
                'rm -f -- "$2"; echo 0 >&3',
     "remove": 'rm -f -- "$2"; echo 0 >&3',
 }
-#: How a tool's exit status is told: not found, not a regular file, not readable.
-_KINDS: dict[int, ErrorKind] = {2: "not_found", 3: "invalid", 4: "unauthorized"}
+#: How a tool's exit status is told: no such file, a directory, not readable or writable,
+#: a parent that is not a directory (the client raises the matching OSError).
+_KINDS: dict[int, tuple[ErrorKind, FileProblem]] = {
+    2: ("not_found", "missing"), 3: ("invalid", "directory"), 4: ("unauthorized", "denied"),
+    6: ("invalid", "not_directory"),
+}
 
 
 class FileError(workspaces.WorkspaceError):
@@ -103,7 +116,8 @@ def _checked(record: WorkspaceRecord, settings: Settings, argv: list[str], data:
     run = run_tool(record, settings, argv, data, max_out=max_out)
     if run.status != 0:
         message = run.stderr.decode("utf-8", "replace").strip() or f"status {run.status}"
-        raise FileError(_KINDS.get(run.status, "invalid"), message[-2000:])
+        kind, problem = _KINDS.get(run.status) or ("invalid", None)
+        raise FileError(kind, message[-2000:], problem)
     return run
 
 

@@ -617,7 +617,7 @@ def control_reply(
 
 
 def _error_reply(exc: ToolError) -> ControlReply:
-    return ControlReply(error=ControlError(kind=exc.kind, message=exc.message))
+    return ControlReply(error=ControlError(kind=exc.kind, message=exc.message, file=exc.file))
 
 
 #: Control calls that get a log line, and the id field each is about.

@@ -29,7 +29,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
-from worker.wire.errors import ErrorKind
+from worker.wire.errors import ErrorKind, FileProblem
 from worker.wire.models import (
     OWNER_PATTERN,
     CheckResult,
@@ -467,6 +467,8 @@ class ControlError(Model):
     """Machine-readable class (`not_found`, `invalid`, `unauthorized`...)."""
     message: str
     """What went wrong, for a person or a model."""
+    file: FileProblem | None = None
+    """A workspace's file operation failed on the file itself: what was wrong with it."""
 
 
 class ControlReply(Model):

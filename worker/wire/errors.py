@@ -15,11 +15,16 @@ ErrorKind = Literal[
 ]
 """Every kind of failure the fleet reports (the tool's failure, never the command's)."""
 
+FileProblem = Literal["missing", "directory", "not_directory", "denied"]
+"""What was wrong with the file itself when a workspace's file operation failed (the
+client raises FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError)."""
+
 
 class ToolError(Exception):
     """A failure of the tool, with its `kind` and a `message` for a person or a model."""
 
-    def __init__(self, kind: ErrorKind, message: str) -> None:
+    def __init__(self, kind: ErrorKind, message: str, file: FileProblem | None = None) -> None:
         super().__init__(message)
         self.kind: ErrorKind = kind
         self.message = message
+        self.file = file

@@ -1,0 +1,313 @@
+"""`bashfleet workspace create|ls|info|renew|rm` and `bashfleet cp`: workspaces from a shell.
+
+    W=$(bashfleet workspace create --label linux --ttl 7200)
+    bashfleet cp ./src "$W:src"                 # a directory's contents, or one file
+    bashfleet run --workspace "$W" 'cd src && make test'
+    bashfleet cp "$W:src/build" ./build
+    bashfleet workspace rm "$W"
+
+A workspace is `client.Workspace` (see `client/_async/workspace.py`); this module is only
+its words for a person: ids on stdout, notices on stderr, `--json` for scripts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from client import Workspace
+    from client.cli import SubParsers
+    from worker.wire.models import WorkspaceView
+
+#: Limits `--limit` takes (`WorkspaceLimits`' fields).
+LIMIT_NAMES = ("memory_mb", "procs", "cpus", "disk_mb")
+
+
+def add_commands(sub: SubParsers) -> None:
+    """Register `workspace` (with its own subcommands) and `cp`."""
+    workspace = sub.add_parser("workspace", help="make, list, renew and remove workspaces")
+    verbs = workspace.add_subparsers(dest="verb", required=True, metavar="VERB")
+    _add_create(verbs)
+    ls = verbs.add_parser("ls", help="this owner's live workspaces, however they were made")
+    ls.add_argument("--json", action="store_true", help="print them as a JSON list")
+    ls.set_defaults(func=cmd_ls)
+    for verb, text, func in (
+        ("info", "a workspace's view, with its disk bytes and processes counted", cmd_info),
+        ("renew", "mark workspaces used now: their TTL starts again", cmd_renew),
+        ("rm", "end workspaces: their processes killed, their files removed", cmd_rm),
+    ):
+        parser = verbs.add_parser(verb, help=text)
+        parser.add_argument("ids", nargs="+", metavar="WORKSPACE", help="workspace id")
+        parser.add_argument("--json", action="store_true", help="print the views as JSON")
+        parser.set_defaults(func=func)
+
+    cp = sub.add_parser(
+        "cp", help="copy files between here and a workspace (W:PATH names a workspace's)",
+        description="Copy a file or a directory between this machine and a workspace. "
+        "One side is W:PATH (PATH relative to the workspace's directory, or absolute as its "
+        "calls see it). A directory is copied as a whole: DST becomes a copy of it (made if "
+        "missing, its files overwritten). A file goes to DST, or into DST when DST is a "
+        "directory or ends with /.")
+    cp.add_argument("src", help="local path, or W:PATH")
+    cp.add_argument("dst", help="local path, or W:PATH")
+    cp.set_defaults(func=cmd_cp)
+
+
+def _add_create(verbs: SubParsers) -> None:
+    create = verbs.add_parser("create", help="make a workspace; print its id on stdout")
+    create.add_argument("--host", help="the host (default: the live host with most free slots)")
+    create.add_argument("--label", help="a live host of this label")
+    create.add_argument("--path", help="an existing host directory under a root the host "
+                        "allows (BASHFLEET_WORKSPACE_ALLOW); default: a fresh directory, "
+                        "removed with the workspace")
+    create.add_argument("--ttl", type=float, metavar="S",
+                        help="seconds it lives unused (default: the host's, 1 h)")
+    create.add_argument("--isolation", choices=["process", "strict", "none"],
+                        help="its sandbox (default: the host's; weaker is refused)")
+    create.add_argument("--network", action=argparse.BooleanOptionalAction, default=None,
+                        help="let its calls reach the network (default: the isolation's)")
+    create.add_argument("--limit", action="append", metavar="NAME=VALUE",
+                        help=f"a limit of its processes together: {', '.join(LIMIT_NAMES)} "
+                        "(repeatable; never above the host's)")
+    create.add_argument("--mount", action="append", metavar="VIEW=SUBDIR",
+                        help="show its subdirectory SUBDIR at the absolute path VIEW in its "
+                        "calls' view (repeatable: --mount /logs=logs)")
+    create.add_argument("--tag", action="append", metavar="NAME=VALUE",
+                        help="a tag of the workspace (repeatable)")
+    create.add_argument("--json", action="store_true", help="print its view as JSON")
+    create.set_defaults(func=cmd_create)
+
+
+# ----------------------------------------------------------------------- commands
+
+
+def cmd_create(args: argparse.Namespace) -> int:
+    from client.cli import _fleet, _tag_filter  # noqa: PLC0415 - the CLI's own helpers
+
+    workspace = _fleet().workspace(
+        host=args.host, label=args.label, path=args.path, ttl_s=args.ttl,
+        isolation=args.isolation, network=args.network, limits=_limits(args.limit),
+        mounts=_pairs(args.mount, "--mount", "VIEW=SUBDIR"), tags=_tag_filter(args.tag),
+    )
+    view = workspace.view
+    if args.json:
+        print(view.model_dump_json(indent=2))
+        return 0
+    print(f"[workspace {view.id} on {view.host}: {view.path}, {view.isolation} isolation, "
+          f"lives {_duration(view.ttl_s)} unused; `bashfleet run --workspace {view.id} CMD`, "
+          f"`bashfleet cp ./dir {view.id}:dir`, `bashfleet workspace rm {view.id}`]",
+          file=sys.stderr)
+    print(view.id, flush=True)
+    return 0
+
+
+def cmd_ls(args: argparse.Namespace) -> int:
+    from client.cli import _fleet  # noqa: PLC0415
+
+    views = _fleet().workspaces()
+    if args.json:
+        print("[" + ",\n".join(view.model_dump_json(indent=2) for view in views) + "]")
+        return 0
+    print(workspace_table(views, time.time()) if views else "no workspaces")
+    return 0
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    return _each(args, lambda workspace: workspace.info())
+
+
+def cmd_renew(args: argparse.Namespace) -> int:
+    return _each(args, lambda workspace: workspace.renew())
+
+
+def cmd_rm(args: argparse.Namespace) -> int:
+    """Remove each workspace named; 1 when any was unknown (the others still go)."""
+    from client.cli import _fleet  # noqa: PLC0415
+    from client.errors import UnknownWorkspace  # noqa: PLC0415
+
+    fleet, status = _fleet(), 0
+    for ws_id in args.ids:
+        try:
+            gone = fleet.open_workspace(ws_id).delete()
+        except UnknownWorkspace as exc:
+            print(f"bashfleet workspace rm: {exc}", file=sys.stderr)
+            status = 1
+            continue
+        print(f"[workspace {ws_id} {'removed' if gone else 'was gone already'}]",
+              file=sys.stderr)
+    return status
+
+
+def _each(args: argparse.Namespace, act: Any) -> int:
+    """`info`/`renew`: act on each workspace named, print what its host says; 1 when any
+    was unknown."""
+    from client.cli import _fleet  # noqa: PLC0415
+    from client.errors import UnknownWorkspace  # noqa: PLC0415
+
+    fleet, status, views = _fleet(), 0, []
+    for ws_id in args.ids:
+        try:
+            views.append(act(fleet.open_workspace(ws_id)))
+        except UnknownWorkspace as exc:
+            print(f"bashfleet workspace {args.verb}: {exc}", file=sys.stderr)
+            status = 1
+    if args.json:
+        print("[" + ",\n".join(view.model_dump_json(indent=2) for view in views) + "]")
+    elif views:
+        print(workspace_table(views, time.time(), counted=args.verb == "info"))
+    return status
+
+
+# ---------------------------------------------------------------------------- cp
+
+
+@dataclass(frozen=True)
+class Place:
+    """One side of `cp`: a local path, or a path in a workspace."""
+
+    path: str
+    workspace: str | None = None
+
+
+def parse_place(text: str) -> Place:
+    """`W:PATH` names a workspace's path (W a workspace id); anything else is local
+    (`./w123:x` stays local, as scp has it for a path with a slash before the colon)."""
+    head, colon, tail = text.partition(":")
+    if colon and "/" not in head and _is_workspace_id(head):
+        return Place(tail or ".", head)
+    return Place(text)
+
+
+def _is_workspace_id(text: str) -> bool:
+    from worker.wire.models import WORKSPACE_ID_PATTERN  # noqa: PLC0415
+
+    return re.fullmatch(WORKSPACE_ID_PATTERN, text) is not None
+
+
+def cmd_cp(args: argparse.Namespace) -> int:
+    from client.cli import _fleet  # noqa: PLC0415
+    from client.exit_status import USAGE as EXIT_USAGE  # noqa: PLC0415
+
+    src, dst = parse_place(args.src), parse_place(args.dst)
+    if (src.workspace is None) == (dst.workspace is None):
+        print("bashfleet cp: one side must be a workspace's path (W:PATH) and the other a "
+              "local one", file=sys.stderr)
+        return EXIT_USAGE
+    fleet = _fleet()
+    try:
+        if dst.workspace is not None:
+            return _upload(src.path, fleet.open_workspace(dst.workspace), dst.path)
+        return _download(fleet.open_workspace(str(src.workspace)), src.path, dst.path)
+    except OSError as exc:  # a file of either side (WorkspaceFileError is one too)
+        print(f"bashfleet cp: {exc}", file=sys.stderr)
+        return 1
+
+
+def _upload(local: str, workspace: Workspace, path: str) -> int:
+    if os.path.isdir(local):
+        workspace.upload(local, path)
+    elif os.path.isfile(local):
+        if path.endswith("/") or path in (".", ""):
+            path = path.rstrip("/") + "/" + os.path.basename(local)
+        with open(local, "rb") as source:
+            workspace.write_file(path, source.read(), mode=os.stat(local).st_mode & 0o777)
+    else:
+        raise FileNotFoundError(f"no such file or directory: {local}")
+    return 0
+
+
+def _download(workspace: Workspace, path: str, local: str) -> int:
+    from client.errors import WorkspaceIsADirectory  # noqa: PLC0415
+
+    try:
+        data = workspace.read_file(path)
+    except WorkspaceIsADirectory:
+        workspace.download(path, local)
+        return 0
+    if local.endswith("/") or os.path.isdir(local):
+        local = os.path.join(local, os.path.basename(path.rstrip("/")))
+    with open(local, "wb") as target:
+        target.write(data)
+    return 0
+
+
+# --------------------------------------------------------------------------- text
+
+
+def workspace_table(views: list[WorkspaceView], now: float, *, counted: bool = False) -> str:
+    """Workspaces as `workspace ls` shows them: id, host, directory, isolation, when it
+    expires unused, its session and tags (its disk and processes when `counted`)."""
+    from client.cli import _table  # noqa: PLC0415
+
+    header = ["ID", "HOST", "PATH", "ISOLATION", "EXPIRES", "SESSION", "TAGS"]
+    if counted:
+        header += ["DISK", "PROCS"]
+    rows = []
+    for view in views:
+        left = None if view.expires_at is None else max(0.0, view.expires_at - now)
+        row: list[object] = [
+            view.id, view.host, view.path,
+            view.isolation + ("" if view.network else ", no network"),
+            "-" if left is None else f"in {_duration(left)}", view.session or "-",
+            " ".join(f"{k}={v}" for k, v in sorted(view.tags.items())) or "-",
+        ]
+        if counted:
+            row += [_size(view.disk_bytes), "-" if view.processes is None else view.processes]
+        rows.append(row)
+    return _table(rows, header)
+
+
+def _duration(seconds: float) -> str:
+    """`45s`, `12m`, `1h`, `2h30m`, `3d` : a TTL or a time left, for a person."""
+    seconds = round(seconds)
+    if seconds < 120:
+        return f"{seconds}s"
+    minutes = seconds // 60
+    if minutes < 120:
+        return f"{minutes}m"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 48:
+        return f"{hours}h{minutes}m" if minutes else f"{hours}h"
+    return f"{hours // 24}d"
+
+
+def _size(count: int | None) -> str:
+    if count is None:
+        return "-"
+    if count < 1024:
+        return f"{count}B"
+    value = count / 1024
+    for unit in ("KiB", "MiB"):
+        if value < 1024:
+            return f"{value:.1f}{unit}"
+        value /= 1024
+    return f"{value:.1f}GiB"
+
+
+def _pairs(pairs: list[str] | None, option: str, shape: str) -> dict[str, str]:
+    """NAME=VALUE options as a mapping; ValueError (a usage error) for a malformed one."""
+    result: dict[str, str] = {}
+    for pair in pairs or ():
+        name, equals, value = pair.partition("=")
+        if not equals or not name or not value:
+            raise ValueError(f"{option} takes {shape}, not {pair!r}")
+        result[name] = value
+    return result
+
+
+def _limits(pairs: list[str] | None) -> dict[str, float]:
+    limits: dict[str, float] = {}
+    for name, value in _pairs(pairs, "--limit", "NAME=VALUE").items():
+        if name not in LIMIT_NAMES:
+            raise ValueError(f"--limit: no limit {name!r} (one of {', '.join(LIMIT_NAMES)})")
+        try:
+            limits[name] = float(value) if name == "cpus" else int(value)
+        except ValueError:
+            raise ValueError(f"--limit {name} takes a number, not {value!r}") from None
+    return limits
