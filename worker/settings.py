@@ -118,21 +118,25 @@ class Settings(BaseSettings):
     """Who a client's calls and jobs belong to when no session names them (a tenant);
     None: `user:<login name>`. Another owner's jobs cannot be checked, read or killed."""
     isolation: Literal["auto", "none", "process", "strict"] = "auto"
-    """How calls are sandboxed by default (a call may ask for stronger, never weaker):
-    `process`: bubblewrap, a PID namespace with its own /proc, the worker's state and
-    secret files hidden; `strict`: also a read-only root with writable workspace paths,
-    a private /tmp and no network; `none`: plain `bash -c` (only when asked for);
-    `auto`: `process` where bubblewrap works, else `none` with a warning at start."""
+    """How calls are sandboxed by default (a workspace may ask for stronger, never
+    weaker): `process`: each workspace its own PID namespace and mount view, the host
+    read-only around its directory, a private /tmp and HOME, every bashfleet state
+    directory and secret file hidden, calls as the run user with no capability;
+    `strict`: also its own network namespace (no network unless `sandbox_network`) and
+    /home and /root hidden; `none`: plain `bash -c` (only when asked for); `auto`:
+    `process`, and `bashfleet worker` refuses to start where it cannot work (only the
+    local `bashfleet up` falls back to `none`, saying so)."""
     bwrap: str = "bwrap"
     """The bubblewrap executable (a name looked up on PATH, or a path)."""
     sandbox_writable: CsvTuple = ()
-    """`strict`: the paths calls may write (besides their private /tmp). Empty: the
-    call's working directory."""
+    """Host paths every workspace's calls may write, besides their own directory, /tmp
+    and HOME (a shared cache: `/var/cache/ccache`). Empty: none."""
     sandbox_hidden: CsvTuple = ()
     """More paths hidden from sandboxed calls (an empty directory or file in their place),
     besides the state directory, the default state directory and `secret_files`."""
     sandbox_network: bool = False
-    """`strict`: calls may reach the network. A call may cut it (`Call.network=False`)."""
+    """`strict` workspaces may reach the network. Any workspace may cut it
+    (`network=False`: its own network namespace, loopback only)."""
     cgroups: Literal["auto", "off"] = "auto"
     """`auto`: each call runs in a cgroup of its own (memory, processes, CPU) where the
     host lets the worker make one (cgroup v2 delegated to it, or v1 as root); `off`: the
