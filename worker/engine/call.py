@@ -34,6 +34,7 @@ from worker.engine import (
     normalize,
     procs,
     resources,
+    running,
     sandbox,
     session_state,
     truncate,
@@ -257,7 +258,7 @@ def run_call(
     *,
     settings: Settings | None = None,
     on_spawn: SpawnHook | None = None,
-    cancel: threading.Event | None = None,
+    cancel: running.Cancel | None = None,
     on_running: RunningHook | None = None,
     detach: DetachHook | None = None,
     on_streams: StreamsHook | None = None,
@@ -332,7 +333,7 @@ def _after(record: WorkspaceRecord, settings: Settings, *, throwaway: bool,
 
 def _run_session(
     call: Call, cwd: str, settings: Settings, record: WorkspaceRecord, started: float,
-    *, cancel: threading.Event | None,
+    *, cancel: running.Cancel | None,
 ) -> CallResult:
     """An interactive call (stdin `closed`, `pipe` or `pty`): `worker.engine.interactive`."""
     try:
@@ -613,7 +614,7 @@ def _wait(
     proc: procs.Process,
     files: list[FollowedFile],
     timeout_s: float,
-    cancel: threading.Event | None,
+    cancel: running.Cancel | None,
     on_running: RunningHook | None = None,
     *,
     over_cap: Callable[[], bool] | None = None,
@@ -673,7 +674,7 @@ def _run_foreground(
     workspace: WorkspaceRecord,
     *,
     on_spawn: SpawnHook | None,
-    cancel: threading.Event | None,
+    cancel: running.Cancel | None,
     started: float,
     on_running: RunningHook | None = None,
     detach: DetachHook | None = None,

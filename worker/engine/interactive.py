@@ -33,6 +33,7 @@ from pathlib import Path
 
 from worker.engine import jobs, procs, relay, truncate
 from worker.engine.capture import PLAIN, _clean, escape_boundary
+from worker.engine.running import Cancel
 from worker.engine.sanitize import redact, utf8_boundary
 from worker.engine.secrets import worker_redaction
 from worker.settings import Settings
@@ -264,7 +265,7 @@ def _size(path: str) -> int:
 
 def collect(
     record: JobRecord, offset: int, spec: Collect, settings: Settings, *,
-    cancel: threading.Event | None = None, written: int = 0, last_output: float | None = None,
+    cancel: Cancel | None = None, written: int = 0, last_output: float | None = None,
 ) -> SessionOutput:
     """Wait for output as `spec` says, then read what the job produced since `offset`."""
     secrets = worker_redaction(settings)
@@ -430,7 +431,7 @@ def start(call: Call, cwd: str, settings: Settings, workspace: WorkspaceRecord) 
 
 
 def run(call: Call, cwd: str, settings: Settings, workspace: WorkspaceRecord, *,
-        started: float, cancel: threading.Event | None = None) -> CallResult:
+        started: float, cancel: Cancel | None = None) -> CallResult:
     """Start the session, wait its yield (the call's timeout; 0 in the background), and
     return what it printed meanwhile; a session still running is a job one writes to."""
     record = start(call, cwd, settings, workspace)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 from pathlib import Path
+from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict
 
@@ -91,9 +92,44 @@ def _write_file(path: str, data: bytes) -> None:
 
 def remove(settings: Settings, call_id: str) -> None:
     """Forget a call that ended (or became a background job)."""
-    for suffix in (".json", ".detach"):
+    for suffix in (".json", ".detach", ".cancel"):
         with contextlib.suppress(FileNotFoundError):
             os.unlink(_path(settings, call_id, suffix))
+
+
+def request_cancel(settings: Settings, call_id: str) -> None:
+    """Ask the call's engine to kill it (its flag file, `<call_id>.cancel`): for a call
+    whose process is not on disk to be killed by pid (an interactive session's first
+    wait, a call in its first 50 ms). The engine looks for it at each wake-up."""
+    directory(settings).mkdir(parents=True, exist_ok=True, mode=0o700)
+    _write_file(_path(settings, call_id, ".cancel"), b"")
+
+
+def forget_cancel(settings: Settings, call_id: str) -> None:
+    """Drop a call's cancel flag (the call ended: nobody looks for it any more)."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(_path(settings, call_id, ".cancel"))
+
+
+class Cancel(Protocol):
+    """What tells an engine a call was cancelled (a `threading.Event` in-process)."""
+
+    def is_set(self) -> bool: ...
+
+
+class CancelFlag:
+    """A call's cancel as its engine sees it (`run_call(cancel=)`): set by
+    `request_cancel`, from the control consumer (another process). One stat a look."""
+
+    def __init__(self, settings: Settings, call_id: str) -> None:
+        self._path = _path(settings, call_id, ".cancel")
+        self.fired = False
+        """It was seen set: the call's end must drop it."""
+
+    def is_set(self) -> bool:
+        if not self.fired:
+            self.fired = os.path.exists(self._path)
+        return self.fired
 
 
 def request_detach(settings: Settings, call_id: str) -> None:

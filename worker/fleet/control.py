@@ -240,9 +240,15 @@ def cancel(rt: Runtime, request: CancelRequest, admin: bool = False) -> CancelRe
     )
     entry = running.load(rt.settings, request.call_id)
     if entry is None:
-        # Not spawned (or not on disk) yet: its running hook sees `cancelling` and
-        # kills it (within the engine's first wake-up).
-        return CancelResult(cancelled=previous == CallState.RUNNING, state=previous)
+        # Not on disk to be killed by pid (in its first 50 ms, or an interactive
+        # session's first wait, which records no process): its engine finds the flag at
+        # its next wake-up (a call's running hook also sees `cancelling`).
+        if previous != CallState.RUNNING:
+            return CancelResult(cancelled=False, state=previous)
+        running.request_cancel(rt.settings, request.call_id)
+        if registry.call_state(rt.redis, request.call_id) != CallState.CANCELLING:
+            running.forget_cancel(rt.settings, request.call_id)  # it ended meanwhile
+        return CancelResult(cancelled=True, state=CallState.CANCELLING)
     survivors = running.kill(entry)
     return CancelResult(
         cancelled=True, state=CallState.CANCELLING, survivors=tuple(survivors)

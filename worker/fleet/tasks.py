@@ -228,10 +228,11 @@ def run_exec(
     started = time.monotonic()
     _log_start(call)
     spawned = _Spawned()
+    cancelled = running.CancelFlag(rt.settings, call.call_id)
     try:
         result = run_call(
             call, settings=rt.settings, on_spawn=_spawn_hook(spawned),
-            on_running=_running_hook(rt, call, spawned),
+            on_running=_running_hook(rt, call, spawned), cancel=cancelled,
             detach=lambda: spawned.on_disk and running.detach_requested(rt.settings, call.call_id),
             # Before it runs: its output is read while it runs (progress).
             on_streams=lambda folder: _keep_owner(rt, call, folder),
@@ -243,6 +244,8 @@ def run_exec(
     finally:
         if spawned.on_disk:
             running.remove(rt.settings, call.call_id)
+        elif cancelled.fired:
+            running.forget_cancel(rt.settings, call.call_id)
     if result.job is None and _counts_as_job(call):
         _give_job_place_back(rt, call)  # it never started (a bad cwd, a spawn failure)
     result = _finish(rt, call, result, answer, spawned.fields())
@@ -460,6 +463,10 @@ def _finish(
     if answer is not None and sent:
         answer.sent = True
         return result
+    if previous == CallState.CANCELLING:
+        # A canceller may have flagged it on disk (`control.cancel`) after the engine
+        # last looked: nobody will look again.
+        running.forget_cancel(rt.settings, call.call_id)
     note = _END_NOTES.get(CallState(previous)) if previous in tuple(CallState) else None
     if note is not None and result.error is None:
         result = result.model_copy(update={
