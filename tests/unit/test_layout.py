@@ -121,6 +121,17 @@ def test_a_workspace_under_tmp_is_bound_into_the_private_tmp() -> None:
     assert binds(plan)[f"{R}/tmp/t/ws"] == ("/tmp/t/ws", True)
 
 
+@pytest.mark.parametrize("hidden", ["/home/runner/.local/state/bashfleet", "/home/runner",
+                                    "/logs/.secret"])
+def test_nothing_hides_under_a_path_that_shows_another_directory(hidden: str) -> None:
+    # A worker that is not root runs calls as itself: its own state directory lies in the
+    # HOME the view replaces by the workspace's. Hiding it there made a mount point that
+    # does not exist in the private HOME (the quickstart as a non-root user failed).
+    plan = layout.plan_view(spec(hidden_dirs=(hidden,), mounts={"/logs": "/srv/ws/w1/logs"}))
+    assert not any(step[0] == "tmpfs" and step[1] == f"{R}{hidden}" for step in plan)
+    assert binds(plan)[f"{R}/home/runner"] == ("/state/workspaces/w1/home", True)
+
+
 def test_mounts_show_workspace_dirs_at_absolute_paths() -> None:
     plan = layout.plan_view(spec(mounts={"/logs": "/srv/ws/w1/logs",
                                          "/logs/agent": "/srv/ws/w1/agent"}))
@@ -163,7 +174,8 @@ def test_no_host_path_is_writable_but_the_workspaces_own_and_the_listed_roots(
             layout.inside(step[1], h) and step[1] not in own for h in hidden)
     covered = {s[1] for s in plan if s[0] == "tmpfs"}
     for h in layout.outermost(hidden):
-        if not layout.inside(h, "/tmp"):
+        # Under the private HOME the host's paths are not in the view: nothing to hide.
+        if not layout.inside(h, "/tmp") and not layout.inside(h, view.home_view):
             assert f"{R}{h}" in covered
     last_bind = max(i for i, s in enumerate(plan) if s[0] == "bind")
     for i, step in enumerate(plan):  # what hides inside an own path comes after its bind

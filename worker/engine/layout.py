@@ -92,7 +92,10 @@ def plan_view(spec: ViewSpec) -> list[Step]:
     # Hidden wins: a writable root inside any hidden directory is not bound.
     writable_views = [w for w in outermost(spec.writable) if not _hidden_by(w, spec.hidden_dirs)]
     own = [view for view, _, _ in _own_paths(spec)] + writable_views
-    hidden = _hidden_dirs(spec, own)
+    # HOME (and a mount) shows another directory than the host's at its view path: the
+    # host's paths under it are not in the view, nothing there to hide.
+    elsewhere = [view for view, host, _ in _own_paths(spec) if view != host]
+    hidden = _hidden_dirs(spec, own, elsewhere)
     # A hidden directory holding one of the workspace's own paths is hidden first, and
     # that path bound back into it; one inside an own path (a state directory in the
     # workspace) is hidden after it is bound, or the bind would show it again.
@@ -110,7 +113,7 @@ def plan_view(spec: ViewSpec) -> list[Step]:
     for view_path, host_path, writable in _own_paths(spec):
         steps += _bind_own(r, mounts, view_path, host_path, writable)
     steps += [["tmpfs", f"{r}{d}", 0o755] for d in inner]
-    files = _hidden_files(spec, hidden, own)
+    files = _hidden_files(spec, hidden, own, elsewhere)
     steps += [["bind_file", "/dev/null", f"{r}{f}", False] for f in files]
     steps += [["rbind_ro", p, f"{r}{p}"] for p in _protected(spec, writable_views)]
     steps += [["remount_ro", f"{r}{d}"] for d in hidden]
@@ -162,14 +165,16 @@ def _covering(target: str, mounts: Sequence[tuple[str, bool]]) -> bool:
     return max(holding, key=lambda item: len(item[0]))[1] if holding else False
 
 
-def _hidden_dirs(spec: ViewSpec, own: Sequence[str]) -> tuple[str, ...]:
+def _hidden_dirs(spec: ViewSpec, own: Sequence[str], elsewhere: Sequence[str]
+                 ) -> tuple[str, ...]:
     """What hides by a tmpfs, parents first: a hidden directory inside another one is
     left to it, unless one of the workspace's own paths between them is bound back
     (then it must hide again inside that); nothing under the view's own /tmp, /proc and
-    /dev (the host's are not there to hide)."""
+    /dev, nor under an own path that shows another directory (`elsewhere`: the host's
+    are not there to hide)."""
     kept: list[str] = []
     wanted = {d for d in spec.hidden_dirs
-              if d not in ("/", "") and _visible_in_view(d, own)}
+              if d not in ("/", "") and _visible_in_view(d, own, elsewhere)}
     for path in sorted(wanted):
         covered = any(inside(path, outer) and not any(
             inside(o, outer) and inside(path, o) for o in own) for outer in kept)
@@ -178,10 +183,14 @@ def _hidden_dirs(spec: ViewSpec, own: Sequence[str]) -> tuple[str, ...]:
     return tuple(kept)
 
 
-def _visible_in_view(path: str, own: Sequence[str]) -> bool:
+def _visible_in_view(path: str, own: Sequence[str], elsewhere: Sequence[str] = ()) -> bool:
     """False for a host path under /tmp, /proc or /dev that no own path of the workspace
     brings into its view (the view's own are not the host's: nothing there to hide; an
-    own path itself is the workspace's to see)."""
+    own path itself is the workspace's to see), and for one whose deepest own path shows
+    another directory than the host's there (`elsewhere`: HOME, a mount)."""
+    holding = [o for o in own if inside(path, o)]
+    if holding and max(holding, key=len) in elsewhere:
+        return False
     in_own_area = any(inside(path, f"/{name}") for name in OWN_ENTRIES)
     return not in_own_area or any(inside(path, o) and path != o for o in own)
 
@@ -190,7 +199,8 @@ def _hidden_by(path: str, hidden: Sequence[str]) -> bool:
     return any(inside(path, d) for d in hidden)
 
 
-def _hidden_files(spec: ViewSpec, hidden: Sequence[str], own: Sequence[str]) -> tuple[str, ...]:
+def _hidden_files(spec: ViewSpec, hidden: Sequence[str], own: Sequence[str],
+                  elsewhere: Sequence[str]) -> tuple[str, ...]:
     """Files hidden by /dev/null: those a hidden directory does not already cover (one of
     the workspace's own paths bound back between them uncovers them)."""
     def covered(path: str) -> bool:
@@ -198,7 +208,7 @@ def _hidden_files(spec: ViewSpec, hidden: Sequence[str], own: Sequence[str]) -> 
                    for d in hidden)
 
     return tuple(sorted({f for f in spec.hidden_files
-                         if not covered(f) and _visible_in_view(f, own)}))
+                         if not covered(f) and _visible_in_view(f, own, elsewhere)}))
 
 
 def _protected(spec: ViewSpec, writable_views: Sequence[str]) -> tuple[str, ...]:
