@@ -218,15 +218,18 @@ def _user(settings: Settings) -> sandbox.User | None:
 
 def project_dir(cwd: str | None, settings: Settings) -> str | None:
     """The directory under an allowed root an absolute `cwd` is in (the root's child that
-    holds it: the project), else None (a fresh workspace)."""
+    holds it: the project), else None (a fresh workspace). The project must exist, the
+    cwd need not: a missing or non-directory cwd in a project is the call's error to
+    report, from the project (a session opened there stays there)."""
     if cwd is None or not os.path.isabs(cwd):
         return None
     real = os.path.realpath(cwd)
     root = allowed_root(real, settings)
-    if root is None or not os.path.isdir(real):
+    if root is None:
         return None
     rest = os.path.relpath(real, root)
-    return root if rest == "." else os.path.join(root, rest.split(os.sep)[0])
+    project = root if rest == "." else os.path.join(root, rest.split(os.sep)[0])
+    return project if os.path.isdir(project) else None
 
 
 def allowed_root(path: str, settings: Settings) -> str | None:
