@@ -236,6 +236,33 @@ def not_run_user(user: str, run_as: str) -> str:
             f"another user): cannot run as {user!r}")
 
 
+class RunUser:
+    """Who a workspace's calls run as, and the names a framework's `user=` may give it:
+    its name (the workspace's view says it), and its uid (asked once, when needed)."""
+
+    def __init__(self, workspace: AsyncWorkspace) -> None:
+        self._workspace = workspace
+        run_as = workspace.view.run_as
+        self.names: set[str] = {run_as} if run_as else set()
+        """Its name and uid, as far as known."""
+        self._asked = False
+
+    @property
+    def name(self) -> str:
+        """Its name, for messages."""
+        return self._workspace.view.run_as or "/".join(sorted(self.names)) or "?"
+
+    async def accepts(self, user: str | None) -> bool:
+        """Whether `user` (None: the default) is the run user."""
+        if is_run_user(user, self.names):
+            return True
+        if not self._asked:
+            self._asked = True
+            found = await self._workspace.run("id -un; id -u", check=False)
+            self.names.update(found.stdout.split())
+        return is_run_user(user, self.names)
+
+
 # --------------------------------------------------------------------------- files
 
 #: The workspace's file tools' messages (`worker.engine.files`, and bash's own for a

@@ -52,6 +52,7 @@ from client.errors import BashfleetError, CallRejected, OutputTooLarge
 from client.integrations._backend import (
     FleetPool,
     Renewer,
+    RunUser,
     WorkspaceOptions,
     exit_status,
     file_error,
@@ -139,8 +140,7 @@ class BashfleetSandboxEnvironment(SandboxEnvironment):  # type: ignore[misc]
         """The sample's workspace."""
         self._config = config
         self._renewer = Renewer(workspace)
-        self._run_user: set[str] = {workspace.view.run_as} if workspace.view.run_as else set()
-        self._asked_run_user = False
+        self._run_user = RunUser(workspace)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -226,16 +226,8 @@ class BashfleetSandboxEnvironment(SandboxEnvironment):  # type: ignore[misc]
 
     async def _check_user(self, user: str | None) -> None:
         """Every call runs as the run user: `user` must name it (its name or uid)."""
-        if user is None or user in self._run_user:
-            return
-        if not self._asked_run_user:
-            self._asked_run_user = True
-            found = await self.workspace.run("id -un; id -u", check=False)
-            self._run_user.update(found.stdout.split())
-            if user in self._run_user:
-                return
-        run_as = self.workspace.view.run_as or "/".join(sorted(self._run_user))
-        raise SandboxUserUnsupportedError(not_run_user(user, run_as))
+        if user is not None and not await self._run_user.accepts(user):
+            raise SandboxUserUnsupportedError(not_run_user(user, self._run_user.name))
 
     # ---------------------------------------------------------------------- files
 
