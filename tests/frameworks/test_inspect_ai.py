@@ -25,7 +25,12 @@ from inspect_ai.model import (
 from inspect_ai.scorer import includes
 from inspect_ai.solver import generate, use_tools
 from inspect_ai.tool import ToolCall, bash
-from inspect_ai.util import SandboxEnvironment, SandboxEnvironmentSpec
+from inspect_ai.util import (
+    OutputLimitExceededError,
+    SandboxEnvironment,
+    SandboxEnvironmentSpec,
+    SandboxUnavailableError,
+)
 from inspect_ai.util._sandbox import self_check
 from inspect_ai.util._sandbox.registry import registry_find_sandboxenv
 from inspect_ai.util._sandbox.self_check import *  # noqa: F403 - the conformance cases
@@ -35,8 +40,12 @@ from client import Fleet
 from client.integrations.inspect_ai import (
     BashfleetSandboxConfig,
     BashfleetSandboxEnvironment,
+    call_cwd,
+    config_of,
+    exec_result,
 )
 from client.redis_server import RedisServer
+from worker.wire.models import CallResult, SystemError_, TruncationInfo
 
 pytestmark = pytest.mark.anyio
 
@@ -126,6 +135,73 @@ async def test_the_run_user_is_accepted_by_name_and_uid(sandbox_env: SandboxEnvi
 async def test_a_missing_cwd_is_file_not_found(sandbox_env: SandboxEnvironment) -> None:
     with pytest.raises(FileNotFoundError, match="nowhere"):
         await sandbox_env.exec(["ls"], cwd="nowhere")
+
+
+async def test_a_read_stops_at_max_bytes(sandbox_env: SandboxEnvironment) -> None:
+    assert isinstance(sandbox_env, BashfleetSandboxEnvironment)
+    await sandbox_env.write_file("big.txt", "0123456789" * 1000)
+    assert await sandbox_env.workspace.read_file("big.txt", max_bytes=3) == b"012"
+
+
+# ------------------------------------------------------------------ pure parts
+
+
+@pytest.mark.parametrize(("cwd", "expected"), [
+    (None, None), ("/usr/bin", "/usr/bin"), ("sub", "/w/x/sub"), ("a/../b", "/w/x/b"),
+    (".", "/w/x"),
+])
+def test_a_relative_cwd_is_under_the_workspace(cwd: str | None, expected: str | None) -> None:
+    assert call_cwd("/w/x", cwd) == expected
+
+
+def result(**fields: Any) -> CallResult:
+    return CallResult(call_id="c1", host=HOST, **fields)
+
+
+def info(total_bytes: int) -> TruncationInfo:
+    return TruncationInfo(direction="tail", truncated=False, limit=None, total_lines=1,
+                          total_bytes=total_bytes, shown_lines=1, shown_bytes=total_bytes)
+
+
+@pytest.mark.parametrize(("fields", "error"), [
+    ({"timed_out": True}, TimeoutError),
+    ({"exit_code": 126, "stderr": "bash: line 1: /etc/passwd: Permission denied\n"},
+     PermissionError),
+    ({"error": SystemError_(kind="bad_cwd", message="no such dir")}, FileNotFoundError),
+    ({"error": SystemError_(kind="blocked", message="denied by policy")}, PermissionError),
+    ({"error": SystemError_(kind="worker_lost", message="gone")}, SandboxUnavailableError),
+    ({"error": SystemError_(kind="limit", message="too many jobs")}, RuntimeError),
+    ({"exit_code": 0, "stdout": "x" * 20, "stdout_truncation": info(20)},
+     OutputLimitExceededError),
+])
+def test_what_a_call_that_did_not_end_well_raises(fields: dict[str, Any],
+                                                   error: type[Exception]) -> None:
+    with pytest.raises(error):
+        exec_result(result(**fields), 10, "10 bytes")
+
+
+@pytest.mark.parametrize(("fields", "status"), [
+    ({"exit_code": 0, "stdout": "ok\n"}, 0), ({"exit_code": 126, "stderr": "no"}, 126),
+    ({"signal": 15}, 143),
+])
+def test_what_a_call_that_ran_returns(fields: dict[str, Any], status: int) -> None:
+    done = exec_result(result(**fields), 10, "10 bytes")
+    assert (done.returncode, done.success) == (status, status == 0)
+    assert (done.stdout, done.stderr) == (fields.get("stdout", ""), fields.get("stderr", ""))
+
+
+def test_a_config_file_is_read(tmp_path: Path) -> None:
+    path = tmp_path / "bashfleet.yaml"
+    path.write_text("label: linux\nttl_s: 600\nlimits:\n  memory_mb: 512\n")
+    config = config_of(str(path))
+    assert (config.label, config.ttl_s, config.limits.memory_mb) == ("linux", 600, 512)
+    assert config_of(None) == BashfleetSandboxConfig()
+    assert BashfleetSandboxEnvironment.config_deserialize({"host": "h"}) == \
+        BashfleetSandboxConfig(host="h")
+    typo = tmp_path / "typo.yaml"
+    typo.write_text("hots: h\n")
+    with pytest.raises(ValueError, match="extra"):
+        config_of(str(typo))
 
 
 # ------------------------------------------------------------------- end to end

@@ -18,7 +18,7 @@ import pytest
 from agents import Agent, ModelResponse, RunConfig, Runner, Usage, set_tracing_disabled
 from agents.models.interface import Model
 from agents.run_config import SandboxRunConfig
-from agents.sandbox import Manifest, SandboxAgent
+from agents.sandbox import Manifest, SandboxAgent, User
 from agents.sandbox.entries import File
 from agents.sandbox.errors import ExecTimeoutError, PtySessionNotFoundError
 from agents.sandbox.session import SandboxSession
@@ -32,13 +32,18 @@ from openai.types.responses import (
 )
 
 from client import Fleet
+from client.integrations._backend import WorkspaceOptions
 from client.integrations.openai_agents import (
     BashfleetSandboxClient,
     BashfleetSandboxClientOptions,
     BashfleetSandboxSession,
     BashfleetSandboxSessionState,
+    pty_output,
+    user_name,
+    workspace_options,
 )
 from client.redis_server import RedisServer
+from worker.wire.models import TruncationInfo
 
 pytestmark = pytest.mark.anyio
 
@@ -92,6 +97,26 @@ def test_options_and_state_are_registered_by_type() -> None:
     assert BashfleetSandboxClientOptions().type == "bashfleet"
     assert BashfleetSandboxClient.backend_id == "bashfleet"
     assert SandboxSessionState._subclass_registry["bashfleet"] is BashfleetSandboxSessionState
+
+
+def test_the_options_workspace_part() -> None:
+    options = BashfleetSandboxClientOptions(label="linux", ttl_s=60, owner="team-a")
+    assert workspace_options(options) == WorkspaceOptions(label="linux", ttl_s=60,
+                                                          owner="team-a")
+
+
+def test_pty_output_counts_tokens_only_when_cut() -> None:
+    whole = TruncationInfo(direction="tail", truncated=False, limit=None, total_lines=1,
+                           total_bytes=3, shown_lines=1, shown_bytes=3)
+    cut = whole.model_copy(update={"truncated": True, "total_lines": 900,
+                                   "total_bytes": 4001})
+    assert pty_output("hi\n", whole, 10) == (b"hi\n", None)
+    assert pty_output("hi\n", None, None) == (b"hi\n", None)
+    assert pty_output("a…b", cut, 10) == ("Total output lines: 900\n\na…b".encode(), 1001)
+
+
+def test_user_names() -> None:
+    assert [user_name(None), user_name("u"), user_name(User(name="v"))] == [None, "u", "v"]
 
 
 async def test_create_exec_files_and_delete(owner: str, redis_server: RedisServer) -> None:
