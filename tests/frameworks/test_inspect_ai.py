@@ -28,7 +28,6 @@ from inspect_ai.tool import ToolCall, bash
 from inspect_ai.util import (
     OutputLimitExceededError,
     SandboxEnvironment,
-    SandboxEnvironmentSpec,
     SandboxUnavailableError,
 )
 from inspect_ai.util._sandbox import self_check
@@ -233,7 +232,7 @@ async def test_an_eval_whose_model_calls_bash_in_the_sample_workspace(
         dataset=[Sample(input="What is 6 times 7? Use bash.", target="42")],
         solver=[use_tools(bash(timeout=60)), generate()],
         scorer=includes(),
-        sandbox=SandboxEnvironmentSpec("bashfleet", BashfleetSandboxConfig(host=HOST)),
+        sandbox="bashfleet",  # README's line: any live host of the fleet
     )
     [log] = await eval_async(task, model=model, log_dir=str(tmp_path),
                              log_format="json", message_limit=20)

@@ -5,6 +5,7 @@ are run by a local bash here, as the workspace's bash would run them."""
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import os
 import subprocess
@@ -17,6 +18,7 @@ from hypothesis import strategies as st
 from client.integrations._backend import (
     INLINE_COMMAND_BYTES,
     MAX_RENEW_INTERVAL_S,
+    FleetPool,
     Staged,
     WorkspaceOptions,
     exit_status,
@@ -155,3 +157,21 @@ def test_workspace_options_become_the_fleets_arguments() -> None:
     assert hash(options) == hash(options.model_copy())
     with pytest.raises(ValueError, match="extra"):
         WorkspaceOptions.model_validate({"hots": "typo"})
+
+
+def test_the_fleet_client_is_shared_per_loop_and_owner_and_closed_by_its_last_user() -> None:
+    async def scenario() -> None:
+        pool = FleetPool("redis://127.0.0.1:1/0")  # never reached: nothing is sent
+        first, second = pool.acquire("team-a"), pool.acquire("team-a")
+        other = pool.acquire("team-b")
+        assert first is second and first is not other
+        await pool.release("team-a")
+        assert pool.acquire("team-a") is first  # still held once
+        await pool.release("team-a")
+        await pool.release("team-a")
+        assert pool.acquire("team-a") is not first  # closed by its last user: a new one
+        for owner in ("team-a", "team-b"):
+            await pool.release(owner)
+        await pool.release("nobody")  # never held: nothing to do
+
+    asyncio.run(scenario())
