@@ -192,6 +192,20 @@ async def test_resume_reattaches_then_replaces_an_ended_workspace(owner: str) ->
     await client.delete(replaced)
 
 
+async def test_the_sdks_own_file_tools_work_on_it(session: SandboxSession) -> None:
+    await session.apply_patch([
+        {"type": "create_file", "path": "pkg/mod.py", "diff": "+x = 1\n+y = 2\n"}])
+    await session.apply_patch({"type": "update_file", "path": "pkg/mod.py",
+                               "diff": "@@\n x = 1\n-y = 2\n+y = 3\n"})
+    patched = (await session.read(Path("pkg/mod.py"))).read()
+    assert patched.splitlines() == [b"x = 1", b"y = 3"]  # (the SDK's diff drops the last \n)
+    assert (await session.exec("cat pkg/mod.py")).stdout == patched
+    assert [entry.path.rsplit("/", 1)[-1] for entry in await session.ls("pkg")] == ["mod.py"]
+    await session.mkdir("made/deep", parents=True)
+    await session.rm("pkg", recursive=True)
+    assert (await session.exec("ls")).stdout.split() == [b"made"]
+
+
 async def test_a_snapshot_round_trips(session: SandboxSession) -> None:
     await session.exec("mkdir -p src && echo 'print(1)' > src/app.py")
     archive = await inner(session).persist_workspace()
