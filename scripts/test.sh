@@ -26,11 +26,13 @@ echo "== ruff"
 .venv/bin/ruff check .
 echo "== mypy --strict"
 .venv/bin/mypy
+# The frameworks' environments first: tests/integration/test_benchmarks.py runs
+# bench_environments with .venv-frameworks' interpreter (it drives inspect-ai).
+./scripts/frameworks.sh
 echo "== pytest: unit and integration (tests/e2e runs next, against the installed package)"
 # Exit code 5 (no tests collected) is a failure here, as any non-zero code is.
 .venv/bin/pytest --ignore=tests/e2e --ignore=tests/frameworks "$@"
 echo "== the framework adapters, each against its framework from PyPI (environments of their own)"
-./scripts/frameworks.sh
 .venv-frameworks/bin/pytest tests/frameworks --ignore=tests/frameworks/test_harbor.py -q
 .venv-harbor/bin/pytest tests/frameworks/test_harbor.py -q
 echo "== the end-to-end tests against the installed package"

@@ -130,16 +130,20 @@ class Workspace:
 
     # ----------------------------------------------------------------------- files
 
-    def read_file(self, path: str) -> bytes:
+    def read_file(self, path: str, *, max_bytes: int | None = None) -> bytes:
         """A file's bytes, read in the workspace as its calls would (large files in
-        chunks of FILE_CHUNK)."""
+        chunks of FILE_CHUNK). `max_bytes`: read no more than its first bytes (a caller
+        with a size cap reads `cap + 1` and refuses a file that gave more)."""
+        if max_bytes is not None and max_bytes < 1:
+            raise CallRejected(f"max_bytes must be at least 1, not {max_bytes}")
         data = bytearray()
         while True:
+            left = FILE_CHUNK if max_bytes is None else min(FILE_CHUNK, max_bytes - len(data))
             chunk = self._ask(control_request(
                 FileReadRequest, workspace=self.id, path=path, offset=len(data),
-                limit=FILE_CHUNK), FileChunk)
+                limit=left), FileChunk)
             data += base64.b64decode(chunk.data_b64)
-            if chunk.eof or not chunk.data_b64:
+            if chunk.eof or not chunk.data_b64 or len(data) == max_bytes:
                 return bytes(data)
 
     def write_file(self, path: str, data: bytes | str, *, mode: int | None = None) -> int:

@@ -1,0 +1,286 @@
+"""What the framework adapters share: how a workspace is asked for, one fleet client per
+event loop, and the few translations a framework's exec needs that the client does not
+do (stdin bytes, a command line past a call's cap, `user=`, exit statuses, file errors).
+
+Nothing here runs a command, moves a file or keeps a lease itself: that is
+`AsyncWorkspace`'s. A framework's `exec(cmd, input=...)` becomes one `Workspace.run`;
+its stdin and an over-long command line travel as files of the workspace's own /tmp
+(`Workspace.write_file`), which the command removes before it runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import shlex
+import uuid
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from client._async.fleet import AsyncFleet
+from client._async.workspace import AsyncWorkspace
+from client.errors import BashfleetError
+from worker.wire.models import MAX_COMMAND_BYTES, CallResult, Tags, WorkspaceLimits
+
+#: Longest command sent inline. A call's command is capped at MAX_COMMAND_BYTES (1 MiB);
+#: a framework may hand us more (inspect's conformance cases send a 1 MiB argv), so a
+#: longer one is written to the workspace and sourced from there. Below the cap by a
+#: margin: the stdin wrapper adds a few bytes.
+INLINE_COMMAND_BYTES = MAX_COMMAND_BYTES - 4096
+
+#: Longest pause between two renewals of a held workspace's lease.
+MAX_RENEW_INTERVAL_S = 600.0
+
+
+class WorkspaceOptions(BaseModel):
+    """Where and how a framework's environment is made: `Fleet.workspace`'s arguments.
+    The fleet itself (its Redis URL, and the owner unless given here) comes from the
+    usual BASHFLEET_* settings; these override the host's defaults."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    host: str | None = None
+    """The host to make it on (None: a live host of `label`, else of the fleet)."""
+    label: str | None = None
+    """A pool label: any live host that has it."""
+    path: str | None = None
+    """An existing host directory under a root the host allows (None: a fresh one)."""
+    isolation: Literal["none", "process", "strict"] | None = None
+    """At least the host's level (None: the host's)."""
+    network: bool | None = None
+    """False: its own network namespace (None: the host's policy)."""
+    ttl_s: float | None = Field(None, gt=0)
+    """Seconds it lives unused (None: the host's default, 1 h). Held environments are
+    renewed while they live."""
+    limits: WorkspaceLimits = Field(default_factory=WorkspaceLimits)
+    """memory_mb, procs, cpus, disk_mb of its processes together."""
+    mounts: dict[str, str] = Field(default_factory=dict)
+    """Absolute paths in its calls' view -> its own subdirectories."""
+    tags: Tags = Field(default_factory=dict)
+    """Tags, for listings (`workspace ls`)."""
+    owner: str | None = None
+    """Who it belongs to (default BASHFLEET_OWNER, else `user:<login>`)."""
+
+    def __hash__(self) -> int:
+        # Frameworks key their caches by config (inspect does): hash what it says, dicts
+        # included (pydantic's frozen hash refuses them).
+        return hash(self.model_dump_json())
+
+    def create_kwargs(self, tags: Mapping[str, str] | None = None) -> dict[str, Any]:
+        """`AsyncFleet.workspace`'s keyword arguments (`tags` added to the options')."""
+        return {
+            "host": self.host, "label": self.label, "path": self.path, "ttl_s": self.ttl_s,
+            "isolation": self.isolation, "network": self.network, "limits": self.limits,
+            "mounts": dict(self.mounts), "tags": {**(tags or {}), **self.tags},
+        }
+
+
+# --------------------------------------------------------------------------- the fleet
+
+
+@dataclass
+class _Held:
+    fleet: AsyncFleet
+    users: int = 0
+
+
+@dataclass
+class FleetPool:
+    """One `AsyncFleet` per event loop and owner, shared by every environment of a
+    process and closed when the last one lets go: a hundred samples at once share one
+    reply listener and one watch instead of a hundred (an AsyncFleet belongs to one
+    loop, hence the key)."""
+
+    redis_url: str | None = None
+    """The fleet's Redis (None: BASHFLEET_REDIS_URL, else the local fleet)."""
+    _held: dict[tuple[asyncio.AbstractEventLoop, str | None], _Held] = field(
+        default_factory=dict)
+
+    def acquire(self, owner: str | None) -> AsyncFleet:
+        """The loop's fleet client for `owner`, made on first use; `release` it after."""
+        key = (asyncio.get_running_loop(), owner)
+        held = self._held.get(key)
+        if held is None:
+            held = self._held[key] = _Held(AsyncFleet(self.redis_url, owner=owner))
+        held.users += 1
+        return held.fleet
+
+    async def release(self, owner: str | None) -> None:
+        """Let go of one `acquire`; the last one closes the client."""
+        key = (asyncio.get_running_loop(), owner)
+        held = self._held.get(key)
+        if held is None:
+            return
+        held.users -= 1
+        if held.users <= 0:
+            del self._held[key]
+            await held.fleet.close()
+
+
+def renew_interval(ttl_s: float) -> float:
+    """Seconds between renewals of a lease of `ttl_s`: a third of it (two chances before
+    it ends), at most MAX_RENEW_INTERVAL_S."""
+    return min(MAX_RENEW_INTERVAL_S, max(1.0, ttl_s / 3))
+
+
+class Renewer:
+    """Renews a workspace's lease while a framework holds it (an agent may think for
+    longer than the TTL between two commands)."""
+
+    def __init__(self, workspace: AsyncWorkspace) -> None:
+        self._workspace = workspace
+        self._task = asyncio.create_task(self._renew_forever(renew_interval(
+            workspace.view.ttl_s)))
+
+    async def _renew_forever(self, every_s: float) -> None:
+        while True:
+            await asyncio.sleep(every_s)
+            with contextlib.suppress(BashfleetError):  # gone or unreachable: the next use says
+                await self._workspace.renew()
+
+    async def stop(self) -> None:
+        """Stop renewing."""
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+
+
+# ---------------------------------------------------------------------- commands
+
+
+def staging_path(kind: str) -> str:
+    """A file of the workspace's own /tmp that carries a command's stdin or script."""
+    return f"/tmp/.bashfleet-{kind}-{uuid.uuid4().hex[:16]}"
+
+
+def with_stdin(command: str, path: str) -> str:
+    """`command` reading `path` as its stdin, the file removed once open (a newline
+    before the brace: the command may end in a comment)."""
+    quoted = shlex.quote(path)
+    return f"{{ rm -f -- {quoted}; {command}\n}} < {quoted}"
+
+
+def script_of(command: str, path: str) -> str:
+    """The script that runs `command` from `path` (sourced, so the call's shell, cwd and
+    variables are its), removing itself first: bash reads a sourced file whole."""
+    return f"rm -f -- {shlex.quote(path)}\n{command}\n"
+
+
+def sourcing(path: str) -> str:
+    """The call that runs a script written by `script_of`."""
+    return f". {shlex.quote(path)}"
+
+
+@dataclass(frozen=True)
+class Staged:
+    """A framework's command as one call: its text, and the files to write first."""
+
+    command: str
+    files: tuple[tuple[str, bytes], ...] = ()
+
+
+def stage(command: str, stdin: bytes | None,
+          inline_bytes: int = INLINE_COMMAND_BYTES) -> Staged:
+    """`command` (with `stdin` when not None, even empty) as one call of at most
+    `inline_bytes`: stdin in a file it reads, a longer command in a script it sources."""
+    files: list[tuple[str, bytes]] = []
+    if stdin is not None:
+        stdin_path = staging_path("stdin")
+        files.append((stdin_path, stdin))
+        command = with_stdin(command, stdin_path)
+    if len(command.encode()) > inline_bytes:
+        script_path = staging_path("script")
+        files.append((script_path, script_of(command, script_path).encode()))
+        command = sourcing(script_path)
+    return Staged(command, tuple(files))
+
+
+async def run_staged(workspace: AsyncWorkspace, staged: Staged, **options: Any) -> CallResult:
+    """Write a staged command's files, then run it (`AsyncWorkspace.run`'s options)."""
+    for path, data in staged.files:
+        await workspace.write_file(path, data, mode=0o600)
+    return await workspace.run(staged.command, **options)
+
+
+def shell_line(argv: Sequence[str]) -> str:
+    """An argv as one shell command line (each word quoted as needed)."""
+    if not argv:
+        raise ValueError("an empty command")
+    return shlex.join(argv)
+
+
+def exit_status(exit_code: int | None, signal: int | None) -> int:
+    """A shell's status for a process: its exit code, 128+N when signal N ended it, 1
+    when neither is known."""
+    if exit_code is not None:
+        return exit_code
+    return 128 + signal if signal is not None else 1
+
+
+# --------------------------------------------------------------------------- users
+
+
+def is_run_user(user: str | None, names: Collection[str]) -> bool:
+    """Whether a framework's `user=` names the run user (every call runs as it: never
+    root, never another user); `names`: its name and uid."""
+    return user is None or user in names
+
+
+def not_run_user(user: str, run_as: str) -> str:
+    """Why `user` cannot be had."""
+    return (f"bashfleet runs every command as its run user {run_as!r} (never root, never "
+            f"another user): cannot run as {user!r}")
+
+
+class RunUser:
+    """Who a workspace's calls run as, and the names a framework's `user=` may give it:
+    its name (the workspace's view says it), and its uid (asked once, when needed)."""
+
+    def __init__(self, workspace: AsyncWorkspace) -> None:
+        self._workspace = workspace
+        run_as = workspace.view.run_as
+        self.names: set[str] = {run_as} if run_as else set()
+        """Its name and uid, as far as known."""
+        self._asked = False
+
+    @property
+    def name(self) -> str:
+        """Its name, for messages."""
+        return self._workspace.view.run_as or "/".join(sorted(self.names)) or "?"
+
+    async def accepts(self, user: str | None) -> bool:
+        """Whether `user` (None: the default) is the run user."""
+        if is_run_user(user, self.names):
+            return True
+        if not self._asked:
+            self._asked = True
+            found = await self._workspace.run("id -un; id -u", check=False)
+            self.names.update(found.stdout.split())
+        return is_run_user(user, self.names)
+
+
+# --------------------------------------------------------------------------- files
+
+#: The workspace's file tools' messages (`worker.engine.files`, and bash's own for a
+#: write) -> the OSError a framework expects.
+_FILE_ERRORS: tuple[tuple[str, type[OSError], int], ...] = (
+    ("No such file or directory", FileNotFoundError, errno.ENOENT),
+    ("Is a directory", IsADirectoryError, errno.EISDIR),
+    ("Not a directory", NotADirectoryError, errno.ENOTDIR),
+    ("Permission denied", PermissionError, errno.EACCES),
+    ("Read-only file system", PermissionError, errno.EROFS),
+)
+
+
+def file_error(message: str, path: str) -> OSError | None:
+    """The OSError a failed file operation on `path` stands for, from its message; None
+    when it is no file error (the workspace is gone, the fleet cannot be reached)."""
+    for text, kind, code in _FILE_ERRORS:
+        if text in message:
+            return kind(code, text, path)
+    return None
+

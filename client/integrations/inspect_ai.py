@@ -1,0 +1,265 @@
+"""bashfleet as an inspect-ai sandbox: `Task(..., sandbox="bashfleet")`.
+
+    pip install 'bashfleet[inspect]'
+    Task(dataset=..., solver=..., sandbox="bashfleet")            # or ("bashfleet", "bf.yaml")
+
+The `inspect_ai` entry point of the package registers the type `bashfleet` (this module,
+imported by inspect when a task names it). Each sample gets a workspace of its own, made
+in `sample_init` and deleted in `sample_cleanup`; its lease is renewed while the sample
+lives. The fleet is the usual BASHFLEET_* settings' (BASHFLEET_REDIS_URL, BASHFLEET_OWNER);
+the task's sandbox config (`BashfleetSandboxConfig`, or a YAML/JSON file of its fields)
+says where and how: host or label, isolation, network, ttl, limits, mounts.
+
+How inspect's `SandboxEnvironment` maps onto `AsyncWorkspace`:
+
+- `exec(cmd, input, cwd, env, user, timeout)`: one `run` in the workspace (the argv
+  quoted into one command line; a relative cwd is the workspace's subdirectory); `input`
+  reaches the command's stdin through a file of the workspace's /tmp, and a command line
+  past a call's 1 MiB cap is sourced from one. A timeout kills the command's process
+  group and raises TimeoutError; status 126 with "Permission denied" raises
+  PermissionError; past INSPECT_SANDBOX_MAX_EXEC_OUTPUT_SIZE on a stream,
+  OutputLimitExceededError. Output is the fleet's text: sanitized (ANSI and control
+  bytes dropped, `\\r\\n` read as `\\n`) and secrets redacted; bytes travel in files.
+- `user=`: every call runs as the fleet's run user (never root); naming it (or its uid)
+  is accepted, any other user raises SandboxUserUnsupportedError.
+- `read_file` / `write_file`: `AsyncWorkspace.read_file` / `write_file` (as the run
+  user, in the calls' view: a relative path is in the workspace, `/tmp/...` its own
+  /tmp), with FileNotFoundError, PermissionError, IsADirectoryError as inspect expects and
+  INSPECT_SANDBOX_MAX_READ_FILE_SIZE enforced.
+"""
+
+from __future__ import annotations
+
+import errno
+import posixpath
+from pathlib import Path
+from typing import Any, Literal, overload
+
+from inspect_ai.util import (
+    ExecResult,
+    OutputLimitExceededError,
+    SandboxEnvironment,
+    SandboxEnvironmentConfigType,
+    SandboxEnvironmentLimits,
+    SandboxUnavailableError,
+    SandboxUserUnsupportedError,
+    sandboxenv,
+)
+from pydantic import BaseModel
+
+from client._async.workspace import AsyncWorkspace
+from client.errors import BashfleetError, CallRejected, OutputTooLarge
+from client.integrations._backend import (
+    FleetPool,
+    Renewer,
+    RunUser,
+    WorkspaceOptions,
+    exit_status,
+    file_error,
+    not_run_user,
+    run_staged,
+    shell_line,
+    stage,
+)
+from worker.wire.models import MAX_TIMEOUT_S, CallResult, Policy
+
+#: The policy of inspect's calls: separate streams, the whole output read back (up to
+#: inspect's limit), a timeout kills (inspect raises TimeoutError), none by default.
+EXEC_POLICY = Policy(name="inspect", on_timeout="kill", default_timeout_s=MAX_TIMEOUT_S,
+                     kill_grace_s=1.0)
+
+#: A system error of a call -> the exception inspect's callers expect for it.
+_NOT_RUN: dict[str, type[Exception]] = {
+    "bad_cwd": FileNotFoundError,
+    "blocked": PermissionError,
+    "unauthorized": PermissionError,
+    "worker_lost": SandboxUnavailableError,
+    "unavailable": SandboxUnavailableError,
+    "not_found": SandboxUnavailableError,
+}
+
+#: The fleet client of every environment of this process (one per event loop and owner).
+POOL = FleetPool()
+
+
+class BashfleetSandboxConfig(WorkspaceOptions):
+    """The `bashfleet` sandbox's config: where each sample's workspace is made and how
+    (`Task(sandbox=SandboxEnvironmentSpec("bashfleet", BashfleetSandboxConfig(...)))`, or
+    a YAML/JSON file of these fields)."""
+
+
+def config_of(config: SandboxEnvironmentConfigType | None) -> BashfleetSandboxConfig:
+    """A task's sandbox config as ours: None (the defaults), the model, a dict-like
+    model, or the path of a YAML/JSON file."""
+    if config is None:
+        return BashfleetSandboxConfig()
+    if isinstance(config, BashfleetSandboxConfig):
+        return config
+    if isinstance(config, str):
+        import yaml  # noqa: PLC0415 - inspect-ai depends on PyYAML; only file configs need it
+
+        loaded = yaml.safe_load(Path(config).read_text()) or {}
+        return BashfleetSandboxConfig.model_validate(loaded)
+    if isinstance(config, BaseModel):
+        return BashfleetSandboxConfig.model_validate(config.model_dump())
+    raise TypeError(f"bashfleet sandbox config: a BashfleetSandboxConfig or a file name, "
+                    f"not {type(config).__name__}")
+
+
+def call_cwd(workspace_path: str, cwd: str | None) -> str | None:
+    """Where a call runs: `cwd` as given when absolute, else under the workspace."""
+    if cwd is None or posixpath.isabs(cwd):
+        return cwd
+    return posixpath.normpath(posixpath.join(workspace_path, cwd))
+
+
+def exec_result(result: CallResult, output_limit: int, limit_text: str) -> ExecResult[str]:
+    """inspect's view of a call that ran (or the exception it stands for)."""
+    if result.error is not None:
+        raise _NOT_RUN.get(result.error.kind, RuntimeError)(result.error.message)
+    if result.timed_out:
+        raise TimeoutError(f"the command timed out (killed): {result.stdout[-2000:]}")
+    for info, text in ((result.stdout_truncation, result.stdout),
+                       (result.stderr_truncation, result.stderr)):
+        if info is not None and info.total_bytes > output_limit:
+            raise OutputLimitExceededError(limit_text, text[-output_limit:])
+    status = exit_status(result.exit_code, result.signal)
+    if status == 126 and "permission denied" in result.stderr.casefold():
+        raise PermissionError(errno.EACCES, result.stderr.strip())
+    return ExecResult(success=status == 0, returncode=status, stdout=result.stdout,
+                      stderr=result.stderr)
+
+
+@sandboxenv(name="bashfleet")
+class BashfleetSandboxEnvironment(SandboxEnvironment):  # type: ignore[misc]
+    """One sample's workspace on the fleet (see the module's docstring)."""
+
+    def __init__(self, workspace: AsyncWorkspace, config: BashfleetSandboxConfig) -> None:
+        super().__init__()
+        self.workspace = workspace
+        """The sample's workspace."""
+        self._config = config
+        self._renewer = Renewer(workspace)
+        self._run_user = RunUser(workspace)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    @classmethod
+    async def task_init(cls, task_name: str,
+                        config: SandboxEnvironmentConfigType | None) -> None:
+        """Hold the fleet client for the task's samples (they share it)."""
+        POOL.acquire(config_of(config).owner)
+
+    @classmethod
+    async def task_cleanup(cls, task_name: str, config: SandboxEnvironmentConfigType | None,
+                           cleanup: bool) -> None:
+        """Let the fleet client go (the last holder closes it)."""
+        await POOL.release(config_of(config).owner)
+
+    @classmethod
+    async def sample_init(cls, task_name: str, config: SandboxEnvironmentConfigType | None,
+                          metadata: dict[str, str]) -> dict[str, SandboxEnvironment]:
+        """Make the sample's workspace."""
+        options = config_of(config)
+        fleet = POOL.acquire(options.owner)
+        try:
+            workspace = await fleet.workspace(**options.create_kwargs(
+                tags={"framework": "inspect-ai", "task": task_name[:256]}))
+        except BaseException:
+            await POOL.release(options.owner)
+            raise
+        return {"default": cls(workspace, options)}
+
+    @classmethod
+    async def sample_cleanup(cls, task_name: str, config: SandboxEnvironmentConfigType | None,
+                             environments: dict[str, SandboxEnvironment],
+                             interrupted: bool) -> None:
+        """Delete the sample's workspace (every process in it ends)."""
+        for environment in environments.values():
+            if isinstance(environment, BashfleetSandboxEnvironment):
+                await environment.close()
+
+    async def close(self) -> None:
+        """Stop renewing, delete the workspace, let the fleet client go."""
+        await self._renewer.stop()
+        try:
+            await self.workspace.delete()
+        except BashfleetError:
+            pass  # unreachable now: its lease ends it
+        finally:
+            await POOL.release(self._config.owner)
+
+    @classmethod
+    def config_deserialize(cls, config: dict[str, Any]) -> BaseModel:
+        """The config of a task read back from a log."""
+        return BashfleetSandboxConfig.model_validate(config)
+
+    def default_polling_interval(self) -> float:
+        """exec_remote's polling: the fleet answers in milliseconds."""
+        return 0.5
+
+    # ----------------------------------------------------------------------- exec
+
+    async def exec(  # noqa: PLR0917 - inspect's signature, called positionally
+            self, cmd: list[str], input: str | bytes | None = None,
+            cwd: str | None = None, env: dict[str, str] | None = None,
+            user: str | None = None, timeout: int | None = None,
+            timeout_retry: bool = True, concurrency: bool = True) -> ExecResult[str]:
+        """Run `cmd` in the workspace (see the module's docstring). A timed-out command is
+        not run again whatever `timeout_retry` says: it may have done half its work."""
+        await self._check_user(user)
+        stdin = input.encode() if isinstance(input, str) else input
+        limit = SandboxEnvironmentLimits.MAX_EXEC_OUTPUT_SIZE
+        limit_text = SandboxEnvironmentLimits.MAX_EXEC_OUTPUT_SIZE_STR
+        try:
+            result = await run_staged(
+                self.workspace, stage(shell_line(cmd), stdin),
+                cwd=call_cwd(self.workspace.path, cwd), env=dict(env or {}), timeout=timeout,
+                policy=EXEC_POLICY, check=False, output="full", max_output_bytes=2 * limit)
+        except OutputTooLarge as exc:
+            raise OutputLimitExceededError(limit_text, exc.result.stdout) from None
+        except CallRejected as exc:
+            raise ValueError(exc.message) from None
+        except BashfleetError as exc:
+            raise SandboxUnavailableError(f"bashfleet: {exc.message}") from exc
+        return exec_result(result, limit, limit_text)
+
+    async def _check_user(self, user: str | None) -> None:
+        """Every call runs as the run user: `user` must name it (its name or uid)."""
+        if user is not None and not await self._run_user.accepts(user):
+            raise SandboxUserUnsupportedError(not_run_user(user, self._run_user.name))
+
+    # ---------------------------------------------------------------------- files
+
+    async def write_file(self, file: str, contents: str | bytes) -> None:
+        """Write a file (its parents made), as the run user."""
+        try:
+            await self.workspace.write_file(file, contents)
+        except BashfleetError as exc:
+            raise self._os_error(exc, file) from None
+
+    @overload
+    async def read_file(self, file: str, text: Literal[True] = True) -> str: ...
+
+    @overload
+    async def read_file(self, file: str, text: Literal[False]) -> bytes: ...
+
+    async def read_file(self, file: str, text: bool = True) -> str | bytes:
+        """A file's text (UTF-8, newlines as they are) or bytes."""
+        limit = SandboxEnvironmentLimits.MAX_READ_FILE_SIZE
+        try:
+            data = await self.workspace.read_file(file, max_bytes=limit + 1)
+        except BashfleetError as exc:
+            raise self._os_error(exc, file) from None
+        if len(data) > limit:
+            raise OutputLimitExceededError(SandboxEnvironmentLimits.MAX_READ_FILE_SIZE_STR, None)
+        return data.decode("utf-8") if text else data
+
+    @staticmethod
+    def _os_error(exc: BashfleetError, file: str) -> Exception:
+        """The OSError a file operation's failure stands for, else the sandbox is gone."""
+        found = file_error(exc.message, file)
+        if found is not None:
+            return found
+        unavailable: Exception = SandboxUnavailableError(f"bashfleet: {exc.message}")
+        return unavailable

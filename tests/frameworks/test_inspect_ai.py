@@ -1,0 +1,253 @@
+"""bashfleet as an inspect-ai sandbox (issue #21), against inspect-ai from PyPI and a real
+fleet: inspect's own provider conformance cases (the 44 `test_*` of
+`inspect_ai/util/_sandbox/self_check.py`, pulled in below) with a `bashfleet`
+environment as their `sandbox_env`, and a scripted eval whose `mockllm` model calls the
+bash tool in the sample's workspace.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from inspect_ai import Task, eval_async
+from inspect_ai.dataset import Sample
+from inspect_ai.model import (
+    ChatMessageAssistant,
+    ChatMessageTool,
+    ModelOutput,
+    ModelUsage,
+    get_model,
+)
+from inspect_ai.scorer import includes
+from inspect_ai.solver import generate, use_tools
+from inspect_ai.tool import ToolCall, bash
+from inspect_ai.util import (
+    OutputLimitExceededError,
+    SandboxEnvironment,
+    SandboxUnavailableError,
+)
+from inspect_ai.util._sandbox import self_check
+from inspect_ai.util._sandbox.registry import registry_find_sandboxenv
+from inspect_ai.util._sandbox.self_check import *  # noqa: F403 - the conformance cases
+from integration.conftest import WorkerFactory
+
+from client import Fleet
+from client.integrations.inspect_ai import (
+    BashfleetSandboxConfig,
+    BashfleetSandboxEnvironment,
+    call_cwd,
+    config_of,
+    exec_result,
+)
+from client.redis_server import RedisServer
+from worker.wire.models import CallResult, SystemError_, TruncationInfo
+
+pytestmark = pytest.mark.anyio
+
+#: The conformance cases bashfleet cannot pass, and why (README names them too).
+EXPECTED_FAILURES = {
+    "test_exec_as_user": "calls never run as root: `user='root'` (to run adduser) raises "
+                         "SandboxUserUnsupportedError",
+}
+
+HOST = "inspect"
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(scope="module")
+def fleet_env(session_workers: WorkerFactory, redis_server: RedisServer) -> Iterator[str]:
+    """A host for this module's workspaces; the environment's settings point at it, as
+    a user's BASHFLEET_REDIS_URL and BASHFLEET_OWNER would."""
+    session_workers.start(HOST)
+    owner = f"inspect-{uuid.uuid4().hex[:8]}"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("BASHFLEET_REDIS_URL", redis_server.url)
+        patch.setenv("BASHFLEET_OWNER", owner)
+        yield owner
+
+
+@pytest.fixture
+async def sandbox_env(fleet_env: str, request: pytest.FixtureRequest
+                      ) -> AsyncIterator[SandboxEnvironment]:
+    """One sample's environment, made and cleaned up as inspect does."""
+    why = EXPECTED_FAILURES.get(request.node.originalname)
+    if why is not None:
+        request.node.add_marker(pytest.mark.xfail(reason=why, strict=True))
+    config = BashfleetSandboxConfig(host=HOST)
+    environments = await BashfleetSandboxEnvironment.sample_init("conformance", config, {})
+    try:
+        yield environments["default"]
+    finally:
+        await BashfleetSandboxEnvironment.sample_cleanup("conformance", config, environments,
+                                                         False)
+
+
+def test_the_44_conformance_cases_are_all_collected() -> None:
+    cases = [name for name in self_check.__all__ if name.startswith("test_")]
+    assert len(cases) == 44
+    assert all(name in globals() for name in cases)
+    assert set(EXPECTED_FAILURES) <= set(cases)
+
+
+def test_the_entry_point_registers_the_type() -> None:
+    assert registry_find_sandboxenv("bashfleet") is BashfleetSandboxEnvironment
+
+
+async def test_each_sample_gets_its_own_workspace_deleted_at_cleanup(
+        fleet_env: str, redis_server: RedisServer) -> None:
+    config = BashfleetSandboxConfig(host=HOST, ttl_s=600, tags={"suite": "inspect"})
+    one = await BashfleetSandboxEnvironment.sample_init("t", config, {})
+    two = await BashfleetSandboxEnvironment.sample_init("t", config, {})
+    first, second = one["default"], two["default"]
+    assert isinstance(first, BashfleetSandboxEnvironment)
+    assert isinstance(second, BashfleetSandboxEnvironment)
+    await first.write_file("mine.txt", "one")
+    assert (await second.exec(["ls"])).stdout == ""
+    ids = {first.workspace.id, second.workspace.id}
+    with Fleet(redis_server.url, owner=fleet_env) as fleet:
+        live = {view.id: view for view in fleet.workspaces()}
+        assert ids <= set(live)
+        assert live[first.workspace.id].tags == {"framework": "inspect-ai", "task": "t",
+                                                 "suite": "inspect"}
+        await BashfleetSandboxEnvironment.sample_cleanup("t", config, one, False)
+        await BashfleetSandboxEnvironment.sample_cleanup("t", config, two, True)
+        assert ids.isdisjoint(view.id for view in fleet.workspaces())
+
+
+async def test_the_run_user_is_accepted_by_name_and_uid(sandbox_env: SandboxEnvironment
+                                                        ) -> None:
+    whoami = (await sandbox_env.exec(["whoami"])).stdout.strip()
+    uid = (await sandbox_env.exec(["id", "-u"])).stdout.strip()
+    assert whoami != "root"
+    for user in (whoami, uid):
+        assert (await sandbox_env.exec(["whoami"], user=user)).stdout.strip() == whoami
+
+
+async def test_a_missing_cwd_is_file_not_found(sandbox_env: SandboxEnvironment) -> None:
+    with pytest.raises(FileNotFoundError, match="nowhere"):
+        await sandbox_env.exec(["ls"], cwd="nowhere")
+
+
+async def test_a_read_stops_at_max_bytes(sandbox_env: SandboxEnvironment) -> None:
+    assert isinstance(sandbox_env, BashfleetSandboxEnvironment)
+    await sandbox_env.write_file("big.txt", "0123456789" * 1000)
+    assert await sandbox_env.workspace.read_file("big.txt", max_bytes=3) == b"012"
+
+
+# ------------------------------------------------------------------ pure parts
+
+
+@pytest.mark.parametrize(("cwd", "expected"), [
+    (None, None), ("/usr/bin", "/usr/bin"), ("sub", "/w/x/sub"), ("a/../b", "/w/x/b"),
+    (".", "/w/x"),
+])
+def test_a_relative_cwd_is_under_the_workspace(cwd: str | None, expected: str | None) -> None:
+    assert call_cwd("/w/x", cwd) == expected
+
+
+def result(**fields: Any) -> CallResult:
+    return CallResult(call_id="c1", host=HOST, **fields)
+
+
+def info(total_bytes: int) -> TruncationInfo:
+    return TruncationInfo(direction="tail", truncated=False, limit=None, total_lines=1,
+                          total_bytes=total_bytes, shown_lines=1, shown_bytes=total_bytes)
+
+
+@pytest.mark.parametrize(("fields", "error"), [
+    ({"timed_out": True}, TimeoutError),
+    ({"exit_code": 126, "stderr": "bash: line 1: /etc/passwd: Permission denied\n"},
+     PermissionError),
+    ({"error": SystemError_(kind="bad_cwd", message="no such dir")}, FileNotFoundError),
+    ({"error": SystemError_(kind="blocked", message="denied by policy")}, PermissionError),
+    ({"error": SystemError_(kind="worker_lost", message="gone")}, SandboxUnavailableError),
+    ({"error": SystemError_(kind="limit", message="too many jobs")}, RuntimeError),
+    ({"exit_code": 0, "stdout": "x" * 20, "stdout_truncation": info(20)},
+     OutputLimitExceededError),
+])
+def test_what_a_call_that_did_not_end_well_raises(fields: dict[str, Any],
+                                                   error: type[Exception]) -> None:
+    with pytest.raises(error):
+        exec_result(result(**fields), 10, "10 bytes")
+
+
+@pytest.mark.parametrize(("fields", "status"), [
+    ({"exit_code": 0, "stdout": "ok\n"}, 0), ({"exit_code": 126, "stderr": "no"}, 126),
+    ({"signal": 15}, 143),
+])
+def test_what_a_call_that_ran_returns(fields: dict[str, Any], status: int) -> None:
+    done = exec_result(result(**fields), 10, "10 bytes")
+    assert (done.returncode, done.success) == (status, status == 0)
+    assert (done.stdout, done.stderr) == (fields.get("stdout", ""), fields.get("stderr", ""))
+
+
+def test_a_config_file_is_read(tmp_path: Path) -> None:
+    path = tmp_path / "bashfleet.yaml"
+    path.write_text("label: linux\nttl_s: 600\nlimits:\n  memory_mb: 512\n")
+    config = config_of(str(path))
+    assert (config.label, config.ttl_s, config.limits.memory_mb) == ("linux", 600, 512)
+    assert config_of(None) == BashfleetSandboxConfig()
+    assert BashfleetSandboxEnvironment.config_deserialize({"host": "h"}) == \
+        BashfleetSandboxConfig(host="h")
+    typo = tmp_path / "typo.yaml"
+    typo.write_text("hots: h\n")
+    with pytest.raises(ValueError, match="extra"):
+        config_of(str(typo))
+
+
+# ------------------------------------------------------------------- end to end
+
+
+def bash_call(call_id: str, command: str) -> ModelOutput:
+    """The scripted model's turn: call the bash tool (`usage` set: offline, mockllm
+    would otherwise fetch a tokenizer to count)."""
+    output = ModelOutput.for_tool_call("mockllm/model", "bash", {"command": command},
+                                       tool_call_id=call_id)
+    output.usage = ModelUsage(input_tokens=10, output_tokens=10, total_tokens=20)
+    return output
+
+
+def answer(text: str) -> ModelOutput:
+    output = ModelOutput.from_content("mockllm/model", text)
+    output.usage = ModelUsage(input_tokens=10, output_tokens=10, total_tokens=20)
+    return output
+
+
+async def test_an_eval_whose_model_calls_bash_in_the_sample_workspace(
+        fleet_env: str, tmp_path: Path) -> None:
+    model = get_model("mockllm/model", custom_outputs=[
+        bash_call("c1", "echo 'print(6 * 7)' > answer.py && python3 answer.py"),
+        bash_call("c2", "cat answer.py; whoami; pwd"),
+        answer("The answer is 42."),
+    ])
+    task = Task(
+        dataset=[Sample(input="What is 6 times 7? Use bash.", target="42")],
+        solver=[use_tools(bash(timeout=60)), generate()],
+        scorer=includes(),
+        sandbox="bashfleet",  # README's line: any live host of the fleet
+    )
+    [log] = await eval_async(task, model=model, log_dir=str(tmp_path),
+                             log_format="json", message_limit=20)
+    assert log.status == "success", log.error
+    sample = log.samples[0] if log.samples else None
+    assert sample is not None
+    tools = [message for message in sample.messages if isinstance(message, ChatMessageTool)]
+    assert [message.error for message in tools] == [None, None]
+    tool_outputs = [message.text for message in tools]
+    assert tool_outputs[0] == "42\n"
+    cat, user, cwd = tool_outputs[1].splitlines()
+    assert cat == "print(6 * 7)" and user != "root" and "/w" in cwd
+    calls: list[ToolCall] = [call for message in sample.messages
+                             if isinstance(message, ChatMessageAssistant)
+                             for call in message.tool_calls or []]
+    assert [call.function for call in calls] == ["bash", "bash"]
+    scores: dict[str, Any] = sample.scores or {}
+    assert scores["includes"].value == "C"

@@ -1,0 +1,177 @@
+"""What the framework adapters share (`client.integrations._backend`): how a framework's
+command with stdin or a long command line becomes one call, exit statuses, file errors,
+`user=`, lease renewals, and the options a workspace is made with. The staged commands
+are run by a local bash here, as the workspace's bash would run them."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from client.integrations._backend import (
+    INLINE_COMMAND_BYTES,
+    MAX_RENEW_INTERVAL_S,
+    FleetPool,
+    Staged,
+    WorkspaceOptions,
+    exit_status,
+    file_error,
+    is_run_user,
+    not_run_user,
+    renew_interval,
+    shell_line,
+    stage,
+)
+from worker.wire.models import MAX_COMMAND_BYTES, WorkspaceLimits
+
+
+def run_locally(staged: Staged) -> subprocess.CompletedProcess[bytes]:
+    """Run a staged command as a workspace's call would: its files written, then
+    `bash -c COMMAND`."""
+    for path, data in staged.files:
+        Path(path).write_bytes(data)
+    return subprocess.run(["bash", "-c", staged.command], capture_output=True, check=False,
+                          stdin=subprocess.DEVNULL, timeout=30)
+
+
+def test_a_plain_command_is_sent_as_it_is() -> None:
+    assert stage("echo hi", None) == Staged("echo hi")
+
+
+@pytest.mark.parametrize(("stdin", "expected"), [
+    (b"", b""),
+    (b"hello\nworld\n", b"hello\nworld\n"),
+    (b"$HOME `whoami` 'q' \"d\" \\b\n", b"$HOME `whoami` 'q' \"d\" \\b\n"),
+    (b"\xc3\x28\x00\xff", b"\xc3\x28\x00\xff"),
+])
+def test_stdin_reaches_the_command_and_its_file_is_gone(stdin: bytes, expected: bytes) -> None:
+    staged = stage("cat", stdin)
+    [(path, data)] = staged.files
+    assert path.startswith("/tmp/.bashfleet-stdin-") and data == stdin
+    done = run_locally(staged)
+    assert (done.returncode, done.stdout) == (0, expected)
+    assert not os.path.exists(path)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.binary(max_size=4096), st.integers(min_value=0, max_value=255))
+def test_stdin_and_exit_status_round_trip(stdin: bytes, status: int) -> None:
+    done = run_locally(stage(f"cat; exit {status}", stdin))
+    assert (done.stdout, done.returncode) == (stdin, status)
+
+
+def test_a_command_ending_in_a_comment_still_reads_its_stdin() -> None:
+    done = run_locally(stage("cat # a comment", b"x"))
+    assert (done.returncode, done.stdout) == (0, b"x")
+
+
+def test_a_long_command_line_is_sourced_from_a_script_it_removes() -> None:
+    chunk = "x" * (64 * 1024)
+    command = shell_line(["printf", "%s", *([chunk] * 16)])
+    assert len(command) > MAX_COMMAND_BYTES
+    staged = stage(command, b"")
+    assert len(staged.command.encode()) < INLINE_COMMAND_BYTES
+    [(stdin_path, _), (script_path, _)] = staged.files
+    done = run_locally(staged)
+    assert (done.returncode, done.stdout) == (0, (chunk * 16).encode())
+    assert not os.path.exists(stdin_path) and not os.path.exists(script_path)
+
+
+def test_a_sourced_script_keeps_the_calls_exit_status() -> None:
+    done = run_locally(stage("true; exit 7", None, inline_bytes=4))
+    assert done.returncode == 7
+
+
+def test_shell_line_quotes_each_word() -> None:
+    assert shell_line(["sh", "-c", "echo $HOME; echo 'x'"]) == \
+        "sh -c 'echo $HOME; echo '\"'\"'x'\"'\"''"
+    with pytest.raises(ValueError, match="empty"):
+        shell_line([])
+
+
+@pytest.mark.parametrize(("exit_code", "signal", "status"), [
+    (0, None, 0), (70, None, 70), (None, 15, 143), (None, 9, 137), (None, None, 1),
+])
+def test_exit_status(exit_code: int | None, signal: int | None, status: int) -> None:
+    assert exit_status(exit_code, signal) == status
+
+
+@pytest.mark.parametrize(("message", "kind", "code"), [
+    ("workspace w1: No such file or directory: /w/nonexistent", FileNotFoundError,
+     errno.ENOENT),
+    ("Is a directory: /etc", IsADirectoryError, errno.EISDIR),
+    ("write: line 1: /tmp/dd: Is a directory", IsADirectoryError, errno.EISDIR),
+    ("Permission denied: /w/ro.txt", PermissionError, errno.EACCES),
+    ("write: line 1: /usr/x: Read-only file system", PermissionError, errno.EROFS),
+    ("mkdir: /w/f/x: Not a directory", NotADirectoryError, errno.ENOTDIR),
+])
+def test_file_errors_are_the_oserrors_frameworks_expect(message: str, kind: type[OSError],
+                                                      code: int) -> None:
+    error = file_error(message, "the/file")
+    assert type(error) is kind and error.errno == code
+    assert "the/file" in str(error)
+
+
+@pytest.mark.parametrize("message", ["no such workspace: w1 (deleted, expired unused, or "
+                                     "another owner's)", "the fleet client was closed"])
+def test_other_failures_are_no_file_errors(message: str) -> None:
+    assert file_error(message, "f") is None
+
+
+@pytest.mark.parametrize(("user", "accepted"), [
+    (None, True), ("bashfleet-run", True), ("999", True), ("root", False), ("", False),
+])
+def test_only_the_run_user_is_accepted(user: str | None, accepted: bool) -> None:
+    assert is_run_user(user, {"bashfleet-run", "999"}) is accepted
+
+
+def test_a_refused_user_is_told_why() -> None:
+    assert not_run_user("root", "bashfleet-run") == (
+        "bashfleet runs every command as its run user 'bashfleet-run' (never root, never "
+        "another user): cannot run as 'root'")
+
+
+@pytest.mark.parametrize(("ttl_s", "every_s"), [
+    (3600.0, MAX_RENEW_INTERVAL_S), (600.0, 200.0), (3.0, 1.0), (0.5, 1.0),
+])
+def test_a_lease_is_renewed_twice_within_its_ttl(ttl_s: float, every_s: float) -> None:
+    assert renew_interval(ttl_s) == every_s
+
+
+def test_workspace_options_become_the_fleets_arguments() -> None:
+    options = WorkspaceOptions(label="linux", ttl_s=600, network=False,
+                               limits=WorkspaceLimits(memory_mb=512), mounts={"/logs": "logs"},
+                               tags={"run": "r1"})
+    assert options.create_kwargs(tags={"framework": "x", "run": "default"}) == {
+        "host": None, "label": "linux", "path": None, "ttl_s": 600, "isolation": None,
+        "network": False, "limits": WorkspaceLimits(memory_mb=512),
+        "mounts": {"/logs": "logs"}, "tags": {"framework": "x", "run": "r1"},
+    }
+    assert hash(options) == hash(options.model_copy())
+    with pytest.raises(ValueError, match="extra"):
+        WorkspaceOptions.model_validate({"hots": "typo"})
+
+
+def test_the_fleet_client_is_shared_per_loop_and_owner_and_closed_by_its_last_user() -> None:
+    async def scenario() -> None:
+        pool = FleetPool("redis://127.0.0.1:1/0")  # never reached: nothing is sent
+        first, second = pool.acquire("team-a"), pool.acquire("team-a")
+        other = pool.acquire("team-b")
+        assert first is second and first is not other
+        await pool.release("team-a")
+        assert pool.acquire("team-a") is first  # still held once
+        await pool.release("team-a")
+        await pool.release("team-a")
+        assert pool.acquire("team-a") is not first  # closed by its last user: a new one
+        for owner in ("team-a", "team-b"):
+            await pool.release(owner)
+        await pool.release("nobody")  # never held: nothing to do
+
+    asyncio.run(scenario())
