@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import os
 import shlex
 import uuid
 from collections.abc import Collection, Mapping, Sequence
@@ -23,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from client._async.fleet import AsyncFleet
 from client._async.workspace import AsyncWorkspace
-from client.errors import BashfleetError
+from client.errors import BashfleetError, WorkspaceFileError
 from worker.wire.models import MAX_COMMAND_BYTES, CallResult, Tags, WorkspaceLimits
 
 #: Longest command sent inline. A call's command is capped at MAX_COMMAND_BYTES (1 MiB);
@@ -276,11 +277,19 @@ _FILE_ERRORS: tuple[tuple[str, type[OSError], int], ...] = (
 )
 
 
-def file_error(message: str, path: str) -> OSError | None:
-    """The OSError a failed file operation on `path` stands for, from its message; None
-    when it is no file error (the workspace is gone, the fleet cannot be reached)."""
+def file_error(exc: BashfleetError, path: str) -> OSError | None:
+    """The OSError a failed file operation on `path` stands for, with the framework's
+    path in it; None when it is no file error (the workspace is gone, the fleet cannot be
+    reached). The workspace's file tools type theirs (`WorkspaceFileError`); what they
+    leave untyped (a read-only file system under a write) is told by its message."""
+    if isinstance(exc, WorkspaceFileError):
+        typed: tuple[type[OSError], ...] = (FileNotFoundError, IsADirectoryError,
+                                            NotADirectoryError, PermissionError)
+        for builtin in typed:
+            if isinstance(exc, builtin):
+                return builtin(exc.errno, os.strerror(exc.errno or errno.EIO), path)
     for text, kind, code in _FILE_ERRORS:
-        if text in message:
+        if text in exc.message:
             return kind(code, text, path)
     return None
 

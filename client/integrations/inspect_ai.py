@@ -258,7 +258,7 @@ class BashfleetSandboxEnvironment(SandboxEnvironment):  # type: ignore[misc]
     @staticmethod
     def _os_error(exc: BashfleetError, file: str) -> Exception:
         """The OSError a file operation's failure stands for, else the sandbox is gone."""
-        found = file_error(exc.message, file)
+        found = file_error(exc, file)
         if found is not None:
             return found
         unavailable: Exception = SandboxUnavailableError(f"bashfleet: {exc.message}")

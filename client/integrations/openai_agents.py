@@ -254,7 +254,7 @@ class BashfleetSandboxSession(BaseSandboxSession):  # type: ignore[misc]
         try:
             return await self.workspace.read_file(str(target), max_bytes=max_bytes)
         except BashfleetError as exc:
-            if isinstance(file_error(exc.message, str(target)), FileNotFoundError):
+            if isinstance(file_error(exc, str(target)), FileNotFoundError):
                 raise WorkspaceReadNotFoundError(path=path, cause=exc) from exc
             raise WorkspaceArchiveReadError(path=path, cause=exc,
                                             context={"message": exc.message}) from exc

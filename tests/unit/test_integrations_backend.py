@@ -15,6 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from client.errors import CallRejected, UnknownWorkspace, error_for
 from client.integrations._backend import (
     INLINE_COMMAND_BYTES,
     MAX_RENEW_INTERVAL_S,
@@ -114,15 +115,24 @@ def test_exit_status(exit_code: int | None, signal: int | None, status: int) -> 
 ])
 def test_file_errors_are_the_oserrors_frameworks_expect(message: str, kind: type[OSError],
                                                       code: int) -> None:
-    error = file_error(message, "the/file")
+    error = file_error(CallRejected(message), "the/file")
     assert type(error) is kind and error.errno == code
     assert "the/file" in str(error)
+
+
+@pytest.mark.parametrize(("problem", "kind"), [
+    ("missing", FileNotFoundError), ("directory", IsADirectoryError),
+    ("not_directory", NotADirectoryError), ("denied", PermissionError),
+])
+def test_typed_file_errors_keep_their_kind(problem: str, kind: type[OSError]) -> None:
+    error = file_error(error_for("not_found", "whatever the words", problem), "the/file")
+    assert type(error) is kind and error.filename == "the/file"
 
 
 @pytest.mark.parametrize("message", ["no such workspace: w1 (deleted, expired unused, or "
                                      "another owner's)", "the fleet client was closed"])
 def test_other_failures_are_no_file_errors(message: str) -> None:
-    assert file_error(message, "f") is None
+    assert file_error(UnknownWorkspace(message), "f") is None
 
 
 @pytest.mark.parametrize(("user", "accepted"), [
