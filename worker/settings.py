@@ -194,6 +194,16 @@ class Settings(BaseSettings):
                 data[name] = value
         return data
 
+    @model_validator(mode="after")
+    def _workspace_root_apart(self) -> Settings:
+        """A workspace root inside the workspaces' state would mix a workspace's
+        directory with its keeper's private files."""
+        root, state = self.workspace_root_dir().resolve(), self.workspaces_dir.resolve()
+        if root.is_relative_to(state):
+            raise ValueError(f"workspace_root ({root}) must lie apart from {state}, where "
+                             "this host keeps its workspaces' private files")
+        return self
+
     @field_validator("secret_deny")
     @classmethod
     def _deny_adds_to_defaults(cls, patterns: tuple[str, ...]) -> tuple[str, ...]:
@@ -227,8 +237,10 @@ class Settings(BaseSettings):
 
     @property
     def workspaces_dir(self) -> Path:
-        """Records, keeper sockets and the private /tmp and HOME of this host's workspaces."""
-        return self.state_dir / "workspaces"
+        """Records, keeper sockets and the private /tmp and HOME of this host's workspaces
+        (not `workspaces`: the default workspace root of a root worker is
+        /var/lib/bashfleet/workspaces, and /var/lib/bashfleet its usual state directory)."""
+        return self.state_dir / "workspace-state"
 
     def workspace_root_dir(self) -> Path:
         """Where fresh workspaces are made (`workspace_root`, else the run mode's default)."""

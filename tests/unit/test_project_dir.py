@@ -38,3 +38,27 @@ def test_a_relative_or_missing_cwd_gets_a_fresh_workspace(tmp_path: Path) -> Non
     settings = Settings(state_dir=tmp_path / "state", workspace_allow=(str(tmp_path),))
     assert project_dir("relative/dir", settings) is None
     assert project_dir(None, settings) is None
+
+
+@pytest.mark.parametrize(
+    ("state", "root", "accepted"),
+    [
+        # A root worker's defaults: /var/lib/bashfleet and its workspaces beside the
+        # state the keepers keep (they once were the same directory: every workspace's
+        # directory collided with its keeper's private files).
+        ("/var/lib/bashfleet", None, True),
+        ("/var/lib/bashfleet", "/var/lib/bashfleet", True),
+        ("/srv/state", "/srv/state/workspace-state", False),
+        ("/srv/state", "/srv/state/workspace-state/ws", False),
+        ("/srv/state", "/srv/ws", True),
+    ],
+)
+def test_the_workspace_root_lies_apart_from_the_keepers_files(
+    state: str, root: str | None, accepted: bool
+) -> None:
+    if accepted:
+        settings = Settings(state_dir=state, workspace_root=root)
+        assert not settings.workspace_root_dir().is_relative_to(settings.workspaces_dir)
+    else:
+        with pytest.raises(ValueError, match="must lie apart"):
+            Settings(state_dir=state, workspace_root=root)
