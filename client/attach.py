@@ -221,10 +221,14 @@ def raw_terminal(fd: int) -> Iterator[bool]:
         termios.tcsetattr(fd, termios.TCSADRAIN, saved)
 
 
-def _window_size(fd: int) -> tuple[int, int] | None:
+def window_size(fd: int) -> tuple[int, int] | None:
+    """The terminal's rows and columns; None when it is no terminal or says 0x0 (a
+    terminal nobody sized, as `script`'s or a CI runner's: the remote one keeps its own)."""
     try:
         size = os.get_terminal_size(fd)
     except OSError:
+        return None
+    if size.lines < 1 or size.columns < 1:
         return None
     return size.lines, size.columns
 
@@ -245,7 +249,7 @@ def attach(
     with raw_terminal(stdin_fd) as is_tty:
         if header:
             say(f"{header}\r")
-        size = _window_size(stdin_fd) if is_tty else None
+        size = window_size(stdin_fd) if is_tty else None
         if size is not None:
             fleet.resize(job_id, *size)
         reader = threading.Thread(target=relay.pump_output, name="bashfleet-attach", daemon=True)
@@ -289,7 +293,7 @@ def _forward_keys(fleet: Fleet, job_id: str, fd: int, relay: _Relay, *, detach_k
     while not relay.done.is_set():
         if resized.is_set():
             resized.clear()
-            size = _window_size(fd)
+            size = window_size(fd)
             if size is not None:
                 fleet.resize(job_id, *size)
         if not open_input:

@@ -374,10 +374,10 @@ def _run_interactive(args: argparse.Namespace, *, tty: bool) -> int:
               "(pass --no-stdin to run without forwarding stdin)", file=sys.stderr)
         return EXIT_USAGE
     fleet = _fleet()
-    size = None
-    if tty and os.isatty(0):
-        lines, columns = os.get_terminal_size(0).lines, os.get_terminal_size(0).columns
-        size = {"rows": lines, "cols": columns}
+    from client.attach import window_size  # noqa: PLC0415
+
+    found = window_size(0) if tty else None
+    size = {"rows": found[0], "cols": found[1]} if found else None
     result = fleet.run(
         " ".join(args.command), host=args.host, mode="background", cwd=args.cwd,
         session=args.session, isolation=args.isolation, network=args.network,

@@ -32,12 +32,14 @@ from __future__ import annotations
 
 import errno
 import posixpath
+import shlex
 from pathlib import Path
 from typing import Any, Literal, overload
 
 from inspect_ai.util import (
     ExecResult,
     OutputLimitExceededError,
+    SandboxConnection,
     SandboxEnvironment,
     SandboxEnvironmentConfigType,
     SandboxEnvironmentLimits,
@@ -228,6 +230,16 @@ class BashfleetSandboxEnvironment(SandboxEnvironment):  # type: ignore[misc]
         """Every call runs as the run user: `user` must name it (its name or uid)."""
         if user is not None and not await self._run_user.accepts(user):
             raise SandboxUserUnsupportedError(not_run_user(user, self._run_user.name))
+
+    async def connection(self, *, user: str | None = None) -> SandboxConnection:
+        """How a person attaches a terminal to this sample's workspace: `bashfleet run
+        --workspace W --tty bash`, as the workspace's owner (its calls are that owner's
+        alone), with the same fleet settings as this process (BASHFLEET_REDIS_URL...)."""
+        await self._check_user(user)
+        owner = shlex.quote(self.workspace.view.owner)
+        command = (f"BASHFLEET_OWNER={owner} bashfleet run --workspace {self.workspace.id} "
+                   "--tty bash")
+        return SandboxConnection(type="bashfleet", command=command)
 
     # ---------------------------------------------------------------------- files
 

@@ -7,11 +7,14 @@ bash tool in the sample's workspace.
 
 from __future__ import annotations
 
+import os
+import sys
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 from inspect_ai import Task, eval_async
 from inspect_ai.dataset import Sample
@@ -251,3 +254,20 @@ async def test_an_eval_whose_model_calls_bash_in_the_sample_workspace(
     assert [call.function for call in calls] == ["bash", "bash"]
     scores: dict[str, Any] = sample.scores or {}
     assert scores["includes"].value == "C"
+
+
+async def test_connection_attaches_a_terminal_to_the_samples_workspace(
+        sandbox_env: SandboxEnvironment) -> None:
+    """`inspect sandbox connect` / the viewer's "connect": the command a person runs gets
+    a shell in the sample's workspace (run here under `script`, a terminal of its own)."""
+    await sandbox_env.write_file("marker.txt", "in the sample\n")
+    connection = await sandbox_env.connection()
+    assert connection.type == "bashfleet"
+    bin_dir = str(Path(sys.executable).parent)  # where this venv's `bashfleet` is
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ.get('PATH', '')}"}
+    done = await anyio.run_process(
+        ["script", "-qec", connection.command, "/dev/null"],
+        input=b"cat marker.txt; exit 3\n", env=env, check=False)
+    out = done.stdout.decode(errors="replace")
+    assert "in the sample" in out, out + done.stderr.decode(errors="replace")
+    assert done.returncode == 3
