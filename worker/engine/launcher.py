@@ -215,13 +215,20 @@ class LauncherClient:
 
     def __init__(self, argv: Sequence[str], env: Mapping[str, str]) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        # What bwrap or the zygote say before dying ("Creating new namespace failed:
+        # Operation not permitted") goes into the error a caller sees, not a log apart.
+        import tempfile  # noqa: PLC0415 - the worker's side only: the zygote stays lean
+
+        self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 - lives with the zygote
         try:
             self.proc = subprocess.Popen(
                 [*argv, str(theirs.fileno())], pass_fds=(theirs.fileno(),), env=dict(env),
-                stdin=subprocess.DEVNULL, start_new_session=True, close_fds=True,
+                stdin=subprocess.DEVNULL, stderr=self._stderr, start_new_session=True,
+                close_fds=True,
             )
         except OSError:
             ours.close()
+            self._stderr.close()
             raise
         finally:
             theirs.close()
@@ -236,10 +243,23 @@ class LauncherClient:
         `fds`: its listening socket, then the cgroup procs files it joins."""
         try:
             proto.send(self.chan, b"N", {"spec": dict(spec)}, fds)
+            _, body, _ = expect(self.chan, b"R", timeout, "sandbox zygote")
         except OSError as exc:
-            raise KeeperLostError(errno.EPIPE, f"the sandbox zygote went away: {exc}") from exc
-        _, body, _ = expect(self.chan, b"R", timeout, "sandbox zygote")
+            said = self.last_words()
+            if not isinstance(exc, SandboxError) or said:
+                raise KeeperLostError(errno.EPIPE, f"the sandbox zygote went away: {exc}"
+                                      + (f" ({said})" if said else "")) from exc
+            raise
         return int(body["pid"])
+
+    def last_words(self) -> str:
+        """The last line the zygote (or bwrap) wrote on stderr, once it exited."""
+        if self.proc.poll() is None:
+            return ""
+        self._stderr.seek(0, os.SEEK_END)
+        self._stderr.seek(max(0, self._stderr.tell() - 2000))
+        lines = self._stderr.read().decode("utf-8", "replace").strip().splitlines()
+        return lines[-1].strip() if lines else ""
 
     def close(self, timeout: float = 5.0) -> None:
         """Close the channel: the zygote exits (keepers live on)."""
@@ -249,6 +269,7 @@ class LauncherClient:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+        self._stderr.close()
 
 
 @dataclass(frozen=True)
