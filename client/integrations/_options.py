@@ -138,3 +138,22 @@ async def stop_task(task: asyncio.Task[None] | None) -> None:
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await task
+
+
+#: How a workspace's file tools say why a path cannot be read (worker/engine/files.py),
+#: and the OSError a local file operation would raise for it.
+_FILE_ERRORS: tuple[tuple[str, type[OSError]], ...] = (
+    ("No such file or directory", FileNotFoundError),
+    ("Is a directory", IsADirectoryError),
+    ("Permission denied", PermissionError),
+)
+
+
+def file_error(exc: BashfleetError, path: str) -> OSError | None:
+    """The OSError a framework expects for a file operation the workspace refused (a
+    missing file comes back as `UnknownWorkspace`, whose message names the cause), or
+    None when the cause is not the file's."""
+    for words, error in _FILE_ERRORS:
+        if words in str(exc):
+            return error(f"{words}: {path}")
+    return None
