@@ -839,6 +839,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_agent_commands(sub)
     _add_session_commands(sub, run)
     workspace_cli.add_commands(sub)
+    from client.integrations import swerex_server  # noqa: PLC0415 - SWE-ReX loads when it runs
+    swerex_server.add_parser(sub)
     return parser
 
 

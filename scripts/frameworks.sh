@@ -33,6 +33,10 @@ install_venv .venv-frameworks "$python311" tests/frameworks/requirements.txt
 python312="${PYTHON312:-}"
 if [ -z "$python312" ]; then
   python312=$(command -v python3.12 || true)
+  # A pyenv shim is on PATH even where pyenv's selected version is not 3.12: it must run.
+  if [ -n "$python312" ] && ! "$python312" -c '' 2>/dev/null; then
+    python312=""
+  fi
 fi
 if [ -z "$python312" ] && command -v pyenv >/dev/null; then
   python312=$(ls -d "$(pyenv root)"/versions/3.12*/bin/python 2>/dev/null | tail -1 || true)

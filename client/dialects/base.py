@@ -515,6 +515,11 @@ class Dialect(ABC):
     def handlers(self) -> Mapping[str, Handler]:
         """Tool name -> the function that serves it (arguments already validated)."""
 
+    def aliases(self) -> list[ToolSpec]:
+        """Tools the dialect answers to without showing them to the model (other names
+        its agent uses for the same tools); none unless a dialect says so."""
+        return []
+
     def invalid(self, tool: str, message: str) -> ToolText:
         """The answer to arguments the tool cannot take."""
         return ToolText(f"Error: {message}", is_error=True)
@@ -537,7 +542,7 @@ class Dialect(ABC):
         handlers = self.handlers()
         if not isinstance(tool, str) or tool not in handlers:
             return self.unknown_tool(str(tool))
-        specs = {spec.name: spec for spec in self.tools(session.cwd)}
+        specs = {spec.name: spec for spec in [*self.tools(session.cwd), *self.aliases()]}
         try:
             parsed = parse_args(tool, specs[tool].input_schema, args)
             return handlers[tool](parsed, GuardedRunner(runner, session), session)

@@ -18,6 +18,17 @@ Result texts, after Claude Code's own:
 - `KillBash`: `Successfully killed shell: <id> (<command>)`, or
   `Shell <id> is not running, so cannot be killed (status: <status>)`.
 
+Claude Code's names of today are answered too (not listed: the model is shown seed 004's
+three tools): `TaskOutput` {task_id, block (default true), timeout (ms to wait while
+blocking: 30000 by default, 600000 at most)} reads the same output as `BashOutput`,
+having waited for the task to end when `block` is true, as
+`<retrieval_status>success|timeout|not_ready</retrieval_status>`, `<task_id>`,
+`<task_type>local_bash</task_type>`, `<status>`, `<exit_code>` once ended and `<output>`;
+`TaskStop` {task_id, or the deprecated shell_id} stops it as `KillBash` does:
+`Successfully stopped task: <id> (<command>)`, or
+`Task <id> is not running (status: <status>)`. An unknown id is
+`No task found with ID: <id>`.
+
 Session persistence (FR-009): every call runs in the session's shell
 (`SessionState.fleet_session`, named on first use: `client.shells`), which the fleet
 keeps in Redis: a foreground `Bash` reports the state its command ended with, and the
@@ -36,6 +47,7 @@ from __future__ import annotations
 
 import re
 import signal
+import time
 import uuid
 from collections.abc import Mapping
 from typing import Any
@@ -64,6 +76,12 @@ from worker.wire.models import CallResult, CharCap, CheckResult, Policy, RunRequ
 
 DEFAULT_TIMEOUT_MS = 120_000
 MAX_TIMEOUT_MS = 600_000
+#: TaskOutput's wait while blocking: its default, and at most (Claude Code's).
+DEFAULT_WAIT_MS = 30_000
+MAX_WAIT_MS = 600_000
+#: Seconds between two looks at a task TaskOutput waits for: the first, and at most.
+_POLL_FIRST_S = 0.05
+_POLL_MAX_S = 1.0
 MAX_OUTPUT_CHARS = 30_000
 EMPTY_OUTPUT = "<system>Tool ran without output or errors</system>"
 #: Signals that mean "stopped by someone", reported as status `killed`.
@@ -145,6 +163,36 @@ KILL_BASH_SCHEMA = {
     "additionalProperties": False,
 }
 
+TASK_OUTPUT_DESCRIPTION = """\
+- Retrieves output from a running or completed task (background shell)
+- Takes a task_id parameter identifying the task
+- Returns the task output along with status information
+- Use block=true (default) to wait for task completion
+- Use block=false for non-blocking check of current status"""
+
+TASK_STOP_DESCRIPTION = """\
+- Stops a running background task by its ID
+- Takes a task_id parameter identifying the task to stop"""
+
+TASK_OUTPUT_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "task_id": {"type": "string", "description": "The task ID to get output from"},
+        "block": {"type": "boolean", "description": "Whether to wait for completion"},
+        "timeout": {"type": "number", "description": "Max wait time in ms"},
+    },
+    "required": ["task_id"],
+    "additionalProperties": False,
+}
+TASK_STOP_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "task_id": {"type": "string", "description": "The ID of the background task to stop"},
+        "shell_id": {"type": "string", "description": "Deprecated: use task_id instead"},
+    },
+    "additionalProperties": False,
+}
+
 
 def format_duration(ms: float) -> str:
     """Claude Code's durations: `45.0s` below a minute, else `2m 0.0s`."""
@@ -212,9 +260,17 @@ class ClaudeDialect(Dialect):
             ToolSpec("KillBash", KILL_BASH_DESCRIPTION, KILL_BASH_SCHEMA),
         ]
 
+    def aliases(self) -> list[ToolSpec]:
+        """Claude Code's names of today for BashOutput and KillBash."""
+        return [
+            ToolSpec("TaskOutput", TASK_OUTPUT_DESCRIPTION, TASK_OUTPUT_SCHEMA),
+            ToolSpec("TaskStop", TASK_STOP_DESCRIPTION, TASK_STOP_SCHEMA),
+        ]
+
     def handlers(self) -> Mapping[str, Handler]:
-        """One handler per tool."""
-        return {"Bash": self._bash, "BashOutput": self._output, "KillBash": self._kill}
+        """One handler per tool (and per name Claude Code uses today)."""
+        return {"Bash": self._bash, "BashOutput": self._output, "KillBash": self._kill,
+                "TaskOutput": self._task_output, "TaskStop": self._task_stop}
 
     def invalid(self, tool: str, message: str) -> ToolText:
         """Claude Code's input validation error."""
@@ -302,12 +358,8 @@ class ClaudeDialect(Dialect):
     # ---------------------------------------------------------------- BashOutput / Kill
 
     def _job(self, args: Args, session: SessionState) -> SessionJob:
-        bash_id = args.text("bash_id") or ""
-        job = session.jobs.get(bash_id)
-        if job is None:
-            # Claude Code's answer to an id that never existed or has expired (seed 004).
-            raise RefusalError(ToolText(f"No shell found with ID: {bash_id}", is_error=True))
-        return job
+        # Claude Code's answer to an id that never existed or has expired (seed 004).
+        return _session_job(session, args.text("bash_id") or "", "No shell found with ID")
 
     def _output(self, args: Args, runner: GuardedRunner, session: SessionState) -> ToolText:
         job = self._job(args, session)
@@ -317,10 +369,7 @@ class ClaudeDialect(Dialect):
                 re.compile(pattern)
             except re.error as exc:
                 raise ArgError(f"filter is not a valid regular expression: {exc}") from None
-        offset = session.offsets.get(job.id, 0)
-        result = runner.check_job(CheckRequest(id=job.id, grep=pattern, offset=offset))
-        session.offsets[job.id] = result.offset
-        return self.render_output(result, job)
+        return self.render_output(_read_new(runner, session, job, pattern), job)
 
     def render_output(self, result: CheckResult, job: SessionJob) -> ToolText:
         """BashOutput's text: status, exit code once ended, new stdout and stderr."""
@@ -346,16 +395,9 @@ class ClaudeDialect(Dialect):
 
     def _kill(self, args: Args, runner: GuardedRunner, session: SessionState) -> ToolText:
         job = self._job(args, session)
-        if not job.killed:
-            # Learn whether it still runs without consuming output BashOutput has not shown.
-            offset = session.offsets.get(job.id, 0)
-            before = runner.check_job(CheckRequest(id=job.id, offset=offset))
-            if before.running:
-                result = runner.kill_job(KillRequest(id=job.id))
-                return self.render_kill(result, job)
-            status = _status(before, job)
-        else:
-            status = "killed"
+        status = _stop_if_running(runner, session, job)
+        if isinstance(status, CheckResult):
+            return self.render_kill(status, job)
         return ToolText(
             f"Shell {job.id} is not running, so cannot be killed (status: {status})",
             is_error=True,
@@ -368,3 +410,108 @@ class ClaudeDialect(Dialect):
             return ToolText(f"Failed to kill shell: {job.id} ({job.command}){why}", is_error=True)
         job.killed = True
         return ToolText(f"Successfully killed shell: {job.id} ({job.command})")
+
+    # ------------------------------------------------------- TaskOutput / TaskStop
+
+    def _task_output(self, args: Args, runner: GuardedRunner, session: SessionState
+                     ) -> ToolText:
+        job = _session_job(session, args.text("task_id") or "", "No task found with ID")
+        wait_ms = args.number("timeout")
+        if wait_ms is not None and not 0 <= wait_ms <= MAX_WAIT_MS:
+            raise ArgError(f"timeout must be between 0 and {MAX_WAIT_MS} ms, not "
+                           f"{_number(wait_ms)}")
+        block = args.flag("block") is not False
+        if block:
+            _wait_until_ended(runner, session, job, (wait_ms if wait_ms is not None
+                                                     else DEFAULT_WAIT_MS) / 1000)
+        return self.render_task_output(_read_new(runner, session, job, None), job, block)
+
+    def render_task_output(self, result: CheckResult, job: SessionJob, blocked: bool
+                           ) -> ToolText:
+        """TaskOutput's text: how the retrieval went, the task's status, exit code once
+        ended, and its output new since the last read."""
+        result = without_completion_line(result)
+        status = _status(result, job)
+        retrieval = "success" if not result.running else "timeout" if blocked else "not_ready"
+        blocks = [f"<retrieval_status>{retrieval}</retrieval_status>",
+                  f"<task_id>{job.id}</task_id>", "<task_type>local_bash</task_type>",
+                  f"<status>{status}</status>"]
+        code = shell_status(result.exit_code, result.signal)
+        if status in ("completed", "failed") and code is not None:
+            blocks.append(f"<exit_code>{code}</exit_code>")
+        output = "".join(filter(None, [result.output, result.stderr_output]))
+        if output:
+            info = result.output_truncation
+            cut = ""
+            if info is not None and info.truncated:
+                cut = f"... [{lines_cut(info)} lines truncated] ...\n"
+            blocks.append(f"<output>\n{cut}{chomp(output)}\n</output>")
+        if result.note:
+            blocks.append(f"<note>{result.note}</note>")
+        return ToolText("\n\n".join(blocks))
+
+    def _task_stop(self, args: Args, runner: GuardedRunner, session: SessionState) -> ToolText:
+        task_id = args.text("task_id") or args.text("shell_id")
+        if not task_id:
+            raise ArgError("missing required parameter 'task_id'")
+        job = _session_job(session, task_id, "No task found with ID")
+        status = _stop_if_running(runner, session, job)
+        if not isinstance(status, CheckResult):
+            return ToolText(f"Task {job.id} is not running (status: {status})", is_error=True)
+        killed = self.render_kill(status, job)
+        if killed.is_error:
+            return killed
+        return ToolText(f"Successfully stopped task: {job.id} ({job.command})")
+
+
+def _session_job(session: SessionState, job_id: str, unknown: str) -> SessionJob:
+    """A job this session started, else the refusal `<unknown>: <id>`."""
+    job = session.jobs.get(job_id)
+    if job is None:
+        raise RefusalError(ToolText(f"{unknown}: {job_id}", is_error=True))
+    return job
+
+
+def _read_new(runner: GuardedRunner, session: SessionState, job: SessionJob,
+              pattern: str | None) -> CheckResult:
+    """The job's state and its output since this session's last read (which moves on)."""
+    offset = session.offsets.get(job.id, 0)
+    result = runner.check_job(CheckRequest(id=job.id, grep=pattern, offset=offset))
+    session.offsets[job.id] = result.offset
+    return result
+
+
+def _stop_if_running(runner: GuardedRunner, session: SessionState, job: SessionJob
+                     ) -> CheckResult | str:
+    """Kill the job if it still runs (its state after the kill), else its status word."""
+    if job.killed:
+        return "killed"
+    # Learn whether it still runs without consuming output not read yet.
+    before = runner.check_job(CheckRequest(id=job.id, offset=session.offsets.get(job.id, 0)))
+    if before.running:
+        return runner.kill_job(KillRequest(id=job.id))
+    return _status(before, job)
+
+
+def _wait_until_ended(runner: GuardedRunner, session: SessionState, job: SessionJob,
+                      wait_s: float) -> None:
+    """Return once the job ended, or after `wait_s` seconds. It looks at the job's record
+    (`job_views`: Redis alone), else at its host with a check that reads no output past
+    one character (the session's offset does not move)."""
+    deadline = time.monotonic() + wait_s
+    interval = _POLL_FIRST_S
+    while not _ended(runner, session, job):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return
+        time.sleep(min(interval, left))  # polling a condition, with a deadline
+        interval = min(interval * 2, _POLL_MAX_S)
+
+
+def _ended(runner: GuardedRunner, session: SessionState, job: SessionJob) -> bool:
+    view = runner.job_views([job.id]).get(job.id)
+    if view is not None and view.state != "unknown":
+        return view.state == "ended"
+    return not runner.check_job(CheckRequest(
+        id=job.id, offset=session.offsets.get(job.id, 0),
+        truncation=CharCap(max_chars=1))).running

@@ -1,11 +1,15 @@
-"""What the framework adapters share: how a workspace is asked for, one fleet client per
-event loop, and the few translations a framework's exec needs that the client does not
-do (stdin bytes, a command line past a call's cap, `user=`, exit statuses, file errors).
+"""What the framework adapters share: how a workspace is asked for (`WorkspaceOptions`,
+which each framework takes in its own way: inspect's config, the Agents SDK's options,
+Harbor's `--ek key=value`, mini-swe-agent's environment config, `bashfleet swerex`'s
+flags), one fleet client per event loop, the lease kept while a framework holds its
+workspace (a task or a thread), and the few translations a framework's exec needs that
+the client does not do (stdin bytes, a command line past a call's cap, `user=`, exit
+statuses, file errors).
 
-Nothing here runs a command, moves a file or keeps a lease itself: that is
-`AsyncWorkspace`'s. A framework's `exec(cmd, input=...)` becomes one `Workspace.run`;
-its stdin and an over-long command line travel as files of the workspace's own /tmp
-(`Workspace.write_file`), which the command removes before it runs.
+Nothing here runs a command or moves a file itself: that is `Workspace`'s. A framework's
+`exec(cmd, input=...)` becomes one `Workspace.run`; its stdin and an over-long command
+line travel as files of the workspace's own /tmp (`Workspace.write_file`), which the
+command removes before it runs.
 """
 
 from __future__ import annotations
@@ -15,16 +19,17 @@ import contextlib
 import errno
 import os
 import shlex
+import threading
 import uuid
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from client._async.fleet import AsyncFleet
 from client._async.workspace import AsyncWorkspace
-from client.errors import BashfleetError, WorkspaceFileError
+from client.errors import BashfleetError, UnknownWorkspace, WorkspaceFileError
 from worker.wire.models import MAX_COMMAND_BYTES, CallResult, Tags, WorkspaceLimits
 
 #: Longest command sent inline. A call's command is capped at MAX_COMMAND_BYTES (1 MiB);
@@ -39,11 +44,13 @@ MAX_RENEW_INTERVAL_S = 600.0
 
 class WorkspaceOptions(BaseModel):
     """Where and how a framework's environment is made: `Fleet.workspace`'s arguments.
-    The fleet itself (its Redis URL, and the owner unless given here) comes from the
+    The fleet itself (its Redis URL and the owner, unless given here) comes from the
     usual BASHFLEET_* settings; these override the host's defaults."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid")
 
+    redis_url: str | None = None
+    """The fleet's Redis (default BASHFLEET_REDIS_URL, else the local fleet's)."""
     host: str | None = None
     """The host to make it on (None: a live host of `label`, else of the fleet)."""
     label: str | None = None
@@ -57,8 +64,8 @@ class WorkspaceOptions(BaseModel):
     ttl_s: float | None = Field(None, gt=0)
     """Seconds it lives unused (None: the host's default, 1 h). Held environments are
     renewed while they live."""
-    limits: WorkspaceLimits = Field(default_factory=WorkspaceLimits)
-    """memory_mb, procs, cpus, disk_mb of its processes together."""
+    limits: WorkspaceLimits | None = None
+    """memory_mb, procs, cpus, disk_mb of its processes together (None: the host's)."""
     mounts: dict[str, str] = Field(default_factory=dict)
     """Absolute paths in its calls' view -> its own subdirectories."""
     tags: Tags = Field(default_factory=dict)
@@ -66,18 +73,32 @@ class WorkspaceOptions(BaseModel):
     owner: str | None = None
     """Who it belongs to (default BASHFLEET_OWNER, else `user:<login>`)."""
 
+    @model_validator(mode="after")
+    def _one_place(self) -> WorkspaceOptions:
+        if self.host is not None and self.label is not None:
+            raise ValueError("give a host or a label, not both")
+        return self
+
     def __hash__(self) -> int:
         # Frameworks key their caches by config (inspect does): hash what it says, dicts
-        # included (pydantic's frozen hash refuses them).
+        # included.
         return hash(self.model_dump_json())
 
-    def create_kwargs(self, tags: Mapping[str, str] | None = None) -> dict[str, Any]:
-        """`AsyncFleet.workspace`'s keyword arguments (`tags` added to the options')."""
-        return {
+    def fleet_kwargs(self) -> dict[str, Any]:
+        """`Fleet(...)`'s / `AsyncFleet(...)`'s arguments."""
+        return {"redis_url": self.redis_url, "owner": self.owner}
+
+    def create_kwargs(self, tags: Mapping[str, str] | None = None, **override: Any
+                      ) -> dict[str, Any]:
+        """`Fleet.workspace`'s keyword arguments (`tags` added to the options',
+        `override` wins: a framework's own mounts or network)."""
+        made = {
             "host": self.host, "label": self.label, "path": self.path, "ttl_s": self.ttl_s,
             "isolation": self.isolation, "network": self.network, "limits": self.limits,
             "mounts": dict(self.mounts), "tags": {**(tags or {}), **self.tags},
         }
+        made.update(override)
+        return made
 
 
 # --------------------------------------------------------------------------- the fleet
@@ -128,26 +149,65 @@ def renew_interval(ttl_s: float) -> float:
     return min(MAX_RENEW_INTERVAL_S, max(1.0, ttl_s / 3))
 
 
+async def keep_lease(renew: Callable[[], Any], ttl_s: float) -> None:
+    """Renew a workspace until cancelled or gone (`renew`: `AsyncWorkspace.renew`): an
+    agent may think for longer than the TTL between two commands. A renewal that fails
+    (the fleet away for a moment) is tried again at the next tick; a workspace gone for
+    good ends it (the holder's next use says so)."""
+    interval = renew_interval(ttl_s)
+    while True:
+        await asyncio.sleep(interval)
+        try:
+            await renew()
+        except UnknownWorkspace:
+            return
+        except BashfleetError:
+            continue
+
+
 class Renewer:
-    """Renews a workspace's lease while a framework holds it (an agent may think for
-    longer than the TTL between two commands)."""
+    """`keep_lease` as a task of the running loop, for an asyncio framework."""
 
     def __init__(self, workspace: AsyncWorkspace) -> None:
-        self._workspace = workspace
-        self._task = asyncio.create_task(self._renew_forever(renew_interval(
-            workspace.view.ttl_s)))
-
-    async def _renew_forever(self, every_s: float) -> None:
-        while True:
-            await asyncio.sleep(every_s)
-            with contextlib.suppress(BashfleetError):  # gone or unreachable: the next use says
-                await self._workspace.renew()
+        self._task: asyncio.Task[None] | None = asyncio.create_task(
+            keep_lease(workspace.renew, workspace.view.ttl_s))
 
     async def stop(self) -> None:
         """Stop renewing."""
-        self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+class LeaseKeeper:
+    """`keep_lease` from a daemon thread, for a blocking framework (`Workspace.renew`)."""
+
+    def __init__(self, renew: Callable[[], object], ttl_s: float) -> None:
+        self._renew = renew
+        self._interval = renew_interval(ttl_s)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="bashfleet-lease",
+                                        daemon=True)
+
+    def start(self) -> LeaseKeeper:
+        self._thread.start()
+        return self
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self._interval):  # a timed wait on the stop event
+            try:
+                self._renew()
+            except UnknownWorkspace:
+                return
+            except BashfleetError:
+                continue
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
 
 
 # ---------------------------------------------------------------------- commands

@@ -248,3 +248,25 @@ def test_an_invalid_bash_id_is_a_clear_error(conform: Conformance) -> None:
     for tool in ("BashOutput", "KillBash"):
         text = call(conform, tool, {"bash_id": "j0000nothere"}, conform.session())
         assert text == ToolText("No shell found with ID: j0000nothere", is_error=True)
+
+
+def test_task_output_and_task_stop_the_names_claude_code_uses_today(
+        conform: Conformance) -> None:
+    """Claude Code's TaskOutput (blocking until the task ends) and TaskStop, on the fleet."""
+    session = conform.session()
+    quick = start(conform, "sleep 1; echo built", session)
+    with Elapsed() as took:
+        done = call(conform, "TaskOutput", {"task_id": quick, "timeout": 30000}, session)
+    assert took.seconds < 25, "it returned once the task ended, not at its timeout"
+    assert done == ToolText(
+        f"<retrieval_status>success</retrieval_status>\n\n<task_id>{quick}</task_id>\n\n"
+        "<task_type>local_bash</task_type>\n\n<status>completed</status>\n\n"
+        "<exit_code>0</exit_code>\n\n<output>\nbuilt\n</output>")
+    slow = start(conform, "sleep 300", session)
+    waited = call(conform, "TaskOutput", {"task_id": slow, "timeout": 300}, session)
+    assert waited.text.startswith("<retrieval_status>timeout</retrieval_status>")
+    assert "<status>running</status>" in waited.text
+    stopped = call(conform, "TaskStop", {"task_id": slow}, session)
+    assert stopped == ToolText(f"Successfully stopped task: {slow} (sleep 300)")
+    assert "<status>killed</status>" in call(conform, "TaskOutput", {"task_id": slow},
+                                             session).text

@@ -99,7 +99,7 @@ def test_every_input_schema_is_valid_json_schema(name: str) -> None:
 @pytest.mark.parametrize("name", NAMES)
 def test_tool_names_are_unique_and_match_handlers(name: str) -> None:
     dialect = get_dialect(name)
-    names = [spec.name for spec in dialect.tools()]
+    names = [spec.name for spec in [*dialect.tools(), *dialect.aliases()]]
     assert len(names) == len(set(names))
     assert set(names) == set(dialect.handlers())
 

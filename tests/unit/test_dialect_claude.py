@@ -622,3 +622,87 @@ def test_bash_output_leaves_out_the_engines_completion_line() -> None:
     )
     answer = CLAUDE.call("BashOutput", {"bash_id": "j5c2"}, runner, session)
     assert answer == ToolText("<status>killed</status>\n\n<stdout>\nready\n</stdout>")
+
+
+# ------------------------------------------------- TaskOutput / TaskStop (Claude Code today)
+
+
+def test_the_names_claude_code_uses_today_are_answered_not_listed() -> None:
+    assert [spec.name for spec in CLAUDE.tools()] == ["Bash", "BashOutput", "KillBash"]
+    assert [spec.name for spec in CLAUDE.aliases()] == ["TaskOutput", "TaskStop"]
+
+
+def test_task_output_waits_for_the_task_to_end() -> None:
+    session = with_job("make")
+    runner = FakeRunner(check=[
+        CheckResult(id="j5c2", host="h1", running=True),                # still running
+        CheckResult(id="j5c2", host="h1", running=False, exit_code=0),  # ended
+        CheckResult(id="j5c2", host="h1", running=False, exit_code=0, output="built\n",
+                    offset=6),
+    ])
+    answer = CLAUDE.call("TaskOutput", {"task_id": "j5c2", "timeout": 5000}, runner, session)
+    assert answer == ToolText(
+        "<retrieval_status>success</retrieval_status>\n\n<task_id>j5c2</task_id>\n\n"
+        "<task_type>local_bash</task_type>\n\n<status>completed</status>\n\n"
+        "<exit_code>0</exit_code>\n\n<output>\nbuilt\n</output>")
+    polls, read = runner.calls[:2], runner.calls[2]
+    assert all(call.options["truncation"] == CharCap(max_chars=1) for call in polls)
+    assert read.request == CheckRequest(id="j5c2", offset=0)
+    assert session.offsets["j5c2"] == 6   # the next BashOutput or TaskOutput reads on
+
+
+@pytest.mark.parametrize(("args", "retrieval", "checks"), [
+    ({"task_id": "j5c2", "block": False}, "not_ready", 1),
+    ({"task_id": "j5c2", "timeout": 0}, "timeout", 2),
+])
+def test_task_output_of_a_running_task(args: dict[str, object], retrieval: str,
+                                       checks: int) -> None:
+    running = CheckResult(id="j5c2", host="h1", running=True, output="half\n", offset=5)
+    runner = FakeRunner(check=[running] * checks)
+    answer = CLAUDE.call("TaskOutput", args, runner, with_job())
+    assert answer.text == (
+        f"<retrieval_status>{retrieval}</retrieval_status>\n\n<task_id>j5c2</task_id>\n\n"
+        "<task_type>local_bash</task_type>\n\n<status>running</status>\n\n"
+        "<output>\nhalf\n</output>")
+    assert len(runner.calls) == checks
+
+
+@pytest.mark.parametrize(("tool", "args", "text"), [
+    ("TaskOutput", {"task_id": "b77"}, "No task found with ID: b77"),
+    ("TaskStop", {"task_id": "b77"}, "No task found with ID: b77"),
+    ("TaskStop", {"shell_id": "b77"}, "No task found with ID: b77"),
+])
+def test_an_unknown_task(tool: str, args: dict[str, object], text: str) -> None:
+    runner = FakeRunner()
+    assert CLAUDE.call(tool, args, runner, with_job()) == ToolText(text, True)
+    assert runner.calls == []
+
+
+@pytest.mark.parametrize(("tool", "args", "message"), [
+    ("TaskOutput", {"task_id": "j5c2", "timeout": 600_001},
+     "timeout must be between 0 and 600000 ms, not 600001"),
+    ("TaskOutput", {"task_id": "j5c2", "timeout": -1},
+     "timeout must be between 0 and 600000 ms, not -1"),
+    ("TaskOutput", {"block": True}, "missing required parameter 'task_id'"),
+    ("TaskStop", {}, "missing required parameter 'task_id'"),
+])
+def test_task_tools_refuse_bad_arguments(tool: str, args: dict[str, object],
+                                         message: str) -> None:
+    answer = CLAUDE.call(tool, args, FakeRunner(), with_job())
+    assert answer == ToolText(
+        f"InputValidationError: {tool} failed due to the following issue:\n{message}", True)
+
+
+def test_task_stop() -> None:
+    session = with_job("npm run dev")
+    runner = FakeRunner(check=[CheckResult(id="j5c2", host="h1", running=True)])
+    answer = CLAUDE.call("TaskStop", {"task_id": "j5c2"}, runner, session)
+    assert answer == ToolText("Successfully stopped task: j5c2 (npm run dev)")
+    assert [c.method for c in runner.calls] == ["check", "kill"]
+    assert session.jobs["j5c2"].killed
+    again = CLAUDE.call("TaskStop", {"shell_id": "j5c2"}, FakeRunner(), session)
+    assert again == ToolText("Task j5c2 is not running (status: killed)", True)
+    output = CLAUDE.call("TaskOutput", {"task_id": "j5c2"}, FakeRunner(check=[
+        CheckResult(id="j5c2", host="h1", running=False, signal=15)] * 2), session)
+    assert "<retrieval_status>success</retrieval_status>" in output.text
+    assert "<status>killed</status>" in output.text

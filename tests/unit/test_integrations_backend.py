@@ -165,8 +165,13 @@ def test_workspace_options_become_the_fleets_arguments() -> None:
         "mounts": {"/logs": "logs"}, "tags": {"framework": "x", "run": "r1"},
     }
     assert hash(options) == hash(options.model_copy())
+    assert options.fleet_kwargs() == {"redis_url": None, "owner": None}
+    overridden = options.create_kwargs(mounts={"/tests": "tests"}, network=True)
+    assert overridden["mounts"] == {"/tests": "tests"} and overridden["network"] is True
     with pytest.raises(ValueError, match="extra"):
         WorkspaceOptions.model_validate({"hots": "typo"})
+    with pytest.raises(ValueError, match="a host or a label, not both"):
+        WorkspaceOptions(host="a", label="b")
 
 
 def test_the_fleet_client_is_shared_per_loop_and_owner_and_closed_by_its_last_user() -> None:

@@ -1,0 +1,295 @@
+"""bashfleet as a Harbor environment, against Harbor from PyPI (Python 3.12, .venv-harbor)
+and a real fleet.
+
+Harbor ships no conformance suite for environments; these cases drive
+`BaseEnvironment`'s methods as Harbor's trial, agents and verifier call them (exec with
+env, cwd, timeout and user; files both ways; Harbor's absolute paths), and the end-to-end
+run is Harbor's own CLI with its `oracle` agent on a small local task, as a user runs it:
+`harbor run -p TASK -a oracle --env client.integrations.harbor:BashfleetEnvironment`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+from harbor.environments.factory import EnvironmentFactory
+from harbor.models.task.config import EnvironmentConfig, NetworkMode, NetworkPolicy
+from harbor.models.trial.paths import TrialPaths
+from integration.conftest import WorkerFactory, WorkerProcess
+
+from client import Fleet
+from client.integrations.harbor import (
+    BashfleetEnvironment,
+    ImageRefusedError,
+    image_refusal,
+    user_refusal,
+)
+from client.redis_server import RedisServer
+
+HOST = "hb"
+IMPORT_PATH = "client.integrations.harbor:BashfleetEnvironment"
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(name="host", scope="module")
+def _host(session_workers: WorkerFactory) -> WorkerProcess:
+    return session_workers.start(HOST)
+
+
+@pytest.fixture(name="owner")
+def _owner(redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The usual BASHFLEET_* settings name the fleet and the owner."""
+    owner = f"harbor-{uuid.uuid4().hex[:8]}"
+    monkeypatch.setenv("BASHFLEET_REDIS_URL", redis_server.url)
+    monkeypatch.setenv("BASHFLEET_OWNER", owner)
+    return owner
+
+
+def environment(tmp_path: Path, *, config: EnvironmentConfig | None = None,
+                **kwargs: object) -> BashfleetEnvironment:
+    """The environment as Harbor's factory makes it from `--env IMPORT_PATH --ek ...`."""
+    (tmp_path / "environment").mkdir(exist_ok=True)
+    made = EnvironmentFactory.create_environment_from_import_path(
+        IMPORT_PATH, environment_dir=tmp_path / "environment", environment_name="t",
+        session_id=f"t__{uuid.uuid4().hex[:6]}__env", trial_paths=TrialPaths(tmp_path / "trial"),
+        task_env_config=config or EnvironmentConfig(), host=HOST, **kwargs)
+    assert isinstance(made, BashfleetEnvironment)
+    return made
+
+
+@pytest.fixture(name="env")
+async def _env(host: WorkerProcess, owner: str, tmp_path: Path
+               ) -> AsyncIterator[BashfleetEnvironment]:
+    made = environment(tmp_path)
+    await made.start(force_build=False)
+    try:
+        yield made
+    finally:
+        await made.stop(delete=True)
+
+
+# --------------------------------------------------------------------- pure rules
+
+
+@pytest.mark.parametrize(("files", "image", "refused"), [
+    ((), None, None),
+    (("Dockerfile",), None, "(Dockerfile)"),
+    (("docker-compose.yaml",), None, "(docker-compose.yaml)"),
+    ((), "ubuntu:24.04", "(docker_image = 'ubuntu:24.04')"),
+    (("Dockerfile",), "ubuntu:24.04", "(docker_image = 'ubuntu:24.04', Dockerfile)"),
+])
+def test_what_is_refused_as_an_image(tmp_path: Path, files: tuple[str, ...],
+                                     image: str | None, refused: str | None) -> None:
+    for name in files:
+        (tmp_path / name).write_text("FROM ubuntu\n")
+    found = image_refusal(tmp_path, image)
+    if refused is None:
+        assert found is None
+    else:
+        assert found is not None and refused in found and "--ek ignore_image=true" in found
+
+
+@pytest.mark.parametrize(("user", "refused"), [
+    (None, False), ("root", False), (0, False), ("bashfleet-run", False),
+    ("agent", True), (1000, True),
+])
+def test_which_users_run_as_the_run_user(user: str | int | None, refused: bool) -> None:
+    found = user_refusal(user, "bashfleet-run")
+    assert (found is not None) == refused
+    if found:
+        assert f"user {user!r} is refused" in found and "(bashfleet-run)" in found
+
+
+# ------------------------------------------------------------- BaseEnvironment
+
+
+async def test_exec_with_env_cwd_and_harbors_paths(env: BashfleetEnvironment) -> None:
+    result = await env.exec("echo $GREETING; pwd; ls -d /logs/agent /logs/verifier "
+                            "/tests /solution; echo oops >&2; exit 3",
+                            env={"GREETING": "hi"}, timeout_sec=60)
+    assert result.return_code == 3
+    assert result.stdout is not None and result.stdout.splitlines() == [
+        "hi", env.workspace.path, "/logs/agent", "/logs/verifier", "/solution", "/tests"]
+    assert result.stderr == "oops\n"
+    await env.exec("mkdir -p sub")
+    there = await env.exec("pwd", cwd=f"{env.workspace.path}/sub")
+    assert there.stdout == f"{env.workspace.path}/sub\n"
+    nowhere = await env.exec("pwd", cwd=f"{env.workspace.path}/missing")
+    assert nowhere.return_code == 1
+    assert nowhere.stderr == f"Working directory does not exist: {env.workspace.path}/missing"
+
+
+async def test_exec_timeout_kills_and_raises(env: BashfleetEnvironment) -> None:
+    with pytest.raises(RuntimeError, match="Command timed out after 1 seconds"):
+        await env.exec("sleep 30", timeout_sec=1)
+
+
+async def test_root_is_the_run_user_and_another_user_is_refused(
+        env: BashfleetEnvironment) -> None:
+    run_as = env.workspace.view.run_as
+    mine = await env.exec("id -un", user="root")
+    assert mine.return_code == 0 and mine.stdout is not None
+    assert mine.stdout.strip() != "root"
+    assert run_as is None or mine.stdout.strip() == run_as
+    with pytest.raises(PermissionError, match="user 'agent' is refused"):
+        await env.exec("id", user="agent")
+    with env.with_default_user("agent"), pytest.raises(PermissionError):
+        await env.exec("id")
+
+
+async def test_files_both_ways(env: BashfleetEnvironment, tmp_path: Path) -> None:
+    source = tmp_path / "up"
+    (source / "pkg").mkdir(parents=True)
+    (source / "pkg" / "a.txt").write_text("a\n")
+    (source / "run.sh").write_text("#!/bin/sh\necho ran\n")
+    (source / "run.sh").chmod(0o755)
+    await env.upload_dir(source, "/solution")
+    await env.upload_file(source / "pkg" / "a.txt", "/tests/a.txt")
+    assert (await env.exec("/solution/run.sh; cat /tests/a.txt")).stdout == "ran\na\n"
+    await env.exec("mkdir -p /logs/verifier/deep && echo 1 > /logs/verifier/reward.txt && "
+                   "echo d > /logs/verifier/deep/x")
+    await env.download_file("/logs/verifier/reward.txt", tmp_path / "back" / "reward.txt")
+    assert (tmp_path / "back" / "reward.txt").read_text() == "1\n"
+    await env.download_dir("/logs/verifier", tmp_path / "verifier")
+    assert (tmp_path / "verifier" / "deep" / "x").read_text() == "d\n"
+    with pytest.raises(FileNotFoundError):
+        await env.download_file("/logs/nothing.txt", tmp_path / "none")
+    assert await env.is_dir("/logs/verifier") and await env.is_file("/tests/a.txt")
+    assert not env.is_path_mounted("/logs/verifier", tmp_path)  # Harbor downloads them
+
+
+async def test_a_task_workdir_is_where_commands_start(host: WorkerProcess, owner: str,
+                                                      tmp_path: Path) -> None:
+    made = environment(tmp_path, config=EnvironmentConfig(workdir="/app"))
+    await made.start(force_build=False)
+    try:
+        result = await made.exec("pwd; echo x > made.txt")
+        assert result.stdout == "/app\n"
+        assert (await made.exec("cat /app/made.txt")).stdout == "x\n"
+    finally:
+        await made.stop(delete=True)
+
+
+async def test_no_network_is_the_workspaces_own_namespace(host: WorkerProcess, owner: str,
+                                                          tmp_path: Path) -> None:
+    made = environment(tmp_path,
+                       network_policy=NetworkPolicy(network_mode=NetworkMode.NO_NETWORK))
+    await made.start(force_build=False)
+    try:
+        assert made.workspace.view.network is False
+        links = await made.exec("awk 'NR > 2 {print $1}' /proc/net/dev")
+        assert links.stdout == "lo:\n"
+    finally:
+        await made.stop(delete=True)
+
+
+async def test_an_image_is_refused_at_start_unless_ignored(host: WorkerProcess, owner: str,
+                                                           tmp_path: Path) -> None:
+    refused = environment(tmp_path, config=EnvironmentConfig(docker_image="python:3.12"))
+    with pytest.raises(ImageRefusedError, match="ignore_image=true"):
+        await refused.start(force_build=False)
+    allowed = environment(tmp_path, config=EnvironmentConfig(docker_image="python:3.12"),
+                          ignore_image=True)
+    await allowed.start(force_build=False)
+    try:
+        assert (await allowed.exec("echo on the host")).stdout == "on the host\n"
+    finally:
+        await allowed.stop(delete=True)
+
+
+async def test_stop_deletes_the_workspace(host: WorkerProcess, owner: str, tmp_path: Path,
+                                          redis_server: RedisServer) -> None:
+    made = environment(tmp_path)
+    await made.start(force_build=False)
+    await made.exec("sleep 300 &")
+    await made.stop(delete=True)
+    with Fleet(redis_server.url, owner=owner) as fleet:
+        assert fleet.workspaces() == []
+
+
+# --------------------------------------------------------------------- end to end
+
+
+def _task(root: Path, *, dockerfile: bool = False) -> Path:
+    """A small local task: make a program print 42; its test checks and writes a reward."""
+    task = root / "answer-task"
+    (task / "environment").mkdir(parents=True)
+    if dockerfile:
+        (task / "environment" / "Dockerfile").write_text("FROM ubuntu:24.04\n")
+    (task / "solution").mkdir()
+    (task / "tests").mkdir()
+    (task / "task.toml").write_text(
+        'schema_version = "1.4"\n\n[verifier]\ntimeout_sec = 120.0\n\n'
+        '[agent]\ntimeout_sec = 120.0\n\n[environment]\nbuild_timeout_sec = 60.0\n')
+    (task / "instruction.md").write_text("Write answer.py that prints 42.\n")
+    (task / "solution" / "solve.sh").write_text(
+        "#!/bin/bash\nset -e\nprintf 'print(6 * 7)\\n' > answer.py\necho solved\n")
+    (task / "tests" / "test.sh").write_text(
+        "#!/bin/bash\nif [ \"$(python3 answer.py)\" = 42 ]; then echo 1 > "
+        "/logs/verifier/reward.txt; else echo 0 > /logs/verifier/reward.txt; fi\n")
+    return task
+
+
+def _harbor_run(task: Path, jobs: Path, owner: str, redis_url: str,
+                *extra: str) -> subprocess.CompletedProcess[str]:
+    harbor = Path(sys.executable).with_name("harbor")
+    env = {**os.environ, "BASHFLEET_REDIS_URL": redis_url, "BASHFLEET_OWNER": owner}
+    return subprocess.run(
+        [str(harbor), "run", "-p", str(task), "-a", "oracle", "--env", IMPORT_PATH,
+         "--ek", f"host={HOST}", "-o", str(jobs), "-y", "-q", *extra],
+        env=env, capture_output=True, text=True, timeout=600, check=False)
+
+
+def _results(jobs: Path) -> Iterator[dict[str, object]]:
+    for found in sorted(jobs.glob("*/*/result.json")):
+        yield json.loads(found.read_text())
+
+
+def test_harbor_run_with_the_oracle_agent(host: WorkerProcess, redis_server: RedisServer,
+                                          tmp_path: Path) -> None:
+    """`harbor run` as a user runs it: the oracle agent solves the task in a bashfleet
+    workspace, the verifier grades it there, and the reward comes back."""
+    owner = f"harbor-e2e-{uuid.uuid4().hex[:6]}"
+    jobs = tmp_path / "jobs"
+    done = _harbor_run(_task(tmp_path), jobs, owner, redis_server.url)
+    assert done.returncode == 0, done.stdout + done.stderr
+    (trial,) = list(_results(jobs))
+    assert trial.get("exception_info") is None, trial
+    verifier = trial["verifier_result"]
+    assert isinstance(verifier, dict) and verifier["rewards"] == {"reward": 1.0}, trial
+    oracle_log = next(jobs.glob("*/*/agent/oracle.txt")).read_text()
+    assert "solved" in oracle_log
+    with Fleet(redis_server.url, owner=owner) as fleet:
+        assert fleet.workspaces() == [], "the trial's workspace was deleted at its end"
+
+
+def test_harbor_run_refuses_an_image_task_unless_told(host: WorkerProcess,
+                                                      redis_server: RedisServer,
+                                                      tmp_path: Path) -> None:
+    owner = f"harbor-e2e-{uuid.uuid4().hex[:6]}"
+    task = _task(tmp_path, dockerfile=True)
+    refused = _harbor_run(task, tmp_path / "refused", owner, redis_server.url)
+    (trial,) = list(_results(tmp_path / "refused"))
+    info = trial.get("exception_info")
+    assert isinstance(info, dict), (trial, refused.stdout, refused.stderr)
+    assert info["exception_type"] == "ImageRefusedError"
+    assert "--ek ignore_image=true" in str(info["exception_message"])
+    ran = _harbor_run(task, tmp_path / "ran", owner, redis_server.url,
+                      "--ek", "ignore_image=true")
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    (trial,) = list(_results(tmp_path / "ran"))
+    verifier = trial["verifier_result"]
+    assert isinstance(verifier, dict) and verifier["rewards"] == {"reward": 1.0}, trial
