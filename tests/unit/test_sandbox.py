@@ -140,3 +140,19 @@ def test_a_worker_that_is_not_root_runs_calls_as_itself(monkeypatch: pytest.Monk
     assert sandbox.run_user(Settings(state_dir=tmp_path, host="t")) is None
 
 
+
+
+def test_a_zygote_that_dies_at_start_is_reported_with_its_last_words() -> None:
+    # Docker's default capabilities: bwrap says why and exits; the worker's refusal to
+    # start used to say only "Connection reset by peer".
+    from worker.engine.launcher import KeeperLostError, LauncherClient  # noqa: PLC0415
+
+    client = LauncherClient(["sh", "-c", "echo 'bwrap: Creating new namespace failed: "
+                             "Operation not permitted' >&2; exit 1", "--"], {})
+    try:
+        client.proc.wait(10)
+        with pytest.raises(KeeperLostError, match=r"zygote went away.*\(bwrap: Creating new "
+                           r"namespace failed: Operation not permitted\)$"):
+            client.keeper({}, [], 2.0)
+    finally:
+        client.close()

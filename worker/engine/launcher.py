@@ -246,10 +246,11 @@ class LauncherClient:
             _, body, _ = expect(self.chan, b"R", timeout, "sandbox zygote")
         except OSError as exc:
             said = self.last_words()
-            if not isinstance(exc, SandboxError) or said:
-                raise KeeperLostError(errno.EPIPE, f"the sandbox zygote went away: {exc}"
-                                      + (f" ({said})" if said else "")) from exc
-            raise
+            if isinstance(exc, SandboxError) and not said:
+                raise
+            what = (exc.strerror or str(exc)) if isinstance(exc, KeeperLostError) else \
+                f"the sandbox zygote went away: {exc}"
+            raise KeeperLostError(errno.EPIPE, what + (f" ({said})" if said else "")) from exc
         return int(body["pid"])
 
     def last_words(self) -> str:
