@@ -11,6 +11,8 @@ from worker.fleet.connect import Script
 # KEYS: call, running[, nonce]; ARGV: call TTL, running TTL, call id, nonce TTL (ms),
 # fields... A signed message's nonce is used first (a replay claims nothing); a call in
 # any state but queued (or unknown: its record expired, or Redis lost it) is not claimed.
+# The record keeps the TTL its sender gave it (CALL_TTL_S, longer than any call runs);
+# one Redis lost is written again with that TTL.
 CLAIM = Script("""
 if KEYS[3] and not redis.call('SET', KEYS[3], '1', 'NX', 'PX', ARGV[4]) then
   return 'replayed'
@@ -18,7 +20,7 @@ end
 local state = redis.call('HGET', KEYS[1], 'state')
 if state and state ~= 'queued' then return state end
 redis.call('HSET', KEYS[1], unpack(ARGV, 5))
-redis.call('EXPIRE', KEYS[1], ARGV[1])
+if not state then redis.call('EXPIRE', KEYS[1], ARGV[1]) end
 redis.call('SADD', KEYS[2], ARGV[3])
 redis.call('EXPIRE', KEYS[2], ARGV[2])
 return 'ok'
@@ -31,7 +33,7 @@ redis.call('EXPIRE', KEYS[1], ARGV[1])
 return redis.call('HGET', KEYS[1], 'state')
 """)
 
-# KEYS: call, running[, reply]; ARGV: call TTL, call id, end time, reply TTL, reply
+# KEYS: call, running[, reply]; ARGV: finished call's TTL, call id, end time, reply TTL, reply
 # channel, reply, states that hold the reply back, fields... Returns {the state the
 # call ended from ('' : no record), 1 when the reply was stored and published}.
 FINISH = Script("""
