@@ -671,7 +671,8 @@ class AsyncFleet:
                 return list((await self._await_control(sent, JobList)).jobs)
             except (WorkerLost, HostUnavailable):
                 pass  # it died meanwhile: show what Redis knows
-        listed = await self._r(records.list_jobs, host, keys=self._record_keys)
+        listed = await self._r(records.list_jobs, host, keys=self._record_keys,
+                               owner=None if all_owners else self.owner)
         return [view for view in listed if all_owners or view.owner == self.owner]
 
     async def job_views(self, ids: list[str]) -> dict[str, JobView]:

@@ -673,7 +673,8 @@ class Fleet:
                 return list((self._await_control(sent, JobList)).jobs)
             except (WorkerLost, HostUnavailable):
                 pass  # it died meanwhile: show what Redis knows
-        listed = self._r(records.list_jobs, host, keys=self._record_keys)
+        listed = self._r(records.list_jobs, host, keys=self._record_keys,
+                               owner=None if all_owners else self.owner)
         return [view for view in listed if all_owners or view.owner == self.owner]
 
     def job_views(self, ids: list[str]) -> dict[str, JobView]:

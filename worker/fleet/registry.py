@@ -363,7 +363,8 @@ def save_job(
     status = None if running or ended_at is None else JobStatus(
         exit_code=exit_code, signal=signal, ended_at=ended_at, note=note
     )
-    job_keys = [names.job_key(record.id), names.jobs_key(record.host), names.EVENTS_KEY]
+    job_keys = [names.job_key(record.id), names.jobs_key(record.host), names.EVENTS_KEY,
+                names.owner_jobs_key(record.host, record.owner)]
     if counts_as_job(record):
         job_keys.append(names.quota_key(JOBS_QUOTA, record.owner))
     event_id = scripts.SAVE_JOB(
@@ -388,6 +389,11 @@ def save_offsets(
         pipe.hset(names.job_key(job_id), mapping=offsets)
         pipe.expire(names.job_key(job_id), names.JOB_TTL_S)
         pipe.execute()
+
+
+def owner_job_ids(client: Redis, host: str, owner: str) -> list[str]:
+    """The ids of one owner's jobs on a host, oldest first (its index, not every job)."""
+    return cast("list[str]", client.zrange(names.owner_jobs_key(host, owner), 0, -1))
 
 
 def jobs_fields(client: Redis, job_ids: list[str]) -> list[dict[str, str]]:

@@ -78,10 +78,11 @@ end
 return state
 """)
 
-# KEYS: job, jobs of the host, events[, owner's job quota]; ARGV: job TTL, job id, start
-# time, events kept, events channel, started event, ended event, new state, quota
-# member, quota TTL (ms), fields... Publishes a job's state and, on a transition, its
-# event (stream + channel): `started` the first time the job is published running,
+# KEYS: job, jobs of the host, events, the owner's jobs on the host[, owner's job quota];
+# ARGV: job TTL, job id, start time, events kept, events channel, started event, ended
+# event, new state, quota member, quota TTL (ms), fields... Publishes a job's state (in
+# the host's listing and its owner's) and, on a transition, its event (stream +
+# channel): `started` the first time the job is published running,
 # `ended` the first time it is published ended. With a quota key, the job's member is
 # refreshed while it runs and removed once it ended (its owner's cap counts it: never
 # refused here, the job exists; `QUOTA_ACQUIRE` refuses new starts). Returns the
@@ -92,14 +93,16 @@ redis.call('HSET', KEYS[1], unpack(ARGV, 11))
 redis.call('EXPIRE', KEYS[1], ARGV[1])
 redis.call('ZADD', KEYS[2], ARGV[3], ARGV[2])
 redis.call('EXPIRE', KEYS[2], ARGV[1])
-if KEYS[4] then
+redis.call('ZADD', KEYS[4], ARGV[3], ARGV[2])
+redis.call('EXPIRE', KEYS[4], ARGV[1])
+if KEYS[5] then
   if ARGV[8] == 'ended' then
-    redis.call('ZREM', KEYS[4], ARGV[9])
+    redis.call('ZREM', KEYS[5], ARGV[9])
   elseif ARGV[8] == 'running' then
     local t = redis.call('TIME')
     local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-    redis.call('ZADD', KEYS[4], now + tonumber(ARGV[10]), ARGV[9])
-    redis.call('PEXPIRE', KEYS[4], ARGV[10])
+    redis.call('ZADD', KEYS[5], now + tonumber(ARGV[10]), ARGV[9])
+    redis.call('PEXPIRE', KEYS[5], ARGV[10])
   end
 end
 local event = false

@@ -29,6 +29,9 @@ Keys (prefix `bashfleet:`; every key has a TTL or an owner that deletes it):
 - `bashfleet:jobs:<host>` (zset): job ids of a host -> start time, for listings.
   TTL JOB_TTL_S, renewed with its jobs and by the heartbeat; members whose job hash
   expired are pruned when listed.
+- `bashfleet:owner-jobs:<host>:<owner>` (zset): the job ids of one owner on a host ->
+  start time: what a listing of an owner's jobs reads (`ps`, `jobs()`), not every job
+  of the host. TTL JOB_TTL_S, renewed with its jobs; pruned like the host's list.
 - `bashfleet:shell:<session>` (string): a session's shell (ShellState JSON: pinned host,
   cwd, exported and unset variables), shared by every caller of the session (CLI
   `--session`, `Fleet.run(session=)`, native's `session` argument, claude's FR-009, each
@@ -259,6 +262,11 @@ def job_key(job_id: str) -> str:
 def jobs_key(host: str) -> str:
     """Job ids of a host (zset: job id -> start time)."""
     return f"{PREFIX}jobs:{host}"
+
+
+def owner_jobs_key(host: str, owner: str) -> str:
+    """Job ids of one owner on a host (zset: job id -> start time)."""
+    return f"{PREFIX}owner-jobs:{host}:{owner}"
 
 
 def workspace_key(ws_id: str) -> str:
