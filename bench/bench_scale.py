@@ -134,11 +134,15 @@ def throughput_rows(url: str, root: Path, quick: bool) -> tuple[list[Row], int]:
             spent = _redis_cpu(client) - cpu - idle_rate * idle_s
             per_beat = max(0.0, spent) / (count * idle_s / names.HEARTBEAT_INTERVAL_S)
             calls = calls_per_host * count
+            cpu = _redis_cpu(client)
             rate = asyncio.run(_burst(url, started, calls, in_flight=16 * count))
+            busy = (_redis_cpu(client) - cpu) / (calls + count)
             total_calls += calls + count
             rows.append((f"{count} host(s) x 4 slots: `true` calls/s", f"{rate:.0f}/s",
                          f"{rate / count:.0f}/s per host, {calls} calls, "
-                         f"{16 * count} in flight"))
+                         f"{16 * count} in flight; Redis {busy * 1e3:.3f} ms a call "
+                         f"(its heartbeats, polls and events included): "
+                         f"{1 / busy:.0f} calls/s per Redis core"))
             rows.append((f"  Redis CPU per host heartbeat, {count} idle",
                          f"{per_beat * 1e3:.3f} ms",
                          f"all of an idle host's Redis work a second (beat, polls, events); "
@@ -147,9 +151,68 @@ def throughput_rows(url: str, root: Path, quick: bool) -> tuple[list[Row], int]:
     fleet.close()
     client.close()
     rows.append(("Redis memory per call record", f"{per_call:.0f} B",
-                 f"call hash + stored answer, kept {names.CALL_TTL_S // 3600} h / "
-                 f"{names.REPLY_TTL_S // 3600} h"))
+                 f"call hash + stored answer, kept {names.FINISHED_TTL_S // 60} min / "
+                 f"{names.REPLY_TTL_S // 60} min after the call"))
     return rows, total_calls
+
+
+# ------------------------------------------------------------------- Redis ceiling
+
+#: Sizes of what one `true` call writes through Redis (its task message, its sealed
+#: answer), as `bench_fleet` measures them: the synthetic calls below carry as much.
+MESSAGE_BYTES = 1500
+REPLY_BYTES = 1000
+
+
+def protocol_child(url: str, seconds: float, worker_no: int) -> None:
+    """(In a process of its own.) Make calls through Redis as a client and a worker do,
+    with the fleet's own functions, but no bash behind them: send (the client's script),
+    take (BRPOP), claim, finish and answer (the worker's scripts), for `seconds`; print
+    how many as JSON. Several of these drive one Redis towards its ceiling."""
+    from client import records as client_records  # noqa: PLC0415 - the child's own imports
+    from worker.fleet import registry  # noqa: PLC0415
+
+    client = redis.Redis.from_url(url, decode_responses=True)
+    host, queue = f"proto{worker_no}", names.exec_queue(f"proto{worker_no}")
+    channel = names.reply_channel(f"bench{worker_no}")
+    registry.acquire_host(client, host, "t")
+    done, deadline = 0, time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        call_id = f"p{worker_no}-{uuid.uuid4().hex[:12]}"
+        message = json.dumps({"headers": {"id": call_id}, "body": "x" * MESSAGE_BYTES})
+        client_records.send_call(client, call_id, queue, host, message, require_alive=True)
+        client.brpop([queue], timeout=1)
+        registry.claim_call(client, call_id, host, "t", os.getpid(), owner="bench")
+        registry.finish_and_reply(client, host, call_id, {"exit_code": 0},
+                                  reply=registry.Reply(call_id, channel, "r" * REPLY_BYTES))
+        done += 1
+    client.close()
+    print(json.dumps({"calls": done}))
+
+
+def ceiling_rows(url: str, root: Path, quick: bool) -> list[Row]:
+    """What one Redis carries: its CPU per call while processes make calls through it as
+    fast as they can (no bash, no worker: only the fleet's Redis work), as calls/s per
+    Redis core."""
+    client = redis.Redis.from_url(url, decode_responses=True)
+    seconds, procs = (3.0, 4) if quick else (10.0, 6)
+    cpu, started = _redis_cpu(client), time.perf_counter()
+    children = [subprocess.Popen(
+        [sys.executable, "-m", "bench.bench_scale", "--protocol-child", url, str(seconds),
+         str(index)], stdout=subprocess.PIPE, text=True) for index in range(procs)]
+    outputs = [child.communicate(timeout=seconds + 60)[0] for child in children]
+    wall, spent = time.perf_counter() - started, _redis_cpu(client) - cpu
+    client.close()
+    calls = sum(json.loads(out.strip().splitlines()[-1])["calls"] for out in outputs)
+    per_core = calls / spent
+    return [
+        (f"Redis ceiling: {procs} processes making calls", f"{calls / wall:.0f}/s",
+         f"Redis busy {spent / wall * 100:.0f}% of a core; the callers (Python) take the "
+         "rest of this machine's 2 CPUs"),
+        ("  calls/s per Redis core", f"{per_core:.0f}/s",
+         f"{spent / calls * 1e3:.3f} ms of Redis CPU per call (send, take, claim, finish, "
+         "answer)"),
+    ]
 
 
 # ------------------------------------------------------------------------- in flight
@@ -310,7 +373,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="smaller numbers, a smoke run")
     parser.add_argument("--in-flight-child", nargs="+", help=argparse.SUPPRESS)
+    parser.add_argument("--protocol-child", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.protocol_child:
+        url, seconds, worker_no = args.protocol_child
+        protocol_child(url, float(seconds), int(worker_no))
+        return 0
     if args.in_flight_child:
         url, calls, seconds, *hosts = args.in_flight_child
         in_flight_child(url, int(calls), hosts, float(seconds))
@@ -322,7 +390,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     rows: list[Row] = []
     with RedisServer(root / "redis") as server:
-        for step in (throughput_rows, in_flight_rows, job_rows):
+        for step in (throughput_rows, ceiling_rows, in_flight_rows, job_rows):
             print(f"... {step.__name__}", file=sys.stderr, flush=True)
             found = step(server.url, root, args.quick)
             rows += found[0] if isinstance(found, tuple) else found
