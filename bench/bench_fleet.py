@@ -27,10 +27,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
+import redis
 from celery import Celery
 
+from bench import redis_stats
 from client import Fleet
 from client.redis_server import RedisServer
+from worker.wire import names
 
 HOST = "bench"
 BARE_QUEUE = "bare.exec"
@@ -181,16 +184,29 @@ def _cpu_delta(before: Cpu, after: Cpu) -> Cpu:
                after.bash - before.bash, after.redis - before.redis)
 
 
+@dataclass
+class Side:
+    """What one side's bursts cost: the CPU of each party, Redis' commands and CPU, and
+    the keys its calls left in Redis."""
+
+    cpu: Cpu
+    redis: redis_stats.Spent
+    left: redis_stats.Left
+
+
 def throughput(
     url: str, bare: Celery, calls: int, clients: int, *, pids: dict[str, int], rounds: int = 4
-) -> tuple[float, float, dict[str, Cpu]]:
-    """Calls per second of `echo N` with `clients` concurrent callers, each side, and the
-    CPU each party spent per side (`pids`: ours, bare, redis).
+) -> tuple[float, float, dict[str, Side]]:
+    """Calls per second of `echo N` with `clients` concurrent callers, each side, and
+    what each side's calls cost (`pids`: ours, bare, redis).
 
     The calls go in `rounds` bursts a side, in the order ours, bare, bare, ours, ... so
-    that a machine getting slower or faster during the run favours neither side.
+    that a machine getting slower or faster during the run favours neither side. The
+    keys Redis holds are listed before and after each burst, outside its measured
+    window: what appeared is what that burst's calls left.
     """
     local = threading.local()
+    probe = redis.Redis.from_url(url, decode_responses=True)
 
     def ours(i: int) -> None:
         if not hasattr(local, "fleet"):
@@ -202,21 +218,28 @@ def throughput(
         _bare_call(bare, f"echo {i}")
 
     elapsed = {ours: 0.0, base: 0.0}
-    spent = {"ours": Cpu(), "bare": Cpu()}
+    sides = {name: Side(Cpu(), redis_stats.Spent(), redis_stats.Left())
+             for name in ("ours", "bare")}
     side = {ours: "ours", base: "bare"}
     per_round = calls // rounds
     with ThreadPoolExecutor(clients) as pool:
         for round_no in range(rounds):
             order = (ours, base) if round_no % 2 == 0 else (base, ours)
             for fn in order:
-                worker = pids[side[fn]]
+                worker, spent = pids[side[fn]], sides[side[fn]]
+                keys_before = redis_stats.keys(probe)
                 before = _cpu_now(worker, pids["redis"])
+                stats_before = redis_stats.snapshot(probe)
                 start = time.perf_counter()
                 list(pool.map(fn, range(per_round)))
                 elapsed[fn] += time.perf_counter() - start
-                spent[side[fn]].add(_cpu_delta(before, _cpu_now(worker, pids["redis"])))
+                spent.redis.add(stats_before, redis_stats.snapshot(probe), per_round)
+                spent.cpu.add(_cpu_delta(before, _cpu_now(worker, pids["redis"])))
+                new_keys = redis_stats.keys(probe) - keys_before
+                spent.left.add(probe, new_keys, per_round, horizon_s=names.REPLY_TTL_S)
+    probe.close()
     done = per_round * rounds
-    return done / elapsed[ours], done / elapsed[base], spent
+    return done / elapsed[ours], done / elapsed[base], sides
 
 
 def check_under_load(fleet: Fleet, url: str, slots: int, checks: int) -> list[float]:
@@ -248,6 +271,53 @@ def _row(
     return f"{name:<44} {measured:<18} {baseline:<18} {ratio:<7} {target:<12} {status}"
 
 
+def print_cost_rows(sides: dict[str, Side], burst: int) -> None:
+    """The rows of what a call costs each party, from the `echo` bursts."""
+    ours, bare = sides["ours"], sides["bare"]
+    w_ours, w_bare = ours.cpu.worker / burst * 1e3, bare.cpu.worker / burst * 1e3
+    print(_row("worker CPU per call", f"{w_ours:.2f} ms", f"{w_bare:.2f} ms",
+               f"{w_ours / w_bare:.2f}x", "<= 1.00x", ok=w_ours <= w_bare))
+    c_ours, c_bare = ours.redis.commands_per_call(), bare.redis.commands_per_call()
+    print(_row("Redis commands per call", f"{c_ours:.1f}", f"{c_bare:.1f}",
+               f"{c_ours / c_bare:.2f}x", "<= 10", ok=c_ours <= 10))
+    r_ours, r_bare = ours.redis.cpu_ms_per_call(), bare.redis.cpu_ms_per_call()
+    print(_row("Redis CPU per call", f"{r_ours:.3f} ms", f"{r_bare:.3f} ms",
+               f"{r_ours / r_bare:.2f}x", "<= 0.120 ms", ok=r_ours <= 0.120))
+    m_ours, m_bare = ours.left.sustained_mb(), bare.left.sustained_mb()
+    forever = ours.left.forever or bare.left.forever
+    print(_row("Redis memory per call/s, sustained", f"{m_ours:.2f} MB", f"{m_bare:.2f} MB",
+               "-", "<= 2 MB", ok=m_ours <= 2.0 and not forever))
+    now_ours, now_bare = ours.left.per_call(ours.left.bytes_now), bare.left.per_call(
+        bare.left.bytes_now)
+    print(_row("Redis memory left per call (info)", f"{now_ours:.0f} B", f"{now_bare:.0f} B",
+               "-", "-", ok=None))
+    after = f"  same, after {names.REPLY_TTL_S} s (info)"
+    print(_row(after, f"{ours.left.per_call(ours.left.bytes_after):.0f} B",
+               f"{bare.left.per_call(bare.left.bytes_after):.0f} B", "-", "-", ok=None))
+
+
+def print_cost_notes(sides: dict[str, Side], burst: int) -> None:
+    """Under the table: the CPU split, the commands run most, the keys left."""
+    print(f"\nCPU per call during the `echo` bursts, ms (the callers, the worker's own "
+          f"processes, the bash commands they ran, Redis; {burst} calls a side):")
+    print(f"{'side':<6} {'callers':>8} {'worker':>8} {'bash':>8} {'redis':>8} {'total':>8}")
+    for name, side in sides.items():
+        cpu = side.cpu
+        parts = [cpu.client, cpu.worker, cpu.bash, cpu.redis]
+        cells = " ".join(f"{part / burst * 1e3:8.2f}" for part in [*parts, sum(parts)])
+        print(f"{name:<6} {cells}")
+    print("\nRedis commands per call, most run first (those inside scripts included):")
+    for name, side in sides.items():
+        print(f"  {name}: {side.redis.top()}")
+    print("Redis memory left per call, by kind of key (sizes by MEMORY USAGE; "
+          "sustained = bytes x TTL):")
+    for name, side in sides.items():
+        left = side.left
+        forever = f", {left.forever} key(s) with no TTL" if left.forever else ""
+        print(f"  {name}: {left.top() or 'nothing'}{forever}; INFO used_memory "
+              f"{side.redis.memory_delta / max(1, side.redis.calls):+.0f} B per call")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="fewer calls, for a smoke run")
@@ -275,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
                 _bare_call(bare, "true")
             ours, base = latency(fleet, bare, calls)
             pids = {"ours": ours_worker.pid, "bare": bare_proc.pid, "redis": server.pid or 0}
-            ours_rate, base_rate, spent = throughput(server.url, bare, burst, clients=16,
+            ours_rate, base_rate, sides = throughput(server.url, bare, burst, clients=16,
                                                      pids=pids)
             check_times = check_under_load(fleet, server.url, slots, checks)
     print()
@@ -290,6 +360,7 @@ def main(argv: list[str] | None = None) -> int:
     print(_row(f"{burst} `echo` calls, 16 callers", f"{ours_rate:.0f} calls/s",
                f"{base_rate:.0f} calls/s", f"{ours_rate / base_rate:.2f}x", ">= 1.50x",
                ok=ours_rate >= 1.5 * base_rate))
+    print_cost_rows(sides, burst)
     c99 = _pct(check_times, 0.99)
     print(_row(f"`check` p99, all {slots} slots busy", f"{c99 * 1e3:.2f} ms", "-", "-",
                "<= 20 ms", ok=c99 <= 0.020))
@@ -297,13 +368,7 @@ def main(argv: list[str] | None = None) -> int:
                f"{statistics.median(check_times) * 1e3:.2f} ms", "-", "-", "-", ok=None))
     print(f"\n(baseline: bare Celery task running subprocess.run on the same Redis, {slots} "
           "threads each side; ratios are measured / baseline)")
-    print(f"\nCPU per call during the `echo` bursts, ms (the callers, the worker's own "
-          f"processes, the bash commands they ran, Redis; {burst} calls a side):")
-    print(f"{'side':<6} {'callers':>8} {'worker':>8} {'bash':>8} {'redis':>8} {'total':>8}")
-    for name, cpu in spent.items():
-        parts = [cpu.client, cpu.worker, cpu.bash, cpu.redis]
-        cells = " ".join(f"{part / burst * 1e3:8.2f}" for part in [*parts, sum(parts)])
-        print(f"{name:<6} {cells}")
+    print_cost_notes(sides, burst)
     return 0
 
 

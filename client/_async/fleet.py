@@ -89,6 +89,7 @@ from client._core.output import FullRead, OutputMode, full_reads, with_full_outp
 from client._core.routing import (
     Placement,
     Route,
+    ask_every_host,
     call_record_of,
     checked_call_id,
     checked_id,
@@ -97,6 +98,7 @@ from client._core.routing import (
     output_host,
     pool_members,
     route,
+    unknown_output,
 )
 from client._core.watch import (
     Outage,
@@ -114,6 +116,7 @@ from client.errors import (
     CallRejected,
     FleetUnavailable,
     HostUnavailable,
+    UnknownJob,
     UnknownWorkspace,
     WaitTimeout,
     WorkerError,
@@ -586,7 +589,18 @@ class AsyncFleet:
     async def read_chunk(self, request: ReadOutputRequest) -> OutputChunk:
         """`read_output`, from its request model."""
         found = await self._r(records.lookup_id, checked_id(request.id, "job or call"))
+        if ask_every_host(found):
+            return await self._read_on_some_host(request)
         return await self._control(output_host(request.id, found), request, OutputChunk)
+
+    async def _read_on_some_host(self, request: ReadOutputRequest) -> OutputChunk:
+        """The kept output of an id Redis no longer knows (a call's record is kept
+        minutes after its end, its output files on its host for days): each live host is
+        asked in turn; the one that keeps it answers, the others say it is unknown."""
+        for host in await self._r(records.live_hosts):
+            with contextlib.suppress(UnknownJob):
+                return await self._control(host, request, OutputChunk)
+        raise unknown_output(request.id)
 
     async def cancel(self, call_id: str) -> bool:
         """Stop a call: withdraw it if queued, kill its processes if running (its result
@@ -657,7 +671,8 @@ class AsyncFleet:
                 return list((await self._await_control(sent, JobList)).jobs)
             except (WorkerLost, HostUnavailable):
                 pass  # it died meanwhile: show what Redis knows
-        listed = await self._r(records.list_jobs, host, keys=self._record_keys)
+        listed = await self._r(records.list_jobs, host, keys=self._record_keys,
+                               owner=None if all_owners else self.owner)
         return [view for view in listed if all_owners or view.owner == self.owner]
 
     async def job_views(self, ids: list[str]) -> dict[str, JobView]:

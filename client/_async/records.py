@@ -187,11 +187,13 @@ async def lookup_id(client: AsyncRedis, item_id: str) -> IdLookup:
 
 
 async def list_jobs(
-    client: AsyncRedis, host: str, *, keys: Mapping[str, str]
+    client: AsyncRedis, host: str, *, keys: Mapping[str, str], owner: str | None = None,
 ) -> list[JobView]:
-    """The jobs Redis knows for a host, oldest first, verified with `keys` (one that does
-    not verify is left out); ids whose records expired are pruned from the host's list."""
-    ids = cast("list[str]", await client.zrange(names.jobs_key(host), 0, -1))
+    """The jobs Redis knows for a host (those of `owner` only, from its index, when
+    given), oldest first, verified with `keys` (one that does not verify is left out);
+    ids whose records expired are pruned from the list read."""
+    listing_key = names.jobs_key(host) if owner is None else names.owner_jobs_key(host, owner)
+    ids = cast("list[str]", await client.zrange(listing_key, 0, -1))
     if not ids:
         return []
     async with client.pipeline(transaction=False) as pipe:
@@ -201,7 +203,7 @@ async def list_jobs(
         alive, *hashes = await pipe.execute()
     listing = core.job_listing(ids, hashes, host_alive=bool(alive), keys=keys)
     if listing.expired:
-        await client.zrem(names.jobs_key(host), *listing.expired)
+        await client.zrem(listing_key, *listing.expired)
     return listing.views
 
 

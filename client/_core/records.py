@@ -37,7 +37,7 @@ redis.call('LPUSH', KEYS[2], ARGV[2])
 return 'ok'
 """
 
-# KEYS: call; ARGV: new state, end time, call TTL. Returns the state the call had; only
+# KEYS: call; ARGV: new state, end time, finished call's TTL. Returns the state the call had; only
 # a queued call is moved (the worker's claim is the other side of this race, and it is
 # a script too: one of the two wins, whole). A call without a record counts as queued:
 # Redis lost it with its message in a failover, or its sender died before sending it;
@@ -77,7 +77,7 @@ def send_keys_args(
 
 def withdraw_keys_args(call_id: str, state: CallState) -> tuple[list[str], list[object]]:
     """The keys and arguments of `WITHDRAW`."""
-    return [names.call_key(call_id)], [state, time.time(), names.CALL_TTL_S]
+    return [names.call_key(call_id)], [state, time.time(), names.FINISHED_TTL_S]
 
 
 # ------------------------------------------------------------------------- hosts

@@ -5,7 +5,7 @@
   nobody would take it. A workspace will be one more placement: its host, named.
 - An id a caller gives (a job, the call that started a job, a call that kept output)
   is resolved to the host that owns it from one lookup (`IdLookup`): `job_target`,
-  `output_host`, `call_record_of`.
+  `output_host`, `ask_every_host`, `call_record_of`.
 """
 
 from __future__ import annotations
@@ -126,9 +126,19 @@ def output_host(item_id: str, found: IdLookup) -> str:
     """The host keeping the output of a job or call id."""
     host = found.job_host or (found.call or {}).get("host") or None
     if host is None:
-        raise UnknownJob(f"no such job or call: {item_id} (unknown or expired)",
-                         item_id=item_id)
+        raise unknown_output(item_id)
     return host
+
+
+def unknown_output(item_id: str) -> UnknownJob:
+    """What `read_output` of an id no host keeps output for raises."""
+    return UnknownJob(f"no such job or call: {item_id} (unknown or expired)", item_id=item_id)
+
+
+def ask_every_host(found: IdLookup) -> bool:
+    """True when Redis knows nothing of an id (an older call's record expired: its kept
+    output is on its host's disk, so the live hosts are asked)."""
+    return found.job_host is None and not found.call
 
 
 def checked_call_id(call_id: str) -> str:

@@ -189,11 +189,13 @@ def lookup_id(client: Redis, item_id: str) -> IdLookup:
 
 
 def list_jobs(
-    client: Redis, host: str, *, keys: Mapping[str, str]
+    client: Redis, host: str, *, keys: Mapping[str, str], owner: str | None = None,
 ) -> list[JobView]:
-    """The jobs Redis knows for a host, oldest first, verified with `keys` (one that does
-    not verify is left out); ids whose records expired are pruned from the host's list."""
-    ids = cast("list[str]", client.zrange(names.jobs_key(host), 0, -1))
+    """The jobs Redis knows for a host (those of `owner` only, from its index, when
+    given), oldest first, verified with `keys` (one that does not verify is left out);
+    ids whose records expired are pruned from the list read."""
+    listing_key = names.jobs_key(host) if owner is None else names.owner_jobs_key(host, owner)
+    ids = cast("list[str]", client.zrange(listing_key, 0, -1))
     if not ids:
         return []
     with client.pipeline(transaction=False) as pipe:
@@ -203,7 +205,7 @@ def list_jobs(
         alive, *hashes = pipe.execute()
     listing = core.job_listing(ids, hashes, host_alive=bool(alive), keys=keys)
     if listing.expired:
-        client.zrem(names.jobs_key(host), *listing.expired)
+        client.zrem(listing_key, *listing.expired)
     return listing.views
 
 

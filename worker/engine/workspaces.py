@@ -1030,10 +1030,14 @@ class Throwaways:
                 pass
         if jobs_left:
             return  # an unsandboxed one: reaped with its TTL once its jobs ended
-        clean = recycled.pop(record.id, None)
+        # Sandboxed: its keeper killed what the call left and said it is clean.
+        # Unsandboxed: no namespace holds its processes apart, so none is promised (a
+        # call sees and reaches every process and file of the worker's user anyway):
+        # an empty directory serves the next call, as the old runner's cwd did.
+        clean = recycled.pop(record.id, None) if record.keeper_pid is not None else True
         if clean and record.fresh and _left_nothing(record, settings) \
                 and self._give_back(record, settings):
-            return  # its keeper killed what the call left, and nothing else is left
+            return  # nothing of the call is left in it
         self.ended.put((record, settings))
         with self.lock:
             if self.recycler is None or not self.recycler.is_alive():

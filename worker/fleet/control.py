@@ -276,6 +276,21 @@ def detach(rt: Runtime, request: DetachRequest, admin: bool = False) -> DetachRe
     return DetachResult(detached=True, state=state)
 
 
+def _listed_records(rt: Runtime, request: JobsRequest) -> list[JobRecord]:
+    """The local records a listing reads: every job of the host for every owner's, else
+    those its owner's index in Redis names (its jobs on this host: the rest are not
+    read). A job Redis no longer lists is too old to show either way (`list_jobs`)."""
+    if request.all_owners:
+        return jobs.local_records(rt.settings)
+    found = []
+    for job_id in registry.owner_job_ids(rt.redis, rt.settings.host, request.owner):
+        try:
+            found.append(jobs.load_record(job_id, rt.settings))
+        except (jobs.JobError, OSError, ValueError):
+            continue  # its files were removed (`bashfleet gc`): nothing to show
+    return found
+
+
 def list_jobs(rt: Runtime, request: JobsRequest, admin: bool = False) -> JobList:
     """This host's jobs, fresh from its disk (and published to Redis): the asker's own,
     or every owner's for an admin who asks for `all_owners`. A job whose hash in Redis
@@ -284,7 +299,7 @@ def list_jobs(rt: Runtime, request: JobsRequest, admin: bool = False) -> JobList
         raise ToolError("unauthorized", "listing every owner's jobs needs the admin key")
     views = []
     records = [
-        record for record in jobs.local_records(rt.settings)
+        record for record in _listed_records(rt, request)
         if (record.owner == request.owner or request.all_owners)
         and (request.workspace is None or record.workspace == request.workspace)
     ]

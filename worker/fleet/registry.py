@@ -214,12 +214,14 @@ def mark_call(
     key = names.call_key(call_id)
     allowed = tuple(only_from)
 
+    ttl = names.FINISHED_TTL_S if state in names.CALL_FINAL else names.CALL_TTL_S
+
     def body(pipe: Any) -> str | None:
         current = pipe.hget(key, "state")
         pipe.multi()
         if current in allowed:
             pipe.hset(key, mapping=hash_fields({**fields, "state": state}))
-            pipe.expire(key, names.CALL_TTL_S)
+            pipe.expire(key, ttl)
         return cast("str | None", current)
 
     return transaction(client, [key], body)
@@ -269,6 +271,7 @@ def finish_and_reply(
 
     A call that was being cancelled ends `cancelled`; one killed because its worker
     stopped ends `stopped`; one already declared lost stays `lost`; otherwise `done`.
+    Its record is then kept FINISHED_TTL_S (JOB_TTL_S when it started a job: `job_id`).
     Returns (the state it ended from, whether the reply went).
     """
     rest = {k: v for k, v in fields.items() if k not in ("state", "ended_at")}
@@ -277,9 +280,10 @@ def finish_and_reply(
     if reply is not None:
         keys.append(names.reply_key(reply.task_id))
         channel, payload = reply.publish_on(), reply.payload
+    ttl = names.finished_call_ttl_s(bool(rest.get("job_id")))
     previous, sent = scripts.FINISH.run_durable(
         client, keys,
-        [names.CALL_TTL_S, call_id, time.time(), names.REPLY_TTL_S, channel, payload,
+        [ttl, call_id, time.time(), names.REPLY_TTL_S, channel, payload,
          " ".join(hold_in), *flat_fields(rest)],
     )
     return (str(previous) or None), bool(sent)
@@ -359,7 +363,8 @@ def save_job(
     status = None if running or ended_at is None else JobStatus(
         exit_code=exit_code, signal=signal, ended_at=ended_at, note=note
     )
-    job_keys = [names.job_key(record.id), names.jobs_key(record.host), names.EVENTS_KEY]
+    job_keys = [names.job_key(record.id), names.jobs_key(record.host), names.EVENTS_KEY,
+                names.owner_jobs_key(record.host, record.owner)]
     if counts_as_job(record):
         job_keys.append(names.quota_key(JOBS_QUOTA, record.owner))
     event_id = scripts.SAVE_JOB(
@@ -384,6 +389,11 @@ def save_offsets(
         pipe.hset(names.job_key(job_id), mapping=offsets)
         pipe.expire(names.job_key(job_id), names.JOB_TTL_S)
         pipe.execute()
+
+
+def owner_job_ids(client: Redis, host: str, owner: str) -> list[str]:
+    """The ids of one owner's jobs on a host, oldest first (its index, not every job)."""
+    return cast("list[str]", client.zrange(names.owner_jobs_key(host, owner), 0, -1))
 
 
 def jobs_fields(client: Redis, job_ids: list[str]) -> list[dict[str, str]]:

@@ -11,6 +11,8 @@ from worker.fleet.connect import Script
 # KEYS: call, running[, nonce]; ARGV: call TTL, running TTL, call id, nonce TTL (ms),
 # fields... A signed message's nonce is used first (a replay claims nothing); a call in
 # any state but queued (or unknown: its record expired, or Redis lost it) is not claimed.
+# The record keeps the TTL its sender gave it (CALL_TTL_S, longer than any call runs);
+# one Redis lost is written again with that TTL.
 CLAIM = Script("""
 if KEYS[3] and not redis.call('SET', KEYS[3], '1', 'NX', 'PX', ARGV[4]) then
   return 'replayed'
@@ -18,7 +20,7 @@ end
 local state = redis.call('HGET', KEYS[1], 'state')
 if state and state ~= 'queued' then return state end
 redis.call('HSET', KEYS[1], unpack(ARGV, 5))
-redis.call('EXPIRE', KEYS[1], ARGV[1])
+if not state then redis.call('EXPIRE', KEYS[1], ARGV[1]) end
 redis.call('SADD', KEYS[2], ARGV[3])
 redis.call('EXPIRE', KEYS[2], ARGV[2])
 return 'ok'
@@ -31,7 +33,7 @@ redis.call('EXPIRE', KEYS[1], ARGV[1])
 return redis.call('HGET', KEYS[1], 'state')
 """)
 
-# KEYS: call, running[, reply]; ARGV: call TTL, call id, end time, reply TTL, reply
+# KEYS: call, running[, reply]; ARGV: finished call's TTL, call id, end time, reply TTL, reply
 # channel, reply, states that hold the reply back, fields... Returns {the state the
 # call ended from ('' : no record), 1 when the reply was stored and published}.
 FINISH = Script("""
@@ -76,10 +78,11 @@ end
 return state
 """)
 
-# KEYS: job, jobs of the host, events[, owner's job quota]; ARGV: job TTL, job id, start
-# time, events kept, events channel, started event, ended event, new state, quota
-# member, quota TTL (ms), fields... Publishes a job's state and, on a transition, its
-# event (stream + channel): `started` the first time the job is published running,
+# KEYS: job, jobs of the host, events, the owner's jobs on the host[, owner's job quota];
+# ARGV: job TTL, job id, start time, events kept, events channel, started event, ended
+# event, new state, quota member, quota TTL (ms), fields... Publishes a job's state (in
+# the host's listing and its owner's) and, on a transition, its event (stream +
+# channel): `started` the first time the job is published running,
 # `ended` the first time it is published ended. With a quota key, the job's member is
 # refreshed while it runs and removed once it ended (its owner's cap counts it: never
 # refused here, the job exists; `QUOTA_ACQUIRE` refuses new starts). Returns the
@@ -90,14 +93,16 @@ redis.call('HSET', KEYS[1], unpack(ARGV, 11))
 redis.call('EXPIRE', KEYS[1], ARGV[1])
 redis.call('ZADD', KEYS[2], ARGV[3], ARGV[2])
 redis.call('EXPIRE', KEYS[2], ARGV[1])
-if KEYS[4] then
+redis.call('ZADD', KEYS[4], ARGV[3], ARGV[2])
+redis.call('EXPIRE', KEYS[4], ARGV[1])
+if KEYS[5] then
   if ARGV[8] == 'ended' then
-    redis.call('ZREM', KEYS[4], ARGV[9])
+    redis.call('ZREM', KEYS[5], ARGV[9])
   elseif ARGV[8] == 'running' then
     local t = redis.call('TIME')
     local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-    redis.call('ZADD', KEYS[4], now + tonumber(ARGV[10]), ARGV[9])
-    redis.call('PEXPIRE', KEYS[4], ARGV[10])
+    redis.call('ZADD', KEYS[5], now + tonumber(ARGV[10]), ARGV[9])
+    redis.call('PEXPIRE', KEYS[5], ARGV[10])
   end
 end
 local event = false

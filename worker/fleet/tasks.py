@@ -209,6 +209,10 @@ def run_exec(
         return _failed(call_id, host, "invalid", f"invalid call: {message}")
     if answer is not None:
         answer.call = call
+    # The host's own memory checked the nonce already (`verify`); Redis records it only
+    # when there is none. A message delivered again (or replayed on another host's
+    # queue) meets its call's record, kept longer than the message is valid.
+    nonce = nonce if rt.nonces is None else None
     state = registry.claim_call(
         rt.redis, call.call_id, host, rt.instance, os.getpid(),
         nonce=nonce.value if nonce else None, nonce_ttl_s=nonce.ttl_s if nonce else 0.0,
@@ -224,18 +228,18 @@ def run_exec(
         return _failed(call.call_id, host, *_refusal(call.call_id, state))
     refused = _take_job_place(rt, call)
     if refused is not None:
-        return _finish(rt, call, refused, answer, {})
+        return _finish(rt, call, refused, answer, {}, owner=_Owner(rt, call))
     started = time.monotonic()
     _log_start(call)
     spawned = _Spawned()
+    owner = _Owner(rt, call)
     cancelled = running.CancelFlag(rt.settings, call.call_id)
     try:
         result = run_call(
             call, settings=rt.settings, on_spawn=_spawn_hook(spawned),
-            on_running=_running_hook(rt, call, spawned), cancel=cancelled,
+            on_running=_running_hook(rt, call, spawned, owner), cancel=cancelled,
             detach=lambda: spawned.on_disk and running.detach_requested(rt.settings, call.call_id),
-            # Before it runs: its output is read while it runs (progress).
-            on_streams=lambda folder: _keep_owner(rt, call, folder),
+            on_streams=owner.folder_is,
         )
     except Exception as exc:  # an engine bug must still answer the caller
         log.exception("call %s failed inside the worker", call.call_id,
@@ -248,7 +252,7 @@ def run_exec(
             running.forget_cancel(rt.settings, call.call_id)
     if result.job is None and _counts_as_job(call):
         _give_job_place_back(rt, call)  # it never started (a bad cwd, a spawn failure)
-    result = _finish(rt, call, result, answer, spawned.fields())
+    result = _finish(rt, call, result, answer, spawned.fields(), owner=owner)
     _log_end(result, time.monotonic() - started)
     return result
 
@@ -385,10 +389,11 @@ def _spawn_hook(spawned: _Spawned) -> SpawnHook:
     return on_spawn
 
 
-def _running_hook(rt: Runtime, call: Call, spawned: _Spawned) -> RunningHook:
+def _running_hook(rt: Runtime, call: Call, spawned: _Spawned, owner: _Owner) -> RunningHook:
     """Record the call's process once it has run FOLLOW_INTERVAL_S: on the host's disk
     (what a restarted worker, a cancel and a stop go by), then in Redis; kill it if it
-    was cancelled (or its worker stopped) before a canceller could find it on disk.
+    was cancelled (or its worker stopped) before a canceller could find it on disk. Its
+    output's owner is written then too: its output is read while it runs (progress).
 
     Most calls end sooner: their process is recorded with their end, a file write, a
     /proc read and a round trip fewer. If their consumer dies meanwhile, the supervisor
@@ -398,6 +403,7 @@ def _running_hook(rt: Runtime, call: Call, spawned: _Spawned) -> RunningHook:
     """
 
     def on_running() -> None:
+        owner.write()
         if not spawned.pid:
             return
         entry = running.RunningCall(
@@ -428,7 +434,7 @@ _END_NOTES = {
 
 def _finish(
     rt: Runtime, call: Call, result: CallResult, answer: Answer | None,
-    process: dict[str, object],
+    process: dict[str, object], *, owner: _Owner,
 ) -> CallResult:
     """Record the call's end in Redis, and deliver its answer in the same round trip,
     unless it was cancelled or stopped meanwhile: then the answer says so (sent after)."""
@@ -443,8 +449,7 @@ def _finish(
             stdout_bytes=spill.stdout_bytes, stderr_bytes=spill.stderr_bytes,
         )
     reply = answer.reply(result.model_dump_json()) if answer is not None else None
-    if spill is None or not spill.stdout_path:
-        _drop_owner(rt, call)
+    owner.settle(kept=spill is not None and bool(spill.stdout_path))
     try:
         if result.job is not None:
             record = load_record(result.job.id, rt.settings)
@@ -476,9 +481,41 @@ def _finish(
     return result
 
 
+class _Owner:
+    """Who owns a call's kept output and where it is, on the host's disk: `read_output`
+    serves it to that owner only, long after the call's record left Redis.
+
+    Written only when there is something to read: once the call has run
+    FOLLOW_INTERVAL_S (its output is read while it runs), or at its end when its output
+    was kept. Most calls end sooner and keep nothing: no file written then removed.
+    """
+
+    def __init__(self, rt: Runtime, call: Call) -> None:
+        self.rt, self.call = rt, call
+        self.folder: Path | None = None
+        self.written = False
+
+    def folder_is(self, folder: Path) -> None:
+        """Told where the call's spill files are, before it starts."""
+        self.folder = folder
+
+    def write(self) -> None:
+        """Write the owner file (once)."""
+        if self.written or self.folder is None:
+            return
+        self.written = True
+        _keep_owner(self.rt, self.call, self.folder)
+
+    def settle(self, *, kept: bool) -> None:
+        """At the call's end: the file written if its output was kept, removed if not."""
+        if kept:
+            self.write()
+        elif self.written:
+            _drop_owner(self.rt, self.call)
+
+
 def _keep_owner(rt: Runtime, call: Call, folder: Path) -> None:
-    """Write who owns a call's kept output and where it is: `read_output` serves it to
-    that owner only (the file outlives the call's record in Redis)."""
+    """Write who owns a call's kept output and where it is (see `_Owner`)."""
     path = control.owner_file(rt.settings, call.call_id)
     text = f"{call.owner}\n{folder}"
     try:

@@ -18,14 +18,20 @@ Keys (prefix `bashfleet:`; every key has a TTL or an owner that deletes it):
   deleted by a stopping one.
 - `bashfleet:call:<call_id>` (hash): call record: state, queue, host, instance, pid,
   pgid, marker (once the call has run 50 ms, else with its end), spill paths and
-  sizes, job id. TTL CALL_TTL_S (2 days), set by the client and renewed at every
-  transition.
+  sizes, job id. TTL CALL_TTL_S (2 days, longer than any call runs) while it waits
+  and runs, set by the client; once it ended, FINISHED_TTL_S (10 minutes), or JOB_TTL_S
+  when it started a job (a `check` of the call's id finds the job through it). What
+  `read_output` of an older call needs is on its host's disk (the spill files and
+  their owner file), found by asking the live hosts.
 - `bashfleet:job:<job_id>` (hash): job record (JobRecord JSON), state, exit code,
   signal, end time, last check offsets, sealed by the worker (`seal`, `offsets_seal`).
   TTL JOB_TTL_S (7 days), renewed at every update and while the job runs.
 - `bashfleet:jobs:<host>` (zset): job ids of a host -> start time, for listings.
   TTL JOB_TTL_S, renewed with its jobs and by the heartbeat; members whose job hash
   expired are pruned when listed.
+- `bashfleet:owner-jobs:<host>:<owner>` (zset): the job ids of one owner on a host ->
+  start time: what a listing of an owner's jobs reads (`ps`, `jobs()`), not every job
+  of the host. TTL JOB_TTL_S, renewed with its jobs; pruned like the host's list.
 - `bashfleet:shell:<session>` (string): a session's shell (ShellState JSON: pinned host,
   cwd, exported and unset variables), shared by every caller of the session (CLI
   `--session`, `Fleet.run(session=)`, native's `session` argument, claude's FR-009, each
@@ -42,7 +48,7 @@ Keys (prefix `bashfleet:`; every key has a TTL or an owner that deletes it):
   its last member.
 - `bashfleet:reply:<task_id>` (string): a task's answer (a CallResult, or a control
   reply, as JSON), also published on the caller's channel `bashfleet:replies:<client>`.
-  Kept REPLY_TTL_S (1 h) for a caller that missed the publish.
+  Kept REPLY_TTL_S (10 minutes) for a caller that missed the publish.
 
 - `bashfleet:events` (stream): job events (a job started, a job ended), each as one
   sealed JobEvent JSON (`worker.wire.events.seal_event`), newest last; capped at
@@ -72,13 +78,18 @@ ALIVE_TTL_S = 5
 HOST_TTL_S = 24 * 3600
 #: Life of the busy-slot set without a heartbeat.
 RUNNING_TTL_S = 3600
-#: Life of a call record after its last transition.
+#: Life of a call record while it waits and runs (longer than any call may run).
 CALL_TTL_S = 2 * 24 * 3600
+#: Life of a call record once the call ended (or was withdrawn, or lost), unless it
+#: started a job: at 1,000 calls/s a finished call is ~1.6 KB for this long (record and
+#: reply), ~1 GB in all. Longer than a signed message is valid (auth.DEFAULT_TTL_S plus
+#: the clock skew): a message delivered again meets its call's record and is refused.
+FINISHED_TTL_S = 600
 #: Life of a job record after its last update.
 JOB_TTL_S = 7 * 24 * 3600
 #: A stored reply: only for a caller that missed its publish, which reads it within
-#: seconds; an hour leaves room for a long pause (a laptop asleep) and no more.
-REPLY_TTL_S = 3600
+#: seconds (its watch looks every half second); kept as long as a finished call's record.
+REPLY_TTL_S = FINISHED_TTL_S
 #: Life of a session's shell and dialect state after its last call.
 SESSION_TTL_S = 24 * 3600
 #: Job events kept for catch-up reads (a listener away longer misses the oldest).
@@ -109,6 +120,16 @@ class CallState(StrEnum):
 CALL_ACTIVE: tuple[CallState, ...] = (CallState.RUNNING, CallState.CANCELLING, CallState.STOPPING)
 #: States of a call that never ran and never will.
 CALL_UNSTARTED: tuple[CallState, ...] = (CallState.CANCELLED, CallState.ABANDONED)
+#: States a call never leaves (its record is kept FINISHED_TTL_S from then on).
+CALL_FINAL: tuple[CallState, ...] = (
+    CallState.DONE, CallState.CANCELLED, CallState.STOPPED, CallState.ABANDONED, CallState.LOST,
+)
+
+
+def finished_call_ttl_s(started_job: bool) -> int:
+    """How long a finished call's record is kept: a call that started a job as long as
+    the job's record (its id finds the job), any other FINISHED_TTL_S."""
+    return JOB_TTL_S if started_job else FINISHED_TTL_S
 
 
 class JobState(StrEnum):
@@ -241,6 +262,11 @@ def job_key(job_id: str) -> str:
 def jobs_key(host: str) -> str:
     """Job ids of a host (zset: job id -> start time)."""
     return f"{PREFIX}jobs:{host}"
+
+
+def owner_jobs_key(host: str, owner: str) -> str:
+    """Job ids of one owner on a host (zset: job id -> start time)."""
+    return f"{PREFIX}owner-jobs:{host}:{owner}"
 
 
 def workspace_key(ws_id: str) -> str:
