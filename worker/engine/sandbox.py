@@ -54,8 +54,9 @@ LAUNCHER_ENV = {
     "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
     "LANG": "C.UTF-8",
 }
-#: Seconds to wait for a zygote or keeper to answer.
-ANSWER_TIMEOUT_S = 10.0
+#: Seconds to wait for a zygote or keeper to answer: longer than a keeper's own setup
+#: deadline (launcher.KEEPER_SETUP_S), so the zygote's reason arrives before we give up.
+ANSWER_TIMEOUT_S = launcher.KEEPER_SETUP_S + 5.0
 #: The run user a root worker uses when `run_as` is not set, when the account exists.
 DEFAULT_RUN_USER = "bashfleet-run"
 FALLBACK_RUN_USER = "nobody"
