@@ -49,6 +49,7 @@ from types import TracebackType
 
 import psutil
 
+from bench import cleanup
 from worker import Call, Policy, Settings, run_call
 from worker.engine import sandbox, workspaces
 from worker.wire.models import WorkspaceSpec
@@ -553,6 +554,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         rows += big_rows(settings, work, config)
     finally:
         sandbox.close_all()
+        cleanup.end_hosts_under(work)
         shutil.rmtree(work, ignore_errors=True)
     print(render(rows))
     print(

@@ -41,6 +41,7 @@ from pathlib import Path
 from inspect_ai.util import SandboxEnvironment
 from inspect_ai.util._sandbox.local import LocalSandboxEnvironment
 
+from bench import cleanup
 from bench.bench_fleet import _pct, _process, _wait, worker_env
 from client import Fleet
 from client.integrations.inspect_ai import BashfleetSandboxConfig, BashfleetSandboxEnvironment
@@ -240,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     root = Path(tempfile.mkdtemp(prefix="bashfleet-bench-environments-"))
     print("bashfleet environments benchmark (inspect-ai's sandbox API)")
     print(f"python {sys.version.split()[0]}, cpus {os.cpu_count()}, state {root}")
-    with RedisServer(root / "redis") as server:
+    with cleanup.hosts_ended(root), RedisServer(root / "redis") as server:
         env = worker_env(server.url, root / "host")
         os.environ["BASHFLEET_REDIS_URL"] = server.url  # the adapter's fleet, as a user's
         worker = [sys.executable, "-m", "worker.fleet.supervisor", "--host", HOST,

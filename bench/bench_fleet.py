@@ -30,7 +30,7 @@ import psutil
 import redis
 from celery import Celery
 
-from bench import redis_stats
+from bench import cleanup, redis_stats
 from client import Fleet
 from client.redis_server import RedisServer
 from worker.wire import names
@@ -326,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
     root = Path(tempfile.mkdtemp(prefix="bashfleet-bench-fleet-"))
     print("bashfleet fleet benchmark")
     print(f"python {sys.version.split()[0]}, cpus {os.cpu_count()}, state {root}")
-    with RedisServer(root / "redis") as server:
+    with cleanup.hosts_ended(root), RedisServer(root / "redis") as server:
         env = worker_env(server.url, root / "host") | {"BARE_REDIS_URL": server.url}
         worker = [sys.executable, "-m", "worker.fleet.supervisor", "--host", HOST,
                   "--concurrency", str(slots)]

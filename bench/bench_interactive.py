@@ -35,6 +35,7 @@ from pathlib import Path
 
 import psutil
 
+from bench import cleanup
 from bench.bench_fleet import _pct, _process, _wait, worker_env
 from client import Fleet
 from client.redis_server import RedisServer
@@ -160,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     root = Path(tempfile.mkdtemp(prefix="bashfleet-bench-inter-"))
     print("bashfleet interactive benchmark")
     print(f"python {sys.version.split()[0]}, cpus {os.cpu_count()}, state {root}")
-    with RedisServer(root / "redis") as server:
+    with cleanup.hosts_ended(root), RedisServer(root / "redis") as server:
         env = worker_env(server.url, root / "host")
         env["BASHFLEET_INTERACTIVE_MAX_PER_OWNER"] = str(sessions + 10)
         worker = [sys.executable, "-m", "worker.fleet.supervisor", "--host", HOST]

@@ -858,7 +858,7 @@ def _add_fleet_commands(sub: SubParsers) -> None:
     up.add_argument("--detach", action="store_true", help="return once the fleet is up")
     up.set_defaults(func=cmd_up)
 
-    down = sub.add_parser("down", help="stop the local fleet")
+    down = sub.add_parser("down", help="stop the local fleet and end what its hosts run")
     down.set_defaults(func=cmd_down)
 
     for name, (_, text) in WORKER_SIDE.items():

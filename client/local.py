@@ -449,6 +449,8 @@ def stop(
             _stop_process(process)
             stopped += 1
             log(f"stopped  {process.role} {process.name} (pid {process.pid})")
+        if process.role == "worker":
+            _end_host(settings.state_dir / "hosts" / process.name, log)
     kept = [p for p in state.processes if p not in chosen]
     if only is None or not any(is_alive(p) for p in kept):
         state_path(settings).unlink(missing_ok=True)
@@ -458,6 +460,27 @@ def stop(
                        if any(p.role == "worker" and p.name == h for p in kept)]
         save_state(state, settings)
     return stopped
+
+
+def _end_host(state_dir: Path, log: Callable[[str], None]) -> None:
+    """End what a stopped local host still runs: its workspaces (their keepers outlive a
+    worker by design, which a machine's own fleet wants; a local fleet brought down must
+    leave nothing running) and its background jobs. The engine does it, in a process of
+    its own (the client imports no engine)."""
+    if not state_dir.is_dir():
+        return
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "worker.engine.teardown", str(state_dir)],
+            capture_output=True, text=True, timeout=STOP_GRACE_S * 4, check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        log(f"could not end the workspaces of {state_dir}: {exc}")
+        return
+    for line in done.stdout.splitlines():
+        log(line)
+    if done.returncode != 0:
+        log(f"could not end the workspaces of {state_dir}: {done.stderr.strip()[-500:]}")
 
 
 def _stop_process(process: FleetProcess) -> None:
