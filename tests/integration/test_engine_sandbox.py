@@ -752,3 +752,41 @@ def test_a_workspace_past_its_disk_cap_is_told_so_and_its_jobs_stopped(
     spaces.run(record, "rm big")
     assert workspaces.check_disk(record, engine.settings) is None
     assert spaces.run(record, "echo fine").stderr == ""
+
+
+# ----------------------------------------------------- what outlives a worker, and not
+
+MAKER_SCRIPT = """
+import json, sys, time
+from worker.settings import Settings
+from worker.engine import workspaces
+from worker.wire.models import WorkspaceSpec
+state = sys.argv[1]
+settings = Settings(state_dir=state, host="maker", workspace_root=state + "-ws")
+blank = workspaces.make_blank(settings, True)
+record = workspaces.create(WorkspaceSpec(owner="o"), settings)
+print(json.dumps({"blank": blank.pid, "workspace": record.keeper_pid}), flush=True)
+time.sleep(120)
+"""
+
+
+def test_blank_keepers_end_with_their_maker_and_workspaces_outlive_it(tmp_path: Path) -> None:
+    """A blank keeper made ahead by a worker process that dies would be claimed by none
+    (they once piled up, hundreds, after killed workers and benchmarks): it ends with its
+    maker. A workspace's keeper lives on, for the worker that restarts."""
+    state = tmp_path / "state"
+    maker = subprocess.Popen([sys.executable, "-c", MAKER_SCRIPT, str(state)],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        made = json.loads(maker.stdout.readline() if maker.stdout else "{}")
+    finally:
+        maker.kill()
+        maker.wait()
+    settings = Settings(state_dir=state, host="maker", workspace_root=Path(f"{state}-ws"))
+    try:
+        wait_until(lambda: not alive(made["blank"]) or None, what="the blank keeper to end")
+        assert alive(made["workspace"])
+    finally:
+        for record in workspaces.local_records(settings):
+            workspaces.delete(record.id, settings)
+    assert not alive(made["workspace"])

@@ -46,6 +46,7 @@ import contextlib
 import dataclasses
 import errno
 import os
+import select
 import selectors
 import signal
 import socket
@@ -142,6 +143,8 @@ class Keeper:
     def _event(self, key: selectors.SelectorKey) -> None:
         if key.data == "listen":
             self._accept()
+        elif key.data == "maker":
+            os._exit(0)  # bound to its maker (the probe's keeper), which is gone
         elif key.data == "wake":
             with contextlib.suppress(BlockingIOError):
                 while os.read(self.wake, 512):
@@ -406,7 +409,9 @@ def main(spec: dict[str, Any], listener_fd: int, report_fd: int) -> int:
     A spec without a plan makes a *blank* keeper: it reports ready at once and builds its
     view when the worker claims it for a workspace (`V` {plan, uid, gid, groups} as the
     first message, answered `v`): the fork, the namespaces and the cgroup join (a cgroup
-    v1 migration waits out an RCU grace period, ~15 ms here) are made ahead."""
+    v1 migration waits out an RCU grace period, ~15 ms here) are made ahead. Until then it
+    watches the worker process that made it (`maker_fd`, a pidfd) and exits when that one
+    dies, since no other will claim it; the sandbox's probe keeper watches it for good."""
     try:
         host_proc = _enter(spec)
         if spec.get("plan") is not None:
@@ -426,14 +431,19 @@ def main(spec: dict[str, Any], listener_fd: int, report_fd: int) -> int:
                     run_as=spec.get("uid") is not None, host_proc=host_proc)
     if first is not None:
         keeper.sel.register(first, selectors.EVENT_READ, Conn(first))
+    if int(spec.get("maker_fd", -1)) >= 0:
+        keeper.sel.register(int(spec["maker_fd"]), selectors.EVENT_READ, "maker")
     return keeper.serve()
 
 
 def _claimed(listener: socket.socket, spec: dict[str, Any]) -> tuple[socket.socket, dict[str, Any]]:
     """A blank keeper waits for the worker that claims it, and builds the view it is sent
     (exiting when it cannot: the worker makes the workspace again)."""
+    maker = int(spec.get("maker_fd", -1))
     listener.setblocking(True)
     while True:
+        if maker >= 0 and maker in select.select([listener.fileno(), maker], [], [])[0]:
+            os._exit(0)  # the worker process that made it ahead is gone: none will claim it
         sock, _ = listener.accept()
         pid, uid, _ = struct.unpack("3i", sock.getsockopt(
             socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
@@ -454,7 +464,9 @@ def _claimed(listener: socket.socket, spec: dict[str, Any]) -> tuple[socket.sock
                 proto.send(sock, b"E", proto.error_body(exc))
             os._exit(1)
         proto.send(sock, b"v", {"pid": os.getpid()})
-        return sock, claimed
+        if maker >= 0:
+            os.close(maker)  # a workspace now: it outlives the worker that made it
+        return sock, {**claimed, "maker_fd": -1}
 
 
 def _enter(spec: dict[str, Any]) -> int:

@@ -73,6 +73,8 @@ def _new_keeper(chan: socket.socket, body: dict[str, Any], fds: list[int]) -> No
     """Fork a keeper into new namespaces; answer with its host pid once it is ready."""
     listener, cgroup_fds = fds[0], fds[1:]
     spec: dict[str, Any] = body["spec"]
+    maker = _maker_fd(spec)
+    spec = {**spec, "maker_fd": maker}
     read_end, write_end = os.pipe2(os.O_CLOEXEC)
     try:
         helper = os.fork()
@@ -87,7 +89,8 @@ def _new_keeper(chan: socket.socket, body: dict[str, Any], fds: list[int]) -> No
         proto.send(chan, b"E", proto.error_body(exc))
         return
     finally:
-        proto.close_all([read_end, *fds] + ([write_end] if write_end >= 0 else []))
+        proto.close_all([read_end, *fds] + ([write_end] if write_end >= 0 else [])
+                        + ([maker] if maker >= 0 else []))
     lines = answer.decode("utf-8", "replace").split("\n", 1)
     pid = int(lines[0].split()[1]) if lines[0].startswith("pid ") else None
     if pid is not None and lines[1:] == ["ready"]:
@@ -103,6 +106,19 @@ def _new_keeper(chan: socket.socket, body: dict[str, Any], fds: list[int]) -> No
         code = int(parts[1]) if parts[1].isdigit() else errno.EIO
         reason = parts[2] if len(parts) > 2 else reason
     proto.send(chan, b"E", {"errno": code, "message": reason})
+
+
+def _maker_fd(spec: dict[str, Any]) -> int:
+    """A pidfd of the worker process that asks for a blank keeper (its `maker`), which
+    the keeper inherits and watches until claimed (or for good, `bound_to_maker`: the
+    sandbox's probe); -1 for a workspace's keeper built at once."""
+    if not spec.get("maker") or (spec.get("plan") is not None
+                                 and not spec.get("bound_to_maker")):
+        return -1
+    try:
+        return os.pidfd_open(int(spec["maker"]))
+    except (OSError, ValueError):
+        return -1
 
 
 def _helper(spec: dict[str, Any], listener: int, cgroup_fds: list[int], report: int) -> None:

@@ -337,7 +337,10 @@ def _smoke_test(bwrap: str) -> str | None:
         listener = launcher.listen(os.path.join(scratch, "k.sock"))
         try:
             client = LauncherClient(zygote_argv(bwrap, os.geteuid() != 0), LAUNCHER_ENV)
-            pid = client.keeper({"plan": plan, "network": True, "worker_uid": os.geteuid()},
+            # Bound to this process: a worker stopped while it probes would otherwise leave
+            # the probe's keeper running for ever (nothing names it).
+            pid = client.keeper({"plan": plan, "network": True, "worker_uid": os.geteuid(),
+                                 "maker": os.getpid(), "bound_to_maker": True},
                                 [listener.fileno()], ANSWER_TIMEOUT_S)
             status = _run_true(os.path.join(scratch, "k.sock"), pid)
         except (OSError, TimeoutError) as exc:

@@ -478,7 +478,10 @@ def make_blank(settings: Settings, network: bool) -> Blank:
     listener = launcher.listen(sock_path)
     fds = group.procs_fds() if group is not None else []
     try:
-        pid = sandbox.zygote.keeper(settings, {"network": network, "worker_uid": os.geteuid()},
+        # `maker`: a blank keeper ends with the worker process that made it ahead (none
+        # else would claim it); a claimed one lives on (a workspace outlives its worker).
+        pid = sandbox.zygote.keeper(settings, {"network": network, "worker_uid": os.geteuid(),
+                                               "maker": os.getpid()},
                                     [listener.fileno(), *fds])
     except OSError:
         if group is not None:
