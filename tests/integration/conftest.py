@@ -23,7 +23,7 @@ from typing import TypeVar
 import pytest
 import redis
 
-from client import Fleet, records
+from client import BashfleetError, Fleet, records
 from client._core.messages import open_reply
 from client.redis_server import RedisServer
 from worker.engine import jobs, procs, workspaces
@@ -290,6 +290,27 @@ def workers(
         yield factory
     finally:
         factory.cleanup()
+
+
+@pytest.fixture(autouse=True)
+def _end_new_workspaces(request: pytest.FixtureRequest) -> Iterator[None]:
+    """The workspaces a test made as the suite's default owner (a fleet session's, an
+    agent session's: they live 24 h unless deleted) end with the test, with whatever
+    still runs in them, rather than piling up keepers until the session's end. Those of
+    hosts no longer alive are left to their worker's cleanup (`kill_jobs`)."""
+    if "redis_server" not in request.fixturenames:
+        yield
+        return
+    server: RedisServer = request.getfixturevalue("redis_server")
+    with Fleet(server.url) as client:
+        before = {view.id for view in client.workspaces()}
+        yield
+        with contextlib.suppress(BashfleetError, redis.RedisError):
+            alive = {info.host for info in client.hosts() if info.alive}
+            for view in client.workspaces():
+                if view.id not in before and view.host in alive:
+                    with contextlib.suppress(BashfleetError):
+                        client.open_workspace(view.id).delete()
 
 
 @pytest.fixture
