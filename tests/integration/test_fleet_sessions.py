@@ -29,34 +29,37 @@ def new_session() -> str:
 
 
 def test_a_session_is_shared_by_every_client(
-    two_hosts: Hosts, redis_server: RedisServer, redis_client: redis.Redis, tmp_path: Path
+    two_hosts: Hosts, redis_server: RedisServer, redis_client: redis.Redis
 ) -> None:
     """Two clients (two processes or machines, as far as Redis can tell) share one shell:
-    its host, its cwd, its variables."""
+    its host, its workspace, its cwd, its variables."""
     session = new_session()
-    sub = tmp_path / "sub"
-    sub.mkdir()
     with Fleet(redis_server.url) as one, Fleet(redis_server.url) as other:
-        first = one.run(f"cd {sub}; export SHARED=yes; unset HOME", session=session)
+        first = one.run("mkdir sub; cd sub; pwd; export SHARED=yes; unset HOME",
+                        session=session)
         assert first.exit_code == 0
+        sub = first.stdout.strip()
         second = other.run('pwd; echo "$SHARED ${HOME-nohome}"', session=session)
+        [workspace] = [view for view in other.workspaces() if view.session == session]
     assert second.stdout == f"{sub}\nyes nohome\n"
-    assert second.host == first.host  # pinned by its first call
+    assert second.host == first.host == workspace.host  # pinned by its first call
+    # The session lives in its workspace: the directory made there is the session's cwd.
+    assert Path(sub) == Path(workspace.path) / "sub"
     shell = ShellStore(redis_client).load(session)
     assert (shell.host, shell.cwd, shell.env, shell.unset_env) == (
-        first.host, str(sub), {"SHARED": "yes"}, ("HOME",)
+        first.host, sub, {"SHARED": "yes"}, ("HOME",)
     )
     assert 0 < redis_client.ttl(names.shell_key(session)) <= names.SESSION_TTL_S
 
 
 def test_concurrent_calls_of_a_session_keep_every_change(
-    two_hosts: Hosts, fleet: Fleet, tmp_path: Path
+    two_hosts: Hosts, fleet: Fleet
 ) -> None:
     """Issue #13: a slower call that finished later used to overwrite a quick `cd`."""
     session = new_session()
-    fleet.run("true", session=session)  # pin it (and its cwd: the worker's home)
-    target = tmp_path / "there"
-    target.mkdir()
+    # Pin it (and its cwd: its workspace), and make the directory the `cd` goes to.
+    pinned = fleet.run("mkdir there; pwd", session=session)
+    target = Path(pinned.stdout.strip()) / "there"
     commands = [f"cd {target}"] + [f"sleep 0.{n}; export V{n}={n}" for n in range(1, 6)]
     with ThreadPoolExecutor(len(commands)) as pool:
         results = list(pool.map(lambda c: fleet.run(c, session=session), commands))
@@ -66,14 +69,14 @@ def test_concurrent_calls_of_a_session_keep_every_change(
 
 
 def test_a_session_never_carries_what_makes_bash_run_code(
-    two_hosts: Hosts, fleet: Fleet, tmp_path: Path
+    two_hosts: Hosts, fleet: Fleet
 ) -> None:
     """Variables the worker refuses in `Call.env` are dropped, so they never break (or
-    steer) the session's next call."""
+    steer) the session's next call (the hook is in the session's workspace, where that
+    call would run it)."""
     session = new_session()
-    hook = tmp_path / "hook.sh"
-    hook.write_text("echo hooked\n")
-    fleet.run(f"export BASH_ENV={hook} LD_PRELOAD=/nope.so PROMPT_COMMAND=x KEPT=1",
+    fleet.run("echo 'echo hooked' > hook.sh; "
+              "export BASH_ENV=$PWD/hook.sh LD_PRELOAD=/nope.so PROMPT_COMMAND=x KEPT=1",
               session=session)
     after = fleet.run('echo "${BASH_ENV-none} ${LD_PRELOAD-none} $KEPT"', session=session)
     assert (after.exit_code, after.stdout) == (0, "none none 1\n")
