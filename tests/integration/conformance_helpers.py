@@ -30,7 +30,6 @@ from client.redis_server import RedisServer
 from worker.wire.models import CallResult, RunRequest
 
 from .conftest import WorkerFactory, WorkerProcess, wait_for
-from .engine_helpers import give_to_run_user
 
 #: The host every conformance call runs on.
 HOST = "conform"
@@ -43,8 +42,7 @@ PLAIN_VALUE = "provided-by-the-worker"
 
 
 class _ConformanceWorker(WorkerProcess):
-    """A worker whose environment also holds a secret and a plain variable, and which
-    allows the module's project root as a place for workspaces.
+    """A worker whose environment also holds a secret and a plain variable.
 
     It runs calls sandboxed (the default isolation, as a deployment has it): an agent
     session's calls share one workspace (one PID namespace, one mount view), so the pids
@@ -54,22 +52,11 @@ class _ConformanceWorker(WorkerProcess):
     directory: the test writes and reads its files on the host at the same path.
     """
 
-    def __init__(self, *args: Any, projects: Path, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.projects = projects
-
     def env(self) -> dict[str, str]:
-        """The usual worker environment plus SECRET_VAR and PLAIN_VAR, and the allowed
-        root of workspaces."""
+        """The usual worker environment plus SECRET_VAR and PLAIN_VAR."""
         env = super().env()
-        env.update({SECRET_VAR: SECRET_VALUE, PLAIN_VAR: PLAIN_VALUE,
-                    "BASHFLEET_WORKSPACE_ALLOW": str(self.projects)})
+        env.update({SECRET_VAR: SECRET_VALUE, PLAIN_VAR: PLAIN_VALUE})
         return env
-
-    @property
-    def workspace_root(self) -> Path:
-        """Where this worker makes workspaces and keeps their output (`.out/<id>`)."""
-        return Path(self.env()["BASHFLEET_WORKSPACE_ROOT"])
 
 
 def start_conformance_worker(factory: WorkerFactory, projects: Path) -> _ConformanceWorker:
@@ -214,11 +201,9 @@ def conform_fixture(
     (as an operator gives a build directory to it): each session's workspace is that
     directory.
     """
-    projects = tmp_path_factory.mktemp("conform-projects")
-    workdir = projects / "work"
-    workdir.mkdir()
-    give_to_run_user(workdir)
-    worker = start_conformance_worker(session_workers, projects)
+    worker = start_conformance_worker(session_workers,
+                                      tmp_path_factory.mktemp("conform-projects"))
+    workdir = worker.project("work")
     fleet = RecordingFleet(redis_server.url)
     probe = Fleet(redis_server.url)
     conformance = Conformance(worker, fleet, workdir, probe)
