@@ -3,6 +3,7 @@ cancelled call that says so (issue #13), through real workers."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 import uuid
@@ -13,9 +14,11 @@ import pytest
 import redis
 
 from client import Fleet, records
+from client.dialects import ClaudeDialect, ToolText
 from client.errors import CallRejected
+from client.mcp_server import StaticBackend, ToolServer
 from client.redis_server import RedisServer
-from client.sessions import ShellStore
+from client.sessions import RedisSessionStore, ShellStore
 from worker.wire import names
 from worker.wire.models import CallResult
 
@@ -133,3 +136,54 @@ def test_a_cancelled_call_says_so(
     assert result.cancelled and result.stdout == "begun\n"
     assert result.error is not None and "cancelled" in result.error.message
     assert time.monotonic() - started < 10
+
+
+# ------------------------------------------- an agent session over a fleet session
+
+
+def _claude_server(fleet: Fleet, client: redis.Redis, session: str) -> ToolServer:
+    """An MCP server's claude session on host alpha (its calls run in the fleet session
+    of the same name, which keeps their cwd and variables); `client` decodes replies."""
+    store = RedisSessionStore(client, key=os.environ["BASHFLEET_SIGNING_KEY"])
+    return ToolServer(ClaudeDialect(), StaticBackend(fleet, store), session, host="alpha")
+
+
+def test_an_agent_session_whose_state_was_lost_finds_its_workspace_again(
+    two_hosts: Hosts, fleet: Fleet, redis_client: redis.Redis
+) -> None:
+    """The agent's own state (which names its workspace) lost, or refused as forged: the
+    session's next call runs in the workspace its fleet session lives in, on its host,
+    and finds what the earlier calls left there (it was SessionPinned, or CallRejected
+    for a new workspace, on every call from then on)."""
+    client = redis_client
+    session = f"agent-{uuid.uuid4().hex[:8]}"
+    server = _claude_server(fleet, client, session)
+    assert not server.call("Bash", {"command": "echo kept > note.txt"}).is_error
+    for _ in range(3):  # a host is picked anew for a session without state: any of two
+        client.delete(names.session_state_key(session))
+        again = server.call("Bash", {"command": "cat note.txt"})
+        assert again == ToolText("kept"), again
+    [workspace] = [view for view in fleet.workspaces() if view.session == session]
+    assert workspace.host == "alpha"
+
+
+def test_an_agent_sessions_ended_workspace_is_made_again(
+    two_hosts: Hosts, fleet: Fleet, redis_client: redis.Redis
+) -> None:
+    """An MCP session's workspace ended (deleted here; expired unused in life): the next
+    call runs in a new one and says so, and the calls after it run there (each was
+    CallRejected: the fleet session had moved to a new workspace the agent's state did
+    not name)."""
+    client = redis_client
+    session = f"agent-{uuid.uuid4().hex[:8]}"
+    server = _claude_server(fleet, client, session)
+    assert server.call("Bash", {"command": "export KEPT=1; echo first"}) == ToolText("first")
+    [old] = [view for view in fleet.workspaces() if view.session == session]
+    assert fleet.open_workspace(old.id).delete()
+    moved = server.call("Bash", {"command": "echo $KEPT > here.txt; echo second"})
+    assert not moved.is_error and moved.text.endswith("second"), moved
+    assert "workspace had ended" in moved.text
+    after = server.call("Bash", {"command": "cat here.txt"})
+    assert after == ToolText("1"), after
+    [new] = [view for view in fleet.workspaces() if view.session == session]
+    assert new.id != old.id
