@@ -331,7 +331,11 @@ class AsyncFleet:
             # Its workspace ended (unused past its TTL): a new one, said so in the result.
             # (A caller that named it, an agent session, is told it ended: it asks for
             # the session's workspace again, `workspace(session=)`, and says so itself.)
+            await self._refuse_another_owners(session, shell.workspace)
             shell = await self._session_workspace(session, shell, request, replace=True)
+            # The refused attempt ran nothing: its id (the caller's, to cancel it) is the
+            # new attempt's.
+            await self._r(records.forget_call, result.call_id)
             result = shells.with_new_workspace(
                 await self._execute(shells.fill_request(shell, request)))
         change = shells.change_of(result)
@@ -364,6 +368,20 @@ class AsyncFleet:
                 raise
             finally:
                 self._replies.forget(call.call_id)
+
+    async def _refuse_another_owners(self, session: str, workspace_id: str | None) -> None:
+        """CallRejected when the session's workspace is there but another owner's (an MCP
+        session's, say): its host answered as for an ended one, and making one of this
+        owner's would take the session's shell from its owner."""
+        if workspace_id is None:
+            return
+        sealed = (await self._r(records.workspace_views, [workspace_id]))[0]
+        view = open_view(self._record_keys, workspace_id, sealed)
+        if view is not None and view.owner != self.owner:
+            raise CallRejected(
+                f"session {session} lives in workspace {workspace_id} of another owner: a "
+                "client of its owner (BASHFLEET_OWNER, Fleet(owner=)) runs its calls; or use "
+                "another session")
 
     async def _session_workspace(self, session: str, shell: shells.ShellState,
                                  request: RunRequest, *, replace: bool = False,

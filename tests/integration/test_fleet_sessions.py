@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from client import Fleet, records
+from client import Fleet, records, shells
 from client.dialects import ClaudeDialect, ToolText
 from client.errors import CallRejected
 from client.mcp_server import StaticBackend, ToolServer
@@ -187,3 +187,44 @@ def test_an_agent_sessions_ended_workspace_is_made_again(
     assert after == ToolText("1"), after
     [new] = [view for view in fleet.workspaces() if view.session == session]
     assert new.id != old.id
+
+
+# ------------------------------------------------------- a session's workspace, ended
+
+
+def test_a_sessions_ended_workspace_is_replaced_for_a_call_with_its_own_id(
+    two_hosts: Hosts, fleet: Fleet
+) -> None:
+    """A session whose workspace ended (deleted here, expired unused in life): its next
+    call runs in a new one and says so, under the id its caller gave it (the CLI names
+    every call, to cancel it on Ctrl-C): it was refused, "call id ... is already in use"
+    (the first attempt, refused for the ended workspace, held the id)."""
+    session = new_session()
+    fleet.run("echo one > note.txt", session=session)
+    [old] = [view for view in fleet.workspaces() if view.session == session]
+    assert fleet.open_workspace(old.id).delete()
+    call_id = f"cnamed{uuid.uuid4().hex[:10]}"
+    again = fleet.run("ls; echo two", session=session, call_id=call_id)
+    assert (again.call_id, again.exit_code, again.stdout) == (call_id, 0, "two\n")
+    assert again.stderr.startswith(shells.NEW_WORKSPACE_NOTICE), again.stderr
+    [new] = [view for view in fleet.workspaces() if view.session == session]
+    assert new.id != old.id
+
+
+def test_another_owners_call_in_a_session_is_refused_and_leaves_it_alone(
+    two_hosts: Hosts, redis_server: RedisServer
+) -> None:
+    """A session lives in a workspace of its owner (an MCP session's: `session:<id>`); a
+    client of another owner naming the session is refused, saying so, and the session
+    keeps its workspace (its call used to be taken for one whose workspace had ended: it
+    made one of its own and moved the session's shell there, so the owner's next call
+    ran without its files, or an agent's was refused)."""
+    session = new_session()
+    with Fleet(redis_server.url, owner=f"tenant-{uuid.uuid4().hex[:6]}") as owner, \
+            Fleet(redis_server.url, owner=f"intruder-{uuid.uuid4().hex[:6]}") as other:
+        owner.run("echo mine > note.txt", session=session)
+        for call_id in (None, f"cother{uuid.uuid4().hex[:10]}"):
+            with pytest.raises(CallRejected, match="another owner"):
+                other.run("cat note.txt", session=session, call_id=call_id)
+        assert owner.run("cat note.txt", session=session).stdout == "mine\n"
+        assert not [view for view in other.workspaces() if view.session == session]
