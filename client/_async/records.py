@@ -41,6 +41,12 @@ async def send_call(
     return cast(str, await run_script(SEND, client, keys, args))
 
 
+async def forget_call(client: AsyncRedis, call_id: str) -> None:
+    """Forget a call that ran nothing (its host refused it before it started), so that
+    its id can be sent again."""
+    await client.delete(names.call_key(call_id), names.reply_key(call_id))
+
+
 async def withdraw_call(
     client: AsyncRedis, call_id: str, state: CallState = CallState.ABANDONED
 ) -> str | None:

@@ -332,9 +332,15 @@ class Fleet:
             shell = self._call(self._shells.commit, session, shells.ShellChange(
                 host=request.host, workspace=request.workspace))
         result = self._execute(shells.fill_request(shell, request))
-        if shells.workspace_gone(shell, result):
+        if shells.workspace_gone(shell, result) and request.workspace is None:
             # Its workspace ended (unused past its TTL): a new one, said so in the result.
+            # (A caller that named it, an agent session, is told it ended: it asks for
+            # the session's workspace again, `workspace(session=)`, and says so itself.)
+            self._refuse_another_owners(session, shell.workspace)
             shell = self._session_workspace(session, shell, request, replace=True)
+            # The refused attempt ran nothing: its id (the caller's, to cancel it) is the
+            # new attempt's.
+            self._r(records.forget_call, result.call_id)
             result = shells.with_new_workspace(
                 self._execute(shells.fill_request(shell, request)))
         change = shells.change_of(result)
@@ -368,6 +374,20 @@ class Fleet:
             finally:
                 self._replies.forget(call.call_id)
 
+    def _refuse_another_owners(self, session: str, workspace_id: str | None) -> None:
+        """CallRejected when the session's workspace is there but another owner's (an MCP
+        session's, say): its host answered as for an ended one, and making one of this
+        owner's would take the session's shell from its owner."""
+        if workspace_id is None:
+            return
+        sealed = (self._r(records.workspace_views, [workspace_id]))[0]
+        view = open_view(self._record_keys, workspace_id, sealed)
+        if view is not None and view.owner != self.owner:
+            raise CallRejected(
+                f"session {session} lives in workspace {workspace_id} of another owner: a "
+                "client of its owner (BASHFLEET_OWNER, Fleet(owner=)) runs its calls; or use "
+                "another session")
+
     def _session_workspace(self, session: str, shell: shells.ShellState,
                                  request: RunRequest, *, replace: bool = False,
                                  ) -> shells.ShellState:
@@ -376,7 +396,7 @@ class Fleet:
         laid onto the shell so that every caller of the session shares one (the first
         made wins: a concurrent one made meanwhile is deleted)."""
         host = shell.host or request.host
-        workspace = self.workspace(
+        workspace = self._new_workspace(
             host=host, label=None if host else request.label, ttl_s=names.SESSION_TTL_S,
             near=request.cwd or request.default_cwd, session=session,
             isolation=request.isolation, network=request.network)
@@ -716,7 +736,52 @@ class Fleet:
         1 h). `isolation` (at least the host's) and `network` (False: its own network
         namespace). `limits`: memory_mb, procs, cpus, disk_mb of its processes together,
         never above the host's. `mounts`: absolute paths in its calls' view -> its own
-        subdirectories (`{"/logs": "logs"}`). LimitReached past the owner's cap."""
+        subdirectories (`{"/logs": "logs"}`). LimitReached past the owner's cap.
+
+        `session`: the fleet session it is for (an agent session's calls run in it). When
+        that session lives in a workspace still there (on `host`, when named), that one
+        is returned (renewed), not a new one: an agent whose own state was lost, or
+        refused as forged, finds its files again, and its calls are not refused for
+        naming another workspace than its session's. Else a new one, laid onto the
+        session's shell (replacing one that ended; the first made wins when two callers
+        make one at once)."""
+        if session is None:
+            return self._new_workspace(
+                host=host, label=label, path=path, ttl_s=ttl_s, isolation=isolation,
+                network=network, limits=limits, mounts=mounts, tags=tags, near=near)
+        if not names.valid_id(session):
+            raise CallRejected(f"invalid session id {session!r}")
+        shell = self._call(self._shells.load, session)
+        if host is not None and shell.host not in (None, host):
+            # Another host than the session's: a workspace of its own there.
+            return self._new_workspace(
+                host=host, label=label, path=path, ttl_s=ttl_s, isolation=isolation,
+                network=network, limits=limits, mounts=mounts, tags=tags, near=near,
+                session=session)
+        if shell.workspace is not None:
+            with contextlib.suppress(UnknownWorkspace):
+                kept = self.open_workspace(shell.workspace)
+                kept.renew()  # its host still has it (its record may outlive it)
+                return kept
+        made = self._new_workspace(
+            host=host or shell.host, label=label, path=path, ttl_s=ttl_s,
+            isolation=isolation, network=network, limits=limits, mounts=mounts, tags=tags,
+            near=near, session=session)
+        stored = self._call(self._shells.commit, session, shells.ShellChange(
+            host=made.host, workspace=made.id, force_workspace=shell.workspace is not None))
+        if stored.workspace not in (None, made.id):
+            made.delete()  # another caller's made first: the session's
+            return self.open_workspace(stored.workspace)
+        return made
+
+    def _new_workspace(
+        self, *, host: str | None = None, label: str | None = None, path: str | None = None,
+        ttl_s: float | None = None, isolation: Literal["none", "process", "strict"] | None = None,
+        network: bool | None = None, limits: WorkspaceLimits | Mapping[str, Any] | None = None,
+        mounts: Mapping[str, str] | None = None, tags: Mapping[str, str] | None = None,
+        near: str | None = None, session: str | None = None,
+    ) -> Workspace:
+        """A new workspace as `workspace` describes it (`session`: only its label)."""
         spec = control_request(
             WorkspaceCreateRequest,
             spec={"path": path, "ttl_s": ttl_s, "isolation": isolation, "network": network,

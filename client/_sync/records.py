@@ -43,6 +43,12 @@ def send_call(
     return cast(str, run_script(SEND, client, keys, args))
 
 
+def forget_call(client: Redis, call_id: str) -> None:
+    """Forget a call that ran nothing (its host refused it before it started), so that
+    its id can be sent again."""
+    client.delete(names.call_key(call_id), names.reply_key(call_id))
+
+
 def withdraw_call(
     client: Redis, call_id: str, state: CallState = CallState.ABANDONED
 ) -> str | None:

@@ -10,12 +10,16 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
 import psutil
 import pytest
+
+from worker.engine import sandbox
+from worker.settings import Settings
 
 T = TypeVar("T")
 
@@ -60,15 +64,34 @@ def bashfleet_command() -> list[str]:
 
 
 class Cli:
-    """Runs `bashfleet` with a private state directory."""
+    """Runs `bashfleet` with a private state directory.
+
+    A fleet it brings up makes its workspaces beside that directory (never in the
+    machine's default root, which every run on this machine shares), and allows the
+    directories under `projects` as workspaces: a call whose `--cwd` is in one runs
+    there, where the test reads and writes its files (a test's tmp_path is invisible to
+    a sandboxed call: its /tmp is private)."""
 
     def __init__(self, state_dir: Path) -> None:
         self.env = dict(os.environ)
         self.env["BASHFLEET_STATE_DIR"] = str(state_dir)
         self.env.pop("BASHFLEET_REDIS_URL", None)
         self.state_dir = state_dir
+        self.projects = state_dir.parent / f"{state_dir.name}-projects"
+        self.env["BASHFLEET_WORKSPACE_ROOT"] = str(state_dir.parent / f"{state_dir.name}-ws")
+        self.env["BASHFLEET_WORKSPACE_ALLOW"] = str(self.projects)
         self.up_stdout = ""
         """What `bashfleet up` printed (`local_fleet`)."""
+
+    def project(self) -> Path:
+        """A new directory under `projects`, the run user's (as an operator gives a build
+        directory to it): a call with it as `--cwd` runs in it."""
+        path = self.projects / f"p{uuid.uuid4().hex[:10]}"
+        path.mkdir(parents=True)
+        user = sandbox.run_user(Settings(host="e2e"))
+        if user is not None:  # calls run as the run user when the fleet runs as root
+            os.chown(path, user.uid, user.gid)
+        return path
 
     def __call__(
         self, *args: str, timeout: float = 60.0, input: str | None = None

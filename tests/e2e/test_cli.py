@@ -105,7 +105,10 @@ def test_background_check_kill_and_ps(fleet: Cli) -> None:
     killed = json.loads(fleet("kill", job["id"], "--json").stdout)
     assert killed["running"] is False
     assert killed["signal"] == signal.SIGTERM
-    assert not psutil.pid_exists(job["pid"]) or psutil.Process(job["pid"]).status() == "zombie"
+    # Gone from the host: its pid there (`pid` is the number in its workspace, when the
+    # fleet runs sandboxed).
+    host_pid = job.get("host_pid") or job["pid"]
+    assert not psutil.pid_exists(host_pid) or psutil.Process(host_pid).status() == "zombie"
 
 
 def test_wait_events_and_ps_by_tag(fleet: Cli) -> None:

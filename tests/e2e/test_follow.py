@@ -78,7 +78,8 @@ def test_another_clients_checks_take_nothing_from_the_follower(
 ) -> None:
     """A `bashfleet check` of the same job by someone else, between the follower's reads,
     neither steals lines from it nor makes it repeat any."""
-    go = tmp_path / f"{uuid.uuid4().hex}.go"
+    project = fleet.project()  # the job's cwd: where it waits for `go`
+    go = project / f"{uuid.uuid4().hex}.go"
     command = (
         f"{numbered(1, 30, 0.005)}; until [ -e {go} ]; do sleep 0.05; done; "
         f"{numbered(31, 60, 0.005)}"
@@ -87,7 +88,7 @@ def test_another_clients_checks_take_nothing_from_the_follower(
     with stdout.open("wb") as out, stderr.open("wb") as err:
         proc = subprocess.Popen(
             [sys.executable, "-m", "client.cli", "run", "--host", HOST, "--mode", "background",
-             "--follow", command],
+             "--cwd", str(project), "--follow", command],
             env=fleet.env, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
         )
     try:
@@ -111,13 +112,15 @@ def test_another_clients_checks_take_nothing_from_the_follower(
 def test_follow_streams_a_foreground_call_as_it_runs(fleet: Cli, tmp_path: Path) -> None:
     """Issue #13, point 5: a foreground command's lines arrive while it runs (it used to
     show a spinner, then everything at once), then the rest, once each; its status."""
-    go = tmp_path / f"{uuid.uuid4().hex}.go"
+    project = fleet.project()  # the call's cwd: where it waits for `go`
+    go = project / f"{uuid.uuid4().hex}.go"
     command = (f"{numbered(1, 5, 0.01)}; echo oops >&2; until [ -e {go} ]; do sleep 0.05; "
                f"done; seq -f 'burst %g' 1 5000; printf 'last, no newline'; exit 5")
     stdout, stderr = tmp_path / "follow.out", tmp_path / "follow.err"
     with stdout.open("wb") as out, stderr.open("wb") as err:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "client.cli", "run", "--host", HOST, "--follow", command],
+            [sys.executable, "-m", "client.cli", "run", "--host", HOST, "--cwd", str(project),
+             "--follow", command],
             env=fleet.env, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
         )
     try:

@@ -43,9 +43,11 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cli]:
 
 
 @pytest.fixture(scope="module")
-def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The sessions' working directory (the fleet is local: the host sees it too)."""
-    return tmp_path_factory.mktemp("mcp-work")
+def workdir(fleet: Cli) -> Path:
+    """The sessions' working directory: a project the local fleet allows, so a session
+    opened there (`--cwd`) has it as its workspace (the fleet is local: the test sees it
+    too)."""
+    return fleet.project()
 
 
 def _end_server(session: str) -> None:
@@ -90,12 +92,20 @@ async def call(client: ClientSession, tool: str, args: dict[str, Any]) -> tuple[
     return block.text, result.is_error
 
 
-def gone(pid: int) -> bool:
-    """True once the process is dead (a zombie awaiting its parent counts)."""
+def host_process_gone(pid: int) -> bool:
+    """True once a process of this machine is dead (a zombie awaiting its parent counts)."""
     try:
         return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return True
+
+
+async def gone(client: ClientSession, tool: str, pid: int) -> bool:
+    """True once `pid`, a number the session was shown (its workspace's), no longer runs
+    there, as the model's next call sees it (a zombie counts as gone)."""
+    command = f"ps -o stat= -p {pid} | grep -qv Z || echo gone-{pid}"
+    text, _ = await call(client, tool, {"command": command})
+    return f"gone-{pid}" in text
 
 
 async def wait_async(check: Any, what: str, timeout: float = 30.0) -> None:
@@ -169,9 +179,10 @@ async def test_pipe(fleet: Cli, workdir: Path) -> None:
         pid = int(re.findall(r"\(pid (\d+)\)", text)[0])
         text, error = await call(client, "bash", {"check_pid": pid})
         assert not error and text.startswith(f"[Process {pid} still running.")
+        assert not await gone(client, "bash", pid)
         text, error = await call(client, "bash", {"kill_pid": pid})
         assert not error and text.startswith(f"[Process {pid} killed (SIGTERM).")
-        wait_for(lambda: gone(pid), f"pid {pid} to end")
+        await wait_async(lambda: gone(client, "bash", pid), f"pid {pid} to end")
 
         text, error = await call(client, "bash", {"check_pid": 1})
         assert (text, error) == (
@@ -206,10 +217,12 @@ async def test_modes(fleet: Cli, workdir: Path) -> None:
         assert match, text
         pgid, output = int(match[1]), Path(match[2])
         wait_for(lambda: output.exists() and "started" in output.read_text(), "the job's output")
-        assert not gone(pgid)
+        # The file and the pid are the session's: its next call reads and sees them.
+        assert await call(client, "bash", {"command": f"cat {output}"}) == ("started\n", False)
+        assert not await gone(client, "bash", pgid)
         # The seed's way to stop it: kill its group, in a call on the same host.
         assert await call(client, "bash", {"command": f"kill -9 -{pgid}"}) == ("", False)
-        wait_for(lambda: gone(pgid), f"pgid {pgid} to end")
+        await wait_async(lambda: gone(client, "bash", pgid), f"pgid {pgid} to end")
 
         text, error = await call(client, "bash", {"command": "ls", "mode": "turbo"})
         assert error and text.startswith("[invalid input: ")
@@ -312,7 +325,13 @@ async def test_claude_session_carries_state_across_calls_and_restarts(
     assert stored["cwd"] == f"{workdir}/sub"
     assert stored["host"] == HOST  # pinned by its first call
     assert 0 < ttl <= 24 * 3600
-    shared = fleet("run", "--session", session, 'echo "$GREETING"; pwd')
+    # The CLI shares it as the session's owner (`session:<id>`: its workspace is that
+    # owner's); as another owner it is refused, and the session keeps its workspace.
+    refused = fleet("run", "--session", session, "pwd")
+    assert refused.returncode != 0 and "of another owner" in refused.stderr, refused.stderr
+    as_owner = Cli(fleet.state_dir)
+    as_owner.env["BASHFLEET_OWNER"] = f"session:{session}"
+    shared = as_owner("run", "--session", session, 'echo "$GREETING"; pwd')
     assert shared.stdout == f"hi\n{workdir}/sub\n", shared.stderr
     async with mcp(fleet, "claude", session=session) as client:  # a new server process
         assert await call(client, "Bash", {"command": 'echo "$GREETING"; pwd'}) == (
@@ -344,10 +363,11 @@ async def test_native(fleet: Cli, workdir: Path) -> None:
             return "started" in text
 
         await wait_async(started, "the job's first line")
+        assert not await gone(client, "bash", int(pid))
         text, error = await call(client, "bash_kill", {"id": job})
         assert not error
         assert text.startswith(f"job {job} on host {HOST}: stopped; killed by signal SIGTERM")
-        wait_for(lambda: gone(int(pid)), f"pid {pid} to end")
+        await wait_async(lambda: gone(client, "bash", int(pid)), f"pid {pid} to end")
 
         text, error = await call(client, "bash_check", {"id": "jnope"})
         assert (text, error) == (
@@ -444,19 +464,27 @@ async def test_a_cancelled_codex_exec_command_leaves_nothing_running(
 
 @pytest.mark.anyio
 async def test_natives_session_is_a_fleet_session(fleet: Cli, workdir: Path) -> None:
-    """The `session` argument's shell is shared by every MCP server and the CLI (it used
-    to live inside one server's own session)."""
+    """The `session` argument's shell is a fleet session, in Redis: another server process
+    of the same MCP session (a restart) and the CLI as its owner share it (it used to live
+    inside one server's own session). It lives in its maker's workspace, whose owner is
+    that MCP session: another MCP session naming it is refused, not run elsewhere."""
     (workdir / "shared").mkdir(exist_ok=True)
     name = f"fleet-{uuid.uuid4().hex[:8]}"
-    async with mcp(fleet, "native", "--cwd", str(workdir)) as first:
+    agent = f"e2e-native-{uuid.uuid4().hex[:8]}"
+    async with mcp(fleet, "native", "--cwd", str(workdir), session=agent) as first:
         text, error = await call(first, "bash", {"command": "cd shared; export N=1",
                                                  "session": name})
         assert not error and f"session {name}: ended in {workdir}/shared" in text, text
-    async with mcp(fleet, "native") as second:  # another server, another agent session
-        text, error = await call(second, "bash", {"command": "pwd; echo $N", "session": name})
+    async with mcp(fleet, "native", session=agent) as again:  # another server process
+        text, error = await call(again, "bash", {"command": "pwd; echo $N", "session": name})
         assert not error and f"stdout:\n{workdir}/shared\n1" in text, text
-    shared = fleet("run", "--session", name, "pwd; echo $N")
-    assert shared.stdout == f"{workdir}/shared\n1\n"
+    as_owner = Cli(fleet.state_dir)
+    as_owner.env["BASHFLEET_OWNER"] = f"session:{agent}"
+    shared = as_owner("run", "--session", name, "pwd; echo $N")
+    assert shared.stdout == f"{workdir}/shared\n1\n", shared.stderr
+    async with mcp(fleet, "native") as other:  # another agent's session: another owner
+        text, error = await call(other, "bash", {"command": "pwd", "session": name})
+        assert error and f"session {name} runs in workspace " in text, text
 
 
 @pytest.mark.anyio
@@ -545,6 +573,6 @@ def test_the_servers_ended_with_their_clients(fleet: Cli) -> None:
     servers = [
         proc
         for proc in psutil.Process().children(recursive=True)
-        if {"mcp", "--dialect"} <= set(proc.cmdline()) and not gone(proc.pid)
+        if {"mcp", "--dialect"} <= set(proc.cmdline()) and not host_process_gone(proc.pid)
     ]
     assert servers == []

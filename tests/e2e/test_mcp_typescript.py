@@ -42,11 +42,14 @@ def ts_client() -> Path:
 
 
 def run_client(
-    fleet: Cli, script: Path, dialect: str, *args: str, timeout: float
+    fleet: Cli, script: Path, dialect: str, *args: str, timeout: float,
+    server_options: tuple[str, ...] = (),
 ) -> dict[str, Any]:
-    """Run the TypeScript client against `bashfleet mcp --dialect D`; its JSON report."""
+    """Run the TypeScript client against `bashfleet mcp --dialect D SERVER_OPTIONS`; its
+    JSON report."""
     session = f"ts-{dialect}-{uuid.uuid4().hex[:10]}"
-    server = [*bashfleet_command(), "mcp", "--dialect", dialect, "--session", session]
+    server = [*bashfleet_command(), "mcp", "--dialect", dialect, "--session", session,
+              *server_options]
     env = {**fleet.env, "BASHFLEET_SERVER_COMMAND": json.dumps(server)}
     done = subprocess.run(
         ["node", str(script), *args], env=env, capture_output=True, text=True,
@@ -97,16 +100,18 @@ def test_a_75_second_call_completes_in_a_client_that_resets_its_timeout_on_progr
 
 @pytest.mark.parametrize("dialect", ["pipe", "claude"])
 def test_an_aborted_call_is_cancelled_on_its_host(
-    fleet: Cli, ts_client: Path, tmp_path: Path, dialect: str
+    fleet: Cli, ts_client: Path, dialect: str
 ) -> None:
     """Issue #13, point 2: `notifications/cancelled` used to be ignored; the command ran on,
-    out of every tool's reach."""
-    marker = tmp_path / "running"
+    out of every tool's reach. (The session's workspace is a project the fleet allows,
+    its `--cwd`: the marker the command leaves there, the client sees.)"""
+    project = fleet.project()
+    marker = project / "running"
     seconds = f"3{uuid.uuid4().int % 10**6:06d}"  # a `sleep` no other test runs
     tool = "Bash" if dialect == "claude" else "bash"
     arguments = {"command": f"touch {marker}; sleep {seconds}"}
     report = run_client(fleet, ts_client, dialect, "cancel", tool, json.dumps(arguments),
-                        str(marker), timeout=90)
+                        str(marker), timeout=90, server_options=("--cwd", str(project)))
     assert report["markerSeen"] is True
     assert "the user pressed stop" in report["error"], report
     wait_for(lambda: not processes_running(["sleep", seconds]), "the command to be killed")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import pty
+import re
 import signal
 import subprocess
 import uuid
@@ -141,7 +142,9 @@ def test_a_timeout_fails_the_chain(fleet: Cli, mode: str) -> None:
     )
     assert chained.returncode == 124
     assert "deploy" not in chained.stdout and "finished" not in chained.stdout
-    assert "[timed out after 2.0s; processes killed" in chained.stderr
+    # The time it ran, measured: the 2 s timeout plus the kill (longer on a loaded host).
+    assert re.search(r"\[timed out after 2\.\ds; processes killed", chained.stderr), \
+        chained.stderr
     assert running_jobs(fleet) == []
 
 

@@ -39,7 +39,9 @@ def _one(settings: Settings, call_id: str) -> tuple[CallResult, list[int]]:
 def test_a_thousand_timeout_kills_leave_zero_survivors(
     tmp_path: Path, janitor: Janitor, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    settings = Settings(state_dir=tmp_path, host="stress")
+    # Its workspaces (a throwaway one per call) of its own, not the machine's default root.
+    settings = Settings(state_dir=tmp_path / "state", host="stress",
+                        workspace_root=tmp_path / "workspaces")
     ids = [janitor.new_call_id("k") for _ in range(ROUNDS)]
     with ThreadPoolExecutor(8) as pool:
         outcomes = list(pool.map(lambda call_id: _one(settings, call_id), ids))

@@ -2,7 +2,10 @@
 
 Every conformance test drives `dialect.call(tool, args, runner=<Fleet>, session=...)`
 as an agent harness does, against the session's real Redis and a real worker process
-(host `conform`), and checks the text the model reads. The worker is started once per
+(host `conform`, sandboxed as a deployment is), and checks the text the model reads.
+An agent session's calls run in one workspace on that host: a pid or a path the text
+shows is checked there, as the model's next call would use it (`Conformance.alive`,
+`read_in_workspace`), never as a host pid. The worker is started once per
 module (a start costs a second or two) and carries in its own environment a secret and
 a plain variable, so tests can see what a command inherits.
 
@@ -19,7 +22,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import psutil
 import pytest
 
 from client import Fleet
@@ -42,27 +44,28 @@ PLAIN_VALUE = "provided-by-the-worker"
 class _ConformanceWorker(WorkerProcess):
     """A worker whose environment also holds a secret and a plain variable.
 
-    It runs calls unsandboxed (`isolation=none`): the seeds describe one machine, where
-    the pids a command prints (`echo $!`) are the host's, and a later command may end a
-    background job with `kill -9 -<pgid>` (seed 001's reminder). In a sandbox each call
-    has a PID namespace of its own (tests/integration/test_engine_sandbox.py), and these
-    tests' pid checks would look at other processes.
+    It runs calls sandboxed (the default isolation, as a deployment has it): an agent
+    session's calls share one workspace (one PID namespace, one mount view), so the pids
+    a seed shows (`echo $!`, `<pid>`, `kill -9 -<pgid>`) are the workspace's and the paths
+    it shows (`Full output:`, `<output_file>`) are read by the session's next call. The
+    session's cwd (the module's project directory, under `projects`) is its workspace's
+    directory: the test writes and reads its files on the host at the same path.
     """
 
     def env(self) -> dict[str, str]:
-        """The usual worker environment plus SECRET_VAR and PLAIN_VAR, unsandboxed."""
+        """The usual worker environment plus SECRET_VAR and PLAIN_VAR."""
         env = super().env()
-        env.update({SECRET_VAR: SECRET_VALUE, PLAIN_VAR: PLAIN_VALUE,
-                    "BASHFLEET_ISOLATION": "none"})
+        env.update({SECRET_VAR: SECRET_VALUE, PLAIN_VAR: PLAIN_VALUE})
         return env
 
 
-def start_conformance_worker(factory: WorkerFactory) -> WorkerProcess:
-    """Start the `conform` worker (registered with the factory, which stops it at the end
-    of the session should its module's teardown not have)."""
+def start_conformance_worker(factory: WorkerFactory, projects: Path) -> _ConformanceWorker:
+    """Start the `conform` worker, workspaces allowed under `projects` (registered with
+    the factory, which stops it at the end of the session should its module's teardown
+    not have)."""
     worker = _ConformanceWorker(
         HOST, factory.url, state_dir=factory.state_dir(HOST), log_dir=factory.base / "logs",
-        concurrency=4,
+        concurrency=4, projects=projects,
     )
     worker.start()
     factory.started.append(worker)
@@ -93,9 +96,12 @@ class RecordingFleet(Fleet):
 class Conformance:
     """The fleet a conformance module drives its dialects on."""
 
-    worker: WorkerProcess
+    worker: _ConformanceWorker
     fleet: RecordingFleet
     workdir: Path
+    probe: Fleet
+    """A client of the same owner for the test's own looks into a session's workspace
+    (kept apart from `fleet`, whose `last` result the tests read)."""
 
     @property
     def runner(self) -> Runner:
@@ -125,9 +131,61 @@ class Conformance:
             offset = chunk.next_offset
 
     def spill_files(self) -> set[str]:
-        """Names of the files in the host's spill directory now."""
-        spill = self.worker.state_dir / "spill"
-        return {p.name for p in spill.iterdir()} if spill.is_dir() else set()
+        """The files kept output may go to on the host now: every workspace's output
+        directory (`<workspace root>/.out/<id>/`) and the state directory's spill."""
+        found: set[str] = set()
+        for folder in (self.worker.workspace_root / ".out", self.worker.state_dir / "spill"):
+            if folder.is_dir():
+                found |= {str(p) for p in folder.rglob("*") if p.is_file()}
+        return found
+
+    # --------------------------------------------- looking into a session's workspace
+
+    def in_workspace(self, session: SessionState, command: str) -> CallResult:
+        """Run `command` in the session's workspace (made by its first call), as the
+        model's next call would run there, without changing the session; its whole
+        output."""
+        return self.probe.run(command, workspace=session.workspaces[HOST], output="full")
+
+    def out_dir(self, session: SessionState) -> Path:
+        """Where the session's workspace keeps its output files (kept output, jobs'
+        logs): the same path on the host and in its calls' view."""
+        return self.worker.workspace_root / ".out" / session.workspaces[HOST]
+
+    def alive(self, session: SessionState, pid: int) -> bool:
+        """True while `pid` (a number in the session's workspace, as the seeds show it)
+        runs there; a zombie is dead."""
+        state = self.in_workspace(session, f"ps -o stat= -p {pid} || true").stdout.strip()
+        return bool(state) and not state.startswith("Z")
+
+    def wait_gone(self, session: SessionState, pids: Sequence[int],
+                  timeout: float = 10.0) -> None:
+        """Wait until none of `pids` runs in the session's workspace."""
+        wait_for(lambda: not any(self.alive(session, pid) for pid in pids), timeout,
+                 f"pids {list(pids)} to end in the workspace")
+
+    def read_in_workspace(self, session: SessionState, path: str | Path) -> str:
+        """The file at `path` as the session's next call reads it (`cat`)."""
+        result = self.in_workspace(session, f"cat {path}")
+        assert result.exit_code == 0, result.stderr
+        return result.stdout
+
+    def wait_file(self, session: SessionState, path: str | Path, text: str,
+                  timeout: float = 15.0) -> str:
+        """Wait until the file at `path`, read by a call in the session's workspace,
+        holds `text`; its content."""
+
+        def holds() -> str | None:
+            result = self.in_workspace(session, f"cat {path}")
+            return result.stdout if result.exit_code == 0 and text in result.stdout else None
+
+        return wait_for(holds, timeout, f"{text!r} in {path}, read in the workspace")
+
+    def end_workspaces(self) -> None:
+        """Delete every workspace this owner has (its sessions' ones and their
+        processes)."""
+        for view in self.probe.workspaces():
+            self.probe.open_workspace(view.id).delete()
 
 
 @pytest.fixture(scope="module", name="conform")
@@ -139,32 +197,30 @@ def conform_fixture(
 
     The worker lives for one module: every worker also serves the fleet's `any` queue,
     and other modules' tests expect calls without a host to land on their own hosts.
+    The working directory is a project under the worker's allowed root, the run user's
+    (as an operator gives a build directory to it): each session's workspace is that
+    directory.
     """
-    worker = start_conformance_worker(session_workers)
+    worker = start_conformance_worker(session_workers,
+                                      tmp_path_factory.mktemp("conform-projects"))
+    workdir = worker.project("work")
     fleet = RecordingFleet(redis_server.url)
+    probe = Fleet(redis_server.url)
+    conformance = Conformance(worker, fleet, workdir, probe)
     try:
-        yield Conformance(worker, fleet, tmp_path_factory.mktemp("conform-work"))
+        yield conformance
     finally:
-        fleet.close()
-        worker.stop()
-        # Jobs a failed test left behind end with its module.
-        worker.kill_jobs()
+        try:
+            conformance.end_workspaces()
+        finally:
+            probe.close()
+            fleet.close()
+            worker.stop()
+            # Jobs and workspaces a failed test left behind end with its module.
+            worker.kill_jobs()
 
 
 # ------------------------------------------------------------------------- processes
-
-
-def alive(pid: int) -> bool:
-    """True while `pid` runs (a zombie waiting for its parent is dead)."""
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
-def wait_gone(pids: Sequence[int], timeout: float = 10.0) -> None:
-    """Wait until none of `pids` runs."""
-    wait_for(lambda: not any(alive(pid) for pid in pids), timeout, f"pids {list(pids)} to end")
 
 
 def poll(
@@ -178,19 +234,6 @@ def poll(
         return text if done(text) else None
 
     return wait_for(answer, timeout, what)
-
-
-def wait_file(path: Path, text: str, timeout: float = 15.0) -> str:
-    """Wait until the file at `path` holds `text`; its content."""
-
-    def holds() -> str | None:
-        try:
-            content = path.read_text(errors="replace")
-        except FileNotFoundError:
-            return None
-        return content if text in content else None
-
-    return wait_for(holds, timeout, f"{text!r} in {path}")
 
 
 class Elapsed:

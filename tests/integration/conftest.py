@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
@@ -23,7 +24,7 @@ from typing import TypeVar
 import pytest
 import redis
 
-from client import Fleet, records
+from client import BashfleetError, Fleet, records
 from client._core.messages import open_reply
 from client.redis_server import RedisServer
 from worker.engine import jobs, procs, workspaces
@@ -33,7 +34,7 @@ from worker.wire.messages import task_message
 from worker.wire.models import CallResult
 from worker.wire.names import Task, exec_queue
 
-from .engine_helpers import keepers_under
+from .engine_helpers import give_to_run_user, keepers_under
 
 T = TypeVar("T")
 
@@ -77,10 +78,15 @@ class WorkerProcess:
     def __init__(
         self, host: str, url: str, *, state_dir: Path, log_dir: Path, concurrency: int = 2,
         labels: tuple[str, ...] = (), extra_env: dict[str, str] | None = None,
+        projects: Path | None = None,
     ) -> None:
         self.host = host
         self.url = url
         self.state_dir = state_dir
+        self.projects = projects or state_dir.parent / f"{state_dir.name}-projects"
+        """The root under which this worker allows existing directories as workspaces
+        (`workspace_allow`): where a test puts what a call must see (its cwd, a marker,
+        a witness), since the test's own tmp_path is invisible to a sandboxed call."""
         self.log_path = log_dir / f"worker-{host}-{time.monotonic_ns()}.log"
         self.concurrency = concurrency
         self.labels = labels
@@ -101,17 +107,33 @@ class WorkerProcess:
         return args
 
     def env(self) -> dict[str, str]:
-        """The environment: this worker's Redis, state directory and workspace root (the
-        test's, never the machine's default, which every run on this machine shares),
-        then what the test adds (`extra_env`)."""
+        """The environment: this worker's Redis, state directory, workspace root (the
+        test's, never the machine's default, which every run on this machine shares) and
+        allowed root (`projects`), then what the test adds (`extra_env`)."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("BASHFLEET_")}
         env.update(
             BASHFLEET_REDIS_URL=self.url, BASHFLEET_STATE_DIR=str(self.state_dir),
             BASHFLEET_SIGNING_KEY=os.environ["BASHFLEET_SIGNING_KEY"],
             BASHFLEET_WORKSPACE_ROOT=str(self.state_dir.parent / f"{self.state_dir.name}-ws"),
+            BASHFLEET_WORKSPACE_ALLOW=str(self.projects),
         )
         env.update(self.extra_env)
         return env
+
+    @property
+    def workspace_root(self) -> Path:
+        """Where this worker makes fresh workspaces and keeps their calls' and jobs'
+        output (`.out/<id>`)."""
+        return Path(self.env()["BASHFLEET_WORKSPACE_ROOT"])
+
+    def project(self, name: str | None = None) -> Path:
+        """A new directory under `projects`, the run user's (as an operator gives a build
+        directory to it): a call whose cwd is in it runs in a workspace whose directory
+        is this one, which the test reads and writes on the host at the same path."""
+        path = self.projects / (name or f"p{uuid.uuid4().hex[:10]}")
+        path.mkdir(parents=True)
+        give_to_run_user(path)
+        return path
 
     def record_keys(self) -> dict[str, str]:
         """What verifies the records this worker publishes (its keys)."""
@@ -122,6 +144,7 @@ class WorkerProcess:
     def start(self) -> WorkerProcess:
         """Start it (not waiting)."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.projects.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 self.args(), env=self.env(), stdin=subprocess.DEVNULL, stdout=log,
@@ -233,6 +256,12 @@ class WorkerFactory:
         """The state directory of a host (the same across restarts)."""
         return self.base / "hosts" / host
 
+    @property
+    def projects(self) -> Path:
+        """The allowed root of workspaces every worker of this factory shares (a
+        directory a call of one host sees, a call of another sees too)."""
+        return self.base / "projects"
+
     def start(
         self, host: str, *, concurrency: int = 2, labels: tuple[str, ...] = (),
         wait: bool = True, env: dict[str, str] | None = None,
@@ -241,7 +270,7 @@ class WorkerFactory:
         ready unless told not to."""
         worker = WorkerProcess(
             host, self.url, state_dir=self.state_dir(host), log_dir=self.base / "logs",
-            concurrency=concurrency, labels=labels, extra_env=env,
+            concurrency=concurrency, labels=labels, extra_env=env, projects=self.projects,
         )
         worker.start()
         self.started.append(worker)
@@ -290,6 +319,27 @@ def workers(
         yield factory
     finally:
         factory.cleanup()
+
+
+@pytest.fixture(autouse=True)
+def _end_new_workspaces(request: pytest.FixtureRequest) -> Iterator[None]:
+    """The workspaces a test made as the suite's default owner (a fleet session's, an
+    agent session's: they live 24 h unless deleted) end with the test, with whatever
+    still runs in them, rather than piling up keepers until the session's end. Those of
+    hosts no longer alive are left to their worker's cleanup (`kill_jobs`)."""
+    if "redis_server" not in request.fixturenames:
+        yield
+        return
+    server: RedisServer = request.getfixturevalue("redis_server")
+    with Fleet(server.url) as client:
+        before = {view.id for view in client.workspaces()}
+        yield
+        with contextlib.suppress(BashfleetError, redis.RedisError):
+            alive = {info.host for info in client.hosts() if info.alive}
+            for view in client.workspaces():
+                if view.id not in before and view.host in alive:
+                    with contextlib.suppress(BashfleetError):
+                        client.open_workspace(view.id).delete()
 
 
 @pytest.fixture

@@ -141,6 +141,8 @@ def test_four_hundred_calls_in_flight_on_few_threads(
             ))
             wall = time.monotonic() - started
         slowest = max(r.duration_s for r in results)
+        failed = [(r.exit_code, r.error, r.stderr[-300:]) for r in results if r.exit_code != 0]
+        assert not failed, f"{len(failed)} calls failed: {failed[:3]}"
         return [int(r.stdout) for r in results], wall, slowest
 
     with ThreadPeak() as threads:

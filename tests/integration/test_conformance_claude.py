@@ -14,10 +14,8 @@ from .conformance_helpers import (
     PLAIN_VAR,
     Conformance,
     Elapsed,
-    alive,
     conform_fixture,  # noqa: F401 - the `conform` fixture
     poll,
-    wait_gone,
 )
 
 CLAUDE = get_dialect("claude")
@@ -100,10 +98,11 @@ def test_timeout_default_and_maximum(conform: Conformance) -> None:
 def test_timeout_terminates_the_command(conform: Conformance) -> None:
     """US1 AS2: "When it exceeds the timeout, Then it MUST be terminated and return a
     timeout error"; issue 4: what it was running, and when it last printed."""
+    session = conform.session()
     with Elapsed() as took:
         text = bash(
             conform, {"command": "sleep 300 & echo child=$!; echo partial; wait", "timeout": 1000},
-            conform.session(),
+            session,
         )
     assert took.seconds < 10
     found = re.fullmatch(
@@ -114,7 +113,8 @@ def test_timeout_terminates_the_command(conform: Conformance) -> None:
     )
     assert found is not None and text.is_error, text.text
     assert "sleep 300" in found.group(2)
-    wait_gone([int(found.group(1))])
+    # The child's pid is the session workspace's, where it is gone too.
+    conform.wait_gone(session, [int(found.group(1))])
 
 
 def test_long_output_is_truncated_at_30000_characters(conform: Conformance) -> None:
@@ -231,10 +231,11 @@ def test_kill_bash_terminates_the_process_group(conform: Conformance) -> None:
     seen = poll(lambda: output(conform, bash_id, session), lambda t: "child=" in t.text,
                 "the child's pid")
     child, leader = int(stdout_of(seen).split("=")[1]), session.jobs[bash_id].pid
-    assert alive(child) and alive(leader)
+    # Both pids are the session workspace's (the numbers its next call would use).
+    assert conform.alive(session, child) and conform.alive(session, leader)
     killed = call(conform, "KillBash", {"bash_id": bash_id}, session)
     assert killed == ToolText(f"Successfully killed shell: {bash_id} ({command})")
-    wait_gone([leader, child])
+    conform.wait_gone(session, [leader, child])
     assert output(conform, bash_id, session) == ToolText("<status>killed</status>")
     again = call(conform, "KillBash", {"bash_id": bash_id}, session)
     assert again == ToolText(

@@ -23,10 +23,7 @@ from .conformance_helpers import (
     SECRET_VAR,
     Conformance,
     Elapsed,
-    alive,
     conform_fixture,  # noqa: F401 - the `conform` fixture
-    wait_file,
-    wait_gone,
 )
 
 MODES = get_dialect("modes")
@@ -136,10 +133,11 @@ def test_timeout_kills_the_group_and_returns_partial_output(conform: Conformance
     """REQ-BASH-002: "WHEN command exceeds its timeout THE SYSTEM SHALL terminate the
     process group AND return partial output with timeout indication"; issue 4: what it
     was running, and when it last printed."""
+    session = conform.session()
     with Elapsed() as took:
         text = bash(
             conform, {"command": "sleep 300 & echo child=$!; echo partial; wait"},
-            conform.session(), QUICK,
+            session, QUICK,
         )
     assert took.seconds < 10
     found = re.fullmatch(
@@ -151,7 +149,8 @@ def test_timeout_kills_the_group_and_returns_partial_output(conform: Conformance
     assert found is not None and text.is_error, text.text
     child = int(found.group(1))
     assert f"  pid {child} " in found.group(2) and "sleep 300" in found.group(2)
-    wait_gone([child])
+    # The pids are the session workspace's, where the child is gone too.
+    conform.wait_gone(session, [child])
 
 
 def test_the_grace_period_lets_the_group_clean_up(conform: Conformance) -> None:
@@ -171,16 +170,17 @@ def test_sigkill_after_the_grace_period(conform: Conformance) -> None:
     """REQ-BASH-004: a group that ignores SIGTERM is killed once the grace period is over
     (here 1 s instead of 15 s)."""
     quick_grace = ModesDialect(default_timeout_s=1, kill_grace_s=1)
+    session = conform.session()
     with Elapsed() as took:
         text = bash(
-            conform, {"command": "trap '' TERM; echo stubborn; sleep 300"}, conform.session(),
+            conform, {"command": "trap '' TERM; echo stubborn; sleep 300"}, session,
             quick_grace,
         )
     assert text.text.startswith("[command timed out after 1s]\nstubborn\n"), text.text
     assert 1.9 <= took.seconds < 10, took.seconds
     pids = [int(p) for p in re.findall(r"  pid (\d+) ", text.text)]
     assert pids
-    wait_gone(pids)
+    conform.wait_gone(session, pids)
 
 
 # ----------------------------------------------------------------------- background
@@ -204,16 +204,19 @@ def start(conform: Conformance, command: str, session: SessionState,
 
 def test_background_returns_the_pid_and_output_file(conform: Conformance) -> None:
     """REQ-BASH-003: "start the command detached ... AND return immediately with process
-    ID and output file path"; the file is on the host that runs the job."""
+    ID and output file path"; the file is on the host that runs the job, in the session
+    workspace's output directory: the pid and the path are what the model's next call
+    sees and reads."""
     session = conform.session()
     pid, output = start(conform, "echo serving; echo oops >&2; sleep 300", session)
-    assert alive(pid)
-    assert output.is_relative_to(conform.worker.state_dir)
-    wait_file(output, "oops\n")
+    assert conform.alive(session, pid)
+    assert output.is_relative_to(conform.out_dir(session))
+    conform.wait_file(session, output, "oops\n")
+    assert conform.read_in_workspace(session, output) == "serving\noops\n"
     assert output.read_text() == "serving\noops\n"
     assert session.host == "conform"
     bash(conform, {"command": f"kill -9 -{pid}"}, session)
-    wait_gone([pid])
+    conform.wait_gone(session, [pid])
 
 
 def test_completion_status_is_appended_to_the_output_file(conform: Conformance) -> None:
@@ -221,10 +224,11 @@ def test_completion_status_is_appended_to_the_output_file(conform: Conformance) 
     status to output file" (`[background process completed]` / `failed: ...`)."""
     session = conform.session()
     _, ok = start(conform, "echo finished", session)
-    assert wait_file(ok, "[background process") == "finished\n\n\n[background process completed]\n"
+    assert conform.wait_file(session, ok, "[background process") \
+        == "finished\n\n\n[background process completed]\n"
     _, failed = start(conform, "echo broke; exit 3", session)
     assert (
-        wait_file(failed, "[background process")
+        conform.wait_file(session, failed, "[background process")
         == "broke\n\n\n[background process failed: exit status: 3]\n"
     )
 
@@ -233,10 +237,13 @@ def test_kill_9_pgid_stops_the_background_job(conform: Conformance) -> None:
     """REQ-BASH-003: "provide process group ID for termination via `kill -9 -<pgid>`"."""
     session = conform.session()
     pid, output = start(conform, "sleep 300 & echo child=$!; wait", session)
-    child = int(re.search(r"child=(\d+)", wait_file(output, "child=")).group(1))  # type: ignore[union-attr]
+    seen = conform.wait_file(session, output, "child=")
+    child = int(re.search(r"child=(\d+)", seen).group(1))  # type: ignore[union-attr]
+    assert conform.alive(session, child)
+    # The model's next call, as the reminder says: the pgid is the workspace's.
     assert bash(conform, {"command": f"kill -9 -{pid}"}, session) == ToolText("")
-    wait_gone([pid, child])
-    assert wait_file(output, "[background process").endswith(
+    conform.wait_gone(session, [pid, child])
+    assert conform.wait_file(session, output, "[background process").endswith(
         "\n\n[background process failed: signal: 9 (SIGKILL)]\n"
     )
 
@@ -244,10 +251,11 @@ def test_kill_9_pgid_stops_the_background_job(conform: Conformance) -> None:
 def test_background_jobs_end_after_their_timeout(conform: Conformance) -> None:
     """Mode semantics: `background` -- "24 hours" timeout, then the job is ended (here
     after 1 s)."""
-    pid, output = start(conform, "echo up; sleep 300", conform.session(),
+    session = conform.session()
+    pid, output = start(conform, "echo up; sleep 300", session,
                         ModesDialect(background_timeout_s=1))
-    assert wait_file(output, "[background process").startswith("up\n")
-    wait_gone([pid])
+    assert conform.wait_file(session, output, "[background process").startswith("up\n")
+    conform.wait_gone(session, [pid])
 
 
 # ------------------------------------------------------------------------ isolation
@@ -264,11 +272,18 @@ def test_no_tty_is_attached(conform: Conformance) -> None:
 
 
 def test_each_command_gets_a_new_process_group(conform: Conformance) -> None:
-    """REQ-BASH-004: "create a new process group" (the command's bash leads its own)."""
-    text = bash(conform, {"command": "echo $$; ps -o pgid= -p $$ | tr -d ' '"},
-                conform.session())
-    pid, pgid = text.text.split()
-    assert pid == pgid and int(pgid) != conform.worker.pid
+    """REQ-BASH-004: "create a new process group" (the command's bash leads its own):
+    each call of a session a group of its own, never its workspace keeper's (pid 1 of the
+    workspace's PID namespace, whose numbers the command sees)."""
+    session = conform.session()
+    groups = []
+    for _ in range(2):
+        text = bash(conform, {"command": "echo $$; ps -o pgid= -p $$ | tr -d ' '; "
+                                         "ps -o pgid= -p 1 | tr -d ' '"}, session)
+        pid, pgid, keeper_group = text.text.split()
+        assert pid == pgid and pgid != keeper_group, text.text
+        groups.append(pgid)
+    assert groups[0] != groups[1]
 
 
 def test_secrets_are_isolated(conform: Conformance) -> None:

@@ -18,10 +18,8 @@ from .conformance_helpers import (
     HOST,
     Conformance,
     Elapsed,
-    alive,
     conform_fixture,  # noqa: F401 - the `conform` fixture
     poll,
-    wait_gone,
 )
 
 NATIVE = get_dialect("native")
@@ -69,7 +67,8 @@ def test_tail_with_error_digest_and_spill_reference(conform: Conformance) -> Non
     was cut", and where the full output is: the `bash_output` call that reads it (a tool
     the model has) and the file on its host."""
     full = "error: disk quota exceeded\n" + "".join(f"{n}\n" for n in range(1, 3001))
-    text = bash(conform, {"command": "echo 'error: disk quota exceeded'; seq 1 3000"})
+    session = conform.session()
+    text = bash(conform, {"command": "echo 'error: disk quota exceeded'; seq 1 3000"}, session)
     call_id = conform.fleet.last.call_id
     found = re.search(
         r"\n\nstdout:\n1001\n(?:.*\n)*?3000\n"
@@ -81,7 +80,10 @@ def test_tail_with_error_digest_and_spill_reference(conform: Conformance) -> Non
     assert found is not None and not text.is_error, text.text[-600:]
     assert int(found.group(2)) == len(full)
     path = Path(found.group(3))
-    assert path.is_relative_to(conform.worker.state_dir) and path.read_text() == full
+    # The file is in the session workspace's output directory on its host: the model's
+    # next call reads it at that path.
+    assert path.is_relative_to(conform.out_dir(session)) and path.read_text() == full
+    assert conform.read_in_workspace(session, path) == full
     assert conform.read_all(call_id) == full
     # The hint is a tool call the model can make: following it reads the whole output.
     assert follow_output_hint(conform, {"id": call_id}) == full
@@ -121,7 +123,8 @@ def test_timeout_then_auto_background(conform: Conformance) -> None:
     )
     assert found is not None and not text.is_error, text.text
     job, pid = found.group(1), int(found.group(2))
-    assert alive(pid)
+    # The pid is the session workspace's (the number its next call would use).
+    assert conform.alive(session, pid)
     checked = call(conform, "bash_check", {"id": job}, session)
     # The check reads on after what the notice showed.
     assert checked.text.startswith(
@@ -131,7 +134,7 @@ def test_timeout_then_auto_background(conform: Conformance) -> None:
     assert stopped.text.startswith(
         f"job {job} on host {HOST}: stopped; killed by signal SIGTERM (15)"
     )
-    wait_gone([pid])
+    conform.wait_gone(session, [pid])
 
 
 def test_background_mode_check_grep_offset_and_kill(conform: Conformance) -> None:
@@ -151,7 +154,9 @@ def test_background_mode_check_grep_offset_and_kill(conform: Conformance) -> Non
     )
     assert found is not None and not text.is_error, text.text
     job = found.group(1)
-    assert Path(found.group(4)).is_relative_to(conform.worker.state_dir)
+    output_file = Path(found.group(4))
+    assert output_file.is_relative_to(conform.out_dir(session))
+    assert conform.alive(session, int(found.group(2)))
     first = poll(lambda: call(conform, "bash_check", {"id": job, "grep": "^ok"}, session),
                  lambda t: "ok 1" in t.text, "the first lines")
     assert "output since byte 0 matching '^ok' (1 line):\nok 1\n" in first.text, first.text
@@ -161,9 +166,11 @@ def test_background_mode_check_grep_offset_and_kill(conform: Conformance) -> Non
     assert "(1 line):\nok 3\n" in later.text, later.text
     again = call(conform, "bash_check", {"id": job, "offset": 0}, session)
     assert "output since byte 0 (3 lines):\nok 1\nbad 2\nok 3\n" in again.text, again.text
+    # The output path shown is one the model's next call reads.
+    assert conform.read_in_workspace(session, output_file) == "ok 1\nbad 2\nok 3\n"
     stopped = call(conform, "bash_kill", {"id": job}, session)
     assert stopped.text.startswith(f"job {job} on host {HOST}: stopped; killed by signal SIGTERM")
-    wait_gone([int(found.group(2))])
+    conform.wait_gone(session, [int(found.group(2))])
 
 
 def test_bash_check_and_output_grep_anchor_at_line_ends(conform: Conformance) -> None:
@@ -191,9 +198,10 @@ def test_kill_ends_processes_that_left_the_group(conform: Conformance) -> None:
     seen = poll(lambda: call(conform, "bash_check", {"id": job, "offset": 0}, session),
                 lambda t: "escaped=" in t.text, "the escaped pid")
     escaped = int(re.search(r"escaped=(\d+)", seen.text).group(1))  # type: ignore[union-attr]
-    assert alive(escaped)
+    # Both pids are the session workspace's.
+    assert conform.alive(session, escaped)
     call(conform, "bash_kill", {"id": job}, session)
-    wait_gone([escaped, session.jobs[job].pid])
+    conform.wait_gone(session, [escaped, session.jobs[job].pid])
 
 
 def test_sessions_are_optional_and_report_the_final_cwd(conform: Conformance) -> None:
@@ -257,13 +265,17 @@ def test_binary_output_is_reported_with_its_spill_file(conform: Conformance) -> 
     """Binary output (a NUL byte in its first 8 KiB) is `[binary output: N bytes, saved
     to <file> on host <host>]`, and the file holds the bytes."""
     command = r"printf 'PK\003\004\000\000'; head -c 500 /dev/zero; echo"
-    text = bash(conform, {"command": command})
+    session = conform.session()
+    text = bash(conform, {"command": command}, session)
     found = re.search(
         rf"\n\nstdout:\n\[binary output: 507 bytes, saved to (\S+) on host {HOST}\]$", text.text
     )
     assert found is not None and not text.is_error, text.text
-    # The worker runs on this machine: its spill file holds the bytes as written.
+    # The worker runs on this machine: its spill file holds the bytes as written, and the
+    # model's next call reads it at that path.
     assert Path(found.group(1)).read_bytes() == b"PK\x03\x04\x00\x00" + b"\x00" * 500 + b"\n"
+    assert conform.in_workspace(session, f"od -An -c {found.group(1)} | head -1").stdout \
+        .split()[:6] == ["P", "K", "003", "004", "\\0", "\\0"]
 
 
 def test_text_shows_what_its_bytes_hold(conform: Conformance) -> None:

@@ -145,6 +145,20 @@ def test_cwd_is_resolved_against_the_session_and_validated(conform: Conformance)
     assert not_dir == ToolText(f"Working directory is not a directory: {sub / 'file'}", True)
 
 
+def test_a_bad_cwd_on_the_first_call_leaves_the_session_in_its_project(
+        conform: Conformance) -> None:
+    """A session's first call makes its workspace, at the project its cwd is in (issue
+    #20: "a session starts where it was opened"). A first call whose cwd is missing is
+    told so, and the session's next calls still run in its project: the workspace is
+    the project directory, not a fresh one where the session's own cwd does not exist."""
+    session = conform.session()
+    missing = bash(conform, {"command": "pwd", "cwd": "nowhere"}, session)
+    assert missing == ToolText(
+        f"Working directory does not exist: {conform.workdir / 'nowhere'}", is_error=True
+    )
+    assert bash(conform, {"command": "pwd"}, session) == ToolText(f"{conform.workdir}\n")
+
+
 # ----------------------------------------------------------------------- interception
 
 

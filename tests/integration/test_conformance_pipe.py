@@ -19,10 +19,8 @@ from .conformance_helpers import (
     HOST,
     Conformance,
     Elapsed,
-    alive,
     conform_fixture,  # noqa: F401 - the `conform` fixture
     poll,
-    wait_gone,
 )
 
 PIPE = get_dialect("pipe")
@@ -131,14 +129,17 @@ def test_spill_file_past_50kb_holds_the_full_output(conform: Conformance) -> Non
     """Filesystem offloading "only when total bytes exceed 50KB": the full untruncated
     output goes to a file, and the notice says where (`Full output: <path>`)."""
     expected = "".join(f"{n}\n" for n in range(1, 20001))  # 108,894 bytes
-    text = bash(conform, {"command": "seq 1 20000"}, conform.session())
+    session = conform.session()
+    text = bash(conform, {"command": "seq 1 20000"}, session)
     found = re.search(r"\[stdout: Showing last 2000 of 20000 lines\. Full output: (\S+)\]",
                       text.text)
     assert found is not None, text.text
     path = Path(found.group(1))
-    # The file is on the worker host (its state directory), readable through the fleet.
-    assert path.is_relative_to(conform.worker.state_dir)
+    # The file is in the session workspace's output directory on the worker host: the
+    # model's next call reads it at that path, and so does the fleet.
+    assert path.is_relative_to(conform.out_dir(session))
     assert conform.read_all(conform.fleet.last.call_id) == expected
+    assert conform.read_in_workspace(session, path) == expected
     assert path.read_text() == expected
 
 
@@ -175,12 +176,15 @@ def test_timeout_auto_backgrounds_with_the_pid(conform: Conformance) -> None:
     assert found is not None, text.text
     assert f"  pid {pid} " in text.text and "sleep 60" in text.text
     out_path, err_path = Path(found.group(2)), Path(found.group(3))
-    assert out_path.is_relative_to(conform.worker.state_dir)
-    assert out_path.read_text() == "started\n" and err_path.read_text() == "warming\n"
-    assert alive(pid), "the backgrounded process keeps running"
+    # The files and the pid are the workspace's: the model's next call reads and sees them.
+    assert out_path.is_relative_to(conform.out_dir(session))
+    assert conform.read_in_workspace(session, out_path) == "started\n"
+    assert conform.read_in_workspace(session, err_path) == "warming\n"
+    assert conform.alive(session, pid), "the backgrounded process keeps running"
+    assert conform.in_workspace(session, f"ps -o args= -p {pid}").stdout == "sleep 60\n"
     killed = bash(conform, {"kill_pid": pid}, session)
     assert killed.text.startswith(f"[Process {pid} killed (SIGTERM).")
-    wait_gone([pid])
+    conform.wait_gone(session, [pid])
 
 
 def new_lines(text: str) -> list[str]:
@@ -238,13 +242,13 @@ def test_kill_pid_ends_the_whole_group(conform: Conformance) -> None:
         conform, "sleep 300 & echo child=$!; echo more >&2; wait", session,
     )
     child = int(re.search(r"child=(\d+)", text.text).group(1))  # type: ignore[union-attr]
-    assert alive(pid) and alive(child)
+    assert conform.alive(session, pid) and conform.alive(session, child)
     killed = bash(conform, {"kill_pid": pid}, session)
     # Its final output: what no look showed yet (child= was in the notice).
     assert killed.text.startswith(f"[Process {pid} killed (SIGTERM).\n\nstdout:\n\n\nstderr:\n")
     assert not killed.is_error and "[background process" not in killed.text
     assert "\n\nFull output: " in killed.text
-    wait_gone([pid, child])
+    conform.wait_gone(session, [pid, child])
     assert session.jobs[session.pids[pid]].killed
     after = bash(conform, {"check_pid": pid}, session)
     assert after.text.startswith(f"[Process {pid} was killed by SIGTERM.")

@@ -151,12 +151,16 @@ def test_5_ps_and_check_never_show_a_forged_state(
 
 
 def test_7_a_message_captured_for_one_host_does_not_run_on_another(
-    two_hosts: Hosts, fleet: Fleet, redis_client: redis.Redis, tmp_path: Path
+    two_hosts: Hosts, fleet: Fleet, redis_client: redis.Redis
 ) -> None:
     alpha, beta = two_hosts
-    marker = tmp_path / "ran"
+    # A project both hosts allow: the call's workspace, where it would leave its mark
+    # whichever host ran it (and where the test reads it).
+    project = alpha.project()
+    marker = project / "ran"
     call_id = f"ccap{uuid.uuid4().hex[:10]}"
-    call = {"call_id": call_id, "command": f"echo $(hostname) >> {marker}", "owner": fleet.owner}
+    call = {"call_id": call_id, "command": f"echo $(hostname) >> {marker}", "owner": fleet.owner,
+            "cwd": str(project)}
     # What a client sends to alpha, as captured on the way.
     captured = fleet._identity.signed(Task.EXEC, [call], names.exec_queue(alpha.host))
     first = raw_exec(fleet, alpha.host, captured, call_id)
@@ -302,11 +306,17 @@ class SecretSettingsWorker(WorkerProcess):
 def test_9_secret_settings_reach_the_worker_and_apply(
     redis_server: RedisServer, redis_client: redis.Redis, tmp_path: Path, fleet: Fleet
 ) -> None:
-    secret_file = tmp_path / "app.env"
-    value = "s3cr3t-" + uuid.uuid4().hex
-    secret_file.write_text(f"APP_PASSWORD={value}\n")
     worker = SecretSettingsWorker("secret9", redis_server.url, state_dir=tmp_path / "host",
                                   log_dir=tmp_path / "logs")
+    # The secret file sits in the project a call runs in (an app's env file in its build
+    # directory), readable by the run user: only hiding keeps it from the call.
+    project = worker.project()
+    secret_file, neighbour = project / "app.env", project / "notes.txt"
+    value = "s3cr3t-" + uuid.uuid4().hex
+    secret_file.write_text(f"APP_PASSWORD={value}\n")
+    neighbour.write_text("visible\n")
+    for path in (secret_file, neighbour):
+        path.chmod(0o644)
     worker.secret_file = secret_file
     factory = WorkerFactory(redis_server.url, redis_client, tmp_path)
     worker.start()
@@ -319,8 +329,12 @@ def test_9_secret_settings_reach_the_worker_and_apply(
         # pattern (*KEY*) would scrub.
         assert shown == "[] [keep-me-0123456789] []\n", shown
         # The secret file's value never shows: read (hidden, or redacted) or printed.
-        printed = fleet.run(f"cat {secret_file} 2>&1; echo {value}", host=worker.host)
+        printed = fleet.run(f"cat {secret_file} 2>&1; echo {value}", host=worker.host,
+                            cwd=str(project))
         assert value not in printed.stdout + printed.stderr
+        # The file beside it is there for the call: the secret one was hidden, not missed.
+        assert fleet.run(f"cat {neighbour}", host=worker.host, cwd=str(project)).stdout \
+            == "visible\n"
     finally:
         factory.cleanup()
 

@@ -31,16 +31,20 @@ LOST_WITHIN_S = names.ALIVE_TTL_S + 3.0
 class Pending:
     """A `Fleet.run` in a thread: its result or its error, and when it came."""
 
-    def __init__(self, fleet: Fleet, command: str, host: str, call_id: str) -> None:
+    def __init__(self, fleet: Fleet, command: str, host: str, call_id: str,
+                 cwd: Path | None = None) -> None:
         self.result: CallResult | None = None
         self.error: BaseException | None = None
         self.finished_at: float | None = None
-        self._thread = threading.Thread(target=self._run, args=(fleet, command, host, call_id))
+        self._thread = threading.Thread(target=self._run,
+                                        args=(fleet, command, host, call_id, cwd))
         self._thread.start()
 
-    def _run(self, fleet: Fleet, command: str, host: str, call_id: str) -> None:
+    def _run(self, fleet: Fleet, command: str, host: str, call_id: str,
+             cwd: Path | None) -> None:
         try:
-            self.result = fleet.run(command, host=host, call_id=call_id)
+            self.result = fleet.run(command, host=host, call_id=call_id,
+                                    cwd=str(cwd) if cwd else None)
         except BaseException as exc:
             self.error = exc
         self.finished_at = time.monotonic()
@@ -85,12 +89,14 @@ def _connections_closed(client: redis.Redis, ports: set[int]) -> bool:
 
 
 def test_worker_killed_mid_call_is_lost_and_never_runs_twice(
-    workers: WorkerFactory, fleet: Fleet, redis_client: redis.Redis, tmp_path: Path
+    workers: WorkerFactory, fleet: Fleet, redis_client: redis.Redis
 ) -> None:
     worker = workers.start("gamma")
-    target = tmp_path / "once.txt"
+    # The call's workspace is a project the host allows: what it writes, the test reads.
+    project = worker.project()
+    target = project / "once.txt"
     call_id = f"cfault{uuid.uuid4().hex[:8]}"
-    pending = Pending(fleet, f"sleep 3; echo once >> {target}", "gamma", call_id)
+    pending = Pending(fleet, f"sleep 3; echo once >> {target}", "gamma", call_id, project)
     _spawned(redis_client, call_id)
     ports = _redis_ports(worker)
 
@@ -117,6 +123,10 @@ def test_worker_killed_mid_call_is_lost_and_never_runs_twice(
     waiting.join(20)
     assert waiting.result is not None and waiting.result.stdout == "waited\n", waiting.error
     assert fleet.run("echo back", host="gamma").stdout == "back\n"
+    # The file was there for a call to write: the orphan's line is missing because it
+    # never ran, not because it could not write.
+    fleet.run(f"echo after >> {target}", host="gamma", cwd=str(project))
+    assert target.read_text() == "after\n"
 
 
 def test_dead_worker_is_noticed_without_a_restart(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import re
@@ -28,18 +29,19 @@ USER, PASSWORD = "user", "pass"
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture
-def flower(redis_server: RedisServer, tmp_path: Path) -> Iterator[str]:
-    """`celery -A worker.fleet.app flower` on 127.0.0.1 with basic auth; its base URL."""
+@contextlib.contextmanager
+def running_flower(redis_url: str, log: Path, *options: str) -> Iterator[str]:
+    """`celery -A worker.fleet.app flower` on 127.0.0.1 with basic auth (and `options`),
+    ended when left; its base URL."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("BASHFLEET_")}
-    env["BASHFLEET_REDIS_URL"] = redis_server.url
-    log = tmp_path / "flower.log"
+    env["BASHFLEET_REDIS_URL"] = redis_url
     with open(log, "wb") as out:
         proc = subprocess.Popen(
             [
                 sys.executable, "-m", "celery", "-A", "worker.fleet.app", "flower",
                 "--address=127.0.0.1", f"--port={port}", f"--basic-auth={USER}:{PASSWORD}",
+                *options,
             ],
             env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -48,6 +50,14 @@ def flower(redis_server: RedisServer, tmp_path: Path) -> Iterator[str]:
         yield f"http://127.0.0.1:{port}"
     finally:
         end_group(proc)
+
+
+@pytest.fixture
+def flower(redis_server: RedisServer, tmp_path: Path) -> Iterator[str]:
+    """Flower as a user runs it against the fleet's Redis (read-only by default); its
+    base URL."""
+    with running_flower(redis_server.url, tmp_path / "flower.log") as url:
+        yield url
 
 
 def _get(url: str) -> Any:
@@ -123,7 +133,7 @@ def _task_when(flower: str, task_id: str, state: str) -> dict[str, Any] | None:
 
 
 def test_failed_calls_are_failures_in_flower_with_their_reason(
-    two_hosts: tuple[WorkerProcess, WorkerProcess], flower: str, fleet: Fleet, tmp_path: Path
+    two_hosts: tuple[WorkerProcess, WorkerProcess], flower: str, fleet: Fleet
 ) -> None:
     """Issue #13, point 7: a failed command shows as FAILURE with why; what OPERATIONS.md
     says to alert on (`task-failed` events) counts them; the arguments name the dialect,
@@ -153,13 +163,14 @@ def test_failed_calls_are_failures_in_flower_with_their_reason(
     # A success: its arguments, once it ended, say where it ran and in which session.
     done_id = f"cok{uuid.uuid4().hex[:8]}"
     session = f"fs{uuid.uuid4().hex[:6]}"
+    project = two_hosts[0].project()  # a directory a call on alpha may start in
     result = fleet.run("cd /tmp", host="alpha", call_id=done_id, session=session,
-                       cwd=str(tmp_path))
+                       cwd=str(project))
     assert result.exit_code == 0
     task = wait_for(lambda: _task_when(flower, done_id, "SUCCESS"), 30, "the success",
                     interval=0.3)
     args = task["args"]
-    assert f"'cwd': '{tmp_path}'" in args and "'dialect': 'native'" in args
+    assert f"'cwd': '{project}'" in args and "'dialect': 'native'" in args
     assert "'session': 'fs" in args and "'job': None" in args and "'command': 'cd /tmp'" in args
 
     # What OPERATIONS.md says to alert on.
@@ -188,7 +199,10 @@ def test_background_jobs_are_tasks_in_flower(
         running = wait_for(lambda j=job.id: _task_when(flower, j, "STARTED"), 30,  # type: ignore[misc]
                            "the job to show as started", interval=0.3)
         assert running["name"] == "bashfleet.job" and running["worker"] == "jobs@beta"
-        assert f"'pid': {job.pid}" in running["args"] and "sleep 3" in running["args"]
+        # Flower is the operator's view of the host: the job's pid there (`job.pid` is
+        # the number in its workspace, which the model uses).
+        assert job.host_pid is not None
+        assert f"'pid': {job.host_pid}" in running["args"] and "sleep 3" in running["args"]
     ended = wait_for(lambda: _task_when(flower, ok.id, "SUCCESS"), 30, "exit 0 to succeed",
                      interval=0.3)
     assert ended["runtime"] >= 2.5

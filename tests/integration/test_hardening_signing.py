@@ -11,6 +11,7 @@ import base64
 import copy
 import json
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 import uuid
@@ -29,7 +30,7 @@ from worker.wire.models import CallResult
 from worker.wire.names import Task
 
 from .conftest import WorkerFactory, WorkerProcess, raw_exec, wait_for
-from .test_fleet_flower import PASSWORD, USER, _try_get
+from .test_fleet_flower import PASSWORD, USER, _try_get, running_flower
 from .test_fleet_flower import flower as flower  # noqa: PLC0414 - the fixture
 
 KEY = "test-signing-key-" + "5" * 32
@@ -70,13 +71,26 @@ def signed_fleet(redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch) -> 
     client.close()
 
 
+@pytest.fixture
+def project(keyed: WorkerProcess) -> Path:
+    """Where a call's marker goes: a project the keyed host allows, each call's cwd (its
+    workspace), so a call that ran leaves its marker where the test looks."""
+    return keyed.project()
+
+
 def _call(marker: Path, call_id: str) -> dict[str, Any]:
-    return {"call_id": call_id, "command": f"touch {marker}"}
+    return {"call_id": call_id, "command": f"touch {marker}", "cwd": str(marker.parent)}
 
 
-def test_signed_calls_and_control_work(keyed: WorkerProcess, signed_fleet: Fleet) -> None:
+def test_signed_calls_and_control_work(
+    keyed: WorkerProcess, signed_fleet: Fleet, project: Path
+) -> None:
     result = signed_fleet.run("echo signed", host=HOST)
     assert (result.exit_code, result.stdout) == (0, "signed\n")
+    # A signed call leaves its marker where the refused ones below would have.
+    marker = project / "signed-ran"
+    assert signed_fleet.run(f"touch {marker}", host=HOST, cwd=str(project)).exit_code == 0
+    assert marker.exists()
     job = signed_fleet.run("sleep 30", host=HOST, mode="background").job
     assert job is not None
     assert signed_fleet.check(job.id).running
@@ -94,35 +108,35 @@ def unsigned_fleet(
 
 
 def test_unsigned_call_is_refused_and_nothing_runs(
-    keyed: WorkerProcess, unsigned_fleet: Fleet, tmp_path: Path
+    keyed: WorkerProcess, unsigned_fleet: Fleet, project: Path
 ) -> None:
-    marker = tmp_path / "unsigned-ran"
+    marker = project / "unsigned-ran"
     with pytest.raises(CallNotRun) as refused:  # this client has no key
-        unsigned_fleet.run(f"touch {marker}", host=HOST)
+        unsigned_fleet.run(f"touch {marker}", host=HOST, cwd=str(project))
     assert refused.value.kind == "unauthorized" and "unsigned" in refused.value.message
     assert not marker.exists()
 
 
 def test_a_client_with_another_key_is_refused_and_told_so(
-    keyed: WorkerProcess, fleet: Fleet, tmp_path: Path
+    keyed: WorkerProcess, fleet: Fleet, project: Path
 ) -> None:
-    marker = tmp_path / "other-key-ran"
+    marker = project / "other-key-ran"
     # The worker refuses the call and answers with its own key, which this client does
     # not hold: it cannot trust the answer, and says why instead of showing it.
     with pytest.raises(Unauthorized, match="could not be verified"):
-        fleet.run(f"touch {marker}", host=HOST)
+        fleet.run(f"touch {marker}", host=HOST, cwd=str(project))
     assert not marker.exists()
 
 
 @pytest.mark.parametrize("attack", ["tampered", "expired", "wrong key"])
 def test_forged_messages_are_refused(
-    keyed: WorkerProcess, signed_fleet: Fleet, tmp_path: Path, attack: str
+    keyed: WorkerProcess, signed_fleet: Fleet, project: Path, attack: str
 ) -> None:
-    marker = tmp_path / f"{attack.replace(' ', '-')}-ran"
+    marker = project / f"{attack.replace(' ', '-')}-ran"
     call_id = f"c{uuid.uuid4().hex[:12]}"
     now = time.time()
     if attack == "tampered":
-        envelope = auth.sign(KEY, Task.EXEC, [_call(tmp_path / "x", call_id)], now,
+        envelope = auth.sign(KEY, Task.EXEC, [_call(project / "x", call_id)], now,
                              target=QUEUE)
         envelope["args"][0]["command"] = f"touch {marker}"
     elif attack == "expired":
@@ -133,17 +147,17 @@ def test_forged_messages_are_refused(
                              [_call(marker, call_id)], now, target=QUEUE)
     result = raw_exec(signed_fleet, HOST, [envelope], call_id)
     assert result.error is not None and result.error.kind == "unauthorized", result
-    assert not marker.exists()
+    assert not marker.exists() and not (project / "x").exists()
 
 
 def test_a_replayed_message_is_refused(
-    keyed: WorkerProcess, signed_fleet: Fleet, tmp_path: Path
+    keyed: WorkerProcess, signed_fleet: Fleet, project: Path
 ) -> None:
     first_id, second_id = f"c{uuid.uuid4().hex[:12]}", f"c{uuid.uuid4().hex[:12]}"
-    marker = tmp_path / "replayed"
+    marker = project / "replayed"
     envelope = auth.sign(KEY, Task.EXEC,
-                         [{"call_id": first_id, "command": f"echo once >> {marker}"}], time.time(),
-                         target=QUEUE)
+                         [{"call_id": first_id, "command": f"echo once >> {marker}",
+                           "cwd": str(project)}], time.time(), target=QUEUE)
     first = raw_exec(signed_fleet, HOST, [envelope], first_id)
     assert first.exit_code == 0, first
     again = raw_exec(signed_fleet, HOST, [copy.deepcopy(envelope)], second_id)
@@ -152,25 +166,52 @@ def test_a_replayed_message_is_refused(
     assert marker.read_text() == "once\n"
 
 
-def test_flower_cannot_run_commands(
-    keyed: WorkerProcess, flower: str, tmp_path: Path, redis_client: redis.Redis
-) -> None:
-    wait_for(lambda: _try_get(f"{flower}/api/workers?status=1"), 60, "Flower")
-    marker = tmp_path / "via-flower"
-    call_id = f"c{uuid.uuid4().hex[:12]}"
+def _send_through_flower(flower: str, marker: Path, call_id: str) -> tuple[int, str]:
+    """POST an exec task to Flower's task-sending API (which cannot sign): its status
+    and body."""
     body = json.dumps({"args": [_call(marker, call_id)], "queue": names.exec_queue(HOST)})
     token = base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode()
     request = urllib.request.Request(  # noqa: S310 - the local Flower's http:// URL
         f"{flower}/api/task/send-task/{Task.EXEC}", data=body.encode(), method="POST",
         headers={"Authorization": f"Basic {token}", "Content-Type": "application/json"},
     )
-    with urllib.request.urlopen(request, timeout=10) as response:  # noqa: S310
-        task_id = json.loads(response.read())["task-id"]
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:  # noqa: S310
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
 
-    # The worker answers every message, this one too: stored under its task id (Flower
-    # names no reply channel of ours).
-    answer = wait_for(lambda: records.stored_reply(redis_client, task_id), 30,
-                      "the worker's answer to Flower's message")
+
+def test_flower_cannot_run_commands(keyed: WorkerProcess, flower: str, project: Path) -> None:
+    """Flower as it is run by default (read-only, #22 point 12) refuses to send a task
+    at all, and nothing runs."""
+    wait_for(lambda: _try_get(f"{flower}/api/workers?status=1"), 60, "Flower")
+    marker = project / "via-flower"
+    call_id = f"c{uuid.uuid4().hex[:12]}"
+    status, _ = _send_through_flower(flower, marker, call_id)
+    assert status == 403
+    assert not marker.exists()
+
+
+def test_a_writable_flower_cannot_run_commands_either(
+    keyed: WorkerProcess, redis_server: RedisServer, tmp_path: Path, project: Path,
+    redis_client: redis.Redis,
+) -> None:
+    """An operator who makes Flower writable (`--read_only=false`) still cannot run a
+    command through it: its message is not signed, and the worker refuses it."""
+    with running_flower(redis_server.url, tmp_path / "flower.log",
+                        "--read_only=false") as flower:
+        wait_for(lambda: _try_get(f"{flower}/api/workers?status=1"), 60, "Flower")
+        marker = project / "via-writable-flower"
+        call_id = f"c{uuid.uuid4().hex[:12]}"
+        status, body = _send_through_flower(flower, marker, call_id)
+        assert status == 200, (status, body)
+        task_id = json.loads(body)["task-id"]
+
+        # The worker answers every message, this one too: stored under its task id
+        # (Flower names no reply channel of ours).
+        answer = wait_for(lambda: records.stored_reply(redis_client, task_id), 30,
+                          "the worker's answer to Flower's message")
     result = CallResult.model_validate_json(auth.unseal(auth.keyring([KEY]), auth.REPLY,
                                                          task_id, answer))
     assert result.error is not None and result.error.kind == "unauthorized"

@@ -21,6 +21,7 @@ from .engine_helpers import (
     Engine,
     _engine_fixture,  # noqa: F401 - fixture
     _janitor_fixture,  # noqa: F401 - fixture
+    _plain_engine_fixture,  # noqa: F401 - fixture
 )
 
 Hosts = tuple[WorkerProcess, WorkerProcess]
@@ -74,11 +75,24 @@ def _cmdline(pid: int) -> str:
 
 
 def test_17_the_process_list_shows_what_readme_says(engine: Engine) -> None:
-    """README: a foreground call's process shows `bash -c <the command>` exactly; a
-    background job's (and a codex session's) shows the host's limits line before it."""
+    """README: a foreground call's process shows `bash -c <the command>` exactly. In a
+    sandboxed workspace a background job's does too (it is born of the workspace's
+    keeper, its limits come in through `BASH_ENV` as a foreground call's do); as a person
+    lists the host's processes, it is found at its host pid."""
     foreground = engine.run("tr '\\0' ' ' < /proc/$$/cmdline")
     assert foreground.stdout.strip() == "bash -c tr '\\0' ' ' < /proc/$$/cmdline"
     job = engine.run("sleep 30; echo done", background=True).job  # bash stays (no exec)
+    assert job is not None and job.host_pid is not None
+    # `job.pid` is the number in its workspace; the host's process list has `host_pid`.
+    shown = wait_for(lambda: _cmdline(job.host_pid or 0), 10, "the job's bash")
+    assert shown == "bash -c sleep 30; echo done", shown
+
+
+def test_17_an_unsandboxed_jobs_process_shows_the_limits_line_first(
+        plain_engine: Engine) -> None:
+    """README: without a sandbox, a background job's process shows the host's limits line
+    before the command, where the host sets limits with `ulimit` rather than a cgroup."""
+    job = plain_engine.run("sleep 30; echo done", background=True).job
     assert job is not None
     shown = wait_for(lambda: _cmdline(job.pid), 10, "the job's bash")
     assert shown.startswith("bash -c ") and shown.endswith("sleep 30; echo done"), shown

@@ -195,7 +195,9 @@ class Outcome:
 
 
 def _ledger_command(call_id: str, ledger: Path) -> str:
-    """A load call's command: its id into the ledger (what ran, how often), then a pause."""
+    """A load call's command: its id into the ledger (what ran, how often), then a pause.
+    The call runs in the ledger's directory (a project the host allows: its workspace),
+    where it can write and the test reads."""
     return f"echo {call_id} >> {ledger}; sleep 0.2"
 
 
@@ -217,7 +219,8 @@ async def _load(url: str, ledger: Path, stop_at: float) -> list[Outcome]:
                 sent = time.monotonic()
                 try:
                     ok, error = _judged(await fleet.run(
-                        _ledger_command(call_id, ledger), host="sentinel-host", call_id=call_id
+                        _ledger_command(call_id, ledger), host="sentinel-host", call_id=call_id,
+                        cwd=str(ledger.parent),
                     ))
                 except BashfleetError as exc:
                     ok, error = False, f"{type(exc).__name__}: {exc}"
@@ -239,7 +242,8 @@ def _sync_load(url: str, ledger: Path, stop_at: float, outcomes: list[Outcome]) 
             sent = time.monotonic()
             try:
                 ok, error = _judged(fleet.run(
-                    _ledger_command(call_id, ledger), host="sentinel-host", call_id=call_id
+                    _ledger_command(call_id, ledger), host="sentinel-host", call_id=call_id,
+                    cwd=str(ledger.parent),
                 ))
             except BashfleetError as exc:
                 ok, error = False, f"{type(exc).__name__}: {exc}"
@@ -248,13 +252,14 @@ def _sync_load(url: str, ledger: Path, stop_at: float, outcomes: list[Outcome]) 
                 time.sleep(0.2)  # pacing retries of a load generator
 
 
-def test_failover_under_load(cluster: Cluster, tmp_path: Path) -> None:
+def test_failover_under_load(cluster: Cluster) -> None:
     fleet = Fleet(cluster.url)
     try:
         job = fleet.run("sleep 300", host="sentinel-host", mode="background").job
         assert job is not None
-        ledger = tmp_path / "ran.log"
+        ledger = cluster.worker.project() / "ran.log"
         ledger.touch()
+        ledger.chmod(0o666)  # the calls' run user appends to it
         started = time.monotonic()
         killed_at = started + 3.0
 

@@ -4,7 +4,9 @@ A command that bashfleet runs was written by a model, perhaps under a prompt
 injection; a Redis writer may be anyone on the network Redis is reachable from. Each
 test below is one finding of the audit, attempted against real workers, and must be
 refused or unreachable. (The sandbox's own findings, a fresh /proc and the default
-caps, are tested with the engine: tests/integration/test_sandbox*.py.)
+caps, are tested with the engine: tests/integration/test_engine_sandbox.py.) A marker
+a refused call would have left is put where that call would write it: a project the
+host allows (`WorkerProcess.project`), its cwd; the test's tmp_path is invisible to it.
 """
 
 from __future__ import annotations
@@ -130,18 +132,23 @@ def test_1_no_command_reads_the_workers_key_or_redis_password(
 
 
 def test_2_forged_session_state_never_runs_and_code_variables_are_refused(
-    worker: WorkerProcess, redis_server: RedisServer, fleet: Fleet, tmp_path: Path
+    worker: WorkerProcess, redis_server: RedisServer, fleet: Fleet
 ) -> None:
-    marker = tmp_path / "bash-env-ran"
+    # The session's workspace is a project the host allows (the server's --cwd): the
+    # marker is where the session's calls write, had the forged variables run.
+    project = worker.project()
+    marker = project / "bash-env-ran"
     client = redis_client(redis_server.url)
     session = f"victim-{uuid.uuid4().hex[:8]}"
     forged = {"env": {"BASH_ENV": f"$(touch {marker})", "BASH_FUNC_echo%%": "() { id; }"}}
     # The attack as reported: the state set by a Redis writer, unsealed...
     client.set(names.session_state_key(session), json.dumps(forged))
     store = RedisSessionStore(client, key=os.environ["BASHFLEET_SIGNING_KEY"])
-    server = ToolServer(ClaudeDialect(), StaticBackend(fleet, store), session, host=HOST)
-    answer = server.call("Bash", {"command": "echo hello"})
+    server = ToolServer(ClaudeDialect(), StaticBackend(fleet, store), session, host=HOST,
+                        cwd=str(project))
+    answer = server.call("Bash", {"command": "echo hello; touch written-here"})
     assert "hello" in answer.text and not marker.exists()
+    assert (project / "written-here").exists()  # the session's calls do write there
     # ... or sealed with a key the attacker made up: refused the same way.
     fake = auth.seal("made-up-key-" + "9" * 20, auth.SESSION_STATE, session, json.dumps(forged))
     client.set(names.session_state_key(session), fake)
@@ -186,15 +193,16 @@ def test_4_a_forged_reply_is_never_believed(
 
 
 def test_5_a_replayed_message_does_not_run_again_even_with_redis_wiped(
-    worker: WorkerProcess, redis_server: RedisServer, fleet: Fleet, tmp_path: Path
+    worker: WorkerProcess, redis_server: RedisServer, fleet: Fleet
 ) -> None:
     client = redis_client(redis_server.url)
-    marker = tmp_path / "replayed"
+    project = worker.project()  # the call's cwd: its workspace, where its marker goes
+    marker = project / "replayed"
     call_id = f"creplay{uuid.uuid4().hex[:8]}"
     envelope = auth.sign(
         os.environ["BASHFLEET_SIGNING_KEY"], Task.EXEC,
-        [{"call_id": call_id, "command": f"echo once >> {marker}"}], time.time(),
-        target=names.exec_queue(HOST),
+        [{"call_id": call_id, "command": f"echo once >> {marker}", "cwd": str(project)}],
+        time.time(), target=names.exec_queue(HOST),
     )
     first = raw_exec(fleet, HOST, [envelope], call_id)
     assert first.exit_code == 0 and marker.read_text() == "once\n"
@@ -305,15 +313,28 @@ def test_10_another_owners_job_is_unknown_to_it(
 
 
 def test_11_a_symlink_or_a_forged_record_serves_nothing_outside(
-    worker: WorkerProcess, fleet: Fleet
+    worker: WorkerProcess, fleet: Fleet, tmp_path: Path
 ) -> None:
-    settings = Settings(state_dir=worker.state_dir, host=HOST)
+    settings = Settings(state_dir=worker.state_dir, host=HOST,
+                        workspace_root=worker.workspace_root)
     settings.spill_dir.mkdir(parents=True, exist_ok=True)
     planted = settings.spill_dir / "cevil1.out"
     planted.symlink_to("/etc/shadow")
     (settings.spill_dir / "cevil1.owner").write_text(fleet.owner)
     with pytest.raises(UnknownJob):
         fleet.read_output("cevil1")
+    # Kept output lives in a workspace's output directory now (its owner file names
+    # the folder): a symlink planted there, or a folder named outside, serves nothing.
+    folder = worker.workspace_root / ".out" / "wevil00000000000"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "cevil2.out").symlink_to("/etc/shadow")
+    (settings.spill_dir / "cevil2.owner").write_text(f"{fleet.owner}\n{folder}\n")
+    outside = tmp_path / "cevil3.out"
+    outside.write_text("not the worker's\n")
+    (settings.spill_dir / "cevil3.owner").write_text(f"{fleet.owner}\n{tmp_path}\n")
+    for item in ("cevil2", "cevil3"):
+        with pytest.raises(UnknownJob):
+            fleet.read_output(item)
     record = JobRecord(
         id="jevil1", host=HOST, pid=1, pgid=1, start_time=0.0, marker="jevil1",
         command="x", cwd="/", output_path="/etc/shadow",
