@@ -91,12 +91,17 @@ def test_hardened_environment_and_marker(engine: Engine) -> None:
     assert env[MARKER_VAR] == result.call_id
 
 
-def test_session_env_is_added_but_cannot_undo_the_hardening(engine: Engine) -> None:
+def test_session_env_is_added_over_the_hardening_but_cannot_forge_the_marker(
+    engine: Engine,
+) -> None:
+    # The hardening (PAGER=cat, CI=1...) is a default: what a caller or its session set
+    # holds (#22 point 23, a session's `export PAGER=less` sticks); the marker never moves.
     result = engine.run(
         'echo "$SESSION_VAR $PAGER $CI ${BASHFLEET_CALL_MARKER}"',
         env={"SESSION_VAR": "kept", "PAGER": "less", "CI": "0", MARKER_VAR: "forged"},
     )
-    assert result.stdout == f"kept cat 1 {result.call_id}\n"
+    assert result.stdout == f"kept less 0 {result.call_id}\n"
+    assert engine.run('echo "$PAGER $CI"').stdout == "cat 1\n"
 
 
 def test_planted_secret_is_scrubbed_and_redacted(

@@ -14,6 +14,7 @@ import pytest
 
 from client import Fleet
 from client.redis_server import RedisServer
+from worker.settings import Settings
 from worker.wire.models import Policy
 
 from .conftest import WorkerProcess, wait_for
@@ -173,6 +174,23 @@ def test_14_a_foreground_calls_host_is_known_while_it_runs(
         runner.join(30)
 
 
+def _held(lock: Path) -> bool:
+    """Whether a read holds a session's reader lock on its host (an flock of it)."""
+    import fcntl  # noqa: PLC0415
+
+    try:
+        fd = os.open(lock, os.O_RDWR | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # closing drops a lock taken here
+    return False
+
+
 def test_20_the_first_key_after_attaching_again_is_shown(
     two_hosts: Hosts, fleet: Fleet
 ) -> None:
@@ -196,6 +214,9 @@ def test_20_the_first_key_after_attaching_again_is_shown(
             "collect": Collect(wait_s=5, settle_s=0, raw=True, truncation=ByteTail(max_bytes=1)),
         }, daemon=True)
         abandoned.start()  # a dead terminal's read, waiting on the host
+        alpha = next(worker for worker in two_hosts if worker.host == "alpha")
+        lock = Settings(state_dir=alpha.state_dir, host="alpha").jobs_dir / f"{job_id}.lock"
+        wait_for(lambda: _held(lock), 20, "the abandoned read to hold the session's reader lock")
         keys_r, keys_w = os.pipe()
         shown = io.BytesIO()
         attached = threading.Thread(target=attach.attach, args=(fleet, job_id), kwargs={

@@ -11,6 +11,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from worker.engine import kernel, proto
 from worker.engine.proto import CapWatch
@@ -120,3 +122,34 @@ def test_files_size_counts_a_shared_file_once(tmp_path: Path) -> None:
     finally:
         for fd in fds:
             os.close(fd)
+
+
+# ------------------------------------------------------------------ a keeper's report
+
+
+@pytest.mark.parametrize(("data", "expected"), [
+    (b"pid 42\nready\n", (42, True, "")),
+    # The keeper's line first: two processes write the pipe (#20, a burst of calls).
+    (b"ready\npid 42\n", (42, True, "")),
+    (b"pid 42\nerror 2 No such file or directory: '/x'\n",
+     (42, False, "2 No such file or directory: '/x'")),
+    (b"error 12 Cannot allocate memory\n", (None, False, "12 Cannot allocate memory")),
+    (b"pid 42\n", (42, False, "")),
+    (b"", (None, False, "")),
+    (b"pid 42\n\nerror 110 the keeper did not report within its setup time\n",
+     (42, False, "110 the keeper did not report within its setup time")),
+    (b"pid x\nready\n", (None, True, "")),
+])
+def test_a_keepers_report_is_read_whatever_the_order_of_its_lines(
+    data: bytes, expected: tuple[int | None, bool, str]
+) -> None:
+    assert proto.parse_report(data) == expected
+
+
+@given(st.permutations([proto.report_line("pid", "7"), proto.report_line("ready")]))
+def test_report_lines_in_any_order_say_the_same(lines: list[bytes]) -> None:
+    assert proto.parse_report(b"".join(lines)) == (7, True, "")
+
+
+def test_a_report_line_is_one_line() -> None:
+    assert proto.report_line("error", "5 two\nlines") == b"error 5 two lines\n"

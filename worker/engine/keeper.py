@@ -418,9 +418,9 @@ def main(spec: dict[str, Any], listener_fd: int, report_fd: int) -> int:
             _setup_view(spec)
     except OSError as exc:
         with contextlib.suppress(OSError):
-            os.write(report_fd, f"error {exc.errno or errno.EIO} {exc}".encode())
+            os.write(report_fd, proto.report_line("error", f"{exc.errno or errno.EIO} {exc}"))
         return 1
-    os.write(report_fd, b"ready")
+    os.write(report_fd, proto.report_line("ready"))
     os.close(report_fd)
     listener = socket.socket(fileno=listener_fd)
     first = None

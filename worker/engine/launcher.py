@@ -60,9 +60,9 @@ from worker.engine import keeper, kernel, proto
 #: moved out of the way of open fds) leave alone.
 STATE_FD = 200
 CGROUP_FD = 201
-#: Seconds a new keeper gets to build its view and report: ~5 ms on an idle host, but a
-#: thousand calls started at once on two cores made some take more than 10 s (the call
-#: failed: "the keeper did not start"); a slow start is better than a failed call.
+#: Seconds a new keeper gets to build its view and report: ~5 ms on an idle host, seconds
+#: when a thousand calls start at once on two cores; a slow start is better than a
+#: failed call.
 KEEPER_SETUP_S = 30.0
 
 
@@ -91,21 +91,16 @@ def _new_keeper(chan: socket.socket, body: dict[str, Any], fds: list[int]) -> No
     finally:
         proto.close_all([read_end, *fds] + ([write_end] if write_end >= 0 else [])
                         + ([maker] if maker >= 0 else []))
-    lines = answer.decode("utf-8", "replace").split("\n", 1)
-    pid = int(lines[0].split()[1]) if lines[0].startswith("pid ") else None
-    if pid is not None and lines[1:] == ["ready"]:
+    pid, ready, error = proto.parse_report(answer)
+    if pid is not None and ready and not error:
         proto.send(chan, b"R", {"pid": pid})
         return
     if pid is not None:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)  # ends its namespaces with it
-    reason = (lines[1] if len(lines) > 1 else lines[0]) or "the keeper did not start"
-    code = errno.EIO
-    if reason.startswith("error "):
-        parts = reason.split(" ", 2)
-        code = int(parts[1]) if parts[1].isdigit() else errno.EIO
-        reason = parts[2] if len(parts) > 2 else reason
-    proto.send(chan, b"E", {"errno": code, "message": reason})
+    number, _, reason = error.partition(" ")
+    code = int(number) if number.isdigit() else errno.EIO
+    proto.send(chan, b"E", {"errno": code, "message": reason or "the keeper did not start"})
 
 
 def _maker_fd(spec: dict[str, Any]) -> int:
@@ -143,14 +138,15 @@ def _helper(spec: dict[str, Any], listener: int, cgroup_fds: list[int], report: 
                 code = keeper.main(spec, listener, report)
             except BaseException as exc:  # a bug: say it, never hang the worker
                 with contextlib.suppress(OSError):
-                    os.write(report, f"error {errno.EIO} keeper failed: {exc!r}".encode())
+                    os.write(report, proto.report_line(
+                        "error", f"{errno.EIO} keeper failed: {exc!r}"))
             finally:
                 os._exit(code)
-        os.write(report, f"pid {pid}\n".encode())
+        os.write(report, proto.report_line("pid", str(pid)))
         code = 0
     except OSError as exc:
         with contextlib.suppress(OSError):
-            os.write(report, f"error {exc.errno or errno.EIO} {exc}".encode())
+            os.write(report, proto.report_line("error", f"{exc.errno or errno.EIO} {exc}"))
     finally:
         os._exit(code)
 
@@ -162,7 +158,8 @@ def _read_report(fd: int, timeout: float) -> bytes:
     while True:
         left = deadline - time.monotonic()
         if left <= 0 or not select.select([fd], [], [], left)[0]:
-            chunks.append(b"\nerror 110 the keeper did not report within its setup time")
+            chunks.append(b"\n" + proto.report_line(
+                "error", f"{errno.ETIMEDOUT} the keeper did not report within its setup time"))
             return b"".join(chunks)
         chunk = os.read(fd, 4096)
         if not chunk:

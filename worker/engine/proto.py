@@ -110,6 +110,37 @@ def error_body(exc: OSError) -> dict[str, Any]:
             "filename": exc.filename}
 
 
+# ------------------------------------------------------------------ a keeper's report
+
+#: What a new keeper's helper and the keeper itself write on the report pipe, each a
+#: line of its own: `pid N` (the helper), `ready` (the keeper), `error ERRNO TEXT`
+#: (either). Two processes write it, so the order is not theirs to choose: under load
+#: the keeper's `ready` came first, and a report read in order lost both (#20: "the
+#: keeper did not start" under a burst of calls, the keeper left running).
+
+
+def report_line(kind: str, text: str = "") -> bytes:
+    """One message of a keeper's report (a line: a pipe write this small is atomic)."""
+    return (f"{kind} {text}" if text else kind).replace("\n", " ").encode() + b"\n"
+
+
+def parse_report(data: bytes) -> tuple[int | None, bool, str]:
+    """A keeper's report read whole: (its host pid or None, whether it said ready, the
+    first error's text with its errno first, or "")."""
+    pid: int | None = None
+    ready = False
+    error = ""
+    for line in data.decode("utf-8", "replace").splitlines():
+        kind, _, text = line.partition(" ")
+        if kind == "pid" and text.strip().isdigit() and pid is None:
+            pid = int(text)
+        elif kind == "ready":
+            ready = True
+        elif kind == "error" and not error:
+            error = text
+    return pid, ready, error
+
+
 # -------------------------------------------------------------------------- output cap
 
 #: Bounds of the pause between two looks at the output size of a call with an output cap.

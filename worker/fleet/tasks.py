@@ -179,6 +179,10 @@ def verify(rt: Runtime, task: str, args: tuple[Any, ...], answer: Answer) -> Mes
 
 
 def _use_nonce(rt: Runtime, nonce: Nonce | None) -> None:
+    """Record a control message's nonce in Redis, only where the host keeps no memory of
+    its own (`verify` checked it there already; the message names its target queue)."""
+    if rt.nonces is not None:
+        return
     if nonce is not None and not registry.use_nonce(rt.redis, nonce.value, nonce.ttl_s):
         raise auth.AuthError("replayed", REPLAYED)
 
