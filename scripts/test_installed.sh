@@ -63,14 +63,26 @@ import importlib, pkgutil, sys
 from pathlib import Path
 prefix = Path(sys.prefix).resolve()
 count = 0
+# The framework adapters need their extra (`pip install 'bashfleet[inspect]'`...): here
+# only the framework itself may be what is missing.
+extras = {"inspect_ai", "harbor", "agents", "swerex", "minisweagent"}
+needs_extra = []
 for name in ("worker", "client"):
     package = importlib.import_module(name)
     origin = Path(package.__file__).resolve()
     assert prefix in origin.parents, f"{name} loaded from {origin}, not from {prefix}"
     for info in pkgutil.walk_packages(package.__path__, prefix=f"{name}."):
-        importlib.import_module(info.name)
+        try:
+            importlib.import_module(info.name)
+        except ModuleNotFoundError as exc:
+            top = (exc.name or "").split(".")[0]
+            if not (info.name.startswith("client.integrations.") and top in extras):
+                raise
+            needs_extra.append(f"{info.name} ({top})")
+            continue
         count += 1
-print(f"installed packages import from {prefix}: {count} modules")
+print(f"installed packages import from {prefix}: {count} modules; "
+      f"{len(needs_extra)} need their framework's extra: {', '.join(needs_extra)}")
 PY
 status=0
 "$work/venv/bin/python" -m pytest -p no:cacheprovider "$work/tests/e2e" "$@" || status=$?

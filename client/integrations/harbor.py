@@ -33,11 +33,17 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from harbor.environments.base import BaseEnvironment, ExecResult, SandboxBuildFailedError
-from harbor.environments.capabilities import EnvironmentCapabilities
-from harbor.environments.definition import COMPOSE_FILE_NAME, DOCKERFILE_NAME
-from harbor.environments.options import EnvironmentOptions
-from harbor.models.trial.paths import EnvironmentPaths
+try:
+    from harbor.environments.base import BaseEnvironment, ExecResult, SandboxBuildFailedError
+    from harbor.environments.capabilities import EnvironmentCapabilities
+    from harbor.environments.definition import COMPOSE_FILE_NAME, DOCKERFILE_NAME
+    from harbor.environments.options import EnvironmentOptions
+    from harbor.models.trial.paths import EnvironmentPaths
+except ModuleNotFoundError as exc:  # the extra is not installed: say which
+    raise ModuleNotFoundError(
+        f"{__name__} needs Harbor (Python 3.12+): pip install 'bashfleet[harbor]' ({exc})",
+        name=exc.name,
+    ) from exc
 
 from client.aio import AsyncFleet, AsyncWorkspace
 from client.errors import BashfleetError

@@ -36,17 +36,23 @@ import shlex
 from pathlib import Path
 from typing import Any, Literal, overload
 
-from inspect_ai.util import (
-    ExecResult,
-    OutputLimitExceededError,
-    SandboxConnection,
-    SandboxEnvironment,
-    SandboxEnvironmentConfigType,
-    SandboxEnvironmentLimits,
-    SandboxUnavailableError,
-    SandboxUserUnsupportedError,
-    sandboxenv,
-)
+try:
+    from inspect_ai.util import (
+        ExecResult,
+        OutputLimitExceededError,
+        SandboxConnection,
+        SandboxEnvironment,
+        SandboxEnvironmentConfigType,
+        SandboxEnvironmentLimits,
+        SandboxUnavailableError,
+        SandboxUserUnsupportedError,
+        sandboxenv,
+    )
+except ModuleNotFoundError as exc:  # the extra is not installed: say which
+    raise ModuleNotFoundError(
+        f"{__name__} needs inspect-ai: pip install 'bashfleet[inspect]' ({exc})",
+        name=exc.name,
+    ) from exc
 from pydantic import BaseModel
 
 from client._async.workspace import AsyncWorkspace

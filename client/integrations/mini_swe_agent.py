@@ -24,8 +24,14 @@ from __future__ import annotations
 import subprocess
 from typing import Any
 
-from minisweagent.exceptions import Submitted
-from minisweagent.utils.serialize import recursive_merge
+try:
+    from minisweagent.exceptions import Submitted
+    from minisweagent.utils.serialize import recursive_merge
+except ModuleNotFoundError as exc:  # the extra is not installed: say which
+    raise ModuleNotFoundError(
+        f"{__name__} needs mini-swe-agent: pip install 'bashfleet[mini-swe-agent]' ({exc})",
+        name=exc.name,
+    ) from exc
 from pydantic import Field
 
 from client.errors import BashfleetError

@@ -40,32 +40,38 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from agents.sandbox.errors import (
-    ExecTimeoutError,
-    ExecTransportError,
-    PtySessionNotFoundError,
-    WorkspaceArchiveReadError,
-    WorkspaceArchiveWriteError,
-    WorkspaceReadNotFoundError,
-)
-from agents.sandbox.manifest import Manifest
-from agents.sandbox.session.base_sandbox_session import BaseSandboxSession
-from agents.sandbox.session.dependencies import Dependencies
-from agents.sandbox.session.manager import Instrumentation
-from agents.sandbox.session.pty_types import (
-    PTY_PROCESSES_MAX,
-    PtyExecUpdate,
-    allocate_pty_process_id,
-    clamp_pty_yield_time_ms,
-    process_id_to_prune_from_meta,
-    resolve_pty_write_yield_time_ms,
-)
-from agents.sandbox.session.sandbox_client import BaseSandboxClient, BaseSandboxClientOptions
-from agents.sandbox.session.sandbox_session import SandboxSession
-from agents.sandbox.session.sandbox_session_state import SandboxSessionState
-from agents.sandbox.session.tar_workspace import shell_tar_exclude_args
-from agents.sandbox.snapshot import SnapshotBase, SnapshotSpec, resolve_snapshot
-from agents.sandbox.types import ExecResult, User
+try:
+    from agents.sandbox.errors import (
+        ExecTimeoutError,
+        ExecTransportError,
+        PtySessionNotFoundError,
+        WorkspaceArchiveReadError,
+        WorkspaceArchiveWriteError,
+        WorkspaceReadNotFoundError,
+    )
+    from agents.sandbox.manifest import Manifest
+    from agents.sandbox.session.base_sandbox_session import BaseSandboxSession
+    from agents.sandbox.session.dependencies import Dependencies
+    from agents.sandbox.session.manager import Instrumentation
+    from agents.sandbox.session.pty_types import (
+        PTY_PROCESSES_MAX,
+        PtyExecUpdate,
+        allocate_pty_process_id,
+        clamp_pty_yield_time_ms,
+        process_id_to_prune_from_meta,
+        resolve_pty_write_yield_time_ms,
+    )
+    from agents.sandbox.session.sandbox_client import BaseSandboxClient, BaseSandboxClientOptions
+    from agents.sandbox.session.sandbox_session import SandboxSession
+    from agents.sandbox.session.sandbox_session_state import SandboxSessionState
+    from agents.sandbox.session.tar_workspace import shell_tar_exclude_args
+    from agents.sandbox.snapshot import SnapshotBase, SnapshotSpec, resolve_snapshot
+    from agents.sandbox.types import ExecResult, User
+except ModuleNotFoundError as exc:  # the extra is not installed: say which
+    raise ModuleNotFoundError(
+        f"{__name__} needs the OpenAI Agents SDK: pip install 'bashfleet[openai-agents]' ({exc})",
+        name=exc.name,
+    ) from exc
 
 from client._async.fleet import AsyncFleet
 from client._async.workspace import AsyncWorkspace

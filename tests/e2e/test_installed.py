@@ -38,7 +38,35 @@ def test_every_module_of_the_installed_packages_imports() -> None:
     ):
         assert expected in modules
     for name in modules:
+        if name in EXTRAS:
+            _imports_or_names_its_extra(name, EXTRAS[name])
+        else:
+            importlib.import_module(name)
+
+
+#: The framework adapters and the install extra each needs (the core install pulls none).
+EXTRAS = {
+    "client.integrations.harbor": "harbor",
+    "client.integrations.inspect_ai": "inspect",
+    "client.integrations.mini_swe_agent": "mini-swe-agent",
+    "client.integrations.openai_agents": "openai-agents",
+}
+
+
+def _imports_or_names_its_extra(name: str, extra: str) -> None:
+    """An adapter imports where its framework is installed; elsewhere its error says
+    which extra to install."""
+    try:
         importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        assert f"pip install 'bashfleet[{extra}]'" in str(exc), exc
+
+
+def test_the_core_install_pulls_no_framework() -> None:
+    import importlib.util  # noqa: PLC0415
+
+    for framework in ("inspect_ai", "harbor", "agents", "minisweagent", "swerex"):
+        assert importlib.util.find_spec(framework) is None, framework
 
 
 @pytest.mark.parametrize("dialect", ["pipe", "modes", "pi", "claude", "native"])
