@@ -278,6 +278,20 @@ class WorkerFactory:
             worker.wait_ready(self.client)
         return worker
 
+    def module_host(
+        self, host: str, *, env: dict[str, str] | None = None
+    ) -> Iterator[WorkerProcess]:
+        """A host for one test module, stopped (its jobs and workspaces ended) when the
+        module ends: every worker also serves the fleet's `any` queue, and later modules
+        expect a call without a host to land on their own hosts."""
+        worker = self.start(host, env=env)
+        try:
+            yield worker
+        finally:
+            worker.stop()
+            worker.kill_jobs()
+            self.started.remove(worker)
+
     def cleanup(self) -> None:
         """Stop every worker, then end the jobs they left running."""
         for worker in reversed(self.started):

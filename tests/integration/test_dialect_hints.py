@@ -26,9 +26,9 @@ HOST = "hints"
 
 
 @pytest.fixture(name="host", scope="module")
-def _host_fixture(session_workers: WorkerFactory) -> WorkerProcess:
+def _host_fixture(session_workers: WorkerFactory) -> Iterator[WorkerProcess]:
     """A sandboxed host (the default isolation, as a deployment has it)."""
-    return session_workers.start(HOST)
+    yield from session_workers.module_host(HOST)
 
 
 @pytest.fixture(name="fleet")

@@ -9,6 +9,8 @@ files, a call's own processes), so a test that passes is known to be able to fai
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
 import pwd
@@ -790,3 +792,34 @@ def test_blank_keepers_end_with_their_maker_and_workspaces_outlive_it(tmp_path: 
         for record in workspaces.local_records(settings):
             workspaces.delete(record.id, settings)
     assert not alive(made["workspace"])
+
+
+def test_no_blank_keeper_is_made_for_a_maker_already_gone(tmp_path: Path) -> None:
+    """A blank asked for as its worker process stopped (a pool's fill thread racing the
+    exit) would watch no one and live for ever (one was found after a CI run): the zygote
+    refuses it, and no process holds the keeper's listening socket."""
+    settings = Settings(state_dir=tmp_path / "state", host="gone",
+                        workspace_root=tmp_path / "ws")
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    listener = launcher.listen(str(tmp_path / "blank.sock"))
+    try:
+        with pytest.raises(OSError) as refused:
+            sandbox.zygote.keeper(settings, {"network": True, "worker_uid": os.geteuid(),
+                                             "maker": gone.pid}, [listener.fileno()])
+        assert refused.value.errno == errno.ESRCH
+        assert _holders(f"socket:[{os.fstat(listener.fileno()).st_ino}]") == {os.getpid()}
+    finally:
+        listener.close()
+
+
+def _holders(target: str) -> set[int]:
+    """The pids of the processes with an fd on `target` (as /proc/PID/fd links read)."""
+    found = set()
+    for pid in psutil.pids():
+        with contextlib.suppress(OSError):
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                with contextlib.suppress(OSError):
+                    if os.readlink(f"/proc/{pid}/fd/{fd}") == target:
+                        found.add(pid)
+    return found

@@ -22,8 +22,8 @@ SETTLE = Collect(wait_s=10, settle_s=0.3)
 
 
 @pytest.fixture(scope="module")
-def host(session_workers: WorkerFactory) -> WorkerProcess:
-    return session_workers.start("inter")
+def host(session_workers: WorkerFactory) -> Iterator[WorkerProcess]:
+    yield from session_workers.module_host("inter")
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ jobs scoped to them, leases, caps, sessions that live in one; with real workers,
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -18,9 +18,9 @@ from .conftest import WorkerFactory, WorkerProcess
 
 
 @pytest.fixture(name="host", scope="module")
-def _host_fixture(session_workers: WorkerFactory) -> WorkerProcess:
+def _host_fixture(session_workers: WorkerFactory) -> Iterator[WorkerProcess]:
     """One host for this module's workspaces (a cap of 3 per owner, to reach it)."""
-    return session_workers.start("wsp", env={"BASHFLEET_LIMIT_WORKSPACES": "3"})
+    yield from session_workers.module_host("wsp", env={"BASHFLEET_LIMIT_WORKSPACES": "3"})
 
 
 def owner() -> str:

@@ -73,7 +73,14 @@ def _new_keeper(chan: socket.socket, body: dict[str, Any], fds: list[int]) -> No
     """Fork a keeper into new namespaces; answer with its host pid once it is ready."""
     listener, cgroup_fds = fds[0], fds[1:]
     spec: dict[str, Any] = body["spec"]
-    maker = _maker_fd(spec)
+    try:
+        maker = _maker_fd(spec)
+    except OSError as exc:
+        # The worker process that asked is gone already (a blank made as it stopped):
+        # a keeper made now would watch no one and live for ever.
+        proto.close_all(fds)
+        proto.send(chan, b"E", proto.error_body(exc))
+        return
     spec = {**spec, "maker_fd": maker}
     read_end, write_end = os.pipe2(os.O_CLOEXEC)
     try:
@@ -106,14 +113,15 @@ def _new_keeper(chan: socket.socket, body: dict[str, Any], fds: list[int]) -> No
 def _maker_fd(spec: dict[str, Any]) -> int:
     """A pidfd of the worker process that asks for a blank keeper (its `maker`), which
     the keeper inherits and watches until claimed (or for good, `bound_to_maker`: the
-    sandbox's probe); -1 for a workspace's keeper built at once."""
+    sandbox's probe); -1 for a workspace's keeper built at once. OSError when the maker
+    is gone already (or not a pid)."""
     if not spec.get("maker") or (spec.get("plan") is not None
                                  and not spec.get("bound_to_maker")):
         return -1
     try:
         return os.pidfd_open(int(spec["maker"]))
-    except (OSError, ValueError):
-        return -1
+    except ValueError:
+        raise OSError(errno.EINVAL, f"not a maker pid: {spec['maker']!r}") from None
 
 
 def _helper(spec: dict[str, Any], listener: int, cgroup_fds: list[int], report: int) -> None:
