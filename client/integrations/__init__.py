@@ -10,3 +10,11 @@ frameworks they run (issue #21). One module per framework, each a thin layer ove
 
 The core install pulls none of them; importing this package imports none.
 """
+
+
+def missing_extra(module: str, framework: str, extra: str,
+                  exc: ModuleNotFoundError) -> ModuleNotFoundError:
+    """The error of an adapter imported without its framework: which extra installs it
+    (`name` stays the missing module's, as Python's own error has it)."""
+    return ModuleNotFoundError(
+        f"{module} needs {framework}: pip install 'bashfleet[{extra}]' ({exc})", name=exc.name)

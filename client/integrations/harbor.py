@@ -40,10 +40,9 @@ try:
     from harbor.environments.options import EnvironmentOptions
     from harbor.models.trial.paths import EnvironmentPaths
 except ModuleNotFoundError as exc:  # the extra is not installed: say which
-    raise ModuleNotFoundError(
-        f"{__name__} needs Harbor (Python 3.12+): pip install 'bashfleet[harbor]' ({exc})",
-        name=exc.name,
-    ) from exc
+    from client.integrations import missing_extra
+
+    raise missing_extra(__name__, "Harbor (Python 3.12+)", "harbor", exc) from exc
 
 from client.aio import AsyncFleet, AsyncWorkspace
 from client.errors import BashfleetError

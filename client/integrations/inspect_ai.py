@@ -49,10 +49,9 @@ try:
         sandboxenv,
     )
 except ModuleNotFoundError as exc:  # the extra is not installed: say which
-    raise ModuleNotFoundError(
-        f"{__name__} needs inspect-ai: pip install 'bashfleet[inspect]' ({exc})",
-        name=exc.name,
-    ) from exc
+    from client.integrations import missing_extra
+
+    raise missing_extra(__name__, "inspect-ai", "inspect", exc) from exc
 from pydantic import BaseModel
 
 from client._async.workspace import AsyncWorkspace

@@ -28,10 +28,9 @@ try:
     from minisweagent.exceptions import Submitted
     from minisweagent.utils.serialize import recursive_merge
 except ModuleNotFoundError as exc:  # the extra is not installed: say which
-    raise ModuleNotFoundError(
-        f"{__name__} needs mini-swe-agent: pip install 'bashfleet[mini-swe-agent]' ({exc})",
-        name=exc.name,
-    ) from exc
+    from client.integrations import missing_extra
+
+    raise missing_extra(__name__, "mini-swe-agent", "mini-swe-agent", exc) from exc
 from pydantic import Field
 
 from client.errors import BashfleetError

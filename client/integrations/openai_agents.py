@@ -68,10 +68,9 @@ try:
     from agents.sandbox.snapshot import SnapshotBase, SnapshotSpec, resolve_snapshot
     from agents.sandbox.types import ExecResult, User
 except ModuleNotFoundError as exc:  # the extra is not installed: say which
-    raise ModuleNotFoundError(
-        f"{__name__} needs the OpenAI Agents SDK: pip install 'bashfleet[openai-agents]' ({exc})",
-        name=exc.name,
-    ) from exc
+    from client.integrations import missing_extra
+
+    raise missing_extra(__name__, "the OpenAI Agents SDK", "openai-agents", exc) from exc
 
 from client._async.fleet import AsyncFleet
 from client._async.workspace import AsyncWorkspace
