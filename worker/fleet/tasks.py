@@ -157,9 +157,9 @@ def verify(rt: Runtime, task: str, args: tuple[Any, ...], answer: Answer) -> Mes
 
     The target is the queue the message was signed for: it must be the queue this
     consumer took it from (as its transport saw it, `_queue`), and one of this host's.
-    The nonce is checked against the host's own memory first, shared by its consumers
-    and kept on its disk across restarts (Redis, which any writer can edit, records it
-    too: with the claim, or `_use_nonce`). With no key configured (a worker run
+    The nonce is checked against the host's own memory, shared by its consumers and
+    kept on its disk across restarts; only where a host keeps none is it left for Redis
+    to record (with the claim, or `_use_nonce`). With no key configured (a worker run
     --insecure-unsigned) a signed envelope is unwrapped unverified and plain arguments
     are taken as they are.
     """
@@ -172,17 +172,19 @@ def verify(rt: Runtime, task: str, args: tuple[Any, ...], answer: Answer) -> Mes
     answer.key = keys[verified.key_id]
     auth.check_target(verified.target, _queue(), own_queues(rt.settings, task))
     expires = verified.expires + auth.CLOCK_SKEW_S
-    if rt.nonces is not None and not rt.nonces.first_use(verified.nonce, expires):
-        raise auth.AuthError("replayed", REPLAYED)
-    nonce = Nonce(verified.nonce, expires - time.time())
+    if rt.nonces is not None:
+        if not rt.nonces.first_use(verified.nonce, expires):
+            raise auth.AuthError("replayed", REPLAYED)
+        # Checked by the host's own memory: nothing left for Redis to record. A message
+        # delivered again (or replayed on another host's queue) meets its call's record,
+        # kept longer than the message is valid.
+        nonce = None
+    else:
+        nonce = Nonce(verified.nonce, expires - time.time())
     return Message(tuple(verified.args), nonce, admin=verified.key_id == rt.admin_key_id)
 
 
 def _use_nonce(rt: Runtime, nonce: Nonce | None) -> None:
-    """Record a control message's nonce in Redis, only where the host keeps no memory of
-    its own (`verify` checked it there already; the message names its target queue)."""
-    if rt.nonces is not None:
-        return
     if nonce is not None and not registry.use_nonce(rt.redis, nonce.value, nonce.ttl_s):
         raise auth.AuthError("replayed", REPLAYED)
 
@@ -213,10 +215,6 @@ def run_exec(
         return _failed(call_id, host, "invalid", f"invalid call: {message}")
     if answer is not None:
         answer.call = call
-    # The host's own memory checked the nonce already (`verify`); Redis records it only
-    # when there is none. A message delivered again (or replayed on another host's
-    # queue) meets its call's record, kept longer than the message is valid.
-    nonce = nonce if rt.nonces is None else None
     state = registry.claim_call(
         rt.redis, call.call_id, host, rt.instance, os.getpid(),
         nonce=nonce.value if nonce else None, nonce_ttl_s=nonce.ttl_s if nonce else 0.0,
