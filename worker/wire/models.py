@@ -844,6 +844,33 @@ class WorkspaceSpec(Model):
     """A directory it is made for (a session's first cwd): when no `path` is given and
     this one is under a root the host allows, the project directory holding it (the
     root's child) is the workspace's directory; else a fresh one."""
+    image: str | None = Field(None, max_length=1024)
+    """An OCI image reference (`python:3.12-slim`, `reg.example:5000/app@sha256:...`): its
+    root filesystem is the workspace's `/` (None: the host's own root)."""
+    build: str | None = Field(None, max_length=MAX_PATH_CHARS)
+    """A directory on the workspace's host holding a Dockerfile: built there, and the
+    image it makes is the workspace's `/`."""
+    user: str | None = Field(None, max_length=256)
+    """Who its calls run as inside (a name or uid[:gid]; None: the image's USER, else root)."""
+
+
+class ImageInfo(Model):
+    """An image as a host holds it (pinned by digest; `bashfleet images ls`)."""
+
+    ref: str
+    """The reference it was asked by."""
+    digest: str
+    """Its manifest's digest (`sha256:...`): what a workspace record pins."""
+    host: str = ""
+    size_bytes: int = 0
+    env: list[str] = Field(default_factory=list)
+    """Its config's `ENV` (`NAME=value`)."""
+    workdir: str = ""
+    user: str = ""
+    shell: str = "bash"
+    """`bash` where the image has bash, else `sh`."""
+    pulled_at: float = 0.0
+    last_used_at: float | None = None
 
 
 class WorkspaceRecord(Model):
@@ -890,6 +917,12 @@ class WorkspaceRecord(Model):
     """Its cgroup directories."""
     run_as: str | None = None
     """The user its calls run as."""
+    image: ImageInfo | None = None
+    """The image its `/` is made of (None: the host's root)."""
+    ids: tuple[int, int] | None = None
+    """(first host id, count) its user namespace maps (None: single-tenant host)."""
+    user: str | None = None
+    """Who its calls run as inside (None: the image's USER, else root)."""
 
 
 class WorkspaceView(Model):
@@ -917,4 +950,6 @@ class WorkspaceView(Model):
     """Processes running in it, when counted."""
     run_as: str | None = None
     """The user its calls run as."""
+    image: str | None = None
+    """The image reference its `/` is made of, with its digest (None: the host's root)."""
 
