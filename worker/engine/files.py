@@ -137,7 +137,7 @@ def run_tool(record: WorkspaceRecord, settings: Settings, argv: list[str], data:
 
 def _run(record: WorkspaceRecord, settings: Settings, argv: list[str], fds: list[int]) -> int:
     user = sandbox.run_user(settings)
-    env = {**TOOL_ENV, "HOME": workspaces.home_of(user)}
+    env = {**TOOL_ENV, "HOME": workspaces.home_of(user, record)}
     if record.keeper_pid is not None:
         proc = workspaces.start(record, {"argv": argv, "cwd": "/", "env": env,
                                          "targets": [0, 1, 2, 3]}, fds)

@@ -400,9 +400,11 @@ class KeeperConnection:
             return False
         return True
 
-    def claim(self, body: Mapping[str, Any], timeout: float = 10.0) -> None:
-        """A blank keeper builds the view `body` gives (its first message)."""
-        self._send(b"V", body)
+    def claim(self, body: Mapping[str, Any], fds: Sequence[int] = (),
+              timeout: float = 10.0) -> None:
+        """A blank keeper builds the view `body` gives (its first message); `fds`: the
+        locked slot of its host ids, which it holds for its life (`worker.engine.ids`)."""
+        self._send(b"V", body, fds)
         self._expect(b"v", timeout)
 
     def exit_when_idle(self, timeout: float = 5.0) -> None:

@@ -17,6 +17,7 @@ gets a throwaway one from a pool (`throwaways`), removed once it and its jobs en
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import logging
@@ -29,16 +30,17 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from worker.engine import cgroups, job_records, launcher, layout, procs, resources, sandbox
+from worker.engine import cgroups, ids, job_records, launcher, layout, procs, resources, sandbox
 from worker.engine.launcher import KeeperConnection, KeeperLostError, KeeperProcess, SandboxError
 from worker.engine.memo import TimedMemo
 from worker.settings import Settings, default_state_dir, secret_paths
 from worker.wire.errors import ToolError
-from worker.wire.models import WorkspaceRecord, WorkspaceSpec, WorkspaceView
+from worker.wire.models import ImageInfo, WorkspaceRecord, WorkspaceSpec, WorkspaceView
 
 log = logging.getLogger("bashfleet.workspaces")
 
@@ -174,26 +176,80 @@ def create(spec: WorkspaceSpec, settings: Settings, *, throwaway: bool = False,
     (`invalid`, `unavailable`, `spawn_failed`) when it cannot be."""
     choice = choose(spec, settings)
     user = _user(settings)
+    slot = _claim_ids(settings) if choice.level != "none" else None
+    try:
+        return _create(spec, settings, choice, user, slot, throwaway=throwaway, ws_id=ws_id)
+    finally:
+        if slot is not None:
+            slot.close()  # the keeper holds its own copy of the lock for its life
+
+
+def _claim_ids(settings: Settings) -> ids.Slot | None:
+    """Host ids of the workspace's own (None: a single-tenant host)."""
+    host = sandbox.host_ids(settings)
+    if host is None:
+        return None
+    try:
+        return ids.claim(host, first=int.from_bytes(os.urandom(2), "big"))
+    except OSError as exc:
+        raise WorkspaceError("unavailable", exc.strerror or str(exc)) from None
+
+
+def _create(spec: WorkspaceSpec, settings: Settings, choice: sandbox.Choice,
+            user: sandbox.User | None, slot: ids.Slot | None, *, throwaway: bool,
+            ws_id: str | None) -> WorkspaceRecord:
+    if (spec.image or spec.build) and slot is None:
+        raise WorkspaceError("unavailable", "an image needs a host that gives each workspace "
+                             "host ids of its own (a root worker whose run user has "
+                             "subordinate ids; `bashfleet hosts` says `single-tenant`)")
+    image, image_root = _image(spec, settings)
     ws_id = ws_id or new_id()
+    owner = (slot.uid, slot.gid) if slot is not None else (user.uid, user.gid) if user else None
     path, fresh = _directory(spec.path or project_dir(spec.near, settings), ws_id, settings,
-                             user)
+                             owner)
     granted = resources.granted(spec.limits, settings)
     record = WorkspaceRecord(
         id=ws_id, host=settings.host, owner=spec.owner, path=path, fresh=fresh,
         out_dir=str(out_dir(settings, ws_id)), isolation=choice.level, network=choice.network,
         ttl_s=spec.ttl_s or settings.workspace_ttl_s, created_at=time.time(), limits=granted,
-        mounts=_mounts(spec.mounts, path, user), session=spec.session, tags=spec.tags,
-        throwaway=throwaway, run_as=user.name if user else sandbox.run_user_name(settings),
+        mounts=_mounts(spec.mounts, path, owner if fresh else _project_owner(path)),
+        session=spec.session, tags=spec.tags, throwaway=throwaway,
+        run_as=user.name if user else sandbox.run_user_name(settings),
+        image=image, ids=(slot.uid, ids.SLOT_SIZE) if slot is not None else None,
+        user=spec.user,
     )
     try:
-        _make_dirs(record, settings, user)
+        _make_dirs(record, settings, user, slot, image_root)
         if choice.level != "none":
-            record = _start_keeper(record, settings, user)
+            record = _start_keeper(record, settings, user, slot, image_root)
         save(record, settings)
     except BaseException:
         _remove_files(record, settings)
         raise
     return record
+
+
+def _image(spec: WorkspaceSpec, settings: Settings) -> tuple[ImageInfo | None, str | None]:
+    """The image the workspace stands on, pulled or built now when this host has not
+    got it (None: the host's own root)."""
+    if not (spec.image or spec.build):
+        return None, None
+    from worker.engine import images  # noqa: PLC0415 - only image workspaces need it
+
+    try:
+        if spec.build:
+            info, root = images.build(spec.build, settings)
+        else:
+            info, root = images.ensure(str(spec.image), settings)
+    except ToolError as exc:
+        raise WorkspaceError(exc.kind, exc.message) from None
+    return info, str(root)
+
+
+def _project_owner(path: str) -> tuple[int, int]:
+    """Who a project's new mount directories belong to: the project's own owner."""
+    info = os.stat(path)
+    return info.st_uid, info.st_gid
 
 
 def choose(spec: WorkspaceSpec, settings: Settings) -> sandbox.Choice:
@@ -242,16 +298,17 @@ def allowed_root(path: str, settings: Settings) -> str | None:
 
 
 def _directory(asked: str | None, ws_id: str, settings: Settings,
-               user: sandbox.User | None) -> tuple[str, bool]:
+               owner: tuple[int, int] | None) -> tuple[str, bool]:
     """(its directory, whether it is fresh): an existing directory under an allowed root,
-    or a new one in the workspace root."""
+    or a new one in the workspace root (0700 and root's when the worker is: no other
+    local account finds or reads a workspace), owned by `owner` (the workspace's root)."""
     if asked is None:
         root = settings.workspace_root_dir()
-        _ensure_dir(root, 0o711)
+        _ensure_dir(root, 0o700 if os.geteuid() == 0 else 0o711)
         path = root / ws_id
         path.mkdir(mode=0o755)
-        if user is not None:
-            os.chown(path, user.uid, user.gid)
+        if owner is not None:
+            os.chown(path, *owner)
         return str(path), True
     if not os.path.isabs(asked):
         raise WorkspaceError("invalid", f"a workspace's path is absolute: {asked!r}")
@@ -266,9 +323,13 @@ def _directory(asked: str | None, ws_id: str, settings: Settings,
     return real, False
 
 
-def _mounts(asked: dict[str, str], path: str, user: sandbox.User | None) -> dict[str, str]:
+def _mounts(asked: dict[str, str], path: str,
+            owner: tuple[int, int] | None) -> dict[str, str]:
     """`{view path: subdirectory}` -> `{view path: host directory}`, made in the
-    workspace when missing (owned by the run user)."""
+    workspace when missing (owned by `owner`). Each is opened beneath the workspace one
+    component at a time without following a symbolic link: the directory is a command's
+    to change, and a link planted there must never make the worker (root) create, chown
+    or bind a directory elsewhere."""
     mounts: dict[str, str] = {}
     for view_path, sub in asked.items():
         clean = os.path.normpath(view_path)
@@ -279,11 +340,37 @@ def _mounts(asked: dict[str, str], path: str, user: sandbox.User | None) -> dict
         host = os.path.normpath(os.path.join(path, sub))
         if not layout.inside(host, path):
             raise WorkspaceError("invalid", f"a mount's source is inside the workspace: {sub!r}")
-        os.makedirs(host, mode=0o755, exist_ok=True)
-        if user is not None:
-            os.chown(host, user.uid, user.gid)
+        if host != path:
+            try:
+                _make_beneath(path, os.path.relpath(host, path), owner)
+            except OSError as exc:
+                raise WorkspaceError("invalid", f"a mount's source {sub!r}: "
+                                     f"{exc.strerror or exc}") from None
         mounts[clean] = host
     return mounts
+
+
+def _make_beneath(base: str, rel: str, owner: tuple[int, int] | None) -> None:
+    """Make the directory `rel` beneath `base` (and its parents), never following a
+    symbolic link (ELOOP, ENOTDIR where one is); new ones owned by `owner`."""
+    fd = os.open(base, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        for part in rel.split(os.sep):
+            if part in ("", ".", ".."):
+                raise OSError(errno.EINVAL, "not a plain relative path")
+            try:
+                os.mkdir(part, 0o755, dir_fd=fd)
+                made = True
+            except FileExistsError:
+                made = False
+            nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                          dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+            if made and owner is not None:
+                os.fchown(fd, *owner)
+    finally:
+        os.close(fd)
 
 
 def _ensure_dir(path: Path, mode: int) -> None:
@@ -292,9 +379,10 @@ def _ensure_dir(path: Path, mode: int) -> None:
         path.chmod(mode)
 
 
-def _make_dirs(record: WorkspaceRecord, settings: Settings, user: sandbox.User | None) -> None:
+def _make_dirs(record: WorkspaceRecord, settings: Settings, user: sandbox.User | None,
+               slot: ids.Slot | None = None, image_root: str | None = None) -> None:
     _ensure_dir(settings.workspaces_dir, 0o700)
-    _ensure_dir(Path(record.out_dir).parent, 0o711)
+    _ensure_dir(Path(record.out_dir).parent, 0o700 if os.geteuid() == 0 else 0o711)
     out = Path(record.out_dir)
     out.mkdir(mode=0o755)
     # This host's mark on it: its kept output outlives the workspace, until `bashfleet
@@ -305,17 +393,65 @@ def _make_dirs(record: WorkspaceRecord, settings: Settings, user: sandbox.User |
     for name, mode in (("tmp", 0o1777), ("vartmp", 0o1777), ("home", 0o700), ("root", 0o700)):
         (state / name).mkdir(mode=mode)
         (state / name).chmod(mode)  # the umask took the sticky bit
-    if user is not None:
+    if slot is not None:
+        os.chown(state / "home", slot.uid, slot.gid)
+        _make_layers(state / "layer", slot, image_root)
+    elif user is not None:
         os.chown(state / "home", user.uid, user.gid)
 
 
-def _start_keeper(record: WorkspaceRecord, settings: Settings,
-                  user: sandbox.User | None) -> WorkspaceRecord:
+def _make_layers(layers: Path, slot: ids.Slot, image_root: str | None) -> None:
+    """The workspace's own layers: for `/` and for each host entry shown through its user
+    namespace, an upper directory (what its calls change) whose owner and mode are those
+    of the directory it lies over as the workspace sees it (an overlay shows its upper
+    root's), and a work directory the overlay needs."""
+    for name in ("upper", "work", "empty"):
+        (layers / name).mkdir(mode=0o700 if name != "empty" else 0o755, parents=True)
+    _upper(layers, "root", os.stat(image_root) if image_root else None, slot)
+    if image_root is None:
+        for entry in IDMAPPED_ENTRIES:
+            with contextlib.suppress(FileNotFoundError):
+                info = os.stat(f"/{entry}", follow_symlinks=False)
+                if stat.S_ISDIR(info.st_mode):
+                    _upper(layers, layout.upper_name(entry), info, slot)
+
+
+def _upper(layers: Path, name: str, lower: os.stat_result | None, slot: ids.Slot) -> None:
+    upper = layers / "upper" / name
+    upper.mkdir(mode=0o755)
+    (layers / "work" / name).mkdir(mode=0o700)
+    if lower is None:
+        os.chown(upper, slot.uid, slot.gid)
+        return
+    uid = slot.uid + lower.st_uid if lower.st_uid < ids.SLOT_SIZE else lower.st_uid
+    gid = slot.gid + lower.st_gid if lower.st_gid < ids.SLOT_SIZE else lower.st_gid
+    os.chown(upper, uid, gid)
+    upper.chmod(stat.S_IMODE(lower.st_mode))
+
+
+#: Entries of the host's `/` a workspace with ids of its own sees through its user
+#: namespace, each an overlay with an upper layer of its own: the system's directories,
+#: where package managers write (`apt-get install`, `pip install` into /usr/local).
+#: Host root's files there are the workspace root's (secrets masked: `private_entries`);
+#: every other entry (/home, /opt, /srv, /root...) is shown read-only with the host's
+#: ids, which are nobody's in the workspace: a 0700 directory there stays shut to it.
+IDMAPPED_ENTRIES = ("bin", "etc", "lib", "lib32", "lib64", "libx32", "sbin", "usr", "var")
+
+
+def _start_keeper(record: WorkspaceRecord, settings: Settings, user: sandbox.User | None,
+                  slot: ids.Slot | None = None,
+                  image_root: str | None = None) -> WorkspaceRecord:
     """Claim a blank keeper for the workspace (made ahead: `Blanks`), name its socket and
     cgroup after it, write its limits, and have it build the workspace's view."""
-    plan = layout.plan_view(view_spec(record, settings, user))
+    plan = layout.plan_view(view_spec(record, settings, user, image_root=image_root))
     body: dict[str, object] = {"plan": plan}
-    if user is not None:
+    fds: list[int] = []
+    if slot is not None:
+        body["ids"] = {"uid": slot.uid, "gid": slot.gid, "count": ids.SLOT_SIZE,
+                       "project": None if record.fresh else list(_project_owner(record.path))}
+        body["user"] = list(inside_user(record, image_root))
+        fds = [slot.fd]
+    elif user is not None:
         body.update(uid=user.uid, gid=user.gid, groups=list(user.groups))
     blank = blanks.take(settings, record.network)
     sock_path = str(socket_path(settings, record.id))
@@ -324,7 +460,7 @@ def _start_keeper(record: WorkspaceRecord, settings: Settings,
         group = _claim_group(blank, record)
         conn = KeeperConnection.connect(sock_path)
         try:
-            conn.claim(body)
+            conn.claim(body, fds)
         finally:
             connections.give_back(record.id, conn)
     except OSError as exc:
@@ -588,6 +724,9 @@ def hidden_paths(settings: Settings, record: WorkspaceRecord) -> list[str]:
         os.path.join(home, ".local/state/bashfleet"), os.path.join(home, ".config/bashfleet"),
         str(settings.workspace_root_dir()), "/etc/bashfleet", *settings.workspace_allow,
         *settings.sandbox_hidden, *map(str, secret_paths(settings)),
+        # The login sessions' runtime directories: ssh-agent's and D-Bus's sockets, which
+        # a read-only bind does not stop a connect() to.
+        "/run/user",
     ]
     if record.isolation == "strict":
         wanted += ["/home", "/root"]
@@ -607,31 +746,147 @@ def protected_paths() -> list[str]:
     return sorted(p for p in found if p and p != "/")
 
 
-def view_spec(record: WorkspaceRecord, settings: Settings,
-              user: sandbox.User | None) -> layout.ViewSpec:
+def view_spec(record: WorkspaceRecord, settings: Settings, user: sandbox.User | None,
+              *, image_root: str | None = None) -> layout.ViewSpec:
     """What `record`'s view is made of, looked up on this host now."""
     register_known(settings)
-    state = state_path(settings, record.id)
+    state = Path(os.path.realpath(state_path(settings, record.id)))
     dirs, files = layout.existing(hidden_paths(settings, record))
     dirs += known_dirs()  # real and existing already (looked up once every 10 s)
+    if record.ids is not None and image_root is None:
+        private_dirs, private_files = private_entries()
+        dirs += private_dirs
+        files += private_files
+    if image_root is not None:
+        dirs, files = [], []  # nothing of the host is in its view to hide
     writable, _ = layout.existing(settings.sandbox_writable)
     return layout.ViewSpec(
         root=str(state / "root"), workspace=record.path, out_dir=record.out_dir,
         tmp=str(state / "tmp"), var_tmp=str(state / "vartmp"), home=str(state / "home"),
-        home_view=home_of(user), entries=_entries.get("/", layout.host_entries),
+        home_view=home_of(user, record),
+        entries=() if image_root else host_entries(),
         hidden_dirs=tuple(dirs), hidden_files=tuple(files), writable=tuple(writable),
         protected=tuple(protected_paths()), mounts=record.mounts,
         has_var_tmp=os.path.isdir("/var/tmp"),
+        layers=str(state / "layer") if record.ids is not None else None,
+        image=image_root, idmapped=frozenset(IDMAPPED_ENTRIES),
+        project=record.ids is not None and not record.fresh,
     )
+
+
+def host_entries() -> tuple[layout.Entry, ...]:
+    """The entries of the host's `/`, listed again whenever `/` changed (another process
+    makes and removes top-level directories: a stale listing made new workspaces fail)."""
+    try:
+        changed = os.stat("/").st_mtime_ns
+    except OSError:
+        changed = 0
+    return _entries.get(str(changed), lambda: layout.host_entries("/"))
 
 
 _entries: TimedMemo[str, tuple[layout.Entry, ...]] = TimedMemo(ttl_s=60.0)
 
 
-def home_of(user: sandbox.User | None) -> str:
-    """Where HOME is in a workspace's view, for `user` (None: the worker's own): its home
-    directory when the host has it or it can be made on the view's root (`/nonexistent`),
-    else a directory of the workspace's /tmp."""
+def private_entries() -> tuple[list[str], list[str]]:
+    """(directories, files) under the system directories a workspace sees as its root's
+    (/etc, /var) that other users of the host may not read: host root's secrets (shadow,
+    TLS and ssh host keys, service state), masked in its view. Looked up once a minute,
+    to a depth of four below each."""
+    return _private.get("", _find_private)
+
+
+_private: TimedMemo[str, tuple[list[str], list[str]]] = TimedMemo(ttl_s=60.0)
+PRIVATE_DEPTH = 4
+
+
+def _find_private() -> tuple[list[str], list[str]]:
+    dirs: list[str] = []
+    files: list[str] = []
+    stack = [("/etc", 0), ("/var", 0)]
+    while stack:
+        folder, depth = stack.pop()
+        with contextlib.suppress(OSError), os.scandir(folder) as listing:
+            for entry in listing:
+                with contextlib.suppress(OSError):
+                    info = entry.stat(follow_symlinks=False)
+                    if stat.S_ISDIR(info.st_mode):
+                        if info.st_mode & 0o005 != 0o005:
+                            dirs.append(entry.path)
+                        elif depth < PRIVATE_DEPTH and entry.path not in ("/var/tmp",):
+                            stack.append((entry.path, depth + 1))
+                    elif stat.S_ISREG(info.st_mode) and not info.st_mode & 0o004:
+                        files.append(entry.path)
+    return dirs, files
+
+
+def inside_user(record: WorkspaceRecord, image_root: str | None) -> tuple[int, int, list[int]]:
+    """(uid, gid, groups) a workspace's calls run as inside its user namespace: the user
+    it was made for (`user`: a name, `uid` or `uid:gid`), else the image's `USER`, else
+    root. Names are looked up in the passwd and group files of its root filesystem
+    (read without following a link out of it)."""
+    wanted = record.user or (record.image.user if record.image is not None else "") or ""
+    return parse_user(wanted, lambda name: _read_in_root(image_root or "/", name))
+
+
+def parse_user(wanted: str, read: Callable[[str], str]) -> tuple[int, int, list[int]]:
+    """`name`, `uid`, `name:group` or `uid:gid` -> (uid, gid, groups) inside, by the
+    passwd and group text `read("etc/passwd")` gives; WorkspaceError when unknown."""
+    if not wanted:
+        return 0, 0, []
+    user, _, group = wanted.partition(":")
+    passwd = [line.split(":") for line in _safe(read, "etc/passwd").splitlines()]
+    groups = [line.split(":") for line in _safe(read, "etc/group").splitlines()]
+    entry = next((f for f in passwd if len(f) >= 4 and user in (f[0], f[2])), None)
+    if entry is None and not user.isdigit():
+        raise WorkspaceError("invalid", f"no user {user!r} in the workspace's /etc/passwd")
+    uid = int(entry[2]) if entry is not None else int(user)
+    gid = int(entry[3]) if entry is not None else uid
+    if group:
+        found = next((f for f in groups if len(f) >= 3 and group in (f[0], f[2])), None)
+        if found is None and not group.isdigit():
+            raise WorkspaceError("invalid", f"no group {group!r} in the workspace's /etc/group")
+        gid = int(found[2]) if found is not None else int(group)
+    name = entry[0] if entry is not None else None
+    extra = sorted({int(f[2]) for f in groups if len(f) >= 4 and f[2].isdigit() and name
+                    and name in f[3].split(",")} - {gid})
+    if not (0 <= uid < ids.SLOT_SIZE and 0 <= gid < ids.SLOT_SIZE):
+        raise WorkspaceError("invalid", f"user {wanted!r} is outside the workspace's ids "
+                             f"(0-{ids.SLOT_SIZE - 1})")
+    return uid, gid, [g for g in extra if g < ids.SLOT_SIZE]
+
+
+def _safe(read: Callable[[str], str], name: str) -> str:
+    try:
+        return read(name)
+    except (OSError, UnicodeDecodeError):
+        return ""
+
+
+def _read_in_root(root: str, rel: str) -> str:
+    """A small file of a root filesystem, every component opened without following a
+    link (an image's /etc/passwd may be a link to the host's /etc/shadow)."""
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        parts = rel.split("/")
+        for part in parts[:-1]:
+            nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                          dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+        file_fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+        with os.fdopen(file_fd, "rb") as handle:
+            return handle.read(1 << 20).decode("utf-8")
+    finally:
+        os.close(fd)
+
+
+def home_of(user: sandbox.User | None, record: WorkspaceRecord | None = None) -> str:
+    """Where HOME is in a workspace's view, for `user` (None: the worker's own): /root for
+    a workspace with ids of its own (its calls are root inside); else the user's home
+    directory when the host has it or it can be made on the view's root
+    (`/nonexistent`), else a directory of the workspace's /tmp."""
+    if record is not None and record.ids is not None:
+        return "/root"
     home = os.path.normpath(user.home if user is not None else os.path.expanduser("~"))
     usable = os.path.isabs(home) and home != "/" and (
         os.path.isdir(home) or os.path.dirname(home) == "/")
