@@ -80,3 +80,17 @@ if [ "$(id -u)" = 0 ] && ! id bashfleet-run >/dev/null 2>&1; then
     echo "no useradd: a root worker runs calls as nobody (create bashfleet-run yourself)" >&2
   fi
 fi
+
+# Each workspace's user namespace maps to host ids of its own: a slice of the run user's
+# subordinate ids (65,536 a workspace; this range gives 16,384 at once). Without them a
+# root worker is single-tenant (`bashfleet hosts` says so): every workspace one uid.
+if [ "$(id -u)" = 0 ] && id bashfleet-run >/dev/null 2>&1 &&
+    ! grep -qs '^bashfleet-run:' /etc/subuid; then
+  if command -v usermod >/dev/null &&
+      usermod --add-subuids 1073741824-2147483647 --add-subgids 1073741824-2147483647 \
+        bashfleet-run 2>/dev/null; then
+    echo "gave bashfleet-run subordinate ids (each workspace a range of its own)" >&2
+  else
+    echo "could not give bashfleet-run subordinate ids: workspaces share one uid" >&2
+  fi
+fi

@@ -363,8 +363,15 @@ def _make_beneath(base: str, rel: str, owner: tuple[int, int] | None) -> None:
                 made = True
             except FileExistsError:
                 made = False
-            nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
-                          dir_fd=fd)
+            try:
+                nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+                              | os.O_CLOEXEC, dir_fd=fd)
+            except (NotADirectoryError, OSError) as exc:
+                if exc.errno in (errno.ENOTDIR, errno.ELOOP) and stat.S_ISLNK(
+                        os.stat(part, dir_fd=fd, follow_symlinks=False).st_mode):
+                    raise OSError(errno.ELOOP, f"{part} is a symbolic link (a mount never "
+                                  "follows one)") from None
+                raise
             os.close(fd)
             fd = nxt
             if made and owner is not None:
@@ -790,13 +797,23 @@ _entries: TimedMemo[str, tuple[layout.Entry, ...]] = TimedMemo(ttl_s=60.0)
 def private_entries() -> tuple[list[str], list[str]]:
     """(directories, files) under the system directories a workspace sees as its root's
     (/etc, /var) that other users of the host may not read: host root's secrets (shadow,
-    TLS and ssh host keys, service state), masked in its view. Looked up once a minute,
-    to a depth of four below each."""
-    return _private.get("", _find_private)
+    TLS and ssh host keys, service state), masked in its view. Found again when one of
+    the directories where services keep such things changed (a service installed since),
+    and at least once a minute; to a depth of four below /etc and /var. Empty files and
+    empty directories hide nothing and stay (apt's and dpkg's locks and download
+    directories: a workspace's `apt-get install` needs them)."""
+    stamps = []
+    for folder in PRIVATE_WATCHED:
+        with contextlib.suppress(OSError):
+            stamps.append(os.stat(folder).st_mtime_ns)
+    return _private.get(str(stamps), _find_private)
 
 
 _private: TimedMemo[str, tuple[list[str], list[str]]] = TimedMemo(ttl_s=60.0)
 PRIVATE_DEPTH = 4
+#: Where a service's install makes a private directory: a change in one lists again.
+PRIVATE_WATCHED = ("/etc", "/etc/ssl", "/etc/ssh", "/var", "/var/lib", "/var/cache",
+                   "/var/log", "/var/spool", "/var/backups", "/var/mail")
 
 
 def _find_private() -> tuple[list[str], list[str]]:
@@ -811,10 +828,12 @@ def _find_private() -> tuple[list[str], list[str]]:
                     info = entry.stat(follow_symlinks=False)
                     if stat.S_ISDIR(info.st_mode):
                         if info.st_mode & 0o005 != 0o005:
-                            dirs.append(entry.path)
+                            if os.listdir(entry.path):
+                                dirs.append(entry.path)
                         elif depth < PRIVATE_DEPTH and entry.path not in ("/var/tmp",):
                             stack.append((entry.path, depth + 1))
-                    elif stat.S_ISREG(info.st_mode) and not info.st_mode & 0o004:
+                    elif stat.S_ISREG(info.st_mode) and not info.st_mode & 0o004 \
+                            and info.st_size > 0:
                         files.append(entry.path)
     return dirs, files
 
