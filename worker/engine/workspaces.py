@@ -475,6 +475,9 @@ def _start_keeper(record: WorkspaceRecord, settings: Settings, user: sandbox.Use
         raise WorkspaceError("spawn_failed", f"could not make the workspace's sandbox: "
                              f"{exc.strerror or exc}") from exc
     blank.forget()
+    if slot is not None:
+        skeleton = layer_listing(state_path(settings, record.id) / "layer" / "upper")
+        _skeleton_path(settings, record.id).write_text(json.dumps(skeleton), encoding="utf-8")
     return record.model_copy(update={
         "keeper_pid": blank.pid, "keeper_start": blank.start, "socket_path": sock_path,
         "cgroup": tuple(path for path, _ in group.paths) if group is not None else (),
@@ -1019,9 +1022,10 @@ def keeper_alive(record: WorkspaceRecord) -> bool:
 
 def disk_bytes(record: WorkspaceRecord, settings: Settings) -> int:
     """Bytes the workspace holds on disk: its directory (when fresh), /tmp, /var/tmp,
-    HOME and its output."""
+    HOME, its output and its own layers (what it changed of its `/`)."""
     state = state_path(settings, record.id)
-    roots = [state / "tmp", state / "vartmp", state / "home", Path(record.out_dir)]
+    roots = [state / "tmp", state / "vartmp", state / "home", Path(record.out_dir),
+             state / "layer" / "upper"]
     if record.fresh:
         roots.append(Path(record.path))
     return sum(_tree_bytes(root) for root in roots)
@@ -1184,7 +1188,43 @@ def _left_nothing(record: WorkspaceRecord, settings: Settings) -> bool:
     skeleton = _skeleton(record)
     return all(_only(path, skeleton if path.name == "tmp" else set()) for path in (
         Path(record.path), state / "tmp", state / "vartmp", state / "home",
-        Path(record.out_dir)))
+        Path(record.out_dir))) and _layer_unchanged(record, settings)
+
+
+def layer_listing(upper: Path) -> list[list[object]]:
+    """Every entry of a workspace's upper layers, with its type, mode and owner: what its
+    view's build left there (mount points), to tell later whether a call changed any."""
+    found: list[list[object]] = []
+    stack = [upper]
+    while stack:
+        folder = stack.pop()
+        with contextlib.suppress(OSError), os.scandir(folder) as listing:
+            for entry in listing:
+                info = entry.stat(follow_symlinks=False)
+                found.append([os.path.relpath(entry.path, upper), info.st_mode, info.st_uid,
+                              info.st_gid, info.st_size if not stat.S_ISDIR(info.st_mode)
+                              else 0])
+                if stat.S_ISDIR(info.st_mode):
+                    stack.append(Path(entry.path))
+    return sorted(found, key=lambda item: str(item[0]))
+
+
+def _skeleton_path(settings: Settings, ws_id: str) -> Path:
+    return state_path(settings, ws_id) / "layer.skeleton"
+
+
+def _layer_unchanged(record: WorkspaceRecord, settings: Settings) -> bool:
+    """A workspace with layers of its own: its upper layers hold just what its view's
+    build put there (a throwaway's next call, maybe another owner's, sees nothing of this
+    one's, in /usr or anywhere)."""
+    if record.ids is None:
+        return True
+    upper = state_path(settings, record.id) / "layer" / "upper"
+    try:
+        kept = json.loads(_skeleton_path(settings, record.id).read_text("utf-8"))
+    except (OSError, ValueError):
+        return False
+    return bool(kept == layer_listing(upper))
 
 
 def _skeleton(record: WorkspaceRecord) -> set[str]:
