@@ -561,7 +561,13 @@ def isolation_text(sandbox: dict[str, Any] | None) -> str:
     level = sandbox.get("isolation") or "?"
     parts = ["NONE" if level == "none" else level]
     parts.append(f"cgroup {sandbox['cgroup']}" if sandbox.get("cgroup") else "ulimit")
-    if sandbox.get("run_as"):
+    if level != "none" and sandbox.get("tenancy") == "multi":
+        parts.append("ids per workspace")
+    elif level != "none":
+        # Every workspace of the host runs as one uid: one tenant's processes, files and
+        # keyring are another's to reach (README "Security").
+        parts.append("single-tenant: one uid for every workspace")
+    if sandbox.get("run_as") and sandbox.get("tenancy") != "multi":
         parts.append(f"as {sandbox['run_as']}")
     return ", ".join(parts)
 
