@@ -20,6 +20,9 @@ from pathlib import Path
 
 import pytest
 
+from worker.engine import ids, sandbox, workspaces
+from worker.wire.models import WorkspaceSpec
+
 from .engine_helpers import (
     Engine,
     Janitor,
@@ -27,8 +30,6 @@ from .engine_helpers import (
     _janitor_fixture,  # noqa: F401 - the `janitor` fixture
     engine_with,
 )
-from worker.engine import ids, sandbox, workspaces
-from worker.wire.models import WorkspaceSpec
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="a root worker's workspaces")
 
@@ -47,7 +48,7 @@ def as_nobody(*argv: str) -> tuple[int, bytes]:
             os.setgroups([])
             os.setgid(NOBODY)
             os.setuid(NOBODY)
-            os.execvp(argv[0], list(argv))
+            os.execvp(argv[0], list(argv))  # noqa: S606 - argv, no shell
         except OSError as exc:
             os.write(1, f"{exc}".encode())
         finally:
@@ -182,8 +183,8 @@ def test_finding_4_a_login_sessions_agent_sockets_are_out_of_reach(multi: Engine
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         server.bind(str(agent))
-        os.chmod(agent, 0o777)
-        os.chmod(runtime, 0o755)
+        os.chmod(agent, 0o777)  # noqa: S103 - any account may connect: the attack
+        os.chmod(runtime, 0o755)  # noqa: S103 - as a login session makes it
         server.listen(1)
         # Positive control: any process of the host connects to it.
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:

@@ -395,6 +395,4 @@ def test_hosts_leaves_out_a_fleet_long_gone() -> None:
 def test_hosts_say_whether_workspaces_have_ids_of_their_own(
     sandbox: dict[str, str] | None, text: str
 ) -> None:
-    from client.cli import isolation_text
-
-    assert isolation_text(sandbox) == text
+    assert cli.isolation_text(sandbox) == text

@@ -409,6 +409,8 @@ def main(spec: dict[str, Any], listener_fd: int, report_fd: int) -> int:
         host_proc = _enter(spec)
         if spec.get("plan") is not None:
             who = _setup_view(spec)
+        else:
+            _prepare(spec)
     except OSError as exc:
         with contextlib.suppress(OSError):
             os.write(report_fd, proto.report_line("error", f"{exc.errno or errno.EIO} {exc}"))
@@ -485,6 +487,26 @@ def _enter(spec: dict[str, Any]) -> int:
     return os.open("/proc", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
 
 
+#: What a blank keeper made ahead of its claim: its user namespace (`userns`).
+_prepared: dict[str, int] = {}
+
+
+def _user_namespace(ids: dict[str, Any]) -> int:
+    return kernel.new_user_namespace(f"0 {ids['uid']} {ids['count']}\n",
+                                     f"0 {ids['gid']} {ids['count']}\n")
+
+
+def _prepare(spec: dict[str, Any]) -> None:
+    """A blank keeper with host ids: its user namespace now, and the host's root in its
+    own layers (`prebuild`), so that its claim has only the workspace's paths to bind."""
+    ids = spec.get("ids")
+    if ids is None:
+        return
+    _prepared["userns"] = _user_namespace(ids)
+    if spec.get("prebuild"):
+        view.carry_out(spec["prebuild"], userns_fd=_prepared["userns"])
+
+
 def _setup_view(spec: dict[str, Any]) -> kernel.Identity | None:
     """The view, then what calls must not have; who calls run as.
 
@@ -496,8 +518,9 @@ def _setup_view(spec: dict[str, Any]) -> kernel.Identity | None:
     ids = spec.get("ids")
     userns = project = -1
     if ids is not None:
-        userns = kernel.new_user_namespace(f"0 {ids['uid']} {ids['count']}\n",
-                                           f"0 {ids['gid']} {ids['count']}\n")
+        userns = _prepared.get("userns", -1)
+        if userns < 0:
+            userns = _user_namespace(ids)
         if ids.get("project"):
             owner_uid, owner_gid = ids["project"]
             project = kernel.new_user_namespace(f"{owner_uid} {ids['uid']} 1\n",

@@ -75,6 +75,9 @@ class ViewSpec:
     project: bool = False
     """The workspace's directory (and its mounts) is a project's, owned by the host's run
     user: shown through a map that makes that user the workspace's root (`idbind`)."""
+    prebuilt: bool = False
+    """With `layers` over the host: its `/` and the idmapped entries' overlays were built
+    ahead (`prebuild_steps`) at `root`: not built again."""
 
 
 def inside(path: str, outer: str) -> bool:
@@ -148,8 +151,26 @@ def _root_steps(spec: ViewSpec) -> list[Step]:
     r = spec.root.rstrip("/")
     if spec.layers is None:
         return [["tmpfs", r, 0o755]]
+    if spec.prebuilt:
+        return []
     lower = [spec.image, True] if spec.image is not None else [f"{spec.layers}/empty", False]
     return [_overlay(spec.layers, "root", lower, r)]
+
+
+def prebuild_steps(layers: str, entries: Sequence[Entry],
+                   idmapped: frozenset[str]) -> list[Step]:
+    """What a blank keeper builds ahead of its claim: the host's root in layers at
+    `<layers>/merged` (its `/` and the overlays of the entries shown through its user
+    namespace), in a mount tree made private first (nothing of it may reach the host's)."""
+    merged = f"{layers}/merged"
+    steps: list[Step] = [["private"], ["mkdir", merged, 0o755],
+                         _overlay(layers, "root", [f"{layers}/empty", False], merged)]
+    for entry in sorted(entries, key=lambda e: e.name):
+        if entry.kind == "dir" and entry.name in idmapped and entry.name not in OWN_ENTRIES:
+            steps += [["mkdir", f"{merged}/{entry.name}", 0o755],
+                      _overlay(layers, upper_name(entry.name), [f"/{entry.name}", True],
+                               f"{merged}/{entry.name}")]
+    return steps
 
 
 def _overlay(layers: str, name: str, lower: list[Any], target: str) -> Step:
@@ -175,6 +196,8 @@ def _host_entries(r: str, entries: Sequence[Entry], spec: ViewSpec) -> list[Step
         path = f"/{entry.name}"
         if entry.kind == "link":
             steps.append(["symlink", entry.target, f"{r}{path}"])
+        elif entry.kind == "dir" and entry.name in overlaid and spec.prebuilt:
+            continue  # built ahead
         elif entry.kind == "dir" and entry.name in overlaid:
             steps += [["mkdir", f"{r}{path}", 0o755],
                       _overlay(str(spec.layers), upper_name(entry.name), [path, True],

@@ -17,6 +17,7 @@ gets a throwaway one from a pool (`throwaways`), removed once it and its jobs en
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import hashlib
 import json
@@ -176,33 +177,35 @@ def create(spec: WorkspaceSpec, settings: Settings, *, throwaway: bool = False,
     (`invalid`, `unavailable`, `spawn_failed`) when it cannot be."""
     choice = choose(spec, settings)
     user = _user(settings)
-    slot = _claim_ids(settings) if choice.level != "none" else None
-    try:
-        return _create(spec, settings, choice, user, slot, throwaway=throwaway, ws_id=ws_id)
-    finally:
-        if slot is not None:
-            slot.close()  # the keeper holds its own copy of the lock for its life
-
-
-def _claim_ids(settings: Settings) -> ids.Slot | None:
-    """Host ids of the workspace's own (None: a single-tenant host)."""
-    host = sandbox.host_ids(settings)
-    if host is None:
-        return None
-    try:
-        return ids.claim(host, first=int.from_bytes(os.urandom(2), "big"))
-    except OSError as exc:
-        raise WorkspaceError("unavailable", exc.strerror or str(exc)) from None
-
-
-def _create(spec: WorkspaceSpec, settings: Settings, choice: sandbox.Choice,
-            user: sandbox.User | None, slot: ids.Slot | None, *, throwaway: bool,
-            ws_id: str | None) -> WorkspaceRecord:
-    if (spec.image or spec.build) and slot is None:
+    if (spec.image or spec.build) and (choice.level == "none"
+                                       or sandbox.host_ids(settings) is None):
         raise WorkspaceError("unavailable", "an image needs a host that gives each workspace "
                              "host ids of its own (a root worker whose run user has "
                              "subordinate ids; `bashfleet hosts` says `single-tenant`)")
     image, image_root = _image(spec, settings)
+    blank = None
+    if choice.level != "none":
+        try:
+            blank = blanks.take(settings, choice.network, prebuilt=image_root is None)
+        except OSError as exc:
+            raise WorkspaceError("spawn_failed", f"could not make the workspace's sandbox: "
+                                 f"{exc.strerror or exc}") from exc
+    try:
+        return _create(spec, settings, choice, user, blank, image, image_root,
+                       throwaway=throwaway, ws_id=ws_id)
+    except BaseException:
+        if blank is not None:
+            blank.end()  # never claimed, or its claim failed: its id slot freed with it
+        raise
+
+
+def _create(spec: WorkspaceSpec, settings: Settings, choice: sandbox.Choice,  # noqa: PLR0917
+            user: sandbox.User | None, blank: Blank | None, image: ImageInfo | None,
+            image_root: str | None, *, throwaway: bool, ws_id: str | None) -> WorkspaceRecord:
+    slot = blank.slot if blank is not None else None
+    if (spec.image or spec.build) and slot is None:
+        raise WorkspaceError("unavailable", "this host gave the workspace no ids of its own "
+                             "(its subordinate ids changed?): an image needs them")
     ws_id = ws_id or new_id()
     owner = (slot.uid, slot.gid) if slot is not None else (user.uid, user.gid) if user else None
     path, fresh = _directory(spec.path or project_dir(spec.near, settings), ws_id, settings,
@@ -219,9 +222,9 @@ def _create(spec: WorkspaceSpec, settings: Settings, choice: sandbox.Choice,
         user=spec.user,
     )
     try:
-        _make_dirs(record, settings, user, slot, image_root)
-        if choice.level != "none":
-            record = _start_keeper(record, settings, user, slot, image_root)
+        _make_dirs(record, settings, user, blank, image_root)
+        if blank is not None:
+            record = _start_keeper(record, settings, user, blank, image_root)
         save(record, settings)
     except BaseException:
         _remove_files(record, settings)
@@ -387,7 +390,7 @@ def _ensure_dir(path: Path, mode: int) -> None:
 
 
 def _make_dirs(record: WorkspaceRecord, settings: Settings, user: sandbox.User | None,
-               slot: ids.Slot | None = None, image_root: str | None = None) -> None:
+               blank: Blank | None = None, image_root: str | None = None) -> None:
     _ensure_dir(settings.workspaces_dir, 0o700)
     _ensure_dir(Path(record.out_dir).parent, 0o700 if os.geteuid() == 0 else 0o711)
     out = Path(record.out_dir)
@@ -400,9 +403,15 @@ def _make_dirs(record: WorkspaceRecord, settings: Settings, user: sandbox.User |
     for name, mode in (("tmp", 0o1777), ("vartmp", 0o1777), ("home", 0o700), ("root", 0o700)):
         (state / name).mkdir(mode=mode)
         (state / name).chmod(mode)  # the umask took the sticky bit
-    if slot is not None:
+    slot = blank.slot if blank is not None else None
+    if slot is not None and blank is not None:
         os.chown(state / "home", slot.uid, slot.gid)
-        _make_layers(state / "layer", slot, image_root)
+        if blank.layers is not None:
+            # Made (and mounted) ahead with its blank keeper: the overlays follow the move.
+            os.rename(blank.layers, state / "layer")
+            blank.layers = None
+        else:
+            _make_layers(state / "layer", slot, image_root)
     elif user is not None:
         os.chown(state / "home", user.uid, user.gid)
 
@@ -446,32 +455,29 @@ IDMAPPED_ENTRIES = ("bin", "etc", "lib", "lib32", "lib64", "libx32", "sbin", "us
 
 
 def _start_keeper(record: WorkspaceRecord, settings: Settings, user: sandbox.User | None,
-                  slot: ids.Slot | None = None,
-                  image_root: str | None = None) -> WorkspaceRecord:
+                  blank: Blank, image_root: str | None = None) -> WorkspaceRecord:
     """Claim a blank keeper for the workspace (made ahead: `Blanks`), name its socket and
     cgroup after it, write its limits, and have it build the workspace's view."""
-    plan = layout.plan_view(view_spec(record, settings, user, image_root=image_root))
+    slot = blank.slot
+    plan = layout.plan_view(view_spec(record, settings, user, image_root=image_root,
+                                      prebuilt=blank.prebuilt))
     body: dict[str, object] = {"plan": plan}
-    fds: list[int] = []
     if slot is not None:
         body["ids"] = {"uid": slot.uid, "gid": slot.gid, "count": ids.SLOT_SIZE,
                        "project": None if record.fresh else list(_project_owner(record.path))}
         body["user"] = list(inside_user(record, image_root))
-        fds = [slot.fd]
     elif user is not None:
         body.update(uid=user.uid, gid=user.gid, groups=list(user.groups))
-    blank = blanks.take(settings, record.network)
     sock_path = str(socket_path(settings, record.id))
     try:
         os.rename(blank.socket_path, sock_path)
         group = _claim_group(blank, record)
         conn = KeeperConnection.connect(sock_path)
         try:
-            conn.claim(body, fds)
+            conn.claim(body)
         finally:
             connections.give_back(record.id, conn)
     except OSError as exc:
-        blank.end()
         raise WorkspaceError("spawn_failed", f"could not make the workspace's sandbox: "
                              f"{exc.strerror or exc}") from exc
     blank.forget()
@@ -538,59 +544,92 @@ class Blank:
     note: Path
     """Its file in the state directory (who made it): the reaper ends the blanks of a
     worker process that died."""
+    slot: ids.Slot | None = None
+    """Its host ids (the keeper holds their slot's lock; `fd` here is -1)."""
+    layers: Path | None = None
+    """Its layers, made ahead and mounted in its namespace (moved into the workspace's
+    state when claimed)."""
+    prebuilt: bool = False
+    """Its `/` (the host's, in layers) is built: a claim binds the workspace's own paths."""
+    ended: bool = False
 
     def end(self) -> None:
         """Kill it and remove what it held (a blank never claimed, or a failed claim)."""
+        if self.ended:
+            return
+        self.ended = True
         with contextlib.suppress(ProcessLookupError):
             if self.start is None or procs.is_same_process(self.pid, self.start):
                 os.kill(self.pid, 9)
         for path in (self.socket_path, str(self.note)):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
+        if self.layers is not None:
+            threading.Thread(target=_remove_when_free, args=(self.layers,), daemon=True,
+                             name="bashfleet-blank-end").start()
         if self.group is not None:
             threading.Thread(target=self.group.remove, kwargs={"timeout": 10.0},
                              daemon=True, name="bashfleet-blank-end").start()
 
     def forget(self) -> None:
         """It is a workspace now: its note goes."""
+        self.ended = True
         with contextlib.suppress(FileNotFoundError):
             self.note.unlink()
+
+
+def _remove_when_free(path: Path) -> None:
+    """Remove a blank's layers once its namespace (where they were mounted) is gone."""
+    deadline = time.monotonic() + 10.0
+    while True:
+        remove_tree(path)
+        if not path.exists() or time.monotonic() > deadline:
+            return
+        time.sleep(0.05)  # the dead keeper's mounts are let go of a moment later
 
 
 class Blanks:
     """Blank keepers made ahead, per network kind, in this process (a few: `workspace_pool`)."""
 
     def __init__(self) -> None:
-        self.ready: dict[tuple[Path, bool], list[Blank]] = {}
+        self.ready: dict[tuple[Path, bool, bool], list[Blank]] = {}
         self.lock = threading.Lock()
-        self.filling: set[tuple[Path, bool]] = set()
+        self.filling: set[tuple[Path, bool, bool]] = set()
+        self.threads: list[threading.Thread] = []
 
-    def take(self, settings: Settings, network: bool) -> Blank:
-        """A blank keeper (made now when none is ready); more are made in the background."""
-        key = (settings.state_dir, network)
+    def take(self, settings: Settings, network: bool, *, prebuilt: bool = True) -> Blank:
+        """A blank keeper (made now when none is ready); more are made in the background.
+        `prebuilt`: with the host's root in layers built ahead (an image's workspace wants
+        its own `/`)."""
+        key = (settings.state_dir, network, prebuilt)
         with self.lock:
             ready = self.ready.get(key, [])
             blank = ready.pop() if ready else None
-        self._fill_later(settings, network)
+        self._fill_later(settings, network, prebuilt)
         if blank is not None and (blank.start is None or procs.is_same_process(blank.pid,
                                                                               blank.start)):
             return blank
-        return make_blank(settings, network)
+        if blank is not None:
+            blank.end()
+        return make_blank(settings, network, prebuilt=prebuilt)
 
-    def _fill_later(self, settings: Settings, network: bool) -> None:
-        key = (settings.state_dir, network)
+    def _fill_later(self, settings: Settings, network: bool, prebuilt: bool) -> None:
+        key = (settings.state_dir, network, prebuilt)
         with self.lock:
             if key in self.filling or len(self.ready.get(key, [])) >= settings.workspace_pool:
                 return
             self.filling.add(key)
-        threading.Thread(target=self._fill, args=(settings, network), daemon=True,
-                         name="bashfleet-blanks").start()
+        thread = threading.Thread(target=self._fill, args=(settings, network, prebuilt),
+                                  daemon=True, name="bashfleet-blanks")
+        with self.lock:
+            self.threads = [t for t in self.threads if t.is_alive()] + [thread]
+        thread.start()
 
-    def _fill(self, settings: Settings, network: bool) -> None:
-        key = (settings.state_dir, network)
+    def _fill(self, settings: Settings, network: bool, prebuilt: bool) -> None:
+        key = (settings.state_dir, network, prebuilt)
         try:
             while len(self.ready.get(key, [])) < settings.workspace_pool:
-                blank = make_blank(settings, network)
+                blank = make_blank(settings, network, prebuilt=prebuilt)
                 with self.lock:
                     self.ready.setdefault(key, []).append(blank)
         except OSError as exc:
@@ -600,7 +639,11 @@ class Blanks:
                 self.filling.discard(key)
 
     def close(self) -> None:
-        """End the blanks this process made (at its exit)."""
+        """End the blanks this process made (at its exit), those being made too."""
+        with self.lock:
+            threads = list(self.threads)
+        for thread in threads:
+            thread.join(timeout=launcher.KEEPER_SETUP_S)
         with self.lock:
             ready = [blank for blanks_ in self.ready.values() for blank in blanks_]
             self.ready.clear()
@@ -612,39 +655,74 @@ blanks = Blanks()
 sandbox.on_close(blanks.close)
 
 
-def make_blank(settings: Settings, network: bool) -> Blank:
-    """A blank keeper: forked by the zygote into new namespaces, in a cgroup of its own."""
+def make_blank(settings: Settings, network: bool, *, prebuilt: bool = False) -> Blank:
+    """A blank keeper: forked by the zygote into new namespaces, in a cgroup of its own;
+    on a host that gives workspaces ids of their own, with a slot of them, its user
+    namespace made, and (`prebuilt`) the host's root in layers of its own mounted."""
     _ensure_dir(settings.workspaces_dir, 0o700)
     name = f"blank-{uuid.uuid4().hex[:15]}"
     sock_path = str(settings.workspaces_dir / f"{name}.sock")
     note = settings.workspaces_dir / f"{name}.blank"
+    slot = _claim_ids(settings)
+    layers = settings.workspaces_dir / f"{name}.layer" if slot is not None and prebuilt \
+        else None
+    spec: dict[str, object] = {"network": network, "worker_uid": os.geteuid(),
+                               "maker": os.getpid()}
     group = None
-    with contextlib.suppress(OSError):
-        group = resources.blank_group(settings, f"ws-{name}")
-    listener = launcher.listen(sock_path)
+    try:
+        if slot is not None:
+            spec["ids"] = {"uid": slot.uid, "gid": slot.gid, "count": ids.SLOT_SIZE}
+            spec["slot"] = True
+        if layers is not None and slot is not None:
+            _make_layers(layers, slot, None)
+            spec["prebuild"] = layout.prebuild_steps(str(layers), host_entries(),
+                                                     frozenset(IDMAPPED_ENTRIES))
+        with contextlib.suppress(OSError):
+            group = resources.blank_group(settings, f"ws-{name}")
+        listener = launcher.listen(sock_path)
+    except BaseException:
+        if slot is not None:
+            slot.close()
+        if layers is not None:
+            remove_tree(layers)
+        raise
     fds = group.procs_fds() if group is not None else []
     try:
         # `maker`: a blank keeper ends with the worker process that made it ahead (none
         # else would claim it); a claimed one lives on (a workspace outlives its worker).
-        pid = sandbox.zygote.keeper(settings, {"network": network, "worker_uid": os.geteuid(),
-                                               "maker": os.getpid()},
-                                    [listener.fileno(), *fds])
+        pid = sandbox.zygote.keeper(settings, spec, [listener.fileno(), *fds,
+                                                     *([slot.fd] if slot else [])])
     except OSError:
         if group is not None:
             group.remove(timeout=0)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(sock_path)
+        if layers is not None:
+            remove_tree(layers)
         raise
     finally:
         listener.close()
         for fd in fds:
             os.close(fd)
-    blank = Blank(pid, _start_time(pid), sock_path, group, note)
+        if slot is not None:
+            slot.close()  # the keeper holds the lock now, for its life
+    blank = Blank(pid, _start_time(pid), sock_path, group, note,
+                  slot=dataclasses.replace(slot, fd=-1) if slot is not None else None,
+                  layers=layers, prebuilt=layers is not None)
     note.write_text(json.dumps({"pid": pid, "start": blank.start, "maker": os.getpid(),
                                 "maker_start": _start_time(os.getpid()),
-                                "cgroup": [p for p, _ in group.paths] if group else []}),
+                                "cgroup": [p for p, _ in group.paths] if group else [],
+                                "layers": str(layers) if layers else None}),
                     encoding="utf-8")
     return blank
+
+
+def _claim_ids(settings: Settings) -> ids.Slot | None:
+    """Host ids of the workspace's own (None: a single-tenant host)."""
+    host = sandbox.host_ids(settings)
+    if host is None:
+        return None
+    return ids.claim(host, first=int.from_bytes(os.urandom(2), "big"))
 
 
 def reap_blanks(settings: Settings) -> int:
@@ -660,8 +738,9 @@ def reap_blanks(settings: Settings) -> int:
                 if maker_start is not None and procs.is_same_process(info["maker"], maker_start):
                     continue
                 group = cgroups.Group("v2", [(p, ()) for p in info.get("cgroup", [])])
+                layers = info.get("layers")
                 Blank(info["pid"], info.get("start"), entry.path[:-6] + ".sock", group,
-                      Path(entry.path)).end()
+                      Path(entry.path), layers=Path(layers) if layers else None).end()
                 ended += 1
     return ended
 
@@ -757,7 +836,7 @@ def protected_paths() -> list[str]:
 
 
 def view_spec(record: WorkspaceRecord, settings: Settings, user: sandbox.User | None,
-              *, image_root: str | None = None) -> layout.ViewSpec:
+              *, image_root: str | None = None, prebuilt: bool = False) -> layout.ViewSpec:
     """What `record`'s view is made of, looked up on this host now."""
     register_known(settings)
     state = Path(os.path.realpath(state_path(settings, record.id)))
@@ -771,7 +850,8 @@ def view_spec(record: WorkspaceRecord, settings: Settings, user: sandbox.User | 
         dirs, files = [], []  # nothing of the host is in its view to hide
     writable, _ = layout.existing(settings.sandbox_writable)
     return layout.ViewSpec(
-        root=str(state / "root"), workspace=record.path, out_dir=record.out_dir,
+        root=str(state / "layer" / "merged" if prebuilt else state / "root"),
+        workspace=record.path, out_dir=record.out_dir,
         tmp=str(state / "tmp"), var_tmp=str(state / "vartmp"), home=str(state / "home"),
         home_view=home_of(user, record),
         entries=() if image_root else host_entries(),
@@ -780,7 +860,7 @@ def view_spec(record: WorkspaceRecord, settings: Settings, user: sandbox.User | 
         has_var_tmp=os.path.isdir("/var/tmp"),
         layers=str(state / "layer") if record.ids is not None else None,
         image=image_root, idmapped=frozenset(IDMAPPED_ENTRIES),
-        project=record.ids is not None and not record.fresh,
+        project=record.ids is not None and not record.fresh, prebuilt=prebuilt,
     )
 
 
