@@ -238,6 +238,9 @@ def workspace_cwd(cwd: str | None, record: WorkspaceRecord) -> str:
     """A call's cwd: the workspace's directory when it gives none, relative ones from
     there; absolute ones as given (a path of its view)."""
     if not cwd:
+        # An image's WORKDIR is where its tasks expect to run (SWE-bench's /testbed).
+        if record.image is not None and record.image.workdir:
+            return record.image.workdir
         return record.path
     path = os.path.expanduser(cwd) if record.isolation == "none" else cwd
     return os.path.normpath(os.path.join(record.path, path))
@@ -527,7 +530,7 @@ class _Launch:
         # The keeper finds bash on the child's PATH in the workspace's view (which is not
         # the host's: a search here could find what the call cannot see).
         request: dict[str, object] = {
-            "argv": ["bash", "-c", command], "cwd": self.cwd,
+            "argv": [workspaces.shell_of(self.workspace), "-c", command], "cwd": self.cwd,
             "env": self.child.env, "targets": [0, 1, 2, launcher.STATE_FD],
             "output_cap": resources.output_cap(self.settings),
             "kill_grace_s": self.call.policy.kill_grace_s,

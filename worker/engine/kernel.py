@@ -55,17 +55,17 @@ MOVE_MOUNT_F_EMPTY_PATH = 4
 KEPT_FLAGS = MS_NOSUID | MS_NODEV | MS_NOEXEC | 1024 | 2048 | 4096  # NOATIME, NODIRATIME, RELATIME
 
 _SYSCALLS = {
-    # machine: (pivot_root, mount_setattr, open_tree, move_mount); the last three are
-    # the generic table's on both.
-    "x86_64": (155, 442, 428, 429),
-    "aarch64": (41, 442, 428, 429),
+    # machine: (pivot_root, mount_setattr, open_tree, move_mount, capset); the middle
+    # three are the generic table's on both.
+    "x86_64": (155, 442, 428, 429, 126),
+    "aarch64": (41, 442, 428, 429, 91),
 }
 
 _libc = ctypes.CDLL(None, use_errno=True)
 #: This machine's (pivot_root, mount_setattr, open_tree, move_mount) numbers, looked up
 #: once: a keeper must import nothing once its view is built (the stdlib may be out of
 #: sight).
-_NUMBERS: tuple[int | None, ...] = _SYSCALLS.get(platform.machine(), (None, None, None, None))
+_NUMBERS: tuple[int | None, ...] = _SYSCALLS.get(platform.machine(), (None,) * 5)
 
 
 def _check(result: int, what: str) -> None:
@@ -181,6 +181,15 @@ def _number(index: int, what: str) -> int:
     if number is None:
         raise OSError(errno.ENOSYS, f"{what}: unknown machine")
     return number
+
+
+def drop_capabilities() -> None:
+    """capset(2): this process keeps no capability (a keeper's child that takes no other
+    ids would keep the keeper's until its exec)."""
+    header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, self
+    data = (ctypes.c_uint32 * 6)()
+    _check(_libc.syscall(ctypes.c_long(_number(4, "capset")), ctypes.byref(header),
+                         ctypes.byref(data)), "capset")
 
 
 def setns(fd: int, nstype: int) -> None:
@@ -402,6 +411,8 @@ def _child(executable: str | None, argv: Sequence[str], env: Mapping[str, str], 
             os.setgroups(list(who.groups))
             os.setresgid(who.gid, who.gid, who.gid)
             os.setresuid(who.uid, who.uid, who.uid)
+        else:
+            drop_capabilities()  # the cwd is entered as the user who runs there
         stage = "cwd"
         os.chdir(cwd)
         stage = "setup"

@@ -412,6 +412,9 @@ def _make_dirs(record: WorkspaceRecord, settings: Settings, user: sandbox.User |
             blank.layers = None
         else:
             _make_layers(state / "layer", slot, image_root)
+            if image_root is not None and record.image is not None and record.image.workdir:
+                _make_workdir(state / "layer" / "upper" / "root", image_root,
+                              record.image.workdir, slot)
     elif user is not None:
         os.chown(state / "home", user.uid, user.gid)
 
@@ -424,12 +427,70 @@ def _make_layers(layers: Path, slot: ids.Slot, image_root: str | None) -> None:
     for name in ("upper", "work", "empty"):
         (layers / name).mkdir(mode=0o700 if name != "empty" else 0o755, parents=True)
     _upper(layers, "root", os.stat(image_root) if image_root else None, slot)
+    if image_root is not None:
+        _seed_network_files(layers / "upper" / "root", image_root, slot)
     if image_root is None:
         for entry in IDMAPPED_ENTRIES:
             with contextlib.suppress(FileNotFoundError):
                 info = os.stat(f"/{entry}", follow_symlinks=False)
                 if stat.S_ISDIR(info.st_mode):
                     _upper(layers, layout.upper_name(entry), info, slot)
+
+
+#: What an image's workspace finds in its /etc for the network, as a container does
+#: (its own to change: the files are in its upper layer).
+HOSTS = "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n"
+
+
+def _seed_network_files(upper: Path, image_root: str, slot: ids.Slot) -> None:
+    """/etc/hosts and the host's /etc/resolv.conf in an image workspace's own layer (an
+    image's are empty or missing: names would not resolve)."""
+    try:
+        lower = os.stat(os.path.join(image_root, "etc"), follow_symlinks=False)
+    except OSError:
+        return
+    if not stat.S_ISDIR(lower.st_mode):
+        return
+    etc = upper / "etc"
+    etc.mkdir(mode=stat.S_IMODE(lower.st_mode))
+    os.chown(etc, _shifted(lower.st_uid, slot.uid), _shifted(lower.st_gid, slot.gid))
+    try:
+        resolv = Path("/etc/resolv.conf").read_text("utf-8")
+    except (OSError, UnicodeDecodeError):
+        resolv = ""
+    for name, text in (("hosts", HOSTS), ("resolv.conf", resolv)):
+        fd = os.open(etc / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                     | os.O_CLOEXEC, 0o644)
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            os.fchown(handle.fileno(), slot.uid, slot.gid)
+
+
+def _make_workdir(upper: Path, image_root: str, workdir: str, slot: ids.Slot) -> None:
+    """An image's WORKDIR, made in the workspace's own layer when the image has not got
+    it (as container runtimes make it): each directory it lies in copied up with the
+    image's owner and mode (an overlay shows its upper directory's), the new ones the
+    workspace root's. A link on the way: left alone (the call's cwd error says so)."""
+    lower, upper_dir = image_root, upper
+    for part in [p for p in os.path.normpath(workdir).split("/") if p]:
+        lower = os.path.join(lower, part)
+        upper_dir = upper_dir / part
+        try:
+            info: os.stat_result | None = os.lstat(lower)
+        except FileNotFoundError:
+            info = None
+        if info is not None and not stat.S_ISDIR(info.st_mode):
+            return
+        if upper_dir.exists():
+            continue
+        upper_dir.mkdir(mode=stat.S_IMODE(info.st_mode) if info else 0o755)
+        os.chown(upper_dir, *((_shifted(info.st_uid, slot.uid), _shifted(info.st_gid, slot.gid))
+                              if info else (slot.uid, slot.gid)))
+
+
+def _shifted(host_id: int, first: int) -> int:
+    """An image's (or the host's) id as the workspace's user namespace shows it."""
+    return first + host_id if host_id < ids.SLOT_SIZE else host_id
 
 
 def _upper(layers: Path, name: str, lower: os.stat_result | None, slot: ids.Slot) -> None:
@@ -439,9 +500,7 @@ def _upper(layers: Path, name: str, lower: os.stat_result | None, slot: ids.Slot
     if lower is None:
         os.chown(upper, slot.uid, slot.gid)
         return
-    uid = slot.uid + lower.st_uid if lower.st_uid < ids.SLOT_SIZE else lower.st_uid
-    gid = slot.gid + lower.st_gid if lower.st_gid < ids.SLOT_SIZE else lower.st_gid
-    os.chown(upper, uid, gid)
+    os.chown(upper, _shifted(lower.st_uid, slot.uid), _shifted(lower.st_gid, slot.gid))
     upper.chmod(stat.S_IMODE(lower.st_mode))
 
 
@@ -980,6 +1039,11 @@ def _read_in_root(root: str, rel: str) -> str:
             return handle.read(1 << 20).decode("utf-8")
     finally:
         os.close(fd)
+
+
+def shell_of(record: WorkspaceRecord) -> str:
+    """What runs a command in the workspace: bash, or `sh` in an image without bash."""
+    return record.image.shell if record.image is not None else "bash"
 
 
 def home_of(user: sandbox.User | None, record: WorkspaceRecord | None = None) -> str:
