@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import ctypes
 import json
 import os
 import re
@@ -39,6 +40,8 @@ LONG_TIMEOUT_S = 3600.0
 STDERR_TAIL = 16 * 1024
 #: Longest tool message shown to a user.
 MAX_REASON = 400
+#: umount2's flag: detach now, finish when no longer busy.
+MNT_DETACH = 2
 
 #: The Debian package of each tool, named when one is missing.
 PACKAGES = {"skopeo": "skopeo", "umoci": "umoci", "buildah": "buildah"}
@@ -113,7 +116,8 @@ def bud_args(settings: Settings, context: Path, dockerfile: Path, iidfile: Path)
     """`buildah bud`'s arguments: chroot isolation (no runtime: crun refuses this host's
     mixed cgroup hierarchy), layers kept for the next build, the worker's credentials
     for the base image."""
-    flags = ["bud", "--isolation", "chroot", "--layers", "--iidfile", str(iidfile),
+    # --force-rm: a failed step's container goes too (else its overlay stays mounted).
+    flags = ["bud", "--isolation", "chroot", "--layers", "--force-rm", "--iidfile", str(iidfile),
              "--file", str(dockerfile)]
     if settings.registry_auth_file is not None:
         flags += ["--authfile", str(settings.registry_auth_file)]
@@ -135,6 +139,31 @@ def registries_conf(settings: Settings) -> str | None:
 
 
 # ----------------------------------------------------------------------- running
+
+
+def mounts_under(root: Path, mountinfo: str) -> list[str]:
+    """The mount points at or under `root` in a /proc/self/mountinfo text, deepest first
+    (the order they can be unmounted in)."""
+    prefix = os.path.realpath(root)
+    found = []
+    for line in mountinfo.splitlines():
+        fields = line.split()
+        if len(fields) > 4:
+            point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), fields[4])
+            if point == prefix or point.startswith(prefix + "/"):
+                found.append(point)
+    return sorted(set(found), key=lambda point: point.count("/"), reverse=True)
+
+
+def unmount_under(root: Path) -> None:
+    """Detach every mount at or under `root` (what buildah's overlay driver left)."""
+    try:
+        mountinfo = Path("/proc/self/mountinfo").read_text(encoding="utf-8")
+    except OSError:
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    for point in mounts_under(root, mountinfo):
+        libc.umount2(point.encode(), MNT_DETACH)  # failure: rmtree reports what stays
 
 
 def capture(argv: Sequence[str], what: str, settings: Settings,

@@ -653,8 +653,9 @@ def _sweep_builds(store: Store) -> None:
 
 
 def _empty_buildah(store: Store, settings: Settings) -> None:
-    """Empty buildah's storage (its base images and layer cache): through buildah, which
-    unmounts what it mounted, then the directory."""
+    """Empty buildah's storage (its base images and layer cache): through buildah, then
+    whatever its overlay driver left mounted (it keeps its own directory bind-mounted),
+    then the directory."""
     if not store.buildah.exists():
         return
     if shutil.which("buildah"):
@@ -662,4 +663,5 @@ def _empty_buildah(store: Store, settings: Settings) -> None:
             with contextlib.suppress(ImageError):
                 tools.capture(tools.buildah_argv(store.buildah, *args), "emptying buildah's "
                               "storage", settings)
+    tools.unmount_under(store.buildah)
     shutil.rmtree(store.buildah, ignore_errors=True)
