@@ -239,7 +239,8 @@ def parse_config(raw: bytes) -> ImageConfig:
     """The parts of an OCI (or Docker) image config a workspace uses; absent fields are
     empty, malformed ones refused (`invalid`)."""
     document = _json_object(raw, "image config")
-    config = document.get("config") or {}
+    config = document.get("config")
+    config = {} if config is None else config
     if not isinstance(config, dict):
         raise ImageError("invalid", "malformed image config: `config` is not an object")
     env = config.get("Env") or []
