@@ -54,6 +54,7 @@ from client._core.constants import (
     DEFAULT_REDIS_CONCURRENCY,
     FULL_OUTPUT_MAX_BYTES,
     IDLE_TICK_S,
+    PULL_POLL_S,
     TIMED_WAIT_TICK_S,
     WATCH_INTERVAL_S,
 )
@@ -65,6 +66,7 @@ from client._core.identity import (
     resolve_identity,
 )
 from client._core.messages import (
+    ErrorFor,
     build_call,
     control_message,
     control_request,
@@ -123,6 +125,8 @@ from client.errors import (
     WaitTimeout,
     WorkerError,
     WorkerLost,
+    error_for,
+    image_error_for,
 )
 from worker.fleet.connect import Redis, redis_client, safe_url
 from worker.wire import names
@@ -136,6 +140,12 @@ from worker.wire.control import (
     ControlRequest,
     DetachRequest,
     DetachResult,
+    ImageList,
+    ImagePull,
+    ImagePullRequest,
+    ImageRemoved,
+    ImageRemoveRequest,
+    ImagesRequest,
     JobList,
     JobsRequest,
     KillRequest,
@@ -150,6 +160,7 @@ from worker.wire.models import (
     CallResult,
     CheckResult,
     HostInfo,
+    ImageInfo,
     JobView,
     Model,
     OutputChunk,
@@ -816,6 +827,81 @@ class Fleet:
                                    "unused, or another owner's)")
         return view
 
+    # --------------------------------------------------------------------- images
+
+    def images(self, *, host: str | None = None) -> list[ImageInfo]:
+        """The images `host` holds, or every live host (`ImageInfo.host` says whose):
+        pulled or built there, shared by every owner of the host, least recently used
+        first on each."""
+        asked = {name: self._send_control(name, ImagesRequest())
+                 for name in self._image_hosts(host)}
+        found: list[ImageInfo] = []
+        for sent in asked.values():
+            found += (self._await_control(sent, ImageList, errors=image_error_for)).images
+        return found
+
+    def pull_image(
+        self, ref: str, *, host: str | None = None, refresh: bool = False,
+        progress: Callable[[str], None] | None = None,
+    ) -> list[ImageInfo]:
+        """Pull an image onto `host`, or onto every live host, unless it is held there
+        already (a pull of it under way is joined); the image as each host holds it.
+        `refresh`: ask the registry where a tag points now. `progress` hears the hosts'
+        progress lines (`host: line`). ImageError when a host cannot pull it (the other
+        hosts' pulls go on)."""
+        first = control_request(ImagePullRequest, ref=ref, refresh=refresh, wait_s=PULL_POLL_S)
+        asked = dict.fromkeys(self._image_hosts(host), first)
+        pulled: list[ImageInfo] = []
+        failure: BashfleetError | None = None
+        while asked:
+            # A host holds each question at most PULL_POLL_S: the pull runs on its own
+            # thread there, and the control consumer's threads stay free.
+            sent = {name: self._send_control(name, question, CTL_TIMEOUT_S + PULL_POLL_S)
+                    for name, question in asked.items()}
+            for name, each in sent.items():
+                try:
+                    state = self._await_control(each, ImagePull, errors=image_error_for)
+                except BashfleetError as exc:
+                    failure = failure or exc
+                    del asked[name]
+                    continue
+                if progress is not None:
+                    for line in state.lines:
+                        progress(f"{name}: {line}")
+                if state.done and state.image is not None:
+                    pulled.append(state.image)
+                    del asked[name]
+                else:
+                    asked[name] = first.model_copy(update={"pull_id": state.pull_id,
+                                                           "seen": state.seen})
+        if failure is not None:
+            raise failure
+        return pulled
+
+    def remove_image(self, ref: str, *, host: str | None = None) -> list[str]:
+        """Remove an image (by a reference it was pulled as, or its digest) from `host`,
+        or from every live host holding it; the hosts it was removed from. An admin
+        client's call (a host's images are shared by its owners); ImageError `invalid`
+        where a workspace uses it."""
+        request = control_request(ImageRemoveRequest, ref=ref)
+        asked = {name: self._send_control(name, request)
+                 for name in self._image_hosts(host)}
+        removed = []
+        for name, sent in asked.items():
+            answer = self._await_control(sent, ImageRemoved, errors=image_error_for)
+            if answer.removed:
+                removed.append(name)
+        return removed
+
+    def _image_hosts(self, host: str | None) -> list[str]:
+        """`host`, or every live host (HostUnavailable when there is none)."""
+        if host is not None:
+            return [host]
+        live = sorted(self._r(records.live_hosts))
+        if not live:
+            raise HostUnavailable("no live host in the fleet")
+        return live
+
     # --------------------------------------------------------------------- events
 
     def wait(self, id: str, *, timeout: float | None = None) -> JobView:
@@ -984,12 +1070,14 @@ class Fleet:
             raise
         return SentControl(host, task_id, token, slot, timeout, time.monotonic() + timeout)
 
-    def _await_control(self, sent: SentControl, response: type[R]) -> R:
+    def _await_control(self, sent: SentControl, response: type[R], *,
+                             errors: ErrorFor = error_for) -> R:
         try:
             sealed = self._control_answer(sent)
         finally:
             self._replies.forget(sent.task_id)
-        return decode_control(self._keys, sent.task_id, sent.host, sealed, response)
+        return decode_control(self._keys, sent.task_id, sent.host, sealed, response,
+                              errors=errors)
 
     def _control_answer(self, sent: SentControl) -> str:
         """The answer as sent: heard, or read back (the listener may have missed its
