@@ -833,12 +833,9 @@ class Fleet:
         """The images `host` holds, or every live host (`ImageInfo.host` says whose):
         pulled or built there, shared by every owner of the host, least recently used
         first on each."""
-        asked = {name: self._send_control(name, ImagesRequest())
-                 for name in self._image_hosts(host)}
-        found: list[ImageInfo] = []
-        for sent in asked.values():
-            found += (self._await_control(sent, ImageList, errors=image_error_for)).images
-        return found
+        hosts = self._image_hosts(host)
+        answers = self._ask_each(dict.fromkeys(hosts, ImagesRequest()), ImageList)
+        return [info for answer in _all_or_raise(answers).values() for info in answer.images]
 
     def pull_image(
         self, ref: str, *, host: str | None = None, refresh: bool = False,
@@ -851,32 +848,21 @@ class Fleet:
         hosts' pulls go on)."""
         first = control_request(ImagePullRequest, ref=ref, refresh=refresh, wait_s=PULL_POLL_S)
         asked = dict.fromkeys(self._image_hosts(host), first)
-        pulled: list[ImageInfo] = []
-        failure: BashfleetError | None = None
+        pulled: dict[str, ImageInfo | BashfleetError] = {}
         while asked:
-            # A host holds each question at most PULL_POLL_S: the pull runs on its own
-            # thread there, and the control consumer's threads stay free.
-            sent = {name: self._send_control(name, question, CTL_TIMEOUT_S + PULL_POLL_S)
-                    for name, question in asked.items()}
-            for name, each in sent.items():
-                try:
-                    state = self._await_control(each, ImagePull, errors=image_error_for)
-                except BashfleetError as exc:
-                    failure = failure or exc
-                    del asked[name]
-                    continue
-                if progress is not None:
-                    for line in state.lines:
-                        progress(f"{name}: {line}")
-                if state.done and state.image is not None:
-                    pulled.append(state.image)
-                    del asked[name]
-                else:
-                    asked[name] = first.model_copy(update={"pull_id": state.pull_id,
-                                                           "seen": state.seen})
-        if failure is not None:
-            raise failure
-        return pulled
+            # A host holds each question at most PULL_POLL_S: the pull runs on a thread
+            # of its own there, and the control consumer's threads stay free.
+            answers = self._ask_each(asked, ImagePull, CTL_TIMEOUT_S + PULL_POLL_S)
+            for name, state in answers.items():
+                if isinstance(state, ImagePull):
+                    _say(progress, name, state.lines)
+                    if not state.done:
+                        asked[name] = first.model_copy(
+                            update={"pull_id": state.pull_id, "seen": state.seen})
+                        continue
+                pulled[name] = _image_of(name, state)
+                del asked[name]
+        return list(_all_or_raise(pulled).values())
 
     def remove_image(self, ref: str, *, host: str | None = None) -> list[str]:
         """Remove an image (by a reference it was pulled as, or its digest) from `host`,
@@ -884,14 +870,10 @@ class Fleet:
         client's call (a host's images are shared by its owners); ImageError `invalid`
         where a workspace uses it."""
         request = control_request(ImageRemoveRequest, ref=ref)
-        asked = {name: self._send_control(name, request)
-                 for name in self._image_hosts(host)}
-        removed = []
-        for name, sent in asked.items():
-            answer = self._await_control(sent, ImageRemoved, errors=image_error_for)
-            if answer.removed:
-                removed.append(name)
-        return removed
+        hosts = self._image_hosts(host)
+        answers = _all_or_raise(self._ask_each(dict.fromkeys(hosts, request),
+                                                     ImageRemoved))
+        return [name for name, answer in answers.items() if answer.removed]
 
     def _image_hosts(self, host: str | None) -> list[str]:
         """`host`, or every live host (HostUnavailable when there is none)."""
@@ -901,6 +883,21 @@ class Fleet:
         if not live:
             raise HostUnavailable("no live host in the fleet")
         return live
+
+    def _ask_each(self, questions: Mapping[str, ControlRequest], response: type[R],
+                        timeout: float = CTL_TIMEOUT_S) -> dict[str, R | BashfleetError]:
+        """Send each host its image request at once, then read every answer: a host's
+        failure as its exception (ImageError for the image's own), the others read all
+        the same."""
+        sent = {name: self._send_control(name, question, timeout)
+                for name, question in questions.items()}
+        answers: dict[str, R | BashfleetError] = {}
+        for name, each in sent.items():
+            try:
+                answers[name] = self._await_control(each, response, errors=image_error_for)
+            except BashfleetError as exc:
+                answers[name] = exc
+        return answers
 
     # --------------------------------------------------------------------- events
 
@@ -1094,3 +1091,26 @@ class Fleet:
                                       deadline=sent.deadline, timeout=sent.timeout)
             if problem is not None:
                 raise problem
+
+
+def _all_or_raise(answers: Mapping[str, T | BashfleetError]) -> dict[str, T]:
+    """Every host's answer; the first host's failure raised when there is one."""
+    for answer in answers.values():
+        if isinstance(answer, BashfleetError):
+            raise answer
+    return {name: answer for name, answer in answers.items()
+            if not isinstance(answer, BashfleetError)}
+
+
+def _say(progress: Callable[[str], None] | None, host: str, lines: tuple[str, ...]) -> None:
+    """A host's progress lines, to whoever listens."""
+    if progress is not None:
+        for line in lines:
+            progress(f"{host}: {line}")
+
+
+def _image_of(host: str, state: ImagePull | BashfleetError) -> ImageInfo | BashfleetError:
+    """What a finished pull left on a host: its image, or why there is none."""
+    if isinstance(state, BashfleetError):
+        return state
+    return state.image or WorkerError(f"{host} ended a pull without saying its image")
