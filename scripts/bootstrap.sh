@@ -66,6 +66,30 @@ if ! command -v bwrap >/dev/null; then
   echo "(sudo apt-get install bubblewrap, or run this script as root)" >&2
 fi
 
+# The container tools: user namespaces (uidmap), images (skopeo pulls, umoci unpacks,
+# buildah builds Dockerfiles, passt gives a rootless network), and what the image tests
+# make their images and registry with (mmdebstrap, docker-registry, htpasswd). As root
+# with apt-get, any that is missing: Debian's packages, in one install.
+IMAGE_TOOLS="newuidmap:uidmap skopeo:skopeo umoci:umoci buildah:buildah mmdebstrap:mmdebstrap"
+IMAGE_TOOLS="$IMAGE_TOOLS docker-registry:docker-registry htpasswd:apache2-utils pasta:passt"
+missing=""
+for pair in $IMAGE_TOOLS; do
+  command -v "${pair%%:*}" >/dev/null || missing="$missing ${pair#*:}"
+done
+if [ -n "$missing" ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  echo "installing Debian's container tools:$missing" >&2
+  # shellcheck disable=SC2086 # one word per package
+  if ! DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+      $missing >/dev/null 2>&1; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+      --no-install-recommends $missing >/dev/null ||
+      echo "could not install$missing: images (and their tests) need them" >&2
+  fi
+elif [ -n "$missing" ]; then
+  echo "note: missing container tools (images need them):$missing" >&2
+  echo "(sudo apt-get install$missing, or run this script as root)" >&2
+fi
+
 # The account a worker started as root runs every call as (BASHFLEET_RUN_AS, whose
 # default it is when it exists; else `nobody`): unprivileged, a group of its own, no
 # home, no login, never the worker's own user, so no call reads the worker's secrets.

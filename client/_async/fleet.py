@@ -65,6 +65,7 @@ from client._core.constants import (
     DEFAULT_REDIS_CONCURRENCY,
     FULL_OUTPUT_MAX_BYTES,
     IDLE_TICK_S,
+    PULL_POLL_S,
     TIMED_WAIT_TICK_S,
     WATCH_INTERVAL_S,
 )
@@ -76,6 +77,7 @@ from client._core.identity import (
     resolve_identity,
 )
 from client._core.messages import (
+    ErrorFor,
     build_call,
     control_message,
     control_request,
@@ -121,6 +123,8 @@ from client.errors import (
     WaitTimeout,
     WorkerError,
     WorkerLost,
+    error_for,
+    image_error_for,
 )
 from worker.fleet.connect import AsyncRedis, async_redis_client, safe_url
 from worker.wire import names
@@ -134,6 +138,12 @@ from worker.wire.control import (
     ControlRequest,
     DetachRequest,
     DetachResult,
+    ImageList,
+    ImagePull,
+    ImagePullRequest,
+    ImageRemoved,
+    ImageRemoveRequest,
+    ImagesRequest,
     JobList,
     JobsRequest,
     KillRequest,
@@ -148,6 +158,7 @@ from worker.wire.models import (
     CallResult,
     CheckResult,
     HostInfo,
+    ImageInfo,
     JobView,
     Model,
     OutputChunk,
@@ -814,6 +825,78 @@ class AsyncFleet:
                                    "unused, or another owner's)")
         return view
 
+    # --------------------------------------------------------------------- images
+
+    async def images(self, *, host: str | None = None) -> list[ImageInfo]:
+        """The images `host` holds, or every live host (`ImageInfo.host` says whose):
+        pulled or built there, shared by every owner of the host, least recently used
+        first on each."""
+        hosts = await self._image_hosts(host)
+        answers = await self._ask_each(dict.fromkeys(hosts, ImagesRequest()), ImageList)
+        return [info for answer in _all_or_raise(answers).values() for info in answer.images]
+
+    async def pull_image(
+        self, ref: str, *, host: str | None = None, refresh: bool = False,
+        progress: Callable[[str], None] | None = None,
+    ) -> list[ImageInfo]:
+        """Pull an image onto `host`, or onto every live host, unless it is held there
+        already (a pull of it under way is joined); the image as each host holds it.
+        `refresh`: ask the registry where a tag points now. `progress` hears the hosts'
+        progress lines (`host: line`). ImageError when a host cannot pull it (the other
+        hosts' pulls go on)."""
+        first = control_request(ImagePullRequest, ref=ref, refresh=refresh, wait_s=PULL_POLL_S)
+        asked = dict.fromkeys(await self._image_hosts(host), first)
+        pulled: dict[str, ImageInfo | BashfleetError] = {}
+        while asked:
+            # A host holds each question at most PULL_POLL_S: the pull runs on a thread
+            # of its own there, and the control consumer's threads stay free.
+            answers = await self._ask_each(asked, ImagePull, CTL_TIMEOUT_S + PULL_POLL_S)
+            for name, state in answers.items():
+                if isinstance(state, ImagePull):
+                    _say(progress, name, state.lines)
+                    if not state.done:
+                        asked[name] = first.model_copy(
+                            update={"pull_id": state.pull_id, "seen": state.seen})
+                        continue
+                pulled[name] = _image_of(name, state)
+                del asked[name]
+        return list(_all_or_raise(pulled).values())
+
+    async def remove_image(self, ref: str, *, host: str | None = None) -> list[str]:
+        """Remove an image (by a reference it was pulled as, or its digest) from `host`,
+        or from every live host holding it; the hosts it was removed from. An admin
+        client's call (a host's images are shared by its owners); ImageError `invalid`
+        where a workspace uses it."""
+        request = control_request(ImageRemoveRequest, ref=ref)
+        hosts = await self._image_hosts(host)
+        answers = _all_or_raise(await self._ask_each(dict.fromkeys(hosts, request),
+                                                     ImageRemoved))
+        return [name for name, answer in answers.items() if answer.removed]
+
+    async def _image_hosts(self, host: str | None) -> list[str]:
+        """`host`, or every live host (HostUnavailable when there is none)."""
+        if host is not None:
+            return [host]
+        live = sorted(await self._r(records.live_hosts))
+        if not live:
+            raise HostUnavailable("no live host in the fleet")
+        return live
+
+    async def _ask_each(self, questions: Mapping[str, ControlRequest], response: type[R],
+                        timeout: float = CTL_TIMEOUT_S) -> dict[str, R | BashfleetError]:
+        """Send each host its image request at once, then read every answer: a host's
+        failure as its exception (ImageError for the image's own), the others read all
+        the same."""
+        sent = {name: await self._send_control(name, question, timeout)
+                for name, question in questions.items()}
+        answers: dict[str, R | BashfleetError] = {}
+        for name, each in sent.items():
+            try:
+                answers[name] = await self._await_control(each, response, errors=image_error_for)
+            except BashfleetError as exc:
+                answers[name] = exc
+        return answers
+
     # --------------------------------------------------------------------- events
 
     async def wait(self, id: str, *, timeout: float | None = None) -> JobView:
@@ -982,12 +1065,14 @@ class AsyncFleet:
             raise
         return SentControl(host, task_id, token, slot, timeout, time.monotonic() + timeout)
 
-    async def _await_control(self, sent: SentControl, response: type[R]) -> R:
+    async def _await_control(self, sent: SentControl, response: type[R], *,
+                             errors: ErrorFor = error_for) -> R:
         try:
             sealed = await self._control_answer(sent)
         finally:
             self._replies.forget(sent.task_id)
-        return decode_control(self._keys, sent.task_id, sent.host, sealed, response)
+        return decode_control(self._keys, sent.task_id, sent.host, sealed, response,
+                              errors=errors)
 
     async def _control_answer(self, sent: SentControl) -> str:
         """The answer as sent: heard, or read back (the listener may have missed its
@@ -1004,3 +1089,26 @@ class AsyncFleet:
                                       deadline=sent.deadline, timeout=sent.timeout)
             if problem is not None:
                 raise problem
+
+
+def _all_or_raise(answers: Mapping[str, T | BashfleetError]) -> dict[str, T]:
+    """Every host's answer; the first host's failure raised when there is one."""
+    for answer in answers.values():
+        if isinstance(answer, BashfleetError):
+            raise answer
+    return {name: answer for name, answer in answers.items()
+            if not isinstance(answer, BashfleetError)}
+
+
+def _say(progress: Callable[[str], None] | None, host: str, lines: tuple[str, ...]) -> None:
+    """A host's progress lines, to whoever listens."""
+    if progress is not None:
+        for line in lines:
+            progress(f"{host}: {line}")
+
+
+def _image_of(host: str, state: ImagePull | BashfleetError) -> ImageInfo | BashfleetError:
+    """What a finished pull left on a host: its image, or why there is none."""
+    if isinstance(state, BashfleetError):
+        return state
+    return state.image or WorkerError(f"{host} ended a pull without saying its image")

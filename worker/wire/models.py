@@ -877,6 +877,9 @@ class ImageInfo(Model):
     """`bash` where the image has bash, else `sh`."""
     pulled_at: float = 0.0
     last_used_at: float | None = None
+    refs: list[str] = Field(default_factory=list)
+    """Every reference this host holds it under (canonical spelling; `build:<dir>` for
+    one built from a Dockerfile)."""
 
 
 class WorkspaceRecord(Model):
