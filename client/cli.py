@@ -262,6 +262,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     from client import attach  # noqa: PLC0415
     from client.foreground import ForegroundRun, StdinWatch  # noqa: PLC0415
 
+    if args.image or args.build:
+        return _run_in_new_workspace(args)
+
     if args.tty or (not args.no_stdin and attach.piped_stdin()):
         return _run_interactive(args, tty=args.tty)
     fleet = _fleet()
@@ -284,6 +287,32 @@ def cmd_run(args: argparse.Namespace) -> int:
             return _follow(fleet, result.job.id, stderr=stderr, offsets=run.follower.offsets())
     status = _report_run(fleet, result, args)
     return outcome.status if outcome.status is not None else status
+
+
+def _run_in_new_workspace(args: argparse.Namespace) -> int:
+    """`run --image`/`--build`: the call in a workspace made for it from the image,
+    deleted after it unless a job of the call still runs there (then its TTL ends it)."""
+    if args.workspace or args.session:
+        print("bashfleet run: --image and --build make a workspace of their own: not with "
+              "--workspace or --session", file=sys.stderr)
+        return EXIT_USAGE
+    fleet = _fleet()
+    workspace = fleet.workspace(host=args.host, image=args.image, build=args.build,
+                                user=args.user, isolation=args.isolation, network=args.network,
+                                ttl_s=RUN_IMAGE_TTL_S)
+    args.workspace, args.image, args.build = workspace.id, None, None
+    try:
+        return cmd_run(args)
+    finally:
+        if any(job.running for job in workspace.jobs()):
+            print(f"[workspace {workspace.id} stays while its job runs; "
+                  f"`bashfleet workspace rm {workspace.id}` ends it]", file=sys.stderr)
+        else:
+            workspace.delete()
+
+
+#: How long a workspace `run --image` made lives unused when a job of the call runs on.
+RUN_IMAGE_TTL_S = 24 * 3600.0
 
 
 def _report_run(fleet: Fleet, result: CallResult, args: argparse.Namespace) -> int:
@@ -821,7 +850,8 @@ def cmd_mcp(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     print(f"bashfleet mcp: {dialect.name} dialect, session {session} "
           f"(resume it with --session {session})", file=sys.stderr)
-    mcp_server.serve(dialect, session, host=args.host, cwd=args.cwd)
+    mcp_server.serve(dialect, session, host=args.host, cwd=args.cwd,
+                     made_of={"image": args.image, "build": args.build, "user": args.user})
     return 0
 
 
@@ -933,6 +963,7 @@ def _add_run_command(sub: SubParsers) -> argparse.ArgumentParser:
     run.add_argument("--workspace", metavar="W",
                      help="run in this workspace (`bashfleet workspace create`), on its host; "
                      "default: a throwaway one, ended with the call and its jobs")
+    workspace_cli.add_image_options(run)
     run.add_argument("--cwd", help="working directory (relative: from the workspace's "
                      "directory, or the session's cwd)")
     run.add_argument("--session",
@@ -1024,6 +1055,7 @@ def _add_agent_commands(sub: SubParsers) -> None:
     mcp.add_argument("--session", help="session id to create or resume (default: a new one)")
     mcp.add_argument("--host", help="pin the session to this host (default: its first host)")
     mcp.add_argument("--cwd", help="the session's working directory on the host")
+    workspace_cli.add_image_options(mcp)
     mcp.set_defaults(func=cmd_mcp)
 
 

@@ -141,9 +141,11 @@ class FleetRunner:
     """The dialects' `Runner` on a `Fleet`; a fleet found unreachable is reported to
     `on_unavailable`, so the server connects afresh for the next call."""
 
-    def __init__(self, fleet: Fleet, on_unavailable: Callable[[], None] | None = None) -> None:
+    def __init__(self, fleet: Fleet, on_unavailable: Callable[[], None] | None = None, *,
+                 made_of: Mapping[str, str | None] | None = None) -> None:
         self.fleet = fleet
         self._on_unavailable = on_unavailable
+        self.made_of = dict(made_of or {})
 
     def _guard(self, call: Callable[[], T]) -> T:
         try:
@@ -183,9 +185,12 @@ class FleetRunner:
 
     def workspace(self, *, host: str | None = None, near: str | None = None,
                   ttl_s: float | None = None, session: str | None = None) -> MadeWorkspace:
-        """`Fleet.workspace`: the session's workspace on a host (at its first call there)."""
-        return self._guard(lambda: self.fleet.workspace(host=host, near=near, ttl_s=ttl_s,
-                                                        session=session))
+        """`Fleet.workspace`: the session's workspace on a host (at its first call there),
+        made of the server's image when it has one."""
+        return self._guard(lambda: self.fleet.workspace(
+            host=host, near=near, ttl_s=ttl_s, session=session,
+            image=self.made_of.get("image"), build=self.made_of.get("build"),
+            user=self.made_of.get("user")))
 
     def renew_workspace(self, workspace_id: str) -> None:
         """Mark a workspace of the session used (the server renews them while it lives)."""
@@ -348,10 +353,13 @@ class FleetBackend:
     needs it, not when the server starts.
     """
 
-    def __init__(self, redis_url: str | None = None, owner: str | None = None) -> None:
-        """`owner`: who the calls and jobs of this server belong to (its session)."""
+    def __init__(self, redis_url: str | None = None, owner: str | None = None, *,
+                 made_of: Mapping[str, str | None] | None = None) -> None:
+        """`owner`: who the calls and jobs of this server belong to (its session);
+        `made_of`: what its session's workspaces are made of (`image`, `build`, `user`)."""
         self._redis_url = redis_url
         self._owner = owner
+        self.made_of = dict(made_of or {})
         self._lock = threading.Lock()
         self._connected: tuple[FleetRunner, RedisSessionStore, redis.Redis] | None = None
 
@@ -364,7 +372,7 @@ class FleetBackend:
                 # agent's tools reach only their own session's jobs.
                 fleet = Fleet(url, owner=self._owner)
                 client = redis_client(cast("str", url))
-                runner = FleetRunner(fleet, on_unavailable=self.reset)
+                runner = FleetRunner(fleet, on_unavailable=self.reset, made_of=self.made_of)
                 store = RedisSessionStore(client, key=resolve_signing_key(cast("str", url)))
                 self._connected = (runner, store, client)
             runner, store, _ = self._connected
@@ -749,12 +757,14 @@ def serve(
     host: str | None = None,
     cwd: str | None = None,
     redis_url: str | None = None,
+    made_of: Mapping[str, str | None] | None = None,
 ) -> None:
-    """Serve `dialect` over stdio until the client closes stdin."""
+    """Serve `dialect` over stdio until the client closes stdin; `made_of`: what the
+    session's workspaces are made of (`image`, `build`, `user`)."""
     if cwd is not None:
         # A relative path means one on this machine, as for a local fleet.
         cwd = os.path.abspath(cwd)
-    backend = FleetBackend(redis_url, owner=session_owner(session_id))
+    backend = FleetBackend(redis_url, owner=session_owner(session_id), made_of=made_of)
     tool_server = ToolServer(dialect, backend, session_id, host=host, cwd=cwd)
     stop = threading.Event()
     tool_server.keep_renewing(stop, RENEW_INTERVAL_S)

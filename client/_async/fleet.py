@@ -36,11 +36,13 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import os
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Concatenate, Literal, ParamSpec, TypeVar
 
 import redis
@@ -60,6 +62,7 @@ from client._async.replies import Answer, AsyncReplies
 from client._async.shells import AsyncShellStore
 from client._async.workspace import AsyncWorkspace
 from client._core.constants import (
+    BUILD_TIMEOUT_S,
     CTL_TIMEOUT_S,
     DEFAULT_MAX_IN_FLIGHT,
     DEFAULT_REDIS_CONCURRENCY,
@@ -118,6 +121,7 @@ from client.errors import (
     CallRejected,
     FleetUnavailable,
     HostUnavailable,
+    ImageError,
     UnknownJob,
     UnknownWorkspace,
     WaitTimeout,
@@ -736,7 +740,8 @@ class AsyncFleet:
         ttl_s: float | None = None, isolation: Literal["none", "process", "strict"] | None = None,
         network: bool | None = None, limits: WorkspaceLimits | Mapping[str, Any] | None = None,
         mounts: Mapping[str, str] | None = None, tags: Mapping[str, str] | None = None,
-        near: str | None = None, session: str | None = None,
+        near: str | None = None, session: str | None = None, image: str | None = None,
+        build: str | os.PathLike[str] | None = None, user: str | None = None,
     ) -> AsyncWorkspace:
         """Make a workspace: a directory on one host and the namespaces its calls share
         (`AsyncWorkspace`). `host`, else a live host of `label` (else of the fleet) with
@@ -746,6 +751,12 @@ class AsyncFleet:
         namespace). `limits`: memory_mb, procs, cpus, disk_mb of its processes together,
         never above the host's. `mounts`: absolute paths in its calls' view -> its own
         subdirectories (`{"/logs": "logs"}`). LimitReached past the owner's cap.
+
+        `image`: an OCI image reference (`python:3.12-slim`): its root filesystem is the
+        workspace's `/` (pulled onto the host first, unless held there: a host that holds
+        it is preferred); `build`: a local directory with a Dockerfile, built on the host
+        (cached by its content). `user`: who its calls run as inside (a name, `uid` or
+        `uid:gid`; default the image's USER, else root).
 
         `session`: the fleet session it is for (an agent session's calls run in it). When
         that session lives in a workspace still there (on `host`, when named), that one
@@ -757,7 +768,8 @@ class AsyncFleet:
         if session is None:
             return await self._new_workspace(
                 host=host, label=label, path=path, ttl_s=ttl_s, isolation=isolation,
-                network=network, limits=limits, mounts=mounts, tags=tags, near=near)
+                network=network, limits=limits, mounts=mounts, tags=tags, near=near,
+                image=image, build=build, user=user)
         if not names.valid_id(session):
             raise CallRejected(f"invalid session id {session!r}")
         shell = await self._call(self._shells.load, session)
@@ -766,7 +778,7 @@ class AsyncFleet:
             return await self._new_workspace(
                 host=host, label=label, path=path, ttl_s=ttl_s, isolation=isolation,
                 network=network, limits=limits, mounts=mounts, tags=tags, near=near,
-                session=session)
+                session=session, image=image, build=build, user=user)
         if shell.workspace is not None:
             with contextlib.suppress(UnknownWorkspace):
                 kept = await self.open_workspace(shell.workspace)
@@ -775,7 +787,7 @@ class AsyncFleet:
         made = await self._new_workspace(
             host=host or shell.host, label=label, path=path, ttl_s=ttl_s,
             isolation=isolation, network=network, limits=limits, mounts=mounts, tags=tags,
-            near=near, session=session)
+            near=near, session=session, image=image, build=build, user=user)
         stored = await self._call(self._shells.commit, session, shells.ShellChange(
             host=made.host, workspace=made.id, force_workspace=shell.workspace is not None))
         if stored.workspace not in (None, made.id):
@@ -788,17 +800,59 @@ class AsyncFleet:
         ttl_s: float | None = None, isolation: Literal["none", "process", "strict"] | None = None,
         network: bool | None = None, limits: WorkspaceLimits | Mapping[str, Any] | None = None,
         mounts: Mapping[str, str] | None = None, tags: Mapping[str, str] | None = None,
-        near: str | None = None, session: str | None = None,
+        near: str | None = None, session: str | None = None, image: str | None = None,
+        build: str | os.PathLike[str] | None = None, user: str | None = None,
     ) -> AsyncWorkspace:
         """A new workspace as `workspace` describes it (`session`: only its label)."""
-        spec = control_request(
-            WorkspaceCreateRequest,
-            spec={"path": path, "ttl_s": ttl_s, "isolation": isolation, "network": network,
-                  "limits": limits or {}, "mounts": dict(mounts or {}),
-                  "tags": dict(tags or {}), "near": near, "session": session})
-        where = choose_host(await self.hosts(), host, label)
-        view = await self._control(where, spec, WorkspaceView)
+        where = choose_host(await self._hosts_for(image, host), host, label)
+        context: AsyncWorkspace | None = None
+        if build is not None:
+            context = await self._build_context(where, build)
+        elif image is not None:
+            await self.pull_image(image, host=where)  # long pulls: not in the create request
+        try:
+            spec = control_request(
+                WorkspaceCreateRequest,
+                spec={"path": path, "ttl_s": ttl_s, "isolation": isolation, "network": network,
+                      "limits": limits or {}, "mounts": dict(mounts or {}),
+                      "tags": dict(tags or {}), "near": near, "session": session,
+                      "image": image if context is None else None, "user": user,
+                      "build": f"{context.path}/context" if context is not None else None})
+            view = await self._control(where, spec, WorkspaceView,
+                                       timeout=BUILD_TIMEOUT_S if context else CTL_TIMEOUT_S)
+        finally:
+            if context is not None:
+                await context.delete()
         return AsyncWorkspace(self, view)
+
+    async def _hosts_for(self, image: str | None, host: str | None) -> list[HostInfo]:
+        """The live hosts a workspace may go to: for an image, those that hold it when any
+        does (a pull is the slowest part of making one)."""
+        hosts = await self.hosts()
+        if image is None or host is not None:
+            return hosts
+        with contextlib.suppress(ImageError, WorkerError, WorkerLost):
+            holding = {info.host for info in await self.images() if image in info.refs
+                       or info.digest == image or image.endswith(f"@{info.digest}")}
+            preferred = [view for view in hosts if view.host in holding]
+            if preferred:
+                return preferred
+        return hosts
+
+    async def _build_context(self, host: str, build: str | os.PathLike[str]) -> AsyncWorkspace:
+        """A local build context copied onto `host` (into a workspace of its own, deleted
+        once the build is done): the host builds from its copy."""
+        source = Path(build)
+        if not source.is_dir() or not any((source / name).is_file()
+                                         for name in ("Dockerfile", "Containerfile")):
+            raise CallRejected(f"build: {build} is not a directory with a Dockerfile")
+        context = await self._new_workspace(host=host, ttl_s=BUILD_TIMEOUT_S)
+        try:
+            await context.upload(source, "context")
+        except BaseException:
+            await context.delete()
+            raise
+        return context
 
     async def open_workspace(self, workspace_id: str) -> AsyncWorkspace:
         """A workspace made before (by any client of this owner): UnknownWorkspace when

@@ -29,6 +29,7 @@ from .engine_helpers import (
     _engine_fixture,  # noqa: F401 - the `engine` fixture
     _janitor_fixture,  # noqa: F401 - the `janitor` fixture
     engine_with,
+    give_to_run_user,
 )
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="a root worker's workspaces")
@@ -205,6 +206,7 @@ def test_finding_5_a_planted_link_never_sends_a_mount_elsewhere(
     with engine_with(tmp_path, janitor) as engine:
         project = engine.tmp / "app"
         project.mkdir()
+        give_to_run_user(project)  # a project is the run user's (OPERATIONS.md)
         victim = host_dir / "victim"
         victim.mkdir(mode=0o700)
         before = victim.stat()
@@ -220,11 +222,12 @@ def test_finding_5_a_planted_link_never_sends_a_mount_elsewhere(
         # Positive control: a real directory there is mounted.
         (project / "out").unlink()
         (project / "out").mkdir()
+        give_to_run_user(project / "out")
         record = workspaces.create(WorkspaceSpec(path=str(project), mounts={"/out": "out"}),
                                    engine.settings)
         try:
             wrote = engine.run("echo hi > /out/f && cat /out/f", workspace=record.id, cwd=None)
-            assert wrote.stdout == "hi\n", wrote
+            assert wrote.stdout == "hi\n", wrote.stderr
             assert (project / "out" / "f").read_text() == "hi\n"
         finally:
             workspaces.delete(record.id, engine.settings)

@@ -34,8 +34,9 @@ def _images_engine_fixture(tmp_path: Path, janitor: Janitor,
         yield engine
 
 
-def _run(engine: Engine, ws_id: str, command: str, **fields: object) -> tuple[str, str]:
-    result = engine.run(command, workspace=ws_id, cwd=None, **fields)
+def _run(engine: Engine, ws_id: str, command: str, *, timeout_s: float = 30.0
+         ) -> tuple[str, str]:
+    result = engine.run(command, workspace=ws_id, cwd=None, timeout_s=timeout_s)
     assert result.error is None, result
     return result.stdout, result.stderr
 

@@ -521,8 +521,8 @@ def _setup_view(spec: dict[str, Any]) -> kernel.Identity | None:
         userns = _prepared.get("userns", -1)
         if userns < 0:
             userns = _user_namespace(ids)
-        if ids.get("project"):
-            owner_uid, owner_gid = ids["project"]
+        if ids.get("shared") and any(step[0] == "idbind" for step in spec["plan"]):
+            owner_uid, owner_gid = ids["shared"]
             project = kernel.new_user_namespace(f"{owner_uid} {ids['uid']} 1\n",
                                                 f"{owner_gid} {ids['gid']} 1\n")
     view.carry_out(spec["plan"], userns_fd=userns, project_fd=project)

@@ -74,7 +74,8 @@ class ViewSpec:
     namespace (host root's files its root's), each an overlay of its own."""
     project: bool = False
     """The workspace's directory (and its mounts) is a project's, owned by the host's run
-    user: shown through a map that makes that user the workspace's root (`idbind`)."""
+    user: shown through a map that makes that user the workspace's root (`idbind`), as
+    the roots every workspace may write (`writable`) are."""
     prebuilt: bool = False
     """With `layers` over the host: its `/` and the idmapped entries' overlays were built
     ahead (`prebuild_steps`) at `root`: not built again."""
@@ -129,7 +130,8 @@ def plan_view(spec: ViewSpec) -> list[Step]:
     mounts += [(f"{r}{d}", True) for d in outer]
     steps += [["tmpfs", f"{r}{d}", 0o755] for d in outer]
     for w in writable_views:
-        steps += _bind_own(r, mounts, w, w, True, grow=False)
+        # With layers: the run user's shared roots through the run user's map (`idbind`).
+        steps += _bind_own(r, mounts, w, w, True, grow=False, mapped=spec.layers is not None)
     for view_path, host_path, writable in _own_paths(spec):
         steps += _bind_own(r, mounts, view_path, host_path, writable,
                            mapped=spec.project and _in_project(host_path, spec))

@@ -163,6 +163,7 @@ def view(record: WorkspaceRecord, settings: Settings, *, count: bool = False) ->
         created_at=record.created_at, last_used_at=used,
         expires_at=None if used is None else used + record.ttl_s, session=record.session,
         tags=record.tags, limits=record.limits, run_as=record.run_as,
+        image=f"{record.image.ref}@{record.image.digest}" if record.image is not None else None,
         disk_bytes=disk_bytes(record, settings) if count else None,
         processes=len(processes(record)) if count else None,
     )
@@ -215,7 +216,7 @@ def _create(spec: WorkspaceSpec, settings: Settings, choice: sandbox.Choice,  # 
         id=ws_id, host=settings.host, owner=spec.owner, path=path, fresh=fresh,
         out_dir=str(out_dir(settings, ws_id)), isolation=choice.level, network=choice.network,
         ttl_s=spec.ttl_s or settings.workspace_ttl_s, created_at=time.time(), limits=granted,
-        mounts=_mounts(spec.mounts, path, owner if fresh else _project_owner(path)),
+        mounts=_mounts(spec.mounts, path, owner if fresh else _run_user_ids(user)),
         session=spec.session, tags=spec.tags, throwaway=throwaway,
         run_as=user.name if user else sandbox.run_user_name(settings),
         image=image, ids=(slot.uid, ids.SLOT_SIZE) if slot is not None else None,
@@ -249,10 +250,11 @@ def _image(spec: WorkspaceSpec, settings: Settings) -> tuple[ImageInfo | None, s
     return info, str(root)
 
 
-def _project_owner(path: str) -> tuple[int, int]:
-    """Who a project's new mount directories belong to: the project's own owner."""
-    info = os.stat(path)
-    return info.st_uid, info.st_gid
+def _run_user_ids(user: sandbox.User | None) -> tuple[int, int] | None:
+    """Who a project's new mount directories belong to: the run user, whose files a
+    project's are (shown as the workspace root's where workspaces have ids of their
+    own); a worker that is not root makes them as itself."""
+    return (user.uid, user.gid) if user is not None else None
 
 
 def choose(spec: WorkspaceSpec, settings: Settings) -> sandbox.Choice:
@@ -522,8 +524,10 @@ def _start_keeper(record: WorkspaceRecord, settings: Settings, user: sandbox.Use
                                       prebuilt=blank.prebuilt))
     body: dict[str, object] = {"plan": plan}
     if slot is not None:
+        # The run user's files (projects, shared writable roots: theirs on the host, as
+        # on a single-tenant host) are the workspace root's through that map.
         body["ids"] = {"uid": slot.uid, "gid": slot.gid, "count": ids.SLOT_SIZE,
-                       "project": None if record.fresh else list(_project_owner(record.path))}
+                       "shared": [user.uid, user.gid] if user is not None else None}
         body["user"] = list(inside_user(record, image_root))
     elif user is not None:
         body.update(uid=user.uid, gid=user.gid, groups=list(user.groups))
