@@ -351,3 +351,104 @@ def test_id_slots_are_freed_when_their_keeper_ends(multi: Engine) -> None:
 
     wait_until(lambda: not locked(), what="the slot freed")
     workspaces.delete(record.id, multi.settings)
+
+
+# ------------------------------------------------------------- a worker that is not root
+
+NON_ROOT_SCRIPT = """
+import json, os, sys
+state, keys, agent, secret_dir = sys.argv[1:5]
+os.environ["XDG_STATE_HOME"] = os.path.join(state, "xdg")
+os.environ["XDG_DATA_HOME"] = os.path.join(state, "data")
+from worker import Call, run_call
+from worker.engine import sandbox, workspaces
+from worker.settings import Settings
+from worker.wire.models import WorkspaceSpec
+settings = Settings(state_dir=os.path.join(state, "state"), host="non-root")
+out = {"tenancy": sandbox.probe(settings).tenancy, "problem": sandbox.probe(settings).problem}
+made = {o: workspaces.create(WorkspaceSpec(owner=o), settings) for o in ("a", "b")}
+import shutil
+for record in made.values():
+    shutil.copy(keys, os.path.join(record.path, "keys.py"))
+def run(owner, command, cwd=None):
+    result = run_call(Call(call_id=f"nr-{owner}-{len(out)}", command=command, owner=owner,
+                           workspace=made[owner].id, cwd=cwd), settings=settings)
+    return {"out": result.stdout, "err": result.stderr,
+            "error": result.error.kind if result.error else None,
+            "message": result.error.message if result.error else None}
+try:
+    out["ns"] = [run(o, "readlink /proc/self/ns/user; cat /proc/self/uid_map") for o in made]
+    out["add"] = run("a", "python3 keys.py add")
+    out["own"] = run("a", "python3 keys.py read")
+    out["steal"] = run("b", "python3 keys.py read")
+    out["agent"] = run("a", "python3 -c 'import socket; s = socket.socket(socket.AF_UNIX); "
+                       f"s.connect(\\"{agent}\\"); print(\\"connected\\")'")
+    out["cwd"] = run("a", "cat token", cwd=secret_dir)
+    out["setuid"] = run("a", "cp /bin/sh ./sh && chmod 6755 ./sh && echo made")
+    out["root"] = str(settings.workspace_root_dir())
+    out["path"] = made["a"].path
+finally:
+    for record in made.values():
+        workspaces.delete(record.id, settings)
+    sandbox.close_all()
+print(json.dumps(out))
+"""
+
+
+def test_a_non_root_worker_is_single_tenant_and_still_keeps_the_findings_out(
+    tmp_path: Path, host_dir: Path
+) -> None:
+    import json  # noqa: PLC0415
+    import pwd  # noqa: PLC0415
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+    import tempfile  # noqa: PLC0415
+
+    import worker  # noqa: PLC0415
+
+    nobody = pwd.getpwnam("nobody")
+    state = Path(tempfile.mkdtemp(prefix="bashfleet-non-root-"))
+    runtime = Path(f"/run/user/{nobody.pw_uid}")
+    made_runtime = not runtime.exists()
+    runtime.mkdir(parents=True, exist_ok=True)
+    agent = runtime / f"agent-{uuid.uuid4().hex[:6]}.sock"
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    secret = host_dir / "x" / "config"
+    try:
+        os.chown(state, nobody.pw_uid, nobody.pw_gid)
+        keys = state / "keys.py"
+        keys.write_text(KEYS)
+        keys.chmod(0o644)
+        server.bind(str(agent))
+        os.chmod(agent, 0o777)  # noqa: S103 - the worker's own session socket, open to it
+        server.listen(1)
+        secret.mkdir(parents=True)
+        (secret / "token").write_text("host-secret\n")
+        (host_dir / "x").chmod(0o700)
+        host_dir.chmod(0o755)
+        site = next(p for p in sys.path if p.endswith("site-packages"))
+        source = str(Path(worker.__file__).parent.parent)
+        script = f"import sys; sys.path[:0] = [{source!r}, {site!r}]\n" + NON_ROOT_SCRIPT
+        done = subprocess.run(
+            ["setpriv", f"--reuid={nobody.pw_uid}", f"--regid={nobody.pw_gid}",
+             "--clear-groups", "/usr/bin/python3", "-I", "-c", script, str(state),
+             str(keys), str(agent), str(secret)],
+            capture_output=True, text=True, timeout=180, check=False, cwd="/",
+            env={"PATH": os.defpath, "HOME": str(state)})
+        assert done.returncode == 0, done.stderr[-3000:]
+        out = json.loads(done.stdout.splitlines()[-1])
+        assert out["tenancy"] == "single"  # said so in `bashfleet hosts`
+        assert out["add"]["out"] == "added\n", (out["add"], out["problem"])
+        assert out["own"]["out"] == "s3cr3t-value\n", out["own"]  # the attack could work
+        assert out["steal"]["out"] == "no key\n", (out["steal"], out["ns"])  # finding 3
+        assert "connected" not in out["agent"]["out"], out["agent"]  # finding 4
+        assert "host-secret" not in out["cwd"]["out"] and out["cwd"]["error"] == "bad_cwd"
+        assert out["setuid"]["out"] == "made\n", out["setuid"]
+        # Finding 1: the worker's workspace root is 0700: no other account reaches it.
+        assert stat.S_IMODE(os.stat(out["root"]).st_mode) == 0o700
+    finally:
+        server.close()
+        agent.unlink(missing_ok=True)
+        if made_runtime:
+            shutil.rmtree(runtime, ignore_errors=True)
+        shutil.rmtree(state, ignore_errors=True)

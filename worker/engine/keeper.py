@@ -539,4 +539,17 @@ def _setup_view(spec: dict[str, Any]) -> kernel.Identity | None:
         # capabilities); each call's child takes the run user's ids before anything.
         os.setresuid(spec["uid"], 0, 0)
         return kernel.Identity(spec["uid"], spec["gid"], tuple(spec.get("groups") or ()))
-    return None
+    return _own_namespace_as_myself()
+
+
+def _own_namespace_as_myself() -> kernel.Identity | None:
+    """A worker that is not root: its calls keep its uid (single-tenant), in a user
+    namespace of the workspace's own mapping that uid alone: a kernel keyring (and a
+    user namespace's other per-namespace state) of its own, not every workspace's. None
+    where the kernel refuses one (calls then share the keeper's)."""
+    uid, gid = os.geteuid(), os.getegid()
+    try:
+        userns = kernel.new_user_namespace(f"{uid} {uid} 1\n", f"{gid} {gid} 1\n")
+    except OSError:
+        return None
+    return kernel.Identity(uid, gid, (), userns)

@@ -239,6 +239,9 @@ def new_user_namespace(uid_map: str, gid_map: str) -> int:
         try:
             os.close(ready_r)
             os.close(done_w)
+            # Dumpable, so that its /proc files are its user's (a keeper is not): a maker
+            # that is not root may then write its maps.
+            prctl(PR_SET_DUMPABLE, 1)
             unshare(CLONE_NEWUSER)
             os.write(ready_w, b"1")
             os.read(done_r, 1)  # until the parent is done with us
@@ -408,11 +411,19 @@ def _child(executable: str | None, argv: Sequence[str], env: Mapping[str, str], 
         if who is not None:
             if who.userns_fd >= 0:
                 setns(who.userns_fd, CLONE_NEWUSER)
-            os.setgroups(list(who.groups))
+            try:
+                os.setgroups(list(who.groups))
+            except PermissionError:
+                # A namespace made without privilege (a worker that is not root) has
+                # setgroups denied, inherited: no supplementary group to drop there.
+                if who.groups:
+                    raise
             os.setresgid(who.gid, who.gid, who.gid)
             os.setresuid(who.uid, who.uid, who.uid)
-        else:
-            drop_capabilities()  # the cwd is entered as the user who runs there
+        if who is None or who.uid != 0:
+            # The cwd is entered as the user who runs there, with no capability (a
+            # namespace's root keeps its own: a container's root).
+            drop_capabilities()
         stage = "cwd"
         os.chdir(cwd)
         stage = "setup"

@@ -309,7 +309,7 @@ def _directory(asked: str | None, ws_id: str, settings: Settings,
     local account finds or reads a workspace), owned by `owner` (the workspace's root)."""
     if asked is None:
         root = settings.workspace_root_dir()
-        _ensure_dir(root, 0o700 if os.geteuid() == 0 else 0o711)
+        _ensure_dir(root, 0o700)
         path = root / ws_id
         path.mkdir(mode=0o755)
         if owner is not None:
@@ -394,7 +394,7 @@ def _ensure_dir(path: Path, mode: int) -> None:
 def _make_dirs(record: WorkspaceRecord, settings: Settings, user: sandbox.User | None,
                blank: Blank | None = None, image_root: str | None = None) -> None:
     _ensure_dir(settings.workspaces_dir, 0o700)
-    _ensure_dir(Path(record.out_dir).parent, 0o700 if os.geteuid() == 0 else 0o711)
+    _ensure_dir(Path(record.out_dir).parent, 0o700)
     out = Path(record.out_dir)
     out.mkdir(mode=0o755)
     # This host's mark on it: its kept output outlives the workspace, until `bashfleet
