@@ -452,3 +452,59 @@ def test_a_non_root_worker_is_single_tenant_and_still_keeps_the_findings_out(
         if made_runtime:
             shutil.rmtree(runtime, ignore_errors=True)
         shutil.rmtree(state, ignore_errors=True)
+
+
+STRICT_HOME_SCRIPT = """
+import json, os, sys, tempfile
+state = sys.argv[1]
+os.environ["XDG_STATE_HOME"] = os.path.join(state, "xdg")
+os.environ["XDG_DATA_HOME"] = os.path.join(state, "data")
+from worker import Call, run_call
+from worker.engine import sandbox, workspaces
+from worker.settings import Settings
+settings = Settings(state_dir=os.path.join(state, "state"), host="strict-home")
+try:
+    result = run_call(Call(call_id="strict-home-1", isolation="strict",
+                           command="echo $HOME; touch ~/made && echo wrote"), settings=settings)
+    print(json.dumps({"out": result.stdout,
+                      "error": result.error.message if result.error else None}))
+finally:
+    for record in workspaces.local_records(settings):
+        workspaces.delete(record.id, settings)
+    sandbox.close_all()
+"""
+
+
+def test_strict_on_a_non_root_worker_whose_home_is_under_home(tmp_path: Path) -> None:
+    import json  # noqa: PLC0415
+    import pwd  # noqa: PLC0415
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+    import tempfile  # noqa: PLC0415
+
+    import worker  # noqa: PLC0415
+
+    nobody = pwd.getpwnam("nobody")
+    home = Path(f"/home/bashfleet-test-{uuid.uuid4().hex[:8]}")
+    state = Path(tempfile.mkdtemp(prefix="bashfleet-strict-home-"))
+    try:
+        home.mkdir()
+        for path in (home, state):
+            os.chown(path, nobody.pw_uid, nobody.pw_gid)
+        site = next(p for p in sys.path if p.endswith("site-packages"))
+        source = str(Path(worker.__file__).parent.parent)
+        script = f"import sys; sys.path[:0] = [{source!r}, {site!r}]\n" + STRICT_HOME_SCRIPT
+        done = subprocess.run(
+            ["setpriv", f"--reuid={nobody.pw_uid}", f"--regid={nobody.pw_gid}",
+             "--clear-groups", "/usr/bin/python3", "-I", "-c", script, str(state)],
+            capture_output=True, text=True, timeout=120, check=False, cwd="/",
+            env={"PATH": os.defpath, "HOME": str(home)})
+        assert done.returncode == 0, done.stderr[-3000:]
+        answer = json.loads(done.stdout.splitlines()[-1])
+        assert answer["error"] is None, answer
+        # Its HOME is its workspace's own (strict hides the host's /home).
+        assert answer["out"] == f"{home}\nwrote\n"
+        assert not (home / "made").exists()
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+        shutil.rmtree(state, ignore_errors=True)

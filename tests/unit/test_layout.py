@@ -230,3 +230,12 @@ def test_a_projects_directory_is_bound_through_its_id_map() -> None:
 def test_a_secret_in_the_workspaces_own_temporary_dirs_is_not_looked_for(secret: str) -> None:
     plan = layout.plan_view(spec(hidden_files=(secret,)))
     assert not any(step[0] == "bind_file" and step[2] == f"{R}{secret}" for step in plan)
+
+
+def test_home_under_a_hidden_host_directory_is_made_on_the_hiding_tmpfs() -> None:
+    # `strict` hides /home; a worker whose HOME is /home/bob gets its own there.
+    plan = layout.plan_view(spec(home_view="/home/bob", hidden_dirs=("/home", "/state")))
+    bind = ["bind", "/state/workspaces/w1/home", f"{R}/home/bob", True]
+    assert bind in plan
+    assert ["mkdir", f"{R}/home/bob", 0o755] in plan[:plan.index(bind)]
+    assert plan.index(["tmpfs", f"{R}/home", 0o755]) < plan.index(bind)

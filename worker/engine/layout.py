@@ -126,7 +126,7 @@ def plan_view(spec: ViewSpec) -> list[Step]:
     mounts: list[tuple[str, bool]] = [(r, True), (f"{r}/tmp", True)]
     if spec.image is None:
         mounts += [(f"{r}/{e.name}", e.name in _overlaid(spec)) for e in spec.entries
-                   if e.kind == "dir"]
+                   if e.kind == "dir" and e.name not in OWN_ENTRIES]
     mounts += [(f"{r}{d}", True) for d in outer]
     steps += [["tmpfs", f"{r}{d}", 0o755] for d in outer]
     for w in writable_views:
@@ -241,8 +241,11 @@ def _bind_own(r: str, mounts: list[tuple[str, bool]], view_path: str, host: str,
 
 def _covering(target: str, mounts: Sequence[tuple[str, bool]]) -> bool:
     """Whether the deepest of `mounts` holding `target` takes new directories."""
-    holding = [(path, grows) for path, grows in mounts if inside(target, path) and path != target]
-    return max(holding, key=lambda item: len(item[0]))[1] if holding else False
+    holding = [(len(path), order, grows) for order, (path, grows) in enumerate(mounts)
+               if inside(target, path) and path != target]
+    # The deepest; of two at one path the later (a hiding tmpfs over a read-only bind of
+    # the host's, as `strict` mounts over /home, where HOME is then made).
+    return max(holding)[2] if holding else False
 
 
 def _hidden_dirs(spec: ViewSpec, own: Sequence[str], elsewhere: Sequence[str]
