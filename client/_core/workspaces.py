@@ -15,7 +15,8 @@ from collections.abc import Iterator, Sequence
 
 from pydantic import ValidationError
 
-from client.errors import CallRejected, HostUnavailable
+from client._core import archives
+from client.errors import CallRejected, HostUnavailable, WorkspaceFileError
 from worker.wire import auth
 from worker.wire.models import HostInfo, WorkspaceView
 
@@ -79,11 +80,17 @@ def pack(directory: str | os.PathLike[str]) -> bytes:
 
 
 def unpack(data: bytes, directory: str | os.PathLike[str]) -> None:
-    """Unpack a tar from a workspace into a local directory (made if missing), refusing
-    what would land outside it (absolute names, `..`, links out, devices): the archive
-    comes from a place a model's commands can write."""
+    """Unpack a tar from a workspace into a local directory (made if missing), checked
+    member by member first (`client._core.archives`): the archive comes from a place a
+    model's commands can write. WorkspaceFileError, nothing written, when a member would
+    land outside the directory (absolute, `..`, a link out) or is a device or FIFO."""
     import io  # noqa: PLC0415
 
-    os.makedirs(directory, exist_ok=True)
-    with tarfile.open(fileobj=io.BytesIO(data), mode="r") as archive:
-        archive.extractall(directory, filter="data")
+    folder = os.fspath(directory)
+    try:
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r") as archive:
+            archives.extract(archive, folder)
+    except archives.UnsafeMemberError as exc:
+        raise WorkspaceFileError(f"refused to unpack into {folder}: {exc}") from None
+    except tarfile.TarError as exc:
+        raise WorkspaceFileError(f"could not unpack into {folder}: {exc}") from None
