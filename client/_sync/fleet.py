@@ -40,8 +40,7 @@ import functools
 import logging
 import time
 import uuid
-from collections.abc import Callable, Generator, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass
 from typing import Any, Concatenate, Literal, ParamSpec, TypeVar
 
@@ -108,6 +107,7 @@ from client._sync.concurrency import (
     Semaphore,
     Slot,
     Tasks,
+    sleep,
 )
 from client._sync.events import follow
 from client._sync.replies import Answer, Replies
@@ -170,6 +170,8 @@ P = ParamSpec("P")
 WATCH = "bashfleet-watch"
 
 _REDIS_ERRORS = (redis.ConnectionError, redis.TimeoutError, OSError)
+#: What a call of a closed client fails with.
+CLOSED = "the fleet client was closed"
 
 
 @dataclass(frozen=True)
@@ -228,16 +230,25 @@ class Fleet:
         self._io = Semaphore(redis_concurrency)
         self._loop = LoopGuard()
         self._pending: dict[str, Pending] = {}
+        # Calls whose message is being pushed: `close` waits for them to be pending (or
+        # refused) before it cancels what is pending.
+        self._sending: set[str] = set()
         self._closing = Event()
         # Another fleet's Redis (the local fleet brought down and up) and its keys, by URL.
         self._event_clients: dict[str, tuple[Redis, dict[str, str]]] = {}
 
     def close(self) -> None:
-        """Close the connections (the object is unusable afterwards). The cancels of calls
-        whose callers gave up are sent first; calls still waited for fail."""
-        self._tasks.join()
+        """Close the connections (the object is unusable afterwards). Nothing is sent from
+        now; the calls still waited for fail (FleetUnavailable) and are cancelled on the
+        fleet, as are those whose callers gave up, before the connections close: no one
+        is left to hear their results."""
         self._closing.set()
-        self._fail_all(FleetUnavailable("the fleet client was closed"))
+        self._settle_sends()
+        abandoned = list(self._pending)
+        self._fail_all(FleetUnavailable(CLOSED))
+        for call_id in abandoned:
+            self._tasks.spawn(f"cancel-{call_id}", functools.partial(self._abandon, call_id))
+        self._tasks.join()
         self._replies.close()
         self._tasks.stop()
         for client in [self._redis, *(each for each, _ in self._event_clients.values())]:
@@ -368,8 +379,10 @@ class Fleet:
                 sent = True
                 return self._wait_call(Pending(call.call_id, where), slot)
             except CANCELLED:
-                if sent:  # the caller gave up: so does the fleet (withdraw, or kill)
-                    self._cancel_soon(call.call_id)
+                if sent and not self._closing.is_set():  # (`close` cancelled it then)
+                    # The caller gave up: so does the fleet (withdraw, or kill), before
+                    # the caller's task ends (an event loop's shutdown waits for that).
+                    self._cancel_now(call.call_id)
                 raise
             finally:
                 self._replies.forget(call.call_id)
@@ -421,6 +434,15 @@ class Fleet:
     def _send_call(self, call_id: str, where: Route, message: str) -> None:
         """Record the call and push its message: one round trip, one Lua script that also
         checks the named host is alive."""
+        if self._closing.is_set():
+            raise FleetUnavailable(CLOSED)
+        self._sending.add(call_id)
+        try:
+            self._push_call(call_id, where, message)
+        finally:
+            self._sending.discard(call_id)
+
+    def _push_call(self, call_id: str, where: Route, message: str) -> None:
         target = where.target
         sent = self._r(records.send_call, call_id, where.queue, target, message,
                              require_alive=target is not None)
@@ -440,6 +462,9 @@ class Fleet:
 
     def _wait_call(self, pending: Pending, slot: Slot[Answer]) -> CallResult:
         """The call's result: its answer, or what the watch found wrong with it."""
+        if self._closing.is_set():  # closed while it was pushed: `close` did not see it
+            self._cancel_now(pending.call_id)
+            raise FleetUnavailable(CLOSED)
         self._pending[pending.call_id] = pending
         try:
             self._tasks.start_once(WATCH, self._watch_calls)
@@ -452,14 +477,30 @@ class Fleet:
             return answer
         raise answer if answer is not None else WorkerError(f"call {pending.call_id}: no answer")
 
-    def _cancel_soon(self, call_id: str) -> None:
-        """Cancel a call in the background (its awaiting caller was cancelled); `close`
-        waits for these."""
-        self._tasks.spawn(f"cancel-{call_id}", functools.partial(self._cancel_quietly, call_id))
+    def _cancel_now(self, call_id: str) -> None:
+        """Cancel a call no one waits for, and wait for that (`close` waits too, should
+        the waiting caller be cancelled again)."""
+        self._tasks.finish(f"cancel-{call_id}", functools.partial(self._abandon, call_id))
 
-    def _cancel_quietly(self, call_id: str) -> None:
+    def _abandon(self, call_id: str) -> None:
+        """Cancel a call no one waits for: withdrawn if queued, else its host told to kill
+        it. Its host's answer is not waited for (no one would read it): an event loop
+        shutting down, or a closing client, gets its cancels sent in a round trip or
+        three, and starts no listener again."""
         with contextlib.suppress(BashfleetError):
-            self.cancel(call_id)
+            previous = self._r(records.withdraw_call, call_id, CallState.CANCELLED)
+            if previous != CallState.RUNNING:
+                return
+            host = (self._r(records.call_record, call_id)).get("host")
+            if host:
+                self._r(records.push, names.ctl_queue(host), self._control_message(
+                    host, CancelRequest(call_id=call_id), uuid.uuid4().hex, CTL_TIMEOUT_S))
+
+    def _settle_sends(self) -> None:
+        """Wait until no call is half sent (each push is one round trip)."""
+        deadline = time.monotonic() + CTL_TIMEOUT_S
+        while self._sending and time.monotonic() < deadline:
+            sleep(0.01)  # a condition polled with a deadline: a push in progress
 
     def _full_output(self, result: CallResult, max_bytes: int) -> CallResult:
         """The result with its whole output read back (`client._core.output`)."""
@@ -935,28 +976,26 @@ class Fleet:
 
     # ------------------------------------------------------------------- plumbing
 
-    @contextmanager
-    def _guarded(self) -> Iterator[None]:
-        """One Redis operation: within the concurrency bound, its failure FleetUnavailable
-        (password hidden)."""
-        self._loop.check()
-        with self._io:
-            try:
-                yield
-            except _REDIS_ERRORS as exc:
-                raise FleetUnavailable(f"Redis at {self.url} is unreachable: {exc}") from None
-
     def _r(self, operation: Callable[Concatenate[Redis, P], T],
                  *args: P.args, **kwargs: P.kwargs) -> T:
-        """`operation(self's Redis, *args, **kwargs)`, guarded (`_guarded`)."""
-        with self._guarded():
-            return operation(self._redis, *args, **kwargs)
+        """`operation(self's Redis, *args, **kwargs)`, guarded (`_call`)."""
+        return self._call(functools.partial(operation, self._redis), *args, **kwargs)
 
     def _call(self, operation: Callable[P, T], *args: P.args,
                     **kwargs: P.kwargs) -> T:
-        """`operation(*args, **kwargs)` (a Redis operation of its own), guarded."""
-        with self._guarded():
-            return operation(*args, **kwargs)
+        """`operation(*args, **kwargs)` (a Redis operation of its own): within the
+        concurrency bound, its failure FleetUnavailable (password hidden).
+
+        Written out, not as a generator-based context manager: a task cancelled while
+        it waits for the bound would leave such a generator running, which the event
+        loop's shutdown then fails to close, once per task (on Python 3.11, a cascade
+        of "close(): asynchronous generator is already running")."""
+        self._loop.check()
+        with self._io:
+            try:
+                return operation(*args, **kwargs)
+            except _REDIS_ERRORS as exc:
+                raise FleetUnavailable(f"Redis at {self.url} is unreachable: {exc}") from None
 
     def _job_target(self, item_id: str) -> tuple[str, str]:
         """(host, job id) of a job id, or of the call that started the job."""
@@ -974,8 +1013,7 @@ class Fleet:
                             timeout: float = CTL_TIMEOUT_S) -> SentControl:
         token = self._require_alive(host)
         task_id = uuid.uuid4().hex
-        message = control_message(self._identity, request, task_id=task_id, host=host,
-                                  reply_to=self._replies.channel, timeout=timeout)
+        message = self._control_message(host, request, task_id, timeout)
         slot = self._replies.expect(task_id)
         try:
             self._r(records.push, names.ctl_queue(host), message)
@@ -983,6 +1021,11 @@ class Fleet:
             self._replies.forget(task_id)
             raise
         return SentControl(host, task_id, token, slot, timeout, time.monotonic() + timeout)
+
+    def _control_message(self, host: str, request: ControlRequest, task_id: str,
+                         timeout: float) -> str:
+        return control_message(self._identity, request, task_id=task_id, host=host,
+                               reply_to=self._replies.channel, timeout=timeout)
 
     def _await_control(self, sent: SentControl, response: type[R]) -> R:
         try:
