@@ -61,7 +61,8 @@ def add_commands(sub: SubParsers) -> None:
 
 def _add_create(verbs: SubParsers) -> None:
     create = verbs.add_parser("create", help="make a workspace; print its id on stdout")
-    create.add_argument("--host", help="the host (default: the live host with most free slots)")
+    create.add_argument("--host", help="the host (default: the live host with the fewest "
+                        "of the owner's workspaces, then the least loaded)")
     create.add_argument("--label", help="a live host of this label")
     create.add_argument("--path", help="an existing host directory under a root the host "
                         "allows (BASHFLEET_WORKSPACE_ALLOW); default: a fresh directory, "

@@ -38,6 +38,7 @@ import functools
 import logging
 import time
 import uuid
+from collections import Counter
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Concatenate, Literal, ParamSpec, TypeVar
@@ -110,7 +111,7 @@ from client._core.watch import (
     note_queue,
     verdict,
 )
-from client._core.workspaces import choose_host, open_view
+from client._core.workspaces import choose_host, open_view, owned_by_host
 from client.errors import (
     BashfleetError,
     CallRejected,
@@ -228,6 +229,8 @@ class AsyncFleet:
         self._io = AsyncSemaphore(redis_concurrency)
         self._loop = AsyncLoopGuard()
         self._pending: dict[str, Pending] = {}
+        # Workspaces this client is making now, by host: placed before Redis lists them.
+        self._placing: Counter[str] = Counter()
         # Calls whose message is being pushed: `close` waits for them to be pending (or
         # refused) before it cancels what is pending.
         self._sending: set[str] = set()
@@ -769,13 +772,15 @@ class AsyncFleet:
         near: str | None = None, session: str | None = None,
     ) -> AsyncWorkspace:
         """Make a workspace: a directory on one host and the namespaces its calls share
-        (`AsyncWorkspace`). `host`, else a live host of `label` (else of the fleet) with
-        free slots. `path`: an existing directory under a root the host allows (else a
-        fresh one, removed with it). `ttl_s`: seconds it lives unused (the host's default,
-        1 h). `isolation` (at least the host's) and `network` (False: its own network
-        namespace). `limits`: memory_mb, procs, cpus, disk_mb of its processes together,
-        never above the host's. `mounts`: absolute paths in its calls' view -> its own
-        subdirectories (`{"/logs": "logs"}`). LimitReached past the owner's cap.
+        (`AsyncWorkspace`). `host`, else a live host of `label` (else of the fleet): the one
+        with the fewest of this owner's workspaces, then the least loaded, then any
+        (`choose_host`: made at once, a client's spread evenly). `path`: an existing
+        directory under a root the host allows (else a fresh one, removed with it). `ttl_s`:
+        seconds it lives unused (the host's default, 1 h). `isolation` (at least the host's)
+        and `network` (False: its own network namespace). `limits`: memory_mb, procs, cpus,
+        disk_mb of its processes together, never above the host's. `mounts`: absolute paths
+        in its calls' view -> its own subdirectories (`{"/logs": "logs"}`). LimitReached
+        past the owner's cap.
 
         `session`: the fleet session it is for (an agent session's calls run in it). When
         that session lives in a workspace still there (on `host`, when named), that one
@@ -826,9 +831,24 @@ class AsyncFleet:
             spec={"path": path, "ttl_s": ttl_s, "isolation": isolation, "network": network,
                   "limits": limits or {}, "mounts": dict(mounts or {}),
                   "tags": dict(tags or {}), "near": near, "session": session})
-        where = choose_host(await self.hosts(), host, label)
-        view = await self._control(where, spec, WorkspaceView)
+        where = await self._place_workspace(host, label)
+        try:
+            view = await self._control(where, spec, WorkspaceView)
+        finally:
+            self._placing[where] -= 1
         return AsyncWorkspace(self, view)
+
+    async def _place_workspace(self, host: str | None, label: str | None) -> str:
+        """The host a new workspace goes to (`choose_host`: the owner's fewest there
+        first, this client's being made counted), counted as being made there until its
+        host answers (then its view in Redis counts it)."""
+        views = await self.workspaces() if host is None else []
+        infos = await self.hosts()
+        # From here to the count, nothing waits: another task of this client placing one
+        # at once sees this one.
+        where = choose_host(infos, host, label, owned=owned_by_host(views, self._placing))
+        self._placing[where] += 1
+        return where
 
     async def open_workspace(self, workspace_id: str) -> AsyncWorkspace:
         """A workspace made before (by any client of this owner): UnknownWorkspace when

@@ -40,6 +40,7 @@ import functools
 import logging
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass
 from typing import Any, Concatenate, Literal, ParamSpec, TypeVar
@@ -98,7 +99,7 @@ from client._core.watch import (
     note_queue,
     verdict,
 )
-from client._core.workspaces import choose_host, open_view
+from client._core.workspaces import choose_host, open_view, owned_by_host
 from client._sync import records
 from client._sync.concurrency import (
     CANCELLED,
@@ -230,6 +231,8 @@ class Fleet:
         self._io = Semaphore(redis_concurrency)
         self._loop = LoopGuard()
         self._pending: dict[str, Pending] = {}
+        # Workspaces this client is making now, by host: placed before Redis lists them.
+        self._placing: Counter[str] = Counter()
         # Calls whose message is being pushed: `close` waits for them to be pending (or
         # refused) before it cancels what is pending.
         self._sending: set[str] = set()
@@ -771,13 +774,15 @@ class Fleet:
         near: str | None = None, session: str | None = None,
     ) -> Workspace:
         """Make a workspace: a directory on one host and the namespaces its calls share
-        (`Workspace`). `host`, else a live host of `label` (else of the fleet) with
-        free slots. `path`: an existing directory under a root the host allows (else a
-        fresh one, removed with it). `ttl_s`: seconds it lives unused (the host's default,
-        1 h). `isolation` (at least the host's) and `network` (False: its own network
-        namespace). `limits`: memory_mb, procs, cpus, disk_mb of its processes together,
-        never above the host's. `mounts`: absolute paths in its calls' view -> its own
-        subdirectories (`{"/logs": "logs"}`). LimitReached past the owner's cap.
+        (`Workspace`). `host`, else a live host of `label` (else of the fleet): the one
+        with the fewest of this owner's workspaces, then the least loaded, then any
+        (`choose_host`: made at once, a client's spread evenly). `path`: an existing
+        directory under a root the host allows (else a fresh one, removed with it). `ttl_s`:
+        seconds it lives unused (the host's default, 1 h). `isolation` (at least the host's)
+        and `network` (False: its own network namespace). `limits`: memory_mb, procs, cpus,
+        disk_mb of its processes together, never above the host's. `mounts`: absolute paths
+        in its calls' view -> its own subdirectories (`{"/logs": "logs"}`). LimitReached
+        past the owner's cap.
 
         `session`: the fleet session it is for (an agent session's calls run in it). When
         that session lives in a workspace still there (on `host`, when named), that one
@@ -828,9 +833,24 @@ class Fleet:
             spec={"path": path, "ttl_s": ttl_s, "isolation": isolation, "network": network,
                   "limits": limits or {}, "mounts": dict(mounts or {}),
                   "tags": dict(tags or {}), "near": near, "session": session})
-        where = choose_host(self.hosts(), host, label)
-        view = self._control(where, spec, WorkspaceView)
+        where = self._place_workspace(host, label)
+        try:
+            view = self._control(where, spec, WorkspaceView)
+        finally:
+            self._placing[where] -= 1
         return Workspace(self, view)
+
+    def _place_workspace(self, host: str | None, label: str | None) -> str:
+        """The host a new workspace goes to (`choose_host`: the owner's fewest there
+        first, this client's being made counted), counted as being made there until its
+        host answers (then its view in Redis counts it)."""
+        views = self.workspaces() if host is None else []
+        infos = self.hosts()
+        # From here to the count, nothing waits: another task of this client placing one
+        # at once sees this one.
+        where = choose_host(infos, host, label, owned=owned_by_host(views, self._placing))
+        self._placing[where] += 1
+        return where
 
     def open_workspace(self, workspace_id: str) -> Workspace:
         """A workspace made before (by any client of this owner): UnknownWorkspace when

@@ -61,12 +61,10 @@ def test_one_failed_call_among_many_cancels_the_others_and_breaks_nothing(
     assert done.stderr == "", done.stderr[-3000:]
     assert time.monotonic() - started < 45  # never the 60 s of the calls
 
-    def states() -> Counter[str | None]:
-        return Counter(redis_client.hget(f"bashfleet:call:{tag}-{i}", "state")
-                       for i in range(400))
-
     # Every other call was sent, and every one is cancelled: withdrawn while it was
     # queued, its processes killed while it ran.
-    assert states() == {"cancelled": 400}
+    states = Counter(str(redis_client.hget(f"bashfleet:call:{tag}-{i}", "state"))
+                     for i in range(400))
+    assert states == {"cancelled": 400}
     wait_for(lambda: not any(procs.find_call_processes(None, f"{tag}-{i}")
                              for i in range(400)), 30, "the running calls' processes to end")
