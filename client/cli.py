@@ -204,10 +204,12 @@ def print_result(result: CallResult, *, job_id_on_stdout: bool = True) -> None:
 
     A call that started a background job (`--mode background`, or one that went to the
     background) prints the job's id alone on stdout, last, so `X=$(bashfleet run --mode
-    background CMD)` holds it; how to check and kill it goes to stderr. Not when the
-    job's output is followed on stdout (`job_id_on_stdout=False`)."""
+    background CMD)` holds it: its output so far and how to check and kill it go to
+    stderr. Not when the job's output is followed on stdout (`job_id_on_stdout=False`)."""
+    id_only = result.job is not None and job_id_on_stdout
     if result.stdout:
-        sys.stdout.write(result.stdout if result.stdout.endswith("\n") else result.stdout + "\n")
+        out = sys.stderr if id_only else sys.stdout
+        out.write(result.stdout if result.stdout.endswith("\n") else result.stdout + "\n")
     if result.stderr:
         sys.stderr.write(result.stderr if result.stderr.endswith("\n") else result.stderr + "\n")
     spill = result.spill

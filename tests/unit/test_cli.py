@@ -162,12 +162,15 @@ def test_a_background_job_prints_its_id_alone_on_stdout(
     assert "bashfleet check j3f2c9a1b7d4e5f6" in err and "bashfleet kill" in err
 
 
-def test_a_call_that_went_to_the_background_prints_its_output_then_the_id(
+def test_a_call_that_went_to_the_background_prints_the_id_alone_on_stdout(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
+    """`J=$(bashfleet run --background-on-timeout ...)` holds the id, nothing else: the
+    output so far goes to stderr."""
     cli.print_result(_job_result(stdout="partial\n", timed_out=True))
-    out, _ = capsys.readouterr()
-    assert out == "partial\nj3f2c9a1b7d4e5f6\n"
+    out, err = capsys.readouterr()
+    assert out == "j3f2c9a1b7d4e5f6\n"
+    assert err.startswith("partial\n")
 
 
 def test_a_followed_job_keeps_stdout_for_its_output(capsys: pytest.CaptureFixture[str]) -> None:
