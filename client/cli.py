@@ -160,8 +160,9 @@ class Spinner(io.TextIOBase):
 
 
 class HostLabel:
-    """The spinner's words: `running on HOST` once the call's host is known (asked of
-    the fleet at most every LOOKUP_S), `waiting for a host` before."""
+    """The spinner's words: `queued on HOST` while the call waits in that host's queue,
+    `running on HOST` once a worker took it, `waiting for a host` while it waits for
+    any (asked of the fleet at most every LOOKUP_S, until it runs)."""
 
     LOOKUP_S = 0.5
 
@@ -169,15 +170,20 @@ class HostLabel:
         self._fleet = fleet
         self._call_id = call_id
         self._host = host
+        self._started = False
         self._next = 0.0
 
     def __call__(self) -> str:
         now = time.monotonic()
-        if self._host is None and now >= self._next:
+        if not self._started and now >= self._next:
             self._next = now + self.LOOKUP_S
             with contextlib.suppress(Exception):  # a spinner's words never fail a call
-                self._host = self._fleet.call_host(self._call_id)
-        return f"running on {self._host}" if self._host else "waiting for a host"
+                progress = self._fleet.call_progress(self._call_id)
+                self._host = progress.host or self._host
+                self._started = progress.started
+        if self._host is None:
+            return "waiting for a host"
+        return f"{'running' if self._started else 'queued'} on {self._host}"
 
 
 def _spinner(

@@ -88,6 +88,7 @@ from client._core.messages import (
 )
 from client._core.output import FullRead, OutputMode, full_reads, with_full_output
 from client._core.routing import (
+    CallProgress,
     Placement,
     Route,
     ask_every_host,
@@ -695,6 +696,15 @@ class AsyncFleet:
             return False
         request = DetachRequest(call_id=call_id)
         return (await self._control(record["host"], request, DetachResult)).detached
+
+    async def call_progress(self, call_id: str) -> CallProgress:
+        """How far a call got: queued (on which host, when sent to one), running (where),
+        ended; from its record (`bashfleet run`'s spinner says `queued on b`, then
+        `running on b`): words to show, not verified claims."""
+        if not names.valid_id(call_id):
+            return CallProgress(None, None)
+        record = await self._r(records.call_record, call_id)
+        return CallProgress(record.get("state") or None, record.get("host") or None)
 
     async def call_host(self, call_id: str) -> str | None:
         """The host a call runs (or ran) on; None while it waits in a queue for any host,

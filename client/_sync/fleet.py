@@ -76,6 +76,7 @@ from client._core.messages import (
 )
 from client._core.output import FullRead, OutputMode, full_reads, with_full_output
 from client._core.routing import (
+    CallProgress,
     Placement,
     Route,
     ask_every_host,
@@ -697,6 +698,15 @@ class Fleet:
             return False
         request = DetachRequest(call_id=call_id)
         return (self._control(record["host"], request, DetachResult)).detached
+
+    def call_progress(self, call_id: str) -> CallProgress:
+        """How far a call got: queued (on which host, when sent to one), running (where),
+        ended; from its record (`bashfleet run`'s spinner says `queued on b`, then
+        `running on b`): words to show, not verified claims."""
+        if not names.valid_id(call_id):
+            return CallProgress(None, None)
+        record = self._r(records.call_record, call_id)
+        return CallProgress(record.get("state") or None, record.get("host") or None)
 
     def call_host(self, call_id: str) -> str | None:
         """The host a call runs (or ran) on; None while it waits in a queue for any host,

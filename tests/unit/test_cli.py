@@ -19,6 +19,7 @@ import pytest
 
 from client import cli
 from client import exit_status as statuses
+from client._core.routing import CallProgress
 from client.dialects import DIALECTS
 from client.dialects.base import SCHEMA_STYLES
 from worker.wire.control import Collect, SessionOutput
@@ -226,26 +227,32 @@ class Tty(io.StringIO):
         return True
 
 
-class FakeHosts:
-    """`call_host` that knows the host from its third question on."""
+class FakeProgress:
+    """`call_progress` of a call that waits for any host (first question), is queued on
+    host a (second), then runs there (from the third on)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *steps: CallProgress) -> None:
+        self.steps = steps or (CallProgress("queued", None), CallProgress("queued", "a"),
+                               CallProgress("running", "a"))
         self.asked = 0
 
-    def call_host(self, call_id: str) -> str | None:
+    def call_progress(self, call_id: str) -> CallProgress:
         self.asked += 1
-        return "a" if self.asked >= 3 else None
+        return self.steps[min(self.asked, len(self.steps)) - 1]
 
 
-def test_the_spinner_names_the_host_once_known(monkeypatch: pytest.MonkeyPatch) -> None:
-    """#22 point 14: it said "running on any host" for a call that ran on host a."""
+def test_the_spinner_says_queued_until_a_worker_takes_the_call(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """It said "running on b" while the call still waited in b's queue."""
     monkeypatch.setattr(cli.HostLabel, "LOOKUP_S", 0.0)
-    fake = FakeHosts()
+    fake = FakeProgress()
     label = cli.HostLabel(cast("Any", fake), "c1", None)
     assert [label(), label(), label(), label()] == [
-        "waiting for a host", "waiting for a host", "running on a", "running on a"]
-    assert fake.asked == 3  # known: not asked again
-    assert cli.HostLabel(cast("Any", fake), "c1", "b")() == "running on b"
+        "waiting for a host", "queued on a", "running on a", "running on a"]
+    assert fake.asked == 3  # running: not asked again
+    named = cli.HostLabel(cast("Any", FakeProgress(CallProgress("queued", "b"))), "c1", "b")
+    assert named() == "queued on b"
 
 
 def test_the_spinner_gives_way_to_any_message_and_leaves_no_line(
@@ -279,7 +286,7 @@ def test_the_spinner_gives_way_to_any_message_and_leaves_no_line(
 
 def test_no_spinner_off_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(sys, "stderr", io.StringIO())
-    spinner = cli._spinner(cast("Any", FakeHosts()), cast("Any", None), None)
+    spinner = cli._spinner(cast("Any", FakeProgress()), cast("Any", None), None)
     assert isinstance(spinner, contextlib.nullcontext)
 
 
