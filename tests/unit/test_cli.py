@@ -207,6 +207,8 @@ def test_a_process_ending_as_a_status(
                                                                  message="survivors")}, 124),
         ({"backgrounded": True}, 0),
         ({}, 125),
+        # Its worker was killed (SIGKILL): the stopping worker ended the command.
+        ({"signal": 15, "error": SystemError_(kind="worker_lost", message="stopped")}, 125),
     ],
 )
 def test_a_call_as_a_status(fields: dict[str, Any], status: int) -> None:
