@@ -1059,24 +1059,40 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _dispatch(args: argparse.Namespace) -> int:
     """Run the command; its exit status, with errors said in the CLI's words."""
-    from client.errors import BashfleetError, FleetUnavailable  # noqa: PLC0415
-
     try:
         status: int = args.func(args)
-    except NoFleet as exc:
-        print(f"bashfleet: {exc}", file=sys.stderr)
-        return EXIT_SYSTEM_ERROR
-    except FleetUnavailable as exc:
-        print(f"bashfleet: {exc}\nbashfleet: is the fleet up? {NO_FLEET_HINT}", file=sys.stderr)
-        return EXIT_SYSTEM_ERROR
-    except BashfleetError as exc:
-        print(f"bashfleet: {exc}", file=sys.stderr)
-        return EXIT_SYSTEM_ERROR
-    except ValueError as exc:  # a malformed option value (`--tag` without `=`)
-        print(f"bashfleet {args.cmd}: {exc}", file=sys.stderr)
-        return EXIT_USAGE
     except KeyboardInterrupt:
         return statuses.INTERRUPTED
+    except Exception as exc:
+        said = _said(args, exc)
+        if said is None:
+            raise
+        return said
+    return status
+
+
+def _said(args: argparse.Namespace, exc: Exception) -> int | None:
+    """Say an error in the CLI's words, on stderr; its exit status (None: a bug)."""
+    from pydantic import ValidationError  # noqa: PLC0415
+
+    from client._core.identity import settings_problem  # noqa: PLC0415
+    from client.errors import BashfleetError, FleetUnavailable  # noqa: PLC0415
+
+    if isinstance(exc, ValidationError) and exc.title == "Settings":
+        # A BASHFLEET_* variable's value: one line, not pydantic's paragraphs.
+        text, status = f"bashfleet: {settings_problem(exc)}", EXIT_USAGE
+    elif isinstance(exc, NoFleet):
+        text, status = f"bashfleet: {exc}", EXIT_SYSTEM_ERROR
+    elif isinstance(exc, FleetUnavailable):
+        text, status = (f"bashfleet: {exc}\nbashfleet: is the fleet up? {NO_FLEET_HINT}",
+                        EXIT_SYSTEM_ERROR)
+    elif isinstance(exc, BashfleetError):
+        text, status = f"bashfleet: {exc}", EXIT_SYSTEM_ERROR
+    elif isinstance(exc, ValueError):  # a malformed option value (`--tag` without `=`)
+        text, status = f"bashfleet {args.cmd}: {exc}", EXIT_USAGE
+    else:
+        return None
+    print(text, file=sys.stderr)
     return status
 
 

@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from typing import Any, Concatenate, Literal, ParamSpec, TypeVar
 
 import redis
+import redis.sentinel
 
 from client import shells
 from client._core.constants import (
@@ -172,6 +173,21 @@ P = ParamSpec("P")
 WATCH = "bashfleet-watch"
 
 _REDIS_ERRORS = (redis.ConnectionError, redis.TimeoutError, OSError)
+#: A Sentinel that knows no primary (or replica) by the URL's name.
+_NO_PRIMARY = (redis.sentinel.MasterNotFoundError, redis.sentinel.SlaveNotFoundError)
+
+
+def unreachable(url: str, exc: BaseException) -> FleetUnavailable:
+    """Redis at `url` (password hidden) failed, said in one line: a Sentinel that knows
+    no primary by that name is said so (redis-py's own message goes on with the repr of
+    every sentinel's client, some 1,500 characters)."""
+    reason = str(exc)
+    if isinstance(exc, _NO_PRIMARY):
+        reason = (reason.split(" : ", 1)[0]
+                  + ": no sentinel answered for it (are they up, and do they monitor it?)")
+    return FleetUnavailable(f"Redis at {url} is unreachable: {reason}")
+
+
 #: What a call of a closed client fails with.
 CLOSED = "the fleet client was closed"
 
@@ -538,7 +554,7 @@ class Fleet:
             except (FleetUnavailable, redis.RedisError) as exc:
                 if outage.outlasted(time.monotonic()):
                     self._fail_all(exc if isinstance(exc, FleetUnavailable) else
-                                   FleetUnavailable(f"Redis at {self.url} failed: {exc}"))
+                                   unreachable(self.url, exc))
             except Exception as exc:  # a bug of ours: tell the callers, never leave them
                 log.exception("the watch of the calls in flight failed")
                 self._fail_all(WorkerError(f"the client's watch failed: {exc!r}"))
@@ -1025,7 +1041,7 @@ class Fleet:
             try:
                 return operation(*args, **kwargs)
             except _REDIS_ERRORS as exc:
-                raise FleetUnavailable(f"Redis at {self.url} is unreachable: {exc}") from None
+                raise unreachable(self.url, exc) from None
 
     def _job_target(self, item_id: str) -> tuple[str, str]:
         """(host, job id) of a job id, or of the call that started the job."""

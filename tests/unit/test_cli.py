@@ -324,6 +324,39 @@ def test_with_redis_stopped_the_cli_says_to_start_the_fleet(tmp_path: Path) -> N
     assert "redis_url=" not in done.stderr and "Traceback" not in done.stderr
 
 
+@pytest.mark.parametrize(("env", "argv", "line"), [
+    ({"BASHFLEET_OWNER": ""}, ("ps",),
+     "bashfleet: BASHFLEET_OWNER='' is not allowed: 1 to 64 letters, digits or _ . : @ -"),
+    ({"BASHFLEET_OWNER": "bad owner!"}, ("run", "true"),
+     "bashfleet: BASHFLEET_OWNER='bad owner!' is not allowed: 1 to 64 letters"),
+    ({"BASHFLEET_REDIS_URL": "foo://h/0"}, ("ps",),
+     "bashfleet ps: the fleet's Redis URL cannot start with foo://: use redis://, "
+     "rediss://, unix:// or sentinel://"),
+])
+def test_a_configuration_error_is_one_clear_line(
+    tmp_path: Path, env: dict[str, str], argv: tuple[str, ...], line: str,
+) -> None:
+    """A bad BASHFLEET_OWNER printed pydantic's paragraph; a bad URL scheme, redis-py's
+    list of schemes, without sentinel://."""
+    done = _cli({"BASHFLEET_REDIS_URL": "redis://127.0.0.1:1/0", **env}, *argv,
+                tmp_path=tmp_path)
+    assert done.returncode == 2
+    assert done.stderr.startswith(line) and done.stderr.count("\n") == 1, done.stderr
+    assert "pydantic" not in done.stderr and "validation error" not in done.stderr
+
+
+def test_a_sentinel_that_knows_no_primary_is_one_short_line(tmp_path: Path) -> None:
+    """redis-py's message went on with every sentinel client's repr (1,500 characters)."""
+    done = _cli({"BASHFLEET_REDIS_URL": "sentinel://127.0.0.1:1?master=mymaster"}, "ps",
+                tmp_path=tmp_path)
+    assert done.returncode == 125
+    first = done.stderr.splitlines()[0]
+    assert first == ("bashfleet: Redis at sentinel://127.0.0.1:1/0?master=mymaster is "
+                     "unreachable: No master found for 'mymaster': no sentinel answered for "
+                     "it (are they up, and do they monitor it?)")
+    assert "<redis." not in done.stderr
+
+
 def test_the_cli_client_finds_the_fleet_itself(monkeypatch: pytest.MonkeyPatch) -> None:
     """The CLI's client is given no URL: one found through `bashfleet up` is found again
     where it must be (`bashfleet events` across a `down` and `up` hears the new fleet,
