@@ -823,7 +823,10 @@ def cmd_mcp(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     print(f"bashfleet mcp: {dialect.name} dialect, session {session} "
           f"(resume it with --session {session})", file=sys.stderr)
-    mcp_server.serve(dialect, session, host=args.host, cwd=args.cwd)
+    from worker.settings import Settings  # noqa: PLC0415
+
+    mcp_server.serve(dialect, session, host=args.host, cwd=args.cwd,
+                     resumable=args.session is not None, started_by=Settings().owner_name())
     return 0
 
 

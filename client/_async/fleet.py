@@ -113,7 +113,7 @@ from client._core.watch import (
     note_queue,
     verdict,
 )
-from client._core.workspaces import choose_host, open_view, owned_by_host
+from client._core.workspaces import choose_host, open_view, owned_by_host, started_by
 from client.errors import (
     BashfleetError,
     CallRejected,
@@ -890,6 +890,19 @@ class AsyncFleet:
                   for ws_id, sealed in zip(ids, views, strict=True)]
         return sorted((view for view in opened if view is not None
                        and view.owner == self.owner), key=lambda view: view.created_at)
+
+    async def agent_workspaces(self) -> list[WorkspaceView]:
+        """The live workspaces of the MCP servers (`bashfleet mcp`) this owner started:
+        each belongs to its server's session (owner `session:<id>`, which `workspaces`
+        leaves out) and is tagged `started_by=<this owner>`; oldest first. Those of a
+        named session outlive its server (to be resumed): here to find, and remove
+        (`open_workspace` of a client whose owner is the view's)."""
+        ids = await self._r(records.all_workspace_ids)
+        views = await self._r(records.workspace_views, ids)
+        opened = [open_view(self._record_keys, ws_id, sealed)
+                  for ws_id, sealed in zip(ids, views, strict=True)]
+        return sorted((view for view in opened if view is not None
+                       and started_by(view, self.owner)), key=lambda view: view.created_at)
 
     async def _workspace_view(self, workspace_id: str) -> WorkspaceView:
         if not names.valid_id(workspace_id):

@@ -67,6 +67,19 @@ def owned_by_host(views: Iterable[WorkspaceView], placing: Mapping[str, int]) ->
     return counts
 
 
+#: The tag on an agent session's workspaces (`bashfleet mcp`'s) naming the owner of
+#: who started its server.
+STARTED_BY = "started_by"
+#: How an agent session's owner begins (`session:<id>`).
+SESSION_OWNER_PREFIX = "session:"
+
+
+def started_by(view: WorkspaceView, owner: str) -> bool:
+    """Whether a workspace is an agent session's that `owner` started."""
+    return (view.owner.startswith(SESSION_OWNER_PREFIX)
+            and view.tags.get(STARTED_BY) == owner)
+
+
 def open_view(keys: dict[str, str], ws_id: str, sealed: str | None) -> WorkspaceView | None:
     """A workspace's view as its host sealed it in Redis; None when there is none or it
     does not verify (never believed)."""

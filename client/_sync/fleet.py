@@ -101,7 +101,7 @@ from client._core.watch import (
     note_queue,
     verdict,
 )
-from client._core.workspaces import choose_host, open_view, owned_by_host
+from client._core.workspaces import choose_host, open_view, owned_by_host, started_by
 from client._sync import records
 from client._sync.concurrency import (
     CANCELLED,
@@ -892,6 +892,19 @@ class Fleet:
                   for ws_id, sealed in zip(ids, views, strict=True)]
         return sorted((view for view in opened if view is not None
                        and view.owner == self.owner), key=lambda view: view.created_at)
+
+    def agent_workspaces(self) -> list[WorkspaceView]:
+        """The live workspaces of the MCP servers (`bashfleet mcp`) this owner started:
+        each belongs to its server's session (owner `session:<id>`, which `workspaces`
+        leaves out) and is tagged `started_by=<this owner>`; oldest first. Those of a
+        named session outlive its server (to be resumed): here to find, and remove
+        (`open_workspace` of a client whose owner is the view's)."""
+        ids = self._r(records.all_workspace_ids)
+        views = self._r(records.workspace_views, ids)
+        opened = [open_view(self._record_keys, ws_id, sealed)
+                  for ws_id, sealed in zip(ids, views, strict=True)]
+        return sorted((view for view in opened if view is not None
+                       and started_by(view, self.owner)), key=lambda view: view.created_at)
 
     def _workspace_view(self, workspace_id: str) -> WorkspaceView:
         if not names.valid_id(workspace_id):
