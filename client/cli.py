@@ -301,6 +301,9 @@ def _report_run(fleet: Fleet, result: CallResult, args: argparse.Namespace) -> i
         return statuses.of_call(result)
     if not (args.follow and result.job is not None):
         print_result(result)
+        hint = cwd_hint(result, args.cwd)
+        if hint:
+            print(hint, file=sys.stderr)
         return statuses.of_call(result)
     # Following streams the job's files from their first byte: showing the call's own
     # (possibly cut) output first would repeat it. Its notices still go to stderr.
@@ -309,6 +312,30 @@ def _report_run(fleet: Fleet, result: CallResult, args: argparse.Namespace) -> i
     }), job_id_on_stdout=False)
     separate_stderr = result.spill is not None and result.spill.stderr_path is not None
     return _follow(fleet, result.job.id, stderr=separate_stderr)
+
+
+#: Directories every workspace has of its own, whatever the host holds there.
+PRIVATE_DIRS = ("/tmp", "/var/tmp")
+
+
+def cwd_hint(result: CallResult, cwd: str | None) -> str | None:
+    """Why a `--cwd` the call's workspace has no such directory for may exist all the
+    same (on the host, on this machine): a line for the person, or None."""
+    if result.error is None or result.error.kind != "bad_cwd" or not cwd:
+        return None
+    path = os.path.normpath(cwd)
+    private = next((d for d in PRIVATE_DIRS if path == d or path.startswith(d + "/")), None)
+    if private is not None:
+        return (f"[{private} in a workspace is its own: the host's {private} is not seen "
+                "there. A directory a call starts in must be in its view: under a root "
+                "the host allows as workspaces (its BASHFLEET_WORKSPACE_ALLOW), or made in "
+                "the workspace]")
+    if os.path.isdir(path):
+        return (f"[{path} is here on this machine, but not in the workspace's view: its "
+                "calls see the host read-only but for bashfleet's state and other "
+                "workspaces, and /tmp, /var/tmp and HOME of their own; a project "
+                "directory is one under a root the host allows (BASHFLEET_WORKSPACE_ALLOW)]")
+    return None
 
 
 def _follow(

@@ -201,6 +201,15 @@ def test_background_on_timeout_prints_the_job_id_alone_on_stdout(fleet: Cli) -> 
     wait_for(lambda: sleeping(seconds) == [], "the job to end")
 
 
+def test_a_cwd_of_the_host_s_tmp_is_said_to_be_out_of_view(fleet: Cli, tmp_path: Path) -> None:
+    """A directory under the host's /tmp (this test's own) exists, but not in a call's
+    workspace: it said only "does not exist"."""
+    run = fleet("run", "--cwd", str(tmp_path), "pwd")
+    assert run.returncode == 125, run.stderr
+    assert f"bad_cwd: Working directory does not exist: {tmp_path}" in run.stderr
+    assert "[/tmp in a workspace is its own: the host's /tmp is not seen there." in run.stderr
+
+
 def test_sigterm_cancels_at_once(fleet: Cli, tmp_path: Path) -> None:
     """A CI runner stopping the job stops the remote command too."""
     seconds = unique_seconds()

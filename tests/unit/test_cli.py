@@ -180,6 +180,38 @@ def test_a_followed_job_keeps_stdout_for_its_output(capsys: pytest.CaptureFixtur
     assert out == "" and "j3f2c9a1b7d4e5f6" in err
 
 
+# ----------------------------------------------------------------- a cwd not seen
+
+
+def _bad_cwd(path: str) -> CallResult:
+    return CallResult(call_id="c1", host="a", error=SystemError_(
+        kind="bad_cwd", message=f"Working directory does not exist: {path}"))
+
+
+@pytest.mark.parametrize("path", ["/tmp/build", "/var/tmp/x/", "/tmp"])
+def test_a_cwd_under_tmp_is_said_to_be_the_host_s_not_the_workspace_s(path: str) -> None:
+    """It said only "does not exist" of a directory that exists on the host: /tmp in a
+    workspace is its own."""
+    hint = cli.cwd_hint(_bad_cwd(path), path)
+    assert hint is not None and "in a workspace is its own" in hint
+    assert "BASHFLEET_WORKSPACE_ALLOW" in hint
+
+
+def test_a_cwd_that_is_here_is_said_to_be_out_of_the_workspace_s_view(tmp_path: Path) -> None:
+    here = tmp_path.resolve()
+    hint = cli.cwd_hint(_bad_cwd("/srv/x"), str(here))
+    if str(here).startswith(("/tmp/", "/var/tmp/")):
+        assert hint is not None and "is its own" in hint
+    else:
+        assert hint is not None and "not in the workspace's view" in hint
+
+
+def test_no_hint_for_other_results_or_a_path_known_nowhere() -> None:
+    assert cli.cwd_hint(_bad_cwd("/nowhere/at/all"), "/nowhere/at/all") is None
+    assert cli.cwd_hint(CallResult(call_id="c", host="a", exit_code=0), "/tmp") is None
+    assert cli.cwd_hint(_bad_cwd("/tmp/x"), None) is None
+
+
 # ------------------------------------------------------------------ exit statuses
 
 
