@@ -160,8 +160,9 @@ class Spinner(io.TextIOBase):
 
 
 class HostLabel:
-    """The spinner's words: `running on HOST` once the call's host is known (asked of
-    the fleet at most every LOOKUP_S), `waiting for a host` before."""
+    """The spinner's words: `queued on HOST` while the call waits in that host's queue,
+    `running on HOST` once a worker took it, `waiting for a host` while it waits for
+    any (asked of the fleet at most every LOOKUP_S, until it runs)."""
 
     LOOKUP_S = 0.5
 
@@ -169,15 +170,20 @@ class HostLabel:
         self._fleet = fleet
         self._call_id = call_id
         self._host = host
+        self._started = False
         self._next = 0.0
 
     def __call__(self) -> str:
         now = time.monotonic()
-        if self._host is None and now >= self._next:
+        if not self._started and now >= self._next:
             self._next = now + self.LOOKUP_S
             with contextlib.suppress(Exception):  # a spinner's words never fail a call
-                self._host = self._fleet.call_host(self._call_id)
-        return f"running on {self._host}" if self._host else "waiting for a host"
+                progress = self._fleet.call_progress(self._call_id)
+                self._host = progress.host or self._host
+                self._started = progress.started
+        if self._host is None:
+            return "waiting for a host"
+        return f"{'running' if self._started else 'queued'} on {self._host}"
 
 
 def _spinner(
@@ -204,10 +210,12 @@ def print_result(result: CallResult, *, job_id_on_stdout: bool = True) -> None:
 
     A call that started a background job (`--mode background`, or one that went to the
     background) prints the job's id alone on stdout, last, so `X=$(bashfleet run --mode
-    background CMD)` holds it; how to check and kill it goes to stderr. Not when the
-    job's output is followed on stdout (`job_id_on_stdout=False`)."""
+    background CMD)` holds it: its output so far and how to check and kill it go to
+    stderr. Not when the job's output is followed on stdout (`job_id_on_stdout=False`)."""
+    id_only = result.job is not None and job_id_on_stdout
     if result.stdout:
-        sys.stdout.write(result.stdout if result.stdout.endswith("\n") else result.stdout + "\n")
+        out = sys.stderr if id_only else sys.stdout
+        out.write(result.stdout if result.stdout.endswith("\n") else result.stdout + "\n")
     if result.stderr:
         sys.stderr.write(result.stderr if result.stderr.endswith("\n") else result.stderr + "\n")
     spill = result.spill
@@ -322,6 +330,9 @@ def _report_run(fleet: Fleet, result: CallResult, args: argparse.Namespace) -> i
         return statuses.of_call(result)
     if not (args.follow and result.job is not None):
         print_result(result)
+        hint = cwd_hint(result, args.cwd)
+        if hint:
+            print(hint, file=sys.stderr)
         return statuses.of_call(result)
     # Following streams the job's files from their first byte: showing the call's own
     # (possibly cut) output first would repeat it. Its notices still go to stderr.
@@ -330,6 +341,30 @@ def _report_run(fleet: Fleet, result: CallResult, args: argparse.Namespace) -> i
     }), job_id_on_stdout=False)
     separate_stderr = result.spill is not None and result.spill.stderr_path is not None
     return _follow(fleet, result.job.id, stderr=separate_stderr)
+
+
+#: Directories every workspace has of its own, whatever the host holds there.
+PRIVATE_DIRS = ("/tmp", "/var/tmp")
+
+
+def cwd_hint(result: CallResult, cwd: str | None) -> str | None:
+    """Why a `--cwd` the call's workspace has no such directory for may exist all the
+    same (on the host, on this machine): a line for the person, or None."""
+    if result.error is None or result.error.kind != "bad_cwd" or not cwd:
+        return None
+    path = os.path.normpath(cwd)
+    private = next((d for d in PRIVATE_DIRS if path == d or path.startswith(d + "/")), None)
+    if private is not None:
+        return (f"[{private} in a workspace is its own: the host's {private} is not seen "
+                "there. A directory a call starts in must be in its view: under a root "
+                "the host allows as workspaces (its BASHFLEET_WORKSPACE_ALLOW), or made in "
+                "the workspace]")
+    if os.path.isdir(path):
+        return (f"[{path} is here on this machine, but not in the workspace's view: its "
+                "calls see the host read-only but for bashfleet's state and other "
+                "workspaces, and /tmp, /var/tmp and HOME of their own; a project "
+                "directory is one under a root the host allows (BASHFLEET_WORKSPACE_ALLOW)]")
+    return None
 
 
 def _follow(
@@ -850,7 +885,10 @@ def cmd_mcp(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     print(f"bashfleet mcp: {dialect.name} dialect, session {session} "
           f"(resume it with --session {session})", file=sys.stderr)
+    from worker.settings import Settings  # noqa: PLC0415
+
     mcp_server.serve(dialect, session, host=args.host, cwd=args.cwd,
+                     resumable=args.session is not None, started_by=Settings().owner_name(),
                      made_of={"image": args.image, "build": args.build, "user": args.user})
     return 0
 
@@ -1090,24 +1128,40 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _dispatch(args: argparse.Namespace) -> int:
     """Run the command; its exit status, with errors said in the CLI's words."""
-    from client.errors import BashfleetError, FleetUnavailable  # noqa: PLC0415
-
     try:
         status: int = args.func(args)
-    except NoFleet as exc:
-        print(f"bashfleet: {exc}", file=sys.stderr)
-        return EXIT_SYSTEM_ERROR
-    except FleetUnavailable as exc:
-        print(f"bashfleet: {exc}\nbashfleet: is the fleet up? {NO_FLEET_HINT}", file=sys.stderr)
-        return EXIT_SYSTEM_ERROR
-    except BashfleetError as exc:
-        print(f"bashfleet: {exc}", file=sys.stderr)
-        return EXIT_SYSTEM_ERROR
-    except ValueError as exc:  # a malformed option value (`--tag` without `=`)
-        print(f"bashfleet {args.cmd}: {exc}", file=sys.stderr)
-        return EXIT_USAGE
     except KeyboardInterrupt:
         return statuses.INTERRUPTED
+    except Exception as exc:
+        said = _said(args, exc)
+        if said is None:
+            raise
+        return said
+    return status
+
+
+def _said(args: argparse.Namespace, exc: Exception) -> int | None:
+    """Say an error in the CLI's words, on stderr; its exit status (None: a bug)."""
+    from pydantic import ValidationError  # noqa: PLC0415
+
+    from client._core.identity import settings_problem  # noqa: PLC0415
+    from client.errors import BashfleetError, FleetUnavailable  # noqa: PLC0415
+
+    if isinstance(exc, ValidationError) and exc.title == "Settings":
+        # A BASHFLEET_* variable's value: one line, not pydantic's paragraphs.
+        text, status = f"bashfleet: {settings_problem(exc)}", EXIT_USAGE
+    elif isinstance(exc, NoFleet):
+        text, status = f"bashfleet: {exc}", EXIT_SYSTEM_ERROR
+    elif isinstance(exc, FleetUnavailable):
+        text, status = (f"bashfleet: {exc}\nbashfleet: is the fleet up? {NO_FLEET_HINT}",
+                        EXIT_SYSTEM_ERROR)
+    elif isinstance(exc, BashfleetError):
+        text, status = f"bashfleet: {exc}", EXIT_SYSTEM_ERROR
+    elif isinstance(exc, ValueError):  # a malformed option value (`--tag` without `=`)
+        text, status = f"bashfleet {args.cmd}: {exc}", EXIT_USAGE
+    else:
+        return None
+    print(text, file=sys.stderr)
     return status
 
 

@@ -38,9 +38,13 @@ def of_process(exit_code: int | None, signal_number: int | None) -> int:
 
 
 def of_call(result: CallResult) -> int:
-    """A call's status: 125 when it never ran (a system error and no outcome), 0 when it
-    went on as a background job, 124 when its timeout killed it, else how it ended."""
-    if result.error is not None and result.exit_code is None and result.signal is None:
+    """A call's status: 125 when it never ran (a system error and no outcome) or its
+    worker was lost (the signal that ended it was the stopping worker's, not the
+    command's story), 0 when it went on as a background job, 124 when its timeout killed
+    it, else how it ended."""
+    error = result.error
+    if error is not None and (error.kind == "worker_lost" or (
+            result.exit_code is None and result.signal is None)):
         return SYSTEM_ERROR
     if result.backgrounded:
         return 0

@@ -269,7 +269,10 @@ class ForegroundRun:
         self._result: CallResult | None = None
         self._error: BaseException | None = None
         self._first_ctrl_c: float | None = None
-        self._acted = False  # the cancel or detach went out
+        # Ctrl-Cs counted when the cancel or detach went out (None: not yet). Only one
+        # pressed after that stops the waiting: the result that names the job (or says
+        # the call was cancelled) is still to come.
+        self._acted_at: int | None = None
 
     def _send(self) -> None:
         try:
@@ -310,16 +313,22 @@ class ForegroundRun:
             self._first_ctrl_c = time.monotonic()
             say(f"\n^C: cancelling call {self.call_id} in {DETACH_WINDOW_S:g}s; press "
                 "Ctrl-C again to leave it running as a background job instead")
-        elif interrupts.sigint >= 3 or (interrupts.sigint == 2 and self._acted):
-            say(f"[no longer waiting for call {self.call_id}]")
-            return Outcome(status=EXIT_INTERRUPTED)
+        elif self._acted_at is not None:
+            if interrupts.sigint > self._acted_at:
+                return self._stop_waiting()
+        elif interrupts.sigint >= 3:
+            return self._stop_waiting()
         elif interrupts.sigint == 2:
-            self._acted = True
+            self._acted_at = interrupts.sigint
             self._detach()
-        elif not self._acted and time.monotonic() - self._first_ctrl_c > DETACH_WINDOW_S:
-            self._acted = True
+        elif time.monotonic() - self._first_ctrl_c > DETACH_WINDOW_S:
+            self._acted_at = interrupts.sigint
             self._cancel()
         return None
+
+    def _stop_waiting(self) -> Outcome:
+        say(f"[no longer waiting for call {self.call_id}]")
+        return Outcome(status=EXIT_INTERRUPTED)
 
     def _cancel(self) -> None:
         try:

@@ -27,18 +27,26 @@ so the session outlives the server: env, cwd, pinned host, jobs, read offsets.
 - Shells: the session's shell (cwd, exported variables: `client.shells`) is the fleet
   session of the same id, so the claude dialect's FR-009 state is shared with
   `bashfleet run --session ID`; `--host` and `--cwd` are written into it too.
+- Workspaces: a session's calls run in workspaces of its own (owner `session:<id>`,
+  tagged `started_by=<owner of who started the server>`), renewed while the server
+  lives. When its client goes away (stdin closed, SIGTERM, SIGHUP), a server whose
+  session no `--session` named deletes them (no one could resume it); a named one
+  keeps them for its next server. `bashfleet workspace ls --mcp` lists those left.
 - Resources: the kept full outputs the session was told of (pi's `artifact://<id>`)
   are listed by `resources/list` and read by `resources/read`, through the fleet.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import signal
+import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any, Protocol, TypeVar, cast
@@ -54,6 +62,7 @@ from mcp.server.stdio import stdio_server
 from mcp.shared.exceptions import MCPError
 from mcp_types.jsonrpc import INVALID_PARAMS
 
+from client._core.workspaces import SESSION_OWNER_PREFIX, STARTED_BY
 from client.dialects import Artifact, Dialect, Runner, SessionState, ToolText
 from client.dialects.base import JobViewer, MadeWorkspace, WorkspaceMaker
 from client.errors import (
@@ -62,6 +71,7 @@ from client.errors import (
     HostUnavailable,
     UnknownCall,
     UnknownJob,
+    UnknownWorkspace,
 )
 from client.fleet import Fleet, resolve_signing_key, resolve_url
 from client.sessions import RedisSessionStore, ShellStore, validate_session_id
@@ -114,7 +124,7 @@ RENEW_INTERVAL_S = 600.0
 def session_owner(session_id: str) -> str:
     """Who the calls and jobs of an MCP session belong to: another session's tools (a
     native agent's `bash_check`, say) cannot reach them."""
-    return f"session:{session_id}"
+    return f"{SESSION_OWNER_PREFIX}{session_id}"
 
 
 def new_session_id() -> str:
@@ -141,10 +151,12 @@ class FleetRunner:
     """The dialects' `Runner` on a `Fleet`; a fleet found unreachable is reported to
     `on_unavailable`, so the server connects afresh for the next call."""
 
-    def __init__(self, fleet: Fleet, on_unavailable: Callable[[], None] | None = None, *,
+    def __init__(self, fleet: Fleet, on_unavailable: Callable[[], None] | None = None,
+                 tags: Mapping[str, str] | None = None, *,
                  made_of: Mapping[str, str | None] | None = None) -> None:
         self.fleet = fleet
         self._on_unavailable = on_unavailable
+        self._tags = dict(tags or {})
         self.made_of = dict(made_of or {})
 
     def _guard(self, call: Callable[[], T]) -> T:
@@ -188,13 +200,18 @@ class FleetRunner:
         """`Fleet.workspace`: the session's workspace on a host (at its first call there),
         made of the server's image when it has one."""
         return self._guard(lambda: self.fleet.workspace(
-            host=host, near=near, ttl_s=ttl_s, session=session,
+            host=host, near=near, ttl_s=ttl_s, session=session, tags=self._tags,
             image=self.made_of.get("image"), build=self.made_of.get("build"),
             user=self.made_of.get("user")))
 
     def renew_workspace(self, workspace_id: str) -> None:
         """Mark a workspace of the session used (the server renews them while it lives)."""
         self._guard(lambda: self.fleet.open_workspace(workspace_id).renew())
+
+    def delete_workspace(self, workspace_id: str) -> None:
+        """End a workspace of the session (one gone already is no error)."""
+        with contextlib.suppress(UnknownWorkspace):
+            self._guard(lambda: self.fleet.open_workspace(workspace_id).delete())
 
 
 class ServerRunner(Runner, Protocol):
@@ -353,12 +370,15 @@ class FleetBackend:
     needs it, not when the server starts.
     """
 
-    def __init__(self, redis_url: str | None = None, owner: str | None = None, *,
+    def __init__(self, redis_url: str | None = None, owner: str | None = None,
+                 started_by: str | None = None, *,
                  made_of: Mapping[str, str | None] | None = None) -> None:
         """`owner`: who the calls and jobs of this server belong to (its session);
-        `made_of`: what its session's workspaces are made of (`image`, `build`, `user`)."""
+        `started_by`: who started it (its workspaces say so: STARTED_BY); `made_of`: what
+        its session's workspaces are made of (`image`, `build`, `user`)."""
         self._redis_url = redis_url
         self._owner = owner
+        self._tags = {STARTED_BY: started_by} if started_by else {}
         self.made_of = dict(made_of or {})
         self._lock = threading.Lock()
         self._connected: tuple[FleetRunner, RedisSessionStore, redis.Redis] | None = None
@@ -372,7 +392,8 @@ class FleetBackend:
                 # agent's tools reach only their own session's jobs.
                 fleet = Fleet(url, owner=self._owner)
                 client = redis_client(cast("str", url))
-                runner = FleetRunner(fleet, on_unavailable=self.reset, made_of=self.made_of)
+                runner = FleetRunner(fleet, on_unavailable=self.reset, tags=self._tags,
+                                     made_of=self.made_of)
                 store = RedisSessionStore(client, key=resolve_signing_key(cast("str", url)))
                 self._connected = (runner, store, client)
             runner, store, _ = self._connected
@@ -456,6 +477,27 @@ class ToolServer:
             except (BashfleetError, redis.RedisError) as exc:
                 log.info("workspace %s not renewed: %s", workspace_id, _describe(exc))
         return renewed
+
+    def delete_workspaces(self) -> int:
+        """End the session's workspaces (what a server whose session cannot be resumed
+        does as it stops: no one could reach them again); how many were ended."""
+        try:
+            runner, store = self._backend.connect()
+            state = store.load(self.session_id)
+        except (BashfleetError, redis.RedisError) as exc:
+            log.warning("workspaces of session %s not deleted: %s", self.session_id,
+                        _describe(exc))
+            return 0
+        delete = getattr(runner, "delete_workspace", None)
+        ended = 0
+        for workspace_id in state.workspaces.values():
+            try:
+                if delete is not None:
+                    delete(workspace_id)
+                    ended += 1
+            except (BashfleetError, redis.RedisError) as exc:
+                log.warning("workspace %s not deleted: %s", workspace_id, _describe(exc))
+        return ended
 
     def keep_renewing(self, stop: threading.Event, interval_s: float) -> threading.Thread:
         """Renew the session's workspaces every `interval_s` until `stop` is set."""
@@ -757,19 +799,69 @@ def serve(
     host: str | None = None,
     cwd: str | None = None,
     redis_url: str | None = None,
+    resumable: bool = True,
+    started_by: str | None = None,
     made_of: Mapping[str, str | None] | None = None,
 ) -> None:
-    """Serve `dialect` over stdio until the client closes stdin; `made_of`: what the
+    """Serve `dialect` over stdio until the client closes stdin (or the server is told to
+    stop: SIGTERM, SIGHUP). A session that is not `resumable` (no `--session` named it:
+    no one knows its id) has its workspaces deleted then, their processes with them;
+    a named one keeps them for the next server of that session. `started_by`: the owner
+    of who started it, on its workspaces' tags (STARTED_BY). `made_of`: what the
     session's workspaces are made of (`image`, `build`, `user`)."""
     if cwd is not None:
         # A relative path means one on this machine, as for a local fleet.
         cwd = os.path.abspath(cwd)
-    backend = FleetBackend(redis_url, owner=session_owner(session_id), made_of=made_of)
+    backend = FleetBackend(redis_url, owner=session_owner(session_id), started_by=started_by,
+                           made_of=made_of)
     tool_server = ToolServer(dialect, backend, session_id, host=host, cwd=cwd)
     stop = threading.Event()
     tool_server.keep_renewing(stop, RENEW_INTERVAL_S)
+    signalled = Signalled()
     try:
-        anyio.run(_serve_stdio, build_server(tool_server))
+        with signalled.stopping():
+            anyio.run(_serve_stdio, build_server(tool_server))
     finally:
         stop.set()
+        if not resumable:
+            tool_server.delete_workspaces()
         backend.reset()
+    if signalled.name is not None:
+        # The thread reading stdin still waits for a line no one will send, and the
+        # interpreter would wait for it at exit: leave now, everything said and done.
+        log.info("stopped on %s", signalled.name)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+
+
+class _Stopped(Exception):  # noqa: N818 - a signal, not an error
+    """SIGTERM or SIGHUP arrived: the server stops as at the end of its stdin."""
+
+
+@dataclass
+class Signalled:
+    """SIGTERM and SIGHUP while serving (a harness ending its server, a terminal that
+    closes): they end the serving as stdin's end does, so what follows it still runs
+    (their default would end the process on the spot, its workspaces left behind)."""
+
+    name: str | None = None
+    """The signal that stopped the serving (None: none did)."""
+
+    def _stop(self, signum: int, frame: object) -> None:
+        del frame
+        self.name = signal.Signals(signum).name
+        raise _Stopped(self.name)
+
+    @contextlib.contextmanager
+    def stopping(self) -> Iterator[None]:
+        """Stop the block's serving on SIGTERM or SIGHUP (its handlers given back)."""
+        previous = {sig: signal.signal(sig, self._stop)
+                    for sig in (signal.SIGTERM, signal.SIGHUP)}
+        try:
+            yield
+        except _Stopped:
+            pass
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from client import Workspace
+    from client import Fleet, Workspace
     from client.cli import SubParsers
     from worker.wire.models import WorkspaceView
 
@@ -36,6 +36,9 @@ def add_commands(sub: SubParsers) -> None:
     _add_create(verbs)
     ls = verbs.add_parser("ls", help="this owner's live workspaces, however they were made")
     ls.add_argument("--json", action="store_true", help="print them as a JSON list")
+    ls.add_argument("--mcp", action="store_true",
+                    help="also those of the MCP servers (`bashfleet mcp`) you started, each "
+                    "owned by its session (`workspace rm` removes them)")
     ls.set_defaults(func=cmd_ls)
     for verb, text, func in (
         ("info", "a workspace's view, with its disk bytes and processes counted", cmd_info),
@@ -61,7 +64,8 @@ def add_commands(sub: SubParsers) -> None:
 
 def _add_create(verbs: SubParsers) -> None:
     create = verbs.add_parser("create", help="make a workspace; print its id on stdout")
-    create.add_argument("--host", help="the host (default: the live host with most free slots)")
+    create.add_argument("--host", help="the host (default: the live host with the fewest "
+                        "of the owner's workspaces, then the least loaded)")
     create.add_argument("--label", help="a live host of this label")
     create.add_argument("--path", help="an existing host directory under a root the host "
                         "allows (BASHFLEET_WORKSPACE_ALLOW); default: a fresh directory, "
@@ -127,11 +131,16 @@ def cmd_create(args: argparse.Namespace) -> int:
 def cmd_ls(args: argparse.Namespace) -> int:
     from client.cli import _fleet  # noqa: PLC0415
 
-    views = _fleet().workspaces()
+    fleet = _fleet()
+    views = fleet.workspaces()
+    if args.mcp:
+        seen = {view.id for view in views}
+        views += [view for view in fleet.agent_workspaces() if view.id not in seen]
     if args.json:
         print("[" + ",\n".join(view.model_dump_json(indent=2) for view in views) + "]")
         return 0
-    print(workspace_table(views, time.time()) if views else "no workspaces")
+    table = workspace_table(views, time.time(), owners=args.mcp)
+    print(table if views else "no workspaces")
     return 0
 
 
@@ -151,7 +160,7 @@ def cmd_rm(args: argparse.Namespace) -> int:
     fleet, status = _fleet(), 0
     for ws_id in args.ids:
         try:
-            gone = fleet.open_workspace(ws_id).delete()
+            gone = _open_for_removal(fleet, ws_id).delete()
         except UnknownWorkspace as exc:
             print(f"bashfleet workspace rm: {exc}", file=sys.stderr)
             status = 1
@@ -159,6 +168,21 @@ def cmd_rm(args: argparse.Namespace) -> int:
         print(f"[workspace {ws_id} {'removed' if gone else 'was gone already'}]",
               file=sys.stderr)
     return status
+
+
+def _open_for_removal(fleet: Fleet, ws_id: str) -> Workspace:
+    """A workspace of this owner's, else one of the MCP servers it started (opened by a
+    client of its session's owner: without the admin key, this owner's cannot)."""
+    from client.errors import UnknownWorkspace  # noqa: PLC0415
+    from client.fleet import Fleet  # noqa: PLC0415
+
+    try:
+        return fleet.open_workspace(ws_id)
+    except UnknownWorkspace:
+        view = next((v for v in fleet.agent_workspaces() if v.id == ws_id), None)
+        if view is None:
+            raise
+    return Fleet(owner=view.owner).open_workspace(ws_id)
 
 
 def _each(args: argparse.Namespace, act: Any) -> int:
@@ -257,14 +281,18 @@ def _download(workspace: Workspace, path: str, local: str) -> int:
 # --------------------------------------------------------------------------- text
 
 
-def workspace_table(views: list[WorkspaceView], now: float, *, counted: bool = False) -> str:
+def workspace_table(views: list[WorkspaceView], now: float, *, counted: bool = False,
+                    owners: bool = False) -> str:
     """Workspaces as `workspace ls` shows them: id, host, directory, isolation, when it
-    expires unused, its session and tags (its disk and processes when `counted`)."""
+    expires unused, its session and tags (its disk and processes when `counted`, its
+    owner when `owners`)."""
     from client.cli import _table  # noqa: PLC0415
 
     header = ["ID", "HOST", "PATH", "ISOLATION", "EXPIRES", "SESSION", "TAGS"]
     if counted:
         header += ["DISK", "PROCS"]
+    if owners:
+        header += ["OWNER"]
     rows = []
     for view in views:
         left = None if view.expires_at is None else max(0.0, view.expires_at - now)
@@ -276,6 +304,8 @@ def workspace_table(views: list[WorkspaceView], now: float, *, counted: bool = F
         ]
         if counted:
             row += [_size(view.disk_bytes), "-" if view.processes is None else view.processes]
+        if owners:
+            row.append(view.owner or "-")
         rows.append(row)
     return _table(rows, header)
 

@@ -119,9 +119,18 @@ class AsyncTasks:
         self._spawned.add(task)
         task.add_done_callback(self._spawned.discard)
 
+    async def finish(self, name: str, function: Callable[[], Awaitable[None]]) -> None:
+        """Run `function` as spawned work and wait for it. A cancellation of the waiting
+        task stops the wait, never the work (`join` still waits for it)."""
+        task = asyncio.create_task(_run(function), name=name)
+        self._spawned.add(task)
+        task.add_done_callback(self._spawned.discard)
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.shield(task)
+
     async def join(self) -> None:
-        """Wait for the spawned work (not the named)."""
-        if self._spawned:
+        """Wait for the spawned work (not the named), that spawned meanwhile included."""
+        while self._spawned:
             await asyncio.gather(*self._spawned, return_exceptions=True)
 
     async def stop(self) -> None:

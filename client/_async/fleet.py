@@ -39,13 +39,14 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
-from contextlib import asynccontextmanager
+from collections import Counter
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Concatenate, Literal, ParamSpec, TypeVar
 
 import redis
+import redis.sentinel
 
 from client import shells
 from client._async import records
@@ -56,6 +57,7 @@ from client._async.concurrency import (
     AsyncSemaphore,
     AsyncSlot,
     AsyncTasks,
+    sleep,
 )
 from client._async.events import follow
 from client._async.replies import Answer, AsyncReplies
@@ -92,6 +94,7 @@ from client._core.messages import (
 )
 from client._core.output import FullRead, OutputMode, full_reads, with_full_output
 from client._core.routing import (
+    CallProgress,
     Placement,
     Route,
     ask_every_host,
@@ -115,7 +118,7 @@ from client._core.watch import (
     note_queue,
     verdict,
 )
-from client._core.workspaces import choose_host, open_view
+from client._core.workspaces import choose_host, open_view, owned_by_host, started_by
 from client.errors import (
     BashfleetError,
     CallRejected,
@@ -183,6 +186,23 @@ P = ParamSpec("P")
 WATCH = "bashfleet-watch"
 
 _REDIS_ERRORS = (redis.ConnectionError, redis.TimeoutError, OSError)
+#: A Sentinel that knows no primary (or replica) by the URL's name.
+_NO_PRIMARY = (redis.sentinel.MasterNotFoundError, redis.sentinel.SlaveNotFoundError)
+
+
+def unreachable(url: str, exc: BaseException) -> FleetUnavailable:
+    """Redis at `url` (password hidden) failed, said in one line: a Sentinel that knows
+    no primary by that name is said so (redis-py's own message goes on with the repr of
+    every sentinel's client, some 1,500 characters)."""
+    reason = str(exc)
+    if isinstance(exc, _NO_PRIMARY):
+        reason = (reason.split(" : ", 1)[0]
+                  + ": no sentinel answered for it (are they up, and do they monitor it?)")
+    return FleetUnavailable(f"Redis at {url} is unreachable: {reason}")
+
+
+#: What a call of a closed client fails with.
+CLOSED = "the fleet client was closed"
 
 
 @dataclass(frozen=True)
@@ -241,16 +261,27 @@ class AsyncFleet:
         self._io = AsyncSemaphore(redis_concurrency)
         self._loop = AsyncLoopGuard()
         self._pending: dict[str, Pending] = {}
+        # Workspaces this client is making now, by host: placed before Redis lists them.
+        self._placing: Counter[str] = Counter()
+        # Calls whose message is being pushed: `close` waits for them to be pending (or
+        # refused) before it cancels what is pending.
+        self._sending: set[str] = set()
         self._closing = AsyncEvent()
         # Another fleet's Redis (the local fleet brought down and up) and its keys, by URL.
         self._event_clients: dict[str, tuple[AsyncRedis, dict[str, str]]] = {}
 
     async def close(self) -> None:
-        """Close the connections (the object is unusable afterwards). The cancels of calls
-        whose callers gave up are sent first; calls still waited for fail."""
-        await self._tasks.join()
+        """Close the connections (the object is unusable afterwards). Nothing is sent from
+        now; the calls still waited for fail (FleetUnavailable) and are cancelled on the
+        fleet, as are those whose callers gave up, before the connections close: no one
+        is left to hear their results."""
         self._closing.set()
-        self._fail_all(FleetUnavailable("the fleet client was closed"))
+        await self._settle_sends()
+        abandoned = list(self._pending)
+        self._fail_all(FleetUnavailable(CLOSED))
+        for call_id in abandoned:
+            self._tasks.spawn(f"cancel-{call_id}", functools.partial(self._abandon, call_id))
+        await self._tasks.join()
         self._replies.close()
         await self._tasks.stop()
         for client in [self._redis, *(each for each, _ in self._event_clients.values())]:
@@ -381,8 +412,10 @@ class AsyncFleet:
                 sent = True
                 return await self._wait_call(Pending(call.call_id, where), slot)
             except CANCELLED:
-                if sent:  # the caller gave up: so does the fleet (withdraw, or kill)
-                    self._cancel_soon(call.call_id)
+                if sent and not self._closing.is_set():  # (`close` cancelled it then)
+                    # The caller gave up: so does the fleet (withdraw, or kill), before
+                    # the caller's task ends (an event loop's shutdown waits for that).
+                    await self._cancel_now(call.call_id)
                 raise
             finally:
                 self._replies.forget(call.call_id)
@@ -434,6 +467,15 @@ class AsyncFleet:
     async def _send_call(self, call_id: str, where: Route, message: str) -> None:
         """Record the call and push its message: one round trip, one Lua script that also
         checks the named host is alive."""
+        if self._closing.is_set():
+            raise FleetUnavailable(CLOSED)
+        self._sending.add(call_id)
+        try:
+            await self._push_call(call_id, where, message)
+        finally:
+            self._sending.discard(call_id)
+
+    async def _push_call(self, call_id: str, where: Route, message: str) -> None:
         target = where.target
         sent = await self._r(records.send_call, call_id, where.queue, target, message,
                              require_alive=target is not None)
@@ -453,6 +495,9 @@ class AsyncFleet:
 
     async def _wait_call(self, pending: Pending, slot: AsyncSlot[Answer]) -> CallResult:
         """The call's result: its answer, or what the watch found wrong with it."""
+        if self._closing.is_set():  # closed while it was pushed: `close` did not see it
+            await self._cancel_now(pending.call_id)
+            raise FleetUnavailable(CLOSED)
         self._pending[pending.call_id] = pending
         try:
             self._tasks.start_once(WATCH, self._watch_calls)
@@ -465,14 +510,30 @@ class AsyncFleet:
             return answer
         raise answer if answer is not None else WorkerError(f"call {pending.call_id}: no answer")
 
-    def _cancel_soon(self, call_id: str) -> None:
-        """Cancel a call in the background (its awaiting caller was cancelled); `close`
-        waits for these."""
-        self._tasks.spawn(f"cancel-{call_id}", functools.partial(self._cancel_quietly, call_id))
+    async def _cancel_now(self, call_id: str) -> None:
+        """Cancel a call no one waits for, and wait for that (`close` waits too, should
+        the waiting caller be cancelled again)."""
+        await self._tasks.finish(f"cancel-{call_id}", functools.partial(self._abandon, call_id))
 
-    async def _cancel_quietly(self, call_id: str) -> None:
+    async def _abandon(self, call_id: str) -> None:
+        """Cancel a call no one waits for: withdrawn if queued, else its host told to kill
+        it. Its host's answer is not waited for (no one would read it): an event loop
+        shutting down, or a closing client, gets its cancels sent in a round trip or
+        three, and starts no listener again."""
         with contextlib.suppress(BashfleetError):
-            await self.cancel(call_id)
+            previous = await self._r(records.withdraw_call, call_id, CallState.CANCELLED)
+            if previous != CallState.RUNNING:
+                return
+            host = (await self._r(records.call_record, call_id)).get("host")
+            if host:
+                await self._r(records.push, names.ctl_queue(host), self._control_message(
+                    host, CancelRequest(call_id=call_id), uuid.uuid4().hex, CTL_TIMEOUT_S))
+
+    async def _settle_sends(self) -> None:
+        """Wait until no call is half sent (each push is one round trip)."""
+        deadline = time.monotonic() + CTL_TIMEOUT_S
+        while self._sending and time.monotonic() < deadline:
+            await sleep(0.01)  # a condition polled with a deadline: a push in progress
 
     async def _full_output(self, result: CallResult, max_bytes: int) -> CallResult:
         """The result with its whole output read back (`client._core.output`)."""
@@ -506,7 +567,7 @@ class AsyncFleet:
             except (FleetUnavailable, redis.RedisError) as exc:
                 if outage.outlasted(time.monotonic()):
                     self._fail_all(exc if isinstance(exc, FleetUnavailable) else
-                                   FleetUnavailable(f"Redis at {self.url} failed: {exc}"))
+                                   unreachable(self.url, exc))
             except Exception as exc:  # a bug of ours: tell the callers, never leave them
                 log.exception("the watch of the calls in flight failed")
                 self._fail_all(WorkerError(f"the client's watch failed: {exc!r}"))
@@ -667,6 +728,15 @@ class AsyncFleet:
         request = DetachRequest(call_id=call_id)
         return (await self._control(record["host"], request, DetachResult)).detached
 
+    async def call_progress(self, call_id: str) -> CallProgress:
+        """How far a call got: queued (on which host, when sent to one), running (where),
+        ended; from its record (`bashfleet run`'s spinner says `queued on b`, then
+        `running on b`): words to show, not verified claims."""
+        if not names.valid_id(call_id):
+            return CallProgress(None, None)
+        record = await self._r(records.call_record, call_id)
+        return CallProgress(record.get("state") or None, record.get("host") or None)
+
     async def call_host(self, call_id: str) -> str | None:
         """The host a call runs (or ran) on; None while it waits in a queue for any host,
         or when the call is unknown (`bashfleet run`'s spinner names it once known).
@@ -744,13 +814,15 @@ class AsyncFleet:
         build: str | os.PathLike[str] | None = None, user: str | None = None,
     ) -> AsyncWorkspace:
         """Make a workspace: a directory on one host and the namespaces its calls share
-        (`AsyncWorkspace`). `host`, else a live host of `label` (else of the fleet) with
-        free slots. `path`: an existing directory under a root the host allows (else a
-        fresh one, removed with it). `ttl_s`: seconds it lives unused (the host's default,
-        1 h). `isolation` (at least the host's) and `network` (False: its own network
-        namespace). `limits`: memory_mb, procs, cpus, disk_mb of its processes together,
-        never above the host's. `mounts`: absolute paths in its calls' view -> its own
-        subdirectories (`{"/logs": "logs"}`). LimitReached past the owner's cap.
+        (`AsyncWorkspace`). `host`, else a live host of `label` (else of the fleet): the one
+        with the fewest of this owner's workspaces, then the least loaded, then any
+        (`choose_host`: made at once, a client's spread evenly). `path`: an existing
+        directory under a root the host allows (else a fresh one, removed with it). `ttl_s`:
+        seconds it lives unused (the host's default, 1 h). `isolation` (at least the host's)
+        and `network` (False: its own network namespace). `limits`: memory_mb, procs, cpus,
+        disk_mb of its processes together, never above the host's. `mounts`: absolute paths
+        in its calls' view -> its own subdirectories (`{"/logs": "logs"}`). LimitReached
+        past the owner's cap.
 
         `image`: an OCI image reference (`python:3.12-slim`): its root filesystem is the
         workspace's `/` (pulled onto the host first, unless held there: a host that holds
@@ -804,26 +876,45 @@ class AsyncFleet:
         build: str | os.PathLike[str] | None = None, user: str | None = None,
     ) -> AsyncWorkspace:
         """A new workspace as `workspace` describes it (`session`: only its label)."""
-        where = choose_host(await self._hosts_for(image, host), host, label)
-        context: AsyncWorkspace | None = None
-        if build is not None:
-            context = await self._build_context(where, build)
-        elif image is not None:
-            await self.pull_image(image, host=where)  # long pulls: not in the create request
+        where = await self._place_workspace(host, label, image)
         try:
-            spec = control_request(
-                WorkspaceCreateRequest,
-                spec={"path": path, "ttl_s": ttl_s, "isolation": isolation, "network": network,
-                      "limits": limits or {}, "mounts": dict(mounts or {}),
-                      "tags": dict(tags or {}), "near": near, "session": session,
-                      "image": image if context is None else None, "user": user,
-                      "build": f"{context.path}/context" if context is not None else None})
-            view = await self._control(where, spec, WorkspaceView,
-                                       timeout=BUILD_TIMEOUT_S if context else CTL_TIMEOUT_S)
+            context: AsyncWorkspace | None = None
+            if build is not None:
+                context = await self._build_context(where, build)
+            elif image is not None:
+                # Long pulls: not in the create request (the host's control threads).
+                await self.pull_image(image, host=where)
+            try:
+                spec = control_request(
+                    WorkspaceCreateRequest,
+                    spec={"path": path, "ttl_s": ttl_s, "isolation": isolation,
+                          "network": network, "limits": limits or {},
+                          "mounts": dict(mounts or {}), "tags": dict(tags or {}),
+                          "near": near, "session": session,
+                          "image": image if context is None else None, "user": user,
+                          "build": f"{context.path}/context" if context is not None else None})
+                view = await self._control(where, spec, WorkspaceView,
+                                           timeout=BUILD_TIMEOUT_S if context else CTL_TIMEOUT_S)
+            finally:
+                if context is not None:
+                    await context.delete()
         finally:
-            if context is not None:
-                await context.delete()
+            self._placing[where] -= 1
         return AsyncWorkspace(self, view)
+
+    async def _place_workspace(self, host: str | None, label: str | None,
+                               image: str | None = None) -> str:
+        """The host a new workspace goes to (`choose_host`: the owner's fewest there
+        first, this client's being made counted; for an image, among the hosts that hold
+        it when any does), counted as being made there until its host answers (then its
+        view in Redis counts it)."""
+        views = await self.workspaces() if host is None else []
+        infos = await self._hosts_for(image, host)
+        # From here to the count, nothing waits: another task of this client placing one
+        # at once sees this one.
+        where = choose_host(infos, host, label, owned=owned_by_host(views, self._placing))
+        self._placing[where] += 1
+        return where
 
     async def _hosts_for(self, image: str | None, host: str | None) -> list[HostInfo]:
         """The live hosts a workspace may go to: for an image, those that hold it when any
@@ -868,6 +959,19 @@ class AsyncFleet:
                   for ws_id, sealed in zip(ids, views, strict=True)]
         return sorted((view for view in opened if view is not None
                        and view.owner == self.owner), key=lambda view: view.created_at)
+
+    async def agent_workspaces(self) -> list[WorkspaceView]:
+        """The live workspaces of the MCP servers (`bashfleet mcp`) this owner started:
+        each belongs to its server's session (owner `session:<id>`, which `workspaces`
+        leaves out) and is tagged `started_by=<this owner>`; oldest first. Those of a
+        named session outlive its server (to be resumed): here to find, and remove
+        (`open_workspace` of a client whose owner is the view's)."""
+        ids = await self._r(records.all_workspace_ids)
+        views = await self._r(records.workspace_views, ids)
+        opened = [open_view(self._record_keys, ws_id, sealed)
+                  for ws_id, sealed in zip(ids, views, strict=True)]
+        return sorted((view for view in opened if view is not None
+                       and started_by(view, self.owner)), key=lambda view: view.created_at)
 
     async def _workspace_view(self, workspace_id: str) -> WorkspaceView:
         if not names.valid_id(workspace_id):
@@ -1070,28 +1174,26 @@ class AsyncFleet:
 
     # ------------------------------------------------------------------- plumbing
 
-    @asynccontextmanager
-    async def _guarded(self) -> AsyncIterator[None]:
-        """One Redis operation: within the concurrency bound, its failure FleetUnavailable
-        (password hidden)."""
-        self._loop.check()
-        async with self._io:
-            try:
-                yield
-            except _REDIS_ERRORS as exc:
-                raise FleetUnavailable(f"Redis at {self.url} is unreachable: {exc}") from None
-
     async def _r(self, operation: Callable[Concatenate[AsyncRedis, P], Awaitable[T]],
                  *args: P.args, **kwargs: P.kwargs) -> T:
-        """`operation(self's Redis, *args, **kwargs)`, guarded (`_guarded`)."""
-        async with self._guarded():
-            return await operation(self._redis, *args, **kwargs)
+        """`operation(self's Redis, *args, **kwargs)`, guarded (`_call`)."""
+        return await self._call(functools.partial(operation, self._redis), *args, **kwargs)
 
     async def _call(self, operation: Callable[P, Awaitable[T]], *args: P.args,
                     **kwargs: P.kwargs) -> T:
-        """`operation(*args, **kwargs)` (a Redis operation of its own), guarded."""
-        async with self._guarded():
-            return await operation(*args, **kwargs)
+        """`operation(*args, **kwargs)` (a Redis operation of its own): within the
+        concurrency bound, its failure FleetUnavailable (password hidden).
+
+        Written out, not as a generator-based context manager: a task cancelled while
+        it waits for the bound would leave such a generator running, which the event
+        loop's shutdown then fails to close, once per task (on Python 3.11, a cascade
+        of "aclose(): asynchronous generator is already running")."""
+        self._loop.check()
+        async with self._io:
+            try:
+                return await operation(*args, **kwargs)
+            except _REDIS_ERRORS as exc:
+                raise unreachable(self.url, exc) from None
 
     async def _job_target(self, item_id: str) -> tuple[str, str]:
         """(host, job id) of a job id, or of the call that started the job."""
@@ -1109,8 +1211,7 @@ class AsyncFleet:
                             timeout: float = CTL_TIMEOUT_S) -> SentControl:
         token = await self._require_alive(host)
         task_id = uuid.uuid4().hex
-        message = control_message(self._identity, request, task_id=task_id, host=host,
-                                  reply_to=self._replies.channel, timeout=timeout)
+        message = self._control_message(host, request, task_id, timeout)
         slot = await self._replies.expect(task_id)
         try:
             await self._r(records.push, names.ctl_queue(host), message)
@@ -1118,6 +1219,11 @@ class AsyncFleet:
             self._replies.forget(task_id)
             raise
         return SentControl(host, task_id, token, slot, timeout, time.monotonic() + timeout)
+
+    def _control_message(self, host: str, request: ControlRequest, task_id: str,
+                         timeout: float) -> str:
+        return control_message(self._identity, request, task_id=task_id, host=host,
+                               reply_to=self._replies.channel, timeout=timeout)
 
     async def _await_control(self, sent: SentControl, response: type[R], *,
                              errors: ErrorFor = error_for) -> R:

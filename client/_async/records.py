@@ -264,6 +264,14 @@ async def owner_workspaces(client: AsyncRedis, owner: str) -> list[str]:
     return [str(item) for item in found]
 
 
+async def all_workspace_ids(client: AsyncRedis) -> list[str]:
+    """Ids of every workspace Redis holds a view of, every owner's (a SCAN of their keys:
+    a listing, never on a call's path)."""
+    prefix = names.workspace_key("")
+    return [str(key)[len(prefix):]
+            async for key in client.scan_iter(match=names.workspace_key("*"), count=1000)]
+
+
 async def workspace_views(client: AsyncRedis, ids: Sequence[str]) -> list[str | None]:
     """The sealed views of these workspaces (None where Redis has none), one round trip."""
     if not ids:

@@ -11,12 +11,16 @@ import time
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from pydantic import ValidationError
+
 from client._core.constants import FAILOVER_GRACE_S
 from client.errors import CallRejected, FleetUnavailable
 from worker.settings import Settings
 from worker.wire import auth
 from worker.wire.models import OWNER_PATTERN
 
+#: The URL schemes of a fleet's Redis: plain, TLS, a socket, behind Sentinel.
+URL_SCHEMES = ("redis://", "rediss://", "unix://", "sentinel://")
 #: What a client says when it finds no fleet to talk to.
 NO_FLEET = (
     "no fleet configured: pass redis_url=, set BASHFLEET_REDIS_URL, "
@@ -43,11 +47,36 @@ def resolve_url(redis_url: str | None = None) -> str | None:
         raise FleetUnavailable(f"the local fleet's state is not trusted: {exc}") from None
 
 
+#: What a setting's pattern allows, in words (a regular expression is not for everyone).
+_ALLOWED = {
+    "owner": "1 to 64 letters, digits or _ . : @ -, e.g. user:alice or team-ci",
+}
+
+
+def settings_problem(exc: ValidationError) -> str:
+    """A BASHFLEET_* variable's bad value as one line: the variable, what it holds, what
+    is allowed (pydantic's own text is a paragraph per error, with a link)."""
+    lines = []
+    for error in exc.errors():
+        field = str(error["loc"][0]) if error["loc"] else ""
+        allowed = _ALLOWED.get(field) or error["msg"]
+        pattern = (error.get("ctx") or {}).get("pattern")
+        if pattern and field in _ALLOWED:
+            allowed += f" (the pattern {pattern})"
+        lines.append(f"BASHFLEET_{field.upper()}={error['input']!r} is not allowed: {allowed}")
+    return "; ".join(lines)
+
+
 def require_url(redis_url: str | None) -> str:
-    """`resolve_url`, FleetUnavailable when there is no fleet."""
+    """`resolve_url`, FleetUnavailable when there is no fleet; ValueError when its scheme
+    is none a fleet's Redis can have (redis-py's own message leaves out `sentinel://`)."""
     url = resolve_url(redis_url)
     if not url:
         raise FleetUnavailable(NO_FLEET)
+    if not url.startswith(URL_SCHEMES):
+        scheme = url.split("://", 1)[0] + "://" if "://" in url else repr(url.split("@")[-1])
+        raise ValueError(f"the fleet's Redis URL cannot start with {scheme}: use "
+                         f"{', '.join(URL_SCHEMES[:-1])} or {URL_SCHEMES[-1]}")
     return url
 
 

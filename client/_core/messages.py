@@ -58,6 +58,9 @@ NOT_RUN_KINDS = frozenset({
 #: call's (`worker.engine.call`) and a queued one's (`worker.fleet.tasks._refusal`).
 CANCELLED_RUNNING = "call cancelled; its processes were killed"
 CANCELLED_QUEUED_SUFFIX = " was cancelled before it started; it did not run"
+#: How a worker words a call it killed because it was stopping (kind `internal`, its
+#: supervisor gone: `worker.fleet.tasks`): to its caller, the worker was lost.
+STOPPED_RUNNING = "the worker was stopped; the call's processes were killed"
 
 
 def validation_message(exc: ValidationError) -> str:
@@ -170,15 +173,19 @@ def open_reply(keys: Mapping[str, str], task_id: str, sealed: str) -> str:
         ) from None
 
 
-def named_cancel(result: CallResult) -> CallResult:
-    """A cancelled call's result with its error kind `cancelled` (workers answer a cancel
-    as `internal`: see CANCELLED_RUNNING). A cancel whose kill left survivors keeps its
-    `internal` error: that one is a problem."""
+def named_ending(result: CallResult) -> CallResult:
+    """A result with its error kind named as workers mean it (they answer these as
+    `internal`): `cancelled` for a cancel (see CANCELLED_RUNNING), `worker_lost` for a
+    call its worker killed as it was stopped (STOPPED_RUNNING). A cancel whose kill left
+    survivors keeps its `internal` error: that one is a problem."""
     error = result.error
     if error is None or error.kind != "internal":
         return result
     if error.message == CANCELLED_RUNNING or error.message.endswith(CANCELLED_QUEUED_SUFFIX):
         return result.model_copy(update={"error": error.model_copy(update={"kind": "cancelled"})})
+    if error.message == STOPPED_RUNNING:
+        return result.model_copy(update={"error": error.model_copy(
+            update={"kind": "worker_lost"})})
     return result
 
 
@@ -186,7 +193,7 @@ def decode_result(keys: Mapping[str, str], call_id: str, sealed: str) -> CallRes
     """A call's answer as its result (seal checked, a cancel named)."""
     text = open_reply(keys, call_id, sealed)
     try:
-        return named_cancel(CallResult.model_validate_json(text))
+        return named_ending(CallResult.model_validate_json(text))
     except ValidationError:
         raise WorkerError(f"call {call_id}: unreadable answer {text[:200]!r}") from None
 

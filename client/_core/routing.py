@@ -92,6 +92,22 @@ def host_down(host: str, live: Iterable[str]) -> HostUnavailable:
 
 
 @dataclass(frozen=True)
+class CallProgress:
+    """How far a call got, as its record says (`bashfleet run`'s spinner shows it)."""
+
+    state: str | None
+    """`queued` until a worker takes it, `running`, then how it ended (`CallState`);
+    None for an id no call has."""
+    host: str | None
+    """The host it was sent to or runs on; None while it waits for any host."""
+
+    @property
+    def started(self) -> bool:
+        """True once a worker took it."""
+        return self.state not in (None, names.CallState.QUEUED)
+
+
+@dataclass(frozen=True)
 class IdLookup:
     """What Redis knows of an id, looked up in one go: is it a job (its host), is it a
     call (its record), and the host of the job that call started."""

@@ -9,13 +9,16 @@ A workspace is a directory on one host and the namespaces its calls share (see
 from __future__ import annotations
 
 import os
+import random
 import tarfile
 import uuid
-from collections.abc import Iterator, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 from pydantic import ValidationError
 
-from client.errors import CallRejected, HostUnavailable
+from client._core import archives
+from client.errors import CallRejected, HostUnavailable, WorkspaceFileError
 from worker.wire import auth
 from worker.wire.models import HostInfo, WorkspaceView
 
@@ -27,16 +30,54 @@ FILE_CHUNK = 4 * 1024 * 1024
 QUOTA_KIND = "workspaces"
 
 
-def choose_host(infos: Sequence[HostInfo], host: str | None, label: str | None) -> str:
-    """Where a new workspace goes: `host`, else the live host (of `label`) with the most
-    free slots; HostUnavailable when none is alive."""
+def choose_host(infos: Sequence[HostInfo], host: str | None, label: str | None, *,
+                owned: Mapping[str, int] | None = None,
+                pick: Callable[[Sequence[str]], str] = random.choice) -> str:
+    """Where a new workspace goes: `host`, else a live host (of `label`) with the fewest
+    of the owner's live workspaces (`owned`, by host), then the least loaded (calls
+    running and queued, per command slot), then any of those (`pick`, at random: by
+    name, every client would pile onto the same host); HostUnavailable when none is
+    alive. A workspace holds no command slot while idle, so free slots alone left every
+    workspace of an idle fleet on one host."""
     if host is not None:
         return host
     alive = [info for info in infos if info.alive and (label is None or label in info.labels)]
     if not alive:
         where = f" with label {label!r}" if label else ""
         raise HostUnavailable(f"no live host{where} to make a workspace on")
-    return max(alive, key=lambda info: (info.slots - info.busy - info.queued, info.host)).host
+    counts = owned or {}
+
+    def rank(info: HostInfo) -> tuple[int, float]:
+        return counts.get(info.host, 0), load(info)
+
+    best = min(rank(info) for info in alive)
+    return pick(sorted(info.host for info in alive if rank(info) == best))
+
+
+def load(info: HostInfo) -> float:
+    """Calls running and waiting on a host, per command slot."""
+    return (info.busy + info.queued) / max(info.slots, 1)
+
+
+def owned_by_host(views: Iterable[WorkspaceView], placing: Mapping[str, int]) -> Counter[str]:
+    """An owner's live workspaces by host: those in Redis (`views`), and those its client
+    is making now (`placing`), not there yet (made at once, they would all see none)."""
+    counts = Counter(view.host for view in views)
+    counts.update(placing)
+    return counts
+
+
+#: The tag on an agent session's workspaces (`bashfleet mcp`'s) naming the owner of
+#: who started its server.
+STARTED_BY = "started_by"
+#: How an agent session's owner begins (`session:<id>`).
+SESSION_OWNER_PREFIX = "session:"
+
+
+def started_by(view: WorkspaceView, owner: str) -> bool:
+    """Whether a workspace is an agent session's that `owner` started."""
+    return (view.owner.startswith(SESSION_OWNER_PREFIX)
+            and view.tags.get(STARTED_BY) == owner)
 
 
 def open_view(keys: dict[str, str], ws_id: str, sealed: str | None) -> WorkspaceView | None:
@@ -79,11 +120,17 @@ def pack(directory: str | os.PathLike[str]) -> bytes:
 
 
 def unpack(data: bytes, directory: str | os.PathLike[str]) -> None:
-    """Unpack a tar from a workspace into a local directory (made if missing), refusing
-    what would land outside it (absolute names, `..`, links out, devices): the archive
-    comes from a place a model's commands can write."""
+    """Unpack a tar from a workspace into a local directory (made if missing), checked
+    member by member first (`client._core.archives`): the archive comes from a place a
+    model's commands can write. WorkspaceFileError, nothing written, when a member would
+    land outside the directory (absolute, `..`, a link out) or is a device or FIFO."""
     import io  # noqa: PLC0415
 
-    os.makedirs(directory, exist_ok=True)
-    with tarfile.open(fileobj=io.BytesIO(data), mode="r") as archive:
-        archive.extractall(directory, filter="data")
+    folder = os.fspath(directory)
+    try:
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r") as archive:
+            archives.extract(archive, folder)
+    except archives.UnsafeMemberError as exc:
+        raise WorkspaceFileError(f"refused to unpack into {folder}: {exc}") from None
+    except tarfile.TarError as exc:
+        raise WorkspaceFileError(f"could not unpack into {folder}: {exc}") from None

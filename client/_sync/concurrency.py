@@ -126,13 +126,22 @@ class Tasks:
             self._spawned.add(thread)
         thread.start()
 
+    def finish(self, name: str, function: Callable[[], None]) -> None:
+        """Run `function` and wait for it (in this thread: a thread is never cancelled
+        from outside, so nothing could stop the wait alone)."""
+        del name
+        function()
+
     def join(self) -> None:
-        """Wait for the spawned work (not the named)."""
-        with self._lock:
-            spawned = list(self._spawned)
-            self._spawned.clear()
-        for thread in spawned:
-            thread.join()
+        """Wait for the spawned work (not the named), that spawned meanwhile included."""
+        while True:
+            with self._lock:
+                spawned = list(self._spawned)
+                self._spawned.clear()
+            if not spawned:
+                return
+            for thread in spawned:
+                thread.join()
 
     def stop(self) -> None:
         """Wait (STOP_WAIT_S at most each) for the named work, which ends by itself once

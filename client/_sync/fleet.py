@@ -41,13 +41,14 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import Callable, Generator, Iterator, Mapping
-from contextlib import contextmanager
+from collections import Counter
+from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Concatenate, Literal, ParamSpec, TypeVar
 
 import redis
+import redis.sentinel
 
 from client import shells
 from client._core.constants import (
@@ -81,6 +82,7 @@ from client._core.messages import (
 )
 from client._core.output import FullRead, OutputMode, full_reads, with_full_output
 from client._core.routing import (
+    CallProgress,
     Placement,
     Route,
     ask_every_host,
@@ -104,7 +106,7 @@ from client._core.watch import (
     note_queue,
     verdict,
 )
-from client._core.workspaces import choose_host, open_view
+from client._core.workspaces import choose_host, open_view, owned_by_host, started_by
 from client._sync import records
 from client._sync.concurrency import (
     CANCELLED,
@@ -113,6 +115,7 @@ from client._sync.concurrency import (
     Semaphore,
     Slot,
     Tasks,
+    sleep,
 )
 from client._sync.events import follow
 from client._sync.replies import Answer, Replies
@@ -185,6 +188,23 @@ P = ParamSpec("P")
 WATCH = "bashfleet-watch"
 
 _REDIS_ERRORS = (redis.ConnectionError, redis.TimeoutError, OSError)
+#: A Sentinel that knows no primary (or replica) by the URL's name.
+_NO_PRIMARY = (redis.sentinel.MasterNotFoundError, redis.sentinel.SlaveNotFoundError)
+
+
+def unreachable(url: str, exc: BaseException) -> FleetUnavailable:
+    """Redis at `url` (password hidden) failed, said in one line: a Sentinel that knows
+    no primary by that name is said so (redis-py's own message goes on with the repr of
+    every sentinel's client, some 1,500 characters)."""
+    reason = str(exc)
+    if isinstance(exc, _NO_PRIMARY):
+        reason = (reason.split(" : ", 1)[0]
+                  + ": no sentinel answered for it (are they up, and do they monitor it?)")
+    return FleetUnavailable(f"Redis at {url} is unreachable: {reason}")
+
+
+#: What a call of a closed client fails with.
+CLOSED = "the fleet client was closed"
 
 
 @dataclass(frozen=True)
@@ -243,16 +263,27 @@ class Fleet:
         self._io = Semaphore(redis_concurrency)
         self._loop = LoopGuard()
         self._pending: dict[str, Pending] = {}
+        # Workspaces this client is making now, by host: placed before Redis lists them.
+        self._placing: Counter[str] = Counter()
+        # Calls whose message is being pushed: `close` waits for them to be pending (or
+        # refused) before it cancels what is pending.
+        self._sending: set[str] = set()
         self._closing = Event()
         # Another fleet's Redis (the local fleet brought down and up) and its keys, by URL.
         self._event_clients: dict[str, tuple[Redis, dict[str, str]]] = {}
 
     def close(self) -> None:
-        """Close the connections (the object is unusable afterwards). The cancels of calls
-        whose callers gave up are sent first; calls still waited for fail."""
-        self._tasks.join()
+        """Close the connections (the object is unusable afterwards). Nothing is sent from
+        now; the calls still waited for fail (FleetUnavailable) and are cancelled on the
+        fleet, as are those whose callers gave up, before the connections close: no one
+        is left to hear their results."""
         self._closing.set()
-        self._fail_all(FleetUnavailable("the fleet client was closed"))
+        self._settle_sends()
+        abandoned = list(self._pending)
+        self._fail_all(FleetUnavailable(CLOSED))
+        for call_id in abandoned:
+            self._tasks.spawn(f"cancel-{call_id}", functools.partial(self._abandon, call_id))
+        self._tasks.join()
         self._replies.close()
         self._tasks.stop()
         for client in [self._redis, *(each for each, _ in self._event_clients.values())]:
@@ -383,8 +414,10 @@ class Fleet:
                 sent = True
                 return self._wait_call(Pending(call.call_id, where), slot)
             except CANCELLED:
-                if sent:  # the caller gave up: so does the fleet (withdraw, or kill)
-                    self._cancel_soon(call.call_id)
+                if sent and not self._closing.is_set():  # (`close` cancelled it then)
+                    # The caller gave up: so does the fleet (withdraw, or kill), before
+                    # the caller's task ends (an event loop's shutdown waits for that).
+                    self._cancel_now(call.call_id)
                 raise
             finally:
                 self._replies.forget(call.call_id)
@@ -436,6 +469,15 @@ class Fleet:
     def _send_call(self, call_id: str, where: Route, message: str) -> None:
         """Record the call and push its message: one round trip, one Lua script that also
         checks the named host is alive."""
+        if self._closing.is_set():
+            raise FleetUnavailable(CLOSED)
+        self._sending.add(call_id)
+        try:
+            self._push_call(call_id, where, message)
+        finally:
+            self._sending.discard(call_id)
+
+    def _push_call(self, call_id: str, where: Route, message: str) -> None:
         target = where.target
         sent = self._r(records.send_call, call_id, where.queue, target, message,
                              require_alive=target is not None)
@@ -455,6 +497,9 @@ class Fleet:
 
     def _wait_call(self, pending: Pending, slot: Slot[Answer]) -> CallResult:
         """The call's result: its answer, or what the watch found wrong with it."""
+        if self._closing.is_set():  # closed while it was pushed: `close` did not see it
+            self._cancel_now(pending.call_id)
+            raise FleetUnavailable(CLOSED)
         self._pending[pending.call_id] = pending
         try:
             self._tasks.start_once(WATCH, self._watch_calls)
@@ -467,14 +512,30 @@ class Fleet:
             return answer
         raise answer if answer is not None else WorkerError(f"call {pending.call_id}: no answer")
 
-    def _cancel_soon(self, call_id: str) -> None:
-        """Cancel a call in the background (its awaiting caller was cancelled); `close`
-        waits for these."""
-        self._tasks.spawn(f"cancel-{call_id}", functools.partial(self._cancel_quietly, call_id))
+    def _cancel_now(self, call_id: str) -> None:
+        """Cancel a call no one waits for, and wait for that (`close` waits too, should
+        the waiting caller be cancelled again)."""
+        self._tasks.finish(f"cancel-{call_id}", functools.partial(self._abandon, call_id))
 
-    def _cancel_quietly(self, call_id: str) -> None:
+    def _abandon(self, call_id: str) -> None:
+        """Cancel a call no one waits for: withdrawn if queued, else its host told to kill
+        it. Its host's answer is not waited for (no one would read it): an event loop
+        shutting down, or a closing client, gets its cancels sent in a round trip or
+        three, and starts no listener again."""
         with contextlib.suppress(BashfleetError):
-            self.cancel(call_id)
+            previous = self._r(records.withdraw_call, call_id, CallState.CANCELLED)
+            if previous != CallState.RUNNING:
+                return
+            host = (self._r(records.call_record, call_id)).get("host")
+            if host:
+                self._r(records.push, names.ctl_queue(host), self._control_message(
+                    host, CancelRequest(call_id=call_id), uuid.uuid4().hex, CTL_TIMEOUT_S))
+
+    def _settle_sends(self) -> None:
+        """Wait until no call is half sent (each push is one round trip)."""
+        deadline = time.monotonic() + CTL_TIMEOUT_S
+        while self._sending and time.monotonic() < deadline:
+            sleep(0.01)  # a condition polled with a deadline: a push in progress
 
     def _full_output(self, result: CallResult, max_bytes: int) -> CallResult:
         """The result with its whole output read back (`client._core.output`)."""
@@ -508,7 +569,7 @@ class Fleet:
             except (FleetUnavailable, redis.RedisError) as exc:
                 if outage.outlasted(time.monotonic()):
                     self._fail_all(exc if isinstance(exc, FleetUnavailable) else
-                                   FleetUnavailable(f"Redis at {self.url} failed: {exc}"))
+                                   unreachable(self.url, exc))
             except Exception as exc:  # a bug of ours: tell the callers, never leave them
                 log.exception("the watch of the calls in flight failed")
                 self._fail_all(WorkerError(f"the client's watch failed: {exc!r}"))
@@ -669,6 +730,15 @@ class Fleet:
         request = DetachRequest(call_id=call_id)
         return (self._control(record["host"], request, DetachResult)).detached
 
+    def call_progress(self, call_id: str) -> CallProgress:
+        """How far a call got: queued (on which host, when sent to one), running (where),
+        ended; from its record (`bashfleet run`'s spinner says `queued on b`, then
+        `running on b`): words to show, not verified claims."""
+        if not names.valid_id(call_id):
+            return CallProgress(None, None)
+        record = self._r(records.call_record, call_id)
+        return CallProgress(record.get("state") or None, record.get("host") or None)
+
     def call_host(self, call_id: str) -> str | None:
         """The host a call runs (or ran) on; None while it waits in a queue for any host,
         or when the call is unknown (`bashfleet run`'s spinner names it once known).
@@ -746,13 +816,15 @@ class Fleet:
         build: str | os.PathLike[str] | None = None, user: str | None = None,
     ) -> Workspace:
         """Make a workspace: a directory on one host and the namespaces its calls share
-        (`Workspace`). `host`, else a live host of `label` (else of the fleet) with
-        free slots. `path`: an existing directory under a root the host allows (else a
-        fresh one, removed with it). `ttl_s`: seconds it lives unused (the host's default,
-        1 h). `isolation` (at least the host's) and `network` (False: its own network
-        namespace). `limits`: memory_mb, procs, cpus, disk_mb of its processes together,
-        never above the host's. `mounts`: absolute paths in its calls' view -> its own
-        subdirectories (`{"/logs": "logs"}`). LimitReached past the owner's cap.
+        (`Workspace`). `host`, else a live host of `label` (else of the fleet): the one
+        with the fewest of this owner's workspaces, then the least loaded, then any
+        (`choose_host`: made at once, a client's spread evenly). `path`: an existing
+        directory under a root the host allows (else a fresh one, removed with it). `ttl_s`:
+        seconds it lives unused (the host's default, 1 h). `isolation` (at least the host's)
+        and `network` (False: its own network namespace). `limits`: memory_mb, procs, cpus,
+        disk_mb of its processes together, never above the host's. `mounts`: absolute paths
+        in its calls' view -> its own subdirectories (`{"/logs": "logs"}`). LimitReached
+        past the owner's cap.
 
         `image`: an OCI image reference (`python:3.12-slim`): its root filesystem is the
         workspace's `/` (pulled onto the host first, unless held there: a host that holds
@@ -806,26 +878,45 @@ class Fleet:
         build: str | os.PathLike[str] | None = None, user: str | None = None,
     ) -> Workspace:
         """A new workspace as `workspace` describes it (`session`: only its label)."""
-        where = choose_host(self._hosts_for(image, host), host, label)
-        context: Workspace | None = None
-        if build is not None:
-            context = self._build_context(where, build)
-        elif image is not None:
-            self.pull_image(image, host=where)  # long pulls: not in the create request
+        where = self._place_workspace(host, label, image)
         try:
-            spec = control_request(
-                WorkspaceCreateRequest,
-                spec={"path": path, "ttl_s": ttl_s, "isolation": isolation, "network": network,
-                      "limits": limits or {}, "mounts": dict(mounts or {}),
-                      "tags": dict(tags or {}), "near": near, "session": session,
-                      "image": image if context is None else None, "user": user,
-                      "build": f"{context.path}/context" if context is not None else None})
-            view = self._control(where, spec, WorkspaceView,
-                                       timeout=BUILD_TIMEOUT_S if context else CTL_TIMEOUT_S)
+            context: Workspace | None = None
+            if build is not None:
+                context = self._build_context(where, build)
+            elif image is not None:
+                # Long pulls: not in the create request (the host's control threads).
+                self.pull_image(image, host=where)
+            try:
+                spec = control_request(
+                    WorkspaceCreateRequest,
+                    spec={"path": path, "ttl_s": ttl_s, "isolation": isolation,
+                          "network": network, "limits": limits or {},
+                          "mounts": dict(mounts or {}), "tags": dict(tags or {}),
+                          "near": near, "session": session,
+                          "image": image if context is None else None, "user": user,
+                          "build": f"{context.path}/context" if context is not None else None})
+                view = self._control(where, spec, WorkspaceView,
+                                           timeout=BUILD_TIMEOUT_S if context else CTL_TIMEOUT_S)
+            finally:
+                if context is not None:
+                    context.delete()
         finally:
-            if context is not None:
-                context.delete()
+            self._placing[where] -= 1
         return Workspace(self, view)
+
+    def _place_workspace(self, host: str | None, label: str | None,
+                               image: str | None = None) -> str:
+        """The host a new workspace goes to (`choose_host`: the owner's fewest there
+        first, this client's being made counted; for an image, among the hosts that hold
+        it when any does), counted as being made there until its host answers (then its
+        view in Redis counts it)."""
+        views = self.workspaces() if host is None else []
+        infos = self._hosts_for(image, host)
+        # From here to the count, nothing waits: another task of this client placing one
+        # at once sees this one.
+        where = choose_host(infos, host, label, owned=owned_by_host(views, self._placing))
+        self._placing[where] += 1
+        return where
 
     def _hosts_for(self, image: str | None, host: str | None) -> list[HostInfo]:
         """The live hosts a workspace may go to: for an image, those that hold it when any
@@ -870,6 +961,19 @@ class Fleet:
                   for ws_id, sealed in zip(ids, views, strict=True)]
         return sorted((view for view in opened if view is not None
                        and view.owner == self.owner), key=lambda view: view.created_at)
+
+    def agent_workspaces(self) -> list[WorkspaceView]:
+        """The live workspaces of the MCP servers (`bashfleet mcp`) this owner started:
+        each belongs to its server's session (owner `session:<id>`, which `workspaces`
+        leaves out) and is tagged `started_by=<this owner>`; oldest first. Those of a
+        named session outlive its server (to be resumed): here to find, and remove
+        (`open_workspace` of a client whose owner is the view's)."""
+        ids = self._r(records.all_workspace_ids)
+        views = self._r(records.workspace_views, ids)
+        opened = [open_view(self._record_keys, ws_id, sealed)
+                  for ws_id, sealed in zip(ids, views, strict=True)]
+        return sorted((view for view in opened if view is not None
+                       and started_by(view, self.owner)), key=lambda view: view.created_at)
 
     def _workspace_view(self, workspace_id: str) -> WorkspaceView:
         if not names.valid_id(workspace_id):
@@ -1072,28 +1176,26 @@ class Fleet:
 
     # ------------------------------------------------------------------- plumbing
 
-    @contextmanager
-    def _guarded(self) -> Iterator[None]:
-        """One Redis operation: within the concurrency bound, its failure FleetUnavailable
-        (password hidden)."""
-        self._loop.check()
-        with self._io:
-            try:
-                yield
-            except _REDIS_ERRORS as exc:
-                raise FleetUnavailable(f"Redis at {self.url} is unreachable: {exc}") from None
-
     def _r(self, operation: Callable[Concatenate[Redis, P], T],
                  *args: P.args, **kwargs: P.kwargs) -> T:
-        """`operation(self's Redis, *args, **kwargs)`, guarded (`_guarded`)."""
-        with self._guarded():
-            return operation(self._redis, *args, **kwargs)
+        """`operation(self's Redis, *args, **kwargs)`, guarded (`_call`)."""
+        return self._call(functools.partial(operation, self._redis), *args, **kwargs)
 
     def _call(self, operation: Callable[P, T], *args: P.args,
                     **kwargs: P.kwargs) -> T:
-        """`operation(*args, **kwargs)` (a Redis operation of its own), guarded."""
-        with self._guarded():
-            return operation(*args, **kwargs)
+        """`operation(*args, **kwargs)` (a Redis operation of its own): within the
+        concurrency bound, its failure FleetUnavailable (password hidden).
+
+        Written out, not as a generator-based context manager: a task cancelled while
+        it waits for the bound would leave such a generator running, which the event
+        loop's shutdown then fails to close, once per task (on Python 3.11, a cascade
+        of "close(): asynchronous generator is already running")."""
+        self._loop.check()
+        with self._io:
+            try:
+                return operation(*args, **kwargs)
+            except _REDIS_ERRORS as exc:
+                raise unreachable(self.url, exc) from None
 
     def _job_target(self, item_id: str) -> tuple[str, str]:
         """(host, job id) of a job id, or of the call that started the job."""
@@ -1111,8 +1213,7 @@ class Fleet:
                             timeout: float = CTL_TIMEOUT_S) -> SentControl:
         token = self._require_alive(host)
         task_id = uuid.uuid4().hex
-        message = control_message(self._identity, request, task_id=task_id, host=host,
-                                  reply_to=self._replies.channel, timeout=timeout)
+        message = self._control_message(host, request, task_id, timeout)
         slot = self._replies.expect(task_id)
         try:
             self._r(records.push, names.ctl_queue(host), message)
@@ -1120,6 +1221,11 @@ class Fleet:
             self._replies.forget(task_id)
             raise
         return SentControl(host, task_id, token, slot, timeout, time.monotonic() + timeout)
+
+    def _control_message(self, host: str, request: ControlRequest, task_id: str,
+                         timeout: float) -> str:
+        return control_message(self._identity, request, task_id=task_id, host=host,
+                               reply_to=self._replies.channel, timeout=timeout)
 
     def _await_control(self, sent: SentControl, response: type[R], *,
                              errors: ErrorFor = error_for) -> R:

@@ -266,6 +266,14 @@ def owner_workspaces(client: Redis, owner: str) -> list[str]:
     return [str(item) for item in found]
 
 
+def all_workspace_ids(client: Redis) -> list[str]:
+    """Ids of every workspace Redis holds a view of, every owner's (a SCAN of their keys:
+    a listing, never on a call's path)."""
+    prefix = names.workspace_key("")
+    return [str(key)[len(prefix):]
+            for key in client.scan_iter(match=names.workspace_key("*"), count=1000)]
+
+
 def workspace_views(client: Redis, ids: Sequence[str]) -> list[str | None]:
     """The sealed views of these workspaces (None where Redis has none), one round trip."""
     if not ids:

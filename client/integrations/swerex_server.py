@@ -42,6 +42,7 @@ import hmac
 import os
 import re
 import shlex
+import socket
 import sys
 import tempfile
 import threading
@@ -600,11 +601,28 @@ def run(args: argparse.Namespace) -> int:
         return 2
     from client.fleet import Fleet  # noqa: PLC0415
 
+    # Bound first: "serving" is said only of a port that is ours (a busy one is said so,
+    # before a workspace is made for nothing).
+    try:
+        listening = listening_socket(args.bind, args.port)
+    except OSError as exc:
+        reason = os.strerror(exc.errno) if exc.errno else str(exc)
+        print(f"bashfleet swerex: cannot listen on {args.bind}:{args.port}: {reason}",
+              file=sys.stderr)
+        return 1
     options = WorkspaceOptions(host=args.host, label=args.label, ttl_s=args.ttl)
-    with Fleet(**options.fleet_kwargs()) as fleet:
+    with listening, Fleet(**options.fleet_kwargs()) as fleet:
         runtime = WorkspaceRuntime(fleet, options)
+        server = uvicorn.Server(uvicorn.Config(build_app(runtime, args.auth_token),
+                                               log_level="warning"))
         print(f"bashfleet swerex: serving SWE-ReX's runtime on http://{args.bind}:{args.port}",
               file=sys.stderr)
-        uvicorn.run(build_app(runtime, args.auth_token), host=args.bind, port=args.port,
-                    log_level="warning")
+        server.run(sockets=[listening])
     return 0
+
+
+def listening_socket(bind: str, port: int) -> socket.socket:
+    """A TCP socket listening on `bind`:`port` (IPv6 when the address is); OSError when
+    the port is taken or the address not ours."""
+    family = socket.AF_INET6 if ":" in bind else socket.AF_INET
+    return socket.create_server((bind, port), family=family)

@@ -4,6 +4,8 @@ which runs every call on a real local fleet (`bashfleet up`), for each of the fi
 
 from __future__ import annotations
 
+import contextlib
+import getpass
 import json
 import re
 import uuid
@@ -565,6 +567,94 @@ async def test_claudes_process_list_shows_the_command(fleet: Cli) -> None:
         text, error = await call(client, "Bash", {"command": "tr '\\0' ' ' < /proc/$$/cmdline"})
     assert not error
     assert text == "bash -c tr '\\0' ' ' < /proc/$$/cmdline", text
+
+
+# ------------------------------------------------------- the workspaces of a session
+
+
+@asynccontextmanager
+async def unnamed_mcp(cli: Cli, dialect: str) -> AsyncIterator[ClientSession]:
+    """`bashfleet mcp --dialect D` with no `--session` (a fresh id no one knows), as most
+    harnesses start it; its log beside the fleet's state."""
+    command, *first = bashfleet_command()
+    params = StdioServerParameters(command=command, args=[*first, "mcp", "--dialect", dialect],
+                                   env=cli.env, cwd=REPO)
+    before = {proc.pid for proc in psutil.Process().children(recursive=True)}
+    try:
+        with (cli.state_dir / f"unnamed-{uuid.uuid4().hex[:8]}.log").open("w") as errlog:
+            async with (
+                stdio_client(params, errlog=errlog) as (read, write),
+                ClientSession(read, write, read_timeout_seconds=READ_TIMEOUT_S) as client,
+            ):
+                await client.initialize()
+                yield client
+    finally:
+        for proc in psutil.Process().children(recursive=True):  # if its shutdown failed
+            with contextlib.suppress(psutil.Error):
+                if proc.pid not in before and "mcp" in proc.cmdline():
+                    proc.kill()
+                    proc.wait(10)
+
+
+def mcp_workspaces(cli: Cli) -> dict[str, dict[str, Any]]:
+    """`bashfleet workspace ls --mcp --json`: the workspaces of this user's MCP servers
+    (and of the user), by id."""
+    done = cli("workspace", "ls", "--mcp", "--json")
+    assert done.returncode == 0, done.stderr
+    return {view["id"]: view for view in json.loads(done.stdout)}
+
+
+async def session_workspace(cli: Cli, client: ClientSession) -> dict[str, Any]:
+    """The workspace the session's first call made (a job left running in it)."""
+    before = mcp_workspaces(cli)
+    text, error = await call(client, "Bash", {"command": "sleep 600 & echo started"})
+    assert (text, error) == ("started", False)
+    made = [view for ws_id, view in mcp_workspaces(cli).items() if ws_id not in before]
+    assert len(made) == 1, made
+    return made[0]
+
+
+@pytest.mark.anyio
+async def test_an_unnamed_session_ends_its_workspace_when_its_client_goes(fleet: Cli) -> None:
+    """Its workspaces stayed, a `sleep` in each, listed nowhere: no one can resume a
+    session whose id no one was given."""
+    async with unnamed_mcp(fleet, "claude") as client:
+        view = await session_workspace(fleet, client)
+        assert view["owner"].startswith("session:mcp-")
+        assert view["tags"] == {"started_by": f"user:{getpass.getuser()}"}
+    # The client closed the server's stdin: the server deleted it on its way out.
+    wait_for(lambda: view["id"] not in mcp_workspaces(fleet), "the workspace to end")
+
+
+@pytest.mark.anyio
+async def test_an_unnamed_session_ends_its_workspace_on_sigterm(fleet: Cli) -> None:
+    async with unnamed_mcp(fleet, "pipe") as client:
+        before = mcp_workspaces(fleet)
+        text, error = await call(client, "bash", {"command": "echo started"})
+        assert "started" in text and not error, text
+        (view,) = [v for ws_id, v in mcp_workspaces(fleet).items() if ws_id not in before]
+        (server,) = [proc for proc in psutil.Process().children(recursive=True)
+                     if {"mcp", "pipe"} <= set(proc.cmdline())]
+        server.terminate()  # a harness ending its servers
+        wait_for(lambda: view["id"] not in mcp_workspaces(fleet), "the workspace to end")
+        assert server.wait(30) in (0, None)  # ended, cleanly (None: not our child to reap)
+
+
+@pytest.mark.anyio
+async def test_a_named_sessions_workspace_is_kept_listed_and_removable(fleet: Cli) -> None:
+    session = f"e2e-keep-{uuid.uuid4().hex[:8]}"
+    async with mcp(fleet, "claude", session=session) as client:
+        view = await session_workspace(fleet, client)
+    # Kept for the next server of the session; `workspace ls` alone shows the user's.
+    assert view["id"] in mcp_workspaces(fleet)
+    assert mcp_workspaces(fleet)[view["id"]]["owner"] == f"session:{session}"
+    assert view["id"] not in fleet("workspace", "ls", "--json").stdout
+    listed = fleet("workspace", "ls", "--mcp")
+    row = next(line for line in listed.stdout.splitlines() if line.startswith(view["id"]))
+    assert row.split()[-1] == f"session:{session}", listed.stdout
+    removed = fleet("workspace", "rm", view["id"])
+    assert removed.returncode == 0, removed.stderr
+    assert view["id"] not in mcp_workspaces(fleet)
 
 
 def test_the_servers_ended_with_their_clients(fleet: Cli) -> None:

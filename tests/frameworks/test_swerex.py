@@ -124,6 +124,20 @@ def _remote_server(session_workers: WorkerFactory, redis_server: RedisServer,
         assert fleet.workspaces() == [], "the server deleted its workspace on the way out"
 
 
+def test_a_busy_port_is_said_so_before_serving_is(redis_server: RedisServer) -> None:
+    """It said "serving ... on http://127.0.0.1:P" first, then failed to bind P."""
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        env = {**os.environ, "BASHFLEET_REDIS_URL": redis_server.url,
+               "BASHFLEET_SWEREX_AUTH_TOKEN": TEST_API_KEY}
+        done = subprocess.run(
+            [sys.executable, "-m", "client.cli", "swerex", "--port", str(port)], env=env,
+            stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 1
+    assert done.stderr == (f"bashfleet swerex: cannot listen on 127.0.0.1:{port}: "
+                           "Address already in use\n")
+
+
 @pytest.fixture
 def remote_runtime(remote_server: Server) -> Iterator[RemoteRuntime]:
     # Set up and closed in loops of their own: RemoteRuntime opens a connection per request.

@@ -33,6 +33,7 @@ from client import (
     WorkerLost,
     records,
 )
+from client._core.routing import CallProgress
 from client.redis_server import RedisServer, free_port
 from worker.engine import procs
 from worker.wire.control import Collect
@@ -384,6 +385,32 @@ def test_a_running_call_goes_on_as_a_job(two_hosts: Hosts, client: Fleet,
     [result] = results
     assert result.job is not None and result.backgrounded
     client.kill(result.job.id)
+
+
+def test_call_progress_says_queued_until_a_worker_takes_the_call(
+    two_hosts: Hosts, client: Fleet, redis_client: redis.Redis
+) -> None:
+    """What `bashfleet run`'s spinner shows: `queued on alpha` while the call waits
+    behind alpha's two busy slots, `running on alpha` once a worker took it."""
+    fillers = [_new_id("c") for _ in range(2)]
+    threads = [_run_in_thread(client, "sleep 30", call_id)[0] for call_id in fillers]
+    waiting = _new_id("c")
+    try:
+        wait_for(lambda: all(_state(redis_client, c) == "running" for c in fillers), 10,
+                 "both slots to be busy")
+        threads.append(_run_in_thread(client, "sleep 30", waiting)[0])
+        wait_for(lambda: _state(redis_client, waiting) == "queued", 10, "the send")
+        assert client.call_progress(waiting) == CallProgress("queued", "alpha")
+        assert not client.call_progress(waiting).started
+        client.cancel(fillers[0])
+        wait_for(lambda: client.call_progress(waiting).started, 10, "the claim")
+        assert client.call_progress(waiting) == CallProgress("running", "alpha")
+    finally:
+        for call_id in (*fillers, waiting):
+            client.cancel(call_id)
+        for thread in threads:
+            thread.join(10)
+    assert client.call_progress("not an id!") == CallProgress(None, None)
 
 
 def test_call_host_names_the_host_once_a_worker_took_the_call(

@@ -692,17 +692,58 @@ sandbox.close_all()
 """
 
 
-@needs_root
-def test_a_worker_that_is_not_root_gets_the_same_sandbox(tmp_path: Path) -> None:
-    # A worker started by an ordinary user: bwrap makes a user namespace, the zygote and
-    # keepers get its capabilities, the calls none. Run as `nobody` with the system Python
-    # (the same 3.11 as this suite: the venv's packages import), its own state directory.
+#: What the rootless worker imports (ROOTLESS_SCRIPT's own imports of bashfleet): the
+#: packages copied for it are those these load.
+ROOTLESS_IMPORTS = "\n".join(line for line in ROOTLESS_SCRIPT.splitlines()
+                             if line.startswith("from worker"))
+
+_IMPORTED_FROM = """
+import json, sys
+sys.path[:0] = sys.argv[1:]
+exec(sys.stdin.read())
+roots = set()
+for module in list(sys.modules.values()):
+    where = getattr(module, "__file__", None) or ""
+    for root in sys.argv[1:]:
+        if where.startswith(root + "/"):
+            roots.add((root, where[len(root) + 1:].split("/")[0]))
+print(json.dumps(sorted(roots)))
+"""
+
+
+def readable_copy(into: Path) -> Path:
+    """The `worker` package and the packages of this environment it imports, copied into
+    `into/lib`, which any user may read: the checkout, and the virtualenv in it, may be
+    in a directory only their owner can enter (a clone in a home directory of mode 700),
+    where `nobody` could import none of them."""
     site = next(p for p in sys.path if p.endswith("site-packages"))
     source = str(Path(worker.__file__).parent.parent)
+    found = subprocess.run([sys.executable, "-I", "-c", _IMPORTED_FROM, source, site],
+                           input=ROOTLESS_IMPORTS, capture_output=True, text=True,
+                           timeout=60, check=True)
+    lib = into / "lib"
+    lib.mkdir()
+    for root, name in json.loads(found.stdout):
+        origin = Path(root) / name
+        if origin.is_dir():
+            shutil.copytree(origin, lib / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(origin, lib / name)
+    for path in [into, *into.rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    return lib
+
+
+@needs_root
+def test_a_worker_that_is_not_root_gets_the_same_sandbox() -> None:
+    # A worker started by an ordinary user: bwrap makes a user namespace, the zygote and
+    # keepers get its capabilities, the calls none. Run as `nobody` with the system Python
+    # (the same 3.11 as this suite: the venv's packages import), its own state directory,
+    # and a copy of what it imports that `nobody` can read.
     state = Path(tempfile.mkdtemp(prefix="bashfleet-rootless-"))
     secret = state / "state" / "planted.key"
     try:
-        os.chmod(state, 0o755)  # noqa: S103 - the worker's user must enter it
+        lib = readable_copy(state)
         nobody = pwd.getpwnam("nobody")
         os.chown(state, nobody.pw_uid, nobody.pw_gid)
         command = (f"id -u; grep CapEff /proc/self/status; ps -e | wc -l; cat {secret}; "
@@ -710,7 +751,7 @@ def test_a_worker_that_is_not_root_gets_the_same_sandbox(tmp_path: Path) -> None
                    "touch /usr/planted; python3 -c 'import socket; "
                    "socket.socket(socket.AF_PACKET, socket.SOCK_RAW)' 2>&1 | tail -1; "
                    "echo done")
-        script = f"import sys; sys.path[:0] = [{source!r}, {site!r}]\n" + ROOTLESS_SCRIPT
+        script = f"import sys; sys.path[:0] = [{str(lib)!r}]\n" + ROOTLESS_SCRIPT
         done = subprocess.run(
             ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups",
              "/usr/bin/python3", "-I", "-c", script, str(state), command],

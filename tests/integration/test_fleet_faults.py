@@ -6,6 +6,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -275,3 +276,32 @@ def test_consumers_end_with_their_supervisor(
         assert pending.result.signal is not None
     else:
         assert isinstance(pending.error, WorkerLost)
+
+
+def test_run_exits_125_when_its_worker_is_killed(
+    workers: WorkerFactory, redis_server: RedisServer, redis_client: redis.Redis
+) -> None:
+    """`bashfleet run` whose worker's supervisor is SIGKILLed: the consumers, stopping,
+    kill the command and answer it with its SIGTERM, which read as the command's own
+    143; the worker was lost (125)."""
+    worker = workers.start("iota")
+    env = {**os.environ, "BASHFLEET_REDIS_URL": redis_server.url}
+    run = subprocess.Popen(
+        [sys.executable, "-m", "client.cli", "run", "--host", "iota", "echo begun; sleep 60"],
+        env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True)
+    try:
+        def busy() -> bool:
+            info = records.host_info(redis_client, "iota", keys=worker.record_keys())
+            return info is not None and info.busy == 1
+        wait_for(busy, 20, "the call to run")
+        os.kill(worker.pid, signal.SIGKILL)  # the supervisor alone
+        _, err = run.communicate(timeout=LOST_WITHIN_S + 15)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait(10)
+    assert run.returncode == 125, err
+    # Answered by the stopping consumer, or found lost by the client's watch first.
+    assert ("bashfleet: worker_lost: the worker was stopped" in err
+            or "the command was not run again" in err), err

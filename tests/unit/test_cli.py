@@ -19,6 +19,7 @@ import pytest
 
 from client import cli
 from client import exit_status as statuses
+from client._core.routing import CallProgress
 from client.dialects import DIALECTS
 from client.dialects.base import SCHEMA_STYLES
 from worker.wire.control import Collect, SessionOutput
@@ -162,18 +163,53 @@ def test_a_background_job_prints_its_id_alone_on_stdout(
     assert "bashfleet check j3f2c9a1b7d4e5f6" in err and "bashfleet kill" in err
 
 
-def test_a_call_that_went_to_the_background_prints_its_output_then_the_id(
+def test_a_call_that_went_to_the_background_prints_the_id_alone_on_stdout(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
+    """`J=$(bashfleet run --background-on-timeout ...)` holds the id, nothing else: the
+    output so far goes to stderr."""
     cli.print_result(_job_result(stdout="partial\n", timed_out=True))
-    out, _ = capsys.readouterr()
-    assert out == "partial\nj3f2c9a1b7d4e5f6\n"
+    out, err = capsys.readouterr()
+    assert out == "j3f2c9a1b7d4e5f6\n"
+    assert err.startswith("partial\n")
 
 
 def test_a_followed_job_keeps_stdout_for_its_output(capsys: pytest.CaptureFixture[str]) -> None:
     cli.print_result(_job_result(), job_id_on_stdout=False)
     out, err = capsys.readouterr()
     assert out == "" and "j3f2c9a1b7d4e5f6" in err
+
+
+# ----------------------------------------------------------------- a cwd not seen
+
+
+def _bad_cwd(path: str) -> CallResult:
+    return CallResult(call_id="c1", host="a", error=SystemError_(
+        kind="bad_cwd", message=f"Working directory does not exist: {path}"))
+
+
+@pytest.mark.parametrize("path", ["/tmp/build", "/var/tmp/x/", "/tmp"])
+def test_a_cwd_under_tmp_is_said_to_be_the_host_s_not_the_workspace_s(path: str) -> None:
+    """It said only "does not exist" of a directory that exists on the host: /tmp in a
+    workspace is its own."""
+    hint = cli.cwd_hint(_bad_cwd(path), path)
+    assert hint is not None and "in a workspace is its own" in hint
+    assert "BASHFLEET_WORKSPACE_ALLOW" in hint
+
+
+def test_a_cwd_that_is_here_is_said_to_be_out_of_the_workspace_s_view(tmp_path: Path) -> None:
+    here = tmp_path.resolve()
+    hint = cli.cwd_hint(_bad_cwd("/srv/x"), str(here))
+    if str(here).startswith(("/tmp/", "/var/tmp/")):
+        assert hint is not None and "is its own" in hint
+    else:
+        assert hint is not None and "not in the workspace's view" in hint
+
+
+def test_no_hint_for_other_results_or_a_path_known_nowhere() -> None:
+    assert cli.cwd_hint(_bad_cwd("/nowhere/at/all"), "/nowhere/at/all") is None
+    assert cli.cwd_hint(CallResult(call_id="c", host="a", exit_code=0), "/tmp") is None
+    assert cli.cwd_hint(_bad_cwd("/tmp/x"), None) is None
 
 
 # ------------------------------------------------------------------ exit statuses
@@ -203,6 +239,8 @@ def test_a_process_ending_as_a_status(
                                                                  message="survivors")}, 124),
         ({"backgrounded": True}, 0),
         ({}, 125),
+        # Its worker was killed (SIGKILL): the stopping worker ended the command.
+        ({"signal": 15, "error": SystemError_(kind="worker_lost", message="stopped")}, 125),
     ],
 )
 def test_a_call_as_a_status(fields: dict[str, Any], status: int) -> None:
@@ -223,26 +261,32 @@ class Tty(io.StringIO):
         return True
 
 
-class FakeHosts:
-    """`call_host` that knows the host from its third question on."""
+class FakeProgress:
+    """`call_progress` of a call that waits for any host (first question), is queued on
+    host a (second), then runs there (from the third on)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *steps: CallProgress) -> None:
+        self.steps = steps or (CallProgress("queued", None), CallProgress("queued", "a"),
+                               CallProgress("running", "a"))
         self.asked = 0
 
-    def call_host(self, call_id: str) -> str | None:
+    def call_progress(self, call_id: str) -> CallProgress:
         self.asked += 1
-        return "a" if self.asked >= 3 else None
+        return self.steps[min(self.asked, len(self.steps)) - 1]
 
 
-def test_the_spinner_names_the_host_once_known(monkeypatch: pytest.MonkeyPatch) -> None:
-    """#22 point 14: it said "running on any host" for a call that ran on host a."""
+def test_the_spinner_says_queued_until_a_worker_takes_the_call(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """It said "running on b" while the call still waited in b's queue."""
     monkeypatch.setattr(cli.HostLabel, "LOOKUP_S", 0.0)
-    fake = FakeHosts()
+    fake = FakeProgress()
     label = cli.HostLabel(cast("Any", fake), "c1", None)
     assert [label(), label(), label(), label()] == [
-        "waiting for a host", "waiting for a host", "running on a", "running on a"]
-    assert fake.asked == 3  # known: not asked again
-    assert cli.HostLabel(cast("Any", fake), "c1", "b")() == "running on b"
+        "waiting for a host", "queued on a", "running on a", "running on a"]
+    assert fake.asked == 3  # running: not asked again
+    named = cli.HostLabel(cast("Any", FakeProgress(CallProgress("queued", "b"))), "c1", "b")
+    assert named() == "queued on b"
 
 
 def test_the_spinner_gives_way_to_any_message_and_leaves_no_line(
@@ -276,7 +320,7 @@ def test_the_spinner_gives_way_to_any_message_and_leaves_no_line(
 
 def test_no_spinner_off_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(sys, "stderr", io.StringIO())
-    spinner = cli._spinner(cast("Any", FakeHosts()), cast("Any", None), None)
+    spinner = cli._spinner(cast("Any", FakeProgress()), cast("Any", None), None)
     assert isinstance(spinner, contextlib.nullcontext)
 
 
@@ -310,6 +354,39 @@ def test_with_redis_stopped_the_cli_says_to_start_the_fleet(tmp_path: Path) -> N
     assert done.returncode == 125
     assert "unreachable" in done.stderr and "bashfleet up" in done.stderr
     assert "redis_url=" not in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize(("env", "argv", "line"), [
+    ({"BASHFLEET_OWNER": ""}, ("ps",),
+     "bashfleet: BASHFLEET_OWNER='' is not allowed: 1 to 64 letters, digits or _ . : @ -"),
+    ({"BASHFLEET_OWNER": "bad owner!"}, ("run", "true"),
+     "bashfleet: BASHFLEET_OWNER='bad owner!' is not allowed: 1 to 64 letters"),
+    ({"BASHFLEET_REDIS_URL": "foo://h/0"}, ("ps",),
+     "bashfleet ps: the fleet's Redis URL cannot start with foo://: use redis://, "
+     "rediss://, unix:// or sentinel://"),
+])
+def test_a_configuration_error_is_one_clear_line(
+    tmp_path: Path, env: dict[str, str], argv: tuple[str, ...], line: str,
+) -> None:
+    """A bad BASHFLEET_OWNER printed pydantic's paragraph; a bad URL scheme, redis-py's
+    list of schemes, without sentinel://."""
+    done = _cli({"BASHFLEET_REDIS_URL": "redis://127.0.0.1:1/0", **env}, *argv,
+                tmp_path=tmp_path)
+    assert done.returncode == 2
+    assert done.stderr.startswith(line) and done.stderr.count("\n") == 1, done.stderr
+    assert "pydantic" not in done.stderr and "validation error" not in done.stderr
+
+
+def test_a_sentinel_that_knows_no_primary_is_one_short_line(tmp_path: Path) -> None:
+    """redis-py's message went on with every sentinel client's repr (1,500 characters)."""
+    done = _cli({"BASHFLEET_REDIS_URL": "sentinel://127.0.0.1:1?master=mymaster"}, "ps",
+                tmp_path=tmp_path)
+    assert done.returncode == 125
+    first = done.stderr.splitlines()[0]
+    assert first == ("bashfleet: Redis at sentinel://127.0.0.1:1/0?master=mymaster is "
+                     "unreachable: No master found for 'mymaster': no sentinel answered for "
+                     "it (are they up, and do they monitor it?)")
+    assert "<redis." not in done.stderr
 
 
 def test_the_cli_client_finds_the_fleet_itself(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -22,12 +22,13 @@ from client._core.messages import (
     CANCELLED_QUEUED_SUFFIX,
     CANCELLED_RUNNING,
     NOT_RUN_KINDS,
+    STOPPED_RUNNING,
     build_call,
     control_message,
     decode_control,
     decode_result,
     exec_message,
-    named_cancel,
+    named_ending,
     raise_if_not_run,
     unstarted_result,
 )
@@ -251,10 +252,12 @@ def test_ran_calls_never_raise() -> None:
         (_failed("internal", "2 process(es) survived the kill: [1, 2]", cancelled=True),
          "internal"),
         (_failed("bad_cwd", CANCELLED_RUNNING), "bad_cwd"),
+        # Its worker's supervisor died: the stopping worker killed it.
+        (_failed("internal", STOPPED_RUNNING, signal=15), "worker_lost"),
     ],
 )
-def test_a_cancel_is_named(result: CallResult, kind: str) -> None:
-    named = named_cancel(result)
+def test_a_cancel_or_a_lost_worker_is_named(result: CallResult, kind: str) -> None:
+    named = named_ending(result)
     assert named.error is not None and named.error.kind == kind
 
 

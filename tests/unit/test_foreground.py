@@ -110,6 +110,33 @@ def test_a_second_ctrl_c_detaches(capsys: pytest.CaptureFixture[str]) -> None:
     assert "leaving call c" in capsys.readouterr().err
 
 
+class SlowDetachFleet(FakeFleet):
+    """A detach its host answers at once, but whose call's result (naming the job)
+    arrives some ticks later, as over a real fleet."""
+
+    def detach(self, call_id: str) -> bool:
+        self.actions.append("detach")
+        self.answer = CallResult(call_id=call_id, host="h1", backgrounded=True, job=JOB)
+        threading.Timer(0.3, self.ended.set).start()
+        return True
+
+
+def test_after_a_detach_the_result_naming_the_job_is_waited_for() -> None:
+    fleet = SlowDetachFleet()
+    signals_later(fleet, (0.1, signal.SIGINT), (0.05, signal.SIGINT))
+    outcome = run(fleet)
+    assert fleet.actions[1:] == ["detach"]
+    assert outcome.result is not None and outcome.result.job == JOB
+
+
+def test_a_ctrl_c_after_the_detach_stops_the_waiting(capsys: pytest.CaptureFixture[str]) -> None:
+    fleet = SlowDetachFleet()
+    signals_later(fleet, (0.1, signal.SIGINT), (0.05, signal.SIGINT), (0.1, signal.SIGINT))
+    outcome = run(fleet)
+    assert outcome == Outcome(status=130)
+    assert "no longer waiting for call c" in capsys.readouterr().err
+
+
 def test_sigterm_cancels_at_once() -> None:
     fleet = FakeFleet()
     signals_later(fleet, (0.1, signal.SIGTERM))
