@@ -286,13 +286,13 @@ def _unpack_and_keep(job: _Job, ref: str, digest: str, work: Path) -> ImageInfo:
     info (the last step: until then the image is not held)."""
     store = job.store
     job.say(f"unpacking {ref}")
-    bundle = work / "bundle"
-    tools.stream(tools.unpack_argv(work / "layout", bundle), f"unpacking {ref}",
+    unpacked = work / "rootfs"
+    tools.stream(tools.unpack_argv(work / "layout", unpacked), f"unpacking {ref}",
                  job.settings, job.say)
     target = store.rootfs(digest)
     if target.exists():  # left by a pull that died between the rename and the info
         _discard(target, store)
-    os.rename(bundle / "rootfs", target)
+    os.rename(unpacked, target)
     info = _describe(ref, digest, job.settings, store)
     _write_json(store.info(digest), info.model_dump_json())
     store.used(digest).touch()
