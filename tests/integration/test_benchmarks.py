@@ -24,6 +24,7 @@ BENCHMARKS = {
                      "1 GiB output wall time"],
     "bench_fleet": ["`true` end to end, p50", "`echo` calls, 16 callers", "`check` p99"],
     "bench_interactive": ["line through `cat` in a PTY, p50", "live sessions: memory"],
+    "bench_images": ["cold pull to a rootfs", "cached ensure, p50"],
     "bench_environments": ["time to interactive, p50", "time to interactive, p99",
                            "environments at once: wall", "environments at once: failures"],
     "bench_scale": ["1 host(s) x 4 slots", "8 host(s) x 4 slots", "calls in flight, one AsyncFleet",

@@ -403,3 +403,14 @@ def test_the_context_digest_follows_content_names_modes_and_links(tmp_path: Path
         digest = context_digest(tmp_path)
         assert digest not in seen
         seen.add(digest)
+
+
+@pytest.mark.parametrize("digest", [None, "sha512:" + "a" * 128, "sha256:../../etc", 5])
+def test_a_document_naming_another_digest_is_invalid(digest: object) -> None:
+    manifest = json.dumps({"config": {"digest": digest}, "layers": []}).encode()
+    with pytest.raises(ImageError, match="unsupported digest"):
+        layers_of(manifest)
+    index = json.dumps({"manifests": [{"digest": digest, "platform": {
+        "os": "linux", "architecture": "amd64"}}]}).encode()
+    with pytest.raises(ImageError, match="unsupported digest"):
+        choose_manifest(index, Platform("linux", "amd64"))
