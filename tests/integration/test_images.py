@@ -253,6 +253,7 @@ def context(tmp_path: Path, registry_images: dict[str, str]) -> Path:
         "RUN apt-get update && apt-get install -y --no-install-recommends hello "
         "&& rm -rf /var/lib/apt/lists/*\n"
         "COPY note.txt /etc/note.txt\n"
+        "RUN cat /proc/self/uid_map > /etc/uid_map && touch /etc/made-by-run\n"
         "ENV BUILT=yes\nWORKDIR /srv\n")
     (folder / "note.txt").write_text("first\n")
     return folder
@@ -280,9 +281,15 @@ def test_a_dockerfile_is_built_once_per_content(
     # apt-get inside the build reached Debian's mirror from buildah's chroot.
     assert (root / "usr" / "bin" / "hello").exists()
     assert (root / "etc" / "note.txt").read_text() == "first\n"
+    # RUN steps ran as root in a user namespace: an unprivileged id on the host. What
+    # they made is root's in the image all the same.
+    first, count = settings.build_ids or (0, 0)
+    assert (root / "etc" / "uid_map").read_text().split() == ["0", str(first), str(count)]
+    made = os.lstat(root / "etc" / "made-by-run")
+    assert (made.st_uid, made.st_gid) == (0, 0)
     assert "BUILT=yes" in info.env and info.workdir == "/srv" and info.shell == "bash"
     assert info.ref == f"build:{context}" and info.refs == [f"build:{context}"]
-    assert (state / "images" / "buildah" / "root").is_dir()  # its storage is the store's
+    assert (state / "images" / "buildah" / "vfs" / "root").is_dir()  # storage: the store's
     said.clear()
     again, same_root = images.build(str(context), settings, progress)
     assert again.digest == info.digest and same_root == root and said == []
@@ -290,6 +297,21 @@ def test_a_dockerfile_is_built_once_per_content(
     changed, changed_root = images.build(str(context), settings)
     assert changed.digest != info.digest
     assert (changed_root / "etc" / "note.txt").read_text() == "second\n"
+
+
+def test_a_trusted_build_runs_as_the_hosts_root_on_overlay(
+    build_settings: Settings, registry_images: dict[str, str], tmp_path: Path, state: Path
+) -> None:
+    folder = tmp_path / "trusted"
+    folder.mkdir()
+    (folder / "Dockerfile").write_text(f"FROM {registry_images['nobash']}\n"
+                                       # dash alone: builtins only
+                                       "RUN read -r ids < /proc/self/uid_map; "
+                                       "echo $ids > /uid_map\n")
+    settings = build_settings.model_copy(update={"build_ids": None})
+    info, root = images.build(str(folder), settings)
+    assert (root / "uid_map").read_text().split() == ["0", "0", "4294967295"]
+    assert info.shell == "sh" and (state / "images" / "buildah" / "overlay").is_dir()
 
 
 def test_a_build_context_outside_the_allowed_roots_is_refused(

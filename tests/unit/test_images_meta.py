@@ -403,3 +403,41 @@ def test_the_context_digest_follows_content_names_modes_and_links(tmp_path: Path
         digest = context_digest(tmp_path)
         assert digest not in seen
         seen.add(digest)
+
+
+@pytest.mark.parametrize("digest", [None, "sha512:" + "a" * 128, "sha256:../../etc", 5])
+def test_a_document_naming_another_digest_is_invalid(digest: object) -> None:
+    manifest = json.dumps({"config": {"digest": digest}, "layers": []}).encode()
+    with pytest.raises(ImageError, match="unsupported digest"):
+        layers_of(manifest)
+    index = json.dumps({"manifests": [{"digest": digest, "platform": {
+        "os": "linux", "architecture": "amd64"}}]}).encode()
+    with pytest.raises(ImageError, match="unsupported digest"):
+        choose_manifest(index, Platform("linux", "amd64"))
+
+
+@pytest.mark.parametrize(("text", "ids"), [("300000,1000", (300000, 1000)),
+                                           ("[5, 6]", (5, 6)), ("none", None)])
+def test_build_ids_from_the_environment(
+    text: str, ids: tuple[int, int] | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("BASHFLEET_BUILD_IDS", text)
+    assert Settings().build_ids == ids
+
+
+@pytest.mark.parametrize("ids", [(0, 10), (5, 0), (2**32 - 10, 20)])
+def test_build_ids_must_fit(ids: tuple[int, int]) -> None:
+    with pytest.raises(ValueError, match="build_ids"):
+        Settings(build_ids=ids)
+
+
+def test_builds_run_in_a_user_namespace_unless_turned_off(tmp_path: Path) -> None:
+    context, iid = tmp_path / "ctx", tmp_path / "iid"
+    mapped = tools.bud_args(Settings(state_dir=tmp_path, build_ids=(7000, 10)), context,
+                            context / "Dockerfile", iid)
+    assert mapped[mapped.index("--userns-uid-map") + 1] == "0:7000:10"
+    assert mapped[mapped.index("--userns-gid-map") + 1] == "0:7000:10"
+    assert mapped[-2:] == ["--", str(context)]
+    plain = tools.bud_args(Settings(state_dir=tmp_path, build_ids=None), context,
+                           context / "Dockerfile", iid)
+    assert "--userns-uid-map" not in plain

@@ -286,13 +286,13 @@ def _unpack_and_keep(job: _Job, ref: str, digest: str, work: Path) -> ImageInfo:
     info (the last step: until then the image is not held)."""
     store = job.store
     job.say(f"unpacking {ref}")
-    bundle = work / "bundle"
-    tools.stream(tools.unpack_argv(work / "layout", bundle), f"unpacking {ref}",
+    unpacked = work / "rootfs"
+    tools.stream(tools.unpack_argv(work / "layout", unpacked), f"unpacking {ref}",
                  job.settings, job.say)
     target = store.rootfs(digest)
     if target.exists():  # left by a pull that died between the rename and the info
         _discard(target, store)
-    os.rename(bundle / "rootfs", target)
+    os.rename(unpacked, target)
     info = _describe(ref, digest, job.settings, store)
     _write_json(store.info(digest), info.model_dump_json())
     store.used(digest).touch()
@@ -435,12 +435,13 @@ def _build(job: _Job, ref: str, context: Path, dockerfile: Path) -> ImageInfo:
     env = _buildah_env(settings, work)
     try:
         iid = work / "iid"
-        tools.stream(tools.buildah_argv(store.buildah, *tools.bud_args(
+        driver = tools.build_driver(settings)
+        tools.stream(tools.buildah_argv(store.buildah, driver, *tools.bud_args(
             settings, context, dockerfile, iid)), f"building {context}", settings, job.say,
             env=env)
         pushed, digest_file = work / "pushed", work / "digest"
         tools.stream(tools.buildah_argv(
-            store.buildah, "push", "--format", "oci", "--digestfile", str(digest_file),
+            store.buildah, driver, "push", "--format", "oci", "--digestfile", str(digest_file),
             iid.read_text("utf-8").strip(), f"oci:{pushed}:image"),
             f"exporting the build of {context}", settings, job.say, env=env)
         digest = digest_file.read_text("utf-8").strip()
@@ -658,10 +659,11 @@ def _empty_buildah(store: Store, settings: Settings) -> None:
     then the directory."""
     if not store.buildah.exists():
         return
-    if shutil.which("buildah"):
+    drivers = [d for d in tools.DRIVERS if (store.buildah / d).is_dir()]
+    for driver in drivers if shutil.which("buildah") else []:
         for args in (("rm", "--all"), ("rmi", "--all", "--force")):
             with contextlib.suppress(ImageError):
-                tools.capture(tools.buildah_argv(store.buildah, *args), "emptying buildah's "
-                              "storage", settings)
+                tools.capture(tools.buildah_argv(store.buildah, driver, *args),
+                              "emptying buildah's storage", settings)
     tools.unmount_under(store.buildah)
     shutil.rmtree(store.buildah, ignore_errors=True)
