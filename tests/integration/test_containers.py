@@ -309,17 +309,31 @@ def test_root_inside_installs_packages_and_the_host_is_unchanged(multi: Engine) 
             "hello 2>&1 | head -1; dpkg -s hello 2>/dev/null | grep -c '^Status: install ok'",
             workspace=record.id, cwd=None, timeout_s=300)
         assert installed.stdout.splitlines() == ["Hello, world!", "1"], installed
+        # A real `pip install` into the system's site-packages (a package made here: no
+        # index needed), its module and its console script where the host's go.
+        package = Path(record.path) / "bfpkg"
+        (package / "bfmod").mkdir(parents=True)
+        (package / "bfmod" / "__init__.py").write_text(
+            "VALUE = 42\ndef main():\n    print('bf-cli', VALUE)\n")
+        (package / "setup.py").write_text(
+            "from setuptools import setup\nsetup(name='bfmod', version='1.0', "
+            "packages=['bfmod'], entry_points={'console_scripts': ['bf-cli=bfmod:main']})\n")
+        assert record.ids is not None
+        for path in (package, package / "bfmod", *package.rglob("*.py")):
+            os.chown(path, record.ids[0], record.ids[0])  # the workspace root's, as uploaded
         piped = multi.run(
-            "python3 -m pip install -q --no-index --break-system-packages "
-            "--root-user-action=ignore /nonexistent 2>&1 | tail -1; "
-            "mkdir -p /usr/local/lib/python3.11/dist-packages && "
-            "echo 'VALUE = 42' > /usr/local/lib/python3.11/dist-packages/bfmod.py && "
-            "python3 -c 'import bfmod; print(bfmod.VALUE)'",
-            workspace=record.id, cwd=None)
-        assert piped.stdout.splitlines()[-1] == "42", piped
+            "python3 -m pip install -q --no-index --no-build-isolation "
+            "--break-system-packages --root-user-action=ignore ./bfpkg >/tmp/pip.log 2>&1 "
+            "|| cat /tmp/pip.log >&2; cd / && python3 -c 'import bfmod; print(bfmod.__file__)' "
+            "&& bf-cli", workspace=record.id, cwd=None, timeout_s=120)
+        assert piped.stdout.splitlines() == [
+            "/usr/local/lib/python3.11/dist-packages/bfmod/__init__.py", "bf-cli 42"], \
+            piped.stderr
     finally:
         workspaces.delete(record.id, multi.settings)
     assert not Path("/dst").exists() and not Path("/usr/local/bin/bf-tool").exists()
+    assert not Path("/usr/local/bin/bf-cli").exists()
+    assert not Path("/usr/local/lib/python3.11/dist-packages/bfmod").exists()
     assert shutil.which("hello") is None
     assert "127.0.0.2 extra" not in Path("/etc/hosts").read_text()
     assert _tree_digest(*watched) == before
