@@ -522,3 +522,15 @@ def test_strict_on_a_non_root_worker_whose_home_is_under_home(tmp_path: Path) ->
     finally:
         shutil.rmtree(home, ignore_errors=True)
         shutil.rmtree(state, ignore_errors=True)
+
+
+def test_a_workspaces_root_cannot_unmount_what_hides_the_hosts_secrets(multi: Engine) -> None:
+    assert Path("/etc/shadow").stat().st_size > 0  # there is something to hide
+    result = multi.run(
+        "unshare -m python3 -c 'import ctypes, os; libc = ctypes.CDLL(None, use_errno=True); "
+        "rc = libc.umount2(b\"/etc/shadow\", 2); print(rc, os.strerror(ctypes.get_errno())); "
+        "print(len(open(\"/etc/shadow\").read()))'; mount -t tmpfs none /mnt || echo no-mount")
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("-1 "), result  # locked: it came from the keeper's namespace
+    assert lines[1] == "0"  # still /dev/null
+    assert lines[-1] == "no-mount"  # its mount namespace is the host root's, not its own
