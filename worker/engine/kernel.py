@@ -112,20 +112,8 @@ class _MountAttr(ctypes.Structure):
 
 
 def read_only_tree(path: str) -> None:
-    """Make the mount at `path` and every mount under it read-only: mount_setattr(2)
-    with AT_RECURSIVE (Linux 5.12+); on older kernels each mount is remounted."""
-    number = _NUMBERS[1]
-    if number is not None:
-        attr = _MountAttr(MOUNT_ATTR_RDONLY, 0, 0, 0)
-        result = _libc.syscall(ctypes.c_long(number), ctypes.c_int(AT_FDCWD), _raw(path),
-                               ctypes.c_uint(AT_RECURSIVE), ctypes.byref(attr),
-                               ctypes.c_size_t(ctypes.sizeof(attr)))
-        if result == 0:
-            return
-        if ctypes.get_errno() not in (errno.ENOSYS, errno.EINVAL):
-            _check(result, f"mount_setattr {path}")
-    for target in mounts_under(path):
-        remount_read_only(target)
+    """Make the mount at `path` and every mount under it read-only (`set_tree_attrs`)."""
+    set_tree_attrs(path, MOUNT_ATTR_RDONLY)
 
 
 def set_tree_attrs(path: str, attrs: int) -> None:
