@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TextIO, cast
 
 from client import exit_status as statuses
-from client import workspace_cli
+from client import images_cli, workspace_cli
 from client.exit_status import SYSTEM_ERROR as EXIT_SYSTEM_ERROR
 from client.exit_status import TIMEOUT as EXIT_TIMEOUT
 from client.exit_status import USAGE as EXIT_USAGE
@@ -270,6 +270,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     from client import attach  # noqa: PLC0415
     from client.foreground import ForegroundRun, StdinWatch  # noqa: PLC0415
 
+    if args.image or args.build:
+        return _run_in_new_workspace(args)
+
     if args.tty or (not args.no_stdin and attach.piped_stdin()):
         return _run_interactive(args, tty=args.tty)
     fleet = _fleet()
@@ -292,6 +295,32 @@ def cmd_run(args: argparse.Namespace) -> int:
             return _follow(fleet, result.job.id, stderr=stderr, offsets=run.follower.offsets())
     status = _report_run(fleet, result, args)
     return outcome.status if outcome.status is not None else status
+
+
+def _run_in_new_workspace(args: argparse.Namespace) -> int:
+    """`run --image`/`--build`: the call in a workspace made for it from the image,
+    deleted after it unless a job of the call still runs there (then its TTL ends it)."""
+    if args.workspace or args.session:
+        print("bashfleet run: --image and --build make a workspace of their own: not with "
+              "--workspace or --session", file=sys.stderr)
+        return EXIT_USAGE
+    fleet = _fleet()
+    workspace = fleet.workspace(host=args.host, image=args.image, build=args.build,
+                                user=args.user, isolation=args.isolation, network=args.network,
+                                ttl_s=RUN_IMAGE_TTL_S)
+    args.workspace, args.image, args.build = workspace.id, None, None
+    try:
+        return cmd_run(args)
+    finally:
+        if any(job.running for job in workspace.jobs()):
+            print(f"[workspace {workspace.id} stays while its job runs; "
+                  f"`bashfleet workspace rm {workspace.id}` ends it]", file=sys.stderr)
+        else:
+            workspace.delete()
+
+
+#: How long a workspace `run --image` made lives unused when a job of the call runs on.
+RUN_IMAGE_TTL_S = 24 * 3600.0
 
 
 def _report_run(fleet: Fleet, result: CallResult, args: argparse.Namespace) -> int:
@@ -596,7 +625,13 @@ def isolation_text(sandbox: dict[str, Any] | None) -> str:
     level = sandbox.get("isolation") or "?"
     parts = ["NONE" if level == "none" else level]
     parts.append(f"cgroup {sandbox['cgroup']}" if sandbox.get("cgroup") else "ulimit")
-    if sandbox.get("run_as"):
+    if level != "none" and sandbox.get("tenancy") == "multi":
+        parts.append("ids per workspace")
+    elif level != "none":
+        # Every workspace of the host runs as one uid: one tenant's processes, files and
+        # keyring are another's to reach (README "Security").
+        parts.append("single-tenant: one uid for every workspace")
+    if sandbox.get("run_as") and sandbox.get("tenancy") != "multi":
         parts.append(f"as {sandbox['run_as']}")
     return ", ".join(parts)
 
@@ -853,7 +888,8 @@ def cmd_mcp(args: argparse.Namespace) -> int:
     from worker.settings import Settings  # noqa: PLC0415
 
     mcp_server.serve(dialect, session, host=args.host, cwd=args.cwd,
-                     resumable=args.session is not None, started_by=Settings().owner_name())
+                     resumable=args.session is not None, started_by=Settings().owner_name(),
+                     made_of={"image": args.image, "build": args.build, "user": args.user})
     return 0
 
 
@@ -877,6 +913,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_agent_commands(sub)
     _add_session_commands(sub, run)
     workspace_cli.add_commands(sub)
+    images_cli.add_commands(sub)
     from client.integrations import swerex_server  # noqa: PLC0415 - SWE-ReX loads when it runs
     swerex_server.add_parser(sub)
     return parser
@@ -964,6 +1001,7 @@ def _add_run_command(sub: SubParsers) -> argparse.ArgumentParser:
     run.add_argument("--workspace", metavar="W",
                      help="run in this workspace (`bashfleet workspace create`), on its host; "
                      "default: a throwaway one, ended with the call and its jobs")
+    workspace_cli.add_image_options(run)
     run.add_argument("--cwd", help="working directory (relative: from the workspace's "
                      "directory, or the session's cwd)")
     run.add_argument("--session",
@@ -1055,6 +1093,7 @@ def _add_agent_commands(sub: SubParsers) -> None:
     mcp.add_argument("--session", help="session id to create or resume (default: a new one)")
     mcp.add_argument("--host", help="pin the session to this host (default: its first host)")
     mcp.add_argument("--cwd", help="the session's working directory on the host")
+    workspace_cli.add_image_options(mcp)
     mcp.set_defaults(func=cmd_mcp)
 
 

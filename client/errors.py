@@ -24,6 +24,8 @@
     ├── WorkerError                the worker failed inside, or did not answer in time
     ├── WaitTimeout                `wait` gave up before the job ended (it runs on);
     │                              also a TimeoutError
+    ├── ImageError                 a host could not pull or remove an image (`kind`:
+    │                              invalid reference, not_found, unavailable registry)
     └── WorkspaceFileError         a workspace's file operation failed on the file: also
         │                          the OSError a local one raises (`except OSError`)
         ├── WorkspaceFileNotFound      also a FileNotFoundError
@@ -51,6 +53,7 @@ __all__ = [
     "CallRejected",
     "FleetUnavailable",
     "HostUnavailable",
+    "ImageError",
     "LimitReached",
     "OutputTooLarge",
     "SessionPinned",
@@ -169,6 +172,29 @@ class WaitTimeout(BashfleetError, TimeoutError):  # noqa: N818 - names of the pu
     def __init__(self, message: str, job_id: str | None = None) -> None:
         super().__init__(message)
         self.id = job_id
+
+
+class ImageError(BashfleetError):
+    """A host could not pull or remove an image; `kind` says why: `invalid` (not an
+    image reference, or an image a workspace uses), `not_found` (no such image or tag
+    in its registry), `unavailable` (the registry cannot be reached, or refuses the
+    host's credentials; or the host lacks the image tools)."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+#: The kinds an image request's failure is an ImageError for (the others, such as a
+#: refused signature, are the fleet's own errors).
+IMAGE_KINDS = frozenset({"invalid", "not_found", "unavailable"})
+
+
+def image_error_for(kind: str, message: str, file: str | None = None) -> BashfleetError:
+    """`error_for` for an image request: its own failures an ImageError."""
+    if kind in IMAGE_KINDS:
+        return ImageError(kind, message)
+    return error_for(kind, message, file)
 
 
 class UnknownWorkspace(UnknownJob):

@@ -152,10 +152,12 @@ class FleetRunner:
     `on_unavailable`, so the server connects afresh for the next call."""
 
     def __init__(self, fleet: Fleet, on_unavailable: Callable[[], None] | None = None,
-                 tags: Mapping[str, str] | None = None) -> None:
+                 tags: Mapping[str, str] | None = None, *,
+                 made_of: Mapping[str, str | None] | None = None) -> None:
         self.fleet = fleet
         self._on_unavailable = on_unavailable
         self._tags = dict(tags or {})
+        self.made_of = dict(made_of or {})
 
     def _guard(self, call: Callable[[], T]) -> T:
         try:
@@ -195,9 +197,12 @@ class FleetRunner:
 
     def workspace(self, *, host: str | None = None, near: str | None = None,
                   ttl_s: float | None = None, session: str | None = None) -> MadeWorkspace:
-        """`Fleet.workspace`: the session's workspace on a host (at its first call there)."""
-        return self._guard(lambda: self.fleet.workspace(host=host, near=near, ttl_s=ttl_s,
-                                                        session=session, tags=self._tags))
+        """`Fleet.workspace`: the session's workspace on a host (at its first call there),
+        made of the server's image when it has one."""
+        return self._guard(lambda: self.fleet.workspace(
+            host=host, near=near, ttl_s=ttl_s, session=session, tags=self._tags,
+            image=self.made_of.get("image"), build=self.made_of.get("build"),
+            user=self.made_of.get("user")))
 
     def renew_workspace(self, workspace_id: str) -> None:
         """Mark a workspace of the session used (the server renews them while it lives)."""
@@ -366,12 +371,15 @@ class FleetBackend:
     """
 
     def __init__(self, redis_url: str | None = None, owner: str | None = None,
-                 started_by: str | None = None) -> None:
+                 started_by: str | None = None, *,
+                 made_of: Mapping[str, str | None] | None = None) -> None:
         """`owner`: who the calls and jobs of this server belong to (its session);
-        `started_by`: who started it (its workspaces say so: STARTED_BY)."""
+        `started_by`: who started it (its workspaces say so: STARTED_BY); `made_of`: what
+        its session's workspaces are made of (`image`, `build`, `user`)."""
         self._redis_url = redis_url
         self._owner = owner
         self._tags = {STARTED_BY: started_by} if started_by else {}
+        self.made_of = dict(made_of or {})
         self._lock = threading.Lock()
         self._connected: tuple[FleetRunner, RedisSessionStore, redis.Redis] | None = None
 
@@ -384,7 +392,8 @@ class FleetBackend:
                 # agent's tools reach only their own session's jobs.
                 fleet = Fleet(url, owner=self._owner)
                 client = redis_client(cast("str", url))
-                runner = FleetRunner(fleet, on_unavailable=self.reset, tags=self._tags)
+                runner = FleetRunner(fleet, on_unavailable=self.reset, tags=self._tags,
+                                     made_of=self.made_of)
                 store = RedisSessionStore(client, key=resolve_signing_key(cast("str", url)))
                 self._connected = (runner, store, client)
             runner, store, _ = self._connected
@@ -792,16 +801,19 @@ def serve(
     redis_url: str | None = None,
     resumable: bool = True,
     started_by: str | None = None,
+    made_of: Mapping[str, str | None] | None = None,
 ) -> None:
     """Serve `dialect` over stdio until the client closes stdin (or the server is told to
     stop: SIGTERM, SIGHUP). A session that is not `resumable` (no `--session` named it:
     no one knows its id) has its workspaces deleted then, their processes with them;
     a named one keeps them for the next server of that session. `started_by`: the owner
-    of who started it, on its workspaces' tags (STARTED_BY)."""
+    of who started it, on its workspaces' tags (STARTED_BY). `made_of`: what the
+    session's workspaces are made of (`image`, `build`, `user`)."""
     if cwd is not None:
         # A relative path means one on this machine, as for a local fleet.
         cwd = os.path.abspath(cwd)
-    backend = FleetBackend(redis_url, owner=session_owner(session_id), started_by=started_by)
+    backend = FleetBackend(redis_url, owner=session_owner(session_id), started_by=started_by,
+                           made_of=made_of)
     tool_server = ToolServer(dialect, backend, session_id, host=host, cwd=cwd)
     stop = threading.Event()
     tool_server.keep_renewing(stop, RENEW_INTERVAL_S)

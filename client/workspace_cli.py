@@ -84,8 +84,23 @@ def _add_create(verbs: SubParsers) -> None:
                         "calls' view (repeatable: --mount /logs=logs)")
     create.add_argument("--tag", action="append", metavar="NAME=VALUE",
                         help="a tag of the workspace (repeatable)")
+    add_image_options(create)
     create.add_argument("--json", action="store_true", help="print its view as JSON")
     create.set_defaults(func=cmd_create)
+
+
+def add_image_options(parser: argparse.ArgumentParser) -> None:
+    """--image, --build and --user (workspace create, run, mcp)."""
+    made = parser.add_mutually_exclusive_group()
+    made.add_argument("--image", metavar="REF",
+                      help="an OCI image whose root filesystem is the workspace's / "
+                      "(python:3.12-slim, registry:5000/app@sha256:...), pulled onto the host "
+                      "unless it holds it")
+    made.add_argument("--build", metavar="DIR",
+                      help="a local directory with a Dockerfile: built on the host (cached "
+                      "by its content), its image the workspace's /")
+    parser.add_argument("--user", help="who its calls run as inside (a name, uid or "
+                        "uid:gid; default: the image's USER, else root)")
 
 
 # ----------------------------------------------------------------------- commands
@@ -98,12 +113,14 @@ def cmd_create(args: argparse.Namespace) -> int:
         host=args.host, label=args.label, path=args.path, ttl_s=args.ttl,
         isolation=args.isolation, network=args.network, limits=_limits(args.limit),
         mounts=_pairs(args.mount, "--mount", "VIEW=SUBDIR"), tags=_tag_filter(args.tag),
+        image=args.image, build=args.build, user=args.user,
     )
     view = workspace.view
     if args.json:
         print(view.model_dump_json(indent=2))
         return 0
-    print(f"[workspace {view.id} on {view.host}: {view.path}, {view.isolation} isolation, "
+    made_of = f", from {view.image}" if view.image else ""
+    print(f"[workspace {view.id} on {view.host}{made_of}: {view.path}, {view.isolation} isolation, "
           f"lives {_duration(view.ttl_s)} unused; `bashfleet run --workspace {view.id} CMD`, "
           f"`bashfleet cp ./dir {view.id}:dir`, `bashfleet workspace rm {view.id}`]",
           file=sys.stderr)

@@ -66,6 +66,30 @@ if ! command -v bwrap >/dev/null; then
   echo "(sudo apt-get install bubblewrap, or run this script as root)" >&2
 fi
 
+# The container tools: user namespaces (uidmap), images (skopeo pulls, umoci unpacks,
+# buildah builds Dockerfiles, passt gives a rootless network), and what the image tests
+# make their images and registry with (mmdebstrap, docker-registry, htpasswd). As root
+# with apt-get, any that is missing: Debian's packages, in one install.
+IMAGE_TOOLS="newuidmap:uidmap skopeo:skopeo umoci:umoci buildah:buildah mmdebstrap:mmdebstrap"
+IMAGE_TOOLS="$IMAGE_TOOLS docker-registry:docker-registry htpasswd:apache2-utils pasta:passt"
+missing=""
+for pair in $IMAGE_TOOLS; do
+  command -v "${pair%%:*}" >/dev/null || missing="$missing ${pair#*:}"
+done
+if [ -n "$missing" ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  echo "installing Debian's container tools:$missing" >&2
+  # shellcheck disable=SC2086 # one word per package
+  if ! DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+      $missing >/dev/null 2>&1; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+      --no-install-recommends $missing >/dev/null ||
+      echo "could not install$missing: images (and their tests) need them" >&2
+  fi
+elif [ -n "$missing" ]; then
+  echo "note: missing container tools (images need them):$missing" >&2
+  echo "(sudo apt-get install$missing, or run this script as root)" >&2
+fi
+
 # The account a worker started as root runs every call as (BASHFLEET_RUN_AS, whose
 # default it is when it exists; else `nobody`): unprivileged, a group of its own, no
 # home, no login, never the worker's own user, so no call reads the worker's secrets.
@@ -78,5 +102,19 @@ if [ "$(id -u)" = 0 ] && ! id bashfleet-run >/dev/null 2>&1; then
       echo "could not create bashfleet-run: a root worker runs calls as nobody" >&2
   else
     echo "no useradd: a root worker runs calls as nobody (create bashfleet-run yourself)" >&2
+  fi
+fi
+
+# Each workspace's user namespace maps to host ids of its own: a slice of the run user's
+# subordinate ids (65,536 a workspace; this range gives 16,384 at once). Without them a
+# root worker is single-tenant (`bashfleet hosts` says so): every workspace one uid.
+if [ "$(id -u)" = 0 ] && id bashfleet-run >/dev/null 2>&1 &&
+    ! grep -qs '^bashfleet-run:' /etc/subuid; then
+  if command -v usermod >/dev/null &&
+      usermod --add-subuids 1073741824-2147483647 --add-subgids 1073741824-2147483647 \
+        bashfleet-run 2>/dev/null; then
+    echo "gave bashfleet-run subordinate ids (each workspace a range of its own)" >&2
+  else
+    echo "could not give bashfleet-run subordinate ids: workspaces share one uid" >&2
   fi
 fi

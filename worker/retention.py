@@ -29,6 +29,10 @@ removed, whatever the limits:
 - any group with a file modified within `min_age_s`: a call or job that is starting
   (its files exist before its records do) or still writing.
 
+Images (`worker.engine.images`) are collected by the same command, by their own limits
+(`images_max_age_s`, `images_max_bytes`): never one a workspace record of the host names,
+nor one used within `min_age_s`; then the least recently used over the size cap.
+
 `scan()` takes the snapshot of this host; `execute()` removes a plan's files, checking
 each group again first (a group touched since the plan was made is left alone).
 `gc_command()` is `bashfleet gc`: it collects the configured state directory and, under
@@ -52,9 +56,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from worker.engine import jobs, running
+from worker.engine import images, jobs, running
+from worker.engine.image_meta import last_used, to_collect
 from worker.settings import Settings
-from worker.wire.models import JobRecord
+from worker.wire.models import ImageInfo, JobRecord
 
 Kind = Literal["spill", "job"]
 Reason = Literal["max_age", "max_bytes"]
@@ -515,6 +520,55 @@ def _print_text(state_dir: Path, done_plan: Plan, outcome: Outcome | None) -> No
             print(f"could not remove {removal.path}: {error}", file=sys.stderr)
 
 
+@dataclass(frozen=True)
+class ImageCollection:
+    """What `gc` did (or would do) to a state directory's images."""
+
+    held: tuple[ImageInfo, ...]
+    chosen: tuple[ImageInfo, ...]
+    """Removed, or with `dry_run` to be removed, least recently used first."""
+    in_use: int
+    """Held images a workspace record names."""
+    dry_run: bool
+
+    def as_dict(self, now: float) -> dict[str, object]:
+        """As `gc --json` prints it under `images`."""
+        return {
+            "held": len(self.held), "held_bytes": sum(i.size_bytes for i in self.held),
+            "in_use": self.in_use,
+            "remove": [{"ref": info.ref, "digest": info.digest, "size": info.size_bytes,
+                        "unused_s": round(now - last_used(info), 3)} for info in self.chosen],
+            "removed": [] if self.dry_run else [info.digest for info in self.chosen],
+        }
+
+    def print_text(self) -> None:
+        verb = "would remove" if self.dry_run else "removed"
+        if self.chosen:
+            print(f"images: {verb} {len(self.chosen)} "
+                  f"({_size(sum(i.size_bytes for i in self.chosen))}): "
+                  + ", ".join(info.ref for info in self.chosen))
+        print(f"images: {len(self.held)} held ({_size(sum(i.size_bytes for i in self.held))})"
+              f", {self.in_use} in use by workspaces")
+
+
+def collect_images(settings: Settings, *, dry_run: bool) -> ImageCollection:
+    """Collect the unused images of a state directory's store (with `dry_run`, only
+    choose them): by `images_max_age_s` and `images_max_bytes`, sparing those in use and
+    those used within `retention_min_age_s`."""
+    if not (settings.state_dir / "images").is_dir():
+        return ImageCollection((), (), 0, dry_run)  # no store here: none made for nothing
+    busy, held = images.in_use(settings), tuple(images.held(settings))
+    if dry_run:
+        chosen = to_collect(held, now=time.time(), max_age_s=settings.images_max_age_s,
+                            max_bytes=settings.images_max_bytes, in_use=busy,
+                            min_age_s=settings.retention_min_age_s)
+    else:
+        chosen = images.collect(settings, max_age_s=settings.images_max_age_s,
+                                max_bytes=settings.images_max_bytes, in_use=busy)
+    in_use = len({info.digest for info in held} & busy)
+    return ImageCollection(held, tuple(chosen), in_use, dry_run)
+
+
 def state_dirs(settings: Settings) -> list[Settings]:
     """The settings of each state directory `gc` collects: the configured one, then
     those of a local fleet's hosts under it (`<state>/hosts/<host>`), by host id."""
@@ -551,10 +605,13 @@ def gc_command(
             drop_empty_outputs(each)
         failed = failed or bool(outcome is not None and outcome.errors)
         reports.append(report(each.state_dir, done_plan, outcome))
+        collected = collect_images(each, dry_run=dry_run)
+        reports[-1]["images"] = collected.as_dict(time.time())
         if not as_json:
             if index == 1:
                 print("\nthe local fleet's hosts:")
             _print_text(each.state_dir, done_plan, outcome)
+            collected.print_text()
     if as_json:
         main, *hosts = reports
         print(json.dumps({
@@ -577,7 +634,8 @@ def _bytes(data: dict[str, object], key: str) -> int:
 def build_parser() -> argparse.ArgumentParser:
     """`bashfleet gc` (and `python -m worker.retention`) arguments."""
     parser = argparse.ArgumentParser(
-        prog="bashfleet gc", description="Remove old spill and job files of this machine's worker."
+        prog="bashfleet gc", description="Remove old spill and job files of this machine's "
+        "worker, and the images no workspace uses (BASHFLEET_IMAGES_MAX_AGE_S, _MAX_BYTES)."
     )
     parser.add_argument("--dry-run", action="store_true", help="only show what would be removed")
     parser.add_argument("--json", action="store_true", help="print the plan (and what was "

@@ -178,6 +178,20 @@ class Settings(BaseSettings):
     Redis, atomically: many clients sharing an owner cannot pass it). A background start
     past it is refused (`limit`), saying how many run and when to retry. A foreground
     call that goes to the background (a timeout, a detach) is counted, never refused."""
+    registry_auth_file: Path | None = None
+    """Credentials this host pulls images with: a Docker `config.json` (`auths`), passed
+    to skopeo and buildah as `--authfile`. Hidden from every call, never printed."""
+    registry_certs_dir: Path | None = None
+    """A directory of CA certificates (`*.crt`) and client keys (`*.cert`, `*.key`) for
+    registries, beside /etc/containers/certs.d (skopeo's `--cert-dir`). Hidden from calls."""
+    registry_insecure: CsvTuple = ()
+    """Registry hosts (`host` or `host:port`) reached without TLS verification (a lab
+    registry with a self-signed certificate): never for a registry on a shared network."""
+    images_max_age_s: float = Field(30 * 24 * 3600.0, ge=0)
+    """`bashfleet gc` removes an image no workspace uses and none has used for this long."""
+    images_max_bytes: int = Field(50 * 1024**3, ge=0)
+    """`bashfleet gc` then removes the least recently used unused images until the
+    host's images take less than this."""
 
     @model_validator(mode="before")
     @classmethod
@@ -300,6 +314,8 @@ def secret_paths(settings: Settings) -> list[Path]:
     setting (the signing key's, the admin key's, the Redis URL's...). A sandbox hides
     them all from calls; the worker reads them before any call runs."""
     named = [Path(path) for path in settings.secret_files]
+    if settings.registry_certs_dir is not None:
+        named.append(settings.registry_certs_dir)  # may hold a client key (mutual TLS)
     for name in Settings.model_fields:
         value = getattr(settings, name)
         if name.endswith("_file") and value is not None:

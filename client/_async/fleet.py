@@ -36,11 +36,13 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import os
 import time
 import uuid
 from collections import Counter
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Concatenate, Literal, ParamSpec, TypeVar
 
 import redis
@@ -62,11 +64,13 @@ from client._async.replies import Answer, AsyncReplies
 from client._async.shells import AsyncShellStore
 from client._async.workspace import AsyncWorkspace
 from client._core.constants import (
+    BUILD_TIMEOUT_S,
     CTL_TIMEOUT_S,
     DEFAULT_MAX_IN_FLIGHT,
     DEFAULT_REDIS_CONCURRENCY,
     FULL_OUTPUT_MAX_BYTES,
     IDLE_TICK_S,
+    PULL_POLL_S,
     TIMED_WAIT_TICK_S,
     WATCH_INTERVAL_S,
 )
@@ -78,6 +82,7 @@ from client._core.identity import (
     resolve_identity,
 )
 from client._core.messages import (
+    ErrorFor,
     build_call,
     control_message,
     control_request,
@@ -119,11 +124,14 @@ from client.errors import (
     CallRejected,
     FleetUnavailable,
     HostUnavailable,
+    ImageError,
     UnknownJob,
     UnknownWorkspace,
     WaitTimeout,
     WorkerError,
     WorkerLost,
+    error_for,
+    image_error_for,
 )
 from worker.fleet.connect import AsyncRedis, async_redis_client, safe_url
 from worker.wire import names
@@ -137,6 +145,12 @@ from worker.wire.control import (
     ControlRequest,
     DetachRequest,
     DetachResult,
+    ImageList,
+    ImagePull,
+    ImagePullRequest,
+    ImageRemoved,
+    ImageRemoveRequest,
+    ImagesRequest,
     JobList,
     JobsRequest,
     KillRequest,
@@ -151,6 +165,7 @@ from worker.wire.models import (
     CallResult,
     CheckResult,
     HostInfo,
+    ImageInfo,
     JobView,
     Model,
     OutputChunk,
@@ -795,7 +810,8 @@ class AsyncFleet:
         ttl_s: float | None = None, isolation: Literal["none", "process", "strict"] | None = None,
         network: bool | None = None, limits: WorkspaceLimits | Mapping[str, Any] | None = None,
         mounts: Mapping[str, str] | None = None, tags: Mapping[str, str] | None = None,
-        near: str | None = None, session: str | None = None,
+        near: str | None = None, session: str | None = None, image: str | None = None,
+        build: str | os.PathLike[str] | None = None, user: str | None = None,
     ) -> AsyncWorkspace:
         """Make a workspace: a directory on one host and the namespaces its calls share
         (`AsyncWorkspace`). `host`, else a live host of `label` (else of the fleet): the one
@@ -808,6 +824,12 @@ class AsyncFleet:
         in its calls' view -> its own subdirectories (`{"/logs": "logs"}`). LimitReached
         past the owner's cap.
 
+        `image`: an OCI image reference (`python:3.12-slim`): its root filesystem is the
+        workspace's `/` (pulled onto the host first, unless held there: a host that holds
+        it is preferred); `build`: a local directory with a Dockerfile, built on the host
+        (cached by its content). `user`: who its calls run as inside (a name, `uid` or
+        `uid:gid`; default the image's USER, else root).
+
         `session`: the fleet session it is for (an agent session's calls run in it). When
         that session lives in a workspace still there (on `host`, when named), that one
         is returned (renewed), not a new one: an agent whose own state was lost, or
@@ -818,7 +840,8 @@ class AsyncFleet:
         if session is None:
             return await self._new_workspace(
                 host=host, label=label, path=path, ttl_s=ttl_s, isolation=isolation,
-                network=network, limits=limits, mounts=mounts, tags=tags, near=near)
+                network=network, limits=limits, mounts=mounts, tags=tags, near=near,
+                image=image, build=build, user=user)
         if not names.valid_id(session):
             raise CallRejected(f"invalid session id {session!r}")
         shell = await self._call(self._shells.load, session)
@@ -827,7 +850,7 @@ class AsyncFleet:
             return await self._new_workspace(
                 host=host, label=label, path=path, ttl_s=ttl_s, isolation=isolation,
                 network=network, limits=limits, mounts=mounts, tags=tags, near=near,
-                session=session)
+                session=session, image=image, build=build, user=user)
         if shell.workspace is not None:
             with contextlib.suppress(UnknownWorkspace):
                 kept = await self.open_workspace(shell.workspace)
@@ -836,7 +859,7 @@ class AsyncFleet:
         made = await self._new_workspace(
             host=host or shell.host, label=label, path=path, ttl_s=ttl_s,
             isolation=isolation, network=network, limits=limits, mounts=mounts, tags=tags,
-            near=near, session=session)
+            near=near, session=session, image=image, build=build, user=user)
         stored = await self._call(self._shells.commit, session, shells.ShellChange(
             host=made.host, workspace=made.id, force_workspace=shell.workspace is not None))
         if stored.workspace not in (None, made.id):
@@ -849,32 +872,78 @@ class AsyncFleet:
         ttl_s: float | None = None, isolation: Literal["none", "process", "strict"] | None = None,
         network: bool | None = None, limits: WorkspaceLimits | Mapping[str, Any] | None = None,
         mounts: Mapping[str, str] | None = None, tags: Mapping[str, str] | None = None,
-        near: str | None = None, session: str | None = None,
+        near: str | None = None, session: str | None = None, image: str | None = None,
+        build: str | os.PathLike[str] | None = None, user: str | None = None,
     ) -> AsyncWorkspace:
         """A new workspace as `workspace` describes it (`session`: only its label)."""
-        spec = control_request(
-            WorkspaceCreateRequest,
-            spec={"path": path, "ttl_s": ttl_s, "isolation": isolation, "network": network,
-                  "limits": limits or {}, "mounts": dict(mounts or {}),
-                  "tags": dict(tags or {}), "near": near, "session": session})
-        where = await self._place_workspace(host, label)
+        where = await self._place_workspace(host, label, image)
         try:
-            view = await self._control(where, spec, WorkspaceView)
+            context: AsyncWorkspace | None = None
+            if build is not None:
+                context = await self._build_context(where, build)
+            elif image is not None:
+                # Long pulls: not in the create request (the host's control threads).
+                await self.pull_image(image, host=where)
+            try:
+                spec = control_request(
+                    WorkspaceCreateRequest,
+                    spec={"path": path, "ttl_s": ttl_s, "isolation": isolation,
+                          "network": network, "limits": limits or {},
+                          "mounts": dict(mounts or {}), "tags": dict(tags or {}),
+                          "near": near, "session": session,
+                          "image": image if context is None else None, "user": user,
+                          "build": f"{context.path}/context" if context is not None else None})
+                view = await self._control(where, spec, WorkspaceView,
+                                           timeout=BUILD_TIMEOUT_S if context else CTL_TIMEOUT_S)
+            finally:
+                if context is not None:
+                    await context.delete()
         finally:
             self._placing[where] -= 1
         return AsyncWorkspace(self, view)
 
-    async def _place_workspace(self, host: str | None, label: str | None) -> str:
+    async def _place_workspace(self, host: str | None, label: str | None,
+                               image: str | None = None) -> str:
         """The host a new workspace goes to (`choose_host`: the owner's fewest there
-        first, this client's being made counted), counted as being made there until its
-        host answers (then its view in Redis counts it)."""
+        first, this client's being made counted; for an image, among the hosts that hold
+        it when any does), counted as being made there until its host answers (then its
+        view in Redis counts it)."""
         views = await self.workspaces() if host is None else []
-        infos = await self.hosts()
+        infos = await self._hosts_for(image, host)
         # From here to the count, nothing waits: another task of this client placing one
         # at once sees this one.
         where = choose_host(infos, host, label, owned=owned_by_host(views, self._placing))
         self._placing[where] += 1
         return where
+
+    async def _hosts_for(self, image: str | None, host: str | None) -> list[HostInfo]:
+        """The live hosts a workspace may go to: for an image, those that hold it when any
+        does (a pull is the slowest part of making one)."""
+        hosts = await self.hosts()
+        if image is None or host is not None:
+            return hosts
+        with contextlib.suppress(ImageError, WorkerError, WorkerLost):
+            holding = {info.host for info in await self.images() if image in info.refs
+                       or info.digest == image or image.endswith(f"@{info.digest}")}
+            preferred = [view for view in hosts if view.host in holding]
+            if preferred:
+                return preferred
+        return hosts
+
+    async def _build_context(self, host: str, build: str | os.PathLike[str]) -> AsyncWorkspace:
+        """A local build context copied onto `host` (into a workspace of its own, deleted
+        once the build is done): the host builds from its copy."""
+        source = Path(build)
+        if not source.is_dir() or not any((source / name).is_file()
+                                         for name in ("Dockerfile", "Containerfile")):
+            raise CallRejected(f"build: {build} is not a directory with a Dockerfile")
+        context = await self._new_workspace(host=host, ttl_s=BUILD_TIMEOUT_S)
+        try:
+            await context.upload(source, "context")
+        except BaseException:
+            await context.delete()
+            raise
+        return context
 
     async def open_workspace(self, workspace_id: str) -> AsyncWorkspace:
         """A workspace made before (by any client of this owner): UnknownWorkspace when
@@ -913,6 +982,78 @@ class AsyncFleet:
             raise UnknownWorkspace(f"no such workspace: {workspace_id} (deleted, expired "
                                    "unused, or another owner's)")
         return view
+
+    # --------------------------------------------------------------------- images
+
+    async def images(self, *, host: str | None = None) -> list[ImageInfo]:
+        """The images `host` holds, or every live host (`ImageInfo.host` says whose):
+        pulled or built there, shared by every owner of the host, least recently used
+        first on each."""
+        hosts = await self._image_hosts(host)
+        answers = await self._ask_each(dict.fromkeys(hosts, ImagesRequest()), ImageList)
+        return [info for answer in _all_or_raise(answers).values() for info in answer.images]
+
+    async def pull_image(
+        self, ref: str, *, host: str | None = None, refresh: bool = False,
+        progress: Callable[[str], None] | None = None,
+    ) -> list[ImageInfo]:
+        """Pull an image onto `host`, or onto every live host, unless it is held there
+        already (a pull of it under way is joined); the image as each host holds it.
+        `refresh`: ask the registry where a tag points now. `progress` hears the hosts'
+        progress lines (`host: line`). ImageError when a host cannot pull it (the other
+        hosts' pulls go on)."""
+        first = control_request(ImagePullRequest, ref=ref, refresh=refresh, wait_s=PULL_POLL_S)
+        asked = dict.fromkeys(await self._image_hosts(host), first)
+        pulled: dict[str, ImageInfo | BashfleetError] = {}
+        while asked:
+            # A host holds each question at most PULL_POLL_S: the pull runs on a thread
+            # of its own there, and the control consumer's threads stay free.
+            answers = await self._ask_each(asked, ImagePull, CTL_TIMEOUT_S + PULL_POLL_S)
+            for name, state in answers.items():
+                if isinstance(state, ImagePull):
+                    _say(progress, name, state.lines)
+                    if not state.done:
+                        asked[name] = first.model_copy(
+                            update={"pull_id": state.pull_id, "seen": state.seen})
+                        continue
+                pulled[name] = _image_of(name, state)
+                del asked[name]
+        return list(_all_or_raise(pulled).values())
+
+    async def remove_image(self, ref: str, *, host: str | None = None) -> list[str]:
+        """Remove an image (by a reference it was pulled as, or its digest) from `host`,
+        or from every live host holding it; the hosts it was removed from. An admin
+        client's call (a host's images are shared by its owners); ImageError `invalid`
+        where a workspace uses it."""
+        request = control_request(ImageRemoveRequest, ref=ref)
+        hosts = await self._image_hosts(host)
+        answers = _all_or_raise(await self._ask_each(dict.fromkeys(hosts, request),
+                                                     ImageRemoved))
+        return [name for name, answer in answers.items() if answer.removed]
+
+    async def _image_hosts(self, host: str | None) -> list[str]:
+        """`host`, or every live host (HostUnavailable when there is none)."""
+        if host is not None:
+            return [host]
+        live = sorted(await self._r(records.live_hosts))
+        if not live:
+            raise HostUnavailable("no live host in the fleet")
+        return live
+
+    async def _ask_each(self, questions: Mapping[str, ControlRequest], response: type[R],
+                        timeout: float = CTL_TIMEOUT_S) -> dict[str, R | BashfleetError]:
+        """Send each host its image request at once, then read every answer: a host's
+        failure as its exception (ImageError for the image's own), the others read all
+        the same."""
+        sent = {name: await self._send_control(name, question, timeout)
+                for name, question in questions.items()}
+        answers: dict[str, R | BashfleetError] = {}
+        for name, each in sent.items():
+            try:
+                answers[name] = await self._await_control(each, response, errors=image_error_for)
+            except BashfleetError as exc:
+                answers[name] = exc
+        return answers
 
     # --------------------------------------------------------------------- events
 
@@ -1084,12 +1225,14 @@ class AsyncFleet:
         return control_message(self._identity, request, task_id=task_id, host=host,
                                reply_to=self._replies.channel, timeout=timeout)
 
-    async def _await_control(self, sent: SentControl, response: type[R]) -> R:
+    async def _await_control(self, sent: SentControl, response: type[R], *,
+                             errors: ErrorFor = error_for) -> R:
         try:
             sealed = await self._control_answer(sent)
         finally:
             self._replies.forget(sent.task_id)
-        return decode_control(self._keys, sent.task_id, sent.host, sealed, response)
+        return decode_control(self._keys, sent.task_id, sent.host, sealed, response,
+                              errors=errors)
 
     async def _control_answer(self, sent: SentControl) -> str:
         """The answer as sent: heard, or read back (the listener may have missed its
@@ -1106,3 +1249,26 @@ class AsyncFleet:
                                       deadline=sent.deadline, timeout=sent.timeout)
             if problem is not None:
                 raise problem
+
+
+def _all_or_raise(answers: Mapping[str, T | BashfleetError]) -> dict[str, T]:
+    """Every host's answer; the first host's failure raised when there is one."""
+    for answer in answers.values():
+        if isinstance(answer, BashfleetError):
+            raise answer
+    return {name: answer for name, answer in answers.items()
+            if not isinstance(answer, BashfleetError)}
+
+
+def _say(progress: Callable[[str], None] | None, host: str, lines: tuple[str, ...]) -> None:
+    """A host's progress lines, to whoever listens."""
+    if progress is not None:
+        for line in lines:
+            progress(f"{host}: {line}")
+
+
+def _image_of(host: str, state: ImagePull | BashfleetError) -> ImageInfo | BashfleetError:
+    """What a finished pull left on a host: its image, or why there is none."""
+    if isinstance(state, BashfleetError):
+        return state
+    return state.image or WorkerError(f"{host} ended a pull without saying its image")

@@ -34,6 +34,11 @@ QUEUE_SCAN_LIMIT = 10_000
 
 #: Longest wait for a control call (check, kill, read_output, cancel, jobs...).
 CTL_TIMEOUT_S = 30.0
+#: Seconds a workspace made from a Dockerfile may take to build on its host.
+BUILD_TIMEOUT_S = 900.0
+#: Longest a host holds one question about a pull before answering (it is asked again
+#: until the pull is done, and each answer brings the pull's new progress lines).
+PULL_POLL_S = 2.0
 #: How long the first call of a client waits for its reply subscription before sending:
 #: an answer published before it would only be read at the next watch.
 SUBSCRIBE_WAIT_S = 2.0

@@ -16,13 +16,20 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
 from client._core.identity import Identity
-from client.errors import CallNotRun, CallRejected, Unauthorized, WorkerError, error_for
+from client.errors import (
+    BashfleetError,
+    CallNotRun,
+    CallRejected,
+    Unauthorized,
+    WorkerError,
+    error_for,
+)
 from worker.wire import auth, names
 from worker.wire.control import ControlReply, ControlRequest
 from worker.wire.messages import task_message
@@ -31,6 +38,8 @@ from worker.wire.names import Task
 
 R = TypeVar("R", bound=Model)
 Q = TypeVar("Q", bound=ControlRequest)
+#: What turns a worker's error (kind, message, file problem) into the exception raised.
+ErrorFor = Callable[[str, str, str | None], BashfleetError]
 
 #: Longest command shown in a call's task arguments (Flower's "args").
 ARGSREPR_COMMAND_CHARS = 500
@@ -190,17 +199,18 @@ def decode_result(keys: Mapping[str, str], call_id: str, sealed: str) -> CallRes
 
 
 def decode_control(
-    keys: Mapping[str, str], task_id: str, host: str, sealed: str, response: type[R]
+    keys: Mapping[str, str], task_id: str, host: str, sealed: str, response: type[R],
+    *, errors: ErrorFor = error_for,
 ) -> R:
     """A control call's answer as its response model; the worker's error as its typed
-    exception (`error_for`)."""
+    exception (`errors`: `error_for`, or an image request's `image_error_for`)."""
     text = open_reply(keys, task_id, sealed)
     try:
         reply = ControlReply.model_validate_json(text)
     except ValidationError:
         raise WorkerError(f"the worker on {host} answered {text[:200]!r}") from None
     if reply.error is not None:
-        raise error_for(reply.error.kind, reply.error.message, reply.error.file)
+        raise errors(reply.error.kind, reply.error.message, reply.error.file)
     return response.model_validate(reply.ok or {})
 
 

@@ -110,10 +110,13 @@ class Cli:
 
 
 @contextlib.contextmanager
-def local_fleet(state_dir: Path, *up_args: str) -> Iterator[Cli]:
-    """`bashfleet up --detach UP_ARGS` in a private state directory; `down` at the end
-    (and whatever it recorded killed by pid, should `down` fail)."""
+def local_fleet(state_dir: Path, *up_args: str, env: dict[str, str] | None = None
+                ) -> Iterator[Cli]:
+    """`bashfleet up --detach UP_ARGS` in a private state directory (`env`: settings the
+    fleet starts with); `down` at the end (and whatever it recorded killed by pid, should
+    `down` fail)."""
     cli = Cli(state_dir)
+    cli.env.update(env or {})
     up = cli("up", *up_args, "--detach", timeout=120)
     cli.up_stdout = up.stdout
     try:

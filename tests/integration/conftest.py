@@ -35,6 +35,7 @@ from worker.wire.models import CallResult
 from worker.wire.names import Task, exec_queue
 
 from .engine_helpers import give_to_run_user, keepers_under
+from .registry import Registry, pushed_images, running_registry
 
 T = TypeVar("T")
 
@@ -390,3 +391,17 @@ def raw_exec(
     another; the answer the worker gives it."""
     answer = raw_task(fleet, Task.EXEC, args, queue or exec_queue(host), call_id)
     return CallResult.model_validate_json(answer)
+
+
+@pytest.fixture(scope="session")
+def image_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
+    """A real registry on 127.0.0.1 (TLS, basic auth) for the session (`registry.py`)."""
+    with running_registry(tmp_path_factory.mktemp("registry")) as registry:
+        yield registry
+
+
+@pytest.fixture(scope="session")
+def registry_images(image_registry: Registry) -> dict[str, str]:
+    """The test images in the session's registry, by name (`debian`, `nobash`, `user`):
+    references such as `127.0.0.1:PORT/bashfleet/debian:bookworm`."""
+    return pushed_images(image_registry)

@@ -165,16 +165,26 @@ def test_20_3_no_call_can_change_the_installed_package_or_the_host(
     target = Path(worker.__file__).parent / "engine" / "job_supervisor.py"
     before = target.read_bytes()
     with engine_with(tmp_path, janitor, isolation=level) as engine:
+        multi = sandbox.host_ids(engine.settings) is not None
         result = engine.run(
             f"echo 'import os; os.system(\"id\")' >> {target}; echo rc=$?; "
             f"touch {target.parent}/planted.py; echo rc=$?; "
-            "touch /etc/bashfleet-planted /usr/bin/planted /var/planted; echo rc=$?; id -u")
-        assert result.stdout.splitlines()[:3] == ["rc=1", "rc=1", "rc=1"], result.stderr
+            "touch /etc/bashfleet-planted /usr/bin/planted /var/planted; echo rc=$?; "
+            "cat /proc/self/uid_map")
+        lines = result.stdout.splitlines()
+        assert lines[:2] == ["rc=1", "rc=1"], result.stderr
         assert "Read-only file system" in result.stderr or "Permission denied" in result.stderr
-        assert result.stdout.splitlines()[3] != "0"
+        # With ids of its own the workspace's root writes its system directories (its own
+        # layer: apt-get works); else they are read-only. Either way the host is untouched.
+        assert lines[2] == ("rc=0" if multi else "rc=1")
+        inside, outside, _ = lines[3].split()
+        assert outside != "0" and (inside == "0") == multi
+        # A throwaway workspace each: nothing of one call's layer is in the next.
+        assert engine.run("test -e /usr/bin/planted || echo gone").stdout == "gone\n"
     assert target.read_bytes() == before
     assert not (target.parent / "planted.py").exists()
-    assert not Path("/etc/bashfleet-planted").exists()
+    for planted in ("/etc/bashfleet-planted", "/usr/bin/planted", "/var/planted"):
+        assert not Path(planted).exists(), planted
 
 
 @pytest.mark.parametrize("level", LEVELS)
@@ -182,19 +192,24 @@ def test_20_4_calls_have_no_capability_and_no_raw_socket(
     tmp_path: Path, janitor: Janitor, level: str
 ) -> None:
     # The attack: a call kept CAP_NET_RAW and read the Redis password off `lo` with a
-    # raw packet socket. Now: no capability in any set, no_new_privs, never root.
+    # raw packet socket. Now: no capability on the host, no_new_privs, never root there
+    # (with ids of its own, a call is root of its user namespace: capabilities there,
+    # which reach nothing of the host's: not its network's raw sockets).
     with engine_with(tmp_path, janitor, isolation=level) as engine:
+        multi = sandbox.host_ids(engine.settings) is not None
         result = engine.run(
-            "grep -E '^(Cap|NoNewPrivs)' /proc/self/status; id -u; "
+            "grep -E '^(Cap|NoNewPrivs)' /proc/self/status; cut -c1-30 /proc/self/uid_map; "
             "python3 -c 'import socket; socket.socket(socket.AF_PACKET, socket.SOCK_RAW)' "
             "2>&1 | tail -1; python3 -c 'import socket; "
             "socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP)' 2>&1 | tail -1")
         lines = result.stdout.splitlines()
         caps = dict(line.split(":\t") for line in lines[:6])
-        for name in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"):
-            assert caps[name] == "0000000000000000", (name, caps)
+        if not multi:
+            for name in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"):
+                assert caps[name] == "0000000000000000", (name, caps)
         assert caps["NoNewPrivs"] == "1"
-        assert lines[6] != "0"
+        inside, outside, _ = lines[6].split()
+        assert outside != "0" and (inside == "0") == multi
         assert "PermissionError" in lines[7] and "PermissionError" in lines[8]
 
 
@@ -492,8 +507,10 @@ def test_a_process_call_can_cut_its_network(engine: Engine, listener: int) -> No
 def test_a_call_may_ask_for_stronger_isolation_never_weaker(
     engine: Engine, strict_engine: Engine
 ) -> None:
-    stronger = engine.run("touch /etc/bashfleet-test || echo read-only", isolation="strict")
-    assert stronger.stdout == "read-only\n"
+    stronger = engine.run("touch /etc/bashfleet-test 2>/dev/null; "
+                          "ls /proc | grep -c '^[0-9]'", isolation="strict")
+    assert stronger.error is None and int(stronger.stdout) < 10  # its own PID namespace
+    assert not Path("/etc/bashfleet-test").exists()
     weaker = strict_engine.run("echo ran", isolation="process")
     assert weaker.error is not None and weaker.error.kind == "invalid"
     assert "never weaker" in weaker.error.message

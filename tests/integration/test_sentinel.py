@@ -31,6 +31,7 @@ from worker.fleet.connect import redis_client
 from worker.wire.models import CallResult
 
 from .conftest import WorkerFactory, WorkerProcess, end_group, wait_for
+from .engine_helpers import give_to_run_user
 
 MASTER = "bashfleet-primary"
 PASSWORD = "sentinel-test-secret"
@@ -259,7 +260,7 @@ def test_failover_under_load(cluster: Cluster) -> None:
         assert job is not None
         ledger = cluster.worker.project() / "ran.log"
         ledger.touch()
-        ledger.chmod(0o666)  # the calls' run user appends to it
+        give_to_run_user(ledger)  # the calls append to it, as the project's run user
         started = time.monotonic()
         killed_at = started + 3.0
 

@@ -456,3 +456,20 @@ def test_hosts_leaves_out_a_fleet_long_gone() -> None:
     ]
     assert [h.host for h in cli.shown_hosts(hosts, now, all_hosts=False)] == ["live", "just-died"]
     assert cli.shown_hosts(hosts, now, all_hosts=True) == hosts
+
+
+@pytest.mark.parametrize(
+    ("sandbox", "text"),
+    [
+        (None, "?"),
+        ({"isolation": "none"}, "NONE, ulimit"),
+        ({"isolation": "process", "cgroup": "v2", "tenancy": "multi", "run_as": "r"},
+         "process, cgroup v2, ids per workspace"),
+        ({"isolation": "strict", "tenancy": "single", "run_as": "bashfleet-run"},
+         "strict, ulimit, single-tenant: one uid for every workspace, as bashfleet-run"),
+    ],
+)
+def test_hosts_say_whether_workspaces_have_ids_of_their_own(
+    sandbox: dict[str, str] | None, text: str
+) -> None:
+    assert cli.isolation_text(sandbox) == text

@@ -183,3 +183,59 @@ def test_no_host_path_is_writable_but_the_workspaces_own_and_the_listed_roots(
                                       for o in (view.workspace, view.home_view)):
             assert i > last_bind
     assert plan[-2][0] == "pivot"
+
+
+L = "/state/workspaces/w1/layer"
+
+
+def overlays(plan: list[list[Any]]) -> dict[str, list[Any]]:
+    """target -> (lowers, upper) of the plan's overlay steps."""
+    return {step[4]: [step[1], step[2]] for step in plan if step[0] == "overlay"}
+
+
+def test_with_layers_root_and_system_dirs_are_overlays_the_rest_read_only() -> None:
+    plan = layout.plan_view(spec(layers=L, idmapped=frozenset({"usr", "etc", "var"})))
+    found = overlays(plan)
+    assert found[R] == [[[f"{L}/empty", False]], f"{L}/upper/root"]
+    for name in ("usr", "etc", "var"):
+        assert found[f"{R}/{name}"] == [[[f"/{name}", True]], f"{L}/upper/top.{name}"]
+    assert binds(plan)[f"{R}/home"] == ("/home", False)  # the host's ids: nobody's inside
+    assert binds(plan)[f"{R}/srv"] == ("/srv", False)
+    # `/` is the workspace's own layer: never made read-only after the pivot.
+    assert plan[-1] == ["pivot", R]
+    # Hidden still wins inside an overlay.
+    assert ["bind_file", "/dev/null", f"{R}/etc/key", False] in plan
+
+
+def test_with_an_image_its_root_is_the_only_lower_and_no_host_entry_is_shown() -> None:
+    plan = layout.plan_view(spec(layers=L, image="/images/rootfs/abc", entries=ENTRIES,
+                                 hidden_dirs=(), hidden_files=()))
+    found = overlays(plan)
+    assert list(found) == [R]
+    assert found[R] == [[["/images/rootfs/abc", True]], f"{L}/upper/root"]
+    shown = binds(plan)
+    assert not any(target in shown for target in (f"{R}/usr", f"{R}/home", f"{R}/srv"))
+    assert shown[f"{R}/var/tmp"] == ("/state/workspaces/w1/vartmp", True)
+    assert ["mkdir", f"{R}/srv/ws/w1", 0o755] in plan  # made in its own layer
+
+
+def test_a_projects_directory_is_bound_through_its_id_map() -> None:
+    plan = layout.plan_view(spec(layers=L, project=True, workspace="/srv/app",
+                                 mounts={"/logs": "/srv/app/logs"}))
+    assert ["idbind", "/srv/app", f"{R}/srv/app"] in plan
+    assert ["idbind", "/srv/app/logs", f"{R}/logs"] in plan
+
+
+@pytest.mark.parametrize("secret", ["/var/tmp/key", "/tmp/key"])
+def test_a_secret_in_the_workspaces_own_temporary_dirs_is_not_looked_for(secret: str) -> None:
+    plan = layout.plan_view(spec(hidden_files=(secret,)))
+    assert not any(step[0] == "bind_file" and step[2] == f"{R}{secret}" for step in plan)
+
+
+def test_home_under_a_hidden_host_directory_is_made_on_the_hiding_tmpfs() -> None:
+    # `strict` hides /home; a worker whose HOME is /home/bob gets its own there.
+    plan = layout.plan_view(spec(home_view="/home/bob", hidden_dirs=("/home", "/state")))
+    bind = ["bind", "/state/workspaces/w1/home", f"{R}/home/bob", True]
+    assert bind in plan
+    assert ["mkdir", f"{R}/home/bob", 0o755] in plan[:plan.index(bind)]
+    assert plan.index(["tmpfs", f"{R}/home", 0o755]) < plan.index(bind)

@@ -69,20 +69,30 @@ def test_returncode(status: int, code: int) -> None:
     assert proto.returncode(status) == code
 
 
-def test_find_searches_the_childs_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_spawn_searches_the_childs_path_from_its_cwd(tmp_path: Path) -> None:
     for folder in ("a", "b"):
         (tmp_path / folder).mkdir()
     (tmp_path / "a" / "tool").write_text("not executable")
     tool = tmp_path / "b" / "tool"
-    tool.write_text("#!/bin/sh\n")
+    tool.write_text("#!/bin/sh\necho ran > \"$PWD/marker\"\n")
     tool.chmod(0o755)
-    env = {"PATH": f"{tmp_path / 'a'}:{tmp_path / 'b'}"}
-    assert kernel.find_executable("tool", env) == str(tool)
-    assert kernel.find_executable("/bin/sh", {}) == "/bin/sh"
-    monkeypatch.chdir(tmp_path)
-    assert kernel.find_executable("tool", {"PATH": "a:b"}) == "b/tool"  # relative to the cwd
-    with pytest.raises(FileNotFoundError):
-        kernel.find_executable("tool", {"PATH": "/nonexistent"})
+    null = os.open(os.devnull, os.O_RDWR)
+    try:
+        # PATH entries relative to the cwd, as execvp takes them: searched in the child.
+        pid = kernel.spawn(None, ["tool"], {"PATH": "a:b"}, [null, null, null], [0, 1, 2],
+                           cwd=str(tmp_path))
+        assert os.waitpid(pid, 0)[1] == 0
+        assert (tmp_path / "marker").read_text() == "ran\n"
+        with pytest.raises(FileNotFoundError) as missing:
+            kernel.spawn(None, ["tool"], {"PATH": "/nonexistent"}, [null, null, null],
+                         [0, 1, 2], cwd=str(tmp_path))
+        assert missing.value.filename == "tool"
+        with pytest.raises(FileNotFoundError) as bad_cwd:
+            kernel.spawn("/bin/true", ["true"], {}, [null, null, null], [0, 1, 2],
+                         cwd=str(tmp_path / "gone"))
+        assert bad_cwd.value.filename == str(tmp_path / "gone")
+    finally:
+        os.close(null)
 
 
 class _Clock:

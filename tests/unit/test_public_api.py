@@ -16,7 +16,8 @@ EXPECTED = {
     },
     "client": {
         "AsyncFleet", "AsyncWorkspace", "BashfleetError", "CallNotRun", "CallRejected",
-        "Fleet", "FleetUnavailable", "HostUnavailable", "LimitReached", "OutputTooLarge",
+        "Fleet", "FleetUnavailable", "HostUnavailable", "ImageError", "LimitReached",
+        "OutputTooLarge",
         "SessionPinned", "Unauthorized", "UnknownCall", "UnknownJob", "UnknownWorkspace",
         "WaitTimeout", "WorkerError", "WorkerLost", "Workspace", "WorkspaceFileError",
     },

@@ -172,12 +172,28 @@ def user_env(user: sandbox.User | None, workspace: WorkspaceRecord) -> dict[str,
     workspace's own (writable, at the run user's home path in its view)."""
     env: dict[str, str] = {}
     if workspace.keeper_pid is not None:
-        env["HOME"] = workspaces.home_of(user)
+        env["HOME"] = workspaces.home_of(user, workspace)
     elif user is not None:
         env["HOME"] = user.home
-    if user is not None:
+    if workspace.ids is not None and workspace.keeper_pid is not None:
+        # Root inside its own user namespace (or the image's user): its image's ENV
+        # first, the engine's hardening over it.
+        if workspace.image is not None:
+            env.update(_image_env(workspace))
+        if not workspace.user and not (workspace.image and workspace.image.user):
+            env.update(USER="root", LOGNAME="root")
+    elif user is not None:
         env.update(USER=user.name, LOGNAME=user.name)
     return env
+
+
+def _image_env(workspace: WorkspaceRecord) -> dict[str, str]:
+    found: dict[str, str] = {}
+    for item in workspace.image.env if workspace.image is not None else []:
+        name, sep, value = item.partition("=")
+        if sep and name and name != "HOME":
+            found[name] = value
+    return found
 
 
 def _user(settings: Settings) -> sandbox.User | None:
@@ -222,6 +238,9 @@ def workspace_cwd(cwd: str | None, record: WorkspaceRecord) -> str:
     """A call's cwd: the workspace's directory when it gives none, relative ones from
     there; absolute ones as given (a path of its view)."""
     if not cwd:
+        # An image's WORKDIR is where its tasks expect to run (SWE-bench's /testbed).
+        if record.image is not None and record.image.workdir:
+            return record.image.workdir
         return record.path
     path = os.path.expanduser(cwd) if record.isolation == "none" else cwd
     return os.path.normpath(os.path.join(record.path, path))
@@ -511,7 +530,7 @@ class _Launch:
         # The keeper finds bash on the child's PATH in the workspace's view (which is not
         # the host's: a search here could find what the call cannot see).
         request: dict[str, object] = {
-            "argv": ["bash", "-c", command], "cwd": self.cwd,
+            "argv": [workspaces.shell_of(self.workspace), "-c", command], "cwd": self.cwd,
             "env": self.child.env, "targets": [0, 1, 2, launcher.STATE_FD],
             "output_cap": resources.output_cap(self.settings),
             "kill_grace_s": self.call.policy.kill_grace_s,

@@ -87,7 +87,8 @@ def in_view(record: WorkspaceRecord, path: str) -> str:
 def read_file(record: WorkspaceRecord, settings: Settings, path: str, *, offset: int,
               limit: int) -> tuple[bytes, int]:
     """(`limit` bytes of the file from `offset`, its size)."""
-    run = _checked(record, settings, ["bash", "-c", _READ, "read", in_view(record, path),
+    run = _checked(record, settings, [workspaces.shell_of(record), "-c", _READ, "read",
+                                      in_view(record, path),
                                       str(offset), str(limit)], b"", limit)
     return run.stdout, int(run.answer.strip() or 0)
 
@@ -96,7 +97,7 @@ def write_file(record: WorkspaceRecord, settings: Settings, path: str, data: byt
                append: bool = False, mode: int | None = None,
                make_parents: bool = True) -> int:
     """Write (or append) `data`; the file's size after."""
-    argv = ["bash", "-c", _WRITE, "write", in_view(record, path),
+    argv = [workspaces.shell_of(record), "-c", _WRITE, "write", in_view(record, path),
             "" if mode is None else format(mode, "o"), "1" if append else "0",
             "1" if make_parents else "0"]
     return int(_checked(record, settings, argv, data, 0).answer.strip() or 0)
@@ -106,7 +107,7 @@ def archive(record: WorkspaceRecord, settings: Settings, action: str, directory:
             archive_path: str) -> int:
     """`create` a tar of `directory` at `archive_path` (its size), `extract` it into
     `directory` (then remove it), or `remove` it."""
-    argv = ["bash", "-c", _ARCHIVE[action], action, in_view(record, directory),
+    argv = [workspaces.shell_of(record), "-c", _ARCHIVE[action], action, in_view(record, directory),
             in_view(record, archive_path)]
     return int(_checked(record, settings, argv, b"", 0).answer.strip() or 0)
 
@@ -137,7 +138,7 @@ def run_tool(record: WorkspaceRecord, settings: Settings, argv: list[str], data:
 
 def _run(record: WorkspaceRecord, settings: Settings, argv: list[str], fds: list[int]) -> int:
     user = sandbox.run_user(settings)
-    env = {**TOOL_ENV, "HOME": workspaces.home_of(user)}
+    env = {**TOOL_ENV, "HOME": workspaces.home_of(user, record)}
     if record.keeper_pid is not None:
         proc = workspaces.start(record, {"argv": argv, "cwd": "/", "env": env,
                                          "targets": [0, 1, 2, 3]}, fds)

@@ -157,7 +157,7 @@ def _start_in_keeper(new: _NewJob, workspace: WorkspaceRecord) -> dict[str, Any]
     """A plain job as a child of its workspace's keeper, which records its end."""
     call, cwd, settings, job_id = new.call, new.cwd, new.settings, new.job_id
     output, status = new.output, new.status
-    env = _job_env(call, settings, job_id, ws.home_of(sandbox.run_user(settings)))
+    env = _job_env(call, settings, job_id, ws.home_of(sandbox.run_user(settings), workspace))
     startup = Startup(resources.ulimit_line(settings, bool(workspace.cgroup)), capture=False,
                       fd_in_child=launcher.STATE_FD)
     env["BASH_ENV"] = startup.bash_env
@@ -258,7 +258,7 @@ def _job_spec(
     """The supervisor's instructions (without the output and status paths)."""
     user = sandbox.run_user(settings)
     in_keeper = workspace is not None and workspace.keeper_pid is not None
-    home = ws.home_of(user) if in_keeper else (user.home if user is not None else None)
+    home = ws.home_of(user, workspace) if in_keeper else (user.home if user is not None else None)
     env = _job_env(call, settings, job_id, home)
     if user is not None and not in_keeper:
         env.update(USER=user.name, LOGNAME=user.name)

@@ -108,11 +108,11 @@ class Conn:
 class Keeper:
     """The keeper's loop: connections, spawns, reaping, caps and timeouts."""
 
-    def __init__(self, listener: socket.socket, *, worker_uid: int, run_as: bool,
-                 host_proc: int) -> None:
+    def __init__(self, listener: socket.socket, *, worker_uid: int,
+                 who: kernel.Identity | None, host_proc: int) -> None:
         self.listener = listener
         self.worker_uid = worker_uid
-        self.run_as = run_as
+        self.who = who
         self.host_proc = host_proc
         self.sel = selectors.DefaultSelector()
         self.tracked: dict[int, Tracked] = {}
@@ -237,18 +237,10 @@ class Keeper:
         })
 
     def _start(self, body: dict[str, Any], stdio: Sequence[int], targets: Sequence[int]) -> int:
-        cwd = body["cwd"]
-        env: dict[str, str] = body["env"]
-        os.chdir(cwd)
-        try:
-            # access() goes by the real uid: the run user's, not this keeper's root.
-            if not os.access(".", os.X_OK):
-                raise PermissionError(errno.EACCES, "Permission denied", cwd)
-            executable = body.get("executable") or kernel.find_executable(body["argv"][0], env)
-            return kernel.spawn(executable, body["argv"], env, stdio, targets,
-                                resetids=self.run_as, ctty=bool(body.get("ctty")))
-        finally:
-            os.chdir("/")
+        # The child enters the cwd and finds bash as the workspace's user, in its view:
+        # the keeper (root) never resolves a path a command may have planted.
+        return kernel.spawn(body.get("executable"), body["argv"], body["env"], stdio, targets,
+                            cwd=body["cwd"], who=self.who, ctty=bool(body.get("ctty")))
 
     def _adopt(self, conn: Conn, body: dict[str, Any], fds: list[int]) -> None:
         tracked = conn.busy
@@ -412,10 +404,13 @@ def main(spec: dict[str, Any], listener_fd: int, report_fd: int) -> int:
     v1 migration waits out an RCU grace period, ~15 ms here) are made ahead. Until then it
     watches the worker process that made it (`maker_fd`, a pidfd) and exits when that one
     dies, since no other will claim it; the sandbox's probe keeper watches it for good."""
+    who = None
     try:
         host_proc = _enter(spec)
         if spec.get("plan") is not None:
-            _setup_view(spec)
+            who = _setup_view(spec)
+        else:
+            _prepare(spec)
     except OSError as exc:
         with contextlib.suppress(OSError):
             os.write(report_fd, proto.report_line("error", f"{exc.errno or errno.EIO} {exc}"))
@@ -425,10 +420,9 @@ def main(spec: dict[str, Any], listener_fd: int, report_fd: int) -> int:
     listener = socket.socket(fileno=listener_fd)
     first = None
     if spec.get("plan") is None:
-        first, spec = _claimed(listener, spec)
+        first, spec, who = _claimed(listener, spec)
     listener.setblocking(False)
-    keeper = Keeper(listener, worker_uid=int(spec["worker_uid"]),
-                    run_as=spec.get("uid") is not None, host_proc=host_proc)
+    keeper = Keeper(listener, worker_uid=int(spec["worker_uid"]), who=who, host_proc=host_proc)
     if first is not None:
         keeper.sel.register(first, selectors.EVENT_READ, Conn(first))
     if int(spec.get("maker_fd", -1)) >= 0:
@@ -436,9 +430,11 @@ def main(spec: dict[str, Any], listener_fd: int, report_fd: int) -> int:
     return keeper.serve()
 
 
-def _claimed(listener: socket.socket, spec: dict[str, Any]) -> tuple[socket.socket, dict[str, Any]]:
+def _claimed(listener: socket.socket, spec: dict[str, Any]
+             ) -> tuple[socket.socket, dict[str, Any], kernel.Identity | None]:
     """A blank keeper waits for the worker that claims it, and builds the view it is sent
-    (exiting when it cannot: the worker makes the workspace again)."""
+    (exiting when it cannot: the worker makes the workspace again). The descriptors of
+    the claim (its id slot's lock) are held for good: open while the keeper lives."""
     maker = int(spec.get("maker_fd", -1))
     listener.setblocking(True)
     while True:
@@ -451,14 +447,14 @@ def _claimed(listener: socket.socket, spec: dict[str, Any]) -> tuple[socket.sock
             sock.close()
             continue
         tag, body, fds = proto.recv(sock)
-        proto.close_all(fds)
         if tag != b"V":
+            proto.close_all(fds)
             sock.close()
             continue
         claimed = {**body, "network": spec.get("network", True),
                    "worker_uid": spec["worker_uid"]}
         try:
-            _setup_view(claimed)
+            who = _setup_view(claimed)
         except OSError as exc:
             with contextlib.suppress(OSError):
                 proto.send(sock, b"E", proto.error_body(exc))
@@ -466,7 +462,7 @@ def _claimed(listener: socket.socket, spec: dict[str, Any]) -> tuple[socket.sock
         proto.send(sock, b"v", {"pid": os.getpid()})
         if maker >= 0:
             os.close(maker)  # a workspace now: it outlives the worker that made it
-        return sock, {**claimed, "maker_fd": -1}
+        return sock, {**claimed, "maker_fd": -1}, who
 
 
 def _enter(spec: dict[str, Any]) -> int:
@@ -491,14 +487,69 @@ def _enter(spec: dict[str, Any]) -> int:
     return os.open("/proc", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
 
 
-def _setup_view(spec: dict[str, Any]) -> None:
-    """The view, then what calls must not have, then the user."""
-    view.carry_out(spec["plan"])
+#: What a blank keeper made ahead of its claim: its user namespace (`userns`).
+_prepared: dict[str, int] = {}
+
+
+def _user_namespace(ids: dict[str, Any]) -> int:
+    return kernel.new_user_namespace(f"0 {ids['uid']} {ids['count']}\n",
+                                     f"0 {ids['gid']} {ids['count']}\n")
+
+
+def _prepare(spec: dict[str, Any]) -> None:
+    """A blank keeper with host ids: its user namespace now, and the host's root in its
+    own layers (`prebuild`), so that its claim has only the workspace's paths to bind."""
+    ids = spec.get("ids")
+    if ids is None:
+        return
+    _prepared["userns"] = _user_namespace(ids)
+    if spec.get("prebuild"):
+        view.carry_out(spec["prebuild"], userns_fd=_prepared["userns"])
+
+
+def _setup_view(spec: dict[str, Any]) -> kernel.Identity | None:
+    """The view, then what calls must not have; who calls run as.
+
+    With `ids` (a root worker's workspace): a user namespace of its own mapped to its
+    host ids, through which the view's layers show their files (idmapped mounts) and
+    which every call enters as `user` (root inside by default). The keeper itself stays
+    root on the host, outside that namespace: nothing a call does reaches it.
+    Else with `uid` (a root worker on a single-tenant host): calls run as the run user."""
+    ids = spec.get("ids")
+    userns = project = -1
+    if ids is not None:
+        userns = _prepared.get("userns", -1)
+        if userns < 0:
+            userns = _user_namespace(ids)
+        if ids.get("shared") and any(step[0] == "idbind" for step in spec["plan"]):
+            owner_uid, owner_gid = ids["shared"]
+            project = kernel.new_user_namespace(f"{owner_uid} {ids['uid']} 1\n",
+                                                f"{owner_gid} {ids['gid']} 1\n")
+    view.carry_out(spec["plan"], userns_fd=userns, project_fd=project)
+    if project >= 0:
+        os.close(project)
     kernel.drop_privileges_of_children()
+    if ids is not None:
+        uid, gid, groups = spec.get("user") or (0, 0, [])
+        return kernel.Identity(int(uid), int(gid), tuple(groups), userns)
     if spec.get("uid") is not None:
         os.setgroups(spec.get("groups") or [])
         os.setresgid(spec["gid"], 0, 0)
         # Real uid the run user's, effective root: the keeper keeps what it needs (its
-        # capabilities), and posix_spawn(resetids) makes bash the run user before it
-        # runs anything.
+        # capabilities); each call's child takes the run user's ids before anything.
         os.setresuid(spec["uid"], 0, 0)
+        return kernel.Identity(spec["uid"], spec["gid"], tuple(spec.get("groups") or ()))
+    return _own_namespace_as_myself()
+
+
+def _own_namespace_as_myself() -> kernel.Identity | None:
+    """A worker that is not root: its calls keep its uid (single-tenant), in a user
+    namespace of the workspace's own mapping that uid alone: a kernel keyring (and a
+    user namespace's other per-namespace state) of its own, not every workspace's. None
+    where the kernel refuses one (calls then share the keeper's)."""
+    uid, gid = os.geteuid(), os.getegid()
+    try:
+        userns = kernel.new_user_namespace(f"{uid} {uid} 1\n", f"{gid} {gid} 1\n")
+    except OSError:
+        return None
+    return kernel.Identity(uid, gid, (), userns)

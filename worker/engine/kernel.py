@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import errno
 import fcntl
 import os
@@ -18,6 +19,7 @@ import termios
 from collections.abc import Mapping, Sequence
 
 CLONE_NEWNS = 0x00020000
+CLONE_NEWUSER = 0x10000000
 CLONE_NEWIPC = 0x08000000
 CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000
@@ -41,20 +43,29 @@ IFF_UP = 1
 AT_FDCWD = -100
 AT_RECURSIVE = 0x8000
 MOUNT_ATTR_RDONLY = 0x1
+MOUNT_ATTR_NOSUID = 0x2
+MOUNT_ATTR_NODEV = 0x4
+MOUNT_ATTR_IDMAP = 0x100000
+OPEN_TREE_CLONE = 1
+O_CLOEXEC = 0o2000000
+AT_EMPTY_PATH = 0x1000
+MOVE_MOUNT_F_EMPTY_PATH = 4
 #: Flags a remount must repeat (in a user namespace they are locked): statvfs's ST_*
 #: values are the MS_* ones.
 KEPT_FLAGS = MS_NOSUID | MS_NODEV | MS_NOEXEC | 1024 | 2048 | 4096  # NOATIME, NODIRATIME, RELATIME
 
 _SYSCALLS = {
-    # machine: (pivot_root, mount_setattr)
-    "x86_64": (155, 442),
-    "aarch64": (41, 442),
+    # machine: (pivot_root, mount_setattr, open_tree, move_mount, capset); the middle
+    # three are the generic table's on both.
+    "x86_64": (155, 442, 428, 429, 126),
+    "aarch64": (41, 442, 428, 429, 91),
 }
 
 _libc = ctypes.CDLL(None, use_errno=True)
-#: This machine's (pivot_root, mount_setattr) numbers, looked up once: a keeper must
-#: import nothing once its view is built (the stdlib may be out of sight).
-_NUMBERS = _SYSCALLS.get(platform.machine(), (None, None))
+#: This machine's (pivot_root, mount_setattr, open_tree, move_mount) numbers, looked up
+#: once: a keeper must import nothing once its view is built (the stdlib may be out of
+#: sight).
+_NUMBERS: tuple[int | None, ...] = _SYSCALLS.get(platform.machine(), (None,) * 5)
 
 
 def _check(result: int, what: str) -> None:
@@ -117,6 +128,28 @@ def read_only_tree(path: str) -> None:
         remount_read_only(target)
 
 
+def set_tree_attrs(path: str, attrs: int) -> None:
+    """Set mount attributes (`MOUNT_ATTR_*`) on the mount at `path` and every mount under
+    it: mount_setattr(2) with AT_RECURSIVE (Linux 5.12+); on older kernels a remount of
+    each, with the read-only, nosuid and nodev flags."""
+    number = _NUMBERS[1]
+    if number is not None:
+        attr = _MountAttr(attrs, 0, 0, 0)
+        result = _libc.syscall(ctypes.c_long(number), ctypes.c_int(AT_FDCWD), _raw(path),
+                               ctypes.c_uint(AT_RECURSIVE), ctypes.byref(attr),
+                               ctypes.c_size_t(ctypes.sizeof(attr)))
+        if result == 0:
+            return
+        if ctypes.get_errno() not in (errno.ENOSYS, errno.EINVAL):
+            _check(result, f"mount_setattr {path}")
+    flags = ((MS_RDONLY if attrs & MOUNT_ATTR_RDONLY else 0)
+             | (MS_NOSUID if attrs & MOUNT_ATTR_NOSUID else 0)
+             | (MS_NODEV if attrs & MOUNT_ATTR_NODEV else 0))
+    for target in mounts_under(path):
+        kept = os.statvfs(target).f_flag & KEPT_FLAGS
+        mount(None, target, None, MS_REMOUNT | MS_BIND | flags | kept)
+
+
 def mounts_under(path: str) -> list[str]:
     """Mount points at or under `path`, parents first (from /proc/self/mountinfo)."""
     prefix = path.rstrip("/") + "/"
@@ -141,6 +174,104 @@ def _unescape(field: bytes) -> bytes:
             out.append(field[i])
             i += 1
     return bytes(out)
+
+
+def _number(index: int, what: str) -> int:
+    number = _NUMBERS[index]
+    if number is None:
+        raise OSError(errno.ENOSYS, f"{what}: unknown machine")
+    return number
+
+
+def drop_capabilities() -> None:
+    """capset(2): this process keeps no capability (a keeper's child that takes no other
+    ids would keep the keeper's until its exec)."""
+    header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, self
+    data = (ctypes.c_uint32 * 6)()
+    _check(_libc.syscall(ctypes.c_long(_number(4, "capset")), ctypes.byref(header),
+                         ctypes.byref(data)), "capset")
+
+
+def setns(fd: int, nstype: int) -> None:
+    """setns(2): os.setns is Python 3.12+."""
+    _check(_libc.setns(ctypes.c_int(fd), ctypes.c_int(nstype)), "setns")
+
+
+def idmapped_tree(source: str, userns_fd: int, *, read_only: bool = True) -> int:
+    """A detached copy of the mount tree at `source` whose files' ids are shown through
+    the user namespace `userns_fd` (host id N as that namespace's N), nosuid, nodev (and
+    read-only unless told): a descriptor for `attach`. Needs root on the host (Linux
+    5.12+; an overlay over it 5.19+)."""
+    flags = OPEN_TREE_CLONE | O_CLOEXEC | AT_RECURSIVE
+    fd = _libc.syscall(ctypes.c_long(_number(2, "open_tree")), ctypes.c_int(AT_FDCWD),
+                       _raw(source), ctypes.c_uint(flags))
+    if fd < 0:
+        _check(-1, f"open_tree {source}")
+    attr = _MountAttr(MOUNT_ATTR_IDMAP | (MOUNT_ATTR_RDONLY if read_only else 0)
+                      | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, 0, 0, userns_fd)
+    result = _libc.syscall(ctypes.c_long(_number(1, "mount_setattr")), ctypes.c_int(fd),
+                           b"", ctypes.c_uint(AT_EMPTY_PATH | AT_RECURSIVE),
+                           ctypes.byref(attr), ctypes.c_size_t(ctypes.sizeof(attr)))
+    if result != 0:
+        code = ctypes.get_errno()
+        os.close(fd)
+        raise OSError(code, f"idmapped mount of {source}: {os.strerror(code)}")
+    return int(fd)
+
+
+def attach(tree_fd: int, target: str) -> None:
+    """move_mount(2): put a detached tree (`idmapped_tree`) at `target`."""
+    result = _libc.syscall(ctypes.c_long(_number(3, "move_mount")), ctypes.c_int(tree_fd),
+                           b"", ctypes.c_int(AT_FDCWD), _raw(target),
+                           ctypes.c_uint(MOVE_MOUNT_F_EMPTY_PATH))
+    _check(result, f"move_mount {target}")
+
+
+def new_user_namespace(uid_map: str, gid_map: str) -> int:
+    """A user namespace with these id maps, as a descriptor (it lives while the
+    descriptor is open). A child makes it and waits; we (root on the host) write its
+    maps, keep its namespace and let it go."""
+    ready_r, ready_w = os.pipe2(os.O_CLOEXEC)
+    done_r, done_w = os.pipe2(os.O_CLOEXEC)
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child exits
+        code = 1
+        try:
+            os.close(ready_r)
+            os.close(done_w)
+            # Dumpable, so that its /proc files are its user's (a keeper is not): a maker
+            # that is not root may then write its maps.
+            prctl(PR_SET_DUMPABLE, 1)
+            unshare(CLONE_NEWUSER)
+            os.write(ready_w, b"1")
+            os.read(done_r, 1)  # until the parent is done with us
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(ready_w)
+    os.close(done_r)
+    try:
+        if os.read(ready_r, 1) != b"1":
+            raise OSError(errno.EPERM, "could not make a user namespace")
+        # The /proc mounted here may be another PID namespace's than ours (a keeper's,
+        # before its view is built, is the host's): the child by the number that /proc
+        # gives it.
+        proc = os.open("/proc", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            seen = host_pid(pid, proc)
+        finally:
+            os.close(proc)
+        for name, text in (("uid_map", uid_map), ("gid_map", gid_map)):
+            fd = os.open(f"/proc/{seen}/{name}", os.O_WRONLY | os.O_CLOEXEC)
+            try:
+                os.write(fd, text.encode())
+            finally:
+                os.close(fd)
+        return os.open(f"/proc/{seen}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
+    finally:
+        os.close(ready_r)
+        os.close(done_w)
+        os.waitpid(pid, 0)
 
 
 def remount_read_only(path: str) -> None:
@@ -224,57 +355,106 @@ def find_executable(name: str, env: Mapping[str, str]) -> str:
     raise FileNotFoundError(errno.ENOENT, "No such file or directory", name)
 
 
-def spawn(executable: str, argv: Sequence[str], env: Mapping[str, str], fds: Sequence[int],
-          targets: Sequence[int], *, resetids: bool, ctty: bool = False) -> int:
-    """Start `argv` in a new session with `fds` as its `targets`: posix_spawn (vfork, as
-    subprocess does: ~0.1 ms), or with `ctty` a fork whose fd 0 (a PTY slave) becomes its
-    controlling terminal, which posix_spawn cannot do. `resetids`: the child takes the
-    real ids (the run user) before it runs anything."""
-    if ctty:
-        return _spawn_with_ctty(executable, argv, env, fds, targets, resetids=resetids)
-    actions = [(os.POSIX_SPAWN_DUP2, fd, target) for fd, target in zip(fds, targets, strict=True)]
-    return os.posix_spawn(
-        executable, list(argv), dict(env), file_actions=actions, setsid=True,
-        setsigdef=(signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT, signal.SIGTERM,
-                   signal.SIGCHLD, signal.SIGHUP),
-        resetids=resetids,
-    )
+@dataclasses.dataclass(frozen=True)
+class Identity:
+    """Who a spawned process is: ids in the user namespace it enters (`userns_fd`; -1:
+    this process's own namespace)."""
+
+    uid: int
+    gid: int
+    groups: tuple[int, ...] = ()
+    userns_fd: int = -1
 
 
-def _spawn_with_ctty(executable: str, argv: Sequence[str], env: Mapping[str, str],
-                     fds: Sequence[int], targets: Sequence[int], *, resetids: bool) -> int:
-    """A fork and exec, with the child's exec error reported on a close-on-exec pipe as
-    subprocess does. Only interactive (`pty`) calls pay the fork (~0.5 ms here); safe in
-    the single-threaded keeper and job supervisor."""
+#: Signals a child gets back at their defaults (the keeper handles or ignores them).
+_DEFAULT_SIGNALS = (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT, signal.SIGCHLD,
+                    signal.SIGTERM, signal.SIGHUP)
+
+
+def spawn(executable: str | None, argv: Sequence[str], env: Mapping[str, str],
+          fds: Sequence[int], targets: Sequence[int], *, cwd: str,
+          who: Identity | None = None, ctty: bool = False) -> int:
+    """Start `argv` in a new session with `fds` as its `targets`, in `cwd`: a fork whose
+    child first becomes `who` (enters its user namespace, takes its ids), then enters
+    `cwd` as that user (every component of the path checked by the kernel against the
+    user who runs there, never against the keeper's root), then execs (`executable`, or
+    `argv[0]` searched on the child's PATH from there). With `ctty` fd 0 (a PTY slave)
+    becomes its controlling terminal. The child's failure comes back on a close-on-exec
+    pipe as an OSError naming `cwd` or the executable, as subprocess reports it. A fork
+    of the single-threaded keeper: ~0.5 ms here."""
     read_end, write_end = os.pipe2(os.O_CLOEXEC)
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child execs or exits
-        try:
-            os.close(read_end)
-            os.setsid()
-            for fd, target in zip(fds, targets, strict=True):
-                os.dup2(fd, target)
-            fcntl.ioctl(0, termios.TIOCSCTTY, 0)
-            for signum in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT, signal.SIGCHLD,
-                           signal.SIGTERM, signal.SIGHUP):
-                signal.signal(signum, signal.SIG_DFL)
-            if resetids:
-                os.setgid(os.getgid())
-                os.setuid(os.getuid())
-            os.execve(executable, list(argv), dict(env))  # noqa: S606 - no shell: argv
-        except OSError as exc:
-            os.write(write_end, str(exc.errno or errno.EIO).encode())
-        finally:
-            os._exit(127)
+        os.close(read_end)
+        _child(executable, argv, env, fds, targets, cwd, who, ctty, write_end)
     os.close(write_end)
     try:
         chunks = []
-        while chunk := os.read(read_end, 64):
+        while chunk := os.read(read_end, 512):
             chunks.append(chunk)
     finally:
         os.close(read_end)
-    if chunks:
-        os.waitpid(pid, 0)
-        code = int(b"".join(chunks))
-        raise OSError(code, os.strerror(code), executable)
-    return pid
+    if not chunks:
+        return pid
+    os.waitpid(pid, 0)
+    stage, _, rest = b"".join(chunks).decode(errors="replace").partition(" ")
+    number, _, name = rest.partition(" ")
+    code = int(number) if number.isdigit() else errno.EIO
+    raise OSError(code, os.strerror(code), cwd if stage == "cwd" else name)
+
+
+def _child(executable: str | None, argv: Sequence[str], env: Mapping[str, str],  # noqa: PLR0917
+           fds: Sequence[int], targets: Sequence[int], cwd: str, who: Identity | None,
+           ctty: bool, report: int) -> None:  # pragma: no cover - runs in the child
+    stage, name = "setup", ""
+    try:
+        if who is not None:
+            if who.userns_fd >= 0:
+                setns(who.userns_fd, CLONE_NEWUSER)
+            try:
+                os.setgroups(list(who.groups))
+            except PermissionError:
+                # A namespace made without privilege (a worker that is not root) has
+                # setgroups denied, inherited: no supplementary group to drop there.
+                if who.groups:
+                    raise
+            os.setresgid(who.gid, who.gid, who.gid)
+            os.setresuid(who.uid, who.uid, who.uid)
+        if who is None or who.uid != 0:
+            # The cwd is entered as the user who runs there, with no capability (a
+            # namespace's root keeps its own: a container's root).
+            drop_capabilities()
+        stage = "cwd"
+        os.chdir(cwd)
+        stage = "setup"
+        os.setsid()
+        for fd, target in zip(fds, targets, strict=True):
+            os.dup2(fd, target)
+        if ctty:
+            fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+        for signum in _DEFAULT_SIGNALS:
+            signal.signal(signum, signal.SIG_DFL)
+        stage = "exec"
+        name = executable or argv[0]
+        _exec(executable, argv, env)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.write(report, f"{stage} {exc.errno or errno.EIO} {name}".encode())
+    finally:
+        os._exit(127)
+
+
+def _exec(executable: str | None, argv: Sequence[str], env: Mapping[str, str]) -> None:
+    """execve `executable`, or argv[0] on env's PATH as execvp searches it (here, as the
+    user and in the view the command runs in: what it can run, not what we can)."""
+    if executable is not None or "/" in argv[0]:
+        os.execve(executable or argv[0], list(argv), dict(env))  # noqa: S606 - argv, no shell
+    last: OSError = FileNotFoundError(errno.ENOENT, "No such file or directory", argv[0])
+    for folder in env.get("PATH", os.defpath).split(os.pathsep):
+        try:
+            os.execve(os.path.join(folder or ".", argv[0]), list(argv), dict(env))  # noqa: S606
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        except OSError as exc:
+            last = exc
+    raise last

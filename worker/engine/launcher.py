@@ -71,7 +71,9 @@ KEEPER_SETUP_S = 30.0
 
 def _new_keeper(chan: socket.socket, body: dict[str, Any], fds: list[int]) -> None:
     """Fork a keeper into new namespaces; answer with its host pid once it is ready."""
-    listener, cgroup_fds = fds[0], fds[1:]
+    # The last fd of a blank with host ids is its slot's lock: inherited by the keeper,
+    # which holds it for its life; never a cgroup's procs file.
+    listener, cgroup_fds = fds[0], fds[1:-1] if body["spec"].get("slot") else fds[1:]
     spec: dict[str, Any] = body["spec"]
     try:
         maker = _maker_fd(spec)
@@ -400,9 +402,11 @@ class KeeperConnection:
             return False
         return True
 
-    def claim(self, body: Mapping[str, Any], timeout: float = 10.0) -> None:
-        """A blank keeper builds the view `body` gives (its first message)."""
-        self._send(b"V", body)
+    def claim(self, body: Mapping[str, Any], fds: Sequence[int] = (),
+              timeout: float = 10.0) -> None:
+        """A blank keeper builds the view `body` gives (its first message); `fds`: the
+        locked slot of its host ids, which it holds for its life (`worker.engine.ids`)."""
+        self._send(b"V", body, fds)
         self._expect(b"v", timeout)
 
     def exit_when_idle(self, timeout: float = 5.0) -> None:

@@ -63,6 +63,22 @@ class ViewSpec:
     mounts: Mapping[str, str] = field(default_factory=dict)
     """View path -> host directory (inside the workspace)."""
     has_var_tmp: bool = True
+    layers: str | None = None
+    """Where the workspace's own layers are (`upper/`, `work/`, `empty/` in its state):
+    its `/` is then an overlay, writable everywhere in its view (None: a read-only host
+    view on a tmpfs, as a single-tenant host gives)."""
+    image: str | None = None
+    """With `layers`: the image root filesystem its `/` stands on (None: the host's)."""
+    idmapped: frozenset[str] = frozenset()
+    """With `layers` over the host: the entries of `/` shown through the workspace's user
+    namespace (host root's files its root's), each an overlay of its own."""
+    project: bool = False
+    """The workspace's directory (and its mounts) is a project's, owned by the host's run
+    user: shown through a map that makes that user the workspace's root (`idbind`), as
+    the roots every workspace may write (`writable`) are."""
+    prebuilt: bool = False
+    """With `layers` over the host: its `/` and the idmapped entries' overlays were built
+    ahead (`prebuild_steps`) at `root`: not built again."""
 
 
 def inside(path: str, outer: str) -> bool:
@@ -82,10 +98,13 @@ def outermost(paths: Iterable[str]) -> tuple[str, ...]:
 def plan_view(spec: ViewSpec) -> list[Step]:
     """The steps that build `spec`'s view, in order (see `worker.engine.view`)."""
     r = spec.root.rstrip("/")
-    steps: list[Step] = [["private"], ["tmpfs", r, 0o755]]
-    steps += _host_entries(r, spec.entries)
+    steps: list[Step] = [["private"], *_root_steps(spec)]
+    if spec.image is None:
+        steps += _host_entries(r, spec.entries, spec)
     steps += [["mkdir", f"{r}/tmp", 0o755], ["bind", spec.tmp, f"{r}/tmp", True]]
-    if spec.has_var_tmp:
+    if spec.image is not None:
+        steps.append(["mkdir", f"{r}/var/tmp", 0o755])
+    if spec.has_var_tmp or spec.image is not None:
         steps.append(["bind", spec.var_tmp, f"{r}/var/tmp", True])
     steps += [["mkdir", f"{r}/dev", 0o755], ["devices", f"{r}/dev"],
               ["mkdir", f"{r}/proc", 0o555], ["proc", f"{r}/proc"]]
@@ -105,30 +124,86 @@ def plan_view(spec: ViewSpec) -> list[Step]:
     # hiding tmpfs, /tmp) or in a writable directory of the workspace bound before; in a
     # read-only bind of the host they must exist.
     mounts: list[tuple[str, bool]] = [(r, True), (f"{r}/tmp", True)]
-    mounts += [(f"{r}/{e.name}", False) for e in spec.entries if e.kind == "dir"]
+    if spec.image is None:
+        mounts += [(f"{r}/{e.name}", e.name in _overlaid(spec)) for e in spec.entries
+                   if e.kind == "dir" and e.name not in OWN_ENTRIES]
     mounts += [(f"{r}{d}", True) for d in outer]
     steps += [["tmpfs", f"{r}{d}", 0o755] for d in outer]
     for w in writable_views:
-        steps += _bind_own(r, mounts, w, w, True, grow=False)
+        # With layers: the run user's shared roots through the run user's map (`idbind`).
+        steps += _bind_own(r, mounts, w, w, True, grow=False, mapped=spec.layers is not None)
     for view_path, host_path, writable in _own_paths(spec):
-        steps += _bind_own(r, mounts, view_path, host_path, writable)
+        steps += _bind_own(r, mounts, view_path, host_path, writable,
+                           mapped=spec.project and _in_project(host_path, spec))
     steps += [["tmpfs", f"{r}{d}", 0o755] for d in inner]
     files = _hidden_files(spec, hidden, own, elsewhere)
     steps += [["bind_file", "/dev/null", f"{r}{f}", False] for f in files]
     steps += [["rbind_ro", p, f"{r}{p}"] for p in _protected(spec, writable_views)]
     steps += [["remount_ro", f"{r}{d}"] for d in hidden]
-    steps += [["pivot", r], ["remount_ro", "/"]]
+    steps.append(["pivot", r])
+    if spec.layers is None:
+        steps.append(["remount_ro", "/"])  # with layers `/` is the workspace's own layer
     return steps
 
 
-def _host_entries(r: str, entries: Sequence[Entry]) -> list[Step]:
+def _root_steps(spec: ViewSpec) -> list[Step]:
+    """The view's `/`: a tmpfs (single-tenant), or an overlay whose upper layer is the
+    workspace's own, over the image or (for the host) an empty directory its entries'
+    own overlays are mounted on."""
+    r = spec.root.rstrip("/")
+    if spec.layers is None:
+        return [["tmpfs", r, 0o755]]
+    if spec.prebuilt:
+        return []
+    lower = [spec.image, True] if spec.image is not None else [f"{spec.layers}/empty", False]
+    return [_overlay(spec.layers, "root", lower, r)]
+
+
+def prebuild_steps(layers: str, entries: Sequence[Entry],
+                   idmapped: frozenset[str]) -> list[Step]:
+    """What a blank keeper builds ahead of its claim: the host's root in layers at
+    `<layers>/merged` (its `/` and the overlays of the entries shown through its user
+    namespace), in a mount tree made private first (nothing of it may reach the host's)."""
+    merged = f"{layers}/merged"
+    steps: list[Step] = [["private"], ["mkdir", merged, 0o755],
+                         _overlay(layers, "root", [f"{layers}/empty", False], merged)]
+    for entry in sorted(entries, key=lambda e: e.name):
+        if entry.kind == "dir" and entry.name in idmapped and entry.name not in OWN_ENTRIES:
+            steps += [["mkdir", f"{merged}/{entry.name}", 0o755],
+                      _overlay(layers, upper_name(entry.name), [f"/{entry.name}", True],
+                               f"{merged}/{entry.name}")]
+    return steps
+
+
+def _overlay(layers: str, name: str, lower: list[Any], target: str) -> Step:
+    return ["overlay", [lower], f"{layers}/upper/{name}", f"{layers}/work/{name}", target]
+
+
+def _overlaid(spec: ViewSpec) -> frozenset[str]:
+    """Entries of the host's `/` that are overlays (writable in the view)."""
+    return spec.idmapped if spec.layers is not None and spec.image is None else frozenset()
+
+
+def upper_name(entry: str) -> str:
+    """The name of a host entry's upper layer under `upper/` (`root` is `/`'s own)."""
+    return f"top.{entry}"
+
+
+def _host_entries(r: str, entries: Sequence[Entry], spec: ViewSpec) -> list[Step]:
     steps: list[Step] = []
+    overlaid = _overlaid(spec)
     for entry in sorted(entries, key=lambda e: e.name):
         if entry.name in OWN_ENTRIES or "/" in entry.name or entry.name in ("", ".", ".."):
             continue
         path = f"/{entry.name}"
         if entry.kind == "link":
             steps.append(["symlink", entry.target, f"{r}{path}"])
+        elif entry.kind == "dir" and entry.name in overlaid and spec.prebuilt:
+            continue  # built ahead
+        elif entry.kind == "dir" and entry.name in overlaid:
+            steps += [["mkdir", f"{r}{path}", 0o755],
+                      _overlay(str(spec.layers), upper_name(entry.name), [path, True],
+                               f"{r}{path}")]
         elif entry.kind == "dir":
             steps += [["mkdir", f"{r}{path}", 0o755], ["rbind_ro", path, f"{r}{path}"]]
         else:
@@ -145,24 +220,32 @@ def _own_paths(spec: ViewSpec) -> list[tuple[str, str, bool]]:
     return sorted(own, key=lambda item: (item[0].count("/"), item[0]))
 
 
+def _in_project(host_path: str, spec: ViewSpec) -> bool:
+    return inside(host_path, spec.workspace)
+
+
 def _bind_own(r: str, mounts: list[tuple[str, bool]], view_path: str, host: str,
-              writable: bool, *, grow: bool = True) -> list[Step]:
+              writable: bool, *, grow: bool = True, mapped: bool = False) -> list[Step]:
     """Bind one of the workspace's own paths; its mount point is made when the mount it
     lies on takes new directories (`mounts`: path, whether it does), else it must exist.
-    `grow`: mount points of later binds may be made inside this one."""
+    `grow`: mount points of later binds may be made inside this one. `mapped`: through
+    the project's id map (`idbind`)."""
     target = f"{r}{view_path}"
     steps: list[Step] = []
     if _covering(target, mounts):
         steps.append(["mkdir", target, 0o755])
-    steps.append(["bind", host, target, writable])
+    steps.append(["idbind", host, target] if mapped else ["bind", host, target, writable])
     mounts.append((target, writable and grow))
     return steps
 
 
 def _covering(target: str, mounts: Sequence[tuple[str, bool]]) -> bool:
     """Whether the deepest of `mounts` holding `target` takes new directories."""
-    holding = [(path, grows) for path, grows in mounts if inside(target, path) and path != target]
-    return max(holding, key=lambda item: len(item[0]))[1] if holding else False
+    holding = [(len(path), order, grows) for order, (path, grows) in enumerate(mounts)
+               if inside(target, path) and path != target]
+    # The deepest; of two at one path the later (a hiding tmpfs over a read-only bind of
+    # the host's, as `strict` mounts over /home, where HOME is then made).
+    return max(holding)[2] if holding else False
 
 
 def _hidden_dirs(spec: ViewSpec, own: Sequence[str], elsewhere: Sequence[str]
@@ -191,7 +274,10 @@ def _visible_in_view(path: str, own: Sequence[str], elsewhere: Sequence[str] = (
     holding = [o for o in own if inside(path, o)]
     if holding and max(holding, key=len) in elsewhere:
         return False
-    in_own_area = any(inside(path, f"/{name}") for name in OWN_ENTRIES)
+    # /var/tmp too: the workspace's own (a secret named there is not in its view; binding
+    # /dev/null over a file its private /var/tmp has not got made every call fail).
+    in_own_area = any(inside(path, f"/{name}") for name in OWN_ENTRIES) \
+        or inside(path, "/var/tmp")
     return not in_own_area or any(inside(path, o) and path != o for o in own)
 
 

@@ -40,7 +40,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from worker.engine import launcher, resources
+from worker.engine import ids, launcher, resources
 from worker.engine.launcher import KeeperConnection, LauncherClient, SandboxError
 from worker.engine.memo import TimedMemo
 from worker.settings import Settings
@@ -393,7 +393,26 @@ def probe(settings: Settings) -> SandboxProbe:
         isolation=level, configured=settings.isolation, bwrap=version if problem is None else None,
         problem=problem, cgroup=support.version, cgroup_problem=support.problem,
         run_as=run_user_name(settings),
+        tenancy="multi" if host_ids(settings) is not None and problem is None else "single",
+        id_slots=(found.slots if (found := host_ids(settings)) is not None else 0),
     )
+
+
+def host_ids(settings: Settings) -> ids.HostIds | None:
+    """The subordinate ids this host gives its workspaces (None: single-tenant). Read
+    again after a minute (an operator who adds them needs no restart)."""
+    return _host_ids.get((settings.run_as, os.geteuid()), lambda: _read_host_ids(settings))
+
+
+_host_ids: TimedMemo[tuple[str | None, int], ids.HostIds | None] = TimedMemo(ttl_s=60.0)
+
+
+def _read_host_ids(settings: Settings) -> ids.HostIds | None:
+    try:
+        user = run_user(settings)
+    except OSError:
+        return None
+    return ids.host_ids(user.name) if user is not None else None
 
 
 def startup_problems(settings: Settings) -> tuple[list[str], list[str]]:

@@ -19,6 +19,19 @@ Steps (sources are host paths, resolved before the new root replaces the old one
     ["proc", path]                       this PID namespace's /proc, /proc/sys read-only
     ["remount_ro", path]                 one mount read-only
     ["pivot", root]                      root becomes / and the old root goes away
+    ["overlay", lowers, upper, work, dst]
+                                         an overlay at dst (nosuid, nodev): `lowers` a
+                                         list of [path, idmapped], top first; idmapped
+                                         ones are shown through the workspace's user
+                                         namespace (host root's files are its root's)
+                                         from a private copy of their mount tree
+    ["idbind", src, dst]                 src at dst, writable, through the project's id
+                                         map (the host's run user is the workspace's root)
+
+A bind's source is opened one component at a time without following a symbolic link
+(the keeper is root on the host, and a workspace's own directories are a command's to
+change: a link planted there must never send a bind elsewhere), and every bind is
+nosuid and nodev: a set-user-id file a call makes stays inert in every view.
 """
 
 from __future__ import annotations
@@ -38,8 +51,16 @@ _DEV_LINKS = (("/proc/self/fd", "fd"), ("/proc/self/fd/0", "stdin"),
 _TMPFS_FLAGS = kernel.MS_NOSUID | kernel.MS_NODEV
 
 
-def carry_out(plan: Sequence[Sequence[Any]]) -> None:
+#: The workspace's user namespace (a descriptor) while a plan is carried out: what its
+#: idmapped layers map their ids through; and the project's map (its run user the
+#: workspace's root) for `idbind`.
+_userns = [-1, -1]
+
+
+def carry_out(plan: Sequence[Sequence[Any]], *, userns_fd: int = -1,
+              project_fd: int = -1) -> None:
     """Carry out every step of `plan`; OSError (naming the step) when one fails."""
+    _userns[:] = [userns_fd, project_fd]
     for step in plan:
         action = _ACTIONS.get(str(step[0]))
         if action is None:
@@ -65,14 +86,82 @@ def _mkdir(path: str, mode: int) -> None:
 
 
 def _rbind_ro(src: str, dst: str) -> None:
-    kernel.mount(src, dst, None, kernel.MS_BIND | kernel.MS_REC)
+    try:
+        kernel.mount(src, dst, None, kernel.MS_BIND | kernel.MS_REC)
+    except FileNotFoundError:
+        if not os.path.lexists(src):
+            # An entry of the host's `/` removed since it was listed (another process
+            # makes and removes top-level directories): nothing to show.
+            with contextlib.suppress(OSError):
+                os.rmdir(dst)
+            return
+        raise
     kernel.read_only_tree(dst)
 
 
 def _bind(src: str, dst: str, writable: bool) -> None:
-    kernel.mount(src, dst, None, kernel.MS_BIND | kernel.MS_REC)
-    if not writable:
-        kernel.read_only_tree(dst)
+    fd = open_no_links(src)
+    try:
+        kernel.mount(f"/proc/self/fd/{fd}", dst, None, kernel.MS_BIND | kernel.MS_REC)
+    finally:
+        os.close(fd)
+    kernel.set_tree_attrs(dst, kernel.MOUNT_ATTR_NOSUID | kernel.MOUNT_ATTR_NODEV
+                          | (0 if writable else kernel.MOUNT_ATTR_RDONLY))
+
+
+def _idbind(src: str, dst: str) -> None:
+    """A project's directory at `dst`, writable, its run user's files the workspace
+    root's (and what its root makes, the run user's on the host)."""
+    fd = open_no_links(src)
+    try:
+        tree = kernel.idmapped_tree(f"/proc/self/fd/{fd}", _userns[1], read_only=False)
+    finally:
+        os.close(fd)
+    try:
+        kernel.attach(tree, dst)
+    finally:
+        os.close(tree)
+
+
+def open_no_links(path: str) -> int:
+    """An O_PATH descriptor of the directory `path` (absolute, real), every component
+    opened without following a symbolic link: ELOOP where one is a link."""
+    fd = os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for part in [p for p in path.split("/") if p]:
+            if part == "..":
+                raise OSError(22, f"a path with '..' in it: {path}")
+            nxt = os.open(part, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                          dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+    except OSError as exc:
+        os.close(fd)
+        if (exc.errno == 20 and os.path.islink(path)) or exc.errno == 40:  # ENOTDIR, ELOOP
+            raise OSError(40, f"a symbolic link where a directory was expected: {path}"
+                          ) from None
+        raise
+    return fd
+
+
+def _overlay(lowers: Sequence[Sequence[Any]], upper: str, work: str, dst: str) -> None:
+    """An overlay at `dst`: its upper and work directories are the workspace's (made by
+    the worker, owned by its root); idmapped lowers are first attached beside `work`."""
+    paths = []
+    for index, (source, idmapped) in enumerate(lowers):
+        path = source
+        if idmapped:
+            staged = f"{work}.lower{index}"
+            _mkdir(staged, 0o700)
+            tree = kernel.idmapped_tree(path, _userns[0])
+            try:
+                kernel.attach(tree, staged)
+            finally:
+                os.close(tree)
+            path = staged
+        paths.append(path)
+    options = f"lowerdir={':'.join(paths)},upperdir={upper},workdir={work}"
+    kernel.mount("overlay", dst, "overlay", kernel.MS_NOSUID | kernel.MS_NODEV, options)
 
 
 def _bind_file(src: str, dst: str, writable: bool) -> None:
@@ -136,5 +225,6 @@ def _pivot(root: str) -> None:
 _ACTIONS: dict[str, Callable[..., None]] = {
     "private": _private, "tmpfs": _tmpfs, "mkdir": _mkdir, "rbind_ro": _rbind_ro,
     "bind": _bind, "bind_file": _bind_file, "symlink": _symlink, "devices": _devices,
-    "proc": _proc, "remount_ro": _remount_ro, "pivot": _pivot,
+    "proc": _proc, "remount_ro": _remount_ro, "pivot": _pivot, "overlay": _overlay,
+    "idbind": _idbind,
 }

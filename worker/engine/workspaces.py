@@ -17,6 +17,8 @@ gets a throwaway one from a pool (`throwaways`), removed once it and its jobs en
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import errno
 import hashlib
 import json
 import logging
@@ -29,16 +31,17 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from worker.engine import cgroups, job_records, launcher, layout, procs, resources, sandbox
+from worker.engine import cgroups, ids, job_records, launcher, layout, procs, resources, sandbox
 from worker.engine.launcher import KeeperConnection, KeeperLostError, KeeperProcess, SandboxError
 from worker.engine.memo import TimedMemo
 from worker.settings import Settings, default_state_dir, secret_paths
 from worker.wire.errors import ToolError
-from worker.wire.models import WorkspaceRecord, WorkspaceSpec, WorkspaceView
+from worker.wire.models import ImageInfo, WorkspaceRecord, WorkspaceSpec, WorkspaceView
 
 log = logging.getLogger("bashfleet.workspaces")
 
@@ -160,6 +163,7 @@ def view(record: WorkspaceRecord, settings: Settings, *, count: bool = False) ->
         created_at=record.created_at, last_used_at=used,
         expires_at=None if used is None else used + record.ttl_s, session=record.session,
         tags=record.tags, limits=record.limits, run_as=record.run_as,
+        image=f"{record.image.ref}@{record.image.digest}" if record.image is not None else None,
         disk_bytes=disk_bytes(record, settings) if count else None,
         processes=len(processes(record)) if count else None,
     )
@@ -174,26 +178,83 @@ def create(spec: WorkspaceSpec, settings: Settings, *, throwaway: bool = False,
     (`invalid`, `unavailable`, `spawn_failed`) when it cannot be."""
     choice = choose(spec, settings)
     user = _user(settings)
+    if (spec.image or spec.build) and (choice.level == "none"
+                                       or sandbox.host_ids(settings) is None):
+        raise WorkspaceError("unavailable", "an image needs a host that gives each workspace "
+                             "host ids of its own (a root worker whose run user has "
+                             "subordinate ids; `bashfleet hosts` says `single-tenant`)")
+    image, image_root = _image(spec, settings)
+    blank = None
+    if choice.level != "none":
+        try:
+            blank = blanks.take(settings, choice.network, prebuilt=image_root is None)
+        except OSError as exc:
+            raise WorkspaceError("spawn_failed", f"could not make the workspace's sandbox: "
+                                 f"{exc.strerror or exc}") from exc
+    try:
+        return _create(spec, settings, choice, user, blank, image, image_root,
+                       throwaway=throwaway, ws_id=ws_id)
+    except BaseException:
+        if blank is not None:
+            blank.end()  # never claimed, or its claim failed: its id slot freed with it
+        raise
+
+
+def _create(spec: WorkspaceSpec, settings: Settings, choice: sandbox.Choice,  # noqa: PLR0917
+            user: sandbox.User | None, blank: Blank | None, image: ImageInfo | None,
+            image_root: str | None, *, throwaway: bool, ws_id: str | None) -> WorkspaceRecord:
+    slot = blank.slot if blank is not None else None
+    if (spec.image or spec.build) and slot is None:
+        raise WorkspaceError("unavailable", "this host gave the workspace no ids of its own "
+                             "(its subordinate ids changed?): an image needs them")
     ws_id = ws_id or new_id()
+    owner = (slot.uid, slot.gid) if slot is not None else (user.uid, user.gid) if user else None
     path, fresh = _directory(spec.path or project_dir(spec.near, settings), ws_id, settings,
-                             user)
+                             owner)
     granted = resources.granted(spec.limits, settings)
     record = WorkspaceRecord(
         id=ws_id, host=settings.host, owner=spec.owner, path=path, fresh=fresh,
         out_dir=str(out_dir(settings, ws_id)), isolation=choice.level, network=choice.network,
         ttl_s=spec.ttl_s or settings.workspace_ttl_s, created_at=time.time(), limits=granted,
-        mounts=_mounts(spec.mounts, path, user), session=spec.session, tags=spec.tags,
-        throwaway=throwaway, run_as=user.name if user else sandbox.run_user_name(settings),
+        mounts=_mounts(spec.mounts, path, owner if fresh else _run_user_ids(user)),
+        session=spec.session, tags=spec.tags, throwaway=throwaway,
+        run_as=user.name if user else sandbox.run_user_name(settings),
+        image=image, ids=(slot.uid, ids.SLOT_SIZE) if slot is not None else None,
+        user=spec.user,
     )
     try:
-        _make_dirs(record, settings, user)
-        if choice.level != "none":
-            record = _start_keeper(record, settings, user)
+        _make_dirs(record, settings, user, blank, image_root)
+        if blank is not None:
+            record = _start_keeper(record, settings, user, blank, image_root)
         save(record, settings)
     except BaseException:
         _remove_files(record, settings)
         raise
     return record
+
+
+def _image(spec: WorkspaceSpec, settings: Settings) -> tuple[ImageInfo | None, str | None]:
+    """The image the workspace stands on, pulled or built now when this host has not
+    got it (None: the host's own root)."""
+    if not (spec.image or spec.build):
+        return None, None
+    from worker.engine import images  # noqa: PLC0415 - only image workspaces need it
+
+    try:
+        if spec.build:
+            info, root = images.build(spec.build, settings)
+        else:
+            info, root = images.ensure(str(spec.image), settings)
+    except ToolError as exc:
+        raise WorkspaceError(exc.kind, exc.message) from None
+    return info, str(root)
+
+
+def _run_user_ids(user: sandbox.User | None) -> tuple[int, int] | None:
+    """Who a project's new mount directories belong to: the run user, whose files a
+    project's are (shown as the workspace root's where workspaces have ids of their
+    own); a worker that is not root makes them as itself."""
+    return (user.uid, user.gid) if user is not None else None
 
 
 def choose(spec: WorkspaceSpec, settings: Settings) -> sandbox.Choice:
@@ -242,16 +303,17 @@ def allowed_root(path: str, settings: Settings) -> str | None:
 
 
 def _directory(asked: str | None, ws_id: str, settings: Settings,
-               user: sandbox.User | None) -> tuple[str, bool]:
+               owner: tuple[int, int] | None) -> tuple[str, bool]:
     """(its directory, whether it is fresh): an existing directory under an allowed root,
-    or a new one in the workspace root."""
+    or a new one in the workspace root (0700 and root's when the worker is: no other
+    local account finds or reads a workspace), owned by `owner` (the workspace's root)."""
     if asked is None:
         root = settings.workspace_root_dir()
-        _ensure_dir(root, 0o711)
+        _ensure_dir(root, 0o700)
         path = root / ws_id
         path.mkdir(mode=0o755)
-        if user is not None:
-            os.chown(path, user.uid, user.gid)
+        if owner is not None:
+            os.chown(path, *owner)
         return str(path), True
     if not os.path.isabs(asked):
         raise WorkspaceError("invalid", f"a workspace's path is absolute: {asked!r}")
@@ -266,9 +328,13 @@ def _directory(asked: str | None, ws_id: str, settings: Settings,
     return real, False
 
 
-def _mounts(asked: dict[str, str], path: str, user: sandbox.User | None) -> dict[str, str]:
+def _mounts(asked: dict[str, str], path: str,
+            owner: tuple[int, int] | None) -> dict[str, str]:
     """`{view path: subdirectory}` -> `{view path: host directory}`, made in the
-    workspace when missing (owned by the run user)."""
+    workspace when missing (owned by `owner`). Each is opened beneath the workspace one
+    component at a time without following a symbolic link: the directory is a command's
+    to change, and a link planted there must never make the worker (root) create, chown
+    or bind a directory elsewhere."""
     mounts: dict[str, str] = {}
     for view_path, sub in asked.items():
         clean = os.path.normpath(view_path)
@@ -279,11 +345,44 @@ def _mounts(asked: dict[str, str], path: str, user: sandbox.User | None) -> dict
         host = os.path.normpath(os.path.join(path, sub))
         if not layout.inside(host, path):
             raise WorkspaceError("invalid", f"a mount's source is inside the workspace: {sub!r}")
-        os.makedirs(host, mode=0o755, exist_ok=True)
-        if user is not None:
-            os.chown(host, user.uid, user.gid)
+        if host != path:
+            try:
+                _make_beneath(path, os.path.relpath(host, path), owner)
+            except OSError as exc:
+                raise WorkspaceError("invalid", f"a mount's source {sub!r}: "
+                                     f"{exc.strerror or exc}") from None
         mounts[clean] = host
     return mounts
+
+
+def _make_beneath(base: str, rel: str, owner: tuple[int, int] | None) -> None:
+    """Make the directory `rel` beneath `base` (and its parents), never following a
+    symbolic link (ELOOP, ENOTDIR where one is); new ones owned by `owner`."""
+    fd = os.open(base, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        for part in rel.split(os.sep):
+            if part in ("", ".", ".."):
+                raise OSError(errno.EINVAL, "not a plain relative path")
+            try:
+                os.mkdir(part, 0o755, dir_fd=fd)
+                made = True
+            except FileExistsError:
+                made = False
+            try:
+                nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+                              | os.O_CLOEXEC, dir_fd=fd)
+            except (NotADirectoryError, OSError) as exc:
+                if exc.errno in (errno.ENOTDIR, errno.ELOOP) and stat.S_ISLNK(
+                        os.stat(part, dir_fd=fd, follow_symlinks=False).st_mode):
+                    raise OSError(errno.ELOOP, f"{part} is a symbolic link (a mount never "
+                                  "follows one)") from None
+                raise
+            os.close(fd)
+            fd = nxt
+            if made and owner is not None:
+                os.fchown(fd, *owner)
+    finally:
+        os.close(fd)
 
 
 def _ensure_dir(path: Path, mode: int) -> None:
@@ -292,9 +391,10 @@ def _ensure_dir(path: Path, mode: int) -> None:
         path.chmod(mode)
 
 
-def _make_dirs(record: WorkspaceRecord, settings: Settings, user: sandbox.User | None) -> None:
+def _make_dirs(record: WorkspaceRecord, settings: Settings, user: sandbox.User | None,
+               blank: Blank | None = None, image_root: str | None = None) -> None:
     _ensure_dir(settings.workspaces_dir, 0o700)
-    _ensure_dir(Path(record.out_dir).parent, 0o711)
+    _ensure_dir(Path(record.out_dir).parent, 0o700)
     out = Path(record.out_dir)
     out.mkdir(mode=0o755)
     # This host's mark on it: its kept output outlives the workspace, until `bashfleet
@@ -305,19 +405,132 @@ def _make_dirs(record: WorkspaceRecord, settings: Settings, user: sandbox.User |
     for name, mode in (("tmp", 0o1777), ("vartmp", 0o1777), ("home", 0o700), ("root", 0o700)):
         (state / name).mkdir(mode=mode)
         (state / name).chmod(mode)  # the umask took the sticky bit
-    if user is not None:
+    slot = blank.slot if blank is not None else None
+    if slot is not None and blank is not None:
+        os.chown(state / "home", slot.uid, slot.gid)
+        if blank.layers is not None:
+            # Made (and mounted) ahead with its blank keeper: the overlays follow the move.
+            os.rename(blank.layers, state / "layer")
+            blank.layers = None
+        else:
+            _make_layers(state / "layer", slot, image_root)
+            if image_root is not None and record.image is not None and record.image.workdir:
+                _make_workdir(state / "layer" / "upper" / "root", image_root,
+                              record.image.workdir, slot)
+    elif user is not None:
         os.chown(state / "home", user.uid, user.gid)
 
 
-def _start_keeper(record: WorkspaceRecord, settings: Settings,
-                  user: sandbox.User | None) -> WorkspaceRecord:
+def _make_layers(layers: Path, slot: ids.Slot, image_root: str | None) -> None:
+    """The workspace's own layers: for `/` and for each host entry shown through its user
+    namespace, an upper directory (what its calls change) whose owner and mode are those
+    of the directory it lies over as the workspace sees it (an overlay shows its upper
+    root's), and a work directory the overlay needs."""
+    for name in ("upper", "work", "empty"):
+        (layers / name).mkdir(mode=0o700 if name != "empty" else 0o755, parents=True)
+    _upper(layers, "root", os.stat(image_root) if image_root else None, slot)
+    if image_root is not None:
+        _seed_network_files(layers / "upper" / "root", image_root, slot)
+    if image_root is None:
+        for entry in IDMAPPED_ENTRIES:
+            with contextlib.suppress(FileNotFoundError):
+                info = os.stat(f"/{entry}", follow_symlinks=False)
+                if stat.S_ISDIR(info.st_mode):
+                    _upper(layers, layout.upper_name(entry), info, slot)
+
+
+#: What an image's workspace finds in its /etc for the network, as a container does
+#: (its own to change: the files are in its upper layer).
+HOSTS = "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n"
+
+
+def _seed_network_files(upper: Path, image_root: str, slot: ids.Slot) -> None:
+    """/etc/hosts and the host's /etc/resolv.conf in an image workspace's own layer (an
+    image's are empty or missing: names would not resolve)."""
+    try:
+        lower = os.stat(os.path.join(image_root, "etc"), follow_symlinks=False)
+    except OSError:
+        return
+    if not stat.S_ISDIR(lower.st_mode):
+        return
+    etc = upper / "etc"
+    etc.mkdir(mode=stat.S_IMODE(lower.st_mode))
+    os.chown(etc, _shifted(lower.st_uid, slot.uid), _shifted(lower.st_gid, slot.gid))
+    try:
+        resolv = Path("/etc/resolv.conf").read_text("utf-8")
+    except (OSError, UnicodeDecodeError):
+        resolv = ""
+    for name, text in (("hosts", HOSTS), ("resolv.conf", resolv)):
+        fd = os.open(etc / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                     | os.O_CLOEXEC, 0o644)
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            os.fchown(handle.fileno(), slot.uid, slot.gid)
+
+
+def _make_workdir(upper: Path, image_root: str, workdir: str, slot: ids.Slot) -> None:
+    """An image's WORKDIR, made in the workspace's own layer when the image has not got
+    it (as container runtimes make it): each directory it lies in copied up with the
+    image's owner and mode (an overlay shows its upper directory's), the new ones the
+    workspace root's. A link on the way: left alone (the call's cwd error says so)."""
+    lower, upper_dir = image_root, upper
+    for part in [p for p in os.path.normpath(workdir).split("/") if p]:
+        lower = os.path.join(lower, part)
+        upper_dir = upper_dir / part
+        try:
+            info: os.stat_result | None = os.lstat(lower)
+        except FileNotFoundError:
+            info = None
+        if info is not None and not stat.S_ISDIR(info.st_mode):
+            return
+        if upper_dir.exists():
+            continue
+        upper_dir.mkdir(mode=stat.S_IMODE(info.st_mode) if info else 0o755)
+        os.chown(upper_dir, *((_shifted(info.st_uid, slot.uid), _shifted(info.st_gid, slot.gid))
+                              if info else (slot.uid, slot.gid)))
+
+
+def _shifted(host_id: int, first: int) -> int:
+    """An image's (or the host's) id as the workspace's user namespace shows it."""
+    return first + host_id if host_id < ids.SLOT_SIZE else host_id
+
+
+def _upper(layers: Path, name: str, lower: os.stat_result | None, slot: ids.Slot) -> None:
+    upper = layers / "upper" / name
+    upper.mkdir(mode=0o755)
+    (layers / "work" / name).mkdir(mode=0o700)
+    if lower is None:
+        os.chown(upper, slot.uid, slot.gid)
+        return
+    os.chown(upper, _shifted(lower.st_uid, slot.uid), _shifted(lower.st_gid, slot.gid))
+    upper.chmod(stat.S_IMODE(lower.st_mode))
+
+
+#: Entries of the host's `/` a workspace with ids of its own sees through its user
+#: namespace, each an overlay with an upper layer of its own: the system's directories,
+#: where package managers write (`apt-get install`, `pip install` into /usr/local).
+#: Host root's files there are the workspace root's (secrets masked: `private_entries`);
+#: every other entry (/home, /opt, /srv, /root...) is shown read-only with the host's
+#: ids, which are nobody's in the workspace: a 0700 directory there stays shut to it.
+IDMAPPED_ENTRIES = ("bin", "etc", "lib", "lib32", "lib64", "libx32", "sbin", "usr", "var")
+
+
+def _start_keeper(record: WorkspaceRecord, settings: Settings, user: sandbox.User | None,
+                  blank: Blank, image_root: str | None = None) -> WorkspaceRecord:
     """Claim a blank keeper for the workspace (made ahead: `Blanks`), name its socket and
     cgroup after it, write its limits, and have it build the workspace's view."""
-    plan = layout.plan_view(view_spec(record, settings, user))
+    slot = blank.slot
+    plan = layout.plan_view(view_spec(record, settings, user, image_root=image_root,
+                                      prebuilt=blank.prebuilt))
     body: dict[str, object] = {"plan": plan}
-    if user is not None:
+    if slot is not None:
+        # The run user's files (projects, shared writable roots: theirs on the host, as
+        # on a single-tenant host) are the workspace root's through that map.
+        body["ids"] = {"uid": slot.uid, "gid": slot.gid, "count": ids.SLOT_SIZE,
+                       "shared": [user.uid, user.gid] if user is not None else None}
+        body["user"] = list(inside_user(record, image_root))
+    elif user is not None:
         body.update(uid=user.uid, gid=user.gid, groups=list(user.groups))
-    blank = blanks.take(settings, record.network)
     sock_path = str(socket_path(settings, record.id))
     try:
         os.rename(blank.socket_path, sock_path)
@@ -328,10 +541,12 @@ def _start_keeper(record: WorkspaceRecord, settings: Settings,
         finally:
             connections.give_back(record.id, conn)
     except OSError as exc:
-        blank.end()
         raise WorkspaceError("spawn_failed", f"could not make the workspace's sandbox: "
                              f"{exc.strerror or exc}") from exc
     blank.forget()
+    if slot is not None:
+        skeleton = layer_listing(state_path(settings, record.id) / "layer" / "upper")
+        _skeleton_path(settings, record.id).write_text(json.dumps(skeleton), encoding="utf-8")
     return record.model_copy(update={
         "keeper_pid": blank.pid, "keeper_start": blank.start, "socket_path": sock_path,
         "cgroup": tuple(path for path, _ in group.paths) if group is not None else (),
@@ -392,59 +607,92 @@ class Blank:
     note: Path
     """Its file in the state directory (who made it): the reaper ends the blanks of a
     worker process that died."""
+    slot: ids.Slot | None = None
+    """Its host ids (the keeper holds their slot's lock; `fd` here is -1)."""
+    layers: Path | None = None
+    """Its layers, made ahead and mounted in its namespace (moved into the workspace's
+    state when claimed)."""
+    prebuilt: bool = False
+    """Its `/` (the host's, in layers) is built: a claim binds the workspace's own paths."""
+    ended: bool = False
 
     def end(self) -> None:
         """Kill it and remove what it held (a blank never claimed, or a failed claim)."""
+        if self.ended:
+            return
+        self.ended = True
         with contextlib.suppress(ProcessLookupError):
             if self.start is None or procs.is_same_process(self.pid, self.start):
                 os.kill(self.pid, 9)
         for path in (self.socket_path, str(self.note)):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
+        if self.layers is not None:
+            threading.Thread(target=_remove_when_free, args=(self.layers,), daemon=True,
+                             name="bashfleet-blank-end").start()
         if self.group is not None:
             threading.Thread(target=self.group.remove, kwargs={"timeout": 10.0},
                              daemon=True, name="bashfleet-blank-end").start()
 
     def forget(self) -> None:
         """It is a workspace now: its note goes."""
+        self.ended = True
         with contextlib.suppress(FileNotFoundError):
             self.note.unlink()
+
+
+def _remove_when_free(path: Path) -> None:
+    """Remove a blank's layers once its namespace (where they were mounted) is gone."""
+    deadline = time.monotonic() + 10.0
+    while True:
+        remove_tree(path)
+        if not path.exists() or time.monotonic() > deadline:
+            return
+        time.sleep(0.05)  # the dead keeper's mounts are let go of a moment later
 
 
 class Blanks:
     """Blank keepers made ahead, per network kind, in this process (a few: `workspace_pool`)."""
 
     def __init__(self) -> None:
-        self.ready: dict[tuple[Path, bool], list[Blank]] = {}
+        self.ready: dict[tuple[Path, bool, bool], list[Blank]] = {}
         self.lock = threading.Lock()
-        self.filling: set[tuple[Path, bool]] = set()
+        self.filling: set[tuple[Path, bool, bool]] = set()
+        self.threads: list[threading.Thread] = []
 
-    def take(self, settings: Settings, network: bool) -> Blank:
-        """A blank keeper (made now when none is ready); more are made in the background."""
-        key = (settings.state_dir, network)
+    def take(self, settings: Settings, network: bool, *, prebuilt: bool = True) -> Blank:
+        """A blank keeper (made now when none is ready); more are made in the background.
+        `prebuilt`: with the host's root in layers built ahead (an image's workspace wants
+        its own `/`)."""
+        key = (settings.state_dir, network, prebuilt)
         with self.lock:
             ready = self.ready.get(key, [])
             blank = ready.pop() if ready else None
-        self._fill_later(settings, network)
+        self._fill_later(settings, network, prebuilt)
         if blank is not None and (blank.start is None or procs.is_same_process(blank.pid,
                                                                               blank.start)):
             return blank
-        return make_blank(settings, network)
+        if blank is not None:
+            blank.end()
+        return make_blank(settings, network, prebuilt=prebuilt)
 
-    def _fill_later(self, settings: Settings, network: bool) -> None:
-        key = (settings.state_dir, network)
+    def _fill_later(self, settings: Settings, network: bool, prebuilt: bool) -> None:
+        key = (settings.state_dir, network, prebuilt)
         with self.lock:
             if key in self.filling or len(self.ready.get(key, [])) >= settings.workspace_pool:
                 return
             self.filling.add(key)
-        threading.Thread(target=self._fill, args=(settings, network), daemon=True,
-                         name="bashfleet-blanks").start()
+        thread = threading.Thread(target=self._fill, args=(settings, network, prebuilt),
+                                  daemon=True, name="bashfleet-blanks")
+        with self.lock:
+            self.threads = [t for t in self.threads if t.is_alive()] + [thread]
+        thread.start()
 
-    def _fill(self, settings: Settings, network: bool) -> None:
-        key = (settings.state_dir, network)
+    def _fill(self, settings: Settings, network: bool, prebuilt: bool) -> None:
+        key = (settings.state_dir, network, prebuilt)
         try:
             while len(self.ready.get(key, [])) < settings.workspace_pool:
-                blank = make_blank(settings, network)
+                blank = make_blank(settings, network, prebuilt=prebuilt)
                 with self.lock:
                     self.ready.setdefault(key, []).append(blank)
         except OSError as exc:
@@ -454,7 +702,11 @@ class Blanks:
                 self.filling.discard(key)
 
     def close(self) -> None:
-        """End the blanks this process made (at its exit)."""
+        """End the blanks this process made (at its exit), those being made too."""
+        with self.lock:
+            threads = list(self.threads)
+        for thread in threads:
+            thread.join(timeout=launcher.KEEPER_SETUP_S)
         with self.lock:
             ready = [blank for blanks_ in self.ready.values() for blank in blanks_]
             self.ready.clear()
@@ -466,39 +718,74 @@ blanks = Blanks()
 sandbox.on_close(blanks.close)
 
 
-def make_blank(settings: Settings, network: bool) -> Blank:
-    """A blank keeper: forked by the zygote into new namespaces, in a cgroup of its own."""
+def make_blank(settings: Settings, network: bool, *, prebuilt: bool = False) -> Blank:
+    """A blank keeper: forked by the zygote into new namespaces, in a cgroup of its own;
+    on a host that gives workspaces ids of their own, with a slot of them, its user
+    namespace made, and (`prebuilt`) the host's root in layers of its own mounted."""
     _ensure_dir(settings.workspaces_dir, 0o700)
     name = f"blank-{uuid.uuid4().hex[:15]}"
     sock_path = str(settings.workspaces_dir / f"{name}.sock")
     note = settings.workspaces_dir / f"{name}.blank"
+    slot = _claim_ids(settings)
+    layers = settings.workspaces_dir / f"{name}.layer" if slot is not None and prebuilt \
+        else None
+    spec: dict[str, object] = {"network": network, "worker_uid": os.geteuid(),
+                               "maker": os.getpid()}
     group = None
-    with contextlib.suppress(OSError):
-        group = resources.blank_group(settings, f"ws-{name}")
-    listener = launcher.listen(sock_path)
+    try:
+        if slot is not None:
+            spec["ids"] = {"uid": slot.uid, "gid": slot.gid, "count": ids.SLOT_SIZE}
+            spec["slot"] = True
+        if layers is not None and slot is not None:
+            _make_layers(layers, slot, None)
+            spec["prebuild"] = layout.prebuild_steps(str(layers), host_entries(),
+                                                     frozenset(IDMAPPED_ENTRIES))
+        with contextlib.suppress(OSError):
+            group = resources.blank_group(settings, f"ws-{name}")
+        listener = launcher.listen(sock_path)
+    except BaseException:
+        if slot is not None:
+            slot.close()
+        if layers is not None:
+            remove_tree(layers)
+        raise
     fds = group.procs_fds() if group is not None else []
     try:
         # `maker`: a blank keeper ends with the worker process that made it ahead (none
         # else would claim it); a claimed one lives on (a workspace outlives its worker).
-        pid = sandbox.zygote.keeper(settings, {"network": network, "worker_uid": os.geteuid(),
-                                               "maker": os.getpid()},
-                                    [listener.fileno(), *fds])
+        pid = sandbox.zygote.keeper(settings, spec, [listener.fileno(), *fds,
+                                                     *([slot.fd] if slot else [])])
     except OSError:
         if group is not None:
             group.remove(timeout=0)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(sock_path)
+        if layers is not None:
+            remove_tree(layers)
         raise
     finally:
         listener.close()
         for fd in fds:
             os.close(fd)
-    blank = Blank(pid, _start_time(pid), sock_path, group, note)
+        if slot is not None:
+            slot.close()  # the keeper holds the lock now, for its life
+    blank = Blank(pid, _start_time(pid), sock_path, group, note,
+                  slot=dataclasses.replace(slot, fd=-1) if slot is not None else None,
+                  layers=layers, prebuilt=layers is not None)
     note.write_text(json.dumps({"pid": pid, "start": blank.start, "maker": os.getpid(),
                                 "maker_start": _start_time(os.getpid()),
-                                "cgroup": [p for p, _ in group.paths] if group else []}),
+                                "cgroup": [p for p, _ in group.paths] if group else [],
+                                "layers": str(layers) if layers else None}),
                     encoding="utf-8")
     return blank
+
+
+def _claim_ids(settings: Settings) -> ids.Slot | None:
+    """Host ids of the workspace's own (None: a single-tenant host)."""
+    host = sandbox.host_ids(settings)
+    if host is None:
+        return None
+    return ids.claim(host, first=int.from_bytes(os.urandom(2), "big"))
 
 
 def reap_blanks(settings: Settings) -> int:
@@ -514,8 +801,9 @@ def reap_blanks(settings: Settings) -> int:
                 if maker_start is not None and procs.is_same_process(info["maker"], maker_start):
                     continue
                 group = cgroups.Group("v2", [(p, ()) for p in info.get("cgroup", [])])
+                layers = info.get("layers")
                 Blank(info["pid"], info.get("start"), entry.path[:-6] + ".sock", group,
-                      Path(entry.path)).end()
+                      Path(entry.path), layers=Path(layers) if layers else None).end()
                 ended += 1
     return ended
 
@@ -588,6 +876,9 @@ def hidden_paths(settings: Settings, record: WorkspaceRecord) -> list[str]:
         os.path.join(home, ".local/state/bashfleet"), os.path.join(home, ".config/bashfleet"),
         str(settings.workspace_root_dir()), "/etc/bashfleet", *settings.workspace_allow,
         *settings.sandbox_hidden, *map(str, secret_paths(settings)),
+        # The login sessions' runtime directories: ssh-agent's and D-Bus's sockets, which
+        # a read-only bind does not stop a connect() to.
+        "/run/user",
     ]
     if record.isolation == "strict":
         wanted += ["/home", "/root"]
@@ -607,31 +898,165 @@ def protected_paths() -> list[str]:
     return sorted(p for p in found if p and p != "/")
 
 
-def view_spec(record: WorkspaceRecord, settings: Settings,
-              user: sandbox.User | None) -> layout.ViewSpec:
+def view_spec(record: WorkspaceRecord, settings: Settings, user: sandbox.User | None,
+              *, image_root: str | None = None, prebuilt: bool = False) -> layout.ViewSpec:
     """What `record`'s view is made of, looked up on this host now."""
     register_known(settings)
-    state = state_path(settings, record.id)
+    state = Path(os.path.realpath(state_path(settings, record.id)))
     dirs, files = layout.existing(hidden_paths(settings, record))
     dirs += known_dirs()  # real and existing already (looked up once every 10 s)
+    if record.ids is not None and image_root is None:
+        private_dirs, private_files = private_entries()
+        dirs += private_dirs
+        files += private_files
+    if image_root is not None:
+        dirs, files = [], []  # nothing of the host is in its view to hide
     writable, _ = layout.existing(settings.sandbox_writable)
     return layout.ViewSpec(
-        root=str(state / "root"), workspace=record.path, out_dir=record.out_dir,
+        root=str(state / "layer" / "merged" if prebuilt else state / "root"),
+        workspace=record.path, out_dir=record.out_dir,
         tmp=str(state / "tmp"), var_tmp=str(state / "vartmp"), home=str(state / "home"),
-        home_view=home_of(user), entries=_entries.get("/", layout.host_entries),
+        home_view=home_of(user, record),
+        entries=() if image_root else host_entries(),
         hidden_dirs=tuple(dirs), hidden_files=tuple(files), writable=tuple(writable),
         protected=tuple(protected_paths()), mounts=record.mounts,
         has_var_tmp=os.path.isdir("/var/tmp"),
+        layers=str(state / "layer") if record.ids is not None else None,
+        image=image_root, idmapped=frozenset(IDMAPPED_ENTRIES),
+        project=record.ids is not None and not record.fresh, prebuilt=prebuilt,
     )
+
+
+def host_entries() -> tuple[layout.Entry, ...]:
+    """The entries of the host's `/`, listed again whenever `/` changed (another process
+    makes and removes top-level directories: a stale listing made new workspaces fail)."""
+    try:
+        changed = os.stat("/").st_mtime_ns
+    except OSError:
+        changed = 0
+    return _entries.get(str(changed), lambda: layout.host_entries("/"))
 
 
 _entries: TimedMemo[str, tuple[layout.Entry, ...]] = TimedMemo(ttl_s=60.0)
 
 
-def home_of(user: sandbox.User | None) -> str:
-    """Where HOME is in a workspace's view, for `user` (None: the worker's own): its home
-    directory when the host has it or it can be made on the view's root (`/nonexistent`),
-    else a directory of the workspace's /tmp."""
+def private_entries() -> tuple[list[str], list[str]]:
+    """(directories, files) under the system directories a workspace sees as its root's
+    (/etc, /var) that other users of the host may not read: host root's secrets (shadow,
+    TLS and ssh host keys, service state), masked in its view. Found again when one of
+    the directories where services keep such things changed (a service installed since),
+    and at least once a minute; to a depth of four below /etc and /var. Empty files and
+    empty directories hide nothing and stay (apt's and dpkg's locks and download
+    directories: a workspace's `apt-get install` needs them)."""
+    stamps = []
+    for folder in PRIVATE_WATCHED:
+        with contextlib.suppress(OSError):
+            stamps.append(os.stat(folder).st_mtime_ns)
+    return _private.get(str(stamps), _find_private)
+
+
+_private: TimedMemo[str, tuple[list[str], list[str]]] = TimedMemo(ttl_s=60.0)
+PRIVATE_DEPTH = 4
+#: Where a service's install makes a private directory: a change in one lists again.
+PRIVATE_WATCHED = ("/etc", "/etc/ssl", "/etc/ssh", "/var", "/var/lib", "/var/cache",
+                   "/var/log", "/var/spool", "/var/backups", "/var/mail")
+
+
+def _find_private() -> tuple[list[str], list[str]]:
+    dirs: list[str] = []
+    files: list[str] = []
+    stack = [("/etc", 0), ("/var", 0)]
+    while stack:
+        folder, depth = stack.pop()
+        with contextlib.suppress(OSError), os.scandir(folder) as listing:
+            for entry in listing:
+                with contextlib.suppress(OSError):
+                    info = entry.stat(follow_symlinks=False)
+                    if stat.S_ISDIR(info.st_mode):
+                        if info.st_mode & 0o005 != 0o005:
+                            if os.listdir(entry.path):
+                                dirs.append(entry.path)
+                        elif depth < PRIVATE_DEPTH and entry.path not in ("/var/tmp",):
+                            stack.append((entry.path, depth + 1))
+                    elif stat.S_ISREG(info.st_mode) and not info.st_mode & 0o004 \
+                            and info.st_size > 0:
+                        files.append(entry.path)
+    return dirs, files
+
+
+def inside_user(record: WorkspaceRecord, image_root: str | None) -> tuple[int, int, list[int]]:
+    """(uid, gid, groups) a workspace's calls run as inside its user namespace: the user
+    it was made for (`user`: a name, `uid` or `uid:gid`), else the image's `USER`, else
+    root. Names are looked up in the passwd and group files of its root filesystem
+    (read without following a link out of it)."""
+    wanted = record.user or (record.image.user if record.image is not None else "") or ""
+    return parse_user(wanted, lambda name: _read_in_root(image_root or "/", name))
+
+
+def parse_user(wanted: str, read: Callable[[str], str]) -> tuple[int, int, list[int]]:
+    """`name`, `uid`, `name:group` or `uid:gid` -> (uid, gid, groups) inside, by the
+    passwd and group text `read("etc/passwd")` gives; WorkspaceError when unknown."""
+    if not wanted:
+        return 0, 0, []
+    user, _, group = wanted.partition(":")
+    passwd = [line.split(":") for line in _safe(read, "etc/passwd").splitlines()]
+    groups = [line.split(":") for line in _safe(read, "etc/group").splitlines()]
+    entry = next((f for f in passwd if len(f) >= 4 and user in (f[0], f[2])), None)
+    if entry is None and not user.isdigit():
+        raise WorkspaceError("invalid", f"no user {user!r} in the workspace's /etc/passwd")
+    uid = int(entry[2]) if entry is not None else int(user)
+    gid = int(entry[3]) if entry is not None else uid
+    if group:
+        found = next((f for f in groups if len(f) >= 3 and group in (f[0], f[2])), None)
+        if found is None and not group.isdigit():
+            raise WorkspaceError("invalid", f"no group {group!r} in the workspace's /etc/group")
+        gid = int(found[2]) if found is not None else int(group)
+    name = entry[0] if entry is not None else None
+    extra = sorted({int(f[2]) for f in groups if len(f) >= 4 and f[2].isdigit() and name
+                    and name in f[3].split(",")} - {gid})
+    if not (0 <= uid < ids.SLOT_SIZE and 0 <= gid < ids.SLOT_SIZE):
+        raise WorkspaceError("invalid", f"user {wanted!r} is outside the workspace's ids "
+                             f"(0-{ids.SLOT_SIZE - 1})")
+    return uid, gid, [g for g in extra if g < ids.SLOT_SIZE]
+
+
+def _safe(read: Callable[[str], str], name: str) -> str:
+    try:
+        return read(name)
+    except (OSError, UnicodeDecodeError):
+        return ""
+
+
+def _read_in_root(root: str, rel: str) -> str:
+    """A small file of a root filesystem, every component opened without following a
+    link (an image's /etc/passwd may be a link to the host's /etc/shadow)."""
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        parts = rel.split("/")
+        for part in parts[:-1]:
+            nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                          dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+        file_fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+        with os.fdopen(file_fd, "rb") as handle:
+            return handle.read(1 << 20).decode("utf-8")
+    finally:
+        os.close(fd)
+
+
+def shell_of(record: WorkspaceRecord) -> str:
+    """What runs a command in the workspace: bash, or `sh` in an image without bash."""
+    return record.image.shell if record.image is not None else "bash"
+
+
+def home_of(user: sandbox.User | None, record: WorkspaceRecord | None = None) -> str:
+    """Where HOME is in a workspace's view, for `user` (None: the worker's own): /root for
+    a workspace with ids of its own (its calls are root inside); else the user's home
+    directory when the host has it or it can be made on the view's root
+    (`/nonexistent`), else a directory of the workspace's /tmp."""
+    if record is not None and record.ids is not None:
+        return "/root"
     home = os.path.normpath(user.home if user is not None else os.path.expanduser("~"))
     usable = os.path.isabs(home) and home != "/" and (
         os.path.isdir(home) or os.path.dirname(home) == "/")
@@ -745,9 +1170,10 @@ def keeper_alive(record: WorkspaceRecord) -> bool:
 
 def disk_bytes(record: WorkspaceRecord, settings: Settings) -> int:
     """Bytes the workspace holds on disk: its directory (when fresh), /tmp, /var/tmp,
-    HOME and its output."""
+    HOME, its output and its own layers (what it changed of its `/`)."""
     state = state_path(settings, record.id)
-    roots = [state / "tmp", state / "vartmp", state / "home", Path(record.out_dir)]
+    roots = [state / "tmp", state / "vartmp", state / "home", Path(record.out_dir),
+             state / "layer" / "upper"]
     if record.fresh:
         roots.append(Path(record.path))
     return sum(_tree_bytes(root) for root in roots)
@@ -910,7 +1336,43 @@ def _left_nothing(record: WorkspaceRecord, settings: Settings) -> bool:
     skeleton = _skeleton(record)
     return all(_only(path, skeleton if path.name == "tmp" else set()) for path in (
         Path(record.path), state / "tmp", state / "vartmp", state / "home",
-        Path(record.out_dir)))
+        Path(record.out_dir))) and _layer_unchanged(record, settings)
+
+
+def layer_listing(upper: Path) -> list[list[object]]:
+    """Every entry of a workspace's upper layers, with its type, mode and owner: what its
+    view's build left there (mount points), to tell later whether a call changed any."""
+    found: list[list[object]] = []
+    stack = [upper]
+    while stack:
+        folder = stack.pop()
+        with contextlib.suppress(OSError), os.scandir(folder) as listing:
+            for entry in listing:
+                info = entry.stat(follow_symlinks=False)
+                found.append([os.path.relpath(entry.path, upper), info.st_mode, info.st_uid,
+                              info.st_gid, info.st_size if not stat.S_ISDIR(info.st_mode)
+                              else 0])
+                if stat.S_ISDIR(info.st_mode):
+                    stack.append(Path(entry.path))
+    return sorted(found, key=lambda item: str(item[0]))
+
+
+def _skeleton_path(settings: Settings, ws_id: str) -> Path:
+    return state_path(settings, ws_id) / "layer.skeleton"
+
+
+def _layer_unchanged(record: WorkspaceRecord, settings: Settings) -> bool:
+    """A workspace with layers of its own: its upper layers hold just what its view's
+    build put there (a throwaway's next call, maybe another owner's, sees nothing of this
+    one's, in /usr or anywhere)."""
+    if record.ids is None:
+        return True
+    upper = state_path(settings, record.id) / "layer" / "upper"
+    try:
+        kept = json.loads(_skeleton_path(settings, record.id).read_text("utf-8"))
+    except (OSError, ValueError):
+        return False
+    return bool(kept == layer_listing(upper))
 
 
 def _skeleton(record: WorkspaceRecord) -> set[str]:

@@ -32,7 +32,15 @@ from pydantic import ValidationError
 from worker.engine import procs, running
 from worker.engine.call import RunningHook, SpawnHook, run_call
 from worker.engine.jobs import load_record
-from worker.fleet import control, flower, interactive, recovery, registry, workspace_calls
+from worker.fleet import (
+    control,
+    flower,
+    image_calls,
+    interactive,
+    recovery,
+    registry,
+    workspace_calls,
+)
 from worker.fleet.app import app
 from worker.fleet.connect import redis_client
 from worker.fleet.control import Runtime
@@ -617,6 +625,9 @@ HANDLERS: dict[str, Callable[[Runtime, Any, bool], Model]] = {
     Task.FILE_READ: workspace_calls.read_file,
     Task.FILE_WRITE: workspace_calls.write_file,
     Task.ARCHIVE: workspace_calls.archive,
+    Task.IMAGES: image_calls.list_images,
+    Task.IMAGE_PULL: image_calls.pull,
+    Task.IMAGE_REMOVE: image_calls.remove,
 }
 
 #: Fields of a control response worth a log line (never output, never paths of it).

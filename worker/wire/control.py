@@ -21,6 +21,14 @@ an `error` whose kind the client raises as a typed exception.
     FileReadRequest        -> FileChunk          a slice of a file, as its calls see it
     FileWriteRequest       -> FileWritten        write (or append) bytes to a file
     ArchiveRequest         -> ArchiveResult      tar a directory up, or unpack one
+    ImagesRequest          -> ImageList          the images the host holds
+    ImagePullRequest       -> ImagePull          start (or join) a pull; its state so far
+    ImageRemoveRequest     -> ImageRemoved       remove an image no workspace uses (admin)
+
+A pull can take minutes, longer than any control call may hold one of the control
+consumer's few threads: it runs on a thread of its own on the host, and the client asks
+again (`pull_id`) until it is done, each answer waiting at most `wait_s` and bringing
+the progress lines since the last.
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ from worker.wire.errors import ErrorKind, FileProblem
 from worker.wire.models import (
     OWNER_PATTERN,
     CheckResult,
+    ImageInfo,
     InputWait,
     JobView,
     Model,
@@ -448,6 +457,84 @@ class ArchiveRequest(ControlRequest):
     archive: str = Field(min_length=1, max_length=MAX_FILE_PATH)
 
 
+# -------------------------------------------------------------------------- images
+
+#: Longest a pull's answer waits for it to end (the client asks again).
+MAX_PULL_WAIT_S = 10.0
+#: Longest image reference (`worker.engine.image_meta` checks the rest).
+MAX_IMAGE_REF = 1024
+
+
+class ImageList(Model):
+    """The images a host holds, least recently used first."""
+
+    host: str
+    images: tuple[ImageInfo, ...] = ()
+
+
+class ImagesRequest(ControlRequest):
+    """The images the host holds (what it pulled or built, for every owner)."""
+
+    task: ClassVar[Task] = Task.IMAGES
+    response: ClassVar[type[Model]] = ImageList
+
+
+class ImagePull(Model):
+    """A pull on a host: under way, or done (`image`)."""
+
+    pull_id: str
+    """What to ask again with until it is done."""
+    host: str
+    ref: str
+    done: bool = False
+    image: ImageInfo | None = None
+    """The image, once done."""
+    lines: tuple[str, ...] = ()
+    """Progress lines since `ImagePullRequest.seen`."""
+    seen: int = 0
+    """Progress lines said so far (the next request's `seen`)."""
+
+
+class ImagePullRequest(ControlRequest):
+    """Pull an image onto the host unless it holds it (a pull of the same reference
+    under way is joined); or, with `pull_id`, the state of a pull asked before. A failed
+    pull is answered as its error (`invalid`, `not_found`, `unavailable`)."""
+
+    task: ClassVar[Task] = Task.IMAGE_PULL
+    response: ClassVar[type[Model]] = ImagePull
+
+    ref: str = Field(min_length=1, max_length=MAX_IMAGE_REF)
+    """The image reference (`registry/name:tag`, `name@sha256:...`)."""
+    pull_id: str | None = Field(None, pattern=r"^[0-9a-f]{32}$")
+    """A pull asked before (its answer's `pull_id`)."""
+    refresh: bool = False
+    """Ask the registry where a tag points now, even when the host holds the reference."""
+    wait_s: float = Field(2.0, ge=0, le=MAX_PULL_WAIT_S)
+    """Most seconds to wait for the pull to end before answering."""
+    seen: int = Field(0, ge=0)
+    """Progress lines already received (only later ones are sent)."""
+
+
+class ImageRemoved(Model):
+    """What removing an image did."""
+
+    host: str
+    ref: str
+    removed: bool
+    """False when the host held no image by that name."""
+
+
+class ImageRemoveRequest(ControlRequest):
+    """Remove an image from the host (admin key only: images are shared by every owner
+    of the host); refused (`invalid`) while a workspace uses it."""
+
+    task: ClassVar[Task] = Task.IMAGE_REMOVE
+    response: ClassVar[type[Model]] = ImageRemoved
+
+    ref: str = Field(min_length=1, max_length=MAX_IMAGE_REF)
+    """A reference it was pulled as, `build:<dir>`, or its digest."""
+
+
 #: Every control request by task name (what the worker validates a message against).
 REQUESTS: dict[str, type[ControlRequest]] = {
     cls.task: cls
@@ -455,7 +542,7 @@ REQUESTS: dict[str, type[ControlRequest]] = {
         CheckRequest, KillRequest, ReadOutputRequest, CancelRequest, DetachRequest, JobsRequest,
         WriteStdinRequest, CloseStdinRequest, ResizeRequest, WorkspaceCreateRequest,
         WorkspaceDeleteRequest, WorkspaceRenewRequest, WorkspacesRequest, FileReadRequest,
-        FileWriteRequest, ArchiveRequest,
+        FileWriteRequest, ArchiveRequest, ImagesRequest, ImagePullRequest, ImageRemoveRequest,
     )
 }
 

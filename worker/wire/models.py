@@ -801,6 +801,12 @@ class SandboxProbe(Model):
     """Why calls get no cgroup of their own, when they do not."""
     run_as: str | None = None
     """User the calls run as (None: the worker's own user)."""
+    tenancy: Literal["multi", "single"] = "single"
+    """`multi`: each workspace has a user namespace mapped to host ids of its own (calls
+    are root inside, an id no other workspace has outside); `single`: one uid for every
+    workspace (a worker that is not root, or no subordinate ids for the run user)."""
+    id_slots: int = 0
+    """Workspaces this host can give ids of their own at once (`multi`)."""
 
 
 
@@ -871,6 +877,9 @@ class ImageInfo(Model):
     """`bash` where the image has bash, else `sh`."""
     pulled_at: float = 0.0
     last_used_at: float | None = None
+    refs: list[str] = Field(default_factory=list)
+    """Every reference this host holds it under (canonical spelling; `build:<dir>` for
+    one built from a Dockerfile)."""
 
 
 class WorkspaceRecord(Model):

@@ -1,0 +1,142 @@
+"""`bashfleet images ls|pull|rm`: the images the fleet's hosts hold, from a shell.
+
+    bashfleet images pull registry.example/team/build:1 --host build-1
+    bashfleet images ls
+    bashfleet images rm registry.example/team/build:1 --host build-1
+
+A host pulls with its own registry credentials (the worker's settings); images are
+shared by every owner of a host, so `rm` takes the admin key, and `bashfleet gc` on a
+host collects those no workspace uses. This module is only the CLI's words for
+`Fleet.images`, `pull_image` and `remove_image`: tables and results on stdout,
+progress and notices on stderr, `--json` for scripts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import time
+from typing import TYPE_CHECKING, TextIO
+
+if TYPE_CHECKING:
+    from client.cli import SubParsers
+    from worker.wire.models import ImageInfo
+
+
+def add_commands(sub: SubParsers) -> None:
+    """Register `images` with its verbs."""
+    parser = sub.add_parser("images", help="list, pull and remove the images hosts hold")
+    verbs = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
+    ls = verbs.add_parser("ls", help="the images each live host holds")
+    pull = verbs.add_parser("pull", help="pull an image onto a host (or every live host) "
+                            "unless it holds it already")
+    pull.add_argument("ref", metavar="REF", help="image reference: [registry/]name[:tag] "
+                      "or name@sha256:digest")
+    pull.add_argument("--refresh", action="store_true",
+                      help="ask the registry where the tag points now, even if held")
+    rm = verbs.add_parser("rm", help="remove an image no workspace uses (admin key)")
+    rm.add_argument("ref", metavar="REF", help="a reference it was pulled as, or its digest")
+    for verb, func in ((ls, cmd_ls), (pull, cmd_pull), (rm, cmd_rm)):
+        verb.add_argument("--host", help="one host (default: every live host)")
+        verb.add_argument("--json", action="store_true", help="print the result as JSON")
+        verb.set_defaults(func=func)
+
+
+def cmd_ls(args: argparse.Namespace) -> int:
+    from client.cli import _fleet  # noqa: PLC0415 - the CLI's own helper
+
+    infos = _fleet().images(host=args.host)
+    if args.json:
+        _print_infos(infos)
+    else:
+        print(image_table(infos, time.time()) if infos else "no images")
+    return 0
+
+
+def cmd_pull(args: argparse.Namespace) -> int:
+    from client.cli import _fleet  # noqa: PLC0415
+
+    line = ProgressLine(sys.stderr) if sys.stderr.isatty() else None
+    try:
+        infos = _fleet().pull_image(args.ref, host=args.host, refresh=args.refresh,
+                                    progress=line.show if line else None)
+    finally:
+        if line is not None:
+            line.clear()
+    if args.json:
+        _print_infos(infos)
+        return 0
+    for info in infos:
+        print(f"{info.host}: {args.ref} {info.digest} ({_size(info.size_bytes)}, "
+              f"shell {info.shell})")
+    return 0
+
+
+def cmd_rm(args: argparse.Namespace) -> int:
+    """Remove it; 1 when no host held it."""
+    import json  # noqa: PLC0415
+
+    from client.cli import _fleet  # noqa: PLC0415
+
+    hosts = _fleet().remove_image(args.ref, host=args.host)
+    if args.json:
+        print(json.dumps({"ref": args.ref, "removed_from": hosts}, indent=2))
+    elif hosts:
+        print(f"[{args.ref} removed from {', '.join(hosts)}]", file=sys.stderr)
+    else:
+        print(f"bashfleet images rm: no host held {args.ref}", file=sys.stderr)
+    return 0 if hosts else 1
+
+
+def _print_infos(infos: list[ImageInfo]) -> None:
+    print("[" + ",\n".join(info.model_dump_json(indent=2) for info in infos) + "]")
+
+
+class ProgressLine:
+    """One line of progress on a terminal, rewritten in place (a pull's latest step)."""
+
+    def __init__(self, out: TextIO) -> None:
+        self.out = out
+        self.shown = False
+
+    def show(self, text: str) -> None:
+        width = max(20, shutil.get_terminal_size((80, 24)).columns - 1)
+        shown = text if len(text) <= width else text[: width - 3] + "..."
+        self.out.write(f"\r\x1b[K{shown}")
+        self.out.flush()
+        self.shown = True
+
+    def clear(self) -> None:
+        if self.shown:
+            self.out.write("\r\x1b[K")
+            self.out.flush()
+
+
+# --------------------------------------------------------------------------- text
+
+
+def image_table(infos: list[ImageInfo], now: float) -> str:
+    """Images as `images ls` shows them: host, reference, digest (short), size, shell,
+    user, when last used."""
+    from client.cli import _table  # noqa: PLC0415
+
+    rows = []
+    for info in infos:
+        used = info.last_used_at if info.last_used_at is not None else info.pulled_at
+        rows.append([info.host, info.ref, info.digest.removeprefix("sha256:")[:12],
+                     _size(info.size_bytes), info.shell, info.user or "root",
+                     f"{_ago(now - used)} ago"])
+    return _table(rows, ["HOST", "IMAGE", "DIGEST", "SIZE", "SHELL", "USER", "USED"])
+
+
+def _ago(seconds: float) -> str:
+    from client.workspace_cli import _duration  # noqa: PLC0415 - one way to say a duration
+
+    return _duration(max(0.0, seconds))
+
+
+def _size(count: int) -> str:
+    from client.workspace_cli import _size as size  # noqa: PLC0415
+
+    return size(count)
