@@ -291,8 +291,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         result = run.follower.finish(result)
         if result.job is not None and outcome.status is None:
             print_result(result, job_id_on_stdout=False)
-            stderr = result.spill is not None and result.spill.stderr_path is not None
-            return _follow(fleet, result.job.id, stderr=stderr, offsets=run.follower.offsets())
+            return _follow(fleet, result.job.id, stderr=keeps_stderr(fleet, result),
+                           offsets=run.follower.offsets())
     status = _report_run(fleet, result, args)
     return outcome.status if outcome.status is not None else status
 
@@ -339,8 +339,25 @@ def _report_run(fleet: Fleet, result: CallResult, args: argparse.Namespace) -> i
     print_result(result.model_copy(update={
         "stdout": "", "stderr": "", "stdout_truncation": None, "stderr_truncation": None,
     }), job_id_on_stdout=False)
-    separate_stderr = result.spill is not None and result.spill.stderr_path is not None
-    return _follow(fleet, result.job.id, stderr=separate_stderr)
+    return _follow(fleet, result.job.id, stderr=keeps_stderr(fleet, result))
+
+
+def keeps_stderr(fleet: Fleet, result: CallResult) -> bool:
+    """Whether the job a call started keeps its stderr in a file of its own, to follow
+    apart from its stdout: a call that went on as a job does (its spill files); a job
+    started in the background does where its host writes one (asked of the host: today
+    they write both streams to one file, and that is all there is to follow)."""
+    from client.errors import UnknownJob  # noqa: PLC0415
+
+    if result.spill is not None and result.spill.stderr_path is not None:
+        return True
+    if result.job is None:
+        return False
+    try:
+        fleet.read_output(result.job.id, offset=0, limit=1, stream="stderr")
+    except UnknownJob:  # "no separate stderr"
+        return False
+    return True
 
 
 #: Directories every workspace has of its own, whatever the host holds there.

@@ -8,7 +8,10 @@ whole archive (`UnsafeMemberError`), the destination untouched.
 
 A member is refused when its name is absolute or has a `..` component, when it is not
 a regular file, directory, symlink or hard link (a device, a FIFO), and when where it
-lands, or where its link points, is outside the destination. "Where" is found as the
+lands, or where its link points, is outside the destination. So are the shapes no tar
+writes on which tarfile itself can loop for ever (a `.` or empty component inside a
+name, a link in place of a directory or inside a file, a hard link to anything but a
+file archived before it). "Where" is found as the
 kernel would find it at that member's turn: through the symlinks the archive made
 before it (`x -> .` then `x/y -> ..` escapes, though each looks harmless alone) and
 those the destination already held. What is extracted is a copy of each member without
@@ -22,6 +25,7 @@ import copy
 import os
 import tarfile
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 #: Symlinks followed while resolving one path before it counts as a loop (Linux's own).
 MAX_LINK_DEPTH = 40
@@ -39,13 +43,20 @@ class UnsafeMemberError(ValueError):
 
 
 def name_parts(name: str) -> list[str]:
-    """The components of a member's name (`.` and empty ones dropped); UnsafeMemberError
-    when it is absolute or climbs (`..`)."""
+    """The components of a member's name (a leading `./` and a directory's trailing `/`
+    dropped: what tar writes); UnsafeMemberError when it is absolute, climbs (`..`), or
+    has a `.` or empty component elsewhere (no tar writes those, and tarfile itself can
+    loop for ever on a link named `b/.`)."""
     if name.startswith("/"):
         raise UnsafeMemberError(f"{name!r}: an absolute path")
-    parts = [part for part in name.split("/") if part not in ("", ".")]
+    body = (name[2:] if name.startswith("./") else name).rstrip("/")
+    if body in ("", "."):
+        return []
+    parts = body.split("/")
     if ".." in parts:
         raise UnsafeMemberError(f"{name!r}: a '..' component")
+    if "" in parts or "." in parts:
+        raise UnsafeMemberError(f"{name!r}: not a plain path (a '.' or empty component)")
     return parts
 
 
@@ -82,10 +93,46 @@ def follow(directory: Sequence[str], target: str, link: LinkLookup,
     return resolve([*directory, *target.split("/")], link, depth)
 
 
-def check_member(member: tarfile.TarInfo, link: LinkLookup, files: set[str]) -> None:
-    """UnsafeMemberError unless `member` stays inside the destination, its symlinks so far
-    (the archive's earlier ones, the destination's own) told by `link`, a hard link to
-    one of the earlier `files` of the archive (its normalized names)."""
+@dataclass
+class Extraction:
+    """What the destination holds at a member's turn, as far as the checks need: the
+    archive's symlinks, files and directories made before it, and the destination's own
+    symlinks and directories (`on_disk`, `disk_dir`)."""
+
+    on_disk: LinkLookup
+    disk_dir: Callable[[str], bool]
+    made: dict[str, str] = field(default_factory=dict)
+    files: set[str] = field(default_factory=set)
+    dirs: set[str] = field(default_factory=set)
+
+    def link(self, path: str) -> str | None:
+        """The symlink at `path` then (its target), or None."""
+        return self.made[path] if path in self.made else self.on_disk(path)
+
+    def is_dir(self, path: str) -> bool:
+        """Whether a directory (not a link to one) is at `path` then."""
+        return path not in self.made and (path in self.dirs or self.disk_dir(path))
+
+    def add(self, member: tarfile.TarInfo) -> None:
+        """Note what extracting `member` leaves at its path (and its parents: tarfile
+        makes the directories a member's path names)."""
+        parts = name_parts(member.name)
+        for end in range(1, len(parts)):
+            parent = "/".join(parts[:end])
+            if parent not in self.made:
+                self.dirs.add(parent)
+        path = "/".join(parts)
+        if member.issym():
+            self.made[path] = member.linkname
+        elif member.isdir():
+            self.dirs.add(path)
+        else:
+            self.files.add(path)
+
+
+def check_member(member: tarfile.TarInfo, state: Extraction) -> None:
+    """UnsafeMemberError unless `member` stays inside the destination as it is then
+    (`state`)."""
     parts = name_parts(member.name)
     if not (member.isreg() or member.isdir() or member.issym() or member.islnk()):
         raise UnsafeMemberError(f"{member.name!r}: a device or FIFO, not a file")
@@ -94,41 +141,55 @@ def check_member(member: tarfile.TarInfo, link: LinkLookup, files: set[str]) -> 
             return  # the destination itself ("./")
         raise UnsafeMemberError(f"{member.name!r}: no name")
     # A symlink replaces what is at its path; anything else is written through it.
-    landing = resolve(parts[:-1], link) if member.issym() else resolve(parts, link)
+    landing = resolve(parts[:-1], state.link) if member.issym() else resolve(parts, state.link)
     if landing is None:
         raise UnsafeMemberError(f"{member.name!r}: its path leads outside through a symlink")
-    if member.issym() and follow(parts[:-1], member.linkname, link) is None:
-        raise UnsafeMemberError(f"{member.name!r}: a symlink to {member.linkname!r}, outside")
-    if member.islnk():
-        check_hard_link(member, link, files)
+    parent = resolve(parts[:-1], state.link)
+    if parent and "/".join(parent) in state.files:
+        # (A link whose directory is a file fails, and tarfile then extracts what it
+        # names in its place, which can loop for ever.)
+        raise UnsafeMemberError(f"{member.name!r}: its directory is a file")
+    if member.issym() or member.islnk():
+        check_link(member, parts, landing, state)
 
 
-def check_hard_link(member: tarfile.TarInfo, link: LinkLookup, files: set[str]) -> None:
-    """A hard link is a reference to a file archived before it (what tar writes): one to
-    anything else, the destination's own files included, is refused."""
+def check_link(member: tarfile.TarInfo, parts: list[str], landing: list[str],
+               state: Extraction) -> None:
+    """A symlink must point inside; a hard link to a file archived before it (what tar
+    writes: one to anything else, the destination's own files included, is refused);
+    neither may take the place of a directory (tarfile then extracts what the link names
+    instead, and can loop for ever)."""
     target = member.linkname
-    if target.startswith("/") or resolve(target.split("/"), link) is None:
+    where = "/".join([*landing, parts[-1]] if member.issym() else landing)
+    if state.is_dir(where):
+        raise UnsafeMemberError(f"{member.name!r}: a link over a directory")
+    if member.issym():
+        if follow(parts[:-1], target, state.link) is None:
+            raise UnsafeMemberError(f"{member.name!r}: a symlink to {target!r}, outside")
+        return
+    if target.startswith("/") or resolve(target.split("/"), state.link) is None:
         raise UnsafeMemberError(f"{member.name!r}: a hard link to {target!r}, outside")
-    if "/".join(name_parts(target)) not in files:
+    if "/".join(name_parts(target)) not in state.files:
         raise UnsafeMemberError(f"{member.name!r}: a hard link to {target!r}, no earlier file")
 
 
-def check_members(members: Sequence[tarfile.TarInfo], on_disk: LinkLookup) -> None:
-    """Check each member in extraction order (UnsafeMemberError at the first bad one): the
-    archive's symlinks made before it, else those `on_disk` tells, are on its way."""
-    made: dict[str, str] = {}
-    files: set[str] = set()
-
-    def link(path: str) -> str | None:
-        return made[path] if path in made else on_disk(path)
-
+def check_members(members: Sequence[tarfile.TarInfo], on_disk: LinkLookup,
+                  disk_dir: Callable[[str], bool] = lambda path: False) -> None:
+    """Check each member in extraction order (UnsafeMemberError at the first bad one),
+    against what the archive made before it and what the destination held (`on_disk`:
+    its symlinks, `disk_dir`: its directories)."""
+    state = Extraction(on_disk, disk_dir)
     for member in members:
-        check_member(member, link, files)
-        path = "/".join(name_parts(member.name))
-        if member.issym():
-            made[path] = member.linkname
-        elif member.isreg() or member.islnk():
-            files.add(path)
+        check_member(member, state)
+        state.add(member)
+
+
+def disk_dirs(destination: str) -> Callable[[str], bool]:
+    """Whether the destination already holds a directory (not a symlink) at a path."""
+    def is_dir(path: str) -> bool:
+        full = os.path.join(destination, path)
+        return os.path.isdir(full) and not os.path.islink(full)
+    return is_dir
 
 
 def disk_links(destination: str) -> LinkLookup:
@@ -152,7 +213,7 @@ def extract(archive: tarfile.TarFile, destination: str) -> None:
     """Extract every member into `destination` (made if missing) once all are checked;
     UnsafeMemberError, with nothing written, when one is not safe."""
     members = archive.getmembers()
-    check_members(members, disk_links(destination))
+    check_members(members, disk_links(destination), disk_dirs(destination))
     os.makedirs(destination, exist_ok=True)
     tame = [tamed(member) for member in members]
     if HAS_FILTERS:

@@ -47,8 +47,9 @@ ARGSREPR_COMMAND_CHARS = 500
 #: The system errors of a call that did not run at all: `run` raises CallNotRun for
 #: these (`limit`: its owner's cap of background jobs was reached, checked before the
 #: job starts). Not among them: a timeout, a signal, a cancel (the command ran, or was
-#: stopped on purpose), `worker_lost` (raised as WorkerLost), `internal` (a bug of ours,
-#: after which nobody can say what ran).
+#: stopped on purpose), `worker_lost` (raised as WorkerLost when the client finds the
+#: worker gone; the result's kind when a stopping worker killed the command and said so,
+#: its output so far kept), `internal` (a bug of ours, after which nobody can say what ran).
 NOT_RUN_KINDS = frozenset({
     "bad_cwd", "spawn_failed", "blocked", "invalid", "unauthorized", "unavailable",
     "not_found", "limit",

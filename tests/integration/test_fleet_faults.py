@@ -305,3 +305,7 @@ def test_run_exits_125_when_its_worker_is_killed(
     # Answered by the stopping consumer, or found lost by the client's watch first.
     assert ("bashfleet: worker_lost: the worker was stopped" in err
             or "the command was not run again" in err), err
+    # Gone for the next tests too: a host whose heartbeat has not expired yet still looks
+    # alive, and a workspace could be placed on it.
+    wait_for(lambda: "iota" not in records.live_hosts(redis_client), LOST_WITHIN_S + 5,
+             "the host to be seen dead")

@@ -22,8 +22,16 @@ from client import exit_status as statuses
 from client._core.routing import CallProgress
 from client.dialects import DIALECTS
 from client.dialects.base import SCHEMA_STYLES
+from client.errors import UnknownJob
 from worker.wire.control import Collect, SessionOutput
-from worker.wire.models import CallResult, HostInfo, JobHandle, SystemError_
+from worker.wire.models import (
+    CallResult,
+    HostInfo,
+    JobHandle,
+    OutputChunk,
+    Spill,
+    SystemError_,
+)
 
 # ------------------------------------------------------------------- help everywhere
 
@@ -178,6 +186,31 @@ def test_a_followed_job_keeps_stdout_for_its_output(capsys: pytest.CaptureFixtur
     cli.print_result(_job_result(), job_id_on_stdout=False)
     out, err = capsys.readouterr()
     assert out == "" and "j3f2c9a1b7d4e5f6" in err
+
+
+# ------------------------------------------------------- following a job's streams
+
+
+class StderrFiles:
+    """`read_output` of jobs that keep a stderr file of their own (`apart`), or not."""
+
+    def __init__(self, *apart: str) -> None:
+        self.apart = apart
+
+    def read_output(self, item: str, *, offset: int, limit: int, stream: str) -> OutputChunk:
+        if stream == "stderr" and item not in self.apart:
+            raise UnknownJob(f"job {item} has no separate stderr")
+        return OutputChunk(path="/o", offset=0, next_offset=0, size=0, text="", eof=True)
+
+
+def test_a_job_s_stderr_is_followed_apart_wherever_it_is_kept_apart() -> None:
+    """`--follow` of a background job: its stderr is followed on stderr whenever the job
+    keeps one of its own, whether the call said so (its spill) or only its host knows."""
+    fleet = cast("Any", StderrFiles("j3f2c9a1b7d4e5f6"))
+    assert cli.keeps_stderr(fleet, _job_result())
+    assert not cli.keeps_stderr(cast("Any", StderrFiles()), _job_result())
+    spilled = _job_result(spill=Spill(host="a", stdout_path="/o", stderr_path="/e"))
+    assert cli.keeps_stderr(cast("Any", StderrFiles()), spilled)
 
 
 # ----------------------------------------------------------------- a cwd not seen
