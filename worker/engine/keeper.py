@@ -31,7 +31,8 @@ Messages (`worker.engine.proto`), per connection, one call at a time:
     A {status, cap_mb, timeout_s, kill_grace_s} + the status directory: the running
       call of this connection becomes a job (its end recorded by the keeper)  ->  a, or
       E when it ended already (its S was sent)
-    X {}  exit once no call or job runs (a throwaway workspace whose job outlives its
+    X {}  exit once no call or job runs, no longer bound to the worker that made it (a
+      throwaway workspace whose job outlives its
       call)  ->  x
     R {}  recycle (a throwaway workspace whose call left no job): kill every process of
       the workspace, then say whether it is clean (no process, nothing in /dev/shm, no
@@ -97,6 +98,37 @@ class Tracked:
             proto.close_all([self.job.dir_fd])
 
 
+@dataclasses.dataclass
+class Lease:
+    """A workspace's lease, as its keeper holds it: its record (a file in a directory of
+    the host's state open as `dir_fd`, its mtime the last use) and its TTL. Past the TTL
+    and a grace (the host's reaper ends it sooner, with its files), or once its record is
+    gone, the keeper exits, so a workspace ends at its lease even if no worker of its host
+    ever comes back."""
+
+    dir_fd: int
+    name: str
+    ttl_s: float
+    look_s: float
+    """How often it looks."""
+    grace_s: float
+    """How long past its TTL it waits for the host's reaper (which removes the workspace's
+    files too) before it ends the workspace itself."""
+    next_look: float = 0.0
+
+    def over(self, now: float) -> bool:
+        if now < self.next_look:
+            return False
+        self.next_look = now + self.look_s
+        try:
+            used = os.stat(self.name, dir_fd=self.dir_fd).st_mtime
+        except FileNotFoundError:
+            return True
+        except OSError:
+            return False
+        return time.time() - used > self.ttl_s + self.grace_s
+
+
 @dataclasses.dataclass(eq=False)
 class Conn:
     """One connection from the worker (or a job supervisor)."""
@@ -114,6 +146,8 @@ class Keeper:
         self.worker_uid = worker_uid
         self.who = who
         self.host_proc = host_proc
+        self.lease: Lease | None = None
+        self.maker = -1
         self.sel = selectors.DefaultSelector()
         self.tracked: dict[int, Tracked] = {}
         self.exit_when_idle = False
@@ -127,7 +161,8 @@ class Keeper:
     # ------------------------------------------------------------------------ the loop
 
     def serve(self) -> int:
-        """Serve until asked to exit once idle (a keeper is otherwise killed)."""
+        """Serve until asked to exit once idle, or past its lease (a keeper is otherwise
+        killed)."""
         while True:
             for key, _ in self.sel.select(self._pause()):
                 self._event(key)
@@ -135,16 +170,22 @@ class Keeper:
             self._tick()
             if self.exit_when_idle and not self.tracked:
                 return 0
+            if self.lease is not None and self.lease.over(time.monotonic()):
+                return 0  # pid 1 exits: the kernel ends every process of the workspace
 
     def _pause(self) -> float | None:
         times = [t for tracked in self.tracked.values() for t in _due(tracked)]
+        if self.lease is not None:
+            times.append(self.lease.next_look)
         return None if not times else max(0.0, min(times) - time.monotonic())
 
     def _event(self, key: selectors.SelectorKey) -> None:
         if key.data == "listen":
             self._accept()
         elif key.data == "maker":
-            os._exit(0)  # bound to its maker (the probe's keeper), which is gone
+            # Bound to the worker process that made it (the probe's keeper, a blank or a
+            # throwaway workspace), which is gone: none will use it again.
+            os._exit(0)
         elif key.data == "wake":
             with contextlib.suppress(BlockingIOError):
                 while os.read(self.wake, 512):
@@ -186,6 +227,7 @@ class Keeper:
             self._adopt(conn, body, fds)
         elif tag == b"X":
             self.exit_when_idle = True
+            self.unbind_maker()  # its job outlives the worker, as every job does
             proto.send(conn.sock, b"x", {})
         elif tag == b"?":
             proto.send(conn.sock, b"!", {"pid": os.getpid()})
@@ -194,6 +236,17 @@ class Keeper:
         else:
             proto.close_all(fds)
             proto.send(conn.sock, b"E", {"errno": errno.EPROTO, "message": f"unknown {tag!r}"})
+
+    def bind_maker(self, maker: int) -> None:
+        """Exit when the worker process whose pidfd `maker` is ends."""
+        self.maker = maker
+        self.sel.register(maker, selectors.EVENT_READ, "maker")
+
+    def unbind_maker(self) -> None:
+        if self.maker >= 0:
+            self.sel.unregister(self.maker)
+            os.close(self.maker)
+            self.maker = -1
 
     def _drop(self, conn: Conn) -> None:
         """A connection closed: a call it ran goes on (the worker that restarts, or its
@@ -426,7 +479,12 @@ def main(spec: dict[str, Any], listener_fd: int, report_fd: int) -> int:
     if first is not None:
         keeper.sel.register(first, selectors.EVENT_READ, Conn(first))
     if int(spec.get("maker_fd", -1)) >= 0:
-        keeper.sel.register(int(spec["maker_fd"]), selectors.EVENT_READ, "maker")
+        keeper.bind_maker(int(spec["maker_fd"]))
+    if spec.get("lease_fd") is not None:
+        lease = spec["lease"]
+        keeper.lease = Lease(int(spec["lease_fd"]), str(lease["name"]), float(lease["ttl_s"]),
+                             look_s=float(lease["look_s"]), grace_s=float(lease["grace_s"]))
+        keeper.lease.next_look = time.monotonic() + keeper.lease.look_s
     return keeper.serve()
 
 
@@ -453,16 +511,24 @@ def _claimed(listener: socket.socket, spec: dict[str, Any]
             continue
         claimed = {**body, "network": spec.get("network", True),
                    "worker_uid": spec["worker_uid"]}
+        lease_fd = None
         try:
+            if claimed.get("lease"):
+                # Opened before the view hides the host's state directory.
+                lease_fd = os.open(claimed["lease"]["dir"], os.O_PATH | os.O_DIRECTORY
+                                   | os.O_CLOEXEC)
             who = _setup_view(claimed)
         except OSError as exc:
             with contextlib.suppress(OSError):
                 proto.send(sock, b"E", proto.error_body(exc))
             os._exit(1)
         proto.send(sock, b"v", {"pid": os.getpid()})
-        if maker >= 0:
+        if maker >= 0 and not claimed.get("bound_to_maker"):
             os.close(maker)  # a workspace now: it outlives the worker that made it
-        return sock, {**claimed, "maker_fd": -1}, who
+            maker = -1
+        # A throwaway workspace stays bound to its maker: it serves that worker's calls
+        # alone, until a job of one outlives its call (`X`).
+        return sock, {**claimed, "maker_fd": maker, "lease_fd": lease_fd}, who
 
 
 def _enter(spec: dict[str, Any]) -> int:

@@ -45,6 +45,10 @@ from worker.wire.models import ImageInfo, WorkspaceRecord, WorkspaceSpec, Worksp
 
 log = logging.getLogger("bashfleet.workspaces")
 
+#: How often a workspace's keeper looks at its lease, and how long past its TTL (or its
+#: record's removal) it ends the workspace itself when no worker of its host did.
+LEASE_LOOK_S = 30.0
+LEASE_GRACE_S = 300.0
 #: Seconds a workspace deletion waits for its keeper (and so its processes) to be gone.
 KEEPER_END_S = 10.0
 #: Most bytes a disk usage count looks at files for before it stops counting.
@@ -522,7 +526,12 @@ def _start_keeper(record: WorkspaceRecord, settings: Settings, user: sandbox.Use
     slot = blank.slot
     plan = layout.plan_view(view_spec(record, settings, user, image_root=image_root,
                                       prebuilt=blank.prebuilt))
-    body: dict[str, object] = {"plan": plan}
+    body: dict[str, object] = {
+        "plan": plan, "bound_to_maker": record.throwaway,
+        "lease": {"dir": str(settings.workspaces_dir),
+                  "name": record_path(settings, record.id).name, "ttl_s": record.ttl_s,
+                  "look_s": LEASE_LOOK_S, "grace_s": LEASE_GRACE_S},
+    }
     if slot is not None:
         # The run user's files (projects, shared writable roots: theirs on the host, as
         # on a single-tenant host) are the workspace root's through that map.
