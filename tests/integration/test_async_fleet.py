@@ -151,7 +151,9 @@ def test_four_hundred_calls_in_flight_on_few_threads(
           f"{slowest:.2f}s on its worker, peak threads of this process {threads.peak}")
     assert outputs == list(range(400))
     assert threads.peak <= 32
-    assert wall < 15.0  # 68 s with a thread per call (6 at a time)
+    # 68 s with a thread per call (6 at a time); what this shows is the threads, not the
+    # seconds: a loaded two-core machine took 15.3 s once workspaces had layers.
+    assert wall < 30.0
 
 
 def test_in_flight_limit_is_kept(two_hosts: Hosts, redis_server: RedisServer) -> None:
