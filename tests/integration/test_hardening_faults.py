@@ -29,7 +29,7 @@ from worker.fleet import registry
 from worker.wire import names
 
 from .conftest import WorkerFactory, WorkerProcess, wait_for
-from .engine_helpers import give_to_run_user
+from .engine_helpers import give_to_run_user, keepers_under
 from .test_fleet_faults import LOST_WITHIN_S, Pending
 
 ROUNDS = int(os.environ.get("BASHFLEET_FAULT_ROUNDS", "50"))
@@ -62,6 +62,7 @@ def _kill_worker(workers: WorkerFactory, worker: WorkerProcess) -> WorkerProcess
     return workers.start(HOST, env=worker.extra_env)
 
 
+@pytest.mark.timeout(300)  # fifty kills and restarts: ~100 s on an idle two-core machine
 def test_fifty_rounds_of_sigkill(
     workers: WorkerFactory, fleet: Fleet, redis_client: redis.Redis, tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
@@ -124,6 +125,12 @@ def test_fifty_rounds_of_sigkill(
     assert survivors == 0
     assert slowest < LOST_WITHIN_S + 5
     assert fleet.run("echo alive", host=HOST).stdout == "alive\n"
+    # Nothing of the killed workers' making lives on: their blank and throwaway
+    # workspaces' keepers end with the worker process that made them (a host whose
+    # worker dies a few times a day must not fill up with them). Then this one's too.
+    worker.kill_group()
+    wait_for(lambda: not keepers_under(workers.state_dir(HOST)) or None, 30,
+             "the keepers of killed workers to end")
 
 
 def test_a_call_claimed_but_not_yet_recorded_on_disk_is_lost_not_hung(
