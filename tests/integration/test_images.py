@@ -283,7 +283,7 @@ def test_a_dockerfile_is_built_once_per_content(
     assert (root / "etc" / "note.txt").read_text() == "first\n"
     # RUN steps ran as root in a user namespace: an unprivileged id on the host. What
     # they made is root's in the image all the same.
-    first, count = settings.build_ids or (0, 0)
+    first, count = settings.build_ids
     assert (root / "etc" / "uid_map").read_text().split() == ["0", str(first), str(count)]
     made = os.lstat(root / "etc" / "made-by-run")
     assert (made.st_uid, made.st_gid) == (0, 0)
@@ -308,7 +308,7 @@ def test_a_trusted_build_runs_as_the_hosts_root_on_overlay(
                                        # dash alone: builtins only
                                        "RUN read -r ids < /proc/self/uid_map; "
                                        "echo $ids > /uid_map\n")
-    settings = build_settings.model_copy(update={"build_ids": None})
+    settings = build_settings.model_copy(update={"build_as_root": True})
     info, root = images.build(str(folder), settings)
     assert (root / "uid_map").read_text().split() == ["0", "0", "4294967295"]
     assert info.shell == "sh" and (state / "images" / "buildah" / "overlay").is_dir()
