@@ -45,16 +45,6 @@ def _split(value: object) -> object:
 CsvTuple = Annotated[tuple[str, ...], NoDecode, BeforeValidator(_split)]
 
 
-def _id_range(value: object) -> object:
-    # `first,count` (or a JSON list) from the environment; `none` turns it off.
-    if isinstance(value, str):
-        text = value.strip().strip("[]()")
-        return None if text.lower() in ("none", "null", "") else tuple(text.split(","))
-    return value
-
-
-IdRange = Annotated[tuple[int, int] | None, NoDecode, BeforeValidator(_id_range)]
-
 
 class Settings(BaseSettings):
     """Every knob of bashfleet. Set them as `BASHFLEET_<NAME>` variables."""
@@ -203,11 +193,13 @@ class Settings(BaseSettings):
     images_max_bytes: int = Field(50 * 1024**3, ge=0)
     """`bashfleet gc` then removes the least recently used unused images until the
     host's images take less than this."""
-    build_ids: IdRange = (4_200_000_000, 65536)
-    """Host ids a Dockerfile's RUN steps run as (`first,count`): root in
+    build_ids: tuple[int, int] = (4_200_000_000, 65536)
+    """Host ids a Dockerfile's RUN steps run as (a JSON list: `[first, count]`): root in
     the build is the first id on the host, never the worker's root, so a Dockerfile need
-    not be trusted. Keep the range apart from the workspaces' ids and /etc/subuid. `none`:
-    RUN steps are the host's root in a chroot (trusted Dockerfiles only)."""
+    not be trusted. Keep the range apart from the workspaces' ids and /etc/subuid."""
+    build_as_root: bool = False
+    """Run a Dockerfile's RUN steps as the host's root, in a chroot (faster: buildah's
+    overlay driver instead of vfs): for trusted Dockerfiles only."""
 
     @model_validator(mode="before")
     @classmethod
@@ -251,8 +243,8 @@ class Settings(BaseSettings):
 
     @field_validator("build_ids")
     @classmethod
-    def _ids_fit(cls, ids: tuple[int, int] | None) -> tuple[int, int] | None:
-        if ids is not None and not (ids[0] >= 1 and ids[1] >= 1 and sum(ids) <= 2**32 - 1):
+    def _ids_fit(cls, ids: tuple[int, int]) -> tuple[int, int]:
+        if not (ids[0] >= 1 and ids[1] >= 1 and sum(ids) <= 2**32 - 1):
             raise ValueError(f"build_ids {ids}: a first host id of at least 1 and a count "
                              "of at least 1, within the 32-bit ids")
         return ids

@@ -191,11 +191,14 @@ class Registry:
                 os.kill(self.proc.pid, signal.SIGKILL)
             self.proc.wait(10)
 
-    def push(self, layout: Path, tag: str, name: str) -> str:
-        """Copy `layout:tag` to this registry as `name`; the reference."""
+    def push(self, layout: Path, tag: str, name: str, *, docker_format: bool = False) -> str:
+        """Copy `layout:tag` to this registry as `name` (with `docker_format`, as a Docker
+        v2s2 manifest, as Docker Hub's images are); the reference."""
         ref = f"{self.url}/{name}"
-        run("skopeo", "copy", "--quiet", "--dest-creds", f"{self.username}:{self.password}",
-            "--dest-cert-dir", str(self.certs_dir), f"oci:{layout}:{tag}", f"docker://{ref}")
+        form = ["--format", "v2s2"] if docker_format else []
+        run("skopeo", "copy", "--quiet", *form, "--dest-creds",
+            f"{self.username}:{self.password}", "--dest-cert-dir", str(self.certs_dir),
+            f"oci:{layout}:{tag}", f"docker://{ref}")
         return ref
 
 

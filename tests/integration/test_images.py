@@ -14,11 +14,18 @@ from pathlib import Path
 import pytest
 
 from worker.engine import images
-from worker.engine.image_meta import ImageError
+from worker.engine.image_meta import ImageError, digest_of
 from worker.settings import Settings
 from worker.wire.models import ImageInfo, WorkspaceRecord
 
-from .registry import Registry, free_port, pushed_images, running_registry
+from .registry import (
+    Registry,
+    free_port,
+    image_layout,
+    pushed_images,
+    run,
+    running_registry,
+)
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -91,6 +98,28 @@ def test_pull_by_digest_never_pulled_by_tag(
     ref = f"{image_registry.url}/bashfleet/nobash@{first.digest}"
     info, root = images.ensure(ref, image_registry.settings(state))
     assert info.digest == first.digest and info.shell == "sh" and (root / "bin" / "sh").is_symlink()
+
+
+def test_a_docker_format_image_is_held_by_its_registry_digest(
+    image_registry: Registry, state: Path
+) -> None:
+    ref = image_registry.push(image_layout(), "user", "bashfleet/docker-format:1",
+                              docker_format=True)
+    settings = image_registry.settings(state)
+    raw = run("skopeo", "inspect", "--raw", "--authfile", str(image_registry.auth_file),
+              "--cert-dir", str(image_registry.certs_dir), f"docker://{ref}")
+    assert "vnd.docker.distribution.manifest.v2" in raw
+    info, root = images.ensure(ref, settings)
+    # Pinned by what the registry serves, though skopeo stored it as an OCI manifest.
+    assert info.digest == digest_of(raw.encode())
+    assert (info.user, info.workdir) == ("1000", "/work") and (root / "etc").is_dir()
+    assert images.ensure(f"{image_registry.url}/bashfleet/docker-format@{info.digest}",
+                         settings)[0].digest == info.digest
+    assert images.sweep(settings)  # its blobs are named by it: none goes
+    blobs = state / "images" / "blobs" / "sha256"
+    assert len(list(blobs.iterdir())) == 3  # its manifest (as stored), config, layer
+    assert images.remove(ref, settings, set()) and images.sweep(settings)
+    assert list(blobs.iterdir()) == []
 
 
 def test_an_image_without_bash_falls_back_to_sh_and_config_fields_are_read(
@@ -283,7 +312,7 @@ def test_a_dockerfile_is_built_once_per_content(
     assert (root / "etc" / "note.txt").read_text() == "first\n"
     # RUN steps ran as root in a user namespace: an unprivileged id on the host. What
     # they made is root's in the image all the same.
-    first, count = settings.build_ids or (0, 0)
+    first, count = settings.build_ids
     assert (root / "etc" / "uid_map").read_text().split() == ["0", str(first), str(count)]
     made = os.lstat(root / "etc" / "made-by-run")
     assert (made.st_uid, made.st_gid) == (0, 0)
@@ -308,7 +337,7 @@ def test_a_trusted_build_runs_as_the_hosts_root_on_overlay(
                                        # dash alone: builtins only
                                        "RUN read -r ids < /proc/self/uid_map; "
                                        "echo $ids > /uid_map\n")
-    settings = build_settings.model_copy(update={"build_ids": None})
+    settings = build_settings.model_copy(update={"build_as_root": True})
     info, root = images.build(str(folder), settings)
     assert (root / "uid_map").read_text().split() == ["0", "0", "4294967295"]
     assert info.shell == "sh" and (state / "images" / "buildah" / "overlay").is_dir()

@@ -416,13 +416,25 @@ def test_a_document_naming_another_digest_is_invalid(digest: object) -> None:
         choose_manifest(index, Platform("linux", "amd64"))
 
 
-@pytest.mark.parametrize(("text", "ids"), [("300000,1000", (300000, 1000)),
-                                           ("[5, 6]", (5, 6)), ("none", None)])
-def test_build_ids_from_the_environment(
-    text: str, ids: tuple[int, int] | None, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("BASHFLEET_BUILD_IDS", text)
-    assert Settings().build_ids == ids
+def test_build_ids_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BASHFLEET_BUILD_IDS", "[300000, 1000]")
+    monkeypatch.setenv("BASHFLEET_BUILD_AS_ROOT", "true")
+    settings = Settings()
+    assert settings.build_ids == (300000, 1000) and settings.build_as_root
+
+
+def test_build_settings_survive_the_supervisors_hand_over(tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    from worker.fleet.supervisor import settings_env  # noqa: PLC0415
+
+    given = Settings(state_dir=tmp_path, build_ids=(7000, 10), build_as_root=True,
+                     registry_insecure=("a:1", "b:2"), registry_auth_file=tmp_path / "a.json")
+    for name, value in settings_env(given).items():
+        monkeypatch.setenv(name, value)
+    read = Settings()
+    assert (read.build_ids, read.build_as_root) == ((7000, 10), True)
+    assert read.registry_insecure == ("a:1", "b:2")
+    assert read.registry_auth_file == tmp_path / "a.json"
 
 
 @pytest.mark.parametrize("ids", [(0, 10), (5, 0), (2**32 - 10, 20)])
@@ -431,13 +443,13 @@ def test_build_ids_must_fit(ids: tuple[int, int]) -> None:
         Settings(build_ids=ids)
 
 
-def test_builds_run_in_a_user_namespace_unless_turned_off(tmp_path: Path) -> None:
+def test_builds_run_in_a_user_namespace_unless_trusted(tmp_path: Path) -> None:
     context, iid = tmp_path / "ctx", tmp_path / "iid"
     mapped = tools.bud_args(Settings(state_dir=tmp_path, build_ids=(7000, 10)), context,
                             context / "Dockerfile", iid)
     assert mapped[mapped.index("--userns-uid-map") + 1] == "0:7000:10"
     assert mapped[mapped.index("--userns-gid-map") + 1] == "0:7000:10"
     assert mapped[-2:] == ["--", str(context)]
-    plain = tools.bud_args(Settings(state_dir=tmp_path, build_ids=None), context,
-                           context / "Dockerfile", iid)
-    assert "--userns-uid-map" not in plain
+    trusted = Settings(state_dir=tmp_path, build_as_root=True)
+    assert "--userns-uid-map" not in tools.bud_args(trusted, context, context / "D", iid)
+    assert tools.build_driver(trusted) == "overlay"

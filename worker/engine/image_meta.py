@@ -206,7 +206,7 @@ def choose_manifest(raw: bytes, wanted: Platform) -> tuple[str, str | None]:
         found = entry.get("platform") or {}
         if (found.get("os") == wanted.os and found.get("architecture") == wanted.architecture
                 and (wanted.variant is None or found.get("variant") in (None, wanted.variant))):
-            return _checked_digest(entry.get("digest")), top
+            return checked_digest(entry.get("digest")), top
     offered = sorted({f"{(e.get('platform') or {}).get('os')}/"
                       f"{(e.get('platform') or {}).get('architecture')}" for e in entries})
     raise ImageError("not_found", f"no {wanted.os}/{wanted.architecture} image in it "
@@ -230,13 +230,14 @@ def layers_of(manifest: bytes) -> tuple[str, list[tuple[str, int]]]:
     """(config digest, [(layer digest, size)]) of an image manifest."""
     document = _json_object(manifest, "manifest")
     config = document.get("config") or {}
-    layers = [(_checked_digest(layer.get("digest")), int(layer.get("size", 0)))
+    layers = [(checked_digest(layer.get("digest")), int(layer.get("size", 0)))
               for layer in document.get("layers", []) if isinstance(layer, dict)]
-    return _checked_digest(config.get("digest")), layers
+    return checked_digest(config.get("digest")), layers
 
 
-def _checked_digest(value: object) -> str:
-    """A digest a registry's document names: sha256 only (the store is named by it)."""
+def checked_digest(value: object) -> str:
+    """A digest a document names (a registry's, a layout's): sha256 only, the store's
+    files are named by it; ImageError `invalid` for another."""
     if not isinstance(value, str) or not is_digest(value):
         raise ImageError("invalid", f"unsupported digest in the image's manifest: "
                          f"{str(value)[:80]!r} (only sha256)")

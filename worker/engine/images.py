@@ -60,6 +60,7 @@ from worker.engine import image_tools as tools
 from worker.engine.image_meta import (
     ImageError,
     ImageRef,
+    checked_digest,
     choose_manifest,
     digest_hex,
     digest_of,
@@ -134,6 +135,11 @@ class Store:
 
     def used(self, digest: str) -> Path:
         return self.root / "info" / f"{digest_hex(digest)}.used"
+
+    def manifest_file(self, digest: str) -> Path:
+        """Names the manifest blob as stored: the registry's digest identifies an
+        image, but skopeo rewrites a Docker manifest as an OCI one (another digest)."""
+        return self.root / "info" / f"{digest_hex(digest)}.manifest"
 
     def ref_file(self, ref: str) -> Path:
         return self.root / "refs" / f"{_key(ref)}.json"
@@ -293,16 +299,29 @@ def _unpack_and_keep(job: _Job, ref: str, digest: str, work: Path) -> ImageInfo:
     if target.exists():  # left by a pull that died between the rename and the info
         _discard(target, store)
     os.rename(unpacked, target)
-    info = _describe(ref, digest, job.settings, store)
+    local = _stored_manifest(work / "layout")
+    store.manifest_file(digest).write_text(local, encoding="utf-8")
+    info = _describe(ref, digest, local, job.settings, store)
     _write_json(store.info(digest), info.model_dump_json())
     store.used(digest).touch()
     job.say(f"{ref}: {digest}, {info.size_bytes / 1e6:.0f} MB, shell {info.shell}")
     return info
 
 
-def _describe(ref: str, digest: str, settings: Settings, store: Store) -> ImageInfo:
-    """An image's info, from its manifest and config blobs and its unpacked root."""
-    manifest = store.blob(digest).read_bytes()
+def _stored_manifest(layout: Path) -> str:
+    """The digest of the manifest a layout holds (its index's one entry)."""
+    try:
+        entry = json.loads((layout / "index.json").read_text("utf-8"))["manifests"][0]
+        return checked_digest(entry["digest"])
+    except (OSError, ValueError, KeyError, IndexError, TypeError):
+        raise ImageError("unavailable", f"no manifest in the copied layout {layout}") from None
+
+
+def _describe(ref: str, digest: str, local: str, settings: Settings, store: Store
+              ) -> ImageInfo:
+    """An image's info, from its manifest (as stored: `local`) and config blobs and its
+    unpacked root."""
+    manifest = store.blob(local).read_bytes()
     config_digest, layers = layers_of(manifest)
     config = parse_config(store.blob(config_digest).read_bytes())
     rootfs = store.rootfs(digest)
@@ -567,8 +586,9 @@ def _drop(digest: str, store: Store) -> None:
         info = _load(store, digest)
         with contextlib.suppress(FileNotFoundError):
             store.info(digest).unlink()
-        with contextlib.suppress(FileNotFoundError):
-            store.used(digest).unlink()
+        for sidecar in (store.used(digest), store.manifest_file(digest)):
+            with contextlib.suppress(FileNotFoundError):
+                sidecar.unlink()
         for ref in info.refs if info else []:
             with contextlib.suppress(FileNotFoundError):
                 store.ref_file(ref).unlink()
@@ -627,11 +647,12 @@ def _named_blobs(store: Store) -> set[str]:
     for entry in os.scandir(store.root / "info"):
         if not entry.name.endswith(".json"):
             continue
-        hex_part = entry.name.removesuffix(".json")
-        named.add(hex_part)
+        digest = f"sha256:{entry.name.removesuffix('.json')}"
         with contextlib.suppress(OSError, ValueError, ImageError):
-            config, layers = layers_of((store.blobs / "sha256" / hex_part).read_bytes())
-            named.update(digest.removeprefix("sha256:") for digest, _ in [(config, 0), *layers])
+            local = checked_digest(store.manifest_file(digest).read_text("utf-8").strip())
+            config, layers = layers_of(store.blob(local).read_bytes())
+            named.update(each.removeprefix("sha256:")
+                         for each in (local, config, *(layer for layer, _ in layers)))
     return named
 
 
