@@ -78,12 +78,11 @@ from client.dialects.codex import INPUT_WAIT_S, MAX_OUTPUT_TOKENS, WRITE_SETTLE_
 from client.errors import BashfleetError, UnknownJob, UnknownWorkspace
 from client.integrations._backend import (
     FleetPool,
+    InsideUser,
     Renewer,
-    RunUser,
     WorkspaceOptions,
     exit_status,
     file_error,
-    not_run_user,
     shell_line,
     staging_path,
 )
@@ -181,7 +180,7 @@ class BashfleetSandboxSession(BaseSandboxSession):  # type: ignore[misc]
         """The fleet client it speaks through."""
         self.workspace = workspace
         """Its workspace."""
-        self._run_user = RunUser(workspace)
+        self._user = InsideUser(workspace)
         self._renewer: Renewer | None = None
         self._ptys: dict[int, _Pty] = {}
         self._pty_lock = asyncio.Lock()
@@ -218,14 +217,20 @@ class BashfleetSandboxSession(BaseSandboxSession):  # type: ignore[misc]
     async def exec(self, *command: str | Path, timeout: float | None = None,
                    shell: bool | list[str] = True, user: str | User | None = None
                    ) -> ExecResult:
-        """Run a command as the run user (`user` must name it: no `sudo -u`)."""
-        await self._check_user(user)
-        return await super().exec(*command, timeout=timeout, shell=shell, user=None)
+        """Run a command as `user` (None: the workspace's user): switched to from a root
+        workspace by `runuser`/`su`, not the SDK's `sudo -u` (images seldom have sudo)."""
+        argv = self._prepare_exec_command(*command, shell=shell, user=None)
+        line = shell_line(argv)
+        switched = await self._user.command_as(line, user_name(user))
+        if switched == line:
+            return await super().exec(*command, timeout=timeout, shell=shell, user=None)
+        # The SDK's own `shell` argument (a command line for the workspace's shell).
+        return await super().exec(switched, timeout=timeout, shell=["sh", "-c"],  # noqa: S604
+                                  user=None)
 
     async def _check_user(self, user: str | User | None) -> None:
-        name = user_name(user)
-        if name is not None and not await self._run_user.accepts(name):
-            raise PermissionError(not_run_user(name, self._run_user.name))
+        """PermissionError (UserUnavailableError) unless a call can run as `user`."""
+        await self._user.check(user_name(user))
 
     async def _exec_internal(self, *command: str | Path,
                              timeout: float | None = None) -> ExecResult:
