@@ -322,7 +322,10 @@ class ExactOutput:
             self._stale += stale
             return Exact(result, b"", b"")
         self._stale += [out, err]
-        return Exact(result, await self._read(out, max_bytes), await self._read(err, max_bytes))
+        # Both at once: one round trip's wait, not two.
+        stdout, stderr = await asyncio.gather(self._read(out, max_bytes),
+                                              self._read(err, max_bytes))
+        return Exact(result, stdout, stderr)
 
     async def _read(self, path: str, max_bytes: int) -> bytes:
         try:
