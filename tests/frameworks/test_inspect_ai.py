@@ -404,3 +404,40 @@ async def test_an_eval_whose_sandbox_names_an_image(
     assert [message.text for message in tools] == ["bookworm\nroot\napt\n"]
     scores: dict[str, Any] = sample.scores or {}
     assert scores["includes"].value == "C"
+
+
+async def test_a_docker_tasks_compose_file_is_found_beside_it(
+        fleet_env: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        registry_images: dict[str, str]) -> None:
+    """`sandbox="bashfleet"` with a compose.yaml in the task's directory, as a docker task
+    has it: inspect hands the file over and the sample runs in its image."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "compose.yaml").write_text(
+        f"services:\n  default:\n    image: {registry_images['debian']}\n")
+    model = get_model("mockllm/model", custom_outputs=[
+        bash_call("c1", "grep -o bookworm /etc/os-release | head -1"), answer("bookworm")])
+    task = Task(dataset=[Sample(input="Which release?", target="bookworm")],
+                solver=[use_tools(bash(timeout=60)), generate()], scorer=includes(),
+                sandbox="bashfleet")
+    [log] = await eval_async(task, model=model, log_dir=str(tmp_path / "logs"),
+                             log_format="json", message_limit=20)
+    assert log.status == "success", log.error
+    sample = log.samples[0] if log.samples else None
+    assert sample is not None
+    tools = [message for message in sample.messages if isinstance(message, ChatMessageTool)]
+    assert [message.text for message in tools] == ["bookworm\n"]
+
+
+async def test_an_eval_of_several_services_fails_and_runs_nothing(
+        fleet_env: str, tmp_path: Path, redis_server: RedisServer) -> None:
+    compose = tmp_path / "compose.yaml"
+    compose.write_text("services:\n  default:\n    image: a:1\n  db:\n    image: b:1\n")
+    model = get_model("mockllm/model", custom_outputs=[bash_call("c1", "touch ran")])
+    task = Task(dataset=[Sample(input="x", target="y")],
+                solver=[use_tools(bash(timeout=60)), generate()], scorer=includes(),
+                sandbox=("bashfleet", str(compose)))
+    with pytest.raises(ValueError, match=r"2 services.*one container"):
+        await eval_async(task, model=model, log_dir=str(tmp_path / "logs"),
+                         log_format="json", message_limit=20)
+    with Fleet(redis_server.url, owner=fleet_env) as fleet:
+        assert fleet.workspaces() == []
