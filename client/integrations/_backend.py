@@ -382,22 +382,27 @@ def cannot_become(user: str, current: str) -> str:
 class InsideUser:
     """Who a workspace's calls run as inside it (asked once: `id -un; id -u`), and how a
     framework's `user=` is had: as it is when it names that user, switched to from root
-    (`as_user`), else refused (`UserUnavailableError`)."""
+    (`as_user`), else refused (`UserUnavailableError`). `default`: the user a call that
+    names none runs as (an image's USER in a workspace made root for a framework that
+    asks for root at times: `made_root`)."""
 
-    def __init__(self, workspace: AsyncWorkspace) -> None:
+    def __init__(self, workspace: AsyncWorkspace, default: str | None = None) -> None:
         self._workspace = workspace
+        self.default = default
+        """The user of a call that names none (None: the workspace's own)."""
         self.names: tuple[str, ...] = ()
-        """Its name and uid, once asked."""
+        """The workspace's user's name and uid, once asked."""
 
     async def known(self) -> tuple[str, ...]:
-        """Its name and uid."""
+        """The workspace's user's name and uid."""
         if not self.names:
             found = await self._workspace.run("id -un 2>/dev/null; id -u", check=False)
             self.names = tuple(found.stdout.split())
         return self.names
 
     async def command_as(self, command: str, user: str | None) -> str:
-        """`command` as a call that runs it as `user` (None: the workspace's user)."""
+        """`command` as a call that runs it as `user` (None: the default user)."""
+        user = user if user is not None else self.default
         if user is None:
             return command
         names = await self.known()
@@ -410,6 +415,32 @@ class InsideUser:
     async def check(self, user: str | None) -> None:
         """UserUnavailableError unless a call can run as `user`."""
         await self.command_as("", user)
+
+
+async def made_root(fleet: AsyncFleet, kwargs: dict[str, Any]
+                    ) -> tuple[AsyncWorkspace, str | None]:
+    """A workspace as `Fleet.workspace(**kwargs)` makes it, but root when it is an
+    image's and no user is asked for, with the image's USER as the default user of its
+    calls (None: root, or a user was asked for). A container's runtime runs a command as
+    root whenever asked (`docker exec -u root`), whatever the image's USER; a workspace of
+    a user other than root could never become root again."""
+    if kwargs.get("user") is not None or not (kwargs.get("image") or kwargs.get("build")):
+        return await fleet.workspace(**kwargs), None
+    workspace = await fleet.workspace(**{**kwargs, "user": "root"})
+    try:
+        return workspace, await image_user(fleet, workspace)
+    except BaseException:
+        await workspace.delete()
+        raise
+
+
+async def image_user(fleet: AsyncFleet, workspace: AsyncWorkspace) -> str | None:
+    """The USER of a workspace's image as its host holds it (None: root, or none)."""
+    digest = (workspace.view.image or "").rpartition("@")[2]
+    for info in await fleet.images(host=workspace.host):
+        if info.digest == digest:
+            return None if info.user in ("", "root", "0", "0:0") else info.user
+    return None
 
 
 # --------------------------------------------------------------------------- files
@@ -436,8 +467,13 @@ def file_error(exc: BashfleetError, path: str) -> OSError | None:
         for builtin in typed:
             if isinstance(exc, builtin):
                 return builtin(exc.errno, os.strerror(exc.errno or errno.EIO), path)
+    return os_error_in(exc.message, path)
+
+
+def os_error_in(message: str, path: str) -> OSError | None:
+    """The OSError a file tool's (or a shell's) message says, with `path` in it."""
     for text, kind, code in _FILE_ERRORS:
-        if text in exc.message:
+        if text in message:
             return kind(code, text, path)
     return None
 

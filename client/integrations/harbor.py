@@ -18,12 +18,14 @@ calls' view: `/logs` (agent, verifier, artifacts), `/tests`, `/solution`, and th
 `exec` runs the command as a call in the workspace with the environment, cwd and timeout
 Harbor passes (past the timeout the call is killed and `exec` raises, as Docker's does),
 stdout and stderr apart, whole and as the command wrote them (`ExactOutput`). `user`
-(or the environment's default user: the task's `[agent] user`, `[verifier] user`): the
-workspace's own user (the image's USER, else root) runs it as is; a root workspace runs it
-as any user of its image (`runuser`/`su`); a workspace of another user refuses it
-(PermissionError). Files go both ways through the workspace (`upload_file/dir`,
-`download_file/dir`). The task's `no-network` policy is the workspace's own network
-namespace; its cpus, memory_mb and storage_mb are the workspace's limits.
+(or the environment's default user: the task's `[agent] user`, `[verifier] user`; else
+the image's USER) runs it: an image's workspace is made root (`made_root`, unless the
+option `user` names another) and a call runs as another user of its image through
+`runuser`/`su`/`setpriv`, as `docker exec -u` would; a workspace of a user other than
+root refuses another user (PermissionError). Files go both ways through the workspace
+(`upload_file/dir`, `download_file/dir`). The task's `no-network` policy is the
+workspace's own network namespace; its cpus, memory_mb and storage_mb are the workspace's
+limits.
 
 Options (`--ek key=value`, or `environment.kwargs`): `WorkspaceOptions`' (redis_url, owner,
 host, label, path, ttl_s, isolation, network, limits, user; image or build when the task
@@ -64,6 +66,7 @@ from client.integrations._backend import (
     UserUnavailableError,
     WorkspaceOptions,
     file_error,
+    made_root,
 )
 from worker.wire.models import MAX_TIMEOUT_S, Policy, WorkspaceLimits
 
@@ -185,13 +188,14 @@ class BashfleetEnvironment(BaseEnvironment):  # type: ignore[misc]  # Harbor: an
             self.environment_dir, self.task_env_config.docker_image, force_build)
         self._fleet = AsyncFleet(**self.options.fleet_kwargs())
         try:
-            self._workspace = await self._fleet.workspace(**self._workspace_kwargs())
+            self._workspace, default_user = await made_root(self._fleet,
+                                                            self._workspace_kwargs())
         except BaseException:
             await self._fleet.close()
             self._fleet = None
             raise
         self._lease = Renewer(self.workspace)
-        self._user = InsideUser(self.workspace)
+        self._user = InsideUser(self.workspace, default_user)
         self._output = ExactOutput(self.workspace)
         # The directories a container image would have: the agent's and verifier's logs.
         paths = EnvironmentPaths.for_os(self.os)

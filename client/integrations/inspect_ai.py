@@ -23,13 +23,15 @@ How inspect's `SandboxEnvironment` maps onto `AsyncWorkspace`:
   PermissionError; past INSPECT_SANDBOX_MAX_EXEC_OUTPUT_SIZE on a stream,
   OutputLimitExceededError. Output is the command's own bytes, decoded (`ExactOutput`:
   never the fleet's sanitized, redacted text).
-- `user=`: the workspace's own user (the image's USER, else root, unless the config's
-  `user` says) runs it as is; a root workspace runs it as any other user of its image
-  (`runuser`/`su`); a workspace of another user raises SandboxUserUnsupportedError.
-- `read_file` / `write_file`: `AsyncWorkspace.read_file` / `write_file` (as the
-  workspace's user, in the calls' view: a relative path is in the workspace, `/tmp/...`
-  its own /tmp), with FileNotFoundError, PermissionError, IsADirectoryError as inspect
-  expects and INSPECT_SANDBOX_MAX_READ_FILE_SIZE enforced.
+- `user=`: an image's workspace is made root (`made_root`) and a call that names no user
+  runs as the image's USER, as docker's does; `user="root"` or any user of the image runs
+  as that user (`runuser`/`su`/`setpriv`). With the config's `user`, the workspace is that
+  user's alone: another raises SandboxUserUnsupportedError.
+- `read_file` / `write_file`: `AsyncWorkspace.read_file` / `write_file` (in the calls'
+  view: a relative path is in the workspace, `/tmp/...` its own /tmp), with
+  FileNotFoundError, PermissionError, IsADirectoryError as inspect expects and
+  INSPECT_SANDBOX_MAX_READ_FILE_SIZE enforced; where calls run as an image's USER by
+  default, a file is written by a command of that user (its file, as docker's writes).
 """
 
 from __future__ import annotations
@@ -75,6 +77,8 @@ from client.integrations._backend import (
     WorkspaceOptions,
     exit_status,
     file_error,
+    made_root,
+    os_error_in,
     shell_line,
     stage,
 )
@@ -211,13 +215,14 @@ def exec_result(exact: Exact, output_limit: int, limit_text: str) -> ExecResult[
 class BashfleetSandboxEnvironment(SandboxEnvironment):  # type: ignore[misc]
     """One sample's workspace on the fleet (see the module's docstring)."""
 
-    def __init__(self, workspace: AsyncWorkspace, config: BashfleetSandboxConfig) -> None:
+    def __init__(self, workspace: AsyncWorkspace, config: BashfleetSandboxConfig,
+                 default_user: str | None = None) -> None:
         super().__init__()
         self.workspace = workspace
         """The sample's workspace."""
         self._config = config
         self._renewer = Renewer(workspace)
-        self._user = InsideUser(workspace)
+        self._user = InsideUser(workspace, default_user)
         self._output = ExactOutput(workspace)
 
     # ------------------------------------------------------------------ lifecycle
@@ -241,12 +246,12 @@ class BashfleetSandboxEnvironment(SandboxEnvironment):  # type: ignore[misc]
         options = config_of(config)
         fleet = POOL.acquire(options.owner)
         try:
-            workspace = await fleet.workspace(**options.create_kwargs(
+            workspace, default_user = await made_root(fleet, options.create_kwargs(
                 tags={"framework": "inspect-ai", "task": task_name[:256]}))
         except BaseException:
             await POOL.release(options.owner)
             raise
-        return {"default": cls(workspace, options)}
+        return {"default": cls(workspace, options, default_user)}
 
     @classmethod
     async def sample_cleanup(cls, task_name: str, config: SandboxEnvironmentConfigType | None,
@@ -328,11 +333,27 @@ class BashfleetSandboxEnvironment(SandboxEnvironment):  # type: ignore[misc]
     # ---------------------------------------------------------------------- files
 
     async def write_file(self, file: str, contents: str | bytes) -> None:
-        """Write a file (its parents made), as the run user."""
+        """Write a file (its parents made) as the workspace's user, or as the image's
+        USER when calls run as it by default (as docker's sandbox writes: theirs, the
+        agent's, to change later)."""
+        if self._user.default is not None:
+            await self._write_as_default(file, contents)
+            return
         try:
             await self.workspace.write_file(file, contents)
         except BashfleetError as exc:
             raise self._os_error(exc, file) from None
+
+    async def _write_as_default(self, file: str, contents: str | bytes) -> None:
+        """`write_file` by a command of the default user (a relative path under the
+        workspace's directory, as `read_file` reads it)."""
+        done = await self.exec(
+            ["sh", "-c", 'mkdir -p -- "$(dirname -- "$1")" && cat > "$1"', "sh", file],
+            input=contents.encode() if isinstance(contents, str) else contents,
+            cwd=self.workspace.path)
+        if not done.success:
+            raise os_error_in(done.stderr, file) or RuntimeError(
+                f"could not write {file}: {done.stderr.strip()}")
 
     @overload
     async def read_file(self, file: str, text: Literal[True] = True) -> str: ...

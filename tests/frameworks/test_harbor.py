@@ -154,17 +154,24 @@ async def test_root_and_other_users_from_a_root_workspace(
     assert unknown.return_code != 0 and "agent" in (unknown.stderr or "")
 
 
-async def test_a_non_root_image_refuses_another_user(
+async def test_an_images_user_runs_commands_and_root_is_had_when_asked(
         host: WorkerProcess, owner: str, tmp_path: Path,
         registry_images: dict[str, str]) -> None:
     made = environment(tmp_path, config=EnvironmentConfig(docker_image=registry_images["user"]))
     await made.start(force_build=False)
     try:
         assert (await made.exec("id -u; pwd; echo $GREETING")).stdout == "1000\n/work\nhello\n"
-        with pytest.raises(PermissionError, match="user 'root'"):
-            await made.exec("id", user="root")
+        assert (await made.exec("id -u; echo $GREETING", user="root")).stdout == "0\nhello\n"
     finally:
         await made.stop(delete=True)
+    only = environment(tmp_path, config=EnvironmentConfig(docker_image=registry_images["user"]),
+                       user="1000")
+    await only.start(force_build=False)
+    try:
+        with pytest.raises(PermissionError, match="user 'root'"):
+            await only.exec("id", user="root")
+    finally:
+        await only.stop(delete=True)
 
 
 async def test_output_is_the_commands_own_bytes(env: BashfleetEnvironment) -> None:

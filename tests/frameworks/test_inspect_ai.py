@@ -271,10 +271,29 @@ async def image_env(config: BashfleetSandboxConfig) -> AsyncIterator[SandboxEnvi
 
 async def test_an_image_config_runs_in_the_image(fleet_env: str,
                                                  registry_images: dict[str, str]) -> None:
+    """An image with a USER: calls run as it, in its WORKDIR, with its ENV; root (or any
+    user) when a call asks, as `docker exec -u` does; files written are its USER's."""
     config = BashfleetSandboxConfig(host=HOST, image=registry_images["user"])
     async for env in image_env(config):
         done = await env.exec(["sh", "-c", "id -u; pwd; echo $GREETING"])
         assert done.stdout == "1000\n/work\nhello\n"
+        assert (await env.exec(["id", "-u"], user="root")).stdout == "0\n"
+        await env.write_file("/tmp/deep/mine.txt", "agent's\n")
+        owners = await env.exec(["stat", "-c", "%u", "/tmp/deep", "/tmp/deep/mine.txt"])
+        assert owners.stdout == "1000\n1000\n"
+        assert await env.read_file("/tmp/deep/mine.txt") == "agent's\n"
+        with pytest.raises(PermissionError):
+            await env.write_file("/etc/not-mine", "x")
+        await env.exec(["sh", "-c", "mkdir -p /work && chown 1000 /work"], user="root")
+        await env.write_file("/work/notes.txt", "n\n")
+        assert (await env.exec(["cat", "notes.txt"])).stdout == "n\n"
+
+
+async def test_a_user_config_is_the_only_user(fleet_env: str,
+                                              registry_images: dict[str, str]) -> None:
+    config = BashfleetSandboxConfig(host=HOST, image=registry_images["debian"], user="1000")
+    async for env in image_env(config):
+        assert (await env.exec(["id", "-u"])).stdout == "1000\n"
         with pytest.raises(SandboxUserUnsupportedError, match="user 'root'"):
             await env.exec(["id"], user="root")
 
