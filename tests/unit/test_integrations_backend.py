@@ -10,6 +10,8 @@ import errno
 import os
 import subprocess
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
 from hypothesis import given, settings
@@ -27,11 +29,12 @@ from client.integrations._backend import (
     capturing,
     exit_status,
     file_error,
+    made_root,
     renew_interval,
     shell_line,
     stage,
 )
-from worker.wire.models import MAX_COMMAND_BYTES, WorkspaceLimits
+from worker.wire.models import MAX_COMMAND_BYTES, ImageInfo, WorkspaceLimits
 
 
 def run_locally(staged: Staged) -> subprocess.CompletedProcess[bytes]:
@@ -211,3 +214,41 @@ def test_the_fleet_client_is_shared_per_loop_and_owner_and_closed_by_its_last_us
         await pool.release("nobody")  # never held: nothing to do
 
     asyncio.run(scenario())
+
+
+class FakeFleet:
+    """What `made_root` asks of a fleet: a workspace, the images of its host."""
+
+    def __init__(self, image_user: str) -> None:
+        self.asked: list[dict[str, Any]] = []
+        self.deleted = False
+        self._user = image_user
+
+    async def workspace(self, **kwargs: Any) -> Any:
+        self.asked.append(kwargs)
+        view = SimpleNamespace(image="reg.example/a:1@sha256:bb")
+        return SimpleNamespace(view=view, host="h1", delete=self._delete)
+
+    async def images(self, *, host: str) -> list[ImageInfo]:
+        return [ImageInfo(ref="other", digest="sha256:aa", user="7"),
+                ImageInfo(ref="reg.example/a:1", digest="sha256:bb", user=self._user)]
+
+    async def _delete(self) -> None:
+        self.deleted = True
+
+
+@pytest.mark.parametrize(("kwargs", "image_user", "asked_user", "default"), [
+    ({"image": "reg.example/a:1", "user": None}, "1000", "root", "1000"),
+    ({"image": "reg.example/a:1", "user": None}, "", "root", None),
+    ({"image": "reg.example/a:1", "user": None}, "0:0", "root", None),
+    ({"build": "./ctx", "user": None}, "app", "root", "app"),
+    ({"image": "reg.example/a:1", "user": "1000"}, "1000", "1000", None),
+    ({"image": None, "user": None}, "1000", None, None),
+])
+def test_an_images_workspace_is_made_root_with_its_user_as_the_default(
+        kwargs: dict[str, Any], image_user: str, asked_user: str | None,
+        default: str | None) -> None:
+    fleet = FakeFleet(image_user)
+    _, found = asyncio.run(made_root(cast(Any, fleet), kwargs))
+    assert [asked["user"] for asked in fleet.asked] == [asked_user]
+    assert found == default and not fleet.deleted
