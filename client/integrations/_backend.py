@@ -1,15 +1,18 @@
 """What the framework adapters share: how a workspace is asked for (`WorkspaceOptions`,
 which each framework takes in its own way: inspect's config, the Agents SDK's options,
 Harbor's `--ek key=value`, mini-swe-agent's environment config, `bashfleet swerex`'s
-flags), one fleet client per event loop, the lease kept while a framework holds its
-workspace (a task or a thread), and the few translations a framework's exec needs that
-the client does not do (stdin bytes, a command line past a call's cap, `user=`, exit
-statuses, file errors).
+flags; an image among them), one fleet client per event loop, the lease kept while a
+framework holds its workspace (a task or a thread), and the few translations a
+framework's exec needs that the client does not do (stdin bytes, a command line past a
+call's cap, `user=`, the command's own output, exit statuses, file errors).
 
 Nothing here runs a command or moves a file itself: that is `Workspace`'s. A framework's
 `exec(cmd, input=...)` becomes one `Workspace.run`; its stdin and an over-long command
 line travel as files of the workspace's own /tmp (`Workspace.write_file`), which the
-command removes before it runs.
+command removes before it runs; its stdout and stderr come back through files there too
+(`ExactOutput`), byte for byte. A `user=` other than the workspace's own is had from a
+root workspace (`InsideUser`, `as_user`); `made_root` makes an image's workspace root
+with the image's USER as its calls' default, for frameworks that ask for root at times.
 """
 
 from __future__ import annotations
