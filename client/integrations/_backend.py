@@ -1,15 +1,18 @@
 """What the framework adapters share: how a workspace is asked for (`WorkspaceOptions`,
 which each framework takes in its own way: inspect's config, the Agents SDK's options,
 Harbor's `--ek key=value`, mini-swe-agent's environment config, `bashfleet swerex`'s
-flags), one fleet client per event loop, the lease kept while a framework holds its
-workspace (a task or a thread), and the few translations a framework's exec needs that
-the client does not do (stdin bytes, a command line past a call's cap, `user=`, exit
-statuses, file errors).
+flags; an image among them), one fleet client per event loop, the lease kept while a
+framework holds its workspace (a task or a thread), and the few translations a
+framework's exec needs that the client does not do (stdin bytes, a command line past a
+call's cap, `user=`, the command's own output, exit statuses, file errors).
 
 Nothing here runs a command or moves a file itself: that is `Workspace`'s. A framework's
 `exec(cmd, input=...)` becomes one `Workspace.run`; its stdin and an over-long command
 line travel as files of the workspace's own /tmp (`Workspace.write_file`), which the
-command removes before it runs.
+command removes before it runs; its stdout and stderr come back through files there too
+(`ExactOutput`), byte for byte. A `user=` other than the workspace's own is had from a
+root workspace (`InsideUser`, `as_user`); `made_root` makes an image's workspace root
+with the image's USER as its calls' default, for frameworks that ask for root at times.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import os
 import shlex
 import threading
 import uuid
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -72,11 +75,21 @@ class WorkspaceOptions(BaseModel):
     """Tags, for listings (`workspace ls`)."""
     owner: str | None = None
     """Who it belongs to (default BASHFLEET_OWNER, else `user:<login>`)."""
+    image: str | None = None
+    """An OCI image reference: its root filesystem is the workspace's `/` (None: the
+    host's own root)."""
+    build: str | None = None
+    """A local directory with a Dockerfile, built on the host: the image of its `/`."""
+    user: str | None = None
+    """Who its calls run as inside (a name, `uid` or `uid:gid`; None: the image's USER,
+    else root)."""
 
     @model_validator(mode="after")
     def _one_place(self) -> WorkspaceOptions:
         if self.host is not None and self.label is not None:
             raise ValueError("give a host or a label, not both")
+        if self.image is not None and self.build is not None:
+            raise ValueError("give an image or a build directory, not both")
         return self
 
     def __hash__(self) -> int:
@@ -96,6 +109,7 @@ class WorkspaceOptions(BaseModel):
             "host": self.host, "label": self.label, "path": self.path, "ttl_s": self.ttl_s,
             "isolation": self.isolation, "network": self.network, "limits": self.limits,
             "mounts": dict(self.mounts), "tags": {**(tags or {}), **self.tags},
+            "image": self.image, "build": self.build, "user": self.user,
         }
         made.update(override)
         return made
@@ -267,6 +281,62 @@ async def run_staged(workspace: AsyncWorkspace, staged: Staged, **options: Any) 
     return await workspace.run(staged.command, **options)
 
 
+def capturing(command: str, out: str, err: str, stale: Sequence[str] = ()) -> str:
+    """`command` with its stdout and stderr in the files `out` and `err` (the files of
+    `stale`, earlier captures read already, removed first)."""
+    removed = f"rm -f -- {' '.join(map(shlex.quote, stale))}\n" if stale else ""
+    return f"{removed}{{ {command}\n}} >{shlex.quote(out)} 2>{shlex.quote(err)}"
+
+
+@dataclass(frozen=True)
+class Exact:
+    """A call and its command's output as the command wrote it (`ExactOutput.run`)."""
+
+    result: CallResult
+    stdout: bytes
+    """At most `max_bytes + 1` bytes: more than `max_bytes` says there was more."""
+    stderr: bytes
+
+
+class ExactOutput:
+    """Calls whose output comes back byte for byte. A call's own output is the fleet's
+    text (sanitized: ANSI and control bytes dropped, `\\r\\n` read as `\\n`; redacted),
+    which is right for a model to read and wrong for a harness that parses what a command
+    printed; so the command writes its stdout and stderr to files of the workspace's
+    own /tmp, read back whole after it. Each call removes the files of the calls before
+    it (read already): no call of its own for that; the last ones go with the workspace."""
+
+    def __init__(self, workspace: AsyncWorkspace) -> None:
+        self._workspace = workspace
+        self._stale: list[str] = []
+
+    async def run(self, staged: Staged, max_bytes: int, **options: Any) -> Exact:
+        """Run a staged command (`AsyncWorkspace.run`'s options); its output, each
+        stream read up to `max_bytes + 1` bytes."""
+        out, err = staging_path("stdout"), staging_path("stderr")
+        stale, self._stale = self._stale, []
+        try:
+            result = await run_staged(self._workspace, Staged(
+                capturing(staged.command, out, err, stale), staged.files), **options)
+        except BaseException:
+            self._stale += stale
+            raise
+        if result.error is not None and result.exit_code is None:  # it did not run
+            self._stale += stale
+            return Exact(result, b"", b"")
+        self._stale += [out, err]
+        # Both at once: one round trip's wait, not two.
+        stdout, stderr = await asyncio.gather(self._read(out, max_bytes),
+                                              self._read(err, max_bytes))
+        return Exact(result, stdout, stderr)
+
+    async def _read(self, path: str, max_bytes: int) -> bytes:
+        try:
+            return await self._workspace.read_file(path, max_bytes=max_bytes + 1)
+        except FileNotFoundError:
+            return b""  # killed before its shell opened the file
+
+
 def shell_line(argv: Sequence[str]) -> str:
     """An argv as one shell command line (each word quoted as needed)."""
     if not argv:
@@ -285,43 +355,95 @@ def exit_status(exit_code: int | None, signal: int | None) -> int:
 # --------------------------------------------------------------------------- users
 
 
-def is_run_user(user: str | None, names: Collection[str]) -> bool:
-    """Whether a framework's `user=` names the run user (every call runs as it: never
-    root, never another user); `names`: its name and uid."""
-    return user is None or user in names
+class UserUnavailableError(PermissionError):
+    """A framework's `user=` that the workspace's calls cannot become."""
 
 
-def not_run_user(user: str, run_as: str) -> str:
-    """Why `user` cannot be had."""
-    return (f"bashfleet runs every command as its run user {run_as!r} (never root, never "
-            f"another user): cannot run as {user!r}")
+def as_user(command: str, user: str) -> str:
+    """`command` run as `user` by a call that is root inside its workspace (which holds
+    every capability of its own namespace): with `setpriv` for a numeric `uid[:gid]`, else
+    util-linux's `runuser` where the image has it, else `su` (busybox's too), in the
+    call's own shell (bash where it has one)."""
+    inner = shlex.quote(command)
+    uid, _, gid = user.partition(":")
+    if uid.isdigit() and (not gid or gid.isdigit()):
+        return (f'setpriv --reuid={uid} --regid={gid or uid} --clear-groups -- '
+                f'"${{BASH:-/bin/sh}}" -c {inner}')
+    name = shlex.quote(user)
+    return (f"if command -v runuser >/dev/null 2>&1; then "
+            f'runuser -u {name} -- "${{BASH:-/bin/sh}}" -c {inner}; '
+            f'else su -s "${{BASH:-/bin/sh}}" -c {inner} {name}; fi')
 
 
-class RunUser:
-    """Who a workspace's calls run as, and the names a framework's `user=` may give it:
-    its name (the workspace's view says it), and its uid (asked once, when needed)."""
+def cannot_become(user: str, current: str) -> str:
+    """Why a call of a workspace whose calls run as `current` cannot run as `user`."""
+    return (f"this workspace's calls run as {current!r}, not root, so a command cannot run "
+            f"as {user!r}: make the workspace with user 'root' (the framework's config: "
+            "`user: root`) to run commands as other users")
 
-    def __init__(self, workspace: AsyncWorkspace) -> None:
+
+class InsideUser:
+    """Who a workspace's calls run as inside it (asked once: `id -un; id -u`), and how a
+    framework's `user=` is had: as it is when it names that user, switched to from root
+    (`as_user`), else refused (`UserUnavailableError`). `default`: the user a call that
+    names none runs as (an image's USER in a workspace made root for a framework that
+    asks for root at times: `made_root`)."""
+
+    def __init__(self, workspace: AsyncWorkspace, default: str | None = None) -> None:
         self._workspace = workspace
-        run_as = workspace.view.run_as
-        self.names: set[str] = {run_as} if run_as else set()
-        """Its name and uid, as far as known."""
-        self._asked = False
+        self.default = default
+        """The user of a call that names none (None: the workspace's own)."""
+        self.names: tuple[str, ...] = ()
+        """The workspace's user's name and uid, once asked."""
 
-    @property
-    def name(self) -> str:
-        """Its name, for messages."""
-        return self._workspace.view.run_as or "/".join(sorted(self.names)) or "?"
+    async def known(self) -> tuple[str, ...]:
+        """The workspace's user's name and uid."""
+        if not self.names:
+            found = await self._workspace.run("id -un 2>/dev/null; id -u", check=False)
+            self.names = tuple(found.stdout.split())
+        return self.names
 
-    async def accepts(self, user: str | None) -> bool:
-        """Whether `user` (None: the default) is the run user."""
-        if is_run_user(user, self.names):
-            return True
-        if not self._asked:
-            self._asked = True
-            found = await self._workspace.run("id -un; id -u", check=False)
-            self.names.update(found.stdout.split())
-        return is_run_user(user, self.names)
+    async def command_as(self, command: str, user: str | None) -> str:
+        """`command` as a call that runs it as `user` (None: the default user)."""
+        user = user if user is not None else self.default
+        if user is None:
+            return command
+        names = await self.known()
+        if user in names:
+            return command
+        if "0" in names:
+            return as_user(command, user)
+        raise UserUnavailableError(cannot_become(user, names[0] if names else "?"))
+
+    async def check(self, user: str | None) -> None:
+        """UserUnavailableError unless a call can run as `user`."""
+        await self.command_as("", user)
+
+
+async def made_root(fleet: AsyncFleet, kwargs: dict[str, Any]
+                    ) -> tuple[AsyncWorkspace, str | None]:
+    """A workspace as `Fleet.workspace(**kwargs)` makes it, but root when it is an
+    image's and no user is asked for, with the image's USER as the default user of its
+    calls (None: root, or a user was asked for). A container's runtime runs a command as
+    root whenever asked (`docker exec -u root`), whatever the image's USER; a workspace of
+    a user other than root could never become root again."""
+    if kwargs.get("user") is not None or not (kwargs.get("image") or kwargs.get("build")):
+        return await fleet.workspace(**kwargs), None
+    workspace = await fleet.workspace(**{**kwargs, "user": "root"})
+    try:
+        return workspace, await image_user(fleet, workspace)
+    except BaseException:
+        await workspace.delete()
+        raise
+
+
+async def image_user(fleet: AsyncFleet, workspace: AsyncWorkspace) -> str | None:
+    """The USER of a workspace's image as its host holds it (None: root, or none)."""
+    digest = (workspace.view.image or "").rpartition("@")[2]
+    for info in await fleet.images(host=workspace.host):
+        if info.digest == digest:
+            return None if info.user in ("", "root", "0", "0:0") else info.user
+    return None
 
 
 # --------------------------------------------------------------------------- files
@@ -348,8 +470,13 @@ def file_error(exc: BashfleetError, path: str) -> OSError | None:
         for builtin in typed:
             if isinstance(exc, builtin):
                 return builtin(exc.errno, os.strerror(exc.errno or errno.EIO), path)
+    return os_error_in(exc.message, path)
+
+
+def os_error_in(message: str, path: str) -> OSError | None:
+    """The OSError a file tool's (or a shell's) message says, with `path` in it."""
     for text, kind, code in _FILE_ERRORS:
-        if text in exc.message:
+        if text in message:
             return kind(code, text, path)
     return None
 

@@ -4,39 +4,51 @@
         --ek label=linux
 
 A trial's environment is one workspace on a build host, made by `start`, renewed while
-the trial runs, deleted by `stop(delete=True)`. The task runs on the host as it is: a task
-whose environment names a Docker image or has a Dockerfile (or a compose file) is refused
-at `start` (`ImageRefusedError`: the host is not that image) unless the environment is told
-`--ek ignore_image=true`. Harbor's absolute paths are directories of the workspace shown
-at those paths in its calls' view: `/logs` (agent, verifier, artifacts), `/tests`,
-`/solution`, and the task's `workdir` when it declares one (a call without a cwd starts
-there, else in the workspace's directory).
+the trial runs, deleted by `stop(delete=True)`. Its `/` is the task's image, picked as
+Harbor's docker environment picks it: the `main` service of the task's
+`docker-compose.yaml` (its `image:` or `build:`), else `docker_image` (unless
+`force_build` with a Dockerfile), else `environment/Dockerfile`, built on the host by
+buildah (the local directory copied there). A compose file with other services is
+refused at `start` (`ComposeRefusedError`): the workspace is one container. A task with
+none of these, or the option `ignore_image=true`, runs on the build host's own root; there
+Harbor's absolute paths are directories of the workspace shown at those paths in its
+calls' view: `/logs` (agent, verifier, artifacts), `/tests`, `/solution`, and the task's
+`workdir` when it declares one. In an image they are the image's own paths.
 
-`exec` runs the command as a call in the workspace with the environment and timeout
+`exec` runs the command as a call in the workspace with the environment, cwd and timeout
 Harbor passes (past the timeout the call is killed and `exec` raises, as Docker's does),
-stdout and stderr apart and whole. Calls never run as root: Harbor's `root` (its own
-housekeeping: making and emptying /logs directories, packing transfers) and the run user
-both run as the workspace's run user; any other user (a task's `[agent] user` or
-`[verifier] user`) is refused with a message that says so. Files go both ways through
-the workspace (`upload_file/dir`, `download_file/dir`). The task's `no-network` policy is
-the workspace's own network namespace; its cpus, memory_mb and storage_mb are the
-workspace's limits.
+stdout and stderr apart, whole and as the command wrote them (`ExactOutput`). `user`
+(or the environment's default user: the task's `[agent] user`, `[verifier] user`; else
+the image's USER) runs it: an image's workspace is made root (`made_root`, unless the
+option `user` names another) and a call runs as another user of its image through
+`runuser`/`su`/`setpriv`, as `docker exec -u` would; a workspace of a user other than
+root refuses another user (PermissionError). Files go both ways through the workspace
+(`upload_file/dir`, `download_file/dir`). The task's `no-network` policy is the
+workspace's own network namespace; its cpus, memory_mb and storage_mb are the workspace's
+limits.
 
 Options (`--ek key=value`, or `environment.kwargs`): `WorkspaceOptions`' (redis_url, owner,
-host, label, path, ttl_s, isolation, network, limits) and `ignore_image`; the fleet and
-the owner otherwise come from the BASHFLEET_* settings.
+host, label, path, ttl_s, isolation, network, limits, user; image or build when the task
+names none) and `ignore_image`; the fleet and the owner otherwise come from the
+BASHFLEET_* settings. The worker pulls and builds with its own registry settings
+(BASHFLEET_REGISTRY_AUTH_FILE, BASHFLEET_REGISTRY_CERTS_DIR, BASHFLEET_REGISTRY_INSECURE).
 """
 
 from __future__ import annotations
 
 import shlex
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 try:
     from harbor.environments.base import BaseEnvironment, ExecResult, SandboxBuildFailedError
     from harbor.environments.capabilities import EnvironmentCapabilities
-    from harbor.environments.definition import COMPOSE_FILE_NAME, DOCKERFILE_NAME
+    from harbor.environments.definition import (
+        COMPOSE_FILE_NAME,
+        DOCKERFILE_NAME,
+        should_use_prebuilt_docker_image,
+    )
     from harbor.environments.options import EnvironmentOptions
     from harbor.models.trial.paths import EnvironmentPaths
 except ModuleNotFoundError as exc:  # the extra is not installed: say which
@@ -46,7 +58,16 @@ except ModuleNotFoundError as exc:  # the extra is not installed: say which
 
 from client.aio import AsyncFleet, AsyncWorkspace
 from client.errors import BashfleetError
-from client.integrations._backend import Renewer, WorkspaceOptions, file_error
+from client.integrations._backend import (
+    ExactOutput,
+    InsideUser,
+    Renewer,
+    Staged,
+    UserUnavailableError,
+    WorkspaceOptions,
+    file_error,
+    made_root,
+)
 from worker.wire.models import MAX_TIMEOUT_S, Policy, WorkspaceLimits
 
 #: Harbor's absolute paths (harbor.models.trial.paths.EnvironmentPaths), as directories
@@ -54,44 +75,72 @@ from worker.wire.models import MAX_TIMEOUT_S, Policy, WorkspaceLimits
 HARBOR_MOUNTS = {"/logs": "logs", "/tests": "tests", "/solution": "solution"}
 #: The workspace directory shown at a task's declared `workdir`.
 WORKDIR_DIRECTORY = "workdir"
-#: Users Harbor may name that run as the run user: its own housekeeping asks for root.
-ROOT_NAMES = ("root", 0, "0")
+#: Harbor's service of a task's compose file whose container the trial runs in.
+MAIN_SERVICE = "main"
+#: The most output an exec reads back (each stream): Harbor gives no limit.
+MAX_EXEC_OUTPUT_BYTES = 64 * 1024 * 1024
 
 
 class BashfleetEnvironmentOptions(EnvironmentOptions, WorkspaceOptions):  # type: ignore[misc]
     """Harbor's environment options plus where and how the workspace is made."""
 
     ignore_image: bool = False
-    """Run a task whose environment names an image or a Dockerfile on the build host as
-    it is, rather than refuse it."""
+    """Run the task on the build host's own root, not in its environment's image (its
+    `docker_image`, Dockerfile or compose service)."""
 
 
-class ImageRefusedError(SandboxBuildFailedError):  # type: ignore[misc]  # Harbor: an extra
-    """The task's environment is an image the build host is not (not retried)."""
+class ComposeRefusedError(SandboxBuildFailedError):  # type: ignore[misc]  # Harbor: an extra
+    """The task's compose file has services besides `main` (not retried)."""
 
 
-def image_refusal(environment_dir: Path, docker_image: str | None) -> str | None:
-    """Why a task cannot run on a build host as it is, or None when it can."""
-    found = [name for name in (DOCKERFILE_NAME, COMPOSE_FILE_NAME)
-             if (environment_dir / name).exists()]
-    if docker_image:
-        found.insert(0, f"docker_image = {docker_image!r}")
-    if not found:
-        return None
-    return (f"the task's environment is a container image ({', '.join(found)}), and the "
-            "bashfleet environment runs a task on a build host as it is, without building "
-            "or pulling images; give --ek ignore_image=true to run it on the host anyway, "
-            "or pick a container environment for it")
+@dataclass(frozen=True)
+class TaskImage:
+    """What a task's environment is made of: an image reference, or a directory with a
+    Dockerfile built on the host."""
+
+    image: str | None = None
+    build: str | None = None
 
 
-def user_refusal(user: str | int | None, run_as: str | None) -> str | None:
-    """Why a command cannot run as `user`, or None when it runs as the run user."""
-    if user is None or user in ROOT_NAMES or (run_as is not None and str(user) == run_as):
-        return None
-    who = run_as or "the worker's own user"
-    return (f"the bashfleet environment runs every command as its run user ({who}), never "
-            f"as another: user {user!r} is refused (leave the task's [agent] user and "
-            "[verifier] user unset)")
+def task_image(environment_dir: Path, docker_image: str | None, force_build: bool
+               ) -> TaskImage | None:
+    """The image of a task's environment as Harbor's docker environment picks it: the
+    compose file's `main` service's image or build, else the prebuilt `docker_image`
+    (unless `force_build` with a Dockerfile), else the Dockerfile; None: none at all."""
+    compose = environment_dir / COMPOSE_FILE_NAME
+    if compose.exists():
+        found = compose_image(compose)
+        if found is not None:
+            return found
+    if should_use_prebuilt_docker_image(environment_dir, docker_image=docker_image,
+                                        force_build=force_build):
+        return TaskImage(image=docker_image)
+    if (environment_dir / DOCKERFILE_NAME).exists():
+        return TaskImage(build=str(environment_dir.resolve()))
+    return None
+
+
+def compose_image(compose: Path) -> TaskImage | None:
+    """The `main` service's image or build of a task's compose file (None: it names
+    neither: the Dockerfile or `docker_image` then). ComposeRefusedError when it has
+    other services: a trial's workspace is one container, never a host run in place of
+    the others."""
+    import yaml  # noqa: PLC0415 - Harbor depends on PyYAML; only compose tasks need it
+
+    services = (yaml.safe_load(compose.read_text()) or {}).get("services") or {}
+    others = sorted(set(services) - {MAIN_SERVICE})
+    if others:
+        raise ComposeRefusedError(
+            f"the task's {COMPOSE_FILE_NAME} has services besides {MAIN_SERVICE!r} "
+            f"({', '.join(others)}): a bashfleet environment is one container; give "
+            "--ek ignore_image=true to run the task on the build host's own root instead, "
+            "or pick a compose environment for it")
+    main = services.get(MAIN_SERVICE) or {}
+    build = main.get("build")
+    if build is not None:
+        context = build if isinstance(build, str) else build.get("context", ".")
+        return TaskImage(build=str((compose.parent / context).resolve()))
+    return TaskImage(image=main["image"]) if main.get("image") else None
 
 
 def exec_policy() -> Policy:
@@ -109,6 +158,9 @@ class BashfleetEnvironment(BaseEnvironment):  # type: ignore[misc]  # Harbor: an
         self._fleet: AsyncFleet | None = None
         self._workspace: AsyncWorkspace | None = None
         self._lease: Renewer | None = None
+        self._image: TaskImage | None = None
+        self._user: InsideUser | None = None
+        self._output: ExactOutput | None = None
         super().__init__(*args, **kwargs)
 
     @staticmethod
@@ -121,7 +173,7 @@ class BashfleetEnvironment(BaseEnvironment):  # type: ignore[misc]  # Harbor: an
         return EnvironmentCapabilities(disable_internet=True)
 
     def _validate_definition(self) -> None:
-        """Nothing to build: a task with an image is refused at `start`, as said there."""
+        """Nothing to check before `start`: the image is pulled or built there."""
 
     @property
     def workspace(self) -> AsyncWorkspace:
@@ -132,17 +184,19 @@ class BashfleetEnvironment(BaseEnvironment):  # type: ignore[misc]  # Harbor: an
     # ------------------------------------------------------------------ lifetime
 
     async def start(self, force_build: bool) -> None:
-        refusal = image_refusal(self.environment_dir, self.task_env_config.docker_image)
-        if refusal is not None and not self.options.ignore_image:
-            raise ImageRefusedError(refusal)
+        self._image = None if self.options.ignore_image else task_image(
+            self.environment_dir, self.task_env_config.docker_image, force_build)
         self._fleet = AsyncFleet(**self.options.fleet_kwargs())
         try:
-            self._workspace = await self._fleet.workspace(**self._workspace_kwargs())
+            self._workspace, default_user = await made_root(self._fleet,
+                                                            self._workspace_kwargs())
         except BaseException:
             await self._fleet.close()
             self._fleet = None
             raise
         self._lease = Renewer(self.workspace)
+        self._user = InsideUser(self.workspace, default_user)
+        self._output = ExactOutput(self.workspace)
         # The directories a container image would have: the agent's and verifier's logs.
         paths = EnvironmentPaths.for_os(self.os)
         dirs = (paths.agent_dir, paths.verifier_dir, paths.artifacts_dir)
@@ -151,15 +205,22 @@ class BashfleetEnvironment(BaseEnvironment):  # type: ignore[misc]  # Harbor: an
                           f"{self.workspace.host} at {self.workspace.path}")
 
     def _workspace_kwargs(self) -> dict[str, Any]:
-        mounts = {**self.options.mounts, **HARBOR_MOUNTS}
-        if self.task_env_config.workdir:
-            mounts[self.task_env_config.workdir] = WORKDIR_DIRECTORY
+        """An image's workspace has Harbor's paths in its own root (the image's /app
+        stays as its Dockerfile made it); the host's root gets them as directories of
+        the workspace shown there."""
+        image = self._image or TaskImage()
+        mounts = dict(self.options.mounts)
+        if self._image is None:
+            mounts.update(HARBOR_MOUNTS)
+            if self.task_env_config.workdir:
+                mounts[self.task_env_config.workdir] = WORKDIR_DIRECTORY
         network = self.options.network
         if self._network_disabled:
             network = False
         return self.options.create_kwargs(
             mounts=mounts, network=network, limits=self._limits(),
-            tags={"harbor": self.session_id[:64]})
+            tags={"harbor": self.session_id[:64]},
+            image=image.image or self.options.image, build=image.build or self.options.build)
 
     def _limits(self) -> WorkspaceLimits | None:
         if self.options.limits is not None:
@@ -189,20 +250,26 @@ class BashfleetEnvironment(BaseEnvironment):  # type: ignore[misc]  # Harbor: an
     async def exec(self, command: str, cwd: str | None = None,
                    env: dict[str, str] | None = None, timeout_sec: int | None = None,
                    user: str | int | None = None) -> ExecResult:
-        refusal = user_refusal(self._resolve_user(user), self.workspace.view.run_as)
-        if refusal is not None:
-            raise PermissionError(refusal)
-        result = await self.workspace.run(
-            command, cwd=cwd or self.task_env_config.workdir or None,
+        if self._user is None or self._output is None:
+            raise RuntimeError("the bashfleet environment is not started")
+        who = self._resolve_user(user)
+        try:
+            line = await self._user.command_as(command, None if who is None else str(who))
+        except UserUnavailableError as exc:
+            raise PermissionError(str(exc)) from None
+        exact = await self._output.run(
+            Staged(line), MAX_EXEC_OUTPUT_BYTES, cwd=cwd or self.task_env_config.workdir or None,
             env=self._merge_env(env) or {}, timeout=timeout_sec, policy=exec_policy(),
-            output="full", check=False)
+            check=False)
+        result = exact.result
         if result.timed_out:
             raise RuntimeError(f"Command timed out after {timeout_sec} seconds")
         if result.error is not None and result.exit_code is None:
-            return ExecResult(stdout=result.stdout, stderr=result.error.message,
+            return ExecResult(stdout="", stderr=result.error.message,
                               return_code=126 if result.error.kind != "bad_cwd" else 1)
         code = result.exit_code if result.exit_code is not None else 128 + (result.signal or 0)
-        return ExecResult(stdout=result.stdout, stderr=result.stderr, return_code=code)
+        return ExecResult(stdout=exact.stdout.decode(errors="replace"),
+                          stderr=exact.stderr.decode(errors="replace"), return_code=code)
 
     # --------------------------------------------------------------------- files
 

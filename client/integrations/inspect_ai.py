@@ -7,8 +7,11 @@ The `inspect_ai` entry point of the package registers the type `bashfleet` (this
 imported by inspect when a task names it). Each sample gets a workspace of its own, made
 in `sample_init` and deleted in `sample_cleanup`; its lease is renewed while the sample
 lives. The fleet is the usual BASHFLEET_* settings' (BASHFLEET_REDIS_URL, BASHFLEET_OWNER);
-the task's sandbox config (`BashfleetSandboxConfig`, or a YAML/JSON file of its fields)
-says where and how: host or label, isolation, network, ttl, limits, mounts.
+the task's sandbox config says where and how: `BashfleetSandboxConfig` (or a YAML/JSON file
+of its fields: host or label, image or build, user, isolation, network, ttl, limits,
+mounts), or what docker's sandbox takes: a Dockerfile (built on the host) or a compose
+file of ONE service (its `image:` or `build:`, `user:`, `network_mode: none`). A compose
+file of several services is refused: a sample's workspace is one container.
 
 How inspect's `SandboxEnvironment` maps onto `AsyncWorkspace`:
 
@@ -18,14 +21,17 @@ How inspect's `SandboxEnvironment` maps onto `AsyncWorkspace`:
   past a call's 1 MiB cap is sourced from one. A timeout kills the command's process
   group and raises TimeoutError; status 126 with "Permission denied" raises
   PermissionError; past INSPECT_SANDBOX_MAX_EXEC_OUTPUT_SIZE on a stream,
-  OutputLimitExceededError. Output is the fleet's text: sanitized (ANSI and control
-  bytes dropped, `\\r\\n` read as `\\n`) and secrets redacted; bytes travel in files.
-- `user=`: every call runs as the fleet's run user (never root); naming it (or its uid)
-  is accepted, any other user raises SandboxUserUnsupportedError.
-- `read_file` / `write_file`: `AsyncWorkspace.read_file` / `write_file` (as the run
-  user, in the calls' view: a relative path is in the workspace, `/tmp/...` its own
-  /tmp), with FileNotFoundError, PermissionError, IsADirectoryError as inspect expects and
-  INSPECT_SANDBOX_MAX_READ_FILE_SIZE enforced.
+  OutputLimitExceededError. Output is the command's own bytes, decoded (`ExactOutput`:
+  never the fleet's sanitized, redacted text).
+- `user=`: an image's workspace is made root (`made_root`) and a call that names no user
+  runs as the image's USER, as docker's does; `user="root"` or any user of the image runs
+  as that user (`runuser`/`su`/`setpriv`). With the config's `user`, the workspace is that
+  user's alone: another raises SandboxUserUnsupportedError.
+- `read_file` / `write_file`: `AsyncWorkspace.read_file` / `write_file` (in the calls'
+  view: a relative path is in the workspace, `/tmp/...` its own /tmp), with
+  FileNotFoundError, PermissionError, IsADirectoryError as inspect expects and
+  INSPECT_SANDBOX_MAX_READ_FILE_SIZE enforced; where calls run as an image's USER by
+  default, a file is written by a command of that user (its file, as docker's writes).
 """
 
 from __future__ import annotations
@@ -38,6 +44,8 @@ from typing import Any, Literal, overload
 
 try:
     from inspect_ai.util import (
+        ComposeBuild,
+        ComposeConfig,
         ExecResult,
         OutputLimitExceededError,
         SandboxConnection,
@@ -46,6 +54,9 @@ try:
         SandboxEnvironmentLimits,
         SandboxUnavailableError,
         SandboxUserUnsupportedError,
+        is_compose_yaml,
+        is_dockerfile,
+        parse_compose_yaml,
         sandboxenv,
     )
 except ModuleNotFoundError as exc:  # the extra is not installed: say which
@@ -55,20 +66,23 @@ except ModuleNotFoundError as exc:  # the extra is not installed: say which
 from pydantic import BaseModel
 
 from client._async.workspace import AsyncWorkspace
-from client.errors import BashfleetError, CallRejected, OutputTooLarge
+from client.errors import BashfleetError, CallRejected
 from client.integrations._backend import (
+    Exact,
+    ExactOutput,
     FleetPool,
+    InsideUser,
     Renewer,
-    RunUser,
+    UserUnavailableError,
     WorkspaceOptions,
     exit_status,
     file_error,
-    not_run_user,
-    run_staged,
+    made_root,
+    os_error_in,
     shell_line,
     stage,
 )
-from worker.wire.models import MAX_TIMEOUT_S, CallResult, Policy
+from worker.wire.models import MAX_TIMEOUT_S, Policy
 
 #: The policy of inspect's calls: separate streams, the whole output read back (up to
 #: inspect's limit), a timeout kills (inspect raises TimeoutError), none by default.
@@ -85,6 +99,12 @@ _NOT_RUN: dict[str, type[Exception]] = {
     "not_found": SandboxUnavailableError,
 }
 
+#: The names of a build context's Dockerfile (`Fleet.workspace(build=)`'s).
+DOCKERFILES = ("Dockerfile", "Containerfile")
+#: The files inspect finds beside a task and hands a docker-compatible sandbox.
+CONFIG_FILES = ("compose.yaml", "compose.yml", "docker-compose.yaml", "docker-compose.yml",
+                "Dockerfile")
+
 #: The fleet client of every environment of this process (one per event loop and owner).
 POOL = FleetPool()
 
@@ -92,25 +112,78 @@ POOL = FleetPool()
 class BashfleetSandboxConfig(WorkspaceOptions):
     """The `bashfleet` sandbox's config: where each sample's workspace is made and how
     (`Task(sandbox=SandboxEnvironmentSpec("bashfleet", BashfleetSandboxConfig(...)))`, or
-    a YAML/JSON file of these fields)."""
+    a YAML/JSON file of these fields; a Dockerfile or a compose file of one service are
+    read as docker's sandbox reads them, `compose_config`)."""
 
 
 def config_of(config: SandboxEnvironmentConfigType | None) -> BashfleetSandboxConfig:
-    """A task's sandbox config as ours: None (the defaults), the model, a dict-like
-    model, or the path of a YAML/JSON file."""
+    """A task's sandbox config as ours: None (the defaults), the model, a compose model,
+    another model of our fields, or the path of a Dockerfile, a compose file or a
+    YAML/JSON file of our fields."""
     if config is None:
         return BashfleetSandboxConfig()
     if isinstance(config, BashfleetSandboxConfig):
         return config
+    if isinstance(config, ComposeConfig):
+        return compose_config(config, Path.cwd())
     if isinstance(config, str):
-        import yaml  # noqa: PLC0415 - inspect-ai depends on PyYAML; only file configs need it
-
-        loaded = yaml.safe_load(Path(config).read_text()) or {}
-        return BashfleetSandboxConfig.model_validate(loaded)
+        return file_config(Path(config))
     if isinstance(config, BaseModel):
         return BashfleetSandboxConfig.model_validate(config.model_dump())
     raise TypeError(f"bashfleet sandbox config: a BashfleetSandboxConfig or a file name, "
                     f"not {type(config).__name__}")
+
+
+def file_config(path: Path) -> BashfleetSandboxConfig:
+    """A config file's: a Dockerfile (its directory is the build's context), a compose
+    file, or a YAML/JSON file of our fields."""
+    if is_dockerfile(str(path)):
+        if path.name not in DOCKERFILES:
+            raise ValueError(f"bashfleet sandbox: {path} must be named Dockerfile (or "
+                             "Containerfile): the host builds the Dockerfile of a directory")
+        return BashfleetSandboxConfig(build=str(path.resolve().parent))
+    if is_compose_yaml(str(path)):
+        try:
+            compose = parse_compose_yaml(str(path), multiple_services=False)
+        except ValueError as exc:
+            raise ValueError(f"bashfleet sandbox: {exc}: a sample's workspace is one "
+                             "container (give a compose file of one service)") from None
+        return compose_config(compose, path.resolve().parent)
+    import yaml  # noqa: PLC0415 - inspect-ai depends on PyYAML; only file configs need it
+
+    loaded = yaml.safe_load(path.read_text()) or {}
+    return BashfleetSandboxConfig.model_validate(loaded)
+
+
+def compose_config(compose: ComposeConfig, base: Path) -> BashfleetSandboxConfig:
+    """A compose file's one service as a workspace: its `image`, or its `build` (a
+    directory relative to the compose file's, with a Dockerfile), its `user`, and no
+    network when its `network_mode` is `none`. More than one service is refused: a
+    sample's workspace is one container, never a host run in place of the others."""
+    if len(compose.services) != 1:
+        raise ValueError(f"bashfleet sandbox: the compose file has {len(compose.services)} "
+                         f"services ({', '.join(compose.services)}); a sample's workspace "
+                         "is one container: give a compose file of one service")
+    (service,) = compose.services.values()
+    build = compose_build(service.build, base)
+    if build is None and service.image is None:
+        raise ValueError("bashfleet sandbox: the compose service has neither an image nor "
+                         "a build")
+    return BashfleetSandboxConfig(
+        image=None if build is not None else service.image, build=build, user=service.user,
+        network=False if service.network_mode == "none" else None)
+
+
+def compose_build(build: ComposeBuild | str | None, base: Path) -> str | None:
+    """A compose service's build context as a directory with a Dockerfile, or None."""
+    if build is None:
+        return None
+    context = build if isinstance(build, str) else build.context or "."
+    dockerfile = None if isinstance(build, str) else build.dockerfile
+    if dockerfile not in (None, *DOCKERFILES):
+        raise ValueError(f"bashfleet sandbox: build.dockerfile {dockerfile!r}: the host "
+                         "builds the context's own Dockerfile (or Containerfile)")
+    return str((base / context).resolve())
 
 
 def call_cwd(workspace_path: str, cwd: str | None) -> str | None:
@@ -120,34 +193,37 @@ def call_cwd(workspace_path: str, cwd: str | None) -> str | None:
     return posixpath.normpath(posixpath.join(workspace_path, cwd))
 
 
-def exec_result(result: CallResult, output_limit: int, limit_text: str) -> ExecResult[str]:
+def exec_result(exact: Exact, output_limit: int, limit_text: str) -> ExecResult[str]:
     """inspect's view of a call that ran (or the exception it stands for)."""
+    result = exact.result
+    stdout = exact.stdout.decode(errors="replace")
+    stderr = exact.stderr.decode(errors="replace")
     if result.error is not None:
         raise _NOT_RUN.get(result.error.kind, RuntimeError)(result.error.message)
     if result.timed_out:
-        raise TimeoutError(f"the command timed out (killed): {result.stdout[-2000:]}")
-    for info, text in ((result.stdout_truncation, result.stdout),
-                       (result.stderr_truncation, result.stderr)):
-        if info is not None and info.total_bytes > output_limit:
-            raise OutputLimitExceededError(limit_text, text[-output_limit:])
+        raise TimeoutError(f"the command timed out (killed): {stdout[-2000:]}")
+    for data, text in ((exact.stdout, stdout), (exact.stderr, stderr)):
+        if len(data) > output_limit:
+            raise OutputLimitExceededError(limit_text, text)
     status = exit_status(result.exit_code, result.signal)
-    if status == 126 and "permission denied" in result.stderr.casefold():
-        raise PermissionError(errno.EACCES, result.stderr.strip())
-    return ExecResult(success=status == 0, returncode=status, stdout=result.stdout,
-                      stderr=result.stderr)
+    if status == 126 and "permission denied" in stderr.casefold():
+        raise PermissionError(errno.EACCES, stderr.strip())
+    return ExecResult(success=status == 0, returncode=status, stdout=stdout, stderr=stderr)
 
 
 @sandboxenv(name="bashfleet")
 class BashfleetSandboxEnvironment(SandboxEnvironment):  # type: ignore[misc]
     """One sample's workspace on the fleet (see the module's docstring)."""
 
-    def __init__(self, workspace: AsyncWorkspace, config: BashfleetSandboxConfig) -> None:
+    def __init__(self, workspace: AsyncWorkspace, config: BashfleetSandboxConfig,
+                 default_user: str | None = None) -> None:
         super().__init__()
         self.workspace = workspace
         """The sample's workspace."""
         self._config = config
         self._renewer = Renewer(workspace)
-        self._run_user = RunUser(workspace)
+        self._user = InsideUser(workspace, default_user)
+        self._output = ExactOutput(workspace)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -170,12 +246,12 @@ class BashfleetSandboxEnvironment(SandboxEnvironment):  # type: ignore[misc]
         options = config_of(config)
         fleet = POOL.acquire(options.owner)
         try:
-            workspace = await fleet.workspace(**options.create_kwargs(
+            workspace, default_user = await made_root(fleet, options.create_kwargs(
                 tags={"framework": "inspect-ai", "task": task_name[:256]}))
         except BaseException:
             await POOL.release(options.owner)
             raise
-        return {"default": cls(workspace, options)}
+        return {"default": cls(workspace, options, default_user)}
 
     @classmethod
     async def sample_cleanup(cls, task_name: str, config: SandboxEnvironmentConfigType | None,
@@ -197,6 +273,17 @@ class BashfleetSandboxEnvironment(SandboxEnvironment):  # type: ignore[misc]
             await POOL.release(self._config.owner)
 
     @classmethod
+    def config_files(cls) -> list[str]:
+        """The files inspect finds beside a task for this sandbox: a compose file or a
+        Dockerfile, as docker's."""
+        return list(CONFIG_FILES)
+
+    @classmethod
+    def is_docker_compatible(cls) -> bool:
+        """A Dockerfile or a compose file of one service is a config of ours."""
+        return True
+
+    @classmethod
     def config_deserialize(cls, config: dict[str, Any]) -> BaseModel:
         """The config of a task read back from a log."""
         return BashfleetSandboxConfig.model_validate(config)
@@ -214,46 +301,59 @@ class BashfleetSandboxEnvironment(SandboxEnvironment):  # type: ignore[misc]
             timeout_retry: bool = True, concurrency: bool = True) -> ExecResult[str]:
         """Run `cmd` in the workspace (see the module's docstring). A timed-out command is
         not run again whatever `timeout_retry` says: it may have done half its work."""
-        await self._check_user(user)
         stdin = input.encode() if isinstance(input, str) else input
         limit = SandboxEnvironmentLimits.MAX_EXEC_OUTPUT_SIZE
         limit_text = SandboxEnvironmentLimits.MAX_EXEC_OUTPUT_SIZE_STR
         try:
-            result = await run_staged(
-                self.workspace, stage(shell_line(cmd), stdin),
-                cwd=call_cwd(self.workspace.path, cwd), env=dict(env or {}), timeout=timeout,
-                policy=EXEC_POLICY, check=False, output="full", max_output_bytes=2 * limit)
-        except OutputTooLarge as exc:
-            raise OutputLimitExceededError(limit_text, exc.result.stdout) from None
+            command = await self._user.command_as(shell_line(cmd), user)
+            exact = await self._output.run(
+                stage(command, stdin), limit, cwd=call_cwd(self.workspace.path, cwd),
+                env=dict(env or {}), timeout=timeout, policy=EXEC_POLICY, check=False)
+        except UserUnavailableError as exc:
+            raise SandboxUserUnsupportedError(str(exc)) from None
         except CallRejected as exc:
             raise ValueError(exc.message) from None
         except BashfleetError as exc:
             raise SandboxUnavailableError(f"bashfleet: {exc.message}") from exc
-        return exec_result(result, limit, limit_text)
-
-    async def _check_user(self, user: str | None) -> None:
-        """Every call runs as the run user: `user` must name it (its name or uid)."""
-        if user is not None and not await self._run_user.accepts(user):
-            raise SandboxUserUnsupportedError(not_run_user(user, self._run_user.name))
+        return exec_result(exact, limit, limit_text)
 
     async def connection(self, *, user: str | None = None) -> SandboxConnection:
         """How a person attaches a terminal to this sample's workspace: `bashfleet run
         --workspace W --tty bash`, as the workspace's owner (its calls are that owner's
         alone), with the same fleet settings as this process (BASHFLEET_REDIS_URL...)."""
-        await self._check_user(user)
+        try:
+            shell = await self._user.command_as("bash", user)
+        except UserUnavailableError as exc:
+            raise SandboxUserUnsupportedError(str(exc)) from None
         owner = shlex.quote(self.workspace.view.owner)
         command = (f"BASHFLEET_OWNER={owner} bashfleet run --workspace {self.workspace.id} "
-                   "--tty bash")
+                   f"--tty {shell if shell == 'bash' else shlex.quote(shell)}")
         return SandboxConnection(type="bashfleet", command=command)
 
     # ---------------------------------------------------------------------- files
 
     async def write_file(self, file: str, contents: str | bytes) -> None:
-        """Write a file (its parents made), as the run user."""
+        """Write a file (its parents made) as the workspace's user, or as the image's
+        USER when calls run as it by default (as docker's sandbox writes: theirs, the
+        agent's, to change later)."""
+        if self._user.default is not None:
+            await self._write_as_default(file, contents)
+            return
         try:
             await self.workspace.write_file(file, contents)
         except BashfleetError as exc:
             raise self._os_error(exc, file) from None
+
+    async def _write_as_default(self, file: str, contents: str | bytes) -> None:
+        """`write_file` by a command of the default user (a relative path under the
+        workspace's directory, as `read_file` reads it)."""
+        done = await self.exec(
+            ["sh", "-c", 'mkdir -p -- "$(dirname -- "$1")" && cat > "$1"', "sh", file],
+            input=contents.encode() if isinstance(contents, str) else contents,
+            cwd=self.workspace.path)
+        if not done.success:
+            raise os_error_in(done.stderr, file) or RuntimeError(
+                f"could not write {file}: {done.stderr.strip()}")
 
     @overload
     async def read_file(self, file: str, text: Literal[True] = True) -> str: ...

@@ -3,9 +3,12 @@
     environment:
       environment_class: client.integrations.mini_swe_agent.BashfleetEnvironment
       label: linux            # or host: build-1; ttl_s, isolation, network, limits...
+      image: python:3.12      # as its docker environment's `image` (or build: ./ctx)
 
 One workspace per environment object, made when the environment is made, renewed while
-it lives, deleted by `cleanup()` (or when the object goes). Its protocol is
+it lives, deleted by `cleanup()` (or when the object goes). With `image` (or `build`, a
+local directory with a Dockerfile) its `/` is that image, pulled (or built) on the host:
+commands run as its USER (or `user`), in its WORKDIR, with its ENV. Its protocol is
 `LocalEnvironment`'s (minisweagent/environments/local.py), so the agent cannot tell them
 apart: `execute(action, cwd="", *, timeout=None)` runs `action["command"]` with stdout
 and stderr combined and returns `{"output", "returncode", "exception_info"}` (a timeout:

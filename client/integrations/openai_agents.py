@@ -8,16 +8,20 @@ A sandbox session is a workspace on the fleet (`AsyncWorkspace`): `create` makes
 `resume` opens it again from a saved `BashfleetSandboxSessionState` (or makes a new one
 when it ended: its snapshot then hydrates it), `delete` removes it. The fleet is the usual
 BASHFLEET_* settings' (BASHFLEET_REDIS_URL, BASHFLEET_OWNER); the options say where and
-how (host or label, isolation, network, ttl, limits, mounts). The manifest's default root
-(`/workspace`) becomes the workspace's own directory; another root is shown at its path
-in the calls' view (a mount of the workspace).
+how (host or label, image or build, user, isolation, network, ttl, limits, mounts): with
+`image` the workspace's `/` is that image, pulled onto the host (its USER, WORKDIR and
+ENV hold; the manifest root is still the workspace's own directory). The manifest's
+default root (`/workspace`) becomes the workspace's own directory; another root is shown
+at its path in the calls' view (a mount of the workspace).
 
 - `exec`: one `run` in the workspace, in the manifest root with the manifest's
   environment; a timeout kills the process group (ExecTimeoutError). Output is the
-  fleet's text (sanitized: ANSI and control bytes dropped; secrets redacted).
-- `exec(user=...)`, `read(user=...)`, `write(user=...)`: every call runs as the fleet's
-  run user (never root), so the SDK's `sudo -u` wrapping does not apply: naming the run
-  user (or its uid) is accepted, another user is refused (PermissionError).
+  command's own bytes (`ExactOutput`), never the fleet's sanitized text.
+- `exec(user=...)`: the workspace's own user (the image's USER, else root, unless the
+  options' `user` says) runs it as is; a root workspace runs it as any user of its image
+  (`runuser`/`su`, not the SDK's `sudo -u`: images seldom have sudo); a workspace of
+  another user refuses it (PermissionError). `read(user=...)` and `write(user=...)` are
+  checked the same way and act as the workspace's user.
 - `read` / `write`: `AsyncWorkspace.read_file` / `write_file`.
 - `pty_exec_start` / `pty_write_stdin` (Codex's exec_command / write_stdin): the fleet's
   interactive sessions (`stdin="pty"` with `tty`, else stdin closed); a process still
@@ -77,13 +81,14 @@ from client._async.workspace import AsyncWorkspace
 from client.dialects.codex import INPUT_WAIT_S, MAX_OUTPUT_TOKENS, WRITE_SETTLE_S, shown_output
 from client.errors import BashfleetError, UnknownJob, UnknownWorkspace
 from client.integrations._backend import (
+    ExactOutput,
     FleetPool,
+    InsideUser,
     Renewer,
-    RunUser,
+    Staged,
     WorkspaceOptions,
     exit_status,
     file_error,
-    not_run_user,
     shell_line,
     staging_path,
 )
@@ -99,6 +104,8 @@ from worker.wire.models import (
 #: The manifest root the SDK gives a session unless told otherwise: it becomes the
 #: workspace's own directory.
 DEFAULT_ROOT = "/workspace"
+#: The most output an exec reads back (each stream): the SDK gives no limit.
+MAX_EXEC_OUTPUT_BYTES = 64 * 1024 * 1024
 #: Yields when the SDK gives none (Codex's: exec_command 10 s, write_stdin 250 ms).
 EXEC_YIELD_MS = 10_000
 WRITE_YIELD_MS = 250
@@ -181,7 +188,8 @@ class BashfleetSandboxSession(BaseSandboxSession):  # type: ignore[misc]
         """The fleet client it speaks through."""
         self.workspace = workspace
         """Its workspace."""
-        self._run_user = RunUser(workspace)
+        self._user = InsideUser(workspace)
+        self._output = ExactOutput(workspace)
         self._renewer: Renewer | None = None
         self._ptys: dict[int, _Pty] = {}
         self._pty_lock = asyncio.Lock()
@@ -218,30 +226,37 @@ class BashfleetSandboxSession(BaseSandboxSession):  # type: ignore[misc]
     async def exec(self, *command: str | Path, timeout: float | None = None,
                    shell: bool | list[str] = True, user: str | User | None = None
                    ) -> ExecResult:
-        """Run a command as the run user (`user` must name it: no `sudo -u`)."""
-        await self._check_user(user)
-        return await super().exec(*command, timeout=timeout, shell=shell, user=None)
+        """Run a command as `user` (None: the workspace's user): switched to from a root
+        workspace by `runuser`/`su`, not the SDK's `sudo -u` (images seldom have sudo)."""
+        argv = self._prepare_exec_command(*command, shell=shell, user=None)
+        line = shell_line(argv)
+        switched = await self._user.command_as(line, user_name(user))
+        if switched == line:
+            return await super().exec(*command, timeout=timeout, shell=shell, user=None)
+        # The SDK's own `shell` argument (a command line for the workspace's shell).
+        return await super().exec(switched, timeout=timeout, shell=["sh", "-c"],  # noqa: S604
+                                  user=None)
 
     async def _check_user(self, user: str | User | None) -> None:
-        name = user_name(user)
-        if name is not None and not await self._run_user.accepts(name):
-            raise PermissionError(not_run_user(name, self._run_user.name))
+        """PermissionError (UserUnavailableError) unless a call can run as `user`."""
+        await self._user.check(user_name(user))
 
     async def _exec_internal(self, *command: str | Path,
                              timeout: float | None = None) -> ExecResult:
         argv = [str(part) for part in command]
         try:
-            result = await self.workspace.run(
-                shell_line(argv), cwd=self._root(), env=await self._env(), timeout=timeout,
-                policy=EXEC_POLICY, check=False, output="full")
+            exact = await self._output.run(
+                Staged(shell_line(argv)), MAX_EXEC_OUTPUT_BYTES, cwd=self._root(),
+                env=await self._env(), timeout=timeout, policy=EXEC_POLICY, check=False)
         except BashfleetError as exc:
             raise ExecTransportError(command=argv, cause=exc, message=exc.message) from exc
+        result = exact.result
         if result.error is not None:
             raise ExecTransportError(command=argv, message=result.error.message,
                                      context={"kind": result.error.kind})
         if result.timed_out:
             raise ExecTimeoutError(command=argv, timeout_s=timeout)
-        return ExecResult(stdout=result.stdout.encode(), stderr=result.stderr.encode(),
+        return ExecResult(stdout=exact.stdout, stderr=exact.stderr,
                           exit_code=exit_status(result.exit_code, result.signal))
 
     # ---------------------------------------------------------------------- files
@@ -318,14 +333,14 @@ class BashfleetSandboxSession(BaseSandboxSession):  # type: ignore[misc]
                              max_output_tokens: int | None = None) -> PtyExecUpdate:
         """Start an interactive process; its output until it ends or `yield_time_s`
         passes, and its process id while it runs."""
-        await self._check_user(user)
         argv = self._prepare_exec_command(*command, shell=shell, user=None)
+        line = await self._user.command_as(shell_line(argv), user_name(user))
         yield_ms = clamp_pty_yield_time_ms(
             EXEC_YIELD_MS if yield_time_s is None else int(yield_time_s * 1000))
         await self._make_room()
         try:
             result = await self.workspace.run(
-                shell_line(argv), cwd=self._root(), env=await self._env(),
+                line, cwd=self._root(), env=await self._env(),
                 timeout=yield_ms / 1000, stdin="pty" if tty else "closed",
                 policy=pty_policy(max_output_tokens or MAX_OUTPUT_TOKENS, timeout),
                 input_wait_s=INPUT_WAIT_S, check=False)

@@ -11,7 +11,9 @@ request authenticated by its `X-API-Key` header, errors carried back as SWE-ReX 
 them (status 511 with the exception's class, which `RemoteRuntime` raises again), a
 retried request (the same `X-Request-ID`) answered from the first answer.
 
-One runtime is one workspace, made at the first request that needs it, renewed while
+One runtime is one workspace (on the host's own root, or with `--image REF` / `--build
+DIR` an image's: pulled or built on the host, its USER, WORKDIR and ENV holding; SWE-ReX's
+sessions need bash in it), made at the first request that needs it, renewed while
 the server lives, deleted by `/close` (the next request makes a new one) and when the
 server stops: the session-less calls (`/execute`, `/read_file`, `/write_file`, `/upload`)
 and every session's shell act on it, so what SWE-agent uploads its sessions run. Paths
@@ -583,6 +585,15 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--auth-token", default=os.environ.get(TOKEN_VARIABLE),
                         help=f"the token clients send as X-API-Key (default ${TOKEN_VARIABLE})")
     parser.add_argument("--ttl", type=float, help="seconds the workspace lives unused")
+    root = parser.add_mutually_exclusive_group()
+    root.add_argument("--image", metavar="REF",
+                      help="an OCI image whose root filesystem is the workspace's / (pulled "
+                           "onto the host; it needs bash for SWE-ReX's sessions)")
+    root.add_argument("--build", metavar="DIR",
+                      help="a local directory with a Dockerfile, built on the host: the "
+                           "image of the workspace's /")
+    parser.add_argument("--user", help="who the calls run as inside (default: the image's "
+                                       "USER, else root)")
     parser.set_defaults(func=run)
 
 
@@ -610,7 +621,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"bashfleet swerex: cannot listen on {args.bind}:{args.port}: {reason}",
               file=sys.stderr)
         return 1
-    options = WorkspaceOptions(host=args.host, label=args.label, ttl_s=args.ttl)
+    options = WorkspaceOptions(host=args.host, label=args.label, ttl_s=args.ttl,
+                               image=args.image, build=args.build, user=args.user)
     with listening, Fleet(**options.fleet_kwargs()) as fleet:
         runtime = WorkspaceRuntime(fleet, options)
         server = uvicorn.Server(uvicorn.Config(build_app(runtime, args.auth_token),

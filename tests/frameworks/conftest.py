@@ -12,11 +12,14 @@ from __future__ import annotations
 import importlib.util
 
 from integration.conftest import (  # noqa: F401 - fixtures
+    image_registry,
     redis_client,
     redis_server,
+    registry_images,
     session_workers,
     workers,
 )
+from integration.registry import Registry
 
 #: Test module -> the package it needs.
 NEEDS = {
@@ -29,3 +32,10 @@ NEEDS = {
 
 collect_ignore = [module for module, package in NEEDS.items()
                   if importlib.util.find_spec(package) is None]
+
+
+def registry_env(registry: Registry) -> dict[str, str]:
+    """A worker's settings that pull and build from the test registry (`image_registry`)
+    with its credentials and CA certificate."""
+    return {"BASHFLEET_REGISTRY_AUTH_FILE": str(registry.auth_file),
+            "BASHFLEET_REGISTRY_CERTS_DIR": str(registry.certs_dir)}

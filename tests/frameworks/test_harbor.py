@@ -23,15 +23,17 @@ from harbor.environments.factory import EnvironmentFactory
 from harbor.models.task.config import EnvironmentConfig, NetworkMode, NetworkPolicy
 from harbor.models.trial.paths import TrialPaths
 from integration.conftest import WorkerFactory, WorkerProcess
+from integration.registry import Registry
 
 from client import Fleet
 from client.integrations.harbor import (
     BashfleetEnvironment,
-    ImageRefusedError,
-    image_refusal,
-    user_refusal,
+    ComposeRefusedError,
+    TaskImage,
+    task_image,
 )
 from client.redis_server import RedisServer
+from frameworks.conftest import registry_env
 
 HOST = "hb"
 IMPORT_PATH = "client.integrations.harbor:BashfleetEnvironment"
@@ -45,8 +47,9 @@ def anyio_backend() -> str:
 
 
 @pytest.fixture(name="host", scope="module")
-def _host(session_workers: WorkerFactory) -> WorkerProcess:
-    return session_workers.start(HOST)
+def _host(session_workers: WorkerFactory, image_registry: Registry) -> WorkerProcess:
+    """The module's host, pulling and building from the test registry."""
+    return session_workers.start(HOST, env=registry_env(image_registry))
 
 
 @pytest.fixture(name="owner")
@@ -84,33 +87,35 @@ async def _env(host: WorkerProcess, owner: str, tmp_path: Path
 # --------------------------------------------------------------------- pure rules
 
 
-@pytest.mark.parametrize(("files", "image", "refused"), [
-    ((), None, None),
-    (("Dockerfile",), None, "(Dockerfile)"),
-    (("docker-compose.yaml",), None, "(docker-compose.yaml)"),
-    ((), "ubuntu:24.04", "(docker_image = 'ubuntu:24.04')"),
-    (("Dockerfile",), "ubuntu:24.04", "(docker_image = 'ubuntu:24.04', Dockerfile)"),
+@pytest.mark.parametrize(("files", "image", "force_build", "expected"), [
+    ({}, None, False, None),
+    ({}, "reg.example/t:1", False, TaskImage(image="reg.example/t:1")),
+    ({"Dockerfile": "FROM x\n"}, None, False, TaskImage(build=".")),
+    ({"Dockerfile": "FROM x\n"}, "reg.example/t:1", False, TaskImage(image="reg.example/t:1")),
+    ({"Dockerfile": "FROM x\n"}, "reg.example/t:1", True, TaskImage(build=".")),
+    ({"docker-compose.yaml": "services:\n  main:\n    build:\n      context: ctx\n"}, None,
+     False, TaskImage(build="ctx")),
+    ({"docker-compose.yaml": "services:\n  main:\n    image: reg.example/c:2\n",
+      "Dockerfile": "FROM x\n"}, None, False, TaskImage(image="reg.example/c:2")),
+    ({"docker-compose.yaml": "services:\n  main:\n    environment: [A=1]\n",
+      "Dockerfile": "FROM x\n"}, None, False, TaskImage(build=".")),
 ])
-def test_what_is_refused_as_an_image(tmp_path: Path, files: tuple[str, ...],
-                                     image: str | None, refused: str | None) -> None:
-    for name in files:
-        (tmp_path / name).write_text("FROM ubuntu\n")
-    found = image_refusal(tmp_path, image)
-    if refused is None:
-        assert found is None
-    else:
-        assert found is not None and refused in found and "--ek ignore_image=true" in found
+def test_a_tasks_image_is_picked_as_harbors_docker_picks_it(
+        tmp_path: Path, files: dict[str, str], image: str | None, force_build: bool,
+        expected: TaskImage | None) -> None:
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    found = task_image(tmp_path, image, force_build)
+    if expected is not None and expected.build is not None:
+        expected = TaskImage(build=str((tmp_path / expected.build).resolve()))
+    assert found == expected
 
 
-@pytest.mark.parametrize(("user", "refused"), [
-    (None, False), ("root", False), (0, False), ("bashfleet-run", False),
-    ("agent", True), (1000, True),
-])
-def test_which_users_run_as_the_run_user(user: str | int | None, refused: bool) -> None:
-    found = user_refusal(user, "bashfleet-run")
-    assert (found is not None) == refused
-    if found:
-        assert f"user {user!r} is refused" in found and "(bashfleet-run)" in found
+def test_a_compose_file_of_several_services_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "docker-compose.yaml").write_text(
+        "services:\n  main:\n    build: .\n  db:\n    image: postgres:16\n")
+    with pytest.raises(ComposeRefusedError, match=r"besides 'main' \(db\).*ignore_image"):
+        task_image(tmp_path, None, False)
 
 
 # ------------------------------------------------------------- BaseEnvironment
@@ -137,17 +142,41 @@ async def test_exec_timeout_kills_and_raises(env: BashfleetEnvironment) -> None:
         await env.exec("sleep 30", timeout_sec=1)
 
 
-async def test_root_is_the_run_user_and_another_user_is_refused(
+async def test_root_and_other_users_from_a_root_workspace(
         env: BashfleetEnvironment) -> None:
-    run_as = env.workspace.view.run_as
-    mine = await env.exec("id -un", user="root")
-    assert mine.return_code == 0 and mine.stdout is not None
-    assert mine.stdout.strip() != "root"
-    assert run_as is None or mine.stdout.strip() == run_as
-    with pytest.raises(PermissionError, match="user 'agent' is refused"):
-        await env.exec("id", user="agent")
-    with env.with_default_user("agent"), pytest.raises(PermissionError):
-        await env.exec("id")
+    assert (await env.exec("id -un", user="root")).stdout == "root\n"
+    assert (await env.exec("id -un", user=0)).stdout == "root\n"
+    assert (await env.exec("id -un", user="nobody")).stdout == "nobody\n"
+    with env.with_default_user("nobody"):
+        assert (await env.exec("id -un; echo $X", env={"X": "kept"})).stdout == \
+            "nobody\nkept\n"
+    unknown = await env.exec("id", user="agent")
+    assert unknown.return_code != 0 and "agent" in (unknown.stderr or "")
+
+
+async def test_an_images_user_runs_commands_and_root_is_had_when_asked(
+        host: WorkerProcess, owner: str, tmp_path: Path,
+        registry_images: dict[str, str]) -> None:
+    made = environment(tmp_path, config=EnvironmentConfig(docker_image=registry_images["user"]))
+    await made.start(force_build=False)
+    try:
+        assert (await made.exec("id -u; pwd; echo $GREETING")).stdout == "1000\n/work\nhello\n"
+        assert (await made.exec("id -u; echo $GREETING", user="root")).stdout == "0\nhello\n"
+    finally:
+        await made.stop(delete=True)
+    only = environment(tmp_path, config=EnvironmentConfig(docker_image=registry_images["user"]),
+                       user="1000")
+    await only.start(force_build=False)
+    try:
+        with pytest.raises(PermissionError, match="user 'root'"):
+            await only.exec("id", user="root")
+    finally:
+        await only.stop(delete=True)
+
+
+async def test_output_is_the_commands_own_bytes(env: BashfleetEnvironment) -> None:
+    done = await env.exec("printf '\\033[1mbold\\r\\n'; printf 'e\\001' >&2")
+    assert (done.stdout, done.stderr) == ("\x1b[1mbold\r\n", "e\x01")
 
 
 async def test_files_both_ways(env: BashfleetEnvironment, tmp_path: Path) -> None:
@@ -196,18 +225,26 @@ async def test_no_network_is_the_workspaces_own_namespace(host: WorkerProcess, o
         await made.stop(delete=True)
 
 
-async def test_an_image_is_refused_at_start_unless_ignored(host: WorkerProcess, owner: str,
-                                                           tmp_path: Path) -> None:
-    refused = environment(tmp_path, config=EnvironmentConfig(docker_image="python:3.12"))
-    with pytest.raises(ImageRefusedError, match="ignore_image=true"):
-        await refused.start(force_build=False)
-    allowed = environment(tmp_path, config=EnvironmentConfig(docker_image="python:3.12"),
-                          ignore_image=True)
-    await allowed.start(force_build=False)
+async def test_a_docker_image_task_runs_in_its_image_unless_ignored(
+        host: WorkerProcess, owner: str, tmp_path: Path,
+        registry_images: dict[str, str]) -> None:
+    config = EnvironmentConfig(docker_image=registry_images["debian"])
+    made = environment(tmp_path, config=config)
+    await made.start(force_build=False)
     try:
-        assert (await allowed.exec("echo on the host")).stdout == "on the host\n"
+        assert made.workspace.view.image is not None
+        done = await made.exec("grep -o bookworm /etc/os-release | head -1; id -un; "
+                               "ls -d /logs/agent /logs/verifier")
+        assert done.stdout == "bookworm\nroot\n/logs/agent\n/logs/verifier\n"
     finally:
-        await allowed.stop(delete=True)
+        await made.stop(delete=True)
+    ignored = environment(tmp_path, config=config, ignore_image=True)
+    await ignored.start(force_build=False)
+    try:
+        assert ignored.workspace.view.image is None
+        assert (await ignored.exec("echo on the host")).stdout == "on the host\n"
+    finally:
+        await ignored.stop(delete=True)
 
 
 async def test_stop_deletes_the_workspace(host: WorkerProcess, owner: str, tmp_path: Path,
@@ -223,12 +260,10 @@ async def test_stop_deletes_the_workspace(host: WorkerProcess, owner: str, tmp_p
 # --------------------------------------------------------------------- end to end
 
 
-def _task(root: Path, *, dockerfile: bool = False) -> Path:
+def _task(root: Path) -> Path:
     """A small local task: make a program print 42; its test checks and writes a reward."""
     task = root / "answer-task"
     (task / "environment").mkdir(parents=True)
-    if dockerfile:
-        (task / "environment" / "Dockerfile").write_text("FROM ubuntu:24.04\n")
     (task / "solution").mkdir()
     (task / "tests").mkdir()
     (task / "task.toml").write_text(
@@ -240,6 +275,28 @@ def _task(root: Path, *, dockerfile: bool = False) -> Path:
     (task / "tests" / "test.sh").write_text(
         "#!/bin/bash\nif [ \"$(python3 answer.py)\" = 42 ]; then echo 1 > "
         "/logs/verifier/reward.txt; else echo 0 > /logs/verifier/reward.txt; fi\n")
+    return task
+
+
+def _image_task(root: Path, base: str) -> Path:
+    """A terminal-bench-style task: its Dockerfile starts from the registry's Debian and
+    installs a package with apt; the oracle and the verifier use what it installed."""
+    task = root / "hello-task"
+    for folder in ("environment", "solution", "tests"):
+        (task / folder).mkdir(parents=True)
+    (task / "environment" / "Dockerfile").write_text(
+        f"FROM {base}\nRUN apt-get update -q && apt-get install -y -q --no-install-recommends "
+        "hello && rm -rf /var/lib/apt/lists/*\nWORKDIR /app\n")
+    (task / "task.toml").write_text(
+        'schema_version = "1.4"\n\n[verifier]\ntimeout_sec = 120.0\n\n'
+        '[agent]\ntimeout_sec = 120.0\n\n[environment]\nbuild_timeout_sec = 600.0\n')
+    (task / "instruction.md").write_text("Save the output of `hello` to /app/greeting.txt.\n")
+    (task / "solution" / "solve.sh").write_text(
+        "#!/bin/bash\nset -e\nhello > /app/greeting.txt\necho solved in \"$PWD\"\n")
+    (task / "tests" / "test.sh").write_text(
+        "#!/bin/bash\nif [ \"$(cat /app/greeting.txt)\" = 'Hello, world!' ] && "
+        "grep -q bookworm /etc/os-release; then echo 1 > /logs/verifier/reward.txt; "
+        "else echo 0 > /logs/verifier/reward.txt; fi\n")
     return task
 
 
@@ -276,20 +333,21 @@ def test_harbor_run_with_the_oracle_agent(host: WorkerProcess, redis_server: Red
         assert fleet.workspaces() == [], "the trial's workspace was deleted at its end"
 
 
-def test_harbor_run_refuses_an_image_task_unless_told(host: WorkerProcess,
-                                                      redis_server: RedisServer,
-                                                      tmp_path: Path) -> None:
+def test_harbor_run_builds_the_tasks_dockerfile(host: WorkerProcess,
+                                                redis_server: RedisServer, tmp_path: Path,
+                                                registry_images: dict[str, str]) -> None:
+    """`harbor run -a oracle` on a task whose Dockerfile is FROM the registry's Debian and
+    runs apt-get: built on the host, the trial runs in what it built."""
     owner = f"harbor-e2e-{uuid.uuid4().hex[:6]}"
-    task = _task(tmp_path, dockerfile=True)
-    refused = _harbor_run(task, tmp_path / "refused", owner, redis_server.url)
-    (trial,) = list(_results(tmp_path / "refused"))
-    info = trial.get("exception_info")
-    assert isinstance(info, dict), (trial, refused.stdout, refused.stderr)
-    assert info["exception_type"] == "ImageRefusedError"
-    assert "--ek ignore_image=true" in str(info["exception_message"])
-    ran = _harbor_run(task, tmp_path / "ran", owner, redis_server.url,
-                      "--ek", "ignore_image=true")
-    assert ran.returncode == 0, ran.stdout + ran.stderr
-    (trial,) = list(_results(tmp_path / "ran"))
+    jobs = tmp_path / "jobs"
+    done = _harbor_run(_image_task(tmp_path, registry_images["debian"]), jobs, owner,
+                       redis_server.url)
+    assert done.returncode == 0, done.stdout + done.stderr
+    (trial,) = list(_results(jobs))
+    assert trial.get("exception_info") is None, trial
     verifier = trial["verifier_result"]
     assert isinstance(verifier, dict) and verifier["rewards"] == {"reward": 1.0}, trial
+    oracle_log = next(jobs.glob("*/*/agent/oracle.txt")).read_text()
+    assert "solved in /app" in oracle_log
+    with Fleet(redis_server.url, owner=owner) as fleet:
+        assert fleet.workspaces() == [], "the trial's workspace was deleted at its end"

@@ -29,16 +29,20 @@ from inspect_ai.scorer import includes
 from inspect_ai.solver import generate, use_tools
 from inspect_ai.tool import ToolCall, bash
 from inspect_ai.util import (
+    ComposeConfig,
     OutputLimitExceededError,
     SandboxEnvironment,
     SandboxUnavailableError,
+    SandboxUserUnsupportedError,
 )
 from inspect_ai.util._sandbox import self_check
 from inspect_ai.util._sandbox.registry import registry_find_sandboxenv
 from inspect_ai.util._sandbox.self_check import *  # noqa: F403 - the conformance cases
 from integration.conftest import WorkerFactory
+from integration.registry import Registry
 
 from client import Fleet
+from client.integrations._backend import Exact
 from client.integrations.inspect_ai import (
     BashfleetSandboxConfig,
     BashfleetSandboxEnvironment,
@@ -47,14 +51,22 @@ from client.integrations.inspect_ai import (
     exec_result,
 )
 from client.redis_server import RedisServer
-from worker.wire.models import CallResult, SystemError_, TruncationInfo
+from frameworks.conftest import registry_env
+from worker.wire.models import CallResult, SystemError_
 
 pytestmark = pytest.mark.anyio
 
 #: The conformance cases bashfleet cannot pass, and why (README names them too).
 EXPECTED_FAILURES = {
-    "test_exec_as_user": "calls never run as root: `user='root'` (to run adduser) raises "
-                         "SandboxUserUnsupportedError",
+    "test_exec_as_user": "in a workspace on the host's own root, /run is the host's, read-only: "
+                         "adduser cannot take its lock there (it passes in an image's "
+                         "workspace: test_exec_as_user_in_an_image)",
+    **dict.fromkeys(
+        ("test_read_file_not_allowed", "test_write_text_file_without_permissions",
+         "test_write_binary_file_without_permissions"),
+        "calls and file operations are root in their workspace, as in a container run as "
+        "root: a file's mode does not stop them (root holds every capability of its own "
+        "namespace)"),
 }
 
 HOST = "inspect"
@@ -66,10 +78,12 @@ def anyio_backend() -> str:
 
 
 @pytest.fixture(scope="module")
-def fleet_env(session_workers: WorkerFactory, redis_server: RedisServer) -> Iterator[str]:
-    """A host for this module's workspaces; the environment's settings point at it, as
-    a user's BASHFLEET_REDIS_URL and BASHFLEET_OWNER would."""
-    session_workers.start(HOST)
+def fleet_env(session_workers: WorkerFactory, redis_server: RedisServer,
+              image_registry: Registry) -> Iterator[str]:
+    """A host for this module's workspaces (pulling from the test registry); the
+    environment's settings point at it, as a user's BASHFLEET_REDIS_URL and
+    BASHFLEET_OWNER would."""
+    session_workers.start(HOST, env=registry_env(image_registry))
     owner = f"inspect-{uuid.uuid4().hex[:8]}"
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("BASHFLEET_REDIS_URL", redis_server.url)
@@ -125,13 +139,22 @@ async def test_each_sample_gets_its_own_workspace_deleted_at_cleanup(
         assert ids.isdisjoint(view.id for view in fleet.workspaces())
 
 
-async def test_the_run_user_is_accepted_by_name_and_uid(sandbox_env: SandboxEnvironment
-                                                        ) -> None:
+async def test_the_workspaces_user_is_accepted_by_name_and_uid(
+        sandbox_env: SandboxEnvironment) -> None:
     whoami = (await sandbox_env.exec(["whoami"])).stdout.strip()
     uid = (await sandbox_env.exec(["id", "-u"])).stdout.strip()
-    assert whoami != "root"
     for user in (whoami, uid):
         assert (await sandbox_env.exec(["whoami"], user=user)).stdout.strip() == whoami
+
+
+async def test_output_is_the_commands_own_bytes(sandbox_env: SandboxEnvironment) -> None:
+    """Never the fleet's text for a model: escapes, carriage returns, control bytes and
+    what looks like a secret all come back as the command wrote them."""
+    printed = "\x1b[31mred\x1b[0m\r\nline\x01 token=ghp_" + "a" * 36 + "\n"
+    done = await sandbox_env.exec(["printf", "%s", printed])
+    assert done.stdout == printed
+    both = await sandbox_env.exec(["sh", "-c", "printf 'out\\r\\n'; printf 'err\\033[K' >&2"])
+    assert (both.stdout, both.stderr) == ("out\r\n", "err\x1b[K")
 
 
 async def test_a_missing_cwd_is_file_not_found(sandbox_env: SandboxEnvironment) -> None:
@@ -156,40 +179,40 @@ def test_a_relative_cwd_is_under_the_workspace(cwd: str | None, expected: str | 
     assert call_cwd("/w/x", cwd) == expected
 
 
-def result(**fields: Any) -> CallResult:
-    return CallResult(call_id="c1", host=HOST, **fields)
+#: The output limit of the cases below.
+LIMIT = 64
 
 
-def info(total_bytes: int) -> TruncationInfo:
-    return TruncationInfo(direction="tail", truncated=False, limit=None, total_lines=1,
-                          total_bytes=total_bytes, shown_lines=1, shown_bytes=total_bytes)
+def exact(stdout: bytes = b"", stderr: bytes = b"", **fields: Any) -> Exact:
+    return Exact(CallResult(call_id="c1", host=HOST, **fields), stdout, stderr)
 
 
-@pytest.mark.parametrize(("fields", "error"), [
-    ({"timed_out": True}, TimeoutError),
-    ({"exit_code": 126, "stderr": "bash: line 1: /etc/passwd: Permission denied\n"},
+@pytest.mark.parametrize(("made", "error"), [
+    (exact(timed_out=True), TimeoutError),
+    (exact(stderr=b"bash: line 1: /etc/passwd: Permission denied\n", exit_code=126),
      PermissionError),
-    ({"error": SystemError_(kind="bad_cwd", message="no such dir")}, FileNotFoundError),
-    ({"error": SystemError_(kind="blocked", message="denied by policy")}, PermissionError),
-    ({"error": SystemError_(kind="worker_lost", message="gone")}, SandboxUnavailableError),
-    ({"error": SystemError_(kind="limit", message="too many jobs")}, RuntimeError),
-    ({"exit_code": 0, "stdout": "x" * 20, "stdout_truncation": info(20)},
-     OutputLimitExceededError),
+    (exact(error=SystemError_(kind="bad_cwd", message="no such dir")), FileNotFoundError),
+    (exact(error=SystemError_(kind="blocked", message="denied by policy")), PermissionError),
+    (exact(error=SystemError_(kind="worker_lost", message="gone")), SandboxUnavailableError),
+    (exact(error=SystemError_(kind="limit", message="too many jobs")), RuntimeError),
+    (exact(b"x" * (LIMIT + 1), exit_code=0), OutputLimitExceededError),
+    (exact(b"", b"x" * (LIMIT + 1), exit_code=0), OutputLimitExceededError),
 ])
-def test_what_a_call_that_did_not_end_well_raises(fields: dict[str, Any],
-                                                   error: type[Exception]) -> None:
+def test_what_a_call_that_did_not_end_well_raises(made: Exact, error: type[Exception]) -> None:
     with pytest.raises(error):
-        exec_result(result(**fields), 10, "10 bytes")
+        exec_result(made, LIMIT, f"{LIMIT} bytes")
 
 
-@pytest.mark.parametrize(("fields", "status"), [
-    ({"exit_code": 0, "stdout": "ok\n"}, 0), ({"exit_code": 126, "stderr": "no"}, 126),
-    ({"signal": 15}, 143),
+@pytest.mark.parametrize(("made", "status"), [
+    (exact(b"ok\n", exit_code=0), 0), (exact(b"", b"no", exit_code=126), 126),
+    (exact(b"x" * LIMIT, exit_code=0), 0), (exact(signal=15), 143),
+    (exact(b"\xff\x1b[1m", exit_code=0), 0),
 ])
-def test_what_a_call_that_ran_returns(fields: dict[str, Any], status: int) -> None:
-    done = exec_result(result(**fields), 10, "10 bytes")
+def test_what_a_call_that_ran_returns(made: Exact, status: int) -> None:
+    done = exec_result(made, LIMIT, f"{LIMIT} bytes")
     assert (done.returncode, done.success) == (status, status == 0)
-    assert (done.stdout, done.stderr) == (fields.get("stdout", ""), fields.get("stderr", ""))
+    assert (done.stdout, done.stderr) == (made.stdout.decode(errors="replace"),
+                                          made.stderr.decode(errors="replace"))
 
 
 def test_a_config_file_is_read(tmp_path: Path) -> None:
@@ -205,6 +228,105 @@ def test_a_config_file_is_read(tmp_path: Path) -> None:
     typo.write_text("hots: h\n")
     with pytest.raises(ValueError, match="extra"):
         config_of(str(typo))
+
+
+def test_docker_configs_are_read_as_one_workspace(tmp_path: Path) -> None:
+    (tmp_path / "img").mkdir()
+    (tmp_path / "img" / "Dockerfile").write_text("FROM scratch\n")
+    assert config_of(str(tmp_path / "img" / "Dockerfile")) == BashfleetSandboxConfig(
+        build=str(tmp_path / "img"))
+    compose = tmp_path / "compose.yaml"
+    compose.write_text("services:\n  default:\n    image: reg.example/app:1\n"
+                       "    user: '1000'\n    network_mode: none\n")
+    assert config_of(str(compose)) == BashfleetSandboxConfig(
+        image="reg.example/app:1", user="1000", network=False)
+    compose.write_text("services:\n  default:\n    build: img\n    image: tagged:1\n")
+    assert config_of(str(compose)) == BashfleetSandboxConfig(build=str(tmp_path / "img"))
+    compose.write_text("services:\n  default:\n    build:\n      context: ./img\n")
+    assert config_of(str(compose)).build == str(tmp_path / "img")
+    assert BashfleetSandboxEnvironment.is_docker_compatible()
+
+
+def test_a_compose_file_of_several_services_is_refused(tmp_path: Path) -> None:
+    compose = tmp_path / "compose.yaml"
+    compose.write_text("services:\n  default:\n    image: a:1\n  db:\n    image: b:1\n")
+    with pytest.raises(ValueError, match="one service"):
+        config_of(str(compose))
+    with pytest.raises(ValueError, match=r"2 services \(default, db\)"):
+        config_of(ComposeConfig.model_validate(
+            {"services": {"default": {"image": "a:1"}, "db": {"image": "b:1"}}}))
+
+
+# ------------------------------------------------------------------------- images
+
+
+async def image_env(config: BashfleetSandboxConfig) -> AsyncIterator[SandboxEnvironment]:
+    environments = await BashfleetSandboxEnvironment.sample_init("images", config, {})
+    try:
+        yield environments["default"]
+    finally:
+        await BashfleetSandboxEnvironment.sample_cleanup("images", config, environments,
+                                                         False)
+
+
+async def test_an_image_config_runs_in_the_image(fleet_env: str,
+                                                 registry_images: dict[str, str]) -> None:
+    """An image with a USER: calls run as it, in its WORKDIR, with its ENV; root (or any
+    user) when a call asks, as `docker exec -u` does; files written are its USER's."""
+    config = BashfleetSandboxConfig(host=HOST, image=registry_images["user"])
+    async for env in image_env(config):
+        done = await env.exec(["sh", "-c", "id -u; pwd; echo $GREETING"])
+        assert done.stdout == "1000\n/work\nhello\n"
+        assert (await env.exec(["id", "-u"], user="root")).stdout == "0\n"
+        await env.write_file("/tmp/deep/mine.txt", "agent's\n")
+        owners = await env.exec(["stat", "-c", "%u", "/tmp/deep", "/tmp/deep/mine.txt"])
+        assert owners.stdout == "1000\n1000\n"
+        assert await env.read_file("/tmp/deep/mine.txt") == "agent's\n"
+        with pytest.raises(PermissionError):
+            await env.write_file("/etc/not-mine", "x")
+        await env.exec(["sh", "-c", "mkdir -p /work && chown 1000 /work"], user="root")
+        await env.write_file("/work/notes.txt", "n\n")
+        assert (await env.exec(["cat", "notes.txt"])).stdout == "n\n"
+
+
+async def test_a_user_config_is_the_only_user(fleet_env: str,
+                                              registry_images: dict[str, str]) -> None:
+    config = BashfleetSandboxConfig(host=HOST, image=registry_images["debian"], user="1000")
+    async for env in image_env(config):
+        assert (await env.exec(["id", "-u"])).stdout == "1000\n"
+        with pytest.raises(SandboxUserUnsupportedError, match="user 'root'"):
+            await env.exec(["id"], user="root")
+
+
+async def test_a_root_image_workspace_runs_as_root_and_as_other_users(
+        fleet_env: str, registry_images: dict[str, str]) -> None:
+    config = BashfleetSandboxConfig(host=HOST, image=registry_images["user"], user="root")
+    async for env in image_env(config):
+        assert (await env.exec(["whoami"], user="root")).stdout == "root\n"
+        assert (await env.exec(["id", "-u"], user="1000")).stdout == "1000\n"
+        assert (await env.exec(["whoami"], user="nobody")).stdout == "nobody\n"
+        fed = await env.exec(["sh", "-c", "cat; echo $X"], input="from stdin\n",
+                             env={"X": "kept"}, user="nobody")
+        assert fed.stdout == "from stdin\nkept\n"
+
+
+async def test_exec_as_user_in_an_image(fleet_env: str,
+                                        registry_images: dict[str, str]) -> None:
+    """inspect's own case: adduser as root, then whoami as root and as the new user."""
+    config = BashfleetSandboxConfig(host=HOST, image=registry_images["debian"])
+    async for env in image_env(config):
+        await self_check.test_exec_as_user(env)
+
+
+async def test_a_compose_build_is_built_on_the_host(fleet_env: str, tmp_path: Path,
+                                                    registry_images: dict[str, str]) -> None:
+    (tmp_path / "ctx").mkdir()
+    (tmp_path / "ctx" / "Dockerfile").write_text(
+        f"FROM {registry_images['debian']}\nRUN echo built > /etc/marker\n")
+    (tmp_path / "compose.yaml").write_text("services:\n  default:\n    build: ctx\n")
+    config = config_of(str(tmp_path / "compose.yaml")).model_copy(update={"host": HOST})
+    async for env in image_env(config):
+        assert (await env.exec(["cat", "/etc/marker"])).stdout == "built\n"
 
 
 # ------------------------------------------------------------------- end to end
@@ -226,7 +348,8 @@ def answer(text: str) -> ModelOutput:
 
 
 async def test_an_eval_whose_model_calls_bash_in_the_sample_workspace(
-        fleet_env: str, tmp_path: Path) -> None:
+        fleet_env: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # the task's directory: no compose file inspect would find
     model = get_model("mockllm/model", custom_outputs=[
         bash_call("c1", "echo 'print(6 * 7)' > answer.py && python3 answer.py"),
         bash_call("c2", "cat answer.py; whoami; pwd"),
@@ -248,7 +371,7 @@ async def test_an_eval_whose_model_calls_bash_in_the_sample_workspace(
     tool_outputs = [message.text for message in tools]
     assert tool_outputs[0] == "42\n"
     cat, user, cwd = tool_outputs[1].splitlines()
-    assert cat == "print(6 * 7)" and user != "root" and "/w" in cwd
+    assert cat == "print(6 * 7)" and user and "/w" in cwd
     calls: list[ToolCall] = [call for message in sample.messages
                              if isinstance(message, ChatMessageAssistant)
                              for call in message.tool_calls or []]
@@ -272,3 +395,68 @@ async def test_connection_attaches_a_terminal_to_the_samples_workspace(
     out = done.stdout.decode(errors="replace")
     assert "in the sample" in out, out + done.stderr.decode(errors="replace")
     assert done.returncode == 3
+
+
+async def test_an_eval_whose_sandbox_names_an_image(
+        fleet_env: str, tmp_path: Path, registry_images: dict[str, str]) -> None:
+    """`inspect eval` of a task whose sandbox config is a compose file naming an image
+    (as a docker task has it): the model's bash calls run in the image."""
+    compose = tmp_path / "compose.yaml"
+    compose.write_text(f"services:\n  default:\n    image: {registry_images['debian']}\n")
+    model = get_model("mockllm/model", custom_outputs=[
+        bash_call("c1", "grep -o bookworm /etc/os-release | head -1; whoami; "
+                        "test -x /usr/bin/apt-get && echo apt"),
+        answer("bookworm"),
+    ])
+    task = Task(
+        dataset=[Sample(input="Which Debian release is this? Use bash.", target="bookworm")],
+        solver=[use_tools(bash(timeout=60)), generate()],
+        scorer=includes(),
+        sandbox=("bashfleet", str(compose)),
+    )
+    [log] = await eval_async(task, model=model, log_dir=str(tmp_path / "logs"),
+                             log_format="json", message_limit=20)
+    assert log.status == "success", log.error
+    sample = log.samples[0] if log.samples else None
+    assert sample is not None
+    tools = [message for message in sample.messages if isinstance(message, ChatMessageTool)]
+    assert [message.text for message in tools] == ["bookworm\nroot\napt\n"]
+    scores: dict[str, Any] = sample.scores or {}
+    assert scores["includes"].value == "C"
+
+
+async def test_a_docker_tasks_compose_file_is_found_beside_it(
+        fleet_env: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        registry_images: dict[str, str]) -> None:
+    """`sandbox="bashfleet"` with a compose.yaml in the task's directory, as a docker task
+    has it: inspect hands the file over and the sample runs in its image."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "compose.yaml").write_text(
+        f"services:\n  default:\n    image: {registry_images['debian']}\n")
+    model = get_model("mockllm/model", custom_outputs=[
+        bash_call("c1", "grep -o bookworm /etc/os-release | head -1"), answer("bookworm")])
+    task = Task(dataset=[Sample(input="Which release?", target="bookworm")],
+                solver=[use_tools(bash(timeout=60)), generate()], scorer=includes(),
+                sandbox="bashfleet")
+    [log] = await eval_async(task, model=model, log_dir=str(tmp_path / "logs"),
+                             log_format="json", message_limit=20)
+    assert log.status == "success", log.error
+    sample = log.samples[0] if log.samples else None
+    assert sample is not None
+    tools = [message for message in sample.messages if isinstance(message, ChatMessageTool)]
+    assert [message.text for message in tools] == ["bookworm\n"]
+
+
+async def test_an_eval_of_several_services_fails_and_runs_nothing(
+        fleet_env: str, tmp_path: Path, redis_server: RedisServer) -> None:
+    compose = tmp_path / "compose.yaml"
+    compose.write_text("services:\n  default:\n    image: a:1\n  db:\n    image: b:1\n")
+    model = get_model("mockllm/model", custom_outputs=[bash_call("c1", "touch ran")])
+    task = Task(dataset=[Sample(input="x", target="y")],
+                solver=[use_tools(bash(timeout=60)), generate()], scorer=includes(),
+                sandbox=("bashfleet", str(compose)))
+    with pytest.raises(ValueError, match=r"2 services.*one container"):
+        await eval_async(task, model=model, log_dir=str(tmp_path / "logs"),
+                         log_format="json", message_limit=20)
+    with Fleet(redis_server.url, owner=fleet_env) as fleet:
+        assert fleet.workspaces() == []

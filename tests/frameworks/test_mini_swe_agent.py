@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 import yaml
 from integration.conftest import WorkerFactory, WorkerProcess, wait_for
+from integration.registry import Registry
 from minisweagent.agents.default import DefaultAgent
 from minisweagent.environments import get_environment
 from minisweagent.exceptions import Submitted
@@ -37,6 +38,7 @@ from client.integrations.mini_swe_agent import (
     BashfleetEnvironmentConfig,
 )
 from client.redis_server import RedisServer
+from frameworks.conftest import registry_env
 
 HOST = "msa"
 ENVIRONMENT_CLASS = "client.integrations.mini_swe_agent.BashfleetEnvironment"
@@ -45,8 +47,9 @@ Make = Callable[..., BashfleetEnvironment]
 
 
 @pytest.fixture(name="host", scope="module")
-def _host(session_workers: WorkerFactory) -> WorkerProcess:
-    return session_workers.start(HOST)
+def _host(session_workers: WorkerFactory, image_registry: Registry) -> WorkerProcess:
+    """The module's host, pulling from the test registry."""
+    return session_workers.start(HOST, env=registry_env(image_registry))
 
 
 @pytest.fixture(autouse=True)
@@ -294,5 +297,33 @@ def test_default_agent_with_a_deterministic_model(host: WorkerProcess) -> None:
         assert "<output>\n-1\n</output>" in observations[1]
         assert "<output>\n5\n</output>" in observations[3]
         assert env.workspace.read_file("app/calc.py") == b"def add(a, b):\n    return a + b\n"
+    finally:
+        env.cleanup()
+
+
+def test_default_agent_in_an_image(host: WorkerProcess, registry_images: dict[str, str]
+                                   ) -> None:
+    """The environment's `image` (as mini-swe-agent's docker environment takes it): the
+    agent's commands run in the image, its USER, WORKDIR and ENV."""
+    config = yaml.safe_load(
+        files("minisweagent.config").joinpath("default.yaml").read_text())["agent"]
+    env = get_environment({"environment_class": ENVIRONMENT_CLASS, "host": HOST,
+                           "image": registry_images["user"], "timeout": 20})
+    assert isinstance(env, BashfleetEnvironment)
+    model = DeterministicModel(outputs=[
+        make_output("Look around.", [{"command": (
+            "grep -o bookworm /etc/os-release | head -1; id -u; pwd")}]),
+        make_output("Submit.", [{"command": (
+            "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT && echo $GREETING")}]),
+    ])
+    agent = DefaultAgent(model=model, env=env, **config)
+    try:
+        assert env.workspace.view.image is not None
+        info = agent.run("Which system is this?")
+        assert info["exit_status"] == "Submitted"
+        assert info["submission"] == "hello\n"
+        observations = [m["content"] for m in agent.messages
+                        if m.get("role") == "user" and "<returncode>" in str(m.get("content"))]
+        assert "<output>\nbookworm\n1000\n/work\n</output>" in observations[0]
     finally:
         env.cleanup()

@@ -25,6 +25,7 @@ from agents.sandbox.session import SandboxSession
 from agents.sandbox.session.sandbox_client import BaseSandboxClientOptions
 from agents.sandbox.session.sandbox_session_state import SandboxSessionState
 from integration.conftest import WorkerFactory
+from integration.registry import Registry
 from openai.types.responses import (
     ResponseFunctionToolCall,
     ResponseOutputMessage,
@@ -43,6 +44,7 @@ from client.integrations.openai_agents import (
     workspace_options,
 )
 from client.redis_server import RedisServer
+from frameworks.conftest import registry_env
 from worker.wire.models import TruncationInfo
 
 pytestmark = pytest.mark.anyio
@@ -56,9 +58,11 @@ def anyio_backend() -> str:
 
 
 @pytest.fixture(scope="module")
-def owner(session_workers: WorkerFactory, redis_server: RedisServer) -> Iterator[str]:
-    """A host for this module's workspaces; the environment's settings point at it."""
-    session_workers.start(HOST)
+def owner(session_workers: WorkerFactory, redis_server: RedisServer,
+          image_registry: Registry) -> Iterator[str]:
+    """A host for this module's workspaces (pulling from the test registry); the
+    environment's settings point at it."""
+    session_workers.start(HOST, env=registry_env(image_registry))
     name = f"agents-{uuid.uuid4().hex[:8]}"
     set_tracing_disabled(True)  # offline: no trace export
     with pytest.MonkeyPatch.context() as patch:
@@ -130,7 +134,6 @@ async def test_create_exec_files_and_delete(owner: str, redis_server: RedisServe
         shown = await session.exec("cat notes/hello.txt; pwd; whoami")
         lines = shown.stdout.decode().splitlines()
         assert shown.ok() and lines[:2] == ["hello from the manifest", workspace.path]
-        assert lines[2] != "root"
         await session.write(Path("data/out.bin"), io.BytesIO(b"\x00\xffbytes"))
         assert (await session.read(Path("data/out.bin"))).read() == b"\x00\xffbytes"
         failed = await session.exec("echo oops >&2; exit 3")
@@ -142,17 +145,32 @@ async def test_create_exec_files_and_delete(owner: str, redis_server: RedisServe
     assert workspace.id not in live_ids(redis_server.url, owner)
 
 
-async def test_user_maps_onto_the_run_user_and_no_other(session: SandboxSession) -> None:
-    run_as = (await session.exec("whoami")).stdout.decode().strip()
-    uid = (await session.exec("id -u")).stdout.decode().strip()
-    for user in (run_as, uid):
-        assert (await session.exec("whoami", user=user)).stdout.decode().strip() == run_as
-    await session.write(Path("mine.txt"), io.BytesIO(b"x"), user=run_as)
-    for refused in ("root", "nobody-else"):
-        with pytest.raises(PermissionError, match=f"cannot run as '{refused}'"):
-            await session.exec("whoami", user=refused)
-        with pytest.raises(PermissionError):
-            await session.read(Path("mine.txt"), user=refused)
+async def test_user_runs_as_that_user_from_a_root_workspace(session: SandboxSession
+                                                             ) -> None:
+    assert (await session.exec("id -un")).stdout == b"root\n"
+    for user in ("root", "0", User(name="root")):
+        assert (await session.exec("id -un", user=user)).stdout == b"root\n"
+    assert (await session.exec("id -un; pwd", user="nobody")).stdout == \
+        f"nobody\n{session.state.manifest.root}\n".encode()
+    started = await session.pty_exec_start("id -un", user="nobody", yield_time_s=5)
+    assert (started.process_id, started.output) == (None, b"nobody\n")
+    await session.write(Path("mine.txt"), io.BytesIO(b"x"), user="root")
+    assert (await session.read(Path("mine.txt"), user="root")).read() == b"x"
+
+
+async def test_an_image_session_runs_in_the_image(owner: str,
+                                                  registry_images: dict[str, str]) -> None:
+    client = BashfleetSandboxClient()
+    session = await client.create(options=BashfleetSandboxClientOptions(
+        host=HOST, image=registry_images["user"]))
+    async with session:
+        shown = await session.exec("grep -o bookworm /etc/os-release | head -1; id -u; "
+                                   "echo $GREETING")
+        assert shown.stdout == b"bookworm\n1000\nhello\n"
+        for refused in ("root", "nobody"):
+            with pytest.raises(PermissionError, match=f"cannot run as '{refused}'"):
+                await session.exec("whoami", user=refused)
+    await client.delete(session)
 
 
 async def test_a_custom_root_is_shown_at_its_path(owner: str) -> None:
@@ -322,6 +340,27 @@ async def test_an_agent_runs_its_tools_in_a_bashfleet_sandbox(
     assert "Process exited with code 0" in first and first.rstrip().endswith("42")
     assert "Process running with session ID" in second
     assert "42" in third
+    assert live_ids(redis_server.url, owner) == before  # the runner deleted its workspace
+
+
+async def test_an_agent_runs_its_tools_in_the_image_its_options_name(
+        owner: str, redis_server: RedisServer, registry_images: dict[str, str]) -> None:
+    model = ScriptedModel([
+        tool_call("c1", "exec_command", {"cmd": "grep -o bookworm /etc/os-release | head -1; "
+                                                "cat README; id -un", "yield_time_ms": 5000}),
+        message("Debian bookworm."),
+    ])
+    before = live_ids(redis_server.url, owner)
+    agent = SandboxAgent(name="os", instructions="Use the shell.", model=model,
+                         default_manifest=Manifest(entries={"README": File(content=b"hi\n")}))
+    result = await Runner.run(agent, "Which system is this?", run_config=RunConfig(
+        sandbox=SandboxRunConfig(client=BashfleetSandboxClient(),
+                                 options=BashfleetSandboxClientOptions(
+                                     host=HOST, image=registry_images["debian"]))))
+    assert result.final_output == "Debian bookworm."
+    (output,) = model.outputs
+    assert "Process exited with code 0" in output
+    assert output.rstrip().endswith("bookworm\nhi\nroot"), output
     assert live_ids(redis_server.url, owner) == before  # the runner deleted its workspace
 
 

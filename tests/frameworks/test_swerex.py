@@ -22,6 +22,7 @@ change, and why (each named in README too):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -36,7 +37,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from integration.conftest import WorkerFactory, end_group, wait_for
+from integration.conftest import WorkerFactory, WorkerProcess, end_group, wait_for
+from integration.registry import Registry
 from swerex.deployment.remote import RemoteDeployment
 from swerex.exceptions import (
     BashIncorrectSyntaxError,
@@ -59,6 +61,7 @@ from swerex.runtime.remote import RemoteRuntime
 
 from client import Fleet
 from client.redis_server import RedisServer
+from frameworks.conftest import registry_env
 
 # SWE-ReX runs its tests with pytest-asyncio (asyncio_mode "auto"): its deployments stop
 # themselves from `__del__` in a task of the running loop, which another runner reports.
@@ -99,19 +102,16 @@ class Server:
         self.headers = {"X-API-Key": TEST_API_KEY}
 
 
-@pytest.fixture(name="remote_server", scope="module")
-def _remote_server(session_workers: WorkerFactory, redis_server: RedisServer,
-                   tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    """`bashfleet swerex --host rex` as a user starts it (its own process)."""
-    session_workers.start(HOST)
+@contextlib.contextmanager
+def serving(redis_server: RedisServer, log: Path, *options: str) -> Iterator[Server]:
+    """`bashfleet swerex --host rex OPTIONS` as a user starts it (its own process)."""
     port, owner = _free_port(), f"rex-{uuid.uuid4().hex[:8]}"
     env = {**os.environ, "BASHFLEET_REDIS_URL": redis_server.url, "BASHFLEET_OWNER": owner,
            "BASHFLEET_SWEREX_AUTH_TOKEN": TEST_API_KEY}
-    log = tmp_path_factory.mktemp("swerex") / "server.log"
     with log.open("wb") as out:
         server = subprocess.Popen(
-            [sys.executable, "-m", "client.cli", "swerex", "--host", HOST, "--port", str(port)],
-            env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+            [sys.executable, "-m", "client.cli", "swerex", "--host", HOST, "--port", str(port),
+             *options], env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         wait_for(lambda: _accepts(port) or server.poll() is not None, 60, "the server")
         assert server.poll() is None, log.read_text()
@@ -136,6 +136,20 @@ def test_a_busy_port_is_said_so_before_serving_is(redis_server: RedisServer) -> 
     assert done.returncode == 1
     assert done.stderr == (f"bashfleet swerex: cannot listen on 127.0.0.1:{port}: "
                            "Address already in use\n")
+
+
+@pytest.fixture(name="rex_host", scope="module")
+def _rex_host(session_workers: WorkerFactory, image_registry: Registry) -> WorkerProcess:
+    """The module's host, pulling from the test registry."""
+    return session_workers.start(HOST, env=registry_env(image_registry))
+
+
+@pytest.fixture(name="remote_server", scope="module")
+def _remote_server(rex_host: WorkerProcess, redis_server: RedisServer,
+                   tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """`bashfleet swerex --host rex`."""
+    with serving(redis_server, tmp_path_factory.mktemp("swerex") / "server.log") as server:
+        yield server
 
 
 @pytest.fixture
@@ -625,3 +639,28 @@ async def test_a_retried_request_is_answered_once(remote_server: Server) -> None
     again = http(remote_server, "/execute", headers=headers, body=body)
     assert first == again
     assert first == (200, {"stdout": "1\n", "stderr": "", "exit_code": 0})
+
+
+async def test_an_image_is_the_runtimes_root(rex_host: WorkerProcess, redis_server: RedisServer,
+                                             tmp_path: Path,
+                                             registry_images: dict[str, str]) -> None:
+    """`bashfleet swerex --image REF`: sessions, session-less calls and files are the
+    image's (its USER, WORKDIR and ENV)."""
+    with serving(redis_server, tmp_path / "server.log", "--image",
+                 registry_images["user"]) as server:
+        runtime = RemoteRuntime(port=server.port, auth_token=TEST_API_KEY)
+        try:
+            await runtime.create_session(CreateBashSessionRequest(session="agent"))
+            shown = await runtime.run_in_session(A(
+                command="grep -o bookworm /etc/os-release | head -1; id -u; pwd",
+                session="agent", check="raise"))
+            assert shown.output == "bookworm\n1000\n/work\n"
+            done = await runtime.execute(C(command="cat /etc/debian_version; echo $GREETING",
+                                           shell=True))
+            assert done.exit_code == 0 and done.stdout.startswith("12.")
+            assert done.stdout.endswith("\nhello\n")
+            await runtime.write_file(WriteFileRequest(path="/tmp/note.txt", content="n\n"))
+            assert (await runtime.read_file(ReadFileRequest(path="/tmp/note.txt"))
+                    ).content == "n\n"
+        finally:
+            await runtime.close()

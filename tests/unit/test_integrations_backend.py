@@ -10,6 +10,8 @@ import errno
 import os
 import subprocess
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
 from hypothesis import given, settings
@@ -22,15 +24,17 @@ from client.integrations._backend import (
     FleetPool,
     Staged,
     WorkspaceOptions,
+    as_user,
+    cannot_become,
+    capturing,
     exit_status,
     file_error,
-    is_run_user,
-    not_run_user,
+    made_root,
     renew_interval,
     shell_line,
     stage,
 )
-from worker.wire.models import MAX_COMMAND_BYTES, WorkspaceLimits
+from worker.wire.models import MAX_COMMAND_BYTES, ImageInfo, WorkspaceLimits
 
 
 def run_locally(staged: Staged) -> subprocess.CompletedProcess[bytes]:
@@ -135,17 +139,31 @@ def test_other_failures_are_no_file_errors(message: str) -> None:
     assert file_error(UnknownWorkspace(message), "f") is None
 
 
-@pytest.mark.parametrize(("user", "accepted"), [
-    (None, True), ("bashfleet-run", True), ("999", True), ("root", False), ("", False),
+@pytest.mark.skipif(os.geteuid() != 0, reason="switching users needs root")
+@pytest.mark.parametrize(("user", "expected"), [
+    ("nobody", b"65534\n"), ("65534", b"65534\n"), ("65534:65534", b"65534\n"),
 ])
-def test_only_the_run_user_is_accepted(user: str | None, accepted: bool) -> None:
-    assert is_run_user(user, {"bashfleet-run", "999"}) is accepted
+def test_a_root_call_runs_a_command_as_another_user(user: str, expected: bytes) -> None:
+    done = run_locally(Staged(as_user("id -u; printf '%s\\n' \"$X\"", user)))
+    assert done.stdout == expected + b"\n", done.stderr
 
 
-def test_a_refused_user_is_told_why() -> None:
-    assert not_run_user("root", "bashfleet-run") == (
-        "bashfleet runs every command as its run user 'bashfleet-run' (never root, never "
-        "another user): cannot run as 'root'")
+def test_a_user_that_cannot_be_had_is_told_why() -> None:
+    assert cannot_become("root", "1000") == (
+        "this workspace's calls run as '1000', not root, so a command cannot run as 'root': "
+        "make the workspace with user 'root' (the framework's config: `user: root`) to run "
+        "commands as other users")
+
+
+def test_a_captured_commands_output_is_its_own_bytes(tmp_path: Path) -> None:
+    out, err, stale = tmp_path / "out", tmp_path / "err", tmp_path / "old"
+    stale.write_bytes(b"read already")
+    command = capturing("printf '\\033[1ma\\r\\n'; printf 'e\\001' >&2; exit 3",
+                        str(out), str(err), [str(stale)])
+    done = run_locally(Staged(command))
+    assert (done.returncode, done.stdout, done.stderr) == (3, b"", b"")
+    assert (out.read_bytes(), err.read_bytes()) == (b"\x1b[1ma\r\n", b"e\x01")
+    assert not stale.exists()
 
 
 @pytest.mark.parametrize(("ttl_s", "every_s"), [
@@ -163,6 +181,7 @@ def test_workspace_options_become_the_fleets_arguments() -> None:
         "host": None, "label": "linux", "path": None, "ttl_s": 600, "isolation": None,
         "network": False, "limits": WorkspaceLimits(memory_mb=512),
         "mounts": {"/logs": "logs"}, "tags": {"framework": "x", "run": "r1"},
+        "image": None, "build": None, "user": None,
     }
     assert hash(options) == hash(options.model_copy())
     assert options.fleet_kwargs() == {"redis_url": None, "owner": None}
@@ -172,6 +191,11 @@ def test_workspace_options_become_the_fleets_arguments() -> None:
         WorkspaceOptions.model_validate({"hots": "typo"})
     with pytest.raises(ValueError, match="a host or a label, not both"):
         WorkspaceOptions(host="a", label="b")
+    with pytest.raises(ValueError, match="an image or a build directory, not both"):
+        WorkspaceOptions(image="a:1", build="./ctx")
+    imaged = WorkspaceOptions(image="reg.example/a:1", user="root").create_kwargs()
+    assert (imaged["image"], imaged["build"], imaged["user"]) == ("reg.example/a:1", None,
+                                                                  "root")
 
 
 def test_the_fleet_client_is_shared_per_loop_and_owner_and_closed_by_its_last_user() -> None:
@@ -190,3 +214,41 @@ def test_the_fleet_client_is_shared_per_loop_and_owner_and_closed_by_its_last_us
         await pool.release("nobody")  # never held: nothing to do
 
     asyncio.run(scenario())
+
+
+class FakeFleet:
+    """What `made_root` asks of a fleet: a workspace, the images of its host."""
+
+    def __init__(self, image_user: str) -> None:
+        self.asked: list[dict[str, Any]] = []
+        self.deleted = False
+        self._user = image_user
+
+    async def workspace(self, **kwargs: Any) -> Any:
+        self.asked.append(kwargs)
+        view = SimpleNamespace(image="reg.example/a:1@sha256:bb")
+        return SimpleNamespace(view=view, host="h1", delete=self._delete)
+
+    async def images(self, *, host: str) -> list[ImageInfo]:
+        return [ImageInfo(ref="other", digest="sha256:aa", user="7"),
+                ImageInfo(ref="reg.example/a:1", digest="sha256:bb", user=self._user)]
+
+    async def _delete(self) -> None:
+        self.deleted = True
+
+
+@pytest.mark.parametrize(("kwargs", "image_user", "asked_user", "default"), [
+    ({"image": "reg.example/a:1", "user": None}, "1000", "root", "1000"),
+    ({"image": "reg.example/a:1", "user": None}, "", "root", None),
+    ({"image": "reg.example/a:1", "user": None}, "0:0", "root", None),
+    ({"build": "./ctx", "user": None}, "app", "root", "app"),
+    ({"image": "reg.example/a:1", "user": "1000"}, "1000", "1000", None),
+    ({"image": None, "user": None}, "1000", None, None),
+])
+def test_an_images_workspace_is_made_root_with_its_user_as_the_default(
+        kwargs: dict[str, Any], image_user: str, asked_user: str | None,
+        default: str | None) -> None:
+    fleet = FakeFleet(image_user)
+    _, found = asyncio.run(made_root(cast(Any, fleet), kwargs))
+    assert [asked["user"] for asked in fleet.asked] == [asked_user]
+    assert found == default and not fleet.deleted
