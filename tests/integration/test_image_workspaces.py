@@ -19,6 +19,7 @@ from .engine_helpers import (
     Janitor,
     _janitor_fixture,  # noqa: F401 - the `janitor` fixture
     engine_with,
+    wait_until,
 )
 from .registry import Registry
 
@@ -97,6 +98,17 @@ def test_an_images_user_workdir_and_env_hold_for_its_calls(
     try:
         out, _ = _run(images_engine, record.id, "id -u; pwd; echo $GREETING")
         assert out == "1000\n/work\nhello\n", out
+        # Its user writes its HOME and the workspace's directory (its own, inside).
+        out, _ = _run(images_engine, record.id,
+                      f"echo $HOME; touch ~/made && touch {record.path}/made && echo wrote")
+        assert out == "/home/1000\nwrote\n", out
+        # A background job gets what a call gets of the image: its ENV.
+        job = images_engine.run("echo job:$GREETING", workspace=record.id, cwd=None,
+                                background=True)
+        handle = job.job
+        assert handle is not None, job
+        wait_until(lambda: "job:hello" in Path(handle.output_path or "").read_text(),
+                   what="the job's output")
         # Asked for another user: root (as inspect's and Harbor's `user=` ask).
         as_root = workspaces.create(WorkspaceSpec(image=registry_images["user"], user="root"),
                                     images_engine.settings)

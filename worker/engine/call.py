@@ -176,24 +176,10 @@ def user_env(user: sandbox.User | None, workspace: WorkspaceRecord) -> dict[str,
     elif user is not None:
         env["HOME"] = user.home
     if workspace.ids is not None and workspace.keeper_pid is not None:
-        # Root inside its own user namespace (or the image's user): its image's ENV
-        # first, the engine's hardening over it.
-        if workspace.image is not None:
-            env.update(_image_env(workspace))
-        if not workspace.user and not (workspace.image and workspace.image.user):
-            env.update(USER="root", LOGNAME="root")
+        env.update(workspaces.workspace_env(workspace))
     elif user is not None:
         env.update(USER=user.name, LOGNAME=user.name)
     return env
-
-
-def _image_env(workspace: WorkspaceRecord) -> dict[str, str]:
-    found: dict[str, str] = {}
-    for item in workspace.image.env if workspace.image is not None else []:
-        name, sep, value = item.partition("=")
-        if sep and name and name != "HOME":
-            found[name] = value
-    return found
 
 
 def _user(settings: Settings) -> sandbox.User | None:

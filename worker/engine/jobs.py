@@ -131,8 +131,11 @@ def start_job(
     return record
 
 
-def _job_env(call: Call, settings: Settings, job_id: str, home: str | None) -> dict[str, str]:
+def _job_env(call: Call, settings: Settings, job_id: str, home: str | None,
+             workspace: WorkspaceRecord | None = None) -> dict[str, str]:
     extra = {"HOME": home} if home else {}
+    if workspace is not None and workspace.ids is not None and workspace.keeper_pid is not None:
+        extra.update(ws.workspace_env(workspace))  # an image's ENV, as its calls get it
     child = build_env(
         os.environ, marker=job_id, extra={**extra, **call.env},
         unset=call.unset_env, deny=settings.secret_deny, allow=settings.secret_allow,
@@ -157,7 +160,8 @@ def _start_in_keeper(new: _NewJob, workspace: WorkspaceRecord) -> dict[str, Any]
     """A plain job as a child of its workspace's keeper, which records its end."""
     call, cwd, settings, job_id = new.call, new.cwd, new.settings, new.job_id
     output, status = new.output, new.status
-    env = _job_env(call, settings, job_id, ws.home_of(sandbox.run_user(settings), workspace))
+    env = _job_env(call, settings, job_id, ws.home_of(sandbox.run_user(settings), workspace),
+                   workspace)
     startup = Startup(resources.ulimit_line(settings, bool(workspace.cgroup)), capture=False,
                       fd_in_child=launcher.STATE_FD)
     env["BASH_ENV"] = startup.bash_env
@@ -259,7 +263,7 @@ def _job_spec(
     user = sandbox.run_user(settings)
     in_keeper = workspace is not None and workspace.keeper_pid is not None
     home = ws.home_of(user, workspace) if in_keeper else (user.home if user is not None else None)
-    env = _job_env(call, settings, job_id, home)
+    env = _job_env(call, settings, job_id, home, workspace)
     if user is not None and not in_keeper:
         env.update(USER=user.name, LOGNAME=user.name)
     dirs = [path for path, _ in group.paths] if group is not None else []

@@ -212,7 +212,9 @@ def _create(spec: WorkspaceSpec, settings: Settings, choice: sandbox.Choice,  # 
         raise WorkspaceError("unavailable", "this host gave the workspace no ids of its own "
                              "(its subordinate ids changed?): an image needs them")
     ws_id = ws_id or new_id()
-    owner = (slot.uid, slot.gid) if slot is not None else (user.uid, user.gid) if user else None
+    inside = inside_user(spec.user, image, image_root) if slot is not None else None
+    owner = ((slot.uid + inside.uid, slot.gid + inside.gid) if slot is not None and inside
+             else (user.uid, user.gid) if user else None)
     path, fresh = _directory(spec.path or project_dir(spec.near, settings), ws_id, settings,
                              owner)
     granted = resources.granted(spec.limits, settings)
@@ -224,12 +226,13 @@ def _create(spec: WorkspaceSpec, settings: Settings, choice: sandbox.Choice,  # 
         session=spec.session, tags=spec.tags, throwaway=throwaway,
         run_as=user.name if user else sandbox.run_user_name(settings),
         image=image, ids=(slot.uid, ids.SLOT_SIZE) if slot is not None else None,
-        user=spec.user,
+        user=spec.user, home=inside.home if inside is not None else None,
     )
     try:
-        _make_dirs(record, settings, user, blank, image_root)
+        _make_dirs(record, settings, user, blank, image_root=image_root, owner=owner)
         if blank is not None:
-            record = _start_keeper(record, settings, user, blank, image_root)
+            record = _start_keeper(record, settings, user, blank, inside=inside,
+                                   image_root=image_root)
         save(record, settings)
     except BaseException:
         _remove_files(record, settings)
@@ -396,7 +399,8 @@ def _ensure_dir(path: Path, mode: int) -> None:
 
 
 def _make_dirs(record: WorkspaceRecord, settings: Settings, user: sandbox.User | None,
-               blank: Blank | None = None, image_root: str | None = None) -> None:
+               blank: Blank | None = None, *, image_root: str | None = None,
+               owner: tuple[int, int] | None = None) -> None:
     _ensure_dir(settings.workspaces_dir, 0o700)
     _ensure_dir(Path(record.out_dir).parent, 0o700)
     out = Path(record.out_dir)
@@ -411,7 +415,7 @@ def _make_dirs(record: WorkspaceRecord, settings: Settings, user: sandbox.User |
         (state / name).chmod(mode)  # the umask took the sticky bit
     slot = blank.slot if blank is not None else None
     if slot is not None and blank is not None:
-        os.chown(state / "home", slot.uid, slot.gid)
+        os.chown(state / "home", *(owner or (slot.uid, slot.gid)))
         if blank.layers is not None:
             # Made (and mounted) ahead with its blank keeper: the overlays follow the move.
             os.rename(blank.layers, state / "layer")
@@ -520,7 +524,8 @@ IDMAPPED_ENTRIES = ("bin", "etc", "lib", "lib32", "lib64", "libx32", "sbin", "us
 
 
 def _start_keeper(record: WorkspaceRecord, settings: Settings, user: sandbox.User | None,
-                  blank: Blank, image_root: str | None = None) -> WorkspaceRecord:
+                  blank: Blank, *, inside: Inside | None,
+                  image_root: str | None = None) -> WorkspaceRecord:
     """Claim a blank keeper for the workspace (made ahead: `Blanks`), name its socket and
     cgroup after it, write its limits, and have it build the workspace's view."""
     slot = blank.slot
@@ -537,7 +542,8 @@ def _start_keeper(record: WorkspaceRecord, settings: Settings, user: sandbox.Use
         # on a single-tenant host) are the workspace root's through that map.
         body["ids"] = {"uid": slot.uid, "gid": slot.gid, "count": ids.SLOT_SIZE,
                        "shared": [user.uid, user.gid] if user is not None else None}
-        body["user"] = list(inside_user(record, image_root))
+        who = inside or Inside(0, 0, (), "/root")
+        body["user"] = [who.uid, who.gid, list(who.groups)]
     elif user is not None:
         body.update(uid=user.uid, gid=user.gid, groups=list(user.groups))
     sock_path = str(socket_path(settings, record.id))
@@ -993,24 +999,35 @@ def _find_private() -> tuple[list[str], list[str]]:
     return dirs, files
 
 
-def inside_user(record: WorkspaceRecord, image_root: str | None) -> tuple[int, int, list[int]]:
-    """(uid, gid, groups) a workspace's calls run as inside its user namespace: the user
-    it was made for (`user`: a name, `uid` or `uid:gid`), else the image's `USER`, else
-    root. Names are looked up in the passwd and group files of its root filesystem
-    (read without following a link out of it)."""
-    wanted = record.user or (record.image.user if record.image is not None else "") or ""
+@dataclass(frozen=True)
+class Inside:
+    """Who a workspace's calls are inside its user namespace."""
+
+    uid: int
+    gid: int
+    groups: tuple[int, ...]
+    home: str
+
+
+def inside_user(user: str | None, image: ImageInfo | None, image_root: str | None) -> Inside:
+    """Who a workspace's calls run as inside its user namespace: the user it was made for
+    (`user`: a name, `uid` or `uid:gid`), else the image's `USER`, else root. Names are
+    looked up in the passwd and group files of its root filesystem (read without
+    following a link out of it)."""
+    wanted = user or (image.user if image is not None else "") or ""
     return parse_user(wanted, lambda name: _read_in_root(image_root or "/", name))
 
 
-def parse_user(wanted: str, read: Callable[[str], str]) -> tuple[int, int, list[int]]:
-    """`name`, `uid`, `name:group` or `uid:gid` -> (uid, gid, groups) inside, by the
-    passwd and group text `read("etc/passwd")` gives; WorkspaceError when unknown."""
+def parse_user(wanted: str, read: Callable[[str], str]) -> Inside:
+    """`name`, `uid`, `name:group` or `uid:gid` -> who that is inside, by the passwd and
+    group text `read("etc/passwd")` gives; WorkspaceError when unknown. Its HOME: its
+    passwd entry's (root's /root), else `/home/<uid>` (made in the workspace's layer)."""
     if not wanted:
-        return 0, 0, []
+        return Inside(0, 0, (), "/root")
     user, _, group = wanted.partition(":")
     passwd = [line.split(":") for line in _safe(read, "etc/passwd").splitlines()]
     groups = [line.split(":") for line in _safe(read, "etc/group").splitlines()]
-    entry = next((f for f in passwd if len(f) >= 4 and user in (f[0], f[2])), None)
+    entry = next((f for f in passwd if len(f) >= 6 and user in (f[0], f[2])), None)
     if entry is None and not user.isdigit():
         raise WorkspaceError("invalid", f"no user {user!r} in the workspace's /etc/passwd")
     uid = int(entry[2]) if entry is not None else int(user)
@@ -1026,7 +1043,10 @@ def parse_user(wanted: str, read: Callable[[str], str]) -> tuple[int, int, list[
     if not (0 <= uid < ids.SLOT_SIZE and 0 <= gid < ids.SLOT_SIZE):
         raise WorkspaceError("invalid", f"user {wanted!r} is outside the workspace's ids "
                              f"(0-{ids.SLOT_SIZE - 1})")
-    return uid, gid, [g for g in extra if g < ids.SLOT_SIZE]
+    home = entry[5] if entry is not None else ""
+    if not home.startswith("/") or home in ("/", "/nonexistent") or layout.inside(home, "/tmp"):
+        home = "/root" if uid == 0 else f"/home/{uid}"
+    return Inside(uid, gid, tuple(g for g in extra if g < ids.SLOT_SIZE), home)
 
 
 def _safe(read: Callable[[str], str], name: str) -> str:
@@ -1054,6 +1074,19 @@ def _read_in_root(root: str, rel: str) -> str:
         os.close(fd)
 
 
+def workspace_env(record: WorkspaceRecord) -> dict[str, str]:
+    """What a call's environment holds of its workspace (ids of its own): its image's ENV
+    (the engine's hardening goes over it) and, for root, USER and LOGNAME."""
+    env: dict[str, str] = {}
+    for item in record.image.env if record.image is not None else []:
+        name, sep, value = item.partition("=")
+        if sep and name and name != "HOME":
+            env[name] = value
+    if not record.user and not (record.image and record.image.user):
+        env.update(USER="root", LOGNAME="root")
+    return env
+
+
 def shell_of(record: WorkspaceRecord) -> str:
     """What runs a command in the workspace: bash, or `sh` in an image without bash."""
     return record.image.shell if record.image is not None else "bash"
@@ -1065,7 +1098,7 @@ def home_of(user: sandbox.User | None, record: WorkspaceRecord | None = None) ->
     directory when the host has it or it can be made on the view's root
     (`/nonexistent`), else a directory of the workspace's /tmp."""
     if record is not None and record.ids is not None:
-        return "/root"
+        return record.home or "/root"
     home = os.path.normpath(user.home if user is not None else os.path.expanduser("~"))
     usable = os.path.isabs(home) and home != "/" and (
         os.path.isdir(home) or os.path.dirname(home) == "/")

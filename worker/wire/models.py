@@ -932,6 +932,9 @@ class WorkspaceRecord(Model):
     """(first host id, count) its user namespace maps (None: single-tenant host)."""
     user: str | None = None
     """Who its calls run as inside (None: the image's USER, else root)."""
+    home: str | None = None
+    """Its calls' HOME inside (ids per workspace): the home its user has in its root's
+    /etc/passwd (root's /root)."""
 
 
 class WorkspaceView(Model):
