@@ -81,7 +81,8 @@ def test_flower_lists_the_hosts_and_the_calls(
     def both_hosts() -> set[str] | None:
         workers = _try_get(f"{flower}/api/workers?status=1")
         names = set(workers or ())
-        return names if {"calls@alpha", "calls@beta"} <= names else None
+        wanted = {"calls@alpha", "calls@beta", "control@alpha", "control@beta"}
+        return names if wanted <= names else None
 
     # #22 point 12: named for what they do (they were `exec@` and `ctl@`, with no hint).
     names = wait_for(both_hosts, 60, "Flower to list both hosts", interval=0.5)

@@ -128,7 +128,9 @@ def test_the_images_cli(
     assert text.returncode == 0 and f"{HOST}: {ref} {info['digest']}" in text.stdout
     listed = _cli(redis_server.url, "ls", "--host", HOST)
     assert listed.returncode == 0 and ref in listed.stdout and "1000" in listed.stdout
-    assert json.loads(_cli(redis_server.url, "ls", "--json").stdout)[0]["digest"] == info["digest"]
+    # This host alone: other tests' hosts share the session's Redis.
+    as_json = _cli(redis_server.url, "ls", "--host", HOST, "--json")
+    assert json.loads(as_json.stdout)[0]["digest"] == info["digest"], as_json.stderr
     missing = _cli(redis_server.url, "pull", ref + "-nope", "--host", HOST)
     assert missing.returncode == 125 and "no such image" in missing.stderr
     removed = _cli(redis_server.url, "rm", info["digest"], "--host", HOST)
