@@ -113,7 +113,7 @@ def settings_env(settings: Settings) -> dict[str, str]:
             # (NoDecode), a JSON list for the others (their items may hold commas).
             metadata = Settings.model_fields[name].metadata
             if any(isinstance(item, NoDecode) or item is NoDecode for item in metadata):
-                value = ",".join(value)
+                value = ",".join(str(item) for item in value)
             else:
                 value = json.dumps(list(value))
         env[f"BASHFLEET_{name.upper()}"] = str(value)
