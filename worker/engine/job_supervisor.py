@@ -37,6 +37,7 @@ if "worker.engine" not in sys.modules:  # pragma: no cover - run by path with -I
         sys.modules[_name] = _package
 
 from worker.engine import job_end, launcher, proto, relay
+from worker.engine.command_line import COMMAND_FD, CommandLine
 
 
 def _start_time(pid: int) -> float:
@@ -132,10 +133,11 @@ def _procs_fds(spec: dict[str, Any]) -> list[int]:
     return open_procs_files(spec.get("cgroup_dirs") or [])
 
 
-def _argv(spec: dict[str, Any]) -> list[str]:
+def _command_line(spec: dict[str, Any], fd_in_child: int | None = None) -> CommandLine:
     """`bash -c COMMAND`, or an interactive session's own shell (`-l`: a login shell)."""
     shell = spec.get("shell") or "bash"
-    return [shell, *(["-l"] if spec.get("login") else []), "-c", spec["command"]]
+    return CommandLine([shell, *(["-l"] if spec.get("login") else [])], spec["command"],
+                       fd_in_child=fd_in_child)
 
 
 def _ctty() -> None:
@@ -157,16 +159,19 @@ def _start_plain(spec: dict[str, Any], out_fd: int, stdio: tuple[int, int, int] 
         os.close(fd)
         targets.append(target)
     user = spec.get("user") or [None, None, None]
+    line = _command_line(spec)
+    passed = [*targets, *([line.fd] if line.fd is not None else [])]
     try:
         stdin, stdout, stderr = stdio or (subprocess.DEVNULL, out_fd, out_fd)
         proc = subprocess.Popen(
-            _argv(spec), cwd=spec["cwd"], env=spec["env"],
+            line.argv, cwd=spec["cwd"], env=spec["env"],
             stdin=stdin, stdout=stdout, stderr=stderr, start_new_session=True,
-            close_fds=True, pass_fds=targets, user=user[0], group=user[1], extra_groups=user[2],
+            close_fds=True, pass_fds=passed, user=user[0], group=user[1], extra_groups=user[2],
             # This process is single-threaded: a preexec_fn is safe here.
             preexec_fn=_ctty if ctty else None,  # noqa: PLW1509
         )
     finally:
+        line.close()
         for target in targets:
             os.close(target)
     return proc, _start_time(proc.pid)
@@ -182,18 +187,22 @@ def _start_in_keeper(spec: dict[str, Any], out_fd: int,
     os.write(startup, f"unset BASH_ENV\n{keeper.get('startup') or ''}".encode())
     env = {**spec["env"], "BASH_ENV": f"/dev/fd/{launcher.STATE_FD}"}
     null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+    line = _command_line(spec, COMMAND_FD)
+    command_fds = [line.fd] if line.fd is not None else []
     request = {
-        "argv": _argv(spec), "cwd": spec["cwd"], "env": env, "ctty": ctty,
-        "targets": [0, 1, 2, launcher.STATE_FD], "kill_grace_s": spec.get("kill_grace_s"),
+        "argv": line.argv, "cwd": spec["cwd"], "env": env, "ctty": ctty,
+        "targets": [0, 1, 2, launcher.STATE_FD, *([COMMAND_FD] if command_fds else [])],
+        "kill_grace_s": spec.get("kill_grace_s"),
         # A terminal's output is copied by the relay, which watches the cap on it.
         "output_cap": None if stdio is not None else spec.get("output_cap"),
     }
     try:
-        started = conn.start(request, [*(stdio or (null, out_fd, out_fd)), startup])
+        started = conn.start(request, [*(stdio or (null, out_fd, out_fd)), startup, *command_fds])
     except OSError:
         conn.close()
         raise
     finally:
+        line.close()
         os.close(null)
         os.close(startup)
     ticks = started.start_ticks

@@ -36,6 +36,7 @@ from typing import Any
 from worker.engine import cgroups, job_end, launcher, procs, resources, sandbox, truncate
 from worker.engine import workspaces as ws
 from worker.engine.capture import read_slice
+from worker.engine.command_line import COMMAND_FD, CommandLine
 from worker.engine.environment import build_env
 from worker.engine.job_records import (
     JobError,
@@ -164,9 +165,12 @@ def _start_in_keeper(new: _NewJob, workspace: WorkspaceRecord) -> dict[str, Any]
     flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
     fds = [os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC), os.open(output, flags, 0o644),
            startup.fd, os.open(status.parent, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)]
+    line = CommandLine([call.shell or "bash", *(["-l"] if call.login else [])], call.command,
+                       fd_in_child=COMMAND_FD)
+    command_fds = [line.fd] if line.fd is not None else []
     request = {
-        "argv": [call.shell or "bash", *(["-l"] if call.login else []), "-c", call.command],
-        "cwd": cwd, "env": env, "targets": [0, 1, 2, launcher.STATE_FD],
+        "argv": line.argv, "cwd": cwd, "env": env,
+        "targets": [0, 1, 2, launcher.STATE_FD, *([COMMAND_FD] if command_fds else [])],
         "output_cap": resources.output_cap(settings),
         "kill_grace_s": call.policy.kill_grace_s,
         "job": {"status": status.name, "cap_mb": settings.limit_output_mb,
@@ -175,7 +179,7 @@ def _start_in_keeper(new: _NewJob, workspace: WorkspaceRecord) -> dict[str, Any]
     try:
         conn = ws.connections.take(workspace)
         try:
-            started = conn.start(request, [fds[0], fds[1], fds[1], fds[2], fds[3]])
+            started = conn.start(request, [fds[0], fds[1], fds[1], fds[2], *command_fds, fds[3]])
         finally:
             ws.connections.give_back(workspace.id, conn)
     except OSError as exc:
@@ -187,6 +191,7 @@ def _start_in_keeper(new: _NewJob, workspace: WorkspaceRecord) -> dict[str, Any]
         for fd in fds[:2] + fds[3:]:
             os.close(fd)
         startup.close()
+        line.close()
     return {"pid": started.host_pid, "pgid": started.host_pid, "ns_pid": started.pid,
             "start_time": _ticks_time(started.start_ticks)}
 
