@@ -53,7 +53,7 @@ if TYPE_CHECKING:
 #: The dialects `schema` and `mcp` take, and `schema`'s styles (`client.dialects.DIALECTS`
 #: and `client.dialects.base.SCHEMA_STYLES`, which a unit test holds these to: importing
 #: the dialects here would slow every `bashfleet --help`).
-DIALECT_NAMES = ("claude", "codex", "modes", "native", "pi", "pipe")
+DIALECT_NAMES = ("claude", "claude-code", "codex", "modes", "native", "pi", "pipe")
 SCHEMA_STYLES = ("anthropic", "openai", "openai-responses", "mcp", "function")
 
 #: What a CLI user does when no fleet answers (not the Python API's `redis_url=`).
