@@ -67,7 +67,8 @@ def _wait(proc: Any, spec: dict[str, Any]) -> tuple[int, bool]:
     watch = None
     if cap is not None and not spec.get("keeper"):
         # A job in a workspace: its keeper watches its cap.
-        watch = proto.CapWatch(lambda: _size(spec["output_path"]), cap)
+        paths = [spec["output_path"], *([spec["stderr_path"]] if spec.get("stderr_path") else [])]
+        watch = proto.CapWatch(lambda: sum(_size(path) for path in paths), cap)
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     step: float | None = 0.01 if watch is not None else None
     while True:
@@ -149,9 +150,10 @@ def _ctty() -> None:
 
 
 def _start_plain(spec: dict[str, Any], out_fd: int, stdio: tuple[int, int, int] | None = None,
-                 ctty: bool = False) -> tuple[Any, float]:
+                 ctty: bool = False, *, err_fd: int | None = None) -> tuple[Any, float]:
     """bash -c COMMAND, its cgroup fds where the command's first line expects them.
-    `stdio`: the child's fds 0, 1, 2 (an interactive session's pipe or terminal)."""
+    `stdio`: the child's fds 0, 1, 2 (an interactive session's pipe or terminal);
+    `err_fd`: its stderr, when not `out_fd`."""
     targets = []
     for offset, fd in enumerate(_procs_fds(spec)):
         target = spec["cgroup_fd"] + offset
@@ -162,7 +164,7 @@ def _start_plain(spec: dict[str, Any], out_fd: int, stdio: tuple[int, int, int] 
     line = _command_line(spec)
     passed = [*targets, *([line.fd] if line.fd is not None else [])]
     try:
-        stdin, stdout, stderr = stdio or (subprocess.DEVNULL, out_fd, out_fd)
+        stdin, stdout, stderr = stdio or (subprocess.DEVNULL, out_fd, err_fd or out_fd)
         proc = subprocess.Popen(
             line.argv, cwd=spec["cwd"], env=spec["env"],
             stdin=stdin, stdout=stdout, stderr=stderr, start_new_session=True,
@@ -179,8 +181,9 @@ def _start_plain(spec: dict[str, Any], out_fd: int, stdio: tuple[int, int, int] 
 
 def _start_in_keeper(spec: dict[str, Any], out_fd: int,
                      stdio: tuple[int, int, int] | None = None,
-                     ctty: bool = False) -> tuple[Any, float]:
-    """The job as a child of its workspace's keeper (in the workspace's namespaces)."""
+                     ctty: bool = False, *, err_fd: int | None = None) -> tuple[Any, float]:
+    """The job as a child of its workspace's keeper (in the workspace's namespaces).
+    `err_fd`: its stderr, when not `out_fd`."""
     keeper = spec["keeper"]
     conn = launcher.KeeperConnection.connect(keeper["socket"])
     startup = os.memfd_create("bashfleet-startup", os.MFD_CLOEXEC)
@@ -197,7 +200,8 @@ def _start_in_keeper(spec: dict[str, Any], out_fd: int,
         "output_cap": None if stdio is not None else spec.get("output_cap"),
     }
     try:
-        started = conn.start(request, [*(stdio or (null, out_fd, out_fd)), startup, *command_fds])
+        started = conn.start(request, [*(stdio or (null, out_fd, err_fd or out_fd)), startup,
+                                       *command_fds])
     except OSError:
         conn.close()
         raise
@@ -247,15 +251,19 @@ def main(spec_path: str) -> int:
     start = _start_in_keeper if spec.get("keeper") else _start_plain
     if spec.get("stdin", "null") != "null":
         return int(relay.main(spec, start, _write_status, _remove_groups))
-    out_fd = os.open(spec["output_path"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
+    out_fd = os.open(spec["output_path"], flags, 0o644)
+    err_fd = os.open(spec["stderr_path"], flags, 0o644) if spec.get("stderr_path") else None
     try:
-        proc, started = start(spec, out_fd)
+        proc, started = start(spec, out_fd, err_fd=err_fd)
     except OSError as exc:
         sys.stdout.write(json.dumps({"error": f"could not start bash: {exc}"}) + "\n")
         _remove_groups(spec, timeout=0)
         return 1
     finally:
         os.close(out_fd)
+        if err_fd is not None:
+            os.close(err_fd)
     sys.stdout.write(json.dumps({"pid": proc.pid, "pgid": proc.pid, "start_time": started,
                                  "ns_pid": getattr(proc, "ns_pid", None)}) + "\n")
     sys.stdout.flush()
