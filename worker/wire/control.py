@@ -21,6 +21,7 @@ an `error` whose kind the client raises as a typed exception.
     FileReadRequest        -> FileChunk          a slice of a file, as its calls see it
     FileWriteRequest       -> FileWritten        write (or append) bytes to a file
     ArchiveRequest         -> ArchiveResult      tar a directory up, or unpack one
+    TransferRequest        -> TransferResult     stream a file or a directory in or out
     ImagesRequest          -> ImageList          the images the host holds
     ImagePullRequest       -> ImagePull          start (or join) a pull; its state so far
     ImageRemoveRequest     -> ImageRemoved       remove an image no workspace uses (admin)
@@ -53,6 +54,7 @@ from worker.wire.models import (
     WorkspaceView,
 )
 from worker.wire.names import Task
+from worker.wire.transfer import TRANSFER_ID_PATTERN
 
 #: A `grep` that matches no line (RE2 syntax): a check that reads a job's state only.
 NO_LINE = r"[^\s\S]"
@@ -457,6 +459,37 @@ class ArchiveRequest(ControlRequest):
     archive: str = Field(min_length=1, max_length=MAX_FILE_PATH)
 
 
+class TransferResult(Model):
+    """A transfer done."""
+
+    path: str
+    """The file or directory, as the workspace's calls see it."""
+    size: int
+    """Bytes that travelled (the file's, or the tar stream's)."""
+
+
+class TransferRequest(ControlRequest):
+    """Stream a file or a directory (`tree`) into the workspace (`upload`) or out of it
+    (`download`) as chunks on the transfer's list (`worker.wire.transfer`), MAC'd with
+    the key that signs this request. In the workspace `cat` or `tar` reads or writes
+    them through a pipe, as the run user in its view: a download never passes through a
+    file a command could replace. A tree travels as a tar; the client checks every
+    member of one it receives before it writes anything."""
+
+    task: ClassVar[Task] = Task.TRANSFER
+    response: ClassVar[type[Model]] = TransferResult
+
+    workspace: str
+    direction: Literal["upload", "download"]
+    kind: Literal["file", "tree"]
+    path: str = Field(min_length=1, max_length=MAX_FILE_PATH)
+    """Relative to the workspace's directory, or absolute in its calls' view."""
+    mode: int | None = Field(None, ge=0, le=0o7777)
+    """Permissions to give an uploaded file (None: the umask's)."""
+    transfer: str = Field(pattern=TRANSFER_ID_PATTERN)
+    """The transfer's id: its list, and what each chunk's MAC is bound to."""
+
+
 # -------------------------------------------------------------------------- images
 
 #: Longest a pull's answer waits for it to end (the client asks again).
@@ -542,7 +575,8 @@ REQUESTS: dict[str, type[ControlRequest]] = {
         CheckRequest, KillRequest, ReadOutputRequest, CancelRequest, DetachRequest, JobsRequest,
         WriteStdinRequest, CloseStdinRequest, ResizeRequest, WorkspaceCreateRequest,
         WorkspaceDeleteRequest, WorkspaceRenewRequest, WorkspacesRequest, FileReadRequest,
-        FileWriteRequest, ArchiveRequest, ImagesRequest, ImagePullRequest, ImageRemoveRequest,
+        FileWriteRequest, ArchiveRequest, TransferRequest, ImagesRequest, ImagePullRequest,
+        ImageRemoveRequest,
     )
 }
 
