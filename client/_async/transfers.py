@@ -73,7 +73,7 @@ async def _push(client: AsyncRedis, stream: str, item: bytes, sent: SentControl)
         if time.monotonic() > deadline:
             raise WorkerError(f"host {sent.host} took no data for {IDLE_S:g} s")
         await sleep(pause)  # polling the list, with a deadline
-        pause = min(pause * 2, 0.02)
+        pause = min(pause * 2, 0.002)
 
 
 async def receive(fleet: AsyncFleet, host: str, request: TransferRequest,

@@ -75,7 +75,7 @@ def _push(client: Redis, stream: str, item: bytes, sent: SentControl) -> None:
         if time.monotonic() > deadline:
             raise WorkerError(f"host {sent.host} took no data for {IDLE_S:g} s")
         sleep(pause)  # polling the list, with a deadline
-        pause = min(pause * 2, 0.02)
+        pause = min(pause * 2, 0.002)
 
 
 def receive(fleet: Fleet, host: str, request: TransferRequest,

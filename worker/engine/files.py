@@ -68,7 +68,8 @@ _ARCHIVE = {
 #: file's mode) and reads its stdin or writes its stdout, the worker's pipe.
 _STREAMS = {
     ("upload", "file"): _WRITE,
-    ("download", "file"): _CHECK + 'stat -L -c %s -- "$f" >&3 || exit 5; exec cat -- "$f"',
+    ("download", "file"): _CHECK + 'stat -L -c %s -- "$f" >&3 || exit 5; '
+                          'exec dd if="$f" bs=1M status=none',
     ("upload", "tree"): 'if [ -e "$1" ] && [ ! -d "$1" ]; then echo "Not a directory: $1" >&2; '
                         'exit 6; fi; set -e; mkdir -p -- "$1"; '
                         'tar -x -f - -C "$1" --no-same-owner; echo 0 >&3',

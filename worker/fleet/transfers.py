@@ -34,7 +34,13 @@ from worker.wire import names
 from worker.wire.auth import AuthError
 from worker.wire.control import TransferRequest, TransferResult
 from worker.wire.errors import ToolError
-from worker.wire.transfer import CHUNK_BYTES, Reader, TransferBrokenError, Writer
+from worker.wire.transfer import (
+    CHUNK_BYTES,
+    HEADER_BYTES,
+    Reader,
+    TransferBrokenError,
+    Writer,
+)
 
 #: Seconds a transfer waits for the other side (a chunk, or room on the list).
 IDLE_S = 30.0
@@ -93,7 +99,7 @@ def _take(client: redis.Redis, stream: str, reader: Reader, tool: files.Streamin
     return reader.size
 
 
-def _next(client: redis.Redis, stream: str, reader: Reader) -> bytes | None:
+def _next(client: redis.Redis, stream: str, reader: Reader) -> memoryview | None:
     popped = client.blpop([stream], timeout=IDLE_S)
     if popped is None:
         raise ToolError("unavailable", f"no data for {IDLE_S:g} s")
@@ -101,18 +107,19 @@ def _next(client: redis.Redis, stream: str, reader: Reader) -> bytes | None:
     return reader.read(item if isinstance(item, bytes) else item.encode())
 
 
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
+def _write_all(fd: int, data: memoryview) -> None:
+    view = data
     while view:
         view = view[os.write(fd, view):]
 
 
 def _give(client: redis.Redis, stream: str, writer: Writer, tool: files.StreamingTool) -> int:
     """A download: the tool's stdout onto the list, then the end; the bytes given."""
-    buffer = bytearray(CHUNK_BYTES)
+    # Each chunk read into one buffer after room for its header, framed there, pushed.
+    buffer = bytearray(HEADER_BYTES + CHUNK_BYTES)
     try:
-        while size := _fill(tool.fd, buffer):
-            _push(client, stream, writer.data(bytes(buffer[:size])))
+        while size := _fill(tool.fd, memoryview(buffer)[HEADER_BYTES:]):
+            _push(client, stream, writer.data_in(buffer, size))
         tool.finish()
     except ToolError as exc:
         tool.close_pipe()
@@ -125,10 +132,10 @@ def _give(client: redis.Redis, stream: str, writer: Writer, tool: files.Streamin
     return writer.size
 
 
-def _fill(fd: int, buffer: bytearray) -> int:
-    """Read the pipe until `buffer` is full or the tool closed it; the bytes read."""
-    view, size = memoryview(buffer), 0
-    while size < len(buffer):
+def _fill(fd: int, view: memoryview) -> int:
+    """Read the pipe until `view` is full or the tool closed it; the bytes read."""
+    size = 0
+    while size < len(view):
         got = os.readv(fd, [view[size:]])
         if not got:
             break
@@ -136,7 +143,7 @@ def _fill(fd: int, buffer: bytearray) -> int:
     return size
 
 
-def _push(client: redis.Redis, stream: str, item: bytes) -> None:
+def _push(client: redis.Redis, stream: str, item: bytes | memoryview) -> None:
     """Push a chunk; past the window, wait until the reader took half of it."""
     pipe = client.pipeline(transaction=False)
     pipe.rpush(stream, item)
@@ -149,7 +156,7 @@ def _push(client: redis.Redis, stream: str, item: bytes) -> None:
         if time.monotonic() > deadline:
             raise ToolError("unavailable", f"the download's reader took nothing for {IDLE_S:g} s")
         time.sleep(pause)  # polling the list, with a deadline
-        pause = min(pause * 2, 0.02)
+        pause = min(pause * 2, 0.002)
 
 
 def _give_up(client: redis.Redis, stream: str, writer: Writer, exc: ToolError) -> None:

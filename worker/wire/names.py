@@ -306,7 +306,7 @@ def quota_key(kind: str, owner: str) -> str:
 TRANSFER_TTL_S = 60
 #: Chunks a transfer's writer lets wait on its list before it waits for the reader:
 #: enough to keep both sides busy, little enough that Redis holds a few MiB per transfer.
-TRANSFER_WINDOW = 8
+TRANSFER_WINDOW = 16
 
 
 def transfer_key(transfer_id: str) -> str:

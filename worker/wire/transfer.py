@@ -36,6 +36,8 @@ END: Kind = b"e"
 ABORT: Kind = b"x"
 _MAC_BYTES = 32
 _NO_MAC = bytes(_MAC_BYTES)
+#: Bytes before a chunk's payload: its MAC and its kind.
+HEADER_BYTES = _MAC_BYTES + 1
 #: The pattern of a transfer id (a control request's field).
 TRANSFER_ID_PATTERN = r"^t[0-9a-f]{32}$"
 
@@ -45,7 +47,8 @@ def new_transfer_id() -> str:
     return f"t{uuid.uuid4().hex}"
 
 
-def _mac(key: str | None, transfer: str, index: int, kind: bytes, payload: bytes) -> bytes:
+def _mac(key: str | None, transfer: str, index: int, kind: bytes,
+         payload: bytes | memoryview) -> bytes:
     if key is None:
         return _NO_MAC
     mac = hmac.new(key.encode(), f"transfer\n{transfer}\n{index}\n".encode(), hashlib.sha256)
@@ -59,9 +62,12 @@ def frame(key: str | None, transfer: str, index: int, kind: Kind, payload: bytes
     return _mac(key, transfer, index, kind, payload) + kind + payload
 
 
-def unframe(key: str | None, transfer: str, index: int, item: bytes) -> tuple[bytes, bytes]:
-    """(kind, payload) of chunk `index`; AuthError when it is not the writer's."""
-    mac, kind, payload = item[:_MAC_BYTES], item[_MAC_BYTES:_MAC_BYTES + 1], item[_MAC_BYTES + 1:]
+def unframe(key: str | None, transfer: str, index: int, item: bytes
+            ) -> tuple[bytes, memoryview]:
+    """(kind, payload) of chunk `index` (the payload a view of `item`: 1 MiB not
+    copied); AuthError when it is not the writer's."""
+    mac, kind = item[:_MAC_BYTES], item[_MAC_BYTES:HEADER_BYTES]
+    payload = memoryview(item)[HEADER_BYTES:]
     if kind not in (DATA, END, ABORT):
         raise AuthError("malformed", f"transfer {transfer}: chunk {index} is not a chunk")
     if key is not None and not hmac.compare_digest(
@@ -83,6 +89,16 @@ class Writer:
         """The next data chunk."""
         self.size += len(payload)
         return self._next(DATA, payload)
+
+    def data_in(self, buffer: bytearray, size: int) -> memoryview:
+        """The next data chunk framed in place: its `size` bytes of payload are at
+        `buffer[HEADER_BYTES:]`, its header is written before them (no 1 MiB copy)."""
+        view = memoryview(buffer)[: HEADER_BYTES + size]
+        view[:_MAC_BYTES] = _mac(self.key, self.transfer, self.index, DATA, view[HEADER_BYTES:])
+        view[_MAC_BYTES:HEADER_BYTES] = DATA
+        self.index += 1
+        self.size += size
+        return view
 
     def end(self) -> bytes:
         """The end: the byte count the reader checks."""
@@ -112,16 +128,16 @@ class Reader:
         self.index = 0
         self.size = 0
 
-    def read(self, item: bytes) -> bytes | None:
-        """The data of `item`, the next chunk; None when it is the end."""
+    def read(self, item: bytes) -> memoryview | None:
+        """The data of `item`, the next chunk (a view of it); None when it is the end."""
         kind, payload = unframe(self.key, self.transfer, self.index, item)
         self.index += 1
         if kind == DATA:
             self.size += len(payload)
             return payload
         if kind == ABORT:
-            raise TransferBrokenError(payload.decode("utf-8", "replace"))
+            raise TransferBrokenError(bytes(payload).decode("utf-8", "replace"))
         if payload != str(self.size).encode():
             raise TransferBrokenError(f"transfer {self.transfer}: {self.size} bytes arrived, "
-                                 f"{payload.decode('ascii', 'replace')} were sent")
+                                 f"{bytes(payload).decode('ascii', 'replace')} were sent")
         return None
