@@ -104,3 +104,28 @@ def test_a_download_that_would_escape_is_refused_whole(
         with pytest.raises(WorkspaceFileError, match="evil"):
             ws.download("out", tmp_path / "back")
     assert not (tmp_path / "back").exists() or not any((tmp_path / "back").iterdir())
+
+
+def test_the_async_client_streams_the_same(host: WorkerProcess, redis_server: RedisServer,
+                                           tmp_path: Path) -> None:
+    import asyncio  # noqa: PLC0415
+
+    from client.aio import AsyncFleet  # noqa: PLC0415
+
+    source = tmp_path / "a.bin"
+    source.write_bytes(os.urandom(5 * 1024 * 1024 + 3))
+
+    async def roundtrip() -> None:
+        async with AsyncFleet(redis_server.url, owner=f"tenant-{uuid.uuid4().hex[:8]}") as fleet:
+            ws = await fleet.workspace(host="xfer")
+            async with ws:
+                assert await ws.upload_file(source, "a.bin") == source.stat().st_size
+                await ws.download_file("a.bin", tmp_path / "b.bin")
+                await ws.upload(tmp_path / "tree-src", "tree")
+                await ws.download("tree", tmp_path / "tree-back")
+
+    (tmp_path / "tree-src").mkdir()
+    (tmp_path / "tree-src" / "f").write_bytes(b"f")
+    asyncio.run(roundtrip())
+    assert _digest(tmp_path / "b.bin") == _digest(source)
+    assert (tmp_path / "tree-back" / "f").read_bytes() == b"f"
