@@ -40,8 +40,8 @@ from worker.wire.control import (
     FileWritten,
     KillRequest,
     ReadOutputRequest,
+    TransferOutcome,
     TransferRequest,
-    TransferResult,
     WorkspaceDeleted,
     WorkspaceDeleteRequest,
     WorkspaceRenewRequest,
@@ -202,7 +202,7 @@ class Workspace:
         return result.size
 
     def _send(self, kind: Literal["file", "tree"], path: str, pieces: Iterable[bytes],
-                    *, mode: int | None = None) -> TransferResult:
+                    *, mode: int | None = None) -> TransferOutcome:
         request = control_request(TransferRequest, workspace=self.id, direction="upload",
                                   kind=kind, path=path, mode=mode, transfer=new_transfer_id())
         try:
@@ -211,7 +211,7 @@ class Workspace:
             raise self._gone(exc) from None
 
     def _receive(self, kind: Literal["file", "tree"], path: str, sink: IO[bytes]
-                       ) -> TransferResult:
+                       ) -> TransferOutcome:
         request = control_request(TransferRequest, workspace=self.id, direction="download",
                                   kind=kind, path=path, transfer=new_transfer_id())
         try:

@@ -129,3 +129,41 @@ def test_the_async_client_streams_the_same(host: WorkerProcess, redis_server: Re
     asyncio.run(roundtrip())
     assert _digest(tmp_path / "b.bin") == _digest(source)
     assert (tmp_path / "tree-back" / "f").read_bytes() == b"f"
+
+
+def test_transfers_under_way_leave_the_control_calls_free(
+    host: WorkerProcess, redis_server: RedisServer,
+) -> None:
+    """More transfers than the host has control threads, all stalled mid-stream: a check
+    is still answered at once (the data moves on threads of their own)."""
+    import threading  # noqa: PLC0415
+    import time  # noqa: PLC0415
+
+    from client._core.workspaces import PIECE_BYTES  # noqa: PLC0415
+
+    go = threading.Event()
+    sizes: list[int] = []
+
+    def stalled() -> Iterator[bytes]:
+        yield b"x" * PIECE_BYTES
+        go.wait(60)
+        yield b"y"
+
+    with _fleet(redis_server) as fleet, fleet.workspace(host="xfer") as ws:
+        job = ws.run("sleep 60", mode="background").job
+        assert job is not None
+
+        def upload(n: int) -> None:
+            sizes.append(ws._send("file", f"stalled-{n}", stalled()).size)
+
+        threads = [threading.Thread(target=upload, args=(n,)) for n in range(6)]
+        for thread in threads:
+            thread.start()
+        time.sleep(1.0)  # every transfer has pushed its first chunk and waits
+        started = time.monotonic()
+        assert ws.check(job.id).running
+        assert time.monotonic() - started < 2.0
+        go.set()
+        for thread in threads:
+            thread.join(60)
+        assert sizes == [PIECE_BYTES + 1] * 6

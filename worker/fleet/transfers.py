@@ -2,24 +2,30 @@
 pipe of a tool in the workspace (`worker.engine.files.stream_tool`).
 
     client ──chunks (RPUSH)──► bashfleet:transfer:<id> ──BLPOP──► worker ──pipe──► cat/tar
-    client ◄──BLPOP── bashfleet:transfer:<id> ◄──chunks (RPUSH)── worker ◄──pipe── cat/tar
+    client ◄──BLPOP── bashfleet:transfer:<id> ◄──chunks (RPUSH)── worker ◄──pipe── dd/tar
+    client ◄──BLPOP── bashfleet:transfer-end:<id> ◄── how it ended (TransferOutcome)
 
-Neither side waits for an answer per chunk: the writer pushes while fewer than
+The request is answered once the tool runs (a refusal at once: no such workspace, too
+many transfers); the data then moves on a thread of its own, so the control consumer's
+few threads stay free for checks and kills however long a transfer takes. Neither side
+waits for an answer per chunk: the writer pushes while fewer than
 `names.TRANSFER_WINDOW` chunks wait on the list (RPUSH says how many do), and waits for
 the reader only past that, so Redis holds a few MiB of a transfer whatever its size.
 Each chunk is framed and MAC'd with the key that signed the request
 (`worker.wire.transfer`). A download's bytes go from the tool's stdout straight onto the
 list: they never rest in a file a command of the workspace could replace.
 
-The request is served on a control thread for as long as the data flows (a 1 GB file:
-seconds); a side that stops for IDLE_S ends it with an error.
+A side that stops for IDLE_S ends the transfer with an error.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
+import threading
 import time
+from collections.abc import Callable
 from functools import lru_cache
 
 import redis
@@ -32,18 +38,29 @@ from worker.fleet.workspace_calls import owned
 from worker.settings import Settings
 from worker.wire import names
 from worker.wire.auth import AuthError
-from worker.wire.control import TransferRequest, TransferResult
-from worker.wire.errors import ToolError
+from worker.wire.control import ControlError, TransferOutcome, TransferRequest, TransferStarted
+from worker.wire.errors import ErrorKind, FileProblem, ToolError
 from worker.wire.transfer import (
     CHUNK_BYTES,
     HEADER_BYTES,
     Reader,
     TransferBrokenError,
     Writer,
+    end_stream,
 )
+
+log = logging.getLogger("bashfleet.worker")
 
 #: Seconds a transfer waits for the other side (a chunk, or room on the list).
 IDLE_S = 30.0
+#: Transfers one worker moves at once (a thread, a tool and a pipe each); past it a
+#: transfer is refused (`limit`) rather than queued behind them.
+MAX_TRANSFERS = 16
+_slots = threading.BoundedSemaphore(MAX_TRANSFERS)
+
+#: What moves a transfer's data: (client, its list, its MAC key, its id, its tool) ->
+#: the bytes that travelled.
+Move = Callable[[redis.Redis, str, "str | None", str, files.StreamingTool], int]
 
 
 @lru_cache(maxsize=4)
@@ -57,31 +74,55 @@ def _client(settings: Settings) -> redis.Redis:
 
 
 def transfer(rt: Runtime, request: TransferRequest, admin: bool, key: str | None
-             ) -> TransferResult:
-    """Take an upload in, or give a download out; `key`: the one that signed the request
-    (the chunks' MAC key)."""
-    client, stream = _client(rt.settings), names.transfer_key(request.transfer)
+             ) -> TransferStarted:
+    """Start the tool of an upload or a download and move its data on a thread; `key`:
+    the one that signed the request (the chunks' MAC key)."""
+    if not _slots.acquire(blocking=False):
+        raise ToolError("limit", f"{MAX_TRANSFERS} transfers are running on host "
+                                 f"{rt.settings.host}: try again when one ended")
     try:
         record = owned(rt, request.workspace, request.owner, admin)
         engine.touch(record, rt.settings)
         tool = files.stream_tool(record, rt.settings, request.direction, request.kind,
                                  request.path, mode=request.mode)
-    except ToolError as exc:
-        if request.direction == "download":
-            _give_up(client, stream, Writer(key, request.transfer), exc)
-        else:
-            client.delete(stream)
+    except BaseException:
+        _slots.release()
         raise
-    path = files.in_view(record, request.path)
-    if request.direction == "upload":
-        return TransferResult(path=path, size=_take(client, stream, Reader(key, request.transfer),
-                                                    tool))
-    return TransferResult(path=path, size=_give(client, stream, Writer(key, request.transfer),
-                                                tool))
+    move: Move = _take if request.direction == "upload" else _give
+    threading.Thread(target=_run, args=(move, _client(rt.settings), key, request.transfer, tool),
+                     name=f"bashfleet-transfer-{request.transfer}", daemon=True).start()
+    return TransferStarted(path=files.in_view(record, request.path))
 
 
-def _take(client: redis.Redis, stream: str, reader: Reader, tool: files.StreamingTool) -> int:
+def _run(move: Move, client: redis.Redis, key: str | None, transfer_id: str,
+         tool: files.StreamingTool) -> None:
+    """Move the data; then say how it ended on the end list."""
+    try:
+        outcome = TransferOutcome(
+            size=move(client, names.transfer_key(transfer_id), key, transfer_id, tool))
+    except ToolError as exc:
+        outcome = _failed(exc.kind, exc.message, exc.file)
+    except (redis.RedisError, OSError) as exc:
+        outcome = _failed("unavailable", f"the transfer failed: {exc}")
+    except Exception as exc:  # a bug must still answer the client
+        log.exception("transfer %s failed inside the worker", transfer_id)
+        outcome = _failed("internal", f"worker error: {exc!r}")
+    finally:
+        _slots.release()
+    end = Writer(key, end_stream(transfer_id)).data(outcome.model_dump_json().encode())
+    with contextlib.suppress(redis.RedisError):
+        client.rpush(names.transfer_end_key(transfer_id), end)
+        client.expire(names.transfer_end_key(transfer_id), names.TRANSFER_TTL_S)
+
+
+def _failed(kind: ErrorKind, message: str, file: FileProblem | None = None) -> TransferOutcome:
+    return TransferOutcome(error=ControlError(kind=kind, message=message, file=file))
+
+
+def _take(client: redis.Redis, stream: str, key: str | None, transfer_id: str,
+          tool: files.StreamingTool) -> int:
     """An upload: chunks into the tool's stdin until the end; the bytes taken."""
+    reader = Reader(key, transfer_id)
     broken: Exception | None = None
     try:
         while (data := _next(client, stream, reader)) is not None:
@@ -113,8 +154,10 @@ def _write_all(fd: int, data: memoryview) -> None:
         view = view[os.write(fd, view):]
 
 
-def _give(client: redis.Redis, stream: str, writer: Writer, tool: files.StreamingTool) -> int:
+def _give(client: redis.Redis, stream: str, key: str | None, transfer_id: str,
+          tool: files.StreamingTool) -> int:
     """A download: the tool's stdout onto the list, then the end; the bytes given."""
+    writer = Writer(key, transfer_id)
     # Each chunk read into one buffer after room for its header, framed there, pushed.
     buffer = bytearray(HEADER_BYTES + CHUNK_BYTES)
     try:
@@ -126,7 +169,8 @@ def _give(client: redis.Redis, stream: str, writer: Writer, tool: files.Streamin
         if tool.outputs:  # not waited for yet (the reader went away)
             with contextlib.suppress(ToolError):
                 tool.finish()
-        _give_up(client, stream, writer, exc)
+        with contextlib.suppress(redis.RedisError):
+            client.rpush(stream, writer.abort(exc.message))
         raise
     _push(client, stream, writer.end())
     return writer.size
@@ -157,10 +201,3 @@ def _push(client: redis.Redis, stream: str, item: bytes | memoryview) -> None:
             raise ToolError("unavailable", f"the download's reader took nothing for {IDLE_S:g} s")
         time.sleep(pause)  # polling the list, with a deadline
         pause = min(pause * 2, 0.002)
-
-
-def _give_up(client: redis.Redis, stream: str, writer: Writer, exc: ToolError) -> None:
-    """Tell the reader the download ends here (the reply says why, typed)."""
-    with contextlib.suppress(redis.RedisError):
-        client.rpush(stream, writer.abort(exc.message))
-        client.expire(stream, names.TRANSFER_TTL_S)

@@ -21,7 +21,7 @@ an `error` whose kind the client raises as a typed exception.
     FileReadRequest        -> FileChunk          a slice of a file, as its calls see it
     FileWriteRequest       -> FileWritten        write (or append) bytes to a file
     ArchiveRequest         -> ArchiveResult      tar a directory up, or unpack one
-    TransferRequest        -> TransferResult     stream a file or a directory in or out
+    TransferRequest        -> TransferStarted    stream a file or a directory in or out
     ImagesRequest          -> ImageList          the images the host holds
     ImagePullRequest       -> ImagePull          start (or join) a pull; its state so far
     ImageRemoveRequest     -> ImageRemoved       remove an image no workspace uses (admin)
@@ -459,25 +459,27 @@ class ArchiveRequest(ControlRequest):
     archive: str = Field(min_length=1, max_length=MAX_FILE_PATH)
 
 
-class TransferResult(Model):
-    """A transfer done."""
+class TransferStarted(Model):
+    """A transfer under way: its tool runs in the workspace, the data may flow."""
 
     path: str
     """The file or directory, as the workspace's calls see it."""
-    size: int
-    """Bytes that travelled (the file's, or the tar stream's)."""
 
 
 class TransferRequest(ControlRequest):
     """Stream a file or a directory (`tree`) into the workspace (`upload`) or out of it
     (`download`) as chunks on the transfer's list (`worker.wire.transfer`), MAC'd with
-    the key that signs this request. In the workspace `cat` or `tar` reads or writes
-    them through a pipe, as the run user in its view: a download never passes through a
-    file a command could replace. A tree travels as a tar; the client checks every
-    member of one it receives before it writes anything."""
+    the key that signs this request. In the workspace `cat`, `dd` or `tar` reads or
+    writes them through a pipe, as the run user in its view: a download never passes
+    through a file a command could replace. A tree travels as a tar; the client checks
+    every member of one it receives before it writes anything.
+
+    Answered once the tool runs; the data then moves on a thread of the host's own (a
+    control thread stays free for checks), and how it ended comes as a
+    `TransferOutcome` on the transfer's end list."""
 
     task: ClassVar[Task] = Task.TRANSFER
-    response: ClassVar[type[Model]] = TransferResult
+    response: ClassVar[type[Model]] = TransferStarted
 
     workspace: str
     direction: Literal["upload", "download"]
@@ -590,6 +592,15 @@ class ControlError(Model):
     """What went wrong, for a person or a model."""
     file: FileProblem | None = None
     """A workspace's file operation failed on the file itself: what was wrong with it."""
+
+
+class TransferOutcome(Model):
+    """How a transfer ended (the payload of its end list's one chunk)."""
+
+    size: int = 0
+    """Bytes that travelled (the file's, or the tar stream's)."""
+    error: ControlError | None = None
+    """Why it failed, when it did (the client raises it typed, as a control error)."""
 
 
 class ControlReply(Model):

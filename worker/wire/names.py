@@ -50,6 +50,8 @@ Keys (prefix `bashfleet:`; every key has a TTL or an owner that deletes it):
   (`worker.wire.transfer`), pushed by one side and popped by the other, at most
   TRANSFER_WINDOW of them waiting. TTL TRANSFER_TTL_S, renewed with each push; the
   reader deletes it at the end.
+- `bashfleet:transfer-end:<transfer id>` (list): how it ended, one framed chunk (a
+  TransferOutcome) pushed by the host, popped by the client. TTL TRANSFER_TTL_S.
 - `bashfleet:reply:<task_id>` (string): a task's answer (a CallResult, or a control
   reply, as JSON), also published on the caller's channel `bashfleet:replies:<client>`.
   Kept REPLY_TTL_S (10 minutes) for a caller that missed the publish.
@@ -312,6 +314,11 @@ TRANSFER_WINDOW = 16
 def transfer_key(transfer_id: str) -> str:
     """One file transfer's chunks (list of framed bytes)."""
     return f"{PREFIX}transfer:{transfer_id}"
+
+
+def transfer_end_key(transfer_id: str) -> str:
+    """How one file transfer ended (list: one framed TransferOutcome)."""
+    return f"{PREFIX}transfer-end:{transfer_id}"
 
 
 def reply_key(task_id: str) -> str:

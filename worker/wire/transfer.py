@@ -47,6 +47,11 @@ def new_transfer_id() -> str:
     return f"t{uuid.uuid4().hex}"
 
 
+def end_stream(transfer: str) -> str:
+    """What the chunk of a transfer's end list is bound to (not its data's chunks)."""
+    return f"{transfer}/end"
+
+
 def _mac(key: str | None, transfer: str, index: int, kind: bytes,
          payload: bytes | memoryview) -> bytes:
     if key is None:
