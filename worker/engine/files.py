@@ -77,9 +77,9 @@ _STREAMS = {
                           'exit 2; fi; if [ ! -d "$1" ]; then echo "Not a directory: $1" >&2; '
                           'exit 6; fi; exec tar -c -f - -C "$1" .',
 }
-#: A transfer's pipe: 1 MiB (Linux's default pipe-max-size), a chunk at a time, rather
-#: than 64 KiB.
-_PIPE_BYTES = 1024 * 1024
+#: A transfer's pipe: 4 MiB (a few chunks: the tool runs ahead while a chunk travels)
+#: where the worker may (root), else Linux's pipe-max-size (1 MiB), rather than 64 KiB.
+_PIPE_BYTES = (4 * 1024 * 1024, 1024 * 1024)
 #: How a tool's exit status is told: no such file, a directory, not readable or writable,
 #: a parent that is not a directory (the client raises the matching OSError).
 _KINDS: dict[int, tuple[ErrorKind, FileProblem]] = {
@@ -235,8 +235,12 @@ def stream_tool(record: WorkspaceRecord, settings: Settings,
     if (direction, kind) == ("upload", "file"):
         argv += ["" if mode is None else format(mode, "o"), "0", "1"]
     read_end, write_end = os.pipe2(os.O_CLOEXEC)
-    with contextlib.suppress(OSError):  # past pipe-max-size: the default size
-        fcntl.fcntl(write_end, fcntl.F_SETPIPE_SZ, _PIPE_BYTES)
+    for size in _PIPE_BYTES:
+        try:
+            fcntl.fcntl(write_end, fcntl.F_SETPIPE_SZ, size)
+            break
+        except OSError:  # past pipe-max-size, without CAP_SYS_RESOURCE: the next
+            continue
     ours, theirs = (write_end, read_end) if direction == "upload" else (read_end, write_end)
     stdio = [theirs, _memfd(b"")] if direction == "upload" else [_memfd(b""), theirs]
     outputs = [_memfd(b""), _memfd(b"")]

@@ -189,10 +189,9 @@ def _fill(fd: int, view: memoryview) -> int:
 
 def _push(client: redis.Redis, stream: str, item: bytes | memoryview) -> None:
     """Push a chunk; past the window, wait until the reader took half of it."""
-    pipe = client.pipeline(transaction=False)
-    pipe.rpush(stream, item)
-    pipe.expire(stream, names.TRANSFER_TTL_S)
-    waiting = int(pipe.execute()[0])
+    waiting = int(client.rpush(stream, item))
+    if waiting == 1 or waiting >= names.TRANSFER_WINDOW:
+        client.expire(stream, names.TRANSFER_TTL_S)
     if waiting < names.TRANSFER_WINDOW:
         return
     deadline, pause = time.monotonic() + IDLE_S, 0.001
