@@ -9,7 +9,7 @@ can reach is what a call can: the owner and mode of what they write is a call's 
     data, size = read_file(record, settings, "src/app.py", offset=0, limit=1 << 20)
     write_file(record, settings, "/tmp/x.txt", b"...", mode=0o644)
 
-A transfer streams instead (`stream_tool`): `cat` or `tar` in the workspace reads the
+A transfer streams instead (`stream_tool`): `cat`, `dd` or `tar` in the workspace reads the
 worker's pipe (an upload) or writes to it (a download), so no file of the size of the
 data is ever held, and a download never passes through a file in the workspace, which
 one of its commands could replace while it is read.
@@ -55,15 +55,6 @@ _WRITE = (
     'if [ "$3" = 1 ]; then cat >> "$f"; else cat > "$f"; fi; '
     'if [ -n "$2" ]; then chmod -- "$2" "$f"; fi; stat -c %s -- "$f" >&3'
 )
-_ARCHIVE = {
-    "create": 'if [ ! -e "$1" ]; then echo "No such file or directory: $1" >&2; exit 2; fi; '
-              'if [ ! -d "$1" ]; then echo "Not a directory: $1" >&2; exit 6; fi; '
-              'set -e; tar -c -f "$2" -C "$1" . ; stat -c %s -- "$2" >&3',
-    "extract": 'if [ -e "$1" ] && [ ! -d "$1" ]; then echo "Not a directory: $1" >&2; exit 6; fi; '
-               'set -e; mkdir -p -- "$1"; tar -x -f "$2" -C "$1" --no-same-owner; '
-               'rm -f -- "$2"; echo 0 >&3',
-    "remove": 'rm -f -- "$2"; echo 0 >&3',
-}
 #: The tools of a transfer by (direction, kind): each takes the path (and an uploaded
 #: file's mode) and reads its stdin or writes its stdout, the worker's pipe.
 _STREAMS = {
@@ -124,15 +115,6 @@ def write_file(record: WorkspaceRecord, settings: Settings, path: str, data: byt
             "" if mode is None else format(mode, "o"), "1" if append else "0",
             "1" if make_parents else "0"]
     return int(_checked(record, settings, argv, data, 0).answer.strip() or 0)
-
-
-def archive(record: WorkspaceRecord, settings: Settings, action: str, directory: str,
-            archive_path: str) -> int:
-    """`create` a tar of `directory` at `archive_path` (its size), `extract` it into
-    `directory` (then remove it), or `remove` it."""
-    argv = [workspaces.shell_of(record), "-c", _ARCHIVE[action], action, in_view(record, directory),
-            in_view(record, archive_path)]
-    return int(_checked(record, settings, argv, b"", 0).answer.strip() or 0)
 
 
 def _checked(record: WorkspaceRecord, settings: Settings, argv: list[str], data: bytes,

@@ -625,7 +625,6 @@ HANDLERS: dict[str, Callable[[Runtime, Any, bool], Model]] = {
     Task.WORKSPACES: workspace_calls.list_workspaces,
     Task.FILE_READ: workspace_calls.read_file,
     Task.FILE_WRITE: workspace_calls.write_file,
-    Task.ARCHIVE: workspace_calls.archive,
     Task.IMAGES: image_calls.list_images,
     Task.IMAGE_PULL: image_calls.pull,
     Task.IMAGE_REMOVE: image_calls.remove,

@@ -24,8 +24,6 @@ from worker.fleet.control import Runtime
 from worker.settings import Settings
 from worker.wire import auth, names
 from worker.wire.control import (
-    ArchiveRequest,
-    ArchiveResult,
     FileChunk,
     FileReadRequest,
     FileWriteRequest,
@@ -154,15 +152,6 @@ def write_file(rt: Runtime, request: FileWriteRequest, admin: bool = False) -> F
     size = files.write_file(record, rt.settings, request.path, data, append=request.append,
                             mode=request.mode, make_parents=request.make_parents)
     return FileWritten(path=files.in_view(record, request.path), size=size)
-
-
-def archive(rt: Runtime, request: ArchiveRequest, admin: bool = False) -> ArchiveResult:
-    """Tar a directory of the workspace up, or unpack an archive into one."""
-    record = owned(rt, request.workspace, request.owner, admin)
-    engine.touch(record, rt.settings)
-    size = files.archive(record, rt.settings, request.action, request.directory,
-                         request.archive)
-    return ArchiveResult(path=files.in_view(record, request.archive), size=size)
 
 
 def reap(settings: Settings, client: redis.Redis) -> int:

@@ -20,7 +20,6 @@ an `error` whose kind the client raises as a typed exception.
     WorkspacesRequest      -> WorkspaceList      the host's workspaces
     FileReadRequest        -> FileChunk          a slice of a file, as its calls see it
     FileWriteRequest       -> FileWritten        write (or append) bytes to a file
-    ArchiveRequest         -> ArchiveResult      tar a directory up, or unpack one
     TransferRequest        -> TransferStarted    stream a file or a directory in or out
     ImagesRequest          -> ImageList          the images the host holds
     ImagePullRequest       -> ImagePull          start (or join) a pull; its state so far
@@ -437,28 +436,6 @@ class FileWriteRequest(ControlRequest):
     """Make its missing parent directories."""
 
 
-class ArchiveResult(Model):
-    """An archive made or unpacked."""
-
-    path: str
-    """The archive, as the workspace's calls see it (made: read it, then remove it)."""
-    size: int
-
-
-class ArchiveRequest(ControlRequest):
-    """`create`: tar `directory` up into `archive`; `extract`: unpack `archive` into
-    `directory` (made if missing) and remove it; `remove`: remove `archive`. In the
-    workspace, as the run user (upload and download of directories)."""
-
-    task: ClassVar[Task] = Task.ARCHIVE
-    response: ClassVar[type[Model]] = ArchiveResult
-
-    workspace: str
-    action: Literal["create", "extract", "remove"]
-    directory: str = Field(".", min_length=1, max_length=MAX_FILE_PATH)
-    archive: str = Field(min_length=1, max_length=MAX_FILE_PATH)
-
-
 class TransferStarted(Model):
     """A transfer under way: its tool runs in the workspace, the data may flow."""
 
@@ -577,7 +554,7 @@ REQUESTS: dict[str, type[ControlRequest]] = {
         CheckRequest, KillRequest, ReadOutputRequest, CancelRequest, DetachRequest, JobsRequest,
         WriteStdinRequest, CloseStdinRequest, ResizeRequest, WorkspaceCreateRequest,
         WorkspaceDeleteRequest, WorkspaceRenewRequest, WorkspacesRequest, FileReadRequest,
-        FileWriteRequest, ArchiveRequest, TransferRequest, ImagesRequest, ImagePullRequest,
+        FileWriteRequest, TransferRequest, ImagesRequest, ImagePullRequest,
         ImageRemoveRequest,
     )
 }

@@ -168,7 +168,6 @@ class Task(StrEnum):
     WORKSPACES = "bashfleet.workspaces"
     FILE_READ = "bashfleet.file_read"
     FILE_WRITE = "bashfleet.file_write"
-    ARCHIVE = "bashfleet.archive"
     IMAGES = "bashfleet.images"
     IMAGE_PULL = "bashfleet.image_pull"
     IMAGE_REMOVE = "bashfleet.image_remove"
