@@ -26,10 +26,12 @@ import tempfile
 from collections.abc import Iterable
 from typing import IO, TYPE_CHECKING, Any, Literal, TypeVar
 
+import redis
+
 from client._async import transfers
 from client._core.messages import control_request
 from client._core.workspaces import FILE_CHUNK, chunks, file_pieces, tar_pieces, unpack_file
-from client.errors import CallRejected, UnknownJob, UnknownWorkspace
+from client.errors import CallRejected, FleetUnavailable, UnknownJob, UnknownWorkspace
 from worker.wire.control import (
     CheckRequest,
     FileChunk,
@@ -207,6 +209,8 @@ class AsyncWorkspace:
             return await transfers.send(self._fleet, self.host, request, pieces)
         except UnknownJob as exc:
             raise self._gone(exc) from None
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            raise FleetUnavailable(f"Redis at {self._fleet.url} failed: {exc}") from None
 
     async def _receive(self, kind: Literal["file", "tree"], path: str, sink: IO[bytes]
                        ) -> TransferOutcome:
@@ -216,6 +220,8 @@ class AsyncWorkspace:
             return await transfers.receive(self._fleet, self.host, request, sink)
         except UnknownJob as exc:
             raise self._gone(exc) from None
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            raise FleetUnavailable(f"Redis at {self._fleet.url} failed: {exc}") from None
 
     def _gone(self, exc: UnknownJob) -> UnknownWorkspace:
         """What a request about this workspace raises when its host no longer has it."""

@@ -28,10 +28,12 @@ import tempfile
 from collections.abc import Iterable
 from typing import IO, TYPE_CHECKING, Any, Literal, TypeVar
 
+import redis
+
 from client._core.messages import control_request
 from client._core.workspaces import FILE_CHUNK, chunks, file_pieces, tar_pieces, unpack_file
 from client._sync import transfers
-from client.errors import CallRejected, UnknownJob, UnknownWorkspace
+from client.errors import CallRejected, FleetUnavailable, UnknownJob, UnknownWorkspace
 from worker.wire.control import (
     CheckRequest,
     FileChunk,
@@ -209,6 +211,8 @@ class Workspace:
             return transfers.send(self._fleet, self.host, request, pieces)
         except UnknownJob as exc:
             raise self._gone(exc) from None
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            raise FleetUnavailable(f"Redis at {self._fleet.url} failed: {exc}") from None
 
     def _receive(self, kind: Literal["file", "tree"], path: str, sink: IO[bytes]
                        ) -> TransferOutcome:
@@ -218,6 +222,8 @@ class Workspace:
             return transfers.receive(self._fleet, self.host, request, sink)
         except UnknownJob as exc:
             raise self._gone(exc) from None
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            raise FleetUnavailable(f"Redis at {self._fleet.url} failed: {exc}") from None
 
     def _gone(self, exc: UnknownJob) -> UnknownWorkspace:
         """What a request about this workspace raises when its host no longer has it."""
