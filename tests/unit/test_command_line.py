@@ -25,3 +25,18 @@ def test_a_longer_command_is_read_from_a_descriptor() -> None:
     finally:
         line.close()
     assert line.fd is None
+
+
+def test_a_process_list_names_a_command_read_from_a_descriptor() -> None:
+    from worker.engine.command_line import read_from_descriptor  # noqa: PLC0415
+    from worker.engine.procs import shown_args  # noqa: PLC0415
+
+    line = CommandLine(["bash"], "x" * (ARGUMENT_MAX + 1), fd_in_child=COMMAND_FD)
+    try:
+        assert read_from_descriptor(line.argv[2])
+        assert shown_args(line.argv) == [
+            "bash", "-c", "<its command, past 128 KiB, read from a descriptor>"]
+    finally:
+        line.close()
+    assert not read_from_descriptor("IFS= read -r -d '' -u 3 x; echo hi")
+    assert shown_args(["bash", "-c", "echo hi"]) == ["bash", "-c", "echo hi"]

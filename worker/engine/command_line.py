@@ -44,6 +44,13 @@ def reader(fd: int) -> str:
             f'eval "unset {_VARIABLE};${_VARIABLE}"')
 
 
+def read_from_descriptor(program: str) -> bool:
+    """Whether a `-c` program is `reader`'s (what a process list shows for a long
+    command)."""
+    fd = program.partition(" -u ")[2].partition(" ")[0]
+    return fd.isdigit() and program == reader(int(fd))
+
+
 class CommandLine:
     """bash's argv for a command, and the descriptor to pass when it is read from one.
 
