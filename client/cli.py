@@ -53,7 +53,7 @@ if TYPE_CHECKING:
 #: The dialects `schema` and `mcp` take, and `schema`'s styles (`client.dialects.DIALECTS`
 #: and `client.dialects.base.SCHEMA_STYLES`, which a unit test holds these to: importing
 #: the dialects here would slow every `bashfleet --help`).
-DIALECT_NAMES = ("claude", "codex", "modes", "native", "pi", "pipe")
+DIALECT_NAMES = ("claude", "claude-code", "codex", "modes", "native", "pi", "pipe")
 SCHEMA_STYLES = ("anthropic", "openai", "openai-responses", "mcp", "function")
 
 #: What a CLI user does when no fleet answers (not the Python API's `redis_url=`).
@@ -562,12 +562,14 @@ def cmd_kill(args: argparse.Namespace) -> int:
 
 
 def cmd_output(args: argparse.Namespace) -> int:
-    chunk = _fleet().read_output(args.id, offset=args.offset, limit=args.limit, grep=args.grep)
+    chunk = _fleet().read_output(args.id, offset=args.offset, limit=args.limit, grep=args.grep,
+                                 stream=args.stream)
     sys.stdout.write(chunk.text)
     if not chunk.eof:
         print(
             f"[bytes {chunk.offset}-{chunk.next_offset} of {chunk.size}; "
-            f"next: bashfleet output {args.id} --offset {chunk.next_offset}]",
+            f"next: bashfleet output {args.id} --offset {chunk.next_offset}"
+            f"{' --stream stderr' if args.stream == 'stderr' else ''}]",
             file=sys.stderr,
         )
     return 0
@@ -983,6 +985,9 @@ def _add_job_commands(sub: SubParsers) -> None:
                         help="most bytes to read (default 65536)")
     output.add_argument("--grep", help="only lines matching this regular expression (RE2; "
                         "`^` and `$` are a line's start and end)")
+    output.add_argument("--stream", choices=("stdout", "stderr"), default="stdout",
+                        help="which stream of a call or job that keeps stderr apart "
+                        "(default stdout: the only one of a combined output)")
     output.set_defaults(func=cmd_output)
 
     ps = sub.add_parser("ps", help="list background jobs")

@@ -256,8 +256,7 @@ def _upload(local: str, workspace: Workspace, path: str) -> int:
     elif os.path.isfile(local):
         if path.endswith("/") or path in (".", ""):
             path = path.rstrip("/") + "/" + os.path.basename(local)
-        with open(local, "rb") as source:
-            workspace.write_file(path, source.read(), mode=os.stat(local).st_mode & 0o777)
+        workspace.upload_file(local, path, mode=os.stat(local).st_mode & 0o777)
     else:
         raise FileNotFoundError(f"no such file or directory: {local}")
     return 0
@@ -266,15 +265,13 @@ def _upload(local: str, workspace: Workspace, path: str) -> int:
 def _download(workspace: Workspace, path: str, local: str) -> int:
     from client.errors import WorkspaceIsADirectory  # noqa: PLC0415
 
+    target = local
+    if local.endswith("/") or os.path.isdir(local):
+        target = os.path.join(local, os.path.basename(path.rstrip("/")))
     try:
-        data = workspace.read_file(path)
+        workspace.download_file(path, target)
     except WorkspaceIsADirectory:
         workspace.download(path, local)
-        return 0
-    if local.endswith("/") or os.path.isdir(local):
-        local = os.path.join(local, os.path.basename(path.rstrip("/")))
-    with open(local, "wb") as target:
-        target.write(data)
     return 0
 
 

@@ -52,7 +52,9 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="BASHFLEET_", extra="ignore", frozen=True)
 
     redis_url: SecretStr | None = None
-    """Redis URL (`redis://` or `rediss://`); None: the local fleet started by `up`."""
+    """Redis URL: `redis://`, `rediss://` (TLS), or `sentinel://` (sentinels and the
+    name of the primary they watch, `?master=NAME`); None: the local fleet started by
+    `up`."""
     host: str = Field(default_factory=socket.gethostname)
     """This worker's host id."""
     state_dir: Path = Field(default_factory=_default_state_dir)

@@ -269,6 +269,8 @@ class AsyncFleet:
         self._closing = AsyncEvent()
         # Another fleet's Redis (the local fleet brought down and up) and its keys, by URL.
         self._event_clients: dict[str, tuple[AsyncRedis, dict[str, str]]] = {}
+        # File transfers' chunks are bytes: a client of their own (made on first use).
+        self._chunks: AsyncRedis | None = None
 
     async def close(self) -> None:
         """Close the connections (the object is unusable afterwards). Nothing is sent from
@@ -284,7 +286,8 @@ class AsyncFleet:
         await self._tasks.join()
         self._replies.close()
         await self._tasks.stop()
-        for client in [self._redis, *(each for each, _ in self._event_clients.values())]:
+        clients = [self._redis, *(each for each, _ in self._event_clients.values())]
+        for client in [*clients, *([self._chunks] if self._chunks is not None else [])]:
             with contextlib.suppress(*_REDIS_ERRORS):
                 await client.aclose()
 
@@ -1199,6 +1202,12 @@ class AsyncFleet:
         """(host, job id) of a job id, or of the call that started the job."""
         found = await self._r(records.lookup_id, checked_id(item_id, "job"))
         return job_target(item_id, found)
+
+    def _chunk_client(self) -> AsyncRedis:
+        """A client of the fleet's Redis for file transfers' chunks (bytes, not text)."""
+        if self._chunks is None:
+            self._chunks = async_redis_client(self._raw_url, binary=True)
+        return self._chunks
 
     async def _control(self, host: str, request: ControlRequest, response: type[R],
                        timeout: float = CTL_TIMEOUT_S) -> R:

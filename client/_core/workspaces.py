@@ -14,6 +14,7 @@ import tarfile
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import IO
 
 from pydantic import ValidationError
 
@@ -105,6 +106,76 @@ def staging_path(kind: str) -> str:
     return f"/tmp/.bashfleet-{kind}-{uuid.uuid4().hex[:12]}.tar"
 
 
+#: Bytes of the pieces a streamed upload is cut into (one transfer chunk each).
+PIECE_BYTES = 1024 * 1024
+
+
+def file_pieces(path: str | os.PathLike[str], size: int = PIECE_BYTES) -> Iterator[bytes]:
+    """A local file's bytes, a piece at a time (one empty piece for an empty file)."""
+    with open(path, "rb") as source:
+        first = True
+        while (piece := source.read(size)) or first:
+            first = False
+            yield piece
+
+
+def tar_pieces(directory: str | os.PathLike[str], size: int = PIECE_BYTES) -> Iterator[bytes]:
+    """A local directory's contents as an uncompressed tar, a piece at a time: what
+    `pack` makes, never the whole of it at once."""
+    folder = os.fspath(directory)
+    if not os.path.isdir(folder):
+        raise CallRejected(f"not a directory: {folder}")
+    return _batched(_tar_stream(folder), size)
+
+
+def _tar_stream(folder: str) -> Iterator[bytes]:
+    import io  # noqa: PLC0415
+
+    # A TarFile only for its `gettarinfo` (lstat, hard links already seen).
+    index = tarfile.TarFile(fileobj=io.BytesIO(), mode="w")
+    written = 0
+    for path, name in _tree(folder, ""):
+        info = index.gettarinfo(path, arcname=name)
+        header = info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
+        yield header
+        written += len(header)
+        if info.isreg():
+            left = info.size
+            for piece in file_pieces(path):
+                yield piece[:left]
+                left -= min(left, len(piece))
+                if not left:
+                    break
+            # Zeros for what a file that shrank meanwhile no longer has, then the padding.
+            padding = -info.size % tarfile.BLOCKSIZE
+            yield bytes(left + padding)
+            written += info.size + padding
+    end = 2 * tarfile.BLOCKSIZE
+    yield bytes(end + -(written + end) % tarfile.RECORDSIZE)
+
+
+def _tree(folder: str, prefix: str) -> Iterator[tuple[str, str]]:
+    """(path, name in the archive) of everything under `folder`, parents first, names
+    sorted, symlinks not followed."""
+    for entry in sorted(os.listdir(folder)):
+        path, name = os.path.join(folder, entry), f"{prefix}{entry}"
+        yield path, name
+        if os.path.isdir(path) and not os.path.islink(path):
+            yield from _tree(path, f"{name}/")
+
+
+def _batched(pieces: Iterable[bytes], size: int) -> Iterator[bytes]:
+    """`pieces` joined and cut again into pieces of `size` bytes (the last shorter)."""
+    buffer = bytearray()
+    for piece in pieces:
+        buffer += piece
+        while len(buffer) >= size:
+            yield bytes(buffer[:size])
+            del buffer[:size]
+    if buffer:
+        yield bytes(buffer)
+
+
 def pack(directory: str | os.PathLike[str]) -> bytes:
     """A local directory as an uncompressed tar (its contents, not itself)."""
     folder = os.fspath(directory)
@@ -120,15 +191,20 @@ def pack(directory: str | os.PathLike[str]) -> bytes:
 
 
 def unpack(data: bytes, directory: str | os.PathLike[str]) -> None:
+    """`unpack_file` of a tar in memory."""
+    import io  # noqa: PLC0415
+
+    unpack_file(io.BytesIO(data), directory)
+
+
+def unpack_file(source: IO[bytes], directory: str | os.PathLike[str]) -> None:
     """Unpack a tar from a workspace into a local directory (made if missing), checked
     member by member first (`client._core.archives`): the archive comes from a place a
     model's commands can write. WorkspaceFileError, nothing written, when a member would
     land outside the directory (absolute, `..`, a link out) or is a device or FIFO."""
-    import io  # noqa: PLC0415
-
     folder = os.fspath(directory)
     try:
-        with tarfile.open(fileobj=io.BytesIO(data), mode="r") as archive:
+        with tarfile.open(fileobj=source, mode="r") as archive:
             archives.extract(archive, folder)
     except archives.UnsafeMemberError as exc:
         raise WorkspaceFileError(f"refused to unpack into {folder}: {exc}") from None

@@ -271,6 +271,8 @@ class Fleet:
         self._closing = Event()
         # Another fleet's Redis (the local fleet brought down and up) and its keys, by URL.
         self._event_clients: dict[str, tuple[Redis, dict[str, str]]] = {}
+        # File transfers' chunks are bytes: a client of their own (made on first use).
+        self._chunks: Redis | None = None
 
     def close(self) -> None:
         """Close the connections (the object is unusable afterwards). Nothing is sent from
@@ -286,7 +288,8 @@ class Fleet:
         self._tasks.join()
         self._replies.close()
         self._tasks.stop()
-        for client in [self._redis, *(each for each, _ in self._event_clients.values())]:
+        clients = [self._redis, *(each for each, _ in self._event_clients.values())]
+        for client in [*clients, *([self._chunks] if self._chunks is not None else [])]:
             with contextlib.suppress(*_REDIS_ERRORS):
                 client.close()
 
@@ -1201,6 +1204,12 @@ class Fleet:
         """(host, job id) of a job id, or of the call that started the job."""
         found = self._r(records.lookup_id, checked_id(item_id, "job"))
         return job_target(item_id, found)
+
+    def _chunk_client(self) -> Redis:
+        """A client of the fleet's Redis for file transfers' chunks (bytes, not text)."""
+        if self._chunks is None:
+            self._chunks = redis_client(self._raw_url, binary=True)
+        return self._chunks
 
     def _control(self, host: str, request: ControlRequest, response: type[R],
                        timeout: float = CTL_TIMEOUT_S) -> R:

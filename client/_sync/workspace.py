@@ -24,14 +24,17 @@ from __future__ import annotations
 
 import base64
 import os
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+import tempfile
+from collections.abc import Iterable
+from typing import IO, TYPE_CHECKING, Any, Literal, TypeVar
+
+import redis
 
 from client._core.messages import control_request
-from client._core.workspaces import FILE_CHUNK, chunks, pack, staging_path, unpack
-from client.errors import CallRejected, UnknownJob, UnknownWorkspace
+from client._core.workspaces import FILE_CHUNK, chunks, file_pieces, tar_pieces, unpack_file
+from client._sync import transfers
+from client.errors import CallRejected, FleetUnavailable, UnknownJob, UnknownWorkspace
 from worker.wire.control import (
-    ArchiveRequest,
-    ArchiveResult,
     CheckRequest,
     FileChunk,
     FileReadRequest,
@@ -39,6 +42,8 @@ from worker.wire.control import (
     FileWritten,
     KillRequest,
     ReadOutputRequest,
+    TransferOutcome,
+    TransferRequest,
     WorkspaceDeleted,
     WorkspaceDeleteRequest,
     WorkspaceRenewRequest,
@@ -52,6 +57,7 @@ from worker.wire.models import (
     Truncation,
     WorkspaceView,
 )
+from worker.wire.transfer import new_transfer_id
 
 if TYPE_CHECKING:
     from client._sync.fleet import Fleet
@@ -163,26 +169,65 @@ class Workspace:
 
     def upload(self, local: str | os.PathLike[str], dst: str = ".") -> None:
         """Copy a local directory's contents into `dst` of the workspace (a tar stream,
-        unpacked there as its run user)."""
-        archive = staging_path("upload")
-        self.write_file(archive, pack(local))
-        self._archive("extract", dst, archive)
+        unpacked there by tar as its run user while it arrives)."""
+        self._send("tree", dst, tar_pieces(local))
 
     def download(self, src: str, local: str | os.PathLike[str]) -> None:
-        """Copy the workspace's directory `src` into a local directory (made if missing)."""
-        archive = staging_path("download")
-        self._archive("create", src, archive)
-        try:
-            data = self.read_file(archive)
-        finally:
-            self._archive("remove", src, archive)
-        unpack(data, local)
+        """Copy the workspace's directory `src` into a local directory (made if missing):
+        a tar stream from tar in the workspace, kept in a local temporary file until it
+        all arrived, then every member checked before anything is written
+        (`client._core.archives`)."""
+        with tempfile.TemporaryFile() as spool:
+            self._receive("tree", src, spool)
+            spool.seek(0)
+            unpack_file(spool, local)
 
-    def _archive(self, action: Literal["create", "extract", "remove"], directory: str,
-                       archive: str) -> ArchiveResult:
-        return self._ask(control_request(
-            ArchiveRequest, workspace=self.id, action=action, directory=directory,
-            archive=archive), ArchiveResult)
+    def upload_file(self, local: str | os.PathLike[str], path: str, *,
+                          mode: int | None = None) -> int:
+        """Copy a local file to `path` in the workspace (its parents made; `mode`: its
+        permissions), streamed; its size."""
+        return (self._send("file", path, file_pieces(local), mode=mode)).size
+
+    def download_file(self, path: str, local: str | os.PathLike[str]) -> int:
+        """Copy the workspace's file `path` to the local file `local`, streamed (written
+        beside it and renamed into place once whole); its size."""
+        target = os.fspath(local)
+        spool = tempfile.NamedTemporaryFile(  # noqa: SIM115 - renamed or removed below
+            dir=os.path.dirname(os.path.abspath(target)), prefix=".bashfleet-", delete=False)
+        try:
+            with spool:
+                result = self._receive("file", path, spool)
+            os.replace(spool.name, target)
+        except BaseException:
+            os.unlink(spool.name)
+            raise
+        return result.size
+
+    def _send(self, kind: Literal["file", "tree"], path: str, pieces: Iterable[bytes],
+                    *, mode: int | None = None) -> TransferOutcome:
+        request = control_request(TransferRequest, workspace=self.id, direction="upload",
+                                  kind=kind, path=path, mode=mode, transfer=new_transfer_id())
+        try:
+            return transfers.send(self._fleet, self.host, request, pieces)
+        except UnknownJob as exc:
+            raise self._gone(exc) from None
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            raise FleetUnavailable(f"Redis at {self._fleet.url} failed: {exc}") from None
+
+    def _receive(self, kind: Literal["file", "tree"], path: str, sink: IO[bytes]
+                       ) -> TransferOutcome:
+        request = control_request(TransferRequest, workspace=self.id, direction="download",
+                                  kind=kind, path=path, transfer=new_transfer_id())
+        try:
+            return transfers.receive(self._fleet, self.host, request, sink)
+        except UnknownJob as exc:
+            raise self._gone(exc) from None
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            raise FleetUnavailable(f"Redis at {self._fleet.url} failed: {exc}") from None
+
+    def _gone(self, exc: UnknownJob) -> UnknownWorkspace:
+        """What a request about this workspace raises when its host no longer has it."""
+        return UnknownWorkspace(f"workspace {self.id}: {exc}")
 
     def _ask(self, request: Any, response: type[R]) -> R:
         """A control call about this workspace; UnknownWorkspace when its host no longer

@@ -12,6 +12,7 @@
 | `modes`  | 001 + 003 | bash {command, mode}                   |
 | `pi`     | 002       | bash {command, timeout, cwd, head, tail} |
 | `claude` | 004       | Bash, BashOutput, KillBash             |
+| `claude-code` | ours | Bash, TaskOutput, TaskStop (Claude Code's tools of today) |
 | `native` | ours      | bash, bash_check, bash_kill, bash_write |
 | `codex`  | specs     | exec_command, write_stdin              |
 """
@@ -34,6 +35,7 @@ from client.dialects.base import (
     schemas,
 )
 from client.dialects.claude import ClaudeDialect
+from client.dialects.claude_code import ClaudeCodeDialect
 from client.dialects.codex import CodexDialect
 from client.dialects.modes import ModesDialect, humanize_bytes
 from client.dialects.native import NativeDialect
@@ -43,7 +45,8 @@ from client.dialects.pipe import PipeDialect
 #: Every dialect by name; each class builds with no arguments.
 DIALECTS: dict[str, type[Dialect]] = {
     cls.name: cls
-    for cls in (PipeDialect, ModesDialect, PiDialect, ClaudeDialect, NativeDialect, CodexDialect)
+    for cls in (PipeDialect, ModesDialect, PiDialect, ClaudeDialect, ClaudeCodeDialect,
+                NativeDialect, CodexDialect)
 }
 
 
@@ -63,6 +66,7 @@ def get_dialect(name: str) -> Dialect:
 __all__ = [
     "DIALECTS",
     "Artifact",
+    "ClaudeCodeDialect",
     "ClaudeDialect",
     "CodexDialect",
     "Dialect",

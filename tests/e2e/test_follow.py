@@ -51,6 +51,23 @@ def test_follow_streams_every_line_once_in_order(fleet: Cli) -> None:
     assert "exited with code 3" in out.stderr, out.stderr
 
 
+def test_follow_of_a_background_job_keeps_stderr_on_stderr(fleet: Cli) -> None:
+    """A job started in the background keeps its stderr apart: `--follow` writes it to
+    stderr, `output --stream stderr` reads it alone, stdout holds stdout only."""
+    command = f"echo out 1; echo err 1 >&2; {numbered(2, 5, 0.05)}; echo err 2 >&2; exit 4"
+    out = fleet("run", "--host", HOST, "--mode", "background", "--follow", command, timeout=60)
+    assert out.stdout.splitlines() == ["out 1"] + [f"line {n}" for n in range(2, 6)], out.stderr
+    assert re.findall(r"^err \d$", out.stderr, re.M) == ["err 1", "err 2"], out.stderr
+    assert out.returncode == 4, out.stderr
+    job = re.search(r"\[job (\S+) running on", out.stderr)
+    assert job is not None, out.stderr
+    err = fleet("output", job.group(1), "--stream", "stderr")
+    assert err.stdout == "err 1\nerr 2\n", err.stderr
+    # Checks read on from where the last check stopped (the follower's): in each stream.
+    check = fleet("check", job.group(1), "--json")
+    assert '"stderr_offset": 12' in check.stdout, check.stdout
+
+
 def test_follow_ends_with_the_jobs_signal_status(fleet: Cli) -> None:
     """A job ended by a signal: `run --follow` exits 128+N, like bash."""
     out = fleet("run", "--host", HOST, "--mode", "background", "--follow",

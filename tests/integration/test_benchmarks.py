@@ -29,6 +29,8 @@ BENCHMARKS = {
                          "`true` in a warm image workspace", "workspaces on one image: disk",
                          "idle image workspaces: memory"],
     "bench_interactive": ["line through `cat` in a PTY, p50", "live sessions: memory"],
+    "bench_transfer": ["upload of one large file", "download of one large file",
+                       "directory of 64 files up", "write_file in 4 MiB calls"],
     "bench_environments": ["time to interactive, p50", "time to interactive, p99",
                            "environments at once: wall", "environments at once: failures"],
     "bench_scale": ["1 host(s) x 4 slots", "8 host(s) x 4 slots", "calls in flight, one AsyncFleet",

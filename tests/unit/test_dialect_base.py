@@ -49,7 +49,7 @@ from worker.wire.models import (
     TruncationInfo,
 )
 
-NAMES = ["pipe", "modes", "pi", "claude", "native", "codex"]
+NAMES = ["pipe", "modes", "pi", "claude", "claude-code", "native", "codex"]
 
 
 def command_args(name: str, command: str) -> dict[str, object]:
@@ -73,7 +73,8 @@ def test_unknown_dialect_lists_the_known_ones() -> None:
     with pytest.raises(UnknownDialectError) as caught:
         get_dialect("bogus")
     assert str(caught.value) == (
-        "unknown dialect 'bogus'; known dialects: claude, codex, modes, native, pi, pipe"
+        "unknown dialect 'bogus'; known dialects: "
+        "claude, claude-code, codex, modes, native, pi, pipe"
     )
     assert isinstance(caught.value, ValueError)
 

@@ -517,8 +517,10 @@ def test_cli_schema_of_one_dialect(style: str, capsys: pytest.CaptureFixture[str
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["schema", "--dialect", "bash"], "unknown dialect 'bash'; known dialects: claude, codex"),
-        (["mcp", "--dialect", "bash"], "unknown dialect 'bash'; known dialects: claude, codex"),
+        (["schema", "--dialect", "bash"], "unknown dialect 'bash'; known dialects: "
+         "claude, claude-code, codex"),
+        (["mcp", "--dialect", "bash"], "unknown dialect 'bash'; known dialects: "
+         "claude, claude-code, codex"),
         (["mcp", "--dialect", "pi", "--session", "a/b"], "invalid session id 'a/b'"),
         (["mcp", "--dialect", "pi", "--host", "any"], "invalid host id 'any'"),
     ],

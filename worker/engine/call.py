@@ -41,6 +41,7 @@ from worker.engine import (
     workspaces,
 )
 from worker.engine.capture import Extras, FollowedFile, MemoryStream, Shaped, Source, shape
+from worker.engine.command_line import COMMAND_FD, CommandLine
 from worker.engine.environment import ChildEnv, build_env, process_environ
 from worker.engine.memo import TimedMemo
 from worker.engine.secrets import redaction_pattern
@@ -487,13 +488,13 @@ class _Launch:
             self.group = self.groups.acquire()
         fds = self.group.procs_fds() if self.group is not None else []
         startup = self._arm(cgroups.join_line(fds), carried=bool(fds))
-        command = self.call.command
-        passed = [*fds, startup]
+        line = CommandLine(["bash"], self.call.command)
+        passed = [*fds, startup, *([line.fd] if line.fd is not None else [])]
         user = self.user
 
         def popen(executable: str | None) -> procs.Process:
             return subprocess.Popen(
-                ["bash", "-c", command], executable=executable, cwd=self.cwd,
+                line.argv, executable=executable, cwd=self.cwd,
                 env=self.child.env, stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr,
                 # setsid(): a new session and process group, and no controlling terminal.
                 start_new_session=True, close_fds=True, pass_fds=passed,
@@ -504,6 +505,7 @@ class _Launch:
         try:
             return _start_bash(self.child.env, popen)
         finally:
+            line.close()
             for fd in fds:
                 os.close(fd)
 
@@ -511,13 +513,15 @@ class _Launch:
         null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
         self.group = workspaces.group_of(self.workspace)
         state_fd = self._arm("", carried=self.group is not None)
-        command = self.call.command
+        line = CommandLine([workspaces.shell_of(self.workspace)], self.call.command,
+                           fd_in_child=COMMAND_FD)
+        fds = [null, stdout, stderr, state_fd, *([line.fd] if line.fd is not None else [])]
 
         # The keeper finds bash on the child's PATH in the workspace's view (which is not
         # the host's: a search here could find what the call cannot see).
         request: dict[str, object] = {
-            "argv": [workspaces.shell_of(self.workspace), "-c", command], "cwd": self.cwd,
-            "env": self.child.env, "targets": [0, 1, 2, launcher.STATE_FD],
+            "argv": line.argv, "cwd": self.cwd, "env": self.child.env,
+            "targets": [0, 1, 2, launcher.STATE_FD, COMMAND_FD][: len(fds)],
             "output_cap": resources.output_cap(self.settings),
             "kill_grace_s": self.call.policy.kill_grace_s,
             # A throwaway workspace's call: nothing it starts outlives it (its keeper ends
@@ -525,7 +529,7 @@ class _Launch:
             "recycle": self.workspace.throwaway,
         }
         try:
-            return workspaces.start(self.workspace, request, [null, stdout, stderr, state_fd])
+            return workspaces.start(self.workspace, request, fds)
         except launcher.KeeperLostError as exc:
             raise CallError("unavailable", f"workspace {self.workspace.id} is gone "
                             f"({exc.strerror or exc}): make a new one") from None
@@ -534,6 +538,7 @@ class _Launch:
                 raise CallError("bad_cwd", jobs.cwd_problem(exc, self.cwd)) from None
             raise
         finally:
+            line.close()
             os.close(null)
 
     def hits(self, proc: procs.Process) -> tuple[str, ...]:

@@ -8,14 +8,21 @@ can reach is what a call can: the owner and mode of what they write is a call's 
 
     data, size = read_file(record, settings, "src/app.py", offset=0, limit=1 << 20)
     write_file(record, settings, "/tmp/x.txt", b"...", mode=0o644)
+
+A transfer streams instead (`stream_tool`): `cat`, `dd` or `tar` in the workspace reads the
+worker's pipe (an upload) or writes to it (a download), so no file of the size of the
+data is ever held, and a download never passes through a file in the workspace, which
+one of its commands could replace while it is read.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import subprocess
 from dataclasses import dataclass
+from typing import Any, Literal
 
 from worker.engine import sandbox, workspaces
 from worker.settings import Settings
@@ -48,15 +55,22 @@ _WRITE = (
     'if [ "$3" = 1 ]; then cat >> "$f"; else cat > "$f"; fi; '
     'if [ -n "$2" ]; then chmod -- "$2" "$f"; fi; stat -c %s -- "$f" >&3'
 )
-_ARCHIVE = {
-    "create": 'if [ ! -e "$1" ]; then echo "No such file or directory: $1" >&2; exit 2; fi; '
-              'if [ ! -d "$1" ]; then echo "Not a directory: $1" >&2; exit 6; fi; '
-              'set -e; tar -c -f "$2" -C "$1" . ; stat -c %s -- "$2" >&3',
-    "extract": 'if [ -e "$1" ] && [ ! -d "$1" ]; then echo "Not a directory: $1" >&2; exit 6; fi; '
-               'set -e; mkdir -p -- "$1"; tar -x -f "$2" -C "$1" --no-same-owner; '
-               'rm -f -- "$2"; echo 0 >&3',
-    "remove": 'rm -f -- "$2"; echo 0 >&3',
+#: The tools of a transfer by (direction, kind): each takes the path (and an uploaded
+#: file's mode) and reads its stdin or writes its stdout, the worker's pipe.
+_STREAMS = {
+    ("upload", "file"): _WRITE,
+    ("download", "file"): _CHECK + 'stat -L -c %s -- "$f" >&3 || exit 5; '
+                          'exec dd if="$f" bs=1M status=none',
+    ("upload", "tree"): 'if [ -e "$1" ] && [ ! -d "$1" ]; then echo "Not a directory: $1" >&2; '
+                        'exit 6; fi; set -e; mkdir -p -- "$1"; '
+                        'tar -x -f - -C "$1" --no-same-owner; echo 0 >&3',
+    ("download", "tree"): 'if [ ! -e "$1" ]; then echo "No such file or directory: $1" >&2; '
+                          'exit 2; fi; if [ ! -d "$1" ]; then echo "Not a directory: $1" >&2; '
+                          'exit 6; fi; exec tar -c -f - -C "$1" .',
 }
+#: A transfer's pipe: 4 MiB (a few chunks: the tool runs ahead while a chunk travels)
+#: where the worker may (root), else Linux's pipe-max-size (1 MiB), rather than 64 KiB.
+_PIPE_BYTES = (4 * 1024 * 1024, 1024 * 1024)
 #: How a tool's exit status is told: no such file, a directory, not readable or writable,
 #: a parent that is not a directory (the client raises the matching OSError).
 _KINDS: dict[int, tuple[ErrorKind, FileProblem]] = {
@@ -103,18 +117,13 @@ def write_file(record: WorkspaceRecord, settings: Settings, path: str, data: byt
     return int(_checked(record, settings, argv, data, 0).answer.strip() or 0)
 
 
-def archive(record: WorkspaceRecord, settings: Settings, action: str, directory: str,
-            archive_path: str) -> int:
-    """`create` a tar of `directory` at `archive_path` (its size), `extract` it into
-    `directory` (then remove it), or `remove` it."""
-    argv = [workspaces.shell_of(record), "-c", _ARCHIVE[action], action, in_view(record, directory),
-            in_view(record, archive_path)]
-    return int(_checked(record, settings, argv, b"", 0).answer.strip() or 0)
-
-
 def _checked(record: WorkspaceRecord, settings: Settings, argv: list[str], data: bytes,
              max_out: int) -> ToolRun:
-    run = run_tool(record, settings, argv, data, max_out=max_out)
+    return _failed(run_tool(record, settings, argv, data, max_out=max_out))
+
+
+def _failed(run: ToolRun) -> ToolRun:
+    """`run`, or the FileError its exit status tells."""
     if run.status != 0:
         message = run.stderr.decode("utf-8", "replace").strip() or f"status {run.status}"
         kind, problem = _KINDS.get(run.status) or ("invalid", None)
@@ -137,27 +146,96 @@ def run_tool(record: WorkspaceRecord, settings: Settings, argv: list[str], data:
 
 
 def _run(record: WorkspaceRecord, settings: Settings, argv: list[str], fds: list[int]) -> int:
+    return _wait(_start(record, settings, argv, fds))
+
+
+def _start(record: WorkspaceRecord, settings: Settings, argv: list[str], fds: list[int]
+           ) -> Any:
+    """Start a tool with `fds` as its 0-3; the process (`wait(timeout)`, `pid`)."""
     user = sandbox.run_user(settings)
     env = {**TOOL_ENV, "HOME": workspaces.home_of(user, record)}
     if record.keeper_pid is not None:
-        proc = workspaces.start(record, {"argv": argv, "cwd": "/", "env": env,
+        return workspaces.start(record, {"argv": argv, "cwd": "/", "env": env,
                                          "targets": [0, 1, 2, 3]}, fds)
-        try:
-            return proc.wait(TOOL_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, 9)
-            return proc.wait(10)
     # A plain spawn keeps the answer descriptor's own number (never a fixed one: this
     # process is threaded, its fd 3 is somebody's): the script moves it to 3 itself.
     plain = [*argv[:2], f"exec 3>&{fds[3]}; {argv[2]}", *argv[3:]]
-    done = subprocess.run(
+    return subprocess.Popen(
         plain, stdin=fds[0], stdout=fds[1], stderr=fds[2], pass_fds=(fds[3],), env=env,
-        cwd="/", timeout=TOOL_TIMEOUT_S, check=False, start_new_session=True,
+        cwd="/", start_new_session=True,
         user=user.uid if user else None, group=user.gid if user else None,
         extra_groups=sandbox.extra_groups(user) if user else None,
     )
-    return done.returncode
+
+
+def _wait(proc: Any) -> int:
+    try:
+        return int(proc.wait(TOOL_TIMEOUT_S))
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, 9)
+        return int(proc.wait(10))
+
+
+@dataclass
+class StreamingTool:
+    """A transfer's tool, running: it reads `fd`'s pipe (an upload: write to `fd`) or
+    writes to it (a download: read `fd`)."""
+
+    proc: Any
+    fd: int
+    """The worker's end of the tool's pipe."""
+    outputs: list[int]
+    """The tool's stderr and answer (memfds)."""
+
+    def finish(self) -> int:
+        """Close the pipe, wait for the tool; its answer (a number), or FileError."""
+        self.close_pipe()
+        try:
+            status = _wait(self.proc)
+            run = ToolRun(status, b"", _read(self.outputs[0], 64 * 1024),
+                          _read(self.outputs[1], 4096))
+        finally:
+            for fd in self.outputs:
+                os.close(fd)
+            self.outputs = []
+        return int(_failed(run).answer.strip() or 0)
+
+    def close_pipe(self) -> None:
+        """Close the worker's end (an upload's end of input)."""
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def stream_tool(record: WorkspaceRecord, settings: Settings,
+                direction: Literal["upload", "download"], kind: Literal["file", "tree"],
+                path: str, *, mode: int | None = None) -> StreamingTool:
+    """Start the tool that takes an upload in, or gives a download out, through a pipe."""
+    script = _STREAMS[(direction, kind)]
+    argv = [workspaces.shell_of(record), "-c", script, direction, in_view(record, path)]
+    if (direction, kind) == ("upload", "file"):
+        argv += ["" if mode is None else format(mode, "o"), "0", "1"]
+    read_end, write_end = os.pipe2(os.O_CLOEXEC)
+    for size in _PIPE_BYTES:
+        try:
+            fcntl.fcntl(write_end, fcntl.F_SETPIPE_SZ, size)
+            break
+        except OSError:  # past pipe-max-size, without CAP_SYS_RESOURCE: the next
+            continue
+    ours, theirs = (write_end, read_end) if direction == "upload" else (read_end, write_end)
+    stdio = [theirs, _memfd(b"")] if direction == "upload" else [_memfd(b""), theirs]
+    outputs = [_memfd(b""), _memfd(b"")]
+    try:
+        proc = _start(record, settings, argv, [*stdio, *outputs])
+    except BaseException:
+        for fd in [ours, *outputs]:
+            os.close(fd)
+        raise
+    finally:
+        for fd in stdio:
+            os.close(fd)
+    return StreamingTool(proc, ours, outputs)
 
 
 def _memfd(data: bytes) -> int:

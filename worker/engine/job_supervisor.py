@@ -37,6 +37,7 @@ if "worker.engine" not in sys.modules:  # pragma: no cover - run by path with -I
         sys.modules[_name] = _package
 
 from worker.engine import job_end, launcher, proto, relay
+from worker.engine.command_line import COMMAND_FD, CommandLine
 
 
 def _start_time(pid: int) -> float:
@@ -66,7 +67,8 @@ def _wait(proc: Any, spec: dict[str, Any]) -> tuple[int, bool]:
     watch = None
     if cap is not None and not spec.get("keeper"):
         # A job in a workspace: its keeper watches its cap.
-        watch = proto.CapWatch(lambda: _size(spec["output_path"]), cap)
+        paths = [spec["output_path"], *([spec["stderr_path"]] if spec.get("stderr_path") else [])]
+        watch = proto.CapWatch(lambda: sum(_size(path) for path in paths), cap)
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     step: float | None = 0.01 if watch is not None else None
     while True:
@@ -132,10 +134,11 @@ def _procs_fds(spec: dict[str, Any]) -> list[int]:
     return open_procs_files(spec.get("cgroup_dirs") or [])
 
 
-def _argv(spec: dict[str, Any]) -> list[str]:
+def _command_line(spec: dict[str, Any], fd_in_child: int | None = None) -> CommandLine:
     """`bash -c COMMAND`, or an interactive session's own shell (`-l`: a login shell)."""
     shell = spec.get("shell") or "bash"
-    return [shell, *(["-l"] if spec.get("login") else []), "-c", spec["command"]]
+    return CommandLine([shell, *(["-l"] if spec.get("login") else [])], spec["command"],
+                       fd_in_child=fd_in_child)
 
 
 def _ctty() -> None:
@@ -147,9 +150,10 @@ def _ctty() -> None:
 
 
 def _start_plain(spec: dict[str, Any], out_fd: int, stdio: tuple[int, int, int] | None = None,
-                 ctty: bool = False) -> tuple[Any, float]:
+                 ctty: bool = False, *, err_fd: int | None = None) -> tuple[Any, float]:
     """bash -c COMMAND, its cgroup fds where the command's first line expects them.
-    `stdio`: the child's fds 0, 1, 2 (an interactive session's pipe or terminal)."""
+    `stdio`: the child's fds 0, 1, 2 (an interactive session's pipe or terminal);
+    `err_fd`: its stderr, when not `out_fd`."""
     targets = []
     for offset, fd in enumerate(_procs_fds(spec)):
         target = spec["cgroup_fd"] + offset
@@ -157,16 +161,19 @@ def _start_plain(spec: dict[str, Any], out_fd: int, stdio: tuple[int, int, int] 
         os.close(fd)
         targets.append(target)
     user = spec.get("user") or [None, None, None]
+    line = _command_line(spec)
+    passed = [*targets, *([line.fd] if line.fd is not None else [])]
     try:
-        stdin, stdout, stderr = stdio or (subprocess.DEVNULL, out_fd, out_fd)
+        stdin, stdout, stderr = stdio or (subprocess.DEVNULL, out_fd, err_fd or out_fd)
         proc = subprocess.Popen(
-            _argv(spec), cwd=spec["cwd"], env=spec["env"],
+            line.argv, cwd=spec["cwd"], env=spec["env"],
             stdin=stdin, stdout=stdout, stderr=stderr, start_new_session=True,
-            close_fds=True, pass_fds=targets, user=user[0], group=user[1], extra_groups=user[2],
+            close_fds=True, pass_fds=passed, user=user[0], group=user[1], extra_groups=user[2],
             # This process is single-threaded: a preexec_fn is safe here.
             preexec_fn=_ctty if ctty else None,  # noqa: PLW1509
         )
     finally:
+        line.close()
         for target in targets:
             os.close(target)
     return proc, _start_time(proc.pid)
@@ -174,26 +181,32 @@ def _start_plain(spec: dict[str, Any], out_fd: int, stdio: tuple[int, int, int] 
 
 def _start_in_keeper(spec: dict[str, Any], out_fd: int,
                      stdio: tuple[int, int, int] | None = None,
-                     ctty: bool = False) -> tuple[Any, float]:
-    """The job as a child of its workspace's keeper (in the workspace's namespaces)."""
+                     ctty: bool = False, *, err_fd: int | None = None) -> tuple[Any, float]:
+    """The job as a child of its workspace's keeper (in the workspace's namespaces).
+    `err_fd`: its stderr, when not `out_fd`."""
     keeper = spec["keeper"]
     conn = launcher.KeeperConnection.connect(keeper["socket"])
     startup = os.memfd_create("bashfleet-startup", os.MFD_CLOEXEC)
     os.write(startup, f"unset BASH_ENV\n{keeper.get('startup') or ''}".encode())
     env = {**spec["env"], "BASH_ENV": f"/dev/fd/{launcher.STATE_FD}"}
     null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+    line = _command_line(spec, COMMAND_FD)
+    command_fds = [line.fd] if line.fd is not None else []
     request = {
-        "argv": _argv(spec), "cwd": spec["cwd"], "env": env, "ctty": ctty,
-        "targets": [0, 1, 2, launcher.STATE_FD], "kill_grace_s": spec.get("kill_grace_s"),
+        "argv": line.argv, "cwd": spec["cwd"], "env": env, "ctty": ctty,
+        "targets": [0, 1, 2, launcher.STATE_FD, *([COMMAND_FD] if command_fds else [])],
+        "kill_grace_s": spec.get("kill_grace_s"),
         # A terminal's output is copied by the relay, which watches the cap on it.
         "output_cap": None if stdio is not None else spec.get("output_cap"),
     }
     try:
-        started = conn.start(request, [*(stdio or (null, out_fd, out_fd)), startup])
+        started = conn.start(request, [*(stdio or (null, out_fd, err_fd or out_fd)), startup,
+                                       *command_fds])
     except OSError:
         conn.close()
         raise
     finally:
+        line.close()
         os.close(null)
         os.close(startup)
     ticks = started.start_ticks
@@ -238,15 +251,19 @@ def main(spec_path: str) -> int:
     start = _start_in_keeper if spec.get("keeper") else _start_plain
     if spec.get("stdin", "null") != "null":
         return int(relay.main(spec, start, _write_status, _remove_groups))
-    out_fd = os.open(spec["output_path"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
+    out_fd = os.open(spec["output_path"], flags, 0o644)
+    err_fd = os.open(spec["stderr_path"], flags, 0o644) if spec.get("stderr_path") else None
     try:
-        proc, started = start(spec, out_fd)
+        proc, started = start(spec, out_fd, err_fd=err_fd)
     except OSError as exc:
         sys.stdout.write(json.dumps({"error": f"could not start bash: {exc}"}) + "\n")
         _remove_groups(spec, timeout=0)
         return 1
     finally:
         os.close(out_fd)
+        if err_fd is not None:
+            os.close(err_fd)
     sys.stdout.write(json.dumps({"pid": proc.pid, "pgid": proc.pid, "start_time": started,
                                  "ns_pid": getattr(proc, "ns_pid", None)}) + "\n")
     sys.stdout.flush()

@@ -36,6 +36,7 @@ from typing import Any
 from worker.engine import cgroups, job_end, launcher, procs, resources, sandbox, truncate
 from worker.engine import workspaces as ws
 from worker.engine.capture import read_slice
+from worker.engine.command_line import COMMAND_FD, CommandLine
 from worker.engine.environment import build_env
 from worker.engine.job_records import (
     JobError,
@@ -88,7 +89,7 @@ def handle(record: JobRecord) -> JobHandle:
         id=record.id, host=record.host,
         pid=record.ns_pid if record.ns_pid is not None else record.pid,
         pgid=record.ns_pgid if record.ns_pgid is not None else record.pgid,
-        output_path=record.output_path, stdin=record.stdin,
+        output_path=record.output_path, stderr_path=record.stderr_path, stdin=record.stdin,
         host_pid=record.pid if record.ns_pid is not None else None,
         workspace=record.workspace,
     )
@@ -102,6 +103,15 @@ def output_path(settings: Settings, workspace: WorkspaceRecord | None, job_id: s
     return settings.jobs_dir / f"{job_id}.log"
 
 
+def stderr_path(call: Call, output: Path) -> Path | None:
+    """Where a job keeps its stderr apart, beside its output: a job of a call whose
+    streams are separate (its stdin `null`: a terminal merges the two, and an
+    interactive job's reads follow one file); None: stderr goes to the output file."""
+    if call.policy.streams != "separate" or call.stdin != "null":
+        return None
+    return output.with_suffix(".err")
+
+
 def start_job(
     call: Call, cwd: str, settings: Settings, workspace: WorkspaceRecord | None = None,
 ) -> JobRecord:
@@ -111,7 +121,8 @@ def start_job(
     job_id = new_job_id()
     output = output_path(settings, workspace, job_id)
     status = settings.jobs_dir / f"{job_id}.status.json"
-    new = _NewJob(call, cwd, settings, workspace, job_id, output, status)
+    new = _NewJob(call, cwd, settings, workspace, job_id, output, status,
+                  stderr_path(call, output))
     if workspace is not None and workspace.keeper_pid is not None and call.stdin == "null":
         started = _start_in_keeper(new, workspace)
     else:
@@ -121,6 +132,7 @@ def start_job(
         id=job_id, host=settings.host, pid=started["pid"], pgid=started["pgid"],
         start_time=started["start_time"], marker=job_id, command=call.command, cwd=cwd,
         output_path=str(output), status_path=str(status), started_at=time.time(),
+        stderr_path=str(new.stderr) if new.stderr is not None else None,
         call_id=call.call_id, owner=call.owner, tags=call.tags, stdin=call.stdin,
         socket_path=started.get("socket_path"),
         stdin_id=tuple(stdin_id) if isinstance(stdin_id, list) else None,
@@ -154,6 +166,14 @@ class _NewJob:
     job_id: str
     output: Path
     status: Path
+    stderr: Path | None
+    """Its stderr file (None: stderr goes to `output`)."""
+
+    def remove_outputs(self) -> None:
+        """Nothing ran: leave no empty output files behind."""
+        self.output.unlink(missing_ok=True)
+        if self.stderr is not None:
+            self.stderr.unlink(missing_ok=True)
 
 
 def _start_in_keeper(new: _NewJob, workspace: WorkspaceRecord) -> dict[str, Any]:
@@ -168,9 +188,14 @@ def _start_in_keeper(new: _NewJob, workspace: WorkspaceRecord) -> dict[str, Any]
     flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
     fds = [os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC), os.open(output, flags, 0o644),
            startup.fd, os.open(status.parent, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)]
+    # The keeper appends the completion line to the first output it is given: stdout.
+    err = [os.open(new.stderr, flags, 0o644)] if new.stderr is not None else []
+    line = CommandLine([call.shell or "bash", *(["-l"] if call.login else [])], call.command,
+                       fd_in_child=COMMAND_FD)
+    command_fds = [line.fd] if line.fd is not None else []
     request = {
-        "argv": [call.shell or "bash", *(["-l"] if call.login else []), "-c", call.command],
-        "cwd": cwd, "env": env, "targets": [0, 1, 2, launcher.STATE_FD],
+        "argv": line.argv, "cwd": cwd, "env": env,
+        "targets": [0, 1, 2, launcher.STATE_FD, *([COMMAND_FD] if command_fds else [])],
         "output_cap": resources.output_cap(settings),
         "kill_grace_s": call.policy.kill_grace_s,
         "job": {"status": status.name, "cap_mb": settings.limit_output_mb,
@@ -179,18 +204,20 @@ def _start_in_keeper(new: _NewJob, workspace: WorkspaceRecord) -> dict[str, Any]
     try:
         conn = ws.connections.take(workspace)
         try:
-            started = conn.start(request, [fds[0], fds[1], fds[1], fds[2], fds[3]])
+            started = conn.start(request, [fds[0], fds[1], *(err or fds[1:2]), fds[2],
+                                           *command_fds, fds[3]])
         finally:
             ws.connections.give_back(workspace.id, conn)
     except OSError as exc:
-        output.unlink(missing_ok=True)
+        new.remove_outputs()
         if exc.filename == cwd:
             raise JobError("bad_cwd", cwd_problem(exc, cwd)) from exc
         raise JobError("spawn_failed", f"could not start the job: {exc.strerror or exc}") from exc
     finally:
-        for fd in fds[:2] + fds[3:]:
+        for fd in fds[:2] + fds[3:] + err:
             os.close(fd)
         startup.close()
+        line.close()
     return {"pid": started.host_pid, "pgid": started.host_pid, "ns_pid": started.pid,
             "start_time": _ticks_time(started.start_ticks)}
 
@@ -222,17 +249,20 @@ def _start_supervised(new: _NewJob) -> dict[str, Any]:
     except OSError as exc:
         _drop_group(group)
         raise JobError("spawn_failed", f"could not start the job: {exc}") from exc
-    spec.update(output_path=str(output), status_path=str(status))
+    spec.update(output_path=str(output), status_path=str(status),
+                stderr_path=str(new.stderr) if new.stderr is not None else None)
     path = settings.jobs_dir / f"{job_id}.spec.json"
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as handle:
         json.dump(spec, handle)
     output.touch(mode=0o644)
+    if new.stderr is not None:
+        new.stderr.touch(mode=0o644)
     try:
         started = _launch_supervisor(path)
     except JobError:
-        # Nothing ran: leave no empty output file (or cgroup) behind.
-        output.unlink(missing_ok=True)
+        # Nothing ran: leave no empty output files (or cgroup) behind.
+        new.remove_outputs()
         _drop_group(group)
         raise
     started["socket_path"] = spec.get("socket_path")

@@ -19,6 +19,7 @@ from typing import Protocol
 
 import psutil
 
+from worker.engine.command_line import read_from_descriptor
 from worker.engine.environment import MARKER_VAR
 from worker.engine.memo import TimedMemo
 from worker.wire.models import ProcessInfo
@@ -304,5 +305,7 @@ _ENGINE_LINES = re.compile(
 def shown_args(args: list[str]) -> list[str]:
     """A call's command line without the lines the engine put before the command."""
     if len(args) >= 3 and os.path.basename(args[0]) == "bash" and args[1] == "-c":
+        if read_from_descriptor(args[2]):
+            return [*args[:2], "<its command, past 128 KiB, read from a descriptor>"]
         return [*args[:2], _ENGINE_LINES.sub("", args[2]), *args[3:]]
     return args

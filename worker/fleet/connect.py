@@ -34,8 +34,9 @@ SOCKET_TIMEOUT_S = 10.0
 #: Idle connections are checked (PING) before reuse after this long.
 HEALTH_CHECK_INTERVAL_S = 30
 
-def redis_client(url: str) -> Redis:
-    """A Redis client for the registry, replies and sessions (text replies).
+def redis_client(url: str, *, binary: bool = False) -> Redis:
+    """A Redis client for the registry, replies and sessions (text replies; `binary`:
+    bytes, for file transfers' chunks).
 
     `redis://`, `rediss://` (TLS), or `sentinel://` (`SentinelTarget`): a client of the
     current primary, found again through the sentinels after a failover."""
@@ -45,11 +46,12 @@ def redis_client(url: str) -> Redis:
             list(target.sentinels), sentinel_kwargs=_sentinel_kwargs(target)
         )
         primary = sentinel.master_for(  # type: ignore[no-untyped-call]
-            target.master, redis_class=ReplicatedRedis, **_primary_kwargs(target)
+            target.master, redis_class=ReplicatedRedis,
+            **{**_primary_kwargs(target), "decode_responses": not binary},
         )
         return cast(Redis, primary)
     return redis.Redis.from_url(
-        url, decode_responses=True, socket_connect_timeout=CONNECT_TIMEOUT_S,
+        url, decode_responses=not binary, socket_connect_timeout=CONNECT_TIMEOUT_S,
         socket_timeout=SOCKET_TIMEOUT_S, health_check_interval=HEALTH_CHECK_INTERVAL_S,
     )
 
@@ -222,17 +224,19 @@ def _primary_kwargs(target: SentinelTarget) -> dict[str, Any]:
     }
 
 
-def async_redis_client(url: str) -> AsyncRedis:
+def async_redis_client(url: str, *, binary: bool = False) -> AsyncRedis:
     """`redis_client` for asyncio (`client.aio.AsyncFleet`): the same URL forms and
-    timeouts, text replies. Bound to the event loop that first uses it."""
+    timeouts, text replies (`binary`: bytes). Bound to the event loop that first uses
+    it."""
     target = sentinel_target(url)
     if target is not None:
         sentinel = aiosentinel.Sentinel(  # type: ignore[no-untyped-call]
             list(target.sentinels), sentinel_kwargs=_sentinel_kwargs(target)
         )
-        return cast(AsyncRedis, sentinel.master_for(target.master, **_primary_kwargs(target)))
+        return cast(AsyncRedis, sentinel.master_for(
+            target.master, **{**_primary_kwargs(target), "decode_responses": not binary}))
     return aioredis.Redis.from_url(
-        url, decode_responses=True, socket_connect_timeout=CONNECT_TIMEOUT_S,
+        url, decode_responses=not binary, socket_connect_timeout=CONNECT_TIMEOUT_S,
         socket_timeout=SOCKET_TIMEOUT_S, health_check_interval=HEALTH_CHECK_INTERVAL_S,
     )
 

@@ -39,6 +39,7 @@ from worker.fleet import (
     interactive,
     recovery,
     registry,
+    transfers,
     workspace_calls,
 )
 from worker.fleet.app import app
@@ -624,10 +625,14 @@ HANDLERS: dict[str, Callable[[Runtime, Any, bool], Model]] = {
     Task.WORKSPACES: workspace_calls.list_workspaces,
     Task.FILE_READ: workspace_calls.read_file,
     Task.FILE_WRITE: workspace_calls.write_file,
-    Task.ARCHIVE: workspace_calls.archive,
     Task.IMAGES: image_calls.list_images,
     Task.IMAGE_PULL: image_calls.pull,
     Task.IMAGE_REMOVE: image_calls.remove,
+}
+#: Control requests whose handler also takes the key that signed the request: a
+#: transfer MACs its chunks with it (`worker.fleet.transfers`).
+KEYED_HANDLERS: dict[str, Callable[[Runtime, Any, bool, str | None], Model]] = {
+    Task.TRANSFER: transfers.transfer,
 }
 
 #: Fields of a control response worth a log line (never output, never paths of it).
@@ -658,7 +663,10 @@ def control_reply(
         message = verify(rt, task, args, answer)
         _use_nonce(rt, message.nonce)
         request = _request(task, message.args)
-        response = HANDLERS[task](rt, request, message.admin)
+        if task in KEYED_HANDLERS:
+            response = KEYED_HANDLERS[task](rt, request, message.admin, answer.key)
+        else:
+            response = HANDLERS[task](rt, request, message.admin)
         return request, ControlReply(ok=response.model_dump(mode="json"))
     except auth.AuthError as exc:
         log.warning("control message refused: %s", exc.message)
@@ -728,4 +736,5 @@ def _control_task(task: str) -> Callable[..., str]:
 exec_task = app.task(
     name=Task.EXEC, Request=flower.CallRequest, throws=(flower.CallFailed,)
 )(exec_message)
-control_tasks = {task: app.task(name=task)(_control_task(task)) for task in HANDLERS}
+control_tasks = {task: app.task(name=task)(_control_task(task))
+                 for task in [*HANDLERS, *KEYED_HANDLERS]}

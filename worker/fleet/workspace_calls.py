@@ -24,8 +24,6 @@ from worker.fleet.control import Runtime
 from worker.settings import Settings
 from worker.wire import auth, names
 from worker.wire.control import (
-    ArchiveRequest,
-    ArchiveResult,
     FileChunk,
     FileReadRequest,
     FileWriteRequest,
@@ -79,7 +77,7 @@ def unpublish(client: redis.Redis, record: WorkspaceRecord) -> None:
     registry.quota_release(client, QUOTA_KIND, record.owner, record.id)
 
 
-def _owned(rt: Runtime, ws_id: str, owner: str, admin: bool) -> WorkspaceRecord:
+def owned(rt: Runtime, ws_id: str, owner: str, admin: bool) -> WorkspaceRecord:
     """A workspace of this host, for its owner (or an admin); another's is unknown."""
     try:
         record = engine.load(ws_id, rt.settings)
@@ -106,7 +104,7 @@ def create(rt: Runtime, request: WorkspaceCreateRequest, admin: bool = False) ->
 
 def delete(rt: Runtime, request: WorkspaceDeleteRequest, admin: bool = False) -> WorkspaceDeleted:
     """End a workspace of the asker's."""
-    record = _owned(rt, request.id, request.owner, admin)
+    record = owned(rt, request.id, request.owner, admin)
     deleted = engine.delete(record.id, rt.settings)
     unpublish(rt.redis, record)
     return WorkspaceDeleted(id=record.id, deleted=deleted)
@@ -114,7 +112,7 @@ def delete(rt: Runtime, request: WorkspaceDeleteRequest, admin: bool = False) ->
 
 def renew(rt: Runtime, request: WorkspaceRenewRequest, admin: bool = False) -> WorkspaceView:
     """Mark a workspace used now; its view (counted, when asked)."""
-    record = _owned(rt, request.id, request.owner, admin)
+    record = owned(rt, request.id, request.owner, admin)
     engine.touch(record, rt.settings)
     view = publish(rt, record)
     return engine.view(record, rt.settings, count=True) if request.count else view
@@ -134,7 +132,7 @@ def list_workspaces(rt: Runtime, request: WorkspacesRequest,
 
 def read_file(rt: Runtime, request: FileReadRequest, admin: bool = False) -> FileChunk:
     """A slice of a file of the workspace, read in it as its calls would."""
-    record = _owned(rt, request.workspace, request.owner, admin)
+    record = owned(rt, request.workspace, request.owner, admin)
     engine.touch(record, rt.settings)
     data, size = files.read_file(record, rt.settings, request.path, offset=request.offset,
                                  limit=request.limit)
@@ -145,7 +143,7 @@ def read_file(rt: Runtime, request: FileReadRequest, admin: bool = False) -> Fil
 
 def write_file(rt: Runtime, request: FileWriteRequest, admin: bool = False) -> FileWritten:
     """Write bytes to a file of the workspace, in it as its calls would."""
-    record = _owned(rt, request.workspace, request.owner, admin)
+    record = owned(rt, request.workspace, request.owner, admin)
     engine.touch(record, rt.settings)
     try:
         data = base64.b64decode(request.data_b64, validate=True)
@@ -154,15 +152,6 @@ def write_file(rt: Runtime, request: FileWriteRequest, admin: bool = False) -> F
     size = files.write_file(record, rt.settings, request.path, data, append=request.append,
                             mode=request.mode, make_parents=request.make_parents)
     return FileWritten(path=files.in_view(record, request.path), size=size)
-
-
-def archive(rt: Runtime, request: ArchiveRequest, admin: bool = False) -> ArchiveResult:
-    """Tar a directory of the workspace up, or unpack an archive into one."""
-    record = _owned(rt, request.workspace, request.owner, admin)
-    engine.touch(record, rt.settings)
-    size = files.archive(record, rt.settings, request.action, request.directory,
-                         request.archive)
-    return ArchiveResult(path=files.in_view(record, request.archive), size=size)
 
 
 def reap(settings: Settings, client: redis.Redis) -> int:

@@ -20,7 +20,7 @@ an `error` whose kind the client raises as a typed exception.
     WorkspacesRequest      -> WorkspaceList      the host's workspaces
     FileReadRequest        -> FileChunk          a slice of a file, as its calls see it
     FileWriteRequest       -> FileWritten        write (or append) bytes to a file
-    ArchiveRequest         -> ArchiveResult      tar a directory up, or unpack one
+    TransferRequest        -> TransferStarted    stream a file or a directory in or out
     ImagesRequest          -> ImageList          the images the host holds
     ImagePullRequest       -> ImagePull          start (or join) a pull; its state so far
     ImageRemoveRequest     -> ImageRemoved       remove an image no workspace uses (admin)
@@ -53,6 +53,7 @@ from worker.wire.models import (
     WorkspaceView,
 )
 from worker.wire.names import Task
+from worker.wire.transfer import TRANSFER_ID_PATTERN
 
 #: A `grep` that matches no line (RE2 syntax): a check that reads a job's state only.
 NO_LINE = r"[^\s\S]"
@@ -435,26 +436,37 @@ class FileWriteRequest(ControlRequest):
     """Make its missing parent directories."""
 
 
-class ArchiveResult(Model):
-    """An archive made or unpacked."""
+class TransferStarted(Model):
+    """A transfer under way: its tool runs in the workspace, the data may flow."""
 
     path: str
-    """The archive, as the workspace's calls see it (made: read it, then remove it)."""
-    size: int
+    """The file or directory, as the workspace's calls see it."""
 
 
-class ArchiveRequest(ControlRequest):
-    """`create`: tar `directory` up into `archive`; `extract`: unpack `archive` into
-    `directory` (made if missing) and remove it; `remove`: remove `archive`. In the
-    workspace, as the run user (upload and download of directories)."""
+class TransferRequest(ControlRequest):
+    """Stream a file or a directory (`tree`) into the workspace (`upload`) or out of it
+    (`download`) as chunks on the transfer's list (`worker.wire.transfer`), MAC'd with
+    the key that signs this request. In the workspace `cat`, `dd` or `tar` reads or
+    writes them through a pipe, as the run user in its view: a download never passes
+    through a file a command could replace. A tree travels as a tar; the client checks
+    every member of one it receives before it writes anything.
 
-    task: ClassVar[Task] = Task.ARCHIVE
-    response: ClassVar[type[Model]] = ArchiveResult
+    Answered once the tool runs; the data then moves on a thread of the host's own (a
+    control thread stays free for checks), and how it ended comes as a
+    `TransferOutcome` on the transfer's end list."""
+
+    task: ClassVar[Task] = Task.TRANSFER
+    response: ClassVar[type[Model]] = TransferStarted
 
     workspace: str
-    action: Literal["create", "extract", "remove"]
-    directory: str = Field(".", min_length=1, max_length=MAX_FILE_PATH)
-    archive: str = Field(min_length=1, max_length=MAX_FILE_PATH)
+    direction: Literal["upload", "download"]
+    kind: Literal["file", "tree"]
+    path: str = Field(min_length=1, max_length=MAX_FILE_PATH)
+    """Relative to the workspace's directory, or absolute in its calls' view."""
+    mode: int | None = Field(None, ge=0, le=0o7777)
+    """Permissions to give an uploaded file (None: the umask's)."""
+    transfer: str = Field(pattern=TRANSFER_ID_PATTERN)
+    """The transfer's id: its list, and what each chunk's MAC is bound to."""
 
 
 # -------------------------------------------------------------------------- images
@@ -542,7 +554,8 @@ REQUESTS: dict[str, type[ControlRequest]] = {
         CheckRequest, KillRequest, ReadOutputRequest, CancelRequest, DetachRequest, JobsRequest,
         WriteStdinRequest, CloseStdinRequest, ResizeRequest, WorkspaceCreateRequest,
         WorkspaceDeleteRequest, WorkspaceRenewRequest, WorkspacesRequest, FileReadRequest,
-        FileWriteRequest, ArchiveRequest, ImagesRequest, ImagePullRequest, ImageRemoveRequest,
+        FileWriteRequest, TransferRequest, ImagesRequest, ImagePullRequest,
+        ImageRemoveRequest,
     )
 }
 
@@ -556,6 +569,15 @@ class ControlError(Model):
     """What went wrong, for a person or a model."""
     file: FileProblem | None = None
     """A workspace's file operation failed on the file itself: what was wrong with it."""
+
+
+class TransferOutcome(Model):
+    """How a transfer ended (the payload of its end list's one chunk)."""
+
+    size: int = 0
+    """Bytes that travelled (the file's, or the tar stream's)."""
+    error: ControlError | None = None
+    """Why it failed, when it did (the client raises it typed, as a control error)."""
 
 
 class ControlReply(Model):

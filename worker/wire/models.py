@@ -528,6 +528,8 @@ class JobHandle(Model):
     output_path: str
     """File receiving the job's output, on `host`: the same path in the calls of its
     workspace (read-only there)."""
+    stderr_path: str | None = None
+    """File receiving its stderr, when it keeps stderr apart (None: in `output_path`)."""
     stdin: Stdin = "null"
     """The job's standard input: `pipe` or `pty` take `write_stdin`."""
     host_pid: int | None = None
@@ -625,7 +627,8 @@ class JobRecord(Model):
     call_id: str | None = None
     """The call that started it (or that was auto-backgrounded)."""
     stderr_path: str | None = None
-    """Separate stderr file, for jobs auto-backgrounded from separate-stream calls."""
+    """Separate stderr file (None: stderr is in `output_path`): jobs of separate-stream
+    calls, started in the background or auto-backgrounded."""
     owner: str = ""
     """Who the job belongs to (the owner of the call that started it)."""
     tags: Tags = Field(default_factory=dict)
@@ -782,6 +785,8 @@ class JobView(Model):
     """Its bash's pid on the host, when `pid` is its workspace's."""
     workspace: str | None = None
     """The workspace it runs in."""
+    stderr_path: str | None = None
+    """Its stderr file on `host`, when it keeps stderr apart from `output_path`."""
 
 
 class SandboxProbe(Model):

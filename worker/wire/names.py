@@ -46,6 +46,12 @@ Keys (prefix `bashfleet:`; every key has a TTL or an owner that deletes it):
   refreshes a live member (a job, at each pass of its watcher) and removes it when it
   ends; a member of a host that died expires after QUOTA_TTL_S. The key expires with
   its last member.
+- `bashfleet:transfer:<transfer id>` (list): the framed chunks of one file transfer
+  (`worker.wire.transfer`), pushed by one side and popped by the other, at most
+  TRANSFER_WINDOW of them waiting. TTL TRANSFER_TTL_S, renewed with each push; the
+  reader deletes it at the end.
+- `bashfleet:transfer-end:<transfer id>` (list): how it ended, one framed chunk (a
+  TransferOutcome) pushed by the host, popped by the client. TTL TRANSFER_TTL_S.
 - `bashfleet:reply:<task_id>` (string): a task's answer (a CallResult, or a control
   reply, as JSON), also published on the caller's channel `bashfleet:replies:<client>`.
   Kept REPLY_TTL_S (10 minutes) for a caller that missed the publish.
@@ -162,10 +168,10 @@ class Task(StrEnum):
     WORKSPACES = "bashfleet.workspaces"
     FILE_READ = "bashfleet.file_read"
     FILE_WRITE = "bashfleet.file_write"
-    ARCHIVE = "bashfleet.archive"
     IMAGES = "bashfleet.images"
     IMAGE_PULL = "bashfleet.image_pull"
     IMAGE_REMOVE = "bashfleet.image_remove"
+    TRANSFER = "bashfleet.transfer"
 
 
 # ---------------------------------------------------------------------- validation
@@ -295,6 +301,23 @@ def nonce_key(nonce: str) -> str:
 def quota_key(kind: str, owner: str) -> str:
     """What `owner` holds live of `kind` (zset: member -> expiry, ms)."""
     return f"{PREFIX}quota:{kind}:{owner}"
+
+
+#: Seconds a transfer's list lives past its last push (a side that went away).
+TRANSFER_TTL_S = 60
+#: Chunks a transfer's writer lets wait on its list before it waits for the reader:
+#: enough to keep both sides busy, little enough that Redis holds a few MiB per transfer.
+TRANSFER_WINDOW = 16
+
+
+def transfer_key(transfer_id: str) -> str:
+    """One file transfer's chunks (list of framed bytes)."""
+    return f"{PREFIX}transfer:{transfer_id}"
+
+
+def transfer_end_key(transfer_id: str) -> str:
+    """How one file transfer ended (list: one framed TransferOutcome)."""
+    return f"{PREFIX}transfer-end:{transfer_id}"
 
 
 def reply_key(task_id: str) -> str:

@@ -137,7 +137,7 @@ def _job_view(record: JobRecord, fields: Mapping[str, str], *, host_alive: bool)
         host_pid=record.pid if record.ns_pid is not None else None,
         workspace=record.workspace,
         command=record.command, cwd=record.cwd, output_path=record.output_path,
-        started_at=record.started_at, state=JobState(state),
+        stderr_path=record.stderr_path, started_at=record.started_at, state=JobState(state),
         running=None if state == JobState.UNKNOWN else state == JobState.RUNNING,
         exit_code=integer(fields, "exit_code"), signal=integer(fields, "signal"),
         ended_at=number(fields, "ended_at"), note=note, call_id=record.call_id,
