@@ -158,7 +158,7 @@ def test_unknown_dialect_is_a_usage_error(fleet: Cli) -> None:
     for command in (("mcp", "--dialect", "bogus"), ("schema", "--dialect", "bogus")):
         out = fleet(*command)
         assert out.returncode == 2
-        known = "claude, codex, modes, native, pi, pipe"
+        known = "claude, claude-code, codex, modes, native, pi, pipe"
         assert f"unknown dialect 'bogus'; known dialects: {known}" in out.stderr
 
 
