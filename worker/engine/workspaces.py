@@ -918,14 +918,15 @@ def view_spec(record: WorkspaceRecord, settings: Settings, user: sandbox.User | 
     """What `record`'s view is made of, looked up on this host now."""
     register_known(settings)
     state = Path(os.path.realpath(state_path(settings, record.id)))
-    dirs, files = layout.existing(hidden_paths(settings, record))
-    dirs += known_dirs()  # real and existing already (looked up once every 10 s)
-    if record.ids is not None and image_root is None:
-        private_dirs, private_files = private_entries()
-        dirs += private_dirs
-        files += private_files
-    if image_root is not None:
-        dirs, files = [], []  # nothing of the host is in its view to hide
+    dirs: list[str] = []
+    files: list[str] = []
+    if image_root is None:  # an image's view holds nothing of the host's to hide
+        dirs, files = layout.existing(hidden_paths(settings, record))
+        dirs += known_dirs()  # real and existing already (looked up once every 10 s)
+        if record.ids is not None:
+            private_dirs, private_files = private_entries()
+            dirs += private_dirs
+            files += private_files
     writable, _ = layout.existing(settings.sandbox_writable)
     return layout.ViewSpec(
         root=str(state / "layer" / "merged" if prebuilt else state / "root"),
