@@ -378,9 +378,10 @@ def test_a_running_call_goes_on_as_a_job(two_hosts: Hosts, client: Fleet,
                                          redis_client: redis.Redis) -> None:
     call_id = _new_id("c")
     thread, results = _run_in_thread(client, "echo begun; sleep 30", call_id)
-    wait_for(lambda: _state(redis_client, call_id) == "running", 10, "the call to run")
-    time.sleep(0.1)  # a call is detachable once it has run 50 ms
-    assert client.detach(call_id)
+    wait_for(lambda: records.call_record(redis_client, call_id).get("pgid"), 10, "the spawn")
+    # Detachable once its process is on the host's disk (it has run 50 ms): until then
+    # detach says False and changes nothing, so asking again is what a user does.
+    wait_for(lambda: client.detach(call_id), 10, "the call to be detachable")
     thread.join(10)
     [result] = results
     assert result.job is not None and result.backgrounded
