@@ -167,6 +167,15 @@ class Settings(BaseSettings):
     ready, so that such a call does not wait for one to be made."""
     limit_workspaces: int = Field(256, ge=1, le=100_000)
     """Most live workspaces one owner may have, counted across the fleet."""
+    limit_snapshots: int = Field(64, ge=1, le=100_000)
+    """Most snapshots one owner may keep, counted across the fleet (those `fork` makes
+    for its forks included)."""
+    limit_snapshot_mb: int | None = Field(None, ge=1)
+    """Bytes one owner's snapshots may hold together, across the fleet, in MiB. None:
+    no cap."""
+    snapshot_ttl_s: float = Field(24 * 3600.0, gt=0, le=30 * 24 * 3600.0)
+    """Seconds a snapshot lives unless its maker says (workspaces standing on it keep
+    its layer past that)."""
     limit_workspace_mb: int | None = Field(None, ge=1)
     """Bytes one workspace may hold on disk (its directory, /tmp, HOME, kept output), in
     MiB. None: no cap."""

@@ -492,3 +492,32 @@ def join_line(fds: Iterable[int]) -> str:
     closes = " ".join(f"{fd}>&-" for fd in fds)
     failed = "{ echo 'bashfleet: could not join the call cgroup' >&2; exit 126; }"
     return f"{writes} || {failed}\nexec {closes}\n"
+
+
+def freeze(path: str, *, timeout: float = 2.0) -> bool:
+    """Pause every process of a cgroup v2 directory (`cgroup.freeze`), waiting until the
+    kernel says they all are (`frozen 1` in `cgroup.events`). False where it cannot (a v1
+    hierarchy, no freezer): the caller goes on without a pause and says so."""
+    try:
+        _write(os.path.join(path, "cgroup.freeze"), "1")
+    except OSError:
+        return False
+    events = os.path.join(path, "cgroup.events")
+    deadline = time.monotonic() + timeout
+    delay = 0.0002
+    while time.monotonic() < deadline:
+        try:
+            if "frozen 1" in _read(events):
+                return True
+        except OSError:
+            break
+        time.sleep(delay)
+        delay = min(delay * 2, 0.005)
+    thaw(path)
+    return False
+
+
+def thaw(path: str) -> None:
+    """Let a frozen cgroup's processes run again (nothing where there is no freezer)."""
+    with contextlib.suppress(OSError):
+        _write(os.path.join(path, "cgroup.freeze"), "0")

@@ -688,3 +688,17 @@ def _empty_buildah(store: Store, settings: Settings) -> None:
                               "emptying buildah's storage", settings)
     tools.unmount_under(store.buildah)
     shutil.rmtree(store.buildah, ignore_errors=True)
+
+
+def ensure_pinned(info: ImageInfo, settings: Settings) -> tuple[ImageInfo, Path]:
+    """The very image `info` pins (a snapshot's base), held or pulled again by digest;
+    ImageError `not_found` when it was built here and is gone (it cannot be pulled)."""
+    store = Store(settings)
+    found = _load(store, info.digest)
+    if found is not None:
+        store.used(info.digest).touch()
+        return found, store.rootfs(info.digest)
+    if info.ref.startswith(BUILD_PREFIX):
+        raise ImageError("not_found", f"image {info.digest}, built from {info.ref}, is gone "
+                         f"from host {settings.host}: build it again")
+    return ensure(f"{parse_ref(info.ref).name}@{info.digest}", settings)

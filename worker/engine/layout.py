@@ -79,6 +79,14 @@ class ViewSpec:
     prebuilt: bool = False
     """With `layers` over the host: its `/` and the idmapped entries' overlays were built
     ahead (`prebuild_steps`) at `root`: not built again."""
+    lowers: tuple[str, ...] = ()
+    """With `layers`: the snapshots it is made from, newest first (each a directory of
+    layers named as its own: `root`, `top.<entry>`, `home`, `tmp`, `vartmp`, `work` for
+    its directory), read-only between its own upper layers and its base. Its `/tmp`,
+    `/var/tmp`, HOME and directory are then overlays too."""
+    workspace_dir: str | None = None
+    """The host directory shown at `workspace` when it is another (a workspace made from
+    a snapshot shows its source's path): its upper layer there."""
 
 
 def inside(path: str, outer: str) -> bool:
@@ -101,11 +109,11 @@ def plan_view(spec: ViewSpec) -> list[Step]:
     steps: list[Step] = [["private"], *_root_steps(spec)]
     if spec.image is None:
         steps += _host_entries(r, spec.entries, spec)
-    steps += [["mkdir", f"{r}/tmp", 0o755], ["bind", spec.tmp, f"{r}/tmp", True]]
+    steps += [["mkdir", f"{r}/tmp", 0o755], _own_step(spec, "tmp", spec.tmp, f"{r}/tmp")]
     if spec.image is not None:
         steps.append(["mkdir", f"{r}/var/tmp", 0o755])
     if spec.has_var_tmp or spec.image is not None:
-        steps.append(["bind", spec.var_tmp, f"{r}/var/tmp", True])
+        steps.append(_own_step(spec, "vartmp", spec.var_tmp, f"{r}/var/tmp"))
     steps += [["mkdir", f"{r}/dev", 0o755], ["devices", f"{r}/dev"],
               ["mkdir", f"{r}/proc", 0o555], ["proc", f"{r}/proc"]]
     # Hidden wins: a writable root inside any hidden directory is not bound.
@@ -133,7 +141,21 @@ def plan_view(spec: ViewSpec) -> list[Step]:
         # With layers: the run user's shared roots through the run user's map (`idbind`).
         steps += _bind_own(r, mounts, w, w, True, grow=False, mapped=spec.layers is not None)
     for view_path, host_path, writable in _own_paths(spec):
-        steps += _bind_own(r, mounts, view_path, host_path, writable,
+        layer = _layer_name(spec, view_path, host_path)
+        if layer is not None:
+            target = f"{r}{view_path}"
+            if _covering(target, mounts):
+                steps.append(["mkdir", target, 0o755])
+            steps.append(_own_step(spec, layer, host_path, target))
+            mounts.append((target, True))
+            continue
+        source = host_path
+        if spec.lowers and spec.workspace_dir and inside(host_path, spec.workspace_dir) \
+                and host_path != spec.workspace_dir:
+            # A mount of a snapshot's workspace: its directory as the view shows it (the
+            # snapshot's files under the workspace's own), bound after that overlay.
+            source = f"{r}{spec.workspace}{host_path[len(spec.workspace_dir):]}"
+        steps += _bind_own(r, mounts, view_path, source, writable,
                            mapped=spec.project and _in_project(host_path, spec))
     steps += [["tmpfs", f"{r}{d}", 0o755] for d in inner]
     files = _hidden_files(spec, hidden, own, elsewhere)
@@ -156,7 +178,7 @@ def _root_steps(spec: ViewSpec) -> list[Step]:
     if spec.prebuilt:
         return []
     lower = [spec.image, True] if spec.image is not None else [f"{spec.layers}/empty", False]
-    return [_overlay(spec.layers, "root", lower, r)]
+    return [_overlay(spec.layers, "root", lower, r, spec.lowers)]
 
 
 def prebuild_steps(layers: str, entries: Sequence[Entry],
@@ -175,8 +197,36 @@ def prebuild_steps(layers: str, entries: Sequence[Entry],
     return steps
 
 
-def _overlay(layers: str, name: str, lower: list[Any], target: str) -> Step:
-    return ["overlay", [lower], f"{layers}/upper/{name}", f"{layers}/work/{name}", target]
+def _overlay(layers: str, name: str, lower: list[Any], target: str,
+             snapshots: Sequence[str] = ()) -> Step:
+    stack = [[f"{snapshot}/{name}", True] for snapshot in snapshots]
+    return ["overlay", [*stack, lower], f"{layers}/upper/{name}", f"{layers}/work/{name}",
+            target]
+
+
+#: The layer a snapshot keeps of each of a workspace's own directories.
+OWN_LAYERS = ("home", "tmp", "vartmp", "work")
+
+
+def _own_step(spec: ViewSpec, layer: str, host: str, target: str) -> Step:
+    """One of the workspace's own directories at `target`: bound, or (made from a
+    snapshot) an overlay of the snapshots' layers of it under the directory itself."""
+    if not spec.lowers:
+        return ["bind", host, target, True]
+    stack = [[f"{snapshot}/{layer}", True] for snapshot in spec.lowers]
+    return ["overlay", stack, host, f"{spec.layers}/work/own.{layer}", target]
+
+
+def _layer_name(spec: ViewSpec, view_path: str, host_path: str) -> str | None:
+    """The snapshot layer of an own path of a workspace made from snapshots (its HOME or
+    directory), else None (a bind)."""
+    if not spec.lowers:
+        return None
+    if view_path == spec.home_view and host_path == spec.home:
+        return "home"
+    if view_path == spec.workspace and host_path == (spec.workspace_dir or spec.workspace):
+        return "work"
+    return None
 
 
 def _overlaid(spec: ViewSpec) -> frozenset[str]:
@@ -203,7 +253,7 @@ def _host_entries(r: str, entries: Sequence[Entry], spec: ViewSpec) -> list[Step
         elif entry.kind == "dir" and entry.name in overlaid:
             steps += [["mkdir", f"{r}{path}", 0o755],
                       _overlay(str(spec.layers), upper_name(entry.name), [path, True],
-                               f"{r}{path}")]
+                               f"{r}{path}", spec.lowers)]
         elif entry.kind == "dir":
             steps += [["mkdir", f"{r}{path}", 0o755], ["rbind_ro", path, f"{r}{path}"]]
         else:
@@ -214,10 +264,18 @@ def _host_entries(r: str, entries: Sequence[Entry], spec: ViewSpec) -> list[Step
 def _own_paths(spec: ViewSpec) -> list[tuple[str, str, bool]]:
     """(view path, host path, writable) of what is the workspace's own, outer first: its
     HOME, its directory, its outputs, its mounts."""
-    own = [(spec.home_view, spec.home, True), (spec.workspace, spec.workspace, True),
+    own = [(spec.home_view, spec.home, True),
+           (spec.workspace, spec.workspace_dir or spec.workspace, True),
            (spec.out_dir, spec.out_dir, False)]
     own += [(view, host, True) for view, host in sorted(spec.mounts.items())]
-    return sorted(own, key=lambda item: (item[0].count("/"), item[0]))
+    ordered = sorted(own, key=lambda item: (item[0].count("/"), item[0]))
+    if spec.lowers and spec.workspace_dir:
+        # Mounts of the directory of a workspace made from snapshots are bound from its
+        # overlay: after it, wherever their view paths lie.
+        def from_dir(item: tuple[str, str, bool]) -> bool:
+            return item[1] != spec.workspace_dir and inside(item[1], str(spec.workspace_dir))
+        ordered = [o for o in ordered if not from_dir(o)] + [o for o in ordered if from_dir(o)]
+    return ordered
 
 
 def _in_project(host_path: str, spec: ViewSpec) -> bool:

@@ -36,12 +36,28 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from worker.engine import cgroups, ids, job_records, launcher, layout, procs, resources, sandbox
+from worker.engine import (
+    cgroups,
+    ids,
+    job_records,
+    launcher,
+    layout,
+    procs,
+    resources,
+    sandbox,
+    snapshots,
+)
 from worker.engine.launcher import KeeperConnection, KeeperLostError, KeeperProcess, SandboxError
 from worker.engine.memo import TimedMemo
 from worker.settings import Settings, default_state_dir, secret_paths
 from worker.wire.errors import ToolError
-from worker.wire.models import ImageInfo, WorkspaceRecord, WorkspaceSpec, WorkspaceView
+from worker.wire.models import (
+    ImageInfo,
+    SnapshotRecord,
+    WorkspaceRecord,
+    WorkspaceSpec,
+    WorkspaceView,
+)
 
 log = logging.getLogger("bashfleet.workspaces")
 
@@ -170,6 +186,7 @@ def view(record: WorkspaceRecord, settings: Settings, *, count: bool = False) ->
         image=f"{record.image.ref}@{record.image.digest}" if record.image is not None else None,
         disk_bytes=disk_bytes(record, settings) if count else None,
         processes=len(processes(record)) if count else None,
+        snapshot=record.lowers[0] if record.lowers else None,
     )
 
 
@@ -180,24 +197,32 @@ def create(spec: WorkspaceSpec, settings: Settings, *, throwaway: bool = False,
            ws_id: str | None = None) -> WorkspaceRecord:
     """Make a workspace as `spec` asks (its keeper ready for calls); WorkspaceError
     (`invalid`, `unavailable`, `spawn_failed`) when it cannot be."""
+    snapshot = None
+    if spec.snapshot is not None:
+        snapshot, spec = _from_snapshot(spec, settings)
     choice = choose(spec, settings)
     user = _user(settings)
+    if snapshot is not None and (choice.level == "none" or sandbox.host_ids(settings) is None):
+        raise WorkspaceError("unavailable", f"host {settings.host} is single-tenant (`bashfleet "
+                             "hosts`): a workspace made from a snapshot needs ids of its own")
     if (spec.image or spec.build) and (choice.level == "none"
                                        or sandbox.host_ids(settings) is None):
         raise WorkspaceError("unavailable", "an image needs a host that gives each workspace "
                              "host ids of its own (a root worker whose run user has "
                              "subordinate ids; `bashfleet hosts` says `single-tenant`)")
-    image, image_root = _image(spec, settings)
+    image, image_root = _image(spec, settings, snapshot)
     blank = None
     if choice.level != "none":
         try:
-            blank = blanks.take(settings, choice.network, prebuilt=image_root is None)
+            # Made from a snapshot, its host layers stand on the snapshot's: built at claim.
+            blank = blanks.take(settings, choice.network,
+                                prebuilt=image_root is None and snapshot is None)
         except OSError as exc:
             raise WorkspaceError("spawn_failed", f"could not make the workspace's sandbox: "
                                  f"{exc.strerror or exc}") from exc
     try:
         return _create(spec, settings, choice, user, blank, image, image_root,
-                       throwaway=throwaway, ws_id=ws_id)
+                       throwaway=throwaway, ws_id=ws_id, snapshot=snapshot)
     except BaseException:
         if blank is not None:
             blank.end()  # never claimed, or its claim failed: its id slot freed with it
@@ -206,7 +231,8 @@ def create(spec: WorkspaceSpec, settings: Settings, *, throwaway: bool = False,
 
 def _create(spec: WorkspaceSpec, settings: Settings, choice: sandbox.Choice,  # noqa: PLR0917
             user: sandbox.User | None, blank: Blank | None, image: ImageInfo | None,
-            image_root: str | None, *, throwaway: bool, ws_id: str | None) -> WorkspaceRecord:
+            image_root: str | None, *, throwaway: bool, ws_id: str | None,
+            snapshot: SnapshotRecord | None = None) -> WorkspaceRecord:
     slot = blank.slot if blank is not None else None
     if (spec.image or spec.build) and slot is None:
         raise WorkspaceError("unavailable", "this host gave the workspace no ids of its own "
@@ -218,15 +244,25 @@ def _create(spec: WorkspaceSpec, settings: Settings, choice: sandbox.Choice,  # 
     path, fresh = _directory(spec.path or project_dir(spec.near, settings), ws_id, settings,
                              owner)
     granted = resources.granted(spec.limits, settings)
+    lowers: tuple[str, ...] = ()
+    shown_at = path
+    mounts = spec.mounts
+    if snapshot is not None:
+        # Its directory is where its snapshot's was in the view (every path an agent saw
+        # there works); what it changes there is kept in the fresh one made above.
+        lowers, shown_at = snapshot.layers, snapshot.path
+        mounts = {**snapshot.mounts, **spec.mounts}
     record = WorkspaceRecord(
-        id=ws_id, host=settings.host, owner=spec.owner, path=path, fresh=fresh,
+        id=ws_id, host=settings.host, owner=spec.owner, path=shown_at, fresh=fresh,
         out_dir=str(out_dir(settings, ws_id)), isolation=choice.level, network=choice.network,
         ttl_s=spec.ttl_s or settings.workspace_ttl_s, created_at=time.time(), limits=granted,
-        mounts=_mounts(spec.mounts, path, owner if fresh else _run_user_ids(user)),
+        mounts=_mounts(mounts, path, owner if fresh else _run_user_ids(user),
+                       make=snapshot is None),
         session=spec.session, tags=spec.tags, throwaway=throwaway,
         run_as=user.name if user else sandbox.run_user_name(settings),
         image=image, ids=(slot.uid, ids.SLOT_SIZE) if slot is not None else None,
         user=spec.user, home=inside.home if inside is not None else None,
+        lowers=lowers, dir=path if path != shown_at else None,
     )
     try:
         _make_dirs(record, settings, user, blank, image_root=image_root, owner=owner)
@@ -240,9 +276,42 @@ def _create(spec: WorkspaceSpec, settings: Settings, choice: sandbox.Choice,  # 
     return record
 
 
-def _image(spec: WorkspaceSpec, settings: Settings) -> tuple[ImageInfo | None, str | None]:
+def _from_snapshot(spec: WorkspaceSpec, settings: Settings
+                   ) -> tuple[SnapshotRecord, WorkspaceSpec]:
+    """The snapshot a workspace is made from (on this host), and the spec it gives: its
+    base, user and isolation are the snapshot's; its limits unless the spec says."""
+    if spec.image or spec.build or spec.path:
+        raise WorkspaceError("invalid", "a workspace made from a snapshot stands on the "
+                             "snapshot's image or host root, in its directory: `image`, "
+                             "`build` and `path` cannot change that")
+    try:
+        snapshot = snapshots.load(str(spec.snapshot), settings)
+    except snapshots.SnapshotError as exc:
+        raise WorkspaceError(exc.kind, exc.message) from None
+    if snapshot.deleted or (snapshot.owner != spec.owner and spec.owner):
+        raise WorkspaceError("not_found", f"no such snapshot on host {settings.host}: "
+                             f"{snapshot.id}")
+    limits = spec.limits if spec.limits.model_dump(exclude_none=True) else snapshot.limits
+    return snapshot, spec.model_copy(update={
+        "user": snapshot.user, "limits": limits, "near": None,
+        "isolation": spec.isolation or snapshot.isolation,
+        "network": snapshot.network if spec.network is None else spec.network,
+    })
+
+
+def _image(spec: WorkspaceSpec, settings: Settings, snapshot: SnapshotRecord | None = None
+           ) -> tuple[ImageInfo | None, str | None]:
     """The image the workspace stands on, pulled or built now when this host has not
     got it (None: the host's own root)."""
+    if snapshot is not None and snapshot.image is not None:
+        from worker.engine import images  # noqa: PLC0415 - only image workspaces need it
+
+        try:
+            info, root = images.ensure_pinned(snapshot.image, settings)
+        except ToolError as exc:
+            raise WorkspaceError(exc.kind, f"snapshot {snapshot.id} stands on image "
+                                 f"{snapshot.base()}: {exc.message}") from None
+        return info, str(root)
     if not (spec.image or spec.build):
         return None, None
     from worker.engine import images  # noqa: PLC0415 - only image workspaces need it
@@ -336,7 +405,7 @@ def _directory(asked: str | None, ws_id: str, settings: Settings,
 
 
 def _mounts(asked: dict[str, str], path: str,
-            owner: tuple[int, int] | None) -> dict[str, str]:
+            owner: tuple[int, int] | None, *, make: bool = True) -> dict[str, str]:
     """`{view path: subdirectory}` -> `{view path: host directory}`, made in the
     workspace when missing (owned by `owner`). Each is opened beneath the workspace one
     component at a time without following a symbolic link: the directory is a command's
@@ -352,7 +421,7 @@ def _mounts(asked: dict[str, str], path: str,
         host = os.path.normpath(os.path.join(path, sub))
         if not layout.inside(host, path):
             raise WorkspaceError("invalid", f"a mount's source is inside the workspace: {sub!r}")
-        if host != path:
+        if host != path and make:  # a snapshot's are in its layer already
             try:
                 _make_beneath(path, os.path.relpath(host, path), owner)
             except OSError as exc:
@@ -420,6 +489,8 @@ def _make_dirs(record: WorkspaceRecord, settings: Settings, user: sandbox.User |
             # Made (and mounted) ahead with its blank keeper: the overlays follow the move.
             os.rename(blank.layers, state / "layer")
             blank.layers = None
+        elif record.lowers:
+            _make_snapshot_layers(record, settings, slot, image_root)
         else:
             _make_layers(state / "layer", slot, image_root)
             if image_root is not None and record.image is not None and record.image.workdir:
@@ -445,6 +516,30 @@ def _make_layers(layers: Path, slot: ids.Slot, image_root: str | None) -> None:
                 info = os.stat(f"/{entry}", follow_symlinks=False)
                 if stat.S_ISDIR(info.st_mode):
                     _upper(layers, layout.upper_name(entry), info, slot)
+
+
+def _make_snapshot_layers(record: WorkspaceRecord, settings: Settings, slot: ids.Slot,
+                          image_root: str | None) -> None:
+    """The layers of a workspace made from snapshots: empty uppers, each with the owner
+    and mode of the newest snapshot's layer of it (what an overlay shows of its root),
+    and work directories for its own directories' overlays too."""
+    layers = state_path(settings, record.id) / "layer"
+    for name in ("upper", "work", "empty"):
+        (layers / name).mkdir(mode=0o700 if name != "empty" else 0o755, parents=True)
+    newest = snapshots.layer_path(settings, record.lowers[0])
+    del image_root  # the snapshot's layer of `/` has its image's root's owner and mode
+    for name in ("root", *(layout.upper_name(e) for e in IDMAPPED_ENTRIES)):
+        with contextlib.suppress(FileNotFoundError):
+            if name == "root" or os.path.isdir(f"/{name.removeprefix('top.')}"):
+                _upper(layers, name, os.stat(newest / name), slot)
+    state = state_path(settings, record.id)
+    own = {"home": state / "home", "tmp": state / "tmp", "vartmp": state / "vartmp",
+           "work": Path(record.host_dir())}
+    for name, upper in own.items():
+        (layers / "work" / f"own.{name}").mkdir(mode=0o700)
+        info = os.stat(newest / name)
+        os.chown(upper, _shifted(info.st_uid, slot.uid), _shifted(info.st_gid, slot.gid))
+        upper.chmod(stat.S_IMODE(info.st_mode))
 
 
 #: What an image's workspace finds in its /etc for the network, as a container does
@@ -928,9 +1023,11 @@ def view_spec(record: WorkspaceRecord, settings: Settings, user: sandbox.User | 
             dirs += private_dirs
             files += private_files
     writable, _ = layout.existing(settings.sandbox_writable)
+    lowers = snapshots.chain_paths(record, settings) if record.lowers else ()
     return layout.ViewSpec(
         root=str(state / "layer" / "merged" if prebuilt else state / "root"),
-        workspace=record.path, out_dir=record.out_dir,
+        workspace=record.path, workspace_dir=record.dir, lowers=lowers,
+        out_dir=record.out_dir,
         tmp=str(state / "tmp"), var_tmp=str(state / "vartmp"), home=str(state / "home"),
         home_view=home_of(user, record),
         entries=() if image_root else host_entries(),
@@ -1218,7 +1315,7 @@ def disk_bytes(record: WorkspaceRecord, settings: Settings) -> int:
     roots = [state / "tmp", state / "vartmp", state / "home", Path(record.out_dir),
              state / "layer" / "upper"]
     if record.fresh:
-        roots.append(Path(record.path))
+        roots.append(Path(record.host_dir()))
     return sum(_tree_bytes(root) for root in roots)
 
 
@@ -1324,9 +1421,10 @@ def _remove_files(record: WorkspaceRecord, settings: Settings) -> None:
         os.rmdir(record.out_dir)
         (settings.workspaces_dir / f"{record.id}.out").unlink()
     socket_path(settings, record.id).unlink(missing_ok=True)
-    if record.fresh and layout.inside(record.path, str(settings.workspace_root_dir())) \
-            and record.path != str(settings.workspace_root_dir()):
-        remove_tree(Path(record.path))
+    own_dir = record.host_dir()
+    if record.fresh and layout.inside(own_dir, str(settings.workspace_root_dir())) \
+            and own_dir != str(settings.workspace_root_dir()):
+        remove_tree(Path(own_dir))
 
 
 def remove_tree(path: Path) -> None:

@@ -22,6 +22,8 @@ MAX_TIMEOUT_S = 24 * 60 * 60.0
 
 #: A workspace id: `w` and 15 hex digits, unique across hosts and time.
 WORKSPACE_ID_PATTERN = r"^w[0-9a-f]{15}$"
+#: A snapshot's id (`worker.engine.snapshots.new_id`).
+SNAPSHOT_ID_PATTERN = r"^s[0-9a-f]{15}$"
 
 #: What an owner may be: a session (`session:<id>`), a user (`user:<name>`), a tenant.
 OWNER_PATTERN = r"^[A-Za-z0-9_.:@-]{0,128}$"
@@ -863,6 +865,10 @@ class WorkspaceSpec(Model):
     image it makes is the workspace's `/`."""
     user: str | None = Field(None, max_length=256)
     """Who its calls run as inside (a name or uid[:gid]; None: the image's USER, else root)."""
+    snapshot: str | None = Field(None, pattern=SNAPSHOT_ID_PATTERN)
+    """A snapshot it is made from: its files are the snapshot's (over the snapshot's own
+    image or host root, which `image`, `build` and `path` may not change), its processes
+    none."""
 
 
 class ImageInfo(Model):
@@ -940,6 +946,17 @@ class WorkspaceRecord(Model):
     home: str | None = None
     """Its calls' HOME inside (ids per workspace): the home its user has in its root's
     /etc/passwd (root's /root)."""
+    lowers: tuple[str, ...] = ()
+    """The snapshots its files stand on, newest first (`worker.engine.snapshots`): each
+    a read-only layer under its own, over its image or the host's root."""
+    dir: str | None = None
+    """The host directory behind `path` when they differ: a workspace made from a
+    snapshot shows its source's `path`, and keeps what it changes there in a directory
+    of its own."""
+
+    def host_dir(self) -> str:
+        """Where its directory's files are on the host."""
+        return self.dir or self.path
 
 
 class WorkspaceView(Model):
@@ -969,4 +986,84 @@ class WorkspaceView(Model):
     """The user its calls run as."""
     image: str | None = None
     """The image reference its `/` is made of, with its digest (None: the host's root)."""
+    snapshot: str | None = None
+    """The snapshot its files were made from, when one (`fork`, `snapshot=`, `restore`)."""
 
+
+
+class SnapshotRecord(Model):
+    """A snapshot as its host keeps it: a workspace's own layers, frozen read-only, and
+    what they stand on (`worker.engine.snapshots`)."""
+
+    id: str = Field(pattern=SNAPSHOT_ID_PATTERN)
+    host: str
+    """The host whose disk holds it (others fetch it through the fleet's registry)."""
+    owner: str = ""
+    workspace: str = Field(pattern=WORKSPACE_ID_PATTERN)
+    """The workspace it was taken of."""
+    created_at: float
+    ttl_s: float
+    """Seconds it lives from `created_at` (a workspace standing on it keeps its layer)."""
+    bytes: int = 0
+    """Bytes its own layer holds."""
+    tags: Tags = Field(default_factory=dict)
+    layers: tuple[str, ...]
+    """Its own id, then the snapshots its workspace stood on, newest first: the lower
+    layers of a workspace made from it, over its base."""
+    path: str
+    """Its workspace's directory, in the view: a workspace made from it shows it there."""
+    image: ImageInfo | None = None
+    """The image its layers stand on (None: the host's root)."""
+    user: str | None = None
+    home: str | None = None
+    limits: WorkspaceLimits = Field(default_factory=WorkspaceLimits)
+    isolation: Isolation = "strict"
+    network: bool = True
+    mounts: dict[str, str] = Field(default_factory=dict)
+    """View path -> subdirectory of its directory (relative)."""
+    hidden: bool = False
+    """Made by `fork` for its forks: not listed; it goes with the last of them."""
+    deleted: bool = False
+    """Deleted by its owner while workspaces still stand on it: unlisted, its layer kept
+    until the last of them ends."""
+    pushed: str | None = None
+    """Where the fleet's registry holds its layer (`ref@sha256:...`), once pushed."""
+
+    @property
+    def expires_at(self) -> float:
+        return self.created_at + self.ttl_s
+
+    def base(self) -> str:
+        """What its layers stand on: `host` (the host's root) or the image's `ref@digest`."""
+        return "host" if self.image is None else f"{self.image.ref}@{self.image.digest}"
+
+
+class Snapshot(Model):
+    """A snapshot as a client sees it (`Workspace.snapshot`, `bashfleet snapshot ls`)."""
+
+    id: str
+    host: str
+    workspace: str
+    owner: str = ""
+    created_at: float
+    expires_at: float
+    bytes: int = 0
+    base: str = "host"
+    """`host` (the host's root) or the image's `ref@sha256:...` its layers stand on."""
+    path: str = ""
+    """The directory a workspace made from it has (its source's)."""
+    tags: Tags = Field(default_factory=dict)
+    pushed: str | None = None
+    """Its layer in the fleet's registry, once another host asked for it."""
+    paused_ms: float | None = None
+    """How long its source's processes were paused while it was taken (when it was)."""
+
+
+class RestoreResult(Model):
+    """What `Workspace.restore` did."""
+
+    workspace: str
+    snapshot: str
+    ended: int
+    """Processes of the workspace that were running and were ended (its files went back
+    to the snapshot's; none of its processes survive a restore)."""

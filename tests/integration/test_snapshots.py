@@ -1,0 +1,140 @@
+"""Snapshots and forks in the engine: a workspace's own layers frozen, new workspaces on them.
+
+Every test first proves that what it checks could have happened (the source really wrote,
+a fork really changed a file) before it asserts what must not have.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from worker.engine import snapshots, workspaces
+from worker.wire.models import WorkspaceSpec
+
+from .engine_helpers import (
+    Engine,
+    _engine_fixture,  # noqa: F401 - the `engine` fixture
+    _janitor_fixture,  # noqa: F401 - the `janitor` fixture
+)
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="workspaces with ids of their own "
+                                "need a root worker")
+
+
+def _sh(engine: Engine, ws_id: str, command: str) -> str:
+    result = engine.run(command, workspace=ws_id, cwd=None, owner="o")
+    assert result.error is None and result.exit_code == 0, result
+    return result.stdout
+
+
+def test_a_fork_has_the_source_files_everywhere_and_changes_its_own(engine: Engine) -> None:
+    source = workspaces.create(WorkspaceSpec(owner="o"), engine.settings)
+    try:
+        _sh(engine, source.id, (
+            "mkdir -p repo && echo one > repo/a.txt && echo tmp > /tmp/t && "
+            "echo home > ~/h && mkdir -p /opt2 && echo root > /opt2/r && "
+            "echo etc > /etc/forked.conf && rm -f /etc/debian_version && "
+            "cp /bin/true ./suid && chmod 4755 ./suid"))
+        snap, paused = snapshots.take(source, engine.settings, ttl_s=600)
+        assert snap.layers == (snap.id,) and snap.path == source.path
+        assert paused is None or paused < 1000
+        layer = snapshots.layer_path(engine.settings, snap.id)
+        # The ids of the source's slot became the image-like 0..65535 in the layer.
+        assert os.stat(layer / "work" / "repo" / "a.txt").st_uid == 0
+        assert os.stat(layer / "work" / "suid").st_mode & stat.S_ISUID
+        fork = workspaces.create(WorkspaceSpec(owner="o", snapshot=snap.id), engine.settings)
+        try:
+            assert fork.path == source.path and fork.dir is not None and fork.dir != fork.path
+            assert fork.ids != source.ids
+            seen = _sh(engine, fork.id, (
+                "cat repo/a.txt /tmp/t ~/h /opt2/r /etc/forked.conf; "
+                "test -e /etc/debian_version && echo present || echo gone; stat -c %u repo/a.txt; "
+                "pwd"))
+            assert seen.split() == ["one", "tmp", "home", "root", "etc", "gone", "0",
+                                    source.path]
+            _sh(engine, fork.id, "echo two > repo/a.txt; rm /tmp/t; echo new > repo/b.txt")
+            assert _sh(engine, fork.id, "cat repo/a.txt repo/b.txt; ls /tmp/t || true"
+                       ).split() == ["two", "new"]
+            # The source never saw the fork's changes; the snapshot's layer is unchanged.
+            assert _sh(engine, source.id, "cat repo/a.txt /tmp/t; ls repo").split() == [
+                "one", "tmp", "a.txt"]
+            assert (layer / "work" / "repo" / "a.txt").read_text() == "one\n"
+            # What the fork changed is in its own directory on the host, not the source's.
+            assert (Path(fork.dir) / "repo" / "b.txt").read_text() == "new\n"
+            assert not (Path(source.path) / "repo" / "b.txt").exists()
+        finally:
+            workspaces.delete(fork.id, engine.settings)
+        # Deleting the fork left the source's directory alone.
+        assert (Path(source.path) / "repo" / "a.txt").read_text() == "one\n"
+    finally:
+        workspaces.delete(source.id, engine.settings)
+
+
+def test_the_source_keeps_running_while_it_is_snapshotted(engine: Engine) -> None:
+    source = workspaces.create(WorkspaceSpec(owner="o"), engine.settings)
+    try:
+        started = engine.run("(i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.01;"
+                             " done) >/dev/null 2>&1 & echo started", workspace=source.id, cwd=None,
+                             owner="o")
+        assert started.exit_code == 0
+        before = int(_sh(engine, source.id, "sleep 0.1; cat /tmp/count"))
+        snap, _ = snapshots.take(source, engine.settings)
+        after = int(_sh(engine, source.id, "sleep 0.2; cat /tmp/count"))
+        assert after > before  # thawed: its loop went on
+        fork = workspaces.create(WorkspaceSpec(owner="o", snapshot=snap.id), engine.settings)
+        try:
+            # A fork has the files, no processes: its counter stands still.
+            one = _sh(engine, fork.id, "cat /tmp/count; ps -e -o comm= | grep -c sleep || true")
+            count, sleeping = one.split()
+            assert int(count) >= before and sleeping == "0"
+        finally:
+            workspaces.delete(fork.id, engine.settings)
+    finally:
+        workspaces.delete(source.id, engine.settings)
+
+
+def test_a_snapshot_of_a_fork_stands_on_the_first(engine: Engine) -> None:
+    source = workspaces.create(WorkspaceSpec(owner="o"), engine.settings)
+    made = [source.id]
+    try:
+        _sh(engine, source.id, "echo 1 > f1; echo x > gone")
+        first, _ = snapshots.take(source, engine.settings)
+        fork = workspaces.create(WorkspaceSpec(owner="o", snapshot=first.id), engine.settings)
+        made.append(fork.id)
+        _sh(engine, fork.id, "echo 2 > f2; rm gone")
+        second, _ = snapshots.take(fork, engine.settings)
+        assert second.layers == (second.id, first.id)
+        grand = workspaces.create(WorkspaceSpec(owner="o", snapshot=second.id), engine.settings)
+        made.append(grand.id)
+        assert _sh(engine, grand.id, "cat f1 f2; ls").split() == ["1", "2", "f1", "f2"]
+        # The first cannot go while the second stands on it: deleted, it is kept.
+        assert snapshots.remove(first.id, engine.settings)
+        assert snapshots.layer_path(engine.settings, first.id).is_dir()
+        for ws_id in made[1:]:
+            workspaces.delete(ws_id, engine.settings)
+        made[1:] = []
+        assert snapshots.remove(second.id, engine.settings)
+        snapshots.collect(engine.settings)
+        assert not snapshots.layer_path(engine.settings, first.id).exists()
+        assert not snapshots.layer_path(engine.settings, second.id).exists()
+    finally:
+        for ws_id in made:
+            workspaces.delete(ws_id, engine.settings)
+
+
+def test_a_project_workspace_cannot_be_snapshotted(engine: Engine, tmp_path: Path) -> None:
+    del tmp_path
+    source = workspaces.create(WorkspaceSpec(owner="o"), engine.settings)
+    try:
+        workspaces.save(source.model_copy(update={"fresh": False}), engine.settings)
+        with pytest.raises(snapshots.SnapshotError) as caught:
+            snapshots.take(workspaces.load(source.id, engine.settings), engine.settings)
+        assert caught.value.kind == "invalid" and "path=" in caught.value.message
+        assert not any(snapshots.snapshots_dir(engine.settings).glob("s*"))
+    finally:
+        workspaces.save(source, engine.settings)
+        workspaces.delete(source.id, engine.settings)

@@ -1,0 +1,336 @@
+"""Snapshots: a workspace's own layers, frozen read-only, that new workspaces stand on.
+
+A workspace with ids of its own keeps what its calls change in directories of its own:
+the upper layers of its `/` (and of the host's system directories it sees through its
+user namespace), its `/tmp`, `/var/tmp`, HOME and directory. A snapshot is a copy of
+them, taken while the cgroup freezer holds its processes still (they go on after, their
+streams and jobs untouched), with the ids shifted to the image's own (0-65535), so that
+it is a layer like an image's: shown through any workspace's user namespace.
+
+    snapshots/<id>.json        its record (`SnapshotRecord`): what it stands on
+    snapshots/<id>/layer/      root/ top.<entry>/ home/ tmp/ vartmp/ work/
+
+A workspace made from one (`fork`, `snapshot=`, `restore`) has the snapshot's layers,
+and those it stood on, between an empty upper layer of its own and its base: made in
+the time of any workspace, whatever the snapshot holds. A snapshot lives its TTL, and
+past it (or deleted) as long as a workspace or a later snapshot stands on it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import stat
+import subprocess
+import time
+import uuid
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+from worker.engine import cgroups, ids, layout
+from worker.settings import Settings
+from worker.wire.errors import ToolError
+from worker.wire.models import SNAPSHOT_ID_PATTERN, Snapshot, SnapshotRecord, WorkspaceRecord
+
+#: Seconds a snapshot lives unless told (a day: an eval's or a training step's span).
+DEFAULT_TTL_S = 24 * 3600.0
+#: Seconds a copy may take before the snapshot is given up (its source thawed at once).
+COPY_TIMEOUT_S = 600.0
+#: Seconds a snapshot made by `fork` is kept before its forks stand on it.
+HIDDEN_GRACE_S = 120.0
+#: The id an id of no workspace's slot becomes in a snapshot (nobody).
+OVERFLOW_ID = 65534
+
+
+class SnapshotError(ToolError):
+    """A snapshot that cannot be taken, found or used."""
+
+
+def new_id() -> str:
+    """A snapshot id unique across hosts and time."""
+    return f"s{uuid.uuid4().hex[:15]}"
+
+
+def valid_id(snap_id: str) -> bool:
+    import re  # noqa: PLC0415 - a pattern checked once per request
+
+    return re.fullmatch(SNAPSHOT_ID_PATTERN, snap_id) is not None
+
+
+# ------------------------------------------------------------------------------ paths
+
+
+def snapshots_dir(settings: Settings) -> Path:
+    """Where this host keeps its snapshots (root's, 0700)."""
+    return settings.state_dir / "snapshots"
+
+
+def record_path(settings: Settings, snap_id: str) -> Path:
+    return snapshots_dir(settings) / f"{snap_id}.json"
+
+
+def layer_path(settings: Settings, snap_id: str) -> Path:
+    """The snapshot's layers (`root/`, `top.<entry>/`, `home/`, `tmp/`, `vartmp/`, `work/`)."""
+    return snapshots_dir(settings) / snap_id / "layer"
+
+
+def layer_names(entries: Iterable[str]) -> tuple[str, ...]:
+    """Every layer a snapshot holds: `/`'s, one per host entry seen through the
+    workspace's user namespace, and its own directories'."""
+    return ("root", *(layout.upper_name(entry) for entry in entries), *layout.OWN_LAYERS)
+
+
+# --------------------------------------------------------------------------- records
+
+
+def save(record: SnapshotRecord, settings: Settings) -> None:
+    path = record_path(settings, record.id)
+    tmp = path.with_name(f".{record.id}.{uuid.uuid4().hex[:8]}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(record.model_dump_json())
+    os.replace(tmp, path)
+
+
+def load(snap_id: str, settings: Settings) -> SnapshotRecord:
+    """The record of snapshot `snap_id` on this host; SnapshotError `not_found`."""
+    if not valid_id(snap_id):
+        raise SnapshotError("not_found", f"no such snapshot: {snap_id!r}")
+    try:
+        text = record_path(settings, snap_id).read_text("utf-8")
+    except FileNotFoundError:
+        raise SnapshotError("not_found", f"no such snapshot on host {settings.host}: "
+                            f"{snap_id}") from None
+    return SnapshotRecord.model_validate_json(text)
+
+
+def local_records(settings: Settings) -> list[SnapshotRecord]:
+    """Every snapshot this host holds (deleted and hidden ones too), oldest first."""
+    found = []
+    with contextlib.suppress(FileNotFoundError), os.scandir(snapshots_dir(settings)) as listing:
+        for entry in listing:
+            if entry.name.endswith(".json") and not entry.name.startswith("."):
+                with contextlib.suppress(OSError, ValueError):
+                    found.append(SnapshotRecord.model_validate_json(
+                        Path(entry.path).read_text("utf-8")))
+    return sorted(found, key=lambda r: r.created_at)
+
+
+def view(record: SnapshotRecord, paused_ms: float | None = None) -> Snapshot:
+    """The snapshot as a client sees it."""
+    return Snapshot(
+        id=record.id, host=record.host, workspace=record.workspace, owner=record.owner,
+        created_at=record.created_at, expires_at=record.expires_at, bytes=record.bytes,
+        base=record.base(), path=record.path, tags=record.tags, pushed=record.pushed,
+        paused_ms=paused_ms,
+    )
+
+
+# ------------------------------------------------------------------------------ taking
+
+
+def own_dirs(ws: WorkspaceRecord, settings: Settings) -> list[tuple[Path, str]]:
+    """(host directory, layer name) of everything a workspace changed of its files."""
+    from worker.engine import workspaces  # noqa: PLC0415 - workspaces imports us
+
+    state = workspaces.state_path(settings, ws.id)
+    upper = state / "layer" / "upper"
+    found = [(upper / "root", "root")]
+    for entry in workspaces.IDMAPPED_ENTRIES:
+        name = layout.upper_name(entry)
+        if (upper / name).is_dir():
+            found.append((upper / name, name))
+    found += [(state / "home", "home"), (state / "tmp", "tmp"), (state / "vartmp", "vartmp"),
+              (Path(ws.host_dir()), "work")]
+    return found
+
+
+def take(ws: WorkspaceRecord, settings: Settings, *, ttl_s: float | None = None,
+         tags: Mapping[str, str] | None = None, hidden: bool = False
+         ) -> tuple[SnapshotRecord, float | None]:
+    """Snapshot workspace `ws`: (its record, ms its processes were paused; None when the
+    host has no freezer for it). The workspace goes on as it was; on any failure nothing
+    of the snapshot is left."""
+    from worker.engine import workspaces  # noqa: PLC0415 - workspaces imports us
+
+    if ws.ids is None:
+        raise SnapshotError("unavailable", (
+            f"host {settings.host} is single-tenant (`bashfleet hosts`): a snapshot needs "
+            "a workspace with ids and layers of its own"))
+    if not ws.fresh:
+        raise SnapshotError("invalid", (
+            f"workspace {ws.id}'s directory {ws.path} is the host's (made with `path=`), "
+            "not its own: a snapshot holds a workspace's own files only; make the workspace "
+            "without `path` and upload the project into it"))
+    used = workspaces.over_disk_cap(ws, settings)
+    if used is not None:
+        raise SnapshotError("limit", (
+            f"workspace {ws.id} holds {used / 2**20:.0f} MiB, past its disk cap of "
+            f"{ws.limits.disk_mb} MiB: remove files before taking a snapshot of it"))
+    snap_id = new_id()
+    base = snapshots_dir(settings)
+    base.mkdir(mode=0o700, parents=True, exist_ok=True)
+    staging = base / f".{snap_id}.tmp"
+    (staging / "layer").mkdir(mode=0o700, parents=True)
+    try:
+        paused_ms = _copy_frozen(ws, own_dirs(ws, settings), staging / "layer")
+        layer = staging / "layer"
+        _shift_ids(layer, ws.ids[0])
+        for name in layer_names(workspaces.IDMAPPED_ENTRIES):
+            (layer / name).mkdir(mode=0o755, exist_ok=True)
+        record = SnapshotRecord(
+            id=snap_id, host=settings.host, owner=ws.owner, workspace=ws.id,
+            created_at=time.time(), ttl_s=ttl_s or settings.snapshot_ttl_s,
+            bytes=workspaces._tree_bytes(layer), tags=dict(tags or {}),
+            layers=(snap_id, *ws.lowers), path=ws.path, image=ws.image, user=ws.user,
+            home=ws.home, limits=ws.limits, isolation=ws.isolation, network=ws.network,
+            mounts={view_path: os.path.relpath(host, ws.host_dir())
+                    for view_path, host in ws.mounts.items()},
+            hidden=hidden,
+        )
+        os.rename(staging, base / snap_id)
+    except BaseException:
+        workspaces.remove_tree(staging)
+        raise
+    try:
+        save(record, settings)
+    except BaseException:
+        workspaces.remove_tree(base / snap_id)
+        raise
+    return record, paused_ms
+
+
+def _copy_frozen(ws: WorkspaceRecord, sources: list[tuple[Path, str]], dest: Path
+                 ) -> float | None:
+    """Copy `sources` into `dest` (each under its layer name) while the workspace's
+    processes are frozen; the ms they were."""
+    group = ws.cgroup[0] if ws.cgroup else None
+    started = time.monotonic()
+    frozen = group is not None and cgroups.freeze(group)
+    try:
+        # One cp for them all (a process each costs more than the bytes of a small
+        # layer); `--reflink=auto` makes it a clone of extents where the filesystem can.
+        names = {src.name: name for src, name in sources}
+        argv = ["cp", "-a", "--reflink=auto", "--", *(str(src) for src, _ in sources),
+                str(dest)]
+        done = subprocess.run(argv, capture_output=True, timeout=COPY_TIMEOUT_S, check=False,
+                              env={"PATH": "/usr/bin:/bin", "LC_ALL": "C"})
+    finally:
+        if frozen and group is not None:
+            cgroups.thaw(group)
+    paused = (time.monotonic() - started) * 1000 if frozen else None
+    if done.returncode != 0:
+        problem = done.stderr.decode("utf-8", "replace").strip().splitlines()
+        raise SnapshotError("internal", f"could not copy workspace {ws.id}'s layers: "
+                            f"{problem[-1] if problem else f'cp exited {done.returncode}'}")
+    for copied, name in names.items():
+        if copied != name:
+            os.rename(dest / copied, dest / name)
+    return paused
+
+
+def _shift_ids(root: Path, first: int) -> None:
+    """Make every id of a workspace's slot (`first` + n) the image-like n; any other id
+    nobody's. What chown clears (set-user-id and set-group-id bits) is set again."""
+    def shift(host_id: int) -> int:
+        if first <= host_id < first + ids.SLOT_SIZE:
+            return host_id - first
+        return 0 if host_id == 0 else OVERFLOW_ID
+
+    stack = [str(root)]
+    while stack:
+        with os.scandir(stack.pop()) as listing:
+            for entry in listing:
+                info = entry.stat(follow_symlinks=False)
+                uid, gid = shift(info.st_uid), shift(info.st_gid)
+                if (uid, gid) != (info.st_uid, info.st_gid):
+                    os.lchown(entry.path, uid, gid)
+                    special = stat.S_IMODE(info.st_mode) & (stat.S_ISUID | stat.S_ISGID)
+                    if special and not stat.S_ISLNK(info.st_mode):
+                        os.chmod(entry.path, stat.S_IMODE(info.st_mode))
+                if stat.S_ISDIR(info.st_mode):
+                    stack.append(entry.path)
+    os.chown(root, 0, 0)  # the layer directory itself is the snapshot's, not a copy
+
+
+# ---------------------------------------------------------------------------- lifetime
+
+
+def chain_paths(record: WorkspaceRecord, settings: Settings) -> tuple[str, ...]:
+    """The layer directories of the snapshots a workspace stands on, newest first;
+    SnapshotError `not_found` when one is gone from this host."""
+    paths = []
+    for snap_id in record.lowers:
+        path = layer_path(settings, snap_id)
+        if not path.is_dir():
+            raise SnapshotError("not_found", f"snapshot {snap_id}, which workspace "
+                                f"{record.id} stands on, is gone from host {settings.host}")
+        paths.append(str(path))
+    return tuple(paths)
+
+
+def in_use(settings: Settings) -> set[str]:
+    """Snapshots a live workspace or a kept snapshot of this host stands on."""
+    from worker.engine import workspaces  # noqa: PLC0415 - workspaces imports us
+
+    used: set[str] = set()
+    for ws in workspaces.local_records(settings):
+        used.update(ws.lowers)
+    for snapshot in local_records(settings):
+        if not snapshot.deleted and not _expired(snapshot):
+            used.update(snapshot.layers[1:])
+    return used
+
+
+def _expired(record: SnapshotRecord, now: float | None = None) -> bool:
+    return (now or time.time()) >= record.expires_at
+
+
+def remove(snap_id: str, settings: Settings) -> bool:
+    """Delete a snapshot: its layer goes now unless a workspace or a later snapshot
+    stands on it (then it is unlisted, and goes with the last of them). False when this
+    host has none of that id."""
+    try:
+        record = load(snap_id, settings)
+    except SnapshotError:
+        return False
+    if record.deleted:
+        return False
+    if snap_id in in_use(settings):
+        save(record.model_copy(update={"deleted": True}), settings)
+    else:
+        _remove_files(snap_id, settings)
+    return True
+
+
+def _remove_files(snap_id: str, settings: Settings) -> None:
+    from worker.engine import workspaces  # noqa: PLC0415 - workspaces imports us
+
+    record_path(settings, snap_id).unlink(missing_ok=True)
+    workspaces.remove_tree(snapshots_dir(settings) / snap_id)
+
+
+def collect(settings: Settings, now: float | None = None) -> list[SnapshotRecord]:
+    """Remove the snapshots past their TTL, deleted or made for forks that are gone,
+    that nothing stands on any more (and staging left by a crash); the removed."""
+    removed = []
+    # Repeated: removing a snapshot can free the one under it.
+    while True:
+        used = in_use(settings)
+        moment = now or time.time()
+        gone = [r for r in local_records(settings) if r.id not in used
+                and (r.deleted or _expired(r, moment)
+                     or (r.hidden and moment - r.created_at > HIDDEN_GRACE_S))]
+        if not gone:
+            break
+        for record in gone:
+            _remove_files(record.id, settings)
+            removed.append(record)
+    with contextlib.suppress(FileNotFoundError), os.scandir(snapshots_dir(settings)) as listing:
+        for entry in listing:
+            if entry.name.startswith(".") and entry.name.endswith(".tmp") and \
+                    time.time() - entry.stat(follow_symlinks=False).st_mtime > COPY_TIMEOUT_S:
+                from worker.engine import workspaces  # noqa: PLC0415
+
+                workspaces.remove_tree(Path(entry.path))
+    return removed
