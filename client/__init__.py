@@ -29,6 +29,7 @@ if TYPE_CHECKING:
         Unauthorized,
         UnknownCall,
         UnknownJob,
+        UnknownSnapshot,
         UnknownWorkspace,
         WaitTimeout,
         WorkerError,
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
         WorkspaceFileError,
     )
     from client.fleet import Fleet, Workspace
+    from worker.wire.models import RestoreResult, Snapshot
 
 __all__ = [
     "AsyncFleet",
@@ -49,10 +51,13 @@ __all__ = [
     "ImageError",
     "LimitReached",
     "OutputTooLarge",
+    "RestoreResult",
     "SessionPinned",
+    "Snapshot",
     "Unauthorized",
     "UnknownCall",
     "UnknownJob",
+    "UnknownSnapshot",
     "UnknownWorkspace",
     "WaitTimeout",
     "WorkerError",
@@ -66,7 +71,8 @@ def __getattr__(name: str) -> Any:
     if name not in __all__:
         raise AttributeError(f"module 'client' has no attribute {name!r}")
     homes = {"AsyncFleet": "client.aio", "AsyncWorkspace": "client.aio",
-             "Fleet": "client.fleet", "Workspace": "client.fleet"}
+             "Fleet": "client.fleet", "Workspace": "client.fleet",
+             "Snapshot": "worker.wire.models", "RestoreResult": "worker.wire.models"}
     home = homes.get(name, "client.errors")
     value = getattr(importlib.import_module(home), name)
     globals()[name] = value  # the next lookup does not come here

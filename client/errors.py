@@ -5,7 +5,8 @@
     ├── HostUnavailable            no live worker serves the asked host (nothing was sent)
     ├── UnknownJob                 no job (or call that started one) has that id, or no
     │                              call kept output under it (or it expired)
-    │   └── UnknownWorkspace       no workspace has that id (or it ended: deleted, expired)
+    │   ├── UnknownWorkspace       no workspace has that id (or it ended: deleted, expired)
+    │   └── UnknownSnapshot        no snapshot of this owner has that id (deleted, expired)
     ├── UnknownCall                no call has that id (`cancel`, `detach`)
     ├── LimitReached               an owner's cap (live workspaces, background jobs): the
     │                              message says the cap, how many, and when to retry
@@ -60,6 +61,7 @@ __all__ = [
     "Unauthorized",
     "UnknownCall",
     "UnknownJob",
+    "UnknownSnapshot",
     "UnknownWorkspace",
     "WaitTimeout",
     "WorkerError",
@@ -199,6 +201,10 @@ def image_error_for(kind: str, message: str, file: str | None = None) -> Bashfle
 
 class UnknownWorkspace(UnknownJob):
     """No workspace has that id on its host (it was deleted, or expired unused)."""
+
+
+class UnknownSnapshot(UnknownJob):
+    """No snapshot of this owner has that id (it was deleted, or expired)."""
 
 
 class LimitReached(BashfleetError):  # noqa: N818 - names of the public API

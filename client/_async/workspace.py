@@ -23,7 +23,7 @@ from __future__ import annotations
 import base64
 import os
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import IO, TYPE_CHECKING, Any, Literal, TypeVar
 
 import redis
@@ -40,11 +40,15 @@ from worker.wire.control import (
     FileWritten,
     KillRequest,
     ReadOutputRequest,
+    SnapshotCreateRequest,
     TransferOutcome,
     TransferRequest,
     WorkspaceDeleted,
     WorkspaceDeleteRequest,
+    WorkspaceForkRequest,
+    WorkspaceForks,
     WorkspaceRenewRequest,
+    WorkspaceRestoreRequest,
 )
 from worker.wire.models import (
     CallResult,
@@ -52,6 +56,8 @@ from worker.wire.models import (
     JobView,
     Model,
     OutputChunk,
+    RestoreResult,
+    Snapshot,
     Truncation,
     WorkspaceView,
 )
@@ -249,6 +255,46 @@ class AsyncWorkspace:
         self.view = await self._ask(control_request(
             WorkspaceRenewRequest, id=self.id, count=True), WorkspaceView)
         return self.view
+
+    # ------------------------------------------------------------------ snapshots
+
+    async def snapshot(self, *, ttl_s: float | None = None,
+                       tags: Mapping[str, str] | None = None) -> Snapshot:
+        """Freeze its files now: its own layers (everything its calls changed of its `/`,
+        its directory, /tmp, HOME), copied while its processes are paused for the
+        instant it takes (they run on after, with their streams, jobs and sessions).
+        `ttl_s`: seconds it is kept (the host's default, a day); `tags` for listings.
+        Make workspaces from it with `fleet.workspace(snapshot=...)` (on any host) or put
+        this one back with `restore`. Files only: no process is part of it.
+        LimitReached past the owner's cap of snapshots (count or bytes)."""
+        return await self._ask(control_request(
+            SnapshotCreateRequest, workspace=self.id, ttl_s=ttl_s, tags=dict(tags or {})),
+            Snapshot)
+
+    async def fork(self, n: int = 1, *, ttl_s: float | None = None,
+                   tags: Mapping[str, str] | None = None) -> list[AsyncWorkspace]:
+        """`n` new workspaces on its host, each with the files this one has now (a
+        snapshot is taken for them and goes with the last of them) in the same paths,
+        and no process running: its own processes, streams and jobs go on untouched.
+        `ttl_s` (default: this one's) and `tags` (added to this one's) for each. All or
+        none: LimitReached past the owner's cap of workspaces, and none is left."""
+        made = await self._ask(control_request(
+            WorkspaceForkRequest, workspace=self.id, n=n, ttl_s=ttl_s, tags=dict(tags or {})),
+            WorkspaceForks)
+        return [AsyncWorkspace(self._fleet, view) for view in made.workspaces]
+
+    async def restore(self, snapshot: Snapshot | str) -> RestoreResult:
+        """Put its files back to `snapshot` (one of this workspace, or of the one it was
+        made from): every process running in it is ended (`ended` says how many), its
+        id, path, lease and sessions stay. UnknownSnapshot for a snapshot that is not the
+        owner's; CallRejected for one of another workspace's directory or base."""
+        record = await self._fleet._snapshot_record(snapshot)
+        if record.host != self.host:
+            await self._fleet._move_snapshot(record, self.host)
+        done = await self._ask(control_request(
+            WorkspaceRestoreRequest, workspace=self.id, snapshot=record.id), RestoreResult)
+        await self.renew()
+        return done
 
     async def delete(self) -> bool:
         """End it: every process in it killed, its jobs' ends recorded, its files (a

@@ -21,7 +21,7 @@ from pydantic import ValidationError
 from client._core import archives
 from client.errors import CallRejected, HostUnavailable, WorkspaceFileError
 from worker.wire import auth
-from worker.wire.models import HostInfo, WorkspaceView
+from worker.wire.models import HostInfo, SnapshotRecord, WorkspaceView
 
 #: Seal purpose of a workspace's view in Redis (what its host wrote).
 WORKSPACE = "workspace"
@@ -79,6 +79,24 @@ def started_by(view: WorkspaceView, owner: str) -> bool:
     """Whether a workspace is an agent session's that `owner` started."""
     return (view.owner.startswith(SESSION_OWNER_PREFIX)
             and view.tags.get(STARTED_BY) == owner)
+
+
+#: Seal purpose of a snapshot's record (`worker.fleet.snapshot_calls`).
+SNAPSHOT = "snapshot"
+#: The owner quota snapshots count in.
+SNAPSHOT_QUOTA_KIND = "snapshots"
+
+
+def open_snapshot(keys: dict[str, str], snap_id: str, sealed: str | None
+                  ) -> SnapshotRecord | None:
+    """A snapshot's record as its host sealed it in Redis; None when there is none or it
+    does not verify (never believed)."""
+    if sealed is None:
+        return None
+    try:
+        return SnapshotRecord.model_validate_json(auth.unseal(keys, SNAPSHOT, snap_id, sealed))
+    except (auth.AuthError, ValidationError, ValueError):
+        return None
 
 
 def open_view(keys: dict[str, str], ws_id: str, sealed: str | None) -> WorkspaceView | None:

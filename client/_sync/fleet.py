@@ -106,7 +106,13 @@ from client._core.watch import (
     note_queue,
     verdict,
 )
-from client._core.workspaces import choose_host, open_view, owned_by_host, started_by
+from client._core.workspaces import (
+    choose_host,
+    open_snapshot,
+    open_view,
+    owned_by_host,
+    started_by,
+)
 from client._sync import records
 from client._sync.concurrency import (
     CANCELLED,
@@ -128,6 +134,7 @@ from client.errors import (
     HostUnavailable,
     ImageError,
     UnknownJob,
+    UnknownSnapshot,
     UnknownWorkspace,
     WaitTimeout,
     WorkerError,
@@ -159,6 +166,10 @@ from worker.wire.control import (
     ReadOutputRequest,
     ResizeRequest,
     SessionOutput,
+    SnapshotDeleted,
+    SnapshotDeleteRequest,
+    SnapshotFetch,
+    SnapshotFetchRequest,
     WorkspaceCreateRequest,
     WriteStdinRequest,
 )
@@ -172,6 +183,8 @@ from worker.wire.models import (
     Model,
     OutputChunk,
     RunRequest,
+    Snapshot,
+    SnapshotRecord,
     Truncation,
     WorkspaceLimits,
     WorkspaceView,
@@ -817,6 +830,7 @@ class Fleet:
         mounts: Mapping[str, str] | None = None, tags: Mapping[str, str] | None = None,
         near: str | None = None, session: str | None = None, image: str | None = None,
         build: str | os.PathLike[str] | None = None, user: str | None = None,
+        snapshot: Snapshot | str | None = None,
     ) -> Workspace:
         """Make a workspace: a directory on one host and the namespaces its calls share
         (`Workspace`). `host`, else a live host of `label` (else of the fleet): the one
@@ -835,6 +849,12 @@ class Fleet:
         (cached by its content). `user`: who its calls run as inside (a name, `uid` or
         `uid:gid`; default the image's USER, else root).
 
+        `snapshot` (one of this owner's, or its id): its files are the snapshot's, in
+        the same paths, over the snapshot's image or host root; no process runs in it.
+        Made on the snapshot's host unless `host`/`label` say otherwise (another host
+        fetches its layers through the fleet's registry first). `image`, `build`, `path`
+        and `user` cannot be given with it.
+
         `session`: the fleet session it is for (an agent session's calls run in it). When
         that session lives in a workspace still there (on `host`, when named), that one
         is returned (renewed), not a new one: an agent whose own state was lost, or
@@ -842,11 +862,15 @@ class Fleet:
         naming another workspace than its session's. Else a new one, laid onto the
         session's shell (replacing one that ended; the first made wins when two callers
         make one at once)."""
+        if snapshot is not None and (image or build or path or user):
+            raise CallRejected("a workspace made from a snapshot stands on the snapshot's "
+                               "image or host root, in its directory, as its user: `image`, "
+                               "`build`, `path` and `user` cannot be given with `snapshot`")
         if session is None:
             return self._new_workspace(
                 host=host, label=label, path=path, ttl_s=ttl_s, isolation=isolation,
                 network=network, limits=limits, mounts=mounts, tags=tags, near=near,
-                image=image, build=build, user=user)
+                image=image, build=build, user=user, snapshot=snapshot)
         if not names.valid_id(session):
             raise CallRejected(f"invalid session id {session!r}")
         shell = self._call(self._shells.load, session)
@@ -855,7 +879,7 @@ class Fleet:
             return self._new_workspace(
                 host=host, label=label, path=path, ttl_s=ttl_s, isolation=isolation,
                 network=network, limits=limits, mounts=mounts, tags=tags, near=near,
-                session=session, image=image, build=build, user=user)
+                session=session, image=image, build=build, user=user, snapshot=snapshot)
         if shell.workspace is not None:
             with contextlib.suppress(UnknownWorkspace):
                 kept = self.open_workspace(shell.workspace)
@@ -864,7 +888,8 @@ class Fleet:
         made = self._new_workspace(
             host=host or shell.host, label=label, path=path, ttl_s=ttl_s,
             isolation=isolation, network=network, limits=limits, mounts=mounts, tags=tags,
-            near=near, session=session, image=image, build=build, user=user)
+            near=near, session=session, image=image, build=build, user=user,
+            snapshot=snapshot)
         stored = self._call(self._shells.commit, session, shells.ShellChange(
             host=made.host, workspace=made.id, force_workspace=shell.workspace is not None))
         if stored.workspace not in (None, made.id):
@@ -879,12 +904,21 @@ class Fleet:
         mounts: Mapping[str, str] | None = None, tags: Mapping[str, str] | None = None,
         near: str | None = None, session: str | None = None, image: str | None = None,
         build: str | os.PathLike[str] | None = None, user: str | None = None,
+        snapshot: Snapshot | str | None = None,
     ) -> Workspace:
         """A new workspace as `workspace` describes it (`session`: only its label)."""
+        record = self._snapshot_record(snapshot) if snapshot is not None else None
+        if record is not None and host is None:
+            holder = [info for info in self.hosts() if info.host == record.host
+                      and (label is None or label in info.labels)]
+            host = holder[0].host if holder else None
         where = self._place_workspace(host, label, image)
         try:
             context: Workspace | None = None
-            if build is not None:
+            if record is not None:
+                if record.host != where:
+                    self._move_snapshot(record, where)
+            elif build is not None:
                 context = self._build_context(where, build)
             elif image is not None:
                 # Long pulls: not in the create request (the host's control threads).
@@ -897,7 +931,8 @@ class Fleet:
                           "mounts": dict(mounts or {}), "tags": dict(tags or {}),
                           "near": near, "session": session,
                           "image": image if context is None else None, "user": user,
-                          "build": f"{context.path}/context" if context is not None else None})
+                          "build": f"{context.path}/context" if context is not None else None,
+                          "snapshot": record.id if record is not None else None})
                 view = self._control(where, spec, WorkspaceView,
                                            timeout=BUILD_TIMEOUT_S if context else CTL_TIMEOUT_S)
             finally:
@@ -997,6 +1032,60 @@ class Fleet:
         hosts = self._image_hosts(host)
         answers = self._ask_each(dict.fromkeys(hosts, ImagesRequest()), ImageList)
         return [info for answer in _all_or_raise(answers).values() for info in answer.images]
+
+    # ------------------------------------------------------------------ snapshots
+
+    def snapshots(self) -> list[Snapshot]:
+        """This owner's snapshots across the fleet, oldest first (from the records their
+        hosts sealed in Redis: one that does not verify is left out)."""
+        ids = self._r(records.owner_snapshots, self.owner)
+        sealed = self._r(records.snapshot_records, ids)
+        opened = [open_snapshot(self._record_keys, snap_id, value)
+                  for snap_id, value in zip(ids, sealed, strict=True)]
+        return sorted((record.as_snapshot() for record in opened if record is not None
+                       and record.owner == self.owner and not record.hidden
+                       and not record.deleted), key=lambda snap: snap.created_at)
+
+    def delete_snapshot(self, snapshot: Snapshot | str) -> bool:
+        """Delete a snapshot of this owner's: unlisted and unusable at once, its layer
+        removed once no workspace (nor later snapshot) stands on it. False when it was
+        gone already."""
+        try:
+            record = self._snapshot_record(snapshot)
+        except UnknownSnapshot:
+            return False
+        done = self._control(record.host, control_request(
+            SnapshotDeleteRequest, id=record.id), SnapshotDeleted)
+        return done.deleted
+
+    def _snapshot_record(self, snapshot: Snapshot | str) -> SnapshotRecord:
+        """A snapshot's record as its host sealed it; UnknownSnapshot when this owner
+        has none by that id."""
+        snap_id = snapshot.id if isinstance(snapshot, Snapshot) else str(snapshot)
+        if not isinstance(snap_id, str) or not snap_id.startswith("s") or len(snap_id) != 16:
+            raise UnknownSnapshot(f"no such snapshot: {snap_id!r}")
+        sealed = (self._r(records.snapshot_records, [snap_id]))[0]
+        record = open_snapshot(self._record_keys, snap_id, sealed)
+        if record is None or record.deleted or record.hidden or (
+                record.owner != self.owner and not self.admin):
+            raise UnknownSnapshot(f"no such snapshot: {snap_id} (deleted, expired, or "
+                                  "another owner's)")
+        return record
+
+    def _move_snapshot(self, record: SnapshotRecord, where: str) -> None:
+        """Bring a snapshot's layers to host `where`: its host pushes them to the fleet's
+        registry (once), `where` fetches them (once); each on a thread of its own there,
+        asked again every few seconds until done."""
+        for host in (record.host, where):
+            request = control_request(SnapshotFetchRequest, id=record.id, wait_s=PULL_POLL_S)
+            while True:
+                try:
+                    state = self._control(host, request, SnapshotFetch,
+                                                timeout=CTL_TIMEOUT_S + PULL_POLL_S)
+                except UnknownJob as exc:
+                    raise UnknownSnapshot(f"snapshot {record.id}: {exc}") from None
+                if state.done:
+                    break
 
     def pull_image(
         self, ref: str, *, host: str | None = None, refresh: bool = False,

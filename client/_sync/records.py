@@ -19,7 +19,7 @@ from client._core import records as core
 from client._core.constants import CATCH_UP_BATCH, QUEUE_SCAN_LIMIT
 from client._core.routing import IdLookup
 from client._core.watch import WATCHED_FIELDS, waiting_ids
-from client._core.workspaces import QUOTA_KIND
+from client._core.workspaces import QUOTA_KIND, SNAPSHOT_QUOTA_KIND
 from client._sync.concurrency import run_script
 from worker.fleet.connect import Redis, Script
 from worker.wire import names
@@ -279,4 +279,21 @@ def workspace_views(client: Redis, ids: Sequence[str]) -> list[str | None]:
     if not ids:
         return []
     values = client.mget([names.workspace_key(ws_id) for ws_id in ids])
+    return [None if value is None else str(value) for value in values]
+
+
+def owner_snapshots(client: Redis, owner: str) -> list[str]:
+    """Ids of an owner's kept snapshots (their places in its quota, renewed by their
+    hosts)."""
+    now_ms = int(time.time() * 1000)
+    found = client.zrangebyscore(names.quota_key(SNAPSHOT_QUOTA_KIND, owner), now_ms,
+                                       "+inf")
+    return [str(item) for item in found]
+
+
+def snapshot_records(client: Redis, ids: Sequence[str]) -> list[str | None]:
+    """The sealed records of these snapshots (None where Redis has none), one round trip."""
+    if not ids:
+        return []
+    values = client.mget([names.snapshot_key(snap_id) for snap_id in ids])
     return [None if value is None else str(value) for value in values]

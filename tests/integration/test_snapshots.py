@@ -138,3 +138,32 @@ def test_a_project_workspace_cannot_be_snapshotted(engine: Engine, tmp_path: Pat
     finally:
         workspaces.save(source, engine.settings)
         workspaces.delete(source.id, engine.settings)
+
+
+def test_restore_puts_the_files_back_and_ends_the_processes(engine: Engine) -> None:
+    source = workspaces.create(WorkspaceSpec(owner="o"), engine.settings)
+    try:
+        _sh(engine, source.id, "echo good > f; mkdir -p d && echo keep > d/k")
+        snap, _ = snapshots.take(source, engine.settings)
+        engine.run("sleep 300 >/dev/null 2>&1 & echo bg", workspace=source.id, cwd=None,
+                   owner="o")
+        _sh(engine, source.id, "echo bad > f; rm -r d; echo extra > x")
+        assert workspaces.processes(workspaces.load(source.id, engine.settings))
+        restored, ended = workspaces.restore(source.id, snap.id, engine.settings)
+        assert ended >= 1 and restored.id == source.id and restored.path == source.path
+        assert not workspaces.processes(restored)
+        assert _sh(engine, source.id, "cat f d/k; ls").split() == ["good", "keep", "d", "f"]
+        # A restore twice over (its own snapshot under it again) stays right.
+        _sh(engine, source.id, "echo again > f")
+        restored, _ = workspaces.restore(source.id, snap.id, engine.settings)
+        assert _sh(engine, source.id, "cat f").strip() == "good"
+        # Another owner's snapshot is not this workspace's to restore to.
+        other = workspaces.create(WorkspaceSpec(owner="p"), engine.settings)
+        try:
+            with pytest.raises(workspaces.WorkspaceError) as caught:
+                workspaces.restore(other.id, snap.id, engine.settings)
+            assert caught.value.kind == "not_found"
+        finally:
+            workspaces.delete(other.id, engine.settings)
+    finally:
+        workspaces.delete(source.id, engine.settings)

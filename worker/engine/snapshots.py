@@ -118,12 +118,7 @@ def local_records(settings: Settings) -> list[SnapshotRecord]:
 
 def view(record: SnapshotRecord, paused_ms: float | None = None) -> Snapshot:
     """The snapshot as a client sees it."""
-    return Snapshot(
-        id=record.id, host=record.host, workspace=record.workspace, owner=record.owner,
-        created_at=record.created_at, expires_at=record.expires_at, bytes=record.bytes,
-        base=record.base(), path=record.path, tags=record.tags, pushed=record.pushed,
-        paused_ms=paused_ms,
-    )
+    return record.as_snapshot(paused_ms)
 
 
 # ------------------------------------------------------------------------------ taking
@@ -146,8 +141,8 @@ def own_dirs(ws: WorkspaceRecord, settings: Settings) -> list[tuple[Path, str]]:
 
 
 def take(ws: WorkspaceRecord, settings: Settings, *, ttl_s: float | None = None,
-         tags: Mapping[str, str] | None = None, hidden: bool = False
-         ) -> tuple[SnapshotRecord, float | None]:
+         tags: Mapping[str, str] | None = None, hidden: bool = False,
+         snap_id: str | None = None) -> tuple[SnapshotRecord, float | None]:
     """Snapshot workspace `ws`: (its record, ms its processes were paused; None when the
     host has no freezer for it). The workspace goes on as it was; on any failure nothing
     of the snapshot is left."""
@@ -167,7 +162,7 @@ def take(ws: WorkspaceRecord, settings: Settings, *, ttl_s: float | None = None,
         raise SnapshotError("limit", (
             f"workspace {ws.id} holds {used / 2**20:.0f} MiB, past its disk cap of "
             f"{ws.limits.disk_mb} MiB: remove files before taking a snapshot of it"))
-    snap_id = new_id()
+    snap_id = snap_id or new_id()
     base = snapshots_dir(settings)
     base.mkdir(mode=0o700, parents=True, exist_ok=True)
     staging = base / f".{snap_id}.tmp"

@@ -473,7 +473,7 @@ def _make_dirs(record: WorkspaceRecord, settings: Settings, user: sandbox.User |
     _ensure_dir(settings.workspaces_dir, 0o700)
     _ensure_dir(Path(record.out_dir).parent, 0o700)
     out = Path(record.out_dir)
-    out.mkdir(mode=0o755)
+    out.mkdir(mode=0o755, exist_ok=True)  # kept by a restore
     # This host's mark on it: its kept output outlives the workspace, until `bashfleet
     # gc` (`worker.retention`) removes it.
     (settings.workspaces_dir / f"{record.id}.out").write_text(record.out_dir, encoding="utf-8")
@@ -1398,6 +1398,48 @@ def delete(ws_id: str, settings: Settings, *, note: str = "its workspace was del
     record_path(settings, ws_id).unlink(missing_ok=True)
     _loaded.pop((settings.workspaces_dir, ws_id), None)
     return True
+
+
+def restore(ws_id: str, snap_id: str, settings: Settings) -> tuple[WorkspaceRecord, int]:
+    """Put a workspace's files back to a snapshot's: its processes ended (how many, in
+    the answer), its own layers replaced by empty ones over the snapshot's; its id,
+    path, owner, session, tags and lease kept. WorkspaceError (`invalid`, `not_found`)
+    before anything is touched when the snapshot cannot be its."""
+    record = load(ws_id, settings)
+    try:
+        snapshot = snapshots.load(snap_id, settings)
+    except snapshots.SnapshotError as exc:
+        raise WorkspaceError(exc.kind, exc.message) from None
+    if snapshot.deleted or snapshot.owner != record.owner:
+        raise WorkspaceError("not_found", f"no such snapshot on host {settings.host}: "
+                             f"{snap_id}")
+    base = "host" if record.image is None else f"{record.image.ref}@{record.image.digest}"
+    if snapshot.path != record.path or snapshot.base() != base or record.ids is None:
+        raise WorkspaceError("invalid", (
+            f"snapshot {snap_id} is of a workspace in {snapshot.path} on {snapshot.base()}; "
+            f"workspace {ws_id} is in {record.path} on {base}: restore it to a snapshot "
+            "of itself (or of one it was made from), or make a new workspace from this one"))
+    if snapshot.image is not None:
+        _image(WorkspaceSpec(), settings, snapshot)  # held (or pulled) before it is undone
+    ended = len(processes(record))
+    connections.drop(ws_id)
+    _end_keeper(record)
+    job_records.end_workspace_jobs(settings, ws_id, f"its workspace was restored to {snap_id}")
+    for path in record.cgroup:
+        cgroups.Group("v2", [(path, ())]).remove(timeout=2.0)
+    _remove_files(record, settings)
+    full_path(settings, ws_id).unlink(missing_ok=True)
+    spec = WorkspaceSpec(owner=record.owner, snapshot=snap_id, isolation=record.isolation,
+                         network=record.network, ttl_s=record.ttl_s, limits=record.limits,
+                         session=record.session, tags=record.tags)
+    try:
+        made = create(spec, settings, ws_id=ws_id)
+    except BaseException:
+        record_path(settings, ws_id).unlink(missing_ok=True)  # nothing of it is left
+        raise
+    made = made.model_copy(update={"created_at": record.created_at})
+    save(made, settings)
+    return made, ended
 
 
 def _end_keeper(record: WorkspaceRecord) -> None:

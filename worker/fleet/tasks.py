@@ -39,6 +39,7 @@ from worker.fleet import (
     interactive,
     recovery,
     registry,
+    snapshot_calls,
     transfers,
     workspace_calls,
 )
@@ -628,6 +629,11 @@ HANDLERS: dict[str, Callable[[Runtime, Any, bool], Model]] = {
     Task.IMAGES: image_calls.list_images,
     Task.IMAGE_PULL: image_calls.pull,
     Task.IMAGE_REMOVE: image_calls.remove,
+    Task.SNAPSHOT_CREATE: snapshot_calls.create,
+    Task.SNAPSHOT_DELETE: snapshot_calls.delete,
+    Task.SNAPSHOT_FETCH: snapshot_calls.fetch,
+    Task.WORKSPACE_FORK: snapshot_calls.fork,
+    Task.WORKSPACE_RESTORE: snapshot_calls.restore,
 }
 #: Control requests whose handler also takes the key that signed the request: a
 #: transfer MACs its chunks with it (`worker.fleet.transfers`).

@@ -163,6 +163,12 @@ def reap(settings: Settings, client: redis.Redis) -> int:
         except redis.RedisError as exc:
             log.warning("workspace %s reaped; Redis not told: %s", record.id, exc)
     _refresh_quota(settings, client)
+    from worker.fleet import snapshot_calls  # noqa: PLC0415 - it builds on this module
+
+    try:
+        snapshot_calls.reap(settings, client)
+    except (OSError, redis.RedisError) as exc:
+        log.warning("could not collect snapshots: %s", exc)
     if reaped:
         log.info("reaped %d workspace(s): %s", len(reaped), ", ".join(r.id for r in reaped))
     return len(reaped)

@@ -24,6 +24,11 @@ an `error` whose kind the client raises as a typed exception.
     ImagesRequest          -> ImageList          the images the host holds
     ImagePullRequest       -> ImagePull          start (or join) a pull; its state so far
     ImageRemoveRequest     -> ImageRemoved       remove an image no workspace uses (admin)
+    SnapshotCreateRequest  -> Snapshot           freeze a workspace's own layers
+    SnapshotDeleteRequest  -> SnapshotDeleted    delete one (kept while others stand on it)
+    SnapshotFetchRequest   -> SnapshotFetch      push (on its host) or fetch (on another)
+    WorkspaceForkRequest   -> WorkspaceForks     n workspaces from a workspace's state now
+    WorkspaceRestoreRequest -> RestoreResult     a workspace's files back to a snapshot's
 
 A pull can take minutes, longer than any control call may hold one of the control
 consumer's few threads: it runs on a thread of its own on the host, and the client asks
@@ -40,13 +45,18 @@ from pydantic import Field
 from worker.wire.errors import ErrorKind, FileProblem
 from worker.wire.models import (
     OWNER_PATTERN,
+    SNAPSHOT_ID_PATTERN,
+    WORKSPACE_ID_PATTERN,
     CheckResult,
     ImageInfo,
     InputWait,
     JobView,
     Model,
     OutputChunk,
+    RestoreResult,
+    Snapshot,
     Stdin,
+    Tags,
     Truncation,
     TruncationInfo,
     WorkspaceSpec,
@@ -547,6 +557,89 @@ class ImageRemoveRequest(ControlRequest):
     """A reference it was pulled as, `build:<dir>`, or its digest."""
 
 
+class SnapshotCreateRequest(ControlRequest):
+    """Snapshot a workspace of the asker's: its own layers frozen (its processes paused
+    for the instant it takes, then running on)."""
+
+    task: ClassVar[Task] = Task.SNAPSHOT_CREATE
+    response: ClassVar[type[Model]] = Snapshot
+
+    workspace: str = Field(pattern=WORKSPACE_ID_PATTERN)
+    ttl_s: float | None = Field(None, gt=0, le=30 * 24 * 3600.0)
+    """Seconds it lives (None: the host's default, a day)."""
+    tags: Tags = Field(default_factory=dict)
+
+
+class SnapshotDeleted(Model):
+    id: str
+    deleted: bool
+    """False when the host had no such snapshot of the asker's."""
+
+
+class SnapshotDeleteRequest(ControlRequest):
+    """Delete a snapshot of the asker's (its layer stays while a workspace or a later
+    snapshot stands on it; it is no longer listed nor usable)."""
+
+    task: ClassVar[Task] = Task.SNAPSHOT_DELETE
+    response: ClassVar[type[Model]] = SnapshotDeleted
+
+    id: str = Field(pattern=SNAPSHOT_ID_PATTERN)
+
+
+class SnapshotFetch(Model):
+    """A snapshot's move between hosts: under way, or done."""
+
+    host: str
+    snapshot: str
+    done: bool = False
+    pushed: tuple[str, ...] = ()
+    """Where the fleet's registry holds its layers (`ref@sha256:...`), newest first."""
+
+
+class SnapshotFetchRequest(ControlRequest):
+    """On the snapshot's host: push its layers (and those it stands on) to the fleet's
+    registry; on another host: fetch them from there. Either runs on a thread of its own;
+    the answer comes within `wait_s`, `done` once it is over (ask again until then)."""
+
+    task: ClassVar[Task] = Task.SNAPSHOT_FETCH
+    response: ClassVar[type[Model]] = SnapshotFetch
+
+    id: str = Field(pattern=SNAPSHOT_ID_PATTERN)
+    wait_s: float = Field(2.0, ge=0, le=MAX_PULL_WAIT_S)
+
+
+class WorkspaceForks(Model):
+    """What a fork made."""
+
+    snapshot: Snapshot
+    """The snapshot its forks stand on (made for them: it goes with the last of them)."""
+    workspaces: tuple[WorkspaceView, ...]
+
+
+class WorkspaceForkRequest(ControlRequest):
+    """`n` new workspaces, each with the files a workspace of the asker's has now (a
+    snapshot of it is taken for them) and none of its processes."""
+
+    task: ClassVar[Task] = Task.WORKSPACE_FORK
+    response: ClassVar[type[Model]] = WorkspaceForks
+
+    workspace: str = Field(pattern=WORKSPACE_ID_PATTERN)
+    n: int = Field(1, ge=1, le=256)
+    ttl_s: float | None = Field(None, gt=0, le=30 * 24 * 3600.0)
+    """Seconds each lives unused (None: the source's)."""
+    tags: Tags = Field(default_factory=dict)
+
+
+class WorkspaceRestoreRequest(ControlRequest):
+    """Put a workspace's files back to a snapshot of it (its processes are ended)."""
+
+    task: ClassVar[Task] = Task.WORKSPACE_RESTORE
+    response: ClassVar[type[Model]] = RestoreResult
+
+    workspace: str = Field(pattern=WORKSPACE_ID_PATTERN)
+    snapshot: str = Field(pattern=SNAPSHOT_ID_PATTERN)
+
+
 #: Every control request by task name (what the worker validates a message against).
 REQUESTS: dict[str, type[ControlRequest]] = {
     cls.task: cls
@@ -555,7 +648,8 @@ REQUESTS: dict[str, type[ControlRequest]] = {
         WriteStdinRequest, CloseStdinRequest, ResizeRequest, WorkspaceCreateRequest,
         WorkspaceDeleteRequest, WorkspaceRenewRequest, WorkspacesRequest, FileReadRequest,
         FileWriteRequest, TransferRequest, ImagesRequest, ImagePullRequest,
-        ImageRemoveRequest,
+        ImageRemoveRequest, SnapshotCreateRequest, SnapshotDeleteRequest,
+        SnapshotFetchRequest, WorkspaceForkRequest, WorkspaceRestoreRequest,
     )
 }
 

@@ -1037,6 +1037,15 @@ class SnapshotRecord(Model):
         """What its layers stand on: `host` (the host's root) or the image's `ref@digest`."""
         return "host" if self.image is None else f"{self.image.ref}@{self.image.digest}"
 
+    def as_snapshot(self, paused_ms: float | None = None) -> Snapshot:
+        """The snapshot as a client sees it."""
+        return Snapshot(
+            id=self.id, host=self.host, workspace=self.workspace, owner=self.owner,
+            created_at=self.created_at, expires_at=self.expires_at, bytes=self.bytes,
+            base=self.base(), path=self.path, tags=self.tags, pushed=self.pushed,
+            paused_ms=paused_ms,
+        )
+
 
 class Snapshot(Model):
     """A snapshot as a client sees it (`Workspace.snapshot`, `bashfleet snapshot ls`)."""

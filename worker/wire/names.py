@@ -172,6 +172,11 @@ class Task(StrEnum):
     IMAGE_PULL = "bashfleet.image_pull"
     IMAGE_REMOVE = "bashfleet.image_remove"
     TRANSFER = "bashfleet.transfer"
+    SNAPSHOT_CREATE = "bashfleet.snapshot_create"
+    SNAPSHOT_DELETE = "bashfleet.snapshot_delete"
+    SNAPSHOT_FETCH = "bashfleet.snapshot_fetch"
+    WORKSPACE_FORK = "bashfleet.workspace_fork"
+    WORKSPACE_RESTORE = "bashfleet.workspace_restore"
 
 
 # ---------------------------------------------------------------------- validation
@@ -296,6 +301,12 @@ def session_state_key(session: str) -> str:
 def nonce_key(nonce: str) -> str:
     """A signed message's nonce, once seen (TTL: until the message expires)."""
     return f"{PREFIX}nonce:{nonce}"
+
+
+def snapshot_key(snap_id: str) -> str:
+    """A snapshot's record, sealed by its host (string: `seal` of SnapshotRecord JSON):
+    what a client lists and what another host trusts when it fetches the snapshot."""
+    return f"{PREFIX}snap:{snap_id}"
 
 
 def quota_key(kind: str, owner: str) -> str:

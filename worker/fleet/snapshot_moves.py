@@ -1,0 +1,68 @@
+"""A snapshot's layers between hosts, through the fleet's OCI registry.
+
+Its host pushes each layer of its chain (itself, then those it stands on) that is not
+in the registry yet, and records where (`SnapshotRecord.pushed`, sealed in Redis). Another
+host trusts only those sealed records: it pulls each layer it does not hold by digest
+(`worker.engine.snapshot_registry`: skopeo checks the digest), and keeps a copy of the
+record, so that workspaces made there stand on the very same layers.
+"""
+
+from __future__ import annotations
+
+from worker.engine import snapshot_registry, workspaces
+from worker.engine import snapshots as engine
+from worker.fleet.control import Runtime
+from worker.wire.errors import ToolError
+from worker.wire.models import SnapshotRecord
+
+
+def push_chain(rt: Runtime, record: SnapshotRecord) -> tuple[str, ...]:
+    """Push every layer of `record`'s chain the registry has not got; where each is."""
+    from worker.fleet import snapshot_calls  # noqa: PLC0415 - it imports us lazily too
+
+    pushed = []
+    for snap_id in record.layers:
+        local = engine.load(snap_id, rt.settings)
+        if local.pushed is None:
+            ref = snapshot_registry.snapshot_ref(rt.settings, snap_id)
+            if ref is None:
+                raise ToolError("unavailable", (
+                    f"snapshot {record.id} is on host {rt.settings.host}; to use it on "
+                    "another host the fleet needs a registry for snapshots "
+                    "(BASHFLEET_SNAPSHOT_REGISTRY on every worker)"))
+            digest = snapshot_registry.push(
+                engine.layer_path(rt.settings, snap_id), ref, rt.settings,
+                annotations={"org.bashfleet.snapshot": snap_id,
+                             "org.bashfleet.base": local.base()})
+            local = local.model_copy(update={"pushed": f"{ref}@{digest}"})
+            engine.save(local, rt.settings)
+            snapshot_calls.publish(rt, local)
+        pushed.append(str(local.pushed))
+    return tuple(pushed)
+
+
+def fetch_chain(rt: Runtime, record: SnapshotRecord) -> tuple[str, ...]:
+    """Fetch every layer of `record`'s chain this host does not hold, from where its
+    host's sealed records say they are."""
+    from worker.fleet import snapshot_calls  # noqa: PLC0415 - it imports us lazily too
+
+    pushed = []
+    for snap_id in record.layers:
+        trusted = record if snap_id == record.id else snapshot_calls.trusted_record(
+            rt.redis, rt.keys, snap_id)
+        if trusted is None:
+            raise ToolError("not_found", f"snapshot {snap_id}, which {record.id} stands on, "
+                            "is gone from the fleet")
+        if trusted.pushed is None:
+            raise ToolError("unavailable", (
+                f"snapshot {snap_id} is not in the fleet's registry yet: ask its host "
+                f"{trusted.host} to push it first"))
+        pushed.append(trusted.pushed)
+        layer = engine.layer_path(rt.settings, snap_id)
+        if layer.is_dir() and engine.record_path(rt.settings, snap_id).exists():
+            continue
+        workspaces.remove_tree(layer.parent)  # what a crash left half-made
+        layer.parent.mkdir(mode=0o700, parents=True)
+        snapshot_registry.pull(trusted.pushed, layer, rt.settings)
+        engine.save(trusted, rt.settings)
+    return tuple(pushed)
