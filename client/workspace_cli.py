@@ -50,6 +50,10 @@ def add_commands(sub: SubParsers) -> None:
         parser.add_argument("--json", action="store_true", help="print the views as JSON")
         parser.set_defaults(func=func)
 
+    from client import snapshot_cli  # noqa: PLC0415 - its verbs are the workspace's
+
+    snapshot_cli.add_workspace_verbs(verbs)
+
     cp = sub.add_parser(
         "cp", help="copy files between here and a workspace (W:PATH names a workspace's)",
         description="Copy a file or a directory between this machine and a workspace. "
@@ -84,14 +88,18 @@ def _add_create(verbs: SubParsers) -> None:
                         "calls' view (repeatable: --mount /logs=logs)")
     create.add_argument("--tag", action="append", metavar="NAME=VALUE",
                         help="a tag of the workspace (repeatable)")
-    add_image_options(create)
+    add_image_options(create, snapshot=True)
     create.add_argument("--json", action="store_true", help="print its view as JSON")
     create.set_defaults(func=cmd_create)
 
 
-def add_image_options(parser: argparse.ArgumentParser) -> None:
-    """--image, --build and --user (workspace create, run, mcp)."""
+def add_image_options(parser: argparse.ArgumentParser, *, snapshot: bool = False) -> None:
+    """--image, --build and --user (workspace create, run, mcp); --snapshot too."""
     made = parser.add_mutually_exclusive_group()
+    if snapshot:
+        made.add_argument("--snapshot", metavar="SNAPSHOT",
+                          help="a snapshot of this owner's: its files are the workspace's, in "
+                          "the same paths (on the snapshot's host unless --host/--label say)")
     made.add_argument("--image", metavar="REF",
                       help="an OCI image whose root filesystem is the workspace's / "
                       "(python:3.12-slim, registry:5000/app@sha256:...), pulled onto the host "
@@ -114,12 +122,14 @@ def cmd_create(args: argparse.Namespace) -> int:
         isolation=args.isolation, network=args.network, limits=_limits(args.limit),
         mounts=_pairs(args.mount, "--mount", "VIEW=SUBDIR"), tags=_tag_filter(args.tag),
         image=args.image, build=args.build, user=args.user,
+        snapshot=getattr(args, "snapshot", None),
     )
     view = workspace.view
     if args.json:
         print(view.model_dump_json(indent=2))
         return 0
     made_of = f", from {view.image}" if view.image else ""
+    made_of += f", from snapshot {view.snapshot}" if view.snapshot else ""
     print(f"[workspace {view.id} on {view.host}{made_of}: {view.path}, {view.isolation} isolation, "
           f"lives {_duration(view.ttl_s)} unused; `bashfleet run --workspace {view.id} CMD`, "
           f"`bashfleet cp ./dir {view.id}:dir`, `bashfleet workspace rm {view.id}`]",

@@ -56,7 +56,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from worker.engine import images, jobs, running
+from worker.engine import images, jobs, running, snapshots
 from worker.engine.image_meta import last_used, to_collect
 from worker.settings import Settings
 from worker.wire.models import ImageInfo, JobRecord
@@ -569,6 +569,20 @@ def collect_images(settings: Settings, *, dry_run: bool) -> ImageCollection:
     return ImageCollection(held, tuple(chosen), in_use, dry_run)
 
 
+def collect_snapshots(settings: Settings, *, dry_run: bool) -> dict[str, int | list[str]]:
+    """Remove the snapshots past their TTL (or deleted) that nothing stands on any more,
+    on this host and, for those it pushed, in the fleet's registry (`dry_run`: only say
+    which); as `gc --json` prints it under `snapshots`."""
+    if not snapshots.snapshots_dir(settings).is_dir():
+        return {"held": 0, "removed": []}
+    if dry_run:
+        chosen = [record.id for record in snapshots.collectable(settings)]
+    else:
+        chosen = [record.id for record in snapshots.collect(settings)]
+    return {"held": len(snapshots.local_records(settings)),
+            "remove" if dry_run else "removed": chosen}
+
+
 def state_dirs(settings: Settings) -> list[Settings]:
     """The settings of each state directory `gc` collects: the configured one, then
     those of a local fleet's hosts under it (`<state>/hosts/<host>`), by host id."""
@@ -607,11 +621,17 @@ def gc_command(
         reports.append(report(each.state_dir, done_plan, outcome))
         collected = collect_images(each, dry_run=dry_run)
         reports[-1]["images"] = collected.as_dict(time.time())
+        snaps = collect_snapshots(each, dry_run=dry_run)
+        reports[-1]["snapshots"] = snaps
         if not as_json:
             if index == 1:
                 print("\nthe local fleet's hosts:")
             _print_text(each.state_dir, done_plan, outcome)
             collected.print_text()
+            gone = snaps.get("remove", snaps.get("removed")) or []
+            if isinstance(gone, list) and gone:
+                verb = "would remove" if dry_run else "removed"
+                print(f"snapshots: {verb} {len(gone)}: " + ", ".join(gone))
     if as_json:
         main, *hosts = reports
         print(json.dumps({
@@ -635,7 +655,9 @@ def build_parser() -> argparse.ArgumentParser:
     """`bashfleet gc` (and `python -m worker.retention`) arguments."""
     parser = argparse.ArgumentParser(
         prog="bashfleet gc", description="Remove old spill and job files of this machine's "
-        "worker, and the images no workspace uses (BASHFLEET_IMAGES_MAX_AGE_S, _MAX_BYTES)."
+        "worker, the images no workspace uses (BASHFLEET_IMAGES_MAX_AGE_S, _MAX_BYTES), and "
+        "the snapshots past their TTL (or deleted) that no workspace stands on (from the "
+        "fleet's registry too)."
     )
     parser.add_argument("--dry-run", action="store_true", help="only show what would be removed")
     parser.add_argument("--json", action="store_true", help="print the plan (and what was "

@@ -239,3 +239,46 @@ def test_home_under_a_hidden_host_directory_is_made_on_the_hiding_tmpfs() -> Non
     assert bind in plan
     assert ["mkdir", f"{R}/home/bob", 0o755] in plan[:plan.index(bind)]
     assert plan.index(["tmpfs", f"{R}/home", 0o755]) < plan.index(bind)
+
+
+S1, S2 = "/state/snapshots/s1/layer", "/state/snapshots/s2/layer"
+
+
+def test_made_from_snapshots_every_own_layer_stands_on_theirs() -> None:
+    """A workspace made from a snapshot (of a fork: two of them, newest first): each of
+    its overlays has the snapshots' layer of it over its base; its /tmp, /var/tmp, HOME
+    and directory are overlays of theirs under its own directories; its directory is
+    shown at the source's path, its changes kept in its own."""
+    plan = layout.plan_view(spec(layers=L, idmapped=frozenset({"usr", "etc"}), lowers=(S2, S1),
+                                 workspace_dir="/srv/ws/w2"))
+    found = overlays(plan)
+    assert found[R] == [[[f"{S2}/root", True], [f"{S1}/root", True], [f"{L}/empty", False]],
+                        f"{L}/upper/root"]
+    assert found[f"{R}/usr"] == [[[f"{S2}/top.usr", True], [f"{S1}/top.usr", True],
+                                  ["/usr", True]], f"{L}/upper/top.usr"]
+    own = {"tmp": ("/state/workspaces/w1/tmp", f"{R}/tmp"),
+           "vartmp": ("/state/workspaces/w1/vartmp", f"{R}/var/tmp"),
+           "home": ("/state/workspaces/w1/home", f"{R}/home/runner"),
+           "work": ("/srv/ws/w2", f"{R}/srv/ws/w1")}
+    for name, (upper, target) in own.items():
+        assert found[target] == [[[f"{S2}/{name}", True], [f"{S1}/{name}", True]], upper]
+        assert next(s for s in plan if s[0] == "overlay" and s[-1] == target)[3] == \
+            f"{L}/work/own.{name}"
+    # Nothing of its own is bound from the host any more: they are all overlays.
+    assert not any(src in ("/srv/ws/w2", "/srv/ws/w1") for src, _ in binds(plan).values())
+
+
+def test_a_snapshots_mounts_are_bound_from_its_directory_as_shown() -> None:
+    plan = layout.plan_view(spec(layers=L, lowers=(S1,), workspace_dir="/srv/ws/w2",
+                                 mounts={"/logs": "/srv/ws/w2/logs"}))
+    bound = binds(plan)
+    assert bound[f"{R}/logs"] == (f"{R}/srv/ws/w1/logs", True)
+    # Bound after the overlay that shows it.
+    order = [s[-1] if s[0] == "overlay" else s[2] for s in plan if s[0] in ("overlay", "bind")]
+    assert order.index(f"{R}/srv/ws/w1") < order.index(f"{R}/logs")
+
+
+def test_without_snapshots_the_own_directories_are_binds_as_before() -> None:
+    plan = layout.plan_view(spec(layers=L))
+    assert binds(plan)[f"{R}/tmp"] == ("/state/workspaces/w1/tmp", True)
+    assert binds(plan)[f"{R}/srv/ws/w1"] == ("/srv/ws/w1", True)

@@ -224,13 +224,20 @@ def _copy_frozen(ws: WorkspaceRecord, sources: list[tuple[Path, str]], dest: Pat
     return paused
 
 
+def image_id(host_id: int, first: int) -> int:
+    """A host id of a workspace whose slot starts at `first`, as its snapshot keeps it:
+    its slot's own as 0-65535 (what any workspace's user namespace shows as its own
+    again), host root's (whiteouts the overlay made) as 0, any other nobody's."""
+    if first <= host_id < first + ids.SLOT_SIZE:
+        return host_id - first
+    return 0 if host_id == 0 else OVERFLOW_ID
+
+
 def _shift_ids(root: Path, first: int) -> None:
     """Make every id of a workspace's slot (`first` + n) the image-like n; any other id
     nobody's. What chown clears (set-user-id and set-group-id bits) is set again."""
     def shift(host_id: int) -> int:
-        if first <= host_id < first + ids.SLOT_SIZE:
-            return host_id - first
-        return 0 if host_id == 0 else OVERFLOW_ID
+        return image_id(host_id, first)
 
     stack = [str(root)]
     while stack:
@@ -305,21 +312,26 @@ def _remove_files(snap_id: str, settings: Settings) -> None:
     workspaces.remove_tree(snapshots_dir(settings) / snap_id)
 
 
+def collectable(settings: Settings, now: float | None = None) -> list[SnapshotRecord]:
+    """The snapshots `collect` would remove now (not those freed by removing these)."""
+    used = in_use(settings)
+    moment = now or time.time()
+    return [r for r in local_records(settings) if r.id not in used
+            and (r.deleted or _expired(r, moment)
+                 or (r.hidden and moment - r.created_at > HIDDEN_GRACE_S))]
+
+
 def collect(settings: Settings, now: float | None = None) -> list[SnapshotRecord]:
     """Remove the snapshots past their TTL, deleted or made for forks that are gone,
-    that nothing stands on any more (and staging left by a crash); the removed."""
+    that nothing stands on any more (and staging left by a crash); those this host
+    pushed go from the fleet's registry too. The removed."""
     removed = []
     # Repeated: removing a snapshot can free the one under it.
-    while True:
-        used = in_use(settings)
-        moment = now or time.time()
-        gone = [r for r in local_records(settings) if r.id not in used
-                and (r.deleted or _expired(r, moment)
-                     or (r.hidden and moment - r.created_at > HIDDEN_GRACE_S))]
-        if not gone:
-            break
+    while gone := collectable(settings, now):
         for record in gone:
             _remove_files(record.id, settings)
+            if record.pushed and record.host == settings.host:
+                _forget_pushed(record, settings)
             removed.append(record)
     with contextlib.suppress(FileNotFoundError), os.scandir(snapshots_dir(settings)) as listing:
         for entry in listing:
@@ -329,3 +341,17 @@ def collect(settings: Settings, now: float | None = None) -> list[SnapshotRecord
 
                 workspaces.remove_tree(Path(entry.path))
     return removed
+
+
+def _forget_pushed(record: SnapshotRecord, settings: Settings) -> None:
+    """Delete a removed snapshot's layer from the fleet's registry (a registry that is
+    down keeps it: its own garbage collection, or the next push of that id, is left)."""
+    from worker.engine import snapshot_registry  # noqa: PLC0415 - only pushed ones need it
+
+    try:
+        snapshot_registry.delete(str(record.pushed).rsplit("@", 1)[0], settings)
+    except (ToolError, OSError) as exc:
+        import logging  # noqa: PLC0415
+
+        logging.getLogger("bashfleet.worker").warning(
+            "snapshot %s: could not delete it from the registry: %s", record.id, exc)

@@ -1,0 +1,153 @@
+"""`bashfleet workspace snapshot|fork|restore` and `bashfleet snapshot ls|rm`.
+
+    S=$(bashfleet workspace snapshot "$W")           # its files, frozen; W runs on
+    bashfleet workspace fork "$W" -n 8               # 8 workspace ids, one a line
+    W2=$(bashfleet workspace create --snapshot "$S")  # on any host
+    bashfleet workspace restore "$W" "$S"            # W's files back (its processes end)
+    bashfleet snapshot ls; bashfleet snapshot rm "$S"
+
+Snapshots are `client.Workspace.snapshot` and friends; this module is only their words
+for a person: ids on stdout, notices on stderr, `--json` for scripts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from client.cli import SubParsers
+    from worker.wire.models import Snapshot
+
+
+def add_workspace_verbs(verbs: SubParsers) -> None:
+    """`workspace snapshot`, `workspace fork`, `workspace restore`."""
+    snap = verbs.add_parser("snapshot", help="freeze a workspace's files (it runs on); print "
+                            "the snapshot's id")
+    snap.add_argument("workspace", metavar="WORKSPACE")
+    snap.add_argument("--ttl", type=float, metavar="S",
+                      help="seconds the snapshot is kept (default: the host's, a day)")
+    snap.add_argument("--tag", action="append", metavar="NAME=VALUE",
+                      help="a tag of the snapshot (repeatable)")
+    snap.add_argument("--json", action="store_true", help="print it as JSON")
+    snap.set_defaults(func=cmd_snapshot)
+    fork = verbs.add_parser("fork", help="new workspaces with a workspace's files now (none "
+                            "of its processes); print their ids, one a line")
+    fork.add_argument("workspace", metavar="WORKSPACE")
+    fork.add_argument("-n", type=int, default=1, metavar="N", help="how many (default 1)")
+    fork.add_argument("--ttl", type=float, metavar="S",
+                      help="seconds each lives unused (default: the source's)")
+    fork.add_argument("--tag", action="append", metavar="NAME=VALUE",
+                      help="a tag of each fork (repeatable)")
+    fork.add_argument("--json", action="store_true", help="print their views as JSON")
+    fork.set_defaults(func=cmd_fork)
+    restore = verbs.add_parser("restore", help="put a workspace's files back to a snapshot "
+                               "of it (its processes are ended)")
+    restore.add_argument("workspace", metavar="WORKSPACE")
+    restore.add_argument("snapshot", metavar="SNAPSHOT")
+    restore.add_argument("--json", action="store_true", help="print the result as JSON")
+    restore.set_defaults(func=cmd_restore)
+
+
+def add_commands(sub: SubParsers) -> None:
+    """`snapshot ls` and `snapshot rm`."""
+    snapshot = sub.add_parser("snapshot", help="list and remove this owner's snapshots")
+    verbs = snapshot.add_subparsers(dest="verb", required=True, metavar="VERB")
+    ls = verbs.add_parser("ls", help="this owner's snapshots across the fleet")
+    ls.add_argument("--json", action="store_true", help="print them as a JSON list")
+    ls.set_defaults(func=cmd_ls)
+    rm = verbs.add_parser("rm", help="delete snapshots (their layers go once no workspace "
+                          "stands on them)")
+    rm.add_argument("ids", nargs="+", metavar="SNAPSHOT")
+    rm.set_defaults(func=cmd_rm)
+
+
+def cmd_snapshot(args: argparse.Namespace) -> int:
+    from client.cli import _fleet, _tag_filter  # noqa: PLC0415 - the CLI's own helpers
+
+    made = _fleet().open_workspace(args.workspace).snapshot(ttl_s=args.ttl,
+                                                            tags=_tag_filter(args.tag))
+    if args.json:
+        print(made.model_dump_json(indent=2))
+        return 0
+    paused = "" if made.paused_ms is None else f", its processes paused {made.paused_ms:.0f} ms"
+    print(f"[snapshot {made.id} of {made.workspace} on {made.host}: {_size(made.bytes)}"
+          f"{paused}; `bashfleet workspace create --snapshot {made.id}`, `bashfleet "
+          f"workspace restore {made.workspace} {made.id}`, `bashfleet snapshot rm {made.id}`]",
+          file=sys.stderr)
+    print(made.id, flush=True)
+    return 0
+
+
+def cmd_fork(args: argparse.Namespace) -> int:
+    from client.cli import _fleet, _tag_filter  # noqa: PLC0415
+
+    forks = _fleet().open_workspace(args.workspace).fork(args.n, ttl_s=args.ttl,
+                                                         tags=_tag_filter(args.tag))
+    if args.json:
+        print("[" + ",\n".join(fork.view.model_dump_json(indent=2) for fork in forks) + "]")
+        return 0
+    print(f"[{len(forks)} fork(s) of {args.workspace} on {forks[0].host}, each with its files "
+          f"at {forks[0].path} and no process running]", file=sys.stderr)
+    for fork in forks:
+        print(fork.id, flush=True)
+    return 0
+
+
+def cmd_restore(args: argparse.Namespace) -> int:
+    from client.cli import _fleet  # noqa: PLC0415
+
+    done = _fleet().open_workspace(args.workspace).restore(args.snapshot)
+    if args.json:
+        print(done.model_dump_json(indent=2))
+        return 0
+    print(f"[workspace {done.workspace}: its files are snapshot {done.snapshot}'s again; "
+          f"{done.ended} process(es) that ran in it were ended]", file=sys.stderr)
+    return 0
+
+
+def cmd_ls(args: argparse.Namespace) -> int:
+    from client.cli import _fleet  # noqa: PLC0415
+
+    found = _fleet().snapshots()
+    if args.json:
+        print("[" + ",\n".join(snap.model_dump_json(indent=2) for snap in found) + "]")
+        return 0
+    print(snapshot_table(found, time.time()) if found else "no snapshots")
+    return 0
+
+
+def cmd_rm(args: argparse.Namespace) -> int:
+    """Delete each snapshot named; 1 when any was unknown (the others still go)."""
+    from client.cli import _fleet  # noqa: PLC0415
+
+    fleet, status = _fleet(), 0
+    for snap_id in args.ids:
+        if fleet.delete_snapshot(snap_id):
+            print(f"[snapshot {snap_id} removed]", file=sys.stderr)
+        else:
+            print(f"bashfleet snapshot rm: no such snapshot: {snap_id}", file=sys.stderr)
+            status = 1
+    return status
+
+
+def snapshot_table(found: list[Snapshot], now: float) -> str:
+    """Snapshots as `snapshot ls` shows them."""
+    from client.cli import _table  # noqa: PLC0415
+    from client.workspace_cli import _duration  # noqa: PLC0415
+
+    rows: list[list[object]] = [
+        [snap.id, snap.host, snap.workspace, snap.base, _size(snap.bytes),
+         f"in {_duration(max(0.0, snap.expires_at - now))}",
+         " ".join(f"{k}={v}" for k, v in sorted(snap.tags.items())) or "-"]
+        for snap in found
+    ]
+    return _table(rows, ["ID", "HOST", "WORKSPACE", "BASE", "SIZE", "EXPIRES", "TAGS"])
+
+
+def _size(count: int) -> str:
+    from client.workspace_cli import _size as size  # noqa: PLC0415
+
+    return size(count)
