@@ -121,7 +121,7 @@ def parse_mountinfo(text: str) -> list[Mount]:
         if tail[0] == "cgroup2":
             mounts.append(Mount(point, "v2", ()))
         elif tail[0] == "cgroup":
-            names = tuple(o for o in tail[2].split(",") if o in CONTROLLERS)
+            names = tuple(o for o in tail[2].split(",") if o in (*CONTROLLERS, "freezer"))
             mounts.append(Mount(point, "v1", names))
     return mounts
 
@@ -494,30 +494,45 @@ def join_line(fds: Iterable[int]) -> str:
     return f"{writes} || {failed}\nexec {closes}\n"
 
 
-def freeze(path: str, *, timeout: float = 2.0) -> bool:
-    """Pause every process of a cgroup v2 directory (`cgroup.freeze`), waiting until the
-    kernel says they all are (`frozen 1` in `cgroup.events`). False where it cannot (a v1
-    hierarchy, no freezer): the caller goes on without a pause and says so."""
-    try:
-        _write(os.path.join(path, "cgroup.freeze"), "1")
-    except OSError:
-        return False
-    events = os.path.join(path, "cgroup.events")
-    deadline = time.monotonic() + timeout
-    delay = 0.0002
-    while time.monotonic() < deadline:
+def freeze(paths: Iterable[str], *, timeout: float = 2.0) -> bool:
+    """Pause every process of a group (its directories `paths`): v2's `cgroup.freeze`, or
+    v1's freezer hierarchy (`freezer.state`) when the group has a directory there; wait
+    until the kernel says they all are. False where it cannot (no freezer for the
+    group): the caller goes on without a pause and says so."""
+    for path in paths:
+        v2 = os.path.join(path, "cgroup.freeze")
+        v1 = os.path.join(path, "freezer.state")
         try:
-            if "frozen 1" in _read(events):
-                return True
+            if os.path.exists(v2):
+                _write(v2, "1")
+                return _wait_for(os.path.join(path, "cgroup.events"), "frozen 1", path, timeout)
+            if os.path.exists(v1):
+                _write(v1, "FROZEN")
+                return _wait_for(v1, "FROZEN", path, timeout)
         except OSError:
-            break
-        time.sleep(delay)
-        delay = min(delay * 2, 0.005)
-    thaw(path)
+            thaw([path])
+            return False
     return False
 
 
-def thaw(path: str) -> None:
-    """Let a frozen cgroup's processes run again (nothing where there is no freezer)."""
-    with contextlib.suppress(OSError):
-        _write(os.path.join(path, "cgroup.freeze"), "0")
+def _wait_for(events: str, word: str, path: str, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    delay = 0.0002
+    while time.monotonic() < deadline:
+        text = _read(events)
+        if word in text and (word != "FROZEN" or text.strip() == "FROZEN"):
+            return True
+        time.sleep(delay)
+        delay = min(delay * 2, 0.005)
+    thaw([path])
+    return False
+
+
+def thaw(paths: Iterable[str]) -> None:
+    """Let a frozen group's processes run again (nothing where it has no freezer)."""
+    for path in paths:
+        for name, value in (("cgroup.freeze", "0"), ("freezer.state", "THAWED")):
+            target = os.path.join(path, name)
+            if os.path.exists(target):
+                with contextlib.suppress(OSError):
+                    _write(target, value)

@@ -101,6 +101,12 @@ def blank_group(settings: Settings, name: str) -> cgroups.Group | None:
     support = cgroup_support(settings, cgroups.CONTROLLERS)
     if support.version is None:
         return None
+    if support.version == "v1":
+        # v1's freezer is a hierarchy of its own (v2 has one in every group): a directory
+        # there lets a snapshot pause the workspace's processes for its instant.
+        frozen = cgroup_support(settings, (*cgroups.CONTROLLERS, "freezer"))
+        if frozen.version == "v1":
+            support = frozen
     return cgroups.create(support, cgroups.CgroupLimits(), name=name)
 
 

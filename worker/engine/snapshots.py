@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import stat
 import subprocess
 import time
@@ -168,15 +169,15 @@ def take(ws: WorkspaceRecord, settings: Settings, *, ttl_s: float | None = None,
     staging = base / f".{snap_id}.tmp"
     (staging / "layer").mkdir(mode=0o700, parents=True)
     try:
-        paused_ms = _copy_frozen(ws, own_dirs(ws, settings), staging / "layer")
+        paused_ms, listings = _copy_frozen(ws, own_dirs(ws, settings), staging / "layer")
         layer = staging / "layer"
-        _shift_ids(layer, ws.ids[0])
+        size = _shift_ids(layer, ws.ids[0], listings)
         for name in layer_names(workspaces.IDMAPPED_ENTRIES):
             (layer / name).mkdir(mode=0o755, exist_ok=True)
         record = SnapshotRecord(
             id=snap_id, host=settings.host, owner=ws.owner, workspace=ws.id,
             created_at=time.time(), ttl_s=ttl_s or settings.snapshot_ttl_s,
-            bytes=workspaces._tree_bytes(layer), tags=dict(tags or {}),
+            bytes=size, tags=dict(tags or {}),
             layers=(snap_id, *ws.lowers), path=ws.path, image=ws.image, user=ws.user,
             home=ws.home, limits=ws.limits, isolation=ws.isolation, network=ws.network,
             mounts={view_path: os.path.relpath(host, ws.host_dir())
@@ -195,33 +196,135 @@ def take(ws: WorkspaceRecord, settings: Settings, *, ttl_s: float | None = None,
     return record, paused_ms
 
 
+#: What tells that an entry changed: kind and mode, inode, owner, size, and both times
+#: (the kernel gives a change after a look at them a new ctime: multigrain timestamps).
+Stamp = tuple[int, int, int, int, int, int, int]
+
+
+def _listing(root: Path) -> dict[str, tuple[Stamp, int]]:
+    """Every entry under `root` (relative path -> its stamp and its blocks), `root`
+    itself as ``."""
+    found: dict[str, tuple[Stamp, int]] = {}
+    stack = [""]
+    while stack:
+        rel = stack.pop()
+        path = os.path.join(root, rel) if rel else str(root)
+        info = os.lstat(path)
+        found[rel] = ((info.st_mode, info.st_ino, info.st_uid, info.st_gid, info.st_size,
+                       info.st_mtime_ns, info.st_ctime_ns), info.st_blocks)
+        if stat.S_ISDIR(info.st_mode):
+            with contextlib.suppress(FileNotFoundError), os.scandir(path) as listing:
+                stack.extend(os.path.join(rel, entry.name) if rel else entry.name
+                             for entry in listing)
+    return found
+
+
 def _copy_frozen(ws: WorkspaceRecord, sources: list[tuple[Path, str]], dest: Path
-                 ) -> float | None:
-    """Copy `sources` into `dest` (each under its layer name) while the workspace's
-    processes are frozen; the ms they were."""
-    group = ws.cgroup[0] if ws.cgroup else None
+                 ) -> tuple[float | None, dict[str, dict[str, tuple[Stamp, int]]]]:
+    """Copy `sources` into `dest` (each under its layer name) as they are at one instant:
+    copied while the workspace runs, then, its processes frozen, what changed meanwhile
+    copied again (its pause is that, not the whole copy). The ms they were paused, and
+    the listing of each layer as copied."""
+    before = {name: _listing(src) for src, name in sources}
+    _run_copies([(["cp", "-a", "--reflink=auto", "-T", "--", str(src), str(dest / name)],
+                  None) for src, name in sources], ws)
     started = time.monotonic()
-    frozen = group is not None and cgroups.freeze(group)
+    frozen = cgroups.freeze(ws.cgroup)
     try:
-        # One cp for them all (a process each costs more than the bytes of a small
-        # layer); `--reflink=auto` makes it a clone of extents where the filesystem can.
-        names = {src.name: name for src, name in sources}
-        argv = ["cp", "-a", "--reflink=auto", "--", *(str(src) for src, _ in sources),
-                str(dest)]
-        done = subprocess.run(argv, capture_output=True, timeout=COPY_TIMEOUT_S, check=False,
-                              env={"PATH": "/usr/bin:/bin", "LC_ALL": "C"})
+        after = {name: _listing(src) for src, name in sources}
+        again = []
+        settle = []
+        for src, name in sources:
+            copies, dirs = _catch_up(src, dest / name, before[name], after[name])
+            again += copies
+            settle.append((src, dest / name, dirs))
+        if again:
+            _run_copies(again, ws)
+        for src, copy, dirs in settle:
+            _settle_dirs(src, copy, dirs)
     finally:
-        if frozen and group is not None:
-            cgroups.thaw(group)
+        if frozen:
+            cgroups.thaw(ws.cgroup)
     paused = (time.monotonic() - started) * 1000 if frozen else None
-    if done.returncode != 0:
-        problem = done.stderr.decode("utf-8", "replace").strip().splitlines()
+    return paused, after
+
+
+def _catch_up(src: Path, copy: Path, before: dict[str, tuple[Stamp, int]],
+              after: dict[str, tuple[Stamp, int]]
+              ) -> tuple[list[tuple[list[str], str | None]], list[str]]:
+    """Bring `copy` (made from `src` as `before` listed it) to `src` as `after` lists it:
+    what went is removed here; the copies that must be made again (`cp` argv, cwd), and
+    the directories whose own metadata must be set again after them."""
+    for rel in sorted(set(before) - set(after), key=len, reverse=True):
+        _remove(copy / rel)
+    changed = sorted(rel for rel, (stamp, _) in after.items()
+                     if before.get(rel, (None,))[0] != stamp)
+    again: list[str] = []
+    fresh_dirs: list[str] = []
+    kept_dirs: list[str] = []
+    for rel in changed:
+        if any(rel.startswith(d + "/") for d in fresh_dirs):
+            continue  # copied with the new directory holding it
+        kind = stat.S_IFMT(after[rel][0][0])
+        old = before.get(rel)
+        if old is not None and stat.S_IFMT(old[0][0]) == kind == stat.S_IFDIR:
+            kept_dirs.append(rel)  # its entries are listed on their own
+            continue
+        if rel:
+            _remove(copy / rel)  # made again whole: a file, a link, a new directory
+            again.append(rel)
+            if kind == stat.S_IFDIR:
+                fresh_dirs.append(rel)
+    copies: list[tuple[list[str], str | None]] = []
+    if again:
+        copies.append((["cp", "-a", "--reflink=auto", "--parents", "-t", str(copy), "--",
+                        *again], str(src)))
+    return copies, kept_dirs
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def _settle_dirs(src: Path, copy: Path, dirs: list[str]) -> None:
+    """Give directories of the copy their source's owner, mode, xattrs and times."""
+    for rel in sorted(dirs, key=len, reverse=True):
+        source, target = src / rel, copy / rel
+        info = os.lstat(source)
+        os.lchown(target, info.st_uid, info.st_gid)
+        os.chmod(target, stat.S_IMODE(info.st_mode))
+        wanted = {name: os.getxattr(source, name, follow_symlinks=False)
+                  for name in os.listxattr(source, follow_symlinks=False)}
+        for name in os.listxattr(target, follow_symlinks=False):
+            if name not in wanted:
+                os.removexattr(target, name, follow_symlinks=False)
+        for name, value in wanted.items():
+            os.setxattr(target, name, value, follow_symlinks=False)
+        os.utime(target, ns=(info.st_atime_ns, info.st_mtime_ns), follow_symlinks=False)
+
+
+def _run_copies(copies: list[tuple[list[str], str | None]], ws: WorkspaceRecord) -> None:
+    """Run cp processes all at once (the cost is per file, the kernel's, which the host's
+    cores share); SnapshotError naming the first that failed."""
+    procs = [subprocess.Popen(argv, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                              env={"PATH": "/usr/bin:/bin", "LC_ALL": "C"})
+             for argv, cwd in copies]
+    problems = []
+    for proc in procs:
+        try:
+            _, err = proc.communicate(timeout=COPY_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            _, err = proc.communicate()
+        if proc.returncode != 0:
+            lines = err.decode("utf-8", "replace").strip().splitlines()
+            problems.append(lines[-1] if lines else f"cp exited {proc.returncode}")
+    if problems:
         raise SnapshotError("internal", f"could not copy workspace {ws.id}'s layers: "
-                            f"{problem[-1] if problem else f'cp exited {done.returncode}'}")
-    for copied, name in names.items():
-        if copied != name:
-            os.rename(dest / copied, dest / name)
-    return paused
+                            f"{problems[0]}")
 
 
 def image_id(host_id: int, first: int) -> int:
@@ -233,26 +336,25 @@ def image_id(host_id: int, first: int) -> int:
     return 0 if host_id == 0 else OVERFLOW_ID
 
 
-def _shift_ids(root: Path, first: int) -> None:
-    """Make every id of a workspace's slot (`first` + n) the image-like n; any other id
-    nobody's. What chown clears (set-user-id and set-group-id bits) is set again."""
-    def shift(host_id: int) -> int:
-        return image_id(host_id, first)
-
-    stack = [str(root)]
-    while stack:
-        with os.scandir(stack.pop()) as listing:
-            for entry in listing:
-                info = entry.stat(follow_symlinks=False)
-                uid, gid = shift(info.st_uid), shift(info.st_gid)
-                if (uid, gid) != (info.st_uid, info.st_gid):
-                    os.lchown(entry.path, uid, gid)
-                    special = stat.S_IMODE(info.st_mode) & (stat.S_ISUID | stat.S_ISGID)
-                    if special and not stat.S_ISLNK(info.st_mode):
-                        os.chmod(entry.path, stat.S_IMODE(info.st_mode))
-                if stat.S_ISDIR(info.st_mode):
-                    stack.append(entry.path)
-    os.chown(root, 0, 0)  # the layer directory itself is the snapshot's, not a copy
+def _shift_ids(layer: Path, first: int,
+               listings: dict[str, dict[str, tuple[Stamp, int]]]) -> int:
+    """Make every id of a workspace's slot (`first` + n) the image-like n in the copied
+    layers (`listings`: what each holds, as copied); any other id nobody's. What chown
+    clears (set-user-id and set-group-id bits) is set again. The bytes they hold."""
+    total = 0
+    for name, listing in listings.items():
+        for rel, (stamp, blocks) in listing.items():
+            total += blocks * 512
+            mode, _, uid, gid = stamp[:4]
+            shifted = (image_id(uid, first), image_id(gid, first))
+            if shifted == (uid, gid):
+                continue
+            path = layer / name / rel if rel else layer / name
+            os.lchown(path, *shifted)
+            if stat.S_IMODE(mode) & (stat.S_ISUID | stat.S_ISGID) and not stat.S_ISLNK(mode):
+                os.chmod(path, stat.S_IMODE(mode))
+    os.chown(layer, 0, 0)  # the layer directory itself is the snapshot's, not a copy
+    return total
 
 
 # ---------------------------------------------------------------------------- lifetime

@@ -528,9 +528,11 @@ def _make_snapshot_layers(record: WorkspaceRecord, settings: Settings, slot: ids
         (layers / name).mkdir(mode=0o700 if name != "empty" else 0o755, parents=True)
     newest = snapshots.layer_path(settings, record.lowers[0])
     del image_root  # the snapshot's layer of `/` has its image's root's owner and mode
-    for name in ("root", *(layout.upper_name(e) for e in IDMAPPED_ENTRIES)):
+    _upper(layers, "root", os.stat(newest / "root"), slot)
+    for entry in IDMAPPED_ENTRIES:  # the host's real directories only, as `_make_layers`
         with contextlib.suppress(FileNotFoundError):
-            if name == "root" or os.path.isdir(f"/{name.removeprefix('top.')}"):
+            if stat.S_ISDIR(os.stat(f"/{entry}", follow_symlinks=False).st_mode):
+                name = layout.upper_name(entry)
                 _upper(layers, name, os.stat(newest / name), slot)
     state = state_path(settings, record.id)
     own = {"home": state / "home", "tmp": state / "tmp", "vartmp": state / "vartmp",

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import redis
@@ -41,6 +42,8 @@ log = logging.getLogger("bashfleet.worker")
 SNAPSHOT = "snapshot"
 #: The owner quota snapshots count in.
 QUOTA_KIND = "snapshots"
+#: Workspaces a fork makes at once.
+FORK_THREADS = 4
 #: Seconds a kept snapshot's record outlives the host's next renewal of it.
 RECORD_MARGIN_S = 300.0
 
@@ -146,13 +149,24 @@ def fork(rt: Runtime, request: WorkspaceForkRequest, admin: bool = False) -> Wor
     source = workspace_calls.owned(rt, request.workspace, request.owner, admin)
     record, paused = _take(rt, source.id, request.owner, admin, ttl_s=engine.HIDDEN_GRACE_S,
                            tags=dict(request.tags), hidden=True)
+    spec = WorkspaceSpec(snapshot=record.id, ttl_s=request.ttl_s or source.ttl_s,
+                         tags={**source.tags, **request.tags}, session=None)
+    ask = WorkspaceCreateRequest(owner=source.owner, spec=spec)
     made = []
     try:
-        for _ in range(request.n):
-            spec = WorkspaceSpec(snapshot=record.id, ttl_s=request.ttl_s or source.ttl_s,
-                                 tags={**source.tags, **request.tags}, session=None)
-            made.append(workspace_calls.create(
-                rt, WorkspaceCreateRequest(owner=source.owner, spec=spec)))
+        # A few at once: each waits on its keeper building its view, a process of its
+        # own, so the host's cores make several together.
+        with ThreadPoolExecutor(min(request.n, FORK_THREADS),
+                                thread_name_prefix="bashfleet-fork") as pool:
+            futures = [pool.submit(workspace_calls.create, rt, ask) for _ in range(request.n)]
+            failure: BaseException | None = None
+            for future in futures:
+                try:
+                    made.append(future.result())
+                except BaseException as exc:  # the first is raised once all are in
+                    failure = failure or exc
+        if failure is not None:
+            raise failure
     except BaseException:
         for view in made:
             try:

@@ -1,0 +1,230 @@
+"""Snapshots benchmark: snapshots and forks of a workspace against baselines measured in
+the same run.
+
+    python -m bench.bench_snapshots [--quick] [--dir D] [--count N]
+
+1. A snapshot of a workspace holding 50 MB of its own changes (`snapshots.take`), while
+   a loop runs in it: p50 and p99, and how long its processes were paused; baseline:
+   `cp -a` of the same 50 MB tree (the bytes alone, nothing paused). Targets: <= 150 ms,
+   paused <= 100 ms.
+2. A fork (n=1) on the same host ready for its first call (`workspaces.create` from the
+   snapshot); baseline: a fresh host-root workspace. Target: <= 30 ms p50.
+3. Sixteen forks at once (one `fork` request's work: a snapshot, then 16 workspaces).
+   Target: <= 200 ms for all 16.
+4. The disk of 16 forks that each change 1 MB: the snapshot once + 16 MB.
+5. With `--registry` (the tests' registry on 127.0.0.1): a workspace from the snapshot on
+   another host, cold: push once, then fetch and make; baseline: the registry pull of
+   the same layer alone. Target: <= pull + 30 ms.
+
+Not a test: it never fails on a miss. Progress goes to stderr, the table to stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from worker import Call, run_call
+from worker.engine import sandbox, snapshots, workspaces
+from worker.fleet import snapshot_calls
+from worker.settings import Settings
+from worker.wire.models import WorkspaceSpec
+
+SNAPSHOT_TARGET_S = 0.150
+PAUSE_TARGET_MS = 100.0
+FORK_TARGET_S = 0.030
+FORK16_TARGET_S = 0.200
+MIB = 1 << 20
+
+Row = tuple[str, str, str, str, str]
+
+
+def _say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def _pct(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def _ms(values: Sequence[float]) -> str:
+    return f"{statistics.median(values) * 1e3:.1f} ms (p99 {_pct(values, 0.99) * 1e3:.1f})"
+
+
+def _ok(good: bool) -> str:
+    return "ok" if good else "MISS"
+
+
+def _run(settings: Settings, ws_id: str, command: str) -> str:
+    result = run_call(Call(call_id=f"b{uuid.uuid4().hex[:15]}", command=command,
+                           workspace=ws_id, timeout_s=120), settings=settings)
+    if result.exit_code != 0:
+        raise RuntimeError(f"{command!r} failed: {result!r}")
+    return result.stdout
+
+
+def _du(path: Path) -> int:
+    total = 0
+    for folder, _, files in os.walk(path):
+        for name in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(folder, name)).st_blocks * 512
+    return total
+
+
+#: 50 MB of a workspace's own changes: a repository's worth of files of mixed sizes
+#: (400 of 64 KiB, 100 of 256 KiB: 50 MiB) in its directory and /usr/local.
+FILL = ("set -e; mkdir -p repo /usr/local/pkg; "
+        "head -c 26214400 /dev/urandom > /tmp/blob; "
+        "i=0; while [ $i -lt 400 ]; do dd if=/tmp/blob of=repo/f$i bs=64k count=1 "
+        "skip=$i status=none; i=$((i+1)); done; "
+        "i=0; while [ $i -lt 100 ]; do dd if=/tmp/blob of=/usr/local/pkg/g$i bs=256k count=1 "
+        "skip=$((i % 90)) status=none; i=$((i+1)); done; rm /tmp/blob")
+
+
+def snapshot_rows(settings: Settings, count: int, base: Path) -> tuple[list[Row], str]:
+    """Row 1; the source workspace and its last snapshot stay for the fork rows."""
+    source = workspaces.create(WorkspaceSpec(), settings)
+    _run(settings, source.id, FILL)
+    run_call(Call(call_id=f"b{uuid.uuid4().hex[:15]}", workspace=source.id, background=True,
+                  command="while :; do date +%s%N > /tmp/beat; sleep 0.01; done"),
+             settings=settings)
+    taken: list[float] = []
+    paused: list[float] = []
+    copies: list[float] = []
+    last = ""
+    for index in range(count):
+        if index % 2:
+            target = base / f"copy{index}"
+            started = time.perf_counter()
+            subprocess.run(["cp", "-a", "--reflink=auto", "--", source.host_dir(),
+                            str(target)], check=True)
+            copies.append(time.perf_counter() - started)
+            shutil.rmtree(target)
+            continue
+        started = time.perf_counter()
+        record, pause = snapshots.take(source, settings, ttl_s=3600)
+        taken.append(time.perf_counter() - started)
+        paused.append(pause or 0.0)
+        if last:
+            snapshots.remove(last, settings)
+        last = record.id
+    size = snapshots.load(last, settings).bytes
+    pause_p99 = _pct(paused, 0.99)
+    rows = [
+        (f"snapshot of {size / MIB:.0f} MiB of own changes", _ms(taken),
+         _ms(copies) + " cp -a of its directory", f"<= {SNAPSHOT_TARGET_S * 1e3:.0f} ms p50",
+         _ok(statistics.median(taken) <= SNAPSHOT_TARGET_S)),
+        ("snapshot: its source paused", f"{statistics.median(paused):.1f} ms (p99 "
+         f"{pause_p99:.1f})", "-", f"<= {PAUSE_TARGET_MS:.0f} ms",
+         _ok(pause_p99 <= PAUSE_TARGET_MS)),
+    ]
+    _hold["source"] = source.id
+    return rows, last
+
+
+_hold: dict[str, str] = {}
+
+
+def fork_rows(settings: Settings, snap_id: str, count: int) -> list[Row]:
+    """Rows 2, 3 and 4."""
+    forks: list[float] = []
+    fresh: list[float] = []
+    for index in range(count * 2):
+        spec = WorkspaceSpec(snapshot=snap_id) if index % 2 == 0 else WorkspaceSpec()
+        started = time.perf_counter()
+        record = workspaces.create(spec, settings)
+        (forks if index % 2 == 0 else fresh).append(time.perf_counter() - started)
+        workspaces.delete(record.id, settings)
+    source = workspaces.load(_hold["source"], settings)
+    started = time.perf_counter()
+    record, _ = snapshots.take(source, settings, hidden=True)
+    took = time.perf_counter() - started
+    # As a `fork` request makes them (`worker.fleet.snapshot_calls.fork`): a few at once.
+    with ThreadPoolExecutor(snapshot_calls.FORK_THREADS) as pool:
+        sixteen = list(pool.map(lambda _: workspaces.create(
+            WorkspaceSpec(snapshot=record.id), settings), range(16)))
+    all16 = time.perf_counter() - started - took
+    try:
+        for fork in sixteen:
+            _run(settings, fork.id, "head -c 1048576 /dev/urandom > repo/mine")
+        own = sum(workspaces.disk_bytes(fork, settings) for fork in sixteen)
+        snap_bytes = _du(snapshots.layer_path(settings, record.id))
+    finally:
+        for fork in sixteen:
+            workspaces.delete(fork.id, settings)
+    return [
+        ("fork (n=1) ready for its first call", _ms(forks), _ms(fresh) + " fresh workspace",
+         f"<= {FORK_TARGET_S * 1e3:.0f} ms p50", _ok(statistics.median(forks) <= FORK_TARGET_S)),
+        ("fork n=16 from a snapshot, all ready", f"{all16 * 1e3:.0f} ms",
+         f"{(took + all16) * 1e3:.0f} ms with its snapshot taken first",
+         f"<= {FORK16_TARGET_S * 1e3:.0f} ms", _ok(all16 <= FORK16_TARGET_S)),
+        ("16 forks that each change 1 MiB: disk", f"{own / MIB:.1f} MiB their own",
+         f"{snap_bytes / MIB:.0f} MiB the snapshot, once", "snapshot once + 16 MiB",
+         _ok(own <= 20 * MIB)),
+    ]
+
+
+@contextlib.contextmanager
+def _state(base: Path, registry: object | None = None) -> Iterator[Settings]:
+    extra: dict[str, object] = {}
+    if registry is not None:
+        extra = {"registry_auth_file": getattr(registry, "auth_file"),  # noqa: B009
+                 "registry_certs_dir": getattr(registry, "certs_dir"),  # noqa: B009
+                 "snapshot_registry": f"{getattr(registry, 'url')}/bench/snapshots"}  # noqa: B009
+    settings = Settings(state_dir=base / "state", host="bench-snapshots",
+                        workspace_root=base / "workspaces", **extra)  # type: ignore[arg-type]
+    try:
+        yield settings
+    finally:
+        workspaces.throwaways.close()
+        for record in workspaces.local_records(settings):
+            workspaces.delete(record.id, settings)
+        sandbox.close_all()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="bench.bench_snapshots", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="fewer runs")
+    parser.add_argument("--dir", type=Path, default=None, help="where its state goes")
+    parser.add_argument("--count", type=int, default=None,
+                        help="snapshots and forks measured (default 30; --quick 6)")
+    args = parser.parse_args(argv)
+    count = args.count or (6 if args.quick else 30)
+    with tempfile.TemporaryDirectory(dir=args.dir, prefix="bench-snapshots-") as folder:
+        base = Path(folder)
+        with _state(base) as settings:
+            if sandbox.host_ids(settings) is None:
+                _say("this host gives workspaces no ids of their own: nothing to measure")
+                return 1
+            _say(f"{count} snapshots of 50 MiB (and as many cp -a)")
+            rows, snap_id = snapshot_rows(settings, count, base)
+            _say(f"{count} forks and fresh workspaces; 16 forks")
+            rows += fork_rows(settings, snap_id, count)
+    _print(rows)
+    return 0
+
+
+def _print(rows: Sequence[Row]) -> None:
+    header = ("row", "measured", "baseline", "target", "status")
+    widths = [max(len(str(row[i])) for row in (header, *rows)) for i in range(5)]
+    for row in (header, tuple("-" * w for w in widths), *rows):
+        print(" | ".join(str(cell).ljust(width) for cell, width in zip(row, widths,
+                                                                     strict=True)))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

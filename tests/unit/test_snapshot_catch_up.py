@@ -1,0 +1,86 @@
+"""worker.engine.snapshots' two-phase copy: what changed after the first copy (while a
+workspace ran on) is copied again, so the copy is the source at the frozen instant."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from worker.engine import snapshots
+from worker.wire.models import WorkspaceRecord
+
+
+def _tree(root: Path) -> dict[str, tuple[object, ...]]:
+    found: dict[str, tuple[object, ...]] = {}
+    for folder, dirs, files in os.walk(root):
+        for name in [*dirs, *files]:
+            path = Path(folder) / name
+            info = path.lstat()
+            rel = str(path.relative_to(root))
+            content: object = None
+            if stat.S_ISREG(info.st_mode):
+                content = path.read_bytes()
+            elif stat.S_ISLNK(info.st_mode):
+                content = os.readlink(path)
+            xattrs = tuple(sorted((n, os.getxattr(path, n, follow_symlinks=False))
+                                  for n in os.listxattr(path, follow_symlinks=False)))
+            found[rel] = (stat.S_IFMT(info.st_mode), stat.S_IMODE(info.st_mode), info.st_uid,
+                          content, xattrs)
+    return found
+
+
+def _base(src: Path) -> None:
+    (src / "d" / "e").mkdir(parents=True)
+    (src / "d" / "a.txt").write_text("aaaa")
+    (src / "d" / "e" / "b.txt").write_text("bb")
+    (src / "gone.txt").write_text("x")
+    (src / "link").symlink_to("d/a.txt")
+    (src / "becomes_dir").write_text("file")
+
+
+MUTATIONS: dict[str, Callable[[Path], None]] = {
+    "same size rewrite": lambda s: (s / "d" / "a.txt").write_text("AAAA"),
+    "new file": lambda s: (s / "d" / "e" / "new.txt").write_text("new"),
+    "removed file": lambda s: (s / "gone.txt").unlink(),
+    "new tree": lambda s: (os.makedirs(s / "n" / "m"), (s / "n" / "m" / "f").write_text("f")),
+    "dir mode": lambda s: os.chmod(s / "d" / "e", 0o700),
+    "dir xattr": lambda s: os.setxattr(s / "d", "user.opaque", b"y"),
+    "file to dir": lambda s: ((s / "becomes_dir").unlink(), (s / "becomes_dir").mkdir(),
+                              (s / "becomes_dir" / "in").write_text("in")),
+    "removed dir": lambda s: (os.remove(s / "d" / "e" / "b.txt"), os.rmdir(s / "d" / "e")),
+    "relinked": lambda s: ((s / "link").unlink(), (s / "link").symlink_to("gone.txt")),
+    "whiteout": lambda s: os.mknod(s / "d" / "wh", stat.S_IFCHR | 0o600, os.makedev(0, 0)),
+}
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="whiteouts (device nodes) need root")
+@pytest.mark.parametrize("change", sorted(MUTATIONS))
+def test_what_changed_after_the_first_copy_is_copied_again(change: str, tmp_path: Path) -> None:
+    src, copy = tmp_path / "src", tmp_path / "copy"
+    src.mkdir()
+    _base(src)
+    before = snapshots._listing(src)
+    subprocess.run(["cp", "-a", "-T", str(src), str(copy)], check=True)
+    MUTATIONS[change](src)
+    assert _tree(src) != _tree(copy)  # the change is one the first copy has not got
+    after = snapshots._listing(src)
+    copies, dirs = snapshots._catch_up(src, copy, before, after)
+    ws = WorkspaceRecord(id="w" + "0" * 15, host="h", path="/x", fresh=True, out_dir="/o",
+                         isolation="strict", network=True, ttl_s=1, created_at=0)
+    snapshots._run_copies(copies, ws)
+    snapshots._settle_dirs(src, copy, dirs)
+    assert _tree(copy) == _tree(src)
+
+
+def test_nothing_changed_copies_nothing(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    _base(src)
+    listing = snapshots._listing(src)
+    assert snapshots._listing(src) == listing
+    assert snapshots._catch_up(src, tmp_path / "copy", listing, listing) == ([], [])
