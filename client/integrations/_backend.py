@@ -114,6 +114,18 @@ class WorkspaceOptions(BaseModel):
         made.update(override)
         return made
 
+    def from_snapshot_kwargs(self, snapshot: str, tags: Mapping[str, str] | None = None,
+                             **override: Any) -> dict[str, Any]:
+        """`Fleet.workspace`'s keyword arguments for a workspace made from a snapshot: its
+        files, paths and base (image or host root) are the snapshot's, so the options'
+        image, build, path and mounts are not passed; where it lives, its lease, network,
+        limits, user and tags are the options'."""
+        made = self.create_kwargs(tags, **override)
+        for taken in ("image", "build", "path", "mounts"):
+            made.pop(taken, None)
+        made["snapshot"] = snapshot
+        return made
+
 
 # --------------------------------------------------------------------------- the fleet
 

@@ -32,6 +32,15 @@ How inspect's `SandboxEnvironment` maps onto `AsyncWorkspace`:
   FileNotFoundError, PermissionError, IsADirectoryError as inspect expects and
   INSPECT_SANDBOX_MAX_READ_FILE_SIZE enforced; where calls run as an image's USER by
   default, a file is written by a command of that user (its file, as docker's writes).
+
+Snapshots: inspect's `SandboxEnvironment` has no snapshot methods for a provider to
+implement (its checkpointing captures files with restic or tar through `exec`, strategies
+it does not let a provider add), so they are this environment's own, reached from a
+solver as inspect reaches any provider's: `sandbox().as_type(BashfleetSandboxEnvironment)`.
+`snapshot()` freezes the workspace's files (the fleet's native snapshot: its upper layer,
+no copy, no process state), `restore(snapshot)` puts them back (ending its processes),
+and `fork(n)` gives n environments on new workspaces that start as its files are now,
+deleted with the sample.
 """
 
 from __future__ import annotations
@@ -39,8 +48,9 @@ from __future__ import annotations
 import errno
 import posixpath
 import shlex
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal, overload
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 try:
     from inspect_ai.util import (
@@ -83,6 +93,9 @@ from client.integrations._backend import (
     stage,
 )
 from worker.wire.models import MAX_TIMEOUT_S, Policy
+
+if TYPE_CHECKING:
+    from worker.wire.models import Snapshot
 
 #: The policy of inspect's calls: separate streams, the whole output read back (up to
 #: inspect's limit), a timeout kills (inspect raises TimeoutError), none by default.
@@ -224,6 +237,8 @@ class BashfleetSandboxEnvironment(SandboxEnvironment):  # type: ignore[misc]
         self._renewer = Renewer(workspace)
         self._user = InsideUser(workspace, default_user)
         self._output = ExactOutput(workspace)
+        self._forks: list[BashfleetSandboxEnvironment] = []
+        self._closed = False
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -263,7 +278,14 @@ class BashfleetSandboxEnvironment(SandboxEnvironment):  # type: ignore[misc]
                 await environment.close()
 
     async def close(self) -> None:
-        """Stop renewing, delete the workspace, let the fleet client go."""
+        """Stop renewing, delete the workspace (and its forks'), let the fleet client go
+        (once: a fork closed by its solver is closed again by the sample's cleanup)."""
+        if self._closed:
+            return
+        self._closed = True
+        forks, self._forks = self._forks, []
+        for fork in forks:
+            await fork.close()
         await self._renewer.stop()
         try:
             await self.workspace.delete()
@@ -291,6 +313,44 @@ class BashfleetSandboxEnvironment(SandboxEnvironment):  # type: ignore[misc]
     def default_polling_interval(self) -> float:
         """exec_remote's polling: the fleet answers in milliseconds."""
         return 0.5
+
+    # ------------------------------------------------------------------ snapshots
+
+    async def snapshot(self, *, ttl_s: float | None = None,
+                       tags: Mapping[str, str] | None = None) -> Snapshot:
+        """The workspace's files as they are now, frozen: a native snapshot (its upper
+        layer, no copy; its processes keep running, and are not part of it). It lives
+        `ttl_s` (None: the fleet's default) unless deleted (`delete_snapshot`)."""
+        return await self.workspace.snapshot(ttl_s=ttl_s, tags=tags)
+
+    async def restore(self, snapshot: Snapshot | str) -> int:
+        """Put the workspace's files back as `snapshot` (one of its own) holds them.
+        Every process of the workspace ends first: how many did."""
+        return (await self.workspace.restore(snapshot)).ended
+
+    async def fork(self, n: int = 1, *, ttl_s: float | None = None
+                   ) -> list[BashfleetSandboxEnvironment]:
+        """n environments on new workspaces whose files are this one's now (no process
+        running in them; the same paths, user and limits), each deleted when this one is
+        (the sample's cleanup) unless closed before."""
+        forked = await self.workspace.fork(
+            n, ttl_s=ttl_s if ttl_s is not None else self._config.ttl_s,
+            tags={"forked_from": self.workspace.id})
+        made = []
+        for workspace in forked:
+            POOL.acquire(self._config.owner)  # each fork's close lets it go
+            made.append(BashfleetSandboxEnvironment(workspace, self._config,
+                                                    self._user.default))
+        self._forks.extend(made)
+        return made
+
+    async def delete_snapshot(self, snapshot: Snapshot | str) -> bool:
+        """Delete a snapshot (forks made from it keep their files); False: none by that id."""
+        fleet = POOL.acquire(self._config.owner)
+        try:
+            return await fleet.delete_snapshot(snapshot)
+        finally:
+            await POOL.release(self._config.owner)
 
     # ----------------------------------------------------------------------- exec
 

@@ -28,8 +28,17 @@ at its path in the calls' view (a mount of the workspace).
   running after `yield_time_s` gets a process id (1000..99999) that `pty_write_stdin`
   writes to (Ctrl-C is `\\u0003`) and polls; output is cut to `max_output_tokens` as
   Codex cuts it, head and tail.
-- `persist_workspace` / `hydrate_workspace`: a tar of the root, made and unpacked in the
-  workspace (the SDK's snapshots).
+- `persist_workspace` / `hydrate_workspace` (the SDK's snapshots: `stop` persists into
+  the session's `SnapshotBase`, a new session hydrates from it): by default a native
+  snapshot of the workspace (the fleet's: its files frozen at once, no copy, no process
+  state), whose reference (`SnapshotRef`, a few bytes headed `BASHFLEET_SNAPSHOT_V1`, as the
+  SDK's Modal, E2B and Runloop sessions mark theirs) is what the SDK's snapshot stores.
+  Hydrating a reference restores the workspace it was taken of (its processes end), or
+  puts the session on a new workspace made from it (a resumed or new session: `create` /
+  `resume` make that one from the snapshot at once). The manifest's ephemeral paths are
+  set aside while a snapshot is taken. `workspace_persistence="tar"`, or a manifest with
+  mounts, persists a tar of the root instead (made and unpacked in the workspace); a tar
+  is always hydrated as one.
 """
 
 from __future__ import annotations
@@ -37,12 +46,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import io
+import json
 import shlex
 import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 try:
     from agents.sandbox.errors import (
@@ -75,6 +85,8 @@ except ModuleNotFoundError as exc:  # the extra is not installed: say which
     from client.integrations import missing_extra
 
     raise missing_extra(__name__, "the OpenAI Agents SDK", "openai-agents", exc) from exc
+
+from pydantic import Field
 
 from client._async.fleet import AsyncFleet
 from client._async.workspace import AsyncWorkspace
@@ -110,6 +122,11 @@ MAX_EXEC_OUTPUT_BYTES = 64 * 1024 * 1024
 EXEC_YIELD_MS = 10_000
 WRITE_YIELD_MS = 250
 
+#: The head of what `persist_workspace` returns for a native snapshot, JSON after it.
+SNAPSHOT_REF_MAGIC = b"BASHFLEET_SNAPSHOT_V1\n"
+#: How a session's workspace is persisted (`persist_workspace`).
+WorkspacePersistence = Literal["snapshot", "tar"]
+
 #: The policy of `exec`: separate streams read back whole, a timeout kills, none by
 #: default.
 EXEC_POLICY = Policy(name="openai-agents", on_timeout="kill", default_timeout_s=MAX_TIMEOUT_S,
@@ -133,6 +150,34 @@ def pty_output(text: str, info: TruncationInfo | None, max_tokens: int | None
     return shown_output(text, info).encode(), -(-info.total_bytes // 4)
 
 
+@dataclass(frozen=True)
+class SnapshotRef:
+    """A native snapshot as the SDK's snapshot stores it (`persist_workspace`'s bytes)."""
+
+    id: str
+    """The snapshot (`Snapshot.id`)."""
+    host: str
+    """The host it was taken on."""
+    workspace: str
+    """The workspace it was taken of."""
+
+    def encode(self) -> bytes:
+        body = {"id": self.id, "host": self.host, "workspace": self.workspace}
+        return SNAPSHOT_REF_MAGIC + json.dumps(body, sort_keys=True).encode()
+
+    @classmethod
+    def decode(cls, raw: bytes) -> SnapshotRef | None:
+        """The reference `raw` holds (None: it is not one: a tar)."""
+        if not raw.startswith(SNAPSHOT_REF_MAGIC):
+            return None
+        try:
+            body = json.loads(raw[len(SNAPSHOT_REF_MAGIC):])
+            return cls(id=str(body["id"]), host=str(body["host"]),
+                       workspace=str(body["workspace"]))
+        except (ValueError, KeyError, TypeError):
+            return None
+
+
 def user_name(user: str | User | None) -> str | None:
     """A `user=` as a name (the SDK passes names or `User`s)."""
     if user is None or isinstance(user, str):
@@ -141,9 +186,15 @@ def user_name(user: str | User | None) -> str | None:
 
 
 class BashfleetSandboxClientOptions(BaseSandboxClientOptions, WorkspaceOptions):  # type: ignore[misc]
-    """Where and how a session's workspace is made (`WorkspaceOptions`' fields)."""
+    """Where and how a session's workspace is made (`WorkspaceOptions`' fields), and how
+    it is persisted."""
 
     type: Literal["bashfleet"] = "bashfleet"
+    workspace_persistence: WorkspacePersistence = "snapshot"
+    """`snapshot`: a native snapshot of the fleet (the SDK's snapshot stores a reference
+    to it); `tar`: a tar of the manifest root (the SDK's snapshot stores the tar)."""
+    snapshot_ttl_s: float | None = Field(None, gt=0)
+    """Seconds a native snapshot lives (None: the fleet's default)."""
 
 
 def workspace_options(options: BashfleetSandboxClientOptions) -> WorkspaceOptions:
@@ -165,6 +216,10 @@ class BashfleetSandboxSessionState(SandboxSessionState):  # type: ignore[misc]
     """How it was made (a replacement is made the same way)."""
     root_is_workspace: bool = True
     """The manifest root is the workspace's directory (it moves with a replacement)."""
+    workspace_persistence: WorkspacePersistence = "snapshot"
+    """How `persist_workspace` saves it (the options')."""
+    snapshot_ttl_s: float | None = None
+    """Seconds a native snapshot lives (the options')."""
 
 
 @dataclass
@@ -193,6 +248,10 @@ class BashfleetSandboxSession(BaseSandboxSession):  # type: ignore[misc]
         self._renewer: Renewer | None = None
         self._ptys: dict[int, _Pty] = {}
         self._pty_lock = asyncio.Lock()
+        self.made_from: str | None = None
+        """The snapshot its workspace was made from, until the SDK's start has restored
+        it (nothing to do then: the workspace is that snapshot already)."""
+        self._restores = 0
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -293,6 +352,55 @@ class BashfleetSandboxSession(BaseSandboxSession):  # type: ignore[misc]
                                              context={"message": exc.message}) from exc
 
     async def persist_workspace(self) -> io.IOBase:
+        """A native snapshot's reference, or the root as a tar (`workspace_persistence`;
+        always a tar when the manifest has mounts, which a snapshot would not leave out)."""
+        if self.state.workspace_persistence == "tar" or self.state.manifest.mount_targets():
+            return await self._persist_tar()
+        return io.BytesIO((await self._persist_native()).encode())
+
+    async def _persist_native(self) -> SnapshotRef:
+        """A snapshot of the workspace, the manifest's ephemeral paths set aside (they
+        are not part of what the SDK persists)."""
+        kept = await self._set_aside(self._persist_workspace_skip_relpaths())
+        try:
+            snapshot = await self.workspace.snapshot(
+                ttl_s=self.state.snapshot_ttl_s,
+                tags={"framework": "openai-agents", "session": self.state.session_id.hex})
+        except BashfleetError as exc:
+            raise WorkspaceArchiveReadError(path=Path(self._root()), cause=exc,
+                                            context={"message": exc.message}) from exc
+        finally:
+            await self._put_back(kept)
+        return SnapshotRef(id=snapshot.id, host=snapshot.host, workspace=self.workspace.id)
+
+    async def _set_aside(self, relpaths: set[Path]) -> bytes | None:
+        """Those of `relpaths` (under the root) that exist, as a tar held here, removed
+        from the workspace (None: there were none)."""
+        if not relpaths:
+            return None
+        archive = staging_path("aside") + ".tar"
+        names = " ".join(shlex.quote(path.as_posix()) for path in sorted(relpaths))
+        made = await self._shell(
+            f"cd -- {shlex.quote(self._root())} || exit 1; set --; for p in {names}; do "
+            'if [ -e "$p" ] || [ -L "$p" ]; then set -- "$@" "$p"; fi; done; '
+            f'[ $# -eq 0 ] && exit 0; tar -c -f {shlex.quote(archive)} -- "$@" && '
+            'rm -rf -- "$@" && echo set-aside')
+        if made.exit_code != 0:
+            raise WorkspaceArchiveReadError(path=Path(self._root()),
+                                            context={"stderr": made.stderr[-2000:]})
+        if "set-aside" not in made.stdout:
+            return None
+        try:
+            return await self.workspace.read_file(archive)
+        finally:
+            await self._shell(f"rm -f -- {shlex.quote(archive)}")
+
+    async def _put_back(self, kept: bytes | None) -> None:
+        """Unpack what `_set_aside` held back into the root."""
+        if kept is not None:
+            await self._untar(kept, "aside")
+
+    async def _persist_tar(self) -> io.IOBase:
         """The root as a tar (members relative to it), without the SDK's skip paths."""
         archive = staging_path("persist") + ".tar"
         excludes = " ".join(shell_tar_exclude_args(self._persist_workspace_skip_relpaths()))
@@ -307,17 +415,82 @@ class BashfleetSandboxSession(BaseSandboxSession):  # type: ignore[misc]
             await self._shell(f"rm -f -- {shlex.quote(archive)}")
 
     async def hydrate_workspace(self, data: io.IOBase) -> None:
-        """Unpack a tar of `persist_workspace` into the root."""
-        archive = staging_path("hydrate") + ".tar"
+        """Restore a native snapshot's reference, or unpack a tar of `persist_workspace`
+        into the root."""
         payload = data.read()
-        await self.workspace.write_file(archive, payload if isinstance(payload, bytes)
-                                        else bytes(payload), mode=0o600)
+        raw = payload.encode() if isinstance(payload, str) else bytes(payload)
+        ref = SnapshotRef.decode(raw)
+        if ref is not None:
+            await self._restore_native(ref)
+        else:
+            await self._untar(raw, "hydrate")
+
+    async def _untar(self, raw: bytes, name: str) -> None:
+        archive = staging_path(name) + ".tar"
+        await self.workspace.write_file(archive, raw, mode=0o600)
         root, quoted = shlex.quote(self._root()), shlex.quote(archive)
         done = await self._shell(f"mkdir -p -- {root} && tar -x -f {quoted} -C {root}; "
                                  f"status=$?; rm -f -- {quoted}; exit $status")
         if done.exit_code != 0:
             raise WorkspaceArchiveWriteError(path=Path(self._root()),
                                              context={"stderr": done.stderr[-2000:]})
+
+    async def _restore_snapshot_into_workspace_on_resume(self) -> None:
+        """The SDK's start of a new or replaced session with a restorable snapshot: a
+        reference to a native one is restored as is (no clearing of the root first: it
+        replaces every file), nothing to do when the workspace was made from it; a tar
+        as the SDK does it (the root cleared, then unpacked)."""
+        stream = await self.state.snapshot.restore(dependencies=self.dependencies)
+        try:
+            payload = stream.read()
+        finally:
+            with contextlib.suppress(Exception):
+                stream.close()
+        raw = payload.encode() if isinstance(payload, str) else bytes(payload)
+        ref = SnapshotRef.decode(raw)
+        made_from, self.made_from = self.made_from, None
+        if ref is None:
+            await self._clear_workspace_root_on_resume()
+            await self._untar(raw, "hydrate")
+        elif ref.id != made_from:
+            await self._restore_native(ref)
+
+    async def _restore_native(self, ref: SnapshotRef) -> None:
+        """The workspace's files as the snapshot holds them: restored in place when it
+        was taken of this workspace, else the session moves to a new workspace made from
+        it (the old one deleted). Its processes end either way."""
+        try:
+            if ref.workspace == self.workspace.id:
+                await self.workspace.restore(ref.id)
+            else:
+                await self._move_to(await self.fleet.workspace(
+                    **self.state.workspace_options.from_snapshot_kwargs(
+                        ref.id, tags={"framework": "openai-agents"})))
+        except BashfleetError as exc:
+            raise WorkspaceArchiveWriteError(
+                path=Path(self._root()), cause=exc,
+                context={"message": exc.message, "snapshot": ref.id}) from exc
+        self._restores += 1  # the runtime helpers may be gone (`_current_runtime_helper_cache_key`)
+        self._ptys.clear()  # their processes ended
+
+    async def _move_to(self, workspace: AsyncWorkspace) -> None:
+        """Put the session on `workspace` (its state says so); delete the one it was on."""
+        old, self.workspace = self.workspace, workspace
+        self._user = InsideUser(workspace)
+        self._output = ExactOutput(workspace)
+        self.state.workspace_id, self.state.host = workspace.id, workspace.host
+        if self.state.root_is_workspace:
+            self.state.manifest = self.state.manifest.model_copy(
+                update={"root": workspace.path}, deep=True)
+        if self._renewer is not None:
+            await self._renewer.stop()
+            self._renewer = Renewer(workspace)
+        with contextlib.suppress(BashfleetError):  # gone already: nothing to delete
+            await old.delete()
+
+    def _current_runtime_helper_cache_key(self) -> object | None:
+        """The SDK installs its helpers once per key: a restore may have removed them."""
+        return (self.workspace.id, self._restores)
 
     async def _shell(self, command: str) -> CallResult:
         return await self.workspace.run(command, policy=EXEC_POLICY, check=False)
@@ -434,26 +607,51 @@ class BashfleetSandboxClient(BaseSandboxClient[BashfleetSandboxClientOptions | N
     async def create(self, *, snapshot: SnapshotSpec | SnapshotBase | None = None,
                      manifest: Manifest | None = None,
                      options: BashfleetSandboxClientOptions | None = None) -> SandboxSession:
-        """A session on a new workspace."""
+        """A session on a new workspace: made from the native snapshot `snapshot` refers
+        to when it does (a fork of the session that persisted it), else as the options
+        say (the SDK hydrates it from `snapshot` when that holds a tar)."""
         manifest = self._validate_manifest_for_create(manifest or Manifest())
-        chosen = workspace_options(options or BashfleetSandboxClientOptions())
+        given = options or BashfleetSandboxClientOptions()
+        chosen = workspace_options(given)
         root_is_workspace = manifest.root == DEFAULT_ROOT
+        session_id = uuid.uuid4()
+        resolved = resolve_snapshot(snapshot, str(session_id))
         fleet = self._pool.acquire(chosen.owner)
         try:
+            ref = await self._native_ref(resolved)
             workspace = await self._make(fleet, chosen, None if root_is_workspace
-                                         else str(manifest.root))
+                                         else str(manifest.root), ref)
         except BaseException:
             await self._pool.release(chosen.owner)
             raise
         if root_is_workspace:
             manifest = manifest.model_copy(update={"root": workspace.path}, deep=True)
-        session_id = uuid.uuid4()
         state = BashfleetSandboxSessionState(
-            session_id=session_id, manifest=manifest,
-            snapshot=resolve_snapshot(snapshot, str(session_id)),
+            session_id=session_id, manifest=manifest, snapshot=resolved,
             workspace_id=workspace.id, host=workspace.host, workspace_options=chosen,
-            root_is_workspace=root_is_workspace)
-        return self._wrap(BashfleetSandboxSession(state, fleet, workspace))
+            root_is_workspace=root_is_workspace,
+            workspace_persistence=given.workspace_persistence,
+            snapshot_ttl_s=given.snapshot_ttl_s)
+        inner = BashfleetSandboxSession(state, fleet, workspace)
+        inner.made_from = ref.id if ref is not None else None
+        return self._wrap(inner)
+
+    async def _native_ref(self, snapshot: SnapshotBase) -> SnapshotRef | None:
+        """The native snapshot `snapshot` stores a reference to, if it does (None: it
+        holds a tar, nothing, or cannot be read here: the SDK's start hydrates it)."""
+        try:
+            if not await snapshot.restorable(dependencies=self._dependencies):
+                return None
+            stream = await snapshot.restore(dependencies=self._dependencies)
+        except Exception:  # any snapshot store's failure: the SDK's start says so
+            return None
+        try:
+            head = stream.read(4096)
+        finally:
+            with contextlib.suppress(Exception):
+                stream.close()
+        raw = head.encode() if isinstance(head, str) else bytes(head)
+        return SnapshotRef.decode(raw)
 
     async def resume(self, state: SandboxSessionState) -> SandboxSession:
         """The session of a saved state: its workspace if it lives, else a new one (which
@@ -464,35 +662,43 @@ class BashfleetSandboxClient(BaseSandboxClient[BashfleetSandboxClientOptions | N
         options = state.workspace_options
         fleet = self._pool.acquire(options.owner)
         try:
-            workspace, preserved = await self._reopen(fleet, state)
+            workspace, preserved, ref = await self._reopen(fleet, state)
         except BaseException:
             await self._pool.release(options.owner)
             raise
         inner = BashfleetSandboxSession(state, fleet, workspace)
         inner._set_start_state_preserved(preserved, system=preserved)
+        inner.made_from = ref.id if ref is not None else None
         return self._wrap(inner)
 
     async def _reopen(self, fleet: AsyncFleet, state: BashfleetSandboxSessionState
-                      ) -> tuple[AsyncWorkspace, bool]:
+                      ) -> tuple[AsyncWorkspace, bool, SnapshotRef | None]:
+        """The state's workspace if it lives; else a new one, made from the native
+        snapshot the state's snapshot refers to when it does."""
         try:
-            return await fleet.open_workspace(state.workspace_id), True
+            return await fleet.open_workspace(state.workspace_id), True, None
         except UnknownWorkspace:
             pass
         mount = None if state.root_is_workspace else str(state.manifest.root)
-        workspace = await self._make(fleet, state.workspace_options, mount)
+        ref = await self._native_ref(state.snapshot)
+        workspace = await self._make(fleet, state.workspace_options, mount, ref)
         if state.root_is_workspace:
             state.manifest = state.manifest.model_copy(update={"root": workspace.path},
                                                        deep=True)
         state.workspace_id, state.host = workspace.id, workspace.host
         state.workspace_root_ready = False
-        return workspace, False
+        return workspace, False, ref
 
     @staticmethod
-    async def _make(fleet: AsyncFleet, options: WorkspaceOptions,
-                    root: str | None) -> AsyncWorkspace:
-        """A workspace as `options` say; a manifest root other than the default is the
+    async def _make(fleet: AsyncFleet, options: WorkspaceOptions, root: str | None,
+                    ref: SnapshotRef | None = None) -> AsyncWorkspace:
+        """A workspace as `options` say, or made from a native snapshot (its files, paths
+        and base are the snapshot's); a manifest root other than the default is the
         workspace itself, shown at that path."""
-        kwargs = options.create_kwargs(tags={"framework": "openai-agents"})
+        tags = {"framework": "openai-agents"}
+        if ref is not None:
+            return await fleet.workspace(**options.from_snapshot_kwargs(ref.id, tags=tags))
+        kwargs: dict[str, Any] = options.create_kwargs(tags=tags)
         if root is not None:
             kwargs["mounts"] = {**kwargs["mounts"], root: "."}
         return await fleet.workspace(**kwargs)
@@ -523,5 +729,6 @@ __all__ = [
     "BashfleetSandboxClientOptions",
     "BashfleetSandboxSession",
     "BashfleetSandboxSessionState",
+    "SnapshotRef",
 ]
 

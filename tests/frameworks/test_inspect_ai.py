@@ -2,7 +2,9 @@
 fleet: inspect's own provider conformance cases (the 44 `test_*` of
 `inspect_ai/util/_sandbox/self_check.py`, pulled in below) with a `bashfleet`
 environment as their `sandbox_env`, and a scripted eval whose `mockllm` model calls the
-bash tool in the sample's workspace.
+bash tool in the sample's workspace. The environment's own snapshots (`snapshot`,
+`restore`, `fork`: inspect has no snapshot methods for a provider) are marked `snapshots`:
+they need the fleet's native snapshots (issue #29).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from inspect_ai.model import (
     get_model,
 )
 from inspect_ai.scorer import includes
-from inspect_ai.solver import generate, use_tools
+from inspect_ai.solver import Generate, Solver, TaskState, generate, solver, use_tools
 from inspect_ai.tool import ToolCall, bash
 from inspect_ai.util import (
     ComposeConfig,
@@ -34,6 +36,7 @@ from inspect_ai.util import (
     SandboxEnvironment,
     SandboxUnavailableError,
     SandboxUserUnsupportedError,
+    sandbox,
 )
 from inspect_ai.util._sandbox import self_check
 from inspect_ai.util._sandbox.registry import registry_find_sandboxenv
@@ -460,3 +463,85 @@ async def test_an_eval_of_several_services_fails_and_runs_nothing(
                          log_format="json", message_limit=20)
     with Fleet(redis_server.url, owner=fleet_env) as fleet:
         assert fleet.workspaces() == []
+
+
+# ------------------------------------------------------- native snapshots (issue #29)
+
+
+@pytest.mark.snapshots
+async def test_snapshot_restore_and_forks_deleted_with_the_sample(
+        fleet_env: str, redis_server: RedisServer) -> None:
+    config = BashfleetSandboxConfig(host=HOST)
+    environments = await BashfleetSandboxEnvironment.sample_init("t", config, {})
+    env = environments["default"].as_type(BashfleetSandboxEnvironment)
+    await env.write_file("state.txt", "before")
+    snapshot = await env.snapshot(tags={"step": "1"})
+    assert (snapshot.workspace, snapshot.tags) == (env.workspace.id, {"step": "1"})
+    await env.write_file("state.txt", "after")
+    forks = await env.fork(2)
+    assert [await fork.read_file("state.txt") for fork in forks] == ["after", "after"]
+    assert [fork.workspace.path for fork in forks] == [env.workspace.path] * 2
+    await forks[0].write_file("state.txt", "mine")
+    assert await forks[1].read_file("state.txt") == "after"
+    job = await env.workspace.run("sleep 600", mode="background")
+    assert job.job is not None
+    assert await env.restore(snapshot) >= 1  # the sleep ended
+    assert await env.read_file("state.txt") == "before"
+    await forks[1].close()  # a fork closed early is not closed twice
+    ids = {env.workspace.id, *(fork.workspace.id for fork in forks)}
+    await BashfleetSandboxEnvironment.sample_cleanup("t", config, environments, False)
+    with Fleet(redis_server.url, owner=fleet_env) as fleet:
+        assert ids.isdisjoint(view.id for view in fleet.workspaces())
+        assert fleet.delete_snapshot(snapshot.id)  # snapshots outlive the sample
+
+
+@solver
+def snapshot_then_fork() -> Solver:
+    """A solver that uses the sample's sandbox as inspect gives it (`sandbox()`): writes a
+    file, snapshots, changes it, forks twice (each fork sees the change and changes its
+    own copy), restores the snapshot and reads the file back."""
+    async def solve(state: TaskState, generate: Generate) -> TaskState:
+        box = sandbox()
+        env = box.as_type(BashfleetSandboxEnvironment)
+        await box.write_file("answer.txt", "42")
+        snapshot = await env.snapshot()
+        await box.write_file("answer.txt", "41")
+        forks = await env.fork(2)
+        for number, fork in enumerate(forks):
+            await fork.exec(["sh", "-c", f"echo {number} >> answer.txt"])
+        seen = [await fork.read_file("answer.txt") for fork in forks]
+        await env.restore(snapshot)
+        state.store.set("forks", seen)
+        state.store.set("restored", await box.read_file("answer.txt"))
+        state.store.set("deleted", await env.delete_snapshot(snapshot))
+        state.output.completion = state.store.get("restored")
+        return state
+    return solve
+
+
+@pytest.mark.snapshots
+async def test_an_eval_whose_solver_snapshots_forks_and_restores(
+        fleet_env: str, tmp_path: Path, redis_server: RedisServer,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    with Fleet(redis_server.url, owner=fleet_env) as fleet:
+        before = {view.id for view in fleet.workspaces()}
+    task = Task(dataset=[Sample(input="x", target="42")], solver=snapshot_then_fork(),
+                scorer=includes(), sandbox=("bashfleet", str(_config_file(tmp_path))))
+    [log] = await eval_async(task, model=get_model("mockllm/model"),
+                             log_dir=str(tmp_path / "logs"), log_format="json")
+    assert log.status == "success", log.error
+    sample = log.samples[0] if log.samples else None
+    assert sample is not None
+    assert sample.store["forks"] == ["410\n", "411\n"]
+    assert (sample.store["restored"], sample.store["deleted"]) == ("42", True)
+    scores: dict[str, Any] = sample.scores or {}
+    assert scores["includes"].value == "C"
+    with Fleet(redis_server.url, owner=fleet_env) as fleet:  # the sample's and its forks' gone
+        assert {view.id for view in fleet.workspaces()} == before
+
+
+def _config_file(directory: Path) -> Path:
+    config = directory / "bashfleet.yaml"
+    config.write_text(f"host: {HOST}\n")
+    return config

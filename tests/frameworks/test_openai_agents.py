@@ -1,12 +1,14 @@
 """bashfleet as an OpenAI Agents SDK sandbox (issue #21), against openai-agents from PyPI
 and a real fleet: the client's create / resume / delete, a session's exec, files, `user=`,
-snapshots and its PTY pair (Codex's exec_command / write_stdin), and an agent run by the
-SDK's Runner with a small scripted model (the SDK ships none) whose tool calls run in the
-sandbox.
+snapshots and its PTY pair (Codex's exec_command / write_stdin), the SDK's snapshots on the
+fleet's native ones (marked `snapshots`: they need the fleet's snapshots, issue #29), and
+an agent run by the SDK's Runner with a small scripted model (the SDK ships none) whose
+tool calls run in the sandbox.
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import uuid
@@ -24,6 +26,7 @@ from agents.sandbox.errors import ExecTimeoutError, PtySessionNotFoundError
 from agents.sandbox.session import SandboxSession
 from agents.sandbox.session.sandbox_client import BaseSandboxClientOptions
 from agents.sandbox.session.sandbox_session_state import SandboxSessionState
+from agents.sandbox.snapshot import LocalSnapshot, LocalSnapshotSpec
 from integration.conftest import WorkerFactory
 from integration.registry import Registry
 from openai.types.responses import (
@@ -39,6 +42,7 @@ from client.integrations.openai_agents import (
     BashfleetSandboxClientOptions,
     BashfleetSandboxSession,
     BashfleetSandboxSessionState,
+    SnapshotRef,
     pty_output,
     user_name,
     workspace_options,
@@ -117,6 +121,25 @@ def test_pty_output_counts_tokens_only_when_cut() -> None:
     assert pty_output("hi\n", whole, 10) == (b"hi\n", None)
     assert pty_output("hi\n", None, None) == (b"hi\n", None)
     assert pty_output("a…b", cut, 10) == ("Total output lines: 900\n\na…b".encode(), 1001)
+
+
+def test_the_persistence_options() -> None:
+    options = BaseSandboxClientOptions.parse({"type": "bashfleet", "snapshot_ttl_s": 600,
+                                              "workspace_persistence": "tar"})
+    assert isinstance(options, BashfleetSandboxClientOptions)
+    assert (options.workspace_persistence, options.snapshot_ttl_s) == ("tar", 600)
+    assert BashfleetSandboxClientOptions().workspace_persistence == "snapshot"
+    assert workspace_options(options) == WorkspaceOptions()  # not the workspace's
+
+
+def test_a_snapshot_reference_round_trips_and_a_tar_is_not_one() -> None:
+    ref = SnapshotRef(id="s0123abcd", host="h1", workspace="w42")
+    raw = ref.encode()
+    assert raw.startswith(b"BASHFLEET_SNAPSHOT_V1\n") and len(raw) < 200
+    assert SnapshotRef.decode(raw) == ref
+    assert SnapshotRef.decode(b"./\x00\x00 a tar's first member") is None
+    assert SnapshotRef.decode(b"BASHFLEET_SNAPSHOT_V1\n{not json") is None
+    assert SnapshotRef.decode(b'BASHFLEET_SNAPSHOT_V1\n{"id": "s1"}') is None
 
 
 def test_user_names() -> None:
@@ -224,12 +247,134 @@ async def test_the_sdks_own_file_tools_work_on_it(session: SandboxSession) -> No
     assert (await session.exec("ls")).stdout.split() == [b"made"]
 
 
-async def test_a_snapshot_round_trips(session: SandboxSession) -> None:
+async def test_a_tar_snapshot_round_trips(owner: str) -> None:
+    client = BashfleetSandboxClient()
+    session = await client.create(options=BashfleetSandboxClientOptions(
+        host=HOST, workspace_persistence="tar"))
+    async with session:
+        await session.exec("mkdir -p src && echo 'print(1)' > src/app.py")
+        archive = await inner(session).persist_workspace()
+        raw = archive.read()
+        assert SnapshotRef.decode(raw) is None and b"src/app.py" in raw
+        await session.exec("rm -rf src")
+        await inner(session).hydrate_workspace(io.BytesIO(raw))
+        assert (await session.exec("cat src/app.py")).stdout == b"print(1)\n"
+    await client.delete(session)
+
+
+# ------------------------------------------------------- native snapshots (issue #29)
+
+
+def snapshot_ids(redis_url: str, owner: str) -> set[str]:
+    with Fleet(redis_url, owner=owner) as fleet:
+        return {snapshot.id for snapshot in fleet.snapshots()}
+
+
+@pytest.mark.snapshots
+async def test_a_native_snapshot_round_trips_in_place(session: SandboxSession,
+                                                      owner: str, redis_server: RedisServer
+                                                      ) -> None:
+    workspace = inner(session).workspace
     await session.exec("mkdir -p src && echo 'print(1)' > src/app.py")
-    archive = await inner(session).persist_workspace()
-    await session.exec("rm -rf src")
-    await inner(session).hydrate_workspace(archive)
-    assert (await session.exec("cat src/app.py")).stdout == b"print(1)\n"
+    raw = (await inner(session).persist_workspace()).read()
+    ref = SnapshotRef.decode(raw)
+    assert ref is not None and (ref.workspace, ref.host) == (workspace.id, workspace.host)
+    assert ref.id in snapshot_ids(redis_server.url, owner)
+    await session.exec("echo 'print(2)' > src/app.py; echo later > later.txt")
+    await inner(session).hydrate_workspace(io.BytesIO(raw))
+    assert inner(session).workspace.id == workspace.id  # restored in place
+    assert (await session.exec("cat src/app.py; ls")).stdout == b"print(1)\nsrc\n"
+    with Fleet(redis_server.url, owner=owner) as fleet:
+        assert fleet.delete_snapshot(ref.id)
+
+
+@pytest.mark.snapshots
+async def test_stop_persists_a_native_snapshot_that_resume_starts_from(
+        owner: str, redis_server: RedisServer, tmp_path: Path) -> None:
+    """The SDK's round trip: `stop` (leaving the session) persists into the session's
+    snapshot (a LocalSnapshot file: a reference, a few bytes); after the workspace is
+    gone, `resume` of the saved state starts from a workspace made from the snapshot."""
+    client = BashfleetSandboxClient()
+    manifest = Manifest(entries={"scratch/tmp.txt": File(content=b"ephemeral\n",
+                                                         ephemeral=True)})
+    first = await client.create(snapshot=LocalSnapshotSpec(base_path=tmp_path),
+                                manifest=manifest,
+                                options=BashfleetSandboxClientOptions(host=HOST))
+    async with first:
+        await first.exec("echo kept > kept.txt")
+    (stored,) = tmp_path.iterdir()
+    ref = SnapshotRef.decode(stored.read_bytes())
+    assert ref is not None and ref.workspace == inner(first).workspace.id
+    with Fleet(redis_server.url, owner=owner) as fleet:
+        made = fleet.workspace(host=HOST, snapshot=ref.id)  # the plain API sees it too
+        try:
+            shown = made.run("cat kept.txt; ls scratch; test -e scratch/tmp.txt || echo left out")
+            assert shown.stdout == "kept\nleft out\n"  # the ephemeral file set aside
+        finally:
+            made.delete()
+    payload = json.loads(json.dumps(client.serialize_session_state(first.state)))
+    await client.delete(first)
+
+    again = await client.resume(client.deserialize_session_state(payload))
+    workspace = inner(again).workspace
+    assert workspace.id != inner(first).workspace.id
+    assert inner(again).made_from == ref.id
+    assert again.state.manifest.root == workspace.path
+    async with again:
+        shown = await again.exec("cat kept.txt scratch/tmp.txt")
+        assert shown.stdout == b"kept\nephemeral\n"  # the ephemeral file made again
+    await client.delete(again)
+    assert workspace.id not in live_ids(redis_server.url, owner)
+
+
+@pytest.mark.snapshots
+async def test_sessions_forked_from_one_persisted_snapshot(
+        owner: str, redis_server: RedisServer, tmp_path: Path) -> None:
+    """The SDK's fork: `create(snapshot=<a persisted snapshot>)`, n times; each session
+    is a workspace made from the native snapshot, apart from the others."""
+    client = BashfleetSandboxClient()
+    options = BashfleetSandboxClientOptions(host=HOST)
+    source = await client.create(snapshot=LocalSnapshotSpec(base_path=tmp_path),
+                                 options=options)
+    async with source:
+        await source.exec("git init -q repo && echo 0 > repo/n")
+    persisted = source.state.snapshot
+    assert isinstance(persisted, LocalSnapshot)
+    await client.delete(source)
+
+    forks = [await client.create(snapshot=persisted, options=options) for _ in range(3)]
+    assert len({inner(fork).workspace.id for fork in forks}) == 3
+    async with contextlib.AsyncExitStack() as stack:  # all started before any persists
+        for number, fork in enumerate(forks):
+            assert inner(fork).made_from is not None
+            await stack.enter_async_context(fork)
+            await fork.exec(f"echo {number} >> repo/n")
+            assert inner(fork).made_from is None  # started: nothing restored, none to come
+    for number, fork in enumerate(forks):
+        shown = await inner(fork).workspace.run("cat repo/n", check=False)
+        assert shown.stdout == f"0\n{number}\n"
+        await client.delete(fork)
+    assert live_ids(redis_server.url, owner).isdisjoint(
+        inner(fork).workspace.id for fork in forks)
+
+
+@pytest.mark.snapshots
+async def test_hydrating_another_workspaces_snapshot_moves_the_session(
+        session: SandboxSession, owner: str, redis_server: RedisServer) -> None:
+    client = BashfleetSandboxClient()
+    other = await client.create(options=BashfleetSandboxClientOptions(host=HOST))
+    async with other:
+        await other.exec("echo theirs > theirs.txt")
+        raw = (await inner(other).persist_workspace()).read()
+    await client.delete(other)
+    before = inner(session).workspace
+    await session.exec("echo mine > mine.txt")
+    await inner(session).hydrate_workspace(io.BytesIO(raw))
+    after = inner(session).workspace
+    assert after.id != before.id and inner(session).state.workspace_id == after.id
+    assert session.state.manifest.root == after.path
+    assert (await session.exec("ls")).stdout == b"theirs.txt\n"
+    assert before.id not in live_ids(redis_server.url, owner)
 
 
 async def test_the_pty_pair_runs_an_interactive_process(session: SandboxSession) -> None:

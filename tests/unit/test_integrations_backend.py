@@ -198,6 +198,16 @@ def test_workspace_options_become_the_fleets_arguments() -> None:
                                                                   "root")
 
 
+def test_a_workspace_from_a_snapshot_takes_its_files_paths_and_base_from_it() -> None:
+    options = WorkspaceOptions(label="linux", ttl_s=600, image="reg.example/a:1", user="root",
+                               path="/srv/x", mounts={"/logs": "logs"}, tags={"run": "r1"})
+    assert options.from_snapshot_kwargs("s0a1b2", tags={"framework": "x"}) == {
+        "host": None, "label": "linux", "ttl_s": 600, "isolation": None, "network": None,
+        "limits": None, "tags": {"framework": "x", "run": "r1"}, "user": "root",
+        "snapshot": "s0a1b2",
+    }
+
+
 def test_the_fleet_client_is_shared_per_loop_and_owner_and_closed_by_its_last_user() -> None:
     async def scenario() -> None:
         pool = FleetPool("redis://127.0.0.1:1/0")  # never reached: nothing is sent
