@@ -118,10 +118,10 @@ class WorkspaceOptions(BaseModel):
                              **override: Any) -> dict[str, Any]:
         """`Fleet.workspace`'s keyword arguments for a workspace made from a snapshot: its
         files, paths and base (image or host root) are the snapshot's, so the options'
-        image, build, path and mounts are not passed; where it lives, its lease, network,
-        limits, user and tags are the options'."""
+        image, build, path, mounts and user are not passed (its user is the snapshot's);
+        where it lives, its lease, network, limits and tags are the options'."""
         made = self.create_kwargs(tags, **override)
-        for taken in ("image", "build", "path", "mounts"):
+        for taken in ("image", "build", "path", "mounts", "user"):
             made.pop(taken, None)
         made["snapshot"] = snapshot
         return made

@@ -203,7 +203,7 @@ def test_a_workspace_from_a_snapshot_takes_its_files_paths_and_base_from_it() ->
                                path="/srv/x", mounts={"/logs": "logs"}, tags={"run": "r1"})
     assert options.from_snapshot_kwargs("s0a1b2", tags={"framework": "x"}) == {
         "host": None, "label": "linux", "ttl_s": 600, "isolation": None, "network": None,
-        "limits": None, "tags": {"framework": "x", "run": "r1"}, "user": "root",
+        "limits": None, "tags": {"framework": "x", "run": "r1"},
         "snapshot": "s0a1b2",
     }
 
