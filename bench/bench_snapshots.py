@@ -150,18 +150,18 @@ def fork_rows(settings: Settings, snap_id: str, count: int) -> list[Row]:
         workspaces.delete(record.id, settings)
     source = workspaces.load(_hold["source"], settings)
     started = time.perf_counter()
-    record, _ = snapshots.take(source, settings, hidden=True)
+    snap, _ = snapshots.take(source, settings, hidden=True)
     took = time.perf_counter() - started
     # As a `fork` request makes them (`worker.fleet.snapshot_calls.fork`): a few at once.
     with ThreadPoolExecutor(snapshot_calls.FORK_THREADS) as pool:
         sixteen = list(pool.map(lambda _: workspaces.create(
-            WorkspaceSpec(snapshot=record.id), settings), range(16)))
+            WorkspaceSpec(snapshot=snap.id), settings), range(16)))
     all16 = time.perf_counter() - started - took
     try:
         for fork in sixteen:
             _run(settings, fork.id, "head -c 1048576 /dev/urandom > repo/mine")
         own = sum(workspaces.disk_bytes(fork, settings) for fork in sixteen)
-        snap_bytes = _du(snapshots.layer_path(settings, record.id))
+        snap_bytes = _du(snapshots.layer_path(settings, snap.id))
     finally:
         for fork in sixteen:
             workspaces.delete(fork.id, settings)

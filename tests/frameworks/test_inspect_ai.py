@@ -495,7 +495,7 @@ async def test_snapshot_restore_and_forks_deleted_with_the_sample(
         assert fleet.delete_snapshot(snapshot.id)  # snapshots outlive the sample
 
 
-@solver
+@solver  # type: ignore[untyped-decorator,unused-ignore]
 def snapshot_then_fork() -> Solver:
     """A solver that uses the sample's sandbox as inspect gives it (`sandbox()`): writes a
     file, snapshots, changes it, forks twice (each fork sees the change and changes its

@@ -43,18 +43,56 @@ def _base(src: Path) -> None:
     (src / "becomes_dir").write_text("file")
 
 
+def _rewrite(s: Path) -> None:
+    (s / "d" / "a.txt").write_text("AAAA")
+
+
+def _new_file(s: Path) -> None:
+    (s / "d" / "e" / "new.txt").write_text("new")
+
+
+def _removed_file(s: Path) -> None:
+    (s / "gone.txt").unlink()
+
+
+def _new_tree(s: Path) -> None:
+    (s / "n" / "m").mkdir(parents=True)
+    (s / "n" / "m" / "f").write_text("f")
+
+
+def _dir_mode(s: Path) -> None:
+    (s / "d" / "e").chmod(0o700)
+
+
+def _dir_xattr(s: Path) -> None:
+    os.setxattr(s / "d", "user.opaque", b"y")
+
+
+def _file_to_dir(s: Path) -> None:
+    (s / "becomes_dir").unlink()
+    (s / "becomes_dir").mkdir()
+    (s / "becomes_dir" / "in").write_text("in")
+
+
+def _removed_dir(s: Path) -> None:
+    (s / "d" / "e" / "b.txt").unlink()
+    (s / "d" / "e").rmdir()
+
+
+def _relinked(s: Path) -> None:
+    (s / "link").unlink()
+    (s / "link").symlink_to("gone.txt")
+
+
+def _whiteout(s: Path) -> None:
+    os.mknod(s / "d" / "wh", stat.S_IFCHR | 0o600, os.makedev(0, 0))
+
+
 MUTATIONS: dict[str, Callable[[Path], None]] = {
-    "same size rewrite": lambda s: (s / "d" / "a.txt").write_text("AAAA"),
-    "new file": lambda s: (s / "d" / "e" / "new.txt").write_text("new"),
-    "removed file": lambda s: (s / "gone.txt").unlink(),
-    "new tree": lambda s: (os.makedirs(s / "n" / "m"), (s / "n" / "m" / "f").write_text("f")),
-    "dir mode": lambda s: os.chmod(s / "d" / "e", 0o700),
-    "dir xattr": lambda s: os.setxattr(s / "d", "user.opaque", b"y"),
-    "file to dir": lambda s: ((s / "becomes_dir").unlink(), (s / "becomes_dir").mkdir(),
-                              (s / "becomes_dir" / "in").write_text("in")),
-    "removed dir": lambda s: (os.remove(s / "d" / "e" / "b.txt"), os.rmdir(s / "d" / "e")),
-    "relinked": lambda s: ((s / "link").unlink(), (s / "link").symlink_to("gone.txt")),
-    "whiteout": lambda s: os.mknod(s / "d" / "wh", stat.S_IFCHR | 0o600, os.makedev(0, 0)),
+    "same size rewrite": _rewrite, "new file": _new_file, "removed file": _removed_file,
+    "new tree": _new_tree, "dir mode": _dir_mode, "dir xattr": _dir_xattr,
+    "file to dir": _file_to_dir, "removed dir": _removed_dir, "relinked": _relinked,
+    "whiteout": _whiteout,
 }
 
 
