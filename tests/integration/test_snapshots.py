@@ -8,18 +8,22 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from worker.engine import snapshots, workspaces
+from worker.engine import images, snapshots, workspaces
 from worker.wire.models import WorkspaceSpec
 
 from .engine_helpers import (
     Engine,
+    Janitor,
     _engine_fixture,  # noqa: F401 - the `engine` fixture
     _janitor_fixture,  # noqa: F401 - the `janitor` fixture
+    engine_with,
 )
+from .registry import Registry
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="workspaces with ids of their own "
                                 "need a root worker")
@@ -165,5 +169,69 @@ def test_restore_puts_the_files_back_and_ends_the_processes(engine: Engine) -> N
             assert caught.value.kind == "not_found"
         finally:
             workspaces.delete(other.id, engine.settings)
+    finally:
+        workspaces.delete(source.id, engine.settings)
+
+
+def test_a_workspace_past_its_disk_cap_is_not_snapshotted(engine: Engine) -> None:
+    source = workspaces.create(WorkspaceSpec(owner="o", limits={"disk_mb": 1}),
+                               engine.settings)
+    try:
+        _sh(engine, source.id, "head -c 3000000 /dev/zero > big")
+        with pytest.raises(snapshots.SnapshotError) as caught:
+            snapshots.take(source, engine.settings)
+        assert caught.value.kind == "limit" and "disk cap of 1 MiB" in caught.value.message
+        assert not any(snapshots.snapshots_dir(engine.settings).glob("*"))
+        _sh(engine, source.id, "rm big")  # unharmed: once under its cap, it may be taken
+        snap, _ = snapshots.take(source, engine.settings)
+        assert snapshots.layer_path(engine.settings, snap.id).is_dir()
+    finally:
+        workspaces.delete(source.id, engine.settings)
+
+
+@pytest.fixture(name="images_engine")
+def _images_engine_fixture(tmp_path: Path, janitor: Janitor,
+                           image_registry: Registry) -> Iterator[Engine]:
+    with engine_with(tmp_path, janitor, registry_auth_file=image_registry.auth_file,
+                     registry_certs_dir=image_registry.certs_dir) as made:
+        yield made
+
+
+def test_a_snapshot_of_an_image_workspace_forks_on_its_image(
+        images_engine: Engine, registry_images: dict[str, str]) -> None:
+    """Its base is the image by digest; gone from the host, it is pulled again (the
+    snapshot's files over it); gone from its registry too, a clear error."""
+    engine = images_engine
+    source = workspaces.create(WorkspaceSpec(owner="o", image=registry_images["debian"]),
+                               engine.settings)
+    try:
+        _sh(engine, source.id, "echo on-image > /root/mine; rm /etc/issue")
+        snap, _ = snapshots.take(source, engine.settings)
+        assert snap.image is not None and snap.base().endswith(snap.image.digest)
+        fork = workspaces.create(WorkspaceSpec(owner="o", snapshot=snap.id), engine.settings)
+        try:
+            assert fork.image is not None and fork.image.digest == snap.image.digest
+            seen = _sh(engine, fork.id, "cat /root/mine; test -e /etc/issue || echo gone; "
+                       "cat /etc/debian_version")
+            assert seen.split()[:2] == ["on-image", "gone"]
+        finally:
+            workspaces.delete(fork.id, engine.settings)
+        # Its image gone from the host (no workspace uses it once the source goes): a
+        # new workspace from the snapshot pulls it again, by digest.
+        workspaces.delete(source.id, engine.settings)
+        busy = images.in_use(engine.settings) - {snap.image.digest}
+        assert images.remove(snap.image.digest, engine.settings, busy)
+        again = workspaces.create(WorkspaceSpec(owner="o", snapshot=snap.id), engine.settings)
+        try:
+            assert _sh(engine, again.id, "cat /root/mine").strip() == "on-image"
+        finally:
+            workspaces.delete(again.id, engine.settings)
+        # A pinned image its registry no longer has (and this host not either): said so.
+        gone = snap.image.model_copy(update={"digest": "sha256:" + "0" * 64})
+        snapshots.save(snap.model_copy(update={"image": gone}), engine.settings)
+        with pytest.raises(workspaces.WorkspaceError) as caught:
+            workspaces.create(WorkspaceSpec(owner="o", snapshot=snap.id), engine.settings)
+        assert f"snapshot {snap.id} stands on image" in caught.value.message
+        assert not [r for r in workspaces.local_records(engine.settings) if r.owner == "o"]
     finally:
         workspaces.delete(source.id, engine.settings)

@@ -538,16 +538,18 @@ def touch(digest: str, settings: Settings) -> None:
 
 
 def in_use(settings: Settings) -> set[str]:
-    """The digests the workspace records of this host name (an image in use is never
-    removed): read leniently, so a record of another shape costs nothing."""
+    """The digests the workspace and snapshot records of this host name (an image in use
+    is never removed, nor one a snapshot stands on: one built here could not come back):
+    read leniently, so a record of another shape costs nothing."""
     found: set[str] = set()
-    with contextlib.suppress(OSError), os.scandir(settings.workspaces_dir) as listing:
-        for entry in listing:
-            if entry.name.endswith(".json") and entry.is_file(follow_symlinks=False):
-                with contextlib.suppress(OSError, ValueError, AttributeError, TypeError):
-                    image = json.loads(Path(entry.path).read_text("utf-8")).get("image")
-                    if isinstance(image, dict) and isinstance(image.get("digest"), str):
-                        found.add(image["digest"])
+    for folder in (settings.workspaces_dir, settings.state_dir / "snapshots"):
+        with contextlib.suppress(OSError), os.scandir(folder) as listing:
+            for entry in listing:
+                if entry.name.endswith(".json") and entry.is_file(follow_symlinks=False):
+                    with contextlib.suppress(OSError, ValueError, AttributeError, TypeError):
+                        image = json.loads(Path(entry.path).read_text("utf-8")).get("image")
+                        if isinstance(image, dict) and isinstance(image.get("digest"), str):
+                            found.add(image["digest"])
     return found
 
 

@@ -158,7 +158,8 @@ def take(ws: WorkspaceRecord, settings: Settings, *, ttl_s: float | None = None,
             f"workspace {ws.id}'s directory {ws.path} is the host's (made with `path=`), "
             "not its own: a snapshot holds a workspace's own files only; make the workspace "
             "without `path` and upload the project into it"))
-    used = workspaces.over_disk_cap(ws, settings)
+    # Counted now (the host counts capped workspaces every few seconds: not enough).
+    used = workspaces.check_disk(ws, settings) if ws.limits.disk_mb is not None else None
     if used is not None:
         raise SnapshotError("limit", (
             f"workspace {ws.id} holds {used / 2**20:.0f} MiB, past its disk cap of "
