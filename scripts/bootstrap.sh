@@ -72,6 +72,7 @@ fi
 # with apt-get, any that is missing: Debian's packages, in one install.
 IMAGE_TOOLS="newuidmap:uidmap skopeo:skopeo umoci:umoci buildah:buildah mmdebstrap:mmdebstrap"
 IMAGE_TOOLS="$IMAGE_TOOLS docker-registry:docker-registry htpasswd:apache2-utils pasta:passt"
+IMAGE_TOOLS="$IMAGE_TOOLS zstd:zstd"  # snapshot layers travel zstd-compressed
 missing=""
 for pair in $IMAGE_TOOLS; do
   command -v "${pair%%:*}" >/dev/null || missing="$missing ${pair#*:}"

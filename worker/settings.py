@@ -199,6 +199,11 @@ class Settings(BaseSettings):
     registry_insecure: CsvTuple = ()
     """Registry hosts (`host` or `host:port`) reached without TLS verification (a lab
     registry with a self-signed certificate): never for a registry on a shared network."""
+    snapshot_registry: str | None = None
+    """Where snapshot layers travel between hosts: a repository of the registry the
+    images come from (`127.0.0.1:5000/bashfleet/snapshots`, no tag), reached with the
+    credentials and certificates above; snapshot `S` is pushed once to `<it>:S` and
+    pulled once by each host that forks it. None: snapshots stay on their host."""
     images_max_age_s: float = Field(30 * 24 * 3600.0, ge=0)
     """`bashfleet gc` removes an image no workspace uses and none has used for this long."""
     images_max_bytes: int = Field(50 * 1024**3, ge=0)
@@ -259,6 +264,17 @@ class Settings(BaseSettings):
             raise ValueError(f"build_ids {ids}: a first host id of at least 1 and a count "
                              "of at least 1, within the 32-bit ids")
         return ids
+
+    @field_validator("snapshot_registry")
+    @classmethod
+    def _a_repository(cls, prefix: str | None) -> str | None:
+        # Only the shape here (a tag or digest would make `<prefix>:S` no reference);
+        # `snapshot_registry.snapshot_ref` checks the whole reference.
+        if prefix is not None and ("@" in prefix or ":" in prefix.rsplit("/", 1)[-1]
+                                   or not prefix.strip() or prefix != prefix.strip()):
+            raise ValueError(f"snapshot_registry {prefix!r}: a repository such as "
+                             "registry:5000/bashfleet/snapshots, without tag or digest")
+        return prefix
 
     @field_validator("run_as")
     @classmethod

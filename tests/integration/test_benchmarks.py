@@ -28,6 +28,8 @@ BENCHMARKS = {
     "bench_containers": ["host-root workspace ready", "workspace from a cached image ready",
                          "`true` in a warm image workspace", "workspaces on one image: disk",
                          "idle image workspaces: memory"],
+    "bench_snapshot_registry": ["push + pull of a 50 MB layer", "push + pull vs skopeo copy alone",
+                                "archive + unpack: zstd -3 vs gzip -6"],
     "bench_interactive": ["line through `cat` in a PTY, p50", "live sessions: memory"],
     "bench_transfer": ["upload of one large file", "download of one large file",
                        "directory of 64 files up", "write_file in 4 MiB calls"],

@@ -44,10 +44,12 @@ MAX_REASON = 400
 MNT_DETACH = 2
 
 #: The Debian package of each tool, named when one is missing.
-PACKAGES = {"skopeo": "skopeo", "umoci": "umoci", "buildah": "buildah"}
+PACKAGES = {"skopeo": "skopeo", "umoci": "umoci", "buildah": "buildah", "tar": "tar",
+            "zstd": "zstd", "gzip": "gzip"}
 
 _NOT_FOUND = ("manifest unknown", "name unknown", "not found", "no such image",
-              "repository name not known")
+              "repository name not known",
+              "image may not exist")  # skopeo delete's words for a tag the registry lacks
 _REFUSED = ("unauthorized", "authentication required", "denied", "forbidden",
             "invalid username/password", "incorrect username or password")
 
@@ -188,15 +190,17 @@ def unmount_under(root: Path) -> None:
 
 
 def capture(argv: Sequence[str], what: str, settings: Settings,
-            timeout: float = RESOLVE_TIMEOUT_S) -> bytes:
-    """Run a tool for its output (exact bytes); ImageError from its failure."""
+            timeout: float = RESOLVE_TIMEOUT_S, *, env: dict[str, str] | None = None,
+            noun: str = "image") -> bytes:
+    """Run a tool for its output (exact bytes); ImageError from its failure (`noun`:
+    what a registry that lacks the reference has no such thing of)."""
     try:
         done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True,
-                              timeout=timeout, check=False)
+                              timeout=timeout, check=False, env=env)
     except subprocess.TimeoutExpired:
         raise ImageError("unavailable", f"{what}: no answer within {timeout:.0f}s") from None
     if done.returncode != 0:
-        raise failure(what, done.stderr.decode("utf-8", "replace"), settings)
+        raise failure(what, done.stderr.decode("utf-8", "replace"), settings, noun=noun)
     return done.stdout
 
 
@@ -245,7 +249,7 @@ def _end(proc: subprocess.Popen[bytes]) -> None:
 # ---------------------------------------------------------------------- failures
 
 
-def failure(what: str, stderr: str, settings: Settings) -> ImageError:
+def failure(what: str, stderr: str, settings: Settings, *, noun: str = "image") -> ImageError:
     """A tool's failure as an ImageError: its kind read from what the tool said (no such
     manifest: `not_found`; anything else, an unreachable or refusing registry included:
     `unavailable`), its reason in one line, with no secret of the credentials file."""
@@ -255,17 +259,21 @@ def failure(what: str, stderr: str, settings: Settings) -> ImageError:
         return ImageError("unavailable", f"{what}: the registry refused this host's "
                           f"credentials: {reason}")
     if any(mark in lowered for mark in _NOT_FOUND):
-        return ImageError("not_found", f"{what}: no such image: {reason}")
+        return ImageError("not_found", f"{what}: no such {noun}: {reason}")
     return ImageError("unavailable", f"{what}: {reason}")
 
 
 _LOGRUS_MSG = re.compile(r'msg="((?:[^"\\]|\\.)*)"')
+_TAR_SUMMARY = re.compile(r"tar: (Exiting with failure status due to previous errors|"
+                          r"Error is not recoverable: exiting now)$")
 
 
 def one_line(stderr: str) -> str:
     """The tool's reason, in one line: the last message it logged (skopeo and buildah
-    log `level=fatal msg="..."`), else its last non-blank line."""
-    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    log `level=fatal msg="..."`), else its last non-blank line (tar's closing summary
+    skipped: the error it sums up is the line before)."""
+    lines = [line.strip() for line in stderr.splitlines()
+             if line.strip() and not _TAR_SUMMARY.search(line)]
     if not lines:
         return "the tool failed without saying why"
     last = lines[-1]
