@@ -27,6 +27,8 @@
     │                              also a TimeoutError
     ├── ImageError                 a host could not pull or remove an image (`kind`:
     │                              invalid reference, not_found, unavailable registry)
+    ├── SnapshotError              a snapshot could not be moved to another host through
+    │                              the fleet's registry (`kind`: unavailable, invalid)
     └── WorkspaceFileError         a workspace's file operation failed on the file: also
         │                          the OSError a local one raises (`except OSError`)
         ├── WorkspaceFileNotFound      also a FileNotFoundError
@@ -58,6 +60,7 @@ __all__ = [
     "LimitReached",
     "OutputTooLarge",
     "SessionPinned",
+    "SnapshotError",
     "Unauthorized",
     "UnknownCall",
     "UnknownJob",
@@ -196,6 +199,25 @@ def image_error_for(kind: str, message: str, file: str | None = None) -> Bashfle
     """`error_for` for an image request: its own failures an ImageError."""
     if kind in IMAGE_KINDS:
         return ImageError(kind, message)
+    return error_for(kind, message, file)
+
+
+class SnapshotError(BashfleetError):
+    """A snapshot could not go to another host: `unavailable` (the fleet has no registry
+    for snapshots, or it cannot be reached or refuses the host), `invalid` (what the
+    registry holds is not the snapshot's layer)."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+def snapshot_error_for(kind: str, message: str, file: str | None = None) -> BashfleetError:
+    """`error_for` for a snapshot's move: its registry's failures a SnapshotError."""
+    if kind in ("unavailable", "invalid"):
+        return SnapshotError(kind, message)
+    if kind == "not_found":
+        return UnknownSnapshot(message)
     return error_for(kind, message, file)
 
 

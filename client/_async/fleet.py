@@ -139,6 +139,7 @@ from client.errors import (
     WorkerLost,
     error_for,
     image_error_for,
+    snapshot_error_for,
 )
 from worker.fleet.connect import AsyncRedis, async_redis_client, safe_url
 from worker.wire import names
@@ -1077,11 +1078,9 @@ class AsyncFleet:
         for host in (record.host, where):
             request = control_request(SnapshotFetchRequest, id=record.id, wait_s=PULL_POLL_S)
             while True:
-                try:
-                    state = await self._control(host, request, SnapshotFetch,
-                                                timeout=CTL_TIMEOUT_S + PULL_POLL_S)
-                except UnknownJob as exc:
-                    raise UnknownSnapshot(f"snapshot {record.id}: {exc}") from None
+                sent = await self._send_control(host, request, CTL_TIMEOUT_S + PULL_POLL_S)
+                state = await self._await_control(sent, SnapshotFetch,
+                                                  errors=snapshot_error_for)
                 if state.done:
                     break
 

@@ -141,6 +141,7 @@ from client.errors import (
     WorkerLost,
     error_for,
     image_error_for,
+    snapshot_error_for,
 )
 from worker.fleet.connect import Redis, redis_client, safe_url
 from worker.wire import names
@@ -1079,11 +1080,9 @@ class Fleet:
         for host in (record.host, where):
             request = control_request(SnapshotFetchRequest, id=record.id, wait_s=PULL_POLL_S)
             while True:
-                try:
-                    state = self._control(host, request, SnapshotFetch,
-                                                timeout=CTL_TIMEOUT_S + PULL_POLL_S)
-                except UnknownJob as exc:
-                    raise UnknownSnapshot(f"snapshot {record.id}: {exc}") from None
+                sent = self._send_control(host, request, CTL_TIMEOUT_S + PULL_POLL_S)
+                state = self._await_control(sent, SnapshotFetch,
+                                                  errors=snapshot_error_for)
                 if state.done:
                     break
 

@@ -452,7 +452,9 @@ def _forget_pushed(record: SnapshotRecord, settings: Settings) -> None:
     from worker.engine import snapshot_registry  # noqa: PLC0415 - only pushed ones need it
 
     try:
-        snapshot_registry.delete(str(record.pushed).rsplit("@", 1)[0], settings)
+        # Its tag names it there (pushed as `<repository>:<id>`).
+        repository = str(record.pushed).rsplit("@", 1)[0]
+        snapshot_registry.delete(f"{repository}:{record.id}", settings)
     except (ToolError, OSError) as exc:
         import logging  # noqa: PLC0415
 

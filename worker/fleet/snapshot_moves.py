@@ -9,6 +9,12 @@ record, so that workspaces made there stand on the very same layers.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
 from worker.engine import snapshot_registry, workspaces
 from worker.engine import snapshots as engine
 from worker.fleet.control import Runtime
@@ -34,7 +40,9 @@ def push_chain(rt: Runtime, record: SnapshotRecord) -> tuple[str, ...]:
                 engine.layer_path(rt.settings, snap_id), ref, rt.settings,
                 annotations={"org.bashfleet.snapshot": snap_id,
                              "org.bashfleet.base": local.base()})
-            local = local.model_copy(update={"pushed": f"{ref}@{digest}"})
+            # By digest alone (a reference with a tag and a digest is not one skopeo takes).
+            repository = ref.rsplit(":", 1)[0]
+            local = local.model_copy(update={"pushed": f"{repository}@{digest}"})
             engine.save(local, rt.settings)
             snapshot_calls.publish(rt, local)
         pushed.append(str(local.pushed))
@@ -59,10 +67,24 @@ def fetch_chain(rt: Runtime, record: SnapshotRecord) -> tuple[str, ...]:
                 f"{trusted.host} to push it first"))
         pushed.append(trusted.pushed)
         layer = engine.layer_path(rt.settings, snap_id)
-        if layer.is_dir() and engine.record_path(rt.settings, snap_id).exists():
-            continue
-        workspaces.remove_tree(layer.parent)  # what a crash left half-made
-        layer.parent.mkdir(mode=0o700, parents=True)
-        snapshot_registry.pull(trusted.pushed, layer, rt.settings)
-        engine.save(trusted, rt.settings)
+        # One fetch of a layer at a time on this host (another worker process of it may
+        # be fetching the same): the second finds it there.
+        with _locked(engine.snapshots_dir(rt.settings) / f".{snap_id}.lock"):
+            if layer.is_dir() and engine.record_path(rt.settings, snap_id).exists():
+                continue
+            workspaces.remove_tree(layer.parent)  # what a crash left half-made
+            layer.parent.mkdir(mode=0o700, parents=True)
+            snapshot_registry.pull(trusted.pushed, layer, rt.settings)
+            engine.save(trusted, rt.settings)
     return tuple(pushed)
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
