@@ -4,6 +4,7 @@ orchestrator's RL loop drives them."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 import uuid
@@ -11,10 +12,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from client import Fleet, LimitReached, UnknownSnapshot
+from client import Fleet, LimitReached, SnapshotError, UnknownSnapshot
 from client.redis_server import RedisServer
 
 from .conftest import WorkerFactory, WorkerProcess
+from .registry import Registry, free_port
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="snapshots need workspaces with "
                                 "ids of their own (a root worker)")
@@ -123,3 +125,70 @@ def test_caps_leave_nothing_half_made(host: WorkerProcess, redis_server: RedisSe
         for snap in kept:
             assert fleet.delete_snapshot(snap)
         assert ws.run("cat f").stdout == "x\n"  # the source unharmed
+
+
+@pytest.fixture(name="across", scope="module")
+def _across_fixture(session_workers: WorkerFactory, image_registry: Registry
+                    ) -> Iterator[tuple[WorkerProcess, WorkerProcess, WorkerProcess]]:
+    """Two hosts whose snapshots travel through the session's registry, and one whose
+    registry for snapshots is down (nothing listens there)."""
+    env = {"BASHFLEET_REGISTRY_AUTH_FILE": str(image_registry.auth_file),
+           "BASHFLEET_REGISTRY_CERTS_DIR": str(image_registry.certs_dir),
+           "BASHFLEET_SNAPSHOT_REGISTRY": f"{image_registry.url}/fleet/snapshots"}
+    down = {**env, "BASHFLEET_SNAPSHOT_REGISTRY": f"127.0.0.1:{free_port()}/fleet/snapshots"}
+    hosts = [session_workers.module_host(name, env=each)
+             for name, each in (("snpa", env), ("snpb", env), ("snpdown", down))]
+    started = [next(host) for host in hosts]
+    try:
+        yield started[0], started[1], started[2]
+    finally:
+        for host in hosts:
+            with contextlib.suppress(StopIteration):
+                next(host)
+
+
+def test_a_workspace_from_a_snapshot_on_another_host(
+        across: tuple[WorkerProcess, ...], redis_server: RedisServer) -> None:
+    """A snapshot of a fork (two layers) made into a workspace on another host: both its
+    layers fetched there through the registry, each once."""
+    with Fleet(redis_server.url, owner=owner()) as fleet, fleet.workspace(host="snpa") as ws:
+        ws.run("mkdir -p proj && echo base > proj/a && echo gone > proj/b")
+        first = ws.snapshot()
+        with fleet.workspace(snapshot=first) as fork:
+            assert fork.host == "snpa"  # the snapshot's host, when none is asked
+            fork.run("echo forked > proj/c && rm proj/b")
+            second = fork.snapshot()
+        with fleet.workspace(snapshot=second, host="snpb") as there:
+            assert there.host == "snpb" and there.path == ws.path
+            assert there.run("cat proj/a proj/c; ls proj").stdout.split() == [
+                "base", "forked", "a", "c"]
+        pushed = {s.id: s.pushed for s in fleet.snapshots()}
+        assert pushed[first.id] and pushed[second.id]  # each layer pushed once, by digest
+        assert "@sha256:" in str(pushed[second.id])
+        with fleet.workspace(snapshot=second, host="snpb") as again:  # held there now
+            assert again.run("cat proj/c").stdout == "forked\n"
+        # The original and the other host's workspaces never changed the source.
+        assert ws.run("ls proj").stdout.split() == ["a", "b"]
+
+
+def test_a_host_with_no_registry_for_snapshots_or_a_dead_one_says_so(
+        across: tuple[WorkerProcess, ...], host: WorkerProcess,
+        redis_server: RedisServer) -> None:
+    with Fleet(redis_server.url, owner=owner()) as fleet:
+        with fleet.workspace(host="snp") as ws:  # no BASHFLEET_SNAPSHOT_REGISTRY there
+            snap = ws.snapshot()
+            with pytest.raises(SnapshotError) as caught:
+                fleet.workspace(snapshot=snap, host="snpb")
+            assert caught.value.kind == "unavailable"
+            assert "BASHFLEET_SNAPSHOT_REGISTRY" in str(caught.value)
+            assert ws.run("echo still").stdout == "still\n"
+        with fleet.workspace(host="snpdown") as ws:
+            ws.run("echo x > f")
+            snap = ws.snapshot()
+            with pytest.raises(SnapshotError) as caught:
+                fleet.workspace(snapshot=snap, host="snpa")
+            assert caught.value.kind == "unavailable" and "127.0.0.1" in str(caught.value)
+            assert not [s for s in fleet.snapshots() if s.pushed]
+            assert ws.run("cat f").stdout == "x\n"  # the source unharmed
+        # Nothing half-made on the hosts that were asked: no workspace, no layer.
+        assert all(w.host != "snpa" for w in fleet.workspaces())
