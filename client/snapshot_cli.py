@@ -26,7 +26,7 @@ def add_workspace_verbs(verbs: SubParsers) -> None:
     """`workspace snapshot`, `workspace fork`, `workspace restore`."""
     snap = verbs.add_parser("snapshot", help="freeze a workspace's files (it runs on); print "
                             "the snapshot's id")
-    snap.add_argument("workspace", metavar="WORKSPACE")
+    snap.add_argument("workspace", metavar="WORKSPACE", help="the workspace (it runs on)")
     snap.add_argument("--ttl", type=float, metavar="S",
                       help="seconds the snapshot is kept (default: the host's, a day)")
     snap.add_argument("--tag", action="append", metavar="NAME=VALUE",
@@ -35,7 +35,10 @@ def add_workspace_verbs(verbs: SubParsers) -> None:
     snap.set_defaults(func=cmd_snapshot)
     fork = verbs.add_parser("fork", help="new workspaces with a workspace's files now (none "
                             "of its processes); print their ids, one a line")
-    fork.add_argument("workspace", metavar="WORKSPACE")
+    fork.add_argument("workspace", metavar="WORKSPACE", help="the workspace forked")
+    fork.add_argument("--host", help="make them on this host (default: the workspace's; "
+                      "another gets its snapshot through the fleet's registry)")
+    fork.add_argument("--label", help="make them on live hosts of this label")
     fork.add_argument("-n", type=int, default=1, metavar="N", help="how many (default 1)")
     fork.add_argument("--ttl", type=float, metavar="S",
                       help="seconds each lives unused (default: the source's)")
@@ -45,8 +48,9 @@ def add_workspace_verbs(verbs: SubParsers) -> None:
     fork.set_defaults(func=cmd_fork)
     restore = verbs.add_parser("restore", help="put a workspace's files back to a snapshot "
                                "of it (its processes are ended)")
-    restore.add_argument("workspace", metavar="WORKSPACE")
-    restore.add_argument("snapshot", metavar="SNAPSHOT")
+    restore.add_argument("workspace", metavar="WORKSPACE", help="the workspace put back")
+    restore.add_argument("snapshot", metavar="SNAPSHOT",
+                         help="a snapshot of it (or of the one it was made from)")
     restore.add_argument("--json", action="store_true", help="print the result as JSON")
     restore.set_defaults(func=cmd_restore)
 
@@ -60,7 +64,7 @@ def add_commands(sub: SubParsers) -> None:
     ls.set_defaults(func=cmd_ls)
     rm = verbs.add_parser("rm", help="delete snapshots (their layers go once no workspace "
                           "stands on them)")
-    rm.add_argument("ids", nargs="+", metavar="SNAPSHOT")
+    rm.add_argument("ids", nargs="+", metavar="SNAPSHOT", help="snapshot id")
     rm.set_defaults(func=cmd_rm)
 
 
@@ -84,8 +88,8 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
 def cmd_fork(args: argparse.Namespace) -> int:
     from client.cli import _fleet, _tag_filter  # noqa: PLC0415
 
-    forks = _fleet().open_workspace(args.workspace).fork(args.n, ttl_s=args.ttl,
-                                                         tags=_tag_filter(args.tag))
+    forks = _fleet().open_workspace(args.workspace).fork(
+        args.n, ttl_s=args.ttl, tags=_tag_filter(args.tag), host=args.host, label=args.label)
     if args.json:
         print("[" + ",\n".join(fork.view.model_dump_json(indent=2) for fork in forks) + "]")
         return 0

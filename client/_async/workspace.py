@@ -272,16 +272,32 @@ class AsyncWorkspace:
             Snapshot)
 
     async def fork(self, n: int = 1, *, ttl_s: float | None = None,
-                   tags: Mapping[str, str] | None = None) -> list[AsyncWorkspace]:
-        """`n` new workspaces on its host, each with the files this one has now (a
-        snapshot is taken for them and goes with the last of them) in the same paths,
-        and no process running: its own processes, streams and jobs go on untouched.
+                   tags: Mapping[str, str] | None = None, host: str | None = None,
+                   label: str | None = None) -> list[AsyncWorkspace]:
+        """`n` new workspaces, each with the files this one has now (a snapshot is taken
+        for them) in the same paths, and no process running: its own processes, streams
+        and jobs go on untouched. On its host (one request: the snapshot goes with the
+        last of them), unless `host` or `label` name others: then the snapshot (tagged
+        `made_by=fork`, kept its TTL) travels there through the fleet's registry.
         `ttl_s` (default: this one's) and `tags` (added to this one's) for each. All or
         none: LimitReached past the owner's cap of workspaces, and none is left."""
-        made = await self._ask(control_request(
-            WorkspaceForkRequest, workspace=self.id, n=n, ttl_s=ttl_s, tags=dict(tags or {})),
-            WorkspaceForks)
-        return [AsyncWorkspace(self._fleet, view) for view in made.workspaces]
+        if (host is None or host == self.host) and label is None:
+            made = await self._ask(control_request(
+                WorkspaceForkRequest, workspace=self.id, n=n, ttl_s=ttl_s,
+                tags=dict(tags or {})), WorkspaceForks)
+            return [AsyncWorkspace(self._fleet, view) for view in made.workspaces]
+        snap = await self.snapshot(tags={**(tags or {}), "made_by": "fork"})
+        forks: list[AsyncWorkspace] = []
+        try:
+            for _ in range(n):
+                forks.append(await self._fleet.workspace(
+                    snapshot=snap, host=host, label=label, ttl_s=ttl_s or self.view.ttl_s,
+                    tags={**self.view.tags, **(tags or {})}))
+        except BaseException:
+            for fork in forks:
+                await fork.delete()
+            raise
+        return forks
 
     async def restore(self, snapshot: Snapshot | str) -> RestoreResult:
         """Put its files back to `snapshot` (one of this workspace, or of the one it was

@@ -167,6 +167,12 @@ def test_a_workspace_from_a_snapshot_on_another_host(
         assert "@sha256:" in str(pushed[second.id])
         with fleet.workspace(snapshot=second, host="snpb") as again:  # held there now
             assert again.run("cat proj/c").stdout == "forked\n"
+        # A fork asked for on the other host: the same, in one call.
+        forks = ws.fork(2, host="snpb")
+        assert [f.host for f in forks] == ["snpb", "snpb"]
+        assert forks[1].run("cat proj/a").stdout == "base\n"
+        for made in forks:
+            made.delete()
         # The original and the other host's workspaces never changed the source.
         assert ws.run("ls proj").stdout.split() == ["a", "b"]
 

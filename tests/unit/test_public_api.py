@@ -17,7 +17,7 @@ EXPECTED = {
     "client": {
         "AsyncFleet", "AsyncWorkspace", "BashfleetError", "CallNotRun", "CallRejected",
         "Fleet", "FleetUnavailable", "HostUnavailable", "ImageError", "LimitReached",
-        "OutputTooLarge",
+        "OutputTooLarge", "RestoreResult", "Snapshot", "SnapshotError", "UnknownSnapshot",
         "SessionPinned", "Unauthorized", "UnknownCall", "UnknownJob", "UnknownWorkspace",
         "WaitTimeout", "WorkerError", "WorkerLost", "Workspace", "WorkspaceFileError",
     },
