@@ -4,17 +4,11 @@ that path is.
 
 With layers on the host's root (a workspace with ids of its own), `/` is writable but
 only some of the host's entries are overlays; the others are read-only binds of the
-host's. The two cases marked xfail fail in the view's plan (`worker.engine.layout`):
-
-- a mount point under a read-only bind of a host entry (`/srv/testbed`, where `/srv` is
-  the host's, read-only, without `testbed`): `_bind_own` makes no mount point there
-  (`_covering` says that bind takes no new directory), so the bind fails with ENOENT;
-- a mount point inside a `path=` project that does not exist yet: it is made through the
-  project's id-mapped bind (`idbind`), where the keeper's root is no mapped id: mkdir
-  fails with EOVERFLOW.
-
-Either way the error is the raw step (`bind SRC DST: mount DST: No such file or
-directory`), naming host paths, not the mount's view path.
+host's. Two cases failed before (#30 point 7): a mount point under a read-only bind of a
+host entry that the host has not got (`/srv/testbed`): that entry is now an overlay of
+its own (`layout.mount_entries`); and a new mount point inside a `path=` project: made
+on the host as the project's owner, not through the project's id map (where the keeper's
+root is no id).
 """
 
 from __future__ import annotations
@@ -28,8 +22,6 @@ from client import BashfleetError, Fleet
 from client.redis_server import RedisServer
 
 from .conftest import WorkerFactory, WorkerProcess
-
-_LAYOUT = "the view's plan makes no mount point here (worker.engine.layout)"
 
 
 @pytest.fixture(name="host", scope="module")
@@ -59,14 +51,12 @@ def test_a_mount_whose_point_exists_on_the_host(host: WorkerProcess,
         _shows(fleet, "/usr/share")  # an overlaid entry's existing directory
 
 
-@pytest.mark.xfail(strict=True, reason=_LAYOUT)
 def test_a_mount_under_a_read_only_host_entry(host: WorkerProcess,
                                               redis_server: RedisServer) -> None:
     with _fleet(redis_server) as fleet:
         _shows(fleet, "/srv/testbed")
 
 
-@pytest.mark.xfail(strict=True, reason=_LAYOUT)
 def test_a_new_mount_point_inside_a_project(host: WorkerProcess,
                                             redis_server: RedisServer) -> None:
     project = host.projects / f"p{uuid.uuid4().hex[:8]}"
@@ -75,7 +65,6 @@ def test_a_new_mount_point_inside_a_project(host: WorkerProcess,
         _shows(fleet, f"{project}/testbed", path=str(project))
 
 
-@pytest.mark.xfail(strict=True, reason=_LAYOUT)
 def test_a_mount_that_cannot_be_made_names_its_view_path(host: WorkerProcess,
                                                          redis_server: RedisServer) -> None:
     """Made or refused: a refusal names the mount's view path, not the host's paths."""

@@ -282,3 +282,23 @@ def test_without_snapshots_the_own_directories_are_binds_as_before() -> None:
     plan = layout.plan_view(spec(layers=L))
     assert binds(plan)[f"{R}/tmp"] == ("/state/workspaces/w1/tmp", True)
     assert binds(plan)[f"{R}/srv/ws/w1"] == ("/srv/ws/w1", True)
+
+
+@pytest.mark.parametrize(
+    ("mounts", "expected"),
+    [
+        ({"/srv/testbed": "/srv/ws/w1/sub"}, {"srv"}),     # under a read-only host entry
+        ({"/usr/share/x": "/srv/ws/w1/sub"}, set()),       # an overlay already
+        ({"/logs": "/srv/ws/w1/logs"}, set()),             # a new top-level: the root's
+        ({"/srv": "/srv/ws/w1/sub"}, set()),               # the entry itself: bound over
+        ({"/home/a/b": "/srv/ws/w1/x", "/srv/t": "/srv/ws/w1/y"}, {"home", "srv"}),
+    ],
+)
+def test_host_entries_holding_a_mount_point_are_overlays_of_their_own(
+        mounts: dict[str, str], expected: set[str]) -> None:
+    made = spec(layers=L, idmapped=frozenset({"usr", "etc", "var"}), mounts=mounts)
+    assert layout.mount_entries(made) == expected
+    found = overlays(layout.plan_view(made))
+    for name in expected:  # the host's directory as it is: its ids, not the workspace's
+        assert found[f"{R}/{name}"] == [[[f"/{name}", False]], f"{L}/upper/top.{name}"]
+    assert layout.mount_entries(spec(mounts=mounts)) == frozenset()  # no layers: no overlay

@@ -133,7 +133,8 @@ def plan_view(spec: ViewSpec) -> list[Step]:
     # read-only bind of the host they must exist.
     mounts: list[tuple[str, bool]] = [(r, True), (f"{r}/tmp", True)]
     if spec.image is None:
-        mounts += [(f"{r}/{e.name}", e.name in _overlaid(spec)) for e in spec.entries
+        grows = _overlaid(spec) | mount_entries(spec)
+        mounts += [(f"{r}/{e.name}", e.name in grows) for e in spec.entries
                    if e.kind == "dir" and e.name not in OWN_ENTRIES]
     mounts += [(f"{r}{d}", True) for d in outer]
     steps += [["tmpfs", f"{r}{d}", 0o755] for d in outer]
@@ -239,9 +240,24 @@ def upper_name(entry: str) -> str:
     return f"top.{entry}"
 
 
+def mount_entries(spec: ViewSpec) -> frozenset[str]:
+    """Host entries shown read-only with the host's ids (not `idmapped`) that hold a
+    mount's view path: with layers, each is an overlay of its own (upper `top.<name>`,
+    the host's directory its lower as it is), so that a mount point the host has not
+    got can be made there; the host's files in it stay the host's, read-only to the
+    workspace as before."""
+    if spec.layers is None or spec.image is not None:
+        return frozenset()
+    dirs = {e.name for e in spec.entries if e.kind == "dir" and e.name not in OWN_ENTRIES}
+    return frozenset(name for name in dirs - spec.idmapped
+                     if any(inside(view, f"/{name}") and view != f"/{name}"
+                            for view in spec.mounts))
+
+
 def _host_entries(r: str, entries: Sequence[Entry], spec: ViewSpec) -> list[Step]:
     steps: list[Step] = []
     overlaid = _overlaid(spec)
+    for_mounts = mount_entries(spec)
     for entry in sorted(entries, key=lambda e: e.name):
         if entry.name in OWN_ENTRIES or "/" in entry.name or entry.name in ("", ".", ".."):
             continue
@@ -254,6 +270,10 @@ def _host_entries(r: str, entries: Sequence[Entry], spec: ViewSpec) -> list[Step
             steps += [["mkdir", f"{r}{path}", 0o755],
                       _overlay(str(spec.layers), upper_name(entry.name), [path, True],
                                f"{r}{path}", spec.lowers)]
+        elif entry.kind == "dir" and entry.name in for_mounts:
+            steps += [["mkdir", f"{r}{path}", 0o755],
+                      _overlay(str(spec.layers), upper_name(entry.name), [path, False],
+                               f"{r}{path}")]
         elif entry.kind == "dir":
             steps += [["mkdir", f"{r}{path}", 0o755], ["rbind_ro", path, f"{r}{path}"]]
         else:

@@ -427,6 +427,15 @@ def _mounts(asked: dict[str, str], path: str,
             except OSError as exc:
                 raise WorkspaceError("invalid", f"a mount's source {sub!r}: "
                                      f"{exc.strerror or exc}") from None
+        if make and clean != path and layout.inside(clean, path):
+            # Its mount point is in the workspace's directory (the same path on the host):
+            # made here, as its owner, not by the keeper through a project's id map (where
+            # the keeper's root is no id: EOVERFLOW).
+            try:
+                _make_beneath(path, os.path.relpath(clean, path), owner)
+            except OSError as exc:
+                raise WorkspaceError("invalid", f"a mount's path {view_path!r}: "
+                                     f"{exc.strerror or exc}") from None
         mounts[clean] = host
     return mounts
 
@@ -626,8 +635,9 @@ def _start_keeper(record: WorkspaceRecord, settings: Settings, user: sandbox.Use
     """Claim a blank keeper for the workspace (made ahead: `Blanks`), name its socket and
     cgroup after it, write its limits, and have it build the workspace's view."""
     slot = blank.slot
-    plan = layout.plan_view(view_spec(record, settings, user, image_root=image_root,
-                                      prebuilt=blank.prebuilt))
+    spec = view_spec(record, settings, user, image_root=image_root, prebuilt=blank.prebuilt)
+    _make_mount_uppers(spec)
+    plan = layout.plan_view(spec)
     body: dict[str, object] = {
         "plan": plan, "bound_to_maker": record.throwaway,
         "lease": {"dir": str(settings.workspaces_dir),
@@ -663,6 +673,20 @@ def _start_keeper(record: WorkspaceRecord, settings: Settings, user: sandbox.Use
         "keeper_pid": blank.pid, "keeper_start": blank.start, "socket_path": sock_path,
         "cgroup": tuple(path for path, _ in group.paths) if group is not None else (),
     })
+
+
+def _make_mount_uppers(spec: layout.ViewSpec) -> None:
+    """The upper layers of host entries that are overlays only to hold a mount point
+    (`layout.mount_entries`): owner and mode the host's directory's, as it is shown."""
+    for name in layout.mount_entries(spec):
+        upper = Path(str(spec.layers)) / "upper" / layout.upper_name(name)
+        if upper.is_dir():
+            continue
+        info = os.stat(f"/{name}", follow_symlinks=False)
+        upper.mkdir(mode=0o755)
+        os.chown(upper, info.st_uid, info.st_gid)
+        upper.chmod(stat.S_IMODE(info.st_mode))
+        (Path(str(spec.layers)) / "work" / layout.upper_name(name)).mkdir(mode=0o700)
 
 
 def _claim_group(blank: Blank, record: WorkspaceRecord) -> cgroups.Group | None:
