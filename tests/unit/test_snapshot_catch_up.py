@@ -122,3 +122,44 @@ def test_nothing_changed_copies_nothing(tmp_path: Path) -> None:
     listing = snapshots._listing(src)
     assert snapshots._listing(src) == listing
     assert snapshots._catch_up(src, tmp_path / "copy", listing, listing) == ([], [])
+
+
+@pytest.mark.parametrize("swapped_back", [False, True])
+def test_a_link_the_first_copy_took_is_never_followed(tmp_path: Path,
+                                                      swapped_back: bool) -> None:
+    """A workspace swaps a directory for a link to somewhere else while the first copy
+    runs (then, maybe, back): the catch-up (run as root on the host) must neither remove
+    nor chmod through the link the copy took."""
+    src, copy, canary = tmp_path / "src", tmp_path / "copy", tmp_path / "canary"
+    (src / "a").mkdir(parents=True)
+    (src / "a" / "passwd").write_text("source")
+    canary.mkdir(mode=0o755)
+    (canary / "passwd").write_text("host's")
+    before = snapshots._listing(src)
+    (src / "a").rename(src / "a2")
+    (src / "a").symlink_to(canary)
+    subprocess.run(["cp", "-a", "-T", str(src), str(copy)], check=True)
+    assert (copy / "a").is_symlink()  # the copy took the link: the attack's first half
+    if swapped_back:
+        (src / "a").unlink()
+        (src / "a2").rename(src / "a")
+        os.chmod(src / "a", 0o700)
+    else:
+        (src / "a2" / "passwd").unlink()
+        (src / "a2").rmdir()
+    after = snapshots._listing(src)
+    copies, dirs = snapshots._catch_up(src, copy, before, after)
+    ws = WorkspaceRecord(id="w" + "0" * 15, host="h", path="/x", fresh=True, out_dir="/o",
+                         isolation="strict", network=True, ttl_s=1, created_at=0)
+    snapshots._run_copies(copies, ws)
+    snapshots._settle_dirs(src, copy, dirs)
+    # What the first copy took and the source no longer holds goes at the settling
+    # (ids as they are: no slot of a workspace's among them).
+    layer = tmp_path / "layer"
+    layer.mkdir()
+    copy.rename(layer / "copy")
+    snapshots._settle_copy(layer, 10**9, {"copy": after})
+    copy = layer / "copy"
+    assert (canary / "passwd").read_text() == "host's"
+    assert stat.S_IMODE(canary.stat().st_mode) == 0o755
+    assert _tree(copy) == _tree(src)

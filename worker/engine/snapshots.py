@@ -172,7 +172,7 @@ def take(ws: WorkspaceRecord, settings: Settings, *, ttl_s: float | None = None,
     try:
         paused_ms, listings = _copy_frozen(ws, own_dirs(ws, settings), staging / "layer")
         layer = staging / "layer"
-        size = _shift_ids(layer, ws.ids[0], listings)
+        size = _settle_copy(layer, ws.ids[0], listings)
         for name in layer_names(workspaces.IDMAPPED_ENTRIES):
             (layer / name).mkdir(mode=0o755, exist_ok=True)
         record = SnapshotRecord(
@@ -225,7 +225,7 @@ def _copy_frozen(ws: WorkspaceRecord, sources: list[tuple[Path, str]], dest: Pat
     """Copy `sources` into `dest` (each under its layer name) as they are at one instant:
     copied while the workspace runs, then, its processes frozen, what changed meanwhile
     copied again (its pause is that, not the whole copy). The ms they were paused, and
-    the listing of each layer as copied."""
+    what each layer held then (`_settle_copy` makes the copy that)."""
     before = {name: _listing(src) for src, name in sources}
     _run_copies([(["cp", "-a", "--reflink=auto", "-T", "--", str(src), str(dest / name)],
                   None) for src, name in sources], ws)
@@ -246,18 +246,21 @@ def _copy_frozen(ws: WorkspaceRecord, sources: list[tuple[Path, str]], dest: Pat
     finally:
         if frozen:
             cgroups.thaw(ws.cgroup)
-    paused = (time.monotonic() - started) * 1000 if frozen else None
-    return paused, after
+    return (time.monotonic() - started) * 1000 if frozen else None, after
 
 
 def _catch_up(src: Path, copy: Path, before: dict[str, tuple[Stamp, int]],
               after: dict[str, tuple[Stamp, int]]
               ) -> tuple[list[tuple[list[str], str | None]], list[str]]:
-    """Bring `copy` (made from `src` as `before` listed it) to `src` as `after` lists it:
-    what went is removed here; the copies that must be made again (`cp` argv, cwd), and
-    the directories whose own metadata must be set again after them."""
+    """Bring `copy` (made from `src` around when `before` listed it) to `src` as `after`
+    lists it: what went is removed here; the copies that must be made again (`cp` argv,
+    cwd), and the directories whose own metadata must be set again after them.
+
+    The copy is this host's own (a directory the workspace cannot reach): what it holds
+    is looked at, never followed, so a link the first copy took where `after` lists a
+    directory is replaced, not written through."""
     for rel in sorted(set(before) - set(after), key=len, reverse=True):
-        _remove(copy / rel)
+        _remove(copy, rel)
     changed = sorted(rel for rel, (stamp, _) in after.items()
                      if before.get(rel, (None,))[0] != stamp)
     again: list[str] = []
@@ -267,12 +270,11 @@ def _catch_up(src: Path, copy: Path, before: dict[str, tuple[Stamp, int]],
         if any(rel.startswith(d + "/") for d in fresh_dirs):
             continue  # copied with the new directory holding it
         kind = stat.S_IFMT(after[rel][0][0])
-        old = before.get(rel)
-        if old is not None and stat.S_IFMT(old[0][0]) == kind == stat.S_IFDIR:
+        if kind == stat.S_IFDIR and _kind_in_copy(copy, rel) == stat.S_IFDIR:
             kept_dirs.append(rel)  # its entries are listed on their own
             continue
         if rel:
-            _remove(copy / rel)  # made again whole: a file, a link, a new directory
+            _remove(copy, rel)  # made again whole: a file, a link, a new directory
             again.append(rel)
             if kind == stat.S_IFDIR:
                 fresh_dirs.append(rel)
@@ -283,18 +285,50 @@ def _catch_up(src: Path, copy: Path, before: dict[str, tuple[Stamp, int]],
     return copies, kept_dirs
 
 
-def _remove(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path, ignore_errors=True)
+def _beneath(copy: Path, rel: str) -> str | None:
+    """`rel` in the copy with its parent resolved, when that parent is a directory of the
+    copy (None: a link the copy holds is on the way)."""
+    parent = os.path.realpath(os.path.join(copy, os.path.dirname(rel)))
+    if not layout.inside(parent, os.path.realpath(copy)):
+        return None
+    return os.path.join(parent, os.path.basename(rel)) if rel else parent
+
+
+def _kind_in_copy(copy: Path, rel: str) -> int | None:
+    target = _beneath(copy, rel)
+    try:
+        return None if target is None else stat.S_IFMT(os.lstat(target).st_mode)
+    except FileNotFoundError:
+        return None
+
+
+def _remove(copy: Path, rel: str) -> None:
+    """Remove `rel` from the copy, never following a link (one on the way: it goes with
+    the link, replaced where it is)."""
+    target = _beneath(copy, rel)
+    if target is None or not rel:
+        return
+    try:
+        info = os.lstat(target)
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(info.st_mode):
+        shutil.rmtree(target, ignore_errors=True)
     else:
-        path.unlink(missing_ok=True)
+        os.unlink(target)
 
 
 def _settle_dirs(src: Path, copy: Path, dirs: list[str]) -> None:
-    """Give directories of the copy their source's owner, mode, xattrs and times."""
+    """Give directories of the copy their source's owner, mode, xattrs and times (each
+    checked to be a directory of the copy first: nothing is followed)."""
     for rel in sorted(dirs, key=len, reverse=True):
-        source, target = src / rel, copy / rel
+        target = _beneath(copy, rel)
+        if target is None or not stat.S_ISDIR(os.lstat(target).st_mode):
+            continue
+        source = src / rel if rel else src
         info = os.lstat(source)
+        if not stat.S_ISDIR(info.st_mode):
+            continue
         os.lchown(target, info.st_uid, info.st_gid)
         os.chmod(target, stat.S_IMODE(info.st_mode))
         wanted = {name: os.getxattr(source, name, follow_symlinks=False)
@@ -337,25 +371,45 @@ def image_id(host_id: int, first: int) -> int:
     return 0 if host_id == 0 else OVERFLOW_ID
 
 
-def _shift_ids(layer: Path, first: int,
-               listings: dict[str, dict[str, tuple[Stamp, int]]]) -> int:
-    """Make every id of a workspace's slot (`first` + n) the image-like n in the copied
-    layers (`listings`: what each holds, as copied); any other id nobody's. What chown
-    clears (set-user-id and set-group-id bits) is set again. The bytes they hold."""
+def _settle_copy(layer: Path, first: int,
+                 listings: dict[str, dict[str, tuple[Stamp, int]]]) -> int:
+    """The copied layers made what `listings` say the workspace held at the frozen
+    instant: an entry the first copy took that was gone by then (made and removed while
+    it ran) removed; every id of the workspace's slot (`first` + n) made the image-like
+    n, any other id nobody's (what chown clears, set-user-id and set-group-id bits, set
+    again). Walks the copy itself, never following a link. The bytes it holds."""
     total = 0
     for name, listing in listings.items():
-        for rel, (stamp, blocks) in listing.items():
-            total += blocks * 512
-            mode, _, uid, gid = stamp[:4]
-            shifted = (image_id(uid, first), image_id(gid, first))
-            if shifted == (uid, gid):
-                continue
-            path = layer / name / rel if rel else layer / name
-            os.lchown(path, *shifted)
-            if stat.S_IMODE(mode) & (stat.S_ISUID | stat.S_ISGID) and not stat.S_ISLNK(mode):
-                os.chmod(path, stat.S_IMODE(mode))
+        stack = [(str(layer / name), "")]
+        while stack:
+            folder, prefix = stack.pop()
+            with os.scandir(folder) as entries:
+                for entry in entries:
+                    rel = f"{prefix}{entry.name}"
+                    info = entry.stat(follow_symlinks=False)
+                    listed = listing.get(rel)
+                    if listed is None:
+                        _remove(layer / name, rel)
+                        continue
+                    if stat.S_IFMT(listed[0][0]) != stat.S_IFMT(info.st_mode):
+                        raise SnapshotError("internal", f"{name}/{rel} changed while it was "
+                                            "copied; take the snapshot again")
+                    total += _shift_one(entry.path, info, first)
+                    if stat.S_ISDIR(info.st_mode):
+                        stack.append((entry.path, f"{rel}/"))
+        total += _shift_one(str(layer / name), os.lstat(layer / name), first)
     os.chown(layer, 0, 0)  # the layer directory itself is the snapshot's, not a copy
     return total
+
+
+def _shift_one(path: str, info: os.stat_result, first: int) -> int:
+    shifted = (image_id(info.st_uid, first), image_id(info.st_gid, first))
+    if shifted != (info.st_uid, info.st_gid):
+        os.lchown(path, *shifted)
+        special = stat.S_IMODE(info.st_mode) & (stat.S_ISUID | stat.S_ISGID)
+        if special and not stat.S_ISLNK(info.st_mode):
+            os.chmod(path, stat.S_IMODE(info.st_mode))
+    return int(info.st_blocks) * 512
 
 
 # ---------------------------------------------------------------------------- lifetime
