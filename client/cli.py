@@ -1136,7 +1136,12 @@ def _parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `bashfleet` console script."""
     parser = build_parser()
-    args, rest = _parse(parser, argv)
+    try:
+        args, rest = _parse(parser, argv)
+    except BrokenPipeError:
+        # `--help` into a reader that went (`| head -1`): Python 3.11.2's argparse lets the
+        # failed write through, later ones drop it themselves.
+        return _reader_gone()
     if args.cmd in WORKER_SIDE:
         return exec_worker_side(args.cmd, rest)
     if rest:

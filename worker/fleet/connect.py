@@ -127,10 +127,16 @@ def sentinel_target(url: str) -> SentinelTarget | None:
     """
     if not url.startswith("sentinel://"):
         return None
-    parts = urlsplit(url)
-    userinfo, at, hostlist = parts.netloc.rpartition("@")
+    # The address list by hand: `[::1]:26380` after another address is no netloc
+    # `urlsplit` takes (Debian's 3.11.2 refuses it: "Invalid IPv6 URL").
+    rest = url[len("sentinel://"):]
+    cut = min((i for i in (rest.find("/"), rest.find("?"), rest.find("#")) if i >= 0),
+              default=len(rest))
+    netloc = rest[:cut]
+    parts = urlsplit("sentinel://h" + rest[cut:])
+    userinfo, at, hostlist = netloc.rpartition("@")
     if not at:
-        userinfo, hostlist = "", parts.netloc
+        userinfo, hostlist = "", netloc
     user, colon, password = userinfo.partition(":")
     query = parse_qs(parts.query)
     masters = query.get("master") or query.get("master_name")
