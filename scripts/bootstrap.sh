@@ -6,6 +6,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# The system's own Python where it is new enough (Debian 12's /usr/bin/python3 is 3.11.2,
+# what a build host runs): the suite runs on it; `PYTHON=...` names another.
+if [ -z "${PYTHON:-}" ] && [ -x /usr/bin/python3 ] && /usr/bin/python3 -c \
+    'import sys, venv; sys.exit(0 if sys.version_info >= (3, 11) else 1)' 2>/dev/null; then
+  PYTHON=/usr/bin/python3
+fi
 PYTHON="${PYTHON:-python3}"
 "$PYTHON" - <<'PY' || { echo "bashfleet needs Python >= 3.11 (set PYTHON=...)" >&2; exit 1; }
 import sys

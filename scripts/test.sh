@@ -35,5 +35,17 @@ echo "== pytest: unit and integration (tests/e2e runs next, against the installe
 echo "== the framework adapters, each against its framework from PyPI (environments of their own)"
 .venv-frameworks/bin/pytest tests/frameworks --ignore=tests/frameworks/test_harbor.py -q
 .venv-harbor/bin/pytest tests/frameworks/test_harbor.py -q
-echo "== the end-to-end tests against the installed package"
-PYTHON=.venv/bin/python ./scripts/test_installed.sh -q
+# The installed package on the newest Python this machine has (the suite above ran on
+# .venv's: the system's own where it is new enough, see bootstrap.sh).
+newest=""
+for version in 3.14 3.13 3.12; do
+  for candidate in "$(command -v "python$version" 2>/dev/null || true)" \
+      "$(ls -d "${PYENV_ROOT:-$HOME/.pyenv}/versions/$version".*/bin/python3 2>/dev/null | tail -1)"; do
+    if [ -n "$candidate" ] && "$candidate" -c 'import venv' 2>/dev/null; then
+      newest=$candidate
+      break 2
+    fi
+  done
+done
+echo "== the end-to-end tests against the installed package ($("${newest:-.venv/bin/python}" --version))"
+PYTHON="${newest:-.venv/bin/python}" ./scripts/test_installed.sh -q
