@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import shutil
 import statistics
 import subprocess
@@ -35,6 +34,7 @@ from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from bench.bench_containers import Row, _du, _ms, _ok, _pct, _print, _say
 from worker import Call, run_call
 from worker.engine import sandbox, snapshots, workspaces
 from worker.fleet import snapshot_calls
@@ -51,24 +51,6 @@ FORK_TARGET_S = 0.030
 FORK16_TARGET_S = 0.200
 MIB = 1 << 20
 
-Row = tuple[str, str, str, str, str]
-
-
-def _say(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)
-
-
-def _pct(values: Sequence[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
-def _ms(values: Sequence[float]) -> str:
-    return f"{statistics.median(values) * 1e3:.1f} ms (p99 {_pct(values, 0.99) * 1e3:.1f})"
-
-
-def _ok(good: bool) -> str:
-    return "ok" if good else "MISS"
 
 
 def _run(settings: Settings, ws_id: str, command: str) -> str:
@@ -77,15 +59,6 @@ def _run(settings: Settings, ws_id: str, command: str) -> str:
     if result.exit_code != 0:
         raise RuntimeError(f"{command!r} failed: {result!r}")
     return result.stdout
-
-
-def _du(path: Path) -> int:
-    total = 0
-    for folder, _, files in os.walk(path):
-        for name in files:
-            with contextlib.suppress(OSError):
-                total += os.lstat(os.path.join(folder, name)).st_blocks * 512
-    return total
 
 
 #: 50 MB of a workspace's own changes: a repository's worth of files of mixed sizes
@@ -263,14 +236,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             rows.append(across_row(settings, _others[-1], snap_id, count))
     _print(rows)
     return 0
-
-
-def _print(rows: Sequence[Row]) -> None:
-    header = ("row", "measured", "baseline", "target", "status")
-    widths = [max(len(str(row[i])) for row in (header, *rows)) for i in range(5)]
-    for row in (header, tuple("-" * w for w in widths), *rows):
-        print(" | ".join(str(cell).ljust(width) for cell, width in zip(row, widths,
-                                                                     strict=True)))
 
 
 if __name__ == "__main__":

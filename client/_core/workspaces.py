@@ -14,14 +14,14 @@ import tarfile
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import IO
+from typing import IO, TypeVar
 
 from pydantic import ValidationError
 
 from client._core import archives
 from client.errors import CallRejected, HostUnavailable, WorkspaceFileError
 from worker.wire import auth
-from worker.wire.models import HostInfo, SnapshotRecord, WorkspaceView
+from worker.wire.models import HostInfo, Model, SnapshotRecord, WorkspaceView
 
 #: Seal purpose of a workspace's view in Redis (what its host wrote).
 WORKSPACE = "workspace"
@@ -81,6 +81,8 @@ def started_by(view: WorkspaceView, owner: str) -> bool:
             and view.tags.get(STARTED_BY) == owner)
 
 
+M = TypeVar("M", bound=Model)
+
 #: Seal purpose of a snapshot's record (`worker.fleet.snapshot_calls`).
 SNAPSHOT = "snapshot"
 #: The owner quota snapshots count in.
@@ -91,21 +93,21 @@ def open_snapshot(keys: dict[str, str], snap_id: str, sealed: str | None
                   ) -> SnapshotRecord | None:
     """A snapshot's record as its host sealed it in Redis; None when there is none or it
     does not verify (never believed)."""
-    if sealed is None:
-        return None
-    try:
-        return SnapshotRecord.model_validate_json(auth.unseal(keys, SNAPSHOT, snap_id, sealed))
-    except (auth.AuthError, ValidationError, ValueError):
-        return None
+    return _opened(keys, SNAPSHOT, snap_id, sealed, SnapshotRecord)
 
 
 def open_view(keys: dict[str, str], ws_id: str, sealed: str | None) -> WorkspaceView | None:
     """A workspace's view as its host sealed it in Redis; None when there is none or it
     does not verify (never believed)."""
+    return _opened(keys, WORKSPACE, ws_id, sealed, WorkspaceView)
+
+
+def _opened(keys: dict[str, str], purpose: str, name: str, sealed: str | None,
+            model: type[M]) -> M | None:
     if sealed is None:
         return None
     try:
-        return WorkspaceView.model_validate_json(auth.unseal(keys, WORKSPACE, ws_id, sealed))
+        return model.model_validate_json(auth.unseal(keys, purpose, name, sealed))
     except (auth.AuthError, ValidationError, ValueError):
         return None
 
