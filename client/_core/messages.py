@@ -55,15 +55,6 @@ NOT_RUN_KINDS = frozenset({
     "not_found", "limit",
 })
 
-#: How workers word a cancel (kind `internal`, which every reader knows): a running
-#: call's (`worker.engine.call`) and a queued one's (`worker.fleet.tasks._refusal`).
-CANCELLED_RUNNING = "call cancelled; its processes were killed"
-CANCELLED_QUEUED_SUFFIX = " was cancelled before it started; it did not run"
-#: How a worker words a call it killed because it was stopping (kind `internal`, its
-#: supervisor gone: `worker.fleet.tasks`): to its caller, the worker was lost.
-STOPPED_RUNNING = "the worker was stopped; the call's processes were killed"
-
-
 def validation_message(exc: ValidationError) -> str:
     """A pydantic error as one line: each field path and what is wrong with it."""
     parts = []
@@ -174,27 +165,11 @@ def open_reply(keys: Mapping[str, str], task_id: str, sealed: str) -> str:
         ) from None
 
 
-def named_ending(result: CallResult) -> CallResult:
-    """A result with its error kind named as workers mean it (they answer these as
-    `internal`): `cancelled` for a cancel (see CANCELLED_RUNNING), `worker_lost` for a
-    call its worker killed as it was stopped (STOPPED_RUNNING). A cancel whose kill left
-    survivors keeps its `internal` error: that one is a problem."""
-    error = result.error
-    if error is None or error.kind != "internal":
-        return result
-    if error.message == CANCELLED_RUNNING or error.message.endswith(CANCELLED_QUEUED_SUFFIX):
-        return result.model_copy(update={"error": error.model_copy(update={"kind": "cancelled"})})
-    if error.message == STOPPED_RUNNING:
-        return result.model_copy(update={"error": error.model_copy(
-            update={"kind": "worker_lost"})})
-    return result
-
-
 def decode_result(keys: Mapping[str, str], call_id: str, sealed: str) -> CallResult:
-    """A call's answer as its result (seal checked, a cancel named)."""
+    """A call's answer as its result (seal checked)."""
     text = open_reply(keys, call_id, sealed)
     try:
-        return named_ending(CallResult.model_validate_json(text))
+        return CallResult.model_validate_json(text)
     except ValidationError:
         raise WorkerError(f"call {call_id}: unreadable answer {text[:200]!r}") from None
 

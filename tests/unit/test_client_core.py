@@ -19,16 +19,12 @@ from client._core.constants import RETRY_DELAYS_S, backoff
 from client._core.events import EventCursor
 from client._core.identity import Identity, record_keys_at, resolve_identity
 from client._core.messages import (
-    CANCELLED_QUEUED_SUFFIX,
-    CANCELLED_RUNNING,
     NOT_RUN_KINDS,
-    STOPPED_RUNNING,
     build_call,
     control_message,
     decode_control,
     decode_result,
     exec_message,
-    named_ending,
     raise_if_not_run,
     unstarted_result,
 )
@@ -243,22 +239,20 @@ def test_ran_calls_never_raise() -> None:
         assert raise_if_not_run(result) is result
 
 
-@pytest.mark.parametrize(
-    ("result", "kind"),
-    [
-        (_failed("internal", CANCELLED_RUNNING, cancelled=True, signal=15), "cancelled"),
-        (_failed("internal", "call c1" + CANCELLED_QUEUED_SUFFIX), "cancelled"),
-        # A kill that left survivors is a problem, not a plain cancel.
-        (_failed("internal", "2 process(es) survived the kill: [1, 2]", cancelled=True),
-         "internal"),
-        (_failed("bad_cwd", CANCELLED_RUNNING), "bad_cwd"),
-        # Its worker's supervisor died: the stopping worker killed it.
-        (_failed("internal", STOPPED_RUNNING, signal=15), "worker_lost"),
-    ],
-)
-def test_a_cancel_or_a_lost_worker_is_named(result: CallResult, kind: str) -> None:
-    named = named_ending(result)
-    assert named.error is not None and named.error.kind == kind
+def test_a_cancel_and_a_lost_worker_are_kinds_of_their_own() -> None:
+    """Workers answer a cancel as `cancelled` and a call they killed as they were stopped
+    as `worker_lost`: kinds of their own, never recognised by their words."""
+    from worker.fleet import tasks  # noqa: PLC0415 - the worker's side of the wire
+
+    assert tasks._refusal("c1", "cancelled")[0] == "cancelled"
+    assert tasks._END_NOTES["cancelling"][0] == "cancelled"
+    assert tasks._END_NOTES["stopping"][0] == "worker_lost"
+    # The client reads a kind as sent: the message is for a person.
+    for kind in ("cancelled", "worker_lost"):
+        text = json.dumps({"call_id": "c1", "host": "h",
+                           "error": {"kind": kind, "message": "anything at all"}})
+        result = decode_result({}, "c1", auth.seal(None, auth.REPLY, "c1", text))
+        assert result.error is not None and result.error.kind == kind
 
 
 def test_an_unknown_kind_reads_as_internal() -> None:

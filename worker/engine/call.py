@@ -49,6 +49,7 @@ from worker.engine.startup import Startup
 from worker.settings import Settings, get_settings
 from worker.wire.errors import ToolError
 from worker.wire.models import (
+    CANCELLED,
     Call,
     CallResult,
     JobRecord,
@@ -924,8 +925,7 @@ class _Outcome:
         code, sig = _split_status(returncode)
         error = None
         if reason == "cancel":
-            message = "call cancelled; its processes were killed"
-            error = SystemError_(kind="internal", message=message)
+            error = SystemError_(kind="cancelled", message=CANCELLED)
         if survivors:
             message = f"{len(survivors)} process(es) survived the kill: {survivors}"
             error = SystemError_(kind="internal", message=message)

@@ -50,7 +50,14 @@ from worker.settings import Settings, get_settings
 from worker.wire import auth, names
 from worker.wire.control import REQUESTS, ControlError, ControlReply, ControlRequest
 from worker.wire.errors import ToolError
-from worker.wire.models import Call, CallResult, Model, SystemError_
+from worker.wire.models import (
+    CANCELLED,
+    Call,
+    CallResult,
+    Model,
+    SystemError_,
+    SystemErrorKind,
+)
 from worker.wire.names import CallState, Task
 
 log = logging.getLogger("bashfleet.worker")
@@ -367,7 +374,7 @@ def _refusal(call_id: str, state: str) -> tuple[str, str]:
     if state == "replayed":
         return "unauthorized", REPLAYED
     if state == CallState.CANCELLED:
-        return "internal", f"call {call_id} was cancelled before it started; it did not run"
+        return "cancelled", f"call {call_id} was cancelled before it started; it did not run"
     if state == CallState.ABANDONED:
         return "unavailable", (
             f"call {call_id} was withdrawn by its caller before a worker took it; it did not run"
@@ -437,10 +444,13 @@ def _running_hook(rt: Runtime, call: Call, spawned: _Spawned, owner: _Owner) -> 
     return on_running
 
 
-#: Notes for a call that ended from these states (its answer must say so first).
-_END_NOTES = {
-    CallState.CANCELLING: "call cancelled; its processes were killed",
-    CallState.STOPPING: "the worker was stopped; the call's processes were killed",
+#: Notes for a call that ended from these states (its answer must say so first): a
+#: cancel's, and a call its worker killed as it was stopped (to its caller, the worker
+#: was lost).
+_END_NOTES: dict[str, tuple[SystemErrorKind, str]] = {
+    CallState.CANCELLING: ("cancelled", CANCELLED),
+    CallState.STOPPING: ("worker_lost", "the worker was stopped; the call's processes were "
+                         "killed"),
 }
 
 
@@ -487,7 +497,7 @@ def _finish(
     note = _END_NOTES.get(CallState(previous)) if previous in tuple(CallState) else None
     if note is not None and result.error is None:
         result = result.model_copy(update={
-            "error": SystemError_(kind="internal", message=note),
+            "error": SystemError_(kind=note[0], message=note[1]),
             "cancelled": previous == CallState.CANCELLING,
         })
     return result

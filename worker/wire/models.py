@@ -465,6 +465,8 @@ SystemErrorKind = Literal[
 ]
 #: Every `SystemError_.kind` this version knows.
 SYSTEM_ERROR_KINDS = frozenset(get_args(SystemErrorKind))
+#: What a cancelled call's error says (kind `cancelled`).
+CANCELLED = "call cancelled; its processes were killed"
 
 
 class SystemError_(Model):  # noqa: N801 - avoid shadowing the builtin SystemError
