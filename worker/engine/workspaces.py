@@ -630,6 +630,7 @@ def _start_keeper(record: WorkspaceRecord, settings: Settings, user: sandbox.Use
                                       prebuilt=blank.prebuilt))
     body: dict[str, object] = {
         "plan": plan, "bound_to_maker": record.throwaway,
+        "open_files": record.limits.open_files,
         "lease": {"dir": str(settings.workspaces_dir),
                   "name": record_path(settings, record.id).name, "ttl_s": record.ttl_s,
                   "look_s": LEASE_LOOK_S, "grace_s": LEASE_GRACE_S},
