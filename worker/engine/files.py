@@ -76,7 +76,8 @@ _WRITE = (
     'set -e; if [ "$4" = 1 ]; then mkdir -p -- "$d"; fi; '
     'o=; if [ -n "$nb" ]; then o=oflag=nonblock; fi; '
     'if [ "$3" = 1 ]; then dd of="$f" $o oflag=append conv=notrunc bs=1M status=none; '
-    'else dd of="$f" $o bs=1M status=none; fi; '
+    'else dd of="$f" $o bs=1M status=none; fi || { if [ -e "$f" ] && [ ! -f "$f" ]; then '
+    'echo "Not a regular file (swapped in while written): $f" >&2; exit 7; fi; exit 1; }; '
     'if [ -n "$2" ]; then chmod -- "$2" "$f"; fi; stat -L -c %s -- "$f" >&3'
 )
 #: The tools of a transfer by (direction, kind): each takes the path (and an uploaded
