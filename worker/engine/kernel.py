@@ -372,10 +372,10 @@ def spawn(executable: str | None, argv: Sequence[str], env: Mapping[str, str],
           who: Identity | None = None, ctty: bool = False,
           open_files: int | None = None) -> int:
     """Start `argv` in a new session with `fds` as its `targets`, in `cwd`: a fork whose
-    child first lowers its RLIMIT_NOFILE to `open_files` (soft and hard: it cannot raise
-    it back), becomes `who` (enters its user namespace, takes its ids), then enters
+    child first becomes `who` (enters its user namespace, takes its ids), then enters
     `cwd` as that user (every component of the path checked by the kernel against the
-    user who runs there, never against the keeper's root), then execs (`executable`, or
+    user who runs there, never against the keeper's root), lowers its RLIMIT_NOFILE to
+    `open_files` (soft and hard: it cannot raise it back), then execs (`executable`, or
     `argv[0]` searched on the child's PATH from there). With `ctty` fd 0 (a PTY slave)
     becomes its controlling terminal. The child's failure comes back on a close-on-exec
     pipe as an OSError naming `cwd` or the executable, as subprocess reports it. A fork
@@ -408,9 +408,6 @@ def _child(executable: str | None, argv: Sequence[str], env: Mapping[str, str], 
            open_files: int | None = None) -> None:  # pragma: no cover - runs in the child
     stage, name = "setup", ""
     try:
-        if open_files is not None:
-            wanted = lowered_nofile(open_files)
-            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, wanted))
         if who is not None:
             if who.userns_fd >= 0:
                 setns(who.userns_fd, CLONE_NEWUSER)
@@ -433,6 +430,11 @@ def _child(executable: str | None, argv: Sequence[str], env: Mapping[str, str], 
         os.setsid()
         for fd, target in zip(fds, targets, strict=True):
             os.dup2(fd, target)
+        if open_files is not None:
+            # After the dup2s: the engine's descriptors (200 and up) stay open above a
+            # lower limit; only new ones count against it.
+            wanted = lowered_nofile(open_files)
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, wanted))
         if ctty:
             fcntl.ioctl(0, termios.TIOCSCTTY, 0)
         for signum in _DEFAULT_SIGNALS:
