@@ -14,11 +14,11 @@ lane; a thread of the lane acts and answers (the same sealed reply, on the same 
     lane thread:                                   act (with its deadline), answer
 
 An owner has at most `per_owner` threads at once and `queue` requests waiting; a host at
-most `host` threads for every owner together. A free thread goes to the next owner in
-turn that has work (round robin), so an owner with a hundred requests waiting delays
-another's by one turn, never by its whole queue. Past an owner's queue a request is
-refused at once (`limit`). A request that waited past its message's expiry (its caller
-stopped waiting) is answered as such without being acted on.
+most `host` threads for every owner together. A free thread goes to the owner served
+least recently that has work (an owner new to the lanes first), so an owner with a
+hundred requests waiting delays another's by one turn at most, never by its queue.
+Past an owner's queue a request is refused at once (`limit`). A request that waited past
+its message's expiry (its caller stopped waiting) is answered as such, not acted on.
 
 Threads are started per request (~0.1 ms) and end with it: an idle host holds none.
 """
@@ -87,7 +87,10 @@ class Lanes:
         """Queue `work` in `owner`'s lane (started at once when a thread is free);
         ToolError `limit` when the owner already has `queue` requests waiting."""
         with self._lock:
-            lane = self._lanes.setdefault(owner, _Lane())
+            lane = self._lanes.get(owner)
+            if lane is None:  # served least recently of all: first in line
+                lane = self._lanes[owner] = _Lane()
+                self._lanes.move_to_end(owner, last=False)
             if len(lane.waiting) >= self.queue:
                 raise ToolError("limit", (
                     f"owner {owner or '(none)'} has {len(lane.waiting)} {self.name} requests "
