@@ -303,3 +303,38 @@ def test_a_fifo_swapped_in_after_the_look_blocks_nothing(
             took = time.monotonic() - started
             assert ws.run("test -p race && echo swapped").stdout == "swapped\n"
             assert took < FILE_DEADLINE_S - 1, took  # ended by the open, not the deadline
+
+
+def test_kills_that_wait_out_their_grace_hold_only_their_owners_threads(
+    host: WorkerProcess, redis_server: RedisServer,
+) -> None:
+    """A kill waits out a grace for a job that ignores SIGTERM (2 s, then SIGKILL): twelve
+    of them at once would hold the control consumer's four threads for 6 s. They run in
+    their owner's lane; another owner's `check` is answered meanwhile."""
+    with Fleet(redis_server.url, owner=_owner("stubborn")) as hostile, \
+            Fleet(redis_server.url, owner=_owner("victim")) as victim:
+        stubborn = [hostile.run("trap '' TERM; while :; do sleep 0.2; done", host=HOST,
+                                mode="background").job for _ in range(12)]
+        sleeper = victim.run("sleep 600", host=HOST, mode="background").job
+        assert sleeper is not None and all(stubborn)
+        kills: list[float] = []
+
+        def kill(job_id: str) -> None:
+            started = time.monotonic()
+            assert not hostile.kill(job_id).running
+            kills.append(time.monotonic() - started)
+
+        threads = [threading.Thread(target=kill, args=(job.id,)) for job in stubborn if job]
+        for thread in threads:
+            thread.start()
+        checks = []
+        while any(thread.is_alive() for thread in threads):
+            started = time.monotonic()
+            assert victim.check(sleeper.id).running
+            checks.append(time.monotonic() - started)
+        victim.kill(sleeper.id)
+    print(f"\n12 stubborn kills took {min(kills):.1f}-{max(kills):.1f} s; the victim's "
+          f"{len(checks)} checks meanwhile: p99 {_p99(checks) * 1000:.0f} ms, max "
+          f"{max(checks) * 1000:.0f} ms")
+    assert min(kills) >= 1.9  # each waited out its grace: a thread held that long
+    assert len(checks) >= 5 and _p99(checks) < P99_BOUND_S

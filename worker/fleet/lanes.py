@@ -149,15 +149,16 @@ class Lanes:
 #: The lanes of this process, by kind (made from the settings at their first use).
 _hosts: dict[str, Lanes] = {}
 _hosts_lock = threading.Lock()
-#: Interactive reads waiting at once, every owner's together: a thread each, parked in
-#: a poll (cheap), so many more than the work lane's.
+#: Kills, cancels and interactive reads waiting at once, every owner's together: a
+#: thread each, parked in a sleep or a poll (cheap), so many more than the work lane's.
 WAITS_HOST = 512
 
 
 def for_host(settings: Settings, kind: Literal["work", "waits"]) -> Lanes:
     """This process's lanes of `kind`: `work` (files, transfers' starts, workspaces,
-    snapshots, images: `lane_threads_per_owner` per owner) or `waits` (interactive reads
-    that wait for output: one per session an owner may run)."""
+    snapshots, images: `lane_threads_per_owner` per owner) or `waits` (kills, cancels
+    and interactive reads, which wait on processes: as many per owner as the sessions
+    an owner may run)."""
     with _hosts_lock:
         found = _hosts.get(kind)
         if found is None:

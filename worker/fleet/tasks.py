@@ -10,7 +10,9 @@ as a typed exception.
 
 `exec` is served by the command consumer (`bashfleet.<host>.exec`, the any and pool
 queues); the others by the separate control consumer (`bashfleet.<host>.ctl`), so
-they answer at once even when every command slot is busy.
+they answer at once even when every command slot is busy: the instant ones (`INSTANT`:
+check, kill, cancel...) on its own threads, every other in its owner's lane
+(`worker.fleet.lanes`), so that no file, build, kill or wait of one tenant holds them.
 """
 
 from __future__ import annotations
@@ -675,16 +677,16 @@ def _request(task: str, args: tuple[Any, ...]) -> ControlRequest:
 
 
 #: Control requests answered on the control consumer's own threads: each acts at once
-#: (the host's own records and output files, signals to processes; never a workspace's
-#: file, never a wait for a command's output).
-INSTANT = frozenset({
-    Task.CHECK, Task.KILL, Task.READ_OUTPUT, Task.CANCEL, Task.DETACH, Task.JOBS,
-})
-#: Requests that wait on an interactive session (its output, up to MAX_COLLECT_WAIT_S,
-#: and its one reader at a time): their owner's `waits` lane. Every other request
-#: (files, transfers' starts, workspaces, snapshots, images) goes to its owner's `work`
-#: lane (`worker.fleet.lanes`).
-WAITS = frozenset({Task.WRITE_STDIN, Task.CLOSE_STDIN, Task.RESIZE})
+#: (the host's own records and output files, read a bounded slice at a time; never a
+#: workspace's file, never a wait on a process).
+INSTANT = frozenset({Task.CHECK, Task.READ_OUTPUT, Task.DETACH, Task.JOBS})
+#: Requests that wait on processes: a kill or a cancel waits out its grace (a process
+#: that ignores SIGTERM holds it 2 s, a cancel up to its policy's 60 s), an interactive
+#: read waits for output (up to MAX_COLLECT_WAIT_S) and for the session's one reader:
+#: their owner's `waits` lane, threads of their own. Every other request (files,
+#: transfers' starts, workspaces, snapshots, images) goes to its owner's `work` lane
+#: (`worker.fleet.lanes`).
+WAITS = frozenset({Task.KILL, Task.CANCEL, Task.WRITE_STDIN, Task.CLOSE_STDIN, Task.RESIZE})
 
 
 @dataclass(frozen=True)
