@@ -34,7 +34,9 @@
         ├── WorkspaceFileNotFound      also a FileNotFoundError
         ├── WorkspaceIsADirectory      also an IsADirectoryError
         ├── WorkspaceNotADirectory     also a NotADirectoryError
-        └── WorkspacePermissionError   also a PermissionError
+        ├── WorkspacePermissionError   also a PermissionError
+        ├── WorkspaceSpecialFile       a FIFO, a device or a socket, not a file
+        └── WorkspaceFileTimeout       not done within its deadline: also a TimeoutError
 
 A command that fails is not an error: its exit code or signal are in the returned
 `CallResult` (so is a timeout, and a cancel). A call that did not run at all raises
@@ -71,9 +73,11 @@ __all__ = [
     "WorkerLost",
     "WorkspaceFileError",
     "WorkspaceFileNotFound",
+    "WorkspaceFileTimeout",
     "WorkspaceIsADirectory",
     "WorkspaceNotADirectory",
     "WorkspacePermissionError",
+    "WorkspaceSpecialFile",
     "error_for",
 ]
 
@@ -269,12 +273,27 @@ class WorkspacePermissionError(WorkspaceFileError, PermissionError):
     ERRNO = errno.EACCES
 
 
+class WorkspaceSpecialFile(WorkspaceFileError):  # noqa: N818
+    """A file operation named a FIFO, a device or a socket of the workspace: only
+    regular files are read or written (one of those could block or never end)."""
+
+    ERRNO = errno.ENXIO
+
+
+class WorkspaceFileTimeout(WorkspaceFileError, TimeoutError):  # noqa: N818
+    """The file operation did not finish within its deadline (its tool was stopped)."""
+
+    ERRNO = errno.ETIMEDOUT
+
+
 #: The exception of each `worker.wire.errors.FileProblem`.
 FILE_ERRORS: dict[str, type[WorkspaceFileError]] = {
     "missing": WorkspaceFileNotFound,
     "directory": WorkspaceIsADirectory,
     "not_directory": WorkspaceNotADirectory,
     "denied": WorkspacePermissionError,
+    "special": WorkspaceSpecialFile,
+    "timed_out": WorkspaceFileTimeout,
 }
 
 

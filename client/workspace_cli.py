@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from worker.wire.models import WorkspaceView
 
 #: Limits `--limit` takes (`WorkspaceLimits`' fields).
-LIMIT_NAMES = ("memory_mb", "procs", "cpus", "disk_mb")
+LIMIT_NAMES = ("memory_mb", "procs", "cpus", "disk_mb", "open_files")
 
 
 def add_commands(sub: SubParsers) -> None:

@@ -190,6 +190,24 @@ class Settings(BaseSettings):
     Redis, atomically: many clients sharing an owner cannot pass it). A background start
     past it is refused (`limit`), saying how many run and when to retry. A foreground
     call that goes to the background (a timeout, a detach) is counted, never refused."""
+    limit_open_files: int | None = Field(4096, ge=16, le=1 << 20)
+    """Files (and sockets) each process of a workspace may hold open at once:
+    RLIMIT_NOFILE, soft and hard, set for every call, job and tool (a workspace's
+    `limits.open_files` may lower it). Per process: with `limit_procs` it bounds what one
+    workspace holds. None: the worker's own limit, inherited."""
+    lane_threads_per_owner: int = Field(4, ge=1, le=256)
+    """Control requests that take time (file reads and writes, transfers' starts,
+    workspaces, snapshots, images) run on threads of their owner's lane, never on the
+    control consumer's: at most this many at once per owner on a host, the rest waiting
+    their turn (`worker.fleet.lanes`). `check`, `kill`, `cancel` never wait for them."""
+    lane_threads: int = Field(32, ge=1, le=4096)
+    """Threads of every owner's lanes together on a host (owners take turns past it)."""
+    file_op_timeout_s: float = Field(20.0, gt=0, le=3600)
+    """Seconds a workspace's file read or write, or a transfer's start, may take (its
+    tool in the workspace is killed past it, and the caller told): below a client's
+    30 s wait for a control answer."""
+    transfer_timeout_s: float = Field(3600.0, gt=0)
+    """Seconds a transfer may move data (either side idle for 30 s ends it sooner)."""
     registry_auth_file: Path | None = None
     """Credentials this host pulls images with: a Docker `config.json` (`auths`), passed
     to skopeo and buildah as `--authfile`. Hidden from every call, never printed."""

@@ -838,9 +838,9 @@ class AsyncFleet:
         directory under a root the host allows (else a fresh one, removed with it). `ttl_s`:
         seconds it lives unused (the host's default, 1 h). `isolation` (at least the host's)
         and `network` (False: its own network namespace). `limits`: memory_mb, procs, cpus,
-        disk_mb of its processes together, never above the host's. `mounts`: absolute paths
-        in its calls' view -> its own subdirectories (`{"/logs": "logs"}`). LimitReached
-        past the owner's cap.
+        disk_mb of its processes together, open_files of each, never above the host's.
+        `mounts`: absolute paths in its calls' view -> its own subdirectories
+        (`{"/logs": "logs"}`). LimitReached past the owner's cap.
 
         `image`: an OCI image reference (`python:3.12-slim`): its root filesystem is the
         workspace's `/` (pulled onto the host first, unless held there: a host that holds

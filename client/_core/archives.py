@@ -14,7 +14,10 @@ name, a link in place of a directory or inside a file, a hard link to anything b
 file archived before it). "Where" is found as the
 kernel would find it at that member's turn: through the symlinks the archive made
 before it (`x -> .` then `x/y -> ..` escapes, though each looks harmless alone) and
-those the destination already held. What is extracted is a copy of each member without
+those the destination already held; each member is remembered where it landed, not
+under its name (a link made as `a/l` through `a -> d` is met by later members as `d/l`:
+so CVE-2025-4517's chain, whose short names reach a link that climbs out only once
+resolved, is refused). What is extracted is a copy of each member without
 setuid/setgid/sticky bits, owned by whoever unpacks (never chown'd to the archive's ids
 when the caller is root).
 """
@@ -114,20 +117,23 @@ class Extraction:
         return path not in self.made and (path in self.dirs or self.disk_dir(path))
 
     def add(self, member: tarfile.TarInfo) -> None:
-        """Note what extracting `member` leaves at its path (and its parents: tarfile
-        makes the directories a member's path names)."""
+        """Note what extracting a checked `member` leaves, where it lands: its path with
+        the links on the way followed, as the kernel follows them (a link made as `a/l`
+        through `a -> d` is the link `d/l` for every later member), and its parents
+        (tarfile makes the directories a member's path names)."""
         parts = name_parts(member.name)
-        for end in range(1, len(parts)):
-            parent = "/".join(parts[:end])
-            if parent not in self.made:
-                self.dirs.add(parent)
-        path = "/".join(parts)
-        if member.issym():
+        if not parts:
+            return
+        parent = resolve(parts[:-1], self.link) or []  # inside: checked
+        for end in range(1, len(parent) + 1):
+            self.dirs.add("/".join(parent[:end]))
+        if member.issym():  # replaces what is there (never a directory: checked)
+            path = "/".join([*parent, parts[-1]])
+            self.files.discard(path)
             self.made[path] = member.linkname
-        elif member.isdir():
-            self.dirs.add(path)
-        else:
-            self.files.add(path)
+            return
+        path = "/".join(resolve(parts, self.link) or [])  # written through a final link
+        (self.dirs if member.isdir() else self.files).add(path)
 
 
 def check_member(member: tarfile.TarInfo, state: Extraction) -> None:
@@ -169,7 +175,10 @@ def check_link(member: tarfile.TarInfo, parts: list[str], landing: list[str],
         return
     if target.startswith("/") or resolve(target.split("/"), state.link) is None:
         raise UnsafeMemberError(f"{member.name!r}: a hard link to {target!r}, outside")
-    if "/".join(name_parts(target)) not in state.files:
+    # link(2) follows the links on the way to its target, not a last one.
+    target_parts = name_parts(target)
+    directory = resolve(target_parts[:-1], state.link)
+    if directory is None or "/".join([*directory, *target_parts[-1:]]) not in state.files:
         raise UnsafeMemberError(f"{member.name!r}: a hard link to {target!r}, no earlier file")
 
 

@@ -3,13 +3,18 @@ run in the engine's work directory, a workspace the test can look into)."""
 
 from __future__ import annotations
 
+import resource
 import time
 from pathlib import Path
 
+from worker.wire.models import CallResult
+
 from .engine_helpers import (
+    Engine,
     Janitor,
     _janitor_fixture,  # noqa: F401 - fixture
     engine_with,
+    wait_until,
 )
 
 
@@ -64,3 +69,42 @@ def test_allow_rules_admit_only_matching_commands(tmp_path: Path, janitor: Janit
         assert not marker.exists()
         assert engine.run(f"touch {marker}").error is None
         assert marker.exists()
+
+
+def _nofile(result: CallResult) -> tuple[int, int]:
+    soft, hard = result.stdout.split()
+    return int(soft), int(hard)
+
+
+def test_open_files_are_bounded_per_workspace_and_cannot_be_raised(
+        tmp_path: Path, janitor: Janitor) -> None:
+    """RLIMIT_NOFILE: the host's default for every call and job (the worker's own, 20,000
+    on this machine, is not what a call gets), lower where a workspace asks, never
+    higher; soft and hard, so a command cannot raise it back. Sandboxed (the keeper sets
+    it) and not (the startup line does)."""
+    assert resource.getrlimit(resource.RLIMIT_NOFILE)[1] > 512  # else this proves nothing
+    for isolation in ("process", "none"):
+        with engine_with(tmp_path / isolation, janitor, isolation=isolation,
+                         limit_open_files=512) as engine:
+            _open_files_bounded(engine)
+
+
+def _open_files_bounded(engine: Engine) -> None:
+    show = "ulimit -Sn; ulimit -Hn"
+    assert _nofile(engine.run(show, workspace=engine.workspace().id)) == (512, 512)
+    assert engine.workspace(limits={"open_files": 100_000}).limits.open_files == 512
+    low = engine.workspace(limits={"open_files": 64})
+    assert low.limits.open_files == 64
+    assert _nofile(engine.run(show, workspace=low.id)) == (64, 64)
+    raised = engine.run("ulimit -n 4096 && echo raised", workspace=low.id)
+    assert "raised" not in raised.stdout and raised.exit_code != 0
+    # Fewer than 64 descriptors (bash holds a few), then EMFILE.
+    opened = engine.run("python3 -c 'import os\nn = 0\ntry:\n while True:\n"
+                        "  os.open(\"/dev/null\", os.O_RDONLY); n += 1\n"
+                        "except OSError as e: print(n, e.errno)'", workspace=low.id)
+    count, errno = opened.stdout.split()
+    assert int(count) < 64 and int(errno) == 24, opened.stdout  # EMFILE
+    job = engine.run(f"{{ {show}; }} > limits.txt", workspace=low.id, background=True)
+    assert job.job is not None
+    wait_until(lambda: engine.run("cat limits.txt", workspace=low.id).stdout == "64\n64\n",
+               timeout=20, what="the job's limits")

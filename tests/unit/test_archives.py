@@ -71,6 +71,11 @@ UNSAFE = {
     "file through a link out": [Entry("d/", tarfile.DIRTYPE),
                                 Entry("d/l", tarfile.SYMTYPE, "../../.."),
                                 Entry("d/l/owned")],
+    # Each link harmless where it is looked at by name; `a/l` is made through `a -> d`,
+    # so it is `d/l`, and `d/l/..` climbs out (CVE-2025-4517's chain, in five members).
+    "a link made through a link": [Entry("d/", tarfile.DIRTYPE), Entry("a", tarfile.SYMTYPE, "d"),
+                                   Entry("a/l", tarfile.SYMTYPE, ".."),
+                                   Entry("e", tarfile.SYMTYPE, "d/l/.."), Entry("e/owned")],
     "link loop": [Entry("a", tarfile.SYMTYPE, "b"), Entry("b", tarfile.SYMTYPE, "a"),
                   Entry("a/f")],
     "absolute hard link": [Entry("h", tarfile.LNKTYPE, "/etc/passwd")],

@@ -462,12 +462,14 @@ class _Launch:
     def sandboxed(self) -> bool:
         return self.workspace.keeper_pid is not None
 
-    def _arm(self, engine_lines: str, *, carried: bool) -> int:
+    def _arm(self, engine_lines: str, *, carried: bool, open_files: int | None = None) -> int:
         """Write the call's startup script (`worker.engine.startup`): the descriptor to
         pass; BASH_ENV names it. The sandbox gives it a fixed number, a plain spawn ours.
-        `carried`: a cgroup carries the memory and process limits."""
+        `carried`: a cgroup carries the memory and process limits. `open_files`: set
+        RLIMIT_NOFILE too (a plain spawn: a keeper sets it itself)."""
         self.startup = Startup(
-            engine_lines + resources.ulimit_line(self.settings, carried), capture=self.capture,
+            engine_lines + resources.ulimit_line(self.settings, carried, open_files),
+            capture=self.capture,
             fd_in_child=launcher.STATE_FD if self.sandboxed else None,
         )
         self.child.env["BASH_ENV"] = self.startup.bash_env
@@ -488,7 +490,8 @@ class _Launch:
         if self.groups is not None and self.group is None:
             self.group = self.groups.acquire()
         fds = self.group.procs_fds() if self.group is not None else []
-        startup = self._arm(cgroups.join_line(fds), carried=bool(fds))
+        startup = self._arm(cgroups.join_line(fds), carried=bool(fds),
+                            open_files=self.workspace.limits.open_files)
         line = CommandLine(["bash"], self.call.command)
         passed = [*fds, startup, *([line.fd] if line.fd is not None else [])]
         user = self.user

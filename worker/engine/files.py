@@ -20,7 +20,9 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import select
 import subprocess
+import time
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -29,38 +31,64 @@ from worker.settings import Settings
 from worker.wire.errors import ErrorKind, FileProblem
 from worker.wire.models import WorkspaceRecord
 
-#: Seconds a file tool may take (a 4 MiB chunk, a tar of a large tree).
+#: Seconds a file tool may take when its caller gives no deadline (a tar of a large tree).
 TOOL_TIMEOUT_S = 300.0
 #: The environment of the tools: nothing of the worker's.
 TOOL_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
             "LC_ALL": "C"}
 
+# Only regular files are read or written. Opening a FIFO blocks until the other side
+# comes (for ever, if the command that made it wants), and a device such as /dev/zero
+# never ends: so the type is looked at first (`stat`, which opens nothing; `-L`: what a
+# symlink leads to, since that is what would be opened), and refused at once (status 7).
+# The file may still be swapped between that look and the open (a command renaming a
+# FIFO over it): so dd opens with O_NONBLOCK (`nonblock`), under which a FIFO's open or
+# read never waits (it fails or reads nothing), and reads at most the size it looked at
+# (a device swapped in gives that many bytes, not an endless stream). The tools are the
+# workspace's own, which its commands may replace by anything: what bounds a tool in the
+# end is its deadline (`_wait` kills it), and a download's archive is checked by the
+# client whatever wrote it. Busybox's dd has no `nonblock`: there the deadline alone.
+_NONBLOCK = ('nb=nonblock,; dd if=/dev/null of=/dev/null iflag=nonblock count=0 '
+             '2>/dev/null || nb=; ')
 _CHECK = (
     'f=$1; if [ ! -e "$f" ]; then echo "No such file or directory: $f" >&2; exit 2; fi; '
     'if [ -d "$f" ]; then echo "Is a directory: $f" >&2; exit 3; fi; '
+    'i=$(stat -L -c "%s %F" -- "$f") || exit 5; s=${i%% *}; t=${i#* }; '
+    'case $t in "regular file"|"regular empty file") ;; '
+    '*) echo "Not a regular file (a $t): $f" >&2; exit 7;; esac; '
     'if [ ! -r "$f" ]; then echo "Permission denied: $f" >&2; exit 4; fi; '
+    + _NONBLOCK
 )
 _READ = _CHECK + (
-    'stat -L -c %s -- "$f" >&3 || exit 5; '
-    'exec dd if="$f" iflag=skip_bytes,count_bytes skip="$2" count="$3" bs=1M status=none'
+    'echo "$s" >&3; '
+    'exec dd if="$f" iflag=${nb}skip_bytes,count_bytes skip="$2" count="$3" bs=1M status=none'
 )
 _WRITE = (
     'f=$1; d=$(dirname -- "$f"); '
     'if [ -d "$f" ]; then echo "Is a directory: $f" >&2; exit 3; fi; '
+    'if [ -e "$f" ] && [ ! -f "$f" ]; then '
+    'echo "Not a regular file (a $(stat -L -c %F -- "$f")): $f" >&2; exit 7; fi; '
     'if [ -e "$d" ] && [ ! -d "$d" ]; then echo "Not a directory: $d" >&2; exit 6; fi; '
     'if [ "$4" != 1 ] && [ ! -d "$d" ]; then echo "No such file or directory: $d" >&2; exit 2; fi; '
     'if { [ -e "$f" ] && [ ! -w "$f" ]; } || { [ -d "$d" ] && [ ! -e "$f" ] && [ ! -w "$d" ]; }; '
     'then echo "Permission denied: $f" >&2; exit 4; fi; '
+    + _NONBLOCK +
     'set -e; if [ "$4" = 1 ]; then mkdir -p -- "$d"; fi; '
-    'if [ "$3" = 1 ]; then cat >> "$f"; else cat > "$f"; fi; '
-    'if [ -n "$2" ]; then chmod -- "$2" "$f"; fi; stat -c %s -- "$f" >&3'
+    'o=; if [ -n "$nb" ]; then o=oflag=nonblock; fi; '
+    'if [ "$3" = 1 ]; then dd of="$f" $o oflag=append conv=notrunc bs=1M status=none; '
+    'else dd of="$f" $o bs=1M status=none; fi || { if [ -e "$f" ] && [ ! -f "$f" ]; then '
+    'echo "Not a regular file (swapped in while written): $f" >&2; exit 7; fi; exit 1; }; '
+    'if [ -n "$2" ]; then chmod -- "$2" "$f"; fi; stat -L -c %s -- "$f" >&3'
 )
 #: The tools of a transfer by (direction, kind): each takes the path (and an uploaded
-#: file's mode) and reads its stdin or writes its stdout, the worker's pipe.
+#: file's mode) and reads its stdin or writes its stdout, the worker's pipe. A directory
+#: travels as GNU tar writes it: a FIFO, a device or a socket in it is archived as what
+#: it is (or skipped), never opened, and a file is opened O_NONBLOCK|O_NOFOLLOW and read
+#: up to the size tar looked at; the client refuses an archive holding a FIFO or device.
 _STREAMS = {
     ("upload", "file"): _WRITE,
-    ("download", "file"): _CHECK + 'stat -L -c %s -- "$f" >&3 || exit 5; '
-                          'exec dd if="$f" bs=1M status=none',
+    ("download", "file"): _CHECK + 'echo "$s" >&3; '
+                          'exec dd if="$f" iflag=${nb}count_bytes count="$s" bs=1M status=none',
     ("upload", "tree"): 'if [ -e "$1" ] && [ ! -d "$1" ]; then echo "Not a directory: $1" >&2; '
                         'exit 6; fi; set -e; mkdir -p -- "$1"; '
                         'tar -x -f - -C "$1" --no-same-owner; echo 0 >&3',
@@ -72,10 +100,11 @@ _STREAMS = {
 #: where the worker may (root), else Linux's pipe-max-size (1 MiB), rather than 64 KiB.
 _PIPE_BYTES = (4 * 1024 * 1024, 1024 * 1024)
 #: How a tool's exit status is told: no such file, a directory, not readable or writable,
-#: a parent that is not a directory (the client raises the matching OSError).
+#: a parent that is not a directory, not a regular file (the client raises the matching
+#: OSError).
 _KINDS: dict[int, tuple[ErrorKind, FileProblem]] = {
     2: ("not_found", "missing"), 3: ("invalid", "directory"), 4: ("unauthorized", "denied"),
-    6: ("invalid", "not_directory"),
+    6: ("invalid", "not_directory"), 7: ("invalid", "special"),
 }
 
 
@@ -99,27 +128,31 @@ def in_view(record: WorkspaceRecord, path: str) -> str:
 
 
 def read_file(record: WorkspaceRecord, settings: Settings, path: str, *, offset: int,
-              limit: int) -> tuple[bytes, int]:
-    """(`limit` bytes of the file from `offset`, its size)."""
+              limit: int, timeout: float = TOOL_TIMEOUT_S) -> tuple[bytes, int]:
+    """(`limit` bytes of the regular file from `offset`, its size); FileError past
+    `timeout` seconds (`timed_out`: the tool was killed)."""
     run = _checked(record, settings, [workspaces.shell_of(record), "-c", _READ, "read",
                                       in_view(record, path),
-                                      str(offset), str(limit)], b"", limit)
+                                      str(offset), str(limit)], b"", max_out=limit,
+                   timeout=timeout)
     return run.stdout, int(run.answer.strip() or 0)
 
 
 def write_file(record: WorkspaceRecord, settings: Settings, path: str, data: bytes, *,
                append: bool = False, mode: int | None = None,
-               make_parents: bool = True) -> int:
-    """Write (or append) `data`; the file's size after."""
+               make_parents: bool = True, timeout: float = TOOL_TIMEOUT_S) -> int:
+    """Write (or append) `data` to a regular file (made if missing); the file's size
+    after. FileError past `timeout` seconds (`timed_out`)."""
     argv = [workspaces.shell_of(record), "-c", _WRITE, "write", in_view(record, path),
             "" if mode is None else format(mode, "o"), "1" if append else "0",
             "1" if make_parents else "0"]
-    return int(_checked(record, settings, argv, data, 0).answer.strip() or 0)
+    run = _checked(record, settings, argv, data, max_out=0, timeout=timeout)
+    return int(run.answer.strip() or 0)
 
 
-def _checked(record: WorkspaceRecord, settings: Settings, argv: list[str], data: bytes,
-             max_out: int) -> ToolRun:
-    return _failed(run_tool(record, settings, argv, data, max_out=max_out))
+def _checked(record: WorkspaceRecord, settings: Settings, argv: list[str], data: bytes, *,
+             max_out: int, timeout: float) -> ToolRun:
+    return _failed(run_tool(record, settings, argv, data, max_out=max_out, timeout=timeout))
 
 
 def _failed(run: ToolRun) -> ToolRun:
@@ -132,21 +165,18 @@ def _failed(run: ToolRun) -> ToolRun:
 
 
 def run_tool(record: WorkspaceRecord, settings: Settings, argv: list[str], data: bytes, *,
-             max_out: int) -> ToolRun:
+             max_out: int, timeout: float = TOOL_TIMEOUT_S) -> ToolRun:
     """Run `argv` in the workspace with `data` on its stdin; what it wrote. At most
-    `max_out` bytes of stdout are kept (the tools are asked for no more)."""
+    `max_out` bytes of stdout are kept (the tools are asked for no more). FileError
+    (`timed_out`) when it ran `timeout` seconds: it is killed then."""
     fds = [_memfd(data), _memfd(b""), _memfd(b""), _memfd(b"")]
     try:
-        status = _run(record, settings, argv, fds)
+        status = _wait(_start(record, settings, argv, fds), timeout)
         return ToolRun(status, _read(fds[1], max_out), _read(fds[2], 64 * 1024),
                        _read(fds[3], 4096))
     finally:
         for fd in fds:
             os.close(fd)
-
-
-def _run(record: WorkspaceRecord, settings: Settings, argv: list[str], fds: list[int]) -> int:
-    return _wait(_start(record, settings, argv, fds))
 
 
 def _start(record: WorkspaceRecord, settings: Settings, argv: list[str], fds: list[int]
@@ -168,13 +198,24 @@ def _start(record: WorkspaceRecord, settings: Settings, argv: list[str], fds: li
     )
 
 
-def _wait(proc: Any) -> int:
+def _wait(proc: Any, timeout: float) -> int:
+    """The tool's exit status; FileError (`timed_out`) once it ran `timeout` seconds:
+    its process group is killed then (whatever it waits on: a FIFO, a stalled mount)."""
     try:
-        return int(proc.wait(TOOL_TIMEOUT_S))
+        return int(proc.wait(max(timeout, 0.0)))
     except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, 9)
-        return int(proc.wait(10))
+        kill(proc)
+    raise FileError("invalid", f"the file operation did not finish within {timeout:.0f} s "
+                    "(the file blocked it, or the workspace's tool hung): it was stopped",
+                    "timed_out")
+
+
+def kill(proc: Any) -> None:
+    """Kill a tool's process group, and reap it (a moment at most)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, 9)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(10)
 
 
 @dataclass
@@ -184,15 +225,55 @@ class StreamingTool:
 
     proc: Any
     fd: int
-    """The worker's end of the tool's pipe."""
+    """The worker's end of the tool's pipe (non-blocking: every wait on it is bounded)."""
     outputs: list[int]
     """The tool's stderr and answer (memfds)."""
+    deadline: float | None = None
+    """When (`time.monotonic()`) the transfer must be over; None: no bound but idleness."""
 
-    def finish(self) -> int:
-        """Close the pipe, wait for the tool; its answer (a number), or FileError."""
+    def read_into(self, view: memoryview, idle_s: float) -> int:
+        """Read the pipe until `view` is full or the tool closed it; the bytes read.
+        FileError (`timed_out`, the tool killed) when it wrote nothing for `idle_s`."""
+        size = 0
+        while size < len(view):
+            try:
+                got = os.readv(self.fd, [view[size:]])
+            except BlockingIOError:
+                self._wait_for(select.POLLIN, idle_s, "wrote nothing")
+                continue
+            if not got:
+                break
+            size += got
+        return size
+
+    def write_all(self, data: memoryview, idle_s: float) -> None:
+        """Write all of `data` to the pipe; FileError (`timed_out`, the tool killed)
+        when it took nothing for `idle_s`."""
+        view = data
+        while view:
+            try:
+                view = view[os.write(self.fd, view):]
+            except BlockingIOError:
+                self._wait_for(select.POLLOUT, idle_s, "read nothing")
+
+    def _wait_for(self, event: int, idle_s: float, idle: str) -> None:
+        left = idle_s if self.deadline is None else min(idle_s, self.deadline - time.monotonic())
+        poller = select.poll()
+        poller.register(self.fd, event)
+        if poller.poll(max(left, 0.0) * 1000):
+            return  # ready, or the other end closed: the next read or write says which
+        kill(self.proc)
+        over = self.deadline is not None and time.monotonic() >= self.deadline
+        raise FileError("invalid", "the transfer ran past its deadline: it was stopped" if over
+                        else f"the workspace's tool {idle} for {idle_s:.0f} s (a FIFO, a "
+                        "stalled mount?): it was stopped", "timed_out")
+
+    def finish(self, timeout: float = TOOL_TIMEOUT_S) -> int:
+        """Close the pipe, wait for the tool (at most `timeout` s); its answer (a
+        number), or FileError."""
         self.close_pipe()
         try:
-            status = _wait(self.proc)
+            status = _wait(self.proc, timeout)
             run = ToolRun(status, b"", _read(self.outputs[0], 64 * 1024),
                           _read(self.outputs[1], 4096))
         finally:
@@ -224,6 +305,7 @@ def stream_tool(record: WorkspaceRecord, settings: Settings,
         except OSError:  # past pipe-max-size, without CAP_SYS_RESOURCE: the next
             continue
     ours, theirs = (write_end, read_end) if direction == "upload" else (read_end, write_end)
+    os.set_blocking(ours, False)
     stdio = [theirs, _memfd(b"")] if direction == "upload" else [_memfd(b""), theirs]
     outputs = [_memfd(b""), _memfd(b"")]
     try:

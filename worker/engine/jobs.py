@@ -302,8 +302,11 @@ def _job_spec(
     join = cgroups.join_line(launcher.CGROUP_FD + n for n in range(len(dirs)))
     carried = bool(dirs) or bool(workspace and workspace.cgroup)
     limits_line = resources.ulimit_line(settings, carried)
+    # A job no keeper starts sets its open files limit itself (a keeper sets its own).
+    plain_line = resources.ulimit_line(
+        settings, carried, workspace.limits.open_files if workspace else settings.limit_open_files)
     spec: dict[str, Any] = {
-        "command": (join + limits_line if not in_keeper else "") + call.command,
+        "command": (join + plain_line if not in_keeper else "") + call.command,
         "cwd": cwd, "env": env,
         "timeout_s": call.policy.background_timeout_s,
         "kill_grace_s": call.policy.kill_grace_s,

@@ -151,6 +151,8 @@ class Keeper:
         self.sel = selectors.DefaultSelector()
         self.tracked: dict[int, Tracked] = {}
         self.exit_when_idle = False
+        self.open_files: int | None = None
+        """RLIMIT_NOFILE of every process it starts (the workspace's `open_files`)."""
         wake_read, wake_write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self.wake = wake_read
         signal.signal(signal.SIGCHLD, _noop)
@@ -293,7 +295,8 @@ class Keeper:
         # The child enters the cwd and finds bash as the workspace's user, in its view:
         # the keeper (root) never resolves a path a command may have planted.
         return kernel.spawn(body.get("executable"), body["argv"], body["env"], stdio, targets,
-                            cwd=body["cwd"], who=self.who, ctty=bool(body.get("ctty")))
+                            cwd=body["cwd"], who=self.who, ctty=bool(body.get("ctty")),
+                            open_files=self.open_files)
 
     def _adopt(self, conn: Conn, body: dict[str, Any], fds: list[int]) -> None:
         tracked = conn.busy
@@ -476,6 +479,8 @@ def main(spec: dict[str, Any], listener_fd: int, report_fd: int) -> int:
         first, spec, who = _claimed(listener, spec)
     listener.setblocking(False)
     keeper = Keeper(listener, worker_uid=int(spec["worker_uid"]), who=who, host_proc=host_proc)
+    if spec.get("open_files") is not None:
+        keeper.open_files = int(spec["open_files"])
     if first is not None:
         keeper.sel.register(first, selectors.EVENT_READ, Conn(first))
     if int(spec.get("maker_fd", -1)) >= 0:

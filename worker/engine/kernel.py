@@ -12,6 +12,7 @@ import errno
 import fcntl
 import os
 import platform
+import resource
 import signal
 import socket
 import struct
@@ -359,13 +360,22 @@ _DEFAULT_SIGNALS = (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT, signal.SIGCHL
                     signal.SIGTERM, signal.SIGHUP)
 
 
+def lowered_nofile(wanted: int) -> int:
+    """`wanted` as an RLIMIT_NOFILE this process may set: never above its hard limit
+    (raising that takes a privilege a worker that is not root lacks)."""
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    return wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+
+
 def spawn(executable: str | None, argv: Sequence[str], env: Mapping[str, str],
           fds: Sequence[int], targets: Sequence[int], *, cwd: str,
-          who: Identity | None = None, ctty: bool = False) -> int:
+          who: Identity | None = None, ctty: bool = False,
+          open_files: int | None = None) -> int:
     """Start `argv` in a new session with `fds` as its `targets`, in `cwd`: a fork whose
     child first becomes `who` (enters its user namespace, takes its ids), then enters
     `cwd` as that user (every component of the path checked by the kernel against the
-    user who runs there, never against the keeper's root), then execs (`executable`, or
+    user who runs there, never against the keeper's root), lowers its RLIMIT_NOFILE to
+    `open_files` (soft and hard: it cannot raise it back), then execs (`executable`, or
     `argv[0]` searched on the child's PATH from there). With `ctty` fd 0 (a PTY slave)
     becomes its controlling terminal. The child's failure comes back on a close-on-exec
     pipe as an OSError naming `cwd` or the executable, as subprocess reports it. A fork
@@ -374,7 +384,8 @@ def spawn(executable: str | None, argv: Sequence[str], env: Mapping[str, str],
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child execs or exits
         os.close(read_end)
-        _child(executable, argv, env, fds, targets, cwd, who, ctty, write_end)
+        _child(executable, argv, env, fds, targets, cwd, who, ctty, write_end,
+               open_files=open_files)
     os.close(write_end)
     try:
         chunks = []
@@ -393,7 +404,8 @@ def spawn(executable: str | None, argv: Sequence[str], env: Mapping[str, str],
 
 def _child(executable: str | None, argv: Sequence[str], env: Mapping[str, str],  # noqa: PLR0917
            fds: Sequence[int], targets: Sequence[int], cwd: str, who: Identity | None,
-           ctty: bool, report: int) -> None:  # pragma: no cover - runs in the child
+           ctty: bool, report: int, *,
+           open_files: int | None = None) -> None:  # pragma: no cover - runs in the child
     stage, name = "setup", ""
     try:
         if who is not None:
@@ -418,6 +430,11 @@ def _child(executable: str | None, argv: Sequence[str], env: Mapping[str, str], 
         os.setsid()
         for fd, target in zip(fds, targets, strict=True):
             os.dup2(fd, target)
+        if open_files is not None:
+            # After the dup2s: the engine's descriptors (200 and up) stay open above a
+            # lower limit; only new ones count against it.
+            wanted = lowered_nofile(open_files)
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, wanted))
         if ctty:
             fcntl.ioctl(0, termios.TIOCSCTTY, 0)
         for signum in _DEFAULT_SIGNALS:

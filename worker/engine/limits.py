@@ -31,10 +31,12 @@ class ResourceLimits:
     cpu_s: int | None = None
     file_mb: int | None = None
     procs: int | None = None
+    open_files: int | None = None
 
     def any(self) -> bool:
         """True when at least one limit is set."""
-        return any(v is not None for v in (self.memory_mb, self.cpu_s, self.file_mb, self.procs))
+        return any(v is not None for v in (self.memory_mb, self.cpu_s, self.file_mb, self.procs,
+                                           self.open_files))
 
 
 def ulimit_prefix(limits: ResourceLimits) -> str:
@@ -51,6 +53,8 @@ def ulimit_prefix(limits: ResourceLimits) -> str:
         parts.append(f"ulimit -f {limits.file_mb * 1024}")  # 1 KiB blocks in bash
     if limits.procs is not None:
         parts.append(f"ulimit -u {limits.procs}")
+    if limits.open_files is not None:
+        parts.append(f"ulimit -n {limits.open_files}")  # soft and hard
     failed = "{ echo 'bashfleet: could not set resource limits' >&2; exit 126; }"
     return f"{' && '.join(parts)} || {failed}\n"
 

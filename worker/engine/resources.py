@@ -16,7 +16,7 @@ import functools
 import os
 import threading
 
-from worker.engine import cgroups, limits
+from worker.engine import cgroups, kernel, limits
 from worker.engine.memo import TimedMemo
 from worker.settings import Settings
 from worker.wire.models import WorkspaceLimits
@@ -41,7 +41,9 @@ def granted(asked: WorkspaceLimits, settings: Settings) -> WorkspaceLimits:
     memory = lower(asked.memory_mb, settings.limit_memory_mb)
     procs = lower(asked.procs, settings.limit_procs)
     disk = lower(asked.disk_mb, settings.limit_workspace_mb)
+    files = lower(asked.open_files, settings.limit_open_files)
     return WorkspaceLimits(
+        open_files=None if files is None else int(files),
         memory_mb=None if memory is None else int(memory),
         procs=None if procs is None else int(procs),
         cpus=lower(asked.cpus, settings.limit_cpus),
@@ -123,9 +125,15 @@ def ulimit_limits(settings: Settings, carried_by_cgroup: bool) -> limits.Resourc
     )
 
 
-def ulimit_line(settings: Settings, carried_by_cgroup: bool) -> str:
-    """The ulimit line of a call's startup script (`limits.ulimit_prefix`)."""
-    return _ulimit_line(ulimit_limits(settings, carried_by_cgroup))
+def ulimit_line(settings: Settings, carried_by_cgroup: bool,
+                open_files: int | None = None) -> str:
+    """The ulimit line of a call's startup script (`limits.ulimit_prefix`); with
+    `open_files`, RLIMIT_NOFILE too (for a call no keeper starts: a keeper sets its
+    workspace's for every process it starts, `worker.engine.kernel.spawn`)."""
+    chosen = ulimit_limits(settings, carried_by_cgroup)
+    if open_files is not None:
+        chosen = dataclasses.replace(chosen, open_files=kernel.lowered_nofile(open_files))
+    return _ulimit_line(chosen)
 
 
 @functools.lru_cache(maxsize=64)

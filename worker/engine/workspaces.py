@@ -640,6 +640,7 @@ def _start_keeper(record: WorkspaceRecord, settings: Settings, user: sandbox.Use
     plan = layout.plan_view(spec)
     body: dict[str, object] = {
         "plan": plan, "bound_to_maker": record.throwaway,
+        "open_files": record.limits.open_files,
         "lease": {"dir": str(settings.workspaces_dir),
                   "name": record_path(settings, record.id).name, "ttl_s": record.ttl_s,
                   "look_s": LEASE_LOOK_S, "grace_s": LEASE_GRACE_S},

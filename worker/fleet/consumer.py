@@ -38,7 +38,9 @@ log = logging.getLogger("bashfleet.worker")
 
 EXIT_OK = 0
 EXIT_ERROR = 1
-#: Threads of the control consumer: control calls are short.
+#: Threads of the control consumer: they act only on the instant control requests
+#: (`tasks.INSTANT`: check, read_output...); the others they hand to their owner's lane
+#: (`worker.fleet.lanes`).
 CTL_CONCURRENCY = 4
 
 

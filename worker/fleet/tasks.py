@@ -10,7 +10,9 @@ as a typed exception.
 
 `exec` is served by the command consumer (`bashfleet.<host>.exec`, the any and pool
 queues); the others by the separate control consumer (`bashfleet.<host>.ctl`), so
-they answer at once even when every command slot is busy.
+they answer at once even when every command slot is busy: the instant ones (`INSTANT`:
+check, kill, cancel...) on its own threads, every other in its owner's lane
+(`worker.fleet.lanes`), so that no file, build, kill or wait of one tenant holds them.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -37,6 +40,7 @@ from worker.fleet import (
     flower,
     image_calls,
     interactive,
+    lanes,
     recovery,
     registry,
     snapshot_calls,
@@ -105,6 +109,8 @@ class Answer:
     sent: bool = False
     call: Call | None = None
     """The call, once its message was read (what Flower's view of it needs)."""
+    expires_at: float | None = None
+    """When the caller stops waiting for it (its message's expiry; `time.time()`)."""
 
     def reply(self, payload: str) -> registry.Reply:
         """The answer to deliver, sealed: a client trusts no answer it cannot verify."""
@@ -120,7 +126,18 @@ def _current_answer(rt: Runtime) -> Answer:
         task_id=str(getattr(request, "id", None) or "?"),
         channel=getattr(request, "reply_to", None) or None,
         key=next(iter(rt.keys.values()), None),
+        expires_at=_expiry(getattr(request, "expires", None)),
     )
+
+
+def _expiry(expires: object) -> float | None:
+    """A message's `expires` header (ISO 8601 text, or a datetime) as a timestamp."""
+    if isinstance(expires, str):
+        try:
+            expires = datetime.fromisoformat(expires)
+        except ValueError:
+            return None
+    return expires.timestamp() if isinstance(expires, datetime) else None
 
 
 def _deliver(rt: Runtime, answer: Answer, payload: str) -> None:
@@ -669,32 +686,77 @@ def _request(task: str, args: tuple[Any, ...]) -> ControlRequest:
         raise ToolError("invalid", f"invalid {cls.__name__}: {fields}") from None
 
 
+#: Control requests answered on the control consumer's own threads: each acts at once
+#: (the host's own records and output files, read a bounded slice at a time; never a
+#: workspace's file, never a wait on a process).
+INSTANT = frozenset({Task.CHECK, Task.READ_OUTPUT, Task.DETACH, Task.JOBS})
+#: Requests that wait on processes: a kill or a cancel waits out its grace (a process
+#: that ignores SIGTERM holds it 2 s, a cancel up to its policy's 60 s), an interactive
+#: read waits for output (up to MAX_COLLECT_WAIT_S) and for the session's one reader:
+#: their owner's `waits` lane, threads of their own. Every other request (files,
+#: transfers' starts, workspaces, snapshots, images) goes to its owner's `work` lane
+#: (`worker.fleet.lanes`).
+WAITS = frozenset({Task.KILL, Task.CANCEL, Task.WRITE_STDIN, Task.CLOSE_STDIN, Task.RESIZE})
+
+
+@dataclass(frozen=True)
+class Accepted:
+    """A control message verified (its nonce used) and read as its request model."""
+
+    request: ControlRequest
+    admin: bool
+
+
+def accept(rt: Runtime, task: str, args: tuple[Any, ...], answer: Answer) -> Accepted:
+    """Verify (nonce included) and validate one control message; AuthError, ToolError
+    (`invalid`) or RedisError when it must be refused."""
+    message = verify(rt, task, args, answer)
+    _use_nonce(rt, message.nonce)
+    return Accepted(_request(task, message.args), message.admin)
+
+
+def act(rt: Runtime, task: str, accepted: Accepted, answer: Answer) -> ControlReply:
+    """Do what an accepted request asks; its reply (an error reply for any failure)."""
+    try:
+        if task in KEYED_HANDLERS:
+            response = KEYED_HANDLERS[task](rt, accepted.request, accepted.admin, answer.key)
+        else:
+            response = HANDLERS[task](rt, accepted.request, accepted.admin)
+        return ControlReply(ok=response.model_dump(mode="json"))
+    except Exception as exc:  # each kind its reply; a bug must still answer the caller
+        return _failure_reply(task, exc)
+
+
+def _failure_reply(task: str, exc: Exception) -> ControlReply:
+    if isinstance(exc, auth.AuthError):
+        log.warning("control message refused: %s", exc.message)
+        return _error_reply(exc)
+    if isinstance(exc, ToolError):
+        return _error_reply(exc)
+    if isinstance(exc, redis.RedisError):
+        return _error_reply(ToolError("unavailable", f"the worker could not reach Redis: {exc}"))
+    log.error("control task %s failed inside the worker", task, exc_info=exc)
+    return _error_reply(ToolError("internal", f"worker error: {exc!r}"))
+
+
 def control_reply(
     rt: Runtime, task: str, args: tuple[Any, ...], answer: Answer
 ) -> tuple[ControlRequest | None, ControlReply]:
-    """Verify (nonce included), validate, act: the request (None: refused before it was
-    read) and the reply of one control message."""
-    request: ControlRequest | None = None
+    """Verify (nonce included), validate, act, on this thread: the request (None:
+    refused before it was read) and the reply of one control message."""
     try:
-        message = verify(rt, task, args, answer)
-        _use_nonce(rt, message.nonce)
-        request = _request(task, message.args)
-        if task in KEYED_HANDLERS:
-            response = KEYED_HANDLERS[task](rt, request, message.admin, answer.key)
-        else:
-            response = HANDLERS[task](rt, request, message.admin)
-        return request, ControlReply(ok=response.model_dump(mode="json"))
-    except auth.AuthError as exc:
-        log.warning("control message refused: %s", exc.message)
-        return request, _error_reply(exc)
-    except ToolError as exc:
-        return request, _error_reply(exc)
-    except redis.RedisError as exc:
-        failure = ToolError("unavailable", f"the worker could not reach Redis: {exc}")
-        return request, _error_reply(failure)
-    except Exception as exc:  # a bug must still answer the caller
-        log.exception("control task %s failed inside the worker", task)
-        return request, _error_reply(ToolError("internal", f"worker error: {exc!r}"))
+        accepted = accept(rt, task, args, answer)
+    except Exception as exc:  # each kind its reply (`_failure_reply`)
+        return None, _failure_reply(task, exc)
+    return accepted.request, act(rt, task, accepted, answer)
+
+
+def lane_of(rt: Runtime, task: str) -> lanes.Lanes | None:
+    """Where a request of `task` is acted on: None for the control thread itself (an
+    instant one), else its owner's lane of the kind it needs."""
+    if task in INSTANT:
+        return None
+    return lanes.for_host(rt.settings, "waits" if task in WAITS else "work")
 
 
 def _error_reply(exc: ToolError) -> ControlReply:
@@ -730,20 +792,44 @@ def _log_control(task: str, request: ControlRequest | None, reply: ControlReply)
 
 
 def _control_task(task: str) -> Callable[..., str]:
-    """A control task as Celery runs it: reply once, log one line, summarize."""
+    """A control task as Celery runs it: accept the message, then act and reply here
+    (an instant request) or in its owner's lane; one log line, a summary."""
 
     def run(*args: Any) -> str:
         rt = runtime()
         answer = _current_answer(rt)
-        request, reply = control_reply(rt, task, args, answer)
-        # Logged before the answer goes: a caller that reads the log once answered
-        # finds the line there.
-        _log_control(task, request, reply)
-        _deliver(rt, answer, reply.model_dump_json())
-        return f"error {reply.error.kind}" if reply.error is not None else "ok"
+        try:
+            accepted = accept(rt, task, args, answer)
+        except Exception as exc:  # each kind its reply (`_failure_reply`)
+            return _reply(rt, task, None, answer, _failure_reply(task, exc))
+        lane = lane_of(rt, task)
+        if lane is None:
+            return _reply(rt, task, accepted.request, answer, act(rt, task, accepted, answer))
+        work = lanes.Work(
+            act=lambda: _reply(rt, task, accepted.request, answer,
+                               act(rt, task, accepted, answer)),
+            expire=lambda: _reply(rt, task, accepted.request, answer, _error_reply(ToolError(
+                "unavailable", "the request waited in its owner's lane on this host past "
+                "its expiry (its caller stopped waiting): it was not acted on"))),
+            expires_at=answer.expires_at,
+        )
+        try:
+            lane.submit(accepted.request.owner, work)
+        except ToolError as exc:
+            return _reply(rt, task, accepted.request, answer, _error_reply(exc))
+        return f"in the {lane.name} lane"
 
     run.__name__ = task.removeprefix("bashfleet.")
     return run
+
+
+def _reply(rt: Runtime, task: str, request: ControlRequest | None, answer: Answer,
+           reply: ControlReply) -> str:
+    """Log a control call's line, deliver its answer; its summary for Flower. Logged
+    before the answer goes: a caller that reads the log once answered finds the line."""
+    _log_control(task, request, reply)
+    _deliver(rt, answer, reply.model_dump_json())
+    return f"error {reply.error.kind}" if reply.error is not None else "ok"
 
 
 # Registered apart from their definitions so the functions keep their types (Celery's

@@ -6,8 +6,10 @@ pipe of a tool in the workspace (`worker.engine.files.stream_tool`).
     client ◄──BLPOP── bashfleet:transfer-end:<id> ◄── how it ended (TransferOutcome)
 
 The request is answered once the tool runs (a refusal at once: no such workspace, too
-many transfers); the data then moves on a thread of its own, so the control consumer's
-few threads stay free for checks and kills however long a transfer takes. Neither side
+many transfers); it is acted on in its owner's lane (`worker.fleet.lanes`), and the data
+then moves on a thread of its own, so the control consumer's few threads stay free for
+checks and kills however long a transfer takes. An owner moves at most
+MAX_OWNER_TRANSFERS at once on a host, every owner together MAX_TRANSFERS. Neither side
 waits for an answer per chunk: the writer pushes while fewer than
 `names.TRANSFER_WINDOW` chunks wait on the list (RPUSH says how many do), and waits for
 the reader only past that, so Redis holds a few MiB of a transfer whatever its size.
@@ -15,14 +17,16 @@ Each chunk is framed and MAC'd with the key that signed the request
 (`worker.wire.transfer`). A download's bytes go from the tool's stdout straight onto the
 list: they never rest in a file a command of the workspace could replace.
 
-A side that stops for IDLE_S ends the transfer with an error.
+A side that stops for IDLE_S ends the transfer with an error: the client (nothing
+popped, nothing pushed) or the tool (nothing written to the pipe or read from it, as a
+tool blocked on a FIFO or a stalled mount would: it is killed); so does a transfer that
+moved data for `transfer_timeout_s`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -56,7 +60,40 @@ IDLE_S = 30.0
 #: Transfers one worker moves at once (a thread, a tool and a pipe each); past it a
 #: transfer is refused (`limit`) rather than queued behind them.
 MAX_TRANSFERS = 16
-_slots = threading.BoundedSemaphore(MAX_TRANSFERS)
+#: Transfers one owner moves at once on a host (the others' stay free).
+MAX_OWNER_TRANSFERS = 8
+
+
+class Slots:
+    """Places of running transfers: at most `host` in all, `per_owner` an owner."""
+
+    def __init__(self, host: int, per_owner: int) -> None:
+        self.host, self.per_owner = host, per_owner
+        self._lock = threading.Lock()
+        self._held: dict[str, int] = {}
+
+    def take(self, owner: str, where: str) -> None:
+        """Take a place for `owner`; ToolError `limit` when there is none."""
+        with self._lock:
+            if self._held.get(owner, 0) >= self.per_owner:
+                raise ToolError("limit", f"owner {owner or '(none)'} runs {self.per_owner} "
+                                f"transfers on host {where}, the most allowed: try again "
+                                "when one ended")
+            if sum(self._held.values()) >= self.host:
+                raise ToolError("limit", f"{self.host} transfers are running on host "
+                                         f"{where}: try again when one ended")
+            self._held[owner] = self._held.get(owner, 0) + 1
+
+    def give_back(self, owner: str) -> None:
+        with self._lock:
+            left = self._held.get(owner, 0) - 1
+            if left > 0:
+                self._held[owner] = left
+            else:
+                self._held.pop(owner, None)
+
+
+_slots = Slots(MAX_TRANSFERS, MAX_OWNER_TRANSFERS)
 
 #: What moves a transfer's data: (client, its list, its MAC key, its id, its tool) ->
 #: the bytes that travelled.
@@ -77,26 +114,26 @@ def transfer(rt: Runtime, request: TransferRequest, admin: bool, key: str | None
              ) -> TransferStarted:
     """Start the tool of an upload or a download and move its data on a thread; `key`:
     the one that signed the request (the chunks' MAC key)."""
-    if not _slots.acquire(blocking=False):
-        raise ToolError("limit", f"{MAX_TRANSFERS} transfers are running on host "
-                                 f"{rt.settings.host}: try again when one ended")
+    _slots.take(request.owner, rt.settings.host)
     try:
         record = owned(rt, request.workspace, request.owner, admin)
         engine.touch(record, rt.settings)
         tool = files.stream_tool(record, rt.settings, request.direction, request.kind,
                                  request.path, mode=request.mode)
     except BaseException:
-        _slots.release()
+        _slots.give_back(request.owner)
         raise
+    tool.deadline = time.monotonic() + rt.settings.transfer_timeout_s
     move: Move = _take if request.direction == "upload" else _give
-    threading.Thread(target=_run, args=(move, _client(rt.settings), key, request.transfer, tool),
+    threading.Thread(target=_run, args=(move, _client(rt.settings), key, request, tool),
                      name=f"bashfleet-transfer-{request.transfer}", daemon=True).start()
     return TransferStarted(path=files.in_view(record, request.path))
 
 
-def _run(move: Move, client: redis.Redis, key: str | None, transfer_id: str,
+def _run(move: Move, client: redis.Redis, key: str | None, request: TransferRequest,
          tool: files.StreamingTool) -> None:
     """Move the data; then say how it ended on the end list."""
+    transfer_id = request.transfer
     try:
         outcome = TransferOutcome(
             size=move(client, names.transfer_key(transfer_id), key, transfer_id, tool))
@@ -108,7 +145,11 @@ def _run(move: Move, client: redis.Redis, key: str | None, transfer_id: str,
         log.exception("transfer %s failed inside the worker", transfer_id)
         outcome = _failed("internal", f"worker error: {exc!r}")
     finally:
-        _slots.release()
+        if tool.outputs:  # a failure before its end was waited for
+            files.kill(tool.proc)
+            with contextlib.suppress(ToolError):
+                tool.finish(IDLE_S)
+        _slots.give_back(request.owner)
     end = Writer(key, end_stream(transfer_id)).data(outcome.model_dump_json().encode())
     with contextlib.suppress(redis.RedisError):
         client.rpush(names.transfer_end_key(transfer_id), end)
@@ -126,15 +167,17 @@ def _take(client: redis.Redis, stream: str, key: str | None, transfer_id: str,
     broken: Exception | None = None
     try:
         while (data := _next(client, stream, reader)) is not None:
-            _write_all(tool.fd, data)
+            tool.write_all(data, IDLE_S)
     except BrokenPipeError:
         pass  # the tool ended early: its status says why
+    except files.FileError:
+        raise  # the tool stalled (and was killed): said as it is
     except (AuthError, TransferBrokenError, ToolError) as exc:
         broken = exc
     finally:
         client.delete(stream)
         tool.close_pipe()
-    tool.finish()
+    tool.finish(IDLE_S)
     if broken is not None:
         raise ToolError("invalid", f"the upload broke off: {broken}")
     return reader.size
@@ -148,12 +191,6 @@ def _next(client: redis.Redis, stream: str, reader: Reader) -> memoryview | None
     return reader.read(item if isinstance(item, bytes) else item.encode())
 
 
-def _write_all(fd: int, data: memoryview) -> None:
-    view = data
-    while view:
-        view = view[os.write(fd, view):]
-
-
 def _give(client: redis.Redis, stream: str, key: str | None, transfer_id: str,
           tool: files.StreamingTool) -> int:
     """A download: the tool's stdout onto the list, then the end; the bytes given."""
@@ -161,30 +198,20 @@ def _give(client: redis.Redis, stream: str, key: str | None, transfer_id: str,
     # Each chunk read into one buffer after room for its header, framed there, pushed.
     buffer = bytearray(HEADER_BYTES + CHUNK_BYTES)
     try:
-        while size := _fill(tool.fd, memoryview(buffer)[HEADER_BYTES:]):
+        while size := tool.read_into(memoryview(buffer)[HEADER_BYTES:], IDLE_S):
             _push(client, stream, writer.data_in(buffer, size))
-        tool.finish()
+        tool.finish(IDLE_S)
     except ToolError as exc:
         tool.close_pipe()
         if tool.outputs:  # not waited for yet (the reader went away)
+            files.kill(tool.proc)
             with contextlib.suppress(ToolError):
-                tool.finish()
+                tool.finish(IDLE_S)
         with contextlib.suppress(redis.RedisError):
             client.rpush(stream, writer.abort(exc.message))
         raise
     _push(client, stream, writer.end())
     return writer.size
-
-
-def _fill(fd: int, view: memoryview) -> int:
-    """Read the pipe until `view` is full or the tool closed it; the bytes read."""
-    size = 0
-    while size < len(view):
-        got = os.readv(fd, [view[size:]])
-        if not got:
-            break
-        size += got
-    return size
 
 
 def _push(client: redis.Redis, stream: str, item: bytes | memoryview) -> None:

@@ -19,7 +19,7 @@ import redis
 
 from worker.engine import files
 from worker.engine import workspaces as engine
-from worker.fleet import registry
+from worker.fleet import lanes, registry
 from worker.fleet.control import Runtime
 from worker.settings import Settings
 from worker.wire import auth, names
@@ -131,18 +131,21 @@ def list_workspaces(rt: Runtime, request: WorkspacesRequest,
 
 
 def read_file(rt: Runtime, request: FileReadRequest, admin: bool = False) -> FileChunk:
-    """A slice of a file of the workspace, read in it as its calls would."""
+    """A slice of a regular file of the workspace, read in it as its calls would, within
+    the host's file deadline (on a thread of its owner's lane: `worker.fleet.lanes`)."""
     record = owned(rt, request.workspace, request.owner, admin)
     engine.touch(record, rt.settings)
     data, size = files.read_file(record, rt.settings, request.path, offset=request.offset,
-                                 limit=request.limit)
+                                 limit=request.limit,
+                                 timeout=lanes.time_left(rt.settings.file_op_timeout_s))
     return FileChunk(path=files.in_view(record, request.path), offset=request.offset,
                      data_b64=base64.b64encode(data).decode("ascii"), size=size,
                      eof=request.offset + len(data) >= size)
 
 
 def write_file(rt: Runtime, request: FileWriteRequest, admin: bool = False) -> FileWritten:
-    """Write bytes to a file of the workspace, in it as its calls would."""
+    """Write bytes to a regular file of the workspace, in it as its calls would, within
+    the host's file deadline (on a thread of its owner's lane)."""
     record = owned(rt, request.workspace, request.owner, admin)
     engine.touch(record, rt.settings)
     try:
@@ -150,7 +153,8 @@ def write_file(rt: Runtime, request: FileWriteRequest, admin: bool = False) -> F
     except (binascii.Error, ValueError) as exc:
         raise ToolError("invalid", f"data_b64 is not base64: {exc}") from None
     size = files.write_file(record, rt.settings, request.path, data, append=request.append,
-                            mode=request.mode, make_parents=request.make_parents)
+                            mode=request.mode, make_parents=request.make_parents,
+                            timeout=lanes.time_left(rt.settings.file_op_timeout_s))
     return FileWritten(path=files.in_view(record, request.path), size=size)
 
 

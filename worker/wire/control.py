@@ -406,7 +406,9 @@ class FileChunk(Model):
 
 
 class FileReadRequest(ControlRequest):
-    """Read a file of a workspace as its calls see it (read as the run user)."""
+    """Read a regular file of a workspace as its calls see it (read as the run user);
+    a FIFO, a device or a socket is refused (`special`), a read past the host's file
+    deadline stopped (`timed_out`)."""
 
     task: ClassVar[Task] = Task.FILE_READ
     response: ClassVar[type[Model]] = FileChunk
@@ -427,8 +429,8 @@ class FileWritten(Model):
 
 
 class FileWriteRequest(ControlRequest):
-    """Write bytes to a file of a workspace as its calls see it (as the run user: its
-    owner and mode are what a call's would be)."""
+    """Write bytes to a regular file of a workspace as its calls see it (as the run
+    user: its owner and mode are what a call's would be); refused as a read is."""
 
     task: ClassVar[Task] = Task.FILE_WRITE
     response: ClassVar[type[Model]] = FileWritten
@@ -461,9 +463,9 @@ class TransferRequest(ControlRequest):
     through a file a command could replace. A tree travels as a tar; the client checks
     every member of one it receives before it writes anything.
 
-    Answered once the tool runs; the data then moves on a thread of the host's own (a
-    control thread stays free for checks), and how it ended comes as a
-    `TransferOutcome` on the transfer's end list."""
+    Answered once the tool runs (in the owner's lane); the data then moves on a thread
+    of the host's own (a control thread stays free for checks), and how it ended comes
+    as a `TransferOutcome` on the transfer's end list."""
 
     task: ClassVar[Task] = Task.TRANSFER
     response: ClassVar[type[Model]] = TransferStarted

@@ -15,9 +15,13 @@ ErrorKind = Literal[
 ]
 """Every kind of failure the fleet reports (the tool's failure, never the command's)."""
 
-FileProblem = Literal["missing", "directory", "not_directory", "denied"]
+FileProblem = Literal["missing", "directory", "not_directory", "denied", "special",
+                      "timed_out"]
 """What was wrong with the file itself when a workspace's file operation failed (the
-client raises FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError)."""
+client raises FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError;
+for `special`, a FIFO, a device or a socket where a regular file was meant, and
+`timed_out`, a file that did not let itself be read or written within the operation's
+deadline, a WorkspaceFileError and a TimeoutError)."""
 
 
 class ToolError(Exception):

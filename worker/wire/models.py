@@ -831,6 +831,9 @@ class WorkspaceLimits(Model):
     disk_mb: int | None = Field(None, ge=1)
     """Bytes on disk: its directory, /tmp, HOME and kept output (past it: a notice on
     every call, background jobs stopped, new ones refused)."""
+    open_files: int | None = Field(None, ge=16, le=1 << 20)
+    """Files and sockets each of its processes may hold open (RLIMIT_NOFILE, soft and
+    hard; the host's `limit_open_files`, 4096 by default, is the most)."""
 
 
 class WorkspaceSpec(Model):
