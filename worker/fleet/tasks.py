@@ -47,7 +47,7 @@ from worker.fleet.app import app
 from worker.fleet.connect import redis_client
 from worker.fleet.control import Runtime
 from worker.settings import Settings, get_settings
-from worker.wire import auth, names
+from worker.wire import auth, names, owner_keys
 from worker.wire.control import REQUESTS, ControlError, ControlReply, ControlRequest
 from worker.wire.errors import ToolError
 from worker.wire.models import (
@@ -107,8 +107,9 @@ class Answer:
     """The call, once its message was read (what Flower's view of it needs)."""
 
     def reply(self, payload: str) -> registry.Reply:
-        """The answer to deliver, sealed: a client trusts no answer it cannot verify."""
-        sealed = auth.seal(self.key, auth.REPLY, self.task_id, payload)
+        """The answer to deliver, locked with the key that signed the message: a client
+        trusts no answer it cannot verify, and no other owner can read it."""
+        sealed = auth.lock([self.key] if self.key else [], auth.REPLY, self.task_id, payload)
         return registry.Reply(self.task_id, self.channel, sealed)
 
 
@@ -158,6 +159,9 @@ class Message:
     args: tuple[Any, ...]
     nonce: Nonce | None
     admin: bool = False
+    owner: str | None = None
+    """The owner whose key signed it (None: the fleet's or the admin key, which act as
+    the owner the message names)."""
 
 
 def own_queues(settings: Settings, task: str) -> list[str]:
@@ -188,6 +192,7 @@ def verify(rt: Runtime, task: str, args: tuple[Any, ...], answer: Answer) -> Mes
     verified = auth.verify(args[0] if len(args) == 1 else None, task, keys, time.time())
     answer.key = keys[verified.key_id]
     auth.check_target(verified.target, _queue(), own_queues(rt.settings, task))
+    owner = check_owner(verified)
     expires = verified.expires + auth.CLOCK_SKEW_S
     if rt.nonces is not None:
         if not rt.nonces.first_use(verified.nonce, expires):
@@ -198,7 +203,24 @@ def verify(rt: Runtime, task: str, args: tuple[Any, ...], answer: Answer) -> Mes
         nonce = None
     else:
         nonce = Nonce(verified.nonce, expires - time.time())
-    return Message(tuple(verified.args), nonce, admin=verified.key_id == rt.admin_key_id)
+    return Message(tuple(verified.args), nonce, admin=verified.key_id == rt.admin_key_id,
+                   owner=owner)
+
+
+def check_owner(verified: auth.Verified) -> str | None:
+    """The owner whose key signed a message (None: the fleet's or the admin key); an
+    AuthError (`wrong_owner`) when an owner key signed a message that names another
+    owner: the key says who acts, whatever the message claims."""
+    owner = owner_keys.key_owner(verified.key_id)
+    if owner is None:
+        return None
+    body = verified.args[0] if len(verified.args) == 1 else None
+    named = body.get("owner") if isinstance(body, dict) else None
+    if not isinstance(named, str) or not owner_keys.covers(owner, named):
+        raise auth.AuthError(
+            "wrong_owner", f"message signed with {owner}'s key for owner {named!r} refused: "
+            "an owner key acts as its own owner only")
+    return owner
 
 
 def _use_nonce(rt: Runtime, nonce: Nonce | None) -> None:
