@@ -56,7 +56,7 @@ CHANNELS = ("bashfleet:replies:*", "bashfleet:events")
 #: What a client may run on its own keys and (reads only) on the workers'.
 CLIENT_COMMANDS = (
     # connecting
-    "hello", "auth", "ping", "echo", "select", "reset", "quit", "client|setinfo",
+    "hello", "auth", "ping", "echo", "select", "reset", "quit",
     "client|setname", "client|getname", "client|id", "info",
     # strings and keys
     "get", "set", "mget", "del", "unlink", "exists", "expire", "pexpire", "ttl", "pttl",
