@@ -411,7 +411,8 @@ class FleetBackend:
                 # Locked with its owner's key, in its owner's space: the session's shell
                 # is the one `bashfleet run --session` of the same owner uses.
                 identity = fleet._identity
-                store = RedisSessionStore(client, key=identity.shell_key, space=identity.space)
+                store = RedisSessionStore(client, key=identity.shell_key,
+                                          space=identity.shell_space)
                 self._connected = (runner, store, client)
             runner, store, _ = self._connected
             return runner, store

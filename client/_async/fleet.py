@@ -270,7 +270,7 @@ class AsyncFleet:
         self._tasks = AsyncTasks()
         self._replies = AsyncReplies(self._redis, self._tasks)
         self._shells = AsyncShellStore(self._redis, key=identity.shell_key,
-                                       space=identity.space)
+                                       space=identity.shell_space)
         self._outage_grace_s = outage_grace_s(url)
         self._slots = AsyncSemaphore(max_in_flight)
         self._io = AsyncSemaphore(redis_concurrency)

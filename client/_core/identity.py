@@ -119,10 +119,9 @@ class Identity:
     admin: bool
     """True when `signing_key` is the admin key."""
     shell_key: str | None
-    """What seals the owner's sessions' shells and dialect states: the owner's secret
-    (its key's, or derived from the fleet key by an operator's client), so that every
-    client of the owner, a person's CLI or an agent's MCP server, opens them, and no
-    other owner's."""
+    """What locks its sessions' shells and dialect states: an owner key's secret (every
+    client of the owner, a person's CLI or an agent's MCP server, opens them, no other
+    owner's), or the fleet key (every operator's client opens them)."""
     signing_kid: str | None = None
     """The key id its messages name: an owner key's (`<owner>/<id>`, which tells workers
     whose it is); None for a fleet or admin key (its own id)."""
@@ -130,6 +129,10 @@ class Identity:
     """What opens the records workers publish for it (`record_keys`)."""
     space: str = ""
     """Its owner's space: what names the owner's quotas and job index in Redis."""
+    shell_space: str = ""
+    """What names its sessions' shells and states in Redis: an owner key's space (an
+    owner's sessions are its own: another owner's of the same name are apart); none for
+    a fleet key's client (an operator's, whose sessions every such client shares)."""
     owner_key: bool = False
     """True when it holds an owner key (it acts as that owner and its sub-owners only)."""
 
@@ -189,12 +192,11 @@ def resolve_identity(url: str, owner: str | None, admin: bool) -> Identity:
     admin_key = resolve_admin_key(url) if admin else None
     fleet_key = resolve_signing_key(url)
     chosen = owner or Settings().owner_name()
-    root = owner_keys.root_owner(chosen)
     return Identity(
         owner=chosen,
         signing_key=admin_key or fleet_key,
         admin=admin_key is not None,
-        shell_key=owner_keys.owner_secret(fleet_key, root) if fleet_key else None,
+        shell_key=fleet_key,
         verifying_keys=tuple(k for k in (fleet_key, admin_key) if k),
         space=owner_keys.owner_space(fleet_key, chosen),
     )
@@ -208,5 +210,5 @@ def _owner_identity(key: OwnerKey, owner: str) -> Identity:
     return Identity(
         owner=owner, signing_key=key.secret, admin=False, shell_key=key.secret,
         signing_kid=key.key_id, verifying_keys=(key.secret, key.reader), space=key.space,
-        owner_key=True,
+        shell_space=key.space, owner_key=True,
     )

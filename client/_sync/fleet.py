@@ -272,7 +272,7 @@ class Fleet:
         self._tasks = Tasks()
         self._replies = Replies(self._redis, self._tasks)
         self._shells = ShellStore(self._redis, key=identity.shell_key,
-                                       space=identity.space)
+                                       space=identity.shell_space)
         self._outage_grace_s = outage_grace_s(url)
         self._slots = Semaphore(max_in_flight)
         self._io = Semaphore(redis_concurrency)

@@ -223,13 +223,13 @@ def test_an_owner_key_cannot_sign_as_another_owner(
     assert "acts as its own owner only" in refused.error.message
     assert refused.job is None and {view.id for view in bob.jobs(HOST)} == before
     # alice's key naming bob's key id: its MAC is not bob's. The worker cannot tell whose
-    # it is, so its refusal is locked for the fleet's key: alice cannot even read it.
+    # it is, so its refusal is sealed with the fleet's key: alice cannot even read it.
     call_id = f"c{uuid.uuid4().hex[:20]}"
     with pytest.raises(Unauthorized):
         _signed_exec(alice, ALICE.secret, BOB.key_id, "bob", "true", call_id=call_id)
     stored = cast("str", workers_redis.get(names.reply_key(call_id)))
     forged = CallResult.model_validate_json(
-        auth.unlock(auth.keyring([FLEET_KEY]), auth.REPLY, call_id, stored))
+        auth.open_answer(auth.keyring([FLEET_KEY]), auth.REPLY, call_id, stored))
     assert forged.error is not None and forged.error.kind == "unauthorized", forged
     assert forged.job is None
     # And a client holding alice's key cannot even ask to be bob.

@@ -103,13 +103,21 @@ class Answer:
     channel: str | None
     key: str | None = None
     sent: bool = False
+    locked: bool = False
+    """True once the message verified: the answer is then locked (encrypted) with the key
+    that signed it; a refusal before that is only sealed (it holds nothing secret, and
+    an unsigned client or one with another key can still read why)."""
     call: Call | None = None
     """The call, once its message was read (what Flower's view of it needs)."""
 
     def reply(self, payload: str) -> registry.Reply:
         """The answer to deliver, locked with the key that signed the message: a client
         trusts no answer it cannot verify, and no other owner can read it."""
-        sealed = auth.lock([self.key] if self.key else [], auth.REPLY, self.task_id, payload)
+        if self.locked:
+            sealed = auth.lock([self.key] if self.key else [], auth.REPLY, self.task_id,
+                               payload)
+        else:
+            sealed = auth.seal(self.key, auth.REPLY, self.task_id, payload)
         return registry.Reply(self.task_id, self.channel, sealed)
 
 
@@ -186,6 +194,7 @@ def verify(rt: Runtime, task: str, args: tuple[Any, ...], answer: Answer) -> Mes
     """
     keys = rt.keys
     if not keys:
+        answer.locked = True  # unsigned fleet: `lock` with no key writes it in clear
         if len(args) == 1 and auth.is_envelope(args[0]):
             return Message(tuple(args[0]["args"]), None)
         return Message(args, None)
@@ -193,6 +202,7 @@ def verify(rt: Runtime, task: str, args: tuple[Any, ...], answer: Answer) -> Mes
     answer.key = keys[verified.key_id]
     auth.check_target(verified.target, _queue(), own_queues(rt.settings, task))
     owner = check_owner(verified)
+    answer.locked = True
     expires = verified.expires + auth.CLOCK_SKEW_S
     if rt.nonces is not None:
         if not rt.nonces.first_use(verified.nonce, expires):

@@ -291,6 +291,19 @@ def lock(keys: Sequence[str], purpose: str, name: str, value: str) -> str:
     return ",".join(heads) + "\n" + body
 
 
+def is_locked(text: str) -> bool:
+    """True when `text` is written as a locked value (not a sealed one, nor clear)."""
+    head = text.partition("\n")[0]
+    return head.split(",")[0].count(":") == 2
+
+
+def open_answer(keys: Mapping[str, str], purpose: str, name: str, text: str) -> str:
+    """An answer a worker locked (`lock`) or, when it refused a message it could not
+    tell the sender of, only sealed (`seal`: a refusal holds nothing secret)."""
+    return unlock(keys, purpose, name, text) if is_locked(text) else unseal(
+        keys, purpose, name, text)
+
+
 def lock_readers(locked: str) -> list[str]:
     """The ids of the keys a locked text was made for (none for a clear one)."""
     head = locked.partition("\n")[0]
