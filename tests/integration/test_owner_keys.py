@@ -20,6 +20,7 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, cast
 
 import pytest
@@ -283,6 +284,34 @@ def test_neither_sees_drives_nor_ends_the_others_jobs_and_workspaces(
             bob.jobs(HOST, all_owners=True)
     finally:
         bob.kill(mine.job.id)
+
+
+def test_an_owners_files_and_snapshots_are_its_own(
+    alice: Fleet, bob: Fleet, alice_has: AliceHas, tmp_path: Path
+) -> None:
+    """Files travel through the clients' Redis user (chunk lists MACed with the owner's
+    key) and the worker's answers; a snapshot's record is alice's to list."""
+    ws = alice_has.workspace
+    ws.write_file("note.txt", alice_has.secret)
+    assert ws.read_file("note.txt") == alice_has.secret.encode()
+    (tmp_path / "up").mkdir()
+    (tmp_path / "up" / "big.bin").write_bytes(os.urandom(3 * 2**20))  # several chunks
+    ws.upload(tmp_path / "up", "up")
+    ws.download("up", tmp_path / "down")
+    assert (tmp_path / "down" / "big.bin").read_bytes() == (
+        tmp_path / "up" / "big.bin").read_bytes()
+    snap = ws.snapshot()
+    deleted = False
+    try:
+        assert snap.id in {s.id for s in alice.snapshots()}
+        assert snap.id not in {s.id for s in bob.snapshots()}
+        assert not bob.delete_snapshot(snap.id)  # "gone already", as far as bob can tell
+        assert snap.id in {s.id for s in alice.snapshots()}
+        deleted = alice.delete_snapshot(snap.id)  # the same call, by its owner: done
+        assert deleted and snap.id not in {s.id for s in alice.snapshots()}
+    finally:
+        if not deleted:
+            alice.delete_snapshot(snap.id)
 
 
 def _events_until(client: Fleet, since: str, stop_job: str) -> list[str]:
