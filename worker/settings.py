@@ -83,8 +83,10 @@ class Settings(BaseSettings):
     retention_min_age_s: float = Field(3600.0, ge=0)
     """`bashfleet gc` never removes a file modified more recently than this."""
     signing_key: SecretStr | None = None
-    """Shared key of signed calls: clients sign with it, workers require it. None: unsigned
-    (a worker then warns at start that anyone who can write to Redis runs commands)."""
+    """The fleet's key: workers require it and derive owners' keys from it; an operator's
+    client signs with it, as any owner (an owner's client holds an owner key instead:
+    `owner_key`). None: unsigned (a worker then refuses to start unless told
+    `--insecure-unsigned`)."""
     signing_keys_accepted: SecretStr | None = None
     """Older keys a worker still accepts (comma-separated), while clients roll to a new one."""
     command_deny: tuple[str, ...] = ()

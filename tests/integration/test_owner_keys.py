@@ -27,7 +27,9 @@ import pytest
 import redis
 
 from client import Fleet, UnknownJob, UnknownWorkspace
+from client.dialects import NativeDialect
 from client.errors import BashfleetError, Unauthorized
+from client.mcp_server import FleetBackend, ToolServer, session_owner
 from client.redis_server import RedisServer
 from worker.wire import acl, auth, names
 from worker.wire.events import EVENT_NAME
@@ -486,3 +488,42 @@ def test_the_cli_with_an_owner_key_shows_and_reaches_its_own_only(
     ran = _cli(bob, "run", "--host", HOST, "--session", alice_has.session,
                'echo "[$ALICE_VAR]"')
     assert ran.returncode == 0 and "[]" in ran.stdout, ran
+
+
+# ------------------------------------------------------------------------------ MCP
+
+
+def test_an_mcp_server_holds_its_owners_key_only(
+    alice: Fleet, bob: Fleet, users: Users, bobs_redis: redis.Redis
+) -> None:
+    """An MCP server given alice's key (and no fleet key) runs its session as a sub-owner
+    of alice: its jobs are its own (another session's tools and bob cannot reach them),
+    alice lists its workspaces, and nothing it stores is readable by bob."""
+    session = f"mcp-{uuid.uuid4().hex[:10]}"
+    owner = session_owner(session, "alice")
+    assert owner == f"alice::session:{session}"
+    with _env(BASHFLEET_OWNER_KEY=ALICE.text, BASHFLEET_SIGNING_KEY=None):
+        backend = FleetBackend(users.client_url, owner=owner, started_by="alice")
+        server = ToolServer(NativeDialect(), backend, session, host=HOST)
+        try:
+            answer = server.call("bash", {"command": "sleep 300", "mode": "background"})
+            assert not answer.is_error, answer.text
+            runner, _ = backend.connect()
+            fleet = runner.fleet  # type: ignore[attr-defined]
+            assert fleet.owner == owner and fleet._identity.owner_key
+            [job] = [view for view in fleet.jobs(HOST) if view.command == "sleep 300"]
+            assert job.owner == owner
+            with pytest.raises(UnknownJob):
+                bob.check(job.id)
+            with pytest.raises(UnknownJob):
+                alice.check(job.id)  # another owner to the fleet: its session's own
+            assert {view.owner for view in alice.agent_workspaces()} >= {owner}
+            stored = cast("str | None", bobs_redis.get(names.session_state_key(
+                session, ALICE.space)))
+            assert stored is not None
+            with pytest.raises(auth.AuthError):
+                auth.unlock(auth.keyring([BOB.secret]), auth.SESSION_STATE, session, stored)
+            fleet.kill(job.id)
+        finally:
+            server.delete_workspaces()
+            backend.reset()

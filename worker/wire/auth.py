@@ -50,8 +50,8 @@ CLOCK_SKEW_S = 30.0
 
 class AuthError(ToolError):
     """A message the worker must refuse (kind `unauthorized`); `reason` says why:
-    unsigned, malformed, bad_version, unknown_key, bad_signature, expired, replayed or
-    wrong_target."""
+    unsigned, malformed, bad_version, unknown_key, bad_signature, expired, replayed,
+    wrong_target or wrong_owner (an owner key signing for another owner)."""
 
     def __init__(self, reason: str, message: str) -> None:
         super().__init__("unauthorized", message)
