@@ -55,12 +55,14 @@ def _fleet_key() -> tuple[str | None, str | None]:
 
     settings = Settings()
     state = local.running_state()
-    if settings.signing_key is not None:
-        key = settings.signing_key.get_secret_value()
-        return (None if is_owner_key(key) else key), None
-    if state is None:
+    key = settings.signing_key.get_secret_value() if settings.signing_key else None
+    if key is not None and is_owner_key(key):
         return None, None
-    return state.signing_key, state.client_redis_url
+    if key is None and state is not None:
+        key = state.signing_key
+    # A local fleet's clients' URL, when that fleet signs with this key.
+    ours = state is not None and key is not None and state.signing_key == key
+    return key, state.client_redis_url if ours and state is not None else None
 
 
 def cmd_owner_add(args: argparse.Namespace) -> int:
