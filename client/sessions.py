@@ -95,27 +95,33 @@ class RedisSessionStore:
     TTL."""
 
     def __init__(
-        self, client: redis.Redis, ttl_s: int = SESSION_STATE_TTL_S, *, key: str | None = None
+        self, client: redis.Redis, ttl_s: int = SESSION_STATE_TTL_S, *, key: str | None = None,
+        space: str = "",
     ) -> None:
-        """`client` must decode responses (`decode_responses=True`); `key`: the signing
-        key the records are sealed with (None: an unsigned client, records unsealed)."""
+        """`client` must decode responses (`decode_responses=True`); `key`: the owner's
+        key the records are locked with (`Identity.shell_key`; None: an unsigned client,
+        records in clear); `space`: the owner's space their keys are named in."""
         self._redis = client
         self._ttl_s = ttl_s
         self._seal = Seal(key, auth.SESSION_STATE)
+        self._space = space if key else ""
 
     @property
     def shells(self) -> ShellStore:
-        """The sessions' shells, on the same Redis, sealed with the same key."""
-        return ShellStore(self._redis, self._ttl_s, key=self._seal.key)
+        """The sessions' shells, on the same Redis, locked with the same key."""
+        return ShellStore(self._redis, self._ttl_s, key=self._seal.key, space=self._space)
+
+    def _key(self, session_id: str) -> str:
+        return session_state_key(validate_session_id(session_id), self._space)
 
     def load(self, session_id: str) -> SessionState:
         """The session's state; a fresh one for an unknown or expired id."""
-        key = session_state_key(validate_session_id(session_id))
+        key = self._key(session_id)
         return self._parse(session_id, self._redis.get(key))
 
     def save(self, session_id: str, state: SessionState) -> None:
         """Store the state and (re)start its TTL."""
-        key = session_state_key(validate_session_id(session_id))
+        key = self._key(session_id)
         self._redis.set(key, self._seal.encode(session_id, state), ex=self._ttl_s)
 
     def commit(self, session_id: str, base: SessionState, mine: SessionState) -> SessionState:
@@ -124,7 +130,7 @@ class RedisSessionStore:
         WATCH/MULTI: another process saving the same session in between makes the
         merge start over on its state instead of overwriting it.
         """
-        key = session_state_key(validate_session_id(session_id))
+        key = self._key(session_id)
         while True:
             with self._redis.pipeline() as pipe:
                 try:
@@ -140,11 +146,11 @@ class RedisSessionStore:
 
     def delete(self, session_id: str) -> None:
         """Forget a session."""
-        self._redis.delete(session_state_key(validate_session_id(session_id)))
+        self._redis.delete(self._key(session_id))
 
     def ttl(self, session_id: str) -> int:
         """Seconds the session's state has left (-2: none stored)."""
-        return int(self._redis.ttl(session_state_key(validate_session_id(session_id))))
+        return int(self._redis.ttl(self._key(session_id)))
 
     def _parse(self, session_id: str, raw: object) -> SessionState:
         return self._seal.decode(session_id, raw, SessionState)

@@ -16,6 +16,7 @@ from pydantic import BeforeValidator, Field, SecretStr, field_validator, model_v
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from worker.engine.environment import DEFAULT_ALLOW, DEFAULT_DENY
+from worker.wire.owner_keys import OwnerKey, SealingKeys, is_owner_key, owner_space
 
 
 def _default_state_dir() -> Path:
@@ -82,8 +83,10 @@ class Settings(BaseSettings):
     retention_min_age_s: float = Field(3600.0, ge=0)
     """`bashfleet gc` never removes a file modified more recently than this."""
     signing_key: SecretStr | None = None
-    """Shared key of signed calls: clients sign with it, workers require it. None: unsigned
-    (a worker then warns at start that anyone who can write to Redis runs commands)."""
+    """The fleet's key: workers require it and derive owners' keys from it; an operator's
+    client signs with it, as any owner (an owner's client holds an owner key instead:
+    `owner_key`). None: unsigned (a worker then refuses to start unless told
+    `--insecure-unsigned`)."""
     signing_keys_accepted: SecretStr | None = None
     """Older keys a worker still accepts (comma-separated), while clients roll to a new one."""
     command_deny: tuple[str, ...] = ()
@@ -114,6 +117,13 @@ class Settings(BaseSettings):
     jobs and list them all (a worker verifies it as it verifies the signing key)."""
     admin_key_file: Path | None = None
     """File holding the admin key (instead of BASHFLEET_ADMIN_KEY)."""
+    owner_key: SecretStr | None = None
+    """A client's owner key (`bashfleet owner add NAME` prints it): its calls act as that
+    owner only, and it reads that owner's records only. An owner key given as
+    BASHFLEET_SIGNING_KEY counts as one too; a fleet key there keeps acting as any owner
+    (an operator's, a worker's)."""
+    owner_key_file: Path | None = None
+    """File holding the owner key (instead of BASHFLEET_OWNER_KEY)."""
     insecure_unsigned: bool = False
     """A worker without a signing key refuses to start unless this is set: then anyone
     who can write to its Redis runs commands on its machine."""
@@ -338,12 +348,35 @@ class Settings(BaseSettings):
             keys += [k.strip() for k in self.signing_keys_accepted.get_secret_value().split(",")]
         return tuple(k for k in keys if k)
 
-    def sealing_keys(self) -> tuple[str, ...]:
+    def sealing_keys(self) -> SealingKeys:
         """The keys a worker seals what it publishes with (job records and events, its
         host record): every signing key it accepts and the admin key, so that a client
-        holding any one of them verifies."""
+        holding any one of them verifies; an owner's records also with that owner's key
+        (`SealingKeys.for_owner`), records for everyone with the reader key."""
         admin = (self.admin_key.get_secret_value(),) if self.admin_key else ()
-        return tuple(dict.fromkeys((*self.accepted_keys(), *admin)))
+        fleet = self.fleet_keys()
+        return SealingKeys(dict.fromkeys((*fleet, *admin)), fleet)
+
+    def fleet_keys(self) -> tuple[str, ...]:
+        """The fleet keys among the accepted keys (an owner key is none: a client
+        configured with one as its signing key holds no fleet key)."""
+        return tuple(key for key in self.accepted_keys() if not is_owner_key(key))
+
+    def client_owner_key(self) -> OwnerKey | None:
+        """The owner key a client is configured with: BASHFLEET_OWNER_KEY, else an owner
+        key given as BASHFLEET_SIGNING_KEY; None for a fleet key (or none). ValueError
+        for a malformed one."""
+        for value in (self.owner_key, self.signing_key):
+            text = value.get_secret_value() if value is not None else ""
+            if (value is self.owner_key and text) or is_owner_key(text):
+                return OwnerKey.parse(text)
+        return None
+
+    def owner_space(self, owner: str) -> str:
+        """The name of `owner`'s quotas and job index in Redis (`owner_keys.space_of`):
+        not computable from the owner's name alone."""
+        fleet = self.fleet_keys()
+        return owner_space(fleet[0] if fleet else None, owner)
 
     def redis_url_value(self) -> str | None:
         """The Redis URL in clear, for connecting only: never print it."""
@@ -355,12 +388,19 @@ class Settings(BaseSettings):
         return {name: value.get_secret_value() for name, value in values.items() if value}
 
     def owner_name(self) -> str:
-        """Who this client's calls belong to without a session: `owner`, else the user."""
-        return self.owner or f"user:{_login_name()}"
+        """Who this client's calls belong to without a session: `owner`, else the owner
+        its owner key names, else the user."""
+        if self.owner:
+            return self.owner
+        try:
+            key = self.client_owner_key()
+        except ValueError:
+            key = None
+        return key.owner if key is not None else f"user:{_login_name()}"
 
 
 #: Settings that are secrets: never in an environment a call could read, never printed.
-SECRET_FIELDS = ("redis_url", "signing_key", "signing_keys_accepted", "admin_key")
+SECRET_FIELDS = ("redis_url", "signing_key", "signing_keys_accepted", "admin_key", "owner_key")
 #: Variables that hold one of the worker's own secrets, by name: the secret settings,
 #: and the password an operator passes through to build the Redis URL (Kubernetes'
 #: `$(BASHFLEET_REDIS_PASSWORD)`). Never a pattern: `*SECRET*` would also take

@@ -269,7 +269,8 @@ class AsyncFleet:
         self._record_keys = identity.record_keys()
         self._tasks = AsyncTasks()
         self._replies = AsyncReplies(self._redis, self._tasks)
-        self._shells = AsyncShellStore(self._redis, key=identity.shell_key)
+        self._shells = AsyncShellStore(self._redis, key=identity.shell_key,
+                                       space=identity.shell_space)
         self._outage_grace_s = outage_grace_s(url)
         self._slots = AsyncSemaphore(max_in_flight)
         self._io = AsyncSemaphore(redis_concurrency)
@@ -794,7 +795,7 @@ class AsyncFleet:
             except (WorkerLost, HostUnavailable):
                 pass  # it died meanwhile: show what Redis knows
         listed = await self._r(records.list_jobs, host, keys=self._record_keys,
-                               owner=None if all_owners else self.owner)
+                               space=None if all_owners else self._identity.space)
         return [view for view in listed if all_owners or view.owner == self.owner]
 
     async def job_views(self, ids: list[str]) -> dict[str, JobView]:
@@ -992,7 +993,7 @@ class AsyncFleet:
     async def workspaces(self) -> list[WorkspaceView]:
         """This owner's live workspaces across the fleet, oldest first (from what their
         hosts sealed in Redis: a record that does not verify is left out)."""
-        ids = await self._r(records.owner_workspaces, self.owner)
+        ids = await self._r(records.owner_workspaces, self._identity.space)
         views = await self._r(records.workspace_views, ids)
         opened = [open_view(self._record_keys, ws_id, sealed)
                   for ws_id, sealed in zip(ids, views, strict=True)]
@@ -1005,7 +1006,10 @@ class AsyncFleet:
         leaves out) and is tagged `started_by=<this owner>`; oldest first. Those of a
         named session outlive its server (to be resumed): here to find, and remove
         (`open_workspace` of a client whose owner is the view's)."""
-        ids = await self._r(records.all_workspace_ids)
+        # An owner key's sessions are its sub-owners, counted in its own space; a fleet
+        # key's (`session:<id>`) are found among every workspace.
+        ids = await (self._r(records.owner_workspaces, self._identity.space)
+                     if self._identity.owner_key else self._r(records.all_workspace_ids))
         views = await self._r(records.workspace_views, ids)
         opened = [open_view(self._record_keys, ws_id, sealed)
                   for ws_id, sealed in zip(ids, views, strict=True)]
@@ -1037,7 +1041,7 @@ class AsyncFleet:
     async def snapshots(self) -> list[Snapshot]:
         """This owner's snapshots across the fleet, oldest first (from the records their
         hosts sealed in Redis: one that does not verify is left out)."""
-        ids = await self._r(records.owner_snapshots, self.owner)
+        ids = await self._r(records.owner_snapshots, self._identity.space)
         sealed = await self._r(records.snapshot_records, ids)
         opened = [open_snapshot(self._record_keys, snap_id, value)
                   for snap_id, value in zip(ids, sealed, strict=True)]

@@ -9,9 +9,12 @@ Written for asyncio; `client/_sync/records.py` is generated from it by
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, cast
+
+import redis
 
 from client._async.concurrency import run_script
 from client._core import records as core
@@ -193,12 +196,14 @@ async def lookup_id(client: AsyncRedis, item_id: str) -> IdLookup:
 
 
 async def list_jobs(
-    client: AsyncRedis, host: str, *, keys: Mapping[str, str], owner: str | None = None,
+    client: AsyncRedis, host: str, *, keys: Mapping[str, str], space: str | None = None,
 ) -> list[JobView]:
-    """The jobs Redis knows for a host (those of `owner` only, from its index, when
-    given), oldest first, verified with `keys` (one that does not verify is left out);
-    ids whose records expired are pruned from the list read."""
-    listing_key = names.jobs_key(host) if owner is None else names.owner_jobs_key(host, owner)
+    """The jobs Redis knows for a host (those of one owner only, from the index of its
+    `space`, when given: `Identity.space`), oldest first, verified with `keys` (one that
+    does not verify is left out); ids whose records expired are pruned from the list read
+    (by a client allowed to: the clients' Redis user reads the index and leaves it to
+    the workers)."""
+    listing_key = names.jobs_key(host) if space is None else names.owner_jobs_key(host, space)
     ids = cast("list[str]", await client.zrange(listing_key, 0, -1))
     if not ids:
         return []
@@ -209,7 +214,8 @@ async def list_jobs(
         alive, *hashes = await pipe.execute()
     listing = core.job_listing(ids, hashes, host_alive=bool(alive), keys=keys)
     if listing.expired:
-        await client.zrem(listing_key, *listing.expired)
+        with contextlib.suppress(redis.exceptions.NoPermissionError):
+            await client.zrem(listing_key, *listing.expired)
     return listing.views
 
 
@@ -256,11 +262,11 @@ async def server_instance(client: AsyncRedis) -> str:
     return str(info.get("run_id", ""))
 
 
-async def owner_workspaces(client: AsyncRedis, owner: str) -> list[str]:
-    """Ids of an owner's live workspaces (their places in its quota, renewed by their
-    hosts)."""
+async def owner_workspaces(client: AsyncRedis, space: str) -> list[str]:
+    """Ids of an owner's live workspaces (their places in the quota of its `space`,
+    renewed by their hosts)."""
     now_ms = int(time.time() * 1000)
-    found = await client.zrangebyscore(names.quota_key(QUOTA_KIND, owner), now_ms, "+inf")
+    found = await client.zrangebyscore(names.quota_key(QUOTA_KIND, space), now_ms, "+inf")
     return [str(item) for item in found]
 
 
@@ -280,11 +286,11 @@ async def workspace_views(client: AsyncRedis, ids: Sequence[str]) -> list[str | 
     return [None if value is None else str(value) for value in values]
 
 
-async def owner_snapshots(client: AsyncRedis, owner: str) -> list[str]:
-    """Ids of an owner's kept snapshots (their places in its quota, renewed by their
-    hosts)."""
+async def owner_snapshots(client: AsyncRedis, space: str) -> list[str]:
+    """Ids of an owner's kept snapshots (their places in the quota of its `space`,
+    renewed by their hosts)."""
     now_ms = int(time.time() * 1000)
-    found = await client.zrangebyscore(names.quota_key(SNAPSHOT_QUOTA_KIND, owner), now_ms,
+    found = await client.zrangebyscore(names.quota_key(SNAPSHOT_QUOTA_KIND, space), now_ms,
                                        "+inf")
     return [str(item) for item in found]
 

@@ -3,7 +3,8 @@
 A session's shell (cwd, exported and unset variables, pinned host: `client.shells`) is
 shared by every caller of the session, whichever client makes the call. Each call's
 change is laid onto the stored shell in a WATCH/MULTI transaction, so concurrent calls
-never lose a `cd`. Records are sealed (`client._core.seal`).
+never lose a `cd`. Records are locked with the owner's key, in its space
+(`client._core.seal`): another owner can neither find, read nor forge them.
 
 Written for asyncio; `client/_sync/shells.py` is generated from it by
 `scripts/unasync.py` (what `client.sessions.ShellStore` is).
@@ -25,17 +26,23 @@ class AsyncShellStore:
     """Sessions' shells on Redis: one sealed JSON string per session, with a TTL."""
 
     def __init__(
-        self, client: AsyncRedis, ttl_s: int = names.SESSION_TTL_S, *, key: str | None = None
+        self, client: AsyncRedis, ttl_s: int = names.SESSION_TTL_S, *, key: str | None = None,
+        space: str = "",
     ) -> None:
-        """`client` must decode responses (`decode_responses=True`); `key`: the signing
-        key the shells are sealed with (None: an unsigned client, shells unsealed)."""
+        """`client` must decode responses (`decode_responses=True`); `key`: the owner's
+        key the shells are locked with (None: an unsigned client, shells in clear);
+        `space`: the owner's space their keys are named in (`Identity.space`)."""
         self._redis = client
         self._ttl_s = ttl_s
         self._seal = Seal(key, auth.SHELL)
+        self._space = space if key else ""
+
+    def _key(self, session_id: str) -> str:
+        return shell_key(validate_session_id(session_id), self._space)
 
     async def load(self, session_id: str) -> ShellState:
         """The session's shell; a fresh one for an unknown or expired id."""
-        key = shell_key(validate_session_id(session_id))
+        key = self._key(session_id)
         return self._seal.decode(session_id, await self._redis.get(key), ShellState)
 
     async def commit(self, session_id: str, change: ShellChange) -> ShellState:
@@ -44,7 +51,7 @@ class AsyncShellStore:
         WATCH/MULTI: a change committed by another caller in between makes this one
         start over on that newer shell, so neither is lost.
         """
-        key = shell_key(validate_session_id(session_id))
+        key = self._key(session_id)
         while True:
             async with self._redis.pipeline() as pipe:
                 try:
@@ -60,8 +67,8 @@ class AsyncShellStore:
 
     async def delete(self, session_id: str) -> None:
         """Forget a session's shell."""
-        await self._redis.delete(shell_key(validate_session_id(session_id)))
+        await self._redis.delete(self._key(session_id))
 
     async def ttl(self, session_id: str) -> int:
         """Seconds the session's shell has left (-2: none stored)."""
-        return int(await self._redis.ttl(shell_key(validate_session_id(session_id))))
+        return int(await self._redis.ttl(self._key(session_id)))

@@ -16,8 +16,9 @@ from pydantic import ValidationError
 from client._core.constants import FAILOVER_GRACE_S
 from client.errors import CallRejected, FleetUnavailable
 from worker.settings import Settings
-from worker.wire import auth
+from worker.wire import auth, owner_keys
 from worker.wire.models import OWNER_PATTERN
+from worker.wire.owner_keys import OwnerKey
 
 #: The URL schemes of a fleet's Redis: plain, TLS, a socket, behind Sentinel.
 URL_SCHEMES = ("redis://", "rediss://", "unix://", "sentinel://")
@@ -118,8 +119,22 @@ class Identity:
     admin: bool
     """True when `signing_key` is the admin key."""
     shell_key: str | None
-    """The fleet's signing key, which seals the sessions' shells (an admin client's too:
-    any client of the fleet, a person's CLI or an agent's MCP server, opens them)."""
+    """What locks its sessions' shells and dialect states: an owner key's secret (every
+    client of the owner, a person's CLI or an agent's MCP server, opens them, no other
+    owner's), or the fleet key (every operator's client opens them)."""
+    signing_kid: str | None = None
+    """The key id its messages name: an owner key's (`<owner>/<id>`, which tells workers
+    whose it is); None for a fleet or admin key (its own id)."""
+    verifying_keys: tuple[str, ...] = ()
+    """What opens the records workers publish for it (`record_keys`)."""
+    space: str = ""
+    """Its owner's space: what names the owner's quotas and job index in Redis."""
+    shell_space: str = ""
+    """What names its sessions' shells and states in Redis: an owner key's space (an
+    owner's sessions are its own: another owner's of the same name are apart); none for
+    a fleet key's client (an operator's, whose sessions every such client shares)."""
+    owner_key: bool = False
+    """True when it holds an owner key (it acts as that owner and its sub-owners only)."""
 
     def signed(self, task: str, args: list[Any], target: str) -> list[Any]:
         """A task's arguments, wrapped in a signed envelope for the queue `target` they
@@ -127,18 +142,28 @@ class Identity:
         key."""
         if self.signing_key is None:
             return args
-        return [auth.sign(self.signing_key, task, args, time.time(), target=target)]
+        return [auth.sign(self.signing_key, task, args, time.time(), target=target,
+                          kid=self.signing_kid)]
 
     def reply_keys(self) -> dict[str, str]:
         """The keys (by id) a worker may seal this client's answers with."""
         return auth.keyring([self.signing_key or ""])
 
     def record_keys(self) -> dict[str, str]:
-        """The keys (by id) that verify what workers publish for every client (host and
-        job records, job events, check offsets): the fleet's key, and the admin key of
-        an admin client. Empty for an unsigned client (an `--insecure-unsigned` fleet,
-        whose records carry no seal)."""
-        return auth.keyring([self.shell_key or "", self.signing_key or ""])
+        """The keys (by id) that verify and open what workers publish (host and job
+        records, job events, workspace views, snapshots): the fleet's key (every owner's
+        records), the admin key of an admin client; an owner key's secret (that owner's
+        records only) and reader key (host records). Empty for an unsigned client (an
+        `--insecure-unsigned` fleet, whose records carry no seal)."""
+        return auth.keyring(self.verifying_keys)
+
+
+
+def _configured_owner_key() -> OwnerKey | None:
+    try:
+        return Settings().client_owner_key()
+    except ValueError as exc:
+        raise CallRejected(f"BASHFLEET_OWNER_KEY: {exc}") from None
 
 
 def record_keys_at(url: str, admin: bool) -> dict[str, str]:
@@ -146,23 +171,44 @@ def record_keys_at(url: str, admin: bool) -> dict[str, str]:
     listener that follows a local fleet to its new address verifies the new fleet's
     events. FleetUnavailable when the local fleet's state is not trusted."""
     try:
-        fleet_key = resolve_signing_key(url)
-        admin_key = resolve_admin_key(url) if admin else None
+        return resolve_identity(url, None, admin).record_keys()
     except ValueError as exc:  # a state directory that is not this user's alone
         raise FleetUnavailable(f"the local fleet's state is not trusted: {exc}") from None
-    return auth.keyring([fleet_key or "", admin_key or ""])
 
 
 def resolve_identity(url: str, owner: str | None, admin: bool) -> Identity:
     """A client's identity (`Fleet`'s `owner` and `admin` arguments); CallRejected for an
-    owner that is not a valid name."""
+    owner that is not a valid name, or that its owner key does not cover.
+
+    An owner key (BASHFLEET_OWNER_KEY, or one given as BASHFLEET_SIGNING_KEY) makes the
+    client that owner (or a sub-owner of it, `owner=NAME::...`), never an admin, and
+    never reaches for the local fleet's keys. Otherwise it signs with the fleet key (or
+    the admin key, `admin`), as any owner it names: an operator's client."""
     if owner is not None and not re.fullmatch(OWNER_PATTERN, owner):
         raise CallRejected(f"invalid owner {owner!r}: 1-128 letters, digits, _.:@-")
+    key = _configured_owner_key()
+    if key is not None:
+        return _owner_identity(key, owner or Settings().owner or key.owner)
     admin_key = resolve_admin_key(url) if admin else None
     fleet_key = resolve_signing_key(url)
+    chosen = owner or Settings().owner_name()
     return Identity(
-        owner=owner or Settings().owner_name(),
+        owner=chosen,
         signing_key=admin_key or fleet_key,
         admin=admin_key is not None,
         shell_key=fleet_key,
+        verifying_keys=tuple(k for k in (fleet_key, admin_key) if k),
+        space=owner_keys.owner_space(fleet_key, chosen),
+    )
+
+
+def _owner_identity(key: OwnerKey, owner: str) -> Identity:
+    if not owner_keys.covers(key.owner, owner):
+        raise CallRejected(
+            f"owner {owner!r} is not {key.owner!r}'s: an owner key acts as its own owner "
+            f"(and sub-owners {key.owner}{owner_keys.SUB_OWNER}...) only")
+    return Identity(
+        owner=owner, signing_key=key.secret, admin=False, shell_key=key.secret,
+        signing_kid=key.key_id, verifying_keys=(key.secret, key.reader), space=key.space,
+        shell_space=key.space, owner_key=True,
     )

@@ -157,7 +157,7 @@ def open_reply(keys: Mapping[str, str], task_id: str, sealed: str) -> str:
     it does not verify (a Redis writer may have published it: a forged "all tests
     passed"; the caller gets an error, never the text)."""
     try:
-        return auth.unseal(keys, auth.REPLY, task_id, sealed)
+        return auth.open_answer(keys, auth.REPLY, task_id, sealed)
     except auth.AuthError as exc:
         raise Unauthorized(
             f"the answer to {task_id} could not be verified ({exc.message}); it was not "

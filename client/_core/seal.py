@@ -2,8 +2,10 @@
 
 What a session stores (its shell: cwd, variables, pinned host; a dialect's state)
 decides what its next calls run, so a Redis writer who could edit it would choose
-them. It is sealed with the client's signing key (`auth.seal`); a record that does not
-verify is not used (the session starts afresh, with a warning), whatever it says.
+them; what it holds (exported variables) is the owner's to read. It is locked with the
+owner's key (`auth.lock`: every client of that owner opens it, no other owner's); a
+record that does not verify is not used (the session starts afresh, with a warning),
+whatever it says.
 """
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ class Seal:
     auth.SESSION_STATE) with a client's key."""
 
     key: str | None
-    """The client's signing key (None: an unsigned client, records unsealed)."""
+    """The owner's key (`Identity.shell_key`; None: an unsigned client, records in
+    clear)."""
     purpose: str
 
     @property
@@ -45,8 +48,10 @@ class Seal:
         return "shell" if self.purpose == auth.SHELL else "state"
 
     def encode(self, session_id: str, record: BaseModel) -> str:
-        """What is stored for a session."""
-        return auth.seal(self.key, self.purpose, session_id, record.model_dump_json())
+        """What is stored for a session: locked (its cwd and variables are the owner's
+        to read)."""
+        return auth.lock([self.key] if self.key else [], self.purpose, session_id,
+                         record.model_dump_json())
 
     def decode(self, session_id: str, raw: object, model: type[M]) -> M:
         """A stored record; a fresh one for none, or for one that cannot be read or does
@@ -55,7 +60,7 @@ class Seal:
             return model()
         try:
             keys = auth.keyring([self.key] if self.key else [])
-            text = auth.unseal(keys, self.purpose, session_id, str(raw))
+            text = auth.unlock(keys, self.purpose, session_id, str(raw))
         except auth.AuthError as exc:
             # Forged, or sealed by a client with another key: never used.
             log.warning("session %s: %s refused (%s); starting afresh", session_id,

@@ -22,6 +22,7 @@ from client._core import archives
 from client.errors import CallRejected, HostUnavailable, WorkspaceFileError
 from worker.wire import auth
 from worker.wire.models import HostInfo, Model, SnapshotRecord, WorkspaceView
+from worker.wire.owner_keys import SUB_OWNER
 
 #: Seal purpose of a workspace's view in Redis (what its host wrote).
 WORKSPACE = "workspace"
@@ -76,9 +77,10 @@ SESSION_OWNER_PREFIX = "session:"
 
 
 def started_by(view: WorkspaceView, owner: str) -> bool:
-    """Whether a workspace is an agent session's that `owner` started."""
-    return (view.owner.startswith(SESSION_OWNER_PREFIX)
-            and view.tags.get(STARTED_BY) == owner)
+    """Whether a workspace is an agent session's that `owner` started (`session:<id>`;
+    `<owner>::session:<id>` for a server holding an owner key)."""
+    prefixes = (SESSION_OWNER_PREFIX, f"{owner}{SUB_OWNER}{SESSION_OWNER_PREFIX}")
+    return view.owner.startswith(prefixes) and view.tags.get(STARTED_BY) == owner
 
 
 M = TypeVar("M", bound=Model)
@@ -89,25 +91,25 @@ SNAPSHOT = "snapshot"
 SNAPSHOT_QUOTA_KIND = "snapshots"
 
 
-def open_snapshot(keys: dict[str, str], snap_id: str, sealed: str | None
+def open_snapshot(keys: Mapping[str, str], snap_id: str, sealed: str | None
                   ) -> SnapshotRecord | None:
     """A snapshot's record as its host sealed it in Redis; None when there is none or it
     does not verify (never believed)."""
     return _opened(keys, SNAPSHOT, snap_id, sealed, SnapshotRecord)
 
 
-def open_view(keys: dict[str, str], ws_id: str, sealed: str | None) -> WorkspaceView | None:
+def open_view(keys: Mapping[str, str], ws_id: str, sealed: str | None) -> WorkspaceView | None:
     """A workspace's view as its host sealed it in Redis; None when there is none or it
     does not verify (never believed)."""
     return _opened(keys, WORKSPACE, ws_id, sealed, WorkspaceView)
 
 
-def _opened(keys: dict[str, str], purpose: str, name: str, sealed: str | None,
+def _opened(keys: Mapping[str, str], purpose: str, name: str, sealed: str | None,
             model: type[M]) -> M | None:
     if sealed is None:
         return None
     try:
-        return model.model_validate_json(auth.unseal(keys, purpose, name, sealed))
+        return model.model_validate_json(auth.unlock(keys, purpose, name, sealed))
     except (auth.AuthError, ValidationError, ValueError):
         return None
 

@@ -11,9 +11,12 @@ Written for asyncio; `client/_sync/records.py` is generated from it by
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, cast
+
+import redis
 
 from client._core import records as core
 from client._core.constants import CATCH_UP_BATCH, QUEUE_SCAN_LIMIT
@@ -195,12 +198,14 @@ def lookup_id(client: Redis, item_id: str) -> IdLookup:
 
 
 def list_jobs(
-    client: Redis, host: str, *, keys: Mapping[str, str], owner: str | None = None,
+    client: Redis, host: str, *, keys: Mapping[str, str], space: str | None = None,
 ) -> list[JobView]:
-    """The jobs Redis knows for a host (those of `owner` only, from its index, when
-    given), oldest first, verified with `keys` (one that does not verify is left out);
-    ids whose records expired are pruned from the list read."""
-    listing_key = names.jobs_key(host) if owner is None else names.owner_jobs_key(host, owner)
+    """The jobs Redis knows for a host (those of one owner only, from the index of its
+    `space`, when given: `Identity.space`), oldest first, verified with `keys` (one that
+    does not verify is left out); ids whose records expired are pruned from the list read
+    (by a client allowed to: the clients' Redis user reads the index and leaves it to
+    the workers)."""
+    listing_key = names.jobs_key(host) if space is None else names.owner_jobs_key(host, space)
     ids = cast("list[str]", client.zrange(listing_key, 0, -1))
     if not ids:
         return []
@@ -211,7 +216,8 @@ def list_jobs(
         alive, *hashes = pipe.execute()
     listing = core.job_listing(ids, hashes, host_alive=bool(alive), keys=keys)
     if listing.expired:
-        client.zrem(listing_key, *listing.expired)
+        with contextlib.suppress(redis.exceptions.NoPermissionError):
+            client.zrem(listing_key, *listing.expired)
     return listing.views
 
 
@@ -258,11 +264,11 @@ def server_instance(client: Redis) -> str:
     return str(info.get("run_id", ""))
 
 
-def owner_workspaces(client: Redis, owner: str) -> list[str]:
-    """Ids of an owner's live workspaces (their places in its quota, renewed by their
-    hosts)."""
+def owner_workspaces(client: Redis, space: str) -> list[str]:
+    """Ids of an owner's live workspaces (their places in the quota of its `space`,
+    renewed by their hosts)."""
     now_ms = int(time.time() * 1000)
-    found = client.zrangebyscore(names.quota_key(QUOTA_KIND, owner), now_ms, "+inf")
+    found = client.zrangebyscore(names.quota_key(QUOTA_KIND, space), now_ms, "+inf")
     return [str(item) for item in found]
 
 
@@ -282,11 +288,11 @@ def workspace_views(client: Redis, ids: Sequence[str]) -> list[str | None]:
     return [None if value is None else str(value) for value in values]
 
 
-def owner_snapshots(client: Redis, owner: str) -> list[str]:
-    """Ids of an owner's kept snapshots (their places in its quota, renewed by their
-    hosts)."""
+def owner_snapshots(client: Redis, space: str) -> list[str]:
+    """Ids of an owner's kept snapshots (their places in the quota of its `space`,
+    renewed by their hosts)."""
     now_ms = int(time.time() * 1000)
-    found = client.zrangebyscore(names.quota_key(SNAPSHOT_QUOTA_KIND, owner), now_ms,
+    found = client.zrangebyscore(names.quota_key(SNAPSHOT_QUOTA_KIND, space), now_ms,
                                        "+inf")
     return [str(item) for item in found]
 

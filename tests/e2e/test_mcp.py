@@ -130,8 +130,9 @@ def session_record(
         key = f"bashfleet:{kind}:{session}"
         raw = client.get(key)
         assert isinstance(raw, str), f"no session state under {key}"
-        # Sealed with the fleet's signing key (a forged state would never be used).
-        state = auth.unseal(
+        # Locked with the fleet's signing key (a forged state would never be used, and
+        # no owner's client reads it).
+        state = auth.unlock(
             auth.keyring([cli.fleet_state()["signing_key"]]),
             auth.SHELL if kind == "shell" else auth.SESSION_STATE, session, raw,
         )

@@ -54,7 +54,8 @@ def test_a_job_is_listed_from_its_owners_index(
     job = fleet.run("sleep 30", host=host, mode="background").job
     assert job is not None
     try:
-        assert job.id in redis_client.zrange(names.owner_jobs_key(host, fleet.owner), 0, -1)
+        space = fleet._identity.space  # the owner's space: a MAC of its key, not its name
+        assert job.id in redis_client.zrange(names.owner_jobs_key(host, space), 0, -1)
         assert job.id in [view.id for view in fleet.jobs(host)]
     finally:
         fleet.kill(job.id)

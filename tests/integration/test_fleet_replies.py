@@ -8,6 +8,7 @@ import uuid
 import redis
 
 from client import Fleet, records
+from client._core.messages import open_reply
 from client.redis_server import RedisServer
 from worker.wire import names
 from worker.wire.names import Task
@@ -33,9 +34,11 @@ def test_answers_come_back_on_the_callers_channel_and_are_stored(
     result = fleet.run("echo back", host=two_hosts[0].host, call_id=call_id)
     assert result.stdout == "back\n"
     assert fleet._replies.listening
-    # The stored copy is the same answer, for a caller that missed the publish.
+    # The stored copy is the same answer, for a caller that missed the publish (locked
+    # for the key that signed the call: only its caller reads it).
     stored = records.stored_reply(redis_client, call_id)
-    assert stored is not None and '"stdout":"back\\n"' in stored
+    assert stored is not None and '"stdout":"back\\n"' in open_reply(fleet._keys, call_id,
+                                                                      stored)
     assert 0 < redis_client.ttl(names.reply_key(call_id)) <= names.REPLY_TTL_S
 
 

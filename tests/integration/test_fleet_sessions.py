@@ -48,7 +48,7 @@ def test_a_session_is_shared_by_every_client(
     assert second.host == first.host == workspace.host  # pinned by its first call
     # The session lives in its workspace: the directory made there is the session's cwd.
     assert Path(sub) == Path(workspace.path) / "sub"
-    shell = ShellStore(redis_client).load(session)
+    shell = ShellStore(redis_client, key=os.environ["BASHFLEET_SIGNING_KEY"]).load(session)
     assert (shell.host, shell.cwd, shell.env, shell.unset_env) == (
         first.host, sub, {"SHARED": "yes"}, ("HOME",)
     )

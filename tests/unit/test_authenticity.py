@@ -6,6 +6,7 @@ refuses to start without a sandbox."""
 
 from __future__ import annotations
 
+import base64
 import subprocess
 import sys
 import time
@@ -28,6 +29,7 @@ from worker.wire.records import (
     host_seal,
     job_offsets,
     job_seal,
+    lock_record,
     offsets_seal,
     open_host_info,
     open_job_view,
@@ -48,7 +50,7 @@ def _record(job_id: str = "j1", owner: str = "user:a") -> JobRecord:
 
 
 def _job_hash(record: JobRecord, **state: object) -> dict[str, str]:
-    fields = hash_fields({"record": record.model_dump_json(), "host": record.host,
+    fields = hash_fields({"record": lock_record(KEYS, record), "host": record.host,
                           "state": "running", **state})
     fields[SEAL] = job_seal(KEYS, record.id, fields)
     return fields
@@ -85,8 +87,8 @@ def test_another_jobs_hash_copied_under_this_id_is_left_out() -> None:
 
 
 def test_an_unsigned_client_reads_without_checking_and_an_empty_hash_is_none() -> None:
-    fields = _job_hash(_record())
-    fields["state"] = "ended"
+    fields = hash_fields({"record": lock_record((), _record()), "host": "h1"})
+    fields["state"] = "ended"  # an unsigned worker's hash: nothing to check
     view = open_job_view({}, "j1", fields)  # a keyless client (an --insecure-unsigned fleet)
     assert view is not None and view.state == "ended"
     assert open_job_view(RING, "j1", {}) is None
@@ -150,13 +152,22 @@ def test_a_sealed_event_opens_with_its_seq() -> None:
     assert event is not None and (event.exit_code, event.seq) == (3, "5-1")
 
 
+def _tampered(locked: str) -> str:
+    """A locked text with one byte of its ciphertext changed."""
+    head, _, body = locked.partition("\n")
+    raw = bytearray(base64.b64decode(body))
+    raw[-1] ^= 1
+    return f"{head}\n{base64.b64encode(bytes(raw)).decode()}"
+
+
 @pytest.mark.parametrize(
     "text",
     [
         _event(exit_code=0).model_dump_json(),  # unsealed (the attack)
         f"-:-\n{_event(exit_code=0).model_dump_json()}",
         seal_event(["attacker-" + "9" * 24], _event(exit_code=0)),
-        seal_event(KEYS, _event()).replace('"exit_code":3', '"exit_code":0'),
+        _tampered(seal_event(KEYS, _event())),
+        seal_event(KEYS, _event()).replace(auth.key_id(KEYS[0]), auth.key_id("x" * 32)),
     ],
 )
 def test_a_forged_event_is_dropped(text: str) -> None:
@@ -164,7 +175,7 @@ def test_a_forged_event_is_dropped(text: str) -> None:
 
 
 def test_an_unsigned_client_takes_events_unchecked() -> None:
-    event = open_event({}, _event().model_dump_json(), "5-1")
+    event = open_event({}, seal_event((), _event()), "5-1")  # an unsigned worker's
     assert event is not None and event.exit_code == 3
 
 
@@ -245,7 +256,8 @@ def test_quota_takes_up_to_the_limit_then_refuses(r: Any) -> None:
     assert registry.quota_acquire(r, "workspaces", "o1", "w0", 3).taken
     registry.quota_release(r, "jobs", "o1", "c1")
     assert registry.quota_acquire(r, "jobs", "o1", "c9", 3).taken
-    assert 0 < r.pttl(names.quota_key("jobs", "o1")) <= names.QUOTA_TTL_S * 1000
+    ttl = r.pttl(names.quota_key("jobs", registry.owner_space("o1")))
+    assert 0 < ttl <= names.QUOTA_TTL_S * 1000
 
 
 def test_members_of_a_host_that_died_expire(r: Any) -> None:
@@ -265,14 +277,14 @@ def test_refresh_keeps_live_members_past_the_limit(r: Any) -> None:
 def test_a_jobs_state_keeps_its_place_until_it_ends(r: Any) -> None:
     record = _record()
     registry.save_job(r, record, keys=KEYS, running=True)
-    assert r.zscore(names.quota_key("jobs", "user:a"), "c-j1") is not None
+    assert r.zscore(names.quota_key("jobs", registry.owner_space("user:a")), "c-j1") is not None
     assert not registry.quota_acquire(r, "jobs", "user:a", "c-other", 1).taken
     registry.save_job(r, record, keys=KEYS, running=False, exit_code=0, ended_at=1001.0)
-    assert r.zscore(names.quota_key("jobs", "user:a"), "c-j1") is None
+    assert r.zscore(names.quota_key("jobs", registry.owner_space("user:a")), "c-j1") is None
     assert registry.quota_acquire(r, "jobs", "user:a", "c-other", 1).taken
     session = record.model_copy(update={"id": "j2", "call_id": "c-j2", "stdin": "pipe"})
     registry.save_job(r, session, keys=KEYS, running=True)  # interactive: its own cap
-    assert r.zscore(names.quota_key("jobs", "user:a"), "c-j2") is None
+    assert r.zscore(names.quota_key("jobs", registry.owner_space("user:a")), "c-j2") is None
 
 
 # --------------------------------------------------- 9: the worker's own secrets, by name

@@ -138,11 +138,12 @@ def test_unknown_calls_are_a_call_level_error() -> None:
 # --------------------------------------------------------------------------- messages
 
 KEY = "k" * 32
-SIGNED = Identity(owner="agent:a", signing_key=KEY, admin=False, shell_key=KEY)
+SIGNED = Identity(owner="agent:a", signing_key=KEY, admin=False, shell_key=KEY,
+                  verifying_keys=(KEY,))
 
 
 def _sealed(task_id: str, payload: str, key: str | None = KEY) -> str:
-    return auth.seal(key, auth.REPLY, task_id, payload)
+    return auth.lock([key] if key else [], auth.REPLY, task_id, payload)
 
 
 ADMIN_KEY = "a" * 32
@@ -174,7 +175,8 @@ def test_every_signed_message_names_the_queue_it_is_pushed_on() -> None:
 
 
 def test_record_keys_are_the_fleets_and_an_admins() -> None:
-    admin = Identity(owner="o", signing_key=ADMIN_KEY, admin=True, shell_key=KEY)
+    admin = Identity(owner="o", signing_key=ADMIN_KEY, admin=True, shell_key=KEY,
+                     verifying_keys=(KEY, ADMIN_KEY))
     assert admin.record_keys() == auth.keyring([KEY, ADMIN_KEY])
     assert SIGNED.record_keys() == auth.keyring([KEY])
     assert UNSIGNED.record_keys() == {}
@@ -404,11 +406,12 @@ def test_malformed_entries_move_the_cursor() -> None:
 
 def _forgeries(event: JobEvent) -> list[str]:
     """What a Redis writer without the key can add: the bare JSON, an "unsealed" mark,
-    a seal by its own key, a sealed event's body changed (exit code 0)."""
+    a seal by its own key, a locked event whose ciphertext was changed."""
     body = event.model_dump_json()
     sealed = seal_event([KEY], event.model_copy(update={"exit_code": 3}))
+    head, _, locked = sealed.partition("\n")
     return [body, f"-:-\n{body}", seal_event(["attacker-" + "1" * 24], event),
-            sealed.replace('"exit_code":3', '"exit_code":0')]
+            f"{head}\n{locked[:-8]}AAAAAAAA"]
 
 
 def test_forged_events_are_never_delivered() -> None:
@@ -549,7 +552,8 @@ def _job_hash(job_id: str, key: str = KEY, **fields: str) -> dict[str, str]:
                        command="make", cwd="/src", output_path=f"/jobs/{job_id}.log",
                        status_path=f"/jobs/{job_id}.status.json", started_at=1000.0,
                        call_id="c1")
-    stored = {"record": record.model_dump_json(), "host": "h1", "state": "running", **fields}
+    stored = {"record": wire_records.lock_record([key], record), "host": "h1",
+              "state": "running", **fields}
     return {**stored, wire_records.SEAL: wire_records.job_seal([key], job_id, stored)}
 
 

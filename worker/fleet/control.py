@@ -40,6 +40,7 @@ from worker.wire.control import (
 from worker.wire.errors import ToolError
 from worker.wire.models import CheckResult, JobRecord, OutputChunk, Truncation
 from worker.wire.names import CallState
+from worker.wire.owner_keys import Keyring
 from worker.wire.records import job_offsets, open_job_view
 
 #: Grace between SIGTERM and SIGKILL when a job is killed through the fleet.
@@ -57,7 +58,7 @@ class Runtime:
     """The nonces this consumer accepted (None: Redis alone remembers them)."""
 
     @property
-    def keys(self) -> dict[str, str]:
+    def keys(self) -> Keyring:
         """The keys a message may be signed with, by id (the admin key among them)."""
         return keyring(self.settings)
 
@@ -69,14 +70,17 @@ class Runtime:
 
 
 @lru_cache(maxsize=8)
-def _keyring(keys: tuple[str, ...]) -> dict[str, str]:
-    return auth.keyring(keys)
+def _keyring(keys: tuple[str, ...], fleet: tuple[str, ...]) -> Keyring:
+    return Keyring(keys, fleet)
 
 
-def keyring(settings: Settings) -> dict[str, str]:
-    """Every key this worker accepts, by id: the signing keys, then the admin key."""
+def keyring(settings: Settings) -> Keyring:
+    """Every key this worker accepts, by id: the fleet keys, the admin key, and each
+    owner's key, derived from the fleet keys when a message names it
+    (`worker.wire.owner_keys`)."""
     admin = (settings.admin_key.get_secret_value(),) if settings.admin_key else ()
-    return _keyring((*settings.accepted_keys(), *admin))
+    fleet = settings.fleet_keys()
+    return _keyring((*fleet, *admin), fleet)
 
 
 JobAction = Callable[[Runtime, JobRecord, int, int, Truncation | None], CheckResult]

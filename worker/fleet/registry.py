@@ -32,15 +32,18 @@ from typing import Any, Literal, cast
 
 from worker.fleet import scripts
 from worker.fleet.connect import Redis, flat_fields, hash_fields, transaction
+from worker.settings import get_settings
 from worker.wire import names
 from worker.wire.events import ended_event, seal_event, started_event
 from worker.wire.models import JobRecord, JobStatus
 from worker.wire.names import CALL_ACTIVE, CallState, JobState
+from worker.wire.owner_keys import for_owner
 from worker.wire.records import (
     OFFSETS_SEAL,
     SEAL,
     host_seal,
     job_seal,
+    lock_record,
     offsets_seal,
     ready_seal,
 )
@@ -355,23 +358,25 @@ def save_job(
     state = JobState.UNKNOWN if running is None else (
         JobState.RUNNING if running else JobState.ENDED
     )
+    owners = for_owner(keys, record.owner)  # its owner reads it too, no other owner
     fields = hash_fields({
-        "record": record.model_dump_json(), "host": record.host, "state": state,
+        "record": lock_record(owners, record), "host": record.host, "state": state,
         "exit_code": exit_code, "signal": signal, "ended_at": ended_at, "note": note,
     })
-    fields[SEAL] = job_seal(keys, record.id, fields)
+    fields[SEAL] = job_seal(owners, record.id, fields)
     status = None if running or ended_at is None else JobStatus(
         exit_code=exit_code, signal=signal, ended_at=ended_at, note=note
     )
+    space = owner_space(record.owner)
     job_keys = [names.job_key(record.id), names.jobs_key(record.host), names.EVENTS_KEY,
-                names.owner_jobs_key(record.host, record.owner)]
+                names.owner_jobs_key(record.host, space)]
     if counts_as_job(record):
-        job_keys.append(names.quota_key(JOBS_QUOTA, record.owner))
+        job_keys.append(names.quota_key(JOBS_QUOTA, space))
     event_id = scripts.SAVE_JOB(
         client, job_keys,
         [names.JOB_TTL_S, record.id, record.started_at, names.EVENTS_MAXLEN,
-         names.EVENTS_CHANNEL, seal_event(keys, started_event(record)),
-         seal_event(keys, ended_event(record, status)), state, job_member(record),
+         names.EVENTS_CHANNEL, seal_event(owners, started_event(record)),
+         seal_event(owners, ended_event(record, status)), state, job_member(record),
          names.QUOTA_TTL_S * 1000, *flat_fields(fields)],
     )
     return str(event_id) if event_id else None
@@ -393,7 +398,8 @@ def save_offsets(
 
 def owner_job_ids(client: Redis, host: str, owner: str) -> list[str]:
     """The ids of one owner's jobs on a host, oldest first (its index, not every job)."""
-    return cast("list[str]", client.zrange(names.owner_jobs_key(host, owner), 0, -1))
+    return cast("list[str]", client.zrange(names.owner_jobs_key(host, owner_space(owner)),
+                                           0, -1))
 
 
 def jobs_fields(client: Redis, job_ids: list[str]) -> list[dict[str, str]]:
@@ -412,6 +418,13 @@ def job_fields(client: Redis, job_id: str) -> dict[str, str]:
 
 
 # ----------------------------------------------------------------------------- quotas
+
+
+def owner_space(owner: str) -> str:
+    """What names `owner`'s quotas and job index in Redis (`Settings.owner_space`): a MAC
+    of its key, so that a client names its own owner's and no other's."""
+    return get_settings().owner_space(owner)
+
 #
 # What one owner holds live fleet-wide, per kind (its background jobs; the lead's
 # workspaces): a sorted set per owner and kind, member -> expiry. Taken in one script
@@ -444,7 +457,7 @@ def quota_acquire(
 ) -> Quota:
     """Take a place for `member` in `owner`'s quota of `kind`, unless `limit` are held."""
     taken, held, soonest_ms = scripts.QUOTA_ACQUIRE(
-        client, [names.quota_key(kind, owner)], [member, limit, int(ttl_s * 1000)]
+        client, [names.quota_key(kind, owner_space(owner))], [member, limit, int(ttl_s * 1000)]
     )
     return Quota(bool(taken), int(held), limit, max(0.0, int(soonest_ms) / 1000))
 
@@ -456,12 +469,12 @@ def quota_refresh(
     """Renew live members of `owner`'s quota (past the limit too: they exist); returns
     how many the owner holds."""
     args: list[object] = [int(ttl_s * 1000), *members]
-    return int(scripts.QUOTA_REFRESH(client, [names.quota_key(kind, owner)], args))
+    return int(scripts.QUOTA_REFRESH(client, [names.quota_key(kind, owner_space(owner))], args))
 
 
 def quota_release(client: Redis, kind: str, owner: str, member: str) -> None:
     """Give a member's place back (it ended, or never started)."""
-    client.zrem(names.quota_key(kind, owner), member)
+    client.zrem(names.quota_key(kind, owner_space(owner)), member)
 
 
 def counts_as_job(record: JobRecord) -> bool:

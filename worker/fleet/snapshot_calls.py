@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -19,7 +20,7 @@ import redis
 from worker.engine import snapshots as engine
 from worker.engine import workspaces
 from worker.fleet import registry, workspace_calls
-from worker.fleet.control import Runtime, keyring
+from worker.fleet.control import Runtime
 from worker.settings import Settings
 from worker.wire import auth, names
 from worker.wire.control import (
@@ -35,6 +36,7 @@ from worker.wire.control import (
 )
 from worker.wire.errors import ToolError
 from worker.wire.models import RestoreResult, Snapshot, SnapshotRecord, WorkspaceSpec
+from worker.wire.owner_keys import for_owner
 
 log = logging.getLogger("bashfleet.worker")
 
@@ -50,12 +52,14 @@ RECORD_MARGIN_S = 300.0
 
 def publish(rt: Runtime, record: SnapshotRecord) -> None:
     """Write a snapshot's record to Redis, sealed by this host."""
-    publish_with(rt.redis, rt.keys, record)
+    publish_with(rt.redis, rt.settings.sealing_keys(), record)
 
 
-def publish_with(client: redis.Redis, keys: dict[str, str], record: SnapshotRecord) -> None:
+def publish_with(client: redis.Redis, keys: Sequence[str], record: SnapshotRecord) -> None:
+    """Write a snapshot's record, locked for `keys` and its owner (no other owner reads
+    it: `worker.wire.owner_keys`)."""
     ttl = max(int(record.expires_at - time.time()), 0) + int(RECORD_MARGIN_S)
-    sealed = auth.seal(next(iter(keys.values()), None), SNAPSHOT, record.id,
+    sealed = auth.lock(for_owner(keys, record.owner), SNAPSHOT, record.id,
                        record.model_dump_json())
     client.set(names.snapshot_key(record.id), sealed, ex=ttl)
 
@@ -65,14 +69,14 @@ def unpublish(client: redis.Redis, record: SnapshotRecord) -> None:
     registry.quota_release(client, QUOTA_KIND, record.owner, record.id)
 
 
-def trusted_record(client: redis.Redis, keys: dict[str, str], snap_id: str
+def trusted_record(client: redis.Redis, keys: Mapping[str, str], snap_id: str
                    ) -> SnapshotRecord | None:
     """A snapshot's record as its host sealed it in Redis (None: none, or forged)."""
     sealed = client.get(names.snapshot_key(snap_id))
     if sealed is None:
         return None
     try:
-        text = auth.unseal(keys, SNAPSHOT, snap_id, sealed if isinstance(sealed, str)
+        text = auth.unlock(keys, SNAPSHOT, snap_id, sealed if isinstance(sealed, str)
                            else bytes(sealed).decode("utf-8"))
         return SnapshotRecord.model_validate_json(text)
     except (auth.AuthError, ValueError):
@@ -126,8 +130,9 @@ def _take(rt: Runtime, ws_id: str, owner: str, admin: bool, *, ttl_s: float | No
 def _owner_bytes(rt: Runtime, owner: str, *, but: str) -> int:
     """Bytes an owner's live snapshots hold across the fleet (from their sealed records)."""
     now_ms = int(time.time() * 1000)
-    members = [str(m) for m in rt.redis.zrangebyscore(names.quota_key(QUOTA_KIND, owner),
-                                                       now_ms, "+inf") if str(m) != but]
+    members = [str(m) for m in rt.redis.zrangebyscore(
+        names.quota_key(QUOTA_KIND, registry.owner_space(owner)), now_ms, "+inf")
+        if str(m) != but]
     total = 0
     for snap_id in members:
         found = trusted_record(rt.redis, rt.keys, snap_id)
@@ -222,7 +227,7 @@ def reap(settings: Settings, client: redis.Redis) -> int:
     """Remove this host's snapshots that are past their TTL (or deleted, or made for
     forks that are gone) and that nothing stands on; keep the others' records and
     quota places renewed. How many were removed."""
-    keys = keyring(settings)
+    keys = settings.sealing_keys()
     removed = engine.collect(settings)
     for record in removed:
         if record.host == settings.host:

@@ -160,6 +160,9 @@ def main(
         print(f"bashfleet worker: {exc}", file=sys.stderr)
         return EXIT_USAGE
     errors, warnings = sandbox.startup_problems(settings)
+    if settings.accepted_keys() and not settings.fleet_keys():
+        errors = [*errors, "BASHFLEET_SIGNING_KEY holds an owner key: a worker needs the "
+                  "fleet's key (owner keys are for clients)"]
     refusal = unsandboxed_refusal(settings.isolation, sandbox.probe(settings).problem,
                                   local_fallback=local_fallback)
     for error in [*errors, *([refusal] if refusal else [])]:

@@ -51,7 +51,7 @@ from worker.fleet.app import app
 from worker.fleet.connect import redis_client
 from worker.fleet.control import Runtime
 from worker.settings import Settings, get_settings
-from worker.wire import auth, names
+from worker.wire import auth, names, owner_keys
 from worker.wire.control import REQUESTS, ControlError, ControlReply, ControlRequest
 from worker.wire.errors import ToolError
 from worker.wire.models import (
@@ -107,14 +107,23 @@ class Answer:
     channel: str | None
     key: str | None = None
     sent: bool = False
+    locked: bool = False
+    """True once the message verified: the answer is then locked (encrypted) with the key
+    that signed it; a refusal before that is only sealed (it holds nothing secret, and
+    an unsigned client or one with another key can still read why)."""
     call: Call | None = None
     """The call, once its message was read (what Flower's view of it needs)."""
     expires_at: float | None = None
     """When the caller stops waiting for it (its message's expiry; `time.time()`)."""
 
     def reply(self, payload: str) -> registry.Reply:
-        """The answer to deliver, sealed: a client trusts no answer it cannot verify."""
-        sealed = auth.seal(self.key, auth.REPLY, self.task_id, payload)
+        """The answer to deliver, locked with the key that signed the message: a client
+        trusts no answer it cannot verify, and no other owner can read it."""
+        if self.locked:
+            sealed = auth.lock([self.key] if self.key else [], auth.REPLY, self.task_id,
+                               payload)
+        else:
+            sealed = auth.seal(self.key, auth.REPLY, self.task_id, payload)
         return registry.Reply(self.task_id, self.channel, sealed)
 
 
@@ -175,6 +184,9 @@ class Message:
     args: tuple[Any, ...]
     nonce: Nonce | None
     admin: bool = False
+    owner: str | None = None
+    """The owner whose key signed it (None: the fleet's or the admin key, which act as
+    the owner the message names)."""
 
 
 def own_queues(settings: Settings, task: str) -> list[str]:
@@ -199,12 +211,15 @@ def verify(rt: Runtime, task: str, args: tuple[Any, ...], answer: Answer) -> Mes
     """
     keys = rt.keys
     if not keys:
+        answer.locked = True  # unsigned fleet: `lock` with no key writes it in clear
         if len(args) == 1 and auth.is_envelope(args[0]):
             return Message(tuple(args[0]["args"]), None)
         return Message(args, None)
     verified = auth.verify(args[0] if len(args) == 1 else None, task, keys, time.time())
     answer.key = keys[verified.key_id]
     auth.check_target(verified.target, _queue(), own_queues(rt.settings, task))
+    owner = check_owner(verified)
+    answer.locked = True
     expires = verified.expires + auth.CLOCK_SKEW_S
     if rt.nonces is not None:
         if not rt.nonces.first_use(verified.nonce, expires):
@@ -215,7 +230,24 @@ def verify(rt: Runtime, task: str, args: tuple[Any, ...], answer: Answer) -> Mes
         nonce = None
     else:
         nonce = Nonce(verified.nonce, expires - time.time())
-    return Message(tuple(verified.args), nonce, admin=verified.key_id == rt.admin_key_id)
+    return Message(tuple(verified.args), nonce, admin=verified.key_id == rt.admin_key_id,
+                   owner=owner)
+
+
+def check_owner(verified: auth.Verified) -> str | None:
+    """The owner whose key signed a message (None: the fleet's or the admin key); an
+    AuthError (`wrong_owner`) when an owner key signed a message that names another
+    owner: the key says who acts, whatever the message claims."""
+    owner = owner_keys.key_owner(verified.key_id)
+    if owner is None:
+        return None
+    body = verified.args[0] if len(verified.args) == 1 else None
+    named = body.get("owner") if isinstance(body, dict) else None
+    if not isinstance(named, str) or not owner_keys.covers(owner, named):
+        raise auth.AuthError(
+            "wrong_owner", f"message signed with {owner}'s key for owner {named!r} refused: "
+            "an owner key acts as its own owner only")
+    return owner
 
 
 def _use_nonce(rt: Runtime, nonce: Nonce | None) -> None:

@@ -37,6 +37,7 @@ from worker.wire.control import (
 )
 from worker.wire.errors import ToolError
 from worker.wire.models import WorkspaceRecord, WorkspaceView
+from worker.wire.owner_keys import for_owner
 
 log = logging.getLogger("bashfleet.worker")
 
@@ -65,8 +66,9 @@ def publish(rt: Runtime, record: WorkspaceRecord) -> WorkspaceView:
     view = engine.view(record, rt.settings)
     expires = view.expires_at or time.time() + record.ttl_s
     ttl = max(1, int(expires - time.time() + RECORD_MARGIN_S))
-    key = next(iter(rt.keys.values()), None)
-    sealed = auth.seal(key, WORKSPACE, record.id, view.model_dump_json())
+    # Locked for its owner, the workers and the admin: no other owner reads it.
+    owners = for_owner(rt.settings.sealing_keys(), record.owner)
+    sealed = auth.lock(owners, WORKSPACE, record.id, view.model_dump_json())
     rt.redis.set(names.workspace_key(record.id), sealed, ex=ttl)
     return view
 

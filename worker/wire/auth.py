@@ -25,13 +25,17 @@ Redis (`registry`), not here.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
 import json
+import os
 import secrets
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from worker.wire.errors import ToolError
 
@@ -46,8 +50,8 @@ CLOCK_SKEW_S = 30.0
 
 class AuthError(ToolError):
     """A message the worker must refuse (kind `unauthorized`); `reason` says why:
-    unsigned, malformed, bad_version, unknown_key, bad_signature, expired, replayed or
-    wrong_target."""
+    unsigned, malformed, bad_version, unknown_key, bad_signature, expired, replayed,
+    wrong_target or wrong_owner (an owner key signing for another owner)."""
 
     def __init__(self, reason: str, message: str) -> None:
         super().__init__("unauthorized", message)
@@ -90,10 +94,12 @@ def _mac(key: str, message: bytes) -> str:
 
 def sign(
     key: str, task: str, args: list[Any], now: float, ttl_s: float = DEFAULT_TTL_S, *,
-    target: str,
+    target: str, kid: str | None = None,
 ) -> dict[str, Any]:
-    """The signed envelope of a task's arguments, for the queue `target` it is sent to."""
-    kid, expires, nonce = key_id(key), round(now + ttl_s, 3), secrets.token_hex(16)
+    """The signed envelope of a task's arguments, for the queue `target` it is sent to.
+    `kid`: the key id the envelope names (default `key_id(key)`; an owner key names its
+    owner: `worker.wire.owner_keys`)."""
+    kid, expires, nonce = kid or key_id(key), round(now + ttl_s, 3), secrets.token_hex(16)
     mac = _mac(key, _canonical({"task": task, "target": target, "args": args, "key": kid,
                                 "exp": expires, "nonce": nonce}))
     return {
@@ -237,3 +243,102 @@ def check_mark(
     if not any(hmac.compare_digest(_seal_mac(key, purpose, name, value), mac)
                for key, mac in known):
         raise AuthError("bad_signature", f"{purpose} with a bad seal refused (forged?)")
+
+
+# ----------------------------------------------------------------------------- locks
+#
+# What one owner may read and no other (a job's record, its events, a workspace's view,
+# a snapshot's record, an answer) is locked rather than sealed: encrypted (AES-256-GCM)
+# under a fresh data key, which is wrapped for each key that may read it (the worker's
+# keys, the admin key, the owner's key), each wrap with a MAC of its own key over the
+# whole. Every client shares one Redis user (`worker.wire.acl`), so Redis cannot keep
+# one owner's records from another's eyes: the lock does. A reader verifies the MAC of
+# a key it holds before it unwraps, so an owner who can open a record (and so knows its
+# data key) still cannot forge one that the workers or the admin would believe.
+#
+# Format: `<key id>:<mac>:<wrap>[,...]`, a newline, base64 of nonce + ciphertext; `-:-`
+# and the value in clear for a worker run `--insecure-unsigned`.
+
+_DATA_KEY_BYTES = 32
+_NONCE_BYTES = 12
+
+
+def _pad(key: str, purpose: str, name: str, nonce: bytes) -> bytes:
+    """What a data key is XORed with for `key` (a PRF of a nonce used once)."""
+    return hmac.new(key.encode(), f"wrap\n{purpose}\n{name}\n".encode() + nonce,
+                    hashlib.sha256).digest()
+
+
+def _lock_mac(key: str, purpose: str, name: str, wrap: str, body: str) -> str:
+    return _mac(key, f"lock\n{purpose}\n{name}\n{wrap}\n{body}".encode())
+
+
+def lock(keys: Sequence[str], purpose: str, name: str, value: str) -> str:
+    """`value` encrypted for each of `keys` (for `purpose`, under `name`); `-:-` and the
+    value in clear with no key."""
+    chosen = list(dict.fromkeys(key for key in keys if key))
+    if not chosen:
+        return f"{UNSEALED}:{UNSEALED}\n{value}"
+    data_key, nonce = os.urandom(_DATA_KEY_BYTES), os.urandom(_NONCE_BYTES)
+    sealed = AESGCM(data_key).encrypt(nonce, value.encode("utf-8", "surrogatepass"),
+                                      f"{purpose}\n{name}".encode())
+    body = base64.b64encode(nonce + sealed).decode()
+    heads = []
+    for key in chosen:
+        wrap = bytes(a ^ b for a, b in zip(data_key, _pad(key, purpose, name, nonce),
+                                           strict=True)).hex()
+        heads.append(f"{key_id(key)}:{_lock_mac(key, purpose, name, wrap, body)}:{wrap}")
+    return ",".join(heads) + "\n" + body
+
+
+def is_locked(text: str) -> bool:
+    """True when `text` is written as a locked value (not a sealed one, nor clear)."""
+    head = text.partition("\n")[0]
+    return head.split(",")[0].count(":") == 2
+
+
+def open_answer(keys: Mapping[str, str], purpose: str, name: str, text: str) -> str:
+    """An answer a worker locked (`lock`) or, when it refused a message it could not
+    tell the sender of, only sealed (`seal`: a refusal holds nothing secret)."""
+    return unlock(keys, purpose, name, text) if is_locked(text) else unseal(
+        keys, purpose, name, text)
+
+
+def lock_readers(locked: str) -> list[str]:
+    """The ids of the keys a locked text was made for (none for a clear one)."""
+    head = locked.partition("\n")[0]
+    return [part.split(":")[0] for part in head.split(",") if part.count(":") == 2]
+
+
+def unlock(keys: Mapping[str, str], purpose: str, name: str, locked: str) -> str:
+    """The value of a locked text; AuthError when no key of `keys` may open it
+    (`unknown_key`: another owner's) or it does not verify. With no keys at all (an
+    unsigned client) only a clear one opens."""
+    head, newline, body = locked.partition("\n")
+    if not newline:
+        raise AuthError("malformed", f"unlocked {purpose} refused (no lock)")
+    if head == f"{UNSEALED}:{UNSEALED}":
+        if keys:
+            raise AuthError("unknown_key", f"{purpose} in clear refused: this client "
+                            "verifies what it reads")
+        return body
+    parts = [part.split(":") for part in head.split(",")]
+    mine = [(keys[p[0]], p[1], p[2]) for p in parts if len(p) == 3 and p[0] in keys]
+    if not mine:
+        raise AuthError("unknown_key", f"{purpose} locked for keys this client does not hold")
+    for key, mac, wrap in mine:
+        if hmac.compare_digest(_lock_mac(key, purpose, name, wrap, body), mac):
+            return _open(key, purpose, name, wrap, body)
+    raise AuthError("bad_signature", f"{purpose} with a bad lock refused (forged?)")
+
+
+def _open(key: str, purpose: str, name: str, wrap: str, body: str) -> str:
+    try:
+        raw = base64.b64decode(body, validate=True)
+        nonce, sealed = raw[:_NONCE_BYTES], raw[_NONCE_BYTES:]
+        data_key = bytes(a ^ b for a, b in zip(bytes.fromhex(wrap),
+                                               _pad(key, purpose, name, nonce), strict=True))
+        plain = AESGCM(data_key).decrypt(nonce, sealed, f"{purpose}\n{name}".encode())
+    except Exception:
+        raise AuthError("bad_signature", f"{purpose} that does not decrypt refused") from None
+    return plain.decode("utf-8", "surrogatepass")

@@ -2,10 +2,10 @@
 stream and publish them (`worker.fleet.registry.save_job`); any client hears them
 (`client.events`): `Fleet.wait`, `Fleet.events`, `bashfleet wait` / `bashfleet events`.
 
-An event travels sealed (`seal_event`: `<seals>` on a first line, then its JSON, with
-the worker's keys); a listener opens it with `open_event` and drops, with a warning,
-one that does not verify: a Redis writer cannot make a client hear of an end that did
-not happen.
+An event travels locked (`seal_event`: encrypted for the worker's keys and its job's
+owner's, `auth.lock`); a listener opens it with `open_event`, skips another owner's
+(it cannot read them) and drops, with a warning, one that does not verify: a Redis
+writer cannot make a client hear of an end that did not happen.
 """
 
 from __future__ import annotations
@@ -93,27 +93,30 @@ def event_matches(
     return all(event.tags.get(name) == value for name, value in (tags or {}).items())
 
 
+#: The name every event is locked under (its job id is inside, under the lock).
+EVENT_NAME = "job-event"
+
+
 def seal_event(keys: Sequence[str], event: JobEvent) -> str:
-    """An event as a worker adds and publishes it: its seals, a newline, its JSON."""
-    body = event.model_dump_json()
-    return f"{auth.mark(keys, auth.EVENT, event.job_id, body)}\n{body}"
+    """An event as a worker adds and publishes it: locked (`auth.lock`) for `keys`, the
+    workers', the admin's and the job's owner's (`owner_keys.SealingKeys.for_owner`):
+    every client hears every event, and opens only its owner's."""
+    return auth.lock(keys, auth.EVENT, EVENT_NAME, event.model_dump_json())
 
 
 def open_event(keys: Mapping[str, str], sealed: str, seq: str) -> JobEvent | None:
-    """The event of a stream entry or channel message (`seq`: its stream id), its seal
-    checked with `keys`. None for what is not an event of ours (malformed, a newer
-    format) and for one that does not verify (dropped with a warning, never believed)."""
-    marked, newline, body = sealed.partition("\n")
-    if not newline:  # no seal line (an older worker's): only a keyless client takes it
-        marked, body = "", sealed
+    """The event of a stream entry or channel message (`seq`: its stream id), opened
+    with `keys`. None for another owner's (quietly), for what is not an event of ours
+    (malformed, a newer format) and for one that does not verify (dropped with a
+    warning, never believed)."""
+    try:
+        body = auth.unlock(keys, auth.EVENT, EVENT_NAME, sealed)
+    except auth.AuthError as exc:
+        if exc.reason != "unknown_key":
+            log.warning("job event %s does not verify (%s); dropped", seq, exc.message)
+        return None
     try:
         event = JobEvent.model_validate_json(body)
     except ValidationError:
-        return None
-    try:
-        auth.check_mark(keys, auth.EVENT, event.job_id, body, marked)
-    except auth.AuthError as exc:
-        log.warning("job event %s of job %s does not verify (%s); dropped",
-                    seq, event.job_id, exc.message)
         return None
     return event.model_copy(update={"seq": seq})

@@ -29,18 +29,23 @@ Keys (prefix `bashfleet:`; every key has a TTL or an owner that deletes it):
 - `bashfleet:jobs:<host>` (zset): job ids of a host -> start time, for listings.
   TTL JOB_TTL_S, renewed with its jobs and by the heartbeat; members whose job hash
   expired are pruned when listed.
-- `bashfleet:owner-jobs:<host>:<owner>` (zset): the job ids of one owner on a host ->
+- `bashfleet:owner-jobs:<host>:<space>` (zset): the job ids of one owner on a host ->
   start time: what a listing of an owner's jobs reads (`ps`, `jobs()`), not every job
   of the host. TTL JOB_TTL_S, renewed with its jobs; pruned like the host's list.
-- `bashfleet:shell:<session>` (string): a session's shell (ShellState JSON: pinned host,
-  cwd, exported and unset variables), shared by every caller of the session (CLI
+  An owner's space (here and in quota keys) is a MAC of its key, not its name
+  (`worker.wire.owner_keys.space_of`): no other owner can name its keys.
+- `bashfleet:shell:<space>:<session>` (string): a session's shell (ShellState JSON:
+  pinned host, cwd, exported and unset variables), shared by every caller of the session (CLI
   `--session`, `Fleet.run(session=)`, native's `session` argument, claude's FR-009, each
   MCP server's own session). TTL SESSION_TTL_S (1 day), renewed by each call.
-- `bashfleet:session-state:<session>` (string): what a dialect carries between the
-  calls of one agent session (SessionState JSON). TTL SESSION_TTL_S, renewed by saves.
+- `bashfleet:session-state:<space>:<session>` (string): what a dialect carries between
+  the calls of one agent session (SessionState JSON). TTL SESSION_TTL_S, renewed by
+  saves. Both are locked with the owner's key, in the owner's space (a MAC of its key:
+  `worker.wire.owner_keys`; no space for an unsigned client): an owner cannot find,
+  read or forge another's sessions.
 - `bashfleet:nonce:<nonce>` (string): a signed message's nonce, seen once (replays are
   refused). TTL: until the message expires (plus the clock skew allowed).
-- `bashfleet:quota:<kind>:<owner>` (zset): what one owner holds live of a kind (`jobs`:
+- `bashfleet:quota:<kind>:<space>` (zset): what one owner holds live of a kind (`jobs`:
   its background jobs; `workspaces`) fleet-wide, member -> when it expires (ms, Redis'
   clock). A cap (BASHFLEET_LIMIT_JOBS...) is checked and taken in one script; its host
   refreshes a live member (a job, at each pass of its watcher) and removes it when it
@@ -278,9 +283,9 @@ def jobs_key(host: str) -> str:
     return f"{PREFIX}jobs:{host}"
 
 
-def owner_jobs_key(host: str, owner: str) -> str:
-    """Job ids of one owner on a host (zset: job id -> start time)."""
-    return f"{PREFIX}owner-jobs:{host}:{owner}"
+def owner_jobs_key(host: str, space: str) -> str:
+    """Job ids of one owner (by its space) on a host (zset: job id -> start time)."""
+    return f"{PREFIX}owner-jobs:{host}:{space}"
 
 
 def workspace_key(ws_id: str) -> str:
@@ -288,14 +293,16 @@ def workspace_key(ws_id: str) -> str:
     return f"{PREFIX}ws:{ws_id}"
 
 
-def shell_key(session: str) -> str:
-    """A session's shell: pinned host, cwd, variables (string: ShellState JSON)."""
-    return f"{PREFIX}shell:{session}"
+def shell_key(session: str, space: str = "") -> str:
+    """A session's shell: pinned host, cwd, variables (string: ShellState JSON), in its
+    owner's `space` (none for an unsigned client)."""
+    return f"{PREFIX}shell:{space}:{session}" if space else f"{PREFIX}shell:{session}"
 
 
-def session_state_key(session: str) -> str:
-    """A dialect session's state (string: SessionState JSON)."""
-    return f"{PREFIX}session-state:{session}"
+def session_state_key(session: str, space: str = "") -> str:
+    """A dialect session's state (string: SessionState JSON), in its owner's `space`."""
+    return (f"{PREFIX}session-state:{space}:{session}" if space
+            else f"{PREFIX}session-state:{session}")
 
 
 def nonce_key(nonce: str) -> str:
@@ -309,9 +316,9 @@ def snapshot_key(snap_id: str) -> str:
     return f"{PREFIX}snap:{snap_id}"
 
 
-def quota_key(kind: str, owner: str) -> str:
-    """What `owner` holds live of `kind` (zset: member -> expiry, ms)."""
-    return f"{PREFIX}quota:{kind}:{owner}"
+def quota_key(kind: str, space: str) -> str:
+    """What the owner of `space` holds live of `kind` (zset: member -> expiry, ms)."""
+    return f"{PREFIX}quota:{kind}:{space}"
 
 
 #: Seconds a transfer's list lives past its last push (a side that went away).

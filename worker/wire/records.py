@@ -3,7 +3,9 @@
 Both sides read the same hashes (a worker lists its jobs, a client falls back on what
 Redis knows when a host is down), so both parse them here, and both verify them here.
 
-What a worker publishes is sealed (`worker.wire.auth.mark`, with every key it holds):
+What a worker publishes is sealed (`worker.wire.auth.mark`, with every key it holds,
+and one owner's records with that owner's key too; a job's record is also locked, so
+that only its owner, the workers and the admin read it: `worker.wire.owner_keys`):
 a job's hash (its record and state, `JOB_SEALED`, in the field `seal`; where the last
 check stopped, in `offsets_seal`), a host's record (`HOST_SEALED`, in `seal`) and the
 readiness of each of its consumers (`<role>_ready_seal`). A Redis writer without the
@@ -21,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from worker.wire import auth
 from worker.wire.models import HostInfo, JobRecord, JobView, SandboxProbe
 from worker.wire.names import JobState
+from worker.wire.owner_keys import for_readers
 
 log = logging.getLogger("bashfleet")
 
@@ -68,13 +71,22 @@ def job_seal(keys: Sequence[str], job_id: str, fields: Mapping[str, str]) -> str
     return auth.mark(keys, auth.JOB, job_id, _canonical(fields, JOB_SEALED))
 
 
+def lock_record(keys: Sequence[str], record: JobRecord) -> str:
+    """A job's record as its hash holds it: locked for `keys` (the worker's and its
+    owner's: `owner_keys.SealingKeys.for_owner`), so that no other owner reads its
+    command, cwd or paths."""
+    return auth.lock(keys, auth.JOB, record.id, record.model_dump_json())
+
+
 def open_job(keys: Mapping[str, str], job_id: str, fields: Mapping[str, str]) -> JobRecord:
     """The record of job `job_id` from its hash, its seal checked with `keys`; AuthError
-    when it does not verify (forged, garbled, another job's hash copied here)."""
+    when it does not verify (forged, garbled, another job's hash copied here) or is
+    another owner's (`unknown_key`)."""
     auth.check_mark(keys, auth.JOB, job_id, _canonical(fields, JOB_SEALED),
                     fields.get(SEAL, ""))
     try:
-        record = JobRecord.model_validate_json(fields.get("record") or "")
+        text = auth.unlock(keys, auth.JOB, job_id, fields.get("record") or "")
+        record = JobRecord.model_validate_json(text)
     except ValueError:
         raise auth.AuthError("malformed", f"job {job_id}: unreadable record") from None
     if record.id != job_id:
@@ -92,8 +104,9 @@ def open_job_view(
     try:
         record = open_job(keys, job_id, fields)
     except auth.AuthError as exc:
-        log.warning("job %s: its record in Redis does not verify (%s); left out",
-                    job_id, exc.message)
+        # Another owner's (`unknown_key`) is none of this reader's business: no warning.
+        (log.debug if exc.reason == "unknown_key" else log.warning)(
+            "job %s: its record in Redis does not verify (%s); left out", job_id, exc.message)
         return None
     return _job_view(record, fields, host_alive=host_alive)
 
@@ -149,14 +162,15 @@ def _job_view(record: JobRecord, fields: Mapping[str, str], *, host_alive: bool)
 
 
 def host_seal(keys: Sequence[str], host: str, fields: Mapping[str, str]) -> str:
-    """The seal of a host record's fields (`HOST_SEALED`, as stored: text)."""
-    return auth.mark(keys, auth.HOST, host, _canonical(fields, HOST_SEALED))
+    """The seal of a host record's fields (`HOST_SEALED`, as stored: text), with the
+    reader key too: every owner verifies it."""
+    return auth.mark(for_readers(keys), auth.HOST, host, _canonical(fields, HOST_SEALED))
 
 
 def ready_seal(keys: Sequence[str], host: str, instance: str, role: str, value: str) -> str:
     """The seal of one consumer's readiness (its pid, or "" once it stopped), for the
     worker instance it belongs to."""
-    return auth.mark(keys, auth.HOST_READY, f"{host}\n{instance}\n{role}", value)
+    return auth.mark(for_readers(keys), auth.HOST_READY, f"{host}\n{instance}\n{role}", value)
 
 
 def open_host(keys: Mapping[str, str], host: str, record: Mapping[str, str]) -> None:
