@@ -217,8 +217,9 @@ def _check_isolation(call: Call, record: WorkspaceRecord) -> None:
         raise CallError("invalid", f"workspace {record.id} runs calls with isolation "
                         f"{record.isolation!r}; make a workspace with {call.isolation!r}")
     if call.network is not None and call.network != record.network:
-        raise CallError("invalid", f"workspace {record.id} runs calls "
-                        f"{'with' if record.network else 'without'} network")
+        raise CallError("invalid", f"workspace {record.id} has network policy "
+                        f"{record.network}, not {call.network} (`bashfleet workspace "
+                        "network` changes it)")
 
 
 def workspace_cwd(cwd: str | None, record: WorkspaceRecord) -> str:

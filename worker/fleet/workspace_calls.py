@@ -32,6 +32,7 @@ from worker.wire.control import (
     WorkspaceDeleted,
     WorkspaceDeleteRequest,
     WorkspaceList,
+    WorkspaceNetworkRequest,
     WorkspaceRenewRequest,
     WorkspacesRequest,
 )
@@ -116,6 +117,15 @@ def renew(rt: Runtime, request: WorkspaceRenewRequest, admin: bool = False) -> W
     engine.touch(record, rt.settings)
     view = publish(rt, record)
     return engine.view(record, rt.settings, count=True) if request.count else view
+
+
+def set_network(rt: Runtime, request: WorkspaceNetworkRequest,
+                admin: bool = False) -> WorkspaceView:
+    """Put another network policy in force in a workspace of the asker's."""
+    record = owned(rt, request.id, request.owner, admin)
+    record = engine.set_network(record.id, request.network, rt.settings)
+    engine.touch(record, rt.settings)
+    return publish(rt, record)
 
 
 def list_workspaces(rt: Runtime, request: WorkspacesRequest,

@@ -1,0 +1,283 @@
+"""Network by policy (`worker.engine.network`): each workspace a network namespace of its
+own, and what leaves it as its policy says. Each refusal is shown possible first: the
+host reaches the very server the workspace is refused.
+
+The servers are in network namespaces the tests make (`netns_helpers`): 203.0.113.0/24
+(documentation addresses, outside every denied range) stands for the internet; the
+fleet's Redis, the host's loopback, 169.254.169.254 and a shared-range (100.64/10)
+server stand for what a workspace must not reach.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from worker.engine import network, workspaces
+from worker.wire.network import parse
+
+from .engine_helpers import (
+    Engine,
+    Janitor,
+    _janitor_fixture,  # noqa: F401 - the `janitor` fixture
+    engine_with,
+)
+from .netns_helpers import NetNs, reachable, make_netns
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="a root worker's networks")
+
+#: Connects to each `host:port` argument and prints `target outcome seconds` per line:
+#: `ok`, `refused` (ECONNREFUSED or a reset), `unreachable`, `timeout` or `error:...`.
+PROBE = r"""python3 - "$@" <<'EOF'
+import errno, socket, sys, time
+for target in sys.argv[1:]:
+    host, _, port = target.rpartition(":")
+    start = time.monotonic()
+    try:
+        with socket.create_connection((host, int(port)), timeout=8) as s:
+            s.settimeout(8)
+            s.sendall(b"GET / HTTP/1.0\r\nHost: " + host.encode() + b"\r\n\r\n")
+            data = s.recv(64)
+        outcome = "ok" if data else "refused"
+    except ConnectionRefusedError:
+        outcome = "refused"
+    except ConnectionResetError:
+        outcome = "refused"
+    except socket.timeout:
+        outcome = "timeout"
+    except OSError as exc:
+        outcome = "unreachable" if exc.errno in (errno.ENETUNREACH, errno.EHOSTUNREACH, errno.EACCES, errno.EPERM) else f"error:{exc.errno}"
+    print(target, outcome, round(time.monotonic() - start, 3))
+EOF"""
+
+
+def probe(engine: Engine, ws_id: str, *targets: str) -> dict[str, tuple[str, float]]:
+    """What a call in the workspace gets connecting to each target."""
+    script = "set -- " + " ".join(targets) + "\n" + PROBE
+    result = engine.run(script, workspace=ws_id)
+    assert result.exit_code == 0, result.stderr
+    found = {}
+    for line in result.stdout.splitlines():
+        target, outcome, seconds = line.split()
+        found[target] = (outcome, float(seconds))
+    return found
+
+
+def refused_at_once(found: tuple[str, float]) -> bool:
+    outcome, seconds = found
+    return outcome in ("refused", "unreachable") and seconds < 1.0
+
+
+@pytest.fixture(name="net", scope="module")
+def _net_fixture() -> Iterator[NetNs]:
+    """The internet stand-in: HTTP on :80 and :8080, TCP on :7000, DNS on :53 (good.test
+    and other.test are its address); 169.254.169.254 and 100.64.77.2 serve too."""
+    with make_netns("203.0.113.0/24") as net:
+        net.add_address("169.254.169.254")
+        net.add_address("100.64.77.2")
+        names = {"good.test": net.ns_ip, "other.test": net.ns_ip,
+                 "a.wild.test": net.ns_ip, "wild.test": net.ns_ip}
+        net.serve(http=[("0.0.0.0", 80), ("0.0.0.0", 8080)], tcp=[("0.0.0.0", 7000)],
+                  dns=(net.ns_ip, names))
+        yield net
+
+
+@pytest.fixture(name="fleet_redis", scope="module")
+def _fleet_redis_fixture() -> Iterator[NetNs]:
+    """A stand-in for the fleet's Redis on a public address (TCP :6379)."""
+    with make_netns("203.0.113.0/24") as net:
+        net.serve(tcp=[("0.0.0.0", 6379)])
+        yield net
+
+
+@pytest.fixture(name="loopback_server")
+def _loopback_server_fixture() -> Iterator[int]:
+    """A server on the host's 127.0.0.1 (its port)."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(16)
+    stop = threading.Event()
+
+    def serve() -> None:
+        server.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                continue
+            conn.sendall(b"host loopback\n")
+            conn.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield server.getsockname()[1]
+    finally:
+        stop.set()
+        thread.join(5)
+        server.close()
+
+
+@pytest.fixture(name="neteng")
+def _neteng_fixture(tmp_path: Path, janitor: Janitor, net: NetNs,
+                    fleet_redis: NetNs) -> Iterator[Engine]:
+    """A root engine whose fleet Redis is `fleet_redis` and whose resolver is `net`'s."""
+    with engine_with(tmp_path, janitor, redis_url=f"redis://{fleet_redis.ns_ip}:6379/0",
+                     network_resolvers=(net.ns_ip,)) as engine:
+        yield engine
+
+
+def test_none_is_loopback_only(neteng: Engine, net: NetNs) -> None:
+    assert reachable(net.ns_ip, 8080)
+    ws = neteng.workspace(network="none")
+    assert ws.network.mode == "none"
+    links = neteng.run("ip -o link show | awk -F': ' '{print $2}'", workspace=ws.id)
+    assert links.stdout.split() == ["lo"]
+    found = probe(neteng, ws.id, f"{net.ns_ip}:8080")
+    assert refused_at_once(found[f"{net.ns_ip}:8080"]), found
+
+
+def test_egress_reaches_the_internet_and_nothing_of_the_fleet_or_the_host(
+        neteng: Engine, net: NetNs, fleet_redis: NetNs, loopback_server: int) -> None:
+    # Each target is reachable from the host itself: the refusals below are the policy's.
+    for address, port in ((net.ns_ip, 8080), (fleet_redis.ns_ip, 6379),
+                          ("127.0.0.1", loopback_server), ("169.254.169.254", 8080),
+                          ("100.64.77.2", 8080)):
+        assert reachable(address, port), f"the host cannot reach {address}:{port}"
+    ws = neteng.workspace()  # the default policy
+    assert ws.network.mode == "egress"
+    found = probe(neteng, ws.id, f"{net.ns_ip}:8080", f"{net.ns_ip}:7000",
+                  f"{fleet_redis.ns_ip}:6379", f"127.0.0.1:{loopback_server}",
+                  "169.254.169.254:8080", "100.64.77.2:8080")
+    assert found[f"{net.ns_ip}:8080"][0] == "ok"
+    assert found[f"{net.ns_ip}:7000"][0] == "ok"
+    for refused in (f"{fleet_redis.ns_ip}:6379", f"127.0.0.1:{loopback_server}",
+                    "169.254.169.254:8080", "100.64.77.2:8080"):
+        assert refused_at_once(found[refused]), (refused, found)
+    # DNS: the host's resolvers, whichever server the workspace's resolv.conf names.
+    named = neteng.run("getent hosts good.test", workspace=ws.id)
+    assert named.stdout.split()[:1] == [net.ns_ip], named
+
+
+def test_a_private_range_the_operator_lists_is_reachable(
+        tmp_path: Path, janitor: Janitor, net: NetNs) -> None:
+    with engine_with(tmp_path, janitor, network_allow_private=("100.64.77.0/24",),
+                     network_resolvers=(net.ns_ip,)) as engine:
+        ws = engine.workspace()
+        found = probe(engine, ws.id, "100.64.77.2:8080", "169.254.169.254:8080")
+        assert found["100.64.77.2:8080"][0] == "ok"
+        assert refused_at_once(found["169.254.169.254:8080"])
+
+
+def test_allow_reaches_listed_names_only_and_records_the_rest(
+        neteng: Engine, net: NetNs) -> None:
+    ws = neteng.workspace(network="allow=good.test,*.wild.test")
+    assert ws.network.allow == ("good.test", "*.wild.test")
+    got = neteng.run("curl -sS -m 5 http://good.test/ && curl -sS -m 5 http://a.wild.test/",
+                     workspace=ws.id)
+    assert got.exit_code == 0, got.stderr
+    assert "host=good.test" in got.stdout and "host=a.wild.test" in got.stdout
+    # DNS answers listed names only (other.test exists: the host resolves it).
+    dns = neteng.run("getent hosts other.test; echo rc=$?; getent hosts wild.test; echo rc=$?",
+                     workspace=ws.id)
+    assert dns.stdout.split() == ["rc=2", "rc=2"], dns
+    # Another name, by its address: refused at once (not a timeout), and recorded.
+    start = time.monotonic()
+    named = neteng.run(f"curl -sS -m 5 --resolve other.test:80:{net.ns_ip} "
+                       "http://other.test/", workspace=ws.id)
+    assert "not in this workspace's allow list" in named.stdout
+    assert time.monotonic() - start < 3.0
+    found = probe(neteng, ws.id, f"{net.ns_ip}:7000", f"{net.ns_ip}:8080")
+    assert refused_at_once(found[f"{net.ns_ip}:7000"]), found
+    assert refused_at_once(found[f"{net.ns_ip}:8080"]), found
+    wanted = {"other.test", "other.test:80", f"{net.ns_ip}:7000/tcp"}
+    assert wanted <= _denied(neteng, ws.id, wanted)
+
+
+def _denied(engine: Engine, ws_id: str, wanted: set[str]) -> set[str]:
+    """The targets the workspace's guard recorded, once `wanted` are among them (or 10 s)."""
+    path = network.denied_path(engine.settings, ws_id)
+    deadline = time.monotonic() + 10
+    while True:
+        lines = path.read_text("utf-8").splitlines() if path.exists() else []
+        found = {str(json.loads(line)["target"]) for line in lines}
+        if wanted <= found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.1)  # the guard writes as it refuses
+
+
+def test_allow_by_cidr_and_tls_by_name(neteng: Engine, net: NetNs) -> None:
+    ws = neteng.workspace(network=f"allow={net.ns_ip}/32")
+    found = probe(neteng, ws.id, f"{net.ns_ip}:7000")
+    assert found[f"{net.ns_ip}:7000"][0] == "ok"
+
+
+def test_host_only_where_enabled(tmp_path: Path, janitor: Janitor, neteng: Engine,
+                                 loopback_server: int) -> None:
+    with pytest.raises(workspaces.WorkspaceError, match="NETWORK_HOST_OK"):
+        neteng.workspace(network="host")
+    with engine_with(tmp_path / "ok", janitor, network_host_ok=True) as engine:
+        ws = engine.workspace(network="host")
+        found = probe(engine, ws.id, f"127.0.0.1:{loopback_server}")
+        assert found[f"127.0.0.1:{loopback_server}"][0] == "ok"
+
+
+def test_the_policy_of_a_live_workspace_changes(neteng: Engine, net: NetNs) -> None:
+    ws = neteng.workspace(network="none")
+    target = f"{net.ns_ip}:8080"
+    assert refused_at_once(probe(neteng, ws.id, target)[target])
+    ws = workspaces.set_network(ws.id, parse("egress"), neteng.settings)
+    assert probe(neteng, ws.id, target)[target][0] == "ok"
+    ws = workspaces.set_network(ws.id, parse("allow=good.test"), neteng.settings)
+    assert refused_at_once(probe(neteng, ws.id, target)[target])
+    assert "host=good.test" in neteng.run("curl -sS -m 5 http://good.test/",
+                                          workspace=ws.id).stdout
+    ws = workspaces.set_network(ws.id, parse("none"), neteng.settings)
+    assert refused_at_once(probe(neteng, ws.id, target)[target])
+    assert workspaces.load(ws.id, neteng.settings).network.mode == "none"
+    with pytest.raises(workspaces.WorkspaceError, match="host's network namespace"):
+        workspaces.set_network(ws.id, parse("host"), neteng.settings)
+
+
+SERVE_BOTH = r"""python3 - <<'EOF' &
+import socket, threading
+tcp = socket.socket(); tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+tcp.bind(("127.0.0.1", 7777)); tcp.listen(8)
+uds = socket.socket(socket.AF_UNIX); uds.bind("\0bashfleet-test-abstract"); uds.listen(8)
+def serve(s):
+    while True:
+        c, _ = s.accept(); c.sendall(b"mine\n"); c.close()
+threading.Thread(target=serve, args=(uds,), daemon=True).start()
+serve(tcp)
+EOF
+sleep 0.5"""
+
+CONNECT_BOTH = r"""python3 - <<'EOF'
+import socket
+for family, address in ((socket.AF_INET, ("127.0.0.1", 7777)),
+                        (socket.AF_UNIX, "\0bashfleet-test-abstract")):
+    s = socket.socket(family)
+    try:
+        s.connect(address); print(s.recv(16).decode().strip())
+    except OSError as exc:
+        print("refused", exc.errno)
+EOF"""
+
+
+def test_loopback_and_abstract_sockets_are_each_workspaces_own(neteng: Engine) -> None:
+    first, second = neteng.workspace(), neteng.workspace()
+    neteng.run(SERVE_BOTH, workspace=first.id, background=True)
+    assert neteng.run(CONNECT_BOTH, workspace=first.id).stdout.split("\n")[:2] == ["mine", "mine"]
+    other = neteng.run(CONNECT_BOTH, workspace=second.id).stdout.splitlines()
+    assert [line.split()[0] for line in other] == ["refused", "refused"], other
+    # Nor the host: its loopback and abstract names are not the workspace's.
+    with socket.socket(socket.AF_UNIX) as uds:
+        with pytest.raises(OSError):
+            uds.connect("\0bashfleet-test-abstract")
