@@ -1036,8 +1036,7 @@ def _add_run_command(sub: SubParsers) -> argparse.ArgumentParser:
     run.add_argument("--isolation", choices=["process", "strict", "none"],
                      help="the sandbox (default: the host's; stronger is granted, weaker "
                      "refused)")
-    run.add_argument("--network", action=argparse.BooleanOptionalAction, default=None,
-                     help="let the command reach the network (default: the isolation's)")
+    workspace_cli.add_network_options(run)
     run.add_argument("--tag", action="append", metavar="NAME=VALUE",
                      help="a tag of the job it starts (repeatable; ps, wait and events see it)")
     run.add_argument("--json", action="store_true", help="print the result as JSON")
