@@ -687,6 +687,8 @@ def event_line(event: JobEvent) -> str:
     """One job event as `bashfleet events` prints it for a person."""
     at = time.strftime("%H:%M:%S", time.localtime(event.at))
     tags = " ".join(f"{k}={v}" for k, v in sorted(event.tags.items()))
+    if event.kind == "denied":
+        return f"{at} denied   {event.target} in workspace {event.job_id} on {event.host}"
     if event.kind == "started":
         what = f"started  {event.job_id} on {event.host}"
     else:
@@ -1055,8 +1057,9 @@ def _add_event_commands(sub: SubParsers) -> None:
 
     events = sub.add_parser("events", help="job starts and ends as they happen, fleet-wide")
     events.add_argument("--host", help="only jobs of this host")
-    events.add_argument("--kind", action="append", choices=["started", "ended"],
-                        help="only events of this kind (repeatable)")
+    events.add_argument("--kind", action="append", choices=["started", "ended", "denied"],
+                        help="only events of this kind (repeatable; denied: what workspaces' "
+                        "network policies refused)")
     events.add_argument("--tag", action="append", metavar="NAME=VALUE",
                         help="only jobs with this tag (repeatable: all of them)")
     events.add_argument("--since", help="an event's seq to resume after, or `all` (every "

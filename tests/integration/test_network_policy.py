@@ -13,16 +13,25 @@ from __future__ import annotations
 import json
 import os
 import socket
+import subprocess
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
+import redis
 
+from client import CallRejected, Fleet
+from client.redis_server import RedisServer
 from worker.engine import network, workspaces
+from worker.wire import names
+from worker.wire.events import open_event
 from worker.wire.network import parse_text as parse
 
+from .conftest import RECORD_KEYS, WorkerFactory, WorkerProcess
 from .engine_helpers import (
     Engine,
     Janitor,
@@ -285,3 +294,95 @@ def test_loopback_and_abstract_sockets_are_each_workspaces_own(neteng: Engine) -
     # Nor the host: its loopback and abstract names are not the workspace's.
     with socket.socket(socket.AF_UNIX) as uds, pytest.raises(OSError):
         uds.connect("\0bashfleet-test-abstract")
+
+
+# ----------------------------------------------------------------- through a real fleet
+
+
+FLOOD = r"""python3 - "$@" <<'EOF'
+import socket, sys
+opened, refused = [], 0
+for target in sys.argv[2:]:
+    host, _, port = target.rpartition(":")
+    for _ in range(int(sys.argv[1])):
+        try:
+            opened.append(socket.create_connection((host, int(port)), timeout=3))
+        except OSError:
+            refused += 1
+print("opened", len(opened), "refused", refused)
+EOF"""
+
+
+@pytest.fixture(name="nethost", scope="module")
+def _nethost_fixture(session_workers: WorkerFactory, net: NetNs) -> Iterator[WorkerProcess]:
+    yield from session_workers.module_host(
+        "netpol", env={"BASHFLEET_NETWORK_RESOLVERS": net.ns_ip})
+
+
+def _host_addresses() -> list[str]:
+    """This machine's own IPv4 addresses beyond loopback (a server on 0.0.0.0 has them)."""
+    done = subprocess.run(["ip", "-4", "-o", "addr", "show", "scope", "global"],
+                          capture_output=True, text=True, check=True)
+    return [line.split()[3].split("/")[0] for line in done.stdout.splitlines()
+            if not line.split()[1].startswith(("bfw", "bft"))]
+
+
+def test_finding_1_a_job_cannot_reach_the_fleets_redis(
+        nethost: WorkerProcess, redis_server: RedisServer, redis_client: redis.Redis) -> None:
+    """Replays finding 1: a background job (no Redis password needed) opens connections
+    to the fleet's Redis until none is left for anyone. Each address it tries is shown
+    reachable from the host first; from the workspace every one is refused at once, and
+    another owner's calls and kills go on as before."""
+    url = urlsplit(redis_server.url)
+    port = int(url.port or 6379)
+    targets = [f"{address}:{port}" for address in ["127.0.0.1", *_host_addresses()]
+               if reachable(address, port)]
+    assert f"127.0.0.1:{port}" in targets  # the attack's target is real, from the host
+    before = int(redis_client.info("clients")["connected_clients"])
+    with Fleet(redis_server.url, owner="tenant-attacker") as attacker, \
+            Fleet(redis_server.url, owner="tenant-other") as other:
+        ws = attacker.workspace(host="netpol")
+        start = time.monotonic()
+        flood = ws.run("set -- 500 " + " ".join(targets) + "\n" + FLOOD, timeout=120)
+        assert flood.stdout.split() == ["opened", "0", "refused", str(500 * len(targets))]
+        assert time.monotonic() - start < 60  # refused at once, not 500 timeouts
+        assert int(redis_client.info("clients")["connected_clients"]) < before + 20
+        job = ws.run("sleep 300", mode="background").job
+        assert job is not None
+        assert other.run("echo still here", host="netpol").stdout == "still here\n"
+        assert attacker.kill(job.id).running is False
+
+
+def test_allow_refusals_are_events_and_a_live_workspace_changes_policy(
+        nethost: WorkerProcess, net: NetNs, redis_server: RedisServer,
+        redis_client: redis.Redis) -> None:
+    with Fleet(redis_server.url, owner=f"tenant-{uuid.uuid4().hex[:8]}") as fleet:
+        ws = fleet.workspace(host="netpol", network="allow=good.test")
+        assert str(ws.view.network) == "allow=good.test"
+        assert "host=good.test" in ws.run("curl -sS -m 5 http://good.test/").stdout
+        refused = ws.run(f"curl -sS -m 5 http://{net.ns_ip}:8080/; echo rc=$?")
+        assert refused.stdout.strip().endswith("rc=7")
+        wanted = f"{net.ns_ip}:8080/tcp"
+        assert wanted in _denied_events(redis_client, ws.id)
+        view = ws.set_network("egress")
+        assert view.network.mode == "egress" and ws.info().network.mode == "egress"
+        assert "hello from" in ws.run(f"curl -sS -m 5 http://{net.ns_ip}:8080/").stdout
+        with pytest.raises(CallRejected):
+            ws.set_network("allow=no_such!name")
+
+
+def _denied_events(client: redis.Redis, ws_id: str) -> set[str]:
+    """The targets of the `denied` events of a workspace in the fleet's stream (their
+    seals verified), once there is one (within 10 s)."""
+    deadline = time.monotonic() + 10
+    while True:
+        found = set()
+        entries: list[tuple[str, dict[str, str]]] = client.xrevrange(  # type: ignore[assignment]
+            names.EVENTS_KEY, count=500)
+        for seq, fields in entries:
+            event = open_event(RECORD_KEYS, fields["e"], seq)
+            if event is not None and event.kind == "denied" and event.job_id == ws_id:
+                found.add(str(event.target))
+        if found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.2)  # the host publishes every second
