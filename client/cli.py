@@ -652,6 +652,9 @@ def isolation_text(sandbox: dict[str, Any] | None) -> str:
         parts.append("single-tenant: one uid for every workspace")
     if sandbox.get("run_as") and sandbox.get("tenancy") != "multi":
         parts.append(f"as {sandbox['run_as']}")
+    if sandbox.get("network"):
+        parts.append(f"network {sandbox['network']}"
+                     + (" (host allowed)" if sandbox.get("network_host") else ""))
     return ", ".join(parts)
 
 

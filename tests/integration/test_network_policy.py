@@ -26,7 +26,7 @@ import redis
 
 from client import CallRejected, Fleet
 from client.redis_server import RedisServer
-from worker.engine import network, workspaces
+from worker.engine import network, snapshots, workspaces
 from worker.wire import names
 from worker.wire.events import open_event
 from worker.wire.network import parse_text as parse
@@ -258,6 +258,20 @@ def test_the_policy_of_a_live_workspace_changes(neteng: Engine, net: NetNs) -> N
     assert workspaces.load(ws.id, neteng.settings).network.mode == "none"
     with pytest.raises(workspaces.WorkspaceError, match="host's network namespace"):
         workspaces.set_network(ws.id, parse("host"), neteng.settings)
+
+
+def test_a_snapshot_carries_the_policy_to_its_forks(neteng: Engine, net: NetNs) -> None:
+    source = neteng.workspace(network="allow=good.test")
+    snap, _ = snapshots.take(source, neteng.settings)
+    assert snap.network == source.network
+    fork = neteng.workspace(snapshot=snap.id)
+    assert str(fork.network) == "allow=good.test"
+    assert "host=good.test" in neteng.run("curl -sS -m 5 http://good.test/",
+                                          workspace=fork.id).stdout
+    target = f"{net.ns_ip}:8080"
+    assert refused_at_once(probe(neteng, fork.id, target)[target])
+    # A fork may be made with another policy.
+    assert neteng.workspace(snapshot=snap.id, network="none").network.mode == "none"
 
 
 SERVE_BOTH = r"""python3 - <<'EOF' &

@@ -256,7 +256,8 @@ def attach(keeper_pid: int, settings: Settings) -> Link:
             f"link set {link.iface} up\n"), check=False)
         if made.returncode == 0:
             break
-        if "File exists" not in made.stderr:
+        if "File exists" not in made.stderr or not os.path.exists(f"/sys/class/net/{link.iface}"):
+            # Not the index taken (the workspace's end exists already, or another error).
             raise NetworkError(f"could not make the workspace's link: {made.stderr.strip()}")
     else:
         raise NetworkError(f"every link of {settings.network_pool} is in use")

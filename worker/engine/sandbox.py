@@ -43,7 +43,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from worker.engine import ids, launcher, resources
+from worker.engine import ids, launcher, network, resources
 from worker.engine.launcher import KeeperConnection, LauncherClient, SandboxError
 from worker.engine.memo import TimedMemo
 from worker.settings import Settings
@@ -448,7 +448,16 @@ def probe(settings: Settings) -> SandboxProbe:
         run_as=run_user_name(settings),
         tenancy="multi" if host_ids(settings) is not None and problem is None else "single",
         id_slots=(found.slots if (found := host_ids(settings)) is not None else 0),
+        network=str(_default_policy(level, settings.sandbox_network, rules))
+        if (rules := network_rules(settings)) else "",
+        network_host=settings.network_host_ok, network_problem=rules.problem,
     )
+
+
+def network_rules(settings: Settings) -> NetworkRules:
+    """What this host grants workspaces' networks (`Settings.network_*`, its tools)."""
+    return NetworkRules(default=NetworkPolicy(mode=settings.network_default),
+                        host_ok=settings.network_host_ok, problem=network.support(settings))
 
 
 def host_ids(settings: Settings) -> ids.HostIds | None:

@@ -344,17 +344,10 @@ def choose(spec: WorkspaceSpec, settings: Settings) -> sandbox.Choice:
         return sandbox.decide(
             configured=settings.isolation, available=available, reason=reason,
             asked=spec.isolation, network=spec.network, host_network=settings.sandbox_network,
-            rules=network_rules(settings),
+            rules=sandbox.network_rules(settings),
         )
     except sandbox.IsolationError as exc:
         raise WorkspaceError(exc.kind, exc.message) from None
-
-
-def network_rules(settings: Settings) -> sandbox.NetworkRules:
-    """What this host grants workspaces' networks."""
-    return sandbox.NetworkRules(default=NetworkPolicy(mode=settings.network_default),
-                                host_ok=settings.network_host_ok,
-                                problem=network.support(settings))
 
 
 def blank_kind(policy: NetworkPolicy) -> str:
@@ -1507,7 +1500,7 @@ def set_network(ws_id: str, policy: NetworkPolicy, settings: Settings) -> Worksp
     try:
         sandbox.decide(configured=settings.isolation, available=True, reason=None,
                        asked=record.isolation, network=policy,
-                       host_network=settings.sandbox_network, rules=network_rules(settings))
+                       host_network=settings.sandbox_network, rules=sandbox.network_rules(settings))
     except sandbox.IsolationError as exc:
         raise WorkspaceError(exc.kind, exc.message) from None
     with _network_lock:

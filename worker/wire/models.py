@@ -826,6 +826,12 @@ class SandboxProbe(Model):
     workspace (a worker that is not root, or no subordinate ids for the run user)."""
     id_slots: int = 0
     """Workspaces this host can give ids of their own at once (`multi`)."""
+    network: str = ""
+    """Its workspaces' default network policy (`egress`, `none`, `host`)."""
+    network_host: bool = False
+    """Workspaces may ask for the host's own network namespace (`network_host_ok`)."""
+    network_problem: str | None = None
+    """Why this host cannot filter workspaces' networks (`egress` and `allow` refused)."""
 
 
 
