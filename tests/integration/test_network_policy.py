@@ -256,6 +256,8 @@ def test_the_policy_of_a_live_workspace_changes(neteng: Engine, net: NetNs) -> N
     ws = workspaces.set_network(ws.id, parse("none"), neteng.settings)
     assert refused_at_once(probe(neteng, ws.id, target)[target])
     assert workspaces.load(ws.id, neteng.settings).network.mode == "none"
+    ws = workspaces.set_network(ws.id, parse("egress"), neteng.settings)  # a link anew
+    assert probe(neteng, ws.id, target)[target][0] == "ok"
     with pytest.raises(workspaces.WorkspaceError, match="host's network namespace"):
         workspaces.set_network(ws.id, parse("host"), neteng.settings)
 

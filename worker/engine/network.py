@@ -38,6 +38,7 @@ is left to clean up whatever way a workspace ends.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import ipaddress
 import json
 import logging
@@ -52,7 +53,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from worker.engine import procs
+from worker.engine import kernel, procs
 from worker.engine.memo import TimedMemo
 from worker.settings import Settings
 from worker.wire.network import DENIED, NetworkPolicy
@@ -187,6 +188,68 @@ def _run(argv: Sequence[str], stdin: str = "", *,
 
 def _in_netns(pid: int, argv: Sequence[str], stdin: str = "") -> None:
     _run(["nsenter", f"--net=/proc/{pid}/ns/net", "--", *argv], stdin)
+
+
+def load_rules(pid: int, text: str) -> None:
+    """Load an nftables ruleset in the namespace of `pid`: in this process through
+    libnftables (what `nft` itself calls), from a thread of its own that enters the
+    namespace (a network namespace is a thread's own: the worker's other threads stay
+    where they are); `nft -f` through nsenter where the library is missing. In-process
+    it takes ~3 ms, the tool ~15 ms (a blank keeper's link and rules are made ahead, but
+    a burst of workspaces outruns a slow refill)."""
+    library = _nftables()
+    if library is None:
+        _in_netns(pid, ["nft", "-f", "-"], text)
+        return
+    failure: list[str] = []
+    thread = threading.Thread(target=_load_in_thread, args=(library, pid, text, failure),
+                              name="bashfleet-nft", daemon=True)
+    thread.start()
+    thread.join()
+    if failure:
+        raise NetworkError(f"nft: {failure[0][:500]}")
+
+
+def _load_in_thread(library: ctypes.CDLL, pid: int, text: str, failure: list[str]) -> None:
+    try:
+        fd = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            kernel.setns(fd, kernel.CLONE_NEWNET)
+        finally:
+            os.close(fd)
+        ctx = library.nft_ctx_new(0)
+        try:
+            library.nft_ctx_buffer_output(ctx)
+            library.nft_ctx_buffer_error(ctx)
+            if library.nft_run_cmd_from_buffer(ctx, text.encode()) != 0:
+                failure.append((library.nft_ctx_get_error_buffer(ctx) or b"").decode())
+        finally:
+            library.nft_ctx_free(ctx)
+    except OSError as exc:
+        failure.append(str(exc))
+    # The thread ends here, in the workspace's namespace: it is never reused.
+
+
+_library: list[ctypes.CDLL | None] = []
+
+
+def _nftables() -> ctypes.CDLL | None:
+    """libnftables, its functions typed; None where it is not installed."""
+    if not _library:
+        try:
+            library = ctypes.CDLL("libnftables.so.1")
+        except OSError:
+            _library.append(None)
+            return None
+        library.nft_ctx_new.restype = ctypes.c_void_p
+        library.nft_ctx_new.argtypes = [ctypes.c_uint32]
+        for name in ("nft_ctx_free", "nft_ctx_buffer_output", "nft_ctx_buffer_error"):
+            getattr(library, name).argtypes = [ctypes.c_void_p]
+        library.nft_run_cmd_from_buffer.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+        library.nft_ctx_get_error_buffer.restype = ctypes.c_char_p
+        library.nft_ctx_get_error_buffer.argtypes = [ctypes.c_void_p]
+        _library.append(library)
+    return _library[0]
 
 
 # ------------------------------------------------------------------------ the host side
@@ -368,8 +431,10 @@ class Rules:
     max_connections: int = 512
 
 
-def ruleset(rules: Rules) -> str:
-    """The workspace's table for `egress` or `allow` (replaced whole, atomically)."""
+def ruleset(rules: Rules, *, replace: bool = True) -> str:
+    """The workspace's table for `egress` or `allow` (`replace`: the one there replaced
+    whole, atomically; else made in a namespace that has none, which is faster: a table's
+    deletion waits out an RCU grace period, ~10 ms)."""
     allow = rules.policy.mode == "allow"
     fleet4, fleet6 = _split(rules.fleet)
     open4, open6 = _split(rules.policy.cidrs() if allow else rules.allowed_private)
@@ -396,7 +461,8 @@ def ruleset(rules: Rules) -> str:
     ]
     refuse = [f"log group {LOG_GROUP}" if allow else "",
               "meta l4proto tcp reject with tcp reset", "reject with icmpx type admin-prohibited"]
-    text = "table inet bashfleet\ndelete table inet bashfleet\ntable inet bashfleet {\n" + sets
+    text = ("table inet bashfleet\ndelete table inet bashfleet\n" if replace else "")
+    text += "table inet bashfleet {\n" + sets
     text += _chain("output", "type filter hook output priority filter; policy accept;", output)
     text += _chain("out", "", [
         f"ct state new ct count over {rules.max_connections} goto capped", "accept"])
@@ -443,12 +509,14 @@ def apply(keeper_pid: int, ws_id: str | None, state: State, policy: NetworkPolic
         _stop_guard(state)
         if state.link is not None:
             detach(state.link)
+            # A table is there only with a link: gone with it, a later link's is made anew.
+            load_rules(keeper_pid, "delete table inet bashfleet\n")
         return State()
     fresh = state.link is None
     link = (attach(keeper_pid, settings) if state.link is None
             else link_of(settings.network_pool, state.link))
     try:
-        _in_netns(keeper_pid, ["nft", "-f", "-"], ruleset(_rules(policy, link, settings)))
+        load_rules(keeper_pid, ruleset(_rules(policy, link, settings), replace=not fresh))
         _stop_guard(state)
         guard = None
         if policy.mode == "allow" and ws_id is not None:
