@@ -190,6 +190,33 @@ def test_a_private_range_the_operator_lists_is_reachable(
         assert refused_at_once(found["169.254.169.254:8080"])
 
 
+HOLD = r"""python3 - "$@" <<'EOF'
+import socket, sys
+held, refused = [], 0
+for _ in range(int(sys.argv[1])):
+    try:
+        held.append(socket.create_connection((sys.argv[2], 80), timeout=5))
+    except OSError:
+        refused += 1
+print(len(held), refused)
+EOF"""
+
+
+def test_a_workspaces_open_connections_are_capped(tmp_path: Path, janitor: Janitor,
+                                                   net: NetNs) -> None:
+    """`network_max_connections` (512 by default; 20 here): past it a new connection is
+    refused at once, while those open stay open. The host holds 40 at once (the server
+    keeps each open until it reads a request)."""
+    held = [socket.create_connection((net.ns_ip, 80), timeout=5) for _ in range(40)]
+    for sock in held:
+        sock.close()
+    with engine_with(tmp_path, janitor, network_max_connections=20,
+                     network_resolvers=(net.ns_ip,)) as engine:
+        ws = engine.workspace()
+        result = engine.run(f"set -- 40 {net.ns_ip}\n" + HOLD, workspace=ws.id)
+        assert result.stdout.split() == ["20", "20"], result
+
+
 def test_allow_reaches_listed_names_only_and_records_the_rest(
         neteng: Engine, net: NetNs) -> None:
     ws = neteng.workspace(network="allow=good.test,*.wild.test")

@@ -43,6 +43,8 @@ HEAD_TIMEOUT_S = 10.0
 CONNECT_TIMEOUT_S = 10.0
 DNS_TIMEOUT_S = 3.0
 MAX_HEAD = 16384
+#: DNS queries answered at once (each waits for the host's resolvers on a thread).
+DNS_IN_FLIGHT = 64
 DENIED_RANGES = (
     "0.0.0.0/8", "10.0.0.0/8", "100.64.0.0/10", "127.0.0.0/8", "169.254.0.0/16",
     "172.16.0.0/12", "192.0.0.0/24", "192.168.0.0/16", "198.18.0.0/15", "224.0.0.0/4",
@@ -212,6 +214,7 @@ class Guard:
         self.resolvers: list[str] = [r for r in config.get("resolvers", ())
                                      if ":" not in r]
         self.slots = threading.BoundedSemaphore(int(config.get("max_connections", 512)))
+        self.queries = threading.BoundedSemaphore(DNS_IN_FLIGHT)
         address = str(config["address"])
         self.dns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self.dns.bind((address, 53))
@@ -255,9 +258,17 @@ class Guard:
     def serve_dns(self) -> None:
         while True:
             packet, client = self.dns.recvfrom(4096)
+            if not self.queries.acquire(blocking=False):
+                continue  # a flood: dropped, as a busy resolver drops (the client retries)
             threading.Thread(target=self._dns_one, args=(packet, client), daemon=True).start()
 
     def _dns_one(self, packet: bytes, client: tuple[str, int]) -> None:
+        try:
+            self._answer(packet, client)
+        finally:
+            self.queries.release()
+
+    def _answer(self, packet: bytes, client: tuple[str, int]) -> None:
         try:
             name, _, end = query_name(packet)
         except ValueError:
