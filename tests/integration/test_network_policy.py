@@ -240,6 +240,13 @@ def test_allow_reaches_listed_names_only_and_records_the_rest(
     assert refused_at_once(found[f"{net.ns_ip}:8080"]), found
     wanted = {"other.test", "other.test:80", f"{net.ns_ip}:7000/tcp"}
     assert wanted <= _denied(neteng, ws.id, wanted)
+    # A result says what was refused since the last result said it (the native dialect
+    # shows it): the refusing call's own, or the next one's; once.
+    refusing = neteng.run(f"curl -sS -m 5 http://{net.ns_ip}:7001/; true", workspace=ws.id)
+    _denied(neteng, ws.id, {f"{net.ns_ip}:7001/tcp"})
+    noted = refusing.network_denied + neteng.run("true", workspace=ws.id).network_denied
+    assert noted.count(f"{net.ns_ip}:7001/tcp (address)") == 1, noted
+    assert neteng.run("true", workspace=ws.id).network_denied == ()
 
 
 def _denied(engine: Engine, ws_id: str, wanted: set[str]) -> set[str]:

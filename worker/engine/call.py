@@ -31,6 +31,7 @@ from worker.engine import (
     jobs,
     launcher,
     limits,
+    network,
     normalize,
     procs,
     resources,
@@ -303,6 +304,9 @@ def run_call(
                 call, cwd, settings, record, on_spawn=on_spawn, cancel=cancel, started=started,
                 on_running=on_running, detach=detach, on_streams=on_streams,
             )
+        if record.network.mode == "allow":
+            result = result.model_copy(update={
+                "network_denied": network.take_denied(settings, record.id)})
         return result if full is None else _with_notice(result, workspaces.disk_cap_notice(
             record, full))
     except CallError as exc:

@@ -135,6 +135,38 @@ def denied_path(settings: Settings, ws_id: str) -> Path:
     return settings.workspaces_dir / f"{ws_id}.denied"
 
 
+#: Refusals a call's result names at most (the rest counted).
+DENIED_SHOWN = 10
+
+
+def take_denied(settings: Settings, ws_id: str) -> tuple[str, ...]:
+    """What the workspace's guard refused since the last result that said so (its
+    `.denied` file past the offset kept beside it), distinct, at most DENIED_SHOWN."""
+    path = denied_path(settings, ws_id)
+    seen = path.with_name(f"{path.name}.seen")
+    try:
+        size = path.stat().st_size
+        offset = int(seen.read_text("ascii") or 0) if seen.exists() else 0
+    except (OSError, ValueError):
+        return ()
+    if size <= offset:
+        return ()
+    with path.open("rb") as handle:
+        handle.seek(offset)
+        data = handle.read(min(size - offset, 1 << 20))
+    data = data[:data.rfind(b"\n") + 1]
+    seen.write_text(str(offset + len(data)), encoding="ascii")
+    found: dict[str, None] = {}
+    for line in data.splitlines():
+        with contextlib.suppress(ValueError, KeyError, TypeError):
+            entry = json.loads(line)
+            found[f"{entry['target']} ({entry['kind']})"] = None
+    shown = list(found)[:DENIED_SHOWN]
+    if len(found) > DENIED_SHOWN:
+        shown.append(f"+{len(found) - DENIED_SHOWN} more")
+    return tuple(shown)
+
+
 def load_state(settings: Settings, ws_id: str) -> State:
     try:
         return State.loads(state_path(settings, ws_id).read_text("utf-8"))

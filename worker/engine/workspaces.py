@@ -1544,6 +1544,7 @@ def _remove_files(record: WorkspaceRecord, settings: Settings) -> None:
     socket_path(settings, record.id).unlink(missing_ok=True)
     network.state_path(settings, record.id).unlink(missing_ok=True)
     network.denied_path(settings, record.id).unlink(missing_ok=True)
+    Path(f"{network.denied_path(settings, record.id)}.seen").unlink(missing_ok=True)
     own_dir = record.host_dir()
     if record.fresh and layout.inside(own_dir, str(settings.workspace_root_dir())) \
             and own_dir != str(settings.workspace_root_dir()):

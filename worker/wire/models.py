@@ -605,6 +605,9 @@ class CallResult(Model):
     """Variables the command unset (only with `capture_state`)."""
     input_wait: InputWait | None = None
     """An interactive call whose process waits for input (and has shown its prompt)."""
+    network_denied: tuple[str, ...] = ()
+    """What the workspace's network policy refused since its last call's result (`allow`:
+    names, `name:port`, `address:port/proto`; at most 10, then `+N more`)."""
     read_offset: int | None = None
     """Interactive calls: the byte offset of the job's output this result showed up to
     (the next read starts there)."""
