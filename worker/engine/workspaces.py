@@ -687,7 +687,8 @@ def _claim_network(record: WorkspaceRecord, settings: Settings, blank: Blank) ->
         except (OSError, subprocess.SubprocessError) as exc:
             raise WorkspaceError("spawn_failed", f"could not put network policy "
                                  f"{record.network} in force: {exc}") from exc
-    network.save_state(settings, record.id, state)
+    if state.link is not None:  # none (no file: no link, no guard) costs no write
+        network.save_state(settings, record.id, state)
 
 
 def _claim_group(blank: Blank, record: WorkspaceRecord) -> cgroups.Group | None:
