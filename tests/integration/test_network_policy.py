@@ -114,8 +114,18 @@ def _fleet_redis_fixture() -> Iterator[NetNs]:
 @pytest.fixture(name="loopback_server")
 def _loopback_server_fixture() -> Iterator[int]:
     """A server on the host's 127.0.0.1 (its port)."""
+    yield from _host_server("127.0.0.1")
+
+
+@pytest.fixture(name="host_server")
+def _host_server_fixture() -> Iterator[int]:
+    """A server on every address of the host (its port)."""
+    yield from _host_server(ANY)
+
+
+def _host_server(address: str) -> Iterator[int]:
     server = socket.socket()
-    server.bind(("127.0.0.1", 0))
+    server.bind((address, 0))
     server.listen(16)
     stop = threading.Event()
 
@@ -178,6 +188,15 @@ def test_egress_reaches_the_internet_and_nothing_of_the_fleet_or_the_host(
     # DNS: the host's resolvers, whichever server the workspace's resolv.conf names.
     named = neteng.run("getent hosts good.test", workspace=ws.id)
     assert named.stdout.split()[:1] == [net.ns_ip], named
+
+
+def test_egress_reaches_none_of_the_hosts_own_addresses(neteng: Engine, host_server: int) -> None:
+    """A server of the host's on 0.0.0.0 (Redis bound so, say) by each of the host's
+    addresses, public ones too: the host's table refuses whatever a link sends it."""
+    targets = [f"{address}:{host_server}" for address in _host_addresses()]
+    assert targets and all(reachable(address, host_server) for address in _host_addresses())
+    found = probe(neteng, neteng.workspace().id, *targets)
+    assert all(refused_at_once(found[target]) for target in targets), found
 
 
 def test_a_private_range_the_operator_lists_is_reachable(
