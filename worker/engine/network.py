@@ -288,7 +288,7 @@ def _nftables() -> ctypes.CDLL | None:
 
 
 _host_lock = threading.Lock()
-_host_ready: set[str] = set()
+_host_ready: set[bool] = set()
 FORWARDING_MARK = Path("/run/bashfleet/net/forwarding-was-off")
 
 
@@ -298,19 +298,20 @@ def ensure_host(settings: Settings) -> None:
     another; nothing new enters one; what leaves is masqueraded). Where forwarding was
     off, it stays off for every other interface."""
     with _host_lock:
-        if settings.network_pool in _host_ready:
+        if _host_ready:
             return
         forwarding = Path("/proc/sys/net/ipv4/ip_forward")
         if forwarding.read_text("ascii").strip() != "1":
             FORWARDING_MARK.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
             FORWARDING_MARK.touch()
             forwarding.write_text("1\n", encoding="ascii")
-        _run(["nft", "-f", "-"], host_ruleset(settings.network_pool, FORWARDING_MARK.exists()))
-        _host_ready.add(settings.network_pool)
+        _run(["nft", "-f", "-"], host_ruleset(FORWARDING_MARK.exists()))
+        _host_ready.add(True)
 
 
-def host_ruleset(pool: str, others_stay_off: bool) -> str:
-    """The host's table (replaced whole, atomically)."""
+def host_ruleset(others_stay_off: bool) -> str:
+    """The host's table (replaced whole, atomically), the same for every worker of the
+    machine whatever its pool: links are told by their interfaces' names."""
     wild = f'"{IFACE_PREFIX}*"'
     others = (f"        iifname != {wild} oifname != {wild} drop\n" if others_stay_off else "")
     return (
@@ -331,7 +332,7 @@ def host_ruleset(pool: str, others_stay_off: bool) -> str:
         "    }\n"
         "    chain postrouting {\n"
         "        type nat hook postrouting priority srcnat + 10; policy accept;\n"
-        f"        ip saddr {pool} oifname != {wild} masquerade\n"
+        f"        iifname {wild} oifname != {wild} masquerade\n"
         "    }\n"
         "}\n"
     )
