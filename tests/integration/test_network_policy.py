@@ -190,6 +190,21 @@ def test_egress_reaches_the_internet_and_nothing_of_the_fleet_or_the_host(
     assert named.stdout.split()[:1] == [net.ns_ip], named
 
 
+def test_a_workspaces_root_cannot_change_its_rules(neteng: Engine, net: NetNs) -> None:
+    """Root inside a workspace runs nft (in a namespace of its own making it changes
+    rules), but not its workspace's: the namespace belongs to the host's root."""
+    ws = neteng.workspace()
+    own = neteng.run("unshare -rn sh -c 'nft add table inet mine && nft list tables'",
+                     workspace=ws.id)
+    assert own.stdout.strip() == "table inet mine", own  # the tool works for it
+    for attack in ("nft flush ruleset", "nft delete table inet bashfleet",
+                   "ip link set eth0 down", "ip route del default"):
+        tried = neteng.run(f"{attack}; echo rc=$?", workspace=ws.id)
+        assert "rc=0" not in tried.stdout, (attack, tried)
+    found = probe(neteng, ws.id, "169.254.169.254:8080", f"{net.ns_ip}:8080")
+    assert refused_at_once(found["169.254.169.254:8080"]) and found[f"{net.ns_ip}:8080"][0] == "ok"
+
+
 def test_egress_reaches_none_of_the_hosts_own_addresses(neteng: Engine, host_server: int) -> None:
     """A server of the host's on 0.0.0.0 (Redis bound so, say) by each of the host's
     addresses, public ones too: the host's table refuses whatever a link sends it."""
