@@ -652,6 +652,9 @@ def isolation_text(sandbox: dict[str, Any] | None) -> str:
         parts.append("single-tenant: one uid for every workspace")
     if sandbox.get("run_as") and sandbox.get("tenancy") != "multi":
         parts.append(f"as {sandbox['run_as']}")
+    if sandbox.get("network"):
+        parts.append(f"network {sandbox['network']}"
+                     + (" (host allowed)" if sandbox.get("network_host") else ""))
     return ", ".join(parts)
 
 
@@ -687,6 +690,8 @@ def event_line(event: JobEvent) -> str:
     """One job event as `bashfleet events` prints it for a person."""
     at = time.strftime("%H:%M:%S", time.localtime(event.at))
     tags = " ".join(f"{k}={v}" for k, v in sorted(event.tags.items()))
+    if event.kind == "denied":
+        return f"{at} denied   {event.target} in workspace {event.job_id} on {event.host}"
     if event.kind == "started":
         what = f"started  {event.job_id} on {event.host}"
     else:
@@ -1037,8 +1042,7 @@ def _add_run_command(sub: SubParsers) -> argparse.ArgumentParser:
     run.add_argument("--isolation", choices=["process", "strict", "none"],
                      help="the sandbox (default: the host's; stronger is granted, weaker "
                      "refused)")
-    run.add_argument("--network", action=argparse.BooleanOptionalAction, default=None,
-                     help="let the command reach the network (default: the isolation's)")
+    workspace_cli.add_network_options(run)
     run.add_argument("--tag", action="append", metavar="NAME=VALUE",
                      help="a tag of the job it starts (repeatable; ps, wait and events see it)")
     run.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -1057,8 +1061,9 @@ def _add_event_commands(sub: SubParsers) -> None:
 
     events = sub.add_parser("events", help="job starts and ends as they happen, fleet-wide")
     events.add_argument("--host", help="only jobs of this host")
-    events.add_argument("--kind", action="append", choices=["started", "ended"],
-                        help="only events of this kind (repeatable)")
+    events.add_argument("--kind", action="append", choices=["started", "ended", "denied"],
+                        help="only events of this kind (repeatable; denied: what workspaces' "
+                        "network policies refused)")
     events.add_argument("--tag", action="append", metavar="NAME=VALUE",
                         help="only jobs with this tag (repeatable: all of them)")
     events.add_argument("--since", help="an event's seq to resume after, or `all` (every "

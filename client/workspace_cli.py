@@ -40,6 +40,14 @@ def add_commands(sub: SubParsers) -> None:
                     help="also those of the MCP servers (`bashfleet mcp`) you started, each "
                     "owned by its session (`workspace rm` removes them)")
     ls.set_defaults(func=cmd_ls)
+    network = verbs.add_parser("network", help="put another network policy in force in a "
+                               "live workspace (its processes keep running)")
+    network.add_argument("id", metavar="WORKSPACE", help="workspace id")
+    network.add_argument("policy", metavar="POLICY",
+                         help="none, egress, allow=DOMAIN,*.DOMAIN,CIDR,... (host only for a "
+                         "workspace made so)")
+    network.add_argument("--json", action="store_true", help="print its view as JSON")
+    network.set_defaults(func=cmd_network)
     for verb, text, func in (
         ("info", "a workspace's view, with its disk bytes and processes counted", cmd_info),
         ("renew", "mark workspaces used now: their TTL starts again", cmd_renew),
@@ -78,8 +86,7 @@ def _add_create(verbs: SubParsers) -> None:
                         help="seconds it lives unused (default: the host's, 1 h)")
     create.add_argument("--isolation", choices=["process", "strict", "none"],
                         help="its sandbox (default: the host's; weaker is refused)")
-    create.add_argument("--network", action=argparse.BooleanOptionalAction, default=None,
-                        help="let its calls reach the network (default: the isolation's)")
+    add_network_options(create)
     create.add_argument("--limit", action="append", metavar="NAME=VALUE",
                         help=f"a limit of its processes together: {', '.join(LIMIT_NAMES)} "
                         "(repeatable; never above the host's)")
@@ -91,6 +98,17 @@ def _add_create(verbs: SubParsers) -> None:
     add_image_options(create, snapshot=True)
     create.add_argument("--json", action="store_true", help="print its view as JSON")
     create.set_defaults(func=cmd_create)
+
+
+def add_network_options(parser: argparse.ArgumentParser) -> None:
+    """--network POLICY and --no-network (workspace create, run)."""
+    parser.add_argument("--network", metavar="POLICY", default=None,
+                        help="its network policy: egress (the host's default: the internet, "
+                        "never the fleet, the host or private ranges), none, "
+                        "allow=DOMAIN,*.DOMAIN,CIDR,... (only those), or host (where the "
+                        "host allows it)")
+    parser.add_argument("--no-network", dest="network", action="store_const", const="none",
+                        help="the same as --network none")
 
 
 def add_image_options(parser: argparse.ArgumentParser, *, snapshot: bool = False) -> None:
@@ -151,6 +169,22 @@ def cmd_ls(args: argparse.Namespace) -> int:
         return 0
     table = workspace_table(views, time.time(), owners=args.mcp)
     print(table if views else "no workspaces")
+    return 0
+
+
+def cmd_network(args: argparse.Namespace) -> int:
+    from client.cli import _fleet  # noqa: PLC0415
+    from client.errors import UnknownWorkspace  # noqa: PLC0415
+
+    try:
+        view = _fleet().open_workspace(args.id).set_network(args.policy)
+    except UnknownWorkspace as exc:
+        print(f"bashfleet workspace network: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(view.model_dump_json(indent=2))
+    else:
+        print(f"[workspace {view.id}: network {view.network}]", file=sys.stderr)
     return 0
 
 
@@ -295,7 +329,7 @@ def workspace_table(views: list[WorkspaceView], now: float, *, counted: bool = F
     owner when `owners`)."""
     from client.cli import _table  # noqa: PLC0415
 
-    header = ["ID", "HOST", "PATH", "ISOLATION", "EXPIRES", "SESSION", "TAGS"]
+    header = ["ID", "HOST", "PATH", "ISOLATION", "NETWORK", "EXPIRES", "SESSION", "TAGS"]
     if counted:
         header += ["DISK", "PROCS"]
     if owners:
@@ -305,7 +339,7 @@ def workspace_table(views: list[WorkspaceView], now: float, *, counted: bool = F
         left = None if view.expires_at is None else max(0.0, view.expires_at - now)
         row: list[object] = [
             view.id, view.host, view.path,
-            view.isolation + ("" if view.network else ", no network"),
+            view.isolation, str(view.network),
             "-" if left is None else f"in {_duration(left)}", view.session or "-",
             " ".join(f"{k}={v}" for k, v in sorted(view.tags.items())) or "-",
         ]

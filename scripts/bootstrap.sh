@@ -72,6 +72,19 @@ if ! command -v bwrap >/dev/null; then
   echo "(sudo apt-get install bubblewrap, or run this script as root)" >&2
 fi
 
+# Workspaces' networks (worker/engine/network.py): a veth link each and nftables rules,
+# made by a root worker with iproute2's `ip`, nftables' `nft` and util-linux's `nsenter`.
+# Without them `egress` and `allow` are unavailable (workspaces get `none`).
+if ! command -v nft >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  echo "installing Debian's nftables and iproute2 (workspaces' network policies)" >&2
+  if ! DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+      nftables iproute2 >/dev/null 2>&1; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+      --no-install-recommends nftables iproute2 >/dev/null ||
+      echo "could not install nftables: workspaces get no network (policy none)" >&2
+  fi
+fi
+
 # The container tools: user namespaces (uidmap), images (skopeo pulls, umoci unpacks,
 # buildah builds Dockerfiles, passt gives a rootless network), and what the image tests
 # make their images and registry with (mmdebstrap, docker-registry, htpasswd). As root

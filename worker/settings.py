@@ -150,6 +150,27 @@ class Settings(BaseSettings):
     sandbox_network: bool = False
     """`strict` workspaces may reach the network. Any workspace may cut it
     (`network=False`: its own network namespace, loopback only)."""
+    network_default: Literal["none", "egress", "host"] = "egress"
+    """The policy of a workspace that asks for none (`worker.wire.network`): `egress`
+    (the internet, not the fleet, the host, link-local or private ranges), `none`
+    (loopback only) or `host` (needs `network_host_ok`)."""
+    network_allow_private: CsvTuple = ()
+    """Private or link-local ranges `egress` workspaces may reach all the same
+    (`10.1.2.0/24` for an internal package mirror); never the fleet's Redis."""
+    network_deny: CsvTuple = ()
+    """More addresses no workspace reaches, whatever its policy (the fleet's Flower or a
+    registry on a public address); the fleet's Redis is always among them."""
+    network_host_ok: bool = False
+    """Workspaces may ask for the `host` policy (the host's own network namespace)."""
+    network_pool: str = "10.250.0.0/16"
+    """Addresses of the links between workspaces and the host (a /30 each): pick a range
+    the host's networks do not use."""
+    network_max_connections: int = Field(512, ge=1)
+    """Connections a workspace may have open at once beyond its loopback (past it new
+    ones are refused)."""
+    network_resolvers: CsvTuple = ()
+    """DNS servers of workspaces (reached through the host); empty: the host's
+    /etc/resolv.conf."""
     cgroups: Literal["auto", "off"] = "auto"
     """`auto`: each call runs in a cgroup of its own (memory, processes, CPU) where the
     host lets the worker make one (cgroup v2 delegated to it, or v1 as root); `off`: the

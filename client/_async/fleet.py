@@ -189,6 +189,7 @@ from worker.wire.models import (
     WorkspaceView,
 )
 from worker.wire.names import CallState
+from worker.wire.network import NetworkPolicy
 
 log = logging.getLogger(__name__)
 
@@ -826,7 +827,8 @@ class AsyncFleet:
     async def workspace(
         self, *, host: str | None = None, label: str | None = None, path: str | None = None,
         ttl_s: float | None = None, isolation: Literal["none", "process", "strict"] | None = None,
-        network: bool | None = None, limits: WorkspaceLimits | Mapping[str, Any] | None = None,
+        network: NetworkPolicy | str | bool | None = None,
+        limits: WorkspaceLimits | Mapping[str, Any] | None = None,
         mounts: Mapping[str, str] | None = None, tags: Mapping[str, str] | None = None,
         near: str | None = None, session: str | None = None, image: str | None = None,
         build: str | os.PathLike[str] | None = None, user: str | None = None,
@@ -838,7 +840,10 @@ class AsyncFleet:
         (`choose_host`: made at once, a client's spread evenly). `path`: an existing
         directory under a root the host allows (else a fresh one, removed with it). `ttl_s`:
         seconds it lives unused (the host's default, 1 h). `isolation` (at least the host's)
-        and `network` (False: its own network namespace). `limits`: memory_mb, procs, cpus,
+        and `network`, its network policy (`worker.wire.network`: `egress`, the host's
+        default: the internet, never the fleet, the host, link-local or private ranges;
+        `none`; `allow=pypi.org,*.pythonhosted.org,10.1.0.0/16`; `host` where the host
+        allows it; a `NetworkPolicy`; False is `none`). `limits`: memory_mb, procs, cpus,
         disk_mb of its processes together, open_files of each, never above the host's.
         `mounts`: absolute paths in its calls' view -> its own subdirectories
         (`{"/logs": "logs"}`). LimitReached past the owner's cap.
@@ -900,7 +905,8 @@ class AsyncFleet:
     async def _new_workspace(
         self, *, host: str | None = None, label: str | None = None, path: str | None = None,
         ttl_s: float | None = None, isolation: Literal["none", "process", "strict"] | None = None,
-        network: bool | None = None, limits: WorkspaceLimits | Mapping[str, Any] | None = None,
+        network: NetworkPolicy | str | bool | None = None,
+        limits: WorkspaceLimits | Mapping[str, Any] | None = None,
         mounts: Mapping[str, str] | None = None, tags: Mapping[str, str] | None = None,
         near: str | None = None, session: str | None = None, image: str | None = None,
         build: str | os.PathLike[str] | None = None, user: str | None = None,

@@ -47,6 +47,7 @@ from worker.wire.control import (
     WorkspaceDeleteRequest,
     WorkspaceForkRequest,
     WorkspaceForks,
+    WorkspaceNetworkRequest,
     WorkspaceRenewRequest,
     WorkspaceRestoreRequest,
 )
@@ -61,6 +62,7 @@ from worker.wire.models import (
     Truncation,
     WorkspaceView,
 )
+from worker.wire.network import NetworkPolicy
 from worker.wire.transfer import new_transfer_id
 
 if TYPE_CHECKING:
@@ -248,6 +250,15 @@ class AsyncWorkspace:
         server, a framework's sandbox) calls while it lives; its view."""
         self.view = await self._ask(control_request(
             WorkspaceRenewRequest, id=self.id), WorkspaceView)
+        return self.view
+
+    async def set_network(self, policy: NetworkPolicy | str | bool) -> WorkspaceView:
+        """Put another network policy in force while it lives: `none`, `egress`,
+        `allow=pypi.org,*.pythonhosted.org,10.1.0.0/16` (a `NetworkPolicy`, or its
+        spelling); its processes keep running, connections the new policy refuses are
+        cut. `host` only for a workspace made so. Its view."""
+        self.view = await self._ask(control_request(
+            WorkspaceNetworkRequest, id=self.id, network=policy), WorkspaceView)
         return self.view
 
     async def info(self) -> WorkspaceView:

@@ -553,6 +553,9 @@ class NativeDialect(Dialect):
         elif job is not None and job.stdin == "null":
             blocks.append(f"bash_check id={job.id} shows its output; "
                           f"bash_kill id={job.id} stops it.")
+        if result.network_denied:
+            blocks.append("network: this workspace's policy refused "
+                          + ", ".join(result.network_denied))
         if result.error is not None:
             blocks.append(f"warning: {result.error.message}")
         return ToolText("\n\n".join(blocks), is_error=failed)

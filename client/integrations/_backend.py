@@ -62,8 +62,9 @@ class WorkspaceOptions(BaseModel):
     """An existing host directory under a root the host allows (None: a fresh one)."""
     isolation: Literal["none", "process", "strict"] | None = None
     """At least the host's level (None: the host's)."""
-    network: bool | None = None
-    """False: its own network namespace (None: the host's policy)."""
+    network: str | bool | None = None
+    """Its network policy: `egress`, `none`, `allow=DOMAIN,CIDR,...`, `host` (False:
+    `none`; None: the host's default)."""
     ttl_s: float | None = Field(None, gt=0)
     """Seconds it lives unused (None: the host's default, 1 h). Held environments are
     renewed while they live."""

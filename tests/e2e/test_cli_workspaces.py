@@ -129,3 +129,26 @@ def test_bad_create_options_are_usage_errors(fleet: Cli) -> None:
         out = fleet("workspace", "create", *option)
         assert out.returncode == 2, out.stderr
         assert out.stdout == ""
+
+
+def test_a_workspaces_network_policy_from_the_cli(fleet: Cli) -> None:
+    made = fleet("workspace", "create", "--ttl", "600", "--network", "none")
+    assert made.returncode == 0, made.stderr
+    ws_id = made.stdout.strip()
+    try:
+        interfaces = "awk -F: 'NR > 2 {print $1}' /proc/net/dev"  # its namespace's
+        links = fleet("run", "--workspace", ws_id, interfaces)
+        assert links.stdout.split() == ["lo"]
+        changed = fleet("workspace", "network", ws_id, "allow=pypi.org,*.pythonhosted.org",
+                        "--json")
+        assert changed.returncode == 0, changed.stderr
+        assert json.loads(changed.stdout)["network"] == {
+            "mode": "allow", "allow": ["pypi.org", "*.pythonhosted.org"]}
+        info = fleet("workspace", "info", ws_id)
+        assert "allow=pypi.org,*.pythonhosted.org" in info.stdout
+        assert sorted(fleet("run", "--workspace", ws_id, interfaces).stdout.split()) == [
+            "eth0", "lo"]
+        bad = fleet("workspace", "network", ws_id, "everything")
+        assert bad.returncode != 0 and "unknown network policy" in bad.stderr
+    finally:
+        fleet("workspace", "rm", ws_id)

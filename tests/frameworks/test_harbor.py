@@ -218,7 +218,7 @@ async def test_no_network_is_the_workspaces_own_namespace(host: WorkerProcess, o
                        network_policy=NetworkPolicy(network_mode=NetworkMode.NO_NETWORK))
     await made.start(force_build=False)
     try:
-        assert made.workspace.view.network is False
+        assert made.workspace.view.network.mode == "none"
         links = await made.exec("awk 'NR > 2 {print $1}' /proc/net/dev")
         assert links.stdout == "lo:\n"
     finally:

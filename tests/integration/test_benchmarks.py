@@ -35,6 +35,8 @@ BENCHMARKS = {
                          "idle image workspaces: memory"],
     "bench_snapshot_registry": ["push + pull of a 50 MB layer", "push + pull vs skopeo copy alone",
                                 "archive + unpack: zstd -3 vs gzip -6"],
+    "bench_network": ["100 MB download, egress vs host", "100 MB download, allow",
+                      "egress workspace ready"],
     "bench_interactive": ["line through `cat` in a PTY, p50", "live sessions: memory"],
     "bench_transfer": ["upload of one large file", "download of one large file",
                        "directory of 64 files up", "write_file in 4 MiB calls"],

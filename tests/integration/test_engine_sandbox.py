@@ -480,8 +480,11 @@ def _connect(port: int) -> str:
     return f"(exec 3<>/dev/tcp/127.0.0.1/{port}) && echo connected || echo refused"
 
 
-def test_strict_has_no_network(engine: Engine, strict_engine: Engine, listener: int) -> None:
-    assert engine.run(_connect(listener)).stdout == "connected\n"  # positive control
+def test_strict_has_no_network(tmp_path: Path, janitor: Janitor, strict_engine: Engine,
+                               listener: int) -> None:
+    with engine_with(tmp_path / "host", janitor, network_host_ok=True) as engine:
+        # Positive control: a call in the host's network reaches the listener.
+        assert engine.run(_connect(listener), network="host").stdout == "connected\n"
     result = strict_engine.run(_connect(listener) + "; ip -o link 2>/dev/null | wc -l")
     assert result.stdout.splitlines()[0] == "refused"
 
@@ -495,8 +498,11 @@ def test_network_is_granted_only_where_the_host_allows_it(
     cut = strict_engine.run(_connect(listener), isolation="strict", network=False)
     assert cut.stdout == "refused\n"
     (tmp_path / "net").mkdir()
-    with engine_with(tmp_path / "net", janitor, isolation="strict", sandbox_network=True) as engine:
-        assert engine.run(_connect(listener)).stdout == "connected\n"
+    with engine_with(tmp_path / "net", janitor, isolation="strict", sandbox_network=True,
+                     network_host_ok=True) as engine:
+        # The host's default policy (egress: never the host's loopback), or the host's own.
+        assert engine.run(_connect(listener)).stdout == "refused\n"
+        assert engine.run(_connect(listener), network="host").stdout == "connected\n"
         assert engine.run(_connect(listener), network=False).stdout == "refused\n"
 
 

@@ -500,9 +500,14 @@ def test_hosts_leaves_out_a_fleet_long_gone() -> None:
          "process, cgroup v2, ids per workspace"),
         ({"isolation": "strict", "tenancy": "single", "run_as": "bashfleet-run"},
          "strict, ulimit, single-tenant: one uid for every workspace, as bashfleet-run"),
+        ({"isolation": "process", "cgroup": "v1", "tenancy": "multi", "network": "egress"},
+         "process, cgroup v1, ids per workspace, network egress"),
+        ({"isolation": "process", "tenancy": "multi", "network": "egress",
+          "network_host": True}, "process, ulimit, ids per workspace, network egress (host "
+         "allowed)"),
     ],
 )
 def test_hosts_say_whether_workspaces_have_ids_of_their_own(
-    sandbox: dict[str, str] | None, text: str
+    sandbox: dict[str, object] | None, text: str
 ) -> None:
     assert cli.isolation_text(sandbox) == text

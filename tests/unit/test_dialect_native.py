@@ -877,3 +877,12 @@ def test_bash_stdin_that_ends_within_its_wait_reads_as_a_call() -> None:
                          FakeRunner(run=[ended]), SessionState())
     assert answer.text.startswith("exit code: 3\nhost h1") and answer.is_error
     assert "bash_check" not in answer.text and "bash_write" not in answer.text
+
+
+def test_a_result_says_what_the_workspaces_network_policy_refused() -> None:
+    answer, _, _ = bash(done(exit_code=7, stdout="", network_denied=(
+        "pypi.example:443 (connect)", "203.0.113.9:22/tcp (address)")))
+    assert answer.text.endswith(
+        "network: this workspace's policy refused pypi.example:443 (connect), "
+        "203.0.113.9:22/tcp (address)")
+    assert "network:" not in bash(done(exit_code=0))[0].text

@@ -10,6 +10,7 @@ import pytest
 from worker.engine import sandbox
 from worker.engine.sandbox import Choice, IsolationError, User
 from worker.settings import Settings
+from worker.wire.network import NetworkPolicy
 
 BWRAP = "/usr/bin/bwrap"
 
@@ -33,17 +34,20 @@ def test_host_default_rejects_an_unknown_level() -> None:
         sandbox.host_default("jail", True)
 
 
+E, N, H = NetworkPolicy(mode="egress"), NetworkPolicy(mode="none"), NetworkPolicy(mode="host")
+A = NetworkPolicy(mode="allow", allow=("pypi.org",))
+
 # (configured, available, asked, network, host_network) -> Choice, or the error kind
-DECISIONS: list[tuple[str, bool, str | None, bool | None, bool, Choice | str]] = [
+DECISIONS: list[tuple[str, bool, str | None, NetworkPolicy | None, bool, Choice | str]] = [
     # The host's default.
-    ("auto", True, None, None, False, Choice("process", True)),
-    ("auto", False, None, None, False, Choice("none", True)),
-    ("strict", True, None, None, False, Choice("strict", False)),
-    ("strict", True, None, None, True, Choice("strict", True)),
-    ("none", True, None, None, False, Choice("none", True)),
+    ("auto", True, None, None, False, Choice("process", E)),
+    ("auto", False, None, None, False, Choice("none", H)),
+    ("strict", True, None, None, False, Choice("strict", N)),
+    ("strict", True, None, None, True, Choice("strict", E)),
+    ("none", True, None, None, False, Choice("none", H)),
     # Stronger is granted.
-    ("auto", True, "strict", None, False, Choice("strict", False)),
-    ("none", True, "process", None, False, Choice("process", True)),
+    ("auto", True, "strict", None, False, Choice("strict", N)),
+    ("none", True, "process", None, False, Choice("process", E)),
     # Weaker is refused.
     ("auto", True, "none", None, False, "invalid"),
     ("strict", True, "process", None, True, "invalid"),
@@ -51,20 +55,27 @@ DECISIONS: list[tuple[str, bool, str | None, bool | None, bool, Choice | str]] =
     # No sandbox where bubblewrap does not work, even when asked.
     ("auto", False, "process", None, False, "unavailable"),
     ("process", False, None, None, False, "unavailable"),
-    ("auto", False, "none", None, False, Choice("none", True)),
+    ("auto", False, "none", None, False, Choice("none", H)),
     # The network: a call may cut it, and ask for it only where the host grants it.
-    ("auto", True, None, False, False, Choice("process", False)),
-    ("auto", True, "strict", True, False, "invalid"),
-    ("strict", True, None, True, True, Choice("strict", True)),
-    ("strict", True, None, False, True, Choice("strict", False)),
-    ("none", True, None, False, False, Choice("process", False)),  # needs a sandbox
-    ("auto", False, None, False, False, "unavailable"),
-    ("auto", True, None, True, False, Choice("process", True)),
+    ("auto", True, None, N, False, Choice("process", N)),
+    ("auto", True, "strict", E, False, "invalid"),
+    ("strict", True, None, E, True, Choice("strict", E)),
+    ("strict", True, None, N, True, Choice("strict", N)),
+    ("none", True, None, N, False, Choice("process", N)),  # needs a sandbox
+    ("auto", False, None, N, False, "unavailable"),
+    ("auto", True, None, E, False, Choice("process", E)),
+    # Policies: host only where the host allows it; egress and allow where it filters.
+    ("auto", True, None, H, False, "invalid"),
+    ("auto", True, None, A, False, Choice("process", A)),
+    ("none", True, None, H, False, Choice("none", H)),
 ]
 
 
+Case = tuple[str, bool, str | None, NetworkPolicy | None, bool, Choice | str]
+
+
 @pytest.mark.parametrize("case", DECISIONS)
-def test_decide(case: tuple[str, bool, str | None, bool | None, bool, Choice | str]) -> None:
+def test_decide(case: Case) -> None:
     configured, available, asked, network, host_network, expected = case
 
     def decision() -> Choice:

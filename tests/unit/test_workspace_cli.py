@@ -78,7 +78,7 @@ def test_bad_limits_say_what_is_wrong(pairs: list[str], said: str) -> None:
 
 def view(**fields: object) -> WorkspaceView:
     base: dict[str, object] = {
-        "id": WS, "host": "h1", "path": f"/ws/{WS}", "isolation": "process", "network": True,
+        "id": WS, "host": "h1", "path": f"/ws/{WS}", "isolation": "process", "network": "egress",
         "ttl_s": 3600.0, "created_at": 1000.0, "expires_at": 4600.0,
     }
     return WorkspaceView.model_validate({**base, **fields})
@@ -86,13 +86,13 @@ def view(**fields: object) -> WorkspaceView:
 
 def test_the_table_says_when_each_expires_and_what_it_holds() -> None:
     table = workspace_table(
-        [view(), view(id="wfedcba987654321", network=False, session="s1", tags={"b": "2",
+        [view(), view(id="wfedcba987654321", network="allow=pypi.org", session="s1", tags={"b": "2",
               "a": "1"}, expires_at=None, disk_bytes=2048, processes=3)],
         now=1000.0, counted=True,
     ).splitlines()
-    assert table[0].split() == ["ID", "HOST", "PATH", "ISOLATION", "EXPIRES", "SESSION",
-                                "TAGS", "DISK", "PROCS"]
-    assert table[1].split() == [WS, "h1", f"/ws/{WS}", "process", "in", "60m", "-", "-",
-                                "-", "-"]
-    assert "process, no network" in table[2]
+    assert table[0].split() == ["ID", "HOST", "PATH", "ISOLATION", "NETWORK", "EXPIRES",
+                                "SESSION", "TAGS", "DISK", "PROCS"]
+    assert table[1].split() == [WS, "h1", f"/ws/{WS}", "process", "egress", "in", "60m", "-",
+                                "-", "-", "-"]
+    assert table[2].split()[3:5] == ["process", "allow=pypi.org"]
     assert table[2].split()[-5:] == ["s1", "a=1", "b=2", "2.0KiB", "3"]

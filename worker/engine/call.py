@@ -31,6 +31,7 @@ from worker.engine import (
     jobs,
     launcher,
     limits,
+    network,
     normalize,
     procs,
     resources,
@@ -218,8 +219,9 @@ def _check_isolation(call: Call, record: WorkspaceRecord) -> None:
         raise CallError("invalid", f"workspace {record.id} runs calls with isolation "
                         f"{record.isolation!r}; make a workspace with {call.isolation!r}")
     if call.network is not None and call.network != record.network:
-        raise CallError("invalid", f"workspace {record.id} runs calls "
-                        f"{'with' if record.network else 'without'} network")
+        raise CallError("invalid", f"workspace {record.id} has network policy "
+                        f"{record.network}, not {call.network} (`bashfleet workspace "
+                        "network` changes it)")
 
 
 def workspace_cwd(cwd: str | None, record: WorkspaceRecord) -> str:
@@ -303,6 +305,9 @@ def run_call(
                 call, cwd, settings, record, on_spawn=on_spawn, cancel=cancel, started=started,
                 on_running=on_running, detach=detach, on_streams=on_streams,
             )
+        if record.network.mode == "allow":
+            result = result.model_copy(update={
+                "network_denied": network.take_denied(settings, record.id)})
         return result if full is None else _with_notice(result, workspaces.disk_cap_notice(
             record, full))
     except CallError as exc:

@@ -4,8 +4,8 @@ Standard library only: the zygote (`worker.engine.launcher`) forks it as `python
 
     worker consumer ─┐                     keeper (pid 1)   ── posix_spawn ──► bash -c CMD
     job supervisor  ─┼── unix socket ──►   in the workspace's
-    (another) worker ┘   (its path: the    PID, mount, IPC (and network) namespaces
-                          host's state dir)
+    (another) worker ┘   (its path: the    PID, mount, IPC, network namespaces (the
+                          host's state dir)    host's network under policy `host`)
 
 Every call and background job of a workspace is a child of its keeper, so they all share
 one PID namespace: a call sees and signals the processes the previous ones left running

@@ -9,9 +9,12 @@ workspace may ask for more, never for less):
 - `process`: a workspace of its own (`worker.engine.keeper`): one PID namespace for its
   calls and jobs, a mount view with the host read-only, its directory, /tmp and HOME its
   own, every bashfleet state directory and secret file hidden (`worker.engine.layout`);
-  the host's network, without raw sockets (no capability at all).
-- `strict`: also no network (its own network namespace, loopback only) unless the host
-  allows it (`sandbox_network`), and /home and /root hidden.
+  a network namespace of its own (its policy: `worker.engine.network`).
+- `strict`: also no network (policy `none`) unless the host allows it
+  (`sandbox_network`), and /home and /root hidden.
+
+Every sandboxed workspace has a network namespace of its own; its policy (`none`,
+`egress`, `allow=...`, `host`) is built by `worker.engine.network`.
 
 Calls never run as root nor as the worker's user: a root worker runs them as its run user
 (`run_as`), every capability dropped, no_new_privs; a worker that is not root runs them
@@ -40,11 +43,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from worker.engine import ids, launcher, resources
+from worker.engine import ids, launcher, network, resources
 from worker.engine.launcher import KeeperConnection, LauncherClient, SandboxError
 from worker.engine.memo import TimedMemo
 from worker.settings import Settings
 from worker.wire.models import Isolation, SandboxProbe
+from worker.wire.network import NetworkPolicy
 
 log = logging.getLogger("bashfleet.sandbox")
 
@@ -79,7 +83,12 @@ class Choice:
     """The sandbox a workspace (and so its calls) gets."""
 
     level: Isolation
-    network: bool
+    network: NetworkPolicy
+
+
+NONE = NetworkPolicy(mode="none")
+HOST = NetworkPolicy(mode="host")
+EGRESS = NetworkPolicy(mode="egress")
 
 
 def host_default(configured: str, available: bool) -> Isolation:
@@ -91,18 +100,33 @@ def host_default(configured: str, available: bool) -> Isolation:
     raise ValueError(f"unknown isolation {configured!r}")
 
 
+@dataclass(frozen=True)
+class NetworkRules:
+    """What this host grants workspaces' networks (`worker.engine.network`)."""
+
+    default: NetworkPolicy = EGRESS
+    """The policy of a workspace that asks for none."""
+    host_ok: bool = False
+    """`host` may be asked for (`BASHFLEET_NETWORK_HOST_OK`)."""
+    problem: str | None = None
+    """Why this host cannot filter (`egress` and `allow` unavailable), when it cannot."""
+
+
 def decide(
     *,
     configured: str,
     available: bool,
     reason: str | None,
     asked: Isolation | None,
-    network: bool | None,
+    network: NetworkPolicy | None,
     host_network: bool,
+    rules: NetworkRules = NetworkRules(),
 ) -> Choice:
     """The sandbox of a workspace, or IsolationError: stronger than the host's default is
     granted, weaker refused (`invalid`); a sandbox where bubblewrap does not work is
-    `unavailable`. Cutting the network needs a sandbox, so it means at least `process`."""
+    `unavailable`. A network policy other than `host` needs a sandbox (its own network
+    namespace), so it means at least `process`; `strict` gets `none` unless the host
+    grants it the network (`sandbox_network`)."""
     default = host_default(configured, available)
     level = asked or default
     if LEVELS.index(level) < LEVELS.index(default):
@@ -110,20 +134,49 @@ def decide(
             "invalid", f"this host runs calls with isolation {default!r}; a call may ask for "
             f"stronger isolation, never weaker (asked for {level!r})",
         )
-    granted = True if level != "strict" else host_network
-    if network and not granted:
-        raise IsolationError(
-            "invalid", "this host gives strict calls no network (sandbox_network is off); "
-            "a call cannot ask for it",
-        )
-    if network is False and level == "none":
+    policy = network if network is not None else _default_policy(level, host_network, rules)
+    _check_network(policy, level, host_network, rules, asked=network is not None)
+    if policy.mode != "host" and level == "none":
         level = "process"
     if level != "none" and not available:
         raise IsolationError(
             "unavailable", f"isolation {level!r} needs bubblewrap, which does not work on "
             f"this host: {reason or 'unknown reason'}",
         )
-    return Choice(level, granted if network is None else network)
+    return Choice(level, policy)
+
+
+def _default_policy(level: Isolation, host_network: bool, rules: NetworkRules) -> NetworkPolicy:
+    if level == "none":
+        return HOST  # no sandbox: the host's namespace, as every process of the host
+    if level == "strict" and not host_network:
+        return NONE
+    if rules.default.mode in ("egress", "allow") and rules.problem is not None:
+        return HOST if rules.host_ok else NONE
+    if rules.default.mode == "host" and not rules.host_ok:
+        return NONE
+    return rules.default
+
+
+def _check_network(policy: NetworkPolicy, level: Isolation, host_network: bool,
+                   rules: NetworkRules, *, asked: bool) -> None:
+    if not asked:
+        return
+    if level == "strict" and policy.mode != "none" and not host_network:
+        raise IsolationError(
+            "invalid", "this host gives strict calls no network (sandbox_network is off); "
+            "a call cannot ask for it",
+        )
+    if policy.mode == "host" and not rules.host_ok and level != "none":
+        raise IsolationError(
+            "invalid", "this host keeps workspaces out of its own network namespace "
+            "(BASHFLEET_NETWORK_HOST_OK is off): ask for `egress`, `allow=...` or `none`",
+        )
+    if policy.mode in ("egress", "allow") and rules.problem is not None:
+        raise IsolationError(
+            "unavailable", f"network policy {policy} needs a host that filters workspaces' "
+            f"networks, and this one cannot: {rules.problem}",
+        )
 
 
 def parse_bwrap_version(text: str) -> str | None:
@@ -395,7 +448,16 @@ def probe(settings: Settings) -> SandboxProbe:
         run_as=run_user_name(settings),
         tenancy="multi" if host_ids(settings) is not None and problem is None else "single",
         id_slots=(found.slots if (found := host_ids(settings)) is not None else 0),
+        network=str(_default_policy(level, settings.sandbox_network, rules))
+        if (rules := network_rules(settings)) else "",
+        network_host=settings.network_host_ok, network_problem=rules.problem,
     )
+
+
+def network_rules(settings: Settings) -> NetworkRules:
+    """What this host grants workspaces' networks (`Settings.network_*`, its tools)."""
+    return NetworkRules(default=NetworkPolicy(mode=settings.network_default),
+                        host_ok=settings.network_host_ok, problem=network.support(settings))
 
 
 def host_ids(settings: Settings) -> ids.HostIds | None:

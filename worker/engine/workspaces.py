@@ -27,6 +27,7 @@ import queue
 import select
 import shutil
 import stat
+import subprocess
 import sys
 import threading
 import time
@@ -42,6 +43,7 @@ from worker.engine import (
     job_records,
     launcher,
     layout,
+    network,
     procs,
     resources,
     sandbox,
@@ -58,6 +60,7 @@ from worker.wire.models import (
     WorkspaceSpec,
     WorkspaceView,
 )
+from worker.wire.network import NetworkPolicy
 
 log = logging.getLogger("bashfleet.workspaces")
 
@@ -215,7 +218,7 @@ def create(spec: WorkspaceSpec, settings: Settings, *, throwaway: bool = False,
     if choice.level != "none":
         try:
             # Made from a snapshot, its host layers stand on the snapshot's: built at claim.
-            blank = blanks.take(settings, choice.network,
+            blank = blanks.take(settings, blank_kind(choice.network),
                                 prebuilt=image_root is None and snapshot is None)
         except OSError as exc:
             raise WorkspaceError("spawn_failed", f"could not make the workspace's sandbox: "
@@ -341,9 +344,17 @@ def choose(spec: WorkspaceSpec, settings: Settings) -> sandbox.Choice:
         return sandbox.decide(
             configured=settings.isolation, available=available, reason=reason,
             asked=spec.isolation, network=spec.network, host_network=settings.sandbox_network,
+            rules=sandbox.network_rules(settings),
         )
     except sandbox.IsolationError as exc:
         raise WorkspaceError(exc.kind, exc.message) from None
+
+
+def blank_kind(policy: NetworkPolicy) -> str:
+    """The kind of blank keeper a policy's workspace is made from: `host` (the host's
+    namespace), `egress` (its link and rules made ahead), else `none` (a namespace of its
+    own with its loopback only; `allow` is put in force at the claim)."""
+    return policy.mode if policy.mode in ("host", "egress") else "none"
 
 
 def _user(settings: Settings) -> sandbox.User | None:
@@ -667,6 +678,7 @@ def _start_keeper(record: WorkspaceRecord, settings: Settings, user: sandbox.Use
         raise WorkspaceError("spawn_failed", f"could not make the workspace's sandbox: "
                              f"{exc.strerror or exc}") from exc
     blank.forget()
+    _claim_network(record, settings, blank)
     if slot is not None:
         skeleton = layer_listing(state_path(settings, record.id) / "layer" / "upper")
         _skeleton_path(settings, record.id).write_text(json.dumps(skeleton), encoding="utf-8")
@@ -688,6 +700,20 @@ def _make_mount_uppers(spec: layout.ViewSpec) -> None:
         os.chown(upper, info.st_uid, info.st_gid)
         upper.chmod(stat.S_IMODE(info.st_mode))
         (Path(str(spec.layers)) / "work" / layout.upper_name(name)).mkdir(mode=0o700)
+
+
+def _claim_network(record: WorkspaceRecord, settings: Settings, blank: Blank) -> None:
+    """The workspace's network as its policy says, before its first call: a blank's made
+    ahead (`egress`, `none`, `host`) is it already; `allow` is put in force now."""
+    state = blank.net
+    if record.network.mode == "allow":
+        try:
+            state = network.apply(blank.pid, record.id, state, record.network, settings)
+        except (OSError, subprocess.SubprocessError) as exc:
+            raise WorkspaceError("spawn_failed", f"could not put network policy "
+                                 f"{record.network} in force: {exc}") from exc
+    if state.link is not None:  # none (no file: no link, no guard) costs no write
+        network.save_state(settings, record.id, state)
 
 
 def _claim_group(blank: Blank, record: WorkspaceRecord) -> cgroups.Group | None:
@@ -751,6 +777,8 @@ class Blank:
     state when claimed)."""
     prebuilt: bool = False
     """Its `/` (the host's, in layers) is built: a claim binds the workspace's own paths."""
+    net: network.State = dataclasses.field(default_factory=network.State)
+    """Its network, made ahead (an `egress` blank's link and rules)."""
     ended: bool = False
 
     def end(self) -> None:
@@ -789,47 +817,48 @@ def _remove_when_free(path: Path) -> None:
 
 
 class Blanks:
-    """Blank keepers made ahead, per network kind, in this process (a few: `workspace_pool`)."""
+    """Blank keepers made ahead, per network kind (`blank_kind`), in this process (a few:
+    `workspace_pool`)."""
 
     def __init__(self) -> None:
-        self.ready: dict[tuple[Path, bool, bool], list[Blank]] = {}
+        self.ready: dict[tuple[Path, str, bool], list[Blank]] = {}
         self.lock = threading.Lock()
-        self.filling: set[tuple[Path, bool, bool]] = set()
+        self.filling: set[tuple[Path, str, bool]] = set()
         self.threads: list[threading.Thread] = []
 
-    def take(self, settings: Settings, network: bool, *, prebuilt: bool = True) -> Blank:
+    def take(self, settings: Settings, kind: str, *, prebuilt: bool = True) -> Blank:
         """A blank keeper (made now when none is ready); more are made in the background.
         `prebuilt`: with the host's root in layers built ahead (an image's workspace wants
         its own `/`)."""
-        key = (settings.state_dir, network, prebuilt)
+        key = (settings.state_dir, kind, prebuilt)
         with self.lock:
             ready = self.ready.get(key, [])
             blank = ready.pop() if ready else None
-        self._fill_later(settings, network, prebuilt)
+        self._fill_later(settings, kind, prebuilt)
         if blank is not None and (blank.start is None or procs.is_same_process(blank.pid,
                                                                               blank.start)):
             return blank
         if blank is not None:
             blank.end()
-        return make_blank(settings, network, prebuilt=prebuilt)
+        return make_blank(settings, kind, prebuilt=prebuilt)
 
-    def _fill_later(self, settings: Settings, network: bool, prebuilt: bool) -> None:
-        key = (settings.state_dir, network, prebuilt)
+    def _fill_later(self, settings: Settings, kind: str, prebuilt: bool) -> None:
+        key = (settings.state_dir, kind, prebuilt)
         with self.lock:
             if key in self.filling or len(self.ready.get(key, [])) >= settings.workspace_pool:
                 return
             self.filling.add(key)
-        thread = threading.Thread(target=self._fill, args=(settings, network, prebuilt),
+        thread = threading.Thread(target=self._fill, args=(settings, kind, prebuilt),
                                   daemon=True, name="bashfleet-blanks")
         with self.lock:
             self.threads = [t for t in self.threads if t.is_alive()] + [thread]
         thread.start()
 
-    def _fill(self, settings: Settings, network: bool, prebuilt: bool) -> None:
-        key = (settings.state_dir, network, prebuilt)
+    def _fill(self, settings: Settings, kind: str, prebuilt: bool) -> None:
+        key = (settings.state_dir, kind, prebuilt)
         try:
             while len(self.ready.get(key, [])) < settings.workspace_pool:
-                blank = make_blank(settings, network, prebuilt=prebuilt)
+                blank = make_blank(settings, kind, prebuilt=prebuilt)
                 with self.lock:
                     self.ready.setdefault(key, []).append(blank)
         except OSError as exc:
@@ -855,7 +884,7 @@ blanks = Blanks()
 sandbox.on_close(blanks.close)
 
 
-def make_blank(settings: Settings, network: bool, *, prebuilt: bool = False) -> Blank:
+def make_blank(settings: Settings, net: str, *, prebuilt: bool = False) -> Blank:
     """A blank keeper: forked by the zygote into new namespaces, in a cgroup of its own;
     on a host that gives workspaces ids of their own, with a slot of them, its user
     namespace made, and (`prebuilt`) the host's root in layers of its own mounted."""
@@ -866,7 +895,8 @@ def make_blank(settings: Settings, network: bool, *, prebuilt: bool = False) -> 
     slot = _claim_ids(settings)
     layers = settings.workspaces_dir / f"{name}.layer" if slot is not None and prebuilt \
         else None
-    spec: dict[str, object] = {"network": network, "worker_uid": os.geteuid(),
+    # `network` True: the host's namespace; else a namespace of its own.
+    spec: dict[str, object] = {"network": net == "host", "worker_uid": os.geteuid(),
                                "maker": os.getpid()}
     group = None
     try:
@@ -909,12 +939,23 @@ def make_blank(settings: Settings, network: bool, *, prebuilt: bool = False) -> 
     blank = Blank(pid, _start_time(pid), sock_path, group, note,
                   slot=dataclasses.replace(slot, fd=-1) if slot is not None else None,
                   layers=layers, prebuilt=layers is not None)
+    if net == "egress":
+        _blank_network(blank, settings)
     note.write_text(json.dumps({"pid": pid, "start": blank.start, "maker": os.getpid(),
                                 "maker_start": _start_time(os.getpid()),
                                 "cgroup": [p for p, _ in group.paths] if group else [],
                                 "layers": str(layers) if layers else None}),
                     encoding="utf-8")
     return blank
+
+
+def _blank_network(blank: Blank, settings: Settings) -> None:
+    """An `egress` blank's link and rules, made ahead (off the workspace's path)."""
+    try:
+        blank.net = network.apply(blank.pid, None, network.State(), sandbox.EGRESS, settings)
+    except BaseException:
+        blank.end()
+        raise
 
 
 def _claim_ids(settings: Settings) -> ids.Slot | None:
@@ -1469,6 +1510,43 @@ def restore(ws_id: str, snap_id: str, settings: Settings) -> tuple[WorkspaceReco
     return made, ended
 
 
+def set_network(ws_id: str, policy: NetworkPolicy, settings: Settings) -> WorkspaceRecord:
+    """Put another network policy in force in a live workspace (its processes keep
+    running; connections the new policy refuses are cut). `host` is the namespace a
+    workspace was made in: never changed to or from (WorkspaceError `invalid`)."""
+    record = load(ws_id, settings)
+    if record.keeper_pid is None or not keeper_alive(record):
+        raise WorkspaceError("invalid", f"workspace {ws_id} has no sandbox (isolation "
+                             f"{record.isolation!r}): its network is the host's")
+    if (policy.mode == "host") != (record.network.mode == "host"):
+        raise WorkspaceError("invalid", f"workspace {ws_id} was made "
+                             f"{'in' if record.network.mode == 'host' else 'out of'} the "
+                             "host's network namespace, which a live workspace cannot "
+                             "leave or join: make a new one")
+    try:
+        sandbox.decide(configured=settings.isolation, available=True, reason=None,
+                       asked=record.isolation, network=policy,
+                       host_network=settings.sandbox_network, rules=sandbox.network_rules(settings))
+    except sandbox.IsolationError as exc:
+        raise WorkspaceError(exc.kind, exc.message) from None
+    with _network_lock:
+        state = network.load_state(settings, ws_id)
+        try:
+            state = network.apply(record.keeper_pid, ws_id, state, policy, settings)
+        except (OSError, subprocess.SubprocessError) as exc:
+            raise WorkspaceError("spawn_failed", f"could not put network policy {policy} "
+                                 f"in force: {exc}") from exc
+        finally:
+            network.save_state(settings, ws_id, state)
+        record = record.model_copy(update={"network": policy})
+        save(record, settings)
+    return record
+
+
+#: One policy change at a time in this process (a change reads, then writes, `<id>.net`).
+_network_lock = threading.Lock()
+
+
 def _end_keeper(record: WorkspaceRecord) -> None:
     if record.keeper_pid is None or not keeper_alive(record):
         return
@@ -1490,6 +1568,9 @@ def _remove_files(record: WorkspaceRecord, settings: Settings) -> None:
         os.rmdir(record.out_dir)
         (settings.workspaces_dir / f"{record.id}.out").unlink()
     socket_path(settings, record.id).unlink(missing_ok=True)
+    network.state_path(settings, record.id).unlink(missing_ok=True)
+    network.denied_path(settings, record.id).unlink(missing_ok=True)
+    Path(f"{network.denied_path(settings, record.id)}.seen").unlink(missing_ok=True)
     own_dir = record.host_dir()
     if record.fresh and layout.inside(own_dir, str(settings.workspace_root_dir())) \
             and own_dir != str(settings.workspace_root_dir()):

@@ -496,8 +496,10 @@ class HostSupervisor:
     def _loop(self, watcher: recovery.JobWatcher) -> None:
         next_sync = time.monotonic() + JOB_SYNC_INTERVAL_S
         reaper = workspace_calls.Reaper(self.settings, self.redis)
+        denied = workspace_calls.DeniedPublisher(self.settings, self.redis, self.keys)
         while not self.stopping.wait(0.2):
             reaper.tick()
+            denied.tick()
             for role, child in list(self.children.items()):
                 if child.poll() is not None:
                     self._child_died(role, child)

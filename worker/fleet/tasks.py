@@ -682,6 +682,7 @@ HANDLERS: dict[str, Callable[[Runtime, Any, bool], Model]] = {
     Task.WORKSPACE_CREATE: workspace_calls.create,
     Task.WORKSPACE_DELETE: workspace_calls.delete,
     Task.WORKSPACE_RENEW: workspace_calls.renew,
+    Task.WORKSPACE_NETWORK: workspace_calls.set_network,
     Task.WORKSPACES: workspace_calls.list_workspaces,
     Task.FILE_READ: workspace_calls.read_file,
     Task.FILE_WRITE: workspace_calls.write_file,

@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
+import json
 import logging
 import threading
 import time
+from collections.abc import Sequence
 
 import redis
 
@@ -32,10 +35,12 @@ from worker.wire.control import (
     WorkspaceDeleted,
     WorkspaceDeleteRequest,
     WorkspaceList,
+    WorkspaceNetworkRequest,
     WorkspaceRenewRequest,
     WorkspacesRequest,
 )
 from worker.wire.errors import ToolError
+from worker.wire.events import denied_event, seal_event
 from worker.wire.models import WorkspaceRecord, WorkspaceView
 from worker.wire.owner_keys import for_owner
 
@@ -118,6 +123,73 @@ def renew(rt: Runtime, request: WorkspaceRenewRequest, admin: bool = False) -> W
     engine.touch(record, rt.settings)
     view = publish(rt, record)
     return engine.view(record, rt.settings, count=True) if request.count else view
+
+
+def set_network(rt: Runtime, request: WorkspaceNetworkRequest,
+                admin: bool = False) -> WorkspaceView:
+    """Put another network policy in force in a workspace of the asker's."""
+    record = owned(rt, request.id, request.owner, admin)
+    record = engine.set_network(record.id, request.network, rt.settings)
+    engine.touch(record, rt.settings)
+    return publish(rt, record)
+
+
+def publish_denied(settings: Settings, client: redis.Redis, keys: Sequence[str],
+                   offsets: dict[str, int]) -> int:
+    """Publish what the workspaces' guards refused since the last look (their `.denied`
+    files, from `offsets`) as `denied` events; how many."""
+    sent = 0
+    for path in settings.workspaces_dir.glob("w*.denied"):
+        ws_id = path.name[:-len(".denied")]
+        try:
+            size = path.stat().st_size
+            if size <= offsets.get(ws_id, 0):
+                continue
+            with path.open("rb") as handle:
+                handle.seek(offsets.get(ws_id, 0))
+                data = handle.read(min(size - offsets.get(ws_id, 0), 1 << 20))
+        except OSError:
+            continue
+        complete = data[:data.rfind(b"\n") + 1]
+        offsets[ws_id] = offsets.get(ws_id, 0) + len(complete)
+        for line in complete.splitlines():
+            with contextlib.suppress(ValueError, KeyError, TypeError):
+                entry = json.loads(line)
+                event = denied_event(ws_id, settings.host, float(entry["at"]),
+                                     str(entry["target"]), str(entry["kind"]))
+                sealed = seal_event(keys, event)
+                stream_id = client.xadd(names.EVENTS_KEY, {"e": sealed},
+                                        maxlen=names.EVENTS_MAXLEN, approximate=True)
+                if isinstance(stream_id, bytes):
+                    stream_id = stream_id.decode()
+                client.publish(names.EVENTS_CHANNEL, f"{stream_id}\n{sealed}")
+                sent += 1
+    for gone in set(offsets) - {p.name[:-len(".denied")]
+                                for p in settings.workspaces_dir.glob("w*.denied")}:
+        del offsets[gone]
+    return sent
+
+
+class DeniedPublisher:
+    """Publishes refusals every DENIED_INTERVAL_S (the supervisor's loop ticks it)."""
+
+    def __init__(self, settings: Settings, client: redis.Redis, keys: Sequence[str]) -> None:
+        self.settings, self.client, self.keys = settings, client, keys
+        self.offsets: dict[str, int] = {}
+        self.next_at = 0.0
+
+    def tick(self) -> None:
+        if time.monotonic() < self.next_at:
+            return
+        self.next_at = time.monotonic() + DENIED_INTERVAL_S
+        try:
+            publish_denied(self.settings, self.client, self.keys, self.offsets)
+        except (redis.RedisError, OSError):
+            log.warning("could not publish the workspaces' refusals", exc_info=True)
+
+
+#: How often a host publishes its workspaces' network refusals.
+DENIED_INTERVAL_S = 1.0
 
 
 def list_workspaces(rt: Runtime, request: WorkspacesRequest,

@@ -17,6 +17,7 @@ an `error` whose kind the client raises as a typed exception.
     WorkspaceCreateRequest -> WorkspaceView      make a workspace on the host
     WorkspaceDeleteRequest -> WorkspaceDeleted   end one (its processes, files, cgroup)
     WorkspaceRenewRequest  -> WorkspaceView      mark one used (its lease starts again)
+    WorkspaceNetworkRequest -> WorkspaceView     put another network policy in force
     WorkspacesRequest      -> WorkspaceList      the host's workspaces
     FileReadRequest        -> FileChunk          a slice of a file, as its calls see it
     FileWriteRequest       -> FileWritten        write (or append) bytes to a file
@@ -38,9 +39,9 @@ the progress lines since the last.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import Field
+from pydantic import BeforeValidator, Field
 
 from worker.wire.errors import ErrorKind, FileProblem
 from worker.wire.models import (
@@ -63,6 +64,8 @@ from worker.wire.models import (
     WorkspaceView,
 )
 from worker.wire.names import Task
+from worker.wire.network import NetworkPolicy
+from worker.wire.network import parse as parse_network
 from worker.wire.transfer import TRANSFER_ID_PATTERN
 
 #: A `grep` that matches no line (RE2 syntax): a check that reads a job's state only.
@@ -374,6 +377,18 @@ class WorkspaceRenewRequest(ControlRequest):
     """Also count its disk bytes and processes."""
 
 
+class WorkspaceNetworkRequest(ControlRequest):
+    """Put another network policy in force in a live workspace (`worker.wire.network`)."""
+
+    task: ClassVar[Task] = Task.WORKSPACE_NETWORK
+    response: ClassVar[type[Model]] = WorkspaceView
+
+    id: str
+    """The workspace."""
+    network: Annotated[NetworkPolicy, BeforeValidator(parse_network)]
+    """The policy: `none`, `egress`, `allow=...` (`host` only for a workspace made so)."""
+
+
 class WorkspaceList(Model):
     """A host's workspaces."""
 
@@ -648,7 +663,8 @@ REQUESTS: dict[str, type[ControlRequest]] = {
     for cls in (
         CheckRequest, KillRequest, ReadOutputRequest, CancelRequest, DetachRequest, JobsRequest,
         WriteStdinRequest, CloseStdinRequest, ResizeRequest, WorkspaceCreateRequest,
-        WorkspaceDeleteRequest, WorkspaceRenewRequest, WorkspacesRequest, FileReadRequest,
+        WorkspaceDeleteRequest, WorkspaceRenewRequest, WorkspaceNetworkRequest,
+        WorkspacesRequest, FileReadRequest,
         FileWriteRequest, TransferRequest, ImagesRequest, ImagePullRequest,
         ImageRemoveRequest, SnapshotCreateRequest, SnapshotDeleteRequest,
         SnapshotFetchRequest, WorkspaceForkRequest, WorkspaceRestoreRequest,

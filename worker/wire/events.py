@@ -21,15 +21,16 @@ from worker.wire.models import JobRecord, JobStatus, Model, Tags
 
 log = logging.getLogger("bashfleet")
 
-EventKind = Literal["started", "ended"]
+EventKind = Literal["started", "ended", "denied"]
 
 
 class JobEvent(Model):
     """One job event, as listeners get it."""
 
     kind: EventKind
-    """`started` (the job runs) or `ended` (it exited, was killed, or its end was found
-    while nobody watched)."""
+    """`started` (the job runs), `ended` (it exited, was killed, or its end was found
+    while nobody watched), or `denied`: a workspace's network policy refused a
+    connection or a name (`target`; `job_id` is then the workspace's id)."""
     job_id: str
     """The job's id."""
     host: str
@@ -52,6 +53,8 @@ class JobEvent(Model):
     """Why the end is incomplete, when it is (its status was unknown)."""
     tags: Tags = Field(default_factory=dict)
     """The job's tags."""
+    target: str | None = None
+    """What was refused (denied): `name`, `name:port`, or `address:port/proto`."""
     seq: str = ""
     """The event's id in the stream (`<ms>-<n>`, increasing): resume a listing after it.
     Empty until Redis assigned it."""
@@ -77,6 +80,14 @@ def ended_event(record: JobRecord, status: JobStatus | None) -> JobEvent:
         duration_s=round(max(0.0, ended_at - record.started_at), 3),
         note=status.note if status else "exit status unknown", tags=record.tags,
     )
+
+
+def denied_event(ws_id: str, host: str, at: float, target: str, kind: str, *,
+                 tags: dict[str, str] | None = None) -> JobEvent:
+    """The event of a refusal by a workspace's network policy (`kind`: `dns`, `connect`
+    or `address`, how it was refused)."""
+    return JobEvent(kind="denied", job_id=ws_id, host=host, at=at, target=target,
+                    command=f"{kind} {target}", output_path="", tags=tags or {})
 
 
 def event_matches(

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from typing import Annotated, Literal, get_args
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+
+from worker.wire.network import NetworkPolicy, parse
 
 #: Largest command accepted, in bytes of UTF-8. Seed 001 asks agents for < 60k tokens;
 #: 1 MiB leaves room for heredocs while keeping messages small on Redis.
@@ -71,6 +73,15 @@ def _tags_are_sane(tags: dict[str, str]) -> dict[str, str]:
 
 Tags = Annotated[dict[str, str], AfterValidator(_tags_are_sane)]
 """Tags of a call and of the job it starts: name -> value."""
+
+AskedNetwork = Annotated[NetworkPolicy | None, BeforeValidator(parse)]
+"""A network policy a caller asks for (`worker.wire.network`): a policy, its spelling
+(`none`, `egress`, `host`, `allow=a.com,10.1.0.0/16`) or an older caller's bool (False:
+`none`, True: the host's default). None: the host's default."""
+KeptNetwork = Annotated[NetworkPolicy, BeforeValidator(
+    lambda value: parse(value, legacy_true="host"))]
+"""A workspace's network policy as its host keeps it (an older record's True: it shared
+the host's namespace)."""
 
 
 class Model(BaseModel):
@@ -292,10 +303,11 @@ class Call(Model):
     isolation: Isolation | None = None
     """Sandbox of this call: `none`, `process` or `strict` (see `Isolation`); None: the
     host's default. Stronger than the host's default is granted, weaker is refused."""
-    network: bool | None = None
-    """Whether a sandboxed call may reach the network. None: yes for `process` and
-    `none`, the host's `sandbox_network` for `strict`. Refused (`invalid`) when asking for
-    more than the host grants."""
+    network: AskedNetwork = None
+    """The network policy of its throwaway workspace (`none`, `egress`, `allow=...`,
+    `host`; or of the workspace it names, which must match). None: the host's default
+    (`strict`: `none` unless the host's `sandbox_network`). Refused (`invalid`) when
+    asking for more than the host grants."""
     session: str | None = Field(None, max_length=64)
     """The session the call runs in, for logs and Flower (the client fills in its state)."""
     tags: Tags = Field(default_factory=dict)
@@ -401,8 +413,8 @@ class RunRequest(Model):
     isolation: Isolation | None = None
     """The sandbox to run in (`process`, `strict`, `none`); None: the host's default.
     Stronger than the host's default is granted, weaker refused."""
-    network: bool | None = None
-    """Whether the command may reach the network; None: the isolation's default."""
+    network: AskedNetwork = None
+    """The network policy (`none`, `egress`, `allow=...`, `host`); None: the host's."""
     tags: Tags = Field(default_factory=dict)
     """Tags of the job the call starts, if it starts one (`{"agent": "a17"}`): `jobs()`,
     `ps --tag` and job events carry them and filter by them."""
@@ -595,6 +607,9 @@ class CallResult(Model):
     """Variables the command unset (only with `capture_state`)."""
     input_wait: InputWait | None = None
     """An interactive call whose process waits for input (and has shown its prompt)."""
+    network_denied: tuple[str, ...] = ()
+    """What the workspace's network policy refused since its last call's result (`allow`:
+    names, `name:port`, `address:port/proto`; at most 10, then `+N more`)."""
     read_offset: int | None = None
     """Interactive calls: the byte offset of the job's output this result showed up to
     (the next read starts there)."""
@@ -816,6 +831,12 @@ class SandboxProbe(Model):
     workspace (a worker that is not root, or no subordinate ids for the run user)."""
     id_slots: int = 0
     """Workspaces this host can give ids of their own at once (`multi`)."""
+    network: str = ""
+    """Its workspaces' default network policy (`egress`, `none`, `host`)."""
+    network_host: bool = False
+    """Workspaces may ask for the host's own network namespace (`network_host_ok`)."""
+    network_problem: str | None = None
+    """Why this host cannot filter workspaces' networks (`egress` and `allow` refused)."""
 
 
 
@@ -845,8 +866,9 @@ class WorkspaceSpec(Model):
     """An existing host directory under a root the host allows; None: a fresh one."""
     isolation: Isolation | None = None
     """At least the host's level (None: the host's)."""
-    network: bool | None = None
-    """False: its own network namespace (loopback only); None: the host's policy."""
+    network: AskedNetwork = None
+    """Its network policy (`worker.wire.network`): `none`, `egress`, `allow=[...]` or
+    `host`; None: the host's default."""
     ttl_s: float | None = Field(None, gt=0, le=30 * 24 * 3600.0)
     """Seconds it lives unused before the host reaps it (None: the host's default)."""
     limits: WorkspaceLimits = Field(default_factory=WorkspaceLimits)
@@ -916,8 +938,8 @@ class WorkspaceRecord(Model):
     """Where its calls' kept output and its jobs' output go (read-only in its view)."""
     isolation: Isolation
     """Its sandbox: `none` (a directory only), `process` or `strict`."""
-    network: bool
-    """Whether its calls have the host's network."""
+    network: KeptNetwork
+    """Its network policy, in force (`worker.wire.network`)."""
     ttl_s: float
     """Seconds unused before it is reaped."""
     created_at: float
@@ -973,7 +995,8 @@ class WorkspaceView(Model):
     path: str
     """Its directory (the same path on its host and in its calls)."""
     isolation: Isolation
-    network: bool
+    network: KeptNetwork
+    """Its network policy, in force."""
     ttl_s: float
     created_at: float
     last_used_at: float | None = None
@@ -1023,7 +1046,7 @@ class SnapshotRecord(Model):
     home: str | None = None
     limits: WorkspaceLimits = Field(default_factory=WorkspaceLimits)
     isolation: Isolation = "strict"
-    network: bool = True
+    network: Annotated[NetworkPolicy, BeforeValidator(parse)] = NetworkPolicy()
     mounts: dict[str, str] = Field(default_factory=dict)
     """View path -> subdirectory of its directory (relative)."""
     hidden: bool = False

@@ -170,6 +170,7 @@ class Task(StrEnum):
     WORKSPACE_CREATE = "bashfleet.workspace_create"
     WORKSPACE_DELETE = "bashfleet.workspace_delete"
     WORKSPACE_RENEW = "bashfleet.workspace_renew"
+    WORKSPACE_NETWORK = "bashfleet.workspace_network"
     WORKSPACES = "bashfleet.workspaces"
     FILE_READ = "bashfleet.file_read"
     FILE_WRITE = "bashfleet.file_write"
