@@ -10,16 +10,22 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import shutil
 import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 import yaml
 
+from client.redis_server import find_redis_server, supports_acl
 from worker.settings import SECRET_VARIABLES, Settings
+from worker.wire import acl
 
 ROOT = Path(__file__).resolve().parents[2]
 SYSTEMD = ROOT / "deploy" / "systemd"
@@ -40,11 +46,52 @@ def _command(service: dict[str, Any]) -> list[str]:
     return command
 
 
-def test_redis_has_password_persistence_and_noeviction(compose: dict[str, Any]) -> None:
-    command = _command(compose["services"]["redis"])
-    assert "--requirepass" in command
+#: Redis's probe in Kubernetes: as the workers' user, its password from REDISCLI_AUTH.
+PROBE = f"redis-cli --user {acl.WORKER_USER} ping | grep -q PONG"
+#: The Compose variables of the two Redis users' passwords (.env).
+WORKER_PASSWORD = "BASHFLEET_REDIS_WORKER_PASSWORD"
+CLIENT_PASSWORD = "BASHFLEET_REDIS_CLIENT_PASSWORD"
+
+
+def test_redis_loads_the_two_users_with_persistence_and_noeviction(
+    compose: dict[str, Any],
+) -> None:
+    redis_ = compose["services"]["redis"]
+    command = _command(redis_)
+    assert "--requirepass" not in command  # the default user is off: ACL users only
+    aclfile = command[command.index("--aclfile") + 1]
     assert command[command.index("--appendonly") + 1] == "yes"
     assert command[command.index("--maxmemory-policy") + 1] == "noeviction"
+    # The file comes from the one-shot redis-acl service, through its volume, read-only.
+    assert f"redis-acl:{os.path.dirname(aclfile)}:ro" in redis_["volumes"]
+    assert redis_["depends_on"]["redis-acl"] == {"condition": "service_completed_successfully"}
+    # The healthcheck authenticates as the workers' user, its password not in argv.
+    assert redis_["healthcheck"]["test"][0] == "CMD-SHELL"
+    assert redis_["healthcheck"]["test"][1].startswith(f"redis-cli --user {acl.WORKER_USER} ping")
+    assert redis_["environment"]["REDISCLI_AUTH"].startswith("${" + WORKER_PASSWORD)
+
+
+def _acl_script(command: list[str]) -> str:
+    """The shell script of a `sh -ec SCRIPT` command (the ACL file's writer)."""
+    assert command[:2] == ["sh", "-ec"], command
+    return command[2]
+
+
+def test_a_one_shot_service_writes_the_acl_file_for_the_redis_user(
+    compose: dict[str, Any],
+) -> None:
+    service = compose["services"]["redis-acl"]
+    script = _acl_script(_command(service))
+    assert "bashfleet redis-acl --worker-password-file" in script.replace("\\\n", "")
+    assert "umask 077" in script.splitlines()[0]  # the password files: 0600
+    # Passwords from the environment (`$$` is a literal `$` to Compose): never
+    # interpolated into the command, which would put them on sh's command line.
+    assert "${" not in script
+    assert set(service["environment"]) == {WORKER_PASSWORD, CLIENT_PASSWORD}
+    assert "/acl/users.acl" in script and "chown 999 " in script  # the redis image's user
+    assert service["volumes"] == ["redis-acl:/acl"]
+    assert service["network_mode"] == "none" and service["cap_drop"] == ["ALL"]
+    assert "redis-acl" in compose["volumes"]
 
 
 def test_two_workers_with_distinct_host_ids(compose: dict[str, Any]) -> None:
@@ -57,7 +104,8 @@ def test_two_workers_with_distinct_host_ids(compose: dict[str, Any]) -> None:
     for svc in workers.values():
         command = _command(svc)
         assert command[command.index("--host") + 1] == svc["environment"]["BASHFLEET_HOST"]
-        assert svc["environment"]["BASHFLEET_REDIS_URL"].startswith("redis://:")
+        assert svc["environment"]["BASHFLEET_REDIS_URL"].startswith(
+            f"redis://{acl.WORKER_USER}:${{{WORKER_PASSWORD}}}@")
 
 
 #: What bubblewrap needs of a worker's container (Docker's and containerd's default
@@ -83,11 +131,16 @@ def test_flower_requires_auth_and_is_published_on_loopback(compose: dict[str, An
     assert flower["user"] == "bashfleet"  # runs no command, needs no root
     assert flower["environment"]["FLOWER_BASIC_AUTH"].startswith("admin:${FLOWER_PASSWORD")
     assert all(port.startswith("127.0.0.1:") for port in flower["ports"])
+    # Flower reads the queues: the workers' user.
+    assert flower["environment"]["BASHFLEET_REDIS_URL"].startswith(
+        f"redis://{acl.WORKER_USER}:${{{WORKER_PASSWORD}}}@")
 
 
 def test_images_come_from_the_project_dockerfile(compose: dict[str, Any]) -> None:
     built = [svc for svc in compose["services"].values() if "build" in svc]
-    assert built and built[0]["build"]["dockerfile"] == "deploy/Dockerfile"
+    # Built by the first service to run: the one writing Redis's ACL file.
+    assert built == [compose["services"]["redis-acl"]]
+    assert built[0]["build"]["dockerfile"] == "deploy/Dockerfile"
     image = built[0]["image"]
     for name, svc in compose["services"].items():
         if name != "redis":
@@ -126,22 +179,102 @@ def test_docker_compose_config_accepts_the_file() -> None:
     binary = _compose_binary()
     if binary is None:
         pytest.skip("docker-compose is not on PATH; the parsing tests above cover the file")
-    base = {k: v for k, v in os.environ.items()
-            if k not in ("BASHFLEET_REDIS_PASSWORD", "FLOWER_PASSWORD")}
+    secrets_ = (WORKER_PASSWORD, CLIENT_PASSWORD, "BASHFLEET_SIGNING_KEY", "FLOWER_PASSWORD")
+    base = {k: v for k, v in os.environ.items() if k not in secrets_}
+    given = {WORKER_PASSWORD: "test-worker", CLIENT_PASSWORD: "test-client",
+             "BASHFLEET_SIGNING_KEY": "test-only", "FLOWER_PASSWORD": "test-only"}
     # Needs no engine: it only parses, interpolates and validates.
     done = subprocess.run(
         [*binary, "-f", "docker-compose.yml", "config", "-q"], cwd=ROOT, capture_output=True,
-        text=True, check=False, timeout=60,
-        env={**base, "BASHFLEET_REDIS_PASSWORD": "test-only", "FLOWER_PASSWORD": "test-only"},
+        text=True, check=False, timeout=60, env={**base, **given},
     )
     assert done.returncode == 0, done.stderr
-    # Without the passwords it refuses (the ${VAR:?} guards): no fleet without auth.
-    refused = subprocess.run(
-        [*binary, "-f", "docker-compose.yml", "config", "-q"], cwd=ROOT, capture_output=True,
-        text=True, check=False, timeout=60, env=base,
+    # Without a password it refuses (the ${VAR:?} guards): no fleet without auth.
+    for name in (WORKER_PASSWORD, CLIENT_PASSWORD):
+        refused = subprocess.run(
+            [*binary, "-f", "docker-compose.yml", "config", "-q"], cwd=ROOT,
+            capture_output=True, text=True, check=False, timeout=60,
+            env={**base, **{k: v for k, v in given.items() if k != name}},
+        )
+        assert refused.returncode != 0
+        assert name in refused.stderr + refused.stdout
+
+
+def _run_acl_script(script: str, into: Path, worker: str, client: str) -> Path:
+    """Run a deploy file's ACL-writing script here, its /acl/ being `into`; the file."""
+    into.mkdir()
+    # `bashfleet` is this checkout's CLI; chown (to the redis image's user) a no-op.
+    prelude = (f"bashfleet() {{ {shlex.quote(sys.executable)} -c "
+               "'import sys; from client.cli import main; sys.exit(main())' \"$@\"; }\n"
+               "chown() { :; }\n")
+    env = {"PATH": os.environ["PATH"], "PYTHONPATH": os.pathsep.join(sys.path),
+           "HOME": str(into), "BASHFLEET_STATE_DIR": str(into / "state"),
+           "BASHFLEET_REDIS_WORKER_PASSWORD": worker, "BASHFLEET_REDIS_CLIENT_PASSWORD": client}
+    done = subprocess.run(["sh", "-ec", prelude + script.replace("/acl/", f"{into}/")],
+                          env=env, capture_output=True, text=True, check=False, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in into.iterdir() if p.name != "state") == ["users.acl"]
+    return into / "users.acl"
+
+
+def test_the_acl_files_the_deploy_files_write_make_redis_tell_workers_from_clients(
+    compose: dict[str, Any], tmp_path: Path,
+) -> None:
+    """Both deploy files' scripts write `bashfleet redis-acl`'s file; a real Redis 7
+    loads it with --aclfile: the workers' user writes a host record, the clients' user
+    reads it and cannot write it, the default user is off."""
+    binary = find_redis_server()
+    if not supports_acl(binary):
+        pytest.skip("needs Redis 7 (ACL selectors): apt-get install redis-server")
+    worker, client = "w-" + "1" * 30, "c-" + "2" * 30
+    redis_yaml = {d["kind"]: d for d in _documents(K8S / "redis.yaml")}
+    init = redis_yaml["StatefulSet"]["spec"]["template"]["spec"]["initContainers"][0]
+    files = [
+        _run_acl_script(_acl_script(_command(compose["services"]["redis-acl"])).replace(
+            "$$", "$"), tmp_path / "compose", worker, client),
+        _run_acl_script(_acl_script(init["command"]), tmp_path / "k8s", worker, client),
+    ]
+    for path in files:
+        assert path.read_text() == acl.acl_file(worker, client)
+        assert path.stat().st_mode & 0o777 == 0o400
+    sock = tmp_path / "redis.sock"
+    server = subprocess.Popen(
+        [binary, "--port", "0", "--unixsocket", str(sock), "--unixsocketperm", "700",
+         "--aclfile", str(files[0]), "--dir", str(tmp_path), "--save", "",
+         "--appendonly", "no"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
-    assert refused.returncode != 0
-    assert "BASHFLEET_REDIS_PASSWORD" in refused.stderr + refused.stdout
+    try:
+        deadline = time.monotonic() + 10
+        while not sock.exists():
+            assert server.poll() is None and time.monotonic() < deadline, "redis did not start"
+            time.sleep(0.02)
+        as_worker = redis.Redis(unix_socket_path=str(sock), username=acl.WORKER_USER,
+                                password=worker, decode_responses=True)
+        as_client = redis.Redis(unix_socket_path=str(sock), username=acl.CLIENT_USER,
+                                password=client, decode_responses=True)
+        with as_worker, as_client, redis.Redis(unix_socket_path=str(sock)) as anonymous:
+            with pytest.raises(redis.AuthenticationError):
+                anonymous.ping()
+            as_worker.hset("bashfleet:host:h1", "concurrency", "4")
+            assert as_client.hgetall("bashfleet:host:h1") == {"concurrency": "4"}
+            with pytest.raises(redis.exceptions.NoPermissionError):
+                as_client.hset("bashfleet:host:h1", "concurrency", "99")
+            with pytest.raises(redis.exceptions.NoPermissionError):
+                as_client.delete("bashfleet:host:h1")
+            assert as_client.set("bashfleet:call:c1", "x")  # its own calls' records
+        # The probes: healthy with the workers' password only.
+        if shutil.which("redis-cli") is not None:
+            probe = PROBE.replace("redis-cli ", f"redis-cli -s {shlex.quote(str(sock))} ")
+            for password, healthy in ((worker, True), (client, False), ("wrong", False)):
+                done = subprocess.run(
+                    ["sh", "-c", probe], capture_output=True, check=False, timeout=10,
+                    env={"PATH": os.environ["PATH"], "REDISCLI_AUTH": password},
+                )
+                assert (done.returncode == 0) is healthy, (password, done)
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
 
 
 # -------------------------------------------------------------------------- systemd
@@ -470,14 +603,36 @@ def test_redis_statefulset(manifests: list[dict[str, Any]]) -> None:
     assert redis["spec"]["replicas"] == 1
     assert redis["spec"]["serviceName"] == "redis-headless"
     assert _find(manifests, "Service", "redis-headless")["spec"]["clusterIP"] == "None"
-    (container,) = _containers(redis)
+    init, container = _containers(redis)
     args = container["args"]
-    assert args[args.index("--requirepass") + 1] == "$(REDIS_PASSWORD)"
+    assert "--requirepass" not in args  # the default user is off: ACL users only
+    aclfile = args[args.index("--aclfile") + 1]
     assert args[args.index("--appendonly") + 1] == "yes"
     assert args[args.index("--maxmemory-policy") + 1] == "noeviction"
     env = _env(container)
-    assert _secret_ref(env["REDIS_PASSWORD"]) == ("bashfleet-redis", "password")
-    assert _secret_ref(env["REDISCLI_AUTH"]) == ("bashfleet-redis", "password")
+    # The probes authenticate as the workers' user, the password from the environment.
+    assert set(env) == {"REDISCLI_AUTH"}
+    assert _secret_ref(env["REDISCLI_AUTH"]) == ("bashfleet-redis", "worker-password")
+    for probe in ("readinessProbe", "livenessProbe"):
+        # redis-cli exits 0 on an error reply: the probe greps its answer.
+        assert container[probe]["exec"]["command"] == ["sh", "-c", PROBE]
+    # The init container writes the ACL file into a volume of this pod alone.
+    script = _acl_script(init["command"])
+    assert "bashfleet redis-acl --worker-password-file" in script.replace("\\\n", "")
+    assert "umask 077" in script.splitlines()[0] and aclfile in script
+    assert {k: _secret_ref(v) for k, v in _env(init).items()} == {
+        "BASHFLEET_REDIS_WORKER_PASSWORD": ("bashfleet-redis", "worker-password"),
+        "BASHFLEET_REDIS_CLIENT_PASSWORD": ("bashfleet-redis", "client-password"),
+    }
+    volumes = {v["name"]: v for v in redis["spec"]["template"]["spec"]["volumes"]}
+    acl_dir = os.path.dirname(aclfile)
+    (written,) = [m["name"] for m in init["volumeMounts"] if m["mountPath"] == acl_dir]
+    (read,) = [m for m in container["volumeMounts"] if m["mountPath"] == acl_dir]
+    assert read["name"] == written and read["readOnly"] is True
+    assert "emptyDir" in volumes[written]
+    pod = redis["spec"]["template"]["spec"]["securityContext"]
+    assert pod["runAsUser"] == 999 and pod["runAsNonRoot"] is True  # the init's too
+    assert init["securityContext"]["capabilities"]["drop"] == ["ALL"]
     (claim,) = redis["spec"]["volumeClaimTemplates"]
     mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
     assert mounts[claim["metadata"]["name"]] == args[args.index("--dir") + 1]
@@ -601,12 +756,30 @@ def test_no_plaintext_passwords_and_every_secret_ref_exists(
                     assert _secret_ref(entry) in examples, _secret_ref(entry)
                     checked += 1
                 for url in re.findall(r"rediss?://\S*", entry.get("value", "")):
-                    # Credentials only as $(VAR) of a variable taken from a Secret above.
-                    userinfo = re.match(r"rediss?://:\$\((\w+)\)@", url)
+                    # The workers' user; its password only as $(VAR) of a variable taken
+                    # from a Secret above.
+                    userinfo = re.match(rf"rediss?://{acl.WORKER_USER}:\$\((\w+)\)@", url)
                     assert userinfo and userinfo[1] in defined, url
                 if "valueFrom" in entry and "secretKeyRef" in entry["valueFrom"]:
                     defined.add(name)
-    assert checked == 4  # two in Redis, two in Flower (the worker's are files)
+            # No secret expanded by the kubelet into a command line.
+            argv = " ".join(container.get("command", []) + container.get("args", []))
+            assert not any(f"$({name})" in argv for name in defined), argv
+    # Three in Redis (the ACL init's two, the probes' one), two in Flower (the worker's
+    # are files).
+    assert checked == 5
+
+
+def test_the_secret_example_gives_workers_and_clients_their_own_users() -> None:
+    secrets_ = {doc["metadata"]["name"]: doc["stringData"]
+                for doc in _documents(K8S / "secret.example.yaml")}
+    passwords = secrets_["bashfleet-redis"]
+    assert set(passwords) == {"worker-password", "client-password"}
+    assert passwords["worker-password"] != passwords["client-password"]
+    assert secrets_["bashfleet-redis-url"]["url"] == (
+        f"redis://{acl.WORKER_USER}:{passwords['worker-password']}@redis.bashfleet.svc:6379/0")
+    assert secrets_["bashfleet-redis-client-url"]["url"] == (
+        f"redis://{acl.CLIENT_USER}:{passwords['client-password']}@redis.bashfleet.svc:6379/0")
 
 
 def test_one_image_for_worker_and_flower_named_by_the_kustomization(
@@ -616,6 +789,8 @@ def test_one_image_for_worker_and_flower_named_by_the_kustomization(
     for kind, name in (("DaemonSet", "bashfleet-worker"), ("Deployment", "flower")):
         for container in _containers(_find(manifests, kind, name)):
             assert container["image"].rsplit(":", 1)[0] == override["name"]
+    init, _ = _containers(_find(manifests, "StatefulSet", "redis"))  # the ACL file's
+    assert init["image"].rsplit(":", 1)[0] == override["name"]
 
 
 def _kubectl_kustomize() -> str:
