@@ -166,7 +166,7 @@ def test_cancel_from_another_thread_kills_the_call(engine: Engine) -> None:
     assert not result.timed_out
     assert result.cancelled
     assert result.error is not None
-    assert result.error.kind == "internal"
+    assert result.error.kind == "cancelled"
     assert "cancel" in result.error.message
     assert result.signal == 15
     assert result.stdout == "up\n"
