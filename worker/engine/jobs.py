@@ -21,7 +21,6 @@ import errno
 import json
 import os
 import re
-import select
 import signal
 import subprocess
 import sys
@@ -345,7 +344,7 @@ def _launch_supervisor(spec: Path) -> dict[str, Any]:
         raise JobError("spawn_failed", f"could not start the job supervisor: {exc}") from exc
     if proc.stdout is None:  # pragma: no cover - stdout=PIPE always gives one
         raise JobError("spawn_failed", "the job supervisor has no stdout")
-    ready, _, _ = select.select([proc.stdout], [], [], START_TIMEOUT_S)
+    ready = launcher.readable(proc.stdout.fileno(), START_TIMEOUT_S)
     line = proc.stdout.readline() if ready else b""
     proc.stdout.close()
     # The supervisor lives on detached; reap it from a thread if it ends while we run.

@@ -401,6 +401,16 @@ class Keeper:
 RECYCLE_TIMEOUT_S = 2.0
 
 
+
+def _first_ready(fds: list[int]) -> int:
+    """The first of `fds` with something to read (or closed), waiting as long as it takes
+    (poll(2): no limit on the descriptors' numbers)."""
+    poller = select.poll()
+    for fd in fds:
+        poller.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
+    ready = {fd for fd, _ in poller.poll()}
+    return next(fd for fd in fds if fd in ready)
+
 def _empty_dir(path: str) -> bool:
     try:
         return not os.listdir(path)
@@ -501,7 +511,7 @@ def _claimed(listener: socket.socket, spec: dict[str, Any]
     maker = int(spec.get("maker_fd", -1))
     listener.setblocking(True)
     while True:
-        if maker >= 0 and maker in select.select([listener.fileno(), maker], [], [])[0]:
+        if maker >= 0 and _first_ready([listener.fileno(), maker]) == maker:
             os._exit(0)  # the worker process that made it ahead is gone: none will claim it
         sock, _ = listener.accept()
         pid, uid, _ = struct.unpack("3i", sock.getsockopt(

@@ -69,6 +69,15 @@ KEEPER_SETUP_S = 30.0
 # ---------------------------------------------------------------------------- zygote
 
 
+
+def readable(fd: int, timeout: float) -> bool:
+    """Whether `fd` has something to read (or its other end closed) within `timeout`
+    seconds. poll(2), never select(2): a process with many calls at once holds
+    descriptors past select's 1024, where glibc aborts the whole process."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
+    return bool(poller.poll(max(0.0, timeout) * 1000))
+
 def _new_keeper(chan: socket.socket, body: dict[str, Any], fds: list[int]) -> None:
     """Fork a keeper into new namespaces; answer with its host pid once it is ready."""
     # The last fd of a blank with host ids is its slot's lock: inherited by the keeper,
@@ -167,7 +176,7 @@ def _read_report(fd: int, timeout: float) -> bytes:
     deadline = time.monotonic() + timeout
     while True:
         left = deadline - time.monotonic()
-        if left <= 0 or not select.select([fd], [], [], left)[0]:
+        if left <= 0 or not readable(fd, left):
             chunks.append(b"\n" + proto.report_line(
                 "error", f"{errno.ETIMEDOUT} the keeper did not report within its setup time"))
             return b"".join(chunks)

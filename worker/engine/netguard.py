@@ -560,7 +560,9 @@ def main(argv: Sequence[str]) -> int:
         threading.Thread(target=target, args=args, daemon=True).start()
     os.write(ready, b"ok")
     os.close(ready)
-    select.select([keeper], [], [])
+    poller = select.poll()  # not select(): no limit on the descriptor's number
+    poller.register(keeper, select.POLLIN | select.POLLHUP)
+    poller.poll()
     return 0  # the workspace ended: its namespace goes with us
 
 

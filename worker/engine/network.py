@@ -585,9 +585,9 @@ def start_guard(keeper_pid: int, ws_id: str, link: Link, policy: NetworkPolicy,
             stderr=subprocess.DEVNULL, pass_fds=(denied, ready_w), start_new_session=True)
         os.close(ready_w)
         ready_w = -1
-        import select  # noqa: PLC0415
+        from worker.engine.launcher import readable  # noqa: PLC0415
 
-        if not select.select([ready_r], [], [], TOOL_TIMEOUT_S)[0] or os.read(ready_r, 64) != b"ok":
+        if not readable(ready_r, TOOL_TIMEOUT_S) or os.read(ready_r, 64) != b"ok":
             proc.kill()
             raise NetworkError("the workspace's network guard did not start")
     finally:

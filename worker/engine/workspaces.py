@@ -24,7 +24,6 @@ import json
 import logging
 import os
 import queue
-import select
 import shutil
 import stat
 import subprocess
@@ -1557,7 +1556,7 @@ def _end_keeper(record: WorkspaceRecord) -> None:
     try:
         with contextlib.suppress(ProcessLookupError):
             os.kill(record.keeper_pid, 9)  # pid 1 of its namespace: the kernel ends them all
-        select.select([pidfd], [], [], KEEPER_END_S)
+        launcher.readable(pidfd, KEEPER_END_S)
     finally:
         os.close(pidfd)
 
