@@ -30,6 +30,7 @@ import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from bench.bench_containers import Row, _ms, _ok, _print, _say
 from worker import Call, run_call
 from worker.engine import network, sandbox, workspaces
 from worker.settings import Settings
@@ -42,26 +43,6 @@ from integration.netns_helpers import NetNs, make_netns
 SIZE = 100 * 1000 * 1000
 EGRESS_TARGET = 1.10
 READY_TARGET_S = 0.010
-
-Row = tuple[str, str, str, str, str]
-
-
-def _say(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)
-
-
-def _pct(values: Sequence[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
-def _ms(values: Sequence[float]) -> str:
-    return f"{statistics.median(values) * 1e3:.1f} ms (p99 {_pct(values, 0.99) * 1e3:.1f})"
-
-
-def _ok(good: bool) -> str:
-    return "ok" if good else "MISS"
-
 
 def _download(settings: Settings, ws_id: str, url: str) -> float:
     """Seconds curl took for the whole body, in a call of the workspace."""
@@ -149,14 +130,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             rows += ready_rows(settings, 5 if args.quick else 20)
     _print(rows)
     return 0
-
-
-def _print(rows: Sequence[Row]) -> None:
-    header = ("row", "measured", "baseline", "target", "status")
-    widths = [max(len(str(row[i])) for row in (header, *rows)) for i in range(5)]
-    for row in (header, tuple("-" * w for w in widths), *rows):
-        print(" | ".join(str(cell).ljust(width) for cell, width in zip(row, widths,
-                                                                     strict=True)))
 
 
 if __name__ == "__main__":

@@ -39,6 +39,7 @@ import contextlib
 import functools
 import logging
 import os
+import re
 import time
 import uuid
 from collections import Counter
@@ -176,6 +177,7 @@ from worker.wire.control import (
 )
 from worker.wire.events import EventKind, JobEvent, event_matches
 from worker.wire.models import (
+    SNAPSHOT_ID_PATTERN,
     CallResult,
     CheckResult,
     HostInfo,
@@ -1073,7 +1075,7 @@ class Fleet:
         """A snapshot's record as its host sealed it; UnknownSnapshot when this owner
         has none by that id."""
         snap_id = snapshot.id if isinstance(snapshot, Snapshot) else str(snapshot)
-        if not isinstance(snap_id, str) or not snap_id.startswith("s") or len(snap_id) != 16:
+        if re.fullmatch(SNAPSHOT_ID_PATTERN, snap_id) is None:
             raise UnknownSnapshot(f"no such snapshot: {snap_id!r}")
         sealed = (self._r(records.snapshot_records, [snap_id]))[0]
         record = open_snapshot(self._record_keys, snap_id, sealed)

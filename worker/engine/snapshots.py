@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -31,7 +32,7 @@ from pathlib import Path
 from worker.engine import cgroups, ids, layout
 from worker.settings import Settings
 from worker.wire.errors import ToolError
-from worker.wire.models import SNAPSHOT_ID_PATTERN, Snapshot, SnapshotRecord, WorkspaceRecord
+from worker.wire.models import SNAPSHOT_ID_PATTERN, SnapshotRecord, WorkspaceRecord
 
 #: Seconds a snapshot lives unless told (a day: an eval's or a training step's span).
 DEFAULT_TTL_S = 24 * 3600.0
@@ -53,8 +54,6 @@ def new_id() -> str:
 
 
 def valid_id(snap_id: str) -> bool:
-    import re  # noqa: PLC0415 - a pattern checked once per request
-
     return re.fullmatch(SNAPSHOT_ID_PATTERN, snap_id) is not None
 
 
@@ -115,11 +114,6 @@ def local_records(settings: Settings) -> list[SnapshotRecord]:
                     found.append(SnapshotRecord.model_validate_json(
                         Path(entry.path).read_text("utf-8")))
     return sorted(found, key=lambda r: r.created_at)
-
-
-def view(record: SnapshotRecord, paused_ms: float | None = None) -> Snapshot:
-    """The snapshot as a client sees it."""
-    return record.as_snapshot(paused_ms)
 
 
 # ------------------------------------------------------------------------------ taking

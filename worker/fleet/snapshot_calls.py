@@ -145,7 +145,7 @@ def create(rt: Runtime, request: SnapshotCreateRequest, admin: bool = False) -> 
     """Snapshot a workspace of the asker's."""
     record, paused = _take(rt, request.workspace, request.owner, admin, ttl_s=request.ttl_s,
                            tags=dict(request.tags), hidden=False)
-    return engine.view(record, paused)
+    return record.as_snapshot(paused)
 
 
 def fork(rt: Runtime, request: WorkspaceForkRequest, admin: bool = False) -> WorkspaceForks:
@@ -183,7 +183,7 @@ def fork(rt: Runtime, request: WorkspaceForkRequest, admin: bool = False) -> Wor
         engine.remove(record.id, rt.settings)
         unpublish(rt.redis, record)
         raise
-    return WorkspaceForks(snapshot=engine.view(record, paused), workspaces=tuple(made))
+    return WorkspaceForks(snapshot=record.as_snapshot(paused), workspaces=tuple(made))
 
 
 def restore(rt: Runtime, request: WorkspaceRestoreRequest, admin: bool = False
