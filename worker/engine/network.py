@@ -230,7 +230,7 @@ def load_rules(pid: int, text: str) -> None:
     it takes ~3 ms, the tool ~15 ms (a blank keeper's link and rules are made ahead, but
     a burst of workspaces outruns a slow refill)."""
     library = _nftables()
-    if library is None:
+    if library is None or not _low_descriptors():
         _in_netns(pid, ["nft", "-f", "-"], text)
         return
     failure: list[str] = []
@@ -240,6 +240,20 @@ def load_rules(pid: int, text: str) -> None:
     thread.join()
     if failure:
         raise NetworkError(f"nft: {failure[0][:500]}")
+
+
+#: Past this, a descriptor the library opens now could be numbered 1024 or more.
+LOW_DESCRIPTORS = 512
+
+
+def _low_descriptors() -> bool:
+    """Whether the next descriptor this process opens is well below 1024: libnftables
+    waits on its netlink socket with select(2), and glibc aborts the whole process for a
+    descriptor past FD_SETSIZE (an exec consumer running 200 calls holds that many).
+    Past it the rules go through `nft` in a process of its own."""
+    probe = os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC)
+    os.close(probe)
+    return probe < LOW_DESCRIPTORS
 
 
 def _load_in_thread(library: ctypes.CDLL, pid: int, text: str, failure: list[str]) -> None:
