@@ -34,10 +34,10 @@ from pathlib import Path
 
 import psutil
 
-from worker import Call, run_call
-from worker.engine import images, sandbox, workspaces
-from worker.settings import Settings
-from worker.wire.models import WorkspaceSpec
+from bashfleet.worker import Call, run_call
+from bashfleet.worker.engine import images, sandbox, workspaces
+from bashfleet.worker.settings import Settings
+from bashfleet.worker.wire.models import WorkspaceSpec
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 # The tests' registry and images: the one way to serve a registry on this machine.

@@ -26,12 +26,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bashfleet.client import BashfleetError, Fleet
+from bashfleet.client.aio import AsyncFleet, AsyncWorkspace
+from bashfleet.client.redis_server import RedisServer
+from bashfleet.worker.wire.control import Collect
 from bench import cleanup
 from bench.bench_fleet import _pct, _process, _row, _wait, worker_env
-from client import BashfleetError, Fleet
-from client.aio import AsyncFleet, AsyncWorkspace
-from client.redis_server import RedisServer
-from worker.wire.control import Collect
 
 HOST = "bench-ctl"
 #: The host's file deadline here (what the hung-tool reads run into).
@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         env = worker_env(server.url, root / "host") | {
             "BASHFLEET_WORKSPACE_ROOT": str(root / "workspaces"),
             "BASHFLEET_FILE_OP_TIMEOUT_S": str(FILE_DEADLINE_S)}
-        worker = [sys.executable, "-m", "worker.fleet.supervisor", "--host", HOST,
+        worker = [sys.executable, "-m", "bashfleet.worker.fleet.supervisor", "--host", HOST,
                   "--concurrency", "2", "--local-fallback"]
         with _process(worker, env, root / "worker.log"):
             owner = f"victim-{uuid.uuid4().hex[:6]}"

@@ -49,10 +49,10 @@ from types import TracebackType
 
 import psutil
 
+from bashfleet.worker import Call, Policy, Settings, run_call
+from bashfleet.worker.engine import sandbox, workspaces
+from bashfleet.worker.wire.models import WorkspaceSpec
 from bench import cleanup
-from worker import Call, Policy, Settings, run_call
-from worker.engine import sandbox, workspaces
-from worker.wire.models import WorkspaceSpec
 
 MIB = 1024 * 1024
 GIB = 1024 * MIB

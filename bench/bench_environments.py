@@ -41,11 +41,14 @@ from pathlib import Path
 from inspect_ai.util import SandboxEnvironment
 from inspect_ai.util._sandbox.local import LocalSandboxEnvironment
 
+from bashfleet.client import Fleet
+from bashfleet.client.integrations.inspect_ai import (
+    BashfleetSandboxConfig,
+    BashfleetSandboxEnvironment,
+)
+from bashfleet.client.redis_server import RedisServer
 from bench import cleanup
 from bench.bench_fleet import _pct, _process, _wait, worker_env
-from client import Fleet
-from client.integrations.inspect_ai import BashfleetSandboxConfig, BashfleetSandboxEnvironment
-from client.redis_server import RedisServer
 
 HOST = "bench-env"
 #: The best median the sandbox services publish from create to the first command, and
@@ -244,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     with cleanup.hosts_ended(root), RedisServer(root / "redis") as server:
         env = worker_env(server.url, root / "host")
         os.environ["BASHFLEET_REDIS_URL"] = server.url  # the adapter's fleet, as a user's
-        worker = [sys.executable, "-m", "worker.fleet.supervisor", "--host", HOST,
+        worker = [sys.executable, "-m", "bashfleet.worker.fleet.supervisor", "--host", HOST,
                   "--concurrency", str(args.slots)]
         with _process(worker, env, root / "worker.log"):
             with Fleet(server.url) as fleet:

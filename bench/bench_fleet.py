@@ -30,10 +30,10 @@ import psutil
 import redis
 from celery import Celery
 
+from bashfleet.client import Fleet
+from bashfleet.client.redis_server import RedisServer
+from bashfleet.worker.wire import names
 from bench import cleanup, redis_stats
-from client import Fleet
-from client.redis_server import RedisServer
-from worker.wire import names
 
 HOST = "bench"
 BARE_QUEUE = "bare.exec"
@@ -328,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"python {sys.version.split()[0]}, cpus {os.cpu_count()}, state {root}")
     with cleanup.hosts_ended(root), RedisServer(root / "redis") as server:
         env = worker_env(server.url, root / "host") | {"BARE_REDIS_URL": server.url}
-        worker = [sys.executable, "-m", "worker.fleet.supervisor", "--host", HOST,
+        worker = [sys.executable, "-m", "bashfleet.worker.fleet.supervisor", "--host", HOST,
                   "--concurrency", str(slots)]
         bare_worker = [sys.executable, "-m", "celery", "-A", "bench.bare_app", "worker",
                        "-P", "threads", "-c", str(slots), "-Q", BARE_QUEUE, "-n", "bare@%h",

@@ -35,11 +35,11 @@ from pathlib import Path
 
 import psutil
 
+from bashfleet.client import Fleet
+from bashfleet.client.redis_server import RedisServer
+from bashfleet.worker.wire.control import Collect
 from bench import cleanup
 from bench.bench_fleet import _pct, _process, _wait, worker_env
-from client import Fleet
-from client.redis_server import RedisServer
-from worker.wire.control import Collect
 
 HOST = "bench-inter"
 #: Echo off: what comes back is cat's copy of the line, not the terminal's echo.
@@ -164,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     with cleanup.hosts_ended(root), RedisServer(root / "redis") as server:
         env = worker_env(server.url, root / "host")
         env["BASHFLEET_INTERACTIVE_MAX_PER_OWNER"] = str(sessions + 10)
-        worker = [sys.executable, "-m", "worker.fleet.supervisor", "--host", HOST]
+        worker = [sys.executable, "-m", "bashfleet.worker.fleet.supervisor", "--host", HOST]
         with _process(worker, env, root / "worker.log"):
             fleet = Fleet(server.url)
             _wait(lambda: any(h.host == HOST and h.alive and h.ready for h in fleet.hosts()),

@@ -30,11 +30,11 @@ import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from bashfleet.worker import Call, run_call
+from bashfleet.worker.engine import network, sandbox, workspaces
+from bashfleet.worker.settings import Settings
+from bashfleet.worker.wire.models import WorkspaceSpec
 from bench.bench_containers import Row, _ms, _ok, _print, _say
-from worker import Call, run_call
-from worker.engine import network, sandbox, workspaces
-from worker.settings import Settings
-from worker.wire.models import WorkspaceSpec
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 # The tests' namespaces and servers: the one way to serve something "elsewhere" here.

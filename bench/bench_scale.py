@@ -36,14 +36,14 @@ from typing import Any
 import psutil
 import redis
 
+from bashfleet.client import AsyncFleet, Fleet
+from bashfleet.client.redis_server import RedisServer
+from bashfleet.worker.engine import jobs as engine_jobs
+from bashfleet.worker.settings import Settings
+from bashfleet.worker.wire import names
+from bashfleet.worker.wire.models import JobRecord
 from bench import cleanup
 from bench.bench_fleet import _process, _wait, worker_env
-from client import AsyncFleet, Fleet
-from client.redis_server import RedisServer
-from worker.engine import jobs as engine_jobs
-from worker.settings import Settings
-from worker.wire import names
-from worker.wire.models import JobRecord
 
 Row = tuple[str, str, str]
 
@@ -64,7 +64,7 @@ class Hosts:
         self.root.mkdir(parents=True, exist_ok=True)
         for host in hosts:
             env = worker_env(self.url, self.root / "hosts" / host)
-            args = [sys.executable, "-m", "worker.fleet.supervisor", "--host", host,
+            args = [sys.executable, "-m", "bashfleet.worker.fleet.supervisor", "--host", host,
                     "--concurrency", str(slots)]
             self.stack.enter_context(_process(args, env, self.root / f"{host}.log"))
 
@@ -170,8 +170,8 @@ def protocol_child(url: str, seconds: float, worker_no: int) -> None:
     with the fleet's own functions, but no bash behind them: send (the client's script),
     take (BRPOP), claim, finish and answer (the worker's scripts), for `seconds`; print
     how many as JSON. Several of these drive one Redis towards its ceiling."""
-    from client import records as client_records  # noqa: PLC0415 - the child's own imports
-    from worker.fleet import registry  # noqa: PLC0415
+    from bashfleet.client import records as client_records  # noqa: PLC0415 - the child's own imports
+    from bashfleet.worker.fleet import registry  # noqa: PLC0415
 
     client = redis.Redis.from_url(url, decode_responses=True)
     host, queue = f"proto{worker_no}", names.exec_queue(f"proto{worker_no}")

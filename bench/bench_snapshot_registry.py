@@ -40,8 +40,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from worker.engine import snapshot_registry as snapshots
-from worker.settings import Settings
+from bashfleet.worker.engine import snapshot_registry as snapshots
+from bashfleet.worker.settings import Settings
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 # The tests' registry: the one way to serve a registry on this machine.

@@ -34,12 +34,12 @@ from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from bashfleet.worker import Call, run_call
+from bashfleet.worker.engine import sandbox, snapshots, workspaces
+from bashfleet.worker.fleet import snapshot_calls
+from bashfleet.worker.settings import Settings
+from bashfleet.worker.wire.models import WorkspaceSpec
 from bench.bench_containers import Row, _du, _ms, _ok, _pct, _print, _say
-from worker import Call, run_call
-from worker.engine import sandbox, snapshots, workspaces
-from worker.fleet import snapshot_calls
-from worker.settings import Settings
-from worker.wire.models import WorkspaceSpec
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 # The tests' registry: the one way to serve a registry on this machine.
@@ -133,7 +133,7 @@ def fork_rows(settings: Settings, snap_id: str, count: int) -> list[Row]:
     started = time.perf_counter()
     snap, _ = snapshots.take(source, settings, hidden=True)
     took = time.perf_counter() - started
-    # As a `fork` request makes them (`worker.fleet.snapshot_calls.fork`): a few at once.
+    # As a `fork` request makes them (`bashfleet.worker.fleet.snapshot_calls.fork`): a few at once.
     with ThreadPoolExecutor(snapshot_calls.FORK_THREADS) as pool:
         sixteen = list(pool.map(lambda _: workspaces.create(
             WorkspaceSpec(snapshot=snap.id), settings), range(16)))
@@ -161,7 +161,7 @@ def fork_rows(settings: Settings, snap_id: str, count: int) -> list[Row]:
 def across_row(settings: Settings, other: Settings, snap_id: str, count: int) -> Row:
     """Row 5: a workspace from the snapshot on another host, cold (its layer pulled from
     the registry and the workspace made there), against the registry pull alone."""
-    from worker.engine import snapshot_registry  # noqa: PLC0415 - only this row needs it
+    from bashfleet.worker.engine import snapshot_registry  # noqa: PLC0415 - only this row needs it
 
     record = snapshots.load(snap_id, settings)
     ref = snapshot_registry.snapshot_ref(settings, snap_id)

@@ -34,10 +34,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from bashfleet.client import Fleet, Workspace
+from bashfleet.client.redis_server import RedisServer
 from bench import cleanup
 from bench.bench_fleet import _process, _wait, worker_env
-from client import Fleet, Workspace
-from client.redis_server import RedisServer
 
 HOST = "bench-xfer"
 MB = 1_000_000
@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with cleanup.hosts_ended(root), RedisServer(root / "redis") as server:
             env = worker_env(server.url, root / "host")
-            worker = [sys.executable, "-m", "worker.fleet.supervisor", "--host", HOST,
+            worker = [sys.executable, "-m", "bashfleet.worker.fleet.supervisor", "--host", HOST,
                       "--concurrency", "2"]
             with _process(worker, env, root / "worker.log"), Fleet(server.url) as fleet:
                 _wait(lambda: any(h.host == HOST and h.alive and h.ready

@@ -9,8 +9,8 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from worker.engine import teardown
-from worker.settings import Settings
+from bashfleet.worker.engine import teardown
+from bashfleet.worker.settings import Settings
 
 
 def end_hosts_under(root: Path) -> int:

@@ -1,12 +1,12 @@
 """bashfleet's caller side: the fleet client (`Fleet`, `AsyncFleet`) and its errors.
 
-    from client import Fleet
+    from bashfleet.client import Fleet
     result = Fleet().run("make test", host="build-1")
 
 The CLI, the tool dialects and the MCP server are built on these. Names load on first
-use (PEP 562): `import client.dialects` does not load the fleet client. No part of the
+use (PEP 562): `import bashfleet.client.dialects` does not load the fleet client. No part of the
 client loads Celery or kombu: it builds the messages it sends itself
-(`worker.wire.messages`).
+(`bashfleet.worker.wire.messages`).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from client.aio import AsyncFleet, AsyncWorkspace
-    from client.errors import (
+    from bashfleet.client.aio import AsyncFleet, AsyncWorkspace
+    from bashfleet.client.errors import (
         BashfleetError,
         CallNotRun,
         CallRejected,
@@ -37,8 +37,8 @@ if TYPE_CHECKING:
         WorkerLost,
         WorkspaceFileError,
     )
-    from client.fleet import Fleet, Workspace
-    from worker.wire.models import RestoreResult, Snapshot
+    from bashfleet.client.fleet import Fleet, Workspace
+    from bashfleet.worker.wire.models import RestoreResult, Snapshot
 
 __all__ = [
     "AsyncFleet",
@@ -71,11 +71,12 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     if name not in __all__:
-        raise AttributeError(f"module 'client' has no attribute {name!r}")
-    homes = {"AsyncFleet": "client.aio", "AsyncWorkspace": "client.aio",
-             "Fleet": "client.fleet", "Workspace": "client.fleet",
-             "Snapshot": "worker.wire.models", "RestoreResult": "worker.wire.models"}
-    home = homes.get(name, "client.errors")
+        raise AttributeError(f"module 'bashfleet.client' has no attribute {name!r}")
+    homes = {"AsyncFleet": "bashfleet.client.aio", "AsyncWorkspace": "bashfleet.client.aio",
+             "Fleet": "bashfleet.client.fleet", "Workspace": "bashfleet.client.fleet",
+             "Snapshot": "bashfleet.worker.wire.models", "RestoreResult":
+             "bashfleet.worker.wire.models"}
+    home = homes.get(name, "bashfleet.client.errors")
     value = getattr(importlib.import_module(home), name)
     globals()[name] = value  # the next lookup does not come here
     return value

@@ -12,7 +12,7 @@ belongs to one event loop.
 
 from __future__ import annotations
 
-from client._async.fleet import AsyncFleet
-from client._async.workspace import AsyncWorkspace
+from bashfleet.client._async.fleet import AsyncFleet
+from bashfleet.client._async.workspace import AsyncWorkspace
 
 __all__ = ["AsyncFleet", "AsyncWorkspace"]

@@ -29,18 +29,18 @@ from dataclasses import dataclass, field
 from types import FrameType
 from typing import TYPE_CHECKING, Any, BinaryIO
 
-from worker.wire.control import Collect, SessionOutput
-from worker.wire.models import ByteTail, TailLines
+from bashfleet.worker.wire.control import Collect, SessionOutput
+from bashfleet.worker.wire.models import ByteTail, TailLines
 
 if TYPE_CHECKING:
-    from client.fleet import Fleet
+    from bashfleet.client.fleet import Fleet
 
 #: Ctrl-]: the detach key (telnet's), sent by no common program.
 DETACH_KEY = b"\x1d"
 #: Longest a read waits for output before asking again (a long poll).
 POLL_S = 1.0
 #: Bytes of local input forwarded at a time: one write the host takes whole or not at all
-#: (`worker.engine.interactive.WRITE_CHUNK`), so a retry never sends anything twice.
+#: (`bashfleet.worker.engine.interactive.WRITE_CHUNK`), so a retry never sends anything twice.
 CHUNK = 32 * 1024
 #: A control string not terminated within this many bytes is dropped whole.
 MAX_HELD = 4096

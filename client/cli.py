@@ -2,10 +2,10 @@
 
 Readable text for people, `--json` for scripts. `run` exits with the command's own
 status (128+N when a signal ended it, 124 on a timeout kill, 125 for a system error,
-130 after Ctrl-C: `client.exit_status`, the one mapping), so `bashfleet run 'make test'
+130 after Ctrl-C: `bashfleet.client.exit_status`, the one mapping), so `bashfleet run 'make test'
 && deploy` works as with plain bash: a timeout kills the command unless
 `--background-on-timeout` says otherwise. Ctrl-C, `--follow` and stdin:
-`client.foreground`. A reader that goes away (`bashfleet schema | head`) ends any
+`bashfleet.client.foreground`. A reader that goes away (`bashfleet schema | head`) ends any
 command quietly with 141, as SIGPIPE ends `yes | head`'s `yes`.
 """
 
@@ -25,13 +25,13 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TextIO, cast
 
-from client import exit_status as statuses
-from client import images_cli, owner_cli, snapshot_cli, workspace_cli
-from client.exit_status import SYSTEM_ERROR as EXIT_SYSTEM_ERROR
-from client.exit_status import TIMEOUT as EXIT_TIMEOUT
-from client.exit_status import USAGE as EXIT_USAGE
-from worker.wire.control import NO_LINE, SessionOutput
-from worker.wire.models import (
+from bashfleet.client import exit_status as statuses
+from bashfleet.client import images_cli, owner_cli, snapshot_cli, workspace_cli
+from bashfleet.client.exit_status import SYSTEM_ERROR as EXIT_SYSTEM_ERROR
+from bashfleet.client.exit_status import TIMEOUT as EXIT_TIMEOUT
+from bashfleet.client.exit_status import USAGE as EXIT_USAGE
+from bashfleet.worker.wire.control import NO_LINE, SessionOutput
+from bashfleet.worker.wire.models import (
     CallResult,
     CheckResult,
     HostInfo,
@@ -43,15 +43,15 @@ from worker.wire.models import (
 if TYPE_CHECKING:
     from pydantic import BaseModel
 
-    from client.dialects import Dialect
-    from client.fleet import Fleet
-    from client.foreground import ForegroundRun, Stream
-    from worker.wire.events import JobEvent
+    from bashfleet.client.dialects import Dialect
+    from bashfleet.client.fleet import Fleet
+    from bashfleet.client.foreground import ForegroundRun, Stream
+    from bashfleet.worker.wire.events import JobEvent
 
     SubParsers = argparse._SubParsersAction[argparse.ArgumentParser]
 
-#: The dialects `schema` and `mcp` take, and `schema`'s styles (`client.dialects.DIALECTS`
-#: and `client.dialects.base.SCHEMA_STYLES`, which a unit test holds these to: importing
+#: The dialects `schema` and `mcp` take, and `schema`'s styles (`bashfleet.client.dialects.DIALECTS`
+#: and `bashfleet.client.dialects.base.SCHEMA_STYLES`, which a unit test holds these to: importing
 #: the dialects here would slow every `bashfleet --help`).
 DIALECT_NAMES = ("claude", "claude-code", "codex", "modes", "native", "pi", "pipe")
 SCHEMA_STYLES = ("anthropic", "openai", "openai-responses", "mcp", "function")
@@ -75,7 +75,7 @@ def _fleet() -> Fleet:
     """The fleet client of a person's CLI: the admin key when one is configured (or the
     local fleet's), so `check`, `kill`, `output` and `ps --all` reach every owner's jobs.
     NoFleet when none is configured (no URL and no `bashfleet up` running)."""
-    from client.fleet import Fleet, resolve_url  # noqa: PLC0415 - keep `--help` fast
+    from bashfleet.client.fleet import Fleet, resolve_url  # noqa: PLC0415 - keep `--help` fast
 
     if not resolve_url():
         raise NoFleet(f"no fleet to talk to: {NO_FLEET_HINT}")
@@ -251,7 +251,7 @@ def print_result(result: CallResult, *, job_id_on_stdout: bool = True) -> None:
 
 def _run_request(args: argparse.Namespace) -> RunRequest:
     """The RunRequest of `bashfleet run`'s arguments (a bad one: CallRejected)."""
-    from client.fleet import run_request  # noqa: PLC0415 - keep `bashfleet --help` fast
+    from bashfleet.client.fleet import run_request  # noqa: PLC0415 - keep `bashfleet --help` fast
 
     options: dict[str, Any] = {
         "host": args.host, "mode": args.mode, "timeout": args.timeout, "cwd": args.cwd,
@@ -267,8 +267,8 @@ def _run_request(args: argparse.Namespace) -> RunRequest:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from client import attach  # noqa: PLC0415
-    from client.foreground import ForegroundRun, StdinWatch  # noqa: PLC0415
+    from bashfleet.client import attach  # noqa: PLC0415
+    from bashfleet.client.foreground import ForegroundRun, StdinWatch  # noqa: PLC0415
 
     if args.image or args.build:
         return _run_in_new_workspace(args)
@@ -347,7 +347,7 @@ def keeps_stderr(fleet: Fleet, result: CallResult) -> bool:
     apart from its stdout: a call that went on as a job does (its spill files); a job
     started in the background does where its host writes one (asked of the host: today
     they write both streams to one file, and that is all there is to follow)."""
-    from client.errors import UnknownJob  # noqa: PLC0415
+    from bashfleet.client.errors import UnknownJob  # noqa: PLC0415
 
     if result.spill is not None and result.spill.stderr_path is not None:
         return True
@@ -448,14 +448,14 @@ def _session_status(out: SessionOutput | None) -> int:
 def _run_interactive(args: argparse.Namespace, *, tty: bool) -> int:
     """`run --tty` (a PTY job, this terminal attached) or `run` with piped stdin (a pipe
     job, stdin forwarded, output streamed): the command's exit status."""
-    from client import attach  # noqa: PLC0415
+    from bashfleet.client import attach  # noqa: PLC0415
 
     if args.json or args.follow or args.mode != "default":
         print("bashfleet run: --tty and piped stdin take no --json, --follow or --mode "
               "(pass --no-stdin to run without forwarding stdin)", file=sys.stderr)
         return EXIT_USAGE
     fleet = _fleet()
-    from client.attach import window_size  # noqa: PLC0415
+    from bashfleet.client.attach import window_size  # noqa: PLC0415
 
     found = window_size(0) if tty else None
     size = {"rows": found[0], "cols": found[1]} if found else None
@@ -482,7 +482,7 @@ def _run_interactive(args: argparse.Namespace, *, tty: bool) -> int:
 
 
 def cmd_attach(args: argparse.Namespace) -> int:
-    from client import attach  # noqa: PLC0415
+    from bashfleet.client import attach  # noqa: PLC0415
 
     key = attach.parse_detach_key(args.detach_key)  # ValueError: a usage error
     last = attach.attach(_fleet(), args.id, detach_key=key,
@@ -499,7 +499,7 @@ def _ending_text(out: SessionOutput) -> str:
 
 
 def cmd_write(args: argparse.Namespace) -> int:
-    from worker.wire.control import Collect  # noqa: PLC0415
+    from bashfleet.worker.wire.control import Collect  # noqa: PLC0415
 
     collect = Collect(wait_s=args.wait, settle_s=0.3, input_wait_s=2.0)
     fleet = _fleet()
@@ -670,7 +670,7 @@ def _ending(exit_code: int | None, signal: int | None) -> str:
 
 
 def cmd_wait(args: argparse.Namespace) -> int:
-    from client.errors import WaitTimeout  # noqa: PLC0415
+    from bashfleet.client.errors import WaitTimeout  # noqa: PLC0415
 
     try:
         view = _fleet().wait(args.id, timeout=args.timeout)
@@ -769,7 +769,7 @@ def cmd_hosts(args: argparse.Namespace) -> int:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    from client import local  # noqa: PLC0415
+    from bashfleet.client import local  # noqa: PLC0415
 
     hosts = tuple(h.strip() for h in args.hosts.split(",") if h.strip())
     options = local.UpOptions(
@@ -824,7 +824,7 @@ def _wait_hosts(hosts: Sequence[str], timeout: float) -> bool:
 
 def cmd_down(args: argparse.Namespace) -> int:
     del args
-    from client import local  # noqa: PLC0415
+    from bashfleet.client import local  # noqa: PLC0415
 
     local.stop()
     return 0
@@ -833,9 +833,9 @@ def cmd_down(args: argparse.Namespace) -> int:
 #: Subcommands that run the build machine's own side, by module: their arguments are
 #: that module's (`bashfleet worker --help` is the supervisor's own help).
 WORKER_SIDE = {
-    "worker": ("worker.fleet.supervisor", "serve calls on this machine (--host, --concurrency, "
-               "--label)"),
-    "gc": ("worker.retention", "remove old spill and job files of this machine's worker "
+    "worker": ("bashfleet.worker.fleet.supervisor",
+               "serve calls on this machine (--host, --concurrency, --label)"),
+    "gc": ("bashfleet.worker.retention", "remove old spill and job files of this machine's worker "
            "(--dry-run, --json, --max-age, --max-bytes)"),
 }
 
@@ -844,7 +844,7 @@ def exec_worker_side(command: str, argv: Sequence[str]) -> int:
     """Become `python -m MODULE ARGV`: a command of the build machine's own side.
 
     `worker` and `gc` run the worker's code on this machine, which the client never
-    imports (`worker.fleet`, the engine): the process is replaced, so its pid, its
+    imports (`bashfleet.worker.fleet`, the engine): the process is replaced, so its pid, its
     signals and its exit status are the command's own.
     """
     module = WORKER_SIDE[command][0]
@@ -859,7 +859,7 @@ def exec_worker_side(command: str, argv: Sequence[str]) -> int:
 
 def _dialect_or_usage(name: str) -> Dialect | None:
     """The dialect called `name`; None (after saying which exist) when there is none."""
-    from client.dialects import UnknownDialectError, get_dialect  # noqa: PLC0415
+    from bashfleet.client.dialects import UnknownDialectError, get_dialect  # noqa: PLC0415
 
     try:
         return get_dialect(name)
@@ -869,7 +869,7 @@ def _dialect_or_usage(name: str) -> Dialect | None:
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
-    from client.dialects import DIALECTS, schemas  # noqa: PLC0415
+    from bashfleet.client.dialects import DIALECTS, schemas  # noqa: PLC0415
 
     names = [args.dialect] if args.dialect else list(DIALECTS)
     found = {}
@@ -890,9 +890,9 @@ def cmd_schema(args: argparse.Namespace) -> int:
 def cmd_mcp(args: argparse.Namespace) -> int:
     import logging  # noqa: PLC0415
 
-    from client import mcp_server  # noqa: PLC0415 - the MCP SDK loads only for `mcp`
-    from client.sessions import validate_session_id  # noqa: PLC0415
-    from worker.wire.names import validate_host  # noqa: PLC0415
+    from bashfleet.client import mcp_server  # noqa: PLC0415 - the MCP SDK loads only for `mcp`
+    from bashfleet.client.sessions import validate_session_id  # noqa: PLC0415
+    from bashfleet.worker.wire.names import validate_host  # noqa: PLC0415
 
     dialect = _dialect_or_usage(args.dialect)
     if dialect is None:
@@ -909,7 +909,7 @@ def cmd_mcp(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     print(f"bashfleet mcp: {dialect.name} dialect, session {session} "
           f"(resume it with --session {session})", file=sys.stderr)
-    from worker.settings import Settings  # noqa: PLC0415
+    from bashfleet.worker.settings import Settings  # noqa: PLC0415
 
     mcp_server.serve(dialect, session, host=args.host, cwd=args.cwd,
                      resumable=args.session is not None, started_by=Settings().owner_name(),
@@ -940,7 +940,7 @@ def build_parser() -> argparse.ArgumentParser:
     images_cli.add_commands(sub)
     snapshot_cli.add_commands(sub)
     owner_cli.add_owner_commands(sub)
-    from client.integrations import swerex_server  # noqa: PLC0415 - SWE-ReX loads when it runs
+    from bashfleet.client.integrations import swerex_server  # noqa: PLC0415 - SWE-ReX loads when it runs
     swerex_server.add_parser(sub)
     return parser
 
@@ -1075,7 +1075,7 @@ def _add_event_commands(sub: SubParsers) -> None:
 
 def _add_session_commands(sub: SubParsers, run: argparse.ArgumentParser) -> None:
     """`write`, `attach`, and `run`'s options for input: interactive jobs."""
-    from client.attach import DETACH_KEY_FORMAT  # noqa: PLC0415 - small, no dependencies
+    from bashfleet.client.attach import DETACH_KEY_FORMAT  # noqa: PLC0415 - small, no dependencies
 
     run.add_argument("--tty", action="store_true",
                      help="run in a terminal (PTY) and attach this one to it (Ctrl-] detaches)")
@@ -1178,8 +1178,8 @@ def _said(args: argparse.Namespace, exc: Exception) -> int | None:
     """Say an error in the CLI's words, on stderr; its exit status (None: a bug)."""
     from pydantic import ValidationError  # noqa: PLC0415
 
-    from client._core.identity import settings_problem  # noqa: PLC0415
-    from client.errors import BashfleetError, FleetUnavailable  # noqa: PLC0415
+    from bashfleet.client._core.identity import settings_problem  # noqa: PLC0415
+    from bashfleet.client.errors import BashfleetError, FleetUnavailable  # noqa: PLC0415
 
     if isinstance(exc, ValidationError) and exc.title == "Settings":
         # A BASHFLEET_* variable's value: one line, not pydantic's paragraphs.

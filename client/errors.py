@@ -50,7 +50,7 @@ import errno
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from worker.wire.models import CallResult
+    from bashfleet.worker.wire.models import CallResult
 
 __all__ = [
     "BashfleetError",
@@ -286,7 +286,7 @@ class WorkspaceFileTimeout(WorkspaceFileError, TimeoutError):  # noqa: N818
     ERRNO = errno.ETIMEDOUT
 
 
-#: The exception of each `worker.wire.errors.FileProblem`.
+#: The exception of each `bashfleet.worker.wire.errors.FileProblem`.
 FILE_ERRORS: dict[str, type[WorkspaceFileError]] = {
     "missing": WorkspaceFileNotFound,
     "directory": WorkspaceIsADirectory,

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import signal
 
-from worker.wire.models import CallResult
+from bashfleet.worker.wire.models import CallResult
 
 USAGE = 2
 TIMEOUT = 124

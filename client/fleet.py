@@ -1,4 +1,4 @@
-"""The Python API of the fleet, blocking: `Fleet` (`client.aio.AsyncFleet` for asyncio).
+"""The Python API of the fleet, blocking: `Fleet` (`bashfleet.client.aio.AsyncFleet` for asyncio).
 
     fleet = Fleet()                      # BASHFLEET_REDIS_URL, else the local fleet
     result = fleet.run("make test", host="build-1")
@@ -14,10 +14,10 @@ is built from `run`'s options (what the CLI and the MCP server use).
 
 from __future__ import annotations
 
-from client._core.identity import resolve_admin_key, resolve_signing_key, resolve_url
-from client._core.messages import run_request
-from client._sync.fleet import Fleet
-from client._sync.workspace import Workspace
+from bashfleet.client._core.identity import resolve_admin_key, resolve_signing_key, resolve_url
+from bashfleet.client._core.messages import run_request
+from bashfleet.client._sync.fleet import Fleet
+from bashfleet.client._sync.workspace import Workspace
 
 __all__ = ["Fleet", "Workspace", "resolve_admin_key", "resolve_signing_key", "resolve_url",
            "run_request"]

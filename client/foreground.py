@@ -35,9 +35,9 @@ from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any, Literal, TextIO
 
-from client import exit_status
-from client.errors import BashfleetError, UnknownJob
-from worker.wire.models import CallResult, OutputChunk, RunRequest
+from bashfleet.client import exit_status
+from bashfleet.client.errors import BashfleetError, UnknownJob
+from bashfleet.worker.wire.models import CallResult, OutputChunk, RunRequest
 
 #: After a first Ctrl-C, how long a second one may still leave the call running as a job.
 DETACH_WINDOW_S = 1.0

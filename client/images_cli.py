@@ -20,8 +20,8 @@ import time
 from typing import TYPE_CHECKING, TextIO
 
 if TYPE_CHECKING:
-    from client.cli import SubParsers
-    from worker.wire.models import ImageInfo
+    from bashfleet.client.cli import SubParsers
+    from bashfleet.worker.wire.models import ImageInfo
 
 
 def add_commands(sub: SubParsers) -> None:
@@ -44,7 +44,7 @@ def add_commands(sub: SubParsers) -> None:
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
-    from client.cli import _fleet  # noqa: PLC0415 - the CLI's own helper
+    from bashfleet.client.cli import _fleet  # noqa: PLC0415 - the CLI's own helper
 
     infos = _fleet().images(host=args.host)
     if args.json:
@@ -55,7 +55,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
 
 
 def cmd_pull(args: argparse.Namespace) -> int:
-    from client.cli import _fleet  # noqa: PLC0415
+    from bashfleet.client.cli import _fleet  # noqa: PLC0415
 
     line = ProgressLine(sys.stderr) if sys.stderr.isatty() else None
     try:
@@ -77,7 +77,7 @@ def cmd_rm(args: argparse.Namespace) -> int:
     """Remove it; 1 when no host held it."""
     import json  # noqa: PLC0415
 
-    from client.cli import _fleet  # noqa: PLC0415
+    from bashfleet.client.cli import _fleet  # noqa: PLC0415
 
     hosts = _fleet().remove_image(args.ref, host=args.host)
     if args.json:
@@ -119,7 +119,7 @@ class ProgressLine:
 def image_table(infos: list[ImageInfo], now: float) -> str:
     """Images as `images ls` shows them: host, reference, digest (short), size, shell,
     user, when last used."""
-    from client.cli import _table  # noqa: PLC0415
+    from bashfleet.client.cli import _table  # noqa: PLC0415
 
     rows = []
     for info in infos:
@@ -131,12 +131,12 @@ def image_table(infos: list[ImageInfo], now: float) -> str:
 
 
 def _ago(seconds: float) -> str:
-    from client.workspace_cli import _duration  # noqa: PLC0415 - one way to say a duration
+    from bashfleet.client.workspace_cli import _duration  # noqa: PLC0415 - one way to say a duration
 
     return _duration(max(0.0, seconds))
 
 
 def _size(count: int) -> str:
-    from client.workspace_cli import _size as size  # noqa: PLC0415
+    from bashfleet.client.workspace_cli import _size as size  # noqa: PLC0415
 
     return size(count)

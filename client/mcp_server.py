@@ -24,7 +24,7 @@ so the session outlives the server: env, cwd, pinned host, jobs, read offsets.
 - Cancellation: `notifications/cancelled` (a client giving up, or its timeout) cancels
   the call on its host (`Fleet.cancel`: withdrawn if queued, killed if running, its
   slot freed); the call's id is chosen before it is sent, so no window loses it.
-- Shells: the session's shell (cwd, exported variables: `client.shells`) is the fleet
+- Shells: the session's shell (cwd, exported variables: `bashfleet.client.shells`) is the fleet
   session of the same id, so the claude dialect's FR-009 state is shared with
   `bashfleet run --session ID`; `--host` and `--cwd` are written into it too.
 - Workspaces: a session's calls run in workspaces of its own (owner `session:<id>`,
@@ -62,10 +62,10 @@ from mcp.server.stdio import stdio_server
 from mcp.shared.exceptions import MCPError
 from mcp_types.jsonrpc import INVALID_PARAMS
 
-from client._core.workspaces import SESSION_OWNER_PREFIX, STARTED_BY
-from client.dialects import Artifact, Dialect, Runner, SessionState, ToolText
-from client.dialects.base import JobViewer, MadeWorkspace, WorkspaceMaker
-from client.errors import (
+from bashfleet.client._core.workspaces import SESSION_OWNER_PREFIX, STARTED_BY
+from bashfleet.client.dialects import Artifact, Dialect, Runner, SessionState, ToolText
+from bashfleet.client.dialects.base import JobViewer, MadeWorkspace, WorkspaceMaker
+from bashfleet.client.errors import (
     BashfleetError,
     FleetUnavailable,
     HostUnavailable,
@@ -73,19 +73,19 @@ from client.errors import (
     UnknownJob,
     UnknownWorkspace,
 )
-from client.fleet import Fleet, resolve_url
-from client.sessions import RedisSessionStore, ShellStore, validate_session_id
-from client.shells import ShellChange
-from worker.fleet.connect import redis_client
-from worker.wire.control import (
+from bashfleet.client.fleet import Fleet, resolve_url
+from bashfleet.client.sessions import RedisSessionStore, ShellStore, validate_session_id
+from bashfleet.client.shells import ShellChange
+from bashfleet.worker.fleet.connect import redis_client
+from bashfleet.worker.wire.control import (
     CheckRequest,
     KillRequest,
     ReadOutputRequest,
     SessionOutput,
     WriteStdinRequest,
 )
-from worker.wire.models import CallResult, CheckResult, JobView, OutputChunk, RunRequest
-from worker.wire.owner_keys import SUB_OWNER
+from bashfleet.worker.wire.models import CallResult, CheckResult, JobView, OutputChunk, RunRequest
+from bashfleet.worker.wire.owner_keys import SUB_OWNER
 
 __all__ = [
     "Backend",
@@ -132,7 +132,7 @@ def session_owner(session_id: str, parent: str | None = None) -> str:
 
 def _key_owner() -> str | None:
     """The owner of the owner key this process is configured with, if any."""
-    from worker.settings import Settings  # noqa: PLC0415 - read when serving starts
+    from bashfleet.worker.settings import Settings  # noqa: PLC0415 - read when serving starts
 
     try:
         key = Settings().client_owner_key()

@@ -5,7 +5,7 @@
                                           # BASHFLEET_REDIS_URL for clients)
     bashfleet redis-acl --worker-password-file w --client-password-file c > users.acl
 
-An owner key is derived from the fleet's key (`worker.wire.owner_keys`): printing one
+An owner key is derived from the fleet's key (`bashfleet.worker.wire.owner_keys`): printing one
 changes nothing anywhere, and needs the fleet key (BASHFLEET_SIGNING_KEY, or the local
 fleet's, read from `bashfleet up`'s state by whoever started it).
 """
@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from client.cli import SubParsers
+    from bashfleet.client.cli import SubParsers
 
-#: Exit status of a usage error (as `client.cli`'s).
+#: Exit status of a usage error (as `bashfleet.client.cli`'s).
 EXIT_USAGE = 2
 
 
@@ -49,9 +49,9 @@ def add_owner_commands(sub: SubParsers) -> None:
 
 def _fleet_key() -> tuple[str | None, str | None]:
     """(the fleet key, the clients' Redis URL of a local fleet, if any)."""
-    from client import local  # noqa: PLC0415 - CLI side only
-    from worker.settings import Settings  # noqa: PLC0415
-    from worker.wire.owner_keys import is_owner_key  # noqa: PLC0415
+    from bashfleet.client import local  # noqa: PLC0415 - CLI side only
+    from bashfleet.worker.settings import Settings  # noqa: PLC0415
+    from bashfleet.worker.wire.owner_keys import is_owner_key  # noqa: PLC0415
 
     settings = Settings()
     state = local.running_state()
@@ -66,7 +66,7 @@ def _fleet_key() -> tuple[str | None, str | None]:
 
 
 def cmd_owner_add(args: argparse.Namespace) -> int:
-    from worker.wire.owner_keys import OWNER_NAME_RE, SUB_OWNER, OwnerKey  # noqa: PLC0415
+    from bashfleet.worker.wire.owner_keys import OWNER_NAME_RE, SUB_OWNER, OwnerKey  # noqa: PLC0415
 
     name = str(args.name)
     if not re.fullmatch(OWNER_NAME_RE, name) or SUB_OWNER in name:
@@ -93,7 +93,7 @@ def cmd_owner_add(args: argparse.Namespace) -> int:
 
 
 def cmd_redis_acl(args: argparse.Namespace) -> int:
-    from worker.wire import acl  # noqa: PLC0415
+    from bashfleet.worker.wire import acl  # noqa: PLC0415
 
     try:
         worker = Path(args.worker_password_file).read_text(encoding="utf-8").strip()

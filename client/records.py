@@ -9,7 +9,7 @@ fleet's state.
 
 from __future__ import annotations
 
-from client._sync.records import (
+from bashfleet.client._sync.records import (
     call_record,
     events_after,
     host_alive_token,

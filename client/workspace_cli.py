@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from client import Fleet, Workspace
-    from client.cli import SubParsers
-    from worker.wire.models import WorkspaceView
+    from bashfleet.client import Fleet, Workspace
+    from bashfleet.client.cli import SubParsers
+    from bashfleet.worker.wire.models import WorkspaceView
 
 #: Limits `--limit` takes (`WorkspaceLimits`' fields).
 LIMIT_NAMES = ("memory_mb", "procs", "cpus", "disk_mb", "open_files")
@@ -58,7 +58,7 @@ def add_commands(sub: SubParsers) -> None:
         parser.add_argument("--json", action="store_true", help="print the views as JSON")
         parser.set_defaults(func=func)
 
-    from client import snapshot_cli  # noqa: PLC0415 - its verbs are the workspace's
+    from bashfleet.client import snapshot_cli  # noqa: PLC0415 - its verbs are the workspace's
 
     snapshot_cli.add_workspace_verbs(verbs)
 
@@ -133,7 +133,7 @@ def add_image_options(parser: argparse.ArgumentParser, *, snapshot: bool = False
 
 
 def cmd_create(args: argparse.Namespace) -> int:
-    from client.cli import _fleet, _tag_filter  # noqa: PLC0415 - the CLI's own helpers
+    from bashfleet.client.cli import _fleet, _tag_filter  # noqa: PLC0415 - the CLI's own helpers
 
     workspace = _fleet().workspace(
         host=args.host, label=args.label, path=args.path, ttl_s=args.ttl,
@@ -157,7 +157,7 @@ def cmd_create(args: argparse.Namespace) -> int:
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
-    from client.cli import _fleet  # noqa: PLC0415
+    from bashfleet.client.cli import _fleet  # noqa: PLC0415
 
     fleet = _fleet()
     views = fleet.workspaces()
@@ -173,8 +173,8 @@ def cmd_ls(args: argparse.Namespace) -> int:
 
 
 def cmd_network(args: argparse.Namespace) -> int:
-    from client.cli import _fleet  # noqa: PLC0415
-    from client.errors import UnknownWorkspace  # noqa: PLC0415
+    from bashfleet.client.cli import _fleet  # noqa: PLC0415
+    from bashfleet.client.errors import UnknownWorkspace  # noqa: PLC0415
 
     try:
         view = _fleet().open_workspace(args.id).set_network(args.policy)
@@ -198,8 +198,8 @@ def cmd_renew(args: argparse.Namespace) -> int:
 
 def cmd_rm(args: argparse.Namespace) -> int:
     """Remove each workspace named; 1 when any was unknown (the others still go)."""
-    from client.cli import _fleet  # noqa: PLC0415
-    from client.errors import UnknownWorkspace  # noqa: PLC0415
+    from bashfleet.client.cli import _fleet  # noqa: PLC0415
+    from bashfleet.client.errors import UnknownWorkspace  # noqa: PLC0415
 
     fleet, status = _fleet(), 0
     for ws_id in args.ids:
@@ -217,8 +217,8 @@ def cmd_rm(args: argparse.Namespace) -> int:
 def _open_for_removal(fleet: Fleet, ws_id: str) -> Workspace:
     """A workspace of this owner's, else one of the MCP servers it started (opened by a
     client of its session's owner: without the admin key, this owner's cannot)."""
-    from client.errors import UnknownWorkspace  # noqa: PLC0415
-    from client.fleet import Fleet  # noqa: PLC0415
+    from bashfleet.client.errors import UnknownWorkspace  # noqa: PLC0415
+    from bashfleet.client.fleet import Fleet  # noqa: PLC0415
 
     try:
         return fleet.open_workspace(ws_id)
@@ -232,8 +232,8 @@ def _open_for_removal(fleet: Fleet, ws_id: str) -> Workspace:
 def _each(args: argparse.Namespace, act: Any) -> int:
     """`info`/`renew`: act on each workspace named, print what its host says; 1 when any
     was unknown."""
-    from client.cli import _fleet  # noqa: PLC0415
-    from client.errors import UnknownWorkspace  # noqa: PLC0415
+    from bashfleet.client.cli import _fleet  # noqa: PLC0415
+    from bashfleet.client.errors import UnknownWorkspace  # noqa: PLC0415
 
     fleet, status, views = _fleet(), 0, []
     for ws_id in args.ids:
@@ -270,14 +270,14 @@ def parse_place(text: str) -> Place:
 
 
 def _is_workspace_id(text: str) -> bool:
-    from worker.wire.models import WORKSPACE_ID_PATTERN  # noqa: PLC0415
+    from bashfleet.worker.wire.models import WORKSPACE_ID_PATTERN  # noqa: PLC0415
 
     return re.fullmatch(WORKSPACE_ID_PATTERN, text) is not None
 
 
 def cmd_cp(args: argparse.Namespace) -> int:
-    from client.cli import _fleet  # noqa: PLC0415
-    from client.exit_status import USAGE as EXIT_USAGE  # noqa: PLC0415
+    from bashfleet.client.cli import _fleet  # noqa: PLC0415
+    from bashfleet.client.exit_status import USAGE as EXIT_USAGE  # noqa: PLC0415
 
     src, dst = parse_place(args.src), parse_place(args.dst)
     if (src.workspace is None) == (dst.workspace is None):
@@ -307,7 +307,7 @@ def _upload(local: str, workspace: Workspace, path: str) -> int:
 
 
 def _download(workspace: Workspace, path: str, local: str) -> int:
-    from client.errors import WorkspaceIsADirectory  # noqa: PLC0415
+    from bashfleet.client.errors import WorkspaceIsADirectory  # noqa: PLC0415
 
     target = local
     if local.endswith("/") or os.path.isdir(local):
@@ -327,7 +327,7 @@ def workspace_table(views: list[WorkspaceView], now: float, *, counted: bool = F
     """Workspaces as `workspace ls` shows them: id, host, directory, isolation, when it
     expires unused, its session and tags (its disk and processes when `counted`, its
     owner when `owners`)."""
-    from client.cli import _table  # noqa: PLC0415
+    from bashfleet.client.cli import _table  # noqa: PLC0415
 
     header = ["ID", "HOST", "PATH", "ISOLATION", "NETWORK", "EXPIRES", "SESSION", "TAGS"]
     if counted:

@@ -37,11 +37,11 @@ chroot "$ROOT" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root \
 
 cat > "$ROOT/tmp/probe.py" <<'PY'
 import json
-from worker.engine import sandbox
-from worker.engine.call import run_call
-from worker.fleet.supervisor import unsandboxed_refusal
-from worker.settings import Settings
-from worker.wire.models import Call
+from bashfleet.worker.engine import sandbox
+from bashfleet.worker.engine.call import run_call
+from bashfleet.worker.fleet.supervisor import unsandboxed_refusal
+from bashfleet.worker.settings import Settings
+from bashfleet.worker.wire.models import Call
 
 settings = Settings(redis_url="redis://unused", state_dir="/var/lib/bashfleet", host="probe")
 found = sandbox.probe(settings)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 
-from client.aio import AsyncFleet, AsyncWorkspace
+from bashfleet.client.aio import AsyncFleet, AsyncWorkspace
 
 SETUP = """\
 mkdir -p repo && cd repo && git init -q

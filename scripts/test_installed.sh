@@ -67,7 +67,12 @@ count = 0
 # only the framework itself may be what is missing.
 extras = {"inspect_ai", "harbor", "agents", "swerex", "minisweagent"}
 needs_extra = []
-for name in ("worker", "client"):
+# One import name: the wheel puts `bashfleet` into site-packages and nothing else, so a
+# user's own client.py or worker.py shadows nothing of ours.
+import importlib.util
+for generic in ("client", "worker"):
+    assert importlib.util.find_spec(generic) is None, f"a top-level {generic} is installed"
+for name in ("bashfleet.worker", "bashfleet.client"):
     package = importlib.import_module(name)
     origin = Path(package.__file__).resolve()
     assert prefix in origin.parents, f"{name} loaded from {origin}, not from {prefix}"
@@ -76,7 +81,7 @@ for name in ("worker", "client"):
             importlib.import_module(info.name)
         except ModuleNotFoundError as exc:
             top = (exc.name or "").split(".")[0]
-            if not (info.name.startswith("client.integrations.") and top in extras):
+            if not (info.name.startswith("bashfleet.client.integrations.") and top in extras):
                 raise
             needs_extra.append(f"{info.name} ({top})")
             continue

@@ -4,8 +4,8 @@ The client's I/O layer is written once, for asyncio, in `client/_async/`; this s
 writes its blocking twin, `client/_sync/`, by rewriting each module line by line:
 `async`/`await` dropped, `AsyncX` names become `X`, `AsyncGenerator[Y, None]` becomes
 `Generator[Y, None, None]`, `aclose`/`anext`/`__aenter__`... their blocking names (the
-table below). Then the imports are sorted again (ruff's isort), since `client._sync`
-sorts after `client._core` where `client._async` sorted before it. The output is
+table below). Then the imports are sorted again (ruff's isort), since `bashfleet.client._sync`
+sorts after `bashfleet.client._core` where `bashfleet.client._async` sorted before it. The output is
 checked in; `tests/unit/test_unasync.py` fails when it differs from what this script
 writes, so an edit of a generated file (or a forgotten run) never goes unnoticed.
 
@@ -38,7 +38,8 @@ SUBSTITUTIONS: tuple[tuple[str, str], ...] = (
     (r"\bclient\._async\b", "client._sync"),
     (r"\basync_redis_client\b", "redis_client"),
     (r"\basynccontextmanager\b", "contextmanager"),
-    # `AsyncFleet` -> `Fleet`, but not after a dot: prose may name `client.aio.AsyncFleet`.
+    # `AsyncFleet` -> `Fleet`, but not after a dot: prose may name
+    # `bashfleet.client.aio.AsyncFleet`.
     (r"(?<![.\w])Async([A-Z]\w*)", r"\1"),
     (r"\basync (def|with|for)\b", r"\1"),
     (r"\bawait ", ""),

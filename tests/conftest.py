@@ -98,7 +98,7 @@ def _end_sandbox_pools() -> Iterator[None]:
     """The sandbox launchers and idle runners a test's in-process calls started end with
     the test (each layout, a state directory, has its own)."""
     yield
-    pools = sys.modules.get("worker.engine.sandbox")
+    pools = sys.modules.get("bashfleet.worker.engine.sandbox")
     if pools is not None:
         pools.close_all()
 

@@ -1,15 +1,15 @@
 """bashfleet's worker side, in three rooms:
 
-- `worker.wire`: the contract both sides import (models, control requests and
+- `bashfleet.worker.wire`: the contract both sides import (models, control requests and
   responses, names, signing, errors); no celery, kombu, redis or psutil.
-- `worker.engine`: one call on this machine (spawn, capture, sanitize, truncate,
+- `bashfleet.worker.engine`: one call on this machine (spawn, capture, sanitize, truncate,
   environment, secrets, limits, processes, background jobs); no Redis.
-- `worker.fleet`: the Celery and Redis side (the only importer of celery, kombu and
+- `bashfleet.worker.fleet`: the Celery and Redis side (the only importer of celery, kombu and
   redis): connecting, the registry, the tasks, the host supervisor, recovery.
 
 This package re-exports the engine's and the wire's public names, loaded on first use
-(PEP 562), so `import worker.wire` does not load the engine, and nothing here ever
-imports `worker.fleet`.
+(PEP 562), so `import bashfleet.worker.wire` does not load the engine, and nothing here ever
+imports `bashfleet.worker.fleet`.
 """
 
 from __future__ import annotations
@@ -18,10 +18,16 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from worker.engine.call import CallError, run_call
-    from worker.engine.jobs import JobError, check_job, kill_job, load_record, local_records
-    from worker.settings import Settings, get_settings
-    from worker.wire.models import (
+    from bashfleet.worker.engine.call import CallError, run_call
+    from bashfleet.worker.engine.jobs import (
+        JobError,
+        check_job,
+        kill_job,
+        load_record,
+        local_records,
+    )
+    from bashfleet.worker.settings import Settings, get_settings
+    from bashfleet.worker.wire.models import (
         DEFAULT_INTERCEPT_RULES,
         ByteTail,
         Call,
@@ -78,24 +84,24 @@ __all__ = [
     "run_call",
 ]
 
-#: Where each public name is defined (every other one is in `worker.wire.models`).
+#: Where each public name is defined (every other one is in `bashfleet.worker.wire.models`).
 _HOMES: dict[str, str] = {
-    "CallError": "worker.engine.call",
-    "run_call": "worker.engine.call",
-    "JobError": "worker.engine.jobs",
-    "check_job": "worker.engine.jobs",
-    "kill_job": "worker.engine.jobs",
-    "load_record": "worker.engine.jobs",
-    "local_records": "worker.engine.jobs",
-    "Settings": "worker.settings",
-    "get_settings": "worker.settings",
+    "CallError": "bashfleet.worker.engine.call",
+    "run_call": "bashfleet.worker.engine.call",
+    "JobError": "bashfleet.worker.engine.jobs",
+    "check_job": "bashfleet.worker.engine.jobs",
+    "kill_job": "bashfleet.worker.engine.jobs",
+    "load_record": "bashfleet.worker.engine.jobs",
+    "local_records": "bashfleet.worker.engine.jobs",
+    "Settings": "bashfleet.worker.settings",
+    "get_settings": "bashfleet.worker.settings",
 }
 
 
 def __getattr__(name: str) -> Any:
     if name not in __all__:
-        raise AttributeError(f"module 'worker' has no attribute {name!r}")
-    module = importlib.import_module(_HOMES.get(name, "worker.wire.models"))
+        raise AttributeError(f"module 'bashfleet.worker' has no attribute {name!r}")
+    module = importlib.import_module(_HOMES.get(name, "bashfleet.worker.wire.models"))
     value = getattr(module, name)
     globals()[name] = value  # the next lookup does not come here
     return value

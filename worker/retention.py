@@ -11,7 +11,7 @@ A worker keeps two kinds of files that nothing else deletes:
   the spill files of its calls and the output of its jobs, named as above; it outlives
   the workspace, and goes once empty after the workspace did.
 
-Redis needs no collector: every bashfleet key has a TTL (see `worker.fleet.registry`).
+Redis needs no collector: every bashfleet key has a TTL (see `bashfleet.worker.fleet.registry`).
 
 `plan()` is pure: from a snapshot of the files, the jobs and the running calls it
 decides what goes and why. Files are removed a *group* at a time, a call's or a job's
@@ -21,15 +21,15 @@ the oldest of the rest go until all known files take at most `max_bytes`. Never
 removed, whatever the limits:
 
 - a live job's files: its end is not recorded and its process (or one carrying its
-  marker) is alive (`worker.engine.jobs.is_running`); that covers an auto-backgrounded job
+  marker) is alive (`bashfleet.worker.engine.jobs.is_running`); that covers an auto-backgrounded job
   whose output goes to spill files, which a quiet job may not touch for days;
 - the spill files of a running foreground call (it has a running-call file, see
-  `worker.fleet.recovery`), however old their modification time: a quiet `sleep 3600`
+  `bashfleet.worker.fleet.recovery`), however old their modification time: a quiet `sleep 3600`
   writes nothing for an hour;
 - any group with a file modified within `min_age_s`: a call or job that is starting
   (its files exist before its records do) or still writing.
 
-Images (`worker.engine.images`) are collected by the same command, by their own limits
+Images (`bashfleet.worker.engine.images`) are collected by the same command, by their own limits
 (`images_max_age_s`, `images_max_bytes`): never one a workspace record of the host names,
 nor one used within `min_age_s`; then the least recently used over the size cap.
 
@@ -56,10 +56,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from worker.engine import images, jobs, running, snapshots
-from worker.engine.image_meta import last_used, to_collect
-from worker.settings import Settings
-from worker.wire.models import ImageInfo, JobRecord
+from bashfleet.worker.engine import images, jobs, running, snapshots
+from bashfleet.worker.engine.image_meta import last_used, to_collect
+from bashfleet.worker.settings import Settings
+from bashfleet.worker.wire.models import ImageInfo, JobRecord
 
 Kind = Literal["spill", "job"]
 Reason = Literal["max_age", "max_bytes"]
@@ -652,7 +652,7 @@ def _bytes(data: dict[str, object], key: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """`bashfleet gc` (and `python -m worker.retention`) arguments."""
+    """`bashfleet gc` (and `python -m bashfleet.worker.retention`) arguments."""
     parser = argparse.ArgumentParser(
         prog="bashfleet gc", description="Remove old spill and job files of this machine's "
         "worker, the images no workspace uses (BASHFLEET_IMAGES_MAX_AGE_S, _MAX_BYTES), and "
@@ -670,7 +670,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cli(argv: Sequence[str] | None = None) -> int:
-    """Entry point of `python -m worker.retention` (what `bashfleet gc` runs)."""
+    """Entry point of `python -m bashfleet.worker.retention` (what `bashfleet gc` runs)."""
     args = build_parser().parse_args(argv)
     return gc_command(
         Settings(), dry_run=args.dry_run, as_json=args.json, max_age_s=args.max_age,

@@ -15,8 +15,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BeforeValidator, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from worker.engine.environment import DEFAULT_ALLOW, DEFAULT_DENY
-from worker.wire.owner_keys import OwnerKey, SealingKeys, is_owner_key, owner_space
+from bashfleet.worker.engine.environment import DEFAULT_ALLOW, DEFAULT_DENY
+from bashfleet.worker.wire.owner_keys import OwnerKey, SealingKeys, is_owner_key, owner_space
 
 
 def _default_state_dir() -> Path:
@@ -151,7 +151,7 @@ class Settings(BaseSettings):
     """`strict` workspaces may reach the network. Any workspace may cut it
     (`network=False`: its own network namespace, loopback only)."""
     network_default: Literal["none", "egress", "host"] = "egress"
-    """The policy of a workspace that asks for none (`worker.wire.network`): `egress`
+    """The policy of a workspace that asks for none (`bashfleet.worker.wire.network`): `egress`
     (the internet, not the fleet, the host, link-local or private ranges), `none`
     (loopback only) or `host` (needs `network_host_ok`)."""
     network_allow_private: CsvTuple = ()
@@ -230,7 +230,7 @@ class Settings(BaseSettings):
     """Control requests that take time (file reads and writes, transfers' starts,
     workspaces, snapshots, images) run on threads of their owner's lane, never on the
     control consumer's: at most this many at once per owner on a host, the rest waiting
-    their turn (`worker.fleet.lanes`). `check`, `kill`, `cancel` never wait for them."""
+    their turn (`bashfleet.worker.fleet.lanes`). `check`, `kill`, `cancel` never wait for them."""
     lane_threads: int = Field(32, ge=1, le=4096)
     """Threads of every owner's lanes together on a host (owners take turns past it)."""
     file_op_timeout_s: float = Field(20.0, gt=0, le=3600)

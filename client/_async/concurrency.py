@@ -17,7 +17,7 @@ from typing import Any, Generic, TypeVar
 
 from redis.asyncio.client import PubSub
 
-from worker.fleet.connect import AsyncRedis, Script
+from bashfleet.worker.fleet.connect import AsyncRedis, Script
 
 T = TypeVar("T")
 

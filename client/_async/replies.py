@@ -21,19 +21,24 @@ import uuid
 
 import redis
 
-from client._async.concurrency import (
+from bashfleet.client._async.concurrency import (
     AsyncEvent,
     AsyncSlot,
     AsyncTasks,
     close_pubsub,
     open_pubsub,
 )
-from client._core.constants import LISTEN_TICK_S, RETRY_DELAYS_S, SUBSCRIBE_WAIT_S, backoff
-from client._core.messages import reply_of
-from client.errors import BashfleetError
-from worker.fleet.connect import AsyncRedis
-from worker.wire import names
-from worker.wire.models import CallResult
+from bashfleet.client._core.constants import (
+    LISTEN_TICK_S,
+    RETRY_DELAYS_S,
+    SUBSCRIBE_WAIT_S,
+    backoff,
+)
+from bashfleet.client._core.messages import reply_of
+from bashfleet.client.errors import BashfleetError
+from bashfleet.worker.fleet.connect import AsyncRedis
+from bashfleet.worker.wire import names
+from bashfleet.worker.wire.models import CallResult
 
 #: What a waiting call's slot gets: its answer as sent (sealed), or what the watch found
 #: (an error, or the result of a call withdrawn before it started).

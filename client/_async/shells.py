@@ -1,25 +1,25 @@
 """Sessions' shells on Redis: one sealed JSON string per session, with a TTL.
 
-A session's shell (cwd, exported and unset variables, pinned host: `client.shells`) is
+A session's shell (cwd, exported and unset variables, pinned host: `bashfleet.client.shells`) is
 shared by every caller of the session, whichever client makes the call. Each call's
 change is laid onto the stored shell in a WATCH/MULTI transaction, so concurrent calls
 never lose a `cd`. Records are locked with the owner's key, in its space
-(`client._core.seal`): another owner can neither find, read nor forge them.
+(`bashfleet.client._core.seal`): another owner can neither find, read nor forge them.
 
 Written for asyncio; `client/_sync/shells.py` is generated from it by
-`scripts/unasync.py` (what `client.sessions.ShellStore` is).
+`scripts/unasync.py` (what `bashfleet.client.sessions.ShellStore` is).
 """
 
 from __future__ import annotations
 
 import redis
 
-from client._async.concurrency import multi, watch
-from client._core.seal import Seal, validate_session_id
-from client.shells import ShellChange, ShellState, apply_change
-from worker.fleet.connect import AsyncRedis
-from worker.wire import auth, names
-from worker.wire.names import shell_key
+from bashfleet.client._async.concurrency import multi, watch
+from bashfleet.client._core.seal import Seal, validate_session_id
+from bashfleet.client.shells import ShellChange, ShellState, apply_change
+from bashfleet.worker.fleet.connect import AsyncRedis
+from bashfleet.worker.wire import auth, names
+from bashfleet.worker.wire.names import shell_key
 
 
 class AsyncShellStore:

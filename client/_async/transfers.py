@@ -2,14 +2,14 @@
 
 The control request that starts a transfer (`TransferRequest`) is answered once the
 host's tool runs (or refused: no such workspace, too many transfers); then the data
-flows on the transfer's list (`worker.fleet.transfers` is the other side): an upload
+flows on the transfer's list (`bashfleet.worker.fleet.transfers` is the other side): an upload
 pushes its chunks while fewer than `names.TRANSFER_WINDOW` wait (RPUSH says how many
 do), a download pops them as the host pushes them. How it ended comes last, on the
 transfer's end list: its size, or the error the client raises typed (a file the
 workspace has not, a directory where a file was meant...). No side holds the whole
 file, and no chunk waits for an answer of its own.
 
-Each chunk carries a MAC by the key this client signs with (`worker.wire.transfer`): a
+Each chunk carries a MAC by the key this client signs with (`bashfleet.worker.wire.transfer`): a
 chunk someone else pushed is refused.
 
 Written for asyncio; `client/_sync/transfers.py` is generated from it by
@@ -22,16 +22,16 @@ import time
 from collections.abc import Iterable
 from typing import IO, TYPE_CHECKING, cast
 
-from client._async.concurrency import sleep
-from client.errors import WorkerError, WorkspaceFileError, error_for
-from worker.fleet.connect import AsyncRedis
-from worker.wire import names
-from worker.wire.auth import AuthError
-from worker.wire.control import TransferOutcome, TransferRequest, TransferStarted
-from worker.wire.transfer import Reader, TransferBrokenError, Writer, end_stream
+from bashfleet.client._async.concurrency import sleep
+from bashfleet.client.errors import WorkerError, WorkspaceFileError, error_for
+from bashfleet.worker.fleet.connect import AsyncRedis
+from bashfleet.worker.wire import names
+from bashfleet.worker.wire.auth import AuthError
+from bashfleet.worker.wire.control import TransferOutcome, TransferRequest, TransferStarted
+from bashfleet.worker.wire.transfer import Reader, TransferBrokenError, Writer, end_stream
 
 if TYPE_CHECKING:
-    from client._async.fleet import AsyncFleet
+    from bashfleet.client._async.fleet import AsyncFleet
 
 #: Seconds one side waits for the other (a chunk, room on the list, the end).
 IDLE_S = 30.0

@@ -28,11 +28,17 @@ from typing import IO, TYPE_CHECKING, Any, Literal, TypeVar
 
 import redis
 
-from client._async import transfers
-from client._core.messages import control_request
-from client._core.workspaces import FILE_CHUNK, chunks, file_pieces, tar_pieces, unpack_file
-from client.errors import CallRejected, FleetUnavailable, UnknownJob, UnknownWorkspace
-from worker.wire.control import (
+from bashfleet.client._async import transfers
+from bashfleet.client._core.messages import control_request
+from bashfleet.client._core.workspaces import (
+    FILE_CHUNK,
+    chunks,
+    file_pieces,
+    tar_pieces,
+    unpack_file,
+)
+from bashfleet.client.errors import CallRejected, FleetUnavailable, UnknownJob, UnknownWorkspace
+from bashfleet.worker.wire.control import (
     CheckRequest,
     FileChunk,
     FileReadRequest,
@@ -51,7 +57,7 @@ from worker.wire.control import (
     WorkspaceRenewRequest,
     WorkspaceRestoreRequest,
 )
-from worker.wire.models import (
+from bashfleet.worker.wire.models import (
     CallResult,
     CheckResult,
     JobView,
@@ -62,11 +68,11 @@ from worker.wire.models import (
     Truncation,
     WorkspaceView,
 )
-from worker.wire.network import NetworkPolicy
-from worker.wire.transfer import new_transfer_id
+from bashfleet.worker.wire.network import NetworkPolicy
+from bashfleet.worker.wire.transfer import new_transfer_id
 
 if TYPE_CHECKING:
-    from client._async.fleet import AsyncFleet
+    from bashfleet.client._async.fleet import AsyncFleet
 
 R = TypeVar("R", bound=Model)
 
@@ -182,7 +188,7 @@ class AsyncWorkspace:
         """Copy the workspace's directory `src` into a local directory (made if missing):
         a tar stream from tar in the workspace, kept in a local temporary file until it
         all arrived, then every member checked before anything is written
-        (`client._core.archives`)."""
+        (`bashfleet.client._core.archives`)."""
         with tempfile.TemporaryFile() as spool:
             await self._receive("tree", src, spool)
             spool.seek(0)

@@ -12,6 +12,6 @@
 - `constants` every timing, retry table and limit
 
 Nothing here imports redis, celery or kombu, nor waits: the I/O layer
-(`client._async`, and `client._sync` generated from it) reads and writes Redis in the
-order these functions ask for, so both clients behave the same by construction.
+(`bashfleet.client._async`, and `bashfleet.client._sync` generated from it) reads and writes Redis
+in the order these functions ask for, so both clients behave the same by construction.
 """

@@ -3,7 +3,7 @@
 nothing of the client).
 
 Redis' own timeouts (connect, socket, health check) are the connection's:
-`worker.fleet.connect`.
+`bashfleet.worker.fleet.connect`.
 """
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
 """Job events as a listener hears them: parsing, filtering, and the rules that make a
 listener hear each event once, in order, whatever Redis does.
 
-Workers add each job event (a job started, a job ended: `worker.wire.events.JobEvent`)
+Workers add each job event (a job started, a job ended: `bashfleet.worker.wire.events.JobEvent`)
 to the stream `bashfleet:events` and publish it on the channel of the same name, with
-its stream id (`worker.fleet.registry.save_job`). A listener (`client._async.events`)
-subscribes to the channel, then reads the stream after the last id it saw (what it
-missed before it started, or while it reconnected), then takes what the channel brings.
-What it delivers is decided here (`EventCursor.admit`):
+its stream id (`bashfleet.worker.fleet.registry.save_job`). A listener
+(`bashfleet.client._async.events`) subscribes to the channel, then reads the stream after the last
+id it saw (what it missed before it started, or while it reconnected), then takes what the channel
+brings. What it delivers is decided here (`EventCursor.admit`):
 
 1. stream order: an event at or before the last one delivered is not delivered again
    (the channel and the catch-up read overlap);
@@ -21,7 +21,7 @@ What it delivers is decided here (`EventCursor.admit`):
    still news, and so is anything of a job the listener follows.
 
 Before any of that, an event is opened with the keys of the fleet it came from
-(`worker.wire.events.open_event`): a worker seals every event it publishes, and one
+(`bashfleet.worker.wire.events.open_event`): a worker seals every event it publishes, and one
 that does not verify (a Redis writer's "job ended, exit 0") is dropped with a warning,
 never delivered. A listener that follows a local fleet brought down and up again gets
 the new fleet's keys with its address (`EventCursor.connected`).
@@ -33,10 +33,10 @@ from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from client._core.constants import CLOCK_SKEW_S, EVENT_MEMORY
-from worker.wire import names
-from worker.wire.events import JobEvent, open_event
-from worker.wire.models import JobView
+from bashfleet.client._core.constants import CLOCK_SKEW_S, EVENT_MEMORY
+from bashfleet.worker.wire import names
+from bashfleet.worker.wire.events import JobEvent, open_event
+from bashfleet.worker.wire.models import JobView
 
 
 def seq_key(seq: str) -> tuple[int, int]:

@@ -13,12 +13,12 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
-from client._core.constants import FAILOVER_GRACE_S
-from client.errors import CallRejected, FleetUnavailable
-from worker.settings import Settings
-from worker.wire import auth, owner_keys
-from worker.wire.models import OWNER_PATTERN
-from worker.wire.owner_keys import OwnerKey
+from bashfleet.client._core.constants import FAILOVER_GRACE_S
+from bashfleet.client.errors import CallRejected, FleetUnavailable
+from bashfleet.worker.settings import Settings
+from bashfleet.worker.wire import auth, owner_keys
+from bashfleet.worker.wire.models import OWNER_PATTERN
+from bashfleet.worker.wire.owner_keys import OwnerKey
 
 #: The URL schemes of a fleet's Redis: plain, TLS, a socket, behind Sentinel.
 URL_SCHEMES = ("redis://", "rediss://", "unix://", "sentinel://")
@@ -39,7 +39,7 @@ def resolve_url(redis_url: str | None = None) -> str | None:
     if configured:
         return configured
     try:
-        from client.local import local_redis_url  # noqa: PLC0415 - optional, CLI side
+        from bashfleet.client.local import local_redis_url  # noqa: PLC0415 - optional, CLI side
     except ImportError:
         return None
     try:
@@ -86,7 +86,7 @@ def _key(url: str, name: Literal["signing_key", "admin_key"]) -> str | None:
     if configured is not None:
         return str(configured.get_secret_value())
     try:
-        from client.local import local_key  # noqa: PLC0415 - optional, CLI side
+        from bashfleet.client.local import local_key  # noqa: PLC0415 - optional, CLI side
     except ImportError:
         return None
     return local_key(url, name)

@@ -1,14 +1,14 @@
 """What a client sends and how it reads what comes back, with no I/O.
 
-- A request (`RunRequest`, or a control request of `worker.wire.control`) is built and
+- A request (`RunRequest`, or a control request of `bashfleet.worker.wire.control`) is built and
   validated here: a bad one is a CallRejected, nothing sent.
 - A call or a control request becomes the Celery task message kombu would push
-  (`worker.wire.messages.task_message`), its arguments signed with the client's key
+  (`bashfleet.worker.wire.messages.task_message`), its arguments signed with the client's key
   for the very queue it is pushed on (the envelope's `target`: a worker refuses a
   message taken from another queue, `auth.check_target`).
   Both clients push it themselves (no Celery in a client).
 - An answer is opened (its seal checked: `open_reply`) and decoded: a `CallResult`, or
-  a control reply whose error kind becomes its typed exception (`client.errors`).
+  a control reply whose error kind becomes its typed exception (`bashfleet.client.errors`).
 - A result is judged: a call that did not run is a CallNotRun for the caller who asked
   to be told (`raise_if_not_run`).
 """
@@ -21,8 +21,8 @@ from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
-from client._core.identity import Identity
-from client.errors import (
+from bashfleet.client._core.identity import Identity
+from bashfleet.client.errors import (
     BashfleetError,
     CallNotRun,
     CallRejected,
@@ -30,11 +30,18 @@ from client.errors import (
     WorkerError,
     error_for,
 )
-from worker.wire import auth, names
-from worker.wire.control import ControlReply, ControlRequest
-from worker.wire.messages import task_message
-from worker.wire.models import SLOW_TIMEOUT_S, Call, CallResult, Model, RunRequest, SystemError_
-from worker.wire.names import Task
+from bashfleet.worker.wire import auth, names
+from bashfleet.worker.wire.control import ControlReply, ControlRequest
+from bashfleet.worker.wire.messages import task_message
+from bashfleet.worker.wire.models import (
+    SLOW_TIMEOUT_S,
+    Call,
+    CallResult,
+    Model,
+    RunRequest,
+    SystemError_,
+)
+from bashfleet.worker.wire.names import Task
 
 R = TypeVar("R", bound=Model)
 Q = TypeVar("Q", bound=ControlRequest)
@@ -110,7 +117,7 @@ def build_call(request: RunRequest, owner: str = "") -> Call:
 def argsrepr(call: Call) -> str:
     """What Flower shows as a call's arguments when it is sent: the command's size, the
     cwd asked for, the dialect, the session (the worker adds the cwd actually used and
-    the job id once the call ends: `worker.fleet.flower`).
+    the job id once the call ends: `bashfleet.worker.fleet.flower`).
 
     Celery would otherwise repr the whole call (its policy, and its `env`, which may
     hold secrets) on every send. The command itself is redacted: it may carry a token

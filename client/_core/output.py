@@ -14,8 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from client.errors import OutputTooLarge, WorkerError
-from worker.wire.models import CallResult, TruncationInfo
+from bashfleet.client.errors import OutputTooLarge, WorkerError
+from bashfleet.worker.wire.models import CallResult, TruncationInfo
 
 OutputMode = Literal["tail", "full"]
 Stream = Literal["stdout", "stderr"]

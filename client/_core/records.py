@@ -3,12 +3,13 @@ withdraws them with, the keys and arguments of those scripts, and how the replie
 its pipelined reads read as models.
 
 What a worker publishes (host records, job hashes) is sealed by it; every parser here
-opens it with the client's record keys (`worker.wire.records.open_host_info`,
+opens it with the client's record keys (`bashfleet.worker.wire.records.open_host_info`,
 `open_job_view`) and leaves out, with a warning, what does not verify: a Redis writer
 without the key can hide a host or a job from a listing, never forge one.
 
-Names and TTLs are in `worker.wire.names`; the worker's side is `worker.fleet.registry`;
-the reads themselves are `client._async.records` (and its generated twin).
+Names and TTLs are in `bashfleet.worker.wire.names`; the worker's side is
+`bashfleet.worker.fleet.registry`; the reads themselves are `bashfleet.client._async.records` (and
+its generated twin).
 """
 
 from __future__ import annotations
@@ -18,13 +19,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from worker.wire import names
-from worker.wire.models import HostInfo, JobView
-from worker.wire.names import CallState
-from worker.wire.records import open_host_info, open_job_view
+from bashfleet.worker.wire import names
+from bashfleet.worker.wire.models import HostInfo, JobView
+from bashfleet.worker.wire.names import CallState
+from bashfleet.worker.wire.records import open_host_info, open_job_view
 
 # KEYS: call, queue[, alive]; ARGV: call TTL, message, fields... Records the call as
-# queued and pushes its Celery message (`worker.wire.messages`) atomically: a call is
+# queued and pushes its Celery message (`bashfleet.worker.wire.messages`) atomically: a call is
 # never recorded without its message nor sent without its record, and a replica gets
 # both or neither. 'down' when the named host's lock is gone, 'taken' when the id is
 # in use (nothing recorded nor pushed then).

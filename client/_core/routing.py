@@ -13,9 +13,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from client.errors import CallRejected, HostUnavailable, UnknownCall, UnknownJob
-from worker.wire import names
-from worker.wire.models import HostInfo, RunRequest
+from bashfleet.client.errors import CallRejected, HostUnavailable, UnknownCall, UnknownJob
+from bashfleet.worker.wire import names
+from bashfleet.worker.wire.models import HostInfo, RunRequest
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from typing import TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from worker.wire import auth, names
+from bashfleet.worker.wire import auth, names
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ One behaviour for both clients, stated once:
 - a call a worker claimed is lost when its host's lock names another instance (the
   host restarted), or has been gone LOCK_GONE_GRACE_S (not at once: a heartbeat may be
   late after a failover);
-- a queued call is withdrawn (by the WITHDRAW script: `client._core.records`) when its
+- a queued call is withdrawn (by the WITHDRAW script: `bashfleet.client._core.records`) when its
   message has been gone from its queue, unclaimed, MESSAGE_LOST_GRACE_S (a consumer
   took it and died), or when no live worker is left that could take it; if a worker
   claimed it meanwhile, the withdrawal fails and it is watched as running;
@@ -23,12 +23,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from client._core.constants import LOCK_GONE_GRACE_S, MESSAGE_LOST_GRACE_S
-from client._core.messages import unstarted_result
-from client._core.routing import Route
-from client.errors import BashfleetError, WorkerError, WorkerLost
-from worker.wire.models import CallResult
-from worker.wire.names import CALL_UNSTARTED, CallState
+from bashfleet.client._core.constants import LOCK_GONE_GRACE_S, MESSAGE_LOST_GRACE_S
+from bashfleet.client._core.messages import unstarted_result
+from bashfleet.client._core.routing import Route
+from bashfleet.client.errors import BashfleetError, WorkerError, WorkerLost
+from bashfleet.worker.wire.models import CallResult
+from bashfleet.worker.wire.names import CALL_UNSTARTED, CallState
 
 #: Call record fields the watch reads.
 WATCHED_FIELDS = ("state", "host", "instance", "note", "queue")

@@ -2,7 +2,7 @@
 files travel (chunks, tar streams). No I/O.
 
 A workspace is a directory on one host and the namespaces its calls share (see
-`worker.engine.workspaces`); the client reaches it through its host's control queue
+`bashfleet.worker.engine.workspaces`); the client reaches it through its host's control queue
 (make, renew, delete, files) and runs calls in it through that host's command queue.
 """
 
@@ -18,11 +18,11 @@ from typing import IO, TypeVar
 
 from pydantic import ValidationError
 
-from client._core import archives
-from client.errors import CallRejected, HostUnavailable, WorkspaceFileError
-from worker.wire import auth
-from worker.wire.models import HostInfo, Model, SnapshotRecord, WorkspaceView
-from worker.wire.owner_keys import SUB_OWNER
+from bashfleet.client._core import archives
+from bashfleet.client.errors import CallRejected, HostUnavailable, WorkspaceFileError
+from bashfleet.worker.wire import auth
+from bashfleet.worker.wire.models import HostInfo, Model, SnapshotRecord, WorkspaceView
+from bashfleet.worker.wire.owner_keys import SUB_OWNER
 
 #: Seal purpose of a workspace's view in Redis (what its host wrote).
 WORKSPACE = "workspace"
@@ -85,7 +85,7 @@ def started_by(view: WorkspaceView, owner: str) -> bool:
 
 M = TypeVar("M", bound=Model)
 
-#: Seal purpose of a snapshot's record (`worker.fleet.snapshot_calls`).
+#: Seal purpose of a snapshot's record (`bashfleet.worker.fleet.snapshot_calls`).
 SNAPSHOT = "snapshot"
 #: The owner quota snapshots count in.
 SNAPSHOT_QUOTA_KIND = "snapshots"
@@ -221,7 +221,7 @@ def unpack(data: bytes, directory: str | os.PathLike[str]) -> None:
 
 def unpack_file(source: IO[bytes], directory: str | os.PathLike[str]) -> None:
     """Unpack a tar from a workspace into a local directory (made if missing), checked
-    member by member first (`client._core.archives`): the archive comes from a place a
+    member by member first (`bashfleet.client._core.archives`): the archive comes from a place a
     model's commands can write. WorkspaceFileError, nothing written, when a member would
     land outside the directory (absolute, `..`, a link out) or is a device or FIFO."""
     folder = os.fspath(directory)

@@ -14,7 +14,7 @@ from typing import Any, Generic, TypeVar, cast
 
 from redis.client import PubSub
 
-from worker.fleet.connect import Redis, Script
+from bashfleet.worker.fleet.connect import Redis, Script
 
 T = TypeVar("T")
 

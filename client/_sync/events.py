@@ -5,7 +5,7 @@
 It subscribes to the events channel, reads the stream after the last event it
 delivered (what it missed), then takes what the channel brings; what it delivers is
 decided by the core's `EventCursor` (each event once, in order, across a Redis restart
-or a fleet replaced by another: `client._core.events`), and only events whose seal
+or a fleet replaced by another: `bashfleet.client._core.events`), and only events whose seal
 verifies with the keys of the fleet heard are delivered.
 
 While Redis cannot be reached it keeps trying (RETRY_DELAYS_S), says so once in the log
@@ -25,14 +25,14 @@ from collections.abc import Callable, Generator, Mapping
 
 import redis
 
-from client._core.constants import CATCH_UP_BATCH, IDLE_TICK_S, RETRY_DELAYS_S, backoff
-from client._core.events import EventCursor
-from client._sync import records
-from client._sync.concurrency import close_pubsub, open_pubsub, sleep
-from client.errors import FleetUnavailable
-from worker.fleet.connect import Redis
-from worker.wire import names
-from worker.wire.events import JobEvent
+from bashfleet.client._core.constants import CATCH_UP_BATCH, IDLE_TICK_S, RETRY_DELAYS_S, backoff
+from bashfleet.client._core.events import EventCursor
+from bashfleet.client._sync import records
+from bashfleet.client._sync.concurrency import close_pubsub, open_pubsub, sleep
+from bashfleet.client.errors import FleetUnavailable
+from bashfleet.worker.fleet.connect import Redis
+from bashfleet.worker.wire import names
+from bashfleet.worker.wire.events import JobEvent
 
 log = logging.getLogger("bashfleet.events")
 

@@ -1,7 +1,7 @@
 # Generated from client/_async/fleet.py by scripts/unasync.py:
 # edit that file and run the script.
-"""The fleet client, written once: `client.aio.AsyncFleet` is the class of
-`client/_async/fleet.py`, and `client.fleet.Fleet` the same class in
+"""The fleet client, written once: `bashfleet.client.aio.AsyncFleet` is the class of
+`client/_async/fleet.py`, and `bashfleet.client.fleet.Fleet` the same class in
 `client/_sync/fleet.py`, which `scripts/unasync.py` generates from it (dropping `async`,
 `await` and the `Async` prefix of names; checked in, and a test fails when it differs).
 
@@ -10,24 +10,24 @@
         job = (fleet.run("./serve.sh", mode="background")).job
         fleet.check(job.id); fleet.kill(job.id)
 
-What the client decides is the core's (`client._core`, no I/O): how a request is
+What the client decides is the core's (`bashfleet.client._core`, no I/O): how a request is
 validated and signed, where a call goes, what an answer means, when a call waited for
-is lost. What this layer does is Redis I/O (`client._sync.records`), in the order the
+is lost. What this layer does is Redis I/O (`bashfleet.client._sync.records`), in the order the
 core asks for it:
 
 - a call is one Lua script that records it and pushes its Celery message (the JSON
-  kombu would push: `worker.wire.messages`) in one round trip; a control call (check,
+  kombu would push: `bashfleet.worker.wire.messages`) in one round trip; a control call (check,
   kill, read_output, cancel, jobs, write_stdin...) is one message pushed on the owning
   host's control queue, served apart from the command slots. No Celery in a client.
 - answers arrive on the client's reply channel, heard by one listener
-  (`client._sync.replies`); a call waits on its own slot;
+  (`bashfleet.client._sync.replies`); a call waits on its own slot;
 - calls in flight are watched together: every WATCH_INTERVAL_S one pipelined round
   trip reads every waiting call's stored answer and record and the locks of their
   hosts (a worker that dies shows as WorkerLost within seconds; the command is never
   sent again);
 - backpressure is explicit: at most `max_in_flight` calls sent and not answered (more
   wait in the client, unsent), at most `redis_concurrency` Redis commands under way;
-- every error a worker answers is a typed exception (`client.errors`).
+- every error a worker answers is a typed exception (`bashfleet.client.errors`).
 
 The asyncio client belongs to one event loop; the blocking one serves any number of
 threads (its listener and watch are threads: two, whatever the calls in flight).
@@ -51,8 +51,8 @@ from typing import Any, Concatenate, Literal, ParamSpec, TypeVar
 import redis
 import redis.sentinel
 
-from client import shells
-from client._core.constants import (
+from bashfleet.client import shells
+from bashfleet.client._core.constants import (
     BUILD_TIMEOUT_S,
     CTL_TIMEOUT_S,
     DEFAULT_MAX_IN_FLIGHT,
@@ -63,14 +63,14 @@ from client._core.constants import (
     TIMED_WAIT_TICK_S,
     WATCH_INTERVAL_S,
 )
-from client._core.events import EventCursor, job_matches
-from client._core.identity import (
+from bashfleet.client._core.events import EventCursor, job_matches
+from bashfleet.client._core.identity import (
     outage_grace_s,
     record_keys_at,
     require_url,
     resolve_identity,
 )
-from client._core.messages import (
+from bashfleet.client._core.messages import (
     ErrorFor,
     build_call,
     control_message,
@@ -81,8 +81,8 @@ from client._core.messages import (
     raise_if_not_run,
     run_request,
 )
-from client._core.output import FullRead, OutputMode, full_reads, with_full_output
-from client._core.routing import (
+from bashfleet.client._core.output import FullRead, OutputMode, full_reads, with_full_output
+from bashfleet.client._core.routing import (
     CallProgress,
     Placement,
     Route,
@@ -97,7 +97,7 @@ from client._core.routing import (
     route,
     unknown_output,
 )
-from client._core.watch import (
+from bashfleet.client._core.watch import (
     Outage,
     Pending,
     Verdict,
@@ -107,15 +107,15 @@ from client._core.watch import (
     note_queue,
     verdict,
 )
-from client._core.workspaces import (
+from bashfleet.client._core.workspaces import (
     choose_host,
     open_snapshot,
     open_view,
     owned_by_host,
     started_by,
 )
-from client._sync import records
-from client._sync.concurrency import (
+from bashfleet.client._sync import records
+from bashfleet.client._sync.concurrency import (
     CANCELLED,
     Event,
     LoopGuard,
@@ -124,11 +124,11 @@ from client._sync.concurrency import (
     Tasks,
     sleep,
 )
-from client._sync.events import follow
-from client._sync.replies import Answer, Replies
-from client._sync.shells import ShellStore
-from client._sync.workspace import Workspace
-from client.errors import (
+from bashfleet.client._sync.events import follow
+from bashfleet.client._sync.replies import Answer, Replies
+from bashfleet.client._sync.shells import ShellStore
+from bashfleet.client._sync.workspace import Workspace
+from bashfleet.client.errors import (
     BashfleetError,
     CallRejected,
     FleetUnavailable,
@@ -144,9 +144,9 @@ from client.errors import (
     image_error_for,
     snapshot_error_for,
 )
-from worker.fleet.connect import Redis, redis_client, safe_url
-from worker.wire import names
-from worker.wire.control import (
+from bashfleet.worker.fleet.connect import Redis, redis_client, safe_url
+from bashfleet.worker.wire import names
+from bashfleet.worker.wire.control import (
     MAX_READ_LIMIT,
     CancelRequest,
     CancelResult,
@@ -175,8 +175,8 @@ from worker.wire.control import (
     WorkspaceCreateRequest,
     WriteStdinRequest,
 )
-from worker.wire.events import EventKind, JobEvent, event_matches
-from worker.wire.models import (
+from bashfleet.worker.wire.events import EventKind, JobEvent, event_matches
+from bashfleet.worker.wire.models import (
     SNAPSHOT_ID_PATTERN,
     CallResult,
     CheckResult,
@@ -192,8 +192,8 @@ from worker.wire.models import (
     WorkspaceLimits,
     WorkspaceView,
 )
-from worker.wire.names import CallState
-from worker.wire.network import NetworkPolicy
+from bashfleet.worker.wire.names import CallState
+from bashfleet.worker.wire.network import NetworkPolicy
 
 log = logging.getLogger(__name__)
 
@@ -369,7 +369,7 @@ class Fleet:
         which a dialect renders as text for its model, unless `check` asks for CallNotRun
         (`run` asks by default).
 
-        With a `session`, the call runs in the session's shell (`client.shells`): on its
+        With a `session`, the call runs in the session's shell (`bashfleet.client.shells`): on its
         pinned host, in its cwd, with its variables; and what the call changed (a `cd`,
         an `export`, an `unset`) is kept for the session's next call, whoever makes it.
         An asyncio task awaiting it that is cancelled cancels the call too (withdrawn if
@@ -477,7 +477,7 @@ class Fleet:
         return stored
 
     def _route(self, placement: Placement) -> Route:
-        """Where a call goes (`client._core.routing.route`), from the live hosts when no
+        """Where a call goes (`bashfleet.client._core.routing.route`), from the live hosts when no
         host is named."""
         if not placement.needs_live_hosts:
             return route(placement)
@@ -559,7 +559,7 @@ class Fleet:
             sleep(0.01)  # a condition polled with a deadline: a push in progress
 
     def _full_output(self, result: CallResult, max_bytes: int) -> CallResult:
-        """The result with its whole output read back (`client._core.output`)."""
+        """The result with its whole output read back (`bashfleet.client._core.output`)."""
         texts = {}
         for read in full_reads(result, max_bytes):
             texts[read.stream] = self._read_whole(result.call_id, read)
@@ -844,7 +844,7 @@ class Fleet:
         (`choose_host`: made at once, a client's spread evenly). `path`: an existing
         directory under a root the host allows (else a fresh one, removed with it). `ttl_s`:
         seconds it lives unused (the host's default, 1 h). `isolation` (at least the host's)
-        and `network`, its network policy (`worker.wire.network`: `egress`, the host's
+        and `network`, its network policy (`bashfleet.worker.wire.network`: `egress`, the host's
         default: the internet, never the fleet, the host, link-local or private ranges;
         `none`; `allow=pypi.org,*.pythonhosted.org,10.1.0.0/16`; `host` where the host
         allows it; a `NetworkPolicy`; False is `none`). `limits`: memory_mb, procs, cpus,
@@ -1198,7 +1198,7 @@ class Fleet:
         it (or close it).
 
         Each event is heard once, in order, across Redis reconnects and restarts, and
-        across a local fleet brought down and up again (`client._core.events`); while
+        across a local fleet brought down and up again (`bashfleet.client._core.events`); while
         Redis cannot be reached it keeps trying, and says so once (a warning in the
         `bashfleet.events` log).
         """

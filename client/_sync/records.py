@@ -1,7 +1,7 @@
 # Generated from client/_async/records.py by scripts/unasync.py:
 # edit that file and run the script.
 """The client's Redis I/O: every read and write a fleet client makes, one function each,
-over the core's scripts and parsers (`client._core.records`). The readers of what
+over the core's scripts and parsers (`bashfleet.client._core.records`). The readers of what
 workers publish (host records, job hashes) take the client's record keys (`keys`): the
 core's parsers verify each record with them and leave out what does not verify.
 
@@ -18,16 +18,16 @@ from typing import Any, cast
 
 import redis
 
-from client._core import records as core
-from client._core.constants import CATCH_UP_BATCH, QUEUE_SCAN_LIMIT
-from client._core.routing import IdLookup
-from client._core.watch import WATCHED_FIELDS, waiting_ids
-from client._core.workspaces import QUOTA_KIND, SNAPSHOT_QUOTA_KIND
-from client._sync.concurrency import run_script
-from worker.fleet.connect import Redis, Script
-from worker.wire import names
-from worker.wire.models import HostInfo, JobView
-from worker.wire.names import CallState
+from bashfleet.client._core import records as core
+from bashfleet.client._core.constants import CATCH_UP_BATCH, QUEUE_SCAN_LIMIT
+from bashfleet.client._core.routing import IdLookup
+from bashfleet.client._core.watch import WATCHED_FIELDS, waiting_ids
+from bashfleet.client._core.workspaces import QUOTA_KIND, SNAPSHOT_QUOTA_KIND
+from bashfleet.client._sync.concurrency import run_script
+from bashfleet.worker.fleet.connect import Redis, Script
+from bashfleet.worker.wire import names
+from bashfleet.worker.wire.models import HostInfo, JobView
+from bashfleet.worker.wire.names import CallState
 
 SEND = Script(core.SEND)
 WITHDRAW = Script(core.WITHDRAW)

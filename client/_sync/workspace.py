@@ -30,11 +30,17 @@ from typing import IO, TYPE_CHECKING, Any, Literal, TypeVar
 
 import redis
 
-from client._core.messages import control_request
-from client._core.workspaces import FILE_CHUNK, chunks, file_pieces, tar_pieces, unpack_file
-from client._sync import transfers
-from client.errors import CallRejected, FleetUnavailable, UnknownJob, UnknownWorkspace
-from worker.wire.control import (
+from bashfleet.client._core.messages import control_request
+from bashfleet.client._core.workspaces import (
+    FILE_CHUNK,
+    chunks,
+    file_pieces,
+    tar_pieces,
+    unpack_file,
+)
+from bashfleet.client._sync import transfers
+from bashfleet.client.errors import CallRejected, FleetUnavailable, UnknownJob, UnknownWorkspace
+from bashfleet.worker.wire.control import (
     CheckRequest,
     FileChunk,
     FileReadRequest,
@@ -53,7 +59,7 @@ from worker.wire.control import (
     WorkspaceRenewRequest,
     WorkspaceRestoreRequest,
 )
-from worker.wire.models import (
+from bashfleet.worker.wire.models import (
     CallResult,
     CheckResult,
     JobView,
@@ -64,11 +70,11 @@ from worker.wire.models import (
     Truncation,
     WorkspaceView,
 )
-from worker.wire.network import NetworkPolicy
-from worker.wire.transfer import new_transfer_id
+from bashfleet.worker.wire.network import NetworkPolicy
+from bashfleet.worker.wire.transfer import new_transfer_id
 
 if TYPE_CHECKING:
-    from client._sync.fleet import Fleet
+    from bashfleet.client._sync.fleet import Fleet
 
 R = TypeVar("R", bound=Model)
 
@@ -184,7 +190,7 @@ class Workspace:
         """Copy the workspace's directory `src` into a local directory (made if missing):
         a tar stream from tar in the workspace, kept in a local temporary file until it
         all arrived, then every member checked before anything is written
-        (`client._core.archives`)."""
+        (`bashfleet.client._core.archives`)."""
         with tempfile.TemporaryFile() as spool:
             self._receive("tree", src, spool)
             spool.seek(0)

@@ -1,6 +1,6 @@
 """Tool dialects: each seed's bash tool (schemas, defaults, result text) over one fleet.
 
-    from client.dialects import get_dialect, schemas
+    from bashfleet.client.dialects import get_dialect, schemas
 
     dialect = get_dialect("pipe")
     schemas(dialect)                                  # the tool schemas a model sees
@@ -19,7 +19,7 @@
 
 from __future__ import annotations
 
-from client.dialects.base import (
+from bashfleet.client.dialects.base import (
     Artifact,
     Dialect,
     MemorySessionStore,
@@ -34,13 +34,13 @@ from client.dialects.base import (
     ToolText,
     schemas,
 )
-from client.dialects.claude import ClaudeDialect
-from client.dialects.claude_code import ClaudeCodeDialect
-from client.dialects.codex import CodexDialect
-from client.dialects.modes import ModesDialect, humanize_bytes
-from client.dialects.native import NativeDialect
-from client.dialects.pi import PiDialect
-from client.dialects.pipe import PipeDialect
+from bashfleet.client.dialects.claude import ClaudeDialect
+from bashfleet.client.dialects.claude_code import ClaudeCodeDialect
+from bashfleet.client.dialects.codex import CodexDialect
+from bashfleet.client.dialects.modes import ModesDialect, humanize_bytes
+from bashfleet.client.dialects.native import NativeDialect
+from bashfleet.client.dialects.pi import PiDialect
+from bashfleet.client.dialects.pipe import PipeDialect
 
 #: Every dialect by name; each class builds with no arguments.
 DIALECTS: dict[str, type[Dialect]] = {

@@ -5,8 +5,14 @@ from __future__ import annotations
 import re
 import signal
 
-from client import exit_status
-from worker.wire.models import CallResult, CheckResult, ProcessInfo, SystemError_, TruncationInfo
+from bashfleet.client import exit_status
+from bashfleet.worker.wire.models import (
+    CallResult,
+    CheckResult,
+    ProcessInfo,
+    SystemError_,
+    TruncationInfo,
+)
 
 #: The line the engine appends to every job's output file when the job ends (seed 001's
 #: `[background process completed]` / `[background process failed: STATUS]`).

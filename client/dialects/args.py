@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from worker.wire.models import MAX_COMMAND_BYTES
+from bashfleet.worker.wire.models import MAX_COMMAND_BYTES
 
 _TYPE_NAMES = {
     "string": "a string",

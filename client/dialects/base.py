@@ -24,16 +24,16 @@ from typing import Any, ClassVar, Literal, Protocol, TypeVar, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from client import shells
-from client.dialects.args import ArgError, Args, parse_args
-from worker.wire.control import (
+from bashfleet.client import shells
+from bashfleet.client.dialects.args import ArgError, Args, parse_args
+from bashfleet.worker.wire.control import (
     CheckRequest,
     KillRequest,
     ReadOutputRequest,
     SessionOutput,
     WriteStdinRequest,
 )
-from worker.wire.models import (
+from bashfleet.worker.wire.models import (
     CallResult,
     CheckResult,
     JobHandle,
@@ -42,7 +42,7 @@ from worker.wire.models import (
     Policy,
     RunRequest,
 )
-from worker.wire.names import SESSION_TTL_S
+from bashfleet.worker.wire.names import SESSION_TTL_S
 
 JSONSchema = dict[str, Any]
 SchemaStyle = Literal["anthropic", "openai", "openai-responses", "mcp", "function"]
@@ -366,7 +366,7 @@ class Artifact(BaseModel):
     """When the call was sent, in seconds since the epoch."""
 
 
-#: SessionState fields of older versions, now in the session's shell (`client.shells`).
+#: SessionState fields of older versions, now in the session's shell (`bashfleet.client.shells`).
 _RETIRED = frozenset({"unset_env", "shells"})
 
 
@@ -417,7 +417,7 @@ class SessionState(BaseModel):
     """Host -> the session's workspace there (made at its first call on that host): its
     calls share its processes, /tmp and files, as on one machine."""
     fleet_session: str | None = None
-    """The fleet session whose shell (cwd, exported variables: `client.shells`) the
+    """The fleet session whose shell (cwd, exported variables: `bashfleet.client.shells`) the
     calls of dialects that keep one share (claude's FR-009). The MCP server names its
     own session; a dialect names a fresh one on first use."""
     artifacts: dict[str, Artifact] = Field(default_factory=dict)

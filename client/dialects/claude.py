@@ -30,7 +30,7 @@ having waited for the task to end when `block` is true, as
 `No task found with ID: <id>`.
 
 Session persistence (FR-009): every call runs in the session's shell
-(`SessionState.fleet_session`, named on first use: `client.shells`), which the fleet
+(`SessionState.fleet_session`, named on first use: `bashfleet.client.shells`), which the fleet
 keeps in Redis: a foreground `Bash` reports the state its command ended with, and the
 variables it exported or changed, those it unset (also those of the worker's own
 environment, such as `LANG`) and the directory it `cd`-ed into hold for the session's
@@ -52,7 +52,7 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-from client.dialects._text import (
+from bashfleet.client.dialects._text import (
     activity,
     chomp,
     sentence,
@@ -60,8 +60,8 @@ from client.dialects._text import (
     system_failure,
     without_completion_line,
 )
-from client.dialects.args import ArgError, Args, command_problem
-from client.dialects.base import (
+from bashfleet.client.dialects.args import ArgError, Args, command_problem
+from bashfleet.client.dialects.base import (
     Dialect,
     GuardedRunner,
     Handler,
@@ -71,8 +71,15 @@ from client.dialects.base import (
     ToolSpec,
     ToolText,
 )
-from worker.wire.control import CheckRequest, KillRequest
-from worker.wire.models import CallResult, CharCap, CheckResult, Policy, RunRequest, TruncationInfo
+from bashfleet.worker.wire.control import CheckRequest, KillRequest
+from bashfleet.worker.wire.models import (
+    CallResult,
+    CharCap,
+    CheckResult,
+    Policy,
+    RunRequest,
+    TruncationInfo,
+)
 
 DEFAULT_TIMEOUT_MS = 120_000
 MAX_TIMEOUT_MS = 600_000

@@ -6,7 +6,7 @@ two newer names without listing them, so a model shown its tools can never call 
 This one lists the newer set and answers to seed 004's names without listing them: the
 same policy (combined output, 30,000 characters, 120 s default, 600 s max, killed on
 timeout), the same session shell and every result text of `claude`
-(`client.dialects.claude`), with the background start pointing at the tools listed:
+(`bashfleet.client.dialects.claude`), with the background start pointing at the tools listed:
 
 - `Bash` {command, timeout (ms), description, run_in_background}: as `claude`'s;
 - `TaskOutput` {task_id, block (default true), timeout (ms to wait while blocking,
@@ -19,8 +19,8 @@ timeout), the same session shell and every result text of `claude`
 
 from __future__ import annotations
 
-from client.dialects.base import ToolSpec
-from client.dialects.claude import (
+from bashfleet.client.dialects.base import ToolSpec
+from bashfleet.client.dialects.claude import (
     BASH_OUTPUT_DESCRIPTION,
     BASH_OUTPUT_SCHEMA,
     BASH_SCHEMA,

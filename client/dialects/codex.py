@@ -40,9 +40,9 @@ import secrets
 import time
 from collections.abc import Callable, Mapping
 
-from client.dialects._text import shell_status, system_failure
-from client.dialects.args import ArgError, Args, command_problem, path_problem
-from client.dialects.base import (
+from bashfleet.client.dialects._text import shell_status, system_failure
+from bashfleet.client.dialects.args import ArgError, Args, command_problem, path_problem
+from bashfleet.client.dialects.base import (
     Dialect,
     ExecSession,
     GuardedRunner,
@@ -53,9 +53,9 @@ from client.dialects.base import (
     ToolSpec,
     ToolText,
 )
-from client.errors import UnknownJob
-from worker.wire.control import Collect, KillRequest, SessionOutput, WriteStdinRequest
-from worker.wire.models import (
+from bashfleet.client.errors import UnknownJob
+from bashfleet.worker.wire.control import Collect, KillRequest, SessionOutput, WriteStdinRequest
+from bashfleet.worker.wire.models import (
     CallResult,
     HeadTailTokens,
     InputWait,

@@ -29,11 +29,18 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from client.dialects._text import activity, seconds, signal_label, system_failure
-from client.dialects.args import ArgError, Args, command_problem
-from client.dialects.base import Dialect, GuardedRunner, Handler, SessionState, ToolSpec, ToolText
-from worker.wire.control import NO_LINE, CheckRequest, KillRequest
-from worker.wire.models import CallResult, JobHandle, Middle, Policy, RunRequest
+from bashfleet.client.dialects._text import activity, seconds, signal_label, system_failure
+from bashfleet.client.dialects.args import ArgError, Args, command_problem
+from bashfleet.client.dialects.base import (
+    Dialect,
+    GuardedRunner,
+    Handler,
+    SessionState,
+    ToolSpec,
+    ToolText,
+)
+from bashfleet.worker.wire.control import NO_LINE, CheckRequest, KillRequest
+from bashfleet.worker.wire.models import CallResult, JobHandle, Middle, Policy, RunRequest
 
 #: `kill`, `kill -9`, `kill -KILL`... of a process group (`-N`) or a pid.
 _KILL = re.compile(

@@ -15,7 +15,7 @@ characters show as `<U+202E>` markers (the "Trojan Source" class); a line rewrit
 carriage returns (a progress bar) shows its last frame; a line longer than 2,000
 characters is cut there (`… [N more characters]`) and counted in the cut notice.
 
-A named `session` is a fleet session (`client.shells`): a shell that lives on in Redis
+A named `session` is a fleet session (`bashfleet.client.shells`): a shell that lives on in Redis
 between calls, whoever makes them (another agent, `bashfleet run --session NAME`). Each
 call of it reports the state it ended in (`cwd_after`, exported and unset variables) and
 the next one starts there, on the same host; an explicit `cwd` holds for its call only.
@@ -67,7 +67,7 @@ import re
 import time
 from collections.abc import Callable, Mapping
 
-from client.dialects._text import (
+from bashfleet.client.dialects._text import (
     activity,
     chomp,
     count_lines,
@@ -77,8 +77,8 @@ from client.dialects._text import (
     system_failure,
     without_completion_line,
 )
-from client.dialects.args import ArgError, Args, command_problem, path_problem
-from client.dialects.base import (
+from bashfleet.client.dialects.args import ArgError, Args, command_problem, path_problem
+from bashfleet.client.dialects.base import (
     Dialect,
     GuardedRunner,
     Handler,
@@ -87,7 +87,7 @@ from client.dialects.base import (
     ToolSpec,
     ToolText,
 )
-from worker.wire.control import (
+from bashfleet.worker.wire.control import (
     MAX_COLLECT_WAIT_S,
     CheckRequest,
     Collect,
@@ -96,7 +96,7 @@ from worker.wire.control import (
     SessionOutput,
     WriteStdinRequest,
 )
-from worker.wire.models import (
+from bashfleet.worker.wire.models import (
     MAX_TIMEOUT_S,
     CallResult,
     CheckResult,
@@ -108,7 +108,7 @@ from worker.wire.models import (
     TailLines,
     TruncationInfo,
 )
-from worker.wire.names import valid_id
+from bashfleet.worker.wire.names import valid_id
 
 DEFAULT_TIMEOUT_S = 120.0
 SLOW_TIMEOUT_S = 15 * 60.0

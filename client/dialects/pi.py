@@ -7,8 +7,8 @@ with `Blocked: ...` and the original command. Output keeps its last 50 KB (never
 splitting a UTF-8 character, and from a whole line's start unless the last line alone is
 larger); the full output is kept as an artifact.
 
-Interception rules: seed 002's defaults live with the worker (`worker.engine.normalize`), which
-the client may not import, so this dialect takes its rules as a constructor argument and
+Interception rules: seed 002's defaults live with the worker (`bashfleet.worker.engine.normalize`),
+which the client may not import, so this dialect takes its rules as a constructor argument and
 has none by default; whoever builds the dialect for a pi agent passes the rules and the
 agent's tool names (`PiDialect(intercept=rules, available_tools=("read", "grep", ...))`).
 
@@ -38,8 +38,8 @@ import posixpath
 import time
 from collections.abc import Mapping, Sequence
 
-from client.dialects.args import ArgError, Args, command_problem, path_problem
-from client.dialects.base import (
+from bashfleet.client.dialects.args import ArgError, Args, command_problem, path_problem
+from bashfleet.client.dialects.base import (
     Artifact,
     Dialect,
     GuardedRunner,
@@ -48,7 +48,7 @@ from client.dialects.base import (
     ToolSpec,
     ToolText,
 )
-from worker.wire.models import (
+from bashfleet.worker.wire.models import (
     ByteTail,
     CallResult,
     InterceptRule,

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from client.dialects._text import (
+from bashfleet.client.dialects._text import (
     activity,
     chomp,
     count_lines,
@@ -38,10 +38,17 @@ from client.dialects._text import (
     system_failure,
     without_completion_line,
 )
-from client.dialects.args import ArgError, Args, command_problem
-from client.dialects.base import Dialect, GuardedRunner, Handler, SessionState, ToolSpec, ToolText
-from worker.wire.control import CheckRequest, KillRequest
-from worker.wire.models import (
+from bashfleet.client.dialects.args import ArgError, Args, command_problem
+from bashfleet.client.dialects.base import (
+    Dialect,
+    GuardedRunner,
+    Handler,
+    SessionState,
+    ToolSpec,
+    ToolText,
+)
+from bashfleet.worker.wire.control import CheckRequest, KillRequest
+from bashfleet.worker.wire.models import (
     MAX_TIMEOUT_S,
     CallResult,
     CheckResult,

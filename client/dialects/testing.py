@@ -2,7 +2,7 @@
 
 Shipped next to the real thing (the fleet) so every layer above the dialects (the MCP
 server, the CLI's schema command) can test against the same fake. Sessions' shells are
-kept in memory with the fleet's own rules (`client.shells`): a request with a `session`
+kept in memory with the fleet's own rules (`bashfleet.client.shells`): a request with a `session`
 is recorded as the fleet would send it (host, cwd and variables of the shell filled in),
 and its result changes the shell as the fleet's would.
 
@@ -17,15 +17,15 @@ import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from client.shells import ShellState, apply_change, change_of, fill_request
-from worker.wire.control import (
+from bashfleet.client.shells import ShellState, apply_change, change_of, fill_request
+from bashfleet.worker.wire.control import (
     CheckRequest,
     KillRequest,
     ReadOutputRequest,
     SessionOutput,
     WriteStdinRequest,
 )
-from worker.wire.models import CallResult, CheckResult, OutputChunk, RunRequest
+from bashfleet.worker.wire.models import CallResult, CheckResult, OutputChunk, RunRequest
 
 Request = RunRequest | CheckRequest | KillRequest | ReadOutputRequest | WriteStdinRequest
 

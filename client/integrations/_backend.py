@@ -30,10 +30,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from client._async.fleet import AsyncFleet
-from client._async.workspace import AsyncWorkspace
-from client.errors import BashfleetError, UnknownWorkspace, WorkspaceFileError
-from worker.wire.models import MAX_COMMAND_BYTES, CallResult, Tags, WorkspaceLimits
+from bashfleet.client._async.fleet import AsyncFleet
+from bashfleet.client._async.workspace import AsyncWorkspace
+from bashfleet.client.errors import BashfleetError, UnknownWorkspace, WorkspaceFileError
+from bashfleet.worker.wire.models import MAX_COMMAND_BYTES, CallResult, Tags, WorkspaceLimits
 
 #: Longest command sent inline. A call's command is capped at MAX_COMMAND_BYTES (1 MiB);
 #: a framework may hand us more (inspect's conformance cases send a 1 MiB argv), so a
@@ -461,7 +461,7 @@ async def image_user(fleet: AsyncFleet, workspace: AsyncWorkspace) -> str | None
 
 # --------------------------------------------------------------------------- files
 
-#: The workspace's file tools' messages (`worker.engine.files`, and bash's own for a
+#: The workspace's file tools' messages (`bashfleet.worker.engine.files`, and bash's own for a
 #: write) -> the OSError a framework expects.
 _FILE_ERRORS: tuple[tuple[str, type[OSError], int], ...] = (
     ("No such file or directory", FileNotFoundError, errno.ENOENT),

@@ -1,6 +1,7 @@
 """bashfleet as a Harbor environment (`pip install 'bashfleet[harbor]'`, Python >= 3.12).
 
-    harbor run -p ./my-task -a oracle --env client.integrations.harbor:BashfleetEnvironment \\
+    harbor run -p ./my-task -a oracle --env
+    bashfleet.client.integrations.harbor:BashfleetEnvironment \\
         --ek label=linux
 
 A trial's environment is one workspace on a build host, made by `start`, renewed while
@@ -52,13 +53,13 @@ try:
     from harbor.environments.options import EnvironmentOptions
     from harbor.models.trial.paths import EnvironmentPaths
 except ModuleNotFoundError as exc:  # the extra is not installed: say which
-    from client.integrations import missing_extra
+    from bashfleet.client.integrations import missing_extra
 
     raise missing_extra(__name__, "Harbor (Python 3.12+)", "harbor", exc) from exc
 
-from client.aio import AsyncFleet, AsyncWorkspace
-from client.errors import BashfleetError
-from client.integrations._backend import (
+from bashfleet.client.aio import AsyncFleet, AsyncWorkspace
+from bashfleet.client.errors import BashfleetError
+from bashfleet.client.integrations._backend import (
     ExactOutput,
     InsideUser,
     Renewer,
@@ -68,7 +69,7 @@ from client.integrations._backend import (
     file_error,
     made_root,
 )
-from worker.wire.models import MAX_TIMEOUT_S, Policy, WorkspaceLimits
+from bashfleet.worker.wire.models import MAX_TIMEOUT_S, Policy, WorkspaceLimits
 
 #: Harbor's absolute paths (harbor.models.trial.paths.EnvironmentPaths), as directories
 #: of the workspace shown at those paths in its calls' view.

@@ -70,14 +70,14 @@ try:
         sandboxenv,
     )
 except ModuleNotFoundError as exc:  # the extra is not installed: say which
-    from client.integrations import missing_extra
+    from bashfleet.client.integrations import missing_extra
 
     raise missing_extra(__name__, "inspect-ai", "inspect", exc) from exc
 from pydantic import BaseModel
 
-from client._async.workspace import AsyncWorkspace
-from client.errors import BashfleetError, CallRejected
-from client.integrations._backend import (
+from bashfleet.client._async.workspace import AsyncWorkspace
+from bashfleet.client.errors import BashfleetError, CallRejected
+from bashfleet.client.integrations._backend import (
     Exact,
     ExactOutput,
     FleetPool,
@@ -92,10 +92,10 @@ from client.integrations._backend import (
     shell_line,
     stage,
 )
-from worker.wire.models import MAX_TIMEOUT_S, Policy
+from bashfleet.worker.wire.models import MAX_TIMEOUT_S, Policy
 
 if TYPE_CHECKING:
-    from worker.wire.models import Snapshot
+    from bashfleet.worker.wire.models import Snapshot
 
 #: The policy of inspect's calls: separate streams, the whole output read back (up to
 #: inspect's limit), a timeout kills (inspect raises TimeoutError), none by default.

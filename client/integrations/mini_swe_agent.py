@@ -1,7 +1,7 @@
 """bashfleet as a mini-swe-agent environment (`pip install 'bashfleet[mini-swe-agent]'`).
 
     environment:
-      environment_class: client.integrations.mini_swe_agent.BashfleetEnvironment
+      environment_class: bashfleet.client.integrations.mini_swe_agent.BashfleetEnvironment
       label: linux            # or host: build-1; ttl_s, isolation, network, limits...
       image: python:3.12      # as its docker environment's `image` (or build: ./ctx)
 
@@ -31,15 +31,15 @@ try:
     from minisweagent.exceptions import Submitted
     from minisweagent.utils.serialize import recursive_merge
 except ModuleNotFoundError as exc:  # the extra is not installed: say which
-    from client.integrations import missing_extra
+    from bashfleet.client.integrations import missing_extra
 
     raise missing_extra(__name__, "mini-swe-agent", "mini-swe-agent", exc) from exc
 from pydantic import Field
 
-from client.errors import BashfleetError
-from client.fleet import Fleet
-from client.integrations._backend import LeaseKeeper, WorkspaceOptions
-from worker.wire.models import CallResult, Policy
+from bashfleet.client.errors import BashfleetError
+from bashfleet.client.fleet import Fleet
+from bashfleet.client.integrations._backend import LeaseKeeper, WorkspaceOptions
+from bashfleet.worker.wire.models import CallResult, Policy
 
 #: The first line of an output that submits (mini-swe-agent's convention).
 SUBMIT_MARKER = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"

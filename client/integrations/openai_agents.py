@@ -82,17 +82,22 @@ try:
     from agents.sandbox.snapshot import SnapshotBase, SnapshotSpec, resolve_snapshot
     from agents.sandbox.types import ExecResult, User
 except ModuleNotFoundError as exc:  # the extra is not installed: say which
-    from client.integrations import missing_extra
+    from bashfleet.client.integrations import missing_extra
 
     raise missing_extra(__name__, "the OpenAI Agents SDK", "openai-agents", exc) from exc
 
 from pydantic import Field
 
-from client._async.fleet import AsyncFleet
-from client._async.workspace import AsyncWorkspace
-from client.dialects.codex import INPUT_WAIT_S, MAX_OUTPUT_TOKENS, WRITE_SETTLE_S, shown_output
-from client.errors import BashfleetError, UnknownJob, UnknownWorkspace
-from client.integrations._backend import (
+from bashfleet.client._async.fleet import AsyncFleet
+from bashfleet.client._async.workspace import AsyncWorkspace
+from bashfleet.client.dialects.codex import (
+    INPUT_WAIT_S,
+    MAX_OUTPUT_TOKENS,
+    WRITE_SETTLE_S,
+    shown_output,
+)
+from bashfleet.client.errors import BashfleetError, UnknownJob, UnknownWorkspace
+from bashfleet.client.integrations._backend import (
     ExactOutput,
     FleetPool,
     InsideUser,
@@ -104,8 +109,8 @@ from client.integrations._backend import (
     shell_line,
     staging_path,
 )
-from worker.wire.control import Collect, SessionOutput
-from worker.wire.models import (
+from bashfleet.worker.wire.control import Collect, SessionOutput
+from bashfleet.worker.wire.models import (
     MAX_TIMEOUT_S,
     CallResult,
     HeadTailTokens,

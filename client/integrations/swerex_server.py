@@ -56,10 +56,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from client.errors import BashfleetError
-from client.integrations._backend import LeaseKeeper, WorkspaceOptions, file_error
-from worker.wire.control import Collect
-from worker.wire.models import MAX_TIMEOUT_S, CallResult, Policy, TailLines
+from bashfleet.client.errors import BashfleetError
+from bashfleet.client.integrations._backend import LeaseKeeper, WorkspaceOptions, file_error
+from bashfleet.worker.wire.control import Collect
+from bashfleet.worker.wire.models import MAX_TIMEOUT_S, CallResult, Policy, TailLines
 
 if TYPE_CHECKING:
     from starlette.applications import Starlette
@@ -67,7 +67,7 @@ if TYPE_CHECKING:
     from starlette.responses import Response
     from starlette.types import ASGIApp, Receive, Scope, Send
 
-    from client.fleet import Fleet, Workspace
+    from bashfleet.client.fleet import Fleet, Workspace
 
 #: The header SWE-ReX authenticates with, and the one that names a request for retries.
 TOKEN_HEADER = "x-api-key"  # noqa: S105 - a header name, not a secret
@@ -610,7 +610,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"bashfleet swerex: {exc.name} is missing: pip install 'bashfleet[swerex]'",
               file=sys.stderr)
         return 2
-    from client.fleet import Fleet  # noqa: PLC0415
+    from bashfleet.client.fleet import Fleet  # noqa: PLC0415
 
     # Bound first: "serving" is said only of a port that is ours (a busy one is said so,
     # before a workspace is made for nothing).

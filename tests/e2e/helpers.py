@@ -18,8 +18,8 @@ from typing import Any, TypeVar
 import psutil
 import pytest
 
-from worker.engine import sandbox
-from worker.settings import Settings
+from bashfleet.worker.engine import sandbox
+from bashfleet.worker.settings import Settings
 
 T = TypeVar("T")
 
@@ -60,7 +60,7 @@ def bashfleet_command() -> list[str]:
     """The `bashfleet` console script of this interpreter's environment, as a user runs
     it (CI runs these tests against the wheel installed in a fresh virtualenv)."""
     script = Path(sys.executable).with_name("bashfleet")
-    return [str(script)] if script.exists() else [sys.executable, "-m", "client.cli"]
+    return [str(script)] if script.exists() else [sys.executable, "-m", "bashfleet.client.cli"]
 
 
 class Cli:

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from client.redis_server import find_redis_server, supports_acl
-from worker.wire import acl
+from bashfleet.client.redis_server import find_redis_server, supports_acl
+from bashfleet.worker.wire import acl
 
 from .helpers import Cli, local_fleet
 

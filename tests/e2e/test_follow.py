@@ -104,7 +104,8 @@ def test_another_clients_checks_take_nothing_from_the_follower(
     stdout, stderr = tmp_path / "follow.out", tmp_path / "follow.err"
     with stdout.open("wb") as out, stderr.open("wb") as err:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "client.cli", "run", "--host", HOST, "--mode", "background",
+            [sys.executable, "-m", "bashfleet.client.cli",
+             "run", "--host", HOST, "--mode", "background",
              "--cwd", str(project), "--follow", command],
             env=fleet.env, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
         )
@@ -136,7 +137,8 @@ def test_follow_streams_a_foreground_call_as_it_runs(fleet: Cli, tmp_path: Path)
     stdout, stderr = tmp_path / "follow.out", tmp_path / "follow.err"
     with stdout.open("wb") as out, stderr.open("wb") as err:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "client.cli", "run", "--host", HOST, "--cwd", str(project),
+            [sys.executable, "-m", "bashfleet.client.cli",
+             "run", "--host", HOST, "--cwd", str(project),
              "--follow", command],
             env=fleet.env, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
         )

@@ -12,8 +12,7 @@ import subprocess
 
 import pytest
 
-import client
-import worker
+from bashfleet import client, worker
 
 from .helpers import bashfleet_command
 
@@ -33,8 +32,9 @@ def test_every_module_of_the_installed_packages_imports() -> None:
     modules = _all_modules()
     # The rooms and the modules every deployment needs are all there.
     for expected in (
-        "client.dialects.claude", "client.mcp_server", "worker.wire.control",
-        "worker.engine.job_supervisor", "worker.fleet.supervisor", "worker.fleet.consumer",
+        "bashfleet.client.dialects.claude", "bashfleet.client.mcp_server",
+        "bashfleet.worker.wire.control", "bashfleet.worker.engine.job_supervisor",
+        "bashfleet.worker.fleet.supervisor", "bashfleet.worker.fleet.consumer",
     ):
         assert expected in modules
     for name in modules:
@@ -46,10 +46,10 @@ def test_every_module_of_the_installed_packages_imports() -> None:
 
 #: The framework adapters and the install extra each needs (the core install pulls none).
 EXTRAS = {
-    "client.integrations.harbor": "harbor",
-    "client.integrations.inspect_ai": "inspect",
-    "client.integrations.mini_swe_agent": "mini-swe-agent",
-    "client.integrations.openai_agents": "openai-agents",
+    "bashfleet.client.integrations.harbor": "harbor",
+    "bashfleet.client.integrations.inspect_ai": "inspect",
+    "bashfleet.client.integrations.mini_swe_agent": "mini-swe-agent",
+    "bashfleet.client.integrations.openai_agents": "openai-agents",
 }
 
 

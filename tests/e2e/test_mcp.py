@@ -21,7 +21,7 @@ import redis
 from mcp import ClientSession, types
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
-from worker.wire import auth
+from bashfleet.worker.wire import auth
 
 from .helpers import Cli, bashfleet_command, local_fleet, wait_for
 

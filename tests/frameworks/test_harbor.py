@@ -5,7 +5,7 @@ Harbor ships no conformance suite for environments; these cases drive
 `BaseEnvironment`'s methods as Harbor's trial, agents and verifier call them (exec with
 env, cwd, timeout and user; files both ways; Harbor's absolute paths), and the end-to-end
 run is Harbor's own CLI with its `oracle` agent on a small local task, as a user runs it:
-`harbor run -p TASK -a oracle --env client.integrations.harbor:BashfleetEnvironment`.
+`harbor run -p TASK -a oracle --env bashfleet.client.integrations.harbor:BashfleetEnvironment`.
 """
 
 from __future__ import annotations
@@ -25,18 +25,18 @@ from harbor.models.trial.paths import TrialPaths
 from integration.conftest import WorkerFactory, WorkerProcess
 from integration.registry import Registry
 
-from client import Fleet
-from client.integrations.harbor import (
+from bashfleet.client import Fleet
+from bashfleet.client.integrations.harbor import (
     BashfleetEnvironment,
     ComposeRefusedError,
     TaskImage,
     task_image,
 )
-from client.redis_server import RedisServer
+from bashfleet.client.redis_server import RedisServer
 from frameworks.conftest import registry_env
 
 HOST = "hb"
-IMPORT_PATH = "client.integrations.harbor:BashfleetEnvironment"
+IMPORT_PATH = "bashfleet.client.integrations.harbor:BashfleetEnvironment"
 
 pytestmark = pytest.mark.anyio
 

@@ -44,18 +44,18 @@ from inspect_ai.util._sandbox.self_check import *  # noqa: F403 - the conformanc
 from integration.conftest import WorkerFactory
 from integration.registry import Registry
 
-from client import Fleet
-from client.integrations._backend import Exact
-from client.integrations.inspect_ai import (
+from bashfleet.client import Fleet
+from bashfleet.client.integrations._backend import Exact
+from bashfleet.client.integrations.inspect_ai import (
     BashfleetSandboxConfig,
     BashfleetSandboxEnvironment,
     call_cwd,
     config_of,
     exec_result,
 )
-from client.redis_server import RedisServer
+from bashfleet.client.redis_server import RedisServer
+from bashfleet.worker.wire.models import CallResult, SystemError_
 from frameworks.conftest import registry_env
-from worker.wire.models import CallResult, SystemError_
 
 pytestmark = pytest.mark.anyio
 

@@ -13,7 +13,7 @@ below instead).
 
 The end-to-end run is mini-swe-agent's own `DefaultAgent` with its `DeterministicModel`
 and its default config, the environment chosen as a user chooses it
-(`environment_class: client.integrations.mini_swe_agent.BashfleetEnvironment`).
+(`environment_class: bashfleet.client.integrations.mini_swe_agent.BashfleetEnvironment`).
 """
 
 from __future__ import annotations
@@ -32,16 +32,16 @@ from minisweagent.environments import get_environment
 from minisweagent.exceptions import Submitted
 from minisweagent.models.test_models import DeterministicModel, make_output
 
-from client import Fleet, UnknownWorkspace
-from client.integrations.mini_swe_agent import (
+from bashfleet.client import Fleet, UnknownWorkspace
+from bashfleet.client.integrations.mini_swe_agent import (
     BashfleetEnvironment,
     BashfleetEnvironmentConfig,
 )
-from client.redis_server import RedisServer
+from bashfleet.client.redis_server import RedisServer
 from frameworks.conftest import registry_env
 
 HOST = "msa"
-ENVIRONMENT_CLASS = "client.integrations.mini_swe_agent.BashfleetEnvironment"
+ENVIRONMENT_CLASS = "bashfleet.client.integrations.mini_swe_agent.BashfleetEnvironment"
 
 Make = Callable[..., BashfleetEnvironment]
 

@@ -35,9 +35,9 @@ from openai.types.responses import (
     ResponseOutputText,
 )
 
-from client import Fleet
-from client.integrations._backend import WorkspaceOptions
-from client.integrations.openai_agents import (
+from bashfleet.client import Fleet
+from bashfleet.client.integrations._backend import WorkspaceOptions
+from bashfleet.client.integrations.openai_agents import (
     BashfleetSandboxClient,
     BashfleetSandboxClientOptions,
     BashfleetSandboxSession,
@@ -47,9 +47,9 @@ from client.integrations.openai_agents import (
     user_name,
     workspace_options,
 )
-from client.redis_server import RedisServer
+from bashfleet.client.redis_server import RedisServer
+from bashfleet.worker.wire.models import TruncationInfo
 from frameworks.conftest import registry_env
-from worker.wire.models import TruncationInfo
 
 pytestmark = pytest.mark.anyio
 

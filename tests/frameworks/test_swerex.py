@@ -59,8 +59,8 @@ from swerex.runtime.abstract import (
 )
 from swerex.runtime.remote import RemoteRuntime
 
-from client import Fleet
-from client.redis_server import RedisServer
+from bashfleet.client import Fleet
+from bashfleet.client.redis_server import RedisServer
 from frameworks.conftest import registry_env
 
 # SWE-ReX runs its tests with pytest-asyncio (asyncio_mode "auto"): its deployments stop
@@ -110,7 +110,8 @@ def serving(redis_server: RedisServer, log: Path, *options: str) -> Iterator[Ser
            "BASHFLEET_SWEREX_AUTH_TOKEN": TEST_API_KEY}
     with log.open("wb") as out:
         server = subprocess.Popen(
-            [sys.executable, "-m", "client.cli", "swerex", "--host", HOST, "--port", str(port),
+            [sys.executable, "-m", "bashfleet.client.cli",
+             "swerex", "--host", HOST, "--port", str(port),
              *options], env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         wait_for(lambda: _accepts(port) or server.poll() is not None, 60, "the server")
@@ -131,7 +132,7 @@ def test_a_busy_port_is_said_so_before_serving_is(redis_server: RedisServer) -> 
         env = {**os.environ, "BASHFLEET_REDIS_URL": redis_server.url,
                "BASHFLEET_SWEREX_AUTH_TOKEN": TEST_API_KEY}
         done = subprocess.run(
-            [sys.executable, "-m", "client.cli", "swerex", "--port", str(port)], env=env,
+            [sys.executable, "-m", "bashfleet.client.cli", "swerex", "--port", str(port)], env=env,
             stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 1
     assert done.stderr == (f"bashfleet swerex: cannot listen on 127.0.0.1:{port}: "

@@ -18,8 +18,8 @@ from integration.engine_helpers import (
     _janitor_fixture,  # noqa: F401 - fixture
 )
 
-from worker import Call, CallResult, Policy, Settings, run_call
-from worker.engine.procs import find_call_processes
+from bashfleet.worker import Call, CallResult, Policy, Settings, run_call
+from bashfleet.worker.engine.procs import find_call_processes
 
 ROUNDS = int(os.environ.get("BASHFLEET_KILL_ROUNDS", "1000"))
 ESCAPES = (

@@ -14,7 +14,7 @@ import threading
 from collections.abc import AsyncGenerator, Callable, Coroutine, Iterator
 from typing import Any, Literal, TypeVar, cast
 
-from client import AsyncFleet, Fleet
+from bashfleet.client import AsyncFleet, Fleet
 
 T = TypeVar("T")
 

@@ -24,10 +24,10 @@ from typing import Any, Literal
 
 import pytest
 
-from client import Fleet
-from client.dialects import Dialect, Runner, SessionState, ToolText
-from client.redis_server import RedisServer
-from worker.wire.models import CallResult, RunRequest
+from bashfleet.client import Fleet
+from bashfleet.client.dialects import Dialect, Runner, SessionState, ToolText
+from bashfleet.client.redis_server import RedisServer
+from bashfleet.worker.wire.models import CallResult, RunRequest
 
 from .conftest import WorkerFactory, WorkerProcess, wait_for
 

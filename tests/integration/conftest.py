@@ -1,7 +1,7 @@
 """Fleet fixtures: a real Redis server and real worker processes, always cleaned up.
 
-Workers are started as `python -m worker.fleet.supervisor --host H` in a session of their own
-(so a test can SIGKILL a worker's whole process group, as a crash would), each with
+Workers are started as `python -m bashfleet.worker.fleet.supervisor --host H` in a session of their
+own (so a test can SIGKILL a worker's whole process group, as a crash would), each with
 its own state directory (as separate machines would have). Every process started
 here is ended by its pid (or its group's id) and waited for; every wait is on a
 condition, with a deadline.
@@ -24,15 +24,15 @@ from typing import TypeVar
 import pytest
 import redis
 
-from client import BashfleetError, Fleet, records
-from client._core.messages import open_reply
-from client.redis_server import RedisServer
-from worker.engine import jobs, procs, workspaces
-from worker.settings import Settings
-from worker.wire import auth
-from worker.wire.messages import task_message
-from worker.wire.models import CallResult
-from worker.wire.names import Task, exec_queue
+from bashfleet.client import BashfleetError, Fleet, records
+from bashfleet.client._core.messages import open_reply
+from bashfleet.client.redis_server import RedisServer
+from bashfleet.worker.engine import jobs, procs, workspaces
+from bashfleet.worker.settings import Settings
+from bashfleet.worker.wire import auth
+from bashfleet.worker.wire.messages import task_message
+from bashfleet.worker.wire.models import CallResult
+from bashfleet.worker.wire.names import Task, exec_queue
 
 from .engine_helpers import give_to_run_user, keepers_under
 from .registry import Registry, pushed_images, running_registry
@@ -74,7 +74,8 @@ def end_group(proc: subprocess.Popen[bytes], grace_s: float = 10.0) -> None:
 
 
 class WorkerProcess:
-    """One `python -m worker.fleet.supervisor` process (a supervisor and its two consumers)."""
+    """One `python -m bashfleet.worker.fleet.supervisor` process (a supervisor and its two
+    consumers)."""
 
     def __init__(
         self, host: str, url: str, *, state_dir: Path, log_dir: Path, concurrency: int = 2,
@@ -100,7 +101,7 @@ class WorkerProcess:
         # bubblewrap does not work (they say so in their log; the sandbox's own tests
         # skip there), where `bashfleet worker` alone refuses to.
         args = [
-            sys.executable, "-m", "worker.fleet.supervisor", "--host", self.host,
+            sys.executable, "-m", "bashfleet.worker.fleet.supervisor", "--host", self.host,
             "--concurrency", str(self.concurrency), "--local-fallback",
         ]
         for label in self.labels:

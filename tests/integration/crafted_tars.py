@@ -3,7 +3,7 @@ finding 4): unpacked as they are, each writes outside the directory it is unpack
 or makes a device there.
 
 Standard library only, and written for every Python bashfleet runs on: the client's own
-member checks (`client._core.archives`) must hold on Debian 12's python3 (3.11.2, whose
+member checks (`bashfleet.client._core.archives`) must hold on Debian 12's python3 (3.11.2, whose
 tarfile has no extraction filters) as on the newest, and the tests run these archives
 through both.
 

@@ -2,7 +2,7 @@
 
 Test modules import the fixtures they use from here (pytest finds fixtures among a
 module's attributes, imported ones included). The process inspection below reads
-/proc directly on purpose: the engine's own `worker.engine.procs` is what is under test.
+/proc directly on purpose: the engine's own `bashfleet.worker.engine.procs` is what is under test.
 
 Every process a test starts is ended by pid at teardown: the processes that carry a
 call's marker, the pids a test registers, and the Popen objects it hands over.
@@ -25,10 +25,10 @@ from typing import Any, TypeVar
 import psutil
 import pytest
 
-from worker import Call, CallResult, JobHandle, Policy, Settings, run_call
-from worker.engine import sandbox, workspaces
-from worker.engine.environment import MARKER_VAR
-from worker.wire.models import WorkspaceRecord, WorkspaceSpec
+from bashfleet.worker import Call, CallResult, JobHandle, Policy, Settings, run_call
+from bashfleet.worker.engine import sandbox, workspaces
+from bashfleet.worker.engine.environment import MARKER_VAR
+from bashfleet.worker.wire.models import WorkspaceRecord, WorkspaceSpec
 
 T = TypeVar("T")
 

@@ -36,8 +36,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from worker.engine.image_meta import host_platform
-from worker.settings import Settings
+from bashfleet.worker.engine.image_meta import host_platform
+from bashfleet.worker.settings import Settings
 
 #: Where the test images are kept between runs; bump RECIPE when the recipe changes.
 IMAGES_CACHE = Path("/var/tmp/bashfleet-test-images")

@@ -20,11 +20,11 @@ import psutil
 import pytest
 import redis
 
-from client import AsyncFleet, CallNotRun
-from client.redis_server import RedisServer
-from worker.engine import procs
-from worker.fleet.celery_apps import client_celery
-from worker.wire.messages import task_message
+from bashfleet.client import AsyncFleet, CallNotRun
+from bashfleet.client.redis_server import RedisServer
+from bashfleet.worker.engine import procs
+from bashfleet.worker.fleet.celery_apps import client_celery
+from bashfleet.worker.wire.messages import task_message
 
 from .conftest import WorkerFactory, WorkerProcess, wait_for
 from .test_hardening_signing import HOST as SIGNED_HOST

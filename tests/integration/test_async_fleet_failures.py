@@ -16,8 +16,8 @@ from collections import Counter
 import pytest
 import redis
 
-from client.redis_server import RedisServer
-from worker.engine import procs
+from bashfleet.client.redis_server import RedisServer
+from bashfleet.worker.engine import procs
 
 from .conftest import WorkerProcess, wait_for
 
@@ -25,7 +25,7 @@ Hosts = tuple[WorkerProcess, WorkerProcess]
 
 PROGRAM = textwrap.dedent("""
     import asyncio, contextlib, sys
-    from client import AsyncFleet, HostUnavailable
+    from bashfleet.client import AsyncFleet, HostUnavailable
 
     async def main(url: str, tag: str, closes: bool) -> None:
         fleet = AsyncFleet(url)

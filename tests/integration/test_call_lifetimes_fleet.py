@@ -10,9 +10,9 @@ import uuid
 import pytest
 import redis
 
-from client import Fleet
-from client.errors import UnknownJob
-from worker.wire import names
+from bashfleet.client import Fleet
+from bashfleet.client.errors import UnknownJob
+from bashfleet.worker.wire import names
 
 from .conftest import WorkerProcess
 

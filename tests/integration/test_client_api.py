@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import redis
 
-from client import (
+from bashfleet.client import (
     CallNotRun,
     CallRejected,
     Fleet,
@@ -33,11 +33,11 @@ from client import (
     WorkerLost,
     records,
 )
-from client._core.routing import CallProgress
-from client.redis_server import RedisServer, free_port
-from worker.engine import procs
-from worker.wire.control import Collect
-from worker.wire.models import CallResult, CheckResult, Policy, TailLines
+from bashfleet.client._core.routing import CallProgress
+from bashfleet.client.redis_server import RedisServer, free_port
+from bashfleet.worker.engine import procs
+from bashfleet.worker.wire.control import Collect
+from bashfleet.worker.wire.models import CallResult, CheckResult, Policy, TailLines
 
 from .clients import KINDS, Kind, make_client
 from .conftest import WorkerFactory, WorkerProcess, wait_for
@@ -497,7 +497,8 @@ def test_the_cli_says_which_host_a_session_is_pinned_to(
     session = _new_id("s")
     client.run("true", session=session, host="beta")
     done = subprocess.run(
-        [sys.executable, "-m", "client.cli", "run", "--session", session, "--host", "alpha",
+        [sys.executable, "-m", "bashfleet.client.cli",
+         "run", "--session", session, "--host", "alpha",
          "true"],
         env={**os.environ, "BASHFLEET_REDIS_URL": redis_server.url}, capture_output=True,
         text=True, timeout=60, check=False,

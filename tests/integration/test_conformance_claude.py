@@ -6,8 +6,8 @@ import re
 import uuid
 from pathlib import Path
 
-from client.dialects import SessionState, ToolText, get_dialect
-from client.dialects.claude import EMPTY_OUTPUT
+from bashfleet.client.dialects import SessionState, ToolText, get_dialect
+from bashfleet.client.dialects.claude import EMPTY_OUTPUT
 
 from .conformance_helpers import (
     PLAIN_VALUE,

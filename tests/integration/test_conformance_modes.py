@@ -12,9 +12,9 @@ import re
 import uuid
 from pathlib import Path
 
-from client.dialects import SessionState, ToolText, get_dialect
-from client.dialects.modes import ModesDialect
-from worker.wire.models import SLOW_TIMEOUT_S
+from bashfleet.client.dialects import SessionState, ToolText, get_dialect
+from bashfleet.client.dialects.modes import ModesDialect
+from bashfleet.worker.wire.models import SLOW_TIMEOUT_S
 
 from .conformance_helpers import (
     PLAIN_VALUE,

@@ -12,7 +12,7 @@ import re
 import uuid
 from pathlib import Path
 
-from client.dialects import SessionState, ToolText, get_dialect
+from bashfleet.client.dialects import SessionState, ToolText, get_dialect
 
 from .conformance_helpers import (
     HOST,

@@ -9,9 +9,9 @@ from __future__ import annotations
 import re
 import uuid
 
-from client.dialects import SessionState, ToolText, get_dialect
-from client.dialects.pi import PiDialect
-from worker.wire.models import DEFAULT_INTERCEPT_RULES
+from bashfleet.client.dialects import SessionState, ToolText, get_dialect
+from bashfleet.client.dialects.pi import PiDialect
+from bashfleet.worker.wire.models import DEFAULT_INTERCEPT_RULES
 
 from .conformance_helpers import (
     Conformance,

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from client import BashfleetError
-from client.dialects import SessionState, ToolText, get_dialect
+from bashfleet.client import BashfleetError
+from bashfleet.client.dialects import SessionState, ToolText, get_dialect
 
 from .conformance_helpers import (
     HOST,

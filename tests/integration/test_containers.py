@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from worker.engine import ids, sandbox, workspaces
-from worker.wire.models import WorkspaceSpec
+from bashfleet.worker.engine import ids, sandbox, workspaces
+from bashfleet.worker.wire.models import WorkspaceSpec
 
 from .engine_helpers import (
     Engine,
@@ -374,10 +374,10 @@ import json, os, sys
 state, keys, agent, secret_dir = sys.argv[1:5]
 os.environ["XDG_STATE_HOME"] = os.path.join(state, "xdg")
 os.environ["XDG_DATA_HOME"] = os.path.join(state, "data")
-from worker import Call, run_call
-from worker.engine import sandbox, workspaces
-from worker.settings import Settings
-from worker.wire.models import WorkspaceSpec
+from bashfleet.worker import Call, run_call
+from bashfleet.worker.engine import sandbox, workspaces
+from bashfleet.worker.settings import Settings
+from bashfleet.worker.wire.models import WorkspaceSpec
 settings = Settings(state_dir=os.path.join(state, "state"), host="non-root")
 out = {"tenancy": sandbox.probe(settings).tenancy, "problem": sandbox.probe(settings).problem}
 made = {o: workspaces.create(WorkspaceSpec(owner=o), settings) for o in ("a", "b")}
@@ -418,7 +418,7 @@ def test_a_non_root_worker_is_single_tenant_and_still_keeps_the_findings_out(
     import sys  # noqa: PLC0415
     import tempfile  # noqa: PLC0415
 
-    import worker  # noqa: PLC0415
+    from bashfleet import worker  # noqa: PLC0415
 
     nobody = pwd.getpwnam("nobody")
     state = Path(tempfile.mkdtemp(prefix="bashfleet-non-root-"))
@@ -473,9 +473,9 @@ import json, os, sys, tempfile
 state = sys.argv[1]
 os.environ["XDG_STATE_HOME"] = os.path.join(state, "xdg")
 os.environ["XDG_DATA_HOME"] = os.path.join(state, "data")
-from worker import Call, run_call
-from worker.engine import sandbox, workspaces
-from worker.settings import Settings
+from bashfleet.worker import Call, run_call
+from bashfleet.worker.engine import sandbox, workspaces
+from bashfleet.worker.settings import Settings
 settings = Settings(state_dir=os.path.join(state, "state"), host="strict-home")
 try:
     result = run_call(Call(call_id="strict-home-1", isolation="strict",
@@ -496,7 +496,7 @@ def test_strict_on_a_non_root_worker_whose_home_is_under_home(tmp_path: Path) ->
     import sys  # noqa: PLC0415
     import tempfile  # noqa: PLC0415
 
-    import worker  # noqa: PLC0415
+    from bashfleet import worker  # noqa: PLC0415
 
     nobody = pwd.getpwnam("nobody")
     home = Path(f"/home/bashfleet-test-{uuid.uuid4().hex[:8]}")

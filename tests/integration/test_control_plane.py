@@ -5,7 +5,7 @@ p1..p8`, a link to /dev/zero, a file that grows for ever, a socket) and asks the
 read, write or download them, many at once. The control consumer used to run file
 operations on its four threads, each for up to 300 s: every other owner's `check` and
 `kill` then answered "did not answer within 30s". Now a file operation runs in its
-owner's lane (`worker.fleet.lanes`), is refused at once for anything but a regular file,
+owner's lane (`bashfleet.worker.fleet.lanes`), is refused at once for anything but a regular file,
 and is bounded by a deadline however the workspace's tools behave; `check`, `kill`,
 `cancel` and `write` of another owner are answered at once meanwhile.
 
@@ -26,17 +26,17 @@ from typing import TypeVar
 
 import pytest
 
-from client import Fleet, Workspace
-from client._core.messages import new_call_id
-from client.aio import AsyncFleet, AsyncWorkspace
-from client.errors import (
+from bashfleet.client import Fleet, Workspace
+from bashfleet.client._core.messages import new_call_id
+from bashfleet.client.aio import AsyncFleet, AsyncWorkspace
+from bashfleet.client.errors import (
     BashfleetError,
     WorkspaceFileError,
     WorkspaceFileTimeout,
     WorkspaceSpecialFile,
 )
-from client.redis_server import RedisServer
-from worker.wire.control import Collect
+from bashfleet.client.redis_server import RedisServer
+from bashfleet.worker.wire.control import Collect
 
 from .conftest import WorkerFactory, WorkerProcess, wait_for
 

@@ -15,10 +15,10 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from client import Fleet
-from client.dialects import SessionState, ToolText, get_dialect
-from client.mcp_server import FleetBackend, ToolServer
-from client.redis_server import RedisServer
+from bashfleet.client import Fleet
+from bashfleet.client.dialects import SessionState, ToolText, get_dialect
+from bashfleet.client.mcp_server import FleetBackend, ToolServer
+from bashfleet.client.redis_server import RedisServer
 
 from .conftest import WorkerFactory, WorkerProcess, wait_for
 

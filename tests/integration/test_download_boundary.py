@@ -7,7 +7,7 @@ client's `tarfile` filter let the crafted tar's symlink chain out (CVE-2025-4517
 command wrote anywhere the client's user may. Now the archive streams from the tool's
 stdout through a pipe (no file of it in the workspace), and since the workspace's
 commands may replace that tool (`tar` is theirs to replace), the client checks every
-member itself before anything is written (`client._core.archives`), on every Python:
+member itself before anything is written (`bashfleet.client._core.archives`), on every Python:
 Debian 12's 3.11.2, whose tarfile has no filters, included.
 
 Each crafted archive (`crafted_tars`) is first shown to write its target outside the
@@ -27,9 +27,9 @@ from pathlib import Path
 
 import pytest
 
-from client import Fleet, Workspace
-from client.errors import WorkspaceFileError
-from client.redis_server import RedisServer
+from bashfleet.client import Fleet, Workspace
+from bashfleet.client.errors import WorkspaceFileError
+from bashfleet.client.redis_server import RedisServer
 
 from . import crafted_tars
 from .conftest import WorkerFactory, WorkerProcess
@@ -137,7 +137,7 @@ DEBIAN_CHECK = """
 import io, json, sys, tarfile
 from pathlib import Path
 sys.path[:0] = [sys.argv[1], sys.argv[1] + "/tests/integration"]
-from client._core import archives
+from bashfleet.client._core import archives
 import crafted_tars
 sent, fleet, scratch = Path(sys.argv[2]), Path(sys.argv[3]), Path(sys.argv[4])
 report = {"filters": archives.HAS_FILTERS, "version": sys.version.split()[0]}

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from worker.engine import interactive, jobs
-from worker.wire.control import Collect
-from worker.wire.models import CallResult, JobRecord, Policy
+from bashfleet.worker.engine import interactive, jobs
+from bashfleet.worker.wire.control import Collect
+from bashfleet.worker.wire.models import CallResult, JobRecord, Policy
 
 from .engine_helpers import (
     Engine,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from worker import CheckResult, Policy, check_job, load_record
+from bashfleet.worker import CheckResult, Policy, check_job, load_record
 
 from .engine_helpers import (
     Engine,

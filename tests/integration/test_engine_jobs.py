@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from worker import (
+from bashfleet.worker import (
     CallResult,
     CheckResult,
     JobError,
@@ -24,7 +24,7 @@ from worker import (
     load_record,
     local_records,
 )
-from worker.engine import workspaces
+from bashfleet.worker.engine import workspaces
 
 from .engine_helpers import (
     Engine,
@@ -249,7 +249,7 @@ def test_background_job_outlives_the_process_that_started_it(engine: Engine) -> 
     script = (
         "import sys\n"
         "from pathlib import Path\n"
-        "from worker import Call, Settings, run_call\n"
+        "from bashfleet.worker import Call, Settings, run_call\n"
         "settings = Settings(state_dir=Path(sys.argv[1]), host='test',\n"
         "                    workspace_root=Path(sys.argv[5]), workspace_allow=(sys.argv[4],))\n"
         "call = Call(call_id=sys.argv[2], command=sys.argv[3], cwd=sys.argv[4], background=True)\n"

@@ -7,7 +7,7 @@ import resource
 import time
 from pathlib import Path
 
-from worker.wire.models import CallResult
+from bashfleet.worker.wire.models import CallResult
 
 from .engine_helpers import (
     Engine,

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from client import Fleet
-from worker import CheckResult, check_job, load_record
-from worker.engine.command_line import ARGUMENT_MAX
-from worker.wire.models import MAX_COMMAND_BYTES
+from bashfleet.client import Fleet
+from bashfleet.worker import CheckResult, check_job, load_record
+from bashfleet.worker.engine.command_line import ARGUMENT_MAX
+from bashfleet.worker.wire.models import MAX_COMMAND_BYTES
 
 from .conftest import WorkerProcess
 from .engine_helpers import (

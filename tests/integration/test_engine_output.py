@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from worker import ByteTail, CharCap, Middle, Policy, TailLines
-from worker.engine import truncate
-from worker.engine.sanitize import sanitize
-from worker.wire.models import Truncation
+from bashfleet.worker import ByteTail, CharCap, Middle, Policy, TailLines
+from bashfleet.worker.engine import truncate
+from bashfleet.worker.engine.sanitize import sanitize
+from bashfleet.worker.wire.models import Truncation
 
 from .engine_helpers import (
     KILL,

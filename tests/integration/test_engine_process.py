@@ -12,9 +12,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from worker import InterceptRule, Policy
-from worker.engine import launcher, sandbox, workspaces
-from worker.engine.environment import MARKER_VAR
+from bashfleet.worker import InterceptRule, Policy
+from bashfleet.worker.engine import launcher, sandbox, workspaces
+from bashfleet.worker.engine.environment import MARKER_VAR
 
 from .engine_helpers import (
     DEADLINE_S,

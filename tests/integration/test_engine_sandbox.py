@@ -29,12 +29,12 @@ import psutil
 import pytest
 from pydantic import ValidationError
 
-import worker
-from worker.engine import launcher, sandbox, workspaces
-from worker.engine.call import run_call
-from worker.engine.jobs import check_job, load_record
-from worker.settings import Settings
-from worker.wire.models import Call, CheckResult, Policy, WorkspaceRecord, WorkspaceSpec
+from bashfleet import worker
+from bashfleet.worker.engine import launcher, sandbox, workspaces
+from bashfleet.worker.engine.call import run_call
+from bashfleet.worker.engine.jobs import check_job, load_record
+from bashfleet.worker.settings import Settings
+from bashfleet.worker.wire.models import Call, CheckResult, Policy, WorkspaceRecord, WorkspaceSpec
 
 from .engine_helpers import (
     Engine,
@@ -683,15 +683,15 @@ import json, os, sys
 state, command = sys.argv[1], sys.argv[2]
 os.environ["XDG_STATE_HOME"] = os.path.join(state, "xdg")
 os.environ["XDG_DATA_HOME"] = os.path.join(state, "data")
-from worker import Call, run_call
-from worker.engine import sandbox
-from worker.settings import Settings
+from bashfleet.worker import Call, run_call
+from bashfleet.worker.engine import sandbox
+from bashfleet.worker.settings import Settings
 settings = Settings(state_dir=os.path.join(state, "state"), host="rootless")
 result = run_call(Call(call_id="rootless-1", command=command), settings=settings)
 print(json.dumps({"out": result.stdout, "err": result.stderr,
                   "error": result.error.message if result.error else None}))
 import time
-from worker.engine import workspaces
+from bashfleet.worker.engine import workspaces
 deadline = time.monotonic() + 10  # the throwaway's end runs in a thread: wait for it
 while workspaces.local_records(settings) and time.monotonic() < deadline:
     time.sleep(0.05)
@@ -704,7 +704,7 @@ sandbox.close_all()
 #: What the rootless worker imports (ROOTLESS_SCRIPT's own imports of bashfleet): the
 #: packages copied for it are those these load.
 ROOTLESS_IMPORTS = "\n".join(line for line in ROOTLESS_SCRIPT.splitlines()
-                             if line.startswith("from worker"))
+                             if line.startswith("from bashfleet"))
 
 _IMPORTED_FROM = """
 import json, sys
@@ -734,10 +734,13 @@ def readable_copy(into: Path) -> Path:
     lib.mkdir()
     for root, name in json.loads(found.stdout):
         origin = Path(root) / name
+        # The checkout's folders are the package `bashfleet`'s subpackages.
+        target = lib / "bashfleet" / name if root == source else lib / name
         if origin.is_dir():
-            shutil.copytree(origin, lib / name, ignore=shutil.ignore_patterns("__pycache__"))
+            shutil.copytree(origin, target, ignore=shutil.ignore_patterns("__pycache__"))
         else:
-            shutil.copy2(origin, lib / name)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(origin, target)
     for path in [into, *into.rglob("*")]:
         path.chmod(0o755 if path.is_dir() else 0o644)
     return lib
@@ -827,9 +830,9 @@ def test_a_workspace_past_its_disk_cap_is_told_so_and_its_jobs_stopped(
 
 MAKER_SCRIPT = """
 import json, sys, time
-from worker.settings import Settings
-from worker.engine import workspaces
-from worker.wire.models import WorkspaceSpec
+from bashfleet.worker.settings import Settings
+from bashfleet.worker.engine import workspaces
+from bashfleet.worker.wire.models import WorkspaceSpec
 state = sys.argv[1]
 settings = Settings(state_dir=state, host="maker", workspace_root=state + "-ws")
 blank = workspaces.make_blank(settings, True)

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import psutil
 
-from worker import Policy
-from worker.wire.models import WorkspaceRecord
+from bashfleet.worker import Policy
+from bashfleet.worker.wire.models import WorkspaceRecord
 
 from .engine_helpers import (
     Engine,

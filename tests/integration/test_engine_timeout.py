@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from worker import Policy
-from worker.engine import workspaces
+from bashfleet.worker import Policy
+from bashfleet.worker.engine import workspaces
 
 from .engine_helpers import (
     Engine,

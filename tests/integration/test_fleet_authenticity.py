@@ -18,13 +18,13 @@ from pathlib import Path
 import pytest
 import redis
 
-from client import CallNotRun, Fleet
-from client.records import last_seq
-from client.redis_server import RedisServer
-from worker.wire import auth, names
-from worker.wire.events import JobEvent
-from worker.wire.models import CallResult, JobHandle
-from worker.wire.names import Task
+from bashfleet.client import CallNotRun, Fleet
+from bashfleet.client.records import last_seq
+from bashfleet.client.redis_server import RedisServer
+from bashfleet.worker.wire import auth, names
+from bashfleet.worker.wire.events import JobEvent
+from bashfleet.worker.wire.models import CallResult, JobHandle
+from bashfleet.worker.wire.names import Task
 
 from .conftest import WorkerFactory, WorkerProcess, raw_exec, raw_task, wait_for
 
@@ -35,7 +35,7 @@ KEY = os.environ["BASHFLEET_SIGNING_KEY"]
 def _cli(url: str, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
     environ = {**os.environ, "BASHFLEET_REDIS_URL": url, **(env or {})}
     return subprocess.Popen(
-        [sys.executable, "-m", "client.cli", *args], env=environ, text=True,
+        [sys.executable, "-m", "bashfleet.client.cli", *args], env=environ, text=True,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )
 

@@ -16,12 +16,12 @@ import psutil
 import pytest
 import redis
 
-from client import Fleet, FleetUnavailable, HostUnavailable, WorkerLost, records
-from client.redis_server import RedisServer
-from worker.engine import procs
-from worker.fleet import registry
-from worker.wire import names
-from worker.wire.models import CallResult, JobView
+from bashfleet.client import Fleet, FleetUnavailable, HostUnavailable, WorkerLost, records
+from bashfleet.client.redis_server import RedisServer
+from bashfleet.worker.engine import procs
+from bashfleet.worker.fleet import registry
+from bashfleet.worker.wire import names
+from bashfleet.worker.wire.models import CallResult, JobView
 
 from .conftest import WorkerFactory, WorkerProcess, wait_for
 
@@ -288,7 +288,8 @@ def test_run_exits_125_when_its_worker_is_killed(
     worker = workers.start("iota")
     env = {**os.environ, "BASHFLEET_REDIS_URL": redis_server.url}
     run = subprocess.Popen(
-        [sys.executable, "-m", "client.cli", "run", "--host", "iota", "echo begun; sleep 60"],
+        [sys.executable, "-m", "bashfleet.client.cli",
+         "run", "--host", "iota", "echo begun; sleep 60"],
         env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True)
     try:

@@ -19,9 +19,9 @@ from typing import Any
 
 import pytest
 
-from client import Fleet
-from client.redis_server import RedisServer, free_port
-from worker.wire.models import Policy
+from bashfleet.client import Fleet
+from bashfleet.client.redis_server import RedisServer, free_port
+from bashfleet.worker.wire.models import Policy
 
 from .conftest import WorkerProcess, end_group, wait_for
 
@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 @contextlib.contextmanager
 def running_flower(redis_url: str, log: Path, *options: str) -> Iterator[str]:
-    """`celery -A worker.fleet.app flower` on 127.0.0.1 with basic auth (and `options`),
+    """`celery -A bashfleet.worker.fleet.app flower` on 127.0.0.1 with basic auth (and `options`),
     ended when left; its base URL."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("BASHFLEET_")}
@@ -39,7 +39,7 @@ def running_flower(redis_url: str, log: Path, *options: str) -> Iterator[str]:
     with open(log, "wb") as out:
         proc = subprocess.Popen(
             [
-                sys.executable, "-m", "celery", "-A", "worker.fleet.app", "flower",
+                sys.executable, "-m", "celery", "-A", "bashfleet.worker.fleet.app", "flower",
                 "--address=127.0.0.1", f"--port={port}", f"--basic-auth={USER}:{PASSWORD}",
                 *options,
             ],

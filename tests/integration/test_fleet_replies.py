@@ -7,11 +7,11 @@ import uuid
 
 import redis
 
-from client import Fleet, records
-from client._core.messages import open_reply
-from client.redis_server import RedisServer
-from worker.wire import names
-from worker.wire.names import Task
+from bashfleet.client import Fleet, records
+from bashfleet.client._core.messages import open_reply
+from bashfleet.client.redis_server import RedisServer
+from bashfleet.worker.wire import names
+from bashfleet.worker.wire.names import Task
 
 from .conftest import WorkerProcess, raw_task, wait_for
 

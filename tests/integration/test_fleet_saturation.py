@@ -11,8 +11,8 @@ from typing import TypeVar
 
 import redis
 
-from client import Fleet, records
-from worker.wire.models import CallResult
+from bashfleet.client import Fleet, records
+from bashfleet.worker.wire.models import CallResult
 
 from .conftest import RECORD_KEYS, WorkerProcess, wait_for
 

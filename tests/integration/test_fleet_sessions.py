@@ -13,14 +13,14 @@ from pathlib import Path
 import pytest
 import redis
 
-from client import Fleet, records, shells
-from client.dialects import ClaudeDialect, ToolText
-from client.errors import CallRejected
-from client.mcp_server import StaticBackend, ToolServer
-from client.redis_server import RedisServer
-from client.sessions import RedisSessionStore, ShellStore
-from worker.wire import names
-from worker.wire.models import CallResult
+from bashfleet.client import Fleet, records, shells
+from bashfleet.client.dialects import ClaudeDialect, ToolText
+from bashfleet.client.errors import CallRejected
+from bashfleet.client.mcp_server import StaticBackend, ToolServer
+from bashfleet.client.redis_server import RedisServer
+from bashfleet.client.sessions import RedisSessionStore, ShellStore
+from bashfleet.worker.wire import names
+from bashfleet.worker.wire.models import CallResult
 
 from .conftest import WorkerProcess, wait_for
 

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from client import CallNotRun, CallRejected, Fleet, HostUnavailable, UnknownJob
-from worker.wire.models import MAX_COMMAND_BYTES, MAX_TIMEOUT_S, Policy
+from bashfleet.client import CallNotRun, CallRejected, Fleet, HostUnavailable, UnknownJob
+from bashfleet.worker.wire.models import MAX_COMMAND_BYTES, MAX_TIMEOUT_S, Policy
 
 from .conftest import WorkerProcess
 

@@ -22,11 +22,11 @@ from pathlib import Path
 import pytest
 import redis
 
-from client import Fleet, WorkerLost, records
-from worker.engine import procs
-from worker.engine.environment import MARKER_VAR
-from worker.fleet import registry
-from worker.wire import names
+from bashfleet.client import Fleet, WorkerLost, records
+from bashfleet.worker.engine import procs
+from bashfleet.worker.engine.environment import MARKER_VAR
+from bashfleet.worker.fleet import registry
+from bashfleet.worker.wire import names
 
 from .conftest import WorkerFactory, WorkerProcess, wait_for
 from .engine_helpers import give_to_run_user, keepers_under

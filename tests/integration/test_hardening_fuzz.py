@@ -20,17 +20,17 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from client import Fleet
-from client.dialects import DIALECTS, get_dialect
-from client.dialects.base import SessionState, ToolText
-from worker.wire.control import (
+from bashfleet.client import Fleet
+from bashfleet.client.dialects import DIALECTS, get_dialect
+from bashfleet.client.dialects.base import SessionState, ToolText
+from bashfleet.worker.wire.control import (
     CheckRequest,
     KillRequest,
     ReadOutputRequest,
     SessionOutput,
     WriteStdinRequest,
 )
-from worker.wire.models import CallResult, CheckResult, OutputChunk, Policy, RunRequest
+from bashfleet.worker.wire.models import CallResult, CheckResult, OutputChunk, Policy, RunRequest
 
 from .conftest import WorkerProcess, wait_for
 

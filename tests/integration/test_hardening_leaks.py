@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from worker import check_job, load_record
-from worker.engine.capture import read_slice
-from worker.engine.sanitize import REDACTED
-from worker.engine.secrets import redaction_pattern
+from bashfleet.worker import check_job, load_record
+from bashfleet.worker.engine.capture import read_slice
+from bashfleet.worker.engine.sanitize import REDACTED
+from bashfleet.worker.engine.secrets import redaction_pattern
 
 from .engine_helpers import (
     Engine,

@@ -23,14 +23,14 @@ from pathlib import Path
 import pytest
 import redis
 
-from client import Fleet, records
-from client.errors import FleetUnavailable, HostUnavailable, WorkerLost
-from client.redis_server import RedisServer
-from worker.engine import jobs
-from worker.fleet import registry
-from worker.settings import Settings
-from worker.wire import names
-from worker.wire.models import CallResult, CheckResult, JobHandle, JobRecord
+from bashfleet.client import Fleet, records
+from bashfleet.client.errors import FleetUnavailable, HostUnavailable, WorkerLost
+from bashfleet.client.redis_server import RedisServer
+from bashfleet.worker.engine import jobs
+from bashfleet.worker.fleet import registry
+from bashfleet.worker.settings import Settings
+from bashfleet.worker.wire import names
+from bashfleet.worker.wire.models import CallResult, CheckResult, JobHandle, JobRecord
 
 from .conftest import WorkerFactory, WorkerProcess, wait_for
 
@@ -93,7 +93,7 @@ def cli(url: str, *args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("BASHFLEET_")}
     env.update(BASHFLEET_REDIS_URL=url)
     return subprocess.run(
-        [sys.executable, "-m", "client.cli", *args], env=env, capture_output=True,
+        [sys.executable, "-m", "bashfleet.client.cli", *args], env=env, capture_output=True,
         text=True, timeout=60, check=False,
     )
 

@@ -22,12 +22,12 @@ from typing import Any
 import pytest
 import redis
 
-from client import Fleet, records
-from client.errors import CallNotRun, Unauthorized
-from client.redis_server import RedisServer
-from worker.wire import auth, names
-from worker.wire.models import CallResult
-from worker.wire.names import Task
+from bashfleet.client import Fleet, records
+from bashfleet.client.errors import CallNotRun, Unauthorized
+from bashfleet.client.redis_server import RedisServer
+from bashfleet.worker.wire import auth, names
+from bashfleet.worker.wire.models import CallResult
+from bashfleet.worker.wire.names import Task
 
 from .conftest import WorkerFactory, WorkerProcess, raw_exec, wait_for
 from .test_fleet_flower import PASSWORD, USER, _try_get, running_flower

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from worker.engine import sandbox, workspaces
-from worker.settings import Settings
-from worker.wire.models import WorkspaceSpec
+from bashfleet.worker.engine import sandbox, workspaces
+from bashfleet.worker.settings import Settings
+from bashfleet.worker.wire.models import WorkspaceSpec
 
 from .engine_helpers import (
     Engine,
@@ -54,7 +54,7 @@ def _tree_digest(root: Path) -> str:
 
 
 def _rootfs(settings: Settings, digest: str) -> Path:
-    from worker.engine import images  # noqa: PLC0415
+    from bashfleet.worker.engine import images  # noqa: PLC0415
 
     held = images.find(digest, settings)
     assert held is not None

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from worker.engine import images
-from worker.engine.image_meta import ImageError, digest_of
-from worker.settings import Settings
-from worker.wire.models import ImageInfo, WorkspaceRecord
+from bashfleet.worker.engine import images
+from bashfleet.worker.engine.image_meta import ImageError, digest_of
+from bashfleet.worker.settings import Settings
+from bashfleet.worker.wire.models import ImageInfo, WorkspaceRecord
 
 from .registry import (
     Registry,
@@ -166,8 +166,8 @@ def test_concurrent_ensures_in_threads_pull_once(
 _PULL_SCRIPT = """
 import sys
 from pathlib import Path
-from worker.settings import Settings
-from worker.engine import images
+from bashfleet.worker.settings import Settings
+from bashfleet.worker.engine import images
 settings = Settings(state_dir=Path(sys.argv[1]), registry_auth_file=Path(sys.argv[2]),
                     registry_certs_dir=Path(sys.argv[3]))
 info, root = images.ensure(sys.argv[4], settings, lambda line: print(line, flush=True))

@@ -18,12 +18,12 @@ from pathlib import Path
 import pytest
 import redis
 
-from client import Fleet, ImageError, Unauthorized
-from client.redis_server import RedisServer
-from worker import retention
-from worker.engine import images
-from worker.settings import Settings
-from worker.wire.models import ImageInfo
+from bashfleet.client import Fleet, ImageError, Unauthorized
+from bashfleet.client.redis_server import RedisServer
+from bashfleet.worker import retention
+from bashfleet.worker.engine import images
+from bashfleet.worker.settings import Settings
+from bashfleet.worker.wire.models import ImageInfo
 
 from .conftest import WorkerFactory, WorkerProcess
 from .registry import Registry
@@ -58,7 +58,7 @@ def admin(redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch) -> Iterato
 
 def _cli(url: str, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "BASHFLEET_REDIS_URL": url, "BASHFLEET_ADMIN_KEY": ADMIN_KEY}
-    return subprocess.run([sys.executable, "-m", "client.cli", "images", *args], env=env,
+    return subprocess.run([sys.executable, "-m", "bashfleet.client.cli", "images", *args], env=env,
                           capture_output=True, text=True, timeout=300, check=False)
 
 

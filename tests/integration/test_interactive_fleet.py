@@ -12,9 +12,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from client import AsyncFleet, Fleet
-from client.errors import CallRejected, UnknownJob
-from worker.wire.control import Collect
+from bashfleet.client import AsyncFleet, Fleet
+from bashfleet.client.errors import CallRejected, UnknownJob
+from bashfleet.worker.wire.control import Collect
 
 from .conftest import WorkerFactory, WorkerProcess
 

@@ -18,15 +18,15 @@ from typing import cast
 
 import redis
 
-from client import AsyncFleet, Fleet, WaitTimeout, records
-from client._core.constants import CLOCK_SKEW_S
-from client._core.events import parse_entry
-from client.local import FleetState, save_state
-from client.records import last_seq
-from client.redis_server import RedisServer
-from worker.settings import Settings
-from worker.wire import names
-from worker.wire.events import JobEvent
+from bashfleet.client import AsyncFleet, Fleet, WaitTimeout, records
+from bashfleet.client._core.constants import CLOCK_SKEW_S
+from bashfleet.client._core.events import parse_entry
+from bashfleet.client.local import FleetState, save_state
+from bashfleet.client.records import last_seq
+from bashfleet.client.redis_server import RedisServer
+from bashfleet.worker.settings import Settings
+from bashfleet.worker.wire import names
+from bashfleet.worker.wire.events import JobEvent
 
 from .conftest import RECORD_KEYS, WorkerFactory, WorkerProcess, wait_for
 
@@ -36,7 +36,7 @@ Hosts = tuple[WorkerProcess, WorkerProcess]
 def _cli(url: str, *args: str) -> subprocess.Popen[str]:
     env = {**os.environ, "BASHFLEET_REDIS_URL": url}  # the suite's key and state dir
     return subprocess.Popen(
-        [sys.executable, "-m", "client.cli", *args], env=env, text=True,
+        [sys.executable, "-m", "bashfleet.client.cli", *args], env=env, text=True,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )
 
@@ -219,7 +219,7 @@ def test_events_across_a_redis_restart_that_lost_its_data(tmp_path: Path) -> Non
         past = time.time() + CLOCK_SKEW_S + 1
         wait_for(lambda: time.time() > past, CLOCK_SKEW_S + 5, "the old jobs to be the past")
         listener = subprocess.Popen(
-            [sys.executable, "-m", "client.cli", "events", "--json", "--count", "2",
+            [sys.executable, "-m", "bashfleet.client.cli", "events", "--json", "--count", "2",
              "--since", last_seq(client)],
             env={**os.environ, "BASHFLEET_REDIS_URL": server.url}, text=True,
             stdout=subprocess.PIPE, stderr=errors,
@@ -266,7 +266,8 @@ def test_events_pick_up_a_local_fleet_brought_down_and_up(tmp_path: Path) -> Non
     env["BASHFLEET_STATE_DIR"] = str(state_dir)
     tag = f"phoenix={uuid.uuid4().hex[:8]}"
     listener = subprocess.Popen(
-        [sys.executable, "-m", "client.cli", "events", "--json", "--count", "1", "--tag", tag],
+        [sys.executable, "-m", "bashfleet.client.cli",
+         "events", "--json", "--count", "1", "--tag", tag],
         env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )
     factories: list[WorkerFactory] = []

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from worker.engine import workspaces
-from worker.wire.models import WorkspaceSpec
+from bashfleet.worker.engine import workspaces
+from bashfleet.worker.wire.models import WorkspaceSpec
 
 from .engine_helpers import (
     Engine,
@@ -31,8 +31,8 @@ from .engine_helpers import (
 #: OOM kill ends a worker.
 IN_PROCESS = textwrap.dedent("""
     import os, sys
-    from worker import Call, run_call
-    from worker.settings import Settings
+    from bashfleet.worker import Call, run_call
+    from bashfleet.worker.settings import Settings
     settings = Settings(state_dir=sys.argv[1], host="in-process",
                         workspace_root=sys.argv[2])
     mode = sys.argv[3]
@@ -48,8 +48,7 @@ IN_PROCESS = textwrap.dedent("""
 def _start(tmp_path: Path, mode: str) -> tuple[subprocess.Popen[str], int]:
     proc = subprocess.Popen(
         [sys.executable, "-c", IN_PROCESS, str(tmp_path / "state"), str(tmp_path / "ws"),
-         mode], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+         mode], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     line = proc.stdout.readline()
     assert line, "the in-process caller ended early"

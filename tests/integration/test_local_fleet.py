@@ -38,7 +38,8 @@ class LocalCli:
 
     def __call__(self, *args: str, timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "client.cli", *args], env=self.env, stdin=subprocess.DEVNULL,
+            [sys.executable, "-m", "bashfleet.client.cli",
+             *args], env=self.env, stdin=subprocess.DEVNULL,
             capture_output=True, text=True, timeout=timeout, check=False,
         )
 
@@ -166,8 +167,8 @@ def test_quickstart_twice_works_and_keeps_the_fleet(local: LocalCli) -> None:
 
 
 def test_stop_only_ends_what_one_up_started(tmp_path: Path) -> None:
-    from client import local  # noqa: PLC0415
-    from worker.settings import Settings  # noqa: PLC0415
+    from bashfleet.client import local  # noqa: PLC0415
+    from bashfleet.worker.settings import Settings  # noqa: PLC0415
 
     settings = Settings(state_dir=tmp_path / "state")
     procs = [subprocess.Popen(["sleep", "300"], start_new_session=True) for _ in range(2)]
@@ -192,8 +193,8 @@ def test_stop_only_ends_what_one_up_started(tmp_path: Path) -> None:
 
 
 def test_up_says_loudly_which_hosts_run_calls_unsandboxed() -> None:
-    from client import local  # noqa: PLC0415
-    from worker.wire.models import HostInfo, SandboxProbe  # noqa: PLC0415
+    from bashfleet.client import local  # noqa: PLC0415
+    from bashfleet.worker.wire.models import HostInfo, SandboxProbe  # noqa: PLC0415
 
     def host(name: str, isolation: str, configured: str = "auto") -> HostInfo:
         probe = SandboxProbe(isolation=isolation, configured=configured,

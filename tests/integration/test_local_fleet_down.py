@@ -11,7 +11,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from worker.engine import teardown
+from bashfleet.worker.engine import teardown
 
 from .test_local_fleet import LocalCli
 

@@ -1,4 +1,4 @@
-"""Network by policy (`worker.engine.network`): each workspace a network namespace of its
+"""Network by policy (`bashfleet.worker.engine.network`): each workspace a network namespace of its
 own, and what leaves it as its policy says. Each refusal is shown possible first: the
 host reaches the very server the workspace is refused.
 
@@ -24,12 +24,12 @@ from urllib.parse import urlsplit
 import pytest
 import redis
 
-from client import CallRejected, Fleet
-from client.redis_server import RedisServer
-from worker.engine import network, snapshots, workspaces
-from worker.wire import names
-from worker.wire.events import open_event
-from worker.wire.network import parse_text as parse
+from bashfleet.client import CallRejected, Fleet
+from bashfleet.client.redis_server import RedisServer
+from bashfleet.worker.engine import network, snapshots, workspaces
+from bashfleet.worker.wire import names
+from bashfleet.worker.wire.events import open_event
+from bashfleet.worker.wire.network import parse_text as parse
 
 from .conftest import RECORD_KEYS, WorkerFactory, WorkerProcess
 from .engine_helpers import (

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from client import Fleet
-from client.redis_server import RedisServer
-from worker.settings import Settings
-from worker.wire.models import Policy
+from bashfleet.client import Fleet
+from bashfleet.client.redis_server import RedisServer
+from bashfleet.worker.settings import Settings
+from bashfleet.worker.wire.models import Policy
 
 from .conftest import WorkerProcess, wait_for
 from .engine_helpers import (
@@ -30,7 +30,7 @@ Hosts = tuple[WorkerProcess, WorkerProcess]
 
 def _cli(url: str, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "BASHFLEET_REDIS_URL": url}  # the suite's key and state dir
-    return subprocess.run([sys.executable, "-m", "client.cli", *args], env=env, text=True,
+    return subprocess.run([sys.executable, "-m", "bashfleet.client.cli", *args], env=env, text=True,
                           capture_output=True, input=stdin, timeout=60, check=False)
 
 
@@ -201,9 +201,9 @@ def test_20_the_first_key_after_attaching_again_is_shown(
     the current line first, what the abandoned read took of it included."""
     import io  # noqa: PLC0415
 
-    from client import attach  # noqa: PLC0415
-    from worker.wire.control import Collect  # noqa: PLC0415
-    from worker.wire.models import ByteTail  # noqa: PLC0415
+    from bashfleet.client import attach  # noqa: PLC0415
+    from bashfleet.worker.wire.control import Collect  # noqa: PLC0415
+    from bashfleet.worker.wire.models import ByteTail  # noqa: PLC0415
 
     started = fleet.run("python3 -q", host="alpha", mode="background", stdin="pty")
     assert started.job is not None

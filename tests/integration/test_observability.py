@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 import redis
 
-from client import Fleet, cli
-from client.redis_server import RedisServer
-from worker.wire.models import CallResult, HostInfo
+from bashfleet.client import Fleet, cli
+from bashfleet.client.redis_server import RedisServer
+from bashfleet.worker.wire.models import CallResult, HostInfo
 
 from .conftest import WorkerFactory, WorkerProcess, wait_for
 

@@ -12,13 +12,13 @@ from collections.abc import Callable
 
 import pytest
 
-from client.dialects import SessionState, ToolText, get_dialect
-from client.dialects.claude import ClaudeDialect
-from client.dialects.modes import ModesDialect
-from client.dialects.native import NativeDialect
-from client.dialects.pi import PiDialect
-from client.dialects.pipe import PipeDialect
-from worker.wire.models import CallResult
+from bashfleet.client.dialects import SessionState, ToolText, get_dialect
+from bashfleet.client.dialects.claude import ClaudeDialect
+from bashfleet.client.dialects.modes import ModesDialect
+from bashfleet.client.dialects.native import NativeDialect
+from bashfleet.client.dialects.pi import PiDialect
+from bashfleet.client.dialects.pipe import PipeDialect
+from bashfleet.worker.wire.models import CallResult
 
 from .engine_helpers import (
     Engine,

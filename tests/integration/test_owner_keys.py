@@ -1,6 +1,6 @@
 """Owners are credentials (issue #28, finding 5), on a real fleet: two owners with keys of
 their own (`bashfleet owner add`) on one host, their clients connected as the clients'
-Redis user (`worker.wire.acl`), the worker as the workers'.
+Redis user (`bashfleet.worker.wire.acl`), the worker as the workers'.
 
 Neither sees, drives or ends the other's workspaces, jobs, sessions or events, through
 the Python API, the CLI (a process), or Redis with the clients' credentials; an owner
@@ -26,16 +26,16 @@ from typing import Any, cast
 import pytest
 import redis
 
-from client import Fleet, UnknownJob, UnknownWorkspace
-from client.dialects import NativeDialect
-from client.errors import BashfleetError, Unauthorized
-from client.mcp_server import FleetBackend, ToolServer, session_owner
-from client.redis_server import RedisServer
-from worker.wire import acl, auth, names
-from worker.wire.events import EVENT_NAME
-from worker.wire.models import Call, CallResult
-from worker.wire.names import Task, exec_queue
-from worker.wire.owner_keys import OwnerKey
+from bashfleet.client import Fleet, UnknownJob, UnknownWorkspace
+from bashfleet.client.dialects import NativeDialect
+from bashfleet.client.errors import BashfleetError, Unauthorized
+from bashfleet.client.mcp_server import FleetBackend, ToolServer, session_owner
+from bashfleet.client.redis_server import RedisServer
+from bashfleet.worker.wire import acl, auth, names
+from bashfleet.worker.wire.events import EVENT_NAME
+from bashfleet.worker.wire.models import Call, CallResult
+from bashfleet.worker.wire.names import Task, exec_queue
+from bashfleet.worker.wire.owner_keys import OwnerKey
 
 from .conftest import WorkerFactory, WorkerProcess, raw_task
 
@@ -461,7 +461,7 @@ def _cli(client: Fleet, *args: str, key: OwnerKey = BOB) -> subprocess.Completed
     env = {k: v for k, v in os.environ.items() if not k.startswith("BASHFLEET_")}
     env.update(BASHFLEET_REDIS_URL=client._raw_url, BASHFLEET_OWNER_KEY=key.text,
                BASHFLEET_STATE_DIR=os.environ["BASHFLEET_STATE_DIR"])
-    return subprocess.run([sys.executable, "-m", "client.cli", *args], env=env, text=True,
+    return subprocess.run([sys.executable, "-m", "bashfleet.client.cli", *args], env=env, text=True,
                           capture_output=True, timeout=60, check=False)
 
 

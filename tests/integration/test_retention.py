@@ -19,10 +19,10 @@ import threading
 import time
 from pathlib import Path
 
-from worker import CallResult, JobRecord, Policy, kill_job, load_record
-from worker.engine.jobs import read_status
-from worker.engine.running import RunningCall, remove, save
-from worker.retention import RetentionPolicy, execute, plan, scan
+from bashfleet.worker import CallResult, JobRecord, Policy, kill_job, load_record
+from bashfleet.worker.engine.jobs import read_status
+from bashfleet.worker.engine.running import RunningCall, remove, save
+from bashfleet.worker.retention import RetentionPolicy, execute, plan, scan
 
 from .engine_helpers import (
     DEADLINE_S,
@@ -178,7 +178,7 @@ def test_dry_run_removes_nothing_and_the_cli_lists_the_same_plan(engine: Engine)
     env = {k: v for k, v in os.environ.items() if not k.startswith("BASHFLEET_")}
     env["BASHFLEET_STATE_DIR"] = str(engine.settings.state_dir)
     done = subprocess.run(
-        [sys.executable, "-m", "client.cli", "gc", "--dry-run", "--json"],
+        [sys.executable, "-m", "bashfleet.client.cli", "gc", "--dry-run", "--json"],
         capture_output=True, text=True, env=env, timeout=DEADLINE_S * 4, check=False,
     )
     assert done.returncode == 0, done.stderr
@@ -198,7 +198,7 @@ def test_dry_run_removes_nothing_and_the_cli_lists_the_same_plan(engine: Engine)
 
     # Without --dry-run the same command removes them; the live job stays.
     done = subprocess.run(
-        [sys.executable, "-m", "client.cli", "gc", "--max-age", str(7 * DAY)],
+        [sys.executable, "-m", "bashfleet.client.cli", "gc", "--max-age", str(7 * DAY)],
         capture_output=True, text=True, env=env, timeout=DEADLINE_S * 4, check=False,
     )
     assert done.returncode == 0, done.stderr

@@ -25,10 +25,10 @@ from pathlib import Path
 import pytest
 import redis
 
-from client import AsyncFleet, BashfleetError, Fleet
-from client.redis_server import RedisServer, find_redis_server, free_port
-from worker.fleet.connect import redis_client
-from worker.wire.models import CallResult
+from bashfleet.client import AsyncFleet, BashfleetError, Fleet
+from bashfleet.client.redis_server import RedisServer, find_redis_server, free_port
+from bashfleet.worker.fleet.connect import redis_client
+from bashfleet.worker.wire.models import CallResult
 
 from .conftest import WorkerFactory, WorkerProcess, end_group, wait_for
 from .engine_helpers import give_to_run_user
@@ -170,13 +170,14 @@ def test_flower_through_sentinel(cluster: Cluster, tmp_path: Path) -> None:
     env["BASHFLEET_REDIS_URL"] = cluster.url
     with open(tmp_path / "flower.log", "wb") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "worker.fleet.app", "flower",
+            [sys.executable, "-m", "celery", "-A", "bashfleet.worker.fleet.app", "flower",
              "--address=127.0.0.1", f"--port={port}", "--basic-auth=u:p"],
             env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
             start_new_session=True,
         )
     try:
-        wanted = {"calls@sentinel-host", "control@sentinel-host"}  # worker.fleet.flower names
+        # The names bashfleet.worker.fleet.flower gives the two consumers.
+        wanted = {"calls@sentinel-host", "control@sentinel-host"}
         # Flower learns each consumer from its own heartbeat event: wait for both.
         wait_for(lambda: wanted <= (_flower_workers(port) or set()), 60,
                  "Flower to list the host", interval=0.5)

@@ -21,10 +21,10 @@ from typing import Any
 
 import pytest
 
-from worker.engine import snapshot_registry as snapshots
-from worker.engine.image_meta import digest_of, parse_ref
-from worker.engine.snapshot_registry import SnapshotError
-from worker.settings import Settings
+from bashfleet.worker.engine import snapshot_registry as snapshots
+from bashfleet.worker.engine.image_meta import digest_of, parse_ref
+from bashfleet.worker.engine.snapshot_registry import SnapshotError
+from bashfleet.worker.settings import Settings
 
 from .registry import Registry, free_port, run
 

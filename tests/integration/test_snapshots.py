@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from worker.engine import images, snapshots, workspaces
-from worker.wire.models import WorkspaceSpec
+from bashfleet.worker.engine import images, snapshots, workspaces
+from bashfleet.worker.wire.models import WorkspaceSpec
 
 from .engine_helpers import (
     Engine,

@@ -12,8 +12,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from client import Fleet, LimitReached, SnapshotError, UnknownSnapshot
-from client.redis_server import RedisServer
+from bashfleet.client import Fleet, LimitReached, SnapshotError, UnknownSnapshot
+from bashfleet.client.redis_server import RedisServer
 
 from .conftest import WorkerFactory, WorkerProcess
 from .registry import Registry, free_port

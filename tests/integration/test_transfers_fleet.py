@@ -1,5 +1,5 @@
 """File transfers through a real fleet: files and directories streamed in and out of a
-workspace as chunks on Redis (`worker.fleet.transfers`), exact bytes, with the errors a
+workspace as chunks on Redis (`bashfleet.worker.fleet.transfers`), exact bytes, with the errors a
 local file would raise, never through a file the workspace's commands could replace."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from client import Fleet
-from client.errors import WorkspaceFileError
-from client.redis_server import RedisServer
+from bashfleet.client import Fleet
+from bashfleet.client.errors import WorkspaceFileError
+from bashfleet.client.redis_server import RedisServer
 
 from .conftest import WorkerFactory, WorkerProcess
 
@@ -110,7 +110,7 @@ def test_the_async_client_streams_the_same(host: WorkerProcess, redis_server: Re
                                            tmp_path: Path) -> None:
     import asyncio  # noqa: PLC0415
 
-    from client.aio import AsyncFleet  # noqa: PLC0415
+    from bashfleet.client.aio import AsyncFleet  # noqa: PLC0415
 
     source = tmp_path / "a.bin"
     source.write_bytes(os.urandom(5 * 1024 * 1024 + 3))
@@ -139,7 +139,7 @@ def test_transfers_under_way_leave_the_control_calls_free(
     import threading  # noqa: PLC0415
     import time  # noqa: PLC0415
 
-    from client._core.workspaces import PIECE_BYTES  # noqa: PLC0415
+    from bashfleet.client._core.workspaces import PIECE_BYTES  # noqa: PLC0415
 
     go = threading.Event()
     sizes: list[int] = []

@@ -28,17 +28,17 @@ import psutil
 import pytest
 import redis
 
-from client import Fleet, records
-from client.dialects import ClaudeDialect, NativeDialect
-from client.errors import CallRejected, Unauthorized, UnknownJob
-from client.mcp_server import StaticBackend, ToolServer, session_owner
-from client.redis_server import RedisServer
-from client.sessions import RedisSessionStore
-from worker.fleet.connect import redis_client
-from worker.settings import Settings
-from worker.wire import auth, names
-from worker.wire.models import JobRecord
-from worker.wire.names import Task
+from bashfleet.client import Fleet, records
+from bashfleet.client.dialects import ClaudeDialect, NativeDialect
+from bashfleet.client.errors import CallRejected, Unauthorized, UnknownJob
+from bashfleet.client.mcp_server import StaticBackend, ToolServer, session_owner
+from bashfleet.client.redis_server import RedisServer
+from bashfleet.client.sessions import RedisSessionStore
+from bashfleet.worker.fleet.connect import redis_client
+from bashfleet.worker.settings import Settings
+from bashfleet.worker.wire import auth, names
+from bashfleet.worker.wire.models import JobRecord
+from bashfleet.worker.wire.names import Task
 
 from .conftest import WorkerFactory, WorkerProcess, raw_exec, wait_for
 
@@ -224,7 +224,7 @@ def test_6_celery_remote_control_is_off(
     worker: WorkerProcess, redis_server: RedisServer, fleet: Fleet
 ) -> None:
     env = {**os.environ, "BASHFLEET_REDIS_URL": redis_server.url}
-    base = [sys.executable, "-m", "celery", "-A", "worker.fleet.app"]
+    base = [sys.executable, "-m", "celery", "-A", "bashfleet.worker.fleet.app"]
     inspect = subprocess.run([*base, "inspect", "active", "--timeout", "2"], env=env,
                              capture_output=True, text=True, timeout=60, check=False)
     assert "No nodes replied" in inspect.stdout + inspect.stderr

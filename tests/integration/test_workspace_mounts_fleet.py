@@ -18,8 +18,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from client import BashfleetError, Fleet
-from client.redis_server import RedisServer
+from bashfleet.client import BashfleetError, Fleet
+from bashfleet.client.redis_server import RedisServer
 
 from .conftest import WorkerFactory, WorkerProcess
 

@@ -12,8 +12,8 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from client import AsyncFleet, Fleet
-from client.redis_server import RedisServer
+from bashfleet.client import AsyncFleet, Fleet
+from bashfleet.client.redis_server import RedisServer
 
 from .conftest import WorkerFactory, WorkerProcess
 

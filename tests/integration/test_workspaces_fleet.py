@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from client import Fleet, LimitReached, UnknownJob, UnknownWorkspace
-from client.errors import WorkspaceFileError
-from client.redis_server import RedisServer
+from bashfleet.client import Fleet, LimitReached, UnknownJob, UnknownWorkspace
+from bashfleet.client.errors import WorkspaceFileError
+from bashfleet.client.redis_server import RedisServer
 
 from .conftest import WorkerFactory, WorkerProcess
 

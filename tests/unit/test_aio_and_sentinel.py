@@ -13,17 +13,21 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from client._core.constants import FAILOVER_GRACE_S, LOCK_GONE_GRACE_S, MESSAGE_LOST_GRACE_S
-from client._core.identity import outage_grace_s
-from client._core.routing import Route
-from client._core.watch import KEEP_WAITING, Pending, message_task_id, verdict
-from client.aio import AsyncFleet
-from client.errors import FleetUnavailable, WorkerLost
-from worker.fleet.celery_apps import wire_config
-from worker.fleet.connect import safe_url, sentinel_target
-from worker.fleet.transport import SENTINEL_TRANSPORT, TRANSPORT
-from worker.wire.messages import task_message
-from worker.wire.models import CallResult
+from bashfleet.client._core.constants import (
+    FAILOVER_GRACE_S,
+    LOCK_GONE_GRACE_S,
+    MESSAGE_LOST_GRACE_S,
+)
+from bashfleet.client._core.identity import outage_grace_s
+from bashfleet.client._core.routing import Route
+from bashfleet.client._core.watch import KEEP_WAITING, Pending, message_task_id, verdict
+from bashfleet.client.aio import AsyncFleet
+from bashfleet.client.errors import FleetUnavailable, WorkerLost
+from bashfleet.worker.fleet.celery_apps import wire_config
+from bashfleet.worker.fleet.connect import safe_url, sentinel_target
+from bashfleet.worker.fleet.transport import SENTINEL_TRANSPORT, TRANSPORT
+from bashfleet.worker.wire.messages import task_message
+from bashfleet.worker.wire.models import CallResult
 
 NOW = 1000.0
 

@@ -16,9 +16,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from client._core import archives
-from client._core.workspaces import pack, unpack
-from client.errors import WorkspaceFileError
+from bashfleet.client._core import archives
+from bashfleet.client._core.workspaces import pack, unpack
+from bashfleet.client.errors import WorkspaceFileError
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from client.attach import (
+from bashfleet.client.attach import (
     DETACH_KEY,
     REPLAY_BYTES,
     TerminalFilter,
@@ -18,7 +18,7 @@ from client.attach import (
     key_name,
     parse_detach_key,
 )
-from worker.wire.models import OutputChunk
+from bashfleet.worker.wire.models import OutputChunk
 
 # ------------------------------------------------------------------- the detach key
 

@@ -1,4 +1,4 @@
-"""worker.wire.auth: HMAC envelopes; every refusal has its kind."""
+"""bashfleet.worker.wire.auth: HMAC envelopes; every refusal has its kind."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from worker.wire.auth import (
+from bashfleet.worker.wire.auth import (
     AuthError,
     check_mark,
     check_target,
@@ -18,7 +18,7 @@ from worker.wire.auth import (
     mark,
     verify,
 )
-from worker.wire.auth import sign as sign_for
+from bashfleet.worker.wire.auth import sign as sign_for
 
 KEY, OLD, OTHER = "k" * 32, "old-key-" * 4, "x" * 32
 NOW = 1_800_000_000.0

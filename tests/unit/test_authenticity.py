@@ -16,15 +16,15 @@ from typing import Any
 import fakeredis
 import pytest
 
-from worker.fleet import registry
-from worker.fleet.connect import hash_fields
-from worker.fleet.nonces import NonceMemory, parse_lines
-from worker.fleet.supervisor import _own_secret_variable, unsandboxed_refusal
-from worker.settings import Settings, secret_paths
-from worker.wire import auth, names
-from worker.wire.events import JobEvent, open_event, seal_event
-from worker.wire.models import JobRecord
-from worker.wire.records import (
+from bashfleet.worker.fleet import registry
+from bashfleet.worker.fleet.connect import hash_fields
+from bashfleet.worker.fleet.nonces import NonceMemory, parse_lines
+from bashfleet.worker.fleet.supervisor import _own_secret_variable, unsandboxed_refusal
+from bashfleet.worker.settings import Settings, secret_paths
+from bashfleet.worker.wire import auth, names
+from bashfleet.worker.wire.events import JobEvent, open_event, seal_event
+from bashfleet.worker.wire.models import JobRecord
+from bashfleet.worker.wire.records import (
     SEAL,
     host_seal,
     job_offsets,
@@ -201,7 +201,8 @@ def test_another_process_sees_the_nonces(tmp_path: Path) -> None:
     path = tmp_path / "host.log"
     NonceMemory(path).first_use("n-here", time.time() + 300)
     script = (
-        "import sys, time\nfrom pathlib import Path\nfrom worker.fleet.nonces import NonceMemory\n"
+        "import sys, time\nfrom pathlib import Path\n"
+        "from bashfleet.worker.fleet.nonces import NonceMemory\n"
         "m, later = NonceMemory(Path(sys.argv[1])), time.time() + 300\n"
         "print(m.first_use('n-here', later), m.first_use('n-there', later))\n"
     )
@@ -225,7 +226,7 @@ def test_expired_nonces_and_torn_lines(tmp_path: Path) -> None:
 
 
 def test_compaction_is_seen_by_the_other_process(tmp_path: Path, monkeypatch: Any) -> None:
-    from worker.fleet import nonces  # noqa: PLC0415
+    from bashfleet.worker.fleet import nonces  # noqa: PLC0415
 
     monkeypatch.setattr(nonces, "COMPACT_LINES", 3)
     path = tmp_path / "host.log"

@@ -18,17 +18,20 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
-#: Libraries only worker.fleet (and the client) may import.
+#: The two subpackages of the one import name, for the rules below.
+W, C = "bashfleet.worker", "bashfleet.client"
+#: Libraries only bashfleet.worker.fleet (and the client) may import.
 BROKER_LIBS = ("celery", "kombu", "redis", "vine")
-#: Celery and its own libraries: worker.fleet alone imports them (a client builds its
-#: task messages itself: `worker.wire.messages`).
+#: Celery and its own libraries: bashfleet.worker.fleet alone imports them (a client
+#: builds its task messages itself: `bashfleet.worker.wire.messages`).
 CELERY_LIBS = ("celery", "kombu", "vine")
 
 
 @dataclass(frozen=True)
 class Rule:
     """Modules under `folder` (or the one file) may not import any of `forbidden`;
-    with `only_worker`, their imports from `worker` must start with one of those."""
+    with `only_worker`, their imports from `bashfleet.worker` must start with one of
+    those."""
 
     folder: str
     forbidden: tuple[str, ...] = ()
@@ -36,25 +39,25 @@ class Rule:
 
 
 RULES = (
-    Rule("worker/wire", (*BROKER_LIBS, "psutil", "worker.engine", "worker.fleet", "client")),
-    Rule("worker/engine", (*BROKER_LIBS, "worker.fleet", "client")),
-    Rule("worker/__init__.py", (*BROKER_LIBS, "worker.fleet", "client")),
-    Rule("worker/settings.py", (*BROKER_LIBS, "worker.fleet", "client")),
-    Rule("worker/retention.py", (*BROKER_LIBS, "worker.fleet", "client")),
-    Rule("worker/fleet", ("client",)),
-    Rule("worker/fleet/connect.py", (*CELERY_LIBS, "worker.fleet.transport",
-                                     "worker.fleet.celery_apps")),
+    Rule("worker/wire", (*BROKER_LIBS, "psutil", f"{W}.engine", f"{W}.fleet", C)),
+    Rule("worker/engine", (*BROKER_LIBS, f"{W}.fleet", C)),
+    Rule("worker/__init__.py", (*BROKER_LIBS, f"{W}.fleet", C)),
+    Rule("worker/settings.py", (*BROKER_LIBS, f"{W}.fleet", C)),
+    Rule("worker/retention.py", (*BROKER_LIBS, f"{W}.fleet", C)),
+    Rule("worker/fleet", (C,)),
+    Rule("worker/fleet/connect.py", (*CELERY_LIBS, f"{W}.fleet.transport",
+                                     f"{W}.fleet.celery_apps")),
     Rule("client", CELERY_LIBS,
-         only_worker=("worker.wire", "worker.settings", "worker.fleet.connect")),
-    Rule("client/dialects", (*BROKER_LIBS, "client.fleet", "client.mcp_server")),
+         only_worker=(f"{W}.wire", f"{W}.settings", f"{W}.fleet.connect")),
+    Rule("client/dialects", (*BROKER_LIBS, f"{C}.fleet", f"{C}.mcp_server")),
     # The core decides, the I/O layer does: no Redis, no I/O layer, no front end.
-    Rule("client/_core", (*BROKER_LIBS, "worker.fleet", "client._async", "client._sync",
-                          "client.fleet", "client.aio", "client.cli", "client.mcp_server",
-                          "client.dialects")),
+    Rule("client/_core", (*BROKER_LIBS, f"{W}.fleet", f"{C}._async", f"{C}._sync",
+                          f"{C}.fleet", f"{C}.aio", f"{C}.cli", f"{C}.mcp_server",
+                          f"{C}.dialects")),
     # The asyncio layer is the source the blocking one is generated from, never the
     # other way round (and neither reaches the front ends).
-    Rule("client/_async", ("client._sync", "client.fleet", "client.aio", "client.cli",
-                           "client.mcp_server")),
+    Rule("client/_async", (f"{C}._sync", f"{C}.fleet", f"{C}.aio", f"{C}.cli",
+                           f"{C}.mcp_server")),
 )
 
 
@@ -89,8 +92,8 @@ def violations(root: Path, rules: tuple[Rule, ...] = RULES) -> list[str]:
                 where = f"{path.relative_to(root)}:{line}: {module}"
                 if any(_within(module, bad) for bad in rule.forbidden):
                     found.append(f"{where} (forbidden in {rule.folder})")
-                elif (rule.only_worker is not None and _within(module, "worker")
-                      and module != "worker"
+                elif (rule.only_worker is not None and _within(module, W)
+                      and module != W
                       and not any(_within(module, ok) for ok in rule.only_worker)):
                     found.append(f"{where} ({rule.folder} imports only {rule.only_worker})")
     return found
@@ -107,16 +110,16 @@ def test_a_forbidden_import_is_caught(tmp_path: Path) -> None:
     client = tmp_path / "client"
     client.mkdir()
     (client / "cli.py").write_text(
-        "from worker.fleet import registry\nfrom worker.wire import names\n"
+        "from bashfleet.worker.fleet import registry\nfrom bashfleet.worker.wire import names\n"
     )
     rules = (RULES[1], RULES[7])
     assert violations(tmp_path, rules) == [
         "worker/engine/sneaky.py:2: redis (forbidden in worker/engine)",
         "worker/engine/sneaky.py:2: redis.Redis (forbidden in worker/engine)",
-        "client/cli.py:1: worker.fleet (client imports only "
-        "('worker.wire', 'worker.settings', 'worker.fleet.connect'))",
-        "client/cli.py:1: worker.fleet.registry (client imports only "
-        "('worker.wire', 'worker.settings', 'worker.fleet.connect'))",
+        "client/cli.py:1: bashfleet.worker.fleet (client imports only "
+        "('bashfleet.worker.wire', 'bashfleet.worker.settings', 'bashfleet.worker.fleet.connect'))",
+        "client/cli.py:1: bashfleet.worker.fleet.registry (client imports only "
+        "('bashfleet.worker.wire', 'bashfleet.worker.settings', 'bashfleet.worker.fleet.connect'))",
     ]
 
 
@@ -145,19 +148,26 @@ def _loaded_after(statement: str) -> list[str]:
 @pytest.mark.parametrize(
     ("statement", "absent"),
     [
-        ("import client.dialects", (*BROKER_LIBS, "worker.fleet", "worker.engine", "client.fleet")),
+        ("import bashfleet.client.dialects",
+         (*BROKER_LIBS, f"{W}.fleet", f"{W}.engine", f"{C}.fleet")),
         # The Python API: Fleet and AsyncFleet speak Redis, never Celery.
-        ("import client; from client import Fleet, AsyncFleet", CELERY_LIBS),
-        ("import client.fleet, client.aio, client.records, client.sessions", CELERY_LIBS),
+        ("import bashfleet.client; from bashfleet.client import Fleet, AsyncFleet",
+         CELERY_LIBS),
+        ("import bashfleet.client.fleet, bashfleet.client.aio, bashfleet.client.records, "
+         "bashfleet.client.sessions", CELERY_LIBS),
         # The core is pure: not even redis.
-        ("import client._core.events, client._core.identity, client._core.messages, "
-         "client._core.output, client._core.records, client._core.routing, "
-         "client._core.seal, client._core.watch", (*BROKER_LIBS, "worker.fleet")),
-        ("import worker.wire.models, worker.wire.control, worker.wire.names, "
-         "worker.wire.auth, worker.wire.records", (*BROKER_LIBS, "psutil", "worker.engine")),
-        ("import worker", (*BROKER_LIBS, "psutil", "worker.engine", "worker.fleet")),
-        ("import worker.engine.call, worker.engine.jobs", (*BROKER_LIBS, "worker.fleet")),
-        ("import worker.retention", (*BROKER_LIBS, "worker.fleet")),
+        ("import bashfleet.client._core.events, bashfleet.client._core.identity, "
+         "bashfleet.client._core.messages, bashfleet.client._core.output, "
+         "bashfleet.client._core.records, bashfleet.client._core.routing, "
+         "bashfleet.client._core.seal, bashfleet.client._core.watch",
+         (*BROKER_LIBS, f"{W}.fleet")),
+        ("import bashfleet.worker.wire.models, bashfleet.worker.wire.control, "
+         "bashfleet.worker.wire.names, bashfleet.worker.wire.auth, "
+         "bashfleet.worker.wire.records", (*BROKER_LIBS, "psutil", f"{W}.engine")),
+        ("import bashfleet.worker", (*BROKER_LIBS, "psutil", f"{W}.engine", f"{W}.fleet")),
+        ("import bashfleet.worker.engine.call, bashfleet.worker.engine.jobs",
+         (*BROKER_LIBS, f"{W}.fleet")),
+        ("import bashfleet.worker.retention", (*BROKER_LIBS, f"{W}.fleet")),
     ],
 )
 def test_importing_a_room_loads_nothing_it_must_not(

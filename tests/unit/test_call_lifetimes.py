@@ -10,11 +10,11 @@ import fakeredis
 import pytest
 import redis
 
-from client import records
-from client._core.routing import IdLookup, ask_every_host
-from worker.fleet import registry
-from worker.wire import auth, names
-from worker.wire.names import CallState
+from bashfleet.client import records
+from bashfleet.client._core.routing import IdLookup, ask_every_host
+from bashfleet.worker.fleet import registry
+from bashfleet.worker.wire import auth, names
+from bashfleet.worker.wire.names import CallState
 
 
 @pytest.fixture
@@ -90,7 +90,7 @@ def test_a_withdrawn_call_is_kept_minutes(r: redis.Redis) -> None:
 
 
 def test_a_claim_without_a_nonce_writes_no_nonce_key(r: redis.Redis) -> None:
-    # The consumers check nonces in the host's own memory (worker.fleet.nonces) and
+    # The consumers check nonces in the host's own memory (bashfleet.worker.fleet.nonces) and
     # pass none to the claim: one SET fewer per call.
     _queued(r, "c6")
     assert registry.claim_call(r, "c6", "alpha", "t1", 42) == "ok"

@@ -1,4 +1,5 @@
-"""worker.engine.capture: UTF-8 boundaries, slices of a file, and shaping small and huge files."""
+"""bashfleet.worker.engine.capture:
+UTF-8 boundaries, slices of a file, and shaping small and huge files."""
 
 from __future__ import annotations
 
@@ -9,16 +10,29 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from worker.engine import truncate
-from worker.engine.capture import (
+from bashfleet.worker.engine import truncate
+from bashfleet.worker.engine.capture import (
     SMALL_CHUNK,
     WHOLE_READ_LIMIT,
     FollowedFile,
     read_slice,
     shape,
 )
-from worker.engine.sanitize import REDACTED, redact, sanitize, secret_pattern, utf8_boundary
-from worker.wire.models import ByteTail, CharCap, Middle, TailLines, Truncation, TruncationInfo
+from bashfleet.worker.engine.sanitize import (
+    REDACTED,
+    redact,
+    sanitize,
+    secret_pattern,
+    utf8_boundary,
+)
+from bashfleet.worker.wire.models import (
+    ByteTail,
+    CharCap,
+    Middle,
+    TailLines,
+    Truncation,
+    TruncationInfo,
+)
 
 MIB = 1024 * 1024
 

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from worker.engine import truncate
-from worker.engine.capture import (
+from bashfleet.worker.engine import truncate
+from bashfleet.worker.engine.capture import (
     PLAIN,
     WHOLE_READ_LIMIT,
     Extras,
@@ -20,8 +20,8 @@ from worker.engine.capture import (
     read_slice,
     shape,
 )
-from worker.engine.sanitize import cut_marker, sanitize
-from worker.wire.models import ByteTail, CharCap, Middle, Policy, TailLines, Truncation
+from bashfleet.worker.engine.sanitize import cut_marker, sanitize
+from bashfleet.worker.wire.models import ByteTail, CharCap, Middle, Policy, TailLines, Truncation
 
 NATIVE = Extras(detect_binary=True, reveal_invisible=True, last_frame=True, max_line_chars=20)
 POLICIES: list[Truncation] = [TailLines(), ByteTail(), CharCap(), Middle()]

@@ -1,4 +1,4 @@
-"""worker.engine.cgroups: reading /proc, where groups go, what is written into them.
+"""bashfleet.worker.engine.cgroups: reading /proc, where groups go, what is written into them.
 
 The file-system parts run on a directory tree that stands in for cgroupfs.
 """
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from worker.engine import cgroups
-from worker.engine.cgroups import CgroupLimits, Hierarchy, Mount, Plan, Support
+from bashfleet.worker.engine import cgroups
+from bashfleet.worker.engine.cgroups import CgroupLimits, Hierarchy, Mount, Plan, Support
 
 # This development VM: cgroup v1 per controller, an empty v2 tree at .../unified.
 V1_CGROUP = """\

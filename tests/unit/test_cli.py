@@ -17,14 +17,14 @@ from typing import Any, cast
 
 import pytest
 
-from client import cli
-from client import exit_status as statuses
-from client._core.routing import CallProgress
-from client.dialects import DIALECTS
-from client.dialects.base import SCHEMA_STYLES
-from client.errors import UnknownJob
-from worker.wire.control import Collect, SessionOutput
-from worker.wire.models import (
+from bashfleet.client import cli
+from bashfleet.client import exit_status as statuses
+from bashfleet.client._core.routing import CallProgress
+from bashfleet.client.dialects import DIALECTS
+from bashfleet.client.dialects.base import SCHEMA_STYLES
+from bashfleet.client.errors import UnknownJob
+from bashfleet.worker.wire.control import Collect, SessionOutput
+from bashfleet.worker.wire.models import (
     CallResult,
     HostInfo,
     JobHandle,
@@ -363,7 +363,8 @@ def test_no_spinner_off_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
 def _cli(env: dict[str, str], *argv: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("BASHFLEET_")}
     clean.update(XDG_STATE_HOME=str(tmp_path / "xdg"), HOME=str(tmp_path), **env)
-    return subprocess.run([sys.executable, "-m", "client.cli", *argv], env=clean, text=True,
+    return subprocess.run([sys.executable, "-m", "bashfleet.client.cli",
+                           *argv], env=clean, text=True,
                           capture_output=True, timeout=60, check=False)
 
 
@@ -426,7 +427,7 @@ def test_the_cli_client_finds_the_fleet_itself(monkeypatch: pytest.MonkeyPatch) 
     """The CLI's client is given no URL: one found through `bashfleet up` is found again
     where it must be (`bashfleet events` across a `down` and `up` hears the new fleet,
     tests/integration/test_job_events.py), and it signs with the admin key."""
-    import client.fleet  # noqa: PLC0415
+    import bashfleet.client.fleet  # noqa: PLC0415
 
     made: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
 
@@ -434,8 +435,8 @@ def test_the_cli_client_finds_the_fleet_itself(monkeypatch: pytest.MonkeyPatch) 
         made.append((args, kwargs))
         return "the fleet"
 
-    monkeypatch.setattr(client.fleet, "resolve_url", lambda *_: "redis://127.0.0.1:1/0")
-    monkeypatch.setattr(client.fleet, "Fleet", fleet)
+    monkeypatch.setattr(bashfleet.client.fleet, "resolve_url", lambda *_: "redis://127.0.0.1:1/0")
+    monkeypatch.setattr(bashfleet.client.fleet, "Fleet", fleet)
     assert cast(object, cli._fleet()) == "the fleet"
     assert made == [((), {"admin": True})]
 
@@ -447,7 +448,8 @@ def _into_a_closed_pipe(argv: list[str], tmp_path: Path) -> subprocess.Completed
     os.close(read_end)
     try:
         done = subprocess.run(
-            [sys.executable, "-m", "client.cli", *argv], stdout=write_end, stderr=subprocess.PIPE,
+            [sys.executable, "-m", "bashfleet.client.cli",
+             *argv], stdout=write_end, stderr=subprocess.PIPE,
             text=True, timeout=60, check=False,
             env={**os.environ, "XDG_STATE_HOME": str(tmp_path)},
         )
@@ -470,7 +472,7 @@ def test_help_into_a_closed_pipe_is_quiet(tmp_path: Path) -> None:
 
 
 def test_schema_into_head_shows_no_traceback(tmp_path: Path) -> None:
-    shell = f"{sys.executable} -m client.cli schema | head -n 1"
+    shell = f"{sys.executable} -m bashfleet.client.cli schema | head -n 1"
     done = subprocess.run(["bash", "-c", shell], text=True, capture_output=True, timeout=60,
                           check=False, env={**os.environ, "XDG_STATE_HOME": str(tmp_path)})
     assert done.stdout == "{\n" and done.stderr == ""

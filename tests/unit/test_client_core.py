@@ -1,4 +1,4 @@
-"""The client's core (`client._core`), pure: routing, owner lookups, messages and answers,
+"""The client's core (`bashfleet.client._core`), pure: routing, owner lookups, messages and answers,
 the judgement of results, the watch's notes, job-event admission, whole output. Table
 tests, and hypothesis where a rule must hold for any input."""
 
@@ -13,12 +13,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from client import local
-from client._core import records as core_records
-from client._core.constants import RETRY_DELAYS_S, backoff
-from client._core.events import EventCursor
-from client._core.identity import Identity, record_keys_at, resolve_identity
-from client._core.messages import (
+from bashfleet.client import local
+from bashfleet.client._core import records as core_records
+from bashfleet.client._core.constants import RETRY_DELAYS_S, backoff
+from bashfleet.client._core.events import EventCursor
+from bashfleet.client._core.identity import Identity, record_keys_at, resolve_identity
+from bashfleet.client._core.messages import (
     NOT_RUN_KINDS,
     build_call,
     control_message,
@@ -28,8 +28,8 @@ from client._core.messages import (
     raise_if_not_run,
     unstarted_result,
 )
-from client._core.output import FullRead, full_reads, with_full_output
-from client._core.routing import (
+from bashfleet.client._core.output import FullRead, full_reads, with_full_output
+from bashfleet.client._core.routing import (
     IdLookup,
     Placement,
     Route,
@@ -39,8 +39,14 @@ from client._core.routing import (
     output_host,
     route,
 )
-from client._core.watch import Outage, Pending, control_verdict, message_task_id, note_queue
-from client.errors import (
+from bashfleet.client._core.watch import (
+    Outage,
+    Pending,
+    control_verdict,
+    message_task_id,
+    note_queue,
+)
+from bashfleet.client.errors import (
     CallNotRun,
     CallRejected,
     FleetUnavailable,
@@ -52,13 +58,13 @@ from client.errors import (
     WorkerError,
     WorkerLost,
 )
-from worker.settings import get_settings
-from worker.wire import auth, names
-from worker.wire import records as wire_records
-from worker.wire.control import CheckRequest
-from worker.wire.events import JobEvent, seal_event
-from worker.wire.messages import task_message
-from worker.wire.models import (
+from bashfleet.worker.settings import get_settings
+from bashfleet.worker.wire import auth, names
+from bashfleet.worker.wire import records as wire_records
+from bashfleet.worker.wire.control import CheckRequest
+from bashfleet.worker.wire.events import JobEvent, seal_event
+from bashfleet.worker.wire.messages import task_message
+from bashfleet.worker.wire.models import (
     SYSTEM_ERROR_KINDS,
     CallResult,
     CheckResult,
@@ -244,7 +250,7 @@ def test_ran_calls_never_raise() -> None:
 def test_a_cancel_and_a_lost_worker_are_kinds_of_their_own() -> None:
     """Workers answer a cancel as `cancelled` and a call they killed as they were stopped
     as `worker_lost`: kinds of their own, never recognised by their words."""
-    from worker.fleet import tasks  # noqa: PLC0415 - the worker's side of the wire
+    from bashfleet.worker.fleet import tasks  # noqa: PLC0415 - the worker's side of the wire
 
     assert tasks._refusal("c1", "cancelled")[0] == "cancelled"
     assert tasks._END_NOTES["cancelling"][0] == "cancelled"

@@ -23,9 +23,9 @@ import pytest
 import redis
 import yaml
 
-from client.redis_server import find_redis_server, supports_acl
-from worker.settings import SECRET_VARIABLES, Settings
-from worker.wire import acl
+from bashfleet.client.redis_server import find_redis_server, supports_acl
+from bashfleet.worker.settings import SECRET_VARIABLES, Settings
+from bashfleet.worker.wire import acl
 
 ROOT = Path(__file__).resolve().parents[2]
 SYSTEMD = ROOT / "deploy" / "systemd"
@@ -205,7 +205,7 @@ def _run_acl_script(script: str, into: Path, worker: str, client: str) -> Path:
     into.mkdir()
     # `bashfleet` is this checkout's CLI; chown (to the redis image's user) a no-op.
     prelude = (f"bashfleet() {{ {shlex.quote(sys.executable)} -c "
-               "'import sys; from client.cli import main; sys.exit(main())' \"$@\"; }\n"
+               "'import sys; from bashfleet.client.cli import main; sys.exit(main())' \"$@\"; }\n"
                "chown() { :; }\n")
     env = {"PATH": os.environ["PATH"], "PYTHONPATH": os.pathsep.join(sys.path),
            "HOME": str(into), "BASHFLEET_STATE_DIR": str(into / "state"),
@@ -384,9 +384,9 @@ def test_worker_unit_stop_ends_the_worker_but_not_the_background_jobs(
     # background jobs included (they are in the unit's cgroup, in their own sessions).
     assert one(worker_unit, "Service", "KillMode") == "process"
     assert one(worker_unit, "Service", "KillSignal") == "SIGTERM"
-    # Longer than the supervisor's own shutdown (worker.fleet.supervisor.STOP_TIMEOUT_S and the ctl
-    # consumer's 5 s).
-    from worker.fleet.supervisor import STOP_TIMEOUT_S  # noqa: PLC0415
+    # Longer than the supervisor's own shutdown (bashfleet.worker.fleet.supervisor.STOP_TIMEOUT_S
+    # and the ctl consumer's 5 s).
+    from bashfleet.worker.fleet.supervisor import STOP_TIMEOUT_S  # noqa: PLC0415
 
     assert _seconds(one(worker_unit, "Service", "TimeoutStopSec")) >= STOP_TIMEOUT_S + 10
     # An OOM-killed build must not stop the worker.
@@ -660,7 +660,7 @@ def test_worker_daemonset_takes_its_host_id_from_the_node(
     assert volumes[mounts[state_dir]]["hostPath"]["path"]
     # Never two workers on one node's state directory during a rollout.
     assert worker["spec"]["updateStrategy"]["rollingUpdate"]["maxSurge"] == 0
-    from worker.fleet.supervisor import STOP_TIMEOUT_S  # noqa: PLC0415
+    from bashfleet.worker.fleet.supervisor import STOP_TIMEOUT_S  # noqa: PLC0415
 
     grace = worker["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
     assert grace >= STOP_TIMEOUT_S + 10
@@ -725,7 +725,7 @@ def test_flower_is_cluster_internal_with_basic_auth_from_a_secret(
     assert "externalIPs" not in service["spec"]
     assert all("nodePort" not in port for port in service["spec"]["ports"])
     (container,) = _containers(_find(manifests, "Deployment", "flower"))
-    assert container["args"][:4] == ["celery", "-A", "worker.fleet.app", "flower"]
+    assert container["args"][:4] == ["celery", "-A", "bashfleet.worker.fleet.app", "flower"]
     env = _env(container)
     assert _secret_ref(env["FLOWER_BASIC_AUTH"]) == ("bashfleet-flower", "basic-auth")
     # Probes use the one page that needs no credentials.

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import client.dialects as dialects_pkg
-from client.dialects import (
+import bashfleet.client.dialects as dialects_pkg
+from bashfleet.client.dialects import (
     DIALECTS,
     Dialect,
     MemorySessionStore,
@@ -24,7 +24,7 @@ from client.dialects import (
     get_dialect,
     schemas,
 )
-from client.dialects._text import (
+from bashfleet.client.dialects._text import (
     chomp,
     count_lines,
     cut_summary,
@@ -33,11 +33,11 @@ from client.dialects._text import (
     signal_label,
     system_failure,
 )
-from client.dialects.args import ArgError, command_problem, parse_args
-from client.dialects.base import GuardedRunner, RunnerError
-from client.dialects.testing import FakeRunner
-from worker.wire.control import CheckRequest, KillRequest
-from worker.wire.models import (
+from bashfleet.client.dialects.args import ArgError, command_problem, parse_args
+from bashfleet.client.dialects.base import GuardedRunner, RunnerError
+from bashfleet.client.dialects.testing import FakeRunner
+from bashfleet.worker.wire.control import CheckRequest, KillRequest
+from bashfleet.worker.wire.models import (
     MAX_COMMAND_BYTES,
     CallResult,
     CheckResult,

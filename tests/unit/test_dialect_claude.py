@@ -6,12 +6,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from client.dialects import ClaudeDialect, SessionState, ToolText, schemas
-from client.dialects.claude import EMPTY_OUTPUT, format_duration
-from client.dialects.testing import FakeRunner
-from client.shells import ShellState
-from worker.wire.control import CheckRequest
-from worker.wire.models import (
+from bashfleet.client.dialects import ClaudeDialect, SessionState, ToolText, schemas
+from bashfleet.client.dialects.claude import EMPTY_OUTPUT, format_duration
+from bashfleet.client.dialects.testing import FakeRunner
+from bashfleet.client.shells import ShellState
+from bashfleet.worker.wire.control import CheckRequest
+from bashfleet.worker.wire.models import (
     CallResult,
     CharCap,
     CheckResult,

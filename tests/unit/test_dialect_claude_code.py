@@ -7,9 +7,15 @@ import json
 import subprocess
 import sys
 
-from client.dialects import ClaudeCodeDialect, SessionState, ToolText, get_dialect, schemas
-from client.dialects.testing import FakeRunner
-from worker.wire.models import CallResult, CheckResult, JobHandle
+from bashfleet.client.dialects import (
+    ClaudeCodeDialect,
+    SessionState,
+    ToolText,
+    get_dialect,
+    schemas,
+)
+from bashfleet.client.dialects.testing import FakeRunner
+from bashfleet.worker.wire.models import CallResult, CheckResult, JobHandle
 
 CODE = ClaudeCodeDialect()
 JOB = JobHandle(id="j5c2", host="h1", pid=777, pgid=777, output_path="/jobs/j5c2.log")
@@ -68,6 +74,6 @@ def test_task_stop_needs_its_task_id() -> None:
 
 def test_the_cli_lists_its_schemas() -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "client.cli", "schema", "--dialect", "claude-code"],
+        [sys.executable, "-m", "bashfleet.client.cli", "schema", "--dialect", "claude-code"],
         capture_output=True, text=True, check=True).stdout
     assert [tool["name"] for tool in json.loads(out)] == ["Bash", "TaskOutput", "TaskStop"]

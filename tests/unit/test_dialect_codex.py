@@ -8,9 +8,9 @@ import re
 from hypothesis import given
 from hypothesis import strategies as st
 
-from client.dialects import SessionState, get_dialect, schemas
-from client.dialects.base import ExecSession
-from client.dialects.codex import (
+from bashfleet.client.dialects import SessionState, get_dialect, schemas
+from bashfleet.client.dialects.base import ExecSession
+from bashfleet.client.dialects.codex import (
     FORCED_ENV,
     MAX_SESSIONS,
     PIPE_REFUSAL,
@@ -22,11 +22,11 @@ from client.dialects.codex import (
     shown_output,
     warning_text,
 )
-from client.dialects.testing import FakeRunner
-from client.errors import UnknownJob
-from worker.engine.truncate import head_tail_tokens, tokens, utf8_len
-from worker.wire.control import SessionOutput, WriteStdinRequest
-from worker.wire.models import (
+from bashfleet.client.dialects.testing import FakeRunner
+from bashfleet.client.errors import UnknownJob
+from bashfleet.worker.engine.truncate import head_tail_tokens, tokens, utf8_len
+from bashfleet.worker.wire.control import SessionOutput, WriteStdinRequest
+from bashfleet.worker.wire.models import (
     CallResult,
     HeadTailTokens,
     InputWait,

@@ -6,10 +6,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from client.dialects import ModesDialect, SessionState, ToolText, humanize_bytes, schemas
-from client.dialects.testing import FakeRunner
-from worker.wire.control import KillRequest
-from worker.wire.models import (
+from bashfleet.client.dialects import ModesDialect, SessionState, ToolText, humanize_bytes, schemas
+from bashfleet.client.dialects.testing import FakeRunner
+from bashfleet.worker.wire.control import KillRequest
+from bashfleet.worker.wire.models import (
     CallResult,
     CheckResult,
     JobHandle,

@@ -7,17 +7,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from client.dialects import NativeDialect, SessionState, ToolText, schemas
-from client.dialects.testing import FakeRunner
-from client.shells import ShellState
-from worker.wire.control import (
+from bashfleet.client.dialects import NativeDialect, SessionState, ToolText, schemas
+from bashfleet.client.dialects.testing import FakeRunner
+from bashfleet.client.shells import ShellState
+from bashfleet.worker.wire.control import (
     CheckRequest,
     KillRequest,
     ReadOutputRequest,
     SessionOutput,
     WriteStdinRequest,
 )
-from worker.wire.models import (
+from bashfleet.worker.wire.models import (
     CallResult,
     CheckResult,
     InputWait,

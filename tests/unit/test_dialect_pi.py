@@ -6,10 +6,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from client.dialects import PiDialect, SessionState, ToolText, schemas
-from client.dialects.pi import format_size, resolve_cwd
-from client.dialects.testing import FakeRunner
-from worker.wire.models import (
+from bashfleet.client.dialects import PiDialect, SessionState, ToolText, schemas
+from bashfleet.client.dialects.pi import format_size, resolve_cwd
+from bashfleet.client.dialects.testing import FakeRunner
+from bashfleet.worker.wire.models import (
     ByteTail,
     CallResult,
     InterceptRule,

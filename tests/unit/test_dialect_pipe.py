@@ -6,10 +6,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from client.dialects import PipeDialect, SessionState, ToolText, schemas
-from client.dialects.testing import FakeCall, FakeRunner
-from worker.wire.control import CheckRequest, KillRequest
-from worker.wire.models import (
+from bashfleet.client.dialects import PipeDialect, SessionState, ToolText, schemas
+from bashfleet.client.dialects.testing import FakeCall, FakeRunner
+from bashfleet.worker.wire.control import CheckRequest, KillRequest
+from bashfleet.worker.wire.models import (
     CallResult,
     CheckResult,
     JobHandle,

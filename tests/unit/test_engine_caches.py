@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from worker.engine import call
-from worker.engine.memo import TimedMemo
-from worker.settings import Settings
+from bashfleet.worker.engine import call
+from bashfleet.worker.engine.memo import TimedMemo
+from bashfleet.worker.settings import Settings
 
 
 @pytest.fixture(name="statvfs_calls")

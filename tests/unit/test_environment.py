@@ -1,4 +1,4 @@
-"""worker.engine.environment: secrets scrubbed by name, hardening, the call marker."""
+"""bashfleet.worker.engine.environment: secrets scrubbed by name, hardening, the call marker."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from worker.engine.environment import (
+from bashfleet.worker.engine.environment import (
     DEFAULT_ALLOW,
     DEFAULT_DENY,
     HARDENING,

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from client import AsyncFleet, Fleet
+from bashfleet.client import AsyncFleet, Fleet
 
 
 def _normalized(annotation: Any) -> str:

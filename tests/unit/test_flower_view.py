@@ -1,4 +1,4 @@
-"""What Flower shows (`worker.fleet.flower`): why a call failed, its final arguments, a
+"""What Flower shows (`bashfleet.worker.fleet.flower`): why a call failed, its final arguments, a
 job's outcome, and the job watcher telling a listener of jobs' starts and ends."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from typing import ClassVar
 import fakeredis
 import pytest
 
-from worker.engine import jobs, running
-from worker.fleet import flower, recovery
-from worker.settings import Settings
-from worker.wire.models import (
+from bashfleet.worker.engine import jobs, running
+from bashfleet.worker.fleet import flower, recovery
+from bashfleet.worker.settings import Settings
+from bashfleet.worker.wire.models import (
     Call,
     CallResult,
     JobHandle,

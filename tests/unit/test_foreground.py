@@ -1,4 +1,4 @@
-"""`client.foreground`: Ctrl-C and SIGTERM around a foreground call, and following its
+"""`bashfleet.client.foreground`: Ctrl-C and SIGTERM around a foreground call, and following its
 output, against a fake fleet (the real one: tests/e2e/test_run_terminal.py)."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from unittest.mock import patch
 
 import pytest
 
-from client import foreground
-from client.errors import UnknownJob
-from client.foreground import Follower, ForegroundRun, Outcome
-from worker.wire.models import CallResult, JobHandle, OutputChunk, RunRequest, Spill
+from bashfleet.client import foreground
+from bashfleet.client.errors import UnknownJob
+from bashfleet.client.foreground import Follower, ForegroundRun, Outcome
+from bashfleet.worker.wire.models import CallResult, JobHandle, OutputChunk, RunRequest, Spill
 
 JOB = JobHandle(id="j1", host="h1", pid=7, pgid=7, output_path="/s/c1.out")
 
@@ -206,7 +206,7 @@ def test_follow_of_a_line_cut_by_a_slice_prints_it_whole_once() -> None:
     watcher, out, _ = follower(fleet)
     watcher.streams[0].offset = 0
     kept = Spill(host="h1", stdout_path="/s/c1.out", stderr_path="/s/c1.err")
-    with patch("client.foreground.FOLLOW_SLICE_BYTES", 5):  # slices end mid-line
+    with patch("bashfleet.client.foreground.FOLLOW_SLICE_BYTES", 5):  # slices end mid-line
         watcher.finish(CallResult(call_id="c1", host="h1", exit_code=0, stdout="", spill=kept))
     assert out.getvalue() == "abc\ndef\nghi"
 

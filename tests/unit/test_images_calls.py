@@ -1,4 +1,4 @@
-"""A host's pulls behind its control queue (`worker.fleet.image_calls`), with the store
+"""A host's pulls behind its control queue (`bashfleet.worker.fleet.image_calls`), with the store
 replaced by a stand-in the test steers: one pull per reference, joined by later asks;
 each answer brings the lines said since the caller's last; failures are raised to every
 asker; a pull's end never waits for an asker."""
@@ -12,14 +12,14 @@ from typing import Any
 
 import pytest
 
-from worker.engine import images
-from worker.engine.image_meta import ImageError
-from worker.fleet import image_calls
-from worker.fleet.control import Runtime
-from worker.settings import Settings
-from worker.wire.control import ImagePull, ImagePullRequest, ImageRemoveRequest
-from worker.wire.errors import ToolError
-from worker.wire.models import ImageInfo
+from bashfleet.worker.engine import images
+from bashfleet.worker.engine.image_meta import ImageError
+from bashfleet.worker.fleet import image_calls
+from bashfleet.worker.fleet.control import Runtime
+from bashfleet.worker.settings import Settings
+from bashfleet.worker.wire.control import ImagePull, ImagePullRequest, ImageRemoveRequest
+from bashfleet.worker.wire.errors import ToolError
+from bashfleet.worker.wire.models import ImageInfo
 
 DIGEST = "sha256:" + "b" * 64
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import io
 
-from client.cli import build_parser
-from client.images_cli import ProgressLine, image_table
-from worker.wire.models import ImageInfo
+from bashfleet.client.cli import build_parser
+from bashfleet.client.images_cli import ProgressLine, image_table
+from bashfleet.worker.wire.models import ImageInfo
 
 DIGEST = "sha256:" + "0123456789ab" + "c" * 52
 

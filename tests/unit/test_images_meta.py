@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from worker.engine import image_tools as tools
-from worker.engine.image_meta import (
+from bashfleet.worker.engine import image_tools as tools
+from bashfleet.worker.engine.image_meta import (
     MAX_REF_LENGTH,
     ImageError,
     Platform,
@@ -28,9 +28,9 @@ from worker.engine.image_meta import (
     shell_of,
     to_collect,
 )
-from worker.engine.images import context_digest
-from worker.settings import Settings, secret_paths
-from worker.wire.models import ImageInfo
+from bashfleet.worker.engine.images import context_digest
+from bashfleet.worker.settings import Settings, secret_paths
+from bashfleet.worker.wire.models import ImageInfo
 
 DIGEST = "sha256:" + "a" * 64
 
@@ -425,7 +425,7 @@ def test_build_ids_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None
 
 def test_build_settings_survive_the_supervisors_hand_over(tmp_path: Path,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    from worker.fleet.supervisor import settings_env  # noqa: PLC0415
+    from bashfleet.worker.fleet.supervisor import settings_env  # noqa: PLC0415
 
     given = Settings(state_dir=tmp_path, build_ids=(7000, 10), build_as_root=True,
                      registry_insecure=("a:1", "b:2"), registry_auth_file=tmp_path / "a.json")

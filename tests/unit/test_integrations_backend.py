@@ -1,4 +1,4 @@
-"""What the framework adapters share (`client.integrations._backend`): how a framework's
+"""What the framework adapters share (`bashfleet.client.integrations._backend`): how a framework's
 command with stdin or a long command line becomes one call, exit statuses, file errors,
 `user=`, lease renewals, and the options a workspace is made with. The staged commands
 are run by a local bash here, as the workspace's bash would run them."""
@@ -17,8 +17,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from client.errors import CallRejected, UnknownWorkspace, error_for
-from client.integrations._backend import (
+from bashfleet.client.errors import CallRejected, UnknownWorkspace, error_for
+from bashfleet.client.integrations._backend import (
     INLINE_COMMAND_BYTES,
     MAX_RENEW_INTERVAL_S,
     FleetPool,
@@ -34,7 +34,7 @@ from client.integrations._backend import (
     shell_line,
     stage,
 )
-from worker.wire.models import MAX_COMMAND_BYTES, ImageInfo, WorkspaceLimits
+from bashfleet.worker.wire.models import MAX_COMMAND_BYTES, ImageInfo, WorkspaceLimits
 
 
 def run_locally(staged: Staged) -> subprocess.CompletedProcess[bytes]:

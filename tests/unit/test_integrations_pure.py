@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from client.integrations.swerex_server import (
+from bashfleet.client.integrations.swerex_server import (
     command_text,
     earliest_match,
     status_of,
     unzip_with_modes,
 )
-from worker.wire.models import CallResult
+from bashfleet.worker.wire.models import CallResult
 
 
 @pytest.mark.parametrize(("patterns", "text", "expected"), [

@@ -12,15 +12,21 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from client._core.events import EventCursor, job_matches, parse_entry, parse_published, seq_key
-from client.dialects.base import SessionState
-from client.dialects.native import NativeDialect
-from client.dialects.testing import FakeRunner
-from client.records import job_views
-from worker.fleet import registry
-from worker.wire import auth, names
-from worker.wire.events import JobEvent, ended_event, event_matches, started_event
-from worker.wire.models import JobHandle, JobRecord, JobStatus, JobView, RunRequest
+from bashfleet.client._core.events import (
+    EventCursor,
+    job_matches,
+    parse_entry,
+    parse_published,
+    seq_key,
+)
+from bashfleet.client.dialects.base import SessionState
+from bashfleet.client.dialects.native import NativeDialect
+from bashfleet.client.dialects.testing import FakeRunner
+from bashfleet.client.records import job_views
+from bashfleet.worker.fleet import registry
+from bashfleet.worker.wire import auth, names
+from bashfleet.worker.wire.events import JobEvent, ended_event, event_matches, started_event
+from bashfleet.worker.wire.models import JobHandle, JobRecord, JobStatus, JobView, RunRequest
 
 
 def _record(job_id: str = "j1", tags: dict[str, str] | None = None) -> JobRecord:

@@ -1,4 +1,4 @@
-"""The owners' lanes of a host's slow control requests (`worker.fleet.lanes`): bounded per
+"""The owners' lanes of a host's slow control requests (`bashfleet.worker.fleet.lanes`): bounded per
 owner and per host, owners served in turn, a full queue refused at once, an expired
 request answered unrun."""
 
@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from worker.fleet import lanes
-from worker.wire.errors import ToolError
+from bashfleet.worker.fleet import lanes
+from bashfleet.worker.wire.errors import ToolError
 
 
 class Gate:

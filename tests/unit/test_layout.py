@@ -1,4 +1,4 @@
-"""worker.engine.layout: what a workspace's calls see, as a plan of mount steps."""
+"""bashfleet.worker.engine.layout: what a workspace's calls see, as a plan of mount steps."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from worker.engine import layout
-from worker.engine.layout import Entry, ViewSpec
+from bashfleet.worker.engine import layout
+from bashfleet.worker.engine.layout import Entry, ViewSpec
 
 R = "/state/workspaces/w1/root"
 ENTRIES = (Entry("usr", "dir"), Entry("etc", "dir"), Entry("var", "dir"), Entry("home", "dir"),

@@ -1,4 +1,5 @@
-"""worker.engine.limits: the ulimit line, which limit ended a call, and per-host command rules."""
+"""bashfleet.worker.engine.limits:
+the ulimit line, which limit ended a call, and per-host command rules."""
 
 from __future__ import annotations
 
@@ -6,7 +7,12 @@ import signal
 
 import pytest
 
-from worker.engine.limits import ResourceLimits, host_rule_violation, limit_hit, ulimit_prefix
+from bashfleet.worker.engine.limits import (
+    ResourceLimits,
+    host_rule_violation,
+    limit_hit,
+    ulimit_prefix,
+)
 
 ALL = ResourceLimits(memory_mb=100, cpu_s=2, file_mb=1, procs=50)
 

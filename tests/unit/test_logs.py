@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from worker.fleet import logs
+from bashfleet.worker.fleet import logs
 
 HOST = "build-1"
 

@@ -18,10 +18,17 @@ import redis
 from mcp import Client, types
 from mcp.shared.exceptions import MCPError
 
-from client import cli, mcp_server
-from client.dialects import DIALECTS, Artifact, SessionState, ToolText, get_dialect, schemas
-from client.dialects.testing import FakeCall, FakeRunner
-from client.errors import (
+from bashfleet.client import cli, mcp_server
+from bashfleet.client.dialects import (
+    DIALECTS,
+    Artifact,
+    SessionState,
+    ToolText,
+    get_dialect,
+    schemas,
+)
+from bashfleet.client.dialects.testing import FakeCall, FakeRunner
+from bashfleet.client.errors import (
     CallRejected,
     FleetUnavailable,
     HostUnavailable,
@@ -29,8 +36,8 @@ from client.errors import (
     UnknownJob,
     WorkerLost,
 )
-from client.fleet import Fleet
-from client.mcp_server import (
+from bashfleet.client.fleet import Fleet
+from bashfleet.client.mcp_server import (
     CallCancelledError,
     CallWatch,
     FleetBackend,
@@ -40,10 +47,10 @@ from client.mcp_server import (
     ToolServer,
     build_server,
 )
-from client.sessions import RedisSessionStore
-from client.shells import ShellState
-from worker.wire.control import CheckRequest, KillRequest, ReadOutputRequest
-from worker.wire.models import (
+from bashfleet.client.sessions import RedisSessionStore
+from bashfleet.client.shells import ShellState
+from bashfleet.worker.wire.control import CheckRequest, KillRequest, ReadOutputRequest
+from bashfleet.worker.wire.models import (
     CallResult,
     CheckResult,
     JobHandle,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 
-from worker.engine.memo import TimedMemo
+from bashfleet.worker.engine.memo import TimedMemo
 
 
 def test_a_value_is_reused_within_its_ttl_and_per_key() -> None:

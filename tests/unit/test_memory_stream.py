@@ -5,8 +5,8 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from worker.engine.capture import MemoryStream, shape
-from worker.wire.models import Middle, TailLines
+from bashfleet.worker.engine.capture import MemoryStream, shape
+from bashfleet.worker.wire.models import Middle, TailLines
 
 
 def _fill(chunks: list[bytes], head: int = 64, tail: int = 64) -> MemoryStream:

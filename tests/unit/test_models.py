@@ -1,4 +1,4 @@
-"""worker.wire.models: the wire contract refuses what bash or the fleet cannot take."""
+"""bashfleet.worker.wire.models: the wire contract refuses what bash or the fleet cannot take."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from worker.wire.models import (
+from bashfleet.worker.wire.models import (
     MAX_COMMAND_BYTES,
     MAX_TIMEOUT_S,
     ByteTail,

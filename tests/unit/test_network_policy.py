@@ -1,6 +1,6 @@
-"""Network policies (`worker.wire.network`), the rules a workspace gets
-(`worker.engine.network.ruleset`) and the guard's parsers (`worker.engine.netguard`):
-pure, no namespace made."""
+"""Network policies (`bashfleet.worker.wire.network`), the rules a workspace gets
+(`bashfleet.worker.engine.network.ruleset`) and the guard's parsers
+(`bashfleet.worker.engine.netguard`): pure, no namespace made."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import struct
 import pytest
 from pydantic import ValidationError
 
-from worker.engine import netguard, network
-from worker.wire.models import WorkspaceRecord, WorkspaceSpec
-from worker.wire.network import NetworkPolicy, parse, parse_text
+from bashfleet.worker.engine import netguard, network
+from bashfleet.worker.wire.models import WorkspaceRecord, WorkspaceSpec
+from bashfleet.worker.wire.network import NetworkPolicy, parse, parse_text
 
 
 @pytest.mark.parametrize(("text", "mode", "allow"), [

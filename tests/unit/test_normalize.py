@@ -1,4 +1,5 @@
-"""worker.engine.normalize: seed 002's head/tail lifting, limit merging and interception."""
+"""bashfleet.worker.engine.normalize:
+seed 002's head/tail lifting, limit merging and interception."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from worker.engine.normalize import (
+from bashfleet.worker.engine.normalize import (
     DEFAULT_INTERCEPT_RULES,
     Normalized,
     blocked_message,
@@ -16,7 +17,7 @@ from worker.engine.normalize import (
     merge_limits,
     normalize_command,
 )
-from worker.wire.models import InterceptRule
+from bashfleet.worker.wire.models import InterceptRule
 
 # ------------------------------------------------------------------ normalization
 

@@ -12,13 +12,13 @@ import fakeredis
 import pytest
 import redis
 
-from client import records
-from worker.engine import jobs
-from worker.fleet import control, registry
-from worker.settings import Settings
-from worker.wire import auth, names
-from worker.wire.control import JobsRequest
-from worker.wire.models import JobRecord
+from bashfleet.client import records
+from bashfleet.worker.engine import jobs
+from bashfleet.worker.fleet import control, registry
+from bashfleet.worker.settings import Settings
+from bashfleet.worker.wire import auth, names
+from bashfleet.worker.wire.control import JobsRequest
+from bashfleet.worker.wire.models import JobRecord
 
 KEYS = ("k" * 32,)
 RING = auth.keyring(KEYS)

@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
-from client._core.identity import _owner_identity
-from worker.fleet.tasks import check_owner
-from worker.settings import Settings
-from worker.wire import acl, auth, owner_keys
-from worker.wire.owner_keys import Keyring, OwnerKey, SealingKeys
+from bashfleet.client._core.identity import _owner_identity
+from bashfleet.worker.fleet.tasks import check_owner
+from bashfleet.worker.settings import Settings
+from bashfleet.worker.wire import acl, auth, owner_keys
+from bashfleet.worker.wire.owner_keys import Keyring, OwnerKey, SealingKeys
 
 FLEET, OLD, ADMIN = "f" * 64, "o" * 64, "a" * 64
 ALICE, BOB = OwnerKey.issue(FLEET, "alice"), OwnerKey.issue(FLEET, "bob")

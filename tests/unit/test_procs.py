@@ -1,4 +1,5 @@
-"""worker.engine.procs: start times read from /proc equal psutil's, and pid reuse is detected."""
+"""bashfleet.worker.engine.procs:
+start times read from /proc equal psutil's, and pid reuse is detected."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ from collections.abc import Iterator
 import psutil
 import pytest
 
-from worker.engine import procs
-from worker.engine.memo import TimedMemo
+from bashfleet.worker.engine import procs
+from bashfleet.worker.engine.memo import TimedMemo
 
 
 @pytest.fixture(name="child")

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from worker.engine.workspaces import project_dir
-from worker.settings import Settings
+from bashfleet.worker.engine.workspaces import project_dir
+from bashfleet.worker.settings import Settings
 
 
 @pytest.mark.parametrize(

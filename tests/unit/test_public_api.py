@@ -7,14 +7,14 @@ import importlib
 import pytest
 
 EXPECTED = {
-    "worker": {
+    "bashfleet.worker": {
         "DEFAULT_INTERCEPT_RULES", "ByteTail", "Call", "CallError", "CallResult", "CharCap",
         "CheckResult", "HostInfo", "InterceptRule", "JobError", "JobHandle", "JobRecord",
         "JobStatus", "JobView", "Middle", "OutputChunk", "Policy", "ProcessInfo", "RunRequest",
         "Settings", "Spill", "SystemError_", "TailLines", "TruncationInfo", "check_job",
         "get_settings", "kill_job", "load_record", "local_records", "run_call",
     },
-    "client": {
+    "bashfleet.client": {
         "AsyncFleet", "AsyncWorkspace", "BashfleetError", "CallNotRun", "CallRejected",
         "Fleet", "FleetUnavailable", "HostUnavailable", "ImageError", "LimitReached",
         "OutputTooLarge", "RestoreResult", "Snapshot", "SnapshotError", "UnknownSnapshot",
@@ -38,9 +38,9 @@ def test_pure_modules_import_no_celery_or_redis() -> None:
     import sys  # noqa: PLC0415
 
     code = (
-        "import sys; import worker.engine.sanitize, worker.engine.truncate, "
-        "worker.engine.normalize, worker.engine.environment, worker.engine.session_state, "
-        "worker.engine.call; "
+        "import sys; import bashfleet.worker.engine.sanitize, bashfleet.worker.engine.truncate, "
+        "bashfleet.worker.engine.normalize, bashfleet.worker.engine.environment, "
+        "bashfleet.worker.engine.session_state, bashfleet.worker.engine.call; "
         "bad = [m for m in sys.modules if m.split('.')[0] in ('celery', 'kombu', 'redis')]; "
         "print(bad); sys.exit(1 if bad else 0)"
     )

@@ -11,12 +11,12 @@ import fakeredis
 import pytest
 import redis
 
-from client import records
-from worker.fleet import celery_apps, registry
-from worker.wire import auth, names
-from worker.wire import records as wire_records
-from worker.wire.models import JobRecord
-from worker.wire.names import CallState
+from bashfleet.client import records
+from bashfleet.worker.fleet import celery_apps, registry
+from bashfleet.worker.wire import auth, names
+from bashfleet.worker.wire import records as wire_records
+from bashfleet.worker.wire.models import JobRecord
+from bashfleet.worker.wire.names import CallState
 
 #: The worker's sealing keys, and the keyring a client verifies with.
 KEYS = ("k" * 32,)
@@ -209,7 +209,7 @@ def test_wire_config_is_json_only_and_keeps_no_celery_results() -> None:
     # Answers travel as replies: Celery stores nothing.
     assert config["result_backend"] is None
     assert config["task_ignore_result"] is True
-    assert config["broker_transport"] == "worker.fleet.transport:Transport"
+    assert config["broker_transport"] == "bashfleet.worker.fleet.transport:Transport"
 
 
 def _listener(r: redis.Redis, channel: str) -> Any:

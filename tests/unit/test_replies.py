@@ -10,12 +10,12 @@ import fakeredis
 import pytest
 import redis
 
-from client import records
-from client._core.constants import SUBSCRIBE_WAIT_S
-from client._sync.concurrency import Tasks
-from client._sync.replies import Replies
-from worker.fleet import registry
-from worker.wire import names
+from bashfleet.client import records
+from bashfleet.client._core.constants import SUBSCRIBE_WAIT_S
+from bashfleet.client._sync.concurrency import Tasks
+from bashfleet.client._sync.replies import Replies
+from bashfleet.worker.fleet import registry
+from bashfleet.worker.wire import names
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from worker.retention import (
+from bashfleet.worker.retention import (
     Inventory,
     JobRef,
     Kind,
@@ -25,7 +25,7 @@ from worker.retention import (
     scan,
     state_dirs,
 )
-from worker.settings import Settings
+from bashfleet.worker.settings import Settings
 
 NOW = 1_700_000_000.0
 DAY = 86400.0

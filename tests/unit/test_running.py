@@ -1,12 +1,12 @@
-"""worker.engine.running: running-call records are written whole and found again."""
+"""bashfleet.worker.engine.running: running-call records are written whole and found again."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from worker.engine import running
-from worker.settings import Settings
+from bashfleet.worker.engine import running
+from bashfleet.worker.settings import Settings
 
 
 def _entry(call_id: str = "c1") -> running.RunningCall:

@@ -1,4 +1,4 @@
-"""worker.engine.sandbox, the pure parts: isolation decisions, the zygote's command
+"""bashfleet.worker.engine.sandbox, the pure parts: isolation decisions, the zygote's command
 line, the run user, bubblewrap's version."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from worker.engine import sandbox
-from worker.engine.sandbox import Choice, IsolationError, User
-from worker.settings import Settings
-from worker.wire.network import NetworkPolicy
+from bashfleet.worker.engine import sandbox
+from bashfleet.worker.engine.sandbox import Choice, IsolationError, User
+from bashfleet.worker.settings import Settings
+from bashfleet.worker.wire.network import NetworkPolicy
 
 BWRAP = "/usr/bin/bwrap"
 
@@ -132,7 +132,7 @@ def _fresh_run_users() -> None:
 
 def test_a_root_worker_runs_calls_as_its_run_user(monkeypatch: pytest.MonkeyPatch,
                                                   tmp_path: Path) -> None:
-    monkeypatch.setattr("worker.engine.sandbox.os.geteuid", lambda: 0)
+    monkeypatch.setattr("bashfleet.worker.engine.sandbox.os.geteuid", lambda: 0)
     monkeypatch.setattr(sandbox, "_exists", lambda name: False)
     user = sandbox.run_user(Settings(state_dir=tmp_path, host="t"))
     assert user is not None and user.name == "nobody" and user.uid != 0
@@ -140,14 +140,14 @@ def test_a_root_worker_runs_calls_as_its_run_user(monkeypatch: pytest.MonkeyPatc
 
 def test_a_run_user_that_is_root_is_refused(monkeypatch: pytest.MonkeyPatch,
                                             tmp_path: Path) -> None:
-    monkeypatch.setattr("worker.engine.sandbox.os.geteuid", lambda: 0)
+    monkeypatch.setattr("bashfleet.worker.engine.sandbox.os.geteuid", lambda: 0)
     with pytest.raises(OSError, match="never run as root"):
         sandbox.run_user(Settings(state_dir=tmp_path, host="t", run_as="root"))
 
 
 def test_a_worker_that_is_not_root_runs_calls_as_itself(monkeypatch: pytest.MonkeyPatch,
                                                        tmp_path: Path) -> None:
-    monkeypatch.setattr("worker.engine.sandbox.os.geteuid", lambda: 4242)
+    monkeypatch.setattr("bashfleet.worker.engine.sandbox.os.geteuid", lambda: 4242)
     assert sandbox.run_user(Settings(state_dir=tmp_path, host="t")) is None
 
 
@@ -156,7 +156,7 @@ def test_a_worker_that_is_not_root_runs_calls_as_itself(monkeypatch: pytest.Monk
 def test_a_zygote_that_dies_at_start_is_reported_with_its_last_words() -> None:
     # Docker's default capabilities: bwrap says why and exits; the worker's refusal to
     # start used to say only "Connection reset by peer".
-    from worker.engine.launcher import KeeperLostError, LauncherClient  # noqa: PLC0415
+    from bashfleet.worker.engine.launcher import KeeperLostError, LauncherClient  # noqa: PLC0415
 
     client = LauncherClient(["sh", "-c", "echo 'bwrap: Creating new namespace failed: "
                              "Operation not permitted' >&2; exit 1", "--"], {})

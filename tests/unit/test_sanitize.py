@@ -1,4 +1,5 @@
-"""worker.engine.sanitize: escape stripping, control filtering, CRLF folding, redaction."""
+"""bashfleet.worker.engine.sanitize:
+escape stripping, control filtering, CRLF folding, redaction."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from worker.engine.sanitize import (
+from bashfleet.worker.engine.sanitize import (
     MIN_SECRET_LENGTH,
     REDACTED,
     decode,

@@ -1,4 +1,4 @@
-"""worker.engine.secrets: URL passwords and secret files feed redaction."""
+"""bashfleet.worker.engine.secrets: URL passwords and secret files feed redaction."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from worker.engine.sanitize import REDACTED, redact
-from worker.engine.secrets import (
+from bashfleet.worker.engine.sanitize import REDACTED, redact
+from bashfleet.worker.engine.secrets import (
     file_secrets,
     guessed_secrets,
     is_public_path,
@@ -16,7 +16,7 @@ from worker.engine.secrets import (
     values_in_text,
     worker_redaction,
 )
-from worker.settings import Settings
+from bashfleet.worker.settings import Settings
 
 
 @pytest.mark.parametrize(

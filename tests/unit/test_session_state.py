@@ -1,4 +1,4 @@
-"""worker.engine.session_state: the EXIT trap bash sources through BASH_ENV, and the diff
+"""bashfleet.worker.engine.session_state: the EXIT trap bash sources through BASH_ENV, and the diff
 of the final environment."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from worker.engine.environment import MARKER_VAR
-from worker.engine.session_state import parse_state
-from worker.engine.startup import Startup, startup_script
+from bashfleet.worker.engine.environment import MARKER_VAR
+from bashfleet.worker.engine.session_state import parse_state
+from bashfleet.worker.engine.startup import Startup, startup_script
 
 START = {"PATH": "/usr/bin", "HOME": "/root", "KEEP": "1", MARKER_VAR: "c1"}
 

@@ -5,16 +5,16 @@ from __future__ import annotations
 import fakeredis
 import pytest
 
-from client import sessions
-from client.dialects import SessionState, SessionStore
-from client.sessions import (
+from bashfleet.client import sessions
+from bashfleet.client.dialects import SessionState, SessionStore
+from bashfleet.client.sessions import (
     SESSION_STATE_TTL_S,
     RedisSessionStore,
     merge_states,
     session_state_key,
 )
-from worker.wire import auth, names
-from worker.wire.models import JobHandle
+from bashfleet.worker.wire import auth, names
+from bashfleet.worker.wire.models import JobHandle
 
 JOB = JobHandle(id="j1", host="h1", pid=41, pgid=41, output_path="/jobs/j1.log")
 

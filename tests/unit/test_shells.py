@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from client.errors import CallRejected, SessionPinned
-from client.sessions import ShellStore
-from client.shells import (
+from bashfleet.client.errors import CallRejected, SessionPinned
+from bashfleet.client.sessions import ShellStore
+from bashfleet.client.shells import (
     ShellChange,
     ShellState,
     apply_change,
@@ -21,8 +21,8 @@ from client.shells import (
     fill_request,
     session_cwd,
 )
-from worker.wire import names
-from worker.wire.models import CallResult, RunRequest, SystemError_
+from bashfleet.worker.wire import names
+from bashfleet.worker.wire.models import CallResult, RunRequest, SystemError_
 
 
 def ran(**fields: object) -> CallResult:

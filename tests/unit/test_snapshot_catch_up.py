@@ -1,4 +1,4 @@
-"""worker.engine.snapshots' two-phase copy: what changed after the first copy (while a
+"""bashfleet.worker.engine.snapshots' two-phase copy: what changed after the first copy (while a
 workspace ran on) is copied again, so the copy is the source at the frozen instant."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from worker.engine import snapshots
-from worker.wire.models import WorkspaceRecord
+from bashfleet.worker.engine import snapshots
+from bashfleet.worker.wire.models import WorkspaceRecord
 
 
 def _tree(root: Path) -> dict[str, tuple[object, ...]]:

@@ -1,4 +1,4 @@
-"""worker.engine.snapshots.image_id: a workspace's host ids as its snapshot keeps them."""
+"""bashfleet.worker.engine.snapshots.image_id: a workspace's host ids as its snapshot keeps them."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from worker.engine import ids, snapshots
+from bashfleet.worker.engine import ids, snapshots
 
 FIRST = 1_073_741_824 + 3 * ids.SLOT_SIZE
 

@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from worker.engine.snapshot_registry import (
+from bashfleet.worker.engine.snapshot_registry import (
     SnapshotError,
     check_members,
     parse_listing,
     snapshot_ref,
 )
-from worker.settings import Settings
+from bashfleet.worker.settings import Settings
 
 PREFIX = "127.0.0.1:5000/bashfleet/snapshots"
 

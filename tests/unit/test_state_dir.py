@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from client import local
-from client.errors import FleetUnavailable
-from client.fleet import resolve_url
-from worker.settings import Settings, check_state_dir, get_settings
+from bashfleet.client import local
+from bashfleet.client.errors import FleetUnavailable
+from bashfleet.client.fleet import resolve_url
+from bashfleet.worker.settings import Settings, check_state_dir, get_settings
 
 NOBODY = 65534
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from client._core.workspaces import file_pieces, pack, tar_pieces
-from worker.wire.auth import AuthError
-from worker.wire.transfer import Reader, TransferBrokenError, Writer, new_transfer_id
+from bashfleet.client._core.workspaces import file_pieces, pack, tar_pieces
+from bashfleet.worker.wire.auth import AuthError
+from bashfleet.worker.wire.transfer import Reader, TransferBrokenError, Writer, new_transfer_id
 
 KEY = "k" * 32
 

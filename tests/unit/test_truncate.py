@@ -1,4 +1,5 @@
-"""worker.engine.truncate: cuts by policy with exact counts, and the seed-002 line limits."""
+"""bashfleet.worker.engine.truncate:
+cuts by policy with exact counts, and the seed-002 line limits."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from worker.engine import truncate
-from worker.engine.truncate import (
+from bashfleet.worker.engine import truncate
+from bashfleet.worker.engine.truncate import (
     SNIP,
     apply,
     byte_tail,
@@ -27,7 +28,14 @@ from worker.engine.truncate import (
     utf8_tail,
     wanted_lines,
 )
-from worker.wire.models import ByteTail, CharCap, Middle, TailLines, Truncation, TruncationInfo
+from bashfleet.worker.wire.models import (
+    ByteTail,
+    CharCap,
+    Middle,
+    TailLines,
+    Truncation,
+    TruncationInfo,
+)
 
 KB = 1024
 

@@ -12,8 +12,8 @@ from types import ModuleType
 
 import pytest
 
-from client._async import concurrency as async_concurrency
-from client._sync import concurrency as sync_concurrency
+from bashfleet.client._async import concurrency as async_concurrency
+from bashfleet.client._sync import concurrency as sync_concurrency
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -77,8 +77,8 @@ def test_the_check_mode_names_a_stale_file(tmp_path: Path, monkeypatch: pytest.M
         ("    operation: Callable[P, Awaitable[T]],", "    operation: Callable[P, T],"),
         ("from collections.abc import AsyncIterator, Awaitable, Callable",
          "from collections.abc import Iterator, Callable"),
-        ("from client._async.concurrency import sleep",
-         "from client._sync.concurrency import sleep"),
+        ("from bashfleet.client._async.concurrency import sleep",
+         "from bashfleet.client._sync.concurrency import sleep"),
         ("        self._redis = async_redis_client(url)",
          "        self._redis = redis_client(url)"),
         ("    @asynccontextmanager", "    @contextmanager"),
@@ -89,8 +89,8 @@ def test_the_check_mode_names_a_stale_file(tmp_path: Path, monkeypatch: pytest.M
         ("        event = await anext(stream)", "        event = next(stream)"),
         # Prose may name the asyncio class by its module; words that merely contain
         # the letters are left alone.
-        ('"""See `client.aio.AsyncFleet`: awaiting it..."""',
-         '"""See `client.aio.AsyncFleet`: awaiting it..."""'),
+        ('"""See `bashfleet.client.aio.AsyncFleet`: awaiting it..."""',
+         '"""See `bashfleet.client.aio.AsyncFleet`: awaiting it..."""'),
         ("    awaited = MyAsyncThing()", "    awaited = MyAsyncThing()"),
     ],
 )

@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from client import workspace_cli
-from client.workspace_cli import Place, parse_place, workspace_table
-from worker.wire.models import WorkspaceView
+from bashfleet.client import workspace_cli
+from bashfleet.client.workspace_cli import Place, parse_place, workspace_table
+from bashfleet.worker.wire.models import WorkspaceView
 
 WS = "w0123456789abcde"
 

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from client._core.workspaces import choose_host, load, owned_by_host
-from client.errors import HostUnavailable
-from worker.wire.models import HostInfo, WorkspaceView
+from bashfleet.client._core.workspaces import choose_host, load, owned_by_host
+from bashfleet.client.errors import HostUnavailable
+from bashfleet.worker.wire.models import HostInfo, WorkspaceView
 
 
 def info(host: str, *, alive: bool = True, slots: int = 4, busy: int = 0, queued: int = 0,

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from worker.engine import (
+from bashfleet.worker.engine import (
     cgroups,
     interactive,
     jobs,
@@ -41,15 +41,22 @@ from worker.engine import (
     truncate,
     workspaces,
 )
-from worker.engine.capture import Extras, FollowedFile, MemoryStream, Shaped, Source, shape
-from worker.engine.command_line import COMMAND_FD, CommandLine
-from worker.engine.environment import ChildEnv, build_env, process_environ
-from worker.engine.memo import TimedMemo
-from worker.engine.secrets import redaction_pattern
-from worker.engine.startup import Startup
-from worker.settings import Settings, get_settings
-from worker.wire.errors import ToolError
-from worker.wire.models import (
+from bashfleet.worker.engine.capture import (
+    Extras,
+    FollowedFile,
+    MemoryStream,
+    Shaped,
+    Source,
+    shape,
+)
+from bashfleet.worker.engine.command_line import COMMAND_FD, CommandLine
+from bashfleet.worker.engine.environment import ChildEnv, build_env, process_environ
+from bashfleet.worker.engine.memo import TimedMemo
+from bashfleet.worker.engine.secrets import redaction_pattern
+from bashfleet.worker.engine.startup import Startup
+from bashfleet.worker.settings import Settings, get_settings
+from bashfleet.worker.wire.errors import ToolError
+from bashfleet.worker.wire.models import (
     CANCELLED,
     Call,
     CallResult,
@@ -347,7 +354,8 @@ def _run_session(
     call: Call, cwd: str, settings: Settings, record: WorkspaceRecord, started: float,
     *, cancel: running.Cancel | None,
 ) -> CallResult:
-    """An interactive call (stdin `closed`, `pipe` or `pty`): `worker.engine.interactive`."""
+    """An interactive call (stdin `closed`, `pipe` or `pty`): see
+    `bashfleet.worker.engine.interactive`."""
     try:
         return interactive.run(call, cwd, settings, record, started=started, cancel=cancel)
     except interactive.SessionError as exc:
@@ -468,7 +476,7 @@ class _Launch:
         return self.workspace.keeper_pid is not None
 
     def _arm(self, engine_lines: str, *, carried: bool, open_files: int | None = None) -> int:
-        """Write the call's startup script (`worker.engine.startup`): the descriptor to
+        """Write the call's startup script (`bashfleet.worker.engine.startup`): the descriptor to
         pass; BASH_ENV names it. The sandbox gives it a fixed number, a plain spawn ours.
         `carried`: a cgroup carries the memory and process limits. `open_files`: set
         RLIMIT_NOFILE too (a plain spawn: a keeper sets it itself)."""

@@ -14,8 +14,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from worker.engine import truncate
-from worker.engine.sanitize import (
+from bashfleet.worker.engine import truncate
+from bashfleet.worker.engine.sanitize import (
     BINARY_SNIFF,
     cap_lines,
     last_frames,
@@ -25,7 +25,7 @@ from worker.engine.sanitize import (
     sanitize,
     utf8_boundary,
 )
-from worker.wire.models import (
+from bashfleet.worker.wire.models import (
     ByteTail,
     CharCap,
     HeadTailTokens,

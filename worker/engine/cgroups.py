@@ -8,7 +8,7 @@ directory, so whatever limits the worker itself lives under still bind its calls
   its children" is met the way systemd documents: the worker's own processes move to a
   `bashfleet-worker` leaf beside `bashfleet`.
 - cgroup v1 (as root): one directory per controller hierarchy (memory, pids, cpu).
-- neither: the ulimit line (`worker.engine.limits`) is all there is.
+- neither: the ulimit line (`bashfleet.worker.engine.limits`) is all there is.
 
 Joining: the worker opens the group's `cgroup.procs` files and passes them on; whoever
 gets them writes `0` (itself) into each before any process of the call exists, so none
@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from worker.engine.job_supervisor import open_procs_files
+from bashfleet.worker.engine.job_supervisor import open_procs_files
 
 #: Controllers a call's limits may need, and the limit each one carries.
 CONTROLLERS = ("memory", "pids", "cpu")

@@ -26,10 +26,10 @@ import time
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from worker.engine import sandbox, workspaces
-from worker.settings import Settings
-from worker.wire.errors import ErrorKind, FileProblem
-from worker.wire.models import WorkspaceRecord
+from bashfleet.worker.engine import sandbox, workspaces
+from bashfleet.worker.settings import Settings
+from bashfleet.worker.wire.errors import ErrorKind, FileProblem
+from bashfleet.worker.wire.models import WorkspaceRecord
 
 #: Seconds a file tool may take when its caller gives no deadline (a tar of a large tree).
 TOOL_TIMEOUT_S = 300.0

@@ -2,7 +2,7 @@
 configs, the shell a root filesystem offers, and which held images to collect.
 
 Everything here is pure (or reads only inside a root filesystem it is given), so the
-store (`worker.engine.images`) stays a sequence of tool runs and renames, and these
+store (`bashfleet.worker.engine.images`) stays a sequence of tool runs and renames, and these
 decisions are tested by tables and properties.
 
 A reference is checked before any tool sees it: a registry reference only (never a
@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from worker.wire.errors import ErrorKind, ToolError
-from worker.wire.models import ImageInfo
+from bashfleet.worker.wire.errors import ErrorKind, ToolError
+from bashfleet.worker.wire.models import ImageInfo
 
 #: Longest reference taken (a registry allows 255 for the name; tags and digests add).
 MAX_REF_LENGTH = 1024

@@ -27,8 +27,8 @@ import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from worker.engine.image_meta import ImageError, ImageRef, Platform
-from worker.settings import Settings
+from bashfleet.worker.engine.image_meta import ImageError, ImageRef, Platform
+from bashfleet.worker.settings import Settings
 
 Progress = Callable[[str], None]
 

@@ -56,8 +56,8 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from worker.engine import image_tools as tools
-from worker.engine.image_meta import (
+from bashfleet.worker.engine import image_tools as tools
+from bashfleet.worker.engine.image_meta import (
     ImageError,
     ImageRef,
     checked_digest,
@@ -72,8 +72,8 @@ from worker.engine.image_meta import (
     shell_of,
     to_collect,
 )
-from worker.settings import Settings
-from worker.wire.models import ImageInfo
+from bashfleet.worker.settings import Settings
+from bashfleet.worker.wire.models import ImageInfo
 
 __all__ = [
     "ImageError", "build", "collect", "ensure", "held", "in_use", "remove", "touch",

@@ -41,7 +41,7 @@ def cap_note(cap_mb: int | None) -> str:
 
 
 def status_json(returncode: int | None, note: str | None = None) -> str:
-    """The status file's content (the fields of `worker.wire.models.JobStatus`)."""
+    """The status file's content (the fields of `bashfleet.worker.wire.models.JobStatus`)."""
     return json.dumps({
         "exit_code": returncode if returncode is not None and returncode >= 0 else None,
         "signal": -returncode if returncode is not None and returncode < 0 else None,

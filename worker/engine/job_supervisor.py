@@ -1,10 +1,10 @@
 """Supervisor of one background job: run it, wait for it, record how it ended.
 
-Started detached (own session) by `worker.engine.jobs.start_job` as
+Started detached (own session) by `bashfleet.worker.engine.jobs.start_job` as
 `python -I -S job_supervisor.py SPEC_PATH`, it outlives the worker that started it, so a
 job's exit status is recorded even when no worker is watching when it ends. It serves
 the jobs a workspace's keeper does not watch alone: interactive ones (it holds their
-stdin: `worker.engine.relay`), which it asks the keeper to start inside the workspace,
+stdin: `bashfleet.worker.engine.relay`), which it asks the keeper to start inside the workspace,
 and the jobs of a host without a sandbox, which it starts itself.
 
 Standard library only: it runs with `-I -S` to start fast and to be immune to the
@@ -29,15 +29,18 @@ import types
 from collections.abc import Iterable
 from typing import Any
 
-if "worker.engine" not in sys.modules:  # pragma: no cover - run by path with -I -S
+if "bashfleet.worker.engine" not in sys.modules:  # pragma: no cover - run by path with -I -S
     _engine_dir = os.path.dirname(os.path.abspath(__file__))
-    for _name, _path in (("worker", os.path.dirname(_engine_dir)), ("worker.engine", _engine_dir)):
+    _worker_dir = os.path.dirname(_engine_dir)
+    for _name, _path in (("bashfleet", os.path.dirname(_worker_dir)),
+                         ("bashfleet.worker", _worker_dir),
+                         ("bashfleet.worker.engine", _engine_dir)):
         _package = types.ModuleType(_name)
         _package.__path__ = [_path]
         sys.modules[_name] = _package
 
-from worker.engine import job_end, launcher, proto, relay
-from worker.engine.command_line import COMMAND_FD, CommandLine
+from bashfleet.worker.engine import job_end, launcher, proto, relay
+from bashfleet.worker.engine.command_line import COMMAND_FD, CommandLine
 
 
 def _start_time(pid: int) -> float:

@@ -1,6 +1,6 @@
 """Background jobs: start in a workspace, check and kill from any process given the record.
 
-A job's record is a small JSON file beside its status (`worker.engine.job_records`; in
+A job's record is a small JSON file beside its status (`bashfleet.worker.engine.job_records`; in
 the fleet, a Redis hash too). Check and kill need nothing else: the pid with its start
 time (a pid reused by an unrelated process is never taken for the job), the process
 group, the marker every process of the job carries, and the output and status files.
@@ -10,7 +10,7 @@ Where a job runs and who records its end:
 - in a sandboxed workspace, a plain job is a child of the workspace's keeper, which
   writes its status and completion line when it ends, the worker up or not;
 - an interactive one (stdin `pipe`, `pty`, `closed`) has a supervisor of its own that
-  holds its stdin (`worker.engine.relay`) and asks the keeper to start it;
+  holds its stdin (`bashfleet.worker.engine.relay`) and asks the keeper to start it;
 - on a host without a sandbox (`none`), the supervisor starts it plainly.
 """
 
@@ -32,12 +32,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from worker.engine import cgroups, job_end, launcher, procs, resources, sandbox, truncate
-from worker.engine import workspaces as ws
-from worker.engine.capture import read_slice
-from worker.engine.command_line import COMMAND_FD, CommandLine
-from worker.engine.environment import build_env
-from worker.engine.job_records import (
+from bashfleet.worker.engine import cgroups, job_end, launcher, procs, resources, sandbox, truncate
+from bashfleet.worker.engine import workspaces as ws
+from bashfleet.worker.engine.capture import read_slice
+from bashfleet.worker.engine.command_line import COMMAND_FD, CommandLine
+from bashfleet.worker.engine.environment import build_env
+from bashfleet.worker.engine.job_records import (
     JobError,
     load_record,
     local_records,
@@ -46,12 +46,12 @@ from worker.engine.job_records import (
     save_record,
     write_status,
 )
-from worker.engine.patterns import Pattern, caller_pattern, grep_lines
-from worker.engine.proto import CAP_MIN_WAIT_S, CapWatch, files_size
-from worker.engine.secrets import worker_redaction
-from worker.engine.startup import Startup
-from worker.settings import Settings, get_settings
-from worker.wire.models import (
+from bashfleet.worker.engine.patterns import Pattern, caller_pattern, grep_lines
+from bashfleet.worker.engine.proto import CAP_MIN_WAIT_S, CapWatch, files_size
+from bashfleet.worker.engine.secrets import worker_redaction
+from bashfleet.worker.engine.startup import Startup
+from bashfleet.worker.settings import Settings, get_settings
+from bashfleet.worker.wire.models import (
     Call,
     CheckResult,
     JobHandle,

@@ -2,7 +2,7 @@
 
 Standard library only where it runs as a script: `python -I -S launcher.py FD` inside
 bubblewrap (which gives a worker that is not root the user namespace it needs to make
-the others). Run so, it registers `worker` and `worker.engine` as bare packages (their
+the others). Run so, it registers `worker` and `bashfleet.worker.engine` as bare packages (their
 `__init__` needs site packages it cannot see) so the engine's standard-library modules
 (`proto`, `kernel`, `view`, `keeper`, `job_end`) import as in the worker.
 
@@ -33,10 +33,13 @@ import os
 import sys
 import types
 
-if __name__ == "__main__" and "worker.engine" not in sys.modules:  # pragma: no cover
+if __name__ == "__main__" and "bashfleet.worker.engine" not in sys.modules:  # pragma: no cover
     # Run by path with -I -S: make the engine's standard-library siblings importable.
     _engine_dir = os.path.dirname(os.path.abspath(__file__))
-    for _name, _path in (("worker", os.path.dirname(_engine_dir)), ("worker.engine", _engine_dir)):
+    _worker_dir = os.path.dirname(_engine_dir)
+    for _name, _path in (("bashfleet", os.path.dirname(_worker_dir)),
+                         ("bashfleet.worker", _worker_dir),
+                         ("bashfleet.worker.engine", _engine_dir)):
         _package = types.ModuleType(_name)
         _package.__path__ = [_path]
         sys.modules[_name] = _package
@@ -53,7 +56,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from worker.engine import keeper, kernel, proto
+from bashfleet.worker.engine import keeper, kernel, proto
 
 #: Where a call finds the fd of its state file (sessions), and a plain job those of its
 #: cgroup's procs files: high numbers, which scripts (3-9) and bash itself (10 and up,
@@ -414,7 +417,7 @@ class KeeperConnection:
     def claim(self, body: Mapping[str, Any], fds: Sequence[int] = (),
               timeout: float = 10.0) -> None:
         """A blank keeper builds the view `body` gives (its first message); `fds`: the
-        locked slot of its host ids, which it holds for its life (`worker.engine.ids`)."""
+        locked slot of its host ids, which it holds for its life (`bashfleet.worker.engine.ids`)."""
         self._send(b"V", body, fds)
         self._expect(b"v", timeout)
 

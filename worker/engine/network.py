@@ -2,7 +2,7 @@
 
 Every sandboxed workspace's keeper is made in a network namespace of its own (its
 loopback and abstract unix sockets are the workspace's alone). What leaves it is its
-policy (`worker.wire.network`), built here by a root worker with the kernel's own parts:
+policy (`bashfleet.worker.wire.network`), built here by a root worker with the kernel's own parts:
 
     workspace netns (owned by the host's       host netns
     user namespace: a call's root, in the       table inet bashfleet: input drops all
@@ -53,10 +53,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from worker.engine import kernel, procs
-from worker.engine.memo import TimedMemo
-from worker.settings import Settings
-from worker.wire.network import DENIED, NetworkPolicy
+from bashfleet.worker.engine import kernel, procs
+from bashfleet.worker.engine.memo import TimedMemo
+from bashfleet.worker.settings import Settings
+from bashfleet.worker.wire.network import DENIED, NetworkPolicy
 
 log = logging.getLogger("bashfleet.network")
 
@@ -577,8 +577,8 @@ def apply(keeper_pid: int, ws_id: str | None, state: State, policy: NetworkPolic
 
 def start_guard(keeper_pid: int, ws_id: str, link: Link, policy: NetworkPolicy,
                 settings: Settings) -> tuple[int, float | None]:
-    """The workspace's guard (`worker.engine.netguard`), in its namespace, ready."""
-    from worker.engine import netguard  # noqa: PLC0415
+    """The workspace's guard (`bashfleet.worker.engine.netguard`), in its namespace, ready."""
+    from bashfleet.worker.engine import netguard  # noqa: PLC0415
 
     config = {
         "keeper": keeper_pid, "address": link.ws_ip, "port": GUARD_PORT, "mark": GUARD_MARK,
@@ -599,7 +599,7 @@ def start_guard(keeper_pid: int, ws_id: str, link: Link, policy: NetworkPolicy,
             stderr=subprocess.DEVNULL, pass_fds=(denied, ready_w), start_new_session=True)
         os.close(ready_w)
         ready_w = -1
-        from worker.engine.launcher import readable  # noqa: PLC0415
+        from bashfleet.worker.engine.launcher import readable  # noqa: PLC0415
 
         if not readable(ready_r, TOOL_TIMEOUT_S) or os.read(ready_r, 64) != b"ok":
             proc.kill()

@@ -10,7 +10,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from worker.wire.models import DEFAULT_INTERCEPT_RULES, InterceptRule
+from bashfleet.worker.wire.models import DEFAULT_INTERCEPT_RULES, InterceptRule
 
 __all__ = [
     "DEFAULT_INTERCEPT_RULES",

@@ -19,10 +19,10 @@ from typing import Protocol
 
 import psutil
 
-from worker.engine.command_line import read_from_descriptor
-from worker.engine.environment import MARKER_VAR
-from worker.engine.memo import TimedMemo
-from worker.wire.models import ProcessInfo
+from bashfleet.worker.engine.command_line import read_from_descriptor
+from bashfleet.worker.engine.environment import MARKER_VAR
+from bashfleet.worker.engine.memo import TimedMemo
+from bashfleet.worker.wire.models import ProcessInfo
 
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 #: One read of a /proc file: a stat line is a few hundred bytes.
@@ -31,7 +31,7 @@ _PROC_READ = 4096
 
 class Process(Protocol):
     """A started call's bash, as the engine watches it: a Popen, or a call in a sandbox
-    runner (`worker.engine.launcher.RunnerProcess`). `pid` is its host pid and process
+    runner (`bashfleet.worker.engine.launcher.RunnerProcess`). `pid` is its host pid and process
     group; `wait` and `poll` give Popen's returncode (negative: killed by that signal)."""
 
     pid: int

@@ -1,7 +1,7 @@
 """An interactive session's supervisor loop: the process that holds its stdin.
 
 Standard library only, and no package imports: the job supervisor
-(`worker.engine.job_supervisor`, started detached by `jobs.start_job`) loads this file
+(`bashfleet.worker.engine.job_supervisor`, started detached by `jobs.start_job`) loads this file
 by path when a job's spec asks for stdin (`closed`, `pipe` or `pty`). The supervisor
 outlives the worker that started the job, so the end that writes to the job's stdin (a
 pipe's write end, or the PTY's master) lives where a write can reach it later, from any

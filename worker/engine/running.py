@@ -7,7 +7,7 @@ written once the call has run 50 ms (most calls end sooner) and removed when it 
 A worker that starts after a crash kills the process groups those files name, so a
 command whose caller was told "worker lost" does not go on running behind everybody's
 back; a cancel and a stop go by them too. The files are the truth even when Redis lost
-its data (`worker.fleet.recovery` publishes them again).
+its data (`bashfleet.worker.fleet.recovery` publishes them again).
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict
 
-from worker.engine import procs
-from worker.settings import Settings
-from worker.wire.names import valid_id
+from bashfleet.worker.engine import procs
+from bashfleet.worker.settings import Settings
+from bashfleet.worker.wire.names import valid_id
 
 #: Grace between SIGTERM and SIGKILL for calls orphaned by a dead worker.
 ORPHAN_GRACE_S = 1.0

@@ -6,23 +6,23 @@ workspace may ask for more, never for less):
 - `none`: plain `bash -c` in a directory, no namespace (only when the host is told so;
   `bashfleet worker` refuses to start where the sandbox cannot work, unless told
   `--isolation none`; only the local `bashfleet up` falls back, loudly).
-- `process`: a workspace of its own (`worker.engine.keeper`): one PID namespace for its
+- `process`: a workspace of its own (`bashfleet.worker.engine.keeper`): one PID namespace for its
   calls and jobs, a mount view with the host read-only, its directory, /tmp and HOME its
-  own, every bashfleet state directory and secret file hidden (`worker.engine.layout`);
-  a network namespace of its own (its policy: `worker.engine.network`).
+  own, every bashfleet state directory and secret file hidden (`bashfleet.worker.engine.layout`);
+  a network namespace of its own (its policy: `bashfleet.worker.engine.network`).
 - `strict`: also no network (policy `none`) unless the host allows it
   (`sandbox_network`), and /home and /root hidden.
 
 Every sandboxed workspace has a network namespace of its own; its policy (`none`,
-`egress`, `allow=...`, `host`) is built by `worker.engine.network`.
+`egress`, `allow=...`, `host`) is built by `bashfleet.worker.engine.network`.
 
 Calls never run as root nor as the worker's user: a root worker runs them as its run user
 (`run_as`), every capability dropped, no_new_privs; a worker that is not root runs them
 as itself inside a user namespace (bubblewrap's), with no capability.
 
-How a workspace is made: each worker process keeps a zygote (`worker.engine.launcher`,
+How a workspace is made: each worker process keeps a zygote (`bashfleet.worker.engine.launcher`,
 one Python started once through bubblewrap) that forks a keeper per workspace. See
-`worker.engine.workspaces` for the workspaces themselves.
+`bashfleet.worker.engine.workspaces` for the workspaces themselves.
 """
 
 from __future__ import annotations
@@ -43,12 +43,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from worker.engine import ids, launcher, network, resources
-from worker.engine.launcher import KeeperConnection, LauncherClient, SandboxError
-from worker.engine.memo import TimedMemo
-from worker.settings import Settings
-from worker.wire.models import Isolation, SandboxProbe
-from worker.wire.network import NetworkPolicy
+from bashfleet.worker.engine import ids, launcher, network, resources
+from bashfleet.worker.engine.launcher import KeeperConnection, LauncherClient, SandboxError
+from bashfleet.worker.engine.memo import TimedMemo
+from bashfleet.worker.settings import Settings
+from bashfleet.worker.wire.models import Isolation, SandboxProbe
+from bashfleet.worker.wire.network import NetworkPolicy
 
 log = logging.getLogger("bashfleet.sandbox")
 
@@ -102,7 +102,7 @@ def host_default(configured: str, available: bool) -> Isolation:
 
 @dataclass(frozen=True)
 class NetworkRules:
-    """What this host grants workspaces' networks (`worker.engine.network`)."""
+    """What this host grants workspaces' networks (`bashfleet.worker.engine.network`)."""
 
     default: NetworkPolicy = EGRESS
     """The policy of a workspace that asks for none."""
@@ -188,7 +188,8 @@ def parse_bwrap_version(text: str) -> str | None:
 def zygote_argv(bwrap: str, rootless: bool) -> list[str]:
     """How bwrap runs the zygote: the host as it is (each keeper builds its own view), and
     for a worker that is not root a user namespace with the capabilities to make the
-    others (calls get none of them: `worker.engine.kernel.drop_privileges_of_children`)."""
+    others (calls get none of them:
+    `bashfleet.worker.engine.kernel.drop_privileges_of_children`)."""
     args = [bwrap, "--dev-bind", "/", "/"]
     if rootless:
         args += ["--cap-add", "ALL"]
@@ -502,7 +503,7 @@ def startup_problems(settings: Settings) -> tuple[list[str], list[str]]:
 def warm(settings: Settings) -> None:
     """Start the zygote and fill the throwaway pool now, so that the first call does not
     wait for them (a command consumer calls this at start)."""
-    from worker.engine import workspaces  # noqa: PLC0415 - workspaces imports us
+    from bashfleet.worker.engine import workspaces  # noqa: PLC0415 - workspaces imports us
 
     available, _ = availability(settings)
     if host_default(settings.isolation, available) == "none":

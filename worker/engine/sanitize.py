@@ -57,7 +57,7 @@ def may_be_secret(value: str) -> bool:
     """True for a value of a variable that was scrubbed for its name (`AWS_*`,
     `*TOKEN*`...) or found in a secret file, when it can be a secret: worth redacting
     and not shaped as a setting (a word, a version, a region). Paths of public files
-    are told apart where the disk can be looked at (`worker.engine.secrets`)."""
+    are told apart where the disk can be looked at (`bashfleet.worker.engine.secrets`)."""
     return worth_redacting(value) and _SETTING_SHAPES.fullmatch(value.strip()) is None
 
 # Terminal escapes, as ECMA-48 (5th edition, 1991) defines them and xterm and chalk's

@@ -25,9 +25,9 @@ from functools import lru_cache
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
-from worker.engine.environment import build_env, process_environ
-from worker.engine.sanitize import may_be_secret, secret_pattern, worth_redacting
-from worker.settings import Settings
+from bashfleet.worker.engine.environment import build_env, process_environ
+from bashfleet.worker.engine.sanitize import may_be_secret, secret_pattern, worth_redacting
+from bashfleet.worker.settings import Settings
 
 _ASSIGNMENT = re.compile(r"^\s*(?:export\s+)?[A-Za-z_][A-Za-z0-9_.-]*\s*[=:]\s*(.+?)\s*$")
 _AFTER_KEYWORD = re.compile(

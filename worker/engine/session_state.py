@@ -6,7 +6,7 @@ before the command runs that writes `$PWD` and `env -0` to a state file; the wor
 diffs that against the environment the command started with and returns the changes,
 which the session applies to its next call.
 
-The trap comes in through `BASH_ENV`, not the command line (`worker.engine.startup`),
+The trap comes in through `BASH_ENV`, not the command line (`bashfleet.worker.engine.startup`),
 and what it records comes back through a descriptor; this module reads it.
 
 Limits, by construction: only exported variables persist (as with any environment);
@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from worker.engine.environment import MARKER_VAR
+from bashfleet.worker.engine.environment import MARKER_VAR
 
 #: Variables bash itself (or this capture) maintains: never carried between calls.
 _SHELL_OWNED = frozenset({"_", "SHLVL", "PWD", "OLDPWD", "BASH_ENV", MARKER_VAR})

@@ -68,10 +68,16 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from worker.engine import image_tools as tools
-from worker.engine.image_meta import ImageError, ImageRef, checked_digest, digest_of, parse_ref
-from worker.settings import Settings
-from worker.wire.errors import ErrorKind, ToolError
+from bashfleet.worker.engine import image_tools as tools
+from bashfleet.worker.engine.image_meta import (
+    ImageError,
+    ImageRef,
+    checked_digest,
+    digest_of,
+    parse_ref,
+)
+from bashfleet.worker.settings import Settings
+from bashfleet.worker.wire.errors import ErrorKind, ToolError
 
 __all__ = ["SnapshotError", "delete", "pull", "push", "snapshot_ref"]
 

@@ -29,10 +29,10 @@ import uuid
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from worker.engine import cgroups, ids, layout
-from worker.settings import Settings
-from worker.wire.errors import ToolError
-from worker.wire.models import SNAPSHOT_ID_PATTERN, SnapshotRecord, WorkspaceRecord
+from bashfleet.worker.engine import cgroups, ids, layout
+from bashfleet.worker.settings import Settings
+from bashfleet.worker.wire.errors import ToolError
+from bashfleet.worker.wire.models import SNAPSHOT_ID_PATTERN, SnapshotRecord, WorkspaceRecord
 
 #: Seconds a snapshot lives unless told (a day: an eval's or a training step's span).
 DEFAULT_TTL_S = 24 * 3600.0
@@ -121,7 +121,7 @@ def local_records(settings: Settings) -> list[SnapshotRecord]:
 
 def own_dirs(ws: WorkspaceRecord, settings: Settings) -> list[tuple[Path, str]]:
     """(host directory, layer name) of everything a workspace changed of its files."""
-    from worker.engine import workspaces  # noqa: PLC0415 - workspaces imports us
+    from bashfleet.worker.engine import workspaces  # noqa: PLC0415 - workspaces imports us
 
     state = workspaces.state_path(settings, ws.id)
     upper = state / "layer" / "upper"
@@ -141,7 +141,7 @@ def take(ws: WorkspaceRecord, settings: Settings, *, ttl_s: float | None = None,
     """Snapshot workspace `ws`: (its record, ms its processes were paused; None when the
     host has no freezer for it). The workspace goes on as it was; on any failure nothing
     of the snapshot is left."""
-    from worker.engine import workspaces  # noqa: PLC0415 - workspaces imports us
+    from bashfleet.worker.engine import workspaces  # noqa: PLC0415 - workspaces imports us
 
     if ws.ids is None:
         raise SnapshotError("unavailable", (
@@ -424,7 +424,7 @@ def chain_paths(record: WorkspaceRecord, settings: Settings) -> tuple[str, ...]:
 
 def in_use(settings: Settings) -> set[str]:
     """Snapshots a live workspace or a kept snapshot of this host stands on."""
-    from worker.engine import workspaces  # noqa: PLC0415 - workspaces imports us
+    from bashfleet.worker.engine import workspaces  # noqa: PLC0415 - workspaces imports us
 
     used: set[str] = set()
     for ws in workspaces.local_records(settings):
@@ -457,7 +457,7 @@ def remove(snap_id: str, settings: Settings) -> bool:
 
 
 def _remove_files(snap_id: str, settings: Settings) -> None:
-    from worker.engine import workspaces  # noqa: PLC0415 - workspaces imports us
+    from bashfleet.worker.engine import workspaces  # noqa: PLC0415 - workspaces imports us
 
     record_path(settings, snap_id).unlink(missing_ok=True)
     workspaces.remove_tree(snapshots_dir(settings) / snap_id)
@@ -488,7 +488,7 @@ def collect(settings: Settings, now: float | None = None) -> list[SnapshotRecord
         for entry in listing:
             if entry.name.startswith(".") and entry.name.endswith(".tmp") and \
                     time.time() - entry.stat(follow_symlinks=False).st_mtime > COPY_TIMEOUT_S:
-                from worker.engine import workspaces  # noqa: PLC0415
+                from bashfleet.worker.engine import workspaces  # noqa: PLC0415
 
                 workspaces.remove_tree(Path(entry.path))
     return removed
@@ -497,7 +497,7 @@ def collect(settings: Settings, now: float | None = None) -> list[SnapshotRecord
 def _forget_pushed(record: SnapshotRecord, settings: Settings) -> None:
     """Delete a removed snapshot's layer from the fleet's registry (a registry that is
     down keeps it: its own garbage collection, or the next push of that id, is left)."""
-    from worker.engine import snapshot_registry  # noqa: PLC0415 - only pushed ones need it
+    from bashfleet.worker.engine import snapshot_registry  # noqa: PLC0415 - only pushed ones need it
 
     try:
         # Its tag names it there (pushed as `<repository>:<id>`).

@@ -15,8 +15,8 @@ import signal
 from dataclasses import dataclass
 from pathlib import Path
 
-from worker.engine import jobs, procs, workspaces
-from worker.settings import Settings
+from bashfleet.worker.engine import jobs, procs, workspaces
+from bashfleet.worker.settings import Settings
 
 
 @dataclass(frozen=True)
@@ -96,12 +96,12 @@ def _holds_socket(pid: int, inodes: set[str]) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m worker.engine.teardown STATE_DIR...`: `end_host` for each host state
+    """`python -m bashfleet.worker.engine.teardown STATE_DIR...`: `end_host` for each host state
     directory (what `bashfleet down` runs once the local fleet's workers stopped)."""
     import argparse  # noqa: PLC0415
     import sys  # noqa: PLC0415
 
-    parser = argparse.ArgumentParser(prog="python -m worker.engine.teardown",
+    parser = argparse.ArgumentParser(prog="python -m bashfleet.worker.engine.teardown",
                                      description=main.__doc__)
     parser.add_argument("state_dirs", nargs="+", metavar="STATE_DIR",
                         help="a host's state directory (BASHFLEET_STATE_DIR)")

@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-from worker.wire.models import (
+from bashfleet.worker.wire.models import (
     ByteTail,
     CharCap,
     HeadTailTokens,

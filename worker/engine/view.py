@@ -2,7 +2,7 @@
 
 Standard library only: a keeper runs it as `python -I -S`, as pid 1 of the workspace's
 new PID namespace, in a mount namespace of its own, before any call runs. The plan is
-made by the worker (`worker.engine.layout.plan_view`, pure and tested), so what a
+made by the worker (`bashfleet.worker.engine.layout.plan_view`, pure and tested), so what a
 workspace sees is decided in one place and only carried out here.
 
 Steps (sources are host paths, resolved before the new root replaces the old one):
@@ -41,7 +41,7 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from worker.engine import kernel
+from bashfleet.worker.engine import kernel
 
 #: Device nodes a call gets in its /dev (bound from the host's), as bubblewrap gives.
 DEVICES = ("null", "zero", "full", "random", "urandom", "tty")

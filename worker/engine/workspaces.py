@@ -1,7 +1,7 @@
 """The workspaces of this host: made, found, used, reaped.
 
 A workspace is a directory on this host plus the namespaces its calls share (its keeper:
-`worker.engine.keeper`). Its record is a JSON file in the state directory
+`bashfleet.worker.engine.keeper`). Its record is a JSON file in the state directory
 (`workspaces/<id>.json`, its mtime the time it was last used), beside its keeper's socket
 and its private /tmp, /var/tmp and HOME. Its directory is either fresh
 (`<workspace root>/<id>`, made and removed by the worker) or an existing directory under
@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from worker.engine import (
+from bashfleet.worker.engine import (
     cgroups,
     ids,
     job_records,
@@ -48,18 +48,23 @@ from worker.engine import (
     sandbox,
     snapshots,
 )
-from worker.engine.launcher import KeeperConnection, KeeperLostError, KeeperProcess, SandboxError
-from worker.engine.memo import TimedMemo
-from worker.settings import Settings, default_state_dir, secret_paths
-from worker.wire.errors import ToolError
-from worker.wire.models import (
+from bashfleet.worker.engine.launcher import (
+    KeeperConnection,
+    KeeperLostError,
+    KeeperProcess,
+    SandboxError,
+)
+from bashfleet.worker.engine.memo import TimedMemo
+from bashfleet.worker.settings import Settings, default_state_dir, secret_paths
+from bashfleet.worker.wire.errors import ToolError
+from bashfleet.worker.wire.models import (
     ImageInfo,
     SnapshotRecord,
     WorkspaceRecord,
     WorkspaceSpec,
     WorkspaceView,
 )
-from worker.wire.network import NetworkPolicy
+from bashfleet.worker.wire.network import NetworkPolicy
 
 log = logging.getLogger("bashfleet.workspaces")
 
@@ -306,7 +311,7 @@ def _image(spec: WorkspaceSpec, settings: Settings, snapshot: SnapshotRecord | N
     """The image the workspace stands on, pulled or built now when this host has not
     got it (None: the host's own root)."""
     if snapshot is not None and snapshot.image is not None:
-        from worker.engine import images  # noqa: PLC0415 - only image workspaces need it
+        from bashfleet.worker.engine import images  # noqa: PLC0415 - only image workspaces need it
 
         try:
             info, root = images.ensure_pinned(snapshot.image, settings)
@@ -316,7 +321,7 @@ def _image(spec: WorkspaceSpec, settings: Settings, snapshot: SnapshotRecord | N
         return info, str(root)
     if not (spec.image or spec.build):
         return None, None
-    from worker.engine import images  # noqa: PLC0415 - only image workspaces need it
+    from bashfleet.worker.engine import images  # noqa: PLC0415 - only image workspaces need it
 
     try:
         if spec.build:
@@ -494,7 +499,7 @@ def _make_dirs(record: WorkspaceRecord, settings: Settings, user: sandbox.User |
     out = Path(record.out_dir)
     out.mkdir(mode=0o755, exist_ok=True)  # kept by a restore
     # This host's mark on it: its kept output outlives the workspace, until `bashfleet
-    # gc` (`worker.retention`) removes it.
+    # gc` (`bashfleet.worker.retention`) removes it.
     (settings.workspaces_dir / f"{record.id}.out").write_text(record.out_dir, encoding="utf-8")
     state = state_path(settings, record.id)
     state.mkdir(mode=0o700)
@@ -1065,7 +1070,7 @@ def hidden_paths(settings: Settings, record: WorkspaceRecord) -> list[str]:
 def protected_paths() -> list[str]:
     """What no call may change even inside a writable root: the installed package and
     the Python that runs the worker."""
-    import worker  # noqa: PLC0415
+    from bashfleet import worker  # noqa: PLC0415
 
     package = os.path.dirname(os.path.realpath(worker.__file__ or ""))
     # Its sibling `client` (the engine never imports it): installed side by side.
@@ -1436,7 +1441,7 @@ def check_disk(record: WorkspaceRecord, settings: Settings) -> int | None:
         flag.unlink(missing_ok=True)
         return None
     flag.write_text(str(used), encoding="ascii")
-    from worker.engine import jobs  # noqa: PLC0415 - jobs imports this module
+    from bashfleet.worker.engine import jobs  # noqa: PLC0415 - jobs imports this module
 
     for job in job_records.running_in(settings, record.id):
         jobs.kill_job(job, settings=settings, grace_s=2.0)

@@ -1,18 +1,18 @@
-"""The Celery app of the workers, and of Flower (`celery -A worker.fleet.app flower`).
+"""The Celery app of the workers, and of Flower (`celery -A bashfleet.worker.fleet.app flower`).
 
 Configured explicitly, in one place:
 
 - JSON only (never pickle): what comes from Redis is data, not code.
-- At most once (`worker.fleet.celery_apps.worker_celery`): a call's message is
+- At most once (`bashfleet.worker.fleet.celery_apps.worker_celery`): a call's message is
   acknowledged when it starts (early ack), a worker takes no message it has no free
   slot for, and a message of a worker that died is not re-delivered. A shell command
   is never run twice behind the caller's back.
 - Task events on, so Flower sees every call a worker takes (and the event loop
   wakes when a slot frees: see `worker_disable_prefetch`), published in batches by
-  our consumer (`worker.fleet.batching`).
+  our consumer (`bashfleet.worker.fleet.batching`).
 
-Queues are not listed here: each consumer is given its own (`worker.fleet.supervisor`), and the
-sender declares a queue when it sends to it, so a message sent while a worker
+Queues are not listed here: each consumer is given its own (`bashfleet.worker.fleet.supervisor`),
+and the sender declares a queue when it sends to it, so a message sent while a worker
 restarts waits for it.
 """
 
@@ -23,10 +23,10 @@ import logging
 from celery import Celery
 from celery.signals import after_setup_logger, after_setup_task_logger
 
-from worker.fleet import flower, logs
-from worker.fleet.batching import CONSUMER
-from worker.fleet.celery_apps import worker_celery
-from worker.settings import get_settings
+from bashfleet.worker.fleet import flower, logs
+from bashfleet.worker.fleet.batching import CONSUMER
+from bashfleet.worker.fleet.celery_apps import worker_celery
+from bashfleet.worker.settings import get_settings
 
 #: Used only when no URL is configured (Celery's own default).
 DEFAULT_URL = "redis://127.0.0.1:6379/0"

@@ -23,7 +23,7 @@ from vine import promise
 EVENT_FLUSH_S = 0.1
 
 #: What `worker_consumer` names to use this consumer.
-CONSUMER = "worker.fleet.batching:Consumer"
+CONSUMER = "bashfleet.worker.fleet.batching:Consumer"
 
 
 class Consumer(CeleryConsumer):  # type: ignore[misc]  # celery is untyped

@@ -1,10 +1,10 @@
-"""The Celery apps of the fleet, built from the same URLs as `worker.fleet.connect`'s Redis
-clients: the wire settings both sides must agree on, a worker's app (at most once) and a
+"""The Celery apps of the fleet, built from the same URLs as `bashfleet.worker.fleet.connect`'s
+Redis clients: the wire settings both sides must agree on, a worker's app (at most once) and a
 sender's (what the worker's supervisor publishes Flower's job events with, and what
 tests compare the client's hand-built messages against).
 
 Apart from `connect` so that a client, which builds its messages itself
-(`worker.wire.messages`), never loads Celery or kombu.
+(`bashfleet.worker.wire.messages`), never loads Celery or kombu.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from typing import Literal
 
 from celery import Celery
 
-from worker.fleet.connect import CONNECT_TIMEOUT_S, sentinel_target
-from worker.fleet.transport import SENTINEL_TRANSPORT, TRANSPORT
+from bashfleet.worker.fleet.connect import CONNECT_TIMEOUT_S, sentinel_target
+from bashfleet.worker.fleet.transport import SENTINEL_TRANSPORT, TRANSPORT
 
 #: kombu's Redis transport keeps one list per priority step of a queue; bashfleet uses
 #: no priorities, so one step: a queue is exactly the list of its name (what
@@ -34,7 +34,7 @@ def wire_config(url: str) -> dict[str, object]:
         "broker_url": target.kombu_url() if target else url,
         # kombu's (its Sentinel one for sentinel://), reusing its Redis clients.
         "broker_transport": SENTINEL_TRANSPORT if target else TRANSPORT,
-        # No result backend: answers travel as replies (`worker.fleet.registry`).
+        # No result backend: answers travel as replies (`bashfleet.worker.fleet.registry`).
         "result_backend": None,
         "task_ignore_result": True,
         # JSON only: a pickle from Redis would be code execution on every worker.
@@ -69,7 +69,7 @@ def _transport_options(side: Literal["client", "worker"], url: str) -> dict[str,
 
 def client_celery(url: str) -> Celery:
     """A Celery app to send with (no worker): fails fast when Redis is away. The fleet
-    clients do not use it (they push `worker.wire.messages`' JSON themselves)."""
+    clients do not use it (they push `bashfleet.worker.wire.messages`' JSON themselves)."""
     app = Celery("bashfleet-client", set_as_current=False)
     app.conf.update(wire_config(url))
     app.conf.update(
@@ -91,7 +91,7 @@ def worker_celery(url: str, consumer: str) -> Celery:
     re-delivered: a shell command is never run twice behind the caller's back.
     `consumer` names the Celery consumer class (`worker_consumer`).
     """
-    app = Celery("bashfleet", include=["worker.fleet.tasks"])
+    app = Celery("bashfleet", include=["bashfleet.worker.fleet.tasks"])
     app.conf.update(wire_config(url))
     app.conf.update(
         task_acks_late=False,  # early ack: at most once

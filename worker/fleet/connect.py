@@ -4,9 +4,9 @@ script, a WATCH transaction).
 
 Like arq's `connections.py`: every process (a worker's supervisor and consumers, a
 client, the MCP server, Flower) builds its Redis client here, with the same timeouts.
-It imports no Celery nor kombu: a client (`import client`) loads this module and must
+It imports no Celery nor kombu: a client (`import bashfleet.client`) loads this module and must
 not load them (`tests/unit/test_boundaries.py`). The Celery apps, built from the same
-URL forms, are `worker.fleet.celery_apps`.
+URL forms, are `bashfleet.worker.fleet.celery_apps`.
 """
 
 from __future__ import annotations
@@ -231,7 +231,7 @@ def _primary_kwargs(target: SentinelTarget) -> dict[str, Any]:
 
 
 def async_redis_client(url: str, *, binary: bool = False) -> AsyncRedis:
-    """`redis_client` for asyncio (`client.aio.AsyncFleet`): the same URL forms and
+    """`redis_client` for asyncio (`bashfleet.client.aio.AsyncFleet`): the same URL forms and
     timeouts, text replies (`binary`: bytes). Bound to the event loop that first uses
     it."""
     target = sentinel_target(url)

@@ -1,10 +1,10 @@
 """A consumer process of a worker: one Celery worker (threads pool) on one role's queues.
 
-The host supervisor (`worker.fleet.supervisor`) starts two, in its process group:
+The host supervisor (`bashfleet.worker.fleet.supervisor`) starts two, in its process group:
 `exec` on the command queues (`--concurrency` slots) and `ctl` on the control queue,
 so control calls never wait for a slot:
 
-    python -m worker.fleet.consumer exec|ctl --instance TOKEN
+    python -m bashfleet.worker.fleet.consumer exec|ctl --instance TOKEN
 
 Settings come from the BASHFLEET_* variables the supervisor sets. A consumer whose
 supervisor dies ends itself, and the calls it runs.
@@ -24,15 +24,15 @@ from collections.abc import Sequence
 import redis
 from celery.signals import worker_ready, worker_shutting_down
 
-from worker.engine import running, sandbox
-from worker.fleet import flower, registry, tasks
-from worker.fleet.app import app, setup_consumer_logging
-from worker.fleet.connect import redis_client
-from worker.fleet.control import Runtime
-from worker.fleet.nonces import HOST_FILE, NonceMemory
-from worker.settings import get_settings
-from worker.wire import names
-from worker.wire.names import ROLES, CallState, Role
+from bashfleet.worker.engine import running, sandbox
+from bashfleet.worker.fleet import flower, registry, tasks
+from bashfleet.worker.fleet.app import app, setup_consumer_logging
+from bashfleet.worker.fleet.connect import redis_client
+from bashfleet.worker.fleet.control import Runtime
+from bashfleet.worker.fleet.nonces import HOST_FILE, NonceMemory
+from bashfleet.worker.settings import get_settings
+from bashfleet.worker.wire import names
+from bashfleet.worker.wire.names import ROLES, CallState, Role
 
 log = logging.getLogger("bashfleet.worker")
 
@@ -40,7 +40,7 @@ EXIT_OK = 0
 EXIT_ERROR = 1
 #: Threads of the control consumer: they act only on the instant control requests
 #: (`tasks.INSTANT`: check, read_output...); the others they hand to their owner's lane
-#: (`worker.fleet.lanes`).
+#: (`bashfleet.worker.fleet.lanes`).
 CTL_CONCURRENCY = 4
 
 
@@ -63,7 +63,8 @@ def run_consumer(role: Role, instance: str) -> int:
     # them cost the exec consumer CPU on every call, and would copy every command's
     # output into the worker's log. Calls are seen in Flower and their call records;
     # failures are still logged (WARNING and up). bashfleet's own two short lines per
-    # call (worker.fleet.tasks: start and end, ids and outcome) carry no command and no output.
+    # call (bashfleet.worker.fleet.tasks: start and end, ids and outcome) carry no command and no
+    # output.
     for name in ("celery.app.trace", "celery.worker.strategy"):
         logging.getLogger(name).setLevel(logging.WARNING)
 
@@ -137,9 +138,9 @@ def _stop_own_calls(runtime: Runtime, timeout: float = 5.0) -> None:
 
 
 def cli(argv: Sequence[str] | None = None) -> int:
-    """Entry point of `python -m worker.fleet.consumer`."""
+    """Entry point of `python -m bashfleet.worker.fleet.consumer`."""
     parser = argparse.ArgumentParser(
-        prog="python -m worker.fleet.consumer",
+        prog="python -m bashfleet.worker.fleet.consumer",
         description="A consumer process of a worker (started by its host supervisor).",
     )
     parser.add_argument("role", choices=ROLES)

@@ -1,6 +1,6 @@
 """What the control calls do on the owning host: one function per request model.
 
-Each takes the worker's `Runtime` and its request (`worker.wire.control`), and returns
+Each takes the worker's `Runtime` and its request (`bashfleet.worker.wire.control`), and returns
 its response model or raises a `ToolError` (`JobError`): the task turns that into the
 reply's `error`. Served by the control consumer (`bashfleet.<host>.ctl`), apart from
 the command slots, so they answer at once even when every slot is busy.
@@ -17,15 +17,15 @@ from pathlib import Path
 
 import redis
 
-from worker.engine import jobs, running
-from worker.engine.capture import read_slice
-from worker.engine.patterns import grep_lines
-from worker.engine.secrets import worker_redaction
-from worker.fleet import recovery, registry
-from worker.fleet.nonces import NonceMemory
-from worker.settings import Settings
-from worker.wire import auth, names
-from worker.wire.control import (
+from bashfleet.worker.engine import jobs, running
+from bashfleet.worker.engine.capture import read_slice
+from bashfleet.worker.engine.patterns import grep_lines
+from bashfleet.worker.engine.secrets import worker_redaction
+from bashfleet.worker.fleet import recovery, registry
+from bashfleet.worker.fleet.nonces import NonceMemory
+from bashfleet.worker.settings import Settings
+from bashfleet.worker.wire import auth, names
+from bashfleet.worker.wire.control import (
     MAX_READ_LIMIT,
     CancelRequest,
     CancelResult,
@@ -37,11 +37,11 @@ from worker.wire.control import (
     KillRequest,
     ReadOutputRequest,
 )
-from worker.wire.errors import ToolError
-from worker.wire.models import CheckResult, JobRecord, OutputChunk, Truncation
-from worker.wire.names import CallState
-from worker.wire.owner_keys import Keyring
-from worker.wire.records import job_offsets, open_job_view
+from bashfleet.worker.wire.errors import ToolError
+from bashfleet.worker.wire.models import CheckResult, JobRecord, OutputChunk, Truncation
+from bashfleet.worker.wire.names import CallState
+from bashfleet.worker.wire.owner_keys import Keyring
+from bashfleet.worker.wire.records import job_offsets, open_job_view
 
 #: Grace between SIGTERM and SIGKILL when a job is killed through the fleet.
 KILL_GRACE_S = 2.0
@@ -77,7 +77,7 @@ def _keyring(keys: tuple[str, ...], fleet: tuple[str, ...]) -> Keyring:
 def keyring(settings: Settings) -> Keyring:
     """Every key this worker accepts, by id: the fleet keys, the admin key, and each
     owner's key, derived from the fleet keys when a message names it
-    (`worker.wire.owner_keys`)."""
+    (`bashfleet.worker.wire.owner_keys`)."""
     admin = (settings.admin_key.get_secret_value(),) if settings.admin_key else ()
     fleet = settings.fleet_keys()
     return _keyring((*fleet, *admin), fleet)

@@ -53,10 +53,10 @@ from celery import Celery
 from celery.events import EventDispatcher
 from celery.worker.request import Request
 
-from worker.engine.sanitize import REDACTED, may_be_secret, redact, secret_pattern
-from worker.engine.secrets import worker_redaction
-from worker.settings import get_settings
-from worker.wire.models import Call, CallResult, JobRecord, JobStatus
+from bashfleet.worker.engine.sanitize import REDACTED, may_be_secret, redact, secret_pattern
+from bashfleet.worker.engine.secrets import worker_redaction
+from bashfleet.worker.settings import get_settings
+from bashfleet.worker.wire.models import Call, CallResult, JobRecord, JobStatus
 
 log = logging.getLogger("bashfleet.worker")
 
@@ -375,7 +375,7 @@ def read_only_by_default() -> None:
     `read_only` option; `--read_only=false` or FLOWER_READ_ONLY=false still wins): its
     Revoke and Terminate go through Celery's remote control, which the fleet turns off,
     so they would answer "Revoked" and stop nothing. Read-only, Flower offers neither
-    (and its API answers 403). Called by `worker.fleet.app`; nothing in other processes
+    (and its API answers 403). Called by `bashfleet.worker.fleet.app`; nothing in other processes
     (Flower's options exist only where Flower is loaded)."""
     import sys  # noqa: PLC0415
 

@@ -1,6 +1,6 @@
 """What the image control calls do on the owning host: list, pull, remove.
 
-The store is `worker.engine.images`; this module only puts it behind the control queue.
+The store is `bashfleet.worker.engine.images`; this module only puts it behind the control queue.
 A pull may take minutes, and the control consumer has a few threads that must answer
 `check` and `kill` at once: so a pull runs on a thread of its own (`Pulls`), and each
 control call waits for it at most `ImagePullRequest.wait_s` (a few seconds), answering
@@ -19,11 +19,11 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from worker.engine import images
-from worker.engine.image_meta import parse_ref
-from worker.fleet.control import Runtime
-from worker.settings import Settings
-from worker.wire.control import (
+from bashfleet.worker.engine import images
+from bashfleet.worker.engine.image_meta import parse_ref
+from bashfleet.worker.fleet.control import Runtime
+from bashfleet.worker.settings import Settings
+from bashfleet.worker.wire.control import (
     ImageList,
     ImagePull,
     ImagePullRequest,
@@ -31,8 +31,8 @@ from worker.wire.control import (
     ImageRemoveRequest,
     ImagesRequest,
 )
-from worker.wire.errors import ToolError
-from worker.wire.models import ImageInfo
+from bashfleet.worker.wire.errors import ToolError
+from bashfleet.worker.wire.models import ImageInfo
 
 log = logging.getLogger("bashfleet.worker")
 

@@ -1,8 +1,8 @@
 """The control calls of interactive sessions, on the owning host: one function per request.
 
 `write_stdin`, `close_stdin` and `resize` reach the session's supervisor through its
-Unix socket (`worker.engine.relay`), then read the output produced since the last read by
-any client of the job's owner (`worker.engine.interactive.exchange`). Served by the
+Unix socket (`bashfleet.worker.engine.relay`), then read the output produced since the last read by
+any client of the job's owner (`bashfleet.worker.engine.interactive.exchange`). Served by the
 control consumer, so a write never waits for a command slot.
 """
 
@@ -11,17 +11,17 @@ from __future__ import annotations
 import base64
 import binascii
 
-from worker.engine import interactive, jobs
-from worker.fleet import recovery
-from worker.fleet.control import Runtime, owned_record
-from worker.wire.control import (
+from bashfleet.worker.engine import interactive, jobs
+from bashfleet.worker.fleet import recovery
+from bashfleet.worker.fleet.control import Runtime, owned_record
+from bashfleet.worker.wire.control import (
     CloseStdinRequest,
     Collect,
     ResizeRequest,
     SessionOutput,
     WriteStdinRequest,
 )
-from worker.wire.models import JobRecord
+from bashfleet.worker.wire.models import JobRecord
 
 
 def _input(request: WriteStdinRequest) -> bytes:

@@ -33,8 +33,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from worker.settings import Settings
-from worker.wire.errors import ToolError
+from bashfleet.worker.settings import Settings
+from bashfleet.worker.wire.errors import ToolError
 
 log = logging.getLogger("bashfleet.worker")
 

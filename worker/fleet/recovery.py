@@ -1,12 +1,13 @@
 """How a worker recovers from faults, from what it keeps on its own disk.
 
-- Running foreground calls (`worker.engine.running`: one file per call once it has run
+- Running foreground calls (`bashfleet.worker.engine.running`: one file per call once it has run
   50 ms): a worker that starts after a crash kills the calls those files name and
   marks them lost, so a command whose caller was told "worker lost" does not go on
   running (or finish its side effects) behind everybody's back. A dead consumer's
   youngest calls are found by their Redis record and their marker instead
   (`_recover_unrecorded`).
-- Background jobs have their own record files (`worker.engine.jobs`); `sync_job` publishes a
+- Background jobs have their own record files (`bashfleet.worker.engine.jobs`); `sync_job` publishes
+a
   job's state to Redis, which a restarted worker does for every job it owns (and
   records the exit status of jobs that ended while it was down).
 - When Redis loses its data (a restart without persistence, a flush, a failover to an
@@ -23,14 +24,14 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
-from worker.engine import jobs, procs, running
-from worker.engine.running import ORPHAN_GRACE_S, RunningCall
-from worker.fleet import registry
-from worker.fleet.connect import Redis
-from worker.settings import Settings
-from worker.wire import names
-from worker.wire.models import JobRecord, JobStatus
-from worker.wire.names import CALL_ACTIVE, CallState
+from bashfleet.worker.engine import jobs, procs, running
+from bashfleet.worker.engine.running import ORPHAN_GRACE_S, RunningCall
+from bashfleet.worker.fleet import registry
+from bashfleet.worker.fleet.connect import Redis
+from bashfleet.worker.settings import Settings
+from bashfleet.worker.wire import names
+from bashfleet.worker.wire.models import JobRecord, JobStatus
+from bashfleet.worker.wire.names import CALL_ACTIVE, CallState
 
 log = logging.getLogger("bashfleet.worker")
 
@@ -157,7 +158,7 @@ def sync_job(client: Redis, record: JobRecord, keys: registry.Keys) -> bool:
 
 
 class JobListener(Protocol):
-    """Told of background jobs' starts and ends (`worker.fleet.flower.JobEvents`)."""
+    """Told of background jobs' starts and ends (`bashfleet.worker.fleet.flower.JobEvents`)."""
 
     def started(self, record: JobRecord) -> None:
         """A job runs (first seen running by this watcher)."""

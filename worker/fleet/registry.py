@@ -1,8 +1,8 @@
 """The worker's side of the fleet's state in Redis: its host lock and heartbeat, the
 transitions of the calls it runs, its jobs, and the replies it delivers.
 
-Names and TTLs are in `worker.wire.names` (the key list is in its docstring); the Lua
-in `worker.fleet.scripts`; what a client reads and writes, in `client.records`.
+Names and TTLs are in `bashfleet.worker.wire.names` (the key list is in its docstring); the Lua
+in `bashfleet.worker.fleet.scripts`; what a client reads and writes, in `bashfleet.client.records`.
 Updates that race (the host lock, a call's state) are atomic: WATCH/MULTI
 transactions, or a Lua script each for the transitions every call makes (claim,
 finish), one round trip and no retry.
@@ -12,9 +12,9 @@ answer in the same script that records its end (one round trip), and each client
 listens on one channel for all its calls (no subscribe, poll or forget per call).
 
 What clients believe of a host and its jobs is sealed here with the worker's keys
-(`worker.wire.records`, `worker.wire.events`): the host record at each heartbeat, the
-readiness of each consumer, each job's record and state, its events and the offsets of
-its last check. A client verifies every one before it shows it.
+(`bashfleet.worker.wire.records`, `bashfleet.worker.wire.events`): the host record at each
+heartbeat, the readiness of each consumer, each job's record and state, its events and the offsets
+of its last check. A client verifies every one before it shows it.
 
 Redis losing its data (a restart without persistence, a flush, a failover to an empty
 replica): each worker notices at its next heartbeat (`heartbeat` says "missing") and
@@ -30,15 +30,15 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, cast
 
-from worker.fleet import scripts
-from worker.fleet.connect import Redis, flat_fields, hash_fields, transaction
-from worker.settings import get_settings
-from worker.wire import names
-from worker.wire.events import ended_event, seal_event, started_event
-from worker.wire.models import JobRecord, JobStatus
-from worker.wire.names import CALL_ACTIVE, CallState, JobState
-from worker.wire.owner_keys import for_owner
-from worker.wire.records import (
+from bashfleet.worker.fleet import scripts
+from bashfleet.worker.fleet.connect import Redis, flat_fields, hash_fields, transaction
+from bashfleet.worker.settings import get_settings
+from bashfleet.worker.wire import names
+from bashfleet.worker.wire.events import ended_event, seal_event, started_event
+from bashfleet.worker.wire.models import JobRecord, JobStatus
+from bashfleet.worker.wire.names import CALL_ACTIVE, CallState, JobState
+from bashfleet.worker.wire.owner_keys import for_owner
+from bashfleet.worker.wire.records import (
     OFFSETS_SEAL,
     SEAL,
     host_seal,
@@ -347,7 +347,7 @@ def save_job(
     note: str | None = None,
 ) -> str | None:
     """Publish a job's record and state, and its event when this is a transition (it
-    started, it ended: `worker.wire.events`); returns that event's stream id, if any.
+    started, it ended: `bashfleet.worker.wire.events`); returns that event's stream id, if any.
 
     One script, so two processes that both see a job end (its host's watcher and a
     `check`) publish one `ended` event between them. Foreground calls never come here.

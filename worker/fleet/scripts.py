@@ -1,12 +1,12 @@
 """The worker's Lua scripts: the transitions every call makes, one round trip each.
 
 Redis runs a script atomically, so a read-check-write needs no WATCH retry loop. The
-client's own script (submit) lives on the client side (`client.records`).
+client's own script (submit) lives on the client side (`bashfleet.client.records`).
 """
 
 from __future__ import annotations
 
-from worker.fleet.connect import Script
+from bashfleet.worker.fleet.connect import Script
 
 # KEYS: call, running[, nonce]; ARGV: call TTL, running TTL, call id, nonce TTL (ms),
 # fields... A signed message's nonce is used first (a replay claims nothing); a call in

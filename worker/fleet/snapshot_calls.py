@@ -1,6 +1,6 @@
 """What the snapshot control calls do on a host: take, fork, restore, delete, fetch.
 
-A snapshot's layer and record live on its host's disk (`worker.engine.snapshots`). Redis
+A snapshot's layer and record live on its host's disk (`bashfleet.worker.engine.snapshots`). Redis
 holds its record sealed by that host (`bashfleet:snap:<id>`: what a client lists, and what
 another host trusts when it fetches the snapshot's layers from the fleet's registry) and
 its place in its owner's quota of snapshots, renewed by its host while it is kept.
@@ -17,13 +17,13 @@ from dataclasses import dataclass, field
 
 import redis
 
-from worker.engine import snapshots as engine
-from worker.engine import workspaces
-from worker.fleet import registry, workspace_calls
-from worker.fleet.control import Runtime
-from worker.settings import Settings
-from worker.wire import auth, names
-from worker.wire.control import (
+from bashfleet.worker.engine import snapshots as engine
+from bashfleet.worker.engine import workspaces
+from bashfleet.worker.fleet import registry, workspace_calls
+from bashfleet.worker.fleet.control import Runtime
+from bashfleet.worker.settings import Settings
+from bashfleet.worker.wire import auth, names
+from bashfleet.worker.wire.control import (
     SnapshotCreateRequest,
     SnapshotDeleted,
     SnapshotDeleteRequest,
@@ -34,9 +34,9 @@ from worker.wire.control import (
     WorkspaceForks,
     WorkspaceRestoreRequest,
 )
-from worker.wire.errors import ToolError
-from worker.wire.models import RestoreResult, Snapshot, SnapshotRecord, WorkspaceSpec
-from worker.wire.owner_keys import for_owner
+from bashfleet.worker.wire.errors import ToolError
+from bashfleet.worker.wire.models import RestoreResult, Snapshot, SnapshotRecord, WorkspaceSpec
+from bashfleet.worker.wire.owner_keys import for_owner
 
 log = logging.getLogger("bashfleet.worker")
 
@@ -57,7 +57,7 @@ def publish(rt: Runtime, record: SnapshotRecord) -> None:
 
 def publish_with(client: redis.Redis, keys: Sequence[str], record: SnapshotRecord) -> None:
     """Write a snapshot's record, locked for `keys` and its owner (no other owner reads
-    it: `worker.wire.owner_keys`)."""
+    it: `bashfleet.worker.wire.owner_keys`)."""
     ttl = max(int(record.expires_at - time.time()), 0) + int(RECORD_MARGIN_S)
     sealed = auth.lock(for_owner(keys, record.owner), SNAPSHOT, record.id,
                        record.model_dump_json())
@@ -289,7 +289,7 @@ def fetch(rt: Runtime, request: SnapshotFetchRequest, admin: bool = False) -> Sn
 
 
 def _run_move(rt: Runtime, record: SnapshotRecord, move: _Move) -> None:
-    from worker.fleet import snapshot_moves  # noqa: PLC0415 - the registry's tools, when used
+    from bashfleet.worker.fleet import snapshot_moves  # noqa: PLC0415 - the registry's tools, when used
 
     try:
         if record.host == rt.settings.host:

@@ -3,7 +3,7 @@
 Its host pushes each layer of its chain (itself, then those it stands on) that is not
 in the registry yet, and records where (`SnapshotRecord.pushed`, sealed in Redis). Another
 host trusts only those sealed records: it pulls each layer it does not hold by digest
-(`worker.engine.snapshot_registry`: skopeo checks the digest), and keeps a copy of the
+(`bashfleet.worker.engine.snapshot_registry`: skopeo checks the digest), and keeps a copy of the
 record, so that workspaces made there stand on the very same layers.
 """
 
@@ -15,16 +15,16 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from worker.engine import snapshot_registry, workspaces
-from worker.engine import snapshots as engine
-from worker.fleet.control import Runtime
-from worker.wire.errors import ToolError
-from worker.wire.models import SnapshotRecord
+from bashfleet.worker.engine import snapshot_registry, workspaces
+from bashfleet.worker.engine import snapshots as engine
+from bashfleet.worker.fleet.control import Runtime
+from bashfleet.worker.wire.errors import ToolError
+from bashfleet.worker.wire.models import SnapshotRecord
 
 
 def push_chain(rt: Runtime, record: SnapshotRecord) -> tuple[str, ...]:
     """Push every layer of `record`'s chain the registry has not got; where each is."""
-    from worker.fleet import snapshot_calls  # noqa: PLC0415 - it imports us lazily too
+    from bashfleet.worker.fleet import snapshot_calls  # noqa: PLC0415 - it imports us lazily too
 
     pushed = []
     for snap_id in record.layers:
@@ -52,7 +52,7 @@ def push_chain(rt: Runtime, record: SnapshotRecord) -> tuple[str, ...]:
 def fetch_chain(rt: Runtime, record: SnapshotRecord) -> tuple[str, ...]:
     """Fetch every layer of `record`'s chain this host does not hold, from where its
     host's sealed records say they are."""
-    from worker.fleet import snapshot_calls  # noqa: PLC0415 - it imports us lazily too
+    from bashfleet.worker.fleet import snapshot_calls  # noqa: PLC0415 - it imports us lazily too
 
     pushed = []
     for snap_id in record.layers:

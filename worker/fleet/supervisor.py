@@ -16,8 +16,8 @@
    jobs, restarts a consumer that crashed (killing the calls it ran), and on SIGTERM /
    SIGINT stops: running calls are killed and answered with a note, the lock released.
 
-`python -m worker.fleet.supervisor --host H --concurrency N [--label L]` runs it too; each
-consumer is `python -m worker.fleet.consumer` (`worker.fleet.consumer`).
+`python -m bashfleet.worker.fleet.supervisor --host H --concurrency N [--label L]` runs it too; each
+consumer is `python -m bashfleet.worker.fleet.consumer` (`bashfleet.worker.fleet.consumer`).
 """
 
 from __future__ import annotations
@@ -43,11 +43,11 @@ from typing import Any
 import redis
 from pydantic_settings import NoDecode
 
-from worker.engine import procs, running, sandbox
-from worker.fleet import flower, logs, recovery, registry, workspace_calls
-from worker.fleet.celery_apps import client_celery
-from worker.fleet.connect import redis_client, safe_url
-from worker.settings import (
+from bashfleet.worker.engine import procs, running, sandbox
+from bashfleet.worker.fleet import flower, logs, recovery, registry, workspace_calls
+from bashfleet.worker.fleet.celery_apps import client_celery
+from bashfleet.worker.fleet.connect import redis_client, safe_url
+from bashfleet.worker.settings import (
     SECRET_FIELDS,
     SECRET_VARIABLES,
     SECRETS_FD_VAR,
@@ -55,10 +55,10 @@ from worker.settings import (
     check_state_dir,
     secrets_pipe,
 )
-from worker.wire import names
-from worker.wire.auth import AuthError, keyring
-from worker.wire.names import ROLES, CallState
-from worker.wire.records import open_host
+from bashfleet.worker.wire import names
+from bashfleet.worker.wire.auth import AuthError, keyring
+from bashfleet.worker.wire.names import ROLES, CallState
+from bashfleet.worker.wire.records import open_host
 
 log = logging.getLogger("bashfleet.worker")
 
@@ -233,7 +233,7 @@ def scrub_own_environment(settings: Settings, argv: Sequence[str]) -> None:
     env[SECRETS_FD_VAR] = str(read_end)
     sys.stdout.flush()
     sys.stderr.flush()
-    args = [sys.executable, "-m", "worker.fleet.supervisor", *argv]
+    args = [sys.executable, "-m", "bashfleet.worker.fleet.supervisor", *argv]
     os.execve(sys.executable, args, env)  # noqa: S606 - no shell: this very module
 
 
@@ -481,7 +481,8 @@ class HostSupervisor:
     # ------------------------------------------------------------------ consumers
 
     def _start_child(self, role: str) -> None:
-        args = [sys.executable, "-m", "worker.fleet.consumer", role, "--instance", self.token]
+        args = [sys.executable, "-m", "bashfleet.worker.fleet.consumer", role,
+                "--instance", self.token]
         secrets = secrets_pipe(self.settings.secrets())
         env = {**os.environ, **settings_env(self.settings), SECRETS_FD_VAR: str(secrets)}
         # Same process group as the supervisor: stopping (or killing) the worker's
@@ -618,7 +619,7 @@ def _wait_or_kill(child: subprocess.Popen[bytes], timeout: float) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """`python -m worker.fleet.supervisor` arguments."""
+    """`python -m bashfleet.worker.fleet.supervisor` arguments."""
     parser = argparse.ArgumentParser(
         prog="bashfleet worker", description="Serve one host of the fleet."
     )
@@ -645,7 +646,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cli(argv: Sequence[str] | None = None) -> int:
-    """Entry point of `python -m worker.fleet.supervisor`."""
+    """Entry point of `python -m bashfleet.worker.fleet.supervisor`."""
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     overrides: dict[str, Any] = {}

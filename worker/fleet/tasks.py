@@ -12,7 +12,7 @@ as a typed exception.
 queues); the others by the separate control consumer (`bashfleet.<host>.ctl`), so
 they answer at once even when every command slot is busy: the instant ones (`INSTANT`:
 check, kill, cancel...) on its own threads, every other in its owner's lane
-(`worker.fleet.lanes`), so that no file, build, kill or wait of one tenant holds them.
+(`bashfleet.worker.fleet.lanes`), so that no file, build, kill or wait of one tenant holds them.
 """
 
 from __future__ import annotations
@@ -32,10 +32,10 @@ import redis
 from celery import current_task
 from pydantic import ValidationError
 
-from worker.engine import procs, running
-from worker.engine.call import RunningHook, SpawnHook, run_call
-from worker.engine.jobs import load_record
-from worker.fleet import (
+from bashfleet.worker.engine import procs, running
+from bashfleet.worker.engine.call import RunningHook, SpawnHook, run_call
+from bashfleet.worker.engine.jobs import load_record
+from bashfleet.worker.fleet import (
     control,
     flower,
     image_calls,
@@ -47,14 +47,14 @@ from worker.fleet import (
     transfers,
     workspace_calls,
 )
-from worker.fleet.app import app
-from worker.fleet.connect import redis_client
-from worker.fleet.control import Runtime
-from worker.settings import Settings, get_settings
-from worker.wire import auth, names, owner_keys
-from worker.wire.control import REQUESTS, ControlError, ControlReply, ControlRequest
-from worker.wire.errors import ToolError
-from worker.wire.models import (
+from bashfleet.worker.fleet.app import app
+from bashfleet.worker.fleet.connect import redis_client
+from bashfleet.worker.fleet.control import Runtime
+from bashfleet.worker.settings import Settings, get_settings
+from bashfleet.worker.wire import auth, names, owner_keys
+from bashfleet.worker.wire.control import REQUESTS, ControlError, ControlReply, ControlRequest
+from bashfleet.worker.wire.errors import ToolError
+from bashfleet.worker.wire.models import (
     CANCELLED,
     Call,
     CallResult,
@@ -62,7 +62,7 @@ from worker.wire.models import (
     SystemError_,
     SystemErrorKind,
 )
-from worker.wire.names import CallState, Task
+from bashfleet.worker.wire.names import CallState, Task
 
 log = logging.getLogger("bashfleet.worker")
 
@@ -628,7 +628,7 @@ def exec_message(*args: Any) -> str:
 
     The nonce of a signed call is recorded with its claim (one round trip for both).
     Once answered, a call whose command failed raises `CallFailed` with the reason, so
-    Flower shows it as a failure (`worker.fleet.flower`); its end event carries the cwd
+    Flower shows it as a failure (`bashfleet.worker.fleet.flower`); its end event carries the cwd
     it ran in and its job.
     """
     rt = runtime()
@@ -668,7 +668,7 @@ def _report(task_id: str, call: Call | None, result: CallResult) -> str | None:
 
 # ----------------------------------------------------------------------------- control
 
-#: What each control request does (`worker.fleet.control`).
+#: What each control request does (`bashfleet.worker.fleet.control`).
 HANDLERS: dict[str, Callable[[Runtime, Any, bool], Model]] = {
     Task.CHECK: control.check,
     Task.KILL: control.kill,
@@ -696,7 +696,7 @@ HANDLERS: dict[str, Callable[[Runtime, Any, bool], Model]] = {
     Task.WORKSPACE_RESTORE: snapshot_calls.restore,
 }
 #: Control requests whose handler also takes the key that signed the request: a
-#: transfer MACs its chunks with it (`worker.fleet.transfers`).
+#: transfer MACs its chunks with it (`bashfleet.worker.fleet.transfers`).
 KEYED_HANDLERS: dict[str, Callable[[Runtime, Any, bool, str | None], Model]] = {
     Task.TRANSFER: transfers.transfer,
 }
@@ -728,7 +728,7 @@ INSTANT = frozenset({Task.CHECK, Task.READ_OUTPUT, Task.DETACH, Task.JOBS})
 #: read waits for output (up to MAX_COLLECT_WAIT_S) and for the session's one reader:
 #: their owner's `waits` lane, threads of their own. Every other request (files,
 #: transfers' starts, workspaces, snapshots, images) goes to its owner's `work` lane
-#: (`worker.fleet.lanes`).
+#: (`bashfleet.worker.fleet.lanes`).
 WAITS = frozenset({Task.KILL, Task.CANCEL, Task.WRITE_STDIN, Task.CLOSE_STDIN, Task.RESIZE})
 
 

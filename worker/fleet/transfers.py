@@ -1,12 +1,12 @@
 """File transfers on the owning host: chunks between a transfer's Redis list and the
-pipe of a tool in the workspace (`worker.engine.files.stream_tool`).
+pipe of a tool in the workspace (`bashfleet.worker.engine.files.stream_tool`).
 
     client ──chunks (RPUSH)──► bashfleet:transfer:<id> ──BLPOP──► worker ──pipe──► cat/tar
     client ◄──BLPOP── bashfleet:transfer:<id> ◄──chunks (RPUSH)── worker ◄──pipe── dd/tar
     client ◄──BLPOP── bashfleet:transfer-end:<id> ◄── how it ended (TransferOutcome)
 
 The request is answered once the tool runs (a refusal at once: no such workspace, too
-many transfers); it is acted on in its owner's lane (`worker.fleet.lanes`), and the data
+many transfers); it is acted on in its owner's lane (`bashfleet.worker.fleet.lanes`), and the data
 then moves on a thread of its own, so the control consumer's few threads stay free for
 checks and kills however long a transfer takes. An owner moves at most
 MAX_OWNER_TRANSFERS at once on a host, every owner together MAX_TRANSFERS. Neither side
@@ -14,7 +14,7 @@ waits for an answer per chunk: the writer pushes while fewer than
 `names.TRANSFER_WINDOW` chunks wait on the list (RPUSH says how many do), and waits for
 the reader only past that, so Redis holds a few MiB of a transfer whatever its size.
 Each chunk is framed and MAC'd with the key that signed the request
-(`worker.wire.transfer`). A download's bytes go from the tool's stdout straight onto the
+(`bashfleet.worker.wire.transfer`). A download's bytes go from the tool's stdout straight onto the
 list: they never rest in a file a command of the workspace could replace.
 
 A side that stops for IDLE_S ends the transfer with an error: the client (nothing
@@ -34,17 +34,22 @@ from functools import lru_cache
 
 import redis
 
-from worker.engine import files
-from worker.engine import workspaces as engine
-from worker.fleet.connect import redis_client
-from worker.fleet.control import Runtime
-from worker.fleet.workspace_calls import owned
-from worker.settings import Settings
-from worker.wire import names
-from worker.wire.auth import AuthError
-from worker.wire.control import ControlError, TransferOutcome, TransferRequest, TransferStarted
-from worker.wire.errors import ErrorKind, FileProblem, ToolError
-from worker.wire.transfer import (
+from bashfleet.worker.engine import files
+from bashfleet.worker.engine import workspaces as engine
+from bashfleet.worker.fleet.connect import redis_client
+from bashfleet.worker.fleet.control import Runtime
+from bashfleet.worker.fleet.workspace_calls import owned
+from bashfleet.worker.settings import Settings
+from bashfleet.worker.wire import names
+from bashfleet.worker.wire.auth import AuthError
+from bashfleet.worker.wire.control import (
+    ControlError,
+    TransferOutcome,
+    TransferRequest,
+    TransferStarted,
+)
+from bashfleet.worker.wire.errors import ErrorKind, FileProblem, ToolError
+from bashfleet.worker.wire.transfer import (
     CHUNK_BYTES,
     HEADER_BYTES,
     Reader,

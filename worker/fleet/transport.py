@@ -12,7 +12,7 @@ A consumer also learns here which queue a message really came from: kombu hands 
 the `routing_key` its sender wrote in the message, which anyone who pushes a message
 onto another queue writes too. `TrueQueue` overwrites it with the list the message was
 popped from, so a signed message's target is checked against the truth
-(`worker.fleet.tasks.verify`).
+(`bashfleet.worker.fleet.tasks.verify`).
 """
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ from typing import Any
 from kombu.transport import redis as kombu_redis
 
 #: What `broker_transport` names to use this transport.
-TRANSPORT = "worker.fleet.transport:Transport"
+TRANSPORT = "bashfleet.worker.fleet.transport:Transport"
 
 
 #: The same for a Redis behind Sentinel (`sentinel://`).
-SENTINEL_TRANSPORT = "worker.fleet.transport:SentinelTransport"
+SENTINEL_TRANSPORT = "bashfleet.worker.fleet.transport:SentinelTransport"
 
 
 class SharedClient:

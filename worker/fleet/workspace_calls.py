@@ -1,8 +1,8 @@
 """What the workspace control calls do on the owning host, and their Redis records.
 
-A workspace's record lives on its host's disk (`worker.engine.workspaces`); Redis holds
+A workspace's record lives on its host's disk (`bashfleet.worker.engine.workspaces`); Redis holds
 what clients list: its view, sealed by the host (`bashfleet:ws:<id>`), and its place in
-its owner's quota of workspaces (`worker.fleet.registry.quota_acquire`: one Lua script,
+its owner's quota of workspaces (`bashfleet.worker.fleet.registry.quota_acquire`: one Lua script,
 so many orchestrator processes sharing an owner cannot pass `BASHFLEET_LIMIT_WORKSPACES`
 together), which its host renews while it lives; a dead host's drop out.
 """
@@ -20,13 +20,13 @@ from collections.abc import Sequence
 
 import redis
 
-from worker.engine import files
-from worker.engine import workspaces as engine
-from worker.fleet import lanes, registry
-from worker.fleet.control import Runtime
-from worker.settings import Settings
-from worker.wire import auth, names
-from worker.wire.control import (
+from bashfleet.worker.engine import files
+from bashfleet.worker.engine import workspaces as engine
+from bashfleet.worker.fleet import lanes, registry
+from bashfleet.worker.fleet.control import Runtime
+from bashfleet.worker.settings import Settings
+from bashfleet.worker.wire import auth, names
+from bashfleet.worker.wire.control import (
     FileChunk,
     FileReadRequest,
     FileWriteRequest,
@@ -39,10 +39,10 @@ from worker.wire.control import (
     WorkspaceRenewRequest,
     WorkspacesRequest,
 )
-from worker.wire.errors import ToolError
-from worker.wire.events import denied_event, seal_event
-from worker.wire.models import WorkspaceRecord, WorkspaceView
-from worker.wire.owner_keys import for_owner
+from bashfleet.worker.wire.errors import ToolError
+from bashfleet.worker.wire.events import denied_event, seal_event
+from bashfleet.worker.wire.models import WorkspaceRecord, WorkspaceView
+from bashfleet.worker.wire.owner_keys import for_owner
 
 log = logging.getLogger("bashfleet.worker")
 
@@ -51,7 +51,7 @@ log = logging.getLogger("bashfleet.worker")
 RECORD_MARGIN_S = 120.0
 #: Seal purpose of a workspace's view in Redis.
 WORKSPACE = "workspace"
-#: The owner quota workspaces count in (`worker.fleet.registry.quota_acquire`).
+#: The owner quota workspaces count in (`bashfleet.worker.fleet.registry.quota_acquire`).
 QUOTA_KIND = "workspaces"
 
 
@@ -206,7 +206,7 @@ def list_workspaces(rt: Runtime, request: WorkspacesRequest,
 
 def read_file(rt: Runtime, request: FileReadRequest, admin: bool = False) -> FileChunk:
     """A slice of a regular file of the workspace, read in it as its calls would, within
-    the host's file deadline (on a thread of its owner's lane: `worker.fleet.lanes`)."""
+    the host's file deadline (on a thread of its owner's lane: `bashfleet.worker.fleet.lanes`)."""
     record = owned(rt, request.workspace, request.owner, admin)
     engine.touch(record, rt.settings)
     data, size = files.read_file(record, rt.settings, request.path, offset=request.offset,
@@ -241,7 +241,7 @@ def reap(settings: Settings, client: redis.Redis) -> int:
         except redis.RedisError as exc:
             log.warning("workspace %s reaped; Redis not told: %s", record.id, exc)
     _refresh_quota(settings, client)
-    from worker.fleet import snapshot_calls  # noqa: PLC0415 - it builds on this module
+    from bashfleet.worker.fleet import snapshot_calls  # noqa: PLC0415 - it builds on this module
 
     try:
         snapshot_calls.reap(settings, client)

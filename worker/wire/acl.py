@@ -7,7 +7,7 @@ Workers and clients are different Redis users (Redis 7 ACLs, with selectors):
   snapshot records, events, quotas, nonces; it takes messages off the queues.
 - `bashfleet-client` (every owner's client: the CLI, the Python API, MCP servers,
   framework integrations). One user for all owners: what keeps one owner's data from
-  another is the owner keys (`worker.wire.owner_keys`: records locked per owner, ids
+  another is the owner keys (`bashfleet.worker.wire.owner_keys`: records locked per owner, ids
   in spaces no other owner can name); what this user adds is that a client cannot
   write, delete or forge what workers publish, nor read, take or drop what others
   queued. It may:
@@ -34,7 +34,7 @@ WORKER_USER = "bashfleet-worker"
 CLIENT_USER = "bashfleet-client"
 
 #: Keys a client writes: its calls' records and answers, its sessions' shells and
-#: dialect states, its file transfers (`worker.wire.names`).
+#: dialect states, its file transfers (`bashfleet.worker.wire.names`).
 CLIENT_KEYS = (
     "bashfleet:call:*", "bashfleet:reply:*", "bashfleet:shell:*",
     "bashfleet:session-state:*", "bashfleet:transfer:*", "bashfleet:transfer-end:*",

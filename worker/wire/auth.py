@@ -19,7 +19,7 @@ a canonical JSON encoding. The target is the queue the message was sent to
 `bashfleet.pool.<label>.exec`): a worker refuses a message taken from another queue or
 meant for another host (`check_target`), so a message captured for host s1 never runs on
 s2. Replay protection (each nonce accepted once until its expiry) needs state: each
-host remembers the nonces it accepted on its own disk (`worker.fleet.nonces`) and in
+host remembers the nonces it accepted on its own disk (`bashfleet.worker.fleet.nonces`) and in
 Redis (`registry`), not here.
 """
 
@@ -37,7 +37,7 @@ from typing import Any
 
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from worker.wire.errors import ToolError
+from bashfleet.worker.wire.errors import ToolError
 
 #: Version 2: the target queue is signed (version 1 named none: refused).
 VERSION = 2
@@ -98,7 +98,7 @@ def sign(
 ) -> dict[str, Any]:
     """The signed envelope of a task's arguments, for the queue `target` it is sent to.
     `kid`: the key id the envelope names (default `key_id(key)`; an owner key names its
-    owner: `worker.wire.owner_keys`)."""
+    owner: `bashfleet.worker.wire.owner_keys`)."""
     kid, expires, nonce = kid or key_id(key), round(now + ttl_s, 3), secrets.token_hex(16)
     mac = _mac(key, _canonical({"task": task, "target": target, "args": args, "key": kid,
                                 "exp": expires, "nonce": nonce}))
@@ -251,7 +251,7 @@ def check_mark(
 # a snapshot's record, an answer) is locked rather than sealed: encrypted (AES-256-GCM)
 # under a fresh data key, which is wrapped for each key that may read it (the worker's
 # keys, the admin key, the owner's key), each wrap with a MAC of its own key over the
-# whole. Every client shares one Redis user (`worker.wire.acl`), so Redis cannot keep
+# whole. Every client shares one Redis user (`bashfleet.worker.wire.acl`), so Redis cannot keep
 # one owner's records from another's eyes: the lock does. A reader verifies the MAC of
 # a key it holds before it unwraps, so an owner who can open a record (and so knows its
 # data key) still cannot forge one that the workers or the admin would believe.

@@ -43,8 +43,8 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BeforeValidator, Field
 
-from worker.wire.errors import ErrorKind, FileProblem
-from worker.wire.models import (
+from bashfleet.worker.wire.errors import ErrorKind, FileProblem
+from bashfleet.worker.wire.models import (
     OWNER_PATTERN,
     SNAPSHOT_ID_PATTERN,
     WORKSPACE_ID_PATTERN,
@@ -63,10 +63,10 @@ from worker.wire.models import (
     WorkspaceSpec,
     WorkspaceView,
 )
-from worker.wire.names import Task
-from worker.wire.network import NetworkPolicy
-from worker.wire.network import parse as parse_network
-from worker.wire.transfer import TRANSFER_ID_PATTERN
+from bashfleet.worker.wire.names import Task
+from bashfleet.worker.wire.network import NetworkPolicy
+from bashfleet.worker.wire.network import parse as parse_network
+from bashfleet.worker.wire.transfer import TRANSFER_ID_PATTERN
 
 #: A `grep` that matches no line (RE2 syntax): a check that reads a job's state only.
 NO_LINE = r"[^\s\S]"
@@ -378,7 +378,7 @@ class WorkspaceRenewRequest(ControlRequest):
 
 
 class WorkspaceNetworkRequest(ControlRequest):
-    """Put another network policy in force in a live workspace (`worker.wire.network`)."""
+    """Put another network policy in force in a live workspace (`bashfleet.worker.wire.network`)."""
 
     task: ClassVar[Task] = Task.WORKSPACE_NETWORK
     response: ClassVar[type[Model]] = WorkspaceView
@@ -472,7 +472,7 @@ class TransferStarted(Model):
 
 class TransferRequest(ControlRequest):
     """Stream a file or a directory (`tree`) into the workspace (`upload`) or out of it
-    (`download`) as chunks on the transfer's list (`worker.wire.transfer`), MAC'd with
+    (`download`) as chunks on the transfer's list (`bashfleet.worker.wire.transfer`), MAC'd with
     the key that signs this request. In the workspace `cat`, `dd` or `tar` reads or
     writes them through a pipe, as the run user in its view: a download never passes
     through a file a command could replace. A tree travels as a tar; the client checks
@@ -500,7 +500,7 @@ class TransferRequest(ControlRequest):
 
 #: Longest a pull's answer waits for it to end (the client asks again).
 MAX_PULL_WAIT_S = 10.0
-#: Longest image reference (`worker.engine.image_meta` checks the rest).
+#: Longest image reference (`bashfleet.worker.engine.image_meta` checks the rest).
 MAX_IMAGE_REF = 1024
 
 

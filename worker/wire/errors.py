@@ -1,7 +1,7 @@
 """The one error base of the worker side: a machine-readable kind and a message.
 
 A kind travels in results (`SystemError_.kind`) and in control replies, and the client
-turns each into a typed exception (`client.errors`). The engine's, the jobs' and the
+turns each into a typed exception (`bashfleet.client.errors`). The engine's, the jobs' and the
 signing's errors are this class under names that say where they come from.
 """
 

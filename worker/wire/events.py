@@ -1,5 +1,5 @@
 """Job events: a background job started, a job ended. Workers add them to a Redis
-stream and publish them (`worker.fleet.registry.save_job`); any client hears them
+stream and publish them (`bashfleet.worker.fleet.registry.save_job`); any client hears them
 (`client.events`): `Fleet.wait`, `Fleet.events`, `bashfleet wait` / `bashfleet events`.
 
 An event travels locked (`seal_event`: encrypted for the worker's keys and its job's
@@ -16,8 +16,8 @@ from typing import Literal
 
 from pydantic import Field, ValidationError
 
-from worker.wire import auth
-from worker.wire.models import JobRecord, JobStatus, Model, Tags
+from bashfleet.worker.wire import auth
+from bashfleet.worker.wire.models import JobRecord, JobStatus, Model, Tags
 
 log = logging.getLogger("bashfleet")
 

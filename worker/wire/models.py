@@ -10,7 +10,7 @@ from typing import Annotated, Literal, get_args
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
-from worker.wire.network import NetworkPolicy, parse
+from bashfleet.worker.wire.network import NetworkPolicy, parse
 
 #: Largest command accepted, in bytes of UTF-8. Seed 001 asks agents for < 60k tokens;
 #: 1 MiB leaves room for heredocs while keeping messages small on Redis.
@@ -24,7 +24,7 @@ MAX_TIMEOUT_S = 24 * 60 * 60.0
 
 #: A workspace id: `w` and 15 hex digits, unique across hosts and time.
 WORKSPACE_ID_PATTERN = r"^w[0-9a-f]{15}$"
-#: A snapshot's id (`worker.engine.snapshots.new_id`).
+#: A snapshot's id (`bashfleet.worker.engine.snapshots.new_id`).
 SNAPSHOT_ID_PATTERN = r"^s[0-9a-f]{15}$"
 
 #: What an owner may be: a session (`session:<id>`), a user (`user:<name>`), a tenant.
@@ -75,7 +75,7 @@ Tags = Annotated[dict[str, str], AfterValidator(_tags_are_sane)]
 """Tags of a call and of the job it starts: name -> value."""
 
 AskedNetwork = Annotated[NetworkPolicy | None, BeforeValidator(parse)]
-"""A network policy a caller asks for (`worker.wire.network`): a policy, its spelling
+"""A network policy a caller asks for (`bashfleet.worker.wire.network`): a policy, its spelling
 (`none`, `egress`, `host`, `allow=a.com,10.1.0.0/16`) or an older caller's bool (False:
 `none`, True: the host's default). None: the host's default."""
 KeptNetwork = Annotated[NetworkPolicy, BeforeValidator(
@@ -487,7 +487,7 @@ class SystemError_(Model):  # noqa: N801 - avoid shadowing the builtin SystemErr
     kind: SystemErrorKind
     """Machine-readable class of the failure. `cancelled`: the caller cancelled the call
     (workers still answer a cancel as `internal`, which readers older than the kind
-    take; the client names it: `client._core.messages.named_cancel`). `limit`: an
+    take; the client names it: `bashfleet.client._core.messages.named_cancel`). `limit`: an
     owner's cap was reached (the call did not run)."""
     message: str
     """What went wrong, for a person or a model."""
@@ -809,7 +809,8 @@ class JobView(Model):
 
 
 class SandboxProbe(Model):
-    """What sandbox a host gives its calls (`worker.engine.sandbox.probe`), for `hosts`."""
+    """What sandbox a host gives its calls (`bashfleet.worker.engine.sandbox.probe`), for
+    `hosts`."""
 
     isolation: Isolation
     """Default isolation of this host's calls (what `auto` resolved to)."""
@@ -867,7 +868,7 @@ class WorkspaceSpec(Model):
     isolation: Isolation | None = None
     """At least the host's level (None: the host's)."""
     network: AskedNetwork = None
-    """Its network policy (`worker.wire.network`): `none`, `egress`, `allow=[...]` or
+    """Its network policy (`bashfleet.worker.wire.network`): `none`, `egress`, `allow=[...]` or
     `host`; None: the host's default."""
     ttl_s: float | None = Field(None, gt=0, le=30 * 24 * 3600.0)
     """Seconds it lives unused before the host reaps it (None: the host's default)."""
@@ -939,7 +940,7 @@ class WorkspaceRecord(Model):
     isolation: Isolation
     """Its sandbox: `none` (a directory only), `process` or `strict`."""
     network: KeptNetwork
-    """Its network policy, in force (`worker.wire.network`)."""
+    """Its network policy, in force (`bashfleet.worker.wire.network`)."""
     ttl_s: float
     """Seconds unused before it is reaped."""
     created_at: float
@@ -974,7 +975,7 @@ class WorkspaceRecord(Model):
     """Its calls' HOME inside (ids per workspace): the home its user has in its root's
     /etc/passwd (root's /root)."""
     lowers: tuple[str, ...] = ()
-    """The snapshots its files stand on, newest first (`worker.engine.snapshots`): each
+    """The snapshots its files stand on, newest first (`bashfleet.worker.engine.snapshots`): each
     a read-only layer under its own, over its image or the host's root."""
     dir: str | None = None
     """The host directory behind `path` when they differ: a workspace made from a
@@ -1021,7 +1022,7 @@ class WorkspaceView(Model):
 
 class SnapshotRecord(Model):
     """A snapshot as its host keeps it: a workspace's own layers, frozen read-only, and
-    what they stand on (`worker.engine.snapshots`)."""
+    what they stand on (`bashfleet.worker.engine.snapshots`)."""
 
     id: str = Field(pattern=SNAPSHOT_ID_PATTERN)
     host: str

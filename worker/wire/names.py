@@ -9,7 +9,7 @@ Keys (prefix `bashfleet:`; every key has a TTL or an owner that deletes it):
   worker (so a dead worker is seen within seconds); deleted when it stops.
 - `bashfleet:host:<host>` (hash): host record: concurrency, labels, version, pid,
   machine, instance, readiness of its two consumers, last heartbeat, each sealed by the
-  worker (`seal`, `<role>_ready_seal`: `worker.wire.records`). TTL HOST_TTL_S (1 day),
+  worker (`seal`, `<role>_ready_seal`: `bashfleet.worker.wire.records`). TTL HOST_TTL_S (1 day),
   renewed by the heartbeat.
 - `bashfleet:hosts` (zset): host id -> last heartbeat, for listings. TTL HOST_TTL_S,
   renewed by heartbeats; members older than that are pruned by them.
@@ -33,7 +33,7 @@ Keys (prefix `bashfleet:`; every key has a TTL or an owner that deletes it):
   start time: what a listing of an owner's jobs reads (`ps`, `jobs()`), not every job
   of the host. TTL JOB_TTL_S, renewed with its jobs; pruned like the host's list.
   An owner's space (here and in quota keys) is a MAC of its key, not its name
-  (`worker.wire.owner_keys.space_of`): no other owner can name its keys.
+  (`bashfleet.worker.wire.owner_keys.space_of`): no other owner can name its keys.
 - `bashfleet:shell:<space>:<session>` (string): a session's shell (ShellState JSON:
   pinned host, cwd, exported and unset variables), shared by every caller of the session (CLI
   `--session`, `Fleet.run(session=)`, native's `session` argument, claude's FR-009, each
@@ -41,7 +41,7 @@ Keys (prefix `bashfleet:`; every key has a TTL or an owner that deletes it):
 - `bashfleet:session-state:<space>:<session>` (string): what a dialect carries between
   the calls of one agent session (SessionState JSON). TTL SESSION_TTL_S, renewed by
   saves. Both are locked with the owner's key, in the owner's space (a MAC of its key:
-  `worker.wire.owner_keys`; no space for an unsigned client): an owner cannot find,
+  `bashfleet.worker.wire.owner_keys`; no space for an unsigned client): an owner cannot find,
   read or forge another's sessions.
 - `bashfleet:nonce:<nonce>` (string): a signed message's nonce, seen once (replays are
   refused). TTL: until the message expires (plus the clock skew allowed).
@@ -52,7 +52,7 @@ Keys (prefix `bashfleet:`; every key has a TTL or an owner that deletes it):
   ends; a member of a host that died expires after QUOTA_TTL_S. The key expires with
   its last member.
 - `bashfleet:transfer:<transfer id>` (list): the framed chunks of one file transfer
-  (`worker.wire.transfer`), pushed by one side and popped by the other, at most
+  (`bashfleet.worker.wire.transfer`), pushed by one side and popped by the other, at most
   TRANSFER_WINDOW of them waiting. TTL TRANSFER_TTL_S, renewed with each push; the
   reader deletes it at the end.
 - `bashfleet:transfer-end:<transfer id>` (list): how it ended, one framed chunk (a
@@ -62,7 +62,7 @@ Keys (prefix `bashfleet:`; every key has a TTL or an owner that deletes it):
   Kept REPLY_TTL_S (10 minutes) for a caller that missed the publish.
 
 - `bashfleet:events` (stream): job events (a job started, a job ended), each as one
-  sealed JobEvent JSON (`worker.wire.events.seal_event`), newest last; capped at
+  sealed JobEvent JSON (`bashfleet.worker.wire.events.seal_event`), newest last; capped at
   EVENTS_MAXLEN entries (approximately) and expiring JOB_TTL_S after the last one.
   Each is also published on the channel `bashfleet:events` as `<stream id>\n<event>`:
   listeners hear it at once, and read the stream from the last id they saw after a

@@ -27,7 +27,7 @@ session's tools cannot reach their jobs) but answer to the same key.
 
 Keys in Redis that hold one owner's ids (its quotas, its job index) are named by the
 owner's space (`space`), a MAC of the owner's secret: a client can name its own and
-not another's, and no client may list keys (`worker.wire.acl`).
+not another's, and no client may list keys (`bashfleet.worker.wire.acl`).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
-from worker.wire import auth
+from bashfleet.worker.wire import auth
 
 #: The prefix of an owner key's text (version 1).
 PREFIX = "bfo1"

@@ -3,9 +3,9 @@
 Both sides read the same hashes (a worker lists its jobs, a client falls back on what
 Redis knows when a host is down), so both parse them here, and both verify them here.
 
-What a worker publishes is sealed (`worker.wire.auth.mark`, with every key it holds,
+What a worker publishes is sealed (`bashfleet.worker.wire.auth.mark`, with every key it holds,
 and one owner's records with that owner's key too; a job's record is also locked, so
-that only its owner, the workers and the admin read it: `worker.wire.owner_keys`):
+that only its owner, the workers and the admin read it: `bashfleet.worker.wire.owner_keys`):
 a job's hash (its record and state, `JOB_SEALED`, in the field `seal`; where the last
 check stopped, in `offsets_seal`), a host's record (`HOST_SEALED`, in `seal`) and the
 readiness of each of its consumers (`<role>_ready_seal`). A Redis writer without the
@@ -20,10 +20,10 @@ import json
 import logging
 from collections.abc import Mapping, Sequence
 
-from worker.wire import auth
-from worker.wire.models import HostInfo, JobRecord, JobView, SandboxProbe
-from worker.wire.names import JobState
-from worker.wire.owner_keys import for_readers
+from bashfleet.worker.wire import auth
+from bashfleet.worker.wire.models import HostInfo, JobRecord, JobView, SandboxProbe
+from bashfleet.worker.wire.names import JobState
+from bashfleet.worker.wire.owner_keys import for_readers
 
 log = logging.getLogger("bashfleet")
 

@@ -26,7 +26,7 @@ import hmac
 import uuid
 from typing import Literal
 
-from worker.wire.auth import AuthError
+from bashfleet.worker.wire.auth import AuthError
 
 #: Bytes of data in one chunk (redis-py moves 1 MiB values at ~370 MB/s here).
 CHUNK_BYTES = 1024 * 1024
