@@ -774,7 +774,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     hosts = tuple(h.strip() for h in args.hosts.split(",") if h.strip())
     options = local.UpOptions(
         hosts=hosts, concurrency=args.concurrency, flower=args.flower,
-        flower_port=args.flower_port,
+        flower_port=args.flower_port, labels=tuple(args.label or ()),
     )
     try:
         up = local.start(options)  # a running fleet is joined, never stopped
@@ -956,6 +956,9 @@ def _add_fleet_commands(sub: SubParsers) -> None:
                     "and password file are printed)")
     up.add_argument("--flower-port", type=int, default=5555,
                     help="Flower's port on 127.0.0.1 (default 5555)")
+    up.add_argument("--label", action="append", metavar="L",
+                    help="a pool label of the hosts this command starts (repeatable), for "
+                    "--label L of run and workspace create")
     up.add_argument("--detach", action="store_true", help="return once the fleet is up")
     up.set_defaults(func=cmd_up)
 

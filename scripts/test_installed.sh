@@ -56,7 +56,7 @@ rm -rf "$smoke_state"
 "${pip[@]}" pytest pytest-timeout
 
 cp -r tests "$work/tests"
-cp pyproject.toml "$work/"  # pytest's settings (timeout, markers), read from there
+cp pyproject.toml README.md "$work/"  # pytest's settings (timeout, markers); the README test reads its examples
 cd "$work"
 "$work/venv/bin/python" - <<'PY'
 import importlib, pkgutil, sys

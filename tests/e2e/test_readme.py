@@ -1,0 +1,116 @@
+"""README's example block, run as written: a newcomer copies it line by line into a shell
+on a machine with nothing but the installed package, and every line does what its
+comment says, on the fleet its first line brings up."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+
+from .helpers import Cli, bashfleet_command, kill_recorded, local_fleet
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def readme_block(first_line: str) -> list[str]:
+    """The lines of README's ```bash block that starts with `first_line`."""
+    lines = README.read_text(encoding="utf-8").splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(first_line))
+    assert lines[start - 1] == "```bash", "the block must start with its first line"
+    end = lines.index("```", start)
+    return lines[start:end]
+
+
+def run_lines(lines: list[str], cwd: Path, env: dict[str, str]) -> list[tuple[int, str]]:
+    """Each line in one bash, as typed at a prompt; (status, output) of each."""
+    marker = "@@status"
+    script = "".join(f"{line}\necho \"{marker} $?\"\n" for line in lines)
+    done = subprocess.run(["bash", "-c", script], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=600, check=False, stdin=subprocess.DEVNULL)
+    pieces = re.split(rf"^{marker} (\d+)\n", done.stdout, flags=re.M)
+    results = [(int(status), output) for output, status in zip(pieces[::2], pieces[1::2],
+                                                                 strict=False)]
+    assert len(results) == len(lines), done.stdout + done.stderr
+    return results
+
+
+def test_the_example_block_runs_as_written(tmp_path: Path) -> None:
+    lines = readme_block("bashfleet up --hosts a,b")
+    cli = Cli(tmp_path / "state")
+    env = dict(cli.env)
+    bin_dir = str(Path(bashfleet_command()[0]).parent)
+    env["PATH"] = f"{bin_dir}{os.pathsep}{env.get('PATH', os.defpath)}"
+    env["XDG_STATE_HOME"] = str(tmp_path / "xdg")
+    home = tmp_path / "home"
+    home.mkdir()
+    try:
+        results = dict(zip(lines, run_lines(lines, home, env), strict=True))
+    finally:
+        cli("down", timeout=120)
+        kill_recorded(cli)
+    by_start = {line.split("#")[0].strip(): result for line, result in results.items()}
+
+    def result(prefix: str) -> tuple[int, str]:
+        return next(r for line, r in by_start.items() if line.startswith(prefix))
+
+    expected_failures = {"bashfleet run --host b": 3, "bashfleet run --json 'ls /nope'": 2}
+    for line, (status, output) in by_start.items():
+        wanted = next((code for prefix, code in expected_failures.items()
+                       if line.startswith(prefix)), 0)
+        assert status == wanted, f"{line!r} exited {status}: {output}"
+    assert result("bashfleet run --follow")[1].splitlines() == ["step 1", "step 2", "step 3"]
+    job = result("J=$(")[1]
+    assert job == ""  # the id went into J
+    assert "started" in result('bashfleet check "$J"')[1]
+    pwd, variable = result("bashfleet run --session s1 'pwd")[1].splitlines()
+    assert pwd.endswith("/app") and variable == "test"
+    assert (home / "report").read_text() == "all tests pass\n"
+    # The block's last line, `down`, stopped all that `up` started: no process whose
+    # environment names this test's directory is left (the fleet's all do).
+    assert leftovers(str(tmp_path)) == []
+
+
+def leftovers(marker: str) -> list[str]:
+    found = []
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            if proc.pid != os.getpid() and any(marker in value
+                                               for value in proc.environ().values()):
+                found.append(f"{proc.pid}: {proc.info['cmdline']}")
+        except psutil.Error:
+            continue
+    return found
+
+
+def test_the_block_starts_with_its_fleet_and_ends_it() -> None:
+    lines = readme_block("bashfleet up --hosts a,b")
+    commands = [shlex.split(line.split("#")[0])[:2] for line in lines]
+    assert commands[0] == ["bashfleet", "up"] and commands[-1] == ["bashfleet", "down"]
+
+
+def python_block(first_line: str) -> str:
+    """README's ```python block that starts with `first_line`, whole."""
+    text = README.read_text(encoding="utf-8")
+    start = text.index(f"```python\n{first_line}") + len("```python\n")
+    return text[start:text.index("```", start)]
+
+
+def test_the_python_examples_run_as_written(tmp_path: Path) -> None:
+    first = python_block("import threading")
+    second = python_block("try:")
+    with local_fleet(tmp_path / "state", "--hosts", "a,b", "--no-flower") as cli:
+        done = subprocess.run([sys.executable, "-c", first + second], env=cli.env, cwd=tmp_path,
+                              capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    lines = [line for line in done.stdout.splitlines() if line]
+    assert lines[0] == "0 42"
+    assert lines[1] == "listening on 8000"
+    assert lines[2].endswith("/app") and lines[3] == "2"
+    assert lines[4] == "cancelled"
+    assert lines[5].startswith("bad_cwd ") and "/nope" in lines[5]
