@@ -42,6 +42,25 @@ KILL = Policy(on_timeout="kill", kill_grace_s=0.5)
 # ---------------------------------------------------------------------------- waiting
 
 
+def package_root(into: Path) -> Path:
+    """A directory to put on another interpreter's sys.path for `import bashfleet`: links
+    `bashfleet/worker` and `bashfleet/client` to this checkout's folders (the editable
+    install's import hook, read from its .pth files, is not loaded under `python -I`
+    with a sys.path set by hand)."""
+    from bashfleet import client, worker  # noqa: PLC0415
+
+    package = into / "bashfleet"
+    package.mkdir(parents=True, exist_ok=True)
+    for module in (worker, client):
+        folder = Path(module.__file__ or "").parent
+        link = package / folder.name
+        if not link.exists():
+            link.symlink_to(folder, target_is_directory=True)
+    into.chmod(0o755)
+    package.chmod(0o755)
+    return into
+
+
 def wait_until(
     predicate: Callable[[], T | None], *, timeout: float = DEADLINE_S, what: str = "a condition"
 ) -> T:

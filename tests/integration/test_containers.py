@@ -30,6 +30,7 @@ from .engine_helpers import (
     _janitor_fixture,  # noqa: F401 - the `janitor` fixture
     engine_with,
     give_to_run_user,
+    package_root,
 )
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="a root worker's workspaces")
@@ -418,8 +419,6 @@ def test_a_non_root_worker_is_single_tenant_and_still_keeps_the_findings_out(
     import sys  # noqa: PLC0415
     import tempfile  # noqa: PLC0415
 
-    from bashfleet import worker  # noqa: PLC0415
-
     nobody = pwd.getpwnam("nobody")
     state = Path(tempfile.mkdtemp(prefix="bashfleet-non-root-"))
     runtime = Path(f"/run/user/{nobody.pw_uid}")
@@ -441,7 +440,7 @@ def test_a_non_root_worker_is_single_tenant_and_still_keeps_the_findings_out(
         (host_dir / "x").chmod(0o700)
         host_dir.chmod(0o755)
         site = next(p for p in sys.path if p.endswith("site-packages"))
-        source = str(Path(worker.__file__).parent.parent)
+        source = str(package_root(state / "lib"))
         script = f"import sys; sys.path[:0] = [{source!r}, {site!r}]\n" + NON_ROOT_SCRIPT
         done = subprocess.run(
             ["setpriv", f"--reuid={nobody.pw_uid}", f"--regid={nobody.pw_gid}",
@@ -496,8 +495,6 @@ def test_strict_on_a_non_root_worker_whose_home_is_under_home(tmp_path: Path) ->
     import sys  # noqa: PLC0415
     import tempfile  # noqa: PLC0415
 
-    from bashfleet import worker  # noqa: PLC0415
-
     nobody = pwd.getpwnam("nobody")
     home = Path(f"/home/bashfleet-test-{uuid.uuid4().hex[:8]}")
     state = Path(tempfile.mkdtemp(prefix="bashfleet-strict-home-"))
@@ -506,7 +503,7 @@ def test_strict_on_a_non_root_worker_whose_home_is_under_home(tmp_path: Path) ->
         for path in (home, state):
             os.chown(path, nobody.pw_uid, nobody.pw_gid)
         site = next(p for p in sys.path if p.endswith("site-packages"))
-        source = str(Path(worker.__file__).parent.parent)
+        source = str(package_root(state / "lib"))
         script = f"import sys; sys.path[:0] = [{source!r}, {site!r}]\n" + STRICT_HOME_SCRIPT
         done = subprocess.run(
             ["setpriv", f"--reuid={nobody.pw_uid}", f"--regid={nobody.pw_gid}",

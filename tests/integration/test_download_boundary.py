@@ -134,9 +134,13 @@ def _capture(ws: Workspace, path: Path) -> None:
 #: Run by Debian's python3: the host's bytes through the client's checks (refused, nothing
 #: written), after the naive unpack of each archive reached its target there too.
 DEBIAN_CHECK = """
-import io, json, sys, tarfile
+import io, json, sys, tarfile, types
 from pathlib import Path
-sys.path[:0] = [sys.argv[1], sys.argv[1] + "/tests/integration"]
+sys.path[:0] = [sys.argv[1] + "/tests/integration"]
+# The checkout's folders as the package `bashfleet`'s subpackages, as installed.
+package = types.ModuleType("bashfleet")
+package.__path__ = [sys.argv[1]]
+sys.modules["bashfleet"] = package
 from bashfleet.client._core import archives
 import crafted_tars
 sent, fleet, scratch = Path(sys.argv[2]), Path(sys.argv[3]), Path(sys.argv[4])

@@ -93,8 +93,8 @@ def test_a_background_job_outlives_the_process_that_started_it(tmp_path: Path) -
 def test_a_leased_workspace_ends_at_its_lease_with_no_worker_to_reap_it(
     engine: Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(workspaces, "LEASE_LOOK_S", 0.2)
-    monkeypatch.setattr(workspaces, "LEASE_GRACE_S", 0.5)
+    monkeypatch.setattr(workspaces.store, "LEASE_LOOK_S", 0.2)
+    monkeypatch.setattr(workspaces.store, "LEASE_GRACE_S", 0.5)
     expiring = workspaces.create(WorkspaceSpec(ttl_s=1.0), engine.settings)
     renewed = workspaces.create(WorkspaceSpec(ttl_s=1.0), engine.settings)
     deleted = workspaces.create(WorkspaceSpec(ttl_s=3600.0), engine.settings)

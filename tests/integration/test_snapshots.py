@@ -81,11 +81,13 @@ def test_a_fork_has_the_source_files_everywhere_and_changes_its_own(engine: Engi
 def test_the_source_keeps_running_while_it_is_snapshotted(engine: Engine) -> None:
     source = workspaces.create(WorkspaceSpec(owner="o"), engine.settings)
     try:
-        started = engine.run("(i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.01;"
-                             " done) >/dev/null 2>&1 & echo started", workspace=source.id, cwd=None,
-                             owner="o")
+        # The count is replaced, never truncated in place: a read never sees it empty.
+        started = engine.run("(i=0; while :; do i=$((i+1)); echo $i > /tmp/count.new; "
+                             "mv /tmp/count.new /tmp/count; sleep 0.01; done) >/dev/null 2>&1 "
+                             "& echo started", workspace=source.id, cwd=None, owner="o")
         assert started.exit_code == 0
-        before = int(_sh(engine, source.id, "sleep 0.1; cat /tmp/count"))
+        before = int(_sh(engine, source.id, "until [ -s /tmp/count ]; do sleep 0.05; done; "
+                         "cat /tmp/count"))
         snap, _ = snapshots.take(source, engine.settings)
         # Thawed: its loop goes on (within seconds, however loaded the host).
         after = int(_sh(engine, source.id, f"for i in $(seq 100); do c=$(cat /tmp/count); "

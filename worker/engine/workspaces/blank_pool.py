@@ -1,0 +1,262 @@
+"""Blank keepers: keepers started ahead of need, each with its namespaces, ids and
+network made, waiting for a workspace to claim them. Claiming one skips the slowest
+steps of making a workspace. Blanks of a worker that ended are reaped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from bashfleet.worker.engine import (
+    cgroups,
+    ids,
+    launcher,
+    layout,
+    network,
+    procs,
+    resources,
+    sandbox,
+)
+from bashfleet.worker.engine.workspaces import lifecycle, making, visibility
+from bashfleet.worker.settings import Settings
+
+log = logging.getLogger("bashfleet.workspaces")
+
+
+# --------------------------------------------------------------------- blank keepers
+
+
+@dataclass
+class Blank:
+    """A keeper made ahead: its namespaces and cgroup ready, no view yet."""
+
+    pid: int
+    start: float | None
+    socket_path: str
+    group: cgroups.Group | None
+    note: Path
+    """Its file in the state directory (who made it): the reaper ends the blanks of a
+    worker process that died."""
+    slot: ids.Slot | None = None
+    """Its host ids (the keeper holds their slot's lock; `fd` here is -1)."""
+    layers: Path | None = None
+    """Its layers, made ahead and mounted in its namespace (moved into the workspace's
+    state when claimed)."""
+    prebuilt: bool = False
+    """Its `/` (the host's, in layers) is built: a claim binds the workspace's own paths."""
+    net: network.State = dataclasses.field(default_factory=network.State)
+    """Its network, made ahead (an `egress` blank's link and rules)."""
+    ended: bool = False
+
+    def end(self) -> None:
+        """Kill it and remove what it held (a blank never claimed, or a failed claim)."""
+        if self.ended:
+            return
+        self.ended = True
+        with contextlib.suppress(ProcessLookupError):
+            if self.start is None or procs.is_same_process(self.pid, self.start):
+                os.kill(self.pid, 9)
+        for path in (self.socket_path, str(self.note)):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+        if self.layers is not None:
+            threading.Thread(target=_remove_when_free, args=(self.layers,), daemon=True,
+                             name="bashfleet-blank-end").start()
+        if self.group is not None:
+            threading.Thread(target=self.group.remove, kwargs={"timeout": 10.0},
+                             daemon=True, name="bashfleet-blank-end").start()
+
+    def forget(self) -> None:
+        """It is a workspace now: its note goes."""
+        self.ended = True
+        with contextlib.suppress(FileNotFoundError):
+            self.note.unlink()
+
+
+def _remove_when_free(path: Path) -> None:
+    """Remove a blank's layers once its namespace (where they were mounted) is gone."""
+    deadline = time.monotonic() + 10.0
+    while True:
+        lifecycle.remove_tree(path)
+        if not path.exists() or time.monotonic() > deadline:
+            return
+        time.sleep(0.05)  # the dead keeper's mounts are let go of a moment later
+
+
+class Blanks:
+    """Blank keepers made ahead, per network kind (`blank_kind`), in this process (a few:
+    `workspace_pool`)."""
+
+    def __init__(self) -> None:
+        self.ready: dict[tuple[Path, str, bool], list[Blank]] = {}
+        self.lock = threading.Lock()
+        self.filling: set[tuple[Path, str, bool]] = set()
+        self.threads: list[threading.Thread] = []
+
+    def take(self, settings: Settings, kind: str, *, prebuilt: bool = True) -> Blank:
+        """A blank keeper (made now when none is ready); more are made in the background.
+        `prebuilt`: with the host's root in layers built ahead (an image's workspace wants
+        its own `/`)."""
+        key = (settings.state_dir, kind, prebuilt)
+        with self.lock:
+            ready = self.ready.get(key, [])
+            blank = ready.pop() if ready else None
+        self._fill_later(settings, kind, prebuilt)
+        if blank is not None and (blank.start is None or procs.is_same_process(blank.pid,
+                                                                              blank.start)):
+            return blank
+        if blank is not None:
+            blank.end()
+        return make_blank(settings, kind, prebuilt=prebuilt)
+
+    def _fill_later(self, settings: Settings, kind: str, prebuilt: bool) -> None:
+        key = (settings.state_dir, kind, prebuilt)
+        with self.lock:
+            if key in self.filling or len(self.ready.get(key, [])) >= settings.workspace_pool:
+                return
+            self.filling.add(key)
+        thread = threading.Thread(target=self._fill, args=(settings, kind, prebuilt),
+                                  daemon=True, name="bashfleet-blanks")
+        with self.lock:
+            self.threads = [t for t in self.threads if t.is_alive()] + [thread]
+        thread.start()
+
+    def _fill(self, settings: Settings, kind: str, prebuilt: bool) -> None:
+        key = (settings.state_dir, kind, prebuilt)
+        try:
+            while len(self.ready.get(key, [])) < settings.workspace_pool:
+                blank = make_blank(settings, kind, prebuilt=prebuilt)
+                with self.lock:
+                    self.ready.setdefault(key, []).append(blank)
+        except OSError as exc:
+            log.warning("could not make a keeper ahead: %s", exc)
+        finally:
+            with self.lock:
+                self.filling.discard(key)
+
+    def close(self) -> None:
+        """End the blanks this process made (at its exit), those being made too."""
+        with self.lock:
+            threads = list(self.threads)
+        for thread in threads:
+            thread.join(timeout=launcher.KEEPER_SETUP_S)
+        with self.lock:
+            ready = [blank for blanks_ in self.ready.values() for blank in blanks_]
+            self.ready.clear()
+        for blank in ready:
+            blank.end()
+
+
+blanks = Blanks()
+sandbox.on_close(blanks.close)
+
+
+def make_blank(settings: Settings, net: str, *, prebuilt: bool = False) -> Blank:
+    """A blank keeper: forked by the zygote into new namespaces, in a cgroup of its own;
+    on a host that gives workspaces ids of their own, with a slot of them, its user
+    namespace made, and (`prebuilt`) the host's root in layers of its own mounted."""
+    making.ensure_dir(settings.workspaces_dir, 0o700)
+    name = f"blank-{uuid.uuid4().hex[:15]}"
+    sock_path = str(settings.workspaces_dir / f"{name}.sock")
+    note = settings.workspaces_dir / f"{name}.blank"
+    slot = _claim_ids(settings)
+    layers = settings.workspaces_dir / f"{name}.layer" if slot is not None and prebuilt \
+        else None
+    # `network` True: the host's namespace; else a namespace of its own.
+    spec: dict[str, object] = {"network": net == "host", "worker_uid": os.geteuid(),
+                               "maker": os.getpid()}
+    group = None
+    try:
+        if slot is not None:
+            spec["ids"] = {"uid": slot.uid, "gid": slot.gid, "count": ids.SLOT_SIZE}
+            spec["slot"] = True
+        if layers is not None and slot is not None:
+            making.make_layers(layers, slot, None)
+            spec["prebuild"] = layout.prebuild_steps(str(layers), visibility.host_entries(),
+                                                     frozenset(making.IDMAPPED_ENTRIES))
+        with contextlib.suppress(OSError):
+            group = resources.blank_group(settings, f"ws-{name}")
+        listener = launcher.listen(sock_path)
+    except BaseException:
+        if slot is not None:
+            slot.close()
+        if layers is not None:
+            lifecycle.remove_tree(layers)
+        raise
+    fds = group.procs_fds() if group is not None else []
+    try:
+        # `maker`: a blank keeper ends with the worker process that made it ahead (none
+        # else would claim it); a claimed one lives on (a workspace outlives its worker).
+        pid = sandbox.zygote.keeper(settings, spec, [listener.fileno(), *fds,
+                                                     *([slot.fd] if slot else [])])
+    except OSError:
+        if group is not None:
+            group.remove(timeout=0)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(sock_path)
+        if layers is not None:
+            lifecycle.remove_tree(layers)
+        raise
+    finally:
+        listener.close()
+        for fd in fds:
+            os.close(fd)
+        if slot is not None:
+            slot.close()  # the keeper holds the lock now, for its life
+    blank = Blank(pid, making.start_time(pid), sock_path, group, note,
+                  slot=dataclasses.replace(slot, fd=-1) if slot is not None else None,
+                  layers=layers, prebuilt=layers is not None)
+    if net == "egress":
+        _blank_network(blank, settings)
+    note.write_text(json.dumps({"pid": pid, "start": blank.start, "maker": os.getpid(),
+                                "maker_start": making.start_time(os.getpid()),
+                                "cgroup": [p for p, _ in group.paths] if group else [],
+                                "layers": str(layers) if layers else None}),
+                    encoding="utf-8")
+    return blank
+
+
+def _blank_network(blank: Blank, settings: Settings) -> None:
+    """An `egress` blank's link and rules, made ahead (off the workspace's path)."""
+    try:
+        blank.net = network.apply(blank.pid, None, network.State(), sandbox.EGRESS, settings)
+    except BaseException:
+        blank.end()
+        raise
+
+
+def _claim_ids(settings: Settings) -> ids.Slot | None:
+    """Host ids of the workspace's own (None: a single-tenant host)."""
+    host = sandbox.host_ids(settings)
+    if host is None:
+        return None
+    return ids.claim(host, first=int.from_bytes(os.urandom(2), "big"))
+
+
+def reap_blanks(settings: Settings) -> int:
+    """End the blank keepers of worker processes that died; how many."""
+    ended = 0
+    with contextlib.suppress(FileNotFoundError):
+        for entry in os.scandir(settings.workspaces_dir):
+            if not entry.name.endswith(".blank"):
+                continue
+            with contextlib.suppress(OSError, ValueError, KeyError):
+                info = json.loads(Path(entry.path).read_text("utf-8"))
+                maker_start = info.get("maker_start")
+                if maker_start is not None and procs.is_same_process(info["maker"], maker_start):
+                    continue
+                group = cgroups.Group("v2", [(p, ()) for p in info.get("cgroup", [])])
+                layers = info.get("layers")
+                Blank(info["pid"], info.get("start"), entry.path[:-6] + ".sock", group,
+                      Path(entry.path), layers=Path(layers) if layers else None).end()
+                ended += 1
+    return ended

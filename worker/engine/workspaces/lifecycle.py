@@ -1,0 +1,205 @@
+"""A workspace's changes and end: delete, restore to a snapshot, a new network
+policy, and the reaping of leases.
+
+Workspaces are leases: unused for their TTL (or deleted by their owner), the host reaps
+them (`reap`, run by the host supervisor): its keeper killed (so every process in it),
+its cgroup and its files removed, its jobs' ends recorded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+from bashfleet.worker.engine import (
+    cgroups,
+    job_records,
+    launcher,
+    layout,
+    network,
+    sandbox,
+    snapshots,
+)
+from bashfleet.worker.engine.workspaces import blank_pool, keeper_calls, making, store, usage
+from bashfleet.worker.engine.workspaces.store import WorkspaceError
+from bashfleet.worker.settings import Settings
+from bashfleet.worker.wire.models import (
+    WorkspaceRecord,
+    WorkspaceSpec,
+)
+from bashfleet.worker.wire.network import NetworkPolicy
+
+# --------------------------------------------------------------------------- its end
+
+
+def delete(ws_id: str, settings: Settings, *, note: str = "its workspace was deleted") -> bool:
+    """End a workspace: its keeper killed (so every process in it), its jobs' ends
+    recorded, its cgroup and files removed. False when there was none."""
+    try:
+        record = store.load(ws_id, settings)
+    except WorkspaceError:
+        return False
+    keeper_calls.connections.drop(ws_id)
+    _end_keeper(record)
+    job_records.end_workspace_jobs(settings, ws_id, note)
+    for path in record.cgroup:
+        cgroups.Group("v2", [(path, ())]).remove(timeout=2.0)
+    remove_files(record, settings)
+    usage.full_path(settings, ws_id).unlink(missing_ok=True)
+    store.record_path(settings, ws_id).unlink(missing_ok=True)
+    store.forget(ws_id, settings)
+    return True
+
+
+def restore(ws_id: str, snap_id: str, settings: Settings) -> tuple[WorkspaceRecord, int]:
+    """Put a workspace's files back to a snapshot's: its processes ended (how many, in
+    the answer), its own layers replaced by empty ones over the snapshot's; its id,
+    path, owner, session, tags and lease kept. WorkspaceError (`invalid`, `not_found`)
+    before anything is touched when the snapshot cannot be its."""
+    record = store.load(ws_id, settings)
+    try:
+        snapshot = snapshots.load(snap_id, settings)
+    except snapshots.SnapshotError as exc:
+        raise WorkspaceError(exc.kind, exc.message) from None
+    if snapshot.deleted or snapshot.owner != record.owner:
+        raise WorkspaceError("not_found", f"no such snapshot on host {settings.host}: "
+                             f"{snap_id}")
+    base = "host" if record.image is None else f"{record.image.ref}@{record.image.digest}"
+    if snapshot.path != record.path or snapshot.base() != base or record.ids is None:
+        raise WorkspaceError("invalid", (
+            f"snapshot {snap_id} is of a workspace in {snapshot.path} on {snapshot.base()}; "
+            f"workspace {ws_id} is in {record.path} on {base}: restore it to a snapshot "
+            "of itself (or of one it was made from), or make a new workspace from this one"))
+    if snapshot.image is not None:
+        making.image_of(WorkspaceSpec(), settings, snapshot)  # held (or pulled) before it is undone
+    ended = len(usage.processes(record))
+    keeper_calls.connections.drop(ws_id)
+    _end_keeper(record)
+    job_records.end_workspace_jobs(settings, ws_id, f"its workspace was restored to {snap_id}")
+    for path in record.cgroup:
+        cgroups.Group("v2", [(path, ())]).remove(timeout=2.0)
+    remove_files(record, settings)
+    usage.full_path(settings, ws_id).unlink(missing_ok=True)
+    spec = WorkspaceSpec(owner=record.owner, snapshot=snap_id, isolation=record.isolation,
+                         network=record.network, ttl_s=record.ttl_s, limits=record.limits,
+                         session=record.session, tags=record.tags)
+    try:
+        made = making.create(spec, settings, ws_id=ws_id)
+    except BaseException:
+        store.record_path(settings, ws_id).unlink(missing_ok=True)  # nothing of it is left
+        raise
+    made = made.model_copy(update={"created_at": record.created_at})
+    store.save(made, settings)
+    return made, ended
+
+
+def set_network(ws_id: str, policy: NetworkPolicy, settings: Settings) -> WorkspaceRecord:
+    """Put another network policy in force in a live workspace (its processes keep
+    running; connections the new policy refuses are cut). `host` is the namespace a
+    workspace was made in: never changed to or from (WorkspaceError `invalid`)."""
+    record = store.load(ws_id, settings)
+    if record.keeper_pid is None or not usage.keeper_alive(record):
+        raise WorkspaceError("invalid", f"workspace {ws_id} has no sandbox (isolation "
+                             f"{record.isolation!r}): its network is the host's")
+    if (policy.mode == "host") != (record.network.mode == "host"):
+        raise WorkspaceError("invalid", f"workspace {ws_id} was made "
+                             f"{'in' if record.network.mode == 'host' else 'out of'} the "
+                             "host's network namespace, which a live workspace cannot "
+                             "leave or join: make a new one")
+    try:
+        sandbox.decide(configured=settings.isolation, available=True, reason=None,
+                       asked=record.isolation, network=policy,
+                       host_network=settings.sandbox_network, rules=sandbox.network_rules(settings))
+    except sandbox.IsolationError as exc:
+        raise WorkspaceError(exc.kind, exc.message) from None
+    with _network_lock:
+        state = network.load_state(settings, ws_id)
+        try:
+            state = network.apply(record.keeper_pid, ws_id, state, policy, settings)
+        except (OSError, subprocess.SubprocessError) as exc:
+            raise WorkspaceError("spawn_failed", f"could not put network policy {policy} "
+                                 f"in force: {exc}") from exc
+        finally:
+            network.save_state(settings, ws_id, state)
+        record = record.model_copy(update={"network": policy})
+        store.save(record, settings)
+    return record
+
+
+#: One policy change at a time in this process (a change reads, then writes, `<id>.net`).
+_network_lock = threading.Lock()
+
+
+def _end_keeper(record: WorkspaceRecord) -> None:
+    if record.keeper_pid is None or not usage.keeper_alive(record):
+        return
+    try:
+        pidfd = os.pidfd_open(record.keeper_pid)
+    except ProcessLookupError:
+        return
+    try:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(record.keeper_pid, 9)  # pid 1 of its namespace: the kernel ends them all
+        launcher.readable(pidfd, store.KEEPER_END_S)
+    finally:
+        os.close(pidfd)
+
+
+def remove_files(record: WorkspaceRecord, settings: Settings) -> None:
+    remove_tree(store.state_path(settings, record.id))
+    with contextlib.suppress(OSError):  # an output directory with nothing kept in it
+        os.rmdir(record.out_dir)
+        (settings.workspaces_dir / f"{record.id}.out").unlink()
+    store.socket_path(settings, record.id).unlink(missing_ok=True)
+    network.state_path(settings, record.id).unlink(missing_ok=True)
+    network.denied_path(settings, record.id).unlink(missing_ok=True)
+    Path(f"{network.denied_path(settings, record.id)}.seen").unlink(missing_ok=True)
+    own_dir = record.host_dir()
+    if record.fresh and layout.inside(own_dir, str(settings.workspace_root_dir())) \
+            and own_dir != str(settings.workspace_root_dir()):
+        remove_tree(Path(own_dir))
+
+
+def remove_tree(path: Path) -> None:
+    """Remove a tree a call may have made hard to remove (directories without write or
+    execute permission for the worker that is not root)."""
+    def unlock(func: object, failed: str, exc: object) -> None:
+        del func, exc
+        with contextlib.suppress(OSError):
+            os.chmod(os.path.dirname(failed), 0o700)
+            os.chmod(failed, 0o700)
+        with contextlib.suppress(OSError):
+            if os.path.isdir(failed) and not os.path.islink(failed):
+                shutil.rmtree(failed, ignore_errors=True)
+            else:
+                os.unlink(failed)
+
+    if path.exists() or path.is_symlink():
+        shutil.rmtree(path, onerror=unlock)
+
+
+def reap(settings: Settings, now: float | None = None) -> list[WorkspaceRecord]:
+    """Delete the workspaces unused past their TTL and those whose keeper is gone. The
+    host supervisor runs this every few seconds."""
+    now = time.time() if now is None else now
+    reaped: list[WorkspaceRecord] = []
+    for record in store.local_records(settings):
+        used = store.last_used(record, settings)
+        if used is None:
+            continue
+        expired = now - used > record.ttl_s
+        if not expired and usage.keeper_alive(record):
+            usage.check_disk(record, settings)
+            continue
+        if expired or not usage.keeper_alive(record):
+            note = "its workspace expired (unused past its TTL)" if expired else \
+                "its workspace's sandbox ended"
+            if delete(record.id, settings, note=note):
+                reaped.append(record)
+    blank_pool.reap_blanks(settings)
+    return reaped

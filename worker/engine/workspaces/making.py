@@ -1,0 +1,617 @@
+"""Making a workspace: its directory, its layers and mounts, its keeper.
+
+A workspace's directory is either fresh (`<workspace root>/<id>`, made and removed by
+the worker) or an existing directory under a root the operator allows
+(`workspace_allow`). Its root filesystem is the host's or an image's, or a snapshot's
+layers over them, with a writable layer of its own. A blank keeper from the pool
+(`blank_pool`) is claimed when one fits; otherwise a keeper is started for it here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import stat
+import subprocess
+import time
+from pathlib import Path
+from typing import Literal
+
+from bashfleet.worker.engine import (
+    cgroups,
+    ids,
+    layout,
+    network,
+    procs,
+    resources,
+    sandbox,
+    snapshots,
+)
+from bashfleet.worker.engine.launcher import (
+    KeeperConnection,
+)
+from bashfleet.worker.engine.workspaces import (
+    blank_pool,
+    keeper_calls,
+    lifecycle,
+    store,
+    throwaway_pool,
+    visibility,
+)
+from bashfleet.worker.engine.workspaces.store import WorkspaceError
+from bashfleet.worker.settings import Settings
+from bashfleet.worker.wire.errors import ToolError
+from bashfleet.worker.wire.models import (
+    ImageInfo,
+    SnapshotRecord,
+    WorkspaceRecord,
+    WorkspaceSpec,
+)
+from bashfleet.worker.wire.network import NetworkPolicy
+
+# ------------------------------------------------------------------------- making one
+
+
+def create(spec: WorkspaceSpec, settings: Settings, *, throwaway: bool = False,
+           ws_id: str | None = None) -> WorkspaceRecord:
+    """Make a workspace as `spec` asks (its keeper ready for calls); WorkspaceError
+    (`invalid`, `unavailable`, `spawn_failed`) when it cannot be."""
+    snapshot = None
+    if spec.snapshot is not None:
+        snapshot, spec = _from_snapshot(spec, settings)
+    choice = choose(spec, settings)
+    user = _user(settings)
+    if snapshot is not None and (choice.level == "none" or sandbox.host_ids(settings) is None):
+        raise WorkspaceError("unavailable", f"host {settings.host} is single-tenant (`bashfleet "
+                             "hosts`): a workspace made from a snapshot needs ids of its own")
+    if (spec.image or spec.build) and (choice.level == "none"
+                                       or sandbox.host_ids(settings) is None):
+        raise WorkspaceError("unavailable", "an image needs a host that gives each workspace "
+                             "host ids of its own (a root worker whose run user has "
+                             "subordinate ids; `bashfleet hosts` says `single-tenant`)")
+    image, image_root = image_of(spec, settings, snapshot)
+    blank = None
+    if choice.level != "none":
+        try:
+            # Made from a snapshot, its host layers stand on the snapshot's: built at claim.
+            blank = blank_pool.blanks.take(settings, blank_kind(choice.network),
+                                prebuilt=image_root is None and snapshot is None)
+        except OSError as exc:
+            raise WorkspaceError("spawn_failed", f"could not make the workspace's sandbox: "
+                                 f"{exc.strerror or exc}") from exc
+    try:
+        return _create(spec, settings, choice, user, blank, image, image_root,
+                       throwaway=throwaway, ws_id=ws_id, snapshot=snapshot)
+    except BaseException:
+        if blank is not None:
+            blank.end()  # never claimed, or its claim failed: its id slot freed with it
+        raise
+
+
+def _create(spec: WorkspaceSpec, settings: Settings, choice: sandbox.Choice,  # noqa: PLR0917
+            user: sandbox.User | None, blank: blank_pool.Blank | None, image: ImageInfo | None,
+            image_root: str | None, *, throwaway: bool, ws_id: str | None,
+            snapshot: SnapshotRecord | None = None) -> WorkspaceRecord:
+    slot = blank.slot if blank is not None else None
+    if (spec.image or spec.build) and slot is None:
+        raise WorkspaceError("unavailable", "this host gave the workspace no ids of its own "
+                             "(its subordinate ids changed?): an image needs them")
+    ws_id = ws_id or store.new_id()
+    inside = visibility.inside_user(spec.user, image, image_root) if slot is not None else None
+    owner = ((slot.uid + inside.uid, slot.gid + inside.gid) if slot is not None and inside
+             else (user.uid, user.gid) if user else None)
+    path, fresh = _directory(spec.path or project_dir(spec.near, settings), ws_id, settings,
+                             owner)
+    granted = resources.granted(spec.limits, settings)
+    lowers: tuple[str, ...] = ()
+    shown_at = path
+    mounts = spec.mounts
+    if snapshot is not None:
+        # Its directory is where its snapshot's was in the view (every path an agent saw
+        # there works); what it changes there is kept in the fresh one made above.
+        lowers, shown_at = snapshot.layers, snapshot.path
+        mounts = {**snapshot.mounts, **spec.mounts}
+    record = WorkspaceRecord(
+        id=ws_id, host=settings.host, owner=spec.owner, path=shown_at, fresh=fresh,
+        out_dir=str(store.out_dir(settings, ws_id)), isolation=choice.level, network=choice.network,
+        ttl_s=spec.ttl_s or settings.workspace_ttl_s, created_at=time.time(), limits=granted,
+        mounts=_mounts(mounts, path, owner if fresh else _run_user_ids(user),
+                       make=snapshot is None),
+        session=spec.session, tags=spec.tags, throwaway=throwaway,
+        run_as=user.name if user else sandbox.run_user_name(settings),
+        image=image, ids=(slot.uid, ids.SLOT_SIZE) if slot is not None else None,
+        user=spec.user, home=inside.home if inside is not None else None,
+        lowers=lowers, dir=path if path != shown_at else None,
+    )
+    try:
+        _make_dirs(record, settings, user, blank, image_root=image_root, owner=owner)
+        if blank is not None:
+            record = _start_keeper(record, settings, user, blank, inside=inside,
+                                   image_root=image_root)
+        store.save(record, settings)
+    except BaseException:
+        lifecycle.remove_files(record, settings)
+        raise
+    return record
+
+
+def _from_snapshot(spec: WorkspaceSpec, settings: Settings
+                   ) -> tuple[SnapshotRecord, WorkspaceSpec]:
+    """The snapshot a workspace is made from (on this host), and the spec it gives: its
+    base, user and isolation are the snapshot's; its limits unless the spec says."""
+    if spec.image or spec.build or spec.path:
+        raise WorkspaceError("invalid", "a workspace made from a snapshot stands on the "
+                             "snapshot's image or host root, in its directory: `image`, "
+                             "`build` and `path` cannot change that")
+    try:
+        snapshot = snapshots.load(str(spec.snapshot), settings)
+    except snapshots.SnapshotError as exc:
+        raise WorkspaceError(exc.kind, exc.message) from None
+    if snapshot.deleted or (snapshot.owner != spec.owner and spec.owner):
+        raise WorkspaceError("not_found", f"no such snapshot on host {settings.host}: "
+                             f"{snapshot.id}")
+    limits = spec.limits if spec.limits.model_dump(exclude_none=True) else snapshot.limits
+    return snapshot, spec.model_copy(update={
+        "user": snapshot.user, "limits": limits, "near": None,
+        "isolation": spec.isolation or snapshot.isolation,
+        "network": snapshot.network if spec.network is None else spec.network,
+    })
+
+
+def image_of(spec: WorkspaceSpec, settings: Settings, snapshot: SnapshotRecord | None = None
+           ) -> tuple[ImageInfo | None, str | None]:
+    """The image the workspace stands on, pulled or built now when this host has not
+    got it (None: the host's own root)."""
+    if snapshot is not None and snapshot.image is not None:
+        from bashfleet.worker.engine import images  # noqa: PLC0415 - only image workspaces need it
+
+        try:
+            info, root = images.ensure_pinned(snapshot.image, settings)
+        except ToolError as exc:
+            raise WorkspaceError(exc.kind, f"snapshot {snapshot.id} stands on image "
+                                 f"{snapshot.base()}: {exc.message}") from None
+        return info, str(root)
+    if not (spec.image or spec.build):
+        return None, None
+    from bashfleet.worker.engine import images  # noqa: PLC0415 - only image workspaces need it
+
+    try:
+        if spec.build:
+            info, root = images.build(spec.build, settings)
+        else:
+            info, root = images.ensure(str(spec.image), settings)
+    except ToolError as exc:
+        raise WorkspaceError(exc.kind, exc.message) from None
+    return info, str(root)
+
+
+def _run_user_ids(user: sandbox.User | None) -> tuple[int, int] | None:
+    """Who a project's new mount directories belong to: the run user, whose files a
+    project's are (shown as the workspace root's where workspaces have ids of their
+    own); a worker that is not root makes them as itself."""
+    return (user.uid, user.gid) if user is not None else None
+
+
+def choose(spec: WorkspaceSpec, settings: Settings) -> sandbox.Choice:
+    """The isolation a workspace gets (WorkspaceError when it asks for what this host
+    refuses)."""
+    available, reason = sandbox.availability(settings)
+    try:
+        return sandbox.decide(
+            configured=settings.isolation, available=available, reason=reason,
+            asked=spec.isolation, network=spec.network, host_network=settings.sandbox_network,
+            rules=sandbox.network_rules(settings),
+        )
+    except sandbox.IsolationError as exc:
+        raise WorkspaceError(exc.kind, exc.message) from None
+
+
+def blank_kind(policy: NetworkPolicy) -> str:
+    """The kind of blank keeper a policy's workspace is made from: `host` (the host's
+    namespace), `egress` (its link and rules made ahead), else `none` (a namespace of its
+    own with its loopback only; `allow` is put in force at the claim)."""
+    return policy.mode if policy.mode in ("host", "egress") else "none"
+
+
+def _user(settings: Settings) -> sandbox.User | None:
+    try:
+        return sandbox.run_user(settings)
+    except OSError as exc:
+        raise WorkspaceError("spawn_failed", exc.strerror or str(exc)) from None
+
+
+def project_dir(cwd: str | None, settings: Settings) -> str | None:
+    """The directory under an allowed root an absolute `cwd` is in (the root's child that
+    holds it: the project), else None (a fresh workspace). The project must exist, the
+    cwd need not: a missing or non-directory cwd in a project is the call's error to
+    report, from the project (a session opened there stays there)."""
+    if cwd is None or not os.path.isabs(cwd):
+        return None
+    real = os.path.realpath(cwd)
+    root = allowed_root(real, settings)
+    if root is None:
+        return None
+    rest = os.path.relpath(real, root)
+    project = root if rest == "." else os.path.join(root, rest.split(os.sep)[0])
+    return project if os.path.isdir(project) else None
+
+
+def allowed_root(path: str, settings: Settings) -> str | None:
+    """The allowed root (`workspace_allow`) `path` is under, or None."""
+    for root in settings.workspace_allow:
+        real = os.path.realpath(os.path.expanduser(root))
+        if layout.inside(path, real):
+            return real
+    return None
+
+
+def _directory(asked: str | None, ws_id: str, settings: Settings,
+               owner: tuple[int, int] | None) -> tuple[str, bool]:
+    """(its directory, whether it is fresh): an existing directory under an allowed root,
+    or a new one in the workspace root (0700 and root's when the worker is: no other
+    local account finds or reads a workspace), owned by `owner` (the workspace's root)."""
+    if asked is None:
+        root = settings.workspace_root_dir()
+        ensure_dir(root, 0o700)
+        path = root / ws_id
+        path.mkdir(mode=0o755)
+        if owner is not None:
+            os.chown(path, *owner)
+        return str(path), True
+    if not os.path.isabs(asked):
+        raise WorkspaceError("invalid", f"a workspace's path is absolute: {asked!r}")
+    real = os.path.realpath(asked)
+    if not os.path.isdir(real):
+        raise WorkspaceError("bad_cwd", f"Working directory does not exist: {asked}")
+    if allowed_root(real, settings) is None or layout.inside(real, "/proc") \
+            or layout.inside(real, "/dev") or layout.inside(real, str(settings.state_dir)):
+        roots = ", ".join(settings.workspace_allow) or "none"
+        raise WorkspaceError("invalid", f"{asked} is not under a root this host allows for "
+                             f"workspaces (workspace_allow: {roots})")
+    return real, False
+
+
+def _mounts(asked: dict[str, str], path: str,
+            owner: tuple[int, int] | None, *, make: bool = True) -> dict[str, str]:
+    """`{view path: subdirectory}` -> `{view path: host directory}`, made in the
+    workspace when missing (owned by `owner`). Each is opened beneath the workspace one
+    component at a time without following a symbolic link: the directory is a command's
+    to change, and a link planted there must never make the worker (root) create, chown
+    or bind a directory elsewhere."""
+    mounts: dict[str, str] = {}
+    for view_path, sub in asked.items():
+        clean = os.path.normpath(view_path)
+        if not os.path.isabs(view_path) or clean == "/" or layout.inside(clean, "/proc") \
+                or layout.inside(clean, "/dev"):
+            raise WorkspaceError("invalid", f"a mount's path is absolute and not /, /proc "
+                                 f"or /dev: {view_path!r}")
+        host = os.path.normpath(os.path.join(path, sub))
+        if not layout.inside(host, path):
+            raise WorkspaceError("invalid", f"a mount's source is inside the workspace: {sub!r}")
+        if host != path and make:  # a snapshot's are in its layer already
+            try:
+                _make_beneath(path, os.path.relpath(host, path), owner)
+            except OSError as exc:
+                raise WorkspaceError("invalid", f"a mount's source {sub!r}: "
+                                     f"{exc.strerror or exc}") from None
+        if make and clean != path and layout.inside(clean, path):
+            # Its mount point is in the workspace's directory (the same path on the host):
+            # made here, as its owner, not by the keeper through a project's id map (where
+            # the keeper's root is no id: EOVERFLOW).
+            try:
+                _make_beneath(path, os.path.relpath(clean, path), owner)
+            except OSError as exc:
+                raise WorkspaceError("invalid", f"a mount's path {view_path!r}: "
+                                     f"{exc.strerror or exc}") from None
+        mounts[clean] = host
+    return mounts
+
+
+def _make_beneath(base: str, rel: str, owner: tuple[int, int] | None) -> None:
+    """Make the directory `rel` beneath `base` (and its parents), never following a
+    symbolic link (ELOOP, ENOTDIR where one is); new ones owned by `owner`."""
+    fd = os.open(base, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        for part in rel.split(os.sep):
+            if part in ("", ".", ".."):
+                raise OSError(errno.EINVAL, "not a plain relative path")
+            try:
+                os.mkdir(part, 0o755, dir_fd=fd)
+                made = True
+            except FileExistsError:
+                made = False
+            try:
+                nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+                              | os.O_CLOEXEC, dir_fd=fd)
+            except (NotADirectoryError, OSError) as exc:
+                if exc.errno in (errno.ENOTDIR, errno.ELOOP) and stat.S_ISLNK(
+                        os.stat(part, dir_fd=fd, follow_symlinks=False).st_mode):
+                    raise OSError(errno.ELOOP, f"{part} is a symbolic link (a mount never "
+                                  "follows one)") from None
+                raise
+            os.close(fd)
+            fd = nxt
+            if made and owner is not None:
+                os.fchown(fd, *owner)
+    finally:
+        os.close(fd)
+
+
+def ensure_dir(path: Path, mode: int) -> None:
+    if not path.is_dir():
+        path.mkdir(mode=mode, parents=True, exist_ok=True)
+        path.chmod(mode)
+
+
+def _make_dirs(record: WorkspaceRecord, settings: Settings, user: sandbox.User | None,
+               blank: blank_pool.Blank | None = None, *, image_root: str | None = None,
+               owner: tuple[int, int] | None = None) -> None:
+    ensure_dir(settings.workspaces_dir, 0o700)
+    ensure_dir(Path(record.out_dir).parent, 0o700)
+    out = Path(record.out_dir)
+    out.mkdir(mode=0o755, exist_ok=True)  # kept by a restore
+    # This host's mark on it: its kept output outlives the workspace, until `bashfleet
+    # gc` (`bashfleet.worker.retention`) removes it.
+    (settings.workspaces_dir / f"{record.id}.out").write_text(record.out_dir, encoding="utf-8")
+    state = store.state_path(settings, record.id)
+    state.mkdir(mode=0o700)
+    for name, mode in (("tmp", 0o1777), ("vartmp", 0o1777), ("home", 0o700), ("root", 0o700)):
+        (state / name).mkdir(mode=mode)
+        (state / name).chmod(mode)  # the umask took the sticky bit
+    slot = blank.slot if blank is not None else None
+    if slot is not None and blank is not None:
+        os.chown(state / "home", *(owner or (slot.uid, slot.gid)))
+        if blank.layers is not None:
+            # Made (and mounted) ahead with its blank keeper: the overlays follow the move.
+            os.rename(blank.layers, state / "layer")
+            blank.layers = None
+        elif record.lowers:
+            _make_snapshot_layers(record, settings, slot, image_root)
+        else:
+            make_layers(state / "layer", slot, image_root)
+            if image_root is not None and record.image is not None and record.image.workdir:
+                _make_workdir(state / "layer" / "upper" / "root", image_root,
+                              record.image.workdir, slot)
+    elif user is not None:
+        os.chown(state / "home", user.uid, user.gid)
+
+
+def make_layers(layers: Path, slot: ids.Slot, image_root: str | None) -> None:
+    """The workspace's own layers: for `/` and for each host entry shown through its user
+    namespace, an upper directory (what its calls change) whose owner and mode are those
+    of the directory it lies over as the workspace sees it (an overlay shows its upper
+    root's), and a work directory the overlay needs."""
+    for name in ("upper", "work", "empty"):
+        (layers / name).mkdir(mode=0o700 if name != "empty" else 0o755, parents=True)
+    _upper(layers, "root", os.stat(image_root) if image_root else None, slot)
+    if image_root is not None:
+        _seed_network_files(layers / "upper" / "root", image_root, slot)
+    if image_root is None:
+        for entry in IDMAPPED_ENTRIES:
+            with contextlib.suppress(FileNotFoundError):
+                info = os.stat(f"/{entry}", follow_symlinks=False)
+                if stat.S_ISDIR(info.st_mode):
+                    _upper(layers, layout.upper_name(entry), info, slot)
+
+
+def _make_snapshot_layers(record: WorkspaceRecord, settings: Settings, slot: ids.Slot,
+                          image_root: str | None) -> None:
+    """The layers of a workspace made from snapshots: empty uppers, each with the owner
+    and mode of the newest snapshot's layer of it (what an overlay shows of its root),
+    and work directories for its own directories' overlays too."""
+    layers = store.state_path(settings, record.id) / "layer"
+    for name in ("upper", "work", "empty"):
+        (layers / name).mkdir(mode=0o700 if name != "empty" else 0o755, parents=True)
+    newest = snapshots.layer_path(settings, record.lowers[0])
+    del image_root  # the snapshot's layer of `/` has its image's root's owner and mode
+    _upper(layers, "root", os.stat(newest / "root"), slot)
+    for entry in IDMAPPED_ENTRIES:  # the host's real directories only, as `make_layers`
+        with contextlib.suppress(FileNotFoundError):
+            if stat.S_ISDIR(os.stat(f"/{entry}", follow_symlinks=False).st_mode):
+                name = layout.upper_name(entry)
+                _upper(layers, name, os.stat(newest / name), slot)
+    state = store.state_path(settings, record.id)
+    own = {"home": state / "home", "tmp": state / "tmp", "vartmp": state / "vartmp",
+           "work": Path(record.host_dir())}
+    for name, upper in own.items():
+        (layers / "work" / f"own.{name}").mkdir(mode=0o700)
+        info = os.stat(newest / name)
+        os.chown(upper, _shifted(info.st_uid, slot.uid), _shifted(info.st_gid, slot.gid))
+        upper.chmod(stat.S_IMODE(info.st_mode))
+
+
+#: What an image's workspace finds in its /etc for the network, as a container does
+#: (its own to change: the files are in its upper layer).
+HOSTS = "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n"
+
+
+def _seed_network_files(upper: Path, image_root: str, slot: ids.Slot) -> None:
+    """/etc/hosts and the host's /etc/resolv.conf in an image workspace's own layer (an
+    image's are empty or missing: names would not resolve)."""
+    try:
+        lower = os.stat(os.path.join(image_root, "etc"), follow_symlinks=False)
+    except OSError:
+        return
+    if not stat.S_ISDIR(lower.st_mode):
+        return
+    etc = upper / "etc"
+    etc.mkdir(mode=stat.S_IMODE(lower.st_mode))
+    os.chown(etc, _shifted(lower.st_uid, slot.uid), _shifted(lower.st_gid, slot.gid))
+    try:
+        resolv = Path("/etc/resolv.conf").read_text("utf-8")
+    except (OSError, UnicodeDecodeError):
+        resolv = ""
+    for name, text in (("hosts", HOSTS), ("resolv.conf", resolv)):
+        fd = os.open(etc / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                     | os.O_CLOEXEC, 0o644)
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            os.fchown(handle.fileno(), slot.uid, slot.gid)
+
+
+def _make_workdir(upper: Path, image_root: str, workdir: str, slot: ids.Slot) -> None:
+    """An image's WORKDIR, made in the workspace's own layer when the image has not got
+    it (as container runtimes make it): each directory it lies in copied up with the
+    image's owner and mode (an overlay shows its upper directory's), the new ones the
+    workspace root's. A link on the way: left alone (the call's cwd error says so)."""
+    lower, upper_dir = image_root, upper
+    for part in [p for p in os.path.normpath(workdir).split("/") if p]:
+        lower = os.path.join(lower, part)
+        upper_dir = upper_dir / part
+        try:
+            info: os.stat_result | None = os.lstat(lower)
+        except FileNotFoundError:
+            info = None
+        if info is not None and not stat.S_ISDIR(info.st_mode):
+            return
+        if upper_dir.exists():
+            continue
+        upper_dir.mkdir(mode=stat.S_IMODE(info.st_mode) if info else 0o755)
+        os.chown(upper_dir, *((_shifted(info.st_uid, slot.uid), _shifted(info.st_gid, slot.gid))
+                              if info else (slot.uid, slot.gid)))
+
+
+def _shifted(host_id: int, first: int) -> int:
+    """An image's (or the host's) id as the workspace's user namespace shows it."""
+    return first + host_id if host_id < ids.SLOT_SIZE else host_id
+
+
+def _upper(layers: Path, name: str, lower: os.stat_result | None, slot: ids.Slot) -> None:
+    upper = layers / "upper" / name
+    upper.mkdir(mode=0o755)
+    (layers / "work" / name).mkdir(mode=0o700)
+    if lower is None:
+        os.chown(upper, slot.uid, slot.gid)
+        return
+    os.chown(upper, _shifted(lower.st_uid, slot.uid), _shifted(lower.st_gid, slot.gid))
+    upper.chmod(stat.S_IMODE(lower.st_mode))
+
+
+#: Entries of the host's `/` a workspace with ids of its own sees through its user
+#: namespace, each an overlay with an upper layer of its own: the system's directories,
+#: where package managers write (`apt-get install`, `pip install` into /usr/local).
+#: Host root's files there are the workspace root's (secrets masked: `private_entries`);
+#: every other entry (/home, /opt, /srv, /root...) is shown read-only with the host's
+#: ids, which are nobody's in the workspace: a 0700 directory there stays shut to it.
+IDMAPPED_ENTRIES = ("bin", "etc", "lib", "lib32", "lib64", "libx32", "sbin", "usr", "var")
+
+
+def _start_keeper(record: WorkspaceRecord, settings: Settings, user: sandbox.User | None,
+                  blank: blank_pool.Blank, *, inside: visibility.Inside | None,
+                  image_root: str | None = None) -> WorkspaceRecord:
+    """Claim a blank keeper for the workspace (made ahead: `Blanks`), name its socket and
+    cgroup after it, write its limits, and have it build the workspace's view."""
+    slot = blank.slot
+    spec = visibility.view_spec(record, settings, user, image_root=image_root,
+                                prebuilt=blank.prebuilt)
+    _make_mount_uppers(spec)
+    plan = layout.plan_view(spec)
+    body: dict[str, object] = {
+        "plan": plan, "bound_to_maker": record.throwaway,
+        "open_files": record.limits.open_files,
+        "lease": {"dir": str(settings.workspaces_dir),
+                  "name": store.record_path(settings, record.id).name, "ttl_s": record.ttl_s,
+                  "look_s": store.LEASE_LOOK_S, "grace_s": store.LEASE_GRACE_S},
+    }
+    if slot is not None:
+        # The run user's files (projects, shared writable roots: theirs on the host, as
+        # on a single-tenant host) are the workspace root's through that map.
+        body["ids"] = {"uid": slot.uid, "gid": slot.gid, "count": ids.SLOT_SIZE,
+                       "shared": [user.uid, user.gid] if user is not None else None}
+        who = inside or visibility.Inside(0, 0, (), "/root")
+        body["user"] = [who.uid, who.gid, list(who.groups)]
+    elif user is not None:
+        body.update(uid=user.uid, gid=user.gid, groups=list(user.groups))
+    sock_path = str(store.socket_path(settings, record.id))
+    try:
+        os.rename(blank.socket_path, sock_path)
+        group = _claim_group(blank, record)
+        conn = KeeperConnection.connect(sock_path)
+        try:
+            conn.claim(body)
+        finally:
+            keeper_calls.connections.give_back(record.id, conn)
+    except OSError as exc:
+        raise WorkspaceError("spawn_failed", f"could not make the workspace's sandbox: "
+                             f"{exc.strerror or exc}") from exc
+    blank.forget()
+    _claim_network(record, settings, blank)
+    if slot is not None:
+        upper = store.state_path(settings, record.id) / "layer" / "upper"
+        skeleton = throwaway_pool.layer_listing(upper)
+        throwaway_pool.skeleton_path(settings, record.id).write_text(json.dumps(skeleton),
+                                                                     encoding="utf-8")
+    return record.model_copy(update={
+        "keeper_pid": blank.pid, "keeper_start": blank.start, "socket_path": sock_path,
+        "cgroup": tuple(path for path, _ in group.paths) if group is not None else (),
+    })
+
+
+def _make_mount_uppers(spec: layout.ViewSpec) -> None:
+    """The upper layers of host entries that are overlays only to hold a mount point
+    (`layout.mount_entries`): owner and mode the host's directory's, as it is shown."""
+    for name in layout.mount_entries(spec):
+        upper = Path(str(spec.layers)) / "upper" / layout.upper_name(name)
+        if upper.is_dir():
+            continue
+        info = os.stat(f"/{name}", follow_symlinks=False)
+        upper.mkdir(mode=0o755)
+        os.chown(upper, info.st_uid, info.st_gid)
+        upper.chmod(stat.S_IMODE(info.st_mode))
+        (Path(str(spec.layers)) / "work" / layout.upper_name(name)).mkdir(mode=0o700)
+
+
+def _claim_network(record: WorkspaceRecord, settings: Settings, blank: blank_pool.Blank) -> None:
+    """The workspace's network as its policy says, before its first call: a blank's made
+    ahead (`egress`, `none`, `host`) is it already; `allow` is put in force now."""
+    state = blank.net
+    if record.network.mode == "allow":
+        try:
+            state = network.apply(blank.pid, record.id, state, record.network, settings)
+        except (OSError, subprocess.SubprocessError) as exc:
+            raise WorkspaceError("spawn_failed", f"could not put network policy "
+                                 f"{record.network} in force: {exc}") from exc
+    if state.link is not None:  # none (no file: no link, no guard) costs no write
+        network.save_state(settings, record.id, state)
+
+
+def _claim_group(blank: blank_pool.Blank, record: WorkspaceRecord) -> cgroups.Group | None:
+    if blank.group is None:
+        return None
+    group = cgroups.rename(blank.group, f"ws-{record.id}")
+    blank.group = group
+    cgroups.write_limits(group, resources.cgroup_limits(record.limits))
+    group.baseline = group.counters()
+    return group
+
+
+#: Workspace id -> its cgroup as last read (the counters' baseline lives there: one read
+#: after each call says which limit its processes hit since the last one).
+_groups: dict[str, cgroups.Group] = {}
+
+
+def group_of(record: WorkspaceRecord) -> cgroups.Group | None:
+    """The workspace's cgroup (its counters: which limits its processes hit)."""
+    if not record.cgroup:
+        return None
+    known = _groups.get(record.id)
+    if known is not None and known.paths[0][0] == record.cgroup[0]:
+        return known
+    if len(_groups) > 4096:
+        _groups.clear()
+    _groups[record.id] = group = _read_group(record)
+    group.hits()  # its baseline: what it hit before this process looked
+    return group
+
+
+def _read_group(record: WorkspaceRecord) -> cgroups.Group:
+    version: Literal["v1", "v2"] = (
+        "v2" if os.path.exists(os.path.join(record.cgroup[0], "cgroup.controllers")) else "v1")
+    controllers = tuple(resources.cgroup_limits(record.limits).controllers())
+    return cgroups.Group(version, [(path, controllers) for path in record.cgroup])
+
+
+def start_time(pid: int) -> float | None:
+    return procs.start_time(pid)

@@ -1,0 +1,266 @@
+"""Throwaway workspaces: a call without a workspace gets one from a pool,
+removed once it and its jobs end. One that its call left unchanged is reused.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import queue
+import stat
+import threading
+from pathlib import Path
+
+from bashfleet.worker.engine import (
+    layout,
+    sandbox,
+)
+from bashfleet.worker.engine.workspaces import keeper_calls, lifecycle, making, store, usage
+from bashfleet.worker.engine.workspaces.store import WorkspaceError
+from bashfleet.worker.settings import Settings
+from bashfleet.worker.wire.models import (
+    WorkspaceRecord,
+    WorkspaceSpec,
+)
+
+log = logging.getLogger("bashfleet.workspaces")
+
+
+# ----------------------------------------------------------------- throwaway workspaces
+
+
+def _left_nothing(record: WorkspaceRecord, settings: Settings) -> bool:
+    """No file in its directory, /tmp, /var/tmp, HOME or output directory but the mount
+    points its view made (a workspace path under /tmp has its parents made in its /tmp)."""
+    state = store.state_path(settings, record.id)
+    skeleton = _skeleton(record)
+    return all(_only(path, skeleton if path.name == "tmp" else set()) for path in (
+        Path(record.path), state / "tmp", state / "vartmp", state / "home",
+        Path(record.out_dir))) and _layer_unchanged(record, settings)
+
+
+def layer_listing(upper: Path) -> list[list[object]]:
+    """Every entry of a workspace's upper layers, with its type, mode and owner: what its
+    view's build left there (mount points), to tell later whether a call changed any."""
+    found: list[list[object]] = []
+    stack = [upper]
+    while stack:
+        folder = stack.pop()
+        with contextlib.suppress(OSError), os.scandir(folder) as listing:
+            for entry in listing:
+                info = entry.stat(follow_symlinks=False)
+                found.append([os.path.relpath(entry.path, upper), info.st_mode, info.st_uid,
+                              info.st_gid, info.st_size if not stat.S_ISDIR(info.st_mode)
+                              else 0])
+                if stat.S_ISDIR(info.st_mode):
+                    stack.append(Path(entry.path))
+    return sorted(found, key=lambda item: str(item[0]))
+
+
+def skeleton_path(settings: Settings, ws_id: str) -> Path:
+    return store.state_path(settings, ws_id) / "layer.skeleton"
+
+
+def _layer_unchanged(record: WorkspaceRecord, settings: Settings) -> bool:
+    """A workspace with layers of its own: its upper layers hold just what its view's
+    build put there (a throwaway's next call, maybe another owner's, sees nothing of this
+    one's, in /usr or anywhere)."""
+    if record.ids is None:
+        return True
+    upper = store.state_path(settings, record.id) / "layer" / "upper"
+    try:
+        kept = json.loads(skeleton_path(settings, record.id).read_text("utf-8"))
+    except (OSError, ValueError):
+        return False
+    return bool(kept == layer_listing(upper))
+
+
+def _skeleton(record: WorkspaceRecord) -> set[str]:
+    """Paths (relative to /tmp) of the mount points the view made in its /tmp."""
+    found: set[str] = set()
+    for path in (record.path, record.out_dir, *record.mounts):
+        if layout.inside(path, "/tmp") and path != "/tmp":
+            parts = os.path.relpath(path, "/tmp").split(os.sep)
+            found.update(os.sep.join(parts[:n]) for n in range(1, len(parts) + 1))
+    return found
+
+
+def _only(root: Path, skeleton: set[str], prefix: str = "") -> bool:
+    """`root` holds nothing but the directories of `skeleton` (relative paths)."""
+    try:
+        with os.scandir(root) as listing:
+            for entry in listing:
+                rel = f"{prefix}{entry.name}"
+                if rel not in skeleton or not entry.is_dir(follow_symlinks=False):
+                    return False
+                if not _only(Path(entry.path), skeleton, f"{rel}{os.sep}"):
+                    return False
+    except OSError:
+        return False
+    return True
+
+
+#: How long a throwaway workspace may go without a call before the reaper takes it: longer
+#: than any call or job may run (a background job's 24 h), so one in use is never reaped.
+THROWAWAY_TTL_S = 25 * 3600.0
+
+
+def _pool_size(settings: Settings) -> int:
+    """Throwaway workspaces kept ready: a consumer's slots can all start a call at once."""
+    return max(settings.workspace_pool, settings.concurrency)
+
+
+class Throwaways:
+    """Workspaces made ahead for calls without one (a consumer's slots' worth), so such a
+    call does not wait the few milliseconds one takes to make; given back after a call
+    that left nothing in it (`end`), by one thread of this process."""
+
+    def __init__(self) -> None:
+        self.ready: dict[tuple[Path, sandbox.Choice], list[WorkspaceRecord]] = {}
+        self.lock = threading.Lock()
+        self.filling: set[tuple[Path, sandbox.Choice]] = set()
+        self.ended: queue.SimpleQueue[tuple[WorkspaceRecord, Settings] | None] = \
+            queue.SimpleQueue()
+        self.recycler: threading.Thread | None = None
+
+    def take(self, settings: Settings, spec: WorkspaceSpec) -> WorkspaceRecord:
+        """A throwaway workspace for `spec` (its owner set, marked used now)."""
+        if spec.path is not None:
+            return making.create(spec.model_copy(update={"ttl_s": THROWAWAY_TTL_S}), settings,
+                          throwaway=True)
+        choice = making.choose(spec, settings)
+        key = (settings.state_dir, choice)
+        record = self._pop(key)
+        if record is None:
+            # None ready: make this one now, and some ahead for the calls that follow
+            # (those that end give theirs back: `end`).
+            self._refill_later(settings, choice)
+            return making.create(spec.model_copy(update={"ttl_s": THROWAWAY_TTL_S}), settings,
+                          throwaway=True)
+        store.touch(record, settings)
+        # Its owner and tags are this call's: held here, not written (no call reads them
+        # from its record; the next call that takes it gets its own).
+        return record.model_copy(update={"owner": spec.owner, "tags": spec.tags})
+
+    def _pop(self, key: tuple[Path, sandbox.Choice]) -> WorkspaceRecord | None:
+        with self.lock:
+            ready = self.ready.get(key, [])
+            while ready:
+                record = ready.pop()
+                if usage.keeper_alive(record):
+                    return record
+        return None
+
+    def _refill_later(self, settings: Settings, choice: sandbox.Choice) -> None:
+        key = (settings.state_dir, choice)
+        with self.lock:
+            if key in self.filling or len(self.ready.get(key, [])) >= _pool_size(settings):
+                return
+            self.filling.add(key)
+        threading.Thread(target=self._refill, args=(settings, choice), daemon=True,
+                         name="bashfleet-throwaways").start()
+
+    def _refill(self, settings: Settings, choice: sandbox.Choice) -> None:
+        key = (settings.state_dir, choice)
+        spec = WorkspaceSpec(isolation=choice.level, network=choice.network,
+                             ttl_s=THROWAWAY_TTL_S)
+        try:
+            while len(self.ready.get(key, [])) < _pool_size(settings):
+                record = making.create(spec, settings, throwaway=True)
+                with self.lock:
+                    self.ready.setdefault(key, []).append(record)
+        except (OSError, WorkspaceError) as exc:
+            log.warning("could not make a throwaway workspace ahead: %s", exc)
+        finally:
+            with self.lock:
+                self.filling.discard(key)
+
+    def fill(self, settings: Settings) -> None:
+        """Make the host default's throwaways now (a consumer's start)."""
+        spec = WorkspaceSpec()
+        self._refill_later(settings, making.choose(spec, settings))
+
+    def end(self, record: WorkspaceRecord, settings: Settings, *, jobs_left: bool) -> None:
+        """After its call: made ready for another call when nothing of this one is left in
+        it, else removed (off the call's path, by the recycling thread); while a job it
+        started runs, removed once that ends (its keeper exits then; the reaper removes
+        the rest)."""
+        if jobs_left and record.keeper_pid is not None:
+            try:
+                conn = keeper_calls.connections.take(record)
+                conn.exit_when_idle()
+                keeper_calls.connections.give_back(record.id, conn)
+                return
+            except OSError:
+                pass
+        if jobs_left:
+            return  # an unsandboxed one: reaped with its TTL once its jobs ended
+        # Sandboxed: its keeper killed what the call left and said it is clean.
+        # Unsandboxed: no namespace holds its processes apart, so none is promised (a
+        # call sees and reaches every process and file of the worker's user anyway):
+        # an empty directory serves the next call, as the old runner's cwd did.
+        clean = (keeper_calls.recycled.pop(record.id, None) if record.keeper_pid is not None
+                 else True)
+        if clean and record.fresh and _left_nothing(record, settings) \
+                and self._give_back(record, settings):
+            return  # nothing of the call is left in it
+        self.ended.put((record, settings))
+        with self.lock:
+            if self.recycler is None or not self.recycler.is_alive():
+                self.recycler = threading.Thread(target=self._recycle_loop, daemon=True,
+                                                 name="bashfleet-recycler")
+                self.recycler.start()
+
+    def _recycle_loop(self) -> None:
+        while (item := self.ended.get()) is not None:
+            try:
+                self._recycle_or_delete(*item)
+            except Exception:  # the thread lives on for the next ones
+                log.exception("could not recycle or delete workspace %s", item[0].id)
+
+    def _recycle_or_delete(self, record: WorkspaceRecord, settings: Settings) -> None:
+        """Back to the ready ones when its call left nothing: no process, no file in its
+        directory, /tmp, /var/tmp, HOME or output directory (a kept output is another's
+        to read only), nothing in /dev/shm, no IPC object. Else deleted."""
+        clean = False
+        if record.fresh and record.keeper_pid is not None:
+            try:
+                conn = keeper_calls.connections.take(record)
+                clean = conn.recycle()
+                keeper_calls.connections.give_back(record.id, conn)
+            except OSError:
+                clean = False
+        if not (clean and _left_nothing(record, settings) and self._give_back(record, settings)):
+            lifecycle.delete(record.id, settings)
+
+    def _give_back(self, record: WorkspaceRecord, settings: Settings) -> bool:
+        """Back to the ready ones, if the pool has room."""
+        key = (settings.state_dir, sandbox.Choice(record.isolation, record.network))
+        with self.lock:
+            ready = self.ready.setdefault(key, [])
+            if len(ready) >= _pool_size(settings):
+                return False
+            ready.append(record.model_copy(update={"owner": "", "tags": {}}))
+        return True
+
+    def close(self) -> None:
+        """Delete the ready ones nobody took."""
+        with self.lock:
+            ready = [(key[0], record) for key, records in self.ready.items()
+                     for record in records]
+            self.ready.clear()
+        for state_dir, record in ready:
+            delete_at(state_dir, record)
+
+
+throwaways = Throwaways()
+sandbox.on_close(throwaways.close)
+
+
+def delete_at(state_dir: Path, record: WorkspaceRecord) -> None:
+    """Delete `record`'s workspace kept in `state_dir` (its keeper, files, cgroup)."""
+    settings = Settings(state_dir=state_dir, host=record.host,
+                        workspace_root=Path(record.out_dir).parent.parent)
+    lifecycle.delete(record.id, settings)
