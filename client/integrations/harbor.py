@@ -38,6 +38,7 @@ BASHFLEET_* settings. The worker pulls and builds with its own registry settings
 from __future__ import annotations
 
 import shlex
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -162,6 +163,8 @@ class BashfleetEnvironment(BaseEnvironment):  # type: ignore[misc]  # Harbor: an
         self._image: TaskImage | None = None
         self._user: InsideUser | None = None
         self._output: ExactOutput | None = None
+        #: Why `start` failed (None: it has not, or has not run).
+        self._start_error: BaseException | None = None
         super().__init__(*args, **kwargs)
 
     @staticmethod
@@ -179,21 +182,45 @@ class BashfleetEnvironment(BaseEnvironment):  # type: ignore[misc]  # Harbor: an
     @property
     def workspace(self) -> AsyncWorkspace:
         if self._workspace is None:
-            raise RuntimeError("the bashfleet environment is not started")
+            raise self._not_running()
         return self._workspace
+
+    def _not_running(self) -> RuntimeError:
+        """The error of a call that needs the workspace when there is none: after a
+        failed start it names that start's own error."""
+        if self._start_error is not None:
+            cause = str(self._start_error) or type(self._start_error).__name__
+            return RuntimeError(f"the bashfleet environment did not start: {cause}")
+        return RuntimeError("the bashfleet environment is not started")
+
+    def _start_failed(self, what: str) -> bool:
+        """True when `start` failed and no workspace exists: what Harbor does after
+        such a start (it downloads the agent's logs and the artifacts, then stops the
+        environment) has nothing to act on, and is a quiet no-op, so the trial's log
+        holds one error, the start's own, not a traceback of each of these."""
+        if self._workspace is not None or self._start_error is None:
+            return False
+        self.logger.debug(f"bashfleet: no workspace to {what} (the environment did not "
+                          "start)")
+        return True
 
     # ------------------------------------------------------------------ lifetime
 
     async def start(self, force_build: bool) -> None:
-        self._image = None if self.options.ignore_image else task_image(
-            self.environment_dir, self.task_env_config.docker_image, force_build)
-        self._fleet = AsyncFleet(**self.options.fleet_kwargs())
+        self._start_error = None
         try:
-            self._workspace, default_user = await made_root(self._fleet,
-                                                            self._workspace_kwargs())
-        except BaseException:
-            await self._fleet.close()
-            self._fleet = None
+            self._image = None if self.options.ignore_image else task_image(
+                self.environment_dir, self.task_env_config.docker_image, force_build)
+            self._fleet = AsyncFleet(**self.options.fleet_kwargs())
+            try:
+                self._workspace, default_user = await made_root(self._fleet,
+                                                                self._workspace_kwargs())
+            except BaseException:
+                await self._fleet.close()
+                self._fleet = None
+                raise
+        except BaseException as exc:
+            self._start_error = exc
             raise
         self._lease = Renewer(self.workspace)
         self._user = InsideUser(self.workspace, default_user)
@@ -233,7 +260,8 @@ class BashfleetEnvironment(BaseEnvironment):  # type: ignore[misc]  # Harbor: an
                                disk_mb=config.storage_mb)
 
     async def stop(self, delete: bool) -> None:
-        """End the lease; with `delete`, the workspace too (else its TTL reaps it)."""
+        """End the lease; with `delete`, the workspace too (else its TTL reaps it).
+        Nothing to do when there is none (a start that failed made none)."""
         if self._lease is not None:
             await self._lease.stop()
         self._lease = None
@@ -252,7 +280,7 @@ class BashfleetEnvironment(BaseEnvironment):  # type: ignore[misc]  # Harbor: an
                    env: dict[str, str] | None = None, timeout_sec: int | None = None,
                    user: str | int | None = None) -> ExecResult:
         if self._user is None or self._output is None:
-            raise RuntimeError("the bashfleet environment is not started")
+            raise self._not_running()
         who = self._resolve_user(user)
         try:
             line = await self._user.command_as(command, None if who is None else str(who))
@@ -280,7 +308,12 @@ class BashfleetEnvironment(BaseEnvironment):  # type: ignore[misc]  # Harbor: an
     async def upload_dir(self, source_dir: Path | str, target_dir: str) -> None:
         await self.workspace.upload(source_dir, target_dir)
 
+    # After a failed start there is nothing to download: Harbor still asks for the agent's
+    # logs and the artifacts, and each download is a no-op (see `_start_failed`).
+
     async def download_file(self, source_path: str, target_path: Path | str) -> None:
+        if self._start_failed(f"download {source_path} from"):
+            return
         try:
             data = await self.workspace.read_file(source_path)
         except BashfleetError as exc:
@@ -290,7 +323,26 @@ class BashfleetEnvironment(BaseEnvironment):  # type: ignore[misc]  # Harbor: an
         target.write_bytes(data)
 
     async def download_dir(self, source_dir: str, target_dir: Path | str) -> None:
+        if self._start_failed(f"download {source_dir} from"):
+            return
         try:
             await self.workspace.download(source_dir, target_dir)
         except BashfleetError as exc:
             raise file_error(exc, source_dir) or exc from None
+
+    async def download_dir_filtered(self, *, source_dir: str, target_dir: Path | str,
+                                    include: Sequence[str] | None = None,
+                                    exclude: Sequence[str] | None = None,
+                                    protect: Sequence[str] | None = None) -> None:
+        if self._start_failed(f"download {source_dir} from"):
+            return
+        await super().download_dir_filtered(source_dir=source_dir, target_dir=target_dir,
+                                            include=include, exclude=exclude,
+                                            protect=protect)
+
+    async def download_dir_with_exclusions(self, *, source_dir: str, target_dir: Path | str,
+                                           exclude: list[str]) -> None:
+        if self._start_failed(f"download {source_dir} from"):
+            return
+        await super().download_dir_with_exclusions(source_dir=source_dir,
+                                                   target_dir=target_dir, exclude=exclude)

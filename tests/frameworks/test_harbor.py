@@ -26,6 +26,7 @@ from integration.conftest import WorkerFactory, WorkerProcess
 from integration.registry import Registry
 
 from bashfleet.client import Fleet
+from bashfleet.client.errors import HostUnavailable
 from bashfleet.client.integrations.harbor import (
     BashfleetEnvironment,
     ComposeRefusedError,
@@ -68,7 +69,7 @@ def environment(tmp_path: Path, *, config: EnvironmentConfig | None = None,
     made = EnvironmentFactory.create_environment_from_import_path(
         IMPORT_PATH, environment_dir=tmp_path / "environment", environment_name="t",
         session_id=f"t__{uuid.uuid4().hex[:6]}__env", trial_paths=TrialPaths(tmp_path / "trial"),
-        task_env_config=config or EnvironmentConfig(), host=HOST, **kwargs)
+        task_env_config=config or EnvironmentConfig(), **{"host": HOST, **kwargs})
     assert isinstance(made, BashfleetEnvironment)
     return made
 
@@ -247,6 +248,22 @@ async def test_a_docker_image_task_runs_in_its_image_unless_ignored(
         await ignored.stop(delete=True)
 
 
+async def test_after_a_failed_start_stop_and_downloads_have_nothing_to_do(
+        host: WorkerProcess, owner: str, tmp_path: Path) -> None:
+    made = environment(tmp_path, host=None, label="no-such-label")
+    with pytest.raises(HostUnavailable, match="no-such-label"):
+        await made.start(force_build=False)
+    await made.stop(delete=True)
+    await made.download_dir("/logs/agent", tmp_path / "agent")
+    await made.download_file("/logs/verifier/reward.txt", tmp_path / "reward.txt")
+    assert not (tmp_path / "agent").exists() and not (tmp_path / "reward.txt").exists()
+    with pytest.raises(RuntimeError, match="did not start: no live host with label"):
+        await made.exec("true")
+    never = environment(tmp_path)
+    with pytest.raises(RuntimeError, match="not started"):
+        await never.download_dir("/logs/agent", tmp_path / "agent")
+
+
 async def test_stop_deletes_the_workspace(host: WorkerProcess, owner: str, tmp_path: Path,
                                           redis_server: RedisServer) -> None:
     made = environment(tmp_path)
@@ -300,13 +317,13 @@ def _image_task(root: Path, base: str) -> Path:
     return task
 
 
-def _harbor_run(task: Path, jobs: Path, owner: str, redis_url: str,
-                *extra: str) -> subprocess.CompletedProcess[str]:
+def _harbor_run(task: Path, jobs: Path, owner: str, redis_url: str, *extra: str,
+                where: str = f"host={HOST}") -> subprocess.CompletedProcess[str]:
     harbor = Path(sys.executable).with_name("harbor")
     env = {**os.environ, "BASHFLEET_REDIS_URL": redis_url, "BASHFLEET_OWNER": owner}
     return subprocess.run(
         [str(harbor), "run", "-p", str(task), "-a", "oracle", "--env", IMPORT_PATH,
-         "--ek", f"host={HOST}", "-o", str(jobs), "-y", "-q", *extra],
+         "--ek", where, "-o", str(jobs), "-y", "-q", *extra],
         env=env, capture_output=True, text=True, timeout=600, check=False)
 
 
@@ -351,3 +368,30 @@ def test_harbor_run_builds_the_tasks_dockerfile(host: WorkerProcess,
     assert "solved in /app" in oracle_log
     with Fleet(redis_server.url, owner=owner) as fleet:
         assert fleet.workspaces() == [], "the trial's workspace was deleted at its end"
+
+
+def test_a_failed_start_is_the_trials_one_error(host: WorkerProcess,
+                                                redis_server: RedisServer,
+                                                tmp_path: Path) -> None:
+    """A start that fails (here: a pool label no live host has) is the trial's error, said
+    once: Harbor's cleanup after it (log and artifact downloads, stop) finds nothing to
+    do and adds no traceback of its own to the trial's log."""
+    owner = f"harbor-e2e-{uuid.uuid4().hex[:6]}"
+    label = f"nowhere-{uuid.uuid4().hex[:6]}"
+    jobs = tmp_path / "jobs"
+    done = _harbor_run(_task(tmp_path), jobs, owner, redis_server.url,
+                       where=f"label={label}")
+    assert done.returncode == 0, done.stdout + done.stderr
+    (trial,) = list(_results(jobs))
+    error = trial.get("exception_info")
+    assert isinstance(error, dict), trial
+    assert label in str(error["exception_message"]), error
+    trial_dir = next(jobs.glob("*/*/result.json")).parent
+    log = (trial_dir / "trial.log").read_text()
+    assert f"no live host with label '{label}'" in log, log
+    assert "not started" not in log, log
+    assert "Traceback" not in log, log
+    traceback = (trial_dir / "exception.txt").read_text()
+    assert label in traceback and "not started" not in traceback, traceback
+    with Fleet(redis_server.url, owner=owner) as fleet:
+        assert fleet.workspaces() == []

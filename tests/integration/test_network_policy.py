@@ -10,8 +10,10 @@ server stand for what a workspace must not reach.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import resource
 import socket
 import subprocess
 import threading
@@ -27,8 +29,10 @@ import redis
 from bashfleet.client import CallRejected, Fleet
 from bashfleet.client.redis_server import RedisServer
 from bashfleet.worker.engine import network, snapshots, workspaces
+from bashfleet.worker.settings import Settings
 from bashfleet.worker.wire import names
 from bashfleet.worker.wire.events import open_event
+from bashfleet.worker.wire.models import CallResult
 from bashfleet.worker.wire.network import parse_text as parse
 
 from .conftest import RECORD_KEYS, WorkerFactory, WorkerProcess
@@ -293,6 +297,88 @@ def _denied(engine: Engine, ws_id: str, wanted: set[str]) -> set[str]:
         if wanted <= found or time.monotonic() > deadline:
             return found
         time.sleep(0.1)  # the guard writes as it refuses
+
+
+#: Through the guard: `held` CONNECT tunnels to good.test:80 (the server waits for a
+#: request on each, so each holds two of the guard's sockets), then a plain GET, then
+#: `more` tunnels; marks `holding` in the cwd and waits for `release` before it ends.
+TUNNELS = r"""python3 - "$@" <<'EOF'
+import os, socket, sys, time
+address, held_n, more_n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+
+def tunnel():
+    try:
+        sock = socket.create_connection((address, 80), timeout=10)
+        sock.settimeout(10)
+        sock.sendall(b"CONNECT good.test:80 HTTP/1.1\r\nHost: good.test:80\r\n\r\n")
+        if sock.recv(64).startswith(b"HTTP/1.1 200"):
+            return sock
+        sock.close()
+    except OSError:
+        pass
+    return None
+
+tunnels = [tunnel() for _ in range(held_n)]
+with socket.create_connection((address, 80), timeout=10) as sock:
+    sock.settimeout(10)
+    sock.sendall(b"GET / HTTP/1.0\r\nHost: good.test\r\n\r\n")
+    got = b""
+    while chunk := sock.recv(4096):
+        got += chunk
+tunnels += [tunnel() for _ in range(more_n)]
+held = [sock for sock in tunnels if sock is not None]
+print(len(held), len(tunnels) - len(held), b"host=good.test" in got)
+open("holding", "w").close()
+deadline = time.monotonic() + 60
+while not os.path.exists("release") and time.monotonic() < deadline:
+    time.sleep(0.1)
+EOF"""
+
+
+def _guard_descriptors(settings: Settings, ws_id: str) -> int:
+    """How many descriptors the workspace's guard holds (it is the process writing the
+    workspace's refusals)."""
+    denied = str(network.denied_path(settings, ws_id))
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        with contextlib.suppress(OSError):
+            fds = os.listdir(f"/proc/{pid}/fd")
+            if any(os.readlink(f"/proc/{pid}/fd/{fd}") == denied for fd in fds):
+                return len(fds)
+    raise AssertionError(f"no guard of {ws_id}")
+
+
+def test_the_guard_serves_past_1024_descriptors(tmp_path: Path, janitor: Janitor,
+                                                net: NetNs) -> None:
+    """A workspace's guard holds two sockets per connection, up to its 512: past 1024
+    descriptors it still serves, and refuses at once past its cap. Its worker's soft
+    descriptor limit is 1024 here (as a worker started from a shell often has): the guard
+    raises its own."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    with engine_with(tmp_path, janitor, network_resolvers=(net.ns_ip,)) as engine:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(1024, soft), hard))
+        try:
+            ws = engine.workspace(network="allow=good.test")
+        finally:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        outcome: list[CallResult] = []
+        holding = threading.Thread(target=lambda: outcome.append(engine.run(
+            f"set -- {net.ns_ip} 511 89\n" + TUNNELS, workspace=ws.id, timeout_s=110)))
+        holding.start()
+        try:
+            deadline = time.monotonic() + 100
+            while not (Path(ws.path) / "holding").exists() and holding.is_alive():
+                assert time.monotonic() < deadline
+                time.sleep(0.2)
+            descriptors = _guard_descriptors(engine.settings, ws.id)
+        finally:
+            (Path(ws.path) / "release").touch()
+            holding.join(30)
+        (result,) = outcome
+        # 512 held (511, then one more once the GET's slot was free), 88 refused.
+        assert result.stdout.split() == ["512", "88", "True"], result.stderr
+        assert descriptors > 1024
+        again = engine.run("curl -sS -m 5 http://good.test/", workspace=ws.id)
+        assert "host=good.test" in again.stdout, again
 
 
 def test_allow_by_cidr_and_tls_by_name(neteng: Engine, net: NetNs) -> None:

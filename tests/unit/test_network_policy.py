@@ -4,9 +4,11 @@
 
 from __future__ import annotations
 
+import errno
 import socket
 import ssl
 import struct
+import threading
 
 import pytest
 from pydantic import ValidationError
@@ -97,6 +99,39 @@ def test_the_guard_reads_the_name_a_connection_is_for() -> None:
     assert netguard.parse_head(b"GET / HTTP/1.0\r\n\r\n", 80) == ("http", None, 80)
     assert netguard.parse_head(b"\x16\x03\x01\x00\x05junk", 443) == ("tls", None, 443)
     assert netguard.parse_head(b"SSH-2.0-OpenSSH\r\n", 22)[1] is None
+
+
+class _StopError(Exception):
+    """Ends a guard loop a test drives."""
+
+
+class _Listener:
+    """A listening socket whose accepts are given: a connection, or an error to raise."""
+
+    def __init__(self, *outcomes: socket.socket | Exception) -> None:
+        self.outcomes = list(outcomes)
+
+    def accept(self) -> tuple[socket.socket, None]:
+        outcome = self.outcomes.pop(0)
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome, None
+
+
+def test_the_guards_proxy_accepts_again_after_a_failed_accept() -> None:
+    """Out of descriptors for a moment (accept fails with EMFILE): the proxy goes on
+    accepting; here its next connection finds every slot taken and is closed at once."""
+    mine, theirs = socket.socketpair()
+    guard = object.__new__(netguard.Guard)
+    listener = _Listener(OSError(errno.EMFILE, "Too many open files"), theirs, _StopError())
+    guard.proxy = listener  # type: ignore[assignment]
+    guard.slots = threading.BoundedSemaphore(1)
+    guard.slots.acquire()
+    with pytest.raises(_StopError):
+        guard.serve_proxy()
+    mine.settimeout(5)
+    assert mine.recv(1) == b""
+    mine.close()
 
 
 def test_the_guards_dns_answers() -> None:

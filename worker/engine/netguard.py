@@ -26,6 +26,7 @@ import contextlib
 import ipaddress
 import json
 import os
+import resource
 import select
 import socket
 import struct
@@ -45,6 +46,9 @@ DNS_TIMEOUT_S = 3.0
 MAX_HEAD = 16384
 #: DNS queries answered at once (each waits for the host's resolvers on a thread).
 DNS_IN_FLIGHT = 64
+#: Seconds the proxy waits before accepting again when it could not (out of
+#: descriptors or threads: a connection that ends frees some).
+ACCEPT_PAUSE_S = 0.05
 DENIED_RANGES = (
     "0.0.0.0/8", "10.0.0.0/8", "100.64.0.0/10", "127.0.0.0/8", "169.254.0.0/16",
     "172.16.0.0/12", "192.0.0.0/24", "192.168.0.0/16", "198.18.0.0/15", "224.0.0.0/4",
@@ -287,12 +291,24 @@ class Guard:
     # ---------------------------------------------------------------------- proxy
 
     def serve_proxy(self) -> None:
+        """Accept connections for as long as the guard lives: a failed accept (no
+        descriptor left, a client gone before it) or a thread that cannot start costs
+        that one connection, never the loop."""
         while True:
-            conn, _ = self.proxy.accept()
+            try:
+                conn, _ = self.proxy.accept()
+            except OSError:
+                time.sleep(ACCEPT_PAUSE_S)
+                continue
             if not self.slots.acquire(blocking=False):
                 _reset(conn)
                 continue
-            threading.Thread(target=self._proxy_one, args=(conn,), daemon=True).start()
+            try:
+                threading.Thread(target=self._proxy_one, args=(conn,), daemon=True).start()
+            except RuntimeError:
+                self.slots.release()
+                _reset(conn)
+                time.sleep(ACCEPT_PAUSE_S)
 
     def _proxy_one(self, conn: socket.socket) -> None:
         try:
@@ -549,9 +565,22 @@ def packet_target(packet: bytes) -> str | None:
 # ------------------------------------------------------------------------------ main
 
 
+def more_descriptors() -> None:
+    """The soft RLIMIT_NOFILE raised to the hard one: each connection through the guard
+    holds two sockets, so near its cap of connections it holds more than 1024
+    descriptors, the soft limit a worker started from a shell often has (and passes on
+    to the guard)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 16)
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+
+
 def main(argv: Sequence[str]) -> int:
     config = json.loads(argv[1])
     denied, ready = int(argv[2]), int(argv[3])
+    more_descriptors()
     keeper = os.pidfd_open(int(config["keeper"]))
     guard = Guard(config, Recorder(denied))
     logs = nflog_socket(int(config["group"]))
@@ -560,7 +589,8 @@ def main(argv: Sequence[str]) -> int:
         threading.Thread(target=target, args=args, daemon=True).start()
     os.write(ready, b"ok")
     os.close(ready)
-    poller = select.poll()  # not select(): no limit on the descriptor's number
+    # poll(2), never select(2): glibc aborts select() on a descriptor numbered past 1024.
+    poller = select.poll()
     poller.register(keeper, select.POLLIN | select.POLLHUP)
     poller.poll()
     return 0  # the workspace ended: its namespace goes with us
