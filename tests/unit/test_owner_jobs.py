@@ -1,4 +1,4 @@
-"""A listing of one owner's jobs reads that owner's index, not every job of the host on
+"""A listing of one owner's jobs reads that owner's index, not every job of the host: on
 the worker (`control.list_jobs`) and in Redis for a dead host. On fakeredis, with job
 records on a temporary disk."""
 
