@@ -127,7 +127,7 @@ def test_no_planted_secret_leaks(
         print(f"\nsecret leaks: {len(leaked)} of {len(ATTEMPTS) + 1} attempts "
               f"({shown} characters shown)")
     assert shown > 0
-    # The secrets were there and were redacted. (Before #22 point 21 this passed on CA
-    # bundle paths from `env`, blanked by the `AWS_*` rule, not on secrets.)
+    # The secrets were there and were redacted. (This once passed on CA bundle paths
+    # from `env`, blanked by the `AWS_*` rule, not on secrets.)
     assert redacted >= len(ENV_SECRETS)
     assert leaked == []
