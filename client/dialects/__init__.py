@@ -12,7 +12,7 @@ text), run over one fleet.
 | `pipe`        | bash {command, timeout, check_pid, kill_pid}                 |
 | `modes`       | bash {command, mode} (default 30 s, slow 15 min, background) |
 | `pi`          | bash {command, timeout, cwd, head, tail}                     |
-| `claude`      | Bash, BashOutput, KillBash (Claude Code's first Bash tools)  |
+| `claude`      | Bash, BashOutput, KillBash (Claude Code's older tool names)  |
 | `claude-code` | Bash, TaskOutput, TaskStop (Claude Code's tools of today)    |
 | `native`      | bash, bash_check, bash_kill, bash_write (bashfleet's own)    |
 | `codex`       | exec_command, write_stdin (OpenAI Codex CLI's unified exec)  |

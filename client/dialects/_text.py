@@ -133,9 +133,9 @@ def _without_last_lines(
 def without_completion_line(result: CheckResult) -> CheckResult:
     """A check's result without the completion line at the end of the job's output.
 
-    The modes dialect wants that line in the output file, and the engine writes it for every job;
-    the other dialects say how a job ended in their own words, so they leave it out, and
-    out of the counts too (a notice must count the lines it shows).
+    The modes dialect wants that line in the output file, and the engine writes it for
+    every job; the other dialects say how a job ended in their own words, so they leave
+    it out, and out of the counts too (a notice must count the lines it shows).
     """
     output = _COMPLETION_LINE.sub("", result.output)
     if output == result.output:

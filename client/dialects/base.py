@@ -1,8 +1,8 @@
 """What every dialect is made of: tool specs, result text, the runner and the session.
 
 A dialect is pure: it turns a model's tool call into `Runner` calls and the wire results
-back into the exact text of the tool it reproduces. It never raises for anything a model can
-send; bad input becomes a `ToolText` with `is_error=True`.
+back into the exact text of its tool. It never raises for anything a model can send; bad
+input becomes a `ToolText` with `is_error=True`.
 
     dialect = get_dialect("pipe")
     session = store.load(session_id)

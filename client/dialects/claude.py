@@ -244,7 +244,7 @@ def _status(result: CheckResult, job: SessionJob) -> str:
 
 
 class ClaudeDialect(Dialect):
-    """Claude Code's Bash, BashOutput and KillBash, as it first shipped them."""
+    """Claude Code's Bash, BashOutput and KillBash (its older tool names)."""
 
     name = "claude"
 

@@ -17,10 +17,10 @@ Texts beyond the original tool's examples, in its style:
   it last printed.
 
 A background job's output file lives on the host that runs it, so starting a job pins
-the session to that host. Its reminder, `To stop: kill -9 -<pgid>`, is the original tool's;
-but each call runs in a sandbox of its own (a PID namespace), where a later call cannot see
-the job: a command that is exactly such a `kill` of one of the session's jobs is
-therefore sent to the job's host as a kill of that job, and answered as bash would
+the session to that host. Its reminder, `To stop: kill -9 -<pgid>`, is the original
+tool's; but each call runs in a sandbox of its own (a PID namespace), where a later call
+cannot see the job: a command that is exactly such a `kill` of one of the session's jobs
+is therefore sent to the job's host as a kill of that job, and answered as bash would
 (nothing; or `No such process` when the job had already ended).
 """
 

@@ -5,13 +5,13 @@ reports on a backgrounded one, `kill_pid` ends it. Output is tail-truncated per 
 (2000 lines or 50 KB); the full output is kept only when it is larger than 50 KB. A
 command still running after its timeout (default 120 s) keeps running as a job.
 
-The model addresses jobs by pid, as in the original tool; pids are not unique across hosts and
-time, so the session maps each pid it was shown to the job id (`SessionState.pids`).
-The partial output of the backgrounded notice counts as the first look: `check_pid`
-shows what came after it ("new output since last check"), and `kill_pid` what no look
-showed yet. The line the engine appends to a job's output when it ends (the modes
-dialect's `[background process completed]`) is left out: the text says how the process
-ended.
+The model addresses jobs by pid, as in the original tool; pids are not unique across
+hosts and time, so the session maps each pid it was shown to the job id
+(`SessionState.pids`). The partial output of the backgrounded notice counts as the first
+look: `check_pid` shows what came after it ("new output since last check"), and
+`kill_pid` what no look showed yet. The line the engine appends to a job's output when
+it ends (the modes dialect's `[background process completed]`) is left out: the text
+says how the process ended.
 
 Texts beyond the original tool's examples, in its style:
 - a stream truncated without a spill file (line limit only, 50 KB or less in all) says
