@@ -2,12 +2,11 @@
 one owner runs 16 hostile file operations at once, against the same calls with no file
 operation running (the baseline, measured in the same run, on the same worker).
 
-The hostile operations (security review, finding 3) are those a tenant can aim at a
-host: reads, writes and downloads of FIFOs no writer ever opens, reads of /dev/zero
-through a link, reads in a workspace whose tools hang (each runs into the host's file
-deadline). Each repeats until the measurement ends. Starts its own Redis server and one
-worker; prints a table; never fails on a miss.
-
+The hostile operations, those that once stalled a host's control plane, are those a
+tenant can aim at a host: reads, writes and downloads of FIFOs no writer ever opens,
+reads of /dev/zero through a link, reads in a workspace whose tools hang (each runs into
+the host's file deadline). Each repeats until the measurement ends. Starts its own Redis
+server and one worker; prints a table; never fails on a miss.
     python -m bench.bench_control [--quick]
 """
 

@@ -226,8 +226,8 @@ def _ratio_row(label: str, key: str, measured: list[float], base: list[float],
 
 # ------------------------------------------------------------------------ workspaces
 
-#: Issue #20's target: a workspace ready for its first call (published by sandbox
-#: services for the same "time to interactive": 110 ms and 440 ms medians).
+#: The target: a workspace ready for its first call within 20 ms (sandbox services
+#: publish 110 ms and 440 ms medians for the same "time to interactive").
 READY_TARGET_MS = 20.0
 IDLE_WORKSPACES = 100
 

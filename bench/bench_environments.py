@@ -52,7 +52,7 @@ from bench.bench_fleet import _pct, _process, _wait, worker_env
 
 HOST = "bench-env"
 #: The best median the sandbox services publish from create to the first command, and
-#: the worst (issue #21).
+#: the worst.
 PUBLISHED_BEST_S = 0.11
 PUBLISHED_WORST_S = 2.7
 

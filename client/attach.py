@@ -182,11 +182,11 @@ def current_line(fleet: Fleet, job_id: str, end: int) -> str:
     A reader that dies without detaching (its terminal closed, the process killed)
     leaves its last long-poll read on the host, which takes the next output (up to
     POLL_S after its death) and shows it to nobody: a person who attached again at once
-    saw "mport sys" for "import sys", the echo of the first key gone (#22 point 20). A
-    new terminal's first read waits for that read to finish (one reader at a time), and
-    then shows what it took of the current line from the job's output file. Output it
-    took past a newline is not shown again: that needs the host to keep where an
-    unanswered read began."""
+    saw "mport sys" for "import sys", the echo of the first key gone. A new terminal's
+    first read waits for that read to finish (one reader at a time), and then shows what
+    it took of the current line from the job's output file. Output it took past a
+    newline is not shown again: that needs the host to keep where an unanswered read
+    began."""
     if end <= 0:
         return ""
     start = max(0, end - REPLAY_BYTES)

@@ -24,9 +24,9 @@ so the session outlives the server: env, cwd, pinned host, jobs, read offsets.
 - Cancellation: `notifications/cancelled` (a client giving up, or its timeout) cancels
   the call on its host (`Fleet.cancel`: withdrawn if queued, killed if running, its
   slot freed); the call's id is chosen before it is sent, so no window loses it.
-- Shells: the session's shell (cwd, exported variables: `bashfleet.client.shells`) is the fleet
-  session of the same id, so the claude dialect's FR-009 state is shared with
-  `bashfleet run --session ID`; `--host` and `--cwd` are written into it too.
+- Shells: the session's shell (cwd, exported variables: `bashfleet.client.shells`) is the
+  fleet session of the same id, so the claude dialect's persistent cwd and variables are
+  shared with `bashfleet run --session ID`; `--host` and `--cwd` are written into it too.
 - Workspaces: a session's calls run in workspaces of its own (owner `session:<id>`,
   tagged `started_by=<owner of who started the server>`), renewed while the server
   lives. When its client goes away (stdin closed, SIGTERM, SIGHUP), a server whose
@@ -567,7 +567,8 @@ class ToolServer:
                 watch.done.set()
 
     def _seed_shell(self, shells: ShellStore, overrides: Mapping[str, str]) -> None:
-        """`--host` / `--cwd` into the session's shell (its FR-009 state starts there)."""
+        """`--host` / `--cwd` into the session's shell (its kept cwd and variables start
+        there)."""
         shells.commit(self.session_id, ShellChange(
             host=overrides.get("host"), cwd=overrides.get("cwd"), force_host=True,
         ))

@@ -1,10 +1,10 @@
 """Shell sessions: the cwd and environment a named session carries between its calls.
 
-Pure (no Redis): what a session's state is, how it fills a call, and what a finished
-call changes in it. The state lives in Redis (`bashfleet.client.sessions.ShellStore`, key
+Pure (no Redis): what a session's state is, how it fills a call, and what a finished call
+changes in it. The state lives in Redis (`bashfleet.client.sessions.ShellStore`, key
 `bashfleet:shell:<id>`) so every caller shares it: `bashfleet run --session S`,
-`Fleet.run(..., session=S)`, the native dialect's `session` argument, the claude
-dialect's FR-009 persistence and every MCP server's own session.
+`Fleet.run(..., session=S)`, the native dialect's `session` argument, the claude dialect's
+persistence of cwd and variables across calls and every MCP server's own session.
 
     shell = store.load("s1")                       # host pin, cwd, env, unset names
     result = fleet.execute(fill_request(shell, request))

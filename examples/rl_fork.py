@@ -1,4 +1,4 @@
-"""RL rollouts on forks of one prepared workspace (issue #29), with the plain Python API.
+"""RL rollouts on forks of one prepared workspace, with the plain Python API.
 
 Set up a repository once, snapshot it, fork it 16 times (each fork's files are the
 workspace's at that moment, at the same paths, with nothing running: O(1), no copy), run

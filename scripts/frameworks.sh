@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The framework adapters' test environments (issue #21), installed once and kept apart
-# from .venv: the frameworks pull many packages of their own, and Harbor needs Python
-# 3.12 while bashfleet's own suite keeps 3.11.
+# The framework adapters' test environments, installed once and kept apart from .venv:
+# the frameworks pull many packages of their own, and Harbor needs Python 3.12 while
+# bashfleet's own suite keeps 3.11.
 #
 #   .venv-frameworks  Python 3.11: bashfleet[dev] and tests/frameworks/requirements.txt
 #                     (inspect-ai, openai-agents, swe-rex, mini-swe-agent)

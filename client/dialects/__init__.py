@@ -1,4 +1,5 @@
-"""Tool dialects: each seed's bash tool (schemas, defaults, result text) over one fleet.
+"""Tool dialects: each one a bash tool as an agent knows it (schemas, defaults, result
+text), run over one fleet.
 
     from bashfleet.client.dialects import get_dialect, schemas
 
@@ -6,15 +7,15 @@
     schemas(dialect)                                  # the tool schemas a model sees
     dialect.call("bash", {"command": "ls"}, fleet, session)
 
-| name     | seed      | tools                                  |
-|----------|-----------|----------------------------------------|
-| `pipe`   | 000       | bash {command, timeout, check_pid, kill_pid} |
-| `modes`  | 001 + 003 | bash {command, mode}                   |
-| `pi`     | 002       | bash {command, timeout, cwd, head, tail} |
-| `claude` | 004       | Bash, BashOutput, KillBash             |
-| `claude-code` | ours | Bash, TaskOutput, TaskStop (Claude Code's tools of today) |
-| `native` | ours      | bash, bash_check, bash_kill, bash_write |
-| `codex`  | specs     | exec_command, write_stdin              |
+| name          | tools                                                        |
+|---------------|--------------------------------------------------------------|
+| `pipe`        | bash {command, timeout, check_pid, kill_pid}                 |
+| `modes`       | bash {command, mode} (default 30 s, slow 15 min, background) |
+| `pi`          | bash {command, timeout, cwd, head, tail}                     |
+| `claude`      | Bash, BashOutput, KillBash (Claude Code's older tool names)  |
+| `claude-code` | Bash, TaskOutput, TaskStop (Claude Code's tools of today)    |
+| `native`      | bash, bash_check, bash_kill, bash_write (bashfleet's own)    |
+| `codex`       | exec_command, write_stdin (OpenAI Codex CLI's unified exec)  |
 """
 
 from __future__ import annotations

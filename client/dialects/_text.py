@@ -14,13 +14,13 @@ from bashfleet.worker.wire.models import (
     TruncationInfo,
 )
 
-#: The line the engine appends to every job's output file when the job ends (seed 001's
-#: `[background process completed]` / `[background process failed: STATUS]`).
+#: The line the engine appends to every job's output file when the job ends (the modes
+#: dialect's `[background process completed]` / `[background process failed: STATUS]`).
 _COMPLETION_LINE = re.compile(r"\n\n\[background process (?:completed|failed: [^\]\n]*)\]\n\Z")
 
 
 def seconds(value: float) -> str:
-    """`120s`, `1.5s`: a duration as the seeds print it (no trailing `.0`)."""
+    """`120s`, `1.5s`: a duration as the dialects' texts print it (no trailing `.0`)."""
     return f"{value:g}s"
 
 
@@ -133,9 +133,9 @@ def _without_last_lines(
 def without_completion_line(result: CheckResult) -> CheckResult:
     """A check's result without the completion line at the end of the job's output.
 
-    Seed 001 wants that line in the output file, and the engine writes it for every job;
-    the other dialects say how a job ended in their own words, so they leave it out, and
-    out of the counts too (a notice must count the lines it shows).
+    The modes dialect wants that line in the output file, and the engine writes it for
+    every job; the other dialects say how a job ended in their own words, so they leave
+    it out, and out of the counts too (a notice must count the lines it shows).
     """
     output = _COMPLETION_LINE.sub("", result.output)
     if output == result.output:

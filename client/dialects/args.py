@@ -10,7 +10,7 @@ Two deliberate choices:
 
 - an argument given as `null` counts as absent: several function-calling APIs (OpenAI's
   strict mode among them) make models send every optional field, as null when unused;
-- an argument the schema does not name is refused, even though the seeds' schemas do not
+- an argument the schema does not name is refused, even though the tools' schemas do not
   say `additionalProperties: false`: a misspelt `timout` silently ignored would run a
   command with a timeout the model did not mean.
 """

@@ -1,8 +1,8 @@
 """What every dialect is made of: tool specs, result text, the runner and the session.
 
 A dialect is pure: it turns a model's tool call into `Runner` calls and the wire results
-back into the exact text its seed prescribes. It never raises for anything a model can
-send; bad input becomes a `ToolText` with `is_error=True`.
+back into the exact text of its tool. It never raises for anything a model can send; bad
+input becomes a `ToolText` with `is_error=True`.
 
     dialect = get_dialect("pipe")
     session = store.load(session_id)
@@ -71,8 +71,9 @@ class ToolSpec:
           Responses API defaults it to true, which takes only schemas whose every property
           is required (ours have optional ones).
         - `mcp`: an MCP `tools/list` entry, `{name, description, inputSchema}`.
-        - `function`: the bare function, `{name, description, parameters}` (seed 000's
-          own shape; Chat Completions' inner `function`; Gemini's function declaration).
+        - `function`: the bare function, `{name, description, parameters}` (the pipe
+          tool's own shape; Chat Completions' inner `function`; Gemini's function
+          declaration).
 
         The schema is deep-copied: callers may mutate it.
         """
@@ -418,8 +419,8 @@ class SessionState(BaseModel):
     calls share its processes, /tmp and files, as on one machine."""
     fleet_session: str | None = None
     """The fleet session whose shell (cwd, exported variables: `bashfleet.client.shells`) the
-    calls of dialects that keep one share (claude's FR-009). The MCP server names its
-    own session; a dialect names a fresh one on first use."""
+    calls of dialects that keep one share (claude's state that persists across calls). The
+    MCP server names its own session; a dialect names a fresh one on first use."""
     artifacts: dict[str, Artifact] = Field(default_factory=dict)
     """Call id -> a kept full output this session was told of (pi's `artifact://<id>`),
     oldest first."""

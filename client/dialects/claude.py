@@ -1,4 +1,4 @@
-"""The `claude` dialect (seed 004): `Bash`, `BashOutput` and `KillBash`, modelled on Claude Code.
+"""The `claude` dialect: `Bash`, `BashOutput` and `KillBash`, modelled on Claude Code.
 
 `Bash` runs a command in the foreground (timeout in milliseconds: 120000 by default,
 600000 at most, larger ones refused) or, with `run_in_background`, as a job whose id
@@ -18,8 +18,8 @@ Result texts, after Claude Code's own:
 - `KillBash`: `Successfully killed shell: <id> (<command>)`, or
   `Shell <id> is not running, so cannot be killed (status: <status>)`.
 
-Claude Code's names of today are answered too (not listed: the model is shown seed 004's
-three tools): `TaskOutput` {task_id, block (default true), timeout (ms to wait while
+Claude Code's names of today are answered too (not listed: the model is shown the three
+tools above): `TaskOutput` {task_id, block (default true), timeout (ms to wait while
 blocking: 30000 by default, 600000 at most)} reads the same output as `BashOutput`,
 having waited for the task to end when `block` is true, as
 `<retrieval_status>success|timeout|not_ready</retrieval_status>`, `<task_id>`,
@@ -29,7 +29,7 @@ having waited for the task to end when `block` is true, as
 `Task <id> is not running (status: <status>)`. An unknown id is
 `No task found with ID: <id>`.
 
-Session persistence (FR-009): every call runs in the session's shell
+Session persistence: every call runs in the session's shell
 (`SessionState.fleet_session`, named on first use: `bashfleet.client.shells`), which the fleet
 keeps in Redis: a foreground `Bash` reports the state its command ended with, and the
 variables it exported or changed, those it unset (also those of the worker's own
@@ -244,7 +244,7 @@ def _status(result: CheckResult, job: SessionJob) -> str:
 
 
 class ClaudeDialect(Dialect):
-    """Seed 004's Bash, BashOutput and KillBash."""
+    """Claude Code's Bash, BashOutput and KillBash (its older tool names)."""
 
     name = "claude"
 
@@ -319,7 +319,8 @@ class ClaudeDialect(Dialect):
         return self.render(result, timeout_ms)
 
     def _request(self, command: str, session: SessionState, **options: Any) -> RunRequest:
-        """A run in the session's shell (FR-009), which starts in the session's cwd."""
+        """A run in the session's shell (its variables and cwd kept), which starts in the
+        session's cwd."""
         if session.fleet_session is None:
             session.fleet_session = f"claude-{uuid.uuid4().hex[:24]}"
         return RunRequest(
@@ -365,7 +366,7 @@ class ClaudeDialect(Dialect):
     # ---------------------------------------------------------------- BashOutput / Kill
 
     def _job(self, args: Args, session: SessionState) -> SessionJob:
-        # Claude Code's answer to an id that never existed or has expired (seed 004).
+        # Claude Code's answer to an id that never existed or has expired.
         return _session_job(session, args.text("bash_id") or "", "No shell found with ID")
 
     def _output(self, args: Args, runner: GuardedRunner, session: SessionState) -> ToolText:

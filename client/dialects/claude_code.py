@@ -1,9 +1,9 @@
 """The `claude-code` dialect: the bash tools Claude Code shows a model today, `Bash`,
 `TaskOutput` and `TaskStop`.
 
-Seed 004's `claude` dialect lists `Bash`, `BashOutput` and `KillBash` and answers to the
-two newer names without listing them, so a model shown its tools can never call them.
-This one lists the newer set and answers to seed 004's names without listing them: the
+The `claude` dialect lists `Bash`, `BashOutput` and `KillBash` and answers to the two
+newer names without listing them, so a model shown its tools can never call them. This
+one lists the newer set and answers to the older names without listing them: the
 same policy (combined output, 30,000 characters, 120 s default, 600 s max, killed on
 timeout), the same session shell and every result text of `claude`
 (`bashfleet.client.dialects.claude`), with the background start pointing at the tools listed:
@@ -73,7 +73,7 @@ TASK_STOP_SCHEMA = {
 
 
 class ClaudeCodeDialect(ClaudeDialect):
-    """Claude Code's Bash, TaskOutput and TaskStop (seed 004's names answered too)."""
+    """Claude Code's Bash, TaskOutput and TaskStop (BashOutput and KillBash answered too)."""
 
     name = "claude-code"
 
@@ -86,7 +86,7 @@ class ClaudeCodeDialect(ClaudeDialect):
         ]
 
     def aliases(self) -> list[ToolSpec]:
-        """Seed 004's names for TaskOutput and TaskStop."""
+        """The older names for TaskOutput and TaskStop: BashOutput and KillBash."""
         return [
             ToolSpec("BashOutput", BASH_OUTPUT_DESCRIPTION, BASH_OUTPUT_SCHEMA),
             ToolSpec("KillBash", KILL_BASH_DESCRIPTION, KILL_BASH_SCHEMA),

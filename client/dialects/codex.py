@@ -1,13 +1,13 @@
 """The `codex` dialect: `exec_command` and `write_stdin`, OpenAI Codex CLI's unified exec.
 
-As `shared/specs/codex-unified-exec.md` describes it. `exec_command` starts a command
-(a PTY with `tty: true`, else plain pipes with stdin closed) and waits `yield_time_ms`
-(clamped to 250..30000) or until it exits; still running, it is a *session* whose
-integer id (1000..99999) `write_stdin` takes: it writes `chars` (through the terminal:
-`\\u0003` is Ctrl-C), waits 100 ms, then up to `yield_time_ms` (default 250; an empty
-poll is clamped to 5000..30000), and returns the output produced since the last return.
-A process that waits for input (blocked reading its terminal, no output for 2 s) ends
-the wait early, and the result says so: nothing waits for input silently.
+As the Codex CLI runs it: `exec_command` starts a command (a PTY with `tty: true`, else
+plain pipes with stdin closed) and waits `yield_time_ms` (clamped to 250..30000) or until
+it exits; still running, it is a *session* whose integer id (1000..99999) `write_stdin`
+takes: it writes `chars` (through the terminal: `\\u0003` is Ctrl-C), waits 100 ms, then
+up to `yield_time_ms` (default 250; an empty poll is clamped to 5000..30000), and returns
+the output produced since the last return. A process that waits for input (blocked reading
+its terminal, no output for 2 s) ends the wait early, and the result says so: nothing
+waits for input silently.
 
 Session ids belong to the agent's session (`SessionState.exec_sessions`, in Redis for
 the MCP server): a second server process of the same `--session` writes to a process
@@ -64,7 +64,7 @@ from bashfleet.worker.wire.models import (
     TruncationInfo,
 )
 
-#: Defaults and clamps of the spec.
+#: Codex's defaults and clamps.
 EXEC_YIELD_MS = 10_000
 WRITE_YIELD_MS = 250
 MIN_YIELD_MS = 250
@@ -93,7 +93,7 @@ WRITE_DESCRIPTION = (
     "Writes characters to an existing unified exec session and returns recent output."
 )
 
-# The two properties both tools share, word for word (the spec's schemas).
+# The two properties both tools share, word for word (Codex's schemas).
 _OUTPUT_PROPERTIES = {
     "yield_time_ms": {
         "type": "number",
@@ -151,7 +151,7 @@ WRITE_SCHEMA = {
 
 
 def clamp_yield(value: float | None, default: int, *, poll: bool = False) -> int:
-    """`yield_time_ms` as the spec clamps it: 250..30000, an empty poll 5000..30000."""
+    """`yield_time_ms` as Codex clamps it: 250..30000, an empty poll 5000..30000."""
     wanted = default if value is None else int(value)
     low = MIN_POLL_MS if poll else MIN_YIELD_MS
     return max(low, min(MAX_YIELD_MS, wanted))

@@ -1,26 +1,26 @@
-"""The `modes` dialect (seeds 001 and 003): `bash` {command, mode}, combined output.
+"""The `modes` dialect: `bash` {command, mode}, combined output.
 
 `mode` picks the timeout: `default` 30 s, `slow` 15 minutes, `background` a detached
 job (24 hours). A timed-out command's process group is killed (SIGTERM, 15 s grace,
-SIGKILL) and its partial output returned after a timeout line (seed 003). Output
-past 128 KB keeps its first and last 4 KB around `[snip]` (seed 001).
+SIGKILL) and its partial output returned after a `[command timed out after ...]` line.
+Output past 128 KB keeps its first and last 4 KB around `[snip]`.
 
-Texts beyond the seeds' examples, in their style:
+Texts beyond the original tool's examples, in its style:
 - a middle-truncated output ends with `[full output: <path> on host <h> (N bytes,
   M lines)]`, so the model knows where the rest is;
 - a command ended by a signal: `[command failed: exit code -1 (killed by SIGNAME)]`
-  (-1 is what the seed's `status.code().unwrap_or(-1)` shows; the signal is added);
+  (-1 is what the original tool's `status.code().unwrap_or(-1)` shows; the signal is added);
 - system errors (bad cwd, spawn failure, fleet unavailable): `[system error: ...]`,
-  never mistaken for a command failure (REQ-BASH-007);
+  never mistaken for a command failure;
 - after a timed-out command's partial output, `[processes at the timeout, now killed:
   ...]` lists what it was running (pid, state, CPU seconds, command) and how long ago
   it last printed.
 
 A background job's output file lives on the host that runs it, so starting a job pins
-the session to that host. Its reminder, `To stop: kill -9 -<pgid>`, is the seed's; but
-each call runs in a sandbox of its own (a PID namespace), where a later call cannot see
-the job: a command that is exactly such a `kill` of one of the session's jobs is
-therefore sent to the job's host as a kill of that job, and answered as bash would
+the session to that host. Its reminder, `To stop: kill -9 -<pgid>`, is the original
+tool's; but each call runs in a sandbox of its own (a PID namespace), where a later call
+cannot see the job: a command that is exactly such a `kill` of one of the session's jobs
+is therefore sent to the job's host as a kill of that job, and answered as bash would
 (nothing; or `No such process` when the job had already ended).
 """
 
@@ -80,7 +80,7 @@ SCHEMA = {
 DEFAULT_TIMEOUT_S = 30.0
 SLOW_TIMEOUT_S = 15 * 60.0
 BACKGROUND_TIMEOUT_S = 24 * 60 * 60.0
-#: REQ-BASH-004: the process group gets 15 seconds between SIGTERM and SIGKILL.
+#: The process group gets 15 seconds between SIGTERM and SIGKILL.
 KILL_GRACE_S = 15.0
 MAX_OUTPUT_LENGTH = 128 * 1024
 SNIP_SIZE = 4 * 1024
@@ -93,9 +93,9 @@ _GIB = 1024 * 1024 * 1024
 
 
 def humanize_bytes(size: int) -> str:
-    """A size as seed 001's truncation header shows it: `812B`, `128kB`, `3MB`.
+    """A size as the truncation header shows it: `812B`, `128kB`, `3MB`.
 
-    The format of Sketch's bash tool, which seed 001's header comes from: below 4 KiB
+    The format of Sketch's bash tool, which the header comes from: below 4 KiB
     the exact byte count; below 1 MiB whole kibibytes written `kB`; below 1 GiB whole
     mebibytes written `MB`; beyond, `more than 1GB`. Values are rounded half up, so
     131072 bytes is `128kB` and 1.5 MiB is `2MB`.
@@ -127,9 +127,9 @@ def _after(text: str, block: str) -> str:
 
 
 class ModesDialect(Dialect):
-    """Seeds 001 and 003's bash tool.
+    """The modes bash tool: `default` (30 s), `slow` (15 minutes) and `background`.
 
-    The constructor's options are the seeds' values by default; tests shorten them to
+    The constructor's options are the tool's own values by default; tests shorten them to
     watch a timeout or a background job's end without waiting 30 seconds or a day.
     """
 
@@ -149,7 +149,7 @@ class ModesDialect(Dialect):
     def policy(self) -> Policy:
         """Combined output, middle cut past 128 KB, 30 s then kill with 15 s grace.
 
-        A background job is ended after 24 hours (seed 001's `execute_background`).
+        A background job is ended after 24 hours (as the original `execute_background`).
         """
         return Policy(
             name=self.name,
@@ -162,7 +162,7 @@ class ModesDialect(Dialect):
         )
 
     def tools(self, cwd: str | None = None) -> list[ToolSpec]:
-        """The `bash` tool; its description shows the working directory (REQ-BASH-006)."""
+        """The `bash` tool; its description shows the working directory."""
         description = DESCRIPTION_TEMPLATE.replace("{working_directory}", cwd or HOME_PWD)
         return [ToolSpec("bash", description, SCHEMA)]
 
@@ -171,7 +171,7 @@ class ModesDialect(Dialect):
         return {"bash": self._bash}
 
     def invalid(self, tool: str, message: str) -> ToolText:
-        """Bad arguments: a system error in the seed's bracket style, not a command failure."""
+        """Bad arguments: a system error in the tool's bracket style, not a command failure."""
         return ToolText(f"[invalid input: {message}]", is_error=True)
 
     def _bash(self, args: Args, runner: GuardedRunner, session: SessionState) -> ToolText:
@@ -213,7 +213,7 @@ class ModesDialect(Dialect):
     def render(
         self, result: CallResult, mode: str, command: str, session: SessionState
     ) -> ToolText:
-        """The text of one call, by seed 001's `format_output` and seed 003's rules."""
+        """The text of one call: `format_output`'s shape, and the timeout and failure lines."""
         failure = system_failure(result)
         if failure is not None:
             return self.system_error(failure.message)
@@ -234,7 +234,7 @@ class ModesDialect(Dialect):
         return ToolText(text, is_error=failed)
 
     def _output(self, result: CallResult) -> str:
-        """The combined output, with seed 001's header when its middle was cut."""
+        """The combined output, with the truncation header when its middle was cut."""
         info = result.stdout_truncation
         if info is None or not info.truncated:
             return result.stdout
@@ -260,8 +260,8 @@ class ModesDialect(Dialect):
         # The output file and the kill target are on the job's host: pin the session there.
         if session.host is None:
             session.host = job.host
-        # The seed prints its child's pid, which leads its own group: pid and pgid are
-        # the same number there. We print the pgid in both places (REQ-BASH-003).
+        # The original tool prints its child's pid, which leads its own group: pid and pgid
+        # are the same number there. We print the pgid in both places.
         return ToolText(
             f"<pid>{job.pgid}</pid>\n<output_file>{job.output_path}</output_file>\n"
             f"<reminder>To stop: kill -9 -{job.pgid}</reminder>"

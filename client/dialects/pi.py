@@ -1,23 +1,23 @@
-"""The `pi` dialect (seed 002): `bash` {command, timeout, cwd, head, tail}, combined output.
+"""The `pi` dialect: `bash` {command, timeout, cwd, head, tail}, combined output.
 
-The worker does seed 002's input handling when the policy asks: it lifts a trailing
+The worker does pi's input handling when the policy asks: it lifts a trailing
 `| head -n N` / `| tail -n N` into limits (explicit `head`/`tail` arguments win), and
 refuses commands matching an interception rule whose suggested tool the agent has,
 with `Blocked: ...` and the original command. Output keeps its last 50 KB (never
 splitting a UTF-8 character, and from a whole line's start unless the last line alone is
 larger); the full output is kept as an artifact.
 
-Interception rules: seed 002's defaults live with the worker (`bashfleet.worker.engine.normalize`),
+Interception rules: pi's defaults live with the worker (`bashfleet.worker.engine.normalize`),
 which the client may not import, so this dialect takes its rules as a constructor argument and
 has none by default; whoever builds the dialect for a pi agent passes the rules and the
 agent's tool names (`PiDialect(intercept=rules, available_tools=("read", "grep", ...))`).
 
-Result text, as seed 002's `BashTool` shapes it:
+Result text, as pi's `BashTool` shapes it:
 - the output (head/tail applied), `(no output)` when empty. `head` is the first lines of
   the whole output and `tail` its last (head first, then tail of what head kept), read
   from the full output wherever they are, not from the 50 KB tail kept in view
   (`seq 1 100000` with `head: 3` shows 1, 2, 3);
-- when the output was larger than 50 KB (as seed 002's sink, which then keeps the
+- when the output was larger than 50 KB (as pi's output sink, which then keeps the
   artifact): `\\n\\n[Showing lines A-B of T (50.0KB limit). Full: artifact://<id>]`,
   the lines shown exactly (`(50.0KB limit)` only when that limit cut what is shown). The
   artifact id is the call id: the full output is the call's spill file on the host that
@@ -27,7 +27,7 @@ Result text, as seed 002's `BashTool` shapes it:
   `\\n\\nCommand failed: missing exit status` (ended by a signal); cwd and block errors
   are the worker's own messages (`Working directory does not exist: ...`, `Blocked: ...`);
 - a timeout: `[Command timed out after N seconds]` on the first line, then the partial
-  output; a cancelled call: `[Command cancelled]`, then the output. Seed 002's executor
+  output; a cancelled call: `[Command cancelled]`, then the output. Pi's executor
   maps both to an annotation that `OutputSink.dump` puts before the output
   (`[notice]\\n` + output), and the tool throws that text.
 """
@@ -102,7 +102,7 @@ def format_size(size: int) -> str:
 
 
 def clamp_timeout(timeout: float | None) -> float:
-    """Seed 002: the timeout is clamped to [1, 3600] seconds."""
+    """The timeout, clamped to [1, 3600] seconds as pi clamps it."""
     if timeout is None:
         return DEFAULT_TIMEOUT_S
     return max(MIN_TIMEOUT_S, min(MAX_TIMEOUT_S, timeout))
@@ -135,8 +135,8 @@ def remember_artifact(session: SessionState, result: CallResult, command: str, a
 
 
 def annotated(notice: str, output: str) -> str:
-    """Output under an executor annotation, as seed 002's `OutputSink.dump(notice)` shapes
-    it: `[notice]` on the first line, then the output."""
+    """Output under an executor annotation, as pi's `OutputSink.dump(notice)` shapes it:
+    `[notice]` on the first line, then the output."""
     return f"[{notice}]\n{output}"
 
 
@@ -159,7 +159,7 @@ def truncation_notice(info: TruncationInfo | None, artifact_id: str | None) -> s
 
 
 class PiDialect(Dialect):
-    """Seed 002's bash tool."""
+    """Pi's bash tool: head/tail line limits, a 50 KB tail, interception rules."""
 
     name = "pi"
 
@@ -179,7 +179,7 @@ class PiDialect(Dialect):
             max_timeout_s=MAX_TIMEOUT_S,
             on_timeout="kill",
             lift_head_tail=True,
-            # Seed 002 keeps an artifact only for an output past its in-memory 50 KB.
+            # Pi keeps an artifact only for an output past its in-memory 50 KB.
             spill_min_bytes=MAX_BYTES,
             intercept=self._intercept,
             available_tools=self._available_tools,
@@ -223,7 +223,7 @@ class PiDialect(Dialect):
         return self.render(result, timeout)
 
     def render(self, result: CallResult, timeout: float) -> ToolText:
-        """Seed 002's result shaping and error mapping."""
+        """Pi's result shaping and error mapping."""
         ran = result.exit_code is not None or result.signal is not None or result.timed_out
         if result.error is not None and not ran:
             # bad_cwd and blocked messages are already pi's own text.

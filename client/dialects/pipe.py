@@ -1,18 +1,19 @@
-"""The `pipe` dialect (seed 000): one `bash` tool, separate streams, auto-background.
+"""The `pipe` dialect: one `bash` tool, separate streams, auto-background.
 
 One tool with three mutually exclusive parameters: `command` runs a command, `check_pid`
 reports on a backgrounded one, `kill_pid` ends it. Output is tail-truncated per stream
 (2000 lines or 50 KB); the full output is kept only when it is larger than 50 KB. A
 command still running after its timeout (default 120 s) keeps running as a job.
 
-The model addresses jobs by pid, as in the seed; pids are not unique across hosts and
-time, so the session maps each pid it was shown to the job id (`SessionState.pids`).
-The partial output of the backgrounded notice counts as the first look: `check_pid`
-shows what came after it ("new output since last check"), and `kill_pid` what no look
-showed yet. The line the engine appends to a job's output when it ends (seed 001's) is
-left out: the text says how the process ended.
+The model addresses jobs by pid, as in the original tool; pids are not unique across
+hosts and time, so the session maps each pid it was shown to the job id
+(`SessionState.pids`). The partial output of the backgrounded notice counts as the first
+look: `check_pid` shows what came after it ("new output since last check"), and
+`kill_pid` what no look showed yet. The line the engine appends to a job's output when
+it ends (the modes dialect's `[background process completed]`) is left out: the text
+says how the process ended.
 
-Texts beyond the seed's examples, in the seed's style:
+Texts beyond the original tool's examples, in its style:
 - a stream truncated without a spill file (line limit only, 50 KB or less in all) says
   so and how to see the rest;
 - auto-backgrounded calls keep stderr in its own file: when stderr is not empty a
@@ -94,7 +95,7 @@ def _label(stream: str, info: TruncationInfo | None) -> str:
 
 def _what_is_shown(info: TruncationInfo) -> str:
     if info.partial_line and info.shown_lines <= 1:
-        # One huge line: its tail is all that is shown (seed 000's edge case).
+        # One huge line: its tail is all that is shown, counted in bytes.
         return f"Showing last {info.shown_bytes} of {info.total_bytes} bytes"
     return f"Showing last {info.shown_lines} of {info.total_lines} lines"
 
@@ -102,7 +103,7 @@ def _what_is_shown(info: TruncationInfo) -> str:
 def truncation_notice(
     stream: str, info: TruncationInfo | None, path: str | None, error: str | None
 ) -> str | None:
-    """Seed 000's notice, `[stdout: Showing last 2000 of 8500 lines. Full output: <path>]`."""
+    """The notice, `[stdout: Showing last 2000 of 8500 lines. Full output: <path>]`."""
     if info is None or not info.truncated:
         return None
     what = _what_is_shown(info)
@@ -135,7 +136,7 @@ def _exit_line(result: CallResult) -> str:
 
 
 def _activity_notice(result: CallResult) -> str:
-    """After the seed's backgrounded text: what still runs, and when it last printed."""
+    """After the backgrounded text: what still runs, and when it last printed."""
     found = activity(result)
     if found is None:
         return ""
@@ -145,7 +146,7 @@ def _activity_notice(result: CallResult) -> str:
 
 
 class PipeDialect(Dialect):
-    """Seed 000's bash tool."""
+    """The pipe bash tool: `command`, `timeout`, `check_pid`, `kill_pid`."""
 
     name = "pipe"
 
@@ -157,14 +158,14 @@ class PipeDialect(Dialect):
             truncation=TailLines(max_lines=2000, max_bytes=51_200),
             default_timeout_s=DEFAULT_TIMEOUT_MS / 1000,
             on_timeout="background",
-            # Spill only past 50 KB: line-only truncation keeps no file (seed 000).
+            # Spill only past 50 KB: line-only truncation keeps no file.
             spill_min_bytes=51_200,
-            # The seed kills the group with SIGKILL at once: no grace period.
+            # The original tool kills the group with SIGKILL at once: no grace period.
             kill_grace_s=0.0,
         )
 
     def tools(self, cwd: str | None = None) -> list[ToolSpec]:
-        """The one `bash` tool, exactly as seed 000 writes it."""
+        """The one `bash` tool, its schema and description word for word."""
         return [ToolSpec("bash", DESCRIPTION, SCHEMA)]
 
     def handlers(self) -> Mapping[str, Handler]:
@@ -290,7 +291,7 @@ class PipeDialect(Dialect):
         return self.render_check(pid, result, stderr_path)
 
     def render_check(self, pid: int, result: CheckResult, stderr_path: str | None) -> ToolText:
-        """Seed 000's check_pid text: still running with new output, or exited."""
+        """The check_pid text: still running with new output, or exited."""
         result = without_completion_line(result)
         if result.running:
             blocks = [f"Process {pid} still running.", self._new_output(result)]

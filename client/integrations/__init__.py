@@ -1,6 +1,6 @@
 """Where orchestrators pick a backend: bashfleet as the execution environment of the
-frameworks they run (issue #21). One module per framework, each a thin layer over
-`client.Workspace` / `client.AsyncWorkspace`, each installed by an extra:
+frameworks they run. One module per framework, each a thin layer over `client.Workspace`
+/ `client.AsyncWorkspace`, each installed by an extra:
 
     inspect_ai      pip install 'bashfleet[inspect]'         Task(sandbox="bashfleet")
     harbor          pip install 'bashfleet[harbor]'          harbor run --env ...

@@ -36,8 +36,8 @@ def test_up_reports_the_fleet(fleet: Cli) -> None:
     assert state["redis_url"].startswith(f"redis://{user}:")
     mode = (fleet.state_dir / "fleet" / "fleet.json").stat().st_mode & 0o777
     assert mode == 0o600  # it holds the Redis password
-    # How to open the local Flower: its URL, its user, where its password is (#22 point
-    # 17); the password itself is never printed.
+    # How to open the local Flower: its URL, its user, where its password is; the
+    # password itself is never printed.
     assert f"Flower: {state['flower_url']} (user {state['flower_user']}; its password is " \
         f"`flower_password` in {fleet.state_dir / 'fleet' / 'fleet.json'})" in fleet.up_stdout
     assert state["flower_password"] not in fleet.up_stdout

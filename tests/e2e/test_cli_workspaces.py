@@ -1,5 +1,5 @@
 """`bashfleet workspace create|ls|info|renew|rm`, `run --workspace` and `bashfleet cp`,
-as a person (or a script) uses them against a local fleet (issue #20)."""
+as a person (or a script) uses them against a local fleet."""
 
 from __future__ import annotations
 

@@ -128,8 +128,8 @@ def test_another_clients_checks_take_nothing_from_the_follower(
 
 
 def test_follow_streams_a_foreground_call_as_it_runs(fleet: Cli, tmp_path: Path) -> None:
-    """Issue #13, point 5: a foreground command's lines arrive while it runs (it used to
-    show a spinner, then everything at once), then the rest, once each; its status."""
+    """A foreground command's lines arrive while it runs (it used to show a spinner,
+    then everything at once), then the rest, once each; its status."""
     project = fleet.project()  # the call's cwd: where it waits for `go`
     go = project / f"{uuid.uuid4().hex}.go"
     command = (f"{numbered(1, 5, 0.01)}; echo oops >&2; until [ -e {go} ]; do sleep 0.05; "

@@ -223,7 +223,7 @@ async def test_modes(fleet: Cli, workdir: Path) -> None:
         # The file and the pid are the session's: its next call reads and sees them.
         assert await call(client, "bash", {"command": f"cat {output}"}) == ("started\n", False)
         assert not await gone(client, "bash", pgid)
-        # The seed's way to stop it: kill its group, in a call on the same host.
+        # The modes tool's way to stop it: kill its group, in a call on the same host.
         assert await call(client, "bash", {"command": f"kill -9 -{pgid}"}) == ("", False)
         await wait_async(lambda: gone(client, "bash", pgid), f"pgid {pgid} to end")
 
@@ -309,7 +309,7 @@ async def test_claude(fleet: Cli, workdir: Path) -> None:
 async def test_claude_session_carries_state_across_calls_and_restarts(
     fleet: Cli, workdir: Path
 ) -> None:
-    """FR-009: exports and `cd` persist, in Redis, so a restarted server resumes them."""
+    """Exports and `cd` persist, in Redis, so a restarted server resumes them."""
     (workdir / "sub").mkdir(exist_ok=True)
     session = f"e2e-claude-state-{uuid.uuid4().hex[:8]}"
     async with mcp(fleet, "claude", "--cwd", str(workdir), session=session) as client:
@@ -383,7 +383,7 @@ async def test_native(fleet: Cli, workdir: Path) -> None:
         assert error and "timeout" in text
 
 
-# ------------------------------------------------- long calls, cancellation (issue #13)
+# ------------------------------------------------------------- long calls, cancellation
 
 
 @pytest.mark.anyio
@@ -439,8 +439,8 @@ async def test_a_cancelled_request_cancels_its_call(fleet: Cli, dialect: str) ->
 async def test_a_cancelled_codex_exec_command_leaves_nothing_running(
     fleet: Cli, tty: bool
 ) -> None:
-    """#22 point 3: a cancelled `exec_command` left its process running as a job the model
-    never got a session id for (the other five dialects cleaned up)."""
+    """A cancelled `exec_command` once left its process running as a job the model never
+    got a session id for (the other five dialects cleaned up)."""
     seconds = f"6{uuid.uuid4().int % 10**6:06d}"
     async with mcp(fleet, "codex") as client:
         with anyio.move_on_after(60) as scope:
@@ -462,7 +462,7 @@ async def test_a_cancelled_codex_exec_command_leaves_nothing_running(
                 if seconds in job["command"] and job.get("state") != "ended"]
 
 
-# --------------------------------------------------- sessions, hints, texts (issue #13)
+# --------------------------------------------------------------- sessions, hints, texts
 
 
 @pytest.mark.anyio
@@ -562,8 +562,8 @@ async def test_pis_head_and_tail_are_whole_lines(fleet: Cli) -> None:
 
 @pytest.mark.anyio
 async def test_claudes_process_list_shows_the_command(fleet: Cli) -> None:
-    """The state capture (FR-009) is not in the command line: a process list shows the
-    command as the model wrote it."""
+    """The state capture (for the kept cwd and variables) is not in the command line: a
+    process list shows the command as the model wrote it."""
     async with mcp(fleet, "claude") as client:
         text, error = await call(client, "Bash", {"command": "tr '\\0' ' ' < /proc/$$/cmdline"})
     assert not error

@@ -77,8 +77,8 @@ def busy_slots(fleet: Cli) -> int:
 def test_a_75_second_call_completes_in_a_client_that_resets_its_timeout_on_progress(
     fleet: Cli, ts_client: Path
 ) -> None:
-    """Issue #13, point 1: the pipe dialect's `sleep 75` (its timeout is 120 s) used to fail
-    at 60 s with `MCP error -32001: Request timed out`. (The one slow test of the suite.)"""
+    """The pipe dialect's `sleep 75` (its timeout is 120 s) used to fail at 60 s with
+    `MCP error -32001: Request timed out`. (The one slow test of the suite.)"""
     command = "for i in $(seq 1 15); do echo tick $i; sleep 5; done; echo finished"
     report = run_client(fleet, ts_client, "pipe", "long", "bash",
                         json.dumps({"command": command}), timeout=150)
@@ -102,9 +102,9 @@ def test_a_75_second_call_completes_in_a_client_that_resets_its_timeout_on_progr
 def test_an_aborted_call_is_cancelled_on_its_host(
     fleet: Cli, ts_client: Path, dialect: str
 ) -> None:
-    """Issue #13, point 2: `notifications/cancelled` used to be ignored; the command ran on,
-    out of every tool's reach. (The session's workspace is a project the fleet allows,
-    its `--cwd`: the marker the command leaves there, the client sees.)"""
+    """`notifications/cancelled` used to be ignored; the command ran on, out of every
+    tool's reach. (The session's workspace is a project the fleet allows, its `--cwd`:
+    the marker the command leaves there, the client sees.)"""
     project = fleet.project()
     marker = project / "running"
     seconds = f"3{uuid.uuid4().int % 10**6:06d}"  # a `sleep` no other test runs

@@ -1,5 +1,5 @@
 """`bashfleet run` as a person at a terminal (or a CI runner) uses it: Ctrl-C, SIGTERM, a
-timeout in a `&&` chain, stdin, and sessions that outlive the process (issue #13)."""
+timeout in a `&&` chain, stdin, and sessions that outlive the process."""
 
 from __future__ import annotations
 
@@ -82,8 +82,8 @@ def running_jobs(cli: Cli) -> list[dict[str, Any]]:
 
 
 def test_ctrl_c_cancels_the_remote_call(fleet: Cli, tmp_path: Path) -> None:
-    """Point 4: Ctrl-C used to exit 130 with no word, the command running on, unlisted,
-    its slot busy."""
+    """Ctrl-C used to exit 130 with no word, the command running on, unlisted, its slot
+    busy."""
     seconds = unique_seconds()
     run = Running(fleet, tmp_path, "--host", HOST, f"echo begin; sleep {seconds}")
     wait_for(lambda: sleeping(seconds), "the command to run")
@@ -113,7 +113,7 @@ def test_a_second_ctrl_c_leaves_it_running_as_a_job(fleet: Cli, tmp_path: Path) 
     killed = fleet("kill", job_id)
     assert killed.returncode == 0
     wait_for(lambda: sleeping(seconds) == [], "the job to end")
-    # Point 9: `ps` says which signal ended it.
+    # `ps` says which signal ended it.
     row = next(line for line in fleet("ps").stdout.splitlines() if line.startswith(job_id))
     assert row.split()[4] == "SIGTERM", row
 
@@ -226,8 +226,8 @@ def test_sigterm_cancels_at_once(fleet: Cli, tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("mode", ["default", "slow"])
 def test_a_timeout_fails_the_chain(fleet: Cli, mode: str) -> None:
-    """Point 3: `run --timeout 2 'sleep 5; echo finished' && echo deploy` used to exit 0
-    and deploy; the README's 124 could never happen."""
+    """`run --timeout 2 'sleep 5; echo finished' && echo deploy` used to exit 0 and
+    deploy; the README's 124 could never happen."""
     command = [*bashfleet_command(), "run", "--mode", mode, "--timeout", "2",
                "sleep 5; echo finished"]
     chained = subprocess.run(
@@ -246,8 +246,8 @@ def test_a_timeout_fails_the_chain(fleet: Cli, mode: str) -> None:
 
 
 def test_piped_stdin_is_forwarded_or_said_to_be_lost(fleet: Cli) -> None:
-    """#15: a piped stdin reaches the command (as with ssh); with --no-stdin it does not,
-    and #13's warning says so."""
+    """A piped stdin reaches the command (as with ssh); with --no-stdin it does not, and a
+    warning says so."""
     forwarded = subprocess.run([*bashfleet_command(), "run", "cat; echo done"], env=fleet.env,
                                input="data\n", capture_output=True, text=True, timeout=60,
                                check=False)
@@ -287,7 +287,7 @@ def test_typing_at_the_terminal_is_said_to_be_lost(fleet: Cli, tmp_path: Path) -
 
 
 def test_a_session_lives_on_across_processes(fleet: Cli) -> None:
-    """Point 6: `run --session s 'cd /tmp; export Y=2'` then `run --session s 'pwd; echo
+    """`run --session s 'cd /tmp; export Y=2'` then `run --session s 'pwd; echo
     $Y'` used to print the home directory and nothing."""
     session = f"e2e-{uuid.uuid4().hex[:8]}"
     first = fleet("run", "--session", session, "cd /tmp; export Y=2")
@@ -302,8 +302,8 @@ def test_a_session_lives_on_across_processes(fleet: Cli) -> None:
 
 
 def test_concurrent_calls_of_a_session_never_lose_a_cd(fleet: Cli, tmp_path: Path) -> None:
-    """Point 6: three calls at once in a fresh session; the quick `cd` is kept although
-    slower calls that did not `cd` end after it, and every export counts."""
+    """Three calls at once in a fresh session; the quick `cd` is kept although slower
+    calls that did not `cd` end after it, and every export counts."""
     session = f"e2e-{uuid.uuid4().hex[:8]}"
     runs = [
         Running(fleet, tmp_path, "--session", session, "cd /tmp; export A=1"),
@@ -317,8 +317,8 @@ def test_concurrent_calls_of_a_session_never_lose_a_cd(fleet: Cli, tmp_path: Pat
 
 
 def test_the_spinner_names_the_host_and_is_gone_after_ctrl_c(fleet: Cli) -> None:
-    """#22 point 14: at a terminal the spinner said "running on any host" for a call that
-    ran on a host, and its line stayed after Ctrl-C."""
+    """At a terminal the spinner once said "running on any host" for a call that ran on
+    a host, and its line stayed after Ctrl-C."""
     import select  # noqa: PLC0415
     import time  # noqa: PLC0415
 

@@ -1,5 +1,5 @@
-"""The framework adapters' tests (issue #21): each framework installed from PyPI, run
-against a real fleet (the integration fixtures: a Redis server, real workers).
+"""The framework adapters' tests: each framework installed from PyPI, run against a real
+fleet (the integration fixtures: a Redis server, real workers).
 
 They run in environments of their own (`scripts/frameworks.sh`: .venv-frameworks, and
 .venv-harbor for Harbor, which needs Python 3.12), so a test module whose framework this

@@ -1,10 +1,10 @@
-"""bashfleet as an inspect-ai sandbox (issue #21), against inspect-ai from PyPI and a real
-fleet: inspect's own provider conformance cases (the 44 `test_*` of
-`inspect_ai/util/_sandbox/self_check.py`, pulled in below) with a `bashfleet`
-environment as their `sandbox_env`, and a scripted eval whose `mockllm` model calls the
-bash tool in the sample's workspace. The environment's own snapshots (`snapshot`,
-`restore`, `fork`: inspect has no snapshot methods for a provider) are marked `snapshots`:
-they need the fleet's native snapshots (issue #29).
+"""bashfleet as an inspect-ai sandbox, against inspect-ai from PyPI and a real fleet:
+inspect's own provider conformance cases (the 44 `test_*` of
+`inspect_ai/util/_sandbox/self_check.py`, pulled in below) with a `bashfleet` environment
+as their `sandbox_env`, and a scripted eval whose `mockllm` model calls the bash tool in
+the sample's workspace. The environment's own snapshots (`snapshot`, `restore`, `fork`:
+inspect has no snapshot methods for a provider) are marked `snapshots`: they need the
+fleet's native snapshots.
 """
 
 from __future__ import annotations
@@ -465,7 +465,7 @@ async def test_an_eval_of_several_services_fails_and_runs_nothing(
         assert fleet.workspaces() == []
 
 
-# ------------------------------------------------------- native snapshots (issue #29)
+# ------------------------------------------------------------------- native snapshots
 
 
 @pytest.mark.snapshots

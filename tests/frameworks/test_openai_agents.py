@@ -1,9 +1,9 @@
-"""bashfleet as an OpenAI Agents SDK sandbox (issue #21), against openai-agents from PyPI
-and a real fleet: the client's create / resume / delete, a session's exec, files, `user=`,
-snapshots and its PTY pair (Codex's exec_command / write_stdin), the SDK's snapshots on the
-fleet's native ones (marked `snapshots`: they need the fleet's snapshots, issue #29), and
-an agent run by the SDK's Runner with a small scripted model (the SDK ships none) whose
-tool calls run in the sandbox.
+"""bashfleet as an OpenAI Agents SDK sandbox, against openai-agents from PyPI and a real
+fleet: the client's create / resume / delete, a session's exec, files, `user=`, snapshots
+and its PTY pair (Codex's exec_command / write_stdin), the SDK's snapshots on the fleet's
+native ones (marked `snapshots`: they need the fleet's snapshots), and an agent run by the
+SDK's Runner with a small scripted model (the SDK ships none) whose tool calls run in the
+sandbox.
 """
 
 from __future__ import annotations
@@ -262,7 +262,7 @@ async def test_a_tar_snapshot_round_trips(owner: str) -> None:
     await client.delete(session)
 
 
-# ------------------------------------------------------- native snapshots (issue #29)
+# ------------------------------------------------------------------- native snapshots
 
 
 def snapshot_ids(redis_url: str, owner: str) -> set[str]:

@@ -1,9 +1,9 @@
 """1,000 timeout kills of commands that spawn children, setsid escapes and double forks.
 
-The figure the issue asks for: survivors after every kill. Eight calls run at a time
-(as a worker's slots would); each command starts a plain child, a `setsid` escape, a
-`nohup` child and a double fork, then outlives its timeout. After all of them, no
-process carrying any of the 1,000 markers is alive.
+The figure that matters: survivors after every kill. Eight calls run at a time (as a
+worker's slots would); each command starts a plain child, a `setsid` escape, a `nohup`
+child and a double fork, then outlives its timeout. After all of them, no process
+carrying any of the 1,000 markers is alive.
 """
 
 from __future__ import annotations

@@ -46,10 +46,11 @@ class _ConformanceWorker(WorkerProcess):
 
     It runs calls sandboxed (the default isolation, as a deployment has it): an agent
     session's calls share one workspace (one PID namespace, one mount view), so the pids
-    a seed shows (`echo $!`, `<pid>`, `kill -9 -<pgid>`) are the workspace's and the paths
-    it shows (`Full output:`, `<output_file>`) are read by the session's next call. The
-    session's cwd (the module's project directory, under `projects`) is its workspace's
-    directory: the test writes and reads its files on the host at the same path.
+    a dialect shows (`echo $!`, `<pid>`, `kill -9 -<pgid>`) are the workspace's and the
+    paths it shows (`Full output:`, `<output_file>`) are read by the session's next
+    call. The session's cwd (the module's project directory, under `projects`) is its
+    workspace's directory: the test writes and reads its files on the host at the same
+    path.
     """
 
     def env(self) -> dict[str, str]:
@@ -153,8 +154,8 @@ class Conformance:
         return self.worker.workspace_root / ".out" / session.workspaces[HOST]
 
     def alive(self, session: SessionState, pid: int) -> bool:
-        """True while `pid` (a number in the session's workspace, as the seeds show it)
-        runs there; a zombie is dead."""
+        """True while `pid` (a number in the session's workspace, as the dialects show
+        it) runs there; a zombie is dead."""
         state = self.in_workspace(session, f"ps -o stat= -p {pid} || true").stdout.strip()
         return bool(state) and not state.startswith("Z")
 

@@ -1,6 +1,5 @@
-"""Archives a hostile workspace could send as a directory download (security review,
-finding 4): unpacked as they are, each writes outside the directory it is unpacked into,
-or makes a device there.
+"""Archives a hostile workspace could send as a directory download: unpacked as they
+are, each writes outside the directory it is unpacked into, or makes a device there.
 
 Standard library only, and written for every Python bashfleet runs on: the client's own
 member checks (`bashfleet.client._core.archives`) must hold on Debian 12's python3 (3.11.2, whose

@@ -1,7 +1,7 @@
-"""What a call leaves in Redis, through real workers (issue #23): minutes of record and
-answer, no nonce key for a signed call; an older call's kept output still read once its
-record is gone (its host keeps it on disk, and the live hosts are asked); a job listing
-that names the owner's own jobs."""
+"""What a call leaves in Redis, through real workers: minutes of record and answer, no
+nonce key for a signed call; an older call's kept output still read once its record is
+gone (its host keeps it on disk, and the live hosts are asked); a job listing that names
+the owner's own jobs."""
 
 from __future__ import annotations
 

@@ -167,7 +167,7 @@ def test_worker_settings_are_not_redacted_from_output(two_hosts: Hosts, client: 
 
 
 def test_a_call_that_did_not_run_raises(two_hosts: Hosts, client: Fleet) -> None:
-    """Issue #22 point 10: `run(cwd="/nope")` used to return exit_code None silently."""
+    """`run(cwd="/nope")` used to return exit_code None silently."""
     with pytest.raises(CallNotRun) as caught:
         client.run("echo never", host="alpha", cwd="/nope")
     assert caught.value.kind == "bad_cwd"
@@ -183,7 +183,7 @@ def test_a_call_that_did_not_run_raises(two_hosts: Hosts, client: Fleet) -> None
 
 
 def test_a_session_pins_its_host_and_refuses_another(two_hosts: Hosts, client: Fleet) -> None:
-    """Issue #22 point 8: `--session s2 --host a` ran on `a` while s2 was pinned to `b`."""
+    """`--session s2 --host a` once ran on `a` while s2 was pinned to `b`."""
     session = _new_id("s")
     first = client.run("cd /tmp && export PIN_MARK=kept", session=session, host="beta")
     assert first.host == "beta"
@@ -417,8 +417,8 @@ def test_call_progress_says_queued_until_a_worker_takes_the_call(
 def test_call_host_names_the_host_once_a_worker_took_the_call(
     two_hosts: Hosts, client: Fleet, redis_client: redis.Redis
 ) -> None:
-    """What `bashfleet run`'s spinner shows (#22 point 14): None for an id no call has
-    (or that cannot be one), the host once a worker claimed the call."""
+    """What `bashfleet run`'s spinner shows: None for an id no call has (or that cannot
+    be one), the host once a worker claimed the call."""
     call_id = _new_id("c")
     assert client.call_host(call_id) is None
     assert client.call_host("not an id!") is None
@@ -435,7 +435,7 @@ def test_call_host_names_the_host_once_a_worker_took_the_call(
 
 
 def test_the_whole_output_on_request(two_hosts: Hosts, client: Fleet) -> None:
-    """Issue #22 point 25: the Python API shows the native policy's tail."""
+    """The Python API shows the native policy's tail; the whole output on request."""
     tail = client.run("seq 1 5000", host="alpha")
     assert tail.stdout_truncation is not None and tail.stdout_truncation.truncated
     assert tail.stdout.splitlines()[-1] == "5000" and len(tail.stdout.splitlines()) < 5000

@@ -1,4 +1,4 @@
-"""Seed 004 (`claude` dialect) through the fleet: each user story, requirement and edge case."""
+"""The `claude` dialect through the fleet: each behaviour its tools promise, one test each."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def bash(conform: Conformance, args: dict[str, object], session: SessionState) -
 
 
 def start(conform: Conformance, command: str, session: SessionState) -> str:
-    """US2 AS1: run in background; the bash_id, returned at once."""
+    """Run in background; the bash_id, returned at once."""
     with Elapsed() as took:
         text = bash(conform, {"command": command, "run_in_background": True}, session)
     found = re.fullmatch(r"Command running in background with ID: (\S+)", text.text)
@@ -55,8 +55,8 @@ def stdout_of(text: ToolText) -> str:
 
 
 def test_three_tools(conform: Conformance) -> None:
-    """FR-001 `Bash`, FR-003 `run_in_background`, FR-004 `BashOutput` {bash_id}, FR-005
-    its `filter`, FR-006 `KillBash`."""
+    """`Bash` (with `run_in_background`), `BashOutput` {bash_id} (with its `filter`),
+    `KillBash`."""
     tools = {spec.name: spec.input_schema for spec in CLAUDE.tools()}
     assert list(tools) == ["Bash", "BashOutput", "KillBash"]
     assert list(tools["Bash"]["properties"]) == [
@@ -69,7 +69,7 @@ def test_three_tools(conform: Conformance) -> None:
 
 
 def test_foreground_returns_stdout_and_stderr(conform: Conformance) -> None:
-    """US1 AS1: "it MUST return the command's output (stdout and stderr)"."""
+    """A foreground command returns its output, stdout and stderr."""
     text = bash(conform, {"command": "echo out; echo err >&2; echo end"}, conform.session())
     assert text == ToolText("out\nerr\nend")
     failed = bash(conform, {"command": "echo no; exit 2"}, conform.session())
@@ -77,7 +77,7 @@ def test_foreground_returns_stdout_and_stderr(conform: Conformance) -> None:
 
 
 def test_timeout_default_and_maximum(conform: Conformance) -> None:
-    """FR-002: "optional `timeout` parameter (default 120s for foreground)"; above the
+    """`timeout` is optional (120 s by default for a foreground command); above the
     600000 ms maximum the call is refused and nothing runs."""
     policy = CLAUDE.policy()
     assert (policy.default_timeout_s, policy.max_timeout_s) == (120.0, 600.0)
@@ -96,8 +96,8 @@ def test_timeout_default_and_maximum(conform: Conformance) -> None:
 
 
 def test_timeout_terminates_the_command(conform: Conformance) -> None:
-    """US1 AS2: "When it exceeds the timeout, Then it MUST be terminated and return a
-    timeout error"; issue 4: what it was running, and when it last printed."""
+    """A command past its timeout is terminated and the call returns a timeout error,
+    with what it was running, and when it last printed."""
     session = conform.session()
     with Elapsed() as took:
         text = bash(
@@ -118,8 +118,8 @@ def test_timeout_terminates_the_command(conform: Conformance) -> None:
 
 
 def test_long_output_is_truncated_at_30000_characters(conform: Conformance) -> None:
-    """Edge case / FR-008: "Foreground bash output MUST be truncated if it exceeds 30,000
-    characters"; the full output stays readable on its host."""
+    """Foreground output past 30,000 characters is truncated; the full output stays
+    readable on its host."""
     full = ("x" * 99 + "\n") * 1000  # 100,000 characters
     text = bash(conform, {"command": "python3 -c \"print(('x' * 99 + '\\n') * 1000, end='')\""},
                 conform.session())
@@ -135,8 +135,7 @@ def test_long_output_is_truncated_at_30000_characters(conform: Conformance) -> N
 
 
 def test_ansi_color_codes_are_stripped(conform: Conformance) -> None:
-    """FR-007 / edge case: "All bash output MUST have ANSI color codes stripped"
-    (foreground and background)."""
+    """ANSI color codes are stripped from all output (foreground and background)."""
     command = r"printf '\033[1;32mgreen\033[0m and \033[4;31mred\033[0m\n'"
     session = conform.session()
     assert bash(conform, {"command": command}, session) == ToolText("green and red")
@@ -147,8 +146,8 @@ def test_ansi_color_codes_are_stripped(conform: Conformance) -> None:
 
 
 def test_environment_persists_across_calls(conform: Conformance) -> None:
-    """FR-009: "MUST maintain environment variables across sequential `Bash` calls
-    (persistent session behavior)" -- exports, and the directory, as one shell would."""
+    """Environment variables persist across sequential `Bash` calls, as in one session:
+    exports, and the directory, as one shell would."""
     session = conform.session()
     sub = conform.workdir / f"fr9-{uuid.uuid4().hex[:6]}"
     sub.mkdir()
@@ -163,8 +162,8 @@ def test_environment_persists_across_calls(conform: Conformance) -> None:
 
 
 def test_an_unset_worker_variable_stays_unset(conform: Conformance) -> None:
-    """FR-009 (issue 4): `unset` of a variable the worker provides holds on later calls,
-    background ones included."""
+    """`unset` of a variable the worker provides holds on later calls, background ones
+    included."""
     session = conform.session()
     probe = f'echo "${{{PLAIN_VAR}-unset}}"'
     assert bash(conform, {"command": probe}, session) == ToolText(PLAIN_VALUE)
@@ -180,8 +179,8 @@ def test_an_unset_worker_variable_stays_unset(conform: Conformance) -> None:
 
 
 def test_background_returns_an_id_and_bash_output_reads_it(conform: Conformance) -> None:
-    """US2 AS1: "`run_in_background` is true ... MUST return a `bash_id` immediately";
-    AS2: "`BashOutput` ... MUST return the accumulated output"."""
+    """With `run_in_background` true, `Bash` returns a `bash_id` immediately; `BashOutput`
+    returns the output accumulated since."""
     session = conform.session()
     go = conform.workdir / f"{uuid.uuid4().hex}.go"
     bash_id = start(conform, f'echo waiting; until [ -e {go.name} ]; do sleep 0.05; done; '
@@ -202,8 +201,8 @@ def test_background_returns_an_id_and_bash_output_reads_it(conform: Conformance)
 
 
 def test_bash_output_filter(conform: Conformance) -> None:
-    """FR-005: "`BashOutput` SHOULD support filtering output lines using a regular
-    expression" -- lines that do not match are no longer available to read."""
+    """`BashOutput` filters output lines with a regular expression; lines that do not
+    match are no longer available to read."""
     session = conform.session()
     bash_id = start(conform, "printf 'apple\\nbanana\\navocado\\n'", session)
     filtered = poll(lambda: output(conform, bash_id, session, filter="^a"),
@@ -213,7 +212,7 @@ def test_bash_output_filter(conform: Conformance) -> None:
 
 
 def test_bash_output_filter_anchors_at_line_ends(conform: Conformance) -> None:
-    """#22 point 2: a filter ending in `$` never matched (lines kept their newline)."""
+    """A filter ending in `$` once never matched (lines kept their newline)."""
     session = conform.session()
     bash_id = start(conform, "seq 1 30", session)
     filtered = poll(lambda: output(conform, bash_id, session, filter="0$"),
@@ -222,9 +221,8 @@ def test_bash_output_filter_anchors_at_line_ends(conform: Conformance) -> None:
 
 
 def test_kill_bash_terminates_the_process_group(conform: Conformance) -> None:
-    """US2 AS3: "When `KillBash` is called with its ID, Then the process MUST be
-    terminated"; edge case: "terminate the entire process group to avoid leaving orphan
-    processes"."""
+    """`KillBash` with a job's ID terminates it: its entire process group, so that no
+    orphan process is left."""
     session = conform.session()
     command = "sleep 300 & echo child=$!; wait"
     bash_id = start(conform, command, session)
@@ -244,8 +242,8 @@ def test_kill_bash_terminates_the_process_group(conform: Conformance) -> None:
 
 
 def test_an_invalid_bash_id_is_a_clear_error(conform: Conformance) -> None:
-    """Edge case: "Calling `BashOutput` or `KillBash` with a non-existent or expired ID
-    should return a clear error message"."""
+    """`BashOutput` or `KillBash` with a non-existent or expired ID returns a clear error
+    message."""
     for tool in ("BashOutput", "KillBash"):
         text = call(conform, tool, {"bash_id": "j0000nothere"}, conform.session())
         assert text == ToolText("No shell found with ID: j0000nothere", is_error=True)

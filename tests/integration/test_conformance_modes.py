@@ -1,4 +1,4 @@
-"""Seeds 001 + 003 (`modes` dialect) through the fleet: each stated behaviour, one test each.
+"""The `modes` dialect through the fleet: each behaviour of its tool, one test each.
 
 Timeouts of 30 seconds, 15 minutes and 24 hours are checked as the policy's values;
 their behaviour is watched with `ModesDialect(default_timeout_s=1, ...)`, the same
@@ -27,7 +27,7 @@ from .conformance_helpers import (
 )
 
 MODES = get_dialect("modes")
-#: The modes dialect with a 1-second default timeout (the seed's is 30 s).
+#: The modes dialect with a 1-second default timeout (the tool's own is 30 s).
 QUICK = ModesDialect(default_timeout_s=1)
 
 
@@ -42,8 +42,8 @@ def bash(
 
 
 def test_schema_is_command_and_mode(conform: Conformance) -> None:
-    """REQ-BASH-006: `command` (required string), `mode` (optional enum default / slow /
-    background) -- and nothing else: no `timeout` a model could shorten."""
+    """`command` (required string), `mode` (optional enum default / slow / background)
+    -- and nothing else: no `timeout` a model could shorten."""
     schema = MODES.tools()[0].input_schema
     assert schema["required"] == ["command"]
     assert list(schema["properties"]) == ["command", "mode"]
@@ -57,8 +57,8 @@ def test_schema_is_command_and_mode(conform: Conformance) -> None:
 
 
 def test_description_shows_the_cwd_and_commands_run_there(conform: Conformance) -> None:
-    """REQ-BASH-006 "include current working directory in description"; REQ-BASH-001
-    "execute the command via `bash -c` in the conversation's working directory"."""
+    """The description includes the current working directory, and the command runs
+    via `bash -c` in that working directory."""
     session = conform.session()
     description = MODES.tools(session.cwd)[0].description
     assert description.endswith(f"\n\n<pwd>{conform.workdir}</pwd>")
@@ -67,8 +67,8 @@ def test_description_shows_the_cwd_and_commands_run_there(conform: Conformance) 
 
 
 def test_mode_timeouts_are_the_seeds(conform: Conformance) -> None:
-    """REQ-BASH-002: default mode 30-second timeout, slow mode 15-minute timeout; mode
-    omitted = default; background 24 hours (seed 001's `execute_background`)."""
+    """Default mode: a 30-second timeout; slow mode: 15 minutes; mode omitted = default;
+    background: 24 hours (as the tool's `execute_background`)."""
     policy = MODES.policy()
     assert (policy.default_timeout_s, policy.background_timeout_s) == (30.0, 24 * 3600.0)
     assert SLOW_TIMEOUT_S == 15 * 60.0
@@ -82,20 +82,20 @@ def test_mode_timeouts_are_the_seeds(conform: Conformance) -> None:
 
 
 def test_combined_output_in_arrival_order(conform: Conformance) -> None:
-    """REQ-BASH-001: "return combined stdout/stderr output"."""
+    """stdout and stderr come back combined, in the order they were written."""
     text = bash(conform, {"command": "echo a; echo b >&2; echo c; echo d >&2"}, conform.session())
     assert text == ToolText("a\nb\nc\nd\n")
 
 
 def test_output_up_to_128kb_is_shown_whole(conform: Conformance) -> None:
-    """Seed 001 `format_output`: output of at most MAX_OUTPUT_LENGTH (128 KB) is unchanged."""
+    """As `format_output`: output of at most MAX_OUTPUT_LENGTH (128 KB) is unchanged."""
     text = bash(conform, {"command": "seq 1 20000"}, conform.session())  # 108,894 bytes
     assert text == ToolText("".join(f"{n}\n" for n in range(1, 20001)))
 
 
 def test_past_128kb_the_middle_is_cut_keeping_4kb_each_end(conform: Conformance) -> None:
-    """REQ-BASH-001: "exceeding 128KB ... truncate the middle, preserving first and last
-    4KB AND indicate truncation occurred" with seed 001's header and `[snip]`."""
+    """Output past 128 KB has its middle cut, its first and last 4 KB kept, and says so
+    with the `[output truncated in middle: ...]` header and `[snip]`."""
     full = "".join(f"{n}\n" for n in range(1, 40001))  # 228,894 bytes
     text = bash(conform, {"command": "seq 1 40000"}, conform.session())
     header = "[output truncated in middle: got 224kB, max is 128kB]\n"
@@ -111,14 +111,14 @@ def test_past_128kb_the_middle_is_cut_keeping_4kb_each_end(conform: Conformance)
 
 
 def test_failure_includes_the_exit_code_and_output(conform: Conformance) -> None:
-    """REQ-BASH-007 / seed 001: "[command failed: exit code N]" then the output."""
+    """A failure: "[command failed: exit code N]" then the output."""
     text = bash(conform, {"command": "echo oops; echo why >&2; exit 3"}, conform.session())
     assert text == ToolText("[command failed: exit code 3]\noops\nwhy\n", is_error=True)
 
 
 def test_a_system_error_is_not_a_command_failure(conform: Conformance) -> None:
-    """REQ-BASH-007: "WHEN command fails due to system error ... descriptive error message
-    AND distinguish from command execution failure"."""
+    """A system error gets a descriptive error message, told apart from a failure of the
+    command itself."""
     gone = conform.workdir / "no-such-dir"
     text = bash(conform, {"command": "true"}, conform.session(cwd=str(gone)))
     assert text == ToolText(f"[system error: Working directory does not exist: {gone}]", True)
@@ -130,9 +130,9 @@ def test_a_system_error_is_not_a_command_failure(conform: Conformance) -> None:
 
 
 def test_timeout_kills_the_group_and_returns_partial_output(conform: Conformance) -> None:
-    """REQ-BASH-002: "WHEN command exceeds its timeout THE SYSTEM SHALL terminate the
-    process group AND return partial output with timeout indication"; issue 4: what it
-    was running, and when it last printed."""
+    """A command past its timeout has its process group terminated, and the call returns
+    its partial output under a timeout line, then what it was running, and when it last
+    printed."""
     session = conform.session()
     with Elapsed() as took:
         text = bash(
@@ -154,8 +154,8 @@ def test_timeout_kills_the_group_and_returns_partial_output(conform: Conformance
 
 
 def test_the_grace_period_lets_the_group_clean_up(conform: Conformance) -> None:
-    """REQ-BASH-004: "kill the entire process group AND wait for cleanup with 15-second
-    grace period" -- SIGTERM first; a command that cleans up on it is not cut short."""
+    """The entire process group is killed after a 15-second grace period for cleanup:
+    SIGTERM first; a command that cleans up on it is not cut short."""
     assert MODES.policy().kill_grace_s == 15.0
     with Elapsed() as took:
         text = bash(
@@ -167,8 +167,8 @@ def test_the_grace_period_lets_the_group_clean_up(conform: Conformance) -> None:
 
 
 def test_sigkill_after_the_grace_period(conform: Conformance) -> None:
-    """REQ-BASH-004: a group that ignores SIGTERM is killed once the grace period is over
-    (here 1 s instead of 15 s)."""
+    """A group that ignores SIGTERM is killed once the grace period is over (here 1 s
+    instead of 15 s)."""
     quick_grace = ModesDialect(default_timeout_s=1, kill_grace_s=1)
     session = conform.session()
     with Elapsed() as took:
@@ -188,7 +188,7 @@ def test_sigkill_after_the_grace_period(conform: Conformance) -> None:
 
 def start(conform: Conformance, command: str, session: SessionState,
           dialect: ModesDialect | None = None) -> tuple[int, Path]:
-    """Start a background command; its pid and output file, from the seed's text."""
+    """Start a background command; its pid and output file, from the dialect's text."""
     with Elapsed() as took:
         text = bash(conform, {"command": command, "mode": "background"}, session, dialect)
     found = re.fullmatch(
@@ -203,8 +203,8 @@ def start(conform: Conformance, command: str, session: SessionState,
 
 
 def test_background_returns_the_pid_and_output_file(conform: Conformance) -> None:
-    """REQ-BASH-003: "start the command detached ... AND return immediately with process
-    ID and output file path"; the file is on the host that runs the job, in the session
+    """A background command starts detached and the call returns at once with its process
+    ID and output file path; the file is on the host that runs the job, in the session
     workspace's output directory: the pid and the path are what the model's next call
     sees and reads."""
     session = conform.session()
@@ -220,8 +220,8 @@ def test_background_returns_the_pid_and_output_file(conform: Conformance) -> Non
 
 
 def test_completion_status_is_appended_to_the_output_file(conform: Conformance) -> None:
-    """REQ-BASH-003: "WHEN background process completes THE SYSTEM SHALL append completion
-    status to output file" (`[background process completed]` / `failed: ...`)."""
+    """A background process's completion status is appended to its output file
+    (`[background process completed]` / `failed: ...`)."""
     session = conform.session()
     _, ok = start(conform, "echo finished", session)
     assert conform.wait_file(session, ok, "[background process") \
@@ -234,7 +234,7 @@ def test_completion_status_is_appended_to_the_output_file(conform: Conformance) 
 
 
 def test_kill_9_pgid_stops_the_background_job(conform: Conformance) -> None:
-    """REQ-BASH-003: "provide process group ID for termination via `kill -9 -<pgid>`"."""
+    """The process group ID is given for termination via `kill -9 -<pgid>`."""
     session = conform.session()
     pid, output = start(conform, "sleep 300 & echo child=$!; wait", session)
     seen = conform.wait_file(session, output, "child=")
@@ -262,7 +262,7 @@ def test_background_jobs_end_after_their_timeout(conform: Conformance) -> None:
 
 
 def test_no_tty_is_attached(conform: Conformance) -> None:
-    """REQ-BASH-005: "execute without a TTY attached" (stdin is empty, nothing waits)."""
+    """Commands run without a TTY attached (stdin is empty, nothing waits)."""
     command = (
         "test -t 0; echo stdin=$?; test -t 1; echo stdout=$?; test -t 2; echo stderr=$?; "
         "tty; cat; echo read-nothing"
@@ -272,8 +272,8 @@ def test_no_tty_is_attached(conform: Conformance) -> None:
 
 
 def test_each_command_gets_a_new_process_group(conform: Conformance) -> None:
-    """REQ-BASH-004: "create a new process group" (the command's bash leads its own):
-    each call of a session a group of its own, never its workspace keeper's (pid 1 of the
+    """Each command gets a new process group (the command's bash leads its own): each
+    call of a session a group of its own, never its workspace keeper's (pid 1 of the
     workspace's PID namespace, whose numbers the command sees)."""
     session = conform.session()
     groups = []
@@ -287,8 +287,8 @@ def test_each_command_gets_a_new_process_group(conform: Conformance) -> None:
 
 
 def test_secrets_are_isolated(conform: Conformance) -> None:
-    """REQ-BASH-004: "isolate environment variables containing secrets" -- the worker's
-    *_TOKEN and BASHFLEET_* variables are not passed on; plain ones are."""
+    """Environment variables holding secrets are isolated: the worker's *_TOKEN and
+    BASHFLEET_* variables are not passed on; plain ones are."""
     command = (
         f'echo "token=${{{SECRET_VAR}-unset}} url=${{BASHFLEET_REDIS_URL-unset}} '
         f'note=${{{PLAIN_VAR}-unset}}"; env | cut -d= -f1 | grep -e ^BASHFLEET_ -e {SECRET_VAR}'

@@ -1,9 +1,9 @@
-"""bashfleet's own dialect (`native`) through the fleet: each behaviour its design states.
+"""bashfleet's own dialect (`native`) through the fleet: each behaviour it promises.
 
-DESIGN.md's table: `bash` {command, mode, timeout, cwd, host, session}, `bash_check`
-{id, grep, offset}, `bash_kill` {id}; 120 s then auto-background; separate streams,
-tail + error digest, spill reference, host. Issue 4 adds what the model reads after a
-timeout and the hint that a command already ran in the session.
+`bash` {command, mode, timeout, cwd, host, session}, `bash_check` {id, grep, offset},
+`bash_kill` {id}; 120 s then auto-background; separate streams, tail + error digest,
+spill reference, host; what the model reads after a timeout, and the hint that a
+command already ran in the session.
 """
 
 from __future__ import annotations
@@ -63,8 +63,8 @@ def test_separate_streams_and_where_it_ran(conform: Conformance) -> None:
 
 
 def test_tail_with_error_digest_and_spill_reference(conform: Conformance) -> None:
-    """Tail (2000 lines / 50 KB) with exact counts, "the error lines found in the part that
-    was cut", and where the full output is: the `bash_output` call that reads it (a tool
+    """Tail (2000 lines / 50 KB) with exact counts, the error lines found in the part that
+    was cut, and where the full output is: the `bash_output` call that reads it (a tool
     the model has) and the file on its host."""
     full = "error: disk quota exceeded\n" + "".join(f"{n}\n" for n in range(1, 3001))
     session = conform.session()
@@ -107,8 +107,8 @@ def follow_output_hint(conform: Conformance, args: dict[str, object]) -> str:
 
 
 def test_timeout_then_auto_background(conform: Conformance) -> None:
-    """"120 s, then auto-background" (here 1 s): the command keeps running as a job on its
-    host; issue 4: its live processes and the age of its last output."""
+    """120 s, then auto-background (here 1 s): the command keeps running as a job on its
+    host; the text gives its live processes and the age of its last output."""
     session = conform.session()
     with Elapsed() as took:
         text = bash(conform, {"command": "echo started; exec sleep 300", "timeout": 1}, session)
@@ -174,7 +174,7 @@ def test_background_mode_check_grep_offset_and_kill(conform: Conformance) -> Non
 
 
 def test_bash_check_and_output_grep_anchor_at_line_ends(conform: Conformance) -> None:
-    """#22 point 2: a `grep` ending in `$` never matched (lines kept their newline)."""
+    """A `grep` ending in `$` once never matched (lines kept their newline)."""
     session = conform.session()
     text = bash(conform, {"command": "seq 1 30", "mode": "background"}, session)
     found = re.match(r"started in background as job (\S+) ", text.text)
@@ -189,8 +189,8 @@ def test_bash_check_and_output_grep_anchor_at_line_ends(conform: Conformance) ->
 
 
 def test_kill_ends_processes_that_left_the_group(conform: Conformance) -> None:
-    """`bash_kill`: "SIGTERM to its process group, SIGKILL after a grace period, then every
-    process it started, even those that left the group"."""
+    """`bash_kill`: SIGTERM to its process group, SIGKILL after a grace period, then every
+    process it started, even those that left the group."""
     session = conform.session()
     text = bash(conform, {"command": "setsid sleep 300 & echo escaped=$!; sleep 300",
                           "mode": "background"}, session)
@@ -205,8 +205,8 @@ def test_kill_ends_processes_that_left_the_group(conform: Conformance) -> None:
 
 
 def test_sessions_are_optional_and_report_the_final_cwd(conform: Conformance) -> None:
-    """`session`: "a fleet session that keeps cwd and environment between calls and stays
-    on one host"; the run says where it ended. Without one, calls are stateless."""
+    """`session`: a fleet session that keeps cwd and environment between calls and stays
+    on one host; the run says where it ended. Without one, calls are stateless."""
     session, name = conform.session(), f"s{uuid.uuid4().hex[:8]}"
     sub = conform.workdir / f"nat-{uuid.uuid4().hex[:6]}"
     sub.mkdir()
@@ -216,7 +216,7 @@ def test_sessions_are_optional_and_report_the_final_cwd(conform: Conformance) ->
         f"\n\nsession {name}: ended in {sub}; its next call starts there; exported: NAT_VALUE"
     ), first.text
     second = bash(conform, {"command": 'pwd; echo "$NAT_VALUE"', "session": name}, session)
-    # It changed nothing: no word about the session (#22 point 26).
+    # It changed nothing: no word about the session.
     assert second.text.endswith(f"\n\nstdout:\n{sub}\n1"), second.text
     stateless = bash(conform, {"command": 'pwd; echo "${NAT_VALUE-unset}"'}, session)
     assert stateless.text.endswith(f"\n\nstdout:\n{conform.workdir}\nunset")
@@ -224,8 +224,8 @@ def test_sessions_are_optional_and_report_the_final_cwd(conform: Conformance) ->
 
 
 def test_a_rerun_is_told_where_the_earlier_output_is(conform: Conformance) -> None:
-    """Issue 4: the same command again within 10 minutes gets a hint with the earlier
-    call, its host and how to read its full output."""
+    """The same command again within 10 minutes gets a hint with the earlier call, its
+    host and how to read its full output."""
     session = conform.session()
     bash(conform, {"command": "seq 1 3000"}, session)
     earlier = conform.fleet.last
@@ -243,7 +243,7 @@ def test_a_rerun_is_told_where_the_earlier_output_is(conform: Conformance) -> No
 
 
 def test_system_errors_are_not_command_failures(conform: Conformance) -> None:
-    """The engine's "system error (could not spawn, bad cwd, policy block)" is told apart
+    """The engine's system errors (could not spawn, bad cwd, policy block) are told apart
     from the command's own failure, and a host that is not there is named."""
     gone = conform.workdir / "no-such-dir"
     text = bash(conform, {"command": "true", "cwd": str(gone)})
@@ -258,7 +258,7 @@ def test_system_errors_are_not_command_failures(conform: Conformance) -> None:
     )
 
 
-# ---------------------------------------------------------------- issue 16: fidelity
+# -------------------------------------------------------------------------- fidelity
 
 
 def test_binary_output_is_reported_with_its_spill_file(conform: Conformance) -> None:

@@ -1,7 +1,7 @@
-"""Seed 002 (`pi` dialect) through the fleet: each stated behaviour of the tool-call path.
+"""The `pi` dialect through the fleet: each behaviour of pi's tool-call path.
 
-Seed 002's PTY path, shell snapshots, the renderer and the user bang-command surface
-are not part of the tool a model calls through bashfleet and are not tested here.
+Pi's PTY path, shell snapshots, the renderer and the user bang-command surface are not
+part of the tool a model calls through bashfleet and are not tested here.
 """
 
 from __future__ import annotations
@@ -38,17 +38,17 @@ def test_tool_schema(conform: Conformance) -> None:
 
 
 def test_output_is_combined(conform: Conformance) -> None:
-    """"stdout/stderr are already merged"."""
+    """stdout and stderr come merged."""
     assert bash(conform, {"command": "echo a; echo b >&2; echo c"}) == ToolText("a\nb\nc\n")
 
 
 def test_empty_output_is_no_output(conform: Conformance) -> None:
-    """Result shaping: "empty output becomes `(no output)`"."""
+    """Result shaping: empty output becomes `(no output)`."""
     assert bash(conform, {"command": "true"}) == ToolText("(no output)")
 
 
 def test_non_zero_exit(conform: Conformance) -> None:
-    """Exit-code mapping: "non-zero exit -> ToolError("... Command exited with code N")"."""
+    """Exit-code mapping: a non-zero exit is a tool error, "... Command exited with code N"."""
     text = bash(conform, {"command": "echo bad; exit 4"})
     assert text == ToolText("bad\n\n\nCommand exited with code 4", is_error=True)
     empty = bash(conform, {"command": "exit 2"})
@@ -56,7 +56,7 @@ def test_non_zero_exit(conform: Conformance) -> None:
 
 
 def test_missing_exit_status(conform: Conformance) -> None:
-    """Exit-code mapping: "missing exit code -> ToolError("... missing exit status")"
+    """Exit-code mapping: a missing exit code is a tool error, "... missing exit status"
     (a command ended by a signal has no exit code)."""
     text = bash(conform, {"command": "echo dying; kill -9 $$"})
     assert text == ToolText("dying\n\n\nCommand failed: missing exit status", is_error=True)
@@ -66,7 +66,7 @@ def test_missing_exit_status(conform: Conformance) -> None:
 
 
 def test_timeout_is_clamped_to_1_3600_seconds(conform: Conformance) -> None:
-    """"Timeout is clamped to `[1, 3600]` seconds": 0.01 waits a second; 99999 is taken
+    """The timeout is clamped to [1, 3600] seconds: 0.01 waits a second; 99999 is taken
     as 3600 (the fleet refuses a timeout above the policy's maximum, so it was clamped)."""
     assert PI.policy().max_timeout_s == 3600.0
     with Elapsed() as took:
@@ -87,7 +87,7 @@ def test_timeout_without_output(conform: Conformance) -> None:
 
 
 def test_trailing_head_is_lifted_and_the_command_runs_without_it(conform: Conformance) -> None:
-    """Input normalization: "extracts trailing `| head -n N` ... into structured limits".
+    """Input normalization: a trailing `| head -n N` is lifted into a structured limit.
     Proof that the pipe is gone: with it, head would exit after two lines and the
     command's later `echo` would die of SIGPIPE before touching the marker."""
     marker = conform.workdir / f"{uuid.uuid4().hex}.marker"
@@ -104,8 +104,8 @@ def test_trailing_tail_and_short_forms_are_lifted(conform: Conformance) -> None:
 
 
 def test_explicit_head_and_tail_win(conform: Conformance) -> None:
-    """"explicit `head`/`tail` args override extracted values"; "apply head/tail filters
-    to final output text (head then tail)"."""
+    """Explicit `head`/`tail` arguments override the lifted values; head/tail filters
+    apply to the final output text (head, then tail)."""
     assert bash(conform, {"command": "seq 1 10 | head -n 3", "head": 5}) == ToolText(
         "1\n2\n3\n4\n5\n"
     )
@@ -113,9 +113,9 @@ def test_explicit_head_and_tail_win(conform: Conformance) -> None:
 
 
 def test_head_shows_the_first_lines_of_the_whole_output(conform: Conformance) -> None:
-    """#22 point 11, replayed: `head: 3` on `seq 1 100000` showed lines 91468-91470
-    (the head of the 50 KB tail) under a notice about that tail. Head is the first lines
-    of the whole output, tail its last, and the notice says exactly which are shown."""
+    """`head: 3` on `seq 1 100000` once showed lines 91468-91470 (the head of the 50 KB
+    tail) under a notice about that tail. Head is the first lines of the whole output,
+    tail its last, and the notice says exactly which are shown."""
     text = bash(conform, {"command": "seq 1 100000", "head": 3})
     artifact = conform.fleet.last.call_id
     assert text == ToolText(f"1\n2\n3\n\n\n[Showing lines 1-3 of 100000. Full: artifact://{artifact}]")
@@ -130,9 +130,9 @@ def test_head_shows_the_first_lines_of_the_whole_output(conform: Conformance) ->
 
 
 def test_cwd_is_resolved_against_the_session_and_validated(conform: Conformance) -> None:
-    """CWD validation: "resolved relative to session cwd"; "missing path ->
-    `Working directory does not exist: ...`"; "non-directory -> `Working directory is
-    not a directory: ...`"."""
+    """CWD validation: `cwd` is resolved relative to the session's cwd; a missing path
+    gets `Working directory does not exist: ...`; a non-directory `Working directory is
+    not a directory: ...`."""
     sub = conform.workdir / f"sub-{uuid.uuid4().hex[:6]}"
     sub.mkdir()
     (sub / "file").write_text("x")
@@ -147,10 +147,10 @@ def test_cwd_is_resolved_against_the_session_and_validated(conform: Conformance)
 
 def test_a_bad_cwd_on_the_first_call_leaves_the_session_in_its_project(
         conform: Conformance) -> None:
-    """A session's first call makes its workspace, at the project its cwd is in (issue
-    #20: "a session starts where it was opened"). A first call whose cwd is missing is
-    told so, and the session's next calls still run in its project: the workspace is
-    the project directory, not a fresh one where the session's own cwd does not exist."""
+    """A session's first call makes its workspace, at the project its cwd is in (a
+    session starts where it was opened). A first call whose cwd is missing is told so,
+    and the session's next calls still run in its project: the workspace is the project
+    directory, not a fresh one where the session's own cwd does not exist."""
     session = conform.session()
     missing = bash(conform, {"command": "pwd", "cwd": "nowhere"}, session)
     assert missing == ToolText(
@@ -163,8 +163,8 @@ def test_a_bad_cwd_on_the_first_call_leaves_the_session_in_its_project(
 
 
 def test_interception_blocks_only_when_the_tool_is_available(conform: Conformance) -> None:
-    """Interception: "command is blocked only when regex rule matches, and the suggested
-    tool is present"; the message is `Blocked: ...` with the original command."""
+    """Interception: a command is blocked only when a rule's regex matches and the tool it
+    suggests is present; the message is `Blocked: ...` with the original command."""
     marker = conform.workdir / f"{uuid.uuid4().hex}.ran"
     command = f"grep -c x /dev/null; touch {marker}"
     with_grep = PiDialect(intercept=DEFAULT_INTERCEPT_RULES, available_tools=("read", "grep"))
@@ -184,7 +184,7 @@ def test_interception_blocks_only_when_the_tool_is_available(conform: Conformanc
 
 
 def test_50kb_utf8_safe_tail_with_an_artifact(conform: Conformance) -> None:
-    """OutputSink: "an in-memory UTF-8-safe tail buffer (50KB)"; the full stream goes to
+    """OutputSink: an in-memory UTF-8-safe tail buffer (50 KB); the full stream goes to
     an artifact, and the notice says `Full: artifact://<id>` (readable from its host)."""
     full = "é" * 40000 + "\n"  # 80,001 bytes: the cut falls inside a character
     text = bash(conform, {"command": "python3 -c \"print('é' * 40000)\""})
@@ -201,7 +201,7 @@ def test_50kb_utf8_safe_tail_with_an_artifact(conform: Conformance) -> None:
 
 def test_a_byte_cut_starts_at_the_line_its_notice_names(conform: Conformance) -> None:
     """Past 50 KB the shown text starts at a whole line, the one "Showing lines A-B"
-    names (issue 16: it used to start with a fragment of the line before)."""
+    names (it used to start with a fragment of the line before)."""
     text = bash(conform, {"command": "seq 1 200000"})
     found = re.search(
         r"\n\n\[Showing lines (\d+)-200000 of 200000 \(50\.0KB limit\)\. Full: artifact://\S+\]$",
@@ -213,7 +213,7 @@ def test_a_byte_cut_starts_at_the_line_its_notice_names(conform: Conformance) ->
 
 def test_escape_sequences_go_and_their_text_stays(conform: Conformance) -> None:
     """Sanitizing: a lone C1 introducer removes only itself; a link ended by U+009C keeps
-    its text; two-byte escapes leave no final byte. Seed 002's text is otherwise as is:
+    its text; two-byte escapes leave no final byte. Pi's text is otherwise as is:
     carriage returns and bidirectional controls are not native's to touch here."""
     command = (
         r"printf 'important\302\220data \033]8;;http://x/\302\234link\033]8;;\302\234 "

@@ -1,4 +1,4 @@
-"""Seed 000 (`pipe` dialect) through the fleet: each behaviour the seed states, one test each.
+"""The `pipe` dialect through the fleet: each behaviour of its tool, one test each.
 
 Every call goes `get_dialect("pipe").call(...)` -> Fleet -> Redis -> the `conform`
 worker process, and the test reads the text the model would read.
@@ -43,7 +43,7 @@ def stream(text: str, name: str) -> str:
 
 def test_tool_schema(conform: Conformance) -> None:
     """Tool Schema: one `bash` tool with `command`, `timeout` (ms), `check_pid`, `kill_pid`."""
-    spec = PIPE.tools()[0].as_json("function")  # the seed's own shape
+    spec = PIPE.tools()[0].as_json("function")  # the pipe tool's own shape
     assert spec["name"] == "bash"
     assert list(spec["parameters"]["properties"]) == ["command", "timeout", "check_pid", "kill_pid"]
     assert "(default: 120000)" in spec["parameters"]["properties"]["timeout"]["description"]
@@ -55,7 +55,7 @@ def test_tool_schema(conform: Conformance) -> None:
 
 
 def test_stateless_with_the_session_cwd(conform: Conformance) -> None:
-    """Shell model: "Stateless (fresh bash -c per command)" with "fixed CWD from session start"."""
+    """Shell model: stateless (a fresh bash -c per command), the cwd fixed at session start."""
     session = conform.session()
     first = bash(conform, {"command": "cd / && export PIPE_X=1 && pwd"}, session)
     assert first == ToolText("stdout:\n/\n\nstderr:\n\n\nexit code: 0")
@@ -65,7 +65,7 @@ def test_stateless_with_the_session_cwd(conform: Conformance) -> None:
 
 
 def test_separate_streams(conform: Conformance) -> None:
-    """Stderr handling: "Separate stdout/stderr" -- `stdout:`, `stderr:`, `exit code: 0`."""
+    """Stderr handling: stdout and stderr apart -- `stdout:`, `stderr:`, `exit code: 0`."""
     text = bash(
         conform, {"command": "echo out1; echo err1 >&2; echo out2; echo err2 >&2"},
         conform.session(),
@@ -74,7 +74,7 @@ def test_separate_streams(conform: Conformance) -> None:
 
 
 def test_non_zero_exit_is_an_error(conform: Conformance) -> None:
-    """Error (non-zero exit): "Same format but ToolResult.IsError = true"."""
+    """Error (non-zero exit): the same format, with the result flagged as an error."""
     text = bash(conform, {"command": "echo partial; echo bad >&2; exit 3"}, conform.session())
     assert text == ToolText("stdout:\npartial\n\nstderr:\nbad\n\nexit code: 3", is_error=True)
 
@@ -94,8 +94,8 @@ def test_ansi_and_control_characters_are_stripped(conform: Conformance) -> None:
 
 
 def test_line_limit_keeps_the_last_2000_lines_without_a_file(conform: Conformance) -> None:
-    """Tail truncation "2000 lines maximum", per stream; "Line-only truncation (e.g., 3000
-    short lines totaling 20KB) does NOT create a temp file"."""
+    """Tail truncation to 2000 lines at most, per stream; a cut by lines alone (3000 short
+    lines, 20 KB in all) creates no temp file."""
     before = conform.spill_files()
     text = bash(conform, {"command": "seq 1 3000; seq 5001 8000 >&2"}, conform.session())
     assert stream(text.text, "stdout").splitlines() == [str(n) for n in range(1001, 3001)]
@@ -114,7 +114,7 @@ def test_line_limit_keeps_the_last_2000_lines_without_a_file(conform: Conformanc
 
 
 def test_a_60kb_single_line_shows_its_tail(conform: Conformance) -> None:
-    """Edge case: "if a single line exceeds 50KB, take the tail of that line"."""
+    """Edge case: a single line past 50 KB shows the tail of that line."""
     command = "head -c 20480 /dev/zero | tr '\\0' a; head -c 40960 /dev/zero | tr '\\0' b"
     text = bash(conform, {"command": command}, conform.session())
     shown = stream(text.text, "stdout")
@@ -126,7 +126,7 @@ def test_a_60kb_single_line_shows_its_tail(conform: Conformance) -> None:
 
 
 def test_spill_file_past_50kb_holds_the_full_output(conform: Conformance) -> None:
-    """Filesystem offloading "only when total bytes exceed 50KB": the full untruncated
+    """Filesystem offloading only when the total passes 50 KB: the full untruncated
     output goes to a file, and the notice says where (`Full output: <path>`)."""
     expected = "".join(f"{n}\n" for n in range(1, 20001))  # 108,894 bytes
     session = conform.session()
@@ -159,9 +159,9 @@ def background(
 
 
 def test_timeout_auto_backgrounds_with_the_pid(conform: Conformance) -> None:
-    """Auto-backgrounding: "When a command exceeds its timeout ... Detach the process ...
-    Return immediately with partial output + background notice" (pid, full output file,
-    check_pid / kill_pid); issue 4: what still runs and when it last printed."""
+    """Auto-backgrounding: a command past its timeout is detached and the call returns at
+    once with its partial output and a background notice (pid, full output file,
+    check_pid / kill_pid), then what still runs and when it last printed."""
     session = conform.session()
     text, pid = background(conform, "echo started; echo warming >&2; exec sleep 60", session)
     found = re.fullmatch(
@@ -199,8 +199,8 @@ def new_lines(text: str) -> list[str]:
 
 
 def test_check_pid_shows_only_new_output(conform: Conformance) -> None:
-    """Background Process Management: `check_pid` "return[s] new output" -- "New output since
-    last check"; once finished, "Process N exited with code N"."""
+    """Background process management: `check_pid` returns the new output -- "New output
+    since last check"; once finished, "Process N exited with code N"."""
     session, tag = conform.session(), uuid.uuid4().hex[:8]
     steps = [conform.workdir / f"{tag}.step{n}" for n in (2, 3, 4)]
     waits = "".join(
@@ -235,7 +235,7 @@ def test_check_pid_shows_only_new_output(conform: Conformance) -> None:
 
 
 def test_kill_pid_ends_the_whole_group(conform: Conformance) -> None:
-    """"Process group isolation ... Kill entire tree": kill_pid ends the command and the
+    """Process group isolation, the entire tree killed: kill_pid ends the command and the
     processes it started, and returns its final output."""
     session = conform.session()
     text, pid = background(
@@ -266,8 +266,8 @@ def test_kill_pid_ends_the_whole_group(conform: Conformance) -> None:
 def test_parameters_are_mutually_exclusive(
     conform: Conformance, args: dict[str, object], message: str
 ) -> None:
-    """"mutually exclusive parameters: `command` runs a new command, `check_pid` checks on
-    a background process, `kill_pid` terminates one" -- two at once run nothing."""
+    """The parameters are mutually exclusive: `command` runs a new command, `check_pid`
+    checks on a background process, `kill_pid` terminates one -- two at once run nothing."""
     marker = conform.workdir / f"{uuid.uuid4().hex}.ran"
     filled = {k: v.format(marker=marker) if isinstance(v, str) else v for k, v in args.items()}
     text = bash(conform, filled, conform.session())

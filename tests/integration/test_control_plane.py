@@ -1,4 +1,4 @@
-"""A control plane no tenant can stall (security review, finding 3), with real workers.
+"""A control plane no tenant can stall, with real workers.
 
 The attack: a tenant makes files that block or never end whoever opens them (`mkfifo
 p1..p8`, a link to /dev/zero, a file that grows for ever, a socket) and asks the host to

@@ -1,7 +1,7 @@
-"""The seeds' hints work for the model (issue #20): what a dialect's result tells the
-model to run (`cat <output_file>`, `kill -9 -<pgid>`, the `Full output:` path,
-`check_pid`, a `bash_output` call, an `artifact://` resource, a codex session id) is
-run as the model's next call, in the same session, on a sandboxed host, and it works.
+"""The dialects' hints work for the model: what a dialect's result tells the model to
+run (`cat <output_file>`, `kill -9 -<pgid>`, the `Full output:` path, `check_pid`, a
+`bash_output` call, an `artifact://` resource, a codex session id) is run as the model's
+next call, in the same session, on a sandboxed host, and it works.
 
 Each session's calls run in one workspace (its PID namespace, its mount view): the pid
 a dialect shows is the number the next call uses, and the path it shows is a path the

@@ -1,5 +1,5 @@
-"""A directory download writes only inside its destination, whatever the workspace does
-(security review, finding 4), with real workers.
+"""A directory download writes only inside its destination, whatever the workspace does,
+with real workers.
 
 The attack as reported: the worker wrote a download's archive into the workspace's /tmp
 (`.bashfleet-download-*.tar`), a background job renamed a crafted tar over it, and the

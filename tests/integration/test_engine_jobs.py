@@ -446,8 +446,9 @@ def test_ended_job_names_the_processes_it_left_running(plain_engine: Engine) -> 
 
 
 def test_background_job_is_ended_at_its_policy_timeout(engine: Engine) -> None:
-    # Seed 001 gives background jobs 24 hours; the supervisor enforces the policy's limit
-    # even when no worker is watching, and the foreground maximum does not apply.
+    # The modes dialect gives background jobs 24 hours; the supervisor enforces the
+    # policy's limit even when no worker is watching, and the foreground maximum does
+    # not apply.
     policy = Policy(background_timeout_s=0.5, kill_grace_s=0.2, max_timeout_s=1.0)
     result = engine.run("echo up; sleep 300", background=True, policy=policy, timeout_s=30.0)
     assert result.error is None, result.error

@@ -171,7 +171,8 @@ def test_spill_kept_when_only_stderr_was_cut(engine: Engine) -> None:
 
 
 def test_spill_not_kept_when_cut_output_is_under_spill_min_bytes(engine: Engine) -> None:
-    # Seed 000: the spill file only past 50 KB; `seq 5000` (23,893 bytes) is cut by lines.
+    # As the pipe dialect: the spill file only past 50 KB; `seq 5000` (23,893 bytes) is cut
+    # by lines.
     policy = KILL.model_copy(update={"spill_min_bytes": 50 * 1024})
     result = engine.run("seq 5000", policy=policy)
     assert result.stdout_truncation is not None and result.stdout_truncation.truncated

@@ -95,7 +95,7 @@ def test_session_env_is_added_over_the_hardening_but_cannot_forge_the_marker(
     engine: Engine,
 ) -> None:
     # The hardening (PAGER=cat, CI=1...) is a default: what a caller or its session set
-    # holds (#22 point 23, a session's `export PAGER=less` sticks); the marker never moves.
+    # holds (a session's `export PAGER=less` sticks); the marker never moves.
     result = engine.run(
         'echo "$SESSION_VAR $PAGER $CI ${BASHFLEET_CALL_MARKER}"',
         env={"SESSION_VAR": "kept", "PAGER": "less", "CI": "0", MARKER_VAR: "forged"},
@@ -339,7 +339,7 @@ def test_concurrent_first_calls_are_all_sandboxed(engine: Engine) -> None:
     """The first workspaces of a worker process, made together (a consumer's threads,
     the throwaway pool's refill), all get the host's sandbox: none is made without one
     because the sandbox's probe, run by each of them at once, failed for one of them
-    (issue #20: no silent fallback to no sandbox)."""
+    (no silent fallback to no sandbox)."""
     made: list[str] = []
     _set_subreaper(True)
     try:

@@ -2,9 +2,10 @@
 exceed, and what the calls of one workspace share.
 
 Each test is one attack (or one guarantee) against real bubblewrap, keepers and cgroups
-(v1 on the development VM). The `20_N` tests replay issue #20's findings as the attacker
-ran them. Positive controls run the same attack where it must work (the workspace's own
-files, a call's own processes), so a test that passes is known to be able to fail.
+(v1 on the development VM). The `20_N` tests replay attacks that once worked, as the
+attacker ran them. Positive controls run the same attack where it must work (the
+workspace's own files, a call's own processes), so a test that passes is known to be
+able to fail.
 """
 
 from __future__ import annotations
@@ -124,7 +125,7 @@ def _encodings(secret: str) -> list[str]:
             secret.encode().hex(), codecs.encode(secret, "rot13")]
 
 
-# ------------------------------------------------ issue #20's findings, replayed
+# -------------------------------------------- attacks that once worked, replayed
 
 
 @pytest.mark.parametrize("level", LEVELS)
@@ -351,7 +352,7 @@ def test_a_server_left_running_answers_the_next_call(engine: Engine,
 
 def test_kill_minus_pgid_from_the_next_call_ends_a_job(engine: Engine,
                                                       spaces: Workspaces) -> None:
-    # Seed 001: `<reminder>To stop: kill -9 -PGID</reminder>`, run as the next call.
+    # The modes dialect's `<reminder>To stop: kill -9 -PGID</reminder>`, run as the next call.
     record = spaces.new()
     job = spaces.run(record, "sleep 300", background=True)
     assert job.job is not None and job.job.host_pid is not None
@@ -778,7 +779,7 @@ def test_a_worker_that_is_not_root_gets_the_same_sandbox() -> None:
         assert lines[1].split() == ["CapEff:", "0000000000000000"]
         assert int(lines[2]) <= 5  # the keeper, bash, ps, wc
         assert lines[-1] == "done"
-        assert "PermissionError" in lines[-2]  # no raw socket (finding 20.4)
+        assert "PermissionError" in lines[-2]  # no raw socket in a call
         assert "planted" not in answer["out"]
         assert not Path("/usr/planted").exists()
     finally:

@@ -33,8 +33,8 @@ def test_exported_variables_and_cwd_carry_to_the_next_call(engine: Engine) -> No
 
 
 def test_the_command_line_is_the_command(engine: Engine) -> None:
-    """Issue #13, point 9: the capture comes in through BASH_ENV, not the command line, so
-    a process list (and `procs.describe` after a timeout) shows the command itself."""
+    """The capture comes in through BASH_ENV, not the command line, so a process list
+    (and `procs.describe` after a timeout) shows the command itself."""
     result = engine.run("tr '\\0' ' ' < /proc/$$/cmdline; echo; echo ${BASH_ENV-none}",
                         capture_state=True)
     cmdline, bash_env = result.stdout.splitlines()

@@ -1,7 +1,8 @@
-"""Issue #20, the fleet's findings, each replayed against real workers as the attacker
-did it: a Redis writer without the key forges a job's end, events and host records
-(5); a message captured for one host runs on another (7); one owner starts background
-jobs without end (8); the worker's secret settings never took effect (9)."""
+"""Attacks on the fleet's authenticity that once worked, each replayed against real
+workers as the attacker did it: a Redis writer without the key forges a job's end, events
+and host records (`test_5_*`); a message captured for one host runs on another
+(`test_7_*`); one owner starts background jobs without end (`test_8_*`); the worker's
+secret settings never took effect (`test_9_*`)."""
 
 from __future__ import annotations
 

@@ -84,7 +84,7 @@ def test_flower_lists_the_hosts_and_the_calls(
         wanted = {"calls@alpha", "calls@beta", "control@alpha", "control@beta"}
         return names if wanted <= names else None
 
-    # #22 point 12: named for what they do (they were `exec@` and `ctl@`, with no hint).
+    # Named for what they do (they were `exec@` and `ctl@`, with no hint).
     names = wait_for(both_hosts, 60, "Flower to list both hosts", interval=0.5)
     assert {"control@alpha", "control@beta"} <= names
 
@@ -106,8 +106,8 @@ def test_flower_lists_the_hosts_and_the_calls(
         assert tasks[call_id]["worker"] == f"calls@{host}"
         # Its result column says how it ended (the answer itself went to the caller).
         assert "exit 0" in tasks[call_id]["result"]
-        # #22 point 12: its command shows (a person tells calls apart), with the values
-        # of secrets redacted (here one of the call's own env); the env never shows.
+        # Its command shows (a person tells calls apart), with the values of secrets
+        # redacted (here one of the call's own env); the env never shows.
         assert "'command': 'echo seen [REDACTED]'" in tasks[call_id]["args"]
         assert "v4lue-x9" not in json.dumps(tasks[call_id])
 
@@ -136,9 +136,9 @@ def _task_when(flower: str, task_id: str, state: str) -> dict[str, Any] | None:
 def test_failed_calls_are_failures_in_flower_with_their_reason(
     two_hosts: tuple[WorkerProcess, WorkerProcess], flower: str, fleet: Fleet
 ) -> None:
-    """Issue #13, point 7: a failed command shows as FAILURE with why; what OPERATIONS.md
-    says to alert on (`task-failed` events) counts them; the arguments name the dialect,
-    the session, the job and the cwd actually used."""
+    """A failed command shows as FAILURE with why; what OPERATIONS.md says to alert on
+    (`task-failed` events) counts them; the arguments name the dialect, the session, the
+    job and the cwd actually used."""
     wait_for(lambda: _try_get(f"{flower}/api/workers?status=1"), 60, "Flower", interval=0.5)
     before = _metrics(flower)
     failed_before = _metric(before, "flower_events_total", task="bashfleet.exec",
@@ -190,8 +190,8 @@ def test_failed_calls_are_failures_in_flower_with_their_reason(
 def test_background_jobs_are_tasks_in_flower(
     two_hosts: tuple[WorkerProcess, WorkerProcess], flower: str, fleet: Fleet
 ) -> None:
-    """Issue #13, point 7: background jobs show in Flower, as `bashfleet.job` tasks (id: the
-    job id) that start and end: SUCCESS for exit 0, FAILURE with the reason otherwise."""
+    """Background jobs show in Flower, as `bashfleet.job` tasks (id: the job id) that
+    start and end: SUCCESS for exit 0, FAILURE with the reason otherwise."""
     wait_for(lambda: _try_get(f"{flower}/api/workers?status=1"), 60, "Flower", interval=0.5)
     ok = fleet.run("sleep 3; exit 0", host="beta", mode="background").job
     bad = fleet.run("sleep 3; exit 3", host="beta", mode="background").job
@@ -233,10 +233,10 @@ def _page(url: str) -> str:
 def test_a_running_job_is_active_and_flower_offers_no_control_that_would_lie(
     two_hosts: tuple[WorkerProcess, WorkerProcess], flower: str, fleet: Fleet
 ) -> None:
-    """#22 point 12: a running background job was not counted as Active; "Terminate"
-    answered "Revoked" and the job kept running (Celery's remote control is off). The
-    host's `jobs@` worker counts its running jobs; Flower is read-only: it offers no
-    Revoke or Terminate, and its API refuses them, so nothing says "Revoked"."""
+    """A running background job was once not counted as Active; "Terminate" answered
+    "Revoked" and the job kept running (Celery's remote control is off). The host's
+    `jobs@` worker counts its running jobs; Flower is read-only: it offers no Revoke or
+    Terminate, and its API refuses them, so nothing says "Revoked"."""
     wait_for(lambda: _try_get(f"{flower}/api/workers?status=1"), 60, "Flower", interval=0.5)
     job = fleet.run("sleep 60", host="beta", mode="background").job
     assert job is not None

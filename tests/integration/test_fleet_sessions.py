@@ -1,5 +1,5 @@
 """Sessions that live in Redis, whoever calls; a running call that goes on as a job; a
-cancelled call that says so (issue #13), through real workers."""
+cancelled call that says so, through real workers."""
 
 from __future__ import annotations
 
@@ -58,7 +58,7 @@ def test_a_session_is_shared_by_every_client(
 def test_concurrent_calls_of_a_session_keep_every_change(
     two_hosts: Hosts, fleet: Fleet
 ) -> None:
-    """Issue #13: a slower call that finished later used to overwrite a quick `cd`."""
+    """A slower call that finished later used to overwrite a quick `cd`."""
     session = new_session()
     # Pin it (and its cwd: its workspace), and make the directory the `cd` goes to.
     pinned = fleet.run("mkdir there; pwd", session=session)

@@ -1,11 +1,11 @@
 """Secrets planted in the worker's environment and in files; commands try to print them.
 
-The figure the issue asks for: how many leak (a secret value appearing in shown output,
-in a check of a background job, or in an output slice). It must be zero. The secret
-files lie in the call's own workspace, readable by the run user, so only the engine
-stands between them and the output: a file a setting names as secret is hidden from the
-call (and its values redacted). Transformed secrets (base64, `sed 's/./&./g'`) are the
-trust boundary's to refuse (test_trust_boundary), not redaction's.
+The figure that matters: how many leak (a secret value appearing in shown output, in a
+check of a background job, or in an output slice). It must be zero. The secret files lie
+in the call's own workspace, readable by the run user, so only the engine stands between
+them and the output: a file a setting names as secret is hidden from the call (and its
+values redacted). Transformed secrets (base64, `sed 's/./&./g'`) are the trust
+boundary's to refuse (test_trust_boundary), not redaction's.
 """
 
 from __future__ import annotations
@@ -127,7 +127,7 @@ def test_no_planted_secret_leaks(
         print(f"\nsecret leaks: {len(leaked)} of {len(ATTEMPTS) + 1} attempts "
               f"({shown} characters shown)")
     assert shown > 0
-    # The secrets were there and were redacted. (Before #22 point 21 this passed on CA
-    # bundle paths from `env`, blanked by the `AWS_*` rule, not on secrets.)
+    # The secrets were there and were redacted. (This once passed on CA bundle paths
+    # from `env`, blanked by the `AWS_*` rule, not on secrets.)
     assert redacted >= len(ENV_SECRETS)
     assert leaked == []

@@ -183,8 +183,8 @@ def _send_through_flower(flower: str, marker: Path, call_id: str) -> tuple[int, 
 
 
 def test_flower_cannot_run_commands(keyed: WorkerProcess, flower: str, project: Path) -> None:
-    """Flower as it is run by default (read-only, #22 point 12) refuses to send a task
-    at all, and nothing runs."""
+    """Flower as it is run by default (read-only) refuses to send a task at all, and
+    nothing runs."""
     wait_for(lambda: _try_get(f"{flower}/api/workers?status=1"), 60, "Flower")
     marker = project / "via-flower"
     call_id = f"c{uuid.uuid4().hex[:12]}"

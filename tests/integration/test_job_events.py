@@ -201,9 +201,9 @@ class _Printed:
 
 
 def test_events_across_a_redis_restart_that_lost_its_data(tmp_path: Path) -> None:
-    """Issue #22 point 4: after such a restart the workers publish their jobs again, and
-    `bashfleet events` used to print their events again (old ones, out of order, one it
-    had shown). It prints each event once, and says once that Redis is away."""
+    """After such a restart the workers publish their jobs again, and `bashfleet events`
+    used to print their events again (old ones, out of order, one it had shown). It
+    prints each event once, and says once that Redis is away."""
     server = RedisServer(tmp_path / "redis", password="events-wipe")
     server.start()
     client = redis.Redis.from_url(server.url, decode_responses=True)
@@ -252,9 +252,9 @@ def test_events_across_a_redis_restart_that_lost_its_data(tmp_path: Path) -> Non
 
 
 def test_events_pick_up_a_local_fleet_brought_down_and_up(tmp_path: Path) -> None:
-    """Issue #22 point 4: `bashfleet events` started before `down` / `up` hung silently
-    for ever on the old fleet's address. It keeps trying, says so once, and hears the
-    new fleet (found, as at its start, through the local fleet's state)."""
+    """`bashfleet events` started before `down` / `up` used to hang silently for ever on
+    the old fleet's address. It keeps trying, says so once, and hears the new fleet
+    (found, as at its start, through the local fleet's state)."""
     state_dir = tmp_path / "state"
     state_dir.mkdir(mode=0o700)
     settings = Settings(state_dir=state_dir)

@@ -1,7 +1,6 @@
 """The local fleet of `bashfleet up`, as a newcomer runs it: `up` never stops a running
-fleet (issue #22 point 1: run twice, quickstart twice, `up --hosts a,b` after the
-quickstart), and its Redis on loopback requires a password no call can read (issue
-#20, "Network")."""
+fleet (run twice, quickstart twice, `up --hosts a,b` after the quickstart), and its
+Redis on loopback requires a password no call can read."""
 
 from __future__ import annotations
 

@@ -499,10 +499,10 @@ def _host_addresses() -> list[str]:
 
 def test_finding_1_a_job_cannot_reach_the_fleets_redis(
         nethost: WorkerProcess, redis_server: RedisServer, redis_client: redis.Redis) -> None:
-    """Replays finding 1: a background job (no Redis password needed) opens connections
-    to the fleet's Redis until none is left for anyone. Each address it tries is shown
-    reachable from the host first; from the workspace every one is refused at once, and
-    another owner's calls and kills go on as before."""
+    """Replays an attack that once worked: a background job (no Redis password needed)
+    opens connections to the fleet's Redis until none is left for anyone. Each address
+    it tries is shown reachable from the host first; from the workspace every one is
+    refused at once, and another owner's calls and kills go on as before."""
     url = urlsplit(redis_server.url)
     port = int(url.port or 6379)
     targets = [f"{address}:{port}" for address in ["127.0.0.1", *_host_addresses()]

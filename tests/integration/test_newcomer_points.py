@@ -1,5 +1,5 @@
-"""Issue #22's points replayed as the newcomer and the agent trajectories hit them: the
-engine with real bash, and the CLI and the Python API on real workers."""
+"""A newcomer's first stumbles, replayed as the newcomer and the agent trajectories hit
+them: the engine with real bash, and the CLI and the Python API on real workers."""
 
 from __future__ import annotations
 

@@ -1,8 +1,9 @@
-"""Issue #16 end to end, without Redis: a real command run by the engine under each
+"""Output fidelity end to end, without Redis: a real command run by the engine under each
 dialect's own policy, its result rendered by that dialect as a model would read it.
 
-The seed dialects (pipe, modes, pi, claude) get the sanitizer's fixes and nothing more;
-native also gets binary detection, visible invisibles, last frames and the line cap.
+The dialects that reproduce an existing tool (pipe, modes, pi, claude) get the
+sanitizer's fixes and nothing more; native also gets binary detection, visible
+invisibles, last frames and the line cap.
 """
 
 from __future__ import annotations
@@ -97,7 +98,7 @@ def test_pi_byte_cut_starts_at_the_line_its_footer_names(engine: Engine) -> None
     assert text.split("\n", 1)[0] == str(first)
 
 
-# ------------------------------------------------------------------ native vs the seeds
+# --------------------------------------------------------- native vs the other dialects
 
 BINARY = r"printf '\177ELF\002\001\001\000\000\000\000'; head -c 3000 /dev/urandom"
 

@@ -1,6 +1,6 @@
-"""Owners are credentials (issue #28, finding 5), on a real fleet: two owners with keys of
-their own (`bashfleet owner add`) on one host, their clients connected as the clients'
-Redis user (`bashfleet.worker.wire.acl`), the worker as the workers'.
+"""Owners are credentials, not names anyone may claim, on a real fleet: two owners with
+keys of their own (`bashfleet owner add`) on one host, their clients connected as the
+clients' Redis user (`bashfleet.worker.wire.acl`), the worker as the workers'.
 
 Neither sees, drives or ends the other's workspaces, jobs, sessions or events, through
 the Python API, the CLI (a process), or Redis with the clients' credentials; an owner

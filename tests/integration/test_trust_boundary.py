@@ -1,9 +1,9 @@
-"""The trust boundary's findings, each replayed as the attacker did it (issue #12).
+"""Attacks across the trust boundary, each replayed as the attacker did it.
 
 A command that bashfleet runs was written by a model, perhaps under a prompt
 injection; a Redis writer may be anyone on the network Redis is reachable from. Each
-test below is one finding of the audit, attempted against real workers, and must be
-refused or unreachable. (The sandbox's own findings, a fresh /proc and the default
+test below is one attack that once worked, attempted against real workers, and must be
+refused or unreachable. (Attacks on the sandbox itself, a fresh /proc and the default
 caps, are tested with the engine: tests/integration/test_engine_sandbox.py.) A marker
 a refused call would have left is put where that call would write it: a project the
 host allows (`WorkerProcess.project`), its cwd; the test's tmp_path is invisible to it.

@@ -4,11 +4,11 @@ that path is.
 
 With layers on the host's root (a workspace with ids of its own), `/` is writable but
 only some of the host's entries are overlays; the others are read-only binds of the
-host's. Two cases failed before (#30 point 7): a mount point under a read-only bind of a
-host entry that the host has not got (`/srv/testbed`): that entry is now an overlay of
-its own (`layout.mount_entries`); and a new mount point inside a `path=` project: made
-on the host as the project's owner, not through the project's id map (where the keeper's
-root is no id).
+host's. Two cases failed before: a mount point under a read-only bind of a host entry
+that the host has not got (`/srv/testbed`): that entry is now an overlay of its own
+(`layout.mount_entries`); and a new mount point inside a `path=` project: made on the
+host as the project's owner, not through the project's id map (where the keeper's root
+is no id).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""Workspaces through the fleet (issue #20): made on a host, used by calls, files and
-jobs scoped to them, leases, caps, sessions that live in one; with real workers, as
-`Fleet.workspace` and `bashfleet workspace` users drive them."""
+"""Workspaces through the fleet: made on a host, used by calls, files and jobs scoped to
+them, leases, caps, sessions that live in one; with real workers, as `Fleet.workspace`
+and `bashfleet workspace` users drive them."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""`attach` without a fleet: the detach key as a person writes it (#22 point 5), the
+"""`attach` without a fleet: the detach key as a person writes it (`^x`, `ctrl-x`), the
 terminal filter on UTF-8 output, and the interleavings of keys and reads around an
-attach (#22 point 20)."""
+attach (a new terminal shows the current line whole, its first key's echo kept)."""
 
 from __future__ import annotations
 
@@ -91,7 +91,7 @@ def test_c1_controls_written_as_utf8_are_removed() -> None:
         assert feed.feed(stream[:cut]) + feed.feed(stream[cut:]) == b"ab", cut
 
 
-# ------------------------------------------------- the current line (#22 point 20)
+# ---------------------------------------------------------------- the current line
 
 
 class FileFleet:

@@ -99,7 +99,7 @@ def test_any_json_arguments_round_trip(value: Any) -> None:
     assert verify(sign(KEY, TASK, args, NOW), TASK, keyring([KEY]), NOW).args == args
 
 
-# ------------------------------------------------- the target (finding 7 of issue #20)
+# ------------------ the target: a message is good only for the queue it was signed for
 
 
 def test_a_message_names_the_queue_it_was_signed_for() -> None:

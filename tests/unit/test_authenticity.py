@@ -1,8 +1,8 @@
-"""Issue #20, the fleet's findings, as pure logic: what a reader believes of a sealed job
-hash, host record and event (5); a host's nonce memory, shared by its processes and kept
-across restarts (7); the owner quota's script (8); which variables the worker strips
-when it execs itself, and which paths settings name as secret (9); when a worker
-refuses to start without a sandbox."""
+"""The fleet's authenticity, as pure logic: what a reader believes of a sealed job hash,
+host record and event; a host's nonce memory, shared by its processes and kept across
+restarts; the owner quota's script; which variables the worker strips when it execs
+itself, and which paths settings name as secret; when a worker refuses to start without
+a sandbox."""
 
 from __future__ import annotations
 

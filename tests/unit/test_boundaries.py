@@ -1,4 +1,5 @@
-"""The layout's import boundaries (DESIGN.md "Layout"), checked two ways.
+"""The layout's import boundaries (which part of the package may import what), checked
+two ways.
 
 Statically, every import statement of every module is read (AST) and held against the
 rules below; at run time, importing a room in a fresh interpreter must not load the

@@ -1,6 +1,6 @@
-"""How long a call keeps anything in Redis (issue #23): its record for as long as it
-waits and runs, then minutes (days when it started a job); its reply as long; the
-Redis nonce only where the host has no memory of its own. On fakeredis."""
+"""How long a call keeps anything in Redis: its record for as long as it waits and runs,
+then minutes (days when it started a job); its reply as long; the Redis nonce only where
+the host has no memory of its own. On fakeredis."""
 
 from __future__ import annotations
 

@@ -467,7 +467,7 @@ def test_followed_file_source_and_the_file_shape_alike(tmp_path: Path, size: int
         assert kept == shape(path, len(raw), _raw_lines(raw), policy, None, digest=True)
 
 
-# ------------------------------------------------- seed 002's head / tail (#22 point 11)
+# ---------------------------------------------------------- the pi dialect's head / tail
 
 SEQ = 100_000
 SEQ_RAW = b"".join(b"%d\n" % n for n in range(1, SEQ + 1))  # 588,895 bytes

@@ -1,5 +1,5 @@
-"""Issue #16 in the engine's shaping: the native extras on small and huge outputs, pi's
-byte tail through a file, and slices that never end inside an escape sequence."""
+"""Output fidelity in the engine's shaping: the native extras on small and huge outputs,
+pi's byte tail through a file, and slices that never end inside an escape sequence."""
 
 from __future__ import annotations
 
@@ -60,7 +60,7 @@ def test_binary_output_shows_nothing_and_counts_everything(
     assert info.binary and info.truncated
     assert (info.total_bytes, info.total_lines) == (len(raw), _lines(raw))
     assert (info.shown_bytes, info.shown_lines, info.shown_ranges) == (0, 0, ())
-    # Without the extra, the same bytes are cleaned-up text (the seed dialects' view).
+    # Without the extra, the same bytes are cleaned-up text (pipe, modes, pi, claude's view).
     plain = shape(_file(tmp_path, raw), len(raw), _lines(raw), policy, None)
     assert not plain.info.binary and plain.text
 
@@ -160,7 +160,7 @@ def test_invisibles_and_frames_through_shape(tmp_path: Path) -> None:
 
 
 def test_a_huge_byte_tail_starts_at_the_line_its_notice_names(tmp_path: Path) -> None:
-    # Issue #16 class 5: `seq 1 200000` under pi's 50 KB tail.
+    # `seq 1 200000` under pi's 50 KB tail: the shown text must start at a whole line.
     raw = b"".join(b"%d\n" % n for n in range(1, 200_001))
     path = _file(tmp_path, raw)
     shaped = shape(path, len(raw), 200_000, ByteTail(max_bytes=51_200), None)

@@ -1,6 +1,6 @@
 """The CLI without a fleet: its parser (every option has help), `write`'s arguments, the
-job id on stdout, the spinner, the exit statuses, the words when no fleet answers, and a
-closed stdout (#22 points 6, 7, 14, 15, 16, 24, and the exit-status mapping)."""
+job id on stdout, the spinner, the exit statuses and their mapping, the words when no
+fleet answers, and a closed stdout."""
 
 from __future__ import annotations
 
@@ -46,8 +46,8 @@ def _parsers(parser: argparse.ArgumentParser) -> Iterator[tuple[str, argparse.Ar
 
 
 def test_every_option_of_every_command_has_help() -> None:
-    """#22 point 16: `up`'s Flower options, `output --offset/--limit`, `ps --host`, the
-    `--json` of check and kill had none."""
+    """`up`'s Flower options, `output --offset/--limit`, `ps --host`, the `--json` of
+    check and kill once had none."""
     missing = [
         f"{prog} {'/'.join(action.option_strings) or action.dest}"
         for prog, parser in _parsers(cli.build_parser())
@@ -133,7 +133,7 @@ class FakeSessionFleet:
 @pytest.mark.parametrize(
     ("argv", "sent"),
     [
-        # #22 point 6: `--close` alone sent a newline before the EOF.
+        # `--close` alone once sent a newline before the EOF.
         (["write", "j1", "--close"], [("close", "")]),
         (["write", "j1", "abc", "--close"], [("write", "abc\n"), ("close", "")]),
         (["write", "j1", "-n", "abc", "--close"], [("write", "abc"), ("close", "")]),
@@ -164,7 +164,7 @@ def _job_result(**fields: Any) -> CallResult:
 def test_a_background_job_prints_its_id_alone_on_stdout(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """#22 point 7: `X=$(bashfleet run --mode background 'sleep 5')` must hold the id."""
+    """`X=$(bashfleet run --mode background 'sleep 5')` must hold the id."""
     cli.print_result(_job_result())
     out, err = capsys.readouterr()
     assert out == "j3f2c9a1b7d4e5f6\n"
@@ -325,8 +325,8 @@ def test_the_spinner_says_queued_until_a_worker_takes_the_call(
 def test_the_spinner_gives_way_to_any_message_and_leaves_no_line(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """#22 point 14: after Ctrl-C its line stayed. Whatever else writes to stderr (the
-    Ctrl-C notice) stops it for good and clears its line first."""
+    """After Ctrl-C its line used to stay. Whatever else writes to stderr (the Ctrl-C
+    notice) stops it for good and clears its line first."""
     monkeypatch.setattr(cli.Spinner, "FRAME_S", 0.005)
     out = Tty()
     drawn = threading.Event()
@@ -369,7 +369,7 @@ def _cli(env: dict[str, str], *argv: str, tmp_path: Path) -> subprocess.Complete
 
 
 def test_with_no_fleet_the_cli_says_what_a_cli_user_does(tmp_path: Path) -> None:
-    """#22 point 15: it said "pass redis_url=" (the Python API's words)."""
+    """It used to say "pass redis_url=" (the Python API's words)."""
     done = _cli({}, "ps", tmp_path=tmp_path)
     assert done.returncode == 125
     assert "redis_url=" not in done.stderr
@@ -460,7 +460,7 @@ def _into_a_closed_pipe(argv: list[str], tmp_path: Path) -> subprocess.Completed
 
 @pytest.mark.parametrize("argv", [["schema"], ["schema", "--dialect", "native"]])
 def test_a_closed_stdout_ends_quietly_with_141(argv: list[str], tmp_path: Path) -> None:
-    """#22 point 24: `bashfleet schema | head` ended in a BrokenPipeError traceback."""
+    """`bashfleet schema | head` used to end in a BrokenPipeError traceback."""
     done = _into_a_closed_pipe(argv, tmp_path)
     assert done.stderr == ""
     assert done.returncode == statuses.BROKEN_PIPE
@@ -478,7 +478,7 @@ def test_schema_into_head_shows_no_traceback(tmp_path: Path) -> None:
     assert done.stdout == "{\n" and done.stderr == ""
 
 
-# ------------------------------------------------------------------ hosts (#22 point 13)
+# --------------------------------------------------------------------------------- hosts
 
 
 def test_hosts_leaves_out_a_fleet_long_gone() -> None:

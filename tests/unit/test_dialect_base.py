@@ -106,8 +106,8 @@ def test_tool_names_are_unique_and_match_handlers(name: str) -> None:
 
 
 def test_schema_styles() -> None:
-    """Each style is the shape its API takes in `tools` (#22 point 18: `openai` lacked
-    Chat Completions' `{"type": "function", "function": ...}` wrapper)."""
+    """Each style is the shape its API takes in `tools` (`openai` once lacked Chat
+    Completions' `{"type": "function", "function": ...}` wrapper)."""
     dialect = get_dialect("pipe")
     anthropic = schemas(dialect)[0]
     openai = schemas(dialect, style="openai")[0]

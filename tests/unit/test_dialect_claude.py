@@ -1,4 +1,4 @@
-"""The claude dialect (seed 004): Bash, BashOutput, KillBash, limits and every result text."""
+"""The claude dialect: Bash, BashOutput, KillBash, limits and every result text."""
 
 from __future__ import annotations
 
@@ -147,7 +147,7 @@ def test_foreground_runs_capture_the_shell_state() -> None:
 
 
 def test_exports_unsets_and_cd_carry_to_the_next_call() -> None:
-    """FR-009: the session behaves like one long-lived shell, kept by the fleet."""
+    """The session behaves like one long-lived shell, kept by the fleet."""
     session = shell_session()
     runner = FakeRunner(run=[
         done(exit_code=0, cwd="/repo", cwd_after="/repo/web",
@@ -194,8 +194,8 @@ def test_unset_worker_variables_stay_unset() -> None:
 
 
 def test_concurrent_calls_never_lose_a_cd() -> None:
-    """Issue #13: three calls of a fresh session at once; the quick `cd /tmp` is kept
-    although slower calls that did not `cd` end after it."""
+    """Three calls of a fresh session at once; the quick `cd /tmp` is kept although
+    slower calls that did not `cd` end after it."""
     session = shell_session()
     runner = FakeRunner(run=[
         done(exit_code=0, cwd="/root", cwd_after="/tmp"),
@@ -214,8 +214,8 @@ def test_nothing_unset_sends_no_unset_env() -> None:
 
 
 def test_old_session_records_load() -> None:
-    """A session stored by an older version still loads (its FR-009 state is in the
-    shell now: `unset_env` is dropped)."""
+    """A session stored by an older version still loads (its kept cwd and variables are
+    in the shell now: `unset_env` is dropped)."""
     stored = (
         '{"cwd": "/repo", "env": {"A": "1"}, "host": null, "jobs": {}, "pids": {}, '
         '"offsets": {}, "unset_env": ["B"]}'
@@ -261,7 +261,7 @@ PROCS = (
     ],
 )
 def test_timeout_lists_what_the_command_was_doing(result: CallResult, text: str) -> None:
-    """Issue 4: after the seed's timeout text, the processes killed and the last output's age."""
+    """After Claude Code's timeout text, the processes killed and the last output's age."""
     answer, _, _ = bash(result)
     assert answer == ToolText(text, True)
 

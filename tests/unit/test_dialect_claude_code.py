@@ -1,5 +1,6 @@
 """The claude-code dialect: Claude Code's tools of today (Bash, TaskOutput, TaskStop)
-listed, so a model can call them; seed 004's names answered, its texts kept."""
+listed, so a model can call them; the older BashOutput and KillBash answered, the claude
+dialect's texts kept."""
 
 from __future__ import annotations
 
@@ -61,7 +62,7 @@ def test_a_background_task_is_read_and_stopped_with_the_listed_tools() -> None:
                      FakeRunner(check=[CheckResult(id="j5c2", host="h1", running=True)]),
                      session)
     assert stop == ToolText("Successfully stopped task: j5c2 (npm run dev)")
-    # Seed 004's names still answer.
+    # The older names still answer.
     again = CODE.call("KillBash", {"bash_id": "j5c2"}, FakeRunner(), session)
     assert again == ToolText(
         "Shell j5c2 is not running, so cannot be killed (status: killed)", True)

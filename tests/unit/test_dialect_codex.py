@@ -1,4 +1,4 @@
-"""The codex dialect against shared/specs/codex-unified-exec.md, with the fake runner."""
+"""The codex dialect as Codex CLI's unified exec behaves, with the fake runner."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The modes dialect (seeds 001 + 003): schema, description, policy, every result text."""
+"""The modes dialect: schema, description, policy, every result text."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from bashfleet.worker.wire.models import (
 
 MODES = ModesDialect()
 
-#: Seed 001's schema, verbatim.
+#: The modes tool's schema, verbatim.
 SEED_SCHEMA = {
     "type": "object",
     "required": ["command"],
@@ -39,7 +39,7 @@ SEED_SCHEMA = {
     },
 }
 
-#: Seed 001's description template, verbatim, filled with /home/me/project.
+#: The modes tool's description template, verbatim, filled with /home/me/project.
 SEED_DESCRIPTION = """Executes shell commands via bash -c, returning combined stdout/stderr.
 Bash state changes (working dir, variables, aliases) don't persist between calls.
 
@@ -253,7 +253,7 @@ BUILD = ProcessInfo(pid=4243, state="running", cpu_s=29.51, command="cc -O2 big.
     ],
 )
 def test_timeout_lists_what_the_call_was_doing(result: CallResult, text: str) -> None:
-    """Issue 4: after the seed's timeout text, the processes it killed and its last output."""
+    """After the timeout text, the processes it killed and how long ago it last printed."""
     answer, _, _ = call(result)
     assert answer == ToolText(text, True)
 
@@ -388,7 +388,7 @@ def _session_with_job() -> tuple[SessionState, JobHandle]:
                                      "  kill -SIGKILL -4242  "])
 def test_the_reminders_kill_of_a_session_job_goes_through_the_fleet(command: str) -> None:
     # Each call runs in a PID namespace of its own: a later call's `kill -9 -<pgid>`
-    # could not reach the job, so the seed's reminder is carried out by the fleet.
+    # could not reach the job, so the tool's reminder is carried out by the fleet.
     session, job = _session_with_job()
     runner = FakeRunner(check=[CheckResult(id="j7", host="h2", running=True)])
     answer = MODES.call("bash", {"command": command}, runner, session)

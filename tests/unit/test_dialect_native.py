@@ -101,7 +101,7 @@ def test_policy() -> None:
     assert policy.digest_errors is True
     assert policy.default_timeout_s == 120.0
     assert policy.on_timeout == "background"
-    # Issue #16: what native shows beyond the seeds.
+    # What native shows beyond the other dialects: binary, invisible characters, frames.
     assert policy.detect_binary and policy.reveal_invisible and policy.last_frame
     assert policy.max_line_chars == 2000
 
@@ -548,7 +548,7 @@ def test_any_arguments_give_a_tool_text(tool: str, args: object) -> None:
     assert isinstance(answer, ToolText) and answer.text
 
 
-# ------------------------------------------------------------ "already ran" hint (issue 4)
+# ---------------------------------------------------------------------- "already ran" hint
 
 
 class Clock:
@@ -625,7 +625,7 @@ def test_rerun_hint_says_how_the_earlier_run_ended(earlier: CallResult, ending: 
     "earlier", [done(exit_code=0, stdout="ok\n"), done(timed_out=True, signal=9)]
 )
 def test_no_rerun_note_when_the_earlier_output_was_shown_whole(earlier: CallResult) -> None:
-    """#22 point 26: `note: the same command ran in this session 0s ago` on every rerun of
+    """`note: the same command ran in this session 0s ago` came on every rerun of
     `pytest` after an edit: nothing more to read there, so no note (tokens on every call)."""
     clock = Clock()
     native, session = NativeDialect(clock=clock), SessionState()
@@ -646,7 +646,7 @@ def test_no_rerun_note_when_the_earlier_output_was_shown_whole(earlier: CallResu
          "session s1: unset: PAGER"),
         (done(exit_code=0, cwd="/w", cwd_after="/x", env_removed=("PAGER",)),
          "session s1: ended in /x; its next call starts there; unset: PAGER"),
-        # #22 point 26: nothing changed, nothing said.
+        # Nothing changed, nothing said.
         (done(exit_code=0, cwd="/w", cwd_after="/w"), None),
         (done(backgrounded=True, job=JOB), None),
     ],
@@ -753,7 +753,7 @@ def test_a_named_session_that_learns_nothing_says_nothing() -> None:
     )
     assert runner.last().options["capture_state"] is False  # a job ends after later calls
     assert runner.last().options["cwd"] == "/w"
-    assert "session s1" not in answer.text  # #22 point 26: only what changed is said
+    assert "session s1" not in answer.text  # only what changed is said
     assert runner.shells["s1"] == ShellState(cwd="/w", host="h1")
 
 

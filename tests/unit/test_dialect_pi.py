@@ -1,4 +1,4 @@
-"""The pi dialect (seed 002): schema, clamping, cwd, head/tail, interception, result texts."""
+"""The pi dialect: schema, clamping, cwd, head/tail, interception, result texts."""
 
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ def test_schema() -> None:
             "timeout": {"type": "number", "description": "Timeout in seconds"},
             "cwd": {"type": "string", "description": "Working directory"},
             # Whole lines: the schema says so, so a model is never refused for a 2.5 the
-            # schema allowed (issue #13).
+            # schema allowed.
             "head": {"type": "integer", "minimum": 0,
                      "description": "Return only the first N lines of output"},
             "tail": {"type": "integer", "minimum": 0,
@@ -198,8 +198,8 @@ def cut(first: int, total: int, limit: str = "bytes") -> TruncationInfo:
             "e\n\n\n[Showing lines 10-20 of 20. Full: artifact://c1]\n\nCommand exited with code 2",
             True,
         ),
-        # Seed 002: the timeout annotation comes first (`OutputSink.dump(notice)`), then
-        # the partial output.
+        # As pi's `OutputSink.dump(notice)`: the timeout annotation comes first, then the
+        # partial output.
         (
             done(timed_out=True, signal=15, stdout="partial\n"),
             "[Command timed out after 300 seconds]\npartial\n",
@@ -278,12 +278,12 @@ def _head_info(total_lines: int, total_bytes: int, shown: int) -> TruncationInfo
 @pytest.mark.parametrize(
     ("result", "text"),
     [
-        # #22 point 11: `head: 3` on `seq 1 100000` showed lines 91468-91470 under a
-        # notice about the tail; the engine now gives the first lines and says so.
+        # `head: 3` on `seq 1 100000` once showed lines 91468-91470 under a notice about
+        # the tail; the engine now gives the first lines and says so.
         (done(exit_code=0, stdout="1\n2\n3\n", stdout_truncation=_head_info(100000, 588895, 3),
               spill=Spill(host="h1", stdout_path="/spill/c1.log")),
          "1\n2\n3\n\n\n[Showing lines 1-3 of 100000. Full: artifact://c1]"),
-        # A head of an output the sink kept whole: no notice, as in the seed.
+        # A head of an output the sink kept whole: no notice, as in pi.
         (done(exit_code=0, stdout="1\n2\n", stdout_truncation=_head_info(5, 10, 2)), "1\n2\n"),
     ],
 )

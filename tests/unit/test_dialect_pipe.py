@@ -1,4 +1,4 @@
-"""The pipe dialect (seed 000): schema, policy, every result text, pid -> job mapping."""
+"""The pipe dialect: schema, policy, every result text, pid -> job mapping."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from bashfleet.worker.wire.models import (
     TruncationInfo,
 )
 
-#: Seed 000's tool schema, verbatim.
+#: The pipe tool's schema, verbatim.
 SEED_SCHEMA = {
     "name": "bash",
     "description": (
@@ -278,7 +278,7 @@ def test_backgrounded_with_timeout_stderr_and_cut() -> None:
 
 
 def test_backgrounded_lists_what_still_runs_and_its_last_output() -> None:
-    """Issue 4: after the seed's text, the call's live processes and its output's age."""
+    """After the backgrounded text, the call's live processes and its output's age."""
     result = done(
         timed_out=True,
         backgrounded=True,
@@ -599,7 +599,8 @@ def test_any_arguments_give_a_tool_text(tool: str, args: object, pid: int) -> No
 
 
 def test_the_engines_completion_line_is_left_out() -> None:
-    """Seed 001's line at the end of every job file is not pipe's: the text says the end."""
+    """The modes dialect's line at the end of every job file is not pipe's: the text says
+    the end."""
     session = _session_with_job()
     ended = CheckResult(
         id="j7f3a",

@@ -143,7 +143,7 @@ def test_hardening_is_present_and_a_default() -> None:
 @pytest.mark.parametrize(
     ("extra", "unset", "name", "expected"),
     [
-        # #22 point 23: `unset PAGER` in a session sticks on its later calls.
+        # `unset PAGER` in a session sticks on its later calls.
         ({}, ("PAGER",), "PAGER", None),
         ({}, ("TERM", "NO_COLOR"), "NO_COLOR", None),
         ({"PAGER": "less"}, (), "PAGER", "less"),

@@ -54,8 +54,8 @@ def test_failure_reason(outcome: CallResult, reason: str | None) -> None:
 
 
 def test_call_args_show_the_command_with_its_secrets_redacted_never_the_env() -> None:
-    """#22 point 12: the command was redacted whole on every page (a person could not tell
-    calls apart): it shows, with its credentials redacted; the env never shows."""
+    """The command was once redacted whole on every page (a person could not tell calls
+    apart): it shows, with its credentials redacted; the env never shows."""
     call = Call(call_id="c1", command="curl -H 'Authorization: Bearer t0ken-9f8e7d' x",
                 cwd=None, env={"SECRET": "s3cret-value"}, session="agent-1",
                 policy=Policy(name="claude"))
@@ -215,7 +215,7 @@ class FakeApp:
 def test_running_jobs_are_active_on_the_hosts_jobs_worker(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """#22 point 12: a running background job was not counted as Active. The host's
+    """A running background job was once not counted as Active. The host's
     `jobs@` worker's heartbeats count the jobs running."""
     monkeypatch.setattr(flower, "EventDispatcher", Recorder)
     Recorder.sent = []

@@ -1,7 +1,7 @@
-"""The integrations' pure rules (issue #21): the SWE-ReX server's pexpect matching, command
-quoting and exit statuses, zip uploads (the options every integration shares:
-test_integrations_backend.py). No
-framework is needed: these modules load SWE-ReX only when the server runs."""
+"""The integrations' pure rules: the SWE-ReX server's pexpect matching, command quoting
+and exit statuses, zip uploads (the options every integration shares:
+test_integrations_backend.py). No framework is needed: these modules load SWE-ReX only
+when the server runs."""
 
 from __future__ import annotations
 

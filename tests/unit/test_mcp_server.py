@@ -688,8 +688,8 @@ def test_cancel_retries_until_the_call_is_recorded(store: RedisSessionStore) -> 
 def test_a_cancelled_calls_job_is_killed_and_no_session_is_made(
     store: RedisSessionStore,
 ) -> None:
-    """#22 point 3: cancelling a codex `exec_command` left its process running as a job
-    the model never got an id for. Its answer comes back once the cancel went out (the
+    """Cancelling a codex `exec_command` once left its process running as a job the
+    model never got an id for. Its answer comes back once the cancel went out (the
     session waited its yield): the job it names is killed, nothing is remembered."""
     watch = CallWatch()
     state = SessionState()

@@ -1,5 +1,5 @@
 """bashfleet.worker.engine.normalize:
-seed 002's head/tail lifting, limit merging and interception."""
+the pi dialect's head/tail lifting, limit merging and interception."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""A listing of one owner's jobs reads that owner's index, not every job of the host
-(issue #23): on the worker (`control.list_jobs`) and in Redis for a dead host. On
-fakeredis, with job records on a temporary disk."""
+"""A listing of one owner's jobs reads that owner's index, not every job of the host: on
+the worker (`control.list_jobs`) and in Redis for a dead host. On fakeredis, with job
+records on a temporary disk."""
 
 from __future__ import annotations
 

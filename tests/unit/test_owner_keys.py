@@ -1,7 +1,8 @@
-"""Owners are credentials (issue #28, finding 5), as pure logic: owner keys derived from
-the fleet key, what a worker takes from one, and the locks that keep one owner's
-records from another's eyes. Each refusal is first shown to be an attack that works
-with the fleet key (or with no lock), so that it cannot pass for the wrong reason."""
+"""Owners are credentials, not names anyone with the fleet key may claim, as pure logic:
+owner keys derived from the fleet key, what a worker takes from one, and the locks that
+keep one owner's records from another's eyes. Each refusal is first shown to be an
+attack that works with the fleet key (or with no lock), so that it cannot pass for the
+wrong reason."""
 
 from __future__ import annotations
 

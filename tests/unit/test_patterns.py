@@ -1,5 +1,6 @@
 """Caller patterns (`grep` of check, read_output and every dialect's filter): lines are
-matched as grep matches them, `^` and `$` at the line's start and end (#22 point 2)."""
+matched as grep matches them, `^` and `$` at the line's start and end (a pattern ending in
+`$` once never matched: lines kept their newline)."""
 
 from __future__ import annotations
 

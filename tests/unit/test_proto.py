@@ -139,7 +139,7 @@ def test_files_size_counts_a_shared_file_once(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("data", "expected"), [
     (b"pid 42\nready\n", (42, True, "")),
-    # The keeper's line first: two processes write the pipe (#20, a burst of calls).
+    # The keeper's line first: two processes write the pipe (seen under a burst of calls).
     (b"ready\npid 42\n", (42, True, "")),
     (b"pid 42\nerror 2 No such file or directory: '/x'\n",
      (42, False, "2 No such file or directory: '/x'")),

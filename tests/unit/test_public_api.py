@@ -33,7 +33,7 @@ def test_all_is_the_declared_api(package: str) -> None:
 
 
 def test_pure_modules_import_no_celery_or_redis() -> None:
-    # DESIGN: pure functions import nothing from Celery or Redis.
+    # By design, pure functions import nothing from Celery or Redis.
     import subprocess  # noqa: PLC0415
     import sys  # noqa: PLC0415
 

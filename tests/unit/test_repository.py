@@ -1,5 +1,5 @@
-"""What the repository holds (#22 point 19: a 590 KB wheel of google-re2 sat at its root,
-used by nothing)."""
+"""What the repository holds (a 590 KB wheel of google-re2 once sat at its root, used by
+nothing)."""
 
 from __future__ import annotations
 

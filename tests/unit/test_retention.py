@@ -343,7 +343,7 @@ def test_scan_of_a_missing_state_dir_is_empty(tmp_path: Path) -> None:
     assert plan(scan(settings), LIMITS).removals == ()
 
 
-# ------------------------------------------- a local fleet's host directories (#22 point 13)
+# ---------------------------------------------------------- a local fleet's host directories
 
 
 def _spilled(state_dir: Path, call_id: str, size: int, age_s: float) -> Path:

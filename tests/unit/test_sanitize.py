@@ -45,8 +45,7 @@ _FORBIDDEN = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\x80-\x9f]")
         (b"\x1b]0;my title\x07after", "after"),
         (b"\x1b]2;title\x1b\\after", "after"),
         (b"\x1b]8;;http://x.y/\x1b\\link\x1b]8;;\x1b\\", "link"),
-        # An unterminated OSC removes only its introducer (issue #16: an introducer
-        # without its terminator removes only itself, as chalk's ansi-regex, which
+        # An unterminated OSC removes only its introducer (as chalk's ansi-regex, which
         # requires the terminator): no text is lost, the next line survives.
         (b"\x1b]0;broken\nnext line\n", "0;broken\nnext line\n"),
         # Two-byte escapes: keypad mode, charset selection, save/restore cursor.

@@ -1,4 +1,4 @@
-"""Issue #16: the sanitizer removes escape sequences and never the text around them.
+"""The sanitizer removes escape sequences and never the text around them.
 
 Cases derived from ECMA-48 (5th edition) and from the peers' public tests: chalk's
 ansi-regex fixtures (VT52, VT100 and urxvt codes, terminal links with each string

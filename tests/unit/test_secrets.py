@@ -81,7 +81,7 @@ def test_worker_redaction_covers_env_urls_and_files(
         assert secret not in out
 
 
-# #22 point 21: redaction blanked ordinary text (every `WARNING`, a CA bundle's path).
+# Redaction once blanked ordinary text (every `WARNING`, a CA bundle's path).
 
 
 @pytest.mark.parametrize(

@@ -46,7 +46,7 @@ def test_parse_state_diffs_against_the_start(
 
 
 def test_the_marker_is_never_carried_the_hardening_like_any_variable() -> None:
-    """#22 point 23: `unset PAGER` did not stick (the diff skipped the hardening)."""
+    """`unset PAGER` once did not stick (the diff skipped the hardening)."""
     start = {**START, "PAGER": "cat", "GIT_PAGER": "cat"}
     final = {k: v for k, v in start.items() if k not in (MARKER_VAR, "PAGER")}
     state = parse_state(_state("/", final | {"GIT_PAGER": "less"}), start)
@@ -96,9 +96,9 @@ def test_bash_sources_the_trap_and_records_the_final_state(tmp_path: Path) -> No
 def test_the_command_line_is_the_callers_and_nested_bash_does_not_source_it(
     tmp_path: Path,
 ) -> None:
-    """Issue #13: a process list shows the command, not the capture; a script the command
-    runs does not inherit BASH_ENV (so it neither re-arms the trap nor overwrites the
-    state when it exits)."""
+    """A process list shows the command, not the capture; a script the command runs does
+    not inherit BASH_ENV (so it neither re-arms the trap nor overwrites the state when
+    it exits)."""
     done, state = _run(
         tmp_path,
         'tr "\\0" " " < /proc/$$/cmdline; echo; echo "${BASH_ENV-none}"; '

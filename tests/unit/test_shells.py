@@ -48,7 +48,7 @@ def ran(**fields: object) -> CallResult:
         # A background job reports no final state.
         ({"mode": "background"}, {"capture_state": False, "host": "h1"}),
         ({"unset_env": ("TZ", "LANG")}, {"unset_env": ("LANG", "TZ")}),
-        # A relative cwd is the session's cwd's subdirectory (#22 point 9), as `cd` has it.
+        # A relative cwd is the session's cwd's subdirectory, as `cd` has it.
         ({"cwd": "tmp"}, {"cwd": "/w/tmp"}),
         ({"cwd": "../x/./y"}, {"cwd": "/x/y"}),
         ({"cwd": "~/src"}, {"cwd": "~/src"}),

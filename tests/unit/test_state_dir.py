@@ -1,4 +1,4 @@
-"""Finding 9 of the trust audit: a state directory another user made is never trusted.
+"""A state directory another user made is never trusted.
 
 `/tmp/bashfleet-<uid>` was used even when another user had created it; that user then
 swapped fleet.json and received root's next command. The default is now per user

@@ -1,5 +1,5 @@
 """bashfleet.worker.engine.truncate:
-cuts by policy with exact counts, and the seed-002 line limits."""
+cuts by policy with exact counts, and the pi dialect's head / tail line limits."""
 
 from __future__ import annotations
 
@@ -93,7 +93,7 @@ def test_utf8_tail_and_head(text: str, limit: int, tail: str, head: str) -> None
     assert utf8_head(text, limit) == head
 
 
-# ----------------------------------------------------------------- seed 000: tail
+# ------------------------------------ the pipe dialect's tail: 2000 lines / 50 KB
 
 
 def test_seed000_3000_short_lines_hit_the_line_limit() -> None:
@@ -184,12 +184,12 @@ def test_tail_lines_never_splits_a_character() -> None:
     assert cut.info.partial_line
 
 
-# ---------------------------------------------------------- seed 002: byte tail
+# --------------------------------------------------- the pi dialect's byte tail
 
 
 def test_byte_tail_starts_at_the_next_whole_line() -> None:
     # The last 8 bytes start inside "hello": the shown text starts at the next line, so
-    # its first line is the one the notice names (issue #16; pi's truncateTail).
+    # its first line is the one the notice names (as pi's truncateTail).
     cut = byte_tail("hello\nworld\n", 8)
     assert cut.text == "world\n"
     assert not cut.info.partial_line
@@ -220,7 +220,7 @@ def test_byte_tail_utf8_safe_at_50kb() -> None:
     assert cut.info.shown_bytes == 50 * KB
 
 
-# -------------------------------------------------------------- seed 004: 30,000 chars
+# --------------------------------------------------- the claude dialect's 30,000 chars
 
 
 def test_char_cap_30000_characters() -> None:
@@ -251,7 +251,7 @@ def test_char_cap_whole() -> None:
     assert cut.info.direction == "head"
 
 
-# ------------------------------------------------------------- seed 001: middle
+# --------------------------------------------------- the modes dialect's middle
 
 
 def test_seed001_middle_format_and_counts() -> None:
@@ -556,7 +556,7 @@ def test_middle_info_counts_a_shared_line_once() -> None:
     assert not info.partial_line
 
 
-# ------------------------------------------------- seed 002's head / tail (#22 point 11)
+# ---------------------------------------------------------- the pi dialect's head / tail
 
 SEQ_10 = "".join(f"{n}\n" for n in range(1, 11))
 

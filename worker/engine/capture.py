@@ -212,7 +212,8 @@ def _pread(path: Source, offset: int, size: int) -> bytes:
 
 @dataclass(frozen=True)
 class Extras:
-    """What a policy asks on top of plain sanitizing; all off, the seed dialects' text."""
+    """What a policy asks on top of plain sanitizing; all off, the text of the dialects
+    that reproduce an existing tool (pipe, modes, pi, claude)."""
 
     detect_binary: bool = False
     reveal_invisible: bool = False
@@ -299,7 +300,7 @@ def _shape_lines(
     path: Source, size: int, total_lines: int, lines: LineLimits, *, max_bytes: int,
     secrets: re.Pattern[str] | None, extras: Extras,
 ) -> Shaped | None:
-    """Seed 002's `head` / `tail`: the lines they ask for of the *whole* output (head
+    """The pi dialect's `head` / `tail`: the lines they ask for of the *whole* output (head
     first, then tail of what it kept), at most `max_bytes` of them, with counts that say
     which lines those are. A huge output's lines are read where they are in its file,
     never from the tail the policy keeps in view. None when they cannot be read (the
@@ -403,12 +404,12 @@ def shape(  # noqa: PLR0911 - one return per policy
 ) -> Shaped:
     """Shape the first `size` bytes of a file by a policy.
 
-    Small outputs are read whole and cut exactly. Huge ones are read in windows:
-    the shown text is exact. Totals are always those of the raw bytes (as the command
-    wrote them); shown counts are those of the shown text. `total_lines` (the caller's
-    count of the first `size` bytes) is used for huge outputs; small ones are counted
-    here. `extras` are the policy's additions to sanitizing (native). `lines`: the
-    call's `head` / `tail` (seed 002), which pick lines of the whole output, within the
+    Small outputs are read whole and cut exactly. Huge ones are read in windows: the
+    shown text is exact. Totals are always those of the raw bytes (as the command wrote
+    them); shown counts are those of the shown text. `total_lines` (the caller's count
+    of the first `size` bytes) is used for huge outputs; small ones are counted here.
+    `extras` are the policy's additions to sanitizing (native). `lines`: the call's
+    `head` / `tail` (the pi dialect's), which pick lines of the whole output, within the
     policy's size (`_shape_lines`).
     """
     if size == 0:

@@ -16,8 +16,8 @@ import uuid
 
 
 def completion_line(returncode: int) -> str:
-    """Seed 001: "[background process completed]" or "[background process failed:
-    STATUS]", STATUS as Rust's ExitStatus prints it."""
+    """The modes dialect's "[background process completed]" or "[background process
+    failed: STATUS]", STATUS as Rust's ExitStatus prints it."""
     if returncode == 0:
         return "\n\n[background process completed]\n"
     if returncode < 0:

@@ -14,7 +14,7 @@ because it holds the job's environment.
 
 Protocol: one JSON line `{"pid": P, "pgid": G, "start_time": T, "ns_pid": N}` on stdout
 once the job runs (or `{"error": "..."}`), then stdout is closed. When the job ends:
-the status file is written atomically and a completion line (seed 001's text) is
+the status file is written atomically and a completion line (the modes dialect's text) is
 appended to the output file. A job whose output passes the host's cap is stopped
 (group SIGTERM, grace, SIGKILL) with a notice before that line.
 """
@@ -64,7 +64,8 @@ def _write_status(path: str, returncode: int, note: str | None = None) -> None:
 
 def _wait(proc: Any, spec: dict[str, Any]) -> tuple[int, bool]:
     """Wait for the job: (returncode, whether its output cap stopped it). Past its
-    timeout (seed 001: 24 h) or its cap, end its group politely, then not."""
+    timeout (24 h for the modes dialect's background jobs) or its cap, end its group
+    politely, then not."""
     timeout_s = spec.get("timeout_s")
     cap = spec.get("output_cap")
     watch = None

@@ -474,7 +474,8 @@ def _paths_size(paths: list[str]) -> int:
 
 
 def completion_line(returncode: int) -> str:
-    """Seed 001's completion line, appended to a job's output when it ends."""
+    """The completion line (`[background process completed]` or `[background process
+    failed: STATUS]`), appended to a job's output when it ends."""
     return job_end.completion_line(returncode)
 
 

@@ -1,4 +1,4 @@
-"""Seed 002's input handling: lift trailing head/tail into limits, intercept misuses.
+"""Pi's input handling: lift trailing head/tail into limits, intercept misuses.
 
 Pure functions: the engine calls them when a policy asks (`lift_head_tail`,
 `intercept`), and the pi dialect shows their effect to the model.
@@ -77,7 +77,7 @@ def check_interception(
     """The first rule that blocks `command`, or None.
 
     A rule blocks only when its pattern matches and the tool it suggests is one the
-    agent has. Rules with an invalid regular expression are skipped, as in seed 002.
+    agent has. Rules with an invalid regular expression are skipped, as pi skips them.
     """
     tools = set(available_tools)
     for rule in rules:

@@ -115,8 +115,8 @@ def error_body(exc: OSError) -> dict[str, Any]:
 #: What a new keeper's helper and the keeper itself write on the report pipe, each a
 #: line of its own: `pid N` (the helper), `ready` (the keeper), `error ERRNO TEXT`
 #: (either). Two processes write it, so the order is not theirs to choose: under load
-#: the keeper's `ready` came first, and a report read in order lost both (#20: "the
-#: keeper did not start" under a burst of calls, the keeper left running).
+#: the keeper's `ready` came first, and a report read in order lost both ("the keeper
+#: did not start" under a burst of calls, the keeper left running).
 
 
 def report_line(kind: str, text: str = "") -> bytes:

@@ -3,11 +3,11 @@
 Order matters: decode first (invalid UTF-8 replaced, never raised), then strip escape
 sequences, then drop the remaining control characters, then fold CRLF, then redact.
 
-The native dialect asks for more, each step off unless its policy turns it on (the seed
-dialects' texts stay exactly their seeds'): `reveal_invisible` shows bidirectional and
-zero-width characters, `last_frames` keeps the last frame of a line rewritten with
-carriage returns, `cap_lines` cuts very long lines, and `looks_binary` tells binary
-output from text by its first bytes.
+The native dialect asks for more, each step off unless its policy turns it on (the texts
+of the dialects that reproduce an existing tool stay exactly that tool's):
+`reveal_invisible` shows bidirectional and zero-width characters, `last_frames` keeps the
+last frame of a line rewritten with carriage returns, `cap_lines` cuts very long lines,
+and `looks_binary` tells binary output from text by its first bytes.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Carry shell state between stateless calls: the environment and cwd a command ends with.
 
-Every call is a fresh `bash -c`, yet seed 004 (FR-009) wants exported variables to
+Every call is a fresh `bash -c`, yet the claude dialect wants exported variables to
 persist across calls of a session. With `Call.capture_state`, bash sets an EXIT trap
 before the command runs that writes `$PWD` and `env -0` to a state file; the worker
 diffs that against the environment the command started with and returns the changes,
@@ -47,7 +47,7 @@ def parse_state(data: bytes, started_with: Mapping[str, str]) -> FinalState | No
         if sep and name:
             final[name] = value
     # The hardening (PAGER=cat...) is diffed like any variable: it is a default, so a
-    # session's `unset PAGER` or `export PAGER=less` holds on its later calls (#22).
+    # session's `unset PAGER` or `export PAGER=less` holds on its later calls.
     skip = _SHELL_OWNED
     changes = {
         name: value

@@ -123,7 +123,7 @@ def tail_lines(text: str, max_lines: int, max_bytes: int) -> Cut:
     """Keep whole lines from the end until `max_lines` or `max_bytes` would be passed.
 
     When even the last line alone is larger than `max_bytes`, its tail is shown and
-    the cut is flagged as a partial line (seed 000).
+    the cut is flagged as a partial line (the pipe dialect's single huge line).
     """
     if count_lines(text) <= max_lines and utf8_len(text) <= max_bytes:
         return _whole(text, "tail")
@@ -152,7 +152,7 @@ def tail_lines(text: str, max_lines: int, max_bytes: int) -> Cut:
 
 
 def byte_tail(text: str, max_bytes: int) -> Cut:
-    """Keep the end of `text` within `max_bytes` bytes, from a line's start (seed 002).
+    """Keep the end of `text` within `max_bytes` bytes, from a line's start (pi's tail).
 
     The cut never splits a UTF-8 character. When the last `max_bytes` bytes start inside
     a line, the shown text starts at the next whole line instead, so its first line is
@@ -172,7 +172,7 @@ def byte_tail(text: str, max_bytes: int) -> Cut:
 
 
 def char_cap(text: str, max_chars: int) -> Cut:
-    """Keep the first `max_chars` characters (seed 004)."""
+    """Keep the first `max_chars` characters (the claude dialect's 30,000-character cap)."""
     if len(text) <= max_chars:
         return _whole(text, "head")
     shown = text[:max_chars]
@@ -194,7 +194,7 @@ def char_cap(text: str, max_chars: int) -> Cut:
 
 
 def middle(text: str, max_bytes: int, keep_bytes: int) -> Cut:
-    """Past `max_bytes`, keep the first and last `keep_bytes` joined by `[snip]` (seed 001).
+    """Past `max_bytes`, keep the first and last `keep_bytes` joined by `[snip]` (modes).
 
     A text no larger than both ends together is shown whole: there is nothing to snip
     (and head and tail would overlap).
@@ -299,14 +299,14 @@ def _split_lines(text: str) -> list[str]:
 
 
 def head_lines(text: str, count: int) -> str:
-    """The first `count` lines of `text` (seed 002's `head` limit)."""
+    """The first `count` lines of `text` (the pi dialect's `head` limit)."""
     if count <= 0:
         return ""
     return "".join(_split_lines(text)[:count])
 
 
 def last_lines(text: str, count: int) -> str:
-    """The last `count` lines of `text` (seed 002's `tail` limit)."""
+    """The last `count` lines of `text` (the pi dialect's `tail` limit)."""
     if count <= 0:
         return ""
     return "".join(_split_lines(text)[-count:])
@@ -314,7 +314,7 @@ def last_lines(text: str, count: int) -> str:
 
 def wanted_lines(total: int, head: int | None, tail: int | None) -> tuple[int, int]:
     """The 1-based inclusive range of lines `head` / `tail` ask for in a stream of
-    `total` lines, as seed 002 applies them: head first, then tail of what head kept.
+    `total` lines, as pi applies them: head first, then tail of what head kept.
     An empty range is (1, 0)."""
     last = total if head is None else min(max(head, 0), total)
     first = 1 if tail is None else max(1, last - max(tail, 0) + 1)
@@ -330,7 +330,7 @@ def line_range(
     """The lines of the whole `text` that `head` / `tail` ask for (`wanted_lines`), at
     most `max_bytes` of them (UTF-8-safe: from their start for a head alone, else from
     their end, as the tail policy cuts), with counts that say exactly which lines are
-    shown (#22 point 11: the head of a 100,000-line output showed lines of its last
+    shown (without this, the head of a 100,000-line output showed lines of its last
     50 KB, under a notice about those).
 
     `text` may be a window of a longer stream that starts at line `first_line` and holds

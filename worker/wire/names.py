@@ -36,7 +36,7 @@ Keys (prefix `bashfleet:`; every key has a TTL or an owner that deletes it):
   (`bashfleet.worker.wire.owner_keys.space_of`): no other owner can name its keys.
 - `bashfleet:shell:<space>:<session>` (string): a session's shell (ShellState JSON:
   pinned host, cwd, exported and unset variables), shared by every caller of the session (CLI
-  `--session`, `Fleet.run(session=)`, native's `session` argument, claude's FR-009, each
+  `--session`, `Fleet.run(session=)`, native's `session` argument, claude's kept state, each
   MCP server's own session). TTL SESSION_TTL_S (1 day), renewed by each call.
 - `bashfleet:session-state:<space>:<session>` (string): what a dialect carries between
   the calls of one agent session (SessionState JSON). TTL SESSION_TTL_S, renewed by
