@@ -208,7 +208,7 @@ def print_table(times: dict[str, list[float]], ours: Crowd, local: Crowd, count:
     print(f"\n(baseline: inspect's `local` sandbox, a temporary directory and local "
           f"processes; {len(ours_tti)} samples a side, in rotating order)")
     print(f"published medians from create to the first command, sandbox services: "
-          f"{PUBLISHED_BEST_S:g} s to {PUBLISHED_WORST_S:g} s (issue #21)")
+          f"{PUBLISHED_BEST_S:g} s to {PUBLISHED_WORST_S:g} s (their own published figures)")
 
 
 # ----------------------------------------------------------------------- main
