@@ -25,15 +25,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from functools import lru_cache
-from pathlib import Path
 from typing import Any
 
 import redis
 from celery import current_task
 from pydantic import ValidationError
 
-from bashfleet.worker.engine import procs, running
-from bashfleet.worker.engine.call import RunningHook, SpawnHook, run_call
+from bashfleet.worker.engine import running
+from bashfleet.worker.engine.call import run_call
 from bashfleet.worker.engine.jobs import load_record
 from bashfleet.worker.fleet import (
     control,
@@ -50,6 +49,7 @@ from bashfleet.worker.fleet import (
 from bashfleet.worker.fleet.app import app
 from bashfleet.worker.fleet.connect import redis_client
 from bashfleet.worker.fleet.control import Runtime
+from bashfleet.worker.fleet.exec_watch import ExecWatcher
 from bashfleet.worker.settings import Settings, get_settings
 from bashfleet.worker.wire import auth, names, owner_keys
 from bashfleet.worker.wire.control import REQUESTS, ControlError, ControlReply, ControlRequest
@@ -296,31 +296,21 @@ def run_exec(
         return _failed(call.call_id, host, *_refusal(call.call_id, state))
     refused = _take_job_place(rt, call)
     if refused is not None:
-        return _finish(rt, call, refused, answer, {}, owner=_Owner(rt, call))
+        return _finish(rt, call, refused, answer, ExecWatcher(rt, call))
     started = time.monotonic()
     _log_start(call)
-    spawned = _Spawned()
-    owner = _Owner(rt, call)
-    cancelled = running.CancelFlag(rt.settings, call.call_id)
+    watcher = ExecWatcher(rt, call)
     try:
-        result = run_call(
-            call, settings=rt.settings, on_spawn=_spawn_hook(spawned),
-            on_running=_running_hook(rt, call, spawned, owner), cancel=cancelled,
-            detach=lambda: spawned.on_disk and running.detach_requested(rt.settings, call.call_id),
-            on_streams=owner.folder_is,
-        )
+        result = run_call(call, settings=rt.settings, watcher=watcher)
     except Exception as exc:  # an engine bug must still answer the caller
         log.exception("call %s failed inside the worker", call.call_id,
                       extra={"call_id": call.call_id})
         result = _failed(call.call_id, host, "internal", f"worker error: {exc!r}")
     finally:
-        if spawned.on_disk:
-            running.remove(rt.settings, call.call_id)
-        elif cancelled.fired:
-            running.forget_cancel(rt.settings, call.call_id)
+        watcher.ended()
     if result.job is None and _counts_as_job(call):
         _give_job_place_back(rt, call)  # it never started (a bad cwd, a spawn failure)
-    result = _finish(rt, call, result, answer, spawned.fields(), owner=owner)
+    result = _finish(rt, call, result, answer, watcher)
     _log_end(result, time.monotonic() - started)
     return result
 
@@ -431,68 +421,6 @@ def _refusal(call_id: str, state: str) -> tuple[str, str]:
     return "invalid", f"call {call_id} was already taken ({state}); it was not run again"
 
 
-@dataclass
-class _Spawned:
-    """A call's process, as its hooks saw it (recorded with its end)."""
-
-    pid: int = 0
-    pgid: int = 0
-    marker: str = ""
-    on_disk: bool = False
-
-    def fields(self) -> dict[str, object]:
-        """The process fields of the call record."""
-        if not self.pid:
-            return {}
-        return {"pid": self.pid, "pgid": self.pgid, "marker": self.marker}
-
-
-def _spawn_hook(spawned: _Spawned) -> SpawnHook:
-    """Remember the call's process; it is recorded once it has run a moment (see
-    `_running_hook`), or with its end."""
-
-    def on_spawn(pid: int, pgid: int, marker: str) -> None:
-        spawned.pid, spawned.pgid, spawned.marker = pid, pgid, marker
-
-    return on_spawn
-
-
-def _running_hook(rt: Runtime, call: Call, spawned: _Spawned, owner: _Owner) -> RunningHook:
-    """Record the call's process once it has run FOLLOW_INTERVAL_S: on the host's disk
-    (what a restarted worker, a cancel and a stop go by), then in Redis; kill it if it
-    was cancelled (or its worker stopped) before a canceller could find it on disk. Its
-    output's owner is written then too: its output is read while it runs (progress).
-
-    Most calls end sooner: their process is recorded with their end, a file write, a
-    /proc read and a round trip fewer. If their consumer dies meanwhile, the supervisor
-    finds them by their Redis record and their processes by their marker
-    (`recovery.recover_orphans`). The order, disk then Redis, is what makes a cancel
-    never missed: a canceller marks the call in Redis, then looks on disk.
-    """
-
-    def on_running() -> None:
-        owner.write()
-        if not spawned.pid:
-            return
-        entry = running.RunningCall(
-            call_id=call.call_id, pid=spawned.pid, pgid=spawned.pgid, marker=spawned.marker,
-            start_time=procs.start_time(spawned.pid) or time.time(), worker_pid=os.getpid(),
-            instance=rt.instance, kill_grace_s=call.policy.kill_grace_s, owner=call.owner,
-        )
-        running.save(rt.settings, entry)
-        spawned.on_disk = True
-        try:
-            state = registry.update_call(rt.redis, call.call_id, **spawned.fields())
-        except redis.RedisError as exc:
-            log.warning("call %s: could not record its process: %s", call.call_id, exc,
-                        extra={"call_id": call.call_id})
-            return
-        if state in (CallState.CANCELLING, CallState.STOPPING):
-            running.kill(entry)
-
-    return on_running
-
-
 #: Notes for a call that ended from these states (its answer must say so first): a
 #: cancel's, and a call its worker killed as it was stopped (to its caller, the worker
 #: was lost).
@@ -505,13 +433,13 @@ _END_NOTES: dict[str, tuple[SystemErrorKind, str]] = {
 
 def _finish(
     rt: Runtime, call: Call, result: CallResult, answer: Answer | None,
-    process: dict[str, object], *, owner: _Owner,
+    watcher: ExecWatcher,
 ) -> CallResult:
     """Record the call's end in Redis, and deliver its answer in the same round trip,
     unless it was cancelled or stopped meanwhile: then the answer says so (sent after)."""
     spill = result.spill
     fields: dict[str, object] = {
-        **process, "exit_code": result.exit_code, "signal": result.signal,
+        **watcher.fields(), "exit_code": result.exit_code, "signal": result.signal,
         "job_id": result.job.id if result.job else None,
     }
     if spill is not None:
@@ -520,7 +448,7 @@ def _finish(
             stdout_bytes=spill.stdout_bytes, stderr_bytes=spill.stderr_bytes,
         )
     reply = answer.reply(result.model_dump_json()) if answer is not None else None
-    owner.settle(kept=spill is not None and bool(spill.stdout_path))
+    watcher.settle(kept=spill is not None and bool(spill.stdout_path))
     try:
         if result.job is not None:
             record = load_record(result.job.id, rt.settings)
@@ -550,67 +478,6 @@ def _finish(
             "cancelled": previous == CallState.CANCELLING,
         })
     return result
-
-
-class _Owner:
-    """Who owns a call's kept output and where it is, on the host's disk: `read_output`
-    serves it to that owner only, long after the call's record left Redis.
-
-    Written only when there is something to read: once the call has run
-    FOLLOW_INTERVAL_S (its output is read while it runs), or at its end when its output
-    was kept. Most calls end sooner and keep nothing: no file written then removed.
-    """
-
-    def __init__(self, rt: Runtime, call: Call) -> None:
-        self.rt, self.call = rt, call
-        self.folder: Path | None = None
-        self.written = False
-
-    def folder_is(self, folder: Path) -> None:
-        """Told where the call's spill files are, before it starts."""
-        self.folder = folder
-
-    def write(self) -> None:
-        """Write the owner file (once)."""
-        if self.written or self.folder is None:
-            return
-        self.written = True
-        _keep_owner(self.rt, self.call, self.folder)
-
-    def settle(self, *, kept: bool) -> None:
-        """At the call's end: the file written if its output was kept, removed if not."""
-        if kept:
-            self.write()
-        elif self.written:
-            _drop_owner(self.rt, self.call)
-
-
-def _keep_owner(rt: Runtime, call: Call, folder: Path) -> None:
-    """Write who owns a call's kept output and where it is (see `_Owner`)."""
-    path = control.owner_file(rt.settings, call.call_id)
-    text = f"{call.owner}\n{folder}"
-    try:
-        try:
-            _write_private(path, text)
-        except FileNotFoundError:  # the host's first call
-            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            _write_private(path, text)
-    except OSError as exc:  # the output stays readable by an admin
-        log.warning("call %s: could not record its owner: %s", call.call_id, exc,
-                    extra={"call_id": call.call_id})
-
-
-def _write_private(path: Path, text: str) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
-                 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as file:
-        file.write(text)
-
-
-def _drop_owner(rt: Runtime, call: Call) -> None:
-    """Remove the owner file of a call that kept no output."""
-    with contextlib.suppress(OSError):
-        control.owner_file(rt.settings, call.call_id).unlink(missing_ok=True)
 
 
 def _exec_refused(args: tuple[Any, ...], message: str) -> CallResult:
