@@ -826,7 +826,8 @@ class _Outcome:
     def _shaped(self) -> tuple[Shaped, Shaped | None]:
         policy = self.call.policy
         extras = Extras.of(policy)
-        # Seed 002's head/tail pick lines of the whole output (#22 point 11).
+        # The pi dialect's head/tail options pick lines of the whole output, not of the
+        # part truncation would show.
         asked = (self.call.head, self.call.tail)
         shaped = [
             shape(source, size, lines, policy.truncation, self.secrets,
@@ -876,7 +877,7 @@ class _Outcome:
         )
 
     def _limits(self, text: str) -> str:
-        # Seed 002: explicit head/tail limits, head first. `shape` applied them to the
+        # The pi dialect's explicit head/tail limits, head first. `shape` applied them to the
         # whole output already (this changes nothing then); kept for texts it did not
         # shape by them (an output kept in memory whose middle is gone).
         if self.call.head is not None:

@@ -13,6 +13,11 @@ queues); the others by the separate control consumer (`bashfleet.<host>.ctl`), s
 they answer at once even when every command slot is busy: the instant ones (`INSTANT`:
 check, kill, cancel...) on its own threads, every other in its owner's lane
 (`bashfleet.worker.fleet.lanes`), so that no file, build, kill or wait of one tenant holds them.
+
+Here is the dispatch: which handler a message reaches and how its answer goes. A message
+is checked first by `bashfleet.worker.fleet.verify` (signature, target queue, nonce,
+owner); its answer's address and seal are `bashfleet.worker.fleet.answers`'; a running
+call's records on the host are `bashfleet.worker.fleet.exec_watch`'s.
 """
 
 from __future__ import annotations
@@ -23,12 +28,10 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
 from functools import lru_cache
 from typing import Any
 
 import redis
-from celery import current_task
 from pydantic import ValidationError
 
 from bashfleet.worker.engine import running
@@ -46,12 +49,14 @@ from bashfleet.worker.fleet import (
     transfers,
     workspace_calls,
 )
+from bashfleet.worker.fleet.answers import Answer, current_answer, deliver
 from bashfleet.worker.fleet.app import app
 from bashfleet.worker.fleet.connect import redis_client
 from bashfleet.worker.fleet.control import Runtime
 from bashfleet.worker.fleet.exec_watch import ExecWatcher
-from bashfleet.worker.settings import Settings, get_settings
-from bashfleet.worker.wire import auth, names, owner_keys
+from bashfleet.worker.fleet.verify import REPLAYED, Nonce, message_queue, use_nonce, verify
+from bashfleet.worker.settings import get_settings
+from bashfleet.worker.wire import auth, names
 from bashfleet.worker.wire.control import REQUESTS, ControlError, ControlReply, ControlRequest
 from bashfleet.worker.wire.errors import ToolError
 from bashfleet.worker.wire.models import (
@@ -65,11 +70,6 @@ from bashfleet.worker.wire.models import (
 from bashfleet.worker.wire.names import CallState, Task
 
 log = logging.getLogger("bashfleet.worker")
-
-#: What a signed message seen before is told (it is not acted on).
-REPLAYED = "replayed message refused (nonce seen before)"
-#: Pauses between attempts to deliver an answer while Redis is away (~30 s in all).
-REPLY_RETRY_DELAYS_S = (0.1, 0.2, 0.5, 1.0, 2.0, 2.0, 4.0, 4.0, 8.0, 8.0)
 
 _runtime_override: Runtime | None = None
 
@@ -93,166 +93,6 @@ def _default_runtime() -> Runtime:
 def runtime() -> Runtime:
     """The process's runtime."""
     return _runtime_override or _default_runtime()
-
-
-# ----------------------------------------------------------------------------- answers
-
-
-@dataclass
-class Answer:
-    """Where the running task's answer goes, with which key it is sealed, and whether
-    it went already."""
-
-    task_id: str
-    channel: str | None
-    key: str | None = None
-    sent: bool = False
-    locked: bool = False
-    """True once the message verified: the answer is then locked (encrypted) with the key
-    that signed it; a refusal before that is only sealed (it holds nothing secret, and
-    an unsigned client or one with another key can still read why)."""
-    call: Call | None = None
-    """The call, once its message was read (what Flower's view of it needs)."""
-    expires_at: float | None = None
-    """When the caller stops waiting for it (its message's expiry; `time.time()`)."""
-
-    def reply(self, payload: str) -> registry.Reply:
-        """The answer to deliver, locked with the key that signed the message: a client
-        trusts no answer it cannot verify, and no other owner can read it."""
-        if self.locked:
-            sealed = auth.lock([self.key] if self.key else [], auth.REPLY, self.task_id,
-                               payload)
-        else:
-            sealed = auth.seal(self.key, auth.REPLY, self.task_id, payload)
-        return registry.Reply(self.task_id, self.channel, sealed)
-
-
-def _current_answer(rt: Runtime) -> Answer:
-    """The answer of the task Celery runs now (its id, its message's `reply_to`),
-    sealed with this worker's current key until the message names the key it used."""
-    request = getattr(current_task, "request", None)
-    return Answer(
-        task_id=str(getattr(request, "id", None) or "?"),
-        channel=getattr(request, "reply_to", None) or None,
-        key=next(iter(rt.keys.values()), None),
-        expires_at=_expiry(getattr(request, "expires", None)),
-    )
-
-
-def _expiry(expires: object) -> float | None:
-    """A message's `expires` header (ISO 8601 text, or a datetime) as a timestamp."""
-    if isinstance(expires, str):
-        try:
-            expires = datetime.fromisoformat(expires)
-        except ValueError:
-            return None
-    return expires.timestamp() if isinstance(expires, datetime) else None
-
-
-def _deliver(rt: Runtime, answer: Answer, payload: str) -> None:
-    """Deliver an answer not sent yet, retrying while Redis is away (as Celery's result
-    backend did): a caller waits for it."""
-    for delay in (*REPLY_RETRY_DELAYS_S, None):
-        try:
-            registry.deliver_reply(rt.redis, answer.reply(payload))
-            answer.sent = True
-            return
-        except redis.RedisError as exc:
-            if delay is None:
-                log.error("could not deliver the answer of task %s: %s", answer.task_id, exc,
-                          extra={"call_id": answer.task_id})
-                return
-            time.sleep(delay)
-
-
-# ----------------------------------------------------------------------------- signing
-
-
-@dataclass(frozen=True)
-class Nonce:
-    """A signed message's nonce, to record when the call is claimed."""
-
-    value: str
-    ttl_s: float
-
-
-@dataclass(frozen=True)
-class Message:
-    """A task's arguments, verified, the nonce still to record in Redis (None: none),
-    and whether the admin key signed it."""
-
-    args: tuple[Any, ...]
-    nonce: Nonce | None
-    admin: bool = False
-    owner: str | None = None
-    """The owner whose key signed it (None: the fleet's or the admin key, which act as
-    the owner the message names)."""
-
-
-def own_queues(settings: Settings, task: str) -> list[str]:
-    """The queues a message for `task` may come from on this host: its command queues
-    (its own, the any queue, its pools) for a call, its control queue otherwise."""
-    if task == Task.EXEC:
-        return names.exec_queues(settings.host, settings.labels)
-    return [names.ctl_queue(settings.host)]
-
-
-def verify(rt: Runtime, task: str, args: tuple[Any, ...], answer: Answer) -> Message:
-    """Check a message's signature, expiry, target and nonce; auth.AuthError when it
-    must be refused. The answer is then sealed with the key that signed the message.
-
-    The target is the queue the message was signed for: it must be the queue this
-    consumer took it from (as its transport saw it, `_queue`), and one of this host's.
-    The nonce is checked against the host's own memory, shared by its consumers and
-    kept on its disk across restarts; only where a host keeps none is it left for Redis
-    to record (with the claim, or `_use_nonce`). With no key configured (a worker run
-    --insecure-unsigned) a signed envelope is unwrapped unverified and plain arguments
-    are taken as they are.
-    """
-    keys = rt.keys
-    if not keys:
-        answer.locked = True  # unsigned fleet: `lock` with no key writes it in clear
-        if len(args) == 1 and auth.is_envelope(args[0]):
-            return Message(tuple(args[0]["args"]), None)
-        return Message(args, None)
-    verified = auth.verify(args[0] if len(args) == 1 else None, task, keys, time.time())
-    answer.key = keys[verified.key_id]
-    auth.check_target(verified.target, _queue(), own_queues(rt.settings, task))
-    owner = check_owner(verified)
-    answer.locked = True
-    expires = verified.expires + auth.CLOCK_SKEW_S
-    if rt.nonces is not None:
-        if not rt.nonces.first_use(verified.nonce, expires):
-            raise auth.AuthError("replayed", REPLAYED)
-        # Checked by the host's own memory: nothing left for Redis to record. A message
-        # delivered again (or replayed on another host's queue) meets its call's record,
-        # kept longer than the message is valid.
-        nonce = None
-    else:
-        nonce = Nonce(verified.nonce, expires - time.time())
-    return Message(tuple(verified.args), nonce, admin=verified.key_id == rt.admin_key_id,
-                   owner=owner)
-
-
-def check_owner(verified: auth.Verified) -> str | None:
-    """The owner whose key signed a message (None: the fleet's or the admin key); an
-    AuthError (`wrong_owner`) when an owner key signed a message that names another
-    owner: the key says who acts, whatever the message claims."""
-    owner = owner_keys.key_owner(verified.key_id)
-    if owner is None:
-        return None
-    body = verified.args[0] if len(verified.args) == 1 else None
-    named = body.get("owner") if isinstance(body, dict) else None
-    if not isinstance(named, str) or not owner_keys.covers(owner, named):
-        raise auth.AuthError(
-            "wrong_owner", f"message signed with {owner}'s key for owner {named!r} refused: "
-            "an owner key acts as its own owner only")
-    return owner
-
-
-def _use_nonce(rt: Runtime, nonce: Nonce | None) -> None:
-    if nonce is not None and not registry.use_nonce(rt.redis, nonce.value, nonce.ttl_s):
-        raise auth.AuthError("replayed", REPLAYED)
 
 
 # -------------------------------------------------------------------------------- exec
@@ -350,17 +190,9 @@ def _give_job_place_back(rt: Runtime, call: Call) -> None:
         registry.quota_release(rt.redis, registry.JOBS_QUOTA, call.owner, call.call_id)
 
 
-def _queue() -> str | None:
-    """The queue the running task's message came from (None when not run by Celery)."""
-    request = getattr(current_task, "request", None)
-    delivery = getattr(request, "delivery_info", None) or {}
-    queue = delivery.get("routing_key")
-    return str(queue) if queue else None
-
-
 def _log_start(call: Call) -> None:
     """A call's start line: never its command text nor its env (they may hold secrets)."""
-    queue = _queue()
+    queue = message_queue()
     log.info(
         "call started: queue %s, cwd %s, command of %d chars%s", queue or "-", call.cwd or "~",
         len(call.command), ", background" if call.background else "",
@@ -499,7 +331,7 @@ def exec_message(*args: Any) -> str:
     it ran in and its job.
     """
     rt = runtime()
-    answer = _current_answer(rt)
+    answer = current_answer(rt)
     try:
         message = verify(rt, Task.EXEC, args, answer)
         payload = message.args[0] if len(message.args) == 1 else None
@@ -517,7 +349,7 @@ def exec_message(*args: Any) -> str:
                       extra={"call_id": answer.task_id})
         result = _failed(answer.task_id, rt.settings.host, "internal", f"worker error: {exc!r}")
     if not answer.sent:  # the finish script delivered it, most often
-        _deliver(rt, answer, result.model_dump_json())
+        deliver(rt, answer, result.model_dump_json())
     reason = _report(answer.task_id, answer.call, result)
     if reason is not None:
         raise flower.CallFailed(reason)
@@ -611,7 +443,7 @@ def accept(rt: Runtime, task: str, args: tuple[Any, ...], answer: Answer) -> Acc
     """Verify (nonce included) and validate one control message; AuthError, ToolError
     (`invalid`) or RedisError when it must be refused."""
     message = verify(rt, task, args, answer)
-    _use_nonce(rt, message.nonce)
+    use_nonce(rt, message.nonce)
     return Accepted(_request(task, message.args), message.admin)
 
 
@@ -697,7 +529,7 @@ def _control_task(task: str) -> Callable[..., str]:
 
     def run(*args: Any) -> str:
         rt = runtime()
-        answer = _current_answer(rt)
+        answer = current_answer(rt)
         try:
             accepted = accept(rt, task, args, answer)
         except Exception as exc:  # each kind its reply (`_failure_reply`)
@@ -728,7 +560,7 @@ def _reply(rt: Runtime, task: str, request: ControlRequest | None, answer: Answe
     """Log a control call's line, deliver its answer; its summary for Flower. Logged
     before the answer goes: a caller that reads the log once answered finds the line."""
     _log_control(task, request, reply)
-    _deliver(rt, answer, reply.model_dump_json())
+    deliver(rt, answer, reply.model_dump_json())
     return f"error {reply.error.kind}" if reply.error is not None else "ok"
 
 
