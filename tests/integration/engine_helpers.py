@@ -28,6 +28,7 @@ import pytest
 from bashfleet.worker import Call, CallResult, JobHandle, Policy, Settings, run_call
 from bashfleet.worker.engine import sandbox, workspaces
 from bashfleet.worker.engine.environment import MARKER_VAR
+from bashfleet.worker.engine.watcher import CallWatcher, Spawned, Unwatched
 from bashfleet.worker.wire.models import WorkspaceRecord, WorkspaceSpec
 
 T = TypeVar("T")
@@ -272,22 +273,40 @@ class Engine:
         self,
         command: str,
         *,
-        on_spawn: Callable[[int, int, str], None] | None = None,
-        cancel: threading.Event | None = None,
-        on_running: Callable[[], None] | None = None,
-        detach: Callable[[], bool] | None = None,
+        watcher: CallWatcher | None = None,
         **fields: Any,
     ) -> CallResult:
         """Run a call to its end and return its result; background jobs are registered."""
         call = self.call(command, **fields)
         self.janitor.markers.add(call.call_id)
-        result = run_call(
-            call, settings=self.settings, on_spawn=on_spawn, cancel=cancel, on_running=on_running,
-            detach=detach,
-        )
+        result = run_call(call, settings=self.settings, watcher=watcher)
         if result.job is not None:
             self.janitor.job(result.job)
         return result
+
+
+class Watch(Unwatched):
+    """A test's watcher of one call: the events the engine told it, in order, and two
+    switches a test (or its own subclass) sets to cancel or detach the call."""
+
+    def __init__(self) -> None:
+        self.events: list[str] = []
+        self.spawns: list[Spawned] = []
+        self.cancel = threading.Event()
+        self.detach = threading.Event()
+
+    def spawned(self, process: Spawned) -> None:
+        self.events.append("spawned")
+        self.spawns.append(process)
+
+    def running(self) -> None:
+        self.events.append("running")
+
+    def cancelled(self) -> bool:
+        return self.cancel.is_set()
+
+    def detach_requested(self) -> bool:
+        return self.detach.is_set()
 
 
 def run_user_ids() -> tuple[int, int] | None:

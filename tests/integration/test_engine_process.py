@@ -20,6 +20,7 @@ from .engine_helpers import (
     DEADLINE_S,
     KILL,
     Engine,
+    Watch,
     WitnessEngine,
     _engine_fixture,  # noqa: F401 - fixture
     _janitor_fixture,  # noqa: F401 - fixture
@@ -58,10 +59,9 @@ def test_no_tty_and_stdin_is_empty(engine: Engine) -> None:
 
 def test_own_process_group_and_session(plain_engine: Engine) -> None:
     engine = plain_engine
-    spawned: list[tuple[int, int, str]] = []
+    watch = Watch()
     result = engine.run(
-        'echo "$$"; read -r line < /proc/$$/stat; echo "${line##*) }"',
-        on_spawn=lambda pid, pgid, marker: spawned.append((pid, pgid, marker)),
+        'echo "$$"; read -r line < /proc/$$/stat; echo "${line##*) }"', watcher=watch,
     )
     assert result.exit_code == 0, result
     pid_text, stat_text = result.stdout.splitlines()
@@ -71,7 +71,7 @@ def test_own_process_group_and_session(plain_engine: Engine) -> None:
     assert int(sid) == pid
     assert int(pgid) != os.getpgid(0)
     assert int(sid) != os.getsid(0)
-    assert spawned == [(pid, pid, result.call_id)]
+    assert [(s.pid, s.pgid, s.marker) for s in watch.spawns] == [(pid, pid, result.call_id)]
 
 
 def test_hardened_environment_and_marker(engine: Engine) -> None:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from .engine_helpers import (
     Engine,
+    Watch,
     _engine_fixture,  # noqa: F401 - fixture
     _janitor_fixture,  # noqa: F401 - fixture
     wait_until,
@@ -88,12 +89,17 @@ def test_a_killed_call_leaves_no_state_file(engine: Engine) -> None:
     assert _state_files(engine) == []
 
 
-def test_a_running_call_detaches_into_a_job(engine: Engine, tmp_path: Path) -> None:
-    """`detach` (a caller's second Ctrl-C) leaves the call running as a job, output and all."""
-    flag = tmp_path / "detach"
+def test_a_running_call_detaches_into_a_job(engine: Engine) -> None:
+    """A detach (a caller's second Ctrl-C) leaves the call running as a job, output and
+    all."""
+
+    class DetachOnceRunning(Watch):
+        def running(self) -> None:
+            self.detach.set()
+
     result = engine.run(
-        "echo before; sleep 0.5; echo after; sleep 30", detach=flag.exists,
-        on_running=flag.touch, timeout_s=60,
+        "echo before; sleep 0.5; echo after; sleep 30", watcher=DetachOnceRunning(),
+        timeout_s=60,
     )
     assert result.backgrounded and result.job is not None
     assert result.timed_out is False and result.exit_code is None

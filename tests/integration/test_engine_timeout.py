@@ -10,10 +10,12 @@ import pytest
 
 from bashfleet.worker import Policy
 from bashfleet.worker.engine import workspaces
+from bashfleet.worker.engine.watcher import Spawned
 
 from .engine_helpers import (
     Engine,
     Stat,
+    Watch,
     _engine_fixture,  # noqa: F401 - fixture
     _janitor_fixture,  # noqa: F401 - fixture
     _plain_engine_fixture,  # noqa: F401 - fixture
@@ -73,15 +75,16 @@ def test_timeout_kill_leaves_no_process_alive(plain_engine: Engine) -> None:
     def alive_marked_parent(child: Stat) -> bool:
         return child.ppid in marked_pids(marker)
 
-    def on_spawn(pid: int, pgid: int, call_marker: str) -> None:
-        # The engine starts the timeout clock after this hook returns: wait here until
-        # every escape has really escaped, so the kill meets all of them.
-        bash.append(pid)
-        wait_until(lambda: escapes_settled(pid), what="the escapes to settle")
+    class SettledFirst(Watch):
+        def spawned(self, process: Spawned) -> None:
+            # The engine starts the timeout clock after this returns: wait here until
+            # every escape has really escaped, so the kill meets all of them.
+            bash.append(process.pid)
+            wait_until(lambda: escapes_settled(process.pid), what="the escapes to settle")
 
     marker = engine.janitor.new_call_id()
     result = engine.run(ESCAPES, call_id=marker, timeout_s=1.0, policy=QUICK_KILL,
-                        on_spawn=on_spawn)
+                        watcher=SettledFirst())
 
     pgid = bash[0]
     # The escapes were real: a new session, and a grandchild no longer under the call.
@@ -142,14 +145,13 @@ def test_sigterm_ignored_by_every_process_is_sigkilled(engine: Engine) -> None:
 
 
 def test_cancel_from_another_thread_kills_the_call(engine: Engine) -> None:
-    cancel = threading.Event()
-    bash: list[int] = []
+    watch = Watch()
 
     def cancel_when_running() -> None:
-        wait_until(lambda: bash, what="the spawn")
+        wait_until(lambda: watch.spawns, what="the spawn")
         # bash plus its two sleeps, one of them escaped with setsid.
         wait_until(lambda: len(marked_pids(marker)) >= 3, what="the call's processes")
-        cancel.set()
+        watch.cancel.set()
 
     marker = engine.janitor.new_call_id()
     canceller = threading.Thread(target=cancel_when_running)
@@ -157,8 +159,7 @@ def test_cancel_from_another_thread_kills_the_call(engine: Engine) -> None:
     started = time.monotonic()
     result = engine.run(
         "sleep 300 & setsid sleep 300 & echo up; sleep 300",
-        call_id=marker, timeout_s=60, cancel=cancel,
-        on_spawn=lambda pid, pgid, m: bash.append(pid),
+        call_id=marker, timeout_s=60, watcher=watch,
     )
     canceller.join()
 
@@ -170,7 +171,7 @@ def test_cancel_from_another_thread_kills_the_call(engine: Engine) -> None:
     assert "cancel" in result.error.message
     assert result.signal == 15
     assert result.stdout == "up\n"
-    assert survivors(marker, bash[0]) == []
+    assert survivors(marker, watch.spawns[0].pid) == []
 
 
 def test_daemon_does_not_hold_the_call(plain_engine: Engine) -> None:
@@ -203,26 +204,33 @@ def test_stopped_children_are_killed(engine: Engine) -> None:
     assert survivors(result.call_id) == []
 
 
-def test_failing_spawn_hook_leaves_no_process(engine: Engine) -> None:
-    # The fleet records the process in its hook; when that fails (Redis down), the
+def test_a_failing_watcher_leaves_no_process(engine: Engine) -> None:
+    # The fleet records the process when told of it; when that fails (Redis down), the
     # error reaches the caller and the call's processes must not be left running.
     spawned: list[int] = []
 
-    def failing_hook(pid: int, pgid: int, marker: str) -> None:
-        spawned.append(pid)
-        wait_until(lambda: len(marked_pids(marker)) >= 2, what="the call's processes")
-        raise RuntimeError("could not record the call")
+    class Failing(Watch):
+        def spawned(self, process: Spawned) -> None:
+            spawned.append(process.pid)
+            wait_until(lambda: len(marked_pids(process.marker)) >= 2,
+                       what="the call's processes")
+            raise RuntimeError("could not record the call")
 
     marker = engine.janitor.new_call_id()
     with pytest.raises(RuntimeError, match="could not record"):
-        engine.run("setsid sleep 300 & sleep 300", call_id=marker, on_spawn=failing_hook)
+        engine.run("setsid sleep 300 & sleep 300", call_id=marker, watcher=Failing())
     assert spawned
     assert survivors(marker, spawned[0]) == []
 
 
-def test_the_running_hook_is_called_once_while_the_call_runs(engine: Engine) -> None:
+def test_the_running_event_comes_once_while_the_call_runs(engine: Engine) -> None:
     calls: list[float] = []
-    result = engine.run("sleep 0.5", on_running=lambda: calls.append(time.monotonic()))
+
+    class Timed(Watch):
+        def running(self) -> None:
+            calls.append(time.monotonic())
+
+    result = engine.run("sleep 0.5", watcher=Timed())
     ended = time.monotonic()
     assert result.exit_code == 0
     assert len(calls) == 1  # at the first wake-up that found it running, not again

@@ -22,11 +22,13 @@ from pathlib import Path
 from bashfleet.worker import CallResult, JobRecord, Policy, kill_job, load_record
 from bashfleet.worker.engine.jobs import read_status
 from bashfleet.worker.engine.running import RunningCall, remove, save
+from bashfleet.worker.engine.watcher import Spawned
 from bashfleet.worker.retention import RetentionPolicy, execute, plan, scan
 
 from .engine_helpers import (
     DEADLINE_S,
     Engine,
+    Watch,
     _engine_fixture,  # noqa: F401 - fixture
     _janitor_fixture,  # noqa: F401 - fixture
     output_dirs,
@@ -134,17 +136,19 @@ def test_a_running_foreground_calls_spill_files_are_kept(engine: Engine) -> None
     call = engine.call(f"echo started; until [ -e {gate} ]; do sleep 0.01; done")
     spawned = threading.Event()
 
-    def on_spawn(pid: int, pgid: int, marker: str) -> None:
-        save(engine.settings, RunningCall(
-            call_id=call.call_id, pid=pid, pgid=pgid, marker=marker, start_time=time.time(),
-            worker_pid=os.getpid(), instance="test",
-        ))
-        spawned.set()
+    class RecordOnDisk(Watch):
+        def spawned(self, process: Spawned) -> None:
+            save(engine.settings, RunningCall(
+                call_id=call.call_id, pid=process.pid, pgid=process.pgid,
+                marker=process.marker, start_time=time.time(), worker_pid=os.getpid(),
+                instance="test",
+            ))
+            spawned.set()
 
     results: list[CallResult] = []
     runner = threading.Thread(
         target=lambda: results.append(engine.run(call.command, call_id=call.call_id,
-                                                 on_spawn=on_spawn)),
+                                                 watcher=RecordOnDisk())),
     )
     runner.start()
     try:

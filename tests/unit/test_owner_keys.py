@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from bashfleet.client._core.identity import _owner_identity
-from bashfleet.worker.fleet.tasks import check_owner
+from bashfleet.worker.fleet.verify import check_owner
 from bashfleet.worker.settings import Settings
 from bashfleet.worker.wire import acl, auth, owner_keys
 from bashfleet.worker.wire.owner_keys import Keyring, OwnerKey, SealingKeys

@@ -35,7 +35,6 @@ from bashfleet.worker.engine import (
     normalize,
     procs,
     resources,
-    running,
     sandbox,
     session_state,
     truncate,
@@ -54,6 +53,7 @@ from bashfleet.worker.engine.environment import ChildEnv, build_env, process_env
 from bashfleet.worker.engine.memo import TimedMemo
 from bashfleet.worker.engine.secrets import redaction_pattern
 from bashfleet.worker.engine.startup import Startup
+from bashfleet.worker.engine.watcher import UNWATCHED, CallWatcher, Spawned
 from bashfleet.worker.settings import Settings, get_settings
 from bashfleet.worker.wire.errors import ToolError
 from bashfleet.worker.wire.models import (
@@ -72,15 +72,6 @@ from bashfleet.worker.wire.models import (
 FOLLOW_INTERVAL_S = 0.05
 #: Bytes counted per wake-up, so a flood of output cannot delay the timeout check.
 FOLLOW_BUDGET = 64 * 1024 * 1024
-
-SpawnHook = Callable[[int, int, str], None]
-#: Called once when a command is still running FOLLOW_INTERVAL_S after its spawn.
-RunningHook = Callable[[], None]
-#: Asked at each wake-up of a running call: True turns it into a background job.
-DetachHook = Callable[[], bool]
-#: Told the directory of a foreground call's spill files before it starts.
-StreamsHook = Callable[[Path], None]
-
 
 class CallError(ToolError):
     """A system error: the call could not be run (bad cwd, spawn failure, policy block)."""
@@ -273,22 +264,17 @@ def run_call(
     call: Call,
     *,
     settings: Settings | None = None,
-    on_spawn: SpawnHook | None = None,
-    cancel: running.Cancel | None = None,
-    on_running: RunningHook | None = None,
-    detach: DetachHook | None = None,
-    on_streams: StreamsHook | None = None,
+    watcher: CallWatcher | None = None,
 ) -> CallResult:
     """Run a call to its end (or timeout) and return its result. Never raises for the command.
 
-    `on_spawn(pid, pgid, marker)` is told the process as soon as it exists (the fleet
-    records it on the host's disk); `on_running()` once it is still running after
-    FOLLOW_INTERVAL_S (the fleet records it in Redis then: most calls end sooner);
-    setting `cancel` kills the call as a timeout would; `detach()` turning true leaves it
-    running as a background job (its caller's second Ctrl-C), as an auto-background
-    timeout would.
+    `watcher` hears the call's spawn and that it runs on (the fleet records it then), and
+    is asked at each wake-up whether to cancel it or leave it running as a background job
+    (`bashfleet.worker.engine.watcher`); None: nobody watches. An exception from the
+    watcher goes on to the caller, once the call's processes are killed.
     """
     settings = settings or get_settings()
+    watcher = UNWATCHED if watcher is None else watcher
     started = time.monotonic()
     try:
         call = prepare(call, settings)
@@ -304,13 +290,12 @@ def run_call(
         if record.isolation == "none":
             cwd = resolve_cwd(cwd)
         if call.stdin != "null":
-            result = _run_session(call, cwd, settings, record, started, cancel=cancel)
+            result = _run_session(call, cwd, settings, record, started, watcher=watcher)
         elif call.background:
             result = _start_background(call, cwd, settings, record, started)
         else:
             result = _run_foreground(
-                call, cwd, settings, record, on_spawn=on_spawn, cancel=cancel, started=started,
-                on_running=on_running, detach=detach, on_streams=on_streams,
+                call, cwd, settings, record, watcher=watcher, started=started,
             )
         if record.network.mode == "allow":
             result = result.model_copy(update={
@@ -352,12 +337,13 @@ def _after(record: WorkspaceRecord, settings: Settings, *, throwaway: bool,
 
 def _run_session(
     call: Call, cwd: str, settings: Settings, record: WorkspaceRecord, started: float,
-    *, cancel: running.Cancel | None,
+    *, watcher: CallWatcher,
 ) -> CallResult:
     """An interactive call (stdin `closed`, `pipe` or `pty`): see
     `bashfleet.worker.engine.interactive`."""
     try:
-        return interactive.run(call, cwd, settings, record, started=started, cancel=cancel)
+        return interactive.run(call, cwd, settings, record, started=started,
+                               cancelled=watcher.cancelled)
     except interactive.SessionError as exc:
         raise CallError(exc.kind, exc.message) from exc
 
@@ -641,19 +627,20 @@ def _wait(
     proc: procs.Process,
     files: list[FollowedFile],
     timeout_s: float,
-    cancel: running.Cancel | None,
-    on_running: RunningHook | None = None,
+    watcher: CallWatcher,
     *,
     over_cap: Callable[[], bool] | None = None,
-    detach: DetachHook | None = None,
+    detachable: bool = True,
 ) -> Outcome:
     """Follow the output until the process exits; return why the wait ended.
 
-    `on_running` is called once, at the first wake-up that finds the process running;
-    `over_cap()` says when the call wrote more than it may (checked at each wake-up);
-    `detach()` at every wake-up after the first (a stat of a flag file: ~2 us a time).
+    `watcher.running()` is called once, at the first wake-up that finds the process
+    running; `over_cap()` says when the call wrote more than it may (checked at each
+    wake-up); `watcher.detach_requested()` is asked at every wake-up after the first when
+    the call is `detachable` (the fleet's is a stat of a flag file: ~2 us a time).
     """
     deadline = time.monotonic() + timeout_s
+    first_look = True
     fd, owned = _exit_fd(proc)
     try:
         poller = select.poll()
@@ -662,15 +649,15 @@ def _wait(
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return "timeout"
-            if cancel is not None and cancel.is_set():
+            if watcher.cancelled():
                 return "cancel"
             if poller.poll(min(remaining, FOLLOW_INTERVAL_S) * 1000):
                 proc.wait()
                 return "exited"  # the result reads what is left: no catch-up here
-            if on_running is not None:
-                on_running()
-                on_running = None
-            elif detach is not None and detach():
+            if first_look:
+                first_look = False
+                watcher.running()
+            elif detachable and watcher.detach_requested():
                 return "detach"
             for followed in files:
                 followed.catch_up(FOLLOW_BUDGET)
@@ -700,12 +687,8 @@ def _run_foreground(
     settings: Settings,
     workspace: WorkspaceRecord,
     *,
-    on_spawn: SpawnHook | None,
-    cancel: running.Cancel | None,
+    watcher: CallWatcher,
     started: float,
-    on_running: RunningHook | None = None,
-    detach: DetachHook | None = None,
-    on_streams: StreamsHook | None = None,
 ) -> CallResult:
     marker = call.call_id
     user = _user(settings)
@@ -719,8 +702,6 @@ def _run_foreground(
         streams = _open_streams(call, workspace)
     except OSError as exc:
         raise CallError("spawn_failed", f"spill directory unusable: {exc}") from exc
-    if on_streams is not None:
-        on_streams(streams.stdout.parent)
     # bash's $PWD is the cwd as asked (not the worker's, nor the physical path), so a
     # command that does not `cd` ends where it started, symlinks included.
     child.env["PWD"] = cwd
@@ -738,14 +719,12 @@ def _run_foreground(
     files = streams.followers() if pipes is None else []
     timeout_s = call.timeout_s if call.timeout_s is not None else call.policy.default_timeout_s
     try:
-        if on_spawn is not None:
-            on_spawn(proc.pid, proc.pid, marker)
+        watcher.spawned(Spawned(proc.pid, proc.pid, marker, streams.stdout.parent))
         # Output kept in memory has no file to go on into: such a call cannot detach.
-        outcome = _wait(proc, files, timeout_s, cancel, on_running,
-                        over_cap=_cap_check(settings, files, pipes),
-                        detach=detach if pipes is None else None)
+        outcome = _wait(proc, files, timeout_s, watcher,
+                        over_cap=_cap_check(settings, files, pipes), detachable=pipes is None)
     except BaseException:
-        # The hook failed (or we were interrupted) while the command runs: nobody would
+        # The watcher failed (or we were interrupted) while the command runs: nobody would
         # ever watch or kill it, so end it before the error goes on.
         procs.terminate(proc.pid, marker, grace_s=0, rounds=settings.sweep_rounds)
         _reap(proc)
@@ -847,7 +826,8 @@ class _Outcome:
     def _shaped(self) -> tuple[Shaped, Shaped | None]:
         policy = self.call.policy
         extras = Extras.of(policy)
-        # Seed 002's head/tail pick lines of the whole output (#22 point 11).
+        # The pi dialect's head/tail options pick lines of the whole output, not of the
+        # part truncation would show.
         asked = (self.call.head, self.call.tail)
         shaped = [
             shape(source, size, lines, policy.truncation, self.secrets,
@@ -897,7 +877,7 @@ class _Outcome:
         )
 
     def _limits(self, text: str) -> str:
-        # Seed 002: explicit head/tail limits, head first. `shape` applied them to the
+        # The pi dialect's explicit head/tail limits, head first. `shape` applied them to the
         # whole output already (this changes nothing then); kept for texts it did not
         # shape by them (an output kept in memory whose middle is gone).
         if self.call.head is not None:

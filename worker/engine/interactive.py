@@ -27,13 +27,12 @@ import re
 import stat
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from bashfleet.worker.engine import jobs, procs, relay, truncate
 from bashfleet.worker.engine.capture import PLAIN, _clean, escape_boundary
-from bashfleet.worker.engine.running import Cancel
 from bashfleet.worker.engine.sanitize import redact, utf8_boundary
 from bashfleet.worker.engine.secrets import worker_redaction
 from bashfleet.worker.settings import Settings
@@ -265,9 +264,11 @@ def _size(path: str) -> int:
 
 def collect(
     record: JobRecord, offset: int, spec: Collect, settings: Settings, *,
-    cancel: Cancel | None = None, written: int = 0, last_output: float | None = None,
+    cancelled: Callable[[], bool] | None = None, written: int = 0,
+    last_output: float | None = None,
 ) -> SessionOutput:
-    """Wait for output as `spec` says, then read what the job produced since `offset`."""
+    """Wait for output as `spec` says, then read what the job produced since `offset`;
+    `cancelled()` turning true ends the wait at once."""
     secrets = worker_redaction(settings)
     if spec.delay_s:
         time.sleep(spec.delay_s)  # the codex rule: let the process react to a write
@@ -288,7 +289,7 @@ def collect(
         size = _size(record.output_path)
         if size != seen:
             seen, last, pause = size, now, POLL_FIRST_S
-        if not state.running or (cancel is not None and cancel.is_set()):
+        if not state.running or (cancelled is not None and cancelled()):
             break
         if spec.settle_s is not None and size > offset and now - last >= spec.settle_s:
             break
@@ -431,7 +432,7 @@ def start(call: Call, cwd: str, settings: Settings, workspace: WorkspaceRecord) 
 
 
 def run(call: Call, cwd: str, settings: Settings, workspace: WorkspaceRecord, *,
-        started: float, cancel: Cancel | None = None) -> CallResult:
+        started: float, cancelled: Callable[[], bool] | None = None) -> CallResult:
     """Start the session, wait its yield (the call's timeout; 0 in the background), and
     return what it printed meanwhile; a session still running is a job one writes to."""
     record = start(call, cwd, settings, workspace)
@@ -445,8 +446,8 @@ def run(call: Call, cwd: str, settings: Settings, workspace: WorkspaceRecord, *,
     spec = Collect(wait_s=min(wait, 300.0), input_wait_s=call.input_wait_s,
                    truncation=call.policy.truncation)
     with _reader_lock(settings, record.id):
-        out = collect(record, 0, spec, settings, cancel=cancel)
-        if cancel is not None and cancel.is_set() and out.running:
+        out = collect(record, 0, spec, settings, cancelled=cancelled)
+        if cancelled is not None and cancelled() and out.running:
             jobs.kill_job(record, grace_s=call.policy.kill_grace_s, settings=settings)
             out = collect(record, out.offset, Collect(), settings)
         save_offset(settings, record.id, out.offset)

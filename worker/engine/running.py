@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import os
 from pathlib import Path
-from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict
 
@@ -111,15 +110,9 @@ def forget_cancel(settings: Settings, call_id: str) -> None:
         os.unlink(_path(settings, call_id, ".cancel"))
 
 
-class Cancel(Protocol):
-    """What tells an engine a call was cancelled (a `threading.Event` in-process)."""
-
-    def is_set(self) -> bool: ...
-
-
 class CancelFlag:
-    """A call's cancel as its engine sees it (`run_call(cancel=)`): set by
-    `request_cancel`, from the control consumer (another process). One stat a look."""
+    """A call's cancel as its engine sees it (the fleet's `CallWatcher.cancelled`): set
+    by `request_cancel`, from the control consumer (another process). One stat a look."""
 
     def __init__(self, settings: Settings, call_id: str) -> None:
         self._path = _path(settings, call_id, ".cancel")

@@ -13,6 +13,11 @@ queues); the others by the separate control consumer (`bashfleet.<host>.ctl`), s
 they answer at once even when every command slot is busy: the instant ones (`INSTANT`:
 check, kill, cancel...) on its own threads, every other in its owner's lane
 (`bashfleet.worker.fleet.lanes`), so that no file, build, kill or wait of one tenant holds them.
+
+Here is the dispatch: which handler a message reaches and how its answer goes. A message
+is checked first by `bashfleet.worker.fleet.verify` (signature, target queue, nonce,
+owner); its answer's address and seal are `bashfleet.worker.fleet.answers`'; a running
+call's records on the host are `bashfleet.worker.fleet.exec_watch`'s.
 """
 
 from __future__ import annotations
@@ -23,17 +28,14 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
 from functools import lru_cache
-from pathlib import Path
 from typing import Any
 
 import redis
-from celery import current_task
 from pydantic import ValidationError
 
-from bashfleet.worker.engine import procs, running
-from bashfleet.worker.engine.call import RunningHook, SpawnHook, run_call
+from bashfleet.worker.engine import running
+from bashfleet.worker.engine.call import run_call
 from bashfleet.worker.engine.jobs import load_record
 from bashfleet.worker.fleet import (
     control,
@@ -47,11 +49,14 @@ from bashfleet.worker.fleet import (
     transfers,
     workspace_calls,
 )
+from bashfleet.worker.fleet.answers import Answer, current_answer, deliver
 from bashfleet.worker.fleet.app import app
 from bashfleet.worker.fleet.connect import redis_client
 from bashfleet.worker.fleet.control import Runtime
-from bashfleet.worker.settings import Settings, get_settings
-from bashfleet.worker.wire import auth, names, owner_keys
+from bashfleet.worker.fleet.exec_watch import ExecWatcher
+from bashfleet.worker.fleet.verify import REPLAYED, Nonce, message_queue, use_nonce, verify
+from bashfleet.worker.settings import get_settings
+from bashfleet.worker.wire import auth, names
 from bashfleet.worker.wire.control import REQUESTS, ControlError, ControlReply, ControlRequest
 from bashfleet.worker.wire.errors import ToolError
 from bashfleet.worker.wire.models import (
@@ -65,11 +70,6 @@ from bashfleet.worker.wire.models import (
 from bashfleet.worker.wire.names import CallState, Task
 
 log = logging.getLogger("bashfleet.worker")
-
-#: What a signed message seen before is told (it is not acted on).
-REPLAYED = "replayed message refused (nonce seen before)"
-#: Pauses between attempts to deliver an answer while Redis is away (~30 s in all).
-REPLY_RETRY_DELAYS_S = (0.1, 0.2, 0.5, 1.0, 2.0, 2.0, 4.0, 4.0, 8.0, 8.0)
 
 _runtime_override: Runtime | None = None
 
@@ -93,166 +93,6 @@ def _default_runtime() -> Runtime:
 def runtime() -> Runtime:
     """The process's runtime."""
     return _runtime_override or _default_runtime()
-
-
-# ----------------------------------------------------------------------------- answers
-
-
-@dataclass
-class Answer:
-    """Where the running task's answer goes, with which key it is sealed, and whether
-    it went already."""
-
-    task_id: str
-    channel: str | None
-    key: str | None = None
-    sent: bool = False
-    locked: bool = False
-    """True once the message verified: the answer is then locked (encrypted) with the key
-    that signed it; a refusal before that is only sealed (it holds nothing secret, and
-    an unsigned client or one with another key can still read why)."""
-    call: Call | None = None
-    """The call, once its message was read (what Flower's view of it needs)."""
-    expires_at: float | None = None
-    """When the caller stops waiting for it (its message's expiry; `time.time()`)."""
-
-    def reply(self, payload: str) -> registry.Reply:
-        """The answer to deliver, locked with the key that signed the message: a client
-        trusts no answer it cannot verify, and no other owner can read it."""
-        if self.locked:
-            sealed = auth.lock([self.key] if self.key else [], auth.REPLY, self.task_id,
-                               payload)
-        else:
-            sealed = auth.seal(self.key, auth.REPLY, self.task_id, payload)
-        return registry.Reply(self.task_id, self.channel, sealed)
-
-
-def _current_answer(rt: Runtime) -> Answer:
-    """The answer of the task Celery runs now (its id, its message's `reply_to`),
-    sealed with this worker's current key until the message names the key it used."""
-    request = getattr(current_task, "request", None)
-    return Answer(
-        task_id=str(getattr(request, "id", None) or "?"),
-        channel=getattr(request, "reply_to", None) or None,
-        key=next(iter(rt.keys.values()), None),
-        expires_at=_expiry(getattr(request, "expires", None)),
-    )
-
-
-def _expiry(expires: object) -> float | None:
-    """A message's `expires` header (ISO 8601 text, or a datetime) as a timestamp."""
-    if isinstance(expires, str):
-        try:
-            expires = datetime.fromisoformat(expires)
-        except ValueError:
-            return None
-    return expires.timestamp() if isinstance(expires, datetime) else None
-
-
-def _deliver(rt: Runtime, answer: Answer, payload: str) -> None:
-    """Deliver an answer not sent yet, retrying while Redis is away (as Celery's result
-    backend did): a caller waits for it."""
-    for delay in (*REPLY_RETRY_DELAYS_S, None):
-        try:
-            registry.deliver_reply(rt.redis, answer.reply(payload))
-            answer.sent = True
-            return
-        except redis.RedisError as exc:
-            if delay is None:
-                log.error("could not deliver the answer of task %s: %s", answer.task_id, exc,
-                          extra={"call_id": answer.task_id})
-                return
-            time.sleep(delay)
-
-
-# ----------------------------------------------------------------------------- signing
-
-
-@dataclass(frozen=True)
-class Nonce:
-    """A signed message's nonce, to record when the call is claimed."""
-
-    value: str
-    ttl_s: float
-
-
-@dataclass(frozen=True)
-class Message:
-    """A task's arguments, verified, the nonce still to record in Redis (None: none),
-    and whether the admin key signed it."""
-
-    args: tuple[Any, ...]
-    nonce: Nonce | None
-    admin: bool = False
-    owner: str | None = None
-    """The owner whose key signed it (None: the fleet's or the admin key, which act as
-    the owner the message names)."""
-
-
-def own_queues(settings: Settings, task: str) -> list[str]:
-    """The queues a message for `task` may come from on this host: its command queues
-    (its own, the any queue, its pools) for a call, its control queue otherwise."""
-    if task == Task.EXEC:
-        return names.exec_queues(settings.host, settings.labels)
-    return [names.ctl_queue(settings.host)]
-
-
-def verify(rt: Runtime, task: str, args: tuple[Any, ...], answer: Answer) -> Message:
-    """Check a message's signature, expiry, target and nonce; auth.AuthError when it
-    must be refused. The answer is then sealed with the key that signed the message.
-
-    The target is the queue the message was signed for: it must be the queue this
-    consumer took it from (as its transport saw it, `_queue`), and one of this host's.
-    The nonce is checked against the host's own memory, shared by its consumers and
-    kept on its disk across restarts; only where a host keeps none is it left for Redis
-    to record (with the claim, or `_use_nonce`). With no key configured (a worker run
-    --insecure-unsigned) a signed envelope is unwrapped unverified and plain arguments
-    are taken as they are.
-    """
-    keys = rt.keys
-    if not keys:
-        answer.locked = True  # unsigned fleet: `lock` with no key writes it in clear
-        if len(args) == 1 and auth.is_envelope(args[0]):
-            return Message(tuple(args[0]["args"]), None)
-        return Message(args, None)
-    verified = auth.verify(args[0] if len(args) == 1 else None, task, keys, time.time())
-    answer.key = keys[verified.key_id]
-    auth.check_target(verified.target, _queue(), own_queues(rt.settings, task))
-    owner = check_owner(verified)
-    answer.locked = True
-    expires = verified.expires + auth.CLOCK_SKEW_S
-    if rt.nonces is not None:
-        if not rt.nonces.first_use(verified.nonce, expires):
-            raise auth.AuthError("replayed", REPLAYED)
-        # Checked by the host's own memory: nothing left for Redis to record. A message
-        # delivered again (or replayed on another host's queue) meets its call's record,
-        # kept longer than the message is valid.
-        nonce = None
-    else:
-        nonce = Nonce(verified.nonce, expires - time.time())
-    return Message(tuple(verified.args), nonce, admin=verified.key_id == rt.admin_key_id,
-                   owner=owner)
-
-
-def check_owner(verified: auth.Verified) -> str | None:
-    """The owner whose key signed a message (None: the fleet's or the admin key); an
-    AuthError (`wrong_owner`) when an owner key signed a message that names another
-    owner: the key says who acts, whatever the message claims."""
-    owner = owner_keys.key_owner(verified.key_id)
-    if owner is None:
-        return None
-    body = verified.args[0] if len(verified.args) == 1 else None
-    named = body.get("owner") if isinstance(body, dict) else None
-    if not isinstance(named, str) or not owner_keys.covers(owner, named):
-        raise auth.AuthError(
-            "wrong_owner", f"message signed with {owner}'s key for owner {named!r} refused: "
-            "an owner key acts as its own owner only")
-    return owner
-
-
-def _use_nonce(rt: Runtime, nonce: Nonce | None) -> None:
-    if nonce is not None and not registry.use_nonce(rt.redis, nonce.value, nonce.ttl_s):
-        raise auth.AuthError("replayed", REPLAYED)
 
 
 # -------------------------------------------------------------------------------- exec
@@ -296,31 +136,21 @@ def run_exec(
         return _failed(call.call_id, host, *_refusal(call.call_id, state))
     refused = _take_job_place(rt, call)
     if refused is not None:
-        return _finish(rt, call, refused, answer, {}, owner=_Owner(rt, call))
+        return _finish(rt, call, refused, answer, ExecWatcher(rt, call))
     started = time.monotonic()
     _log_start(call)
-    spawned = _Spawned()
-    owner = _Owner(rt, call)
-    cancelled = running.CancelFlag(rt.settings, call.call_id)
+    watcher = ExecWatcher(rt, call)
     try:
-        result = run_call(
-            call, settings=rt.settings, on_spawn=_spawn_hook(spawned),
-            on_running=_running_hook(rt, call, spawned, owner), cancel=cancelled,
-            detach=lambda: spawned.on_disk and running.detach_requested(rt.settings, call.call_id),
-            on_streams=owner.folder_is,
-        )
+        result = run_call(call, settings=rt.settings, watcher=watcher)
     except Exception as exc:  # an engine bug must still answer the caller
         log.exception("call %s failed inside the worker", call.call_id,
                       extra={"call_id": call.call_id})
         result = _failed(call.call_id, host, "internal", f"worker error: {exc!r}")
     finally:
-        if spawned.on_disk:
-            running.remove(rt.settings, call.call_id)
-        elif cancelled.fired:
-            running.forget_cancel(rt.settings, call.call_id)
+        watcher.ended()
     if result.job is None and _counts_as_job(call):
         _give_job_place_back(rt, call)  # it never started (a bad cwd, a spawn failure)
-    result = _finish(rt, call, result, answer, spawned.fields(), owner=owner)
+    result = _finish(rt, call, result, answer, watcher)
     _log_end(result, time.monotonic() - started)
     return result
 
@@ -360,17 +190,9 @@ def _give_job_place_back(rt: Runtime, call: Call) -> None:
         registry.quota_release(rt.redis, registry.JOBS_QUOTA, call.owner, call.call_id)
 
 
-def _queue() -> str | None:
-    """The queue the running task's message came from (None when not run by Celery)."""
-    request = getattr(current_task, "request", None)
-    delivery = getattr(request, "delivery_info", None) or {}
-    queue = delivery.get("routing_key")
-    return str(queue) if queue else None
-
-
 def _log_start(call: Call) -> None:
     """A call's start line: never its command text nor its env (they may hold secrets)."""
-    queue = _queue()
+    queue = message_queue()
     log.info(
         "call started: queue %s, cwd %s, command of %d chars%s", queue or "-", call.cwd or "~",
         len(call.command), ", background" if call.background else "",
@@ -431,68 +253,6 @@ def _refusal(call_id: str, state: str) -> tuple[str, str]:
     return "invalid", f"call {call_id} was already taken ({state}); it was not run again"
 
 
-@dataclass
-class _Spawned:
-    """A call's process, as its hooks saw it (recorded with its end)."""
-
-    pid: int = 0
-    pgid: int = 0
-    marker: str = ""
-    on_disk: bool = False
-
-    def fields(self) -> dict[str, object]:
-        """The process fields of the call record."""
-        if not self.pid:
-            return {}
-        return {"pid": self.pid, "pgid": self.pgid, "marker": self.marker}
-
-
-def _spawn_hook(spawned: _Spawned) -> SpawnHook:
-    """Remember the call's process; it is recorded once it has run a moment (see
-    `_running_hook`), or with its end."""
-
-    def on_spawn(pid: int, pgid: int, marker: str) -> None:
-        spawned.pid, spawned.pgid, spawned.marker = pid, pgid, marker
-
-    return on_spawn
-
-
-def _running_hook(rt: Runtime, call: Call, spawned: _Spawned, owner: _Owner) -> RunningHook:
-    """Record the call's process once it has run FOLLOW_INTERVAL_S: on the host's disk
-    (what a restarted worker, a cancel and a stop go by), then in Redis; kill it if it
-    was cancelled (or its worker stopped) before a canceller could find it on disk. Its
-    output's owner is written then too: its output is read while it runs (progress).
-
-    Most calls end sooner: their process is recorded with their end, a file write, a
-    /proc read and a round trip fewer. If their consumer dies meanwhile, the supervisor
-    finds them by their Redis record and their processes by their marker
-    (`recovery.recover_orphans`). The order, disk then Redis, is what makes a cancel
-    never missed: a canceller marks the call in Redis, then looks on disk.
-    """
-
-    def on_running() -> None:
-        owner.write()
-        if not spawned.pid:
-            return
-        entry = running.RunningCall(
-            call_id=call.call_id, pid=spawned.pid, pgid=spawned.pgid, marker=spawned.marker,
-            start_time=procs.start_time(spawned.pid) or time.time(), worker_pid=os.getpid(),
-            instance=rt.instance, kill_grace_s=call.policy.kill_grace_s, owner=call.owner,
-        )
-        running.save(rt.settings, entry)
-        spawned.on_disk = True
-        try:
-            state = registry.update_call(rt.redis, call.call_id, **spawned.fields())
-        except redis.RedisError as exc:
-            log.warning("call %s: could not record its process: %s", call.call_id, exc,
-                        extra={"call_id": call.call_id})
-            return
-        if state in (CallState.CANCELLING, CallState.STOPPING):
-            running.kill(entry)
-
-    return on_running
-
-
 #: Notes for a call that ended from these states (its answer must say so first): a
 #: cancel's, and a call its worker killed as it was stopped (to its caller, the worker
 #: was lost).
@@ -505,13 +265,13 @@ _END_NOTES: dict[str, tuple[SystemErrorKind, str]] = {
 
 def _finish(
     rt: Runtime, call: Call, result: CallResult, answer: Answer | None,
-    process: dict[str, object], *, owner: _Owner,
+    watcher: ExecWatcher,
 ) -> CallResult:
     """Record the call's end in Redis, and deliver its answer in the same round trip,
     unless it was cancelled or stopped meanwhile: then the answer says so (sent after)."""
     spill = result.spill
     fields: dict[str, object] = {
-        **process, "exit_code": result.exit_code, "signal": result.signal,
+        **watcher.fields(), "exit_code": result.exit_code, "signal": result.signal,
         "job_id": result.job.id if result.job else None,
     }
     if spill is not None:
@@ -520,7 +280,7 @@ def _finish(
             stdout_bytes=spill.stdout_bytes, stderr_bytes=spill.stderr_bytes,
         )
     reply = answer.reply(result.model_dump_json()) if answer is not None else None
-    owner.settle(kept=spill is not None and bool(spill.stdout_path))
+    watcher.settle(kept=spill is not None and bool(spill.stdout_path))
     try:
         if result.job is not None:
             record = load_record(result.job.id, rt.settings)
@@ -552,67 +312,6 @@ def _finish(
     return result
 
 
-class _Owner:
-    """Who owns a call's kept output and where it is, on the host's disk: `read_output`
-    serves it to that owner only, long after the call's record left Redis.
-
-    Written only when there is something to read: once the call has run
-    FOLLOW_INTERVAL_S (its output is read while it runs), or at its end when its output
-    was kept. Most calls end sooner and keep nothing: no file written then removed.
-    """
-
-    def __init__(self, rt: Runtime, call: Call) -> None:
-        self.rt, self.call = rt, call
-        self.folder: Path | None = None
-        self.written = False
-
-    def folder_is(self, folder: Path) -> None:
-        """Told where the call's spill files are, before it starts."""
-        self.folder = folder
-
-    def write(self) -> None:
-        """Write the owner file (once)."""
-        if self.written or self.folder is None:
-            return
-        self.written = True
-        _keep_owner(self.rt, self.call, self.folder)
-
-    def settle(self, *, kept: bool) -> None:
-        """At the call's end: the file written if its output was kept, removed if not."""
-        if kept:
-            self.write()
-        elif self.written:
-            _drop_owner(self.rt, self.call)
-
-
-def _keep_owner(rt: Runtime, call: Call, folder: Path) -> None:
-    """Write who owns a call's kept output and where it is (see `_Owner`)."""
-    path = control.owner_file(rt.settings, call.call_id)
-    text = f"{call.owner}\n{folder}"
-    try:
-        try:
-            _write_private(path, text)
-        except FileNotFoundError:  # the host's first call
-            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            _write_private(path, text)
-    except OSError as exc:  # the output stays readable by an admin
-        log.warning("call %s: could not record its owner: %s", call.call_id, exc,
-                    extra={"call_id": call.call_id})
-
-
-def _write_private(path: Path, text: str) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
-                 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as file:
-        file.write(text)
-
-
-def _drop_owner(rt: Runtime, call: Call) -> None:
-    """Remove the owner file of a call that kept no output."""
-    with contextlib.suppress(OSError):
-        control.owner_file(rt.settings, call.call_id).unlink(missing_ok=True)
-
-
 def _exec_refused(args: tuple[Any, ...], message: str) -> CallResult:
     rt = runtime()
     payload = args[0] if args and isinstance(args[0], dict) else {}
@@ -632,7 +331,7 @@ def exec_message(*args: Any) -> str:
     it ran in and its job.
     """
     rt = runtime()
-    answer = _current_answer(rt)
+    answer = current_answer(rt)
     try:
         message = verify(rt, Task.EXEC, args, answer)
         payload = message.args[0] if len(message.args) == 1 else None
@@ -650,7 +349,7 @@ def exec_message(*args: Any) -> str:
                       extra={"call_id": answer.task_id})
         result = _failed(answer.task_id, rt.settings.host, "internal", f"worker error: {exc!r}")
     if not answer.sent:  # the finish script delivered it, most often
-        _deliver(rt, answer, result.model_dump_json())
+        deliver(rt, answer, result.model_dump_json())
     reason = _report(answer.task_id, answer.call, result)
     if reason is not None:
         raise flower.CallFailed(reason)
@@ -744,7 +443,7 @@ def accept(rt: Runtime, task: str, args: tuple[Any, ...], answer: Answer) -> Acc
     """Verify (nonce included) and validate one control message; AuthError, ToolError
     (`invalid`) or RedisError when it must be refused."""
     message = verify(rt, task, args, answer)
-    _use_nonce(rt, message.nonce)
+    use_nonce(rt, message.nonce)
     return Accepted(_request(task, message.args), message.admin)
 
 
@@ -830,7 +529,7 @@ def _control_task(task: str) -> Callable[..., str]:
 
     def run(*args: Any) -> str:
         rt = runtime()
-        answer = _current_answer(rt)
+        answer = current_answer(rt)
         try:
             accepted = accept(rt, task, args, answer)
         except Exception as exc:  # each kind its reply (`_failure_reply`)
@@ -861,7 +560,7 @@ def _reply(rt: Runtime, task: str, request: ControlRequest | None, answer: Answe
     """Log a control call's line, deliver its answer; its summary for Flower. Logged
     before the answer goes: a caller that reads the log once answered finds the line."""
     _log_control(task, request, reply)
-    _deliver(rt, answer, reply.model_dump_json())
+    deliver(rt, answer, reply.model_dump_json())
     return f"error {reply.error.kind}" if reply.error is not None else "ok"
 
 

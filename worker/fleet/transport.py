@@ -12,7 +12,7 @@ A consumer also learns here which queue a message really came from: kombu hands 
 the `routing_key` its sender wrote in the message, which anyone who pushes a message
 onto another queue writes too. `TrueQueue` overwrites it with the list the message was
 popped from, so a signed message's target is checked against the truth
-(`bashfleet.worker.fleet.tasks.verify`).
+(`bashfleet.worker.fleet.verify`).
 """
 
 from __future__ import annotations

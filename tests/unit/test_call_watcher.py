@@ -1,0 +1,121 @@
+"""The engine's one interface to whoever runs a call (`engine.watcher.CallWatcher`):
+what a watcher hears of a real in-process call (unsandboxed, a private state
+directory), in which order, and what its answers do."""
+
+from __future__ import annotations
+
+import inspect
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from bashfleet.worker import Call, Settings, run_call
+from bashfleet.worker.engine import workspaces
+from bashfleet.worker.engine.watcher import UNWATCHED, CallWatcher, Spawned, Unwatched
+
+
+class Recorder(Unwatched):
+    """Everything the engine tells or asks, in order; cancels once `cancel_after`
+    questions came after the call was running."""
+
+    def __init__(self, cancel_after: int | None = None) -> None:
+        self.log: list[str] = []
+        self.spawns: list[Spawned] = []
+        self.cancel_after = cancel_after
+
+    def spawned(self, process: Spawned) -> None:
+        self.log.append("spawned")
+        self.spawns.append(process)
+
+    def running(self) -> None:
+        self.log.append("running")
+
+    def cancelled(self) -> bool:
+        self.log.append("cancelled?")
+        if self.cancel_after is None or "running" not in self.log:
+            return False
+        asked = len(self.log) - self.log.index("running") - 1
+        return asked >= self.cancel_after
+
+    def detach_requested(self) -> bool:
+        self.log.append("detach?")
+        return False
+
+    def events(self) -> list[str]:
+        """What it was told (the questions left out)."""
+        return [entry for entry in self.log if not entry.endswith("?")]
+
+
+@pytest.fixture
+def settings(tmp_path: Path) -> Iterator[Settings]:
+    (tmp_path / "work").mkdir()
+    yield Settings(state_dir=tmp_path / "state", host="test", isolation="none",
+                   workspace_root=tmp_path / "workspaces",
+                   workspace_allow=(str(tmp_path / "work"),))
+    # The throwaway pool's threads, then its workspaces: none outlives the test.
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(
+        t.name.startswith("bashfleet-throwaway") for t in threading.enumerate()
+    ):
+        time.sleep(0.01)
+    workspaces.throwaways.close()
+
+
+def _call(settings: Settings, command: str, call_id: str) -> Call:
+    cwd = settings.workspace_allow[0]
+    return Call(call_id=call_id, command=command, cwd=cwd, timeout_s=20)
+
+
+def test_run_call_takes_one_watcher_and_nothing_else() -> None:
+    # Every event and question goes through the watcher: no hook beside it.
+    assert list(inspect.signature(run_call).parameters) == ["call", "settings", "watcher"]
+    watcher: CallWatcher = Unwatched()
+    assert not watcher.cancelled() and not watcher.detach_requested()
+    assert isinstance(UNWATCHED, Unwatched)
+
+
+def test_a_watcher_hears_spawn_then_running_of_a_real_call(settings: Settings) -> None:
+    recorder = Recorder()
+    result = run_call(_call(settings, "echo $$; sleep 0.3; echo done", "watch-1"),
+                      settings=settings, watcher=recorder)
+    assert result.exit_code == 0, result
+    pid = int(result.stdout.splitlines()[0])
+
+    assert recorder.events() == ["spawned", "running"]
+    [spawned] = recorder.spawns
+    assert (spawned.pid, spawned.pgid, spawned.marker) == (pid, pid, "watch-1")
+    # Where the call's output was written while it ran (a reader follows it there).
+    assert spawned.output_dir.is_dir()
+    # Asked whether to cancel at every wake-up; whether to detach only once running.
+    first_running = recorder.log.index("running")
+    assert recorder.log[1] == "cancelled?"
+    assert "detach?" not in recorder.log[:first_running]
+    assert recorder.log.count("detach?") >= 2
+
+
+def test_a_call_that_ends_at_once_is_never_running(settings: Settings) -> None:
+    recorder = Recorder()
+    result = run_call(_call(settings, "true", "watch-2"), settings=settings, watcher=recorder)
+    assert result.exit_code == 0
+    assert recorder.events() == ["spawned"]
+    assert "detach?" not in recorder.log
+
+
+def test_the_watchers_cancel_kills_the_call(settings: Settings) -> None:
+    recorder = Recorder(cancel_after=2)
+    started = time.monotonic()
+    result = run_call(_call(settings, "echo up; sleep 30", "watch-3"), settings=settings,
+                      watcher=recorder)
+    assert time.monotonic() - started < 10
+    assert result.cancelled
+    assert result.error is not None and result.error.kind == "cancelled"
+    assert result.stdout == "up\n"
+    assert recorder.events() == ["spawned", "running"]
+
+
+def test_no_watcher_is_the_quiet_one(settings: Settings) -> None:
+    result = run_call(_call(settings, "echo plain", "watch-4"), settings=settings)
+    assert result.exit_code == 0 and result.stdout == "plain\n"
