@@ -36,6 +36,7 @@ from bashfleet.worker.wire.messages import task_message
 from bashfleet.worker.wire.models import (
     SLOW_TIMEOUT_S,
     Call,
+    CallOptions,
     CallResult,
     Model,
     RunRequest,
@@ -93,20 +94,19 @@ def new_call_id() -> str:
 
 
 def build_call(request: RunRequest, owner: str = "") -> Call:
-    """The call a request sends: its mode applied, a fresh id unless it names one."""
+    """The call a request sends: its options as asked (`CallOptions`, checked now: a bad
+    one is a CallRejected), its mode applied, a fresh id unless it names one."""
     timeout = request.timeout
     if request.mode == "slow" and timeout is None:
         timeout = SLOW_TIMEOUT_S
+    # The values as they are: a dump would turn its TermSize and network policy into
+    # dicts only for the call to read them back.
+    options = {name: getattr(request, name) for name in CallOptions.model_fields}
     try:
         return Call(
-            call_id=request.call_id or new_call_id(), command=request.command,
-            cwd=request.cwd or request.default_cwd, timeout_s=timeout,
-            background=request.mode == "background",
-            env=request.env, unset_env=request.unset_env, capture_state=request.capture_state,
-            head=request.head, tail=request.tail, owner=owner, isolation=request.isolation,
-            network=request.network, session=request.session, tags=request.tags,
-            stdin=request.stdin, term_size=request.term_size, shell=request.shell,
-            login=request.login, workspace=request.workspace,
+            **options | {"cwd": request.cwd or request.default_cwd},
+            call_id=request.call_id or new_call_id(), timeout_s=timeout,
+            background=request.mode == "background", owner=owner,
             **({"input_wait_s": request.input_wait_s} if request.input_wait_s else {}),
             **({"policy": request.policy} if request.policy is not None else {}),
         )

@@ -6,20 +6,33 @@ ignored, and every field says what it means. Models are JSON-only (never pickle)
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, get_args
+from typing import TYPE_CHECKING, Annotated, Literal, cast, get_args
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+)
+from pydantic_core import PydanticKnownError
+
+if TYPE_CHECKING:
+    from pydantic_core.core_schema import ErrorType
 
 from bashfleet.worker.wire.network import NetworkPolicy, parse
 
-#: Largest command accepted, in bytes of UTF-8. Seed 001 asks agents for < 60k tokens;
-#: 1 MiB leaves room for heredocs while keeping messages small on Redis.
+#: Largest command accepted, in bytes of UTF-8. The `modes` dialect asks agents for
+#: < 60k tokens; 1 MiB leaves room for heredocs while keeping messages small on Redis.
 MAX_COMMAND_BYTES = 1024 * 1024
 
 #: Longest working directory path accepted (Linux's PATH_MAX).
 MAX_PATH_CHARS = 4096
 
-#: Longest timeout any call may ask for: seed 001's background mode runs 24 hours.
+#: Longest timeout any call may ask for: the `modes` dialect's background mode runs 24 hours.
 MAX_TIMEOUT_S = 24 * 60 * 60.0
 
 #: A workspace id: `w` and 15 hex digits, unique across hosts and time.
@@ -98,13 +111,13 @@ class TailLines(Model):
 
     kind: Literal["tail_lines"] = "tail_lines"
     max_lines: int = Field(2000, ge=1)
-    """Most lines shown (seed 000: 2000)."""
+    """Most lines shown (the `pipe` dialect: 2000)."""
     max_bytes: int = Field(50 * 1024, ge=1)
-    """Most bytes of UTF-8 shown (seed 000: 51,200)."""
+    """Most bytes of UTF-8 shown (the `pipe` dialect: 51,200)."""
 
 
 class Middle(Model):
-    """Past `max_bytes`, keep only the first and last `keep_bytes` (seed 001)."""
+    """Past `max_bytes`, keep only the first and last `keep_bytes` (the `modes` dialect)."""
 
     kind: Literal["middle"] = "middle"
     max_bytes: int = Field(128 * 1024, ge=1)
@@ -114,7 +127,7 @@ class Middle(Model):
 
 
 class CharCap(Model):
-    """Keep the first `max_chars` characters (seed 004: 30,000)."""
+    """Keep the first `max_chars` characters (the `claude` dialect: 30,000)."""
 
     kind: Literal["char_cap"] = "char_cap"
     max_chars: int = Field(30_000, ge=1)
@@ -122,7 +135,7 @@ class CharCap(Model):
 
 
 class ByteTail(Model):
-    """Keep the last `max_bytes` bytes, never splitting a UTF-8 character (seed 002)."""
+    """Keep the last `max_bytes` bytes, never splitting a UTF-8 character (the `pi` dialect)."""
 
     kind: Literal["byte_tail"] = "byte_tail"
     max_bytes: int = Field(50 * 1024, ge=1)
@@ -145,7 +158,7 @@ Truncation = Annotated[
 
 
 class InterceptRule(Model):
-    """Refuse commands that another tool does better (seed 002's bash interceptor)."""
+    """Refuse commands that another tool does better (the `pi` dialect's interceptor)."""
 
     pattern: str
     """Regular expression searched in the normalized command."""
@@ -155,7 +168,7 @@ class InterceptRule(Model):
     """Why the command is refused; shown after `Blocked: `."""
 
 
-#: Seed 002's default interception rules: commands a dedicated tool does better.
+#: The `pi` dialect's default interception rules: commands a dedicated tool does better.
 #: Data of the wire contract, so a dialect (client side) can put them in its policy.
 DEFAULT_INTERCEPT_RULES: tuple[InterceptRule, ...] = (
     InterceptRule(
@@ -208,11 +221,11 @@ class Policy(Model):
     kill_grace_s: float = Field(2.0, ge=0, le=60)
     """Seconds between SIGTERM and SIGKILL when a call is killed."""
     spill_min_bytes: int = Field(0, ge=0)
-    """Keep the spill file only when output was cut and is larger than this (seed 000: 50 KB)."""
+    """Keep the spill file only when output was cut and is larger than this (`pipe`: 50 KB)."""
     lift_head_tail: bool = False
-    """Lift a trailing `| head -n N` / `| tail -n N` into limits (seed 002)."""
+    """Lift a trailing `| head -n N` / `| tail -n N` into limits (`pi`)."""
     intercept: tuple[InterceptRule, ...] = ()
-    """Commands to refuse, with the tool to use instead (seed 002)."""
+    """Commands to refuse, with the tool to use instead (`pi`)."""
     available_tools: tuple[str, ...] = ()
     """Tools the agent has; an intercept rule only blocks when its tool is among them."""
     detect_binary: bool = False
@@ -245,8 +258,32 @@ past the call's wait (codex `tty: false`); `pipe`: a pipe the fleet writes to
 (`write_stdin`); `pty`: a pseudo-terminal, its controlling terminal, stdout and stderr in
 one stream (Ctrl-C, window size, prompts that read /dev/tty)."""
 
-#: Longest shell name or path a call may ask for.
+#: Longest shell name or path a call may ask for, and what it is spelled with.
 MAX_SHELL_CHARS = 256
+SHELL_PATTERN = r"^[A-Za-z0-9_./+-]+$"
+
+#: Longest session id a call may carry.
+MAX_SESSION_CHARS = 64
+
+#: What a call holds these fields of `CallOptions` to, as `Field` constraints would:
+#: `Call` applies them, since on the fields themselves they would hold a request too.
+_CALL_CONSTRAINTS: dict[str, TypeAdapter[str]] = {
+    "command": TypeAdapter(Annotated[str, Field(min_length=1)]),
+    "session": TypeAdapter(Annotated[str, Field(max_length=MAX_SESSION_CHARS)]),
+    "shell": TypeAdapter(
+        Annotated[str, Field(max_length=MAX_SHELL_CHARS, pattern=SHELL_PATTERN)]),
+}
+
+
+def _constrained(field: str, value: str) -> str:
+    """`value` held to a call's constraints of `field` (`_CALL_CONSTRAINTS`): what breaks
+    one raises pydantic's own error (`string_too_long`, `string_unicode` for a lone
+    surrogate...), as the constraint on the field would."""
+    try:
+        return _CALL_CONSTRAINTS[field].validate_python(value)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        raise PydanticKnownError(cast("ErrorType", error["type"]), error.get("ctx")) from None
 
 
 class TermSize(Model):
@@ -272,66 +309,92 @@ class InputWait(Model):
     """Its command line, shortened."""
 
 
-class Call(Model):
-    """One bash call, as the client sends it."""
+class CallOptions(Model):
+    """What a call asks for, meant the same way by the caller who asks (`RunRequest`) and
+    by the worker that runs it (`Call`): the fields both declare, declared here once.
 
-    call_id: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
-    """Unique id of this call; names its spill files and records."""
-    command: str = Field(min_length=1)
-    """Run as `bash -c COMMAND`."""
+    A request holds any text in `command`, `cwd`, `env`, `session` and `shell`; the
+    checks of those belong to the call, so a bad one is refused when the call is built
+    from the request (a CallRejected in the client, `invalid` on a worker), wherever
+    the request was made (a dialect, the MCP server, `Fleet.run`).
+    """
+
+    command: str
+    """Run as `bash -c COMMAND`. Its call refuses an empty command, a NUL byte and more
+    than MAX_COMMAND_BYTES."""
     cwd: str | None = None
-    """Working directory; must exist and be a directory. None: the worker's home."""
-    timeout_s: float | None = Field(None, gt=0, le=MAX_TIMEOUT_S)
-    """Seconds before the policy's timeout action; None: the policy's default."""
-    background: bool = False
-    """Start detached and return at once with a job handle."""
+    """Working directory on the host; it must exist and be a directory. None: the
+    session's, else the request's `default_cwd`, else the worker's home."""
     env: dict[str, str] = Field(default_factory=dict)
-    """Variables set on top of the scrubbed environment (session state, for example)."""
+    """Variables set on top of the scrubbed environment (a session's, for example); none
+    that makes bash or the loader run code of its own (`runs_code`)."""
     unset_env: tuple[str, ...] = ()
     """Variables removed from the environment (a session's earlier `unset`)."""
     capture_state: bool = False
-    """Report the environment and working directory the command ends with (sessions)."""
+    """Report the working directory and exported variables the command ends with
+    (sessions)."""
     head: int | None = Field(None, ge=0)
-    """Show only the first N lines of the shaped output (seed 002)."""
+    """Show only the first N lines of the shaped output (the `pi` dialect's `head`)."""
     tail: int | None = Field(None, ge=0)
-    """Show only the last N lines of the shaped output (seed 002)."""
-    policy: Policy = Field(default_factory=Policy)
-    """The dialect's policy."""
-    owner: str = Field("", pattern=OWNER_PATTERN)
-    """Who the call, and the job it starts, belong to (an MCP session, a tenant): only
-    the same owner (or an admin) may check, read or kill that job."""
+    """Show only the last N lines of the shaped output (the `pi` dialect's `tail`)."""
     isolation: Isolation | None = None
-    """Sandbox of this call: `none`, `process` or `strict` (see `Isolation`); None: the
+    """Sandbox of the call: `none`, `process` or `strict` (see `Isolation`); None: the
     host's default. Stronger than the host's default is granted, weaker is refused."""
     network: AskedNetwork = None
     """The network policy of its throwaway workspace (`none`, `egress`, `allow=...`,
     `host`; or of the workspace it names, which must match). None: the host's default
     (`strict`: `none` unless the host's `sandbox_network`). Refused (`invalid`) when
     asking for more than the host grants."""
-    session: str | None = Field(None, max_length=64)
-    """The session the call runs in, for logs and Flower (the client fills in its state)."""
+    session: str | None = None
+    """Session id: the call runs in the session's shell (its pinned host, cwd and
+    variables, which the client fills in) and what it changes there holds for the
+    session's next call; workers name it in logs and Flower. At most MAX_SESSION_CHARS."""
     tags: Tags = Field(default_factory=dict)
-    """Tags of the job this call starts (listings and job events filter by them)."""
+    """Tags of the job the call starts, if it starts one (`{"agent": "a17"}`): `jobs()`,
+    `ps --tag` and job events carry them and filter by them."""
     stdin: Stdin = "null"
     """Standard input (see `Stdin`): anything but `null` makes the call an interactive
-    session that waits at most `timeout_s` (its yield), returns earlier when the process
-    ends or waits for input, and otherwise goes on as a job one can write to."""
+    session that waits at most its timeout (its yield), returns earlier when the process
+    ends or waits for input, and otherwise goes on as a job one can write to
+    (`write_stdin`)."""
     term_size: TermSize | None = None
     """The PTY's window size (`stdin="pty"`); None: 24x80."""
-    shell: str | None = Field(None, max_length=MAX_SHELL_CHARS, pattern=r"^[A-Za-z0-9_./+-]+$")
-    """Shell that runs an interactive session's command (`SHELL -c COMMAND`); None: bash."""
+    shell: str | None = None
+    """Shell that runs an interactive session's command (`SHELL -c COMMAND`): a name or
+    path of letters, digits and `_./+-`, at most MAX_SHELL_CHARS; None: bash."""
     login: bool = False
     """Run an interactive session's shell as a login shell (`-l`): profiles are read."""
+    workspace: str | None = Field(None, pattern=WORKSPACE_ID_PATTERN)
+    """The workspace it runs in, on its host (`Workspace.run`, `--workspace W`); None: a
+    session's own workspace, else a throwaway one, made for the call and removed once it
+    and its jobs end."""
+
+
+class Call(CallOptions):
+    """One bash call, as the client sends it and a worker runs it: the options asked
+    for, checked, and what the client decided (its id, timeout, owner and policy)."""
+
+    call_id: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
+    """Unique id of this call; names its spill files and records."""
+    timeout_s: float | None = Field(None, gt=0, le=MAX_TIMEOUT_S)
+    """Seconds before the policy's timeout action; None: the policy's default."""
+    background: bool = False
+    """Start detached and return at once with a job handle."""
+    policy: Policy = Field(default_factory=Policy)
+    """The dialect's policy."""
+    owner: str = Field("", pattern=OWNER_PATTERN)
+    """Who the call, and the job it starts, belong to (an MCP session, a tenant): only
+    the same owner (or an admin) may check, read or kill that job."""
     input_wait_s: float = Field(2.0, ge=0.05, le=3600)
     """An interactive session's process blocked reading its input with no output for this
     long is reported as waiting for input (and the call returns)."""
-    workspace: str | None = Field(None, pattern=WORKSPACE_ID_PATTERN)
-    """The workspace it runs in, on the host it is sent to (None: a throwaway one, made for
-    it and removed once it and its jobs end)."""
+
+    # The call's checks of fields a request leaves unchecked (see `CallOptions`).
 
     @field_validator("command")
     @classmethod
     def _command_is_sane(cls, value: str) -> str:
+        value = _constrained("command", value)
         if "\x00" in value:
             raise ValueError("command contains a NUL byte, which bash cannot receive")
         size = len(value.encode("utf-8", "surrogatepass"))
@@ -364,21 +427,30 @@ class Call(Model):
                 )
         return value
 
+    @field_validator("session")
+    @classmethod
+    def _session_is_sane(cls, value: str | None) -> str | None:
+        return None if value is None else _constrained("session", value)
+
+    @field_validator("shell")
+    @classmethod
+    def _shell_is_sane(cls, value: str | None) -> str | None:
+        return None if value is None else _constrained("shell", value)
+
 
 Mode = Literal["default", "slow", "background"]
-"""`default`: the policy's timeout; `slow`: 15 minutes unless a timeout is given (seed
-001); `background`: start detached and return the job at once."""
+"""`default`: the policy's timeout; `slow`: 15 minutes unless a timeout is given (the
+`modes` dialect's slow mode); `background`: start detached and return the job at once."""
 
-#: Timeout of `mode="slow"` (seed 001: 15 minutes).
+#: Timeout of `mode="slow"`: 15 minutes, the `modes` dialect's slow commands.
 SLOW_TIMEOUT_S = 15 * 60.0
 
 
-class RunRequest(Model):
+class RunRequest(CallOptions):
     """One bash call as a caller asks for it: what every runner takes (the fleet, the
-    dialects' runners, the MCP server's). `Fleet.run(command, **options)` builds one."""
+    dialects' runners, the MCP server's). `Fleet.run(command, **options)` builds one;
+    `bashfleet.client._core.messages.build_call` makes its `Call`."""
 
-    command: str
-    """Run as `bash -c COMMAND` (validated when the call is built)."""
     host: str | None = None
     """Host to run on; None: any live host (or the session's pinned host)."""
     label: str | None = None
@@ -386,53 +458,18 @@ class RunRequest(Model):
     mode: Mode = "default"
     """`default`, `slow` or `background` (see `Mode`)."""
     timeout: float | None = None
-    """Seconds before the policy's timeout action; None: the mode's or policy's default."""
-    cwd: str | None = None
-    """Working directory on the host; None: the session's, else `default_cwd`, else the
-    worker's home."""
+    """Seconds before the policy's timeout action (the call's `timeout_s`); None: the
+    mode's or policy's default."""
     default_cwd: str | None = None
     """Working directory when neither `cwd` nor the session's shell gives one (where a
     fresh session starts)."""
-    session: str | None = None
-    """Session id: the call runs in the session's shell (its pinned host, cwd and
-    variables) and what it changes there holds for the session's next call."""
     policy: Policy | None = None
     """The dialect's policy; None: the native one."""
-    env: dict[str, str] = Field(default_factory=dict)
-    """Variables set on top of the scrubbed environment."""
     call_id: str | None = None
     """The call's id (None: a fresh one); lets another thread cancel the call."""
-    head: int | None = Field(None, ge=0)
-    """Show only the first N lines of the shaped output (seed 002)."""
-    tail: int | None = Field(None, ge=0)
-    """Show only the last N lines of the shaped output (seed 002)."""
-    unset_env: tuple[str, ...] = ()
-    """Variables removed from the environment."""
-    capture_state: bool = False
-    """Report the cwd and exported variables the command ends with (sessions)."""
-    isolation: Isolation | None = None
-    """The sandbox to run in (`process`, `strict`, `none`); None: the host's default.
-    Stronger than the host's default is granted, weaker refused."""
-    network: AskedNetwork = None
-    """The network policy (`none`, `egress`, `allow=...`, `host`); None: the host's."""
-    tags: Tags = Field(default_factory=dict)
-    """Tags of the job the call starts, if it starts one (`{"agent": "a17"}`): `jobs()`,
-    `ps --tag` and job events carry them and filter by them."""
-    stdin: Stdin = "null"
-    """`pipe` / `pty`: an interactive session one writes to (`write_stdin`); `closed`: a
-    session without input; `null`: a plain call (see `Stdin`)."""
-    term_size: TermSize | None = None
-    """The PTY's window size (`stdin="pty"`)."""
-    shell: str | None = None
-    """Shell of an interactive session (default bash)."""
-    login: bool = False
-    """Run an interactive session's shell as a login shell."""
     input_wait_s: float | None = None
     """Seconds blocked on input without output before a session is reported as waiting
-    for input (default 2)."""
-    workspace: str | None = Field(None, pattern=WORKSPACE_ID_PATTERN)
-    """The workspace to run in (`Workspace.run`, `--workspace W`), on its host; None: a
-    session's own workspace, or a throwaway one."""
+    for input; None: the call's default (2)."""
 
     @field_validator("mode", mode="before")
     @classmethod
@@ -477,7 +514,8 @@ SystemErrorKind = Literal[
 ]
 #: Every `SystemError_.kind` this version knows.
 SYSTEM_ERROR_KINDS = frozenset(get_args(SystemErrorKind))
-#: What a cancelled call's error says (kind `cancelled`).
+#: What a cancelled call's error says to a person (its kind, `cancelled`, is what a
+#: reader goes by).
 CANCELLED = "call cancelled; its processes were killed"
 
 
@@ -485,10 +523,9 @@ class SystemError_(Model):  # noqa: N801 - avoid shadowing the builtin SystemErr
     """A failure of the tool, not of the command: nothing ran, or it could not be watched."""
 
     kind: SystemErrorKind
-    """Machine-readable class of the failure. `cancelled`: the caller cancelled the call
-    (workers still answer a cancel as `internal`, which readers older than the kind
-    take; the client names it: `bashfleet.client._core.messages.named_cancel`). `limit`: an
-    owner's cap was reached (the call did not run)."""
+    """Machine-readable class of the failure: what a reader goes by, never `message`.
+    `cancelled`: the caller cancelled the call (withdrawn before it started, or its
+    processes killed). `limit`: an owner's cap was reached (the call did not run)."""
     message: str
     """What went wrong, for a person or a model."""
 
