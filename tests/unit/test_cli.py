@@ -20,6 +20,7 @@ import pytest
 from bashfleet.client import cli
 from bashfleet.client import exit_status as statuses
 from bashfleet.client._core.routing import CallProgress
+from bashfleet.client.cli import arguments, common, jobs, run
 from bashfleet.client.dialects import DIALECTS
 from bashfleet.client.dialects.base import SCHEMA_STYLES
 from bashfleet.client.errors import UnknownJob
@@ -50,7 +51,7 @@ def test_every_option_of_every_command_has_help() -> None:
     check and kill once had none."""
     missing = [
         f"{prog} {'/'.join(action.option_strings) or action.dest}"
-        for prog, parser in _parsers(cli.build_parser())
+        for prog, parser in _parsers(arguments.build_parser())
         for action in parser._actions
         if not isinstance(action, argparse._HelpAction | argparse._SubParsersAction)
         and not (action.help and action.help != argparse.SUPPRESS)
@@ -59,12 +60,12 @@ def test_every_option_of_every_command_has_help() -> None:
 
 
 def _help(*argv: str) -> str:
-    parser = dict(_parsers(cli.build_parser()))[" ".join(("bashfleet", *argv))]
+    parser = dict(_parsers(arguments.build_parser()))[" ".join(("bashfleet", *argv))]
     return " ".join(parser.format_help().split())
 
 
 def test_mcp_and_schema_help_list_every_dialect() -> None:
-    assert list(cli.DIALECT_NAMES) == sorted(DIALECTS)
+    assert list(common.DIALECT_NAMES) == sorted(DIALECTS)
     for command in ("mcp", "schema"):
         shown = _help(command)
         for name in DIALECTS:
@@ -73,7 +74,7 @@ def test_mcp_and_schema_help_list_every_dialect() -> None:
 
 
 def test_schema_styles_are_the_dialects_own() -> None:
-    assert cli.SCHEMA_STYLES == SCHEMA_STYLES
+    assert common.SCHEMA_STYLES == SCHEMA_STYLES
     assert "openai-responses" in _help("schema")
 
 
@@ -99,7 +100,7 @@ def test_attach_help_says_the_detach_keys_format() -> None:
 def test_write_takes_options_on_both_sides_of_its_text(
     argv: list[str], text: list[str], no_newline: bool, close: bool
 ) -> None:
-    args, rest = cli._parse(cli.build_parser(), argv)
+    args, rest = cli._parse(arguments.build_parser(), argv)
     assert rest == []
     assert (args.text, args.no_newline, args.close) == (text, no_newline, close)
 
@@ -146,7 +147,7 @@ def test_write_sends_what_was_asked_and_nothing_more(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     fake = FakeSessionFleet()
-    monkeypatch.setattr(cli, "_fleet", lambda: fake)
+    monkeypatch.setattr(common, "open_fleet", lambda: fake)
     assert cli.main(argv) == 0
     assert fake.sent == sent
     assert "[job j1 on h: running]" in capsys.readouterr().err
@@ -165,7 +166,7 @@ def test_a_background_job_prints_its_id_alone_on_stdout(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """`X=$(bashfleet run --mode background 'sleep 5')` must hold the id."""
-    cli.print_result(_job_result())
+    run.print_result(_job_result())
     out, err = capsys.readouterr()
     assert out == "j3f2c9a1b7d4e5f6\n"
     assert "bashfleet check j3f2c9a1b7d4e5f6" in err and "bashfleet kill" in err
@@ -176,14 +177,14 @@ def test_a_call_that_went_to_the_background_prints_the_id_alone_on_stdout(
 ) -> None:
     """`J=$(bashfleet run --background-on-timeout ...)` holds the id, nothing else: the
     output so far goes to stderr."""
-    cli.print_result(_job_result(stdout="partial\n", timed_out=True))
+    run.print_result(_job_result(stdout="partial\n", timed_out=True))
     out, err = capsys.readouterr()
     assert out == "j3f2c9a1b7d4e5f6\n"
     assert err.startswith("partial\n")
 
 
 def test_a_followed_job_keeps_stdout_for_its_output(capsys: pytest.CaptureFixture[str]) -> None:
-    cli.print_result(_job_result(), job_id_on_stdout=False)
+    run.print_result(_job_result(), job_id_on_stdout=False)
     out, err = capsys.readouterr()
     assert out == "" and "j3f2c9a1b7d4e5f6" in err
 
@@ -207,10 +208,10 @@ def test_a_job_s_stderr_is_followed_apart_wherever_it_is_kept_apart() -> None:
     """`--follow` of a background job: its stderr is followed on stderr whenever the job
     keeps one of its own, whether the call said so (its spill) or only its host knows."""
     fleet = cast("Any", StderrFiles("j3f2c9a1b7d4e5f6"))
-    assert cli.keeps_stderr(fleet, _job_result())
-    assert not cli.keeps_stderr(cast("Any", StderrFiles()), _job_result())
+    assert run.keeps_stderr(fleet, _job_result())
+    assert not run.keeps_stderr(cast("Any", StderrFiles()), _job_result())
     spilled = _job_result(spill=Spill(host="a", stdout_path="/o", stderr_path="/e"))
-    assert cli.keeps_stderr(cast("Any", StderrFiles()), spilled)
+    assert run.keeps_stderr(cast("Any", StderrFiles()), spilled)
 
 
 # ----------------------------------------------------------------- a cwd not seen
@@ -225,14 +226,14 @@ def _bad_cwd(path: str) -> CallResult:
 def test_a_cwd_under_tmp_is_said_to_be_the_host_s_not_the_workspace_s(path: str) -> None:
     """It said only "does not exist" of a directory that exists on the host: /tmp in a
     workspace is its own."""
-    hint = cli.cwd_hint(_bad_cwd(path), path)
+    hint = run.cwd_hint(_bad_cwd(path), path)
     assert hint is not None and "in a workspace is its own" in hint
     assert "BASHFLEET_WORKSPACE_ALLOW" in hint
 
 
 def test_a_cwd_that_is_here_is_said_to_be_out_of_the_workspace_s_view(tmp_path: Path) -> None:
     here = tmp_path.resolve()
-    hint = cli.cwd_hint(_bad_cwd("/srv/x"), str(here))
+    hint = run.cwd_hint(_bad_cwd("/srv/x"), str(here))
     if str(here).startswith(("/tmp/", "/var/tmp/")):
         assert hint is not None and "is its own" in hint
     else:
@@ -240,9 +241,9 @@ def test_a_cwd_that_is_here_is_said_to_be_out_of_the_workspace_s_view(tmp_path: 
 
 
 def test_no_hint_for_other_results_or_a_path_known_nowhere() -> None:
-    assert cli.cwd_hint(_bad_cwd("/nowhere/at/all"), "/nowhere/at/all") is None
-    assert cli.cwd_hint(CallResult(call_id="c", host="a", exit_code=0), "/tmp") is None
-    assert cli.cwd_hint(_bad_cwd("/tmp/x"), None) is None
+    assert run.cwd_hint(_bad_cwd("/nowhere/at/all"), "/nowhere/at/all") is None
+    assert run.cwd_hint(CallResult(call_id="c", host="a", exit_code=0), "/tmp") is None
+    assert run.cwd_hint(_bad_cwd("/tmp/x"), None) is None
 
 
 # ------------------------------------------------------------------ exit statuses
@@ -312,13 +313,13 @@ def test_the_spinner_says_queued_until_a_worker_takes_the_call(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """It said "running on b" while the call still waited in b's queue."""
-    monkeypatch.setattr(cli.HostLabel, "LOOKUP_S", 0.0)
+    monkeypatch.setattr(run.HostLabel, "LOOKUP_S", 0.0)
     fake = FakeProgress()
-    label = cli.HostLabel(cast("Any", fake), "c1", None)
+    label = run.HostLabel(cast("Any", fake), "c1", None)
     assert [label(), label(), label(), label()] == [
         "waiting for a host", "queued on a", "running on a", "running on a"]
     assert fake.asked == 3  # running: not asked again
-    named = cli.HostLabel(cast("Any", FakeProgress(CallProgress("queued", "b"))), "c1", "b")
+    named = run.HostLabel(cast("Any", FakeProgress(CallProgress("queued", "b"))), "c1", "b")
     assert named() == "queued on b"
 
 
@@ -327,7 +328,7 @@ def test_the_spinner_gives_way_to_any_message_and_leaves_no_line(
 ) -> None:
     """After Ctrl-C its line used to stay. Whatever else writes to stderr (the Ctrl-C
     notice) stops it for good and clears its line first."""
-    monkeypatch.setattr(cli.Spinner, "FRAME_S", 0.005)
+    monkeypatch.setattr(run.Spinner, "FRAME_S", 0.005)
     out = Tty()
     drawn = threading.Event()
 
@@ -335,7 +336,7 @@ def test_the_spinner_gives_way_to_any_message_and_leaves_no_line(
         drawn.set()
         return "running on a"
 
-    spinner = cli.Spinner(label, out)
+    spinner = run.Spinner(label, out)
     with spinner.spinning():
         assert drawn.wait(5)
         while "running on a" not in out.getvalue():
@@ -353,7 +354,7 @@ def test_the_spinner_gives_way_to_any_message_and_leaves_no_line(
 
 def test_no_spinner_off_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(sys, "stderr", io.StringIO())
-    spinner = cli._spinner(cast("Any", FakeProgress()), cast("Any", None), None)
+    spinner = run._spinner(cast("Any", FakeProgress()), cast("Any", None), None)
     assert isinstance(spinner, contextlib.nullcontext)
 
 
@@ -437,7 +438,7 @@ def test_the_cli_client_finds_the_fleet_itself(monkeypatch: pytest.MonkeyPatch) 
 
     monkeypatch.setattr(bashfleet.client.fleet, "resolve_url", lambda *_: "redis://127.0.0.1:1/0")
     monkeypatch.setattr(bashfleet.client.fleet, "Fleet", fleet)
-    assert cast(object, cli._fleet()) == "the fleet"
+    assert cast(object, common.open_fleet()) == "the fleet"
     assert made == [((), {"admin": True})]
 
 
@@ -489,8 +490,8 @@ def test_hosts_leaves_out_a_fleet_long_gone() -> None:
         HostInfo(host="long-gone", alive=False, heartbeat_at=now - 5 * 3600),
         HostInfo(host="never-beat", alive=False),
     ]
-    assert [h.host for h in cli.shown_hosts(hosts, now, all_hosts=False)] == ["live", "just-died"]
-    assert cli.shown_hosts(hosts, now, all_hosts=True) == hosts
+    assert [h.host for h in jobs.shown_hosts(hosts, now, all_hosts=False)] == ["live", "just-died"]
+    assert jobs.shown_hosts(hosts, now, all_hosts=True) == hosts
 
 
 @pytest.mark.parametrize(
@@ -512,4 +513,4 @@ def test_hosts_leaves_out_a_fleet_long_gone() -> None:
 def test_hosts_say_whether_workspaces_have_ids_of_their_own(
     sandbox: dict[str, object] | None, text: str
 ) -> None:
-    assert cli.isolation_text(sandbox) == text
+    assert jobs.isolation_text(sandbox) == text

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import io
 
-from bashfleet.client.cli import build_parser
-from bashfleet.client.images_cli import ProgressLine, image_table
+from bashfleet.client.cli.arguments import build_parser
+from bashfleet.client.cli.images import ProgressLine, image_table
 from bashfleet.worker.wire.models import ImageInfo
 
 DIGEST = "sha256:" + "0123456789ab" + "c" * 52

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bashfleet.client import workspace_cli
-from bashfleet.client.workspace_cli import Place, parse_place, workspace_table
+from bashfleet.client.cli import workspaces as workspace_cli
+from bashfleet.client.cli.workspaces import Place, parse_place, workspace_table
 from bashfleet.worker.wire.models import WorkspaceView
 
 WS = "w0123456789abcde"

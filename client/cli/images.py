@@ -20,7 +20,7 @@ import time
 from typing import TYPE_CHECKING, TextIO
 
 if TYPE_CHECKING:
-    from bashfleet.client.cli import SubParsers
+    from bashfleet.client.cli.common import SubParsers
     from bashfleet.worker.wire.models import ImageInfo
 
 
@@ -44,9 +44,9 @@ def add_commands(sub: SubParsers) -> None:
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
-    from bashfleet.client.cli import _fleet  # noqa: PLC0415 - the CLI's own helper
+    from bashfleet.client.cli.common import open_fleet  # noqa: PLC0415 - the CLI's own helper
 
-    infos = _fleet().images(host=args.host)
+    infos = open_fleet().images(host=args.host)
     if args.json:
         _print_infos(infos)
     else:
@@ -55,11 +55,11 @@ def cmd_ls(args: argparse.Namespace) -> int:
 
 
 def cmd_pull(args: argparse.Namespace) -> int:
-    from bashfleet.client.cli import _fleet  # noqa: PLC0415
+    from bashfleet.client.cli.common import open_fleet  # noqa: PLC0415
 
     line = ProgressLine(sys.stderr) if sys.stderr.isatty() else None
     try:
-        infos = _fleet().pull_image(args.ref, host=args.host, refresh=args.refresh,
+        infos = open_fleet().pull_image(args.ref, host=args.host, refresh=args.refresh,
                                     progress=line.show if line else None)
     finally:
         if line is not None:
@@ -77,9 +77,9 @@ def cmd_rm(args: argparse.Namespace) -> int:
     """Remove it; 1 when no host held it."""
     import json  # noqa: PLC0415
 
-    from bashfleet.client.cli import _fleet  # noqa: PLC0415
+    from bashfleet.client.cli.common import open_fleet  # noqa: PLC0415
 
-    hosts = _fleet().remove_image(args.ref, host=args.host)
+    hosts = open_fleet().remove_image(args.ref, host=args.host)
     if args.json:
         print(json.dumps({"ref": args.ref, "removed_from": hosts}, indent=2))
     elif hosts:
@@ -119,7 +119,7 @@ class ProgressLine:
 def image_table(infos: list[ImageInfo], now: float) -> str:
     """Images as `images ls` shows them: host, reference, digest (short), size, shell,
     user, when last used."""
-    from bashfleet.client.cli import _table  # noqa: PLC0415
+    from bashfleet.client.cli.common import table  # noqa: PLC0415
 
     rows = []
     for info in infos:
@@ -127,16 +127,16 @@ def image_table(infos: list[ImageInfo], now: float) -> str:
         rows.append([info.host, info.ref, info.digest.removeprefix("sha256:")[:12],
                      _size(info.size_bytes), info.shell, info.user or "root",
                      f"{_ago(now - used)} ago"])
-    return _table(rows, ["HOST", "IMAGE", "DIGEST", "SIZE", "SHELL", "USER", "USED"])
+    return table(rows, ["HOST", "IMAGE", "DIGEST", "SIZE", "SHELL", "USER", "USED"])
 
 
 def _ago(seconds: float) -> str:
-    from bashfleet.client.workspace_cli import _duration  # noqa: PLC0415 - one way to say a duration
+    from bashfleet.client.cli.workspaces import _duration  # noqa: PLC0415 - one way to say a duration
 
     return _duration(max(0.0, seconds))
 
 
 def _size(count: int) -> str:
-    from bashfleet.client.workspace_cli import _size as size  # noqa: PLC0415
+    from bashfleet.client.cli.workspaces import _size as size  # noqa: PLC0415
 
     return size(count)

@@ -18,7 +18,7 @@ import time
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from bashfleet.client.cli import SubParsers
+    from bashfleet.client.cli.common import SubParsers
     from bashfleet.worker.wire.models import Snapshot
 
 
@@ -69,10 +69,10 @@ def add_commands(sub: SubParsers) -> None:
 
 
 def cmd_snapshot(args: argparse.Namespace) -> int:
-    from bashfleet.client.cli import _fleet, _tag_filter  # noqa: PLC0415 - the CLI's own helpers
+    from bashfleet.client.cli.common import open_fleet, tag_filter  # noqa: PLC0415 - the CLI's own helpers
 
-    made = _fleet().open_workspace(args.workspace).snapshot(ttl_s=args.ttl,
-                                                            tags=_tag_filter(args.tag))
+    made = open_fleet().open_workspace(args.workspace).snapshot(ttl_s=args.ttl,
+                                                            tags=tag_filter(args.tag))
     if args.json:
         print(made.model_dump_json(indent=2))
         return 0
@@ -86,10 +86,10 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
 
 
 def cmd_fork(args: argparse.Namespace) -> int:
-    from bashfleet.client.cli import _fleet, _tag_filter  # noqa: PLC0415
+    from bashfleet.client.cli.common import open_fleet, tag_filter  # noqa: PLC0415
 
-    forks = _fleet().open_workspace(args.workspace).fork(
-        args.n, ttl_s=args.ttl, tags=_tag_filter(args.tag), host=args.host, label=args.label)
+    forks = open_fleet().open_workspace(args.workspace).fork(
+        args.n, ttl_s=args.ttl, tags=tag_filter(args.tag), host=args.host, label=args.label)
     if args.json:
         print("[" + ",\n".join(fork.view.model_dump_json(indent=2) for fork in forks) + "]")
         return 0
@@ -101,9 +101,9 @@ def cmd_fork(args: argparse.Namespace) -> int:
 
 
 def cmd_restore(args: argparse.Namespace) -> int:
-    from bashfleet.client.cli import _fleet  # noqa: PLC0415
+    from bashfleet.client.cli.common import open_fleet  # noqa: PLC0415
 
-    done = _fleet().open_workspace(args.workspace).restore(args.snapshot)
+    done = open_fleet().open_workspace(args.workspace).restore(args.snapshot)
     if args.json:
         print(done.model_dump_json(indent=2))
         return 0
@@ -113,9 +113,9 @@ def cmd_restore(args: argparse.Namespace) -> int:
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
-    from bashfleet.client.cli import _fleet  # noqa: PLC0415
+    from bashfleet.client.cli.common import open_fleet  # noqa: PLC0415
 
-    found = _fleet().snapshots()
+    found = open_fleet().snapshots()
     if args.json:
         print("[" + ",\n".join(snap.model_dump_json(indent=2) for snap in found) + "]")
         return 0
@@ -125,9 +125,9 @@ def cmd_ls(args: argparse.Namespace) -> int:
 
 def cmd_rm(args: argparse.Namespace) -> int:
     """Delete each snapshot named; 1 when any was unknown (the others still go)."""
-    from bashfleet.client.cli import _fleet  # noqa: PLC0415
+    from bashfleet.client.cli.common import open_fleet  # noqa: PLC0415
 
-    fleet, status = _fleet(), 0
+    fleet, status = open_fleet(), 0
     for snap_id in args.ids:
         if fleet.delete_snapshot(snap_id):
             print(f"[snapshot {snap_id} removed]", file=sys.stderr)
@@ -139,8 +139,8 @@ def cmd_rm(args: argparse.Namespace) -> int:
 
 def snapshot_table(found: list[Snapshot], now: float) -> str:
     """Snapshots as `snapshot ls` shows them."""
-    from bashfleet.client.cli import _table  # noqa: PLC0415
-    from bashfleet.client.workspace_cli import _duration  # noqa: PLC0415
+    from bashfleet.client.cli.common import table  # noqa: PLC0415
+    from bashfleet.client.cli.workspaces import _duration  # noqa: PLC0415
 
     rows: list[list[object]] = [
         [snap.id, snap.host, snap.workspace, snap.base, _size(snap.bytes),
@@ -148,10 +148,10 @@ def snapshot_table(found: list[Snapshot], now: float) -> str:
          " ".join(f"{k}={v}" for k, v in sorted(snap.tags.items())) or "-"]
         for snap in found
     ]
-    return _table(rows, ["ID", "HOST", "WORKSPACE", "BASE", "SIZE", "EXPIRES", "TAGS"])
+    return table(rows, ["ID", "HOST", "WORKSPACE", "BASE", "SIZE", "EXPIRES", "TAGS"])
 
 
 def _size(count: int) -> str:
-    from bashfleet.client.workspace_cli import _size as size  # noqa: PLC0415
+    from bashfleet.client.cli.workspaces import _size as size  # noqa: PLC0415
 
     return size(count)

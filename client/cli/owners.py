@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from bashfleet.client.cli import SubParsers
+    from bashfleet.client.cli.common import SubParsers
 
 #: Exit status of a usage error (as `bashfleet.client.cli`'s).
 EXIT_USAGE = 2

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from bashfleet.client import Fleet, Workspace
-    from bashfleet.client.cli import SubParsers
+    from bashfleet.client.cli.common import SubParsers
     from bashfleet.worker.wire.models import WorkspaceView
 
 #: Limits `--limit` takes (`WorkspaceLimits`' fields).
@@ -58,9 +58,9 @@ def add_commands(sub: SubParsers) -> None:
         parser.add_argument("--json", action="store_true", help="print the views as JSON")
         parser.set_defaults(func=func)
 
-    from bashfleet.client import snapshot_cli  # noqa: PLC0415 - its verbs are the workspace's
+    from bashfleet.client.cli import snapshots  # noqa: PLC0415 - its verbs are the workspace's
 
-    snapshot_cli.add_workspace_verbs(verbs)
+    snapshots.add_workspace_verbs(verbs)
 
     cp = sub.add_parser(
         "cp", help="copy files between here and a workspace (W:PATH names a workspace's)",
@@ -133,12 +133,12 @@ def add_image_options(parser: argparse.ArgumentParser, *, snapshot: bool = False
 
 
 def cmd_create(args: argparse.Namespace) -> int:
-    from bashfleet.client.cli import _fleet, _tag_filter  # noqa: PLC0415 - the CLI's own helpers
+    from bashfleet.client.cli.common import open_fleet, tag_filter  # noqa: PLC0415 - the CLI's own helpers
 
-    workspace = _fleet().workspace(
+    workspace = open_fleet().workspace(
         host=args.host, label=args.label, path=args.path, ttl_s=args.ttl,
         isolation=args.isolation, network=args.network, limits=_limits(args.limit),
-        mounts=_pairs(args.mount, "--mount", "VIEW=SUBDIR"), tags=_tag_filter(args.tag),
+        mounts=_pairs(args.mount, "--mount", "VIEW=SUBDIR"), tags=tag_filter(args.tag),
         image=args.image, build=args.build, user=args.user,
         snapshot=getattr(args, "snapshot", None),
     )
@@ -157,9 +157,9 @@ def cmd_create(args: argparse.Namespace) -> int:
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
-    from bashfleet.client.cli import _fleet  # noqa: PLC0415
+    from bashfleet.client.cli.common import open_fleet  # noqa: PLC0415
 
-    fleet = _fleet()
+    fleet = open_fleet()
     views = fleet.workspaces()
     if args.mcp:
         seen = {view.id for view in views}
@@ -173,11 +173,11 @@ def cmd_ls(args: argparse.Namespace) -> int:
 
 
 def cmd_network(args: argparse.Namespace) -> int:
-    from bashfleet.client.cli import _fleet  # noqa: PLC0415
+    from bashfleet.client.cli.common import open_fleet  # noqa: PLC0415
     from bashfleet.client.errors import UnknownWorkspace  # noqa: PLC0415
 
     try:
-        view = _fleet().open_workspace(args.id).set_network(args.policy)
+        view = open_fleet().open_workspace(args.id).set_network(args.policy)
     except UnknownWorkspace as exc:
         print(f"bashfleet workspace network: {exc}", file=sys.stderr)
         return 1
@@ -198,10 +198,10 @@ def cmd_renew(args: argparse.Namespace) -> int:
 
 def cmd_rm(args: argparse.Namespace) -> int:
     """Remove each workspace named; 1 when any was unknown (the others still go)."""
-    from bashfleet.client.cli import _fleet  # noqa: PLC0415
+    from bashfleet.client.cli.common import open_fleet  # noqa: PLC0415
     from bashfleet.client.errors import UnknownWorkspace  # noqa: PLC0415
 
-    fleet, status = _fleet(), 0
+    fleet, status = open_fleet(), 0
     for ws_id in args.ids:
         try:
             gone = _open_for_removal(fleet, ws_id).delete()
@@ -232,10 +232,10 @@ def _open_for_removal(fleet: Fleet, ws_id: str) -> Workspace:
 def _each(args: argparse.Namespace, act: Any) -> int:
     """`info`/`renew`: act on each workspace named, print what its host says; 1 when any
     was unknown."""
-    from bashfleet.client.cli import _fleet  # noqa: PLC0415
+    from bashfleet.client.cli.common import open_fleet  # noqa: PLC0415
     from bashfleet.client.errors import UnknownWorkspace  # noqa: PLC0415
 
-    fleet, status, views = _fleet(), 0, []
+    fleet, status, views = open_fleet(), 0, []
     for ws_id in args.ids:
         try:
             views.append(act(fleet.open_workspace(ws_id)))
@@ -276,7 +276,7 @@ def _is_workspace_id(text: str) -> bool:
 
 
 def cmd_cp(args: argparse.Namespace) -> int:
-    from bashfleet.client.cli import _fleet  # noqa: PLC0415
+    from bashfleet.client.cli.common import open_fleet  # noqa: PLC0415
     from bashfleet.client.exit_status import USAGE as EXIT_USAGE  # noqa: PLC0415
 
     src, dst = parse_place(args.src), parse_place(args.dst)
@@ -284,7 +284,7 @@ def cmd_cp(args: argparse.Namespace) -> int:
         print("bashfleet cp: one side must be a workspace's path (W:PATH) and the other a "
               "local one", file=sys.stderr)
         return EXIT_USAGE
-    fleet = _fleet()
+    fleet = open_fleet()
     try:
         if dst.workspace is not None:
             return _upload(src.path, fleet.open_workspace(dst.workspace), dst.path)
@@ -327,7 +327,7 @@ def workspace_table(views: list[WorkspaceView], now: float, *, counted: bool = F
     """Workspaces as `workspace ls` shows them: id, host, directory, isolation, when it
     expires unused, its session and tags (its disk and processes when `counted`, its
     owner when `owners`)."""
-    from bashfleet.client.cli import _table  # noqa: PLC0415
+    from bashfleet.client.cli.common import table  # noqa: PLC0415
 
     header = ["ID", "HOST", "PATH", "ISOLATION", "NETWORK", "EXPIRES", "SESSION", "TAGS"]
     if counted:
@@ -348,7 +348,7 @@ def workspace_table(views: list[WorkspaceView], now: float, *, counted: bool = F
         if owners:
             row.append(view.owner or "-")
         rows.append(row)
-    return _table(rows, header)
+    return table(rows, header)
 
 
 def _duration(seconds: float) -> str:

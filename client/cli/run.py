@@ -1,0 +1,386 @@
+"""`bashfleet run`: the call, its spinner while it waits and runs, its result as a
+person or a script reads it, `--follow`, and the exit status it ends with.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import itertools
+import os
+import re
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, TextIO, cast
+
+from bashfleet.client import exit_status as statuses
+from bashfleet.client.exit_status import SYSTEM_ERROR as EXIT_SYSTEM_ERROR
+from bashfleet.client.exit_status import USAGE as EXIT_USAGE
+from bashfleet.worker.wire.control import NO_LINE
+from bashfleet.worker.wire.models import (
+    CallResult,
+    CheckResult,
+    Policy,
+    RunRequest,
+    TruncationInfo,
+)
+
+if TYPE_CHECKING:
+
+    from bashfleet.client.fleet import Fleet
+    from bashfleet.client.foreground import ForegroundRun, Stream
+
+from bashfleet.client.cli import common, interactive, jobs
+
+# ------------------------------------------------------------------------------ run
+
+
+class Spinner(io.TextIOBase):
+    """A spinner on stderr while a foreground call runs (only at a terminal), naming the
+    call's host once it is known (`label()` is asked at each frame).
+
+    It stands in for `sys.stderr` while it spins: whatever else is written there (the
+    Ctrl-C notice, a warning) first stops it for good and clears its line, so a spinner
+    line is never left behind nor drawn over a message.
+    """
+
+    FRAME_S = 0.1
+
+    def __init__(self, label: Callable[[], str], out: TextIO) -> None:
+        super().__init__()
+        self._label = label
+        self._out = out
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        self._drawn = False
+        self._started = time.monotonic()
+        self._thread = threading.Thread(target=self._spin, name="bashfleet-spinner",
+                                        daemon=True)
+
+    def _spin(self) -> None:
+        for frame in itertools.cycle("|/-\\"):
+            if self._done.wait(self.FRAME_S):
+                return
+            label = self._label()
+            with self._lock:
+                if self._done.is_set():
+                    return
+                took = time.monotonic() - self._started
+                self._out.write(f"\r\033[K{frame} {label} {took:5.1f}s")
+                self._out.flush()
+                self._drawn = True
+
+    def stop(self) -> None:
+        """Stop spinning and clear the spinner's line (once; safe from any thread)."""
+        with self._lock:
+            if not self._done.is_set():
+                self._done.set()
+                if self._drawn:
+                    self._out.write("\r\033[K")
+                    self._out.flush()
+
+    def write(self, text: str) -> int:
+        """Someone else speaks on stderr: the spinner gives way first."""
+        self.stop()
+        return self._out.write(text)
+
+    def flush(self) -> None:
+        self._out.flush()
+
+    def isatty(self) -> bool:
+        return self._out.isatty()
+
+    def fileno(self) -> int:
+        return self._out.fileno()
+
+    @contextlib.contextmanager
+    def spinning(self) -> Iterator[None]:
+        """Spin (standing in for sys.stderr) until the block ends, however it ends."""
+        previous = sys.stderr
+        sys.stderr = cast("TextIO", self)
+        self._thread.start()
+        try:
+            yield
+        finally:
+            self.stop()
+            self._thread.join()
+            sys.stderr = previous
+
+
+class HostLabel:
+    """The spinner's words: `queued on HOST` while the call waits in that host's queue,
+    `running on HOST` once a worker took it, `waiting for a host` while it waits for
+    any (asked of the fleet at most every LOOKUP_S, until it runs)."""
+
+    LOOKUP_S = 0.5
+
+    def __init__(self, fleet: Fleet, call_id: str, host: str | None) -> None:
+        self.open_fleet = fleet
+        self._call_id = call_id
+        self._host = host
+        self._started = False
+        self._next = 0.0
+
+    def __call__(self) -> str:
+        now = time.monotonic()
+        if not self._started and now >= self._next:
+            self._next = now + self.LOOKUP_S
+            with contextlib.suppress(Exception):  # a spinner's words never fail a call
+                progress = self.open_fleet.call_progress(self._call_id)
+                self._host = progress.host or self._host
+                self._started = progress.started
+        if self._host is None:
+            return "waiting for a host"
+        return f"{'running' if self._started else 'queued'} on {self._host}"
+
+
+def _spinner(
+    fleet: Fleet, run: ForegroundRun, host: str | None
+) -> contextlib.AbstractContextManager[None]:
+    """A spinner for a foreground call at a terminal; nothing otherwise."""
+    if not sys.stderr.isatty():
+        return contextlib.nullcontext()
+    return Spinner(HostLabel(fleet, run.call_id, host), sys.stderr).spinning()
+
+
+def _notice(name: str, info: TruncationInfo | None, path: str | None, host: str) -> str | None:
+    if info is None or not info.truncated:
+        return None
+    where = f" Full output: {path} on {host}" if path else ""
+    return (
+        f"[{name}: showing {info.shown_lines} of {info.total_lines} lines "
+        f"({info.shown_bytes} of {info.total_bytes} bytes).{where}]"
+    )
+
+
+def print_result(result: CallResult, *, job_id_on_stdout: bool = True) -> None:
+    """Print a call's result for a person: output on its streams, notices on stderr.
+
+    A call that started a background job (`--mode background`, or one that went to the
+    background) prints the job's id alone on stdout, last, so `X=$(bashfleet run --mode
+    background CMD)` holds it: its output so far and how to check and kill it go to
+    stderr. Not when the job's output is followed on stdout (`job_id_on_stdout=False`)."""
+    id_only = result.job is not None and job_id_on_stdout
+    if result.stdout:
+        out = sys.stderr if id_only else sys.stdout
+        out.write(result.stdout if result.stdout.endswith("\n") else result.stdout + "\n")
+    if result.stderr:
+        sys.stderr.write(result.stderr if result.stderr.endswith("\n") else result.stderr + "\n")
+    spill = result.spill
+    for name, info, path in (
+        ("stdout", result.stdout_truncation, spill.stdout_path if spill else None),
+        ("stderr", result.stderr_truncation, spill.stderr_path if spill else None),
+    ):
+        line = _notice(name, info, path, result.host)
+        if line:
+            print(line, file=sys.stderr)
+    if result.error_digest:
+        print("[errors in the cut part:]", file=sys.stderr)
+        for line in result.error_digest:
+            print(f"  {line}", file=sys.stderr)
+    if result.cancelled:
+        print("[call cancelled; its processes were killed]", file=sys.stderr)
+    elif result.error is not None:
+        print(f"bashfleet: {result.error.kind}: {result.error.message}", file=sys.stderr)
+    if result.timed_out and not result.backgrounded:
+        print(f"[timed out after {result.duration_s:.1f}s; processes killed. More time: "
+              "--timeout S or --mode slow; to leave it running instead: "
+              "--background-on-timeout]", file=sys.stderr)
+    if result.job is not None:
+        job = result.job
+        print(
+            f"[job {job.id} running on {job.host} (pid {job.pid}); "
+            f"output: {job.output_path}; `bashfleet check {job.id}`, `bashfleet kill {job.id}`]",
+            file=sys.stderr, flush=True,
+        )
+        if job_id_on_stdout:
+            print(job.id, flush=True)
+
+
+def _run_request(args: argparse.Namespace) -> RunRequest:
+    """The RunRequest of `bashfleet run`'s arguments (a bad one: CallRejected)."""
+    from bashfleet.client.fleet import run_request  # noqa: PLC0415 - keep `bashfleet --help` fast
+
+    options: dict[str, Any] = {
+        "host": args.host, "mode": args.mode, "timeout": args.timeout, "cwd": args.cwd,
+        "session": args.session, "isolation": args.isolation, "network": args.network,
+        "tags": common.tag_filter(args.tag), "workspace": args.workspace,
+    }
+    if args.mode != "background":
+        # A person's (or a script's) `run` fails at its timeout, as `timeout(1)` does:
+        # `run 'make' && deploy` must never deploy an unfinished build.
+        on_timeout = "background" if args.background_on_timeout else "kill"
+        options["policy"] = Policy(name="cli", on_timeout=on_timeout)
+    return run_request(" ".join(args.command), options)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from bashfleet.client import attach  # noqa: PLC0415
+    from bashfleet.client.foreground import ForegroundRun, StdinWatch  # noqa: PLC0415
+
+    if args.image or args.build:
+        return _run_in_new_workspace(args)
+
+    if args.tty or (not args.no_stdin and attach.piped_stdin()):
+        return interactive.run_interactive(args, tty=args.tty)
+    fleet = common.open_fleet()
+    request = _run_request(args)
+    if args.mode == "background":
+        StdinWatch().check()
+        return _report_run(fleet, fleet.execute(request), args)
+    run = ForegroundRun(fleet, request, follow=args.follow and not args.json)
+    quiet = args.json or args.follow
+    with contextlib.nullcontext() if quiet else _spinner(fleet, run, args.host):
+        outcome = run.run()
+    if outcome.result is None:
+        return outcome.status if outcome.status is not None else EXIT_SYSTEM_ERROR
+    result = outcome.result
+    if run.follower is not None:
+        result = run.follower.finish(result)
+        if result.job is not None and outcome.status is None:
+            print_result(result, job_id_on_stdout=False)
+            return _follow(fleet, result.job.id, stderr=keeps_stderr(fleet, result),
+                           offsets=run.follower.offsets())
+    status = _report_run(fleet, result, args)
+    return outcome.status if outcome.status is not None else status
+
+
+def _run_in_new_workspace(args: argparse.Namespace) -> int:
+    """`run --image`/`--build`: the call in a workspace made for it from the image,
+    deleted after it unless a job of the call still runs there (then its TTL ends it)."""
+    if args.workspace or args.session:
+        print("bashfleet run: --image and --build make a workspace of their own: not with "
+              "--workspace or --session", file=sys.stderr)
+        return EXIT_USAGE
+    fleet = common.open_fleet()
+    workspace = fleet.workspace(host=args.host, image=args.image, build=args.build,
+                                user=args.user, isolation=args.isolation, network=args.network,
+                                ttl_s=RUN_IMAGE_TTL_S)
+    args.workspace, args.image, args.build = workspace.id, None, None
+    try:
+        return cmd_run(args)
+    finally:
+        if any(job.running for job in workspace.jobs()):
+            print(f"[workspace {workspace.id} stays while its job runs; "
+                  f"`bashfleet workspace rm {workspace.id}` ends it]", file=sys.stderr)
+        else:
+            workspace.delete()
+
+
+#: How long a workspace `run --image` made lives unused when a job of the call runs on.
+RUN_IMAGE_TTL_S = 24 * 3600.0
+
+
+def _report_run(fleet: Fleet, result: CallResult, args: argparse.Namespace) -> int:
+    """Print a call's result (or follow the job it started); the exit status."""
+    if args.json:
+        print(result.model_dump_json(indent=2))
+        return statuses.of_call(result)
+    if not (args.follow and result.job is not None):
+        print_result(result)
+        hint = cwd_hint(result, args.cwd)
+        if hint:
+            print(hint, file=sys.stderr)
+        return statuses.of_call(result)
+    # Following streams the job's files from their first byte: showing the call's own
+    # (possibly cut) output first would repeat it. Its notices still go to stderr.
+    print_result(result.model_copy(update={
+        "stdout": "", "stderr": "", "stdout_truncation": None, "stderr_truncation": None,
+    }), job_id_on_stdout=False)
+    return _follow(fleet, result.job.id, stderr=keeps_stderr(fleet, result))
+
+
+def keeps_stderr(fleet: Fleet, result: CallResult) -> bool:
+    """Whether the job a call started keeps its stderr in a file of its own, to follow
+    apart from its stdout: a call that went on as a job does (its spill files); a job
+    started in the background does where its host writes one (asked of the host: today
+    they write both streams to one file, and that is all there is to follow)."""
+    from bashfleet.client.errors import UnknownJob  # noqa: PLC0415
+
+    if result.spill is not None and result.spill.stderr_path is not None:
+        return True
+    if result.job is None:
+        return False
+    try:
+        fleet.read_output(result.job.id, offset=0, limit=1, stream="stderr")
+    except UnknownJob:  # "no separate stderr"
+        return False
+    return True
+
+
+#: Directories every workspace has of its own, whatever the host holds there.
+PRIVATE_DIRS = ("/tmp", "/var/tmp")
+
+
+def cwd_hint(result: CallResult, cwd: str | None) -> str | None:
+    """Why a `--cwd` the call's workspace has no such directory for may exist all the
+    same (on the host, on this machine): a line for the person, or None."""
+    if result.error is None or result.error.kind != "bad_cwd" or not cwd:
+        return None
+    path = os.path.normpath(cwd)
+    private = next((d for d in PRIVATE_DIRS if path == d or path.startswith(d + "/")), None)
+    if private is not None:
+        return (f"[{private} in a workspace is its own: the host's {private} is not seen "
+                "there. A directory a call starts in must be in its view: under a root "
+                "the host allows as workspaces (its BASHFLEET_WORKSPACE_ALLOW), or made in "
+                "the workspace]")
+    if os.path.isdir(path):
+        return (f"[{path} is here on this machine, but not in the workspace's view: its "
+                "calls see the host read-only but for bashfleet's state and other "
+                "workspaces, and /tmp, /var/tmp and HOME of their own; a project "
+                "directory is one under a root the host allows (BASHFLEET_WORKSPACE_ALLOW)]")
+    return None
+
+
+def _follow(
+    fleet: Fleet, job_id: str, *, stderr: bool = False, offsets: dict[str, int] | None = None
+) -> int:
+    """Stream a job's output until it ends, every byte once and in order; its exit status.
+
+    The bytes come from `read_output`, exact slices at our own offsets: a check cuts
+    what it shows (2000 lines by default) and reads from the offset of anyone's last
+    check. Checks only tell whether the job still runs; they read from our offset and
+    keep nothing (`grep` matches no line). A job's end is known before the final read,
+    so the last bytes it wrote are never missed. The completion line the worker
+    appends to the output file is not the job's output: its status goes to stderr.
+    `stderr`: the job keeps a separate stderr file (an auto-backgrounded call);
+    `offsets`: where to start in each file (what following the call printed already).
+    """
+    completion = re.compile(r"\n\n\[background process (?:completed|failed: [^\]\n]*)\]\n\Z")
+    targets: list[tuple[Stream, TextIO]] = [("stdout", sys.stdout)]
+    if stderr:
+        targets.append(("stderr", sys.stderr))
+    offsets = {name: (offsets or {}).get(name, 0) for name, _ in targets}
+    held = dict.fromkeys(offsets, "")  # a tail that looks like the completion line
+
+    def drain(name: Stream, out: TextIO) -> bool:
+        """Write what the stream has past our offset; True when anything was new."""
+        start = offsets[name]
+        while True:
+            chunk = fleet.read_output(job_id, offset=offsets[name], limit=1 << 20, stream=name)
+            text, offsets[name] = held[name] + chunk.text, chunk.next_offset
+            # Held back until the job is known to have ended (then it is dropped).
+            match = completion.search(text) if chunk.eof else None
+            held[name] = match.group(0) if match else ""
+            out.write(text[: match.start()] if match else text)
+            out.flush()
+            if chunk.eof or chunk.next_offset == chunk.offset:
+                return offsets[name] > start
+
+    delay = 0.05
+    try:
+        while True:
+            state: CheckResult = fleet.check(job_id, offset=offsets["stdout"], grep=NO_LINE)
+            moved = [drain(name, out) for name, out in targets]
+            if not state.running:
+                jobs.print_check(state.model_copy(update={"output": "", "stderr_output": ""}))
+                return statuses.of_process(state.exit_code, state.signal)
+            delay = 0.05 if any(moved) else min(delay * 2, 0.5)
+            time.sleep(delay)  # polling a remote job: back off while it is quiet
+    except KeyboardInterrupt:
+        print(f"\n[stopped following; job {job_id} keeps running: "
+              f"`bashfleet kill {job_id}` ends it]", file=sys.stderr)
+        return statuses.INTERRUPTED
