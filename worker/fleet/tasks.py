@@ -322,7 +322,7 @@ def _exec_refused(args: tuple[Any, ...], message: str) -> CallResult:
     return _failed(call_id, rt.settings.host, "unauthorized", message)
 
 
-def exec_message(*args: Any) -> str:
+def handle_exec(*args: Any) -> str:
     """The exec task as Celery runs it: verify, run, answer (once, whatever happens).
 
     The nonce of a signed call is recorded with its claim (one round trip for both).
@@ -569,6 +569,6 @@ def _reply(rt: Runtime, task: str, request: ControlRequest | None, answer: Answe
 # (`task_ignore_result` in the wire config): the answer is the reply.
 exec_task = app.task(
     name=Task.EXEC, Request=flower.CallRequest, throws=(flower.CallFailed,)
-)(exec_message)
+)(handle_exec)
 control_tasks = {task: app.task(name=task)(_control_task(task))
                  for task in [*HANDLERS, *KEYED_HANDLERS]}
