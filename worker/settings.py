@@ -19,8 +19,10 @@ from bashfleet.worker.engine.environment import DEFAULT_ALLOW, DEFAULT_DENY
 from bashfleet.worker.wire.owner_keys import OwnerKey, SealingKeys, is_owner_key, owner_space
 
 
-def _default_state_dir() -> Path:
-    """Per user: `$XDG_STATE_HOME/bashfleet`, else `~/.local/state/bashfleet`.
+def default_state_dir() -> Path:
+    """The state directory when none is configured (also where `bashfleet up` keeps a
+    local fleet's fleet.json, which sandboxed calls must never read). Per user:
+    `$XDG_STATE_HOME/bashfleet`, else `~/.local/state/bashfleet`.
 
     Never a shared directory such as /tmp: another user who creates `/tmp/bashfleet-<uid>`
     first would own what the fleet reads (a planted fleet.json sent root's next command
@@ -28,12 +30,6 @@ def _default_state_dir() -> Path:
     """
     base = os.environ.get("XDG_STATE_HOME") or os.path.join(Path.home(), ".local", "state")
     return Path(base) / "bashfleet"
-
-
-def default_state_dir() -> Path:
-    """The state directory when none is configured (also where `bashfleet up` keeps a
-    local fleet's fleet.json, which sandboxed calls must never read)."""
-    return _default_state_dir()
 
 
 def _split(value: object) -> object:
@@ -58,7 +54,7 @@ class Settings(BaseSettings):
     `up`."""
     host: str = Field(default_factory=socket.gethostname)
     """This worker's host id."""
-    state_dir: Path = Field(default_factory=_default_state_dir)
+    state_dir: Path = Field(default_factory=default_state_dir)
     """Where spill files, job files and the local fleet's state live."""
     concurrency: int = Field(4, ge=1, le=256)
     """Command slots of a worker."""

@@ -6,7 +6,8 @@
 - `routing`   where a call goes, and which host owns an id, from looked-up data
 - `watch`     when a call waited for is lost, when its host is dead, when to give up
 - `events`    job events heard once and in order, across Redis restarts
-- `records`   the Lua a client sends and withdraws calls with; how its reads parse
+- `records`   the keys and arguments of the scripts a client sends and withdraws
+              calls with; how its reads parse
 - `output`    a call's whole output (`run(output="full")`)
 - `seal`      sealing what sessions store
 - `constants` every timing, retry table and limit

@@ -1,6 +1,6 @@
-"""The client's side of the fleet's Redis state, with no I/O: the Lua it sends calls and
-withdraws them with, the keys and arguments of those scripts, and how the replies of
-its pipelined reads read as models.
+"""The client's side of the fleet's Redis state, with no I/O: the keys and arguments of
+the scripts it sends calls and withdraws them with (`SEND`, `WITHDRAW`: their Lua is in
+`bashfleet.worker.wire.lua`), and how the replies of its pipelined reads read as models.
 
 What a worker publishes (host records, job hashes) is sealed by it; every parser here
 opens it with the client's record keys (`bashfleet.worker.wire.records.open_host_info`,
@@ -24,35 +24,6 @@ from bashfleet.worker.wire.models import HostInfo, JobView
 from bashfleet.worker.wire.names import CallState
 from bashfleet.worker.wire.records import open_host_info, open_job_view
 
-# KEYS: call, queue[, alive]; ARGV: call TTL, message, fields... Records the call as
-# queued and pushes its Celery message (`bashfleet.worker.wire.messages`) atomically: a call is
-# never recorded without its message nor sent without its record, and a replica gets
-# both or neither. 'down' when the named host's lock is gone, 'taken' when the id is
-# in use (nothing recorded nor pushed then).
-SEND = """
-if KEYS[3] and redis.call('EXISTS', KEYS[3]) == 0 then return 'down' end
-if redis.call('EXISTS', KEYS[1]) == 1 then return 'taken' end
-redis.call('HSET', KEYS[1], unpack(ARGV, 3))
-redis.call('EXPIRE', KEYS[1], ARGV[1])
-redis.call('LPUSH', KEYS[2], ARGV[2])
-return 'ok'
-"""
-
-# KEYS: call; ARGV: new state, end time, finished call's TTL. Returns the state the call had; only
-# a queued call is moved (the worker's claim is the other side of this race, and it is
-# a script too: one of the two wins, whole). A call without a record counts as queued:
-# Redis lost it with its message in a failover, or its sender died before sending it;
-# it is recorded withdrawn, so a message of it that turns up is never run. Both
-# clients withdraw with it (a cancel, or the watch giving a call up).
-WITHDRAW = """
-local current = redis.call('HGET', KEYS[1], 'state') or 'queued'
-if current == 'queued' then
-  redis.call('HSET', KEYS[1], 'state', ARGV[1], 'ended_at', ARGV[2])
-  redis.call('EXPIRE', KEYS[1], ARGV[3])
-end
-return current
-"""
-
 
 def hash_fields(values: Mapping[str, object]) -> list[object]:
     """Hash fields as the flat name, value list a script passes to HSET (None as "")."""
@@ -63,7 +34,7 @@ def hash_fields(values: Mapping[str, object]) -> list[object]:
 def send_keys_args(
     call_id: str, queue: str, host: str | None, message: str, *, require_alive: bool
 ) -> tuple[list[str], list[object]]:
-    """The keys and arguments of `SEND`."""
+    """The keys and arguments of `bashfleet.worker.wire.lua.SEND`."""
     fields = {
         "call_id": call_id, "state": CallState.QUEUED, "queue": queue, "host": host,
         "sent_at": time.time(),
@@ -77,7 +48,7 @@ def send_keys_args(
 
 
 def withdraw_keys_args(call_id: str, state: CallState) -> tuple[list[str], list[object]]:
-    """The keys and arguments of `WITHDRAW`."""
+    """The keys and arguments of `bashfleet.worker.wire.lua.WITHDRAW`."""
     return [names.call_key(call_id)], [state, time.time(), names.FINISHED_TTL_S]
 
 

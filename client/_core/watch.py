@@ -8,7 +8,7 @@ One behaviour for both clients, stated once:
 - a call a worker claimed is lost when its host's lock names another instance (the
   host restarted), or has been gone LOCK_GONE_GRACE_S (not at once: a heartbeat may be
   late after a failover);
-- a queued call is withdrawn (by the WITHDRAW script: `bashfleet.client._core.records`) when its
+- a queued call is withdrawn (by the WITHDRAW script: `bashfleet.worker.wire.lua`) when its
   message has been gone from its queue, unclaimed, MESSAGE_LOST_GRACE_S (a consumer
   took it and died), or when no live worker is left that could take it; if a worker
   claimed it meanwhile, the withdrawal fails and it is watched as running;

@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import random
 import tarfile
-import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import IO, TypeVar
@@ -121,11 +120,6 @@ def chunks(data: bytes, size: int = FILE_CHUNK) -> Iterator[tuple[int, bytes]]:
         return
     for offset in range(0, len(data), size):
         yield offset, data[offset:offset + size]
-
-
-def staging_path(kind: str) -> str:
-    """Where an archive waits in the workspace's own /tmp while it travels."""
-    return f"/tmp/.bashfleet-{kind}-{uuid.uuid4().hex[:12]}.tar"
 
 
 #: Bytes of the pieces a streamed upload is cut into (one transfer chunk each).

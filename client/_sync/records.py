@@ -1,9 +1,10 @@
 # Generated from client/_async/records.py by scripts/unasync.py:
 # edit that file and run the script.
 """The client's Redis I/O: every read and write a fleet client makes, one function each,
-over the core's scripts and parsers (`bashfleet.client._core.records`). The readers of what
-workers publish (host records, job hashes) take the client's record keys (`keys`): the
-core's parsers verify each record with them and leave out what does not verify.
+over the scripts of `bashfleet.worker.wire.lua` and the core's keys, arguments and
+parsers (`bashfleet.client._core.records`). The readers of what workers publish (host
+records, job hashes) take the client's record keys (`keys`): the core's parsers verify
+each record with them and leave out what does not verify.
 
 Written for asyncio; `client/_sync/records.py` is generated from it by
 `scripts/unasync.py` (the blocking client, and the tests' probes, use that one).
@@ -25,12 +26,12 @@ from bashfleet.client._core.watch import WATCHED_FIELDS, waiting_ids
 from bashfleet.client._core.workspaces import QUOTA_KIND, SNAPSHOT_QUOTA_KIND
 from bashfleet.client._sync.concurrency import run_script
 from bashfleet.worker.fleet.connect import Redis, Script
-from bashfleet.worker.wire import names
+from bashfleet.worker.wire import lua, names
 from bashfleet.worker.wire.models import HostInfo, JobView
 from bashfleet.worker.wire.names import CallState
 
-SEND = Script(core.SEND)
-WITHDRAW = Script(core.WITHDRAW)
+SEND = Script(lua.SEND)
+WITHDRAW = Script(lua.WITHDRAW)
 
 # ------------------------------------------------------------------------------ calls
 
@@ -58,7 +59,7 @@ def withdraw_call(
     """Mark a queued call `state` (cancelled / abandoned) so no worker ever starts it.
 
     Returns the state the call had: "queued" means it is withdrawn; anything else
-    (running, done...) means it was too late (`core.WITHDRAW` says more).
+    (running, done...) means it was too late (`bashfleet.worker.wire.lua.WITHDRAW` says more).
     """
     keys, args = core.withdraw_keys_args(call_id, state)
     return cast("str | None", run_script(WITHDRAW, client, keys, args))

@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, Protocol, TypeVar, runtime_checkable
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from bashfleet.client import shells
 from bashfleet.client.dialects.args import ArgError, Args, parse_args
@@ -186,11 +186,6 @@ def workspace_ended(request: RunRequest, result: CallResult) -> bool:
             and error.kind == "not_found" and request.workspace in error.message)
 
 
-def with_workspace_notice(result: CallResult) -> CallResult:
-    """A result of a call run again in a new workspace, saying so (as a session's)."""
-    return shells.with_new_workspace(result)
-
-
 def validation_text(exc: ValidationError) -> str:
     """A request model's validation errors as one line: each field and what is wrong."""
     return "; ".join(
@@ -224,7 +219,7 @@ class GuardedRunner:
         if self._session is not None and workspace_ended(placed, result):
             self._session.workspaces.pop(placed.host or "", None)
             again = self._guarded(self._in_workspace, request)
-            result = with_workspace_notice(self._guarded(self._runner.execute, again))
+            result = shells.with_new_workspace(self._guarded(self._runner.execute, again))
         return result
 
     @staticmethod
@@ -367,10 +362,6 @@ class Artifact(BaseModel):
     """When the call was sent, in seconds since the epoch."""
 
 
-#: SessionState fields of older versions, now in the session's shell (`bashfleet.client.shells`).
-_RETIRED = frozenset({"unset_env", "shells"})
-
-
 class ExecSession(BaseModel):
     """An interactive session a dialect addresses by a number of its own (codex)."""
 
@@ -426,15 +417,6 @@ class SessionState(BaseModel):
     oldest first."""
     exec_sessions: dict[int, ExecSession] = Field(default_factory=dict)
     """Interactive sessions by the number the model uses (codex's session ids)."""
-
-    @model_validator(mode="before")
-    @classmethod
-    def _drop_retired_fields(cls, data: Any) -> Any:
-        """A session stored by an older version still loads: fields that moved to the
-        session's shell (`unset_env`, native's `shells`) are dropped."""
-        if isinstance(data, dict) and not _RETIRED.isdisjoint(data):
-            data = {name: value for name, value in data.items() if name not in _RETIRED}
-        return data
 
     def remember(self, job: JobHandle, command: str, stderr_path: str | None = None) -> SessionJob:
         """Record a job started in this session; a newer job takes over a reused pid."""

@@ -134,6 +134,31 @@ def test_a_client_module_importing_celery_is_caught(tmp_path: Path) -> None:
     ]
 
 
+#: The one module that holds Lua: the fleet and the client only run its texts.
+LUA_MODULE = "worker/wire/lua.py"
+
+
+def lua_outside(root: Path) -> list[str]:
+    """Modules of worker/ and client/ other than LUA_MODULE whose text calls Redis
+    from Lua."""
+    return [str(path.relative_to(root)) for folder in ("worker", "client")
+            for path in sorted((root / folder).rglob("*.py"))
+            if path != root / LUA_MODULE and "redis.call(" in path.read_text(encoding="utf-8")]
+
+
+def test_all_lua_is_in_one_module() -> None:
+    assert lua_outside(ROOT) == []
+    assert "redis.call(" in (ROOT / LUA_MODULE).read_text(encoding="utf-8")
+
+
+def test_lua_elsewhere_is_caught(tmp_path: Path) -> None:
+    fleet = tmp_path / "worker" / "fleet"
+    fleet.mkdir(parents=True)
+    (fleet / "stray.py").write_text("GET = \"return redis.call('GET', KEYS[1])\"\n")
+    (tmp_path / "client").mkdir()
+    assert lua_outside(tmp_path) == ["worker/fleet/stray.py"]
+
+
 def _loaded_after(statement: str) -> list[str]:
     """Top-level packages (and worker/client submodules) loaded by `statement`."""
     code = (
@@ -164,7 +189,8 @@ def _loaded_after(statement: str) -> list[str]:
          (*BROKER_LIBS, f"{W}.fleet")),
         ("import bashfleet.worker.wire.models, bashfleet.worker.wire.control, "
          "bashfleet.worker.wire.names, bashfleet.worker.wire.auth, "
-         "bashfleet.worker.wire.records", (*BROKER_LIBS, "psutil", f"{W}.engine")),
+         "bashfleet.worker.wire.records, bashfleet.worker.wire.lua",
+         (*BROKER_LIBS, "psutil", f"{W}.engine")),
         ("import bashfleet.worker", (*BROKER_LIBS, "psutil", f"{W}.engine", f"{W}.fleet")),
         ("import bashfleet.worker.engine.call, bashfleet.worker.engine.jobs",
          (*BROKER_LIBS, f"{W}.fleet")),

@@ -213,17 +213,6 @@ def test_nothing_unset_sends_no_unset_env() -> None:
     assert runner.last().options["unset_env"] == ()
 
 
-def test_old_session_records_load() -> None:
-    """A session stored by an older version still loads (its kept cwd and variables are
-    in the shell now: `unset_env` is dropped)."""
-    stored = (
-        '{"cwd": "/repo", "env": {"A": "1"}, "host": null, "jobs": {}, "pids": {}, '
-        '"offsets": {}, "unset_env": ["B"]}'
-    )
-    state = SessionState.model_validate_json(stored)
-    assert state.env == {"A": "1"} and state.cwd == "/repo"
-
-
 PROCS = (
     ProcessInfo(pid=31, state="sleeping", cpu_s=0.0, command="bash -c npm test"),
     ProcessInfo(pid=32, state="running", cpu_s=4.56, command="node jest"),

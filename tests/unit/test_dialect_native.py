@@ -693,9 +693,6 @@ def test_sessions_stored_before_the_history_load() -> None:
     stored = '{"cwd": null, "env": {}, "host": "h1", "jobs": {}, "pids": {}, "offsets": {}}'
     state = SessionState.model_validate_json(stored)
     assert (state.history, state.artifacts, state.fleet_session) == ([], {}, None)
-    # Fields that moved to the session's shell are dropped, not refused.
-    older = SessionState.model_validate({"unset_env": ["A"], "shells": {"s1": {"cwd": "/w"}}})
-    assert older == SessionState()
 
 
 # -------------------------------------------------------------------- named sessions

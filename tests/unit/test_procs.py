@@ -53,9 +53,9 @@ def test_boot_time_is_read_again_after_its_ttl(monkeypatch: pytest.MonkeyPatch) 
 
     monkeypatch.setattr(procs, "_boot_times", TimedMemo(ttl_s=10.0))
     monkeypatch.setattr(procs, "_read_boot_time", read)
-    assert procs._boot_time() == procs._boot_time() == 1000.0
+    assert procs.boot_time() == procs.boot_time() == 1000.0
     monkeypatch.setattr(procs._boot_times, "ttl_s", 0.0)
-    assert procs._boot_time() == 1001.0
+    assert procs.boot_time() == 1001.0
 
 
 def test_read_stat_parses_a_command_name_with_spaces_and_parentheses(

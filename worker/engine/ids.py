@@ -134,8 +134,3 @@ def claim(ids: HostIds, *, first: int = 0, lock_dir: Path = LOCK_DIR) -> Slot:
         return Slot(index, uid, gid, fd)
     raise OSError(errno.ENOSPC, f"every one of this host's {total} workspace id ranges is "
                   "in use")
-
-
-def id_map(first: int, count: int = SLOT_SIZE) -> str:
-    """A uid_map/gid_map line: ids 0.. inside are `first`.. on the host."""
-    return f"0 {first} {count}\n"

@@ -45,7 +45,6 @@ from bashfleet.worker.wire.models import (
     JobRecord,
     Spill,
     TailLines,
-    Truncation,
     WorkspaceRecord,
 )
 
@@ -466,11 +465,6 @@ def session_result(call: Call, record: JobRecord, out: SessionOutput, cwd: str, 
         duration_s=time.monotonic() - started, cwd=cwd, input_wait=out.input_wait,
         read_offset=out.offset,
     )
-
-
-def truncation_or_default(policy: Truncation | None) -> Truncation:
-    """The truncation of a read (the last 2000 lines / 50 KB when none is given)."""
-    return policy or TailLines()
 
 
 # ------------------------------------------------------------------ exchanges (the fleet)

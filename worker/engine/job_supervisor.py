@@ -58,10 +58,6 @@ def _start_time(pid: int) -> float:
     return boot + ticks / os.sysconf("SC_CLK_TCK")
 
 
-def _write_status(path: str, returncode: int, note: str | None = None) -> None:
-    job_end.write_status(path, returncode, note)
-
-
 def _wait(proc: Any, spec: dict[str, Any]) -> tuple[int, bool]:
     """Wait for the job: (returncode, whether its output cap stopped it). Past its
     timeout (24 h for the modes dialect's background jobs) or its cap, end its group
@@ -254,7 +250,7 @@ def main(spec_path: str) -> int:
         signal.signal(signum, _ignore)
     start = _start_in_keeper if spec.get("keeper") else _start_plain
     if spec.get("stdin", "null") != "null":
-        return int(relay.main(spec, start, _write_status, _remove_groups))
+        return int(relay.main(spec, start, job_end.write_status, _remove_groups))
     flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
     out_fd = os.open(spec["output_path"], flags, 0o644)
     err_fd = os.open(spec["stderr_path"], flags, 0o644) if spec.get("stderr_path") else None
@@ -280,7 +276,7 @@ def main(spec_path: str) -> int:
             handle.write(job_end.cap_notice(spec.get("output_cap_mb")))
         handle.write(job_end.completion_line(returncode))
     note = job_end.cap_note(spec.get("output_cap_mb"))
-    _write_status(spec["status_path"], returncode, note if capped else None)
+    job_end.write_status(spec["status_path"], returncode, note if capped else None)
     _remove_groups(spec)
     return 0
 

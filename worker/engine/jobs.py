@@ -473,12 +473,6 @@ def _paths_size(paths: list[str]) -> int:
             os.close(fd)
 
 
-def completion_line(returncode: int) -> str:
-    """The completion line (`[background process completed]` or `[background process
-    failed: STATUS]`), appended to a job's output when it ends."""
-    return job_end.completion_line(returncode)
-
-
 def is_running(record: JobRecord) -> bool:
     """True while the job's leader or any process carrying its marker is alive."""
     if procs.is_same_process(record.pid, record.start_time):

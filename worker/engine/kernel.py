@@ -332,18 +332,6 @@ def start_ticks(pid: int, proc_fd: int) -> int | None:
         return None
 
 
-def find_executable(name: str, env: Mapping[str, str]) -> str:
-    """The file execve would run for `name`, by the child's PATH (relative entries are
-    relative to the cwd, already entered), as Popen searches."""
-    if "/" in name:
-        return name
-    for folder in env.get("PATH", os.defpath).split(os.pathsep):
-        candidate = os.path.join(folder or ".", name)
-        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
-            return candidate
-    raise FileNotFoundError(errno.ENOENT, "No such file or directory", name)
-
-
 @dataclasses.dataclass(frozen=True)
 class Identity:
     """Who a spawned process is: ids in the user namespace it enters (`userns_fd`; -1:

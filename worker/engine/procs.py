@@ -201,7 +201,7 @@ def start_time(pid: int) -> float | None:
 
 
 def _start_time_of(stat: ProcStat) -> float | None:
-    boot = _boot_time()
+    boot = boot_time()
     if boot is None:
         return _psutil_start_time(stat.pid)
     # The same operations in the same order as psutil, so the floats are equal.
@@ -224,11 +224,6 @@ def _psutil_start_time(pid: int) -> float | None:
 _boot_times: TimedMemo[str, float | None] = TimedMemo(ttl_s=10.0)
 
 
-def boot_time() -> float | None:
-    """The host's boot time (seconds since the epoch), remembered once read."""
-    return _boot_time()
-
-
 def ns_pid(pid: int) -> int:
     """`pid` as the innermost PID namespace it is in sees it (its workspace's): the last
     NSpid of its status; `pid` itself when it has no other."""
@@ -240,8 +235,9 @@ def ns_pid(pid: int) -> int:
     return pid
 
 
-def _boot_time() -> float | None:
-    """The boot time from /proc/stat (`btime`), re-read every 10 s (at once when missing)."""
+def boot_time() -> float | None:
+    """The host's boot time (seconds since the epoch) from /proc/stat (`btime`), re-read
+    every 10 s (at once when missing)."""
     boot = _boot_times.get("btime", _read_boot_time)
     if boot is None:
         _boot_times.forget("btime")

@@ -89,14 +89,6 @@ def read_all_at(fd: int) -> bytes:
     return b"".join(chunks)
 
 
-def read_until_eof(fd: int) -> bytes:
-    """Everything a pipe gives until its writers closed it."""
-    chunks = []
-    while chunk := os.read(fd, 4096):
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
 def close_all(fds: Sequence[int]) -> None:
     """Close every fd, ignoring those already closed."""
     for fd in fds:

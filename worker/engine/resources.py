@@ -87,16 +87,6 @@ def cgroup_plan(settings: Settings) -> tuple[cgroups.CgroupLimits, cgroups.Suppo
     return carried, cgroup_support(settings, carried.controllers())
 
 
-def workspace_group(settings: Settings, granted_limits: WorkspaceLimits,
-                    name: str) -> cgroups.Group | None:
-    """A new cgroup for a workspace (None: none needed, or this host makes none)."""
-    carried = cgroup_limits(granted_limits)
-    support = cgroup_support(settings, carried.controllers())
-    if support.version is None:
-        return None
-    return cgroups.create(support, carried, name=name)
-
-
 def blank_group(settings: Settings, name: str) -> cgroups.Group | None:
     """A cgroup with every controller a workspace may need and no limit yet (a blank
     keeper's: its workspace's limits are written when it is claimed)."""

@@ -208,10 +208,6 @@ def _proc(path: str) -> None:
                      | kernel.MS_RDONLY)
 
 
-def _remount_ro(path: str) -> None:
-    kernel.remount_read_only(path)
-
-
 def _pivot(root: str) -> None:
     old = f"{root}/.old"
     os.mkdir(old, 0o700)
@@ -225,6 +221,6 @@ def _pivot(root: str) -> None:
 _ACTIONS: dict[str, Callable[..., None]] = {
     "private": _private, "tmpfs": _tmpfs, "mkdir": _mkdir, "rbind_ro": _rbind_ro,
     "bind": _bind, "bind_file": _bind_file, "symlink": _symlink, "devices": _devices,
-    "proc": _proc, "remount_ro": _remount_ro, "pivot": _pivot, "overlay": _overlay,
+    "proc": _proc, "remount_ro": kernel.remount_read_only, "pivot": _pivot, "overlay": _overlay,
     "idbind": _idbind,
 }

@@ -23,6 +23,8 @@ import redis.asyncio as aioredis
 import redis.asyncio.sentinel as aiosentinel
 import redis.sentinel
 
+from bashfleet.worker.wire import lua
+
 Redis = redis.Redis
 AsyncRedis = aioredis.Redis
 T = TypeVar("T")
@@ -248,16 +250,15 @@ def async_redis_client(url: str, *, binary: bool = False) -> AsyncRedis:
 
 
 class Script:
-    """A Lua script run with EVALSHA (loaded on first use, and again after a restart).
+    """A Lua script of `bashfleet.worker.wire.lua` run with EVALSHA (loaded on first use,
+    and again after a restart).
 
     Redis runs a script atomically, so a read-check-write needs one round trip and no
     WATCH retry loop: what the hot path of every call (submit, claim, finish) uses.
     """
 
     def __init__(self, source: str) -> None:
-        # `unpack` is a global in Redis' Lua 5.1 and `table.unpack` in later Luas
-        # (fakeredis' through lupa).
-        self.source = "local unpack = unpack or table.unpack\n" + source
+        self.source = lua.PRELUDE + source
         self.sha = hashlib.sha1(self.source.encode()).hexdigest()  # noqa: S324 - Redis' id
 
     def __call__(self, client: Redis, keys: list[str], args: list[object]) -> Any:

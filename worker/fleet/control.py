@@ -219,11 +219,6 @@ def owner_file(settings: Settings, call_id: str) -> Path:
     return settings.spill_dir / f"{call_id}.owner"
 
 
-def spill_owner(settings: Settings, call_id: str) -> str | None:
-    """The owner of a call's kept output; None when unknown (then only an admin reads it)."""
-    return spill_owner_and_folder(settings, call_id)[0]
-
-
 def spill_owner_and_folder(settings: Settings, call_id: str) -> tuple[str | None, Path]:
     """(the owner of a call's kept output, the directory of its spill files): from the
     owner file its exec task wrote (None, the spill directory: unknown)."""

@@ -2,7 +2,7 @@
 transitions of the calls it runs, its jobs, and the replies it delivers.
 
 Names and TTLs are in `bashfleet.worker.wire.names` (the key list is in its docstring); the Lua
-in `bashfleet.worker.fleet.scripts`; what a client reads and writes, in `bashfleet.client.records`.
+in `bashfleet.worker.wire.lua`; what a client reads and writes, in `bashfleet.client._core.records`.
 Updates that race (the host lock, a call's state) are atomic: WATCH/MULTI
 transactions, or a Lua script each for the transitions every call makes (claim,
 finish), one round trip and no retry.
@@ -30,10 +30,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, cast
 
-from bashfleet.worker.fleet import scripts
-from bashfleet.worker.fleet.connect import Redis, flat_fields, hash_fields, transaction
+from bashfleet.worker.fleet.connect import Redis, Script, flat_fields, hash_fields, transaction
 from bashfleet.worker.settings import get_settings
-from bashfleet.worker.wire import names
+from bashfleet.worker.wire import lua, names
 from bashfleet.worker.wire.events import ended_event, seal_event, started_event
 from bashfleet.worker.wire.models import JobRecord, JobStatus
 from bashfleet.worker.wire.names import CALL_ACTIVE, CallState, JobState
@@ -51,6 +50,16 @@ from bashfleet.worker.wire.records import (
 #: The keys a worker seals with (`Settings.sealing_keys()`: its signing keys and the
 #: admin key; empty for a worker run --insecure-unsigned).
 Keys = Sequence[str]
+
+# The worker's scripts (their KEYS, ARGV and replies: `bashfleet.worker.wire.lua`).
+CLAIM = Script(lua.CLAIM)
+UPDATE = Script(lua.UPDATE)
+FINISH = Script(lua.FINISH)
+REPLY = Script(lua.REPLY)
+RESTORE = Script(lua.RESTORE)
+SAVE_JOB = Script(lua.SAVE_JOB)
+QUOTA_ACQUIRE = Script(lua.QUOTA_ACQUIRE)
+QUOTA_REFRESH = Script(lua.QUOTA_REFRESH)
 
 # ---------------------------------------------------------------------- host lock
 
@@ -197,7 +206,7 @@ def claim_call(
     if nonce is not None:
         keys.append(names.nonce_key(nonce))
     ttl_ms = max(1, int(nonce_ttl_s * 1000))
-    return cast(str, scripts.CLAIM.run_durable(
+    return cast(str, CLAIM.run_durable(
         client, keys,
         [names.CALL_TTL_S, names.RUNNING_TTL_S, call_id, ttl_ms, *flat_fields(fields)],
     ))
@@ -247,7 +256,7 @@ def update_call(client: Redis, call_id: str, **fields: object) -> str | None:
     Returns the call's state as it is after the update (one round trip for both).
     """
     args = [names.CALL_TTL_S, *flat_fields(fields)]
-    return cast("str | None", scripts.UPDATE(client, [names.call_key(call_id)], args))
+    return cast("str | None", UPDATE(client, [names.call_key(call_id)], args))
 
 
 @dataclass(frozen=True)
@@ -284,7 +293,7 @@ def finish_and_reply(
         keys.append(names.reply_key(reply.task_id))
         channel, payload = reply.publish_on(), reply.payload
     ttl = names.finished_call_ttl_s(bool(rest.get("job_id")))
-    previous, sent = scripts.FINISH.run_durable(
+    previous, sent = FINISH.run_durable(
         client, keys,
         [ttl, call_id, time.time(), names.REPLY_TTL_S, channel, payload,
          " ".join(hold_in), *flat_fields(rest)],
@@ -294,7 +303,7 @@ def finish_and_reply(
 
 def deliver_reply(client: Redis, reply: Reply) -> None:
     """Store a task's answer (REPLY_TTL_S) and publish it on its caller's channel."""
-    scripts.REPLY.run_durable(
+    REPLY.run_durable(
         client, [names.reply_key(reply.task_id)],
         [reply.payload, names.REPLY_TTL_S, reply.publish_on(), reply.task_id],
     )
@@ -311,7 +320,7 @@ def restore_running_call(
     """
     rest = {k: v for k, v in fields.items() if k != "state"}
     rest.update(call_id=call_id, host=host)
-    return cast(str, scripts.RESTORE(
+    return cast(str, RESTORE(
         client, [names.call_key(call_id), names.running_key(host)],
         [names.CALL_TTL_S, names.RUNNING_TTL_S, call_id, *flat_fields(rest)],
     ))
@@ -372,7 +381,7 @@ def save_job(
                 names.owner_jobs_key(record.host, space)]
     if counts_as_job(record):
         job_keys.append(names.quota_key(JOBS_QUOTA, space))
-    event_id = scripts.SAVE_JOB(
+    event_id = SAVE_JOB(
         client, job_keys,
         [names.JOB_TTL_S, record.id, record.started_at, names.EVENTS_MAXLEN,
          names.EVENTS_CHANNEL, seal_event(owners, started_event(record)),
@@ -456,7 +465,7 @@ def quota_acquire(
     ttl_s: float = names.QUOTA_TTL_S,
 ) -> Quota:
     """Take a place for `member` in `owner`'s quota of `kind`, unless `limit` are held."""
-    taken, held, soonest_ms = scripts.QUOTA_ACQUIRE(
+    taken, held, soonest_ms = QUOTA_ACQUIRE(
         client, [names.quota_key(kind, owner_space(owner))], [member, limit, int(ttl_s * 1000)]
     )
     return Quota(bool(taken), int(held), limit, max(0.0, int(soonest_ms) / 1000))
@@ -469,7 +478,7 @@ def quota_refresh(
     """Renew live members of `owner`'s quota (past the limit too: they exist); returns
     how many the owner holds."""
     args: list[object] = [int(ttl_s * 1000), *members]
-    return int(scripts.QUOTA_REFRESH(client, [names.quota_key(kind, owner_space(owner))], args))
+    return int(QUOTA_REFRESH(client, [names.quota_key(kind, owner_space(owner))], args))
 
 
 def quota_release(client: Redis, kind: str, owner: str, member: str) -> None:

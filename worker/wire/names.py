@@ -378,12 +378,9 @@ def valid_reply_channel(channel: str | None) -> bool:
     return bool(channel) and _REPLY_CHANNEL_RE.match(channel or "") is not None
 
 
-def reply_message(task_id: str, payload: str) -> str:
-    """A reply as published on a reply channel: the task id, a newline, the reply."""
-    return f"{task_id}\n{payload}"
-
-
 def parse_reply_message(message: str) -> tuple[str, str] | None:
-    """(task id, reply) of a reply channel's message; None when malformed."""
+    """(task id, reply) of a reply channel's message (the task id, a newline, the reply:
+    as the FINISH and REPLY scripts of `bashfleet.worker.wire.lua` publish it); None
+    when malformed."""
     task_id, newline, payload = message.partition("\n")
     return (task_id, payload) if newline and task_id else None

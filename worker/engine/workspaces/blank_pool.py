@@ -212,13 +212,13 @@ def make_blank(settings: Settings, net: str, *, prebuilt: bool = False) -> Blank
             os.close(fd)
         if slot is not None:
             slot.close()  # the keeper holds the lock now, for its life
-    blank = Blank(pid, making.start_time(pid), sock_path, group, note,
+    blank = Blank(pid, procs.start_time(pid), sock_path, group, note,
                   slot=dataclasses.replace(slot, fd=-1) if slot is not None else None,
                   layers=layers, prebuilt=layers is not None)
     if net == "egress":
         _blank_network(blank, settings)
     note.write_text(json.dumps({"pid": pid, "start": blank.start, "maker": os.getpid(),
-                                "maker_start": making.start_time(os.getpid()),
+                                "maker_start": procs.start_time(os.getpid()),
                                 "cgroup": [p for p, _ in group.paths] if group else [],
                                 "layers": str(layers) if layers else None}),
                     encoding="utf-8")

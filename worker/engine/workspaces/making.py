@@ -24,7 +24,6 @@ from bashfleet.worker.engine import (
     ids,
     layout,
     network,
-    procs,
     resources,
     sandbox,
     snapshots,
@@ -611,7 +610,3 @@ def _read_group(record: WorkspaceRecord) -> cgroups.Group:
         "v2" if os.path.exists(os.path.join(record.cgroup[0], "cgroup.controllers")) else "v1")
     controllers = tuple(resources.cgroup_limits(record.limits).controllers())
     return cgroups.Group(version, [(path, controllers) for path in record.cgroup])
-
-
-def start_time(pid: int) -> float | None:
-    return procs.start_time(pid)
