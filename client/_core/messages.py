@@ -49,9 +49,6 @@ Q = TypeVar("Q", bound=ControlRequest)
 #: What turns a worker's error (kind, message, file problem) into the exception raised.
 ErrorFor = Callable[[str, str, str | None], BashfleetError]
 
-#: Longest command shown in a call's task arguments (Flower's "args").
-ARGSREPR_COMMAND_CHARS = 500
-
 #: The system errors of a call that did not run at all: `run` raises CallNotRun for
 #: these (`limit`: its owner's cap of background jobs was reached, checked before the
 #: job starts). Not among them: a timeout, a signal, a cancel (the command ran, or was

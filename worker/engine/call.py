@@ -15,7 +15,6 @@ import os
 import re
 import select
 import shutil
-import signal
 import stat
 import subprocess
 import threading
@@ -161,11 +160,6 @@ def resolve_cwd(cwd: str | None, home: str | None = None) -> str:
     if not os.access(path, os.X_OK):
         raise CallError("bad_cwd", f"Working directory is not accessible: {path}")
     return path
-
-
-def host_limits(settings: Settings) -> limits.ResourceLimits:
-    """This host's per-call resource limits."""
-    return resources.host_limits(settings)
 
 
 def user_env(user: sandbox.User | None, workspace: WorkspaceRecord) -> dict[str, str]:
@@ -890,7 +884,7 @@ class _Outcome:
         code, sig = _split_status(returncode)
         result = self._result(exit_code=code, signal=sig)
         hit: str | None = _cgroup_hit(hits, code, sig)
-        host = host_limits(self.settings)
+        host = resources.host_limits(self.settings)
         if hit is None and host.any():
             hit = limits.limit_hit(host, code, sig, result.stdout + "\n" + result.stderr)
         return result.model_copy(update={"limit_hit": hit}) if hit else result
@@ -971,13 +965,3 @@ def _split_status(returncode: int) -> tuple[int | None, int | None]:
     if returncode < 0:
         return None, -returncode
     return returncode, None
-
-
-def signal_name(number: int | None) -> str | None:
-    """SIGTERM for 15, and so on."""
-    if number is None:
-        return None
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return f"signal {number}"

@@ -471,18 +471,6 @@ def _failure_reply(task: str, exc: Exception) -> ControlReply:
     return _error_reply(ToolError("internal", f"worker error: {exc!r}"))
 
 
-def control_reply(
-    rt: Runtime, task: str, args: tuple[Any, ...], answer: Answer
-) -> tuple[ControlRequest | None, ControlReply]:
-    """Verify (nonce included), validate, act, on this thread: the request (None:
-    refused before it was read) and the reply of one control message."""
-    try:
-        accepted = accept(rt, task, args, answer)
-    except Exception as exc:  # each kind its reply (`_failure_reply`)
-        return None, _failure_reply(task, exc)
-    return accepted.request, act(rt, task, accepted, answer)
-
-
 def lane_of(rt: Runtime, task: str) -> lanes.Lanes | None:
     """Where a request of `task` is acted on: None for the control thread itself (an
     instant one), else its owner's lane of the kind it needs."""

@@ -797,7 +797,7 @@ class HostInfo(Model):
     """Its last heartbeat (seconds since the epoch, its clock)."""
     sandbox: SandboxProbe | None = None
     """The isolation its calls get (default level, bubblewrap, cgroups, run-as user);
-    None for a worker that does not say (an older version)."""
+    None when the host's record carries no probe that reads as one."""
 
 
 class JobView(Model):
