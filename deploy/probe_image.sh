@@ -27,7 +27,7 @@ if [ ! -x "$ROOT/usr/bin/python3" ]; then
     --home-dir /nonexistent --shell /usr/sbin/nologin bashfleet-run
 fi
 rm -rf "$ROOT/opt/bashfleet" && mkdir -p "$ROOT/opt/bashfleet"
-cp -r pyproject.toml README.md worker client "$ROOT/opt/bashfleet/"
+cp -r pyproject.toml setup.py README.md worker client "$ROOT/opt/bashfleet/"
 cp /etc/resolv.conf "$ROOT/etc/resolv.conf"
 cp /etc/ssl/certs/ca-certificates.crt "$ROOT/tmp/host-ca.crt"  # this machine's proxy CA, if any
 [ -x "$ROOT/opt/venv/bin/python" ] || chroot "$ROOT" python3 -m venv /opt/venv
