@@ -21,6 +21,8 @@ from bashfleet.worker.wire.models import (
     WorkspaceView,
 )
 
+#: How often a workspace's keeper looks at its lease, and how long past its TTL (or its
+#: record's removal) it ends the workspace itself when no worker of its host did.
 LEASE_LOOK_S = 30.0
 LEASE_GRACE_S = 300.0
 #: Seconds a workspace deletion waits for its keeper (and so its processes) to be gone.
