@@ -198,12 +198,11 @@ def apply_change(shell: ShellState, change: ShellChange) -> ShellState:
     return ShellState(host=host, cwd=cwd, env=env, unset_env=tuple(unset), workspace=workspace)
 
 
-def workspace_gone(shell: ShellState, result: CallResult) -> bool:
-    """True when a session's call was refused because its workspace ended (unused past
-    its TTL): the session gets a new one."""
+def workspace_gone(result: CallResult) -> bool:
+    """True when a call was refused because the workspace it named had ended (unused
+    past its TTL, or deleted): a session gets a new one."""
     error = result.error
-    return (shell.workspace is not None and error is not None and error.kind == "not_found"
-            and shell.workspace in error.message)
+    return error is not None and error.kind == "not_found" and error.missing == "workspace"
 
 
 #: What a session's call says when its workspace had ended and a new one was made.

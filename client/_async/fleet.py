@@ -397,7 +397,8 @@ class AsyncFleet:
             shell = await self._call(self._shells.commit, session, shells.ShellChange(
                 host=request.host, workspace=request.workspace))
         result = await self._execute(shells.fill_request(shell, request))
-        if shells.workspace_gone(shell, result) and request.workspace is None:
+        if (shell.workspace is not None and request.workspace is None
+                and shells.workspace_gone(result)):
             # Its workspace ended (unused past its TTL): a new one, said so in the result.
             # (A caller that named it, an agent session, is told it ended: it asks for
             # the session's workspace again, `workspace(session=)`, and says so itself.)

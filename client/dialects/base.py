@@ -179,13 +179,6 @@ class RefusalError(Exception):
         self.answer = answer
 
 
-def workspace_ended(request: RunRequest, result: CallResult) -> bool:
-    """True when a call was refused because its workspace had ended."""
-    error = result.error
-    return (request.workspace is not None and error is not None
-            and error.kind == "not_found" and request.workspace in error.message)
-
-
 def validation_text(exc: ValidationError) -> str:
     """A request model's validation errors as one line: each field and what is wrong."""
     return "; ".join(
@@ -216,7 +209,7 @@ class GuardedRunner:
         its TTL) is made again, and the result says so."""
         placed = self._guarded(self._in_workspace, request)
         result = self._guarded(self._runner.execute, placed)
-        if self._session is not None and workspace_ended(placed, result):
+        if self._session is not None and shells.workspace_gone(result):
             self._session.workspaces.pop(placed.host or "", None)
             again = self._guarded(self._in_workspace, request)
             result = shells.with_new_workspace(self._guarded(self._runner.execute, again))

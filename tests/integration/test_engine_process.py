@@ -361,3 +361,16 @@ def test_concurrent_first_calls_are_all_sandboxed(engine: Engine) -> None:
         _end_adopted_keepers()
         _set_subreaper(False)
     assert sorted(made) == ["process"] * 6
+
+
+def test_a_call_in_a_deleted_workspace_says_the_workspace_is_missing(engine: Engine) -> None:
+    record = engine.workspace()
+    ran = engine.run("true", workspace=record.id, cwd=None)
+    assert ran.error is None and ran.exit_code == 0
+    workspaces.delete(record.id, engine.settings)
+    gone = engine.run("true", workspace=record.id, cwd=None)
+    assert gone.error is not None and gone.error.kind == "not_found"
+    assert gone.error.missing == "workspace"  # data a session acts on, not its message
+    # Any other refusal names nothing missing.
+    bad = engine.run("true", cwd="/no/such/dir")
+    assert bad.error is not None and bad.error.missing is None

@@ -20,6 +20,7 @@ from bashfleet.client.shells import (
     change_of,
     fill_request,
     session_cwd,
+    workspace_gone,
 )
 from bashfleet.worker.wire import names
 from bashfleet.worker.wire.models import CallResult, RunRequest, SystemError_
@@ -259,3 +260,22 @@ def test_a_session_call_runs_in_its_workspace_and_no_other() -> None:
     assert (filled.host, filled.workspace) == ("h1", "w" + "1" * 15)
     with pytest.raises(CallRejected, match="runs in workspace"):
         fill_request(shell, RunRequest(command="ls", session="s1", workspace="w" + "2" * 15))
+
+
+@pytest.mark.parametrize(
+    ("error", "gone"),
+    [
+        # What was not found is data: a message that names the workspace is not enough.
+        (SystemError_(kind="not_found", message="no such workspace on host a: w1",
+                      missing="workspace"), True),
+        (SystemError_(kind="not_found", message="no such workspace on host a: w1"), False),
+        (SystemError_(kind="not_found", message="no such job: w1"), False),
+        (SystemError_(kind="bad_cwd", message="w1", missing="workspace"), False),
+        (None, False),
+    ],
+)
+def test_a_gone_workspace_is_known_by_what_was_missing(
+    error: SystemError_ | None, gone: bool
+) -> None:
+    result = CallResult(call_id="c", host="a", error=error)
+    assert workspace_gone(result) is gone

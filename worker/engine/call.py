@@ -54,7 +54,7 @@ from bashfleet.worker.engine.secrets import redaction_pattern
 from bashfleet.worker.engine.startup import Startup
 from bashfleet.worker.engine.watcher import UNWATCHED, CallWatcher, Spawned
 from bashfleet.worker.settings import Settings, get_settings
-from bashfleet.worker.wire.errors import ToolError
+from bashfleet.worker.wire.errors import ErrorKind, ToolError
 from bashfleet.worker.wire.models import (
     CANCELLED,
     Call,
@@ -75,9 +75,14 @@ FOLLOW_BUDGET = 64 * 1024 * 1024
 class CallError(ToolError):
     """A system error: the call could not be run (bad cwd, spawn failure, policy block)."""
 
+    def __init__(self, kind: ErrorKind, message: str, *,
+                 missing: Literal["workspace"] | None = None) -> None:
+        super().__init__(kind, message)
+        self.missing = missing
+
     def as_model(self) -> SystemError_:
         """The error as it travels in a result."""
-        return SystemError_(kind=self.kind, message=self.message)
+        return SystemError_(kind=self.kind, message=self.message, missing=self.missing)
 
 
 @dataclass
@@ -195,14 +200,15 @@ def workspace_of(call: Call, settings: Settings) -> tuple[WorkspaceRecord, bool]
             # (it goes back to the pool for other owners' calls).
             if record.owner != call.owner or record.throwaway:
                 raise CallError("not_found", f"no such workspace on host {settings.host}: "
-                                f"{call.workspace}")
+                                f"{call.workspace}", missing="workspace")
             _check_isolation(call, record)
             return record, False
         spec = WorkspaceSpec(owner=call.owner, isolation=call.isolation, network=call.network,
                              path=workspaces.project_dir(call.cwd, settings), tags=call.tags)
         return workspaces.throwaways.take(settings, spec), True
     except workspaces.WorkspaceError as exc:
-        raise CallError(exc.kind, exc.message) from None
+        gone = exc.kind == "not_found" and call.workspace is not None
+        raise CallError(exc.kind, exc.message, missing="workspace" if gone else None) from None
 
 
 def _check_isolation(call: Call, record: WorkspaceRecord) -> None:

@@ -528,6 +528,9 @@ class SystemError_(Model):  # noqa: N801 - avoid shadowing the builtin SystemErr
     processes killed). `limit`: an owner's cap was reached (the call did not run)."""
     message: str
     """What went wrong, for a person or a model."""
+    missing: Literal["workspace"] | None = None
+    """With `not_found`: what was not there. `workspace`: the workspace the call names
+    has ended (unused past its TTL, or deleted); a session makes a new one."""
 
     @field_validator("kind", mode="before")
     @classmethod
