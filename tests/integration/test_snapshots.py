@@ -239,3 +239,23 @@ def test_a_snapshot_of_an_image_workspace_forks_on_its_image(
         assert not [r for r in workspaces.local_records(engine.settings) if r.owner == "o"]
     finally:
         workspaces.delete(source.id, engine.settings)
+
+
+def test_files_that_come_and_go_while_it_copies_never_fail_a_snapshot(engine: Engine) -> None:
+    source = workspaces.create(WorkspaceSpec(owner="o"), engine.settings)
+    try:
+        churn = engine.run("(while :; do for i in $(seq 200); do echo x > /tmp/churn.$i; done; "
+                           "rm -f /tmp/churn.*; done) >/dev/null 2>&1 & echo started",
+                           workspace=source.id, cwd=None, owner="o")
+        assert churn.exit_code == 0
+        for _ in range(5):
+            snap, _ = snapshots.take(source, engine.settings)
+            # The snapshot is the instant it was frozen at: never a file half there.
+            fork = workspaces.create(WorkspaceSpec(owner="o", snapshot=snap.id), engine.settings)
+            try:
+                sizes = _sh(engine, fork.id, "cat /tmp/churn.* 2>/dev/null | sort -u").strip()
+                assert sizes in ("", "x")
+            finally:
+                workspaces.delete(fork.id, engine.settings)
+    finally:
+        workspaces.delete(source.id, engine.settings)

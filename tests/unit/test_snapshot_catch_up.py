@@ -163,3 +163,30 @@ def test_a_link_the_first_copy_took_is_never_followed(tmp_path: Path,
     assert (canary / "passwd").read_text() == "host's"
     assert stat.S_IMODE(canary.stat().st_mode) == 0o755
     assert _tree(copy) == _tree(src)
+
+
+@pytest.mark.parametrize(
+    ("line", "vanished"),
+    [
+        ("cp: cannot stat '/s/ws/tmp/count.new': No such file or directory", True),
+        ("cp: cannot open '/s/ws/tmp/a' for reading: No such file or directory", True),
+        ("cp: cannot create regular file '/d/x': No space left on device", False),
+        ("cp: cannot open '/s/ws/secret' for reading: Permission denied", False),
+        ("No such file or directory", False),
+    ],
+)
+def test_only_an_entry_gone_mid_copy_is_forgiven_while_the_workspace_runs(
+    line: str, vanished: bool
+) -> None:
+    assert snapshots._vanished(line) is vanished
+
+
+def test_a_copy_whose_source_went_fails_only_when_the_workspace_was_frozen(
+    tmp_path: Path
+) -> None:
+    ws = WorkspaceRecord(id="w" + "0" * 15, host="h", path="/x", fresh=True, out_dir="/o",
+                         isolation="strict", network=True, ttl_s=1, created_at=0)
+    gone = [(["cp", "-a", "-T", "--", str(tmp_path / "gone"), str(tmp_path / "copy")], None)]
+    snapshots._run_copies(gone, ws, vanished_ok=True)  # running: the frozen pass settles it
+    with pytest.raises(snapshots.SnapshotError, match="No such file or directory"):
+        snapshots._run_copies(gone, ws)

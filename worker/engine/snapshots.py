@@ -198,13 +198,19 @@ Stamp = tuple[int, int, int, int, int, int, int]
 
 def _listing(root: Path) -> dict[str, tuple[Stamp, int]]:
     """Every entry under `root` (relative path -> its stamp and its blocks), `root`
-    itself as ``."""
+    itself as ``. Listed while the workspace runs, an entry may go between its
+    directory's read and its own look: it is not listed (it was not there to copy)."""
     found: dict[str, tuple[Stamp, int]] = {}
     stack = [""]
     while stack:
         rel = stack.pop()
         path = os.path.join(root, rel) if rel else str(root)
-        info = os.lstat(path)
+        try:
+            info = os.lstat(path)
+        except FileNotFoundError:
+            if not rel:
+                raise
+            continue
         found[rel] = ((info.st_mode, info.st_ino, info.st_uid, info.st_gid, info.st_size,
                        info.st_mtime_ns, info.st_ctime_ns), info.st_blocks)
         if stat.S_ISDIR(info.st_mode):
@@ -221,8 +227,10 @@ def _copy_frozen(ws: WorkspaceRecord, sources: list[tuple[Path, str]], dest: Pat
     copied again (its pause is that, not the whole copy). The ms they were paused, and
     what each layer held then (`_settle_copy` makes the copy that)."""
     before = {name: _listing(src) for src, name in sources}
+    # The workspace runs meanwhile: an entry it removes while cp walks is an error of cp
+    # (`cannot stat`), not of the snapshot; the frozen pass below settles it.
     _run_copies([(["cp", "-a", "--reflink=auto", "-T", "--", str(src), str(dest / name)],
-                  None) for src, name in sources], ws)
+                  None) for src, name in sources], ws, vanished_ok=True)
     started = time.monotonic()
     frozen = cgroups.freeze(ws.cgroup)
     try:
@@ -335,9 +343,11 @@ def _settle_dirs(src: Path, copy: Path, dirs: list[str]) -> None:
         os.utime(target, ns=(info.st_atime_ns, info.st_mtime_ns), follow_symlinks=False)
 
 
-def _run_copies(copies: list[tuple[list[str], str | None]], ws: WorkspaceRecord) -> None:
+def _run_copies(copies: list[tuple[list[str], str | None]], ws: WorkspaceRecord, *,
+                vanished_ok: bool = False) -> None:
     """Run cp processes all at once (the cost is per file, the kernel's, which the host's
-    cores share); SnapshotError naming the first that failed."""
+    cores share); SnapshotError naming the first that failed. With `vanished_ok`, a cp
+    whose only errors are entries gone before it reached them did not fail."""
     procs = [subprocess.Popen(argv, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                               env={"PATH": "/usr/bin:/bin", "LC_ALL": "C"})
              for argv, cwd in copies]
@@ -350,10 +360,17 @@ def _run_copies(copies: list[tuple[list[str], str | None]], ws: WorkspaceRecord)
             _, err = proc.communicate()
         if proc.returncode != 0:
             lines = err.decode("utf-8", "replace").strip().splitlines()
+            if vanished_ok and proc.returncode == 1 and lines and all(map(_vanished, lines)):
+                continue
             problems.append(lines[-1] if lines else f"cp exited {proc.returncode}")
     if problems:
         raise SnapshotError("internal", f"could not copy workspace {ws.id}'s layers: "
                             f"{problems[0]}")
+
+
+def _vanished(line: str) -> bool:
+    """A cp error line about an entry that no longer exists (LC_ALL=C: its words)."""
+    return line.startswith("cp: ") and line.endswith(": No such file or directory")
 
 
 def image_id(host_id: int, first: int) -> int:
