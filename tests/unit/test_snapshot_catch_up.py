@@ -186,7 +186,8 @@ def test_a_copy_whose_source_went_fails_only_when_the_workspace_was_frozen(
 ) -> None:
     ws = WorkspaceRecord(id="w" + "0" * 15, host="h", path="/x", fresh=True, out_dir="/o",
                          isolation="strict", network=True, ttl_s=1, created_at=0)
-    gone = [(["cp", "-a", "-T", "--", str(tmp_path / "gone"), str(tmp_path / "copy")], None)]
+    gone: list[tuple[list[str], str | None]] = [
+        (["cp", "-a", "-T", "--", str(tmp_path / "gone"), str(tmp_path / "copy")], None)]
     snapshots._run_copies(gone, ws, vanished_ok=True)  # running: the frozen pass settles it
     with pytest.raises(snapshots.SnapshotError, match="No such file or directory"):
         snapshots._run_copies(gone, ws)
