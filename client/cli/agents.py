@@ -9,13 +9,12 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
+from bashfleet.client.cli import common
 from bashfleet.client.exit_status import USAGE as EXIT_USAGE
 
 if TYPE_CHECKING:
-
     from bashfleet.client.dialects import Dialect
 
-from bashfleet.client.cli import common
 
 # ----------------------------------------------------------------------- schema, mcp
 

@@ -5,13 +5,6 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-# The module, by another name: `run` is the name of its subparser below.
-from bashfleet.client.cli import run as run_command
-
-if TYPE_CHECKING:
-
-    from bashfleet.client.cli.common import SubParsers
-
 from bashfleet.client.cli import (
     agents,
     common,
@@ -23,6 +16,13 @@ from bashfleet.client.cli import (
     snapshots,
     workspaces,
 )
+
+# The module, by another name: `run` is the name of its subparser below.
+from bashfleet.client.cli import run as run_command
+
+if TYPE_CHECKING:
+    from bashfleet.client.cli.common import SubParsers
+
 
 # ------------------------------------------------------------------------- parser
 

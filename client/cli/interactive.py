@@ -10,14 +10,13 @@ import sys
 from typing import TYPE_CHECKING
 
 from bashfleet.client import exit_status as statuses
+from bashfleet.client.cli import common, run
 from bashfleet.client.exit_status import USAGE as EXIT_USAGE
 from bashfleet.worker.wire.control import SessionOutput
 
 if TYPE_CHECKING:
-
     pass
 
-from bashfleet.client.cli import common, run
 
 # ------------------------------------------------------ interactive: tty, stdin, attach
 

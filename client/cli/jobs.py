@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from bashfleet.client import exit_status as statuses
+from bashfleet.client.cli import common
 from bashfleet.client.exit_status import TIMEOUT as EXIT_TIMEOUT
 from bashfleet.worker.wire.models import (
     CheckResult,
@@ -18,10 +19,8 @@ from bashfleet.worker.wire.models import (
 )
 
 if TYPE_CHECKING:
-
     from bashfleet.worker.wire.events import JobEvent
 
-from bashfleet.client.cli import common
 
 # ----------------------------------------------------------------------- check, kill
 

@@ -12,13 +12,12 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from bashfleet.client.cli import common
 from bashfleet.client.exit_status import USAGE as EXIT_USAGE
 
 if TYPE_CHECKING:
-
     pass
 
-from bashfleet.client.cli import common
 
 # ---------------------------------------------------------------- up, down, worker
 

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, TextIO, cast
 
 from bashfleet.client import exit_status as statuses
+from bashfleet.client.cli import common, interactive, jobs
 from bashfleet.client.exit_status import SYSTEM_ERROR as EXIT_SYSTEM_ERROR
 from bashfleet.client.exit_status import USAGE as EXIT_USAGE
 from bashfleet.worker.wire.control import NO_LINE
@@ -29,11 +30,9 @@ from bashfleet.worker.wire.models import (
 )
 
 if TYPE_CHECKING:
-
     from bashfleet.client.fleet import Fleet
     from bashfleet.client.foreground import ForegroundRun, Stream
 
-from bashfleet.client.cli import common, interactive, jobs
 
 # ------------------------------------------------------------------------------ run
 
