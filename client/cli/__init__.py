@@ -12,7 +12,7 @@ One module a group of commands: `run` (run, its spinner, its result), `interacti
 (--tty, stdin, attach, write), `jobs` (check, kill, output, ps, wait, events, hosts),
 `local_fleet` (up, down, and the worker-side commands), `agents` (schema, mcp),
 `workspaces`, `snapshots`, `images`, `owners`; `common` holds what they share and
-`parser` the options of all of them. This module is the entry point: `main`.
+`arguments` the options of all of them. This module is the entry point: `main`.
 """
 
 from __future__ import annotations
