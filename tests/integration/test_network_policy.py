@@ -435,13 +435,13 @@ import socket, threading
 tcp = socket.socket(); tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 tcp.bind(("127.0.0.1", 7777)); tcp.listen(8)
 uds = socket.socket(socket.AF_UNIX); uds.bind("\0bashfleet-test-abstract"); uds.listen(8)
+open("/tmp/serving", "w").close()  # both listen: what the test waits for
 def serve(s):
     while True:
         c, _ = s.accept(); c.sendall(b"mine\n"); c.close()
 threading.Thread(target=serve, args=(uds,), daemon=True).start()
 serve(tcp)
-EOF
-sleep 0.5"""
+EOF"""
 
 CONNECT_BOTH = r"""python3 - <<'EOF'
 import socket
@@ -458,6 +458,9 @@ EOF"""
 def test_loopback_and_abstract_sockets_are_each_workspaces_own(neteng: Engine) -> None:
     first, second = neteng.workspace(), neteng.workspace()
     neteng.run(SERVE_BOTH, workspace=first.id, background=True)
+    # Its server listening (a fixed sleep was too short on a loaded host), in its own /tmp.
+    ready = neteng.run("until [ -e /tmp/serving ]; do sleep 0.05; done", workspace=first.id)
+    assert ready.exit_code == 0, ready
     assert neteng.run(CONNECT_BOTH, workspace=first.id).stdout.split("\n")[:2] == ["mine", "mine"]
     other = neteng.run(CONNECT_BOTH, workspace=second.id).stdout.splitlines()
     assert [line.split()[0] for line in other] == ["refused", "refused"], other
