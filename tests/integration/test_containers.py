@@ -294,24 +294,26 @@ def _tree_digest(*roots: str) -> str:
     return digest.hexdigest()
 
 
-def test_root_inside_installs_packages_and_the_host_is_unchanged(multi: Engine) -> None:
+def test_root_inside_writes_its_own_layer_and_the_hosts_dirs_as_any_account_would(
+        multi: Engine) -> None:
+    """A host-root workspace's root makes what it likes at its own `/` (its layer), its
+    HOME and its directory (`pip install --user`, a venv); the host's directories are the
+    host's, read-only, their files nobody's inside: `apt-get install` and writes to
+    /usr/local are an image workspace's to make (tests/integration/test_image_workspaces)."""
     watched = ("/usr/local", "/usr/bin", "/etc/apt", "/var/lib/dpkg")
     before = _tree_digest(*watched)
     record = workspaces.create(WorkspaceSpec(), multi.settings)
     try:
         made = multi.run("mkdir /dst && echo data > /dst/f && cat /dst/f && "
-                         "echo 127.0.0.2 extra >> /etc/hosts && "
-                         "printf '#!/bin/sh\\necho tool\\n' > /usr/local/bin/bf-tool && "
-                         "chmod +x /usr/local/bin/bf-tool && bf-tool",
-                         workspace=record.id, cwd=None)
-        assert made.stdout == "data\ntool\n", made
-        installed = multi.run(
-            "apt-get install -y -q --no-install-recommends hello >/dev/null 2>&1; "
-            "hello 2>&1 | head -1; dpkg -s hello 2>/dev/null | grep -c '^Status: install ok'",
-            workspace=record.id, cwd=None, timeout_s=300)
-        assert installed.stdout.splitlines() == ["Hello, world!", "1"], installed
-        # A real `pip install` into the system's site-packages (a package made here: no
-        # index needed), its module and its console script where the host's go.
+                         "stat -c %u:%g /usr/bin/env /etc/hosts", workspace=record.id, cwd=None)
+        assert made.stdout == f"data\n{NOBODY}:{NOBODY}\n{NOBODY}:{NOBODY}\n", made
+        refused = multi.run(
+            "for f in /etc/hosts /usr/local/bin/bf-tool /var/lib/dpkg/bf-x; do "
+            "(echo x >> $f) 2>/dev/null && echo wrote $f; done; "
+            "apt-get install -y -q --no-install-recommends hello >/dev/null 2>&1 "
+            "|| echo no-apt", workspace=record.id, cwd=None, timeout_s=120)
+        assert refused.stdout == "no-apt\n", refused
+        # A real `pip install --user` (a package made here: no index needed) and a venv.
         package = Path(record.path) / "bfpkg"
         (package / "bfmod").mkdir(parents=True)
         (package / "bfmod" / "__init__.py").write_text(
@@ -323,21 +325,54 @@ def test_root_inside_installs_packages_and_the_host_is_unchanged(multi: Engine) 
         for path in (package, package / "bfmod", *package.rglob("*.py")):
             os.chown(path, record.ids[0], record.ids[0])  # the workspace root's, as uploaded
         piped = multi.run(
-            "python3 -m pip install -q --no-index --no-build-isolation "
+            "python3 -m pip install -q --user --no-index --no-build-isolation "
             "--break-system-packages --root-user-action=ignore ./bfpkg >/tmp/pip.log 2>&1 "
-            "|| cat /tmp/pip.log >&2; cd / && python3 -c 'import bfmod; print(bfmod.__file__)' "
-            "&& bf-cli", workspace=record.id, cwd=None, timeout_s=120)
-        assert piped.stdout.splitlines() == [
-            "/usr/local/lib/python3.11/dist-packages/bfmod/__init__.py", "bf-cli 42"], \
-            piped.stderr
+            "|| cat /tmp/pip.log >&2; cd / && python3 -c 'import bfmod; print(bfmod.VALUE)' "
+            "&& ~/.local/bin/bf-cli && python3 -m venv --without-pip /tmp/v "
+            "&& /tmp/v/bin/python -c 'import sys; print(sys.prefix)'",
+            workspace=record.id, cwd=None, timeout_s=120)
+        assert piped.stdout.splitlines() == ["42", "bf-cli 42", "/tmp/v"], piped.stderr
     finally:
         workspaces.delete(record.id, multi.settings)
     assert not Path("/dst").exists() and not Path("/usr/local/bin/bf-tool").exists()
-    assert not Path("/usr/local/bin/bf-cli").exists()
-    assert not Path("/usr/local/lib/python3.11/dist-packages/bfmod").exists()
-    assert shutil.which("hello") is None
-    assert "127.0.0.2 extra" not in Path("/etc/hosts").read_text()
     assert _tree_digest(*watched) == before
+
+
+@pytest.mark.parametrize("where", [
+    f"/var/cache/bf-deep-{uuid.uuid4().hex[:8]}/a/b/c/d/e",  # deeper than a scan would go
+    f"/usr/local/share/bf-deep-{uuid.uuid4().hex[:8]}",
+    f"/etc/bf-deep-{uuid.uuid4().hex[:8]}",
+])
+def test_a_root_only_host_file_made_after_the_worker_started_is_not_the_tenants(
+        multi: Engine, where: str) -> None:
+    """Host root's files are no workspace root's: a 0600 file, and a 0644 one in a 0700
+    directory, made after the workspace started, anywhere in the system's directories,
+    read by the host's root and by no unprivileged account, are not read by a tenant's
+    root either; a world-readable one beside them is (the probe can read)."""
+    record = workspaces.create(WorkspaceSpec(), multi.settings)
+    folder = Path(where)
+    # The outermost directory this test makes: all it removes after.
+    made = next(p for p in [*reversed(folder.parents), folder] if not p.exists())
+    try:
+        folder.mkdir(parents=True)
+        (folder / "master.key").write_text("root-only\n")
+        (folder / "master.key").chmod(0o600)
+        (folder / "open.txt").write_text("world\n")
+        (folder / "open.txt").chmod(0o644)
+        shut = folder / "shut"
+        shut.mkdir(mode=0o700)
+        (shut / "config").write_text("in-a-0700-dir\n")
+        (shut / "config").chmod(0o644)
+        assert as_nobody("cat", str(folder / "master.key"))[0] != 0
+        assert as_nobody("cat", str(folder / "open.txt")) == (0, b"world\n")
+        read = multi.run(f"cat {folder}/open.txt; cat {folder}/master.key; "
+                         f"cat {shut}/config; cat /etc/shadow | head -c 1",
+                         workspace=record.id, cwd=None)
+        assert read.stdout == "world\n", read
+        assert read.stderr.count("Permission denied") == 3, read.stderr
+    finally:
+        workspaces.delete(record.id, multi.settings)
+        shutil.rmtree(made, ignore_errors=True)
 
 
 def test_id_slots_are_freed_when_their_keeper_ends(multi: Engine) -> None:
@@ -524,12 +559,23 @@ def test_strict_on_a_non_root_worker_whose_home_is_under_home(tmp_path: Path) ->
 
 
 def test_a_workspaces_root_cannot_unmount_what_hides_the_hosts_secrets(multi: Engine) -> None:
-    assert Path("/etc/shadow").stat().st_size > 0  # there is something to hide
-    result = multi.run(
-        "unshare -m python3 -c 'import ctypes, os; libc = ctypes.CDLL(None, use_errno=True); "
-        "rc = libc.umount2(b\"/etc/shadow\", 2); print(rc, os.strerror(ctypes.get_errno())); "
-        "print(len(open(\"/etc/shadow\").read()))'; mount -t tmpfs none /mnt || echo no-mount")
+    secret = Path("/etc/bashfleet")  # the fleet's configuration: hidden by a tmpfs
+    made = not secret.exists()
+    secret.mkdir(mode=0o755, exist_ok=True)
+    probe = secret / f"bf-probe-{uuid.uuid4().hex[:8]}"
+    probe.write_text("config\n")
+    probe.chmod(0o644)
+    assert as_nobody("cat", str(probe)) == (0, b"config\n")  # any account could read it
+    try:
+        result = multi.run(
+            "unshare -m python3 -c 'import ctypes, os; libc = ctypes.CDLL(None, use_errno=True); "
+            f"rc = libc.umount2(b\"{secret}\", 2); print(rc, os.strerror(ctypes.get_errno())); "
+            f"print(os.listdir(\"{secret}\"))'; mount -t tmpfs none /mnt || echo no-mount")
+    finally:
+        probe.unlink()
+        if made:
+            secret.rmdir()
     lines = result.stdout.splitlines()
     assert lines[0].startswith("-1 "), result  # locked: it came from the keeper's namespace
-    assert lines[1] == "0"  # still /dev/null
+    assert lines[1] == "[]"  # still the empty tmpfs
     assert lines[-1] == "no-mount"  # its mount namespace is the host root's, not its own

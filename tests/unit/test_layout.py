@@ -193,13 +193,17 @@ def overlays(plan: list[list[Any]]) -> dict[str, list[Any]]:
     return {step[4]: [step[1], step[2]] for step in plan if step[0] == "overlay"}
 
 
-def test_with_layers_root_and_system_dirs_are_overlays_the_rest_read_only() -> None:
-    plan = layout.plan_view(spec(layers=L, idmapped=frozenset({"usr", "etc", "var"})))
+def test_with_layers_root_is_an_overlay_and_every_host_dir_read_only_with_its_ids() -> None:
+    """The host's directories, system ones included, are read-only binds with the host's
+    owners (mode bits decide what the workspace reads); nothing of the host is an
+    idmapped lower, which would make host root's files the workspace root's."""
+    plan = layout.plan_view(spec(layers=L))
     found = overlays(plan)
-    assert found[R] == [[[f"{L}/empty", False]], f"{L}/upper/root"]
-    for name in ("usr", "etc", "var"):
-        assert found[f"{R}/{name}"] == [[[f"/{name}", True]], f"{L}/upper/top.{name}"]
-    assert binds(plan)[f"{R}/home"] == ("/home", False)  # the host's ids: nobody's inside
+    assert found == {R: [[[f"{L}/empty", False]], f"{L}/upper/root"]}
+    for name in ("usr", "etc", "var", "home", "srv"):
+        assert binds(plan)[f"{R}/{name}"] == (f"/{name}", False)
+    assert not any(step[0] == "overlay" and any(idmapped for _, idmapped in step[1])
+                   for step in plan)
     assert binds(plan)[f"{R}/srv"] == ("/srv", False)
     # `/` is the workspace's own layer: never made read-only after the pivot.
     assert plan[-1] == ["pivot", R]
@@ -249,13 +253,11 @@ def test_made_from_snapshots_every_own_layer_stands_on_theirs() -> None:
     its overlays has the snapshots' layer of it over its base; its /tmp, /var/tmp, HOME
     and directory are overlays of theirs under its own directories; its directory is
     shown at the source's path, its changes kept in its own."""
-    plan = layout.plan_view(spec(layers=L, idmapped=frozenset({"usr", "etc"}), lowers=(S2, S1),
-                                 workspace_dir="/srv/ws/w2"))
+    plan = layout.plan_view(spec(layers=L, lowers=(S2, S1), workspace_dir="/srv/ws/w2"))
     found = overlays(plan)
     assert found[R] == [[[f"{S2}/root", True], [f"{S1}/root", True], [f"{L}/empty", False]],
                         f"{L}/upper/root"]
-    assert found[f"{R}/usr"] == [[[f"{S2}/top.usr", True], [f"{S1}/top.usr", True],
-                                  ["/usr", True]], f"{L}/upper/top.usr"]
+    assert binds(plan)[f"{R}/usr"] == ("/usr", False)  # the host's, as in any workspace
     own = {"tmp": ("/state/workspaces/w1/tmp", f"{R}/tmp"),
            "vartmp": ("/state/workspaces/w1/vartmp", f"{R}/var/tmp"),
            "home": ("/state/workspaces/w1/home", f"{R}/home/runner"),
@@ -288,7 +290,7 @@ def test_without_snapshots_the_own_directories_are_binds_as_before() -> None:
     ("mounts", "expected"),
     [
         ({"/srv/testbed": "/srv/ws/w1/sub"}, {"srv"}),     # under a read-only host entry
-        ({"/usr/share/x": "/srv/ws/w1/sub"}, set()),       # an overlay already
+        ({"/usr/share/x": "/srv/ws/w1/sub"}, {"usr"}),     # a system directory too
         ({"/logs": "/srv/ws/w1/logs"}, set()),             # a new top-level: the root's
         ({"/srv": "/srv/ws/w1/sub"}, set()),               # the entry itself: bound over
         ({"/home/a/b": "/srv/ws/w1/x", "/srv/t": "/srv/ws/w1/y"}, {"home", "srv"}),
@@ -296,9 +298,28 @@ def test_without_snapshots_the_own_directories_are_binds_as_before() -> None:
 )
 def test_host_entries_holding_a_mount_point_are_overlays_of_their_own(
         mounts: dict[str, str], expected: set[str]) -> None:
-    made = spec(layers=L, idmapped=frozenset({"usr", "etc", "var"}), mounts=mounts)
+    made = spec(layers=L, mounts=mounts)
     assert layout.mount_entries(made) == expected
     found = overlays(layout.plan_view(made))
     for name in expected:  # the host's directory as it is: its ids, not the workspace's
         assert found[f"{R}/{name}"] == [[[f"/{name}", False]], f"{L}/upper/top.{name}"]
     assert layout.mount_entries(spec(mounts=mounts)) == frozenset()  # no layers: no overlay
+
+
+def test_prebuilt_system_dirs_are_bound_ahead_and_not_again() -> None:
+    """A blank keeper binds the host's system directories read-only ahead of its claim
+    (none through an id map); the claim binds the other entries, and a system directory
+    that holds a mount point gets its overlay over the bind made ahead."""
+    ahead = layout.prebuild_steps(L, ENTRIES)
+    merged = f"{L}/merged"
+    assert ahead[:3] == [["private"], ["mkdir", merged, 0o755],
+                         ["overlay", [[f"{L}/empty", False]], f"{L}/upper/root",
+                          f"{L}/work/root", merged]]
+    assert [s for s in ahead if s[0] == "rbind_ro"] == [
+        ["rbind_ro", f"/{n}", f"{merged}/{n}"] for n in ("etc", "usr", "var")]
+    claim = layout.plan_view(spec(root=merged, layers=L, prebuilt=True,
+                                  mounts={"/usr/share/x": "/srv/ws/w1/sub"}))
+    bound = binds(claim)
+    assert f"{merged}/etc" not in bound and f"{merged}/var" not in bound
+    assert bound[f"{merged}/home"] == ("/home", False)
+    assert overlays(claim)[f"{merged}/usr"] == [[["/usr", False]], f"{L}/upper/top.usr"]

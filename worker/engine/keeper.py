@@ -592,7 +592,8 @@ def _setup_view(spec: dict[str, Any]) -> kernel.Identity | None:
     """The view, then what calls must not have; who calls run as.
 
     With `ids` (a root worker's workspace): a user namespace of its own mapped to its
-    host ids, through which the view's layers show their files (idmapped mounts) and
+    host ids, through which an image's and a snapshot's layers show their files (idmapped
+    mounts; the host's own directories keep the host's ids) and
     which every call enters as `user` (root inside by default). The keeper itself stays
     root on the host, outside that namespace: nothing a call does reaches it.
     Else with `uid` (a root worker on a single-tenant host): calls run as the run user."""

@@ -4,7 +4,12 @@
 Pure functions over what was looked up on the host (`HostRoot`, `ViewSpec`), so every
 rule is table-tested here:
 
-- the host is read-only: each entry of `/` is bound read-only (mounts under it too);
+- the host is read-only: each entry of `/` is bound read-only (mounts under it too),
+  with the host's owners: a workspace's ids are none of them, so their mode bits decide
+  what it reads, as for any unprivileged account of the host (never an idmapped mount:
+  host root's files shown as the workspace root's would let it read every secret, and
+  overlayfs and mounts under `/var` cannot be idmapped at all). With layers, `/` itself
+  is an overlay of the workspace's own: new top-level directories are its to make;
 - the workspace's directory is read-write at its host path, and so are the roots an
   operator lists as writable (`BASHFLEET_SANDBOX_WRITABLE`); its output directory is
   read-only at its host path (every path a dialect shows is a path a call can read);
@@ -70,16 +75,13 @@ class ViewSpec:
     view on a tmpfs, as a single-tenant host gives)."""
     image: str | None = None
     """With `layers`: the image root filesystem its `/` stands on (None: the host's)."""
-    idmapped: frozenset[str] = frozenset()
-    """With `layers` over the host: the entries of `/` shown through the workspace's user
-    namespace (host root's files its root's), each an overlay of its own."""
     project: bool = False
     """The workspace's directory (and its mounts) is a project's, owned by the host's run
     user: shown through a map that makes that user the workspace's root (`idbind`), as
     the roots every workspace may write (`writable`) are."""
     prebuilt: bool = False
-    """With `layers` over the host: its `/` and the idmapped entries' overlays were built
-    ahead (`prebuild_steps`) at `root`: not built again."""
+    """With `layers` over the host: its `/` and the host's system directories
+    (`SYSTEM_ENTRIES`) were mounted ahead (`prebuild_steps`) at `root`: not again."""
     lowers: tuple[str, ...] = ()
     """With `layers`: the snapshots it is made from, newest first (each a directory of
     layers named as its own: `root`, `top.<entry>`, `home`, `tmp`, `vartmp`, `work` for
@@ -134,7 +136,7 @@ def plan_view(spec: ViewSpec) -> list[Step]:
     # read-only bind of the host they must exist.
     mounts: list[tuple[str, bool]] = [(r, True), (f"{r}/tmp", True)]
     if spec.image is None:
-        grows = _overlaid(spec) | mount_entries(spec)
+        grows = mount_entries(spec)
         mounts += [(f"{r}/{e.name}", e.name in grows) for e in spec.entries
                    if e.kind == "dir" and e.name not in OWN_ENTRIES]
     mounts += [(f"{r}{d}", True) for d in outer]
@@ -183,19 +185,23 @@ def _root_steps(spec: ViewSpec) -> list[Step]:
     return [_overlay(spec.layers, "root", lower, r, spec.lowers)]
 
 
-def prebuild_steps(layers: str, entries: Sequence[Entry],
-                   idmapped: frozenset[str]) -> list[Step]:
+#: The host's system directories: a blank keeper binds them ahead of its claim (they
+#: do not come and go as other entries of `/` may).
+SYSTEM_ENTRIES = frozenset({"bin", "etc", "lib", "lib32", "lib64", "libx32", "sbin", "usr",
+                            "var"})
+
+
+def prebuild_steps(layers: str, entries: Sequence[Entry]) -> list[Step]:
     """What a blank keeper builds ahead of its claim: the host's root in layers at
-    `<layers>/merged` (its `/` and the overlays of the entries shown through its user
-    namespace), in a mount tree made private first (nothing of it may reach the host's)."""
+    `<layers>/merged` (its own `/` and the host's system directories bound read-only in
+    it), in a mount tree made private first (nothing of it may reach the host's)."""
     merged = f"{layers}/merged"
     steps: list[Step] = [["private"], ["mkdir", merged, 0o755],
                          _overlay(layers, "root", [f"{layers}/empty", False], merged)]
     for entry in sorted(entries, key=lambda e: e.name):
-        if entry.kind == "dir" and entry.name in idmapped and entry.name not in OWN_ENTRIES:
+        if entry.kind == "dir" and entry.name in SYSTEM_ENTRIES:
             steps += [["mkdir", f"{merged}/{entry.name}", 0o755],
-                      _overlay(layers, upper_name(entry.name), [f"/{entry.name}", True],
-                               f"{merged}/{entry.name}")]
+                      ["rbind_ro", f"/{entry.name}", f"{merged}/{entry.name}"]]
     return steps
 
 
@@ -231,33 +237,26 @@ def _layer_name(spec: ViewSpec, view_path: str, host_path: str) -> str | None:
     return None
 
 
-def _overlaid(spec: ViewSpec) -> frozenset[str]:
-    """Entries of the host's `/` that are overlays (writable in the view)."""
-    return spec.idmapped if spec.layers is not None and spec.image is None else frozenset()
-
-
 def upper_name(entry: str) -> str:
     """The name of a host entry's upper layer under `upper/` (`root` is `/`'s own)."""
     return f"top.{entry}"
 
 
 def mount_entries(spec: ViewSpec) -> frozenset[str]:
-    """Host entries shown read-only with the host's ids (not `idmapped`) that hold a
-    mount's view path: with layers, each is an overlay of its own (upper `top.<name>`,
-    the host's directory its lower as it is), so that a mount point the host has not
-    got can be made there; the host's files in it stay the host's, read-only to the
-    workspace as before."""
+    """Host entries (shown read-only with the host's ids) that hold a mount's view path:
+    with layers, each is an overlay of its own (upper `top.<name>`, the host's directory
+    its lower as it is), so that a mount point the host has not got can be made there;
+    the host's files in it stay the host's, read-only to the workspace as before."""
     if spec.layers is None or spec.image is not None:
         return frozenset()
     dirs = {e.name for e in spec.entries if e.kind == "dir" and e.name not in OWN_ENTRIES}
-    return frozenset(name for name in dirs - spec.idmapped
+    return frozenset(name for name in dirs
                      if any(inside(view, f"/{name}") and view != f"/{name}"
                             for view in spec.mounts))
 
 
 def _host_entries(r: str, entries: Sequence[Entry], spec: ViewSpec) -> list[Step]:
     steps: list[Step] = []
-    overlaid = _overlaid(spec)
     for_mounts = mount_entries(spec)
     for entry in sorted(entries, key=lambda e: e.name):
         if entry.name in OWN_ENTRIES or "/" in entry.name or entry.name in ("", ".", ".."):
@@ -265,16 +264,12 @@ def _host_entries(r: str, entries: Sequence[Entry], spec: ViewSpec) -> list[Step
         path = f"/{entry.name}"
         if entry.kind == "link":
             steps.append(["symlink", entry.target, f"{r}{path}"])
-        elif entry.kind == "dir" and entry.name in overlaid and spec.prebuilt:
-            continue  # built ahead
-        elif entry.kind == "dir" and entry.name in overlaid:
-            steps += [["mkdir", f"{r}{path}", 0o755],
-                      _overlay(str(spec.layers), upper_name(entry.name), [path, True],
-                               f"{r}{path}", spec.lowers)]
         elif entry.kind == "dir" and entry.name in for_mounts:
             steps += [["mkdir", f"{r}{path}", 0o755],
                       _overlay(str(spec.layers), upper_name(entry.name), [path, False],
                                f"{r}{path}")]
+        elif entry.kind == "dir" and spec.prebuilt and entry.name in SYSTEM_ENTRIES:
+            continue  # bound ahead
         elif entry.kind == "dir":
             steps += [["mkdir", f"{r}{path}", 0o755], ["rbind_ro", path, f"{r}{path}"]]
         else:

@@ -1,14 +1,13 @@
 """Snapshots: a workspace's own layers, frozen read-only, that new workspaces stand on.
 
 A workspace with ids of its own keeps what its calls change in directories of its own:
-the upper layers of its `/` (and of the host's system directories it sees through its
-user namespace), its `/tmp`, `/var/tmp`, HOME and directory. A snapshot is a copy of
+the upper layer of its `/`, its `/tmp`, `/var/tmp`, HOME and directory. A snapshot is a copy of
 them, taken while the cgroup freezer holds its processes still (they go on after, their
 streams and jobs untouched), with the ids shifted to the image's own (0-65535), so that
 it is a layer like an image's: shown through any workspace's user namespace.
 
     snapshots/<id>.json        its record (`SnapshotRecord`): what it stands on
-    snapshots/<id>/layer/      root/ top.<entry>/ home/ tmp/ vartmp/ work/
+    snapshots/<id>/layer/      root/ home/ tmp/ vartmp/ work/
 
 A workspace made from one (`fork`, `snapshot=`, `restore`) has the snapshot's layers,
 and those it stood on, between an empty upper layer of its own and its base: made in
@@ -26,7 +25,7 @@ import stat
 import subprocess
 import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 
 from bashfleet.worker.engine import cgroups, ids, layout
@@ -70,14 +69,12 @@ def record_path(settings: Settings, snap_id: str) -> Path:
 
 
 def layer_path(settings: Settings, snap_id: str) -> Path:
-    """The snapshot's layers (`root/`, `top.<entry>/`, `home/`, `tmp/`, `vartmp/`, `work/`)."""
+    """The snapshot's layers (`LAYER_NAMES`)."""
     return snapshots_dir(settings) / snap_id / "layer"
 
 
-def layer_names(entries: Iterable[str]) -> tuple[str, ...]:
-    """Every layer a snapshot holds: `/`'s, one per host entry seen through the
-    workspace's user namespace, and its own directories'."""
-    return ("root", *(layout.upper_name(entry) for entry in entries), *layout.OWN_LAYERS)
+#: Every layer a snapshot holds: `/`'s and its own directories'.
+LAYER_NAMES = ("root", *layout.OWN_LAYERS)
 
 
 # --------------------------------------------------------------------------- records
@@ -126,10 +123,6 @@ def own_dirs(ws: WorkspaceRecord, settings: Settings) -> list[tuple[Path, str]]:
     state = workspaces.state_path(settings, ws.id)
     upper = state / "layer" / "upper"
     found = [(upper / "root", "root")]
-    for entry in workspaces.IDMAPPED_ENTRIES:
-        name = layout.upper_name(entry)
-        if (upper / name).is_dir():
-            found.append((upper / name, name))
     found += [(state / "home", "home"), (state / "tmp", "tmp"), (state / "vartmp", "vartmp"),
               (Path(ws.host_dir()), "work")]
     return found
@@ -167,7 +160,7 @@ def take(ws: WorkspaceRecord, settings: Settings, *, ttl_s: float | None = None,
         paused_ms, listings = _copy_frozen(ws, own_dirs(ws, settings), staging / "layer")
         layer = staging / "layer"
         size = _settle_copy(layer, ws.ids[0], listings)
-        for name in layer_names(workspaces.IDMAPPED_ENTRIES):
+        for name in LAYER_NAMES:
             (layer / name).mkdir(mode=0o755, exist_ok=True)
         record = SnapshotRecord(
             id=snap_id, host=settings.host, owner=ws.owner, workspace=ws.id,

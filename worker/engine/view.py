@@ -37,6 +37,7 @@ nosuid and nodev: a set-user-id file a call makes stays inert in every view.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -96,31 +97,51 @@ def _rbind_ro(src: str, dst: str) -> None:
                 os.rmdir(dst)
             return
         raise
-    kernel.read_only_tree(dst)
+    kernel.set_tree_attrs(dst, kernel.MOUNT_ATTR_RDONLY | kernel.MOUNT_ATTR_NOSUID
+                          | kernel.MOUNT_ATTR_NODEV)
 
 
 def _bind(src: str, dst: str, writable: bool) -> None:
     fd = open_no_links(src)
     try:
-        kernel.mount(f"/proc/self/fd/{fd}", dst, None, kernel.MS_BIND | kernel.MS_REC)
+        _bind_opened(fd, dst, writable)
     finally:
         os.close(fd)
+
+
+def _bind_opened(fd: int, dst: str, writable: bool) -> None:
+    kernel.mount(f"/proc/self/fd/{fd}", dst, None, kernel.MS_BIND | kernel.MS_REC)
     kernel.set_tree_attrs(dst, kernel.MOUNT_ATTR_NOSUID | kernel.MOUNT_ATTR_NODEV
                           | (0 if writable else kernel.MOUNT_ATTR_RDONLY))
 
 
 def _idbind(src: str, dst: str) -> None:
     """A project's directory at `dst`, writable, its run user's files the workspace
-    root's (and what its root makes, the run user's on the host)."""
+    root's (and what its root makes, the run user's on the host). Where the kernel
+    cannot map it (a file system that takes no id map, as overlayfs, or a mount under it
+    that takes none), it is shown read-only with the host's ids instead: a workspace
+    that cannot write there, not one that cannot start."""
     fd = open_no_links(src)
     try:
-        tree = kernel.idmapped_tree(f"/proc/self/fd/{fd}", _userns[1], read_only=False)
+        try:
+            tree = kernel.idmapped_tree(f"/proc/self/fd/{fd}", _userns[1], read_only=False)
+        except OSError as exc:
+            if exc.errno not in UNMAPPABLE:
+                raise
+            _bind_opened(fd, dst, writable=False)
+            return
     finally:
         os.close(fd)
     try:
         kernel.attach(tree, dst)
     finally:
         os.close(tree)
+
+
+#: What mount_setattr(2) answers for a tree it cannot idmap: EINVAL (the file system,
+#: or one mounted under it, takes no id map), EPERM and EOPNOTSUPP (kernels and file
+#: systems without it).
+UNMAPPABLE = frozenset({errno.EINVAL, errno.EPERM, errno.EOPNOTSUPP})
 
 
 def open_no_links(path: str) -> int:

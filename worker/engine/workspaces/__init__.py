@@ -28,7 +28,6 @@ from bashfleet.worker.engine.workspaces.lifecycle import (
     set_network,
 )
 from bashfleet.worker.engine.workspaces.making import (
-    IDMAPPED_ENTRIES,
     create,
     group_of,
     project_dir,
@@ -58,7 +57,6 @@ from bashfleet.worker.engine.workspaces.usage import (
 from bashfleet.worker.engine.workspaces.visibility import home_of, shell_of, workspace_env
 
 __all__ = [
-    "IDMAPPED_ENTRIES",
     "LEASE_GRACE_S",
     "LEASE_LOOK_S",
     "WorkspaceError",

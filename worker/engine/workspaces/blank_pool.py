@@ -181,8 +181,7 @@ def make_blank(settings: Settings, net: str, *, prebuilt: bool = False) -> Blank
             spec["slot"] = True
         if layers is not None and slot is not None:
             making.make_layers(layers, slot, None)
-            spec["prebuild"] = layout.prebuild_steps(str(layers), visibility.host_entries(),
-                                                     frozenset(making.IDMAPPED_ENTRIES))
+            spec["prebuild"] = layout.prebuild_steps(str(layers), visibility.host_entries())
         with contextlib.suppress(OSError):
             group = resources.blank_group(settings, f"ws-{name}")
         listener = launcher.listen(sock_path)

@@ -9,7 +9,6 @@ layers over them, with a writable layer of its own. A blank keeper from the pool
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import json
 import os
@@ -378,21 +377,15 @@ def _make_dirs(record: WorkspaceRecord, settings: Settings, user: sandbox.User |
 
 
 def make_layers(layers: Path, slot: ids.Slot, image_root: str | None) -> None:
-    """The workspace's own layers: for `/` and for each host entry shown through its user
-    namespace, an upper directory (what its calls change) whose owner and mode are those
-    of the directory it lies over as the workspace sees it (an overlay shows its upper
-    root's), and a work directory the overlay needs."""
+    """The workspace's own layers: for `/`, an upper directory (what its calls change)
+    whose owner and mode are those of the image's root as the workspace sees it (an
+    overlay shows its upper root's; over the host, the workspace root's own), and a
+    work directory the overlay needs."""
     for name in ("upper", "work", "empty"):
         (layers / name).mkdir(mode=0o700 if name != "empty" else 0o755, parents=True)
     _upper(layers, "root", os.stat(image_root) if image_root else None, slot)
     if image_root is not None:
         _seed_network_files(layers / "upper" / "root", image_root, slot)
-    if image_root is None:
-        for entry in IDMAPPED_ENTRIES:
-            with contextlib.suppress(FileNotFoundError):
-                info = os.stat(f"/{entry}", follow_symlinks=False)
-                if stat.S_ISDIR(info.st_mode):
-                    _upper(layers, layout.upper_name(entry), info, slot)
 
 
 def _make_snapshot_layers(record: WorkspaceRecord, settings: Settings, slot: ids.Slot,
@@ -406,11 +399,6 @@ def _make_snapshot_layers(record: WorkspaceRecord, settings: Settings, slot: ids
     newest = snapshots.layer_path(settings, record.lowers[0])
     del image_root  # the snapshot's layer of `/` has its image's root's owner and mode
     _upper(layers, "root", os.stat(newest / "root"), slot)
-    for entry in IDMAPPED_ENTRIES:  # the host's real directories only, as `make_layers`
-        with contextlib.suppress(FileNotFoundError):
-            if stat.S_ISDIR(os.stat(f"/{entry}", follow_symlinks=False).st_mode):
-                name = layout.upper_name(entry)
-                _upper(layers, name, os.stat(newest / name), slot)
     state = store.state_path(settings, record.id)
     own = {"home": state / "home", "tmp": state / "tmp", "vartmp": state / "vartmp",
            "work": Path(record.host_dir())}
@@ -486,15 +474,6 @@ def _upper(layers: Path, name: str, lower: os.stat_result | None, slot: ids.Slot
         return
     os.chown(upper, _shifted(lower.st_uid, slot.uid), _shifted(lower.st_gid, slot.gid))
     upper.chmod(stat.S_IMODE(lower.st_mode))
-
-
-#: Entries of the host's `/` a workspace with ids of its own sees through its user
-#: namespace, each an overlay with an upper layer of its own: the system's directories,
-#: where package managers write (`apt-get install`, `pip install` into /usr/local).
-#: Host root's files there are the workspace root's (secrets masked: `private_entries`);
-#: every other entry (/home, /opt, /srv, /root...) is shown read-only with the host's
-#: ids, which are nobody's in the workspace: a 0700 directory there stays shut to it.
-IDMAPPED_ENTRIES = ("bin", "etc", "lib", "lib32", "lib64", "libx32", "sbin", "usr", "var")
 
 
 def _start_keeper(record: WorkspaceRecord, settings: Settings, user: sandbox.User | None,

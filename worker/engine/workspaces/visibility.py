@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
-import stat
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,7 +20,7 @@ from bashfleet.worker.engine import (
     snapshots,
 )
 from bashfleet.worker.engine.memo import TimedMemo
-from bashfleet.worker.engine.workspaces import making, store
+from bashfleet.worker.engine.workspaces import store
 from bashfleet.worker.engine.workspaces.store import WorkspaceError
 from bashfleet.worker.settings import Settings, default_state_dir, secret_paths
 from bashfleet.worker.wire.models import (
@@ -129,10 +128,6 @@ def view_spec(record: WorkspaceRecord, settings: Settings, user: sandbox.User | 
     if image_root is None:  # an image's view holds nothing of the host's to hide
         dirs, files = layout.existing(hidden_paths(settings, record))
         dirs += known_dirs()  # real and existing already (looked up once every 10 s)
-        if record.ids is not None:
-            private_dirs, private_files = private_entries()
-            dirs += private_dirs
-            files += private_files
     writable, _ = layout.existing(settings.sandbox_writable)
     lowers = snapshots.chain_paths(record, settings) if record.lowers else ()
     return layout.ViewSpec(
@@ -146,7 +141,7 @@ def view_spec(record: WorkspaceRecord, settings: Settings, user: sandbox.User | 
         protected=tuple(protected_paths()), mounts=record.mounts,
         has_var_tmp=os.path.isdir("/var/tmp"),
         layers=str(state / "layer") if record.ids is not None else None,
-        image=image_root, idmapped=frozenset(making.IDMAPPED_ENTRIES),
+        image=image_root,
         project=record.ids is not None and not record.fresh, prebuilt=prebuilt,
     )
 
@@ -162,50 +157,6 @@ def host_entries() -> tuple[layout.Entry, ...]:
 
 
 _entries: TimedMemo[str, tuple[layout.Entry, ...]] = TimedMemo(ttl_s=60.0)
-
-
-def private_entries() -> tuple[list[str], list[str]]:
-    """(directories, files) under the system directories a workspace sees as its root's
-    (/etc, /var) that other users of the host may not read: host root's secrets (shadow,
-    TLS and ssh host keys, service state), masked in its view. Found again when one of
-    the directories where services keep such things changed (a service installed since),
-    and at least once a minute; to a depth of four below /etc and /var. Empty files and
-    empty directories hide nothing and stay (apt's and dpkg's locks and download
-    directories: a workspace's `apt-get install` needs them)."""
-    stamps = []
-    for folder in PRIVATE_WATCHED:
-        with contextlib.suppress(OSError):
-            stamps.append(os.stat(folder).st_mtime_ns)
-    return _private.get(str(stamps), _find_private)
-
-
-_private: TimedMemo[str, tuple[list[str], list[str]]] = TimedMemo(ttl_s=60.0)
-PRIVATE_DEPTH = 4
-#: Where a service's install makes a private directory: a change in one lists again.
-PRIVATE_WATCHED = ("/etc", "/etc/ssl", "/etc/ssh", "/var", "/var/lib", "/var/cache",
-                   "/var/log", "/var/spool", "/var/backups", "/var/mail")
-
-
-def _find_private() -> tuple[list[str], list[str]]:
-    dirs: list[str] = []
-    files: list[str] = []
-    stack = [("/etc", 0), ("/var", 0)]
-    while stack:
-        folder, depth = stack.pop()
-        with contextlib.suppress(OSError), os.scandir(folder) as listing:
-            for entry in listing:
-                with contextlib.suppress(OSError):
-                    info = entry.stat(follow_symlinks=False)
-                    if stat.S_ISDIR(info.st_mode):
-                        if info.st_mode & 0o005 != 0o005:
-                            if os.listdir(entry.path):
-                                dirs.append(entry.path)
-                        elif depth < PRIVATE_DEPTH and entry.path not in ("/var/tmp",):
-                            stack.append((entry.path, depth + 1))
-                    elif stat.S_ISREG(info.st_mode) and not info.st_mode & 0o004 \
-                            and info.st_size > 0:
-                        files.append(entry.path)
-    return dirs, files
 
 
 @dataclass(frozen=True)
