@@ -42,6 +42,10 @@ from .conftest import WorkerFactory, WorkerProcess, wait_for
 
 T = TypeVar("T")
 HOST = "ctlplane"
+#: The workspaces whose tools a test replaces: their /usr/local/bin is their own (a mount
+#: of their directory's bin/), as an image workspace's is; the host's own directories
+#: are read-only to every workspace.
+OWN_TOOLS = {"/usr/local/bin": "bin"}
 #: The host's deadline of a file operation (BASHFLEET_FILE_OP_TIMEOUT_S), short here so
 #: that the operations that run into it end within the test.
 FILE_DEADLINE_S = 4.0
@@ -156,7 +160,8 @@ class Hostile:
 
     async def _run(self) -> None:
         async with AsyncFleet(self.url, owner=_owner("hostile")) as fleet:
-            ws, hung = await fleet.workspace(host=HOST), await fleet.workspace(host=HOST)
+            ws, hung = (await fleet.workspace(host=HOST),
+                        await fleet.workspace(host=HOST, mounts=OWN_TOOLS))
             async with ws, hung:
                 assert (await ws.run(SETUP)).exit_code == 0
                 assert (await hung.run(HANG)).exit_code == 0
@@ -278,7 +283,7 @@ def test_a_fifo_swapped_in_after_the_look_blocks_nothing(
     """The type is looked at, then the file opened: a FIFO renamed in between must not
     block the open (O_NONBLOCK), nor wait for the deadline to end the operation."""
     with Fleet(redis_server.url, owner=_owner("racer")) as fleet, \
-            fleet.workspace(host=HOST) as ws:
+            fleet.workspace(host=HOST, mounts=OWN_TOOLS) as ws:
         for tool in ("stat", "mkdir"):
             ws.write_file(f"/usr/local/bin/{tool}", SWAPPER.format(race=f"{ws.path}/race"),
                           mode=0o755)

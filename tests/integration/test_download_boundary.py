@@ -35,6 +35,10 @@ from . import crafted_tars
 from .conftest import WorkerFactory, WorkerProcess
 
 HOST = "dlbound"
+#: The workspaces whose tools a test replaces: their /usr/local/bin is their own (a mount
+#: of their directory's bin/), as an image workspace's is; the host's own directories
+#: are read-only to every workspace.
+OWN_TOOLS = {"/usr/local/bin": "bin"}
 REPO = Path(__file__).resolve().parents[2]
 DEBIAN_PYTHON = Path("/usr/bin/python3")
 
@@ -109,7 +113,7 @@ def test_whatever_the_workspaces_tar_sends_nothing_lands_outside(
     Debian's (the very bytes the host sent)."""
     sent = tmp_path / "sent"
     sent.mkdir()
-    with _fleet(redis_server) as fleet, fleet.workspace(host=HOST) as ws:
+    with _fleet(redis_server) as fleet, fleet.workspace(host=HOST, mounts=OWN_TOOLS) as ws:
         ws.run("mkdir -p /crafted dir; echo x > dir/x")
         ws.write_file("/usr/local/bin/tar", FAKE_TAR, mode=0o755)
         for name in crafted_tars.crafted(tmp_path / "x" / "dest"):
