@@ -14,6 +14,7 @@ import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -89,7 +90,7 @@ def _var_engine_fixture(shaped_host: dict[str, Path], janitor: Janitor,
         yield engine
 
 
-def _out(engine: Engine, command: str, **fields: object) -> str:
+def _out(engine: Engine, command: str, **fields: Any) -> str:
     result = engine.run(command, timeout_s=120.0, **fields)
     assert result.error is None and result.exit_code == 0, result
     return result.stdout

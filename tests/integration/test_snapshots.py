@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import stat
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -255,3 +256,64 @@ def test_files_that_come_and_go_while_it_copies_never_fail_a_snapshot(engine: En
                 workspaces.delete(fork.id, engine.settings)
     finally:
         workspaces.delete(source.id, engine.settings)
+
+
+#: A tenant's job against the copy: `p` (its own directory, whose `etc/` holds a file
+#: named as the host's secret) and `q` (a link to the host's `/`) exchanged for ever
+#: (renameat2 RENAME_EXCHANGE): a copy that walks `p/etc/NAME` by path while the
+#: workspace runs reads the host's `/etc/NAME` half of the time.
+SWAPPER = """
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+os.makedirs("p/etc", exist_ok=True)
+for i in range(300):
+    open(f"p/etc/{i:03}", "w").write("mine")
+open("p/etc/NAME", "w").write("mine")
+os.symlink("/", "q")
+open("swapping", "w").close()
+while True:
+    libc.syscall(316, -100, b"p", -100, b"q", 2)  # renameat2(..., RENAME_EXCHANGE)
+"""
+
+
+def test_a_directory_swapped_for_a_link_mid_copy_brings_no_host_file_into_a_fork(
+        engine: Engine, tmp_path: Path) -> None:
+    name = f"bf-secret-{os.urandom(4).hex()}"
+    secret = Path("/etc") / name
+    secret.write_text("host root's only\n")
+    secret.chmod(0o600)
+    source = workspaces.create(WorkspaceSpec(owner="o"), engine.settings)
+    try:
+        (Path(source.path) / "swap.py").write_text(SWAPPER.replace("NAME", name))
+        assert _sh(engine, source.id, "nohup python3 swap.py >/dev/null 2>&1 & "
+                   "while [ ! -e swapping ]; do sleep 0.05; done; echo swapping") == "swapping\n"
+        # The attack works on a copy as the host's root by path (what snapshots were).
+        hits = 0
+        for attempt in range(30):
+            copy = tmp_path / f"cp{attempt}"
+            subprocess.run(["cp", "-a", "-T", source.path, str(copy)], check=False,
+                           capture_output=True)
+            leaked = [copy / "p" / "etc" / name, copy / "q" / "etc" / name]
+            hits += any(p.is_file() and not p.is_symlink() and "host root" in p.read_text()
+                        for p in leaked)
+            subprocess.run(["rm", "-rf", str(copy)], check=True)
+            if hits:
+                break
+        assert hits, "the swap never raced a path-walking copy: the probe proves nothing"
+        for _ in range(5):
+            snap, _ = snapshots.take(source, engine.settings)
+            fork = workspaces.create(WorkspaceSpec(owner="o", snapshot=snap.id), engine.settings)
+            try:
+                seen = engine.run(f"cat p/etc/{name} q/etc/{name} 2>&1; "
+                                  "grep -rl 'host root' . 2>/dev/null | head -3",
+                                  workspace=fork.id, cwd=None, owner="o")
+                assert "host root" not in seen.stdout, seen.stdout
+                layer = snapshots.layer_path(engine.settings, snap.id)
+                found = subprocess.run(["grep", "-rl", "--no-messages", "host root", str(layer)],
+                                       capture_output=True, text=True, check=False).stdout
+                assert found == "", found
+            finally:
+                workspaces.delete(fork.id, engine.settings)
+    finally:
+        workspaces.delete(source.id, engine.settings)
+        secret.unlink()

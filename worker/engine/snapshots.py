@@ -22,13 +22,13 @@ import os
 import re
 import shutil
 import stat
-import subprocess
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from bashfleet.worker.engine import cgroups, ids, layout
+from bashfleet.worker.engine import cgroups, ids, layout, tree_copy
 from bashfleet.worker.settings import Settings
 from bashfleet.worker.wire.errors import ToolError
 from bashfleet.worker.wire.models import SNAPSHOT_ID_PATTERN, SnapshotRecord, WorkspaceRecord
@@ -191,26 +191,39 @@ Stamp = tuple[int, int, int, int, int, int, int]
 
 def _listing(root: Path) -> dict[str, tuple[Stamp, int]]:
     """Every entry under `root` (relative path -> its stamp and its blocks), `root`
-    itself as ``. Listed while the workspace runs, an entry may go between its
-    directory's read and its own look: it is not listed (it was not there to copy)."""
+    itself as ``, each directory opened beneath the one that listed it (a directory a
+    command swaps for a link is listed as the link it is then, never followed). Listed
+    while the workspace runs, an entry may go between its directory's read and its own
+    look: it is not listed (it was not there to copy)."""
     found: dict[str, tuple[Stamp, int]] = {}
-    stack = [""]
-    while stack:
-        rel = stack.pop()
-        path = os.path.join(root, rel) if rel else str(root)
-        try:
-            info = os.lstat(path)
-        except FileNotFoundError:
-            if not rel:
-                raise
-            continue
-        found[rel] = ((info.st_mode, info.st_ino, info.st_uid, info.st_gid, info.st_size,
-                       info.st_mtime_ns, info.st_ctime_ns), info.st_blocks)
-        if stat.S_ISDIR(info.st_mode):
-            with contextlib.suppress(FileNotFoundError), os.scandir(path) as listing:
-                stack.extend(os.path.join(rel, entry.name) if rel else entry.name
-                             for entry in listing)
+    top = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        found[""] = _stamp(os.fstat(top))
+        stack = [(top, "")]
+        while stack:
+            fd, prefix = stack.pop()
+            try:
+                with os.scandir(fd) as listing:
+                    names = [entry.name for entry in listing]
+                for name in names:
+                    with contextlib.suppress(FileNotFoundError):
+                        info = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                        found[f"{prefix}{name}"] = _stamp(info)
+                        if stat.S_ISDIR(info.st_mode):
+                            with contextlib.suppress(OSError):
+                                stack.append((tree_copy.open_beneath(fd, name),
+                                              f"{prefix}{name}/"))
+            finally:
+                if fd != top:
+                    os.close(fd)
+    finally:
+        os.close(top)
     return found
+
+
+def _stamp(info: os.stat_result) -> tuple[Stamp, int]:
+    return ((info.st_mode, info.st_ino, info.st_uid, info.st_gid, info.st_size,
+             info.st_mtime_ns, info.st_ctime_ns), info.st_blocks)
 
 
 def _copy_frozen(ws: WorkspaceRecord, sources: list[tuple[Path, str]], dest: Path
@@ -220,22 +233,27 @@ def _copy_frozen(ws: WorkspaceRecord, sources: list[tuple[Path, str]], dest: Pat
     copied again (its pause is that, not the whole copy). The ms they were paused, and
     what each layer held then (`_settle_copy` makes the copy that)."""
     before = {name: _listing(src) for src, name in sources}
-    # The workspace runs meanwhile: an entry it removes while cp walks is an error of cp
-    # (`cannot stat`), not of the snapshot; the frozen pass below settles it.
-    _run_copies([(["cp", "-a", "--reflink=auto", "-T", "--", str(src), str(dest / name)],
-                  None) for src, name in sources], ws, vanished_ok=True)
+    # The workspace runs meanwhile: an entry it removes (or swaps) while the copy walks
+    # is left out, not an error; the frozen pass below settles it.
+    missed = dict(zip([name for _, name in sources],
+                      _copy_layers([(src, dest / name, None) for src, name in sources], ws),
+                      strict=True))
     started = time.monotonic()
     frozen = cgroups.freeze(ws.cgroup)
     try:
         after = {name: _listing(src) for src, name in sources}
-        again = []
+        again: list[CopyJob] = []
         settle = []
         for src, name in sources:
-            copies, dirs = _catch_up(src, dest / name, before[name], after[name])
-            again += copies
+            rels, dirs = _catch_up(src, dest / name, before[name], after[name],
+                                   missed=missed[name])
+            if rels:
+                again.append((src, dest / name, rels))
             settle.append((src, dest / name, dirs))
-        if again:
-            _run_copies(again, ws)
+        gone = [rel for missing in _copy_layers(again, ws) for rel in missing]
+        if gone and frozen:
+            raise SnapshotError("internal", f"workspace {ws.id}'s {gone[0]} changed while "
+                                "it was frozen; take the snapshot again")
         for src, copy, dirs in settle:
             _settle_dirs(src, copy, dirs)
     finally:
@@ -245,19 +263,22 @@ def _copy_frozen(ws: WorkspaceRecord, sources: list[tuple[Path, str]], dest: Pat
 
 
 def _catch_up(src: Path, copy: Path, before: dict[str, tuple[Stamp, int]],
-              after: dict[str, tuple[Stamp, int]]
-              ) -> tuple[list[tuple[list[str], str | None]], list[str]]:
+              after: dict[str, tuple[Stamp, int]], *, missed: Sequence[str] = ()
+              ) -> tuple[list[str], list[str]]:
     """Bring `copy` (made from `src` around when `before` listed it) to `src` as `after`
-    lists it: what went is removed here; the copies that must be made again (`cp` argv,
-    cwd), and the directories whose own metadata must be set again after them.
+    lists it: what went is removed here; the entries that must be copied again, and the
+    directories whose own metadata must be set again after them.
 
     The copy is this host's own (a directory the workspace cannot reach): what it holds
     is looked at, never followed, so a link the first copy took where `after` lists a
     directory is replaced, not written through."""
     for rel in sorted(set(before) - set(after), key=len, reverse=True):
         _remove(copy, rel)
+    # What the first copy left out (gone, or swapped for another kind, as it came to
+    # it) is copied again whatever its stamps say.
+    left_out = set(missed)
     changed = sorted(rel for rel, (stamp, _) in after.items()
-                     if before.get(rel, (None,))[0] != stamp)
+                     if before.get(rel, (None,))[0] != stamp or rel in left_out)
     again: list[str] = []
     fresh_dirs: list[str] = []
     kept_dirs: list[str] = []
@@ -273,11 +294,8 @@ def _catch_up(src: Path, copy: Path, before: dict[str, tuple[Stamp, int]],
             again.append(rel)
             if kind == stat.S_IFDIR:
                 fresh_dirs.append(rel)
-    copies: list[tuple[list[str], str | None]] = []
-    if again:
-        copies.append((["cp", "-a", "--reflink=auto", "--parents", "-t", str(copy), "--",
-                        *again], str(src)))
-    return copies, kept_dirs
+    del src  # what `again` names is copied from it by the caller
+    return again, kept_dirs
 
 
 def _beneath(copy: Path, rel: str) -> str | None:
@@ -315,55 +333,61 @@ def _remove(copy: Path, rel: str) -> None:
 
 def _settle_dirs(src: Path, copy: Path, dirs: list[str]) -> None:
     """Give directories of the copy their source's owner, mode, xattrs and times (each
-    checked to be a directory of the copy first: nothing is followed)."""
-    for rel in sorted(dirs, key=len, reverse=True):
-        target = _beneath(copy, rel)
-        if target is None or not stat.S_ISDIR(os.lstat(target).st_mode):
-            continue
-        source = src / rel if rel else src
-        info = os.lstat(source)
-        if not stat.S_ISDIR(info.st_mode):
-            continue
-        os.lchown(target, info.st_uid, info.st_gid)
-        os.chmod(target, stat.S_IMODE(info.st_mode))
-        wanted = {name: os.getxattr(source, name, follow_symlinks=False)
-                  for name in os.listxattr(source, follow_symlinks=False)}
-        for name in os.listxattr(target, follow_symlinks=False):
-            if name not in wanted:
-                os.removexattr(target, name, follow_symlinks=False)
-        for name, value in wanted.items():
-            os.setxattr(target, name, value, follow_symlinks=False)
-        os.utime(target, ns=(info.st_atime_ns, info.st_mtime_ns), follow_symlinks=False)
+    opened beneath its root on both sides: nothing is followed)."""
+    src_root = os.open(src, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    copy_root = os.open(copy, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        for rel in sorted(dirs, key=len, reverse=True):
+            try:
+                source = tree_copy.open_beneath(src_root, rel)
+            except OSError as exc:
+                if exc.errno in tree_copy.GONE:
+                    continue
+                raise
+            try:
+                target = tree_copy.open_beneath(copy_root, rel)
+            except OSError as exc:
+                os.close(source)
+                if exc.errno in tree_copy.GONE:
+                    continue
+                raise
+            try:
+                tree_copy.settle(source, target, os.fstat(source))
+            finally:
+                os.close(source)
+                os.close(target)
+    finally:
+        os.close(src_root)
+        os.close(copy_root)
 
 
-def _run_copies(copies: list[tuple[list[str], str | None]], ws: WorkspaceRecord, *,
-                vanished_ok: bool = False) -> None:
-    """Run cp processes all at once (the cost is per file, the kernel's, which the host's
-    cores share); SnapshotError naming the first that failed. With `vanished_ok`, a cp
-    whose only errors are entries gone before it reached them did not fail."""
-    procs = [subprocess.Popen(argv, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                              env={"PATH": "/usr/bin:/bin", "LC_ALL": "C"})
-             for argv, cwd in copies]
-    problems = []
-    for proc in procs:
-        try:
-            _, err = proc.communicate(timeout=COPY_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            _, err = proc.communicate()
-        if proc.returncode != 0:
-            lines = err.decode("utf-8", "replace").strip().splitlines()
-            if vanished_ok and proc.returncode == 1 and lines and all(map(_vanished, lines)):
-                continue
-            problems.append(lines[-1] if lines else f"cp exited {proc.returncode}")
-    if problems:
-        raise SnapshotError("internal", f"could not copy workspace {ws.id}'s layers: "
-                            f"{problems[0]}")
+#: A copy of a layer: (source, copy, the entries to copy again; None: the whole tree).
+CopyJob = tuple[Path, Path, "list[str] | None"]
 
 
-def _vanished(line: str) -> bool:
-    """A cp error line about an entry that no longer exists (LC_ALL=C: its words)."""
-    return line.startswith("cp: ") and line.endswith(": No such file or directory")
+def _copy_layers(jobs: list[CopyJob], ws: WorkspaceRecord) -> list[list[str]]:
+    """Run copies of layers at once (the cost is per file, the kernel's, which the
+    host's cores share: the copies release the interpreter while the kernel copies);
+    what each left out (gone or changed while it ran); SnapshotError naming the first
+    that failed."""
+    def one(job: CopyJob) -> list[str]:
+        src, dest, rels = job
+        if rels is None:
+            return tree_copy.copy_tree(str(src), str(dest))
+        return tree_copy.copy_entries(str(src), str(dest), rels)
+
+    if not jobs:
+        return []
+    gone: list[list[str]] = []
+    with ThreadPoolExecutor(max_workers=min(len(jobs), 4)) as pool:
+        futures = [pool.submit(one, job) for job in jobs]
+        for future in futures:
+            try:
+                gone.append(future.result(timeout=COPY_TIMEOUT_S))
+            except OSError as exc:
+                raise SnapshotError("internal", f"could not copy workspace {ws.id}'s "
+                                    f"layers: {exc}") from exc
+    return gone
 
 
 def image_id(host_id: int, first: int) -> int:

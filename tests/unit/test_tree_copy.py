@@ -1,0 +1,140 @@
+"""bashfleet.worker.engine.tree_copy: what `cp -a` keeps, kept; nothing followed, even a
+directory swapped for a link between the copy's look at it and its open."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from bashfleet.worker.engine import tree_copy
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="owners, devices, trusted xattrs")
+
+
+def _tree(root: Path) -> dict[str, tuple[object, ...]]:
+    """Everything `cp -a` keeps of each entry, inode numbers as groups of hard links."""
+    found: dict[str, tuple[object, ...]] = {}
+    inodes: dict[int, str] = {}
+    for folder, dirs, files in os.walk(root):
+        for name in sorted([*dirs, *files]):
+            path = Path(folder) / name
+            info = path.lstat()
+            rel = str(path.relative_to(root))
+            content: object = None
+            if stat.S_ISREG(info.st_mode):
+                content = path.read_bytes()
+            elif stat.S_ISLNK(info.st_mode):
+                content = os.readlink(path)
+            xattrs = () if stat.S_ISLNK(info.st_mode) else tuple(sorted(
+                (n, os.getxattr(path, n, follow_symlinks=False))
+                for n in os.listxattr(path, follow_symlinks=False)))
+            link_group = inodes.setdefault(info.st_ino, rel) if info.st_nlink > 1 \
+                and stat.S_ISREG(info.st_mode) else None
+            mtime = None if stat.S_ISLNK(info.st_mode) else info.st_mtime_ns
+            found[rel] = (stat.S_IFMT(info.st_mode), stat.S_IMODE(info.st_mode), info.st_uid,
+                          info.st_gid, info.st_rdev, content, xattrs, link_group, mtime)
+    return found
+
+
+def _layer(src: Path) -> None:
+    """An overlay upper layer's kinds: files, a set-user-id one of another owner, a hard
+    link, a link, a FIFO, a whiteout (device 0:0), an opaque directory."""
+    (src / "etc" / "deep").mkdir(parents=True)
+    (src / "etc" / "conf").write_text("conf\n")
+    (src / "etc" / "deep" / "big").write_bytes(os.urandom(300_000))
+    tool = src / "tool"
+    tool.write_bytes(b"#!/bin/sh\n")
+    os.chown(tool, 100_000, 100_005)
+    tool.chmod(0o4755)
+    os.link(src / "etc" / "conf", src / "etc" / "deep" / "conf-link")
+    (src / "lnk").symlink_to("/etc/shadow")
+    os.mkfifo(src / "fifo")
+    os.mknod(src / "etc" / "removed", stat.S_IFCHR | 0o000, os.makedev(0, 0))
+    os.setxattr(src / "etc" / "deep", "trusted.overlay.opaque", b"y")
+    os.setxattr(src / "etc" / "conf", "user.note", b"kept")
+    os.chown(src / "etc", 100_000, 100_000)
+    os.utime(src / "etc", ns=(1_000_000_000, 2_000_000_000))
+
+
+def test_the_copy_keeps_what_cp_a_keeps(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    _layer(src)
+    subprocess.run(["cp", "-a", "-T", str(src), str(tmp_path / "cp")], check=True)
+    assert tree_copy.copy_tree(str(src), str(tmp_path / "ours")) == []
+    assert _tree(tmp_path / "ours") == _tree(tmp_path / "cp")
+    assert stat.S_IMODE((tmp_path / "ours" / "tool").stat().st_mode) == 0o4755
+
+
+def test_a_directory_swapped_for_a_link_between_look_and_open_is_not_followed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The race a tenant's job runs against a snapshot: `p` is a directory when looked
+    at, and a link to a host directory when opened (RENAME_EXCHANGE, here done at that
+    very moment). The copy leaves `p` out (the frozen pass copies it again as what it is
+    then), and holds nothing of the host's directory."""
+    canary = tmp_path / "host-etc"
+    canary.mkdir()
+    (canary / "shadow").write_text("root's only\n")
+    canary.chmod(0o700)
+    src = tmp_path / "src"
+    (src / "p" / "etc").mkdir(parents=True)
+    (src / "p" / "etc" / "mine").write_text("mine\n")
+    real_remove = tree_copy._remove_in
+
+    def swap_then_remove(dest_dir: int, name: str) -> None:
+        if name == "p":
+            (src / "p").rename(src / "p.real")
+            (src / "p").symlink_to(canary)
+        real_remove(dest_dir, name)
+
+    monkeypatch.setattr(tree_copy, "_remove_in", swap_then_remove)
+    gone = tree_copy.copy_tree(str(src), str(tmp_path / "copy"))
+    assert gone == ["p"]
+    copied = [str(p.relative_to(tmp_path / "copy")) for p in (tmp_path / "copy").rglob("*")]
+    assert not any("shadow" in name for name in copied), copied
+    # The catch-up copies `p` as what it is now: the link itself, not what it leads to.
+    monkeypatch.undo()
+    assert tree_copy.copy_entries(str(src), str(tmp_path / "copy"), ["p"]) == []
+    assert os.readlink(tmp_path / "copy" / "p") == str(canary)
+
+
+def test_a_link_on_the_way_to_an_entry_of_a_catch_up_is_not_followed(tmp_path: Path) -> None:
+    canary = tmp_path / "host"
+    (canary / "etc").mkdir(parents=True)
+    (canary / "etc" / "shadow").write_text("root's only\n")
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "p").symlink_to(canary)
+    (tmp_path / "copy").mkdir()
+    assert tree_copy.copy_entries(str(src), str(tmp_path / "copy"), ["p/etc/shadow"]) == [
+        "p/etc/shadow"]
+    assert list((tmp_path / "copy").iterdir()) == []
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["a", "b", "a/c", "b/d", "a/c/e"]),
+                          st.sampled_from(["file", "dir", "link"]), st.binary(max_size=64)),
+                max_size=12))
+def test_any_tree_copies_as_cp_a_copies_it(tmp_path_factory: pytest.TempPathFactory,
+                                           entries: list[tuple[str, str, bytes]]) -> None:
+    base = tmp_path_factory.mktemp("any")
+    src = base / "src"
+    src.mkdir()
+    for rel, kind, data in entries:
+        path = src / rel
+        if path.parent.is_dir() and not path.parent.is_symlink() and not os.path.lexists(path):
+            if kind == "file":
+                path.write_bytes(data)
+            elif kind == "dir":
+                path.mkdir()
+            else:
+                path.symlink_to(data.hex() or "x")
+    subprocess.run(["cp", "-a", "-T", str(src), str(base / "cp")], check=True)
+    assert tree_copy.copy_tree(str(src), str(base / "ours")) == []
+    assert _tree(base / "ours") == _tree(base / "cp")
