@@ -239,6 +239,26 @@ def probe_script(*targets: str) -> str:
     return "set -- " + " ".join(targets) + "\n" + PROBE
 
 
+#: Connects to each `host:port` argument: `ok` once connected (Redis closes at once on
+#: PROBE's HTTP request, which PROBE takes for a refusal), else why not.
+CONNECT = r"""python3 - "$@" <<'EOF'
+import errno, socket, sys
+for target in sys.argv[1:]:
+    host, _, port = target.rpartition(":")
+    try:
+        socket.create_connection((host, int(port)), timeout=8).close()
+        outcome = "ok"
+    except (ConnectionRefusedError, ConnectionResetError):
+        outcome = "refused"
+    except socket.timeout:
+        outcome = "timeout"
+    except OSError as exc:
+        gone = (errno.ENETUNREACH, errno.EHOSTUNREACH, errno.EACCES, errno.EPERM)
+        outcome = "unreachable" if exc.errno in gone else f"error:{exc.errno}"
+    print(target, outcome)
+EOF"""
+
+
 def outcomes(result: dict[str, Any]) -> dict[str, str]:
     assert result["error"] is None, result
     return {line.split()[0]: line.split()[1] for line in result["out"].splitlines()}
@@ -309,3 +329,80 @@ def test_without_pasta_the_default_is_none_said_at_start_and_egress_is_refused(
     assert out["policy"] == "none" and out["links"] == ["lo"], out
     assert out["probe"] == "none"
 
+
+
+# ------------------------------------------------------------- `bashfleet up` as a user
+
+CLI = "import sys\nfrom bashfleet.client.cli import main\nsys.exit(main(sys.argv[1:]))\n"
+
+
+class UserFleet:
+    """`bashfleet up` and its calls, as `nobody` with a HOME of its own."""
+
+    def __init__(self, home: Path) -> None:
+        self.home = home
+        self.env = {"BASHFLEET_STATE_DIR": str(home / "state"),
+                    "XDG_STATE_HOME": str(home / "xdg")}
+
+    def __call__(self, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+        return as_nobody(CLI, *args, home=self.home, timeout=180,
+                         env={**self.env, **env})
+
+    def redis_port(self) -> int:
+        state = json.loads((self.home / "state" / "fleet" / "fleet.json").read_text())
+        return int(str(state["redis_url"]).rsplit(":", 1)[1].split("/")[0])
+
+    def probe(self, *targets: str, network: str | None = None) -> dict[str, str]:
+        extra = ["--network", network] if network else []
+        done = self("run", "--json", *extra, "set -- " + " ".join(targets) + "\n" + CONNECT)
+        assert done.returncode == 0, done.stderr + done.stdout
+        result = json.loads(done.stdout)
+        return {line.split()[0]: line.split()[1] for line in result["stdout"].splitlines()}
+
+    def end(self) -> None:
+        self("down")
+        with contextlib.suppress(FileNotFoundError, ValueError, KeyError):
+            state = json.loads((self.home / "state" / "fleet" / "fleet.json").read_text())
+            for process in state["processes"]:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process["pid"], 9)
+
+
+@pytest.fixture(name="user_fleet")
+def _user_fleet_fixture(home: Path) -> Iterator[UserFleet]:
+    fleet = UserFleet(home)
+    try:
+        yield fleet
+    finally:
+        fleet.end()
+
+
+def test_a_local_fleet_started_by_a_user_keeps_its_redis_and_the_hosts_loopback_out(
+        tun: None, net: NetNs, user_fleet: UserFleet, loopback: int) -> None:
+    del tun
+    up = user_fleet("up", "--hosts", "solo", "--no-flower", "--detach")
+    assert up.returncode == 0, up.stderr + up.stdout
+    redis, local = f"127.0.0.1:{user_fleet.redis_port()}", f"127.0.0.1:{loopback}"
+    internet = f"{net.ns_ip}:80"
+    assert reachable("127.0.0.1", user_fleet.redis_port()) and reachable("127.0.0.1", loopback)
+    hosts = json.loads(user_fleet("hosts", "--json").stdout)
+    sandboxes = [h.get("sandbox") or {} for h in hosts if h["host"] == "solo"]
+    assert sandboxes and sandboxes[0].get("network") == "egress", hosts
+    assert sandboxes[0].get("network_host") is False, hosts  # not turned on behind its back
+    found = user_fleet.probe(redis, local, internet)
+    assert found[internet] == "ok", found
+    assert found[redis] in ("refused", "unreachable"), found
+    assert found[local] in ("refused", "unreachable"), found
+    asked = user_fleet("run", "--network", "host", "true")
+    assert asked.returncode != 0 and "NETWORK_HOST_OK" in asked.stderr + asked.stdout, asked
+    # The operator says so: `host` is given when asked for (the same probe reaches both,
+    # so the refusals above are the policy's), and the default stays egress.
+    assert user_fleet("down").returncode == 0
+    up = user_fleet("up", "--hosts", "solo", "--no-flower", "--detach",
+                    BASHFLEET_NETWORK_HOST_OK="1")
+    assert up.returncode == 0, up.stderr + up.stdout
+    redis = f"127.0.0.1:{user_fleet.redis_port()}"
+    found = user_fleet.probe(redis, local, network="host")
+    assert found[redis] == "ok" and found[local] == "ok", found
+    found = user_fleet.probe(redis, local)
+    assert found[redis] != "ok" and found[local] != "ok", found
