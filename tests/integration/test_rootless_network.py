@@ -216,6 +216,14 @@ try:
         made.append(host)
         out["host"] = run(config["probe"], host.id)
         out["throwaway"] = run(config["probe"])
+        # A server on the workspace's own loopback: its own calls reach it, no other
+        # workspace does, nor the host's namespace.
+        run_call(Call(call_id="rootless-net-serve", background=True, workspace=ws.id,
+                      command=config["serve"]), settings=settings)
+        out["own_loopback"] = run("for i in $(seq 100); do [ -e /tmp/serving ] && break; "
+                                  "sleep 0.1; done\n" + config["mine"], ws.id)
+        out["other_loopback"] = run(config["mine"])
+        out["host_loopback"] = run(config["mine"], host.id)
         try:
             workspaces.create(WorkspaceSpec(network=parse_text("allow=good.test")), settings)
             out["allow"] = "made"
@@ -259,6 +267,18 @@ for target in sys.argv[1:]:
 EOF"""
 
 
+#: A server on the workspace's 127.0.0.1:7788 (a background job); /tmp/serving once it
+#: listens.
+SERVE_MINE = r"""python3 - <<'EOF'
+import socket
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", 7788)); s.listen(8)
+open("/tmp/serving", "w").close()
+while True:
+    c, _ = s.accept(); c.sendall(b"mine\n"); c.close()
+EOF"""
+
+
 def outcomes(result: dict[str, Any]) -> dict[str, str]:
     assert result["error"] is None, result
     return {line.split()[0]: line.split()[1] for line in result["out"].splitlines()}
@@ -277,7 +297,8 @@ def test_a_worker_that_is_not_root_gives_egress_through_pasta_and_nothing_of_the
         assert reachable(address, int(port)), target
     config = {"redis_url": f"redis://127.0.0.1:{redis_port}/0", "dns": net.ns_ip, "cap": 5,
               "probe": probe_script(internet, metadata, local, fleet, host_own),
-              "hold": f"set -- 12 {net.ns_ip}\n" + HOLD}
+              "hold": f"set -- 12 {net.ns_ip}\n" + HOLD, "serve": SERVE_MINE,
+              "mine": "set -- 127.0.0.1:7788\n" + CONNECT}
     done = as_nobody(ENGINE_SCRIPT, str(home), json.dumps(config), home=home)
     assert done.returncode == 0, done.stderr[-4000:]
     out = json.loads(done.stdout.splitlines()[-1])
@@ -308,6 +329,9 @@ def test_a_worker_that_is_not_root_gives_egress_through_pasta_and_nothing_of_the
     assert throwaway[internet] == "ok" and throwaway[local] != "ok", throwaway
     assert throwaway[fleet] != "ok", throwaway
     assert "needs a root worker" in out["allow"], out["allow"]
+    assert outcomes(out["own_loopback"])["127.0.0.1:7788"] == "ok", out["own_loopback"]
+    assert outcomes(out["other_loopback"])["127.0.0.1:7788"] == "refused"
+    assert outcomes(out["host_loopback"])["127.0.0.1:7788"] == "refused"
     # Every tether and pasta it ran ends with its workspace (or its ready keeper).
     assert out["running"] and any(cmd.endswith("pasta") for *_, cmd in out["running"])
     wait_until(lambda: gone([entry[:2] for entry in out["running"]]),
