@@ -430,3 +430,19 @@ def test_a_local_fleet_started_by_a_user_keeps_its_redis_and_the_hosts_loopback_
     assert found[redis] == "ok" and found[local] == "ok", found
     found = user_fleet.probe(redis, local)
     assert found[redis] != "ok" and found[local] != "ok", found
+
+
+def test_a_pasta_that_cannot_link_a_workspace_is_the_hosts_problem_for_a_while(
+        tmp_path: Path) -> None:
+    """A blank made ahead at the worker's start finds pasta failing (an AppArmor profile,
+    a kernel without tun...): the worker says so and gives `none` by default meanwhile,
+    rather than failing every tenant's first call."""
+    from bashfleet.worker.engine import usernet  # noqa: PLC0415
+    from bashfleet.worker.settings import Settings  # noqa: PLC0415
+
+    settings = Settings(state_dir=tmp_path / "state", host="t", pasta="/bin/false")
+    assert usernet.support(settings) is None  # installed, as far as can be seen
+    with pytest.raises(usernet.UserNetError, match="did not link"):
+        usernet.start(os.getpid(), "", settings)
+    problem = usernet.support(settings)
+    assert problem is not None and "could not link a workspace" in problem

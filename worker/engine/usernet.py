@@ -45,6 +45,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Sequence
 from typing import IO
 
@@ -80,11 +81,19 @@ def pasta_argv(pasta: str, *, ready: int, netns: int, userns: int) -> list[str]:
 def support(settings: Settings) -> str | None:
     """None when this worker (not root) can give workspaces `egress` through pasta,
     else why not. Looked up once a minute (an operator who installs passt needs no
-    restart)."""
+    restart). A pasta that could not link a workspace (a blank made ahead at the worker's
+    start, say) makes it the host's problem for that minute: workspaces get `none`
+    meanwhile and `hosts` says why, rather than every tenant's first call failing."""
+    failed = _failures.get(settings.pasta)
+    if failed is not None and time.monotonic() - failed[1] < FAILURE_HELD_S:
+        return f"pasta could not link a workspace here: {failed[0]}"
     return _support.get(settings.pasta, lambda: _find_support(settings))
 
 
 _support: TimedMemo[str, str | None] = TimedMemo(ttl_s=60.0)
+#: pasta's last failure to link a workspace, per pasta setting: (what it said, when).
+_failures: dict[str, tuple[str, float]] = {}
+FAILURE_HELD_S = 60.0
 
 
 def _find_support(settings: Settings) -> str | None:
@@ -177,6 +186,16 @@ def start(keeper_pid: int, rules: str, settings: Settings) -> tuple[int, float |
     pasta = pasta_path(settings)
     if pasta is None:
         raise UserNetError(support(settings) or "pasta is not installed")
+    try:
+        linked = _start(pasta, keeper_pid, rules)
+    except UserNetError as exc:
+        _failures[settings.pasta] = (exc.strerror or str(exc), time.monotonic())
+        raise
+    _failures.pop(settings.pasta, None)
+    return linked
+
+
+def _start(pasta: str, keeper_pid: int, rules: str) -> tuple[int, float | None]:
     keeper = os.pidfd_open(keeper_pid)
     fds = [keeper]
     try:
