@@ -167,6 +167,9 @@ class Settings(BaseSettings):
     network_resolvers: CsvTuple = ()
     """DNS servers of workspaces (reached through the host); empty: the host's
     /etc/resolv.conf."""
+    pasta: str = "pasta"
+    """pasta (Debian's `passt`), which links workspaces to the network where the worker
+    is not root (a name looked up on PATH, or a path)."""
     cgroups: Literal["auto", "off"] = "auto"
     """`auto`: each call runs in a cgroup of its own (memory, processes, CPU) where the
     host lets the worker make one (cgroup v2 delegated to it, or v1 as root); `off`: the

@@ -223,7 +223,9 @@ def cmd_hosts(args: argparse.Namespace) -> int:
     print(common.table(rows, ["HOST", "STATE", "BUSY/SLOTS", "QUEUED", "LABELS", "ISOLATION"]))
     for host in hosts:
         sandbox = common.dump(host).get("sandbox") or {}
-        for problem in (sandbox.get("problem"), sandbox.get("cgroup_problem")):
+        network_problem = sandbox.get("network_problem")
+        for problem in (sandbox.get("problem"), sandbox.get("cgroup_problem"),
+                        network_problem and f"no egress for workspaces: {network_problem}"):
             if problem and host.alive:
                 print(f"{host.host}: {problem}", file=sys.stderr)
     # Calls for any host (or any of a pool) wait in queues no row above counts.

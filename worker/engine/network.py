@@ -33,6 +33,10 @@ host's user namespace, which owns that namespace): nothing a call does can chang
 The interface name is the lock on a link's index: `ip link add bfwN` fails when N is
 taken, and the pair goes with the workspace's namespace (its keeper's end), so nothing
 is left to clean up whatever way a workspace ends.
+
+A worker that is not root makes no link: `egress` is user-mode networking instead, the
+same rules over pasta (`bashfleet.worker.engine.usernet`), as rootless podman does;
+`allow` needs a root worker.
 """
 
 from __future__ import annotations
@@ -53,7 +57,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from bashfleet.worker.engine import kernel, procs
+from bashfleet.worker.engine import kernel, procs, usernet
 from bashfleet.worker.engine.memo import TimedMemo
 from bashfleet.worker.settings import Settings
 from bashfleet.worker.wire.network import DENIED, NetworkPolicy
@@ -115,15 +119,19 @@ class State:
     """Its link's index (None: no link, `none` or `host`)."""
     guard: tuple[int, float | None] | None = None
     """Its guard's (pid, start time), under `allow`."""
+    pasta: tuple[int, float | None] | None = None
+    """Its pasta's tether's (pid, start time): `egress` where the worker is not root."""
 
     def dumps(self) -> str:
-        return json.dumps({"link": self.link, "guard": list(self.guard) if self.guard else None})
+        return json.dumps({"link": self.link, "guard": list(self.guard) if self.guard else None,
+                           "pasta": list(self.pasta) if self.pasta else None})
 
     @classmethod
     def loads(cls, text: str) -> State:
         data = json.loads(text)
-        guard = data.get("guard")
-        return cls(link=data.get("link"), guard=(int(guard[0]), guard[1]) if guard else None)
+        guard, pasta = data.get("guard"), data.get("pasta")
+        return cls(link=data.get("link"), guard=(int(guard[0]), guard[1]) if guard else None,
+                   pasta=(int(pasta[0]), pasta[1]) if pasta else None)
 
 
 def state_path(settings: Settings, ws_id: str) -> Path:
@@ -185,18 +193,26 @@ def save_state(settings: Settings, ws_id: str, state: State) -> None:
 
 
 def support(settings: Settings) -> str | None:
-    """None when this worker can filter workspaces' networks (root, with ip, nft and
-    nsenter), else why not (then `egress` and `allow` are unavailable here)."""
-    del settings
+    """None when this worker can give workspaces `egress` (root, with ip, nft and
+    nsenter; not root, with pasta: `usernet`), else why not (then `egress` and `allow`
+    are unavailable here)."""
+    if os.geteuid() != 0:
+        return usernet.support(settings)
     return _support.get("", _find_support)
+
+
+def allow_support(settings: Settings) -> str | None:
+    """None when this worker can also give `allow` (its guard), else why not."""
+    if os.geteuid() != 0:
+        return ("`allow` needs a root worker (its guard listens below port 1024 as the "
+                "host's root); this one gives `egress` and `none`")
+    return support(settings)
 
 
 _support: TimedMemo[str, str | None] = TimedMemo(ttl_s=60.0)
 
 
 def _find_support() -> str | None:
-    if os.geteuid() != 0:
-        return "the worker is not root (it cannot make links and firewall rules)"
     missing = [tool for tool in ("ip", "nft", "nsenter") if shutil.which(tool, path=ENV["PATH"])
                is None]
     if missing:
@@ -471,7 +487,8 @@ class Rules:
     """What a workspace's ruleset is made of (`ruleset`)."""
 
     policy: NetworkPolicy
-    link: Link
+    link: Link | None
+    """The workspace's link (`allow` needs its address); None: pasta's."""
     fleet: tuple[str, ...] = ()
     resolvers: tuple[str, ...] = ()
     allowed_private: tuple[str, ...] = ()
@@ -523,6 +540,8 @@ def ruleset(rules: Rules, *, replace: bool = True) -> str:
             'oifname "lo" return',
             f"meta l4proto {{ tcp, udp }} th dport 53 dnat ip to {dns4[0].split('/')[0]}:53"])
     if allow:
+        if rules.link is None:
+            raise ValueError("`allow` needs a link of the workspace's own")
         ws = rules.link.ws_ip
         text += _chain("steer", "type nat hook output priority -100; policy accept;", [
             'oifname "lo" return', f"meta mark {GUARD_MARK:#x} return",
@@ -538,8 +557,11 @@ def _chain(name: str, head: str, lines: Sequence[str]) -> str:
     return f"    chain {name} {{\n{body}    }}\n"
 
 
-def _rules(policy: NetworkPolicy, link: Link, settings: Settings) -> Rules:
-    return Rules(policy=policy, link=link, fleet=fleet_addresses(settings),
+def _rules(policy: NetworkPolicy, link: Link | None, settings: Settings) -> Rules:
+    # Over pasta, the host's own addresses are reached as its own processes reach them
+    # (a root worker's host table refuses everything a link sends the host).
+    fleet = fleet_addresses(settings) + (usernet.host_addresses() if link is None else ())
+    return Rules(policy=policy, link=link, fleet=tuple(dict.fromkeys(fleet)),
                  resolvers=resolvers(settings),
                  allowed_private=tuple(settings.network_allow_private),
                  max_connections=settings.network_max_connections)
@@ -552,6 +574,8 @@ def apply(keeper_pid: int, ws_id: str | None, state: State, policy: NetworkPolic
           settings: Settings) -> State:
     """Put `policy` in force in the keeper's namespace (made with `state`); the new state.
     `ws_id` None: a blank keeper (no guard yet: `allow` is applied at its claim)."""
+    if os.geteuid() != 0:
+        return _apply_user_mode(keeper_pid, state, policy, settings)
     if policy.mode in ("none", "host"):
         _stop_guard(state)
         if state.link is not None:
@@ -573,6 +597,24 @@ def apply(keeper_pid: int, ws_id: str | None, state: State, policy: NetworkPolic
             detach(link.index)
         raise
     return State(link=link.index, guard=guard)
+
+
+def _apply_user_mode(keeper_pid: int, state: State, policy: NetworkPolicy,
+                     settings: Settings) -> State:
+    """`apply` for a worker that is not root: `egress` is pasta and the rules; `none`
+    and `host` end them (`usernet`)."""
+    if policy.mode == "allow":
+        raise NetworkError(allow_support(settings) or "`allow` needs a root worker")
+    if policy.mode in ("none", "host"):
+        if state.pasta is not None:
+            usernet.stop(state.pasta)
+            usernet.load_rules(keeper_pid, "table inet bashfleet\ndelete table inet bashfleet\n")
+        return State()
+    text = ruleset(_rules(policy, None, settings), replace=state.pasta is not None)
+    if usernet.alive(state.pasta):
+        usernet.load_rules(keeper_pid, text)
+        return state
+    return State(pasta=usernet.start(keeper_pid, text, settings))
 
 
 def start_guard(keeper_pid: int, ws_id: str, link: Link, policy: NetworkPolicy,

@@ -110,6 +110,8 @@ class NetworkRules:
     """`host` may be asked for (`BASHFLEET_NETWORK_HOST_OK`)."""
     problem: str | None = None
     """Why this host cannot filter (`egress` and `allow` unavailable), when it cannot."""
+    allow_problem: str | None = None
+    """Why this host cannot give `allow` (a worker that is not root), when it cannot."""
 
 
 def decide(
@@ -151,8 +153,10 @@ def _default_policy(level: Isolation, host_network: bool, rules: NetworkRules) -
         return HOST  # no sandbox: the host's namespace, as every process of the host
     if level == "strict" and not host_network:
         return NONE
+    # Where the default cannot be given: no network, never the host's (an operator asks
+    # for `host` by name), and the worker says so at start (`startup_problems`).
     if rules.default.mode in ("egress", "allow") and rules.problem is not None:
-        return HOST if rules.host_ok else NONE
+        return NONE
     if rules.default.mode == "host" and not rules.host_ok:
         return NONE
     return rules.default
@@ -177,6 +181,9 @@ def _check_network(policy: NetworkPolicy, level: Isolation, host_network: bool,
             "unavailable", f"network policy {policy} needs a host that filters workspaces' "
             f"networks, and this one cannot: {rules.problem}",
         )
+    if policy.mode == "allow" and rules.allow_problem is not None:
+        raise IsolationError("unavailable", f"network policy {policy} is not available "
+                             f"on this host: {rules.allow_problem}")
 
 
 def parse_bwrap_version(text: str) -> str | None:
@@ -458,7 +465,8 @@ def probe(settings: Settings) -> SandboxProbe:
 def network_rules(settings: Settings) -> NetworkRules:
     """What this host grants workspaces' networks (`Settings.network_*`, its tools)."""
     return NetworkRules(default=NetworkPolicy(mode=settings.network_default),
-                        host_ok=settings.network_host_ok, problem=network.support(settings))
+                        host_ok=settings.network_host_ok, problem=network.support(settings),
+                        allow_problem=network.allow_support(settings))
 
 
 def host_ids(settings: Settings) -> ids.HostIds | None:
@@ -494,6 +502,10 @@ def startup_problems(settings: Settings) -> tuple[list[str], list[str]]:
     elif found.isolation == "none":
         warnings.append(f"calls run WITHOUT a sandbox: {found.problem}; a command can read "
                         "this worker's processes, environment and files")
+    if found.network_problem is not None and found.isolation != "none" \
+            and settings.network_default != "none":
+        warnings.append(f"workspaces get no network (policy `none`; `egress` is refused "
+                        f"when asked for): {found.network_problem}")
     if found.cgroup is None and resources.host_cgroup_limits(settings).controllers():
         warnings.append(f"calls get no cgroup of their own ({found.cgroup_problem}); "
                         "memory and process limits fall back to ulimit")

@@ -551,7 +551,7 @@ def _claim_network(record: WorkspaceRecord, settings: Settings, blank: blank_poo
         except (OSError, subprocess.SubprocessError) as exc:
             raise WorkspaceError("spawn_failed", f"could not put network policy "
                                  f"{record.network} in force: {exc}") from exc
-    if state.link is not None:  # none (no file: no link, no guard) costs no write
+    if state.link is not None or state.pasta is not None:  # none costs no write
         network.save_state(settings, record.id, state)
 
 
