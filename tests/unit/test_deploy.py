@@ -675,8 +675,6 @@ def test_every_worker_of_a_node_claims_ids_in_the_nodes_lock_directory(
 ) -> None:
     """A container's own /run would make its id claims its own: two workers of one
     machine could hand two tenants the same host ids."""
-    from bashfleet.worker.settings import Settings  # noqa: PLC0415
-
     lock_dir = str(Settings.model_fields["id_lock_dir"].default)
     worker = _find(manifests, "DaemonSet", "bashfleet-worker")
     container = next(c for c in worker["spec"]["template"]["spec"]["containers"]
