@@ -145,3 +145,22 @@ def test_a_native_workers_lock_directory_is_the_machines(tmp_path: Path) -> None
     if os.stat("/proc/self/ns/pid").st_ino != 0xEFFFFFFC:
         pytest.skip("this test runs in a container: its /proc/1 is not the machine's init")
     assert ids.lock_scope(tmp_path / "ids") is None
+
+
+def test_a_slot_an_earlier_versions_keeper_holds_is_not_given_again(tmp_path: Path) -> None:
+    """Workspaces outlive their worker: after an upgrade, the slots their keepers locked
+    the old way (a file per slot number) stay theirs."""
+    import fcntl  # noqa: PLC0415
+
+    host = _two_slots(1073741824)
+    old = os.open(tmp_path / "0", os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(old, fcntl.LOCK_EX)
+    try:
+        unaware = ids.claim(host, lock_dir=tmp_path)
+        assert unaware.index == 0  # without the check: given again
+        unaware.close()
+        slot = ids.claim(host, lock_dir=tmp_path, legacy=True)
+        assert slot.index == 1
+        slot.close()
+    finally:
+        os.close(old)

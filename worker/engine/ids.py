@@ -193,9 +193,12 @@ def slot_ids(ids: HostIds, index: int) -> tuple[int, int]:
     return ids.uids.start + index * SLOT_SIZE, ids.gids.start + index * SLOT_SIZE
 
 
-def claim(ids: HostIds, *, first: int = 0, lock_dir: Path = LOCK_DIR) -> Slot:
+def claim(ids: HostIds, *, first: int = 0, lock_dir: Path = LOCK_DIR,
+          legacy: bool = False) -> Slot:
     """A free slot, locked (OSError ENOSPC when every slot is taken). `first`: where to
-    start looking (spreads the claims of many processes)."""
+    start looking (spreads the claims of many processes). `legacy`: `ids` is all of the
+    run user's range, whose slots earlier versions locked as a file per slot number
+    (`<lock_dir>/<index>`): a slot whose file a keeper of theirs still holds is taken."""
     lock_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     total = ids.slots
     # One open file description per claim: OFD locks of two descriptions conflict even
@@ -206,6 +209,8 @@ def claim(ids: HostIds, *, first: int = 0, lock_dir: Path = LOCK_DIR) -> Slot:
         for step in range(total):
             index = (first + step) % total
             uid, gid = slot_ids(ids, index)
+            if legacy and _held_before(lock_dir, index):
+                continue
             if not _lock(fd, uid):
                 continue
             if not _lock(fd, GID_OFFSET + gid):
@@ -218,6 +223,21 @@ def claim(ids: HostIds, *, first: int = 0, lock_dir: Path = LOCK_DIR) -> Slot:
     os.close(fd)
     raise OSError(errno.ENOSPC, f"every one of this host's {total} workspace id ranges is "
                   "in use")
+
+
+def _held_before(lock_dir: Path, index: int) -> bool:
+    """Whether a keeper started by an earlier version holds slot `index` (its flock)."""
+    try:
+        fd = os.open(lock_dir / str(index), os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
 
 
 def _lock(fd: int, start: int) -> bool:

@@ -521,7 +521,7 @@ def startup_problems(settings: Settings) -> tuple[list[str], list[str]]:
     if found.cgroup is None and settings.cgroups != "off":
         warnings.append(f"workspaces get no cgroup of their own ({found.cgroup_problem}): "
                         "memory and process limits fall back to ulimit (per process, not "
-                        "per workspace), CPU limits are not applied")
+                        "per workspace), CPU bandwidth is not limited")
     return errors, warnings
 
 

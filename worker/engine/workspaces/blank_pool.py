@@ -240,7 +240,7 @@ def _claim_ids(settings: Settings) -> ids.Slot | None:
     if host is None:
         return None
     return ids.claim(host, first=int.from_bytes(os.urandom(2), "big"),
-                     lock_dir=settings.id_lock_dir)
+                     lock_dir=settings.id_lock_dir, legacy=settings.id_range is None)
 
 
 def reap_blanks(settings: Settings) -> int:
