@@ -183,6 +183,15 @@ class Settings(BaseSettings):
     """User name calls run as when the worker is root (never root; its groups and ids).
     None: `bashfleet-run` when that account exists, else `nobody`. A worker that is not
     root runs calls as itself, in a user namespace, with no capability."""
+    id_range: str | None = Field(None, pattern=r"^[0-9]+:[0-9]+$")
+    """`start:count`: the host ids (uids and gids alike) this worker gives its workspaces,
+    inside the run user's subordinate ids; give each worker of a machine that cannot share
+    `id_lock_dir` (a container beside a native worker) a range of its own. None: all of
+    the run user's subordinate ids."""
+    id_lock_dir: Path = Path("/run/bashfleet/ids")
+    """Where workspaces' host ids are claimed (a lock per range): every worker of a
+    machine must see the same directory (a container binds it from the host), or have an
+    `id_range` of its own."""
     workspace_root: Path | None = None
     """Where fresh workspaces are made. None: /var/lib/bashfleet/workspaces for a root
     worker, else `$XDG_DATA_HOME/bashfleet/workspaces` (~/.local/share/...)."""

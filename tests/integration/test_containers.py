@@ -378,21 +378,10 @@ def test_a_root_only_host_file_made_after_the_worker_started_is_not_the_tenants(
 def test_id_slots_are_freed_when_their_keeper_ends(multi: Engine) -> None:
     record = workspaces.create(WorkspaceSpec(), multi.settings)
     assert record.ids is not None
-    host = sandbox.host_ids(multi.settings)
-    assert host is not None
-    index = (record.ids[0] - host.uids.start) // ids.SLOT_SIZE
-    lock = ids.LOCK_DIR / str(index)
-    import fcntl  # noqa: PLC0415
+    uid = gid = record.ids[0]
 
     def locked() -> bool:
-        fd = os.open(lock, os.O_RDWR)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return True
-        finally:
-            os.close(fd)
-        return False
+        return ids.held(uid, gid, lock_dir=multi.settings.id_lock_dir)
 
     assert locked()  # held by the keeper
     assert record.keeper_pid is not None

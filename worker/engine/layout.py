@@ -143,7 +143,8 @@ def plan_view(spec: ViewSpec) -> list[Step]:
     steps += [["tmpfs", f"{r}{d}", 0o755] for d in outer]
     for w in writable_views:
         # With layers: the run user's shared roots through the run user's map (`idbind`).
-        steps += _bind_own(r, mounts, w, w, True, grow=False, mapped=spec.layers is not None)
+        steps += _bind_own(r, mounts, w, w, True, grow=False, mapped=spec.layers is not None,
+                           shared=True)
     for view_path, host_path, writable in _own_paths(spec):
         layer = _layer_name(spec, view_path, host_path)
         if layer is not None:
@@ -299,16 +300,21 @@ def _in_project(host_path: str, spec: ViewSpec) -> bool:
 
 
 def _bind_own(r: str, mounts: list[tuple[str, bool]], view_path: str, host: str,
-              writable: bool, *, grow: bool = True, mapped: bool = False) -> list[Step]:
+              writable: bool, *, grow: bool = True, mapped: bool = False,
+              shared: bool = False) -> list[Step]:
     """Bind one of the workspace's own paths; its mount point is made when the mount it
     lies on takes new directories (`mounts`: path, whether it does), else it must exist.
     `grow`: mount points of later binds may be made inside this one. `mapped`: through
-    the project's id map (`idbind`)."""
+    the project's id map (`idbind`); `shared`: a root every workspace writes (bound as
+    it is where it is open to every user, as /tmp)."""
     target = f"{r}{view_path}"
     steps: list[Step] = []
     if _covering(target, mounts):
         steps.append(["mkdir", target, 0o755])
-    steps.append(["idbind", host, target] if mapped else ["bind", host, target, writable])
+    if mapped:
+        steps.append(["idbind", host, target, True] if shared else ["idbind", host, target])
+    else:
+        steps.append(["bind", host, target, writable])
     mounts.append((target, writable and grow))
     return steps
 

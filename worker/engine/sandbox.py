@@ -43,7 +43,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from bashfleet.worker.engine import ids, launcher, network, resources
+from bashfleet.worker.engine import cgroups, ids, launcher, network, resources
 from bashfleet.worker.engine.launcher import KeeperConnection, LauncherClient, SandboxError
 from bashfleet.worker.engine.memo import TimedMemo
 from bashfleet.worker.settings import Settings
@@ -449,13 +449,16 @@ def probe(settings: Settings) -> SandboxProbe:
     level = host_default(settings.isolation, problem is None and settings.isolation != "none")
     if settings.isolation == "none":
         problem = "isolation is none (settings)"
-    _, support = resources.cgroup_plan(settings)
+    # What a workspace gets: its keeper's group has every controller a call may limit.
+    support = resources.cgroup_support(settings, cgroups.CONTROLLERS)
     return SandboxProbe(
         isolation=level, configured=settings.isolation, bwrap=version if problem is None else None,
         problem=problem, cgroup=support.version, cgroup_problem=support.problem,
         run_as=run_user_name(settings),
         tenancy="multi" if host_ids(settings) is not None and problem is None else "single",
         id_slots=(found.slots if (found := host_ids(settings)) is not None else 0),
+        id_range=settings.id_range,
+        id_problem=id_scope_problem(settings) if host_ids(settings) is not None else None,
         network=str(_default_policy(level, settings.sandbox_network, rules))
         if (rules := network_rules(settings)) else "",
         network_host=settings.network_host_ok, network_problem=rules.problem,
@@ -472,10 +475,12 @@ def network_rules(settings: Settings) -> NetworkRules:
 def host_ids(settings: Settings) -> ids.HostIds | None:
     """The subordinate ids this host gives its workspaces (None: single-tenant). Read
     again after a minute (an operator who adds them needs no restart)."""
-    return _host_ids.get((settings.run_as, os.geteuid()), lambda: _read_host_ids(settings))
+    return _host_ids.get((settings.run_as, os.geteuid(), settings.id_range),
+                         lambda: _read_host_ids(settings))
 
 
-_host_ids: TimedMemo[tuple[str | None, int], ids.HostIds | None] = TimedMemo(ttl_s=60.0)
+_host_ids: TimedMemo[tuple[str | None, int, str | None], ids.HostIds | None] = \
+    TimedMemo(ttl_s=60.0)
 
 
 def _read_host_ids(settings: Settings) -> ids.HostIds | None:
@@ -483,7 +488,18 @@ def _read_host_ids(settings: Settings) -> ids.HostIds | None:
         user = run_user(settings)
     except OSError:
         return None
-    return ids.host_ids(user.name) if user is not None else None
+    return ids.host_ids(user.name, only=settings.id_range) if user is not None else None
+
+
+def id_scope_problem(settings: Settings) -> str | None:
+    """Why this worker's workspaces' ids may not be the machine's alone (None: its lock
+    directory is provably the machine's, or the operator gave it a range of its own)."""
+    if settings.id_range is not None:
+        return None
+    return _id_scope.get(str(settings.id_lock_dir), lambda: ids.lock_scope(settings.id_lock_dir))
+
+
+_id_scope: TimedMemo[str, str | None] = TimedMemo(ttl_s=600.0)
 
 
 def startup_problems(settings: Settings) -> tuple[list[str], list[str]]:
@@ -496,7 +512,15 @@ def startup_problems(settings: Settings) -> tuple[list[str], list[str]]:
         run_user(settings)
     except OSError as exc:
         errors.append(exc.strerror or str(exc))
+    if settings.id_range is not None and os.geteuid() == 0:
+        user = run_user(settings) if not errors else None
+        bad = ids.range_problem(user.name, settings.id_range) if user is not None else None
+        if bad is not None:
+            errors.append(bad)
     found = probe(settings)
+    if found.id_problem is not None:
+        warnings.append(f"workspaces' host ids may not be this machine's alone: "
+                        f"{found.id_problem}")
     if found.problem is not None and settings.isolation in ("process", "strict"):
         errors.append(f"isolation {settings.isolation!r} is configured but {found.problem}")
     elif found.isolation == "none":
@@ -506,9 +530,10 @@ def startup_problems(settings: Settings) -> tuple[list[str], list[str]]:
             and settings.network_default != "none":
         warnings.append(f"workspaces get no network (policy `none`; `egress` is refused "
                         f"when asked for): {found.network_problem}")
-    if found.cgroup is None and resources.host_cgroup_limits(settings).controllers():
-        warnings.append(f"calls get no cgroup of their own ({found.cgroup_problem}); "
-                        "memory and process limits fall back to ulimit")
+    if found.cgroup is None and settings.cgroups != "off":
+        warnings.append(f"workspaces get no cgroup of their own ({found.cgroup_problem}): "
+                        "memory and process limits fall back to ulimit (per process, not "
+                        "per workspace), CPU bandwidth is not limited")
     return errors, warnings
 
 

@@ -872,6 +872,12 @@ class SandboxProbe(Model):
     workspace (a worker that is not root, or no subordinate ids for the run user)."""
     id_slots: int = 0
     """Workspaces this host can give ids of their own at once (`multi`)."""
+    id_range: str | None = None
+    """`start:count`: the host ids the operator gave this worker (None: all of the run
+    user's subordinate ids)."""
+    id_problem: str | None = None
+    """Why its workspaces' ids may not be the machine's alone (a container's own lock
+    directory and no range of its own), when they may not."""
     network: str = ""
     """Its workspaces' default network policy (`egress`, `none`, `host`)."""
     network_host: bool = False
