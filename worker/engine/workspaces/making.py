@@ -13,6 +13,7 @@ import contextlib
 import errno
 import json
 import os
+import socket
 import stat
 import subprocess
 import time
@@ -21,6 +22,7 @@ from typing import Literal
 
 from bashfleet.worker.engine import (
     cgroups,
+    hostname,
     ids,
     layout,
     network,
@@ -393,6 +395,7 @@ def make_layers(layers: Path, slot: ids.Slot, image_root: str | None) -> None:
                 info = os.stat(f"/{entry}", follow_symlinks=False)
                 if stat.S_ISDIR(info.st_mode):
                     _upper(layers, layout.upper_name(entry), info, slot)
+        _seed_hostname(layers / "upper" / layout.upper_name("etc"), slot)
 
 
 def _make_snapshot_layers(record: WorkspaceRecord, settings: Settings, slot: ids.Slot,
@@ -442,12 +445,32 @@ def _seed_network_files(upper: Path, image_root: str, slot: ids.Slot) -> None:
         resolv = Path("/etc/resolv.conf").read_text("utf-8")
     except (OSError, UnicodeDecodeError):
         resolv = ""
-    for name, text in (("hosts", HOSTS), ("resolv.conf", resolv)):
-        fd = os.open(etc / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
-                     | os.O_CLOEXEC, 0o644)
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            os.fchown(handle.fileno(), slot.uid, slot.gid)
+    hosts = hostname.with_hostname(HOSTS, socket.gethostname()) or HOSTS
+    for name, text in (("hosts", hosts), ("resolv.conf", resolv)):
+        _write_own(etc / name, text, slot)
+
+
+def _write_own(path: Path, text: str, slot: ids.Slot) -> None:
+    """A new file of the workspace root's in one of its own layers."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 0o644)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(text)
+        os.fchown(handle.fileno(), slot.uid, slot.gid)
+
+
+def _seed_hostname(upper_etc: Path, slot: ids.Slot) -> None:
+    """Where the host's /etc/hosts does not name the hostname its calls see, the
+    workspace's own copy of it that does, in its layer of /etc (the host's is unchanged)."""
+    if not upper_etc.is_dir():
+        return
+    try:
+        text = Path("/etc/hosts").read_text("utf-8")
+    except (OSError, UnicodeDecodeError):
+        return
+    hosts = hostname.with_hostname(text, socket.gethostname())
+    if hosts is not None:
+        _write_own(upper_etc / "hosts", hosts, slot)
 
 
 def _make_workdir(upper: Path, image_root: str, workdir: str, slot: ids.Slot) -> None:
