@@ -68,6 +68,10 @@ class Settings(BaseSettings):
     """Variable name patterns kept even when a deny pattern matches."""
     secret_files: CsvTuple = ()
     """Files holding secrets (env files, .netrc...): their values are redacted from output."""
+    env_pass: CsvTuple = ()
+    """Variable name patterns (`LC_*`, `HTTPS_PROXY`) a call takes from the worker's own
+    environment, which it otherwise does not (only `PATH` and `LANG` on the host's root);
+    `secret_deny` still scrubs them unless `secret_allow` keeps them."""
     spill_min_free_bytes: int = Field(64 * 1024 * 1024, ge=0)
     """Below this much free space in the spill directory, output is captured in memory only."""
     sweep_rounds: int = Field(5, ge=1, le=50)

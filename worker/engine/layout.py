@@ -87,6 +87,9 @@ class ViewSpec:
     layers named as its own: `root`, `top.<entry>`, `home`, `tmp`, `vartmp`, `work` for
     its directory), read-only between its own upper layers and its base. Its `/tmp`,
     `/var/tmp`, HOME and directory are then overlays too."""
+    etc_hosts: str | None = None
+    """With `layers` over the host: the workspace's own copy of the host's /etc/hosts
+    that names the hostname (the host's does not), shown read-only over it."""
     workspace_dir: str | None = None
     """The host directory shown at `workspace` when it is another (a workspace made from
     a snapshot shows its source's path): its upper layer there."""
@@ -112,6 +115,8 @@ def plan_view(spec: ViewSpec) -> list[Step]:
     steps: list[Step] = [["private"], *_root_steps(spec)]
     if spec.image is None:
         steps += _host_entries(r, spec.entries, spec)
+        if spec.etc_hosts is not None:
+            steps.append(["bind_file", spec.etc_hosts, f"{r}/etc/hosts", False])
     steps += [["mkdir", f"{r}/tmp", 0o755], _own_step(spec, "tmp", spec.tmp, f"{r}/tmp")]
     if spec.image is not None:
         steps.append(["mkdir", f"{r}/var/tmp", 0o755])
@@ -212,6 +217,9 @@ def _overlay(layers: str, name: str, lower: list[Any], target: str,
     return ["overlay", [*stack, lower], f"{layers}/upper/{name}", f"{layers}/work/{name}",
             target]
 
+
+#: The name of a workspace's own /etc/hosts in its layers directory (`ViewSpec.etc_hosts`).
+ETC_HOSTS = "hosts"
 
 #: The layer a snapshot keeps of each of a workspace's own directories.
 OWN_LAYERS = ("home", "tmp", "vartmp", "work")
