@@ -70,6 +70,9 @@ _libc = ctypes.CDLL(None, use_errno=True)
 #: sight).
 _NUMBERS: tuple[int | None, ...] = _SYSCALLS.get(platform.machine(), (None,) * 6)
 KEYCTL_JOIN_SESSION_KEYRING = 1
+KEYCTL_LINK = 8
+KEY_SPEC_SESSION_KEYRING = -3
+KEY_SPEC_USER_KEYRING = -4
 
 
 def _check(result: int, what: str) -> None:
@@ -305,6 +308,16 @@ def join_new_session_keyring() -> int:
     return int(serial)
 
 
+def link_user_keyring() -> None:
+    """keyctl(KEYCTL_LINK, user keyring, session keyring), as a login's pam_keyinit does:
+    this process's user keyring becomes reachable from (possessed through) its session
+    keyring, so keys it put there are readable again by its later processes."""
+    number = _NUMBERS[5]
+    if number is not None:
+        _libc.syscall(ctypes.c_long(number), ctypes.c_int(KEYCTL_LINK),
+                      ctypes.c_int(KEY_SPEC_USER_KEYRING), ctypes.c_int(KEY_SPEC_SESSION_KEYRING))
+
+
 class _SockFprog(ctypes.Structure):
     _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
 
@@ -453,6 +466,9 @@ def _child(executable: str | None, argv: Sequence[str], env: Mapping[str, str], 
                     raise
             os.setresgid(who.gid, who.gid, who.gid)
             os.setresuid(who.uid, who.uid, who.uid)
+            # The workspace's session keyring is the keeper's, new: the user keyring of
+            # the ids taken now is linked into it (failure ignored: no keyring then).
+            link_user_keyring()
         if who is None or who.uid != 0:
             # The cwd is entered as the user who runs there, with no capability (a
             # namespace's root keeps its own: a container's root).
