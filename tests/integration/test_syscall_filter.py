@@ -17,9 +17,13 @@ from pathlib import Path
 
 import pytest
 
+from bashfleet.client import Fleet
+from bashfleet.client.cli import common, jobs
+from bashfleet.client.redis_server import RedisServer
 from bashfleet.worker.engine import sandbox, workspaces
 from bashfleet.worker.wire.models import Isolation, WorkspaceSpec
 
+from .conftest import WorkerFactory
 from .engine_helpers import (
     Engine,
     Janitor,
@@ -210,3 +214,26 @@ def test_a_reused_throwaway_workspace_brings_no_key_along(keyed: Engine) -> None
     assert after.stdout == "no key\n", after
     # The second call ran in the first one's workspace (its keeper), not a new one.
     assert after.stderr == added.stderr, (added, after)
+
+
+def test_real_workers_filter_calls_and_hosts_says_so(workers: WorkerFactory,
+                                                      redis_server: RedisServer) -> None:
+    """Through the fleet: a host with the default filter and one with it lifted
+    (`BASHFLEET_SECCOMP=unconfined`); `hosts` tells them apart, and so do their calls."""
+    tight = workers.start(f"tight-{os.getpid()}", wait=False)
+    loose = workers.start(f"loose-{os.getpid()}", wait=False,
+                          env={"BASHFLEET_SECCOMP": "unconfined"})
+    for worker in (tight, loose):
+        worker.wait_ready(workers.client)
+    with Fleet(redis_url=redis_server.url) as fleet:
+        infos = {info.host: info for info in fleet.hosts()}
+        said = {host: jobs.isolation_text(common.dump(probe_) if (
+            probe_ := infos[host].sandbox) is not None else None)
+                for host in (tight.host, loose.host)}
+        assert said[tight.host].endswith("seccomp default"), said
+        assert said[loose.host].endswith("seccomp unconfined"), said
+        answers = {worker.host: json.loads(fleet.run(f"python3 -c '{PROBE}'",
+                                                     host=worker.host).stdout)
+                   for worker in (tight, loose)}
+    assert answers[tight.host] == dict.fromkeys(REFUSED, "EPERM"), answers
+    assert all(answers[loose.host][name] != "EPERM" for name in REFUSED), answers

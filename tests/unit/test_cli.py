@@ -508,6 +508,10 @@ def test_hosts_leaves_out_a_fleet_long_gone() -> None:
         ({"isolation": "process", "tenancy": "multi", "network": "egress",
           "network_host": True}, "process, ulimit, ids per workspace, network egress (host "
          "allowed)"),
+        ({"isolation": "process", "tenancy": "multi", "seccomp": "default"},
+         "process, ulimit, ids per workspace, seccomp default"),
+        ({"isolation": "strict", "tenancy": "multi", "seccomp": "unconfined"},
+         "strict, ulimit, ids per workspace, seccomp unconfined"),
     ],
 )
 def test_hosts_say_whether_workspaces_have_ids_of_their_own(
