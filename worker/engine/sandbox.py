@@ -15,6 +15,8 @@ workspace may ask for more, never for less):
 
 Every sandboxed workspace has a network namespace of its own; its policy (`none`,
 `egress`, `allow=...`, `host`) is built by `bashfleet.worker.engine.network`.
+Every sandboxed call runs under a system call filter (`bashfleet.worker.engine.syscall_filter`,
+the host's `seccomp` setting) and a session keyring of its workspace's own.
 
 Calls never run as root nor as the worker's user: a root worker runs them as its run user
 (`run_as`), every capability dropped, no_new_privs; a worker that is not root runs them
