@@ -139,6 +139,10 @@ class Settings(BaseSettings):
     /home and /root hidden; `none`: plain `bash -c` (only when asked for); `auto`:
     `process`, and `bashfleet worker` refuses to start where it cannot work (only the
     local `bashfleet up` falls back to `none`, saying so)."""
+    seccomp: Literal["default", "unconfined"] = "default"
+    """The system call filter of sandboxed calls (`bashfleet.worker.engine.syscall_filter`):
+    `default`: containers-common's default profile (podman's), keyctl also refused, EPERM
+    for what it refuses; `unconfined`: none. `bashfleet hosts` shows it."""
     bwrap: str = "bwrap"
     """The bubblewrap executable (a name looked up on PATH, or a path)."""
     sandbox_writable: CsvTuple = ()

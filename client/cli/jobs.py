@@ -130,6 +130,8 @@ def isolation_text(sandbox: dict[str, Any] | None) -> str:
     if sandbox.get("network"):
         parts.append(f"network {sandbox['network']}"
                      + (" (host allowed)" if sandbox.get("network_host") else ""))
+    if sandbox.get("seccomp"):
+        parts.append(f"seccomp {sandbox['seccomp']}")
     return ", ".join(parts)
 
 

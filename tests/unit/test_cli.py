@@ -511,6 +511,10 @@ def test_hosts_leaves_out_a_fleet_long_gone() -> None:
          "egress (host allowed)"),
         ({"isolation": "process", "cgroup": "v1", "tenancy": "multi", "id_problem": "x"},
          "process, cgroup v1, ids per workspace (NOT machine-wide)"),
+        ({"isolation": "process", "tenancy": "multi", "seccomp": "default"},
+         "process, no cgroup (ulimit), ids per workspace, seccomp default"),
+        ({"isolation": "strict", "tenancy": "multi", "seccomp": "unconfined"},
+         "strict, no cgroup (ulimit), ids per workspace, seccomp unconfined"),
     ],
 )
 def test_hosts_say_whether_workspaces_have_ids_of_their_own(

@@ -15,6 +15,8 @@ workspace may ask for more, never for less):
 
 Every sandboxed workspace has a network namespace of its own; its policy (`none`,
 `egress`, `allow=...`, `host`) is built by `bashfleet.worker.engine.network`.
+Every sandboxed call runs under a system call filter (`bashfleet.worker.engine.syscall_filter`,
+the host's `seccomp` setting) and a session keyring of its workspace's own.
 
 Calls never run as root nor as the worker's user: a root worker runs them as its run user
 (`run_as`), every capability dropped, no_new_privs; a worker that is not root runs them
@@ -32,6 +34,7 @@ import contextlib
 import errno
 import logging
 import os
+import platform
 import pwd
 import re
 import shutil
@@ -43,7 +46,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from bashfleet.worker.engine import cgroups, ids, launcher, network, resources
+from bashfleet.worker.engine import cgroups, ids, launcher, network, resources, syscall_filter
 from bashfleet.worker.engine.launcher import KeeperConnection, LauncherClient, SandboxError
 from bashfleet.worker.engine.memo import TimedMemo
 from bashfleet.worker.settings import Settings
@@ -297,7 +300,8 @@ class Zygote:
             for attempt in range(2):
                 client = self._client(settings)
                 try:
-                    return client.keeper(spec, fds, ANSWER_TIMEOUT_S)
+                    return client.keeper({"seccomp": settings.seccomp, **spec}, fds,
+                                         ANSWER_TIMEOUT_S)
                 except launcher.KeeperLostError:
                     self._drop()
                     if attempt:
@@ -462,7 +466,15 @@ def probe(settings: Settings) -> SandboxProbe:
         network=str(_default_policy(level, settings.sandbox_network, rules))
         if (rules := network_rules(settings)) else "",
         network_host=settings.network_host_ok, network_problem=rules.problem,
+        seccomp=seccomp_text(settings.seccomp) if level != "none" else "",
     )
+
+
+def seccomp_text(mode: str) -> str:
+    """What the host's `seccomp` setting gives on this machine, for `hosts`."""
+    if mode == "default" and syscall_filter.for_mode(mode, platform.machine()) is None:
+        return f"unconfined (no system call table for {platform.machine()})"
+    return mode
 
 
 def network_rules(settings: Settings) -> NetworkRules:

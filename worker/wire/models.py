@@ -884,6 +884,9 @@ class SandboxProbe(Model):
     """Workspaces may ask for the host's own network namespace (`network_host_ok`)."""
     network_problem: str | None = None
     """Why this host cannot filter workspaces' networks (`egress` and `allow` refused)."""
+    seccomp: str = ""
+    """The system call filter of its sandboxed calls (`default`: containers-common's
+    profile; `unconfined`); empty: calls run unsandboxed, or a worker that does not say."""
 
 
 
