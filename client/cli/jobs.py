@@ -132,6 +132,9 @@ def isolation_text(sandbox: dict[str, Any] | None) -> str:
                      + (" (host allowed)" if sandbox.get("network_host") else ""))
     if sandbox.get("seccomp"):
         parts.append(f"seccomp {sandbox['seccomp']}")
+    if sandbox.get("layers"):
+        parts.append({"overlay": "own / over the host read-only"}.get(
+            sandbox["layers"], str(sandbox["layers"])))
     return ", ".join(parts)
 
 

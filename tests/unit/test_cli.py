@@ -515,6 +515,11 @@ def test_hosts_leaves_out_a_fleet_long_gone() -> None:
          "process, no cgroup (ulimit), ids per workspace, seccomp default"),
         ({"isolation": "strict", "tenancy": "multi", "seccomp": "unconfined"},
          "strict, no cgroup (ulimit), ids per workspace, seccomp unconfined"),
+        ({"isolation": "process", "tenancy": "multi", "layers": "overlay"},
+         "process, no cgroup (ulimit), ids per workspace, own / over the host read-only"),
+        ({"isolation": "process", "tenancy": "single", "layers": "read-only host"},
+         "process, no cgroup (ulimit), single-tenant: one uid for every workspace, "
+         "read-only host"),
     ],
 )
 def test_hosts_say_whether_workspaces_have_ids_of_their_own(

@@ -467,6 +467,8 @@ def probe(settings: Settings) -> SandboxProbe:
         if (rules := network_rules(settings)) else "",
         network_host=settings.network_host_ok, network_problem=rules.problem,
         seccomp=seccomp_text(settings.seccomp) if level != "none" else "",
+        layers=("overlay" if host_ids(settings) is not None and problem is None
+                else "read-only host" if level != "none" else ""),
     )
 
 

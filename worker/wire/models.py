@@ -887,6 +887,11 @@ class SandboxProbe(Model):
     seccomp: str = ""
     """The system call filter of its sandboxed calls (`default`: containers-common's
     profile; `unconfined`); empty: calls run unsandboxed, or a worker that does not say."""
+    layers: str = ""
+    """How a workspace's `/` is made: `overlay` (its own upper layer over the host's
+    directories, bound read-only with the host's ids, never idmapped; or over an image),
+    `read-only host` (the host's root read-only around its directory); empty: calls run
+    unsandboxed, or a worker that does not say."""
 
 
 
