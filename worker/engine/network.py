@@ -303,31 +303,38 @@ def _nftables() -> ctypes.CDLL | None:
 
 _host_lock = threading.Lock()
 _host_ready: set[bool] = set()
-FORWARDING_MARK = Path("/run/bashfleet/net/forwarding-was-off")
+#: Left by older workers, which then dropped every forwarded packet that was not a
+#: workspace's (other containers' bridges too): removed at start, never written.
+OLD_FORWARDING_MARK = Path("/run/bashfleet/net/forwarding-was-off")
 
 
 def ensure_host(settings: Settings) -> None:
     """The host's part, once per process: forwarding on, and the host's `bashfleet`
     table (nothing of the host reachable from a workspace's link; no workspace reaches
-    another; nothing new enters one; what leaves is masqueraded). Where forwarding was
-    off, it stays off for every other interface."""
+    another; nothing new enters one; what leaves is masqueraded). As podman's netavark
+    and Docker do, forwarding is turned on and the table's rules match workspaces'
+    links only: whatever else the host forwards (a container bridge, a VPN) is left to
+    the host's own firewall, whether or not forwarding was on before."""
+    del settings
     with _host_lock:
         if _host_ready:
             return
         forwarding = Path("/proc/sys/net/ipv4/ip_forward")
         if forwarding.read_text("ascii").strip() != "1":
-            FORWARDING_MARK.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            FORWARDING_MARK.touch()
+            log.info("IPv4 forwarding was off: turned on for workspaces' links (the "
+                     "host's firewall decides what else it forwards)")
             forwarding.write_text("1\n", encoding="ascii")
-        _run(["nft", "-f", "-"], host_ruleset(FORWARDING_MARK.exists()))
+        _run(["nft", "-f", "-"], host_ruleset())
+        OLD_FORWARDING_MARK.unlink(missing_ok=True)
         _host_ready.add(True)
 
 
-def host_ruleset(others_stay_off: bool) -> str:
-    """The host's table (replaced whole, atomically), the same for every worker of the
-    machine whatever its pool: links are told by their interfaces' names."""
+def host_ruleset() -> str:
+    """The host's table (replaced whole, atomically: an older worker's rules go with
+    it), the same for every worker of the machine whatever its pool: links are told by
+    their interfaces' names, and every rule names one (`iifname` or `oifname` a link's),
+    so no packet of anything else's is touched."""
     wild = f'"{IFACE_PREFIX}*"'
-    others = (f"        iifname != {wild} oifname != {wild} drop\n" if others_stay_off else "")
     return (
         "table inet bashfleet\ndelete table inet bashfleet\n"
         "table inet bashfleet {\n"
@@ -342,7 +349,6 @@ def host_ruleset(others_stay_off: bool) -> str:
         f"        iifname {wild} accept\n"
         f"        oifname {wild} ct state established,related accept\n"
         f"        oifname {wild} drop\n"
-        f"{others}"
         "    }\n"
         "    chain postrouting {\n"
         "        type nat hook postrouting priority srcnat + 10; policy accept;\n"
