@@ -27,6 +27,7 @@ import pytest
 import redis
 
 from bashfleet.client import CallRejected, Fleet
+from bashfleet.client.errors import WorkerError
 from bashfleet.client.redis_server import RedisServer
 from bashfleet.worker.engine import network, snapshots, workspaces
 from bashfleet.worker.settings import Settings
@@ -35,7 +36,7 @@ from bashfleet.worker.wire.events import open_event
 from bashfleet.worker.wire.models import CallResult
 from bashfleet.worker.wire.network import parse_text as parse
 
-from .conftest import RECORD_KEYS, WorkerFactory, WorkerProcess
+from .conftest import RECORD_KEYS, WorkerFactory, WorkerProcess, wait_for
 from .engine_helpers import (
     Engine,
     Janitor,
@@ -559,3 +560,100 @@ def _denied_events(client: redis.Redis, ws_id: str) -> set[str]:
         if found or time.monotonic() > deadline:
             return found
         time.sleep(0.2)  # the host publishes every second
+
+
+# ------------------------------------------------ a worker with the compose file's capabilities
+
+
+#: docker-compose.yml's `cap_add` (after `cap_drop: [ALL]`), which the k8s manifest
+#: gives too: no CAP_NET_BIND_SERVICE.
+COMPOSE_CAPS = ("sys_admin", "sys_chroot", "setuid", "setgid", "setpcap", "net_admin", "kill",
+                "sys_ptrace", "chown", "fowner", "dac_override")
+BOUNDING = "-all," + ",".join(f"+{cap}" for cap in COMPOSE_CAPS)
+CAP_NET_BIND_SERVICE = 10
+
+
+class CappedWorker(WorkerProcess):
+    """A worker whose capabilities are the compose file's (its bounding set, so what it
+    starts, the guard too, has no more)."""
+
+    def args(self) -> list[str]:
+        return ["setpriv", f"--bounding-set={BOUNDING}", "--inh-caps=-all", "--",
+                *super().args()]
+
+
+@pytest.fixture(name="capped", scope="module")
+def _capped_fixture(session_workers: WorkerFactory, net: NetNs) -> Iterator[WorkerProcess]:
+    worker = CappedWorker(
+        "netcap", session_workers.url, state_dir=session_workers.state_dir("netcap"),
+        log_dir=session_workers.base / "logs", concurrency=2,
+        extra_env={"BASHFLEET_NETWORK_RESOLVERS": net.ns_ip}, projects=session_workers.projects)
+    worker.start()
+    session_workers.started.append(worker)
+    try:
+        worker.wait_ready(session_workers.client)
+        yield worker
+    finally:
+        worker.stop()
+        worker.kill_jobs()
+        session_workers.started.remove(worker)
+
+
+def _bind_low_port(*prefix: str) -> subprocess.CompletedProcess[str]:
+    """Bind port 999 (where the guard listened before) in a new network namespace."""
+    script = "import socket; socket.socket().bind(('127.0.0.1', 999)); print('bound')"
+    return subprocess.run([*prefix, "unshare", "-n", "python3", "-c", script],
+                          capture_output=True, text=True, timeout=30, check=False)
+
+
+def _guard_pid(worker: WorkerProcess, ws_id: str) -> int:
+    settings = Settings(state_dir=worker.state_dir)
+    state = network.load_state(settings, ws_id)
+    assert state.guard is not None
+    return state.guard[0]
+
+
+def test_allow_works_without_cap_net_bind_service(
+        capped: CappedWorker, net: NetNs, redis_server: RedisServer) -> None:
+    # What these capabilities cannot do: bind a port below 1024, even as root in a
+    # network namespace of its own (the guard's ports were 53 and 999).
+    assert _bind_low_port().stdout.strip() == "bound"
+    denied = _bind_low_port("setpriv", f"--bounding-set={BOUNDING}", "--inh-caps=-all", "--")
+    assert "Permission denied" in denied.stderr, denied
+    with Fleet(redis_server.url, owner=f"tenant-{uuid.uuid4().hex[:8]}") as fleet:
+        ws = fleet.workspace(host="netcap", network="allow=good.test")
+        # Its guard runs without the capability, as the worker does.
+        status = Path(f"/proc/{_guard_pid(capped, ws.id)}/status").read_text()
+        effective = int(next(line.split()[1] for line in status.splitlines()
+                             if line.startswith("CapEff:")), 16)
+        assert not effective & (1 << CAP_NET_BIND_SERVICE), status
+        got = ws.run("curl -sS -m 5 http://good.test/; getent hosts other.test; echo rc=$?")
+        assert "host=good.test" in got.stdout and got.stdout.strip().endswith("rc=2"), got
+
+
+SQUAT = r"""python3 - <<'EOF' &
+import socket, time
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("0.0.0.0", PORT)); s.listen(1)
+open("/tmp/squatting", "w").close()
+time.sleep(300)
+EOF"""
+
+
+def test_a_guard_that_cannot_start_says_why(
+        capped: CappedWorker, redis_server: RedisServer) -> None:
+    """A call of a live workspace holds the guard's port (it is the workspace's own
+    namespace): putting `allow` in force then fails, and the error says why, to the
+    caller and in the worker's log (before, only "did not start")."""
+    with Fleet(redis_server.url, owner=f"tenant-{uuid.uuid4().hex[:8]}") as fleet:
+        ws = fleet.workspace(host="netcap")
+        ws.run(SQUAT.replace("PORT", str(network.GUARD_PORT)), mode="background")
+        assert ws.run("until [ -e /tmp/squatting ]; do sleep 0.05; done").exit_code == 0
+        with pytest.raises(WorkerError) as refused:
+            ws.set_network("allow=good.test")
+        message = str(refused.value)
+        assert "network guard did not start" in message, message
+        assert "its proxy cannot listen on" in message, message
+        assert f":{network.GUARD_PORT}: Address already in use" in message, message
+        wait_for(lambda: "Address already in use" in capped.log(), 10,
+                 "the worker's log to say why")

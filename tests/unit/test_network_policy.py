@@ -174,6 +174,32 @@ def test_the_rules_of_each_policy() -> None:
     allow = network.ruleset(network.Rules(parse_text("allow=a.com,198.51.100.0/24"), link),
                             replace=False)
     assert not allow.startswith("table inet bashfleet\ndelete")
-    assert "log group 7" in allow and "dnat ip to 10.250.0.22:999" in allow
+    # The guard's ports are unprivileged: it needs no CAP_NET_BIND_SERVICE.
+    assert "log group 7" in allow and "dnat ip to 10.250.0.22:1999" in allow
+    assert "th dport 53 dnat ip to 10.250.0.22:1053" in allow
+    assert min(network.GUARD_PORT, network.GUARD_DNS_PORT) >= 1024
     assert "198.51.100.0/24" in allow and "a.com" not in allow
     assert "ip daddr @denied4" not in allow  # everything not listed is refused
+
+
+def test_the_host_table_matches_workspaces_links_only() -> None:
+    """Every rule of the host's table names a link (`bfw*`) as the way a packet comes
+    in or goes out: nothing else the host forwards (a container bridge) is matched."""
+    table = network.host_ruleset()
+    rules = [line.strip() for line in table.splitlines()
+             if line.startswith("        ") and not line.strip().startswith("type ")]
+    assert len(rules) == 7
+    assert all('iifname "bfw*"' in rule or 'oifname "bfw*"' in rule for rule in rules), rules
+
+
+@pytest.mark.parametrize(("answer", "stderr", "why"), [
+    ("error: its proxy cannot listen on 10.250.0.2:1999: Address already in use", "",
+     "its proxy cannot listen on 10.250.0.2:1999: Address already in use"),
+    ("", "nsenter: cannot open /proc/9/ns/net: No such file or directory\n",
+     "nsenter: cannot open /proc/9/ns/net: No such file or directory"),
+    ("", "Traceback (most recent call last):\n  File x\nKeyError: 'mark'\n",
+     "Traceback (most recent call last): / File x / KeyError: 'mark'"),
+    ("", "", "no answer within 20s"),
+])
+def test_why_a_guard_did_not_start(answer: str, stderr: str, why: str) -> None:
+    assert network.guard_failure(answer, stderr) == why

@@ -1,13 +1,16 @@
 """A workspace's network guard under the `allow` policy: DNS, HTTP and TLS by name.
 
 Standard library only: the worker starts it as `python -I -S netguard.py CONFIG
-DENIED_FD READY_FD` in the workspace's network namespace (`nsenter --net`), as the
-host's root, outside the workspace's PID and user namespaces (no call can signal,
-trace or bind in front of it: its ports are below 1024). It exits with the keeper.
+DENIED_FD READY_FD LOG_FD` in the workspace's network namespace (`nsenter --net`), as
+the host's root, outside the workspace's PID and user namespaces (no call can signal or
+trace it). It needs no capability but CAP_NET_ADMIN (its marked sockets, NFLOG): its
+ports are unprivileged (`network.GUARD_PORT`). It answers `ok` on READY_FD once it
+serves, or `error: why`; from then on its stderr is LOG_FD (the worker's). It exits with
+the keeper.
 
-    a call ── DNS (any server, port 53) ─ DNAT ──►  guard :53   listed name? ask the
+    a call ── DNS (any server, port 53) ─ DNAT ──►  guard :1053  listed name? ask the
                                                                host's resolvers : NXDOMAIN
-    a call ── TCP 80/443 (any address) ─ DNAT ──►  guard :999  Host / SNI / CONNECT names
+    a call ── TCP 80/443 (any address) ─ DNAT ──►  guard :1999 Host / SNI / CONNECT names
                                                                a listed name? connect it
                                                                (marked socket) : refuse
     a call ── anything else, not a listed CIDR ─►  refused in the kernel (TCP reset), NFLOG
@@ -221,10 +224,10 @@ class Guard:
         self.queries = threading.BoundedSemaphore(DNS_IN_FLIGHT)
         address = str(config["address"])
         self.dns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self.dns.bind((address, 53))
+        _bind(self.dns, address, int(config.get("dns_port", 53)), "DNS")
         self.proxy = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.proxy.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.proxy.bind((address, int(config["port"])))
+        _bind(self.proxy, address, int(config["port"]), "proxy")
         self.proxy.listen(256)
         self.own = (address, int(config["port"]))
 
@@ -367,6 +370,14 @@ class Guard:
             data = sock.recv(65536)
             for target in log_targets(data):
                 self.recorder.record("address", target)
+
+
+def _bind(sock: socket.socket, address: str, port: int, what: str) -> None:
+    try:
+        sock.bind((address, port))
+    except OSError as exc:
+        raise OSError(exc.errno, f"its {what} cannot listen on {address}:{port}: "
+                      f"{exc.strerror}") from None
 
 
 def _original_destination(conn: socket.socket) -> tuple[str, int]:
@@ -579,14 +590,20 @@ def more_descriptors() -> None:
 
 def main(argv: Sequence[str]) -> int:
     config = json.loads(argv[1])
-    denied, ready = int(argv[2]), int(argv[3])
-    more_descriptors()
-    keeper = os.pidfd_open(int(config["keeper"]))
-    guard = Guard(config, Recorder(denied))
-    logs = nflog_socket(int(config["group"]))
+    denied, ready, log_fd = int(argv[2]), int(argv[3]), int(argv[4])
+    try:
+        more_descriptors()
+        keeper = os.pidfd_open(int(config["keeper"]))
+        guard = Guard(config, Recorder(denied))
+        logs = nflog_socket(int(config["group"]))
+    except OSError as exc:  # the worker shows it: a port taken, a capability missing...
+        os.write(ready, f"error: {_why(exc)}".encode())
+        return 1
     for target, args in ((guard.serve_dns, ()), (guard.serve_proxy, ()),
                          (guard.serve_log, (logs,))):
         threading.Thread(target=target, args=args, daemon=True).start()
+    os.dup2(log_fd, 2)
+    os.close(log_fd)
     os.write(ready, b"ok")
     os.close(ready)
     # poll(2), never select(2): glibc aborts select() on a descriptor numbered past 1024.
@@ -596,9 +613,17 @@ def main(argv: Sequence[str]) -> int:
     return 0  # the workspace ended: its namespace goes with us
 
 
+def _why(exc: OSError) -> str:
+    """An error as the operator reads it (a bind's says which address)."""
+    return str(exc.strerror) if exc.strerror else f"{type(exc).__name__}: {exc}"
+
+
 if __name__ == "__main__":  # pragma: no cover - the worker starts it
     try:
         CODE = main(sys.argv)
-    except BaseException:  # any failure: no "ok", so the worker says the guard did not start
+    except BaseException:  # no "ok": the worker reads why on stderr
+        import traceback
+
+        traceback.print_exc()
         CODE = 1
     os._exit(CODE)
