@@ -16,6 +16,7 @@ import os
 import resource
 import socket
 import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -35,6 +36,7 @@ from bashfleet.worker.wire import names
 from bashfleet.worker.wire.events import open_event
 from bashfleet.worker.wire.models import CallResult
 from bashfleet.worker.wire.network import parse_text as parse
+from bashfleet.worker.wire.owner_keys import OwnerKey
 
 from .conftest import RECORD_KEYS, WorkerFactory, WorkerProcess, wait_for
 from .engine_helpers import (
@@ -545,9 +547,9 @@ def test_allow_refusals_are_events_and_a_live_workspace_changes_policy(
             ws.set_network("allow=no_such!name")
 
 
-def _denied_events(client: redis.Redis, ws_id: str) -> set[str]:
+def _denied_events(client: redis.Redis, ws_id: str, wanted: set[str] | None = None) -> set[str]:
     """The targets of the `denied` events of a workspace in the fleet's stream (their
-    seals verified), once there is one (within 10 s)."""
+    seals verified), once there is one (`wanted`: once they are among them; within 10 s)."""
     deadline = time.monotonic() + 10
     while True:
         found = set()
@@ -557,7 +559,7 @@ def _denied_events(client: redis.Redis, ws_id: str) -> set[str]:
             event = open_event(RECORD_KEYS, fields["e"], seq)
             if event is not None and event.kind == "denied" and event.job_id == ws_id:
                 found.add(str(event.target))
-        if found or time.monotonic() > deadline:
+        if (wanted <= found if wanted else found) or time.monotonic() > deadline:
             return found
         time.sleep(0.2)  # the host publishes every second
 
@@ -657,3 +659,123 @@ def test_a_guard_that_cannot_start_says_why(
         assert f":{network.GUARD_PORT}: Address already in use" in message, message
         wait_for(lambda: "Address already in use" in capped.log(), 10,
                  "the worker's log to say why")
+
+
+# ------------------------------------------------------- refusals, as their owner sees them
+
+
+def _owner_env(redis_url: str, key: OwnerKey) -> dict[str, str]:
+    """A client's environment as an owner's is deployed: its owner key only."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BASHFLEET_")}
+    env.update(BASHFLEET_REDIS_URL=redis_url, BASHFLEET_OWNER_KEY=key.text,
+               BASHFLEET_STATE_DIR=os.environ["BASHFLEET_STATE_DIR"])
+    return env
+
+
+def _owner_fleet(redis_url: str, key: OwnerKey) -> Fleet:
+    """An owner's client: its owner key, no fleet key (the process's environment as it
+    was once it is made)."""
+    saved = {name: os.environ.pop(name, None)
+             for name in ("BASHFLEET_SIGNING_KEY", "BASHFLEET_OWNER_KEY")}
+    os.environ["BASHFLEET_OWNER_KEY"] = key.text
+    try:
+        return Fleet(redis_url)
+    finally:
+        os.environ.pop("BASHFLEET_OWNER_KEY")
+        os.environ.update({name: value for name, value in saved.items() if value is not None})
+
+
+def _cli_denied(env: dict[str, str], ws_id: str, wanted: set[str],
+                timeout: float = 15.0) -> set[str]:
+    """The targets `bashfleet events --kind denied --since all` shows of a workspace,
+    read until `wanted` are among them (or `timeout`: the command waits for more)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bashfleet.client.cli", "events", "--kind", "denied",
+         "--since", "all", "--json"], env=env, stdout=subprocess.PIPE, text=True,
+        stderr=subprocess.DEVNULL, start_new_session=True)
+    found: set[str] = set()
+    done = threading.Event()
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            event = json.loads(line)
+            if event["job_id"] == ws_id:
+                found.add(str(event["target"]))
+                if wanted and wanted <= found:
+                    done.set()
+        done.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    done.wait(timeout)  # the events command never ends by itself: it follows the stream
+    os.killpg(proc.pid, 9)
+    proc.wait(10)
+    reader.join(10)
+    return set(found)
+
+
+def test_refusals_are_their_owners_events_and_names_pass_on_80_and_443_only(
+        nethost: WorkerProcess, net: NetNs, redis_server: RedisServer) -> None:
+    """README: `bashfleet events --kind denied` lists what a workspace was refused, and
+    a listed name is reached by HTTP and TLS (ports 80 and 443). Before: an owner's own
+    key opened none of its refusals (locked for the workers only), and a CONNECT or a
+    Host: naming another port of a listed name reached that port."""
+    fleet_key = os.environ["BASHFLEET_SIGNING_KEY"]
+    alice = OwnerKey.issue(fleet_key, f"alice-{uuid.uuid4().hex[:6]}")
+    bob = OwnerKey.issue(fleet_key, f"bob-{uuid.uuid4().hex[:6]}")
+    fleet = _owner_fleet(redis_server.url, alice)
+    ws = fleet.workspace(host="netpol", network="allow=good.test")
+    try:
+        # The way through that is meant to work: the guard, on 80, by CONNECT or Host.
+        tunnel = ws.run("curl -sS -m 5 -p -x http://good.test:80 http://good.test/")
+        assert "hello from 0.0.0.0:80 host=good.test" in tunnel.stdout, tunnel
+        # Another port of the listed name, asked of the guard: refused (the server on
+        # 8080 is there: the host reaches it).
+        assert reachable(net.ns_ip, 8080)
+        connect = ws.run("curl -sS -m 5 -p -x http://good.test:80 http://good.test:8080/")
+        assert "hello from" not in connect.stdout, connect
+        assert "CONNECT tunnel failed, response 403" in connect.stderr, connect
+        host = ws.run("curl -sS -m 5 -H 'Host: good.test:8080' http://good.test/")
+        assert "hello from" not in host.stdout, host
+        assert "good.test:8080: a listed name is reached on ports 80 and 443 only" in host.stdout
+        # An address the policy does not list: refused by the kernel, logged.
+        refused = ws.run(f"curl -sS -m 5 http://{net.ns_ip}:7000/; echo rc=$?")
+        assert refused.stdout.strip().endswith("rc=7"), refused
+        wanted = {f"{net.ns_ip}:7000/tcp", "good.test:8080"}
+        env = _owner_env(redis_server.url, alice)
+        assert wanted <= _cli_denied(env, ws.id, wanted), "alice's own refusals, to her"
+        # Another owner's key opens none of them.
+        assert _cli_denied(_owner_env(redis_server.url, bob), ws.id, set(), 3.0) == set()
+    finally:
+        ws.delete()
+        fleet.close()
+
+
+def test_egress_refusals_are_recorded(nethost: WorkerProcess, net: NetNs,
+                                      redis_server: RedisServer,
+                                      redis_client: redis.Redis) -> None:
+    """Under `egress` (no guard) what its rules refuse is recorded as under `allow`: a
+    `denied` event, and the next result names it; a flood is recorded at a bounded rate."""
+    with Fleet(redis_server.url, owner=f"tenant-{uuid.uuid4().hex[:8]}") as fleet:
+        ws = fleet.workspace(host="netpol")
+        assert ws.view.network.mode == "egress"
+        assert "hello from" in ws.run(f"curl -sS -m 5 http://{net.ns_ip}:8080/").stdout
+        refused = ws.run("curl -sS -m 5 http://169.254.169.254:8080/; echo rc=$?")
+        assert refused.stdout.strip().endswith("rc=7"), refused
+        noted = refused.network_denied + ws.run("true").network_denied
+        assert "169.254.169.254:8080/tcp (address)" in noted, noted
+        # A flood: 2,000 refused connections, recorded at most 50 a second (the rest
+        # counted); what is refused after it is recorded again.
+        flood = ws.run("set -- 2000 169.254.169.254:8081\n" + FLOOD)
+        assert flood.stdout.split() == ["opened", "0", "refused", "2000"], flood
+        path = network.denied_path(Settings(state_dir=nethost.state_dir), ws.id)
+        deadline = time.monotonic() + 15
+        while "100.64.77.2:8080/tcp" not in path.read_text():
+            assert time.monotonic() < deadline, "nothing recorded after the flood"
+            ws.run("curl -sS -m 5 http://100.64.77.2:8080/")  # a new refusal each time
+        lines = [json.loads(line) for line in path.read_text().splitlines()]
+        flooded = [line for line in lines if line["target"] == "169.254.169.254:8081/tcp"]
+        assert 0 < len(flooded) < 2000 // 4, len(flooded)
+    wanted = {"169.254.169.254:8080/tcp", "100.64.77.2:8080/tcp"}
+    assert wanted <= _denied_events(redis_client, ws.id, wanted)

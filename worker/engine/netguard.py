@@ -42,6 +42,8 @@ from typing import Any
 SO_ORIGINAL_DST = 80
 NETLINK_NETFILTER = 12
 RECORDS_PER_S = 50
+#: The ports a listed name is reached on through the guard (HTTP, TLS).
+NAME_PORTS = (80, 443)
 #: Seconds a client gets to send what names its target; an upstream to connect.
 HEAD_TIMEOUT_S = 10.0
 CONNECT_TIMEOUT_S = 10.0
@@ -102,12 +104,15 @@ class Rules:
             return False
         return _within(address, self.open) or not _within(address, DENIED_RANGES)
 
-    def target_ok(self, name: str) -> bool:
-        """A name (or an address literal) a call asked for."""
+    def target_ok(self, name: str, port: int) -> bool:
+        """A name (or an address literal) and port a call asked for (its Host header or
+        CONNECT line): a listed name on NAME_PORTS only, since a name is let through for
+        HTTP and TLS, not any service of its host; an address of a listed CIDR on any
+        port, as the workspace reaches it directly."""
         try:
             ipaddress.ip_address(name.strip("[]"))
         except ValueError:
-            return name_allowed(name, self.domains)
+            return port in NAME_PORTS and name_allowed(name, self.domains)
         return _within(name.strip("[]"), self.cidrs) and self.address_ok(name.strip("[]"))
 
 
@@ -331,9 +336,12 @@ class Guard:
             _reset(conn)
             return
         target = f"{name}:{port}"
-        if not self.rules.target_ok(name):
+        if not self.rules.target_ok(name, port):
             self.recorder.record("connect", target)
-            _refuse(conn, kind, f"{name} is not in this workspace's allow list")
+            why = (f"{name} is not in this workspace's allow list"
+                   if port in NAME_PORTS or not name_allowed(name, self.rules.domains)
+                   else f"{target}: a listed name is reached on ports 80 and 443 only")
+            _refuse(conn, kind, why)
             return
         upstream = self._connect(name, port)
         if upstream is None:
@@ -514,16 +522,28 @@ def _attr(kind: int, data: bytes) -> bytes:
 def nflog_socket(group: int) -> socket.socket:
     """A netlink socket bound to NFLOG `group`: packets the rules log, their first bytes."""
     sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_NETFILTER)
+    try:
+        _nflog_bind(sock, group)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def _nflog_bind(sock: socket.socket, group: int) -> None:
     sock.bind((0, 0))
-    for seq, attrs in enumerate((_attr(1, b"\x01"),  # NFULA_CFG_CMD: bind the group
-                                 _attr(2, struct.pack("!IBB", 128, 2, 0))), 1):  # copy packet
+    # NFULA_CFG_CMD: bind the group; NFULA_CFG_MODE: copy 128 bytes of each packet;
+    # NFULA_CFG_QTHRESH: each packet sent at once (by default the kernel holds up to 100
+    # for a second: a refusal reached its record after the call's result was made).
+    for seq, attrs in enumerate((_attr(1, b"\x01"),
+                                 _attr(2, struct.pack("!IBB", 128, 2, 0))
+                                 + _attr(5, struct.pack("!I", 1))), 1):
         body = struct.pack("!BBH", socket.AF_UNSPEC, 0, group) + attrs
         sock.send(struct.pack("=IHHII", 16 + len(body), (4 << 8) | 1, 0x1 | 0x4, seq, 0) + body)
         reply = sock.recv(4096)
         error = struct.unpack("=i", reply[16:20])[0] if len(reply) >= 20 else 0
         if struct.unpack("=H", reply[4:6])[0] == 2 and error != 0:
             raise OSError(-error, "NFLOG configuration refused")
-    return sock
 
 
 def log_targets(data: bytes) -> list[str]:

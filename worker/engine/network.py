@@ -17,7 +17,7 @@ policy (`bashfleet.worker.wire.network`), built here by a root worker with the k
   at once, never a timeout) the fleet's addresses, `DENIED` ranges (private, loopback,
   link-local, metadata) unless allowed (`network_allow_private`), and new connections
   past `network_max_connections`; DNS goes to the host's resolvers (whichever server a
-  call asks).
+  call asks); refusals logged (NFLOG, rate-limited) to the worker (`netlog`), recorded.
 - `allow`: the link; DNS and TCP 80/443 go to the workspace's guard (`netguard`, its
   own process in the namespace, outside its PID namespace, root of the host's user
   namespace), which answers and connects listed names only; listed CIDRs directly;
@@ -75,6 +75,11 @@ GUARD_PORT = 1999
 GUARD_DNS_PORT = 1053
 #: The NFLOG group the workspace's refusals are logged to (the guard reads it).
 LOG_GROUP = 7
+#: The group of an `egress` workspace's refusals (`netlog` reads it in the worker; apart
+#: from the guard's, so a policy changed either way never finds the group taken), and
+#: the most packets a second its rules log (a flood costs the worker nothing more).
+EGRESS_LOG_GROUP = 8
+EGRESS_LOG_RATE = 50
 #: Seconds a tool (ip, nft, nsenter) may take.
 TOOL_TIMEOUT_S = 20.0
 ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C"}
@@ -518,7 +523,9 @@ def ruleset(rules: Rules, *, replace: bool = True) -> str:
         "" if allow else "ip6 daddr @denied6 goto refuse",
         "" if allow else "goto out",
     ]
-    refuse = [f"log group {LOG_GROUP}" if allow else "",
+    refuse = [f"log group {LOG_GROUP}" if allow else
+              f"limit rate {EGRESS_LOG_RATE}/second burst {EGRESS_LOG_RATE} packets "
+              f"log group {EGRESS_LOG_GROUP}",
               "meta l4proto tcp reject with tcp reset", "reject with icmpx type admin-prohibited"]
     text = ("table inet bashfleet\ndelete table inet bashfleet\n" if replace else "")
     text += "table inet bashfleet {\n" + sets
