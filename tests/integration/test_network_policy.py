@@ -30,7 +30,7 @@ import redis
 from bashfleet.client import CallRejected, Fleet
 from bashfleet.client.errors import WorkerError
 from bashfleet.client.redis_server import RedisServer
-from bashfleet.worker.engine import network, snapshots, workspaces
+from bashfleet.worker.engine import netlog, network, snapshots, workspaces
 from bashfleet.worker.settings import Settings
 from bashfleet.worker.wire import names
 from bashfleet.worker.wire.events import open_event
@@ -382,6 +382,26 @@ def test_the_guard_serves_past_1024_descriptors(tmp_path: Path, janitor: Janitor
         assert descriptors > 1024
         again = engine.run("curl -sS -m 5 http://good.test/", workspace=ws.id)
         assert "host=good.test" in again.stdout, again
+
+
+def test_recording_egress_refusals_holds_no_namespace(neteng: Engine) -> None:
+    """The worker reads an `egress` workspace's refusals through a socket made in its
+    namespace, which holds that namespace: closed once the keeper ends, so the
+    workspace's link goes with it as before (a link left behind is a leak)."""
+    ws = neteng.workspace()
+    refused = neteng.run("curl -sS -m 5 http://169.254.169.254:8080/; true", workspace=ws.id)
+    assert refused.exit_code == 0
+    keeper = workspaces.load(ws.id, neteng.settings).keeper_pid
+    link = network.load_state(neteng.settings, ws.id).link
+    assert keeper is not None and link is not None and netlog.watching(keeper)
+    iface = Path(f"/sys/class/net/{network.IFACE_PREFIX}{link}")
+    assert iface.exists()
+    start = time.monotonic()
+    netlog.watch(keeper, ws.id, neteng.settings)  # watched already: nothing more
+    assert time.monotonic() - start < 0.01
+    workspaces.delete(ws.id, neteng.settings)
+    wait_for(lambda: not netlog.watching(keeper), 10, "the reader to let the namespace go")
+    wait_for(lambda: not iface.exists(), 10, "the workspace's link to go with its namespace")
 
 
 def test_allow_by_cidr_and_tls_by_name(neteng: Engine, net: NetNs) -> None:

@@ -121,7 +121,8 @@ def watch(keeper_pid: int, ws_id: str, settings: Settings) -> None:
     with _start_lock:
         if not _reader:
             _reader.append(_Reader())
-        reader = _reader[0]
+    reader = _reader[0]
+    with reader.lock:
         if keeper_pid in reader.keepers:
             return
         reader.keepers.add(keeper_pid)

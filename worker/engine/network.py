@@ -612,7 +612,10 @@ def start_guard(keeper_pid: int, ws_id: str, link: Link, policy: NetworkPolicy,
     ready_r, ready_w = os.pipe2(os.O_CLOEXEC)
     # Its stderr is ours (the worker's log) once it runs; until then a pipe this reads
     # when it fails (nsenter's or Python's own complaint, before the guard can answer).
-    log_fd = os.dup(2)
+    try:
+        log_fd = os.dup(2)
+    except OSError:  # a worker started with no stderr
+        log_fd = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
     try:
         proc = subprocess.Popen(
             ["nsenter", f"--net=/proc/{keeper_pid}/ns/net", "--", sys.executable, "-I", "-S",
