@@ -30,6 +30,7 @@ from bashfleet.worker.engine import (
     jobs,
     launcher,
     limits,
+    netlog,
     network,
     normalize,
     procs,
@@ -273,6 +274,8 @@ def run_call(
         if full is not None and call.background:
             raise CallError("limit", workspaces.disk_cap_notice(record, full).strip())
         cwd = workspace_cwd(call.cwd, record)
+        if record.network.mode == "egress" and record.keeper_pid is not None:
+            netlog.watch(record.keeper_pid, record.id, settings)  # what its rules refuse
         if record.isolation == "none":
             cwd = resolve_cwd(cwd)
         if call.stdin != "null":
@@ -283,7 +286,7 @@ def run_call(
             result = _run_foreground(
                 call, cwd, settings, record, watcher=watcher, started=started,
             )
-        if record.network.mode == "allow":
+        if record.network.mode in ("allow", "egress"):
             result = result.model_copy(update={
                 "network_denied": network.take_denied(settings, record.id)})
         return result if full is None else _with_notice(result, workspaces.disk_cap_notice(
