@@ -158,9 +158,9 @@ def list_images(rt: Runtime, request: ImagesRequest, admin: bool = False) -> Ima
 def remove(rt: Runtime, request: ImageRemoveRequest, admin: bool = False) -> ImageRemoved:
     """Remove an image no workspace uses (an admin's call: every owner shares them)."""
     if not admin:
-        raise ToolError("unauthorized", "removing an image needs the admin key: the images "
-                        "of a host are shared by all its owners (`bashfleet gc` collects "
-                        "unused ones)")
+        raise ToolError("unauthorized", "removing an image needs the admin key or the "
+                        "fleet key: the images of a host are shared by all its owners "
+                        "(`bashfleet gc` collects unused ones)")
     removed = images.remove(request.ref, rt.settings, images.in_use(rt.settings))
     if removed:
         log.info("image %s removed", request.ref, extra={"action": "image_remove"})
