@@ -767,7 +767,10 @@ class AsyncFleet:
         if record.get("state") != CallState.RUNNING:
             return False
         request = DetachRequest(call_id=call_id)
-        return (await self._control(record["host"], request, DetachResult)).detached
+        try:
+            return (await self._control(record["host"], request, DetachResult)).detached
+        except (UnknownCall, UnknownJob):  # the worker's word for it: told as no call
+            raise unknown_call(call_id) from None
 
     async def call_progress(self, call_id: str) -> CallProgress:
         """How far a call got: queued (on which host, when sent to one), running (where),

@@ -417,9 +417,10 @@ def test_cancel_and_detach_of_anothers_call_are_told_as_no_such_call(
         assert kept[0] == "alice"
         bobs_redis.hset(key, mapping={"owner": "bob",
                                       "owner_tag": bob._identity.call_tag(call_id)})
-        with pytest.raises(UnknownCall) as forged:
-            bob.cancel(call_id)
-        assert _said(forged.value, call_id) == expected
+        for act in (bob.cancel, bob.detach):
+            with pytest.raises(UnknownCall) as forged:
+                act(call_id)
+            assert _said(forged.value, call_id) == expected
         assert alice.call_progress(call_id).state == "running"
         bobs_redis.hset(key, mapping=dict(zip(("owner", "owner_tag"), kept, strict=True)))
         assert operator.cancel(call_id)  # the fleet key: the operator's, acts on all
