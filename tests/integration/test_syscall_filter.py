@@ -230,8 +230,8 @@ def test_real_workers_filter_calls_and_hosts_says_so(workers: WorkerFactory,
         said = {host: jobs.isolation_text(common.dump(probe_) if (
             probe_ := infos[host].sandbox) is not None else None)
                 for host in (tight.host, loose.host)}
-        assert said[tight.host].endswith("seccomp default"), said
-        assert said[loose.host].endswith("seccomp unconfined"), said
+        assert "seccomp default" in said[tight.host], said
+        assert "seccomp unconfined" in said[loose.host], said
         answers = {worker.host: json.loads(fleet.run(f"python3 -c '{PROBE}'",
                                                      host=worker.host).stdout)
                    for worker in (tight, loose)}
