@@ -90,6 +90,29 @@ def test_an_images_root_is_the_workspaces_own_and_the_image_never_changes(
         workspaces.delete(record.id, images_engine.settings)
 
 
+def test_an_images_home_and_sys_are_what_docker_exec_shows(
+    images_engine: Engine, registry_images: dict[str, str]
+) -> None:
+    """Its HOME is the image's own (its .bashrc and .profile, which a login shell reads:
+    SWE-bench images activate their environment there), changed in its own layer; its
+    /sys is the host's, read-only."""
+    ref = registry_images["debian"]
+    record = workspaces.create(WorkspaceSpec(image=ref), images_engine.settings)
+    try:
+        root = _rootfs(images_engine.settings, ref)
+        dotfiles = {name: (root / "root" / name).read_text() for name in (".bashrc", ".profile")}
+        for name, text in dotfiles.items():
+            out, _ = _run(images_engine, record.id, f"echo $HOME; cat ~/{name}")
+            assert out == f"/root\n{text}", name
+        out, _ = _run(images_engine, record.id,
+                      "echo 'export BF_LOGIN=yes' >> ~/.profile; bash -lc 'echo $BF_LOGIN'; "
+                      "test -d /sys/class && echo sys; touch /sys/bf 2>/dev/null || echo ro")
+        assert out == "yes\nsys\nro\n", out
+        assert "BF_LOGIN" not in (root / "root" / ".profile").read_text()
+    finally:
+        workspaces.delete(record.id, images_engine.settings)
+
+
 def test_an_images_user_workdir_and_env_hold_for_its_calls(
     images_engine: Engine, registry_images: dict[str, str]
 ) -> None:

@@ -332,3 +332,18 @@ def test_prebuilt_system_dirs_are_bound_ahead_and_not_again() -> None:
     assert f"{merged}/etc" not in bound and f"{merged}/var" not in bound
     assert bound[f"{merged}/home"] == ("/home", False)
     assert overlays(claim)[f"{merged}/usr"] == [[["/usr", False]], f"{L}/upper/top.usr"]
+
+
+def test_an_images_home_is_its_own_and_its_sys_the_hosts_read_only() -> None:
+    """An image workspace's HOME is the image's directory in its `/` (its dotfiles, as
+    `docker exec` shows them), not a directory of the workspace's state bound over it;
+    its /sys is the host's, read-only, as a container runtime gives."""
+    plan = layout.plan_view(spec(layers=L, image="/images/rootfs/abc", entries=ENTRIES,
+                                 hidden_dirs=(), hidden_files=(), home_view="/root",
+                                 home_in_root=True))
+    shown = binds(plan)
+    assert f"{R}/root" not in shown
+    assert shown[f"{R}/sys"] == ("/sys", False)
+    with_bind = binds(layout.plan_view(spec(layers=L, image="/images/rootfs/abc",
+                                            entries=ENTRIES, home_view="/root")))
+    assert with_bind[f"{R}/root"] == ("/state/workspaces/w1/home", True)

@@ -87,6 +87,10 @@ class ViewSpec:
     layers named as its own: `root`, `top.<entry>`, `home`, `tmp`, `vartmp`, `work` for
     its directory), read-only between its own upper layers and its base. Its `/tmp`,
     `/var/tmp`, HOME and directory are then overlays too."""
+    home_in_root: bool = False
+    """HOME is the image's own directory at `home_view`, in the workspace's `/` (its
+    layers), not `home` bound over it: the image's dotfiles are there, as in
+    `docker exec`."""
     etc_hosts: str | None = None
     """With `layers` over the host: the workspace's own copy of the host's /etc/hosts
     that names the hostname (the host's does not), shown read-only over it."""
@@ -119,7 +123,9 @@ def plan_view(spec: ViewSpec) -> list[Step]:
             steps.append(["bind_file", spec.etc_hosts, f"{r}/etc/hosts", False])
     steps += [["mkdir", f"{r}/tmp", 0o755], _own_step(spec, "tmp", spec.tmp, f"{r}/tmp")]
     if spec.image is not None:
-        steps.append(["mkdir", f"{r}/var/tmp", 0o755])
+        # The host's /sys, read-only, as a container runtime mounts one.
+        steps += [["mkdir", f"{r}/var/tmp", 0o755], ["mkdir", f"{r}/sys", 0o555],
+                  ["rbind_ro", "/sys", f"{r}/sys"]]
     if spec.has_var_tmp or spec.image is not None:
         steps.append(_own_step(spec, "vartmp", spec.var_tmp, f"{r}/var/tmp"))
     steps += [["mkdir", f"{r}/dev", 0o755], ["devices", f"{r}/dev"],
@@ -289,8 +295,8 @@ def _host_entries(r: str, entries: Sequence[Entry], spec: ViewSpec) -> list[Step
 def _own_paths(spec: ViewSpec) -> list[tuple[str, str, bool]]:
     """(view path, host path, writable) of what is the workspace's own, outer first: its
     HOME, its directory, its outputs, its mounts."""
-    own = [(spec.home_view, spec.home, True),
-           (spec.workspace, spec.workspace_dir or spec.workspace, True),
+    own = [] if spec.home_in_root else [(spec.home_view, spec.home, True)]
+    own += [(spec.workspace, spec.workspace_dir or spec.workspace, True),
            (spec.out_dir, spec.out_dir, False)]
     own += [(view, host, True) for view, host in sorted(spec.mounts.items())]
     ordered = sorted(own, key=lambda item: (item[0].count("/"), item[0]))

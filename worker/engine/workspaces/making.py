@@ -371,9 +371,13 @@ def _make_dirs(record: WorkspaceRecord, settings: Settings, user: sandbox.User |
             _make_snapshot_layers(record, settings, slot, image_root)
         else:
             make_layers(state / "layer", slot, image_root)
+            upper = state / "layer" / "upper" / "root"
             if image_root is not None and record.image is not None and record.image.workdir:
-                _make_workdir(state / "layer" / "upper" / "root", image_root,
-                              record.image.workdir, slot)
+                _make_dir_in_image(upper, image_root, record.image.workdir, slot)
+            if image_root is not None and record.home and owner is not None:
+                # Its HOME is the image's (its .bashrc and .profile: a login shell's conda
+                # activation), made in its layer, its user's, only when the image has none.
+                _make_dir_in_image(upper, image_root, record.home, slot, owner=owner)
     elif user is not None:
         os.chown(state / "home", user.uid, user.gid)
 
@@ -463,13 +467,21 @@ def _seed_hostname(layers: Path, slot: ids.Slot) -> None:
         _write_own(layers / layout.ETC_HOSTS, hosts, slot)
 
 
-def _make_workdir(upper: Path, image_root: str, workdir: str, slot: ids.Slot) -> None:
-    """An image's WORKDIR, made in the workspace's own layer when the image has not got
-    it (as container runtimes make it): each directory it lies in copied up with the
-    image's owner and mode (an overlay shows its upper directory's), the new ones the
-    workspace root's. A link on the way: left alone (the call's cwd error says so)."""
+def _make_dir_in_image(upper: Path, image_root: str, path: str, slot: ids.Slot, *,
+                       owner: tuple[int, int] | None = None) -> None:
+    """A directory of an image's (its WORKDIR, its user's HOME), made in the workspace's
+    own layer when the image has not got it (as container runtimes make it); where the
+    image has it, nothing (a copy in the layer would show other times and link counts
+    than `docker exec` does). Each directory it lies in copied up with the image's owner
+    and mode (an overlay shows its upper directory's), the new ones `owner`'s (host ids;
+    None: the workspace root's). A link on the way: left alone (the call's cwd error says
+    so)."""
+    parts = [p for p in os.path.normpath(path).split("/") if p]
+    if os.path.isdir(os.path.join(image_root, *parts)) and not any(
+            os.path.islink(os.path.join(image_root, *parts[:n + 1])) for n in range(len(parts))):
+        return
     lower, upper_dir = image_root, upper
-    for part in [p for p in os.path.normpath(workdir).split("/") if p]:
+    for part in parts:
         lower = os.path.join(lower, part)
         upper_dir = upper_dir / part
         try:
@@ -482,7 +494,7 @@ def _make_workdir(upper: Path, image_root: str, workdir: str, slot: ids.Slot) ->
             continue
         upper_dir.mkdir(mode=stat.S_IMODE(info.st_mode) if info else 0o755)
         os.chown(upper_dir, *((_shifted(info.st_uid, slot.uid), _shifted(info.st_gid, slot.gid))
-                              if info else (slot.uid, slot.gid)))
+                              if info else owner or (slot.uid, slot.gid)))
 
 
 def _shifted(host_id: int, first: int) -> int:

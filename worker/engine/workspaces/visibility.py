@@ -136,7 +136,7 @@ def view_spec(record: WorkspaceRecord, settings: Settings, user: sandbox.User | 
         workspace=record.path, workspace_dir=record.dir, lowers=lowers,
         out_dir=record.out_dir,
         tmp=str(state / "tmp"), var_tmp=str(state / "vartmp"), home=str(state / "home"),
-        home_view=home_of(user, record),
+        home_view=home_of(user, record), home_in_root=image_root is not None,
         entries=() if image_root else host_entries(),
         hidden_dirs=tuple(dirs), hidden_files=tuple(files), writable=tuple(writable),
         protected=tuple(protected_paths()), mounts=record.mounts,
