@@ -38,7 +38,7 @@ from typing import Any
 
 import yaml
 
-from .registry import IMAGES_CACHE
+from .registry import IMAGES_CACHE, Registry, _finish, _new_image, image_layout, run
 
 ROOT = Path(__file__).resolve().parents[2]
 #: podman's storage and run state, kept off /var (see the module's docstring).
@@ -182,6 +182,43 @@ def build_image(tree: Path, scratch: Path) -> str:
     return name
 
 
+# ------------------------------------------------------------- an image without devices
+
+
+def nodev_image(registry: Registry) -> str:
+    """The test's Debian image (registry.py's `debian`) without its device files,
+    pushed to `registry`; the reference. The compose file gives the worker no
+    CAP_MKNOD, so it cannot unpack an image that has them (mmdebstrap's roots do;
+    images built by Docker have an empty /dev). Made once, kept under IMAGES_CACHE."""
+    done = IMAGES_CACHE / f"compose-nodev-{BASE_RECIPE}"
+    layout = done / "oci"
+    if not (layout / "index.json").exists():
+        with locked():
+            if not (layout / "index.json").exists():
+                _make_nodev(done)
+    return registry.push(layout, "nodev", "bashfleet/nodev:1")
+
+
+def _make_nodev(done: Path) -> None:
+    work = done.with_name(done.name + f".tmp-{os.urandom(4).hex()}")
+    work.mkdir()
+    try:
+        layout = work / "oci"
+        run("umoci", "init", "--layout", str(layout))
+        bundle = _new_image(work, layout, "nodev")
+        shutil.rmtree(bundle / "rootfs")
+        run("umoci", "raw", "unpack", "--image", f"{image_layout()}:debian",
+            str(bundle / "rootfs"))
+        run("find", str(bundle / "rootfs" / "dev"), "-mindepth", "1", "(", "-type", "b",
+            "-o", "-type", "c", "-o", "-type", "p", ")", "-delete")
+        _finish(work, layout, "nodev", "bash")
+        shutil.rmtree(bundle)
+        shutil.rmtree(done, ignore_errors=True)
+        work.rename(done)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
 # ----------------------------------------------------------- the compose service's options
 
 
@@ -272,8 +309,11 @@ class WorkerContainer:
         mounts = [f"--volume={src}:{dst}:ro" for src, dst in self.mounts.items()]
         # --network host: the test's Redis and registry listen on the host's 127.0.0.1
         # (the registry's certificate names that address, image references too).
+        # --no-healthcheck: podman runs the image's HEALTHCHECK from systemd timers, and
+        # systemd is not this machine's init.
         self.id = podman(
-            "run", "--detach", "--network", "host", *ULIMITS, "--env-file", str(env_file),
+            "run", "--detach", "--network", "host", "--no-healthcheck", *ULIMITS,
+            "--env-file", str(env_file),
             *run_options(self.service, named), *mounts, self.image, *self.command,
         ).strip()
         return self
