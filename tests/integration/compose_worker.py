@@ -179,7 +179,19 @@ def build_image(tree: Path, scratch: Path) -> str:
                *ULIMITS, "-f", str(context / "deploy/Dockerfile"), "-t", name, str(context),
                timeout=BUILD_TIMEOUT_S)
         shutil.rmtree(context, ignore_errors=True)
+        _prune()
     return name
+
+
+def _prune() -> None:
+    """Leave out the images of source trees built more than a day ago (each is a
+    layer of its own over the shared ones), and layers nothing names any more. One in
+    use by a container is kept (podman refuses it)."""
+    old = podman("images", "--filter", f"reference={IMAGE_REPO}", "--filter", "until=24h",
+                 "--format", "{{.Repository}}:{{.Tag}}").split()
+    if old:
+        podman("rmi", *old, check=False)
+    podman("image", "prune", "--force", check=False)
 
 
 # ------------------------------------------------------------- an image without devices
@@ -294,6 +306,14 @@ class WorkerContainer:
         return str(self.service["environment"]["BASHFLEET_HOST"])
 
     def start(self) -> WorkerContainer:
+        """Run it (ended again, with its volumes, if it does not start)."""
+        try:
+            return self._start()
+        except BaseException:
+            self.remove()
+            raise
+
+    def _start(self) -> WorkerContainer:
         tag = os.urandom(4).hex()
         named = {}
         for spec in self.service.get("volumes", []):
@@ -311,11 +331,17 @@ class WorkerContainer:
         # (the registry's certificate names that address, image references too).
         # --no-healthcheck: podman runs the image's HEALTHCHECK from systemd timers, and
         # systemd is not this machine's init.
-        self.id = podman(
-            "run", "--detach", "--network", "host", "--no-healthcheck", *ULIMITS,
-            "--env-file", str(env_file),
-            *run_options(self.service, named), *mounts, self.image, *self.command,
-        ).strip()
+        # --cidfile: its id even when it is made but fails to start (then removed).
+        cidfile = self.base / f"worker-{tag}.cid"
+        try:
+            podman("run", "--detach", "--cidfile", str(cidfile), "--network", "host",
+                   "--no-healthcheck", *ULIMITS, "--env-file", str(env_file),
+                   *run_options(self.service, named), *mounts, self.image, *self.command)
+        finally:
+            # The container has its environment: the file (the fleet's key) is not kept.
+            env_file.unlink()
+            if cidfile.exists():
+                self.id = cidfile.read_text().strip() or None
         return self
 
     def logs(self) -> str:

@@ -168,13 +168,12 @@ def test_the_container_root_is_an_overlay(worker: WorkerContainer) -> None:
 
 
 def test_a_call_on_the_container_host(worker: WorkerContainer, fleet: Fleet) -> None:
-    result = fleet.run("echo hi; cat /etc/debian_version", host=worker.host)
+    result = fleet.run("echo hi; ls /opt/bashfleet/pyproject.toml", host=worker.host)
     assert result.exit_code == 0, result
     assert result.host == worker.host
-    lines = result.stdout.splitlines()
-    assert lines[0] == "hi"
-    # The container's own Debian, shown to the call (the host's is another file).
-    assert lines[1] == worker.exec("cat", "/etc/debian_version").stdout.strip()
+    # The call sees the container's root (the image's WORKDIR), not this machine's.
+    assert result.stdout == "hi\n/opt/bashfleet/pyproject.toml\n", result
+    assert not Path("/opt/bashfleet").exists()
 
 
 def test_a_host_root_workspace(worker: WorkerContainer, fleet: Fleet) -> None:
