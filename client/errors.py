@@ -2,7 +2,8 @@
 
     BashfleetError                 anything the fleet (not the command) got wrong
     ├── FleetUnavailable           Redis cannot be reached (or no fleet is configured)
-    ├── HostUnavailable            no live worker serves the asked host (nothing was sent)
+    ├── HostUnavailable            no live worker serves the asked host (nothing was sent),
+    │                              or the host answered it cannot do what was asked
     ├── UnknownJob                 no job (or call that started one) has that id, or no
     │                              call kept output under it (or it expired)
     │   ├── UnknownWorkspace       no workspace has that id (or it ended: deleted, expired)
@@ -95,7 +96,9 @@ class FleetUnavailable(BashfleetError):  # noqa: N818 - names of the public API
 
 
 class HostUnavailable(BashfleetError):  # noqa: N818 - names of the public API
-    """No live worker serves the asked host (or pool); the call was not sent."""
+    """No live worker serves the asked host (or pool): the call was not sent. Or the
+    host's worker answered that it cannot do what was asked (`unavailable`: a
+    single-tenant host asked for an image, say), its reason the message."""
 
     def __init__(self, message: str, host: str | None = None) -> None:
         super().__init__(message)
@@ -306,7 +309,10 @@ def error_for(kind: str, message: str, file: str | None = None) -> BashfleetErro
         "not_found": UnknownJob,
         "invalid": CallRejected,
         "unauthorized": Unauthorized,
-        "unavailable": FleetUnavailable,
+        # The host answered that it cannot do this (single-tenant, Redis away from it,
+        # its lane full past the request's expiry): the host's word, not a fleet that is
+        # down (the answer came through the fleet).
+        "unavailable": HostUnavailable,
         "worker_lost": WorkerLost,
         "limit": LimitReached,
     }

@@ -376,11 +376,8 @@ def _worker_env(host: str, settings: Settings) -> dict[str, str]:
     env["BASHFLEET_SANDBOX_HIDDEN"] = str(settings.state_dir)
     # Each local host keeps its own spill and job files, as separate machines would.
     env["BASHFLEET_STATE_DIR"] = str(settings.state_dir / "hosts" / host)
-    if os.geteuid() != 0:
-        # A worker that is not root cannot filter a workspace's network (README
-        # "Network"): a person's own local fleet keeps the machine's network for its
-        # workspaces, as before policies, rather than none; unless told otherwise.
-        env.setdefault("BASHFLEET_NETWORK_HOST_OK", "1")
+    # Not root, the workers still give workspaces namespaces of their own and `egress`
+    # through pasta; the host's namespace only where the operator says so.
     return env
 
 

@@ -68,6 +68,10 @@ class Settings(BaseSettings):
     """Variable name patterns kept even when a deny pattern matches."""
     secret_files: CsvTuple = ()
     """Files holding secrets (env files, .netrc...): their values are redacted from output."""
+    env_pass: CsvTuple = ()
+    """Variable name patterns (`LC_*`, `HTTPS_PROXY`) a call takes from the worker's own
+    environment, which it otherwise does not (only `PATH` and `LANG` on the host's root);
+    `secret_deny` still scrubs them unless `secret_allow` keeps them."""
     spill_min_free_bytes: int = Field(64 * 1024 * 1024, ge=0)
     """Below this much free space in the spill directory, output is captured in memory only."""
     sweep_rounds: int = Field(5, ge=1, le=50)
@@ -135,6 +139,10 @@ class Settings(BaseSettings):
     /home and /root hidden; `none`: plain `bash -c` (only when asked for); `auto`:
     `process`, and `bashfleet worker` refuses to start where it cannot work (only the
     local `bashfleet up` falls back to `none`, saying so)."""
+    seccomp: Literal["default", "unconfined"] = "default"
+    """The system call filter of sandboxed calls (`bashfleet.worker.engine.syscall_filter`):
+    `default`: containers-common's default profile (podman's), keyctl also refused, EPERM
+    for what it refuses; `unconfined`: none. `bashfleet hosts` shows it."""
     bwrap: str = "bwrap"
     """The bubblewrap executable (a name looked up on PATH, or a path)."""
     sandbox_writable: CsvTuple = ()
@@ -167,6 +175,9 @@ class Settings(BaseSettings):
     network_resolvers: CsvTuple = ()
     """DNS servers of workspaces (reached through the host); empty: the host's
     /etc/resolv.conf."""
+    pasta: str = "pasta"
+    """pasta (Debian's `passt`), which links workspaces to the network where the worker
+    is not root (a name looked up on PATH, or a path)."""
     cgroups: Literal["auto", "off"] = "auto"
     """`auto`: each call runs in a cgroup of its own (memory, processes, CPU) where the
     host lets the worker make one (cgroup v2 delegated to it, or v1 as root); `off`: the
@@ -180,6 +191,15 @@ class Settings(BaseSettings):
     """User name calls run as when the worker is root (never root; its groups and ids).
     None: `bashfleet-run` when that account exists, else `nobody`. A worker that is not
     root runs calls as itself, in a user namespace, with no capability."""
+    id_range: str | None = Field(None, pattern=r"^[0-9]+:[0-9]+$")
+    """`start:count`: the host ids (uids and gids alike) this worker gives its workspaces,
+    inside the run user's subordinate ids; give each worker of a machine that cannot share
+    `id_lock_dir` (a container beside a native worker) a range of its own. None: all of
+    the run user's subordinate ids."""
+    id_lock_dir: Path = Path("/run/bashfleet/ids")
+    """Where workspaces' host ids are claimed (a lock per range): every worker of a
+    machine must see the same directory (a container binds it from the host), or have an
+    `id_range` of its own."""
     workspace_root: Path | None = None
     """Where fresh workspaces are made. None: /var/lib/bashfleet/workspaces for a root
     worker, else `$XDG_DATA_HOME/bashfleet/workspaces` (~/.local/share/...)."""

@@ -6,8 +6,11 @@ Configuration lookups only (the environment, `bashfleet up`'s state file): no Re
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import re
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -144,6 +147,23 @@ class Identity:
             return args
         return [auth.sign(self.signing_key, task, args, time.time(), target=target,
                           kid=self.signing_kid)]
+
+    def call_tag(self, call_id: str) -> str:
+        """What a call's record carries to show it is this owner's: a MAC of the call id
+        and the owner under the key it signs with ("" for an unsigned client)."""
+        if self.signing_key is None:
+            return ""
+        text = f"bashfleet call owner\n{call_id}\n{self.owner}"
+        return hmac.new(self.signing_key.encode(), text.encode(), hashlib.sha256).hexdigest()
+
+    def owns_call(self, call_id: str, record: Mapping[str, str]) -> bool:
+        """Whether this client may act on a call (cancel, detach) by its record: a call
+        its owner sent (the record's tag is this owner's), or any call for a client of
+        the fleet or admin key (the operator's, which acts on all). An id is no bearer
+        token: another owner's call is told apart from no call by nothing."""
+        if not self.owner_key:
+            return True
+        return hmac.compare_digest(record.get("owner_tag", ""), self.call_tag(call_id))
 
     def reply_keys(self) -> dict[str, str]:
         """The keys (by id) a worker may seal this client's answers with."""

@@ -32,12 +32,14 @@ def hash_fields(values: Mapping[str, object]) -> list[object]:
 
 
 def send_keys_args(
-    call_id: str, queue: str, host: str | None, message: str, *, require_alive: bool
+    call_id: str, queue: str, host: str | None, message: str, *, require_alive: bool,
+    owner_tag: str = "",
 ) -> tuple[list[str], list[object]]:
-    """The keys and arguments of `bashfleet.worker.wire.lua.SEND`."""
+    """The keys and arguments of `bashfleet.worker.wire.lua.SEND` (`owner_tag`: what
+    shows the call is its owner's, `Identity.call_tag`)."""
     fields = {
         "call_id": call_id, "state": CallState.QUEUED, "queue": queue, "host": host,
-        "sent_at": time.time(),
+        "sent_at": time.time(), "owner_tag": owner_tag,
     }
     keys = [names.call_key(call_id), queue]
     if require_alive:

@@ -135,7 +135,7 @@ def job_target(item_id: str, found: IdLookup) -> tuple[str, str]:
         return found.job_host, item_id
     if found.call_job_id is not None and found.call_job_host is not None:
         return found.call_job_host, found.call_job_id
-    raise UnknownJob(f"no such job: {item_id} (unknown or expired)", item_id=item_id)
+    raise unknown_job(item_id)
 
 
 def output_host(item_id: str, found: IdLookup) -> str:
@@ -167,5 +167,17 @@ def checked_call_id(call_id: str) -> str:
 def call_record_of(call_id: str, record: Mapping[str, str]) -> Mapping[str, str]:
     """A call's record, or UnknownCall when Redis has none (never sent, or expired)."""
     if not record:
-        raise UnknownCall(f"no such call: {call_id} (unknown or expired)", call_id=call_id)
+        raise unknown_call(call_id)
     return record
+
+
+def unknown_call(call_id: str) -> UnknownCall:
+    """What an id no call of this client's has raises (one that no call has, and another
+    owner's call alike: its existence is not told)."""
+    return UnknownCall(f"no such call: {call_id} (unknown or expired)", call_id=call_id)
+
+
+def unknown_job(job_id: str) -> UnknownJob:
+    """What an id no job of this client's has raises (one that no job has, and another
+    owner's job alike)."""
+    return UnknownJob(f"no such job: {job_id} (unknown or expired)", item_id=job_id)

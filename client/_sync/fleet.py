@@ -95,6 +95,8 @@ from bashfleet.client._core.routing import (
     output_host,
     pool_members,
     route,
+    unknown_call,
+    unknown_job,
     unknown_output,
 )
 from bashfleet.client._core.watch import (
@@ -134,6 +136,7 @@ from bashfleet.client.errors import (
     FleetUnavailable,
     HostUnavailable,
     ImageError,
+    UnknownCall,
     UnknownJob,
     UnknownSnapshot,
     UnknownWorkspace,
@@ -501,12 +504,13 @@ class Fleet:
 
     def _push_call(self, call_id: str, where: Route, message: str) -> None:
         target = where.target
+        tag = self._identity.call_tag(call_id)
         sent = self._r(records.send_call, call_id, where.queue, target, message,
-                             require_alive=target is not None)
+                             require_alive=target is not None, owner_tag=tag)
         if sent == "down" and target is not None:
             self._require_alive(target)  # raises HostUnavailable, naming live hosts
             sent = self._r(records.send_call, call_id, where.queue, target, message,
-                                 require_alive=False)
+                                 require_alive=False, owner_tag=tag)
         if sent == "taken":
             raise CallRejected(f"call id {call_id} is already in use")
 
@@ -727,15 +731,31 @@ class Fleet:
         then says `cancelled`). True when it was withdrawn or its processes were
         signalled; False when it had ended already. UnknownCall for an id no call has.
         """
-        record = call_record_of(
-            call_id, self._r(records.call_record, checked_call_id(call_id)))
+        record = self._own_call(call_id)
         previous = self._r(records.withdraw_call, call_id, CallState.CANCELLED)
         if previous == CallState.QUEUED:
             return True
         if previous != CallState.RUNNING:
             return False
         request = CancelRequest(call_id=call_id)
-        return (self._control(record["host"], request, CancelResult)).cancelled
+        try:
+            return (self._control(record["host"], request, CancelResult)).cancelled
+        except (UnknownCall, UnknownJob):  # the worker's word for it: told as no call
+            raise unknown_call(call_id) from None
+
+    def _acts_on(self, owner: str) -> bool:
+        """Whether this client acts on what `owner` owns: its own; anyone's for a client
+        of the fleet or admin key (the operator's)."""
+        return owner == self.owner or not self._identity.owner_key
+
+    def _own_call(self, call_id: str) -> Mapping[str, str]:
+        """A call's record, when it is this client's to act on (`Identity.owns_call`);
+        another owner's call is UnknownCall, as no call is, word for word."""
+        record = call_record_of(
+            call_id, self._r(records.call_record, checked_call_id(call_id)))
+        if not self._identity.owns_call(call_id, record):
+            raise unknown_call(call_id)
+        return record
 
     def detach(self, call_id: str) -> bool:
         """Leave a running foreground call running as a background job.
@@ -745,12 +765,14 @@ class Fleet:
         detachable once it has run 50 ms) or had ended already. UnknownCall for an id
         no call has.
         """
-        record = call_record_of(
-            call_id, self._r(records.call_record, checked_call_id(call_id)))
+        record = self._own_call(call_id)
         if record.get("state") != CallState.RUNNING:
             return False
         request = DetachRequest(call_id=call_id)
-        return (self._control(record["host"], request, DetachResult)).detached
+        try:
+            return (self._control(record["host"], request, DetachResult)).detached
+        except (UnknownCall, UnknownJob):  # the worker's word for it: told as no call
+            raise unknown_call(call_id) from None
 
     def call_progress(self, call_id: str) -> CallProgress:
         """How far a call got: queued (on which host, when sent to one), running (where),
@@ -1173,6 +1195,10 @@ class Fleet:
         _, job_id = self._job_target(id)
         since = self._r(records.last_seq)
         view = (self.job_views([job_id])).get(job_id)
+        if view is None or not self._acts_on(view.owner):
+            # Another owner's job (its record does not open, or names another owner) is
+            # told as no job is: waiting on it would tell it exists.
+            raise unknown_job(id)
         deadline = None if timeout is None else time.monotonic() + timeout
         tick = IDLE_TICK_S if timeout is None else TIMED_WAIT_TICK_S
         stream = self._follow(since, tick)

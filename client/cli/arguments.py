@@ -121,6 +121,9 @@ def _add_job_commands(sub: SubParsers) -> None:
     hosts.add_argument("--all", action="store_true", help="also hosts dead for more than an "
                        "hour (their records expire a day after their last heartbeat)")
     hosts.add_argument("--json", action="store_true", help="print the hosts as a JSON list")
+    hosts.add_argument("--alive", nargs="?", const="", metavar="HOST",
+                       help="exit 0 only when HOST's worker heartbeat is live (default: this "
+                       "machine's host id, BASHFLEET_HOST or its hostname): a healthcheck")
     hosts.set_defaults(func=jobs.cmd_hosts)
 
 

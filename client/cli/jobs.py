@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import argparse
+import os
 import signal
+import socket
 import sys
 import time
 from collections.abc import Sequence
@@ -112,9 +114,13 @@ def isolation_text(sandbox: dict[str, Any] | None) -> str:
         return "?"
     level = sandbox.get("isolation") or "?"
     parts = ["NONE" if level == "none" else level]
-    parts.append(f"cgroup {sandbox['cgroup']}" if sandbox.get("cgroup") else "ulimit")
+    # Without a cgroup a workspace's limits are per process (ulimit): said, not implied.
+    parts.append(f"cgroup {sandbox['cgroup']}" if sandbox.get("cgroup")
+                 else "no cgroup (ulimit)")
     if level != "none" and sandbox.get("tenancy") == "multi":
-        parts.append("ids per workspace")
+        # Ids another worker of the machine may also hand out are not a tenant's alone.
+        parts.append("ids per workspace" + (" (NOT machine-wide)" if sandbox.get("id_problem")
+                                            else ""))
     elif level != "none":
         # Every workspace of the host runs as one uid: one tenant's processes, files and
         # keyring are another's to reach (README "Security").
@@ -124,6 +130,11 @@ def isolation_text(sandbox: dict[str, Any] | None) -> str:
     if sandbox.get("network"):
         parts.append(f"network {sandbox['network']}"
                      + (" (host allowed)" if sandbox.get("network_host") else ""))
+    if sandbox.get("seccomp"):
+        parts.append(f"seccomp {sandbox['seccomp']}")
+    if sandbox.get("layers"):
+        parts.append({"overlay": "own / over the host read-only"}.get(
+            sandbox["layers"], str(sandbox["layers"])))
     return ", ".join(parts)
 
 
@@ -198,9 +209,27 @@ def shown_hosts(hosts: Sequence[HostInfo], now: float, *, all_hosts: bool) -> li
     ]
 
 
+def host_alive(hosts: Sequence[HostInfo], host: str) -> int:
+    """0 when `host`'s record (signed by the fleet, verified) says its worker is live,
+    else 1 saying why: a container's healthcheck asks about its own worker, never
+    whether Redis answers for some host."""
+    found = next((info for info in hosts if info.host == host), None)
+    if found is None:
+        print(f"host {host}: no worker record", file=sys.stderr)
+        return 1
+    if not found.alive:
+        print(f"host {host}: its worker's heartbeat expired", file=sys.stderr)
+        return 1
+    print(f"host {host}: alive")
+    return 0
+
+
 def cmd_hosts(args: argparse.Namespace) -> int:
     fleet = common.open_fleet()
     known = fleet.hosts()
+    if args.alive is not None:
+        return host_alive(known, args.alive or os.environ.get("BASHFLEET_HOST")
+                          or socket.gethostname())
     hosts = shown_hosts(known, time.time(), all_hosts=args.all)
     if len(hosts) < len(known):
         hidden = len(known) - len(hosts)
@@ -223,7 +252,10 @@ def cmd_hosts(args: argparse.Namespace) -> int:
     print(common.table(rows, ["HOST", "STATE", "BUSY/SLOTS", "QUEUED", "LABELS", "ISOLATION"]))
     for host in hosts:
         sandbox = common.dump(host).get("sandbox") or {}
-        for problem in (sandbox.get("problem"), sandbox.get("cgroup_problem")):
+        network_problem = sandbox.get("network_problem")
+        for problem in (sandbox.get("problem"), sandbox.get("cgroup_problem"),
+                        sandbox.get("id_problem"),
+                        network_problem and f"no egress for workspaces: {network_problem}"):
             if problem and host.alive:
                 print(f"{host.host}: {problem}", file=sys.stderr)
     # Calls for any host (or any of a pool) wait in queues no row above counts.

@@ -159,7 +159,14 @@ KEYS = (
 )
 
 
-def test_finding_3_one_tenants_keyring_is_not_anothers(multi: Engine) -> None:
+def test_finding_3_one_tenants_keyring_is_not_anothers(tmp_path: Path, janitor: Janitor) -> None:
+    # The system call filter refuses add_key and keyctl: lifted here, since what is tested
+    # is the keyring a call would reach were they allowed.
+    with engine_with(tmp_path, janitor, seccomp="unconfined") as multi:
+        _one_tenants_keyring_is_not_anothers(multi)
+
+
+def _one_tenants_keyring_is_not_anothers(multi: Engine) -> None:
     owner_a = workspaces.create(WorkspaceSpec(owner="a", isolation="strict"), multi.settings)
     owner_b = workspaces.create(WorkspaceSpec(owner="b", isolation="strict"), multi.settings)
     try:
@@ -378,21 +385,10 @@ def test_a_root_only_host_file_made_after_the_worker_started_is_not_the_tenants(
 def test_id_slots_are_freed_when_their_keeper_ends(multi: Engine) -> None:
     record = workspaces.create(WorkspaceSpec(), multi.settings)
     assert record.ids is not None
-    host = sandbox.host_ids(multi.settings)
-    assert host is not None
-    index = (record.ids[0] - host.uids.start) // ids.SLOT_SIZE
-    lock = ids.LOCK_DIR / str(index)
-    import fcntl  # noqa: PLC0415
+    uid = gid = record.ids[0]
 
     def locked() -> bool:
-        fd = os.open(lock, os.O_RDWR)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return True
-        finally:
-            os.close(fd)
-        return False
+        return ids.held(uid, gid, lock_dir=multi.settings.id_lock_dir)
 
     assert locked()  # held by the keeper
     assert record.keeper_pid is not None
@@ -414,7 +410,8 @@ from bashfleet.worker import Call, run_call
 from bashfleet.worker.engine import sandbox, workspaces
 from bashfleet.worker.settings import Settings
 from bashfleet.worker.wire.models import WorkspaceSpec
-settings = Settings(state_dir=os.path.join(state, "state"), host="non-root")
+# The filter lifted (it refuses add_key): what is tested is the keyring a call would reach.
+settings = Settings(state_dir=os.path.join(state, "state"), host="non-root", seccomp="unconfined")
 out = {"tenancy": sandbox.probe(settings).tenancy, "problem": sandbox.probe(settings).problem}
 made = {o: workspaces.create(WorkspaceSpec(owner=o), settings) for o in ("a", "b")}
 import shutil
@@ -437,9 +434,16 @@ try:
     out["setuid"] = run("a", "cp /bin/sh ./sh && chmod 6755 ./sh && echo made")
     out["root"] = str(settings.workspace_root_dir())
     out["path"] = made["a"].path
+    # And with the filter, as such a host runs by default: add_key is refused.
+    tight = Settings(state_dir=os.path.join(state, "tight"), host="non-root")
+    made["tight"] = workspaces.create(WorkspaceSpec(owner="tight"), tight)
+    shutil.copy(keys, os.path.join(made["tight"].path, "keys.py"))
+    out["filtered"] = run_call(Call(call_id="nr-tight", command="python3 keys.py add",
+                                    owner="tight", workspace=made["tight"].id),
+                               settings=tight).stdout
 finally:
-    for record in made.values():
-        workspaces.delete(record.id, settings)
+    for owner, record in made.items():
+        workspaces.delete(record.id, tight if owner == "tight" else settings)
     sandbox.close_all()
 print(json.dumps(out))
 """
@@ -494,6 +498,7 @@ def test_a_non_root_worker_is_single_tenant_and_still_keeps_the_findings_out(
         assert "connected" not in out["agent"]["out"], out["agent"]
         assert "host-secret" not in out["cwd"]["out"] and out["cwd"]["error"] == "bad_cwd"
         assert out["setuid"]["out"] == "made\n", out["setuid"]
+        assert out["filtered"] == "add failed\n", out["filtered"]
         # The worker's workspace root is 0700: no other account reaches it.
         assert stat.S_IMODE(os.stat(out["root"]).st_mode) == 0o700
     finally:

@@ -24,6 +24,7 @@ from bashfleet.worker import retention
 from bashfleet.worker.engine import images
 from bashfleet.worker.settings import Settings
 from bashfleet.worker.wire.models import ImageInfo
+from bashfleet.worker.wire.owner_keys import OwnerKey
 
 from .conftest import WorkerFactory, WorkerProcess
 from .registry import Registry
@@ -56,6 +57,18 @@ def admin(redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch) -> Iterato
         yield client
 
 
+@pytest.fixture
+def tenant(redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch) -> Iterator[Fleet]:
+    """A client holding an owner's key only (no fleet key)."""
+    key = OwnerKey.issue(os.environ["BASHFLEET_SIGNING_KEY"], "tenant")
+    monkeypatch.setenv("BASHFLEET_OWNER_KEY", key.text)
+    monkeypatch.delenv("BASHFLEET_SIGNING_KEY")
+    monkeypatch.delenv("BASHFLEET_ADMIN_KEY", raising=False)
+    with Fleet(redis_server.url) as client:
+        assert not client.admin
+        yield client
+
+
 def _cli(url: str, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "BASHFLEET_REDIS_URL": url, "BASHFLEET_ADMIN_KEY": ADMIN_KEY}
     return subprocess.run([sys.executable, "-m", "bashfleet.client.cli", "images", *args], env=env,
@@ -63,7 +76,8 @@ def _cli(url: str, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_pull_list_and_remove_through_the_fleet(
-    worker: WorkerProcess, fleet: Fleet, admin: Fleet, registry_images: dict[str, str]
+    worker: WorkerProcess, fleet: Fleet, admin: Fleet, tenant: Fleet,
+    registry_images: dict[str, str],
 ) -> None:
     said: list[str] = []
     ref = registry_images["nobash"]
@@ -75,9 +89,24 @@ def test_pull_list_and_remove_through_the_fleet(
     assert again.digest == info.digest and not any("pulling" in line for line in said)
     assert [i.digest for i in fleet.images(host=HOST)] == [info.digest]
     with pytest.raises(Unauthorized, match="admin key"):
-        fleet.remove_image(ref, host=HOST)
+        tenant.remove_image(ref, host=HOST)  # an owner's key: the images are every owner's
     assert admin.remove_image(ref, host=HOST) == [HOST]
     assert admin.remove_image(ref, host=HOST) == []
+    assert fleet.images(host=HOST) == []
+
+
+def test_the_fleet_key_removes_images_as_the_admin_key_does(
+    worker: WorkerProcess, fleet: Fleet, tenant: Fleet, registry_images: dict[str, str]
+) -> None:
+    """The fleet key is the operator's, the admin's (README's owners section): it used to
+    be refused "needs the admin key"; an owner's key still is."""
+    ref = registry_images["nobash"]
+    fleet.pull_image(ref, host=HOST)
+    with pytest.raises(Unauthorized, match="admin key"):
+        tenant.remove_image(ref, host=HOST)
+    assert [i.ref for i in fleet.images(host=HOST)] == [ref]  # still there
+    assert not fleet.admin  # the fleet key alone, no admin key
+    assert fleet.remove_image(ref, host=HOST) == [HOST]
     assert fleet.images(host=HOST) == []
 
 

@@ -17,6 +17,7 @@ import os
 import secrets
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -27,8 +28,10 @@ import pytest
 import redis
 
 from bashfleet.client import Fleet, UnknownJob, UnknownWorkspace
+from bashfleet.client._core.messages import new_call_id
+from bashfleet.client._sync import records as sync_records
 from bashfleet.client.dialects import NativeDialect
-from bashfleet.client.errors import BashfleetError, Unauthorized
+from bashfleet.client.errors import BashfleetError, Unauthorized, UnknownCall, WaitTimeout
 from bashfleet.client.mcp_server import FleetBackend, ToolServer, session_owner
 from bashfleet.client.redis_server import RedisServer
 from bashfleet.worker.wire import acl, auth, names
@@ -37,7 +40,7 @@ from bashfleet.worker.wire.models import Call, CallResult
 from bashfleet.worker.wire.names import Task, exec_queue
 from bashfleet.worker.wire.owner_keys import OwnerKey
 
-from .conftest import WorkerFactory, WorkerProcess, raw_task
+from .conftest import WorkerFactory, WorkerProcess, raw_task, wait_for
 
 HOST = "own1"
 FLEET_KEY = os.environ["BASHFLEET_SIGNING_KEY"]
@@ -314,6 +317,118 @@ def test_an_owners_files_and_snapshots_are_its_own(
     finally:
         if not deleted:
             alice.delete_snapshot(snap.id)
+
+
+# ------------------------------------------------- an id is not a bearer token
+
+
+def _missing_id() -> str:
+    return f"c{uuid.uuid4().hex[:20]}"
+
+
+def _said(exc: BaseException, item_id: str) -> str:
+    """An error's text with the id it names taken out (to compare two ids' answers)."""
+    return str(exc).replace(item_id, "<id>")
+
+
+def test_wait_on_anothers_job_is_told_as_no_such_job(
+    alice: Fleet, bob: Fleet, operator: Fleet, alice_has: AliceHas
+) -> None:
+    """bob waited on alice's job and was told `still running after 1s` (it exists); now
+    exactly what an id no job has gets, as soon."""
+    job, missing = alice_has.job, _missing_id()
+    with pytest.raises(WaitTimeout):  # the job is there and runs: alice waits on it
+        alice.wait(job, timeout=0.3)
+    answers: dict[str, tuple[str, float]] = {}
+    for item in (missing, job, alice_has.call):  # the call that started it, too
+        started = time.monotonic()
+        with pytest.raises(UnknownJob) as caught:
+            bob.wait(item, timeout=5)
+        answers[item] = (_said(caught.value, item), time.monotonic() - started)
+    texts = {text for text, _ in answers.values()}
+    assert texts == {"no such job: <id> (unknown or expired)"}, answers
+    assert all(took < 2.0 for _, took in answers.values()), answers  # not after 5 s
+    with pytest.raises(WaitTimeout):  # the fleet key's client (the operator's): all
+        operator.wait(job, timeout=0.3)
+    # The CLI, as bob runs it: the same words, the same exit status, as soon.
+    done = {item: _timed_cli(bob, "wait", item, "--timeout", "20") for item in (missing, job)}
+    (gone, gone_s), (theirs, theirs_s) = done[missing], done[job]
+    assert theirs.returncode == gone.returncode != 0, done
+    assert theirs.stderr.replace(job, "<id>") == gone.stderr.replace(missing, "<id>"), done
+    assert "no such job" in theirs.stderr and theirs_s < gone_s + 5 < 20, done
+
+
+def _timed_cli(client: Fleet, *args: str) -> tuple[subprocess.CompletedProcess[str], float]:
+    started = time.monotonic()
+    done = _cli(client, *args)
+    return done, time.monotonic() - started
+
+
+def _running_call(client: Fleet) -> tuple[str, threading.Thread]:
+    """A foreground `sleep` of `client`'s owner, running (its `run` waits in a thread)."""
+    call_id = new_call_id()
+    thread = threading.Thread(target=lambda: client.run("sleep 60", host=HOST,
+                                                        call_id=call_id), daemon=True)
+    thread.start()
+    wait_for(lambda: client.call_progress(call_id).state == "running", 30, "the call to run")
+    return call_id, thread
+
+
+def _queued_call(client: Fleet) -> str:
+    """A call of `client`'s owner waiting in a queue no worker serves (as `run` records
+    and pushes one): cancelling it withdraws it from the queue."""
+    call_id = new_call_id()
+    queue = names.pool_queue(f"nobody-{uuid.uuid4().hex[:6]}")
+    assert client._r(sync_records.send_call, call_id, queue, None, "{}", require_alive=False,
+                     owner_tag=client._identity.call_tag(call_id)) == "ok"
+    return call_id
+
+
+def test_cancel_and_detach_of_anothers_call_are_told_as_no_such_call(
+    alice: Fleet, bob: Fleet, operator: Fleet, host: WorkerProcess, bobs_redis: redis.Redis
+) -> None:
+    """A call id was a bearer token: bob, knowing alice's queued call's id, withdrew it
+    (`cancel` said True). Now another owner's call, queued or running, is answered as an
+    id no call has, word for word; the fleet key's client (the operator's) acts on all."""
+    missing = _missing_id()
+    with pytest.raises(UnknownCall) as nothing:
+        bob.cancel(missing)
+    expected = _said(nothing.value, missing)
+    queued = _queued_call(alice)
+    # The id alone reaches the call's record with the clients' credentials: what a
+    # cancel by id used to act on.
+    assert bobs_redis.hget(names.call_key(queued), "state") == "queued"
+    for act in (bob.cancel, bob.detach):
+        with pytest.raises(UnknownCall) as theirs:
+            act(queued)
+        assert _said(theirs.value, queued) == expected
+    assert alice.call_progress(queued).state == "queued"  # untouched
+    assert alice.cancel(queued)  # its owner withdraws it
+    call_id, thread = _running_call(alice)
+    try:
+        for act in (bob.cancel, bob.detach):
+            with pytest.raises(UnknownCall) as theirs:
+                act(call_id)
+            assert _said(theirs.value, call_id) == expected
+        # bob forges the record's owner (his credentials write call records): the host
+        # goes by the owner it sealed there when it claimed the call, not by the name.
+        key = names.call_key(call_id)
+        kept = [str(value) for value in bobs_redis.hmget(key, ["owner", "owner_tag"])]
+        assert kept[0] == "alice"
+        bobs_redis.hset(key, mapping={"owner": "bob",
+                                      "owner_tag": bob._identity.call_tag(call_id)})
+        for act in (bob.cancel, bob.detach):
+            with pytest.raises(UnknownCall) as forged:
+                act(call_id)
+            assert _said(forged.value, call_id) == expected
+        assert alice.call_progress(call_id).state == "running"
+        bobs_redis.hset(key, mapping=dict(zip(("owner", "owner_tag"), kept, strict=True)))
+        assert operator.cancel(call_id)  # the fleet key: the operator's, acts on all
+        thread.join(30)
+        assert not thread.is_alive()
+    finally:
+        with contextlib.suppress(BashfleetError):
+            alice.cancel(call_id)
 
 
 def _events_until(client: Fleet, since: str, stop_job: str) -> list[str]:

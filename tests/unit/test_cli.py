@@ -498,19 +498,46 @@ def test_hosts_leaves_out_a_fleet_long_gone() -> None:
     ("sandbox", "text"),
     [
         (None, "?"),
-        ({"isolation": "none"}, "NONE, ulimit"),
+        ({"isolation": "none"}, "NONE, no cgroup (ulimit)"),
         ({"isolation": "process", "cgroup": "v2", "tenancy": "multi", "run_as": "r"},
          "process, cgroup v2, ids per workspace"),
         ({"isolation": "strict", "tenancy": "single", "run_as": "bashfleet-run"},
-         "strict, ulimit, single-tenant: one uid for every workspace, as bashfleet-run"),
+         "strict, no cgroup (ulimit), single-tenant: one uid for every workspace, as "
+         "bashfleet-run"),
         ({"isolation": "process", "cgroup": "v1", "tenancy": "multi", "network": "egress"},
          "process, cgroup v1, ids per workspace, network egress"),
         ({"isolation": "process", "tenancy": "multi", "network": "egress",
-          "network_host": True}, "process, ulimit, ids per workspace, network egress (host "
-         "allowed)"),
+          "network_host": True}, "process, no cgroup (ulimit), ids per workspace, network "
+         "egress (host allowed)"),
+        ({"isolation": "process", "cgroup": "v1", "tenancy": "multi", "id_problem": "x"},
+         "process, cgroup v1, ids per workspace (NOT machine-wide)"),
+        ({"isolation": "process", "tenancy": "multi", "seccomp": "default"},
+         "process, no cgroup (ulimit), ids per workspace, seccomp default"),
+        ({"isolation": "strict", "tenancy": "multi", "seccomp": "unconfined"},
+         "strict, no cgroup (ulimit), ids per workspace, seccomp unconfined"),
+        ({"isolation": "process", "tenancy": "multi", "layers": "overlay"},
+         "process, no cgroup (ulimit), ids per workspace, own / over the host read-only"),
+        ({"isolation": "process", "tenancy": "single", "layers": "read-only host"},
+         "process, no cgroup (ulimit), single-tenant: one uid for every workspace, "
+         "read-only host"),
     ],
 )
 def test_hosts_say_whether_workspaces_have_ids_of_their_own(
     sandbox: dict[str, object] | None, text: str
 ) -> None:
     assert jobs.isolation_text(sandbox) == text
+
+
+@pytest.mark.parametrize(
+    ("asked", "status", "said"),
+    [("build-a", 0, "alive"), ("build-b", 1, "heartbeat expired"),
+     ("build-c", 1, "no worker record")],
+)
+def test_hosts_alive_answers_for_the_host_asked_about_only(
+    asked: str, status: int, said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from bashfleet.worker.wire.models import HostInfo  # noqa: PLC0415
+
+    known = [HostInfo(host="build-a", alive=True), HostInfo(host="build-b", alive=False)]
+    assert jobs.host_alive(known, asked) == status
+    assert said in capsys.readouterr()[status]

@@ -49,7 +49,6 @@ from bashfleet.client._core.watch import (
 from bashfleet.client.errors import (
     CallNotRun,
     CallRejected,
-    FleetUnavailable,
     HostUnavailable,
     OutputTooLarge,
     Unauthorized,
@@ -200,7 +199,7 @@ def test_a_control_message_asks_as_its_owner_and_expires() -> None:
 @pytest.mark.parametrize(
     ("kind", "error"),
     [("not_found", UnknownJob), ("invalid", CallRejected), ("unauthorized", Unauthorized),
-     ("unavailable", FleetUnavailable), ("worker_lost", WorkerLost), ("internal", WorkerError)],
+     ("unavailable", HostUnavailable), ("worker_lost", WorkerLost), ("internal", WorkerError)],
 )
 def test_a_control_error_is_its_typed_exception(kind: str, error: type[Exception]) -> None:
     answer = json.dumps({"error": {"kind": kind, "message": "m"}})

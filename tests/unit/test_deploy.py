@@ -8,6 +8,7 @@ are skipped, visibly, where the tool is missing, never the parsing ones.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -160,6 +161,9 @@ def test_dockerfile_worker_is_root_and_runs_calls_as_its_own_unprivileged_accoun
     assert "bubblewrap" in text and "tini" in text
     assert "install -d -m 0700 /var/lib/bashfleet" in text
     assert "HEALTHCHECK" in text
+    # This host's own heartbeat, not "Redis answers" (`hosts --json` passes for any host).
+    health = re.search(r"^HEALTHCHECK .* CMD (\[.*\])$", text, re.MULTILINE)
+    assert health is not None and json.loads(health[1]) == ["bashfleet", "hosts", "--alive"]
     assert "pip install" in text
 
 
@@ -664,6 +668,24 @@ def test_worker_daemonset_takes_its_host_id_from_the_node(
 
     grace = worker["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
     assert grace >= STOP_TIMEOUT_S + 10
+
+
+def test_every_worker_of_a_node_claims_ids_in_the_nodes_lock_directory(
+    manifests: list[dict[str, Any]], compose: dict[str, Any],
+) -> None:
+    """A container's own /run would make its id claims its own: two workers of one
+    machine could hand two tenants the same host ids."""
+    lock_dir = str(Settings.model_fields["id_lock_dir"].default)
+    worker = _find(manifests, "DaemonSet", "bashfleet-worker")
+    container = next(c for c in worker["spec"]["template"]["spec"]["containers"]
+                     if c["name"] == "worker")
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in worker["spec"]["template"]["spec"]["volumes"]}
+    assert volumes[mounts[lock_dir]]["hostPath"]["path"] == lock_dir
+    workers = [svc for svc in compose["services"].values() if "worker" in _command(svc)]
+    assert len(workers) == 2
+    for svc in workers:
+        assert f"{lock_dir}:{lock_dir}" in svc["volumes"]
 
 
 

@@ -1,4 +1,5 @@
-"""bashfleet.worker.engine.environment: secrets scrubbed by name, hardening, the call marker."""
+"""bashfleet.worker.engine.environment: a clean environment (only the names a call takes
+of the worker's), secrets scrubbed by name, hardening, the call marker."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from bashfleet.worker.engine.environment import (
     DEFAULT_ALLOW,
     DEFAULT_DENY,
     HARDENING,
+    HOST_INHERITED,
     MARKER_VAR,
     WORKER_INTERNALS,
     build_env,
@@ -86,7 +88,7 @@ def test_build_env_scrubs_and_reports_values() -> None:
         "BASHFLEET_REDIS_URL": "redis://:pw@h:6379/0",
         "CELERY_BROKER_URL": "redis://h/1",
     }
-    child = build_env(base, marker="call-1")
+    child = build_env(base, marker="call-1", passed=("*",))
     assert child.env["PATH"] == "/usr/bin"
     assert child.env["HOME"] == "/home/u"
     scrubbed = {
@@ -106,11 +108,14 @@ def test_build_env_scrubs_and_reports_values() -> None:
 
 
 def test_build_env_allow_list_keeps_a_denied_name() -> None:
-    child = build_env({"GITHUB_WORKSPACE": "/w", "GITHUB_TOKEN": "t0k3n"}, marker="m",
-                      allow=("GITHUB_WORKSPACE",))
+    base = {"GITHUB_WORKSPACE": "/w", "GITHUB_TOKEN": "t0k3n"}
+    child = build_env(base, marker="m", passed=("GITHUB_*",), allow=("GITHUB_WORKSPACE",))
     assert child.env["GITHUB_WORKSPACE"] == "/w"
     assert "GITHUB_TOKEN" not in child.env
     assert child.scrubbed_names == ("GITHUB_TOKEN",)
+    # Allowed but not passed: not taken (the allow list only lifts the scrubbing).
+    child = build_env(base, marker="m", allow=("GITHUB_WORKSPACE",))
+    assert "GITHUB_WORKSPACE" not in child.env
 
 
 def test_hardening_is_present_and_a_default() -> None:
@@ -168,7 +173,9 @@ def test_a_sessions_exports_and_unsets_win_over_the_hardening(
      "NOTIFY_SOCKET", "LISTEN_FDS", "LISTEN_PID", "WATCHDOG_USEC", "oldpwd"],
 )
 def test_worker_internals_never_reach_a_call_and_are_not_redacted(name: str) -> None:
-    child = build_env({name: "[%(levelname)s] internal", "PATH": "/bin"}, marker="m")
+    # Not even when the operator passes every name through.
+    child = build_env({name: "[%(levelname)s] internal", "PATH": "/bin"}, marker="m",
+                      passed=("*",))
     assert name not in child.env
     assert child.env["PATH"] == "/bin"
     # Not a secret: its value must not be redacted from output.
@@ -178,7 +185,8 @@ def test_worker_internals_never_reach_a_call_and_are_not_redacted(name: str) -> 
 
 def test_names_that_only_look_internal_are_kept() -> None:
     base = {"MP_THREADS": "4", "PWD_HINT": "x", "__X": "1", "HOME_PWD": "/h"}
-    assert {k: v for k, v in build_env(base, marker="m").env.items() if k in base} == base
+    child = build_env(base, marker="m", passed=("*",))
+    assert {k: v for k, v in child.env.items() if k in base} == base
 
 
 def test_extra_is_added_unscrubbed() -> None:
@@ -217,7 +225,7 @@ _names = st.text(alphabet="ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz_
 @settings(max_examples=300, deadline=None)
 @given(st.dictionaries(_names, st.text(max_size=10), max_size=12), st.text(max_size=10))
 def test_build_env_partitions_the_base(base: dict[str, str], marker: str) -> None:
-    child = build_env(base, marker=marker)
+    child = build_env(base, marker=marker, passed=("*",))
     assert child.env[MARKER_VAR] == marker
     for name, value in base.items():
         if name == MARKER_VAR or name in HARDENING:
@@ -253,3 +261,66 @@ def test_process_environ_follows_every_change(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.delenv("BASHFLEET_TEST_ADDED")
     assert "BASHFLEET_TEST_ADDED" not in process_environ()
     assert process_environ() == dict(os.environ)
+
+
+#: A worker started from a person's shell: their session, agent socket, virtualenv,
+#: credentials and exported passwords.
+_SHELL_ENV = {
+    "PATH": "/home/u/.venv/bin:/usr/bin:/bin", "LANG": "en_US.UTF-8",
+    "LC_ALL": "en_US.UTF-8", "LC_TIME": "de_DE.UTF-8", "HOME": "/home/u", "USER": "u",
+    "LOGNAME": "u", "SHELL": "/bin/zsh", "TERM": "xterm-256color", "TMPDIR": "/home/u/tmp",
+    "SSH_AUTH_SOCK": "/tmp/ssh-XXXX/agent.1", "DOCKER_AUTH_CONFIG": '{"auths":{"r":{}}}',
+    "MY_APP_PASS": "s3cr3t-pass", "PYTHONPATH": "/home/u/src", "VIRTUAL_ENV": "/home/u/.venv",
+    "PIP_FIND_LINKS": "/home/u/wheels", "DISPLAY": ":0", "XDG_RUNTIME_DIR": "/run/user/1000",
+    "DBUS_SESSION_BUS_ADDRESS": "unix:path=/run/user/1000/bus", "KUBECONFIG": "/home/u/.kube/c",
+    "HTTPS_PROXY": "http://proxy.corp:3128", "NPM_TOKEN": "npm_abcdef123456",
+}
+
+
+@pytest.mark.parametrize(
+    ("inherit", "passed", "allow", "taken"),
+    [
+        # On the host's root: where programs are and the language, nothing else.
+        (HOST_INHERITED, (), (), {"PATH", "LANG"}),
+        # On an image: nothing of the worker's.
+        ((), (), (), set()),
+        # What the operator names passes (patterns, any case): LC_* only when named.
+        (HOST_INHERITED, ("LC_*", "https_proxy"), (), {"PATH", "LANG", "LC_ALL", "LC_TIME",
+                                                        "HTTPS_PROXY"}),
+        ((), ("LC_ALL",), (), {"LC_ALL"}),
+        # Named, but a deny pattern scrubs it: still out (the password, the token, the
+        # registry credentials), unless the operator also allows it.
+        (HOST_INHERITED, ("MY_APP_PASS", "NPM_TOKEN", "DOCKER_AUTH_CONFIG"), (),
+         {"PATH", "LANG"}),
+        (HOST_INHERITED, ("NPM_TOKEN",), ("NPM_TOKEN",), {"PATH", "LANG", "NPM_TOKEN"}),
+        # Allowed but not named: allowing lifts the scrubbing, it does not pass a name.
+        (HOST_INHERITED, (), ("NPM_TOKEN",), {"PATH", "LANG"}),
+    ],
+)
+def test_a_call_takes_only_the_named_variables_of_the_workers_environment(
+    inherit: tuple[str, ...], passed: tuple[str, ...], allow: tuple[str, ...], taken: set[str]
+) -> None:
+    child = build_env(_SHELL_ENV, marker="m", inherit=inherit, passed=passed, allow=allow)
+    got = {k: v for k, v in child.env.items() if k not in HARDENING and k != MARKER_VAR}
+    assert got == {name: _SHELL_ENV[name] for name in taken}
+    assert child.env["TERM"] == "dumb"  # the hardening's, never the worker's terminal
+
+
+@pytest.mark.parametrize("name", ["MY_APP_PASS", "DOCKER_AUTH_CONFIG", "NPM_TOKEN"])
+def test_the_workers_secrets_are_redacted_whether_passed_or_not(name: str) -> None:
+    for passed in ((), (name,)):
+        child = build_env(_SHELL_ENV, marker="m", passed=passed)
+        assert name in child.scrubbed_names and _SHELL_ENV[name] in child.scrubbed_values
+
+
+def test_the_workspace_goes_under_the_hardening_and_the_caller_over_both() -> None:
+    own = {"HOME": "/root", "USER": "root", "PATH": "/opt/conda/bin:/usr/bin", "TERM": "xterm",
+           "GPG_KEY": "A035C8C19219BA821ECEA86B64E628F8D684696D"}
+    child = build_env(_SHELL_ENV, marker="m", inherit=(), own=own,
+                      extra={"PATH": "/mine:/usr/bin", "MY_TOKEN": "t"})
+    assert child.env["HOME"] == "/root" and child.env["USER"] == "root"
+    # An image's ENV is the image's: a secret-looking name of it is not scrubbed.
+    assert child.env["GPG_KEY"] == own["GPG_KEY"]
+    assert child.env["TERM"] == "dumb"
+    assert child.env["PATH"] == "/mine:/usr/bin" and child.env["MY_TOKEN"] == "t"
+    assert "PYTHONPATH" not in child.env and "VIRTUAL_ENV" not in child.env

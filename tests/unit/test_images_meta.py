@@ -351,6 +351,34 @@ def test_tool_failures_are_one_line_with_their_kind(
     assert error.kind == kind and said in error.message and "\n" not in error.message
 
 
+@pytest.mark.parametrize(
+    ("stderr", "said", "not_said"),
+    [
+        # skopeo run by a user that may not read the default auth file: a local file,
+        # not the registry; it used to be "the registry refused this host's credentials".
+        ('time="x" level=fatal msg="Error parsing image name \\"docker://r/a:1\\": '
+         'open /run/containers/1000/auth.json: permission denied"',
+         "may not use a file of its own", "refused"),
+        ('level=fatal msg="mkdir /run/containers/1000: permission denied"',
+         "not a refusal of the registry", "refused this host"),
+        # A registry's refusal that also names a local denial is still the registry's.
+        ('level=fatal msg="open /tmp/x: permission denied; unauthorized: authentication '
+         'required"', "refused this host's credentials", "may not use"),
+        # Go's quoting of a list of errors: rendered, never `\n\t` shown as written.
+        ('level=fatal msg="copying: 2 errors occurred:\\n\\t* denied: requested access '
+         'to the resource is denied\\n\\t* x\\n\\n"',
+         "2 errors occurred: * denied: requested access", "\\n"),
+    ],
+)
+def test_a_local_denial_is_not_the_registrys_and_escapes_are_rendered(
+    stderr: str, said: str, not_said: str, tmp_path: Path
+) -> None:
+    error = tools.failure("r/a:1", stderr, Settings(state_dir=tmp_path))
+    assert error.kind == "unavailable"
+    assert said in error.message and not_said not in error.message, error.message
+    assert "\n" not in error.message and "\\t" not in error.message
+
+
 def test_a_tool_message_never_shows_a_credential(tmp_path: Path) -> None:
     settings = Settings(state_dir=tmp_path, registry_auth_file=_auth(tmp_path))
     token = base64.b64encode(b"me:hunter2-secret").decode()

@@ -230,6 +230,15 @@ def test_a_projects_directory_is_bound_through_its_id_map() -> None:
     assert ["idbind", "/srv/app/logs", f"{R}/logs"] in plan
 
 
+def test_a_root_every_workspace_writes_is_marked_shared_a_projects_directory_is_not() -> None:
+    """The keeper binds a shared root as it is where every user may write it (a root's
+    1777 cache: each workspace's files its own ids'); a project's is always mapped."""
+    plan = layout.plan_view(spec(layers=L, project=True, workspace="/srv/app",
+                                 writable=("/var/cache/shared",)))
+    assert ["idbind", "/var/cache/shared", f"{R}/var/cache/shared", True] in plan
+    assert ["idbind", "/srv/app", f"{R}/srv/app"] in plan
+
+
 @pytest.mark.parametrize("secret", ["/var/tmp/key", "/tmp/key"])
 def test_a_secret_in_the_workspaces_own_temporary_dirs_is_not_looked_for(secret: str) -> None:
     plan = layout.plan_view(spec(hidden_files=(secret,)))

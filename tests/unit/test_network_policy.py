@@ -68,9 +68,14 @@ def test_names_match_exactly_or_under_a_wildcard(name: str, listed: bool) -> Non
 def test_the_guards_address_rules() -> None:
     rules = netguard.Rules({"domains": ["a.com"], "cidrs": ["203.0.113.0/24", "10.9.0.0/16"],
                             "fleet": ["203.0.113.7/32"], "allowed_private": ["100.64.1.0/24"]})
-    assert rules.target_ok("a.com") and not rules.target_ok("b.com")
-    assert rules.target_ok("203.0.113.5") and not rules.target_ok("198.51.100.5")
-    assert not rules.target_ok("203.0.113.7")  # the fleet's, listed or not
+    assert rules.target_ok("a.com", 443) and not rules.target_ok("b.com", 443)
+    assert rules.target_ok("203.0.113.5", 80) and not rules.target_ok("198.51.100.5", 80)
+    assert not rules.target_ok("203.0.113.7", 80)  # the fleet's, listed or not
+    # A listed name on HTTP's and TLS's ports only (a CONNECT or a Host: with another
+    # port named any service of its host); a listed CIDR's address on any port.
+    assert rules.target_ok("a.com", 80)
+    assert not any(rules.target_ok("a.com", port) for port in (22, 6379, 8080, 8443))
+    assert rules.target_ok("203.0.113.5", 22) and rules.target_ok("10.9.1.1", 6379)
     # A listed name resolving somewhere private (DNS rebinding) is not connected...
     for address in ("127.0.0.1", "169.254.169.254", "192.168.1.1", "10.1.1.1"):
         assert not rules.address_ok(address), address
@@ -170,10 +175,39 @@ def test_the_rules_of_each_policy() -> None:
                                            allowed_private=("10.1.2.0/24",)))
     assert "ip daddr @denied4 goto refuse" in egress and "10.1.2.0/24" in egress
     assert "ct count over 512" in egress and "dnat ip to 192.0.2.53:53" in egress
-    assert "log group" not in egress and egress.startswith("table inet bashfleet\ndelete")
+    # Refusals under egress are logged too (to the worker's reader, not the guard's
+    # group), at a rate the kernel caps.
+    assert "limit rate 50/second burst 50 packets log group 8" in egress
+    assert "log group 7" not in egress and egress.startswith("table inet bashfleet\ndelete")
     allow = network.ruleset(network.Rules(parse_text("allow=a.com,198.51.100.0/24"), link),
                             replace=False)
     assert not allow.startswith("table inet bashfleet\ndelete")
-    assert "log group 7" in allow and "dnat ip to 10.250.0.22:999" in allow
+    # The guard's ports are unprivileged: it needs no CAP_NET_BIND_SERVICE.
+    assert "log group 7" in allow and "dnat ip to 10.250.0.22:1999" in allow
+    assert "th dport 53 dnat ip to 10.250.0.22:1053" in allow
+    assert min(network.GUARD_PORT, network.GUARD_DNS_PORT) >= 1024
     assert "198.51.100.0/24" in allow and "a.com" not in allow
     assert "ip daddr @denied4" not in allow  # everything not listed is refused
+
+
+def test_the_host_table_matches_workspaces_links_only() -> None:
+    """Every rule of the host's table names a link (`bfw*`) as the way a packet comes
+    in or goes out: nothing else the host forwards (a container bridge) is matched."""
+    table = network.host_ruleset()
+    rules = [line.strip() for line in table.splitlines()
+             if line.startswith("        ") and not line.strip().startswith("type ")]
+    assert len(rules) == 7
+    assert all('iifname "bfw*"' in rule or 'oifname "bfw*"' in rule for rule in rules), rules
+
+
+@pytest.mark.parametrize(("answer", "stderr", "why"), [
+    ("error: its proxy cannot listen on 10.250.0.2:1999: Address already in use", "",
+     "its proxy cannot listen on 10.250.0.2:1999: Address already in use"),
+    ("", "nsenter: cannot open /proc/9/ns/net: No such file or directory\n",
+     "nsenter: cannot open /proc/9/ns/net: No such file or directory"),
+    ("", "Traceback (most recent call last):\n  File x\nKeyError: 'mark'\n",
+     "Traceback (most recent call last): / File x / KeyError: 'mark'"),
+    ("", "", "no answer within 20s"),
+])
+def test_why_a_guard_did_not_start(answer: str, stderr: str, why: str) -> None:
+    assert network.guard_failure(answer, stderr) == why

@@ -30,6 +30,7 @@ from bashfleet.worker.engine import (
     jobs,
     launcher,
     limits,
+    netlog,
     network,
     normalize,
     procs,
@@ -39,6 +40,7 @@ from bashfleet.worker.engine import (
     truncate,
     workspaces,
 )
+from bashfleet.worker.engine.call_env import child_env
 from bashfleet.worker.engine.capture import (
     Extras,
     FollowedFile,
@@ -48,7 +50,7 @@ from bashfleet.worker.engine.capture import (
     shape,
 )
 from bashfleet.worker.engine.command_line import COMMAND_FD, CommandLine
-from bashfleet.worker.engine.environment import ChildEnv, build_env, process_environ
+from bashfleet.worker.engine.environment import ChildEnv
 from bashfleet.worker.engine.memo import TimedMemo
 from bashfleet.worker.engine.secrets import redaction_pattern
 from bashfleet.worker.engine.startup import Startup
@@ -167,21 +169,6 @@ def resolve_cwd(cwd: str | None, home: str | None = None) -> str:
     return path
 
 
-def user_env(user: sandbox.User | None, workspace: WorkspaceRecord) -> dict[str, str]:
-    """What a call's environment says about its user: a sandboxed call's HOME is its
-    workspace's own (writable, at the run user's home path in its view)."""
-    env: dict[str, str] = {}
-    if workspace.keeper_pid is not None:
-        env["HOME"] = workspaces.home_of(user, workspace)
-    elif user is not None:
-        env["HOME"] = user.home
-    if workspace.ids is not None and workspace.keeper_pid is not None:
-        env.update(workspaces.workspace_env(workspace))
-    elif user is not None:
-        env.update(USER=user.name, LOGNAME=user.name)
-    return env
-
-
 def _user(settings: Settings) -> sandbox.User | None:
     try:
         return sandbox.run_user(settings)
@@ -287,6 +274,8 @@ def run_call(
         if full is not None and call.background:
             raise CallError("limit", workspaces.disk_cap_notice(record, full).strip())
         cwd = workspace_cwd(call.cwd, record)
+        if record.network.mode == "egress" and record.keeper_pid is not None:
+            netlog.watch(record.keeper_pid, record.id, settings)  # what its rules refuse
         if record.isolation == "none":
             cwd = resolve_cwd(cwd)
         if call.stdin != "null":
@@ -297,7 +286,7 @@ def run_call(
             result = _run_foreground(
                 call, cwd, settings, record, watcher=watcher, started=started,
             )
-        if record.network.mode == "allow":
+        if record.network.mode in ("allow", "egress"):
             result = result.model_copy(update={
                 "network_denied": network.take_denied(settings, record.id)})
         return result if full is None else _with_notice(result, workspaces.disk_cap_notice(
@@ -692,11 +681,7 @@ def _run_foreground(
 ) -> CallResult:
     marker = call.call_id
     user = _user(settings)
-    child = build_env(
-        process_environ(), marker=marker,
-        extra={**user_env(user, workspace), **call.env},
-        unset=call.unset_env, deny=settings.secret_deny, allow=settings.secret_allow,
-    )
+    child = child_env(call, settings, workspace, user, marker=marker)
     secrets = redaction_pattern(settings, child.scrubbed_values)
     try:
         streams = _open_streams(call, workspace)

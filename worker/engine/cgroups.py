@@ -254,6 +254,12 @@ def detect(wanted: Iterable[str]) -> Support:
         else:
             for item in laid_out.hierarchies:
                 os.makedirs(item.base, exist_ok=True)
+        # A base left by an earlier worker proves nothing: a container's cgroup file
+        # system is mounted read-only. Only a group made and removed does.
+        for item in laid_out.hierarchies:
+            trial = os.path.join(item.base, f"probe-{os.getpid()}")
+            os.mkdir(trial)
+            os.rmdir(trial)
     except OSError as exc:
         return Support(None, problem=f"cgroup {laid_out.version} not usable by this worker: {exc}")
     return Support(laid_out.version, laid_out.hierarchies)

@@ -1,5 +1,9 @@
-"""The child environment: worker internals dropped, secrets scrubbed, hardened for
-unattended runs (defaults a session's own exports and unsets win over), marked.
+"""The child environment: clean, not the worker's. A call takes of the worker's own
+environment only the few names it needs (`PATH`, `LANG` on the host's root) and those the
+operator names, never its internals nor, unless allowed, a name that looks secret; over
+them what its workspace says of it (who it is, its image's ENV), the hardening for
+unattended runs (defaults a session's own exports and unsets win over), what the caller
+or session set, and the marker.
 
 Pure functions over mappings, so the rules are table-tested without spawning anything;
 `process_environ` is the one that reads this process's own environment.
@@ -26,6 +30,9 @@ DEFAULT_DENY: tuple[str, ...] = (
     "*PASSWORD*",
     "*PASSWD*",
     "*PASSPHRASE*",
+    "*PASS",
+    "*_AUTH",
+    "*AUTH_CONFIG*",
     "*CREDENTIAL*",
     "*PRIVATE*",
     "*SESSION_ID*",
@@ -77,6 +84,14 @@ WORKER_INTERNALS: tuple[str, ...] = (
     "MANAGERPID",
     "SYSTEMD_EXEC_PID",
 )
+
+#: What a call on the host's own root takes of the worker's environment, besides what
+#: the operator names: where its programs are and its language. A call on an image takes
+#: none of them (its PATH is the image's, else `DEFAULT_PATH`).
+HOST_INHERITED: tuple[str, ...] = ("PATH", "LANG")
+
+#: The PATH of a call on an image whose ENV sets none, the one container engines give.
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 #: Set for every call so that tools never wait for a person.
 HARDENING: Mapping[str, str] = {
@@ -150,26 +165,49 @@ def _scrub(
     return tuple(kept), tuple(names), tuple(values)
 
 
+@lru_cache(maxsize=16)
+def _inherited(
+    kept: tuple[tuple[str, str], ...], inherit: tuple[str, ...], passed: tuple[str, ...]
+) -> tuple[tuple[str, str], ...]:
+    """What a call takes of the kept (neither internal nor secret) worker variables: the
+    names in `inherit` (exactly) and those matching a `passed` pattern (ignoring case).
+
+    Cached: a worker's own environment does not change between calls.
+    """
+    named = _matcher(passed)
+    return tuple((name, value) for name, value in kept
+                 if name in inherit or (named is not None and named.match(name.upper())))
+
+
 def build_env(
     base: Mapping[str, str],
     *,
     marker: str,
+    inherit: Iterable[str] = HOST_INHERITED,
+    passed: Iterable[str] = (),
+    own: Mapping[str, str] | None = None,
     extra: Mapping[str, str] | None = None,
     unset: Iterable[str] = (),
     deny: Iterable[str] = DEFAULT_DENY,
     allow: Iterable[str] = DEFAULT_ALLOW,
 ) -> ChildEnv:
-    """Drop the worker's internals from `base` and scrub its secrets, lay the hardening
-    over it, then `extra` (the session's exported variables, the call's own), remove
-    `unset` (what the session unset), and set the marker.
+    """A call's environment, from nothing: of the worker's environment `base`, the names
+    in `inherit` and those matching a `passed` pattern (the operator's), minus the
+    worker's internals and the names a `deny` pattern scrubs (unless an `allow` pattern
+    keeps them); then `own` (what the workspace says: who the call is, its image's ENV),
+    the hardening over it, `extra` (the session's exported variables, the call's own),
+    minus `unset` (what the session unset), and the marker.
 
-    The hardening is a default for unattended runs: a session that exported `PAGER=less`
-    or ran `unset PAGER` keeps that on its later calls, as a shell would. `extra` is
-    what the caller asked for explicitly, so it is not scrubbed. The marker is set last:
-    nothing overrides it (kill sweeps find a call's processes by it).
+    `scrubbed_values` are those of every scrubbed variable of `base`, passed or not: the
+    values output is redacted of. The hardening is a default for unattended runs: a
+    session that exported `PAGER=less` or ran `unset PAGER` keeps that on its later
+    calls, as a shell would. `extra` is what the caller asked for explicitly, so it is not
+    scrubbed. The marker is set last: nothing overrides it (kill sweeps find a call's
+    processes by it).
     """
     kept, names, values = _scrub(tuple(base.items()), tuple(deny), tuple(allow))
-    env = dict(kept)
+    env = dict(_inherited(kept, tuple(inherit), tuple(passed)))
+    env.update(own or {})
     env.update(HARDENING)
     env.update(extra or {})
     for name in unset:

@@ -255,6 +255,13 @@ def failure(what: str, stderr: str, settings: Settings, *, noun: str = "image") 
     `unavailable`), its reason in one line, with no secret of the credentials file."""
     reason = blank_secrets(one_line(stderr), settings)
     lowered = reason.lower()
+    if _LOCAL_DENIAL.search(lowered) and not any(
+            mark in _LOCAL_DENIAL.sub("", lowered) for mark in _REFUSED):
+        # The tool could not open a file of this host (skopeo run as a user that may not
+        # read `/run/containers/<uid>/auth.json`): nothing the registry said.
+        return ImageError("unavailable", f"{what}: this host's worker may not use a file "
+                          f"of its own that the pull needs (not a refusal of the registry): "
+                          f"{reason}")
     if any(mark in lowered for mark in _REFUSED):
         return ImageError("unavailable", f"{what}: the registry refused this host's "
                           f"credentials: {reason}")
@@ -264,6 +271,13 @@ def failure(what: str, stderr: str, settings: Settings, *, noun: str = "image") 
 
 
 _LOGRUS_MSG = re.compile(r'msg="((?:[^"\\]|\\.)*)"')
+#: A tool's words for a local file it may not open, stat or make (`open /run/x: permission
+#: denied`), told apart from a registry's `denied`.
+_LOCAL_DENIAL = re.compile(r"\b(?:open|stat|lstat|mkdir|read|readlink|create|chmod|rename|"
+                           r"remove|unlink)\s+/\S*:\s*permission denied")
+#: The escapes of a logged message (Go's quoting): what each stands for.
+_ESCAPED = re.compile(r"\\(.)")
+_ESCAPES = {"n": "\n", "t": "\t", "r": "\r"}
 _TAR_SUMMARY = re.compile(r"tar: (Exiting with failure status due to previous errors|"
                           r"Error is not recoverable: exiting now)$")
 
@@ -279,7 +293,9 @@ def one_line(stderr: str) -> str:
     last = lines[-1]
     found = _LOGRUS_MSG.search(last)
     if found:
-        last = found[1].replace('\\"', '"').replace("\\\\", "\\")
+        last = _ESCAPED.sub(lambda m: _ESCAPES.get(m[1], m[1]), found[1])
+    # Its line breaks and tabs (a list of several errors) as spaces: one line, rendered.
+    last = " ".join(last.split())
     # skopeo wraps every failure in the name it was parsing: the user knows the name.
     last = re.sub(r'^Error parsing image name "[^"]*": ', "", last)
     last = re.sub(r"^Error: ", "", last)

@@ -34,9 +34,9 @@ from typing import Any
 
 from bashfleet.worker.engine import cgroups, job_end, launcher, procs, resources, sandbox, truncate
 from bashfleet.worker.engine import workspaces as ws
+from bashfleet.worker.engine.call_env import child_env
 from bashfleet.worker.engine.capture import read_slice
 from bashfleet.worker.engine.command_line import COMMAND_FD, CommandLine
-from bashfleet.worker.engine.environment import build_env
 from bashfleet.worker.engine.job_records import (
     JobError,
     load_record,
@@ -142,16 +142,10 @@ def start_job(
     return record
 
 
-def _job_env(call: Call, settings: Settings, job_id: str, home: str | None,
+def _job_env(call: Call, settings: Settings, job_id: str,
              workspace: WorkspaceRecord | None = None) -> dict[str, str]:
-    extra = {"HOME": home} if home else {}
-    if workspace is not None and workspace.ids is not None and workspace.keeper_pid is not None:
-        extra.update(ws.workspace_env(workspace))  # an image's ENV, as its calls get it
-    child = build_env(
-        os.environ, marker=job_id, extra={**extra, **call.env},
-        unset=call.unset_env, deny=settings.secret_deny, allow=settings.secret_allow,
-    )
-    return child.env
+    """What a call of the job's workspace would get (`call_env`), marked with its id."""
+    return child_env(call, settings, workspace, sandbox.run_user(settings), marker=job_id).env
 
 
 @dataclass(frozen=True)
@@ -179,8 +173,7 @@ def _start_in_keeper(new: _NewJob, workspace: WorkspaceRecord) -> dict[str, Any]
     """A plain job as a child of its workspace's keeper, which records its end."""
     call, cwd, settings, job_id = new.call, new.cwd, new.settings, new.job_id
     output, status = new.output, new.status
-    env = _job_env(call, settings, job_id, ws.home_of(sandbox.run_user(settings), workspace),
-                   workspace)
+    env = _job_env(call, settings, job_id, workspace)
     startup = Startup(resources.ulimit_line(settings, bool(workspace.cgroup)), capture=False,
                       fd_in_child=launcher.STATE_FD)
     env["BASH_ENV"] = startup.bash_env
@@ -291,10 +284,7 @@ def _job_spec(
     """The supervisor's instructions (without the output and status paths)."""
     user = sandbox.run_user(settings)
     in_keeper = workspace is not None and workspace.keeper_pid is not None
-    home = ws.home_of(user, workspace) if in_keeper else (user.home if user is not None else None)
-    env = _job_env(call, settings, job_id, home, workspace)
-    if user is not None and not in_keeper:
-        env.update(USER=user.name, LOGNAME=user.name)
+    env = _job_env(call, settings, job_id, workspace)
     dirs = [path for path, _ in group.paths] if group is not None else []
     # An unsandboxed job's command joins its cgroup with its first line; a sandboxed one
     # is born in its workspace's.

@@ -47,6 +47,7 @@ import contextlib
 import dataclasses
 import errno
 import os
+import platform
 import select
 import selectors
 import signal
@@ -56,7 +57,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from bashfleet.worker.engine import job_end, kernel, proto, view
+from bashfleet.worker.engine import job_end, kernel, proto, syscall_filter, view
 
 
 @dataclasses.dataclass
@@ -153,6 +154,8 @@ class Keeper:
         self.exit_when_idle = False
         self.open_files: int | None = None
         """RLIMIT_NOFILE of every process it starts (the workspace's `open_files`)."""
+        self.seccomp: kernel.SyscallFilter | None = None
+        """The system call filter every process it starts runs under (None: none)."""
         wake_read, wake_write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self.wake = wake_read
         signal.signal(signal.SIGCHLD, _noop)
@@ -296,7 +299,7 @@ class Keeper:
         # the keeper (root) never resolves a path a command may have planted.
         return kernel.spawn(body.get("executable"), body["argv"], body["env"], stdio, targets,
                             cwd=body["cwd"], who=self.who, ctty=bool(body.get("ctty")),
-                            open_files=self.open_files)
+                            open_files=self.open_files, seccomp=self.seccomp)
 
     def _adopt(self, conn: Conn, body: dict[str, Any], fds: list[int]) -> None:
         tracked = conn.busy
@@ -331,6 +334,8 @@ class Keeper:
                 return False
             time.sleep(delay)
             delay = min(delay * 2, 0.05)
+        # The next call may be another owner's: a keyring of its own, as a new workspace.
+        _own_session_keyring()
         return _empty_dir("/dev/shm") and _no_ipc_objects()
 
     # -------------------------------------------------------------------- ends and caps
@@ -473,6 +478,7 @@ def main(spec: dict[str, Any], listener_fd: int, report_fd: int) -> int:
     who = None
     try:
         host_proc = _enter(spec)
+        seccomp = _syscall_filter(spec)
         if spec.get("plan") is not None:
             who = _setup_view(spec)
         else:
@@ -489,6 +495,7 @@ def main(spec: dict[str, Any], listener_fd: int, report_fd: int) -> int:
         first, spec, who = _claimed(listener, spec)
     listener.setblocking(False)
     keeper = Keeper(listener, worker_uid=int(spec["worker_uid"]), who=who, host_proc=host_proc)
+    keeper.seccomp = seccomp
     if spec.get("open_files") is not None:
         keeper.open_files = int(spec["open_files"])
     if first is not None:
@@ -562,10 +569,29 @@ def _enter(spec: dict[str, Any]) -> int:
     # whatever umask the worker had.
     os.umask(0o022)
     kernel.prctl(kernel.PR_SET_DUMPABLE, 0)
+    _own_session_keyring()
     if not spec.get("network", True):
         kernel.loopback_up()
     # The host's /proc, kept to read a call's host pid from a pidfd (close-on-exec).
     return os.open("/proc", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+
+
+def _own_session_keyring() -> None:
+    """The workspace's calls get a session keyring of their own: the keeper's, inherited
+    from the worker, is every workspace's, and its keys are any holder's to read (a
+    possessor needs no matching uid), whatever user namespace a call is in. Where the
+    kernel refuses (a worker in a container whose own filter denies keyctl), calls
+    cannot reach a keyring either."""
+    with contextlib.suppress(OSError):
+        kernel.join_new_session_keyring()
+
+
+def _syscall_filter(spec: dict[str, Any]) -> kernel.SyscallFilter | None:
+    """The filter the workspace's calls run under, made now (before the view hides the
+    standard library): the host's `seccomp` setting, `default` when the spec does not
+    say (the sandbox's probe)."""
+    program = syscall_filter.for_mode(str(spec.get("seccomp") or "default"), platform.machine())
+    return None if program is None else kernel.syscall_filter(program)
 
 
 #: What a blank keeper made ahead of its claim: its user namespace (`userns`).

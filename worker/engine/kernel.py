@@ -35,6 +35,8 @@ MS_PRIVATE = 1 << 18
 MNT_DETACH = 2
 PR_SET_DUMPABLE = 4
 PR_CAPBSET_DROP = 24
+PR_SET_SECCOMP = 22
+SECCOMP_MODE_FILTER = 2
 PR_SET_NO_NEW_PRIVS = 38
 PR_CAP_AMBIENT = 47
 PR_CAP_AMBIENT_CLEAR_ALL = 4
@@ -56,17 +58,21 @@ MOVE_MOUNT_F_EMPTY_PATH = 4
 KEPT_FLAGS = MS_NOSUID | MS_NODEV | MS_NOEXEC | 1024 | 2048 | 4096  # NOATIME, NODIRATIME, RELATIME
 
 _SYSCALLS = {
-    # machine: (pivot_root, mount_setattr, open_tree, move_mount, capset); the middle
-    # three are the generic table's on both.
-    "x86_64": (155, 442, 428, 429, 126),
-    "aarch64": (41, 442, 428, 429, 91),
+    # machine: (pivot_root, mount_setattr, open_tree, move_mount, capset, keyctl); the
+    # middle three are the generic table's on both.
+    "x86_64": (155, 442, 428, 429, 126, 250),
+    "aarch64": (41, 442, 428, 429, 91, 219),
 }
 
 _libc = ctypes.CDLL(None, use_errno=True)
 #: This machine's (pivot_root, mount_setattr, open_tree, move_mount) numbers, looked up
 #: once: a keeper must import nothing once its view is built (the stdlib may be out of
 #: sight).
-_NUMBERS: tuple[int | None, ...] = _SYSCALLS.get(platform.machine(), (None,) * 5)
+_NUMBERS: tuple[int | None, ...] = _SYSCALLS.get(platform.machine(), (None,) * 6)
+KEYCTL_JOIN_SESSION_KEYRING = 1
+KEYCTL_LINK = 8
+KEY_SPEC_SESSION_KEYRING = -3
+KEY_SPEC_USER_KEYRING = -4
 
 
 def _check(result: int, what: str) -> None:
@@ -291,6 +297,57 @@ def drop_privileges_of_children() -> None:
     prctl(PR_SET_NO_NEW_PRIVS, 1)
 
 
+def join_new_session_keyring() -> int:
+    """keyctl(KEYCTL_JOIN_SESSION_KEYRING, NULL): this process (and every process it
+    starts from now on) gets a new anonymous session keyring, not the one it inherited
+    (the worker's, shared with every other workspace). Returns its serial."""
+    serial = _libc.syscall(ctypes.c_long(_number(5, "keyctl")),
+                           ctypes.c_int(KEYCTL_JOIN_SESSION_KEYRING), None)
+    if serial < 0:
+        _check(-1, "keyctl(JOIN_SESSION_KEYRING)")
+    return int(serial)
+
+
+def link_user_keyring() -> None:
+    """keyctl(KEYCTL_LINK, user keyring, session keyring), as a login's pam_keyinit does:
+    this process's user keyring becomes reachable from (possessed through) its session
+    keyring, so keys it put there are readable again by its later processes."""
+    number = _NUMBERS[5]
+    if number is not None:
+        _libc.syscall(ctypes.c_long(number), ctypes.c_int(KEYCTL_LINK),
+                      ctypes.c_int(KEY_SPEC_USER_KEYRING), ctypes.c_int(KEY_SPEC_SESSION_KEYRING))
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+@dataclasses.dataclass(frozen=True)
+class SyscallFilter:
+    """A seccomp program ready to install (`install_filter`): made once by the keeper,
+    so that a call's child only makes the system call."""
+
+    code: ctypes.Array[ctypes.c_char]
+    fprog: _SockFprog
+
+
+def syscall_filter(program: bytes) -> SyscallFilter:
+    """`program` (struct sock_filter records, `syscall_filter.program`) held for the
+    kernel."""
+    code = ctypes.create_string_buffer(program, len(program))
+    return SyscallFilter(code, _SockFprog(len(program) // 8,
+                                          ctypes.cast(code, ctypes.c_void_p).value))
+
+
+def install_filter(prepared: SyscallFilter) -> None:
+    """This process, and everything it starts, runs under the filter from now on (it
+    cannot be lifted). no_new_privs first: the kernel requires it of a process without
+    CAP_SYS_ADMIN, and it is what calls get anyway."""
+    prctl(PR_SET_NO_NEW_PRIVS, 1)
+    _check(_libc.prctl(ctypes.c_int(PR_SET_SECCOMP), ctypes.c_ulong(SECCOMP_MODE_FILTER),
+                       ctypes.byref(prepared.fprog), 0, 0), "seccomp")
+
+
 def loopback_up() -> None:
     """A new network namespace has its loopback down: bring it up, as bubblewrap does."""
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
@@ -358,14 +415,15 @@ def lowered_nofile(wanted: int) -> int:
 def spawn(executable: str | None, argv: Sequence[str], env: Mapping[str, str],
           fds: Sequence[int], targets: Sequence[int], *, cwd: str,
           who: Identity | None = None, ctty: bool = False,
-          open_files: int | None = None) -> int:
+          open_files: int | None = None, seccomp: SyscallFilter | None = None) -> int:
     """Start `argv` in a new session with `fds` as its `targets`, in `cwd`: a fork whose
     child first becomes `who` (enters its user namespace, takes its ids), then enters
     `cwd` as that user (every component of the path checked by the kernel against the
     user who runs there, never against the keeper's root), lowers its RLIMIT_NOFILE to
     `open_files` (soft and hard: it cannot raise it back), then execs (`executable`, or
     `argv[0]` searched on the child's PATH from there). With `ctty` fd 0 (a PTY slave)
-    becomes its controlling terminal. The child's failure comes back on a close-on-exec
+    becomes its controlling terminal. With `seccomp` the child installs that filter last,
+    just before its exec. The child's failure comes back on a close-on-exec
     pipe as an OSError naming `cwd` or the executable, as subprocess reports it. A fork
     of the single-threaded keeper: ~0.5 ms here."""
     read_end, write_end = os.pipe2(os.O_CLOEXEC)
@@ -373,7 +431,7 @@ def spawn(executable: str | None, argv: Sequence[str], env: Mapping[str, str],
     if pid == 0:  # pragma: no cover - the child execs or exits
         os.close(read_end)
         _child(executable, argv, env, fds, targets, cwd, who, ctty, write_end,
-               open_files=open_files)
+               open_files=open_files, seccomp=seccomp)
     os.close(write_end)
     try:
         chunks = []
@@ -392,8 +450,8 @@ def spawn(executable: str | None, argv: Sequence[str], env: Mapping[str, str],
 
 def _child(executable: str | None, argv: Sequence[str], env: Mapping[str, str],  # noqa: PLR0917
            fds: Sequence[int], targets: Sequence[int], cwd: str, who: Identity | None,
-           ctty: bool, report: int, *,
-           open_files: int | None = None) -> None:  # pragma: no cover - runs in the child
+           ctty: bool, report: int, *, open_files: int | None = None,
+           seccomp: SyscallFilter | None = None) -> None:  # pragma: no cover - the child
     stage, name = "setup", ""
     try:
         if who is not None:
@@ -408,6 +466,9 @@ def _child(executable: str | None, argv: Sequence[str], env: Mapping[str, str], 
                     raise
             os.setresgid(who.gid, who.gid, who.gid)
             os.setresuid(who.uid, who.uid, who.uid)
+            # The workspace's session keyring is the keeper's, new: the user keyring of
+            # the ids taken now is linked into it (failure ignored: no keyring then).
+            link_user_keyring()
         if who is None or who.uid != 0:
             # The cwd is entered as the user who runs there, with no capability (a
             # namespace's root keeps its own: a container's root).
@@ -427,6 +488,10 @@ def _child(executable: str | None, argv: Sequence[str], env: Mapping[str, str], 
             fcntl.ioctl(0, termios.TIOCSCTTY, 0)
         for signum in _DEFAULT_SIGNALS:
             signal.signal(signum, signal.SIG_DFL)
+        if seccomp is not None:
+            # Last, just before the exec: the setup above is the keeper's code; from
+            # the exec on everything runs the tenant's, under the filter.
+            install_filter(seccomp)
         stage = "exec"
         name = executable or argv[0]
         _exec(executable, argv, env)

@@ -87,6 +87,9 @@ class ViewSpec:
     layers named as its own: `root`, `top.<entry>`, `home`, `tmp`, `vartmp`, `work` for
     its directory), read-only between its own upper layers and its base. Its `/tmp`,
     `/var/tmp`, HOME and directory are then overlays too."""
+    etc_hosts: str | None = None
+    """With `layers` over the host: the workspace's own copy of the host's /etc/hosts
+    that names the hostname (the host's does not), shown read-only over it."""
     workspace_dir: str | None = None
     """The host directory shown at `workspace` when it is another (a workspace made from
     a snapshot shows its source's path): its upper layer there."""
@@ -112,6 +115,8 @@ def plan_view(spec: ViewSpec) -> list[Step]:
     steps: list[Step] = [["private"], *_root_steps(spec)]
     if spec.image is None:
         steps += _host_entries(r, spec.entries, spec)
+        if spec.etc_hosts is not None:
+            steps.append(["bind_file", spec.etc_hosts, f"{r}/etc/hosts", False])
     steps += [["mkdir", f"{r}/tmp", 0o755], _own_step(spec, "tmp", spec.tmp, f"{r}/tmp")]
     if spec.image is not None:
         steps.append(["mkdir", f"{r}/var/tmp", 0o755])
@@ -143,7 +148,8 @@ def plan_view(spec: ViewSpec) -> list[Step]:
     steps += [["tmpfs", f"{r}{d}", 0o755] for d in outer]
     for w in writable_views:
         # With layers: the run user's shared roots through the run user's map (`idbind`).
-        steps += _bind_own(r, mounts, w, w, True, grow=False, mapped=spec.layers is not None)
+        steps += _bind_own(r, mounts, w, w, True, grow=False, mapped=spec.layers is not None,
+                           shared=True)
     for view_path, host_path, writable in _own_paths(spec):
         layer = _layer_name(spec, view_path, host_path)
         if layer is not None:
@@ -211,6 +217,9 @@ def _overlay(layers: str, name: str, lower: list[Any], target: str,
     return ["overlay", [*stack, lower], f"{layers}/upper/{name}", f"{layers}/work/{name}",
             target]
 
+
+#: The name of a workspace's own /etc/hosts in its layers directory (`ViewSpec.etc_hosts`).
+ETC_HOSTS = "hosts"
 
 #: The layer a snapshot keeps of each of a workspace's own directories.
 OWN_LAYERS = ("home", "tmp", "vartmp", "work")
@@ -299,16 +308,21 @@ def _in_project(host_path: str, spec: ViewSpec) -> bool:
 
 
 def _bind_own(r: str, mounts: list[tuple[str, bool]], view_path: str, host: str,
-              writable: bool, *, grow: bool = True, mapped: bool = False) -> list[Step]:
+              writable: bool, *, grow: bool = True, mapped: bool = False,
+              shared: bool = False) -> list[Step]:
     """Bind one of the workspace's own paths; its mount point is made when the mount it
     lies on takes new directories (`mounts`: path, whether it does), else it must exist.
     `grow`: mount points of later binds may be made inside this one. `mapped`: through
-    the project's id map (`idbind`)."""
+    the project's id map (`idbind`); `shared`: a root every workspace writes (bound as
+    it is where it is open to every user, as /tmp)."""
     target = f"{r}{view_path}"
     steps: list[Step] = []
     if _covering(target, mounts):
         steps.append(["mkdir", target, 0o755])
-    steps.append(["idbind", host, target] if mapped else ["bind", host, target, writable])
+    if mapped:
+        steps.append(["idbind", host, target, True] if shared else ["idbind", host, target])
+    else:
+        steps.append(["bind", host, target, writable])
     mounts.append((target, writable and grow))
     return steps
 

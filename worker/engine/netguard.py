@@ -1,13 +1,16 @@
 """A workspace's network guard under the `allow` policy: DNS, HTTP and TLS by name.
 
 Standard library only: the worker starts it as `python -I -S netguard.py CONFIG
-DENIED_FD READY_FD` in the workspace's network namespace (`nsenter --net`), as the
-host's root, outside the workspace's PID and user namespaces (no call can signal,
-trace or bind in front of it: its ports are below 1024). It exits with the keeper.
+DENIED_FD READY_FD LOG_FD` in the workspace's network namespace (`nsenter --net`), as
+the host's root, outside the workspace's PID and user namespaces (no call can signal or
+trace it). It needs no capability but CAP_NET_ADMIN (its marked sockets, NFLOG): its
+ports are unprivileged (`network.GUARD_PORT`). It answers `ok` on READY_FD once it
+serves, or `error: why`; from then on its stderr is LOG_FD (the worker's). It exits with
+the keeper.
 
-    a call ── DNS (any server, port 53) ─ DNAT ──►  guard :53   listed name? ask the
+    a call ── DNS (any server, port 53) ─ DNAT ──►  guard :1053  listed name? ask the
                                                                host's resolvers : NXDOMAIN
-    a call ── TCP 80/443 (any address) ─ DNAT ──►  guard :999  Host / SNI / CONNECT names
+    a call ── TCP 80/443 (any address) ─ DNAT ──►  guard :1999 Host / SNI / CONNECT names
                                                                a listed name? connect it
                                                                (marked socket) : refuse
     a call ── anything else, not a listed CIDR ─►  refused in the kernel (TCP reset), NFLOG
@@ -39,6 +42,8 @@ from typing import Any
 SO_ORIGINAL_DST = 80
 NETLINK_NETFILTER = 12
 RECORDS_PER_S = 50
+#: The ports a listed name is reached on through the guard (HTTP, TLS).
+NAME_PORTS = (80, 443)
 #: Seconds a client gets to send what names its target; an upstream to connect.
 HEAD_TIMEOUT_S = 10.0
 CONNECT_TIMEOUT_S = 10.0
@@ -99,12 +104,15 @@ class Rules:
             return False
         return _within(address, self.open) or not _within(address, DENIED_RANGES)
 
-    def target_ok(self, name: str) -> bool:
-        """A name (or an address literal) a call asked for."""
+    def target_ok(self, name: str, port: int) -> bool:
+        """A name (or an address literal) and port a call asked for (its Host header or
+        CONNECT line): a listed name on NAME_PORTS only, since a name is let through for
+        HTTP and TLS, not any service of its host; an address of a listed CIDR on any
+        port, as the workspace reaches it directly."""
         try:
             ipaddress.ip_address(name.strip("[]"))
         except ValueError:
-            return name_allowed(name, self.domains)
+            return port in NAME_PORTS and name_allowed(name, self.domains)
         return _within(name.strip("[]"), self.cidrs) and self.address_ok(name.strip("[]"))
 
 
@@ -221,10 +229,10 @@ class Guard:
         self.queries = threading.BoundedSemaphore(DNS_IN_FLIGHT)
         address = str(config["address"])
         self.dns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self.dns.bind((address, 53))
+        _bind(self.dns, address, int(config.get("dns_port", 53)), "DNS")
         self.proxy = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.proxy.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.proxy.bind((address, int(config["port"])))
+        _bind(self.proxy, address, int(config["port"]), "proxy")
         self.proxy.listen(256)
         self.own = (address, int(config["port"]))
 
@@ -328,9 +336,12 @@ class Guard:
             _reset(conn)
             return
         target = f"{name}:{port}"
-        if not self.rules.target_ok(name):
+        if not self.rules.target_ok(name, port):
             self.recorder.record("connect", target)
-            _refuse(conn, kind, f"{name} is not in this workspace's allow list")
+            why = (f"{name} is not in this workspace's allow list"
+                   if port in NAME_PORTS or not name_allowed(name, self.rules.domains)
+                   else f"{target}: a listed name is reached on ports 80 and 443 only")
+            _refuse(conn, kind, why)
             return
         upstream = self._connect(name, port)
         if upstream is None:
@@ -367,6 +378,14 @@ class Guard:
             data = sock.recv(65536)
             for target in log_targets(data):
                 self.recorder.record("address", target)
+
+
+def _bind(sock: socket.socket, address: str, port: int, what: str) -> None:
+    try:
+        sock.bind((address, port))
+    except OSError as exc:
+        raise OSError(exc.errno, f"its {what} cannot listen on {address}:{port}: "
+                      f"{exc.strerror}") from None
 
 
 def _original_destination(conn: socket.socket) -> tuple[str, int]:
@@ -503,16 +522,28 @@ def _attr(kind: int, data: bytes) -> bytes:
 def nflog_socket(group: int) -> socket.socket:
     """A netlink socket bound to NFLOG `group`: packets the rules log, their first bytes."""
     sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_NETFILTER)
+    try:
+        _nflog_bind(sock, group)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def _nflog_bind(sock: socket.socket, group: int) -> None:
     sock.bind((0, 0))
-    for seq, attrs in enumerate((_attr(1, b"\x01"),  # NFULA_CFG_CMD: bind the group
-                                 _attr(2, struct.pack("!IBB", 128, 2, 0))), 1):  # copy packet
+    # NFULA_CFG_CMD: bind the group; NFULA_CFG_MODE: copy 128 bytes of each packet;
+    # NFULA_CFG_QTHRESH: each packet sent at once (by default the kernel holds up to 100
+    # for a second: a refusal reached its record after the call's result was made).
+    for seq, attrs in enumerate((_attr(1, b"\x01"),
+                                 _attr(2, struct.pack("!IBB", 128, 2, 0))
+                                 + _attr(5, struct.pack("!I", 1))), 1):
         body = struct.pack("!BBH", socket.AF_UNSPEC, 0, group) + attrs
         sock.send(struct.pack("=IHHII", 16 + len(body), (4 << 8) | 1, 0x1 | 0x4, seq, 0) + body)
         reply = sock.recv(4096)
         error = struct.unpack("=i", reply[16:20])[0] if len(reply) >= 20 else 0
         if struct.unpack("=H", reply[4:6])[0] == 2 and error != 0:
             raise OSError(-error, "NFLOG configuration refused")
-    return sock
 
 
 def log_targets(data: bytes) -> list[str]:
@@ -579,14 +610,20 @@ def more_descriptors() -> None:
 
 def main(argv: Sequence[str]) -> int:
     config = json.loads(argv[1])
-    denied, ready = int(argv[2]), int(argv[3])
-    more_descriptors()
-    keeper = os.pidfd_open(int(config["keeper"]))
-    guard = Guard(config, Recorder(denied))
-    logs = nflog_socket(int(config["group"]))
+    denied, ready, log_fd = int(argv[2]), int(argv[3]), int(argv[4])
+    try:
+        more_descriptors()
+        keeper = os.pidfd_open(int(config["keeper"]))
+        guard = Guard(config, Recorder(denied))
+        logs = nflog_socket(int(config["group"]))
+    except OSError as exc:  # the worker shows it: a port taken, a capability missing...
+        os.write(ready, f"error: {_why(exc)}".encode())
+        return 1
     for target, args in ((guard.serve_dns, ()), (guard.serve_proxy, ()),
                          (guard.serve_log, (logs,))):
         threading.Thread(target=target, args=args, daemon=True).start()
+    os.dup2(log_fd, 2)
+    os.close(log_fd)
     os.write(ready, b"ok")
     os.close(ready)
     # poll(2), never select(2): glibc aborts select() on a descriptor numbered past 1024.
@@ -596,9 +633,17 @@ def main(argv: Sequence[str]) -> int:
     return 0  # the workspace ended: its namespace goes with us
 
 
+def _why(exc: OSError) -> str:
+    """An error as the operator reads it (a bind's says which address)."""
+    return str(exc.strerror) if exc.strerror else f"{type(exc).__name__}: {exc}"
+
+
 if __name__ == "__main__":  # pragma: no cover - the worker starts it
     try:
         CODE = main(sys.argv)
-    except BaseException:  # any failure: no "ok", so the worker says the guard did not start
+    except BaseException:  # no "ok": the worker reads why on stderr
+        import traceback
+
+        traceback.print_exc()
         CODE = 1
     os._exit(CODE)

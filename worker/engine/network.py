@@ -17,7 +17,7 @@ policy (`bashfleet.worker.wire.network`), built here by a root worker with the k
   at once, never a timeout) the fleet's addresses, `DENIED` ranges (private, loopback,
   link-local, metadata) unless allowed (`network_allow_private`), and new connections
   past `network_max_connections`; DNS goes to the host's resolvers (whichever server a
-  call asks).
+  call asks); refusals logged (NFLOG, rate-limited) to the worker (`netlog`), recorded.
 - `allow`: the link; DNS and TCP 80/443 go to the workspace's guard (`netguard`, its
   own process in the namespace, outside its PID namespace, root of the host's user
   namespace), which answers and connects listed names only; listed CIDRs directly;
@@ -33,6 +33,10 @@ host's user namespace, which owns that namespace): nothing a call does can chang
 The interface name is the lock on a link's index: `ip link add bfwN` fails when N is
 taken, and the pair goes with the workspace's namespace (its keeper's end), so nothing
 is left to clean up whatever way a workspace ends.
+
+A worker that is not root makes no link: `egress` is user-mode networking instead, the
+same rules over pasta (`bashfleet.worker.engine.usernet`), as rootless podman does;
+`allow` needs a root worker.
 """
 
 from __future__ import annotations
@@ -53,7 +57,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from bashfleet.worker.engine import kernel, procs
+from bashfleet.worker.engine import kernel, procs, usernet
 from bashfleet.worker.engine.memo import TimedMemo
 from bashfleet.worker.settings import Settings
 from bashfleet.worker.wire.network import DENIED, NetworkPolicy
@@ -65,10 +69,21 @@ IFACE_PREFIX = "bfw"
 #: Packet mark of the guard's own sockets (its upstream DNS queries and connections):
 #: only a process with CAP_NET_ADMIN in the namespace (root of the host) can set it.
 GUARD_MARK = 0x62660001
-#: The guard's proxy port on the workspace's address (< 1024: no call can bind it first).
-GUARD_PORT = 999
+#: The guard's proxy and DNS ports on the workspace's address, where the rules send TCP
+#: 80/443 and DNS. Unprivileged, so the guard needs no CAP_NET_BIND_SERVICE (a worker in
+#: a container is often without it), and below the kernel's ephemeral range (32768-60999),
+#: so no connection's local port holds them. A call that binds one first (it is the
+#: workspace's own namespace) only breaks its own workspace's guard, which then says so:
+#: its connections still leave through the workspace's rules, never around them.
+GUARD_PORT = 1999
+GUARD_DNS_PORT = 1053
 #: The NFLOG group the workspace's refusals are logged to (the guard reads it).
 LOG_GROUP = 7
+#: The group of an `egress` workspace's refusals (`netlog` reads it in the worker; apart
+#: from the guard's, so a policy changed either way never finds the group taken), and
+#: the most packets a second its rules log (a flood costs the worker nothing more).
+EGRESS_LOG_GROUP = 8
+EGRESS_LOG_RATE = 50
 #: Seconds a tool (ip, nft, nsenter) may take.
 TOOL_TIMEOUT_S = 20.0
 ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C"}
@@ -115,15 +130,19 @@ class State:
     """Its link's index (None: no link, `none` or `host`)."""
     guard: tuple[int, float | None] | None = None
     """Its guard's (pid, start time), under `allow`."""
+    pasta: tuple[int, float | None] | None = None
+    """Its pasta's tether's (pid, start time): `egress` where the worker is not root."""
 
     def dumps(self) -> str:
-        return json.dumps({"link": self.link, "guard": list(self.guard) if self.guard else None})
+        return json.dumps({"link": self.link, "guard": list(self.guard) if self.guard else None,
+                           "pasta": list(self.pasta) if self.pasta else None})
 
     @classmethod
     def loads(cls, text: str) -> State:
         data = json.loads(text)
-        guard = data.get("guard")
-        return cls(link=data.get("link"), guard=(int(guard[0]), guard[1]) if guard else None)
+        guard, pasta = data.get("guard"), data.get("pasta")
+        return cls(link=data.get("link"), guard=(int(guard[0]), guard[1]) if guard else None,
+                   pasta=(int(pasta[0]), pasta[1]) if pasta else None)
 
 
 def state_path(settings: Settings, ws_id: str) -> Path:
@@ -185,18 +204,26 @@ def save_state(settings: Settings, ws_id: str, state: State) -> None:
 
 
 def support(settings: Settings) -> str | None:
-    """None when this worker can filter workspaces' networks (root, with ip, nft and
-    nsenter), else why not (then `egress` and `allow` are unavailable here)."""
-    del settings
+    """None when this worker can give workspaces `egress` (root, with ip, nft and
+    nsenter; not root, with pasta: `usernet`), else why not (then `egress` and `allow`
+    are unavailable here)."""
+    if os.geteuid() != 0:
+        return usernet.support(settings)
     return _support.get("", _find_support)
+
+
+def allow_support(settings: Settings) -> str | None:
+    """None when this worker can also give `allow` (its guard), else why not."""
+    if os.geteuid() != 0:
+        return ("`allow` needs a root worker (its guard listens below port 1024 as the "
+                "host's root); this one gives `egress` and `none`")
+    return support(settings)
 
 
 _support: TimedMemo[str, str | None] = TimedMemo(ttl_s=60.0)
 
 
 def _find_support() -> str | None:
-    if os.geteuid() != 0:
-        return "the worker is not root (it cannot make links and firewall rules)"
     missing = [tool for tool in ("ip", "nft", "nsenter") if shutil.which(tool, path=ENV["PATH"])
                is None]
     if missing:
@@ -303,31 +330,38 @@ def _nftables() -> ctypes.CDLL | None:
 
 _host_lock = threading.Lock()
 _host_ready: set[bool] = set()
-FORWARDING_MARK = Path("/run/bashfleet/net/forwarding-was-off")
+#: Left by older workers, which then dropped every forwarded packet that was not a
+#: workspace's (other containers' bridges too): removed at start, never written.
+OLD_FORWARDING_MARK = Path("/run/bashfleet/net/forwarding-was-off")
 
 
 def ensure_host(settings: Settings) -> None:
     """The host's part, once per process: forwarding on, and the host's `bashfleet`
     table (nothing of the host reachable from a workspace's link; no workspace reaches
-    another; nothing new enters one; what leaves is masqueraded). Where forwarding was
-    off, it stays off for every other interface."""
+    another; nothing new enters one; what leaves is masqueraded). As podman's netavark
+    and Docker do, forwarding is turned on and the table's rules match workspaces'
+    links only: whatever else the host forwards (a container bridge, a VPN) is left to
+    the host's own firewall, whether or not forwarding was on before."""
+    del settings
     with _host_lock:
         if _host_ready:
             return
         forwarding = Path("/proc/sys/net/ipv4/ip_forward")
         if forwarding.read_text("ascii").strip() != "1":
-            FORWARDING_MARK.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            FORWARDING_MARK.touch()
+            log.info("IPv4 forwarding was off: turned on for workspaces' links (the "
+                     "host's firewall decides what else it forwards)")
             forwarding.write_text("1\n", encoding="ascii")
-        _run(["nft", "-f", "-"], host_ruleset(FORWARDING_MARK.exists()))
+        _run(["nft", "-f", "-"], host_ruleset())
+        OLD_FORWARDING_MARK.unlink(missing_ok=True)
         _host_ready.add(True)
 
 
-def host_ruleset(others_stay_off: bool) -> str:
-    """The host's table (replaced whole, atomically), the same for every worker of the
-    machine whatever its pool: links are told by their interfaces' names."""
+def host_ruleset() -> str:
+    """The host's table (replaced whole, atomically: an older worker's rules go with
+    it), the same for every worker of the machine whatever its pool: links are told by
+    their interfaces' names, and every rule names one (`iifname` or `oifname` a link's),
+    so no packet of anything else's is touched."""
     wild = f'"{IFACE_PREFIX}*"'
-    others = (f"        iifname != {wild} oifname != {wild} drop\n" if others_stay_off else "")
     return (
         "table inet bashfleet\ndelete table inet bashfleet\n"
         "table inet bashfleet {\n"
@@ -342,7 +376,6 @@ def host_ruleset(others_stay_off: bool) -> str:
         f"        iifname {wild} accept\n"
         f"        oifname {wild} ct state established,related accept\n"
         f"        oifname {wild} drop\n"
-        f"{others}"
         "    }\n"
         "    chain postrouting {\n"
         "        type nat hook postrouting priority srcnat + 10; policy accept;\n"
@@ -471,7 +504,8 @@ class Rules:
     """What a workspace's ruleset is made of (`ruleset`)."""
 
     policy: NetworkPolicy
-    link: Link
+    link: Link | None
+    """The workspace's link (`allow` needs its address); None: pasta's."""
     fleet: tuple[str, ...] = ()
     resolvers: tuple[str, ...] = ()
     allowed_private: tuple[str, ...] = ()
@@ -506,7 +540,9 @@ def ruleset(rules: Rules, *, replace: bool = True) -> str:
         "" if allow else "ip6 daddr @denied6 goto refuse",
         "" if allow else "goto out",
     ]
-    refuse = [f"log group {LOG_GROUP}" if allow else "",
+    refuse = [f"log group {LOG_GROUP}" if allow else
+              f"limit rate {EGRESS_LOG_RATE}/second burst {EGRESS_LOG_RATE} packets "
+              f"log group {EGRESS_LOG_GROUP}",
               "meta l4proto tcp reject with tcp reset", "reject with icmpx type admin-prohibited"]
     text = ("table inet bashfleet\ndelete table inet bashfleet\n" if replace else "")
     text += "table inet bashfleet {\n" + sets
@@ -523,10 +559,12 @@ def ruleset(rules: Rules, *, replace: bool = True) -> str:
             'oifname "lo" return',
             f"meta l4proto {{ tcp, udp }} th dport 53 dnat ip to {dns4[0].split('/')[0]}:53"])
     if allow:
+        if rules.link is None:
+            raise ValueError("`allow` needs a link of the workspace's own")
         ws = rules.link.ws_ip
         text += _chain("steer", "type nat hook output priority -100; policy accept;", [
             'oifname "lo" return', f"meta mark {GUARD_MARK:#x} return",
-            f"meta l4proto {{ tcp, udp }} th dport 53 dnat ip to {ws}:53",
+            f"meta l4proto {{ tcp, udp }} th dport 53 dnat ip to {ws}:{GUARD_DNS_PORT}",
             "ip daddr @open4 return", "ip daddr @fleet4 return",
             f"tcp dport {{ 80, 443 }} dnat ip to {ws}:{GUARD_PORT}",
         ])
@@ -538,8 +576,11 @@ def _chain(name: str, head: str, lines: Sequence[str]) -> str:
     return f"    chain {name} {{\n{body}    }}\n"
 
 
-def _rules(policy: NetworkPolicy, link: Link, settings: Settings) -> Rules:
-    return Rules(policy=policy, link=link, fleet=fleet_addresses(settings),
+def _rules(policy: NetworkPolicy, link: Link | None, settings: Settings) -> Rules:
+    # Over pasta, the host's own addresses are reached as its own processes reach them
+    # (a root worker's host table refuses everything a link sends the host).
+    fleet = fleet_addresses(settings) + (usernet.host_addresses() if link is None else ())
+    return Rules(policy=policy, link=link, fleet=tuple(dict.fromkeys(fleet)),
                  resolvers=resolvers(settings),
                  allowed_private=tuple(settings.network_allow_private),
                  max_connections=settings.network_max_connections)
@@ -552,6 +593,8 @@ def apply(keeper_pid: int, ws_id: str | None, state: State, policy: NetworkPolic
           settings: Settings) -> State:
     """Put `policy` in force in the keeper's namespace (made with `state`); the new state.
     `ws_id` None: a blank keeper (no guard yet: `allow` is applied at its claim)."""
+    if os.geteuid() != 0:
+        return _apply_user_mode(keeper_pid, state, policy, settings)
     if policy.mode in ("none", "host"):
         _stop_guard(state)
         if state.link is not None:
@@ -575,13 +618,32 @@ def apply(keeper_pid: int, ws_id: str | None, state: State, policy: NetworkPolic
     return State(link=link.index, guard=guard)
 
 
+def _apply_user_mode(keeper_pid: int, state: State, policy: NetworkPolicy,
+                     settings: Settings) -> State:
+    """`apply` for a worker that is not root: `egress` is pasta and the rules; `none`
+    and `host` end them (`usernet`)."""
+    if policy.mode == "allow":
+        raise NetworkError(allow_support(settings) or "`allow` needs a root worker")
+    if policy.mode in ("none", "host"):
+        if state.pasta is not None:
+            usernet.stop(state.pasta)
+            usernet.load_rules(keeper_pid, "table inet bashfleet\ndelete table inet bashfleet\n")
+        return State()
+    text = ruleset(_rules(policy, None, settings), replace=state.pasta is not None)
+    if usernet.alive(state.pasta):
+        usernet.load_rules(keeper_pid, text)
+        return state
+    return State(pasta=usernet.start(keeper_pid, text, settings))
+
+
 def start_guard(keeper_pid: int, ws_id: str, link: Link, policy: NetworkPolicy,
                 settings: Settings) -> tuple[int, float | None]:
     """The workspace's guard (`bashfleet.worker.engine.netguard`), in its namespace, ready."""
     from bashfleet.worker.engine import netguard  # noqa: PLC0415
 
     config = {
-        "keeper": keeper_pid, "address": link.ws_ip, "port": GUARD_PORT, "mark": GUARD_MARK,
+        "keeper": keeper_pid, "address": link.ws_ip, "port": GUARD_PORT,
+        "dns_port": GUARD_DNS_PORT, "mark": GUARD_MARK,
         "group": LOG_GROUP, "domains": list(policy.domains()), "cidrs": list(policy.cidrs()),
         "resolvers": list(resolvers(settings)), "fleet": list(fleet_addresses(settings)),
         "allowed_private": list(settings.network_allow_private),
@@ -590,27 +652,57 @@ def start_guard(keeper_pid: int, ws_id: str, link: Link, policy: NetworkPolicy,
     denied = os.open(denied_path(settings, ws_id), os.O_WRONLY | os.O_APPEND | os.O_CREAT
                      | os.O_CLOEXEC, 0o600)
     ready_r, ready_w = os.pipe2(os.O_CLOEXEC)
+    # Its stderr is ours (the worker's log) once it runs; until then a pipe this reads
+    # when it fails (nsenter's or Python's own complaint, before the guard can answer).
+    try:
+        log_fd = os.dup(2)
+    except OSError:  # a worker started with no stderr
+        log_fd = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
     try:
         proc = subprocess.Popen(
             ["nsenter", f"--net=/proc/{keeper_pid}/ns/net", "--", sys.executable, "-I", "-S",
              netguard.__file__ or "netguard.py", json.dumps(config), str(denied),
-             str(ready_w)],
+             str(ready_w), str(log_fd)],
             env=ENV, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL, pass_fds=(denied, ready_w), start_new_session=True)
+            stderr=subprocess.PIPE, pass_fds=(denied, ready_w, log_fd), start_new_session=True)
         os.close(ready_w)
         ready_w = -1
-        from bashfleet.worker.engine.launcher import readable  # noqa: PLC0415
-
-        if not readable(ready_r, TOOL_TIMEOUT_S) or os.read(ready_r, 64) != b"ok":
+        answer = _guard_answer(ready_r)
+        if answer != "ok":
             proc.kill()
-            raise NetworkError("the workspace's network guard did not start")
+            _, errors = proc.communicate(timeout=TOOL_TIMEOUT_S)
+            why = guard_failure(answer, errors.decode("utf-8", "replace"))
+            log.error("workspace %s: its network guard did not start: %s", ws_id, why)
+            raise NetworkError(f"the workspace's network guard did not start: {why}")
     finally:
-        os.close(denied)
-        os.close(ready_r)
-        if ready_w >= 0:
-            os.close(ready_w)
+        for fd in (denied, ready_r, ready_w, log_fd):
+            if fd >= 0:
+                os.close(fd)
+    if proc.stderr is not None:
+        proc.stderr.close()  # the guard writes to the worker's log from now on
     threading.Thread(target=proc.wait, daemon=True, name="bashfleet-guard-reaper").start()
     return proc.pid, procs.start_time(proc.pid)
+
+
+def _guard_answer(ready_r: int) -> str:
+    """What the guard said on its ready pipe: `ok`, `error: why`, or "" (nothing within
+    TOOL_TIMEOUT_S, or it ended without a word)."""
+    from bashfleet.worker.engine.launcher import readable  # noqa: PLC0415
+
+    if not readable(ready_r, TOOL_TIMEOUT_S):
+        return ""
+    return os.read(ready_r, 4096).decode("utf-8", "replace").strip()
+
+
+def guard_failure(answer: str, stderr: str) -> str:
+    """Why a guard did not start, for the operator: its own word (`error: ...`), else the
+    last lines its process wrote (nsenter's, Python's), else that it said nothing."""
+    if answer.startswith("error:"):
+        return answer[len("error:"):].strip()
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    if lines:
+        return " / ".join(lines[-3:])[:500]
+    return f"no answer within {TOOL_TIMEOUT_S:.0f}s" if not answer else f"it said {answer!r}"
 
 
 def _stop_guard(state: State) -> None:

@@ -15,6 +15,8 @@ workspace may ask for more, never for less):
 
 Every sandboxed workspace has a network namespace of its own; its policy (`none`,
 `egress`, `allow=...`, `host`) is built by `bashfleet.worker.engine.network`.
+Every sandboxed call runs under a system call filter (`bashfleet.worker.engine.syscall_filter`,
+the host's `seccomp` setting) and a session keyring of its workspace's own.
 
 Calls never run as root nor as the worker's user: a root worker runs them as its run user
 (`run_as`), every capability dropped, no_new_privs; a worker that is not root runs them
@@ -32,6 +34,7 @@ import contextlib
 import errno
 import logging
 import os
+import platform
 import pwd
 import re
 import shutil
@@ -43,7 +46,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from bashfleet.worker.engine import ids, launcher, network, resources
+from bashfleet.worker.engine import cgroups, ids, launcher, network, resources, syscall_filter
 from bashfleet.worker.engine.launcher import KeeperConnection, LauncherClient, SandboxError
 from bashfleet.worker.engine.memo import TimedMemo
 from bashfleet.worker.settings import Settings
@@ -110,6 +113,8 @@ class NetworkRules:
     """`host` may be asked for (`BASHFLEET_NETWORK_HOST_OK`)."""
     problem: str | None = None
     """Why this host cannot filter (`egress` and `allow` unavailable), when it cannot."""
+    allow_problem: str | None = None
+    """Why this host cannot give `allow` (a worker that is not root), when it cannot."""
 
 
 def decide(
@@ -151,8 +156,10 @@ def _default_policy(level: Isolation, host_network: bool, rules: NetworkRules) -
         return HOST  # no sandbox: the host's namespace, as every process of the host
     if level == "strict" and not host_network:
         return NONE
+    # Where the default cannot be given: no network, never the host's (an operator asks
+    # for `host` by name), and the worker says so at start (`startup_problems`).
     if rules.default.mode in ("egress", "allow") and rules.problem is not None:
-        return HOST if rules.host_ok else NONE
+        return NONE
     if rules.default.mode == "host" and not rules.host_ok:
         return NONE
     return rules.default
@@ -177,6 +184,9 @@ def _check_network(policy: NetworkPolicy, level: Isolation, host_network: bool,
             "unavailable", f"network policy {policy} needs a host that filters workspaces' "
             f"networks, and this one cannot: {rules.problem}",
         )
+    if policy.mode == "allow" and rules.allow_problem is not None:
+        raise IsolationError("unavailable", f"network policy {policy} is not available "
+                             f"on this host: {rules.allow_problem}")
 
 
 def parse_bwrap_version(text: str) -> str | None:
@@ -290,7 +300,8 @@ class Zygote:
             for attempt in range(2):
                 client = self._client(settings)
                 try:
-                    return client.keeper(spec, fds, ANSWER_TIMEOUT_S)
+                    return client.keeper({"seccomp": settings.seccomp, **spec}, fds,
+                                         ANSWER_TIMEOUT_S)
                 except launcher.KeeperLostError:
                     self._drop()
                     if attempt:
@@ -442,32 +453,48 @@ def probe(settings: Settings) -> SandboxProbe:
     level = host_default(settings.isolation, problem is None and settings.isolation != "none")
     if settings.isolation == "none":
         problem = "isolation is none (settings)"
-    _, support = resources.cgroup_plan(settings)
+    # What a workspace gets: its keeper's group has every controller a call may limit.
+    support = resources.cgroup_support(settings, cgroups.CONTROLLERS)
     return SandboxProbe(
         isolation=level, configured=settings.isolation, bwrap=version if problem is None else None,
         problem=problem, cgroup=support.version, cgroup_problem=support.problem,
         run_as=run_user_name(settings),
         tenancy="multi" if host_ids(settings) is not None and problem is None else "single",
         id_slots=(found.slots if (found := host_ids(settings)) is not None else 0),
+        id_range=settings.id_range,
+        id_problem=id_scope_problem(settings) if host_ids(settings) is not None else None,
         network=str(_default_policy(level, settings.sandbox_network, rules))
         if (rules := network_rules(settings)) else "",
         network_host=settings.network_host_ok, network_problem=rules.problem,
+        seccomp=seccomp_text(settings.seccomp) if level != "none" else "",
+        layers=("overlay" if host_ids(settings) is not None and problem is None
+                else "read-only host" if level != "none" else ""),
     )
+
+
+def seccomp_text(mode: str) -> str:
+    """What the host's `seccomp` setting gives on this machine, for `hosts`."""
+    if mode == "default" and syscall_filter.for_mode(mode, platform.machine()) is None:
+        return f"unconfined (no system call table for {platform.machine()})"
+    return mode
 
 
 def network_rules(settings: Settings) -> NetworkRules:
     """What this host grants workspaces' networks (`Settings.network_*`, its tools)."""
     return NetworkRules(default=NetworkPolicy(mode=settings.network_default),
-                        host_ok=settings.network_host_ok, problem=network.support(settings))
+                        host_ok=settings.network_host_ok, problem=network.support(settings),
+                        allow_problem=network.allow_support(settings))
 
 
 def host_ids(settings: Settings) -> ids.HostIds | None:
     """The subordinate ids this host gives its workspaces (None: single-tenant). Read
     again after a minute (an operator who adds them needs no restart)."""
-    return _host_ids.get((settings.run_as, os.geteuid()), lambda: _read_host_ids(settings))
+    return _host_ids.get((settings.run_as, os.geteuid(), settings.id_range),
+                         lambda: _read_host_ids(settings))
 
 
-_host_ids: TimedMemo[tuple[str | None, int], ids.HostIds | None] = TimedMemo(ttl_s=60.0)
+_host_ids: TimedMemo[tuple[str | None, int, str | None], ids.HostIds | None] = \
+    TimedMemo(ttl_s=60.0)
 
 
 def _read_host_ids(settings: Settings) -> ids.HostIds | None:
@@ -475,7 +502,18 @@ def _read_host_ids(settings: Settings) -> ids.HostIds | None:
         user = run_user(settings)
     except OSError:
         return None
-    return ids.host_ids(user.name) if user is not None else None
+    return ids.host_ids(user.name, only=settings.id_range) if user is not None else None
+
+
+def id_scope_problem(settings: Settings) -> str | None:
+    """Why this worker's workspaces' ids may not be the machine's alone (None: its lock
+    directory is provably the machine's, or the operator gave it a range of its own)."""
+    if settings.id_range is not None:
+        return None
+    return _id_scope.get(str(settings.id_lock_dir), lambda: ids.lock_scope(settings.id_lock_dir))
+
+
+_id_scope: TimedMemo[str, str | None] = TimedMemo(ttl_s=600.0)
 
 
 def startup_problems(settings: Settings) -> tuple[list[str], list[str]]:
@@ -488,15 +526,28 @@ def startup_problems(settings: Settings) -> tuple[list[str], list[str]]:
         run_user(settings)
     except OSError as exc:
         errors.append(exc.strerror or str(exc))
+    if settings.id_range is not None and os.geteuid() == 0:
+        user = run_user(settings) if not errors else None
+        bad = ids.range_problem(user.name, settings.id_range) if user is not None else None
+        if bad is not None:
+            errors.append(bad)
     found = probe(settings)
+    if found.id_problem is not None:
+        warnings.append(f"workspaces' host ids may not be this machine's alone: "
+                        f"{found.id_problem}")
     if found.problem is not None and settings.isolation in ("process", "strict"):
         errors.append(f"isolation {settings.isolation!r} is configured but {found.problem}")
     elif found.isolation == "none":
         warnings.append(f"calls run WITHOUT a sandbox: {found.problem}; a command can read "
                         "this worker's processes, environment and files")
-    if found.cgroup is None and resources.host_cgroup_limits(settings).controllers():
-        warnings.append(f"calls get no cgroup of their own ({found.cgroup_problem}); "
-                        "memory and process limits fall back to ulimit")
+    if found.network_problem is not None and found.isolation != "none" \
+            and settings.network_default != "none":
+        warnings.append(f"workspaces get no network (policy `none`; `egress` is refused "
+                        f"when asked for): {found.network_problem}")
+    if found.cgroup is None and settings.cgroups != "off":
+        warnings.append(f"workspaces get no cgroup of their own ({found.cgroup_problem}): "
+                        "memory and process limits fall back to ulimit (per process, not "
+                        "per workspace), CPU bandwidth is not limited")
     return errors, warnings
 
 

@@ -27,6 +27,11 @@ Steps (sources are host paths, resolved before the new root replaces the old one
                                          from a private copy of their mount tree
     ["idbind", src, dst]                 src at dst, writable, through the project's id
                                          map (the host's run user is the workspace's root)
+    ["idbind", src, dst, True]           the same for a root every workspace may write;
+                                         one that is not the run user's and any user may
+                                         write (sticky and world-writable, as /tmp) is
+                                         bound as it is: each workspace writes there as
+                                         its own host ids, as a local account would
 
 A bind's source is opened one component at a time without following a symbolic link
 (the keeper is root on the host, and a workspace's own directories are a command's to
@@ -39,6 +44,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import stat
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -115,14 +121,20 @@ def _bind_opened(fd: int, dst: str, writable: bool) -> None:
                           | (0 if writable else kernel.MOUNT_ATTR_RDONLY))
 
 
-def _idbind(src: str, dst: str) -> None:
+def _idbind(src: str, dst: str, shared: bool = False) -> None:
     """A project's directory at `dst`, writable, its run user's files the workspace
-    root's (and what its root makes, the run user's on the host). Where the kernel
-    cannot map it (a file system that takes no id map, as overlayfs, or a mount under it
-    that takes none), it is shown read-only with the host's ids instead: a workspace
-    that cannot write there, not one that cannot start."""
+    root's (and what its root makes, the run user's on the host). `shared`: a root every
+    workspace may write, bound as it is when it is a shared /tmp-like directory (the map
+    shows only the run user: another owner's directory would be nobody's, shut to every
+    write however open its mode). Where the kernel cannot map it (a file system that
+    takes no id map, as overlayfs, or a mount under it that takes none), it is shown
+    read-only with the host's ids instead: a workspace that cannot write there, not one
+    that cannot start."""
     fd = open_no_links(src)
     try:
+        if shared and _open_to_all(os.fstat(fd)):
+            _bind_opened(fd, dst, writable=True)
+            return
         try:
             tree = kernel.idmapped_tree(f"/proc/self/fd/{fd}", _userns[1], read_only=False)
         except OSError as exc:
@@ -142,6 +154,12 @@ def _idbind(src: str, dst: str) -> None:
 #: or one mounted under it, takes no id map), EPERM and EOPNOTSUPP (kernels and file
 #: systems without it).
 UNMAPPABLE = frozenset({errno.EINVAL, errno.EPERM, errno.EOPNOTSUPP})
+
+
+def _open_to_all(found: os.stat_result) -> bool:
+    """Sticky and writable by every user (as /tmp): each user's files its own there."""
+    return bool(found.st_mode & stat.S_ISVTX and found.st_mode & stat.S_IWOTH
+                and found.st_mode & stat.S_IXOTH)
 
 
 def open_no_links(path: str) -> int:

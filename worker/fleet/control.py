@@ -229,11 +229,18 @@ def spill_owner_and_folder(settings: Settings, call_id: str) -> tuple[str | None
     return owner.strip(), Path(folder.strip()) if folder.strip() else settings.spill_dir
 
 
+def _check_call_owner(rt: Runtime, call_id: str, owner: str, admin: bool) -> None:
+    """JobError `not_found` unless the call is `owner`'s (or the asker an admin): its
+    owner as its worker sealed it in the call's record, which any client knowing the id
+    may write. Another owner's call is told as no call is."""
+    recorded = registry.call_owner(rt.redis, call_id, auth.keyring(rt.settings.fleet_keys()))
+    if recorded is None or (recorded != owner and not admin):
+        raise jobs.JobError("not_found", f"no such call: {call_id} (unknown or expired)")
+
+
 def cancel(rt: Runtime, request: CancelRequest, admin: bool = False) -> CancelResult:
     """Kill the processes of a running foreground call; its exec task then answers."""
-    owner = registry.call_owner(rt.redis, request.call_id)
-    if owner is None or (owner != request.owner and not admin):
-        raise jobs.JobError("not_found", f"no such call: {request.call_id}")
+    _check_call_owner(rt, request.call_id, request.owner, admin)
     previous = registry.mark_call(
         rt.redis, request.call_id, CallState.CANCELLING, only_from=(CallState.RUNNING,)
     )
@@ -262,9 +269,7 @@ def detach(rt: Runtime, request: DetachRequest, admin: bool = False) -> DetachRe
     removes with the record when the call ends. If the record is gone once the flag is
     written, the call ended meanwhile and the flag goes too.
     """
-    owner = registry.call_owner(rt.redis, request.call_id)
-    if owner is None or (owner != request.owner and not admin):
-        raise jobs.JobError("not_found", f"no such call: {request.call_id}")
+    _check_call_owner(rt, request.call_id, request.owner, admin)
     state = registry.call_state(rt.redis, request.call_id)
     if state != CallState.RUNNING or running.load(rt.settings, request.call_id) is None:
         return DetachResult(detached=False, state=state)

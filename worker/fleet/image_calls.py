@@ -19,7 +19,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from bashfleet.worker.engine import images
+from bashfleet.worker.engine import images, sandbox
 from bashfleet.worker.engine.image_meta import parse_ref
 from bashfleet.worker.fleet.control import Runtime
 from bashfleet.worker.settings import Settings
@@ -134,6 +134,19 @@ class Pulls:
 PULLS = Pulls()
 
 
+def takes_images(settings: Settings) -> None:
+    """ToolError `unavailable` at once when this host cannot run an image's workspace:
+    a single-tenant host (no host ids of its own for each workspace), said as such
+    before anything is pulled, with what to do about it."""
+    if sandbox.host_ids(settings) is not None:
+        return
+    raise ToolError("unavailable", (
+        f"host {settings.host} is single-tenant (`bashfleet hosts` says so) and cannot take "
+        "images: an image's files need host ids of each workspace's own. Run its worker "
+        "as root with subordinate ids for its run user (/etc/subuid and /etc/subgid), or "
+        "send the workspace to another host (--host; `bashfleet hosts` lists them)"))
+
+
 def pull(rt: Runtime, request: ImagePullRequest, admin: bool = False) -> ImagePull:
     """Start (or join) a pull, or ask after one; wait for it at most `wait_s`; what it
     said since `seen`, and its image once done (its error, raised, if it failed)."""
@@ -141,6 +154,7 @@ def pull(rt: Runtime, request: ImagePullRequest, admin: bool = False) -> ImagePu
     if request.pull_id is not None:
         found = PULLS.get(request.pull_id, host)
     else:
+        takes_images(rt.settings)
         found = PULLS.start(request.ref, request.refresh, rt.settings)
     found.done.wait(request.wait_s)
     lines, seen = found.since(request.seen)
@@ -158,9 +172,9 @@ def list_images(rt: Runtime, request: ImagesRequest, admin: bool = False) -> Ima
 def remove(rt: Runtime, request: ImageRemoveRequest, admin: bool = False) -> ImageRemoved:
     """Remove an image no workspace uses (an admin's call: every owner shares them)."""
     if not admin:
-        raise ToolError("unauthorized", "removing an image needs the admin key: the images "
-                        "of a host are shared by all its owners (`bashfleet gc` collects "
-                        "unused ones)")
+        raise ToolError("unauthorized", "removing an image needs the admin key or the "
+                        "fleet key: the images of a host are shared by all its owners "
+                        "(`bashfleet gc` collects unused ones)")
     removed = images.remove(request.ref, rt.settings, images.in_use(rt.settings))
     if removed:
         log.info("image %s removed", request.ref, extra={"action": "image_remove"})

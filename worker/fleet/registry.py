@@ -32,7 +32,7 @@ from typing import Any, Literal, cast
 
 from bashfleet.worker.fleet.connect import Redis, Script, flat_fields, hash_fields, transaction
 from bashfleet.worker.settings import get_settings
-from bashfleet.worker.wire import lua, names
+from bashfleet.worker.wire import auth, lua, names
 from bashfleet.worker.wire.events import ended_event, seal_event, started_event
 from bashfleet.worker.wire.models import JobRecord, JobStatus
 from bashfleet.worker.wire.names import CALL_ACTIVE, CallState, JobState
@@ -190,17 +190,20 @@ def reset_running(client: Redis, host: str) -> None:
 def claim_call(
     client: Redis, call_id: str, host: str, instance: str, worker_pid: int,
     *, nonce: str | None = None, nonce_ttl_s: float = 0.0, owner: str = "",
+    keys: Sequence[str] = (),
 ) -> str:
     """Mark a call running on this worker; return "ok", or the state that forbids it.
 
     A call the client withdrew (cancelled, abandoned) or that already ran is never
     started: this is the at-most-once guard on the worker side. With the `nonce` of a
     signed message, the nonce is recorded in the same round trip: "replayed" when it
-    was seen before (nothing is claimed then).
+    was seen before (nothing is claimed then). The owner is recorded sealed with `keys`
+    (the fleet's): what a cancel or a detach goes by (`call_owner`).
     """
     fields = {
         "call_id": call_id, "state": CallState.RUNNING, "host": host, "instance": instance,
         "worker_pid": worker_pid, "started_at": time.time(), "owner": owner,
+        "owner_mark": auth.mark(keys, auth.CALL_OWNER, call_id, owner),
     }
     keys = [names.call_key(call_id), names.running_key(host)]
     if nonce is not None:
@@ -239,10 +242,19 @@ def mark_call(
     return transaction(client, [key], body)
 
 
-def call_owner(client: Redis, call_id: str) -> str | None:
-    """The owner its worker recorded when it claimed the call; None for an unknown call."""
-    fields = cast("list[str | None]", client.hmget(names.call_key(call_id), ["state", "owner"]))
-    return None if fields[0] is None else (fields[1] or "")
+def call_owner(client: Redis, call_id: str, keys: Mapping[str, str]) -> str | None:
+    """The owner its worker recorded when it claimed the call, its seal checked with
+    `keys` (the fleet's); None for an unknown call, or one whose owner does not verify
+    (its client's credentials write the record: a name there alone proves nothing)."""
+    state, owner, marked = cast("list[str | None]", client.hmget(
+        names.call_key(call_id), ["state", "owner", "owner_mark"]))
+    if state is None:
+        return None
+    try:
+        auth.check_mark(keys, auth.CALL_OWNER, call_id, owner or "", marked or "")
+    except auth.AuthError:
+        return None
+    return owner or ""
 
 
 def call_state(client: Redis, call_id: str) -> str | None:

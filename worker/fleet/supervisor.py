@@ -171,7 +171,7 @@ def main(
         return EXIT_USAGE
     for warning in warnings:
         log.warning("host %s: %s", host, warning)
-        if local_fallback and "WITHOUT a sandbox" in warning:
+        if local_fallback and ("WITHOUT a sandbox" in warning or "no network" in warning):
             print(f"bashfleet worker {host}: {warning}", file=sys.stderr)
     if not settings.accepted_keys():
         if not settings.insecure_unsigned:

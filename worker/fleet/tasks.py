@@ -56,7 +56,7 @@ from bashfleet.worker.fleet.control import Runtime
 from bashfleet.worker.fleet.exec_watch import ExecWatcher
 from bashfleet.worker.fleet.verify import REPLAYED, Nonce, message_queue, use_nonce, verify
 from bashfleet.worker.settings import get_settings
-from bashfleet.worker.wire import auth, names
+from bashfleet.worker.wire import auth, names, owner_keys
 from bashfleet.worker.wire.control import REQUESTS, ControlError, ControlReply, ControlRequest
 from bashfleet.worker.wire.errors import ToolError
 from bashfleet.worker.wire.models import (
@@ -124,7 +124,7 @@ def run_exec(
     state = registry.claim_call(
         rt.redis, call.call_id, host, rt.instance, os.getpid(),
         nonce=nonce.value if nonce else None, nonce_ttl_s=nonce.ttl_s if nonce else 0.0,
-        owner=call.owner,
+        owner=call.owner, keys=rt.settings.fleet_keys(),
     )
     if state != "ok":
         log.info("call not started: %s", state, extra={"call_id": call.call_id, "state": state})
@@ -431,12 +431,39 @@ INSTANT = frozenset({Task.CHECK, Task.READ_OUTPUT, Task.DETACH, Task.JOBS})
 WAITS = frozenset({Task.KILL, Task.CANCEL, Task.WRITE_STDIN, Task.CLOSE_STDIN, Task.RESIZE})
 
 
+#: Requests where the fleet key is the admin's, as the admin key is: what concerns every
+#: owner of a host alike (its images), and a call's cancel (the operator's client acts on
+#: any call, as it reads every owner's records).
+OPERATOR_TASKS = frozenset({Task.IMAGE_REMOVE, Task.CANCEL})
+
+
 @dataclass(frozen=True)
 class Accepted:
-    """A control message verified (its nonce used) and read as its request model."""
+    """A control message verified (its nonce used) and read as its request model, and
+    who signed it: the admin key, an owner key (`signer`), or a fleet key (`fleet`)."""
 
     request: ControlRequest
     admin: bool
+    signer: str | None = None
+    fleet: bool = False
+
+    def admin_for(self, task: str) -> bool:
+        """Whether the request acts as the admin: signed with the admin key, or with a
+        fleet key for an operator's request (`OPERATOR_TASKS`)."""
+        return self.admin or (self.fleet and task in OPERATOR_TASKS)
+
+    @property
+    def lane_owner(self) -> str:
+        """Whose lane the request waits in (`lane_owner`)."""
+        return lane_owner(self.request.owner, self.signer)
+
+
+def lane_owner(owner: str, signer: str | None) -> str:
+    """The owner a slow request counts against: the owner whose key signed it, never a
+    sub-owner (`team::0`, `team::1`, ... are one key's: counted apart, one key would take
+    as many threads as it names sub-owners). A fleet-key message counts against the root
+    of the owner it names."""
+    return signer if signer is not None else owner_keys.root_owner(owner)
 
 
 def accept(rt: Runtime, task: str, args: tuple[Any, ...], answer: Answer) -> Accepted:
@@ -444,16 +471,17 @@ def accept(rt: Runtime, task: str, args: tuple[Any, ...], answer: Answer) -> Acc
     (`invalid`) or RedisError when it must be refused."""
     message = verify(rt, task, args, answer)
     use_nonce(rt, message.nonce)
-    return Accepted(_request(task, message.args), message.admin)
+    return Accepted(_request(task, message.args), message.admin, message.owner, message.fleet)
 
 
 def act(rt: Runtime, task: str, accepted: Accepted, answer: Answer) -> ControlReply:
     """Do what an accepted request asks; its reply (an error reply for any failure)."""
     try:
         if task in KEYED_HANDLERS:
-            response = KEYED_HANDLERS[task](rt, accepted.request, accepted.admin, answer.key)
+            response = KEYED_HANDLERS[task](rt, accepted.request, accepted.admin_for(task),
+                                            answer.key)
         else:
-            response = HANDLERS[task](rt, accepted.request, accepted.admin)
+            response = HANDLERS[task](rt, accepted.request, accepted.admin_for(task))
         return ControlReply(ok=response.model_dump(mode="json"))
     except Exception as exc:  # each kind its reply; a bug must still answer the caller
         return _failure_reply(task, exc)
@@ -534,7 +562,7 @@ def _control_task(task: str) -> Callable[..., str]:
             expires_at=answer.expires_at,
         )
         try:
-            lane.submit(accepted.request.owner, work)
+            lane.submit(accepted.lane_owner, work)
         except ToolError as exc:
             return _reply(rt, task, accepted.request, answer, _error_reply(exc))
         return f"in the {lane.name} lane"

@@ -50,6 +50,8 @@ class Message:
     owner: str | None = None
     """The owner whose key signed it (None: the fleet's or the admin key, which act as
     the owner the message names)."""
+    fleet: bool = False
+    """Whether a fleet key signed it (the operator's, as the admin key is)."""
 
 
 def own_queues(settings: Settings, task: str) -> list[str]:
@@ -94,8 +96,9 @@ def verify(rt: Runtime, task: str, args: tuple[Any, ...], answer: Answer) -> Mes
         nonce = None
     else:
         nonce = Nonce(verified.nonce, expires - time.time())
-    return Message(tuple(verified.args), nonce, admin=verified.key_id == rt.admin_key_id,
-                   owner=owner)
+    admin = verified.key_id == rt.admin_key_id
+    return Message(tuple(verified.args), nonce, admin=admin, owner=owner,
+                   fleet=owner is None and not admin)
 
 
 def check_owner(verified: auth.Verified) -> str | None:

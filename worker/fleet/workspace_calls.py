@@ -136,8 +136,12 @@ def set_network(rt: Runtime, request: WorkspaceNetworkRequest,
 
 def publish_denied(settings: Settings, client: redis.Redis, keys: Sequence[str],
                    offsets: dict[str, int]) -> int:
-    """Publish what the workspaces' guards refused since the last look (their `.denied`
-    files, from `offsets`) as `denied` events; how many."""
+    """Publish what the workspaces' network policies refused since the last look (their
+    `.denied` files, from `offsets`) as `denied` events, each locked for its workspace's
+    owner as its jobs' events are (its owner's own key opens it: `bashfleet events
+    --kind denied` with an owner key lists its refusals) and carrying its tags; how many.
+    A throwaway workspace serves one owner's call, then another's: its refusals are
+    locked for the workers and the admin only (its call's result names them)."""
     sent = 0
     for path in settings.workspaces_dir.glob("w*.denied"):
         ws_id = path.name[:-len(".denied")]
@@ -152,12 +156,14 @@ def publish_denied(settings: Settings, client: redis.Redis, keys: Sequence[str],
             continue
         complete = data[:data.rfind(b"\n") + 1]
         offsets[ws_id] = offsets.get(ws_id, 0) + len(complete)
+        owner, tags = _owner_and_tags(settings, ws_id)
+        sealing = for_owner(keys, owner) if owner else tuple(keys)
         for line in complete.splitlines():
             with contextlib.suppress(ValueError, KeyError, TypeError):
                 entry = json.loads(line)
                 event = denied_event(ws_id, settings.host, float(entry["at"]),
-                                     str(entry["target"]), str(entry["kind"]))
-                sealed = seal_event(keys, event)
+                                     str(entry["target"]), str(entry["kind"]), tags=tags)
+                sealed = seal_event(sealing, event)
                 stream_id = client.xadd(names.EVENTS_KEY, {"e": sealed},
                                         maxlen=names.EVENTS_MAXLEN, approximate=True)
                 if isinstance(stream_id, bytes):
@@ -168,6 +174,16 @@ def publish_denied(settings: Settings, client: redis.Redis, keys: Sequence[str],
                                 for p in settings.workspaces_dir.glob("w*.denied")}:
         del offsets[gone]
     return sent
+
+
+def _owner_and_tags(settings: Settings, ws_id: str) -> tuple[str, dict[str, str]]:
+    """The owner a workspace's refusals are locked for, and its tags ("": none, or its
+    record is gone, or it is a throwaway one)."""
+    try:
+        record = engine.load(ws_id, settings)
+    except (OSError, ValueError, engine.WorkspaceError):
+        return "", {}
+    return ("", {}) if record.throwaway else (record.owner, dict(record.tags))
 
 
 class DeniedPublisher:

@@ -176,6 +176,9 @@ JOB_OFFSETS = "job-offsets"
 EVENT = "event"
 HOST = "host"
 HOST_READY = "host-ready"
+#: Who a call belongs to, as the worker that claimed it recorded it in the call's record
+#: (which its client writes too: a cancel goes by the worker's seal, not by the name).
+CALL_OWNER = "call-owner"
 
 
 def _seal_mac(key: str, purpose: str, name: str, value: str) -> str:

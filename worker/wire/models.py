@@ -872,12 +872,26 @@ class SandboxProbe(Model):
     workspace (a worker that is not root, or no subordinate ids for the run user)."""
     id_slots: int = 0
     """Workspaces this host can give ids of their own at once (`multi`)."""
+    id_range: str | None = None
+    """`start:count`: the host ids the operator gave this worker (None: all of the run
+    user's subordinate ids)."""
+    id_problem: str | None = None
+    """Why its workspaces' ids may not be the machine's alone (a container's own lock
+    directory and no range of its own), when they may not."""
     network: str = ""
     """Its workspaces' default network policy (`egress`, `none`, `host`)."""
     network_host: bool = False
     """Workspaces may ask for the host's own network namespace (`network_host_ok`)."""
     network_problem: str | None = None
     """Why this host cannot filter workspaces' networks (`egress` and `allow` refused)."""
+    seccomp: str = ""
+    """The system call filter of its sandboxed calls (`default`: containers-common's
+    profile; `unconfined`); empty: calls run unsandboxed, or a worker that does not say."""
+    layers: str = ""
+    """How a workspace's `/` is made: `overlay` (its own upper layer over the host's
+    directories, bound read-only with the host's ids, never idmapped; or over an image),
+    `read-only host` (the host's root read-only around its directory); empty: calls run
+    unsandboxed, or a worker that does not say."""
 
 
 

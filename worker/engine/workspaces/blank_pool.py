@@ -238,7 +238,8 @@ def _claim_ids(settings: Settings) -> ids.Slot | None:
     host = sandbox.host_ids(settings)
     if host is None:
         return None
-    return ids.claim(host, first=int.from_bytes(os.urandom(2), "big"))
+    return ids.claim(host, first=int.from_bytes(os.urandom(2), "big"),
+                     lock_dir=settings.id_lock_dir, legacy=settings.id_range is None)
 
 
 def reap_blanks(settings: Settings) -> int:

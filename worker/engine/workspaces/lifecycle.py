@@ -21,6 +21,7 @@ from bashfleet.worker.engine import (
     job_records,
     launcher,
     layout,
+    netlog,
     network,
     sandbox,
     snapshots,
@@ -128,6 +129,8 @@ def set_network(ws_id: str, policy: NetworkPolicy, settings: Settings) -> Worksp
             network.save_state(settings, ws_id, state)
         record = record.model_copy(update={"network": policy})
         store.save(record, settings)
+    if policy.mode == "egress" and record.keeper_pid is not None:
+        netlog.watch(record.keeper_pid, ws_id, settings)  # its jobs' refusals, from now
     return record
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import socket
 import stat
 import subprocess
 import time
@@ -20,6 +21,7 @@ from typing import Literal
 
 from bashfleet.worker.engine import (
     cgroups,
+    hostname,
     ids,
     layout,
     network,
@@ -386,6 +388,8 @@ def make_layers(layers: Path, slot: ids.Slot, image_root: str | None) -> None:
     _upper(layers, "root", os.stat(image_root) if image_root else None, slot)
     if image_root is not None:
         _seed_network_files(layers / "upper" / "root", image_root, slot)
+    else:
+        _seed_hostname(layers, slot)
 
 
 def _make_snapshot_layers(record: WorkspaceRecord, settings: Settings, slot: ids.Slot,
@@ -397,8 +401,9 @@ def _make_snapshot_layers(record: WorkspaceRecord, settings: Settings, slot: ids
     for name in ("upper", "work", "empty"):
         (layers / name).mkdir(mode=0o700 if name != "empty" else 0o755, parents=True)
     newest = snapshots.layer_path(settings, record.lowers[0])
-    del image_root  # the snapshot's layer of `/` has its image's root's owner and mode
     _upper(layers, "root", os.stat(newest / "root"), slot)
+    if image_root is None:  # an image's /etc/hosts is in its snapshot's layer of `/`
+        _seed_hostname(layers, slot)
     state = store.state_path(settings, record.id)
     own = {"home": state / "home", "tmp": state / "tmp", "vartmp": state / "vartmp",
            "work": Path(record.host_dir())}
@@ -430,12 +435,32 @@ def _seed_network_files(upper: Path, image_root: str, slot: ids.Slot) -> None:
         resolv = Path("/etc/resolv.conf").read_text("utf-8")
     except (OSError, UnicodeDecodeError):
         resolv = ""
-    for name, text in (("hosts", HOSTS), ("resolv.conf", resolv)):
-        fd = os.open(etc / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
-                     | os.O_CLOEXEC, 0o644)
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            os.fchown(handle.fileno(), slot.uid, slot.gid)
+    hosts = hostname.with_hostname(HOSTS, socket.gethostname()) or HOSTS
+    for name, text in (("hosts", hosts), ("resolv.conf", resolv)):
+        _write_own(etc / name, text, slot)
+
+
+def _write_own(path: Path, text: str, slot: ids.Slot) -> None:
+    """A new file of the workspace root's in one of its own layers."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 0o644)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(text)
+        os.fchown(handle.fileno(), slot.uid, slot.gid)
+
+
+def _seed_hostname(layers: Path, slot: ids.Slot) -> None:
+    """Where the host's /etc/hosts does not name the hostname its calls see, the
+    workspace's own copy of it that does (`layers/hosts`, shown over the host's
+    read-only /etc/hosts in its view: `layout.ViewSpec.etc_hosts`); the host's is
+    unchanged."""
+    try:
+        text = Path("/etc/hosts").read_text("utf-8")
+    except (OSError, UnicodeDecodeError):
+        return
+    hosts = hostname.with_hostname(text, socket.gethostname())
+    if hosts is not None:
+        _write_own(layers / layout.ETC_HOSTS, hosts, slot)
 
 
 def _make_workdir(upper: Path, image_root: str, workdir: str, slot: ids.Slot) -> None:
@@ -551,7 +576,7 @@ def _claim_network(record: WorkspaceRecord, settings: Settings, blank: blank_poo
         except (OSError, subprocess.SubprocessError) as exc:
             raise WorkspaceError("spawn_failed", f"could not put network policy "
                                  f"{record.network} in force: {exc}") from exc
-    if state.link is not None:  # none (no file: no link, no guard) costs no write
+    if state.link is not None or state.pasta is not None:  # none costs no write
         network.save_state(settings, record.id, state)
 
 

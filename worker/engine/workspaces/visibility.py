@@ -130,6 +130,7 @@ def view_spec(record: WorkspaceRecord, settings: Settings, user: sandbox.User | 
         dirs += known_dirs()  # real and existing already (looked up once every 10 s)
     writable, _ = layout.existing(settings.sandbox_writable)
     lowers = snapshots.chain_paths(record, settings) if record.lowers else ()
+    hosts = state / "layer" / layout.ETC_HOSTS
     return layout.ViewSpec(
         root=str(state / "layer" / "merged" if prebuilt else state / "root"),
         workspace=record.path, workspace_dir=record.dir, lowers=lowers,
@@ -142,6 +143,8 @@ def view_spec(record: WorkspaceRecord, settings: Settings, user: sandbox.User | 
         has_var_tmp=os.path.isdir("/var/tmp"),
         layers=str(state / "layer") if record.ids is not None else None,
         image=image_root,
+        etc_hosts=str(hosts) if image_root is None and record.ids is not None
+        and hosts.is_file() else None,
         project=record.ids is not None and not record.fresh, prebuilt=prebuilt,
     )
 
