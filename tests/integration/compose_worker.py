@@ -239,12 +239,17 @@ HANDLED = {
     "image": "replaced by the image built here",
     "command": "the container's command",
     "environment": "--env-file (the values the test's own)",
-    "volumes": "named volumes: podman volumes of the test's own",
+    "volumes": "named volumes: podman volumes of the test's own; host paths bound as given",
     "cap_drop": "--cap-drop", "cap_add": "--cap-add", "security_opt": "--security-opt",
     "stop_grace_period": "--stop-timeout",
     "depends_on": "the test starts Redis first",
     "restart": "left out: a test's container never restarts",
 }
+
+
+def is_bind(source: str) -> bool:
+    """A volume's source is a path of the host (else a named volume)."""
+    return source.startswith(("/", "./", "../", "~"))
 
 
 def _seconds(text: str) -> int:
@@ -271,7 +276,7 @@ def run_options(service: Mapping[str, Any], volumes: Mapping[str, str]) -> list[
         options += ["--security-opt", str(opt)]
     for spec in service.get("volumes", []):
         source, _, target = str(spec).partition(":")
-        options += ["--volume", f"{volumes[source]}:{target}"]
+        options += ["--volume", f"{source if is_bind(source) else volumes[source]}:{target}"]
     if "stop_grace_period" in service:
         options += ["--stop-timeout", str(_seconds(str(service["stop_grace_period"])))]
     return options
@@ -318,6 +323,10 @@ class WorkerContainer:
         named = {}
         for spec in self.service.get("volumes", []):
             source = str(spec).split(":", 1)[0]
+            if is_bind(source):
+                # As Docker does for a bind whose source is missing (podman refuses it).
+                Path(source).mkdir(parents=True, exist_ok=True)
+                continue
             volume = f"bf-compose-test-{source}-{tag}"
             podman("volume", "create", volume)
             self.volumes.append(volume)

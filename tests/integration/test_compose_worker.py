@@ -152,6 +152,8 @@ def test_the_worker_services_options_come_from_the_compose_file() -> None:
     assert "SYS_ADMIN" in service["cap_add"]  # what bubblewrap needs: the file's own list
     assert ("--security-opt", "apparmor=unconfined") in pairs
     assert ("--volume", "vol:/var/lib/bashfleet") in pairs
+    # The machine's id locks, shared with every other worker of the machine.
+    assert ("--volume", "/run/bashfleet/ids:/run/bashfleet/ids") in pairs
     assert ("--stop-timeout", "30") in pairs
     with pytest.raises(ValueError, match="privileged"):
         run_options({**service, "privileged": True}, {"worker-a-state": "vol"})
