@@ -169,6 +169,14 @@ def test_the_container_root_is_an_overlay(worker: WorkerContainer) -> None:
     assert found.stdout.strip() == "overlayfs", found
 
 
+def test_the_container_host_says_how_it_isolates(worker: WorkerContainer, fleet: Fleet) -> None:
+    """Ids per workspace and an overlay of its own over the container's root, as on a
+    machine: what the calls below stand on."""
+    (info,) = [h for h in fleet.hosts() if h.host == worker.host]
+    assert info.sandbox is not None
+    assert (info.sandbox.tenancy, info.sandbox.layers) == ("multi", "overlay"), info.sandbox
+
+
 def test_a_call_on_the_container_host(worker: WorkerContainer, fleet: Fleet) -> None:
     result = fleet.run("echo hi; ls /opt/bashfleet/pyproject.toml", host=worker.host)
     assert result.exit_code == 0, result
