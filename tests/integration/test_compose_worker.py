@@ -213,6 +213,18 @@ def test_a_host_root_workspace(worker: WorkerContainer, fleet: Fleet) -> None:
         ws.delete()
 
 
+def test_an_allow_list_workspace(worker: WorkerContainer, fleet: Fleet) -> None:
+    """`allow=` starts its guard with the compose file's capabilities (no
+    NET_BIND_SERVICE), and refuses what the list does not name."""
+    ws = fleet.workspace(host=worker.host, network="allow=pypi.org")
+    try:
+        result = ws.run("echo up; (exec 3<>/dev/tcp/127.0.0.1/9) 2>&1 || echo refused",
+                        check=False)
+        assert result.stdout.startswith("up\n") and result.stdout.endswith("refused\n"), result
+    finally:
+        ws.delete()
+
+
 def test_a_session_on_the_container_host(worker: WorkerContainer, fleet: Fleet) -> None:
     session = f"py-{uuid.uuid4().hex[:10]}"
     first = fleet.run("mkdir -p deep && cd deep && export KEPT=yes", session=session,
