@@ -18,6 +18,10 @@ No Docker engine and no Docker Hub here, so:
   docker-compose.yml is run with `podman run` and the options that service gives
   (`run_options`, read from the file at every run, so the two never drift apart).
 
+The container runs without the image's HEALTHCHECK (podman schedules it with systemd
+timers; systemd is not this machine's init) and on the host's network (the test's
+Redis and registry listen on 127.0.0.1; see test_compose_worker.py).
+
 The image is built once per source tree: its tag is a hash of the Dockerfile and of
 every file its COPY lines take, and a tag already in the storage is used as it is
 (the storage is kept between runs, behind a file lock, as registry.py keeps its
@@ -49,8 +53,6 @@ BASE_NAME = "docker.io/library/python:3.11-slim"
 #: Bump when the base's recipe changes.
 BASE_RECIPE = "v1"
 IMAGE_REPO = "localhost/bashfleet-compose-test"
-#: What the Dockerfile's COPY lines take from the repository (besides itself).
-SOURCES = ("pyproject.toml", "setup.py", "README.md", "worker", "client")
 #: Seconds a podman command gets (a first build downloads Debian packages and wheels).
 BUILD_TIMEOUT_S = 1500.0
 #: What the tests add to every container: the limits podman needs given on this host.
@@ -138,10 +140,21 @@ def ensure_base() -> None:
 # ----------------------------------------------------------------------------- the image
 
 
+def copied_sources(dockerfile: str) -> list[str]:
+    """What a Dockerfile's COPY lines take from the build context (each line's words
+    but its last, the destination; `--from` and other flags left out)."""
+    found: list[str] = []
+    for line in dockerfile.splitlines():
+        words = line.split()
+        if words[:1] == ["COPY"] and not any(w.startswith("--from") for w in words):
+            found += [w for w in words[1:-1] if not w.startswith("--")]
+    return found
+
+
 def _source_files(tree: Path) -> list[Path]:
     """The files the Dockerfile copies from `tree`, relative, sorted; caches left out."""
     files: list[Path] = []
-    for name in SOURCES:
+    for name in copied_sources((tree / "deploy/Dockerfile").read_text()):
         top = tree / name
         if top.is_file():
             files.append(Path(name))

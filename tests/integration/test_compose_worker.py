@@ -43,6 +43,7 @@ from .compose_worker import (
     _seconds,
     build_image,
     compose_service,
+    copied_sources,
     nodev_image,
     podman,
     run_options,
@@ -141,6 +142,20 @@ def worker(
                                                ("45", 45)])
 def test_compose_durations(text: str, seconds: int) -> None:
     assert _seconds(text) == seconds
+
+
+@pytest.mark.parametrize(("text", "sources"), [
+    ("COPY a b ./\nRUN x\nCOPY worker ./worker", ["a", "b", "worker"]),
+    ("COPY --chown=1:1 a /x\nCOPY --from=build /y /z", ["a"]),
+    ("FROM x\n  # COPY nothing", []),
+])
+def test_what_a_dockerfile_copies(text: str, sources: list[str]) -> None:
+    assert copied_sources(text) == sources
+
+
+def test_the_image_is_made_of_what_the_dockerfile_copies() -> None:
+    text = (ROOT / "deploy/Dockerfile").read_text()
+    assert set(copied_sources(text)) >= {"pyproject.toml", "worker", "client"}
 
 
 def test_the_worker_services_options_come_from_the_compose_file() -> None:
