@@ -14,6 +14,10 @@ command -v docker-compose >/dev/null || missing+=(docker-compose)
 command -v systemd-analyze >/dev/null || missing+=(systemd)
 command -v chromium >/dev/null || missing+=(chromium)
 command -v npm >/dev/null || missing+=(nodejs npm)
+# The compose worker's image is built and run under podman, with runc (crun refuses
+# hybrid cgroups): tests/integration/test_compose_worker.py.
+command -v podman >/dev/null || missing+=(podman)
+command -v runc >/dev/null || missing+=(runc)
 if [ ${#missing[@]} -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   echo "installing ${missing[*]} (Debian) for the deploy, Flower and MCP client tests" >&2
   { apt-get update -qq &&
