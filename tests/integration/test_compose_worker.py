@@ -32,7 +32,6 @@ from pathlib import Path
 import pytest
 
 from bashfleet.client import Fleet
-from bashfleet.client.errors import ImageError
 from bashfleet.client.redis_server import RedisServer
 
 from .compose_worker import (
@@ -278,28 +277,17 @@ def test_an_image_workspace_its_snapshot_and_forks(
         ws.delete()
 
 
-NO_MKNOD = ("the compose file gives the worker no CAP_MKNOD: umoci, unpacking as root, "
-            "fails on an image's device files (mknod: operation not permitted)")
-
-
 def test_an_image_with_device_files(
     worker: WorkerContainer, fleet: Fleet, registry_images: dict[str, str]
 ) -> None:
     """mmdebstrap's roots (the registry's `debian`) carry /dev/console, /dev/null...:
-    known not to unpack in the compose worker (an expected failure, that one exactly);
-    once they do, this fails, so that the fix is noticed and this becomes a test of it."""
+    umoci unpacks them as root, which needs CAP_MKNOD in the compose file's list (before
+    it: `mknod: operation not permitted`, and no such image could be a workspace)."""
+    ws = fleet.workspace(host=worker.host, image=registry_images["debian"])
     try:
-        ws = fleet.workspace(host=worker.host, image=registry_images["debian"])
-    except ImageError as error:
-        if "mknod: operation not permitted" in str(error):
-            pytest.xfail(NO_MKNOD)
-        raise
-    try:
-        said = ws.run("echo hi").stdout
+        assert ws.run("echo hi; test -c /dev/null && echo dev").stdout == "hi\ndev\n"
     finally:
         ws.delete()
-    pytest.fail(f"an image with device files unpacks in the compose worker now ({said!r}): "
-                "make this an ordinary test")
 
 
 # ------------------------------------------------------------- the tree before the change

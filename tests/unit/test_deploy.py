@@ -113,7 +113,7 @@ def test_two_workers_with_distinct_host_ids(compose: dict[str, Any]) -> None:
 #: seccomp profiles allow namespaces and mounts only with CAP_SYS_ADMIN in the bounding
 #: set), and what the root worker's own work needs; nothing more.
 WORKER_CAPS = {"SYS_ADMIN", "SYS_CHROOT", "SETUID", "SETGID", "SETPCAP", "NET_ADMIN", "KILL",
-               "SYS_PTRACE", "CHOWN", "FOWNER", "DAC_OVERRIDE"}
+               "SYS_PTRACE", "CHOWN", "FOWNER", "DAC_OVERRIDE", "MKNOD"}
 RUN_USER = "bashfleet-run"
 
 
