@@ -20,11 +20,18 @@ from pathlib import Path
 import pytest
 
 from bashfleet.worker.engine import image_tools as tools
-from bashfleet.worker.engine import images
+from bashfleet.worker.engine import images, workspaces
 from bashfleet.worker.engine.image_meta import ImageError
 from bashfleet.worker.settings import Settings
+from bashfleet.worker.wire.models import WorkspaceSpec
 from bashfleet.worker.wire.network import NetworkPolicy
 
+from .engine_helpers import (
+    Engine,
+    Janitor,
+    _janitor_fixture,  # noqa: F401 - the `janitor` fixture
+    engine_with,
+)
 from .registry import Registry
 
 pytestmark = [pytest.mark.timeout(900),
@@ -154,21 +161,46 @@ def test_run_steps_reach_neither_the_hosts_loopback_nor_its_processes(
     # workspace link (eth0) beside its own loopback, not the host's interfaces.
     assert int((root / "nprocs.txt").read_text()) < 20
     assert sorted((root / "ifaces.txt").read_text().split()) == ["eth0", "lo"]
-    # The step's refusal was immediate, not a timeout (a reset, as for a workspace).
+    # The step's refusal was immediate, not a timeout (a reset, as for a workspace),
+    # while the internet's DNS, through the workspaces' rules, answered.
     assert "refused" in (root / "loopback.txt").read_text().lower()
+    assert (root / "dns-status.txt").read_text().strip() == "0"
 
 
-def test_a_build_without_network_has_only_its_loopback(
-    settings: Settings, registry_images: dict[str, str], tmp_path: Path,
+@pytest.fixture
+def images_engine(tmp_path: Path, janitor: Janitor, image_registry: Registry
+                  ) -> Iterator[Engine]:
+    """An engine whose workspaces pull from the session's registry; buildah's storage
+    emptied afterwards."""
+    with engine_with(tmp_path, janitor, registry_auth_file=image_registry.auth_file,
+                     registry_certs_dir=image_registry.certs_dir) as engine:
+        try:
+            yield engine
+        finally:
+            assert images.sweep(engine.settings, buildah=True)
+
+
+def test_a_workspace_built_without_network_had_only_its_loopback(
+    images_engine: Engine, registry_images: dict[str, str],
     loopback_secret: tuple[int, str], cmdline_secret: str,
 ) -> None:
+    """`build_network` of a workspace's spec reaches its build: under `none` the steps
+    had their own loopback alone, and nothing resolved."""
     port, answer = loopback_secret
-    context = _context(tmp_path, "none", registry_images["debian"], port)
-    _, root = images.build(str(context), settings, network=NetworkPolicy(mode="none"))
-    assert (root / "ifaces.txt").read_text().split() == ["lo"]
-    assert (root / "dns-status.txt").read_text().strip() != "0"  # nothing resolves
-    assert answer not in (root / "loopback.txt").read_text()
-    assert cmdline_secret not in (root / "cmdlines.txt").read_text()
+    engine = images_engine
+    context = _context(engine.tmp, "none", registry_images["debian"], port)
+    record = workspaces.create(WorkspaceSpec(build=str(context), build_network="none"),
+                               engine.settings)
+    try:
+        result = engine.run("cat /ifaces.txt /dns-status.txt /loopback.txt /cmdlines.txt",
+                            workspace=record.id, cwd=None)
+        assert result.error is None, result
+        lines = result.stdout.splitlines()
+        assert lines[0] == "lo" and lines[1] != "0", lines[:2]  # nothing resolved
+        assert answer not in result.stdout, "the step reached the host's loopback"
+        assert cmdline_secret not in result.stdout, "the step read the host's /proc"
+    finally:
+        workspaces.delete(record.id, engine.settings)
 
 
 def test_a_build_network_is_checked(settings: Settings, tmp_path: Path) -> None:

@@ -30,6 +30,7 @@ import contextlib
 import re
 import subprocess
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 from bashfleet.worker.engine import network
 from bashfleet.worker.engine.image_meta import ImageError
@@ -163,13 +164,23 @@ def _substitute(text: str, args: dict[str, str]) -> str:
 # ----------------------------------------------------------- the namespaces
 
 
+@dataclass(frozen=True)
+class Namespaces:
+    """How buildah is started for one build."""
+
+    prefix: list[str]
+    """The command line buildah's is appended to (nsenter, unshare)."""
+    bud_flags: list[str]
+    """More flags of `buildah bud`: the resolvers its steps' resolv.conf names."""
+
+
 @contextlib.contextmanager
-def namespaces(policy: NetworkPolicy, settings: Settings) -> Iterator[list[str]]:
-    """The command-line prefix that starts buildah in the build's own network (under
-    `policy`, made for the build and undone after it) and PID namespaces."""
+def namespaces(policy: NetworkPolicy, settings: Settings) -> Iterator[Namespaces]:
+    """How to start buildah in the build's own network (under `policy`, made for the
+    build and undone after it) and PID namespaces."""
     pid_ns = ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", "--"]
     if policy.mode == "host":
-        yield pid_ns
+        yield Namespaces(pid_ns, [])
         return
     holder = _holder()
     state = network.State()
@@ -182,7 +193,11 @@ def namespaces(policy: NetworkPolicy, settings: Settings) -> Iterator[list[str]]
             except OSError as exc:
                 raise ImageError("unavailable", f"could not make the build's network: "
                                  f"{exc}") from None
-        yield ["nsenter", f"--net=/proc/{holder.pid}/ns/net", "--", *pid_ns]
+        # The host's resolv.conf may name a stub on its loopback, which is the build's
+        # own here: name the resolvers the workspaces' rules let through instead.
+        dns = [flag for server in network.resolvers(settings) for flag in ("--dns", server)]
+        yield Namespaces(["nsenter", f"--net=/proc/{holder.pid}/ns/net", "--", *pid_ns],
+                         dns if policy.mode == "egress" else [])
     finally:
         if state.link is not None:
             network.detach(state.link)

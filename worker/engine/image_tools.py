@@ -130,13 +130,16 @@ def buildah_argv(storage: Path, driver: str, *args: str) -> list[str]:
             str(storage / driver / "run"), "--storage-driver", driver, *args]
 
 
-def bud_args(settings: Settings, context: Path, dockerfile: Path, iidfile: Path) -> list[str]:
+def bud_args(settings: Settings, context: Path, dockerfile: Path, iidfile: Path,
+             more: Sequence[str] = ()) -> list[str]:
     """`buildah bud`'s arguments: chroot isolation (no runtime: crun refuses this host's
     mixed cgroup hierarchy) in a user namespace of `build_ids`, layers kept for the
-    next build, the worker's credentials for the base image."""
+    next build, the worker's credentials for the base image; `more` from the build's
+    namespaces (`build_isolation`)."""
     # --force-rm: a failed step's container goes too (else its overlay stays mounted).
     flags = ["bud", "--isolation", "chroot", "--layers", "--force-rm", "--iidfile", str(iidfile),
-             "--file", str(dockerfile), *_build_ids_args(settings), *_registry_args(settings)]
+             "--file", str(dockerfile), *_build_ids_args(settings), *_registry_args(settings),
+             *more]
     return [*flags, "--", str(context)]
 
 

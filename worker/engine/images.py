@@ -475,10 +475,10 @@ def _build(job: _Job, ref: str, context: Path, dockerfile: Path, policy: Network
                 tools.LONG_TIMEOUT_S, env=env).decode("utf-8", "replace").strip()
             tools.capture(tools.buildah_argv(store.buildah, driver, "rm", "--", made),
                           f"pulling {base} for {context}", settings, env=env)
-        with build_isolation.namespaces(policy, settings) as prefix:
-            tools.stream([*prefix, *tools.buildah_argv(store.buildah, driver, *tools.bud_args(
-                settings, context, dockerfile, iid))], f"building {context}", settings,
-                job.say, env=env)
+        with build_isolation.namespaces(policy, settings) as spaces:
+            bud = tools.bud_args(settings, context, dockerfile, iid, spaces.bud_flags)
+            tools.stream([*spaces.prefix, *tools.buildah_argv(store.buildah, driver, *bud)],
+                         f"building {context}", settings, job.say, env=env)
         pushed, digest_file = work / "pushed", work / "digest"
         tools.stream(tools.buildah_argv(
             store.buildah, driver, "push", "--format", "oci", "--digestfile", str(digest_file),
