@@ -880,6 +880,9 @@ class Fleet:
             raise CallRejected("a workspace made from a snapshot stands on the snapshot's "
                                "image or host root, in its directory, as its user: `image`, "
                                "`build`, `path` and `user` cannot be given with `snapshot`")
+        if build_network is not None and build is None:
+            raise CallRejected("`build_network` is the network of a build's RUN steps: "
+                               "given with `build` only (a workspace's own is `network`)")
         if session is None:
             return self._new_workspace(
                 host=host, label=label, path=path, ttl_s=ttl_s, isolation=isolation,

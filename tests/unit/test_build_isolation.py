@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
 
+from bashfleet.client.aio import AsyncFleet
+from bashfleet.client.errors import CallRejected
 from bashfleet.worker.engine.build_isolation import checked_policy, dockerfile_bases
 from bashfleet.worker.engine.image_meta import ImageError
 from bashfleet.worker.settings import Settings
@@ -59,3 +62,9 @@ def test_a_workspace_spec_carries_its_builds_network() -> None:
     assert WorkspaceSpec(build="/ctx").build_network is None  # egress, the build's default
     with pytest.raises(ValueError, match="network"):
         WorkspaceSpec.model_validate({"build": "/ctx", "build_network": "nope"})
+
+
+def test_a_build_network_comes_with_a_build_only() -> None:
+    fleet = AsyncFleet("redis://127.0.0.1:1/0")  # refused before anything is reached
+    with pytest.raises(CallRejected, match="build_network"):
+        asyncio.run(fleet.workspace(image="debian", build_network="none"))
