@@ -194,6 +194,7 @@ from bashfleet.worker.wire.models import (
 )
 from bashfleet.worker.wire.names import CallState
 from bashfleet.worker.wire.network import NetworkPolicy
+from bashfleet.worker.wire.network import parse as parse_network
 
 log = logging.getLogger(__name__)
 
@@ -883,6 +884,10 @@ class Fleet:
         if build_network is not None and build is None:
             raise CallRejected("`build_network` is the network of a build's RUN steps: "
                                "given with `build` only (a workspace's own is `network`)")
+        try:  # before its context is copied onto the host
+            build_network = parse_network(build_network)
+        except ValueError as exc:
+            raise CallRejected(f"build_network: {exc}") from None
         if session is None:
             return self._new_workspace(
                 host=host, label=label, path=path, ttl_s=ttl_s, isolation=isolation,

@@ -16,9 +16,12 @@ import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
+import redis
 
+from bashfleet.client.redis_server import RedisServer
 from bashfleet.worker.engine import image_tools as tools
 from bashfleet.worker.engine import images, workspaces
 from bashfleet.worker.engine.image_meta import ImageError
@@ -26,6 +29,7 @@ from bashfleet.worker.settings import Settings
 from bashfleet.worker.wire.models import WorkspaceSpec
 from bashfleet.worker.wire.network import NetworkPolicy
 
+from .conftest import WorkerFactory, WorkerProcess
 from .engine_helpers import (
     Engine,
     Janitor,
@@ -214,3 +218,53 @@ def test_a_build_network_is_checked(settings: Settings, tmp_path: Path) -> None:
         images.build(str(folder), settings,
                      network=NetworkPolicy(mode="allow", allow=("example.com",)))
     assert caught.value.kind == "invalid"
+
+
+# ------------------------------------------------------------------ through a fleet
+
+BUILD_HOST = "builds"
+
+
+@pytest.fixture(scope="module")
+def build_worker(
+    redis_server: RedisServer, redis_client: redis.Redis, image_registry: Registry,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[WorkerProcess]:
+    """A host that pulls bases from the test registry with its credentials."""
+    factory = WorkerFactory(redis_server.url, redis_client, tmp_path_factory.mktemp("builds"))
+    env = {"BASHFLEET_REGISTRY_AUTH_FILE": str(image_registry.auth_file),
+           "BASHFLEET_REGISTRY_CERTS_DIR": str(image_registry.certs_dir)}
+    yield from factory.module_host(BUILD_HOST, env=env)
+
+
+def _cli(url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "BASHFLEET_REDIS_URL": url}
+    return subprocess.run([sys.executable, "-m", "bashfleet.client.cli", *args], env=env,
+                          capture_output=True, text=True, timeout=600, check=False)
+
+
+def test_the_cli_builds_with_the_network_it_names(
+    build_worker: WorkerProcess, redis_server: RedisServer, registry_images: dict[str, str],
+    tmp_path: Path,
+) -> None:
+    """`workspace create --build DIR --build-network none` through a real worker: the
+    steps probed the fleet's own Redis (on the host's loopback) and reached nothing."""
+    port = urlsplit(redis_server.url).port
+    assert port is not None
+    context = _context(tmp_path, "cli", registry_images["debian"], port)
+    made = _cli(redis_server.url, "workspace", "create", "--host", BUILD_HOST, "--build",
+                str(context), "--build-network", "none")
+    assert made.returncode == 0, made.stderr[-2000:]
+    workspace = made.stdout.strip()
+    try:
+        shown = _cli(redis_server.url, "run", "--workspace", workspace,
+                     "cat /ifaces.txt /dns-status.txt /loopback.txt")
+        assert shown.returncode == 0, shown.stderr[-2000:]
+        lines = shown.stdout.splitlines()
+        assert lines[:1] == ["lo"] and lines[1] != "0", lines[:2]
+        assert "refused" in shown.stdout.lower(), "the step reached the fleet's Redis"
+    finally:
+        _cli(redis_server.url, "workspace", "rm", workspace)
+    wrong = _cli(redis_server.url, "workspace", "create", "--host", BUILD_HOST, "--build",
+                 str(context), "--build-network", "sideways")
+    assert wrong.returncode != 0 and "network" in wrong.stderr
