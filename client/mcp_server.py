@@ -216,7 +216,7 @@ class FleetRunner:
         return self._guard(lambda: self.fleet.workspace(
             host=host, near=near, ttl_s=ttl_s, session=session, tags=self._tags,
             image=self.made_of.get("image"), build=self.made_of.get("build"),
-            user=self.made_of.get("user")))
+            user=self.made_of.get("user"), build_network=self.made_of.get("build_network")))
 
     def renew_workspace(self, workspace_id: str) -> None:
         """Mark a workspace of the session used (the server renews them while it lives)."""

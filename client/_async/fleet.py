@@ -195,6 +195,7 @@ from bashfleet.worker.wire.models import (
 )
 from bashfleet.worker.wire.names import CallState
 from bashfleet.worker.wire.network import NetworkPolicy
+from bashfleet.worker.wire.network import parse as parse_network
 
 log = logging.getLogger(__name__)
 
@@ -858,6 +859,7 @@ class AsyncFleet:
         near: str | None = None, session: str | None = None, image: str | None = None,
         build: str | os.PathLike[str] | None = None, user: str | None = None,
         snapshot: Snapshot | str | None = None,
+        build_network: NetworkPolicy | str | None = None,
     ) -> AsyncWorkspace:
         """Make a workspace: a directory on one host and the namespaces its calls share
         (`AsyncWorkspace`). `host`, else a live host of `label` (else of the fleet): the one
@@ -876,7 +878,10 @@ class AsyncFleet:
         `image`: an OCI image reference (`python:3.12-slim`): its root filesystem is the
         workspace's `/` (pulled onto the host first, unless held there: a host that holds
         it is preferred); `build`: a local directory with a Dockerfile, built on the host
-        (cached by its content). `user`: who its calls run as inside (a name, `uid` or
+        (cached by its content); its RUN steps run in network and PID namespaces of
+        their own, the network `build_network`: `egress` by default (the internet, never
+        the fleet, the host's loopback, link-local or private ranges), `none`, or `host`
+        where the host allows it. `user`: who its calls run as inside (a name, `uid` or
         `uid:gid`; default the image's USER, else root).
 
         `snapshot` (one of this owner's, or its id): its files are the snapshot's, in
@@ -896,11 +901,19 @@ class AsyncFleet:
             raise CallRejected("a workspace made from a snapshot stands on the snapshot's "
                                "image or host root, in its directory, as its user: `image`, "
                                "`build`, `path` and `user` cannot be given with `snapshot`")
+        if build_network is not None and build is None:
+            raise CallRejected("`build_network` is the network of a build's RUN steps: "
+                               "given with `build` only (a workspace's own is `network`)")
+        try:  # before its context is copied onto the host
+            build_network = parse_network(build_network)
+        except ValueError as exc:
+            raise CallRejected(f"build_network: {exc}") from None
         if session is None:
             return await self._new_workspace(
                 host=host, label=label, path=path, ttl_s=ttl_s, isolation=isolation,
                 network=network, limits=limits, mounts=mounts, tags=tags, near=near,
-                image=image, build=build, user=user, snapshot=snapshot)
+                image=image, build=build, user=user, snapshot=snapshot,
+                build_network=build_network)
         if not names.valid_id(session):
             raise CallRejected(f"invalid session id {session!r}")
         shell = await self._call(self._shells.load, session)
@@ -909,7 +922,8 @@ class AsyncFleet:
             return await self._new_workspace(
                 host=host, label=label, path=path, ttl_s=ttl_s, isolation=isolation,
                 network=network, limits=limits, mounts=mounts, tags=tags, near=near,
-                session=session, image=image, build=build, user=user, snapshot=snapshot)
+                session=session, image=image, build=build, user=user, snapshot=snapshot,
+                build_network=build_network)
         if shell.workspace is not None:
             with contextlib.suppress(UnknownWorkspace):
                 kept = await self.open_workspace(shell.workspace)
@@ -919,7 +933,7 @@ class AsyncFleet:
             host=host or shell.host, label=label, path=path, ttl_s=ttl_s,
             isolation=isolation, network=network, limits=limits, mounts=mounts, tags=tags,
             near=near, session=session, image=image, build=build, user=user,
-            snapshot=snapshot)
+            snapshot=snapshot, build_network=build_network)
         stored = await self._call(self._shells.commit, session, shells.ShellChange(
             host=made.host, workspace=made.id, force_workspace=shell.workspace is not None))
         if stored.workspace not in (None, made.id):
@@ -936,6 +950,7 @@ class AsyncFleet:
         near: str | None = None, session: str | None = None, image: str | None = None,
         build: str | os.PathLike[str] | None = None, user: str | None = None,
         snapshot: Snapshot | str | None = None,
+        build_network: NetworkPolicy | str | None = None,
     ) -> AsyncWorkspace:
         """A new workspace as `workspace` describes it (`session`: only its label)."""
         record = await self._snapshot_record(snapshot) if snapshot is not None else None
@@ -963,6 +978,7 @@ class AsyncFleet:
                           "near": near, "session": session,
                           "image": image if context is None else None, "user": user,
                           "build": f"{context.path}/context" if context is not None else None,
+                          "build_network": build_network if context is not None else None,
                           "snapshot": record.id if record is not None else None})
                 view = await self._control(where, spec, WorkspaceView,
                                            timeout=BUILD_TIMEOUT_S if context else CTL_TIMEOUT_S)

@@ -197,6 +197,7 @@ from bashfleet.worker.wire.models import (
 )
 from bashfleet.worker.wire.names import CallState
 from bashfleet.worker.wire.network import NetworkPolicy
+from bashfleet.worker.wire.network import parse as parse_network
 
 log = logging.getLogger(__name__)
 
@@ -860,6 +861,7 @@ class Fleet:
         near: str | None = None, session: str | None = None, image: str | None = None,
         build: str | os.PathLike[str] | None = None, user: str | None = None,
         snapshot: Snapshot | str | None = None,
+        build_network: NetworkPolicy | str | None = None,
     ) -> Workspace:
         """Make a workspace: a directory on one host and the namespaces its calls share
         (`Workspace`). `host`, else a live host of `label` (else of the fleet): the one
@@ -878,7 +880,10 @@ class Fleet:
         `image`: an OCI image reference (`python:3.12-slim`): its root filesystem is the
         workspace's `/` (pulled onto the host first, unless held there: a host that holds
         it is preferred); `build`: a local directory with a Dockerfile, built on the host
-        (cached by its content). `user`: who its calls run as inside (a name, `uid` or
+        (cached by its content); its RUN steps run in network and PID namespaces of
+        their own, the network `build_network`: `egress` by default (the internet, never
+        the fleet, the host's loopback, link-local or private ranges), `none`, or `host`
+        where the host allows it. `user`: who its calls run as inside (a name, `uid` or
         `uid:gid`; default the image's USER, else root).
 
         `snapshot` (one of this owner's, or its id): its files are the snapshot's, in
@@ -898,11 +903,19 @@ class Fleet:
             raise CallRejected("a workspace made from a snapshot stands on the snapshot's "
                                "image or host root, in its directory, as its user: `image`, "
                                "`build`, `path` and `user` cannot be given with `snapshot`")
+        if build_network is not None and build is None:
+            raise CallRejected("`build_network` is the network of a build's RUN steps: "
+                               "given with `build` only (a workspace's own is `network`)")
+        try:  # before its context is copied onto the host
+            build_network = parse_network(build_network)
+        except ValueError as exc:
+            raise CallRejected(f"build_network: {exc}") from None
         if session is None:
             return self._new_workspace(
                 host=host, label=label, path=path, ttl_s=ttl_s, isolation=isolation,
                 network=network, limits=limits, mounts=mounts, tags=tags, near=near,
-                image=image, build=build, user=user, snapshot=snapshot)
+                image=image, build=build, user=user, snapshot=snapshot,
+                build_network=build_network)
         if not names.valid_id(session):
             raise CallRejected(f"invalid session id {session!r}")
         shell = self._call(self._shells.load, session)
@@ -911,7 +924,8 @@ class Fleet:
             return self._new_workspace(
                 host=host, label=label, path=path, ttl_s=ttl_s, isolation=isolation,
                 network=network, limits=limits, mounts=mounts, tags=tags, near=near,
-                session=session, image=image, build=build, user=user, snapshot=snapshot)
+                session=session, image=image, build=build, user=user, snapshot=snapshot,
+                build_network=build_network)
         if shell.workspace is not None:
             with contextlib.suppress(UnknownWorkspace):
                 kept = self.open_workspace(shell.workspace)
@@ -921,7 +935,7 @@ class Fleet:
             host=host or shell.host, label=label, path=path, ttl_s=ttl_s,
             isolation=isolation, network=network, limits=limits, mounts=mounts, tags=tags,
             near=near, session=session, image=image, build=build, user=user,
-            snapshot=snapshot)
+            snapshot=snapshot, build_network=build_network)
         stored = self._call(self._shells.commit, session, shells.ShellChange(
             host=made.host, workspace=made.id, force_workspace=shell.workspace is not None))
         if stored.workspace not in (None, made.id):
@@ -938,6 +952,7 @@ class Fleet:
         near: str | None = None, session: str | None = None, image: str | None = None,
         build: str | os.PathLike[str] | None = None, user: str | None = None,
         snapshot: Snapshot | str | None = None,
+        build_network: NetworkPolicy | str | None = None,
     ) -> Workspace:
         """A new workspace as `workspace` describes it (`session`: only its label)."""
         record = self._snapshot_record(snapshot) if snapshot is not None else None
@@ -965,6 +980,7 @@ class Fleet:
                           "near": near, "session": session,
                           "image": image if context is None else None, "user": user,
                           "build": f"{context.path}/context" if context is not None else None,
+                          "build_network": build_network if context is not None else None,
                           "snapshot": record.id if record is not None else None})
                 view = self._control(where, spec, WorkspaceView,
                                            timeout=BUILD_TIMEOUT_S if context else CTL_TIMEOUT_S)

@@ -75,5 +75,6 @@ def cmd_mcp(args: argparse.Namespace) -> int:
 
     mcp_server.serve(dialect, session, host=args.host, cwd=args.cwd,
                      resumable=args.session is not None, started_by=Settings().owner_name(),
-                     made_of={"image": args.image, "build": args.build, "user": args.user})
+                     made_of={"image": args.image, "build": args.build, "user": args.user,
+                              "build_network": args.build_network})
     return 0

@@ -257,7 +257,7 @@ def _run_in_new_workspace(args: argparse.Namespace) -> int:
     fleet = common.open_fleet()
     workspace = fleet.workspace(host=args.host, image=args.image, build=args.build,
                                 user=args.user, isolation=args.isolation, network=args.network,
-                                ttl_s=RUN_IMAGE_TTL_S)
+                                ttl_s=RUN_IMAGE_TTL_S, build_network=args.build_network)
     args.workspace, args.image, args.build = workspace.id, None, None
     try:
         return cmd_run(args)

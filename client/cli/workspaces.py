@@ -127,6 +127,10 @@ def add_image_options(parser: argparse.ArgumentParser, *, snapshot: bool = False
                       "by its content), its image the workspace's /")
     parser.add_argument("--user", help="who its calls run as inside (a name, uid or "
                         "uid:gid; default: the image's USER, else root)")
+    parser.add_argument("--build-network", metavar="POLICY",
+                        help="the network of --build's RUN steps (their own namespace): "
+                        "egress (default: the internet, never the fleet, the host's loopback "
+                        "or private ranges), none, or host where the host allows it")
 
 
 # ----------------------------------------------------------------------- commands
@@ -140,7 +144,7 @@ def cmd_create(args: argparse.Namespace) -> int:
         isolation=args.isolation, network=args.network, limits=_limits(args.limit),
         mounts=_pairs(args.mount, "--mount", "VIEW=SUBDIR"), tags=tag_filter(args.tag),
         image=args.image, build=args.build, user=args.user,
-        snapshot=getattr(args, "snapshot", None),
+        snapshot=getattr(args, "snapshot", None), build_network=args.build_network,
     )
     view = workspace.view
     if args.json:

@@ -130,23 +130,43 @@ def buildah_argv(storage: Path, driver: str, *args: str) -> list[str]:
             str(storage / driver / "run"), "--storage-driver", driver, *args]
 
 
-def bud_args(settings: Settings, context: Path, dockerfile: Path, iidfile: Path) -> list[str]:
+def bud_args(settings: Settings, context: Path, dockerfile: Path, iidfile: Path,
+             more: Sequence[str] = ()) -> list[str]:
     """`buildah bud`'s arguments: chroot isolation (no runtime: crun refuses this host's
     mixed cgroup hierarchy) in a user namespace of `build_ids`, layers kept for the
-    next build, the worker's credentials for the base image."""
+    next build, the worker's credentials for the base image; `more` from the build's
+    namespaces (`build_isolation`)."""
     # --force-rm: a failed step's container goes too (else its overlay stays mounted).
     flags = ["bud", "--isolation", "chroot", "--layers", "--force-rm", "--iidfile", str(iidfile),
-             "--file", str(dockerfile)]
-    if not settings.build_as_root:
-        # RUN steps in a user namespace: root inside, an unprivileged id outside.
-        first, count = settings.build_ids
-        flags += ["--userns-uid-map", f"0:{first}:{count}",
-                  "--userns-gid-map", f"0:{first}:{count}"]
+             "--file", str(dockerfile), *_build_ids_args(settings), *_registry_args(settings),
+             *more]
+    return [*flags, "--", str(context)]
+
+
+def base_args(settings: Settings, ref: ImageRef) -> list[str]:
+    """`buildah from`'s arguments that pull a build's base image ahead of the build:
+    by the registry transport only (never a local path), with the worker's credentials,
+    in the build's id mapping (an image `buildah pull` stores unmapped is one whose `/`
+    a mapped RUN step cannot write). The container it makes is removed at once."""
+    return ["from", "--quiet", *_build_ids_args(settings), *_registry_args(settings), "--",
+            ref.transport]
+
+
+def _build_ids_args(settings: Settings) -> list[str]:
+    if settings.build_as_root:
+        return []
+    # RUN steps in a user namespace: root inside, an unprivileged id outside.
+    first, count = settings.build_ids
+    return ["--userns-uid-map", f"0:{first}:{count}", "--userns-gid-map", f"0:{first}:{count}"]
+
+
+def _registry_args(settings: Settings) -> list[str]:
+    flags = []
     if settings.registry_auth_file is not None:
         flags += ["--authfile", str(settings.registry_auth_file)]
     if settings.registry_certs_dir is not None:
         flags += ["--cert-dir", str(settings.registry_certs_dir)]
-    return [*flags, "--", str(context)]
+    return flags
 
 
 def registries_conf(settings: Settings) -> str | None:

@@ -56,6 +56,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from bashfleet.worker.engine import build_isolation
 from bashfleet.worker.engine import image_tools as tools
 from bashfleet.worker.engine.image_meta import (
     ImageError,
@@ -74,6 +75,7 @@ from bashfleet.worker.engine.image_meta import (
 )
 from bashfleet.worker.settings import Settings
 from bashfleet.worker.wire.models import ImageInfo
+from bashfleet.worker.wire.network import NetworkPolicy
 
 __all__ = [
     "ImageError", "build", "collect", "ensure", "held", "in_use", "remove", "touch",
@@ -367,13 +369,16 @@ def _as_asked(info: ImageInfo, ref: str, store: Store) -> ImageInfo:
 # --------------------------------------------------------------------------- build
 
 
-def build(context_dir: str, settings: Settings, progress: Progress | None = None
-          ) -> tuple[ImageInfo, Path]:
+def build(context_dir: str, settings: Settings, progress: Progress | None = None, *,
+          network: NetworkPolicy | None = None) -> tuple[ImageInfo, Path]:
     """The image a Dockerfile (or Containerfile) in `context_dir` builds, made by
     `buildah bud` unless a build of the same content is held (then at once). The
     context must lie under a root this host allows (`workspace_allow`, the workspace
-    root): buildah reads it as root. ImageError on failure."""
+    root): buildah reads it as root. Its RUN steps run in network and PID namespaces
+    of their own, the network under `network` (`egress` when None; see
+    `build_isolation`). ImageError on failure."""
     say = progress or _quiet
+    policy = build_isolation.checked_policy(network, settings)
     context = _checked_context(context_dir, settings)
     dockerfile = next(context / name for name in DOCKERFILES if (context / name).is_file())
     ref = f"{BUILD_PREFIX}{context}"
@@ -384,7 +389,7 @@ def build(context_dir: str, settings: Settings, progress: Progress | None = None
         if found is None:
             say(f"building {context} ({content})")
             with _flocked(store.store_lock, fcntl.LOCK_SH):
-                found = _build(_Job(settings, store, say), ref, context, dockerfile)
+                found = _build(_Job(settings, store, say), ref, context, dockerfile, policy)
             _write_json(store.build_file(content), json.dumps(
                 {"context": str(context), "content": content, "digest": found.digest}))
     return _as_asked(found, ref, store), store.rootfs(found.digest)
@@ -447,17 +452,33 @@ def _file_digest(path: str) -> str:
         return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
-def _build(job: _Job, ref: str, context: Path, dockerfile: Path) -> ImageInfo:
-    """buildah bud, buildah push into an OCI layout, its blobs into the store, unpack."""
+def _build(job: _Job, ref: str, context: Path, dockerfile: Path, policy: NetworkPolicy
+           ) -> ImageInfo:
+    """The bases pulled, buildah bud in the build's namespaces, buildah push into an OCI
+    layout, its blobs into the store, unpack."""
     store, settings = job.store, job.settings
     work = store.scratch()
     env = _buildah_env(settings, work)
     try:
         iid = work / "iid"
         driver = tools.build_driver(settings)
-        tools.stream(tools.buildah_argv(store.buildah, driver, *tools.bud_args(
-            settings, context, dockerfile, iid)), f"building {context}", settings, job.say,
-            env=env)
+        text = dockerfile.read_text("utf-8", errors="replace")
+        for base in build_isolation.dockerfile_bases(text):
+            try:
+                parsed = parse_ref(base)
+            except ImageError:
+                continue  # not a registry's reference: buildah says what it makes of it
+            # In the worker's namespace, with its credentials: never from a RUN step.
+            job.say(f"pulling {base} for {context}")
+            made = tools.capture(tools.buildah_argv(store.buildah, driver, *tools.base_args(
+                settings, parsed)), f"pulling {base} for {context}", settings,
+                tools.LONG_TIMEOUT_S, env=env).decode("utf-8", "replace").strip()
+            tools.capture(tools.buildah_argv(store.buildah, driver, "rm", "--", made),
+                          f"pulling {base} for {context}", settings, env=env)
+        with build_isolation.namespaces(policy, settings) as spaces:
+            bud = tools.bud_args(settings, context, dockerfile, iid, spaces.bud_flags)
+            tools.stream([*spaces.prefix, *tools.buildah_argv(store.buildah, driver, *bud)],
+                         f"building {context}", settings, job.say, env=env)
         pushed, digest_file = work / "pushed", work / "digest"
         tools.stream(tools.buildah_argv(
             store.buildah, driver, "push", "--format", "oci", "--digestfile", str(digest_file),

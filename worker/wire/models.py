@@ -945,6 +945,9 @@ class WorkspaceSpec(Model):
     build: str | None = Field(None, max_length=MAX_PATH_CHARS)
     """A directory on the workspace's host holding a Dockerfile: built there, and the
     image it makes is the workspace's `/`."""
+    build_network: AskedNetwork = None
+    """The network its build's RUN steps get (`none`, `egress`; `host` where the host
+    allows it); None: `egress`. Not the workspace's own (`network`)."""
     user: str | None = Field(None, max_length=256)
     """Who its calls run as inside (a name or uid[:gid]; None: the image's USER, else root)."""
     snapshot: str | None = Field(None, pattern=SNAPSHOT_ID_PATTERN)

@@ -179,7 +179,7 @@ def image_of(spec: WorkspaceSpec, settings: Settings, snapshot: SnapshotRecord |
 
     try:
         if spec.build:
-            info, root = images.build(spec.build, settings)
+            info, root = images.build(spec.build, settings, network=spec.build_network)
         else:
             info, root = images.ensure(str(spec.image), settings)
     except ToolError as exc:
