@@ -68,5 +68,5 @@ def test_a_build_network_comes_with_a_build_only() -> None:
     fleet = AsyncFleet("redis://127.0.0.1:1/0")  # refused before anything is reached
     with pytest.raises(CallRejected, match="build_network"):
         asyncio.run(fleet.workspace(image="debian", build_network="none"))
-    with pytest.raises(CallRejected, match="build_network: .*sideways"):
+    with pytest.raises(CallRejected, match=r"build_network: .*sideways"):
         asyncio.run(fleet.workspace(build="/nonexistent", build_network="sideways"))
