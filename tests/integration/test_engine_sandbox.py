@@ -178,13 +178,15 @@ def test_20_3_no_call_can_change_the_installed_package_or_the_host(
         # its own).
         assert any(reason in result.stderr for reason in (
             "Read-only file system", "Permission denied", "No such file or directory"))
-        # With ids of its own the workspace's root writes its system directories (its own
-        # layer: apt-get works); else they are read-only. Either way the host is untouched.
-        assert lines[2] == ("rc=0" if multi else "rc=1")
+        # The host's system directories are read-only in every workspace (with ids of its
+        # own too: the host's files keep the host's owners; apt-get is an image's).
+        assert lines[2] == "rc=1"
         inside, outside, _ = lines[3].split()
         assert outside != "0" and (inside == "0") == multi
         # A throwaway workspace each: nothing of one call's layer is in the next.
-        assert engine.run("test -e /usr/bin/planted || echo gone").stdout == "gone\n"
+        if multi:
+            assert engine.run("touch /planted && echo made").stdout == "made\n"
+        assert engine.run("test -e /planted || echo gone").stdout == "gone\n"
     assert target.read_bytes() == before
     assert not (target.parent / "planted.py").exists()
     for planted in ("/etc/bashfleet-planted", "/usr/bin/planted", "/var/planted"):

@@ -69,7 +69,9 @@ def test_sub_owners_of_one_key_share_its_lane(
     bob = _client(redis_server.url, bob_key, "bob", monkeypatch)
     clients = [*team, bob]
     try:
-        hostile = [each.workspace(host=HOST) for each in team]
+        # Their /usr/local/bin their own (a mount of their directory's bin/), as an image
+        # workspace's is: the host's is read-only to every workspace.
+        hostile = [each.workspace(host=HOST, mounts={"/usr/local/bin": "bin"}) for each in team]
         for ws in hostile:
             assert ws.run(HANG).exit_code == 0
         victim = bob.workspace(host=HOST)

@@ -302,7 +302,11 @@ def test_a_worker_that_is_not_root_gives_egress_through_pasta_and_nothing_of_the
     done = as_nobody(ENGINE_SCRIPT, str(home), json.dumps(config), home=home)
     assert done.returncode == 0, done.stderr[-4000:]
     out = json.loads(done.stdout.splitlines()[-1])
-    assert out["problems"] == [[], []] and out["probe"] == "egress", out
+    errors, warnings = out["problems"]
+    # Nothing about its network (a cgroup it cannot make, as a user's worker may not, is
+    # said, and is not this test's).
+    assert errors == [] and not [w for w in warnings if "network" in w], out
+    assert out["probe"] == "egress", out
     assert out["policy"] == "egress"
     assert json.loads(out["state"])["pasta"] is not None  # its tether, recorded
 

@@ -347,3 +347,12 @@ def test_an_images_home_is_its_own_and_its_sys_the_hosts_read_only() -> None:
     with_bind = binds(layout.plan_view(spec(layers=L, image="/images/rootfs/abc",
                                             entries=ENTRIES, home_view="/root")))
     assert with_bind[f"{R}/root"] == ("/state/workspaces/w1/home", True)
+
+
+def test_a_writable_root_under_var_tmp_gets_its_mount_point_in_the_workspaces_own() -> None:
+    """The view's /var/tmp is the workspace's own directory: a writable root the host has
+    under /var/tmp is bound on a mount point made there (the host's /var, read-only, takes
+    none)."""
+    plan = layout.plan_view(spec(layers=L, writable=("/var/tmp/shared",)))
+    bind = next(s for s in plan if s[0] == "idbind" and s[2] == f"{R}/var/tmp/shared")
+    assert ["mkdir", f"{R}/var/tmp/shared", 0o755] in plan[:plan.index(bind)]

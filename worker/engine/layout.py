@@ -146,6 +146,8 @@ def plan_view(spec: ViewSpec) -> list[Step]:
     # hiding tmpfs, /tmp) or in a writable directory of the workspace bound before; in a
     # read-only bind of the host they must exist.
     mounts: list[tuple[str, bool]] = [(r, True), (f"{r}/tmp", True)]
+    if spec.has_var_tmp or spec.image is not None:
+        mounts.append((f"{r}/var/tmp", True))  # the workspace's own, bound already
     if spec.image is None:
         grows = mount_entries(spec)
         mounts += [(f"{r}/{e.name}", e.name in grows) for e in spec.entries
