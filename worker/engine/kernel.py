@@ -516,3 +516,42 @@ def _exec(executable: str | None, argv: Sequence[str], env: Mapping[str, str]) -
         except OSError as exc:
             last = exc
     raise last
+
+
+# ------------------------------------------------------------------------- nftables
+
+
+_nft: list[ctypes.CDLL | None] = []
+
+
+def nftables() -> ctypes.CDLL | None:
+    """libnftables (what `nft` itself calls), its functions typed; None where it is not
+    installed."""
+    if not _nft:
+        try:
+            library = ctypes.CDLL("libnftables.so.1")
+        except OSError:
+            _nft.append(None)
+            return None
+        library.nft_ctx_new.restype = ctypes.c_void_p
+        library.nft_ctx_new.argtypes = [ctypes.c_uint32]
+        for name in ("nft_ctx_free", "nft_ctx_buffer_output", "nft_ctx_buffer_error"):
+            getattr(library, name).argtypes = [ctypes.c_void_p]
+        library.nft_run_cmd_from_buffer.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+        library.nft_ctx_get_error_buffer.restype = ctypes.c_char_p
+        library.nft_ctx_get_error_buffer.argtypes = [ctypes.c_void_p]
+        _nft.append(library)
+    return _nft[0]
+
+
+def nft_run(library: ctypes.CDLL, text: str) -> str | None:
+    """Run an nftables script in this thread's network namespace; None, or nft's error."""
+    ctx = library.nft_ctx_new(0)
+    try:
+        library.nft_ctx_buffer_output(ctx)
+        library.nft_ctx_buffer_error(ctx)
+        if library.nft_run_cmd_from_buffer(ctx, text.encode()) != 0:
+            return (library.nft_ctx_get_error_buffer(ctx) or b"").decode()
+    finally:
+        library.nft_ctx_free(ctx)
+    return None

@@ -256,7 +256,7 @@ def load_rules(pid: int, text: str) -> None:
     where they are); `nft -f` through nsenter where the library is missing. In-process
     it takes ~3 ms, the tool ~15 ms (a blank keeper's link and rules are made ahead, but
     a burst of workspaces outruns a slow refill)."""
-    library = _nftables()
+    library = kernel.nftables()
     if library is None or not _low_descriptors():
         _in_netns(pid, ["nft", "-f", "-"], text)
         return
@@ -290,39 +290,12 @@ def _load_in_thread(library: ctypes.CDLL, pid: int, text: str, failure: list[str
             kernel.setns(fd, kernel.CLONE_NEWNET)
         finally:
             os.close(fd)
-        ctx = library.nft_ctx_new(0)
-        try:
-            library.nft_ctx_buffer_output(ctx)
-            library.nft_ctx_buffer_error(ctx)
-            if library.nft_run_cmd_from_buffer(ctx, text.encode()) != 0:
-                failure.append((library.nft_ctx_get_error_buffer(ctx) or b"").decode())
-        finally:
-            library.nft_ctx_free(ctx)
+        problem = kernel.nft_run(library, text)
+        if problem is not None:
+            failure.append(problem)
     except OSError as exc:
         failure.append(str(exc))
     # The thread ends here, in the workspace's namespace: it is never reused.
-
-
-_library: list[ctypes.CDLL | None] = []
-
-
-def _nftables() -> ctypes.CDLL | None:
-    """libnftables, its functions typed; None where it is not installed."""
-    if not _library:
-        try:
-            library = ctypes.CDLL("libnftables.so.1")
-        except OSError:
-            _library.append(None)
-            return None
-        library.nft_ctx_new.restype = ctypes.c_void_p
-        library.nft_ctx_new.argtypes = [ctypes.c_uint32]
-        for name in ("nft_ctx_free", "nft_ctx_buffer_output", "nft_ctx_buffer_error"):
-            getattr(library, name).argtypes = [ctypes.c_void_p]
-        library.nft_run_cmd_from_buffer.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
-        library.nft_ctx_get_error_buffer.restype = ctypes.c_char_p
-        library.nft_ctx_get_error_buffer.argtypes = [ctypes.c_void_p]
-        _library.append(library)
-    return _library[0]
 
 
 # ------------------------------------------------------------------------ the host side

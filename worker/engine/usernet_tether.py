@@ -39,7 +39,6 @@ if __name__ == "__main__" and "bashfleet.worker.engine" not in sys.modules:  # p
         sys.modules[_name] = _package
 
 import contextlib
-import ctypes
 import json
 import select
 import signal
@@ -56,25 +55,13 @@ def load_rules(userns: int, netns: int, text: str) -> str | None:
     try:
         kernel.setns(userns, kernel.CLONE_NEWUSER)
         kernel.setns(netns, kernel.CLONE_NEWNET)
-        library = ctypes.CDLL("libnftables.so.1")
     except OSError as exc:
         return f"could not enter the workspace's network namespace: {exc}"
-    library.nft_ctx_new.restype = ctypes.c_void_p
-    library.nft_ctx_new.argtypes = [ctypes.c_uint32]
-    for name in ("nft_ctx_free", "nft_ctx_buffer_output", "nft_ctx_buffer_error"):
-        getattr(library, name).argtypes = [ctypes.c_void_p]
-    library.nft_run_cmd_from_buffer.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
-    library.nft_ctx_get_error_buffer.restype = ctypes.c_char_p
-    library.nft_ctx_get_error_buffer.argtypes = [ctypes.c_void_p]
-    ctx = library.nft_ctx_new(0)
-    try:
-        library.nft_ctx_buffer_output(ctx)
-        library.nft_ctx_buffer_error(ctx)
-        if library.nft_run_cmd_from_buffer(ctx, text.encode()) != 0:
-            return "nft: " + (library.nft_ctx_get_error_buffer(ctx) or b"").decode()[:500]
-    finally:
-        library.nft_ctx_free(ctx)
-    return None
+    library = kernel.nftables()
+    if library is None:
+        return "libnftables is not installed (Debian: libnftables1)"
+    problem = kernel.nft_run(library, text)
+    return None if problem is None else "nft: " + problem[:500]
 
 
 def _rules_in_child(config: dict[str, Any], text: str) -> bool:
