@@ -36,7 +36,8 @@ HOST = "conform"
 #: A secret in the worker's environment (matches `*TOKEN*`): never visible to commands.
 SECRET_VAR = "CONFORMANCE_DEPLOY_TOKEN"
 SECRET_VALUE = secrets.token_hex(12)
-#: A plain variable the worker provides (commands see it, and may unset it).
+#: A plain variable the worker provides and the operator passes on (`BASHFLEET_ENV_PASS`):
+#: commands see it, and may unset it.
 PLAIN_VAR = "CONFORMANCE_WORKER_NOTE"
 PLAIN_VALUE = "provided-by-the-worker"
 
@@ -54,9 +55,11 @@ class _ConformanceWorker(WorkerProcess):
     """
 
     def env(self) -> dict[str, str]:
-        """The usual worker environment plus SECRET_VAR and PLAIN_VAR."""
+        """The usual worker environment plus SECRET_VAR and PLAIN_VAR, which the operator
+        names to pass on to calls (a call gets nothing of the worker's environment else)."""
         env = super().env()
-        env.update({SECRET_VAR: SECRET_VALUE, PLAIN_VAR: PLAIN_VALUE})
+        env.update({SECRET_VAR: SECRET_VALUE, PLAIN_VAR: PLAIN_VALUE,
+                    "BASHFLEET_ENV_PASS": PLAIN_VAR})
         return env
 
 

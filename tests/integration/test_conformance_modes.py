@@ -288,7 +288,7 @@ def test_each_command_gets_a_new_process_group(conform: Conformance) -> None:
 
 def test_secrets_are_isolated(conform: Conformance) -> None:
     """Environment variables holding secrets are isolated: the worker's *_TOKEN and
-    BASHFLEET_* variables are not passed on; plain ones are."""
+    BASHFLEET_* variables are not passed on; a plain one the operator names is."""
     command = (
         f'echo "token=${{{SECRET_VAR}-unset}} url=${{BASHFLEET_REDIS_URL-unset}} '
         f'note=${{{PLAIN_VAR}-unset}}"; env | cut -d= -f1 | grep -e ^BASHFLEET_ -e {SECRET_VAR}'
