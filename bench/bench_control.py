@@ -38,7 +38,7 @@ FILE_DEADLINE_S = 5.0
 #: What a victim's control call must stay under at p99 while the attack runs.
 TARGET_S = 1.0
 SETUP = ("set -e; for n in 1 2 3 4 5 6 7 8; do mkfifo p$n; done; ln -s /dev/zero zero; "
-         "mkdir -p /usr/local/bin; printf '#!/bin/sh\\nexec sleep 3600\\n' > hang; chmod +x hang")
+         "printf '#!/bin/sh\\nexec sleep 3600\\n' > hang; chmod +x hang")
 HANG = "cp hang /usr/local/bin/stat; echo x > file"
 
 
@@ -92,7 +92,10 @@ class Attack:
 
     async def _run(self) -> None:
         async with AsyncFleet(self.url, owner=f"hostile-{uuid.uuid4().hex[:6]}") as fleet:
-            ws, hung = await fleet.workspace(host=HOST), await fleet.workspace(host=HOST)
+            # `hung` replaces its own tools: its /usr/local/bin a mount of its directory's
+            # bin/ (the host's is read-only to every workspace; an image's is its own).
+            ws, hung = (await fleet.workspace(host=HOST),
+                        await fleet.workspace(host=HOST, mounts={"/usr/local/bin": "bin"}))
             async with ws, hung:
                 await ws.run(SETUP)
                 await hung.run(SETUP + "; " + HANG)

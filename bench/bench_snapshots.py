@@ -62,12 +62,12 @@ def _run(settings: Settings, ws_id: str, command: str) -> str:
 
 
 #: 50 MB of a workspace's own changes: a repository's worth of files of mixed sizes
-#: (400 of 64 KiB, 100 of 256 KiB: 50 MiB) in its directory and /usr/local.
-FILL = ("set -e; mkdir -p repo /usr/local/pkg; "
+#: (400 of 64 KiB, 100 of 256 KiB: 50 MiB) in its directory and its own `/` (/pkg).
+FILL = ("set -e; mkdir -p repo /pkg; "
         "head -c 26214400 /dev/urandom > /tmp/blob; "
         "i=0; while [ $i -lt 400 ]; do dd if=/tmp/blob of=repo/f$i bs=64k count=1 "
         "skip=$i status=none; i=$((i+1)); done; "
-        "i=0; while [ $i -lt 100 ]; do dd if=/tmp/blob of=/usr/local/pkg/g$i bs=256k count=1 "
+        "i=0; while [ $i -lt 100 ]; do dd if=/tmp/blob of=/pkg/g$i bs=256k count=1 "
         "skip=$((i % 90)) status=none; i=$((i+1)); done; rm /tmp/blob")
 
 
