@@ -289,13 +289,16 @@ def test_8_one_owner_cannot_pass_its_job_cap_from_many_clients_and_hosts(
 
 class SecretSettingsWorker(WorkerProcess):
     """A worker given the three settings whose names contain SECRET (and its key in its
-    environment, so it execs itself without its secrets, as deployed)."""
+    environment, so it execs itself without its secrets, as deployed), and told to pass
+    its MYCO_* variables on to calls (`BASHFLEET_ENV_PASS`: nothing of its environment
+    reaches a call else), which the deny and allow patterns then sift."""
 
     secret_file: Path
 
     def env(self) -> dict[str, str]:
         return {
             **super().env(),
+            "BASHFLEET_ENV_PASS": "MYCO_*",
             "BASHFLEET_SECRET_DENY": "MYCO_*",
             "BASHFLEET_SECRET_ALLOW": "MYCO_PUBLIC_KEY",
             "BASHFLEET_SECRET_FILES": str(self.secret_file),
