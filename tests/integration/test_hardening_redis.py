@@ -29,7 +29,7 @@ from bashfleet.client.redis_server import RedisServer
 from bashfleet.worker.engine import jobs
 from bashfleet.worker.fleet import registry
 from bashfleet.worker.settings import Settings
-from bashfleet.worker.wire import names
+from bashfleet.worker.wire import auth, names
 from bashfleet.worker.wire.models import CallResult, CheckResult, JobHandle, JobRecord
 
 from .conftest import WorkerFactory, WorkerProcess, wait_for
@@ -377,12 +377,17 @@ def test_restore_running_call_never_revives_an_ended_call(redis_client: redis.Re
     host = f"restore{secrets.token_hex(4)}"
     lost, ended = f"clost{secrets.token_hex(6)}", f"cended{secrets.token_hex(6)}"
     # Redis lost the record of a running call: it comes back running, in the busy set.
-    assert registry.restore_running_call(redis_client, host, lost, pid=12, pgid=12) == "running"
+    assert registry.restore_running_call(redis_client, host, lost, owner="o", keys=("k",),
+                                         pid=12, pgid=12) == "running"
     record = records.call_record(redis_client, lost)
     assert (record["state"], record["host"], record["pgid"]) == ("running", host, "12")
+    # Its owner comes back sealed: a cancel goes by it (a bare name there proves nothing).
+    assert registry.call_owner(redis_client, lost, auth.keyring(["k"])) == "o"
+    assert registry.call_owner(redis_client, lost, auth.keyring(["other"])) is None
     # A call whose end was recorded before the restore got to it stays ended.
     registry.finish_and_reply(redis_client, host, ended, dict(exit_code=0))[0]
-    assert registry.restore_running_call(redis_client, host, ended, pid=13) == "done"
+    assert registry.restore_running_call(redis_client, host, ended, owner="o", keys=("k",),
+                                         pid=13) == "done"
     assert redis_client.smembers(names.running_key(host)) == {lost}
     # ... and one that ends after it leaves its slot.
     registry.finish_and_reply(redis_client, host, lost, dict(exit_code=0))[0]

@@ -125,6 +125,7 @@ def republish_calls(settings: Settings, client: Redis, instance: str) -> int:
             client, settings.host, entry.call_id, instance=entry.instance,
             worker_pid=entry.worker_pid, pid=entry.pid, pgid=entry.pgid,
             marker=entry.marker, started_at=entry.start_time, owner=entry.owner,
+            keys=settings.fleet_keys(),
         )
         restored += state in CALL_ACTIVE
     return restored

@@ -322,16 +322,19 @@ def deliver_reply(client: Redis, reply: Reply) -> None:
 
 
 def restore_running_call(
-    client: Redis, host: str, call_id: str, **fields: object
+    client: Redis, host: str, call_id: str, *, owner: str, keys: Sequence[str],
+    **fields: object,
 ) -> str:
-    """Publish again a call this host runs, after Redis lost its record.
+    """Publish again a call this host runs, after Redis lost its record, its owner
+    sealed again with `keys` (the fleet's) as `claim_call` seals it.
 
     Atomic against the call's own end: a call that finished between the worker
     reading its local file and this script stays finished and takes no busy slot.
     Returns the call's state afterwards.
     """
     rest = {k: v for k, v in fields.items() if k != "state"}
-    rest.update(call_id=call_id, host=host)
+    rest.update(call_id=call_id, host=host, owner=owner,
+                owner_mark=auth.mark(keys, auth.CALL_OWNER, call_id, owner))
     return cast(str, RESTORE(
         client, [names.call_key(call_id), names.running_key(host)],
         [names.CALL_TTL_S, names.RUNNING_TTL_S, call_id, *flat_fields(rest)],
