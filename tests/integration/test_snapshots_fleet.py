@@ -26,7 +26,7 @@ REPO = (
     "set -e; mkdir repo && cd repo && git init -q && "
     "printf 'def add(a, b):\\n    return a - b\\n' > calc.py && "
     "printf 'from calc import add\\nprint(\"sum\", add(2, 3))\\n"
-    "assert add(2, 3) == 5\\n' > test_calc.py && "
+    "assert add(2, 3) == 5\\n' > test_calc.py && printf '__pycache__/\\n' > .gitignore && "
     "git add -A && git -c user.email=a@b -c user.name=a commit -qm init"
 )
 
