@@ -210,6 +210,8 @@ def test_a_reused_throwaway_workspace_brings_no_key_along(keyed: Engine) -> None
     where = "; readlink /proc/self/ns/pid >&2"
     added = keyed.run(f"python3 -c '{KEYS}' add{where}", owner="a", cwd=None)
     assert added.stdout == "added\n", added
+    # Given back (recycled on a thread of the pool's) before the next call takes one.
+    wait_until(lambda: not _throwaway_threads(), what="the throwaway pool's threads")
     after = keyed.run(f"python3 -c '{KEYS}' read{where}", owner="b", cwd=None)
     assert after.stdout == "no key\n", after
     # The second call ran in the first one's workspace (its keeper), not a new one.
