@@ -257,7 +257,7 @@ def load_rules(pid: int, text: str) -> None:
     it takes ~3 ms, the tool ~15 ms (a blank keeper's link and rules are made ahead, but
     a burst of workspaces outruns a slow refill)."""
     library = kernel.nftables()
-    if library is None or not _low_descriptors():
+    if library is None or not _few_descriptors():
         _in_netns(pid, ["nft", "-f", "-"], text)
         return
     failure: list[str] = []
@@ -269,18 +269,22 @@ def load_rules(pid: int, text: str) -> None:
         raise NetworkError(f"nft: {failure[0][:500]}")
 
 
-#: Past this, a descriptor the library opens now could be numbered 1024 or more.
-LOW_DESCRIPTORS = 512
+#: Past this many open, a descriptor the library opens could be numbered 1024 or more.
+FEW_DESCRIPTORS = 256
 
 
-def _low_descriptors() -> bool:
-    """Whether the next descriptor this process opens is well below 1024: libnftables
-    waits on its netlink socket with select(2), and glibc aborts the whole process for a
-    descriptor past FD_SETSIZE (an exec consumer running 200 calls holds that many).
-    Past it the rules go through `nft` in a process of its own."""
-    probe = os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC)
-    os.close(probe)
-    return probe < LOW_DESCRIPTORS
+def _few_descriptors() -> bool:
+    """Whether this process holds few descriptors: libnftables waits on its netlink
+    socket with select(2), and glibc aborts the whole process for a descriptor past
+    FD_SETSIZE (an exec consumer running 200 calls holds thousands). Past it the rules
+    go through `nft` in a process of its own. The count, not the lowest free number: a
+    process holding 2,000 with a hole at 100 passed that look, and the holes were the
+    other threads' by the time the library opened its socket, a few ms on (the exec
+    consumer aborted under 400 calls at once)."""
+    try:
+        return len(os.listdir("/proc/self/fd")) < FEW_DESCRIPTORS
+    except OSError:
+        return False
 
 
 def _load_in_thread(library: ctypes.CDLL, pid: int, text: str, failure: list[str]) -> None:
