@@ -196,6 +196,7 @@ from bashfleet.worker.wire.models import (
 from bashfleet.worker.wire.names import CallState
 from bashfleet.worker.wire.network import NetworkPolicy
 from bashfleet.worker.wire.network import parse as parse_network
+from bashfleet.worker.wire.records import readers_job
 
 log = logging.getLogger(__name__)
 
@@ -1209,9 +1210,12 @@ class AsyncFleet:
         _, job_id = await self._job_target(id)
         since = await self._r(records.last_seq)
         view = (await self.job_views([job_id])).get(job_id)
-        if view is None or not self._acts_on(view.owner):
+        if (view is None and not readers_job(
+                self._record_keys, job_id, await self._r(records.job_hash, job_id))) \
+                or (view is not None and not self._acts_on(view.owner)):
             # Another owner's job (its record does not open, or names another owner) is
-            # told as no job is: waiting on it would tell it exists.
+            # told as no job is: waiting on it would tell it exists. One of this owner's
+            # that a Redis writer changed is not believed, and waited on.
             raise unknown_job(id)
         deadline = None if timeout is None else time.monotonic() + timeout
         tick = IDLE_TICK_S if timeout is None else TIMED_WAIT_TICK_S

@@ -242,6 +242,11 @@ async def job_views(
     return core.job_views(job_ids, hashes, alive, keys)
 
 
+async def job_hash(client: AsyncRedis, job_id: str) -> dict[str, str]:
+    """A job's hash as Redis holds it (empty: no such job), to be verified by the reader."""
+    return cast("dict[str, str]", await client.hgetall(names.job_key(job_id)))
+
+
 # ----------------------------------------------------------------------------- events
 
 

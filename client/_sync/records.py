@@ -244,6 +244,11 @@ def job_views(
     return core.job_views(job_ids, hashes, alive, keys)
 
 
+def job_hash(client: Redis, job_id: str) -> dict[str, str]:
+    """A job's hash as Redis holds it (empty: no such job), to be verified by the reader."""
+    return cast("dict[str, str]", client.hgetall(names.job_key(job_id)))
+
+
 # ----------------------------------------------------------------------------- events
 
 

@@ -65,9 +65,11 @@ def test_5_a_forged_job_end_is_never_believed(
 ) -> None:
     alpha, _ = two_hosts
     job = _job(fleet, "sleep 3; exit 3", alpha.host)
-    waiter = _cli(redis_server.url, "wait", job.id)
-    # The attack as reported: no key, one HSET, while the job still runs.
+    # The attack as reported: no key, one HSET, while the job still runs; `wait` asked
+    # after it (as well as before: a forged record is neither believed nor taken for
+    # another owner's job, which `wait` tells as no job).
     redis_client.hset(names.job_key(job.id), mapping={"state": "ended", "exit_code": "0"})
+    waiter = _cli(redis_server.url, "wait", job.id)
     assert job.id not in fleet.job_views([job.id])  # left out while forged, not believed
     status, _, err = _finish(waiter)
     assert status == 3, err

@@ -352,3 +352,17 @@ def test_a_worker_refuses_to_run_calls_unsandboxed_unless_told(
     assert (refusal is not None) is refused
     if refusal is not None:
         assert problem is not None and problem in refusal and "--isolation none" in refusal
+
+
+def test_a_job_is_the_readers_to_wait_on_when_it_opens_or_was_forged_under_its_key() -> None:
+    """`wait` tells another owner's job as no job is, but waits on one of its own that a
+    Redis writer changed (not believed, and its real end still to come)."""
+    from bashfleet.worker.wire.records import readers_job  # noqa: PLC0415
+
+    record = _record()
+    fields = _job_hash(record)
+    keys = auth.keyring(KEYS)
+    assert readers_job(keys, record.id, fields)
+    assert readers_job(keys, record.id, {**fields, "state": "ended", "exit_code": "0"})
+    assert not readers_job(ATTACKER, record.id, fields)
+    assert not readers_job(keys, record.id, {})

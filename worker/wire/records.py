@@ -111,6 +111,20 @@ def open_job_view(
     return _job_view(record, fields, host_alive=host_alive)
 
 
+def readers_job(keys: Mapping[str, str], job_id: str, fields: Mapping[str, str]) -> bool:
+    """Whether a job's hash is this reader's to know of: it opens with `keys`, or it is
+    sealed with one of them and does not verify (a Redis writer changed it: not
+    believed, yet the job is the reader's, and its end is still to come). False for no
+    hash, and for another owner's (`unknown_key`): told as no job is."""
+    if not fields:
+        return False
+    try:
+        open_job(keys, job_id, fields)
+    except auth.AuthError as exc:
+        return exc.reason != "unknown_key"
+    return True
+
+
 def offsets_seal(
     keys: Sequence[str], job_id: str, offset: int, stderr_offset: int
 ) -> str:
