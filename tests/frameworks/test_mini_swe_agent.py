@@ -278,11 +278,14 @@ def test_default_agent_with_a_deterministic_model(host: WorkerProcess) -> None:
     model = DeterministicModel(outputs=[
         make_output("Write the program.", [{"command": (
             "mkdir -p app && printf 'def add(a, b):\\n    return a - b\\n' > app/calc.py")}]),
+        # -B: the fix below keeps calc.py's size, within the second it was written: a
+        # bytecode cache would be taken for it (the worker's PYTHONDONTWRITEBYTECODE
+        # no longer reaches calls, as nothing of its environment does).
         make_output("Run it.", [{"command": (
-            "cd app && python3 -c 'import calc; print(calc.add(2, 3))'")}]),
+            "cd app && python3 -B -c 'import calc; print(calc.add(2, 3))'")}]),
         make_output("Fix the bug.", [{"command": "sed -i 's/a - b/a + b/' app/calc.py"}]),
         make_output("Check.", [{"command": (
-            "cd app && python3 -c 'import calc; print(calc.add(2, 3))'")}]),
+            "cd app && python3 -B -c 'import calc; print(calc.add(2, 3))'")}]),
         make_output("Submit.", [{"command": (
             "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT && cat app/calc.py")}]),
     ])
