@@ -107,7 +107,7 @@ def test_what_changed_after_the_first_copy_is_copied_again(change: str, tmp_path
     MUTATIONS[change](src)
     assert _tree(src) != _tree(copy)  # the change is one the first copy has not got
     after = snapshots._listing(src)
-    copies, dirs = snapshots._catch_up(src, copy, before, after)
+    copies, dirs = snapshots._catch_up(copy, before, after)
     ws = WorkspaceRecord(id="w" + "0" * 15, host="h", path="/x", fresh=True, out_dir="/o",
                          isolation="strict", network=True, ttl_s=1, created_at=0)
     snapshots._copy_layers([(src, copy, copies)] if copies else [], ws)
@@ -121,7 +121,7 @@ def test_nothing_changed_copies_nothing(tmp_path: Path) -> None:
     _base(src)
     listing = snapshots._listing(src)
     assert snapshots._listing(src) == listing
-    assert snapshots._catch_up(src, tmp_path / "copy", listing, listing) == ([], [])
+    assert snapshots._catch_up(tmp_path / "copy", listing, listing) == ([], [])
 
 
 @pytest.mark.parametrize("swapped_back", [False, True])
@@ -148,7 +148,7 @@ def test_a_link_the_first_copy_took_is_never_followed(tmp_path: Path,
         (src / "a2" / "passwd").unlink()
         (src / "a2").rmdir()
     after = snapshots._listing(src)
-    copies, dirs = snapshots._catch_up(src, copy, before, after)
+    copies, dirs = snapshots._catch_up(copy, before, after)
     ws = WorkspaceRecord(id="w" + "0" * 15, host="h", path="/x", fresh=True, out_dir="/o",
                          isolation="strict", network=True, ttl_s=1, created_at=0)
     snapshots._copy_layers([(src, copy, copies)] if copies else [], ws)
@@ -189,5 +189,5 @@ def test_what_the_first_copy_left_out_is_copied_again_though_its_stamps_held(
     copy = tmp_path / "copy"
     subprocess.run(["cp", "-a", "-T", str(src), str(copy)], check=True)
     subprocess.run(["rm", "-r", str(copy / "d" / "e")], check=True)
-    assert snapshots._catch_up(src, copy, listing, listing) == ([], [])
-    assert snapshots._catch_up(src, copy, listing, listing, missed=["d/e"]) == (["d/e"], [])
+    assert snapshots._catch_up(copy, listing, listing) == ([], [])
+    assert snapshots._catch_up(copy, listing, listing, missed=["d/e"]) == (["d/e"], [])

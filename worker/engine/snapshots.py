@@ -245,7 +245,7 @@ def _copy_frozen(ws: WorkspaceRecord, sources: list[tuple[Path, str]], dest: Pat
         again: list[CopyJob] = []
         settle = []
         for src, name in sources:
-            rels, dirs = _catch_up(src, dest / name, before[name], after[name],
+            rels, dirs = _catch_up(dest / name, before[name], after[name],
                                    missed=missed[name])
             if rels:
                 again.append((src, dest / name, rels))
@@ -262,11 +262,11 @@ def _copy_frozen(ws: WorkspaceRecord, sources: list[tuple[Path, str]], dest: Pat
     return (time.monotonic() - started) * 1000 if frozen else None, after
 
 
-def _catch_up(src: Path, copy: Path, before: dict[str, tuple[Stamp, int]],
+def _catch_up(copy: Path, before: dict[str, tuple[Stamp, int]],
               after: dict[str, tuple[Stamp, int]], *, missed: Sequence[str] = ()
               ) -> tuple[list[str], list[str]]:
-    """Bring `copy` (made from `src` around when `before` listed it) to `src` as `after`
-    lists it: what went is removed here; the entries that must be copied again, and the
+    """Bring `copy` (made from its source around when `before` listed it) to the source
+    as `after` lists it: what went is removed here; the entries that must be copied again, and the
     directories whose own metadata must be set again after them.
 
     The copy is this host's own (a directory the workspace cannot reach): what it holds
@@ -294,7 +294,6 @@ def _catch_up(src: Path, copy: Path, before: dict[str, tuple[Stamp, int]],
             again.append(rel)
             if kind == stat.S_IFDIR:
                 fresh_dirs.append(rel)
-    del src  # what `again` names is copied from it by the caller
     return again, kept_dirs
 
 

@@ -170,7 +170,7 @@ def _copy_entry(src_dir: int, dest_dir: int, name: str, rel: str, state: _Copy) 
         else:  # FIFOs, sockets, devices (an overlay's whiteout is the device 0:0)
             os.mknod(name, info.st_mode, info.st_rdev, dir_fd=dest_dir)
         if kind != stat.S_IFREG:
-            _settle_at(src_dir, dest_dir, name, info)
+            _settle_at(dest_dir, name, info)
         if kind == stat.S_IFREG and info.st_nlink > 1:
             state.links[(info.st_dev, info.st_ino)] = (_path_of(dest_dir, state), name)
     except OSError as exc:
@@ -261,13 +261,13 @@ def settle(src_fd: int, dest_fd: int, info: os.stat_result) -> None:
     os.utime(dest_fd, ns=(info.st_atime_ns, info.st_mtime_ns))
 
 
-def _settle_at(src_dir: int, dest_dir: int, name: str, info: os.stat_result) -> None:
+def _settle_at(dest_dir: int, name: str, info: os.stat_result) -> None:
     """`settle` for an entry that cannot be opened (a link, a FIFO, a device): by name
-    in its directory, never following it. A link's mode is not its own to set."""
+    in its directory, never following it. A link's mode is not its own to set; the
+    extended attributes of links and special files are not kept."""
     os.chown(name, info.st_uid, info.st_gid, dir_fd=dest_dir, follow_symlinks=False)
     if not stat.S_ISLNK(info.st_mode):
         os.chmod(name, stat.S_IMODE(info.st_mode), dir_fd=dest_dir)
-    del src_dir  # the extended attributes of links and special files are not kept
     os.utime(name, ns=(info.st_atime_ns, info.st_mtime_ns), dir_fd=dest_dir,
              follow_symlinks=False)
 
