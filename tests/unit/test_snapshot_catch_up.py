@@ -110,7 +110,7 @@ def test_what_changed_after_the_first_copy_is_copied_again(change: str, tmp_path
     copies, dirs = snapshots._catch_up(copy, before, after)
     ws = WorkspaceRecord(id="w" + "0" * 15, host="h", path="/x", fresh=True, out_dir="/o",
                          isolation="strict", network=True, ttl_s=1, created_at=0)
-    snapshots._copy_layers([(src, copy, copies)] if copies else [], ws)
+    snapshots._copy_layers([(src, copy, copies, None)] if copies else [], ws)
     snapshots._settle_dirs(src, copy, dirs)
     assert _tree(copy) == _tree(src)
 
@@ -151,7 +151,7 @@ def test_a_link_the_first_copy_took_is_never_followed(tmp_path: Path,
     copies, dirs = snapshots._catch_up(copy, before, after)
     ws = WorkspaceRecord(id="w" + "0" * 15, host="h", path="/x", fresh=True, out_dir="/o",
                          isolation="strict", network=True, ttl_s=1, created_at=0)
-    snapshots._copy_layers([(src, copy, copies)] if copies else [], ws)
+    snapshots._copy_layers([(src, copy, copies, None)] if copies else [], ws)
     snapshots._settle_dirs(src, copy, dirs)
     # What the first copy took and the source no longer holds goes at the settling
     # (ids as they are: no slot of a workspace's among them).
@@ -174,7 +174,7 @@ def test_a_copy_whose_source_went_names_it_and_fails_nothing(tmp_path: Path) -> 
     ws = WorkspaceRecord(id="w" + "0" * 15, host="h", path="/x", fresh=True, out_dir="/o",
                          isolation="strict", network=True, ttl_s=1, created_at=0)
     gone = snapshots._copy_layers(
-        [(src, tmp_path / "copy", ["d/a.txt", "d/gone", "nope/x"])], ws)
+        [(src, tmp_path / "copy", ["d/a.txt", "d/gone", "nope/x"], None)], ws)
     assert gone == [["d/gone", "nope/x"]]
     assert (tmp_path / "copy" / "d" / "a.txt").read_text() == "aaaa"
 

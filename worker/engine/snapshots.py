@@ -235,9 +235,9 @@ def _copy_frozen(ws: WorkspaceRecord, sources: list[tuple[Path, str]], dest: Pat
     before = {name: _listing(src) for src, name in sources}
     # The workspace runs meanwhile: an entry it removes (or swaps) while the copy walks
     # is left out, not an error; the frozen pass below settles it.
-    missed = dict(zip([name for _, name in sources],
-                      _copy_layers([(src, dest / name, None) for src, name in sources], ws),
-                      strict=True))
+    copied: dict[str, dict[str, tuple[int, int]]] = {name: {} for _, name in sources}
+    gone_first = dict(zip([name for _, name in sources], _copy_layers(
+        [(src, dest / name, None, copied[name]) for src, name in sources], ws), strict=True))
     started = time.monotonic()
     frozen = cgroups.freeze(ws.cgroup)
     try:
@@ -245,10 +245,15 @@ def _copy_frozen(ws: WorkspaceRecord, sources: list[tuple[Path, str]], dest: Pat
         again: list[CopyJob] = []
         settle = []
         for src, name in sources:
-            rels, dirs = _catch_up(dest / name, before[name], after[name],
-                                   missed=missed[name])
+            # What the copy took as another inode or kind than the frozen listing shows
+            # (a directory swapped for a link and back keeps its stamps), and what it
+            # left out, are copied again whatever their stamps say.
+            missed = [*gone_first[name], *(
+                rel for rel, (stamp, _) in after[name].items() if rel and copied[name].get(
+                    rel, (stamp[1], stat.S_IFMT(stamp[0]))) != (stamp[1], stat.S_IFMT(stamp[0])))]
+            rels, dirs = _catch_up(dest / name, before[name], after[name], missed=missed)
             if rels:
-                again.append((src, dest / name, rels))
+                again.append((src, dest / name, rels, None))
             settle.append((src, dest / name, dirs))
         gone = [rel for missing in _copy_layers(again, ws) for rel in missing]
         if gone and frozen:
@@ -360,8 +365,9 @@ def _settle_dirs(src: Path, copy: Path, dirs: list[str]) -> None:
         os.close(copy_root)
 
 
-#: A copy of a layer: (source, copy, the entries to copy again; None: the whole tree).
-CopyJob = tuple[Path, Path, "list[str] | None"]
+#: A copy of a layer: (source, copy, the entries to copy again (None: the whole tree),
+#: where a whole tree's copy says what it took each entry as).
+CopyJob = tuple[Path, Path, "list[str] | None", "dict[str, tuple[int, int]] | None"]
 
 
 def _copy_layers(jobs: list[CopyJob], ws: WorkspaceRecord) -> list[list[str]]:
@@ -370,9 +376,9 @@ def _copy_layers(jobs: list[CopyJob], ws: WorkspaceRecord) -> list[list[str]]:
     what each left out (gone or changed while it ran); SnapshotError naming the first
     that failed."""
     def one(job: CopyJob) -> list[str]:
-        src, dest, rels = job
+        src, dest, rels, copied = job
         if rels is None:
-            return tree_copy.copy_tree(str(src), str(dest))
+            return tree_copy.copy_tree(str(src), str(dest), copied)
         return tree_copy.copy_entries(str(src), str(dest), rels)
 
     if not jobs:

@@ -49,18 +49,23 @@ class _Copy:
     dest_root: int
     links: dict[tuple[int, int], tuple[str, str]] = field(default_factory=dict)
     gone: list[str] = field(default_factory=list)
+    copied: dict[str, tuple[int, int]] = field(default_factory=dict)
+    """What each entry was copied as: relative path -> (inode, kind)."""
 
 
-def copy_tree(src: str, dest: str) -> list[str]:
+def copy_tree(src: str, dest: str, copied: dict[str, tuple[int, int]] | None = None
+              ) -> list[str]:
     """Copy the tree at `src` (a real directory path of the host's own) to `dest` (which
-    must not exist); the entries that went while it was copied (relative paths)."""
+    must not exist); the entries that went while it was copied (relative paths). Into
+    `copied`, what each entry was copied as (inode, kind): a directory swapped for a link
+    and back between two looks keeps its stamps, not what the copy took."""
     src_fd = os.open(src, _DIR_FLAGS)
     try:
         info = os.fstat(src_fd)
         os.mkdir(dest, 0o700)
         dest_fd = os.open(dest, _DIR_FLAGS)
         try:
-            state = _Copy(dest_fd)
+            state = _Copy(dest_fd, copied=copied if copied is not None else {})
             _fill(src_fd, dest_fd, "", state)
             settle(src_fd, dest_fd, info)
         finally:
@@ -158,6 +163,7 @@ def _copy_entry(src_dir: int, dest_dir: int, name: str, rel: str, state: _Copy) 
         info = os.stat(name, dir_fd=src_dir, follow_symlinks=False)
         _remove_in(dest_dir, name)
         kind = stat.S_IFMT(info.st_mode)
+        state.copied[rel] = (info.st_ino, kind)
         if kind == stat.S_IFDIR:
             _copy_dir(src_dir, dest_dir, name, rel, info=info, state=state)
             return
@@ -166,7 +172,7 @@ def _copy_entry(src_dir: int, dest_dir: int, name: str, rel: str, state: _Copy) 
         if kind == stat.S_IFREG:
             _copy_file(src_dir, dest_dir, name, info)
         elif kind == stat.S_IFLNK:
-            os.symlink(os.readlink(name, dir_fd=src_dir), name, dir_fd=dest_dir)
+            os.symlink(_link_target(src_dir, name), name, dir_fd=dest_dir)
         else:  # FIFOs, sockets, devices (an overlay's whiteout is the device 0:0)
             os.mknod(name, info.st_mode, info.st_rdev, dir_fd=dest_dir)
         if kind != stat.S_IFREG:
@@ -176,6 +182,7 @@ def _copy_entry(src_dir: int, dest_dir: int, name: str, rel: str, state: _Copy) 
     except OSError as exc:
         if exc.errno not in GONE and not isinstance(exc, ChangedError):
             raise
+        state.copied.pop(rel, None)
         state.gone.append(rel)
 
 
@@ -238,6 +245,17 @@ def _plain_copy(src_fd: int, dest_fd: int) -> None:
         view = memoryview(chunk)
         while view:
             view = view[os.write(dest_fd, view):]
+
+
+def _link_target(src_dir: int, name: str) -> str:
+    """A link's target; ChangedError when it is a link no more (readlink(2) says EINVAL:
+    swapped for a directory between the look and the read)."""
+    try:
+        return os.readlink(name, dir_fd=src_dir)
+    except OSError as exc:
+        if exc.errno == errno.EINVAL:
+            raise ChangedError(errno.ESTALE, f"{name} changed while it was copied") from None
+        raise
 
 
 def _same(a: os.stat_result, b: os.stat_result) -> bool:
