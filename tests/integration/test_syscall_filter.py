@@ -208,14 +208,23 @@ def test_a_reused_throwaway_workspace_brings_no_key_along(keyed: Engine) -> None
     assert keyed.run("true", cwd=None).exit_code == 0
     wait_until(lambda: not _throwaway_threads(), what="the throwaway pool's threads")
     where = "; readlink /proc/self/ns/pid >&2"
-    added = keyed.run(f"python3 -c '{KEYS}' add{where}", owner="a", cwd=None)
-    assert added.stdout == "added\n", added
-    # Given back (recycled on a thread of the pool's) before the next call takes one.
-    wait_until(lambda: not _throwaway_threads(), what="the throwaway pool's threads")
-    after = keyed.run(f"python3 -c '{KEYS}' read{where}", owner="b", cwd=None)
-    assert after.stdout == "no key\n", after
+    reused = 0
+    # The pool may discard a workspace rather than keep it (its recycling lost a race
+    # with a busy machine): the pair is tried again until the second call did run in the
+    # first one's keeper, and no pair may carry the key.
+    for _ in range(5):
+        added = keyed.run(f"python3 -c '{KEYS}' add{where}", owner="a", cwd=None)
+        assert added.stdout == "added\n", added
+        # Given back (recycled on a thread of the pool's) before the next call takes one.
+        wait_until(lambda: not _throwaway_threads(), what="the throwaway pool's threads")
+        after = keyed.run(f"python3 -c '{KEYS}' read{where}", owner="b", cwd=None)
+        assert after.stdout == "no key\n", after
+        wait_until(lambda: not _throwaway_threads(), what="the throwaway pool's threads")
+        if after.stderr == added.stderr:
+            reused += 1
+            break
     # The second call ran in the first one's workspace (its keeper), not a new one.
-    assert after.stderr == added.stderr, (added, after)
+    assert reused, "no call ran in the workspace the call before it gave back"
 
 
 def test_real_workers_filter_calls_and_hosts_says_so(workers: WorkerFactory,
