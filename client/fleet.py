@@ -6,8 +6,9 @@
     fleet.check(job.id); fleet.kill(job.id)
 
 `Fleet` is generated from `AsyncFleet` (`client/_sync/fleet.py` from
-`client/_async/fleet.py`, by `scripts/unasync.py`): one client, written once, whose
-docstrings say what each method does. Thread-safe; cheap to keep for the life of a
+`client/_async/fleet.py`, by `scripts/unasync.py`, as are the modules of its parts:
+calls, workspaces, images, snapshots, jobs): one client, written once, whose docstrings
+say what each method does. Thread-safe; cheap to keep for the life of a
 process. Also here: how a client finds the fleet and its keys, and how a `RunRequest`
 is built from `run`'s options (what the CLI and the MCP server use).
 """

@@ -379,8 +379,9 @@ def _queued_call(client: Fleet) -> str:
     and pushes one): cancelling it withdraws it from the queue."""
     call_id = new_call_id()
     queue = names.pool_queue(f"nobody-{uuid.uuid4().hex[:6]}")
-    assert client._r(sync_records.send_call, call_id, queue, None, "{}", require_alive=False,
-                     owner_tag=client._identity.call_tag(call_id)) == "ok"
+    assert client._on_redis(sync_records.send_call, call_id, queue, None, "{}",
+                            require_alive=False,
+                            owner_tag=client._identity.call_tag(call_id)) == "ok"
     return call_id
 
 
