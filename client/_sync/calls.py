@@ -81,7 +81,9 @@ WATCH = "bashfleet-watch"
 
 class Calls(Workspaces, Jobs):
     """`Fleet`'s calls: `run`, `execute`, `cancel`, `detach`, `call_progress`,
-    `call_host`, `shared_queues`, and the watch of the calls in flight."""
+    `call_host`, `shared_queues`, and the watch of the calls in flight. Over
+    `Workspaces` (a call in a workspace runs on its host; a session's first call makes
+    the session's) and `Jobs` (`output="full"` reads the output back with `read_output`)."""
 
     # ------------------------------------------------------------------------ run
 
