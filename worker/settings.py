@@ -7,7 +7,6 @@ import os
 import pwd
 import re
 import socket
-import stat
 from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -16,20 +15,8 @@ from pydantic import BeforeValidator, Field, SecretStr, field_validator, model_v
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from bashfleet.worker.engine.environment import DEFAULT_ALLOW, DEFAULT_DENY
+from bashfleet.worker.state_dir import default_state_dir
 from bashfleet.worker.wire.owner_keys import OwnerKey, SealingKeys, is_owner_key, owner_space
-
-
-def default_state_dir() -> Path:
-    """The state directory when none is configured (also where `bashfleet up` keeps a
-    local fleet's fleet.json, which sandboxed calls must never read). Per user:
-    `$XDG_STATE_HOME/bashfleet`, else `~/.local/state/bashfleet`.
-
-    Never a shared directory such as /tmp: another user who creates `/tmp/bashfleet-<uid>`
-    first would own what the fleet reads (a planted fleet.json sent root's next command
-    to that user's Redis). `check_state_dir` refuses a directory the user does not own.
-    """
-    base = os.environ.get("XDG_STATE_HOME") or os.path.join(Path.home(), ".local", "state")
-    return Path(base) / "bashfleet"
 
 
 def _split(value: object) -> object:
@@ -509,29 +496,6 @@ def secrets_pipe(values: dict[str, str]) -> int:
     with os.fdopen(write_end, "wb") as handle:
         handle.write(json.dumps(values).encode())  # small: far below the pipe's buffer
     return read_end
-
-
-def check_state_dir(path: Path) -> Path:
-    """Create the state directory (0700) or check it: owned by this user and writable
-    by nobody else. ValueError, saying why, for one that is not safe to trust."""
-    try:
-        path.mkdir(parents=True, exist_ok=True, mode=0o700)
-        info = path.lstat()
-    except OSError as exc:
-        raise ValueError(f"state directory {path} is unusable: {exc.strerror}") from None
-    if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
-        raise ValueError(f"state directory {path} is not a directory (a symlink?)")
-    if info.st_uid != os.geteuid():
-        raise ValueError(
-            f"state directory {path} belongs to uid {info.st_uid}, not to this user "
-            f"({os.geteuid()}): refusing to use it (set BASHFLEET_STATE_DIR)"
-        )
-    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise ValueError(
-            f"state directory {path} is writable by others (mode {stat.S_IMODE(info.st_mode):o}):"
-            " refusing to use it (chmod go-w, or set BASHFLEET_STATE_DIR)"
-        )
-    return path
 
 
 @lru_cache(maxsize=1)

@@ -88,11 +88,15 @@ def _said(args: argparse.Namespace, exc: Exception) -> int | None:
     from pydantic import ValidationError  # noqa: PLC0415
 
     from bashfleet.client._core.identity import settings_problem  # noqa: PLC0415
+    from bashfleet.client._core.settings import SettingsError  # noqa: PLC0415
     from bashfleet.client.errors import BashfleetError, FleetUnavailable  # noqa: PLC0415
 
     if isinstance(exc, ValidationError) and exc.title == "Settings":
-        # A BASHFLEET_* variable's value: one line, not pydantic's paragraphs.
+        # A BASHFLEET_* variable's value (the worker's settings, which `up` and `owner`
+        # read): one line, not pydantic's paragraphs.
         text, status = f"bashfleet: {settings_problem(exc)}", EXIT_USAGE
+    elif isinstance(exc, SettingsError):  # the same, of the client's settings
+        text, status = f"bashfleet: {exc}", EXIT_USAGE
     elif isinstance(exc, common.NoFleet):
         text, status = f"bashfleet: {exc}", EXIT_SYSTEM_ERROR
     elif isinstance(exc, FleetUnavailable):

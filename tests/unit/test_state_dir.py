@@ -15,9 +15,11 @@ from pathlib import Path
 import pytest
 
 from bashfleet.client import local
+from bashfleet.client._core.settings import UnsafeStateError
 from bashfleet.client.errors import FleetUnavailable
 from bashfleet.client.fleet import resolve_url
-from bashfleet.worker.settings import Settings, check_state_dir, get_settings
+from bashfleet.worker.settings import Settings, get_settings
+from bashfleet.worker.state_dir import check_state_dir
 
 NOBODY = 65534
 
@@ -74,7 +76,7 @@ def test_a_planted_fleet_json_is_never_read(
     assert local.load_state(settings) == planted  # ours: read
     path = local.state_path(settings)
     os.chown(path, NOBODY, NOBODY)  # another user's file
-    with pytest.raises(local.UnsafeStateError, match="not a file of this user's alone"):
+    with pytest.raises(UnsafeStateError, match="not a file of this user's alone"):
         local.load_state(settings)
     path.unlink()
     (tmp_path / "theirs.json").write_text(planted.model_dump_json())

@@ -52,9 +52,9 @@ from bashfleet.worker.settings import (
     SECRET_VARIABLES,
     SECRETS_FD_VAR,
     Settings,
-    check_state_dir,
     secrets_pipe,
 )
+from bashfleet.worker.state_dir import check_state_dir
 from bashfleet.worker.wire import names
 from bashfleet.worker.wire.auth import AuthError, keyring
 from bashfleet.worker.wire.names import ROLES, CallState
