@@ -48,7 +48,7 @@ def _parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `bashfleet` console script."""
-    parser = arguments.build_parser()
+    parser = arguments.build_parser(sys.argv[1:] if argv is None else argv)
     try:
         args, rest = _parse(parser, argv)
     except BrokenPipeError:

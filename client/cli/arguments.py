@@ -11,11 +11,13 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, cast
 
 if TYPE_CHECKING:
     SubParsers = argparse._SubParsersAction[argparse.ArgumentParser]
+else:  # generic only to type checkers
+    SubParsers = argparse._SubParsersAction
 
 #: The dialects `schema` and `mcp` take, and `schema`'s styles (`bashfleet.client.dialects.DIALECTS`
 #: and `bashfleet.client.dialects.base.SCHEMA_STYLES`, which a unit test holds these to: importing
@@ -54,16 +56,55 @@ def command(target: str) -> Callable[[argparse.Namespace], int]:
 # ------------------------------------------------------------------------- parser
 
 
-def build_parser() -> argparse.ArgumentParser:
+class _Unlisted(argparse.ArgumentParser):
+    """The parser of a command that was not asked for: it names the command in the
+    list of commands, and drops the options given to it (it never parses any)."""
+
+    def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
+        return _DROPPED
+
+    def add_mutually_exclusive_group(self, **kwargs: Any) -> argparse._MutuallyExclusiveGroup:
+        return _UnlistedGroup(self)
+
+
+class _UnlistedGroup(argparse._MutuallyExclusiveGroup):
+    def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
+        return _DROPPED
+
+
+#: What adding an option to an `_Unlisted` parser gives back.
+_DROPPED = argparse.Action(option_strings=[], dest="dropped")
+
+
+class _Commands(SubParsers):
+    """`bashfleet`'s commands: the one `chosen` (every one when None) gets a parser
+    that takes its options, the others an `_Unlisted` one."""
+
+    chosen: str | None = None
+
+    def add_parser(self, name: str, **kwargs: Any) -> argparse.ArgumentParser:
+        listed = self.chosen is None or name == self.chosen
+        self._parser_class = argparse.ArgumentParser if listed else _Unlisted
+        return super().add_parser(name, **kwargs)
+
+
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     """The `bashfleet` argument parser. Every option has help text and every command a
-    function that exists (unit tests walk the tree)."""
+    function that exists (unit tests walk the tree).
+
+    With `argv`, the parser of what it asks for: the command it names takes its options,
+    every other command is listed with its help line alone (`_Unlisted`), so parsing
+    `run` or printing `bashfleet --help` never builds the options of forty commands."""
     parser = argparse.ArgumentParser(
         prog="bashfleet", description="Run bash calls on a fleet of build machines.",
         epilog="Exit status: the command's own; 128+N when signal N ended it; 124 on a "
         "timeout kill; 125 for a system error (did not run, worker lost); 130 after "
         "Ctrl-C; 141 when the reader of its output went away (`| head`); 2 for usage.",
     )
-    sub = parser.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+    chosen = None if argv is None else next((w for w in argv if not w.startswith("-")), "")
+    sub = cast("_Commands", parser.add_subparsers(dest="cmd", required=True,
+                                                  metavar="COMMAND", action=_Commands))
+    sub.chosen = chosen
     _add_fleet_commands(sub)
     run = _add_run_command(sub)
     _add_job_commands(sub)

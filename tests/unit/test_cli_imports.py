@@ -10,7 +10,7 @@ import argparse
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import pytest
 
@@ -80,3 +80,33 @@ def test_every_command_names_a_function_that_exists() -> None:
         assert isinstance(func, str), path
         assert callable(arguments.command(func)), (path, func)
 
+
+
+def _options(parser: argparse.ArgumentParser) -> list[Sequence[str]]:
+    return [action.option_strings or [action.dest] for action in parser._actions]
+
+
+@pytest.mark.parametrize(("argv", "chosen"), [
+    (["run", "--workspace", "W", "true"], "run"), (["workspace", "ls"], "workspace"),
+    (["--help"], None), (["-h", "run"], "run"),
+])
+def test_the_parser_of_argv_builds_the_options_of_its_command_alone(
+    argv: list[str], chosen: str | None,
+) -> None:
+    full = dict(_leaf_parsers(arguments.build_parser()))
+    asked = dict(_leaf_parsers(arguments.build_parser(argv)))
+    assert asked.keys() == full.keys()  # every command listed, as `--help` shows them
+    for path, parser in asked.items():
+        if path.split()[1] == chosen:
+            assert _options(parser) == _options(full[path]), path
+        else:
+            assert _options(parser) == [], path
+
+
+def _leaf_parsers(parser: argparse.ArgumentParser) -> Iterator[tuple[str, argparse.ArgumentParser]]:
+    subparsers = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    if not subparsers:
+        yield parser.prog, parser
+        return
+    for child in subparsers[0].choices.values():
+        yield from _leaf_parsers(child)
