@@ -58,7 +58,7 @@ from bashfleet.worker.engine.watcher import UNWATCHED, CallWatcher, Spawned
 from bashfleet.worker.settings import Settings, get_settings
 from bashfleet.worker.wire.errors import ErrorKind, ToolError
 from bashfleet.worker.wire.models import (
-    CANCELLED,
+    CANCELLED_MESSAGE,
     Call,
     CallResult,
     JobRecord,
@@ -609,7 +609,7 @@ def _exit_fd(proc: procs.Process) -> tuple[int, bool]:
     return os.pidfd_open(proc.pid), True
 
 
-Outcome = Literal["exited", "timeout", "cancel", "output", "detach"]
+EndReason = Literal["exited", "timeout", "cancel", "output", "detach"]
 
 
 def _wait(
@@ -620,7 +620,7 @@ def _wait(
     *,
     over_cap: Callable[[], bool] | None = None,
     detachable: bool = True,
-) -> Outcome:
+) -> EndReason:
     """Follow the output until the process exits; return why the wait ended.
 
     `watcher.running()` is called once, at the first wake-up that finds the process
@@ -706,8 +706,8 @@ def _run_foreground(
     try:
         watcher.spawned(Spawned(proc.pid, proc.pid, marker, streams.stdout.parent))
         # Output kept in memory has no file to go on into: such a call cannot detach.
-        outcome = _wait(proc, files, timeout_s, watcher,
-                        over_cap=_cap_check(settings, files, pipes), detachable=pipes is None)
+        reason = _wait(proc, files, timeout_s, watcher,
+                       over_cap=_cap_check(settings, files, pipes), detachable=pipes is None)
     except BaseException:
         # The watcher failed (or we were interrupted) while the command runs: nobody would
         # ever watch or kill it, so end it before the error goes on.
@@ -715,20 +715,20 @@ def _run_foreground(
         _reap(proc)
         launch.release()
         raise
-    result = _Outcome(call, settings, streams, files, secrets, cwd, started, pipes)
-    if outcome == "exited":
-        return _finished(result, proc, launch, started_with=child.env)
+    builder = _ResultBuilder(call, settings, streams, files, secrets, cwd, started, pipes)
+    if reason == "exited":
+        return _finished(builder, proc, launch, started_with=child.env)
     # With output in memory there is no file to keep running into: kill instead.
-    if outcome == "detach" or (
-        outcome == "timeout" and call.policy.on_timeout == "background" and pipes is None
+    if reason == "detach" or (
+        reason == "timeout" and call.policy.on_timeout == "background" and pipes is None
     ):
         record = jobs.adopt_foreground(
             call, proc, streams.stdout, streams.stderr, cwd, settings, on_end=launch.release,
             workspace=workspace,
         )
         if record is None:  # it ended as it was made a job: a finished call after all
-            return _finished(result, proc, launch, started_with=child.env)
-        return result.backgrounded(record, proc.pid, timed_out=outcome == "timeout")
+            return _finished(builder, proc, launch, started_with=child.env)
+        return builder.backgrounded(record, proc.pid, timed_out=reason == "timeout")
     # What the call was doing when its time ran out, for the notice, before killing it.
     doing = procs.describe(procs.find_call_processes(proc.pid, marker))
     survivors = procs.terminate(
@@ -738,7 +738,7 @@ def _run_foreground(
     launch.release()
     if pipes is not None:
         pipes.drained()
-    return result.killed(returncode, survivors, doing, reason=outcome)
+    return builder.killed(returncode, survivors, doing, reason=reason)
 
 
 #: Seconds a keeper gets to report the status of a call whose processes were killed.
@@ -760,18 +760,18 @@ def _reap(proc: procs.Process) -> int:
 
 
 def _finished(
-    result: _Outcome, proc: procs.Process, launch: _Launch, *, started_with: dict[str, str],
+    builder: _ResultBuilder, proc: procs.Process, launch: _Launch, *, started_with: dict[str, str],
 ) -> CallResult:
     returncode = proc.wait()
     hits = launch.hits(proc)
     recorded = launch.recorded_state()
     launch.release()
-    if result.pipes is not None:
-        result.pipes.drained()
+    if builder.pipes is not None:
+        builder.pipes.drained()
     if getattr(proc, "capped", False):
         # Its runner stopped it for writing too much before our next look did.
-        return result.killed(returncode, [], (), reason="output")
-    finished = result.finished(returncode, hits)
+        return builder.killed(returncode, [], (), reason="output")
+    finished = builder.finished(returncode, hits)
     return finished if recorded is None else _with_state(finished, recorded, started_with)
 
 
@@ -787,7 +787,7 @@ def _with_state(result: CallResult, recorded: bytes, started_with: dict[str, str
 
 
 @dataclass
-class _Outcome:
+class _ResultBuilder:
     """Builds the result of a foreground call from its files."""
 
     call: Call
@@ -901,12 +901,12 @@ class _Outcome:
         survivors: list[int],
         doing: tuple[ProcessInfo, ...],
         *,
-        reason: Outcome,
+        reason: EndReason,
     ) -> CallResult:
         code, sig = _split_status(returncode)
         error = None
         if reason == "cancel":
-            error = SystemError_(kind="cancelled", message=CANCELLED)
+            error = SystemError_(kind="cancelled", message=CANCELLED_MESSAGE)
         if survivors:
             message = f"{len(survivors)} process(es) survived the kill: {survivors}"
             error = SystemError_(kind="internal", message=message)
