@@ -147,7 +147,7 @@ def traced_client(entry: str, push: str) -> Iterator[ClientTrace]:
         yield trace
     finally:
         sys.setprofile(previous)
-        threading.setprofile(None)  # type: ignore[arg-type]
+        threading.setprofile(None)
 
 
 def hops(path: Path_) -> int:

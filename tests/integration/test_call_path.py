@@ -35,8 +35,9 @@ def test_one_call_stays_within_its_hop_and_module_budgets(
                                  workspace=workspace.id).exit_code == 0
         finally:
             workspace.delete()
-    traces = wait_for(lambda: (t := call_trace.worker_traces(folder)) and len(t) >= 2 and t,
-                      timeout=60, what="the traced worker's record of both calls")
+    wait_for(lambda: len(call_trace.worker_traces(folder)) >= 2, timeout=60,
+             what="the traced worker's record of both calls")
+    traces = call_trace.worker_traces(folder)
     worker_trace = traces[1]
     # The trace saw what it measures: one push, one keeper request, from their entry points.
     assert len(client.paths) == 1, client.paths
