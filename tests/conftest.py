@@ -96,11 +96,15 @@ def _settle(since: float, timeout: float = 5.0) -> list[psutil.Process]:
 @pytest.fixture(autouse=True)
 def _end_sandbox_pools() -> Iterator[None]:
     """The sandbox launchers and idle runners a test's in-process calls started end with
-    the test (each layout, a state directory, has its own)."""
+    the test (each layout, a state directory, has its own), and so does the nftables
+    helper its workspaces' rules started."""
     yield
     pools = sys.modules.get("bashfleet.worker.engine.sandbox")
     if pools is not None:
         pools.close_all()
+    network = sys.modules.get("bashfleet.worker.engine.network")
+    if network is not None:
+        network.end_helper()
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
