@@ -203,6 +203,13 @@ class Settings(BaseSettings):
     workspace_root: Path | None = None
     """Where fresh workspaces are made. None: /var/lib/bashfleet/workspaces for a root
     worker, else `$XDG_DATA_HOME/bashfleet/workspaces` (~/.local/share/...)."""
+    layer_image_gb: int | None = Field(None, ge=1, le=65536)
+    """Keep workspaces' layers, their directories and snapshots on an XFS file system
+    with reflink of this many GiB (a sparse image, `layers.xfs` in `state_dir`, made and
+    loop-mounted by a root worker at start and kept mounted for the next), so that a
+    snapshot shares its files' extents instead of copying their bytes. None: the plain
+    directories (where the state directory's own file system clones, XFS or btrfs, a
+    snapshot clones anyway)."""
     workspace_allow: CsvTuple = ()
     """Roots under which an existing host directory may be a workspace (`path=`, a call's
     `--cwd`): writable by its calls, every other directory under these roots hidden."""
