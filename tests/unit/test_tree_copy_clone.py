@@ -189,6 +189,10 @@ def test_the_layers_go_on_one_reflink_xfs_and_stay_for_the_next_start(tmp_path: 
         devs = {os.stat(t).st_dev for t in layer_fs.targets(settings).values()}
         assert devs == {os.stat(layer_fs.mount_path(settings)).st_dev}
         assert os.stat(settings.state_dir).st_dev not in devs
+        # Fresh workspaces are made on it, under no link (their view binds that path).
+        root = settings.workspace_root_dir()
+        assert root == layer_fs.mount_path(settings) / "workspaces" and root.is_dir()
+        assert os.stat(root).st_dev in devs and not root.is_symlink()
         # The image is sparse: a 1 GiB file system takes its log (64 MiB) of the host's disk.
         assert os.stat(layer_fs.image_path(settings)).st_blocks * 512 < 128 * MIB
         (settings.workspaces_dir / "kept").write_text("here")
@@ -199,4 +203,5 @@ def test_the_layers_go_on_one_reflink_xfs_and_stay_for_the_next_start(tmp_path: 
     finally:
         layer_fs.release(settings)
     assert not os.path.ismount(layer_fs.mount_path(settings))
-    assert not any(os.path.ismount(t) for t in layer_fs.targets(settings).values())
+    assert not any(t.exists() or t.is_symlink() for t in layer_fs.targets(settings).values())
+    assert settings.workspace_root_dir() == tmp_path / "roots"

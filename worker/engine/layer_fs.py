@@ -7,15 +7,20 @@ worker keep them on an XFS image instead:
 
     <state_dir>/layers.xfs                      the image (sparse: it takes what it holds)
     <state_dir>/layers/                         its mount (a loop device)
-    <state_dir>/layers/workspace-state  ->  bound on `workspaces_dir` (upper layers...)
-    <state_dir>/layers/snapshots        ->  bound on the snapshots' directory
-    <state_dir>/layers/workspaces       ->  bound on `workspace_root_dir()`
+    <state_dir>/layers/workspace-state  <-  `workspaces_dir`, a link to it (upper layers)
+    <state_dir>/layers/snapshots        <-  the snapshots' directory, a link to it
+    <state_dir>/layers/workspaces       the workspaces' directories (`workspace_root_dir`
+                                        answers it while it is there: a workspace's
+                                        directory is bound at its path in its view,
+                                        where a link on the way would not be followed)
 
-All three on one file system: a snapshot clones from the first and the last into the
-second (a rename never crosses them). Made at the worker's start when missing, and left
-mounted when it stops: the next start finds them in place and uses them again. A
-directory that already holds files of its own is never mounted over (they would vanish
-from sight): the worker says so and keeps the plain directories.
+All three on one file system and one mount: a snapshot clones from the first and the
+last into the second, and an overlay's upper and work directories must be on the same
+mount (bind mounts of the three would be three mounts). Made at the worker's start when
+missing, and left mounted when it stops: the next start finds them in place and uses
+them again (after a reboot it mounts the image again). A directory that already holds
+files of its own is never replaced (they would vanish from sight): the worker says so
+and keeps the plain directories.
 """
 
 from __future__ import annotations
@@ -28,7 +33,6 @@ from pathlib import Path
 from bashfleet.worker.settings import Settings
 
 IMAGE_NAME = "layers.xfs"
-MOUNT_NAME = "layers"
 #: Seconds mkfs or mount may take (mkfs.xfs of a sparse image: well under one).
 TOOL_TIMEOUT_S = 60.0
 #: Smallest image mkfs.xfs makes.
@@ -40,14 +44,13 @@ def image_path(settings: Settings) -> Path:
 
 
 def mount_path(settings: Settings) -> Path:
-    return settings.state_dir / MOUNT_NAME
+    return settings.layer_mount
 
 
 def targets(settings: Settings) -> dict[str, Path]:
-    """Each directory of the image (its name there) -> where it is bound."""
+    """Each directory of the image (its name there) -> the link to it."""
     return {"workspace-state": settings.workspaces_dir,
-            "snapshots": settings.state_dir / "snapshots",
-            "workspaces": settings.workspace_root_dir()}
+            "snapshots": settings.state_dir / "snapshots"}
 
 
 def prepare(settings: Settings) -> tuple[bool, str] | None:
@@ -71,14 +74,17 @@ def prepare(settings: Settings) -> tuple[bool, str] | None:
             mount.mkdir(mode=0o700, exist_ok=True)
             mount_image(image, mount)
             did.append(f"mounted it on {mount}")
-        dev = os.stat(mount).st_dev
         for name, target in targets(settings).items():
-            if _on(target, dev):
+            real = mount / name
+            real.mkdir(mode=0o700, exist_ok=True)
+            if _links_to(target, real):
                 continue
-            (mount / name).mkdir(mode=0o700, exist_ok=True)
-            target.mkdir(mode=0o700, parents=True, exist_ok=True)
-            _run(["mount", "--bind", str(mount / name), str(target)])
-            did.append(f"bound {target}")
+            if target.is_dir():
+                target.rmdir()  # empty (`_busy_targets`)
+            target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            target.symlink_to(real, target_is_directory=True)
+            did.append(f"linked {target} to it")
+        (mount / "workspaces").mkdir(mode=0o700, exist_ok=True)
     except (OSError, subprocess.SubprocessError, ValueError) as exc:
         return False, (f"workspace layers stay on the state directory's file system: "
                        f"could not set up {image}: {exc}")
@@ -111,14 +117,19 @@ def unmount(path: Path) -> None:
 
 
 def release(settings: Settings) -> None:
-    """Undo `prepare` (the binds, then the image's mount): for tests and operators; a
-    worker leaves them for its next start."""
-    dev = os.stat(mount_path(settings)).st_dev if _mounted_here(mount_path(settings)) else None
-    for target in targets(settings).values():
-        if dev is not None and _on(target, dev) and os.path.ismount(target):
-            unmount(target)
-    if dev is not None:
-        unmount(mount_path(settings))
+    """Undo `prepare` (the links, then the image's mount): for tests and operators; a
+    worker leaves them for its next start. A mount a process still uses (a workspace's
+    keeper that has not gone yet) is detached, and goes with the last of them."""
+    mount = mount_path(settings)
+    for name, target in targets(settings).items():
+        if _links_to(target, mount / name):
+            target.unlink()
+    if not _mounted_here(mount):
+        return
+    try:
+        unmount(mount)
+    except ValueError:
+        _run(["umount", "--lazy", str(mount)])
 
 
 def _missing_means() -> str | None:
@@ -132,12 +143,14 @@ def _missing_means() -> str | None:
 
 
 def _busy_targets(settings: Settings) -> str | None:
-    """Why a target may not be mounted over: it holds files of its own."""
+    """Why a target may not be replaced by a link: it holds files of its own, or it is
+    another link."""
     mount = mount_path(settings)
-    dev = os.stat(mount).st_dev if _mounted_here(mount) else None
-    for target in targets(settings).values():
-        if dev is not None and _on(target, dev):
+    for name, target in targets(settings).items():
+        if _links_to(target, mount / name):
             continue
+        if target.is_symlink():
+            return f"{target} is a link to {os.readlink(target)}: remove it to use the image"
         try:
             with os.scandir(target) as listing:
                 if any(True for _ in listing):
@@ -152,11 +165,8 @@ def _mounted_here(mount: Path) -> bool:
     return mount.is_dir() and os.path.ismount(mount)
 
 
-def _on(target: Path, dev: int) -> bool:
-    try:
-        return os.stat(target).st_dev == dev
-    except FileNotFoundError:
-        return False
+def _links_to(target: Path, real: Path) -> bool:
+    return target.is_symlink() and os.readlink(target) == str(real)
 
 
 def _tool(name: str) -> str:
