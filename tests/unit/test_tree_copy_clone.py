@@ -205,3 +205,25 @@ def test_the_layers_go_on_one_reflink_xfs_and_stay_for_the_next_start(tmp_path: 
     assert not os.path.ismount(layer_fs.mount_path(settings))
     assert not any(t.exists() or t.is_symlink() for t in layer_fs.targets(settings).values())
     assert settings.workspace_root_dir() == tmp_path / "roots"
+
+
+@pytest.mark.parametrize("case", [
+    (1000, True, True, "not root"),
+    (0, False, True, "no loop device"),
+    (0, True, False, "apt-get install xfsprogs"),
+])
+def test_a_host_that_cannot_mount_the_image_says_why_and_keeps_its_directories(
+        case: tuple[int, bool, bool, str], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """(effective uid, a loop device, mkfs.xfs, what the worker says)."""
+    euid, loop, mkfs, said = case
+    settings = _settings(tmp_path, 1)
+    real_exists = os.path.exists
+    monkeypatch.setattr(os, "geteuid", lambda: euid)
+    monkeypatch.setattr(os.path, "exists", lambda p: loop if p == "/dev/loop-control"
+                        else real_exists(p))
+    monkeypatch.setattr(shutil, "which", lambda name: "/usr/sbin/mkfs.xfs" if mkfs else None)
+    on, why = layer_fs.prepare(settings) or (None, "")
+    assert on is False and said in why, why
+    assert not layer_fs.image_path(settings).exists()
+    assert settings.workspace_root_dir() == tmp_path / "roots"
