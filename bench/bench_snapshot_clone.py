@@ -73,7 +73,15 @@ def _snapshot(settings: Settings, ws: WorkspaceRecord) -> tuple[float, float]:
     record, paused = snapshots.take(ws, settings, ttl_s=600)
     took = time.perf_counter() - started
     snapshots.remove(record.id, settings)
+    _settle(settings)
     return took, paused or 0.0
+
+
+def _settle(settings: Settings) -> None:
+    """What a removal left the file system to do (XFS frees removed inodes, and their
+    shared extents, in the background) done before the next measurement, on both file
+    systems alike: `sync -f` (syncfs) waits for it."""
+    subprocess.run(["sync", "-f", str(snapshots.snapshots_dir(settings))], check=True)
 
 
 def _cp(settings: Settings, ws: WorkspaceRecord, scratch: Path) -> float:
@@ -86,6 +94,7 @@ def _cp(settings: Settings, ws: WorkspaceRecord, scratch: Path) -> float:
     subprocess.run(["cp", "-a", "--reflink=auto", "--", *layers, str(target)], check=True)
     took = time.perf_counter() - started
     shutil.rmtree(target)
+    _settle(settings)
     return took
 
 
@@ -118,15 +127,18 @@ def _fs(path: Path) -> str:
 
 def measure(hosts: dict[str, Settings], sizes: dict[str, str], rounds: int,
             scratch: Path) -> list[Row]:
-    sources = {(fs, size): _source(settings, fill)
-               for fs, settings in hosts.items() for size, fill in sizes.items()}
+    sources: dict[tuple[str, str], WorkspaceRecord] = {}
+    first: dict[tuple[str, str], float] = {}
+    for fs, settings in hosts.items():
+        for size, fill in sizes.items():
+            sources[fs, size] = _source(settings, fill)
+            # The first snapshot right after the writes, their pages still dirty: a
+            # clone writes them out first (a copy reads them from memory). Then settled.
+            first[fs, size] = _snapshot(settings, sources[fs, size])[0]
     taken: dict[tuple[str, str], list[float]] = {key: [] for key in sources}
     paused: dict[tuple[str, str], list[float]] = {key: [] for key in sources}
     copies: dict[tuple[str, str], list[float]] = {key: [] for key in sources}
     keys = list(sources)
-    # The first snapshot after the writes: their pages still dirty, which a clone must
-    # write out first (a copy reads them from memory).
-    first = {key: _snapshot(hosts[key[0]], sources[key])[0] for key in keys}
     for index in range(rounds):
         _say(f"round {index + 1}/{rounds}")
         # Each round in another order: no kind always follows the same one.
