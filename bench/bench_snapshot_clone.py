@@ -127,28 +127,32 @@ def _fs(path: Path) -> str:
 
 def measure(hosts: dict[str, Settings], sizes: dict[str, str], rounds: int,
             scratch: Path) -> list[Row]:
+    """Each size's rounds in turn (a 1 GiB copy's writes, on the disk the image lives on
+    too, would weigh on the 50 MiB rows), the file systems interleaved in each round."""
     sources: dict[tuple[str, str], WorkspaceRecord] = {}
     first: dict[tuple[str, str], float] = {}
-    for fs, settings in hosts.items():
-        for size, fill in sizes.items():
-            sources[fs, size] = _source(settings, fill)
+    taken: dict[tuple[str, str], list[float]] = {}
+    paused: dict[tuple[str, str], list[float]] = {}
+    copies: dict[tuple[str, str], list[float]] = {}
+    for size, fill in sizes.items():
+        keys = [(fs, size) for fs in hosts]
+        for key in keys:
+            settings = hosts[key[0]]
+            sources[key] = _source(settings, fill)
             # The first snapshot right after the writes, their pages still dirty: a
             # clone writes them out first (a copy reads them from memory). Then settled.
-            first[fs, size] = _snapshot(settings, sources[fs, size])[0]
-    taken: dict[tuple[str, str], list[float]] = {key: [] for key in sources}
-    paused: dict[tuple[str, str], list[float]] = {key: [] for key in sources}
-    copies: dict[tuple[str, str], list[float]] = {key: [] for key in sources}
-    keys = list(sources)
-    for index in range(rounds):
-        _say(f"round {index + 1}/{rounds}")
-        # Each round in another order: no kind always follows the same one.
-        order = keys[index % len(keys):] + keys[:index % len(keys)]
-        for key in order:
-            settings = hosts[key[0]]
-            took, pause = _snapshot(settings, sources[key])
-            taken[key].append(took)
-            paused[key].append(pause)
-            copies[key].append(_cp(settings, sources[key], scratch))
+            first[key] = _snapshot(settings, sources[key])[0]
+            taken[key], paused[key], copies[key] = [], [], []
+        for index in range(rounds):
+            _say(f"{size}: round {index + 1}/{rounds}")
+            # Each round in another order: no kind always follows the same one.
+            order = keys[index % len(keys):] + keys[:index % len(keys)]
+            for key in order:
+                settings = hosts[key[0]]
+                took, pause = _snapshot(settings, sources[key])
+                taken[key].append(took)
+                paused[key].append(pause)
+                copies[key].append(_cp(settings, sources[key], scratch))
     rows: list[Row] = []
     for size in sizes:
         for fs, settings in hosts.items():
