@@ -200,6 +200,13 @@ def test_the_layers_go_on_one_reflink_xfs_and_stay_for_the_next_start(tmp_path: 
         on, said = layer_fs.prepare(settings) or (None, "")
         assert on is True and "already in place" in said
         assert (settings.workspaces_dir / "kept").read_text() == "here"
+        # A reboot (the image unmounted) and the setting gone: the state directory's
+        # links lead into the image, so it is mounted again all the same.
+        layer_fs.unmount(layer_fs.mount_path(settings))
+        assert not (settings.workspaces_dir / "kept").exists()
+        on, said = layer_fs.prepare(_settings(tmp_path, None)) or (None, "")
+        assert on is True and "is not set" in said and "mounted it" in said, said
+        assert (settings.workspaces_dir / "kept").read_text() == "here"
     finally:
         layer_fs.release(settings)
     assert not os.path.ismount(layer_fs.mount_path(settings))

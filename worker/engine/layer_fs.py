@@ -56,18 +56,26 @@ def targets(settings: Settings) -> dict[str, Path]:
 def prepare(settings: Settings) -> tuple[bool, str] | None:
     """Put the layers on the image when `layer_image_gb` asks for it: whether they are
     on it, and what was done or why not (the plain directories are then used). None when
-    not asked."""
-    if settings.layer_image_gb is None:
+    not asked. Not asked any more while the state directory links into the image, it is
+    mounted again all the same (what those links hold lives there), and said so."""
+    mount = mount_path(settings)
+    linked = any(_links_to(t, mount / n) for n, t in targets(settings).items())
+    if settings.layer_image_gb is None and not linked:
         return None
+    if settings.layer_image_gb is None and not image_path(settings).exists():
+        return False, (f"{', '.join(map(str, targets(settings).values()))} link into "
+                       f"{mount}, whose image {image_path(settings)} is gone: remove the "
+                       "links (or set layer_image_gb to make a new image)")
     problem = _missing_means()
     if problem is None:
         problem = _busy_targets(settings)
     if problem is not None:
         return False, f"workspace layers stay on the state directory's file system: {problem}"
-    image, mount = image_path(settings), mount_path(settings)
-    did = []
+    image = image_path(settings)
+    did = [] if settings.layer_image_gb is not None else [
+        "layer_image_gb is not set, but the state directory links into the image"]
     try:
-        if not image.exists():
+        if not image.exists() and settings.layer_image_gb is not None:
             make_image(image, settings.layer_image_gb * 2**30)
             did.append(f"made {image} (XFS, reflink, {settings.layer_image_gb} GiB sparse)")
         if not _mounted_here(mount):
