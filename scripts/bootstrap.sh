@@ -98,6 +98,7 @@ fi
 IMAGE_TOOLS="newuidmap:uidmap skopeo:skopeo umoci:umoci buildah:buildah mmdebstrap:mmdebstrap"
 IMAGE_TOOLS="$IMAGE_TOOLS docker-registry:docker-registry htpasswd:apache2-utils pasta:passt"
 IMAGE_TOOLS="$IMAGE_TOOLS zstd:zstd"  # snapshot layers travel zstd-compressed
+IMAGE_TOOLS="$IMAGE_TOOLS mkfs.xfs:xfsprogs"  # BASHFLEET_LAYER_IMAGE_GB: layers that clone
 missing=""
 for pair in $IMAGE_TOOLS; do
   command -v "${pair%%:*}" >/dev/null || missing="$missing ${pair#*:}"
