@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from privilege import needs_root
 
 from bashfleet.worker.engine import ids, sandbox, workspaces
 from bashfleet.worker.wire.models import WorkspaceSpec
@@ -33,7 +34,7 @@ from .engine_helpers import (
     package_root,
 )
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="a root worker's workspaces")
+pytestmark = needs_root("a root worker's workspaces")
 
 NOBODY = 65534
 

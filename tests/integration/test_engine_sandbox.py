@@ -28,6 +28,7 @@ from typing import Any
 
 import psutil
 import pytest
+from privilege import needs_root, require_root
 from pydantic import ValidationError
 
 from bashfleet import worker
@@ -55,7 +56,6 @@ pytestmark = pytest.mark.skipif(
     PROBE.isolation == "none", reason=f"no working bubblewrap here: {PROBE.problem}"
 )
 needs_cgroups = pytest.mark.skipif(PROBE.cgroup is None, reason="no cgroups for calls here")
-needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs a worker started as root")
 
 SIGNING_KEY = "sk-planted-9c4e1f7a2b"
 AUTO = Policy(on_timeout="background", kill_grace_s=0.5)
@@ -264,9 +264,10 @@ def test_the_keeper_answers_its_worker_only(engine: Engine, spaces: Workspaces) 
     conn = launcher.KeeperConnection.connect(record.socket_path)  # the worker: served
     assert conn.ping() == 1
     conn.close()
+    require_root("another user's connection: a worker that is not root runs calls as "
+                 "itself, and its socket is out of every call's view")
     ids = run_user_ids()
-    if ids is None:
-        pytest.skip("as a worker that is not root, the socket is out of every call's view")
+    assert ids is not None  # a root worker runs calls as its run user
     # Another user that reached the socket (it cannot: the state directory is 0700, and
     # hidden from every workspace): only the keeper's own check is left to refuse it.
     os.chmod(record.socket_path, 0o666)  # noqa: S103
@@ -647,7 +648,7 @@ def _shared_dir_fixture() -> Iterator[Path]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-@needs_root
+@needs_root("needs a worker started as root")
 @pytest.mark.parametrize("isolation", ["process", "none"])
 def test_run_as_runs_calls_as_that_user(
     shared_dir: Path, janitor: Janitor, isolation: str
@@ -749,7 +750,7 @@ def readable_copy(into: Path) -> Path:
     return lib
 
 
-@needs_root
+@needs_root("needs a worker started as root")
 def test_a_worker_that_is_not_root_gets_the_same_sandbox() -> None:
     # A worker started by an ordinary user: bwrap makes a user namespace, the zygote and
     # keepers get its capabilities, the calls none. Run as `nobody` with the system Python

@@ -27,12 +27,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from privilege import needs_root
 
 from .engine_helpers import package_root, wait_until
 from .netns_helpers import NetNs, make_netns, reachable
 from .test_network_policy import HOLD, PROBE
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="runs a worker as another user")
+pytestmark = needs_root("runs a worker as another user")
 
 TUN = Path("/dev/net/tun")
 
