@@ -46,6 +46,7 @@ from .engine_helpers import (
     _plain_engine_fixture,  # noqa: F401 - fixture
     alive,
     engine_with,
+    readable_install,
     run_user_ids,
     wait_until,
 )
@@ -705,61 +706,15 @@ sandbox.close_all()
 """
 
 
-#: What the rootless worker imports (ROOTLESS_SCRIPT's own imports of bashfleet): the
-#: packages copied for it are those these load.
-ROOTLESS_IMPORTS = "\n".join(line for line in ROOTLESS_SCRIPT.splitlines()
-                             if line.startswith("from bashfleet"))
-
-_IMPORTED_FROM = """
-import json, sys
-sys.path[:0] = sys.argv[1:]
-exec(sys.stdin.read())
-roots = set()
-for module in list(sys.modules.values()):
-    where = getattr(module, "__file__", None) or ""
-    for root in sys.argv[1:]:
-        if where.startswith(root + "/"):
-            roots.add((root, where[len(root) + 1:].split("/")[0]))
-print(json.dumps(sorted(roots)))
-"""
-
-
-def readable_copy(into: Path) -> Path:
-    """The `worker` package and the packages of this environment it imports, copied into
-    `into/lib`, which any user may read: the checkout, and the virtualenv in it, may be
-    in a directory only their owner can enter (a clone in a home directory of mode 700),
-    where `nobody` could import none of them."""
-    site = next(p for p in sys.path if p.endswith("site-packages"))
-    source = str(Path(worker.__file__).parent.parent)
-    found = subprocess.run([sys.executable, "-I", "-c", _IMPORTED_FROM, source, site],
-                           input=ROOTLESS_IMPORTS, capture_output=True, text=True,
-                           timeout=60, check=True)
-    lib = into / "lib"
-    lib.mkdir()
-    for root, name in json.loads(found.stdout):
-        origin = Path(root) / name
-        # The checkout's folders are the package `bashfleet`'s subpackages.
-        target = lib / "bashfleet" / name if root == source else lib / name
-        if origin.is_dir():
-            shutil.copytree(origin, target, ignore=shutil.ignore_patterns("__pycache__"))
-        else:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(origin, target)
-    for path in [into, *into.rglob("*")]:
-        path.chmod(0o755 if path.is_dir() else 0o644)
-    return lib
-
-
 @needs_root("needs a worker started as root")
 def test_a_worker_that_is_not_root_gets_the_same_sandbox() -> None:
     # A worker started by an ordinary user: bwrap makes a user namespace, the zygote and
     # keepers get its capabilities, the calls none. Run as `nobody` with the system Python
     # (the same 3.11 as this suite: the venv's packages import), its own state directory,
-    # and a copy of what it imports that `nobody` can read.
+    # and the packages from a tree `nobody` can read (readable_install).
     state = Path(tempfile.mkdtemp(prefix="bashfleet-rootless-"))
     secret = state / "state" / "planted.key"
     try:
-        lib = readable_copy(state)
         nobody = pwd.getpwnam("nobody")
         os.chown(state, nobody.pw_uid, nobody.pw_gid)
         command = (f"id -u; grep CapEff /proc/self/status; ps -e | wc -l; cat {secret}; "
@@ -767,7 +722,7 @@ def test_a_worker_that_is_not_root_gets_the_same_sandbox() -> None:
                    "touch /usr/planted; python3 -c 'import socket; "
                    "socket.socket(socket.AF_PACKET, socket.SOCK_RAW)' 2>&1 | tail -1; "
                    "echo done")
-        script = f"import sys; sys.path[:0] = [{str(lib)!r}]\n" + ROOTLESS_SCRIPT
+        script = f"import sys; sys.path[:0] = {list(readable_install())!r}\n" + ROOTLESS_SCRIPT
         done = subprocess.run(
             ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups",
              "/usr/bin/python3", "-I", "-c", script, str(state), command],
