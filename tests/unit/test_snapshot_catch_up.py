@@ -125,6 +125,7 @@ def test_nothing_changed_copies_nothing(tmp_path: Path) -> None:
     assert snapshots._catch_up(tmp_path / "copy", listing, listing) == ([], [])
 
 
+@needs_root("the settling gives the layer's files the snapshot's owners")
 @pytest.mark.parametrize("swapped_back", [False, True])
 def test_a_link_the_first_copy_took_is_never_followed(tmp_path: Path,
                                                       swapped_back: bool) -> None:
