@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import psutil
+import pytest
 
 from .helpers import Cli, bashfleet_command, kill_recorded, local_fleet
 
@@ -69,6 +70,7 @@ def run_lines(lines: list[str], cwd: Path, env: dict[str, str]) -> list[tuple[in
     return results
 
 
+@pytest.mark.timeout(300)  # two fleets started (the quickstart's, the block's) and 17 CLI runs
 def test_the_example_block_runs_as_written(tmp_path: Path) -> None:
     lines = example(*RUN[0])
     cli = Cli(tmp_path / "state")
