@@ -48,7 +48,7 @@ MAX_HELD = 4096
 #: terminal shows first when it attaches (`current_line`).
 REPLAY_BYTES = 4096
 
-#: How `--detach-key` is written (`bashfleet attach --help`, README).
+#: How `--detach-key` is written (`bashfleet attach --help`, docs/cli.md).
 DETACH_KEY_FORMAT = (
     "^X or ctrl-X for Ctrl-X (X a letter or one of @ [ \\ ] ^ _ ?; ^? is DEL), "
     "a Python escape such as \\x1d, or one plain character"

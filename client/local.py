@@ -421,7 +421,7 @@ def _start_flower(state: FleetState, options: UpOptions, url: str, settings: Set
     state.flower_url = f"http://127.0.0.1:{port}"
     state.flower_user = "admin"
     state.flower_password = password
-    options.log(f"flower   {state.flower_url} (user admin, password in {state_path(settings)})")
+    options.log(f"flower   {state.flower_url}")  # `bashfleet up` says where its password is
 
 
 def _port_free(port: int) -> bool:
@@ -450,7 +450,7 @@ def unsandboxed_warnings(infos: Sequence[HostInfo], hosts: Sequence[str]) -> lis
             warnings.append(
                 f"host {info.host} runs calls WITHOUT a sandbox ({probe.problem}): a command "
                 "can read this fleet's processes, keys and Redis password. Install "
-                "bubblewrap and allow user namespaces (README, \"Isolation\")."
+                "bubblewrap and allow user namespaces (docs/security.md, \"Isolation\")."
             )
     return warnings
 

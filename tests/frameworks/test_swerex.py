@@ -5,7 +5,7 @@ the server, and a real fleet.
 The cases are SWE-ReX's tests that exercise `RemoteRuntime` (its repository's
 tests/test_execution.py, test_server.py and test_remote_deployment.py, whose `remote_server`
 fixture is SWE-ReX's own server), ported one by one with the same names. What the ports
-change, and why (each named in README too):
+change, and why (each named in docs/frameworks.md too):
 
 - Paths: the cases write to pytest's `tmp_path` and look at it from the test process; a
   workspace's calls see a host's directory of their own (its /tmp is private), so the

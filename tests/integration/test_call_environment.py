@@ -3,7 +3,7 @@ shell exported (an agent socket, registry credentials, an app's password, a virt
 PYTHONPATH) is in the worker's own environment and reaches no command, on the host's
 root or on an image, in the foreground or as a job; what the operator names
 (`BASHFLEET_ENV_PASS`) and what the caller passes do. An image workspace's calls see the
-image's ENV and what README says bashfleet adds, nothing else; its hostname resolves."""
+image's ENV and what docs/calls.md says bashfleet adds, nothing else; its hostname resolves."""
 
 from __future__ import annotations
 
@@ -116,7 +116,7 @@ def test_an_image_workspace_sees_the_images_env_and_only_what_bashfleet_adds(
         assert env["GREETING"] == "hello"
         assert env["PATH"] == "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
         assert "LANG" not in env
-        # README's list: HOME, the hardening, the marker; the operator's names.
+        # docs/calls.md's list: HOME, the hardening, the marker; the operator's names.
         added = {"HOME", *HARDENING, MARKER_VAR, *NAMED}
         assert set(env) - BASH_OWN == {"PATH", "GREETING"} | added, sorted(env)
 

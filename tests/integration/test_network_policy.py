@@ -738,7 +738,7 @@ def _cli_denied(env: dict[str, str], ws_id: str, wanted: set[str],
 
 def test_refusals_are_their_owners_events_and_names_pass_on_80_and_443_only(
         nethost: WorkerProcess, net: NetNs, redis_server: RedisServer) -> None:
-    """README: `bashfleet events --kind denied` lists what a workspace was refused, and
+    """docs/network.md: `bashfleet events --kind denied` lists what a workspace was refused, and
     a listed name is reached by HTTP and TLS (ports 80 and 443). Before: an owner's own
     key opened none of its refusals (locked for the workers only), and a CONNECT or a
     Host: naming another port of a listed name reached that port."""
