@@ -155,11 +155,60 @@ def hops(path: Path_) -> int:
     return len(path) - 1
 
 
-def render(client: Path_, client_modules: int, worker: Path_, worker_modules: int) -> str:
-    """The two traced paths as README shows them: one line per process, its frames in
-    order (module-less names), its hop count and the modules its thread ran."""
-    def line(where: str, path: Path_, modules: int) -> str:
-        names = " → ".join(row.split(":", 1)[1] for row in path)
-        return f"- {where} ({hops(path)} hops, {modules} modules): {names}"
-    return "\n".join([line("client, to the Redis push", client, client_modules),
-                      line("worker, to the keeper's request", worker, worker_modules)])
+#: Where README's lines about the traced path sit.
+BLOCK_START = "<!-- call-path: written by tests/integration/test_call_path.py -->"
+BLOCK_END = "<!-- /call-path -->"
+
+
+def path_lines(client: Path_, worker: Path_) -> str:
+    """The two traced paths as README shows them: each process's frames in order (the
+    function names, not their modules) and its hop count."""
+    def line(where: str, path: Path_) -> str:
+        names = " → ".join(f"`{row.split(':', 1)[1]}`" for row in path)
+        return f"- {where} ({hops(path)} hops): {names}"
+    return "\n".join([line("client, to the Redis push", client),
+                      line("worker, to the keeper's request", worker)])
+
+
+def readme_block(text: str) -> str:
+    """The lines between README's call-path markers."""
+    start = text.index(BLOCK_START) + len(BLOCK_START)
+    return text[start:text.index(BLOCK_END, start)].strip("\n")
+
+
+def with_block(text: str, lines: str) -> str:
+    """`text` with `lines` between its call-path markers."""
+    start = text.index(BLOCK_START) + len(BLOCK_START)
+    return f"{text[:start]}\n{lines}\n{text[text.index(BLOCK_END, start):]}"
+
+
+def table_modules(text: str) -> dict[str, set[str]]:
+    """The modules README's life-of-a-call table names, by the process that runs them
+    (`client` or `worker`): the keeper's rows (its own process, run by `python -I -S`,
+    not traced) and the consumer's (it runs before the task) left out."""
+    found: dict[str, set[str]] = {"client": set(), "worker": set()}
+    for row in text.splitlines():
+        cells = [cell.strip() for cell in row.strip().strip("|").split("|")]
+        if len(cells) != 4 or not cells[0].isdigit():
+            continue
+        where, named = cells[1], [part.strip("`") for part in cells[2].split()
+                                  if part.strip("`,").endswith(".py")]
+        if where == "keeper":
+            continue
+        folder = ""
+        for name in named:
+            part = name.strip("`,")
+            if part.startswith("_core/"):
+                part = f"client/{part}"
+            if "/" in part:
+                folder = part.rsplit("/", 1)[0]
+            elif folder:
+                part = f"{folder}/{part}"
+            else:
+                part = f"worker/engine/{part}"
+            if part == "worker/fleet/consumer.py":
+                continue
+            module = "bashfleet." + part.removesuffix(".py").replace("/", ".")
+            side = "client" if module.startswith("bashfleet.client.") else "worker"
+            found[side].add(module.replace("client._async.", "client._sync."))
+    return found

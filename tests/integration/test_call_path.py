@@ -5,6 +5,7 @@ fails here, and the README's lines about the path are this trace's rendering."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from bashfleet.client import Fleet
@@ -15,6 +16,7 @@ from .conftest import WorkerFactory, wait_for
 
 #: Frames (the first included) from where a process takes the call to where it hands it on.
 FRAME_BUDGET = 12
+README = Path(__file__).parents[2] / "README.md"
 #: The bashfleet modules each process's thread may enter for one call.
 CLIENT_MODULES = 16
 WORKER_MODULES = 45
@@ -46,9 +48,22 @@ def test_one_call_stays_within_its_hop_and_module_budgets(
     worker_path = worker_trace["paths"][0]
     assert worker_path[0].endswith("fleet.tasks:handle_exec"), worker_path
     assert worker_path[-1].endswith("engine.proto:send"), worker_path
-    said = call_trace.render(client.paths[0], len(client.modules),
-                             worker_path, len(worker_trace["modules"]))
+    said = call_trace.path_lines(client.paths[0], worker_path)
     assert len(client.paths[0]) <= FRAME_BUDGET, said
     assert len(worker_path) <= FRAME_BUDGET, said
     assert len(client.modules) <= CLIENT_MODULES, (said, sorted(client.modules))
     assert len(worker_trace["modules"]) <= WORKER_MODULES, (said, worker_trace["modules"])
+    # README's lines about the path are this trace's, and every module its table names
+    # for the client or the worker ran for this call.
+    text = README.read_text()
+    if os.environ.get("WRITE_CALL_PATH") == "1":
+        README.write_text(call_trace.with_block(text, said))
+        text = README.read_text()
+    assert call_trace.readme_block(text) == said, (
+        "README's call path differs from the trace (WRITE_CALL_PATH=1 writes it):\n"
+        + said)
+    named = call_trace.table_modules(text)
+    assert len(named["client"]) >= 4 and len(named["worker"]) >= 8, named
+    assert named["client"] <= client.modules, named["client"] - client.modules
+    assert named["worker"] <= set(worker_trace["modules"]), \
+        named["worker"] - set(worker_trace["modules"])
