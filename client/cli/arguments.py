@@ -253,7 +253,8 @@ def _add_event_commands(sub: SubParsers) -> None:
     events.set_defaults(func="jobs:cmd_events")
 
 
-#: How `--detach-key` is written (`bashfleet.client.attach.parse_detach_key` reads it).
+#: How `--detach-key` is written (`bashfleet attach --help`, docs/cli.md;
+#: `bashfleet.client.attach.parse_detach_key` reads it).
 DETACH_KEY_FORMAT = (
     "^X or ctrl-X for Ctrl-X (X a letter or one of @ [ \\ ] ^ _ ?; ^? is DEL), "
     "a Python escape such as \\x1d, or one plain character"

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from privilege import needs_root
 
 from bashfleet.client import local
 from bashfleet.client._core.settings import UnsafeStateError
@@ -40,7 +41,9 @@ def test_a_fresh_state_dir_is_made_private(tmp_path: Path) -> None:
     assert made.stat().st_mode & 0o777 == 0o700
 
 
-@pytest.mark.parametrize("problem", ["another owner", "writable by others", "a symlink"])
+@pytest.mark.parametrize("problem", [
+    pytest.param("another owner", marks=needs_root("chown to another user")),
+    "writable by others", "a symlink"])
 def test_an_untrusted_state_dir_is_refused(tmp_path: Path, problem: str) -> None:
     state = tmp_path / "state"
     if problem == "a symlink":
@@ -49,7 +52,7 @@ def test_an_untrusted_state_dir_is_refused(tmp_path: Path, problem: str) -> None
     else:
         state.mkdir(mode=0o700)
     if problem == "another owner":
-        os.chown(state, NOBODY, NOBODY)  # the suite runs as root (CI)
+        os.chown(state, NOBODY, NOBODY)
     elif problem == "writable by others":
         state.chmod(0o777)
     with pytest.raises(ValueError, match=r"refusing|not a directory"):
@@ -65,6 +68,7 @@ def fresh_settings() -> Iterator[None]:
     get_settings.cache_clear()
 
 
+@needs_root("chown to another user")
 def test_a_planted_fleet_json_is_never_read(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fresh_settings: None
 ) -> None:

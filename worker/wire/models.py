@@ -520,7 +520,7 @@ SystemErrorKind = Literal[
 SYSTEM_ERROR_KINDS = frozenset(get_args(SystemErrorKind))
 #: What a cancelled call's error says to a person (its kind, `cancelled`, is what a
 #: reader goes by).
-CANCELLED = "call cancelled; its processes were killed"
+CANCELLED_MESSAGE = "call cancelled; its processes were killed"
 
 
 class SystemError_(Model):  # noqa: N801 - avoid shadowing the builtin SystemError
