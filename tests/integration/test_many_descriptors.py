@@ -36,6 +36,7 @@ from pathlib import Path
 import psutil
 import pytest
 import redis
+from privilege import needs_root
 
 from bashfleet.client import AsyncFleet
 from bashfleet.client.redis_server import RedisServer
@@ -43,7 +44,7 @@ from bashfleet.worker.fleet import registry
 
 from .conftest import WorkerFactory
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="a root worker's networks")
+pytestmark = needs_root("a root worker's networks")
 
 #: Descriptors the exec consumer is made to hold from its start, at its lowest numbers:
 #: every one a call opens is numbered past them, far past FD_SETSIZE (1024).

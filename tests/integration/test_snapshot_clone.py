@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from privilege import needs_root
 
 from bashfleet.client import Fleet
 from bashfleet.client.redis_server import RedisServer
@@ -22,7 +23,7 @@ from bashfleet.worker.settings import Settings
 from .conftest import WorkerFactory, WorkerProcess
 
 pytestmark = [
-    pytest.mark.skipif(os.geteuid() != 0, reason="a root worker (ids, a loop mount)"),
+    needs_root("a root worker (ids, a loop mount)"),
     pytest.mark.skipif(shutil.which("mkfs.xfs") is None
                        or not os.path.exists("/dev/loop-control"),
                        reason="no mkfs.xfs (Debian's xfsprogs) or no loop device"),

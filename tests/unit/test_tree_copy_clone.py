@@ -15,12 +15,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from privilege import needs_root
 
 from bashfleet.worker.engine import layer_fs, tree_copy
 from bashfleet.worker.settings import Settings
 
 MIB = 1 << 20
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="mounts (an XFS image, a tmpfs)")
+pytestmark = needs_root("mounts (an XFS image, a tmpfs)")
 needs_xfs = pytest.mark.skipif(
     shutil.which("mkfs.xfs") is None or not os.path.exists("/dev/loop-control"),
     reason="no mkfs.xfs (Debian's xfsprogs) or no loop device")
