@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from types import FrameType
 from typing import TYPE_CHECKING, Any, BinaryIO
 
+from bashfleet.client.cli.arguments import DETACH_KEY_FORMAT
 from bashfleet.worker.wire.control import Collect, SessionOutput
 from bashfleet.worker.wire.models import ByteTail, TailLines
 
@@ -48,11 +49,6 @@ MAX_HELD = 4096
 #: terminal shows first when it attaches (`current_line`).
 REPLAY_BYTES = 4096
 
-#: How `--detach-key` is written (`bashfleet attach --help`, README).
-DETACH_KEY_FORMAT = (
-    "^X or ctrl-X for Ctrl-X (X a letter or one of @ [ \\ ] ^ _ ?; ^? is DEL), "
-    "a Python escape such as \\x1d, or one plain character"
-)
 #: The characters caret notation names, after `^`: Ctrl-@ (NUL) to Ctrl-_ (0x1f), ^? (DEL).
 _CARET = re.compile(r"(?:\^|(?i:ctrl|c)[-+])([@A-Za-z\[\\\]^_?])")
 

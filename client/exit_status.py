@@ -17,8 +17,10 @@ CLI command that turns a result into a status (`run`, `run --tty`, `attach`, `wa
 from __future__ import annotations
 
 import signal
+from typing import TYPE_CHECKING
 
-from bashfleet.worker.wire.models import CallResult
+if TYPE_CHECKING:
+    from bashfleet.worker.wire.models import CallResult
 
 USAGE = 2
 TIMEOUT = 124

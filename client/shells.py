@@ -58,7 +58,7 @@ def carryable(name: str) -> bool:
 class ShellState(BaseModel):
     """A session's shell as stored: where its next call runs and with what environment."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
     host: str | None = None
     """Host the session's calls are pinned to (its cwd and files are there)."""
@@ -76,7 +76,7 @@ class ShellState(BaseModel):
 class ShellChange(BaseModel):
     """What one call changed in its session's shell."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
     host: str | None = None
     """Host the call ran on: pins a session that has no pin yet."""

@@ -18,13 +18,29 @@ import sys
 sys.exit(0 if sys.version_info >= (3, 11) else 1)
 PY
 
+# What pip says (its build backends' warnings, a mirror's notes) is shown only when it fails.
+quietly() {  # quietly WHAT COMMAND...
+  local what=$1 log
+  shift
+  log=$(mktemp "${TMPDIR:-/tmp}/bashfleet-bootstrap.XXXXXX")
+  if ! "$@" >"$log" 2>&1; then
+    echo "$what failed:" >&2
+    cat "$log" >&2
+    rm -f "$log"
+    return 1
+  fi
+  rm -f "$log"
+}
+
 if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
 stamp=.venv/.bashfleet-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ setup.py -nt "$stamp" ]; then
-  .venv/bin/python -m pip install --quiet --disable-pip-version-check --upgrade pip >/dev/null
-  .venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+  quietly "upgrading pip in .venv" \
+    .venv/bin/python -m pip install --quiet --disable-pip-version-check --upgrade pip
+  quietly "installing bashfleet[dev] into .venv" \
+    .venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
   touch "$stamp"
 fi
 # mypy cannot follow the editable install's import hook (setup.py maps worker/ and client/
@@ -98,6 +114,7 @@ fi
 IMAGE_TOOLS="newuidmap:uidmap skopeo:skopeo umoci:umoci buildah:buildah mmdebstrap:mmdebstrap"
 IMAGE_TOOLS="$IMAGE_TOOLS docker-registry:docker-registry htpasswd:apache2-utils pasta:passt"
 IMAGE_TOOLS="$IMAGE_TOOLS zstd:zstd"  # snapshot layers travel zstd-compressed
+IMAGE_TOOLS="$IMAGE_TOOLS mkfs.xfs:xfsprogs"  # BASHFLEET_LAYER_IMAGE_GB: layers that clone
 missing=""
 for pair in $IMAGE_TOOLS; do
   command -v "${pair%%:*}" >/dev/null || missing="$missing ${pair#*:}"

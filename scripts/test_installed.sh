@@ -56,7 +56,8 @@ rm -rf "$smoke_state"
 "${pip[@]}" pytest pytest-timeout
 
 cp -r tests "$work/tests"
-cp pyproject.toml README.md "$work/"  # pytest's settings (timeout, markers); the README test reads its examples
+# pytest's settings (timeout, markers); README and docs/, whose examples the README test runs.
+cp -r pyproject.toml README.md docs "$work/"
 cd "$work"
 "$work/venv/bin/python" - <<'PY'
 import importlib, pkgutil, sys

@@ -23,6 +23,10 @@ from collections.abc import Iterator
 import psutil
 import pytest
 
+# privilege: tests that need root fail in a run without root unless it says it is
+# unprivileged on purpose. pytester: the suite's tests of its own plugins.
+pytest_plugins = ["privilege", "pytester"]
+
 TAG_VAR = "PYTEST_FLEET_SESSION_TAG"
 _tag = os.environ.setdefault(TAG_VAR, uuid.uuid4().hex)
 _session_start = time.time()
@@ -33,7 +37,9 @@ def _hermetic_environment() -> None:
     state directory of the session's own (where `bashfleet up` records its fleet), set
     before anything reads the settings (`get_settings` is cached per process)."""
     for name in [n for n in os.environ if n.startswith("BASHFLEET_")]:
-        if name != "BASHFLEET_SKIP_LEAK_CHECK":  # the suite's own switch, read at its end
+        # The suite's own switches: the leak check's, read at its end, and an unprivileged
+        # run's (tests/privilege.py).
+        if name not in ("BASHFLEET_SKIP_LEAK_CHECK", "BASHFLEET_TEST_UNPRIVILEGED"):
             del os.environ[name]
     state = tempfile.mkdtemp(prefix="bashfleet-tests-")
     atexit.register(shutil.rmtree, state, ignore_errors=True)
@@ -96,11 +102,15 @@ def _settle(since: float, timeout: float = 5.0) -> list[psutil.Process]:
 @pytest.fixture(autouse=True)
 def _end_sandbox_pools() -> Iterator[None]:
     """The sandbox launchers and idle runners a test's in-process calls started end with
-    the test (each layout, a state directory, has its own)."""
+    the test (each layout, a state directory, has its own), and so does the nftables
+    helper its workspaces' rules started."""
     yield
     pools = sys.modules.get("bashfleet.worker.engine.sandbox")
     if pools is not None:
         pools.close_all()
+    network = sys.modules.get("bashfleet.worker.engine.network")
+    if network is not None:
+        network.end_helper()
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

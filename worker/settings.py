@@ -7,7 +7,6 @@ import os
 import pwd
 import re
 import socket
-import stat
 from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -16,20 +15,8 @@ from pydantic import BeforeValidator, Field, SecretStr, field_validator, model_v
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from bashfleet.worker.engine.environment import DEFAULT_ALLOW, DEFAULT_DENY
+from bashfleet.worker.state_dir import default_state_dir
 from bashfleet.worker.wire.owner_keys import OwnerKey, SealingKeys, is_owner_key, owner_space
-
-
-def default_state_dir() -> Path:
-    """The state directory when none is configured (also where `bashfleet up` keeps a
-    local fleet's fleet.json, which sandboxed calls must never read). Per user:
-    `$XDG_STATE_HOME/bashfleet`, else `~/.local/state/bashfleet`.
-
-    Never a shared directory such as /tmp: another user who creates `/tmp/bashfleet-<uid>`
-    first would own what the fleet reads (a planted fleet.json sent root's next command
-    to that user's Redis). `check_state_dir` refuses a directory the user does not own.
-    """
-    base = os.environ.get("XDG_STATE_HOME") or os.path.join(Path.home(), ".local", "state")
-    return Path(base) / "bashfleet"
 
 
 def _split(value: object) -> object:
@@ -203,6 +190,14 @@ class Settings(BaseSettings):
     workspace_root: Path | None = None
     """Where fresh workspaces are made. None: /var/lib/bashfleet/workspaces for a root
     worker, else `$XDG_DATA_HOME/bashfleet/workspaces` (~/.local/share/...)."""
+    layer_image_gb: int | None = Field(None, ge=1, le=65536)
+    """Keep workspaces' layers, their directories and snapshots on an XFS file system
+    with reflink of this many GiB (a sparse image, `layers.xfs` in `state_dir`, made and
+    loop-mounted on `state_dir/layers` by a root worker at start and kept mounted for the
+    next; fresh workspaces are then made there, not in `workspace_root`), so that a
+    snapshot shares its files' extents instead of copying their bytes. None: the plain
+    directories (where their own file system clones, XFS or btrfs, a snapshot clones
+    anyway)."""
     workspace_allow: CsvTuple = ()
     """Roots under which an existing host directory may be a workspace (`path=`, a call's
     `--cwd`): writable by its calls, every other directory under these roots hidden."""
@@ -364,8 +359,17 @@ class Settings(BaseSettings):
         /var/lib/bashfleet/workspaces, and /var/lib/bashfleet its usual state directory)."""
         return self.state_dir / "workspace-state"
 
+    @property
+    def layer_mount(self) -> Path:
+        """Where the layer image (`layer_image_gb`) is mounted."""
+        return self.state_dir / "layers"
+
     def workspace_root_dir(self) -> Path:
-        """Where fresh workspaces are made (`workspace_root`, else the run mode's default)."""
+        """Where fresh workspaces are made (`workspace_root`, else the run mode's default;
+        with the layer image in place, its own: a workspace's directory on it, no link on
+        the way, is bound at the same path in its view)."""
+        if self.layer_image_gb is not None and (self.layer_mount / "workspaces").is_dir():
+            return self.layer_mount / "workspaces"
         if self.workspace_root is not None:
             return self.workspace_root
         if os.geteuid() == 0:
@@ -509,29 +513,6 @@ def secrets_pipe(values: dict[str, str]) -> int:
     with os.fdopen(write_end, "wb") as handle:
         handle.write(json.dumps(values).encode())  # small: far below the pipe's buffer
     return read_end
-
-
-def check_state_dir(path: Path) -> Path:
-    """Create the state directory (0700) or check it: owned by this user and writable
-    by nobody else. ValueError, saying why, for one that is not safe to trust."""
-    try:
-        path.mkdir(parents=True, exist_ok=True, mode=0o700)
-        info = path.lstat()
-    except OSError as exc:
-        raise ValueError(f"state directory {path} is unusable: {exc.strerror}") from None
-    if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
-        raise ValueError(f"state directory {path} is not a directory (a symlink?)")
-    if info.st_uid != os.geteuid():
-        raise ValueError(
-            f"state directory {path} belongs to uid {info.st_uid}, not to this user "
-            f"({os.geteuid()}): refusing to use it (set BASHFLEET_STATE_DIR)"
-        )
-    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise ValueError(
-            f"state directory {path} is writable by others (mode {stat.S_IMODE(info.st_mode):o}):"
-            " refusing to use it (chmod go-w, or set BASHFLEET_STATE_DIR)"
-        )
-    return path
 
 
 @lru_cache(maxsize=1)

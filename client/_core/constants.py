@@ -19,8 +19,8 @@ MESSAGE_LOST_GRACE_S = 3.0
 #: A running call's host lock gone this long (not replaced by another instance's) means
 #: its worker died. The lock lives ALIVE_TTL_S past the last heartbeat; the grace covers
 #: a heartbeat that came late because Redis was away (a failover longer than the lock).
-#: Both clients wait it out: the blocking one used to say WorkerLost at once, which a
-#: late heartbeat could make a false alarm.
+#: Both clients wait it out: saying WorkerLost at the first missed lock would make a
+#: heartbeat that came late a false alarm.
 LOCK_GONE_GRACE_S = 2.0
 #: Behind Redis Sentinel, an outage shorter than this (a failover: seconds) does not
 #: fail the calls waited for: their answers are stored, and read once a replica took

@@ -1,7 +1,7 @@
 """Who a client is to the fleet and where the fleet is: the Redis URL, the owner of its
 calls, the keys it signs with and seals sessions with.
 
-Configuration lookups only (the environment, `bashfleet up`'s state file): no Redis.
+Configuration lookups only (the client's settings, `bashfleet up`'s state file): no Redis.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from typing import Any, Literal
 from pydantic import ValidationError
 
 from bashfleet.client._core.constants import FAILOVER_GRACE_S
+from bashfleet.client._core.settings import ClientSettings, client_settings, local_text
 from bashfleet.client.errors import CallRejected, FleetUnavailable
-from bashfleet.worker.settings import Settings
 from bashfleet.worker.wire import auth, owner_keys
 from bashfleet.worker.wire.models import OWNER_PATTERN
 from bashfleet.worker.wire.owner_keys import OwnerKey
@@ -32,21 +32,18 @@ NO_FLEET = (
 )
 
 
-def resolve_url(redis_url: str | None = None) -> str | None:
+def resolve_url(redis_url: str | None = None, settings: ClientSettings | None = None
+                ) -> str | None:
     """The fleet's Redis URL: the argument, else BASHFLEET_REDIS_URL, else the local fleet
     (`bashfleet up`'s, read again at each call: a fleet brought down and up again is
     found at its new address)."""
     if redis_url:
         return redis_url
-    configured = Settings().redis_url_value()
-    if configured:
-        return configured
+    settings = settings or client_settings()
+    if settings.redis_url:
+        return settings.redis_url
     try:
-        from bashfleet.client.local import local_redis_url  # noqa: PLC0415 - optional, CLI side
-    except ImportError:
-        return None
-    try:
-        return local_redis_url()
+        return local_text(settings, "redis_url")
     except ValueError as exc:  # a state directory that is not this user's alone
         raise FleetUnavailable(f"the local fleet's state is not trusted: {exc}") from None
 
@@ -71,10 +68,10 @@ def settings_problem(exc: ValidationError) -> str:
     return "; ".join(lines)
 
 
-def require_url(redis_url: str | None) -> str:
+def require_url(redis_url: str | None, settings: ClientSettings | None = None) -> str:
     """`resolve_url`, FleetUnavailable when there is no fleet; ValueError when its scheme
     is none a fleet's Redis can have (redis-py's own message leaves out `sentinel://`)."""
-    url = resolve_url(redis_url)
+    url = resolve_url(redis_url, settings)
     if not url:
         raise FleetUnavailable(NO_FLEET)
     if not url.startswith(URL_SCHEMES):
@@ -84,27 +81,25 @@ def require_url(redis_url: str | None) -> str:
     return url
 
 
-def _key(url: str, name: Literal["signing_key", "admin_key"]) -> str | None:
-    configured = getattr(Settings(), name)
+def _key(url: str, name: Literal["signing_key", "admin_key"],
+         settings: ClientSettings | None) -> str | None:
+    settings = settings or client_settings()
+    configured: str | None = getattr(settings, name)
     if configured is not None:
-        return str(configured.get_secret_value())
-    try:
-        from bashfleet.client.local import local_key  # noqa: PLC0415 - optional, CLI side
-    except ImportError:
-        return None
-    return local_key(url, name)
+        return configured
+    return local_text(settings, name, url=url)
 
 
-def resolve_signing_key(url: str) -> str | None:
+def resolve_signing_key(url: str, settings: ClientSettings | None = None) -> str | None:
     """The key calls are signed with: BASHFLEET_SIGNING_KEY, else the local fleet's own
     (when `url` is that fleet's Redis), else None (unsigned)."""
-    return _key(url, "signing_key")
+    return _key(url, "signing_key", settings)
 
 
-def resolve_admin_key(url: str) -> str | None:
+def resolve_admin_key(url: str, settings: ClientSettings | None = None) -> str | None:
     """The admin key: BASHFLEET_ADMIN_KEY, else the local fleet's own (when `url` is that
     fleet's Redis: whoever runs `bashfleet up` administers it), else None."""
-    return _key(url, "admin_key")
+    return _key(url, "admin_key", settings)
 
 
 def outage_grace_s(url: str) -> float:
@@ -179,9 +174,9 @@ class Identity:
 
 
 
-def _configured_owner_key() -> OwnerKey | None:
+def _configured_owner_key(settings: ClientSettings) -> OwnerKey | None:
     try:
-        return Settings().client_owner_key()
+        return settings.client_owner_key()
     except ValueError as exc:
         raise CallRejected(f"BASHFLEET_OWNER_KEY: {exc}") from None
 
@@ -206,12 +201,13 @@ def resolve_identity(url: str, owner: str | None, admin: bool) -> Identity:
     the admin key, `admin`), as any owner it names: an operator's client."""
     if owner is not None and not re.fullmatch(OWNER_PATTERN, owner):
         raise CallRejected(f"invalid owner {owner!r}: 1-128 letters, digits, _.:@-")
-    key = _configured_owner_key()
+    settings = client_settings()
+    key = _configured_owner_key(settings)
     if key is not None:
-        return _owner_identity(key, owner or Settings().owner or key.owner)
-    admin_key = resolve_admin_key(url) if admin else None
-    fleet_key = resolve_signing_key(url)
-    chosen = owner or Settings().owner_name()
+        return _owner_identity(key, owner or settings.owner or key.owner)
+    admin_key = resolve_admin_key(url, settings) if admin else None
+    fleet_key = resolve_signing_key(url, settings)
+    chosen = owner or settings.owner_name()
     return Identity(
         owner=chosen,
         signing_key=admin_key or fleet_key,

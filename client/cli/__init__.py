@@ -13,6 +13,10 @@ One module a group of commands: `run` (run, its spinner, its result), `interacti
 `local_fleet` (up, down, and the worker-side commands), `agents` (schema, mcp),
 `workspaces`, `snapshots`, `images`, `owners`; `common` holds what they share and
 `arguments` the options of all of them. This module is the entry point: `main`.
+
+A command's module loads when the command is chosen, never before: `bashfleet --help`
+loads argparse and nothing of the fleet's, `run` the fleet client and not the MCP
+server, the dialects or the SWE-ReX server (a unit test holds each command to it).
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import sys
 from collections.abc import Sequence
 
 from bashfleet.client import exit_status as statuses
-from bashfleet.client.cli import arguments, common, local_fleet
+from bashfleet.client.cli import arguments, common
 from bashfleet.client.exit_status import SYSTEM_ERROR as EXIT_SYSTEM_ERROR
 from bashfleet.client.exit_status import USAGE as EXIT_USAGE
 
@@ -44,15 +48,17 @@ def _parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `bashfleet` console script."""
-    parser = arguments.build_parser()
+    parser = arguments.build_parser(sys.argv[1:] if argv is None else argv)
     try:
         args, rest = _parse(parser, argv)
     except BrokenPipeError:
         # `--help` into a reader that went (`| head -1`): Python 3.11.2's argparse lets the
         # failed write through, later ones drop it themselves.
         return _reader_gone()
-    if args.cmd in local_fleet.WORKER_SIDE:
-        return local_fleet.exec_worker_side(args.cmd, rest)
+    if args.cmd in arguments.WORKER_SIDE:
+        from bashfleet.client.cli.local_fleet import exec_worker_side  # noqa: PLC0415
+
+        return exec_worker_side(args.cmd, rest)
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     if args.cmd == "run" and not args.command:
@@ -66,7 +72,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _dispatch(args: argparse.Namespace) -> int:
     """Run the command; its exit status, with errors said in the CLI's words."""
     try:
-        status: int = args.func(args)
+        status: int = arguments.command(args.func)(args)
     except KeyboardInterrupt:
         return statuses.INTERRUPTED
     except Exception as exc:
@@ -82,11 +88,15 @@ def _said(args: argparse.Namespace, exc: Exception) -> int | None:
     from pydantic import ValidationError  # noqa: PLC0415
 
     from bashfleet.client._core.identity import settings_problem  # noqa: PLC0415
+    from bashfleet.client._core.settings import SettingsError  # noqa: PLC0415
     from bashfleet.client.errors import BashfleetError, FleetUnavailable  # noqa: PLC0415
 
     if isinstance(exc, ValidationError) and exc.title == "Settings":
-        # A BASHFLEET_* variable's value: one line, not pydantic's paragraphs.
+        # A BASHFLEET_* variable's value (the worker's settings, which `up` and `owner`
+        # read): one line, not pydantic's paragraphs.
         text, status = f"bashfleet: {settings_problem(exc)}", EXIT_USAGE
+    elif isinstance(exc, SettingsError):  # the same, of the client's settings
+        text, status = f"bashfleet: {exc}", EXIT_USAGE
     elif isinstance(exc, common.NoFleet):
         text, status = f"bashfleet: {exc}", EXIT_SYSTEM_ERROR
     elif isinstance(exc, FleetUnavailable):

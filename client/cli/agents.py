@@ -71,10 +71,11 @@ def cmd_mcp(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     print(f"bashfleet mcp: {dialect.name} dialect, session {session} "
           f"(resume it with --session {session})", file=sys.stderr)
-    from bashfleet.worker.settings import Settings  # noqa: PLC0415
+    from bashfleet.client._core.settings import client_settings  # noqa: PLC0415
 
     mcp_server.serve(dialect, session, host=args.host, cwd=args.cwd,
-                     resumable=args.session is not None, started_by=Settings().owner_name(),
+                     resumable=args.session is not None,
+                     started_by=client_settings().owner_name(),
                      made_of={"image": args.image, "build": args.build, "user": args.user,
                               "build_network": args.build_network})
     return 0

@@ -1,10 +1,9 @@
 """What the CLI's commands share: the fleet client of a person's CLI, its words when no
-fleet answers, JSON and table output, `--tag` options, the dialect names.
+fleet answers, JSON and table output, `--tag` options.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -14,14 +13,6 @@ if TYPE_CHECKING:
 
     from bashfleet.client.fleet import Fleet
 
-    SubParsers = argparse._SubParsersAction[argparse.ArgumentParser]
-
-
-#: The dialects `schema` and `mcp` take, and `schema`'s styles (`bashfleet.client.dialects.DIALECTS`
-#: and `bashfleet.client.dialects.base.SCHEMA_STYLES`, which a unit test holds these to: importing
-#: the dialects here would slow every `bashfleet --help`).
-DIALECT_NAMES = ("claude", "claude-code", "codex", "modes", "native", "pi", "pipe")
-SCHEMA_STYLES = ("anthropic", "openai", "openai-responses", "mcp", "function")
 
 #: What a CLI user does when no fleet answers (not the Python API's `redis_url=`).
 NO_FLEET_HINT = (

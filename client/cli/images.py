@@ -20,27 +20,7 @@ import time
 from typing import TYPE_CHECKING, TextIO
 
 if TYPE_CHECKING:
-    from bashfleet.client.cli.common import SubParsers
     from bashfleet.worker.wire.models import ImageInfo
-
-
-def add_commands(sub: SubParsers) -> None:
-    """Register `images` with its verbs."""
-    parser = sub.add_parser("images", help="list, pull and remove the images hosts hold")
-    verbs = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
-    ls = verbs.add_parser("ls", help="the images each live host holds")
-    pull = verbs.add_parser("pull", help="pull an image onto a host (or every live host) "
-                            "unless it holds it already")
-    pull.add_argument("ref", metavar="REF", help="image reference: [registry/]name[:tag] "
-                      "or name@sha256:digest")
-    pull.add_argument("--refresh", action="store_true",
-                      help="ask the registry where the tag points now, even if held")
-    rm = verbs.add_parser("rm", help="remove an image no workspace uses (admin key)")
-    rm.add_argument("ref", metavar="REF", help="a reference it was pulled as, or its digest")
-    for verb, func in ((ls, cmd_ls), (pull, cmd_pull), (rm, cmd_rm)):
-        verb.add_argument("--host", help="one host (default: every live host)")
-        verb.add_argument("--json", action="store_true", help="print the result as JSON")
-        verb.set_defaults(func=func)
 
 
 def cmd_ls(args: argparse.Namespace) -> int:

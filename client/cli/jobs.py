@@ -123,7 +123,7 @@ def isolation_text(sandbox: dict[str, Any] | None) -> str:
                                             else ""))
     elif level != "none":
         # Every workspace of the host runs as one uid: one tenant's processes, files and
-        # keyring are another's to reach (README "Security").
+        # keyring are another's to reach (docs/security.md).
         parts.append("single-tenant: one uid for every workspace")
     if sandbox.get("run_as") and sandbox.get("tenancy") != "multi":
         parts.append(f"as {sandbox['run_as']}")

@@ -10,14 +10,10 @@ import os
 import sys
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from bashfleet.client.cli import common
+from bashfleet.client.cli.arguments import WORKER_SIDE
 from bashfleet.client.exit_status import USAGE as EXIT_USAGE
-
-if TYPE_CHECKING:
-    pass
-
 
 # ---------------------------------------------------------------- up, down, worker
 
@@ -82,16 +78,6 @@ def cmd_down(args: argparse.Namespace) -> int:
 
     local.stop()
     return 0
-
-
-#: Subcommands that run the build machine's own side, by module: their arguments are
-#: that module's (`bashfleet worker --help` is the supervisor's own help).
-WORKER_SIDE = {
-    "worker": ("bashfleet.worker.fleet.supervisor",
-               "serve calls on this machine (--host, --concurrency, --label)"),
-    "gc": ("bashfleet.worker.retention", "remove old spill and job files of this machine's worker "
-           "(--dry-run, --json, --max-age, --max-bytes)"),
-}
 
 
 def exec_worker_side(command: str, argv: Sequence[str]) -> int:

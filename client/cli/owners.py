@@ -16,35 +16,9 @@ import argparse
 import re
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from bashfleet.client.cli.common import SubParsers
 
 #: Exit status of a usage error (as `bashfleet.client.cli`'s).
 EXIT_USAGE = 2
-
-
-def add_owner_commands(sub: SubParsers) -> None:
-    """`owner add` and `redis-acl`."""
-    owner = sub.add_parser("owner", help="owners' keys (operator side: needs the fleet key)")
-    verbs = owner.add_subparsers(dest="verb", required=True, metavar="VERB")
-    add = verbs.add_parser("add", help="print the owner key of NAME: a client holding it "
-                           "acts as NAME only and reads NAME's records only")
-    add.add_argument("name", metavar="NAME", help="the owner (1-64 letters, digits, _.:@-; "
-                     "no '::', which names a sub-owner)")
-    add.add_argument("--env", action="store_true",
-                     help="print BASHFLEET_OWNER_KEY=... lines to hand over (with a local "
-                     "fleet's BASHFLEET_REDIS_URL for clients, its clients' Redis user)")
-    add.set_defaults(func=cmd_owner_add)
-
-    users = sub.add_parser("redis-acl", help="print the Redis ACL file of a fleet: the "
-                           "workers' user and the clients' (deploy/OPERATIONS.md)")
-    users.add_argument("--worker-password-file", type=Path, required=True,
-                       help="file holding the password of the workers' user")
-    users.add_argument("--client-password-file", type=Path, required=True,
-                       help="file holding the password of the clients' user")
-    users.set_defaults(func=cmd_redis_acl)
 
 
 def _fleet_key() -> tuple[str | None, str | None]:

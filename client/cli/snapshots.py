@@ -18,54 +18,7 @@ import time
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from bashfleet.client.cli.common import SubParsers
     from bashfleet.worker.wire.models import Snapshot
-
-
-def add_workspace_verbs(verbs: SubParsers) -> None:
-    """`workspace snapshot`, `workspace fork`, `workspace restore`."""
-    snap = verbs.add_parser("snapshot", help="freeze a workspace's files (it runs on); print "
-                            "the snapshot's id")
-    snap.add_argument("workspace", metavar="WORKSPACE", help="the workspace (it runs on)")
-    snap.add_argument("--ttl", type=float, metavar="S",
-                      help="seconds the snapshot is kept (default: the host's, a day)")
-    snap.add_argument("--tag", action="append", metavar="NAME=VALUE",
-                      help="a tag of the snapshot (repeatable)")
-    snap.add_argument("--json", action="store_true", help="print it as JSON")
-    snap.set_defaults(func=cmd_snapshot)
-    fork = verbs.add_parser("fork", help="new workspaces with a workspace's files now (none "
-                            "of its processes); print their ids, one a line")
-    fork.add_argument("workspace", metavar="WORKSPACE", help="the workspace forked")
-    fork.add_argument("--host", help="make them on this host (default: the workspace's; "
-                      "another gets its snapshot through the fleet's registry)")
-    fork.add_argument("--label", help="make them on live hosts of this label")
-    fork.add_argument("-n", type=int, default=1, metavar="N", help="how many (default 1)")
-    fork.add_argument("--ttl", type=float, metavar="S",
-                      help="seconds each lives unused (default: the source's)")
-    fork.add_argument("--tag", action="append", metavar="NAME=VALUE",
-                      help="a tag of each fork (repeatable)")
-    fork.add_argument("--json", action="store_true", help="print their views as JSON")
-    fork.set_defaults(func=cmd_fork)
-    restore = verbs.add_parser("restore", help="put a workspace's files back to a snapshot "
-                               "of it (its processes are ended)")
-    restore.add_argument("workspace", metavar="WORKSPACE", help="the workspace put back")
-    restore.add_argument("snapshot", metavar="SNAPSHOT",
-                         help="a snapshot of it (or of the one it was made from)")
-    restore.add_argument("--json", action="store_true", help="print the result as JSON")
-    restore.set_defaults(func=cmd_restore)
-
-
-def add_commands(sub: SubParsers) -> None:
-    """`snapshot ls` and `snapshot rm`."""
-    snapshot = sub.add_parser("snapshot", help="list and remove this owner's snapshots")
-    verbs = snapshot.add_subparsers(dest="verb", required=True, metavar="VERB")
-    ls = verbs.add_parser("ls", help="this owner's snapshots across the fleet")
-    ls.add_argument("--json", action="store_true", help="print them as a JSON list")
-    ls.set_defaults(func=cmd_ls)
-    rm = verbs.add_parser("rm", help="delete snapshots (their layers go once no workspace "
-                          "stands on them)")
-    rm.add_argument("ids", nargs="+", metavar="SNAPSHOT", help="snapshot id")
-    rm.set_defaults(func=cmd_rm)
 
 
 def cmd_snapshot(args: argparse.Namespace) -> int:

@@ -56,6 +56,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from bashfleet.client.cli.arguments import SWEREX_TOKEN_VARIABLE
 from bashfleet.client.errors import BashfleetError
 from bashfleet.client.integrations._backend import LeaseKeeper, WorkspaceOptions, file_error
 from bashfleet.worker.wire.control import Collect
@@ -72,8 +73,9 @@ if TYPE_CHECKING:
 #: The header SWE-ReX authenticates with, and the one that names a request for retries.
 TOKEN_HEADER = "x-api-key"  # noqa: S105 - a header name, not a secret
 REQUEST_ID_HEADER = "x-request-id"
-#: The environment variable that may hold the token (kept out of the process list).
-TOKEN_VARIABLE = "BASHFLEET_SWEREX_AUTH_TOKEN"  # noqa: S105 - a variable name
+#: The environment variable that may hold the token (kept out of the process list; the
+#: CLI's `--auth-token` defaults to it).
+TOKEN_VARIABLE = SWEREX_TOKEN_VARIABLE
 #: Answers kept for retried requests (SWE-ReX's own server keeps the last one only).
 ANSWERS_KEPT = 64
 #: pexpect.spawn's default timeout, what `expect(timeout=-1)` means.
@@ -570,31 +572,6 @@ def _dump(answer: Any) -> Any:
 
 
 # ------------------------------------------------------------------------------ CLI
-
-
-def add_parser(subparsers: Any) -> None:
-    """`bashfleet swerex`'s options."""
-    parser: argparse.ArgumentParser = subparsers.add_parser(
-        "swerex", help="serve SWE-ReX's runtime protocol over a workspace (HTTP)")
-    where = parser.add_mutually_exclusive_group()
-    where.add_argument("--host", help="make the workspace on this host")
-    where.add_argument("--label", help="make it on a live host of this pool")
-    parser.add_argument("--bind", default="127.0.0.1",
-                        help="address to listen on (default 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=8000, help="port (default 8000)")
-    parser.add_argument("--auth-token", default=os.environ.get(TOKEN_VARIABLE),
-                        help=f"the token clients send as X-API-Key (default ${TOKEN_VARIABLE})")
-    parser.add_argument("--ttl", type=float, help="seconds the workspace lives unused")
-    root = parser.add_mutually_exclusive_group()
-    root.add_argument("--image", metavar="REF",
-                      help="an OCI image whose root filesystem is the workspace's / (pulled "
-                           "onto the host; it needs bash for SWE-ReX's sessions)")
-    root.add_argument("--build", metavar="DIR",
-                      help="a local directory with a Dockerfile, built on the host: the "
-                           "image of the workspace's /")
-    parser.add_argument("--user", help="who the calls run as inside (default: the image's "
-                                       "USER, else root)")
-    parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -41,6 +41,7 @@ def test_up_reports_the_fleet(fleet: Cli) -> None:
     assert f"Flower: {state['flower_url']} (user {state['flower_user']}; its password is " \
         f"`flower_password` in {fleet.state_dir / 'fleet' / 'fleet.json'})" in fleet.up_stdout
     assert state["flower_password"] not in fleet.up_stdout
+    assert fleet.up_stdout.count("fleet.json") == 1  # said once
 
 
 def test_hosts_lists_both_hosts(fleet: Cli) -> None:

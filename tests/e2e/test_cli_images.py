@@ -13,10 +13,11 @@ from pathlib import Path
 
 import pytest
 from integration.registry import Registry, pushed_images, running_registry
+from privilege import needs_root
 
 from .helpers import Cli, local_fleet
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="a root fleet gives ids per workspace")
+pytestmark = needs_root("a root fleet gives ids per workspace")
 
 
 @pytest.fixture(scope="module")

@@ -5,15 +5,15 @@ snapshots travel through a real registry on 127.0.0.1 (`tests/integration/regist
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
 
 import pytest
 from integration.registry import Registry, running_registry
+from privilege import needs_root
 
 from .helpers import Cli, local_fleet
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="a root fleet gives ids per workspace")
+pytestmark = needs_root("a root fleet gives ids per workspace")
 
 
 @pytest.fixture(scope="module")

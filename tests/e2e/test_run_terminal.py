@@ -227,7 +227,7 @@ def test_sigterm_cancels_at_once(fleet: Cli, tmp_path: Path) -> None:
 @pytest.mark.parametrize("mode", ["default", "slow"])
 def test_a_timeout_fails_the_chain(fleet: Cli, mode: str) -> None:
     """`run --timeout 2 'sleep 5; echo finished' && echo deploy` used to exit 0 and
-    deploy; the README's 124 could never happen."""
+    deploy; docs/cli.md's 124 could never happen."""
     command = [*bashfleet_command(), "run", "--mode", mode, "--timeout", "2",
                "sleep 5; echo finished"]
     chained = subprocess.run(

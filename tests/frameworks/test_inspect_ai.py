@@ -59,7 +59,7 @@ from frameworks.conftest import registry_env
 
 pytestmark = pytest.mark.anyio
 
-#: The conformance cases bashfleet cannot pass, and why (README names them too).
+#: The conformance cases bashfleet cannot pass, and why (docs/frameworks.md names them too).
 EXPECTED_FAILURES = {
     "test_exec_as_user": "in a workspace on the host's own root, /run is the host's, read-only: "
                          "adduser cannot take its lock there (it passes in an image's "
@@ -362,7 +362,7 @@ async def test_an_eval_whose_model_calls_bash_in_the_sample_workspace(
         dataset=[Sample(input="What is 6 times 7? Use bash.", target="42")],
         solver=[use_tools(bash(timeout=60)), generate()],
         scorer=includes(),
-        sandbox="bashfleet",  # README's line: any live host of the fleet
+        sandbox="bashfleet",  # docs/frameworks.md's line: any live host of the fleet
     )
     [log] = await eval_async(task, model=model, log_dir=str(tmp_path),
                              log_format="json", message_limit=20)

@@ -5,7 +5,7 @@ the server, and a real fleet.
 The cases are SWE-ReX's tests that exercise `RemoteRuntime` (its repository's
 tests/test_execution.py, test_server.py and test_remote_deployment.py, whose `remote_server`
 fixture is SWE-ReX's own server), ported one by one with the same names. What the ports
-change, and why (each named in README too):
+change, and why (each named in docs/frameworks.md too):
 
 - Paths: the cases write to pytest's `tmp_path` and look at it from the test process; a
   workspace's calls see a host's directory of their own (its /tmp is private), so the
@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -287,7 +288,14 @@ async def test_execute_command_timeout(remote_runtime: RemoteRuntime) -> None:
 
 async def test_create_close_shell(remote_runtime: RemoteRuntime) -> None:
     await remote_runtime.create_session(CreateBashSessionRequest())
+    # Made: the default session runs commands and keeps their state.
+    await remote_runtime.run_in_session(A(command="x=made", check="raise"))
+    assert (await remote_runtime.run_in_session(A(command="echo $x", check="raise"))
+            ).output == "made\n"
     await remote_runtime.close_session(CloseBashSessionRequest())
+    # Closed: it is gone.
+    with pytest.raises(SessionDoesNotExistError):
+        await remote_runtime.run_in_session(A(command="echo $x"))
 
 
 async def test_run_in_shell(runtime_with_default_session: RemoteRuntime) -> None:
@@ -335,9 +343,15 @@ async def test_run_in_shell_interactive_command(runtime_with_default_session: Re
     run = runtime_with_default_session
     await run.run_in_session(A(command="python3", is_interactive_command=True,
                                expect=[">>> "]))
-    await run.run_in_session(A(command="print('hello world')", is_interactive_command=True,
-                               expect=[">>> "]))
-    await run.run_in_session(A(command="quit()\n", is_interactive_quit=True, check="raise"))
+    r = await run.run_in_session(A(command="print(6 * 7)", is_interactive_command=True,
+                                   expect=[">>> "]))
+    assert "42" in r.output  # the interpreter's answer, not bash's
+    r = await run.run_in_session(A(command="quit()\n", is_interactive_quit=True,
+                                   check="raise"))
+    assert r.exit_code == 0
+    # Back at bash, in the same session.
+    r = await run.run_in_session(A(command="echo back", check="raise"))
+    assert r.output == "back\n"
 
 
 @pytest.mark.xfail(reason="xfail in SWE-ReX's own suite too (its pexpect session)")
@@ -408,8 +422,9 @@ async def test_multiple_isolated_shells(remote_runtime: RemoteRuntime) -> None:
 
 
 async def test_empty_command(remote_runtime: RemoteRuntime) -> None:
-    await remote_runtime.execute(C(command="", shell=True, check=True))
-    await remote_runtime.execute(C(command="\n", shell=True, check=True))
+    for command in ("", "\n"):
+        r = await remote_runtime.execute(C(command=command, shell=True, check=True))
+        assert (r.exit_code, r.stdout, r.stderr) == (0, "", "")
 
 
 async def test_execute_merge_output_streams_true(remote_runtime: RemoteRuntime) -> None:
@@ -435,14 +450,15 @@ async def test_command_fails_check_exit_code(runtime_with_default_session: Remot
 
 
 async def test_empty_command_in_shell(runtime_with_default_session: RemoteRuntime) -> None:
-    await runtime_with_default_session.run_in_session(A(command="", check="raise"))
-    await runtime_with_default_session.run_in_session(A(command="\n", check="raise"))
-    await runtime_with_default_session.run_in_session(A(command="\n\n \n", check="raise"))
+    for command in ("", "\n", "\n\n \n"):
+        r = await runtime_with_default_session.run_in_session(A(command=command, check="raise"))
+        assert (r.exit_code, r.output) == (0, "")
 
 
 async def test_command_with_linebreaks(runtime_with_default_session: RemoteRuntime) -> None:
-    await runtime_with_default_session.run_in_session(A(command="\n echo 'test'\n\n",
-                                                        check="raise"))
+    r = await runtime_with_default_session.run_in_session(A(command="\n echo 'test'\n\n",
+                                                            check="raise"))
+    assert (r.exit_code, r.output) == (0, "test\n")
 
 
 async def test_multiple_commands_with_linebreaks_in_shell(
@@ -461,7 +477,15 @@ async def test_bash_multiline_command_eof(runtime_with_default_session: RemoteRu
 
 async def test_run_in_shell_subshell_command(runtime_with_default_session: RemoteRuntime
                                              ) -> None:
-    await runtime_with_default_session.run_in_session(A(command="(sleep 10) &", check="raise"))
+    run = runtime_with_default_session
+    # The background subshell does not hold the session (SWE-ReX's timeout is 30 s here,
+    # the sleep 60 s): the call answers, and the next one runs beside it.
+    r = await run.run_in_session(A(command="(sleep 60; echo late) &", check="raise"))
+    assert r.exit_code == 0
+    assert re.fullmatch(r"\[1\] \d+\n", r.output), r.output  # an interactive bash's notice
+    r = await run.run_in_session(A(command="jobs -r | grep -c sleep; echo next",
+                                   check="raise"))
+    assert r.output == "1\nnext\n"
 
 
 async def test_run_just_comment(runtime_with_default_session: RemoteRuntime) -> None:
@@ -488,8 +512,12 @@ async def test_run_in_shell_while_loop(runtime_with_default_session: RemoteRunti
 
 async def test_run_in_shell_bashlex_errors(runtime_with_default_session: RemoteRuntime
                                            ) -> None:
-    await runtime_with_default_session.run_in_session(A(command="[[ $env == $env ]]",
-                                                        check="raise"))
+    run = runtime_with_default_session
+    r = await run.run_in_session(A(command="[[ $env == $env ]]", check="raise"))
+    assert (r.exit_code, r.output) == (0, "")
+    # bash evaluated it (what bashlex cannot parse): a false test is exit code 1.
+    r = await run.run_in_session(A(command="[[ a == b ]]", check="silent"))
+    assert r.exit_code == 1
 
 
 async def test_run_shell_check_exit_code(runtime_with_default_session: RemoteRuntime) -> None:

@@ -10,16 +10,22 @@ call's marker, the pids a test registers, and the Popen objects it hands over.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import functools
 import os
+import shutil
 import signal
 import subprocess
+import sys
+import tempfile
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from stat import S_IROTH, S_IXUSR
 from typing import Any, TypeVar
 
 import psutil
@@ -43,23 +49,47 @@ KILL = Policy(on_timeout="kill", kill_grace_s=0.5)
 # ---------------------------------------------------------------------------- waiting
 
 
-def package_root(into: Path) -> Path:
-    """A directory to put on another interpreter's sys.path for `import bashfleet`: links
-    `bashfleet/worker` and `bashfleet/client` to this checkout's folders (the editable
-    install's import hook, read from its .pth files, is not loaded under `python -I`
-    with a sys.path set by hand)."""
+@functools.cache
+def readable_install() -> tuple[str, ...]:
+    """sys.path entries from which another account (`nobody`) imports `bashfleet` and this
+    environment's packages: a tree under /tmp that every account can read, made once per
+    test process and removed at its exit. The checkout, and the virtualenv in it, may be
+    in a directory only their owner enters (a clone in a `mktemp -d` or a home of mode
+    0700 or 0750), where another account reads nothing; so such a test reads nothing
+    through the checkout's path. The editable install's import hook is not used there
+    (`python -I`, or a sys.path set by hand, reads no .pth file): `bashfleet` is a
+    namespace package of the two folders, as setup.py maps them."""
     from bashfleet import client, worker  # noqa: PLC0415
 
-    package = into / "bashfleet"
-    package.mkdir(parents=True, exist_ok=True)
+    base = Path(tempfile.mkdtemp(prefix="bashfleet-readable-"))
+    atexit.register(shutil.rmtree, base, ignore_errors=True)
+    base.chmod(0o755)
+    lib, site = base / "lib", base / "site"
     for module in (worker, client):
         folder = Path(module.__file__ or "").parent
-        link = package / folder.name
-        if not link.exists():
-            link.symlink_to(folder, target_is_directory=True)
-    into.chmod(0o755)
-    package.chmod(0o755)
-    return into
+        _mirror(folder, lib / "bashfleet" / folder.name)
+    site_packages = next(p for p in sys.path if p.endswith("site-packages"))
+    _mirror(Path(site_packages), site)
+    for made, _dirs, _files in os.walk(base):
+        os.chmod(made, 0o755)  # noqa: S103 - read by another account: the point
+    return str(lib), str(site)
+
+
+def _mirror(source: Path, target: Path) -> None:
+    """`source`'s files at `target`: hard links to the files every account may read (no
+    bytes copied, modes untouched), readable copies of the others."""
+    for folder, _dirs, files in os.walk(source, followlinks=True):
+        here = target / Path(folder).relative_to(source)
+        here.mkdir(parents=True, exist_ok=True)
+        for name in files:
+            origin, copy = Path(folder) / name, here / name
+            mode = origin.stat().st_mode
+            if mode & S_IROTH:
+                with contextlib.suppress(OSError):
+                    os.link(origin, copy, follow_symlinks=True)
+                    continue
+            shutil.copyfile(origin, copy)
+            copy.chmod(0o755 if mode & S_IXUSR else 0o644)
 
 
 def wait_until(

@@ -19,6 +19,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 #: Each benchmark and the first words of rows its table must hold.
 BENCHMARKS = {
+    "bench_cli": ["python -c pass", "bashfleet --help", "bashfleet run --workspace W true",
+                  "bashfleet run --image REF true"],
     "bench_control": ["`check` p99, 16 hostile file ops", "`write` p99, 16 hostile file ops",
                       "`kill` p99, 16 hostile file ops", "`cancel` p99, 16 hostile file ops"],
     "bench_engine": ["`true` per call", "`true` in a warm workspace",

@@ -20,6 +20,7 @@ from urllib.parse import urlsplit
 
 import pytest
 import redis
+from privilege import needs_root
 
 from bashfleet.client.redis_server import RedisServer
 from bashfleet.worker.engine import image_tools as tools
@@ -39,7 +40,7 @@ from .engine_helpers import (
 from .registry import Registry
 
 pytestmark = [pytest.mark.timeout(900),
-              pytest.mark.skipif(os.geteuid() != 0, reason="builds need a root worker")]
+              needs_root("builds need a root worker")]
 
 #: The RUN step's script (bash: /dev/tcp is bash's): the loopback server's answer, every
 #: process's command line it can see, the interfaces of its namespace and DNS, written

@@ -3,17 +3,17 @@ shell exported (an agent socket, registry credentials, an app's password, a virt
 PYTHONPATH) is in the worker's own environment and reaches no command, on the host's
 root or on an image, in the foreground or as a job; what the operator names
 (`BASHFLEET_ENV_PASS`) and what the caller passes do. An image workspace's calls see the
-image's ENV and what README says bashfleet adds, nothing else; its hostname resolves."""
+image's ENV and what docs/calls.md says bashfleet adds, nothing else; its hostname resolves."""
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import redis
+from privilege import needs_root
 
 from bashfleet.client import Fleet
 from bashfleet.client.redis_server import RedisServer
@@ -23,9 +23,6 @@ from .conftest import WorkerFactory, WorkerProcess
 from .registry import Registry
 
 pytestmark = pytest.mark.timeout(600)
-
-#: Image workspaces and a UTS namespace of the worker's own are a root worker's.
-needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="a root worker's workspaces")
 
 HOST = "envs"
 
@@ -108,7 +105,7 @@ def test_a_session_keeps_its_own_exports(worker: WorkerProcess, fleet: Fleet) ->
 BASH_OWN = {"PWD", "SHLVL", "_"}
 
 
-@needs_root
+@needs_root("image workspaces and a UTS namespace of its own are a root worker's")
 def test_an_image_workspace_sees_the_images_env_and_only_what_bashfleet_adds(
     worker: WorkerProcess, fleet: Fleet, registry_images: dict[str, str]
 ) -> None:
@@ -119,7 +116,7 @@ def test_an_image_workspace_sees_the_images_env_and_only_what_bashfleet_adds(
         assert env["GREETING"] == "hello"
         assert env["PATH"] == "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
         assert "LANG" not in env
-        # README's list: HOME, the hardening, the marker; the operator's names.
+        # docs/calls.md's list: HOME, the hardening, the marker; the operator's names.
         added = {"HOME", *HARDENING, MARKER_VAR, *NAMED}
         assert set(env) - BASH_OWN == {"PATH", "GREETING"} | added, sorted(env)
 
@@ -162,7 +159,7 @@ RESOLVE = ('h=$(cat /proc/sys/kernel/hostname); echo "name=$h"; '
            'echo "address=$(getent ahostsv4 "$h" | head -1 | cut -d" " -f1)"')
 
 
-@needs_root
+@needs_root("image workspaces and a UTS namespace of its own are a root worker's")
 @pytest.mark.parametrize("image", [None, "debian"])
 def test_the_workspaces_hostname_resolves(
     renamed: WorkerProcess, fleet: Fleet, registry_images: dict[str, str], image: str | None

@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from privilege import needs_root
 
 from bashfleet.worker.engine import ids, sandbox, workspaces
 from bashfleet.worker.wire.models import WorkspaceSpec
@@ -30,10 +31,10 @@ from .engine_helpers import (
     _janitor_fixture,  # noqa: F401 - the `janitor` fixture
     engine_with,
     give_to_run_user,
-    package_root,
+    readable_install,
 )
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="a root worker's workspaces")
+pytestmark = needs_root("a root worker's workspaces")
 
 NOBODY = 65534
 
@@ -455,7 +456,6 @@ def test_a_non_root_worker_is_single_tenant_and_still_keeps_the_findings_out(
     import json  # noqa: PLC0415
     import pwd  # noqa: PLC0415
     import subprocess  # noqa: PLC0415
-    import sys  # noqa: PLC0415
     import tempfile  # noqa: PLC0415
 
     nobody = pwd.getpwnam("nobody")
@@ -478,9 +478,7 @@ def test_a_non_root_worker_is_single_tenant_and_still_keeps_the_findings_out(
         (secret / "token").write_text("host-secret\n")
         (host_dir / "x").chmod(0o700)
         host_dir.chmod(0o755)
-        site = next(p for p in sys.path if p.endswith("site-packages"))
-        source = str(package_root(state / "lib"))
-        script = f"import sys; sys.path[:0] = [{source!r}, {site!r}]\n" + NON_ROOT_SCRIPT
+        script = f"import sys; sys.path[:0] = {list(readable_install())!r}\n" + NON_ROOT_SCRIPT
         done = subprocess.run(
             ["setpriv", f"--reuid={nobody.pw_uid}", f"--regid={nobody.pw_gid}",
              "--clear-groups", "/usr/bin/python3", "-I", "-c", script, str(state),
@@ -534,7 +532,6 @@ def test_strict_on_a_non_root_worker_whose_home_is_under_home(tmp_path: Path) ->
     import json  # noqa: PLC0415
     import pwd  # noqa: PLC0415
     import subprocess  # noqa: PLC0415
-    import sys  # noqa: PLC0415
     import tempfile  # noqa: PLC0415
 
     nobody = pwd.getpwnam("nobody")
@@ -544,9 +541,7 @@ def test_strict_on_a_non_root_worker_whose_home_is_under_home(tmp_path: Path) ->
         home.mkdir()
         for path in (home, state):
             os.chown(path, nobody.pw_uid, nobody.pw_gid)
-        site = next(p for p in sys.path if p.endswith("site-packages"))
-        source = str(package_root(state / "lib"))
-        script = f"import sys; sys.path[:0] = [{source!r}, {site!r}]\n" + STRICT_HOME_SCRIPT
+        script = f"import sys; sys.path[:0] = {list(readable_install())!r}\n" + STRICT_HOME_SCRIPT
         done = subprocess.run(
             ["setpriv", f"--reuid={nobody.pw_uid}", f"--regid={nobody.pw_gid}",
              "--clear-groups", "/usr/bin/python3", "-I", "-c", script, str(state)],

@@ -4,7 +4,6 @@ run in the engine's work directory, a workspace the test can look into)."""
 from __future__ import annotations
 
 import resource
-import time
 from pathlib import Path
 
 from bashfleet.worker.wire.models import CallResult
@@ -20,11 +19,11 @@ from .engine_helpers import (
 
 def test_cpu_limit_ends_a_busy_loop_and_says_so(tmp_path: Path, janitor: Janitor) -> None:
     with engine_with(tmp_path, janitor, limit_cpu_s=1) as engine:
-        started = time.monotonic()
         result = engine.run("while :; do :; done")
     assert result.limit_hit == "cpu_time"
     assert result.signal is not None or result.exit_code != 0
-    assert time.monotonic() - started < 10
+    # Ended by the limit, not by its timeout (a wall-clock bound fails on a busy machine).
+    assert not result.timed_out, result
 
 
 def test_file_size_limit(tmp_path: Path, janitor: Janitor) -> None:

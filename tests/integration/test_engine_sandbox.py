@@ -28,6 +28,7 @@ from typing import Any
 
 import psutil
 import pytest
+from privilege import needs_root, require_root
 from pydantic import ValidationError
 
 from bashfleet import worker
@@ -45,6 +46,7 @@ from .engine_helpers import (
     _plain_engine_fixture,  # noqa: F401 - fixture
     alive,
     engine_with,
+    readable_install,
     run_user_ids,
     wait_until,
 )
@@ -55,7 +57,6 @@ pytestmark = pytest.mark.skipif(
     PROBE.isolation == "none", reason=f"no working bubblewrap here: {PROBE.problem}"
 )
 needs_cgroups = pytest.mark.skipif(PROBE.cgroup is None, reason="no cgroups for calls here")
-needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs a worker started as root")
 
 SIGNING_KEY = "sk-planted-9c4e1f7a2b"
 AUTO = Policy(on_timeout="background", kill_grace_s=0.5)
@@ -264,9 +265,10 @@ def test_the_keeper_answers_its_worker_only(engine: Engine, spaces: Workspaces) 
     conn = launcher.KeeperConnection.connect(record.socket_path)  # the worker: served
     assert conn.ping() == 1
     conn.close()
+    require_root("another user's connection: a worker that is not root runs calls as "
+                 "itself, and its socket is out of every call's view")
     ids = run_user_ids()
-    if ids is None:
-        pytest.skip("as a worker that is not root, the socket is out of every call's view")
+    assert ids is not None  # a root worker runs calls as its run user
     # Another user that reached the socket (it cannot: the state directory is 0700, and
     # hidden from every workspace): only the keeper's own check is left to refuse it.
     os.chmod(record.socket_path, 0o666)  # noqa: S103
@@ -647,7 +649,7 @@ def _shared_dir_fixture() -> Iterator[Path]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-@needs_root
+@needs_root("needs a worker started as root")
 @pytest.mark.parametrize("isolation", ["process", "none"])
 def test_run_as_runs_calls_as_that_user(
     shared_dir: Path, janitor: Janitor, isolation: str
@@ -704,61 +706,15 @@ sandbox.close_all()
 """
 
 
-#: What the rootless worker imports (ROOTLESS_SCRIPT's own imports of bashfleet): the
-#: packages copied for it are those these load.
-ROOTLESS_IMPORTS = "\n".join(line for line in ROOTLESS_SCRIPT.splitlines()
-                             if line.startswith("from bashfleet"))
-
-_IMPORTED_FROM = """
-import json, sys
-sys.path[:0] = sys.argv[1:]
-exec(sys.stdin.read())
-roots = set()
-for module in list(sys.modules.values()):
-    where = getattr(module, "__file__", None) or ""
-    for root in sys.argv[1:]:
-        if where.startswith(root + "/"):
-            roots.add((root, where[len(root) + 1:].split("/")[0]))
-print(json.dumps(sorted(roots)))
-"""
-
-
-def readable_copy(into: Path) -> Path:
-    """The `worker` package and the packages of this environment it imports, copied into
-    `into/lib`, which any user may read: the checkout, and the virtualenv in it, may be
-    in a directory only their owner can enter (a clone in a home directory of mode 700),
-    where `nobody` could import none of them."""
-    site = next(p for p in sys.path if p.endswith("site-packages"))
-    source = str(Path(worker.__file__).parent.parent)
-    found = subprocess.run([sys.executable, "-I", "-c", _IMPORTED_FROM, source, site],
-                           input=ROOTLESS_IMPORTS, capture_output=True, text=True,
-                           timeout=60, check=True)
-    lib = into / "lib"
-    lib.mkdir()
-    for root, name in json.loads(found.stdout):
-        origin = Path(root) / name
-        # The checkout's folders are the package `bashfleet`'s subpackages.
-        target = lib / "bashfleet" / name if root == source else lib / name
-        if origin.is_dir():
-            shutil.copytree(origin, target, ignore=shutil.ignore_patterns("__pycache__"))
-        else:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(origin, target)
-    for path in [into, *into.rglob("*")]:
-        path.chmod(0o755 if path.is_dir() else 0o644)
-    return lib
-
-
-@needs_root
+@needs_root("needs a worker started as root")
 def test_a_worker_that_is_not_root_gets_the_same_sandbox() -> None:
     # A worker started by an ordinary user: bwrap makes a user namespace, the zygote and
     # keepers get its capabilities, the calls none. Run as `nobody` with the system Python
     # (the same 3.11 as this suite: the venv's packages import), its own state directory,
-    # and a copy of what it imports that `nobody` can read.
+    # and the packages from a tree `nobody` can read (readable_install).
     state = Path(tempfile.mkdtemp(prefix="bashfleet-rootless-"))
     secret = state / "state" / "planted.key"
     try:
-        lib = readable_copy(state)
         nobody = pwd.getpwnam("nobody")
         os.chown(state, nobody.pw_uid, nobody.pw_gid)
         command = (f"id -u; grep CapEff /proc/self/status; ps -e | wc -l; cat {secret}; "
@@ -766,7 +722,7 @@ def test_a_worker_that_is_not_root_gets_the_same_sandbox() -> None:
                    "touch /usr/planted; python3 -c 'import socket; "
                    "socket.socket(socket.AF_PACKET, socket.SOCK_RAW)' 2>&1 | tail -1; "
                    "echo done")
-        script = f"import sys; sys.path[:0] = [{str(lib)!r}]\n" + ROOTLESS_SCRIPT
+        script = f"import sys; sys.path[:0] = {list(readable_install())!r}\n" + ROOTLESS_SCRIPT
         done = subprocess.run(
             ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups",
              "/usr/bin/python3", "-I", "-c", script, str(state), command],

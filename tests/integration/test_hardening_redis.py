@@ -46,7 +46,7 @@ PROBE_PAUSE_S = 0.5
 TICKER = "i=0; while true; do i=$((i+1)); echo tick $i; sleep 0.2; done"
 
 
-#: What README.md gives an ACL user of the fleet: every key and channel, every command
+#: What docs/redis.md gives an ACL user of the fleet: every key and channel, every command
 #: but the dangerous ones (FLUSHALL, CONFIG, KEYS, DEBUG, ...).
 ACL_RULES = ("on", "~*", "&*", "+@all", "-@dangerous")
 

@@ -8,7 +8,6 @@ account could, no more."""
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
 import subprocess
 import uuid
@@ -17,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from privilege import needs_root
 
 from bashfleet.worker.engine import sandbox, snapshots
 
@@ -28,7 +28,7 @@ from .engine_helpers import (
 )
 from .registry import Registry
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="a root worker's workspaces")
+pytestmark = needs_root("a root worker's workspaces")
 
 NOBODY = 65534
 

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from privilege import needs_root
 
 from bashfleet.worker.engine import sandbox, workspaces
 from bashfleet.worker.settings import Settings
@@ -23,7 +24,7 @@ from .engine_helpers import (
 )
 from .registry import Registry
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="a root worker's workspaces")
+pytestmark = needs_root("a root worker's workspaces")
 
 
 @pytest.fixture(name="images_engine")

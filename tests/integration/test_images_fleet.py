@@ -98,7 +98,7 @@ def test_pull_list_and_remove_through_the_fleet(
 def test_the_fleet_key_removes_images_as_the_admin_key_does(
     worker: WorkerProcess, fleet: Fleet, tenant: Fleet, registry_images: dict[str, str]
 ) -> None:
-    """The fleet key is the operator's, the admin's (README's owners section): it used to
+    """The fleet key is the operator's, the admin's (docs/security.md, owners): it used to
     be refused "needs the admin key"; an owner's key still is."""
     ref = registry_images["nobash"]
     fleet.pull_image(ref, host=HOST)

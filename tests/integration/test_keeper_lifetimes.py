@@ -26,7 +26,7 @@ from .engine_helpers import (
     wait_until,
 )
 
-#: A process that runs calls in throwaway workspaces in-process (README's `run_call`
+#: A process that runs calls in throwaway workspaces in-process (docs/api.md's `run_call`
 #: example), says so, waits for a line, then dies without any cleanup, as a crash or an
 #: OOM kill ends a worker.
 IN_PROCESS = textwrap.dedent("""

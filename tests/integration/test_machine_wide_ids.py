@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from privilege import needs_root
 
 from bashfleet.client import Fleet, records
 from bashfleet.client.redis_server import RedisServer
@@ -25,7 +26,7 @@ from bashfleet.worker.engine import ids
 
 from .conftest import WorkerFactory, WorkerProcess, wait_for
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="ids per workspace need a root worker")
+pytestmark = needs_root("ids per workspace need a root worker")
 
 SLOT = ids.SLOT_SIZE
 #: Far from where other fleets of this machine usually claim (their first slot is random

@@ -27,10 +27,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from privilege import needs_root
 
 from .netns_helpers import NetNs, sh
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="a root worker's host-side rules")
+pytestmark = needs_root("a root worker's host-side rules")
 
 #: The host table an older worker loaded when it found forwarding off: its last forward
 #: rule dropped everything forwarded between two interfaces that were not links.

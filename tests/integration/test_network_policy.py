@@ -26,6 +26,7 @@ from urllib.parse import urlsplit
 
 import pytest
 import redis
+from privilege import needs_root
 
 from bashfleet.client import CallRejected, Fleet
 from bashfleet.client.errors import WorkerError
@@ -47,7 +48,7 @@ from .engine_helpers import (
 )
 from .netns_helpers import NetNs, make_netns, reachable
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="a root worker's networks")
+pytestmark = needs_root("a root worker's networks")
 
 #: Connects to each `host:port` argument and prints `target outcome seconds` per line:
 #: `ok`, `refused` (ECONNREFUSED or a reset), `unreachable`, `timeout` or `error:...`.
@@ -737,7 +738,7 @@ def _cli_denied(env: dict[str, str], ws_id: str, wanted: set[str],
 
 def test_refusals_are_their_owners_events_and_names_pass_on_80_and_443_only(
         nethost: WorkerProcess, net: NetNs, redis_server: RedisServer) -> None:
-    """README: `bashfleet events --kind denied` lists what a workspace was refused, and
+    """docs/network.md: `bashfleet events --kind denied` lists what a workspace was refused, and
     a listed name is reached by HTTP and TLS (ports 80 and 443). Before: an owner's own
     key opened none of its refusals (locked for the workers only), and a CONNECT or a
     Host: naming another port of a listed name reached that port."""

@@ -76,7 +76,7 @@ def _cmdline(pid: int) -> str:
 
 
 def test_17_the_process_list_shows_what_readme_says(engine: Engine) -> None:
-    """README: a foreground call's process shows `bash -c <the command>` exactly. In a
+    """docs/agents.md: a foreground call's process shows `bash -c <the command>` exactly. In a
     sandboxed workspace a background job's does too (it is born of the workspace's
     keeper, its limits come in through `BASH_ENV` as a foreground call's do); as a person
     lists the host's processes, it is found at its host pid."""
@@ -91,7 +91,7 @@ def test_17_the_process_list_shows_what_readme_says(engine: Engine) -> None:
 
 def test_17_an_unsandboxed_jobs_process_shows_the_limits_line_first(
         plain_engine: Engine) -> None:
-    """README: without a sandbox, a background job's process shows the host's limits line
+    """docs/agents.md: without a sandbox, a background job's process shows the host's limits line
     before the command, where the host sets limits with `ulimit` rather than a cgroup."""
     job = plain_engine.run("sleep 30; echo done", background=True).job
     assert job is not None

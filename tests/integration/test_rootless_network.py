@@ -19,7 +19,6 @@ import shutil
 import socket
 import stat
 import subprocess
-import sys
 import tempfile
 import threading
 from collections.abc import Iterator
@@ -27,12 +26,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from privilege import needs_root
 
-from .engine_helpers import package_root, wait_until
+from .engine_helpers import readable_install, wait_until
 from .netns_helpers import NetNs, make_netns, reachable
 from .test_network_policy import HOLD, PROBE
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="runs a worker as another user")
+pytestmark = needs_root("runs a worker as another user")
 
 TUN = Path("/dev/net/tun")
 
@@ -113,14 +113,12 @@ def as_nobody(script: str, *args: str, home: Path, timeout: float = 240.0,
               env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """Run a Python script as `nobody` (this environment's packages importable)."""
     nobody = pwd.getpwnam("nobody")
-    site = next(p for p in sys.path if p.endswith("site-packages"))
-    lib = package_root(home / "lib")
     return subprocess.run(
         ["setpriv", f"--reuid={nobody.pw_uid}", f"--regid={nobody.pw_gid}", "--clear-groups",
          "/usr/bin/python3", "-c", script, *args],
         capture_output=True, text=True, timeout=timeout, check=False, cwd="/",
-        env={"PATH": os.defpath, "HOME": str(home), "PYTHONPATH": f"{lib}:{site}",
-             **(env or {})})
+        env={"PATH": os.defpath, "HOME": str(home),
+             "PYTHONPATH": os.pathsep.join(readable_install()), **(env or {})})
 
 
 @pytest.fixture(name="home")

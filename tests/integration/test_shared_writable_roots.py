@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from privilege import needs_root
 
 from bashfleet.client import Fleet
 from bashfleet.client.redis_server import RedisServer
@@ -25,7 +26,7 @@ from bashfleet.worker.settings import Settings
 from .conftest import WorkerFactory, WorkerProcess
 from .engine_helpers import give_to_run_user
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="ids per workspace need a root worker")
+pytestmark = needs_root("ids per workspace need a root worker")
 
 
 @pytest.fixture

@@ -20,17 +20,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from privilege import needs_root
 
 from bashfleet.worker.engine import snapshot_registry as snapshots
 from bashfleet.worker.engine.image_meta import digest_of, parse_ref
-from bashfleet.worker.engine.snapshot_registry import SnapshotError
+from bashfleet.worker.engine.snapshot_registry import RegistryError
 from bashfleet.worker.settings import Settings
 
 from .registry import Registry, free_port, run
 
 pytestmark = [
     pytest.mark.timeout(300),
-    pytest.mark.skipif(os.geteuid() != 0, reason="a layer's owners and whiteouts need root"),
+    needs_root("a layer's owners and whiteouts need root"),
 ]
 
 MTIME_NS = 1_700_000_000_123_456_789
@@ -189,7 +190,7 @@ def test_pulling_twice_is_fine_and_never_replaces_a_layer(settings: Settings,
     assert snapshots.pull(ref, second, settings) == digest
     assert listing(first) == listing(second) == listing(layer)
     (first / "work" / "changed").write_text("kept")
-    with pytest.raises(SnapshotError) as caught:
+    with pytest.raises(RegistryError) as caught:
         snapshots.pull(ref, first, settings)
     assert caught.value.kind == "invalid" and "exists already" in caught.value.message
     assert (first / "work" / "changed").read_text() == "kept"
@@ -215,7 +216,7 @@ def test_delete(settings: Settings, tmp_path: Path) -> None:
     snapshots.push(layer, other, settings)  # the same layer: a manifest of its own
     assert snapshots.delete(ref, settings) is True
     assert snapshots.delete(ref, settings) is False
-    with pytest.raises(SnapshotError) as caught:
+    with pytest.raises(RegistryError) as caught:
         snapshots.pull(ref, tmp_path / "dest", settings)
     assert caught.value.kind == "not_found"
     assert not os.path.lexists(tmp_path / "dest")
@@ -223,13 +224,13 @@ def test_delete(settings: Settings, tmp_path: Path) -> None:
 
 
 def test_push_refuses_what_is_no_layer_or_no_tag(settings: Settings, tmp_path: Path) -> None:
-    with pytest.raises(SnapshotError, match="no snapshot layer directory") as caught:
+    with pytest.raises(RegistryError, match="no snapshot layer directory") as caught:
         snapshots.push(tmp_path / "missing", _ref(settings, "x"), settings)
     assert caught.value.kind == "invalid"
     (tmp_path / "layer").mkdir()
-    with pytest.raises(SnapshotError, match="to a tag, not a digest"):
+    with pytest.raises(RegistryError, match="to a tag, not a digest"):
         snapshots.push(tmp_path / "layer", f"127.0.0.1:1/s@sha256:{'0' * 64}", settings)
-    with pytest.raises(SnapshotError, match="no directory"):
+    with pytest.raises(RegistryError, match="no directory"):
         snapshots.pull(_ref(settings, "x"), tmp_path / "no" / "dest", settings)
 
 
@@ -245,7 +246,7 @@ def test_a_registry_down_is_named_and_leaves_nothing(settings: Settings,
     for attempt in (lambda: snapshots.push(layer, ref, down),
                     lambda: snapshots.pull(ref, tmp_path / "dest", down),
                     lambda: snapshots.delete(ref, down)):
-        with pytest.raises(SnapshotError) as caught:
+        with pytest.raises(RegistryError) as caught:
             attempt()
         message = caught.value.message
         assert caught.value.kind == "unavailable", message
@@ -261,7 +262,7 @@ def test_wrong_credentials_are_refused_without_showing_them(
     refused = settings.model_copy(update={"registry_auth_file": wrong})
     layer = tmp_path / "layer"
     layer.mkdir()
-    with pytest.raises(SnapshotError) as caught:
+    with pytest.raises(RegistryError) as caught:
         snapshots.push(layer, _ref(refused, "refused"), refused)
     assert caught.value.kind == "unavailable"
     assert "credentials" in caught.value.message and image_registry.url in caught.value.message
@@ -276,7 +277,7 @@ def test_an_image_is_no_snapshot(settings: Settings, image_registry: Registry,
     ref = _push_by_hand(image_registry, tmp_path, "image", archive,
                         layer_type="application/vnd.oci.image.layer.v1.tar+zstd",
                         config_type="application/vnd.oci.image.config.v1+json")
-    with pytest.raises(SnapshotError, match="is no snapshot") as caught:
+    with pytest.raises(RegistryError, match="is no snapshot") as caught:
         snapshots.pull(ref, tmp_path / "dest", settings)
     assert caught.value.kind == "invalid"
     assert leftovers(tmp_path, "state", "by-hand") == []
@@ -292,7 +293,7 @@ def test_a_layer_whose_digest_does_not_match_is_refused(tmp_path: Path) -> None:
     (stored,) = [p for p in (layout / "blobs/sha256").iterdir() if p.stat().st_size == 16]
     stored.write_bytes(b"NOT really a tar")  # same size, other bytes
     wanted = parse_ref("127.0.0.1:1/s:x")
-    with pytest.raises(SnapshotError, match="does not match the digest") as caught:
+    with pytest.raises(RegistryError, match="does not match the digest") as caught:
         snapshots._layer_of(layout, wanted)
     assert caught.value.kind == "invalid"
 
@@ -306,7 +307,7 @@ def test_a_full_disk_leaves_nothing(settings: Settings, tmp_path: Path) -> None:
     small = tmp_path / "small"
     small.mkdir()
     with _tmpfs(small, "3m"):
-        with pytest.raises(SnapshotError) as caught:
+        with pytest.raises(RegistryError) as caught:
             snapshots.pull(ref, small / "dest", settings)
         assert caught.value.kind == "unavailable"
         assert "MiB free in" in caught.value.message, caught.value.message
@@ -417,7 +418,7 @@ def test_a_hostile_layer_is_refused_and_writes_nothing(
     ref = _push_by_hand(image_registry, tmp_path, case, _tar(HOSTILE[case](outside)))
     dests = tmp_path / "dests"
     dests.mkdir()
-    with pytest.raises(SnapshotError, match="refused to unpack") as caught:
+    with pytest.raises(RegistryError, match="refused to unpack") as caught:
         snapshots.pull(ref, dests / "dest", settings)
     assert caught.value.kind == "invalid"
     assert leftovers(dests) == []

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from privilege import needs_root
 
 from bashfleet.worker.engine import images, snapshots, workspaces
 from bashfleet.worker.wire.models import WorkspaceSpec
@@ -26,8 +27,7 @@ from .engine_helpers import (
 )
 from .registry import Registry
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="workspaces with ids of their own "
-                                "need a root worker")
+pytestmark = needs_root("workspaces with ids of their own need a root worker")
 
 
 def _sh(engine: Engine, ws_id: str, command: str) -> str:

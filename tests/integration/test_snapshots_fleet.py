@@ -5,12 +5,12 @@ orchestrator's RL loop drives them."""
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 import uuid
 from collections.abc import Iterator
 
 import pytest
+from privilege import needs_root
 
 from bashfleet.client import Fleet, LimitReached, SnapshotError, UnknownSnapshot
 from bashfleet.client.redis_server import RedisServer
@@ -18,8 +18,7 @@ from bashfleet.client.redis_server import RedisServer
 from .conftest import WorkerFactory, WorkerProcess
 from .registry import Registry, free_port
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="snapshots need workspaces with "
-                                "ids of their own (a root worker)")
+pytestmark = needs_root("snapshots need workspaces with ids of their own (a root worker)")
 
 #: A repository an agent-like script makes: one bug, one test that finds it.
 REPO = (

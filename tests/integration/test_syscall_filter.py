@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from privilege import needs_root
 
 from bashfleet.client import Fleet
 from bashfleet.client.cli import common, jobs
@@ -33,7 +34,7 @@ from .engine_helpers import (
     wait_until,
 )
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="a root worker's workspaces")
+pytestmark = needs_root("a root worker's workspaces")
 
 #: Each call the profiles refuse, made through ctypes, with arguments that make it fail
 #: harmlessly (or succeed) when it is allowed: the errno name it ended with, or "ok".

@@ -49,7 +49,7 @@ RULES = (
     Rule("worker/fleet/connect.py", (*CELERY_LIBS, f"{W}.fleet.transport",
                                      f"{W}.fleet.celery_apps")),
     Rule("client", CELERY_LIBS,
-         only_worker=(f"{W}.wire", f"{W}.settings", f"{W}.fleet.connect")),
+         only_worker=(f"{W}.wire", f"{W}.settings", f"{W}.state_dir", f"{W}.fleet.connect")),
     Rule("client/dialects", (*BROKER_LIBS, f"{C}.fleet", f"{C}.mcp_server")),
     # The core decides, the I/O layer does: no Redis, no I/O layer, no front end.
     Rule("client/_core", (*BROKER_LIBS, f"{W}.fleet", f"{C}._async", f"{C}._sync",
@@ -59,6 +59,9 @@ RULES = (
     # other way round (and neither reaches the front ends).
     Rule("client/_async", (f"{C}._sync", f"{C}.fleet", f"{C}.aio", f"{C}.cli",
                            f"{C}.mcp_server")),
+    # Where the state directory is: read by clients, so the standard library only.
+    Rule("worker/state_dir.py", (*BROKER_LIBS, "pydantic", "pydantic_settings", "psutil",
+                                 f"{W}.engine", f"{W}.fleet", f"{W}.settings", C)),
 )
 
 
@@ -118,9 +121,11 @@ def test_a_forbidden_import_is_caught(tmp_path: Path) -> None:
         "worker/engine/sneaky.py:2: redis (forbidden in worker/engine)",
         "worker/engine/sneaky.py:2: redis.Redis (forbidden in worker/engine)",
         "client/cli.py:1: bashfleet.worker.fleet (client imports only "
-        "('bashfleet.worker.wire', 'bashfleet.worker.settings', 'bashfleet.worker.fleet.connect'))",
+        "('bashfleet.worker.wire', 'bashfleet.worker.settings', 'bashfleet.worker.state_dir', "
+        "'bashfleet.worker.fleet.connect'))",
         "client/cli.py:1: bashfleet.worker.fleet.registry (client imports only "
-        "('bashfleet.worker.wire', 'bashfleet.worker.settings', 'bashfleet.worker.fleet.connect'))",
+        "('bashfleet.worker.wire', 'bashfleet.worker.settings', 'bashfleet.worker.state_dir', "
+        "'bashfleet.worker.fleet.connect'))",
     ]
 
 

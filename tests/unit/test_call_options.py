@@ -15,7 +15,7 @@ from bashfleet.client._core.messages import build_call, decode_result, run_reque
 from bashfleet.client.errors import CallRejected
 from bashfleet.worker.wire import auth
 from bashfleet.worker.wire.models import (
-    CANCELLED,
+    CANCELLED_MESSAGE,
     MAX_COMMAND_BYTES,
     Call,
     CallOptions,
@@ -183,10 +183,10 @@ def test_build_call_applies_the_mode(
 @pytest.mark.parametrize(
     ("kind", "message", "read_as"),
     [
-        ("cancelled", CANCELLED, "cancelled"),
+        ("cancelled", CANCELLED_MESSAGE, "cancelled"),
         ("cancelled", "any words at all", "cancelled"),
         # A cancel is known by its kind only: the words alone never make one.
-        ("internal", CANCELLED, "internal"),
+        ("internal", CANCELLED_MESSAGE, "internal"),
         ("internal", "call c1 was cancelled before it started; it did not run", "internal"),
     ],
 )

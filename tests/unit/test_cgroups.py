@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 
 import pytest
+from privilege import require_root
 
 from bashfleet.worker.engine import cgroups
 from bashfleet.worker.engine.cgroups import CgroupLimits, Hierarchy, Mount, Plan, Support
@@ -227,8 +228,7 @@ def test_v2_delegated_cgroup_is_prepared(tmp_path: Path) -> None:
 
 def test_v2_refuses_a_cgroup_not_delegated(tmp_path: Path) -> None:
     owner, laid_out = _v2_owner(tmp_path, "123\n")
-    if os.geteuid() != 0:
-        pytest.skip("as another user the directory would count as delegated")
+    require_root("as another user the directory counts as delegated")
     with pytest.raises(OSError, match="not delegated"):
         cgroups._prepare_v2(laid_out)
     assert (owner / "cgroup.subtree_control").read_text() == "\n"  # untouched

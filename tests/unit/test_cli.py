@@ -65,7 +65,7 @@ def _help(*argv: str) -> str:
 
 
 def test_mcp_and_schema_help_list_every_dialect() -> None:
-    assert list(common.DIALECT_NAMES) == sorted(DIALECTS)
+    assert list(arguments.DIALECT_NAMES) == sorted(DIALECTS)
     for command in ("mcp", "schema"):
         shown = _help(command)
         for name in DIALECTS:
@@ -74,7 +74,7 @@ def test_mcp_and_schema_help_list_every_dialect() -> None:
 
 
 def test_schema_styles_are_the_dialects_own() -> None:
-    assert common.SCHEMA_STYLES == SCHEMA_STYLES
+    assert arguments.SCHEMA_STYLES == SCHEMA_STYLES
     assert "openai-responses" in _help("schema")
 
 

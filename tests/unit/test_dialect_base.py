@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -252,14 +253,109 @@ json_values = st.recursive(
 )
 @settings(max_examples=300, deadline=None)  # a shared 2-core box: time is not the property
 def test_parser_agrees_with_jsonschema(name: str, raw: dict[str, object]) -> None:
-    """What our checker accepts, jsonschema accepts (nulls dropped: we treat them as absent)."""
     for spec in get_dialect(name).tools():
-        try:
-            parse_args(spec.name, spec.input_schema, raw)
-        except ArgError:
-            continue
-        present = {key: value for key, value in raw.items() if value is not None}
-        jsonschema.validate(present, spec.input_schema, cls=jsonschema.Draft202012Validator)
+        check_agreement(spec.input_schema, spec.name, raw)
+
+
+def _fitting(spec: dict[str, Any]) -> st.SearchStrategy[object]:
+    """Values one property's schema accepts."""
+    if "enum" in spec:
+        return st.sampled_from(spec["enum"])
+    low = spec.get("minimum")
+    match spec.get("type"):
+        case "string":
+            return st.text(max_size=8)
+        case "boolean":
+            return st.booleans()
+        case "integer":
+            return st.integers(min_value=low, max_value=10**6)
+        case "number":
+            return st.integers(min_value=low, max_value=10**6) | st.floats(
+                min_value=low, max_value=1e6, allow_nan=False, allow_infinity=False)
+    return json_values
+
+
+@given(name=st.sampled_from(NAMES), data=st.data())
+@settings(max_examples=300, deadline=None)
+def test_parser_accepts_what_the_schema_accepts(name: str, data: st.DataObject) -> None:
+    """Arguments made to fit each tool's schema (with nulls for some of them): both accept."""
+    for spec in get_dialect(name).tools():
+        schema = spec.input_schema
+        required = set(schema.get("required", ()))
+        raw = {key: data.draw(_fitting(prop) if key in required else
+                              st.none() | _fitting(prop), label=f"{spec.name}.{key}")
+               for key, prop in schema["properties"].items()
+               if key in required or data.draw(st.booleans())}
+        assert check_agreement(schema, spec.name, raw) == "accepted by both"
+
+
+def check_agreement(schema: dict[str, Any], tool: str, raw: dict[str, object], *,
+                    theirs: dict[str, Any] | None = None) -> str:
+    """Our checker against jsonschema on one input (nulls dropped: we treat them as
+    absent). What ours accepts, jsonschema accepts. What ours refuses, jsonschema refuses
+    too, and ours names a parameter jsonschema blames; or ours alone refuses it, for one of
+    its two deliberate rules: a parameter the schema does not name, a number that is not
+    finite. Returns which of the three it was. (`theirs`: the schema jsonschema reads,
+    when it is not `schema`: the check's own test.)"""
+    present = {key: value for key, value in raw.items() if value is not None}
+    validator = jsonschema.Draft202012Validator(schema if theirs is None else theirs)
+    try:
+        parse_args(tool, schema, raw)
+    except ArgError as refused:
+        said = str(refused)
+        named = re.search(r"parameter '([^']*)'", said)
+        assert named is not None, said
+        unknown = {key for key in raw if key not in schema["properties"]}
+        infinite = {key for key, value in present.items()
+                    if isinstance(value, float) and not math.isfinite(value)}
+        errors = list(validator.iter_errors(present))
+        if not errors:  # ours alone: one of its own rules
+            assert named.group(1) in unknown | infinite, (said, raw)
+            return "refused by ours alone"
+        blamed = {str(error.path[0]) for error in errors if error.path}
+        blamed |= {key for key in schema.get("required", ()) if key not in present}
+        assert named.group(1) in blamed | unknown | infinite, (said, [e.message for e in errors])
+        return "refused by both"
+    validator.validate(present)
+    return "accepted by both"
+
+
+CHECKED_PROPERTIES: dict[str, Any] = {
+    "command": {"type": "string"},
+    "timeout": {"type": "number", "minimum": 0},
+    "lines": {"type": "integer"},
+    "mode": {"type": "string", "enum": ["a", "b"]},
+}
+CHECKED: dict[str, Any] = {
+    "type": "object", "properties": CHECKED_PROPERTIES, "required": ["command"]
+}
+
+
+@pytest.mark.parametrize(("raw", "expected"), [
+    ({"command": "ls"}, "accepted by both"),
+    ({"command": "ls", "timeout": None, "lines": 3.0, "mode": "a"}, "accepted by both"),
+    ({}, "refused by both"),  # missing required
+    ({"command": 1}, "refused by both"),
+    ({"command": "ls", "timeout": -1}, "refused by both"),
+    ({"command": "ls", "lines": 1.5}, "refused by both"),
+    ({"command": "ls", "lines": True}, "refused by both"),
+    ({"command": "ls", "mode": "c"}, "refused by both"),
+    ({"command": "ls", "timout": 5}, "refused by ours alone"),  # misspelt: never ignored
+    ({"command": "ls", "timeout": math.inf}, "refused by ours alone"),
+])
+def test_agreement_cases(raw: dict[str, object], expected: str) -> None:
+    assert check_agreement(CHECKED, "t", raw) == expected
+
+
+def test_a_disagreement_is_caught() -> None:
+    """The check fails where ours accepts what jsonschema refuses, and where ours refuses
+    for a reason jsonschema does not share."""
+    loose = {**CHECKED, "properties": {**CHECKED_PROPERTIES, "lines": {"type": "number"}}}
+    raw: dict[str, object] = {"command": "ls", "lines": 1.5}
+    with pytest.raises(jsonschema.ValidationError):
+        check_agreement(loose, "t", raw, theirs=CHECKED)
+    with pytest.raises(AssertionError):
+        check_agreement(CHECKED, "t", raw, theirs=loose)
 
 
 # ---------------------------------------------------------------------------- session

@@ -4,15 +4,15 @@ times and link counts than `docker exec`)."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
+from privilege import needs_root
 
 from bashfleet.worker.engine import ids
 from bashfleet.worker.engine.workspaces import making
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="owners of the layer's directories")
+pytestmark = needs_root("owners of the layer's directories")
 
 SLOT = ids.Slot(index=0, uid=200_000, gid=200_000, fd=-1)
 

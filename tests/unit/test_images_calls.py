@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from bashfleet.worker.engine import images
+from bashfleet.worker.engine import ids, images, sandbox
 from bashfleet.worker.engine.image_meta import ImageError
 from bashfleet.worker.fleet import image_calls
 from bashfleet.worker.fleet.control import Runtime
@@ -53,10 +53,25 @@ def store(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeStore]:
     fake.release.set()
 
 
+#: Subordinate ids a host gives its workspaces (a host that takes images has some).
+HOST_IDS = ids.HostIds(uids=ids.Range(1 << 30, 1 << 30), gids=ids.Range(1 << 30, 1 << 30))
+
+
 @pytest.fixture
-def rt(tmp_path: Path) -> Runtime:
+def rt(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Runtime:
+    """A host that takes images, whoever runs the test (the ids are read from
+    /etc/subuid for a root worker's run user)."""
+    monkeypatch.setattr(sandbox, "host_ids", lambda settings: HOST_IDS)
     settings = Settings(state_dir=tmp_path, host="h1")
     return Runtime(settings=settings, redis=Any, instance="i")  # type: ignore[arg-type]
+
+
+def test_a_single_tenant_host_refuses_a_pull_before_it_starts(
+        store: FakeStore, rt: Runtime, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sandbox, "host_ids", lambda settings: None)
+    with pytest.raises(ToolError, match="host h1 is single-tenant") as caught:
+        _ask(rt, wait_s=0)
+    assert caught.value.kind == "unavailable" and store.calls == []
 
 
 def _ask(rt: Runtime, **fields: Any) -> ImagePull:

@@ -16,6 +16,7 @@ from typing import Any, cast
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from privilege import needs_root
 
 from bashfleet.client.errors import CallRejected, UnknownWorkspace, error_for
 from bashfleet.client.integrations._backend import (
@@ -139,7 +140,7 @@ def test_other_failures_are_no_file_errors(message: str) -> None:
     assert file_error(UnknownWorkspace(message), "f") is None
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="switching users needs root")
+@needs_root("switching users needs root")
 @pytest.mark.parametrize(("user", "expected"), [
     ("nobody", b"65534\n"), ("65534", b"65534\n"), ("65534:65534", b"65534\n"),
 ])

@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import errno
-import os
 import socket
 import ssl
 import struct
@@ -212,20 +211,3 @@ def test_the_host_table_matches_workspaces_links_only() -> None:
 ])
 def test_why_a_guard_did_not_start(answer: str, stderr: str, why: str) -> None:
     assert network.guard_failure(answer, stderr) == why
-
-
-def test_libnftables_is_used_in_process_only_while_the_process_holds_few_descriptors() -> None:
-    """Its netlink socket is waited on with select(2): past 1024 glibc aborts the process.
-    The lowest free number is no guard (other threads fill the holes meanwhile); the
-    count of open descriptors is."""
-    from bashfleet.worker.engine import network  # noqa: PLC0415
-
-    assert network._few_descriptors()
-    held = [os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC)
-            for _ in range(network.FEW_DESCRIPTORS)]
-    try:
-        os.close(held.pop(0))  # a hole low down: the old look passed here
-        assert not network._few_descriptors()
-    finally:
-        for fd in held:
-            os.close(fd)

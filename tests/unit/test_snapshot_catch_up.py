@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from privilege import needs_root
 
 from bashfleet.worker.engine import snapshots
 from bashfleet.worker.wire.models import WorkspaceRecord
@@ -96,7 +97,7 @@ MUTATIONS: dict[str, Callable[[Path], None]] = {
 }
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="whiteouts (device nodes) need root")
+@needs_root("whiteouts (device nodes) need root")
 @pytest.mark.parametrize("change", sorted(MUTATIONS))
 def test_what_changed_after_the_first_copy_is_copied_again(change: str, tmp_path: Path) -> None:
     src, copy = tmp_path / "src", tmp_path / "copy"
@@ -124,6 +125,7 @@ def test_nothing_changed_copies_nothing(tmp_path: Path) -> None:
     assert snapshots._catch_up(tmp_path / "copy", listing, listing) == ([], [])
 
 
+@needs_root("the settling gives the layer's files the snapshot's owners")
 @pytest.mark.parametrize("swapped_back", [False, True])
 def test_a_link_the_first_copy_took_is_never_followed(tmp_path: Path,
                                                       swapped_back: bool) -> None:

@@ -10,7 +10,7 @@ import pytest
 from pydantic import ValidationError
 
 from bashfleet.worker.engine.snapshot_registry import (
-    SnapshotError,
+    RegistryError,
     check_members,
     parse_listing,
     snapshot_ref,
@@ -43,14 +43,14 @@ def test_a_repository_on_docker_hub_is_spelled_out(tmp_path: Path) -> None:
                                      ".hidden", "trailing\n"])
 def test_an_id_that_is_no_tag_is_refused(tmp_path: Path, snap_id: str) -> None:
     settings = Settings(state_dir=tmp_path, snapshot_registry=PREFIX)
-    with pytest.raises(SnapshotError) as caught:
+    with pytest.raises(RegistryError) as caught:
         snapshot_ref(settings, snap_id)
     assert caught.value.kind == "invalid"
 
 
 def test_a_prefix_that_makes_no_reference_is_refused(tmp_path: Path) -> None:
     settings = Settings(state_dir=tmp_path, snapshot_registry="127.0.0.1:5000/Upper/Case")
-    with pytest.raises(SnapshotError) as caught:
+    with pytest.raises(RegistryError) as caught:
         snapshot_ref(settings, "s1")
     assert caught.value.kind == "invalid"
 
@@ -137,7 +137,7 @@ REFUSED = {
 
 @pytest.mark.parametrize("case", sorted(REFUSED))
 def test_a_hostile_or_foreign_member_is_refused(case: str) -> None:
-    with pytest.raises(SnapshotError) as caught:
+    with pytest.raises(RegistryError) as caught:
         check_members([GOOD[0], *REFUSED[case]], "127.0.0.1:5000/s:x")
     assert caught.value.kind == "invalid"
     assert caught.value.message.startswith("127.0.0.1:5000/s:x: refused to unpack") or \

@@ -13,11 +13,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from privilege import needs_root
 
 from bashfleet.client import local
+from bashfleet.client._core.settings import UnsafeStateError
 from bashfleet.client.errors import FleetUnavailable
 from bashfleet.client.fleet import resolve_url
-from bashfleet.worker.settings import Settings, check_state_dir, get_settings
+from bashfleet.worker.settings import Settings, get_settings
+from bashfleet.worker.state_dir import check_state_dir
 
 NOBODY = 65534
 
@@ -38,7 +41,9 @@ def test_a_fresh_state_dir_is_made_private(tmp_path: Path) -> None:
     assert made.stat().st_mode & 0o777 == 0o700
 
 
-@pytest.mark.parametrize("problem", ["another owner", "writable by others", "a symlink"])
+@pytest.mark.parametrize("problem", [
+    pytest.param("another owner", marks=needs_root("chown to another user")),
+    "writable by others", "a symlink"])
 def test_an_untrusted_state_dir_is_refused(tmp_path: Path, problem: str) -> None:
     state = tmp_path / "state"
     if problem == "a symlink":
@@ -47,7 +52,7 @@ def test_an_untrusted_state_dir_is_refused(tmp_path: Path, problem: str) -> None
     else:
         state.mkdir(mode=0o700)
     if problem == "another owner":
-        os.chown(state, NOBODY, NOBODY)  # the suite runs as root (CI)
+        os.chown(state, NOBODY, NOBODY)
     elif problem == "writable by others":
         state.chmod(0o777)
     with pytest.raises(ValueError, match=r"refusing|not a directory"):
@@ -63,6 +68,7 @@ def fresh_settings() -> Iterator[None]:
     get_settings.cache_clear()
 
 
+@needs_root("chown to another user")
 def test_a_planted_fleet_json_is_never_read(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fresh_settings: None
 ) -> None:
@@ -74,7 +80,7 @@ def test_a_planted_fleet_json_is_never_read(
     assert local.load_state(settings) == planted  # ours: read
     path = local.state_path(settings)
     os.chown(path, NOBODY, NOBODY)  # another user's file
-    with pytest.raises(local.UnsafeStateError, match="not a file of this user's alone"):
+    with pytest.raises(UnsafeStateError, match="not a file of this user's alone"):
         local.load_state(settings)
     path.unlink()
     (tmp_path / "theirs.json").write_text(planted.model_dump_json())

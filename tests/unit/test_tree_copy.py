@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from privilege import needs_root
 
 from bashfleet.worker.engine import tree_copy
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="owners, devices, trusted xattrs")
+pytestmark = needs_root("owners, devices, trusted xattrs")
 
 
 def _tree(root: Path) -> dict[str, tuple[object, ...]]:

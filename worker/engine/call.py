@@ -10,9 +10,7 @@ on exit (or timeout) shapes what is shown by the call's policy.
 
 from __future__ import annotations
 
-import contextlib
 import os
-import re
 import select
 import shutil
 import stat
@@ -36,18 +34,19 @@ from bashfleet.worker.engine import (
     procs,
     resources,
     sandbox,
-    session_state,
-    truncate,
     workspaces,
 )
 from bashfleet.worker.engine.call_env import child_env
+from bashfleet.worker.engine.call_result import (
+    EndReason,
+    Pipes,
+    ResultBuilder,
+    Streams,
+    with_state,
+)
 from bashfleet.worker.engine.capture import (
-    Extras,
     FollowedFile,
     MemoryStream,
-    Shaped,
-    Source,
-    shape,
 )
 from bashfleet.worker.engine.command_line import COMMAND_FD, CommandLine
 from bashfleet.worker.engine.environment import ChildEnv
@@ -58,12 +57,8 @@ from bashfleet.worker.engine.watcher import UNWATCHED, CallWatcher, Spawned
 from bashfleet.worker.settings import Settings, get_settings
 from bashfleet.worker.wire.errors import ErrorKind, ToolError
 from bashfleet.worker.wire.models import (
-    CANCELLED,
     Call,
     CallResult,
-    JobRecord,
-    ProcessInfo,
-    Spill,
     SystemError_,
     WorkspaceRecord,
     WorkspaceSpec,
@@ -85,37 +80,6 @@ class CallError(ToolError):
     def as_model(self) -> SystemError_:
         """The error as it travels in a result."""
         return SystemError_(kind=self.kind, message=self.message, missing=self.missing)
-
-
-@dataclass
-class _Streams:
-    """The files a foreground call writes into."""
-
-    stdout: Path
-    stderr: Path | None  # None: stderr goes into the stdout file (combined)
-
-    def followers(self) -> list[FollowedFile]:
-        files = [FollowedFile(self.stdout)]
-        if self.stderr is not None:
-            files.append(FollowedFile(self.stderr))
-        return files
-
-
-@dataclass
-class _Pipes:
-    """Output kept in bounded memory because the spill directory cannot take it."""
-
-    stdout: MemoryStream
-    stderr: MemoryStream | None  # None: stderr goes into stdout (combined)
-    reason: str
-    pumps: list[threading.Thread]
-
-    def drained(self, timeout: float = 1.0) -> None:
-        """Wait for the pumps to reach EOF; a daemon the call left holding a pipe may
-        keep one open, so give up after `timeout` (memory stays bounded either way)."""
-        deadline = time.monotonic() + timeout
-        for pump in self.pumps:
-            pump.join(max(0.0, deadline - time.monotonic()))
 
 
 class _NoSpillError(Exception):
@@ -356,16 +320,16 @@ def _start_background(
     )
 
 
-def _open_streams(call: Call, record: WorkspaceRecord) -> _Streams:
+def _open_streams(call: Call, record: WorkspaceRecord) -> Streams:
     """A call's spill files: in its workspace's output directory, which its calls read
     at the same path."""
     spill = Path(record.out_dir)
     if call.policy.streams == "combined":
-        return _Streams(spill / f"{call.call_id}.log", None)
-    return _Streams(spill / f"{call.call_id}.out", spill / f"{call.call_id}.err")
+        return Streams(spill / f"{call.call_id}.log", None)
+    return Streams(spill / f"{call.call_id}.out", spill / f"{call.call_id}.err")
 
 
-def _open_files(streams: _Streams) -> tuple[int, int]:
+def _open_files(streams: Streams) -> tuple[int, int]:
     """Open the spill files; _NoSpillError when the directory cannot take them."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW
     try:
@@ -549,7 +513,7 @@ class _Launch:
             self.startup = None
 
 
-def _spawn_piped(launch: _Launch, reason: str) -> tuple[procs.Process, _Pipes]:
+def _spawn_piped(launch: _Launch, reason: str) -> tuple[procs.Process, Pipes]:
     """Spawn with pipes pumped into bounded memory: the fallback when no file can be written."""
     combined = launch.call.policy.streams == "combined"
     out_read, out_write = os.pipe()
@@ -563,7 +527,7 @@ def _spawn_piped(launch: _Launch, reason: str) -> tuple[procs.Process, _Pipes]:
     finally:
         for fd in {out_write, err_write}:
             os.close(fd)
-    pipes = _Pipes(MemoryStream(), None if combined else MemoryStream(), reason, [])
+    pipes = Pipes(MemoryStream(), None if combined else MemoryStream(), reason, [])
     targets = [(out_read, pipes.stdout)] + ([] if combined else [(err_read, pipes.stderr)])
     for fd, stream in targets:
         if stream is not None:
@@ -583,7 +547,7 @@ def _pump(fd: int, stream: MemoryStream) -> None:
         os.close(fd)
 
 
-def _spawn(launch: _Launch, streams: _Streams) -> procs.Process:
+def _spawn(launch: _Launch, streams: Streams) -> procs.Process:
     out_fd, err_fd = _open_files(streams)
     try:
         return launch.start(out_fd, err_fd)
@@ -609,7 +573,7 @@ def _exit_fd(proc: procs.Process) -> tuple[int, bool]:
     return os.pidfd_open(proc.pid), True
 
 
-Outcome = Literal["exited", "timeout", "cancel", "output", "detach"]
+
 
 
 def _wait(
@@ -620,7 +584,7 @@ def _wait(
     *,
     over_cap: Callable[[], bool] | None = None,
     detachable: bool = True,
-) -> Outcome:
+) -> EndReason:
     """Follow the output until the process exits; return why the wait ended.
 
     `watcher.running()` is called once, at the first wake-up that finds the process
@@ -658,7 +622,7 @@ def _wait(
 
 
 def _cap_check(
-    settings: Settings, files: list[FollowedFile], pipes: _Pipes | None
+    settings: Settings, files: list[FollowedFile], pipes: Pipes | None
 ) -> Callable[[], bool] | None:
     """`over_cap` for `_wait`: the call's output passed `limit_output_mb`."""
     cap = resources.output_cap(settings)
@@ -691,7 +655,7 @@ def _run_foreground(
     # command that does not `cd` ends where it started, symlinks included.
     child.env["PWD"] = cwd
     launch = _Launch(call, cwd, child, settings, workspace, user, call.capture_state)
-    pipes: _Pipes | None = None
+    pipes: Pipes | None = None
     problem = spill_problem(settings, streams.stdout.parent)
     try:
         if problem is not None:
@@ -706,8 +670,8 @@ def _run_foreground(
     try:
         watcher.spawned(Spawned(proc.pid, proc.pid, marker, streams.stdout.parent))
         # Output kept in memory has no file to go on into: such a call cannot detach.
-        outcome = _wait(proc, files, timeout_s, watcher,
-                        over_cap=_cap_check(settings, files, pipes), detachable=pipes is None)
+        reason = _wait(proc, files, timeout_s, watcher,
+                       over_cap=_cap_check(settings, files, pipes), detachable=pipes is None)
     except BaseException:
         # The watcher failed (or we were interrupted) while the command runs: nobody would
         # ever watch or kill it, so end it before the error goes on.
@@ -715,20 +679,20 @@ def _run_foreground(
         _reap(proc)
         launch.release()
         raise
-    result = _Outcome(call, settings, streams, files, secrets, cwd, started, pipes)
-    if outcome == "exited":
-        return _finished(result, proc, launch, started_with=child.env)
+    builder = ResultBuilder(call, settings, streams, files, secrets, cwd, started, pipes)
+    if reason == "exited":
+        return _finished(builder, proc, launch, started_with=child.env)
     # With output in memory there is no file to keep running into: kill instead.
-    if outcome == "detach" or (
-        outcome == "timeout" and call.policy.on_timeout == "background" and pipes is None
+    if reason == "detach" or (
+        reason == "timeout" and call.policy.on_timeout == "background" and pipes is None
     ):
         record = jobs.adopt_foreground(
             call, proc, streams.stdout, streams.stderr, cwd, settings, on_end=launch.release,
             workspace=workspace,
         )
         if record is None:  # it ended as it was made a job: a finished call after all
-            return _finished(result, proc, launch, started_with=child.env)
-        return result.backgrounded(record, proc.pid, timed_out=outcome == "timeout")
+            return _finished(builder, proc, launch, started_with=child.env)
+        return builder.backgrounded(record, proc.pid, timed_out=reason == "timeout")
     # What the call was doing when its time ran out, for the notice, before killing it.
     doing = procs.describe(procs.find_call_processes(proc.pid, marker))
     survivors = procs.terminate(
@@ -738,7 +702,7 @@ def _run_foreground(
     launch.release()
     if pipes is not None:
         pipes.drained()
-    return result.killed(returncode, survivors, doing, reason=outcome)
+    return builder.killed(returncode, survivors, doing, reason=reason)
 
 
 #: Seconds a keeper gets to report the status of a call whose processes were killed.
@@ -760,199 +724,16 @@ def _reap(proc: procs.Process) -> int:
 
 
 def _finished(
-    result: _Outcome, proc: procs.Process, launch: _Launch, *, started_with: dict[str, str],
+    builder: ResultBuilder, proc: procs.Process, launch: _Launch, *, started_with: dict[str, str],
 ) -> CallResult:
     returncode = proc.wait()
     hits = launch.hits(proc)
     recorded = launch.recorded_state()
     launch.release()
-    if result.pipes is not None:
-        result.pipes.drained()
+    if builder.pipes is not None:
+        builder.pipes.drained()
     if getattr(proc, "capped", False):
         # Its runner stopped it for writing too much before our next look did.
-        return result.killed(returncode, [], (), reason="output")
-    finished = result.finished(returncode, hits)
-    return finished if recorded is None else _with_state(finished, recorded, started_with)
-
-
-def _with_state(result: CallResult, recorded: bytes, started_with: dict[str, str]) -> CallResult:
-    """Add the cwd and environment changes the command ended with (nothing recorded: the
-    command replaced the shell, or set its own EXIT trap)."""
-    final = session_state.parse_state(recorded, started_with)
-    if final is None:
-        return result
-    return result.model_copy(
-        update={"cwd_after": final.cwd, "env_changes": final.changes, "env_removed": final.removed}
-    )
-
-
-@dataclass
-class _Outcome:
-    """Builds the result of a foreground call from its files."""
-
-    call: Call
-    settings: Settings
-    streams: _Streams
-    files: list[FollowedFile]
-    secrets: re.Pattern[str] | None
-    cwd: str
-    started: float
-    pipes: _Pipes | None = None
-
-    def _sources(self) -> list[tuple[Source, int, int]]:
-        """(source, size, lines) of each stream, files caught up to their end."""
-        if self.pipes is not None:
-            streams = [self.pipes.stdout] + ([self.pipes.stderr] if self.pipes.stderr else [])
-            return [(m, m.total, m.lines) for m in streams]
-        for followed in self.files:
-            followed.catch_up()
-        return [(f.source(), f.offset, f.lines) for f in self.files]
-
-    def _shaped(self) -> tuple[Shaped, Shaped | None]:
-        policy = self.call.policy
-        extras = Extras.of(policy)
-        # The pi dialect's head/tail options pick lines of the whole output, not of the
-        # part truncation would show.
-        asked = (self.call.head, self.call.tail)
-        shaped = [
-            shape(source, size, lines, policy.truncation, self.secrets,
-                  digest=policy.digest_errors, extras=extras, lines=asked)
-            for source, size, lines in self._sources()
-        ]
-        return shaped[0], (shaped[1] if len(shaped) > 1 else None)
-
-    def _spill(self, out: Shaped, err: Shaped | None, keep: bool) -> Spill | None:
-        if self.pipes is not None:
-            cut = out.info.truncated or (err is not None and err.info.truncated)
-            reason = f"{self.pipes.reason}; output kept in memory, the cut part is lost"
-            return Spill(host=self.settings.host, error=reason) if cut else None
-        sizes = [f.offset for f in self.files]
-        wanted = keep or (
-            (out.info.truncated or (err is not None and err.info.truncated))
-            and sum(sizes) > self.call.policy.spill_min_bytes
-        )
-        if not wanted:
-            for followed in self.files:
-                followed.path.unlink(missing_ok=True)
-            return None
-        return Spill(
-            host=self.settings.host,
-            stdout_path=str(self.streams.stdout),
-            stderr_path=str(self.streams.stderr) if self.streams.stderr else None,
-            stdout_bytes=sizes[0],
-            stderr_bytes=sizes[1] if len(sizes) > 1 else 0,
-        )
-
-    def _result(self, *, keep_files: bool = False, **fields: object) -> CallResult:
-        out, err = self._shaped()
-        out_text, err_text = self._limits(out.text), self._limits(err.text if err else "")
-        return CallResult(
-            call_id=self.call.call_id,
-            host=self.settings.host,
-            combined=self.call.policy.streams == "combined",
-            stdout=out_text,
-            stderr=err_text,
-            stdout_truncation=out.info,
-            stderr_truncation=err.info if err else None,
-            spill=self._spill(out, err, keep_files),
-            error_digest=out.digest + (err.digest if err else ()),
-            duration_s=time.monotonic() - self.started,
-            cwd=self.cwd,
-            **fields,
-        )
-
-    def _limits(self, text: str) -> str:
-        # The pi dialect's explicit head/tail limits, head first. `shape` applied them to the
-        # whole output already (this changes nothing then); kept for texts it did not
-        # shape by them (an output kept in memory whose middle is gone).
-        if self.call.head is not None:
-            text = truncate.head_lines(text, self.call.head)
-        if self.call.tail is not None:
-            text = truncate.last_lines(text, self.call.tail)
-        return text
-
-    def finished(self, returncode: int, hits: tuple[str, ...] = ()) -> CallResult:
-        code, sig = _split_status(returncode)
-        result = self._result(exit_code=code, signal=sig)
-        hit: str | None = _cgroup_hit(hits, code, sig)
-        host = resources.host_limits(self.settings)
-        if hit is None and host.any():
-            hit = limits.limit_hit(host, code, sig, result.stdout + "\n" + result.stderr)
-        return result.model_copy(update={"limit_hit": hit}) if hit else result
-
-    def _output_age(self) -> float | None:
-        """Seconds since any of the call's files last grew; None when it wrote nothing."""
-        if self.pipes is not None:
-            last = self.pipes.stdout.last_write
-            if self.pipes.stderr is not None:
-                last = max(last, self.pipes.stderr.last_write)
-            return round(max(0.0, time.time() - last), 3) if last else None
-        stamps = []
-        for followed in self.files:
-            with contextlib.suppress(OSError):
-                info = os.stat(followed.path)
-                if info.st_size:
-                    stamps.append(info.st_mtime)
-        return round(max(0.0, time.time() - max(stamps)), 3) if stamps else None
-
-    def killed(
-        self,
-        returncode: int,
-        survivors: list[int],
-        doing: tuple[ProcessInfo, ...],
-        *,
-        reason: Outcome,
-    ) -> CallResult:
-        code, sig = _split_status(returncode)
-        error = None
-        if reason == "cancel":
-            error = SystemError_(kind="cancelled", message=CANCELLED)
-        if survivors:
-            message = f"{len(survivors)} process(es) survived the kill: {survivors}"
-            error = SystemError_(kind="internal", message=message)
-        result = self._result(
-            exit_code=code, signal=sig, timed_out=reason == "timeout",
-            cancelled=reason == "cancel", error=error, processes=doing,
-            last_output_age_s=self._output_age(),
-        )
-        return result if reason != "output" else self._capped(result)
-
-    def _capped(self, result: CallResult) -> CallResult:
-        """The result of a call stopped for writing too much: says so where it is read."""
-        notice = (f"\n[bashfleet: the output passed this host's cap of "
-                  f"{self.settings.limit_output_mb} MiB; the call was stopped]\n")
-        field = "stdout" if self.call.policy.streams == "combined" else "stderr"
-        text = getattr(result, field)
-        return result.model_copy(update={field: text + notice, "limit_hit": "output"})
-
-    def backgrounded(self, record: JobRecord, pid: int, *, timed_out: bool) -> CallResult:
-        alive = procs.find_call_processes(record.pgid, record.marker)
-        return self._result(
-            keep_files=True,
-            timed_out=timed_out,
-            backgrounded=True,
-            job=jobs.handle(record),
-            processes=procs.describe(alive),
-            last_output_age_s=self._output_age(),
-        )
-
-
-def _cgroup_hit(
-    hits: tuple[str, ...], code: int | None, sig: int | None
-) -> Literal["memory", "processes"] | None:
-    """The cgroup limit that ended a call: counted by the kernel, reported when the call
-    failed (a limit reached on the way by a call that then succeeded ended nothing)."""
-    if sig is None and code == 0:
-        return None
-    if "memory" in hits:
-        return "memory"
-    if "pids" in hits:
-        return "processes"
-    return None
-
-
-def _split_status(returncode: int) -> tuple[int | None, int | None]:
-    """Popen's returncode to (exit code, signal): negative means killed by that signal."""
-    if returncode < 0:
-        return None, -returncode
-    return returncode, None
+        return builder.killed(returncode, [], (), reason="output")
+    finished = builder.finished(returncode, hits)
+    return finished if recorded is None else with_state(finished, recorded, started_with)

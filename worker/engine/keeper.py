@@ -368,7 +368,7 @@ class Keeper:
                 tracked.conn.busy = None
                 answer: dict[str, Any] = {"status": status, "capped": tracked.capped}
                 if tracked.recycle:
-                    # The old runner's end of a call: nothing it started outlives it.
+                    # A throwaway workspace's call: nothing it started outlives it.
                     answer["clean"] = self._recycle()
                 with contextlib.suppress(OSError):
                     proto.send(tracked.conn.sock, b"S", answer)

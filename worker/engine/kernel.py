@@ -522,6 +522,16 @@ def _exec(executable: str | None, argv: Sequence[str], env: Mapping[str, str]) -
 
 
 _nft: list[ctypes.CDLL | None] = []
+_nft_found: list[bool] = []
+
+
+def nftables_installed() -> bool:
+    """Whether libnftables is installed, found without loading it in this process."""
+    if not _nft_found:
+        import ctypes.util  # noqa: PLC0415 - runs ldconfig: only where rules are loaded
+
+        _nft_found.append(ctypes.util.find_library("nftables") is not None)
+    return _nft_found[0]
 
 
 def nftables() -> ctypes.CDLL | None:

@@ -30,8 +30,8 @@ _PROC_READ = 4096
 
 
 class Process(Protocol):
-    """A started call's bash, as the engine watches it: a Popen, or a call in a sandbox
-    runner (`bashfleet.worker.engine.launcher.RunnerProcess`). `pid` is its host pid and process
+    """A started call's bash, as the engine watches it: a Popen, or a call a workspace's
+    keeper started (`keeper_calls.WorkspaceProcess`). `pid` is its host pid and process
     group; `wait` and `poll` give Popen's returncode (negative: killed by that signal)."""
 
     pid: int

@@ -79,7 +79,7 @@ from bashfleet.worker.engine.image_meta import (
 from bashfleet.worker.settings import Settings
 from bashfleet.worker.wire.errors import ErrorKind, ToolError
 
-__all__ = ["SnapshotError", "delete", "pull", "push", "snapshot_ref"]
+__all__ = ["RegistryError", "delete", "pull", "push", "snapshot_ref"]
 
 ARTIFACT_TYPE = "application/vnd.bashfleet.snapshot.v1"
 CONFIG_MEDIA_TYPE = "application/vnd.bashfleet.snapshot.config.v1+json"
@@ -109,7 +109,7 @@ _LISTED = re.compile(
 _ESCAPES = {"a": 7, "b": 8, "f": 12, "n": 10, "r": 13, "t": 9, "v": 11}
 
 
-class SnapshotError(ToolError):
+class RegistryError(ToolError):
     """A snapshot's layer could not be pushed, pulled or deleted: `invalid` (a malformed
     reference or destination, or what the registry holds is no snapshot or an unsafe
     one), `not_found` (the registry has no such snapshot), `unavailable` (the registry
@@ -121,12 +121,12 @@ class SnapshotError(ToolError):
 
 def snapshot_ref(settings: Settings, snap_id: str) -> str | None:
     """Where snapshot `snap_id` lives in the fleet's registry (`<prefix>:<snap_id>`);
-    None when this host has no snapshot registry. SnapshotError `invalid` for an id that
+    None when this host has no snapshot registry. RegistryError `invalid` for an id that
     is no tag, or a prefix that makes no reference."""
     if settings.snapshot_registry is None:
         return None
     if not _TAG.fullmatch(snap_id):
-        raise SnapshotError("invalid", f"snapshot id {snap_id[:80]!r} cannot be a registry "
+        raise RegistryError("invalid", f"snapshot id {snap_id[:80]!r} cannot be a registry "
                             "tag (letters, digits, `_`, `.`, `-`, at most 128)")
     with _as_snapshot_error():
         return parse_ref(f"{settings.snapshot_registry}:{snap_id}").canonical
@@ -141,9 +141,9 @@ def push(layer_dir: Path, ref: str, settings: Settings, *,
     `annotations` in its config; the manifest's digest (`sha256:...`)."""
     wanted = _reference(ref)
     if wanted.digest is not None:
-        raise SnapshotError("invalid", f"a snapshot is pushed to a tag, not a digest: {ref}")
+        raise RegistryError("invalid", f"a snapshot is pushed to a tag, not a digest: {ref}")
     if layer_dir.is_symlink() or not layer_dir.is_dir():
-        raise SnapshotError("invalid", f"no snapshot layer directory at {layer_dir}")
+        raise RegistryError("invalid", f"no snapshot layer directory at {layer_dir}")
     config = _config(wanted, annotations)
     with _as_snapshot_error(), _scratch(layer_dir, "push") as work:
         blob = _archive(layer_dir, work / "layer", settings)
@@ -161,7 +161,7 @@ def push(layer_dir: Path, ref: str, settings: Settings, *,
 def _config(wanted: ImageRef, annotations: Mapping[str, str]) -> bytes:
     """The config blob: the annotations, and the tag (one manifest per reference)."""
     if not all(isinstance(k, str) and isinstance(v, str) for k, v in annotations.items()):
-        raise SnapshotError("invalid", "snapshot annotations are text keys and text values")
+        raise RegistryError("invalid", "snapshot annotations are text keys and text values")
     return json.dumps({"annotations": dict(annotations), "tag": wanted.tag},
                       sort_keys=True).encode()
 
@@ -263,21 +263,21 @@ def _unpack(blob: Path, program: str, tree: Path, settings: Settings, what: str)
                       settings, tools.LONG_TIMEOUT_S, env=_tar_env())
     except ImageError as exc:
         free = shutil.disk_usage(tree).free
-        raise SnapshotError(exc.kind, f"{exc.message} ({free / 2**20:.1f} MiB free in "
+        raise RegistryError(exc.kind, f"{exc.message} ({free / 2**20:.1f} MiB free in "
                             f"{tree.parent.parent})") from None
 
 
 def _check_dest(dest: Path) -> None:
     if os.path.lexists(dest):
-        raise SnapshotError("invalid", f"{dest} exists already: a snapshot is pulled into a "
+        raise RegistryError("invalid", f"{dest} exists already: a snapshot is pulled into a "
                             "new directory")
     if not dest.parent.is_dir():
-        raise SnapshotError("invalid", f"no directory {dest.parent} to pull a snapshot into")
+        raise RegistryError("invalid", f"no directory {dest.parent} to pull a snapshot into")
 
 
 def _layer_of(layout: Path, wanted: ImageRef) -> tuple[str, Path, str]:
     """(the manifest's digest, the layer blob, its decompressor) of the snapshot a
-    layout holds, every digest checked; SnapshotError `invalid` when it is no snapshot."""
+    layout holds, every digest checked; RegistryError `invalid` when it is no snapshot."""
     blobs = layout / "blobs" / "sha256"
     try:
         entry = json.loads((layout / "index.json").read_bytes())["manifests"][0]
@@ -289,18 +289,18 @@ def _layer_of(layout: Path, wanted: ImageRef) -> tuple[str, Path, str]:
         media = [layer["mediaType"] for layer in layers]
         layer, size = checked_digest(layers[0]["digest"]), int(layers[0]["size"])
     except (OSError, ValueError, LookupError, TypeError, ImageError):
-        raise SnapshotError("invalid", f"{wanted.canonical} is no snapshot: its manifest "
+        raise RegistryError("invalid", f"{wanted.canonical} is no snapshot: its manifest "
                             "is malformed") from None
     if digest_of(raw) != digest or wanted.digest not in (None, digest):
-        raise SnapshotError("invalid", f"{wanted.canonical}: the registry answered a "
+        raise RegistryError("invalid", f"{wanted.canonical}: the registry answered a "
                             f"manifest of another digest ({digest_of(raw)})")
     if (kind != OCI_MANIFEST or config != CONFIG_MEDIA_TYPE or len(media) != 1
             or media[0] not in DECOMPRESSORS):
-        raise SnapshotError("invalid", f"{wanted.canonical} is no snapshot (config "
+        raise RegistryError("invalid", f"{wanted.canonical} is no snapshot (config "
                             f"{str(config)[:80]}, layers {', '.join(map(str, media))[:160]})")
     blob = blobs / layer.removeprefix("sha256:")
     if not blob.is_file() or blob.stat().st_size != size or _file_digest(blob) != layer:
-        raise SnapshotError("invalid", f"{wanted.canonical}: its layer does not match the "
+        raise RegistryError("invalid", f"{wanted.canonical}: its layer does not match the "
                             f"digest its manifest names ({layer})")
     return digest, blob, DECOMPRESSORS[media[0]]
 
@@ -319,7 +319,7 @@ def _place(tree: Path, dest: Path) -> None:
     try:
         os.rename(tree, dest)
     except OSError as exc:
-        raise SnapshotError("invalid", f"{dest} appeared while the snapshot was pulled: "
+        raise RegistryError("invalid", f"{dest} appeared while the snapshot was pulled: "
                             f"{exc.strerror}") from None
 
 
@@ -341,13 +341,13 @@ class Member:
 
 
 def parse_listing(line: str) -> Member:
-    """One line of the listing; SnapshotError `invalid` for one it cannot read."""
+    """One line of the listing; RegistryError `invalid` for one it cannot read."""
     found = _LISTED.match(line)
     if found is None:
-        raise SnapshotError("invalid", f"unreadable member in the layer: {line[:160]!r}")
+        raise RegistryError("invalid", f"unreadable member in the layer: {line[:160]!r}")
     how, target = found["how"], found["target"]
     if (found["type"] == "l") != (how == "->") or (found["type"] == "h") != (how == "link to"):
-        raise SnapshotError("invalid", f"unreadable member in the layer: {line[:160]!r}")
+        raise RegistryError("invalid", f"unreadable member in the layer: {line[:160]!r}")
     return Member(found["type"], _unquote(found["name"]), found["size"].replace(" ", ""),
                   None if target is None else _unquote(target))
 
@@ -363,7 +363,7 @@ def _unquote(quoted: str) -> str:
 
 
 def check_members(lines: Sequence[str], what: str) -> None:
-    """Refuse (SnapshotError `invalid`, naming the member) a layer whose extraction
+    """Refuse (RegistryError `invalid`, naming the member) a layer whose extraction
     could reach outside its directory or make what no layer holds (the rules of the
     module's docstring, step 2)."""
     dirs: set[str] = {""}  # the layer itself, whether or not it is a member
@@ -426,7 +426,7 @@ def _climbs_out(path: str, target: str) -> bool:
 
 
 def _refuse(what: str, name: str, why: str) -> None:
-    raise SnapshotError("invalid", f"{what}: refused to unpack: member {name[:160]!r} {why}")
+    raise RegistryError("invalid", f"{what}: refused to unpack: member {name[:160]!r} {why}")
 
 
 # ------------------------------------------------------------------------- delete
@@ -443,7 +443,7 @@ def delete(ref: str, settings: Settings) -> bool:
                            wanted.transport],
                           f"deleting snapshot {wanted.canonical} from the registry "
                           f"{wanted.domain}", settings, noun="snapshot")
-    except SnapshotError as exc:
+    except RegistryError as exc:
         if exc.kind == "not_found":
             return False
         raise
@@ -460,11 +460,11 @@ def _reference(ref: str) -> ImageRef:
 
 @contextlib.contextmanager
 def _as_snapshot_error() -> Iterator[None]:
-    """The image tools' errors (the runner, the reference checks) as SnapshotError."""
+    """The image tools' errors (the runner, the reference checks) as RegistryError."""
     try:
         yield
     except ImageError as exc:
-        raise SnapshotError(exc.kind, exc.message) from None
+        raise RegistryError(exc.kind, exc.message) from None
 
 
 @contextlib.contextmanager
@@ -473,12 +473,12 @@ def _scratch(beside: Path, what: str) -> Iterator[Path]:
     removed whole when the block ends, however it ends."""
     path = beside.parent / f".{beside.name}.{what}-{uuid.uuid4().hex}"
     if ":" in str(path):  # skopeo's `oci:<path>:<tag>` would end the path there
-        raise SnapshotError("invalid", f"a snapshot cannot travel through {beside.parent}: "
+        raise RegistryError("invalid", f"a snapshot cannot travel through {beside.parent}: "
                             "its path has a `:`")
     try:
         path.mkdir(mode=0o700)
     except OSError as exc:
-        raise SnapshotError("unavailable", f"cannot make a directory beside {beside}: "
+        raise RegistryError("unavailable", f"cannot make a directory beside {beside}: "
                             f"{exc.strerror}") from None
     try:
         yield path

@@ -212,7 +212,7 @@ def _copy_file(src_dir: int, dest_dir: int, name: str, info: os.stat_result) -> 
         dest_fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
                           | os.O_CLOEXEC, 0o600, dir_fd=dest_dir)
         try:
-            _data(src_fd, dest_fd)
+            _data(src_fd, dest_fd, (opened.st_dev, os.fstat(dest_dir).st_dev))
             settle(src_fd, dest_fd, opened)
         finally:
             os.close(dest_fd)
@@ -220,14 +220,26 @@ def _copy_file(src_dir: int, dest_dir: int, name: str, info: os.stat_result) -> 
         os.close(src_fd)
 
 
-def _data(src_fd: int, dest_fd: int) -> None:
-    """The bytes: shared extents where the file system can, else copied in the kernel
-    (to the end of the file, which may have grown since it was looked at)."""
-    try:
-        fcntl.ioctl(dest_fd, FICLONE, src_fd)
-        return
-    except OSError:
-        pass
+#: What FICLONE answers where the file systems cannot share extents: the source's and the
+#: copy's devices are then remembered (`_NO_CLONE`) and never asked again.
+CLONE_UNSUPPORTED = frozenset({errno.EOPNOTSUPP, errno.EXDEV, errno.EINVAL, errno.ENOTTY})
+#: (source device, copy device) pairs where FICLONE is unsupported: an ext4 or tmpfs copy
+#: pays one failed ioctl per process and pair, not one per file.
+_NO_CLONE: set[tuple[int, int]] = set()
+
+
+def _data(src_fd: int, dest_fd: int, devices: tuple[int, int] | None = None) -> None:
+    """The bytes: shared extents where the file system can (`devices`, the source's and
+    the copy's st_dev, says where it was found it cannot), else copied in the kernel (to
+    the end of the file, which may have grown since it was looked at)."""
+    if devices not in _NO_CLONE:
+        try:
+            fcntl.ioctl(dest_fd, FICLONE, src_fd)
+            return
+        except OSError as exc:
+            # Anything else (ENOSPC, EIO...) is left to the copy, which says it plainly.
+            if exc.errno in CLONE_UNSUPPORTED and devices is not None:
+                _NO_CLONE.add(devices)
     while True:
         try:
             done = os.copy_file_range(src_fd, dest_fd, 1 << 30)

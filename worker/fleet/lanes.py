@@ -5,7 +5,7 @@ The control consumer answers `check`, `kill`, `cancel` and the other instant req
 its few threads (`consumer.CTL_CONCURRENCY`). A request that may take time would hold
 one: a file read blocks as long as the file lets it (a FIFO: until a writer comes), a
 workspace built from a Dockerfile takes minutes, an interactive read waits for output.
-Four of those from one tenant used to freeze every owner's checks and kills on the host.
+Four of those from one tenant would freeze every owner's checks and kills on the host.
 So such a request is verified and read on a control thread, then handed to its owner's
 lane; a thread of the lane acts and answers (the same sealed reply, on the same channel).
 

@@ -43,7 +43,7 @@ from typing import Any
 import redis
 from pydantic_settings import NoDecode
 
-from bashfleet.worker.engine import procs, running, sandbox
+from bashfleet.worker.engine import layer_fs, procs, running, sandbox
 from bashfleet.worker.fleet import flower, logs, recovery, registry, workspace_calls
 from bashfleet.worker.fleet.celery_apps import client_celery
 from bashfleet.worker.fleet.connect import redis_client, safe_url
@@ -52,9 +52,9 @@ from bashfleet.worker.settings import (
     SECRET_VARIABLES,
     SECRETS_FD_VAR,
     Settings,
-    check_state_dir,
     secrets_pipe,
 )
+from bashfleet.worker.state_dir import check_state_dir
 from bashfleet.worker.wire import names
 from bashfleet.worker.wire.auth import AuthError, keyring
 from bashfleet.worker.wire.names import ROLES, CallState
@@ -179,6 +179,9 @@ def main(
             return EXIT_USAGE
         # JSON logs: the warning line says it; a text banner would break one object a line.
         _warn_unsigned(host, banner=settings.log_format == "text")
+    layers = layer_fs.prepare(settings)
+    if layers is not None:  # said either way: what was mounted, or why it was not
+        (log.info if layers[0] else log.warning)("host %s: %s", host, layers[1])
     return HostSupervisor(settings, url).run()
 
 

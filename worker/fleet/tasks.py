@@ -60,7 +60,7 @@ from bashfleet.worker.wire import auth, names, owner_keys
 from bashfleet.worker.wire.control import REQUESTS, ControlError, ControlReply, ControlRequest
 from bashfleet.worker.wire.errors import ToolError
 from bashfleet.worker.wire.models import (
-    CANCELLED,
+    CANCELLED_MESSAGE,
     Call,
     CallResult,
     Model,
@@ -257,7 +257,7 @@ def _refusal(call_id: str, state: str) -> tuple[str, str]:
 #: cancel's, and a call its worker killed as it was stopped (to its caller, the worker
 #: was lost).
 _END_NOTES: dict[str, tuple[SystemErrorKind, str]] = {
-    CallState.CANCELLING: ("cancelled", CANCELLED),
+    CallState.CANCELLING: ("cancelled", CANCELLED_MESSAGE),
     CallState.STOPPING: ("worker_lost", "the worker was stopped; the call's processes were "
                          "killed"),
 }

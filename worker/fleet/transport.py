@@ -6,7 +6,7 @@ costs ~50 µs of CPU; a call made three of them on the worker (its task events) 
 one on the client. A Redis client is thread-safe (each command takes a connection
 from the pool), so a channel keeps one for as long as its pool lives.
 
-Both sides use it through `broker_transport` (`registry.celery_wire_config`).
+Both sides use it through `broker_transport` (`celery_apps.wire_config`).
 
 A consumer also learns here which queue a message really came from: kombu hands a task
 the `routing_key` its sender wrote in the message, which anyone who pushes a message

@@ -49,7 +49,7 @@ _DOMAIN = re.compile(rf"^(\*\.)?{_LABEL}(\.{_LABEL})*\.?$")
 class NetworkPolicy(BaseModel):
     """A workspace's network policy (`str()` spells it as the CLI takes it)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
     mode: NetworkMode = "egress"
     """`none`, `egress`, `allow` or `host` (see the module)."""

@@ -200,7 +200,7 @@ class Throwaways:
         # Sandboxed: its keeper killed what the call left and said it is clean.
         # Unsandboxed: no namespace holds its processes apart, so none is promised (a
         # call sees and reaches every process and file of the worker's user anyway):
-        # an empty directory serves the next call, as the old runner's cwd did.
+        # an empty directory serves the next call.
         clean = (keeper_calls.recycled.pop(record.id, None) if record.keeper_pid is not None
                  else True)
         if clean and record.fresh and _left_nothing(record, settings) \

@@ -22,7 +22,8 @@ from bashfleet.worker.engine import (
 from bashfleet.worker.engine.memo import TimedMemo
 from bashfleet.worker.engine.workspaces import store
 from bashfleet.worker.engine.workspaces.store import WorkspaceError
-from bashfleet.worker.settings import Settings, default_state_dir, secret_paths
+from bashfleet.worker.settings import Settings, secret_paths
+from bashfleet.worker.state_dir import default_state_dir
 from bashfleet.worker.wire.models import (
     ImageInfo,
     WorkspaceRecord,
