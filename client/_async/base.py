@@ -44,11 +44,12 @@ from bashfleet.client._core.identity import outage_grace_s, require_url, resolve
 from bashfleet.client._core.messages import ErrorFor, control_message, decode_control
 from bashfleet.client._core.routing import checked_id, host_down, job_target
 from bashfleet.client._core.watch import Pending, control_verdict
-from bashfleet.client.errors import BashfleetError, FleetUnavailable, error_for
+from bashfleet.client._core.workspaces import open_view
+from bashfleet.client.errors import BashfleetError, FleetUnavailable, UnknownWorkspace, error_for
 from bashfleet.worker.fleet.connect import AsyncRedis, async_redis_client, safe_url
 from bashfleet.worker.wire import names
 from bashfleet.worker.wire.control import CancelRequest, ControlRequest
-from bashfleet.worker.wire.models import HostInfo, Model
+from bashfleet.worker.wire.models import HostInfo, Model, WorkspaceView
 from bashfleet.worker.wire.names import CallState
 
 R = TypeVar("R", bound=Model)
@@ -90,7 +91,8 @@ class SentControl:
 
 class FleetBase:
     """The state of an `AsyncFleet` and what each of its parts calls: its constructor
-    (`AsyncFleet` says what the arguments mean), `close`, the hosts, the Redis helper and
+    (`AsyncFleet` says what the arguments mean), `close`, the hosts, a workspace's view,
+    the Redis helper and
     the control plumbing."""
 
     def __init__(
@@ -166,7 +168,7 @@ class FleetBase:
         """Calls sent and not answered yet."""
         return len(self._pending)
 
-    # ---------------------------------------------------------------------- hosts
+    # ---------------------------------------------------------- hosts, workspaces
 
     async def hosts(self) -> list[HostInfo]:
         """Every host seen in the last day: alive or not, slots, busy and queued, labels
@@ -179,6 +181,18 @@ class FleetBase:
         if token is None:
             raise host_down(host, await self._on_redis(records.live_hosts))
         return token
+
+    async def _workspace_view(self, workspace_id: str) -> WorkspaceView:
+        """A workspace's view as its host sealed it in Redis (where a call in it goes);
+        UnknownWorkspace when this owner has none by that id."""
+        if not names.valid_id(workspace_id):
+            raise UnknownWorkspace(f"no such workspace: {workspace_id!r}")
+        sealed = (await self._on_redis(records.workspace_views, [workspace_id]))[0]
+        view = open_view(self._record_keys, workspace_id, sealed)
+        if view is None or (view.owner != self.owner and not self.admin):
+            raise UnknownWorkspace(f"no such workspace: {workspace_id} (deleted, expired "
+                                   "unused, or another owner's)")
+        return view
 
     # ----------------------------------------------------- calls no one waits for
 

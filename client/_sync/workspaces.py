@@ -259,16 +259,6 @@ class Workspaces(Images, Snapshots):
         return sorted((view for view in opened if view is not None
                        and started_by(view, self.owner)), key=lambda view: view.created_at)
 
-    def _workspace_view(self, workspace_id: str) -> WorkspaceView:
-        if not names.valid_id(workspace_id):
-            raise UnknownWorkspace(f"no such workspace: {workspace_id!r}")
-        sealed = (self._on_redis(records.workspace_views, [workspace_id]))[0]
-        view = open_view(self._record_keys, workspace_id, sealed)
-        if view is None or (view.owner != self.owner and not self.admin):
-            raise UnknownWorkspace(f"no such workspace: {workspace_id} (deleted, expired "
-                                   "unused, or another owner's)")
-        return view
-
     def _held(self, view: WorkspaceView) -> Workspace:
         """The workspace of `view`, held by this client: its methods are the whole
         client's (`run`, `check`...), and `Workspaces` is a part of `Fleet` only."""

@@ -17,8 +17,9 @@ from .conftest import WorkerFactory, wait_for
 #: Frames (the first included) from where a process takes the call to where it hands it on.
 FRAME_BUDGET = 12
 README = Path(__file__).parents[2] / "README.md"
-#: The bashfleet modules each process's thread may enter for one call.
-CLIENT_MODULES = 16
+#: The bashfleet modules each process's thread may enter for one call (the client's: a
+#: call enters two parts of `Fleet`, its calls and the base they stand on).
+CLIENT_MODULES = 17
 WORKER_MODULES = 45
 
 
@@ -32,7 +33,7 @@ def test_one_call_stays_within_its_hop_and_module_budgets(
         try:
             # The first call warms what is made once (the keeper's connection, caches).
             assert workspace.run("true").exit_code == 0
-            with call_trace.traced_client("Fleet.run", "send_call") as client:
+            with call_trace.traced_client("Calls.run", "send_call") as client:
                 assert fleet.run("make --version >/dev/null || true",
                                  workspace=workspace.id).exit_code == 0
         finally:
@@ -43,7 +44,7 @@ def test_one_call_stays_within_its_hop_and_module_budgets(
     worker_trace = traces[1]
     # The trace saw what it measures: one push, one keeper request, from their entry points.
     assert len(client.paths) == 1, client.paths
-    assert client.paths[0][0] == "bashfleet.client._sync.fleet:Fleet.run", client.paths
+    assert client.paths[0][0] == "bashfleet.client._sync.calls:Calls.run", client.paths
     assert len(worker_trace["paths"]) == 1, worker_trace
     worker_path = worker_trace["paths"][0]
     assert worker_path[0].endswith("fleet.tasks:handle_exec"), worker_path
