@@ -10,8 +10,9 @@ One behaviour for both clients, stated once:
   late after a failover);
 - a queued call is withdrawn (by the WITHDRAW script: `bashfleet.worker.wire.lua`) when its
   message has been gone from its queue, unclaimed, MESSAGE_LOST_GRACE_S (a consumer
-  took it and died), or when no live worker is left that could take it; if a worker
-  claimed it meanwhile, the withdrawal fails and it is watched as running;
+  took it and died; MESSAGE_TAKEN_BY_LIVE_HOST_GRACE_S when its host's lock is held),
+  or when no live worker is left that could take it; if a worker claimed it meanwhile,
+  the withdrawal fails and it is watched as running;
 - a message is found in its queue by its parsed task id (`message_task_id`), in at most
   QUEUE_SCAN_LIMIT messages (a longer queue holds every call sent to it);
 - Redis errors while waiting are tolerated for the outage grace (a Sentinel failover),
@@ -23,7 +24,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from bashfleet.client._core.constants import LOCK_GONE_GRACE_S, MESSAGE_LOST_GRACE_S
+from bashfleet.client._core.constants import (
+    LOCK_GONE_GRACE_S,
+    MESSAGE_LOST_GRACE_S,
+    MESSAGE_TAKEN_BY_LIVE_HOST_GRACE_S,
+)
 from bashfleet.client._core.messages import unstarted_result
 from bashfleet.client._core.routing import Route
 from bashfleet.client.errors import BashfleetError, WorkerError, WorkerLost
@@ -124,7 +129,10 @@ def queued_verdict(
     """A call no worker claimed yet: withdraw it when its message was taken by a consumer
     that died, or when no worker is left that could take it."""
     call_id = pending.call_id
-    if pending.missing_since is not None and now - pending.missing_since >= MESSAGE_LOST_GRACE_S:
+    # A host whose lock is held is alive: its consumer claims what it took, maybe late.
+    alive = pending.target is not None and tokens.get(pending.target) is not None
+    grace = MESSAGE_TAKEN_BY_LIVE_HOST_GRACE_S if alive else MESSAGE_LOST_GRACE_S
+    if pending.missing_since is not None and now - pending.missing_since >= grace:
         return Verdict(WorkerLost(
             f"call {call_id} was taken from its queue by a worker that died before "
             "starting it; it was withdrawn and will not run", call_id=call_id,

@@ -17,6 +17,7 @@ from bashfleet.client._core.constants import (
     FAILOVER_GRACE_S,
     LOCK_GONE_GRACE_S,
     MESSAGE_LOST_GRACE_S,
+    MESSAGE_TAKEN_BY_LIVE_HOST_GRACE_S,
 )
 from bashfleet.client._core.identity import outage_grace_s
 from bashfleet.client._core.routing import Route
@@ -67,9 +68,18 @@ def _kind(found: Any) -> str:
         ({"state": "queued"}, {"h1": "t1"}, {}, None, "wait"),
         ({"state": "queued"}, {"h1": None}, {}, None, "withdraw-lost"),
         ({}, {"h1": None}, {}, None, "withdraw-lost"),  # no record: lost with Redis' data
-        # its message gone from the queue, unclaimed, past the grace: withdraw
-        ({"state": "queued"}, {"h1": "t1"}, {"missing_since": NOW - MESSAGE_LOST_GRACE_S},
+        # its message gone from the queue, unclaimed, past the grace: withdraw (a host
+        # whose lock is held gets the longer one: its consumer claims late under load)
+        ({"state": "queued"}, {"h1": None}, {"missing_since": NOW - MESSAGE_LOST_GRACE_S},
          None, "withdraw-lost"),
+        ({"state": "queued"}, {}, {"missing_since": NOW - MESSAGE_LOST_GRACE_S},
+         None, "withdraw-lost"),
+        ({"state": "queued"}, {"h1": "t1"}, {"missing_since": NOW - MESSAGE_LOST_GRACE_S},
+         None, "wait"),
+        ({"state": "queued"}, {"h1": "t1"},
+         {"missing_since": NOW - MESSAGE_TAKEN_BY_LIVE_HOST_GRACE_S}, None, "withdraw-lost"),
+        ({"state": "queued"}, {}, {"target": None, "missing_since": NOW - MESSAGE_LOST_GRACE_S},
+         ["h1"], "withdraw-lost"),
         ({"state": "queued"}, {"h1": "t1"}, {"missing_since": NOW - 1.0}, None, "wait"),
         # any host: wait while one lives
         ({"state": "queued"}, {}, {"target": None}, ["h1"], "wait"),

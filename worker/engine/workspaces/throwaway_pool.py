@@ -11,6 +11,7 @@ import os
 import queue
 import stat
 import threading
+import time
 from pathlib import Path
 
 from bashfleet.worker.engine import (
@@ -107,6 +108,10 @@ def _only(root: Path, skeleton: set[str], prefix: str = "") -> bool:
 THROWAWAY_TTL_S = 25 * 3600.0
 
 
+#: Seconds a call without a workspace waits for one a fill under way is making.
+FILL_WAIT_S = 10.0
+
+
 def _pool_size(settings: Settings) -> int:
     """Throwaway workspaces kept ready: a consumer's slots can all start a call at once."""
     return max(settings.workspace_pool, settings.concurrency)
@@ -120,6 +125,8 @@ class Throwaways:
     def __init__(self) -> None:
         self.ready: dict[tuple[Path, sandbox.Choice], list[WorkspaceRecord]] = {}
         self.lock = threading.Lock()
+        #: Told when a workspace made ahead is ready, or a fill ended.
+        self.changed = threading.Condition(self.lock)
         self.filling: set[tuple[Path, sandbox.Choice]] = set()
         self.ended: queue.SimpleQueue[tuple[WorkspaceRecord, Settings] | None] = \
             queue.SimpleQueue()
@@ -132,7 +139,7 @@ class Throwaways:
                           throwaway=True)
         choice = making.choose(spec, settings)
         key = (settings.state_dir, choice)
-        record = self._pop(key)
+        record = self._pop(key) or self._wait_for_fill(key)
         if record is None:
             # None ready: make this one now, and some ahead for the calls that follow
             # (those that end give theirs back: `end`).
@@ -153,6 +160,18 @@ class Throwaways:
                     return record
         return None
 
+    def _wait_for_fill(self, key: tuple[Path, sandbox.Choice]) -> WorkspaceRecord | None:
+        """One a fill under way makes, rather than a workspace of our own made beside it:
+        the fill holds an id slot already (a host with one slot left has none for us)."""
+        deadline = time.monotonic() + FILL_WAIT_S
+        with self.changed:
+            while key in self.filling and not self.ready.get(key):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                self.changed.wait(left)
+        return self._pop(key)
+
     def _refill_later(self, settings: Settings, choice: sandbox.Choice) -> None:
         key = (settings.state_dir, choice)
         with self.lock:
@@ -169,13 +188,15 @@ class Throwaways:
         try:
             while len(self.ready.get(key, [])) < _pool_size(settings):
                 record = making.create(spec, settings, throwaway=True)
-                with self.lock:
+                with self.changed:
                     self.ready.setdefault(key, []).append(record)
+                    self.changed.notify_all()
         except (OSError, WorkspaceError) as exc:
             log.warning("could not make a throwaway workspace ahead: %s", exc)
         finally:
-            with self.lock:
+            with self.changed:
                 self.filling.discard(key)
+                self.changed.notify_all()
 
     def fill(self, settings: Settings) -> None:
         """Make the host default's throwaways now (a consumer's start)."""
