@@ -385,7 +385,9 @@ def current_umask() -> int:
 
 
 def _throwaway_threads() -> list[threading.Thread]:
-    """The engine's threads that make throwaway workspaces ahead or recycle used ones."""
+    """The engine's threads that make throwaway workspaces ahead. Not the recycling
+    thread (`bashfleet-recycler`): it lives on, waiting for the next workspace, so a test
+    that needs a give-back done waits for the pool itself."""
     return [t for t in threading.enumerate()
             if t.name.startswith("bashfleet-throwaway") and t.is_alive()]
 
