@@ -25,7 +25,8 @@ NOT_ON_RUN = ("celery", "kombu", "vine", "psutil", "pydantic_settings", "mcp", "
               "bashfleet.worker.fleet.supervisor", "bashfleet.client.local",
               "bashfleet.client.mcp_server", "bashfleet.client.dialects",
               "bashfleet.client.integrations", "bashfleet.client.cli.workspaces",
-              "bashfleet.client.cli.agents")
+              "bashfleet.client.cli.agents", "bashfleet.client.cli.interactive",
+              "bashfleet.client.cli.jobs", "bashfleet.client.attach")
 
 #: The console script's own code (`bashfleet = "bashfleet.client.cli:main"`).
 ENTRY = "import sys; from bashfleet.client.cli import main; sys.exit(main())"
