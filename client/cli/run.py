@@ -231,7 +231,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         from bashfleet.client.cli import interactive  # noqa: PLC0415
 
         return interactive.run_interactive(args, tty=args.tty)
-    fleet = common.open_fleet()
+    fleet = common.open_fleet(light=True)
     request = _run_request(args)
     if args.mode == "background":
         StdinWatch().check()
@@ -260,7 +260,7 @@ def _run_in_new_workspace(args: argparse.Namespace) -> int:
         print("bashfleet run: --image and --build make a workspace of their own: not with "
               "--workspace or --session", file=sys.stderr)
         return EXIT_USAGE
-    fleet = common.open_fleet()
+    fleet = common.open_fleet(light=True)
     workspace = fleet.workspace(host=args.host, image=args.image, build=args.build,
                                 user=args.user, isolation=args.isolation, network=args.network,
                                 ttl_s=RUN_IMAGE_TTL_S, build_network=args.build_network)
