@@ -84,6 +84,9 @@ def test_an_unknown_reply_type_is_a_broken_connection() -> None:
     # What it does not lay out goes to redis-py: keyword options, lists elsewhere,
     # commands it does not know.
     ("set", ("k", "v"), {"ex": 5}, None),
+    ("set", ("k", "v", 5), {}, None),  # redis-py's `ex`, positionally
+    ("zrange", ("z", 0, -1, True), {}, None),  # `desc`
+    ("set", ("k", "v"), {}, ["SET", "k", "v"]),
     ("lpush", ("q", ["a"]), {}, None),
     ("xadd", ("s", {"a": 1}), {}, None),
 ])

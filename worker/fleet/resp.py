@@ -126,16 +126,25 @@ SHAPES: dict[str, Callable[[Any], Any]] = {
     "EXPIRE": bool, "HSET": int, "SISMEMBER": bool, "SMEMBERS": set,
 }
 
-#: The commands this client sends itself (the others go to redis-py): by method name,
-#: the command and how its arguments are laid out.
+#: The commands this client sends itself (the others go to redis-py), by redis-py's
+#: method name.
 COMMANDS: dict[str, str] = {
-    "get": "GET", "mget": "MGET", "set": "SET", "delete": "DEL", "exists": "EXISTS", "expire": "EXPIRE",
-    "hget": "HGET", "hgetall": "HGETALL", "hmget": "HMGET", "hset": "HSET",
-    "lpush": "LPUSH", "rpush": "RPUSH", "llen": "LLEN", "lrange": "LRANGE",
-    "zrange": "ZRANGE", "zrem": "ZREM", "zcard": "ZCARD", "scard": "SCARD",
-    "sadd": "SADD", "srem": "SREM", "smembers": "SMEMBERS", "sismember": "SISMEMBER",
-    "hdel": "HDEL",
-    "publish": "PUBLISH", "ping": "PING", "evalsha": "EVALSHA", "eval": "EVAL",
+    "get": "GET", "mget": "MGET", "set": "SET", "delete": "DEL", "exists": "EXISTS",
+    "expire": "EXPIRE", "hget": "HGET", "hgetall": "HGETALL", "hmget": "HMGET",
+    "hset": "HSET", "hdel": "HDEL", "lpush": "LPUSH", "rpush": "RPUSH", "llen": "LLEN",
+    "lrange": "LRANGE", "zrange": "ZRANGE", "zrem": "ZREM", "zcard": "ZCARD",
+    "scard": "SCARD", "sadd": "SADD", "srem": "SREM", "smembers": "SMEMBERS",
+    "sismember": "SISMEMBER", "publish": "PUBLISH", "ping": "PING", "evalsha": "EVALSHA",
+    "eval": "EVAL",
+}
+
+#: Positional arguments of the methods whose further ones redis-py reads as options
+#: (`set(k, v, 5)` is `ex=5`, `zrange(k, 0, -1, True)` is `desc=True`): past these,
+#: the call is redis-py's. The others take any number (keys, members, fields).
+ARITY: dict[str, int] = {
+    "get": 1, "set": 2, "expire": 2, "hget": 2, "hgetall": 1, "hset": 3, "llen": 1,
+    "lrange": 3, "zrange": 3, "zcard": 1, "scard": 1, "smembers": 1, "sismember": 2,
+    "publish": 2, "ping": 0,
 }
 
 
@@ -149,6 +158,8 @@ def command_args(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> li
         return [command, args[0], *args[1]]  # hmget(key, [fields]), as the client calls it
     if name == "mget" and len(args) == 1 and isinstance(args[0], list | tuple):
         return [command, *args[0]]  # mget([keys])
+    if len(args) > ARITY.get(name, len(args)):
+        return None
     flat: list[object] = [command]
     for arg in args:
         if isinstance(arg, list | tuple):
