@@ -102,6 +102,8 @@ def test_command_args(name: str, args: tuple[Any, ...], kwargs: dict[str, Any],
     ("redis://h", "h:6379", None, None, 0),
     ("unix:///run/redis.sock?db=2", "/run/redis.sock", None, None, 2),
     ("unix://:pw@/tmp/r.sock", "/tmp/r.sock", None, "pw", 0),
+    ("unix:///tmp/r.sock?db=1&password=p%26w&username=u", "/tmp/r.sock", "u", "p&w", 1),
+    ("redis://127.0.0.1:6390?password=pw&db=4", "127.0.0.1:6390", None, "pw", 4),
 ])
 def test_target(url: str, where: str, user: str | None, password: str | None,
                 db: int) -> None:

@@ -178,18 +178,20 @@ class Target:
         parts = urlsplit(url)
         if parts.scheme not in SCHEMES:
             raise ValueError(f"not a redis:// or unix:// URL: {parts.scheme}://")
-        query = parse_qs(parts.query)
-        self.username = unquote(parts.username) if parts.username else None
-        self.password = unquote(parts.password) if parts.password is not None else None
+        query = {name: values[0] for name, values in parse_qs(parts.query).items()}
+        # The forms redis-py reads: in the netloc, or as `?username=` / `?password=`.
+        self.username = unquote(parts.username) if parts.username else query.get("username")
+        self.password = (unquote(parts.password) if parts.password is not None
+                         else query.get("password"))
         self.path: str | None = None
         self.host, self.port = "localhost", 6379
         if parts.scheme == "unix":
             self.path = unquote(parts.path)
-            db = query.get("db", ["0"])[0]
+            db = query.get("db", "0")
         else:
             self.host = parts.hostname or "localhost"
             self.port = parts.port or 6379
-            db = (parts.path or "/").lstrip("/") or query.get("db", ["0"])[0]
+            db = (parts.path or "/").lstrip("/") or query.get("db", "0")
         self.db = int(db or 0)
 
     def where(self) -> str:
