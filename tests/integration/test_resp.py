@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import secrets
 import socket
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +16,7 @@ from typing import Any, cast
 import pytest
 import redis
 
-from bashfleet.client.redis_server import RedisServer
+from bashfleet.client.redis_server import RedisServer, find_redis_server
 from bashfleet.worker.fleet import connect, resp
 from bashfleet.worker.wire import acl
 
@@ -189,3 +190,30 @@ def test_a_redis_that_is_not_there_fails_at_once() -> None:
     with pytest.raises(ConnectionError, match=f"connecting to 127.0.0.1:{port}"):
         client.get("x")
     assert time.monotonic() - started < 2.0
+
+
+def test_a_unix_socket(tmp_path: Path) -> None:
+    """A `unix://` URL (with a password), spoken to as a TCP one is."""
+    path, password = tmp_path / "redis.sock", secrets.token_hex(12)
+    server = subprocess.Popen(
+        [find_redis_server(), "--port", "0", "--unixsocket", str(path), "--requirepass",
+         password, "--save", "", "--appendonly", "no", "--dir", str(tmp_path)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(path.exists, 20, "the server's socket")
+        client = light(f"unix://:{password}@{path}?db=2")
+        wait_for(lambda: _answers(client), 20, "the server")
+        assert client.set("k", "v") is True
+        assert client.get("k") == "v"
+        assert redis.Redis.from_url(f"unix://:{password}@{path}?db=2").get("k") == b"v"
+        client.close()
+    finally:
+        server.terminate()
+        server.wait(20)
+
+
+def _answers(client: resp.LightRedis) -> bool:
+    try:
+        return bool(client.ping())
+    except resp.ResponseError:  # LOADING: not ready yet
+        return False
