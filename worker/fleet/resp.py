@@ -198,6 +198,27 @@ class Target:
         return self.path if self.path is not None else f"{self.host}:{self.port}"
 
 
+def _tcp(host: str, port: int, timeout: float) -> socket.socket:
+    """A TCP connection to the first address of `host` that takes one.
+
+    An ASCII host name is looked up as bytes: a str is encoded with the IDNA codec
+    first, whose import (stringprep, unicodedata) a CLI's call would pay for nothing."""
+    name: str | bytes = host.encode("ascii") if host.isascii() else host
+    error: OSError | None = None
+    for family, kind, proto, _, address in socket.getaddrinfo(name, port,
+                                                              type=socket.SOCK_STREAM):
+        sock = socket.socket(family, kind, proto)
+        sock.settimeout(timeout)
+        try:
+            sock.connect(address)
+        except OSError as exc:
+            sock.close()
+            error = exc
+            continue
+        return sock
+    raise error or OSError(f"no address for {host}")
+
+
 class Connection:
     """One socket to Redis, logged in and on its database."""
 
@@ -211,8 +232,7 @@ class Connection:
                 self.sock.settimeout(connect_timeout)
                 self.sock.connect(target.path)
             else:
-                self.sock = socket.create_connection((target.host, target.port),
-                                                     timeout=connect_timeout)
+                self.sock = _tcp(target.host, target.port, connect_timeout)
                 self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         except OSError as exc:
             # Said as redis-py says it: what a person reads in "Redis at URL is unreachable".
