@@ -55,6 +55,7 @@ def test_every_command_answers_as_redis_py(pair: tuple[resp.LightRedis, redis.Re
         ("hmget", (f"{key}:h", ["a", "zz", "b"])), ("hget", (f"{key}:h", "b")),
         ("llen", (f"{key}:l",)), ("lrange", (f"{key}:l", 0, -1)),
         ("zrange", (f"{key}:z", 0, -1)), ("zcard", (f"{key}:z",)),
+        ("zrangebyscore", (f"{key}:z", 2, "+inf")),
         ("scard", (f"{key}:s",)), ("smembers", (f"{key}:s",)),
         ("sismember", (f"{key}:s", "s1")),
         ("exists", (f"{key}:k",)), ("exists", (f"{key}:none",)),

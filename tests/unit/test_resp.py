@@ -86,6 +86,7 @@ def test_an_unknown_reply_type_is_a_broken_connection() -> None:
     ("set", ("k", "v"), {"ex": 5}, None),
     ("set", ("k", "v", 5), {}, None),  # redis-py's `ex`, positionally
     ("zrange", ("z", 0, -1, True), {}, None),  # `desc`
+    ("zrangebyscore", ("z", 0, "+inf", 0, 10), {}, None),  # `start`, `num`
     ("set", ("k", "v"), {}, ["SET", "k", "v"]),
     ("lpush", ("q", ["a"]), {}, None),
     ("xadd", ("s", {"a": 1}), {}, None),

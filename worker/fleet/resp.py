@@ -132,7 +132,8 @@ COMMANDS: dict[str, str] = {
     "get": "GET", "mget": "MGET", "set": "SET", "delete": "DEL", "exists": "EXISTS",
     "expire": "EXPIRE", "hget": "HGET", "hgetall": "HGETALL", "hmget": "HMGET",
     "hset": "HSET", "hdel": "HDEL", "lpush": "LPUSH", "rpush": "RPUSH", "llen": "LLEN",
-    "lrange": "LRANGE", "zrange": "ZRANGE", "zrem": "ZREM", "zcard": "ZCARD",
+    "lrange": "LRANGE", "zrange": "ZRANGE", "zrangebyscore": "ZRANGEBYSCORE",
+    "zrem": "ZREM", "zcard": "ZCARD",
     "scard": "SCARD", "sadd": "SADD", "srem": "SREM", "smembers": "SMEMBERS",
     "sismember": "SISMEMBER", "publish": "PUBLISH", "ping": "PING", "evalsha": "EVALSHA",
     "eval": "EVAL",
@@ -143,8 +144,8 @@ COMMANDS: dict[str, str] = {
 #: the call is redis-py's. The others take any number (keys, members, fields).
 ARITY: dict[str, int] = {
     "get": 1, "set": 2, "expire": 2, "hget": 2, "hgetall": 1, "hset": 3, "llen": 1,
-    "lrange": 3, "zrange": 3, "zcard": 1, "scard": 1, "smembers": 1, "sismember": 2,
-    "publish": 2, "ping": 0,
+    "lrange": 3, "zrange": 3, "zrangebyscore": 3, "zcard": 1, "scard": 1, "smembers": 1,
+    "sismember": 2, "publish": 2, "ping": 0,
 }
 
 
