@@ -101,33 +101,20 @@ finish_part ruff
 [ "$mypy_status" = 0 ] || exit "$mypy_status"
 echo "== pytest: unit and integration (tests/e2e runs next, against the installed package)"
 # Exit code 5 (no tests collected) is a failure here, as any non-zero code is.
-.venv/bin/pytest --ignore=tests/e2e --ignore=tests/frameworks "$@"
+pytest_status=0
+.venv/bin/pytest --ignore=tests/e2e --ignore=tests/frameworks "$@" || pytest_status=$?
+# Shown whatever pytest said: a test that waited for the frameworks' environment points here.
 echo "== the frameworks' environments (scripts/frameworks.sh, run beside pytest)"
 finish_part frameworks
+[ "$pytest_status" = 0 ] || exit "$pytest_status"
 echo "== the installed package's virtualenv (made beside pytest)"
 finish_part installed
-# The framework adapters' tests run beside the end-to-end tests: each suite starts its own
-# Redis servers (free ports), workers (hosts and state directories of its own) and local
-# fleet, as test sessions of several users on one machine do; neither times anything
-# against a figure (their waits are deadlines).
+echo "== the framework adapters, each against its framework from PyPI (environments of their own)"
+.venv-frameworks/bin/pytest tests/frameworks --ignore=tests/frameworks/test_harbor.py -q
 # No .venv-harbor: scripts/frameworks.sh found no Python 3.12 in a run that is not root,
 # and said so.
-harbor=no
 if [ -x .venv-harbor/bin/pytest ] || [ "$(id -u)" = 0 ]; then
-  harbor=yes
+  .venv-harbor/bin/pytest tests/frameworks/test_harbor.py -q
 fi
-start_part adapters bash -c '
-  .venv-frameworks/bin/pytest tests/frameworks --ignore=tests/frameworks/test_harbor.py -q
-  status=$?
-  if [ "$1" = yes ]; then
-    echo "== Harbor (Python 3.12)"
-    .venv-harbor/bin/pytest tests/frameworks/test_harbor.py -q || status=1
-  fi
-  exit "$status"' _ "$harbor"
-echo "== the end-to-end tests against the installed package ($("$newest" --version); the framework adapters' tests beside them)"
-e2e_status=0
-PYTHON="$newest" BASHFLEET_INSTALLED_WORK="$installed" ./scripts/test_installed.sh -q ||
-  e2e_status=$?
-echo "== the framework adapters, each against its framework from PyPI (environments of their own)"
-finish_part adapters
-exit "$e2e_status"
+echo "== the end-to-end tests against the installed package ($("$newest" --version))"
+PYTHON="$newest" BASHFLEET_INSTALLED_WORK="$installed" ./scripts/test_installed.sh -q
