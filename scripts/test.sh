@@ -99,10 +99,21 @@ mypy_status=0
 echo "== ruff"
 finish_part ruff
 [ "$mypy_status" = 0 ] || exit "$mypy_status"
-echo "== pytest: unit and integration (tests/e2e runs next, against the installed package)"
 # Exit code 5 (no tests collected) is a failure here, as any non-zero code is.
 pytest_status=0
-.venv/bin/pytest --ignore=tests/e2e --ignore=tests/frameworks "$@" || pytest_status=$?
+if [ $# -gt 0 ]; then
+  echo "== pytest $* (tests/e2e runs next, against the installed package)"
+  .venv/bin/pytest --ignore=tests/e2e --ignore=tests/frameworks "$@" || pytest_status=$?
+else
+  # The unit tests are pure and CPU-bound (hypothesis): on both cores (pytest-xdist), and
+  # first, beside the pip installs above. The rest start Redis servers and workers and
+  # run one at a time, on a quieter machine.
+  echo "== pytest: unit, on every core"
+  .venv/bin/pytest tests/unit -n auto || pytest_status=$?
+  echo "== pytest: integration and hardening (tests/e2e runs next, against the installed package)"
+  .venv/bin/pytest --ignore=tests/unit --ignore=tests/e2e --ignore=tests/frameworks ||
+    pytest_status=$?
+fi
 # Shown whatever pytest said: a test that waited for the frameworks' environment points here.
 echo "== the frameworks' environments (scripts/frameworks.sh, run beside pytest)"
 finish_part frameworks

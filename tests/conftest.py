@@ -124,9 +124,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: item.get_closest_marker("frameworks_venv") is not None)
 
 
+@pytest.hookimpl(trylast=True)  # after pytest-xdist has ended its workers
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     del exitstatus
     if os.environ.get("BASHFLEET_SKIP_LEAK_CHECK") == "1":
+        return
+    # A pytest-xdist worker leaves the check to the session that started it: what the
+    # worker started carries the same tag, and its sibling workers would look leaked.
+    if hasattr(session.config, "workerinput"):
         return
     left = _settle(_session_start)
     if not left:
