@@ -17,14 +17,13 @@ before it (`x -> .` then `x/y -> ..` escapes, though each looks harmless alone) 
 those the destination already held; each member is remembered where it landed, not
 under its name (a link made as `a/l` through `a -> d` is met by later members as `d/l`:
 so CVE-2025-4517's chain, whose short names reach a link that climbs out only once
-resolved, is refused). What is extracted is a copy of each member without
+resolved, is refused). Each member is extracted without
 setuid/setgid/sticky bits, owned by whoever unpacks (never chown'd to the archive's ids
 when the caller is root).
 """
 
 from __future__ import annotations
 
-import copy
 import os
 import tarfile
 from collections.abc import Callable, Sequence
@@ -209,13 +208,12 @@ def disk_links(destination: str) -> LinkLookup:
     return link
 
 
-def tamed(member: tarfile.TarInfo) -> tarfile.TarInfo:
-    """A copy of `member` as it is written: permission bits only, owned by the caller."""
-    copied = copy.copy(member)
-    copied.mode = member.mode & 0o777
-    copied.uid, copied.gid = os.geteuid(), os.getegid()
-    copied.uname = copied.gname = ""
-    return copied
+def tame_in_place(member: tarfile.TarInfo) -> tarfile.TarInfo:
+    """`member` as it is written: permission bits only, owned by the caller."""
+    member.mode &= 0o777
+    member.uid, member.gid = os.geteuid(), os.getegid()
+    member.uname = member.gname = ""
+    return member
 
 
 def extract(archive: tarfile.TarFile, destination: str) -> None:
@@ -224,7 +222,10 @@ def extract(archive: tarfile.TarFile, destination: str) -> None:
     members = archive.getmembers()
     check_members(members, disk_links(destination), disk_dirs(destination))
     os.makedirs(destination, exist_ok=True)
-    tame = [tamed(member) for member in members]
+    # Tamed where they are, not copied: a hard link tarfile cannot make (its name is
+    # taken) is written as a copy of its target, which tarfile looks up by identity among
+    # the archive's own members.
+    tame = [tame_in_place(member) for member in members]
     if HAS_FILTERS:
         # The filter that changes nothing: every Python unpacks the same members the same
         # way (3.14's default, `data`, would second-guess the checks above).

@@ -149,6 +149,20 @@ def test_a_packed_directory_comes_back_whole(tmp_path: Path) -> None:
     assert tree(tmp_path / "copy") == {"sub", "sub/f.txt", "link"}
 
 
+@pytest.mark.parametrize(("entries", "contents"), [
+    # A hard link onto its own name, and one onto a name an earlier file took: tarfile
+    # cannot link where the name is taken, and writes a copy of the link's target.
+    ([Entry("a/a/a"), Entry("a/a/a", tarfile.LNKTYPE, "a/a/a")], {"a/a/a": b"x"}),
+    ([Entry("b", data=b"y"), Entry("a"), Entry("a", tarfile.LNKTYPE, "b")],
+     {"a": b"y", "b": b"y"}),
+], ids=["link-to-itself", "link-over-a-file"])
+def test_a_hard_link_whose_name_is_taken_lands_as_a_copy_of_its_target(
+        tmp_path: Path, entries: list[Entry], contents: dict[str, bytes]) -> None:
+    unpack(tar_of(*entries), tmp_path / "dest")
+    for name, data in contents.items():
+        assert (tmp_path / "dest" / name).read_bytes() == data
+
+
 def test_a_corrupt_archive_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(WorkspaceFileError, match="could not unpack"):
         unpack(b"not a tar at all" * 64, tmp_path / "dest")
