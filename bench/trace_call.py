@@ -7,7 +7,7 @@ the step before and since the call began, with the load average: the machine thi
 on, as it was. The wrapping itself costs a few microseconds a mark. A reference row:
 `subprocess.run(["bash", "-c", "true"])` in this process, same run.
 
-    python -m bench.trace_call [--calls N]
+    python -m bench.trace_call [--calls N] [--quick]
 """
 
 from __future__ import annotations
@@ -72,7 +72,10 @@ def _steps(trace: Path, calls: list[tuple[float, float]]) -> list[tuple[str, lis
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--calls", type=int, default=50, help="calls traced")
+    parser.add_argument("--quick", action="store_true", help="10 calls, for a smoke run")
     args = parser.parse_args(argv)
+    if args.quick:
+        args.calls = 10
     root = Path(tempfile.mkdtemp(prefix="bashfleet-bench-trace-"))
     trace = root / "trace.log"
     _client_marks(trace)
@@ -106,8 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     load_after = os.getloadavg()
     print(f"one `true` call, step by step: {args.calls} calls, p50 ms; load average "
           f"{load_before[0]:.2f} before, {load_after[0]:.2f} after (cpus {os.cpu_count()})")
-    print(f"{'step (> entered, < returned)':<44} {'since previous':>15} {'since run()':>12} "
-          f"{'calls':>6}")
+    print(f"{'row: step (> entered, < returned)':<44} {'since previous':>15} "
+          f"{'since run()':>12} {'calls':>6}")
     for step, since, total in _steps(trace, calls):
         print(f"{step:<44} {statistics.median(since):15.3f} {statistics.median(total):12.3f} "
               f"{len(since):6d}")
