@@ -309,6 +309,10 @@ def print_cost_notes(sides: dict[str, Side], burst: int) -> None:
     print("\nRedis commands per call, most run first (those inside scripts included):")
     for name, side in sides.items():
         print(f"  {name}: {side.redis.top()}")
+    print("Redis time in commands per call, most first (INFO commandstats usec; a script's "
+          "time includes its inner commands'):")
+    for name, side in sides.items():
+        print(f"  {name}: {side.redis.top_time()}")
     print("Redis memory left per call, by kind of key (sizes by MEMORY USAGE; "
           "sustained = bytes x TTL):")
     for name, side in sides.items():

@@ -32,20 +32,25 @@ class Snapshot:
     commands: Counter[str]
     cpu_s: float
     used_memory: int
+    usec: Counter[str] = field(default_factory=Counter)
+    """Microseconds Redis spent in each command so far (a script's own time includes
+    the commands it ran, which count on their own too)."""
 
 
 def snapshot(client: redis.Redis) -> Snapshot:
     """The command counts by name, the CPU Redis used so far, its used memory."""
     stats = client.info("commandstats")
     commands: Counter[str] = Counter()
+    usec: Counter[str] = Counter()
     for name, value in stats.items():
         command = str(name).removeprefix("cmdstat_")
         if command not in OWN_COMMANDS:
             commands[command] = int(value["calls"])
+            usec[command] = int(value["usec"])
     cpu = client.info("cpu")
     memory = client.info("memory")
     return Snapshot(commands, float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"]),
-                    int(memory["used_memory"]))
+                    int(memory["used_memory"]), usec)
 
 
 @dataclass
@@ -56,11 +61,13 @@ class Spent:
     commands: Counter[str] = field(default_factory=Counter)
     cpu_s: float = 0.0
     memory_delta: int = 0
+    usec: Counter[str] = field(default_factory=Counter)
 
     def add(self, before: Snapshot, after: Snapshot, calls: int) -> None:
         """Count one window of `calls` calls in."""
         self.calls += calls
         self.commands.update(after.commands - before.commands)
+        self.usec.update(after.usec - before.usec)
         self.cpu_s += after.cpu_s - before.cpu_s
         self.memory_delta += after.used_memory - before.used_memory
 
@@ -72,11 +79,19 @@ class Spent:
         """Redis CPU per call, ms."""
         return self.cpu_s / max(1, self.calls) * 1e3
 
-    def top(self, count: int = 8) -> str:
-        """The commands run most, per call: `2.0 EVALSHA, 1.0 LPUSH, ...`."""
+    def top(self, count: int | None = None) -> str:
+        """The commands run, most first, per call: `2.0 EVALSHA, 1.0 LPUSH, ...` (every
+        one run at least once per 20 calls, unless `count` names fewer)."""
         calls = max(1, self.calls)
         return ", ".join(f"{n / calls:.1f} {name.upper()}"
                          for name, n in self.commands.most_common(count) if n / calls >= 0.05)
+
+    def top_time(self, count: int = 8) -> str:
+        """Where Redis' command time went, per call, most first: `EVALSHA 31.2 us, ...`
+        (a script's time includes its inner commands', which are listed too)."""
+        calls = max(1, self.calls)
+        return ", ".join(f"{name.upper()} {us / calls:.1f} us"
+                         for name, us in self.usec.most_common(count) if us / calls >= 0.05)
 
 
 def keys(client: redis.Redis) -> set[str]:

@@ -111,6 +111,41 @@ def test_take_over_needs_the_dead_holders_token(r: redis.Redis) -> None:
     assert 0 < r.ttl(names.alive_key("alpha")) <= names.ALIVE_TTL_S
 
 
+#: The keys whose TTLs are of hours, and those TTLs (renewed only by a renewing beat).
+_LONG_TTLS = {
+    names.host_key("alpha"): names.HOST_TTL_S, names.HOSTS_KEY: names.HOST_TTL_S,
+    names.running_key("alpha"): names.RUNNING_TTL_S, names.jobs_key("alpha"): names.JOB_TTL_S,
+}
+
+
+@pytest.mark.parametrize(("renew", "record_kept", "renewed"), [
+    (True, True, True),     # a renewing beat renews them all
+    (False, True, False),   # a beat between renewals leaves them as they are
+    (True, False, True),
+    (False, False, True),   # a beat that writes the record again gives it its TTL at once
+])
+def test_heartbeat_renews_the_ttls_of_hours_only_when_asked_or_the_record_was_missing(
+    r: redis.Redis, *, renew: bool, record_kept: bool, renewed: bool,
+) -> None:
+    registry.acquire_host(r, "alpha", "t1")
+    assert registry.heartbeat(r, "alpha", "t1", {"instance": "t1"}, KEYS) == "missing"
+    r.sadd(names.running_key("alpha"), "c1")
+    r.zadd(names.jobs_key("alpha"), {"j1": 1.0})
+    for key in _LONG_TTLS:
+        r.expire(key, 100)
+    if not record_kept:
+        r.delete(names.host_key("alpha"))  # Redis lost it
+    outcome = registry.heartbeat(r, "alpha", "t1", {"instance": "t1"}, KEYS, renew=renew)
+    assert outcome == ("ok" if record_kept else "missing")
+    assert r.ttl(names.alive_key("alpha")) == names.ALIVE_TTL_S  # every beat renews the lock
+    assert r.hget(names.host_key("alpha"), "instance") == "t1"
+    for key, ttl in _LONG_TTLS.items():
+        if renewed:
+            assert r.ttl(key) > ttl - 5, key
+        else:
+            assert 0 < r.ttl(key) <= 100, key
+
+
 def test_heartbeat_retakes_an_expired_lock_nobody_took(r: redis.Redis) -> None:
     registry.acquire_host(r, "alpha", "t1")
     r.delete(names.alive_key("alpha"))  # as if it expired during a long pause

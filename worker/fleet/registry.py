@@ -94,7 +94,8 @@ Heartbeat = Literal["ok", "missing", "taken"]
 
 
 def heartbeat(
-    client: Redis, host: str, token: str, record: Mapping[str, object], keys: Keys
+    client: Redis, host: str, token: str, record: Mapping[str, object], keys: Keys,
+    *, renew: bool = True,
 ) -> Heartbeat:
     """Renew the lock and the host record; say how it went.
 
@@ -104,6 +105,13 @@ def heartbeat(
     worth publishing again (`restore_running_call`, the job records). The first beat
     of an instance is "missing" too. A lock that expired (a long pause, or a Redis that
     lost its data) is taken again if nobody else took it meanwhile.
+
+    Every beat writes what expires within seconds or tells a live host (the lock, the
+    host record's fields, its place in the listing). The TTLs of hours (the host
+    record's, the listing's, the busy-slot set's, the jobs index's) and the listing's
+    trim are renewed only with `renew` (`RENEW_EVERY_S` apart is ample), and by any
+    beat that finds the record missing: a record this beat writes again gets its TTL
+    in the same transaction.
     """
     key = names.alive_key(host)
     fields = hash_fields({**record, "heartbeat_at": time.time()})
@@ -120,12 +128,13 @@ def heartbeat(
         pipe.multi()
         pipe.set(key, token, ex=names.ALIVE_TTL_S)
         pipe.hset(names.host_key(host), mapping=fields)
-        pipe.expire(names.host_key(host), names.HOST_TTL_S)
         pipe.zadd(names.HOSTS_KEY, {host: now})
-        pipe.zremrangebyscore(names.HOSTS_KEY, "-inf", now - names.HOST_TTL_S)
-        pipe.expire(names.HOSTS_KEY, names.HOST_TTL_S)
-        pipe.expire(names.running_key(host), names.RUNNING_TTL_S)
-        pipe.expire(names.jobs_key(host), names.JOB_TTL_S)
+        if renew or not kept:
+            pipe.expire(names.host_key(host), names.HOST_TTL_S)
+            pipe.zremrangebyscore(names.HOSTS_KEY, "-inf", now - names.HOST_TTL_S)
+            pipe.expire(names.HOSTS_KEY, names.HOST_TTL_S)
+            pipe.expire(names.running_key(host), names.RUNNING_TTL_S)
+            pipe.expire(names.jobs_key(host), names.JOB_TTL_S)
         return "ok" if kept else "missing"
 
     return transaction(client, [key], body)

@@ -278,6 +278,8 @@ class HostSupervisor:
         self._calls_lost = False
         self._jobs_lost = threading.Event()
         self._sync_failing = False
+        # When the last heartbeat renewed the TTLs of hours (`registry.heartbeat`): never.
+        self._renewed_at = float("-inf")
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -422,7 +424,12 @@ class HostSupervisor:
         record = self._record()
         if reset:
             record.update(self._readiness({role: "" for role in ROLES}), stopped_at="")
-        outcome = registry.heartbeat(self.redis, self.host, self.token, record, self.keys)
+        now = time.monotonic()
+        renew = reset or now - self._renewed_at >= names.RENEW_EVERY_S
+        outcome = registry.heartbeat(self.redis, self.host, self.token, record, self.keys,
+                                     renew=renew)
+        if renew:
+            self._renewed_at = now
         if outcome == "taken":
             log.error("host %s: another worker instance took this host id; stopping", self.host)
             self.exit_code = EXIT_ERROR

@@ -10,11 +10,13 @@ Keys (prefix `bashfleet:`; every key has a TTL or an owner that deletes it):
 - `bashfleet:host:<host>` (hash): host record: concurrency, labels, version, pid,
   machine, instance, readiness of its two consumers, last heartbeat, each sealed by the
   worker (`seal`, `<role>_ready_seal`: `bashfleet.worker.wire.records`). TTL HOST_TTL_S (1 day),
-  renewed by the heartbeat.
+  renewed by the heartbeat (every RENEW_EVERY_S).
 - `bashfleet:hosts` (zset): host id -> last heartbeat, for listings. TTL HOST_TTL_S,
-  renewed by heartbeats; members older than that are pruned by them.
+  renewed by heartbeats (every RENEW_EVERY_S); members older than that are pruned by
+  them.
 - `bashfleet:running:<host>` (set): ids of the calls running on the host (busy slots).
-  TTL RUNNING_TTL_S (1 h), renewed by the heartbeat; reset by a starting worker,
+  TTL RUNNING_TTL_S (1 h), renewed by the heartbeat (every RENEW_EVERY_S) and by each
+  claim; reset by a starting worker,
   deleted by a stopping one.
 - `bashfleet:call:<call_id>` (hash): call record: state, queue, host, instance, pid,
   pgid, marker (once the call has run 50 ms, else with its end), spill paths and
@@ -83,6 +85,10 @@ PREFIX = "bashfleet:"
 
 #: Seconds between two heartbeats of a worker.
 HEARTBEAT_INTERVAL_S = 1.0
+#: Seconds between two heartbeats that renew the TTLs of hours (the host record's, the
+#: host listing's, the busy-slot set's, the jobs index's): the beats between write only
+#: what tells a live host (`bashfleet.worker.fleet.registry.heartbeat`).
+RENEW_EVERY_S = 60.0
 #: Life of the host lock without a heartbeat: a dead worker is seen within this.
 ALIVE_TTL_S = 5
 #: Life of a host record (and the host listing) without a heartbeat.

@@ -1,0 +1,108 @@
+"""Time marks inside a worker's processes, for `bench.trace_call` only.
+
+Put on PYTHONPATH (with BASHFLEET_TRACE_FILE naming a file) by `bench.trace_call`, this
+wraps, as each module is imported, the functions one call goes through, and appends
+`<time> <pid> <step> >` / `<` lines to the file at their entry and return. A function a
+later version names otherwise is left out (its step is missing from the table).
+Nothing is wrapped unless BASHFLEET_TRACE_FILE is set.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from types import ModuleType
+from typing import Any
+
+OUT = os.environ.get("BASHFLEET_TRACE_FILE", "")
+_lock = threading.Lock()
+
+#: Per module, the functions (`name` or `Class.name`) to time and the step they are.
+STEPS: dict[str, list[tuple[str, str]]] = {
+    # Called once a BRPOP's answer is there to read: the message reached the worker.
+    "kombu.transport.redis": [("Channel._brpop_read", "message read (BRPOP)")],
+    "bashfleet.worker.fleet.tasks": [
+        ("verify", "verify"), ("run_exec", "exec"), ("run_call", "engine"),
+        ("deliver", "deliver (a reply FINISH held back)"),
+    ],
+    "bashfleet.worker.fleet.registry": [
+        ("claim_call", "CLAIM script"), ("finish_and_reply", "FINISH script + reply"),
+    ],
+    "bashfleet.worker.engine.call": [
+        ("prepare", "prepare"), ("workspace_of", "workspace taken"),
+        ("child_env", "child env"), ("_open_streams", "spill files"),
+        ("_spawn", "spawn"), ("_Launch._arm", "startup script"),
+        ("_wait", "wait for exit"), ("_finished", "result built"),
+        ("_after", "workspace given back"),
+    ],
+    "bashfleet.worker.engine.launcher": [
+        ("KeeperConnection.start", "keeper starts bash (C -> P)"),
+        ("KeeperConnection.wait_status", "keeper reports exit (S)"),
+    ],
+    "bashfleet.worker.fleet.flower": [("set_final_args", "Flower's final args")],
+}
+
+
+def mark(step: str) -> None:
+    """Append one time mark."""
+    with _lock, open(OUT, "a", encoding="utf-8") as handle:
+        handle.write(f"{time.time():.6f} {os.getpid()} {step}\n")
+
+
+def timed(owner: Any, attr: str, step: str) -> None:
+    """Replace `owner.attr` (a module's function, or `Class.method`) by a timed one."""
+    if "." in attr:
+        cls_name, attr = attr.split(".", 1)
+        owner = getattr(owner, cls_name, None)
+    fn = getattr(owner, attr, None)
+    if fn is None or getattr(fn, "_timed", False):
+        return
+
+    @functools.wraps(fn)
+    def inner(*args: Any, **kwargs: Any) -> Any:
+        mark(f"{step} >")
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            mark(f"{step} <")
+
+    inner._timed = True  # type: ignore[attr-defined]
+    setattr(owner, attr, inner)
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    """Finds the modules of STEPS as usual, and times their functions once loaded."""
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None,
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname not in STEPS:
+            return None
+        sys.meta_path.remove(self)
+        try:
+            spec = importlib.util.find_spec(fullname)
+        finally:
+            sys.meta_path.insert(0, self)
+        if spec is None or spec.loader is None:
+            return spec
+        loader = spec.loader
+        load: Callable[[ModuleType], None] = loader.exec_module
+
+        def exec_module(module: ModuleType) -> None:
+            load(module)
+            for attr, step in STEPS[fullname]:
+                timed(module, attr, step)
+
+        loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
+
+
+if OUT:
+    sys.meta_path.insert(0, _Finder())
