@@ -213,7 +213,7 @@ def _holder() -> subprocess.Popen[bytes]:
         start_new_session=True)
     said = proc.stdout
     try:
-        from bashfleet.worker.engine.launcher import readable  # noqa: PLC0415
+        from bashfleet.worker.engine.isolate.launcher import readable  # noqa: PLC0415
 
         if said is None or not readable(said.fileno(), HOLDER_TIMEOUT_S) \
                 or said.readline() != b"ready\n":

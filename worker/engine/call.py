@@ -26,7 +26,6 @@ from bashfleet.worker.engine import (
     cgroups,
     interactive,
     jobs,
-    launcher,
     limits,
     netlog,
     network,
@@ -48,8 +47,9 @@ from bashfleet.worker.engine.capture import (
     FollowedFile,
     MemoryStream,
 )
-from bashfleet.worker.engine.command_line import COMMAND_FD, CommandLine
 from bashfleet.worker.engine.environment import ChildEnv
+from bashfleet.worker.engine.isolate import launcher
+from bashfleet.worker.engine.isolate.command_line import COMMAND_FD, CommandLine
 from bashfleet.worker.engine.memo import TimedMemo
 from bashfleet.worker.engine.secrets import redaction_pattern
 from bashfleet.worker.engine.startup import Startup

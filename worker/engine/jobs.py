@@ -10,7 +10,7 @@ Where a job runs and who records its end:
 - in a sandboxed workspace, a plain job is a child of the workspace's keeper, which
   writes its status and completion line when it ends, the worker up or not;
 - an interactive one (stdin `pipe`, `pty`, `closed`) has a supervisor of its own that
-  holds its stdin (`bashfleet.worker.engine.relay`) and asks the keeper to start it;
+  holds its stdin (`bashfleet.worker.engine.isolate.relay`) and asks the keeper to start it;
 - on a host without a sandbox (`none`), the supervisor starts it plainly.
 """
 
@@ -23,7 +23,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -32,11 +31,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bashfleet.worker.engine import cgroups, job_end, launcher, procs, resources, sandbox, truncate
+from bashfleet.worker.engine import cgroups, isolate, procs, resources, sandbox, truncate
 from bashfleet.worker.engine import workspaces as ws
 from bashfleet.worker.engine.call_env import child_env
 from bashfleet.worker.engine.capture import read_slice
-from bashfleet.worker.engine.command_line import COMMAND_FD, CommandLine
+from bashfleet.worker.engine.isolate import job_end, launcher
+from bashfleet.worker.engine.isolate.command_line import COMMAND_FD, CommandLine
+from bashfleet.worker.engine.isolate.proto import CAP_MIN_WAIT_S, CapWatch, files_size
 from bashfleet.worker.engine.job_records import (
     JobError,
     load_record,
@@ -47,7 +48,6 @@ from bashfleet.worker.engine.job_records import (
     write_status,
 )
 from bashfleet.worker.engine.patterns import Pattern, caller_pattern, grep_lines
-from bashfleet.worker.engine.proto import CAP_MIN_WAIT_S, CapWatch, files_size
 from bashfleet.worker.engine.secrets import worker_redaction
 from bashfleet.worker.engine.startup import Startup
 from bashfleet.worker.settings import Settings, get_settings
@@ -66,7 +66,6 @@ __all__ = [
     "write_status",
 ]
 
-_SUPERVISOR = Path(__file__).with_name("job_supervisor.py")
 #: Seconds to wait for the supervisor to report the job's pid.
 START_TIMEOUT_S = 10.0
 #: Most bytes of new output one check reads; older new output is skipped with a note.
@@ -321,7 +320,7 @@ def _launch_supervisor(spec: Path) -> dict[str, Any]:
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"}
     try:
         proc = subprocess.Popen(
-            [sys.executable, "-I", "-S", str(_SUPERVISOR), str(spec)],
+            isolate.command("job_supervisor", str(spec)),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,

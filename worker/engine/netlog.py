@@ -31,7 +31,7 @@ import socket
 import threading
 from dataclasses import dataclass
 
-from bashfleet.worker.engine import kernel, netguard
+from bashfleet.worker.engine.isolate import kernel, netguard
 from bashfleet.worker.engine.network import EGRESS_LOG_GROUP, denied_path
 from bashfleet.worker.settings import Settings
 

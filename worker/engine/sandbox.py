@@ -6,24 +6,27 @@ workspace may ask for more, never for less):
 - `none`: plain `bash -c` in a directory, no namespace (only when the host is told so;
   `bashfleet worker` refuses to start where the sandbox cannot work, unless told
   `--isolation none`; only the local `bashfleet up` falls back, loudly).
-- `process`: a workspace of its own (`bashfleet.worker.engine.keeper`): one PID namespace for its
-  calls and jobs, a mount view with the host read-only, its directory, /tmp and HOME its
-  own, every bashfleet state directory and secret file hidden (`bashfleet.worker.engine.layout`);
+- `process`: a workspace of its own (`bashfleet.worker.engine.isolate.keeper`): one PID
+  namespace for its calls and jobs, a mount view with the host read-only, its directory,
+  /tmp and HOME its own, every bashfleet state directory and secret file hidden
+  (`bashfleet.worker.engine.layout`);
   a network namespace of its own (its policy: `bashfleet.worker.engine.network`).
 - `strict`: also no network (policy `none`) unless the host allows it
   (`sandbox_network`), and /home and /root hidden.
 
 Every sandboxed workspace has a network namespace of its own; its policy (`none`,
 `egress`, `allow=...`, `host`) is built by `bashfleet.worker.engine.network`.
-Every sandboxed call runs under a system call filter (`bashfleet.worker.engine.syscall_filter`,
-the host's `seccomp` setting) and a session keyring of its workspace's own.
+Every sandboxed call runs under a system call filter
+(`bashfleet.worker.engine.isolate.syscall_filter`, the host's `seccomp` setting) and a session
+keyring of its workspace's own.
 
 Calls never run as root nor as the worker's user: a root worker runs them as its run user
 (`run_as`), every capability dropped, no_new_privs; a worker that is not root runs them
 as itself inside a user namespace (bubblewrap's), with no capability.
 
-How a workspace is made: each worker process keeps a zygote (`bashfleet.worker.engine.launcher`,
-one Python started once through bubblewrap) that forks a keeper per workspace. See
+How a workspace is made: each worker process keeps a zygote
+(`bashfleet.worker.engine.isolate.launcher`, one Python started once through bubblewrap) that forks
+a keeper per workspace. See
 `bashfleet.worker.engine.workspaces` for the workspaces themselves.
 """
 
@@ -39,15 +42,15 @@ import pwd
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from bashfleet.worker.engine import cgroups, ids, launcher, network, resources, syscall_filter
-from bashfleet.worker.engine.launcher import KeeperConnection, LauncherClient, SandboxError
+from bashfleet.worker.engine import cgroups, ids, isolate, network, resources
+from bashfleet.worker.engine.isolate import launcher, syscall_filter
+from bashfleet.worker.engine.isolate.launcher import KeeperConnection, LauncherClient, SandboxError
 from bashfleet.worker.engine.memo import TimedMemo
 from bashfleet.worker.settings import Settings
 from bashfleet.worker.wire.models import Isolation, SandboxProbe
@@ -199,11 +202,11 @@ def zygote_argv(bwrap: str, rootless: bool) -> list[str]:
     """How bwrap runs the zygote: the host as it is (each keeper builds its own view), and
     for a worker that is not root a user namespace with the capabilities to make the
     others (calls get none of them:
-    `bashfleet.worker.engine.kernel.drop_privileges_of_children`)."""
+    `bashfleet.worker.engine.isolate.kernel.drop_privileges_of_children`)."""
     args = [bwrap, "--dev-bind", "/", "/"]
     if rootless:
         args += ["--cap-add", "ALL"]
-    return [*args, "--", sys.executable, "-I", "-S", launcher.__file__ or "launcher.py"]
+    return [*args, "--", *isolate.command("launcher")]
 
 
 # ------------------------------------------------------------------------- who runs it

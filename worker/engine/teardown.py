@@ -15,7 +15,7 @@ import signal
 from dataclasses import dataclass
 from pathlib import Path
 
-from bashfleet.worker.engine import jobs, procs, workspaces
+from bashfleet.worker.engine import isolate, jobs, procs, workspaces
 from bashfleet.worker.settings import Settings
 
 
@@ -63,7 +63,7 @@ def keepers_under(directory: Path) -> list[int]:
         if not name.isdigit():
             continue
         with contextlib.suppress(OSError):
-            if b"launcher.py" not in Path(f"/proc/{name}/cmdline").read_bytes():
+            if not isolate.runs(Path(f"/proc/{name}/cmdline").read_bytes(), "launcher"):
                 continue
             if _holds_socket(int(name), bound) or f" {prefix}" in Path(
                     f"/proc/{name}/mountinfo").read_text("utf-8", "replace"):

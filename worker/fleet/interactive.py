@@ -1,9 +1,9 @@
 """The control calls of interactive sessions, on the owning host: one function per request.
 
 `write_stdin`, `close_stdin` and `resize` reach the session's supervisor through its
-Unix socket (`bashfleet.worker.engine.relay`), then read the output produced since the last read by
-any client of the job's owner (`bashfleet.worker.engine.interactive.exchange`). Served by the
-control consumer, so a write never waits for a command slot.
+Unix socket (`bashfleet.worker.engine.isolate.relay`), then read the output produced since the last
+read by any client of the job's owner (`bashfleet.worker.engine.interactive.exchange`). Served by
+the control consumer, so a write never waits for a command slot.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The workspaces of this host: made, found, used, reaped.
 
 A workspace is a directory on this host plus the namespaces its calls share (its keeper:
-`bashfleet.worker.engine.keeper`). Its calls' kept output and its jobs' output go to
+`bashfleet.worker.engine.isolate.keeper`). Its calls' kept output and its jobs' output go to
 `<workspace root>/.out/<id>`, read-only in its view at the same path. One module a job:
 
 - `store`: records and paths;

@@ -16,16 +16,8 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from bashfleet.worker.engine import (
-    cgroups,
-    ids,
-    launcher,
-    layout,
-    network,
-    procs,
-    resources,
-    sandbox,
-)
+from bashfleet.worker.engine import cgroups, ids, layout, network, procs, resources, sandbox
+from bashfleet.worker.engine.isolate import launcher
 from bashfleet.worker.engine.workspaces import lifecycle, making, visibility
 from bashfleet.worker.settings import Settings
 

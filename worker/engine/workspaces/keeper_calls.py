@@ -9,7 +9,7 @@ import threading
 from bashfleet.worker.engine import (
     sandbox,
 )
-from bashfleet.worker.engine.launcher import (
+from bashfleet.worker.engine.isolate.launcher import (
     KeeperConnection,
     KeeperLostError,
     KeeperProcess,

@@ -19,13 +19,13 @@ from pathlib import Path
 from bashfleet.worker.engine import (
     cgroups,
     job_records,
-    launcher,
     layout,
     netlog,
     network,
     sandbox,
     snapshots,
 )
+from bashfleet.worker.engine.isolate import launcher
 from bashfleet.worker.engine.workspaces import blank_pool, keeper_calls, making, store, usage
 from bashfleet.worker.engine.workspaces.store import WorkspaceError
 from bashfleet.worker.settings import Settings

@@ -29,7 +29,7 @@ from bashfleet.worker.engine import (
     sandbox,
     snapshots,
 )
-from bashfleet.worker.engine.launcher import (
+from bashfleet.worker.engine.isolate.launcher import (
     KeeperConnection,
 )
 from bashfleet.worker.engine.workspaces import (

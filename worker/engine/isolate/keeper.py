@@ -1,6 +1,7 @@
 """A workspace's keeper: pid 1 of the workspace's PID namespace, holder of its mount view.
 
-Standard library only: the zygote (`bashfleet.worker.engine.launcher`) forks it as `python -I -S`.
+Standard library only: the zygote (`bashfleet.worker.engine.isolate.launcher`) forks it, under
+`python -I -S`.
 
     worker consumer ─┐                     keeper (pid 1)   ── posix_spawn ──► bash -c CMD
     job supervisor  ─┼── unix socket ──►   in the workspace's
@@ -22,7 +23,7 @@ namespace (SO_PEERCRED gives pid 0 then) and have the worker's uid. Calls run as
 user when the worker is root; when it is not, they cannot reach the socket's path (the
 state directory is hidden from every workspace).
 
-Messages (`bashfleet.worker.engine.proto`), per connection, one call at a time:
+Messages (`bashfleet.worker.engine.isolate.proto`), per connection, one call at a time:
 
     C {argv, executable, cwd, env, targets, ctty, output_cap, kill_grace_s, job}
       + fds (the call's targets, then the job's status directory)  ->  P {pid, host_pid,
@@ -57,7 +58,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from bashfleet.worker.engine import job_end, kernel, proto, syscall_filter, view
+from bashfleet.worker.engine.isolate import job_end, kernel, proto, syscall_filter, view
 
 
 @dataclasses.dataclass

@@ -1,7 +1,7 @@
 """The messages between the worker and its sandbox processes, and the output cap watch.
 
-Standard library only: the zygote and the workspace keepers (`bashfleet.worker.engine.launcher`,
-`bashfleet.worker.engine.keeper`) run it as `python -I -S`, without the package's dependencies.
+Standard library only: the zygote and the workspace keepers (`isolate.launcher`,
+`isolate.keeper`) run it as `python -I -S`, without the package's dependencies.
 
 Messages are SOCK_SEQPACKET datagrams: one tag byte, then JSON, with descriptors
 (SCM_RIGHTS) beside it; a body larger than one datagram travels in a memfd passed along
