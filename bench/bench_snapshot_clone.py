@@ -30,7 +30,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from bashfleet.worker import Call, run_call
-from bashfleet.worker.engine import layer_fs, sandbox, snapshots, workspaces
+from bashfleet.worker.engine import sandbox, workspaces
+from bashfleet.worker.engine.snapshots import layer_fs, snapshots
 from bashfleet.worker.settings import Settings
 from bashfleet.worker.wire.models import WorkspaceRecord, WorkspaceSpec
 from bench.bench_containers import Row, _ok, _print, _say

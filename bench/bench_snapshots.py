@@ -35,7 +35,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from bashfleet.worker import Call, run_call
-from bashfleet.worker.engine import sandbox, snapshots, workspaces
+from bashfleet.worker.engine import sandbox, workspaces
+from bashfleet.worker.engine.snapshots import snapshots
 from bashfleet.worker.fleet import snapshot_calls
 from bashfleet.worker.settings import Settings
 from bashfleet.worker.wire.models import WorkspaceSpec
@@ -161,7 +162,7 @@ def fork_rows(settings: Settings, snap_id: str, count: int) -> list[Row]:
 def across_row(settings: Settings, other: Settings, snap_id: str, count: int) -> Row:
     """Row 5: a workspace from the snapshot on another host, cold (its layer pulled from
     the registry and the workspace made there), against the registry pull alone."""
-    from bashfleet.worker.engine import snapshot_registry  # noqa: PLC0415 - only this row needs it
+    from bashfleet.worker.engine.snapshots import snapshot_registry  # noqa: PLC0415 - only this row needs it
 
     record = snapshots.load(snap_id, settings)
     ref = snapshot_registry.snapshot_ref(settings, snap_id)

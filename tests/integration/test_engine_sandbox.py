@@ -35,7 +35,7 @@ from bashfleet import worker
 from bashfleet.worker.engine import sandbox, workspaces
 from bashfleet.worker.engine.call import run_call
 from bashfleet.worker.engine.isolate import launcher
-from bashfleet.worker.engine.jobs import check_job, load_record
+from bashfleet.worker.engine.jobs.jobs import check_job, load_record
 from bashfleet.worker.settings import Settings
 from bashfleet.worker.wire.models import Call, CheckResult, Policy, WorkspaceRecord, WorkspaceSpec
 

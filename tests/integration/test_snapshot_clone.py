@@ -17,7 +17,7 @@ from privilege import needs_root
 
 from bashfleet.client import Fleet
 from bashfleet.client.redis_server import RedisServer
-from bashfleet.worker.engine import layer_fs, snapshots
+from bashfleet.worker.engine.snapshots import layer_fs, snapshots
 from bashfleet.worker.settings import Settings
 
 from .conftest import WorkerFactory, WorkerProcess

@@ -15,7 +15,9 @@ from pathlib import Path
 import pytest
 from privilege import needs_root
 
-from bashfleet.worker.engine import images, snapshots, workspaces
+from bashfleet.worker.engine import workspaces
+from bashfleet.worker.engine.images import images
+from bashfleet.worker.engine.snapshots import snapshots
 from bashfleet.worker.wire.models import WorkspaceSpec
 
 from .engine_helpers import (

@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 from privilege import needs_root
 
-from bashfleet.worker.engine import ids
+from bashfleet.worker.engine import id_slots
 from bashfleet.worker.engine.workspaces import making
 
 pytestmark = needs_root("owners of the layer's directories")
 
-SLOT = ids.Slot(index=0, uid=200_000, gid=200_000, fd=-1)
+SLOT = id_slots.Slot(index=0, uid=200_000, gid=200_000, fd=-1)
 
 
 def _image(tmp_path: Path) -> tuple[Path, Path]:

@@ -22,19 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from bashfleet.worker.engine import (
-    cgroups,
-    interactive,
-    jobs,
-    limits,
-    netlog,
-    network,
-    normalize,
-    procs,
-    resources,
-    sandbox,
-    workspaces,
-)
+from bashfleet.worker.engine import cgroups, limits, procs, resources, sandbox, workspaces
 from bashfleet.worker.engine.call_env import child_env
 from bashfleet.worker.engine.call_result import (
     EndReason,
@@ -43,14 +31,17 @@ from bashfleet.worker.engine.call_result import (
     Streams,
     with_state,
 )
-from bashfleet.worker.engine.capture import (
-    FollowedFile,
-    MemoryStream,
-)
 from bashfleet.worker.engine.environment import ChildEnv
 from bashfleet.worker.engine.isolate import launcher
 from bashfleet.worker.engine.isolate.command_line import COMMAND_FD, CommandLine
+from bashfleet.worker.engine.jobs import interactive, jobs
 from bashfleet.worker.engine.memo import TimedMemo
+from bashfleet.worker.engine.network import netlog, network
+from bashfleet.worker.engine.output import normalize
+from bashfleet.worker.engine.output.capture import (
+    FollowedFile,
+    MemoryStream,
+)
 from bashfleet.worker.engine.secrets import redaction_pattern
 from bashfleet.worker.engine.startup import Startup
 from bashfleet.worker.engine.watcher import UNWATCHED, CallWatcher, Spawned
@@ -293,7 +284,7 @@ def _run_session(
     *, watcher: CallWatcher,
 ) -> CallResult:
     """An interactive call (stdin `closed`, `pipe` or `pty`): see
-    `bashfleet.worker.engine.interactive`."""
+    `bashfleet.worker.engine.jobs.interactive`."""
     try:
         return interactive.run(call, cwd, settings, record, started=started,
                                cancelled=watcher.cancelled)

@@ -10,12 +10,12 @@ workspace may ask for more, never for less):
   namespace for its calls and jobs, a mount view with the host read-only, its directory,
   /tmp and HOME its own, every bashfleet state directory and secret file hidden
   (`bashfleet.worker.engine.layout`);
-  a network namespace of its own (its policy: `bashfleet.worker.engine.network`).
+  a network namespace of its own (its policy: `bashfleet.worker.engine.network.network`).
 - `strict`: also no network (policy `none`) unless the host allows it
   (`sandbox_network`), and /home and /root hidden.
 
 Every sandboxed workspace has a network namespace of its own; its policy (`none`,
-`egress`, `allow=...`, `host`) is built by `bashfleet.worker.engine.network`.
+`egress`, `allow=...`, `host`) is built by `bashfleet.worker.engine.network.network`.
 Every sandboxed call runs under a system call filter
 (`bashfleet.worker.engine.isolate.syscall_filter`, the host's `seccomp` setting) and a session
 keyring of its workspace's own.
@@ -48,10 +48,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from bashfleet.worker.engine import cgroups, ids, isolate, network, resources
+from bashfleet.worker.engine import cgroups, id_slots, isolate, resources
 from bashfleet.worker.engine.isolate import launcher, syscall_filter
 from bashfleet.worker.engine.isolate.launcher import KeeperConnection, LauncherClient, SandboxError
 from bashfleet.worker.engine.memo import TimedMemo
+from bashfleet.worker.engine.network import network
 from bashfleet.worker.settings import Settings
 from bashfleet.worker.wire.models import Isolation, SandboxProbe
 from bashfleet.worker.wire.network import NetworkPolicy
@@ -108,7 +109,7 @@ def host_default(configured: str, available: bool) -> Isolation:
 
 @dataclass(frozen=True)
 class NetworkRules:
-    """What this host grants workspaces' networks (`bashfleet.worker.engine.network`)."""
+    """What this host grants workspaces' networks (`bashfleet.worker.engine.network.network`)."""
 
     default: NetworkPolicy = EGRESS
     """The policy of a workspace that asks for none."""
@@ -489,23 +490,23 @@ def network_rules(settings: Settings) -> NetworkRules:
                         allow_problem=network.allow_support(settings))
 
 
-def host_ids(settings: Settings) -> ids.HostIds | None:
+def host_ids(settings: Settings) -> id_slots.HostIds | None:
     """The subordinate ids this host gives its workspaces (None: single-tenant). Read
     again after a minute (an operator who adds them needs no restart)."""
     return _host_ids.get((settings.run_as, os.geteuid(), settings.id_range),
                          lambda: _read_host_ids(settings))
 
 
-_host_ids: TimedMemo[tuple[str | None, int, str | None], ids.HostIds | None] = \
+_host_ids: TimedMemo[tuple[str | None, int, str | None], id_slots.HostIds | None] = \
     TimedMemo(ttl_s=60.0)
 
 
-def _read_host_ids(settings: Settings) -> ids.HostIds | None:
+def _read_host_ids(settings: Settings) -> id_slots.HostIds | None:
     try:
         user = run_user(settings)
     except OSError:
         return None
-    return ids.host_ids(user.name, only=settings.id_range) if user is not None else None
+    return id_slots.host_ids(user.name, only=settings.id_range) if user is not None else None
 
 
 def id_scope_problem(settings: Settings) -> str | None:
@@ -513,7 +514,8 @@ def id_scope_problem(settings: Settings) -> str | None:
     directory is provably the machine's, or the operator gave it a range of its own)."""
     if settings.id_range is not None:
         return None
-    return _id_scope.get(str(settings.id_lock_dir), lambda: ids.lock_scope(settings.id_lock_dir))
+    return _id_scope.get(str(settings.id_lock_dir),
+                         lambda: id_slots.lock_scope(settings.id_lock_dir))
 
 
 _id_scope: TimedMemo[str, str | None] = TimedMemo(ttl_s=600.0)
@@ -531,7 +533,7 @@ def startup_problems(settings: Settings) -> tuple[list[str], list[str]]:
         errors.append(exc.strerror or str(exc))
     if settings.id_range is not None and os.geteuid() == 0:
         user = run_user(settings) if not errors else None
-        bad = ids.range_problem(user.name, settings.id_range) if user is not None else None
+        bad = id_slots.range_problem(user.name, settings.id_range) if user is not None else None
         if bad is not None:
             errors.append(bad)
     found = probe(settings)

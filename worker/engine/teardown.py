@@ -15,7 +15,8 @@ import signal
 from dataclasses import dataclass
 from pathlib import Path
 
-from bashfleet.worker.engine import isolate, jobs, procs, workspaces
+from bashfleet.worker.engine import isolate, procs, workspaces
+from bashfleet.worker.engine.jobs import jobs
 from bashfleet.worker.settings import Settings
 
 

@@ -1,9 +1,10 @@
 """What the snapshot control calls do on a host: take, fork, restore, delete, fetch.
 
-A snapshot's layer and record live on its host's disk (`bashfleet.worker.engine.snapshots`). Redis
-holds its record sealed by that host (`bashfleet:snap:<id>`: what a client lists, and what
-another host trusts when it fetches the snapshot's layers from the fleet's registry) and
-its place in its owner's quota of snapshots, renewed by its host while it is kept.
+A snapshot's layer and record live on its host's disk
+(`bashfleet.worker.engine.snapshots.snapshots`). Redis holds its record sealed by that host
+(`bashfleet:snap:<id>`: what a client lists, and what another host trusts when it fetches the
+snapshot's layers from the fleet's registry) and its place in its owner's quota of snapshots,
+renewed by its host while it is kept.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ from dataclasses import dataclass, field
 
 import redis
 
-from bashfleet.worker.engine import snapshots as engine
 from bashfleet.worker.engine import workspaces
+from bashfleet.worker.engine.snapshots import snapshots as engine
 from bashfleet.worker.fleet import registry, workspace_calls
 from bashfleet.worker.fleet.control import Runtime
 from bashfleet.worker.settings import Settings

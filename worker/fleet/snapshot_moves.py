@@ -3,8 +3,8 @@
 Its host pushes each layer of its chain (itself, then those it stands on) that is not
 in the registry yet, and records where (`SnapshotRecord.pushed`, sealed in Redis). Another
 host trusts only those sealed records: it pulls each layer it does not hold by digest
-(`bashfleet.worker.engine.snapshot_registry`: skopeo checks the digest), and keeps a copy of the
-record, so that workspaces made there stand on the very same layers.
+(`bashfleet.worker.engine.snapshots.snapshot_registry`: skopeo checks the digest), and keeps a copy
+of the record, so that workspaces made there stand on the very same layers.
 """
 
 from __future__ import annotations
@@ -15,8 +15,9 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from bashfleet.worker.engine import snapshot_registry, workspaces
-from bashfleet.worker.engine import snapshots as engine
+from bashfleet.worker.engine import workspaces
+from bashfleet.worker.engine.snapshots import snapshot_registry
+from bashfleet.worker.engine.snapshots import snapshots as engine
 from bashfleet.worker.fleet.control import Runtime
 from bashfleet.worker.wire.errors import ToolError
 from bashfleet.worker.wire.models import SnapshotRecord

@@ -37,7 +37,7 @@ MAX_TIMEOUT_S = 24 * 60 * 60.0
 
 #: A workspace id: `w` and 15 hex digits, unique across hosts and time.
 WORKSPACE_ID_PATTERN = r"^w[0-9a-f]{15}$"
-#: A snapshot's id (`bashfleet.worker.engine.snapshots.new_id`).
+#: A snapshot's id (`bashfleet.worker.engine.snapshots.snapshots.new_id`).
 SNAPSHOT_ID_PATTERN = r"^s[0-9a-f]{15}$"
 
 #: What an owner may be: a session (`session:<id>`), a user (`user:<name>`), a tenant.
@@ -1036,8 +1036,9 @@ class WorkspaceRecord(Model):
     """Its calls' HOME inside (ids per workspace): the home its user has in its root's
     /etc/passwd (root's /root)."""
     lowers: tuple[str, ...] = ()
-    """The snapshots its files stand on, newest first (`bashfleet.worker.engine.snapshots`): each
-    a read-only layer under its own, over its image or the host's root."""
+    """The snapshots its files stand on, newest first
+    (`bashfleet.worker.engine.snapshots.snapshots`): each a read-only layer under its own, over its
+    image or the host's root."""
     dir: str | None = None
     """The host directory behind `path` when they differ: a workspace made from a
     snapshot shows its source's `path`, and keeps what it changes there in a directory
@@ -1083,7 +1084,7 @@ class WorkspaceView(Model):
 
 class SnapshotRecord(Model):
     """A snapshot as its host keeps it: a workspace's own layers, frozen read-only, and
-    what they stand on (`bashfleet.worker.engine.snapshots`)."""
+    what they stand on (`bashfleet.worker.engine.snapshots.snapshots`)."""
 
     id: str = Field(pattern=SNAPSHOT_ID_PATTERN)
     host: str

@@ -1,6 +1,6 @@
 """Supervisor of one background job: run it, wait for it, record how it ended.
 
-Started detached (own session) by `bashfleet.worker.engine.jobs.start_job` as
+Started detached (own session) by `bashfleet.worker.engine.jobs.jobs.start_job` as
 `python -I -S .../isolate/bootstrap.py job_supervisor SPEC_PATH`, it outlives the worker that
 started it, so a job's exit status is recorded even when no worker is watching when it ends. It
 serves the jobs a workspace's keeper does not watch alone: interactive ones (it holds their

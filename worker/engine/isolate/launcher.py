@@ -403,7 +403,8 @@ class KeeperConnection:
     def claim(self, body: Mapping[str, Any], fds: Sequence[int] = (),
               timeout: float = 10.0) -> None:
         """A blank keeper builds the view `body` gives (its first message); `fds`: the
-        locked slot of its host ids, which it holds for its life (`bashfleet.worker.engine.ids`)."""
+        locked slot of its host ids, which it holds for its life
+        (`bashfleet.worker.engine.id_slots`)."""
         self._send(b"V", body, fds)
         self._expect(b"v", timeout)
 

@@ -16,8 +16,9 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from bashfleet.worker.engine import cgroups, ids, layout, network, procs, resources, sandbox
+from bashfleet.worker.engine import cgroups, id_slots, layout, procs, resources, sandbox
 from bashfleet.worker.engine.isolate import launcher
+from bashfleet.worker.engine.network import network
 from bashfleet.worker.engine.workspaces import lifecycle, making, visibility
 from bashfleet.worker.settings import Settings
 
@@ -38,7 +39,7 @@ class Blank:
     note: Path
     """Its file in the state directory (who made it): the reaper ends the blanks of a
     worker process that died."""
-    slot: ids.Slot | None = None
+    slot: id_slots.Slot | None = None
     """Its host ids (the keeper holds their slot's lock; `fd` here is -1)."""
     layers: Path | None = None
     """Its layers, made ahead and mounted in its namespace (moved into the workspace's
@@ -169,7 +170,7 @@ def make_blank(settings: Settings, net: str, *, prebuilt: bool = False) -> Blank
     group = None
     try:
         if slot is not None:
-            spec["ids"] = {"uid": slot.uid, "gid": slot.gid, "count": ids.SLOT_SIZE}
+            spec["ids"] = {"uid": slot.uid, "gid": slot.gid, "count": id_slots.SLOT_SIZE}
             spec["slot"] = True
         if layers is not None and slot is not None:
             making.make_layers(layers, slot, None)
@@ -225,12 +226,12 @@ def _blank_network(blank: Blank, settings: Settings) -> None:
         raise
 
 
-def _claim_ids(settings: Settings) -> ids.Slot | None:
+def _claim_ids(settings: Settings) -> id_slots.Slot | None:
     """Host ids of the workspace's own (None: a single-tenant host)."""
     host = sandbox.host_ids(settings)
     if host is None:
         return None
-    return ids.claim(host, first=int.from_bytes(os.urandom(2), "big"),
+    return id_slots.claim(host, first=int.from_bytes(os.urandom(2), "big"),
                      lock_dir=settings.id_lock_dir, legacy=settings.id_range is None)
 
 

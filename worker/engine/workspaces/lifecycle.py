@@ -16,16 +16,11 @@ import threading
 import time
 from pathlib import Path
 
-from bashfleet.worker.engine import (
-    cgroups,
-    job_records,
-    layout,
-    netlog,
-    network,
-    sandbox,
-    snapshots,
-)
+from bashfleet.worker.engine import cgroups, layout, sandbox
 from bashfleet.worker.engine.isolate import launcher
+from bashfleet.worker.engine.jobs import job_records
+from bashfleet.worker.engine.network import netlog, network
+from bashfleet.worker.engine.snapshots import snapshots
 from bashfleet.worker.engine.workspaces import blank_pool, keeper_calls, making, store, usage
 from bashfleet.worker.engine.workspaces.store import WorkspaceError
 from bashfleet.worker.settings import Settings

@@ -19,19 +19,12 @@ import time
 from pathlib import Path
 from typing import Literal
 
-from bashfleet.worker.engine import (
-    cgroups,
-    hostname,
-    ids,
-    layout,
-    network,
-    resources,
-    sandbox,
-    snapshots,
-)
+from bashfleet.worker.engine import cgroups, hostname, id_slots, layout, resources, sandbox
 from bashfleet.worker.engine.isolate.launcher import (
     KeeperConnection,
 )
+from bashfleet.worker.engine.network import network
+from bashfleet.worker.engine.snapshots import snapshots
 from bashfleet.worker.engine.workspaces import (
     blank_pool,
     keeper_calls,
@@ -121,7 +114,7 @@ def _create(spec: WorkspaceSpec, settings: Settings, choice: sandbox.Choice,  # 
                        make=snapshot is None),
         session=spec.session, tags=spec.tags, throwaway=throwaway,
         run_as=user.name if user else sandbox.run_user_name(settings),
-        image=image, ids=(slot.uid, ids.SLOT_SIZE) if slot is not None else None,
+        image=image, ids=(slot.uid, id_slots.SLOT_SIZE) if slot is not None else None,
         user=spec.user, home=inside.home if inside is not None else None,
         lowers=lowers, dir=path if path != shown_at else None,
     )
@@ -165,7 +158,7 @@ def image_of(spec: WorkspaceSpec, settings: Settings, snapshot: SnapshotRecord |
     """The image the workspace stands on, pulled or built now when this host has not
     got it (None: the host's own root)."""
     if snapshot is not None and snapshot.image is not None:
-        from bashfleet.worker.engine import images  # noqa: PLC0415 - only image workspaces need it
+        from bashfleet.worker.engine.images import images  # noqa: PLC0415 - only image workspaces need it
 
         try:
             info, root = images.ensure_pinned(snapshot.image, settings)
@@ -175,7 +168,7 @@ def image_of(spec: WorkspaceSpec, settings: Settings, snapshot: SnapshotRecord |
         return info, str(root)
     if not (spec.image or spec.build):
         return None, None
-    from bashfleet.worker.engine import images  # noqa: PLC0415 - only image workspaces need it
+    from bashfleet.worker.engine.images import images  # noqa: PLC0415 - only image workspaces need it
 
     try:
         if spec.build:
@@ -382,7 +375,7 @@ def _make_dirs(record: WorkspaceRecord, settings: Settings, user: sandbox.User |
         os.chown(state / "home", user.uid, user.gid)
 
 
-def make_layers(layers: Path, slot: ids.Slot, image_root: str | None) -> None:
+def make_layers(layers: Path, slot: id_slots.Slot, image_root: str | None) -> None:
     """The workspace's own layers: for `/`, an upper directory (what its calls change)
     whose owner and mode are those of the image's root as the workspace sees it (an
     overlay shows its upper root's; over the host, the workspace root's own), and a
@@ -396,7 +389,7 @@ def make_layers(layers: Path, slot: ids.Slot, image_root: str | None) -> None:
         _seed_hostname(layers, slot)
 
 
-def _make_snapshot_layers(record: WorkspaceRecord, settings: Settings, slot: ids.Slot,
+def _make_snapshot_layers(record: WorkspaceRecord, settings: Settings, slot: id_slots.Slot,
                           image_root: str | None) -> None:
     """The layers of a workspace made from snapshots: empty uppers, each with the owner
     and mode of the newest snapshot's layer of it (what an overlay shows of its root),
@@ -423,7 +416,7 @@ def _make_snapshot_layers(record: WorkspaceRecord, settings: Settings, slot: ids
 HOSTS = "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n"
 
 
-def _seed_network_files(upper: Path, image_root: str, slot: ids.Slot) -> None:
+def _seed_network_files(upper: Path, image_root: str, slot: id_slots.Slot) -> None:
     """/etc/hosts and the host's /etc/resolv.conf in an image workspace's own layer (an
     image's are empty or missing: names would not resolve)."""
     try:
@@ -444,7 +437,7 @@ def _seed_network_files(upper: Path, image_root: str, slot: ids.Slot) -> None:
         _write_own(etc / name, text, slot)
 
 
-def _write_own(path: Path, text: str, slot: ids.Slot) -> None:
+def _write_own(path: Path, text: str, slot: id_slots.Slot) -> None:
     """A new file of the workspace root's in one of its own layers."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                  0o644)
@@ -453,7 +446,7 @@ def _write_own(path: Path, text: str, slot: ids.Slot) -> None:
         os.fchown(handle.fileno(), slot.uid, slot.gid)
 
 
-def _seed_hostname(layers: Path, slot: ids.Slot) -> None:
+def _seed_hostname(layers: Path, slot: id_slots.Slot) -> None:
     """Where the host's /etc/hosts does not name the hostname its calls see, the
     workspace's own copy of it that does (`layers/hosts`, shown over the host's
     read-only /etc/hosts in its view: `layout.ViewSpec.etc_hosts`); the host's is
@@ -467,7 +460,7 @@ def _seed_hostname(layers: Path, slot: ids.Slot) -> None:
         _write_own(layers / layout.ETC_HOSTS, hosts, slot)
 
 
-def _make_dir_in_image(upper: Path, image_root: str, path: str, slot: ids.Slot, *,
+def _make_dir_in_image(upper: Path, image_root: str, path: str, slot: id_slots.Slot, *,
                        owner: tuple[int, int] | None = None) -> None:
     """A directory of an image's (its WORKDIR, its user's HOME), made in the workspace's
     own layer when the image has not got it (as container runtimes make it); where the
@@ -499,10 +492,10 @@ def _make_dir_in_image(upper: Path, image_root: str, path: str, slot: ids.Slot, 
 
 def _shifted(host_id: int, first: int) -> int:
     """An image's (or the host's) id as the workspace's user namespace shows it."""
-    return first + host_id if host_id < ids.SLOT_SIZE else host_id
+    return first + host_id if host_id < id_slots.SLOT_SIZE else host_id
 
 
-def _upper(layers: Path, name: str, lower: os.stat_result | None, slot: ids.Slot) -> None:
+def _upper(layers: Path, name: str, lower: os.stat_result | None, slot: id_slots.Slot) -> None:
     upper = layers / "upper" / name
     upper.mkdir(mode=0o755)
     (layers / "work" / name).mkdir(mode=0o700)
@@ -533,7 +526,7 @@ def _start_keeper(record: WorkspaceRecord, settings: Settings, user: sandbox.Use
     if slot is not None:
         # The run user's files (projects, shared writable roots: theirs on the host, as
         # on a single-tenant host) are the workspace root's through that map.
-        body["ids"] = {"uid": slot.uid, "gid": slot.gid, "count": ids.SLOT_SIZE,
+        body["ids"] = {"uid": slot.uid, "gid": slot.gid, "count": id_slots.SLOT_SIZE,
                        "shared": [user.uid, user.gid] if user is not None else None}
         who = inside or visibility.Inside(0, 0, (), "/root")
         body["user"] = [who.uid, who.gid, list(who.groups)]

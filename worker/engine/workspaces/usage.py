@@ -9,10 +9,8 @@ import os
 import stat
 from pathlib import Path
 
-from bashfleet.worker.engine import (
-    job_records,
-    procs,
-)
+from bashfleet.worker.engine import procs
+from bashfleet.worker.engine.jobs import job_records
 from bashfleet.worker.engine.workspaces import store
 from bashfleet.worker.settings import Settings
 from bashfleet.worker.wire.models import (
@@ -110,7 +108,7 @@ def check_disk(record: WorkspaceRecord, settings: Settings) -> int | None:
         flag.unlink(missing_ok=True)
         return None
     flag.write_text(str(used), encoding="ascii")
-    from bashfleet.worker.engine import jobs  # noqa: PLC0415 - jobs imports this module
+    from bashfleet.worker.engine.jobs import jobs  # noqa: PLC0415 - jobs imports this module
 
     for job in job_records.running_in(settings, record.id):
         jobs.kill_job(job, settings=settings, grace_s=2.0)

@@ -13,13 +13,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from bashfleet.worker.engine import (
-    ids,
-    layout,
-    sandbox,
-    snapshots,
-)
+from bashfleet.worker.engine import id_slots, layout, sandbox
 from bashfleet.worker.engine.memo import TimedMemo
+from bashfleet.worker.engine.snapshots import snapshots
 from bashfleet.worker.engine.workspaces import store
 from bashfleet.worker.engine.workspaces.store import WorkspaceError
 from bashfleet.worker.settings import Settings, secret_paths
@@ -204,13 +200,13 @@ def parse_user(wanted: str, read: Callable[[str], str]) -> Inside:
     name = entry[0] if entry is not None else None
     extra = sorted({int(f[2]) for f in groups if len(f) >= 4 and f[2].isdigit() and name
                     and name in f[3].split(",")} - {gid})
-    if not (0 <= uid < ids.SLOT_SIZE and 0 <= gid < ids.SLOT_SIZE):
+    if not (0 <= uid < id_slots.SLOT_SIZE and 0 <= gid < id_slots.SLOT_SIZE):
         raise WorkspaceError("invalid", f"user {wanted!r} is outside the workspace's ids "
-                             f"(0-{ids.SLOT_SIZE - 1})")
+                             f"(0-{id_slots.SLOT_SIZE - 1})")
     home = entry[5] if entry is not None else ""
     if not home.startswith("/") or home in ("/", "/nonexistent") or layout.inside(home, "/tmp"):
         home = "/root" if uid == 0 else f"/home/{uid}"
-    return Inside(uid, gid, tuple(g for g in extra if g < ids.SLOT_SIZE), home)
+    return Inside(uid, gid, tuple(g for g in extra if g < id_slots.SLOT_SIZE), home)
 
 
 def _safe(read: Callable[[str], str], name: str) -> str:

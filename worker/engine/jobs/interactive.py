@@ -31,10 +31,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from bashfleet.worker.engine import jobs, procs, truncate
-from bashfleet.worker.engine.capture import PLAIN, _clean, escape_boundary
+from bashfleet.worker.engine import procs
 from bashfleet.worker.engine.isolate import relay
-from bashfleet.worker.engine.sanitize import redact, utf8_boundary
+from bashfleet.worker.engine.jobs import jobs
+from bashfleet.worker.engine.output import truncate
+from bashfleet.worker.engine.output.capture import PLAIN, _clean, escape_boundary
+from bashfleet.worker.engine.output.sanitize import redact, utf8_boundary
 from bashfleet.worker.engine.secrets import worker_redaction
 from bashfleet.worker.settings import Settings
 from bashfleet.worker.wire.control import Collect, SessionOutput

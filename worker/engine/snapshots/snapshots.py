@@ -28,7 +28,8 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from bashfleet.worker.engine import cgroups, ids, layout, tree_copy
+from bashfleet.worker.engine import cgroups, id_slots, layout
+from bashfleet.worker.engine.snapshots import tree_copy
 from bashfleet.worker.settings import Settings
 from bashfleet.worker.wire.errors import ToolError
 from bashfleet.worker.wire.models import SNAPSHOT_ID_PATTERN, SnapshotRecord, WorkspaceRecord
@@ -399,7 +400,7 @@ def image_id(host_id: int, first: int) -> int:
     """A host id of a workspace whose slot starts at `first`, as its snapshot keeps it:
     its slot's own as 0-65535 (what any workspace's user namespace shows as its own
     again), host root's (whiteouts the overlay made) as 0, any other nobody's."""
-    if first <= host_id < first + ids.SLOT_SIZE:
+    if first <= host_id < first + id_slots.SLOT_SIZE:
         return host_id - first
     return 0 if host_id == 0 else OVERFLOW_ID
 
@@ -536,7 +537,7 @@ def collect(settings: Settings, now: float | None = None) -> list[SnapshotRecord
 def _forget_pushed(record: SnapshotRecord, settings: Settings) -> None:
     """Delete a removed snapshot's layer from the fleet's registry (a registry that is
     down keeps it: its own garbage collection, or the next push of that id, is left)."""
-    from bashfleet.worker.engine import snapshot_registry  # noqa: PLC0415 - only pushed ones need it
+    from bashfleet.worker.engine.snapshots import snapshot_registry  # noqa: PLC0415 - only pushed ones need it
 
     try:
         # Its tag names it there (pushed as `<repository>:<id>`).

@@ -32,8 +32,8 @@ import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from bashfleet.worker.engine import network
-from bashfleet.worker.engine.image_meta import ImageError
+from bashfleet.worker.engine.images.image_meta import ImageError
+from bashfleet.worker.engine.network import network
 from bashfleet.worker.settings import Settings
 from bashfleet.worker.wire.network import NetworkPolicy
 

@@ -1,7 +1,7 @@
 """Background jobs: start in a workspace, check and kill from any process given the record.
 
-A job's record is a small JSON file beside its status (`bashfleet.worker.engine.job_records`; in
-the fleet, a Redis hash too). Check and kill need nothing else: the pid with its start
+A job's record is a small JSON file beside its status (`bashfleet.worker.engine.jobs.job_records`;
+in the fleet, a Redis hash too). Check and kill need nothing else: the pid with its start
 time (a pid reused by an unrelated process is never taken for the job), the process
 group, the marker every process of the job carries, and the output and status files.
 
@@ -31,14 +31,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bashfleet.worker.engine import cgroups, isolate, procs, resources, sandbox, truncate
+from bashfleet.worker.engine import cgroups, isolate, procs, resources, sandbox
 from bashfleet.worker.engine import workspaces as ws
 from bashfleet.worker.engine.call_env import child_env
-from bashfleet.worker.engine.capture import read_slice
 from bashfleet.worker.engine.isolate import job_end, launcher
 from bashfleet.worker.engine.isolate.command_line import COMMAND_FD, CommandLine
 from bashfleet.worker.engine.isolate.proto import CAP_MIN_WAIT_S, CapWatch, files_size
-from bashfleet.worker.engine.job_records import (
+from bashfleet.worker.engine.jobs.job_records import (
     JobError,
     load_record,
     local_records,
@@ -47,7 +46,9 @@ from bashfleet.worker.engine.job_records import (
     save_record,
     write_status,
 )
-from bashfleet.worker.engine.patterns import Pattern, caller_pattern, grep_lines
+from bashfleet.worker.engine.output import truncate
+from bashfleet.worker.engine.output.capture import read_slice
+from bashfleet.worker.engine.output.patterns import Pattern, caller_pattern, grep_lines
 from bashfleet.worker.engine.secrets import worker_redaction
 from bashfleet.worker.engine.startup import Startup
 from bashfleet.worker.settings import Settings, get_settings

@@ -35,7 +35,7 @@ taken, and the pair goes with the workspace's namespace (its keeper's end), so n
 is left to clean up whatever way a workspace ends.
 
 A worker that is not root makes no link: `egress` is user-mode networking instead, the
-same rules over pasta (`bashfleet.worker.engine.usernet`), as rootless podman does;
+same rules over pasta (`bashfleet.worker.engine.network.usernet`), as rootless podman does;
 `allow` needs a root worker.
 """
 
@@ -55,9 +55,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from bashfleet.worker.engine import isolate, procs, usernet
+from bashfleet.worker.engine import isolate, procs
 from bashfleet.worker.engine.isolate import kernel, nft_helper
 from bashfleet.worker.engine.memo import TimedMemo
+from bashfleet.worker.engine.network import usernet
 from bashfleet.worker.settings import Settings
 from bashfleet.worker.wire.network import DENIED, NetworkPolicy
 
