@@ -60,7 +60,7 @@ from bashfleet.worker.engine import running
 from bashfleet.worker.engine.images import images
 from bashfleet.worker.engine.images.image_meta import last_used, to_collect
 from bashfleet.worker.engine.jobs import jobs
-from bashfleet.worker.engine.snapshots import snapshots
+from bashfleet.worker.engine.snapshots import snapshot_store, snapshots
 from bashfleet.worker.settings import Settings
 from bashfleet.worker.wire.models import ImageInfo, JobRecord
 
@@ -576,13 +576,13 @@ def collect_snapshots(settings: Settings, *, dry_run: bool) -> dict[str, int | l
     """Remove the snapshots past their TTL (or deleted) that nothing stands on any more,
     on this host and, for those it pushed, in the fleet's registry (`dry_run`: only say
     which); as `gc --json` prints it under `snapshots`."""
-    if not snapshots.snapshots_dir(settings).is_dir():
+    if not snapshot_store.snapshots_dir(settings).is_dir():
         return {"held": 0, "removed": []}
     if dry_run:
         chosen = [record.id for record in snapshots.collectable(settings)]
     else:
         chosen = [record.id for record in snapshots.collect(settings)]
-    return {"held": len(snapshots.local_records(settings)),
+    return {"held": len(snapshot_store.local_records(settings)),
             "remove" if dry_run else "removed": chosen}
 
 

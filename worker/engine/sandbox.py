@@ -556,16 +556,4 @@ def startup_problems(settings: Settings) -> tuple[list[str], list[str]]:
     return errors, warnings
 
 
-def warm(settings: Settings) -> None:
-    """Start the zygote and fill the throwaway pool now, so that the first call does not
-    wait for them (a command consumer calls this at start)."""
-    from bashfleet.worker.engine import workspaces  # noqa: PLC0415 - workspaces imports us
-
-    available, _ = availability(settings)
-    if host_default(settings.isolation, available) == "none":
-        return
-    with contextlib.suppress(OSError):
-        workspaces.throwaways.fill(settings)
-
-
 __all__ = ["SandboxError"]

@@ -9,9 +9,11 @@ for good (`bashfleet down` of a local fleet, a test's or a benchmark's cleanup) 
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import signal
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -99,9 +101,6 @@ def _holds_socket(pid: int, inodes: set[str]) -> bool:
 def main(argv: list[str] | None = None) -> int:
     """`python -m bashfleet.worker.engine.teardown STATE_DIR...`: `end_host` for each host state
     directory (what `bashfleet down` runs once the local fleet's workers stopped)."""
-    import argparse  # noqa: PLC0415
-    import sys  # noqa: PLC0415
-
     parser = argparse.ArgumentParser(prog="python -m bashfleet.worker.engine.teardown",
                                      description=main.__doc__)
     parser.add_argument("state_dirs", nargs="+", metavar="STATE_DIR",

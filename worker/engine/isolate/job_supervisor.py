@@ -18,11 +18,13 @@ appended to the output file. A job whose output passes the host's cap is stopped
 (group SIGTERM, grace, SIGKILL) with a notice before that line.
 """
 
+import fcntl
 import json
 import os
 import signal
 import subprocess
 import sys
+import termios
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -131,9 +133,6 @@ def _command_line(spec: dict[str, Any], fd_in_child: int | None = None) -> Comma
 
 def _ctty() -> None:
     """In the child (plain jobs on a PTY): its fd 0 becomes its controlling terminal."""
-    import fcntl  # noqa: PLC0415
-    import termios  # noqa: PLC0415
-
     fcntl.ioctl(0, termios.TIOCSCTTY, 0)
 
 

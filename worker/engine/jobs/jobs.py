@@ -32,7 +32,6 @@ from pathlib import Path
 from typing import Any
 
 from bashfleet.worker.engine import cgroups, isolate, procs, resources, sandbox
-from bashfleet.worker.engine import workspaces as ws
 from bashfleet.worker.engine.call_env import child_env
 from bashfleet.worker.engine.isolate import job_end, launcher
 from bashfleet.worker.engine.isolate.command_line import COMMAND_FD, CommandLine
@@ -51,6 +50,7 @@ from bashfleet.worker.engine.output.capture import read_slice
 from bashfleet.worker.engine.output.patterns import Pattern, caller_pattern, grep_lines
 from bashfleet.worker.engine.secrets import worker_redaction
 from bashfleet.worker.engine.startup import Startup
+from bashfleet.worker.engine.workspaces import keeper_calls
 from bashfleet.worker.settings import Settings, get_settings
 from bashfleet.worker.wire.models import (
     Call,
@@ -194,12 +194,12 @@ def _start_in_keeper(new: _NewJob, workspace: WorkspaceRecord) -> dict[str, Any]
                 "timeout_s": call.policy.background_timeout_s},
     }
     try:
-        conn = ws.connections.take(workspace)
+        conn = keeper_calls.connections.take(workspace)
         try:
             started = conn.start(request, [fds[0], fds[1], *(err or fds[1:2]), fds[2],
                                            *command_fds, fds[3]])
         finally:
-            ws.connections.give_back(workspace.id, conn)
+            keeper_calls.connections.give_back(workspace.id, conn)
     except OSError as exc:
         new.remove_outputs()
         if exc.filename == cwd:
@@ -381,7 +381,7 @@ def adopt_foreground(  # noqa: PLR0917 - public signature the fleet calls
         workspace=workspace.id if workspace is not None else None,
         ns_pid=ns_pid, ns_pgid=ns_pid,
     )
-    if isinstance(proc, ws.WorkspaceProcess):
+    if isinstance(proc, keeper_calls.WorkspaceProcess):
         if not _adopt_in_keeper(proc, call, settings, status):
             return None
         save_record(record, settings)
@@ -394,7 +394,7 @@ def adopt_foreground(  # noqa: PLR0917 - public signature the fleet calls
     return record
 
 
-def _adopt_in_keeper(proc: ws.WorkspaceProcess, call: Call, settings: Settings,
+def _adopt_in_keeper(proc: keeper_calls.WorkspaceProcess, call: Call, settings: Settings,
                      status: Path) -> bool:
     folder = os.open(status.parent, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
@@ -406,7 +406,7 @@ def _adopt_in_keeper(proc: ws.WorkspaceProcess, call: Call, settings: Settings,
     finally:
         os.close(folder)
     if adopted:
-        ws.connections.give_back(proc.record.id, proc.conn)  # free for the next call
+        keeper_calls.connections.give_back(proc.record.id, proc.conn)  # free for the next call
     return adopted
 
 

@@ -48,6 +48,7 @@ import logging
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import threading
 from collections.abc import Iterable, Sequence
@@ -57,6 +58,7 @@ from urllib.parse import urlsplit
 
 from bashfleet.worker.engine import isolate, procs
 from bashfleet.worker.engine.isolate import kernel, nft_helper
+from bashfleet.worker.engine.isolate.launcher import readable
 from bashfleet.worker.engine.memo import TimedMemo
 from bashfleet.worker.engine.network import usernet
 from bashfleet.worker.settings import Settings
@@ -402,8 +404,6 @@ def _resolve_entry(entry: str) -> list[str]:
         return [str(ipaddress.ip_network(entry, strict=False))]
     except ValueError:
         pass
-    import socket  # noqa: PLC0415
-
     try:
         infos = socket.getaddrinfo(entry, None)
     except OSError:
@@ -638,8 +638,6 @@ def start_guard(keeper_pid: int, ws_id: str, link: Link, policy: NetworkPolicy,
 def _guard_answer(ready_r: int) -> str:
     """What the guard said on its ready pipe: `ok`, `error: why`, or "" (nothing within
     TOOL_TIMEOUT_S, or it ended without a word)."""
-    from bashfleet.worker.engine.isolate.launcher import readable  # noqa: PLC0415
-
     if not readable(ready_r, TOOL_TIMEOUT_S):
         return ""
     return os.read(ready_r, 4096).decode("utf-8", "replace").strip()

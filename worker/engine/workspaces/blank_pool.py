@@ -19,7 +19,7 @@ from pathlib import Path
 from bashfleet.worker.engine import cgroups, id_slots, layout, procs, resources, sandbox
 from bashfleet.worker.engine.isolate import launcher
 from bashfleet.worker.engine.network import network
-from bashfleet.worker.engine.workspaces import lifecycle, making, visibility
+from bashfleet.worker.engine.workspaces import disk, visibility
 from bashfleet.worker.settings import Settings
 
 log = logging.getLogger("bashfleet.workspaces")
@@ -79,7 +79,7 @@ def _remove_when_free(path: Path) -> None:
     """Remove a blank's layers once its namespace (where they were mounted) is gone."""
     deadline = time.monotonic() + 10.0
     while True:
-        lifecycle.remove_tree(path)
+        disk.remove_tree(path)
         if not path.exists() or time.monotonic() > deadline:
             return
         time.sleep(0.05)  # the dead keeper's mounts are let go of a moment later
@@ -157,7 +157,7 @@ def make_blank(settings: Settings, net: str, *, prebuilt: bool = False) -> Blank
     """A blank keeper: forked by the zygote into new namespaces, in a cgroup of its own;
     on a host that gives workspaces ids of their own, with a slot of them, its user
     namespace made, and (`prebuilt`) the host's root in layers of its own mounted."""
-    making.ensure_dir(settings.workspaces_dir, 0o700)
+    disk.ensure_dir(settings.workspaces_dir, 0o700)
     name = f"blank-{uuid.uuid4().hex[:15]}"
     sock_path = str(settings.workspaces_dir / f"{name}.sock")
     note = settings.workspaces_dir / f"{name}.blank"
@@ -173,7 +173,7 @@ def make_blank(settings: Settings, net: str, *, prebuilt: bool = False) -> Blank
             spec["ids"] = {"uid": slot.uid, "gid": slot.gid, "count": id_slots.SLOT_SIZE}
             spec["slot"] = True
         if layers is not None and slot is not None:
-            making.make_layers(layers, slot, None)
+            disk.make_layers(layers, slot, None)
             spec["prebuild"] = layout.prebuild_steps(str(layers), visibility.host_entries())
         with contextlib.suppress(OSError):
             group = resources.blank_group(settings, f"ws-{name}")
@@ -182,7 +182,7 @@ def make_blank(settings: Settings, net: str, *, prebuilt: bool = False) -> Blank
         if slot is not None:
             slot.close()
         if layers is not None:
-            lifecycle.remove_tree(layers)
+            disk.remove_tree(layers)
         raise
     fds = group.procs_fds() if group is not None else []
     try:
@@ -196,7 +196,7 @@ def make_blank(settings: Settings, net: str, *, prebuilt: bool = False) -> Blank
         with contextlib.suppress(FileNotFoundError):
             os.unlink(sock_path)
         if layers is not None:
-            lifecycle.remove_tree(layers)
+            disk.remove_tree(layers)
         raise
     finally:
         listener.close()
