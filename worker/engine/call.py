@@ -32,7 +32,7 @@ from bashfleet.worker.engine.call_result import (
     with_state,
 )
 from bashfleet.worker.engine.environment import ChildEnv
-from bashfleet.worker.engine.isolate import launcher
+from bashfleet.worker.engine.isolate import launcher, proto
 from bashfleet.worker.engine.isolate.command_line import COMMAND_FD, CommandLine
 from bashfleet.worker.engine.jobs import interactive, jobs
 from bashfleet.worker.engine.memo import TimedMemo
@@ -466,7 +466,7 @@ class _Launch:
 
         # The keeper finds bash on the child's PATH in the workspace's view (which is not
         # the host's: a search here could find what the call cannot see).
-        request: dict[str, object] = {
+        request: proto.SpawnRequest = {
             "argv": line.argv, "cwd": self.cwd, "env": self.child.env,
             "targets": [0, 1, 2, launcher.STATE_FD, COMMAND_FD][: len(fds)],
             "output_cap": resources.output_cap(self.settings),

@@ -179,7 +179,7 @@ def _start_in_keeper(spec: dict[str, Any], out_fd: int,
     null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
     line = _command_line(spec, COMMAND_FD)
     command_fds = [line.fd] if line.fd is not None else []
-    request = {
+    request: proto.SpawnRequest = {
         "argv": line.argv, "cwd": spec["cwd"], "env": env, "ctty": ctty,
         "targets": [0, 1, 2, launcher.STATE_FD, *([COMMAND_FD] if command_fds else [])],
         "kill_grace_s": spec.get("kill_grace_s"),

@@ -353,7 +353,7 @@ class KeeperConnection:
             self.reusable = False
             raise
 
-    def start(self, request: Mapping[str, Any], fds: Sequence[int],
+    def start(self, request: proto.SpawnRequest, fds: Sequence[int],
               timeout: float = 10.0) -> Started:
         """Start a call (or a job: `request["job"]`); SandboxError when it could not."""
         self._send(b"C", request, fds)
@@ -388,7 +388,7 @@ class KeeperConnection:
         self.clean = body.get("clean")
         return int(body["status"])
 
-    def adopt(self, body: Mapping[str, Any], fds: Sequence[int], timeout: float = 10.0) -> bool:
+    def adopt(self, body: proto.AdoptRequest, fds: Sequence[int], timeout: float = 10.0) -> bool:
         """Make the running call a job whose end the keeper records; False when it ended
         first (its status is then the next message: `wait_status`)."""
         self._send(b"A", body, fds)

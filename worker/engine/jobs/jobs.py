@@ -33,7 +33,7 @@ from typing import Any
 
 from bashfleet.worker.engine import cgroups, isolate, procs, resources, sandbox
 from bashfleet.worker.engine.call_env import child_env
-from bashfleet.worker.engine.isolate import job_end, launcher
+from bashfleet.worker.engine.isolate import job_end, launcher, proto
 from bashfleet.worker.engine.isolate.command_line import COMMAND_FD, CommandLine
 from bashfleet.worker.engine.isolate.proto import CAP_MIN_WAIT_S, CapWatch, files_size
 from bashfleet.worker.engine.jobs.job_records import (
@@ -185,7 +185,7 @@ def _start_in_keeper(new: _NewJob, workspace: WorkspaceRecord) -> dict[str, Any]
     line = CommandLine([call.shell or "bash", *(["-l"] if call.login else [])], call.command,
                        fd_in_child=COMMAND_FD)
     command_fds = [line.fd] if line.fd is not None else []
-    request = {
+    request: proto.SpawnRequest = {
         "argv": line.argv, "cwd": cwd, "env": env,
         "targets": [0, 1, 2, launcher.STATE_FD, *([COMMAND_FD] if command_fds else [])],
         "output_cap": resources.output_cap(settings),
@@ -398,9 +398,9 @@ def _adopt_in_keeper(proc: keeper_calls.WorkspaceProcess, call: Call, settings: 
                      status: Path) -> bool:
     folder = os.open(status.parent, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        adopted = proc.conn.adopt({"status": status.name, "cap_mb": settings.limit_output_mb,
-                                   "timeout_s": None, "kill_grace_s": call.policy.kill_grace_s},
-                                  [folder])
+        adopted = proc.conn.adopt(proto.AdoptRequest(
+            status=status.name, cap_mb=settings.limit_output_mb, timeout_s=None,
+            kill_grace_s=call.policy.kill_grace_s), [folder])
     except OSError:
         adopted = False
     finally:
