@@ -28,7 +28,7 @@
     │                              also a TimeoutError
     ├── ImageError                 a host could not pull or remove an image (`kind`:
     │                              invalid reference, not_found, unavailable registry)
-    ├── SnapshotError              a snapshot could not be moved to another host through
+    ├── SnapshotMoveError          a snapshot could not be moved to another host through
     │                              the fleet's registry (`kind`: unavailable, invalid)
     └── WorkspaceFileError         a workspace's file operation failed on the file: also
         │                          the OSError a local one raises (`except OSError`)
@@ -63,7 +63,7 @@ __all__ = [
     "LimitReached",
     "OutputTooLarge",
     "SessionPinned",
-    "SnapshotError",
+    "SnapshotMoveError",
     "Unauthorized",
     "UnknownCall",
     "UnknownJob",
@@ -209,7 +209,7 @@ def image_error_for(kind: str, message: str, file: str | None = None) -> Bashfle
     return error_for(kind, message, file)
 
 
-class SnapshotError(BashfleetError):
+class SnapshotMoveError(BashfleetError):
     """A snapshot could not go to another host: `unavailable` (the fleet has no registry
     for snapshots, or it cannot be reached or refuses the host), `invalid` (what the
     registry holds is not the snapshot's layer)."""
@@ -220,9 +220,9 @@ class SnapshotError(BashfleetError):
 
 
 def snapshot_error_for(kind: str, message: str, file: str | None = None) -> BashfleetError:
-    """`error_for` for a snapshot's move: its registry's failures a SnapshotError."""
+    """`error_for` for a snapshot's move: its registry's failures a SnapshotMoveError."""
     if kind in ("unavailable", "invalid"):
-        return SnapshotError(kind, message)
+        return SnapshotMoveError(kind, message)
     if kind == "not_found":
         return UnknownSnapshot(message)
     return error_for(kind, message, file)

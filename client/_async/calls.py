@@ -20,7 +20,7 @@ import redis
 from bashfleet.client import shells
 from bashfleet.client._async import records
 from bashfleet.client._async.base import CLOSED, unreachable
-from bashfleet.client._async.concurrency import CANCELLED, AsyncSlot
+from bashfleet.client._async.concurrency import CANCELLATION_EXCEPTIONS, AsyncSlot
 from bashfleet.client._async.jobs import Jobs
 from bashfleet.client._async.replies import Answer
 from bashfleet.client._async.workspaces import Workspaces
@@ -196,7 +196,7 @@ class Calls(Workspaces, Jobs):
                 await self._send_call(call.call_id, where, message)
                 sent = True
                 return await self._wait_call(Pending(call.call_id, where), slot)
-            except CANCELLED:
+            except CANCELLATION_EXCEPTIONS:
                 if sent and not self._closing.is_set():  # (`close` cancelled it then)
                     # The caller gave up: so does the fleet (withdraw, or kill), before
                     # the caller's task ends (an event loop's shutdown waits for that).

@@ -23,7 +23,7 @@ T = TypeVar("T")
 
 #: What a waiting caller's cancellation raises (the blocking client has none: a thread
 #: cannot be cancelled from outside; `Fleet.cancel` from another thread is the way).
-CANCELLED: tuple[type[BaseException], ...] = (asyncio.CancelledError,)
+CANCELLATION_EXCEPTIONS: tuple[type[BaseException], ...] = (asyncio.CancelledError,)
 
 
 async def sleep(seconds: float) -> None:

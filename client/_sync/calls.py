@@ -51,7 +51,7 @@ from bashfleet.client._core.watch import (
 from bashfleet.client._core.workspaces import open_view
 from bashfleet.client._sync import records
 from bashfleet.client._sync.base import CLOSED, unreachable
-from bashfleet.client._sync.concurrency import CANCELLED, Slot
+from bashfleet.client._sync.concurrency import CANCELLATION_EXCEPTIONS, Slot
 from bashfleet.client._sync.jobs import Jobs
 from bashfleet.client._sync.replies import Answer
 from bashfleet.client._sync.workspaces import Workspaces
@@ -198,7 +198,7 @@ class Calls(Workspaces, Jobs):
                 self._send_call(call.call_id, where, message)
                 sent = True
                 return self._wait_call(Pending(call.call_id, where), slot)
-            except CANCELLED:
+            except CANCELLATION_EXCEPTIONS:
                 if sent and not self._closing.is_set():  # (`close` cancelled it then)
                     # The caller gave up: so does the fleet (withdraw, or kill), before
                     # the caller's task ends (an event loop's shutdown waits for that).

@@ -20,7 +20,7 @@ T = TypeVar("T")
 
 #: What a waiting caller's cancellation raises: nothing in the blocking client (a thread
 #: cannot be cancelled from outside; `Fleet.cancel` from another thread is the way).
-CANCELLED: tuple[type[BaseException], ...] = ()
+CANCELLATION_EXCEPTIONS: tuple[type[BaseException], ...] = ()
 
 #: How long `Tasks.stop` waits for each named thread (they end within a listen tick).
 STOP_WAIT_S = 2.0

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 from privilege import needs_root
 
-from bashfleet.client import Fleet, LimitReached, SnapshotError, UnknownSnapshot
+from bashfleet.client import Fleet, LimitReached, SnapshotMoveError, UnknownSnapshot
 from bashfleet.client.redis_server import RedisServer
 
 from .conftest import WorkerFactory, WorkerProcess
@@ -182,7 +182,7 @@ def test_a_host_with_no_registry_for_snapshots_or_a_dead_one_says_so(
     with Fleet(redis_server.url, owner=owner()) as fleet:
         with fleet.workspace(host="snp") as ws:  # no BASHFLEET_SNAPSHOT_REGISTRY there
             snap = ws.snapshot()
-            with pytest.raises(SnapshotError) as caught:
+            with pytest.raises(SnapshotMoveError) as caught:
                 fleet.workspace(snapshot=snap, host="snpb")
             assert caught.value.kind == "unavailable"
             assert "BASHFLEET_SNAPSHOT_REGISTRY" in str(caught.value)
@@ -190,7 +190,7 @@ def test_a_host_with_no_registry_for_snapshots_or_a_dead_one_says_so(
         with fleet.workspace(host="snpdown") as ws:
             ws.run("echo x > f")
             snap = ws.snapshot()
-            with pytest.raises(SnapshotError) as caught:
+            with pytest.raises(SnapshotMoveError) as caught:
                 fleet.workspace(snapshot=snap, host="snpa")
             assert caught.value.kind == "unavailable" and "127.0.0.1" in str(caught.value)
             assert not [s for s in fleet.snapshots() if s.pushed]

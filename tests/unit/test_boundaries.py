@@ -50,15 +50,16 @@ RULES = (
                                      f"{W}.fleet.celery_apps")),
     Rule("client", CELERY_LIBS,
          only_worker=(f"{W}.wire", f"{W}.settings", f"{W}.state_dir", f"{W}.fleet.connect")),
-    Rule("client/dialects", (*BROKER_LIBS, f"{C}.fleet", f"{C}.mcp_server")),
+    Rule("client/dialects", (*BROKER_LIBS, f"{C}.fleet", f"{C}.mcp_server",
+                             f"{C}.mcp_backend")),
     # The core decides, the I/O layer does: no Redis, no I/O layer, no front end.
     Rule("client/_core", (*BROKER_LIBS, f"{W}.fleet", f"{C}._async", f"{C}._sync",
                           f"{C}.fleet", f"{C}.aio", f"{C}.cli", f"{C}.mcp_server",
-                          f"{C}.dialects")),
+                          f"{C}.mcp_backend", f"{C}.dialects")),
     # The asyncio layer is the source the blocking one is generated from, never the
     # other way round (and neither reaches the front ends).
     Rule("client/_async", (f"{C}._sync", f"{C}.fleet", f"{C}.aio", f"{C}.cli",
-                           f"{C}.mcp_server")),
+                           f"{C}.mcp_server", f"{C}.mcp_backend")),
     # Where the state directory is: read by clients, so the standard library only.
     Rule("worker/state_dir.py", (*BROKER_LIBS, "pydantic", "pydantic_settings", "psutil",
                                  f"{W}.engine", f"{W}.fleet", f"{W}.settings", C)),

@@ -122,3 +122,39 @@ def test_the_audit_table_is_whole() -> None:
     rows = re.findall(r"^\| (\d+(?:\.\w+)?) \|", text, flags=re.M)
     assert {"1", "11", "20.1", "27.1", "28.5", "34.1", "34.20"} <= set(rows)
     assert len(rows) == len(set(rows)) >= 50
+
+
+#: A test a page names: `tests/…/test_x.py::test_y`, `test_x.py::test_y*`, or `::test_y`
+#: after a file named earlier in the same table cell (the name may end or start with `*`).
+TEST_REFERENCE = re.compile(r"((?:tests/[\w/]+/)?test_\w+\.py)?::(\*?\w+\*?)")
+
+
+def defined_tests(file_name: str) -> set[str] | None:
+    """The test functions of the test file `file_name` (a path under tests/, or a bare
+    name: every file of that name under tests/), or None when there is no such file."""
+    found = ([ROOT / file_name] if "/" in file_name
+             else list((ROOT / "tests").rglob(file_name)))
+    found = [path for path in found if path.is_file()]
+    if not found:
+        return None
+    return {node.name for path in found
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+            and node.name.startswith("test")}
+
+
+def test_every_test_the_pages_name_exists_where_they_say() -> None:
+    missing = []
+    for page in PAGES:
+        for line in page.read_text(encoding="utf-8").splitlines():
+            for cell in line.split("|"):
+                current: str | None = None
+                for file_name, name in TEST_REFERENCE.findall(cell):
+                    current = file_name or current
+                    if current is None:
+                        continue
+                    tests = defined_tests(current)
+                    pattern = re.compile(re.escape(name).replace(r"\*", r"\w*"))
+                    if tests is None or not any(pattern.fullmatch(t) for t in tests):
+                        missing.append(f"{page.name}: {current}::{name}")
+    assert not missing, "\n".join(missing)

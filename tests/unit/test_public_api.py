@@ -17,7 +17,7 @@ EXPECTED = {
     "bashfleet.client": {
         "AsyncFleet", "AsyncWorkspace", "BashfleetError", "CallNotRun", "CallRejected",
         "Fleet", "FleetUnavailable", "HostUnavailable", "ImageError", "LimitReached",
-        "OutputTooLarge", "RestoreResult", "Snapshot", "SnapshotError", "UnknownSnapshot",
+        "OutputTooLarge", "RestoreResult", "Snapshot", "SnapshotMoveError", "UnknownSnapshot",
         "SessionPinned", "Unauthorized", "UnknownCall", "UnknownJob", "UnknownWorkspace",
         "WaitTimeout", "WorkerError", "WorkerLost", "Workspace", "WorkspaceFileError",
     },

@@ -112,4 +112,5 @@ def test_the_hand_written_primitives_are_twins() -> None:
         if inspect.isclass(value):
             assert {m for m in vars(value) if not m.startswith("_")} == {
                 m for m in vars(twin) if not m.startswith("_")}, name
-    assert async_concurrency.CANCELLED and sync_concurrency.CANCELLED == ()
+    assert async_concurrency.CANCELLATION_EXCEPTIONS
+    assert sync_concurrency.CANCELLATION_EXCEPTIONS == ()
