@@ -21,7 +21,6 @@ import contextlib
 import os
 import re
 import signal
-import stat
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -111,16 +110,6 @@ class TerminalFilter:
             self.held = rest if len(rest) <= MAX_HELD else b""
             data = data[: unfinished.start()]
         return data
-
-
-def piped_stdin(fd: int = 0) -> bool:
-    """True when `fd` is a pipe, a socket or a file (data to forward), not a terminal,
-    /dev/null or closed."""
-    try:
-        mode = os.fstat(fd).st_mode
-    except OSError:
-        return False
-    return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or stat.S_ISREG(mode)
 
 
 @dataclass

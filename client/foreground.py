@@ -81,6 +81,16 @@ def stdin_kind() -> Literal["terminal", "pipe", "file", "none"]:
     return "file" if stat.S_ISREG(info.st_mode) and info.st_size > 0 else "none"
 
 
+def piped_stdin(fd: int = 0) -> bool:
+    """True when `fd` is a pipe, a socket or a file (data to forward), not a terminal,
+    /dev/null or closed."""
+    try:
+        mode = os.fstat(fd).st_mode
+    except OSError:
+        return False
+    return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or stat.S_ISREG(mode)
+
+
 STDIN_NOTICE = (
     "bashfleet: warning: the command's stdin is /dev/null on its host; {what} is not "
     "passed to it (put the data in a file on the host, or in the command)"

@@ -34,25 +34,8 @@ if [ ${#missing[@]} -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/nu
     echo "could not install ${missing[*]}; the tests that need them say so" >&2
 fi
 
-echo "== ruff"
-.venv/bin/ruff check .
-echo "== mypy --strict"
-.venv/bin/mypy
-# The frameworks' environments first: tests/integration/test_benchmarks.py runs
-# bench_environments with .venv-frameworks' interpreter (it drives inspect-ai).
-./scripts/frameworks.sh
-echo "== pytest: unit and integration (tests/e2e runs next, against the installed package)"
-# Exit code 5 (no tests collected) is a failure here, as any non-zero code is.
-.venv/bin/pytest --ignore=tests/e2e --ignore=tests/frameworks "$@"
-echo "== the framework adapters, each against its framework from PyPI (environments of their own)"
-.venv-frameworks/bin/pytest tests/frameworks --ignore=tests/frameworks/test_harbor.py -q
-# No .venv-harbor: scripts/frameworks.sh found no Python 3.12 in a run that is not root,
-# and said so.
-if [ -x .venv-harbor/bin/pytest ] || [ "$(id -u)" = 0 ]; then
-  .venv-harbor/bin/pytest tests/frameworks/test_harbor.py -q
-fi
-# The installed package on the newest Python this machine has (the suite above ran on
-# .venv's: the system's own where it is new enough, see bootstrap.sh).
+# The installed package's end-to-end tests run on the newest Python this machine has (the
+# suite runs on .venv's: the system's own where it is new enough, see bootstrap.sh).
 newest=""
 for version in 3.14 3.13 3.12; do
   for candidate in "$(command -v "python$version" 2>/dev/null || true)" \
@@ -63,5 +46,86 @@ for version in 3.14 3.13 3.12; do
     fi
   done
 done
-echo "== the end-to-end tests against the installed package ($("${newest:-.venv/bin/python}" --version))"
-PYTHON="${newest:-.venv/bin/python}" ./scripts/test_installed.sh -q
+newest="${newest:-.venv/bin/python}"
+
+# What waits on pip or on one core runs beside the tests, each in a session of its own
+# with its output in a log, shown when it is waited for: the frameworks' environments
+# (scripts/frameworks.sh) and the installed package's virtualenv (scripts/test_installed.sh
+# --prepare) beside pytest, ruff beside mypy. A part that fails still fails the run. The
+# parts still running when the run stops (a failure, ^C) are ended with it.
+parts=$(mktemp -d "${TMPDIR:-/tmp}/bashfleet-test.XXXXXX")
+declare -A part_pid=()
+end_parts() {
+  local pid
+  for pid in "${part_pid[@]}"; do
+    kill -- "-$pid" 2>/dev/null || true
+  done
+  wait 2>/dev/null || true
+  rm -rf "$parts"
+}
+trap end_parts EXIT
+start_part() {  # start_part NAME COMMAND...: NAME's exit status lands in $parts/NAME.status
+  local name=$1
+  shift
+  setsid bash -c '"${@:2}" >"$1.log" 2>&1; echo $? >"$1.status.new"; mv "$1.status.new" "$1.status"' \
+    _ "$parts/$name" "$@" &
+  part_pid[$name]=$!
+}
+finish_part() {  # finish_part NAME: wait for it, show its output, fail the run if it failed
+  local name=$1 status
+  wait "${part_pid[$name]}" || true
+  unset "part_pid[$name]"
+  cat "$parts/$name.log"
+  status=$(cat "$parts/$name.status" 2>/dev/null || echo 1)
+  if [ "$status" != 0 ]; then
+    echo "$name failed (exit status $status)" >&2
+    exit 1
+  fi
+}
+
+start_part frameworks ./scripts/frameworks.sh
+# tests/integration/test_benchmarks.py runs bench_environments with .venv-frameworks'
+# interpreter: that test runs last and waits for this file (tests/conftest.py).
+export BASHFLEET_TEST_FRAMEWORKS_STATUS="$parts/frameworks.status"
+installed="$parts/installed"
+mkdir "$installed"
+start_part installed env PYTHON="$newest" BASHFLEET_INSTALLED_WORK="$installed" \
+  ./scripts/test_installed.sh --prepare
+
+start_part ruff .venv/bin/ruff check .
+echo "== mypy --strict (ruff beside it)"
+mypy_status=0
+.venv/bin/mypy || mypy_status=$?
+echo "== ruff"
+finish_part ruff
+[ "$mypy_status" = 0 ] || exit "$mypy_status"
+# Exit code 5 (no tests collected) is a failure here, as any non-zero code is.
+pytest_status=0
+if [ $# -gt 0 ]; then
+  echo "== pytest $* (tests/e2e runs next, against the installed package)"
+  .venv/bin/pytest --ignore=tests/e2e --ignore=tests/frameworks "$@" || pytest_status=$?
+else
+  # The unit tests are pure and CPU-bound (hypothesis): on both cores (pytest-xdist), and
+  # first, beside the pip installs above. The rest start Redis servers and workers and
+  # run one at a time, on a quieter machine.
+  echo "== pytest: unit, on every core"
+  .venv/bin/pytest tests/unit -n auto || pytest_status=$?
+  echo "== pytest: integration and hardening (tests/e2e runs next, against the installed package)"
+  .venv/bin/pytest --ignore=tests/unit --ignore=tests/e2e --ignore=tests/frameworks ||
+    pytest_status=$?
+fi
+# Shown whatever pytest said: a test that waited for the frameworks' environment points here.
+echo "== the frameworks' environments (scripts/frameworks.sh, run beside pytest)"
+finish_part frameworks
+[ "$pytest_status" = 0 ] || exit "$pytest_status"
+echo "== the installed package's virtualenv (made beside pytest)"
+finish_part installed
+echo "== the framework adapters, each against its framework from PyPI (environments of their own)"
+.venv-frameworks/bin/pytest tests/frameworks --ignore=tests/frameworks/test_harbor.py -q
+# No .venv-harbor: scripts/frameworks.sh found no Python 3.12 in a run that is not root,
+# and said so.
+if [ -x .venv-harbor/bin/pytest ] || [ "$(id -u)" = 0 ]; then
+  .venv-harbor/bin/pytest tests/frameworks/test_harbor.py -q
+fi
+echo "== the end-to-end tests against the installed package ($("$newest" --version))"
+PYTHON="$newest" BASHFLEET_INSTALLED_WORK="$installed" ./scripts/test_installed.sh -q

@@ -6,27 +6,45 @@
 # packages imports from there, then runs tests/e2e (the CLI, `bashfleet up`, the MCP
 # server over stdio with the SDK's client) from a copy of the tests, with that
 # environment's `bashfleet`. Run by ./scripts/test.sh after the main suite.
+#
+#   scripts/test_installed.sh [PYTEST ARGS]   all of it, in a directory of its own
+#   BASHFLEET_INSTALLED_WORK=DIR scripts/test_installed.sh --prepare
+#                                             only the virtualenv, made in DIR (an empty
+#                                             directory the caller made and removes);
+#                                             ./scripts/test.sh makes it beside pytest
+#   BASHFLEET_INSTALLED_WORK=DIR scripts/test_installed.sh [PYTEST ARGS]
+#                                             the rest, with the virtualenv made in DIR
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$(pwd)
 python="${PYTHON:-python3}"
-work=$(mktemp -d "${TMPDIR:-/tmp}/bashfleet-installed.XXXXXX")
-trap 'rm -rf "$work"' EXIT
-
-# The Dockerfile's build context, file by file: `COPY SRC... DEST` lines (no --from).
-mkdir -p "$work/src"
-grep -E '^COPY ' deploy/Dockerfile | grep -v -- '--from' | while read -r _ args; do
-  read -ra parts <<<"$args"
-  for src in "${parts[@]:0:${#parts[@]}-1}"; do
-    cp -r "$src" "$work/src/"
-  done
-done
-find "$work/src" -name __pycache__ -prune -exec rm -rf {} +
-
-echo "== installed package: pip install . (the Dockerfile's files) into a fresh virtualenv"
-"$python" -m venv "$work/venv"
+work="${BASHFLEET_INSTALLED_WORK:-}"
+if [ -z "$work" ]; then
+  work=$(mktemp -d "${TMPDIR:-/tmp}/bashfleet-installed.XXXXXX")
+  trap 'rm -rf "$work"' EXIT
+fi
 pip=("$work/venv/bin/python" -m pip install --quiet --disable-pip-version-check)
-"${pip[@]}" "$work/src"
+
+# Made by --prepare: the package installed, and nothing else yet.
+if [ ! -f "$work/prepared" ]; then
+  # The Dockerfile's build context, file by file: `COPY SRC... DEST` lines (no --from).
+  mkdir -p "$work/src"
+  grep -E '^COPY ' deploy/Dockerfile | grep -v -- '--from' | while read -r _ args; do
+    read -ra parts <<<"$args"
+    for src in "${parts[@]:0:${#parts[@]}-1}"; do
+      cp -r "$src" "$work/src/"
+    done
+  done
+  find "$work/src" -name __pycache__ -prune -exec rm -rf {} +
+
+  echo "== installed package: pip install . (the Dockerfile's files) into a fresh virtualenv"
+  "$python" -m venv "$work/venv"
+  "${pip[@]}" "$work/src"
+  touch "$work/prepared"
+fi
+if [ "${1:-}" = --prepare ]; then
+  exit 0
+fi
 # The wheel alone, before any test tool lands beside it (pytest pulls `packaging`, which
 # once hid that kombu's Redis transport needs it): a local fleet starts from this
 # environment and runs a call through its worker.

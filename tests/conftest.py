@@ -28,6 +28,9 @@ import pytest
 pytest_plugins = ["privilege", "pytester"]
 
 TAG_VAR = "PYTEST_FLEET_SESSION_TAG"
+#: A file ./scripts/test.sh writes scripts/frameworks.sh's exit status to when it ends
+#: (it runs beside pytest); unset, .venv-frameworks is as it is.
+FRAMEWORKS_STATUS_VAR = "BASHFLEET_TEST_FRAMEWORKS_STATUS"
 _tag = os.environ.setdefault(TAG_VAR, uuid.uuid4().hex)
 _session_start = time.time()
 
@@ -37,9 +40,11 @@ def _hermetic_environment() -> None:
     state directory of the session's own (where `bashfleet up` records its fleet), set
     before anything reads the settings (`get_settings` is cached per process)."""
     for name in [n for n in os.environ if n.startswith("BASHFLEET_")]:
-        # The suite's own switches: the leak check's, read at its end, and an unprivileged
-        # run's (tests/privilege.py).
-        if name not in ("BASHFLEET_SKIP_LEAK_CHECK", "BASHFLEET_TEST_UNPRIVILEGED"):
+        # The suite's own switches: the leak check's, read at its end, an unprivileged
+        # run's (tests/privilege.py), and where ./scripts/test.sh says the frameworks'
+        # environment it makes beside pytest is ready (tests/integration/test_benchmarks.py).
+        if name not in ("BASHFLEET_SKIP_LEAK_CHECK", "BASHFLEET_TEST_UNPRIVILEGED",
+                        FRAMEWORKS_STATUS_VAR):
             del os.environ[name]
     state = tempfile.mkdtemp(prefix="bashfleet-tests-")
     atexit.register(shutil.rmtree, state, ignore_errors=True)
@@ -113,9 +118,20 @@ def _end_sandbox_pools() -> Iterator[None]:
         network.end_helper()
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tests that run with .venv-frameworks' interpreter run last: ./scripts/test.sh
+    makes that environment beside pytest, and they wait for it (the others need not)."""
+    items.sort(key=lambda item: item.get_closest_marker("frameworks_venv") is not None)
+
+
+@pytest.hookimpl(trylast=True)  # after pytest-xdist has ended its workers
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     del exitstatus
     if os.environ.get("BASHFLEET_SKIP_LEAK_CHECK") == "1":
+        return
+    # A pytest-xdist worker leaves the check to the session that started it: what the
+    # worker started carries the same tag, and its sibling workers would look leaked.
+    if hasattr(session.config, "workerinput"):
         return
     left = _settle(_session_start)
     if not left:

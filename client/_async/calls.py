@@ -15,8 +15,6 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-import redis
-
 from bashfleet.client import shells
 from bashfleet.client._async import records
 from bashfleet.client._async.base import CLOSED, unreachable
@@ -60,6 +58,7 @@ from bashfleet.client.errors import (
     UnknownJob,
     WorkerError,
 )
+from bashfleet.worker.fleet.connect import redis_errors
 from bashfleet.worker.wire import names
 from bashfleet.worker.wire.control import (
     MAX_READ_LIMIT,
@@ -176,7 +175,7 @@ class Calls(Workspaces, Jobs):
         if change:
             try:
                 await self._call(self._shells.commit, session, change)
-            except (FleetUnavailable, redis.RedisError) as exc:
+            except redis_errors(FleetUnavailable) as exc:
                 # The call ran: its result matters more than the session's next cwd.
                 log.warning("session %s: could not save its shell: %s", session, exc)
         return result
@@ -316,7 +315,7 @@ class Calls(Workspaces, Jobs):
             try:
                 await self._watch_pass()
                 outage.ended()
-            except (FleetUnavailable, redis.RedisError) as exc:
+            except redis_errors(FleetUnavailable) as exc:
                 if outage.outlasted(time.monotonic()):
                     self._fail_all(exc if isinstance(exc, FleetUnavailable) else
                                    unreachable(self.url, exc))

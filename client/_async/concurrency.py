@@ -13,11 +13,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from redis.asyncio.client import PubSub
+from bashfleet.worker.fleet.connect import Script
 
-from bashfleet.worker.fleet.connect import AsyncRedis, Script
+if TYPE_CHECKING:
+    from redis.asyncio.client import PubSub
+
+    from bashfleet.worker.fleet.connect import AsyncRedis
 
 T = TypeVar("T")
 

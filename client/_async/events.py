@@ -20,26 +20,27 @@ import logging
 import time
 from collections import deque
 from collections.abc import AsyncGenerator, Callable, Mapping
-
-import redis
+from typing import TYPE_CHECKING
 
 from bashfleet.client._async import records
 from bashfleet.client._async.concurrency import close_pubsub, open_pubsub, sleep
 from bashfleet.client._core.constants import CATCH_UP_BATCH, IDLE_TICK_S, RETRY_DELAYS_S, backoff
 from bashfleet.client._core.events import EventCursor
 from bashfleet.client.errors import FleetUnavailable
-from bashfleet.worker.fleet.connect import AsyncRedis
+from bashfleet.worker.fleet.connect import connection_errors
 from bashfleet.worker.wire import names
 from bashfleet.worker.wire.events import JobEvent
+
+if TYPE_CHECKING:
+    from bashfleet.worker.fleet.connect import AsyncRedis
 
 log = logging.getLogger("bashfleet.events")
 
 #: The Redis to listen to now, its URL as messages show it, and the keys that verify
 #: its fleet's events (asked again after every failed attempt: a local fleet brought
 #: down and up again has another address and other keys).
-Source = Callable[[], tuple[AsyncRedis, str, Mapping[str, str]]]
+Source = Callable[[], tuple["AsyncRedis", str, Mapping[str, str]]]
 
-_LISTEN_ERRORS = (redis.ConnectionError, redis.TimeoutError, OSError, FleetUnavailable)
 
 
 async def _catch_up(client: AsyncRedis, cursor: EventCursor) -> deque[JobEvent]:
@@ -82,7 +83,7 @@ async def follow(
                     yield None
                 elif (event := cursor.take_message(message)) is not None:
                     yield event
-        except _LISTEN_ERRORS as exc:
+        except connection_errors(OSError, FleetUnavailable) as exc:
             if away is None:
                 log.warning("job events: %s is unreachable (%s); still trying", where, exc)
                 away = where

@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import AsyncGenerator, Mapping
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from bashfleet.client._async import records
 from bashfleet.client._async.base import FleetBase, SentControl
@@ -36,7 +36,7 @@ from bashfleet.client.errors import (
     WaitTimeout,
     WorkerLost,
 )
-from bashfleet.worker.fleet.connect import AsyncRedis, async_redis_client, safe_url
+from bashfleet.worker.fleet.connect import async_redis_client, safe_url
 from bashfleet.worker.wire import names
 from bashfleet.worker.wire.control import (
     CheckRequest,
@@ -53,6 +53,9 @@ from bashfleet.worker.wire.control import (
 from bashfleet.worker.wire.events import EventKind, JobEvent, event_matches
 from bashfleet.worker.wire.models import CheckResult, JobView, OutputChunk, Truncation
 from bashfleet.worker.wire.records import readers_job
+
+if TYPE_CHECKING:
+    from bashfleet.worker.fleet.connect import AsyncRedis
 
 
 class Jobs(FleetBase):

@@ -13,9 +13,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, cast
-
-import redis
+from typing import TYPE_CHECKING, Any, cast
 
 from bashfleet.client._async.concurrency import run_script
 from bashfleet.client._core import records as core
@@ -23,10 +21,13 @@ from bashfleet.client._core.constants import CATCH_UP_BATCH, QUEUE_SCAN_LIMIT
 from bashfleet.client._core.routing import IdLookup
 from bashfleet.client._core.watch import WATCHED_FIELDS, waiting_ids
 from bashfleet.client._core.workspaces import QUOTA_KIND, SNAPSHOT_QUOTA_KIND
-from bashfleet.worker.fleet.connect import AsyncRedis, Script
+from bashfleet.worker.fleet.connect import Script, no_permission_errors
 from bashfleet.worker.wire import lua, names
 from bashfleet.worker.wire.models import HostInfo, JobView
 from bashfleet.worker.wire.names import CallState
+
+if TYPE_CHECKING:
+    from bashfleet.worker.fleet.connect import AsyncRedis
 
 SEND = Script(lua.SEND)
 WITHDRAW = Script(lua.WITHDRAW)
@@ -215,7 +216,7 @@ async def list_jobs(
         alive, *hashes = await pipe.execute()
     listing = core.job_listing(ids, hashes, host_alive=bool(alive), keys=keys)
     if listing.expired:
-        with contextlib.suppress(redis.exceptions.NoPermissionError):
+        with contextlib.suppress(*no_permission_errors()):
             await client.zrem(listing_key, *listing.expired)
     return listing.views
 

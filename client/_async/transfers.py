@@ -24,7 +24,6 @@ from typing import IO, TYPE_CHECKING, cast
 
 from bashfleet.client._async.concurrency import sleep
 from bashfleet.client.errors import WorkerError, WorkspaceFileError, error_for
-from bashfleet.worker.fleet.connect import AsyncRedis
 from bashfleet.worker.wire import names
 from bashfleet.worker.wire.auth import AuthError
 from bashfleet.worker.wire.control import TransferOutcome, TransferRequest, TransferStarted
@@ -32,6 +31,7 @@ from bashfleet.worker.wire.transfer import Reader, TransferBrokenError, Writer, 
 
 if TYPE_CHECKING:
     from bashfleet.client._async.fleet import AsyncFleet
+    from bashfleet.worker.fleet.connect import AsyncRedis
 
 #: Seconds one side waits for the other (a chunk, room on the list, the end).
 IDLE_S = 30.0

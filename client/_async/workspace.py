@@ -26,8 +26,6 @@ import tempfile
 from collections.abc import Iterable, Mapping
 from typing import IO, TYPE_CHECKING, Any, Literal, TypeVar
 
-import redis
-
 from bashfleet.client._async import transfers
 from bashfleet.client._core.messages import control_request
 from bashfleet.client._core.workspaces import (
@@ -38,6 +36,7 @@ from bashfleet.client._core.workspaces import (
     unpack_file,
 )
 from bashfleet.client.errors import CallRejected, FleetUnavailable, UnknownJob, UnknownWorkspace
+from bashfleet.worker.fleet.connect import connection_errors
 from bashfleet.worker.wire.control import (
     CheckRequest,
     FileChunk,
@@ -223,7 +222,7 @@ class AsyncWorkspace:
             return await transfers.send(self._fleet, self.host, request, pieces)
         except UnknownJob as exc:
             raise self._gone(exc) from None
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
+        except connection_errors() as exc:
             raise FleetUnavailable(f"Redis at {self._fleet.url} failed: {exc}") from None
 
     async def _receive(self, kind: Literal["file", "tree"], path: str, sink: IO[bytes]
@@ -234,7 +233,7 @@ class AsyncWorkspace:
             return await transfers.receive(self._fleet, self.host, request, sink)
         except UnknownJob as exc:
             raise self._gone(exc) from None
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
+        except connection_errors() as exc:
             raise FleetUnavailable(f"Redis at {self._fleet.url} failed: {exc}") from None
 
     def _gone(self, exc: UnknownJob) -> UnknownWorkspace:

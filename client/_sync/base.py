@@ -20,10 +20,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Concatenate, ParamSpec, Self, TypeVar
-
-import redis
-import redis.sentinel
+from typing import TYPE_CHECKING, Concatenate, ParamSpec, Self, TypeVar
 
 from bashfleet.client._core.constants import (
     CTL_TIMEOUT_S,
@@ -48,19 +45,29 @@ from bashfleet.client._sync.concurrency import (
 from bashfleet.client._sync.replies import Answer, Replies
 from bashfleet.client._sync.shells import ShellStore
 from bashfleet.client.errors import BashfleetError, FleetUnavailable, UnknownWorkspace, error_for
-from bashfleet.worker.fleet.connect import Redis, redis_client, safe_url
+from bashfleet.worker.fleet.connect import (
+    connection_errors,
+    no_primary_errors,
+    redis_client,
+    safe_url,
+)
 from bashfleet.worker.wire import names
 from bashfleet.worker.wire.control import CancelRequest, ControlRequest
 from bashfleet.worker.wire.models import HostInfo, Model, WorkspaceView
 from bashfleet.worker.wire.names import CallState
 
+if TYPE_CHECKING:
+    from bashfleet.worker.fleet.connect import Redis
+
 R = TypeVar("R", bound=Model)
 T = TypeVar("T")
 P = ParamSpec("P")
 
-_REDIS_ERRORS = (redis.ConnectionError, redis.TimeoutError, OSError)
-#: A Sentinel that knows no primary (or replica) by the URL's name.
-_NO_PRIMARY = (redis.sentinel.MasterNotFoundError, redis.sentinel.SlaveNotFoundError)
+
+def _redis_errors() -> tuple[type[BaseException], ...]:
+    """What a Redis that failed raises (asked when one is raised: the clients loaded
+    then, redis-py or the light one, are those that can raise)."""
+    return connection_errors(OSError)
 
 
 def unreachable(url: str, exc: BaseException) -> FleetUnavailable:
@@ -68,7 +75,7 @@ def unreachable(url: str, exc: BaseException) -> FleetUnavailable:
     no primary by that name is said so (redis-py's own message goes on with the repr of
     every sentinel's client, some 1,500 characters)."""
     reason = str(exc)
-    if isinstance(exc, _NO_PRIMARY):
+    if isinstance(exc, no_primary_errors()):
         reason = (reason.split(" : ", 1)[0]
                   + ": no sentinel answered for it (are they up, and do they monitor it?)")
     return FleetUnavailable(f"Redis at {url} is unreachable: {reason}")
@@ -156,7 +163,7 @@ class FleetBase:
         self._tasks.stop()
         clients = [self._redis, *(each for each, _ in self._event_clients.values())]
         for client in [*clients, *([self._chunks] if self._chunks is not None else [])]:
-            with contextlib.suppress(*_REDIS_ERRORS):
+            with contextlib.suppress(*_redis_errors()):
                 client.close()
 
     def __enter__(self) -> Self:
@@ -238,7 +245,7 @@ class FleetBase:
         with self._io:
             try:
                 return operation(self._redis, *args, **kwargs)
-            except _REDIS_ERRORS as exc:
+            except _redis_errors() as exc:
                 raise unreachable(self.url, exc) from None
 
     def _call(self, operation: Callable[P, T], *args: P.args,
@@ -254,7 +261,7 @@ class FleetBase:
         with self._io:
             try:
                 return operation(*args, **kwargs)
-            except _REDIS_ERRORS as exc:
+            except _redis_errors() as exc:
                 raise unreachable(self.url, exc) from None
 
     def _job_target(self, item_id: str) -> tuple[str, str]:

@@ -17,8 +17,6 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-import redis
-
 from bashfleet.client import shells
 from bashfleet.client._core.constants import FULL_OUTPUT_MAX_BYTES, WATCH_INTERVAL_S
 from bashfleet.client._core.messages import (
@@ -62,6 +60,7 @@ from bashfleet.client.errors import (
     UnknownJob,
     WorkerError,
 )
+from bashfleet.worker.fleet.connect import redis_errors
 from bashfleet.worker.wire import names
 from bashfleet.worker.wire.control import (
     MAX_READ_LIMIT,
@@ -178,7 +177,7 @@ class Calls(Workspaces, Jobs):
         if change:
             try:
                 self._call(self._shells.commit, session, change)
-            except (FleetUnavailable, redis.RedisError) as exc:
+            except redis_errors(FleetUnavailable) as exc:
                 # The call ran: its result matters more than the session's next cwd.
                 log.warning("session %s: could not save its shell: %s", session, exc)
         return result
@@ -318,7 +317,7 @@ class Calls(Workspaces, Jobs):
             try:
                 self._watch_pass()
                 outage.ended()
-            except (FleetUnavailable, redis.RedisError) as exc:
+            except redis_errors(FleetUnavailable) as exc:
                 if outage.outlasted(time.monotonic()):
                     self._fail_all(exc if isinstance(exc, FleetUnavailable) else
                                    unreachable(self.url, exc))

@@ -10,11 +10,14 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Generic, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
-from redis.client import PubSub
+from bashfleet.worker.fleet.connect import Script
 
-from bashfleet.worker.fleet.connect import Redis, Script
+if TYPE_CHECKING:
+    from redis.client import PubSub
+
+    from bashfleet.worker.fleet.connect import Redis
 
 T = TypeVar("T")
 
@@ -165,7 +168,7 @@ class LoopGuard:
 
 def open_pubsub(client: Redis) -> PubSub:
     """A pub/sub connection of `client`."""
-    return cast(PubSub, client.pubsub())  # type: ignore[no-untyped-call]
+    return cast("PubSub", client.pubsub())  # type: ignore[no-untyped-call]
 
 
 def close_pubsub(pubsub: PubSub) -> None:

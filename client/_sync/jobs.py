@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Generator, Mapping
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from bashfleet.client._core.constants import CTL_TIMEOUT_S, IDLE_TICK_S, TIMED_WAIT_TICK_S
 from bashfleet.client._core.events import EventCursor, job_matches
@@ -38,7 +38,7 @@ from bashfleet.client.errors import (
     WaitTimeout,
     WorkerLost,
 )
-from bashfleet.worker.fleet.connect import Redis, redis_client, safe_url
+from bashfleet.worker.fleet.connect import redis_client, safe_url
 from bashfleet.worker.wire import names
 from bashfleet.worker.wire.control import (
     CheckRequest,
@@ -55,6 +55,9 @@ from bashfleet.worker.wire.control import (
 from bashfleet.worker.wire.events import EventKind, JobEvent, event_matches
 from bashfleet.worker.wire.models import CheckResult, JobView, OutputChunk, Truncation
 from bashfleet.worker.wire.records import readers_job
+
+if TYPE_CHECKING:
+    from bashfleet.worker.fleet.connect import Redis
 
 
 class Jobs(FleetBase):

@@ -20,8 +20,7 @@ Written for asyncio; `client/_sync/replies.py` is generated from it by
 from __future__ import annotations
 
 import uuid
-
-import redis
+from typing import TYPE_CHECKING
 
 from bashfleet.client._core.constants import (
     LISTEN_TICK_S,
@@ -38,9 +37,12 @@ from bashfleet.client._sync.concurrency import (
     open_pubsub,
 )
 from bashfleet.client.errors import BashfleetError
-from bashfleet.worker.fleet.connect import Redis
+from bashfleet.worker.fleet.connect import redis_errors
 from bashfleet.worker.wire import names
 from bashfleet.worker.wire.models import CallResult
+
+if TYPE_CHECKING:
+    from bashfleet.worker.fleet.connect import Redis
 
 #: What a waiting call's slot gets: its answer as sent (sealed), or what the watch found
 #: (an error, or the result of a call withdrawn before it started).
@@ -49,7 +51,6 @@ Answer = str | BashfleetError | CallResult
 #: The listener's name among its client's background work.
 LISTENER = "bashfleet-replies"
 
-_LISTEN_ERRORS = (redis.RedisError, OSError, ValueError)
 
 
 class Replies:
@@ -102,7 +103,7 @@ class Replies:
             try:
                 self._serve_subscription()
                 attempt = 0
-            except _LISTEN_ERRORS:
+            except redis_errors(OSError, ValueError):
                 self.listening = False
                 self._first_attempt.set()
                 self._closed.wait(backoff(RETRY_DELAYS_S, attempt))

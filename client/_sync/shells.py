@@ -14,14 +14,17 @@ Written for asyncio; `client/_sync/shells.py` is generated from it by
 
 from __future__ import annotations
 
-import redis
+from typing import TYPE_CHECKING
 
 from bashfleet.client._core.seal import Seal, validate_session_id
 from bashfleet.client._sync.concurrency import multi, watch
 from bashfleet.client.shells import ShellChange, ShellState, apply_change
-from bashfleet.worker.fleet.connect import Redis
+from bashfleet.worker.fleet.connect import watch_errors
 from bashfleet.worker.wire import auth, names
 from bashfleet.worker.wire.names import shell_key
+
+if TYPE_CHECKING:
+    from bashfleet.worker.fleet.connect import Redis
 
 
 class ShellStore:
@@ -64,7 +67,7 @@ class ShellStore:
                     pipe.set(key, self._seal.encode(session_id, shell), ex=self._ttl_s)
                     pipe.execute()
                     return shell
-                except redis.WatchError:
+                except watch_errors():
                     continue
 
     def delete(self, session_id: str) -> None:

@@ -26,7 +26,6 @@ from typing import IO, TYPE_CHECKING, cast
 
 from bashfleet.client._sync.concurrency import sleep
 from bashfleet.client.errors import WorkerError, WorkspaceFileError, error_for
-from bashfleet.worker.fleet.connect import Redis
 from bashfleet.worker.wire import names
 from bashfleet.worker.wire.auth import AuthError
 from bashfleet.worker.wire.control import TransferOutcome, TransferRequest, TransferStarted
@@ -34,6 +33,7 @@ from bashfleet.worker.wire.transfer import Reader, TransferBrokenError, Writer, 
 
 if TYPE_CHECKING:
     from bashfleet.client._sync.fleet import Fleet
+    from bashfleet.worker.fleet.connect import Redis
 
 #: Seconds one side waits for the other (a chunk, room on the list, the end).
 IDLE_S = 30.0

@@ -28,8 +28,6 @@ import tempfile
 from collections.abc import Iterable, Mapping
 from typing import IO, TYPE_CHECKING, Any, Literal, TypeVar
 
-import redis
-
 from bashfleet.client._core.messages import control_request
 from bashfleet.client._core.workspaces import (
     FILE_CHUNK,
@@ -40,6 +38,7 @@ from bashfleet.client._core.workspaces import (
 )
 from bashfleet.client._sync import transfers
 from bashfleet.client.errors import CallRejected, FleetUnavailable, UnknownJob, UnknownWorkspace
+from bashfleet.worker.fleet.connect import connection_errors
 from bashfleet.worker.wire.control import (
     CheckRequest,
     FileChunk,
@@ -225,7 +224,7 @@ class Workspace:
             return transfers.send(self._fleet, self.host, request, pieces)
         except UnknownJob as exc:
             raise self._gone(exc) from None
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
+        except connection_errors() as exc:
             raise FleetUnavailable(f"Redis at {self._fleet.url} failed: {exc}") from None
 
     def _receive(self, kind: Literal["file", "tree"], path: str, sink: IO[bytes]
@@ -236,7 +235,7 @@ class Workspace:
             return transfers.receive(self._fleet, self.host, request, sink)
         except UnknownJob as exc:
             raise self._gone(exc) from None
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
+        except connection_errors() as exc:
             raise FleetUnavailable(f"Redis at {self._fleet.url} failed: {exc}") from None
 
     def _gone(self, exc: UnknownJob) -> UnknownWorkspace:

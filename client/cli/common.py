@@ -29,14 +29,22 @@ def print_json(data: Any) -> None:
     print(json.dumps(data, indent=2, default=str))
 
 
-def open_fleet() -> Fleet:
+def open_fleet(*, light: bool = False) -> Fleet:
     """The fleet client of a person's CLI: the admin key when one is configured (or the
     local fleet's), so `check`, `kill`, `output` and `ps --all` reach every owner's jobs.
-    NoFleet when none is configured (no URL and no `bashfleet up` running)."""
+    NoFleet when none is configured (no URL and no `bashfleet up` running).
+
+    `light`: talk to a `redis://` or `unix://` Redis through the light client
+    (`bashfleet.worker.fleet.resp`), not redis-py, whose import alone takes longer than
+    a call: for `run`, whose commands it speaks."""
     from bashfleet.client.fleet import Fleet, resolve_url  # noqa: PLC0415 - keep `--help` fast
 
     if not resolve_url():
         raise NoFleet(f"no fleet to talk to: {NO_FLEET_HINT}")
+    if light:
+        from bashfleet.worker.fleet.connect import use_light_client  # noqa: PLC0415
+
+        use_light_client()
     # No URL handed over: a client that found the local fleet finds it again where it
     # must (`bashfleet events` across a `down` and `up` hears the new fleet).
     return Fleet(admin=True)

@@ -17,11 +17,10 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, TextIO, cast
 
 from bashfleet.client import exit_status as statuses
-from bashfleet.client.cli import common, interactive, jobs
+from bashfleet.client.cli import common
 from bashfleet.client.cli.results import print_result
 from bashfleet.client.exit_status import SYSTEM_ERROR as EXIT_SYSTEM_ERROR
 from bashfleet.client.exit_status import USAGE as EXIT_USAGE
-from bashfleet.worker.wire.control import NO_LINE
 from bashfleet.worker.wire.models import (
     CallResult,
     CheckResult,
@@ -163,15 +162,22 @@ def _run_request(args: argparse.Namespace) -> RunRequest:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from bashfleet.client import attach  # noqa: PLC0415
-    from bashfleet.client.foreground import ForegroundRun, StdinWatch  # noqa: PLC0415
+    from bashfleet.client.foreground import (  # noqa: PLC0415
+        ForegroundRun,
+        StdinWatch,
+        piped_stdin,
+    )
 
     if args.image or args.build:
         return _run_in_new_workspace(args)
 
-    if args.tty or (not args.no_stdin and attach.piped_stdin()):
+    if args.tty or (not args.no_stdin and piped_stdin()):
+        # Loaded for these alone: a plain `run` needs neither the terminal relay nor the
+        # control requests it speaks.
+        from bashfleet.client.cli import interactive  # noqa: PLC0415
+
         return interactive.run_interactive(args, tty=args.tty)
-    fleet = common.open_fleet()
+    fleet = common.open_fleet(light=True)
     request = _run_request(args)
     if args.mode == "background":
         StdinWatch().check()
@@ -200,7 +206,7 @@ def _run_in_new_workspace(args: argparse.Namespace) -> int:
         print("bashfleet run: --image and --build make a workspace of their own: not with "
               "--workspace or --session", file=sys.stderr)
         return EXIT_USAGE
-    fleet = common.open_fleet()
+    fleet = common.open_fleet(light=True)
     workspace = fleet.workspace(host=args.host, image=args.image, build=args.build,
                                 user=args.user, isolation=args.isolation, network=args.network,
                                 ttl_s=RUN_IMAGE_TTL_S, build_network=args.build_network)
@@ -294,6 +300,10 @@ def _follow(
     `stderr`: the job keeps a separate stderr file (an auto-backgrounded call);
     `offsets`: where to start in each file (what following the call printed already).
     """
+    # Loaded only when a job is followed: a plain `run` checks no job.
+    from bashfleet.client.cli import jobs  # noqa: PLC0415
+    from bashfleet.worker.wire.control import NO_LINE  # noqa: PLC0415
+
     completion = re.compile(r"\n\n\[background process (?:completed|failed: [^\]\n]*)\]\n\Z")
     targets: list[tuple[Stream, TextIO]] = [("stdout", sys.stdout)]
     if stderr:

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from .conftest import wait_for
+
 REPO = Path(__file__).resolve().parents[2]
 
 #: Each benchmark and the first words of rows its table must hold.
@@ -54,11 +56,33 @@ BENCHMARKS = {
 
 
 #: Benchmarks that drive a framework run where it is installed: the frameworks'
-#: environment (./scripts/frameworks.sh makes it; ./scripts/test.sh runs that first).
+#: environment (./scripts/frameworks.sh makes it; ./scripts/test.sh runs that beside
+#: pytest, and these tests run last and wait for it).
 FRAMEWORK_PYTHON = {"bench_environments": REPO / ".venv-frameworks" / "bin" / "python"}
+
+#: A file ./scripts/test.sh writes scripts/frameworks.sh's exit status to when it ends
+#: (tests/conftest.py keeps this variable for the session).
+FRAMEWORKS_STATUS_VAR = "BASHFLEET_TEST_FRAMEWORKS_STATUS"
+#: How long a test of FRAMEWORK_PYTHON waits for scripts/frameworks.sh to end, at most.
+FRAMEWORKS_WAIT_S = 1200
+
+
+def _frameworks_ready() -> None:
+    """Wait for the frameworks' environment where ./scripts/test.sh is making it beside
+    pytest (it names the file the script's exit status lands in); fail if it failed."""
+    status_file = os.environ.get(FRAMEWORKS_STATUS_VAR)
+    if not status_file:
+        return
+    status = Path(status_file)
+    wait_for(status.exists, FRAMEWORKS_WAIT_S, "./scripts/frameworks.sh to end")
+    if status.read_text().strip() != "0":
+        pytest.fail("./scripts/frameworks.sh failed: ./scripts/test.sh shows its output "
+                    "after pytest")
 
 
 def _run_quick(module: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    if module in FRAMEWORK_PYTHON:
+        _frameworks_ready()
     python = FRAMEWORK_PYTHON.get(module, Path(sys.executable))
     if not python.exists():
         pytest.skip(f"{module} runs in {python.parents[1].name}: ./scripts/frameworks.sh "
@@ -71,9 +95,17 @@ def _run_quick(module: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
+def _benchmark_param(module: str) -> object:
+    """A bench's test, 300 s at most; one in the frameworks' environment runs last and
+    may first wait for that environment to be made."""
+    if module in FRAMEWORK_PYTHON:
+        return pytest.param(module, marks=[pytest.mark.frameworks_venv,
+                                           pytest.mark.timeout(300 + FRAMEWORKS_WAIT_S)])
+    return pytest.param(module, marks=pytest.mark.timeout(300))
+
+
 @pytest.mark.slow
-@pytest.mark.timeout(300)
-@pytest.mark.parametrize("module", sorted(BENCHMARKS))
+@pytest.mark.parametrize("module", [_benchmark_param(module) for module in sorted(BENCHMARKS)])
 def test_benchmark_runs_and_prints_its_table(module: str, tmp_path: Path) -> None:
     done = _run_quick(module, tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]

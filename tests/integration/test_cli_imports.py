@@ -1,5 +1,6 @@
 """What `bashfleet run` loads on its way to a real fleet and back: the fleet client, its
-wire models and redis, and nothing of the worker's side (Celery, the engine, the
+wire models and the light Redis client (not redis-py: its import alone outlasts the
+call), and nothing of the worker's side (Celery, the engine, the
 worker's settings, the supervisor), of the other commands (the MCP server, the dialects,
 the SWE-ReX server) or of `bashfleet up` (psutil). Checked with `python -X importtime`,
 which names every module the process imports; bench/bench_cli.py has the times.
@@ -19,13 +20,14 @@ from bashfleet.client.redis_server import RedisServer
 from .conftest import WorkerProcess
 
 #: What `run` may not load.
-NOT_ON_RUN = ("celery", "kombu", "vine", "psutil", "pydantic_settings", "mcp", "anyio",
+NOT_ON_RUN = ("redis", "celery", "kombu", "vine", "psutil", "pydantic_settings", "mcp", "anyio",
               "bashfleet.worker.engine", "bashfleet.worker.settings",
               "bashfleet.worker.fleet.tasks", "bashfleet.worker.fleet.registry",
               "bashfleet.worker.fleet.supervisor", "bashfleet.client.local",
               "bashfleet.client.mcp_server", "bashfleet.client.dialects",
               "bashfleet.client.integrations", "bashfleet.client.cli.workspaces",
-              "bashfleet.client.cli.agents")
+              "bashfleet.client.cli.agents", "bashfleet.client.cli.interactive",
+              "bashfleet.client.cli.jobs", "bashfleet.client.attach")
 
 #: The console script's own code (`bashfleet = "bashfleet.client.cli:main"`).
 ENTRY = "import sys; from bashfleet.client.cli import main; sys.exit(main())"
@@ -60,7 +62,7 @@ def test_run_loads_the_client_and_nothing_of_the_worker(
     else:
         modules = _run_imports(redis_server.url, "--host", host, "echo ran")
     # It did reach the fleet: the client and its wire were loaded...
-    assert {"bashfleet.client._sync.fleet", "bashfleet.worker.wire.models", "redis"} <= {
-        *modules}
+    assert {"bashfleet.client._sync.fleet", "bashfleet.worker.wire.models",
+            "bashfleet.worker.fleet.resp"} <= {*modules}
     # ...and nothing it does not use.
     assert [m for m in modules if any(_within(m, name) for name in NOT_ON_RUN)] == []

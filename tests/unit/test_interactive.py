@@ -11,7 +11,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bashfleet.client.attach import TerminalFilter, piped_stdin
+from bashfleet.client.attach import TerminalFilter
+from bashfleet.client.foreground import piped_stdin
 from bashfleet.worker.engine.jobs.interactive import _SYSCALLS, prompt_of, read_new, syscall_reads
 
 X86 = _SYSCALLS["x86_64"]

@@ -12,22 +12,94 @@ URL forms, are `bashfleet.worker.fleet.celery_apps`.
 from __future__ import annotations
 
 import hashlib
-import time
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
-import redis
-import redis.asyncio as aioredis
-import redis.asyncio.sentinel as aiosentinel
-import redis.sentinel
-
+from bashfleet.worker.fleet import resp
 from bashfleet.worker.wire import lua
 
-Redis = redis.Redis
-AsyncRedis = aioredis.Redis
+if TYPE_CHECKING:
+    import redis
+    import redis.asyncio as aioredis
+
+    Redis = redis.Redis
+    AsyncRedis = aioredis.Redis
+
 T = TypeVar("T")
+
+
+def __getattr__(name: str) -> Any:
+    """`Redis` and `AsyncRedis` (redis-py's client classes), loaded when first asked for:
+    a process that talks through the light client (`use_light_client`) never loads
+    redis-py, whose import alone outlasts a CLI's call."""
+    if name == "Redis":
+        import redis  # noqa: PLC0415
+
+        return redis.Redis
+    if name == "AsyncRedis":
+        import redis.asyncio  # noqa: PLC0415
+
+        return redis.asyncio.Redis
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+# --------------------------------------------------------------- the light client
+
+_light = False
+
+
+def use_light_client() -> None:
+    """From now, `redis_client` of a `redis://` or `unix://` URL is the light client
+    (`bashfleet.worker.fleet.resp`): for a short-lived process (the CLI) whose start
+    redis-py's import would double. TLS and Sentinel URLs keep redis-py."""
+    global _light  # noqa: PLW0603 - one switch a process sets once, before its clients
+    _light = True
+
+
+def _loaded(*names: str) -> list[Any]:
+    """redis-py's exception classes by name, when redis-py is loaded (else none: a
+    process that never loaded it can raise none of them)."""
+    module = sys.modules.get("redis.exceptions")
+    return [getattr(module, name) for name in names] if module is not None else []
+
+
+def connection_errors(*more: type[BaseException]) -> tuple[type[BaseException], ...]:
+    """What a Redis that cannot be reached raises, whichever client talks to it: the
+    light client's ConnectionError and TimeoutError (the built-in ones), and redis-py's;
+    and `more`, for an `except` that catches those too."""
+    return (ConnectionError, TimeoutError, *_loaded("ConnectionError", "TimeoutError"), *more)
+
+
+def redis_errors(*more: type[BaseException]) -> tuple[type[BaseException], ...]:
+    """Any error of a Redis command, whichever client sent it; and `more`."""
+    return (ConnectionError, TimeoutError, resp.ResponseError, *_loaded("RedisError"), *more)
+
+
+def watch_errors() -> tuple[type[BaseException], ...]:
+    """What a WATCH transaction raises when another client changed a watched key (only
+    redis-py runs those)."""
+    return tuple(_loaded("WatchError"))
+
+
+def no_permission_errors() -> tuple[type[BaseException], ...]:
+    """What a command the server's ACL refuses to this user raises."""
+    return (resp.NoPermissionError, *_loaded("NoPermissionError"))
+
+
+def no_primary_errors() -> tuple[type[BaseException], ...]:
+    """What a Sentinel that knows no primary (or replica) by the URL's name raises."""
+    module = sys.modules.get("redis.sentinel")
+    if module is None:
+        return ()
+    return (module.MasterNotFoundError, module.SlaveNotFoundError)
+
+
+def _no_script_errors() -> tuple[type[BaseException], ...]:
+    return (resp.NoScriptError, *_loaded("NoScriptError"))
+
 
 #: Seconds to connect to Redis before giving up (a client then says FleetUnavailable).
 CONNECT_TIMEOUT_S = 2.0
@@ -36,12 +108,27 @@ SOCKET_TIMEOUT_S = 10.0
 #: Idle connections are checked (PING) before reuse after this long.
 HEALTH_CHECK_INTERVAL_S = 30
 
+
 def redis_client(url: str, *, binary: bool = False) -> Redis:
     """A Redis client for the registry, replies and sessions (text replies; `binary`:
     bytes, for file transfers' chunks).
 
     `redis://`, `rediss://` (TLS), or `sentinel://` (`SentinelTarget`): a client of the
-    current primary, found again through the sentinels after a failover."""
+    current primary, found again through the sentinels after a failover. After
+    `use_light_client`, a `redis://` or `unix://` URL's client is the light one."""
+    if _light and urlsplit(url).scheme in resp.SCHEMES:
+        return cast("Redis", resp.LightRedis(
+            url, decode_responses=not binary, connect_timeout=CONNECT_TIMEOUT_S,
+            timeout=SOCKET_TIMEOUT_S, fallback=lambda: _redis_py_client(url, binary=binary)))
+    return _redis_py_client(url, binary=binary)
+
+
+def _redis_py_client(url: str, *, binary: bool) -> Redis:
+    import redis  # noqa: PLC0415 - see `__getattr__`
+    import redis.sentinel  # noqa: PLC0415
+
+    from bashfleet.worker.fleet.replicated import ReplicatedRedis  # noqa: PLC0415
+
     target = sentinel_target(url)
     if target is not None:
         sentinel = redis.sentinel.Sentinel(  # type: ignore[no-untyped-call]
@@ -51,7 +138,7 @@ def redis_client(url: str, *, binary: bool = False) -> Redis:
             target.master, redis_class=ReplicatedRedis,
             **{**_primary_kwargs(target), "decode_responses": not binary},
         )
-        return cast(Redis, primary)
+        return cast("Redis", primary)
     return redis.Redis.from_url(
         url, decode_responses=not binary, socket_connect_timeout=CONNECT_TIMEOUT_S,
         socket_timeout=SOCKET_TIMEOUT_S, health_check_interval=HEALTH_CHECK_INTERVAL_S,
@@ -183,34 +270,6 @@ def _masked(url: str) -> str:
 
 #: How long a write that must survive a failover waits for a replica to acknowledge it.
 REPLICA_ACK_TIMEOUT_MS = 200
-#: How long a primary's count of connected replicas is trusted.
-REPLICAS_TTL_S = 2.0
-
-
-class ReplicatedRedis(redis.Redis):
-    """A client of a primary behind Sentinel, which has replicas: the writes that decide
-    whether a command runs and what its caller is told (a call's claim and its end, an
-    answer) wait for a replica's acknowledgement (`Script.run_durable`), so a failover
-    to that replica keeps them. A claim lost in a failover would let the promoted replica
-    hand the same message out again: the command would run twice."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._replicas = (0, float("-inf"))
-
-    def connected_replicas(self) -> int:
-        """Replicas the primary has now (cached REPLICAS_TTL_S; 0 when it cannot say)."""
-        count, checked = self._replicas
-        now = time.monotonic()
-        if now - checked < REPLICAS_TTL_S:
-            return count
-        try:
-            role = self.execute_command("ROLE")  # type: ignore[no-untyped-call]
-            count = len(role[2]) if role and role[0] == "master" else 0
-        except redis.RedisError:
-            count = 0
-        self._replicas = (count, now)
-        return count
 
 
 def _sentinel_kwargs(target: SentinelTarget) -> dict[str, Any]:
@@ -236,12 +295,15 @@ def async_redis_client(url: str, *, binary: bool = False) -> AsyncRedis:
     """`redis_client` for asyncio (`bashfleet.client.aio.AsyncFleet`): the same URL forms and
     timeouts, text replies (`binary`: bytes). Bound to the event loop that first uses
     it."""
+    import redis.asyncio as aioredis  # noqa: PLC0415 - see `__getattr__`
+    import redis.asyncio.sentinel as aiosentinel  # noqa: PLC0415
+
     target = sentinel_target(url)
     if target is not None:
         sentinel = aiosentinel.Sentinel(  # type: ignore[no-untyped-call]
             list(target.sentinels), sentinel_kwargs=_sentinel_kwargs(target)
         )
-        return cast(AsyncRedis, sentinel.master_for(
+        return cast("AsyncRedis", sentinel.master_for(
             target.master, **{**_primary_kwargs(target), "decode_responses": not binary}))
     return aioredis.Redis.from_url(
         url, decode_responses=not binary, socket_connect_timeout=CONNECT_TIMEOUT_S,
@@ -264,7 +326,7 @@ class Script:
     def __call__(self, client: Redis, keys: list[str], args: list[object]) -> Any:
         try:
             return client.evalsha(self.sha, len(keys), *keys, *args)  # type: ignore[arg-type]
-        except redis.exceptions.NoScriptError:
+        except _no_script_errors():
             # Not loaded yet (or Redis restarted): EVAL runs it and caches it.
             return client.eval(self.source, len(keys), *keys, *args)  # type: ignore[arg-type]
 
@@ -273,6 +335,8 @@ class Script:
         one acknowledged the script's writes (WAIT, on the same connection: one pipeline,
         one round trip). A replica slower than REPLICA_ACK_TIMEOUT_MS is not waited for
         longer: the write stands, unacknowledged."""
+        from bashfleet.worker.fleet.replicated import ReplicatedRedis  # noqa: PLC0415
+
         if not isinstance(client, ReplicatedRedis) or client.connected_replicas() == 0:
             return self(client, keys, args)
         with client.pipeline(transaction=False) as pipe:
@@ -285,7 +349,7 @@ class Script:
         """`self(...)` on an asyncio client."""
         try:
             return await client.evalsha(self.sha, len(keys), *keys, *args)  # type: ignore[arg-type]
-        except redis.exceptions.NoScriptError:
+        except _no_script_errors():
             return await client.eval(self.source, len(keys), *keys, *args)  # type: ignore[arg-type]
 
 
@@ -302,7 +366,7 @@ def transaction(client: Redis, keys: list[str], body: Callable[[Any], T]) -> T:
                 value = body(pipe)
                 pipe.execute()
                 return value
-            except redis.WatchError:
+            except watch_errors():
                 continue
 
 

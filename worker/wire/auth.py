@@ -33,11 +33,12 @@ import os
 import secrets
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
-
-from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from typing import TYPE_CHECKING, Any
 
 from bashfleet.worker.wire.errors import ToolError
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 #: Version 2: the target queue is signed (version 1 named none: refused).
 VERSION = 2
@@ -266,6 +267,14 @@ _DATA_KEY_BYTES = 32
 _NONCE_BYTES = 12
 
 
+def _aead(data_key: bytes) -> AESGCM:
+    """AES-GCM under `data_key`. `cryptography` loads on first use: a process that opens
+    no locked value (a CLI's call whose answer is sealed, not locked) never loads it."""
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM  # noqa: PLC0415
+
+    return AESGCM(data_key)
+
+
 def _pad(key: str, purpose: str, name: str, nonce: bytes) -> bytes:
     """What a data key is XORed with for `key` (a PRF of a nonce used once)."""
     return hmac.new(key.encode(), f"wrap\n{purpose}\n{name}\n".encode() + nonce,
@@ -283,7 +292,7 @@ def lock(keys: Sequence[str], purpose: str, name: str, value: str) -> str:
     if not chosen:
         return f"{UNSEALED}:{UNSEALED}\n{value}"
     data_key, nonce = os.urandom(_DATA_KEY_BYTES), os.urandom(_NONCE_BYTES)
-    sealed = AESGCM(data_key).encrypt(nonce, value.encode("utf-8", "surrogatepass"),
+    sealed = _aead(data_key).encrypt(nonce, value.encode("utf-8", "surrogatepass"),
                                       f"{purpose}\n{name}".encode())
     body = base64.b64encode(nonce + sealed).decode()
     heads = []
@@ -341,7 +350,7 @@ def _open(key: str, purpose: str, name: str, wrap: str, body: str) -> str:
         nonce, sealed = raw[:_NONCE_BYTES], raw[_NONCE_BYTES:]
         data_key = bytes(a ^ b for a, b in zip(bytes.fromhex(wrap),
                                                _pad(key, purpose, name, nonce), strict=True))
-        plain = AESGCM(data_key).decrypt(nonce, sealed, f"{purpose}\n{name}".encode())
+        plain = _aead(data_key).decrypt(nonce, sealed, f"{purpose}\n{name}".encode())
     except Exception:
         raise AuthError("bad_signature", f"{purpose} that does not decrypt refused") from None
     return plain.decode("utf-8", "surrogatepass")
