@@ -35,7 +35,8 @@ from pathlib import Path
 import psutil
 
 from bashfleet.worker import Call, run_call
-from bashfleet.worker.engine import images, sandbox, workspaces
+from bashfleet.worker.engine import sandbox, workspaces
+from bashfleet.worker.engine.images import images
 from bashfleet.worker.settings import Settings
 from bashfleet.worker.wire.models import WorkspaceSpec
 

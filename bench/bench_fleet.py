@@ -32,6 +32,7 @@ from celery import Celery
 
 from bashfleet.client import Fleet
 from bashfleet.client.redis_server import RedisServer
+from bashfleet.worker.engine import isolate
 from bashfleet.worker.wire import names
 from bench import cleanup, redis_stats
 
@@ -174,7 +175,7 @@ def _sandbox_runners(since: float) -> list[psutil.Process]:
     for proc in psutil.process_iter(["ppid", "create_time", "cmdline"]):
         args = proc.info["cmdline"] or []
         if (proc.info["ppid"] == 1 and proc.info["create_time"] >= since
-                and any(arg.endswith("worker/engine/launcher.py") for arg in args)):
+                and isolate.runs(args, "launcher")):
             found.append(proc)
     return found
 

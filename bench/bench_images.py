@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from bashfleet.worker.engine import images
+from bashfleet.worker.engine.images import images
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 # The tests' registry and images: the one way to serve a registry on this machine.

@@ -37,6 +37,7 @@ import psutil
 
 from bashfleet.client import Fleet
 from bashfleet.client.redis_server import RedisServer
+from bashfleet.worker.engine import isolate
 from bashfleet.worker.wire.control import Collect
 from bench import cleanup
 from bench.bench_fleet import _pct, _process, _wait, worker_env
@@ -120,7 +121,7 @@ def session_memory(state: Path, jobs: list[str]) -> float:
     by_job: dict[str, list[psutil.Process]] = {job: [] for job in jobs}
     for proc in psutil.process_iter(["cmdline"]):
         line = " ".join(proc.info["cmdline"] or [])
-        if "job_supervisor.py" in line:
+        if isolate.runs(line.split(), "job_supervisor"):
             for job in jobs:
                 if job in line:
                     by_job[job].append(proc)

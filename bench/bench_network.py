@@ -31,7 +31,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from bashfleet.worker import Call, run_call
-from bashfleet.worker.engine import network, sandbox, workspaces
+from bashfleet.worker.engine import sandbox, workspaces
+from bashfleet.worker.engine.network import network
 from bashfleet.worker.settings import Settings
 from bashfleet.worker.wire.models import WorkspaceSpec
 from bench.bench_containers import Row, _ms, _ok, _print, _say

@@ -38,7 +38,7 @@ import redis
 
 from bashfleet.client import AsyncFleet, Fleet
 from bashfleet.client.redis_server import RedisServer
-from bashfleet.worker.engine import jobs as engine_jobs
+from bashfleet.worker.engine.jobs import jobs as engine_jobs
 from bashfleet.worker.settings import Settings
 from bashfleet.worker.wire import names
 from bashfleet.worker.wire.models import JobRecord

@@ -30,7 +30,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from bashfleet.worker import Call, run_call
-from bashfleet.worker.engine import layer_fs, sandbox, snapshots, workspaces
+from bashfleet.worker.engine import sandbox, workspaces
+from bashfleet.worker.engine.snapshots import layer_fs, snapshot_store, snapshots
 from bashfleet.worker.settings import Settings
 from bashfleet.worker.wire.models import WorkspaceRecord, WorkspaceSpec
 from bench.bench_containers import Row, _ok, _print, _say
@@ -81,13 +82,13 @@ def _settle(settings: Settings) -> None:
     """What a removal left the file system to do (XFS frees removed inodes, and their
     shared extents, in the background) done before the next measurement, on both file
     systems alike: `sync -f` (syncfs) waits for it."""
-    subprocess.run(["sync", "-f", str(snapshots.snapshots_dir(settings))], check=True)
+    subprocess.run(["sync", "-f", str(snapshot_store.snapshots_dir(settings))], check=True)
 
 
 def _cp(settings: Settings, ws: WorkspaceRecord, scratch: Path) -> float:
     """`cp -a` of the workspace's layers, into a directory of the same file system as
     its snapshots (the layers' own are copied, nothing paused, no ids shifted)."""
-    target = snapshots.snapshots_dir(settings) / f".cp-{uuid.uuid4().hex[:8]}"
+    target = snapshot_store.snapshots_dir(settings) / f".cp-{uuid.uuid4().hex[:8]}"
     target.mkdir(parents=True)
     layers = [str(src) for src, _ in snapshots.own_dirs(ws, settings)]
     started = time.perf_counter()
@@ -159,7 +160,7 @@ def measure(hosts: dict[str, Settings], sizes: dict[str, str], rounds: int,
             key = (fs, size)
             p50 = statistics.median(taken[key])
             rows.append((
-                f"snapshot of {size} ({fs}: {_fs(snapshots.snapshots_dir(settings))})",
+                f"snapshot of {size} ({fs}: {_fs(snapshot_store.snapshots_dir(settings))})",
                 f"{p50 * 1e3:.1f} ms (max {max(taken[key]) * 1e3:.1f})",
                 f"{statistics.median(copies[key]) * 1e3:.1f} ms cp -a of its layers",
                 f"<= {TARGETS_S[size] * 1e3:.0f} ms p50", _ok(p50 <= TARGETS_S[size])))

@@ -40,7 +40,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from bashfleet.worker.engine import snapshot_registry as snapshots
+from bashfleet.worker.engine.snapshots import snapshot_registry as snapshots
 from bashfleet.worker.settings import Settings
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))

@@ -35,7 +35,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from bashfleet.worker import Call, run_call
-from bashfleet.worker.engine import sandbox, snapshots, workspaces
+from bashfleet.worker.engine import sandbox, workspaces
+from bashfleet.worker.engine.snapshots import snapshot_store, snapshots
 from bashfleet.worker.fleet import snapshot_calls
 from bashfleet.worker.settings import Settings
 from bashfleet.worker.wire.models import WorkspaceSpec
@@ -101,7 +102,7 @@ def snapshot_rows(settings: Settings, count: int, base: Path) -> tuple[list[Row]
         if last:
             snapshots.remove(last, settings)
         last = record.id
-    size = snapshots.load(last, settings).bytes
+    size = snapshot_store.load(last, settings).bytes
     pause_p99 = _pct(paused, 0.99)
     rows = [
         (f"snapshot of {size / MIB:.0f} MiB of own changes", _ms(taken),
@@ -142,7 +143,7 @@ def fork_rows(settings: Settings, snap_id: str, count: int) -> list[Row]:
         for fork in sixteen:
             _run(settings, fork.id, "head -c 1048576 /dev/urandom > repo/mine")
         own = sum(workspaces.disk_bytes(fork, settings) for fork in sixteen)
-        snap_bytes = _du(snapshots.layer_path(settings, snap.id))
+        snap_bytes = _du(snapshot_store.layer_path(settings, snap.id))
     finally:
         for fork in sixteen:
             workspaces.delete(fork.id, settings)
@@ -161,26 +162,26 @@ def fork_rows(settings: Settings, snap_id: str, count: int) -> list[Row]:
 def across_row(settings: Settings, other: Settings, snap_id: str, count: int) -> Row:
     """Row 5: a workspace from the snapshot on another host, cold (its layer pulled from
     the registry and the workspace made there), against the registry pull alone."""
-    from bashfleet.worker.engine import snapshot_registry  # noqa: PLC0415 - only this row needs it
+    from bashfleet.worker.engine.snapshots import snapshot_registry  # noqa: PLC0415 - only this row needs it
 
-    record = snapshots.load(snap_id, settings)
+    record = snapshot_store.load(snap_id, settings)
     ref = snapshot_registry.snapshot_ref(settings, snap_id)
     assert ref is not None
-    digest = snapshot_registry.push(snapshots.layer_path(settings, snap_id), ref, settings)
+    digest = snapshot_registry.push(snapshot_store.layer_path(settings, snap_id), ref, settings)
     pinned = f"{ref.rsplit(':', 1)[0]}@{digest}"
     cold: list[float] = []
     pulls: list[float] = []
     for index in range(max(2, count // 3) * 2):
-        layer = snapshots.layer_path(other, snap_id)
+        layer = snapshot_store.layer_path(other, snap_id)
         shutil.rmtree(layer.parent, ignore_errors=True)
-        snapshots.record_path(other, snap_id).unlink(missing_ok=True)
+        snapshot_store.record_path(other, snap_id).unlink(missing_ok=True)
         layer.parent.mkdir(parents=True)
         started = time.perf_counter()
         snapshot_registry.pull(pinned, layer, other)
         if index % 2:
             pulls.append(time.perf_counter() - started)
             continue
-        snapshots.save(record.model_copy(update={"pushed": pinned}), other)
+        snapshot_store.save(record.model_copy(update={"pushed": pinned}), other)
         made = workspaces.create(WorkspaceSpec(snapshot=snap_id), other)
         cold.append(time.perf_counter() - started)
         workspaces.delete(made.id, other)

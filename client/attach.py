@@ -40,7 +40,7 @@ DETACH_KEY = b"\x1d"
 #: Longest a read waits for output before asking again (a long poll).
 POLL_S = 1.0
 #: Bytes of local input forwarded at a time: one write the host takes whole or not at all
-#: (`bashfleet.worker.engine.interactive.WRITE_CHUNK`), so a retry never sends anything twice.
+#: (`bashfleet.worker.engine.jobs.interactive.WRITE_CHUNK`), so a retry never sends anything twice.
 CHUNK = 32 * 1024
 #: A control string not terminated within this many bytes is dropped whole.
 MAX_HELD = 4096

@@ -94,7 +94,7 @@ if ! command -v bwrap >/dev/null; then
   echo "(sudo apt-get install bubblewrap, or run this script as root)" >&2
 fi
 
-# Workspaces' networks (worker/engine/network.py): a veth link each and nftables rules,
+# Workspaces' networks (worker/engine/network/network.py): a veth link each and nftables rules,
 # made by a root worker with iproute2's `ip`, nftables' `nft` and util-linux's `nsenter`.
 # Without them `egress` and `allow` are unavailable (workspaces get `none`).
 if ! command -v nft >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then

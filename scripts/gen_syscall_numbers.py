@@ -1,4 +1,4 @@
-"""Write worker/engine/syscall_numbers.py: system call numbers by name, for x86_64 and
+"""Write worker/engine/isolate/syscall_numbers.py: system call numbers by name, for x86_64 and
 aarch64, which the workspaces' seccomp filter is built from.
 
 Sources, all on a Debian build machine: x86_64 from the kernel's own header

@@ -113,7 +113,7 @@ def _end_sandbox_pools() -> Iterator[None]:
     pools = sys.modules.get("bashfleet.worker.engine.sandbox")
     if pools is not None:
         pools.close_all()
-    network = sys.modules.get("bashfleet.worker.engine.network")
+    network = sys.modules.get("bashfleet.worker.engine.network.network")
     if network is not None:
         network.end_helper()
 

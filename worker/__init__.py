@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from bashfleet.worker.engine.call import CallError, run_call
-    from bashfleet.worker.engine.jobs import (
+    from bashfleet.worker.engine.jobs.jobs import (
         JobError,
         check_job,
         kill_job,
@@ -88,11 +88,11 @@ __all__ = [
 _HOMES: dict[str, str] = {
     "CallError": "bashfleet.worker.engine.call",
     "run_call": "bashfleet.worker.engine.call",
-    "JobError": "bashfleet.worker.engine.jobs",
-    "check_job": "bashfleet.worker.engine.jobs",
-    "kill_job": "bashfleet.worker.engine.jobs",
-    "load_record": "bashfleet.worker.engine.jobs",
-    "local_records": "bashfleet.worker.engine.jobs",
+    "JobError": "bashfleet.worker.engine.jobs.jobs",
+    "check_job": "bashfleet.worker.engine.jobs.jobs",
+    "kill_job": "bashfleet.worker.engine.jobs.jobs",
+    "load_record": "bashfleet.worker.engine.jobs.jobs",
+    "local_records": "bashfleet.worker.engine.jobs.jobs",
     "Settings": "bashfleet.worker.settings",
     "get_settings": "bashfleet.worker.settings",
 }

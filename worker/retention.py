@@ -21,16 +21,16 @@ the oldest of the rest go until all known files take at most `max_bytes`. Never
 removed, whatever the limits:
 
 - a live job's files: its end is not recorded and its process (or one carrying its
-  marker) is alive (`bashfleet.worker.engine.jobs.is_running`); that covers an auto-backgrounded job
-  whose output goes to spill files, which a quiet job may not touch for days;
+  marker) is alive (`bashfleet.worker.engine.jobs.jobs.is_running`); that covers an
+  auto-backgrounded job whose output goes to spill files, which a quiet job may not touch for days;
 - the spill files of a running foreground call (it has a running-call file, see
   `bashfleet.worker.fleet.recovery`), however old their modification time: a quiet `sleep 3600`
   writes nothing for an hour;
 - any group with a file modified within `min_age_s`: a call or job that is starting
   (its files exist before its records do) or still writing.
 
-Images (`bashfleet.worker.engine.images`) are collected by the same command, by their own limits
-(`images_max_age_s`, `images_max_bytes`): never one a workspace record of the host names,
+Images (`bashfleet.worker.engine.images.images`) are collected by the same command, by their own
+limits (`images_max_age_s`, `images_max_bytes`): never one a workspace record of the host names,
 nor one used within `min_age_s`; then the least recently used over the size cap.
 
 `scan()` takes the snapshot of this host; `execute()` removes a plan's files, checking
@@ -56,8 +56,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from bashfleet.worker.engine import images, jobs, running, snapshots
-from bashfleet.worker.engine.image_meta import last_used, to_collect
+from bashfleet.worker.engine import running
+from bashfleet.worker.engine.images import images
+from bashfleet.worker.engine.images.image_meta import last_used, to_collect
+from bashfleet.worker.engine.jobs import jobs
+from bashfleet.worker.engine.snapshots import snapshot_store, snapshots
 from bashfleet.worker.settings import Settings
 from bashfleet.worker.wire.models import ImageInfo, JobRecord
 
@@ -573,13 +576,13 @@ def collect_snapshots(settings: Settings, *, dry_run: bool) -> dict[str, int | l
     """Remove the snapshots past their TTL (or deleted) that nothing stands on any more,
     on this host and, for those it pushed, in the fleet's registry (`dry_run`: only say
     which); as `gc --json` prints it under `snapshots`."""
-    if not snapshots.snapshots_dir(settings).is_dir():
+    if not snapshot_store.snapshots_dir(settings).is_dir():
         return {"held": 0, "removed": []}
     if dry_run:
         chosen = [record.id for record in snapshots.collectable(settings)]
     else:
         chosen = [record.id for record in snapshots.collect(settings)]
-    return {"held": len(snapshots.local_records(settings)),
+    return {"held": len(snapshot_store.local_records(settings)),
             "remove" if dry_run else "removed": chosen}
 
 

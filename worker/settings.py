@@ -127,7 +127,7 @@ class Settings(BaseSettings):
     `process`, and `bashfleet worker` refuses to start where it cannot work (only the
     local `bashfleet up` falls back to `none`, saying so)."""
     seccomp: Literal["default", "unconfined"] = "default"
-    """The system call filter of sandboxed calls (`bashfleet.worker.engine.syscall_filter`):
+    """The system call filter of sandboxed calls (`bashfleet.worker.engine.isolate.syscall_filter`):
     `default`: containers-common's default profile (podman's), keyctl also refused, EPERM
     for what it refuses; `unconfined`: none. `bashfleet hosts` shows it."""
     bwrap: str = "bwrap"

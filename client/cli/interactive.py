@@ -10,7 +10,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from bashfleet.client import exit_status as statuses
-from bashfleet.client.cli import common, run
+from bashfleet.client.cli import common, results
 from bashfleet.client.exit_status import USAGE as EXIT_USAGE
 from bashfleet.worker.wire.control import SessionOutput
 
@@ -50,7 +50,7 @@ def run_interactive(args: argparse.Namespace, *, tty: bool) -> int:
         check=False,
     )
     if result.job is None:
-        run.print_result(result)
+        results.print_result(result)
         return statuses.of_call(result)
     try:
         if tty:

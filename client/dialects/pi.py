@@ -7,7 +7,7 @@ with `Blocked: ...` and the original command. Output keeps its last 50 KB (never
 splitting a UTF-8 character, and from a whole line's start unless the last line alone is
 larger); the full output is kept as an artifact.
 
-Interception rules: pi's defaults live with the worker (`bashfleet.worker.engine.normalize`),
+Interception rules: pi's defaults live with the worker (`bashfleet.worker.engine.output.normalize`),
 which the client may not import, so this dialect takes its rules as a constructor argument and
 has none by default; whoever builds the dialect for a pi agent passes the rules and the
 agent's tool names (`PiDialect(intercept=rules, available_tools=("read", "grep", ...))`).

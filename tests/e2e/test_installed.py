@@ -33,7 +33,7 @@ def test_every_module_of_the_installed_packages_imports() -> None:
     # The rooms and the modules every deployment needs are all there.
     for expected in (
         "bashfleet.client.dialects.claude", "bashfleet.client.mcp_server",
-        "bashfleet.worker.wire.control", "bashfleet.worker.engine.job_supervisor",
+        "bashfleet.worker.wire.control", "bashfleet.worker.engine.isolate.job_supervisor",
         "bashfleet.worker.fleet.supervisor", "bashfleet.worker.fleet.consumer",
     ):
         assert expected in modules

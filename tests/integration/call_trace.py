@@ -61,7 +61,7 @@ def _profile(frame, event, arg):
         return
     if event == "call" and name.startswith("bashfleet."):
         modules.add(name)
-        if code.co_name == "send" and name.endswith("engine.proto"):
+        if code.co_name == "send" and name.endswith("engine.isolate.proto"):
             chain = []
             f = frame
             while f is not None:

@@ -27,7 +27,8 @@ import redis
 from bashfleet.client import BashfleetError, Fleet, records
 from bashfleet.client._core.messages import open_reply
 from bashfleet.client.redis_server import RedisServer
-from bashfleet.worker.engine import jobs, procs, workspaces
+from bashfleet.worker.engine import procs, workspaces
+from bashfleet.worker.engine.jobs import jobs
 from bashfleet.worker.settings import Settings
 from bashfleet.worker.wire import auth
 from bashfleet.worker.wire.messages import task_message

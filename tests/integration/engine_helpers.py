@@ -32,7 +32,7 @@ import psutil
 import pytest
 
 from bashfleet.worker import Call, CallResult, JobHandle, Policy, Settings, run_call
-from bashfleet.worker.engine import sandbox, workspaces
+from bashfleet.worker.engine import isolate, sandbox, workspaces
 from bashfleet.worker.engine.environment import MARKER_VAR
 from bashfleet.worker.engine.watcher import CallWatcher, Spawned, Unwatched
 from bashfleet.worker.wire.models import WorkspaceRecord, WorkspaceSpec
@@ -417,7 +417,7 @@ def keepers_under(directory: Path) -> list[int]:
     found = []
     for pid in _all_pids():
         with contextlib.suppress(OSError):
-            if b"launcher.py" not in Path(f"/proc/{pid}/cmdline").read_bytes():
+            if not isolate.runs(Path(f"/proc/{pid}/cmdline").read_bytes(), "launcher"):
                 continue
             if needle in Path(f"/proc/{pid}/mountinfo").read_text() and alive(pid):
                 found.append(pid)

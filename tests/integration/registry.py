@@ -36,7 +36,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from bashfleet.worker.engine.image_meta import host_platform
+from bashfleet.worker.engine.images.image_meta import host_platform
 from bashfleet.worker.settings import Settings
 
 #: Where the test images are kept between runs; bump RECIPE when the recipe changes.

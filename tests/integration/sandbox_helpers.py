@@ -10,7 +10,7 @@ import pytest
 
 from bashfleet import worker
 from bashfleet.worker.engine import sandbox, workspaces
-from bashfleet.worker.engine.jobs import check_job, load_record
+from bashfleet.worker.engine.jobs.jobs import check_job, load_record
 from bashfleet.worker.settings import Settings
 from bashfleet.worker.wire.models import CheckResult, Policy, WorkspaceRecord, WorkspaceSpec
 

@@ -23,9 +23,10 @@ import redis
 from privilege import needs_root
 
 from bashfleet.client.redis_server import RedisServer
-from bashfleet.worker.engine import image_tools as tools
-from bashfleet.worker.engine import images, workspaces
-from bashfleet.worker.engine.image_meta import ImageError
+from bashfleet.worker.engine import workspaces
+from bashfleet.worker.engine.images import image_tools as tools
+from bashfleet.worker.engine.images import images
+from bashfleet.worker.engine.images.image_meta import ImageError
 from bashfleet.worker.settings import Settings
 from bashfleet.worker.wire.models import WorkspaceSpec
 from bashfleet.worker.wire.network import NetworkPolicy

@@ -48,7 +48,7 @@ def test_one_call_stays_within_its_hop_and_module_budgets(
     assert len(worker_trace["paths"]) == 1, worker_trace
     worker_path = worker_trace["paths"][0]
     assert worker_path[0].endswith("fleet.tasks:handle_exec"), worker_path
-    assert worker_path[-1].endswith("engine.proto:send"), worker_path
+    assert worker_path[-1].endswith("engine.isolate.proto:send"), worker_path
     said = call_trace.path_lines(client.paths[0], worker_path)
     assert len(client.paths[0]) <= FRAME_BUDGET, said
     assert len(worker_path) <= FRAME_BUDGET, said

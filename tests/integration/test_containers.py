@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from privilege import needs_root
 
-from bashfleet.worker.engine import ids, sandbox, workspaces
+from bashfleet.worker.engine import id_slots, sandbox, workspaces
 from bashfleet.worker.wire.models import WorkspaceSpec
 
 from .engine_helpers import (
@@ -93,8 +93,8 @@ def test_calls_are_root_inside_and_an_id_of_their_workspace_outside(multi: Engin
                                owner=record.owner)
             uid, line = result.stdout.splitlines()
             inside, outside, count = map(int, line.split())
-            assert (uid, inside, count) == ("0", 0, ids.SLOT_SIZE)
-            assert record.ids == (outside, ids.SLOT_SIZE)
+            assert (uid, inside, count) == ("0", 0, id_slots.SLOT_SIZE)
+            assert record.ids == (outside, id_slots.SLOT_SIZE)
             maps.append(range(outside, outside + count))
         run_uid = sandbox.run_user(multi.settings)
         assert run_uid is not None
@@ -389,7 +389,7 @@ def test_id_slots_are_freed_when_their_keeper_ends(multi: Engine) -> None:
     uid = gid = record.ids[0]
 
     def locked() -> bool:
-        return ids.held(uid, gid, lock_dir=multi.settings.id_lock_dir)
+        return id_slots.held(uid, gid, lock_dir=multi.settings.id_lock_dir)
 
     assert locked()  # held by the keeper
     assert record.keeper_pid is not None

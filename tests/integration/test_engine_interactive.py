@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from bashfleet.worker.engine import interactive, jobs
+from bashfleet.worker.engine.jobs import interactive, jobs
 from bashfleet.worker.wire.control import Collect
 from bashfleet.worker.wire.models import CallResult, JobRecord, Policy
 

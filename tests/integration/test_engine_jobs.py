@@ -24,7 +24,7 @@ from bashfleet.worker import (
     load_record,
     local_records,
 )
-from bashfleet.worker.engine import workspaces
+from bashfleet.worker.engine import isolate, workspaces
 
 from .engine_helpers import (
     Engine,
@@ -314,7 +314,7 @@ def test_job_that_ends_unwatched_reports_unknown_status(plain_engine: Engine) ->
     # Its supervisor: our child.
     supervisors = [
         child.pid for child in psutil.Process().children()
-        if "job_supervisor.py" in " ".join(child.cmdline())
+        if isolate.runs(child.cmdline(), "job_supervisor")
     ]
     assert len(supervisors) == 1, supervisors
     supervisor = supervisors[0]

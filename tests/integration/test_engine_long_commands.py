@@ -7,7 +7,7 @@ import pytest
 
 from bashfleet.client import Fleet
 from bashfleet.worker import CheckResult, check_job, load_record
-from bashfleet.worker.engine.command_line import ARGUMENT_MAX
+from bashfleet.worker.engine.isolate.command_line import ARGUMENT_MAX
 from bashfleet.worker.wire.models import MAX_COMMAND_BYTES
 
 from .conftest import WorkerProcess

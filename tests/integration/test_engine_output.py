@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from bashfleet.worker import ByteTail, CharCap, Middle, Policy, TailLines
-from bashfleet.worker.engine import truncate
-from bashfleet.worker.engine.sanitize import sanitize
+from bashfleet.worker.engine.output import truncate
+from bashfleet.worker.engine.output.sanitize import sanitize
 from bashfleet.worker.wire.models import Truncation
 
 from .engine_helpers import (

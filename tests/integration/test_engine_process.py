@@ -13,8 +13,9 @@ import psutil
 import pytest
 
 from bashfleet.worker import InterceptRule, Policy
-from bashfleet.worker.engine import launcher, sandbox, workspaces
+from bashfleet.worker.engine import isolate, sandbox, workspaces
 from bashfleet.worker.engine.environment import MARKER_VAR
+from bashfleet.worker.engine.isolate import launcher
 
 from .engine_helpers import (
     DEADLINE_S,
@@ -330,7 +331,7 @@ def _end_adopted_keepers() -> None:
     subreaper), the workspaces' as well as the probe's."""
     for child in psutil.Process().children():
         with contextlib.suppress(psutil.Error):
-            if "launcher.py" in " ".join(child.cmdline()):
+            if isolate.runs(child.cmdline(), "launcher"):
                 child.kill()
                 child.wait(DEADLINE_S)
 

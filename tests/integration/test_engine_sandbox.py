@@ -23,9 +23,10 @@ import pytest
 from privilege import require_root
 
 from bashfleet import worker
-from bashfleet.worker.engine import launcher, sandbox, workspaces
+from bashfleet.worker.engine import sandbox, workspaces
 from bashfleet.worker.engine.call import run_call
-from bashfleet.worker.engine.jobs import check_job, load_record
+from bashfleet.worker.engine.isolate import launcher
+from bashfleet.worker.engine.jobs.jobs import check_job, load_record
 from bashfleet.worker.settings import Settings
 from bashfleet.worker.wire.models import Call, Policy, WorkspaceSpec
 
@@ -115,9 +116,9 @@ def test_20_1_secret_files_are_unreachable_whatever_the_encoding(
 def test_20_3_no_call_can_change_the_installed_package_or_the_host(
     tmp_path: Path, janitor: Janitor, level: str
 ) -> None:
-    # The attack: a call (root, host writable) rewrote worker/engine/job_supervisor.py;
+    # The attack: a call (root, host writable) rewrote worker/engine/isolate/job_supervisor.py;
     # the next job's supervisor ran that code outside any sandbox.
-    target = Path(worker.__file__).parent / "engine" / "job_supervisor.py"
+    target = Path(worker.__file__).parent / "engine" / "isolate" / "job_supervisor.py"
     before = target.read_bytes()
     with engine_with(tmp_path, janitor, isolation=level) as engine:
         multi = sandbox.host_ids(engine.settings) is not None

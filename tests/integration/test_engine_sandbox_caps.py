@@ -23,8 +23,9 @@ import pytest
 from privilege import needs_root
 from pydantic import ValidationError
 
-from bashfleet.worker.engine import launcher, sandbox, workspaces
-from bashfleet.worker.engine.jobs import load_record
+from bashfleet.worker.engine import sandbox, workspaces
+from bashfleet.worker.engine.isolate import launcher
+from bashfleet.worker.engine.jobs.jobs import load_record
 from bashfleet.worker.settings import Settings
 
 from .engine_helpers import (

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from bashfleet.worker import check_job, load_record
-from bashfleet.worker.engine.capture import read_slice
-from bashfleet.worker.engine.sanitize import REDACTED
+from bashfleet.worker.engine.output.capture import read_slice
+from bashfleet.worker.engine.output.sanitize import REDACTED
 from bashfleet.worker.engine.secrets import redaction_pattern
 
 from .engine_helpers import (

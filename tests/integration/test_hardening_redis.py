@@ -26,7 +26,7 @@ import redis
 from bashfleet.client import Fleet, records
 from bashfleet.client.errors import FleetUnavailable, HostUnavailable, WorkerLost
 from bashfleet.client.redis_server import RedisServer
-from bashfleet.worker.engine import jobs
+from bashfleet.worker.engine.jobs import jobs
 from bashfleet.worker.fleet import registry
 from bashfleet.worker.settings import Settings
 from bashfleet.worker.wire import auth, names

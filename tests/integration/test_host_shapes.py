@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 from privilege import needs_root
 
-from bashfleet.worker.engine import sandbox, snapshots
+from bashfleet.worker.engine import sandbox
+from bashfleet.worker.engine.snapshots import snapshots
 
 from .engine_helpers import (
     Engine,

@@ -55,7 +55,7 @@ def _tree_digest(root: Path) -> str:
 
 
 def _rootfs(settings: Settings, digest: str) -> Path:
-    from bashfleet.worker.engine import images  # noqa: PLC0415
+    from bashfleet.worker.engine.images import images  # noqa: PLC0415
 
     held = images.find(digest, settings)
     assert held is not None

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from bashfleet.worker.engine import images
-from bashfleet.worker.engine.image_meta import ImageError, digest_of
+from bashfleet.worker.engine.images import images
+from bashfleet.worker.engine.images.image_meta import ImageError, digest_of
 from bashfleet.worker.settings import Settings
 from bashfleet.worker.wire.models import ImageInfo, WorkspaceRecord
 
@@ -167,7 +167,7 @@ _PULL_SCRIPT = """
 import sys
 from pathlib import Path
 from bashfleet.worker.settings import Settings
-from bashfleet.worker.engine import images
+from bashfleet.worker.engine.images import images
 settings = Settings(state_dir=Path(sys.argv[1]), registry_auth_file=Path(sys.argv[2]),
                     registry_certs_dir=Path(sys.argv[3]))
 info, root = images.ensure(sys.argv[4], settings, lambda line: print(line, flush=True))

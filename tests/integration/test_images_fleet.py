@@ -21,7 +21,7 @@ import redis
 from bashfleet.client import Fleet, ImageError, Unauthorized
 from bashfleet.client.redis_server import RedisServer
 from bashfleet.worker import retention
-from bashfleet.worker.engine import images
+from bashfleet.worker.engine.images import images
 from bashfleet.worker.settings import Settings
 from bashfleet.worker.wire.models import ImageInfo
 from bashfleet.worker.wire.owner_keys import OwnerKey

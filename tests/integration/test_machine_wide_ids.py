@@ -22,13 +22,13 @@ from privilege import needs_root
 
 from bashfleet.client import Fleet, records
 from bashfleet.client.redis_server import RedisServer
-from bashfleet.worker.engine import ids
+from bashfleet.worker.engine import id_slots
 
 from .conftest import WorkerFactory, WorkerProcess, wait_for
 
 pytestmark = needs_root("ids per workspace need a root worker")
 
-SLOT = ids.SLOT_SIZE
+SLOT = id_slots.SLOT_SIZE
 #: Far from where other fleets of this machine usually claim (their first slot is random
 #: over the whole range: the test's own lock directories keep it apart from them anyway).
 BASE = 2147483648 - 64 * SLOT
@@ -40,7 +40,7 @@ def _subids_ok() -> bool:
     except OSError:
         return False
     return any(r.start <= BASE and r.start + r.count >= BASE + 8 * SLOT
-               for r in ids.subid_ranges(text, ("bashfleet-run",)))
+               for r in id_slots.subid_ranges(text, ("bashfleet-run",)))
 
 
 needs_subids = pytest.mark.skipif(not _subids_ok(), reason="run scripts/bootstrap.sh as root")
@@ -94,8 +94,8 @@ def test_a_shared_lock_directory_never_gives_an_id_twice(
     shared = tmp_path / "shared"
     a, b = _start_two(workers, _env(shared, two), _env(shared, two))
     # Each worker's ready workspace holds a slot: both are taken, by one worker each.
-    wait_for(lambda: ids.held(BASE, BASE, lock_dir=shared)
-             and ids.held(BASE + SLOT, BASE + SLOT, lock_dir=shared), 60,
+    wait_for(lambda: id_slots.held(BASE, BASE, lock_dir=shared)
+             and id_slots.held(BASE + SLOT, BASE + SLOT, lock_dir=shared), 60,
              "both workers' ready workspaces")
     assert {_host_uid(fleet, a), _host_uid(fleet, b)} == {BASE, BASE + SLOT}
 

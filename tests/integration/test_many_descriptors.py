@@ -40,6 +40,7 @@ from privilege import needs_root
 
 from bashfleet.client import AsyncFleet
 from bashfleet.client.redis_server import RedisServer
+from bashfleet.worker.engine import isolate
 from bashfleet.worker.fleet import registry
 
 from .conftest import WorkerFactory
@@ -73,7 +74,7 @@ HELD = _hold()
 #: in this process (`in-process`) or through the worker's helper (`helper`).
 LOADER = """
 import os, sys
-from bashfleet.worker.engine import kernel, nft_helper
+from bashfleet.worker.engine.isolate import kernel, nft_helper
 held = [os.open(os.devnull, os.O_RDONLY) for _ in range(int(sys.argv[1]))]
 text = "add table inet probe\\ndelete table inet probe\\n"
 if sys.argv[2] == "in-process":
@@ -170,7 +171,7 @@ def test_a_thousand_calls_at_once_on_a_consumer_past_four_thousand_descriptors(
         # helper, and the library was never loaded in it (a count of descriptors looked
         # at before each ruleset loaded it here, and used it while the count was low).
         assert int(registry.host_record(redis_client, "many-fds")["exec_ready"]) == consumer
-        assert any("nft_helper.py" in " ".join(child.cmdline())
+        assert any(isolate.runs(child.cmdline(), "nft_helper")
                    for child in psutil.Process(consumer).children())
         assert "libnftables" not in Path(f"/proc/{consumer}/maps").read_text()
     finally:

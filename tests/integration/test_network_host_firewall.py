@@ -74,7 +74,8 @@ for target in sys.argv[1:]:
 WORKER_SIDE = r"""
 import json, sys
 from pathlib import Path
-from bashfleet.worker.engine import network, sandbox
+from bashfleet.worker.engine import sandbox
+from bashfleet.worker.engine.network import network
 from bashfleet.worker.settings import Settings
 args = json.loads(sys.argv[1])
 network.OLD_FORWARDING_MARK = Path(args["mark"])

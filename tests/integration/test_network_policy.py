@@ -1,6 +1,6 @@
-"""Network by policy (`bashfleet.worker.engine.network`): each workspace a network namespace of its
-own, and what leaves it as its policy says. Each refusal is shown possible first: the
-host reaches the very server the workspace is refused.
+"""Network by policy (`bashfleet.worker.engine.network.network`): each workspace a network
+namespace of its own, and what leaves it as its policy says. Each refusal is shown possible first:
+the host reaches the very server the workspace is refused.
 
 The servers are in network namespaces the tests make (`netns_helpers`): 203.0.113.0/24
 (documentation addresses, outside every denied range) stands for the internet; the
@@ -23,7 +23,9 @@ from pathlib import Path
 import pytest
 from privilege import needs_root
 
-from bashfleet.worker.engine import netlog, network, snapshots, workspaces
+from bashfleet.worker.engine import workspaces
+from bashfleet.worker.engine.network import netlog, network
+from bashfleet.worker.engine.snapshots import snapshots
 from bashfleet.worker.settings import Settings
 from bashfleet.worker.wire.models import CallResult
 from bashfleet.worker.wire.network import parse_text as parse

@@ -23,7 +23,7 @@ from privilege import needs_root
 from bashfleet.client import CallRejected, Fleet
 from bashfleet.client.errors import WorkerError
 from bashfleet.client.redis_server import RedisServer
-from bashfleet.worker.engine import network
+from bashfleet.worker.engine.network import network
 from bashfleet.worker.settings import Settings
 from bashfleet.worker.wire import names
 from bashfleet.worker.wire.events import open_event

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from bashfleet.worker import CallResult, JobRecord, Policy, kill_job, load_record
-from bashfleet.worker.engine.jobs import read_status
+from bashfleet.worker.engine.jobs.jobs import read_status
 from bashfleet.worker.engine.running import RunningCall, remove, save
 from bashfleet.worker.engine.watcher import Spawned
 from bashfleet.worker.retention import RetentionPolicy, execute, plan, scan

@@ -1,6 +1,6 @@
 """A worker that is not root (a person's own machine, `bashfleet up` as a user): each
 workspace still has a network namespace of its own, and `egress` goes through pasta
-(`bashfleet.worker.engine.usernet`), never to the host's loopback, the fleet's Redis or
+(`bashfleet.worker.engine.network.usernet`), never to the host's loopback, the fleet's Redis or
 the host's own addresses; `host` only where the operator says so.
 
 The worker runs as `nobody`. The internet stands in as a network namespace the test
@@ -151,7 +151,8 @@ home, config = sys.argv[1], json.loads(sys.argv[2])
 os.environ["XDG_STATE_HOME"] = os.path.join(home, "xdg")
 os.environ["XDG_DATA_HOME"] = os.path.join(home, "data")
 from bashfleet.worker import Call, run_call
-from bashfleet.worker.engine import network, sandbox, workspaces
+from bashfleet.worker.engine import sandbox, workspaces
+from bashfleet.worker.engine.network import network
 from bashfleet.worker.settings import Settings
 from bashfleet.worker.wire.models import WorkspaceSpec
 from bashfleet.worker.wire.network import parse_text
@@ -439,7 +440,7 @@ def test_a_pasta_that_cannot_link_a_workspace_is_the_hosts_problem_for_a_while(
     """A blank made ahead at the worker's start finds pasta failing (an AppArmor profile,
     a kernel without tun...): the worker says so and gives `none` by default meanwhile,
     rather than failing every tenant's first call."""
-    from bashfleet.worker.engine import usernet  # noqa: PLC0415
+    from bashfleet.worker.engine.network import usernet  # noqa: PLC0415
     from bashfleet.worker.settings import Settings  # noqa: PLC0415
 
     settings = Settings(state_dir=tmp_path / "state", host="t", pasta="/bin/false")

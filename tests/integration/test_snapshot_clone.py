@@ -17,7 +17,7 @@ from privilege import needs_root
 
 from bashfleet.client import Fleet
 from bashfleet.client.redis_server import RedisServer
-from bashfleet.worker.engine import layer_fs, snapshots
+from bashfleet.worker.engine.snapshots import layer_fs, snapshot_store
 from bashfleet.worker.settings import Settings
 
 from .conftest import WorkerFactory, WorkerProcess
@@ -75,7 +75,7 @@ def test_a_snapshot_on_the_image_clones_and_keeps_its_instant(
                       mode="background").job
         assert beat is not None
         snap = ws.snapshot()
-        layer = snapshots.layer_path(settings, snap.id)
+        layer = snapshot_store.layer_path(settings, snap.id)
         big = layer / "work" / "repo" / "big"
         assert _fs_type(layer) == "xfs" and _fs_type(Path(ws.path)) == "xfs"
         # Shared with the source's file, not a copy of its 20 MiB.

@@ -22,9 +22,9 @@ from typing import Any
 import pytest
 from privilege import needs_root
 
-from bashfleet.worker.engine import snapshot_registry as snapshots
-from bashfleet.worker.engine.image_meta import digest_of, parse_ref
-from bashfleet.worker.engine.snapshot_registry import RegistryError
+from bashfleet.worker.engine.images.image_meta import digest_of, parse_ref
+from bashfleet.worker.engine.snapshots import snapshot_registry as snapshots
+from bashfleet.worker.engine.snapshots.snapshot_registry import RegistryError
 from bashfleet.worker.settings import Settings
 
 from .registry import Registry, free_port, run

@@ -15,7 +15,9 @@ from pathlib import Path
 import pytest
 from privilege import needs_root
 
-from bashfleet.worker.engine import images, snapshots, workspaces
+from bashfleet.worker.engine import workspaces
+from bashfleet.worker.engine.images import images
+from bashfleet.worker.engine.snapshots import snapshot_store, snapshots
 from bashfleet.worker.wire.models import WorkspaceSpec
 
 from .engine_helpers import (
@@ -46,7 +48,7 @@ def test_a_fork_has_the_source_files_everywhere_and_changes_its_own(engine: Engi
         snap, paused = snapshots.take(source, engine.settings, ttl_s=600)
         assert snap.layers == (snap.id,) and snap.path == source.path
         assert paused is None or paused < 1000
-        layer = snapshots.layer_path(engine.settings, snap.id)
+        layer = snapshot_store.layer_path(engine.settings, snap.id)
         # The ids of the source's slot became the image-like 0..65535 in the layer.
         assert os.stat(layer / "work" / "repo" / "a.txt").st_uid == 0
         assert os.stat(layer / "work" / "suid").st_mode & stat.S_ISUID
@@ -118,14 +120,14 @@ def test_a_snapshot_of_a_fork_stands_on_the_first(engine: Engine) -> None:
         assert _sh(engine, grand.id, "cat f1 f2; ls").split() == ["1", "2", "f1", "f2"]
         # The first cannot go while the second stands on it: deleted, it is kept.
         assert snapshots.remove(first.id, engine.settings)
-        assert snapshots.layer_path(engine.settings, first.id).is_dir()
+        assert snapshot_store.layer_path(engine.settings, first.id).is_dir()
         for ws_id in made[1:]:
             workspaces.delete(ws_id, engine.settings)
         made[1:] = []
         assert snapshots.remove(second.id, engine.settings)
         snapshots.collect(engine.settings)
-        assert not snapshots.layer_path(engine.settings, first.id).exists()
-        assert not snapshots.layer_path(engine.settings, second.id).exists()
+        assert not snapshot_store.layer_path(engine.settings, first.id).exists()
+        assert not snapshot_store.layer_path(engine.settings, second.id).exists()
     finally:
         for ws_id in made:
             workspaces.delete(ws_id, engine.settings)
@@ -136,10 +138,10 @@ def test_a_project_workspace_cannot_be_snapshotted(engine: Engine, tmp_path: Pat
     source = workspaces.create(WorkspaceSpec(owner="o"), engine.settings)
     try:
         workspaces.save(source.model_copy(update={"fresh": False}), engine.settings)
-        with pytest.raises(snapshots.SnapshotError) as caught:
+        with pytest.raises(snapshot_store.SnapshotError) as caught:
             snapshots.take(workspaces.load(source.id, engine.settings), engine.settings)
         assert caught.value.kind == "invalid" and "path=" in caught.value.message
-        assert not any(snapshots.snapshots_dir(engine.settings).glob("s*"))
+        assert not any(snapshot_store.snapshots_dir(engine.settings).glob("s*"))
     finally:
         workspaces.save(source, engine.settings)
         workspaces.delete(source.id, engine.settings)
@@ -179,13 +181,13 @@ def test_a_workspace_past_its_disk_cap_is_not_snapshotted(engine: Engine) -> Non
                                engine.settings)
     try:
         _sh(engine, source.id, "head -c 3000000 /dev/zero > big")
-        with pytest.raises(snapshots.SnapshotError) as caught:
+        with pytest.raises(snapshot_store.SnapshotError) as caught:
             snapshots.take(source, engine.settings)
         assert caught.value.kind == "limit" and "disk cap of 1 MiB" in caught.value.message
-        assert not any(snapshots.snapshots_dir(engine.settings).glob("*"))
+        assert not any(snapshot_store.snapshots_dir(engine.settings).glob("*"))
         _sh(engine, source.id, "rm big")  # unharmed: once under its cap, it may be taken
         snap, _ = snapshots.take(source, engine.settings)
-        assert snapshots.layer_path(engine.settings, snap.id).is_dir()
+        assert snapshot_store.layer_path(engine.settings, snap.id).is_dir()
     finally:
         workspaces.delete(source.id, engine.settings)
 
@@ -229,7 +231,7 @@ def test_a_snapshot_of_an_image_workspace_forks_on_its_image(
             workspaces.delete(again.id, engine.settings)
         # A pinned image its registry no longer has (and this host not either): said so.
         gone = snap.image.model_copy(update={"digest": "sha256:" + "0" * 64})
-        snapshots.save(snap.model_copy(update={"image": gone}), engine.settings)
+        snapshot_store.save(snap.model_copy(update={"image": gone}), engine.settings)
         with pytest.raises(workspaces.WorkspaceError) as caught:
             workspaces.create(WorkspaceSpec(owner="o", snapshot=snap.id), engine.settings)
         assert f"snapshot {snap.id} stands on image" in caught.value.message
@@ -306,7 +308,7 @@ def test_a_directory_swapped_for_a_link_mid_copy_brings_no_host_file_into_a_fork
                 break
             try:
                 snap, _ = snapshots.take(source, engine.settings)
-            except snapshots.SnapshotError as exc:
+            except snapshot_store.SnapshotError as exc:
                 # The swapper may still outrun a copy: refused whole, never a host byte.
                 assert "changed while it was copied" in str(exc), exc
                 continue
@@ -317,7 +319,7 @@ def test_a_directory_swapped_for_a_link_mid_copy_brings_no_host_file_into_a_fork
                                   "grep -rl 'host root' . 2>/dev/null | head -3",
                                   workspace=fork.id, cwd=None, owner="o")
                 assert "host root" not in seen.stdout, seen.stdout
-                layer = snapshots.layer_path(engine.settings, snap.id)
+                layer = snapshot_store.layer_path(engine.settings, snap.id)
                 found = subprocess.run(["grep", "-rl", "--no-messages", "host root", str(layer)],
                                        capture_output=True, text=True, check=False).stdout
                 assert found == "", found

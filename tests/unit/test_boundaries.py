@@ -198,7 +198,7 @@ def _loaded_after(statement: str) -> list[str]:
          "bashfleet.worker.wire.records, bashfleet.worker.wire.lua",
          (*BROKER_LIBS, "psutil", f"{W}.engine")),
         ("import bashfleet.worker", (*BROKER_LIBS, "psutil", f"{W}.engine", f"{W}.fleet")),
-        ("import bashfleet.worker.engine.call, bashfleet.worker.engine.jobs",
+        ("import bashfleet.worker.engine.call, bashfleet.worker.engine.jobs.jobs",
          (*BROKER_LIBS, f"{W}.fleet")),
         ("import bashfleet.worker.retention", (*BROKER_LIBS, f"{W}.fleet")),
     ],

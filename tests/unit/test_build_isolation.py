@@ -9,8 +9,8 @@ import pytest
 
 from bashfleet.client.aio import AsyncFleet
 from bashfleet.client.errors import CallRejected
-from bashfleet.worker.engine.build_isolation import checked_policy, dockerfile_bases
-from bashfleet.worker.engine.image_meta import ImageError
+from bashfleet.worker.engine.images.build_isolation import checked_policy, dockerfile_bases
+from bashfleet.worker.engine.images.image_meta import ImageError
 from bashfleet.worker.settings import Settings
 from bashfleet.worker.wire.models import WorkspaceSpec
 from bashfleet.worker.wire.network import NetworkPolicy

@@ -1,4 +1,4 @@
-"""bashfleet.worker.engine.capture:
+"""bashfleet.worker.engine.output.capture:
 UTF-8 boundaries, slices of a file, and shaping small and huge files."""
 
 from __future__ import annotations
@@ -10,15 +10,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bashfleet.worker.engine import truncate
-from bashfleet.worker.engine.capture import (
+from bashfleet.worker.engine.output import truncate
+from bashfleet.worker.engine.output.capture import (
     SMALL_CHUNK,
     WHOLE_READ_LIMIT,
     FollowedFile,
     read_slice,
     shape,
 )
-from bashfleet.worker.engine.sanitize import (
+from bashfleet.worker.engine.output.sanitize import (
     REDACTED,
     redact,
     sanitize,

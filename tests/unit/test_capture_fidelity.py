@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bashfleet.worker.engine import truncate
-from bashfleet.worker.engine.capture import (
+from bashfleet.worker.engine.output import truncate
+from bashfleet.worker.engine.output.capture import (
     PLAIN,
     WHOLE_READ_LIMIT,
     Extras,
@@ -20,7 +20,7 @@ from bashfleet.worker.engine.capture import (
     read_slice,
     shape,
 )
-from bashfleet.worker.engine.sanitize import cut_marker, sanitize
+from bashfleet.worker.engine.output.sanitize import cut_marker, sanitize
 from bashfleet.worker.wire.models import ByteTail, CharCap, Middle, Policy, TailLines, Truncation
 
 NATIVE = Extras(detect_binary=True, reveal_invisible=True, last_frame=True, max_line_chars=20)

@@ -20,7 +20,7 @@ import pytest
 from bashfleet.client import cli
 from bashfleet.client import exit_status as statuses
 from bashfleet.client._core.routing import CallProgress
-from bashfleet.client.cli import arguments, common, jobs, run
+from bashfleet.client.cli import arguments, common, jobs, results, run
 from bashfleet.client.dialects import DIALECTS
 from bashfleet.client.dialects.base import SCHEMA_STYLES
 from bashfleet.client.errors import UnknownJob
@@ -166,7 +166,7 @@ def test_a_background_job_prints_its_id_alone_on_stdout(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """`X=$(bashfleet run --mode background 'sleep 5')` must hold the id."""
-    run.print_result(_job_result())
+    results.print_result(_job_result())
     out, err = capsys.readouterr()
     assert out == "j3f2c9a1b7d4e5f6\n"
     assert "bashfleet check j3f2c9a1b7d4e5f6" in err and "bashfleet kill" in err
@@ -177,14 +177,14 @@ def test_a_call_that_went_to_the_background_prints_the_id_alone_on_stdout(
 ) -> None:
     """`J=$(bashfleet run --background-on-timeout ...)` holds the id, nothing else: the
     output so far goes to stderr."""
-    run.print_result(_job_result(stdout="partial\n", timed_out=True))
+    results.print_result(_job_result(stdout="partial\n", timed_out=True))
     out, err = capsys.readouterr()
     assert out == "j3f2c9a1b7d4e5f6\n"
     assert err.startswith("partial\n")
 
 
 def test_a_followed_job_keeps_stdout_for_its_output(capsys: pytest.CaptureFixture[str]) -> None:
-    run.print_result(_job_result(), job_id_on_stdout=False)
+    results.print_result(_job_result(), job_id_on_stdout=False)
     out, err = capsys.readouterr()
     assert out == "" and "j3f2c9a1b7d4e5f6" in err
 

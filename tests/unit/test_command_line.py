@@ -5,7 +5,12 @@ from __future__ import annotations
 
 import os
 
-from bashfleet.worker.engine.command_line import ARGUMENT_MAX, COMMAND_FD, CommandLine, reader
+from bashfleet.worker.engine.isolate.command_line import (
+    ARGUMENT_MAX,
+    COMMAND_FD,
+    CommandLine,
+    reader,
+)
 
 
 def test_a_command_that_fits_is_the_c_argument() -> None:
@@ -28,7 +33,7 @@ def test_a_longer_command_is_read_from_a_descriptor() -> None:
 
 
 def test_a_process_list_names_a_command_read_from_a_descriptor() -> None:
-    from bashfleet.worker.engine.command_line import read_from_descriptor  # noqa: PLC0415
+    from bashfleet.worker.engine.isolate.command_line import read_from_descriptor  # noqa: PLC0415
     from bashfleet.worker.engine.procs import shown_args  # noqa: PLC0415
 
     line = CommandLine(["bash"], "x" * (ARGUMENT_MAX + 1), fd_in_child=COMMAND_FD)

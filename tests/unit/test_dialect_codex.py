@@ -24,7 +24,7 @@ from bashfleet.client.dialects.codex import (
 )
 from bashfleet.client.dialects.testing import FakeRunner
 from bashfleet.client.errors import UnknownJob
-from bashfleet.worker.engine.truncate import head_tail_tokens, tokens, utf8_len
+from bashfleet.worker.engine.output.truncate import head_tail_tokens, tokens, utf8_len
 from bashfleet.worker.wire.control import SessionOutput, WriteStdinRequest
 from bashfleet.worker.wire.models import (
     CallResult,

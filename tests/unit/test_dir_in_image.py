@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 from privilege import needs_root
 
-from bashfleet.worker.engine import ids
-from bashfleet.worker.engine.workspaces import making
+from bashfleet.worker.engine import id_slots
+from bashfleet.worker.engine.workspaces import disk
 
 pytestmark = needs_root("owners of the layer's directories")
 
-SLOT = ids.Slot(index=0, uid=200_000, gid=200_000, fd=-1)
+SLOT = id_slots.Slot(index=0, uid=200_000, gid=200_000, fd=-1)
 
 
 def _image(tmp_path: Path) -> tuple[Path, Path]:
@@ -30,7 +30,7 @@ def _image(tmp_path: Path) -> tuple[Path, Path]:
 @pytest.mark.parametrize("path", ["/work", "/work/src", "/root", "/work/"])
 def test_a_directory_the_image_has_is_not_made_again(tmp_path: Path, path: str) -> None:
     image, upper = _image(tmp_path)
-    making._make_dir_in_image(upper, str(image), path, SLOT)
+    disk.make_dir_in_image(upper, str(image), path, SLOT)
     assert list(upper.iterdir()) == []
 
 
@@ -42,7 +42,7 @@ def test_a_directory_the_image_has_is_not_made_again(tmp_path: Path, path: str) 
 def test_a_directory_the_image_lacks_is_made_with_its_owner(
         tmp_path: Path, path: str, made: list[str]) -> None:
     image, upper = _image(tmp_path)
-    making._make_dir_in_image(upper, str(image), path, SLOT, owner=(201_000, 201_000))
+    disk.make_dir_in_image(upper, str(image), path, SLOT, owner=(201_000, 201_000))
     assert sorted(str(p.relative_to(upper)) for p in upper.rglob("*")) == made
     # What the image has is copied up with its owner shifted; what it lacks is `owner`'s.
     leaf = upper / path.strip("/")
@@ -54,5 +54,5 @@ def test_a_directory_the_image_lacks_is_made_with_its_owner(
 
 def test_a_link_on_the_way_is_left_alone(tmp_path: Path) -> None:
     image, upper = _image(tmp_path)
-    making._make_dir_in_image(upper, str(image), "/linked/x", SLOT)
+    disk.make_dir_in_image(upper, str(image), "/linked/x", SLOT)
     assert list(upper.iterdir()) == []

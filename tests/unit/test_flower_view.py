@@ -11,7 +11,8 @@ from typing import ClassVar
 import fakeredis
 import pytest
 
-from bashfleet.worker.engine import jobs, running
+from bashfleet.worker.engine import running
+from bashfleet.worker.engine.jobs import jobs
 from bashfleet.worker.fleet import flower, recovery
 from bashfleet.worker.settings import Settings
 from bashfleet.worker.wire.models import (

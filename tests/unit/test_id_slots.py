@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from bashfleet.worker.engine import ids
+from bashfleet.worker.engine import id_slots
 
-SLOT = ids.SLOT_SIZE
+SLOT = id_slots.SLOT_SIZE
 SUBIDS = "other:100000:65536\nbashfleet-run:1073741824:1073741824\n"
 NAMES = ("bashfleet-run", "10002")
 
@@ -18,10 +18,10 @@ NAMES = ("bashfleet-run", "10002")
 @pytest.mark.parametrize(
     ("only", "expected"),
     [
-        (None, ids.Range(1073741824, 1073741824)),
-        (f"1073741824:{SLOT}", ids.Range(1073741824, SLOT)),
-        (f"{1073741824 + 4 * SLOT}:{2 * SLOT}", ids.Range(1073741824 + 4 * SLOT, 2 * SLOT)),
-        (f"{2147483648 - SLOT}:{SLOT}", ids.Range(2147483648 - SLOT, SLOT)),
+        (None, id_slots.Range(1073741824, 1073741824)),
+        (f"1073741824:{SLOT}", id_slots.Range(1073741824, SLOT)),
+        (f"{1073741824 + 4 * SLOT}:{2 * SLOT}", id_slots.Range(1073741824 + 4 * SLOT, 2 * SLOT)),
+        (f"{2147483648 - SLOT}:{SLOT}", id_slots.Range(2147483648 - SLOT, SLOT)),
         (f"{2147483648 - SLOT + 1}:{SLOT}", None),  # past the end of the user's ids
         (f"100000:{SLOT}", None),  # another user's
         (f"1073741824:{SLOT - 1}", None),  # smaller than a workspace
@@ -29,9 +29,9 @@ NAMES = ("bashfleet-run", "10002")
     ],
 )
 def test_the_operators_range_must_lie_in_the_run_users_ids(
-    only: str | None, expected: ids.Range | None
+    only: str | None, expected: id_slots.Range | None
 ) -> None:
-    found = ids.granted(SUBIDS, SUBIDS, NAMES, only)
+    found = id_slots.granted(SUBIDS, SUBIDS, NAMES, only)
     assert (found.uids if found else None) == expected
     if found is not None:
         assert found.gids == expected
@@ -39,7 +39,7 @@ def test_the_operators_range_must_lie_in_the_run_users_ids(
 
 def test_a_range_within_the_uids_but_not_the_gids_is_refused() -> None:
     gids = "bashfleet-run:1073741824:65536\n"
-    assert ids.granted(SUBIDS, gids, NAMES, f"{1073741824 + SLOT}:{SLOT}") is None
+    assert id_slots.granted(SUBIDS, gids, NAMES, f"{1073741824 + SLOT}:{SLOT}") is None
 
 
 @pytest.mark.parametrize(
@@ -48,19 +48,19 @@ def test_a_range_within_the_uids_but_not_the_gids_is_refused() -> None:
 )
 def test_malformed_ranges_say_what_is_wrong(text: str, error: str) -> None:
     with pytest.raises(ValueError, match=error):
-        ids.parse_range(text)
+        id_slots.parse_range(text)
 
 
-def _two_slots(start: int) -> ids.HostIds:
-    return ids.HostIds(ids.Range(start, 2 * SLOT), ids.Range(start, 2 * SLOT))
+def _two_slots(start: int) -> id_slots.HostIds:
+    return id_slots.HostIds(id_slots.Range(start, 2 * SLOT), id_slots.Range(start, 2 * SLOT))
 
 
 def test_separate_lock_directories_hand_out_the_same_ids(tmp_path: Path) -> None:
     """What two containers with lock directories of their own did: each claims, each
     gets the first slot of the same range."""
     host = _two_slots(1073741824)
-    a = ids.claim(host, lock_dir=tmp_path / "a")
-    b = ids.claim(host, lock_dir=tmp_path / "b")
+    a = id_slots.claim(host, lock_dir=tmp_path / "a")
+    b = id_slots.claim(host, lock_dir=tmp_path / "b")
     try:
         assert (a.uid, a.gid) == (b.uid, b.gid)
     finally:
@@ -70,15 +70,15 @@ def test_separate_lock_directories_hand_out_the_same_ids(tmp_path: Path) -> None
 
 def test_one_lock_directory_never_hands_out_ids_twice(tmp_path: Path) -> None:
     host = _two_slots(1073741824)
-    first = ids.claim(host, lock_dir=tmp_path)
-    second = ids.claim(host, lock_dir=tmp_path)
+    first = id_slots.claim(host, lock_dir=tmp_path)
+    second = id_slots.claim(host, lock_dir=tmp_path)
     try:
         assert first.uid != second.uid and first.gid != second.gid
         with pytest.raises(OSError, match="in use"):
-            ids.claim(host, lock_dir=tmp_path).close()
+            id_slots.claim(host, lock_dir=tmp_path).close()
     finally:
         first.close()
-    again = ids.claim(host, lock_dir=tmp_path)  # freed the moment its holder closed it
+    again = id_slots.claim(host, lock_dir=tmp_path)  # freed the moment its holder closed it
     assert again.uid == first.uid
     again.close()
     second.close()
@@ -87,32 +87,33 @@ def test_one_lock_directory_never_hands_out_ids_twice(tmp_path: Path) -> None:
 def test_ranges_that_overlap_in_part_still_never_share_an_id(tmp_path: Path) -> None:
     """Locks are over the ids themselves, not slot numbers: a worker whose range starts
     half a slot further cannot take ids another's slot holds."""
-    a = ids.claim(ids.HostIds(ids.Range(1073741824, SLOT), ids.Range(1073741824, SLOT)),
+    a = id_slots.claim(id_slots.HostIds(id_slots.Range(1073741824, SLOT),
+                                        id_slots.Range(1073741824, SLOT)),
                   lock_dir=tmp_path)
     shifted = 1073741824 + SLOT // 2
-    other = ids.HostIds(ids.Range(shifted, 2 * SLOT), ids.Range(shifted, 2 * SLOT))
-    b = ids.claim(other, lock_dir=tmp_path)
+    other = id_slots.HostIds(id_slots.Range(shifted, 2 * SLOT), id_slots.Range(shifted, 2 * SLOT))
+    b = id_slots.claim(other, lock_dir=tmp_path)
     try:
         assert b.uid >= a.uid + SLOT
-        assert ids.held(a.uid, a.gid, lock_dir=tmp_path)
-        assert ids.held(b.uid, b.gid, lock_dir=tmp_path)
+        assert id_slots.held(a.uid, a.gid, lock_dir=tmp_path)
+        assert id_slots.held(b.uid, b.gid, lock_dir=tmp_path)
     finally:
         a.close()
         b.close()
-    assert not ids.held(a.uid, a.gid, lock_dir=tmp_path)
+    assert not id_slots.held(a.uid, a.gid, lock_dir=tmp_path)
 
 
 def test_a_claim_survives_in_the_process_it_is_handed_to(tmp_path: Path) -> None:
     """The keeper holds the descriptor; the worker closing its own copy frees nothing."""
     host = _two_slots(1073741824)
-    slot = ids.claim(host, lock_dir=tmp_path)
+    slot = id_slots.claim(host, lock_dir=tmp_path)
     kept = os.dup(slot.fd)
     slot.close()
     try:
-        assert ids.held(slot.uid, slot.gid, lock_dir=tmp_path)
+        assert id_slots.held(slot.uid, slot.gid, lock_dir=tmp_path)
     finally:
         os.close(kept)
-    assert not ids.held(slot.uid, slot.gid, lock_dir=tmp_path)
+    assert not id_slots.held(slot.uid, slot.gid, lock_dir=tmp_path)
 
 
 MOUNTINFO = """\
@@ -138,13 +139,13 @@ MOUNTINFO = """\
 def test_a_containers_lock_directory_counts_only_when_bound_from_outside(
     path: str, bound: bool
 ) -> None:
-    assert ids.bound_from_outside(MOUNTINFO, path) is bound
+    assert id_slots.bound_from_outside(MOUNTINFO, path) is bound
 
 
 def test_a_native_workers_lock_directory_is_the_machines(tmp_path: Path) -> None:
     if os.stat("/proc/self/ns/pid").st_ino != 0xEFFFFFFC:
         pytest.skip("this test runs in a container: its /proc/1 is not the machine's init")
-    assert ids.lock_scope(tmp_path / "ids") is None
+    assert id_slots.lock_scope(tmp_path / "ids") is None
 
 
 def test_a_slot_an_earlier_versions_keeper_holds_is_not_given_again(tmp_path: Path) -> None:
@@ -156,10 +157,10 @@ def test_a_slot_an_earlier_versions_keeper_holds_is_not_given_again(tmp_path: Pa
     old = os.open(tmp_path / "0", os.O_RDWR | os.O_CREAT, 0o600)
     fcntl.flock(old, fcntl.LOCK_EX)
     try:
-        unaware = ids.claim(host, lock_dir=tmp_path)
+        unaware = id_slots.claim(host, lock_dir=tmp_path)
         assert unaware.index == 0  # without the check: given again
         unaware.close()
-        slot = ids.claim(host, lock_dir=tmp_path, legacy=True)
+        slot = id_slots.claim(host, lock_dir=tmp_path, legacy=True)
         assert slot.index == 1
         slot.close()
     finally:

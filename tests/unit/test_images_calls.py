@@ -12,8 +12,9 @@ from typing import Any
 
 import pytest
 
-from bashfleet.worker.engine import ids, images, sandbox
-from bashfleet.worker.engine.image_meta import ImageError
+from bashfleet.worker.engine import id_slots, sandbox
+from bashfleet.worker.engine.images import images
+from bashfleet.worker.engine.images.image_meta import ImageError
 from bashfleet.worker.fleet import image_calls
 from bashfleet.worker.fleet.control import Runtime
 from bashfleet.worker.settings import Settings
@@ -54,7 +55,8 @@ def store(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeStore]:
 
 
 #: Subordinate ids a host gives its workspaces (a host that takes images has some).
-HOST_IDS = ids.HostIds(uids=ids.Range(1 << 30, 1 << 30), gids=ids.Range(1 << 30, 1 << 30))
+HOST_IDS = id_slots.HostIds(uids=id_slots.Range(1 << 30, 1 << 30),
+                            gids=id_slots.Range(1 << 30, 1 << 30))
 
 
 @pytest.fixture

@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bashfleet.worker.engine import image_tools as tools
-from bashfleet.worker.engine.image_meta import (
+from bashfleet.worker.engine.images import image_tools as tools
+from bashfleet.worker.engine.images.image_meta import (
     MAX_REF_LENGTH,
     ImageError,
     Platform,
@@ -28,7 +28,7 @@ from bashfleet.worker.engine.image_meta import (
     shell_of,
     to_collect,
 )
-from bashfleet.worker.engine.images import context_digest
+from bashfleet.worker.engine.images.images import context_digest
 from bashfleet.worker.settings import Settings, secret_paths
 from bashfleet.worker.wire.models import ImageInfo
 

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from bashfleet.client.attach import TerminalFilter
 from bashfleet.client.foreground import piped_stdin
-from bashfleet.worker.engine.interactive import _SYSCALLS, prompt_of, read_new, syscall_reads
+from bashfleet.worker.engine.jobs.interactive import _SYSCALLS, prompt_of, read_new, syscall_reads
 
 X86 = _SYSCALLS["x86_64"]
 
@@ -106,8 +106,8 @@ def test_reads_in_pieces_lose_and_repeat_nothing(text: str, size: int) -> None:
 
 
 def test_raw_bytes_are_redacted_too() -> None:
-    from bashfleet.worker.engine.interactive import redact_bytes  # noqa: PLC0415
-    from bashfleet.worker.engine.sanitize import secret_pattern  # noqa: PLC0415
+    from bashfleet.worker.engine.jobs.interactive import redact_bytes  # noqa: PLC0415
+    from bashfleet.worker.engine.output.sanitize import secret_pattern  # noqa: PLC0415
 
     pattern = secret_pattern(("hunter2-signing-key",))
     raw = b"\x1b[31mkey=hunter2-signing-key\xff\x1b[0m\r\n"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bashfleet.worker.engine.capture import MemoryStream, shape
+from bashfleet.worker.engine.output.capture import MemoryStream, shape
 from bashfleet.worker.wire.models import Middle, TailLines
 
 

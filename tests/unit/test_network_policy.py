@@ -1,6 +1,6 @@
 """Network policies (`bashfleet.worker.wire.network`), the rules a workspace gets
-(`bashfleet.worker.engine.network.ruleset`) and the guard's parsers
-(`bashfleet.worker.engine.netguard`): pure, no namespace made."""
+(`bashfleet.worker.engine.network.network.ruleset`) and the guard's parsers
+(`bashfleet.worker.engine.isolate.netguard`): pure, no namespace made."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ import threading
 import pytest
 from pydantic import ValidationError
 
-from bashfleet.worker.engine import netguard, network
+from bashfleet.worker.engine.isolate import netguard
+from bashfleet.worker.engine.network import network
 from bashfleet.worker.wire.models import WorkspaceRecord, WorkspaceSpec
 from bashfleet.worker.wire.network import NetworkPolicy, parse, parse_text
 

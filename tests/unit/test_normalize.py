@@ -1,4 +1,4 @@
-"""bashfleet.worker.engine.normalize:
+"""bashfleet.worker.engine.output.normalize:
 the pi dialect's head/tail lifting, limit merging and interception."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bashfleet.worker.engine.normalize import (
+from bashfleet.worker.engine.output.normalize import (
     DEFAULT_INTERCEPT_RULES,
     Normalized,
     blocked_message,

@@ -13,7 +13,7 @@ import pytest
 import redis
 
 from bashfleet.client import records
-from bashfleet.worker.engine import jobs
+from bashfleet.worker.engine.jobs import jobs
 from bashfleet.worker.fleet import control, registry
 from bashfleet.worker.settings import Settings
 from bashfleet.worker.wire import auth, names

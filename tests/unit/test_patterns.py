@@ -10,7 +10,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bashfleet.worker.engine.patterns import caller_pattern, grep_lines, line_body, split_lines
+from bashfleet.worker.engine.output.patterns import (
+    caller_pattern,
+    grep_lines,
+    line_body,
+    split_lines,
+)
 
 SEQ_1_30 = "".join(f"{n}\n" for n in range(1, 31))
 

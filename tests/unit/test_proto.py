@@ -1,5 +1,5 @@
-"""bashfleet.worker.engine.launcher, the parts that need no namespace: messages with fds, the
-PATH search, the output cap's pace, wait statuses."""
+"""bashfleet.worker.engine.isolate.launcher, the parts that need no namespace: messages with fds,
+the PATH search, the output cap's pace, wait statuses."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bashfleet.worker.engine import kernel, proto
-from bashfleet.worker.engine.proto import CapWatch
+from bashfleet.worker.engine.isolate import kernel, proto
+from bashfleet.worker.engine.isolate.proto import CapWatch
 
 
 @pytest.fixture(name="pair")
@@ -105,7 +105,7 @@ class _Clock:
 
 def test_cap_watch_paces_its_looks_by_the_write_rate(monkeypatch: pytest.MonkeyPatch) -> None:
     clock = _Clock()
-    monkeypatch.setattr("bashfleet.worker.engine.proto.time.monotonic", clock)
+    monkeypatch.setattr("bashfleet.worker.engine.isolate.proto.time.monotonic", clock)
     sizes = [0]
     watch = CapWatch(lambda: sizes[0], cap=1000)
     clock.now += 1

@@ -38,8 +38,9 @@ def test_pure_modules_import_no_celery_or_redis() -> None:
     import sys  # noqa: PLC0415
 
     code = (
-        "import sys; import bashfleet.worker.engine.sanitize, bashfleet.worker.engine.truncate, "
-        "bashfleet.worker.engine.normalize, bashfleet.worker.engine.environment, "
+        "import sys; import bashfleet.worker.engine.output.sanitize, "
+        "bashfleet.worker.engine.output.truncate, bashfleet.worker.engine.output.normalize, "
+        "bashfleet.worker.engine.environment, "
         "bashfleet.worker.engine.session_state, bashfleet.worker.engine.call; "
         "bad = [m for m in sys.modules if m.split('.')[0] in ('celery', 'kombu', 'redis')]; "
         "print(bad); sys.exit(1 if bad else 0)"

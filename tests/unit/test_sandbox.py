@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from bashfleet.worker.engine import sandbox
+from bashfleet.worker.engine import isolate, sandbox
 from bashfleet.worker.engine.sandbox import Choice, IsolationError, User
 from bashfleet.worker.settings import Settings
 from bashfleet.worker.wire.network import NetworkPolicy
@@ -110,8 +110,9 @@ def test_parse_bwrap_version(text: str, version: str | None) -> None:
 def test_the_zygote_runs_in_bubblewrap_with_the_hosts_view() -> None:
     argv = sandbox.zygote_argv(BWRAP, rootless=False)
     assert argv[:5] == [BWRAP, "--dev-bind", "/", "/", "--"]
-    assert argv[-1].endswith("launcher.py")
-    assert argv[-3:-1] == ["-I", "-S"]
+    assert argv[5:] == isolate.command("launcher")
+    assert argv[-4:-2] == ["-I", "-S"]
+    assert isolate.runs(argv, "launcher")
 
 
 def test_a_rootless_zygote_gets_the_capabilities_of_its_user_namespace() -> None:
@@ -156,7 +157,7 @@ def test_a_worker_that_is_not_root_runs_calls_as_itself(monkeypatch: pytest.Monk
 def test_a_zygote_that_dies_at_start_is_reported_with_its_last_words() -> None:
     # Docker's default capabilities: bwrap says why and exits; the worker's refusal to
     # start used to say only "Connection reset by peer".
-    from bashfleet.worker.engine.launcher import KeeperLostError, LauncherClient  # noqa: PLC0415
+    from bashfleet.worker.engine.isolate.launcher import KeeperLostError, LauncherClient  # noqa: PLC0415
 
     client = LauncherClient(["sh", "-c", "echo 'bwrap: Creating new namespace failed: "
                              "Operation not permitted' >&2; exit 1", "--"], {})

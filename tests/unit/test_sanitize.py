@@ -1,4 +1,4 @@
-"""bashfleet.worker.engine.sanitize:
+"""bashfleet.worker.engine.output.sanitize:
 escape stripping, control filtering, CRLF folding, redaction."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from bashfleet.worker.engine.sanitize import (
+from bashfleet.worker.engine.output.sanitize import (
     MIN_SECRET_LENGTH,
     REDACTED,
     decode,

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bashfleet.worker.engine.sanitize import (
+from bashfleet.worker.engine.output.sanitize import (
     BINARY_SNIFF,
     cap_lines,
     cut_marker,

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from bashfleet.worker.engine.sanitize import REDACTED, redact
+from bashfleet.worker.engine.output.sanitize import REDACTED, redact
 from bashfleet.worker.engine.secrets import (
     file_secrets,
     guessed_secrets,

@@ -1,5 +1,5 @@
-"""bashfleet.worker.engine.snapshots' two-phase copy: what changed after the first copy (while a
-workspace ran on) is copied again, so the copy is the source at the frozen instant."""
+"""bashfleet.worker.engine.snapshots.snapshots' two-phase copy: what changed after the first copy
+(while a workspace ran on) is copied again, so the copy is the source at the frozen instant."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from privilege import needs_root
 
-from bashfleet.worker.engine import snapshots
+from bashfleet.worker.engine.snapshots import snapshots
 from bashfleet.worker.wire.models import WorkspaceRecord
 
 

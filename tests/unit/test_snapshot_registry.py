@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from bashfleet.worker.engine.snapshot_registry import (
+from bashfleet.worker.engine.snapshots.snapshot_registry import (
     RegistryError,
     check_members,
     parse_listing,

@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bashfleet.worker.engine import syscall_filter as sf
-from bashfleet.worker.engine import syscall_numbers
+from bashfleet.worker.engine.isolate import syscall_filter as sf
+from bashfleet.worker.engine.isolate import syscall_numbers
 
 ALLOW = sf.SECCOMP_RET_ALLOW
 EPERM = sf.errno_action(sf.EPERM)

@@ -1,4 +1,4 @@
-"""bashfleet.worker.engine.tree_copy: what `cp -a` keeps, kept; nothing followed, even a
+"""bashfleet.worker.engine.snapshots.tree_copy: what `cp -a` keeps, kept; nothing followed, even a
 directory swapped for a link between the copy's look at it and its open."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from privilege import needs_root
 
-from bashfleet.worker.engine import tree_copy
+from bashfleet.worker.engine.snapshots import tree_copy
 
 pytestmark = needs_root("owners, devices, trusted xattrs")
 

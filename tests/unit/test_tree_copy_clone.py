@@ -1,7 +1,7 @@
-"""bashfleet.worker.engine.tree_copy's file data on a real XFS with reflink (shared
+"""bashfleet.worker.engine.snapshots.tree_copy's file data on a real XFS with reflink (shared
 extents: the copy takes no blocks of its own) and where the file system cannot share
 them (ext4, tmpfs: copied, FICLONE asked once per pair of devices); and
-bashfleet.worker.engine.layer_fs, which puts a worker's layers on such an XFS."""
+bashfleet.worker.engine.snapshots.layer_fs, which puts a worker's layers on such an XFS."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from privilege import needs_root
 
-from bashfleet.worker.engine import layer_fs, tree_copy
+from bashfleet.worker.engine.snapshots import layer_fs, tree_copy
 from bashfleet.worker.settings import Settings
 
 MIB = 1 << 20

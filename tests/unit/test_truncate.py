@@ -1,4 +1,4 @@
-"""bashfleet.worker.engine.truncate:
+"""bashfleet.worker.engine.output.truncate:
 cuts by policy with exact counts, and the pi dialect's head / tail line limits."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bashfleet.worker.engine import truncate
-from bashfleet.worker.engine.truncate import (
+from bashfleet.worker.engine.output import truncate
+from bashfleet.worker.engine.output.truncate import (
     SNIP,
     apply,
     byte_tail,

@@ -1,4 +1,4 @@
-"""A worker that is not root (`bashfleet.worker.engine.usernet`), the pure parts: pasta's
+"""A worker that is not root (`bashfleet.worker.engine.network.usernet`), the pure parts: pasta's
 command line, the host's addresses the rules refuse, the state kept, what the host
 grants when it cannot give `egress` or `allow`."""
 
@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from bashfleet.worker.engine import network, sandbox, usernet
+from bashfleet.worker.engine import sandbox
+from bashfleet.worker.engine.network import network, usernet
 from bashfleet.worker.engine.sandbox import Choice, IsolationError, NetworkRules
 from bashfleet.worker.wire.network import NetworkPolicy
 

@@ -22,20 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from bashfleet.worker.engine import (
-    cgroups,
-    interactive,
-    jobs,
-    launcher,
-    limits,
-    netlog,
-    network,
-    normalize,
-    procs,
-    resources,
-    sandbox,
-    workspaces,
-)
+from bashfleet.worker.engine import cgroups, limits, procs, resources, sandbox, workspaces
 from bashfleet.worker.engine.call_env import child_env
 from bashfleet.worker.engine.call_result import (
     EndReason,
@@ -44,13 +31,17 @@ from bashfleet.worker.engine.call_result import (
     Streams,
     with_state,
 )
-from bashfleet.worker.engine.capture import (
+from bashfleet.worker.engine.environment import ChildEnv
+from bashfleet.worker.engine.isolate import launcher, proto
+from bashfleet.worker.engine.isolate.command_line import COMMAND_FD, CommandLine
+from bashfleet.worker.engine.jobs import interactive, jobs
+from bashfleet.worker.engine.memo import TimedMemo
+from bashfleet.worker.engine.network import netlog, network
+from bashfleet.worker.engine.output import normalize
+from bashfleet.worker.engine.output.capture import (
     FollowedFile,
     MemoryStream,
 )
-from bashfleet.worker.engine.command_line import COMMAND_FD, CommandLine
-from bashfleet.worker.engine.environment import ChildEnv
-from bashfleet.worker.engine.memo import TimedMemo
 from bashfleet.worker.engine.secrets import redaction_pattern
 from bashfleet.worker.engine.startup import Startup
 from bashfleet.worker.engine.watcher import UNWATCHED, CallWatcher, Spawned
@@ -293,7 +284,7 @@ def _run_session(
     *, watcher: CallWatcher,
 ) -> CallResult:
     """An interactive call (stdin `closed`, `pipe` or `pty`): see
-    `bashfleet.worker.engine.interactive`."""
+    `bashfleet.worker.engine.jobs.interactive`."""
     try:
         return interactive.run(call, cwd, settings, record, started=started,
                                cancelled=watcher.cancelled)
@@ -475,7 +466,7 @@ class _Launch:
 
         # The keeper finds bash on the child's PATH in the workspace's view (which is not
         # the host's: a search here could find what the call cannot see).
-        request: dict[str, object] = {
+        request: proto.SpawnRequest = {
             "argv": line.argv, "cwd": self.cwd, "env": self.child.env,
             "targets": [0, 1, 2, launcher.STATE_FD, COMMAND_FD][: len(fds)],
             "output_cap": resources.output_cap(self.settings),

@@ -17,7 +17,6 @@ from collections.abc import Mapping
 from functools import lru_cache
 
 from bashfleet.worker.engine import sandbox
-from bashfleet.worker.engine import workspaces as ws
 from bashfleet.worker.engine.environment import (
     DEFAULT_PATH,
     HOST_INHERITED,
@@ -25,6 +24,7 @@ from bashfleet.worker.engine.environment import (
     build_env,
     process_environ,
 )
+from bashfleet.worker.engine.workspaces import visibility
 from bashfleet.worker.settings import Settings
 from bashfleet.worker.wire.models import Call, WorkspaceRecord
 
@@ -49,7 +49,7 @@ def identity(user: sandbox.User | None, workspace: WorkspaceRecord | None,
     """
     sandboxed = workspace is not None and workspace.keeper_pid is not None
     if workspace is not None and sandboxed and workspace.ids is not None:
-        env = {"HOME": ws.home_of(user, workspace), **ws.workspace_env(workspace)}
+        env = {"HOME": visibility.home_of(user, workspace), **visibility.workspace_env(workspace)}
         root = _account(0)
         # Root inside a workspace on the host's root is the host's root account's shape.
         if workspace.image is None and env.get("USER") == "root" and root and root[2]:
@@ -58,9 +58,9 @@ def identity(user: sandbox.User | None, workspace: WorkspaceRecord | None,
     account = _account(user.uid if user is not None else os.geteuid())
     env = {}
     if user is not None:
-        env["HOME"] = ws.home_of(user, workspace) if sandboxed else user.home
+        env["HOME"] = visibility.home_of(user, workspace) if sandboxed else user.home
     elif sandboxed:
-        env["HOME"] = ws.home_of(None, workspace)
+        env["HOME"] = visibility.home_of(None, workspace)
     elif home := worker_env.get("HOME") or (account[1] if account else ""):
         env["HOME"] = home  # the worker's own user, unsandboxed: its own home
     if account is not None:

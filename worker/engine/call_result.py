@@ -14,8 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from bashfleet.worker.engine import jobs, limits, procs, resources, session_state, truncate
-from bashfleet.worker.engine.capture import (
+from bashfleet.worker.engine import limits, procs, resources, session_state
+from bashfleet.worker.engine.jobs import jobs
+from bashfleet.worker.engine.output import truncate
+from bashfleet.worker.engine.output.capture import (
     Extras,
     FollowedFile,
     MemoryStream,

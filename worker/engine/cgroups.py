@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from bashfleet.worker.engine.job_supervisor import open_procs_files
+from bashfleet.worker.engine.isolate.job_supervisor import open_procs_files
 
 #: Controllers a call's limits may need, and the limit each one carries.
 CONTROLLERS = ("memory", "pids", "cpu")

@@ -1,5 +1,5 @@
 """What a workspace's calls see: the mount plan its keeper carries out
-(`bashfleet.worker.engine.view`).
+(`bashfleet.worker.engine.isolate.view`).
 
 Pure functions over what was looked up on the host (`HostRoot`, `ViewSpec`), so every
 rule is table-tested here:
@@ -114,7 +114,7 @@ def outermost(paths: Iterable[str]) -> tuple[str, ...]:
 
 
 def plan_view(spec: ViewSpec) -> list[Step]:
-    """The steps that build `spec`'s view, in order (see `bashfleet.worker.engine.view`)."""
+    """The steps that build `spec`'s view, in order (see `bashfleet.worker.engine.isolate.view`)."""
     r = spec.root.rstrip("/")
     steps: list[Step] = [["private"], *_root_steps(spec)]
     if spec.image is None:

@@ -19,8 +19,8 @@ from typing import Protocol
 
 import psutil
 
-from bashfleet.worker.engine.command_line import read_from_descriptor
 from bashfleet.worker.engine.environment import MARKER_VAR
+from bashfleet.worker.engine.isolate.command_line import read_from_descriptor
 from bashfleet.worker.engine.memo import TimedMemo
 from bashfleet.worker.wire.models import ProcessInfo
 

@@ -5,7 +5,7 @@ make one (cgroup v2 delegated to it, or v1 as root); the keeper joins it before 
 anything, so every call and job is born inside. Where no cgroup can be made, bash sets
 the same limits with `ulimit` on a line of its startup script (per process, weaker).
 The file size limit is always a ulimit; the output cap is watched by whoever holds the
-call's output files (`bashfleet.worker.engine.proto.CapWatch`).
+call's output files (`bashfleet.worker.engine.isolate.proto.CapWatch`).
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ import functools
 import os
 import threading
 
-from bashfleet.worker.engine import cgroups, kernel, limits
+from bashfleet.worker.engine import cgroups, limits
+from bashfleet.worker.engine.isolate import kernel
 from bashfleet.worker.engine.memo import TimedMemo
 from bashfleet.worker.settings import Settings
 from bashfleet.worker.wire.models import WorkspaceLimits
@@ -119,7 +120,7 @@ def ulimit_line(settings: Settings, carried_by_cgroup: bool,
                 open_files: int | None = None) -> str:
     """The ulimit line of a call's startup script (`limits.ulimit_prefix`); with
     `open_files`, RLIMIT_NOFILE too (for a call no keeper starts: a keeper sets its
-    workspace's for every process it starts, `bashfleet.worker.engine.kernel.spawn`)."""
+    workspace's for every process it starts, `bashfleet.worker.engine.isolate.kernel.spawn`)."""
     chosen = ulimit_limits(settings, carried_by_cgroup)
     if open_files is not None:
         chosen = dataclasses.replace(chosen, open_files=kernel.lowered_nofile(open_files))

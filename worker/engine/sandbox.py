@@ -6,24 +6,27 @@ workspace may ask for more, never for less):
 - `none`: plain `bash -c` in a directory, no namespace (only when the host is told so;
   `bashfleet worker` refuses to start where the sandbox cannot work, unless told
   `--isolation none`; only the local `bashfleet up` falls back, loudly).
-- `process`: a workspace of its own (`bashfleet.worker.engine.keeper`): one PID namespace for its
-  calls and jobs, a mount view with the host read-only, its directory, /tmp and HOME its
-  own, every bashfleet state directory and secret file hidden (`bashfleet.worker.engine.layout`);
-  a network namespace of its own (its policy: `bashfleet.worker.engine.network`).
+- `process`: a workspace of its own (`bashfleet.worker.engine.isolate.keeper`): one PID
+  namespace for its calls and jobs, a mount view with the host read-only, its directory,
+  /tmp and HOME its own, every bashfleet state directory and secret file hidden
+  (`bashfleet.worker.engine.layout`);
+  a network namespace of its own (its policy: `bashfleet.worker.engine.network.network`).
 - `strict`: also no network (policy `none`) unless the host allows it
   (`sandbox_network`), and /home and /root hidden.
 
 Every sandboxed workspace has a network namespace of its own; its policy (`none`,
-`egress`, `allow=...`, `host`) is built by `bashfleet.worker.engine.network`.
-Every sandboxed call runs under a system call filter (`bashfleet.worker.engine.syscall_filter`,
-the host's `seccomp` setting) and a session keyring of its workspace's own.
+`egress`, `allow=...`, `host`) is built by `bashfleet.worker.engine.network.network`.
+Every sandboxed call runs under a system call filter
+(`bashfleet.worker.engine.isolate.syscall_filter`, the host's `seccomp` setting) and a session
+keyring of its workspace's own.
 
 Calls never run as root nor as the worker's user: a root worker runs them as its run user
 (`run_as`), every capability dropped, no_new_privs; a worker that is not root runs them
 as itself inside a user namespace (bubblewrap's), with no capability.
 
-How a workspace is made: each worker process keeps a zygote (`bashfleet.worker.engine.launcher`,
-one Python started once through bubblewrap) that forks a keeper per workspace. See
+How a workspace is made: each worker process keeps a zygote
+(`bashfleet.worker.engine.isolate.launcher`, one Python started once through bubblewrap) that forks
+a keeper per workspace. See
 `bashfleet.worker.engine.workspaces` for the workspaces themselves.
 """
 
@@ -39,16 +42,17 @@ import pwd
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from bashfleet.worker.engine import cgroups, ids, launcher, network, resources, syscall_filter
-from bashfleet.worker.engine.launcher import KeeperConnection, LauncherClient, SandboxError
+from bashfleet.worker.engine import cgroups, id_slots, isolate, resources
+from bashfleet.worker.engine.isolate import launcher, syscall_filter
+from bashfleet.worker.engine.isolate.launcher import KeeperConnection, LauncherClient, SandboxError
 from bashfleet.worker.engine.memo import TimedMemo
+from bashfleet.worker.engine.network import network
 from bashfleet.worker.settings import Settings
 from bashfleet.worker.wire.models import Isolation, SandboxProbe
 from bashfleet.worker.wire.network import NetworkPolicy
@@ -105,7 +109,7 @@ def host_default(configured: str, available: bool) -> Isolation:
 
 @dataclass(frozen=True)
 class NetworkRules:
-    """What this host grants workspaces' networks (`bashfleet.worker.engine.network`)."""
+    """What this host grants workspaces' networks (`bashfleet.worker.engine.network.network`)."""
 
     default: NetworkPolicy = EGRESS
     """The policy of a workspace that asks for none."""
@@ -199,11 +203,11 @@ def zygote_argv(bwrap: str, rootless: bool) -> list[str]:
     """How bwrap runs the zygote: the host as it is (each keeper builds its own view), and
     for a worker that is not root a user namespace with the capabilities to make the
     others (calls get none of them:
-    `bashfleet.worker.engine.kernel.drop_privileges_of_children`)."""
+    `bashfleet.worker.engine.isolate.kernel.drop_privileges_of_children`)."""
     args = [bwrap, "--dev-bind", "/", "/"]
     if rootless:
         args += ["--cap-add", "ALL"]
-    return [*args, "--", sys.executable, "-I", "-S", launcher.__file__ or "launcher.py"]
+    return [*args, "--", *isolate.command("launcher")]
 
 
 # ------------------------------------------------------------------------- who runs it
@@ -486,23 +490,23 @@ def network_rules(settings: Settings) -> NetworkRules:
                         allow_problem=network.allow_support(settings))
 
 
-def host_ids(settings: Settings) -> ids.HostIds | None:
+def host_ids(settings: Settings) -> id_slots.HostIds | None:
     """The subordinate ids this host gives its workspaces (None: single-tenant). Read
     again after a minute (an operator who adds them needs no restart)."""
     return _host_ids.get((settings.run_as, os.geteuid(), settings.id_range),
                          lambda: _read_host_ids(settings))
 
 
-_host_ids: TimedMemo[tuple[str | None, int, str | None], ids.HostIds | None] = \
+_host_ids: TimedMemo[tuple[str | None, int, str | None], id_slots.HostIds | None] = \
     TimedMemo(ttl_s=60.0)
 
 
-def _read_host_ids(settings: Settings) -> ids.HostIds | None:
+def _read_host_ids(settings: Settings) -> id_slots.HostIds | None:
     try:
         user = run_user(settings)
     except OSError:
         return None
-    return ids.host_ids(user.name, only=settings.id_range) if user is not None else None
+    return id_slots.host_ids(user.name, only=settings.id_range) if user is not None else None
 
 
 def id_scope_problem(settings: Settings) -> str | None:
@@ -510,7 +514,8 @@ def id_scope_problem(settings: Settings) -> str | None:
     directory is provably the machine's, or the operator gave it a range of its own)."""
     if settings.id_range is not None:
         return None
-    return _id_scope.get(str(settings.id_lock_dir), lambda: ids.lock_scope(settings.id_lock_dir))
+    return _id_scope.get(str(settings.id_lock_dir),
+                         lambda: id_slots.lock_scope(settings.id_lock_dir))
 
 
 _id_scope: TimedMemo[str, str | None] = TimedMemo(ttl_s=600.0)
@@ -528,7 +533,7 @@ def startup_problems(settings: Settings) -> tuple[list[str], list[str]]:
         errors.append(exc.strerror or str(exc))
     if settings.id_range is not None and os.geteuid() == 0:
         user = run_user(settings) if not errors else None
-        bad = ids.range_problem(user.name, settings.id_range) if user is not None else None
+        bad = id_slots.range_problem(user.name, settings.id_range) if user is not None else None
         if bad is not None:
             errors.append(bad)
     found = probe(settings)
@@ -549,18 +554,6 @@ def startup_problems(settings: Settings) -> tuple[list[str], list[str]]:
                         "memory and process limits fall back to ulimit (per process, not "
                         "per workspace), CPU bandwidth is not limited")
     return errors, warnings
-
-
-def warm(settings: Settings) -> None:
-    """Start the zygote and fill the throwaway pool now, so that the first call does not
-    wait for them (a command consumer calls this at start)."""
-    from bashfleet.worker.engine import workspaces  # noqa: PLC0415 - workspaces imports us
-
-    available, _ = availability(settings)
-    if host_default(settings.isolation, available) == "none":
-        return
-    with contextlib.suppress(OSError):
-        workspaces.throwaways.fill(settings)
 
 
 __all__ = ["SandboxError"]

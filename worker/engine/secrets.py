@@ -26,7 +26,7 @@ from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 from bashfleet.worker.engine.environment import build_env, process_environ
-from bashfleet.worker.engine.sanitize import may_be_secret, secret_pattern, worth_redacting
+from bashfleet.worker.engine.output.sanitize import may_be_secret, secret_pattern, worth_redacting
 from bashfleet.worker.settings import Settings
 
 _ASSIGNMENT = re.compile(r"^\s*(?:export\s+)?[A-Za-z_][A-Za-z0-9_.-]*\s*[=:]\s*(.+?)\s*$")

@@ -9,13 +9,16 @@ for good (`bashfleet down` of a local fleet, a test's or a benchmark's cleanup) 
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import signal
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from bashfleet.worker.engine import jobs, procs, workspaces
+from bashfleet.worker.engine import isolate, procs, workspaces
+from bashfleet.worker.engine.jobs import jobs
 from bashfleet.worker.settings import Settings
 
 
@@ -63,7 +66,7 @@ def keepers_under(directory: Path) -> list[int]:
         if not name.isdigit():
             continue
         with contextlib.suppress(OSError):
-            if b"launcher.py" not in Path(f"/proc/{name}/cmdline").read_bytes():
+            if not isolate.runs(Path(f"/proc/{name}/cmdline").read_bytes(), "launcher"):
                 continue
             if _holds_socket(int(name), bound) or f" {prefix}" in Path(
                     f"/proc/{name}/mountinfo").read_text("utf-8", "replace"):
@@ -98,9 +101,6 @@ def _holds_socket(pid: int, inodes: set[str]) -> bool:
 def main(argv: list[str] | None = None) -> int:
     """`python -m bashfleet.worker.engine.teardown STATE_DIR...`: `end_host` for each host state
     directory (what `bashfleet down` runs once the local fleet's workers stopped)."""
-    import argparse  # noqa: PLC0415
-    import sys  # noqa: PLC0415
-
     parser = argparse.ArgumentParser(prog="python -m bashfleet.worker.engine.teardown",
                                      description=main.__doc__)
     parser.add_argument("state_dirs", nargs="+", metavar="STATE_DIR",

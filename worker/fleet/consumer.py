@@ -24,7 +24,7 @@ from collections.abc import Sequence
 import redis
 from celery.signals import worker_ready, worker_shutting_down
 
-from bashfleet.worker.engine import running, sandbox
+from bashfleet.worker.engine import running, workspaces
 from bashfleet.worker.fleet import flower, registry, tasks
 from bashfleet.worker.fleet.app import app, setup_consumer_logging
 from bashfleet.worker.fleet.connect import redis_client
@@ -57,7 +57,7 @@ def run_consumer(role: Role, instance: str) -> int:
     tasks.set_runtime(runtime)
     _drop_plain_settings_from_env()
     if role == "exec":
-        sandbox.warm(settings)  # the launcher starts now, not at the first call
+        workspaces.warm(settings)  # the launcher starts now, not at the first call
     _watch_parent(role, runtime)
     # No log line per task ("received", "succeeded: <result>"): formatting and writing
     # them cost the exec consumer CPU on every call, and would copy every command's

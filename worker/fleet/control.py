@@ -17,9 +17,10 @@ from pathlib import Path
 
 import redis
 
-from bashfleet.worker.engine import jobs, running
-from bashfleet.worker.engine.capture import read_slice
-from bashfleet.worker.engine.patterns import grep_lines
+from bashfleet.worker.engine import running
+from bashfleet.worker.engine.jobs import jobs
+from bashfleet.worker.engine.output.capture import read_slice
+from bashfleet.worker.engine.output.patterns import grep_lines
 from bashfleet.worker.engine.secrets import worker_redaction
 from bashfleet.worker.fleet import recovery, registry
 from bashfleet.worker.fleet.nonces import NonceMemory

@@ -53,7 +53,7 @@ from celery import Celery
 from celery.events import EventDispatcher
 from celery.worker.request import Request
 
-from bashfleet.worker.engine.sanitize import REDACTED, may_be_secret, redact, secret_pattern
+from bashfleet.worker.engine.output.sanitize import REDACTED, may_be_secret, redact, secret_pattern
 from bashfleet.worker.engine.secrets import worker_redaction
 from bashfleet.worker.settings import get_settings
 from bashfleet.worker.wire.models import Call, CallResult, JobRecord, JobStatus

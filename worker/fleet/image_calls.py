@@ -1,7 +1,7 @@
 """What the image control calls do on the owning host: list, pull, remove.
 
-The store is `bashfleet.worker.engine.images`; this module only puts it behind the control queue.
-A pull may take minutes, and the control consumer has a few threads that must answer
+The store is `bashfleet.worker.engine.images.images`; this module only puts it behind the control
+queue. A pull may take minutes, and the control consumer has a few threads that must answer
 `check` and `kill` at once: so a pull runs on a thread of its own (`Pulls`), and each
 control call waits for it at most `ImagePullRequest.wait_s` (a few seconds), answering
 what it said since the caller's last question. The client asks again with the pull's
@@ -19,8 +19,9 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from bashfleet.worker.engine import images, sandbox
-from bashfleet.worker.engine.image_meta import parse_ref
+from bashfleet.worker.engine import sandbox
+from bashfleet.worker.engine.images import images
+from bashfleet.worker.engine.images.image_meta import parse_ref
 from bashfleet.worker.fleet.control import Runtime
 from bashfleet.worker.settings import Settings
 from bashfleet.worker.wire.control import (

@@ -1,9 +1,9 @@
 """The control calls of interactive sessions, on the owning host: one function per request.
 
 `write_stdin`, `close_stdin` and `resize` reach the session's supervisor through its
-Unix socket (`bashfleet.worker.engine.relay`), then read the output produced since the last read by
-any client of the job's owner (`bashfleet.worker.engine.interactive.exchange`). Served by the
-control consumer, so a write never waits for a command slot.
+Unix socket (`bashfleet.worker.engine.isolate.relay`), then read the output produced since the last
+read by any client of the job's owner (`bashfleet.worker.engine.jobs.interactive.exchange`). Served
+by the control consumer, so a write never waits for a command slot.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import base64
 import binascii
 
-from bashfleet.worker.engine import interactive, jobs
+from bashfleet.worker.engine.jobs import interactive, jobs
 from bashfleet.worker.fleet import recovery
 from bashfleet.worker.fleet.control import Runtime, owned_record
 from bashfleet.worker.wire.control import (

@@ -6,7 +6,8 @@
   running (or finish its side effects) behind everybody's back. A dead consumer's
   youngest calls are found by their Redis record and their marker instead
   (`_recover_unrecorded`).
-- Background jobs have their own record files (`bashfleet.worker.engine.jobs`); `sync_job` publishes
+- Background jobs have their own record files (`bashfleet.worker.engine.jobs.jobs`); `sync_job`
+  publishes
 a
   job's state to Redis, which a restarted worker does for every job it owns (and
   records the exit status of jobs that ended while it was down).
@@ -24,7 +25,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
-from bashfleet.worker.engine import jobs, procs, running
+from bashfleet.worker.engine import procs, running
+from bashfleet.worker.engine.jobs import jobs
 from bashfleet.worker.engine.running import ORPHAN_GRACE_S, RunningCall
 from bashfleet.worker.fleet import registry
 from bashfleet.worker.fleet.connect import Redis

@@ -1,9 +1,10 @@
 """What the snapshot control calls do on a host: take, fork, restore, delete, fetch.
 
-A snapshot's layer and record live on its host's disk (`bashfleet.worker.engine.snapshots`). Redis
-holds its record sealed by that host (`bashfleet:snap:<id>`: what a client lists, and what
-another host trusts when it fetches the snapshot's layers from the fleet's registry) and
-its place in its owner's quota of snapshots, renewed by its host while it is kept.
+A snapshot's layer and record live on its host's disk
+(`bashfleet.worker.engine.snapshots.snapshots`). Redis holds its record sealed by that host
+(`bashfleet:snap:<id>`: what a client lists, and what another host trusts when it fetches the
+snapshot's layers from the fleet's registry) and its place in its owner's quota of snapshots,
+renewed by its host while it is kept.
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ from dataclasses import dataclass, field
 
 import redis
 
-from bashfleet.worker.engine import snapshots as engine
 from bashfleet.worker.engine import workspaces
+from bashfleet.worker.engine.snapshots import snapshot_store
+from bashfleet.worker.engine.snapshots import snapshots as engine
 from bashfleet.worker.fleet import registry, workspace_calls
 from bashfleet.worker.fleet.control import Runtime
 from bashfleet.worker.settings import Settings
@@ -85,8 +87,8 @@ def trusted_record(client: redis.Redis, keys: Mapping[str, str], snap_id: str
 
 def _owned(rt: Runtime, snap_id: str, owner: str, admin: bool) -> SnapshotRecord:
     try:
-        record = engine.load(snap_id, rt.settings)
-    except engine.SnapshotError:
+        record = snapshot_store.load(snap_id, rt.settings)
+    except snapshot_store.SnapshotError:
         record = None
     if record is None or record.deleted or record.hidden or record.host != rt.settings.host \
             or (record.owner != owner and not admin):
@@ -99,7 +101,7 @@ def _take(rt: Runtime, ws_id: str, owner: str, admin: bool, *, ttl_s: float | No
     """Take a snapshot counted against its owner's caps (count, then bytes): past one,
     nothing of it is kept."""
     source = workspace_calls.owned(rt, ws_id, owner, admin)
-    snap_id = engine.new_id()
+    snap_id = snapshot_store.new_id()
     limit = rt.settings.limit_snapshots
     quota = registry.quota_acquire(rt.redis, QUOTA_KIND, source.owner, snap_id, limit)
     if not quota.taken:
@@ -190,7 +192,7 @@ def restore(rt: Runtime, request: WorkspaceRestoreRequest, admin: bool = False
             ) -> RestoreResult:
     """Put a workspace of the asker's back to a snapshot of theirs."""
     source = workspace_calls.owned(rt, request.workspace, request.owner, admin)
-    snapshot = engine.load(request.snapshot, rt.settings) if engine.valid_id(
+    snapshot = snapshot_store.load(request.snapshot, rt.settings) if snapshot_store.valid_id(
         request.snapshot) else None
     if snapshot is None or snapshot.hidden or snapshot.deleted:
         raise ToolError("not_found", f"no such snapshot on host {rt.settings.host}: "
@@ -218,8 +220,8 @@ def delete(rt: Runtime, request: SnapshotDeleteRequest, admin: bool = False
 
 def _load_or_none(snap_id: str, settings: Settings) -> SnapshotRecord | None:
     try:
-        return engine.load(snap_id, settings)
-    except engine.SnapshotError:
+        return snapshot_store.load(snap_id, settings)
+    except snapshot_store.SnapshotError:
         return None
 
 
@@ -233,7 +235,7 @@ def reap(settings: Settings, client: redis.Redis) -> int:
         if record.host == settings.host:
             unpublish(client, record)
     by_owner: dict[str, list[str]] = {}
-    for record in engine.local_records(settings):
+    for record in snapshot_store.local_records(settings):
         if record.host != settings.host:
             continue  # fetched from another host: that one publishes it
         publish_with(client, keys, record)

@@ -3,8 +3,8 @@
 Its host pushes each layer of its chain (itself, then those it stands on) that is not
 in the registry yet, and records where (`SnapshotRecord.pushed`, sealed in Redis). Another
 host trusts only those sealed records: it pulls each layer it does not hold by digest
-(`bashfleet.worker.engine.snapshot_registry`: skopeo checks the digest), and keeps a copy of the
-record, so that workspaces made there stand on the very same layers.
+(`bashfleet.worker.engine.snapshots.snapshot_registry`: skopeo checks the digest), and keeps a copy
+of the record, so that workspaces made there stand on the very same layers.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from bashfleet.worker.engine import snapshot_registry, workspaces
-from bashfleet.worker.engine import snapshots as engine
+from bashfleet.worker.engine import workspaces
+from bashfleet.worker.engine.snapshots import snapshot_registry, snapshot_store
 from bashfleet.worker.fleet.control import Runtime
 from bashfleet.worker.wire.errors import ToolError
 from bashfleet.worker.wire.models import SnapshotRecord
@@ -28,7 +28,7 @@ def push_chain(rt: Runtime, record: SnapshotRecord) -> tuple[str, ...]:
 
     pushed = []
     for snap_id in record.layers:
-        local = engine.load(snap_id, rt.settings)
+        local = snapshot_store.load(snap_id, rt.settings)
         if local.pushed is None:
             ref = snapshot_registry.snapshot_ref(rt.settings, snap_id)
             if ref is None:
@@ -37,13 +37,13 @@ def push_chain(rt: Runtime, record: SnapshotRecord) -> tuple[str, ...]:
                     "another host the fleet needs a registry for snapshots "
                     "(BASHFLEET_SNAPSHOT_REGISTRY on every worker)"))
             digest = snapshot_registry.push(
-                engine.layer_path(rt.settings, snap_id), ref, rt.settings,
+                snapshot_store.layer_path(rt.settings, snap_id), ref, rt.settings,
                 annotations={"org.bashfleet.snapshot": snap_id,
                              "org.bashfleet.base": local.base()})
             # By digest alone (a reference with a tag and a digest is not one skopeo takes).
             repository = ref.rsplit(":", 1)[0]
             local = local.model_copy(update={"pushed": f"{repository}@{digest}"})
-            engine.save(local, rt.settings)
+            snapshot_store.save(local, rt.settings)
             snapshot_calls.publish(rt, local)
         pushed.append(str(local.pushed))
     return tuple(pushed)
@@ -66,16 +66,16 @@ def fetch_chain(rt: Runtime, record: SnapshotRecord) -> tuple[str, ...]:
                 f"snapshot {snap_id} is not in the fleet's registry yet: ask its host "
                 f"{trusted.host} to push it first"))
         pushed.append(trusted.pushed)
-        layer = engine.layer_path(rt.settings, snap_id)
+        layer = snapshot_store.layer_path(rt.settings, snap_id)
         # One fetch of a layer at a time on this host (another worker process of it may
         # be fetching the same): the second finds it there.
-        with _locked(engine.snapshots_dir(rt.settings) / f".{snap_id}.lock"):
-            if layer.is_dir() and engine.record_path(rt.settings, snap_id).exists():
+        with _locked(snapshot_store.snapshots_dir(rt.settings) / f".{snap_id}.lock"):
+            if layer.is_dir() and snapshot_store.record_path(rt.settings, snap_id).exists():
                 continue
             workspaces.remove_tree(layer.parent)  # what a crash left half-made
             layer.parent.mkdir(mode=0o700, parents=True)
             snapshot_registry.pull(trusted.pushed, layer, rt.settings)
-            engine.save(trusted, rt.settings)
+            snapshot_store.save(trusted, rt.settings)
     return tuple(pushed)
 
 

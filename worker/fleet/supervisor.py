@@ -43,7 +43,8 @@ from typing import Any
 import redis
 from pydantic_settings import NoDecode
 
-from bashfleet.worker.engine import layer_fs, procs, running, sandbox
+from bashfleet.worker.engine import procs, running, sandbox
+from bashfleet.worker.engine.snapshots import layer_fs
 from bashfleet.worker.fleet import flower, logs, recovery, registry, workspace_calls
 from bashfleet.worker.fleet.celery_apps import client_celery
 from bashfleet.worker.fleet.connect import redis_client, safe_url

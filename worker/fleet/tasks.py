@@ -36,7 +36,7 @@ from pydantic import ValidationError
 
 from bashfleet.worker.engine import running
 from bashfleet.worker.engine.call import run_call
-from bashfleet.worker.engine.jobs import load_record
+from bashfleet.worker.engine.jobs.jobs import load_record
 from bashfleet.worker.fleet import (
     control,
     flower,

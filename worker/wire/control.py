@@ -500,7 +500,7 @@ class TransferRequest(ControlRequest):
 
 #: Longest a pull's answer waits for it to end (the client asks again).
 MAX_PULL_WAIT_S = 10.0
-#: Longest image reference (`bashfleet.worker.engine.image_meta` checks the rest).
+#: Longest image reference (`bashfleet.worker.engine.images.image_meta` checks the rest).
 MAX_IMAGE_REF = 1024
 
 

@@ -15,7 +15,7 @@ unix sockets are its own); the policy says what leaves it:
   (`BASHFLEET_NETWORK_HOST_OK=1`).
 
 Pure: the model and its spellings (`egress`, `allow=pypi.org,*.pythonhosted.org`, a bool
-of an older client). The worker's guard (`bashfleet.worker.engine.netguard`) applies it.
+of an older client). The worker's guard (`bashfleet.worker.engine.isolate.netguard`) applies it.
 """
 
 from __future__ import annotations

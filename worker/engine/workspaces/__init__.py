@@ -1,7 +1,7 @@
 """The workspaces of this host: made, found, used, reaped.
 
 A workspace is a directory on this host plus the namespaces its calls share (its keeper:
-`bashfleet.worker.engine.keeper`). Its calls' kept output and its jobs' output go to
+`bashfleet.worker.engine.isolate.keeper`). Its calls' kept output and its jobs' output go to
 `<workspace root>/.out/<id>`, read-only in its view at the same path. One module a job:
 
 - `store`: records and paths;
@@ -19,11 +19,11 @@ This package's own names are what the rest of the worker uses.
 from __future__ import annotations
 
 from bashfleet.worker.engine.workspaces.blank_pool import make_blank, reap_blanks
+from bashfleet.worker.engine.workspaces.disk import remove_tree
 from bashfleet.worker.engine.workspaces.keeper_calls import WorkspaceProcess, connections, start
 from bashfleet.worker.engine.workspaces.lifecycle import (
     delete,
     reap,
-    remove_tree,
     restore,
     set_network,
 )
@@ -44,15 +44,15 @@ from bashfleet.worker.engine.workspaces.store import (
     save,
     state_path,
     touch,
-    view,
 )
-from bashfleet.worker.engine.workspaces.throwaway_pool import throwaways
+from bashfleet.worker.engine.workspaces.throwaway_pool import throwaways, warm
 from bashfleet.worker.engine.workspaces.usage import (
     check_disk,
     disk_bytes,
     disk_cap_notice,
     over_disk_cap,
     processes,
+    view,
 )
 from bashfleet.worker.engine.workspaces.visibility import home_of, shell_of, workspace_env
 
@@ -90,5 +90,6 @@ __all__ = [
     "throwaways",
     "touch",
     "view",
+    "warm",
     "workspace_env",
 ]

@@ -16,17 +16,10 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from bashfleet.worker.engine import (
-    cgroups,
-    ids,
-    launcher,
-    layout,
-    network,
-    procs,
-    resources,
-    sandbox,
-)
-from bashfleet.worker.engine.workspaces import lifecycle, making, visibility
+from bashfleet.worker.engine import cgroups, id_slots, layout, procs, resources, sandbox
+from bashfleet.worker.engine.isolate import launcher
+from bashfleet.worker.engine.network import network
+from bashfleet.worker.engine.workspaces import disk, visibility
 from bashfleet.worker.settings import Settings
 
 log = logging.getLogger("bashfleet.workspaces")
@@ -46,7 +39,7 @@ class Blank:
     note: Path
     """Its file in the state directory (who made it): the reaper ends the blanks of a
     worker process that died."""
-    slot: ids.Slot | None = None
+    slot: id_slots.Slot | None = None
     """Its host ids (the keeper holds their slot's lock; `fd` here is -1)."""
     layers: Path | None = None
     """Its layers, made ahead and mounted in its namespace (moved into the workspace's
@@ -86,7 +79,7 @@ def _remove_when_free(path: Path) -> None:
     """Remove a blank's layers once its namespace (where they were mounted) is gone."""
     deadline = time.monotonic() + 10.0
     while True:
-        lifecycle.remove_tree(path)
+        disk.remove_tree(path)
         if not path.exists() or time.monotonic() > deadline:
             return
         time.sleep(0.05)  # the dead keeper's mounts are let go of a moment later
@@ -164,7 +157,7 @@ def make_blank(settings: Settings, net: str, *, prebuilt: bool = False) -> Blank
     """A blank keeper: forked by the zygote into new namespaces, in a cgroup of its own;
     on a host that gives workspaces ids of their own, with a slot of them, its user
     namespace made, and (`prebuilt`) the host's root in layers of its own mounted."""
-    making.ensure_dir(settings.workspaces_dir, 0o700)
+    disk.ensure_dir(settings.workspaces_dir, 0o700)
     name = f"blank-{uuid.uuid4().hex[:15]}"
     sock_path = str(settings.workspaces_dir / f"{name}.sock")
     note = settings.workspaces_dir / f"{name}.blank"
@@ -177,10 +170,10 @@ def make_blank(settings: Settings, net: str, *, prebuilt: bool = False) -> Blank
     group = None
     try:
         if slot is not None:
-            spec["ids"] = {"uid": slot.uid, "gid": slot.gid, "count": ids.SLOT_SIZE}
+            spec["ids"] = {"uid": slot.uid, "gid": slot.gid, "count": id_slots.SLOT_SIZE}
             spec["slot"] = True
         if layers is not None and slot is not None:
-            making.make_layers(layers, slot, None)
+            disk.make_layers(layers, slot, None)
             spec["prebuild"] = layout.prebuild_steps(str(layers), visibility.host_entries())
         with contextlib.suppress(OSError):
             group = resources.blank_group(settings, f"ws-{name}")
@@ -189,7 +182,7 @@ def make_blank(settings: Settings, net: str, *, prebuilt: bool = False) -> Blank
         if slot is not None:
             slot.close()
         if layers is not None:
-            lifecycle.remove_tree(layers)
+            disk.remove_tree(layers)
         raise
     fds = group.procs_fds() if group is not None else []
     try:
@@ -203,7 +196,7 @@ def make_blank(settings: Settings, net: str, *, prebuilt: bool = False) -> Blank
         with contextlib.suppress(FileNotFoundError):
             os.unlink(sock_path)
         if layers is not None:
-            lifecycle.remove_tree(layers)
+            disk.remove_tree(layers)
         raise
     finally:
         listener.close()
@@ -233,12 +226,12 @@ def _blank_network(blank: Blank, settings: Settings) -> None:
         raise
 
 
-def _claim_ids(settings: Settings) -> ids.Slot | None:
+def _claim_ids(settings: Settings) -> id_slots.Slot | None:
     """Host ids of the workspace's own (None: a single-tenant host)."""
     host = sandbox.host_ids(settings)
     if host is None:
         return None
-    return ids.claim(host, first=int.from_bytes(os.urandom(2), "big"),
+    return id_slots.claim(host, first=int.from_bytes(os.urandom(2), "big"),
                      lock_dir=settings.id_lock_dir, legacy=settings.id_range is None)
 
 

@@ -9,7 +9,8 @@ import threading
 from bashfleet.worker.engine import (
     sandbox,
 )
-from bashfleet.worker.engine.launcher import (
+from bashfleet.worker.engine.isolate import proto
+from bashfleet.worker.engine.isolate.launcher import (
     KeeperConnection,
     KeeperLostError,
     KeeperProcess,
@@ -74,7 +75,7 @@ class WorkspaceProcess(KeeperProcess):
 recycled: dict[str, bool] = {}
 
 
-def start(record: WorkspaceRecord, request: dict[str, object], fds: list[int],
+def start(record: WorkspaceRecord, request: proto.SpawnRequest, fds: list[int],
           timeout: float = sandbox.ANSWER_TIMEOUT_S) -> WorkspaceProcess:
     """Start a call in the workspace; SandboxError when it could not (KeeperLostError:
     the workspace is gone)."""

@@ -10,23 +10,16 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import subprocess
 import threading
 import time
-from pathlib import Path
 
-from bashfleet.worker.engine import (
-    cgroups,
-    job_records,
-    launcher,
-    layout,
-    netlog,
-    network,
-    sandbox,
-    snapshots,
-)
-from bashfleet.worker.engine.workspaces import blank_pool, keeper_calls, making, store, usage
+from bashfleet.worker.engine import cgroups, sandbox
+from bashfleet.worker.engine.isolate import launcher
+from bashfleet.worker.engine.jobs import job_records
+from bashfleet.worker.engine.network import netlog, network
+from bashfleet.worker.engine.snapshots import snapshot_store
+from bashfleet.worker.engine.workspaces import blank_pool, disk, keeper_calls, making, store, usage
 from bashfleet.worker.engine.workspaces.store import WorkspaceError
 from bashfleet.worker.settings import Settings
 from bashfleet.worker.wire.models import (
@@ -50,7 +43,7 @@ def delete(ws_id: str, settings: Settings, *, note: str = "its workspace was del
     job_records.end_workspace_jobs(settings, ws_id, note)
     for path in record.cgroup:
         cgroups.Group("v2", [(path, ())]).remove(timeout=2.0)
-    remove_files(record, settings)
+    disk.remove_files(record, settings)
     usage.full_path(settings, ws_id).unlink(missing_ok=True)
     store.record_path(settings, ws_id).unlink(missing_ok=True)
     store.forget(ws_id, settings)
@@ -64,8 +57,8 @@ def restore(ws_id: str, snap_id: str, settings: Settings) -> tuple[WorkspaceReco
     before anything is touched when the snapshot cannot be its."""
     record = store.load(ws_id, settings)
     try:
-        snapshot = snapshots.load(snap_id, settings)
-    except snapshots.SnapshotError as exc:
+        snapshot = snapshot_store.load(snap_id, settings)
+    except snapshot_store.SnapshotError as exc:
         raise WorkspaceError(exc.kind, exc.message) from None
     if snapshot.deleted or snapshot.owner != record.owner:
         raise WorkspaceError("not_found", f"no such snapshot on host {settings.host}: "
@@ -84,7 +77,7 @@ def restore(ws_id: str, snap_id: str, settings: Settings) -> tuple[WorkspaceReco
     job_records.end_workspace_jobs(settings, ws_id, f"its workspace was restored to {snap_id}")
     for path in record.cgroup:
         cgroups.Group("v2", [(path, ())]).remove(timeout=2.0)
-    remove_files(record, settings)
+    disk.remove_files(record, settings)
     usage.full_path(settings, ws_id).unlink(missing_ok=True)
     spec = WorkspaceSpec(owner=record.owner, snapshot=snap_id, isolation=record.isolation,
                          network=record.network, ttl_s=record.ttl_s, limits=record.limits,
@@ -151,39 +144,6 @@ def _end_keeper(record: WorkspaceRecord) -> None:
         launcher.readable(pidfd, store.KEEPER_END_S)
     finally:
         os.close(pidfd)
-
-
-def remove_files(record: WorkspaceRecord, settings: Settings) -> None:
-    remove_tree(store.state_path(settings, record.id))
-    with contextlib.suppress(OSError):  # an output directory with nothing kept in it
-        os.rmdir(record.out_dir)
-        (settings.workspaces_dir / f"{record.id}.out").unlink()
-    store.socket_path(settings, record.id).unlink(missing_ok=True)
-    network.state_path(settings, record.id).unlink(missing_ok=True)
-    network.denied_path(settings, record.id).unlink(missing_ok=True)
-    Path(f"{network.denied_path(settings, record.id)}.seen").unlink(missing_ok=True)
-    own_dir = record.host_dir()
-    if record.fresh and layout.inside(own_dir, str(settings.workspace_root_dir())) \
-            and own_dir != str(settings.workspace_root_dir()):
-        remove_tree(Path(own_dir))
-
-
-def remove_tree(path: Path) -> None:
-    """Remove a tree a call may have made hard to remove (directories without write or
-    execute permission for the worker that is not root)."""
-    def unlock(func: object, failed: str, exc: object) -> None:
-        del func, exc
-        with contextlib.suppress(OSError):
-            os.chmod(os.path.dirname(failed), 0o700)
-            os.chmod(failed, 0o700)
-        with contextlib.suppress(OSError):
-            if os.path.isdir(failed) and not os.path.islink(failed):
-                shutil.rmtree(failed, ignore_errors=True)
-            else:
-                os.unlink(failed)
-
-    if path.exists() or path.is_symlink():
-        shutil.rmtree(path, onerror=unlock)
 
 
 def reap(settings: Settings, now: float | None = None) -> list[WorkspaceRecord]:

@@ -12,34 +12,19 @@ from __future__ import annotations
 import errno
 import json
 import os
-import socket
 import stat
 import subprocess
 import time
 from pathlib import Path
 from typing import Literal
 
-from bashfleet.worker.engine import (
-    cgroups,
-    hostname,
-    ids,
-    layout,
-    network,
-    resources,
-    sandbox,
-    snapshots,
-)
-from bashfleet.worker.engine.launcher import (
+from bashfleet.worker.engine import cgroups, id_slots, layout, resources, sandbox
+from bashfleet.worker.engine.isolate.launcher import (
     KeeperConnection,
 )
-from bashfleet.worker.engine.workspaces import (
-    blank_pool,
-    keeper_calls,
-    lifecycle,
-    store,
-    throwaway_pool,
-    visibility,
-)
+from bashfleet.worker.engine.network import network
+from bashfleet.worker.engine.snapshots import snapshot_store
+from bashfleet.worker.engine.workspaces import blank_pool, disk, keeper_calls, store, visibility
 from bashfleet.worker.engine.workspaces.store import WorkspaceError
 from bashfleet.worker.settings import Settings
 from bashfleet.worker.wire.errors import ToolError
@@ -121,7 +106,7 @@ def _create(spec: WorkspaceSpec, settings: Settings, choice: sandbox.Choice,  # 
                        make=snapshot is None),
         session=spec.session, tags=spec.tags, throwaway=throwaway,
         run_as=user.name if user else sandbox.run_user_name(settings),
-        image=image, ids=(slot.uid, ids.SLOT_SIZE) if slot is not None else None,
+        image=image, ids=(slot.uid, id_slots.SLOT_SIZE) if slot is not None else None,
         user=spec.user, home=inside.home if inside is not None else None,
         lowers=lowers, dir=path if path != shown_at else None,
     )
@@ -132,7 +117,7 @@ def _create(spec: WorkspaceSpec, settings: Settings, choice: sandbox.Choice,  # 
                                    image_root=image_root)
         store.save(record, settings)
     except BaseException:
-        lifecycle.remove_files(record, settings)
+        disk.remove_files(record, settings)
         raise
     return record
 
@@ -146,8 +131,8 @@ def _from_snapshot(spec: WorkspaceSpec, settings: Settings
                              "snapshot's image or host root, in its directory: `image`, "
                              "`build` and `path` cannot change that")
     try:
-        snapshot = snapshots.load(str(spec.snapshot), settings)
-    except snapshots.SnapshotError as exc:
+        snapshot = snapshot_store.load(str(spec.snapshot), settings)
+    except snapshot_store.SnapshotError as exc:
         raise WorkspaceError(exc.kind, exc.message) from None
     if snapshot.deleted or (snapshot.owner != spec.owner and spec.owner):
         raise WorkspaceError("not_found", f"no such snapshot on host {settings.host}: "
@@ -165,7 +150,7 @@ def image_of(spec: WorkspaceSpec, settings: Settings, snapshot: SnapshotRecord |
     """The image the workspace stands on, pulled or built now when this host has not
     got it (None: the host's own root)."""
     if snapshot is not None and snapshot.image is not None:
-        from bashfleet.worker.engine import images  # noqa: PLC0415 - only image workspaces need it
+        from bashfleet.worker.engine.images import images  # noqa: PLC0415 - only image workspaces need it
 
         try:
             info, root = images.ensure_pinned(snapshot.image, settings)
@@ -175,7 +160,7 @@ def image_of(spec: WorkspaceSpec, settings: Settings, snapshot: SnapshotRecord |
         return info, str(root)
     if not (spec.image or spec.build):
         return None, None
-    from bashfleet.worker.engine import images  # noqa: PLC0415 - only image workspaces need it
+    from bashfleet.worker.engine.images import images  # noqa: PLC0415 - only image workspaces need it
 
     try:
         if spec.build:
@@ -254,7 +239,7 @@ def _directory(asked: str | None, ws_id: str, settings: Settings,
     local account finds or reads a workspace), owned by `owner` (the workspace's root)."""
     if asked is None:
         root = settings.workspace_root_dir()
-        ensure_dir(root, 0o700)
+        disk.ensure_dir(root, 0o700)
         path = root / ws_id
         path.mkdir(mode=0o755)
         if owner is not None:
@@ -339,17 +324,11 @@ def _make_beneath(base: str, rel: str, owner: tuple[int, int] | None) -> None:
         os.close(fd)
 
 
-def ensure_dir(path: Path, mode: int) -> None:
-    if not path.is_dir():
-        path.mkdir(mode=mode, parents=True, exist_ok=True)
-        path.chmod(mode)
-
-
 def _make_dirs(record: WorkspaceRecord, settings: Settings, user: sandbox.User | None,
                blank: blank_pool.Blank | None = None, *, image_root: str | None = None,
                owner: tuple[int, int] | None = None) -> None:
-    ensure_dir(settings.workspaces_dir, 0o700)
-    ensure_dir(Path(record.out_dir).parent, 0o700)
+    disk.ensure_dir(settings.workspaces_dir, 0o700)
+    disk.ensure_dir(Path(record.out_dir).parent, 0o700)
     out = Path(record.out_dir)
     out.mkdir(mode=0o755, exist_ok=True)  # kept by a restore
     # This host's mark on it: its kept output outlives the workspace, until `bashfleet
@@ -368,149 +347,19 @@ def _make_dirs(record: WorkspaceRecord, settings: Settings, user: sandbox.User |
             os.rename(blank.layers, state / "layer")
             blank.layers = None
         elif record.lowers:
-            _make_snapshot_layers(record, settings, slot, image_root)
+            disk.make_snapshot_layers(record, settings, slot, image_root,
+                                      snapshot_store.layer_path(settings, record.lowers[0]))
         else:
-            make_layers(state / "layer", slot, image_root)
+            disk.make_layers(state / "layer", slot, image_root)
             upper = state / "layer" / "upper" / "root"
             if image_root is not None and record.image is not None and record.image.workdir:
-                _make_dir_in_image(upper, image_root, record.image.workdir, slot)
+                disk.make_dir_in_image(upper, image_root, record.image.workdir, slot)
             if image_root is not None and record.home and owner is not None:
                 # Its HOME is the image's (its .bashrc and .profile: a login shell's conda
                 # activation), made in its layer, its user's, only when the image has none.
-                _make_dir_in_image(upper, image_root, record.home, slot, owner=owner)
+                disk.make_dir_in_image(upper, image_root, record.home, slot, owner=owner)
     elif user is not None:
         os.chown(state / "home", user.uid, user.gid)
-
-
-def make_layers(layers: Path, slot: ids.Slot, image_root: str | None) -> None:
-    """The workspace's own layers: for `/`, an upper directory (what its calls change)
-    whose owner and mode are those of the image's root as the workspace sees it (an
-    overlay shows its upper root's; over the host, the workspace root's own), and a
-    work directory the overlay needs."""
-    for name in ("upper", "work", "empty"):
-        (layers / name).mkdir(mode=0o700 if name != "empty" else 0o755, parents=True)
-    _upper(layers, "root", os.stat(image_root) if image_root else None, slot)
-    if image_root is not None:
-        _seed_network_files(layers / "upper" / "root", image_root, slot)
-    else:
-        _seed_hostname(layers, slot)
-
-
-def _make_snapshot_layers(record: WorkspaceRecord, settings: Settings, slot: ids.Slot,
-                          image_root: str | None) -> None:
-    """The layers of a workspace made from snapshots: empty uppers, each with the owner
-    and mode of the newest snapshot's layer of it (what an overlay shows of its root),
-    and work directories for its own directories' overlays too."""
-    layers = store.state_path(settings, record.id) / "layer"
-    for name in ("upper", "work", "empty"):
-        (layers / name).mkdir(mode=0o700 if name != "empty" else 0o755, parents=True)
-    newest = snapshots.layer_path(settings, record.lowers[0])
-    _upper(layers, "root", os.stat(newest / "root"), slot)
-    if image_root is None:  # an image's /etc/hosts is in its snapshot's layer of `/`
-        _seed_hostname(layers, slot)
-    state = store.state_path(settings, record.id)
-    own = {"home": state / "home", "tmp": state / "tmp", "vartmp": state / "vartmp",
-           "work": Path(record.host_dir())}
-    for name, upper in own.items():
-        (layers / "work" / f"own.{name}").mkdir(mode=0o700)
-        info = os.stat(newest / name)
-        os.chown(upper, _shifted(info.st_uid, slot.uid), _shifted(info.st_gid, slot.gid))
-        upper.chmod(stat.S_IMODE(info.st_mode))
-
-
-#: What an image's workspace finds in its /etc for the network, as a container does
-#: (its own to change: the files are in its upper layer).
-HOSTS = "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n"
-
-
-def _seed_network_files(upper: Path, image_root: str, slot: ids.Slot) -> None:
-    """/etc/hosts and the host's /etc/resolv.conf in an image workspace's own layer (an
-    image's are empty or missing: names would not resolve)."""
-    try:
-        lower = os.stat(os.path.join(image_root, "etc"), follow_symlinks=False)
-    except OSError:
-        return
-    if not stat.S_ISDIR(lower.st_mode):
-        return
-    etc = upper / "etc"
-    etc.mkdir(mode=stat.S_IMODE(lower.st_mode))
-    os.chown(etc, _shifted(lower.st_uid, slot.uid), _shifted(lower.st_gid, slot.gid))
-    try:
-        resolv = Path("/etc/resolv.conf").read_text("utf-8")
-    except (OSError, UnicodeDecodeError):
-        resolv = ""
-    hosts = hostname.with_hostname(HOSTS, socket.gethostname()) or HOSTS
-    for name, text in (("hosts", hosts), ("resolv.conf", resolv)):
-        _write_own(etc / name, text, slot)
-
-
-def _write_own(path: Path, text: str, slot: ids.Slot) -> None:
-    """A new file of the workspace root's in one of its own layers."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                 0o644)
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        handle.write(text)
-        os.fchown(handle.fileno(), slot.uid, slot.gid)
-
-
-def _seed_hostname(layers: Path, slot: ids.Slot) -> None:
-    """Where the host's /etc/hosts does not name the hostname its calls see, the
-    workspace's own copy of it that does (`layers/hosts`, shown over the host's
-    read-only /etc/hosts in its view: `layout.ViewSpec.etc_hosts`); the host's is
-    unchanged."""
-    try:
-        text = Path("/etc/hosts").read_text("utf-8")
-    except (OSError, UnicodeDecodeError):
-        return
-    hosts = hostname.with_hostname(text, socket.gethostname())
-    if hosts is not None:
-        _write_own(layers / layout.ETC_HOSTS, hosts, slot)
-
-
-def _make_dir_in_image(upper: Path, image_root: str, path: str, slot: ids.Slot, *,
-                       owner: tuple[int, int] | None = None) -> None:
-    """A directory of an image's (its WORKDIR, its user's HOME), made in the workspace's
-    own layer when the image has not got it (as container runtimes make it); where the
-    image has it, nothing (a copy in the layer would show other times and link counts
-    than `docker exec` does). Each directory it lies in copied up with the image's owner
-    and mode (an overlay shows its upper directory's), the new ones `owner`'s (host ids;
-    None: the workspace root's). A link on the way: left alone (the call's cwd error says
-    so)."""
-    parts = [p for p in os.path.normpath(path).split("/") if p]
-    if os.path.isdir(os.path.join(image_root, *parts)) and not any(
-            os.path.islink(os.path.join(image_root, *parts[:n + 1])) for n in range(len(parts))):
-        return
-    lower, upper_dir = image_root, upper
-    for part in parts:
-        lower = os.path.join(lower, part)
-        upper_dir = upper_dir / part
-        try:
-            info: os.stat_result | None = os.lstat(lower)
-        except FileNotFoundError:
-            info = None
-        if info is not None and not stat.S_ISDIR(info.st_mode):
-            return
-        if upper_dir.exists():
-            continue
-        upper_dir.mkdir(mode=stat.S_IMODE(info.st_mode) if info else 0o755)
-        os.chown(upper_dir, *((_shifted(info.st_uid, slot.uid), _shifted(info.st_gid, slot.gid))
-                              if info else owner or (slot.uid, slot.gid)))
-
-
-def _shifted(host_id: int, first: int) -> int:
-    """An image's (or the host's) id as the workspace's user namespace shows it."""
-    return first + host_id if host_id < ids.SLOT_SIZE else host_id
-
-
-def _upper(layers: Path, name: str, lower: os.stat_result | None, slot: ids.Slot) -> None:
-    upper = layers / "upper" / name
-    upper.mkdir(mode=0o755)
-    (layers / "work" / name).mkdir(mode=0o700)
-    if lower is None:
-        os.chown(upper, slot.uid, slot.gid)
-        return
-    os.chown(upper, _shifted(lower.st_uid, slot.uid), _shifted(lower.st_gid, slot.gid))
-    upper.chmod(stat.S_IMODE(lower.st_mode))
 
 
 def _start_keeper(record: WorkspaceRecord, settings: Settings, user: sandbox.User | None,
@@ -533,7 +382,7 @@ def _start_keeper(record: WorkspaceRecord, settings: Settings, user: sandbox.Use
     if slot is not None:
         # The run user's files (projects, shared writable roots: theirs on the host, as
         # on a single-tenant host) are the workspace root's through that map.
-        body["ids"] = {"uid": slot.uid, "gid": slot.gid, "count": ids.SLOT_SIZE,
+        body["ids"] = {"uid": slot.uid, "gid": slot.gid, "count": id_slots.SLOT_SIZE,
                        "shared": [user.uid, user.gid] if user is not None else None}
         who = inside or visibility.Inside(0, 0, (), "/root")
         body["user"] = [who.uid, who.gid, list(who.groups)]
@@ -555,8 +404,8 @@ def _start_keeper(record: WorkspaceRecord, settings: Settings, user: sandbox.Use
     _claim_network(record, settings, blank)
     if slot is not None:
         upper = store.state_path(settings, record.id) / "layer" / "upper"
-        skeleton = throwaway_pool.layer_listing(upper)
-        throwaway_pool.skeleton_path(settings, record.id).write_text(json.dumps(skeleton),
+        skeleton = disk.layer_listing(upper)
+        disk.skeleton_path(settings, record.id).write_text(json.dumps(skeleton),
                                                                      encoding="utf-8")
     return record.model_copy(update={
         "keeper_pid": blank.pid, "keeper_start": blank.start, "socket_path": sock_path,

@@ -13,12 +13,10 @@ import os
 import uuid
 from pathlib import Path
 
-from bashfleet.worker.engine.workspaces import usage
 from bashfleet.worker.settings import Settings
 from bashfleet.worker.wire.errors import ToolError
 from bashfleet.worker.wire.models import (
     WorkspaceRecord,
-    WorkspaceView,
 )
 
 #: How often a workspace's keeper looks at its lease, and how long past its TTL (or its
@@ -139,17 +137,3 @@ def last_used(record: WorkspaceRecord, settings: Settings) -> float | None:
         return None
 
 
-def view(record: WorkspaceRecord, settings: Settings, *, count: bool = False) -> WorkspaceView:
-    """What a client is shown of it (`count`: its disk bytes and processes too)."""
-    used = last_used(record, settings)
-    return WorkspaceView(
-        id=record.id, host=record.host, owner=record.owner, path=record.path,
-        isolation=record.isolation, network=record.network, ttl_s=record.ttl_s,
-        created_at=record.created_at, last_used_at=used,
-        expires_at=None if used is None else used + record.ttl_s, session=record.session,
-        tags=record.tags, limits=record.limits, run_as=record.run_as,
-        image=f"{record.image.ref}@{record.image.digest}" if record.image is not None else None,
-        disk_bytes=usage.disk_bytes(record, settings) if count else None,
-        processes=len(usage.processes(record)) if count else None,
-        snapshot=record.lowers[0] if record.lowers else None,
-    )

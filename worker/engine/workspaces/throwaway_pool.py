@@ -9,7 +9,6 @@ import json
 import logging
 import os
 import queue
-import stat
 import threading
 import time
 from pathlib import Path
@@ -18,7 +17,7 @@ from bashfleet.worker.engine import (
     layout,
     sandbox,
 )
-from bashfleet.worker.engine.workspaces import keeper_calls, lifecycle, making, store, usage
+from bashfleet.worker.engine.workspaces import disk, keeper_calls, lifecycle, making, store, usage
 from bashfleet.worker.engine.workspaces.store import WorkspaceError
 from bashfleet.worker.settings import Settings
 from bashfleet.worker.wire.models import (
@@ -42,28 +41,6 @@ def _left_nothing(record: WorkspaceRecord, settings: Settings) -> bool:
         Path(record.out_dir))) and _layer_unchanged(record, settings)
 
 
-def layer_listing(upper: Path) -> list[list[object]]:
-    """Every entry of a workspace's upper layers, with its type, mode and owner: what its
-    view's build left there (mount points), to tell later whether a call changed any."""
-    found: list[list[object]] = []
-    stack = [upper]
-    while stack:
-        folder = stack.pop()
-        with contextlib.suppress(OSError), os.scandir(folder) as listing:
-            for entry in listing:
-                info = entry.stat(follow_symlinks=False)
-                found.append([os.path.relpath(entry.path, upper), info.st_mode, info.st_uid,
-                              info.st_gid, info.st_size if not stat.S_ISDIR(info.st_mode)
-                              else 0])
-                if stat.S_ISDIR(info.st_mode):
-                    stack.append(Path(entry.path))
-    return sorted(found, key=lambda item: str(item[0]))
-
-
-def skeleton_path(settings: Settings, ws_id: str) -> Path:
-    return store.state_path(settings, ws_id) / "layer.skeleton"
-
-
 def _layer_unchanged(record: WorkspaceRecord, settings: Settings) -> bool:
     """A workspace with layers of its own: its upper layers hold just what its view's
     build put there (a throwaway's next call, maybe another owner's, sees nothing of this
@@ -72,10 +49,10 @@ def _layer_unchanged(record: WorkspaceRecord, settings: Settings) -> bool:
         return True
     upper = store.state_path(settings, record.id) / "layer" / "upper"
     try:
-        kept = json.loads(skeleton_path(settings, record.id).read_text("utf-8"))
+        kept = json.loads(disk.skeleton_path(settings, record.id).read_text("utf-8"))
     except (OSError, ValueError):
         return False
-    return bool(kept == layer_listing(upper))
+    return bool(kept == disk.layer_listing(upper))
 
 
 def _skeleton(record: WorkspaceRecord) -> set[str]:
@@ -285,3 +262,13 @@ def delete_at(state_dir: Path, record: WorkspaceRecord) -> None:
     settings = Settings(state_dir=state_dir, host=record.host,
                         workspace_root=Path(record.out_dir).parent.parent)
     lifecycle.delete(record.id, settings)
+
+
+def warm(settings: Settings) -> None:
+    """Start the zygote and fill the throwaway pool now, so that the first call does not
+    wait for them (a command consumer calls this at start)."""
+    available, _ = sandbox.availability(settings)
+    if sandbox.host_default(settings.isolation, available) == "none":
+        return
+    with contextlib.suppress(OSError):
+        throwaways.fill(settings)

@@ -9,15 +9,11 @@ import os
 import stat
 from pathlib import Path
 
-from bashfleet.worker.engine import (
-    job_records,
-    procs,
-)
+from bashfleet.worker.engine import procs
+from bashfleet.worker.engine.jobs import job_records, jobs
 from bashfleet.worker.engine.workspaces import store
 from bashfleet.worker.settings import Settings
-from bashfleet.worker.wire.models import (
-    WorkspaceRecord,
-)
+from bashfleet.worker.wire.models import WorkspaceRecord, WorkspaceView
 
 # -------------------------------------------------------------------------- its state
 
@@ -110,10 +106,24 @@ def check_disk(record: WorkspaceRecord, settings: Settings) -> int | None:
         flag.unlink(missing_ok=True)
         return None
     flag.write_text(str(used), encoding="ascii")
-    from bashfleet.worker.engine import jobs  # noqa: PLC0415 - jobs imports this module
-
     for job in job_records.running_in(settings, record.id):
         jobs.kill_job(job, settings=settings, grace_s=2.0)
         job_records.write_status(job, -15, note=f"stopped: workspace {record.id} passed its "
                                  f"disk cap of {cap} MiB", replace=True)
     return used
+
+
+def view(record: WorkspaceRecord, settings: Settings, *, count: bool = False) -> WorkspaceView:
+    """What a client is shown of it (`count`: its disk bytes and processes too)."""
+    used = store.last_used(record, settings)
+    return WorkspaceView(
+        id=record.id, host=record.host, owner=record.owner, path=record.path,
+        isolation=record.isolation, network=record.network, ttl_s=record.ttl_s,
+        created_at=record.created_at, last_used_at=used,
+        expires_at=None if used is None else used + record.ttl_s, session=record.session,
+        tags=record.tags, limits=record.limits, run_as=record.run_as,
+        image=f"{record.image.ref}@{record.image.digest}" if record.image is not None else None,
+        disk_bytes=disk_bytes(record, settings) if count else None,
+        processes=len(processes(record)) if count else None,
+        snapshot=record.lowers[0] if record.lowers else None,
+    )

@@ -8,18 +8,16 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import pwd
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from bashfleet.worker.engine import (
-    ids,
-    layout,
-    sandbox,
-    snapshots,
-)
+from bashfleet import worker
+from bashfleet.worker.engine import id_slots, layout, sandbox
 from bashfleet.worker.engine.memo import TimedMemo
+from bashfleet.worker.engine.snapshots import snapshot_store
 from bashfleet.worker.engine.workspaces import store
 from bashfleet.worker.engine.workspaces.store import WorkspaceError
 from bashfleet.worker.settings import Settings, secret_paths
@@ -41,8 +39,6 @@ def _registry_dirs() -> list[Path]:
     """Where this user's workers register their state directories and workspace roots:
     the default state directory, and the one of the user's passwd home (which an
     XDG_STATE_HOME of a test or a service may differ from)."""
-    import pwd  # noqa: PLC0415
-
     home = pwd.getpwuid(os.geteuid()).pw_dir
     dirs = {default_state_dir() / "known", Path(home) / ".local/state/bashfleet/known"}
     return sorted(dirs)
@@ -89,8 +85,6 @@ def _read_known() -> tuple[str, ...]:
 
 def hidden_paths(settings: Settings, record: WorkspaceRecord) -> list[str]:
     """What a workspace's calls must not see (the workspace's own paths are bound back)."""
-    import pwd  # noqa: PLC0415
-
     home = pwd.getpwuid(os.geteuid()).pw_dir
     wanted = [
         str(settings.state_dir), str(default_state_dir()),
@@ -109,8 +103,6 @@ def hidden_paths(settings: Settings, record: WorkspaceRecord) -> list[str]:
 def protected_paths() -> list[str]:
     """What no call may change even inside a writable root: the installed package and
     the Python that runs the worker."""
-    from bashfleet import worker  # noqa: PLC0415
-
     package = os.path.dirname(os.path.realpath(worker.__file__ or ""))
     # Its sibling `client` (the engine never imports it): installed side by side.
     found = {package, os.path.join(os.path.dirname(package), "client")}
@@ -130,7 +122,7 @@ def view_spec(record: WorkspaceRecord, settings: Settings, user: sandbox.User | 
         dirs, files = layout.existing(hidden_paths(settings, record))
         dirs += known_dirs()  # real and existing already (looked up once every 10 s)
     writable, _ = layout.existing(settings.sandbox_writable)
-    lowers = snapshots.chain_paths(record, settings) if record.lowers else ()
+    lowers = snapshot_store.chain_paths(record, settings) if record.lowers else ()
     hosts = state / "layer" / layout.ETC_HOSTS
     return layout.ViewSpec(
         root=str(state / "layer" / "merged" if prebuilt else state / "root"),
@@ -204,13 +196,13 @@ def parse_user(wanted: str, read: Callable[[str], str]) -> Inside:
     name = entry[0] if entry is not None else None
     extra = sorted({int(f[2]) for f in groups if len(f) >= 4 and f[2].isdigit() and name
                     and name in f[3].split(",")} - {gid})
-    if not (0 <= uid < ids.SLOT_SIZE and 0 <= gid < ids.SLOT_SIZE):
+    if not (0 <= uid < id_slots.SLOT_SIZE and 0 <= gid < id_slots.SLOT_SIZE):
         raise WorkspaceError("invalid", f"user {wanted!r} is outside the workspace's ids "
-                             f"(0-{ids.SLOT_SIZE - 1})")
+                             f"(0-{id_slots.SLOT_SIZE - 1})")
     home = entry[5] if entry is not None else ""
     if not home.startswith("/") or home in ("/", "/nonexistent") or layout.inside(home, "/tmp"):
         home = "/root" if uid == 0 else f"/home/{uid}"
-    return Inside(uid, gid, tuple(g for g in extra if g < ids.SLOT_SIZE), home)
+    return Inside(uid, gid, tuple(g for g in extra if g < id_slots.SLOT_SIZE), home)
 
 
 def _safe(read: Callable[[str], str], name: str) -> str:

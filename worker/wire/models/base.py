@@ -22,7 +22,7 @@ MAX_TIMEOUT_S = 24 * 60 * 60.0
 
 #: A workspace id: `w` and 15 hex digits, unique across hosts and time.
 WORKSPACE_ID_PATTERN = r"^w[0-9a-f]{15}$"
-#: A snapshot's id (`bashfleet.worker.engine.snapshots.new_id`).
+#: A snapshot's id (`bashfleet.worker.engine.snapshots.snapshot_store.new_id`).
 SNAPSHOT_ID_PATTERN = r"^s[0-9a-f]{15}$"
 
 #: What an owner may be: a session (`session:<id>`), a user (`user:<name>`), a tenant.

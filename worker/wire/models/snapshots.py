@@ -20,7 +20,7 @@ from bashfleet.worker.wire.network import NetworkPolicy, parse
 
 class SnapshotRecord(Model):
     """A snapshot as its host keeps it: a workspace's own layers, frozen read-only, and
-    what they stand on (`bashfleet.worker.engine.snapshots`)."""
+    what they stand on (`bashfleet.worker.engine.snapshots.snapshots`)."""
 
     id: str = Field(pattern=SNAPSHOT_ID_PATTERN)
     host: str

@@ -134,8 +134,9 @@ class WorkspaceRecord(Model):
     """Its calls' HOME inside (ids per workspace): the home its user has in its root's
     /etc/passwd (root's /root)."""
     lowers: tuple[str, ...] = ()
-    """The snapshots its files stand on, newest first (`bashfleet.worker.engine.snapshots`): each
-    a read-only layer under its own, over its image or the host's root."""
+    """The snapshots its files stand on, newest first
+    (`bashfleet.worker.engine.snapshots.snapshots`): each a read-only layer under its own,
+    over its image or the host's root."""
     dir: str | None = None
     """The host directory behind `path` when they differ: a workspace made from a
     snapshot shows its source's `path`, and keeps what it changes there in a directory

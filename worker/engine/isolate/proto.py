@@ -1,7 +1,7 @@
 """The messages between the worker and its sandbox processes, and the output cap watch.
 
-Standard library only: the zygote and the workspace keepers (`bashfleet.worker.engine.launcher`,
-`bashfleet.worker.engine.keeper`) run it as `python -I -S`, without the package's dependencies.
+Standard library only: the zygote and the workspace keepers (`isolate.launcher`,
+`isolate.keeper`) run it as `python -I -S`, without the package's dependencies.
 
 Messages are SOCK_SEQPACKET datagrams: one tag byte, then JSON, with descriptors
 (SCM_RIGHTS) beside it; a body larger than one datagram travels in a memfd passed along
@@ -17,7 +17,86 @@ import os
 import socket
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Required, TypedDict
+
+# ------------------------------------------------------------ a keeper's messages
+#
+# What the worker asks a workspace's keeper, one message per request (its tag first),
+# and what the keeper answers. A request with no fields (`X` exit when idle, `?` ping,
+# `R` recycle) sends `{}`. Any request may be answered `E` (`ErrorAnswer`).
+
+
+class JobTerms(TypedDict):
+    """How the keeper records a job's end: its status file (`status`, a name in the
+    folder whose descriptor comes with the message), the output cap (MiB) that stops it,
+    and the seconds it may run."""
+
+    status: str
+    cap_mb: int | None
+    timeout_s: float | None
+
+
+class SpawnRequest(TypedDict, total=False):
+    """`C`: start a call (or, with `job`, a background job) in the workspace, with the
+    descriptors sent at the numbers `targets` names (then the job's status folder);
+    answered `P` (`SpawnAnswer`) once it runs and `S` (`EndAnswer`) when it ends."""
+
+    argv: Required[list[str]]
+    cwd: Required[str]
+    env: Required[dict[str, str]]
+    targets: Required[list[int]]
+    executable: str | None
+    ctty: bool
+    kill_grace_s: float | None
+    recycle: bool
+    output_cap: int | None
+    job: JobTerms
+
+
+class AdoptRequest(JobTerms):
+    """`A`: the running call becomes a job whose end the keeper records (its status
+    folder's descriptor comes with it); answered `a`, or `E` when it ended first."""
+
+    kill_grace_s: float
+
+
+class SpawnAnswer(TypedDict):
+    """`P`: the call runs: its pid in the workspace, on the host, and its start time
+    (clock ticks after boot, None when it could not be read)."""
+
+    pid: int
+    host_pid: int
+    start_ticks: int | None
+
+
+class EndAnswer(TypedDict, total=False):
+    """`S`: the call ended: its raw wait status, whether the output cap stopped it, and
+    for a throwaway workspace's call whether nothing of it is left (`recycle`)."""
+
+    status: Required[int]
+    capped: bool
+    clean: bool
+
+
+class ErrorAnswer(TypedDict, total=False):
+    """`E`: the request failed: an errno, its message, the path it concerns."""
+
+    errno: Required[int]
+    message: Required[str]
+    filename: str | None
+
+
+class PingAnswer(TypedDict):
+    """`!` (to `?`) and `v` (to a blank keeper's view, `V`): its pid in its namespace."""
+
+    pid: int
+
+
+class RecycleAnswer(TypedDict):
+    """`r` (to `R`): whether nothing of the workspace's calls is left in it."""
+
+    clean: bool
+
 
 #: Largest message sent inline; larger ones travel in a memfd.
 INLINE_LIMIT = 64 * 1024
@@ -96,7 +175,7 @@ def close_all(fds: Sequence[int]) -> None:
             os.close(fd)
 
 
-def error_body(exc: OSError) -> dict[str, Any]:
+def error_body(exc: OSError) -> ErrorAnswer:
     """An `E` message's body for `exc`."""
     return {"errno": exc.errno or 5, "message": exc.strerror or str(exc),
             "filename": exc.filename}

@@ -1,16 +1,15 @@
 """Supervisor of one background job: run it, wait for it, record how it ended.
 
-Started detached (own session) by `bashfleet.worker.engine.jobs.start_job` as
-`python -I -S job_supervisor.py SPEC_PATH`, it outlives the worker that started it, so a
-job's exit status is recorded even when no worker is watching when it ends. It serves
-the jobs a workspace's keeper does not watch alone: interactive ones (it holds their
-stdin: `bashfleet.worker.engine.relay`), which it asks the keeper to start inside the workspace,
-and the jobs of a host without a sandbox, which it starts itself.
+Started detached (own session) by `bashfleet.worker.engine.jobs.jobs.start_job` as
+`python -I -S .../isolate/bootstrap.py job_supervisor SPEC_PATH`, it outlives the worker that
+started it, so a job's exit status is recorded even when no worker is watching when it ends. It
+serves the jobs a workspace's keeper does not watch alone: interactive ones (it holds their
+stdin: `bashfleet.worker.engine.isolate.relay`), which it asks the keeper to start inside the
+workspace, and the jobs of a host without a sandbox, which it starts itself.
 
 Standard library only: it runs with `-I -S` to start fast and to be immune to the
-caller's PYTHON* variables, and registers the engine's standard-library modules as a
-bare package (as the zygote does). The spec (JSON, mode 0600) is read and deleted at once
-because it holds the job's environment.
+caller's PYTHON* variables (`bootstrap.py` finds its siblings). The spec (JSON, mode 0600) is read
+and deleted at once because it holds the job's environment.
 
 Protocol: one JSON line `{"pid": P, "pgid": G, "start_time": T, "ns_pid": N}` on stdout
 once the job runs (or `{"error": "..."}`), then stdout is closed. When the job ends:
@@ -19,28 +18,19 @@ appended to the output file. A job whose output passes the host's cap is stopped
 (group SIGTERM, grace, SIGKILL) with a notice before that line.
 """
 
+import fcntl
 import json
 import os
 import signal
 import subprocess
 import sys
+import termios
 import time
-import types
 from collections.abc import Iterable
 from typing import Any
 
-if "bashfleet.worker.engine" not in sys.modules:  # pragma: no cover - run by path with -I -S
-    _engine_dir = os.path.dirname(os.path.abspath(__file__))
-    _worker_dir = os.path.dirname(_engine_dir)
-    for _name, _path in (("bashfleet", os.path.dirname(_worker_dir)),
-                         ("bashfleet.worker", _worker_dir),
-                         ("bashfleet.worker.engine", _engine_dir)):
-        _package = types.ModuleType(_name)
-        _package.__path__ = [_path]
-        sys.modules[_name] = _package
-
-from bashfleet.worker.engine import job_end, launcher, proto, relay
-from bashfleet.worker.engine.command_line import COMMAND_FD, CommandLine
+from bashfleet.worker.engine.isolate import job_end, launcher, proto, relay
+from bashfleet.worker.engine.isolate.command_line import COMMAND_FD, CommandLine
 
 
 def _start_time(pid: int) -> float:
@@ -143,9 +133,6 @@ def _command_line(spec: dict[str, Any], fd_in_child: int | None = None) -> Comma
 
 def _ctty() -> None:
     """In the child (plain jobs on a PTY): its fd 0 becomes its controlling terminal."""
-    import fcntl  # noqa: PLC0415
-    import termios  # noqa: PLC0415
-
     fcntl.ioctl(0, termios.TIOCSCTTY, 0)
 
 
@@ -192,7 +179,7 @@ def _start_in_keeper(spec: dict[str, Any], out_fd: int,
     null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
     line = _command_line(spec, COMMAND_FD)
     command_fds = [line.fd] if line.fd is not None else []
-    request = {
+    request: proto.SpawnRequest = {
         "argv": line.argv, "cwd": spec["cwd"], "env": env, "ctty": ctty,
         "targets": [0, 1, 2, launcher.STATE_FD, *([COMMAND_FD] if command_fds else [])],
         "kill_grace_s": spec.get("kill_grace_s"),

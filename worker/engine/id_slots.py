@@ -1,4 +1,5 @@
-"""Host ids for workspaces' user namespaces: each live workspace a range of its own.
+"""Id slots: host ids for workspaces' user namespaces, each live workspace a slot (a range
+of 65,536 uids and gids) of its own.
 
 A root worker maps each workspace's user namespace onto 65,536 host uids and gids that
 no other live workspace on the machine uses: a slice of the subordinate ids the operator

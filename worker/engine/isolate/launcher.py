@@ -1,10 +1,9 @@
 """The zygote that forks workspace keepers, and the worker's side of both.
 
-Standard library only where it runs as a script: `python -I -S launcher.py FD` inside
-bubblewrap (which gives a worker that is not root the user namespace it needs to make
-the others). Run so, it registers `worker` and `bashfleet.worker.engine` as bare packages (their
-`__init__` needs site packages it cannot see) so the engine's standard-library modules
-(`proto`, `kernel`, `view`, `keeper`, `job_end`) import as in the worker.
+Standard library only: the zygote runs as `python -I -S .../isolate/bootstrap.py launcher
+FD` (`isolate.command`) inside bubblewrap (which gives a worker that is not root the user
+namespace it needs to make the others), and imports its siblings (`proto`, `kernel`,
+`view`, `keeper`, `job_end`) as in the worker.
 
     worker (a consumer) ──socketpair──► bwrap ─► zygote      one per worker process
                                                    │ fork (helper): unshare PID, mount,
@@ -29,34 +28,21 @@ host pid, once its view is built) or `E`.
 
 from __future__ import annotations
 
-import os
-import sys
-import types
-
-if __name__ == "__main__" and "bashfleet.worker.engine" not in sys.modules:  # pragma: no cover
-    # Run by path with -I -S: make the engine's standard-library siblings importable.
-    _engine_dir = os.path.dirname(os.path.abspath(__file__))
-    _worker_dir = os.path.dirname(_engine_dir)
-    for _name, _path in (("bashfleet", os.path.dirname(_worker_dir)),
-                         ("bashfleet.worker", _worker_dir),
-                         ("bashfleet.worker.engine", _engine_dir)):
-        _package = types.ModuleType(_name)
-        _package.__path__ = [_path]
-        sys.modules[_name] = _package
-
 import contextlib
 import errno
 import gc
+import os
 import select
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from bashfleet.worker.engine import keeper, kernel, proto
+from bashfleet.worker.engine.isolate import keeper, kernel, proto
 
 #: Where a call finds the fd of its state file (sessions), and a plain job those of its
 #: cgroup's procs files: high numbers, which scripts (3-9) and bash itself (10 and up,
@@ -247,7 +233,7 @@ def expect(sock: socket.socket, tags: bytes, timeout: float | None,
 
 
 class LauncherClient:
-    """The worker's end of a zygote: `argv` runs it (bwrap ... -- python launcher.py),
+    """The worker's end of a zygote: `argv` runs it (bwrap ... -- python bootstrap.py launcher),
     with the channel's fd number appended."""
 
     def __init__(self, argv: Sequence[str], env: Mapping[str, str]) -> None:
@@ -367,7 +353,7 @@ class KeeperConnection:
             self.reusable = False
             raise
 
-    def start(self, request: Mapping[str, Any], fds: Sequence[int],
+    def start(self, request: proto.SpawnRequest, fds: Sequence[int],
               timeout: float = 10.0) -> Started:
         """Start a call (or a job: `request["job"]`); SandboxError when it could not."""
         self._send(b"C", request, fds)
@@ -402,7 +388,7 @@ class KeeperConnection:
         self.clean = body.get("clean")
         return int(body["status"])
 
-    def adopt(self, body: Mapping[str, Any], fds: Sequence[int], timeout: float = 10.0) -> bool:
+    def adopt(self, body: proto.AdoptRequest, fds: Sequence[int], timeout: float = 10.0) -> bool:
         """Make the running call a job whose end the keeper records; False when it ended
         first (its status is then the next message: `wait_status`)."""
         self._send(b"A", body, fds)
@@ -417,7 +403,8 @@ class KeeperConnection:
     def claim(self, body: Mapping[str, Any], fds: Sequence[int] = (),
               timeout: float = 10.0) -> None:
         """A blank keeper builds the view `body` gives (its first message); `fds`: the
-        locked slot of its host ids, which it holds for its life (`bashfleet.worker.engine.ids`)."""
+        locked slot of its host ids, which it holds for its life
+        (`bashfleet.worker.engine.id_slots`)."""
         self._send(b"V", body, fds)
         self._expect(b"v", timeout)
 

@@ -1,6 +1,7 @@
 """A workspace's keeper: pid 1 of the workspace's PID namespace, holder of its mount view.
 
-Standard library only: the zygote (`bashfleet.worker.engine.launcher`) forks it as `python -I -S`.
+Standard library only: the zygote (`bashfleet.worker.engine.isolate.launcher`) forks it, under
+`python -I -S`.
 
     worker consumer ─┐                     keeper (pid 1)   ── posix_spawn ──► bash -c CMD
     job supervisor  ─┼── unix socket ──►   in the workspace's
@@ -22,7 +23,7 @@ namespace (SO_PEERCRED gives pid 0 then) and have the worker's uid. Calls run as
 user when the worker is root; when it is not, they cannot reach the socket's path (the
 state directory is hidden from every workspace).
 
-Messages (`bashfleet.worker.engine.proto`), per connection, one call at a time:
+Messages (`bashfleet.worker.engine.isolate.proto`), per connection, one call at a time:
 
     C {argv, executable, cwd, env, targets, ctty, output_cap, kill_grace_s, job}
       + fds (the call's targets, then the job's status directory)  ->  P {pid, host_pid,
@@ -55,9 +56,9 @@ import socket
 import struct
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
-from bashfleet.worker.engine import job_end, kernel, proto, syscall_filter, view
+from bashfleet.worker.engine.isolate import job_end, kernel, proto, syscall_filter, view
 
 
 @dataclasses.dataclass
@@ -226,21 +227,23 @@ class Keeper:
             self._drop(conn)
 
     def _answer(self, conn: Conn, tag: bytes, body: dict[str, Any], fds: list[int]) -> None:
+        # The body's fields are the request's (`proto`'s messages): the worker built it.
         if tag == b"C":
-            self._spawn(conn, body, fds)
+            self._spawn(conn, cast(proto.SpawnRequest, body), fds)
         elif tag == b"A":
-            self._adopt(conn, body, fds)
+            self._adopt(conn, cast(proto.AdoptRequest, body), fds)
         elif tag == b"X":
             self.exit_when_idle = True
             self.unbind_maker()  # its job outlives the worker, as every job does
             proto.send(conn.sock, b"x", {})
         elif tag == b"?":
-            proto.send(conn.sock, b"!", {"pid": os.getpid()})
+            proto.send(conn.sock, b"!", proto.PingAnswer(pid=os.getpid()))
         elif tag == b"R":
-            proto.send(conn.sock, b"r", {"clean": self._recycle()})
+            proto.send(conn.sock, b"r", proto.RecycleAnswer(clean=self._recycle()))
         else:
             proto.close_all(fds)
-            proto.send(conn.sock, b"E", {"errno": errno.EPROTO, "message": f"unknown {tag!r}"})
+            proto.send(conn.sock, b"E", proto.ErrorAnswer(errno=errno.EPROTO,
+                                                          message=f"unknown {tag!r}"))
 
     def bind_maker(self, maker: int) -> None:
         """Exit when the worker process whose pidfd `maker` is ends."""
@@ -264,8 +267,8 @@ class Keeper:
 
     # ------------------------------------------------------------------------- spawning
 
-    def _spawn(self, conn: Conn, body: dict[str, Any], fds: list[int]) -> None:
-        targets: list[int] = body["targets"]
+    def _spawn(self, conn: Conn, body: proto.SpawnRequest, fds: list[int]) -> None:
+        targets = body["targets"]
         stdio, extra = fds[: len(targets)], fds[len(targets):]
         outputs = [os.dup(fd) for fd, target in zip(stdio, targets, strict=True)
                    if target in (1, 2)]
@@ -290,22 +293,23 @@ class Keeper:
             conn.busy = tracked
         self.tracked[pid] = tracked
         host = kernel.host_pid(pid, self.host_proc)
-        proto.send(conn.sock, b"P", {
-            "pid": pid, "host_pid": host, "start_ticks": kernel.start_ticks(host, self.host_proc),
-        })
+        proto.send(conn.sock, b"P", proto.SpawnAnswer(
+            pid=pid, host_pid=host, start_ticks=kernel.start_ticks(host, self.host_proc)))
 
-    def _start(self, body: dict[str, Any], stdio: Sequence[int], targets: Sequence[int]) -> int:
+    def _start(self, body: proto.SpawnRequest, stdio: Sequence[int],
+               targets: Sequence[int]) -> int:
         # The child enters the cwd and finds bash as the workspace's user, in its view:
         # the keeper (root) never resolves a path a command may have planted.
         return kernel.spawn(body.get("executable"), body["argv"], body["env"], stdio, targets,
                             cwd=body["cwd"], who=self.who, ctty=bool(body.get("ctty")),
                             open_files=self.open_files, seccomp=self.seccomp)
 
-    def _adopt(self, conn: Conn, body: dict[str, Any], fds: list[int]) -> None:
+    def _adopt(self, conn: Conn, body: proto.AdoptRequest, fds: list[int]) -> None:
         tracked = conn.busy
         if tracked is None or not fds:
             proto.close_all(fds)
-            proto.send(conn.sock, b"E", {"errno": errno.ESRCH, "message": "it ended already"})
+            proto.send(conn.sock, b"E", proto.ErrorAnswer(errno=errno.ESRCH,
+                                                          message="it ended already"))
             return
         tracked.job = _job(body, fds[0])
         tracked.grace_s = float(body.get("kill_grace_s") or tracked.grace_s)
@@ -366,7 +370,7 @@ class Keeper:
                                          dir_fd=tracked.job.dir_fd)
             elif tracked.conn is not None:
                 tracked.conn.busy = None
-                answer: dict[str, Any] = {"status": status, "capped": tracked.capped}
+                answer = proto.EndAnswer(status=status, capped=tracked.capped)
                 if tracked.recycle:
                     # A throwaway workspace's call: nothing it started outlives it.
                     answer["clean"] = self._recycle()
@@ -446,7 +450,7 @@ def _due(tracked: Tracked) -> list[float]:
     return times
 
 
-def _job(body: dict[str, Any], dir_fd: int) -> Job:
+def _job(body: proto.JobTerms, dir_fd: int) -> Job:
     timeout = body.get("timeout_s")
     return Job(status=str(body["status"]), dir_fd=dir_fd, cap_mb=body.get("cap_mb"),
                deadline=None if timeout is None else time.monotonic() + float(timeout))
@@ -544,7 +548,7 @@ def _claimed(listener: socket.socket, spec: dict[str, Any]
             with contextlib.suppress(OSError):
                 proto.send(sock, b"E", proto.error_body(exc))
             os._exit(1)
-        proto.send(sock, b"v", {"pid": os.getpid()})
+        proto.send(sock, b"v", proto.PingAnswer(pid=os.getpid()))
         if maker >= 0 and not claimed.get("bound_to_maker"):
             os.close(maker)  # a workspace now: it outlives the worker that made it
             maker = -1

@@ -14,8 +14,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bashfleet.worker.engine import truncate
-from bashfleet.worker.engine.sanitize import (
+from bashfleet.worker.engine.output import truncate
+from bashfleet.worker.engine.output.sanitize import (
     BINARY_SNIFF,
     cap_lines,
     last_frames,

@@ -18,23 +18,23 @@ past it (or deleted) as long as a workspace or a later snapshot stands on it.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
-import re
 import shutil
 import stat
 import time
-import uuid
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from bashfleet.worker.engine import cgroups, ids, layout, tree_copy
+from bashfleet.worker.engine import cgroups, id_slots, layout
+from bashfleet.worker.engine.snapshots import snapshot_store, tree_copy
+from bashfleet.worker.engine.snapshots.snapshot_store import SnapshotError
+from bashfleet.worker.engine.workspaces import disk, store, usage
 from bashfleet.worker.settings import Settings
 from bashfleet.worker.wire.errors import ToolError
-from bashfleet.worker.wire.models import SNAPSHOT_ID_PATTERN, SnapshotRecord, WorkspaceRecord
+from bashfleet.worker.wire.models import SnapshotRecord, WorkspaceRecord
 
-#: Seconds a snapshot lives unless told (a day: an eval's or a training step's span).
-DEFAULT_TTL_S = 24 * 3600.0
 #: Seconds a copy may take before the snapshot is given up (its source thawed at once).
 COPY_TIMEOUT_S = 600.0
 #: Seconds a snapshot made by `fork` is kept before its forks stand on it.
@@ -43,84 +43,12 @@ HIDDEN_GRACE_S = 120.0
 OVERFLOW_ID = 65534
 
 
-class SnapshotError(ToolError):
-    """A snapshot that cannot be taken, found or used."""
-
-
-def new_id() -> str:
-    """A snapshot id unique across hosts and time."""
-    return f"s{uuid.uuid4().hex[:15]}"
-
-
-def valid_id(snap_id: str) -> bool:
-    return re.fullmatch(SNAPSHOT_ID_PATTERN, snap_id) is not None
-
-
-# ------------------------------------------------------------------------------ paths
-
-
-def snapshots_dir(settings: Settings) -> Path:
-    """Where this host keeps its snapshots (root's, 0700)."""
-    return settings.state_dir / "snapshots"
-
-
-def record_path(settings: Settings, snap_id: str) -> Path:
-    return snapshots_dir(settings) / f"{snap_id}.json"
-
-
-def layer_path(settings: Settings, snap_id: str) -> Path:
-    """The snapshot's layers (`LAYER_NAMES`)."""
-    return snapshots_dir(settings) / snap_id / "layer"
-
-
-#: Every layer a snapshot holds: `/`'s and its own directories'.
-LAYER_NAMES = ("root", *layout.OWN_LAYERS)
-
-
-# --------------------------------------------------------------------------- records
-
-
-def save(record: SnapshotRecord, settings: Settings) -> None:
-    path = record_path(settings, record.id)
-    tmp = path.with_name(f".{record.id}.{uuid.uuid4().hex[:8]}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        handle.write(record.model_dump_json())
-    os.replace(tmp, path)
-
-
-def load(snap_id: str, settings: Settings) -> SnapshotRecord:
-    """The record of snapshot `snap_id` on this host; SnapshotError `not_found`."""
-    if not valid_id(snap_id):
-        raise SnapshotError("not_found", f"no such snapshot: {snap_id!r}")
-    try:
-        text = record_path(settings, snap_id).read_text("utf-8")
-    except FileNotFoundError:
-        raise SnapshotError("not_found", f"no such snapshot on host {settings.host}: "
-                            f"{snap_id}") from None
-    return SnapshotRecord.model_validate_json(text)
-
-
-def local_records(settings: Settings) -> list[SnapshotRecord]:
-    """Every snapshot this host holds (deleted and hidden ones too), oldest first."""
-    found = []
-    with contextlib.suppress(FileNotFoundError), os.scandir(snapshots_dir(settings)) as listing:
-        for entry in listing:
-            if entry.name.endswith(".json") and not entry.name.startswith("."):
-                with contextlib.suppress(OSError, ValueError):
-                    found.append(SnapshotRecord.model_validate_json(
-                        Path(entry.path).read_text("utf-8")))
-    return sorted(found, key=lambda r: r.created_at)
-
-
 # ------------------------------------------------------------------------------ taking
 
 
 def own_dirs(ws: WorkspaceRecord, settings: Settings) -> list[tuple[Path, str]]:
     """(host directory, layer name) of everything a workspace changed of its files."""
-    from bashfleet.worker.engine import workspaces  # noqa: PLC0415 - workspaces imports us
-
-    state = workspaces.state_path(settings, ws.id)
+    state = store.state_path(settings, ws.id)
     upper = state / "layer" / "upper"
     found = [(upper / "root", "root")]
     found += [(state / "home", "home"), (state / "tmp", "tmp"), (state / "vartmp", "vartmp"),
@@ -134,8 +62,6 @@ def take(ws: WorkspaceRecord, settings: Settings, *, ttl_s: float | None = None,
     """Snapshot workspace `ws`: (its record, ms its processes were paused; None when the
     host has no freezer for it). The workspace goes on as it was; on any failure nothing
     of the snapshot is left."""
-    from bashfleet.worker.engine import workspaces  # noqa: PLC0415 - workspaces imports us
-
     if ws.ids is None:
         raise SnapshotError("unavailable", (
             f"host {settings.host} is single-tenant (`bashfleet hosts`): a snapshot needs "
@@ -146,13 +72,13 @@ def take(ws: WorkspaceRecord, settings: Settings, *, ttl_s: float | None = None,
             "not its own: a snapshot holds a workspace's own files only; make the workspace "
             "without `path` and upload the project into it"))
     # Counted now (the host counts capped workspaces every few seconds: not enough).
-    used = workspaces.check_disk(ws, settings) if ws.limits.disk_mb is not None else None
+    used = usage.check_disk(ws, settings) if ws.limits.disk_mb is not None else None
     if used is not None:
         raise SnapshotError("limit", (
             f"workspace {ws.id} holds {used / 2**20:.0f} MiB, past its disk cap of "
             f"{ws.limits.disk_mb} MiB: remove files before taking a snapshot of it"))
-    snap_id = snap_id or new_id()
-    base = snapshots_dir(settings)
+    snap_id = snap_id or snapshot_store.new_id()
+    base = snapshot_store.snapshots_dir(settings)
     base.mkdir(mode=0o700, parents=True, exist_ok=True)
     staging = base / f".{snap_id}.tmp"
     (staging / "layer").mkdir(mode=0o700, parents=True)
@@ -160,7 +86,7 @@ def take(ws: WorkspaceRecord, settings: Settings, *, ttl_s: float | None = None,
         paused_ms, listings = _copy_frozen(ws, own_dirs(ws, settings), staging / "layer")
         layer = staging / "layer"
         size = _settle_copy(layer, ws.ids[0], listings)
-        for name in LAYER_NAMES:
+        for name in snapshot_store.LAYER_NAMES:
             (layer / name).mkdir(mode=0o755, exist_ok=True)
         record = SnapshotRecord(
             id=snap_id, host=settings.host, owner=ws.owner, workspace=ws.id,
@@ -174,12 +100,12 @@ def take(ws: WorkspaceRecord, settings: Settings, *, ttl_s: float | None = None,
         )
         os.rename(staging, base / snap_id)
     except BaseException:
-        workspaces.remove_tree(staging)
+        disk.remove_tree(staging)
         raise
     try:
-        save(record, settings)
+        snapshot_store.save(record, settings)
     except BaseException:
-        workspaces.remove_tree(base / snap_id)
+        disk.remove_tree(base / snap_id)
         raise
     return record, paused_ms
 
@@ -399,7 +325,7 @@ def image_id(host_id: int, first: int) -> int:
     """A host id of a workspace whose slot starts at `first`, as its snapshot keeps it:
     its slot's own as 0-65535 (what any workspace's user namespace shows as its own
     again), host root's (whiteouts the overlay made) as 0, any other nobody's."""
-    if first <= host_id < first + ids.SLOT_SIZE:
+    if first <= host_id < first + id_slots.SLOT_SIZE:
         return host_id - first
     return 0 if host_id == 0 else OVERFLOW_ID
 
@@ -448,27 +374,12 @@ def _shift_one(path: str, info: os.stat_result, first: int) -> int:
 # ---------------------------------------------------------------------------- lifetime
 
 
-def chain_paths(record: WorkspaceRecord, settings: Settings) -> tuple[str, ...]:
-    """The layer directories of the snapshots a workspace stands on, newest first;
-    SnapshotError `not_found` when one is gone from this host."""
-    paths = []
-    for snap_id in record.lowers:
-        path = layer_path(settings, snap_id)
-        if not path.is_dir():
-            raise SnapshotError("not_found", f"snapshot {snap_id}, which workspace "
-                                f"{record.id} stands on, is gone from host {settings.host}")
-        paths.append(str(path))
-    return tuple(paths)
-
-
 def in_use(settings: Settings) -> set[str]:
     """Snapshots a live workspace or a kept snapshot of this host stands on."""
-    from bashfleet.worker.engine import workspaces  # noqa: PLC0415 - workspaces imports us
-
     used: set[str] = set()
-    for ws in workspaces.local_records(settings):
+    for ws in store.local_records(settings):
         used.update(ws.lowers)
-    for snapshot in local_records(settings):
+    for snapshot in snapshot_store.local_records(settings):
         if not snapshot.deleted and not _expired(snapshot):
             used.update(snapshot.layers[1:])
     return used
@@ -483,30 +394,28 @@ def remove(snap_id: str, settings: Settings) -> bool:
     stands on it (then it is unlisted, and goes with the last of them). False when this
     host has none of that id."""
     try:
-        record = load(snap_id, settings)
+        record = snapshot_store.load(snap_id, settings)
     except SnapshotError:
         return False
     if record.deleted:
         return False
     if snap_id in in_use(settings):
-        save(record.model_copy(update={"deleted": True}), settings)
+        snapshot_store.save(record.model_copy(update={"deleted": True}), settings)
     else:
         _remove_files(snap_id, settings)
     return True
 
 
 def _remove_files(snap_id: str, settings: Settings) -> None:
-    from bashfleet.worker.engine import workspaces  # noqa: PLC0415 - workspaces imports us
-
-    record_path(settings, snap_id).unlink(missing_ok=True)
-    workspaces.remove_tree(snapshots_dir(settings) / snap_id)
+    snapshot_store.record_path(settings, snap_id).unlink(missing_ok=True)
+    disk.remove_tree(snapshot_store.snapshots_dir(settings) / snap_id)
 
 
 def collectable(settings: Settings, now: float | None = None) -> list[SnapshotRecord]:
     """The snapshots `collect` would remove now (not those freed by removing these)."""
     used = in_use(settings)
     moment = now or time.time()
-    return [r for r in local_records(settings) if r.id not in used
+    return [r for r in snapshot_store.local_records(settings) if r.id not in used
             and (r.deleted or _expired(r, moment)
                  or (r.hidden and moment - r.created_at > HIDDEN_GRACE_S))]
 
@@ -523,27 +432,24 @@ def collect(settings: Settings, now: float | None = None) -> list[SnapshotRecord
             if record.pushed and record.host == settings.host:
                 _forget_pushed(record, settings)
             removed.append(record)
-    with contextlib.suppress(FileNotFoundError), os.scandir(snapshots_dir(settings)) as listing:
+    with contextlib.suppress(FileNotFoundError), \
+            os.scandir(snapshot_store.snapshots_dir(settings)) as listing:
         for entry in listing:
             if entry.name.startswith(".") and entry.name.endswith(".tmp") and \
                     time.time() - entry.stat(follow_symlinks=False).st_mtime > COPY_TIMEOUT_S:
-                from bashfleet.worker.engine import workspaces  # noqa: PLC0415
-
-                workspaces.remove_tree(Path(entry.path))
+                disk.remove_tree(Path(entry.path))
     return removed
 
 
 def _forget_pushed(record: SnapshotRecord, settings: Settings) -> None:
     """Delete a removed snapshot's layer from the fleet's registry (a registry that is
     down keeps it: its own garbage collection, or the next push of that id, is left)."""
-    from bashfleet.worker.engine import snapshot_registry  # noqa: PLC0415 - only pushed ones need it
+    from bashfleet.worker.engine.snapshots import snapshot_registry  # noqa: PLC0415 - only pushed ones need it
 
     try:
         # Its tag names it there (pushed as `<repository>:<id>`).
         repository = str(record.pushed).rsplit("@", 1)[0]
         snapshot_registry.delete(f"{repository}:{record.id}", settings)
     except (ToolError, OSError) as exc:
-        import logging  # noqa: PLC0415
-
         logging.getLogger("bashfleet.worker").warning(
             "snapshot %s: could not delete it from the registry: %s", record.id, exc)

@@ -5,8 +5,8 @@
     out = exchange(record, b"1+1\\n", offset=result.read_offset, collect=Collect(wait_s=2))
 
 Such a call is a job of its own supervisor from the start (`jobs.start_job`; the loop is
-`bashfleet.worker.engine.relay`), so its stdin outlives the worker; the call waits at most its
-timeout (its *yield*) and returns earlier when the process ends or waits for input.
+`bashfleet.worker.engine.isolate.relay`), so its stdin outlives the worker; the call waits at most
+its timeout (its *yield*) and returns earlier when the process ends or waits for input.
 Every read returns the output produced since the offset it is given: the fleet keeps
 that offset per job, so reads by any client of the owner never repeat nor skip a byte.
 
@@ -31,9 +31,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from bashfleet.worker.engine import jobs, procs, relay, truncate
-from bashfleet.worker.engine.capture import PLAIN, _clean, escape_boundary
-from bashfleet.worker.engine.sanitize import redact, utf8_boundary
+from bashfleet.worker.engine import procs
+from bashfleet.worker.engine.isolate import relay
+from bashfleet.worker.engine.jobs import jobs
+from bashfleet.worker.engine.output import truncate
+from bashfleet.worker.engine.output.capture import PLAIN, _clean, escape_boundary
+from bashfleet.worker.engine.output.sanitize import redact, utf8_boundary
 from bashfleet.worker.engine.secrets import worker_redaction
 from bashfleet.worker.settings import Settings
 from bashfleet.worker.wire.control import Collect, SessionOutput

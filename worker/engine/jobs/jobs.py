@@ -1,7 +1,7 @@
 """Background jobs: start in a workspace, check and kill from any process given the record.
 
-A job's record is a small JSON file beside its status (`bashfleet.worker.engine.job_records`; in
-the fleet, a Redis hash too). Check and kill need nothing else: the pid with its start
+A job's record is a small JSON file beside its status (`bashfleet.worker.engine.jobs.job_records`;
+in the fleet, a Redis hash too). Check and kill need nothing else: the pid with its start
 time (a pid reused by an unrelated process is never taken for the job), the process
 group, the marker every process of the job carries, and the output and status files.
 
@@ -10,7 +10,7 @@ Where a job runs and who records its end:
 - in a sandboxed workspace, a plain job is a child of the workspace's keeper, which
   writes its status and completion line when it ends, the worker up or not;
 - an interactive one (stdin `pipe`, `pty`, `closed`) has a supervisor of its own that
-  holds its stdin (`bashfleet.worker.engine.relay`) and asks the keeper to start it;
+  holds its stdin (`bashfleet.worker.engine.isolate.relay`) and asks the keeper to start it;
 - on a host without a sandbox (`none`), the supervisor starts it plainly.
 """
 
@@ -23,7 +23,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -32,12 +31,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bashfleet.worker.engine import cgroups, job_end, launcher, procs, resources, sandbox, truncate
-from bashfleet.worker.engine import workspaces as ws
+from bashfleet.worker.engine import cgroups, isolate, procs, resources, sandbox
 from bashfleet.worker.engine.call_env import child_env
-from bashfleet.worker.engine.capture import read_slice
-from bashfleet.worker.engine.command_line import COMMAND_FD, CommandLine
-from bashfleet.worker.engine.job_records import (
+from bashfleet.worker.engine.isolate import job_end, launcher, proto
+from bashfleet.worker.engine.isolate.command_line import COMMAND_FD, CommandLine
+from bashfleet.worker.engine.isolate.proto import CAP_MIN_WAIT_S, CapWatch, files_size
+from bashfleet.worker.engine.jobs.job_records import (
     JobError,
     load_record,
     local_records,
@@ -46,10 +45,12 @@ from bashfleet.worker.engine.job_records import (
     save_record,
     write_status,
 )
-from bashfleet.worker.engine.patterns import Pattern, caller_pattern, grep_lines
-from bashfleet.worker.engine.proto import CAP_MIN_WAIT_S, CapWatch, files_size
+from bashfleet.worker.engine.output import truncate
+from bashfleet.worker.engine.output.capture import read_slice
+from bashfleet.worker.engine.output.patterns import Pattern, caller_pattern, grep_lines
 from bashfleet.worker.engine.secrets import worker_redaction
 from bashfleet.worker.engine.startup import Startup
+from bashfleet.worker.engine.workspaces import keeper_calls
 from bashfleet.worker.settings import Settings, get_settings
 from bashfleet.worker.wire.models import (
     Call,
@@ -66,7 +67,6 @@ __all__ = [
     "write_status",
 ]
 
-_SUPERVISOR = Path(__file__).with_name("job_supervisor.py")
 #: Seconds to wait for the supervisor to report the job's pid.
 START_TIMEOUT_S = 10.0
 #: Most bytes of new output one check reads; older new output is skipped with a note.
@@ -185,7 +185,7 @@ def _start_in_keeper(new: _NewJob, workspace: WorkspaceRecord) -> dict[str, Any]
     line = CommandLine([call.shell or "bash", *(["-l"] if call.login else [])], call.command,
                        fd_in_child=COMMAND_FD)
     command_fds = [line.fd] if line.fd is not None else []
-    request = {
+    request: proto.SpawnRequest = {
         "argv": line.argv, "cwd": cwd, "env": env,
         "targets": [0, 1, 2, launcher.STATE_FD, *([COMMAND_FD] if command_fds else [])],
         "output_cap": resources.output_cap(settings),
@@ -194,12 +194,12 @@ def _start_in_keeper(new: _NewJob, workspace: WorkspaceRecord) -> dict[str, Any]
                 "timeout_s": call.policy.background_timeout_s},
     }
     try:
-        conn = ws.connections.take(workspace)
+        conn = keeper_calls.connections.take(workspace)
         try:
             started = conn.start(request, [fds[0], fds[1], *(err or fds[1:2]), fds[2],
                                            *command_fds, fds[3]])
         finally:
-            ws.connections.give_back(workspace.id, conn)
+            keeper_calls.connections.give_back(workspace.id, conn)
     except OSError as exc:
         new.remove_outputs()
         if exc.filename == cwd:
@@ -321,7 +321,7 @@ def _launch_supervisor(spec: Path) -> dict[str, Any]:
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"}
     try:
         proc = subprocess.Popen(
-            [sys.executable, "-I", "-S", str(_SUPERVISOR), str(spec)],
+            isolate.command("job_supervisor", str(spec)),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
@@ -381,7 +381,7 @@ def adopt_foreground(  # noqa: PLR0917 - public signature the fleet calls
         workspace=workspace.id if workspace is not None else None,
         ns_pid=ns_pid, ns_pgid=ns_pid,
     )
-    if isinstance(proc, ws.WorkspaceProcess):
+    if isinstance(proc, keeper_calls.WorkspaceProcess):
         if not _adopt_in_keeper(proc, call, settings, status):
             return None
         save_record(record, settings)
@@ -394,19 +394,19 @@ def adopt_foreground(  # noqa: PLR0917 - public signature the fleet calls
     return record
 
 
-def _adopt_in_keeper(proc: ws.WorkspaceProcess, call: Call, settings: Settings,
+def _adopt_in_keeper(proc: keeper_calls.WorkspaceProcess, call: Call, settings: Settings,
                      status: Path) -> bool:
     folder = os.open(status.parent, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        adopted = proc.conn.adopt({"status": status.name, "cap_mb": settings.limit_output_mb,
-                                   "timeout_s": None, "kill_grace_s": call.policy.kill_grace_s},
-                                  [folder])
+        adopted = proc.conn.adopt(proto.AdoptRequest(
+            status=status.name, cap_mb=settings.limit_output_mb, timeout_s=None,
+            kill_grace_s=call.policy.kill_grace_s), [folder])
     except OSError:
         adopted = False
     finally:
         os.close(folder)
     if adopted:
-        ws.connections.give_back(proc.record.id, proc.conn)  # free for the next call
+        keeper_calls.connections.give_back(proc.record.id, proc.conn)  # free for the next call
     return adopted
 
 

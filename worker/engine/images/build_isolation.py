@@ -32,8 +32,9 @@ import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from bashfleet.worker.engine import network
-from bashfleet.worker.engine.image_meta import ImageError
+from bashfleet.worker.engine.images.image_meta import ImageError
+from bashfleet.worker.engine.isolate.launcher import readable
+from bashfleet.worker.engine.network import network
 from bashfleet.worker.settings import Settings
 from bashfleet.worker.wire.network import NetworkPolicy
 
@@ -213,8 +214,6 @@ def _holder() -> subprocess.Popen[bytes]:
         start_new_session=True)
     said = proc.stdout
     try:
-        from bashfleet.worker.engine.launcher import readable  # noqa: PLC0415
-
         if said is None or not readable(said.fileno(), HOLDER_TIMEOUT_S) \
                 or said.readline() != b"ready\n":
             raise ImageError("unavailable", "could not make the build's network namespace "

@@ -35,7 +35,7 @@ taken, and the pair goes with the workspace's namespace (its keeper's end), so n
 is left to clean up whatever way a workspace ends.
 
 A worker that is not root makes no link: `egress` is user-mode networking instead, the
-same rules over pasta (`bashfleet.worker.engine.usernet`), as rootless podman does;
+same rules over pasta (`bashfleet.worker.engine.network.usernet`), as rootless podman does;
 `allow` needs a root worker.
 """
 
@@ -48,16 +48,19 @@ import logging
 import os
 import shutil
 import signal
+import socket
 import subprocess
-import sys
 import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from bashfleet.worker.engine import kernel, nft_helper, procs, usernet
+from bashfleet.worker.engine import isolate, procs
+from bashfleet.worker.engine.isolate import kernel, nft_helper
+from bashfleet.worker.engine.isolate.launcher import readable
 from bashfleet.worker.engine.memo import TimedMemo
+from bashfleet.worker.engine.network import usernet
 from bashfleet.worker.settings import Settings
 from bashfleet.worker.wire.network import DENIED, NetworkPolicy
 
@@ -401,8 +404,6 @@ def _resolve_entry(entry: str) -> list[str]:
         return [str(ipaddress.ip_network(entry, strict=False))]
     except ValueError:
         pass
-    import socket  # noqa: PLC0415
-
     try:
         infos = socket.getaddrinfo(entry, None)
     except OSError:
@@ -589,9 +590,8 @@ def _apply_user_mode(keeper_pid: int, state: State, policy: NetworkPolicy,
 
 def start_guard(keeper_pid: int, ws_id: str, link: Link, policy: NetworkPolicy,
                 settings: Settings) -> tuple[int, float | None]:
-    """The workspace's guard (`bashfleet.worker.engine.netguard`), in its namespace, ready."""
-    from bashfleet.worker.engine import netguard  # noqa: PLC0415
-
+    """The workspace's guard (`bashfleet.worker.engine.isolate.netguard`), in its namespace,
+    ready."""
     config = {
         "keeper": keeper_pid, "address": link.ws_ip, "port": GUARD_PORT,
         "dns_port": GUARD_DNS_PORT, "mark": GUARD_MARK,
@@ -611,9 +611,9 @@ def start_guard(keeper_pid: int, ws_id: str, link: Link, policy: NetworkPolicy,
         log_fd = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
     try:
         proc = subprocess.Popen(
-            ["nsenter", f"--net=/proc/{keeper_pid}/ns/net", "--", sys.executable, "-I", "-S",
-             netguard.__file__ or "netguard.py", json.dumps(config), str(denied),
-             str(ready_w), str(log_fd)],
+            ["nsenter", f"--net=/proc/{keeper_pid}/ns/net", "--",
+             *isolate.command("netguard", json.dumps(config), str(denied), str(ready_w),
+                              str(log_fd))],
             env=ENV, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE, pass_fds=(denied, ready_w, log_fd), start_new_session=True)
         os.close(ready_w)
@@ -638,8 +638,6 @@ def start_guard(keeper_pid: int, ws_id: str, link: Link, policy: NetworkPolicy,
 def _guard_answer(ready_r: int) -> str:
     """What the guard said on its ready pipe: `ok`, `error: why`, or "" (nothing within
     TOOL_TIMEOUT_S, or it ended without a word)."""
-    from bashfleet.worker.engine.launcher import readable  # noqa: PLC0415
-
     if not readable(ready_r, TOOL_TIMEOUT_S):
         return ""
     return os.read(ready_r, 4096).decode("utf-8", "replace").strip()

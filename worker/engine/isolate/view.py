@@ -48,7 +48,7 @@ import stat
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from bashfleet.worker.engine import kernel
+from bashfleet.worker.engine.isolate import kernel
 
 #: Device nodes a call gets in its /dev (bound from the host's), as bubblewrap gives.
 DEVICES = ("null", "zero", "full", "random", "urandom", "tty")

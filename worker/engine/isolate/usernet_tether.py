@@ -1,9 +1,9 @@
 """What runs beside a workspace's pasta where the worker is not root (`usernet`).
 
-Standard library only: the worker starts it as `python -I -S usernet_tether.py MODE
-CONFIG`, outside the workspace (the host's PID, mount and network namespaces, the
-worker's user), with descriptors of the workspace's user and network namespaces
-inherited at the numbers CONFIG names:
+Standard library only: the worker starts it as `python -I -S
+.../isolate/bootstrap.py usernet_tether MODE CONFIG`, outside the workspace (the host's PID, mount
+and network namespaces, the worker's user), with descriptors of the workspace's user and network
+namespaces inherited at the numbers CONFIG names:
 
     tether CONFIG  (the ruleset on stdin)
         child: setns(user) setns(net) ── libnftables ──► the workspace's rules; exit
@@ -23,28 +23,15 @@ Failures go to stderr, which the worker reads when no pid comes.
 
 from __future__ import annotations
 
-import os
-import sys
-import types
-
-if __name__ == "__main__" and "bashfleet.worker.engine" not in sys.modules:  # pragma: no cover
-    # Run by path with -I -S: make the engine's standard-library siblings importable.
-    _engine_dir = os.path.dirname(os.path.abspath(__file__))
-    _worker_dir = os.path.dirname(_engine_dir)
-    for _name, _path in (("bashfleet", os.path.dirname(_worker_dir)),
-                         ("bashfleet.worker", _worker_dir),
-                         ("bashfleet.worker.engine", _engine_dir)):
-        _package = types.ModuleType(_name)
-        _package.__path__ = [_path]
-        sys.modules[_name] = _package
-
 import contextlib
 import json
+import os
 import select
 import signal
+import sys
 from typing import Any
 
-from bashfleet.worker.engine import kernel
+from bashfleet.worker.engine.isolate import kernel
 
 PR_SET_PDEATHSIG = 1
 

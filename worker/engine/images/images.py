@@ -56,9 +56,9 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from bashfleet.worker.engine import build_isolation
-from bashfleet.worker.engine import image_tools as tools
-from bashfleet.worker.engine.image_meta import (
+from bashfleet.worker.engine.images import build_isolation
+from bashfleet.worker.engine.images import image_tools as tools
+from bashfleet.worker.engine.images.image_meta import (
     ImageError,
     ImageRef,
     checked_digest,

@@ -35,7 +35,7 @@ import struct
 from collections.abc import Mapping, Sequence
 from typing import Literal
 
-from bashfleet.worker.engine import syscall_numbers
+from bashfleet.worker.engine.isolate import syscall_numbers
 
 # The kernel's names (linux/filter.h, linux/seccomp.h, linux/audit.h).
 BPF_LD_W_ABS = 0x20

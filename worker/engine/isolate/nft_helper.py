@@ -10,8 +10,8 @@ a worker process; this helper holds a few dozen descriptors at most. A ruleset i
 fresh namespace takes ~1.3 ms p50 through it, ~1.0 ms in the worker's own process, ~5 ms
 through `nft -f` and nsenter (a process per ruleset), measured side by side here.
 
-Standard library only: the worker starts it as `python -I -S nft_helper.py FD`, in the
-host's namespaces, as the worker's user (root), one per worker process that loads rules,
+Standard library only: the worker starts it as `python -I -S .../isolate/bootstrap.py nft_helper
+FD`, in the host's namespaces, as the worker's user (root), one per worker process that loads rules,
 at its first ruleset:
 
     worker process ──SOCK_SEQPACKET (FD)──► helper        ends when FD reads EOF
@@ -30,29 +30,17 @@ socket's queue, its descriptors not yet the helper's), so it never holds more th
 
 from __future__ import annotations
 
-import os
-import sys
-import types
-
-if __name__ == "__main__" and "bashfleet.worker.engine" not in sys.modules:  # pragma: no cover
-    # Run by path with -I -S: make the engine's standard-library siblings importable.
-    _engine_dir = os.path.dirname(os.path.abspath(__file__))
-    _worker_dir = os.path.dirname(_engine_dir)
-    for _name, _path in (("bashfleet", os.path.dirname(_worker_dir)),
-                         ("bashfleet.worker", _worker_dir),
-                         ("bashfleet.worker.engine", _engine_dir)):
-        _package = types.ModuleType(_name)
-        _package.__path__ = [_path]
-        sys.modules[_name] = _package
-
 import contextlib
 import ctypes
+import os
 import socket
 import subprocess
+import sys
 import threading
 from collections.abc import Sequence
 
-from bashfleet.worker.engine import kernel
+from bashfleet.worker.engine import isolate
+from bashfleet.worker.engine.isolate import kernel
 
 #: Rulesets loaded at once in the helper (each a thread, a netns descriptor, a socket to
 #: the worker and libnftables' netlink socket).
@@ -181,7 +169,7 @@ class Helper:
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             self._proc = subprocess.Popen(
-                [sys.executable, "-I", "-S", _script(), str(theirs.fileno())],
+                isolate.command("nft_helper", str(theirs.fileno())),
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                 pass_fds=(theirs.fileno(),), env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"})
         except OSError as exc:
@@ -209,10 +197,6 @@ class Helper:
     def pid(self) -> int | None:
         """The helper's pid, while one was started."""
         return None if self._proc is None else self._proc.pid
-
-
-def _script() -> str:
-    return os.path.abspath(__file__)
 
 
 def main(argv: list[str]) -> int:

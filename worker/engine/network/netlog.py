@@ -31,8 +31,8 @@ import socket
 import threading
 from dataclasses import dataclass
 
-from bashfleet.worker.engine import kernel, netguard
-from bashfleet.worker.engine.network import EGRESS_LOG_GROUP, denied_path
+from bashfleet.worker.engine.isolate import kernel, netguard
+from bashfleet.worker.engine.network.network import EGRESS_LOG_GROUP, denied_path
 from bashfleet.worker.settings import Settings
 
 log = logging.getLogger("bashfleet.network")

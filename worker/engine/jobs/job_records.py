@@ -13,7 +13,7 @@ import os
 import re
 from pathlib import Path
 
-from bashfleet.worker.engine import job_end
+from bashfleet.worker.engine.isolate import job_end
 from bashfleet.worker.settings import Settings, get_settings
 from bashfleet.worker.wire.errors import ToolError
 from bashfleet.worker.wire.models import JobRecord, JobStatus
@@ -66,7 +66,7 @@ def write_status(
 
     `replace`: overwrite what is recorded (the job's own watcher, which knows the truth).
     Writers race (a check, a kill, the watcher): without `replace` the status is linked
-    into place only if none exists yet (`bashfleet.worker.engine.job_end.write_status`).
+    into place only if none exists yet (`bashfleet.worker.engine.isolate.job_end.write_status`).
     """
     path = Path(record.status_path)
     if not replace and path.exists():

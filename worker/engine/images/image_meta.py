@@ -2,7 +2,7 @@
 configs, the shell a root filesystem offers, and which held images to collect.
 
 Everything here is pure (or reads only inside a root filesystem it is given), so the
-store (`bashfleet.worker.engine.images`) stays a sequence of tool runs and renames, and these
+store (`bashfleet.worker.engine.images.images`) stays a sequence of tool runs and renames, and these
 decisions are tested by tables and properties.
 
 A reference is checked before any tool sees it: a registry reference only (never a

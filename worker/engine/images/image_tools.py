@@ -27,7 +27,7 @@ import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from bashfleet.worker.engine.image_meta import ImageError, ImageRef, Platform
+from bashfleet.worker.engine.images.image_meta import ImageError, ImageRef, Platform
 from bashfleet.worker.settings import Settings
 
 Progress = Callable[[str], None]

@@ -1,10 +1,10 @@
 """A workspace's network guard under the `allow` policy: DNS, HTTP and TLS by name.
 
-Standard library only: the worker starts it as `python -I -S netguard.py CONFIG
-DENIED_FD READY_FD LOG_FD` in the workspace's network namespace (`nsenter --net`), as
-the host's root, outside the workspace's PID and user namespaces (no call can signal or
-trace it). It needs no capability but CAP_NET_ADMIN (its marked sockets, NFLOG): its
-ports are unprivileged (`network.GUARD_PORT`). It answers `ok` on READY_FD once it
+Standard library only: the worker starts it as `python -I -S
+.../isolate/bootstrap.py netguard CONFIG DENIED_FD READY_FD LOG_FD` in the workspace's network
+namespace (`nsenter --net`), as the host's root, outside the workspace's PID and user namespaces
+(no call can signal or trace it). It needs no capability but CAP_NET_ADMIN (its marked sockets,
+NFLOG): its ports are unprivileged (`network.GUARD_PORT`). It answers `ok` on READY_FD once it
 serves, or `error: why`; from then on its stderr is LOG_FD (the worker's). It exits with
 the keeper.
 

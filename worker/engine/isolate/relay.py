@@ -1,8 +1,8 @@
 """An interactive session's supervisor loop: the process that holds its stdin.
 
 Standard library only, and no package imports: the job supervisor
-(`bashfleet.worker.engine.job_supervisor`, started detached by `jobs.start_job`) loads this file
-by path when a job's spec asks for stdin (`closed`, `pipe` or `pty`). The supervisor
+(`bashfleet.worker.engine.isolate.job_supervisor`, started detached by `jobs.start_job`) loads this
+file by path when a job's spec asks for stdin (`closed`, `pipe` or `pty`). The supervisor
 outlives the worker that started the job, so the end that writes to the job's stdin (a
 pipe's write end, or the PTY's master) lives where a write can reach it later, from any
 consumer of the host, also after the worker restarted.

@@ -42,15 +42,14 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import threading
 import time
 from collections.abc import Sequence
 from typing import IO
 
-from bashfleet.worker.engine import procs, usernet_tether
-from bashfleet.worker.engine.launcher import readable
+from bashfleet.worker.engine import isolate, procs
+from bashfleet.worker.engine.isolate.launcher import readable
 from bashfleet.worker.engine.memo import TimedMemo
 from bashfleet.worker.settings import Settings
 
@@ -167,8 +166,8 @@ def load_rules(keeper_pid: int, text: str) -> None:
     userns, netns = _namespaces(keeper_pid)
     try:
         done = subprocess.run(
-            [sys.executable, "-I", "-S", _script(), "rules",
-             json.dumps({"userns": userns, "netns": netns})],
+            isolate.command("usernet_tether", "rules",
+                            json.dumps({"userns": userns, "netns": netns})),
             input=text, capture_output=True, text=True, env=ENV, pass_fds=(userns, netns),
             timeout=START_TIMEOUT_S, check=False)
     except subprocess.TimeoutExpired:
@@ -223,7 +222,7 @@ def _spawn_tether(pasta: str, keeper: int, userns: int, netns: int,  # noqa: PLR
     # A session of its own: a signal to the worker's group (^C) leaves it, as the
     # workspace outlives the worker.
     proc = subprocess.Popen(
-        [sys.executable, "-I", "-S", _script(), "tether", json.dumps(config)],
+        isolate.command("usernet_tether", "tether", json.dumps(config)),
         stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=errors, env=ENV,
         pass_fds=(keeper, userns, netns, ready), start_new_session=True)
     if proc.stdin is not None:
@@ -273,10 +272,6 @@ def alive(tether: tuple[int, float | None] | None) -> bool:
         return False
     pid, start = tether
     return start is not None and procs.is_same_process(pid, start)
-
-
-def _script() -> str:
-    return usernet_tether.__file__ or "usernet_tether.py"
 
 
 __all__: Sequence[str] = ["UserNetError", "alive", "host_addresses", "load_rules",
