@@ -18,8 +18,9 @@ from .conftest import WorkerFactory, wait_for
 FRAME_BUDGET = 12
 README = Path(__file__).parents[2] / "README.md"
 #: The bashfleet modules each process's thread may enter for one call (the client's: a
-#: call enters two parts of `Fleet`, its calls and the base they stand on).
-CLIENT_MODULES = 17
+#: call enters two parts of `Fleet`, its calls and the base they stand on; and two modules
+#: of the wire's models, the call's and the base every model stands on).
+CLIENT_MODULES = 18
 WORKER_MODULES = 45
 
 
