@@ -25,7 +25,13 @@ from bashfleet.client._core.watch import KEEP_WAITING, Pending, message_task_id,
 from bashfleet.client.aio import AsyncFleet
 from bashfleet.client.errors import FleetUnavailable, WorkerLost
 from bashfleet.worker.fleet.celery_apps import wire_config
-from bashfleet.worker.fleet.connect import safe_url, sentinel_target
+from bashfleet.worker.fleet.connect import (
+    POOL_MAX_CONNECTIONS,
+    async_redis_client,
+    redis_client,
+    safe_url,
+    sentinel_target,
+)
 from bashfleet.worker.fleet.transport import SENTINEL_TRANSPORT, TRANSPORT
 from bashfleet.worker.wire.messages import task_message
 from bashfleet.worker.wire.models import CallResult
@@ -212,3 +218,19 @@ def test_an_async_fleet_belongs_to_one_event_loop() -> None:
 def test_in_flight_limits_must_be_positive() -> None:
     with pytest.raises(ValueError, match="at least 1"):
         AsyncFleet("redis://127.0.0.1:1/0", max_in_flight=0)
+
+
+@pytest.mark.parametrize("url", [
+    "redis://127.0.0.1:1/0",
+    "unix:///nonexistent/redis.sock",
+    "sentinel://127.0.0.1:1?master=primary",
+])
+def test_every_client_pool_takes_more_connections_than_a_worker_has_slots(url: str) -> None:
+    """redis-py 8 caps a pool at 100 connections unless told: a 256-slot worker's claims,
+    or an AsyncFleet's thousand calls, failed past it ("Too many connections")."""
+    pools = [redis_client(url).connection_pool,
+             redis_client(url, binary=True).connection_pool,
+             async_redis_client(url).connection_pool]
+    assert [getattr(pool, "max_connections", None) for pool in pools] == \
+        [POOL_MAX_CONNECTIONS] * 3
+    assert POOL_MAX_CONNECTIONS >= 1_000

@@ -107,6 +107,12 @@ CONNECT_TIMEOUT_S = 2.0
 SOCKET_TIMEOUT_S = 10.0
 #: Idle connections are checked (PING) before reuse after this long.
 HEALTH_CHECK_INTERVAL_S = 30
+#: Connections one client's pool may open at once. redis-py 8 caps a pool at 100 unless
+#: told, and fails the command past it ("Too many connections"): a worker of 256 slots
+#: claims and finishes that many calls at once, and an AsyncFleet sends as many calls as
+#: it is given. As many as Redis serves by default (`maxclients`): Redis says when there
+#: are too many, as it did before the cap.
+POOL_MAX_CONNECTIONS = 10_000
 
 
 def redis_client(url: str, *, binary: bool = False) -> Redis:
@@ -142,6 +148,7 @@ def _redis_py_client(url: str, *, binary: bool) -> Redis:
     return redis.Redis.from_url(
         url, decode_responses=not binary, socket_connect_timeout=CONNECT_TIMEOUT_S,
         socket_timeout=SOCKET_TIMEOUT_S, health_check_interval=HEALTH_CHECK_INTERVAL_S,
+        max_connections=POOL_MAX_CONNECTIONS,
     )
 
 
@@ -288,6 +295,7 @@ def _primary_kwargs(target: SentinelTarget) -> dict[str, Any]:
         "username": target.username, "password": target.password, "db": target.db,
         "socket_connect_timeout": CONNECT_TIMEOUT_S, "socket_timeout": SOCKET_TIMEOUT_S,
         "health_check_interval": HEALTH_CHECK_INTERVAL_S, "decode_responses": True,
+        "max_connections": POOL_MAX_CONNECTIONS,
     }
 
 
@@ -308,6 +316,7 @@ def async_redis_client(url: str, *, binary: bool = False) -> AsyncRedis:
     return aioredis.Redis.from_url(
         url, decode_responses=not binary, socket_connect_timeout=CONNECT_TIMEOUT_S,
         socket_timeout=SOCKET_TIMEOUT_S, health_check_interval=HEALTH_CHECK_INTERVAL_S,
+        max_connections=POOL_MAX_CONNECTIONS,
     )
 
 
