@@ -7,8 +7,10 @@ a fork really changed a file) before it asserts what must not have.
 from __future__ import annotations
 
 import os
+import signal
 import stat
 import subprocess
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +20,7 @@ from privilege import needs_root
 from bashfleet.worker.engine import workspaces
 from bashfleet.worker.engine.images import images
 from bashfleet.worker.engine.snapshots import snapshot_store, snapshots
+from bashfleet.worker.engine.workspaces import store, usage
 from bashfleet.worker.wire.models import WorkspaceSpec
 
 from .engine_helpers import (
@@ -26,6 +29,7 @@ from .engine_helpers import (
     _engine_fixture,  # noqa: F401 - the `engine` fixture
     _janitor_fixture,  # noqa: F401 - the `janitor` fixture
     engine_with,
+    wait_until,
 )
 from .registry import Registry
 
@@ -172,6 +176,54 @@ def test_restore_puts_the_files_back_and_ends_the_processes(engine: Engine) -> N
             assert caught.value.kind == "not_found"
         finally:
             workspaces.delete(other.id, engine.settings)
+    finally:
+        workspaces.delete(source.id, engine.settings)
+
+
+def test_the_reaper_leaves_a_workspace_held_for_a_change(engine: Engine) -> None:
+    """A restore ends the old keeper before it starts the new one: in between, to the
+    host supervisor's reaper, the workspace looks like one whose sandbox ended."""
+    ws = workspaces.create(WorkspaceSpec(owner="o"), engine.settings)
+    try:
+        assert ws.keeper_pid is not None
+        with store.changing(engine.settings, ws.id) as held:
+            assert held
+            os.kill(ws.keeper_pid, signal.SIGKILL)
+            wait_until(lambda: not usage.keeper_alive(ws), what="its keeper's end")
+            assert workspaces.reap(engine.settings) == []
+            assert workspaces.record_path(engine.settings, ws.id).exists()
+            assert workspaces.state_path(engine.settings, ws.id).is_dir()
+        # Let go of, it is what it looks like: reaped.
+        assert [r.id for r in workspaces.reap(engine.settings)] == [ws.id]
+        assert not workspaces.record_path(engine.settings, ws.id).exists()
+        assert not store.lock_path(engine.settings, ws.id).exists()
+    finally:
+        workspaces.delete(ws.id, engine.settings)
+
+
+def test_restores_beside_a_reaper_that_never_stops(engine: Engine) -> None:
+    source = workspaces.create(WorkspaceSpec(owner="o"), engine.settings)
+    stop = threading.Event()
+    reaped: list[str] = []
+
+    def reaper() -> None:
+        while not stop.is_set():
+            reaped.extend(r.id for r in workspaces.reap(engine.settings))
+
+    try:
+        _sh(engine, source.id, "echo good > f")
+        snap, _ = snapshots.take(source, engine.settings)
+        thread = threading.Thread(target=reaper, daemon=True)
+        thread.start()
+        try:
+            for _ in range(8):
+                _sh(engine, source.id, "echo bad > f")
+                workspaces.restore(source.id, snap.id, engine.settings)
+                assert _sh(engine, source.id, "cat f").strip() == "good"
+        finally:
+            stop.set()
+            thread.join(timeout=60)
+        assert reaped == []
     finally:
         workspaces.delete(source.id, engine.settings)
 

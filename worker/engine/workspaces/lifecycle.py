@@ -34,9 +34,17 @@ from bashfleet.worker.wire.network import NetworkPolicy
 def delete(ws_id: str, settings: Settings, *, note: str = "its workspace was deleted") -> bool:
     """End a workspace: its keeper killed (so every process in it), its jobs' ends
     recorded, its cgroup and files removed. False when there was none."""
+    if not store.valid_id(ws_id):
+        return False
+    with store.changing(settings, ws_id):
+        return _delete_held(ws_id, settings, note)
+
+
+def _delete_held(ws_id: str, settings: Settings, note: str) -> bool:
     try:
         record = store.load(ws_id, settings)
     except WorkspaceError:
+        store.lock_path(settings, ws_id).unlink(missing_ok=True)
         return False
     keeper_calls.connections.drop(ws_id)
     _end_keeper(record)
@@ -47,6 +55,7 @@ def delete(ws_id: str, settings: Settings, *, note: str = "its workspace was del
     usage.full_path(settings, ws_id).unlink(missing_ok=True)
     store.record_path(settings, ws_id).unlink(missing_ok=True)
     store.forget(ws_id, settings)
+    store.lock_path(settings, ws_id).unlink(missing_ok=True)  # a waiter opens a new one
     return True
 
 
@@ -54,7 +63,15 @@ def restore(ws_id: str, snap_id: str, settings: Settings) -> tuple[WorkspaceReco
     """Put a workspace's files back to a snapshot's: its processes ended (how many, in
     the answer), its own layers replaced by empty ones over the snapshot's; its id,
     path, owner, session, tags and lease kept. WorkspaceError (`invalid`, `not_found`)
-    before anything is touched when the snapshot cannot be its."""
+    before anything is touched when the snapshot cannot be its. Held against the
+    reaper and a deletion throughout (`store.changing`): between its old keeper's end
+    and its new one's start it has no sandbox, which is not an end."""
+    with store.changing(settings, ws_id):
+        return _restore_held(ws_id, snap_id, settings)
+
+
+def _restore_held(ws_id: str, snap_id: str, settings: Settings
+                  ) -> tuple[WorkspaceRecord, int]:
     record = store.load(ws_id, settings)
     try:
         snapshot = snapshot_store.load(snap_id, settings)
@@ -148,21 +165,37 @@ def _end_keeper(record: WorkspaceRecord) -> None:
 
 def reap(settings: Settings, now: float | None = None) -> list[WorkspaceRecord]:
     """Delete the workspaces unused past their TTL and those whose keeper is gone. The
-    host supervisor runs this every few seconds."""
+    host supervisor runs this every few seconds; a workspace held for a change (a
+    restore between its keepers) is looked at again on the next round."""
     now = time.time() if now is None else now
     reaped: list[WorkspaceRecord] = []
     for record in store.local_records(settings):
         used = store.last_used(record, settings)
         if used is None:
             continue
-        expired = now - used > record.ttl_s
-        if not expired and usage.keeper_alive(record):
+        if _reap_note(record, used, now) is None:
             usage.check_disk(record, settings)
             continue
-        if expired or not usage.keeper_alive(record):
-            note = "its workspace expired (unused past its TTL)" if expired else \
-                "its workspace's sandbox ended"
-            if delete(record.id, settings, note=note):
-                reaped.append(record)
+        with store.changing(settings, record.id, wait=False) as held:
+            if not held:
+                continue
+            try:  # as it is now that nothing changes it
+                current = store.load(record.id, settings)
+            except WorkspaceError:
+                continue
+            used = store.last_used(current, settings)
+            note = None if used is None else _reap_note(current, used, now)
+            if note is not None and _delete_held(current.id, settings, note):
+                reaped.append(current)
     blank_pool.reap_blanks(settings)
     return reaped
+
+
+def _reap_note(record: WorkspaceRecord, used: float, now: float) -> str | None:
+    """Why the reaper ends this workspace, last used at `used` (the note its jobs' ends
+    get), or None."""
+    if now - used > record.ttl_s:
+        return "its workspace expired (unused past its TTL)"
+    if not usage.keeper_alive(record):
+        return "its workspace's sandbox ended"
+    return None

@@ -9,8 +9,10 @@ mtime) and names the paths; it makes and ends nothing.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 from bashfleet.worker.settings import Settings
@@ -51,6 +53,46 @@ def state_path(settings: Settings, ws_id: str) -> Path:
     return settings.workspaces_dir / ws_id
 
 
+def lock_path(settings: Settings, ws_id: str) -> Path:
+    """The file whose lock a change of the whole workspace holds (`changing`)."""
+    return settings.workspaces_dir / f"{ws_id}.lock"
+
+
+@contextlib.contextmanager
+def changing(settings: Settings, ws_id: str, *, wait: bool = True) -> Iterator[bool]:
+    """Hold the workspace for a change no other process or thread of this host may see
+    half done: a restore (its keeper ended, its files gone, a new keeper not yet made)
+    must not look to the host supervisor's reaper like a workspace whose sandbox ended.
+    Yields True once held; with `wait=False`, False at once when another holds it. The
+    lock is the kernel's (flock): a holder that dies lets go."""
+    if not valid_id(ws_id):  # never a path out of its folder
+        raise WorkspaceError("not_found", f"no such workspace: {ws_id!r}")
+    path = lock_path(settings, ws_id)
+    while True:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        except FileNotFoundError:  # its folder is gone: nothing of it is left to change
+            yield True
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            os.close(fd)
+            yield False
+            return
+        try:
+            same = os.stat(path, follow_symlinks=False).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:  # not a file a deletion unlinked while this waited for it
+            break
+        os.close(fd)
+    try:
+        yield True
+    finally:
+        os.close(fd)
+
+
 def socket_path(settings: Settings, ws_id: str) -> Path:
     """Its keeper's socket."""
     return settings.workspaces_dir / f"{ws_id}.sock"
@@ -87,7 +129,7 @@ _loaded: dict[tuple[Path, str], tuple[int, WorkspaceRecord]] = {}
 
 def load(ws_id: str, settings: Settings) -> WorkspaceRecord:
     """The record of workspace `ws_id` on this host; WorkspaceError `not_found`."""
-    if not _valid_id(ws_id):
+    if not valid_id(ws_id):
         raise WorkspaceError("not_found", f"no such workspace: {ws_id!r}")
     path = record_path(settings, ws_id)
     try:
@@ -106,7 +148,7 @@ def load(ws_id: str, settings: Settings) -> WorkspaceRecord:
     return record
 
 
-def _valid_id(ws_id: str) -> bool:
+def valid_id(ws_id: str) -> bool:
     return len(ws_id) == 16 and ws_id[0] == "w" and all(c in "0123456789abcdef" for c in ws_id[1:])
 
 
@@ -115,7 +157,7 @@ def local_records(settings: Settings) -> list[WorkspaceRecord]:
     found = []
     with contextlib.suppress(FileNotFoundError):
         for entry in os.scandir(settings.workspaces_dir):
-            if entry.name.endswith(".json") and _valid_id(entry.name[:-5]):
+            if entry.name.endswith(".json") and valid_id(entry.name[:-5]):
                 with contextlib.suppress(WorkspaceError):
                     found.append(load(entry.name[:-5], settings))
     return found
