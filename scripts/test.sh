@@ -92,27 +92,34 @@ mkdir "$installed"
 start_part installed env PYTHON="$newest" BASHFLEET_INSTALLED_WORK="$installed" \
   ./scripts/test_installed.sh --prepare
 
-start_part ruff .venv/bin/ruff check .
-echo "== mypy --strict (ruff beside it)"
-mypy_status=0
-.venv/bin/mypy || mypy_status=$?
-echo "== ruff"
-finish_part ruff
-[ "$mypy_status" = 0 ] || exit "$mypy_status"
 # Exit code 5 (no tests collected) is a failure here, as any non-zero code is.
 pytest_status=0
 if [ $# -gt 0 ]; then
+  echo "== mypy --strict (ruff beside it)"
+  start_part ruff .venv/bin/ruff check .
+  mypy_status=0
+  .venv/bin/mypy || mypy_status=$?
+  echo "== ruff"
+  finish_part ruff
+  [ "$mypy_status" = 0 ] || exit "$mypy_status"
   echo "== pytest $* (tests/e2e runs next, against the installed package)"
   .venv/bin/pytest --ignore=tests/e2e --ignore=tests/frameworks "$@" || pytest_status=$?
 else
   # The unit tests are pure and CPU-bound (hypothesis): on both cores (pytest-xdist), and
   # first, beside the pip installs above. The rest start Redis servers and workers and
-  # run one at a time, on a quieter machine.
+  # run one at a time; they wait on those more than they compute, so ruff and mypy run
+  # beside them (their verdict is shown, and fails the run, right after).
   echo "== pytest: unit, on every core"
   .venv/bin/pytest tests/unit -n auto || pytest_status=$?
-  echo "== pytest: integration and hardening (tests/e2e runs next, against the installed package)"
+  start_part ruff .venv/bin/ruff check .
+  start_part mypy .venv/bin/mypy
+  echo "== pytest: integration and hardening (ruff and mypy beside it; tests/e2e runs next, against the installed package)"
   .venv/bin/pytest --ignore=tests/unit --ignore=tests/e2e --ignore=tests/frameworks ||
     pytest_status=$?
+  echo "== ruff (run beside pytest)"
+  finish_part ruff
+  echo "== mypy --strict (run beside pytest)"
+  finish_part mypy
 fi
 # Shown whatever pytest said: a test that waited for the frameworks' environment points here.
 echo "== the frameworks' environments (scripts/frameworks.sh, run beside pytest)"
@@ -127,5 +134,8 @@ echo "== the framework adapters, each against its framework from PyPI (environme
 if [ -x .venv-harbor/bin/pytest ] || [ "$(id -u)" = 0 ]; then
   .venv-harbor/bin/pytest tests/frameworks/test_harbor.py -q
 fi
-echo "== the end-to-end tests against the installed package ($("$newest" --version))"
-PYTHON="$newest" BASHFLEET_INSTALLED_WORK="$installed" ./scripts/test_installed.sh -q
+# Each of their modules brings up a fleet of its own (`bashfleet up`, in a private state
+# directory): a module a worker, on both cores (pytest-xdist).
+echo "== the end-to-end tests against the installed package ($("$newest" --version)), a module per core"
+PYTHON="$newest" BASHFLEET_INSTALLED_WORK="$installed" ./scripts/test_installed.sh -q \
+  -n auto --dist loadfile

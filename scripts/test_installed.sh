@@ -71,7 +71,7 @@ fi
 rm -rf "$smoke_state"
 
 # The test tools only; the package's own dependencies came with it.
-"${pip[@]}" pytest pytest-timeout
+"${pip[@]}" pytest pytest-timeout pytest-xdist
 
 cp -r tests "$work/tests"
 # pytest's settings (timeout, markers); README and docs/, whose examples the README test runs.
