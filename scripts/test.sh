@@ -105,17 +105,18 @@ if [ $# -gt 0 ]; then
   echo "== pytest $* (tests/e2e runs next, against the installed package)"
   .venv/bin/pytest --ignore=tests/e2e --ignore=tests/frameworks "$@" || pytest_status=$?
 else
-  # The unit tests are pure and CPU-bound (hypothesis): on both cores (pytest-xdist), and
-  # first, beside the pip installs above. The rest start Redis servers and workers and
-  # run one at a time; they wait on those more than they compute, so ruff and mypy run
-  # beside them (their verdict is shown, and fails the run, right after).
+  # The unit tests are pure and CPU-bound (hypothesis): on every core (pytest-xdist), and
+  # first, beside the pip installs above. The rest start Redis servers and workers, and
+  # wait on them more than they compute: two modules at a time (each module's fixtures
+  # start its own), with ruff and mypy beside them (their verdict is shown, and fails
+  # the run, right after).
   echo "== pytest: unit, on every core"
   .venv/bin/pytest tests/unit -n auto || pytest_status=$?
   start_part ruff .venv/bin/ruff check .
   start_part mypy .venv/bin/mypy
-  echo "== pytest: integration and hardening (ruff and mypy beside it; tests/e2e runs next, against the installed package)"
-  .venv/bin/pytest --ignore=tests/unit --ignore=tests/e2e --ignore=tests/frameworks ||
-    pytest_status=$?
+  echo "== pytest: integration and hardening, two modules at a time (ruff and mypy beside it; tests/e2e runs next, against the installed package)"
+  .venv/bin/pytest --ignore=tests/unit --ignore=tests/e2e --ignore=tests/frameworks \
+    -n auto --maxprocesses 2 --dist loadfile || pytest_status=$?
   echo "== ruff (run beside pytest)"
   finish_part ruff
   echo "== mypy --strict (run beside pytest)"

@@ -205,9 +205,7 @@ def test_bash_output_filter(conform: Conformance) -> None:
     match are no longer available to read."""
     session = conform.session()
     bash_id = start(conform, "printf 'apple\\nbanana\\navocado\\n'", session)
-    filtered = poll(lambda: output(conform, bash_id, session, filter="^a"),
-                    lambda t: "completed" in t.text, "the job to complete")
-    assert stdout_of(filtered) == "apple\navocado"
+    assert _filtered_until_done(conform, bash_id, session, "^a") == "apple\navocado"
     assert "banana" not in output(conform, bash_id, session).text
 
 
@@ -215,9 +213,23 @@ def test_bash_output_filter_anchors_at_line_ends(conform: Conformance) -> None:
     """A filter ending in `$` once never matched (lines kept their newline)."""
     session = conform.session()
     bash_id = start(conform, "seq 1 30", session)
-    filtered = poll(lambda: output(conform, bash_id, session, filter="0$"),
-                    lambda t: "completed" in t.text, "the job to complete")
-    assert stdout_of(filtered) == "10\n20\n30"
+    assert _filtered_until_done(conform, bash_id, session, "0$") == "10\n20\n30"
+
+
+def _filtered_until_done(conform: Conformance, bash_id: str, session: SessionState,
+                         pattern: str) -> str:
+    """Every line `BashOutput` with `filter` gave until the job completed. Each answer
+    holds only what is new since the last: a check made while the job still ran may have
+    taken all of its output, and the one that says "completed" none."""
+    seen: list[str] = []
+
+    def read() -> ToolText:
+        text = output(conform, bash_id, session, filter=pattern)
+        seen.append(stdout_of(text))
+        return text
+
+    poll(read, lambda t: "completed" in t.text, "the job to complete")
+    return "\n".join(part for part in seen if part)
 
 
 def test_kill_bash_terminates_the_process_group(conform: Conformance) -> None:

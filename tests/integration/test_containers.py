@@ -346,11 +346,13 @@ def test_root_inside_writes_its_own_layer_and_the_hosts_dirs_as_any_account_woul
     assert _tree_digest(*watched) == before
 
 
+# Ids of their own: the paths are new in each process that collects them (pytest-xdist's
+# workers must agree on the tests' names).
 @pytest.mark.parametrize("where", [
     f"/var/cache/bf-deep-{uuid.uuid4().hex[:8]}/a/b/c/d/e",  # deeper than a scan would go
     f"/usr/local/share/bf-deep-{uuid.uuid4().hex[:8]}",
     f"/etc/bf-deep-{uuid.uuid4().hex[:8]}",
-])
+], ids=["var-cache-deep", "usr-local-share", "etc"])
 def test_a_root_only_host_file_made_after_the_worker_started_is_not_the_tenants(
         multi: Engine, where: str) -> None:
     """Host root's files are no workspace root's: a 0600 file, and a 0644 one in a 0700
