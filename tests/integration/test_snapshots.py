@@ -201,6 +201,31 @@ def test_the_reaper_leaves_a_workspace_held_for_a_change(engine: Engine) -> None
         workspaces.delete(ws.id, engine.settings)
 
 
+def test_a_snapshot_waits_for_a_change_of_its_workspace(engine: Engine) -> None:
+    """A snapshot never copies layers a restore or a deletion is removing: it waits, then
+    takes the workspace as it is."""
+    source = workspaces.create(WorkspaceSpec(owner="o"), engine.settings)
+    taken: list[str] = []
+    try:
+        _sh(engine, source.id, "echo kept > f")
+        with store.changing(engine.settings, source.id):
+            thread = threading.Thread(target=lambda: taken.append(
+                snapshots.take(source, engine.settings)[0].id))
+            thread.start()
+            thread.join(timeout=1.0)
+            assert thread.is_alive() and taken == []  # held: it waits
+        thread.join(timeout=60)
+        assert len(taken) == 1
+        layer = snapshot_store.layer_path(engine.settings, taken[0])
+        assert (layer / "work" / "f").read_text() == "kept\n"
+        workspaces.delete(source.id, engine.settings)
+        with pytest.raises(snapshot_store.SnapshotError) as caught:
+            snapshots.take(source, engine.settings)
+        assert caught.value.kind == "not_found"
+    finally:
+        workspaces.delete(source.id, engine.settings)
+
+
 def test_restores_beside_a_reaper_that_never_stops(engine: Engine) -> None:
     source = workspaces.create(WorkspaceSpec(owner="o"), engine.settings)
     stop = threading.Event()

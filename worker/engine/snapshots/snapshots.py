@@ -62,6 +62,19 @@ def take(ws: WorkspaceRecord, settings: Settings, *, ttl_s: float | None = None,
     """Snapshot workspace `ws`: (its record, ms its processes were paused; None when the
     host has no freezer for it). The workspace goes on as it was; on any failure nothing
     of the snapshot is left."""
+    with store.changing(settings, ws.id):  # not beside a restore or deletion of it
+        try:
+            ws = store.load(ws.id, settings)  # as it is now (a restore gives it a new keeper)
+        except store.WorkspaceError:
+            raise SnapshotError("not_found", f"no such workspace on host {settings.host}: "
+                                f"{ws.id}") from None
+        return _take_held(ws, settings, ttl_s=ttl_s, tags=tags, hidden=hidden,
+                          snap_id=snap_id)
+
+
+def _take_held(ws: WorkspaceRecord, settings: Settings, *, ttl_s: float | None,
+               tags: Mapping[str, str] | None, hidden: bool, snap_id: str | None
+               ) -> tuple[SnapshotRecord, float | None]:
     if ws.ids is None:
         raise SnapshotError("unavailable", (
             f"host {settings.host} is single-tenant (`bashfleet hosts`): a snapshot needs "
