@@ -33,11 +33,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from types import FrameType
-from typing import Any, Literal, TextIO
+from typing import TYPE_CHECKING, Any, Literal, TextIO
 
 from bashfleet.client import exit_status
 from bashfleet.client.errors import BashfleetError, UnknownJob
-from bashfleet.worker.wire.models import CallResult, OutputChunk, RunRequest
+
+if TYPE_CHECKING:
+    from bashfleet.client.cli.plain import Handover
+    from bashfleet.worker.wire.models import CallResult, OutputChunk, RunRequest
 
 #: After a first Ctrl-C, how long a second one may still leave the call running as a job.
 DETACH_WINDOW_S = 1.0
@@ -269,11 +272,15 @@ class Outcome:
 class ForegroundRun:
     """One foreground call: sent from a thread, waited for in the main thread."""
 
-    def __init__(self, fleet: Any, request: RunRequest, *, follow: bool) -> None:
+    def __init__(self, fleet: Any, request: RunRequest, *, follow: bool,
+                 sent: Handover | None = None) -> None:
         # The id is chosen before the call is sent, so a Ctrl-C at any moment reaches it.
         self.call_id = request.call_id or f"c{uuid.uuid4().hex[:23]}"
         self.request = request.model_copy(update={"call_id": self.call_id})
         self.fleet = fleet
+        # A call the CLI's plain path sent already: waited for, not sent again, with what
+        # was pressed while the plain path waited.
+        self.sent = sent
         self.follower = Follower.of(fleet, self.call_id) if follow else None
         self._done = threading.Event()
         self._result: CallResult | None = None
@@ -286,7 +293,11 @@ class ForegroundRun:
 
     def _send(self) -> None:
         try:
-            self._result = self.fleet.execute(self.request, check=False)
+            if self.sent is None:
+                self._result = self.fleet.execute(self.request, check=False)
+            else:
+                self._result = self.fleet.wait_sent(self.call_id, self.sent.queue,
+                                                    self.sent.host)
         except BaseException as exc:  # handed to the main thread, raised there
             self._error = exc
         finally:
@@ -297,7 +308,8 @@ class ForegroundRun:
         typed = StdinWatch()
         typed.check()
         sender = threading.Thread(target=self._send, name="bashfleet-run", daemon=True)
-        with Interrupts().installed() as interrupts:
+        pressed = self.sent.interrupts if self.sent is not None else Interrupts()
+        with pressed.installed() as interrupts:
             sender.start()
             while not self._done.wait(TICK_S):
                 typed.check()

@@ -33,7 +33,7 @@ from bashfleet.client._core.constants import (
     SUBSCRIBE_WAIT_S,
     backoff,
 )
-from bashfleet.client._core.messages import reply_of
+from bashfleet.client._core.sending import reply_of
 from bashfleet.client.errors import BashfleetError
 from bashfleet.worker.fleet.connect import redis_errors
 from bashfleet.worker.wire import names

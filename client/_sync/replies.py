@@ -28,7 +28,7 @@ from bashfleet.client._core.constants import (
     SUBSCRIBE_WAIT_S,
     backoff,
 )
-from bashfleet.client._core.messages import reply_of
+from bashfleet.client._core.sending import reply_of
 from bashfleet.client._sync.concurrency import (
     Event,
     Slot,
