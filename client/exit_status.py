@@ -18,9 +18,13 @@ from __future__ import annotations
 
 import signal
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+
+#: `typing.TYPE_CHECKING` without loading `typing` (`bashfleet --help` does not need it).
+TYPE_CHECKING = False
 
 if TYPE_CHECKING:
+    from typing import Any
+
     from bashfleet.worker.wire.models import CallResult
 
 USAGE = 2

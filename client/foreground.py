@@ -28,7 +28,6 @@ import stat
 import sys
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -36,6 +35,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any, Literal, TextIO
 
 from bashfleet.client import exit_status
+from bashfleet.client._core.sending import new_call_id
 from bashfleet.client.errors import BashfleetError, UnknownJob
 
 if TYPE_CHECKING:
@@ -275,7 +275,7 @@ class ForegroundRun:
     def __init__(self, fleet: Any, request: RunRequest, *, follow: bool,
                  sent: Handover | None = None) -> None:
         # The id is chosen before the call is sent, so a Ctrl-C at any moment reaches it.
-        self.call_id = request.call_id or f"c{uuid.uuid4().hex[:23]}"
+        self.call_id = request.call_id or new_call_id()
         self.request = request.model_copy(update={"call_id": self.call_id})
         self.fleet = fleet
         # A call the CLI's plain path sent already: waited for, not sent again, with what

@@ -13,8 +13,8 @@ differently. No pydantic here: loading it costs more than a plain call takes.
 from __future__ import annotations
 
 import json
+import os
 import time
-import uuid
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -31,8 +31,8 @@ WORKSPACE = "workspace"
 
 
 def new_call_id() -> str:
-    """A fresh call id (24 characters, `c` and hex)."""
-    return f"c{uuid.uuid4().hex[:23]}"
+    """A fresh call id (24 characters, `c` and 23 random hex digits)."""
+    return f"c{os.urandom(12).hex()[:23]}"
 
 
 def argsrepr(call: Mapping[str, Any]) -> str:

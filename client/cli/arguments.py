@@ -12,9 +12,13 @@ import argparse
 import importlib
 import os
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, cast
+
+#: `typing.TYPE_CHECKING` without loading `typing` (`bashfleet --help` does not need it).
+TYPE_CHECKING = False
 
 if TYPE_CHECKING:
+    from typing import Any
+
     SubParsers = argparse._SubParsersAction[argparse.ArgumentParser]
 else:  # generic only to type checkers
     SubParsers = argparse._SubParsersAction
@@ -79,7 +83,7 @@ class _Unlisted:
 
     def add_subparsers(self, **kwargs: Any) -> SubParsers:
         action = SubParsers(option_strings=[], prog=self.prog or "",
-                            parser_class=cast("type[argparse.ArgumentParser]", _Unlisted),
+                            parser_class=_Unlisted,  # type: ignore[arg-type]
                             dest=kwargs.get("dest", argparse.SUPPRESS),
                             required=kwargs.get("required", False),
                             metavar=kwargs.get("metavar"))
@@ -99,8 +103,8 @@ class _Commands(SubParsers):
 
     def add_parser(self, name: str, **kwargs: Any) -> argparse.ArgumentParser:
         listed = self.chosen is None or name == self.chosen
-        self._parser_class = argparse.ArgumentParser if listed else cast(
-            "type[argparse.ArgumentParser]", _Unlisted)
+        self._parser_class = (argparse.ArgumentParser if listed
+                              else _Unlisted)  # type: ignore[assignment]
         return super().add_parser(name, **kwargs)
 
 
@@ -118,8 +122,8 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
         "Ctrl-C; 141 when the reader of its output went away (`| head`); 2 for usage.",
     )
     chosen = None if argv is None else next((w for w in argv if not w.startswith("-")), "")
-    sub = cast("_Commands", parser.add_subparsers(dest="cmd", required=True,
-                                                  metavar="COMMAND", action=_Commands))
+    sub: _Commands = parser.add_subparsers(  # type: ignore[assignment]
+        dest="cmd", required=True, metavar="COMMAND", action=_Commands)
     sub.chosen = chosen
     _add_fleet_commands(sub)
     run = _add_run_command(sub)

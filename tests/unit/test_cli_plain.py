@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import uuid
 from typing import Any
 
 import pytest
@@ -15,9 +16,11 @@ from hypothesis import strategies as st
 
 from bashfleet.client import exit_status
 from bashfleet.client._core.messages import build_call
+from bashfleet.client._core.sending import new_call_id
 from bashfleet.client.cli import arguments, plain, run
 from bashfleet.client.errors import CallRejected, WorkerError
-from bashfleet.worker.wire import models
+from bashfleet.worker.wire import models, names
+from bashfleet.worker.wire.messages import random_uuid
 from bashfleet.worker.wire.models import (
     CallResult,
     JobHandle,
@@ -195,3 +198,18 @@ def test_an_unreadable_answer_is_a_worker_error() -> None:
     for text in ("not json", "[]", '{"host": "a"}'):
         with pytest.raises(WorkerError, match="unreadable answer"):
             plain.result_data(text, "c1")
+
+
+def test_a_random_uuid_reads_as_uuid4_does() -> None:
+    seen = {random_uuid() for _ in range(200)}
+    assert len(seen) == 200
+    for text in seen:
+        parsed = uuid.UUID(text)
+        assert (str(parsed), parsed.version, parsed.variant) == (text, 4, uuid.RFC_4122)
+
+
+def test_a_call_id_is_a_valid_one() -> None:
+    ids = {new_call_id() for _ in range(200)}
+    assert len(ids) == 200
+    assert all(len(i) == 24 and i[0] == "c" and names.valid_id(i) and int(i[1:], 16) >= 0
+               for i in ids)
