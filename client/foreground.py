@@ -30,9 +30,8 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from types import FrameType
-from typing import TYPE_CHECKING, Any, Literal, TextIO
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, TextIO
 
 from bashfleet.client import exit_status
 from bashfleet.client._core.sending import new_call_id
@@ -135,12 +134,16 @@ class StdinWatch:
 # --------------------------------------------------------------------------- signals
 
 
-@dataclass
 class Interrupts:
-    """Ctrl-C and SIGTERM, counted by handlers and acted on by the waiting loop."""
+    """Ctrl-C and SIGTERM, counted by handlers and acted on by the waiting loop.
 
-    sigint: int = 0
-    sigterm: bool = False
+    The classes here are plain ones, not dataclasses: `bashfleet run`'s plain path
+    loads this module, and `dataclasses` loads `inspect`, which costs more than its
+    call's round trip."""
+
+    def __init__(self, sigint: int = 0, *, sigterm: bool = False) -> None:
+        self.sigint = sigint
+        self.sigterm = sigterm
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         del frame
@@ -164,26 +167,27 @@ class Interrupts:
 # ---------------------------------------------------------------------------- follow
 
 
-@dataclass
 class _FollowedStream:
     """One stream of a followed call: where reading stopped, what is printed."""
 
-    name: Stream
-    out: TextIO
-    offset: int = 0
-    held: str = ""  # a last line still waiting for its newline
-    printed_lines: int = 0
+    def __init__(self, name: Stream, out: TextIO) -> None:
+        self.name = name
+        self.out = out
+        self.offset = 0
+        self.held = ""  # a last line still waiting for its newline
+        self.printed_lines = 0
 
 
-@dataclass
 class Follower:
     """Streams a running call's output from its files on the host, complete lines only."""
 
-    fleet: Any
-    call_id: str
-    streams: list[_FollowedStream] = field(default_factory=list)
-    _delay: float = 0.0
-    _next: float = 0.0
+    def __init__(self, fleet: Any, call_id: str,
+                 streams: list[_FollowedStream] | None = None) -> None:
+        self.fleet = fleet
+        self.call_id = call_id
+        self.streams = streams if streams is not None else []
+        self._delay = 0.0
+        self._next = 0.0
 
     @classmethod
     def of(cls, fleet: Any, call_id: str) -> Follower:
@@ -260,8 +264,7 @@ class Follower:
 # ------------------------------------------------------------------------ the run
 
 
-@dataclass
-class Outcome:
+class Outcome(NamedTuple):
     """How a foreground run ended for the person: its result (None: not waited for) and
     the exit status it imposes (None: the command's own)."""
 

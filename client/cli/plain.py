@@ -27,8 +27,7 @@ import json
 import re
 import threading
 import time
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from bashfleet.client._core.constants import SUBSCRIBE_WAIT_S, WATCH_INTERVAL_S
 from bashfleet.client._core.identity import Identity, resolve_identity, resolve_url
@@ -79,8 +78,7 @@ CLI_POLICY: dict[str, Any] = {
 SEND = Script(lua.SEND)
 
 
-@dataclass
-class Handover:
+class Handover(NamedTuple):
     """A call the plain path sent and did not see answered: what the fleet client needs
     to wait for it (`Fleet.wait_sent`), and the Ctrl-Cs and SIGTERM pressed meanwhile."""
 
@@ -176,8 +174,7 @@ def run(args: argparse.Namespace) -> int | Handover | None:
         line.close()
 
 
-@dataclass
-class _Sending:
+class _Sending(NamedTuple):
     """A call ready to go: its id, queue and host, and the SEND script's keys and args."""
 
     call_id: str

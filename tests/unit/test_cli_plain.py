@@ -137,7 +137,7 @@ def test_any_plain_call_is_the_models_dump_or_left_to_them(
     command: str, cwd: str | None, timeout: float | None, slow: bool, keep: bool,
 ) -> None:
     argv = ["--workspace", WS, "--mode", "slow" if slow else "default"]
-    argv += [] if cwd is None else ["--cwd", cwd]
+    argv += [] if cwd is None else [f"--cwd={cwd}"]
     argv += [] if timeout is None else [f"--timeout={timeout!r}"]
     argv += ["--background-on-timeout"] if keep else []
     args = _args(*argv, "--", command)
