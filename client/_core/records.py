@@ -1,6 +1,6 @@
-"""The client's side of the fleet's Redis state, with no I/O: the keys and arguments of
-the scripts it sends calls and withdraws them with (`SEND`, `WITHDRAW`: their Lua is in
-`bashfleet.worker.wire.lua`), and how the replies of its pipelined reads read as models.
+"""The client's side of the fleet's Redis state, with no I/O: how the replies of its
+pipelined reads read as models (the keys and arguments of the scripts it sends calls and
+withdraws them with, `SEND` and `WITHDRAW`, are `bashfleet.client._core.sending`'s).
 
 What a worker publishes (host records, job hashes) is sealed by it; every parser here
 opens it with the client's record keys (`bashfleet.worker.wire.records.open_host_info`,
