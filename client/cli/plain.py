@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib
 import json
 import re
 import threading
@@ -49,7 +48,7 @@ from bashfleet.worker.fleet.connect import (
     safe_url,
     use_light_client,
 )
-from bashfleet.worker.wire import lua, names
+from bashfleet.worker.wire import auth, lua, names
 
 #: How long the plain path waits for its call's answer before the fleet client takes
 #: over (the fleet client's first look for a lost call comes as late).
@@ -303,10 +302,10 @@ def _answer(pubsub: Any, call_id: str, interrupts: Interrupts) -> str | None:
 
 
 def _load_aead() -> None:
-    """Import what opens a locked answer (`bashfleet.worker.wire.auth` imports it on first
+    """Load what opens a locked answer (`bashfleet.worker.wire.auth` loads it on first
     use, and finds it loaded)."""
     with contextlib.suppress(ImportError):
-        importlib.import_module("cryptography.hazmat.primitives.ciphers.aead")
+        auth.aesgcm_class()
 
 
 def _unreachable(url: str, exc: BaseException) -> Exception:

@@ -11,6 +11,7 @@ import uuid
 from typing import Any
 
 import pytest
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -19,7 +20,7 @@ from bashfleet.client._core.messages import build_call
 from bashfleet.client._core.sending import new_call_id
 from bashfleet.client.cli import arguments, plain, run
 from bashfleet.client.errors import CallRejected, WorkerError
-from bashfleet.worker.wire import models, names
+from bashfleet.worker.wire import auth, models, names
 from bashfleet.worker.wire.messages import random_uuid
 from bashfleet.worker.wire.models import (
     CallResult,
@@ -213,3 +214,10 @@ def test_a_call_id_is_a_valid_one() -> None:
     assert len(ids) == 200
     assert all(len(i) == 24 and i[0] == "c" and names.valid_id(i) and int(i[1:], 16) >= 0
                for i in ids)
+
+
+def test_aes_gcm_is_cryptographys_own() -> None:
+    """Taken from its bindings (a faster load), it is the class of the public module."""
+    assert auth.aesgcm_class() is AESGCM
+    locked = auth.lock(["k1"], auth.REPLY, "c1", "text")
+    assert auth.unlock(auth.keyring(["k1"]), auth.REPLY, "c1", locked) == "text"

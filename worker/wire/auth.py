@@ -270,9 +270,25 @@ _NONCE_BYTES = 12
 def _aead(data_key: bytes) -> AESGCM:
     """AES-GCM under `data_key`. `cryptography` loads on first use: a process that opens
     no locked value (a CLI's call whose answer is sealed, not locked) never loads it."""
+    return aesgcm_class()(data_key)
+
+
+def aesgcm_class() -> type[AESGCM]:
+    """`cryptography`'s AESGCM. Taken from its Rust bindings, where its public module
+    (`cryptography.hazmat.primitives.ciphers.aead`) takes it from too: that module's
+    package loads every cipher and mode first, which doubles what a CLI's call spends
+    loading AES-GCM. From the public module where the bindings do not hold it."""
+    try:
+        from cryptography.hazmat.bindings._rust import openssl  # noqa: PLC0415
+
+        found = getattr(getattr(openssl, "aead", None), "AESGCM", None)
+    except ImportError:
+        found = None
+    if isinstance(found, type):
+        return found
     from cryptography.hazmat.primitives.ciphers.aead import AESGCM  # noqa: PLC0415
 
-    return AESGCM(data_key)
+    return AESGCM
 
 
 def _pad(key: str, purpose: str, name: str, nonce: bytes) -> bytes:
