@@ -300,7 +300,7 @@ class ForegroundRun:
                 self._result = self.fleet.execute(self.request, check=False)
             else:
                 self._result = self.fleet.wait_sent(self.call_id, self.sent.queue,
-                                                    self.sent.host)
+                                                    self.sent.host, self.sent.channel)
         except BaseException as exc:  # handed to the main thread, raised there
             self._error = exc
         finally:

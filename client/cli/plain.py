@@ -85,6 +85,8 @@ class Handover(NamedTuple):
     queue: str
     host: str | None
     interrupts: Interrupts
+    channel: str | None = None
+    """The reply channel the call names (the fleet client listens on it)."""
 
 
 def is_plain(args: argparse.Namespace) -> bool:
@@ -174,11 +176,13 @@ def run(args: argparse.Namespace) -> int | Handover | None:
 
 
 class _Sending(NamedTuple):
-    """A call ready to go: its id, queue and host, and the SEND script's keys and args."""
+    """A call ready to go: its id, queue, host and reply channel, and the SEND script's
+    keys and args."""
 
     call_id: str
     queue: str
     host: str
+    channel: str
     keys: list[str]
     args: list[object]
 
@@ -216,13 +220,14 @@ class _Line:
         message = call_message(self.identity, call, queue, channel)
         keys, script_args = send_keys_args(call_id, queue, host, message, require_alive=True,
                                            owner_tag=self.identity.call_tag(call_id))
-        return _Sending(call_id, queue, host, keys, script_args)
+        return _Sending(call_id, queue, host, channel, keys, script_args)
 
     def send(self, sending: _Sending, args: argparse.Namespace) -> int | Handover | None:
         """Send the call and print its answer: its exit status; a Handover when it is
         still to be waited for; None when it was not sent (the host is down)."""
         interrupts = Interrupts()
-        handover = Handover(sending.call_id, sending.queue, sending.host, interrupts)
+        handover = Handover(sending.call_id, sending.queue, sending.host, interrupts,
+                            sending.channel)
         # The answer comes locked (AES-GCM): its library loads while the call is out.
         threading.Thread(target=_load_aead, name="bashfleet-aead", daemon=True).start()
         with interrupts.installed():

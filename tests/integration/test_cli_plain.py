@@ -10,10 +10,12 @@ import os
 import re
 import subprocess
 import sys
+import threading
 
 import pytest
 
-from bashfleet.client import Fleet
+from bashfleet.client import Fleet, FleetUnavailable
+from bashfleet.client._sync import calls as sync_calls
 from bashfleet.client.cli import arguments, plain
 from bashfleet.client.redis_server import RedisServer
 
@@ -100,3 +102,50 @@ def test_an_unknown_workspace_is_said_as_before(two_hosts: Hosts,
     done = cli(redis_server.url, "--workspace", "w0000000000000ff", "true")
     assert done.returncode == 125
     assert "no such workspace: w0000000000000ff" in done.stderr, done.stderr
+
+
+def test_a_handed_over_call_is_heard_on_the_channel_it_names(
+    two_hosts: Hosts, redis_server: RedisServer, fleet: Fleet, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The fleet client that takes a call over listens on the reply channel the call
+    names: its answer is heard as it comes, not read back by the watch (whose first look
+    is an hour away here)."""
+    monkeypatch.setenv("BASHFLEET_REDIS_URL", redis_server.url)
+    monkeypatch.setattr(sync_calls, "WATCH_INTERVAL_S", 3600.0)
+    workspace = fleet.workspace(host=two_hosts[0].host)
+    command = f"sleep {plain.HANDOVER_S * 2}; echo heard"
+    try:
+        # Could fail: waited for without its channel, the answer is never heard.
+        unheard = plain.run(_parsed_in(workspace.id, command))
+        assert isinstance(unheard, plain.Handover) and unheard.channel
+        results: list[object] = []
+        deaf = Fleet(redis_server.url, admin=True)
+
+        def wait_deaf() -> None:
+            try:
+                results.append(deaf.wait_sent(unheard.call_id, unheard.queue, unheard.host))
+            except FleetUnavailable as exc:  # closed under it
+                results.append(exc)
+
+        waiter = threading.Thread(target=wait_deaf)
+        waiter.start()
+        waiter.join(timeout=plain.HANDOVER_S * 6)
+        assert waiter.is_alive() and results == []
+        deaf.close()  # its waiter gives up (and cancels the call)
+        waiter.join(timeout=30)
+        assert [type(r) for r in results] == [FleetUnavailable]
+
+        handover = plain.run(_parsed_in(workspace.id, command))
+        assert isinstance(handover, plain.Handover) and handover.channel
+        with Fleet(redis_server.url, admin=True) as taker:
+            heard = taker.wait_sent(handover.call_id, handover.queue, handover.host,
+                                    handover.channel)
+        assert (heard.exit_code, heard.stdout) == (0, "heard\n")
+    finally:
+        workspace.delete()
+
+
+def _parsed_in(workspace: str, command: str) -> argparse.Namespace:
+    parsed, _ = arguments.build_parser(["run"]).parse_known_args(
+        ["run", "--workspace", workspace, command])
+    return parsed
