@@ -12,9 +12,13 @@ client loads Celery or kombu: it builds the messages it sends itself
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any
+
+#: `typing.TYPE_CHECKING` without loading `typing` (`bashfleet --help` does not need it).
+TYPE_CHECKING = False
 
 if TYPE_CHECKING:
+    from typing import Any
+
     from bashfleet.client.aio import AsyncFleet, AsyncWorkspace
     from bashfleet.client.errors import (
         BashfleetError,

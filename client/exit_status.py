@@ -17,9 +17,14 @@ CLI command that turns a result into a status (`run`, `run --tty`, `attach`, `wa
 from __future__ import annotations
 
 import signal
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+
+#: `typing.TYPE_CHECKING` without loading `typing` (`bashfleet --help` does not need it).
+TYPE_CHECKING = False
 
 if TYPE_CHECKING:
+    from typing import Any
+
     from bashfleet.worker.wire.models import CallResult
 
 USAGE = 2
@@ -40,16 +45,26 @@ def of_process(exit_code: int | None, signal_number: int | None) -> int:
 
 
 def of_call(result: CallResult) -> int:
-    """A call's status: 125 when it never ran (a system error and no outcome) or its
-    worker was lost (the signal that ended it was the stopping worker's, not the
-    command's story), 0 when it went on as a background job, 124 when its timeout killed
-    it, else how it ended."""
-    error = result.error
-    if error is not None and (error.kind == "worker_lost" or (
-            result.exit_code is None and result.signal is None)):
+    """A call's status (`of_result`, of the model)."""
+    return of_result(result.model_dump(mode="json", include=_STATUS_FIELDS))
+
+
+#: The fields of a call's result its status is read from.
+_STATUS_FIELDS = {"error", "exit_code", "signal", "backgrounded", "timed_out"}
+
+
+def of_result(result: Mapping[str, Any]) -> int:
+    """A call's status, from its result as JSON data: 125 when it never ran (a system
+    error and no outcome) or its worker was lost (the signal that ended it was the
+    stopping worker's, not the command's story), 0 when it went on as a background job,
+    124 when its timeout killed it, else how it ended."""
+    error = result.get("error")
+    exit_code, signal_number = result.get("exit_code"), result.get("signal")
+    if error is not None and (error["kind"] == "worker_lost" or (
+            exit_code is None and signal_number is None)):
         return SYSTEM_ERROR
-    if result.backgrounded:
+    if result.get("backgrounded"):
         return 0
-    if result.timed_out:
+    if result.get("timed_out"):
         return TIMEOUT
-    return of_process(result.exit_code, result.signal)
+    return of_process(exit_code, signal_number)

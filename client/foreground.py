@@ -28,16 +28,18 @@ import stat
 import sys
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from types import FrameType
-from typing import Any, Literal, TextIO
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, TextIO
 
 from bashfleet.client import exit_status
+from bashfleet.client._core.sending import new_call_id
 from bashfleet.client.errors import BashfleetError, UnknownJob
-from bashfleet.worker.wire.models import CallResult, OutputChunk, RunRequest
+
+if TYPE_CHECKING:
+    from bashfleet.client.cli.plain import Handover
+    from bashfleet.worker.wire.models import CallResult, OutputChunk, RunRequest
 
 #: After a first Ctrl-C, how long a second one may still leave the call running as a job.
 DETACH_WINDOW_S = 1.0
@@ -132,12 +134,16 @@ class StdinWatch:
 # --------------------------------------------------------------------------- signals
 
 
-@dataclass
 class Interrupts:
-    """Ctrl-C and SIGTERM, counted by handlers and acted on by the waiting loop."""
+    """Ctrl-C and SIGTERM, counted by handlers and acted on by the waiting loop.
 
-    sigint: int = 0
-    sigterm: bool = False
+    The classes here are plain ones, not dataclasses: `bashfleet run`'s plain path
+    loads this module, and `dataclasses` loads `inspect`, which costs more than its
+    call's round trip."""
+
+    def __init__(self, sigint: int = 0, *, sigterm: bool = False) -> None:
+        self.sigint = sigint
+        self.sigterm = sigterm
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         del frame
@@ -161,26 +167,27 @@ class Interrupts:
 # ---------------------------------------------------------------------------- follow
 
 
-@dataclass
 class _FollowedStream:
     """One stream of a followed call: where reading stopped, what is printed."""
 
-    name: Stream
-    out: TextIO
-    offset: int = 0
-    held: str = ""  # a last line still waiting for its newline
-    printed_lines: int = 0
+    def __init__(self, name: Stream, out: TextIO) -> None:
+        self.name = name
+        self.out = out
+        self.offset = 0
+        self.held = ""  # a last line still waiting for its newline
+        self.printed_lines = 0
 
 
-@dataclass
 class Follower:
     """Streams a running call's output from its files on the host, complete lines only."""
 
-    fleet: Any
-    call_id: str
-    streams: list[_FollowedStream] = field(default_factory=list)
-    _delay: float = 0.0
-    _next: float = 0.0
+    def __init__(self, fleet: Any, call_id: str,
+                 streams: list[_FollowedStream] | None = None) -> None:
+        self.fleet = fleet
+        self.call_id = call_id
+        self.streams = streams if streams is not None else []
+        self._delay = 0.0
+        self._next = 0.0
 
     @classmethod
     def of(cls, fleet: Any, call_id: str) -> Follower:
@@ -257,8 +264,7 @@ class Follower:
 # ------------------------------------------------------------------------ the run
 
 
-@dataclass
-class Outcome:
+class Outcome(NamedTuple):
     """How a foreground run ended for the person: its result (None: not waited for) and
     the exit status it imposes (None: the command's own)."""
 
@@ -269,11 +275,15 @@ class Outcome:
 class ForegroundRun:
     """One foreground call: sent from a thread, waited for in the main thread."""
 
-    def __init__(self, fleet: Any, request: RunRequest, *, follow: bool) -> None:
+    def __init__(self, fleet: Any, request: RunRequest, *, follow: bool,
+                 sent: Handover | None = None) -> None:
         # The id is chosen before the call is sent, so a Ctrl-C at any moment reaches it.
-        self.call_id = request.call_id or f"c{uuid.uuid4().hex[:23]}"
+        self.call_id = request.call_id or new_call_id()
         self.request = request.model_copy(update={"call_id": self.call_id})
         self.fleet = fleet
+        # A call the CLI's plain path sent already: waited for, not sent again, with what
+        # was pressed while the plain path waited.
+        self.sent = sent
         self.follower = Follower.of(fleet, self.call_id) if follow else None
         self._done = threading.Event()
         self._result: CallResult | None = None
@@ -286,7 +296,11 @@ class ForegroundRun:
 
     def _send(self) -> None:
         try:
-            self._result = self.fleet.execute(self.request, check=False)
+            if self.sent is None:
+                self._result = self.fleet.execute(self.request, check=False)
+            else:
+                self._result = self.fleet.wait_sent(self.call_id, self.sent.queue,
+                                                    self.sent.host, self.sent.channel)
         except BaseException as exc:  # handed to the main thread, raised there
             self._error = exc
         finally:
@@ -297,7 +311,8 @@ class ForegroundRun:
         typed = StdinWatch()
         typed.check()
         sender = threading.Thread(target=self._send, name="bashfleet-run", daemon=True)
-        with Interrupts().installed() as interrupts:
+        pressed = self.sent.interrupts if self.sent is not None else Interrupts()
+        with pressed.installed() as interrupts:
             sender.start()
             while not self._done.wait(TICK_S):
                 typed.check()

@@ -19,6 +19,7 @@ from bashfleet.client._async.concurrency import run_script
 from bashfleet.client._core import records as core
 from bashfleet.client._core.constants import CATCH_UP_BATCH, QUEUE_SCAN_LIMIT
 from bashfleet.client._core.routing import IdLookup
+from bashfleet.client._core.sending import send_keys_args, withdraw_keys_args
 from bashfleet.client._core.watch import WATCHED_FIELDS, waiting_ids
 from bashfleet.client._core.workspaces import QUOTA_KIND, SNAPSHOT_QUOTA_KIND
 from bashfleet.worker.fleet.connect import Script, no_permission_errors
@@ -41,7 +42,7 @@ async def send_call(
 ) -> str:
     """Record a call as queued and push its message, in one round trip: "ok"; "taken"
     (the id is in use); "down" (`require_alive` and no worker holds `host`)."""
-    keys, args = core.send_keys_args(call_id, queue, host, message,
+    keys, args = send_keys_args(call_id, queue, host, message,
                                      require_alive=require_alive, owner_tag=owner_tag)
     return cast(str, await run_script(SEND, client, keys, args))
 
@@ -60,7 +61,7 @@ async def withdraw_call(
     Returns the state the call had: "queued" means it is withdrawn; anything else
     (running, done...) means it was too late (`bashfleet.worker.wire.lua.WITHDRAW` says more).
     """
-    keys, args = core.withdraw_keys_args(call_id, state)
+    keys, args = withdraw_keys_args(call_id, state)
     return cast("str | None", await run_script(WITHDRAW, client, keys, args))
 
 

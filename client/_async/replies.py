@@ -33,7 +33,7 @@ from bashfleet.client._core.constants import (
     SUBSCRIBE_WAIT_S,
     backoff,
 )
-from bashfleet.client._core.messages import reply_of
+from bashfleet.client._core.sending import reply_of
 from bashfleet.client.errors import BashfleetError
 from bashfleet.worker.fleet.connect import redis_errors
 from bashfleet.worker.wire import names
@@ -64,17 +64,28 @@ class AsyncReplies:
         self._closed = AsyncEvent()
         self.listening = False
         """True while subscribed (answers arrive as they are published)."""
+        self._listened = False
 
     async def expect(self, task_id: str) -> AsyncSlot[Answer]:
         """Register for a task's answer (before sending it): the slot it will fill."""
         slot: AsyncSlot[Answer] = AsyncSlot()
         self._waiting[task_id] = slot
+        self._listened = True
         self._tasks.start_once(LISTENER, self._listen)
         if not self._first_attempt.is_set():
             # Only the first calls wait, and only until the first attempt ended either
             # way (then this returns at once): with Redis down a call then fails at once.
             await self._first_attempt.wait(SUBSCRIBE_WAIT_S)
         return slot
+
+    def adopt(self, channel: str) -> bool:
+        """Listen on `channel` (another client's, whose calls this one waits for) rather
+        than on this client's own; only before it first listens. False when too late:
+        the answers on it are then read back by the watch."""
+        if self._listened:
+            return channel == self.channel
+        self.channel = channel
+        return True
 
     def deliver(self, task_id: str, answer: Answer) -> None:
         """Hand an answer to its slot (heard, read back, or found by the watch)."""

@@ -11,17 +11,17 @@ import hmac
 import re
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any, Literal
-
-from pydantic import ValidationError
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from bashfleet.client._core.constants import FAILOVER_GRACE_S
 from bashfleet.client._core.settings import ClientSettings, client_settings, local_text
 from bashfleet.client.errors import CallRejected, FleetUnavailable
 from bashfleet.worker.wire import auth, owner_keys
-from bashfleet.worker.wire.models import OWNER_PATTERN
+from bashfleet.worker.wire.names import OWNER_PATTERN
 from bashfleet.worker.wire.owner_keys import OwnerKey
+
+if TYPE_CHECKING:
+    from pydantic import ValidationError
 
 #: The URL schemes of a fleet's Redis: plain, TLS, a socket, behind Sentinel.
 URL_SCHEMES = ("redis://", "rediss://", "unix://", "sentinel://")
@@ -108,9 +108,9 @@ def outage_grace_s(url: str) -> float:
     return FAILOVER_GRACE_S if url.startswith("sentinel://") else 0.0
 
 
-@dataclass(frozen=True)
-class Identity:
-    """Who a client is to the fleet: the owner of its calls and the key it signs with."""
+class Identity(NamedTuple):
+    """Who a client is to the fleet: the owner of its calls and the key it signs with (a
+    named tuple: see `bashfleet.worker.wire.auth.Verified`)."""
 
     owner: str
     signing_key: str | None

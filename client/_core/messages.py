@@ -15,22 +15,25 @@
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
 from bashfleet.client._core.identity import Identity
+from bashfleet.client._core.sending import (
+    call_message,
+    new_call_id,
+    open_reply,
+)
 from bashfleet.client.errors import (
     BashfleetError,
     CallNotRun,
     CallRejected,
-    Unauthorized,
     WorkerError,
     error_for,
 )
-from bashfleet.worker.wire import auth, names
+from bashfleet.worker.wire import names
 from bashfleet.worker.wire.control import ControlReply, ControlRequest
 from bashfleet.worker.wire.messages import task_message
 from bashfleet.worker.wire.models import (
@@ -42,7 +45,6 @@ from bashfleet.worker.wire.models import (
     RunRequest,
     SystemError_,
 )
-from bashfleet.worker.wire.names import Task
 
 R = TypeVar("R", bound=Model)
 Q = TypeVar("Q", bound=ControlRequest)
@@ -85,11 +87,6 @@ def control_request(model: type[Q], **fields: Any) -> Q:
         raise CallRejected(f"invalid {model.__name__}: {validation_message(exc)}") from None
 
 
-def new_call_id() -> str:
-    """A fresh call id (24 characters, `c` and hex)."""
-    return f"c{uuid.uuid4().hex[:23]}"
-
-
 def build_call(request: RunRequest, owner: str = "") -> Call:
     """The call a request sends: its options as asked (`CallOptions`, checked now: a bad
     one is a CallRejected), its mode applied, a fresh id unless it names one."""
@@ -111,25 +108,9 @@ def build_call(request: RunRequest, owner: str = "") -> Call:
         raise CallRejected(f"invalid call: {validation_message(exc)}") from None
 
 
-def argsrepr(call: Call) -> str:
-    """What Flower shows as a call's arguments when it is sent: the command's size, the
-    cwd asked for, the dialect, the session (the worker adds the cwd actually used and
-    the job id once the call ends: `bashfleet.worker.fleet.flower`).
-
-    Celery would otherwise repr the whole call (its policy, and its `env`, which may
-    hold secrets) on every send. The command itself is redacted: it may carry a token
-    inline (curl -H ...), and Flower shows these arguments to anyone with its password.
-    """
-    return repr({"command": f"<redacted: {len(call.command)} chars>", "cwd": call.cwd,
-                 "background": call.background, "dialect": call.policy.name,
-                 "session": call.session})
-
-
 def exec_message(identity: Identity, call: Call, queue: str, reply_to: str) -> str:
     """The task message of a call, for its queue; answered on `reply_to`."""
-    args = identity.signed(Task.EXEC, [call.model_dump(mode="json")], queue)
-    return task_message(Task.EXEC, args, task_id=call.call_id, queue=queue,
-                        reply_to=reply_to, argsrepr=argsrepr(call))
+    return call_message(identity, call.model_dump(mode="json"), queue, reply_to)
 
 
 def control_message(
@@ -147,26 +128,6 @@ def control_message(
 
 
 # ------------------------------------------------------------------------- answers
-
-
-def reply_of(data: str | bytes) -> tuple[str, str] | None:
-    """(task id, answer as sent) of a message heard on a reply channel; None when it is
-    not one."""
-    text = data.decode("utf-8", "replace") if isinstance(data, bytes) else data
-    return names.parse_reply_message(text)
-
-
-def open_reply(keys: Mapping[str, str], task_id: str, sealed: str) -> str:
-    """A worker's answer to `task_id`, its seal checked with `keys`; Unauthorized when
-    it does not verify (a Redis writer may have published it: a forged "all tests
-    passed"; the caller gets an error, never the text)."""
-    try:
-        return auth.open_answer(keys, auth.REPLY, task_id, sealed)
-    except auth.AuthError as exc:
-        raise Unauthorized(
-            f"the answer to {task_id} could not be verified ({exc.message}); it was not "
-            "trusted: a worker with another key, or a forgery in Redis"
-        ) from None
 
 
 def decode_result(keys: Mapping[str, str], call_id: str, sealed: str) -> CallResult:

@@ -1,6 +1,6 @@
-"""The client's side of the fleet's Redis state, with no I/O: the keys and arguments of
-the scripts it sends calls and withdraws them with (`SEND`, `WITHDRAW`: their Lua is in
-`bashfleet.worker.wire.lua`), and how the replies of its pipelined reads read as models.
+"""The client's side of the fleet's Redis state, with no I/O: how the replies of its
+pipelined reads read as models (the keys and arguments of the scripts it sends calls and
+withdraws them with, `SEND` and `WITHDRAW`, are `bashfleet.client._core.sending`'s).
 
 What a worker publishes (host records, job hashes) is sealed by it; every parser here
 opens it with the client's record keys (`bashfleet.worker.wire.records.open_host_info`,
@@ -14,45 +14,13 @@ its generated twin).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from bashfleet.worker.wire import names
 from bashfleet.worker.wire.models import HostInfo, JobView
-from bashfleet.worker.wire.names import CallState
 from bashfleet.worker.wire.records import open_host_info, open_job_view
-
-
-def hash_fields(values: Mapping[str, object]) -> list[object]:
-    """Hash fields as the flat name, value list a script passes to HSET (None as "")."""
-    return [item for key, value in values.items()
-            for item in (key, "" if value is None else str(value))]
-
-
-def send_keys_args(
-    call_id: str, queue: str, host: str | None, message: str, *, require_alive: bool,
-    owner_tag: str = "",
-) -> tuple[list[str], list[object]]:
-    """The keys and arguments of `bashfleet.worker.wire.lua.SEND` (`owner_tag`: what
-    shows the call is its owner's, `Identity.call_tag`)."""
-    fields = {
-        "call_id": call_id, "state": CallState.QUEUED, "queue": queue, "host": host,
-        "sent_at": time.time(), "owner_tag": owner_tag,
-    }
-    keys = [names.call_key(call_id), queue]
-    if require_alive:
-        if host is None:
-            raise ValueError("require_alive needs a host")
-        keys.append(names.alive_key(host))
-    return keys, [names.CALL_TTL_S, message, *hash_fields(fields)]
-
-
-def withdraw_keys_args(call_id: str, state: CallState) -> tuple[list[str], list[object]]:
-    """The keys and arguments of `bashfleet.worker.wire.lua.WITHDRAW`."""
-    return [names.call_key(call_id)], [state, time.time(), names.FINISHED_TTL_S]
-
 
 # ------------------------------------------------------------------------- hosts
 

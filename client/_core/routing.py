@@ -12,10 +12,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from bashfleet.client.errors import CallRejected, HostUnavailable, UnknownCall, UnknownJob
 from bashfleet.worker.wire import names
-from bashfleet.worker.wire.models import HostInfo, RunRequest
+
+if TYPE_CHECKING:
+    from bashfleet.worker.wire.models import HostInfo, RunRequest
 
 
 @dataclass(frozen=True)

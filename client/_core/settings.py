@@ -15,9 +15,8 @@ import os
 import re
 import stat
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from bashfleet.worker.state_dir import check_state_dir, default_state_dir
 from bashfleet.worker.wire.owner_keys import OwnerKey, is_owner_key
@@ -39,10 +38,12 @@ class UnsafeStateError(ValueError):
     """The local fleet's state is not this user's alone: it is not read."""
 
 
-@dataclass(frozen=True)
-class ClientSettings:
-    """A client's configuration (`read` from the environment)."""
+class ClientSettings(NamedTuple):
+    """A client's configuration (`read` from the environment). A named tuple, not a
+    dataclass: `dataclasses` loads `inspect`, which a CLI's plain call cannot afford."""
 
+    state_dir: Path
+    """Where `bashfleet up` records a local fleet (BASHFLEET_STATE_DIR)."""
     redis_url: str | None = None
     """The fleet's Redis URL (BASHFLEET_REDIS_URL); None: the local fleet's, if one runs."""
     signing_key: str | None = None
@@ -53,8 +54,6 @@ class ClientSettings:
     """An owner key (BASHFLEET_OWNER_KEY): the client acts as that owner only."""
     owner: str | None = None
     """Whose calls these are (BASHFLEET_OWNER); None: the owner key's, else the user's."""
-    state_dir: Path = field(default_factory=default_state_dir)
-    """Where `bashfleet up` records a local fleet (BASHFLEET_STATE_DIR)."""
 
     @classmethod
     def read(cls, environ: Mapping[str, str]) -> ClientSettings:

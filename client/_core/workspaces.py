@@ -18,13 +18,13 @@ from typing import IO, TypeVar
 from pydantic import ValidationError
 
 from bashfleet.client._core import archives
+from bashfleet.client._core.sending import opened_view
 from bashfleet.client.errors import CallRejected, HostUnavailable, WorkspaceFileError
 from bashfleet.worker.wire import auth
 from bashfleet.worker.wire.models import HostInfo, Model, SnapshotRecord, WorkspaceView
 from bashfleet.worker.wire.owner_keys import SUB_OWNER
 
 #: Seal purpose of a workspace's view in Redis (what its host wrote).
-WORKSPACE = "workspace"
 #: Bytes per file read or write (a control call's message stays small on Redis).
 FILE_CHUNK = 4 * 1024 * 1024
 #: The owner quota workspaces count in: its members are an owner's live workspaces.
@@ -100,7 +100,13 @@ def open_snapshot(keys: Mapping[str, str], snap_id: str, sealed: str | None
 def open_view(keys: Mapping[str, str], ws_id: str, sealed: str | None) -> WorkspaceView | None:
     """A workspace's view as its host sealed it in Redis; None when there is none or it
     does not verify (never believed)."""
-    return _opened(keys, WORKSPACE, ws_id, sealed, WorkspaceView)
+    text = opened_view(keys, ws_id, sealed)
+    if text is None:
+        return None
+    try:
+        return WorkspaceView.model_validate_json(text)
+    except ValidationError:
+        return None
 
 
 def _opened(keys: Mapping[str, str], purpose: str, name: str, sealed: str | None,

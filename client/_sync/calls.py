@@ -206,6 +206,29 @@ class Calls(Workspaces, Jobs):
             finally:
                 self._replies.forget(call.call_id)
 
+    def wait_sent(self, call_id: str, queue: str, host: str | None,
+                        channel: str | None = None) -> CallResult:
+        """The result of a call this owner sent already (on `queue`, for `host`; None: any
+        host of the queue), waited for as `execute` waits for its own: its answer heard
+        or read back, a lost worker or a withdrawn call found by the watch. The CLI's
+        plain `run` sends its call itself and hands it over here when it outlasts its
+        own short wait; nothing is sent again. A caller that gives up cancels it.
+        `channel`: the reply channel the call names, listened to when this client has
+        not listened yet (its answer is heard as it comes, not read back by the watch)."""
+        where = Route(queue, host)
+        if channel is not None:
+            self._replies.adopt(channel)
+        with self._slots:
+            slot = self._replies.expect(call_id)
+            try:
+                return self._wait_call(Pending(call_id, where), slot)
+            except CANCELLATION_EXCEPTIONS:
+                if not self._closing.is_set():
+                    self._cancel_now(call_id)
+                raise
+            finally:
+                self._replies.forget(call_id)
+
     def _refuse_another_owners(self, session: str, workspace_id: str | None) -> None:
         """CallRejected when the session's workspace is there but another owner's (an MCP
         session's, say): its host answered as for an ended one, and making one of this

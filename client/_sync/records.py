@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, cast
 from bashfleet.client._core import records as core
 from bashfleet.client._core.constants import CATCH_UP_BATCH, QUEUE_SCAN_LIMIT
 from bashfleet.client._core.routing import IdLookup
+from bashfleet.client._core.sending import send_keys_args, withdraw_keys_args
 from bashfleet.client._core.watch import WATCHED_FIELDS, waiting_ids
 from bashfleet.client._core.workspaces import QUOTA_KIND, SNAPSHOT_QUOTA_KIND
 from bashfleet.client._sync.concurrency import run_script
@@ -43,7 +44,7 @@ def send_call(
 ) -> str:
     """Record a call as queued and push its message, in one round trip: "ok"; "taken"
     (the id is in use); "down" (`require_alive` and no worker holds `host`)."""
-    keys, args = core.send_keys_args(call_id, queue, host, message,
+    keys, args = send_keys_args(call_id, queue, host, message,
                                      require_alive=require_alive, owner_tag=owner_tag)
     return cast(str, run_script(SEND, client, keys, args))
 
@@ -62,7 +63,7 @@ def withdraw_call(
     Returns the state the call had: "queued" means it is withdrawn; anything else
     (running, done...) means it was too late (`bashfleet.worker.wire.lua.WITHDRAW` says more).
     """
-    keys, args = core.withdraw_keys_args(call_id, state)
+    keys, args = withdraw_keys_args(call_id, state)
     return cast("str | None", run_script(WITHDRAW, client, keys, args))
 
 

@@ -8,7 +8,8 @@ status (128+N when a signal ended it, 124 on a timeout kill, 125 for a system er
 `bashfleet.client.foreground`. A reader that goes away (`bashfleet schema | head`) ends
 any command quietly with 141, as SIGPIPE ends `yes | head`'s `yes`.
 
-One module a group of commands: `run` (run, its spinner, its result), `interactive`
+One module a group of commands: `run` (run, its spinner, its result; `plain`, its call
+with no model built, for a workspace or a host named), `interactive`
 (--tty, stdin, attach, write), `jobs` (check, kill, output, ps, wait, events, hosts),
 `local_fleet` (up, down, and the worker-side commands), `agents` (schema, mcp),
 `workspaces`, `snapshots`, `images`, `owners`; `common` holds what they share and

@@ -12,9 +12,13 @@ import argparse
 import importlib
 import os
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, cast
+
+#: `typing.TYPE_CHECKING` without loading `typing` (`bashfleet --help` does not need it).
+TYPE_CHECKING = False
 
 if TYPE_CHECKING:
+    from typing import Any
+
     SubParsers = argparse._SubParsersAction[argparse.ArgumentParser]
 else:  # generic only to type checkers
     SubParsers = argparse._SubParsersAction
@@ -56,20 +60,35 @@ def command(target: str) -> Callable[[argparse.Namespace], int]:
 # ------------------------------------------------------------------------- parser
 
 
-class _Unlisted(argparse.ArgumentParser):
-    """The parser of a command that was not asked for: it names the command in the
-    list of commands, and drops the options given to it (it never parses any)."""
+class _Unlisted:
+    """The parser of a command that was not asked for: it names the command in the list
+    of commands and drops the options given to it (it never parses any). Not an
+    ArgumentParser: building one costs more than `bashfleet --help` may spend on forty.
+
+    Its verbs (`workspace create`...) are listed the same way, under a real subparsers
+    action, so the tree of commands is whole whatever was asked for."""
+
+    def __init__(self, prog: str | None = None, **kwargs: Any) -> None:
+        self.prog = prog
+        self._actions: list[argparse.Action] = []
 
     def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
         return _DROPPED
 
-    def add_mutually_exclusive_group(self, **kwargs: Any) -> argparse._MutuallyExclusiveGroup:
-        return _UnlistedGroup(self)
+    def add_mutually_exclusive_group(self, **kwargs: Any) -> _Unlisted:
+        return self
 
+    def set_defaults(self, **kwargs: Any) -> None:
+        return None
 
-class _UnlistedGroup(argparse._MutuallyExclusiveGroup):
-    def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
-        return _DROPPED
+    def add_subparsers(self, **kwargs: Any) -> SubParsers:
+        action = SubParsers(option_strings=[], prog=self.prog or "",
+                            parser_class=_Unlisted,  # type: ignore[arg-type]
+                            dest=kwargs.get("dest", argparse.SUPPRESS),
+                            required=kwargs.get("required", False),
+                            metavar=kwargs.get("metavar"))
+        self._actions.append(action)
+        return action
 
 
 #: What adding an option to an `_Unlisted` parser gives back.
@@ -84,7 +103,8 @@ class _Commands(SubParsers):
 
     def add_parser(self, name: str, **kwargs: Any) -> argparse.ArgumentParser:
         listed = self.chosen is None or name == self.chosen
-        self._parser_class = argparse.ArgumentParser if listed else _Unlisted
+        self._parser_class = (argparse.ArgumentParser if listed
+                              else _Unlisted)  # type: ignore[assignment]
         return super().add_parser(name, **kwargs)
 
 
@@ -102,8 +122,8 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
         "Ctrl-C; 141 when the reader of its output went away (`| head`); 2 for usage.",
     )
     chosen = None if argv is None else next((w for w in argv if not w.startswith("-")), "")
-    sub = cast("_Commands", parser.add_subparsers(dest="cmd", required=True,
-                                                  metavar="COMMAND", action=_Commands))
+    sub: _Commands = parser.add_subparsers(  # type: ignore[assignment]
+        dest="cmd", required=True, metavar="COMMAND", action=_Commands)
     sub.chosen = chosen
     _add_fleet_commands(sub)
     run = _add_run_command(sub)

@@ -4,11 +4,14 @@ fleet answers, JSON and table output, `--tag` options.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+
+#: `typing.TYPE_CHECKING` without loading `typing` (`bashfleet --help` does not need it).
+TYPE_CHECKING = False
 
 if TYPE_CHECKING:
+    from typing import Any
+
     from pydantic import BaseModel
 
     from bashfleet.client.fleet import Fleet
@@ -26,6 +29,8 @@ class NoFleet(Exception):  # noqa: N818 - said to a person as is
 
 
 def print_json(data: Any) -> None:
+    import json  # noqa: PLC0415 - not for `bashfleet --help`
+
     print(json.dumps(data, indent=2, default=str))
 
 

@@ -13,7 +13,7 @@ import re
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, TextIO, cast
 
 from bashfleet.client import exit_status as statuses
@@ -21,16 +21,12 @@ from bashfleet.client.cli import common
 from bashfleet.client.cli.results import print_result
 from bashfleet.client.exit_status import SYSTEM_ERROR as EXIT_SYSTEM_ERROR
 from bashfleet.client.exit_status import USAGE as EXIT_USAGE
-from bashfleet.worker.wire.models import (
-    CallResult,
-    CheckResult,
-    Policy,
-    RunRequest,
-)
 
 if TYPE_CHECKING:
+    from bashfleet.client.cli.plain import Handover
     from bashfleet.client.fleet import Fleet
     from bashfleet.client.foreground import ForegroundRun, Stream
+    from bashfleet.worker.wire.models import CallResult, CheckResult, RunRequest
 
 
 # ------------------------------------------------------------------------------ run
@@ -147,6 +143,7 @@ def _spinner(
 def _run_request(args: argparse.Namespace) -> RunRequest:
     """The RunRequest of `bashfleet run`'s arguments (a bad one: CallRejected)."""
     from bashfleet.client.fleet import run_request  # noqa: PLC0415 - keep `bashfleet --help` fast
+    from bashfleet.worker.wire.models import Policy  # noqa: PLC0415
 
     options: dict[str, Any] = {
         "host": args.host, "mode": args.mode, "timeout": args.timeout, "cwd": args.cwd,
@@ -162,11 +159,8 @@ def _run_request(args: argparse.Namespace) -> RunRequest:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from bashfleet.client.foreground import (  # noqa: PLC0415
-        ForegroundRun,
-        StdinWatch,
-        piped_stdin,
-    )
+    from bashfleet.client.cli import plain  # noqa: PLC0415
+    from bashfleet.client.foreground import piped_stdin  # noqa: PLC0415
 
     if args.image or args.build:
         return _run_in_new_workspace(args)
@@ -177,12 +171,29 @@ def cmd_run(args: argparse.Namespace) -> int:
         from bashfleet.client.cli import interactive  # noqa: PLC0415
 
         return interactive.run_interactive(args, tty=args.tty)
+    # The plain case (`bashfleet.client.cli.plain`): sent and, if it ends soon, answered
+    # with no model built; what it cannot do comes here before anything is sent, and a
+    # call that outlasts its wait is handed over to be waited for as any other.
+    ran = plain.run(args)
+    if isinstance(ran, int):
+        return ran
+    return _run_with_fleet(args, handover=ran)
+
+
+def _run_with_fleet(args: argparse.Namespace, handover: Handover | None) -> int:
+    """`run` through the fleet client: the call sent (or, `handover`, sent already by the
+    plain path and waited for from here), its spinner, Ctrl-C, --follow, its result."""
+    from bashfleet.client.foreground import ForegroundRun, StdinWatch  # noqa: PLC0415
+
     fleet = common.open_fleet(light=True)
     request = _run_request(args)
     if args.mode == "background":
         StdinWatch().check()
         return _report_run(fleet, fleet.execute(request), args)
-    run = ForegroundRun(fleet, request, follow=args.follow and not args.json)
+    if handover is not None:
+        request = request.model_copy(update={"call_id": handover.call_id})
+    run = ForegroundRun(fleet, request, follow=args.follow and not args.json,
+                        sent=handover)
     quiet = args.json or args.follow
     with contextlib.nullcontext() if quiet else _spinner(fleet, run, args.host):
         outcome = run.run()
@@ -231,17 +242,25 @@ def _report_run(fleet: Fleet, result: CallResult, args: argparse.Namespace) -> i
         print(result.model_dump_json(indent=2))
         return statuses.of_call(result)
     if not (args.follow and result.job is not None):
-        print_result(result)
-        hint = cwd_hint(result, args.cwd)
-        if hint:
-            print(hint, file=sys.stderr)
-        return statuses.of_call(result)
+        return report_plainly(result, args)
     # Following streams the job's files from their first byte: showing the call's own
     # (possibly cut) output first would repeat it. Its notices still go to stderr.
     print_result(result.model_copy(update={
         "stdout": "", "stderr": "", "stdout_truncation": None, "stderr_truncation": None,
     }), job_id_on_stdout=False)
     return _follow(fleet, result.job.id, stderr=keeps_stderr(fleet, result))
+
+
+def report_plainly(result: CallResult | Mapping[str, Any], args: argparse.Namespace) -> int:
+    """Print a call's result (the model, or its JSON data) for a person, with a hint about
+    its cwd when it needs one; the exit status."""
+    print_result(result)
+    hint = cwd_hint(result, args.cwd)
+    if hint:
+        print(hint, file=sys.stderr)
+    if isinstance(result, Mapping):
+        return statuses.of_result(result)
+    return statuses.of_call(result)
 
 
 def keeps_stderr(fleet: Fleet, result: CallResult) -> bool:
@@ -266,10 +285,15 @@ def keeps_stderr(fleet: Fleet, result: CallResult) -> bool:
 PRIVATE_DIRS = ("/tmp", "/var/tmp")
 
 
-def cwd_hint(result: CallResult, cwd: str | None) -> str | None:
+def cwd_hint(result: CallResult | Mapping[str, Any], cwd: str | None) -> str | None:
     """Why a `--cwd` the call's workspace has no such directory for may exist all the
-    same (on the host, on this machine): a line for the person, or None."""
-    if result.error is None or result.error.kind != "bad_cwd" or not cwd:
+    same (on the host, on this machine): a line for the person, or None. `result`: the
+    model, or its JSON data."""
+    if isinstance(result, Mapping):
+        kind = (result.get("error") or {}).get("kind")
+    else:
+        kind = result.error.kind if result.error is not None else None
+    if kind != "bad_cwd" or not cwd:
         return None
     path = os.path.normpath(cwd)
     private = next((d for d in PRIVATE_DIRS if path == d or path.startswith(d + "/")), None)

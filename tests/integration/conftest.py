@@ -25,7 +25,7 @@ import pytest
 import redis
 
 from bashfleet.client import BashfleetError, Fleet, records
-from bashfleet.client._core.messages import open_reply
+from bashfleet.client._core.sending import open_reply
 from bashfleet.client.redis_server import RedisServer
 from bashfleet.worker.engine import procs, workspaces
 from bashfleet.worker.engine.jobs import jobs

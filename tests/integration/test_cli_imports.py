@@ -1,6 +1,8 @@
-"""What `bashfleet run` loads on its way to a real fleet and back: the fleet client, its
-wire models and the light Redis client (not redis-py: its import alone outlasts the
-call), and nothing of the worker's side (Celery, the engine, the
+"""What `bashfleet run` loads on its way to a real fleet and back: a plain call
+(`--workspace W` or `--host H`, `bashfleet.client.cli.plain`) the light Redis client
+(not redis-py: its import alone outlasts the call) and the wire's standard-library
+parts, with no model built (neither pydantic nor the fleet client); and nothing of
+the worker's side (Celery, the engine, the
 worker's settings, the supervisor), of the other commands (the MCP server, the dialects,
 the SWE-ReX server) or of `bashfleet up` (psutil). Checked with `python -X importtime`,
 which names every module the process imports; bench/bench_cli.py has the times.
@@ -29,18 +31,26 @@ NOT_ON_RUN = ("redis", "celery", "kombu", "vine", "psutil", "pydantic_settings",
               "bashfleet.client.cli.agents", "bashfleet.client.cli.interactive",
               "bashfleet.client.cli.jobs", "bashfleet.client.attach")
 
+#: What a plain `run` may not load either: the models and the fleet client, whose
+#: imports take longer than the call.
+NOT_ON_PLAIN_RUN = ("pydantic", "pydantic_core", "bashfleet.worker.wire.models",
+                    "bashfleet.worker.wire.control", "bashfleet.client.fleet",
+                    "bashfleet.client._sync", "bashfleet.client._async",
+                    "bashfleet.client._core.messages", "bashfleet.client._core.workspaces")
+
 #: The console script's own code (`bashfleet = "bashfleet.client.cli:main"`).
 ENTRY = "import sys; from bashfleet.client.cli import main; sys.exit(main())"
 
 
-def _run_imports(url: str, *argv: str) -> list[str]:
+def _run_imports(url: str, *argv: str, stdout: str | None = "ran\n") -> list[str]:
     env = {k: v for k, v in os.environ.items() if k != "BASHFLEET_REDIS_URL"}
     done = subprocess.run(
         [sys.executable, "-X", "importtime", "-c", ENTRY, "run", *argv],
         env={**env, "BASHFLEET_REDIS_URL": url}, stdin=subprocess.DEVNULL,
         capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout == "ran\n", done.stdout
+    assert stdout is None or done.stdout == stdout, done.stdout
+    assert stdout is not None or '"stdout": "ran\\n"' in done.stdout, done.stdout
     lines = [line for line in done.stderr.splitlines() if line.startswith("import time:")]
     return [line.rsplit("|", 1)[1].strip() for line in lines[1:]]  # [0] is the header
 
@@ -61,8 +71,20 @@ def test_run_loads_the_client_and_nothing_of_the_worker(
         workspace.delete()
     else:
         modules = _run_imports(redis_server.url, "--host", host, "echo ran")
-    # It did reach the fleet: the client and its wire were loaded...
-    assert {"bashfleet.client._sync.fleet", "bashfleet.worker.wire.models",
+    # It did reach the fleet, on the plain path: its sending and the light client...
+    assert {"bashfleet.client.cli.plain", "bashfleet.client._core.sending",
             "bashfleet.worker.fleet.resp"} <= {*modules}
     # ...and nothing it does not use.
+    assert [m for m in modules if any(_within(m, name) for name in NOT_ON_RUN)] == []
+    assert [m for m in modules if any(_within(m, name) for name in NOT_ON_PLAIN_RUN)] == []
+
+
+def test_run_through_the_fleet_client_loads_it_and_nothing_of_the_worker(
+    two_hosts: tuple[WorkerProcess, WorkerProcess], redis_server: RedisServer,
+) -> None:
+    """A call the plain path leaves to the fleet client (`--json`, here)."""
+    modules = _run_imports(redis_server.url, "--host", two_hosts[0].host, "--json",
+                           "echo ran", stdout=None)
+    assert {"bashfleet.client._sync.fleet", "bashfleet.worker.wire.models",
+            "bashfleet.worker.fleet.resp"} <= {*modules}
     assert [m for m in modules if any(_within(m, name) for name in NOT_ON_RUN)] == []

@@ -27,7 +27,7 @@ from typing import TypeVar
 import pytest
 
 from bashfleet.client import Fleet, Workspace
-from bashfleet.client._core.messages import new_call_id
+from bashfleet.client._core.sending import new_call_id
 from bashfleet.client.aio import AsyncFleet, AsyncWorkspace
 from bashfleet.client.errors import (
     BashfleetError,

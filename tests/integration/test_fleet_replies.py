@@ -8,7 +8,7 @@ import uuid
 import redis
 
 from bashfleet.client import Fleet, records
-from bashfleet.client._core.messages import open_reply
+from bashfleet.client._core.sending import open_reply
 from bashfleet.client.redis_server import RedisServer
 from bashfleet.worker.wire import names
 from bashfleet.worker.wire.names import Task

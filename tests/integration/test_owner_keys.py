@@ -28,7 +28,7 @@ import pytest
 import redis
 
 from bashfleet.client import Fleet, UnknownJob, UnknownWorkspace
-from bashfleet.client._core.messages import new_call_id
+from bashfleet.client._core.sending import new_call_id
 from bashfleet.client._sync import records as sync_records
 from bashfleet.client.dialects import NativeDialect
 from bashfleet.client.errors import BashfleetError, Unauthorized, UnknownCall, WaitTimeout

@@ -14,8 +14,7 @@ from __future__ import annotations
 import hashlib
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar, cast
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 from bashfleet.worker.fleet import resp
@@ -155,8 +154,7 @@ def _redis_py_client(url: str, *, binary: bool) -> Redis:
 # ---------------------------------------------------------------------------- Sentinel
 
 
-@dataclass(frozen=True)
-class SentinelTarget:
+class SentinelTarget(NamedTuple):
     """A Redis behind Redis Sentinel, as a `sentinel://` URL names it:
 
         sentinel://[[USER]:PASSWORD@]HOST:PORT[,HOST:PORT...][/DB]?master=NAME[&sentinel_password=P]

@@ -17,9 +17,10 @@ import base64
 import json
 import os
 import socket
-import uuid
-from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from datetime import datetime
 
 #: The embed part of a protocol 2 body: no callbacks, chain or chord.
 _EMBED = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
@@ -28,6 +29,16 @@ _EMBED = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
 def origin() -> str:
     """What Celery names a sender in its messages: `gen<pid>@<hostname>`."""
     return f"gen{os.getpid()}@{socket.gethostname()}"
+
+
+def random_uuid() -> str:
+    """A random (version 4) UUID as text, as `str(uuid.uuid4())` gives it: a message's
+    delivery tag (the `uuid` module is not loaded for it: it loads `platform` too)."""
+    data = bytearray(os.urandom(16))
+    data[6] = data[6] & 0x0F | 0x40  # version 4
+    data[8] = data[8] & 0x3F | 0x80  # the RFC 4122 variant
+    text = data.hex()
+    return f"{text[:8]}-{text[8:12]}-{text[12:16]}-{text[16:20]}-{text[20:]}"
 
 
 def task_message(
@@ -42,6 +53,9 @@ def task_message(
     body = json.dumps([args, {}, _EMBED])
     expires = None
     if expires_s is not None:
+        # Loaded for control calls alone: a call's message has no expiry.
+        from datetime import UTC, datetime, timedelta  # noqa: PLC0415
+
         expires = ((now or datetime.now(UTC)) + timedelta(seconds=expires_s)).isoformat()
     headers: dict[str, Any] = {
         "lang": "py", "task": task, "id": task_id, "shadow": None, "eta": None,
@@ -59,7 +73,7 @@ def task_message(
         properties["expiration"] = str(int(expires_s * 1000))
     properties.update({
         "delivery_info": {"exchange": "", "routing_key": queue}, "priority": 0,
-        "body_encoding": "base64", "delivery_tag": str(uuid.uuid4()),
+        "body_encoding": "base64", "delivery_tag": random_uuid(),
     })
     return json.dumps({
         "body": base64.b64encode(body.encode("utf-8")).decode("ascii"),

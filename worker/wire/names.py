@@ -83,6 +83,11 @@ from typing import Literal
 
 PREFIX = "bashfleet:"
 
+#: What an owner may be: a session (`session:<id>`), a user (`user:<name>`), a tenant.
+OWNER_PATTERN = r"^[A-Za-z0-9_.:@-]{0,128}$"
+#: A workspace id: `w` and 15 hex digits, unique across hosts and time.
+WORKSPACE_ID_PATTERN = r"^w[0-9a-f]{15}$"
+
 #: Seconds between two heartbeats of a worker.
 HEARTBEAT_INTERVAL_S = 1.0
 #: Seconds between two heartbeats that renew the TTLs of hours (the host record's, the

@@ -35,8 +35,8 @@ from __future__ import annotations
 import hashlib
 import hmac
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from functools import lru_cache
+from typing import NamedTuple
 
 from bashfleet.worker.wire import auth
 
@@ -99,9 +99,8 @@ def key_owner(kid: str) -> str | None:
     return owner if slash and owner and short else None
 
 
-@dataclass(frozen=True)
-class OwnerKey:
-    """An owner's key as a client holds it."""
+class OwnerKey(NamedTuple):
+    """An owner's key as a client holds it (a named tuple: see `Verified`)."""
 
     owner: str
     secret: str

@@ -8,6 +8,7 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict
 
+from bashfleet.worker.wire import names
 from bashfleet.worker.wire.network import NetworkPolicy, parse
 
 #: Largest command accepted, in bytes of UTF-8. The `modes` dialect asks agents for
@@ -20,13 +21,13 @@ MAX_PATH_CHARS = 4096
 #: Longest timeout any call may ask for: the `modes` dialect's background mode runs 24 hours.
 MAX_TIMEOUT_S = 24 * 60 * 60.0
 
-#: A workspace id: `w` and 15 hex digits, unique across hosts and time.
-WORKSPACE_ID_PATTERN = r"^w[0-9a-f]{15}$"
+#: A workspace id (the names' pattern).
+WORKSPACE_ID_PATTERN = names.WORKSPACE_ID_PATTERN
 #: A snapshot's id (`bashfleet.worker.engine.snapshots.snapshot_store.new_id`).
 SNAPSHOT_ID_PATTERN = r"^s[0-9a-f]{15}$"
 
-#: What an owner may be: a session (`session:<id>`), a user (`user:<name>`), a tenant.
-OWNER_PATTERN = r"^[A-Za-z0-9_.:@-]{0,128}$"
+#: What an owner may be (the names' pattern, which a client checks without the models).
+OWNER_PATTERN = names.OWNER_PATTERN
 
 #: Variables that make bash, or the loader under it, run code of their own: a call may
 #: not set them (nor a session carry them), whoever sent it.

@@ -1,0 +1,136 @@
+"""What sending a call and hearing its answer take, in the standard library alone: a
+fresh call id, a call's task message (its arguments signed for the queue it goes on),
+the keys and arguments of the scripts that send and withdraw it (`SEND`, `WITHDRAW` of
+`bashfleet.worker.wire.lua`), an answer heard on a reply channel and opened, and a
+workspace's sealed view opened as data.
+
+Both the fleet client (through `bashfleet.client._core.messages` and `records`, over
+the wire's models) and the CLI's plain `run` (`bashfleet.client.cli.plain`, over the
+call's JSON, with no model built) send through these, so the two cannot say a call
+differently. No pydantic here: loading it costs more than a plain call takes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from bashfleet.client.errors import Unauthorized
+from bashfleet.worker.wire import auth, names
+from bashfleet.worker.wire.messages import task_message
+from bashfleet.worker.wire.names import CallState, Task
+
+if TYPE_CHECKING:
+    from bashfleet.client._core.identity import Identity
+
+#: The purpose a host seals a workspace's view under.
+WORKSPACE = "workspace"
+
+
+def new_call_id() -> str:
+    """A fresh call id (24 characters, `c` and 23 random hex digits)."""
+    return f"c{os.urandom(12).hex()[:23]}"
+
+
+def argsrepr(call: Mapping[str, Any]) -> str:
+    """What Flower shows as a call's arguments when it is sent (`call`: the call as JSON
+    data): the command's size, the cwd asked for, the dialect, the session (the worker
+    adds the cwd actually used and the job id once the call ends:
+    `bashfleet.worker.fleet.flower`).
+
+    Celery would otherwise repr the whole call (its policy, and its `env`, which may
+    hold secrets) on every send. The command itself is redacted: it may carry a token
+    inline (curl -H ...), and Flower shows these arguments to anyone with its password.
+    """
+    return repr({"command": f"<redacted: {len(call['command'])} chars>", "cwd": call["cwd"],
+                 "background": call["background"], "dialect": call["policy"]["name"],
+                 "session": call["session"]})
+
+
+def call_message(identity: Identity, call: Mapping[str, Any], queue: str, reply_to: str) -> str:
+    """The task message of a call (as JSON data: `Call.model_dump(mode="json")`), for its
+    queue; answered on `reply_to`."""
+    args = identity.signed(Task.EXEC, [dict(call)], queue)
+    return task_message(Task.EXEC, args, task_id=call["call_id"], queue=queue,
+                        reply_to=reply_to, argsrepr=argsrepr(call))
+
+
+# ------------------------------------------------------------------------- scripts
+
+
+def hash_fields(values: Mapping[str, object]) -> list[object]:
+    """Hash fields as the flat name, value list a script passes to HSET (None as "")."""
+    return [item for key, value in values.items()
+            for item in (key, "" if value is None else str(value))]
+
+
+def send_keys_args(
+    call_id: str, queue: str, host: str | None, message: str, *, require_alive: bool,
+    owner_tag: str = "",
+) -> tuple[list[str], list[object]]:
+    """The keys and arguments of `bashfleet.worker.wire.lua.SEND` (`owner_tag`: what
+    shows the call is its owner's, `Identity.call_tag`)."""
+    fields = {
+        "call_id": call_id, "state": CallState.QUEUED, "queue": queue, "host": host,
+        "sent_at": time.time(), "owner_tag": owner_tag,
+    }
+    keys = [names.call_key(call_id), queue]
+    if require_alive:
+        if host is None:
+            raise ValueError("require_alive needs a host")
+        keys.append(names.alive_key(host))
+    return keys, [names.CALL_TTL_S, message, *hash_fields(fields)]
+
+
+def withdraw_keys_args(call_id: str, state: CallState) -> tuple[list[str], list[object]]:
+    """The keys and arguments of `bashfleet.worker.wire.lua.WITHDRAW`."""
+    return [names.call_key(call_id)], [state, time.time(), names.FINISHED_TTL_S]
+
+
+# ------------------------------------------------------------------------- answers
+
+
+def reply_of(data: str | bytes) -> tuple[str, str] | None:
+    """(task id, answer as sent) of a message heard on a reply channel; None when it is
+    not one."""
+    text = data.decode("utf-8", "replace") if isinstance(data, bytes) else data
+    return names.parse_reply_message(text)
+
+
+def open_reply(keys: Mapping[str, str], task_id: str, sealed: str) -> str:
+    """A worker's answer to `task_id`, its seal checked with `keys`; Unauthorized when
+    it does not verify (a Redis writer may have published it: a forged "all tests
+    passed"; the caller gets an error, never the text)."""
+    try:
+        return auth.open_answer(keys, auth.REPLY, task_id, sealed)
+    except auth.AuthError as exc:
+        raise Unauthorized(
+            f"the answer to {task_id} could not be verified ({exc.message}); it was not "
+            "trusted: a worker with another key, or a forgery in Redis"
+        ) from None
+
+
+def opened_view(keys: Mapping[str, str], ws_id: str, sealed: str | None) -> str | None:
+    """A workspace's view as its host sealed it in Redis, opened (its JSON text); None
+    when there is none or it does not verify (never believed)."""
+    if sealed is None:
+        return None
+    try:
+        return auth.unlock(keys, WORKSPACE, ws_id, sealed)
+    except (auth.AuthError, ValueError):
+        return None
+
+
+def view_data(keys: Mapping[str, str], ws_id: str, sealed: str | None) -> dict[str, Any] | None:
+    """`opened_view` read as JSON data (None as there, or when it is not an object)."""
+    text = opened_view(keys, ws_id, sealed)
+    if text is None:
+        return None
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None
