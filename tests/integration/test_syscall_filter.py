@@ -203,9 +203,12 @@ def test_two_workspaces_share_no_session_keyring(keyed: Engine, isolation: Isola
         workspaces.delete(owner_b.id, unconfined.settings)
 
 
-def _ready_throwaways() -> int:
+def _ready_throwaways(engine: Engine) -> int:
+    """The engine's ready throwaways (the pool is the process's: other engines' too)."""
     with workspaces.throwaways.lock:
-        return sum(len(records) for records in workspaces.throwaways.ready.values())
+        return sum(len(records) for (state_dir, _), records
+                   in workspaces.throwaways.ready.items()
+                   if state_dir == engine.settings.state_dir)
 
 
 def test_a_reused_throwaway_workspace_brings_no_key_along(keyed: Engine) -> None:
@@ -219,14 +222,14 @@ def test_a_reused_throwaway_workspace_brings_no_key_along(keyed: Engine) -> None
     # The pool may discard a workspace rather than keep it (its recycling lost a race
     # with a busy machine): the pair is tried again until the second call did run in the
     # first one's keeper, and no pair may carry the key.
-    for _ in range(5):
-        full = _ready_throwaways()
+    for _ in range(10):
+        full = _ready_throwaways(keyed)
         added = keyed.run(f"python3 -c '{KEYS}' add{where}", owner="a", cwd=None)
         assert added.stdout == "added\n", added
         # Given back (by the pool's recycling thread) before the next call takes one; a
         # workspace it deleted instead leaves the pool short, and the pair is tried again.
         with contextlib.suppress(AssertionError):
-            wait_until(lambda full=full: _ready_throwaways() >= full, timeout=15,  # type: ignore[misc]
+            wait_until(lambda full=full: _ready_throwaways(keyed) >= full, timeout=15,  # type: ignore[misc]
                        what="the workspace given back to the pool")
         after = keyed.run(f"python3 -c '{KEYS}' read{where}", owner="b", cwd=None)
         assert after.stdout == "no key\n", after
