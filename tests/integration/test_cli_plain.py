@@ -18,6 +18,7 @@ from bashfleet.client import Fleet, FleetUnavailable
 from bashfleet.client._sync import calls as sync_calls
 from bashfleet.client.cli import arguments, plain
 from bashfleet.client.redis_server import RedisServer
+from bashfleet.worker.fleet import connect
 
 from .conftest import WorkerProcess
 
@@ -115,6 +116,9 @@ def test_a_handed_over_call_is_heard_on_the_channel_it_names(
     is an hour away here)."""
     monkeypatch.setenv("BASHFLEET_REDIS_URL", redis_server.url)
     monkeypatch.setattr(sync_calls, "WATCH_INTERVAL_S", 3600.0)
+    # The plain path turns the process's light Redis client on (a CLI's switch, set once):
+    # off again after this test, for the tests that run in this process after it.
+    monkeypatch.setattr(connect, "_light", connect._light)
     workspace = fleet.workspace(host=two_hosts[0].host)
     command = f"sleep {plain.HANDOVER_S * 2}; echo heard"
     try:
