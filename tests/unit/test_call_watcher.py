@@ -24,11 +24,15 @@ class Recorder(Unwatched):
     def __init__(self, cancel_after: int | None = None) -> None:
         self.log: list[str] = []
         self.spawns: list[Spawned] = []
+        self.output_dir_there: list[bool] = []
+        """At each spawn: whether its output directory was there (after the call, a
+        throwaway workspace's may be gone with it)."""
         self.cancel_after = cancel_after
 
     def spawned(self, process: Spawned) -> None:
         self.log.append("spawned")
         self.spawns.append(process)
+        self.output_dir_there.append(process.output_dir.is_dir())
 
     def running(self) -> None:
         self.log.append("running")
@@ -88,7 +92,7 @@ def test_a_watcher_hears_spawn_then_running_of_a_real_call(settings: Settings) -
     [spawned] = recorder.spawns
     assert (spawned.pid, spawned.pgid, spawned.marker) == (pid, pid, "watch-1")
     # Where the call's output was written while it ran (a reader follows it there).
-    assert spawned.output_dir.is_dir()
+    assert recorder.output_dir_there == [True]
     # Asked whether to cancel at every wake-up; whether to detach only once running.
     first_running = recorder.log.index("running")
     assert recorder.log[1] == "cancelled?"
