@@ -212,6 +212,7 @@ class Line:
         self.channel: str | None = None
         self.result: dict[str, Any] | None = None
         """The result the last call sent through `send` printed (None until one did)."""
+        self._aead = False
 
     def close(self) -> None:
         self.pubsub.close()
@@ -269,6 +270,14 @@ class Line:
             raise unreachable(self.url, exc) from None
         return control_reply(self.identity.reply_keys(), task_id, host, sealed)
 
+    def load_aead(self) -> None:
+        """Load what opens a locked answer (AES-GCM) on a thread of its own, once: it
+        loads while the first request is out (`bashfleet.worker.wire.auth` loads it on
+        first use, and finds it loaded)."""
+        if not self._aead:
+            self._aead = True
+            threading.Thread(target=_load_aead, name="bashfleet-aead", daemon=True).start()
+
     def push_control(self, task: str, request: dict[str, Any], host: str,
                      timeout: float = CTL_TIMEOUT_S) -> tuple[str, str] | None:
         """Put a control request on `host`'s control queue, answered on the reply channel
@@ -279,6 +288,7 @@ class Line:
         if token is None or channel is None:
             return None
         task_id = new_task_id()
+        self.load_aead()
         self.client.lpush(names.ctl_queue(host), control_task_message(
             self.identity, task, request, task_id=task_id, host=host, reply_to=channel,
             timeout=timeout))
@@ -311,8 +321,7 @@ class Line:
         interrupts = Interrupts()
         handover = Handover(sending.call_id, sending.queue, sending.host, interrupts,
                             sending.channel)
-        # The answer comes locked (AES-GCM): its library loads while the call is out.
-        threading.Thread(target=_load_aead, name="bashfleet-aead", daemon=True).start()
+        self.load_aead()
         with interrupts.installed():
             try:
                 sent = SEND(self.client, sending.keys, sending.args)
