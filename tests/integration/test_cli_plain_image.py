@@ -11,20 +11,26 @@ once) and the workspace."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 
 import pytest
 import redis
 
-from bashfleet.client import Fleet
+from bashfleet.client import BashfleetError, Fleet
 from bashfleet.client.cli import run
 from bashfleet.client.redis_server import RedisServer
+from bashfleet.worker.wire import names
+from bashfleet.worker.wire.control import WorkspaceCreateRequest
+from bashfleet.worker.wire.models import WorkspaceSpec, WorkspaceView
 
 from .conftest import WorkerFactory, WorkerProcess
 from .registry import Registry
@@ -48,8 +54,11 @@ def worker(own_redis: RedisServer, image_registry: Registry,
            tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerProcess]:
     client = redis.Redis.from_url(own_redis.url, decode_responses=True)
     factory = WorkerFactory(own_redis.url, client, tmp_path_factory.mktemp("imgrun"))
+    # One lane thread per owner: a request can be held up behind another of its owner's
+    # (`test_ctrl_c_while_the_workspace_is_made_...`).
     env = {"BASHFLEET_REGISTRY_AUTH_FILE": str(image_registry.auth_file),
-           "BASHFLEET_REGISTRY_CERTS_DIR": str(image_registry.certs_dir)}
+           "BASHFLEET_REGISTRY_CERTS_DIR": str(image_registry.certs_dir),
+           "BASHFLEET_LANE_THREADS_PER_OWNER": "1"}
     try:
         yield from factory.module_host(HOST, env=env)
     finally:
@@ -214,6 +223,77 @@ def test_ctrl_c_while_the_call_runs_ends_it_once_and_leaves_nothing(
     _wait(lambda: len(_deleted(worker)) == deleted + 1, "the workspace's deletion")
     _wait(lambda: _ids(own_fleet) == before, "the owner's listing as before")
     assert _log(worker).count("call started") == started + 1  # never sent twice
+
+
+class SilentRegistry:
+    """A TCP server on 127.0.0.1 that takes connections and never answers: a pull from it
+    holds its lane thread until `close`."""
+
+    def __init__(self) -> None:
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port = self.server.getsockname()[1]
+        self.taken: list[socket.socket] = []
+        self.thread = threading.Thread(target=self._take, daemon=True)
+        self.thread.start()
+
+    def _take(self) -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                self.taken.append(self.server.accept()[0])
+
+    def close(self) -> None:
+        self.server.close()
+        for conn in self.taken:
+            conn.close()
+        self.thread.join(10)
+
+
+def test_ctrl_c_while_the_workspace_is_made_waits_for_it_then_deletes_it(
+    own_redis: RedisServer, own_fleet: Fleet, worker: WorkerProcess, ref: str,
+) -> None:
+    """The owner's one lane thread is held by a pull that hangs, so the CLI's create waits
+    behind it; Ctrl-C comes while it waits. The CLI still reads the create's answer once
+    the lane is free, deletes what was made, runs no call and exits 130."""
+    before, deleted = _ids(own_fleet), len(_deleted(worker))
+    started = _log(worker).count("call started")
+    silent = SilentRegistry()
+    blocker = threading.Thread(target=_create_from, daemon=True,
+                               args=(own_fleet, f"127.0.0.1:{silent.port}/hangs:1"))
+    blocker.start()
+    proc = None
+    try:
+        _wait(lambda: bool(silent.taken), "the pull that holds the lane")
+        channels = _reply_channels(own_redis)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "bashfleet.client.cli", "run", "--image", ref, "echo ran"],
+            env=_env(own_redis.url), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True)
+        # It listens on its reply channel just before it sends the create, Ctrl-C held off.
+        _wait(lambda: bool(_reply_channels(own_redis) - channels), "the CLI's create")
+        # A CLI that left on Ctrl-C here would leave the workspace the host then makes:
+        # its deletion below would never come.
+        proc.send_signal(signal.SIGINT)
+    finally:
+        silent.close()
+        blocker.join(120)
+        if proc is not None:
+            stdout, stderr = proc.communicate(timeout=120)
+    assert (proc.returncode, stdout) == (130, ""), stderr
+    _wait(lambda: len(_deleted(worker)) == deleted + 1, "the made workspace's deletion")
+    _wait(lambda: _ids(own_fleet) == before, "the owner's listing as before")
+    assert _log(worker).count("call started") == started  # its call never went
+
+
+def _create_from(fleet: Fleet, image: str) -> None:
+    """A create the fleet client never sends (it pulls first): it pulls in the lane."""
+    with contextlib.suppress(BashfleetError):
+        fleet._control(HOST, WorkspaceCreateRequest(spec=WorkspaceSpec(image=image)),
+                       WorkspaceView, timeout=120)
+
+
+def _reply_channels(server: RedisServer) -> set[str]:
+    with redis.Redis.from_url(server.url, decode_responses=True) as client:
+        return set(client.pubsub_channels(names.reply_channel("*")))
 
 
 def test_the_host_can_be_named(own_redis: RedisServer, worker: WorkerProcess,
