@@ -9,10 +9,13 @@ import argparse
 import base64
 import json
 import os
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from bashfleet.client import exit_status
 from bashfleet.client._core.identity import Identity
@@ -31,6 +34,7 @@ from bashfleet.worker.wire.control import (
     WorkspaceDeleteRequest,
 )
 from bashfleet.worker.wire.errors import ToolError
+from bashfleet.worker.wire.messages import iso_utc
 from bashfleet.worker.wire.models import WorkspaceLimits, WorkspaceSpec
 
 OWNER = "user:alice"
@@ -207,6 +211,19 @@ def test_the_light_control_message_is_the_fleet_clients() -> None:
     assert by_model["headers"]["expires"] is not None
     body = json.loads(base64.b64decode(by_model["body"]))
     assert body[0][0]["args"] == [plain_image.delete_data(WS, owner=OWNER)]
+
+
+@pytest.mark.parametrize("timestamp", [
+    0.0, 1.5, 1e9, 1893553475.0, 1893553475.999999, 1893553475.0000005, 1893553475.9999995,
+    1893553475.9999996, 3985833339.8982887, 1129964902.0645885, 4102444799.999999,
+])
+def test_an_expiry_reads_as_datetime_writes_it(timestamp: float) -> None:
+    assert iso_utc(timestamp) == datetime.fromtimestamp(timestamp, UTC).isoformat()
+
+
+@given(st.floats(min_value=0, max_value=4102444799.0))
+def test_any_expiry_reads_as_datetime_writes_it(timestamp: float) -> None:
+    assert iso_utc(timestamp) == datetime.fromtimestamp(timestamp, UTC).isoformat()
 
 
 @pytest.mark.parametrize(("reply", "made"), [
