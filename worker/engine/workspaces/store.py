@@ -48,6 +48,12 @@ def record_path(settings: Settings, ws_id: str) -> Path:
     return settings.workspaces_dir / f"{ws_id}.json"
 
 
+def ending_path(settings: Settings, ws_id: str) -> Path:
+    """The record of a workspace being deleted, set aside where no look-up finds it
+    (`lifecycle.delete(finish_later=True)`) until its files are gone."""
+    return settings.workspaces_dir / f"{ws_id}.ending"
+
+
 def state_path(settings: Settings, ws_id: str) -> Path:
     """Its private /tmp, /var/tmp, HOME, and the mount point of its view's root."""
     return settings.workspaces_dir / ws_id
@@ -161,6 +167,23 @@ def local_records(settings: Settings) -> list[WorkspaceRecord]:
                 with contextlib.suppress(WorkspaceError):
                     found.append(load(entry.name[:-5], settings))
     return found
+
+
+def ending_ids(settings: Settings) -> list[str]:
+    """The workspaces whose deletion is not finished (their records set aside)."""
+    with contextlib.suppress(FileNotFoundError), os.scandir(settings.workspaces_dir) as found:
+        return sorted(entry.name[:-7] for entry in found
+                      if entry.name.endswith(".ending") and valid_id(entry.name[:-7]))
+    return []
+
+
+def load_ending(ws_id: str, settings: Settings) -> WorkspaceRecord | None:
+    """The record a deletion set aside (None: none, or unreadable)."""
+    try:
+        return WorkspaceRecord.model_validate_json(
+            ending_path(settings, ws_id).read_text("utf-8"))
+    except (OSError, ValueError):
+        return None
 
 
 def touch(record: WorkspaceRecord, settings: Settings) -> None:
