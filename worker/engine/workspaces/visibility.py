@@ -10,7 +10,7 @@ import hashlib
 import os
 import pwd
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -134,10 +134,12 @@ def view_spec(record: WorkspaceRecord, settings: Settings, user: sandbox.User | 
     state = Path(os.path.realpath(store.state_path(settings, record.id)))
     dirs: list[str] = []
     files: list[str] = []
+    writable, _ = layout.existing(settings.sandbox_writable)
     if image_root is None:  # an image's view holds nothing of the host's to hide
         dirs, files = layout.existing(hidden_paths(settings, record))
-        dirs += known_dirs()  # real and existing already (looked up once every 10 s)
-    writable, _ = layout.existing(settings.sandbox_writable)
+        # Real and existing already (looked up once every 10 s).
+        own = (home_of(user, record), record.path, record.out_dir, *record.mounts, *writable)
+        dirs += [path for path in known_dirs() if could_show(path, own)]
     lowers = snapshot_store.chain_paths(record, settings) if record.lowers else ()
     hosts = state / "layer" / layout.ETC_HOSTS
     return layout.ViewSpec(
@@ -156,6 +158,22 @@ def view_spec(record: WorkspaceRecord, settings: Settings, user: sandbox.User | 
         and hosts.is_file() else None,
         project=record.ids is not None and not record.fresh, prebuilt=prebuilt,
     )
+
+
+#: Where a view has its own directories, not the host's (`layout.OWN_ENTRIES`, /var/tmp).
+OWN_AREAS = ("/tmp", "/var/tmp", "/proc", "/dev")
+
+
+def could_show(path: str, own: Sequence[str]) -> bool:
+    """Whether hiding a host directory can change the plan of a view whose own paths
+    (HOME, directory, outputs, mounts, writable roots) are among `own`: not one in the
+    view's own /tmp, /var/tmp, /proc or /dev (the rule `layout.plan_view` applies) unless
+    an own path holds it or lies in it (a writable root in a hidden directory is hidden).
+    Known state directories are mostly tests' temporary ones, hundreds on a developer's
+    machine: left out here, they cost the plan nothing."""
+    if not any(layout.inside(path, area) for area in OWN_AREAS):
+        return True
+    return any(layout.inside(path, mine) or layout.inside(mine, path) for mine in own)
 
 
 def host_entries() -> tuple[layout.Entry, ...]:
