@@ -87,9 +87,9 @@ def test_the_known_dirs_a_view_cannot_show_change_nothing_in_its_plan(own: dict[
         root="/state/w1/root", tmp="/state/w1/tmp", var_tmp="/state/w1/vartmp",
         home="/state/w1/home", entries=ENTRIES, layers="/state/w1/layer", **own)
     writable = tuple(fields.get("writable", ()))
-    kept = [p for p in KNOWN if visibility.could_show(p, (
+    kept = visibility.could_show(KNOWN, (
         fields["home_view"], fields["workspace"], fields["out_dir"],
-        *fields.get("mounts", {}), *writable))]
+        *fields.get("mounts", {}), *writable))
     assert len(kept) < len(KNOWN)  # some were dropped: the comparison below is not vacuous
     every = plan_view(ViewSpec(hidden_dirs=("/state", *KNOWN), **fields))
     fewer = plan_view(ViewSpec(hidden_dirs=("/state", *kept), **fields))
@@ -105,6 +105,10 @@ def test_the_known_dirs_a_view_cannot_show_change_nothing_in_its_plan(own: dict[
     ("/var/tmp/x", (), False),
     ("/tmpfoo/state", (), True),
     ("/dev/shm/s", ("/srv/ws",), False),
+    ("/tmp", ("/tmp/ws/w1",), True),
+    ("/tmp", ("/srv/ws",), False),
+    ("/tmp/ws/w10", ("/tmp/ws/w1",), False),  # a prefix of its name is not its parent
+    ("/tmp/ws/w1/deep/er", ("/tmp/ws/w1/",), True),
 ])
 def test_could_show(path: str, own: tuple[str, ...], shown: bool) -> None:
-    assert visibility.could_show(path, own) is shown
+    assert visibility.could_show([path], own) == ([path] if shown else [])

@@ -139,7 +139,7 @@ def view_spec(record: WorkspaceRecord, settings: Settings, user: sandbox.User | 
         dirs, files = layout.existing(hidden_paths(settings, record))
         # Real and existing already (looked up once every 10 s).
         own = (home_of(user, record), record.path, record.out_dir, *record.mounts, *writable)
-        dirs += [path for path in known_dirs() if could_show(path, own)]
+        dirs += could_show(known_dirs(), own)
     lowers = snapshot_store.chain_paths(record, settings) if record.lowers else ()
     hosts = state / "layer" / layout.ETC_HOSTS
     return layout.ViewSpec(
@@ -164,16 +164,23 @@ def view_spec(record: WorkspaceRecord, settings: Settings, user: sandbox.User | 
 OWN_AREAS = ("/tmp", "/var/tmp", "/proc", "/dev")
 
 
-def could_show(path: str, own: Sequence[str]) -> bool:
-    """Whether hiding a host directory can change the plan of a view whose own paths
-    (HOME, directory, outputs, mounts, writable roots) are among `own`: not one in the
-    view's own /tmp, /var/tmp, /proc or /dev (the rule `layout.plan_view` applies) unless
-    an own path holds it or lies in it (a writable root in a hidden directory is hidden).
-    Known state directories are mostly tests' temporary ones, hundreds on a developer's
-    machine: left out here, they cost the plan nothing."""
-    if not any(layout.inside(path, area) for area in OWN_AREAS):
-        return True
-    return any(layout.inside(path, mine) or layout.inside(mine, path) for mine in own)
+def could_show(paths: Sequence[str], own: Sequence[str]) -> list[str]:
+    """The host directories of `paths` whose hiding can change the plan of a view whose
+    own paths (HOME, directory, outputs, mounts, writable roots) are among `own`: all but
+    those in the view's own /tmp, /var/tmp, /proc or /dev (the rule `layout.plan_view`
+    applies) that hold none of its own paths and lie in none (a writable root in a
+    hidden directory is hidden). Known state directories are mostly tests' temporary
+    ones, hundreds on a developer's machine: left out here, they cost the plan nothing.
+    By string prefix and a set of the own paths' ancestors, not `layout.inside` per
+    pair: ~1,000 paths in well under a millisecond."""
+    in_area = tuple(f"{area}/" for area in OWN_AREAS)
+    mine = [path.rstrip("/") for path in own if path.rstrip("/")]
+    holding = {"/".join(path.split("/")[:n]) for path in mine
+               for n in range(2, path.count("/") + 2)}  # each own path and its ancestors
+    inner = tuple(f"{path}/" for path in mine)
+    return [path for path in paths
+            if not (path in OWN_AREAS or path.startswith(in_area))
+            or path in holding or path.startswith(inner)]
 
 
 def host_entries() -> tuple[layout.Entry, ...]:
