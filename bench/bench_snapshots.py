@@ -1,7 +1,7 @@
 """Snapshots benchmark: snapshots and forks of a workspace against baselines measured in
 the same run.
 
-    python -m bench.bench_snapshots [--quick] [--dir D] [--count N] [--fleet | --fleet-only]
+    python -m bench.bench_snapshots [--quick] [--dir D] [--count N] [--no-fleet | --fleet-only]
 
 1. A snapshot of a workspace holding 50 MB of its own changes (`snapshots.take`), while
    a loop runs in it: p50 and p99, and how long its processes were paused; baseline:
@@ -16,9 +16,9 @@ the same run.
    layer pulled from the tests' registry on 127.0.0.1 and the workspace made; baseline:
    the registry pull of the same layer alone. Target: <= pull + 30 ms.
 
-As the client sees them (`--fleet`, or `--fleet-only`: a Redis server and one worker
-started here, `Fleet` in this process), from a workspace holding an agent's working tree
-(200 files of 4 KiB), in interleaved rounds:
+As the client sees them (a Redis server and one worker started here, `Fleet` in this
+process; `--no-fleet` leaves them out, `--fleet-only` measures only them), from a
+workspace holding an agent's working tree (200 files of 4 KiB), in interleaved rounds:
 
 6. `ws.fork(1)` returned, its snapshot taken by the same request; baseline: a fresh
    workspace (`fleet.workspace()`, the same host root). Target: <= 30 ms p50.
@@ -246,7 +246,7 @@ def fleet_rows(base: Path, count: int) -> list[Row]:
          f"<= {FORK16_TARGET_S * 1e3:.0f} ms p50",
          _ok(statistics.median(times["fork16"]) <= FORK16_TARGET_S)),
         ("fleet: delete of a fork", _ms(times["delete_fork"]),
-         _ms(times["delete_fresh"]) + " delete of a fresh one",
+         _ms(times["delete_fresh"]) + " delete of a fresh one; " + rtt,
          f"<= {DELETE_TARGET_S * 1e3:.0f} ms p50",
          _ok(statistics.median(times["delete_fork"]) <= DELETE_TARGET_S)),
     ]
@@ -301,8 +301,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--dir", type=Path, default=None, help="where its state goes")
     parser.add_argument("--count", type=int, default=None,
                         help="snapshots and forks measured (default 30; --quick 6)")
-    parser.add_argument("--fleet", action="store_true",
-                        help="also the rows through the fleet (a Redis and a worker started)")
+    parser.add_argument("--no-fleet", action="store_true",
+                        help="without the rows through the fleet (a Redis and a worker)")
     parser.add_argument("--fleet-only", action="store_true", help="only the fleet's rows")
     args = parser.parse_args(argv)
     count = args.count or (6 if args.quick else 30)
@@ -322,7 +322,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             rows += fork_rows(settings, snap_id, count)
             _say("a workspace from the snapshot on another host, cold")
             rows.append(across_row(settings, _others[-1], snap_id, count))
-        if args.fleet:
+        if not args.no_fleet:
             _say(f"{count} rounds through the fleet")
             rows += fleet_rows(base, count)
     _print(rows)
