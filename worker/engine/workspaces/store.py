@@ -3,8 +3,8 @@
 A record is a JSON file in the state directory (`workspaces/<id>.json`, its mtime the
 time the workspace was last used), beside its keeper's socket and its private /tmp,
 /var/tmp and HOME; a deletion that answered before its files were gone sets the record
-aside as `<id>.ending` until they are. This module reads and writes them (with a cache keyed by the file's
-mtime) and names the paths; it makes and ends nothing.
+aside as `<id>.ending` until they are. This module reads and writes them (with a cache
+keyed by the file's mtime) and names the paths; it makes and ends nothing.
 """
 
 from __future__ import annotations
