@@ -2,6 +2,7 @@
 the same run.
 
     python -m bench.bench_snapshots [--quick] [--dir D] [--count N] [--no-fleet | --fleet-only]
+                                    [--layer-image GB]
 
 1. A snapshot of a workspace holding 50 MB of its own changes (`snapshots.take`), while
    a loop runs in it: p50 and p99, and how long its processes were paused; baseline:
@@ -27,6 +28,9 @@ workspace holding an agent's working tree (200 files of 4 KiB), in interleaved r
 8. `fork.delete()` of a workspace made by a fork; baselines: the delete of a fresh
    workspace, and one control round trip. Target: <= 20 ms p50.
 
+`--layer-image GB`: the fleet's worker keeps its layers and snapshots on an XFS image of
+that size (`layer_image_gb`: a snapshot clones extents), unmounted at the end.
+
 Not a test: it never fails on a miss. Progress goes to stderr, the table to stdout.
 """
 
@@ -48,7 +52,7 @@ from typing import Any
 
 from bashfleet.worker import Call, run_call
 from bashfleet.worker.engine import sandbox, workspaces
-from bashfleet.worker.engine.snapshots import snapshot_store, snapshots
+from bashfleet.worker.engine.snapshots import layer_fs, snapshot_store, snapshots
 from bashfleet.worker.fleet import snapshot_calls
 from bashfleet.worker.settings import Settings
 from bashfleet.worker.wire.models import WorkspaceSpec
@@ -209,9 +213,11 @@ TREE = ("set -e; for d in 0 1 2 3; do mkdir -p repo/d$d; i=0; while [ $i -lt 50 
         "head -c 4096 /dev/urandom > repo/d$d/f$i; i=$((i+1)); done; done")
 
 
-def fleet_rows(base: Path, count: int) -> list[Row]:
+def fleet_rows(base: Path, count: int, layer_image_gb: int | None = None) -> list[Row]:
     """Rows 6, 7 and 8: forks and deletes as `Fleet` returns them, through a Redis server
-    and a worker started here; each against its baseline, in alternating rounds."""
+    and a worker started here; each against its baseline, in alternating rounds. With
+    `layer_image_gb`, the worker keeps its layers on an XFS image (`layer_fs`), released
+    once it stopped."""
     from bashfleet.client import Fleet  # noqa: PLC0415 - only these rows need the client
     from bashfleet.client.redis_server import RedisServer  # noqa: PLC0415 - likewise
     from bench import cleanup  # noqa: PLC0415 - likewise
@@ -223,7 +229,11 @@ def fleet_rows(base: Path, count: int) -> list[Row]:
     with cleanup.hosts_ended(root), RedisServer(root / "redis") as server:
         worker = [sys.executable, "-m", "bashfleet.worker.fleet.supervisor", "--host", HOST,
                   "--concurrency", "2"]
-        with _process(worker, worker_env(server.url, root / "host"), root / "worker.log"):
+        env = worker_env(server.url, root / "host")
+        if layer_image_gb is not None:
+            env["BASHFLEET_LAYER_IMAGE_GB"] = str(layer_image_gb)
+        with _released(root / "host", layer_image_gb), \
+                _process(worker, env, root / "worker.log"):
             fleet = Fleet(server.url)
             _wait(lambda: any(h.host == HOST and h.alive and h.ready for h in fleet.hosts()),
                   "the bashfleet worker")
@@ -250,6 +260,17 @@ def fleet_rows(base: Path, count: int) -> list[Row]:
          f"<= {DELETE_TARGET_S * 1e3:.0f} ms p50",
          _ok(statistics.median(times["delete_fork"]) <= DELETE_TARGET_S)),
     ]
+
+
+@contextlib.contextmanager
+def _released(state_dir: Path, layer_image_gb: int | None) -> Iterator[None]:
+    """Unmount the layer image a worker of `state_dir` mounted, once it stopped (a worker
+    leaves it for its next start)."""
+    try:
+        yield
+    finally:
+        if layer_image_gb is not None:
+            layer_fs.release(Settings(state_dir=state_dir, layer_image_gb=layer_image_gb))
 
 
 def _fleet_round(fleet: Any, source: Any, times: dict[str, list[float]]) -> None:
@@ -304,13 +325,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--no-fleet", action="store_true",
                         help="without the rows through the fleet (a Redis and a worker)")
     parser.add_argument("--fleet-only", action="store_true", help="only the fleet's rows")
+    parser.add_argument("--layer-image", type=int, default=None, metavar="GB",
+                        help="the fleet's worker keeps its layers on an XFS image this big")
     args = parser.parse_args(argv)
     count = args.count or (6 if args.quick else 30)
     with tempfile.TemporaryDirectory(dir=args.dir, prefix="bench-snapshots-") as folder:
         base = Path(folder)
         if args.fleet_only:
             _say(f"{count} rounds through the fleet")
-            _print(fleet_rows(base, count))
+            _print(fleet_rows(base, count, args.layer_image))
             return 0
         with running_registry(base / "registry") as registry, _state(base, registry) as settings:
             if sandbox.host_ids(settings) is None:
@@ -324,7 +347,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             rows.append(across_row(settings, _others[-1], snap_id, count))
         if not args.no_fleet:
             _say(f"{count} rounds through the fleet")
-            rows += fleet_rows(base, count)
+            rows += fleet_rows(base, count, args.layer_image)
     _print(rows)
     return 0
 
