@@ -1,7 +1,8 @@
 """Snapshots benchmark: snapshots and forks of a workspace against baselines measured in
 the same run.
 
-    python -m bench.bench_snapshots [--quick] [--dir D] [--count N]
+    python -m bench.bench_snapshots [--quick] [--dir D] [--count N] [--no-fleet | --fleet-only]
+                                    [--layer-image GB]
 
 1. A snapshot of a workspace holding 50 MB of its own changes (`snapshots.take`), while
    a loop runs in it: p50 and p99, and how long its processes were paused; baseline:
@@ -15,6 +16,20 @@ the same run.
 5. A workspace from the snapshot on another host (a second state directory), cold: its
    layer pulled from the tests' registry on 127.0.0.1 and the workspace made; baseline:
    the registry pull of the same layer alone. Target: <= pull + 30 ms.
+
+As the client sees them (a Redis server and one worker started here, `Fleet` in this
+process; `--no-fleet` leaves them out, `--fleet-only` measures only them), from a
+workspace holding an agent's working tree (200 files of 4 KiB), in interleaved rounds:
+
+6. `ws.fork(1)` returned, its snapshot taken by the same request; baseline: a fresh
+   workspace (`fleet.workspace()`, the same host root). Target: <= 30 ms p50.
+7. `ws.fork(16)` returned, all ready; baseline: one control round trip (`ws.renew()`).
+   Target: <= 200 ms p50.
+8. `fork.delete()` of a workspace made by a fork; baselines: the delete of a fresh
+   workspace, and one control round trip. Target: <= 20 ms p50.
+
+`--layer-image GB`: the fleet's worker keeps its layers and snapshots on an XFS image of
+that size (`layer_image_gb`: a snapshot clones extents), unmounted at the end.
 
 Not a test: it never fails on a miss. Progress goes to stderr, the table to stdout.
 """
@@ -30,13 +45,14 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 from bashfleet.worker import Call, run_call
 from bashfleet.worker.engine import sandbox, workspaces
-from bashfleet.worker.engine.snapshots import snapshot_store, snapshots
+from bashfleet.worker.engine.snapshots import layer_fs, snapshot_store, snapshots
 from bashfleet.worker.fleet import snapshot_calls
 from bashfleet.worker.settings import Settings
 from bashfleet.worker.wire.models import WorkspaceSpec
@@ -50,6 +66,7 @@ SNAPSHOT_TARGET_S = 0.150
 PAUSE_TARGET_MS = 100.0
 FORK_TARGET_S = 0.030
 FORK16_TARGET_S = 0.200
+DELETE_TARGET_S = 0.020
 MIB = 1 << 20
 
 
@@ -191,6 +208,90 @@ def across_row(settings: Settings, other: Settings, snap_id: str, count: int) ->
             _ok(extra <= FORK_TARGET_S))
 
 
+#: The fleet rows' source: an agent's working tree, 200 files of 4 KiB in 4 folders.
+TREE = ("set -e; for d in 0 1 2 3; do mkdir -p repo/d$d; i=0; while [ $i -lt 50 ]; do "
+        "head -c 4096 /dev/urandom > repo/d$d/f$i; i=$((i+1)); done; done")
+
+
+def fleet_rows(base: Path, count: int, layer_image_gb: int | None = None) -> list[Row]:
+    """Rows 6, 7 and 8: forks and deletes as `Fleet` returns them, through a Redis server
+    and a worker started here; each against its baseline, in alternating rounds. With
+    `layer_image_gb`, the worker keeps its layers on an XFS image (`layer_fs`), released
+    once it stopped."""
+    from bashfleet.client import Fleet  # noqa: PLC0415 - only these rows need the client
+    from bashfleet.client.redis_server import RedisServer  # noqa: PLC0415 - likewise
+    from bench import cleanup  # noqa: PLC0415 - likewise
+    from bench.bench_fleet import HOST, _process, _wait, worker_env  # noqa: PLC0415 - likewise
+
+    root = base / "fleet"
+    times: dict[str, list[float]] = {name: [] for name in (
+        "fork1", "fresh", "fork16", "ctl", "delete_fork", "delete_fresh")}
+    with cleanup.hosts_ended(root), RedisServer(root / "redis") as server:
+        worker = [sys.executable, "-m", "bashfleet.worker.fleet.supervisor", "--host", HOST,
+                  "--concurrency", "2"]
+        env = worker_env(server.url, root / "host")
+        if layer_image_gb is not None:
+            env["BASHFLEET_LAYER_IMAGE_GB"] = str(layer_image_gb)
+        with _released(root / "host", layer_image_gb), \
+                _process(worker, env, root / "worker.log"):
+            fleet = Fleet(server.url)
+            _wait(lambda: any(h.host == HOST and h.alive and h.ready for h in fleet.hosts()),
+                  "the bashfleet worker")
+            source = fleet.workspace(host=HOST)
+            try:
+                if source.run(TREE).exit_code != 0:
+                    raise RuntimeError("could not fill the source workspace")
+                for index in range(count + 1):  # the first round warms up, uncounted
+                    keep = index > 0
+                    _fleet_round(fleet, source, times if keep else
+                                 {name: [] for name in times})
+            finally:
+                source.delete()
+    rtt = _ms(times["ctl"]) + " control round trip"
+    return [
+        ("fleet: fork(1) returned, its snapshot included", _ms(times["fork1"]),
+         _ms(times["fresh"]) + " fresh workspace", f"<= {FORK_TARGET_S * 1e3:.0f} ms p50",
+         _ok(statistics.median(times["fork1"]) <= FORK_TARGET_S)),
+        ("fleet: fork(16) returned, all ready", _ms(times["fork16"]), rtt,
+         f"<= {FORK16_TARGET_S * 1e3:.0f} ms p50",
+         _ok(statistics.median(times["fork16"]) <= FORK16_TARGET_S)),
+        ("fleet: delete of a fork", _ms(times["delete_fork"]),
+         _ms(times["delete_fresh"]) + " delete of a fresh one; " + rtt,
+         f"<= {DELETE_TARGET_S * 1e3:.0f} ms p50",
+         _ok(statistics.median(times["delete_fork"]) <= DELETE_TARGET_S)),
+    ]
+
+
+@contextlib.contextmanager
+def _released(state_dir: Path, layer_image_gb: int | None) -> Iterator[None]:
+    """Unmount the layer image a worker of `state_dir` mounted, once it stopped (a worker
+    leaves it for its next start)."""
+    try:
+        yield
+    finally:
+        if layer_image_gb is not None:
+            layer_fs.release(Settings(state_dir=state_dir, layer_image_gb=layer_image_gb))
+
+
+def _fleet_round(fleet: Any, source: Any, times: dict[str, list[float]]) -> None:
+    """One round of rows 6-8 (a fork, a fresh workspace, sixteen forks, a round trip,
+    and the deletes), each timed as its call returns."""
+    def timed(name: str, step: Callable[[], Any]) -> Any:
+        started = time.perf_counter()
+        answer = step()
+        times[name].append(time.perf_counter() - started)
+        return answer
+
+    (fork,) = timed("fork1", lambda: source.fork(1))
+    fresh = timed("fresh", lambda: fleet.workspace(host=source.host))
+    timed("ctl", source.renew)
+    timed("delete_fork", fork.delete)
+    timed("delete_fresh", fresh.delete)
+    sixteen = timed("fork16", lambda: source.fork(16))
+    for each in sixteen:
+        each.delete()
+
+
 @contextlib.contextmanager
 def _state(base: Path, registry: object | None = None) -> Iterator[Settings]:
     extra: dict[str, object] = {}
@@ -221,10 +322,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--dir", type=Path, default=None, help="where its state goes")
     parser.add_argument("--count", type=int, default=None,
                         help="snapshots and forks measured (default 30; --quick 6)")
+    parser.add_argument("--no-fleet", action="store_true",
+                        help="without the rows through the fleet (a Redis and a worker)")
+    parser.add_argument("--fleet-only", action="store_true", help="only the fleet's rows")
+    parser.add_argument("--layer-image", type=int, default=None, metavar="GB",
+                        help="the fleet's worker keeps its layers on an XFS image this big")
     args = parser.parse_args(argv)
     count = args.count or (6 if args.quick else 30)
     with tempfile.TemporaryDirectory(dir=args.dir, prefix="bench-snapshots-") as folder:
         base = Path(folder)
+        if args.fleet_only:
+            _say(f"{count} rounds through the fleet")
+            _print(fleet_rows(base, count, args.layer_image))
+            return 0
         with running_registry(base / "registry") as registry, _state(base, registry) as settings:
             if sandbox.host_ids(settings) is None:
                 _say("this host gives workspaces no ids of their own: nothing to measure")
@@ -235,6 +345,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             rows += fork_rows(settings, snap_id, count)
             _say("a workspace from the snapshot on another host, cold")
             rows.append(across_row(settings, _others[-1], snap_id, count))
+        if not args.no_fleet:
+            _say(f"{count} rounds through the fleet")
+            rows += fleet_rows(base, count, args.layer_image)
     _print(rows)
     return 0
 

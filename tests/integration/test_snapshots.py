@@ -20,8 +20,9 @@ from privilege import needs_root
 from bashfleet.worker.engine import workspaces
 from bashfleet.worker.engine.images import images
 from bashfleet.worker.engine.snapshots import snapshot_store, snapshots
-from bashfleet.worker.engine.workspaces import store, usage
-from bashfleet.worker.wire.models import WorkspaceSpec
+from bashfleet.worker.engine.workspaces import disk, store, usage
+from bashfleet.worker.settings import Settings
+from bashfleet.worker.wire.models import WorkspaceRecord, WorkspaceSpec
 
 from .engine_helpers import (
     Engine,
@@ -251,6 +252,84 @@ def test_restores_beside_a_reaper_that_never_stops(engine: Engine) -> None:
         assert reaped == []
     finally:
         workspaces.delete(source.id, engine.settings)
+
+
+def _held(engine: Engine, ws_id: str) -> bool:
+    """Whether someone holds the workspace for a change now."""
+    with store.changing(engine.settings, ws_id, wait=False) as free:
+        return not free
+
+
+def test_a_fork_deleted_is_gone_at_the_answer_and_its_end_finished_under_its_lock(
+        engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`delete(finish_later=True)` answers once the fork is gone for every caller; until
+    its files are removed it keeps the lock, its snapshot is still in use, and the reaper
+    leaves it. Its files' removal is held here, so each of these is seen, not raced."""
+    source = workspaces.create(WorkspaceSpec(owner="o"), engine.settings)
+    release = threading.Event()
+    real_remove = disk.remove_files
+
+    def held_remove(record: WorkspaceRecord, settings: Settings) -> None:
+        release.wait(60)
+        real_remove(record, settings)
+
+    try:
+        _sh(engine, source.id, "echo one > f")
+        snap, _ = snapshots.take(source, engine.settings)
+        fork = workspaces.create(WorkspaceSpec(owner="o", snapshot=snap.id), engine.settings)
+        _sh(engine, fork.id, "echo mine > g")
+        state = workspaces.state_path(engine.settings, fork.id)
+        assert fork.dir is not None and (Path(fork.dir) / "g").exists() and state.is_dir()
+        assert snapshots.remove(snap.id, engine.settings)  # kept: the fork stands on it
+        monkeypatch.setattr(disk, "remove_files", held_remove)
+        assert workspaces.delete(fork.id, engine.settings, finish_later=True) is True
+        with pytest.raises(store.WorkspaceError):
+            store.load(fork.id, engine.settings)
+        assert fork.id not in [r.id for r in workspaces.local_records(engine.settings)]
+        assert _held(engine, fork.id)
+        # A second deletion (any change of it) waits for the first to be finished.
+        again: list[bool] = []
+        second = threading.Thread(target=lambda: again.append(workspaces.delete(
+            fork.id, engine.settings, finish_later=True)))
+        second.start()
+        second.join(timeout=0.5)
+        assert second.is_alive() and again == []
+        assert store.ending_path(engine.settings, fork.id).exists() and state.is_dir()
+        assert workspaces.reap(engine.settings) == []
+        snapshots.collect(engine.settings)
+        assert snapshot_store.layer_path(engine.settings, snap.id).is_dir()
+        release.set()
+        second.join(timeout=60)
+        assert again == [False]
+        wait_until(lambda: not _held(engine, fork.id), what="the deletion's end")
+        assert fork.keeper_pid is not None and not usage.keeper_alive(fork)
+        assert not state.exists() and not Path(fork.dir).exists()
+        assert not store.ending_path(engine.settings, fork.id).exists()
+        assert [r.id for r in snapshots.collect(engine.settings)] == [snap.id]
+    finally:
+        release.set()
+        workspaces.delete(source.id, engine.settings)
+
+
+def test_the_reaper_finishes_a_deletion_its_process_left_half_done(engine: Engine) -> None:
+    """A process that set a record aside and died before the files went: the reaper ends
+    the rest."""
+    ws = workspaces.create(WorkspaceSpec(owner="o"), engine.settings)
+    try:
+        _sh(engine, ws.id, "echo f > f")
+        state = workspaces.state_path(engine.settings, ws.id)
+        assert ws.keeper_pid is not None and state.is_dir()
+        os.kill(ws.keeper_pid, signal.SIGKILL)
+        os.replace(store.record_path(engine.settings, ws.id),
+                   store.ending_path(engine.settings, ws.id))
+        wait_until(lambda: not usage.keeper_alive(ws), what="its keeper's end")
+        assert state.is_dir() and Path(ws.path).is_dir()
+        assert [r.id for r in workspaces.reap(engine.settings)] == [ws.id]
+        assert not state.exists() and not Path(ws.path).exists()
+        assert not store.ending_path(engine.settings, ws.id).exists()
+        assert not store.lock_path(engine.settings, ws.id).exists()
+    finally:
+        workspaces.delete(ws.id, engine.settings)
 
 
 def test_a_workspace_past_its_disk_cap_is_not_snapshotted(engine: Engine) -> None:

@@ -121,9 +121,10 @@ def _require_held(settings: Settings, ref: str) -> None:
 
 
 def delete(rt: Runtime, request: WorkspaceDeleteRequest, admin: bool = False) -> WorkspaceDeleted:
-    """End a workspace of the asker's."""
+    """End a workspace of the asker's: answered once it is gone for every caller, its
+    processes' end awaited and its files removed after the answer (`finish_later`)."""
     record = owned(rt, request.id, request.owner, admin)
-    deleted = engine.delete(record.id, rt.settings)
+    deleted = engine.delete(record.id, rt.settings, finish_later=True)
     unpublish(rt.redis, record)
     return WorkspaceDeleted(id=record.id, deleted=deleted)
 

@@ -388,10 +388,15 @@ def _shift_one(path: str, info: os.stat_result, first: int) -> int:
 
 
 def in_use(settings: Settings) -> set[str]:
-    """Snapshots a live workspace or a kept snapshot of this host stands on."""
+    """Snapshots a live workspace (one being deleted too: its view may still be
+    mounted) or a kept snapshot of this host stands on."""
     used: set[str] = set()
     for ws in store.local_records(settings):
         used.update(ws.lowers)
+    for ws_id in store.ending_ids(settings):
+        ending = store.load_ending(ws_id, settings)
+        if ending is not None:
+            used.update(ending.lowers)
     for snapshot in snapshot_store.local_records(settings):
         if not snapshot.deleted and not _expired(snapshot):
             used.update(snapshot.layers[1:])

@@ -9,10 +9,12 @@ its cgroup and its files removed, its jobs' ends recorded.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import subprocess
 import threading
 import time
+from concurrent.futures import Future
 
 from bashfleet.worker.engine import cgroups, sandbox
 from bashfleet.worker.engine.isolate import launcher
@@ -28,16 +30,31 @@ from bashfleet.worker.wire.models import (
 )
 from bashfleet.worker.wire.network import NetworkPolicy
 
+log = logging.getLogger("bashfleet.workspaces")
+
 # --------------------------------------------------------------------------- its end
 
 
-def delete(ws_id: str, settings: Settings, *, note: str = "its workspace was deleted") -> bool:
+def delete(ws_id: str, settings: Settings, *, note: str = "its workspace was deleted",
+           finish_later: bool = False) -> bool:
     """End a workspace: its keeper killed (so every process in it), its jobs' ends
-    recorded, its cgroup and files removed. False when there was none."""
+    recorded, its cgroup and files removed. False when there was none.
+
+    `finish_later`: answer once its keeper is signalled and its record set aside
+    (`store.ending_path`: no call, listing or change finds it from then on); the rest
+    (its processes' end awaited, its jobs' ends, cgroup and files) goes on in a thread of
+    this process that holds the workspace's lock (`store.changing`) until it is done, so
+    a change of the same id still waits for all of it. What a process that died left
+    half done, the reaper finishes (`reap`)."""
     if not store.valid_id(ws_id):
         return False
-    with store.changing(settings, ws_id):
-        return _delete_held(ws_id, settings, note)
+    if not finish_later:
+        with store.changing(settings, ws_id):
+            return _delete_held(ws_id, settings, note)
+    answer: Future[bool] = Future()
+    threading.Thread(target=_delete_behind, args=(ws_id, settings, note, answer),
+                     daemon=True, name=f"bashfleet-delete-{ws_id}").start()
+    return answer.result()
 
 
 def _delete_held(ws_id: str, settings: Settings, note: str) -> bool:
@@ -48,15 +65,53 @@ def _delete_held(ws_id: str, settings: Settings, note: str) -> bool:
         return False
     keeper_calls.connections.drop(ws_id)
     _end_keeper(record)
+    _remove_ended(record, settings, note)
+    return True
+
+
+def _delete_behind(ws_id: str, settings: Settings, note: str, answer: Future[bool]) -> None:
+    """`delete(finish_later=True)`'s thread: `answer` is set as soon as the workspace is
+    gone for every caller, then its end is finished under the same lock."""
+    try:
+        with store.changing(settings, ws_id):
+            try:
+                record = store.load(ws_id, settings)
+            except WorkspaceError:
+                store.lock_path(settings, ws_id).unlink(missing_ok=True)
+                answer.set_result(False)
+                return
+            keeper_calls.connections.drop(ws_id)
+            pidfd = _kill_keeper(record)
+            try:
+                os.replace(store.record_path(settings, ws_id), store.ending_path(settings, ws_id))
+                store.forget(ws_id, settings)
+                answer.set_result(True)
+                if pidfd is not None:
+                    launcher.readable(pidfd, store.KEEPER_END_S)
+            finally:
+                if pidfd is not None:
+                    os.close(pidfd)
+            _remove_ended(record, settings, note)
+    except BaseException as exc:  # before the answer: the caller's; after it: the reaper's
+        if not answer.done():
+            answer.set_exception(exc)
+        else:
+            log.warning("workspace %s: its deletion is left to the reaper: %s", ws_id, exc)
+
+
+def _remove_ended(record: WorkspaceRecord, settings: Settings, note: str) -> None:
+    """What is left of a workspace whose keeper ended: its jobs' ends recorded, its
+    cgroup, files, record (or the record set aside) and lock removed."""
+    ws_id = record.id
     job_records.end_workspace_jobs(settings, ws_id, note)
     for path in record.cgroup:
         cgroups.Group("v2", [(path, ())]).remove(timeout=2.0)
     disk.remove_files(record, settings)
     usage.full_path(settings, ws_id).unlink(missing_ok=True)
     store.record_path(settings, ws_id).unlink(missing_ok=True)
+    store.ending_path(settings, ws_id).unlink(missing_ok=True)
     store.forget(ws_id, settings)
     store.lock_path(settings, ws_id).unlink(missing_ok=True)  # a waiter opens a new one
-    return True
 
 
 def restore(ws_id: str, snap_id: str, settings: Settings) -> tuple[WorkspaceRecord, int]:
@@ -149,18 +204,27 @@ _network_lock = threading.Lock()
 
 
 def _end_keeper(record: WorkspaceRecord) -> None:
-    if record.keeper_pid is None or not usage.keeper_alive(record):
+    pidfd = _kill_keeper(record)
+    if pidfd is None:
         return
     try:
-        pidfd = os.pidfd_open(record.keeper_pid)
-    except ProcessLookupError:
-        return
-    try:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(record.keeper_pid, 9)  # pid 1 of its namespace: the kernel ends them all
         launcher.readable(pidfd, store.KEEPER_END_S)
     finally:
         os.close(pidfd)
+
+
+def _kill_keeper(record: WorkspaceRecord) -> int | None:
+    """SIGKILL its keeper, pid 1 of its namespace (the kernel ends every process in it);
+    a descriptor that becomes readable once it is gone (None: it was gone)."""
+    if record.keeper_pid is None or not usage.keeper_alive(record):
+        return None
+    try:
+        pidfd = os.pidfd_open(record.keeper_pid)
+    except ProcessLookupError:
+        return None
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(record.keeper_pid, 9)
+    return pidfd
 
 
 def reap(settings: Settings, now: float | None = None) -> list[WorkspaceRecord]:
@@ -187,8 +251,26 @@ def reap(settings: Settings, now: float | None = None) -> list[WorkspaceRecord]:
             note = None if used is None else _reap_note(current, used, now)
             if note is not None and _delete_held(current.id, settings, note):
                 reaped.append(current)
+    reaped += _finish_ending(settings)
     blank_pool.reap_blanks(settings)
     return reaped
+
+
+def _finish_ending(settings: Settings) -> list[WorkspaceRecord]:
+    """Finish the deletions set aside (`delete(finish_later=True)`) that nobody holds:
+    those of a process that died before it was done."""
+    finished = []
+    for ws_id in store.ending_ids(settings):
+        with store.changing(settings, ws_id, wait=False) as held:
+            if not held:
+                continue  # still being finished
+            record = store.load_ending(ws_id, settings)
+            if record is None:
+                continue
+            _end_keeper(record)
+            _remove_ended(record, settings, "its workspace was deleted")
+            finished.append(record)
+    return finished
 
 
 def _reap_note(record: WorkspaceRecord, used: float, now: float) -> str | None:

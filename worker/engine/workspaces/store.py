@@ -2,8 +2,9 @@
 
 A record is a JSON file in the state directory (`workspaces/<id>.json`, its mtime the
 time the workspace was last used), beside its keeper's socket and its private /tmp,
-/var/tmp and HOME. This module reads and writes them (with a cache keyed by the file's
-mtime) and names the paths; it makes and ends nothing.
+/var/tmp and HOME; a deletion that answered before its files were gone sets the record
+aside as `<id>.ending` until they are. This module reads and writes them (with a cache
+keyed by the file's mtime) and names the paths; it makes and ends nothing.
 """
 
 from __future__ import annotations
@@ -46,6 +47,12 @@ def new_id() -> str:
 def record_path(settings: Settings, ws_id: str) -> Path:
     """The workspace's record."""
     return settings.workspaces_dir / f"{ws_id}.json"
+
+
+def ending_path(settings: Settings, ws_id: str) -> Path:
+    """The record of a workspace being deleted, set aside where no look-up finds it
+    (`lifecycle.delete(finish_later=True)`) until its files are gone."""
+    return settings.workspaces_dir / f"{ws_id}.ending"
 
 
 def state_path(settings: Settings, ws_id: str) -> Path:
@@ -161,6 +168,23 @@ def local_records(settings: Settings) -> list[WorkspaceRecord]:
                 with contextlib.suppress(WorkspaceError):
                     found.append(load(entry.name[:-5], settings))
     return found
+
+
+def ending_ids(settings: Settings) -> list[str]:
+    """The workspaces whose deletion is not finished (their records set aside)."""
+    with contextlib.suppress(FileNotFoundError), os.scandir(settings.workspaces_dir) as found:
+        return sorted(entry.name[:-7] for entry in found
+                      if entry.name.endswith(".ending") and valid_id(entry.name[:-7]))
+    return []
+
+
+def load_ending(ws_id: str, settings: Settings) -> WorkspaceRecord | None:
+    """The record a deletion set aside (None: none, or unreadable)."""
+    try:
+        return WorkspaceRecord.model_validate_json(
+            ending_path(settings, ws_id).read_text("utf-8"))
+    except (OSError, ValueError):
+        return None
 
 
 def touch(record: WorkspaceRecord, settings: Settings) -> None:
