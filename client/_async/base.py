@@ -40,7 +40,8 @@ from bashfleet.client._core.constants import (
 from bashfleet.client._core.identity import outage_grace_s, require_url, resolve_identity
 from bashfleet.client._core.messages import ErrorFor, control_message, decode_control
 from bashfleet.client._core.routing import checked_id, host_down, job_target
-from bashfleet.client._core.watch import Pending, control_verdict
+from bashfleet.client._core.sending import control_verdict
+from bashfleet.client._core.watch import Pending
 from bashfleet.client._core.workspaces import open_view
 from bashfleet.client.errors import BashfleetError, FleetUnavailable, UnknownWorkspace, error_for
 from bashfleet.worker.fleet.connect import (

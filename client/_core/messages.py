@@ -23,6 +23,8 @@ from pydantic import ValidationError
 from bashfleet.client._core.identity import Identity
 from bashfleet.client._core.sending import (
     call_message,
+    control_reply,
+    control_task_message,
     new_call_id,
     open_reply,
 )
@@ -33,9 +35,7 @@ from bashfleet.client.errors import (
     WorkerError,
     error_for,
 )
-from bashfleet.worker.wire import names
 from bashfleet.worker.wire.control import ControlReply, ControlRequest
-from bashfleet.worker.wire.messages import task_message
 from bashfleet.worker.wire.models import (
     SLOW_TIMEOUT_S,
     Call,
@@ -120,11 +120,9 @@ def control_message(
     """The task message of a control request to `host`, asked as this client's owner; the
     worker drops it unrun once `timeout` passed (nobody waits for its answer then)."""
     request = request.model_copy(update={"owner": identity.owner})
-    queue = names.ctl_queue(host)
-    args = identity.signed(request.task, [request.model_dump(mode="json")], queue)
-    subject = getattr(request, "id", None) or getattr(request, "call_id", None)
-    return task_message(request.task, args, task_id=task_id, queue=queue,
-                        reply_to=reply_to, argsrepr=repr(subject), expires_s=timeout)
+    return control_task_message(identity, request.task, request.model_dump(mode="json"),
+                                task_id=task_id, host=host, reply_to=reply_to,
+                                timeout=timeout)
 
 
 # ------------------------------------------------------------------------- answers
@@ -145,11 +143,11 @@ def decode_control(
 ) -> R:
     """A control call's answer as its response model; the worker's error as its typed
     exception (`errors`: `error_for`, or an image request's `image_error_for`)."""
-    text = open_reply(keys, task_id, sealed)
+    data = control_reply(keys, task_id, host, sealed)
     try:
-        reply = ControlReply.model_validate_json(text)
+        reply = ControlReply.model_validate(data)
     except ValidationError:
-        raise WorkerError(f"the worker on {host} answered {text[:200]!r}") from None
+        raise WorkerError(f"the worker on {host} answered {str(data)[:200]!r}") from None
     if reply.error is not None:
         raise errors(reply.error.kind, reply.error.message, reply.error.file)
     return response.model_validate(reply.ok or {})

@@ -1,13 +1,16 @@
 """What sending a call and hearing its answer take, in the standard library alone: a
 fresh call id, a call's task message (its arguments signed for the queue it goes on),
 the keys and arguments of the scripts that send and withdraw it (`SEND`, `WITHDRAW` of
-`bashfleet.worker.wire.lua`), an answer heard on a reply channel and opened, and a
-workspace's sealed view opened as data.
+`bashfleet.worker.wire.lua`), a control request's task message (the request as JSON
+data), an answer heard on a reply channel and opened (a control reply read as data),
+what a control request not answered yet means, and a workspace's sealed view opened as
+data.
 
 Both the fleet client (through `bashfleet.client._core.messages` and `records`, over
-the wire's models) and the CLI's plain `run` (`bashfleet.client.cli.plain`, over the
-call's JSON, with no model built) send through these, so the two cannot say a call
-differently. No pydantic here: loading it costs more than a plain call takes.
+the wire's models) and the CLI's plain `run` (`bashfleet.client.cli.plain` and
+`plain_image`, over the JSON, with no model built) send through these, so the two cannot
+say a call or a control request differently. No pydantic here: loading it costs more
+than a plain call takes.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from bashfleet.client.errors import Unauthorized
+from bashfleet.client.errors import BashfleetError, Unauthorized, WorkerError, WorkerLost
 from bashfleet.worker.wire import auth, names
 from bashfleet.worker.wire.messages import task_message
 from bashfleet.worker.wire.names import CallState, Task
@@ -33,6 +36,11 @@ WORKSPACE = "workspace"
 def new_call_id() -> str:
     """A fresh call id (24 characters, `c` and 23 random hex digits)."""
     return f"c{os.urandom(12).hex()[:23]}"
+
+
+def new_task_id() -> str:
+    """A fresh control request's task id (32 random hex digits, as `uuid4().hex` reads)."""
+    return os.urandom(16).hex()
 
 
 def argsrepr(call: Mapping[str, Any]) -> str:
@@ -56,6 +64,20 @@ def call_message(identity: Identity, call: Mapping[str, Any], queue: str, reply_
     args = identity.signed(Task.EXEC, [dict(call)], queue)
     return task_message(Task.EXEC, args, task_id=call["call_id"], queue=queue,
                         reply_to=reply_to, argsrepr=argsrepr(call))
+
+
+def control_task_message(
+    identity: Identity, task: str, request: Mapping[str, Any], *, task_id: str, host: str,
+    reply_to: str, timeout: float,
+) -> str:
+    """The task message of a control request to `host` (`request`: the request model's
+    JSON data, its `owner` this client's); the worker drops it unrun once `timeout`
+    passed (nobody waits for its answer then)."""
+    queue = names.ctl_queue(host)
+    args = identity.signed(task, [dict(request)], queue)
+    subject = request.get("id") or request.get("call_id")
+    return task_message(task, args, task_id=task_id, queue=queue, reply_to=reply_to,
+                        argsrepr=repr(subject), expires_s=timeout)
 
 
 # ------------------------------------------------------------------------- scripts
@@ -111,6 +133,33 @@ def open_reply(keys: Mapping[str, str], task_id: str, sealed: str) -> str:
             f"the answer to {task_id} could not be verified ({exc.message}); it was not "
             "trusted: a worker with another key, or a forgery in Redis"
         ) from None
+
+
+def control_reply(keys: Mapping[str, str], task_id: str, host: str, sealed: str
+                  ) -> dict[str, Any]:
+    """A control request's answer (`ControlReply` as JSON data: `ok` or `error`), its seal
+    checked; WorkerError when it is not one."""
+    text = open_reply(keys, task_id, sealed)
+    try:
+        data = json.loads(text)
+    except ValueError:
+        data = None
+    if not (isinstance(data, dict) and set(data) <= {"ok", "error"}
+            and isinstance(data.get("ok") or {}, dict)
+            and isinstance(data.get("error") or {}, dict)):
+        raise WorkerError(f"the worker on {host} answered {text[:200]!r}")
+    return data
+
+
+def control_verdict(host: str, sent_token: str, token: str | None, *, now: float,
+                    deadline: float, timeout: float) -> BashfleetError | None:
+    """A control request not answered yet: WorkerLost when its host's instance changed or
+    went away since it was sent, WorkerError past its deadline, else None (wait on)."""
+    if token != sent_token:
+        return WorkerLost(f"the worker on {host} went away before answering", host=host)
+    if now > deadline:
+        return WorkerError(f"the worker on {host} did not answer within {timeout:.0f}s")
+    return None
 
 
 def opened_view(keys: Mapping[str, str], ws_id: str, sealed: str | None) -> str | None:

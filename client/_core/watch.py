@@ -31,7 +31,7 @@ from bashfleet.client._core.constants import (
 )
 from bashfleet.client._core.messages import unstarted_result
 from bashfleet.client._core.routing import Route
-from bashfleet.client.errors import BashfleetError, WorkerError, WorkerLost
+from bashfleet.client.errors import BashfleetError, WorkerLost
 from bashfleet.worker.wire.models import CallResult
 from bashfleet.worker.wire.names import CALL_UNSTARTED, CallState
 
@@ -214,14 +214,3 @@ class Outage:
         """Note a failure at `now`; True once the outage has lasted `grace_s`."""
         self.since = self.since if self.since is not None else now
         return now - self.since >= self.grace_s
-
-
-def control_verdict(host: str, sent_token: str, token: str | None, *, now: float,
-                    deadline: float, timeout: float) -> BashfleetError | None:
-    """A control request not answered yet: WorkerLost when its host's instance changed or
-    went away since it was sent, WorkerError past its deadline, else None (wait on)."""
-    if token != sent_token:
-        return WorkerLost(f"the worker on {host} went away before answering", host=host)
-    if now > deadline:
-        return WorkerError(f"the worker on {host} did not answer within {timeout:.0f}s")
-    return None

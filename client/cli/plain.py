@@ -28,11 +28,15 @@ import threading
 import time
 from typing import Any, NamedTuple
 
-from bashfleet.client._core.constants import SUBSCRIBE_WAIT_S, WATCH_INTERVAL_S
+from bashfleet.client._core.constants import CTL_TIMEOUT_S, SUBSCRIBE_WAIT_S, WATCH_INTERVAL_S
 from bashfleet.client._core.identity import Identity, resolve_identity, resolve_url
 from bashfleet.client._core.sending import (
     call_message,
+    control_reply,
+    control_task_message,
+    control_verdict,
     new_call_id,
+    new_task_id,
     open_reply,
     reply_of,
     send_keys_args,
@@ -98,7 +102,7 @@ def is_plain(args: argparse.Namespace) -> bool:
     )
 
 
-def _clean(text: str | None) -> bool:
+def clean(text: str | None) -> bool:
     """True for text a call can carry as is: no NUL byte, no lone surrogate."""
     if text is None:
         return True
@@ -118,7 +122,7 @@ def call_data(args: argparse.Namespace, *, call_id: str, owner: str) -> dict[str
     if args.mode == "slow" and timeout is None:
         timeout = SLOW_TIMEOUT_S
     if not (
-        is_plain(args) and _clean(command) and command.strip() and _clean(args.cwd)
+        is_plain(args) and clean(command) and command.strip() and clean(args.cwd)
         and len(command.encode()) <= MAX_COMMAND_BYTES
         and (args.cwd is None or len(args.cwd) <= MAX_PATH_CHARS)
         and (timeout is None or 0 < timeout <= MAX_TIMEOUT_S)
@@ -154,25 +158,34 @@ def result_data(text: str, call_id: str) -> dict[str, Any]:
 # ------------------------------------------------------------------------------ run
 
 
-def run(args: argparse.Namespace) -> int | Handover | None:
+def run(args: argparse.Namespace, line: Line | None = None, host: str | None = None
+        ) -> int | Handover | None:
     """Run a plain call: its exit status once its result is printed; a Handover when it
-    was sent and is still to be waited for; None when it is not plain (nothing sent)."""
-    url, identity = _fleet_of(args)
-    if url is None or identity is None:
-        return None
+    was sent and is still to be waited for; None when it is not plain (nothing sent).
+    `line`: connections open already (their owner closes them), `host`: the workspace's
+    host when it is known (`bashfleet.client.cli.plain_image` made the workspace)."""
+    if line is None:
+        url, identity = _fleet_of(args)
+        if url is None or identity is None:
+            return None
+    else:
+        url, identity = line.url, line.identity
     call_id = new_call_id()
     call = call_data(args, call_id=call_id, owner=identity.owner)
     if call is None:
         return None
-    use_light_client()
-    line = _Line(url, identity, redis_client(url))
+    owned = line is None
+    if line is None:
+        use_light_client()
+        line = Line(url, identity, redis_client(url))
     try:
-        sending = line.prepare(call, args)
+        sending = line.prepare(call, args, host)
         if sending is None:
             return None
         return line.send(sending, args)
     finally:
-        line.close()
+        if owned:
+            line.close()
 
 
 class _Sending(NamedTuple):
@@ -187,32 +200,50 @@ class _Sending(NamedTuple):
     args: list[object]
 
 
-class _Line:
-    """One plain call's connections: the client and its reply channel's subscription."""
+class Line:
+    """A plain run's connections: the client, and its reply channel's subscription (one
+    channel for every request of the run, subscribed once); the last call's result."""
 
     def __init__(self, url: str, identity: Identity, client: Any) -> None:
         self.url = url
         self.identity = identity
         self.client = client
         self.pubsub = client.pubsub()
+        self.channel: str | None = None
+        self.result: dict[str, Any] | None = None
+        """The result the last call sent through `send` printed (None until one did)."""
+        self._aead = False
 
     def close(self) -> None:
         self.pubsub.close()
         self.client.close()
 
-    def prepare(self, call: dict[str, Any], args: argparse.Namespace) -> _Sending | None:
-        """The call's message, signed for its host's queue, with the reply channel
-        listened to; None when the fleet client must send it (nothing was sent)."""
-        try:
-            host = args.host or _workspace_host(self.client, self.identity, args.workspace)
-            if host is None:
-                return None
-            names.validate_host(host)
+    def listen(self) -> str | None:
+        """The reply channel, subscribed (the first time); None when Redis did not confirm
+        the subscription within SUBSCRIBE_WAIT_S."""
+        if self.channel is None:
             channel = names.reply_channel(new_call_id())
             if not _subscribed(self.pubsub, channel):
                 return None
+            self.channel = channel
+        return self.channel
+
+    def prepare(self, call: dict[str, Any], args: argparse.Namespace,
+                host: str | None = None) -> _Sending | None:
+        """The call's message, signed for its host's queue (`host`, else the one named or
+        its workspace's), with the reply channel listened to; None when the fleet client
+        must send it (nothing was sent)."""
+        try:
+            host = host or args.host or _workspace_host(self.client, self.identity,
+                                                        args.workspace)
+            if host is None:
+                return None
+            names.validate_host(host)
+            channel = self.listen()
+            if channel is None:
+                return None
         except connection_errors(OSError) as exc:
-            raise _unreachable(self.url, exc) from None
+            raise unreachable(self.url, exc) from None
         except redis_errors(ValueError):
             return None  # nothing sent: the fleet client tries, and says what is wrong
         queue = names.exec_queue(host)
@@ -222,14 +253,75 @@ class _Line:
                                            owner_tag=self.identity.call_tag(call_id))
         return _Sending(call_id, queue, host, channel, keys, script_args)
 
+    def control(self, task: str, request: dict[str, Any], host: str,
+                timeout: float = CTL_TIMEOUT_S) -> dict[str, Any] | None:
+        """Send a control request (`request`: its model's JSON data) to `host` and wait for
+        its answer (at most `timeout`): the reply as data (`ok` or `error`); None when
+        nothing was sent (the host is down, or the reply channel not confirmed).
+        WorkerLost / WorkerError as `control_verdict` says. The caller holds Ctrl-C off
+        meanwhile (`Interrupts`), so a request sent is always answered here."""
+        try:
+            sent = self.push_control(task, request, host, timeout)
+            if sent is None:
+                return None
+            task_id, token = sent
+            sealed = self._control_answer(task_id, host, token, timeout)
+        except connection_errors(OSError) as exc:
+            raise unreachable(self.url, exc) from None
+        return control_reply(self.identity.reply_keys(), task_id, host, sealed)
+
+    def load_aead(self) -> None:
+        """Load what opens a locked answer (AES-GCM) on a thread of its own, once: it
+        loads while the first request is out (`bashfleet.worker.wire.auth` loads it on
+        first use, and finds it loaded)."""
+        if not self._aead:
+            self._aead = True
+            threading.Thread(target=_load_aead, name="bashfleet-aead", daemon=True).start()
+
+    def push_control(self, task: str, request: dict[str, Any], host: str,
+                     timeout: float = CTL_TIMEOUT_S) -> tuple[str, str] | None:
+        """Put a control request on `host`'s control queue, answered on the reply channel
+        and acted on within `timeout`: (its task id, the host's lock token); None when
+        nothing was sent (the host is down, or the reply channel not confirmed)."""
+        token = self.client.get(names.alive_key(host))
+        channel = self.listen()
+        if token is None or channel is None:
+            return None
+        task_id = new_task_id()
+        self.load_aead()
+        self.client.lpush(names.ctl_queue(host), control_task_message(
+            self.identity, task, request, task_id=task_id, host=host, reply_to=channel,
+            timeout=timeout))
+        return task_id, str(token)
+
+    def _control_answer(self, task_id: str, host: str, token: str, timeout: float) -> str:
+        """A control request's answer as sent: heard on the channel, or read back (stored
+        by the worker) at each WATCH_INTERVAL_S, when its host is also looked at."""
+        deadline = time.monotonic() + timeout
+        while True:
+            look = time.monotonic() + WATCH_INTERVAL_S
+            while (left := look - time.monotonic()) > 0:
+                message = self.pubsub.get_message(timeout=left)
+                if message is None or message["type"] != "message":
+                    continue
+                heard = reply_of(message["data"])
+                if heard is not None and heard[0] == task_id:
+                    return heard[1]
+            stored = self.client.get(names.reply_key(task_id))
+            if stored is not None:
+                return str(stored)
+            problem = control_verdict(host, token, self.client.get(names.alive_key(host)),
+                                      now=time.monotonic(), deadline=deadline, timeout=timeout)
+            if problem is not None:
+                raise problem
+
     def send(self, sending: _Sending, args: argparse.Namespace) -> int | Handover | None:
         """Send the call and print its answer: its exit status; a Handover when it is
         still to be waited for; None when it was not sent (the host is down)."""
         interrupts = Interrupts()
         handover = Handover(sending.call_id, sending.queue, sending.host, interrupts,
                             sending.channel)
-        # The answer comes locked (AES-GCM): its library loads while the call is out.
-        threading.Thread(target=_load_aead, name="bashfleet-aead", daemon=True).start()
+        self.load_aead()
         with interrupts.installed():
             try:
                 sent = SEND(self.client, sending.keys, sending.args)
@@ -246,15 +338,22 @@ class _Line:
         from bashfleet.client.cli.run import report_plainly  # noqa: PLC0415
 
         text = open_reply(self.identity.reply_keys(), sending.call_id, answer)
-        return report_plainly(result_data(text, sending.call_id), args)
+        self.result = result_data(text, sending.call_id)
+        return report_plainly(self.result, args)
 
 
 def _fleet_of(args: argparse.Namespace) -> tuple[str | None, Identity | None]:
-    """The fleet's URL and this client's identity, as `Fleet(admin=True)` finds them; (None,
-    None) when the call is not plain, or the fleet client must say what is wrong, or its
-    Redis speaks what the light client does not (TLS, Sentinel)."""
+    """The fleet's URL and this client's identity (`fleet_of`) for a plain call; (None,
+    None) when the call is not plain."""
     if not is_plain(args):
         return None, None
+    return fleet_of()
+
+
+def fleet_of() -> tuple[str | None, Identity | None]:
+    """The fleet's URL and this client's identity, as `Fleet(admin=True)` finds them; (None,
+    None) when the fleet client must say what is wrong, or its Redis speaks what the light
+    client does not (TLS, Sentinel)."""
     try:
         url = resolve_url()
         if not url or not url.startswith(("redis://", "unix://")):
@@ -313,8 +412,8 @@ def _load_aead() -> None:
         auth.aesgcm_class()
 
 
-def _unreachable(url: str, exc: BaseException) -> Exception:
+def unreachable(url: str, exc: BaseException) -> Exception:
     """The fleet client's error for a Redis that cannot be reached (loaded only then)."""
-    from bashfleet.client._sync.base import unreachable  # noqa: PLC0415
+    from bashfleet.client._sync import base  # noqa: PLC0415
 
-    return unreachable(safe_url(url), exc)
+    return base.unreachable(safe_url(url), exc)

@@ -23,7 +23,7 @@ from bashfleet.client.exit_status import SYSTEM_ERROR as EXIT_SYSTEM_ERROR
 from bashfleet.client.exit_status import USAGE as EXIT_USAGE
 
 if TYPE_CHECKING:
-    from bashfleet.client.cli.plain import Handover
+    from bashfleet.client.cli.plain import Handover, Line
     from bashfleet.client.fleet import Fleet
     from bashfleet.client.foreground import ForegroundRun, Stream
     from bashfleet.worker.wire.models import CallResult, CheckResult, RunRequest
@@ -159,11 +159,26 @@ def _run_request(args: argparse.Namespace) -> RunRequest:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    if args.image or args.build:
+        if args.workspace or args.session:
+            print("bashfleet run: --image and --build make a workspace of their own: not "
+                  "with --workspace or --session", file=sys.stderr)
+            return EXIT_USAGE
+        # Its light case (`bashfleet.client.cli.plain_image`) makes, runs and ends the
+        # workspace with no model built; what it cannot do comes here, nothing made.
+        from bashfleet.client.cli import plain_image  # noqa: PLC0415
+
+        ran = plain_image.run(args)
+        return ran if ran is not None else _run_in_new_workspace(args)
+    return run_call(args)
+
+
+def run_call(args: argparse.Namespace, line: Line | None = None, host: str | None = None
+             ) -> int:
+    """`run`'s call (in the workspace or on the host named): `line` and `host`, the light
+    connections and the workspace's host when `run --image` made it on them."""
     from bashfleet.client.cli import plain  # noqa: PLC0415
     from bashfleet.client.foreground import piped_stdin  # noqa: PLC0415
-
-    if args.image or args.build:
-        return _run_in_new_workspace(args)
 
     if args.tty or (not args.no_stdin and piped_stdin()):
         # Loaded for these alone: a plain `run` needs neither the terminal relay nor the
@@ -174,7 +189,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     # The plain case (`bashfleet.client.cli.plain`): sent and, if it ends soon, answered
     # with no model built; what it cannot do comes here before anything is sent, and a
     # call that outlasts its wait is handed over to be waited for as any other.
-    ran = plain.run(args)
+    ran = plain.run(args, line, host)
     if isinstance(ran, int):
         return ran
     return _run_with_fleet(args, handover=ran)
@@ -211,25 +226,27 @@ def _run_with_fleet(args: argparse.Namespace, handover: Handover | None) -> int:
 
 
 def _run_in_new_workspace(args: argparse.Namespace) -> int:
-    """`run --image`/`--build`: the call in a workspace made for it from the image,
-    deleted after it unless a job of the call still runs there (then its TTL ends it)."""
-    if args.workspace or args.session:
-        print("bashfleet run: --image and --build make a workspace of their own: not with "
-              "--workspace or --session", file=sys.stderr)
-        return EXIT_USAGE
+    """`run --image`/`--build` through the fleet client: the call in a workspace made for
+    it from the image, deleted after it unless a job of the call still runs there (then
+    its TTL ends it)."""
     fleet = common.open_fleet(light=True)
     workspace = fleet.workspace(host=args.host, image=args.image, build=args.build,
                                 user=args.user, isolation=args.isolation, network=args.network,
                                 ttl_s=RUN_IMAGE_TTL_S, build_network=args.build_network)
     args.workspace, args.image, args.build = workspace.id, None, None
     try:
-        return cmd_run(args)
+        return run_call(args)
     finally:
         if any(job.running for job in workspace.jobs()):
-            print(f"[workspace {workspace.id} stays while its job runs; "
-                  f"`bashfleet workspace rm {workspace.id}` ends it]", file=sys.stderr)
+            print(stays_notice(workspace.id), file=sys.stderr)
         else:
             workspace.delete()
+
+
+def stays_notice(ws_id: str) -> str:
+    """What `run --image` says of the workspace it made when a job of its call runs on."""
+    return (f"[workspace {ws_id} stays while its job runs; "
+            f"`bashfleet workspace rm {ws_id}` ends it]")
 
 
 #: How long a workspace `run --image` made lives unused when a job of the call runs on.

@@ -112,9 +112,10 @@ def _leaf_parsers(parser: argparse.ArgumentParser) -> Iterator[tuple[str, argpar
         yield from _leaf_parsers(child)
 
 
-#: What `run`'s plain path (`bashfleet.client.cli.plain`) may not load: the models and
-#: pydantic, the fleet client, redis-py, and `dataclasses` (its `inspect` costs more than
-#: the call's round trip). tests/integration/test_cli_imports.py runs it on a fleet.
+#: What `run`'s plain path (`bashfleet.client.cli.plain`, and `plain_image` for `run
+#: --image`) may not load: the models and pydantic, the fleet client, redis-py, and
+#: `dataclasses` (its `inspect` costs more than the call's round trip).
+#: tests/integration/test_cli_imports.py and test_cli_plain_image.py run it on a fleet.
 NOT_ON_PLAIN_RUN = ("pydantic", "pydantic_core", "pydantic_settings", "redis", "celery",
                     "kombu", "dataclasses", "inspect", "uuid", "bashfleet.worker.wire.models",
                     "bashfleet.worker.wire.control", "bashfleet.worker.engine",
@@ -124,12 +125,13 @@ NOT_ON_PLAIN_RUN = ("pydantic", "pydantic_core", "pydantic_settings", "redis", "
 
 
 def test_the_plain_run_path_loads_no_model_and_no_fleet_client() -> None:
-    code = "import bashfleet.client.cli.run, bashfleet.client.cli.plain"
+    code = ("import bashfleet.client.cli.run, bashfleet.client.cli.plain, "
+            "bashfleet.client.cli.plain_image")
     done = subprocess.run([sys.executable, "-X", "importtime", "-c", code],
                           capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     lines = [line for line in done.stderr.splitlines() if line.startswith("import time:")]
     modules = [line.rsplit("|", 1)[1].strip() for line in lines[1:]]
-    assert {"bashfleet.client.cli.plain", "bashfleet.client._core.sending",
-            "bashfleet.worker.fleet.resp"} <= set(modules)
+    assert {"bashfleet.client.cli.plain", "bashfleet.client.cli.plain_image",
+            "bashfleet.client._core.sending", "bashfleet.worker.fleet.resp"} <= set(modules)
     assert [m for m in modules if any(_within(m, name) for name in NOT_ON_PLAIN_RUN)] == []

@@ -39,10 +39,10 @@ from bashfleet.client._core.routing import (
     output_host,
     route,
 )
+from bashfleet.client._core.sending import control_verdict
 from bashfleet.client._core.watch import (
     Outage,
     Pending,
-    control_verdict,
     message_task_id,
     note_queue,
 )

@@ -22,6 +22,7 @@ import redis
 
 from bashfleet.worker.engine import files
 from bashfleet.worker.engine import workspaces as engine
+from bashfleet.worker.engine.images import images
 from bashfleet.worker.fleet import lanes, registry
 from bashfleet.worker.fleet.control import Runtime
 from bashfleet.worker.settings import Settings
@@ -98,6 +99,8 @@ def owned(rt: Runtime, ws_id: str, owner: str, admin: bool) -> WorkspaceRecord:
 def create(rt: Runtime, request: WorkspaceCreateRequest, admin: bool = False) -> WorkspaceView:
     """Make a workspace for the asker (counted against their cap first)."""
     del admin
+    if not request.pull and request.spec.image is not None:
+        _require_held(rt.settings, request.spec.image)
     spec = request.spec.model_copy(update={"owner": request.owner})
     ws_id = engine.new_id()
     _admit(rt, request.owner, ws_id)
@@ -107,6 +110,14 @@ def create(rt: Runtime, request: WorkspaceCreateRequest, admin: bool = False) ->
         registry.quota_release(rt.redis, QUOTA_KIND, request.owner, ws_id)
         raise
     return publish(rt, record)
+
+
+def _require_held(settings: Settings, ref: str) -> None:
+    """ToolError `not_found` at once unless this host holds the image `ref` names (a
+    reference it cannot read: its `invalid`), so a create that may not pull never does."""
+    if images.find(ref, settings) is None:
+        raise ToolError("not_found", f"image {ref} is not held on host {settings.host}: "
+                        "pull it first (`bashfleet images pull`)")
 
 
 def delete(rt: Runtime, request: WorkspaceDeleteRequest, admin: bool = False) -> WorkspaceDeleted:

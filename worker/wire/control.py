@@ -344,6 +344,11 @@ class WorkspaceCreateRequest(ControlRequest):
 
     spec: WorkspaceSpec = Field(default_factory=WorkspaceSpec)
     """What it is made of (its owner is the request's)."""
+    pull: bool = True
+    """False: only from an image the host holds now; one it would have to pull is refused
+    at once (`not_found`), nothing made. A pull can take minutes, longer than a control
+    call may hold its owner's lane: a caller that has not pulled the image first (the
+    CLI's light `run --image`) asks so, and pulls on a refusal (`Fleet.pull_image`)."""
 
 
 class WorkspaceDeleted(Model):

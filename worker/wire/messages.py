@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 import os
 import socket
+import time
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -41,6 +43,19 @@ def random_uuid() -> str:
     return f"{text[:8]}-{text[8:12]}-{text[12:16]}-{text[16:20]}-{text[20:]}"
 
 
+def iso_utc(timestamp: float) -> str:
+    """`datetime.fromtimestamp(timestamp, UTC).isoformat()`: what Celery writes as a
+    message's expiry, without loading `datetime` (2 ms of a CLI's control request)."""
+    fraction, seconds = math.modf(timestamp)
+    micro = round(fraction * 1e6)  # as datetime rounds it: half to even, of the fraction
+    if micro >= 1_000_000:
+        seconds, micro = seconds + 1, micro - 1_000_000
+    elif micro < 0:
+        seconds, micro = seconds - 1, micro + 1_000_000
+    text = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds))
+    return f"{text}.{micro:06d}+00:00" if micro else f"{text}+00:00"
+
+
 def task_message(
     task: str, args: list[Any], *, task_id: str, queue: str, reply_to: str, argsrepr: str,
     expires_s: float | None = None, now: datetime | None = None, sender: str | None = None,
@@ -53,10 +68,8 @@ def task_message(
     body = json.dumps([args, {}, _EMBED])
     expires = None
     if expires_s is not None:
-        # Loaded for control calls alone: a call's message has no expiry.
-        from datetime import UTC, datetime, timedelta  # noqa: PLC0415
-
-        expires = ((now or datetime.now(UTC)) + timedelta(seconds=expires_s)).isoformat()
+        start = now.timestamp() if now is not None else time.time()
+        expires = iso_utc(start + expires_s)
     headers: dict[str, Any] = {
         "lang": "py", "task": task, "id": task_id, "shadow": None, "eta": None,
         "expires": expires, "group": None, "group_index": None, "retries": 0,
