@@ -3,6 +3,7 @@ real skopeo, umoci and buildah, images made on this machine (`registry.py`)."""
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import subprocess
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from bashfleet.worker.engine.images import images
-from bashfleet.worker.engine.images.image_meta import ImageError, digest_of
+from bashfleet.worker.engine.images.image_meta import ImageError, digest_of, parse_ref
 from bashfleet.worker.settings import Settings
 from bashfleet.worker.wire.models import ImageInfo, WorkspaceRecord
 
@@ -89,6 +90,27 @@ def test_pull_by_digest_and_a_second_pull_is_a_cache_hit_without_the_registry(
     with pytest.raises(ImageError) as caught:
         images.ensure(ref, settings, refresh=True)  # asking the registry: it is down
     assert caught.value.kind == "unavailable" and "connection refused" in caught.value.message
+
+
+def test_a_held_image_is_answered_without_writing_its_reference_again(
+    image_registry: Registry, registry_images: dict[str, str], state: Path
+) -> None:
+    settings = image_registry.settings(state)
+    ref = registry_images["debian"]
+    info, _ = images.ensure(ref, settings)
+    ref_file = images.Store(settings).ref_file(parse_ref(ref).canonical)
+    before = ref_file.stat()
+    assert json.loads(ref_file.read_text())["digest"] == info.digest
+    again, _ = images.ensure(ref, settings)
+    after = ref_file.stat()
+    assert again.digest == info.digest
+    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+    # A file that names another digest is written again: what the reference names
+    # here is what it was last resolved to.
+    ref_file.write_text(json.dumps({"ref": parse_ref(ref).canonical,
+                                    "digest": "sha256:" + "0" * 64}))
+    images.ensure(ref, settings, refresh=True)
+    assert json.loads(ref_file.read_text())["digest"] == info.digest
 
 
 def test_pull_by_digest_never_pulled_by_tag(

@@ -237,13 +237,19 @@ def _held_digest(store: Store, wanted: ImageRef) -> str | None:
     digest when held, else what it was pulled as before (when still held)."""
     if wanted.digest is not None and _load(store, wanted.digest) is not None:
         return wanted.digest
-    try:
-        digest = json.loads(store.ref_file(wanted.canonical).read_text("utf-8"))["digest"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    if isinstance(digest, str) and is_digest(digest) and _load(store, digest) is not None:
+    digest = _named_by(store, wanted.canonical)
+    if digest is not None and _load(store, digest) is not None:
         return digest
     return None
+
+
+def _named_by(store: Store, ref: str) -> str | None:
+    """The digest this host's file of `ref` names (None: no file, or not one)."""
+    try:
+        digest = json.loads(store.ref_file(ref).read_text("utf-8"))["digest"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return digest if isinstance(digest, str) and is_digest(digest) else None
 
 
 def _resolve(wanted: ImageRef, settings: Settings, say: Progress) -> tuple[str, str | None]:
@@ -353,7 +359,10 @@ def _disk_bytes(root: Path) -> int:
 def _alias(store: Store, ref: str, info: ImageInfo) -> ImageInfo:
     """Remember that `ref` names this image here, and list it in the image's info
     (called under the image's lock). The info as it now is."""
-    _write_json(store.ref_file(ref), json.dumps({"ref": ref, "digest": info.digest}))
+    if _named_by(store, ref) != info.digest:
+        # Written only when it changes: a workspace made from a held image would
+        # otherwise pay an atomic write (a file, an fsync, a rename) on every create.
+        _write_json(store.ref_file(ref), json.dumps({"ref": ref, "digest": info.digest}))
     if ref in info.refs:
         return info
     updated = info.model_copy(update={"refs": [*info.refs, ref]})
