@@ -1,0 +1,199 @@
+"""A workspace whose keeper sleeps: idle past `keeper_idle_s`, its Python keeper exits
+and its holder (a static C program, pid 1) keeps the namespaces, the processes left
+running and the lease; the next call, job or worker wakes a keeper and runs once."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from privilege import needs_root
+
+from bashfleet.worker.engine import holder, sandbox, workspaces
+from bashfleet.worker.engine.workspaces import keeper_calls
+from bashfleet.worker.wire.models import WorkspaceRecord
+
+from .engine_helpers import (
+    Engine,
+    Janitor,
+    _engine_fixture,  # noqa: F401 - the `engine` fixture
+    _janitor_fixture,  # noqa: F401 - the `janitor` fixture
+    alive,
+    engine_with,
+    wait_until,
+)
+from .sandbox_helpers import needs_bubblewrap
+
+IDLE_S = 0.3
+
+pytestmark = [needs_bubblewrap, needs_root(
+    "a holder is exec'd by a keeper with host ids (a root worker)")]
+
+
+@pytest.fixture(name="sleepy")
+def _sleepy_fixture(tmp_path: Path, janitor: Janitor) -> Iterator[Engine]:
+    with engine_with(tmp_path, janitor, keeper_idle_s=IDLE_S) as engine:
+        path, problem = holder.find(engine.settings)
+        assert path is not None, problem
+        yield engine
+
+
+def _ns_pids(record: WorkspaceRecord) -> list[int]:
+    """Host pids of every process in the workspace's PID namespace (pid 1's)."""
+    assert record.keeper_pid is not None
+    ns = os.readlink(f"/proc/{record.keeper_pid}/ns/pid")
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                if os.readlink(f"/proc/{name}/ns/pid") == ns:
+                    found.append(int(name))
+            except OSError:
+                continue
+    return found
+
+
+def _exe(pid: int) -> str:
+    return os.path.basename(os.readlink(f"/proc/{pid}/exe"))
+
+
+def _asleep(record: WorkspaceRecord, also: int = 0) -> bool:
+    """pid 1 is the holder and no Python keeper runs in the workspace (`also`: how many
+    other processes, left by calls, are expected)."""
+    pids = _ns_pids(record)
+    return len(pids) == 1 + also and _exe(int(record.keeper_pid or 0)).startswith("holder-") \
+        and not any(_exe(pid).startswith("python") for pid in pids)
+
+
+def _state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat", "rb") as handle:
+        return handle.read().rsplit(b")", 1)[1].split()[0].decode()
+
+
+def test_an_idle_workspace_sleeps_and_a_call_wakes_it_and_runs_once(sleepy: Engine) -> None:
+    record = sleepy.workspace()
+    first = sleepy.run("echo one >> /tmp/marker; cat /proc/1/comm", workspace=record.id,
+                       cwd=None)
+    assert first.exit_code == 0, first
+    assert first.stdout.startswith("holder-")  # pid 1 is the holder from the start
+    assert wait_until(lambda: _asleep(record), what="the workspace to sleep", timeout=10)
+    woken = sleepy.run("echo two >> /tmp/marker; wc -l < /tmp/marker", workspace=record.id,
+                       cwd=None)
+    assert woken.exit_code == 0, woken
+    # Two calls, two lines: the wake ran the second call once (twice would be three).
+    assert woken.stdout.strip() == "2"
+    assert wait_until(lambda: _asleep(record), what="it to sleep again", timeout=10)
+
+
+def test_processes_left_running_outlive_its_sleep_and_are_reaped(sleepy: Engine) -> None:
+    record = sleepy.workspace()
+    result = sleepy.run("sleep 300 & sleep 1.5 & echo started", workspace=record.id,
+                        cwd=None)
+    assert result.stdout.strip() == "started"
+    assert wait_until(lambda: _asleep(record, also=2), what="it to sleep, two sleeps running",
+                      timeout=10)
+    # The short sleep ends while only the holder is there: it reaps it (no zombie).
+    assert wait_until(lambda: _asleep(record, also=1), what="the short sleep to be reaped",
+                      timeout=10)
+    left = [pid for pid in _ns_pids(record) if pid != record.keeper_pid]
+    assert [_state(pid) for pid in left] == ["S"]
+    seen = sleepy.run("pgrep -x sleep | wc -l", workspace=record.id, cwd=None)
+    assert seen.stdout.strip() == "1"  # the woken keeper's calls see what was left
+
+
+def test_a_call_cannot_read_the_holders_or_keepers_descriptors(sleepy: Engine) -> None:
+    record = sleepy.workspace()
+    result = sleepy.run(
+        "for p in $(ls /proc | grep -E '^[0-9]+$'); do "
+        "  if ls /proc/$p/fd >/dev/null 2>&1; then echo open $p $(cat /proc/$p/comm); fi; "
+        "done; ls /proc/1/fd; echo status $?", workspace=record.id, cwd=None)
+    # Positive control: the call reads its own descriptors (its shell's), so a readable
+    # /proc/PID/fd is reported; pid 1 (the holder) and the keeper are never among them.
+    assert "open " in result.stdout
+    assert "open 1 " not in result.stdout
+    assert "python" not in result.stdout
+    assert "status 2" in result.stdout
+
+
+def test_a_background_job_starts_in_a_sleeping_workspace(sleepy: Engine) -> None:
+    record = sleepy.workspace()
+    sleepy.run("true", workspace=record.id, cwd=None)
+    assert wait_until(lambda: _asleep(record), what="the workspace to sleep", timeout=10)
+    started = sleepy.run("echo from-a-job", workspace=record.id, cwd=None, background=True)
+    assert started.job is not None, started
+    output = Path(started.job.output_path)
+    assert wait_until(lambda: "from-a-job" in output.read_text(), what="the job's output",
+                      timeout=10)
+
+
+def test_an_interactive_job_starts_in_a_sleeping_workspace(sleepy: Engine) -> None:
+    """Its supervisor has no zygote: the worker wakes the keeper and hands it a
+    connection that keeps it awake."""
+    record = sleepy.workspace()
+    sleepy.run("true", workspace=record.id, cwd=None)
+    assert wait_until(lambda: _asleep(record), what="the workspace to sleep", timeout=10)
+    started = sleepy.run("echo interactive; sleep 0.5", workspace=record.id, cwd=None,
+                         background=True, stdin="pipe")
+    assert started.job is not None, started
+    output = Path(started.job.output_path)
+    assert wait_until(lambda: "interactive" in output.read_text(), what="its output",
+                      timeout=10)
+
+
+def test_a_new_worker_process_wakes_a_sleeping_workspace(sleepy: Engine) -> None:
+    record = sleepy.workspace()
+    sleepy.run("echo before > /tmp/mark", workspace=record.id, cwd=None)
+    assert wait_until(lambda: _asleep(record), what="the workspace to sleep", timeout=10)
+    # What a restart leaves: no zygote and no pooled connection in this process.
+    keeper_calls.connections.drop(record.id)
+    sandbox.close_all()
+    after = sleepy.run("cat /tmp/mark", workspace=record.id, cwd=None)
+    assert after.stdout.strip() == "before", after
+
+
+def test_the_lease_ends_a_sleeping_workspace(sleepy: Engine,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(workspaces.store, "LEASE_LOOK_S", 0.2)
+    record = sleepy.workspace()
+    sleepy.run("sleep 300 &", workspace=record.id, cwd=None)
+    assert wait_until(lambda: _asleep(record, also=1), what="the workspace to sleep",
+                      timeout=10)
+    pids = _ns_pids(record)
+    saved = workspaces.record_path(sleepy.settings, record.id).read_bytes()
+    workspaces.record_path(sleepy.settings, record.id).unlink()  # as a dead worker's reaper
+    try:
+        assert wait_until(lambda: not any(alive(pid) for pid in pids),
+                          what="the holder to end the workspace", timeout=10)
+    finally:
+        workspaces.record_path(sleepy.settings, record.id).write_bytes(saved)
+        workspaces.delete(record.id, sleepy.settings)
+
+
+def test_delete_ends_a_sleeping_workspace(sleepy: Engine) -> None:
+    record = sleepy.workspace()
+    sleepy.run("sleep 300 &", workspace=record.id, cwd=None)
+    assert wait_until(lambda: _asleep(record, also=1), what="the workspace to sleep",
+                      timeout=10)
+    pids = _ns_pids(record)
+    assert len(pids) == 2
+    workspaces.delete(record.id, sleepy.settings)
+    assert wait_until(lambda: not any(alive(pid) for pid in pids),
+                      what="every process of the workspace to end", timeout=10)
+
+
+def test_throwaway_calls_keep_their_python_keepers(sleepy: Engine) -> None:
+    """A throwaway workspace is bound to its maker and recycled by pid 1: no holder."""
+    result = sleepy.run("cat /proc/1/comm")
+    assert result.exit_code == 0
+    assert "holder" not in result.stdout
+    assert result.stdout.strip()  # positive control: pid 1's name was read
+
+
+def test_a_workspace_spec_unchanged_without_idle(engine: Engine) -> None:
+    """keeper_idle_s 0 (the default): pid 1 is the Python keeper, as ever."""
+    record = engine.workspace()
+    result = engine.run("cat /proc/1/comm", workspace=record.id, cwd=None)
+    assert "holder" not in result.stdout and result.stdout.strip(), result
+
