@@ -4,7 +4,13 @@ running and the lease; the next call, job or worker wakes a keeper and runs once
 
 from __future__ import annotations
 
+import json
 import os
+import pwd
+import shutil
+import subprocess
+import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,10 +24,10 @@ from bashfleet.worker.wire.models import WorkspaceRecord
 from .engine_helpers import (
     Engine,
     Janitor,
-    _engine_fixture,  # noqa: F401 - the `engine` fixture
     _janitor_fixture,  # noqa: F401 - the `janitor` fixture
     alive,
     engine_with,
+    readable_install,
     wait_until,
 )
 from .sandbox_helpers import needs_bubblewrap
@@ -191,9 +197,83 @@ def test_throwaway_calls_keep_their_python_keepers(sleepy: Engine) -> None:
     assert result.stdout.strip()  # positive control: pid 1's name was read
 
 
-def test_a_workspace_spec_unchanged_without_idle(engine: Engine) -> None:
-    """keeper_idle_s 0 (the default): pid 1 is the Python keeper, as ever."""
-    record = engine.workspace()
-    result = engine.run("cat /proc/1/comm", workspace=record.id, cwd=None)
-    assert "holder" not in result.stdout and result.stdout.strip(), result
+def test_keepers_never_sleep_with_keeper_idle_s_0(tmp_path: Path, janitor: Janitor) -> None:
+    """keeper_idle_s 0: pid 1 is the Python keeper, which stays."""
+    with engine_with(tmp_path, janitor, keeper_idle_s=0) as engine:
+        record = engine.workspace()
+        result = engine.run("cat /proc/1/comm", workspace=record.id, cwd=None)
+        assert "holder" not in result.stdout and result.stdout.strip(), result
+        time.sleep(IDLE_S * 3)  # what would be past its idle time, were there one
+        assert not _asleep(record)
 
+
+
+ROOTLESS = r"""
+import json, os, sys, time
+home = sys.argv[1]
+os.environ["XDG_STATE_HOME"] = os.path.join(home, "xdg")
+os.environ["XDG_DATA_HOME"] = os.path.join(home, "data")
+from bashfleet.worker import Call, run_call
+from bashfleet.worker.engine import sandbox, workspaces
+from bashfleet.worker.settings import Settings
+from bashfleet.worker.wire.models import WorkspaceSpec
+settings = Settings(state_dir=os.path.join(home, "state"), host="rootless-sleep",
+                    keeper_idle_s=0.3, workspace_pool=0)
+ws = workspaces.create(WorkspaceSpec(network="none"), settings)
+n = [0]
+def run(command):
+    n[0] += 1
+    result = run_call(Call(call_id=f"rootless-sleep-{n[0]}", command=command,
+                           workspace=ws.id), settings=settings)
+    return result.stdout.strip()
+def comms():
+    ns = os.readlink(f"/proc/{ws.keeper_pid}/ns/pid")
+    found = []
+    for pid in os.listdir("/proc"):
+        try:
+            if pid.isdigit() and os.readlink(f"/proc/{pid}/ns/pid") == ns:
+                found.append(open(f"/proc/{pid}/comm").read().strip())
+        except OSError:
+            pass
+    return found
+out = {"first": run("echo one >> /tmp/marker; cat /proc/1/comm")}
+deadline = time.monotonic() + 20
+while time.monotonic() < deadline:
+    out["asleep"] = comms()
+    if len(out["asleep"]) == 1:
+        break
+    time.sleep(0.05)
+out["second"] = run("echo two >> /tmp/marker; wc -l < /tmp/marker")
+workspaces.delete(ws.id, settings)
+sandbox.close_all()
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(name="nobody_home")
+def _nobody_home_fixture() -> Iterator[Path]:
+    """A home `nobody` reaches (pytest's tmp_path is under root's 0700 folder)."""
+    home = Path(tempfile.mkdtemp(prefix="bashfleet-rootless-sleep-"))
+    home.chmod(0o755)
+    nobody = pwd.getpwnam("nobody")
+    os.chown(home, nobody.pw_uid, nobody.pw_gid)
+    try:
+        yield home
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def test_a_worker_that_is_not_root_sleeps_and_wakes_its_workspaces(nobody_home: Path) -> None:
+    home = nobody_home
+    nobody = pwd.getpwnam("nobody")
+    done = subprocess.run(
+        ["setpriv", f"--reuid={nobody.pw_uid}", f"--regid={nobody.pw_gid}", "--clear-groups",
+         "/usr/bin/python3", "-c", ROOTLESS, str(home)],
+        capture_output=True, text=True, timeout=240, check=False, cwd="/",
+        env={"PATH": os.defpath, "HOME": str(home),
+             "PYTHONPATH": os.pathsep.join(readable_install())})
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.splitlines()[-1])
+    assert out["first"].startswith("holder-")
+    assert len(out["asleep"]) == 1 and out["asleep"][0].startswith("holder-"), out
+    assert out["second"] == "2", out  # woken, and the second call ran once
