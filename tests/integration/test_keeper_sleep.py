@@ -123,6 +123,24 @@ def test_a_call_cannot_read_the_holders_or_keepers_descriptors(sleepy: Engine) -
     assert "status 2" in result.stdout
 
 
+PTRACE = ("import ctypes, os, sys; libc = ctypes.CDLL(None, use_errno=True); "
+          "print(*[(pid, libc.ptrace(16, int(pid), 0, 0), ctypes.get_errno()) "
+          "for pid in sys.argv[1:]])")
+
+
+def test_a_call_cannot_ptrace_the_holder_or_the_keeper(sleepy: Engine) -> None:
+    record = sleepy.workspace()
+    result = sleepy.run(
+        "sleep 30 & mine=$!; keeper=$(pgrep -x 'python3?' | head -1); "
+        f"python3 -c '{PTRACE}' $mine 1 $keeper; kill $mine", workspace=record.id, cwd=None)
+    attempts = result.stdout.split(") (")
+    assert len(attempts) == 3, result
+    # Positive control: its own `sleep` is attached (0): ptrace itself is allowed.
+    assert attempts[0].endswith(", 0, 0"), attempts
+    assert attempts[1].startswith("'1', -1, 1"), attempts  # EPERM: pid 1, the holder
+    assert ", -1, 1" in attempts[2], attempts  # EPERM: the keeper
+
+
 def test_a_background_job_starts_in_a_sleeping_workspace(sleepy: Engine) -> None:
     record = sleepy.workspace()
     sleepy.run("true", workspace=record.id, cwd=None)

@@ -5,6 +5,7 @@ holder binary is named and built."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,6 +18,7 @@ from bashfleet.worker.engine.isolate.keeper import (
     service_spec,
     should_sleep,
 )
+from bashfleet.worker.settings import Settings
 
 
 @pytest.mark.parametrize(("idle_s", "now", "last_active", "expected"), [
@@ -89,3 +91,20 @@ def test_binary_name_follows_the_source() -> None:
 def test_build_argv_is_static() -> None:
     assert holder.build_argv("cc", "/src/holder.c", "/out/h") == [
         "cc", "-static", "-O2", "-o", "/out/h", "/src/holder.c"]
+
+
+def test_a_configured_holder_that_is_not_executable_is_said(tmp_path: Path) -> None:
+    missing = Settings(state_dir=tmp_path / "state", holder=tmp_path / "none")
+    assert holder.find(missing) == (None, f"holder {tmp_path / 'none'} is not an executable "
+                                          "file")
+    given = tmp_path / "holder"
+    given.write_bytes(b"\x7fELF")
+    given.chmod(0o755)
+    assert holder.find(missing.model_copy(update={"holder": given})) == (str(given), None)
+
+
+def test_without_a_compiler_the_reason_is_said(tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("shutil.which", lambda name: None)
+    assert holder.find(Settings(state_dir=tmp_path / "state")) == (
+        None, "no C compiler (cc) to build the holder with")

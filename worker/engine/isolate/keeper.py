@@ -1,4 +1,5 @@
-"""A workspace's keeper: pid 1 of the workspace's PID namespace, holder of its mount view.
+"""A workspace's keeper: pid 1 of the workspace's PID namespace (a leased workspace's:
+beside its holder, which is pid 1), in its mount view.
 
 Standard library only: the zygote (`bashfleet.worker.engine.isolate.launcher`) forks it, under
 `python -I -S`.
@@ -38,8 +39,14 @@ Messages (`bashfleet.worker.engine.isolate.proto`), per connection, one call at 
     R {}  recycle (a throwaway workspace whose call left no job): kill every process of
       the workspace, then say whether it is clean (no process, nothing in /dev/shm, no
       System V IPC object)  ->  r {clean}
-    ? {}  ->  ! {pid}  (ready, alive)
+    ? {hold}  ->  ! {pid}  (ready, alive; `hold`: it does not sleep while this
+      connection is open)
     V {plan, uid, gid, groups}  (a blank keeper's first message: `main`)  ->  v
+
+A leased workspace's keeper sleeps (`keeper_idle_s`; see "sleep and wake" below): pid 1
+is then its holder (`holder.c`), which answers a worker's connection, whatever was sent
+on it, with `Z` {} + [listener, the keeper's spec, its user namespace] and reads nothing
+else; the worker's zygote wakes a keeper from them (`launcher`, `W`).
 """
 
 from __future__ import annotations
