@@ -93,6 +93,23 @@ def test_an_idle_workspace_sleeps_and_a_call_wakes_it_and_runs_once(sleepy: Engi
     assert wait_until(lambda: _asleep(record), what="it to sleep again", timeout=10)
 
 
+NAMESPACES = "for ns in mnt pid ipc net user; do readlink /proc/self/ns/$ns; done"
+
+
+def test_a_woken_keepers_calls_are_in_the_same_namespaces(sleepy: Engine) -> None:
+    record = sleepy.workspace()
+    before = sleepy.run(NAMESPACES, workspace=record.id, cwd=None).stdout.split()
+    assert len(before) == 5, before
+    assert wait_until(lambda: _asleep(record), what="the workspace to sleep", timeout=10)
+    after = sleepy.run(NAMESPACES, workspace=record.id, cwd=None).stdout.split()
+    assert after == before
+    # Positive control: another workspace's calls are in namespaces of their own.
+    other = sleepy.workspace()
+    elsewhere = sleepy.run(NAMESPACES, workspace=other.id, cwd=None).stdout.split()
+    assert len(elsewhere) == 5
+    assert [elsewhere[i] != before[i] for i in range(4)] == [True] * 4  # mnt pid ipc net
+
+
 def test_processes_left_running_outlive_its_sleep_and_are_reaped(sleepy: Engine) -> None:
     record = sleepy.workspace()
     result = sleepy.run("sleep 300 & sleep 1.5 & echo started", workspace=record.id,
