@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from privilege import needs_root
 
-from bashfleet.worker.engine import holder, sandbox, workspaces
+from bashfleet.worker.engine import files, holder, sandbox, workspaces
 from bashfleet.worker.engine.workspaces import keeper_calls
 from bashfleet.worker.wire.models import WorkspaceRecord
 
@@ -181,6 +181,18 @@ def test_an_interactive_job_starts_in_a_sleeping_workspace(sleepy: Engine) -> No
     output = Path(started.job.output_path)
     assert wait_until(lambda: "interactive" in output.read_text(), what="its output",
                       timeout=10)
+
+
+def test_files_are_read_and_written_in_a_sleeping_workspace(sleepy: Engine) -> None:
+    record = sleepy.workspace()
+    sleepy.run("echo kept > /tmp/kept", workspace=record.id, cwd=None)
+    assert wait_until(lambda: _asleep(record), what="the workspace to sleep", timeout=10)
+    data, _ = files.read_file(record, sleepy.settings, "/tmp/kept", offset=0, limit=1 << 10)
+    assert data == b"kept\n"
+    assert wait_until(lambda: _asleep(record), what="it to sleep again", timeout=10)
+    files.write_file(record, sleepy.settings, "/tmp/written", b"new\n", mode=0o644)
+    seen = sleepy.run("cat /tmp/written", workspace=record.id, cwd=None)
+    assert seen.stdout == "new\n"
 
 
 def test_a_new_worker_process_wakes_a_sleeping_workspace(sleepy: Engine) -> None:
