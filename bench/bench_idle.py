@@ -82,6 +82,16 @@ def _namespaces() -> dict[str, list[int]]:
     return found
 
 
+def namespace_pss(pid: int) -> int:
+    """PSS in bytes of every process in the PID namespace of `pid` (a workspace's pid 1:
+    its keeper, or its holder and a keeper beside it, and what its calls left)."""
+    try:
+        ns = os.readlink(f"/proc/{pid}/ns/pid")
+    except OSError:
+        return 0
+    return sum(_pss(member) for member in _namespaces().get(ns, []))
+
+
 def _workspace_pids(records: Sequence[WorkspaceRecord]) -> list[list[int]]:
     spaces = _namespaces()
     out: list[list[int]] = []
