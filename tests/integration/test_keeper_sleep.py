@@ -18,6 +18,7 @@ import pytest
 from privilege import needs_root
 
 from bashfleet.worker.engine import files, holder, sandbox, workspaces
+from bashfleet.worker.engine.isolate import launcher, proto
 from bashfleet.worker.engine.workspaces import keeper_calls
 from bashfleet.worker.wire.models import WorkspaceRecord
 
@@ -91,6 +92,34 @@ def test_an_idle_workspace_sleeps_and_a_call_wakes_it_and_runs_once(sleepy: Engi
     # Two calls, two lines: the wake ran the second call once (twice would be three).
     assert woken.stdout.strip() == "2"
     assert wait_until(lambda: _asleep(record), what="it to sleep again", timeout=10)
+
+
+def test_a_call_sent_to_the_holder_never_runs_and_a_worker_that_left_leaves_it_listening(
+        sleepy: Engine) -> None:
+    record = sleepy.workspace()
+    sleepy.run("echo one >> /tmp/marker", workspace=record.id, cwd=None)
+    assert wait_until(lambda: _asleep(record), what="the workspace to sleep", timeout=10)
+    assert record.socket_path is not None
+    conn = launcher.KeeperConnection.connect(record.socket_path)
+    request: proto.SpawnRequest = {"argv": ["/bin/sh", "-c", "echo two >> /tmp/marker"],
+                                   "cwd": "/", "env": {"PATH": "/usr/bin:/bin"},
+                                   "targets": []}
+    with pytest.raises(launcher.KeeperAsleepError) as asleep:
+        conn.start(request, [])  # the call first, as on a pooled connection
+    # A worker that got the `Z` and went away without waking it.
+    proto.close_all(asleep.value.fds)
+    conn.close()
+    after = sleepy.run("wc -l < /tmp/marker", workspace=record.id, cwd=None)
+    # One line: the holder never ran the call sent to it (it would have made two).
+    assert after.stdout.strip() == "1", after
+    # Positive control: the same request, sent to a keeper, appends its line.
+    awake = keeper_calls.awake(record, sleepy.settings)
+    try:
+        awake.start(request, [])
+        assert awake.wait_status(10) == 0
+    finally:
+        awake.close()
+    assert sleepy.run("wc -l < /tmp/marker", workspace=record.id, cwd=None).stdout == "2\n"
 
 
 NAMESPACES = "for ns in mnt pid ipc net user; do readlink /proc/self/ns/$ns; done"
