@@ -251,6 +251,8 @@ class Keeper:
             sock.close()  # a process of the workspace, or another user: never served
             return
         sock.setblocking(True)
+        # A worker connected: its first message gets `idle_s` to come.
+        self.last_active = time.monotonic()
         self.add_conn(Conn(sock))
 
     def add_conn(self, conn: Conn) -> None:

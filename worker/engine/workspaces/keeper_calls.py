@@ -81,6 +81,9 @@ def awake(record: WorkspaceRecord, settings: Settings | None, *,
                 proto.close_all(asleep.fds)
                 conn.close()
             continue
+        except KeeperLostError:
+            conn.close()  # it went to sleep as we connected: its holder answers next
+            continue
         except BaseException:
             conn.close()
             raise
