@@ -12,6 +12,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -120,6 +121,20 @@ def test_a_call_sent_to_the_holder_never_runs_and_a_worker_that_left_leaves_it_l
     finally:
         awake.close()
     assert sleepy.run("wc -l < /tmp/marker", workspace=record.id, cwd=None).stdout == "2\n"
+
+
+def test_calls_at_once_wake_a_sleeping_workspace_each_once(sleepy: Engine) -> None:
+    record = sleepy.workspace()
+    sleepy.run("touch /tmp/marker", workspace=record.id, cwd=None)
+    for round_ in range(3):
+        assert wait_until(lambda: _asleep(record), what="the workspace to sleep", timeout=10)
+        with ThreadPoolExecutor(8) as pool:
+            results = list(pool.map(
+                lambda n: sleepy.run(f"echo {n} >> /tmp/marker", workspace=record.id,
+                                     cwd=None), range(8)))
+        assert [result.exit_code for result in results] == [0] * 8, results
+        lines = sleepy.run("wc -l < /tmp/marker", workspace=record.id, cwd=None)
+        assert lines.stdout.strip() == str(8 * (round_ + 1))  # each call once
 
 
 NAMESPACES = "for ns in mnt pid ipc net user; do readlink /proc/self/ns/$ns; done"

@@ -141,6 +141,10 @@ def start(record: WorkspaceRecord, request: proto.SpawnRequest, fds: list[int],
     return WorkspaceProcess(record, conn, started)
 
 
+#: Tries of a start: idle connections given back meanwhile may be a slept keeper's too.
+START_TRIES = 3
+
+
 def start_on(record: WorkspaceRecord, request: proto.SpawnRequest, fds: list[int],
              timeout: float = sandbox.ANSWER_TIMEOUT_S, *,
              settings: Settings | None = None) -> tuple[KeeperConnection, Started]:
@@ -149,15 +153,18 @@ def start_on(record: WorkspaceRecord, request: proto.SpawnRequest, fds: list[int
     SandboxError when it could not (KeeperLostError: the workspace is gone). A pooled
     connection whose keeper went to sleep is closed before the keeper read the request
     (it looks for an unread message before it sleeps): it runs on a fresh one."""
-    for attempt in range(2):
+    for attempt in range(START_TRIES):
         conn = connections.take(record, settings)
         try:
             started = conn.start(request, fds, timeout)
         except KeeperLostError:
             conn.close()
-            if attempt:
+            if attempt == START_TRIES - 1:
                 raise
-            continue  # an idle connection whose keeper restarted or slept: a fresh one
+            # An idle connection whose keeper restarted or slept: so are the other idle
+            # ones it served; a fresh one.
+            connections.drop(record.id)
+            continue
         except SandboxError:
             connections.give_back(record.id, conn)
             raise
