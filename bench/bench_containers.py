@@ -32,13 +32,12 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
-import psutil
-
 from bashfleet.worker import Call, run_call
 from bashfleet.worker.engine import sandbox, workspaces
 from bashfleet.worker.engine.images import images
 from bashfleet.worker.settings import Settings
 from bashfleet.worker.wire.models import WorkspaceSpec
+from bench.bench_idle import namespace_pss
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 # The tests' registry and images: the one way to serve a registry on this machine.
@@ -150,8 +149,7 @@ def hundred_rows(settings: Settings, ref: str, count: int) -> list[Row]:
         for ws_id in made:
             pid = workspaces.load(ws_id, settings).keeper_pid
             if pid is not None:
-                with contextlib.suppress(psutil.Error):
-                    pss += psutil.Process(pid).memory_full_info().pss
+                pss += namespace_pss(pid)  # its holder and keeper, whichever run
         return [
             (f"{count} workspaces on one image: disk", f"{own / MIB:.0f} MiB their own",
              f"{image_bytes / MIB:.0f} MiB the image, once",

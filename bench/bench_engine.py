@@ -27,7 +27,6 @@ and `ok` / `MISS` per row (`info` for rows without a target).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import itertools
 import math
@@ -53,6 +52,7 @@ from bashfleet.worker import Call, Policy, Settings, run_call
 from bashfleet.worker.engine import sandbox, workspaces
 from bashfleet.worker.wire.models import WorkspaceSpec
 from bench import cleanup
+from bench.bench_idle import namespace_pss
 
 MIB = 1024 * 1024
 GIB = 1024 * MIB
@@ -279,8 +279,7 @@ def _idle_row(settings: Settings, made: list[str]) -> Row:
     for ws_id in made:
         pid = workspaces.load(ws_id, settings).keeper_pid
         if pid is not None:
-            with contextlib.suppress(psutil.Error):
-                pss += psutil.Process(pid).memory_full_info().pss
+            pss += namespace_pss(pid)  # its holder and keeper, whichever run
     shell = psutil.Process(subprocess.Popen(["sleep", "5"]).pid)
     base = shell.memory_full_info().pss
     shell.kill()

@@ -204,6 +204,17 @@ class Settings(BaseSettings):
     workspace_ttl_s: float = Field(3600.0, gt=0)
     """Seconds a workspace lives unused before this host reaps it, unless its maker gave
     a TTL (a session's lives as long as the session: 24 h)."""
+    keeper_idle_s: float = Field(1.0, ge=0)
+    """Seconds a workspace's Python keeper waits with nothing to do (no call or job
+    running in it, no message from a worker) before it exits, leaving the workspace's
+    namespaces and processes to its holder (a small static program, pid 1, ~0.05-0.1 MiB
+    instead of 2-3); the next call wakes a keeper again (a fork of the worker's zygote
+    set into the workspace: ~25 ms, most of it the cgroup v1 join's RCU grace period).
+    0: keepers never sleep (and workspaces get no holder)."""
+    holder: Path | None = None
+    """A prebuilt holder binary (`cc -static -O2 isolate/holder.c`); None: the worker
+    builds one into `state_dir` when a C compiler and a static libc are there, else its
+    workspaces keep their Python keepers awake."""
     workspace_pool: int = Field(2, ge=0, le=64)
     """Throwaway workspaces (for calls without a session) each command consumer keeps
     ready, so that such a call does not wait for one to be made."""

@@ -417,7 +417,7 @@ def keepers_under(directory: Path) -> list[int]:
     found = []
     for pid in _all_pids():
         with contextlib.suppress(OSError):
-            if not isolate.runs(Path(f"/proc/{pid}/cmdline").read_bytes(), "launcher"):
+            if not isolate.is_keeper(Path(f"/proc/{pid}/cmdline").read_bytes()):
                 continue
             if needle in Path(f"/proc/{pid}/mountinfo").read_text() and alive(pid):
                 found.append(pid)

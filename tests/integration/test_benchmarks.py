@@ -29,6 +29,8 @@ BENCHMARKS = {
                      "`true` in a throwaway workspace", "workspace ready for its first call",
                      "1 GiB output wall time"],
     "bench_fleet": ["`true` end to end, p50", "`echo` calls, 16 callers", "`check` p99"],
+    "bench_idle": ["idle workspaces, keepers awake", "idle workspaces, asleep (holder)",
+                   "idle workspaces, asleep: PSS", "first `true` after sleep"],
     "bench_images": ["cold pull to a rootfs", "cold pull vs skopeo copy alone",
                      "cached ensure, p50"],
     "bench_snapshots": ["snapshot of", "snapshot: its source paused", "fork (n=1) ready",

@@ -217,7 +217,8 @@ def test_the_keeper_answers_its_worker_only(engine: Engine, spaces: Workspaces) 
     record = spaces.new()
     assert record.socket_path is not None
     conn = launcher.KeeperConnection.connect(record.socket_path)  # the worker: served
-    assert conn.ping() == 1
+    # Its pid in the workspace: 1, or the keeper's beside its holder (which is pid 1).
+    assert conn.ping() >= 1
     conn.close()
     require_root("another user's connection: a worker that is not root runs calls as "
                  "itself, and its socket is out of every call's view")

@@ -476,7 +476,7 @@ class _Launch:
             "recycle": self.workspace.throwaway,
         }
         try:
-            return workspaces.start(self.workspace, request, fds)
+            return workspaces.start(self.workspace, request, fds, settings=self.settings)
         except launcher.KeeperLostError as exc:
             raise CallError("unavailable", f"workspace {self.workspace.id} is gone "
                             f"({exc.strerror or exc}): make a new one") from None

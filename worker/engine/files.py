@@ -187,7 +187,8 @@ def _start(record: WorkspaceRecord, settings: Settings, argv: list[str], fds: li
     env = {**TOOL_ENV, "HOME": workspaces.home_of(user, record)}
     if record.keeper_pid is not None:
         return workspaces.start(record, proto.SpawnRequest(argv=argv, cwd="/", env=env,
-                                                           targets=[0, 1, 2, 3]), fds)
+                                                           targets=[0, 1, 2, 3]), fds,
+                                settings=settings)
     # A plain spawn keeps the answer descriptor's own number (never a fixed one: this
     # process is threaded, its fd 3 is somebody's): the script moves it to 3 itself.
     plain = [*argv[:2], f"exec 3>&{fds[3]}; {argv[2]}", *argv[3:]]

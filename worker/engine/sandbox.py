@@ -48,8 +48,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from bashfleet.worker.engine import cgroups, id_slots, isolate, resources
-from bashfleet.worker.engine.isolate import launcher, syscall_filter
+from bashfleet.worker.engine import cgroups, holder, id_slots, isolate, resources
+from bashfleet.worker.engine.isolate import job_supervisor, launcher, syscall_filter
 from bashfleet.worker.engine.isolate.launcher import KeeperConnection, LauncherClient, SandboxError
 from bashfleet.worker.engine.memo import TimedMemo
 from bashfleet.worker.engine.network import network
@@ -312,6 +312,20 @@ class Zygote:
                         raise
         raise AssertionError("unreachable")  # pragma: no cover
 
+    def wake(self, settings: Settings, holder: int, link: int, given: Sequence[int],
+             cgroup: Sequence[str]) -> int:
+        """A service forked into the sleeping workspace whose holder's pidfd is
+        `holder` (`LauncherClient.wake`), joining the cgroup directories `cgroup`: its
+        host pid."""
+        cgroup_fds = job_supervisor.open_procs_files(cgroup) if cgroup else []
+        try:
+            with self.lock:
+                return self._client(settings).wake(holder, link, given, cgroup_fds,
+                                                   ANSWER_TIMEOUT_S)
+        finally:
+            for fd in cgroup_fds:
+                os.close(fd)
+
     def _client(self, settings: Settings) -> LauncherClient:
         if self.client is None or not self.client.alive():
             self._drop()
@@ -549,6 +563,11 @@ def startup_problems(settings: Settings) -> tuple[list[str], list[str]]:
             and settings.network_default != "none":
         warnings.append(f"workspaces get no network (policy `none`; `egress` is refused "
                         f"when asked for): {found.network_problem}")
+    if settings.keeper_idle_s and found.isolation != "none":
+        _, no_holder = holder.find(settings)
+        if no_holder is not None:
+            warnings.append(f"idle workspaces keep their keepers awake (~2 MiB each): "
+                            f"{no_holder}")
     if found.cgroup is None and settings.cgroups != "off":
         warnings.append(f"workspaces get no cgroup of their own ({found.cgroup_problem}): "
                         "memory and process limits fall back to ulimit (per process, not "

@@ -54,7 +54,7 @@ def end_host(settings: Settings) -> Ended:
 
 
 def keepers_under(directory: Path) -> list[int]:
-    """Live keepers (and zygotes) of a host's workspace state `directory`: those holding
+    """Live keepers, holders (and zygotes) of a host's workspace state `directory`: those holding
     a socket bound there (each keeper's listening socket is `<directory>/<id>.sock`,
     bound by the worker in the host's network namespace, so /proc/net/unix names it
     whatever namespace the keeper moved to), or whose mounts come from there (its /tmp,
@@ -66,7 +66,7 @@ def keepers_under(directory: Path) -> list[int]:
         if not name.isdigit():
             continue
         with contextlib.suppress(OSError):
-            if not isolate.runs(Path(f"/proc/{name}/cmdline").read_bytes(), "launcher"):
+            if not isolate.is_keeper(Path(f"/proc/{name}/cmdline").read_bytes()):
                 continue
             if _holds_socket(int(name), bound) or f" {prefix}" in Path(
                     f"/proc/{name}/mountinfo").read_text("utf-8", "replace"):

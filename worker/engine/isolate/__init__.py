@@ -36,3 +36,13 @@ def runs(cmdline: Sequence[str] | bytes, entry: str) -> bool:
             if isinstance(cmdline, bytes) else list(cmdline))
     return any(arg.endswith(f"{os.sep}isolate{os.sep}bootstrap.py") and args[i + 1:i + 2] == [entry]
                for i, arg in enumerate(args))
+
+
+#: argv[0] of a workspace's holder (`holder.c`), pid 1 of a workspace whose keeper sleeps.
+HOLDER_NAME = "bashfleet-holder"
+
+
+def is_keeper(cmdline: bytes) -> bool:
+    """Whether a process's command line (`/proc/PID/cmdline`) is a keeper's (a fork of
+    the zygote, `launcher`) or a holder's."""
+    return cmdline.split(b"\0", 1)[0] == HOLDER_NAME.encode() or runs(cmdline, "launcher")

@@ -22,6 +22,7 @@ import fcntl
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import termios
@@ -172,7 +173,11 @@ def _start_in_keeper(spec: dict[str, Any], out_fd: int,
     """The job as a child of its workspace's keeper (in the workspace's namespaces).
     `err_fd`: its stderr, when not `out_fd`."""
     keeper = spec["keeper"]
-    conn = launcher.KeeperConnection.connect(keeper["socket"])
+    if keeper.get("fd") is not None:
+        # The worker's connection, made (and the keeper woken) for this supervisor.
+        conn = launcher.KeeperConnection(socket.socket(fileno=int(keeper["fd"])))
+    else:
+        conn = launcher.KeeperConnection.connect(keeper["socket"])
     startup = os.memfd_create("bashfleet-startup", os.MFD_CLOEXEC)
     os.write(startup, f"unset BASH_ENV\n{keeper.get('startup') or ''}".encode())
     env = {**spec["env"], "BASH_ENV": f"/dev/fd/{launcher.STATE_FD}"}

@@ -1,4 +1,5 @@
-"""A workspace's keeper: pid 1 of the workspace's PID namespace, holder of its mount view.
+"""A workspace's keeper: pid 1 of the workspace's PID namespace (a leased workspace's:
+beside its holder, which is pid 1), in its mount view.
 
 Standard library only: the zygote (`bashfleet.worker.engine.isolate.launcher`) forks it, under
 `python -I -S`.
@@ -38,8 +39,14 @@ Messages (`bashfleet.worker.engine.isolate.proto`), per connection, one call at 
     R {}  recycle (a throwaway workspace whose call left no job): kill every process of
       the workspace, then say whether it is clean (no process, nothing in /dev/shm, no
       System V IPC object)  ->  r {clean}
-    ? {}  ->  ! {pid}  (ready, alive)
+    ? {hold}  ->  ! {pid}  (ready, alive; `hold`: it does not sleep while this
+      connection is open)
     V {plan, uid, gid, groups}  (a blank keeper's first message: `main`)  ->  v
+
+A leased workspace's keeper sleeps (`keeper_idle_s`; see "sleep and wake" below): pid 1
+is then its holder (`holder.c`), which answers a worker's connection, whatever was sent
+on it, with `Z` {} + [listener, the keeper's spec, its user namespace] and reads nothing
+else; the worker's zygote wakes a keeper from them (`launcher`, `W`).
 """
 
 from __future__ import annotations
@@ -47,6 +54,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
+import fcntl
+import json
 import os
 import platform
 import select
@@ -58,7 +67,14 @@ import time
 from collections.abc import Sequence
 from typing import Any, cast
 
-from bashfleet.worker.engine.isolate import job_end, kernel, proto, syscall_filter, view
+from bashfleet.worker.engine.isolate import (
+    HOLDER_NAME,
+    job_end,
+    kernel,
+    proto,
+    syscall_filter,
+    view,
+)
 
 
 @dataclasses.dataclass
@@ -137,6 +153,9 @@ class Conn:
 
     sock: socket.socket
     busy: Tracked | None = None
+    hold: bool = False
+    """Keeps the keeper awake while open (`?` {hold}: a connection a worker hands to a
+    job's supervisor, which has no zygote to wake it)."""
 
 
 class Keeper:
@@ -157,6 +176,13 @@ class Keeper:
         """RLIMIT_NOFILE of every process it starts (the workspace's `open_files`)."""
         self.seccomp: kernel.SyscallFilter | None = None
         """The system call filter every process it starts runs under (None: none)."""
+        self.idle_s = 0.0
+        """Seconds with nothing to do after which it exits, its holder keeping the
+        workspace (0: never; a keeper that is pid 1 never sleeps)."""
+        self.last_active = time.monotonic()
+        self.conns: set[Conn] = set()
+        self.link: socket.socket | None = None
+        """A service's end of its link to the holder, held while it lives."""
         wake_read, wake_write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self.wake = wake_read
         signal.signal(signal.SIGCHLD, _noop)
@@ -178,11 +204,26 @@ class Keeper:
                 return 0
             if self.lease is not None and self.lease.over(time.monotonic()):
                 return 0  # pid 1 exits: the kernel ends every process of the workspace
+            if self.idle_s and self._sleepy(time.monotonic()):
+                return 0  # the holder keeps the workspace; a worker wakes a keeper again
+
+    def _sleepy(self, now: float) -> bool:
+        """Nothing ran or was asked for `idle_s` seconds, and nothing waits to be read:
+        what arrives after this look is never read (so never run), and the worker that
+        sent it sees its connection close and asks again."""
+        if self.tracked or any(conn.hold for conn in self.conns):
+            self.last_active = now
+        if not should_sleep(self.idle_s, now, self.last_active):
+            return False
+        return not _any_readable([self.listener.fileno(),
+                                  *(conn.sock.fileno() for conn in self.conns)])
 
     def _pause(self) -> float | None:
         times = [t for tracked in self.tracked.values() for t in _due(tracked)]
         if self.lease is not None:
             times.append(self.lease.next_look)
+        if self.idle_s:
+            times.append(self.last_active + self.idle_s)
         return None if not times else max(0.0, min(times) - time.monotonic())
 
     def _event(self, key: selectors.SelectorKey) -> None:
@@ -210,9 +251,16 @@ class Keeper:
             sock.close()  # a process of the workspace, or another user: never served
             return
         sock.setblocking(True)
-        self.sel.register(sock, selectors.EVENT_READ, Conn(sock))
+        # A worker connected: its first message gets `idle_s` to come.
+        self.last_active = time.monotonic()
+        self.add_conn(Conn(sock))
+
+    def add_conn(self, conn: Conn) -> None:
+        self.conns.add(conn)
+        self.sel.register(conn.sock, selectors.EVENT_READ, conn)
 
     def _message(self, conn: Conn) -> None:
+        self.last_active = time.monotonic()
         try:
             tag, body, fds = proto.recv(conn.sock)
         except OSError:
@@ -237,6 +285,7 @@ class Keeper:
             self.unbind_maker()  # its job outlives the worker, as every job does
             proto.send(conn.sock, b"x", {})
         elif tag == b"?":
+            conn.hold = conn.hold or bool(body.get("hold"))
             proto.send(conn.sock, b"!", proto.PingAnswer(pid=os.getpid()))
         elif tag == b"R":
             proto.send(conn.sock, b"r", proto.RecycleAnswer(clean=self._recycle()))
@@ -261,6 +310,7 @@ class Keeper:
         recovery, deals with it); it just has nobody to tell its end."""
         if conn.busy is not None:
             conn.busy.conn = None
+        self.conns.discard(conn)
         with contextlib.suppress(KeyError, ValueError):
             self.sel.unregister(conn.sock)
         conn.sock.close()
@@ -484,6 +534,7 @@ def main(spec: dict[str, Any], listener_fd: int, report_fd: int) -> int:
         host_proc = _enter(spec)
         seccomp = _syscall_filter(spec)
         if spec.get("plan") is not None:
+            spec = {**spec, **_holder_fd(spec)}
             who = _setup_view(spec)
         else:
             _prepare(spec)
@@ -503,7 +554,7 @@ def main(spec: dict[str, Any], listener_fd: int, report_fd: int) -> int:
     if spec.get("open_files") is not None:
         keeper.open_files = int(spec["open_files"])
     if first is not None:
-        keeper.sel.register(first, selectors.EVENT_READ, Conn(first))
+        keeper.add_conn(Conn(first))
     if int(spec.get("maker_fd", -1)) >= 0:
         keeper.bind_maker(int(spec["maker_fd"]))
     if spec.get("lease_fd") is not None:
@@ -511,7 +562,172 @@ def main(spec: dict[str, Any], listener_fd: int, report_fd: int) -> int:
         keeper.lease = Lease(int(spec["lease_fd"]), str(lease["name"]), float(lease["ttl_s"]),
                              look_s=float(lease["look_s"]), grace_s=float(lease["grace_s"]))
         keeper.lease.next_look = time.monotonic() + keeper.lease.look_s
+    idle_s = float(spec.get("idle_s") or 0)
+    if spec.get("holder_fd") is not None and keeper.lease is not None and keeper.maker < 0 \
+            and idle_s > 0:
+        _split(keeper, spec, idle_s)  # returns in the service (or when the exec failed)
     return keeper.serve()
+
+
+# ------------------------------------------------------------------ sleep and wake
+#
+#     keeper (pid 1) ── fork ──► service: this module's Keeper, not pid 1, exits once
+#        │ exec by fd                idle (`idle_s`): its pages are what a sleeping
+#        ▼                           workspace gives back
+#     holder (pid 1, holder.c): reaps, ends the workspace with its lease, and answers a
+#        worker that connects while no service runs `Z` + [listener, spec, userns]; the
+#        worker's zygote then setns()es a fork of itself into the holder's namespaces
+#        (`launcher`, `W`): a service again (`wake`).
+
+
+def should_sleep(idle_s: float, now: float, last_active: float) -> bool:
+    """Whether a service with nothing running has been idle long enough to exit."""
+    return idle_s > 0 and now - last_active >= idle_s
+
+
+def service_spec(spec: dict[str, Any], who: kernel.Identity | None,
+                 idle_s: float) -> dict[str, Any]:
+    """What a woken service needs to serve as this one does (the holder keeps it in a
+    sealed memfd; the workspace's user namespace travels beside it as a descriptor)."""
+    run_user = spec.get("ids") is None and spec.get("uid") is not None
+    return {
+        "worker_uid": int(spec["worker_uid"]),
+        "who": None if who is None else [who.uid, who.gid, list(who.groups)],
+        "userns": who is not None and who.userns_fd >= 0,
+        "run_user": run_user,
+        "open_files": spec.get("open_files"),
+        "seccomp": spec.get("seccomp"),
+        "network": spec.get("network", True),
+        "idle_s": idle_s,
+    }
+
+
+def holder_argv(listener: int, worker_uid: int, *, spec_fd: int, userns_fd: int,
+                lease: Lease | None, ready_fd: int, service_fd: int) -> list[str]:
+    """The holder's command line (holder.c's usage)."""
+    if lease is None:
+        lease_args = ["-1", "-", "0", "0", "0"]
+    else:
+        lease_args = [str(lease.dir_fd), lease.name, repr(lease.ttl_s), repr(lease.look_s),
+                      repr(lease.grace_s)]
+    return [HOLDER_NAME, str(listener), str(worker_uid), str(spec_fd), str(userns_fd),
+            *lease_args, str(ready_fd), str(service_fd)]
+
+
+def _split(keeper: Keeper, spec: dict[str, Any], idle_s: float) -> None:
+    """Become the holder (this process, pid 1, execs it) and fork the service that serves
+    until idle. The exec comes before any call runs: exec makes a process dumpable, and
+    the holder's first act undoes it, before the service reads a message. Returns in the
+    service, or here when the exec failed (then this process keeps serving, as pid 1)."""
+    holder_fd = int(spec["holder_fd"])
+    userns = keeper.who.userns_fd if keeper.who is not None else -1
+    spec_fd = _sealed(json.dumps(service_spec(spec, keeper.who, idle_s)).encode())
+    service_end, holder_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    ready_read, ready_write = os.pipe2(os.O_CLOEXEC)
+    if os.fork() == 0:
+        proto.close_all([ready_write, holder_fd, spec_fd, holder_end.detach()])
+        ready = _read_some(ready_read) == b"ready\n"
+        os.close(ready_read)
+        if not ready:
+            os._exit(0)  # the exec failed: pid 1 serves on
+        keeper.lease = None  # the holder ends the workspace with its lease
+        keeper.idle_s = idle_s
+        keeper.link = service_end
+        return
+    service_end.close()
+    os.close(ready_read)
+    lease = keeper.lease
+    kept = [keeper.listener.fileno(), spec_fd, userns, ready_write, holder_end.fileno(),
+            lease.dir_fd if lease is not None else -1, int(spec.get("slot_fd", -1))]
+    for fd in kept:
+        if fd >= 0:
+            os.set_inheritable(fd, True)  # the slot's lock too: pid 1 holds it for good
+    argv = holder_argv(keeper.listener.fileno(), keeper.worker_uid, spec_fd=spec_fd,
+                       userns_fd=userns, lease=lease, ready_fd=ready_write,
+                       service_fd=holder_end.fileno())
+    try:
+        # execveat(fd, "", AT_EMPTY_PATH) (glibc's fexecve): the binary was opened before
+        # the view; no path of the workspace is looked up, and it loads nothing (static).
+        os.execve(holder_fd, argv, {})  # noqa: S606 - a binary by fd, no shell
+    except OSError:
+        proto.close_all([ready_write, spec_fd, holder_end.detach()])
+
+
+def _sealed(data: bytes) -> int:
+    fd = os.memfd_create("bashfleet-service", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    os.write(fd, data)
+    fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK
+                | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE)
+    return fd
+
+
+def _read_some(fd: int) -> bytes:
+    """What `fd` gives until its writers close it or a line arrives."""
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = os.read(fd, 64)
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+def wake(service: dict[str, Any], fds: WakeFds, seccomp: kernel.SyscallFilter | None,
+         report_fd: int) -> int:
+    """A woken service, forked by the zygote's helper into a sleeping workspace's
+    namespaces (its mount view is the workspace's: nothing is imported or exec'd here):
+    what `_enter` and `_setup_view` gave the first keeper, then serve until idle."""
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE):
+        signal.signal(signum, signal.SIG_DFL)
+    for target in (0, 1, 2):
+        os.dup2(fds.null, target)
+    os.close(fds.null)
+    os.setsid()
+    os.umask(0o022)
+    kernel.prctl(kernel.PR_SET_DUMPABLE, 0)
+    _own_session_keyring()
+    kernel.drop_privileges_of_children()
+    who = None
+    if service.get("who") is not None:
+        uid, gid, groups = service["who"]
+        who = kernel.Identity(int(uid), int(gid), tuple(groups), fds.userns)
+        if service.get("run_user"):
+            os.setgroups(list(groups))
+            os.setresgid(gid, 0, 0)
+            os.setresuid(uid, 0, 0)
+    listener = socket.socket(fileno=fds.listener)
+    listener.setblocking(False)
+    keeper = Keeper(listener, worker_uid=int(service["worker_uid"]), who=who,
+                    host_proc=fds.host_proc)
+    keeper.seccomp = seccomp
+    if service.get("open_files") is not None:
+        keeper.open_files = int(service["open_files"])
+    keeper.idle_s = float(service["idle_s"])
+    keeper.link = socket.socket(fileno=fds.link)
+    os.write(report_fd, proto.report_line("ready"))
+    os.close(report_fd)
+    return keeper.serve()
+
+
+@dataclasses.dataclass(frozen=True)
+class WakeFds:
+    """What a woken service is given: the workspace's listening socket, its user
+    namespace (-1: none), the connection the holder answered (held while the service
+    lives: its end tells the holder to listen again), the host's /proc and /dev/null
+    (opened before entering the view)."""
+
+    listener: int
+    userns: int
+    link: int
+    host_proc: int
+    null: int
+
+
+def _any_readable(fds: list[int]) -> bool:
+    poller = select.poll()
+    for fd in fds:
+        poller.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
+    return bool(poller.poll(0))
 
 
 def _claimed(listener: socket.socket, spec: dict[str, Any]
@@ -536,13 +752,15 @@ def _claimed(listener: socket.socket, spec: dict[str, Any]
             sock.close()
             continue
         claimed = {**body, "network": spec.get("network", True),
-                   "worker_uid": spec["worker_uid"]}
+                   "worker_uid": spec["worker_uid"], "seccomp": spec.get("seccomp"),
+                   "slot_fd": spec.get("slot_fd", -1)}
         lease_fd = None
         try:
             if claimed.get("lease"):
                 # Opened before the view hides the host's state directory.
                 lease_fd = os.open(claimed["lease"]["dir"], os.O_PATH | os.O_DIRECTORY
                                    | os.O_CLOEXEC)
+            claimed.update(_holder_fd(claimed))
             who = _setup_view(claimed)
         except OSError as exc:
             with contextlib.suppress(OSError):
@@ -555,6 +773,18 @@ def _claimed(listener: socket.socket, spec: dict[str, Any]
         # A throwaway workspace stays bound to its maker: it serves that worker's calls
         # alone, until a job of one outlives its call (`X`).
         return sock, {**claimed, "maker_fd": maker, "lease_fd": lease_fd}, who
+
+
+def _holder_fd(spec: dict[str, Any]) -> dict[str, int]:
+    """The holder binary, opened now (before the view: after it, a path is the
+    workspace's), when this keeper may sleep; {} when not (or it cannot be opened: the
+    keeper then stays awake)."""
+    if not spec.get("holder") or not float(spec.get("idle_s") or 0):
+        return {}
+    try:
+        return {"holder_fd": os.open(spec["holder"], os.O_RDONLY | os.O_CLOEXEC)}
+    except OSError:
+        return {}
 
 
 def _enter(spec: dict[str, Any]) -> int:
@@ -588,6 +818,12 @@ def _own_session_keyring() -> None:
     cannot reach a keyring either."""
     with contextlib.suppress(OSError):
         kernel.join_new_session_keyring()
+
+
+def syscall_filter_for(spec: dict[str, Any]) -> kernel.SyscallFilter | None:
+    """The calls' system call filter as `spec` asks (a woken service's, made before it
+    enters the view)."""
+    return _syscall_filter(spec)
 
 
 def _syscall_filter(spec: dict[str, Any]) -> kernel.SyscallFilter | None:

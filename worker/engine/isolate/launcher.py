@@ -23,7 +23,10 @@ keeper's pages are the zygote's until written (a frozen heap, no collector).
 
 On the zygote's channel, worker -> zygote: `N` (a new keeper: its spec, then its
 listening socket and the cgroup procs files as fds), answered by `R` {pid} (the keeper's
-host pid, once its view is built) or `E`.
+host pid, once its view is built) or `E`; `W` {userns} (wake a sleeping workspace: a
+pidfd of its holder, the connection the holder answered `Z` on, then what came with the
+`Z`: its listening socket, the service's spec, its user namespace when `userns`; then
+the cgroup procs files), answered by `R` {pid} (the new service's host pid) or `E`.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import gc
+import json
 import os
 import select
 import signal
@@ -82,6 +86,8 @@ def _new_keeper(chan: socket.socket, body: dict[str, Any], fds: list[int]) -> No
         proto.send(chan, b"E", proto.error_body(exc))
         return
     spec = {**spec, "maker_fd": maker}
+    if body["spec"].get("slot"):
+        spec["slot_fd"] = fds[-1]  # a holder that replaces the keeper holds it on
     read_end, write_end = os.pipe2(os.O_CLOEXEC)
     try:
         helper = os.fork()
@@ -98,16 +104,7 @@ def _new_keeper(chan: socket.socket, body: dict[str, Any], fds: list[int]) -> No
     finally:
         proto.close_all([read_end, *fds] + ([write_end] if write_end >= 0 else [])
                         + ([maker] if maker >= 0 else []))
-    pid, ready, error = proto.parse_report(answer)
-    if pid is not None and ready and not error:
-        proto.send(chan, b"R", {"pid": pid})
-        return
-    if pid is not None:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)  # ends its namespaces with it
-    number, _, reason = error.partition(" ")
-    code = int(number) if number.isdigit() else errno.EIO
-    proto.send(chan, b"E", {"errno": code, "message": reason or "the keeper did not start"})
+    _answer_report(chan, answer)
 
 
 def _maker_fd(spec: dict[str, Any]) -> int:
@@ -159,6 +156,87 @@ def _helper(spec: dict[str, Any], listener: int, cgroup_fds: list[int], report: 
         os._exit(code)
 
 
+def _wake_keeper(chan: socket.socket, body: dict[str, Any], fds: list[int]) -> None:
+    """Fork a service into a sleeping workspace's namespaces (its holder's); answer with
+    its host pid once it serves."""
+    count = 5 if body.get("userns") else 4
+    read_end, write_end = os.pipe2(os.O_CLOEXEC)
+    try:
+        if len(fds) < count:
+            raise OSError(errno.EPROTO, "a wake without its descriptors")
+        helper = os.fork()
+        if helper == 0:  # pragma: no cover - the child exits
+            os.close(read_end)
+            chan.close()
+            _wake_helper(fds[:count], fds[count:], write_end)
+        os.close(write_end)
+        write_end = -1
+        answer = _read_report(read_end, KEEPER_SETUP_S)
+    except OSError as exc:
+        proto.send(chan, b"E", proto.error_body(exc))
+        return
+    finally:
+        proto.close_all([read_end, *fds] + ([write_end] if write_end >= 0 else []))
+    _answer_report(chan, answer)
+
+
+def _wake_helper(given: list[int], cgroup_fds: list[int], report: int) -> None:
+    """In the helper child: read the service's spec, open what must come from the host
+    (its /proc, /dev/null), enter the holder's namespaces, join the workspace's cgroup,
+    fork the service (whose parent, once this helper exits, is the holder), exit."""
+    code = 1
+    try:
+        pidfd, link, listener, spec_fd = given[:4]
+        userns = given[4] if len(given) > 4 else -1
+        service = json.loads(proto.read_all_at(spec_fd))
+        seccomp = keeper.syscall_filter_for(service)
+        host_proc = os.open("/proc", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        null = os.open("/dev/null", os.O_RDWR | os.O_CLOEXEC)
+        flags = kernel.CLONE_NEWNS | kernel.CLONE_NEWPID | kernel.CLONE_NEWIPC
+        if not service.get("network", True):
+            flags |= kernel.CLONE_NEWNET
+        kernel.setns(pidfd, flags)
+        for fd in cgroup_fds:
+            os.write(fd, b"0")
+        pid = os.fork()
+        if pid == 0:
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            gc.enable()
+            try:
+                code = keeper.wake(service, keeper.WakeFds(
+                    listener=listener, userns=userns, link=link, host_proc=host_proc,
+                    null=null), seccomp, report)
+            except BaseException as exc:  # a bug: say it, never hang the worker
+                with contextlib.suppress(OSError):
+                    os.write(report, proto.report_line(
+                        "error", f"{errno.EIO} keeper failed: {exc!r}"))
+            finally:
+                os._exit(code)
+        os.write(report, proto.report_line("pid", str(pid)))
+        code = 0
+    except (OSError, ValueError) as exc:
+        with contextlib.suppress(OSError):
+            os.write(report, proto.report_line(
+                "error", f"{getattr(exc, 'errno', None) or errno.EIO} {exc}"))
+    finally:
+        os._exit(code)
+
+
+def _answer_report(chan: socket.socket, answer: bytes) -> None:
+    """`R` {pid} for a keeper (or service) that reported ready, else `E` with its reason
+    (a keeper that started and failed is killed, ending the namespaces it made)."""
+    pid, ready, error = proto.parse_report(answer)
+    if pid is not None and ready and not error:
+        proto.send(chan, b"R", {"pid": pid})
+        return
+    if pid is not None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    number, _, reason = error.partition(" ")
+    code = int(number) if number.isdigit() else errno.EIO
+    proto.send(chan, b"E", {"errno": code, "message": reason or "the keeper did not start"})
+
+
 def _read_report(fd: int, timeout: float) -> bytes:
     """What the helper and the keeper wrote, until both closed their end (or timeout)."""
     chunks: list[bytes] = []
@@ -192,6 +270,8 @@ def zygote_main(fd: int) -> int:
             return 0
         if tag == b"N":
             _new_keeper(chan, body, fds)
+        elif tag == b"W":
+            _wake_keeper(chan, body, fds)
         else:
             proto.close_all(fds)
 
@@ -205,6 +285,16 @@ class SandboxError(OSError):
 
 class KeeperLostError(SandboxError):
     """A keeper (or the zygote) went away: the workspace ended, or it was never there."""
+
+
+class KeeperAsleepError(SandboxError):
+    """The workspace sleeps: its holder answered (`Z`) with what wakes it (`fds`:
+    listener, the service's spec, its user namespace when there is one), on a connection
+    the waking service must hold. Nothing sent on that connection was read."""
+
+    def __init__(self, fds: list[int]) -> None:
+        super().__init__(errno.EAGAIN, "the workspace sleeps")
+        self.fds = fds
 
 
 def expect(sock: socket.socket, tags: bytes, timeout: float | None,
@@ -222,6 +312,8 @@ def expect(sock: socket.socket, tags: bytes, timeout: float | None,
             sock.settimeout(None)
     if tag == b"":
         raise KeeperLostError(errno.EPIPE, f"the {what} went away")
+    if tag == b"Z" and b"Z" not in tags:
+        raise KeeperAsleepError(fds)
     if tag == b"E":
         proto.close_all(fds)
         raise SandboxError(body.get("errno", errno.EIO), body.get("message", "failed"),
@@ -274,6 +366,21 @@ class LauncherClient:
             what = (exc.strerror or str(exc)) if isinstance(exc, KeeperLostError) else \
                 f"the sandbox zygote went away: {exc}"
             raise KeeperLostError(errno.EPIPE, what + (f" ({said})" if said else "")) from exc
+        return int(body["pid"])
+
+    def wake(self, holder: int, link: int, given: Sequence[int], cgroup_fds: Sequence[int],
+             timeout: float) -> int:
+        """A service forked into the sleeping workspace whose holder's pidfd is `holder`:
+        its host pid. `link`: the connection the holder answered `Z` on; `given`: what
+        came with the `Z`."""
+        try:
+            proto.send(self.chan, b"W", {"userns": len(given) > 2},
+                       [holder, link, *given, *cgroup_fds])
+            _, body, _ = expect(self.chan, b"R", timeout, "sandbox zygote")
+        except KeeperLostError as exc:
+            said = self.last_words()
+            raise KeeperLostError(errno.EPIPE, (exc.strerror or str(exc))
+                                  + (f" ({said})" if said else "")) from exc
         return int(body["pid"])
 
     def last_words(self) -> str:
@@ -339,9 +446,11 @@ class KeeperConnection:
             self.reusable = False
             raise KeeperLostError(errno.EPIPE, f"the workspace's keeper went away: {exc}") from exc
 
-    def ping(self, timeout: float = 5.0) -> int:
-        """The keeper's pid in its namespace (1) once it answers."""
-        self._send(b"?", {})
+    def ping(self, timeout: float = 5.0, *, hold: bool = False) -> int:
+        """The keeper's pid in its namespace (1, or another for a service that may
+        sleep) once it answers; KeeperAsleepError when its workspace sleeps. `hold`: it
+        does not sleep while this connection is open."""
+        self._send(b"?", {"hold": True} if hold else {})
         _, body, _ = self._expect(b"!", timeout)
         return int(body["pid"])
 

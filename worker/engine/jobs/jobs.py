@@ -194,12 +194,10 @@ def _start_in_keeper(new: _NewJob, workspace: WorkspaceRecord) -> dict[str, Any]
                 "timeout_s": call.policy.background_timeout_s},
     }
     try:
-        conn = keeper_calls.connections.take(workspace)
-        try:
-            started = conn.start(request, [fds[0], fds[1], *(err or fds[1:2]), fds[2],
-                                           *command_fds, fds[3]])
-        finally:
-            keeper_calls.connections.give_back(workspace.id, conn)
+        conn, started = keeper_calls.start_on(
+            workspace, request, [fds[0], fds[1], *(err or fds[1:2]), fds[2], *command_fds,
+                                 fds[3]], settings=settings)
+        keeper_calls.connections.give_back(workspace.id, conn)
     except OSError as exc:
         new.remove_outputs()
         if exc.filename == cwd:
@@ -243,6 +241,17 @@ def _start_supervised(new: _NewJob) -> dict[str, Any]:
         raise JobError("spawn_failed", f"could not start the job: {exc}") from exc
     spec.update(output_path=str(output), status_path=str(status),
                 stderr_path=str(new.stderr) if new.stderr is not None else None)
+    held = None
+    if "keeper" in spec and workspace is not None:
+        # The supervisor starts the job on a connection made here: a sleeping workspace
+        # is woken by this process's zygote (the supervisor has none), and its keeper
+        # stays awake while the connection is open.
+        try:
+            held = keeper_calls.awake(workspace, settings, hold=True)
+        except OSError as exc:
+            raise JobError("spawn_failed", f"could not start the job: {exc.strerror or exc}"
+                           ) from exc
+        spec["keeper"]["fd"] = held.fileno()
     path = settings.jobs_dir / f"{job_id}.spec.json"
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as handle:
@@ -251,12 +260,15 @@ def _start_supervised(new: _NewJob) -> dict[str, Any]:
     if new.stderr is not None:
         new.stderr.touch(mode=0o644)
     try:
-        started = _launch_supervisor(path)
+        started = _launch_supervisor(path, held)
     except JobError:
         # Nothing ran: leave no empty output files (or cgroup) behind.
         new.remove_outputs()
         _drop_group(group)
         raise
+    finally:
+        if held is not None:
+            held.close()
     started["socket_path"] = spec.get("socket_path")
     return started
 
@@ -317,7 +329,8 @@ def _job_spec(
     return spec
 
 
-def _launch_supervisor(spec: Path) -> dict[str, Any]:
+def _launch_supervisor(spec: Path, held: launcher.KeeperConnection | None = None
+                       ) -> dict[str, Any]:
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"}
     try:
         proc = subprocess.Popen(
@@ -328,6 +341,7 @@ def _launch_supervisor(spec: Path) -> dict[str, Any]:
             env=env,
             start_new_session=True,
             close_fds=True,
+            pass_fds=(held.fileno(),) if held is not None else (),
         )
     except OSError as exc:
         spec.unlink(missing_ok=True)

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Literal
 
-from bashfleet.worker.engine import cgroups, id_slots, layout, resources, sandbox
+from bashfleet.worker.engine import cgroups, holder, id_slots, layout, resources, sandbox
 from bashfleet.worker.engine.isolate.launcher import (
     KeeperConnection,
 )
@@ -379,6 +379,9 @@ def _start_keeper(record: WorkspaceRecord, settings: Settings, user: sandbox.Use
                   "name": store.record_path(settings, record.id).name, "ttl_s": record.ttl_s,
                   "look_s": store.LEASE_LOOK_S, "grace_s": store.LEASE_GRACE_S},
     }
+    if settings.keeper_idle_s and not record.throwaway:
+        # Its keeper sleeps when idle, a holder keeping the workspace (where one is built).
+        body.update(holder=holder.find(settings)[0], idle_s=settings.keeper_idle_s)
     if slot is not None:
         # The run user's files (projects, shared writable roots: theirs on the host, as
         # on a single-tenant host) are the workspace root's through that map.

@@ -9,7 +9,7 @@ import os
 import stat
 from pathlib import Path
 
-from bashfleet.worker.engine import procs
+from bashfleet.worker.engine import isolate, procs
 from bashfleet.worker.engine.jobs import job_records, jobs
 from bashfleet.worker.engine.workspaces import store
 from bashfleet.worker.settings import Settings
@@ -19,7 +19,9 @@ from bashfleet.worker.wire.models import WorkspaceRecord, WorkspaceView
 
 
 def processes(record: WorkspaceRecord) -> list[int]:
-    """Host pids of the processes running in the workspace (its keeper excluded)."""
+    """Host pids of the processes running in the workspace (its keeper excluded: pid 1,
+    and the keeper beside a holder, which has the zygote's command line; a command that
+    takes that command line only hides itself from this count)."""
     if record.keeper_pid is None or not keeper_alive(record):
         return []
     try:
@@ -31,7 +33,8 @@ def processes(record: WorkspaceRecord) -> list[int]:
         if not name.isdigit() or int(name) == record.keeper_pid:
             continue
         with contextlib.suppress(OSError):
-            if os.stat(f"/proc/{name}/ns/pid").st_ino == ns:
+            if os.stat(f"/proc/{name}/ns/pid").st_ino == ns and not isolate.is_keeper(
+                    Path(f"/proc/{name}/cmdline").read_bytes()):
                 found.append(int(name))
     return found
 

@@ -1,0 +1,84 @@
+"""The holder binary: where a worker finds it, or builds it.
+
+A workspace's holder (`isolate/holder.c`) is what stays of it while its Python keeper
+sleeps: pid 1 of its namespaces, a static C program of ~0.1 MiB. It must be static: it
+is exec'd inside the workspace's view, whose paths are the workspace's own files (no
+ld.so or libc.so may be loaded from there). The package ships its source; a worker
+uses `Settings.holder` when given (a container image builds it in a stage of its own),
+else builds it once into its state directory, named by the source's digest, with
+`cc -static -O2` (~0.2 s), where a compiler and a static libc (Debian's gcc and
+libc6-dev) are there. Where neither, workspaces keep their Python keepers awake and
+the worker says why at start.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import shutil
+import subprocess
+import threading
+from pathlib import Path
+
+from bashfleet.worker.settings import Settings
+
+SOURCE = Path(__file__).parent / "isolate" / "holder.c"
+#: Seconds a build may take (one small file: ~0.2 s; a loaded machine: more).
+BUILD_TIMEOUT_S = 60.0
+
+
+def binary_name(source: bytes) -> str:
+    """The built binary's file name: the source's digest, so that a new version of the
+    package builds its own."""
+    return f"holder-{hashlib.sha256(source).hexdigest()[:16]}"
+
+
+def build_argv(cc: str, source: str, output: str) -> list[str]:
+    """How the holder is compiled: static (nothing loaded at exec), optimised."""
+    return [cc, "-static", "-O2", "-o", output, source]
+
+
+_lock = threading.Lock()
+_found: dict[Path, tuple[str | None, str | None]] = {}
+
+
+def find(settings: Settings) -> tuple[str | None, str | None]:
+    """(path of the holder binary, None) or (None, why there is none); built on first
+    need and remembered per state directory."""
+    if settings.holder is not None:
+        path = settings.holder
+        ok = path.is_file() and os.access(path, os.X_OK)
+        return (str(path), None) if ok else (None, f"holder {path} is not an executable file")
+    with _lock:
+        if settings.state_dir not in _found:
+            _found[settings.state_dir] = _build(settings.state_dir / "bin")
+        return _found[settings.state_dir]
+
+
+def _build(folder: Path) -> tuple[str | None, str | None]:
+    try:
+        source = SOURCE.read_bytes()
+    except OSError as exc:
+        return None, f"the holder's source is not installed ({exc.strerror})"
+    target = folder / binary_name(source)
+    if target.is_file():
+        return str(target), None
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        return None, "no C compiler (cc) to build the holder with"
+    folder.mkdir(parents=True, exist_ok=True, mode=0o755)
+    partial = folder / f".{target.name}.{os.getpid()}"
+    try:
+        done = subprocess.run(build_argv(cc, str(SOURCE), str(partial)), capture_output=True,
+                              timeout=BUILD_TIMEOUT_S, check=False)
+        if done.returncode != 0:
+            said = done.stderr.decode(errors="replace").strip().splitlines()
+            return None, f"the holder did not build: {said[-1] if said else done.returncode}"
+        os.replace(partial, target)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return None, f"the holder did not build: {exc}"
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            partial.unlink()
+    return str(target), None
