@@ -19,6 +19,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import psutil
 import pytest
@@ -53,6 +54,26 @@ def _hermetic_environment() -> None:
     # Every client of the suite signs, and every worker it starts requires it, as a
     # deployment does (a worker without a key refuses to start).
     os.environ["BASHFLEET_SIGNING_KEY"] = SUITE_SIGNING_KEY
+    _shared_holder()
+
+
+def _shared_holder() -> None:
+    """One holder binary for every worker of the suite, built once per user and source:
+    each test's state directory would build its own (~0.5 s of a compiler each). In the
+    user's own cache folder (0700), never a shared one such as /tmp: another account
+    could put a binary there that a root worker would run. Where it cannot be built, the
+    workers build (or go without) as a deployment's do."""
+    from bashfleet.worker.engine import holder  # noqa: PLC0415 - after the environment
+
+    cache = Path.home() / ".cache" / "bashfleet-tests"
+    try:
+        cache.mkdir(mode=0o700, parents=True, exist_ok=True)
+        owned = cache.stat().st_uid == os.geteuid() and not cache.stat().st_mode & 0o022
+    except OSError:
+        return
+    path, _ = holder.build_into(cache) if owned else (None, None)
+    if path is not None:
+        os.environ["BASHFLEET_HOLDER"] = path
 
 
 #: The signing key of the suite's clients and workers.

@@ -52,11 +52,14 @@ def find(settings: Settings) -> tuple[str | None, str | None]:
         return (str(path), None) if ok else (None, f"holder {path} is not an executable file")
     with _lock:
         if settings.state_dir not in _found:
-            _found[settings.state_dir] = _build(settings.state_dir / "bin")
+            _found[settings.state_dir] = build_into(settings.state_dir / "bin")
         return _found[settings.state_dir]
 
 
-def _build(folder: Path) -> tuple[str | None, str | None]:
+def build_into(folder: Path) -> tuple[str | None, str | None]:
+    """(the holder built into `folder`, None), at once when it is there already, or
+    (None, why not). Several processes may build into one folder at the same time:
+    each writes a file of its own and renames it into place."""
     try:
         source = SOURCE.read_bytes()
     except OSError as exc:
