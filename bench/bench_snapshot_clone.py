@@ -122,8 +122,10 @@ def _host(base: Path, name: str, image_gb: int | None) -> Iterator[Settings]:
 
 
 def _fs(path: Path) -> str:
-    return subprocess.run(["stat", "-f", "-c", "%T", str(path)], capture_output=True,
-                          text=True, check=True).stdout.strip()
+    """The type of the file system `path` is on, as mounted (`stat -f` names ext4 by its
+    superblock's magic, which ext2 and ext3 share: "ext2/ext3")."""
+    return subprocess.run(["findmnt", "-n", "-o", "FSTYPE", "-T", str(path)],
+                          capture_output=True, text=True, check=True).stdout.strip()
 
 
 def measure(hosts: dict[str, Settings], sizes: dict[str, str], rounds: int,
