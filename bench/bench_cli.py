@@ -14,7 +14,8 @@ that rotates every round (load that comes and goes weighs on every row alike):
 |---|---|---|
 | `python -c pass` (the interpreter's own start, the baseline) | - | - |
 | `bashfleet --help` | `podman --version` | <= 60 ms |
-| `bashfleet run --workspace W true` | `podman exec C true` | <= 120 ms |
+| `bashfleet run --workspace W true`, W's keeper awake | `podman exec C true` | <= 120 ms |
+| the same, W's keeper asleep (the call wakes it) | `podman exec C true` | - |
 | `bashfleet run --image REF true` (held) | `podman run --rm --network none REF true` | <= 150 ms |
 
 The package's bytecode is compiled first, as `pip install` compiles it (a checkout
@@ -46,6 +47,8 @@ from pathlib import Path
 
 from bashfleet.client import Fleet
 from bashfleet.client.redis_server import RedisServer
+from bashfleet.worker.engine.workspaces import store
+from bashfleet.worker.settings import Settings
 from bench import cleanup
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
@@ -71,9 +74,14 @@ class Row:
     argv: list[str]
     peer: str | None = None
     target_s: float | None = None
+    before: Callable[[], None] | None = None
+    """Untimed, right before each timing: what the row's state must be (a keeper awake
+    or asleep)."""
     times: list[float] = field(default_factory=list)
 
     def time_once(self, env: dict[str, str]) -> None:
+        if self.before is not None:
+            self.before()
         started = time.perf_counter()
         done = subprocess.run(self.argv, env=env, stdin=subprocess.DEVNULL,
                               capture_output=True, check=False)
@@ -194,7 +202,43 @@ def podman_with(base: Path, registry: Registry, ref: str) -> Iterator[Podman | N
 # ---------------------------------------------------------------------------- rounds
 
 
-def make_rows(env: dict[str, str], ref: str, workspace: str, podman: Podman | None) -> list[Row]:
+def _ns_pids(pid: int) -> list[int]:
+    """Host pids of the processes in the PID namespace `pid` is in."""
+    ns = os.readlink(f"/proc/{pid}/ns/pid")
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            with contextlib.suppress(OSError):
+                if os.readlink(f"/proc/{name}/ns/pid") == ns:
+                    found.append(int(name))
+    return found
+
+
+@dataclass
+class Keeper:
+    """A workspace of the bench's host, as its calls find it: awake (its Python keeper
+    serving) or asleep (its holder, pid 1, alone)."""
+
+    fleet: Fleet
+    workspace: str
+    host_state: Path
+
+    def _holder_pid(self) -> int:
+        settings = Settings(state_dir=self.host_state)
+        return int(store.load(self.workspace, settings).keeper_pid or 0)
+
+    def asleep(self) -> bool:
+        return len(_ns_pids(self._holder_pid())) == 1
+
+    def wake(self) -> None:
+        self.fleet.run("true", workspace=self.workspace)
+
+    def wait_asleep(self) -> None:
+        _wait(self.asleep, "the workspace's keeper to sleep")
+
+
+def make_rows(env: dict[str, str], ref: str, workspace: str, podman: Podman | None, *,
+              awake: Keeper | None = None, asleep: Keeper | None = None) -> list[Row]:
     cli = _bashfleet()
     rows = [Row("python -c pass", [sys.executable, "-c", "pass"])]
     if podman is not None:
@@ -204,7 +248,11 @@ def make_rows(env: dict[str, str], ref: str, workspace: str, podman: Podman | No
         rows.append(Row("podman exec C true", podman.argv("exec", CONTAINER, "true")))
     rows.append(Row("bashfleet run --workspace W true",
                     [*cli, "run", "--workspace", workspace, "true"], "podman exec C true",
-                    0.120))
+                    0.120, before=awake.wake if awake is not None else None))
+    if asleep is not None:
+        rows.append(Row("  the same, W's keeper asleep (info)",
+                        [*cli, "run", "--workspace", asleep.workspace, "true"],
+                        "podman exec C true", before=asleep.wait_asleep))
     if podman is not None:
         rows.append(Row("podman run --rm --network none REF true",
                         podman.argv("run", "--rm", "--network", "none", *ULIMITS, ref, "true")))
@@ -291,11 +339,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                 _say(f"pulling {ref} onto the host")
                 fleet.workspace(host=HOST, image=ref).delete()
                 workspace = fleet.workspace(host=HOST)
+                sleeper = fleet.workspace(host=HOST)
                 with podman_with(base / "podman", registry, ref) as podman:
-                    rows = make_rows(env, ref, workspace.id, podman)
+                    rows = make_rows(env, ref, workspace.id, podman,
+                                     awake=Keeper(fleet, workspace.id, base / "host"),
+                                     asleep=Keeper(fleet, sleeper.id, base / "host"))
                     _say(f"{rounds} rounds of {len(rows)} commands")
                     run_rounds(rows, rounds, env, podman.env if podman else env)
                 workspace.delete()
+                sleeper.delete()
     print(f"bashfleet CLI benchmark: python {sys.version.split()[0]}, cpus {os.cpu_count()}, "
           f"{rounds} rounds, the order rotated each round")
     _print(table(rows))

@@ -22,6 +22,7 @@ REPO = Path(__file__).resolve().parents[2]
 #: Each benchmark and the first words of rows its table must hold.
 BENCHMARKS = {
     "bench_cli": ["python -c pass", "bashfleet --help", "bashfleet run --workspace W true",
+                  "  the same, W's keeper asleep",
                   "bashfleet run --image REF true"],
     "bench_control": ["`check` p99, 16 hostile file ops", "`write` p99, 16 hostile file ops",
                       "`kill` p99, 16 hostile file ops", "`cancel` p99, 16 hostile file ops"],
