@@ -27,7 +27,8 @@ host pid, once its view is built) or `E`; `W` {userns} (wake a sleeping workspac
 pidfd of its holder, the connection the holder answered `Z` on, then what came with the
 `Z`: its listening socket, the service's spec, its user namespace when `userns`; then
 the cgroup procs files), answered by `R` {pid} (the new service's host pid) or `E`.
-Every request carries an `id`, which its answer repeats: the zygote serves requests side
+Every request carries an `id`, which its answer repeats (and may carry `setup_s`, the
+deadline of its report, KEEPER_SETUP_S when absent): the zygote serves requests side
 by side (a helper forked per request, the reports read as they come, each with its own
 deadline) and answers each when its keeper is ready, in whatever order that is.
 """
@@ -130,7 +131,8 @@ def _fork_helper(body: Mapping[str, Any], inherited: Sequence[int],
         pidfd = os.pidfd_open(helper)
     except OSError:  # it exited (and was reaped) already: nothing to kill later
         pidfd = -1
-    return _Pending(body.get("id"), read_end, pidfd, time.monotonic() + KEEPER_SETUP_S, [])
+    setup_s = float(body.get("setup_s") or KEEPER_SETUP_S)
+    return _Pending(body.get("id"), read_end, pidfd, time.monotonic() + setup_s, [])
 
 
 def _maker_fd(spec: dict[str, Any]) -> int:
@@ -438,11 +440,14 @@ class LauncherClient:
         """False once the zygote (or its bwrap) exited."""
         return self.proc.poll() is None
 
-    def keeper(self, spec: Mapping[str, Any], fds: Sequence[int], timeout: float) -> int:
+    def keeper(self, spec: Mapping[str, Any], fds: Sequence[int], timeout: float,
+               setup_s: float | None = None) -> int:
         """A new keeper, its view built: its host pid. `fds`: its listening socket, then
-        the cgroup procs files it joins."""
+        the cgroup procs files it joins. `setup_s`: the zygote's deadline for its report
+        (KEEPER_SETUP_S when None), which `timeout` should outlast."""
         try:
-            _, body, _ = self._ask(b"N", {"spec": dict(spec)}, fds, timeout)
+            _, body, _ = self._ask(b"N", {"spec": dict(spec), "setup_s": setup_s}, fds,
+                                   timeout)
         except OSError as exc:
             said = self.last_words()
             if isinstance(exc, SandboxError) and not said:
