@@ -193,6 +193,15 @@ def choose(spec: WorkspaceSpec, settings: Settings) -> sandbox.Choice:
         raise WorkspaceError(exc.kind, exc.message) from None
 
 
+def make_ahead(source: WorkspaceRecord, settings: Settings, count: int) -> None:
+    """Start making the blank keepers of `count` workspaces from a snapshot of `source`
+    (a fork's burst), side by side and in the background, so that they are made while
+    its snapshot is taken rather than after, one claim waiting on each."""
+    if source.isolation != "none" and sandbox.host_ids(settings) is not None:
+        blank_pool.blanks.ahead(settings, blank_kind(source.network), prebuilt=False,
+                                count=count)
+
+
 def blank_kind(policy: NetworkPolicy) -> str:
     """The kind of blank keeper a policy's workspace is made from: `host` (the host's
     namespace), `egress` (its link and rules made ahead), else `none` (a namespace of its
