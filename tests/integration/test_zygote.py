@@ -1,6 +1,7 @@
 """The zygote serves requests side by side: keepers asked for at once are made at once,
 each answer reaches the thread that asked, and a request that fails (a bad view, a
-helper that never reports, the zygote's end) fails only what it must."""
+helper that never reports, the zygote's end) fails only what it must. The blanks of a
+burst are made ahead, and a take waits for one on its way."""
 
 from __future__ import annotations
 
@@ -11,13 +12,17 @@ import signal
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
 
 from bashfleet.worker.engine import sandbox
 from bashfleet.worker.engine.isolate import launcher
+from bashfleet.worker.engine.workspaces import blank_pool
 from bashfleet.worker.settings import Settings
 
 from .engine_helpers import wait_until
@@ -186,3 +191,36 @@ def test_the_zygote_s_end_fails_every_request_waiting(
         assert isinstance(asked.error, launcher.KeeperLostError)
     with pytest.raises(launcher.KeeperLostError):
         client.keeper(_blank(), [], 5.0)
+
+
+def test_a_burst_s_blanks_are_made_ahead_and_each_taken_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Six blanks asked for ahead (a fork of six) and six takes at once: the takes wait
+    for those on their way (six made in all, not twelve), each gets its own, alive."""
+    settings = Settings(state_dir=tmp_path / "state", host="burst",
+                        workspace_root=tmp_path / "ws", workspace_pool=0)
+    pool = blank_pool.Blanks()
+    made: list[int] = []
+    real = blank_pool.make_blank
+
+    def counted(*args: Any, **kwargs: Any) -> blank_pool.Blank:
+        blank = real(*args, **kwargs)
+        made.append(blank.pid)
+        return blank
+
+    monkeypatch.setattr(blank_pool, "make_blank", counted)
+    taken: list[blank_pool.Blank] = []
+    try:
+        pool.ahead(settings, "none", prebuilt=False, count=6)
+        with ThreadPoolExecutor(6) as takers:
+            taken = list(takers.map(
+                lambda _: pool.take(settings, "none", prebuilt=False), range(6)))
+        assert sorted(made) == sorted(blank.pid for blank in taken)
+        assert len(set(made)) == 6
+        for blank in taken:
+            os.kill(blank.pid, 0)
+        assert not pool.ready.get((settings.state_dir, "none", False))
+    finally:
+        for blank in taken:
+            blank.end()
+        pool.close()
