@@ -175,6 +175,7 @@ def fork(rt: Runtime, request: WorkspaceForkRequest, admin: bool = False) -> Wor
                     failure = failure or exc
         if failure is not None:
             raise failure
+        workspaces.make_ahead(source, rt.settings, request.n)  # for the next fork
     except BaseException:
         for view in made:
             try:
