@@ -26,7 +26,7 @@ from bashfleet.worker.engine.workspaces import blank_pool
 from bashfleet.worker.settings import Settings
 
 from .engine_helpers import wait_until
-from .sandbox_helpers import needs_bubblewrap
+from .sandbox_helpers import needs_bubblewrap, needs_cgroups
 
 pytestmark = needs_bubblewrap
 
@@ -224,3 +224,24 @@ def test_a_burst_s_blanks_are_made_ahead_and_each_taken_once(
         for blank in taken:
             blank.end()
         pool.close()
+
+
+@needs_cgroups
+def test_a_pool_closed_at_exit_leaves_no_blank_s_cgroup(tmp_path: Path) -> None:
+    """The blanks a process made ahead end with it, their cgroups removed before it
+    goes (a burst's worth of empty groups left behind at each exit otherwise)."""
+    settings = Settings(state_dir=tmp_path / "state", host="close",
+                        workspace_root=tmp_path / "ws", workspace_pool=0)
+    pool = blank_pool.Blanks()
+    key = (settings.state_dir, "none", False)
+    try:
+        pool.ahead(settings, "none", prebuilt=False, count=3)
+        wait_until(lambda: len(pool.ready.get(key, [])) == 3 or None,
+                   what="three blanks made ahead")
+        groups = [path for blank in pool.ready[key] if blank.group is not None
+                  for path, _ in blank.group.paths]
+        assert len(groups) >= 3
+        assert all(os.path.isdir(path) for path in groups)
+    finally:
+        pool.close()
+    assert [path for path in groups if os.path.exists(path)] == []

@@ -50,10 +50,12 @@ class Blank:
     """Its network, made ahead (an `egress` blank's link and rules)."""
     ended: bool = False
 
-    def end(self) -> None:
-        """Kill it and remove what it held (a blank never claimed, or a failed claim)."""
+    def end(self) -> list[threading.Thread]:
+        """Kill it and remove what it held (a blank never claimed, or a failed claim):
+        its layers and cgroup on threads that wait for the keeper to be gone (returned:
+        a process that exits joins them, or its blanks' cgroups stay behind, empty)."""
         if self.ended:
-            return
+            return []
         self.ended = True
         with contextlib.suppress(ProcessLookupError):
             if self.start is None or procs.is_same_process(self.pid, self.start):
@@ -61,12 +63,16 @@ class Blank:
         for path in (self.socket_path, str(self.note)):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
+        enders = []
         if self.layers is not None:
-            threading.Thread(target=_remove_when_free, args=(self.layers,), daemon=True,
-                             name="bashfleet-blank-end").start()
+            enders.append(threading.Thread(target=_remove_when_free, args=(self.layers,),
+                                           daemon=True, name="bashfleet-blank-end"))
         if self.group is not None:
-            threading.Thread(target=self.group.remove, kwargs={"timeout": 10.0},
-                             daemon=True, name="bashfleet-blank-end").start()
+            enders.append(threading.Thread(target=self.group.remove, kwargs={"timeout": 10.0},
+                                           daemon=True, name="bashfleet-blank-end"))
+        for thread in enders:
+            thread.start()
+        return enders
 
     def forget(self) -> None:
         """It is a workspace now: its note goes."""
@@ -174,8 +180,9 @@ class Blanks:
         with self.lock:
             ready = [blank for blanks_ in self.ready.values() for blank in blanks_]
             self.ready.clear()
-        for blank in ready:
-            blank.end()
+        enders = [thread for blank in ready for thread in blank.end()]
+        for thread in enders:
+            thread.join(timeout=10.0)
 
 
 blanks = Blanks()
