@@ -292,7 +292,9 @@ def bwrap_path(settings: Settings) -> str | None:
 
 
 class Zygote:
-    """This process's zygote: started on first use, started again if it died."""
+    """This process's zygote: started on first use, started again if it died. Threads
+    ask it at once (`LauncherClient` matches the answers); the lock guards only starting
+    and dropping it."""
 
     def __init__(self) -> None:
         self.client: LauncherClient | None = None
@@ -300,16 +302,15 @@ class Zygote:
 
     def keeper(self, settings: Settings, spec: dict[str, object], fds: Sequence[int]) -> int:
         """A new keeper of `spec` (its host pid), its view built."""
-        with self.lock:
-            for attempt in range(2):
-                client = self._client(settings)
-                try:
-                    return client.keeper({"seccomp": settings.seccomp, **spec}, fds,
-                                         ANSWER_TIMEOUT_S)
-                except launcher.KeeperLostError:
-                    self._drop()
-                    if attempt:
-                        raise
+        for attempt in range(2):
+            client = self._client(settings)
+            try:
+                return client.keeper({"seccomp": settings.seccomp, **spec}, fds,
+                                     ANSWER_TIMEOUT_S)
+            except launcher.KeeperLostError:
+                self._drop(client)
+                if attempt:
+                    raise
         raise AssertionError("unreachable")  # pragma: no cover
 
     def wake(self, settings: Settings, holder: int, link: int, given: Sequence[int],
@@ -319,31 +320,39 @@ class Zygote:
         host pid."""
         cgroup_fds = job_supervisor.open_procs_files(cgroup) if cgroup else []
         try:
-            with self.lock:
-                return self._client(settings).wake(holder, link, given, cgroup_fds,
-                                                   ANSWER_TIMEOUT_S)
+            return self._client(settings).wake(holder, link, given, cgroup_fds,
+                                               ANSWER_TIMEOUT_S)
         finally:
             for fd in cgroup_fds:
                 os.close(fd)
 
     def _client(self, settings: Settings) -> LauncherClient:
-        if self.client is None or not self.client.alive():
-            self._drop()
-            bwrap = bwrap_path(settings)
-            if bwrap is None:
-                raise SandboxError(errno.ENOENT, f"bubblewrap ({settings.bwrap}) not found")
-            self.client = LauncherClient(zygote_argv(bwrap, os.geteuid() != 0), LAUNCHER_ENV)
-        return self.client
+        with self.lock:
+            if self.client is None or not self.client.alive():
+                self._drop_locked(self.client)
+                bwrap = bwrap_path(settings)
+                if bwrap is None:
+                    raise SandboxError(errno.ENOENT,
+                                       f"bubblewrap ({settings.bwrap}) not found")
+                self.client = LauncherClient(zygote_argv(bwrap, os.geteuid() != 0),
+                                             LAUNCHER_ENV)
+            return self.client
 
-    def _drop(self) -> None:
-        if self.client is not None:
-            self.client.close(timeout=0.5)
+    def _drop(self, client: LauncherClient | None) -> None:
+        """Close `client` if it is still this process's zygote (another thread may have
+        started the next one already)."""
+        with self.lock:
+            self._drop_locked(client)
+
+    def _drop_locked(self, client: LauncherClient | None) -> None:
+        if client is not None and client is self.client:
+            client.close(timeout=0.5)
             self.client = None
 
     def close(self) -> None:
         """Close the zygote (its keepers live on)."""
         with self.lock:
-            self._drop()
+            self._drop_locked(self.client)
 
 
 zygote = Zygote()

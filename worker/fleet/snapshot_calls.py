@@ -154,6 +154,7 @@ def fork(rt: Runtime, request: WorkspaceForkRequest, admin: bool = False) -> Wor
     """`n` workspaces from a snapshot of one of the asker's taken now (made for them:
     it goes with the last of them). All or none: a failure ends those made."""
     source = workspace_calls.owned(rt, request.workspace, request.owner, admin)
+    workspaces.make_ahead(source, rt.settings, request.n)
     record, paused = _take(rt, source.id, request.owner, admin, ttl_s=engine.HIDDEN_GRACE_S,
                            tags=dict(request.tags), hidden=True)
     spec = WorkspaceSpec(snapshot=record.id, ttl_s=request.ttl_s or source.ttl_s,
@@ -174,6 +175,7 @@ def fork(rt: Runtime, request: WorkspaceForkRequest, admin: bool = False) -> Wor
                     failure = failure or exc
         if failure is not None:
             raise failure
+        workspaces.make_ahead(source, rt.settings, request.n)  # for the next fork
     except BaseException:
         for view in made:
             try:

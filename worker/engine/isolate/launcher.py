@@ -27,6 +27,10 @@ host pid, once its view is built) or `E`; `W` {userns} (wake a sleeping workspac
 pidfd of its holder, the connection the holder answered `Z` on, then what came with the
 `Z`: its listening socket, the service's spec, its user namespace when `userns`; then
 the cgroup procs files), answered by `R` {pid} (the new service's host pid) or `E`.
+Every request carries an `id`, which its answer repeats (and may carry `setup_s`, the
+deadline of its report, KEEPER_SETUP_S when absent): the zygote serves requests side
+by side (a helper forked per request, the reports read as they come, each with its own
+deadline) and answers each when its keeper is ready, in whatever order that is.
 """
 
 from __future__ import annotations
@@ -41,8 +45,9 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,40 +76,63 @@ def readable(fd: int, timeout: float) -> bool:
     poller.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
     return bool(poller.poll(max(0.0, timeout) * 1000))
 
-def _new_keeper(chan: socket.socket, body: dict[str, Any], fds: list[int]) -> None:
-    """Fork a keeper into new namespaces; answer with its host pid once it is ready."""
+@dataclass
+class _Pending:
+    """A helper forked for one request, its report (and its keeper's) still coming."""
+
+    rid: object
+    """The request's id, which its answer carries."""
+    report: int
+    """The read end of the report pipe (the helper and the keeper hold the write end)."""
+    helper: int
+    """A pidfd of the helper (killed when it does not report in time), or -1."""
+    deadline: float
+    chunks: list[bytes]
+
+
+def _new_keeper(body: dict[str, Any], fds: list[int], inherited: Sequence[int]) -> _Pending:
+    """Fork a helper that makes a keeper in new namespaces; its report comes later.
+    `inherited`: the zygote's fds a helper must not keep (other requests' reports)."""
     # The last fd of a blank with host ids is its slot's lock: inherited by the keeper,
     # which holds it for its life; never a cgroup's procs file.
     listener, cgroup_fds = fds[0], fds[1:-1] if body["spec"].get("slot") else fds[1:]
     spec: dict[str, Any] = body["spec"]
+    maker = -1
     try:
+        # OSError when the worker process that asked is gone already (a blank made as it
+        # stopped): a keeper made now would watch no one and live for ever.
         maker = _maker_fd(spec)
-    except OSError as exc:
-        # The worker process that asked is gone already (a blank made as it stopped):
-        # a keeper made now would watch no one and live for ever.
-        proto.close_all(fds)
-        proto.send(chan, b"E", proto.error_body(exc))
-        return
-    spec = {**spec, "maker_fd": maker}
-    if body["spec"].get("slot"):
-        spec["slot_fd"] = fds[-1]  # a holder that replaces the keeper holds it on
+        spec = {**spec, "maker_fd": maker}
+        if body["spec"].get("slot"):
+            spec["slot_fd"] = fds[-1]  # a holder that replaces the keeper holds it on
+        return _fork_helper(body, inherited,
+                            lambda report: _helper(spec, listener, cgroup_fds, report))
+    finally:
+        # The helper has its copies: a lock on the slot's file is held by the keeper's.
+        proto.close_all([*fds] + ([maker] if maker >= 0 else []))
+
+
+def _fork_helper(body: Mapping[str, Any], inherited: Sequence[int],
+                 run: Callable[[int], None]) -> _Pending:
+    """Fork a helper that runs `run(write end of its report pipe)` and exits."""
     read_end, write_end = os.pipe2(os.O_CLOEXEC)
     try:
         helper = os.fork()
         if helper == 0:  # pragma: no cover - the child exits
-            os.close(read_end)
-            chan.close()
-            _helper(spec, listener, cgroup_fds, write_end)
-        os.close(write_end)
-        write_end = -1
-        answer = _read_report(read_end, KEEPER_SETUP_S)
-    except OSError as exc:
-        proto.send(chan, b"E", proto.error_body(exc))
-        return
+            proto.close_all([read_end, *inherited])
+            run(write_end)
+    except OSError:
+        proto.close_all([read_end])
+        raise
     finally:
-        proto.close_all([read_end, *fds] + ([write_end] if write_end >= 0 else [])
-                        + ([maker] if maker >= 0 else []))
-    _answer_report(chan, answer)
+        if write_end >= 0:
+            os.close(write_end)
+    try:
+        pidfd = os.pidfd_open(helper)
+    except OSError:  # it exited (and was reaped) already: nothing to kill later
+        pidfd = -1
+    setup_s = float(body.get("setup_s") or KEEPER_SETUP_S)
+    return _Pending(body.get("id"), read_end, pidfd, time.monotonic() + setup_s, [])
 
 
 def _maker_fd(spec: dict[str, Any]) -> int:
@@ -156,28 +184,17 @@ def _helper(spec: dict[str, Any], listener: int, cgroup_fds: list[int], report: 
         os._exit(code)
 
 
-def _wake_keeper(chan: socket.socket, body: dict[str, Any], fds: list[int]) -> None:
-    """Fork a service into a sleeping workspace's namespaces (its holder's); answer with
-    its host pid once it serves."""
+def _wake_keeper(body: dict[str, Any], fds: list[int], inherited: Sequence[int]) -> _Pending:
+    """Fork a helper that forks a service into a sleeping workspace's namespaces (its
+    holder's); its report comes later."""
     count = 5 if body.get("userns") else 4
-    read_end, write_end = os.pipe2(os.O_CLOEXEC)
     try:
         if len(fds) < count:
             raise OSError(errno.EPROTO, "a wake without its descriptors")
-        helper = os.fork()
-        if helper == 0:  # pragma: no cover - the child exits
-            os.close(read_end)
-            chan.close()
-            _wake_helper(fds[:count], fds[count:], write_end)
-        os.close(write_end)
-        write_end = -1
-        answer = _read_report(read_end, KEEPER_SETUP_S)
-    except OSError as exc:
-        proto.send(chan, b"E", proto.error_body(exc))
-        return
+        return _fork_helper(body, inherited,
+                            lambda report: _wake_helper(fds[:count], fds[count:], report))
     finally:
-        proto.close_all([read_end, *fds] + ([write_end] if write_end >= 0 else []))
-    _answer_report(chan, answer)
+        proto.close_all(fds)
 
 
 def _wake_helper(given: list[int], cgroup_fds: list[int], report: int) -> None:
@@ -222,39 +239,27 @@ def _wake_helper(given: list[int], cgroup_fds: list[int], report: int) -> None:
         os._exit(code)
 
 
-def _answer_report(chan: socket.socket, answer: bytes) -> None:
+def _answer_report(chan: socket.socket, rid: object, answer: bytes) -> None:
     """`R` {pid} for a keeper (or service) that reported ready, else `E` with its reason
-    (a keeper that started and failed is killed, ending the namespaces it made)."""
+    (a keeper that started and failed is killed, ending the namespaces it made); both
+    carry the request's id."""
     pid, ready, error = proto.parse_report(answer)
     if pid is not None and ready and not error:
-        proto.send(chan, b"R", {"pid": pid})
+        proto.send(chan, b"R", {"pid": pid, "id": rid})
         return
     if pid is not None:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     number, _, reason = error.partition(" ")
     code = int(number) if number.isdigit() else errno.EIO
-    proto.send(chan, b"E", {"errno": code, "message": reason or "the keeper did not start"})
-
-
-def _read_report(fd: int, timeout: float) -> bytes:
-    """What the helper and the keeper wrote, until both closed their end (or timeout)."""
-    chunks: list[bytes] = []
-    deadline = time.monotonic() + timeout
-    while True:
-        left = deadline - time.monotonic()
-        if left <= 0 or not readable(fd, left):
-            chunks.append(b"\n" + proto.report_line(
-                "error", f"{errno.ETIMEDOUT} the keeper did not report within its setup time"))
-            return b"".join(chunks)
-        chunk = os.read(fd, 4096)
-        if not chunk:
-            return b"".join(chunks)
-        chunks.append(chunk)
+    proto.send(chan, b"E", {"errno": code, "message": reason or "the keeper did not start",
+                            "id": rid})
 
 
 def zygote_main(fd: int) -> int:
-    """Serve the zygote channel `fd` until the worker closes it."""
+    """Serve the zygote channel `fd` until the worker closes it: each request forks its
+    helper at once, and is answered when its report is whole (or its time is up), so
+    keepers are made side by side and answered in the order they get ready."""
     chan = socket.socket(fileno=fd)
     chan.set_inheritable(False)
     kernel.prctl(kernel.PR_SET_DUMPABLE, 0)
@@ -264,16 +269,73 @@ def zygote_main(fd: int) -> int:
     # the objects that exist now.
     gc.disable()
     gc.freeze()
+    pending: dict[int, _Pending] = {}
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
     while True:
-        tag, body, fds = proto.recv(chan)
-        if tag == b"":
-            return 0
-        if tag == b"N":
-            _new_keeper(chan, body, fds)
-        elif tag == b"W":
-            _wake_keeper(chan, body, fds)
-        else:
-            proto.close_all(fds)
+        for ready, _ in poller.poll(_poll_ms(pending.values())):
+            if ready != fd:
+                _read_some(chan, poller, pending, ready)
+            elif not _serve_one(chan, poller, pending):
+                proto.close_all(list(pending))
+                return 0
+        now = time.monotonic()
+        for late in [p for p in pending.values() if p.deadline <= now]:
+            late.chunks.append(b"\n" + proto.report_line(
+                "error", f"{errno.ETIMEDOUT} the keeper did not report within its setup time"))
+            _finish(chan, poller, pending, late)
+
+
+def _poll_ms(pending: Iterable[_Pending]) -> int:
+    """How long the zygote may wait for a message: until the first report's deadline."""
+    first = min((p.deadline for p in pending), default=None)
+    return -1 if first is None else max(0, int((first - time.monotonic()) * 1000) + 1)
+
+
+def _serve_one(chan: socket.socket, poller: select.poll, pending: dict[int, _Pending]) -> bool:
+    """Read one request and fork its helper (or answer `E` at once); False at the end of
+    the channel."""
+    tag, body, fds = proto.recv(chan)
+    if tag == b"":
+        return False
+    if tag not in (b"N", b"W"):
+        proto.close_all(fds)
+        return True
+    try:
+        start = _new_keeper if tag == b"N" else _wake_keeper
+        # The helper (and its keeper) keep none of the zygote's own fds.
+        job = start(body, fds, [chan.fileno(), *pending])
+    except OSError as exc:
+        proto.send(chan, b"E", {**proto.error_body(exc), "id": body.get("id")})
+        return True
+    pending[job.report] = job
+    poller.register(job.report, select.POLLIN | select.POLLHUP | select.POLLERR)
+    return True
+
+
+def _read_some(chan: socket.socket, poller: select.poll, pending: dict[int, _Pending],
+               fd: int) -> None:
+    """What a helper or keeper wrote; the answer once both closed their end."""
+    job = pending[fd]
+    chunk = os.read(fd, 4096)
+    if chunk:
+        job.chunks.append(chunk)
+    else:
+        _finish(chan, poller, pending, job)
+
+
+def _finish(chan: socket.socket, poller: select.poll, pending: dict[int, _Pending],
+            job: _Pending) -> None:
+    """Answer a request from its report, and let go of its pipe and helper (killed if it
+    is still there: one that never reported is stuck)."""
+    poller.unregister(job.report)
+    del pending[job.report]
+    os.close(job.report)
+    if job.helper >= 0:
+        with contextlib.suppress(OSError):
+            signal.pidfd_send_signal(job.helper, signal.SIGKILL)
+        os.close(job.helper)
+    _answer_report(chan, job.rid, b"".join(job.chunks))
 
 
 # ------------------------------------------------------------------------ worker side
@@ -310,6 +372,13 @@ def expect(sock: socket.socket, tags: bytes, timeout: float | None,
     finally:
         with contextlib.suppress(OSError):
             sock.settimeout(None)
+    return judge(tag, body, fds, tags, what)
+
+
+def judge(tag: bytes, body: dict[str, Any], fds: list[int], tags: bytes,
+          what: str) -> tuple[bytes, dict[str, Any], list[int]]:
+    """A message received, if it is one of `tags`; else the SandboxError it means (its
+    fds closed): the end of the channel, `E`, or a sleeping keeper's `Z`."""
     if tag == b"":
         raise KeeperLostError(errno.EPIPE, f"the {what} went away")
     if tag == b"Z" and b"Z" not in tags:
@@ -324,9 +393,19 @@ def expect(sock: socket.socket, tags: bytes, timeout: float | None,
     return tag, body, fds
 
 
+class _Waiter:
+    """One request to the zygote, waiting for its answer (set by the channel's reader)."""
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.answer: tuple[bytes, dict[str, Any], list[int]] = (b"", {}, [])
+
+
 class LauncherClient:
     """The worker's end of a zygote: `argv` runs it (bwrap ... -- python bootstrap.py launcher),
-    with the channel's fd number appended."""
+    with the channel's fd number appended. Safe to use from many threads at once: each
+    request has an id, and one reader thread hands each answer to the thread that waits
+    for it (a keeper takes ~10 ms to make; sixteen made in a row were 160-190 ms)."""
 
     def __init__(self, argv: Sequence[str], env: Mapping[str, str]) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -348,17 +427,27 @@ class LauncherClient:
         finally:
             theirs.close()
         self.chan = ours
+        self._lock = threading.Lock()
+        """Guards the waiters, the next id, `_lost`, and each send."""
+        self._waiting: dict[int, _Waiter] = {}
+        self._next_id = 0
+        self._lost = False
+        self._reader = threading.Thread(target=self._read_answers, daemon=True,
+                                        name="bashfleet-zygote-answers")
+        self._reader.start()
 
     def alive(self) -> bool:
         """False once the zygote (or its bwrap) exited."""
         return self.proc.poll() is None
 
-    def keeper(self, spec: Mapping[str, Any], fds: Sequence[int], timeout: float) -> int:
-        """A new keeper, its view built: its host pid (callers serialize calls to this).
-        `fds`: its listening socket, then the cgroup procs files it joins."""
+    def keeper(self, spec: Mapping[str, Any], fds: Sequence[int], timeout: float,
+               setup_s: float | None = None) -> int:
+        """A new keeper, its view built: its host pid. `fds`: its listening socket, then
+        the cgroup procs files it joins. `setup_s`: the zygote's deadline for its report
+        (KEEPER_SETUP_S when None), which `timeout` should outlast."""
         try:
-            proto.send(self.chan, b"N", {"spec": dict(spec)}, fds)
-            _, body, _ = expect(self.chan, b"R", timeout, "sandbox zygote")
+            _, body, _ = self._ask(b"N", {"spec": dict(spec), "setup_s": setup_s}, fds,
+                                   timeout)
         except OSError as exc:
             said = self.last_words()
             if isinstance(exc, SandboxError) and not said:
@@ -374,14 +463,61 @@ class LauncherClient:
         its host pid. `link`: the connection the holder answered `Z` on; `given`: what
         came with the `Z`."""
         try:
-            proto.send(self.chan, b"W", {"userns": len(given) > 2},
-                       [holder, link, *given, *cgroup_fds])
-            _, body, _ = expect(self.chan, b"R", timeout, "sandbox zygote")
+            _, body, _ = self._ask(b"W", {"userns": len(given) > 2},
+                                   [holder, link, *given, *cgroup_fds], timeout)
         except KeeperLostError as exc:
             said = self.last_words()
             raise KeeperLostError(errno.EPIPE, (exc.strerror or str(exc))
                                   + (f" ({said})" if said else "")) from exc
         return int(body["pid"])
+
+    def _ask(self, tag: bytes, body: Mapping[str, Any], fds: Sequence[int],
+             timeout: float) -> tuple[bytes, dict[str, Any], list[int]]:
+        """Send one request and wait for its own answer (`R`); SandboxError for `E` or
+        silence, KeeperLostError when the zygote goes away meanwhile."""
+        waiter = _Waiter()
+        with self._lock:
+            if self._lost:
+                raise KeeperLostError(errno.EPIPE, "the sandbox zygote went away")
+            self._next_id += 1
+            rid = self._next_id
+            self._waiting[rid] = waiter
+            try:
+                proto.send(self.chan, tag, {**body, "id": rid}, fds)
+            except OSError as exc:
+                del self._waiting[rid]
+                raise KeeperLostError(errno.EPIPE,
+                                      f"the sandbox zygote went away: {exc}") from None
+        if not waiter.done.wait(timeout):
+            with self._lock:
+                gone = self._waiting.pop(rid, None)
+            if gone is not None:
+                raise SandboxError(errno.ETIMEDOUT, "no answer from the sandbox zygote")
+            waiter.done.wait()  # the answer came as the wait ended: it is being handed over
+        return judge(*waiter.answer, b"R", "sandbox zygote")
+
+    def _read_answers(self) -> None:
+        """The reader thread: each answer to the request with its id, until the channel
+        ends; then every request still waiting gets the end (KeeperLostError)."""
+        while True:
+            try:
+                tag, body, fds = proto.recv(self.chan)
+            except OSError:
+                tag, body, fds = b"", {}, []
+            if tag == b"":
+                break
+            with self._lock:
+                waiter = self._waiting.pop(body.get("id", -1), None)
+            if waiter is None:
+                _drop_late(tag, body, fds)
+                continue
+            waiter.answer = (tag, body, fds)
+            waiter.done.set()
+        with self._lock:
+            self._lost = True
+            waiting, self._waiting = list(self._waiting.values()), {}
+        for waiter in waiting:
+            waiter.done.set()
 
     def last_words(self) -> str:
         """The last line the zygote (or bwrap) wrote on stderr, once it exited."""
@@ -393,14 +529,28 @@ class LauncherClient:
         return lines[-1].strip() if lines else ""
 
     def close(self, timeout: float = 5.0) -> None:
-        """Close the channel: the zygote exits (keepers live on)."""
-        self.chan.close()
+        """Close the channel: the zygote exits (keepers live on); requests still waiting
+        get KeeperLostError."""
+        # shutdown, not close alone, wakes the reader thread blocked in recvmsg.
+        with contextlib.suppress(OSError):
+            self.chan.shutdown(socket.SHUT_RDWR)
         try:
             self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+        self._reader.join(timeout)
+        self.chan.close()
         self._stderr.close()
+
+
+def _drop_late(tag: bytes, body: Mapping[str, Any], fds: Sequence[int]) -> None:
+    """An answer nobody waits for (its request timed out): a keeper made that late would
+    watch its worker with no workspace to serve, so it is killed."""
+    proto.close_all(fds)
+    if tag == b"R" and isinstance(body.get("pid"), int):
+        with contextlib.suppress(OSError):
+            os.kill(body["pid"], signal.SIGKILL)
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ from bashfleet.worker.engine.workspaces.lifecycle import (
 from bashfleet.worker.engine.workspaces.making import (
     create,
     group_of,
+    make_ahead,
     project_dir,
 )
 from bashfleet.worker.engine.workspaces.store import (
@@ -72,6 +73,7 @@ __all__ = [
     "last_used",
     "load",
     "local_records",
+    "make_ahead",
     "make_blank",
     "new_id",
     "over_disk_cap",

@@ -50,10 +50,12 @@ class Blank:
     """Its network, made ahead (an `egress` blank's link and rules)."""
     ended: bool = False
 
-    def end(self) -> None:
-        """Kill it and remove what it held (a blank never claimed, or a failed claim)."""
+    def end(self) -> list[threading.Thread]:
+        """Kill it and remove what it held (a blank never claimed, or a failed claim):
+        its layers and cgroup on threads that wait for the keeper to be gone (returned:
+        a process that exits joins them, or its blanks' cgroups stay behind, empty)."""
         if self.ended:
-            return
+            return []
         self.ended = True
         with contextlib.suppress(ProcessLookupError):
             if self.start is None or procs.is_same_process(self.pid, self.start):
@@ -61,12 +63,16 @@ class Blank:
         for path in (self.socket_path, str(self.note)):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
+        enders = []
         if self.layers is not None:
-            threading.Thread(target=_remove_when_free, args=(self.layers,), daemon=True,
-                             name="bashfleet-blank-end").start()
+            enders.append(threading.Thread(target=_remove_when_free, args=(self.layers,),
+                                           daemon=True, name="bashfleet-blank-end"))
         if self.group is not None:
-            threading.Thread(target=self.group.remove, kwargs={"timeout": 10.0},
-                             daemon=True, name="bashfleet-blank-end").start()
+            enders.append(threading.Thread(target=self.group.remove, kwargs={"timeout": 10.0},
+                                           daemon=True, name="bashfleet-blank-end"))
+        for thread in enders:
+            thread.start()
+        return enders
 
     def forget(self) -> None:
         """It is a workspace now: its note goes."""
@@ -87,23 +93,28 @@ def _remove_when_free(path: Path) -> None:
 
 class Blanks:
     """Blank keepers made ahead, per network kind (`blank_kind`), in this process (a few:
-    `workspace_pool`)."""
+    `workspace_pool`; more for a burst on its way: `ahead`). They are made side by side
+    (the zygote makes several keepers at once), and a take waits for one already being
+    made rather than making another."""
 
     def __init__(self) -> None:
         self.ready: dict[tuple[Path, str, bool], list[Blank]] = {}
         self.lock = threading.Lock()
-        self.filling: set[tuple[Path, str, bool]] = set()
+        self.changed = threading.Condition(self.lock)
+        """Notified when a blank being made is ready or failed."""
+        self.making: dict[tuple[Path, str, bool], int] = {}
+        """Blanks being made ahead, per key."""
+        self.waiting: dict[tuple[Path, str, bool], int] = {}
+        """Takes waiting for one of those, per key."""
         self.threads: list[threading.Thread] = []
 
     def take(self, settings: Settings, kind: str, *, prebuilt: bool = True) -> Blank:
-        """A blank keeper (made now when none is ready); more are made in the background.
-        `prebuilt`: with the host's root in layers built ahead (an image's workspace wants
-        its own `/`)."""
+        """A blank keeper (made now when none is ready or on its way); more are made in
+        the background. `prebuilt`: with the host's root in layers built ahead (an image's
+        workspace wants its own `/`)."""
         key = (settings.state_dir, kind, prebuilt)
-        with self.lock:
-            ready = self.ready.get(key, [])
-            blank = ready.pop() if ready else None
-        self._fill_later(settings, kind, prebuilt)
+        blank = self._ready_or_coming(key)
+        self.ahead(settings, kind, prebuilt=prebuilt, count=settings.workspace_pool)
         if blank is not None and (blank.start is None or procs.is_same_process(blank.pid,
                                                                               blank.start)):
             return blank
@@ -111,30 +122,54 @@ class Blanks:
             blank.end()
         return make_blank(settings, kind, prebuilt=prebuilt)
 
-    def _fill_later(self, settings: Settings, kind: str, prebuilt: bool) -> None:
-        key = (settings.state_dir, kind, prebuilt)
-        with self.lock:
-            if key in self.filling or len(self.ready.get(key, [])) >= settings.workspace_pool:
-                return
-            self.filling.add(key)
-        thread = threading.Thread(target=self._fill, args=(settings, kind, prebuilt),
-                                  daemon=True, name="bashfleet-blanks")
-        with self.lock:
-            self.threads = [t for t in self.threads if t.is_alive()] + [thread]
-        thread.start()
+    def _ready_or_coming(self, key: tuple[Path, str, bool]) -> Blank | None:
+        """A ready blank of `key`, waiting for one being made when there are more on
+        their way than takes already waiting for them; None when none will come."""
+        deadline = time.monotonic() + launcher.KEEPER_SETUP_S
+        with self.changed:
+            while True:
+                ready = self.ready.get(key, [])
+                if ready:
+                    return ready.pop()
+                left = deadline - time.monotonic()
+                if self.making.get(key, 0) <= self.waiting.get(key, 0) or left <= 0:
+                    return None
+                self.waiting[key] = self.waiting.get(key, 0) + 1
+                try:
+                    self.changed.wait(left)
+                finally:
+                    self.waiting[key] -= 1
 
-    def _fill(self, settings: Settings, kind: str, prebuilt: bool) -> None:
+    def ahead(self, settings: Settings, kind: str, *, prebuilt: bool, count: int) -> None:
+        """Have `count` blanks of a kind ready or on their way: the missing ones are made
+        now, side by side, in the background (a fork of `count` starts them while its
+        snapshot is taken; each take tops the pool up to `workspace_pool`)."""
         key = (settings.state_dir, kind, prebuilt)
+        with self.lock:
+            missing = count - len(self.ready.get(key, [])) - self.making.get(key, 0)
+            if missing <= 0:
+                return
+            self.making[key] = self.making.get(key, 0) + missing
+            threads = [threading.Thread(target=self._make_one, args=(settings, kind, prebuilt),
+                                        daemon=True, name="bashfleet-blanks")
+                       for _ in range(missing)]
+            self.threads = [t for t in self.threads if t.is_alive()] + threads
+        for thread in threads:
+            thread.start()
+
+    def _make_one(self, settings: Settings, kind: str, prebuilt: bool) -> None:
+        key = (settings.state_dir, kind, prebuilt)
+        blank = None
         try:
-            while len(self.ready.get(key, [])) < settings.workspace_pool:
-                blank = make_blank(settings, kind, prebuilt=prebuilt)
-                with self.lock:
-                    self.ready.setdefault(key, []).append(blank)
+            blank = make_blank(settings, kind, prebuilt=prebuilt)
         except OSError as exc:
             log.warning("could not make a keeper ahead: %s", exc)
         finally:
-            with self.lock:
-                self.filling.discard(key)
+            with self.changed:
+                self.making[key] -= 1
+                if blank is not None:
+                    self.ready.setdefault(key, []).append(blank)
+                self.changed.notify_all()
 
     def close(self) -> None:
         """End the blanks this process made (at its exit), those being made too."""
@@ -145,8 +180,9 @@ class Blanks:
         with self.lock:
             ready = [blank for blanks_ in self.ready.values() for blank in blanks_]
             self.ready.clear()
-        for blank in ready:
-            blank.end()
+        enders = [thread for blank in ready for thread in blank.end()]
+        for thread in enders:
+            thread.join(timeout=10.0)
 
 
 blanks = Blanks()

@@ -1,0 +1,247 @@
+"""The zygote serves requests side by side: keepers asked for at once are made at once,
+each answer reaches the thread that asked, and a request that fails (a bad view, a
+helper that never reports, the zygote's end) fails only what it must. The blanks of a
+burst are made ahead, and a take waits for one on its way."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import signal
+import tempfile
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from bashfleet.worker.engine import sandbox
+from bashfleet.worker.engine.isolate import launcher
+from bashfleet.worker.engine.workspaces import blank_pool
+from bashfleet.worker.settings import Settings
+
+from .engine_helpers import wait_until
+from .sandbox_helpers import needs_bubblewrap, needs_cgroups
+
+pytestmark = needs_bubblewrap
+
+#: The stuck request's deadline in the zygote: long enough for the others to be made
+#: while it is outstanding, short enough for a test.
+STUCK_SETUP_S = 4.0
+
+
+@dataclass
+class Asked:
+    """One request made on its own thread: its host pid, or the error it raised."""
+
+    thread: threading.Thread
+    pid: int | None = None
+    error: OSError | None = None
+    listener_inode: int = 0
+    done: threading.Event = field(default_factory=threading.Event)
+
+
+@pytest.fixture
+def client() -> Iterator[launcher.LauncherClient]:
+    bwrap = sandbox.bwrap_path(Settings(host="zygote-test"))
+    assert bwrap is not None
+    made = launcher.LauncherClient(sandbox.zygote_argv(bwrap, os.geteuid() != 0),
+                                   sandbox.LAUNCHER_ENV)
+    try:
+        yield made
+    finally:
+        made.close()
+
+
+@pytest.fixture
+def scratch() -> Iterator[str]:
+    with tempfile.TemporaryDirectory(prefix="bashfleet-zygote-") as path:
+        yield path
+
+
+@pytest.fixture
+def stuck_pipe() -> Iterator[tuple[int, int]]:
+    """A pipe whose buffer is full: a helper told to join a "cgroup" through its write
+    end blocks in write(2) and never reports. Closing the read end frees it (EPIPE)."""
+    read_end, write_end = os.pipe()
+    os.set_blocking(write_end, False)
+    with contextlib.suppress(BlockingIOError):
+        while True:
+            os.write(write_end, b"x" * 65536)
+    os.set_blocking(write_end, True)
+    try:
+        yield read_end, write_end
+    finally:
+        os.close(write_end)
+        os.close(read_end)
+
+
+@pytest.fixture
+def keepers() -> Iterator[list[int]]:
+    """Host pids of keepers a test made; killed at its end."""
+    pids: list[int] = []
+    yield pids
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _blank() -> dict[str, object]:
+    return {"network": True, "worker_uid": os.geteuid(), "maker": os.getpid()}
+
+
+def _ask(client: launcher.LauncherClient, path: str, spec: dict[str, object],
+         extra_fds: list[int] | None = None, setup_s: float | None = None) -> Asked:
+    """Ask for a keeper listening at `path` on a thread of its own."""
+    listener = launcher.listen(path)
+    asked = Asked(threading.Thread(target=lambda: None))
+    asked.listener_inode = os.fstat(listener.fileno()).st_ino
+
+    def run() -> None:
+        try:
+            asked.pid = client.keeper(spec, [listener.fileno(), *(extra_fds or [])], 20.0,
+                                      setup_s=setup_s)
+        except OSError as exc:
+            asked.error = exc
+        finally:
+            listener.close()
+            asked.done.set()
+
+    asked.thread = threading.Thread(target=run, daemon=True)
+    asked.thread.start()
+    return asked
+
+
+def _holders(target: str) -> set[int]:
+    """The pids of the processes with an fd on `target` (as /proc/PID/fd links read)."""
+    found = set()
+    for pid in psutil.pids():
+        with contextlib.suppress(OSError):
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                with contextlib.suppress(OSError):
+                    if os.readlink(f"/proc/{pid}/fd/{fd}") == target:
+                        found.add(pid)
+    return found
+
+
+def _held_elsewhere(fd: int) -> Callable[[], bool | None]:
+    """Whether a process other than this one holds the pipe of `fd` (a helper does)."""
+    target = f"pipe:[{os.fstat(fd).st_ino}]"
+    return lambda: bool(_holders(target) - {os.getpid()}) or None
+
+
+def test_keepers_are_made_side_by_side_each_answer_to_its_asker(
+        client: launcher.LauncherClient, scratch: str, stuck_pipe: tuple[int, int],
+        keepers: list[int]) -> None:
+    """A helper that never reports holds up no other request: six keepers and a bad
+    view asked for after it are answered while it is outstanding, each thread gets the
+    keeper that holds its own listening socket, the bad view fails alone; then the stuck
+    one times out (ETIMEDOUT from the zygote, its helper killed) and the zygote goes on."""
+    read_end, write_end = stuck_pipe
+    stuck = _ask(client, f"{scratch}/stuck.sock", _blank(), [write_end], STUCK_SETUP_S)
+    wait_until(_held_elsewhere(read_end), what="the stuck helper to block")
+    root = f"{scratch}/root"
+    os.mkdir(root)
+    bad = _ask(client, f"{scratch}/bad.sock",
+               {**_blank(), "plan": [["private"], ["tmpfs", root, 0o755],
+                                     ["tmpfs", f"{scratch}/missing", 0o755]]})
+    good = [_ask(client, f"{scratch}/k{n}.sock", _blank()) for n in range(6)]
+    for asked in [bad, *good]:
+        assert asked.done.wait(STUCK_SETUP_S * 0.75), "held up behind the stuck helper"
+    assert not stuck.done.is_set()
+    keepers.extend(asked.pid for asked in good if asked.pid is not None)
+    assert [asked.error for asked in good] == [None] * 6
+    for asked in good:
+        assert asked.pid is not None
+        assert asked.pid in _holders(f"socket:[{asked.listener_inode}]")
+    assert len({asked.pid for asked in good}) == 6
+    assert isinstance(bad.error, launcher.SandboxError)
+    assert not isinstance(bad.error, launcher.KeeperLostError)
+    assert bad.error.errno != errno.ETIMEDOUT
+    assert stuck.done.wait(20.0)
+    assert isinstance(stuck.error, launcher.SandboxError)
+    assert stuck.error.errno == errno.ETIMEDOUT
+    assert "did not report" in str(stuck.error)
+    wait_until(lambda: not _held_elsewhere(read_end)() or None,
+               what="the stuck helper to be killed")
+    after = _ask(client, f"{scratch}/after.sock", _blank())
+    assert after.done.wait(20.0)
+    if after.pid is not None:
+        keepers.append(after.pid)
+    assert after.error is None and after.pid is not None
+
+
+def test_the_zygote_s_end_fails_every_request_waiting(
+        client: launcher.LauncherClient, scratch: str, stuck_pipe: tuple[int, int]) -> None:
+    """Two requests outstanding (helpers that never report) when the zygote dies: both
+    get KeeperLostError at once, not at their deadline; a request after it too."""
+    read_end, write_end = stuck_pipe
+    waiting = [_ask(client, f"{scratch}/w{n}.sock", _blank(), [write_end], 60.0)
+               for n in range(2)]
+    wait_until(lambda: len(_holders(f"pipe:[{os.fstat(read_end).st_ino}]")) >= 3 or None,
+               what="both helpers to block")
+    os.killpg(client.proc.pid, signal.SIGKILL)
+    for asked in waiting:
+        assert asked.done.wait(10.0)
+        assert isinstance(asked.error, launcher.KeeperLostError)
+    with pytest.raises(launcher.KeeperLostError):
+        client.keeper(_blank(), [], 5.0)
+
+
+def test_a_burst_s_blanks_are_made_ahead_and_each_taken_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Six blanks asked for ahead (a fork of six) and six takes at once: the takes wait
+    for those on their way (six made in all, not twelve), each gets its own, alive."""
+    settings = Settings(state_dir=tmp_path / "state", host="burst",
+                        workspace_root=tmp_path / "ws", workspace_pool=0)
+    pool = blank_pool.Blanks()
+    made: list[int] = []
+    real = blank_pool.make_blank
+
+    def counted(*args: Any, **kwargs: Any) -> blank_pool.Blank:
+        blank = real(*args, **kwargs)
+        made.append(blank.pid)
+        return blank
+
+    monkeypatch.setattr(blank_pool, "make_blank", counted)
+    taken: list[blank_pool.Blank] = []
+    try:
+        pool.ahead(settings, "none", prebuilt=False, count=6)
+        with ThreadPoolExecutor(6) as takers:
+            taken = list(takers.map(
+                lambda _: pool.take(settings, "none", prebuilt=False), range(6)))
+        assert sorted(made) == sorted(blank.pid for blank in taken)
+        assert len(set(made)) == 6
+        for blank in taken:
+            os.kill(blank.pid, 0)
+        assert not pool.ready.get((settings.state_dir, "none", False))
+    finally:
+        for blank in taken:
+            blank.end()
+        pool.close()
+
+
+@needs_cgroups
+def test_a_pool_closed_at_exit_leaves_no_blank_s_cgroup(tmp_path: Path) -> None:
+    """The blanks a process made ahead end with it, their cgroups removed before it
+    goes (a burst's worth of empty groups left behind at each exit otherwise)."""
+    settings = Settings(state_dir=tmp_path / "state", host="close",
+                        workspace_root=tmp_path / "ws", workspace_pool=0)
+    pool = blank_pool.Blanks()
+    key = (settings.state_dir, "none", False)
+    try:
+        pool.ahead(settings, "none", prebuilt=False, count=3)
+        wait_until(lambda: len(pool.ready.get(key, [])) == 3 or None,
+                   what="three blanks made ahead")
+        groups = [path for blank in pool.ready[key] if blank.group is not None
+                  for path, _ in blank.group.paths]
+        assert len(groups) >= 3
+        assert all(os.path.isdir(path) for path in groups)
+    finally:
+        pool.close()
+    assert [path for path in groups if os.path.exists(path)] == []
