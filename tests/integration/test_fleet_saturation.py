@@ -79,5 +79,7 @@ def test_control_answers_while_every_slot_is_busy(
     for thread in threads:
         thread.join(15)
         assert not thread.is_alive()
-    assert all(results[c].signal is not None for c in ids[:2])
+    ended = {c: (results[c].exit_code, results[c].signal, results[c].cancelled,
+                 results[c].error) for c in ids[:2]}
+    assert all(results[c].signal is not None for c in ids[:2]), ended
     assert results[ids[2]].stdout == "third\n"
