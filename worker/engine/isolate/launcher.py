@@ -163,25 +163,32 @@ def _helper(spec: dict[str, Any], listener: int, cgroup_fds: list[int], report: 
         # Into the workspace's cgroup once: the keeper and every call are born there.
         for fd in cgroup_fds:
             os.write(fd, b"0")
-        pid = os.fork()
-        if pid == 0:
-            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-            gc.enable()
-            try:
-                code = keeper.main(spec, listener, report)
-            except BaseException as exc:  # a bug: say it, never hang the worker
-                with contextlib.suppress(OSError):
-                    os.write(report, proto.report_line(
-                        "error", f"{errno.EIO} keeper failed: {exc!r}"))
-            finally:
-                os._exit(code)
-        os.write(report, proto.report_line("pid", str(pid)))
+        _fork_keeper(lambda: keeper.main(spec, listener, report), report)
         code = 0
     except OSError as exc:
         with contextlib.suppress(OSError):
             os.write(report, proto.report_line("error", f"{exc.errno or errno.EIO} {exc}"))
     finally:
         os._exit(code)
+
+
+def _fork_keeper(run: Callable[[], int], report: int) -> None:
+    """In a helper: fork the keeper, which runs `run` and exits with what it returns
+    (a bug in it is reported, never a hang of the worker), and report its pid."""
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        gc.enable()
+        try:
+            code = run()
+        except BaseException as exc:  # a bug: say it, never hang the worker
+            with contextlib.suppress(OSError):
+                os.write(report, proto.report_line(
+                    "error", f"{errno.EIO} keeper failed: {exc!r}"))
+        finally:
+            os._exit(code)
+    os.write(report, proto.report_line("pid", str(pid)))
 
 
 def _wake_keeper(body: dict[str, Any], fds: list[int], inherited: Sequence[int]) -> _Pending:
@@ -215,21 +222,9 @@ def _wake_helper(given: list[int], cgroup_fds: list[int], report: int) -> None:
         kernel.setns(pidfd, flags)
         for fd in cgroup_fds:
             os.write(fd, b"0")
-        pid = os.fork()
-        if pid == 0:
-            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-            gc.enable()
-            try:
-                code = keeper.wake(service, keeper.WakeFds(
-                    listener=listener, userns=userns, link=link, host_proc=host_proc,
-                    null=null), seccomp, report)
-            except BaseException as exc:  # a bug: say it, never hang the worker
-                with contextlib.suppress(OSError):
-                    os.write(report, proto.report_line(
-                        "error", f"{errno.EIO} keeper failed: {exc!r}"))
-            finally:
-                os._exit(code)
-        os.write(report, proto.report_line("pid", str(pid)))
+        wake_fds = keeper.WakeFds(listener=listener, userns=userns, link=link,
+                                  host_proc=host_proc, null=null)
+        _fork_keeper(lambda: keeper.wake(service, wake_fds, seccomp, report), report)
         code = 0
     except (OSError, ValueError) as exc:
         with contextlib.suppress(OSError):
