@@ -14,6 +14,7 @@ import atexit
 import contextlib
 import functools
 import os
+import pwd
 import shutil
 import signal
 import subprocess
@@ -486,3 +487,29 @@ class PeakRss:
     def growth(self) -> int:
         """Bytes the peak rose above the baseline."""
         return self.peak - self.baseline
+
+
+def fd_holders(target: str) -> set[int]:
+    """The pids of the processes with an fd on `target` (as /proc/PID/fd links read)."""
+    found = set()
+    for pid in psutil.pids():
+        with contextlib.suppress(OSError):
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                with contextlib.suppress(OSError):
+                    if os.readlink(f"/proc/{pid}/fd/{fd}") == target:
+                        found.add(pid)
+    return found
+
+
+@contextlib.contextmanager
+def home_for_nobody(prefix: str) -> Iterator[Path]:
+    """A home `nobody` reaches (pytest's tmp_path is under root's 0700 folder), removed
+    after."""
+    home = Path(tempfile.mkdtemp(prefix=prefix))
+    home.chmod(0o755)
+    nobody = pwd.getpwnam("nobody")
+    os.chown(home, nobody.pw_uid, nobody.pw_gid)
+    try:
+        yield home
+    finally:
+        shutil.rmtree(home, ignore_errors=True)

@@ -5,7 +5,6 @@ test_engine_sandbox.py."""
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import json
 import os
@@ -18,7 +17,6 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-import psutil
 import pytest
 from privilege import needs_root
 from pydantic import ValidationError
@@ -35,6 +33,7 @@ from .engine_helpers import (
     _janitor_fixture,  # noqa: F401 - fixture
     alive,
     engine_with,
+    fd_holders,
     readable_install,
     wait_until,
 )
@@ -324,18 +323,6 @@ def test_no_blank_keeper_is_made_for_a_maker_already_gone(tmp_path: Path) -> Non
             sandbox.zygote.keeper(settings, {"network": True, "worker_uid": os.geteuid(),
                                              "maker": gone.pid}, [listener.fileno()])
         assert refused.value.errno == errno.ESRCH
-        assert _holders(f"socket:[{os.fstat(listener.fileno()).st_ino}]") == {os.getpid()}
+        assert fd_holders(f"socket:[{os.fstat(listener.fileno()).st_ino}]") == {os.getpid()}
     finally:
         listener.close()
-
-
-def _holders(target: str) -> set[int]:
-    """The pids of the processes with an fd on `target` (as /proc/PID/fd links read)."""
-    found = set()
-    for pid in psutil.pids():
-        with contextlib.suppress(OSError):
-            for fd in os.listdir(f"/proc/{pid}/fd"):
-                with contextlib.suppress(OSError):
-                    if os.readlink(f"/proc/{pid}/fd/{fd}") == target:
-                        found.add(pid)
-    return found

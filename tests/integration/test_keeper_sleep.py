@@ -7,9 +7,7 @@ from __future__ import annotations
 import json
 import os
 import pwd
-import shutil
 import subprocess
-import tempfile
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -29,6 +27,7 @@ from .engine_helpers import (
     _janitor_fixture,  # noqa: F401 - the `janitor` fixture
     alive,
     engine_with,
+    home_for_nobody,
     readable_install,
     wait_until,
 )
@@ -344,14 +343,8 @@ print(json.dumps(out))
 @pytest.fixture(name="nobody_home")
 def _nobody_home_fixture() -> Iterator[Path]:
     """A home `nobody` reaches (pytest's tmp_path is under root's 0700 folder)."""
-    home = Path(tempfile.mkdtemp(prefix="bashfleet-rootless-sleep-"))
-    home.chmod(0o755)
-    nobody = pwd.getpwnam("nobody")
-    os.chown(home, nobody.pw_uid, nobody.pw_gid)
-    try:
+    with home_for_nobody("bashfleet-rootless-sleep-") as home:
         yield home
-    finally:
-        shutil.rmtree(home, ignore_errors=True)
 
 
 def test_a_worker_that_is_not_root_sleeps_and_wakes_its_workspaces(nobody_home: Path) -> None:

@@ -15,11 +15,9 @@ import contextlib
 import json
 import os
 import pwd
-import shutil
 import socket
 import stat
 import subprocess
-import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,7 +26,7 @@ from typing import Any
 import pytest
 from privilege import needs_root
 
-from .engine_helpers import readable_install, wait_until
+from .engine_helpers import home_for_nobody, readable_install, wait_until
 from .netns_helpers import NetNs, make_netns, reachable
 from .test_network_policy import HOLD, PROBE
 
@@ -123,14 +121,8 @@ def as_nobody(script: str, *args: str, home: Path, timeout: float = 240.0,
 
 @pytest.fixture(name="home")
 def _home_fixture() -> Iterator[Path]:
-    home = Path(tempfile.mkdtemp(prefix="bashfleet-rootless-net-"))
-    home.chmod(0o755)
-    nobody = pwd.getpwnam("nobody")
-    os.chown(home, nobody.pw_uid, nobody.pw_gid)
-    try:
+    with home_for_nobody("bashfleet-rootless-net-") as home:
         yield home
-    finally:
-        shutil.rmtree(home, ignore_errors=True)
 
 
 def gone(pids: list[list[Any]]) -> bool:

@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 
 from bashfleet.worker.engine import sandbox
@@ -25,7 +24,7 @@ from bashfleet.worker.engine.isolate import launcher
 from bashfleet.worker.engine.workspaces import blank_pool
 from bashfleet.worker.settings import Settings
 
-from .engine_helpers import wait_until
+from .engine_helpers import fd_holders, wait_until
 from .sandbox_helpers import needs_bubblewrap, needs_cgroups
 
 pytestmark = needs_bubblewrap
@@ -117,22 +116,10 @@ def _ask(client: launcher.LauncherClient, path: str, spec: dict[str, object],
     return asked
 
 
-def _holders(target: str) -> set[int]:
-    """The pids of the processes with an fd on `target` (as /proc/PID/fd links read)."""
-    found = set()
-    for pid in psutil.pids():
-        with contextlib.suppress(OSError):
-            for fd in os.listdir(f"/proc/{pid}/fd"):
-                with contextlib.suppress(OSError):
-                    if os.readlink(f"/proc/{pid}/fd/{fd}") == target:
-                        found.add(pid)
-    return found
-
-
 def _held_elsewhere(fd: int) -> Callable[[], bool | None]:
     """Whether a process other than this one holds the pipe of `fd` (a helper does)."""
     target = f"pipe:[{os.fstat(fd).st_ino}]"
-    return lambda: bool(_holders(target) - {os.getpid()}) or None
+    return lambda: bool(fd_holders(target) - {os.getpid()}) or None
 
 
 def test_keepers_are_made_side_by_side_each_answer_to_its_asker(
@@ -158,7 +145,7 @@ def test_keepers_are_made_side_by_side_each_answer_to_its_asker(
     assert [asked.error for asked in good] == [None] * 6
     for asked in good:
         assert asked.pid is not None
-        assert asked.pid in _holders(f"socket:[{asked.listener_inode}]")
+        assert asked.pid in fd_holders(f"socket:[{asked.listener_inode}]")
     assert len({asked.pid for asked in good}) == 6
     assert isinstance(bad.error, launcher.SandboxError)
     assert not isinstance(bad.error, launcher.KeeperLostError)
@@ -183,7 +170,7 @@ def test_the_zygote_s_end_fails_every_request_waiting(
     read_end, write_end = stuck_pipe
     waiting = [_ask(client, f"{scratch}/w{n}.sock", _blank(), [write_end], 60.0)
                for n in range(2)]
-    wait_until(lambda: len(_holders(f"pipe:[{os.fstat(read_end).st_ino}]")) >= 3 or None,
+    wait_until(lambda: len(fd_holders(f"pipe:[{os.fstat(read_end).st_ino}]")) >= 3 or None,
                what="both helpers to block")
     os.killpg(client.proc.pid, signal.SIGKILL)
     for asked in waiting:
