@@ -264,19 +264,30 @@ class WorkspaceRuntime:
             return self._workspace
 
     def is_alive(self) -> Any:
+        """Whether the runtime can serve: its workspace still recorded in Redis (not
+        deleted, not expired), and a live host to run it (or to make it on). Redis reads
+        only, no round trip to a worker: SWE-ReX asks with a 0.15 s timeout (the lease
+        is renewed by its own thread)."""
         abstract, _ = _swerex()
+        workspace = self._workspace  # not under the lock: a workspace being made holds it
         try:
-            if self._workspace is not None:
-                self._workspace.renew()
-            elif not self._a_host_is_alive():
+            if workspace is not None:
+                self._fleet.open_workspace(workspace.id)
+            if not self._a_host_is_alive(None if workspace is None else workspace.host):
                 return abstract.IsAliveResponse(
-                    is_alive=False, message="no live host of the fleet to make the workspace on")
+                    is_alive=False, message="no live host of the fleet to run the workspace")
         except BashfleetError as exc:
             return abstract.IsAliveResponse(is_alive=False, message=str(exc))
         return abstract.IsAliveResponse(is_alive=True)
 
-    def _a_host_is_alive(self) -> bool:
-        host, label = self._options.host, self._options.label
+    def _a_host_is_alive(self, host: str | None) -> bool:
+        """A live host of the fleet: `host` itself when given, else one the options
+        allow."""
+        label = self._options.label
+        if host is None:
+            host = self._options.host
+        else:
+            label = None
         return any(info.alive and host in (None, info.host)
                    and (label is None or label in info.labels) for info in self._fleet.hosts())
 
@@ -590,9 +601,11 @@ def run(args: argparse.Namespace) -> int:
     from bashfleet.client.fleet import Fleet  # noqa: PLC0415
 
     # Bound first: "serving" is said only of a port that is ours (a busy one is said so,
-    # before a workspace is made for nothing).
+    # before a workspace is made for nothing). It listens once uvicorn's loop serves it:
+    # a client that connects earlier is refused and tries again (SWE-ReX's
+    # wait_until_alive), rather than kept waiting past its 0.15 s on a server starting.
     try:
-        listening = listening_socket(args.bind, args.port)
+        listening = bound_socket(args.bind, args.port)
     except OSError as exc:
         reason = os.strerror(exc.errno) if exc.errno else str(exc)
         print(f"bashfleet swerex: cannot listen on {args.bind}:{args.port}: {reason}",
@@ -602,6 +615,7 @@ def run(args: argparse.Namespace) -> int:
                                image=args.image, build=args.build, user=args.user)
     with listening, Fleet(**options.fleet_kwargs()) as fleet:
         runtime = WorkspaceRuntime(fleet, options)
+        runtime.is_alive()  # the fleet's first Redis reads, and SWE-ReX's models, before serving
         server = uvicorn.Server(uvicorn.Config(build_app(runtime, args.auth_token),
                                                log_level="warning"))
         print(f"bashfleet swerex: serving SWE-ReX's runtime on http://{args.bind}:{args.port}",
@@ -610,8 +624,15 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def listening_socket(bind: str, port: int) -> socket.socket:
-    """A TCP socket listening on `bind`:`port` (IPv6 when the address is); OSError when
-    the port is taken or the address not ours."""
+def bound_socket(bind: str, port: int) -> socket.socket:
+    """A TCP socket bound to `bind`:`port` (IPv6 when the address is), not listening
+    yet; OSError when the port is taken or the address not ours."""
     family = socket.AF_INET6 if ":" in bind else socket.AF_INET
-    return socket.create_server((bind, port), family=family)
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((bind, port))
+    except BaseException:
+        sock.close()
+        raise
+    return sock

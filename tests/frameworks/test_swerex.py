@@ -659,6 +659,23 @@ async def test_uploads_are_what_sessions_run_and_close_deletes_the_workspace(
         assert [v for v in fleet.workspaces() if v.id == view.id] == []
 
 
+async def test_is_alive_says_so_when_the_workspace_is_deleted_under_it(
+        remote_runtime: RemoteRuntime, remote_server: Server, redis_server: RedisServer) -> None:
+    """/is_alive reads Redis, not the worker (SWE-ReX gives it 0.15 s); a workspace
+    deleted by someone else is seen at once, and /close lets the next request make one."""
+    await remote_runtime.execute(C(command="true", shell=True))
+    assert await remote_runtime.is_alive()
+    with Fleet(redis_server.url, owner=remote_server.owner) as fleet:
+        (view,) = [v for v in fleet.workspaces() if v.tags.get("framework") == "swe-rex"]
+        fleet.open_workspace(view.id).delete()
+    answer = await remote_runtime.is_alive(timeout=10)
+    assert not answer.is_alive
+    assert f"no such workspace: {view.id}" in answer.message
+    await remote_runtime.close()
+    assert await remote_runtime.is_alive()
+    assert (await remote_runtime.execute(C(command="echo again", shell=True))).stdout == "again\n"
+
+
 async def test_a_retried_request_is_answered_once(remote_server: Server) -> None:
     """The same X-Request-ID twice: the command ran once, both got its answer."""
     headers = {**remote_server.headers, "X-Request-ID": uuid.uuid4().hex}
