@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from privilege import needs_root
 
-from bashfleet.worker.engine.snapshots import snapshots
+from bashfleet.worker.engine.snapshots import snapshots, tree_copy
 from bashfleet.worker.wire.models import WorkspaceRecord
 
 
@@ -160,7 +160,7 @@ def test_a_link_the_first_copy_took_is_never_followed(tmp_path: Path,
     layer = tmp_path / "layer"
     layer.mkdir()
     copy.rename(layer / "copy")
-    snapshots._settle_copy(layer, 10**9, {"copy": after})
+    snapshots._settle_copy(layer, {"copy": after})
     copy = layer / "copy"
     assert (canary / "passwd").read_text() == "host's"
     assert stat.S_IMODE(canary.stat().st_mode) == 0o755
@@ -193,3 +193,39 @@ def test_what_the_first_copy_left_out_is_copied_again_though_its_stamps_held(
     subprocess.run(["rm", "-r", str(copy / "d" / "e")], check=True)
     assert snapshots._catch_up(copy, listing, listing) == ([], [])
     assert snapshots._catch_up(copy, listing, listing, missed=["d/e"]) == (["d/e"], [])
+
+
+@needs_root("whiteouts (device nodes) need root")
+@pytest.mark.parametrize("change", sorted(MUTATIONS))
+def test_the_first_copys_own_looks_tell_what_changed_after_it(change: str,
+                                                              tmp_path: Path) -> None:
+    """As a snapshot takes it: no listing before the copy, the looks the copy took of each
+    entry are what the frozen listing is held against."""
+    src, copy = tmp_path / "src", tmp_path / "copy"
+    src.mkdir()
+    _base(src)
+    copied: dict[str, os.stat_result] = {}
+    assert tree_copy.copy_tree(str(src), str(copy), copied) == []
+    assert set(copied) == set(snapshots._listing(src))  # every entry, the top as ''
+    MUTATIONS[change](src)
+    assert _tree(src) != _tree(copy)
+    copies, dirs = snapshots._catch_up(copy, snapshots.stamps(copied),
+                                       snapshots._listing(src))
+    ws = WorkspaceRecord(id="w" + "0" * 15, host="h", path="/x", fresh=True, out_dir="/o",
+                         isolation="strict", network=True, ttl_s=1, created_at=0)
+    snapshots._copy_layers([(src, copy, copies, None)] if copies else [], ws)
+    snapshots._settle_dirs(src, copy, dirs)
+    assert _tree(copy) == _tree(src)
+
+
+def test_a_file_rewritten_after_the_copy_looked_is_copied_again(tmp_path: Path) -> None:
+    """The copy's look at a file is the one its bytes were read after: a write after it,
+    same size, is a change the frozen listing shows."""
+    src, copy = tmp_path / "src", tmp_path / "copy"
+    src.mkdir()
+    (src / "f").write_text("aaaa")
+    copied: dict[str, os.stat_result] = {}
+    tree_copy.copy_tree(str(src), str(copy), copied)
+    (src / "f").write_text("bbbb")
+    copies, _ = snapshots._catch_up(copy, snapshots.stamps(copied), snapshots._listing(src))
+    assert copies == ["f"]

@@ -158,3 +158,53 @@ def test_a_link_swapped_for_a_directory_between_look_and_read_is_left_out(
 
     monkeypatch.setattr(tree_copy, "_remove_in", swap_then_remove)
     assert tree_copy.copy_tree(str(src), str(tmp_path / "copy")) == ["q"]
+
+
+def test_owners_are_mapped_as_the_copy_makes_each_entry(tmp_path: Path) -> None:
+    """`ids` maps every entry's owner (files, directories, links, the top), set once as
+    each is made: set-id bits survive it, the rest is `cp -a`'s."""
+    src = tmp_path / "src"
+    (src / "d").mkdir(parents=True)
+    (src / "d" / "f").write_text("x")
+    (src / "tool").write_text("#!/bin/sh\n")
+    (src / "link").symlink_to("d/f")
+    for path, owner in ((src, 100000), (src / "d", 100001), (src / "d" / "f", 100002),
+                        (src / "tool", 100000), (src / "link", 100003)):
+        os.lchown(path, owner, owner + 10)
+    os.chmod(src / "tool", 0o4755)  # noqa: S103 - set-user-id kept: a copy, never run
+
+    def shifted(uid: int, gid: int) -> tuple[int, int]:
+        return uid - 100000, gid - 100000
+
+    assert tree_copy.copy_tree(str(src), str(tmp_path / "copy"), ids=shifted) == []
+    copy = tmp_path / "copy"
+    owners = {rel: (os.lstat(copy / rel).st_uid, os.lstat(copy / rel).st_gid)
+              for rel in (".", "d", "d/f", "tool", "link")}
+    assert owners == {".": (0, 10), "d": (1, 11), "d/f": (2, 12), "tool": (0, 10),
+                      "link": (3, 13)}
+    assert stat.S_IMODE(os.lstat(copy / "tool").st_mode) == 0o4755
+    assert tree_copy.copy_entries(str(src), str(copy), ["d/f"], ids=shifted) == []
+    assert (os.lstat(copy / "d" / "f").st_uid, os.lstat(copy / "d" / "f").st_gid) == (2, 12)
+
+
+def test_a_catch_up_removes_extended_attributes_the_source_has_not(tmp_path: Path) -> None:
+    """Into a directory the copy did not just make (a catch-up's), what a new entry
+    inherits there is not taken for the source's: attributes it has not are removed."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "f").write_text("x")
+    copy = tmp_path / "copy"
+    assert tree_copy.copy_tree(str(src), str(copy)) == []
+    (copy / "f").unlink()
+    real_open = os.open
+
+    def open_with_attr(path: object, flags: int, *args: object, **kwargs: object) -> int:
+        fd = real_open(path, flags, *args, **kwargs)  # type: ignore[arg-type]
+        if flags & os.O_CREAT:
+            os.setxattr(fd, "user.inherited", b"1")  # as a default ACL would give it
+        return fd
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(os, "open", open_with_attr)
+        assert tree_copy.copy_entries(str(src), str(copy), ["f"]) == []
+    assert os.listxattr(copy / "f") == []

@@ -96,9 +96,15 @@ def _take_held(ws: WorkspaceRecord, settings: Settings, *, ttl_s: float | None,
     staging = base / f".{snap_id}.tmp"
     (staging / "layer").mkdir(mode=0o700, parents=True)
     try:
-        paused_ms, listings = _copy_frozen(ws, own_dirs(ws, settings), staging / "layer")
+        first = ws.ids[0]
+
+        def shifted(uid: int, gid: int) -> tuple[int, int]:
+            return image_id(uid, first), image_id(gid, first)
+
+        paused_ms, listings = _copy_frozen(ws, own_dirs(ws, settings), staging / "layer",
+                                           ids=shifted)
         layer = staging / "layer"
-        size = _settle_copy(layer, ws.ids[0], listings)
+        size = _settle_copy(layer, listings)
         for name in snapshot_store.LAYER_NAMES:
             (layer / name).mkdir(mode=0o755, exist_ok=True)
         record = SnapshotRecord(
@@ -160,23 +166,33 @@ def _listing(root: Path) -> dict[str, tuple[Stamp, int]]:
     return found
 
 
+def stamps(looks: Mapping[str, os.stat_result]) -> dict[str, tuple[Stamp, int]]:
+    """A copy's looks at what it took (`tree_copy.copy_tree`'s `copied`) as a listing."""
+    return {rel: _stamp(info) for rel, info in looks.items()}
+
+
 def _stamp(info: os.stat_result) -> tuple[Stamp, int]:
     return ((info.st_mode, info.st_ino, info.st_uid, info.st_gid, info.st_size,
              info.st_mtime_ns, info.st_ctime_ns), info.st_blocks)
 
 
-def _copy_frozen(ws: WorkspaceRecord, sources: list[tuple[Path, str]], dest: Path
+def _copy_frozen(ws: WorkspaceRecord, sources: list[tuple[Path, str]], dest: Path, *,
+                 ids: tree_copy.IdMap | None = None
                  ) -> tuple[float | None, dict[str, dict[str, tuple[Stamp, int]]]]:
-    """Copy `sources` into `dest` (each under its layer name) as they are at one instant:
-    copied while the workspace runs, then, its processes frozen, what changed meanwhile
-    copied again (its pause is that, not the whole copy). The ms they were paused, and
-    what each layer held then (`_settle_copy` makes the copy that)."""
-    before = {name: _listing(src) for src, name in sources}
+    """Copy `sources` into `dest` (each under its layer name, owners mapped by `ids`) as
+    they are at one instant: copied while the workspace runs, then, its processes
+    frozen, what changed meanwhile copied again (its pause is that, not the whole copy).
+    The ms they were paused, and what each layer held then (`_settle_copy` makes the
+    copy that)."""
     # The workspace runs meanwhile: an entry it removes (or swaps) while the copy walks
-    # is left out, not an error; the frozen pass below settles it.
-    copied: dict[str, dict[str, tuple[int, int]]] = {name: {} for _, name in sources}
+    # is left out, not an error; the frozen pass below settles it. What the copy took is
+    # stamped as it took it (no listing of its own beforehand: one walk fewer, and a
+    # directory swapped for a link and back while it ran shows as the link it took).
+    copied: dict[str, dict[str, os.stat_result]] = {name: {} for _, name in sources}
     gone_first = dict(zip([name for _, name in sources], _copy_layers(
-        [(src, dest / name, None, copied[name]) for src, name in sources], ws), strict=True))
+        [(src, dest / name, None, copied[name]) for src, name in sources], ws, ids=ids),
+        strict=True))
+    before = {name: stamps(looks) for name, looks in copied.items()}
     started = time.monotonic()
     frozen = cgroups.freeze(ws.cgroup)
     try:
@@ -184,22 +200,18 @@ def _copy_frozen(ws: WorkspaceRecord, sources: list[tuple[Path, str]], dest: Pat
         again: list[CopyJob] = []
         settle = []
         for src, name in sources:
-            # What the copy took as another inode or kind than the frozen listing shows
-            # (a directory swapped for a link and back keeps its stamps), and what it
-            # left out, are copied again whatever their stamps say.
-            missed = [*gone_first[name], *(
-                rel for rel, (stamp, _) in after[name].items() if rel and copied[name].get(
-                    rel, (stamp[1], stat.S_IFMT(stamp[0]))) != (stamp[1], stat.S_IFMT(stamp[0])))]
-            rels, dirs = _catch_up(dest / name, before[name], after[name], missed=missed)
+            # What the first copy left out is copied again whatever its stamps say.
+            rels, dirs = _catch_up(dest / name, before[name], after[name],
+                                   missed=gone_first[name])
             if rels:
                 again.append((src, dest / name, rels, None))
             settle.append((src, dest / name, dirs))
-        gone = [rel for missing in _copy_layers(again, ws) for rel in missing]
+        gone = [rel for missing in _copy_layers(again, ws, ids=ids) for rel in missing]
         if gone and frozen:
             raise SnapshotError("internal", f"workspace {ws.id}'s {gone[0]} changed while "
                                 "it was frozen; take the snapshot again")
         for src, copy, dirs in settle:
-            _settle_dirs(src, copy, dirs)
+            _settle_dirs(src, copy, dirs, ids)
     finally:
         if frozen:
             cgroups.thaw(ws.cgroup)
@@ -274,9 +286,10 @@ def _remove(copy: Path, rel: str) -> None:
         os.unlink(target)
 
 
-def _settle_dirs(src: Path, copy: Path, dirs: list[str]) -> None:
-    """Give directories of the copy their source's owner, mode, xattrs and times (each
-    opened beneath its root on both sides: nothing is followed)."""
+def _settle_dirs(src: Path, copy: Path, dirs: list[str], ids: tree_copy.IdMap | None = None
+                 ) -> None:
+    """Give directories of the copy their source's owner (mapped by `ids`), mode, xattrs
+    and times (each opened beneath its root on both sides: nothing is followed)."""
     src_root = os.open(src, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     copy_root = os.open(copy, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
@@ -295,7 +308,7 @@ def _settle_dirs(src: Path, copy: Path, dirs: list[str]) -> None:
                     continue
                 raise
             try:
-                tree_copy.settle(source, target, os.fstat(source))
+                tree_copy.settle(source, target, os.fstat(source), ids)
             finally:
                 os.close(source)
                 os.close(target)
@@ -306,19 +319,20 @@ def _settle_dirs(src: Path, copy: Path, dirs: list[str]) -> None:
 
 #: A copy of a layer: (source, copy, the entries to copy again (None: the whole tree),
 #: where a whole tree's copy says what it took each entry as).
-CopyJob = tuple[Path, Path, "list[str] | None", "dict[str, tuple[int, int]] | None"]
+CopyJob = tuple[Path, Path, "list[str] | None", "dict[str, os.stat_result] | None"]
 
 
-def _copy_layers(jobs: list[CopyJob], ws: WorkspaceRecord) -> list[list[str]]:
+def _copy_layers(jobs: list[CopyJob], ws: WorkspaceRecord, *,
+                 ids: tree_copy.IdMap | None = None) -> list[list[str]]:
     """Run copies of layers at once (the cost is per file, the kernel's, which the
-    host's cores share: the copies release the interpreter while the kernel copies);
-    what each left out (gone or changed while it ran); SnapshotError naming the first
-    that failed."""
+    host's cores share: the copies release the interpreter while the kernel copies),
+    owners mapped by `ids`; what each left out (gone or changed while it ran);
+    SnapshotError naming the first that failed."""
     def one(job: CopyJob) -> list[str]:
         src, dest, rels, copied = job
         if rels is None:
-            return tree_copy.copy_tree(str(src), str(dest), copied)
-        return tree_copy.copy_entries(str(src), str(dest), rels)
+            return tree_copy.copy_tree(str(src), str(dest), copied, ids=ids)
+        return tree_copy.copy_entries(str(src), str(dest), rels, ids=ids)
 
     if not jobs:
         return []
@@ -343,13 +357,11 @@ def image_id(host_id: int, first: int) -> int:
     return 0 if host_id == 0 else OVERFLOW_ID
 
 
-def _settle_copy(layer: Path, first: int,
-                 listings: dict[str, dict[str, tuple[Stamp, int]]]) -> int:
+def _settle_copy(layer: Path, listings: dict[str, dict[str, tuple[Stamp, int]]]) -> int:
     """The copied layers made what `listings` say the workspace held at the frozen
     instant: an entry the first copy took that was gone by then (made and removed while
-    it ran) removed; every id of the workspace's slot (`first` + n) made the image-like
-    n, any other id nobody's (what chown clears, set-user-id and set-group-id bits, set
-    again). Walks the copy itself, never following a link. The bytes it holds."""
+    it ran) removed (its owners were set as the copy made it: `image_id`). Walks the
+    copy itself, never following a link. The bytes it holds."""
     total = 0
     for name, listing in listings.items():
         stack = [(str(layer / name), "")]
@@ -366,22 +378,12 @@ def _settle_copy(layer: Path, first: int,
                     if stat.S_IFMT(listed[0][0]) != stat.S_IFMT(info.st_mode):
                         raise SnapshotError("internal", f"{name}/{rel} changed while it was "
                                             "copied; take the snapshot again")
-                    total += _shift_one(entry.path, info, first)
+                    total += int(info.st_blocks) * 512
                     if stat.S_ISDIR(info.st_mode):
                         stack.append((entry.path, f"{rel}/"))
-        total += _shift_one(str(layer / name), os.lstat(layer / name), first)
+        total += int(os.lstat(layer / name).st_blocks) * 512
     os.chown(layer, 0, 0)  # the layer directory itself is the snapshot's, not a copy
     return total
-
-
-def _shift_one(path: str, info: os.stat_result, first: int) -> int:
-    shifted = (image_id(info.st_uid, first), image_id(info.st_gid, first))
-    if shifted != (info.st_uid, info.st_gid):
-        os.lchown(path, *shifted)
-        special = stat.S_IMODE(info.st_mode) & (stat.S_ISUID | stat.S_ISGID)
-        if special and not stat.S_ISLNK(info.st_mode):
-            os.chmod(path, stat.S_IMODE(info.st_mode))
-    return int(info.st_blocks) * 512
 
 
 # ---------------------------------------------------------------------------- lifetime

@@ -8,7 +8,8 @@ What `cp -a` keeps, kept: kinds (files, directories, links, FIFOs, sockets, devi
 as an overlay's whiteouts), owners, modes (set-id bits after the owner), extended
 attributes (an overlay's `trusted.overlay.*` too), times, hard links within the copy;
 file data shared where the file system can (FICLONE), else copied in the kernel
-(copy_file_range).
+(copy_file_range). Owners may be mapped on the way (`ids`: a snapshot keeps a
+workspace's ids as an image's), each set once, with the copy's other metadata.
 
     copy_tree(src, dest)                   the whole tree of src as dest (made here)
     copy_entries(src, dest, ["a/b", ...])  those entries of src again, into dest's tree
@@ -24,7 +25,7 @@ import errno
 import fcntl
 import os
 import stat
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 #: ioctl FICLONE: the destination shares the source's extents (XFS with reflink, btrfs).
@@ -35,6 +36,9 @@ FICLONE = 0x40049409
 GONE = frozenset({errno.ENOENT, errno.ELOOP, errno.ENOTDIR, errno.ENXIO})
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+
+#: Maps a source's (uid, gid) to the copy's.
+IdMap = Callable[[int, int], tuple[int, int]]
 
 
 class ChangedError(OSError):
@@ -49,25 +53,34 @@ class _Copy:
     dest_root: int
     links: dict[tuple[int, int], tuple[str, str]] = field(default_factory=dict)
     gone: list[str] = field(default_factory=list)
-    copied: dict[str, tuple[int, int]] = field(default_factory=dict)
-    """What each entry was copied as: relative path -> (inode, kind)."""
+    copied: dict[str, os.stat_result] = field(default_factory=dict)
+    """What each entry was copied as: relative path -> its look as it was copied (a
+    file's through the descriptor its bytes were then read from)."""
+    ids: IdMap | None = None
+    dest_dev: int = -1
+    """The copy's device (one file system: the copy is the host's own)."""
 
 
-def copy_tree(src: str, dest: str, copied: dict[str, tuple[int, int]] | None = None
-              ) -> list[str]:
+def copy_tree(src: str, dest: str, copied: dict[str, os.stat_result] | None = None, *,
+              ids: IdMap | None = None) -> list[str]:
     """Copy the tree at `src` (a real directory path of the host's own) to `dest` (which
     must not exist); the entries that went while it was copied (relative paths). Into
-    `copied`, what each entry was copied as (inode, kind): a directory swapped for a link
-    and back between two looks keeps its stamps, not what the copy took."""
+    `copied`, each entry's look as it was copied (`src` itself as ''): a later look that
+    differs means the copy may not hold it as it is then (a directory swapped for a link
+    and back keeps its own look, not the link's the copy took). `ids`: the copy's
+    owners."""
     src_fd = os.open(src, _DIR_FLAGS)
     try:
         info = os.fstat(src_fd)
+        copied = copied if copied is not None else {}
+        copied[""] = info
         os.mkdir(dest, 0o700)
         dest_fd = os.open(dest, _DIR_FLAGS)
         try:
-            state = _Copy(dest_fd, copied=copied if copied is not None else {})
+            state = _Copy(dest_fd, copied=copied, ids=ids,
+                          dest_dev=os.fstat(dest_fd).st_dev)
             _fill(src_fd, dest_fd, "", state)
-            settle(src_fd, dest_fd, info)
+            settle(src_fd, dest_fd, info, ids)
         finally:
             os.close(dest_fd)
     finally:
@@ -75,14 +88,15 @@ def copy_tree(src: str, dest: str, copied: dict[str, tuple[int, int]] | None = N
     return state.gone
 
 
-def copy_entries(src: str, dest: str, rels: Iterable[str]) -> list[str]:
+def copy_entries(src: str, dest: str, rels: Iterable[str], *, ids: IdMap | None = None
+                 ) -> list[str]:
     """Copy each entry `rels` names (relative to `src`; a directory with all it holds)
     to the same place under `dest`, whose directories on the way must be directories
     already (a missing one is made, with its source's owner, mode and times); the
-    entries that went meanwhile."""
+    entries that went meanwhile. `ids`: the copy's owners."""
     src_root = os.open(src, _DIR_FLAGS)
     dest_root = os.open(dest, _DIR_FLAGS)
-    state = _Copy(dest_root)
+    state = _Copy(dest_root, ids=ids, dest_dev=os.fstat(dest_root).st_dev)
     try:
         for rel in rels:
             parent, name = os.path.split(rel)
@@ -94,9 +108,9 @@ def copy_entries(src: str, dest: str, rels: Iterable[str]) -> list[str]:
                 state.gone.append(rel)
                 continue
             try:
-                dest_dir = _dest_dir(src_root, dest_root, parent)
+                dest_dir = _dest_dir(src_root, dest_root, parent, ids)
                 try:
-                    _copy_entry(src_dir, dest_dir, name, rel, state)
+                    _copy_entry(src_dir, dest_dir, name, rel, state, fresh=False)
                 finally:
                     os.close(dest_dir)
             finally:
@@ -123,7 +137,7 @@ def open_beneath(root: int, rel: str) -> int:
     return fd
 
 
-def _dest_dir(src_root: int, dest_root: int, rel: str) -> int:
+def _dest_dir(src_root: int, dest_root: int, rel: str, ids: IdMap | None = None) -> int:
     """The directory `rel` of the copy, missing ones on the way made as their sources."""
     fd = os.dup(dest_root)
     done = ""
@@ -137,7 +151,7 @@ def _dest_dir(src_root: int, dest_root: int, rel: str) -> int:
                 info = os.fstat(source)
                 os.mkdir(part, 0o700, dir_fd=fd)
                 nxt = os.open(part, _DIR_FLAGS, dir_fd=fd)
-                settle(source, nxt, info)
+                settle(source, nxt, info, ids)
             finally:
                 os.close(source)
         except BaseException:
@@ -153,30 +167,34 @@ def _fill(src_dir: int, dest_dir: int, prefix: str, state: _Copy) -> None:
     with os.scandir(src_dir) as listing:
         names = [entry.name for entry in listing]
     for name in names:
-        _copy_entry(src_dir, dest_dir, name, f"{prefix}{name}", state)
+        # `dest_dir` is this copy's own, its metadata set once it is filled: what is
+        # made in it inherits nothing (no default ACL yet).
+        _copy_entry(src_dir, dest_dir, name, f"{prefix}{name}", state, fresh=True)
 
 
-def _copy_entry(src_dir: int, dest_dir: int, name: str, rel: str, state: _Copy) -> None:
+def _copy_entry(src_dir: int, dest_dir: int, name: str, rel: str, state: _Copy, *,
+                fresh: bool) -> None:
     """Copy one entry (a directory with what it holds); an entry that went, or changed
-    kind, is named in `state.gone` instead."""
+    kind, is named in `state.gone` instead. `fresh`: `dest_dir` was made by this copy and
+    is not settled yet (an entry made in it has no extended attributes of its own)."""
     try:
         info = os.stat(name, dir_fd=src_dir, follow_symlinks=False)
         _remove_in(dest_dir, name)
         kind = stat.S_IFMT(info.st_mode)
-        state.copied[rel] = (info.st_ino, kind)
+        state.copied[rel] = info
         if kind == stat.S_IFDIR:
-            _copy_dir(src_dir, dest_dir, name, rel, info=info, state=state)
+            _copy_dir(src_dir, dest_dir, name, rel, info=info, state=state, fresh=fresh)
             return
         if kind == stat.S_IFREG and info.st_nlink > 1 and _linked(dest_dir, name, info, state):
             return
         if kind == stat.S_IFREG:
-            _copy_file(src_dir, dest_dir, name, info)
+            state.copied[rel] = _copy_file(src_dir, dest_dir, name, info, state, fresh=fresh)
         elif kind == stat.S_IFLNK:
             os.symlink(_link_target(src_dir, name), name, dir_fd=dest_dir)
         else:  # FIFOs, sockets, devices (an overlay's whiteout is the device 0:0)
             os.mknod(name, info.st_mode, info.st_rdev, dir_fd=dest_dir)
         if kind != stat.S_IFREG:
-            _settle_at(dest_dir, name, info)
+            _settle_at(dest_dir, name, info, state.ids)
         if kind == stat.S_IFREG and info.st_nlink > 1:
             state.links[(info.st_dev, info.st_ino)] = (_path_of(dest_dir, state), name)
     except OSError as exc:
@@ -187,7 +205,7 @@ def _copy_entry(src_dir: int, dest_dir: int, name: str, rel: str, state: _Copy) 
 
 
 def _copy_dir(src_dir: int, dest_dir: int, name: str, rel: str, *, info: os.stat_result,
-              state: _Copy) -> None:
+              state: _Copy, fresh: bool) -> None:
     src_fd = os.open(name, _DIR_FLAGS, dir_fd=src_dir)
     try:
         if not _same(os.fstat(src_fd), info):
@@ -196,14 +214,16 @@ def _copy_dir(src_dir: int, dest_dir: int, name: str, rel: str, *, info: os.stat
         dest_fd = os.open(name, _DIR_FLAGS, dir_fd=dest_dir)
         try:
             _fill(src_fd, dest_fd, f"{rel}/", state)
-            settle(src_fd, dest_fd, info)
+            settle(src_fd, dest_fd, info, state.ids, fresh=fresh)
         finally:
             os.close(dest_fd)
     finally:
         os.close(src_fd)
 
 
-def _copy_file(src_dir: int, dest_dir: int, name: str, info: os.stat_result) -> None:
+def _copy_file(src_dir: int, dest_dir: int, name: str, info: os.stat_result,
+               state: _Copy, *, fresh: bool) -> os.stat_result:
+    """Copy a regular file; its look through the descriptor its bytes were read from."""
     src_fd = os.open(name, _FILE_FLAGS, dir_fd=src_dir)
     try:
         opened = os.fstat(src_fd)
@@ -212,12 +232,13 @@ def _copy_file(src_dir: int, dest_dir: int, name: str, info: os.stat_result) -> 
         dest_fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
                           | os.O_CLOEXEC, 0o600, dir_fd=dest_dir)
         try:
-            _data(src_fd, dest_fd, (opened.st_dev, os.fstat(dest_dir).st_dev))
-            settle(src_fd, dest_fd, opened)
+            _data(src_fd, dest_fd, (opened.st_dev, state.dest_dev))
+            settle(src_fd, dest_fd, opened, state.ids, fresh=fresh)
         finally:
             os.close(dest_fd)
     finally:
         os.close(src_fd)
+    return opened
 
 
 #: What FICLONE answers where the file systems cannot share extents: the source's and the
@@ -275,14 +296,16 @@ def _same(a: os.stat_result, b: os.stat_result) -> bool:
         (b.st_dev, b.st_ino, stat.S_IFMT(b.st_mode))
 
 
-def settle(src_fd: int, dest_fd: int, info: os.stat_result) -> None:
-    """Owner, mode (set-id bits after the owner, which clears them), extended
-    attributes (those the source has not, removed) and times of the opened source
-    (`info`: as it was looked at) on the opened copy."""
-    os.fchown(dest_fd, info.st_uid, info.st_gid)
+def settle(src_fd: int, dest_fd: int, info: os.stat_result, ids: IdMap | None = None, *,
+           fresh: bool = False) -> None:
+    """Owner (mapped by `ids`), mode (set-id bits after the owner, which clears them),
+    extended attributes (those the source has not, removed, unless the copy is `fresh`:
+    made by this copy, with none of its own) and times of the opened source (`info`: as
+    it was looked at) on the opened copy."""
+    os.fchown(dest_fd, *_owner(info, ids))
     os.fchmod(dest_fd, stat.S_IMODE(info.st_mode))
     wanted = set(os.listxattr(src_fd))
-    for attr in set(os.listxattr(dest_fd)) - wanted:
+    for attr in () if fresh else set(os.listxattr(dest_fd)) - wanted:
         with contextlib.suppress(OSError):
             os.removexattr(dest_fd, attr)
     for attr in wanted:
@@ -291,11 +314,16 @@ def settle(src_fd: int, dest_fd: int, info: os.stat_result) -> None:
     os.utime(dest_fd, ns=(info.st_atime_ns, info.st_mtime_ns))
 
 
-def _settle_at(dest_dir: int, name: str, info: os.stat_result) -> None:
+def _owner(info: os.stat_result, ids: IdMap | None) -> tuple[int, int]:
+    return (info.st_uid, info.st_gid) if ids is None else ids(info.st_uid, info.st_gid)
+
+
+def _settle_at(dest_dir: int, name: str, info: os.stat_result, ids: IdMap | None = None
+               ) -> None:
     """`settle` for an entry that cannot be opened (a link, a FIFO, a device): by name
     in its directory, never following it. A link's mode is not its own to set; the
     extended attributes of links and special files are not kept."""
-    os.chown(name, info.st_uid, info.st_gid, dir_fd=dest_dir, follow_symlinks=False)
+    os.chown(name, *_owner(info, ids), dir_fd=dest_dir, follow_symlinks=False)
     if not stat.S_ISLNK(info.st_mode):
         os.chmod(name, stat.S_IMODE(info.st_mode), dir_fd=dest_dir)
     os.utime(name, ns=(info.st_atime_ns, info.st_mtime_ns), dir_fd=dest_dir,
