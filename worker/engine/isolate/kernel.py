@@ -42,7 +42,14 @@ PR_CAP_AMBIENT = 47
 PR_CAP_AMBIENT_CLEAR_ALL = 4
 SIOCGIFFLAGS = 0x8913
 SIOCSIFFLAGS = 0x8914
+SIOCSIFADDR = 0x8916
+SIOCSIFNETMASK = 0x891C
+SIOCADDRT = 0x890B
 IFF_UP = 1
+RTF_UP = 0x1
+RTF_GATEWAY = 0x2
+#: 0.0.0.0: a route's "any destination" (nothing here binds to it).
+ANY_ADDRESS = ".".join("0" * 4)
 AT_FDCWD = -100
 AT_RECURSIVE = 0x8000
 MOUNT_ATTR_RDONLY = 0x1
@@ -351,9 +358,58 @@ def install_filter(prepared: SyscallFilter) -> None:
 def loopback_up() -> None:
     """A new network namespace has its loopback down: bring it up, as bubblewrap does."""
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        request = struct.pack("16sH22x", b"lo", 0)
-        flags = struct.unpack("16sH22x", fcntl.ioctl(sock.fileno(), SIOCGIFFLAGS, request))[1]
-        fcntl.ioctl(sock.fileno(), SIOCSIFFLAGS, struct.pack("16sH22x", b"lo", flags | IFF_UP))
+        _interface_up(sock, "lo")
+
+
+def _interface_up(sock: socket.socket, name: str) -> None:
+    request = struct.pack("16sH22x", name.encode(), 0)
+    flags = struct.unpack("16sH22x", fcntl.ioctl(sock.fileno(), SIOCGIFFLAGS, request))[1]
+    fcntl.ioctl(sock.fileno(), SIOCSIFFLAGS, struct.pack("16sH22x", name.encode(),
+                                                         flags | IFF_UP))
+
+
+def _inet(address: str) -> bytes:
+    """A `struct sockaddr_in` of an IPv4 address (port 0)."""
+    return struct.pack("HH4s8x", socket.AF_INET, 0, socket.inet_aton(address))
+
+
+class _SockAddr(ctypes.Structure):
+    """`struct sockaddr`, bytes as they are (a `c_char` array would stop at a NUL)."""
+
+    _fields_ = [("data", ctypes.c_ubyte * 16)]
+
+
+class _RouteEntry(ctypes.Structure):
+    """`struct rtentry` (SIOCADDRT)."""
+
+    _fields_ = [
+        ("pad1", ctypes.c_ulong), ("dst", _SockAddr), ("gateway", _SockAddr),
+        ("genmask", _SockAddr), ("flags", ctypes.c_ushort), ("pad2", ctypes.c_short),
+        ("pad3", ctypes.c_ulong), ("pad4", ctypes.c_void_p), ("metric", ctypes.c_short),
+        ("dev", ctypes.c_char_p), ("mtu", ctypes.c_ulong), ("window", ctypes.c_ulong),
+        ("irtt", ctypes.c_ushort),
+    ]
+
+
+def configure_link(name: str, address: str, netmask: str, gateway: str) -> None:
+    """In this thread's network namespace: `name` given `address`/`netmask` and up, the
+    loopback up, the default route through `gateway` (what `ip addr add`, `ip link set
+    up` and `ip route add default via` do, without a process of their own)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        fcntl.ioctl(sock.fileno(), SIOCSIFADDR, name.encode().ljust(16, b"\0") + _inet(address))
+        fcntl.ioctl(sock.fileno(), SIOCSIFNETMASK,
+                    name.encode().ljust(16, b"\0") + _inet(netmask))
+        _interface_up(sock, name)
+        _interface_up(sock, "lo")
+        fcntl.ioctl(sock.fileno(), SIOCADDRT, default_route(gateway))
+
+
+def default_route(gateway: str) -> bytes:
+    """The `struct rtentry` of a default route through `gateway` (SIOCADDRT's argument)."""
+    # Destination and mask "any": the default route.
+    anywhere = _SockAddr.from_buffer_copy(_inet(ANY_ADDRESS))
+    return bytes(_RouteEntry(dst=anywhere, gateway=_SockAddr.from_buffer_copy(_inet(gateway)),
+                             genmask=anywhere, flags=RTF_UP | RTF_GATEWAY))
 
 
 def read_proc_at(path: str, proc_fd: int) -> bytes:

@@ -359,13 +359,38 @@ def attach(keeper_pid: int, settings: Settings) -> Link:
     else:
         raise NetworkError(f"every link of {settings.network_pool} is in use")
     try:
-        _in_netns(keeper_pid, ["ip", "-batch", "-"], (
-            f"addr add {link.ws_ip}/30 dev eth0\nlink set eth0 up\nlink set lo up\n"
-            f"route add default via {link.host_ip}\n"))
+        _configure_inside(keeper_pid, link)
     except BaseException:
         detach(link.index)
         raise
     return link
+
+
+def _configure_inside(keeper_pid: int, link: Link) -> None:
+    """The workspace's end of its link: its address, up, its loopback up, its default
+    route through the host's end. Done by a thread of this process that enters the
+    keeper's network namespace and ends there (never reused: a namespace is a thread's
+    own, the process's other threads stay in the host's): ioctls, where `nsenter ip` cost
+    two processes (~5 ms a blank alone, ~11 ms each of sixteen made at once)."""
+    failed: list[BaseException] = []
+
+    def inside() -> None:
+        try:
+            netns = os.open(f"/proc/{keeper_pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                kernel.setns(netns, kernel.CLONE_NEWNET)
+            finally:
+                os.close(netns)
+            kernel.configure_link("eth0", link.ws_ip, "255.255.255.252", link.host_ip)
+        except BaseException as exc:  # raised in the caller's thread
+            failed.append(exc)
+
+    thread = threading.Thread(target=inside, name="bashfleet-link", daemon=True)
+    thread.start()
+    thread.join()
+    if failed:
+        raise NetworkError(f"could not set up the workspace's end of its link: "
+                           f"{failed[0]}") from failed[0]
 
 
 def detach(index: int) -> None:
