@@ -299,6 +299,9 @@ def _run_move(rt: Runtime, record: SnapshotRecord, move: _Move) -> None:
         if record.host == rt.settings.host:
             move.pushed = snapshot_moves.push_chain(rt, record)
         else:
+            # A workspace from it is asked for once the pull is done: its blank keeper is
+            # made beside the pull, not after it.
+            workspaces.make_ahead(record, rt.settings, 1)
             move.pushed = snapshot_moves.fetch_chain(rt, record)
     except ToolError as exc:
         move.error = exc

@@ -204,14 +204,16 @@ def choose(spec: WorkspaceSpec, settings: Settings) -> sandbox.Choice:
 BURST_MAX = 16
 
 
-def make_ahead(source: WorkspaceRecord, settings: Settings, count: int) -> None:
-    """Have the blank keepers of `count` workspaces from a snapshot of `source` (a fork's
-    burst, at most BURST_MAX) made or on their way: the missing ones are made side by
-    side in the background. A fork asks before its snapshot is taken (they are made
-    meanwhile, not after it, one claim waiting on each) and again once its workspaces
-    are made, so that the next fork of that size finds them ready (sixteen forks with
-    their blanks made at once took 230-370 ms on a loaded 2-core machine, most of it
-    making the blanks: more than a whole fork may take)."""
+def make_ahead(source: WorkspaceRecord | SnapshotRecord, settings: Settings,
+               count: int) -> None:
+    """Have the blank keepers of `count` workspaces from a snapshot of `source` (or from
+    snapshot `source`) made or on their way (a fork's burst, at most BURST_MAX): the
+    missing ones are made side by side in the background. A fork asks before its
+    snapshot is taken (they are made meanwhile, not after it, one claim waiting on each)
+    and again once its workspaces are made, so that the next fork of that size finds
+    them ready (sixteen forks with their blanks made at once took 230-370 ms on a loaded
+    2-core machine, most of it making the blanks: more than a whole fork may take); a
+    host fetching a snapshot from the registry asks as its pull starts."""
     if source.isolation != "none" and sandbox.host_ids(settings) is not None:
         blank_pool.blanks.ahead(settings, blank_kind(source.network), prebuilt=False,
                                 count=min(count, BURST_MAX))
