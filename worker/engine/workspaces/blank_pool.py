@@ -91,13 +91,6 @@ def _remove_when_free(path: Path) -> None:
         time.sleep(0.05)  # the dead keeper's mounts are let go of a moment later
 
 
-#: Blanks a process makes at once. A burst of sixteen made all at once holds every
-#: core and the interpreter for its whole length, the answer of the fork that asked for
-#: them and the calls after it waiting behind; four at a time make sixteen in about the
-#: same time (153 vs 169 ms on 2 cores), the first ready sooner (80 vs 49 ms).
-MAKE_AT_ONCE = 4
-
-
 class Blanks:
     """Blank keepers made ahead, per network kind (`blank_kind`), in this process (a few:
     `workspace_pool`; more for a burst on its way: `ahead`). They are made side by side
@@ -114,8 +107,6 @@ class Blanks:
         self.waiting: dict[tuple[Path, str, bool], int] = {}
         """Takes waiting for one of those, per key."""
         self.threads: list[threading.Thread] = []
-        self.makers = threading.BoundedSemaphore(MAKE_AT_ONCE)
-        """Blanks being made at once; a burst's others wait their turn."""
 
     def take(self, settings: Settings, kind: str, *, prebuilt: bool = True,
              top_up: bool = True) -> Blank:
@@ -177,8 +168,7 @@ class Blanks:
         key = (settings.state_dir, kind, prebuilt)
         blank = None
         try:
-            with self.makers:
-                blank = make_blank(settings, kind, prebuilt=prebuilt)
+            blank = make_blank(settings, kind, prebuilt=prebuilt)
         except OSError as exc:
             log.warning("could not make a keeper ahead: %s", exc)
         finally:
