@@ -108,26 +108,19 @@ class Blanks:
         """Takes waiting for one of those, per key."""
         self.threads: list[threading.Thread] = []
 
-    def take(self, settings: Settings, kind: str, *, prebuilt: bool = True,
-             top_up: bool = True) -> Blank:
+    def take(self, settings: Settings, kind: str, *, prebuilt: bool = True) -> Blank:
         """A blank keeper (made now when none is ready or on its way); more are made in
-        the background (`top_up` False: the caller has them made once its claim is done,
-        `top_up`). `prebuilt`: with the host's root in layers built ahead (an image's
+        the background. `prebuilt`: with the host's root in layers built ahead (an image's
         workspace wants its own `/`)."""
         key = (settings.state_dir, kind, prebuilt)
         blank = self._ready_or_coming(key)
-        if top_up:
-            self.top_up(settings, kind, prebuilt=prebuilt)
+        self.ahead(settings, kind, prebuilt=prebuilt, count=settings.workspace_pool)
         if blank is not None and (blank.start is None or procs.is_same_process(blank.pid,
                                                                               blank.start)):
             return blank
         if blank is not None:
             blank.end()
         return make_blank(settings, kind, prebuilt=prebuilt)
-
-    def top_up(self, settings: Settings, kind: str, *, prebuilt: bool) -> None:
-        """Have the pool's blanks of a kind (`workspace_pool`) ready or on their way."""
-        self.ahead(settings, kind, prebuilt=prebuilt, count=settings.workspace_pool)
 
     def _ready_or_coming(self, key: tuple[Path, str, bool]) -> Blank | None:
         """A ready blank of `key`, waiting for one being made when there are more on

@@ -58,15 +58,11 @@ def create(spec: WorkspaceSpec, settings: Settings, *, throwaway: bool = False,
                              "subordinate ids; `bashfleet hosts` says `single-tenant`)")
     image, image_root = image_of(spec, settings, snapshot)
     blank = None
-    # Made from a snapshot, its host layers stand on the snapshot's: built at claim.
-    prebuilt = image_root is None and snapshot is None
     if choice.level != "none":
         try:
-            # The pool is topped up once this claim is done, not beside it: a blank made
-            # meanwhile (the zygote's fork, its namespaces, its link) takes the cores this
-            # claim needs on a small host.
+            # Made from a snapshot, its host layers stand on the snapshot's: built at claim.
             blank = blank_pool.blanks.take(settings, blank_kind(choice.network),
-                                           prebuilt=prebuilt, top_up=False)
+                                prebuilt=image_root is None and snapshot is None)
         except OSError as exc:
             raise WorkspaceError("spawn_failed", f"could not make the workspace's sandbox: "
                                  f"{exc.strerror or exc}") from exc
@@ -77,9 +73,6 @@ def create(spec: WorkspaceSpec, settings: Settings, *, throwaway: bool = False,
         if blank is not None:
             blank.end()  # never claimed, or its claim failed: its id slot freed with it
         raise
-    finally:
-        if blank is not None:
-            blank_pool.blanks.top_up(settings, blank_kind(choice.network), prebuilt=prebuilt)
 
 
 def _create(spec: WorkspaceSpec, settings: Settings, choice: sandbox.Choice,  # noqa: PLR0917
