@@ -48,8 +48,8 @@ SIOCADDRT = 0x890B
 IFF_UP = 1
 RTF_UP = 0x1
 RTF_GATEWAY = 0x2
-#: 0.0.0.0: a route's "any destination" (nothing here binds to it).
-ANY_ADDRESS = ".".join("0" * 4)
+#: A route's "any destination" and "any mask" (a route's, not an address bound to).
+ANY_ADDRESS = "0.0.0.0"  # noqa: S104
 AT_FDCWD = -100
 AT_RECURSIVE = 0x8000
 MOUNT_ATTR_RDONLY = 0x1
