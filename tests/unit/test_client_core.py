@@ -528,7 +528,7 @@ def _host(host: str, key: str = KEY, **fields: str) -> dict[str, str]:
 
 
 def test_host_listing_entries_read_from_one_pipeline() -> None:
-    answers = [_host("a"), "t1", 2, 7,
+    answers = [_host("a"), "t1", 3, 7,  # two calls and the busy set's sentinel
                {}, None, 0, 0]  # a host without a record is left out
     infos = core_records.host_infos(["a", "b"], answers, RING)
     assert [(i.host, i.alive, i.slots, i.busy, i.queued, i.labels) for i in infos] == [
@@ -579,10 +579,19 @@ def test_a_forged_job_is_left_out_of_listings_never_believed() -> None:
     assert core_records.job_views(["j1"], hashes[:1], {}, RING)["j1"].state == "unknown"
 
 
-def test_a_watch_snapshot_is_laid_out_as_read() -> None:
-    snapshot = core_records.watch_snapshot(2, ("state", "host"), ["h1"],
-                                           ["a1", None, ["running", "h1"], [None, None], "t"])
-    assert snapshot.answers == ["a1", None]
-    assert snapshot.records == [{"state": "running", "host": "h1"},
+@pytest.mark.parametrize(("apart", "in_record", "answer"), [
+    ("a1", None, "a1"),        # kept apart (a call that started a job, a control reply)
+    (None, "r1", "r1"),        # kept in the call's record
+    ("a1", "r1", "r1"),        # both: the record's, written with the call's end
+    (None, None, None),        # not answered yet
+])
+def test_a_watch_snapshot_is_laid_out_as_read(
+    apart: str | None, in_record: str | None, answer: str | None
+) -> None:
+    snapshot = core_records.watch_snapshot(
+        2, ("state", "host"), ["h1"],
+        [apart, None, ["done", "h1", in_record], [None, None, None], "t"])
+    assert snapshot.answers == [answer, None]
+    assert snapshot.records == [{"state": "done", "host": "h1"},
                                 {"state": None, "host": None}]
     assert snapshot.tokens == {"h1": "t"}
