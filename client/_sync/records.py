@@ -40,12 +40,13 @@ WITHDRAW = Script(lua.WITHDRAW)
 
 def send_call(
     client: Redis, call_id: str, queue: str, host: str | None, message: str, *,
-    require_alive: bool, owner_tag: str = "",
+    require_alive: bool, owner_tag: str = "", fresh_id: bool = False,
 ) -> str:
     """Record a call as queued and push its message, in one round trip: "ok"; "taken"
-    (the id is in use); "down" (`require_alive` and no worker holds `host`)."""
-    keys, args = send_keys_args(call_id, queue, host, message,
-                                     require_alive=require_alive, owner_tag=owner_tag)
+    (the id is in use; not looked up for a `fresh_id`); "down" (`require_alive` and no
+    worker holds `host`)."""
+    keys, args = send_keys_args(call_id, queue, host, message, require_alive=require_alive,
+                                owner_tag=owner_tag, fresh_id=fresh_id)
     return cast(str, run_script(SEND, client, keys, args))
 
 

@@ -39,7 +39,7 @@ from bashfleet.client._core.routing import (
     output_host,
     route,
 )
-from bashfleet.client._core.sending import control_verdict
+from bashfleet.client._core.sending import HostsSeenAlive, control_verdict
 from bashfleet.client._core.watch import (
     Outage,
     Pending,
@@ -595,3 +595,23 @@ def test_a_watch_snapshot_is_laid_out_as_read(
     assert snapshot.records == [{"state": "done", "host": "h1"},
                                 {"state": None, "host": None}]
     assert snapshot.tokens == {"h1": "t"}
+
+
+@pytest.mark.parametrize(("events", "host", "now", "fresh"), [
+    ([], "a", 10.0, False),                              # never seen: look it up
+    ([("saw", "a", 10.0)], "a", 10.5, True),             # seen within the window
+    ([("saw", "a", 10.0)], "a", 11.0, False),            # the window is over
+    ([("saw", "a", 10.0)], "b", 10.5, False),            # another host
+    ([("saw", "a", 10.0), ("lost", "a", 0.0)], "a", 10.1, False),  # its lock found gone
+    ([("saw", "a", 10.0), ("saw", "a", 10.8)], "a", 11.5, True),   # seen again
+])
+def test_a_host_seen_alive_is_not_looked_up_again_within_its_window(
+    events: list[tuple[str, str, float]], host: str, now: float, fresh: bool
+) -> None:
+    seen = HostsSeenAlive(1.0)
+    for what, name, at in events:
+        if what == "saw":
+            seen.saw(name, at)
+        else:
+            seen.lost(name)
+    assert seen.fresh(host, now) is fresh

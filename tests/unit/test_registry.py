@@ -378,6 +378,18 @@ def test_send_checks_the_host_and_records_at_once(r: redis.Redis) -> None:
     assert records.call_record(r, "c6")["host"] == ""
 
 
+def test_send_looks_up_only_an_id_its_caller_chose(r: redis.Redis) -> None:
+    queue = names.exec_queue("alpha")
+    assert records.send_call(r, "c7", queue, None, _message("c7"), require_alive=False,
+                             fresh_id=True) == "ok"
+    # A chosen id that is in use is refused, nothing pushed ...
+    assert records.send_call(r, "c7", queue, None, "x", require_alive=False) == "taken"
+    assert records.queued_ids(r, queue) == {"c7"}
+    # ... a fresh one (new_call_id's) is not looked up: SEND writes without an EXISTS.
+    record = records.call_record(r, "c7")
+    assert (record["state"], record["queue"]) == ("queued", queue)
+
+
 def test_withdraw_moves_only_a_queued_call(r: redis.Redis) -> None:
     _queued(r, "c13", "q", "alpha")
     assert records.withdraw_call(r, "c13", CallState.CANCELLED) == "queued"

@@ -35,16 +35,19 @@ PRELUDE = "local unpack = unpack or table.unpack\n"
 
 # SEND: record a call as queued and push its Celery message
 # (`bashfleet.worker.wire.messages`), atomically: a call is never recorded without its
-# message nor sent without its record, and a replica gets both or neither.
+# message nor sent without its record, and a replica gets both or neither. An id its
+# caller chose is checked unused; a fresh one (92 random bits, sent once: no path sends
+# a call again) is not looked up.
 # KEYS: [1] the call's record, [2] the queue, [3]? the named host's lock (the client
 #   requires the host alive).
-# ARGV: [1] call TTL (s), [2] the message, [3...] fields.
+# ARGV: [1] call TTL (s), [2] the message, [3] '1': refuse an id in use ('': a fresh
+#   id), [4...] fields.
 # Returns 'ok'; 'down' when KEYS[3] is given and gone; 'taken' when the call id is in
 # use. Nothing is recorded nor pushed unless 'ok'.
 SEND = """
 if KEYS[3] and redis.call('EXISTS', KEYS[3]) == 0 then return 'down' end
-if redis.call('EXISTS', KEYS[1]) == 1 then return 'taken' end
-redis.call('HSET', KEYS[1], unpack(ARGV, 3))
+if ARGV[3] ~= '' and redis.call('EXISTS', KEYS[1]) == 1 then return 'taken' end
+redis.call('HSET', KEYS[1], unpack(ARGV, 4))
 redis.call('EXPIRE', KEYS[1], ARGV[1])
 redis.call('LPUSH', KEYS[2], ARGV[2])
 return 'ok'
