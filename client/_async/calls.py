@@ -45,6 +45,7 @@ from bashfleet.client._core.watch import (
     Outage,
     Pending,
     Verdict,
+    due,
     labels_to_read,
     note_lock,
     note_queue,
@@ -195,7 +196,8 @@ class Calls(Workspaces, Jobs):
                 await self._send_call(call.call_id, where, message,
                                       fresh_id=request.call_id is None)
                 sent = True
-                return await self._wait_call(Pending(call.call_id, where), slot)
+                pending = Pending(call.call_id, where, sent_at=time.monotonic())
+                return await self._wait_call(pending, slot)
             except CANCELLATION_EXCEPTIONS:
                 if sent and not self._closing.is_set():  # (`close` cancelled it then)
                     # The caller gave up: so does the fleet (withdraw, or kill), before
@@ -356,8 +358,9 @@ class Calls(Workspaces, Jobs):
                 self._fail_all(WorkerError(f"the client's watch failed: {exc!r}"))
 
     async def _watch_pass(self) -> None:
+        now = time.monotonic()
         waiting = [p for p in list(self._pending.values())
-                   if not self._replies.answered(p.call_id)]
+                   if due(p, now) and not self._replies.answered(p.call_id)]
         if not waiting:
             return
         hosts = {h for p in waiting for h in (p.target, p.host) if h}

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from bashfleet.client import local
 from bashfleet.client._core import records as core_records
-from bashfleet.client._core.constants import RETRY_DELAYS_S, backoff
+from bashfleet.client._core.constants import RETRY_DELAYS_S, WATCH_INTERVAL_S, backoff
 from bashfleet.client._core.events import EventCursor
 from bashfleet.client._core.identity import Identity, record_keys_at, resolve_identity
 from bashfleet.client._core.messages import (
@@ -43,6 +43,7 @@ from bashfleet.client._core.sending import HostsSeenAlive, control_verdict
 from bashfleet.client._core.watch import (
     Outage,
     Pending,
+    due,
     message_task_id,
     note_queue,
 )
@@ -615,3 +616,17 @@ def test_a_host_seen_alive_is_not_looked_up_again_within_its_window(
         else:
             seen.lost(name)
     assert seen.fresh(host, now) is fresh
+
+
+@pytest.mark.parametrize(("sent_at", "now", "looked_at"), [
+    (10.0, 10.0, False),                         # just sent: most are answered sooner
+    (10.0, 10.0 + WATCH_INTERVAL_S - 0.01, False),
+    (10.0, 10.0 + WATCH_INTERVAL_S, True),       # waited a whole interval
+    (None, 0.0, True),                           # sent by another process: at once
+])
+def test_the_watch_looks_at_a_call_once_it_waited_an_interval(
+    sent_at: float | None, now: float, looked_at: bool
+) -> None:
+    route = Route("q", "h1")
+    pending = Pending("c1", route) if sent_at is None else Pending("c1", route, sent_at=sent_at)
+    assert due(pending, now) is looked_at
