@@ -27,6 +27,11 @@ MESSAGE_TAKEN_BY_LIVE_HOST_GRACE_S = 6.0
 #: Both clients wait it out: saying WorkerLost at the first missed lock would make a
 #: heartbeat that came late a false alarm.
 LOCK_GONE_GRACE_S = 2.0
+#: A host a send found alive (its lock held) is not looked up again by the sends of this
+#: long: its heartbeat's period. A call sent meanwhile to a host that stopped waits
+#: queued, and the watch withdraws it at its next pass (its host's lock gone), as it
+#: does for a host that died after a send: a killed host's lock outlives it ALIVE_TTL_S.
+HOST_SEEN_ALIVE_S = 1.0
 #: Behind Redis Sentinel, an outage shorter than this (a failover: seconds) does not
 #: fail the calls waited for: their answers are stored, and read once a replica took
 #: over. A single Redis that goes away is said at once (FleetUnavailable).

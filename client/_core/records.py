@@ -34,6 +34,13 @@ def host_reads(host: str) -> list[tuple[str, str]]:
             ("scard", names.running_key(host)), ("llen", names.exec_queue(host))]
 
 
+def busy_slots(members: int) -> int:
+    """The calls a host's busy set counts: its members but its sentinel
+    (`names.BUSY_SENTINEL`: a live host's set holds it; one lost with Redis' data is
+    held again by the host's next heartbeat)."""
+    return max(0, members - 1)
+
+
 def host_infos(
     hosts: Sequence[str], answers: Sequence[Any], keys: Mapping[str, str]
 ) -> list[HostInfo]:
@@ -43,7 +50,7 @@ def host_infos(
     infos = []
     for index, host in enumerate(hosts):
         record, token, busy, queued = answers[HOST_READS * index:HOST_READS * (index + 1)]
-        info = open_host_info(keys, host, record, token, int(busy))
+        info = open_host_info(keys, host, record, token, busy_slots(int(busy)))
         if info is not None:
             infos.append(info.model_copy(update={"queued": int(queued)}))
     return infos
@@ -106,12 +113,19 @@ class WatchSnapshot:
     tokens: dict[str, str | None]
 
 
+#: Where a call record keeps its answer.
+REPLY_FIELD = names.CALL_REPLY_FIELD
+
+
 def watch_snapshot(count: int, fields: Sequence[str], hosts: Sequence[str],
                    answers: Sequence[Any]) -> WatchSnapshot:
-    """A pass' snapshot from its pipeline's answers: `count` GETs of stored answers,
-    `count` HMGETs of `fields`, one GET per host's lock."""
+    """A pass' snapshot from its pipeline's answers: `count` GETs of answers kept apart,
+    `count` HMGETs of `fields` and REPLY_FIELD (the answer kept in the record, which
+    wins), one GET per host's lock."""
+    rows = answers[count:2 * count]
     return WatchSnapshot(
-        answers=list(answers[:count]),
-        records=[dict(zip(fields, row, strict=True)) for row in answers[count:2 * count]],
+        answers=[row[-1] if row[-1] is not None else apart
+                 for apart, row in zip(answers[:count], rows, strict=True)],
+        records=[dict(zip(fields, row[:-1], strict=True)) for row in rows],
         tokens=dict(zip(hosts, answers[2 * count:], strict=True)),
     )

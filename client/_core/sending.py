@@ -91,10 +91,11 @@ def hash_fields(values: Mapping[str, object]) -> list[object]:
 
 def send_keys_args(
     call_id: str, queue: str, host: str | None, message: str, *, require_alive: bool,
-    owner_tag: str = "",
+    owner_tag: str = "", fresh_id: bool = False,
 ) -> tuple[list[str], list[object]]:
     """The keys and arguments of `bashfleet.worker.wire.lua.SEND` (`owner_tag`: what
-    shows the call is its owner's, `Identity.call_tag`)."""
+    shows the call is its owner's, `Identity.call_tag`; `fresh_id`: the id is
+    `new_call_id`'s, never sent before, so SEND does not look it up)."""
     fields = {
         "call_id": call_id, "state": CallState.QUEUED, "queue": queue, "host": host,
         "sent_at": time.time(), "owner_tag": owner_tag,
@@ -104,12 +105,35 @@ def send_keys_args(
         if host is None:
             raise ValueError("require_alive needs a host")
         keys.append(names.alive_key(host))
-    return keys, [names.CALL_TTL_S, message, *hash_fields(fields)]
+    return keys, [names.CALL_TTL_S, message, "" if fresh_id else "1", *hash_fields(fields)]
 
 
 def withdraw_keys_args(call_id: str, state: CallState) -> tuple[list[str], list[object]]:
     """The keys and arguments of `bashfleet.worker.wire.lua.WITHDRAW`."""
     return [names.call_key(call_id)], [state, time.time(), names.FINISHED_TTL_S]
+
+
+class HostsSeenAlive:
+    """The hosts whose lock a send found held in the last `window_s` (monotonic
+    seconds): the sends that follow do not look it up again (`HOST_SEEN_ALIVE_S` says
+    what answers for a host that stopped meanwhile)."""
+
+    def __init__(self, window_s: float) -> None:
+        self.window_s = window_s
+        self._seen: dict[str, float] = {}
+
+    def fresh(self, host: str, now: float) -> bool:
+        """True when `host` was seen alive less than `window_s` before `now`."""
+        seen = self._seen.get(host)
+        return seen is not None and now - seen < self.window_s
+
+    def saw(self, host: str, now: float) -> None:
+        """A send that checked `host`'s lock (it began at `now`) found it held."""
+        self._seen[host] = now
+
+    def lost(self, host: str) -> None:
+        """`host`'s lock was found gone: the next send looks it up."""
+        self._seen.pop(host, None)
 
 
 # ------------------------------------------------------------------------- answers

@@ -5,6 +5,9 @@ hosts, and these functions say what that means.
 
 One behaviour for both clients, stated once:
 
+- a call is first looked at once it has waited WATCH_INTERVAL_S (`due`): most are
+  answered sooner, and a pass reads nothing for them (under a burst of short calls
+  the watch's reads were more than one Redis command a call);
 - a call a worker claimed is lost when its host's lock names another instance (the
   host restarted), or has been gone LOCK_GONE_GRACE_S (not at once: a heartbeat may be
   late after a failover);
@@ -28,6 +31,7 @@ from bashfleet.client._core.constants import (
     LOCK_GONE_GRACE_S,
     MESSAGE_LOST_GRACE_S,
     MESSAGE_TAKEN_BY_LIVE_HOST_GRACE_S,
+    WATCH_INTERVAL_S,
 )
 from bashfleet.client._core.messages import unstarted_result
 from bashfleet.client._core.routing import Route
@@ -55,6 +59,8 @@ class Pending:
     """When its message was first seen gone from its queue while it was still queued."""
     lock_gone_since: float | None = None
     """When its host's lock was first seen gone while it ran (None: held)."""
+    sent_at: float = float("-inf")
+    """When it was sent (monotonic; -inf: long ago, a call sent by another process)."""
 
     @property
     def target(self) -> str | None:
@@ -78,6 +84,12 @@ class Verdict:
 
 
 KEEP_WAITING = Verdict()
+
+
+def due(pending: Pending, now: float) -> bool:
+    """True once a call has waited WATCH_INTERVAL_S: a pass looks at it from then on (a
+    lost worker is still found within a pass more, its answer read back as soon)."""
+    return now - pending.sent_at >= WATCH_INTERVAL_S
 
 
 def verdict(

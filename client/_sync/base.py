@@ -26,12 +26,13 @@ from bashfleet.client._core.constants import (
     CTL_TIMEOUT_S,
     DEFAULT_MAX_IN_FLIGHT,
     DEFAULT_REDIS_CONCURRENCY,
+    HOST_SEEN_ALIVE_S,
     WATCH_INTERVAL_S,
 )
 from bashfleet.client._core.identity import outage_grace_s, require_url, resolve_identity
 from bashfleet.client._core.messages import ErrorFor, control_message, decode_control
 from bashfleet.client._core.routing import checked_id, host_down, job_target
-from bashfleet.client._core.sending import control_verdict
+from bashfleet.client._core.sending import HostsSeenAlive, control_verdict
 from bashfleet.client._core.watch import Pending
 from bashfleet.client._core.workspaces import open_view
 from bashfleet.client._sync import records
@@ -137,6 +138,8 @@ class FleetBase:
         self._io = Semaphore(redis_concurrency)
         self._loop = LoopGuard()
         self._pending: dict[str, Pending] = {}
+        # Hosts a send found alive lately: the next sends skip the look-up of their lock.
+        self._seen_alive = HostsSeenAlive(HOST_SEEN_ALIVE_S)
         # Workspaces this client is making now, by host: placed before Redis lists them.
         self._placing: Counter[str] = Counter()
         # Calls whose message is being pushed: `close` waits for them to be pending (or

@@ -41,6 +41,7 @@ from bashfleet.client._core.watch import (
     Outage,
     Pending,
     Verdict,
+    due,
     labels_to_read,
     note_lock,
     note_queue,
@@ -194,9 +195,11 @@ class Calls(Workspaces, Jobs):
             slot = self._replies.expect(call.call_id)
             sent = False
             try:
-                self._send_call(call.call_id, where, message)
+                self._send_call(call.call_id, where, message,
+                                      fresh_id=request.call_id is None)
                 sent = True
-                return self._wait_call(Pending(call.call_id, where), slot)
+                pending = Pending(call.call_id, where, sent_at=time.monotonic())
+                return self._wait_call(pending, slot)
             except CANCELLATION_EXCEPTIONS:
                 if sent and not self._closing.is_set():  # (`close` cancelled it then)
                     # The caller gave up: so does the fleet (withdraw, or kill), before
@@ -273,22 +276,30 @@ class Calls(Workspaces, Jobs):
             infos = self._on_redis(records.list_hosts, live, keys=self._record_keys)
         return route(placement, live, infos)
 
-    def _send_call(self, call_id: str, where: Route, message: str) -> None:
+    def _send_call(self, call_id: str, where: Route, message: str, *,
+                         fresh_id: bool) -> None:
         """Record the call and push its message: one round trip, one Lua script that also
-        checks the named host is alive."""
+        checks the named host is alive, unless a send found it alive lately
+        (`HostsSeenAlive`), and that an id its caller chose is unused."""
         if self._closing.is_set():
             raise FleetUnavailable(CLOSED)
         target = where.target
         tag = self._identity.call_tag(call_id)
+        now = time.monotonic()
+        check = target is not None and not self._seen_alive.fresh(target, now)
         self._sending.add(call_id)
         try:
             sent = self._on_redis(records.send_call, call_id, where.queue, target,
-                                        message, require_alive=target is not None,
-                                        owner_tag=tag)
+                                        message, require_alive=check, owner_tag=tag,
+                                        fresh_id=fresh_id)
             if sent == "down" and target is not None:
+                self._seen_alive.lost(target)
                 self._require_alive(target)  # raises HostUnavailable, naming live hosts
                 sent = self._on_redis(records.send_call, call_id, where.queue, target,
-                                            message, require_alive=False, owner_tag=tag)
+                                            message, require_alive=False, owner_tag=tag,
+                                            fresh_id=fresh_id)
+            elif sent == "ok" and check and target is not None:
+                self._seen_alive.saw(target, now)
         finally:
             self._sending.discard(call_id)
         if sent == "taken":
@@ -349,8 +360,9 @@ class Calls(Workspaces, Jobs):
                 self._fail_all(WorkerError(f"the client's watch failed: {exc!r}"))
 
     def _watch_pass(self) -> None:
+        now = time.monotonic()
         waiting = [p for p in list(self._pending.values())
-                   if not self._replies.answered(p.call_id)]
+                   if due(p, now) and not self._replies.answered(p.call_id)]
         if not waiting:
             return
         hosts = {h for p in waiting for h in (p.target, p.host) if h}
@@ -360,6 +372,9 @@ class Calls(Workspaces, Jobs):
         live = self._live_for(queued)
         self._scan_queues(queued)
         now = time.monotonic()
+        for host, token in snapshot.tokens.items():
+            if token is None:
+                self._seen_alive.lost(host)
         for pending, answer, record in zip(waiting, snapshot.answers, snapshot.records,
                                            strict=True):
             if answer is not None:

@@ -40,12 +40,13 @@ WITHDRAW = Script(lua.WITHDRAW)
 
 def send_call(
     client: Redis, call_id: str, queue: str, host: str | None, message: str, *,
-    require_alive: bool, owner_tag: str = "",
+    require_alive: bool, owner_tag: str = "", fresh_id: bool = False,
 ) -> str:
     """Record a call as queued and push its message, in one round trip: "ok"; "taken"
-    (the id is in use); "down" (`require_alive` and no worker holds `host`)."""
-    keys, args = send_keys_args(call_id, queue, host, message,
-                                     require_alive=require_alive, owner_tag=owner_tag)
+    (the id is in use; not looked up for a `fresh_id`); "down" (`require_alive` and no
+    worker holds `host`)."""
+    keys, args = send_keys_args(call_id, queue, host, message, require_alive=require_alive,
+                                owner_tag=owner_tag, fresh_id=fresh_id)
     return cast(str, run_script(SEND, client, keys, args))
 
 
@@ -78,8 +79,14 @@ def push(client: Redis, queue: str, message: str) -> None:
 
 
 def stored_reply(client: Redis, task_id: str) -> str | None:
-    """A task's stored answer, as sealed, or None (not answered yet, or expired)."""
-    return cast("str | None", client.get(names.reply_key(task_id)))
+    """A task's stored answer, as sealed, or None (not answered yet, or expired): from
+    its call's record, or from the key of its own (a control reply...), in one round
+    trip."""
+    with client.pipeline(transaction=False) as pipe:
+        pipe.hget(names.call_key(task_id), core.REPLY_FIELD)
+        pipe.get(names.reply_key(task_id))
+        in_record, apart = pipe.execute()
+    return cast("str | None", in_record if in_record is not None else apart)
 
 
 def queued_ids(
@@ -95,14 +102,14 @@ def queued_ids(
 def watch_snapshot(
     client: Redis, call_ids: Sequence[str], hosts: Iterable[str]
 ) -> core.WatchSnapshot:
-    """For the calls waited for, in one round trip: their stored answers, their records'
-    watched fields, and the lock tokens of `hosts`."""
+    """For the calls waited for, in one round trip: their stored answers (in their
+    records, or apart), their records' watched fields, and the lock tokens of `hosts`."""
     host_list = sorted(set(hosts))
     with client.pipeline(transaction=False) as pipe:
         for call_id in call_ids:
             pipe.get(names.reply_key(call_id))
         for call_id in call_ids:
-            pipe.hmget(names.call_key(call_id), list(WATCHED_FIELDS))
+            pipe.hmget(names.call_key(call_id), [*WATCHED_FIELDS, core.REPLY_FIELD])
         for host in host_list:
             pipe.get(names.alive_key(host))
         answers = pipe.execute()

@@ -250,7 +250,8 @@ class Line:
         call_id = call["call_id"]
         message = call_message(self.identity, call, queue, channel)
         keys, script_args = send_keys_args(call_id, queue, host, message, require_alive=True,
-                                           owner_tag=self.identity.call_tag(call_id))
+                                           owner_tag=self.identity.call_tag(call_id),
+                                           fresh_id=True)  # `run` made it: new_call_id
         return _Sending(call_id, queue, host, channel, keys, script_args)
 
     def control(self, task: str, request: dict[str, Any], host: str,

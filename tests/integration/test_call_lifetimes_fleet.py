@@ -22,8 +22,10 @@ def test_a_call_leaves_only_minutes_of_record_and_answer(
 ) -> None:
     call_id = f"c{uuid.uuid4().hex[:12]}"
     assert fleet.run("echo short", host=two_hosts[0].host, call_id=call_id).stdout == "short\n"
-    for key in (names.call_key(call_id), names.reply_key(call_id)):
-        assert 0 < redis_client.ttl(key) <= names.FINISHED_TTL_S, key
+    assert 0 < redis_client.ttl(names.call_key(call_id)) <= names.FINISHED_TTL_S
+    # Its answer is kept in that record, which it expires with.
+    assert redis_client.hget(names.call_key(call_id), names.CALL_REPLY_FIELD)
+    assert not redis_client.exists(names.reply_key(call_id))
     # The host's own memory checked the signed call's nonce: no Redis key for it.
     assert not list(redis_client.scan_iter(match=names.nonce_key("*"), count=1000))
 

@@ -155,6 +155,34 @@ def test_dead_worker_is_noticed_without_a_restart(
     wait_for(lambda: _gone(call_id), 10, "the orphaned sleep to be killed")
 
 
+def test_a_call_sent_on_a_stale_sight_of_a_stopped_host_is_withdrawn_by_the_watch(
+    workers: WorkerFactory, fleet: Fleet, redis_client: redis.Redis
+) -> None:
+    # A send does not look up a host a send found alive within HOST_SEEN_ALIVE_S. Here
+    # that window outlasts the host's stop: the next call goes out unchecked, to a host
+    # whose lock is gone. The watch must find it (the lock read at its next pass),
+    # withdraw it and say so, and the host, back, must not run it.
+    worker = workers.start("theta")
+    project = worker.project()
+    fleet._seen_alive.window_s = 3600.0
+    assert fleet.run("true", host="theta").exit_code == 0  # seen alive
+    assert worker.stop() == 0
+    assert redis_client.get(names.alive_key("theta")) is None  # released: stopped
+    marker = project / "ran"
+    call_id = f"cstale{uuid.uuid4().hex[:8]}"
+    with pytest.raises(WorkerLost, match="no live worker is left in host theta"):
+        fleet.run(f"echo ran > {marker}", host="theta", call_id=call_id, cwd=str(project))
+    assert records.call_record(redis_client, call_id)["state"] == "abandoned"
+    assert redis_client.llen(names.exec_queue("theta")) == 1  # it was sent, unchecked
+    workers.start("theta")
+    wait_for(lambda: redis_client.llen(names.exec_queue("theta")) == 0, 30,
+             "the restarted host to take the message")
+    wait_for(lambda: records.stored_reply(redis_client, call_id) is not None, 30,
+             "the restarted host to refuse the call")
+    assert records.call_record(redis_client, call_id)["state"] == "abandoned"
+    assert not marker.exists()
+
+
 def test_job_that_ends_while_its_worker_is_down_reports_its_exit(
     workers: WorkerFactory, fleet: Fleet, redis_client: redis.Redis
 ) -> None:

@@ -39,7 +39,10 @@ def test_answers_come_back_on_the_callers_channel_and_are_stored(
     stored = records.stored_reply(redis_client, call_id)
     assert stored is not None and '"stdout":"back\\n"' in open_reply(fleet._keys, call_id,
                                                                       stored)
-    assert 0 < redis_client.ttl(names.reply_key(call_id)) <= names.REPLY_TTL_S
+    # Kept in the call's record (written with its end, expiring with it): no key of its own.
+    assert redis_client.hget(names.call_key(call_id), names.CALL_REPLY_FIELD) == stored
+    assert not redis_client.exists(names.reply_key(call_id))
+    assert 0 < redis_client.ttl(names.call_key(call_id)) <= names.REPLY_TTL_S
 
 
 def test_calls_are_answered_while_the_reply_subscription_is_cut(

@@ -541,7 +541,7 @@ def test_redis_as_the_client_user_cannot_read_forge_or_drop_what_others_have(
     _refused(r.xadd, names.EVENTS_KEY, {"e": "forged"})
     _refused(r.publish, names.EVENTS_CHANNEL, "1-0\nforged")
     _refused(r.execute_command, "PSUBSCRIBE", "bashfleet:replies:*")
-    reply = cast("str | None", r.get(names.reply_key(alice_has.call)))
+    reply = sync_records.stored_reply(r, alice_has.call)
     if reply is not None:  # kept REPLY_TTL_S
         assert alice_has.secret not in reply
         with pytest.raises(auth.AuthError):

@@ -179,6 +179,7 @@ def test_4_a_forged_reply_is_never_believed(
         for sealed in (payload, auth.seal(None, auth.REPLY, call_id, payload),
                        auth.seal("attacker-key-" + "3" * 20, auth.REPLY, call_id, payload)):
             client.set(names.reply_key(call_id), sealed)
+            client.hset(names.call_key(call_id), names.CALL_REPLY_FIELD, sealed)
         client.publish(fleet._replies.channel, f"{call_id}\n{sealed}")
 
     forger = threading.Thread(target=forge)

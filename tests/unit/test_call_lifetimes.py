@@ -54,7 +54,9 @@ def test_the_claim_keeps_the_senders_ttl_and_the_finish_shortens_it(r: redis.Red
     previous, sent = registry.finish_and_reply(r, "alpha", "c1", {"exit_code": 0}, reply=reply)
     assert (previous, sent) == ("running", True)
     assert 0 < r.ttl(names.call_key("c1")) <= names.FINISHED_TTL_S
-    assert 0 < r.ttl(names.reply_key("c1")) <= names.FINISHED_TTL_S
+    # The reply is kept in the record, which expires with it: no key of its own.
+    assert records.call_record(r, "c1")[names.CALL_REPLY_FIELD] == "answer"
+    assert not r.exists(names.reply_key("c1"))
 
 
 def test_a_record_redis_lost_is_written_again_with_a_ttl(r: redis.Redis) -> None:
@@ -65,8 +67,14 @@ def test_a_record_redis_lost_is_written_again_with_a_ttl(r: redis.Redis) -> None
 def test_a_call_that_started_a_job_is_kept_as_long_as_the_job(r: redis.Redis) -> None:
     _queued(r, "c3")
     registry.claim_call(r, "c3", "alpha", "t1", 42)
-    registry.finish_and_reply(r, "alpha", "c3", {"exit_code": None, "job_id": "j3"})
+    reply = registry.Reply("c3", names.reply_channel("tok"), "answer")
+    registry.finish_and_reply(r, "alpha", "c3", {"exit_code": None, "job_id": "j3"},
+                              reply=reply)
     assert names.FINISHED_TTL_S < r.ttl(names.call_key("c3")) <= names.JOB_TTL_S
+    # Its reply is kept apart, minutes only: not as long as the record.
+    assert names.CALL_REPLY_FIELD not in records.call_record(r, "c3")
+    assert 0 < r.ttl(names.reply_key("c3")) <= names.REPLY_TTL_S
+    assert records.stored_reply(r, "c3") == "answer"
 
 
 @pytest.mark.parametrize(("state", "longest"), [

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from bashfleet.client import local
 from bashfleet.client._core import records as core_records
-from bashfleet.client._core.constants import RETRY_DELAYS_S, backoff
+from bashfleet.client._core.constants import RETRY_DELAYS_S, WATCH_INTERVAL_S, backoff
 from bashfleet.client._core.events import EventCursor
 from bashfleet.client._core.identity import Identity, record_keys_at, resolve_identity
 from bashfleet.client._core.messages import (
@@ -39,10 +39,11 @@ from bashfleet.client._core.routing import (
     output_host,
     route,
 )
-from bashfleet.client._core.sending import control_verdict
+from bashfleet.client._core.sending import HostsSeenAlive, control_verdict
 from bashfleet.client._core.watch import (
     Outage,
     Pending,
+    due,
     message_task_id,
     note_queue,
 )
@@ -528,7 +529,7 @@ def _host(host: str, key: str = KEY, **fields: str) -> dict[str, str]:
 
 
 def test_host_listing_entries_read_from_one_pipeline() -> None:
-    answers = [_host("a"), "t1", 2, 7,
+    answers = [_host("a"), "t1", 3, 7,  # two calls and the busy set's sentinel
                {}, None, 0, 0]  # a host without a record is left out
     infos = core_records.host_infos(["a", "b"], answers, RING)
     assert [(i.host, i.alive, i.slots, i.busy, i.queued, i.labels) for i in infos] == [
@@ -579,10 +580,53 @@ def test_a_forged_job_is_left_out_of_listings_never_believed() -> None:
     assert core_records.job_views(["j1"], hashes[:1], {}, RING)["j1"].state == "unknown"
 
 
-def test_a_watch_snapshot_is_laid_out_as_read() -> None:
-    snapshot = core_records.watch_snapshot(2, ("state", "host"), ["h1"],
-                                           ["a1", None, ["running", "h1"], [None, None], "t"])
-    assert snapshot.answers == ["a1", None]
-    assert snapshot.records == [{"state": "running", "host": "h1"},
+@pytest.mark.parametrize(("apart", "in_record", "answer"), [
+    ("a1", None, "a1"),        # kept apart (a call that started a job, a control reply)
+    (None, "r1", "r1"),        # kept in the call's record
+    ("a1", "r1", "r1"),        # both: the record's, written with the call's end
+    (None, None, None),        # not answered yet
+])
+def test_a_watch_snapshot_is_laid_out_as_read(
+    apart: str | None, in_record: str | None, answer: str | None
+) -> None:
+    snapshot = core_records.watch_snapshot(
+        2, ("state", "host"), ["h1"],
+        [apart, None, ["done", "h1", in_record], [None, None, None], "t"])
+    assert snapshot.answers == [answer, None]
+    assert snapshot.records == [{"state": "done", "host": "h1"},
                                 {"state": None, "host": None}]
     assert snapshot.tokens == {"h1": "t"}
+
+
+@pytest.mark.parametrize(("events", "host", "now", "fresh"), [
+    ([], "a", 10.0, False),                              # never seen: look it up
+    ([("saw", "a", 10.0)], "a", 10.5, True),             # seen within the window
+    ([("saw", "a", 10.0)], "a", 11.0, False),            # the window is over
+    ([("saw", "a", 10.0)], "b", 10.5, False),            # another host
+    ([("saw", "a", 10.0), ("lost", "a", 0.0)], "a", 10.1, False),  # its lock found gone
+    ([("saw", "a", 10.0), ("saw", "a", 10.8)], "a", 11.5, True),   # seen again
+])
+def test_a_host_seen_alive_is_not_looked_up_again_within_its_window(
+    events: list[tuple[str, str, float]], host: str, now: float, fresh: bool
+) -> None:
+    seen = HostsSeenAlive(1.0)
+    for what, name, at in events:
+        if what == "saw":
+            seen.saw(name, at)
+        else:
+            seen.lost(name)
+    assert seen.fresh(host, now) is fresh
+
+
+@pytest.mark.parametrize(("sent_at", "now", "looked_at"), [
+    (10.0, 10.0, False),                         # just sent: most are answered sooner
+    (10.0, 10.0 + WATCH_INTERVAL_S - 0.01, False),
+    (10.0, 10.0 + WATCH_INTERVAL_S, True),       # waited a whole interval
+    (None, 0.0, True),                           # sent by another process: at once
+])
+def test_the_watch_looks_at_a_call_once_it_waited_an_interval(
+    sent_at: float | None, now: float, looked_at: bool
+) -> None:
+    route = Route("q", "h1")
+    pending = Pending("c1", route) if sent_at is None else Pending("c1", route, sent_at=sent_at)
+    assert due(pending, now) is looked_at

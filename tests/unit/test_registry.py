@@ -176,6 +176,22 @@ def test_host_listing(r: redis.Redis) -> None:
     assert records.live_hosts(r) == ["alpha"]
 
 
+def test_the_busy_set_keeps_its_ttl_through_idle_spells_without_a_claim_setting_one(
+    r: redis.Redis,
+) -> None:
+    registry.reset_running(r, "alpha")  # a starting worker: an empty set, held open
+    key = names.running_key("alpha")
+    for call_id in ("c1", "c2"):  # the second claim comes after the host went idle
+        _queued(r, call_id, "q", "alpha")
+        assert registry.claim_call(r, call_id, "alpha", "t1", 42) == "ok"
+        assert 0 < r.ttl(key) <= names.RUNNING_TTL_S
+        assert list(registry.busy_calls(r, "alpha")) == [call_id]  # never the sentinel
+        registry.finish_and_reply(r, "alpha", call_id, {"exit_code": 0})
+        assert 0 < r.ttl(key) <= names.RUNNING_TTL_S  # not deleted as it emptied
+    assert registry.busy_calls(r, "alpha") == {}
+    assert r.smembers(key) == {names.BUSY_SENTINEL}
+
+
 def test_call_states_guard_at_most_once(r: redis.Redis) -> None:
     assert records.send_call(r, "c1", "q", "alpha", "{}", require_alive=False) == "ok"
     # Ids are never reused.
@@ -305,6 +321,7 @@ def test_finishing_delivers_the_reply_in_the_same_step(r: redis.Redis) -> None:
     assert names.parse_reply_message(pubsub.get_message(timeout=1)["data"]) == (
         "c8", '{"exit_code": 0}'
     )
+    assert records.stored_reply(r, "c8") == '{"exit_code": 0}'  # for a missed publish
 
 
 def test_a_reply_is_held_back_when_the_call_ended_from_a_held_state(r: redis.Redis) -> None:
@@ -318,6 +335,8 @@ def test_a_reply_is_held_back_when_the_call_ended_from_a_held_state(r: redis.Red
     assert held == ("cancelling", False)
     assert records.stored_reply(r, "c9") is None  # the worker amends it, then delivers
     assert records.call_record(r, "c9")["state"] == "cancelled"
+    registry.deliver_reply(r, registry.Reply("c9", None, '{"amended": 1}'))
+    assert records.stored_reply(r, "c9") == '{"amended": 1}'  # kept apart, read all the same
 
 
 def test_a_claim_records_the_nonce_and_refuses_a_replay(r: redis.Redis) -> None:
@@ -357,6 +376,18 @@ def test_send_checks_the_host_and_records_at_once(r: redis.Redis) -> None:
     assert records.send_call(r, "c6", names.ANY_EXEC_QUEUE, None, "{}",
                              require_alive=False) == "ok"
     assert records.call_record(r, "c6")["host"] == ""
+
+
+def test_send_looks_up_only_an_id_its_caller_chose(r: redis.Redis) -> None:
+    queue = names.exec_queue("alpha")
+    assert records.send_call(r, "c7", queue, None, _message("c7"), require_alive=False,
+                             fresh_id=True) == "ok"
+    # A chosen id that is in use is refused, nothing pushed ...
+    assert records.send_call(r, "c7", queue, None, "x", require_alive=False) == "taken"
+    assert records.queued_ids(r, queue) == {"c7"}
+    # ... a fresh one (new_call_id's) is not looked up: SEND writes without an EXISTS.
+    record = records.call_record(r, "c7")
+    assert (record["state"], record["queue"]) == ("queued", queue)
 
 
 def test_withdraw_moves_only_a_queued_call(r: redis.Redis) -> None:

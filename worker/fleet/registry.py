@@ -133,7 +133,7 @@ def heartbeat(
             pipe.expire(names.host_key(host), names.HOST_TTL_S)
             pipe.zremrangebyscore(names.HOSTS_KEY, "-inf", now - names.HOST_TTL_S)
             pipe.expire(names.HOSTS_KEY, names.HOST_TTL_S)
-            pipe.expire(names.running_key(host), names.RUNNING_TTL_S)
+            _hold_busy_set(pipe, host)
             pipe.expire(names.jobs_key(host), names.JOB_TTL_S)
         return "ok" if kept else "missing"
 
@@ -190,7 +190,17 @@ def host_record(client: Redis, host: str) -> dict[str, str]:
 
 def reset_running(client: Redis, host: str) -> None:
     """Forget the busy slots of a previous instance (a starting worker has none)."""
-    client.delete(names.running_key(host))
+    with client.pipeline() as pipe:
+        pipe.delete(names.running_key(host))
+        _hold_busy_set(pipe, host)
+        pipe.execute()
+
+
+def _hold_busy_set(pipe: Any, host: str) -> None:
+    """Keep the host's busy set with its sentinel and renew its TTL: the claims add to
+    it without a TTL of their own (`lua.CLAIM`)."""
+    pipe.sadd(names.running_key(host), names.BUSY_SENTINEL)
+    pipe.expire(names.running_key(host), names.RUNNING_TTL_S)
 
 
 # ------------------------------------------------------------------------------ calls
@@ -220,7 +230,7 @@ def claim_call(
     ttl_ms = max(1, int(nonce_ttl_s * 1000))
     return cast(str, CLAIM.run_durable(
         client, keys,
-        [names.CALL_TTL_S, names.RUNNING_TTL_S, call_id, ttl_ms, *flat_fields(fields)],
+        [names.CALL_TTL_S, call_id, ttl_ms, *flat_fields(fields)],
     ))
 
 
@@ -305,15 +315,22 @@ def finish_and_reply(
     A call that was being cancelled ends `cancelled`; one killed because its worker
     stopped ends `stopped`; one already declared lost stays `lost`; otherwise `done`.
     Its record is then kept FINISHED_TTL_S (JOB_TTL_S when it started a job: `job_id`).
+    The reply is kept in the record's `reply` field, written with its end (no key of its
+    own to write and expire), but for a call that started a job: its record outlives a
+    reply, which is kept apart (`names.reply_key`, REPLY_TTL_S). Readers look in both
+    (`bashfleet.client._async.records.stored_reply`).
     Returns (the state it ended from, whether the reply went).
     """
     rest = {k: v for k, v in fields.items() if k not in ("state", "ended_at")}
     keys = [names.call_key(call_id), names.running_key(host)]
+    started_job = bool(rest.get("job_id"))
     channel, payload = "", ""
     if reply is not None:
-        keys.append(names.reply_key(reply.task_id))
         channel, payload = reply.publish_on(), reply.payload
-    ttl = names.finished_call_ttl_s(bool(rest.get("job_id")))
+        if started_job or reply.task_id != call_id:
+            # Kept apart: this record is kept JOB_TTL_S, a reply only REPLY_TTL_S.
+            keys.append(names.reply_key(reply.task_id))
+    ttl = names.finished_call_ttl_s(started_job)
     previous, sent = FINISH.run_durable(
         client, keys,
         [ttl, call_id, time.time(), names.REPLY_TTL_S, channel, payload,
@@ -352,7 +369,8 @@ def restore_running_call(
 
 def busy_calls(client: Redis, host: str) -> dict[str, dict[str, str]]:
     """The calls in a host's busy set, with their records (two round trips)."""
-    ids = sorted(cast("set[str]", client.smembers(names.running_key(host))))
+    members = cast("set[str]", client.smembers(names.running_key(host)))
+    ids = sorted(members - {names.BUSY_SENTINEL})
     with client.pipeline(transaction=False) as pipe:
         for call_id in ids:
             pipe.hgetall(names.call_key(call_id))

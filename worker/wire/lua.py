@@ -35,16 +35,19 @@ PRELUDE = "local unpack = unpack or table.unpack\n"
 
 # SEND: record a call as queued and push its Celery message
 # (`bashfleet.worker.wire.messages`), atomically: a call is never recorded without its
-# message nor sent without its record, and a replica gets both or neither.
+# message nor sent without its record, and a replica gets both or neither. An id its
+# caller chose is checked unused; a fresh one (92 random bits, sent once: no path sends
+# a call again) is not looked up.
 # KEYS: [1] the call's record, [2] the queue, [3]? the named host's lock (the client
 #   requires the host alive).
-# ARGV: [1] call TTL (s), [2] the message, [3...] fields.
+# ARGV: [1] call TTL (s), [2] the message, [3] '1': refuse an id in use ('': a fresh
+#   id), [4...] fields.
 # Returns 'ok'; 'down' when KEYS[3] is given and gone; 'taken' when the call id is in
 # use. Nothing is recorded nor pushed unless 'ok'.
 SEND = """
 if KEYS[3] and redis.call('EXISTS', KEYS[3]) == 0 then return 'down' end
-if redis.call('EXISTS', KEYS[1]) == 1 then return 'taken' end
-redis.call('HSET', KEYS[1], unpack(ARGV, 3))
+if ARGV[3] ~= '' and redis.call('EXISTS', KEYS[1]) == 1 then return 'taken' end
+redis.call('HSET', KEYS[1], unpack(ARGV, 4))
 redis.call('EXPIRE', KEYS[1], ARGV[1])
 redis.call('LPUSH', KEYS[2], ARGV[2])
 return 'ok'
@@ -73,22 +76,21 @@ return current
 # CLAIM: mark a queued call running on this worker and take a busy slot for it. A
 # signed message's nonce is recorded first: a replay claims nothing. A call in any
 # state but queued is not claimed; one without a record (it expired, or Redis lost it)
-# is claimed, and its record written again with the call TTL its sender gave it.
+# is claimed, and its record written again with the call TTL its sender gave it. The
+# busy set's TTL is its heartbeat's to renew (its sentinel member keeps it: names).
 # KEYS: [1] the call's record, [2] the host's busy set, [3]? the message's nonce.
-# ARGV: [1] call TTL (s), [2] busy set TTL (s), [3] call id, [4] nonce TTL (ms),
-#   [5...] fields.
+# ARGV: [1] call TTL (s), [2] call id, [3] nonce TTL (ms), [4...] fields.
 # Returns 'ok' (claimed); 'replayed' (the nonce was seen before); else the call's
 # state, which forbids the claim.
 CLAIM = """
-if KEYS[3] and not redis.call('SET', KEYS[3], '1', 'NX', 'PX', ARGV[4]) then
+if KEYS[3] and not redis.call('SET', KEYS[3], '1', 'NX', 'PX', ARGV[3]) then
   return 'replayed'
 end
 local state = redis.call('HGET', KEYS[1], 'state')
 if state and state ~= 'queued' then return state end
-redis.call('HSET', KEYS[1], unpack(ARGV, 5))
+redis.call('HSET', KEYS[1], unpack(ARGV, 4))
 if not state then redis.call('EXPIRE', KEYS[1], ARGV[1]) end
-redis.call('SADD', KEYS[2], ARGV[3])
-redis.call('EXPIRE', KEYS[2], ARGV[2])
+redis.call('SADD', KEYS[2], ARGV[2])
 return 'ok'
 """
 
@@ -103,32 +105,39 @@ redis.call('EXPIRE', KEYS[1], ARGV[1])
 return redis.call('HGET', KEYS[1], 'state')
 """
 
-# FINISH: record a call's end, free its busy slot and, in the same round trip, store
+# FINISH: record a call's end, free its busy slot and, in the same round trip, keep
 # and publish its reply. The end state follows the state the call is in: cancelling ->
-# cancelled, stopping -> stopped, lost stays lost, any other -> done. The reply is held
-# back (not stored, not published) when the call ended from one of the states ARGV[7]
-# lists: the worker amends it first and sends it with REPLY.
-# KEYS: [1] the call's record, [2] the host's busy set, [3]? where the reply is stored
-#   (none: no reply to send).
+# cancelled, stopping -> stopped, lost stays lost, any other -> done. The reply is kept
+# in the record's `reply` field (written by the same HSET: it expires with the record),
+# or at KEYS[3] when given (a call that started a job, whose record outlives a reply).
+# It is held back (not kept, not published) when the call ended from one of the states
+# ARGV[7] lists: the worker amends it first and sends it with REPLY.
+# KEYS: [1] the call's record, [2] the host's busy set, [3]? where the reply is kept
+#   apart from the record.
 # ARGV: [1] finished call's TTL (s), [2] call id (its exec task's id too), [3] end time,
-#   [4] reply TTL (s), [5] reply channel ('' : store only), [6] the reply, [7] the
-#   states that hold the reply back, space-separated, [8...] fields.
-# Returns {the state the call ended from ('' : no record), 1 when the reply was stored
+#   [4] reply TTL (s) at KEYS[3], [5] reply channel ('' : keep only), [6] the reply
+#   ('' : none to send), [7] the states that hold the reply back, space-separated,
+#   [8...] fields.
+# Returns {the state the call ended from ('' : no record), 1 when the reply was kept
 # and published, else 0}. A published reply is `<task id>\n<reply>`.
 FINISH = """
-local current = redis.call('HGET', KEYS[1], 'state')
+local current = redis.call('HGET', KEYS[1], 'state') or ''
 local final = 'done'
 if current == 'cancelling' then final = 'cancelled'
 elseif current == 'stopping' then final = 'stopped'
 elseif current == 'lost' then final = 'lost' end
-redis.call('HSET', KEYS[1], 'state', final, 'ended_at', ARGV[3], unpack(ARGV, 8))
+local send = ARGV[6] ~= '' and
+  not string.find(' ' .. ARGV[7] .. ' ', ' ' .. current .. ' ', 1, true)
+if send and not KEYS[3] then
+  redis.call('HSET', KEYS[1], 'state', final, 'ended_at', ARGV[3], 'reply', ARGV[6],
+             unpack(ARGV, 8))
+else
+  redis.call('HSET', KEYS[1], 'state', final, 'ended_at', ARGV[3], unpack(ARGV, 8))
+end
 redis.call('EXPIRE', KEYS[1], ARGV[1])
 redis.call('SREM', KEYS[2], ARGV[2])
-current = current or ''
-if not KEYS[3] or string.find(' ' .. ARGV[7] .. ' ', ' ' .. current .. ' ', 1, true) then
-  return {current, 0}
-end
-redis.call('SET', KEYS[3], ARGV[6], 'EX', ARGV[4])
+if not send then return {current, 0} end
+if KEYS[3] then redis.call('SET', KEYS[3], ARGV[6], 'EX', ARGV[4]) end
 if ARGV[5] ~= '' then redis.call('PUBLISH', ARGV[5], ARGV[2] .. '\\n' .. ARGV[6]) end
 return {current, 1}
 """

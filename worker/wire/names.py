@@ -14,15 +14,19 @@ Keys (prefix `bashfleet:`; every key has a TTL or an owner that deletes it):
 - `bashfleet:hosts` (zset): host id -> last heartbeat, for listings. TTL HOST_TTL_S,
   renewed by heartbeats (every RENEW_EVERY_S); members older than that are pruned by
   them.
-- `bashfleet:running:<host>` (set): ids of the calls running on the host (busy slots).
-  TTL RUNNING_TTL_S (1 h), renewed by the heartbeat (every RENEW_EVERY_S) and by each
-  claim; reset by a starting worker,
-  deleted by a stopping one.
+- `bashfleet:running:<host>` (set): ids of the calls running on the host (busy slots),
+  and BUSY_SENTINEL, which keeps the set (and its TTL) while no call runs: a claim adds
+  its id to a set that has its TTL already, so it sets none. TTL RUNNING_TTL_S (1 h),
+  renewed by the heartbeat with its sentinel (every RENEW_EVERY_S, and when Redis lost
+  the host's record); reset by a starting worker, deleted by a stopping one.
 - `bashfleet:call:<call_id>` (hash): call record: state, queue, host, instance, pid,
   pgid, marker (once the call has run 50 ms, else with its end), spill paths and
-  sizes, job id. TTL CALL_TTL_S (2 days, longer than any call runs) while it waits
-  and runs, set by the client; once it ended, FINISHED_TTL_S (10 minutes), or JOB_TTL_S
-  when it started a job (a `check` of the call's id finds the job through it). What
+  sizes, job id, and once it ended its sealed answer (`reply`, also published on the
+  caller's channel: kept for a caller that missed the publish, written with the end;
+  a call that started a job keeps it apart, `reply:`). TTL CALL_TTL_S (2 days, longer
+  than any call runs) while it waits and runs, set by the client; once it ended,
+  FINISHED_TTL_S (10 minutes), or JOB_TTL_S when it started a job (a `check` of the
+  call's id finds the job through it). What
   `read_output` of an older call needs is on its host's disk (the spill files and
   their owner file), found by asking the live hosts.
 - `bashfleet:job:<job_id>` (hash): job record (JobRecord JSON), state, exit code,
@@ -59,9 +63,10 @@ Keys (prefix `bashfleet:`; every key has a TTL or an owner that deletes it):
   reader deletes it at the end.
 - `bashfleet:transfer-end:<transfer id>` (list): how it ended, one framed chunk (a
   TransferOutcome) pushed by the host, popped by the client. TTL TRANSFER_TTL_S.
-- `bashfleet:reply:<task_id>` (string): a task's answer (a CallResult, or a control
-  reply, as JSON), also published on the caller's channel `bashfleet:replies:<client>`.
-  Kept REPLY_TTL_S (10 minutes) for a caller that missed the publish.
+- `bashfleet:reply:<task_id>` (string): a task's answer (a control reply; a CallResult
+  whose call started a job, or that was sent apart from the call's end), also published
+  on the caller's channel `bashfleet:replies:<client>`. Kept REPLY_TTL_S (10 minutes)
+  for a caller that missed the publish. A call's other answers are in its record.
 
 - `bashfleet:events` (stream): job events (a job started, a job ended), each as one
   sealed JobEvent JSON (`bashfleet.worker.wire.events.seal_event`), newest last; capped at
@@ -100,6 +105,9 @@ ALIVE_TTL_S = 5
 HOST_TTL_S = 24 * 3600
 #: Life of the busy-slot set without a heartbeat.
 RUNNING_TTL_S = 3600
+#: The member a host's busy set always holds (no call id is empty): Redis deletes a set
+#: that empties, with its TTL, and the claim that made it again would have to set one.
+BUSY_SENTINEL = ""
 #: Life of a call record while it waits and runs (longer than any call may run).
 CALL_TTL_S = 2 * 24 * 3600
 #: Life of a call record once the call ended (or was withdrawn, or lost), unless it
@@ -146,6 +154,10 @@ CALL_UNSTARTED: tuple[CallState, ...] = (CallState.CANCELLED, CallState.ABANDONE
 CALL_FINAL: tuple[CallState, ...] = (
     CallState.DONE, CallState.CANCELLED, CallState.STOPPED, CallState.ABANDONED, CallState.LOST,
 )
+
+
+#: The call record's field that keeps its answer (written by `lua.FINISH`).
+CALL_REPLY_FIELD = "reply"
 
 
 def finished_call_ttl_s(started_job: bool) -> int:
