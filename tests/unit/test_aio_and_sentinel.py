@@ -234,3 +234,23 @@ def test_every_client_pool_takes_more_connections_than_a_worker_has_slots(url: s
     assert [getattr(pool, "max_connections", None) for pool in pools] == \
         [POOL_MAX_CONNECTIONS] * 3
     assert POOL_MAX_CONNECTIONS >= 1_000
+
+
+@pytest.mark.parametrize("binary", [False, True])
+@pytest.mark.parametrize("url", ["redis://127.0.0.1:1/0", "unix:///nonexistent.sock",
+                                 "sentinel://127.0.0.1:1/0?master=m"])
+def test_no_client_sends_a_command_again_by_itself(url: str, binary: bool) -> None:
+    """redis-py's own constructor retries a command whose answer was lost (10 times in
+    redis-py 8): a SEND or CLAIM script sent twice could queue or claim a call twice. The
+    fleet's clients, sync and asyncio, of each URL form, send nothing again."""
+    import redis  # noqa: PLC0415
+
+    from bashfleet.worker.fleet import connect  # noqa: PLC0415
+
+    # What the property guards against: the library's plain client does retry.
+    plain: Any = redis.Redis().connection_pool.make_connection()
+    assert plain.retry.get_retries() > 0
+    for client in (connect._redis_py_client(url, binary=binary),
+                   connect.async_redis_client(url, binary=binary)):
+        connection: Any = client.connection_pool.make_connection()
+        assert connection.retry.get_retries() == 0, (url, type(client))

@@ -130,6 +130,7 @@ def redis_client(url: str, *, binary: bool = False) -> Redis:
 
 def _redis_py_client(url: str, *, binary: bool) -> Redis:
     import redis  # noqa: PLC0415 - see `__getattr__`
+    import redis.retry  # noqa: PLC0415
     import redis.sentinel  # noqa: PLC0415
 
     from bashfleet.worker.fleet.replicated import ReplicatedRedis  # noqa: PLC0415
@@ -141,14 +142,25 @@ def _redis_py_client(url: str, *, binary: bool) -> Redis:
         )
         primary = sentinel.master_for(  # type: ignore[no-untyped-call]
             target.master, redis_class=ReplicatedRedis,
-            **{**_primary_kwargs(target), "decode_responses": not binary},
+            **{**_primary_kwargs(target), "decode_responses": not binary,
+               "retry": _no_retry(redis.retry.Retry)},
         )
         return cast("Redis", primary)
     return redis.Redis.from_url(
         url, decode_responses=not binary, socket_connect_timeout=CONNECT_TIMEOUT_S,
         socket_timeout=SOCKET_TIMEOUT_S, health_check_interval=HEALTH_CHECK_INTERVAL_S,
-        max_connections=POOL_MAX_CONNECTIONS,
+        max_connections=POOL_MAX_CONNECTIONS, retry=_no_retry(redis.retry.Retry),
     )
+
+
+def _no_retry(retry_class: Callable[..., Any]) -> Any:
+    """redis-py's `Retry` of no retries, said rather than left to its defaults (which
+    differ between its constructors): a command whose answer was lost is not sent again
+    by the library. A script sent twice (SEND, CLAIM) could queue or claim a call twice;
+    the caller sees the error and decides."""
+    from redis.backoff import NoBackoff  # noqa: PLC0415 - see `__getattr__`
+
+    return retry_class(NoBackoff(), 0)
 
 
 # ---------------------------------------------------------------------------- Sentinel
@@ -302,6 +314,7 @@ def async_redis_client(url: str, *, binary: bool = False) -> AsyncRedis:
     timeouts, text replies (`binary`: bytes). Bound to the event loop that first uses
     it."""
     import redis.asyncio as aioredis  # noqa: PLC0415 - see `__getattr__`
+    import redis.asyncio.retry as aioretry  # noqa: PLC0415
     import redis.asyncio.sentinel as aiosentinel  # noqa: PLC0415
 
     target = sentinel_target(url)
@@ -310,11 +323,12 @@ def async_redis_client(url: str, *, binary: bool = False) -> AsyncRedis:
             list(target.sentinels), sentinel_kwargs=_sentinel_kwargs(target)
         )
         return cast("AsyncRedis", sentinel.master_for(
-            target.master, **{**_primary_kwargs(target), "decode_responses": not binary}))
+            target.master, **{**_primary_kwargs(target), "decode_responses": not binary,
+                              "retry": _no_retry(aioretry.Retry)}))
     return aioredis.Redis.from_url(
         url, decode_responses=not binary, socket_connect_timeout=CONNECT_TIMEOUT_S,
         socket_timeout=SOCKET_TIMEOUT_S, health_check_interval=HEALTH_CHECK_INTERVAL_S,
-        max_connections=POOL_MAX_CONNECTIONS,
+        max_connections=POOL_MAX_CONNECTIONS, retry=_no_retry(aioretry.Retry),
     )
 
 
