@@ -10,6 +10,7 @@ on exit (or timeout) shapes what is shown by the call's policy.
 
 from __future__ import annotations
 
+import functools
 import os
 import select
 import shutil
@@ -207,6 +208,7 @@ def run_call(
     *,
     settings: Settings | None = None,
     watcher: CallWatcher | None = None,
+    later: list[Callable[[], None]] | None = None,
 ) -> CallResult:
     """Run a call to its end (or timeout) and return its result. Never raises for the command.
 
@@ -214,6 +216,10 @@ def run_call(
     is asked at each wake-up whether to cancel it or leave it running as a background job
     (`bashfleet.worker.engine.watcher`); None: nobody watches. An exception from the
     watcher goes on to the caller, once the call's processes are killed.
+
+    `later`: what is left to do once the call ended (its workspace touched, a throwaway
+    one made ready again or removed) is appended there for the caller to run after it
+    answered, rather than done before returning: the answer does not wait for it.
     """
     settings = settings or get_settings()
     watcher = UNWATCHED if watcher is None else watcher
@@ -250,7 +256,12 @@ def run_call(
         result = _error_result(call, settings, exc, started)
         return result
     finally:
-        _after(record, settings, throwaway=throwaway, result=result)
+        ending = functools.partial(_after, record, settings, throwaway=throwaway,
+                                   result=result)
+        if later is None:
+            ending()
+        else:
+            later.append(ending)
 
 
 def _with_notice(result: CallResult, notice: str) -> CallResult:
