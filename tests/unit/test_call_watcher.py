@@ -7,7 +7,7 @@ from __future__ import annotations
 import inspect
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -123,3 +123,51 @@ def test_the_watchers_cancel_kills_the_call(settings: Settings) -> None:
 def test_no_watcher_is_the_quiet_one(settings: Settings) -> None:
     result = run_call(_call(settings, "echo plain", "watch-4"), settings=settings)
     assert result.exit_code == 0 and result.stdout == "plain\n"
+
+
+class Keeping(Unwatched):
+    """Keeps the step that puts the call's workspace away, as the fleet's watcher does
+    until the call's answer went out."""
+
+    def __init__(self) -> None:
+        self.steps: list[Callable[[], None]] = []
+
+    def put_away(self, step: Callable[[], None]) -> None:
+        self.steps.append(step)
+
+
+def _ready_ids() -> set[str]:
+    with workspaces.throwaways.lock:
+        return {record.id for ready in workspaces.throwaways.ready.values() for record in ready}
+
+
+def test_a_calls_workspace_is_put_away_when_its_watcher_says(settings: Settings) -> None:
+    workspaces.throwaways.fill(settings)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and (workspaces.throwaways.filling or not _ready_ids()):
+        time.sleep(0.01)
+    before = _ready_ids()
+    assert before, "the pool made its throwaways ahead"
+    keeping = Keeping()
+    # No cwd: the call takes one of the pool's (a cwd of its own makes one there).
+    result = run_call(Call(call_id="watch-5", command="true", timeout_s=20),
+                      settings=settings, watcher=keeping)
+    assert result.exit_code == 0
+    # The call took a ready throwaway; the step that gives it back is the watcher's.
+    assert len(keeping.steps) == 1
+    taken = before - _ready_ids()
+    assert len(taken) == 1
+    keeping.steps[0]()
+    assert taken <= _ready_ids()
+
+
+def test_an_unwatched_call_puts_its_workspace_away_before_it_returns(
+        settings: Settings) -> None:
+    workspaces.throwaways.fill(settings)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and (workspaces.throwaways.filling or not _ready_ids()):
+        time.sleep(0.01)
+    before = _ready_ids()
+    assert run_call(Call(call_id="watch-6", command="true", timeout_s=20),
+                    settings=settings).exit_code == 0
+    assert _ready_ids() == before

@@ -208,18 +208,15 @@ def run_call(
     *,
     settings: Settings | None = None,
     watcher: CallWatcher | None = None,
-    later: list[Callable[[], None]] | None = None,
 ) -> CallResult:
     """Run a call to its end (or timeout) and return its result. Never raises for the command.
 
     `watcher` hears the call's spawn and that it runs on (the fleet records it then), and
     is asked at each wake-up whether to cancel it or leave it running as a background job
     (`bashfleet.worker.engine.watcher`); None: nobody watches. An exception from the
-    watcher goes on to the caller, once the call's processes are killed.
-
-    `later`: what is left to do once the call ended (its workspace touched, a throwaway
-    one made ready again or removed) is appended there for the caller to run after it
-    answered, rather than done before returning: the answer does not wait for it.
+    watcher goes on to the caller, once the call's processes are killed. Its workspace is
+    put away (touched, or a throwaway one made ready again) when the watcher says: now,
+    or once its answer went out.
     """
     settings = settings or get_settings()
     watcher = UNWATCHED if watcher is None else watcher
@@ -256,12 +253,8 @@ def run_call(
         result = _error_result(call, settings, exc, started)
         return result
     finally:
-        ending = functools.partial(_after, record, settings, throwaway=throwaway,
-                                   result=result)
-        if later is None:
-            ending()
-        else:
-            later.append(ending)
+        watcher.put_away(functools.partial(_after, record, settings, throwaway=throwaway,
+                                           result=result))
 
 
 def _with_notice(result: CallResult, notice: str) -> CallResult:

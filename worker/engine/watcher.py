@@ -5,6 +5,7 @@ interface, `CallWatcher`, passed to `run_call(watcher=)`.
              ──► watcher.running()             once, if it still runs FOLLOW_INTERVAL_S later
              ◄── watcher.cancelled()           at each wake-up (every 50 ms): kill it?
              ◄── watcher.detach_requested()    at each later wake-up: leave it as a job?
+             ──► watcher.put_away(step)        once it ended: its workspace's turn
              ──► CallResult                    the return value, whatever happened
 
 The fleet implements it to record the call on the host's disk and in Redis while it
@@ -16,6 +17,7 @@ by the job's own code.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -57,6 +59,11 @@ class CallWatcher(Protocol):
         to files (one kept in memory has nowhere to go on writing)."""
         ...
 
+    def put_away(self, step: Callable[[], None]) -> None:
+        """The call ended: `step` puts its workspace away (a named one touched, a
+        throwaway one made ready for the next call or removed). Run it now, or keep it
+        for after the answer went out (the answer need not wait for it); it must run."""
+
 
 class Unwatched:
     """The watcher of a call nobody watches: hears nothing, never cancels or detaches."""
@@ -72,6 +79,10 @@ class Unwatched:
 
     def detach_requested(self) -> bool:
         return False
+
+    def put_away(self, step: Callable[[], None]) -> None:
+        """Now: nobody answers after."""
+        step()
 
 
 #: `run_call`'s watcher when it is given none.

@@ -5,6 +5,7 @@ the call's records on this host while it runs, on its disk and in Redis.
     running            owner file, then `running/<call_id>.json`, then the Redis record
     cancelled          `running/<call_id>.cancel` exists (a control consumer wrote it)
     detach_requested   `running/<call_id>.detach` exists (only once the call is on disk)
+    put_away           its workspace's turn, kept for after the answer (`put_away_now`)
     ended              the running file and a seen cancel flag removed
     settle             at the end: the owner file kept if the output was, removed if not
 
@@ -18,6 +19,7 @@ import contextlib
 import logging
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import redis
@@ -51,6 +53,8 @@ class ExecWatcher:
         """The call's running file was written: `ended` removes it."""
         self.owner_written = False
         self.cancel = running_calls.CancelFlag(rt.settings, call.call_id)
+        self.later: list[Callable[[], None]] = []
+        """What puts the call's workspace away: run by `put_away_now` once it answered."""
 
     def spawned(self, process: Spawned) -> None:
         """Remember the call's process: recorded once it runs on, or with its end."""
@@ -90,6 +94,20 @@ class ExecWatcher:
         """The call's detach flag is on the host's disk: looked for only once the call
         is, since a detach request finds the call there first."""
         return self.on_disk and running_calls.detach_requested(self.rt.settings, self.call.call_id)
+
+    def put_away(self, step: Callable[[], None]) -> None:
+        """Kept: the caller's answer goes out first."""
+        self.later.append(step)
+
+    def put_away_now(self) -> None:
+        """Put the call's workspace away (whether its answer went out or not)."""
+        steps, self.later = self.later, []
+        for step in steps:
+            try:
+                step()
+            except Exception:  # the task's own end still runs
+                log.exception("call %s: its workspace could not be put away",
+                              self.call.call_id, extra={"call_id": self.call.call_id})
 
     def fields(self) -> dict[str, object]:
         """The process fields of the call record (none before a spawn)."""

@@ -140,10 +140,9 @@ def run_exec(
     started = time.monotonic()
     _log_start(call)
     watcher = ExecWatcher(rt, call)
-    later: list[Callable[[], None]] = []  # the workspace's turn, once the caller has its answer
     try:
         try:
-            result = run_call(call, settings=rt.settings, watcher=watcher, later=later)
+            result = run_call(call, settings=rt.settings, watcher=watcher)
         except Exception as exc:  # an engine bug must still answer the caller
             log.exception("call %s failed inside the worker", call.call_id,
                           extra={"call_id": call.call_id})
@@ -154,20 +153,9 @@ def run_exec(
             _give_job_place_back(rt, call)  # it never started (a bad cwd, a spawn failure)
         result = _finish(rt, call, result, answer, watcher)
     finally:
-        _run_later(call.call_id, later)
+        watcher.put_away_now()  # the workspace's turn, once the caller has its answer
     _log_end(result, time.monotonic() - started)
     return result
-
-
-def _run_later(call_id: str, later: list[Callable[[], None]]) -> None:
-    """What the engine left to do after a call (its workspace touched, or a throwaway
-    one made ready again): run whether the answer went out or not."""
-    for step in later:
-        try:
-            step()
-        except Exception:  # the next step and the task's own end still run
-            log.exception("call %s: its workspace could not be put away", call_id,
-                          extra={"call_id": call_id})
 
 
 def _counts_as_job(call: Call) -> bool:
