@@ -171,3 +171,18 @@ def test_an_unwatched_call_puts_its_workspace_away_before_it_returns(
     assert run_call(Call(call_id="watch-6", command="true", timeout_s=20),
                     settings=settings).exit_code == 0
     assert _ready_ids() == before
+
+
+def test_a_call_that_started_a_job_puts_its_workspace_away_at_once(settings: Settings) -> None:
+    """A job must outlive its worker from the moment its id is answered: its throwaway
+    keeper is told so before run_call returns, never left to a step kept for later."""
+    keeping = Keeping()
+    result = run_call(Call(call_id="watch-7", command="sleep 0.2", timeout_s=20,
+                           background=True), settings=settings, watcher=keeping)
+    assert result.job is not None, result
+    assert keeping.steps == []
+    # Still the step's job for a call that started none (the effect could have happened).
+    run_call(Call(call_id="watch-8", command="true", timeout_s=20), settings=settings,
+             watcher=keeping)
+    assert len(keeping.steps) == 1
+    keeping.steps[0]()

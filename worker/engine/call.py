@@ -216,7 +216,7 @@ def run_call(
     (`bashfleet.worker.engine.watcher`); None: nobody watches. An exception from the
     watcher goes on to the caller, once the call's processes are killed. Its workspace is
     put away (touched, or a throwaway one made ready again) when the watcher says: now,
-    or once its answer went out.
+    or once its answer went out; at once when the call started a job.
     """
     settings = settings or get_settings()
     watcher = UNWATCHED if watcher is None else watcher
@@ -253,8 +253,13 @@ def run_call(
         result = _error_result(call, settings, exc, started)
         return result
     finally:
-        watcher.put_away(functools.partial(_after, record, settings, throwaway=throwaway,
-                                           result=result))
+        step = functools.partial(_after, record, settings, throwaway=throwaway, result=result)
+        if result is not None and result.job is not None:
+            # At once: a throwaway keeper outlives its worker only once told to wait for
+            # the job, which must survive the worker from the moment its id is answered.
+            step()
+        else:
+            watcher.put_away(step)
 
 
 def _with_notice(result: CallResult, notice: str) -> CallResult:

@@ -5,7 +5,7 @@ interface, `CallWatcher`, passed to `run_call(watcher=)`.
              ──► watcher.running()             once, if it still runs FOLLOW_INTERVAL_S later
              ◄── watcher.cancelled()           at each wake-up (every 50 ms): kill it?
              ◄── watcher.detach_requested()    at each later wake-up: leave it as a job?
-             ──► watcher.put_away(step)        once it ended: its workspace's turn
+             ──► watcher.put_away(step)        once it ended (no job started): its workspace's turn
              ──► CallResult                    the return value, whatever happened
 
 The fleet implements it to record the call on the host's disk and in Redis while it
@@ -60,9 +60,10 @@ class CallWatcher(Protocol):
         ...
 
     def put_away(self, step: Callable[[], None]) -> None:
-        """The call ended: `step` puts its workspace away (a named one touched, a
-        throwaway one made ready for the next call or removed). Run it now, or keep it
-        for after the answer went out (the answer need not wait for it); it must run."""
+        """The call ended without starting a job: `step` puts its workspace away (a named
+        one touched, a throwaway one made ready for the next call or removed). Run it
+        now, or keep it for after the answer went out (the answer need not wait for it);
+        it must run."""
 
 
 class Unwatched:
