@@ -17,7 +17,9 @@ import signal
 import socket
 import struct
 import termios
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from typing import TypeVar
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWUSER = 0x10000000
@@ -197,6 +199,35 @@ def drop_capabilities() -> None:
 def setns(fd: int, nstype: int) -> None:
     """setns(2): os.setns is Python 3.12+."""
     _check(_libc.setns(ctypes.c_int(fd), ctypes.c_int(nstype)), "setns")
+
+
+T = TypeVar("T")
+
+
+def in_network_namespace(pid: int, action: Callable[[], T], name: str) -> T:
+    """`action`'s value, run in the network namespace of process `pid` by a thread
+    (`name`) that enters it and ends there: a namespace is a thread's own, so the
+    process's other threads stay in the host's. What it raises is raised here."""
+    done: list[T] = []
+    failed: list[BaseException] = []
+
+    def inside() -> None:
+        try:
+            netns = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                setns(netns, CLONE_NEWNET)
+            finally:
+                os.close(netns)
+            done.append(action())
+        except BaseException as exc:  # raised in the caller's thread
+            failed.append(exc)
+
+    thread = threading.Thread(target=inside, name=name, daemon=True)
+    thread.start()
+    thread.join()
+    if failed:
+        raise failed[0]
+    return done[0]
 
 
 def idmapped_tree(source: str, userns_fd: int, *, read_only: bool = True) -> int:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import logging
 import os
 import select
@@ -164,23 +165,6 @@ def _open(keeper_pid: int, ws_id: str, settings: Settings) -> _Watched:
 def _nflog_in(keeper_pid: int) -> socket.socket:
     """A netlink socket bound to the egress log group, made in the keeper's network
     namespace by a thread that enters it (a namespace is a thread's own) and ends there."""
-    made: list[socket.socket] = []
-    failed: list[OSError] = []
-
-    def enter_and_open() -> None:
-        try:
-            fd = os.open(f"/proc/{keeper_pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                kernel.setns(fd, kernel.CLONE_NEWNET)
-            finally:
-                os.close(fd)
-            made.append(netguard.nflog_socket(EGRESS_LOG_GROUP))
-        except OSError as exc:
-            failed.append(exc)
-
-    thread = threading.Thread(target=enter_and_open, name="bashfleet-netlog-open", daemon=True)
-    thread.start()
-    thread.join()
-    if failed:
-        raise failed[0]
-    return made[0]
+    return kernel.in_network_namespace(
+        keeper_pid, functools.partial(netguard.nflog_socket, EGRESS_LOG_GROUP),
+        "bashfleet-netlog-open")
