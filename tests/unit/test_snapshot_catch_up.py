@@ -107,7 +107,13 @@ def test_what_changed_after_the_first_copy_is_copied_again(change: str, tmp_path
     subprocess.run(["cp", "-a", "-T", str(src), str(copy)], check=True)
     MUTATIONS[change](src)
     assert _tree(src) != _tree(copy)  # the change is one the first copy has not got
-    after = snapshots._listing(src)
+    _catch_up_and_compare(src, copy, before, snapshots._listing(src))
+
+
+
+def _catch_up_and_compare(src: Path, copy: Path, before: dict[str, tuple[snapshots.Stamp, int]],
+                          after: dict[str, tuple[snapshots.Stamp, int]]) -> None:
+    """The catch-up copy from listing `before` to `after`, then `copy` equals `src`."""
     copies, dirs = snapshots._catch_up(copy, before, after)
     ws = WorkspaceRecord(id="w" + "0" * 15, host="h", path="/x", fresh=True, out_dir="/o",
                          isolation="strict", network=True, ttl_s=1, created_at=0)
@@ -209,13 +215,7 @@ def test_the_first_copys_own_looks_tell_what_changed_after_it(change: str,
     assert set(copied) == set(snapshots._listing(src))  # every entry, the top as ''
     MUTATIONS[change](src)
     assert _tree(src) != _tree(copy)
-    copies, dirs = snapshots._catch_up(copy, snapshots.stamps(copied),
-                                       snapshots._listing(src))
-    ws = WorkspaceRecord(id="w" + "0" * 15, host="h", path="/x", fresh=True, out_dir="/o",
-                         isolation="strict", network=True, ttl_s=1, created_at=0)
-    snapshots._copy_layers([(src, copy, copies, None)] if copies else [], ws)
-    snapshots._settle_dirs(src, copy, dirs)
-    assert _tree(copy) == _tree(src)
+    _catch_up_and_compare(src, copy, snapshots.stamps(copied), snapshots._listing(src))
 
 
 def test_a_file_rewritten_after_the_copy_looked_is_copied_again(tmp_path: Path) -> None:
