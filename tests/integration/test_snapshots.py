@@ -33,6 +33,7 @@ from .engine_helpers import (
     wait_until,
 )
 from .registry import Registry
+from .sandbox_helpers import needs_cgroups
 
 pytestmark = needs_root("workspaces with ids of their own need a root worker")
 
@@ -177,6 +178,37 @@ def test_restore_puts_the_files_back_and_ends_the_processes(engine: Engine) -> N
             assert caught.value.kind == "not_found"
         finally:
             workspaces.delete(other.id, engine.settings)
+    finally:
+        workspaces.delete(source.id, engine.settings)
+
+
+def _cgroup_named_for(record: WorkspaceRecord) -> list[str]:
+    """The directories of the workspace's cgroup that are not named `ws-<its id>` or do
+    not hold its keeper (deploy/OPERATIONS.md: an operator finds it by that name)."""
+    wrong = []
+    for path in record.cgroup:
+        procs = (Path(path) / "cgroup.procs").read_text().split()
+        if Path(path).name != f"ws-{record.id}" or str(record.keeper_pid) not in procs:
+            wrong.append(path)
+    return wrong
+
+
+@needs_cgroups
+def test_each_workspace_cgroup_is_named_for_it_however_it_was_made(engine: Engine) -> None:
+    """A fresh workspace and a fork take the id their blank keeper's cgroup was named
+    for; a restore keeps its workspace's id on a new keeper, whose cgroup is renamed."""
+    source = workspaces.create(WorkspaceSpec(owner="o"), engine.settings)
+    try:
+        assert source.cgroup and _cgroup_named_for(source) == []
+        snap, _ = snapshots.take(source, engine.settings)
+        fork = workspaces.create(WorkspaceSpec(owner="o", snapshot=snap.id), engine.settings)
+        try:
+            assert fork.cgroup and _cgroup_named_for(fork) == []
+        finally:
+            workspaces.delete(fork.id, engine.settings)
+        restored, _ = workspaces.restore(source.id, snap.id, engine.settings)
+        assert restored.keeper_pid != source.keeper_pid
+        assert restored.cgroup and _cgroup_named_for(restored) == []
     finally:
         workspaces.delete(source.id, engine.settings)
 

@@ -102,12 +102,18 @@ def create(rt: Runtime, request: WorkspaceCreateRequest, admin: bool = False) ->
     if not request.pull and request.spec.image is not None:
         _require_held(rt.settings, request.spec.image)
     spec = request.spec.model_copy(update={"owner": request.owner})
-    ws_id = engine.new_id()
-    _admit(rt, request.owner, ws_id)
+    admitted: list[str] = []
+
+    def admit(ws_id: str) -> None:
+        _admit(rt, request.owner, ws_id)
+        admitted.append(ws_id)
+
     try:
-        record = engine.create(spec, rt.settings, ws_id=ws_id)
+        # Admitted under the id its blank keeper holds ready: no cgroup renamed at claim.
+        record = engine.create(spec, rt.settings, admit=admit)
     except BaseException:
-        registry.quota_release(rt.redis, QUOTA_KIND, request.owner, ws_id)
+        for ws_id in admitted:
+            registry.quota_release(rt.redis, QUOTA_KIND, request.owner, ws_id)
         raise
     return publish(rt, record)
 

@@ -655,10 +655,12 @@ class KeeperConnection:
         return True
 
     def claim(self, body: Mapping[str, Any], fds: Sequence[int] = (),
-              timeout: float = 10.0) -> None:
+              timeout: float = KEEPER_SETUP_S) -> None:
         """A blank keeper builds the view `body` gives (its first message); `fds`: the
         locked slot of its host ids, which it holds for its life
-        (`bashfleet.worker.engine.id_slots`)."""
+        (`bashfleet.worker.engine.id_slots`). The view is the rest of a keeper's setup,
+        and has its deadline: a host running a thousand calls at once, each claiming a
+        keeper, took more than 10 s for one (the call was refused)."""
         self._send(b"V", body, fds)
         self._expect(b"v", timeout)
 

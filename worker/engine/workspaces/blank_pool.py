@@ -19,7 +19,7 @@ from pathlib import Path
 from bashfleet.worker.engine import cgroups, id_slots, layout, procs, resources, sandbox
 from bashfleet.worker.engine.isolate import launcher
 from bashfleet.worker.engine.network import network
-from bashfleet.worker.engine.workspaces import disk, visibility
+from bashfleet.worker.engine.workspaces import disk, store, visibility
 from bashfleet.worker.settings import Settings
 
 log = logging.getLogger("bashfleet.workspaces")
@@ -48,6 +48,9 @@ class Blank:
     """Its `/` (the host's, in layers) is built: a claim binds the workspace's own paths."""
     net: network.State = dataclasses.field(default_factory=network.State)
     """Its network, made ahead (an `egress` blank's link and rules)."""
+    ws_id: str | None = None
+    """The id its workspace takes unless its maker chose one: its cgroup is named for it
+    (`ws-<id>`), so a claim renames none."""
     ended: bool = False
 
     def end(self) -> list[threading.Thread]:
@@ -195,6 +198,10 @@ def make_blank(settings: Settings, net: str, *, prebuilt: bool = False) -> Blank
     namespace made, and (`prebuilt`) the host's root in layers of its own mounted."""
     disk.ensure_dir(settings.workspaces_dir, 0o700)
     name = f"blank-{uuid.uuid4().hex[:15]}"
+    # Its cgroup is named for the workspace it will be: a cgroup v1 rename waits for the
+    # cgroup lock behind every keeper being moved into a group meanwhile (an RCU grace
+    # period each), 11 ms of a claim while the pool is topped up beside it.
+    ws_id = store.new_id()
     sock_path = str(settings.workspaces_dir / f"{name}.sock")
     note = settings.workspaces_dir / f"{name}.blank"
     slot = _claim_ids(settings)
@@ -212,7 +219,7 @@ def make_blank(settings: Settings, net: str, *, prebuilt: bool = False) -> Blank
             disk.make_layers(layers, slot, None)
             spec["prebuild"] = layout.prebuild_steps(str(layers), visibility.host_entries())
         with contextlib.suppress(OSError):
-            group = resources.blank_group(settings, f"ws-{name}")
+            group = resources.blank_group(settings, f"ws-{ws_id}")
         listener = launcher.listen(sock_path)
     except BaseException:
         if slot is not None:
@@ -242,7 +249,7 @@ def make_blank(settings: Settings, net: str, *, prebuilt: bool = False) -> Blank
             slot.close()  # the keeper holds the lock now, for its life
     blank = Blank(pid, procs.start_time(pid), sock_path, group, note,
                   slot=dataclasses.replace(slot, fd=-1) if slot is not None else None,
-                  layers=layers, prebuilt=layers is not None)
+                  layers=layers, prebuilt=layers is not None, ws_id=ws_id)
     if net == "egress":
         _blank_network(blank, settings)
     note.write_text(json.dumps({"pid": pid, "start": blank.start, "maker": os.getpid(),

@@ -15,6 +15,7 @@ import os
 import stat
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
@@ -40,9 +41,12 @@ from bashfleet.worker.wire.network import NetworkPolicy
 
 
 def create(spec: WorkspaceSpec, settings: Settings, *, throwaway: bool = False,
-           ws_id: str | None = None) -> WorkspaceRecord:
+           ws_id: str | None = None,
+           admit: Callable[[str], None] | None = None) -> WorkspaceRecord:
     """Make a workspace as `spec` asks (its keeper ready for calls); WorkspaceError
-    (`invalid`, `unavailable`, `spawn_failed`) when it cannot be."""
+    (`invalid`, `unavailable`, `spawn_failed`) when it cannot be. Its id: `ws_id`, else
+    the one its blank keeper's cgroup is named for, else a new one; `admit` is given it
+    before the keeper is claimed, and what it raises ends the making."""
     snapshot = None
     if spec.snapshot is not None:
         snapshot, spec = _from_snapshot(spec, settings)
@@ -67,6 +71,9 @@ def create(spec: WorkspaceSpec, settings: Settings, *, throwaway: bool = False,
             raise WorkspaceError("spawn_failed", f"could not make the workspace's sandbox: "
                                  f"{exc.strerror or exc}") from exc
     try:
+        ws_id = ws_id or (blank.ws_id if blank is not None else None) or store.new_id()
+        if admit is not None:
+            admit(ws_id)
         return _create(spec, settings, choice, user, blank, image, image_root,
                        throwaway=throwaway, ws_id=ws_id, snapshot=snapshot)
     except BaseException:
@@ -77,13 +84,12 @@ def create(spec: WorkspaceSpec, settings: Settings, *, throwaway: bool = False,
 
 def _create(spec: WorkspaceSpec, settings: Settings, choice: sandbox.Choice,  # noqa: PLR0917
             user: sandbox.User | None, blank: blank_pool.Blank | None, image: ImageInfo | None,
-            image_root: str | None, *, throwaway: bool, ws_id: str | None,
+            image_root: str | None, *, throwaway: bool, ws_id: str,
             snapshot: SnapshotRecord | None = None) -> WorkspaceRecord:
     slot = blank.slot if blank is not None else None
     if (spec.image or spec.build) and slot is None:
         raise WorkspaceError("unavailable", "this host gave the workspace no ids of its own "
                              "(its subordinate ids changed?): an image needs them")
-    ws_id = ws_id or store.new_id()
     inside = visibility.inside_user(spec.user, image, image_root) if slot is not None else None
     owner = ((slot.uid + inside.uid, slot.gid + inside.gid) if slot is not None and inside
              else (user.uid, user.gid) if user else None)
@@ -466,8 +472,9 @@ def _claim_network(record: WorkspaceRecord, settings: Settings, blank: blank_poo
 def _claim_group(blank: blank_pool.Blank, record: WorkspaceRecord) -> cgroups.Group | None:
     if blank.group is None:
         return None
-    group = cgroups.rename(blank.group, f"ws-{record.id}")
-    blank.group = group
+    group = blank.group
+    if record.id != blank.ws_id:  # an id its maker chose (a restore keeps its own)
+        group = blank.group = cgroups.rename(group, f"ws-{record.id}")
     cgroups.write_limits(group, resources.cgroup_limits(record.limits))
     group.baseline = group.counters()
     return group
