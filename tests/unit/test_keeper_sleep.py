@@ -109,3 +109,18 @@ def test_without_a_compiler_the_reason_is_said(tmp_path: Path,
     monkeypatch.delenv("BASHFLEET_HOLDER", raising=False)  # the suite's own, built once
     assert holder.find(Settings(state_dir=tmp_path / "state")) == (
         None, "no C compiler (cc) to build the holder with")
+
+
+def test_a_prebuilt_holder_starts_calls_only_when_it_answers_the_probe(tmp_path: Path) -> None:
+    """A holder built from an older package has no spawn mode: its keepers fork their
+    calls (it would take the spawner's arguments for a holder's, and exit 2)."""
+    old = tmp_path / "old"
+    old.write_text("#!/bin/sh\nexit 2\n")
+    new = tmp_path / "new"
+    new.write_text('#!/bin/sh\n[ "$1" = --probe ] && printf "bashfleet-spawn 1\\n"\n')
+    for path in (old, new):
+        path.chmod(0o755)
+    state = tmp_path / "state"
+    assert holder.spawner(Settings(state_dir=state, holder=old)) is None
+    assert holder.spawner(Settings(state_dir=state, holder=new)) == str(new)
+    assert holder.spawner(Settings(state_dir=state, holder=tmp_path / "none")) is None

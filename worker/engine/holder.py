@@ -19,11 +19,18 @@ import os
 import shutil
 import subprocess
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 
 from bashfleet.worker.settings import Settings
 
 SOURCE = Path(__file__).parent / "isolate" / "holder.c"
+#: Linked into the same binary: a call's first process (`bashfleet-spawn`, spawn.c).
+SPAWN_SOURCE = SOURCE.with_name("spawn.c")
+SOURCES = (SOURCE, SPAWN_SOURCE)
+#: argv[0] that starts the binary as a call's first process, and what its probe prints.
+SPAWN_NAME = "bashfleet-spawn"
+SPAWN_PROBE_ANSWER = b"bashfleet-spawn 1\n"
 #: Seconds a build may take (one small file: ~0.2 s; a loaded machine: more).
 BUILD_TIMEOUT_S = 60.0
 
@@ -34,9 +41,10 @@ def binary_name(source: bytes) -> str:
     return f"holder-{hashlib.sha256(source).hexdigest()[:16]}"
 
 
-def build_argv(cc: str, source: str, output: str) -> list[str]:
+def build_argv(cc: str, source: str | Sequence[str], output: str) -> list[str]:
     """How the holder is compiled: static (nothing loaded at exec), optimised."""
-    return [cc, "-static", "-O2", "-o", output, source]
+    return [cc, "-static", "-O2", "-o", output,
+            *([source] if isinstance(source, str) else source)]
 
 
 _lock = threading.Lock()
@@ -61,7 +69,7 @@ def build_into(folder: Path) -> tuple[str | None, str | None]:
     (None, why not). Several processes may build into one folder at the same time:
     each writes a file of its own and renames it into place."""
     try:
-        source = SOURCE.read_bytes()
+        source = b"".join(path.read_bytes() for path in SOURCES)
     except OSError as exc:
         return None, f"the holder's source is not installed ({exc.strerror})"
     target = folder / binary_name(source)
@@ -73,7 +81,8 @@ def build_into(folder: Path) -> tuple[str | None, str | None]:
     folder.mkdir(parents=True, exist_ok=True, mode=0o755)
     partial = folder / f".{target.name}.{os.getpid()}"
     try:
-        done = subprocess.run(build_argv(cc, str(SOURCE), str(partial)), capture_output=True,
+        done = subprocess.run(build_argv(cc, [str(path) for path in SOURCES], str(partial)),
+                              capture_output=True,
                               timeout=BUILD_TIMEOUT_S, check=False)
         if done.returncode != 0:
             said = done.stderr.decode(errors="replace").strip().splitlines()
@@ -85,3 +94,27 @@ def build_into(folder: Path) -> tuple[str | None, str | None]:
         with contextlib.suppress(FileNotFoundError):
             partial.unlink()
     return str(target), None
+
+
+_spawners: dict[str, bool] = {}
+
+
+def spawner(settings: Settings) -> str | None:
+    """The holder, when it can also be a call's first process (`SPAWN_NAME`): a holder
+    built from this package's sources can; a prebuilt one (`Settings.holder`) of an older
+    one cannot, and is asked once (`--probe`). None: keepers fork their calls."""
+    path, _ = find(settings)
+    if path is None:
+        return None
+    with _lock:
+        known = _spawners.get(path)
+    if known is None:
+        try:
+            done = subprocess.run([SPAWN_NAME, "--probe"], executable=path, capture_output=True,
+                                  timeout=BUILD_TIMEOUT_S, check=False)
+            known = done.returncode == 0 and done.stdout == SPAWN_PROBE_ANSWER
+        except (OSError, subprocess.TimeoutExpired):
+            known = False
+        with _lock:
+            _spawners[path] = known
+    return path if known else None

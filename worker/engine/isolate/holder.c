@@ -130,7 +130,12 @@ static int wake_answer(int listener, uid_t worker_uid, const int *fds, int nfds)
     return conn;
 }
 
+/* spawn.c, linked into the same binary: started as `bashfleet-spawn`, it is a call's
+ * first process instead (one static program to build, ship and open per keeper). */
+int spawn_main(int argc, char **argv);
+
 int main(int argc, char **argv) {
+    if (argc > 0 && strcmp(argv[0], "bashfleet-spawn") == 0) return spawn_main(argc, argv);
     prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
     if (argc != 12) return 2;
     int listener = (int)number(argv[1]);

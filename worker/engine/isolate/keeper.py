@@ -176,6 +176,10 @@ class Keeper:
         """RLIMIT_NOFILE of every process it starts (the workspace's `open_files`)."""
         self.seccomp: kernel.SyscallFilter | None = None
         """The system call filter every process it starts runs under (None: none)."""
+        self.spawner = -1
+        """The spawner binary (spawn.c), opened before the view: its calls are started
+        by a vfork of it, not a fork of this process (-1: forked)."""
+        self.filter_fd = -1
         self.idle_s = 0.0
         """Seconds with nothing to do after which it exits, its holder keeping the
         workspace (0: never; a keeper that is pid 1 never sleeps)."""
@@ -350,9 +354,27 @@ class Keeper:
                targets: Sequence[int]) -> int:
         # The child enters the cwd and finds bash as the workspace's user, in its view:
         # the keeper (root) never resolves a path a command may have planted.
+        if self.spawner >= 0 and self.who is not None:
+            try:
+                pid = kernel.spawn_through(
+                    self.spawner, body.get("executable"), body["argv"], body["env"], stdio,
+                    targets, cwd=body["cwd"], who=self.who, ctty=bool(body.get("ctty")),
+                    open_files=self.open_files, filter_fd=self._filter_fd())
+            except kernel.SpawnerUnavailableError:
+                os.close(self.spawner)  # this keeper forks its calls from now on
+                self.spawner = -1
+                pid = None
+            if pid is not None:
+                return pid
         return kernel.spawn(body.get("executable"), body["argv"], body["env"], stdio, targets,
                             cwd=body["cwd"], who=self.who, ctty=bool(body.get("ctty")),
                             open_files=self.open_files, seccomp=self.seccomp)
+
+    def _filter_fd(self) -> int:
+        """The calls' seccomp program in a sealed memfd, for the spawner (-1: none)."""
+        if self.seccomp is not None and self.filter_fd < 0:
+            self.filter_fd = _sealed(self.seccomp.code.raw)
+        return self.filter_fd
 
     def _adopt(self, conn: Conn, body: proto.AdoptRequest, fds: list[int]) -> None:
         tracked = conn.busy
@@ -534,7 +556,7 @@ def main(spec: dict[str, Any], listener_fd: int, report_fd: int) -> int:
         host_proc = _enter(spec)
         seccomp = _syscall_filter(spec)
         if spec.get("plan") is not None:
-            spec = {**spec, **_holder_fd(spec)}
+            spec = {**spec, **_binary_fds(spec)}
             who = _setup_view(spec)
         else:
             _prepare(spec)
@@ -551,6 +573,7 @@ def main(spec: dict[str, Any], listener_fd: int, report_fd: int) -> int:
     listener.setblocking(False)
     keeper = Keeper(listener, worker_uid=int(spec["worker_uid"]), who=who, host_proc=host_proc)
     keeper.seccomp = seccomp
+    keeper.spawner = int(spec.get("spawner_fd", -1))
     if spec.get("open_files") is not None:
         keeper.open_files = int(spec["open_files"])
     if first is not None:
@@ -760,7 +783,7 @@ def _claimed(listener: socket.socket, spec: dict[str, Any]
                 # Opened before the view hides the host's state directory.
                 lease_fd = os.open(claimed["lease"]["dir"], os.O_PATH | os.O_DIRECTORY
                                    | os.O_CLOEXEC)
-            claimed.update(_holder_fd(claimed))
+            claimed.update(_binary_fds(claimed))
             who = _setup_view(claimed)
         except OSError as exc:
             with contextlib.suppress(OSError):
@@ -775,16 +798,19 @@ def _claimed(listener: socket.socket, spec: dict[str, Any]
         return sock, {**claimed, "maker_fd": maker, "lease_fd": lease_fd}, who
 
 
-def _holder_fd(spec: dict[str, Any]) -> dict[str, int]:
-    """The holder binary, opened now (before the view: after it, a path is the
-    workspace's), when this keeper may sleep; {} when not (or it cannot be opened: the
-    keeper then stays awake)."""
-    if not spec.get("holder") or not float(spec.get("idle_s") or 0):
-        return {}
-    try:
-        return {"holder_fd": os.open(spec["holder"], os.O_RDONLY | os.O_CLOEXEC)}
-    except OSError:
-        return {}
+def _binary_fds(spec: dict[str, Any]) -> dict[str, int]:
+    """The holder binary, when this keeper may sleep, and the spawner, when it starts its
+    calls by one (the same binary, `spawn.c`), opened now: before the view, after which
+    a path is the workspace's. One that cannot be opened is left out: the keeper then
+    stays awake, or forks its calls."""
+    opened = {}
+    wanted = {"holder_fd": spec.get("holder") if float(spec.get("idle_s") or 0) else None,
+              "spawner_fd": spec.get("spawner") if spec.get("ids") is not None else None}
+    for key, path in wanted.items():
+        if path:
+            with contextlib.suppress(OSError):
+                opened[key] = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    return opened
 
 
 def _enter(spec: dict[str, Any]) -> int:

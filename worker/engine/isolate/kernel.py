@@ -520,12 +520,18 @@ def spawn(executable: str | None, argv: Sequence[str], env: Mapping[str, str],
         _child(executable, argv, env, fds, targets, cwd, who, ctty, write_end,
                open_files=open_files, seccomp=seccomp)
     os.close(write_end)
+    return _started(pid, read_end, cwd)
+
+
+def _started(pid: int, report: int, cwd: str) -> int:
+    """`pid` once its command runs (its end of the report pipe closed at its exec); the
+    OSError it reported when it could not get there (the child reaped)."""
     try:
         chunks = []
-        while chunk := os.read(read_end, 512):
+        while chunk := os.read(report, 512):
             chunks.append(chunk)
     finally:
-        os.close(read_end)
+        os.close(report)
     if not chunks:
         return pid
     os.waitpid(pid, 0)
@@ -533,6 +539,53 @@ def spawn(executable: str | None, argv: Sequence[str], env: Mapping[str, str],
     number, _, name = rest.partition(" ")
     code = int(number) if number.isdigit() else errno.EIO
     raise OSError(code, os.strerror(code), cwd if stage == "cwd" else name)
+
+
+#: argv[0] that starts the holder binary as a call's first process (isolate/spawn.c).
+SPAWN_NAME = "bashfleet-spawn"
+
+
+class SpawnerUnavailableError(OSError):
+    """The spawner binary could not be started at all (not the call's failure)."""
+
+
+def spawn_through(spawner: int, executable: str | None, argv: Sequence[str],  # noqa: PLR0917
+                  env: Mapping[str, str], fds: Sequence[int], targets: Sequence[int], *,
+                  cwd: str, who: Identity, ctty: bool = False, open_files: int | None = None,
+                  filter_fd: int = -1) -> int | None:
+    """`spawn`, by the spawner binary (`spawner`, a descriptor of it) posix_spawned
+    through /proc/self/fd: a vfork, not a fork of this process, then the same steps in
+    the same order as `_child` (spawn.c), the seccomp program read from `filter_fd`.
+    None when a descriptor it passes on has one of the call's numbers (`spawn` then);
+    SpawnerUnavailableError when the binary could not be started."""
+    passed = [fd for fd in (who.userns_fd, filter_fd) if fd >= 0]
+    if {spawner, *passed} & set(targets):
+        return None
+    read_end, write_end = os.pipe2(os.O_CLOEXEC)
+    if write_end in targets:
+        os.close(read_end)
+        os.close(write_end)
+        return None
+    nofile = lowered_nofile(open_files) if open_files is not None else -1
+    args = [SPAWN_NAME, str(write_end), str(who.userns_fd), str(who.uid), str(who.gid),
+            ",".join(str(group) for group in who.groups), cwd, str(nofile),
+            "1" if ctty else "0", str(filter_fd), executable or "", *argv]
+    actions = [(os.POSIX_SPAWN_DUP2, fd, target) for fd, target in zip(fds, targets, strict=True)]
+    # Open across the exec for the spawner alone: it closes them (the report pipe at
+    # its own exec). This process is single-threaded: nothing else starts meanwhile.
+    inherited = [write_end, *passed]
+    for fd in inherited:
+        os.set_inheritable(fd, True)
+    try:
+        pid = os.posix_spawn(f"/proc/self/fd/{spawner}", args, dict(env), file_actions=actions)
+    except OSError as exc:
+        os.close(read_end)
+        raise SpawnerUnavailableError(exc.errno or errno.EIO, f"the spawner: {exc}") from exc
+    finally:
+        for fd in passed:
+            os.set_inheritable(fd, False)
+        os.close(write_end)
+    return _started(pid, read_end, cwd)
 
 
 def _child(executable: str | None, argv: Sequence[str], env: Mapping[str, str],  # noqa: PLR0917

@@ -408,6 +408,9 @@ def _start_keeper(record: WorkspaceRecord, settings: Settings, user: sandbox.Use
         # Its keeper sleeps when idle, a holder keeping the workspace (where one is built).
         body.update(holder=holder.find(settings)[0], idle_s=settings.keeper_idle_s)
     if slot is not None:
+        # Its calls start as a vfork of the spawner, not a fork of the keeper (where the
+        # holder binary is built): with ids of its own, the spawner's are never a call's.
+        body["spawner"] = holder.spawner(settings)
         # The run user's files (projects, shared writable roots: theirs on the host, as
         # on a single-tenant host) are the workspace root's through that map.
         body["ids"] = {"uid": slot.uid, "gid": slot.gid, "count": id_slots.SLOT_SIZE,

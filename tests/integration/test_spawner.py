@@ -1,0 +1,206 @@
+"""A call's first process as a program (isolate/spawn.c): a keeper posix_spawns it
+through /proc/self/fd instead of forking itself. What a call gets must not depend on
+which of the two started it; the fork stays for a keeper the spawner cannot serve."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+import shutil
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from privilege import needs_root
+
+from bashfleet.worker.engine import holder, workspaces
+from bashfleet.worker.engine.isolate import kernel, syscall_filter
+from bashfleet.worker.settings import Settings
+from bashfleet.worker.wire.models import WorkspaceSpec
+
+from .engine_helpers import (
+    Engine,
+    _engine_fixture,  # noqa: F401 - the `engine` fixture
+    _janitor_fixture,  # noqa: F401 - the `janitor` fixture
+)
+
+pytestmark = needs_root("a user namespace mapped to other host ids, as a keeper's")
+
+#: What a call can see of how it was started: ids, groups, cwd, its session, limits,
+#: capabilities, privileges, filter, ignored signals, its descriptors, its keyring.
+PROBE = r"""
+exec 2>&1
+id -u; id -g; id -G; pwd; ulimit -n; ulimit -Hn
+read -r _ _ _ _ _ sid _ < /proc/$$/stat; [ "$sid" = "$$" ] && echo session-leader
+grep -E '^(Cap(Inh|Prm|Eff|Bnd|Amb)|NoNewPrivs|Seccomp|Seccomp_filters|Sig(Ign|Blk)):' \
+    /proc/$$/status
+cat /proc/$$/uid_map /proc/$$/gid_map
+ls /proc/$$/fd | sort -n | tr '\n' ' '; echo; readlink /proc/$$/fd/200
+trap -p
+umask
+"""
+
+
+@pytest.fixture(name="spawner")
+def _spawner_fixture(tmp_path: Path) -> Iterator[int]:
+    path = holder.spawner(Settings(state_dir=tmp_path / "state"))
+    assert path is not None, holder.find(Settings(state_dir=tmp_path / "state"))
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    yield fd
+    os.close(fd)
+
+
+@pytest.fixture(name="place")
+def _place_fixture() -> Iterator[Path]:
+    """A directory the namespace's users can reach (pytest's own is root's, 0700)."""
+    path = Path(tempfile.mkdtemp(prefix="bashfleet-spawner-"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path)
+
+
+@pytest.fixture(name="userns")
+def _userns_fixture() -> Iterator[int]:
+    # Host ids far above any account's: what a workspace's slot maps.
+    fd = kernel.new_user_namespace("0 3900000000 65536\n", "0 3900000000 65536\n")
+    yield fd
+    os.close(fd)
+
+
+def _run(tmp_path: Path, how: str, spawner: int, who: kernel.Identity, *,
+         seccomp: bytes | None, cwd: str, argv: list[str], env: dict[str, str]) -> str:
+    """What `argv` printed, started by the keeper's fork (`fork`) or the spawner."""
+    out = tmp_path / f"{how}-{uuid.uuid4().hex[:6]}.out"
+    out.touch()
+    os.chown(out, 3900000000 + who.uid, 3900000000 + who.gid)
+    null = os.open(os.devnull, os.O_RDONLY)
+    sink = os.open(out, os.O_WRONLY)
+    extra = os.open(os.devnull, os.O_WRONLY)
+    memfd = -1
+    try:
+        stdio, targets = [null, sink, sink, extra], [0, 1, 2, 200]
+        if how == "fork":
+            pid = kernel.spawn(None, argv, env, stdio, targets, cwd=cwd, who=who,
+                               open_files=512, seccomp=kernel.syscall_filter(seccomp)
+                               if seccomp else None)
+        else:
+            if seccomp:
+                memfd = os.memfd_create("filter", os.MFD_CLOEXEC)
+                os.write(memfd, seccomp)
+            started = kernel.spawn_through(spawner, None, argv, env, stdio, targets, cwd=cwd,
+                                           who=who, open_files=512, filter_fd=memfd)
+            assert started is not None
+            pid = started
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0, out.read_text()
+    finally:
+        for fd in (null, sink, extra, memfd):
+            if fd >= 0:
+                os.close(fd)
+    return out.read_text()
+
+
+@pytest.mark.parametrize("uid", [0, 1000])
+@pytest.mark.parametrize("filtered", [False, True])
+def test_a_call_is_the_same_whichever_started_it(place: Path, spawner: int, userns: int,
+                                                 uid: int, filtered: bool) -> None:
+    work = place / "work"
+    work.mkdir()
+    os.chown(work, 3900000000 + uid, 3900000000 + uid)
+    who = kernel.Identity(uid, uid, (uid, 5), userns)
+    program = syscall_filter.for_mode("default", platform.machine()) if filtered else None
+    if filtered:
+        assert program is not None
+    env = {"PATH": "/usr/bin:/bin", "LC_ALL": "C"}
+    seen = {how: _run(place, how, spawner, who, seccomp=program, cwd=str(work),
+                      argv=["bash", "-c", PROBE], env=env)
+            for how in ("fork", "spawner")}
+    assert seen["fork"] == seen["spawner"]
+    lines = seen["spawner"].splitlines()
+    assert lines[:6] == [str(uid), str(uid), f"{uid} 5", str(work), "512", "512"]
+    assert "session-leader" in lines
+    assert ("Seccomp:\t2" in lines) is filtered and ("NoNewPrivs:\t1" in lines) is filtered
+    assert ("CapEff:\t0000000000000000" in lines) is (uid != 0)
+    # Its descriptors: the three and 200 given (bash holds a few of its own beside).
+    assert any(line.startswith("0 1 2 ") and " 200 " in line for line in lines), lines
+    assert "/dev/null" in lines
+    # What this process ignores (SIGPIPE, SIGXFSZ; the C library's 32 and 33 in a
+    # posix_spawn child) is back to its default.
+    (ignored,) = [int(line.split()[1], 16) for line in lines if line.startswith("SigIgn:")]
+    for signum in (13, 25, 32, 33):
+        assert not ignored & 1 << (signum - 1), (signum, hex(ignored))
+
+
+def test_what_failed_is_said_as_the_fork_says_it(place: Path, spawner: int,
+                                                  userns: int) -> None:
+    tmp_path = place
+    (tmp_path / "a").mkdir()
+    tool = tmp_path / "a" / "tool"
+    tool.write_text("#!/bin/sh\necho ran > \"$PWD/marker\"\n")
+    tool.chmod(0o755)
+    os.chown(tmp_path, 3900000000, 3900000000)
+    who = kernel.Identity(0, 0, (), userns)
+    null = os.open(os.devnull, os.O_RDWR)
+    try:
+        def through(executable: str | None, argv: list[str], path: str, cwd: Path) -> int:
+            pid = kernel.spawn_through(spawner, executable, argv, {"PATH": path},
+                                       [null, null, null], [0, 1, 2], cwd=str(cwd), who=who)
+            assert pid is not None
+            return pid
+
+        # PATH entries relative to the cwd, as execvp takes them: searched in the child.
+        assert os.waitpid(through(None, ["tool"], "b:a", tmp_path), 0)[1] == 0
+        assert (tmp_path / "marker").read_text() == "ran\n"
+        with pytest.raises(FileNotFoundError) as missing:
+            through(None, ["tool"], "/nonexistent", tmp_path)
+        assert missing.value.filename == "tool"
+        with pytest.raises(FileNotFoundError) as bad_cwd:
+            through("/bin/true", ["true"], "", tmp_path / "gone")
+        assert bad_cwd.value.filename == str(tmp_path / "gone")
+        (tmp_path / "plain").write_text("not a program\n")
+        with pytest.raises(PermissionError) as denied:
+            through(str(tmp_path / "plain"), ["plain"], "", tmp_path)
+        assert denied.value.filename == str(tmp_path / "plain")
+        # A descriptor it would pass on has one of the call's numbers: the keeper forks.
+        assert kernel.spawn_through(spawner, None, ["true"], {}, [null], [spawner],
+                                    cwd="/", who=who) is None
+    finally:
+        os.close(null)
+
+
+def test_a_workspace_with_ids_starts_its_calls_by_the_spawner(engine: Engine) -> None:
+    """The suite's calls go the spawner's way (so every test of a call tests it): the
+    keeper holds the binary, and still does after calls ran."""
+    spawner = holder.spawner(engine.settings)
+    assert spawner is not None
+    record = workspaces.create(WorkspaceSpec(owner="o"), engine.settings)
+    try:
+        assert record.ids is not None and record.keeper_pid is not None
+
+        def holds() -> bool:
+            """A process of the workspace's (its keeper, or the service beside its
+            holder) holds the spawner binary open."""
+            ns = os.readlink(f"/proc/{record.keeper_pid}/ns/pid")
+            binary = os.path.realpath(spawner)
+            for pid in filter(str.isdigit, os.listdir("/proc")):
+                with contextlib.suppress(OSError):
+                    if os.readlink(f"/proc/{pid}/ns/pid") != ns:
+                        continue
+                    for fd in os.listdir(f"/proc/{pid}/fd"):
+                        with contextlib.suppress(OSError):
+                            if os.readlink(f"/proc/{pid}/fd/{fd}") == binary:
+                                return True
+            return False
+
+        assert holds()
+        for _ in range(3):
+            result = engine.run("echo $((6 * 7))", workspace=record.id, cwd=None, owner="o")
+            assert result.error is None and result.stdout == "42\n", result
+        missing = engine.run("no-such-tool-here", workspace=record.id, cwd=None, owner="o")
+        assert missing.exit_code == 127 and "no-such-tool-here" in missing.stderr
+        assert holds()
+    finally:
+        workspaces.delete(record.id, engine.settings)
