@@ -41,6 +41,7 @@ cat /proc/$$/uid_map /proc/$$/gid_map
 ls /proc/$$/fd | sort -n | tr '\n' ' '; echo; readlink /proc/$$/fd/200
 trap -p
 umask
+env | sort
 """
 
 
@@ -114,7 +115,7 @@ def test_a_call_is_the_same_whichever_started_it(place: Path, spawner: int, user
     program = syscall_filter.for_mode("default", platform.machine()) if filtered else None
     if filtered:
         assert program is not None
-    env = {"PATH": "/usr/bin:/bin", "LC_ALL": "C"}
+    env = {"PATH": "/usr/bin:/bin", "LC_ALL": "C", "WITH SPACE": "a=b c\nd", "EMPTY": ""}
     seen = {how: _run(place, how, spawner, who, seccomp=program, cwd=str(work),
                       argv=["bash", "-c", PROBE], env=env)
             for how in ("fork", "spawner")}
@@ -127,6 +128,7 @@ def test_a_call_is_the_same_whichever_started_it(place: Path, spawner: int, user
     # Its descriptors: the three and 200 given (bash holds a few of its own beside).
     assert any(line.startswith("0 1 2 ") and " 200 " in line for line in lines), lines
     assert "/dev/null" in lines
+    assert "WITH SPACE=a=b c" in lines and "EMPTY=" in lines and "d" in lines
     # What this process ignores (SIGPIPE, SIGXFSZ; the C library's 32 and 33 in a
     # posix_spawn child) is back to its default.
     (ignored,) = [int(line.split()[1], 16) for line in lines if line.startswith("SigIgn:")]

@@ -569,7 +569,8 @@ def spawn_through(spawner: int, executable: str | None, argv: Sequence[str],  # 
     nofile = lowered_nofile(open_files) if open_files is not None else -1
     args = [SPAWN_NAME, str(write_end), str(who.userns_fd), str(who.uid), str(who.gid),
             ",".join(str(group) for group in who.groups), cwd, str(nofile),
-            "1" if ctty else "0", str(filter_fd), executable or "", *argv]
+            "1" if ctty else "0", str(filter_fd), executable or "", str(len(argv)), *argv,
+            *(f"{name}={value}" for name, value in env.items())]
     actions = [(os.POSIX_SPAWN_DUP2, fd, target) for fd, target in zip(fds, targets, strict=True)]
     # Open across the exec for the spawner alone: it closes them (the report pipe at
     # its own exec). This process is single-threaded: nothing else starts meanwhile.
@@ -577,7 +578,8 @@ def spawn_through(spawner: int, executable: str | None, argv: Sequence[str],  # 
     for fd in inherited:
         os.set_inheritable(fd, True)
     try:
-        pid = os.posix_spawn(f"/proc/self/fd/{spawner}", args, dict(env), file_actions=actions)
+        # Its environment is the command's only once it is the call's user (spawn.c).
+        pid = os.posix_spawn(f"/proc/self/fd/{spawner}", args, {}, file_actions=actions)
     except OSError as exc:
         os.close(read_end)
         raise SpawnerUnavailableError(exc.errno or errno.EIO, f"the spawner: {exc}") from exc

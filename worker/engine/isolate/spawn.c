@@ -24,12 +24,15 @@
  * ptrace it while it holds the keeper's ids.
  *
  *   bashfleet-spawn REPORT_FD USERNS_FD UID GID GROUPS CWD NOFILE CTTY FILTER_FD
- *                   EXECUTABLE ARGV...
+ *                   EXECUTABLE ARGC ARGV... ENV...
  *   bashfleet-spawn --probe      (prints SPAWN_PROBE_ANSWER: this binary has the mode)
  *
  * -1 for a descriptor or a limit it has not; GROUPS a comma-separated list ("" for
  * none); EXECUTABLE "" to search ARGV[0]. FILTER_FD holds the seccomp program (struct
- * sock_filter records), read from offset 0.
+ * sock_filter records), read from offset 0. The command's environment comes after its
+ * ARGC arguments, never as this process's own: it starts as the keeper's (host) ids,
+ * and its C library reads its environment at start (GLIBC_TUNABLES, say), which a
+ * call's must not reach before it is the call's user.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -49,8 +52,6 @@
 #include <sys/syscall.h>
 #include <sys/types.h>
 #include <unistd.h>
-
-extern char **environ;
 
 /* What `--probe` prints (holder.py checks a prebuilt binary for it). */
 #define SPAWN_PROBE_ANSWER "bashfleet-spawn 1\n"
@@ -109,12 +110,14 @@ static void install_filter(int fd) {
 
 /* execvp's search of ARGV[0] on PATH (the call's environment), as kernel._exec does:
  * a folder where it is not is skipped, any other error is kept for the report. */
-static void exec_command(const char *executable, char **args) {
+static void exec_command(const char *executable, char **args, char **env) {
     if (*executable || strchr(args[0], '/')) {
-        execve(*executable ? executable : args[0], args, environ);
+        execve(*executable ? executable : args[0], args, env);
         fail("exec", errno, *executable ? executable : args[0]);
     }
-    const char *path = getenv("PATH");
+    const char *path = NULL;
+    for (char **entry = env; *entry; entry++)
+        if (strncmp(*entry, "PATH=", 5) == 0) path = *entry + 5;
     if (path == NULL) path = "/bin:/usr/bin";
     int last = ENOENT;
     size_t name_len = strlen(args[0]);
@@ -128,7 +131,7 @@ static void exec_command(const char *executable, char **args) {
             memcpy(candidate, dir, dir_len);
             candidate[dir_len] = '/';
             memcpy(candidate + dir_len + 1, args[0], name_len + 1);
-            execve(candidate, args, environ);
+            execve(candidate, args, env);
             if (errno != ENOENT && errno != ENOTDIR) last = errno;
         }
         if (!stop) break;
@@ -145,7 +148,7 @@ int spawn_main(int argc, char **argv) {
         fputs(SPAWN_PROBE_ANSWER, stdout);
         return fflush(stdout) == 0 ? 0 : 1;
     }
-    if (argc < 12) return 2;
+    if (argc < 13) return 2;
     report_fd = (int)whole(argv[1]);
     int userns = (int)whole(argv[2]);
     long uid = whole(argv[3]), gid = whole(argv[4]);
@@ -156,7 +159,14 @@ int spawn_main(int argc, char **argv) {
     int ctty = (int)whole(argv[8]);
     int filter = (int)whole(argv[9]);
     const char *executable = argv[10];
-    char **args = argv + 11;
+    long nargs = whole(argv[11]);
+    if (nargs < 1 || nargs > argc - 12) fail("setup", EINVAL, "bashfleet-spawn");
+    /* The command's arguments, then its environment, each ended by a NULL of its own
+     * (argv's own NULL ends the environment). */
+    char **args = argv + 12, **env = argv + 12 + nargs;
+    memmove(args - 1, args, nargs * sizeof *args);
+    args -= 1;
+    args[nargs] = NULL;
 
     if (uid >= 0) {
         if (userns >= 0) {
@@ -195,6 +205,6 @@ int spawn_main(int argc, char **argv) {
     /* Last before the exec: from here on everything runs the tenant's, filtered. */
     if (filter >= 0) install_filter(filter);
     if (fcntl(report_fd, F_SETFD, FD_CLOEXEC) != 0) fail("setup", errno, "report");
-    exec_command(executable, args);
+    exec_command(executable, args, env);
     return 127;
 }
