@@ -51,6 +51,25 @@ def stdout_of(text: ToolText) -> str:
     return found.group(1) if found else ""
 
 
+def stdout_until_completed(conform: Conformance, bash_id: str, session: SessionState,
+                           pattern: str | None = None) -> tuple[str, ToolText]:
+    """Everything the job printed (through `filter` `pattern`), read by BashOutput until
+    it says `completed`, and that last answer. Each read gives only what is new: one
+    may land between the job's last line and its end (the line then comes with
+    `running`, and `completed` with nothing new)."""
+    read: list[str] = []
+
+    def completed() -> ToolText:
+        text = output(conform, bash_id, session,
+                      **({"filter": pattern} if pattern is not None else {}))
+        if stdout_of(text):
+            read.append(stdout_of(text))
+        return text
+
+    last = poll(completed, lambda t: "completed" in t.text, "the job to complete")
+    return "\n".join(read), last
+
+
 # ------------------------------------------------------------------------ foreground
 
 
@@ -140,9 +159,7 @@ def test_ansi_color_codes_are_stripped(conform: Conformance) -> None:
     session = conform.session()
     assert bash(conform, {"command": command}, session) == ToolText("green and red")
     bash_id = start(conform, command, session)
-    done = poll(lambda: output(conform, bash_id, session), lambda t: "completed" in t.text,
-                "the job to complete")
-    assert stdout_of(done) == "green and red"
+    assert stdout_until_completed(conform, bash_id, session)[0] == "green and red"
 
 
 def test_environment_persists_across_calls(conform: Conformance) -> None:
@@ -170,9 +187,7 @@ def test_an_unset_worker_variable_stays_unset(conform: Conformance) -> None:
     bash(conform, {"command": f"unset {PLAIN_VAR}"}, session)
     assert bash(conform, {"command": probe}, session) == ToolText("unset")
     bash_id = start(conform, probe, session)
-    done = poll(lambda: output(conform, bash_id, session), lambda t: "completed" in t.text,
-                "the job to complete")
-    assert stdout_of(done) == "unset"
+    assert stdout_until_completed(conform, bash_id, session)[0] == "unset"
 
 
 # ------------------------------------------------------------------------ background
@@ -189,12 +204,12 @@ def test_background_returns_an_id_and_bash_output_reads_it(conform: Conformance)
                  "the first line")
     assert first == ToolText("<status>running</status>\n\n<stdout>\nwaiting\n</stdout>")
     go.touch()
-    done = poll(lambda: output(conform, bash_id, session), lambda t: "completed" in t.text,
-                "the job to complete")
-    # Only what is new since the last read.
-    assert done == ToolText(
-        "<status>completed</status>\n\n<exit_code>0</exit_code>\n\n<stdout>\ndone\n</stdout>"
-    )
+    read, done = stdout_until_completed(conform, bash_id, session)
+    # Only what is new since the last read: `done` once, with `completed` unless a read
+    # landed between the job's last line and its end.
+    assert read == "done"
+    ended = "<status>completed</status>\n\n<exit_code>0</exit_code>"
+    assert done in (ToolText(f"{ended}\n\n<stdout>\ndone\n</stdout>"), ToolText(ended))
     assert output(conform, bash_id, session) == ToolText(
         "<status>completed</status>\n\n<exit_code>0</exit_code>"
     )
@@ -205,7 +220,7 @@ def test_bash_output_filter(conform: Conformance) -> None:
     match are no longer available to read."""
     session = conform.session()
     bash_id = start(conform, "printf 'apple\\nbanana\\navocado\\n'", session)
-    assert _filtered_until_done(conform, bash_id, session, "^a") == "apple\navocado"
+    assert stdout_until_completed(conform, bash_id, session, "^a")[0] == "apple\navocado"
     assert "banana" not in output(conform, bash_id, session).text
 
 
@@ -213,23 +228,7 @@ def test_bash_output_filter_anchors_at_line_ends(conform: Conformance) -> None:
     """A filter ending in `$` once never matched (lines kept their newline)."""
     session = conform.session()
     bash_id = start(conform, "seq 1 30", session)
-    assert _filtered_until_done(conform, bash_id, session, "0$") == "10\n20\n30"
-
-
-def _filtered_until_done(conform: Conformance, bash_id: str, session: SessionState,
-                         pattern: str) -> str:
-    """Every line `BashOutput` with `filter` gave until the job completed. Each answer
-    holds only what is new since the last: a check made while the job still ran may have
-    taken all of its output, and the one that says "completed" none."""
-    seen: list[str] = []
-
-    def read() -> ToolText:
-        text = output(conform, bash_id, session, filter=pattern)
-        seen.append(stdout_of(text))
-        return text
-
-    poll(read, lambda t: "completed" in t.text, "the job to complete")
-    return "\n".join(part for part in seen if part)
+    assert stdout_until_completed(conform, bash_id, session, "0$")[0] == "10\n20\n30"
 
 
 def test_kill_bash_terminates_the_process_group(conform: Conformance) -> None:
