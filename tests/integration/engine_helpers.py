@@ -139,6 +139,28 @@ def alive(pid: int) -> bool:
     return info is not None and info.state not in ("Z", "X")
 
 
+#: What a keeper that started a call by the spawner holds: the calls' seccomp program,
+#: made for the spawner at its first call (a keeper that forks its calls makes none).
+SPAWNER_FILTER = "/memfd:bashfleet-seccomp (deleted)"
+
+
+def holds_open(record: WorkspaceRecord, target: str, *, besides: int | None = None) -> bool:
+    """A process of the workspace's PID namespace (its keeper, or the service beside its
+    holder), other than `besides`, holds `target` open (a descriptor's link: a file's
+    real path, `SPAWNER_FILTER`)."""
+    assert record.keeper_pid is not None
+    ns = os.readlink(f"/proc/{record.keeper_pid}/ns/pid")
+    for pid in _all_pids():
+        with contextlib.suppress(OSError):
+            if pid == besides or os.readlink(f"/proc/{pid}/ns/pid") != ns:
+                continue
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                with contextlib.suppress(OSError):
+                    if os.readlink(f"/proc/{pid}/fd/{fd}") == target:
+                        return True
+    return False
+
+
 def _all_pids() -> list[int]:
     return [int(name) for name in os.listdir("/proc") if name.isdigit()]
 

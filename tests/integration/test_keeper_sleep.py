@@ -22,11 +22,13 @@ from bashfleet.worker.engine.workspaces import keeper_calls
 from bashfleet.worker.wire.models import WorkspaceRecord
 
 from .engine_helpers import (
+    SPAWNER_FILTER,
     Engine,
     Janitor,
     _janitor_fixture,  # noqa: F401 - the `janitor` fixture
     alive,
     engine_with,
+    holds_open,
     home_for_nobody,
     readable_install,
     wait_until,
@@ -92,6 +94,25 @@ def test_an_idle_workspace_sleeps_and_a_call_wakes_it_and_runs_once(sleepy: Engi
     # Two calls, two lines: the wake ran the second call once (twice would be three).
     assert woken.stdout.strip() == "2"
     assert wait_until(lambda: _asleep(record), what="it to sleep again", timeout=10)
+
+
+def test_a_woken_keeper_starts_its_calls_by_the_spawner(sleepy: Engine) -> None:
+    """The holder keeps the spawner for the services it wakes: their calls start as the
+    first keeper's did (`tests/integration/test_spawner.py`), not by a fork."""
+    spawner = holder.spawner(sleepy.settings)
+    assert spawner is not None
+    record = sleepy.workspace()
+    sleepy.run("true", workspace=record.id, cwd=None)
+    assert holds_open(record, SPAWNER_FILTER)
+    for _ in range(2):
+        assert wait_until(lambda: _asleep(record), what="the workspace to sleep", timeout=10)
+        assert not holds_open(record, SPAWNER_FILTER)
+        # pid 1, the holder, keeps the spawner binary for the services it wakes.
+        assert holds_open(record, os.path.realpath(spawner))
+        woken = sleepy.run("echo $((6 * 7)); no-such-tool-here", workspace=record.id,
+                           cwd=None)
+        assert woken.stdout == "42\n" and "no-such-tool-here" in woken.stderr, woken
+        assert holds_open(record, SPAWNER_FILTER)
 
 
 def test_a_call_sent_to_the_holder_never_runs_and_a_worker_that_left_leaves_it_listening(

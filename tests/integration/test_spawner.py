@@ -4,7 +4,6 @@ which of the two started it; the fork stays for a keeper the spawner cannot serv
 
 from __future__ import annotations
 
-import contextlib
 import os
 import platform
 import shutil
@@ -22,9 +21,11 @@ from bashfleet.worker.settings import Settings
 from bashfleet.worker.wire.models import WorkspaceSpec
 
 from .engine_helpers import (
+    SPAWNER_FILTER,
     Engine,
     _engine_fixture,  # noqa: F401 - the `engine` fixture
     _janitor_fixture,  # noqa: F401 - the `janitor` fixture
+    holds_open,
 )
 
 pytestmark = needs_root("a user namespace mapped to other host ids, as a keeper's")
@@ -182,27 +183,13 @@ def test_a_workspace_with_ids_starts_its_calls_by_the_spawner(engine: Engine) ->
     try:
         assert record.ids is not None and record.keeper_pid is not None
 
-        def holds() -> bool:
-            """A process of the workspace's (its keeper, or the service beside its
-            holder) holds the spawner binary open."""
-            ns = os.readlink(f"/proc/{record.keeper_pid}/ns/pid")
-            binary = os.path.realpath(spawner)
-            for pid in filter(str.isdigit, os.listdir("/proc")):
-                with contextlib.suppress(OSError):
-                    if os.readlink(f"/proc/{pid}/ns/pid") != ns:
-                        continue
-                    for fd in os.listdir(f"/proc/{pid}/fd"):
-                        with contextlib.suppress(OSError):
-                            if os.readlink(f"/proc/{pid}/fd/{fd}") == binary:
-                                return True
-            return False
-
-        assert holds()
+        assert holds_open(record, os.path.realpath(spawner))
+        assert not holds_open(record, SPAWNER_FILTER)  # made at its first call
         for _ in range(3):
             result = engine.run("echo $((6 * 7))", workspace=record.id, cwd=None, owner="o")
             assert result.error is None and result.stdout == "42\n", result
         missing = engine.run("no-such-tool-here", workspace=record.id, cwd=None, owner="o")
         assert missing.exit_code == 127 and "no-such-tool-here" in missing.stderr
-        assert holds()
+        assert holds_open(record, SPAWNER_FILTER)
     finally:
         workspaces.delete(record.id, engine.settings)

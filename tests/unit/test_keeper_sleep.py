@@ -35,17 +35,18 @@ def test_should_sleep(idle_s: float, now: float, last_active: float, expected: b
 def test_holder_argv_with_a_lease() -> None:
     lease = Lease(dir_fd=7, name="w123.json", ttl_s=3600.0, look_s=30.0, grace_s=300.0)
     argv = holder_argv(3, 1000, spec_fd=5, userns_fd=6, lease=lease, ready_fd=8,
-                       service_fd=9)
+                       service_fd=9, spawner_fd=10)
     # holder.c's usage: LISTEN UID SPEC USERNS LEASE_DIR NAME TTL LOOK GRACE READY SERVICE
+    # SPAWNER
     assert argv == ["bashfleet-holder", "3", "1000", "5", "6", "7", "w123.json", "3600.0",
-                    "30.0", "300.0", "8", "9"]
-    assert len(argv) == 12  # holder.c refuses any other count
+                    "30.0", "300.0", "8", "9", "10"]
+    assert len(argv) == 13  # holder.c refuses any other count
 
 
 def test_holder_argv_without_a_lease_or_user_namespace() -> None:
     argv = holder_argv(3, 0, spec_fd=5, userns_fd=-1, lease=None, ready_fd=-1, service_fd=4)
     assert argv == ["bashfleet-holder", "3", "0", "5", "-1", "-1", "-", "0", "0", "0", "-1",
-                    "4"]
+                    "4", "-1"]
 
 
 _BASE: dict[str, Any] = {"worker_uid": 0, "open_files": 1024, "seccomp": "default",

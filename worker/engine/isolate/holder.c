@@ -15,7 +15,7 @@
  * descriptors. It reads nothing but SO_PEERCRED-checked connections of the worker.
  *
  *   holder LISTEN_FD WORKER_UID SPEC_FD USERNS_FD LEASE_DIR_FD LEASE_NAME TTL_S LOOK_S
- *          GRACE_S READY_FD SERVICE_FD
+ *          GRACE_S READY_FD SERVICE_FD SPAWNER_FD
  *
  * (-1 for a descriptor it has not; LEASE_NAME "-" with no lease.) SERVICE_FD is one
  * end of a socket pair whose other end the running service holds: while it is open the
@@ -111,7 +111,7 @@ static int wake_answer(int listener, uid_t worker_uid, const int *fds, int nfds)
     }
     char body[] = "Z{}";
     struct iovec iov = {body, sizeof body - 1};
-    char control[CMSG_SPACE(3 * sizeof(int))];
+    char control[CMSG_SPACE(4 * sizeof(int))];
     memset(control, 0, sizeof control);
     struct msghdr msg = {0};
     msg.msg_iov = &iov;
@@ -137,15 +137,18 @@ int spawn_main(int argc, char **argv);
 int main(int argc, char **argv) {
     if (argc > 0 && strcmp(argv[0], "bashfleet-spawn") == 0) return spawn_main(argc, argv);
     prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
-    if (argc != 12) return 2;
+    if (argc != 13) return 2;
     int listener = (int)number(argv[1]);
     uid_t worker_uid = (uid_t)number(argv[2]);
     int spec = (int)number(argv[3]), userns = (int)number(argv[4]);
     struct lease lease = {(int)number(argv[5]), argv[6], seconds(argv[7]), seconds(argv[8]),
                           seconds(argv[9])};
     int ready = (int)number(argv[10]), service = (int)number(argv[11]);
-    int answer_fds[3] = {listener, spec, userns};
-    int nfds = userns >= 0 ? 3 : 2;
+    int spawner = (int)number(argv[12]);
+    /* The spawner (spawn.c, this binary opened by the first keeper) goes to the services
+     * it wakes, beside the user namespace its calls enter. */
+    int answer_fds[4] = {listener, spec, userns, spawner};
+    int nfds = userns < 0 ? 2 : spawner < 0 ? 3 : 4;
 
     sigset_t child;
     sigemptyset(&child);

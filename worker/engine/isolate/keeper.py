@@ -373,7 +373,7 @@ class Keeper:
     def _filter_fd(self) -> int:
         """The calls' seccomp program in a sealed memfd, for the spawner (-1: none)."""
         if self.seccomp is not None and self.filter_fd < 0:
-            self.filter_fd = _sealed(self.seccomp.code.raw)
+            self.filter_fd = _sealed(self.seccomp.code.raw, "bashfleet-seccomp")
         return self.filter_fd
 
     def _adopt(self, conn: Conn, body: proto.AdoptRequest, fds: list[int]) -> None:
@@ -626,7 +626,8 @@ def service_spec(spec: dict[str, Any], who: kernel.Identity | None,
 
 
 def holder_argv(listener: int, worker_uid: int, *, spec_fd: int, userns_fd: int,
-                lease: Lease | None, ready_fd: int, service_fd: int) -> list[str]:
+                lease: Lease | None, ready_fd: int, service_fd: int,
+                spawner_fd: int = -1) -> list[str]:
     """The holder's command line (holder.c's usage)."""
     if lease is None:
         lease_args = ["-1", "-", "0", "0", "0"]
@@ -634,7 +635,7 @@ def holder_argv(listener: int, worker_uid: int, *, spec_fd: int, userns_fd: int,
         lease_args = [str(lease.dir_fd), lease.name, repr(lease.ttl_s), repr(lease.look_s),
                       repr(lease.grace_s)]
     return [HOLDER_NAME, str(listener), str(worker_uid), str(spec_fd), str(userns_fd),
-            *lease_args, str(ready_fd), str(service_fd)]
+            *lease_args, str(ready_fd), str(service_fd), str(spawner_fd)]
 
 
 def _split(keeper: Keeper, spec: dict[str, Any], idle_s: float) -> None:
@@ -644,7 +645,8 @@ def _split(keeper: Keeper, spec: dict[str, Any], idle_s: float) -> None:
     service, or here when the exec failed (then this process keeps serving, as pid 1)."""
     holder_fd = int(spec["holder_fd"])
     userns = keeper.who.userns_fd if keeper.who is not None else -1
-    spec_fd = _sealed(json.dumps(service_spec(spec, keeper.who, idle_s)).encode())
+    spec_fd = _sealed(json.dumps(service_spec(spec, keeper.who, idle_s)).encode(),
+                      "bashfleet-service")
     service_end, holder_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     ready_read, ready_write = os.pipe2(os.O_CLOEXEC)
     if os.fork() == 0:
@@ -660,14 +662,17 @@ def _split(keeper: Keeper, spec: dict[str, Any], idle_s: float) -> None:
     service_end.close()
     os.close(ready_read)
     lease = keeper.lease
+    # The spawner goes with the user namespace it serves: a woken service's calls start
+    # as this one's do.
+    spawner = keeper.spawner if userns >= 0 else -1
     kept = [keeper.listener.fileno(), spec_fd, userns, ready_write, holder_end.fileno(),
-            lease.dir_fd if lease is not None else -1, int(spec.get("slot_fd", -1))]
+            lease.dir_fd if lease is not None else -1, int(spec.get("slot_fd", -1)), spawner]
     for fd in kept:
         if fd >= 0:
             os.set_inheritable(fd, True)  # the slot's lock too: pid 1 holds it for good
     argv = holder_argv(keeper.listener.fileno(), keeper.worker_uid, spec_fd=spec_fd,
                        userns_fd=userns, lease=lease, ready_fd=ready_write,
-                       service_fd=holder_end.fileno())
+                       service_fd=holder_end.fileno(), spawner_fd=spawner)
     try:
         # execveat(fd, "", AT_EMPTY_PATH) (glibc's fexecve): the binary was opened before
         # the view; no path of the workspace is looked up, and it loads nothing (static).
@@ -676,8 +681,8 @@ def _split(keeper: Keeper, spec: dict[str, Any], idle_s: float) -> None:
         proto.close_all([ready_write, spec_fd, holder_end.detach()])
 
 
-def _sealed(data: bytes) -> int:
-    fd = os.memfd_create("bashfleet-service", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+def _sealed(data: bytes, name: str) -> int:
+    fd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
     os.write(fd, data)
     fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK
                 | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE)
@@ -723,6 +728,7 @@ def wake(service: dict[str, Any], fds: WakeFds, seccomp: kernel.SyscallFilter | 
     keeper = Keeper(listener, worker_uid=int(service["worker_uid"]), who=who,
                     host_proc=fds.host_proc)
     keeper.seccomp = seccomp
+    keeper.spawner = fds.spawner
     if service.get("open_files") is not None:
         keeper.open_files = int(service["open_files"])
     keeper.idle_s = float(service["idle_s"])
@@ -737,13 +743,15 @@ class WakeFds:
     """What a woken service is given: the workspace's listening socket, its user
     namespace (-1: none), the connection the holder answered (held while the service
     lives: its end tells the holder to listen again), the host's /proc and /dev/null
-    (opened before entering the view)."""
+    (opened before entering the view), the spawner binary (-1: none; the holder keeps
+    it for the services it wakes)."""
 
     listener: int
     userns: int
     link: int
     host_proc: int
     null: int
+    spawner: int = -1
 
 
 def _any_readable(fds: list[int]) -> bool:

@@ -194,7 +194,7 @@ def _fork_keeper(run: Callable[[], int], report: int) -> None:
 def _wake_keeper(body: dict[str, Any], fds: list[int], inherited: Sequence[int]) -> _Pending:
     """Fork a helper that forks a service into a sleeping workspace's namespaces (its
     holder's); its report comes later."""
-    count = 5 if body.get("userns") else 4
+    count = 4 + bool(body.get("userns")) + bool(body.get("userns") and body.get("spawner"))
     try:
         if len(fds) < count:
             raise OSError(errno.EPROTO, "a wake without its descriptors")
@@ -212,6 +212,7 @@ def _wake_helper(given: list[int], cgroup_fds: list[int], report: int) -> None:
     try:
         pidfd, link, listener, spec_fd = given[:4]
         userns = given[4] if len(given) > 4 else -1
+        spawner = given[5] if len(given) > 5 else -1
         service = json.loads(proto.read_all_at(spec_fd))
         seccomp = keeper.syscall_filter_for(service)
         host_proc = os.open("/proc", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -223,7 +224,7 @@ def _wake_helper(given: list[int], cgroup_fds: list[int], report: int) -> None:
         for fd in cgroup_fds:
             os.write(fd, b"0")
         wake_fds = keeper.WakeFds(listener=listener, userns=userns, link=link,
-                                  host_proc=host_proc, null=null)
+                                  host_proc=host_proc, null=null, spawner=spawner)
         _fork_keeper(lambda: keeper.wake(service, wake_fds, seccomp, report), report)
         code = 0
     except (OSError, ValueError) as exc:
@@ -458,7 +459,8 @@ class LauncherClient:
         its host pid. `link`: the connection the holder answered `Z` on; `given`: what
         came with the `Z`."""
         try:
-            _, body, _ = self._ask(b"W", {"userns": len(given) > 2},
+            # What came with the `Z`: listener, spec[, user namespace[, spawner]].
+            _, body, _ = self._ask(b"W", {"userns": len(given) > 2, "spawner": len(given) > 3},
                                    [holder, link, *given, *cgroup_fds], timeout)
         except KeeperLostError as exc:
             said = self.last_words()
