@@ -144,15 +144,25 @@ def alive(pid: int) -> bool:
 SPAWNER_FILTER = "/memfd:bashfleet-seccomp (deleted)"
 
 
+def ns_pids(record: WorkspaceRecord) -> list[int]:
+    """Host pids of every process in the workspace's PID namespace (pid 1's)."""
+    assert record.keeper_pid is not None
+    ns = os.readlink(f"/proc/{record.keeper_pid}/ns/pid")
+    found = []
+    for pid in _all_pids():
+        with contextlib.suppress(OSError):
+            if os.readlink(f"/proc/{pid}/ns/pid") == ns:
+                found.append(pid)
+    return found
+
+
 def holds_open(record: WorkspaceRecord, target: str, *, besides: int | None = None) -> bool:
     """A process of the workspace's PID namespace (its keeper, or the service beside its
     holder), other than `besides`, holds `target` open (a descriptor's link: a file's
     real path, `SPAWNER_FILTER`)."""
-    assert record.keeper_pid is not None
-    ns = os.readlink(f"/proc/{record.keeper_pid}/ns/pid")
-    for pid in _all_pids():
+    for pid in ns_pids(record):
         with contextlib.suppress(OSError):
-            if pid == besides or os.readlink(f"/proc/{pid}/ns/pid") != ns:
+            if pid == besides:
                 continue
             for fd in os.listdir(f"/proc/{pid}/fd"):
                 with contextlib.suppress(OSError):

@@ -30,6 +30,7 @@ from .engine_helpers import (
     engine_with,
     holds_open,
     home_for_nobody,
+    ns_pids,
     readable_install,
     wait_until,
 )
@@ -49,21 +50,6 @@ def _sleepy_fixture(tmp_path: Path, janitor: Janitor) -> Iterator[Engine]:
         yield engine
 
 
-def _ns_pids(record: WorkspaceRecord) -> list[int]:
-    """Host pids of every process in the workspace's PID namespace (pid 1's)."""
-    assert record.keeper_pid is not None
-    ns = os.readlink(f"/proc/{record.keeper_pid}/ns/pid")
-    found = []
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                if os.readlink(f"/proc/{name}/ns/pid") == ns:
-                    found.append(int(name))
-            except OSError:
-                continue
-    return found
-
-
 def _exe(pid: int) -> str:
     return os.path.basename(os.readlink(f"/proc/{pid}/exe"))
 
@@ -71,7 +57,7 @@ def _exe(pid: int) -> str:
 def _asleep(record: WorkspaceRecord, also: int = 0) -> bool:
     """pid 1 is the holder and no Python keeper runs in the workspace (`also`: how many
     other processes, left by calls, are expected)."""
-    pids = _ns_pids(record)
+    pids = ns_pids(record)
     return len(pids) == 1 + also and _exe(int(record.keeper_pid or 0)).startswith("holder-") \
         and not any(_exe(pid).startswith("python") for pid in pids)
 
@@ -184,7 +170,7 @@ def test_processes_left_running_outlive_its_sleep_and_are_reaped(sleepy: Engine)
     # The short sleep ends while only the holder is there: it reaps it (no zombie).
     assert wait_until(lambda: _asleep(record, also=1), what="the short sleep to be reaped",
                       timeout=10)
-    left = [pid for pid in _ns_pids(record) if pid != record.keeper_pid]
+    left = [pid for pid in ns_pids(record) if pid != record.keeper_pid]
     assert [_state(pid) for pid in left] == ["S"]
     seen = sleepy.run("pgrep -x sleep | wc -l", workspace=record.id, cwd=None)
     assert seen.stdout.strip() == "1"  # the woken keeper's calls see what was left
@@ -277,7 +263,7 @@ def test_the_lease_ends_a_sleeping_workspace(sleepy: Engine,
     sleepy.run("sleep 300 &", workspace=record.id, cwd=None)
     assert wait_until(lambda: _asleep(record, also=1), what="the workspace to sleep",
                       timeout=10)
-    pids = _ns_pids(record)
+    pids = ns_pids(record)
     saved = workspaces.record_path(sleepy.settings, record.id).read_bytes()
     workspaces.record_path(sleepy.settings, record.id).unlink()  # as a dead worker's reaper
     try:
@@ -293,7 +279,7 @@ def test_delete_ends_a_sleeping_workspace(sleepy: Engine) -> None:
     sleepy.run("sleep 300 &", workspace=record.id, cwd=None)
     assert wait_until(lambda: _asleep(record, also=1), what="the workspace to sleep",
                       timeout=10)
-    pids = _ns_pids(record)
+    pids = ns_pids(record)
     assert len(pids) == 2
     workspaces.delete(record.id, sleepy.settings)
     assert wait_until(lambda: not any(alive(pid) for pid in pids),

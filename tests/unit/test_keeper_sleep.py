@@ -90,8 +90,8 @@ def test_binary_name_follows_the_source() -> None:
 
 
 def test_build_argv_is_static() -> None:
-    assert holder.build_argv("cc", "/src/holder.c", "/out/h") == [
-        "cc", "-static", "-O2", "-o", "/out/h", "/src/holder.c"]
+    assert holder.build_argv("cc", ["/src/holder.c", "/src/spawn.c"], "/out/h") == [
+        "cc", "-static", "-O2", "-o", "/out/h", "/src/holder.c", "/src/spawn.c"]
 
 
 def test_a_configured_holder_that_is_not_executable_is_said(tmp_path: Path) -> None:

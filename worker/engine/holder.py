@@ -22,14 +22,14 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
+from bashfleet.worker.engine.isolate import SPAWN_NAME
 from bashfleet.worker.settings import Settings
 
 SOURCE = Path(__file__).parent / "isolate" / "holder.c"
 #: Linked into the same binary: a call's first process (`bashfleet-spawn`, spawn.c).
 SPAWN_SOURCE = SOURCE.with_name("spawn.c")
 SOURCES = (SOURCE, SPAWN_SOURCE)
-#: argv[0] that starts the binary as a call's first process, and what its probe prints.
-SPAWN_NAME = "bashfleet-spawn"
+#: What the binary started as a call's first process (`SPAWN_NAME`) prints for `--probe`.
 SPAWN_PROBE_ANSWER = b"bashfleet-spawn 1\n"
 #: Seconds a build may take (one small file: ~0.2 s; a loaded machine: more).
 BUILD_TIMEOUT_S = 60.0
@@ -41,10 +41,9 @@ def binary_name(source: bytes) -> str:
     return f"holder-{hashlib.sha256(source).hexdigest()[:16]}"
 
 
-def build_argv(cc: str, source: str | Sequence[str], output: str) -> list[str]:
+def build_argv(cc: str, sources: Sequence[str], output: str) -> list[str]:
     """How the holder is compiled: static (nothing loaded at exec), optimised."""
-    return [cc, "-static", "-O2", "-o", output,
-            *([source] if isinstance(source, str) else source)]
+    return [cc, "-static", "-O2", "-o", output, *sources]
 
 
 _lock = threading.Lock()

@@ -40,6 +40,8 @@ def runs(cmdline: Sequence[str] | bytes, entry: str) -> bool:
 
 #: argv[0] of a workspace's holder (`holder.c`), pid 1 of a workspace whose keeper sleeps.
 HOLDER_NAME = "bashfleet-holder"
+#: argv[0] that starts the same binary as a call's first process instead (`spawn.c`).
+SPAWN_NAME = "bashfleet-spawn"
 
 
 def is_keeper(cmdline: bytes) -> bool:

@@ -21,6 +21,8 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import TypeVar
 
+from bashfleet.worker.engine.isolate import SPAWN_NAME
+
 CLONE_NEWNS = 0x00020000
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWIPC = 0x08000000
@@ -539,10 +541,6 @@ def _started(pid: int, report: int, cwd: str) -> int:
     number, _, name = rest.partition(" ")
     code = int(number) if number.isdigit() else errno.EIO
     raise OSError(code, os.strerror(code), cwd if stage == "cwd" else name)
-
-
-#: argv[0] that starts the holder binary as a call's first process (isolate/spawn.c).
-SPAWN_NAME = "bashfleet-spawn"
 
 
 class SpawnerUnavailableError(OSError):
