@@ -27,6 +27,8 @@ from bashfleet.worker.engine import sandbox, workspaces
 from bashfleet.worker.engine.call import run_call
 from bashfleet.worker.engine.isolate import launcher
 from bashfleet.worker.engine.jobs.jobs import check_job, load_record
+from bashfleet.worker.engine.workspaces import throwaway_pool
+from bashfleet.worker.engine.workspaces.throwaway_pool import throwaways
 from bashfleet.worker.settings import Settings
 from bashfleet.worker.wire.models import Call, Policy, WorkspaceSpec
 
@@ -351,6 +353,44 @@ def test_a_throwaway_call_leaves_nothing_running_nor_anything_for_the_next(
     wait_until(lambda: not [p for p in psutil.process_iter(["cmdline"])
                             if p.info["cmdline"] == ["sleep", nap] and alive(p.pid)],
                what="the throwaway's sleep to end")
+
+
+def test_a_throwaway_reused_by_its_stamps_never_shows_a_call_what_the_last_one_made(
+    engine: Engine,
+) -> None:
+    # After a call, a throwaway's directories are checked by the stamps of the last full
+    # look while those hold (`untouched`): here they do, and the next call writes its
+    # root layer, deep in a directory it makes and at the top. (No cwd: a call's
+    # workspace at a path of its own is made for it, never pooled.)
+    if sandbox.host_ids(engine.settings) is None:
+        pytest.skip("a throwaway's root is writable only with ids of its own")
+
+    def ready() -> list[str]:
+        return [record.id for (state, _), records in throwaways.ready.items()
+                if state == engine.settings.state_dir for record in records]
+
+    def next_one_trusted() -> bool:
+        assert engine.run("true", cwd=None).exit_code == 0
+        pool = ready()  # a call takes the last given back
+        return bool(pool) and any(root.endswith("/layer/upper")
+                                  for root in throwaway_pool.looks.kept(pool[-1]))
+
+    wait_until(next_one_trusted, what="a throwaway whose layer's stamps are kept")
+    reused = ready()[-1]
+    kept = throwaway_pool.looks.kept(reused)
+    assert any(root.endswith("/tmp") for root in kept)
+    assert any(root.endswith("/home") for root in kept)
+    made = engine.run("mkdir -p /deep/er && echo secret > /deep/er/left && "
+                      "echo top > /top-left && mkdir /tmp/d ~/d && echo made", cwd=None)
+    assert made.stdout == "made\n", made.stderr
+    assert reused not in ready()  # found changed: deleted, not given back
+    for _ in range(3):
+        later = engine.run("for f in /deep/er/left /deep /top-left; do "
+                           "test -e $f && echo found $f; done; ls -A /tmp ~; echo looked",
+                           cwd=None)
+        lines = later.stdout.splitlines()
+        assert "d" not in lines and not any(line.startswith("found") for line in lines)
+        assert lines[-1] == "looked", later.stdout
 
 
 def test_deleting_a_workspace_ends_its_processes_jobs_and_files(

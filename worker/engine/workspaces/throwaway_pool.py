@@ -5,6 +5,7 @@ removed once it and its jobs end. One that its call left unchanged is reused.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -17,7 +18,15 @@ from bashfleet.worker.engine import (
     layout,
     sandbox,
 )
-from bashfleet.worker.engine.workspaces import disk, keeper_calls, lifecycle, making, store, usage
+from bashfleet.worker.engine.workspaces import (
+    disk,
+    keeper_calls,
+    lifecycle,
+    making,
+    store,
+    untouched,
+    usage,
+)
 from bashfleet.worker.engine.workspaces.store import WorkspaceError
 from bashfleet.worker.settings import Settings
 from bashfleet.worker.wire.models import (
@@ -31,28 +40,42 @@ log = logging.getLogger("bashfleet.workspaces")
 # ----------------------------------------------------------------- throwaway workspaces
 
 
+#: The stamps of the throwaways' directories found as they must be (`untouched`).
+looks = untouched.Looks()
+
+
 def _left_nothing(record: WorkspaceRecord, settings: Settings) -> bool:
     """No file in its directory, /tmp, /var/tmp, HOME or output directory but the mount
-    points its view made (a workspace path under /tmp has its parents made in its /tmp)."""
-    state = store.state_path(settings, record.id)
+    points its view made (a workspace path under /tmp has its parents made in its /tmp),
+    and its upper layer as its view's build left it. Each by the stamps of the last look
+    that found it so while they hold (`untouched`), else by a look at all of it."""
+    state = os.fspath(store.state_path(settings, record.id))
     skeleton = _skeleton(record)
-    return all(_only(path, skeleton if path.name == "tmp" else set()) for path in (
-        Path(record.path), state / "tmp", state / "vartmp", state / "home",
-        Path(record.out_dir))) and _layer_unchanged(record, settings)
+    dirs = [(record.path, ()), (f"{state}/tmp", skeleton), (f"{state}/vartmp", ()),
+            (f"{state}/home", ()), (record.out_dir, ())]
+    clean = all(looks.unchanged(record.id, path, functools.partial(
+        untouched.only_skeleton, path, inside)) for path, inside in dirs)
+    if clean and record.ids is not None:
+        # A workspace with layers of its own: its upper layers hold just what its view's
+        # build put there (a throwaway's next call, maybe another owner's, sees nothing
+        # of this one's, in /usr or anywhere).
+        upper = f"{state}/layer/upper"
+        clean = looks.unchanged(record.id, upper, functools.partial(
+            _layer_as_built, upper, disk.skeleton_path(settings, record.id)))
+    if not clean:
+        looks.forget(record.id)
+    return clean
 
 
-def _layer_unchanged(record: WorkspaceRecord, settings: Settings) -> bool:
-    """A workspace with layers of its own: its upper layers hold just what its view's
-    build put there (a throwaway's next call, maybe another owner's, sees nothing of this
-    one's, in /usr or anywhere)."""
-    if record.ids is None:
-        return True
-    upper = store.state_path(settings, record.id) / "layer" / "upper"
+def _layer_as_built(upper: str, skeleton: Path) -> tuple[bool, untouched.TreeStamps]:
+    """Whether the upper layer lists as its view's build left it (`skeleton`), and the
+    stamps of what was seen."""
     try:
-        kept = json.loads(disk.skeleton_path(settings, record.id).read_text("utf-8"))
+        kept = json.loads(skeleton.read_text("utf-8"))
     except (OSError, ValueError):
-        return False
-    return bool(kept == disk.layer_listing(upper))
+        return False, ()
+    listing, stamps = untouched.listing_with_stamps(upper)
+    return kept == listing, stamps
 
 
 def _skeleton(record: WorkspaceRecord) -> set[str]:
@@ -63,21 +86,6 @@ def _skeleton(record: WorkspaceRecord) -> set[str]:
             parts = os.path.relpath(path, "/tmp").split(os.sep)
             found.update(os.sep.join(parts[:n]) for n in range(1, len(parts) + 1))
     return found
-
-
-def _only(root: Path, skeleton: set[str], prefix: str = "") -> bool:
-    """`root` holds nothing but the directories of `skeleton` (relative paths)."""
-    try:
-        with os.scandir(root) as listing:
-            for entry in listing:
-                rel = f"{prefix}{entry.name}"
-                if rel not in skeleton or not entry.is_dir(follow_symlinks=False):
-                    return False
-                if not _only(Path(entry.path), skeleton, f"{rel}{os.sep}"):
-                    return False
-    except OSError:
-        return False
-    return True
 
 
 #: How long a throwaway workspace may go without a call before the reaper takes it: longer
