@@ -4,6 +4,7 @@ change below their root, however deep."""
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from collections.abc import Callable
@@ -210,8 +211,8 @@ def test_stamps_are_held_for_so_many_trees_and_forgotten_per_workspace(
     later = time.time() + 10
     for name in ("a", "b", "c"):
         (tmp_path / name).mkdir()
-        assert looks.unchanged(f"w{name}", str(tmp_path / name), lambda n=name: (
-            untouched.only_skeleton(str(tmp_path / n), ())), now=lambda: later)
+        look = functools.partial(untouched.only_skeleton, str(tmp_path / name), ())
+        assert looks.unchanged(f"w{name}", str(tmp_path / name), look, now=lambda: later)
     assert looks.kept("wa") == [] and looks.kept("wc") == [str(tmp_path / "c")]
     looks.forget("wc")
     assert looks.kept("wc") == [] and looks.kept("wb") == [str(tmp_path / "b")]
