@@ -173,14 +173,22 @@ def test_only_the_skeletons_directories_may_be_there(
     assert untouched.only_skeleton(str(tmp_path / "missing"), skeleton) == (False, ())
 
 
-def test_kept_stamps_spare_the_look_until_they_break(tmp_path: Path) -> None:
-    looks = untouched.Looks()
+def _counted_look(root: Path) -> tuple[Callable[[], tuple[bool, untouched.TreeStamps]],
+                                        list[int]]:
+    """A full look at `root` (an empty directory must be), and the list each look adds
+    to."""
     calls: list[int] = []
 
     def look() -> tuple[bool, untouched.TreeStamps]:
         calls.append(1)
-        return untouched.only_skeleton(str(tmp_path), ())
+        return untouched.only_skeleton(str(root), ())
 
+    return look, calls
+
+
+def test_kept_stamps_spare_the_look_until_they_break(tmp_path: Path) -> None:
+    looks = untouched.Looks()
+    look, calls = _counted_look(tmp_path)
     later = time.time() + 10  # as if the look came well after the tree's last change
     assert looks.unchanged("w1", str(tmp_path), look, now=lambda: later)
     assert looks.kept("w1") == [str(tmp_path)]
@@ -192,12 +200,7 @@ def test_kept_stamps_spare_the_look_until_they_break(tmp_path: Path) -> None:
 
 def test_young_stamps_are_not_kept(tmp_path: Path) -> None:
     looks = untouched.Looks()
-    calls: list[int] = []
-
-    def look() -> tuple[bool, untouched.TreeStamps]:
-        calls.append(1)
-        return untouched.only_skeleton(str(tmp_path), ())
-
+    look, calls = _counted_look(tmp_path)
     (tmp_path / "d").mkdir()
     os.rmdir(tmp_path / "d")  # its parent's ctime is now
     assert looks.unchanged("w1", str(tmp_path), look)

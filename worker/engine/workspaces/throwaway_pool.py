@@ -5,13 +5,13 @@ removed once it and its jobs end. One that its call left unchanged is reused.
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import logging
 import os
 import queue
 import threading
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from bashfleet.worker.engine import (
@@ -50,28 +50,33 @@ def _left_nothing(record: WorkspaceRecord, settings: Settings) -> bool:
     and its upper layer as its view's build left it. Each by the stamps of the last look
     that found it so while they hold (`untouched`), else by a look at all of it."""
     state = os.fspath(store.state_path(settings, record.id))
-    skeleton = _skeleton(record)
-    dirs = [(record.path, ()), (f"{state}/tmp", skeleton), (f"{state}/vartmp", ()),
-            (f"{state}/home", ()), (record.out_dir, ())]
-    clean = all(looks.unchanged(record.id, path, functools.partial(
-        untouched.only_skeleton, path, inside)) for path, inside in dirs)
+
+    def holds_only(path: str, skeleton: Callable[[], Iterable[str]] = tuple) -> bool:
+        # The skeleton is worked out only when the stamps do not decide.
+        return looks.unchanged(record.id, path,
+                               lambda: untouched.only_skeleton(path, skeleton()))
+
+    clean = (holds_only(record.path) and holds_only(f"{state}/tmp", lambda: _skeleton(record))
+             and holds_only(f"{state}/vartmp") and holds_only(f"{state}/home")
+             and holds_only(record.out_dir))
     if clean and record.ids is not None:
         # A workspace with layers of its own: its upper layers hold just what its view's
         # build put there (a throwaway's next call, maybe another owner's, sees nothing
         # of this one's, in /usr or anywhere).
         upper = f"{state}/layer/upper"
-        clean = looks.unchanged(record.id, upper, functools.partial(
-            _layer_as_built, upper, disk.skeleton_path(settings, record.id)))
+        clean = looks.unchanged(record.id, upper,
+                                lambda: _layer_as_built(upper, record, settings))
     if not clean:
         looks.forget(record.id)
     return clean
 
 
-def _layer_as_built(upper: str, skeleton: Path) -> tuple[bool, untouched.TreeStamps]:
-    """Whether the upper layer lists as its view's build left it (`skeleton`), and the
-    stamps of what was seen."""
+def _layer_as_built(upper: str, record: WorkspaceRecord, settings: Settings
+                    ) -> tuple[bool, untouched.TreeStamps]:
+    """Whether the upper layer lists as its view's build left it (its skeleton), and
+    the stamps of what was seen."""
     try:
-        kept = json.loads(skeleton.read_text("utf-8"))
+        kept = json.loads(disk.skeleton_path(settings, record.id).read_text("utf-8"))
     except (OSError, ValueError):
         return False, ()
     listing, stamps = untouched.listing_with_stamps(upper)

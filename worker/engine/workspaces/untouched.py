@@ -34,7 +34,7 @@ import os
 import stat
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 
 #: What tells that an entry changed: device, inode, kind and mode, owner, size and both
 #: times (the ctime the one a process cannot choose).
@@ -123,32 +123,17 @@ class Looks:
 
 def only_skeleton(root: str, skeleton: Iterable[str]) -> tuple[bool, TreeStamps]:
     """Whether `root` holds nothing but the directories `skeleton` names (paths below
-    it, each with its parents), and the stamps of what was seen."""
+    it, each with its parents), and the stamps of what was seen. Anything that cannot
+    be looked at counts as not so."""
     wanted = set(skeleton)
     stamps: list[tuple[str, Stamp]] = []
     try:
-        stamps.append(("", stamp_of(os.lstat(root))))
-    except OSError:
-        return False, ()
-    stack = [""]
-    while stack:
-        prefix = stack.pop()
-        folder = f"{root}/{prefix}" if prefix else root
-        try:
-            with os.scandir(folder) as listing:
-                entries = list(listing)
-        except OSError:
-            return False, ()
-        for entry in entries:
-            rel = f"{prefix}{entry.name}"
-            try:
-                info = entry.stat(follow_symlinks=False)
-            except OSError:
-                return False, ()
-            if rel not in wanted or not stat.S_ISDIR(info.st_mode):
+        for rel, info in _walk(root, strict=True):
+            if rel and (rel not in wanted or not stat.S_ISDIR(info.st_mode)):
                 return False, ()
             stamps.append((rel, stamp_of(info)))
-            stack.append(f"{rel}/")
+    except OSError:
+        return False, ()
     return True, tuple(stamps)
 
 
@@ -157,26 +142,35 @@ def listing_with_stamps(root: str) -> tuple[list[list[object]], TreeStamps]:
     `disk.layer_listing` gives), sorted by path, and the stamps of the root and every
     entry. A directory that cannot be read is listed as far as it could be."""
     found: list[list[object]] = []
-    root = os.path.normpath(root)
+    stamps: list[tuple[str, Stamp]] = []
     try:
-        stamps: list[tuple[str, Stamp]] = [("", stamp_of(os.lstat(root)))]
+        for rel, info in _walk(os.path.normpath(root), strict=False):
+            stamps.append((rel, stamp_of(info)))
+            if rel:
+                found.append([rel, info.st_mode, info.st_uid, info.st_gid,
+                              0 if stat.S_ISDIR(info.st_mode) else info.st_size])
     except OSError:
-        return [], ()
+        return [], ()  # the root itself is gone
+    found.sort(key=lambda item: str(item[0]))
+    return found, tuple(stamps)
+
+
+def _walk(root: str, *, strict: bool) -> Iterator[tuple[str, os.stat_result]]:
+    """(path below `root`, lstat) of `root` ('') and of every entry below it, each
+    directory before what it holds, never following a link. OSError when the root
+    cannot be looked at; for a directory that cannot be read on the way, OSError when
+    `strict`, else what it listed so far."""
+    yield "", os.lstat(root)
     stack = [""]
     while stack:
         prefix = stack.pop()
         try:
             with os.scandir(f"{root}/{prefix}" if prefix else root) as listing:
                 for entry in listing:
-                    rel = f"{prefix}{entry.name}"
                     info = entry.stat(follow_symlinks=False)
-                    is_dir = stat.S_ISDIR(info.st_mode)
-                    found.append([rel, info.st_mode, info.st_uid, info.st_gid,
-                                  0 if is_dir else info.st_size])
-                    stamps.append((rel, stamp_of(info)))
-                    if is_dir:
-                        stack.append(f"{rel}/")
+                    yield f"{prefix}{entry.name}", info
+                    if stat.S_ISDIR(info.st_mode):
+                        stack.append(f"{prefix}{entry.name}/")
         except OSError:
-            continue
-    found.sort(key=lambda item: str(item[0]))
-    return found, tuple(stamps)
+            if strict:
+                raise
