@@ -119,6 +119,7 @@ def running_fleet(root: Path, registry: Registry) -> Iterator[dict[str, str]]:
         key = os.environ.setdefault("BASHFLEET_SIGNING_KEY", secrets.token_hex(16))
         env |= {"BASHFLEET_REDIS_URL": server.url, "BASHFLEET_SIGNING_KEY": key}
         worker_env = env | {"BASHFLEET_STATE_DIR": str(root / "host"),
+                            "BASHFLEET_WORKSPACE_ROOT": str(cleanup.workspace_root(root / "host")),
                             "BASHFLEET_REGISTRY_AUTH_FILE": str(registry.auth_file),
                             "BASHFLEET_REGISTRY_CERTS_DIR": str(registry.certs_dir)}
         argv = [sys.executable, "-m", "bashfleet.worker.fleet.supervisor", "--host", HOST,

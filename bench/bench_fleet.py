@@ -41,7 +41,8 @@ BARE_QUEUE = "bare.exec"
 
 
 def worker_env(url: str, state_dir: Path) -> dict[str, str]:
-    """The environment of a worker of this benchmark: its Redis, its state, a signing key.
+    """The environment of a worker of this benchmark: its Redis, its state, its
+    workspaces' directories beside it (`cleanup.workspace_root`), a signing key.
 
     The key is made once per process and put in this process's environment too, so
     every client the benchmark makes signs its calls with it (workers refuse unsigned
@@ -50,6 +51,7 @@ def worker_env(url: str, state_dir: Path) -> dict[str, str]:
     key = os.environ.setdefault("BASHFLEET_SIGNING_KEY", secrets.token_hex(16))
     env = {k: v for k, v in os.environ.items() if not k.startswith("BASHFLEET_")}
     return env | {"BASHFLEET_REDIS_URL": url, "BASHFLEET_STATE_DIR": str(state_dir),
+                  "BASHFLEET_WORKSPACE_ROOT": str(cleanup.workspace_root(state_dir)),
                   "BASHFLEET_SIGNING_KEY": key}
 
 

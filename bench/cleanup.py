@@ -19,10 +19,20 @@ def end_hosts_under(root: Path) -> int:
     ended = 0
     for folder, dirs, _ in os.walk(root):
         if "workspace-state" in dirs:
-            done = teardown.end_host(Settings(state_dir=Path(folder)))
+            own = workspace_root(Path(folder))
+            done = teardown.end_host(Settings(state_dir=Path(folder), workspace_root=own)
+                                     if own.is_dir() else Settings(state_dir=Path(folder)))
             ended += done.workspaces + done.keepers
             dirs.remove("workspace-state")
     return ended
+
+
+def workspace_root(state_dir: Path) -> Path:
+    """A benchmark worker's workspace root: beside its state directory, in the run's own
+    temporary root (a root worker's default, /var/lib/bashfleet/workspaces, is the
+    host's: output directories a run left there would outlive the state directory whose
+    markers name them)."""
+    return state_dir.with_name(f"{state_dir.name}-workspaces")
 
 
 @contextlib.contextmanager
