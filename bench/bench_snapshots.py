@@ -10,8 +10,8 @@ the same run.
    Targets: <= 150 ms, paused <= 100 ms.
 2. A fork (n=1) on the same host ready for its first call (`workspaces.create` from the
    snapshot); baseline: a fresh host-root workspace. Target: <= 30 ms p50.
-3. Sixteen forks at once (one `fork` request's work: a snapshot, then 16 workspaces).
-   Target: <= 200 ms for all 16.
+3. Sixteen forks at once (one `fork` request's work: their blanks asked for, a snapshot,
+   then 16 workspaces). Target: <= 200 ms for all 16.
 4. The disk of 16 forks that each change 1 MB: the snapshot once + 16 MB.
 5. A workspace from the snapshot on another host (a second state directory), cold: its
    layer pulled from the tests' registry on 127.0.0.1 and the workspace made, as a worker
@@ -30,8 +30,9 @@ each started once the host settled (the last round's deletes and blanks done):
 8. `fork.delete()` of a workspace made by a fork; baselines: the delete of a fresh
    workspace, and one control round trip. Target: <= 20 ms p50.
 
-`--layer-image GB`: the fleet's worker keeps its layers and snapshots on an XFS image of
-that size (`layer_image_gb`: a snapshot clones extents), unmounted at the end.
+`--layer-image GB`: every host (the engine's two, the fleet's worker) keeps its layers
+and snapshots on an XFS image of that size (`layer_image_gb`: a snapshot clones extents),
+unmounted at the end.
 
 Not a test: it never fails on a miss. Progress goes to stderr, the table to stdout.
 """
@@ -153,9 +154,12 @@ def fork_rows(settings: Settings, snap_id: str, count: int) -> list[Row]:
         workspaces.delete(record.id, settings)
     source = workspaces.load(_hold["source"], settings)
     started = time.perf_counter()
+    # As a `fork` request makes them (`bashfleet.worker.fleet.snapshot_calls.fork`): their
+    # blank keepers asked for before the snapshot (made while it is taken), then the
+    # workspaces a few at once.
+    workspaces.make_ahead(source, settings, 16)
     snap, _ = snapshots.take(source, settings, hidden=True)
     took = time.perf_counter() - started
-    # As a `fork` request makes them (`bashfleet.worker.fleet.snapshot_calls.fork`): a few at once.
     with ThreadPoolExecutor(snapshot_calls.FORK_THREADS) as pool:
         sixteen = list(pool.map(lambda _: workspaces.create(
             WorkspaceSpec(snapshot=snap.id), settings), range(16)))
@@ -195,7 +199,7 @@ def across_row(settings: Settings, other: Settings, snap_id: str, count: int) ->
     sandbox.startup_problems(other)
     cold: list[float] = []
     pulls: list[float] = []
-    for index in range(max(2, count // 3) * 2):
+    for index in range(max(3, count) * 2):
         layer = snapshot_store.layer_path(other, snap_id)
         shutil.rmtree(layer.parent, ignore_errors=True)
         snapshot_store.record_path(other, snap_id).unlink(missing_ok=True)
@@ -323,19 +327,30 @@ def _fleet_round(fleet: Any, source: Any, times: dict[str, list[float]]) -> None
 
 
 @contextlib.contextmanager
-def _state(base: Path, registry: object | None = None) -> Iterator[Settings]:
+def _state(base: Path, registry: object | None = None, layer_image_gb: int | None = None
+           ) -> Iterator[Settings]:
+    """The two hosts of rows 1-5; with `layer_image_gb`, each keeps its layers on an XFS
+    image of its own (`layer_fs`), released at the end."""
     extra: dict[str, object] = {}
     if registry is not None:
         extra = {"registry_auth_file": getattr(registry, "auth_file"),  # noqa: B009
                  "registry_certs_dir": getattr(registry, "certs_dir"),  # noqa: B009
                  "snapshot_registry": f"{getattr(registry, 'url')}/bench/snapshots"}  # noqa: B009
     settings = Settings(state_dir=base / "state", host="bench-snapshots",
-                        workspace_root=base / "workspaces", **extra)  # type: ignore[arg-type]
+                        workspace_root=base / "workspaces", layer_image_gb=layer_image_gb,
+                        **extra)  # type: ignore[arg-type]
     other = settings.model_copy(update={"state_dir": base / "other", "host": "bench-other",
                                         "workspace_root": base / "other-ws"})
     _hold["other"] = str(base / "other")
     _others.append(other)
+    hosts = (settings, other)
     try:
+        for each in hosts if layer_image_gb is not None else ():
+            each.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            on, said = layer_fs.prepare(each) or (False, "not asked")
+            _say(f"{each.host}: {said}")
+            if not on:
+                raise SystemExit(f"{each.host}: no XFS image: {said}")
         yield settings
     finally:
         workspaces.throwaways.close()
@@ -343,6 +358,8 @@ def _state(base: Path, registry: object | None = None) -> Iterator[Settings]:
             for record in workspaces.local_records(each):
                 workspaces.delete(record.id, each)
         sandbox.close_all()
+        for each in hosts if layer_image_gb is not None else ():
+            layer_fs.release(each)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -356,7 +373,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="without the rows through the fleet (a Redis and a worker)")
     parser.add_argument("--fleet-only", action="store_true", help="only the fleet's rows")
     parser.add_argument("--layer-image", type=int, default=None, metavar="GB",
-                        help="the fleet's worker keeps its layers on an XFS image this big")
+                        help="every host keeps its layers on an XFS image this big")
     args = parser.parse_args(argv)
     count = args.count or (6 if args.quick else 30)
     with tempfile.TemporaryDirectory(dir=args.dir, prefix="bench-snapshots-") as folder:
@@ -365,7 +382,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             _say(f"{count} rounds through the fleet")
             _print(fleet_rows(base, count, args.layer_image))
             return 0
-        with running_registry(base / "registry") as registry, _state(base, registry) as settings:
+        with running_registry(base / "registry") as registry, \
+                _state(base, registry, args.layer_image) as settings:
             if sandbox.host_ids(settings) is None:
                 _say("this host gives workspaces no ids of their own: nothing to measure")
                 return 1
