@@ -58,8 +58,9 @@ def _hermetic_environment() -> None:
 
 
 def _shared_holder() -> None:
-    """One holder binary for every worker of the suite, built once per user and source:
-    each test's state directory would build its own (~0.5 s of a compiler each). In the
+    """One holder and one spawner binary for every worker of the suite, built once per
+    user and source: each test's state directory would build its own (~0.5 s of a
+    compiler each). In the
     user's own cache folder (0700), never a shared one such as /tmp: another account
     could put a binary there that a root worker would run. Where it cannot be built, the
     workers build (or go without) as a deployment's do."""
@@ -74,6 +75,9 @@ def _shared_holder() -> None:
     path, _ = holder.build_into(cache) if owned else (None, None)
     if path is not None:
         os.environ["BASHFLEET_HOLDER"] = path
+    spawner, _ = holder.build_spawner_into(cache) if owned else (None, None)
+    if spawner is not None:
+        os.environ["BASHFLEET_SPAWNER"] = spawner
 
 
 #: The signing key of the suite's clients and workers.

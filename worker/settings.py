@@ -215,6 +215,12 @@ class Settings(BaseSettings):
     """A prebuilt holder binary (`cc -static -O2 isolate/holder.c`); None: the worker
     builds one into `state_dir` when a C compiler and a static libc are there, else its
     workspaces keep their Python keepers awake."""
+    spawner: Path | None = None
+    """A prebuilt spawner binary, a call's first process where workspaces have ids of
+    their own (`cc -static -nostdlib -ffreestanding -fno-builtin -fno-stack-protector
+    -fno-tree-loop-distribute-patterns -O2 isolate/spawn.c`: `holder.spawn_build_argv`);
+    None: the worker builds one into `state_dir` when a C compiler is there, else keepers
+    fork their calls."""
     workspace_pool: int = Field(2, ge=0, le=64)
     """Throwaway workspaces (for calls without a session) each command consumer keeps
     ready, so that such a call does not wait for one to be made."""

@@ -5,12 +5,14 @@ holder binary is named and built."""
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from bashfleet.worker.engine import holder
+from bashfleet.worker.engine import holder, isolate
 from bashfleet.worker.engine.isolate import kernel
 from bashfleet.worker.engine.isolate.keeper import (
     Lease,
@@ -82,16 +84,40 @@ def test_service_spec_is_plain_json() -> None:
                       and not isinstance(value, bool)]
 
 
-def test_binary_name_follows_the_source() -> None:
+def test_binary_name_follows_the_source_and_kind() -> None:
     one, other = holder.binary_name(b"int main(){}"), holder.binary_name(b"int main(){;}")
     assert one != other
     assert one == holder.binary_name(b"int main(){}")
     assert one.startswith("holder-") and len(one) == len("holder-") + 16
+    spawner = holder.binary_name(b"int main(){}", "spawner")
+    assert spawner == "spawner-" + one.removeprefix("holder-")
 
 
 def test_build_argv_is_static() -> None:
-    assert holder.build_argv("cc", ["/src/holder.c", "/src/spawn.c"], "/out/h") == [
-        "cc", "-static", "-O2", "-o", "/out/h", "/src/holder.c", "/src/spawn.c"]
+    assert holder.build_argv("cc", ["/src/holder.c"], "/out/h") == [
+        "cc", "-static", "-O2", "-o", "/out/h", "/src/holder.c"]
+
+
+def test_the_spawner_is_built_without_a_c_library() -> None:
+    argv = holder.spawn_build_argv("cc", ["/src/spawn.c"], "/out/s")
+    assert argv[0] == "cc" and argv[-3:] == ["-o", "/out/s", "/src/spawn.c"]
+    for flag in ("-static", "-nostdlib", "-ffreestanding", "-fno-stack-protector"):
+        assert flag in argv
+
+
+def test_the_spawner_links_no_c_library(tmp_path: Path) -> None:
+    """Built from the package's source, it has its own entry and no symbol left to a
+    library (a call into one would not link); it answers the probe."""
+    if shutil.which("cc") is None:
+        pytest.skip("no C compiler here: workers build no spawner either")
+    path, why = holder.build_spawner_into(tmp_path)
+    assert path is not None, why
+    done = subprocess.run([isolate.SPAWN_NAME, "--probe"], executable=path,
+                          capture_output=True, timeout=30, check=False)
+    assert (done.returncode, done.stdout) == (0, holder.SPAWN_PROBE_ANSWER)
+    header = Path(path).read_bytes()[:20]
+    assert header[:4] == b"\x7fELF" and int.from_bytes(header[16:18], "little") == 2  # ET_EXEC
+    assert b"GLIBC" not in Path(path).read_bytes()
 
 
 def test_a_configured_holder_that_is_not_executable_is_said(tmp_path: Path) -> None:
@@ -112,9 +138,9 @@ def test_without_a_compiler_the_reason_is_said(tmp_path: Path,
         None, "no C compiler (cc) to build the holder with")
 
 
-def test_a_prebuilt_holder_starts_calls_only_when_it_answers_the_probe(tmp_path: Path) -> None:
-    """A holder built from an older package has no spawn mode: its keepers fork their
-    calls (it would take the spawner's arguments for a holder's, and exit 2)."""
+def test_a_prebuilt_spawner_starts_calls_only_when_it_answers_the_probe(tmp_path: Path) -> None:
+    """A program that is not the spawner (a holder given as one, say) is not used: the
+    keepers fork their calls (it would take the spawner's arguments for its own)."""
     old = tmp_path / "old"
     old.write_text("#!/bin/sh\nexit 2\n")
     new = tmp_path / "new"
@@ -122,6 +148,15 @@ def test_a_prebuilt_holder_starts_calls_only_when_it_answers_the_probe(tmp_path:
     for path in (old, new):
         path.chmod(0o755)
     state = tmp_path / "state"
-    assert holder.spawner(Settings(state_dir=state, holder=old)) is None
-    assert holder.spawner(Settings(state_dir=state, holder=new)) == str(new)
-    assert holder.spawner(Settings(state_dir=state, holder=tmp_path / "none")) is None
+    assert holder.spawner(Settings(state_dir=state, spawner=old)) is None
+    assert holder.spawner(Settings(state_dir=state, spawner=new)) == str(new)
+    assert holder.spawner(Settings(state_dir=state, spawner=tmp_path / "none")) is None
+
+
+def test_without_a_compiler_there_is_no_spawner(tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("shutil.which", lambda name: None)
+    monkeypatch.delenv("BASHFLEET_SPAWNER", raising=False)  # the suite's own, built once
+    assert holder.build_spawner_into(tmp_path / "bin") == (
+        None, "no C compiler (cc) to build the spawner with")
+    assert holder.spawner(Settings(state_dir=tmp_path / "state")) is None

@@ -40,7 +40,7 @@ def runs(cmdline: Sequence[str] | bytes, entry: str) -> bool:
 
 #: argv[0] of a workspace's holder (`holder.c`), pid 1 of a workspace whose keeper sleeps.
 HOLDER_NAME = "bashfleet-holder"
-#: argv[0] that starts the same binary as a call's first process instead (`spawn.c`).
+#: argv[0] of a call's first process (`spawn.c`, a binary of its own: `holder.spawner`).
 SPAWN_NAME = "bashfleet-spawn"
 
 

@@ -130,12 +130,7 @@ static int wake_answer(int listener, uid_t worker_uid, const int *fds, int nfds)
     return conn;
 }
 
-/* spawn.c, linked into the same binary: started as `bashfleet-spawn`, it is a call's
- * first process instead (one static program to build, ship and open per keeper). */
-int spawn_main(int argc, char **argv);
-
 int main(int argc, char **argv) {
-    if (argc > 0 && strcmp(argv[0], "bashfleet-spawn") == 0) return spawn_main(argc, argv);
     prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
     if (argc != 13) return 2;
     int listener = (int)number(argv[1]);
@@ -145,8 +140,8 @@ int main(int argc, char **argv) {
                           seconds(argv[9])};
     int ready = (int)number(argv[10]), service = (int)number(argv[11]);
     int spawner = (int)number(argv[12]);
-    /* The spawner (spawn.c, this binary opened by the first keeper) goes to the services
-     * it wakes, beside the user namespace its calls enter. */
+    /* The spawner (spawn.c's binary, opened by the first keeper) goes to the services it
+     * wakes, beside the user namespace its calls enter. */
     int answer_fds[4] = {listener, spec, userns, spawner};
     int nfds = userns < 0 ? 2 : spawner < 0 ? 3 : 4;
 

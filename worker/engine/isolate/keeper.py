@@ -808,7 +808,7 @@ def _claimed(listener: socket.socket, spec: dict[str, Any]
 
 def _binary_fds(spec: dict[str, Any]) -> dict[str, int]:
     """The holder binary, when this keeper may sleep, and the spawner, when it starts its
-    calls by one (the same binary, `spawn.c`), opened now: before the view, after which
+    calls by one (`spawn.c`'s binary), opened now: before the view, after which
     a path is the workspace's. One that cannot be opened is left out: the keeper then
     stays awake, or forks its calls."""
     opened = {}
