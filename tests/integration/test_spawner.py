@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from privilege import needs_root
 
-from bashfleet.worker.engine import holder, workspaces
+from bashfleet.worker.engine import holder, sandbox, workspaces
 from bashfleet.worker.engine.isolate import kernel, syscall_filter
 from bashfleet.worker.settings import Settings
 from bashfleet.worker.wire.models import WorkspaceSpec
@@ -198,3 +198,18 @@ def test_a_workspace_with_ids_starts_its_calls_by_the_spawner(engine: Engine) ->
         assert holds_open(record, SPAWNER_FILTER)
     finally:
         workspaces.delete(record.id, engine.settings)
+
+
+def test_a_host_without_a_spawner_says_so_at_start(engine: Engine, tmp_path: Path) -> None:
+    """A prebuilt spawner that is not one (a holder given for it, say) is not used, and
+    the worker says at start that its keepers fork their calls, and why."""
+    not_one = tmp_path / "not-a-spawner"
+    not_one.write_text("#!/bin/sh\nexit 2\n")
+    not_one.chmod(0o755)
+    _, warnings = sandbox.startup_problems(engine.settings)
+    assert not [w for w in warnings if "spawner" in w], warnings
+    given = engine.settings.model_copy(update={"spawner": not_one})
+    assert holder.spawner(given) is None
+    _, warnings = sandbox.startup_problems(given)
+    said = [w for w in warnings if "fork of themselves" in w]
+    assert said and str(not_one) in said[0], warnings

@@ -149,6 +149,8 @@ def test_a_prebuilt_spawner_starts_calls_only_when_it_answers_the_probe(tmp_path
         path.chmod(0o755)
     state = tmp_path / "state"
     assert holder.spawner(Settings(state_dir=state, spawner=old)) is None
+    assert holder.find_spawner(Settings(state_dir=state, spawner=old)) == (
+        None, f"spawner {old} is not one (it does not answer `bashfleet-spawn --probe`)")
     assert holder.spawner(Settings(state_dir=state, spawner=new)) == str(new)
     assert holder.spawner(Settings(state_dir=state, spawner=tmp_path / "none")) is None
 

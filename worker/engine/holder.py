@@ -131,12 +131,17 @@ _probed: dict[str, bool] = {}
 def spawner(settings: Settings) -> str | None:
     """The spawner binary (`SPAWN_NAME`): `Settings.spawner` when it answers the probe,
     else the one built from this package's source. None: keepers fork their calls."""
+    return find_spawner(settings)[0]
+
+
+def find_spawner(settings: Settings) -> tuple[str | None, str | None]:
+    """(the spawner's path, None) or (None, why there is none)."""
     if settings.spawner is None:
         with _lock:
             if settings.state_dir not in _spawners_built:
                 _spawners_built[settings.state_dir] = build_spawner_into(
                     settings.state_dir / "bin")
-            return _spawners_built[settings.state_dir][0]
+            return _spawners_built[settings.state_dir]
     path = str(settings.spawner)
     with _lock:
         known = _probed.get(path)
@@ -149,4 +154,5 @@ def spawner(settings: Settings) -> str | None:
             known = False
         with _lock:
             _probed[path] = known
-    return path if known else None
+    return (path, None) if known else (None, f"spawner {path} is not one (it does not answer "
+                                             f"`{SPAWN_NAME} --probe`)")
