@@ -308,7 +308,12 @@ def test_a_server_left_running_answers_the_next_call(engine: Engine,
     answer = spaces.run(record, f"curl -s -o /dev/null -w '%{{http_code}}' localhost:{port}")
     assert answer.stdout == "200"
     nohup = spaces.run(record, "nohup sleep 300 >/dev/null 2>&1 & echo $!")
-    assert spaces.run(record, "pgrep -x sleep").stdout.strip() == nohup.stdout.strip()
+    pid = nohup.stdout.strip()
+    # The next call may start before the process left behind has exec'd sleep (it is
+    # bash, then nohup, on its way): it waits for the name, at most 5 s, then looks.
+    found = spaces.run(record, f"for i in $(seq 100); do [ \"$(cat /proc/{pid}/comm)\" = sleep ] "
+                               "&& break; sleep 0.05; done; pgrep -x sleep")
+    assert found.stdout.strip() == pid
 
 
 def test_kill_minus_pgid_from_the_next_call_ends_a_job(engine: Engine,
