@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import socket
 import stat
 import subprocess
@@ -52,7 +53,8 @@ class LocalCli:
                 if role in (None, p["role"]) and psutil.pid_exists(p["pid"])}
 
     def end(self) -> None:
-        """`down`, then whatever fleet.json still records ended by pid."""
+        """`down`, then whatever fleet.json still records ended by pid, then the output
+        directories its workspaces left in the workspace root."""
         self("down")
         with contextlib.suppress(FileNotFoundError):
             for process in self.state()["processes"]:
@@ -60,6 +62,27 @@ class LocalCli:
                     proc = psutil.Process(process["pid"])
                     if abs(proc.create_time() - process["start_time"]) < 0.05:
                         os.killpg(process["pid"], 9)
+        self._remove_outputs()
+
+    def _remove_outputs(self) -> None:
+        """A newcomer's fleet keeps its workspaces' output directories in the default
+        workspace root (the host's, outside this test's directory), past their workspaces,
+        until its hosts' retention collects them by the markers in their state
+        directories; this fleet's state directory goes with the test, so they are
+        removed here: each one a marker names, in a `.out` folder, named as its marker.
+        Markers are read only where the hosts keep them (`workspace-state/*.out`), never
+        below, where a call's files are."""
+        for folder, dirs, _ in os.walk(self.state_dir):
+            if "workspace-state" not in dirs:
+                continue
+            dirs.remove("workspace-state")
+            markers = Path(folder) / "workspace-state"
+            for marker in markers.glob("*.out"):
+                with contextlib.suppress(OSError, UnicodeDecodeError):
+                    target = Path(marker.read_text(encoding="utf-8").strip())
+                    if marker.is_file() and target.is_absolute() and \
+                            target.parent.name == ".out" and target.name == marker.stem:
+                        shutil.rmtree(target, ignore_errors=True)
 
 
 @pytest.fixture
