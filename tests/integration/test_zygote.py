@@ -163,6 +163,23 @@ def test_keepers_are_made_side_by_side_each_answer_to_its_asker(
     assert after.error is None and after.pid is not None
 
 
+def test_a_hidden_directory_gone_since_the_plan_fails_no_view(
+        client: launcher.LauncherClient, scratch: str, keepers: list[int]) -> None:
+    """Another process removes a directory the plan hides (the host's /etc/bashfleet,
+    made and removed by a test beside): nothing is there to hide, and the view is made.
+    A plain tmpfs on a missing path still fails (the bad view above)."""
+    root = f"{scratch}/hide-root"
+    os.mkdir(root)
+    os.mkdir(f"{root}/kept")
+    plan = [["private"], ["tmpfs", root, 0o755], ["mkdir", f"{root}/kept", 0o755],
+            ["hide", f"{root}/gone", 0o755], ["hide", f"{root}/kept", 0o755],
+            ["hide_ro", f"{root}/gone"], ["hide_ro", f"{root}/kept"]]
+    asked = _ask(client, f"{scratch}/hide.sock", {**_blank(), "plan": plan})
+    assert asked.done.wait(20.0)
+    assert asked.error is None and asked.pid is not None, asked.error
+    keepers.append(asked.pid)
+
+
 def test_the_zygote_s_end_fails_every_request_waiting(
         client: launcher.LauncherClient, scratch: str, stuck_pipe: tuple[int, int]) -> None:
     """Two requests outstanding (helpers that never report) when the zygote dies: both

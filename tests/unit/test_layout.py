@@ -83,13 +83,13 @@ def test_mount_points_are_made_on_the_views_tmpfs_never_in_a_host_bind() -> None
 
 def test_hidden_dirs_are_covered_and_the_workspace_is_bound_back_into_them() -> None:
     plan = layout.plan_view(spec())
-    tmpfs = [s[1] for s in plan if s[0] == "tmpfs"]
+    tmpfs = [s[1] for s in plan if s[0] == "hide"]
     assert f"{R}/state" in tmpfs and f"{R}/srv/ws" in tmpfs
-    hidden_at = plan.index(["tmpfs", f"{R}/srv/ws", 0o755])
+    hidden_at = plan.index(["hide", f"{R}/srv/ws", 0o755])
     made = plan.index(["mkdir", f"{R}/srv/ws/w1", 0o755])
     bound = next(i for i, s in enumerate(plan) if s[0] == "bind" and s[2] == f"{R}/srv/ws/w1")
     assert hidden_at < made < bound
-    assert ["remount_ro", f"{R}/srv/ws"] in plan
+    assert ["hide_ro", f"{R}/srv/ws"] in plan
     assert ["bind_file", "/dev/null", f"{R}/etc/key", False] in plan
 
 
@@ -97,7 +97,7 @@ def test_secrets_inside_the_workspace_stay_hidden() -> None:
     plan = layout.plan_view(spec(hidden_dirs=("/srv/ws", "/srv/ws/w1/.state"),
                                  hidden_files=("/srv/ws/w1/signing.key",)))
     bound = next(i for i, s in enumerate(plan) if s[0] == "bind" and s[2] == f"{R}/srv/ws/w1")
-    state = plan.index(["tmpfs", f"{R}/srv/ws/w1/.state", 0o755])
+    state = plan.index(["hide", f"{R}/srv/ws/w1/.state", 0o755])
     key = plan.index(["bind_file", "/dev/null", f"{R}/srv/ws/w1/signing.key", False])
     assert bound < state and bound < key
 
@@ -111,7 +111,7 @@ def test_hidden_wins_over_writable_but_not_over_the_workspaces_own() -> None:
 def test_nothing_under_the_views_own_tmp_is_hidden_from_the_host() -> None:
     plan = layout.plan_view(spec(hidden_dirs=("/tmp/pytest-1/state",),
                                  hidden_files=("/tmp/key",)))
-    assert not any(s[0] == "tmpfs" and s[1].startswith(f"{R}/tmp/") for s in plan)
+    assert not any(s[0] in ("tmpfs", "hide") and s[1].startswith(f"{R}/tmp/") for s in plan)
     assert not any(s[0] == "bind_file" and s[2] == f"{R}/tmp/key" for s in plan)
 
 
@@ -128,7 +128,7 @@ def test_nothing_hides_under_a_path_that_shows_another_directory(hidden: str) ->
     # HOME the view replaces by the workspace's. Hiding it there made a mount point that
     # does not exist in the private HOME (the quickstart as a non-root user failed).
     plan = layout.plan_view(spec(hidden_dirs=(hidden,), mounts={"/logs": "/srv/ws/w1/logs"}))
-    assert not any(step[0] == "tmpfs" and step[1] == f"{R}{hidden}" for step in plan)
+    assert not any(step[0] in ("tmpfs", "hide") and step[1] == f"{R}{hidden}" for step in plan)
     assert binds(plan)[f"{R}/home/runner"] == ("/state/workspaces/w1/home", True)
 
 
@@ -172,14 +172,14 @@ def test_no_host_path_is_writable_but_the_workspaces_own_and_the_listed_roots(
     for step in plan:  # every hidden directory outside the private /tmp is covered
         assert step[0] != "bind" or not step[3] or not any(
             layout.inside(step[1], h) and step[1] not in own for h in hidden)
-    covered = {s[1] for s in plan if s[0] == "tmpfs"}
+    covered = {s[1] for s in plan if s[0] == "hide"}
     for h in layout.outermost(hidden):
         # Under the private HOME the host's paths are not in the view: nothing to hide.
         if not layout.inside(h, "/tmp") and not layout.inside(h, view.home_view):
             assert f"{R}{h}" in covered
     last_bind = max(i for i, s in enumerate(plan) if s[0] == "bind")
     for i, step in enumerate(plan):  # what hides inside an own path comes after its bind
-        if step[0] == "tmpfs" and any(layout.inside(step[1], f"{R}{o}") and step[1] != f"{R}{o}"
+        if step[0] == "hide" and any(layout.inside(step[1], f"{R}{o}") and step[1] != f"{R}{o}"
                                       for o in (view.workspace, view.home_view)):
             assert i > last_bind
     assert plan[-2][0] == "pivot"
@@ -251,7 +251,7 @@ def test_home_under_a_hidden_host_directory_is_made_on_the_hiding_tmpfs() -> Non
     bind = ["bind", "/state/workspaces/w1/home", f"{R}/home/bob", True]
     assert bind in plan
     assert ["mkdir", f"{R}/home/bob", 0o755] in plan[:plan.index(bind)]
-    assert plan.index(["tmpfs", f"{R}/home", 0o755]) < plan.index(bind)
+    assert plan.index(["hide", f"{R}/home", 0o755]) < plan.index(bind)
 
 
 S1, S2 = "/state/snapshots/s1/layer", "/state/snapshots/s2/layer"

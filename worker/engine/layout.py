@@ -153,7 +153,7 @@ def plan_view(spec: ViewSpec) -> list[Step]:
         mounts += [(f"{r}/{e.name}", e.name in grows) for e in spec.entries
                    if e.kind == "dir" and e.name not in OWN_ENTRIES]
     mounts += [(f"{r}{d}", True) for d in outer]
-    steps += [["tmpfs", f"{r}{d}", 0o755] for d in outer]
+    steps += [["hide", f"{r}{d}", 0o755] for d in outer]
     for w in writable_views:
         # With layers: the run user's shared roots through the run user's map (`idbind`).
         steps += _bind_own(r, mounts, w, w, True, grow=False, mapped=spec.layers is not None,
@@ -175,11 +175,11 @@ def plan_view(spec: ViewSpec) -> list[Step]:
             source = f"{r}{spec.workspace}{host_path[len(spec.workspace_dir):]}"
         steps += _bind_own(r, mounts, view_path, source, writable,
                            mapped=spec.project and _in_project(host_path, spec))
-    steps += [["tmpfs", f"{r}{d}", 0o755] for d in inner]
+    steps += [["hide", f"{r}{d}", 0o755] for d in inner]
     files = _hidden_files(spec, hidden, own, elsewhere)
     steps += [["bind_file", "/dev/null", f"{r}{f}", False] for f in files]
     steps += [["rbind_ro", p, f"{r}{p}"] for p in _protected(spec, writable_views)]
-    steps += [["remount_ro", f"{r}{d}"] for d in hidden]
+    steps += [["hide_ro", f"{r}{d}"] for d in hidden]
     steps.append(["pivot", r])
     if spec.layers is None:
         steps.append(["remount_ro", "/"])  # with layers `/` is the workspace's own layer

@@ -68,6 +68,7 @@ def carry_out(plan: Sequence[Sequence[Any]], *, userns_fd: int = -1,
               project_fd: int = -1) -> None:
     """Carry out every step of `plan`; OSError (naming the step) when one fails."""
     _userns[:] = [userns_fd, project_fd]
+    _gone.clear()
     for step in plan:
         action = _ACTIONS.get(str(step[0]))
         if action is None:
@@ -85,6 +86,29 @@ def _private() -> None:
 
 def _tmpfs(path: str, mode: int) -> None:
     kernel.mount("tmpfs", path, "tmpfs", _TMPFS_FLAGS, f"mode={mode:o}")
+
+
+#: Hidden directories that were gone by the time their tmpfs was mounted (another
+#: process makes and removes directories of the host's `/`): nothing there to hide, nor
+#: to make read-only after. One that comes back later shows, as one made after the view
+#: was built does.
+_gone: set[str] = set()
+
+
+def _hide(path: str, mode: int) -> None:
+    """A hidden directory's empty tmpfs; none when the directory went since the plan."""
+    try:
+        _tmpfs(path, mode)
+    except FileNotFoundError:
+        if os.path.lexists(path):
+            raise
+        _gone.add(path)
+
+
+def _hide_ro(path: str) -> None:
+    """A hidden directory's tmpfs made read-only (none when `_hide` found it gone)."""
+    if path not in _gone:
+        kernel.remount_read_only(path)
 
 
 def _mkdir(path: str, mode: int) -> None:
@@ -258,7 +282,8 @@ def _pivot(root: str) -> None:
 
 
 _ACTIONS: dict[str, Callable[..., None]] = {
-    "private": _private, "tmpfs": _tmpfs, "mkdir": _mkdir, "rbind_ro": _rbind_ro,
+    "private": _private, "tmpfs": _tmpfs, "hide": _hide, "hide_ro": _hide_ro,
+    "mkdir": _mkdir, "rbind_ro": _rbind_ro,
     "bind": _bind, "bind_file": _bind_file, "symlink": _symlink, "devices": _devices,
     "proc": _proc, "remount_ro": kernel.remount_read_only, "pivot": _pivot, "overlay": _overlay,
     "idbind": _idbind,
