@@ -20,8 +20,8 @@ def end_hosts_under(root: Path) -> int:
     for folder, dirs, _ in os.walk(root):
         if "workspace-state" in dirs:
             own = workspace_root(Path(folder))
-            done = teardown.end_host(Settings(state_dir=Path(folder), workspace_root=own)
-                                     if own.is_dir() else Settings(state_dir=Path(folder)))
+            done = teardown.end_host(Settings(state_dir=Path(folder),
+                                              workspace_root=own if own.is_dir() else None))
             ended += done.workspaces + done.keepers
             dirs.remove("workspace-state")
     return ended

@@ -69,20 +69,16 @@ class LocalCli:
         workspace root (the host's, outside this test's directory), past their workspaces,
         until its hosts' retention collects them by the markers in their state
         directories; this fleet's state directory goes with the test, so they are
-        removed here: each one a marker names, in a `.out` folder, named as its marker.
-        Markers are read only where the hosts keep them (`workspace-state/*.out`), never
-        below, where a call's files are."""
-        for folder, dirs, _ in os.walk(self.state_dir):
-            if "workspace-state" not in dirs:
-                continue
-            dirs.remove("workspace-state")
-            markers = Path(folder) / "workspace-state"
-            for marker in markers.glob("*.out"):
-                with contextlib.suppress(OSError, UnicodeDecodeError):
-                    target = Path(marker.read_text(encoding="utf-8").strip())
-                    if marker.is_file() and target.is_absolute() and \
-                            target.parent.name == ".out" and target.name == marker.stem:
-                        shutil.rmtree(target, ignore_errors=True)
+        removed here: each one a host's markers name (`retention.workspace_outputs`),
+        in a `.out` folder."""
+        from bashfleet.worker import retention  # noqa: PLC0415 - the worker's own reading
+        from bashfleet.worker.settings import Settings  # noqa: PLC0415 - likewise
+
+        hosts = self.state_dir / "hosts"
+        for host in hosts.iterdir() if hosts.is_dir() else ():
+            for target in retention.workspace_outputs(Settings(state_dir=host)):
+                if target.is_absolute() and target.parent.name == ".out":
+                    shutil.rmtree(target, ignore_errors=True)
 
 
 @pytest.fixture

@@ -63,8 +63,17 @@ def spawn_build_argv(cc: str, sources: Sequence[str], output: str) -> list[str]:
 
 
 _lock = threading.Lock()
-_found: dict[Path, tuple[str | None, str | None]] = {}
-_spawners_built: dict[Path, tuple[str | None, str | None]] = {}
+#: What was built (or why not) per (kind, state directory): built once a process.
+_built: dict[tuple[str, Path], tuple[str | None, str | None]] = {}
+
+
+def _built_once(kind: str, state_dir: Path,
+                build: Callable[[Path], tuple[str | None, str | None]]
+                ) -> tuple[str | None, str | None]:
+    with _lock:
+        if (kind, state_dir) not in _built:
+            _built[kind, state_dir] = build(state_dir / "bin")
+        return _built[kind, state_dir]
 
 
 def find(settings: Settings) -> tuple[str | None, str | None]:
@@ -74,10 +83,7 @@ def find(settings: Settings) -> tuple[str | None, str | None]:
         path = settings.holder
         ok = path.is_file() and os.access(path, os.X_OK)
         return (str(path), None) if ok else (None, f"holder {path} is not an executable file")
-    with _lock:
-        if settings.state_dir not in _found:
-            _found[settings.state_dir] = build_into(settings.state_dir / "bin")
-        return _found[settings.state_dir]
+    return _built_once("holder", settings.state_dir, build_into)
 
 
 def build_into(folder: Path) -> tuple[str | None, str | None]:
@@ -137,11 +143,7 @@ def spawner(settings: Settings) -> str | None:
 def find_spawner(settings: Settings) -> tuple[str | None, str | None]:
     """(the spawner's path, None) or (None, why there is none)."""
     if settings.spawner is None:
-        with _lock:
-            if settings.state_dir not in _spawners_built:
-                _spawners_built[settings.state_dir] = build_spawner_into(
-                    settings.state_dir / "bin")
-            return _spawners_built[settings.state_dir]
+        return _built_once("spawner", settings.state_dir, build_spawner_into)
     path = str(settings.spawner)
     with _lock:
         known = _probed.get(path)
