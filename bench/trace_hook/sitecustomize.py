@@ -33,8 +33,11 @@ STEPS: dict[str, list[tuple[str, str]]] = {
         ("deliver", "deliver (a reply FINISH held back)"),
     ],
     "bashfleet.worker.fleet.registry": [
-        ("claim_call", "CLAIM script"), ("finish_and_reply", "FINISH script + reply"),
+        ("send_claim", "CLAIM script sent"), ("finish_and_reply", "FINISH script + reply"),
     ],
+    # The claim's answer is read here, just before bash starts (sent before the call was
+    # prepared).
+    "bashfleet.worker.fleet.exec_watch": [("ExecWatcher.starting", "CLAIM script answered")],
     "bashfleet.worker.engine.call": [
         ("prepare", "prepare"), ("workspace_of", "workspace taken"),
         ("child_env", "child env"), ("_open_streams", "spill files"),

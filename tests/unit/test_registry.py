@@ -445,3 +445,41 @@ def test_a_very_long_queue_counts_as_still_waiting(r: redis.Redis) -> None:
     r.lpush(queue, _message("a"), _message("b"), _message("c"))
     assert records.queued_ids(r, queue, limit=2) is None  # every call in it waits its turn
     assert records.queued_ids(r, queue, limit=3) == {"a", "b", "c"}
+
+
+def test_a_claim_sent_ahead_is_answered_later_and_the_same_each_time(r: redis.Redis) -> None:
+    # The script is not loaded yet (NOSCRIPT): the answer runs it again, once.
+    _queued(r, "c20", "q", "alpha")
+    sent = registry.send_claim(r, "c20", "alpha", "inst", 1234)
+    assert records.call_record(r, "c20")["state"] == "queued"
+    assert sent.answer() == "ok"
+    assert sent.answer() == "ok"
+    assert records.call_record(r, "c20")["state"] == "running"
+    # Loaded now: Redis runs the claim as it is sent, before anyone reads its answer.
+    _queued(r, "c21", "q", "alpha")
+    sent = registry.send_claim(r, "c21", "alpha", "inst", 1234)
+    assert records.call_record(r, "c21")["state"] == "running"
+    assert sent.answer() == "ok"
+    assert r.ping() is True  # the connection went back to the pool, its reply read
+    records.withdraw_call(r, "c22", CallState.CANCELLED)
+    assert registry.send_claim(r, "c22", "alpha", "inst", 1234).answer() == "cancelled"
+    assert records.call_record(r, "c22")["state"] == "cancelled"  # nothing claimed
+
+
+def test_a_claim_whose_answer_never_comes_raises_at_every_ask(
+    r: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _queued(r, "c23", "q", "alpha")
+    sent = registry.send_claim(r, "c23", "alpha", "inst", 1234)
+    connection = sent._connection
+    assert connection is not None
+
+    def lost(*_: object, **__: object) -> object:
+        raise redis.ConnectionError("Redis went away")
+
+    monkeypatch.setattr(connection, "read_response", lost)
+    for _ in range(2):
+        with pytest.raises(redis.ConnectionError):
+            sent.answer()
+    monkeypatch.undo()
+    assert r.ping() is True  # the pool serves a working connection again

@@ -657,6 +657,7 @@ def _run_foreground(
     launch = _Launch(call, cwd, child, settings, workspace, user, call.capture_state)
     pipes: Pipes | None = None
     problem = spill_problem(settings, streams.stdout.parent)
+    watcher.starting()  # before anything is armed: a refusal has nothing to undo
     try:
         if problem is not None:
             raise _NoSpillError(problem)

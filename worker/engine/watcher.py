@@ -1,7 +1,8 @@
 """What the engine tells whoever runs a foreground call, and what it asks them: one
 interface, `CallWatcher`, passed to `run_call(watcher=)`.
 
-    run_call ──► watcher.spawned(Spawned)      once, as soon as bash exists
+    run_call ◄── watcher.starting()            once, just before bash starts: may it?
+             ──► watcher.spawned(Spawned)      once, as soon as bash exists
              ──► watcher.running()             once, if it still runs FOLLOW_INTERVAL_S later
              ◄── watcher.cancelled()           at each wake-up (every 50 ms): kill it?
              ◄── watcher.detach_requested()    at each later wake-up: leave it as a job?
@@ -42,6 +43,11 @@ class CallWatcher(Protocol):
     runs. Any method may raise: the call's processes are then killed and the error goes
     on to `run_call`'s caller (nobody would be left to watch them)."""
 
+    def starting(self) -> None:
+        """The call's bash is about to start (a foreground call's, once its workspace
+        and files are ready): raise to start nothing. The fleet reads its claim of the
+        call here, sent before the call was prepared: its round trip overlaps that."""
+
     def spawned(self, process: Spawned) -> None:
         """The call's bash was started (the engine's timeout clock starts after this)."""
 
@@ -68,6 +74,9 @@ class CallWatcher(Protocol):
 
 class Unwatched:
     """The watcher of a call nobody watches: hears nothing, never cancels or detaches."""
+
+    def starting(self) -> None:
+        """Nothing to wait for."""
 
     def spawned(self, process: Spawned) -> None:
         """Nothing to record."""

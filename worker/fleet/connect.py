@@ -366,12 +366,83 @@ class Script:
             result, _acknowledged = pipe.execute()
         return result
 
+    def send(self, client: Redis, keys: list[str], args: list[object]) -> SentScript:
+        """Send the script now and read its answer later (`SentScript.answer`): its round
+        trip overlaps what the caller does meanwhile. On a primary with replicas it runs
+        durably at once instead (`run_durable`: the acknowledgement is waited for)."""
+        return SentScript(self, client, keys, args)
+
     async def run_async(self, client: AsyncRedis, keys: list[str], args: list[object]) -> Any:
         """`self(...)` on an asyncio client."""
         try:
             return await client.evalsha(self.sha, len(keys), *keys, *args)  # type: ignore[arg-type]
         except _no_script_errors():
             return await client.eval(self.source, len(keys), *keys, *args)  # type: ignore[arg-type]
+
+
+class SentScript:
+    """A script sent on a connection of its own, its answer not read yet.
+
+    The connection stays out of the pool until `answer` read the reply (or dropped the
+    connection on an error), so nothing else can read this reply; `answer` returns the
+    same value, or raises the same error, every time it is asked.
+    """
+
+    def __init__(self, script: Script, client: Redis, keys: list[str],
+                 args: list[object]) -> None:
+        from bashfleet.worker.fleet.replicated import ReplicatedRedis  # noqa: PLC0415
+
+        self._script, self._client, self._keys, self._args = script, client, keys, args
+        self._value: Any = None
+        self._error: BaseException | None = None
+        self._connection: Any = None
+        pool = getattr(client, "connection_pool", None)
+        if pool is None or (isinstance(client, ReplicatedRedis)
+                            and client.connected_replicas() > 0):
+            # The CLI's light client has no pool of its own to borrow from.
+            self._value = script.run_durable(client, keys, args)
+            return
+        connection = pool.get_connection()
+        try:
+            connection.send_command("EVALSHA", script.sha, len(keys), *keys, *args)
+        except BaseException:
+            connection.disconnect()
+            pool.release(connection)
+            raise
+        self._connection = connection
+
+    def answer(self) -> Any:
+        """The script's return value (read once; EVAL'd again when Redis did not hold
+        the script); the Redis error it met, raised again at every ask."""
+        connection, self._connection = self._connection, None
+        if connection is not None:
+            self._read(connection)
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+    def _read(self, connection: Any) -> None:
+        pool = self._client.connection_pool
+        try:
+            self._value = self._client.parse_response(  # type: ignore[no-untyped-call]
+                connection, "EVALSHA")
+        except _no_script_errors():
+            pool.release(connection)
+            connection = None
+            try:
+                self._value = self._script(self._client, self._keys, self._args)
+            except redis_errors() as exc:
+                self._error = exc
+        except BaseException as exc:
+            # A reply half read (or never read) leaves the connection unusable.
+            connection.disconnect()
+            if not isinstance(exc, redis_errors()):
+                pool.release(connection)
+                raise
+            self._error = exc
+        finally:
+            if connection is not None:
+                pool.release(connection)
 
 
 def transaction(client: Redis, keys: list[str], body: Callable[[Any], T]) -> T:

@@ -1,7 +1,8 @@
 """The fleet's watcher of one exec call (`bashfleet.worker.engine.watcher.CallWatcher`):
 the call's records on this host while it runs, on its disk and in Redis.
 
-    spawned            remember the process and its output folder (nothing written yet)
+    starting           the call's claim answered "ok" (else `NotClaimed`: nothing starts)
+    spawned            remember the process and its output folder; the start line
     running            owner file, then `running/<call_id>.json`, then the Redis record
     cancelled          `running/<call_id>.cancel` exists (a control consumer wrote it)
     detach_requested   `running/<call_id>.detach` exists (only once the call is on disk)
@@ -30,10 +31,29 @@ from bashfleet.worker.engine import running as running_calls
 from bashfleet.worker.engine.watcher import Spawned
 from bashfleet.worker.fleet import control, registry
 from bashfleet.worker.fleet.control import Runtime
+from bashfleet.worker.fleet.verify import message_queue
 from bashfleet.worker.wire.models import Call
 from bashfleet.worker.wire.names import CallState
 
 log = logging.getLogger("bashfleet.worker")
+
+
+class NotClaimed(Exception):  # noqa: N818 - a refusal, not an error of the engine
+    """A call its claim did not give this worker: the engine starts nothing for it."""
+
+
+def log_start(call: Call) -> None:
+    """A call's start line: never its command text nor its env (they may hold secrets)."""
+    queue = message_queue()
+    log.info(
+        "call started: queue %s, cwd %s, command of %d chars%s", queue or "-", call.cwd or "~",
+        len(call.command), ", background" if call.background else "",
+        extra={
+            "call_id": call.call_id, "queue": queue, "cwd": call.cwd,
+            "command_chars": len(call.command), "background": call.background,
+            "timeout_s": call.timeout_s, "dialect": call.policy.name,
+        },
+    )
 
 
 class ExecWatcher:
@@ -46,8 +66,11 @@ class ExecWatcher:
     then removed.
     """
 
-    def __init__(self, rt: Runtime, call: Call) -> None:
+    def __init__(self, rt: Runtime, call: Call,
+                 claim: Callable[[], str] | None = None) -> None:
         self.rt, self.call = rt, call
+        self.claim = claim
+        """Reads the call's claim, sent before it was prepared (None: claimed already)."""
         self.process: Spawned | None = None
         self.on_disk = False
         """The call's running file was written: `ended` removes it."""
@@ -56,9 +79,23 @@ class ExecWatcher:
         self.later: list[Callable[[], None]] = []
         """What puts the call's workspace away: run by `put_away_now` once it answered."""
 
+    def starting(self) -> None:
+        """Start nothing unless the call's claim said "ok" (`NotClaimed`: its caller
+        reads the claim again for the refusal, or the Redis error, it tells)."""
+        if self.claim is not None:
+            try:
+                state = self.claim()
+            except Exception:  # its Redis error is raised again where the claim is read
+                raise NotClaimed(self.call.call_id) from None
+            if state != "ok":
+                raise NotClaimed(self.call.call_id)
+
     def spawned(self, process: Spawned) -> None:
-        """Remember the call's process: recorded once it runs on, or with its end."""
+        """Remember the call's process: recorded once it runs on, or with its end. Its
+        start line is written now, while bash starts up (not before: the line would
+        delay it)."""
         self.process = process
+        log_start(self.call)
 
     def running(self) -> None:
         """Record the call's process once it has run FOLLOW_INTERVAL_S: on the host's disk

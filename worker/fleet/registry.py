@@ -30,7 +30,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, cast
 
-from bashfleet.worker.fleet.connect import Redis, Script, flat_fields, hash_fields, transaction
+from bashfleet.worker.fleet.connect import (
+    Redis,
+    Script,
+    SentScript,
+    flat_fields,
+    hash_fields,
+    transaction,
+)
 from bashfleet.worker.settings import get_settings
 from bashfleet.worker.wire import auth, lua, names
 from bashfleet.worker.wire.events import ended_event, seal_event, started_event
@@ -219,6 +226,19 @@ def claim_call(
     was seen before (nothing is claimed then). The owner is recorded sealed with `keys`
     (the fleet's): what a cancel or a detach goes by (`call_owner`).
     """
+    return cast(str, send_claim(
+        client, call_id, host, instance, worker_pid, nonce=nonce, nonce_ttl_s=nonce_ttl_s,
+        owner=owner, keys=keys).answer())
+
+
+def send_claim(
+    client: Redis, call_id: str, host: str, instance: str, worker_pid: int,
+    *, nonce: str | None = None, nonce_ttl_s: float = 0.0, owner: str = "",
+    keys: Sequence[str] = (),
+) -> SentScript:
+    """`claim_call`, sent now and answered later (`SentScript.answer`: "ok" or the state
+    that forbids the call): the caller prepares the call meanwhile and starts nothing
+    before the answer says "ok"."""
     fields = {
         "call_id": call_id, "state": CallState.RUNNING, "host": host, "instance": instance,
         "worker_pid": worker_pid, "started_at": time.time(), "owner": owner,
@@ -228,10 +248,7 @@ def claim_call(
     if nonce is not None:
         keys.append(names.nonce_key(nonce))
     ttl_ms = max(1, int(nonce_ttl_s * 1000))
-    return cast(str, CLAIM.run_durable(
-        client, keys,
-        [names.CALL_TTL_S, call_id, ttl_ms, *flat_fields(fields)],
-    ))
+    return CLAIM.send(client, keys, [names.CALL_TTL_S, call_id, ttl_ms, *flat_fields(fields)])
 
 
 def use_nonce(client: Redis, nonce: str, ttl_s: float) -> bool:

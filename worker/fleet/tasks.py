@@ -53,8 +53,8 @@ from bashfleet.worker.fleet.answers import Answer, current_answer, deliver
 from bashfleet.worker.fleet.app import app
 from bashfleet.worker.fleet.connect import redis_client
 from bashfleet.worker.fleet.control import Runtime
-from bashfleet.worker.fleet.exec_watch import ExecWatcher
-from bashfleet.worker.fleet.verify import REPLAYED, Nonce, message_queue, use_nonce, verify
+from bashfleet.worker.fleet.exec_watch import ExecWatcher, NotClaimed, log_start
+from bashfleet.worker.fleet.verify import REPLAYED, Nonce, use_nonce, verify
 from bashfleet.worker.settings import get_settings
 from bashfleet.worker.wire import auth, names, owner_keys
 from bashfleet.worker.wire.control import REQUESTS, ControlError, ControlReply, ControlRequest
@@ -121,34 +121,42 @@ def run_exec(
         return _failed(call_id, host, "invalid", f"invalid call: {message}")
     if answer is not None:
         answer.call = call
-    state = registry.claim_call(
+    claim = registry.send_claim(
         rt.redis, call.call_id, host, rt.instance, os.getpid(),
         nonce=nonce.value if nonce else None, nonce_ttl_s=nonce.ttl_s if nonce else 0.0,
         owner=call.owner, keys=rt.settings.fleet_keys(),
     )
-    if state != "ok":
-        log.info("call not started: %s", state, extra={"call_id": call.call_id, "state": state})
-        if answer is not None and state not in _ANSWERED_REFUSALS:
-            # A second delivery of a message that ran already (a failover handed out again
-            # a message whose take the promoted replica never got): the run that claimed
-            # it answers. An answer from here would overwrite that one.
-            answer.sent = True
-        return _failed(call.call_id, host, *_refusal(call.call_id, state))
-    refused = _take_job_place(rt, call)
-    if refused is not None:
-        return _finish(rt, call, refused, answer, ExecWatcher(rt, call))
+    # A plain foreground call is prepared while its claim travels: the engine reads the
+    # claim just before bash starts (`ExecWatcher.starting`). The others start a job or
+    # a session (and take a quota place) first thing: their claim is read now.
+    overlapped = call.stdin == "null" and not call.background
+    if not overlapped:
+        refusal = _refused(call, claim.answer(), answer)
+        if refusal is not None:
+            return refusal
+        refused = _take_job_place(rt, call)
+        if refused is not None:
+            return _finish(rt, call, refused, answer, ExecWatcher(rt, call))
+        log_start(call)
     started = time.monotonic()
-    _log_start(call)
-    watcher = ExecWatcher(rt, call)
+    watcher = ExecWatcher(rt, call, claim.answer if overlapped else None)
     try:
         try:
-            result = run_call(call, settings=rt.settings, watcher=watcher)
+            result: CallResult | None = run_call(call, settings=rt.settings, watcher=watcher)
+        except NotClaimed:
+            result = None
         except Exception as exc:  # an engine bug must still answer the caller
             log.exception("call %s failed inside the worker", call.call_id,
                           extra={"call_id": call.call_id})
             result = _failed(call.call_id, host, "internal", f"worker error: {exc!r}")
         finally:
             watcher.ended()
+        # Read again (it was read before bash started, if it started): the refusal, or
+        # the Redis error, that started nothing; a call refused before it got there too.
+        refusal = _refused(call, claim.answer(), answer) if overlapped else None
+        if refusal is not None:
+            return refusal
+        assert result is not None  # noqa: S101 - NotClaimed comes with a refusal only
         if result.job is None and _counts_as_job(call):
             _give_job_place_back(rt, call)  # it never started (a bad cwd, a spawn failure)
         result = _finish(rt, call, result, answer, watcher)
@@ -156,6 +164,21 @@ def run_exec(
         watcher.put_away_now()  # the workspace's turn, once the caller has its answer
     _log_end(result, time.monotonic() - started)
     return result
+
+
+def _refused(call: Call, state: str, answer: Answer | None) -> CallResult | None:
+    """The result of a call its claim did not give this worker (`state`: the claim's
+    answer); None when it did ("ok")."""
+    if state == "ok":
+        return None
+    log.info("call not started: %s", state, extra={"call_id": call.call_id, "state": state})
+    if answer is not None and state not in _ANSWERED_REFUSALS:
+        # A second delivery of a message that ran already (a failover handed out again
+        # a message whose take the promoted replica never got): the run that claimed
+        # it answers. An answer from here would overwrite that one.
+        answer.sent = True
+    host = runtime().settings.host
+    return _failed(call.call_id, host, *_refusal(call.call_id, state))
 
 
 def _counts_as_job(call: Call) -> bool:
@@ -191,20 +214,6 @@ def job_limit_message(owner: str, quota: registry.Quota) -> str:
 def _give_job_place_back(rt: Runtime, call: Call) -> None:
     with contextlib.suppress(redis.RedisError):  # it expires by itself otherwise
         registry.quota_release(rt.redis, registry.JOBS_QUOTA, call.owner, call.call_id)
-
-
-def _log_start(call: Call) -> None:
-    """A call's start line: never its command text nor its env (they may hold secrets)."""
-    queue = message_queue()
-    log.info(
-        "call started: queue %s, cwd %s, command of %d chars%s", queue or "-", call.cwd or "~",
-        len(call.command), ", background" if call.background else "",
-        extra={
-            "call_id": call.call_id, "queue": queue, "cwd": call.cwd,
-            "command_chars": len(call.command), "background": call.background,
-            "timeout_s": call.timeout_s, "dialect": call.policy.name,
-        },
-    )
 
 
 def outcome(result: CallResult) -> str:
