@@ -56,6 +56,8 @@ class NonceMemory:
         self._lock = threading.Lock()
         self._expiries: dict[str, float] = {}
         self._inode: int | None = None
+        self._fd: int | None = None
+        """The file, open for reading and appending while it is the same file."""
         self._read_to = 0
         self._lines = 0
         self._torn = False
@@ -89,19 +91,21 @@ class NonceMemory:
 
     def _catch_up(self, now: float) -> None:
         """Read what was appended since this process last looked (all of it when the file
-        is new to it: its first use, or another process compacted it)."""
+        is new to it: its first use, or another process compacted it). The file stays
+        open between uses: a use that finds nothing new costs one stat."""
         try:
-            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+            info = os.stat(self.path)
         except FileNotFoundError:
-            self._expiries, self._inode, self._read_to, self._lines = {}, None, 0, 0
+            self._forget_file()
             return
-        with os.fdopen(fd, "rb") as handle:
-            info = os.fstat(handle.fileno())
-            if info.st_ino != self._inode or info.st_size < self._read_to:
-                self._expiries, self._inode, self._read_to, self._lines = {}, info.st_ino, 0, 0
-                self._torn = False
-            handle.seek(self._read_to)
-            data = handle.read()
+        fd = self._fd
+        if fd is None or info.st_ino != self._inode or info.st_size < self._read_to:
+            self._forget_file()
+            fd = self._open(os.O_RDWR | os.O_APPEND | os.O_CLOEXEC)
+            info = os.fstat(fd)
+        if info.st_size <= self._read_to:
+            return
+        data = os.pread(fd, info.st_size - self._read_to, self._read_to)
         self._read_to += len(data)
         text = data.decode("ascii", "replace")
         if text:
@@ -109,17 +113,28 @@ class NonceMemory:
         self._expiries.update(parse_lines(text, now))
         self._lines += text.count("\n")
 
+    def _open(self, flags: int) -> int:
+        """Open the file as this process's (nothing of it read yet)."""
+        self._fd = fd = os.open(self.path, flags, 0o600)
+        self._inode = os.fstat(fd).st_ino
+        return fd
+
+    def _forget_file(self) -> None:
+        """Drop what was read of a file that is gone or was replaced."""
+        if self._fd is not None:
+            os.close(self._fd)
+        self._fd, self._inode, self._read_to, self._lines = None, None, 0, 0
+        self._expiries, self._torn = {}, False
+
     def _append(self, line: str) -> None:
         if self._torn:  # a process died mid-line: start ours on a line of its own
             line = "\n" + line
             self._torn = False
-        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
-        try:
-            data = line.encode("ascii", "replace")
-            os.write(fd, data)
-            self._inode = os.fstat(fd).st_ino
-        finally:
-            os.close(fd)
+        fd = self._fd
+        if fd is None:  # the host's first nonce (or the file was removed)
+            fd = self._open(os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC)
+        data = line.encode("ascii", "replace")
+        os.write(fd, data)
         self._read_to += len(data)
         self._lines += 1
 
@@ -131,6 +146,9 @@ class NonceMemory:
         with os.fdopen(fd, "w", encoding="ascii") as handle:
             handle.write(text)
         os.replace(tmp, self.path)
-        self._inode = os.stat(self.path).st_ino
+        expiries = self._expiries
+        self._forget_file()
+        self._open(os.O_RDWR | os.O_APPEND | os.O_CLOEXEC)
+        self._expiries = expiries
         self._read_to = len(text.encode("ascii"))
         self._lines = len(self._expiries)

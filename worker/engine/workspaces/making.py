@@ -506,4 +506,13 @@ def _read_group(record: WorkspaceRecord) -> cgroups.Group:
     version: Literal["v1", "v2"] = (
         "v2" if os.path.exists(os.path.join(record.cgroup[0], "cgroup.controllers")) else "v1")
     controllers = tuple(resources.cgroup_limits(record.limits).controllers())
-    return cgroups.Group(version, [(path, controllers) for path in record.cgroup])
+    if version == "v2":
+        return cgroups.Group(version, [(path, controllers) for path in record.cgroup])
+    # v1: a directory per hierarchy, each with its own controllers' counters. Looked up
+    # once (the group is kept): otherwise every call's end tries every counter file in
+    # every directory, and most are not there.
+    return cgroups.Group(version, [
+        (path, tuple(name for name in controllers if any(
+            os.path.exists(os.path.join(path, filename))
+            for filename, _ in cgroups.counter_files(version, name))))
+        for path in record.cgroup])
