@@ -26,6 +26,9 @@ command -v npm >/dev/null || missing+=(nodejs npm)
 # hybrid cgroups): tests/integration/test_compose_worker.py.
 command -v podman >/dev/null || missing+=(podman)
 command -v runc >/dev/null || missing+=(runc)
+# podman's --init (a container's pid 1, what bench/bench_idle.py measures beside its
+# idle workspaces): only recommended by podman, which is installed without recommends.
+[ -x /usr/libexec/podman/catatonit ] || missing+=(catatonit)
 if [ ${#missing[@]} -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   echo "installing ${missing[*]} (Debian) for the deploy, Flower and MCP client tests" >&2
   { apt-get update -qq &&
