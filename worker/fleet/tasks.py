@@ -142,9 +142,9 @@ def run_exec(
     watcher = ExecWatcher(rt, call, claim.answer if overlapped else None)
     try:
         try:
-            result: CallResult | None = run_call(call, settings=rt.settings, watcher=watcher)
-        except NotClaimed:
-            result = None
+            result = run_call(call, settings=rt.settings, watcher=watcher)
+        except NotClaimed:  # nothing started: the claim's answer says why, below
+            result = _failed(call.call_id, host, "internal", "the call was not claimed")
         except Exception as exc:  # an engine bug must still answer the caller
             log.exception("call %s failed inside the worker", call.call_id,
                           extra={"call_id": call.call_id})
@@ -156,7 +156,6 @@ def run_exec(
         refusal = _refused(call, claim.answer(), answer) if overlapped else None
         if refusal is not None:
             return refusal
-        assert result is not None  # noqa: S101 - NotClaimed comes with a refusal only
         if result.job is None and _counts_as_job(call):
             _give_job_place_back(rt, call)  # it never started (a bad cwd, a spawn failure)
         result = _finish(rt, call, result, answer, watcher)
