@@ -120,6 +120,47 @@ def test_the_watchers_cancel_kills_the_call(settings: Settings) -> None:
     assert recorder.events() == ["spawned", "running"]
 
 
+class Refusing(Recorder):
+    """Says no when asked whether the call may start (the fleet's claim refused it)."""
+
+    def starting(self) -> None:
+        self.log.append("starting")
+        raise LookupError("not this worker's call")
+
+
+def test_starting_is_asked_once_before_the_spawn(settings: Settings) -> None:
+    class Asked(Recorder):
+        def starting(self) -> None:
+            self.log.append("starting")
+
+    recorder = Asked()
+    assert run_call(_call(settings, "true", "watch-5"), settings=settings,
+                    watcher=recorder).exit_code == 0
+    assert recorder.events() == ["starting", "spawned"]
+
+
+def test_a_start_refused_starts_nothing_and_gives_the_workspace_back(
+    settings: Settings, tmp_path: Path
+) -> None:
+    marker = tmp_path / "work" / "ran"
+    # The call may run as the host's run-as user: it writes in its cwd (this directory,
+    # open to it), by a path that needs no search of the parents it may not enter.
+    marker.parent.chmod(0o777)
+    # What the check below looks for is what the command leaves when it runs.
+    assert run_call(_call(settings, "touch ran", "watch-6"),
+                    settings=settings).exit_code == 0
+    assert marker.exists()
+    marker.unlink()
+    recorder = Refusing()
+    with pytest.raises(LookupError):
+        run_call(_call(settings, "touch ran", "watch-7"), settings=settings,
+                 watcher=recorder)
+    assert recorder.events() == ["starting"] and not marker.exists()
+    # The throwaway workspace it was given went back: the next call runs as ever.
+    assert run_call(_call(settings, "echo next", "watch-8"),
+                    settings=settings).stdout == "next\n"
+
+
 def test_no_watcher_is_the_quiet_one(settings: Settings) -> None:
     result = run_call(_call(settings, "echo plain", "watch-4"), settings=settings)
     assert result.exit_code == 0 and result.stdout == "plain\n"
