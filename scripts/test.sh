@@ -30,7 +30,7 @@ command -v runc >/dev/null || missing+=(runc)
 # idle workspaces): only recommended by podman, which is installed without recommends.
 [ -x /usr/libexec/podman/catatonit ] || missing+=(catatonit)
 if [ ${#missing[@]} -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-  echo "installing ${missing[*]} (Debian) for the deploy, Flower and MCP client tests" >&2
+  echo "installing ${missing[*]} (Debian) for the deploy, Flower and MCP client tests and the benchmarks' podman baselines" >&2
   { apt-get update -qq &&
       DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
         "${missing[@]}" >/dev/null; } ||
