@@ -356,9 +356,7 @@ class Script:
         one acknowledged the script's writes (WAIT, on the same connection: one pipeline,
         one round trip). A replica slower than REPLICA_ACK_TIMEOUT_MS is not waited for
         longer: the write stands, unacknowledged."""
-        from bashfleet.worker.fleet.replicated import ReplicatedRedis  # noqa: PLC0415
-
-        if not isinstance(client, ReplicatedRedis) or client.connected_replicas() == 0:
+        if not _waits_for_replica(client):
             return self(client, keys, args)
         with client.pipeline(transaction=False) as pipe:
             pipe.eval(self.source, len(keys), *keys, *args)  # type: ignore[arg-type]
@@ -380,6 +378,14 @@ class Script:
             return await client.eval(self.source, len(keys), *keys, *args)  # type: ignore[arg-type]
 
 
+def _waits_for_replica(client: Redis) -> bool:
+    """Whether a script's writes on `client` wait for a replica's acknowledgement: a
+    primary behind Sentinel (`ReplicatedRedis`) that has replicas now."""
+    from bashfleet.worker.fleet.replicated import ReplicatedRedis  # noqa: PLC0415
+
+    return isinstance(client, ReplicatedRedis) and client.connected_replicas() > 0
+
+
 class SentScript:
     """A script sent on a connection of its own, its answer not read yet.
 
@@ -390,15 +396,12 @@ class SentScript:
 
     def __init__(self, script: Script, client: Redis, keys: list[str],
                  args: list[object]) -> None:
-        from bashfleet.worker.fleet.replicated import ReplicatedRedis  # noqa: PLC0415
-
         self._script, self._client, self._keys, self._args = script, client, keys, args
         self._value: Any = None
         self._error: BaseException | None = None
         self._connection: Any = None
         pool = getattr(client, "connection_pool", None)
-        if pool is None or (isinstance(client, ReplicatedRedis)
-                            and client.connected_replicas() > 0):
+        if pool is None or _waits_for_replica(client):
             # The CLI's light client has no pool of its own to borrow from.
             self._value = script.run_durable(client, keys, args)
             return
@@ -437,7 +440,6 @@ class SentScript:
             # A reply half read (or never read) leaves the connection unusable.
             connection.disconnect()
             if not isinstance(exc, redis_errors()):
-                pool.release(connection)
                 raise
             self._error = exc
         finally:

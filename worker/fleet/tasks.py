@@ -131,7 +131,7 @@ def run_exec(
     # a session (and take a quota place) first thing: their claim is read now.
     overlapped = call.stdin == "null" and not call.background
     if not overlapped:
-        refusal = _refused(call, claim.answer(), answer)
+        refusal = _refused(call, host, claim.answer(), answer)
         if refusal is not None:
             return refusal
         refused = _take_job_place(rt, call)
@@ -153,7 +153,7 @@ def run_exec(
             watcher.ended()
         # Read again (it was read before bash started, if it started): the refusal, or
         # the Redis error, that started nothing; a call refused before it got there too.
-        refusal = _refused(call, claim.answer(), answer) if overlapped else None
+        refusal = _refused(call, host, claim.answer(), answer) if overlapped else None
         if refusal is not None:
             return refusal
         if result.job is None and _counts_as_job(call):
@@ -165,7 +165,7 @@ def run_exec(
     return result
 
 
-def _refused(call: Call, state: str, answer: Answer | None) -> CallResult | None:
+def _refused(call: Call, host: str, state: str, answer: Answer | None) -> CallResult | None:
     """The result of a call its claim did not give this worker (`state`: the claim's
     answer); None when it did ("ok")."""
     if state == "ok":
@@ -176,7 +176,6 @@ def _refused(call: Call, state: str, answer: Answer | None) -> CallResult | None
         # a message whose take the promoted replica never got): the run that claimed
         # it answers. An answer from here would overwrite that one.
         answer.sent = True
-    host = runtime().settings.host
     return _failed(call.call_id, host, *_refusal(call.call_id, state))
 
 
