@@ -36,6 +36,7 @@ from bashfleet.worker.wire.models import CallResult
 from bashfleet.worker.wire.names import Task, exec_queue
 
 from .engine_helpers import give_to_run_user, keepers_under
+from .netns_helpers import NetNs
 from .registry import Registry, pushed_images, running_registry
 
 T = TypeVar("T")
@@ -336,6 +337,21 @@ def workers(
         yield factory
     finally:
         factory.cleanup()
+
+
+@pytest.fixture(autouse=True)
+def _route_test_network_extras(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test that uses a test network (`net`: `netns_helpers.make_netns`) has its extra
+    addresses routed to it while it runs, and no other module's test meanwhile."""
+    if "net" not in request.fixturenames:
+        yield
+        return
+    net = request.getfixturevalue("net")
+    if not isinstance(net, NetNs):
+        yield
+        return
+    with net.routed_extras():
+        yield
 
 
 @pytest.fixture(autouse=True)

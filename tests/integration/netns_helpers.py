@@ -4,11 +4,18 @@ a test connects to is one of these namespaces', routed to its veth.
 
     host  ── bft<id>h HOST/30 ── veth ── eth0 NS/30 (+ extra addresses)   netns bft<id>
                                            servers: HTTP, TCP, DNS (python3 -c SERVER)
+
+Test modules run two at a time (pytest-xdist), each with namespaces of its own, in the
+one routing table of this machine. Two of them must never take the same /30 (the host
+would route one module's traffic into the other's namespace), and an extra address that
+several modules use (169.254.169.254) is routed to one namespace at a time, for one test
+at a time: both are held by file locks shared by every process of the suite (`LOCK_DIR`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import ipaddress
 import json
 import os
@@ -19,6 +26,7 @@ import time
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 #: The servers of a test network, one process: `{"http": [[addr, port]], "tcp": [...],
 #: "dns": [addr, {name: address}], "size": bytes of the body of GET /big}`.
@@ -109,6 +117,51 @@ threading.Event().wait()
 """
 
 
+#: Where the suite's processes keep the locks of what they route on the host (root's
+#: alone: the namespaces are root's to make).
+LOCK_DIR = Path("/run/bashfleet-tests")
+#: How long a test waits for an extra address another module's test routes (under the
+#: suite's timeout of a test), before it fails saying so.
+ADDRESS_WAIT_S = 90.0
+
+
+def _lock(name: str, *, wait_s: float) -> int:
+    """An exclusive lock on `name` in LOCK_DIR (its descriptor: closing it unlocks),
+    waited for at most `wait_s`; AssertionError when another process keeps it longer."""
+    LOCK_DIR.mkdir(mode=0o700, exist_ok=True)
+    fd = os.open(LOCK_DIR / name, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                os.close(fd)
+                raise AssertionError(
+                    f"another test process held {LOCK_DIR / name} for {wait_s:.0f}s") from None
+            time.sleep(0.05)  # polling a lock another process holds, with a deadline
+
+
+def _host_networks() -> list[ipaddress.IPv4Network]:
+    """The IPv4 networks of every address on this machine's interfaces."""
+    done = sh("ip", "-4", "-o", "addr", "show")
+    return [ipaddress.IPv4Interface(line.split()[3]).network
+            for line in done.stdout.splitlines() if len(line.split()) > 3]
+
+
+def free_slash30(subnet: str, taken: Sequence[ipaddress.IPv4Network],
+                 start: int) -> ipaddress.IPv4Network:
+    """The first /30 of `subnet` from the `start`-th on (wrapping) that overlaps none of
+    `taken`; AssertionError when every one does."""
+    slots = list(ipaddress.IPv4Network(subnet).subnets(new_prefix=30))
+    for offset in range(len(slots)):
+        slot = slots[(start + offset) % len(slots)]
+        if not any(slot.overlaps(other) for other in taken):
+            return slot
+    raise AssertionError(f"every /30 of {subnet} is in use on this machine")
+
+
 def sh(*argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     """Run a tool (ip); its failure fails the test with what it said."""
     done = subprocess.run(list(argv), capture_output=True, text=True, timeout=30, check=False)
@@ -132,10 +185,28 @@ class NetNs:
         return f"{self.name}h"
 
     def add_address(self, address: str) -> None:
-        """Another address of the namespace, routed to it from the host."""
+        """Another address of the namespace, routed to it from the host while a test
+        that uses the namespace runs (`routed_extras`: the integration tests' conftest)."""
         sh("ip", "-n", self.name, "addr", "add", f"{address}/32", "dev", "eth0")
-        sh("ip", "route", "replace", f"{address}/32", "via", self.ns_ip, "dev", self.host_iface)
         self.extra.append(address)
+
+    @contextlib.contextmanager
+    def routed_extras(self) -> Iterator[None]:
+        """The namespace's extra addresses routed to it from the host, each once no other
+        namespace of the suite has it (another module's test is waited for)."""
+        held: list[int] = []
+        try:
+            for address in sorted(self.extra):  # one order for all: no two wait on each other
+                held.append(_lock(f"address-{address}", wait_s=ADDRESS_WAIT_S))
+                sh("ip", "route", "replace", f"{address}/32", "via", self.ns_ip,
+                   "dev", self.host_iface)
+            yield
+        finally:
+            for address in self.extra:
+                sh("ip", "route", "del", f"{address}/32", "via", self.ns_ip,
+                   "dev", self.host_iface, check=False)
+            for fd in held:
+                os.close(fd)
 
     def serve(self, *, http: Sequence[tuple[str, int]] = (), tcp: Sequence[tuple[str, int]] = (),
               dns: tuple[str, dict[str, str]] | None = None, size: int = 0) -> None:
@@ -158,25 +229,28 @@ class NetNs:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, 9)
             proc.wait(10)
-        for address in self.extra:
-            sh("ip", "route", "del", f"{address}/32", check=False)
         sh("ip", "link", "del", self.host_iface, check=False)
         sh("ip", "netns", "del", self.name, check=False)
 
 
 @contextlib.contextmanager
 def make_netns(subnet: str) -> Iterator[NetNs]:
-    """A test network on a /30 of `subnet` chosen at random (host .1, namespace .2)."""
-    network = ipaddress.ip_network(subnet)
-    base = int(network.network_address) + 4 * (int.from_bytes(os.urandom(2), "big")
-                                               % (network.num_addresses // 4))
-    net = NetNs(f"bft{uuid.uuid4().hex[:8]}", str(ipaddress.IPv4Address(base + 1)),
-                  str(ipaddress.IPv4Address(base + 2)))
+    """A test network on a /30 of `subnet` that no interface of this machine has (host
+    .1, namespace .2), chosen from a random start: the look and the host address it
+    takes are one step for the suite's processes (a lock), so two never share one."""
+    name = f"bft{uuid.uuid4().hex[:8]}"
+    net = NetNs(name, "", "")
     try:
         sh("ip", "netns", "add", net.name)
         sh("ip", "link", "add", net.host_iface, "type", "veth", "peer", "name", "eth0",
            "netns", net.name)
-        sh("ip", "addr", "add", f"{net.host_ip}/30", "dev", net.host_iface)
+        picking = _lock("pick-slash30", wait_s=60.0)
+        try:
+            slot = free_slash30(subnet, _host_networks(), int.from_bytes(os.urandom(2), "big"))
+            net.host_ip, net.ns_ip = str(slot.network_address + 1), str(slot.network_address + 2)
+            sh("ip", "addr", "add", f"{net.host_ip}/30", "dev", net.host_iface)
+        finally:
+            os.close(picking)
         sh("ip", "link", "set", net.host_iface, "up")
         sh("ip", "-n", net.name, "addr", "add", f"{net.ns_ip}/30", "dev", "eth0")
         sh("ip", "-n", net.name, "link", "set", "eth0", "up")
