@@ -203,6 +203,13 @@ def prepare(call: Call, settings: Settings) -> Call:
     return call
 
 
+def runs_in_foreground(call: Call) -> bool:
+    """Whether `run_call` runs `call` as a plain foreground call (stdin from /dev/null,
+    not left as a job): the only kind whose watcher is asked `starting` before its bash
+    starts."""
+    return call.stdin == "null" and not call.background
+
+
 def run_call(
     call: Call,
     *,
@@ -236,14 +243,14 @@ def run_call(
             netlog.watch(record.keeper_pid, record.id, settings)  # what its rules refuse
         if record.isolation == "none":
             cwd = resolve_cwd(cwd)
-        if call.stdin != "null":
-            result = _run_session(call, cwd, settings, record, started, watcher=watcher)
-        elif call.background:
-            result = _start_background(call, cwd, settings, record, started)
-        else:
+        if runs_in_foreground(call):
             result = _run_foreground(
                 call, cwd, settings, record, watcher=watcher, started=started,
             )
+        elif call.stdin != "null":
+            result = _run_session(call, cwd, settings, record, started, watcher=watcher)
+        else:
+            result = _start_background(call, cwd, settings, record, started)
         if record.network.mode in ("allow", "egress"):
             result = result.model_copy(update={
                 "network_denied": network.take_denied(settings, record.id)})

@@ -35,7 +35,7 @@ import redis
 from pydantic import ValidationError
 
 from bashfleet.worker.engine import running
-from bashfleet.worker.engine.call import run_call
+from bashfleet.worker.engine.call import run_call, runs_in_foreground
 from bashfleet.worker.engine.jobs.jobs import load_record
 from bashfleet.worker.fleet import (
     control,
@@ -128,8 +128,10 @@ def run_exec(
     )
     # A plain foreground call is prepared while its claim travels: the engine reads the
     # claim just before bash starts (`ExecWatcher.starting`). The others start a job or
-    # a session (and take a quota place) first thing: their claim is read now.
-    overlapped = call.stdin == "null" and not call.background
+    # a session (and take a quota place) first thing: their claim is read now. One
+    # predicate with the engine's own choice of path, so no call that starts by another
+    # path is ever left to a `starting` that is never asked.
+    overlapped = runs_in_foreground(call)
     if not overlapped:
         refusal = _refused(call, host, claim.answer(), answer)
         if refusal is not None:
