@@ -101,8 +101,7 @@ class NonceMemory:
         fd = self._fd
         if fd is None or info.st_ino != self._inode or info.st_size < self._read_to:
             self._forget_file()
-            fd = self._open(os.O_RDWR | os.O_APPEND | os.O_CLOEXEC)
-            info = os.fstat(fd)
+            fd, info = self._open(os.O_RDWR | os.O_APPEND | os.O_CLOEXEC)
         if info.st_size <= self._read_to:
             return
         data = os.pread(fd, info.st_size - self._read_to, self._read_to)
@@ -113,11 +112,13 @@ class NonceMemory:
         self._expiries.update(parse_lines(text, now))
         self._lines += text.count("\n")
 
-    def _open(self, flags: int) -> int:
-        """Open the file as this process's (nothing of it read yet)."""
+    def _open(self, flags: int) -> tuple[int, os.stat_result]:
+        """Open the file as this process's (nothing of it read yet): its descriptor, and
+        what it is now."""
         self._fd = fd = os.open(self.path, flags, 0o600)
-        self._inode = os.fstat(fd).st_ino
-        return fd
+        info = os.fstat(fd)
+        self._inode = info.st_ino
+        return fd, info
 
     def _forget_file(self) -> None:
         """Drop what was read of a file that is gone or was replaced."""
@@ -132,7 +133,7 @@ class NonceMemory:
             self._torn = False
         fd = self._fd
         if fd is None:  # the host's first nonce (or the file was removed)
-            fd = self._open(os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC)
+            fd, _ = self._open(os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC)
         data = line.encode("ascii", "replace")
         os.write(fd, data)
         self._read_to += len(data)
