@@ -237,7 +237,6 @@ def test_compaction_is_seen_by_the_other_process(tmp_path: Path, monkeypatch: An
     assert all(not second.first_use(f"n{index}", later) for index in range(6))
 
 
-
 def test_the_kept_descriptor_follows_the_file_not_a_removed_one(tmp_path: Path) -> None:
     # Each memory keeps its file open between uses: a file removed (or replaced) under
     # it is left, and what is written goes where the next process reads.
@@ -251,6 +250,7 @@ def test_the_kept_descriptor_follows_the_file_not_a_removed_one(tmp_path: Path) 
     assert not other.first_use("b", later)
     assert other.first_use("c", later) and not memory.first_use("c", later)
     assert not NonceMemory(path).first_use("c", later)
+
 
 # ----------------------------------------------------------------- 8: the owner quota
 
