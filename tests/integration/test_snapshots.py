@@ -459,7 +459,7 @@ os.makedirs("p/etc", exist_ok=True)
 for i in range(300):
     open(f"p/etc/{i:03}", "w").write("mine")
 open("p/etc/NAME", "w").write("mine")
-os.symlink("/", "q")
+os.symlink("HOST", "q")
 open("swapping", "w").close()
 while True:
     libc.syscall(316, -100, b"p", -100, b"q", 2)  # renameat2(..., RENAME_EXCHANGE)
@@ -469,12 +469,19 @@ while True:
 def test_a_directory_swapped_for_a_link_mid_copy_brings_no_host_file_into_a_fork(
         engine: Engine, tmp_path: Path) -> None:
     name = f"bf-secret-{os.urandom(4).hex()}"
-    secret = Path("/etc") / name
+    # A host directory that holds an `etc/` with a file only the host's root reads: the
+    # link the swapper puts in the copy's way points there. Not `/` itself: a copy that
+    # went through such a link would copy the whole host, /proc included (a read of
+    # /proc/kmsg never ends).
+    host = tmp_path / "host"
+    (host / "etc").mkdir(parents=True)
+    secret = host / "etc" / name
     secret.write_text("host root's only\n")
     secret.chmod(0o600)
     source = workspaces.create(WorkspaceSpec(owner="o"), engine.settings)
     try:
-        (Path(source.path) / "swap.py").write_text(SWAPPER.replace("NAME", name))
+        (Path(source.path) / "swap.py").write_text(
+            SWAPPER.replace("NAME", name).replace("HOST", str(host)))
         assert _sh(engine, source.id, "nohup python3 swap.py >/dev/null 2>&1 & "
                    "while [ ! -e swapping ]; do sleep 0.05; done; echo swapping") == "swapping\n"
         # The attack works on a copy as the host's root by path (what snapshots were).
