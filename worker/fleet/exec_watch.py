@@ -29,7 +29,7 @@ import redis
 from bashfleet.worker.engine import procs
 from bashfleet.worker.engine import running as running_calls
 from bashfleet.worker.engine.watcher import Spawned
-from bashfleet.worker.fleet import control, registry
+from bashfleet.worker.fleet import control, flower, registry
 from bashfleet.worker.fleet.control import Runtime
 from bashfleet.worker.fleet.verify import message_queue
 from bashfleet.worker.wire.models import Call
@@ -92,10 +92,11 @@ class ExecWatcher:
 
     def spawned(self, process: Spawned) -> None:
         """Remember the call's process: recorded once it runs on, or with its end. Its
-        start line is written now, while bash starts up (not before: the line would
-        delay it)."""
+        start line and its `task-started` event (`flower.release_started`) are written
+        now, while bash starts up (not before: they would delay it)."""
         self.process = process
         log_start(self.call)
+        flower.release_started(self.call.call_id, self.call)
 
     def running(self) -> None:
         """Record the call's process once it has run FOLLOW_INTERVAL_S: on the host's disk

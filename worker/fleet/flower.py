@@ -203,17 +203,45 @@ def _final_args(task_id: str) -> str | None:
         return _pending.pop(task_id, None)
 
 
+_held: OrderedDict[str, tuple[CallRequest, dict[str, Any]]] = OrderedDict()
+_held_lock = threading.Lock()
+
+
+def _hold_started(request: CallRequest, fields: dict[str, Any]) -> None:
+    with _held_lock:
+        _held[request.id] = (request, fields)
+        overflow = [_held.popitem(last=False) for _ in range(len(_held) - MAX_PENDING_ARGS)]
+    for _, (old, old_fields) in overflow:  # never dropped: sent as they were
+        old._send_started(old_fields, None)
+
+
+def release_started(task_id: str, call: Call | None = None) -> None:
+    """Send task `task_id`'s `task-started` event, held since Celery asked for it, with
+    the arguments of `call` (its verified call; None: as its message says them)."""
+    with _held_lock:
+        held = _held.pop(task_id, None)
+    if held is not None:
+        request, fields = held
+        request._send_started(fields, call)
+
+
 class CallRequest(Request):  # type: ignore[misc]  # celery is untyped
     """The exec task's request: its end event carries the call's final arguments; a
     failed call's, its runtime and no traceback (it is the command's failure, not a bug
-    of the worker's: the traceback would only show the worker's code)."""
+    of the worker's: the traceback would only show the worker's code).
+
+    Its `task-started` event is held (with the time Celery asked for it) until bash
+    runs (`release_started`, from the call's watcher) or the call ends: built and sent
+    while bash starts up, not on the way to it. Flower sees it as soon as before: the
+    consumer publishes its events in batches (`batching`)."""
 
     def send_event(self, type: str, **fields: Any) -> None:
         if type == "task-started":
-            started = _started_args(self.args)
-            if started is not None:
-                fields["args"] = started
+            fields.setdefault("timestamp", time.time())
+            _hold_started(self, fields)
+            return
         if type in ("task-succeeded", "task-failed"):
+            release_started(self.id)
             args = _final_args(self.id)
             if args is not None:
                 fields["args"] = args
@@ -223,6 +251,12 @@ class CallRequest(Request):  # type: ignore[misc]  # celery is untyped
             if started:
                 fields.setdefault("runtime", max(0.0, time.time() - started))
         super().send_event(type, **fields)
+
+    def _send_started(self, fields: dict[str, Any], call: Call | None) -> None:
+        started = call_args(call) if call is not None else _started_args(self.args)
+        if started is not None:
+            fields["args"] = started
+        super().send_event("task-started", **fields)
 
 
 def _started_args(args: Any) -> str | None:
