@@ -12,7 +12,7 @@ import os
 import stat
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from pathlib import Path
 
 import redis
@@ -58,16 +58,23 @@ class Runtime:
     nonces: NonceMemory | None = None
     """The nonces this consumer accepted (None: Redis alone remembers them)."""
 
-    @property
+    # Worked out once: a runtime's settings do not change, and every call asks (its
+    # answer's key, its verification, its claim's owner mark).
+    @cached_property
     def keys(self) -> Keyring:
         """The keys a message may be signed with, by id (the admin key among them)."""
         return keyring(self.settings)
 
-    @property
+    @cached_property
     def admin_key_id(self) -> str | None:
         """The id of the admin key, when one is configured."""
         admin = self.settings.admin_key
         return auth.key_id(admin.get_secret_value()) if admin else None
+
+    @cached_property
+    def fleet_keys(self) -> tuple[str, ...]:
+        """The fleet keys among the accepted keys (`Settings.fleet_keys`)."""
+        return self.settings.fleet_keys()
 
 
 @lru_cache(maxsize=8)

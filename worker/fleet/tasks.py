@@ -124,7 +124,7 @@ def run_exec(
     claim = registry.send_claim(
         rt.redis, call.call_id, host, rt.instance, os.getpid(),
         nonce=nonce.value if nonce else None, nonce_ttl_s=nonce.ttl_s if nonce else 0.0,
-        owner=call.owner, keys=rt.settings.fleet_keys(),
+        owner=call.owner, keys=rt.fleet_keys,
     )
     # A plain foreground call is prepared while its claim travels: the engine reads the
     # claim just before bash starts (`ExecWatcher.starting`). The others start a job or

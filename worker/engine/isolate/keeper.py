@@ -391,9 +391,14 @@ class Keeper:
         proto.send(conn.sock, b"a", {})
 
     def _recycle(self) -> bool:
+        """Kill every process of the workspace and reap them (`_end_all`); True when
+        nothing of the last call is left in the namespaces (`_left_nothing`)."""
+        return self._end_all() and _left_nothing()
+
+    def _end_all(self) -> bool:
         """Kill every process of the workspace (kill(-1) from pid 1 reaches them all, a
-        fork racing it fails: its parent has SIGKILL pending) and reap them; True when
-        nothing of the last call is left in the namespaces."""
+        fork racing it fails: its parent has SIGKILL pending) and reap them; False when
+        one is tracked (a job runs) or they would not go."""
         if self.tracked:
             return False
         deadline = time.monotonic() + RECYCLE_TIMEOUT_S
@@ -410,9 +415,7 @@ class Keeper:
                 return False
             time.sleep(delay)
             delay = min(delay * 2, 0.05)
-        # The next call may be another owner's: a keyring of its own, as a new workspace.
-        _own_session_keyring()
-        return _empty_dir("/dev/shm") and _no_ipc_objects()
+        return True
 
     # -------------------------------------------------------------------- ends and caps
 
@@ -443,11 +446,19 @@ class Keeper:
             elif tracked.conn is not None:
                 tracked.conn.busy = None
                 answer = proto.EndAnswer(status=status, capped=tracked.capped)
+                # A throwaway workspace's call: nothing it started outlives it. Its
+                # processes end before its status goes (its output is whole then); what
+                # only the next call needs looked at, after (`K`), while the worker
+                # builds this call's result.
+                ended = self._end_all() if tracked.recycle else False
                 if tracked.recycle:
-                    # A throwaway workspace's call: nothing it started outlives it.
-                    answer["clean"] = self._recycle()
+                    answer["clean_follows"] = True
                 with contextlib.suppress(OSError):
                     proto.send(tracked.conn.sock, b"S", answer)
+                if tracked.recycle:
+                    clean = ended and _left_nothing()
+                    with contextlib.suppress(OSError):
+                        proto.send(tracked.conn.sock, b"K", proto.CleanAnswer(clean=clean))
         finally:
             tracked.close()
 
@@ -491,6 +502,14 @@ def _first_ready(fds: list[int]) -> int:
         poller.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
     ready = {fd for fd, _ in poller.poll()}
     return next(fd for fd in fds if fd in ready)
+
+def _left_nothing() -> bool:
+    """Once every process of the workspace ended: nothing of its last call is left in
+    its namespaces for the next one (maybe another owner's), which gets a session
+    keyring of its own, as a new workspace does."""
+    _own_session_keyring()
+    return _empty_dir("/dev/shm") and _no_ipc_objects()
+
 
 def _empty_dir(path: str) -> bool:
     try:

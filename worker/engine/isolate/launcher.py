@@ -561,6 +561,11 @@ class Started:
     """Its start time (clock ticks after boot, host's /proc)."""
 
 
+#: Seconds the keeper gets to say whether a throwaway call left its workspace clean
+#: (past its own deadline for the call's processes to go, `keeper.RECYCLE_TIMEOUT_S`).
+CLEAN_ANSWER_S = 10.0
+
+
 class KeeperConnection:
     """One connection to a workspace's keeper: one call (or job start) at a time."""
 
@@ -570,7 +575,10 @@ class KeeperConnection:
         self.capped = False
         """The last call was stopped for passing its output cap."""
         self.clean: bool | None = None
-        """A recycled call's workspace is clean (None: not asked)."""
+        """A recycled call's workspace is clean (None: not asked, or not read yet)."""
+        self.clean_pending = False
+        """The keeper's word on that (`K`) follows its call's status, unread yet
+        (`read_clean`)."""
 
     @classmethod
     def connect(cls, path: str, timeout: float = 5.0) -> KeeperConnection:
@@ -641,8 +649,24 @@ class KeeperConnection:
             self.reusable = False
             return signal.SIGKILL
         self.capped = bool(body.get("capped"))
-        self.clean = body.get("clean")
+        self.clean = None
+        self.clean_pending = bool(body.get("clean_follows"))
         return int(body["status"])
+
+    def read_clean(self, timeout: float = CLEAN_ANSWER_S) -> bool:
+        """Whether the throwaway call that ended left its workspace clean: the keeper's
+        `K`, which follows the call's status once it looked (False when it does not say:
+        the workspace is then not used again)."""
+        if not self.clean_pending:
+            return bool(self.clean)
+        self.clean_pending = False
+        try:
+            _, body, _ = self._expect(b"K", timeout)
+        except SandboxError:
+            self.reusable = False
+            return False
+        self.clean = bool(body.get("clean"))
+        return self.clean
 
     def adopt(self, body: proto.AdoptRequest, fds: Sequence[int], timeout: float = 10.0) -> bool:
         """Make the running call a job whose end the keeper records; False when it ended

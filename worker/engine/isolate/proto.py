@@ -71,10 +71,18 @@ class SpawnAnswer(TypedDict):
 
 class EndAnswer(TypedDict, total=False):
     """`S`: the call ended: its raw wait status, whether the output cap stopped it, and
-    for a throwaway workspace's call whether nothing of it is left (`recycle`)."""
+    for a throwaway workspace's call (`recycle`: every process of the workspace ended
+    before this was sent) that whether nothing of it is left follows (`K`)."""
 
     status: Required[int]
     capped: bool
+    clean_follows: bool
+
+
+class CleanAnswer(TypedDict):
+    """`K`, after a throwaway workspace's call's `S`: whether nothing of the call is left
+    in the workspace (it may serve another call)."""
+
     clean: bool
 
 

@@ -122,14 +122,36 @@ class WorkspaceProcess(KeeperProcess):
         self.record = record
 
     def ended(self) -> None:
+        if self.conn.clean_pending:
+            # Its keeper's word on the workspace follows: read by its put-away, once the
+            # call's answer went out (`take_clean`), not now.
+            with _clean_lock:
+                recycled[self.record.id] = self.conn
+            return
         if self.conn.clean is not None:
-            recycled[self.record.id] = self.conn.clean
+            with _clean_lock:
+                recycled[self.record.id] = self.conn.clean
         connections.give_back(self.record.id, self.conn)
 
 
-#: Workspace id -> whether its throwaway call left it clean (its keeper said so in the
-#: call's status); read once by `Throwaways.end`.
-recycled: dict[str, bool] = {}
+#: Workspace id -> whether its throwaway call left it clean (its keeper's word), or the
+#: connection that word comes on; taken once by `Throwaways.end` (`take_clean`).
+recycled: dict[str, bool | KeeperConnection] = {}
+_clean_lock = threading.Lock()
+
+
+def take_clean(ws_id: str) -> bool | None:
+    """Whether the throwaway call that ended in workspace `ws_id` left it clean, as its
+    keeper says (read now if it was not yet: its connection then goes back to the pool);
+    None when no call of it was asked that."""
+    with _clean_lock:
+        found = recycled.pop(ws_id, None)
+    if not isinstance(found, KeeperConnection):
+        return found
+    try:
+        return found.read_clean()
+    finally:
+        connections.give_back(ws_id, found)
 
 
 def start(record: WorkspaceRecord, request: proto.SpawnRequest, fds: list[int],

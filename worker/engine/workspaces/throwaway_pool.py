@@ -198,6 +198,12 @@ class Throwaways:
         it, else removed (off the call's path, by the recycling thread); while a job it
         started runs, removed once that ends (its keeper exits then; the reaper removes
         the rest)."""
+        # Sandboxed: its keeper killed what the call left and says whether it is clean.
+        # Unsandboxed: no namespace holds its processes apart, so none is promised (a
+        # call sees and reaches every process and file of the worker's user anyway):
+        # an empty directory serves the next call.
+        clean = (keeper_calls.take_clean(record.id) if record.keeper_pid is not None
+                 else True)
         if jobs_left and record.keeper_pid is not None:
             try:
                 conn = keeper_calls.connections.take(record)
@@ -208,12 +214,6 @@ class Throwaways:
                 pass
         if jobs_left:
             return  # an unsandboxed one: reaped with its TTL once its jobs ended
-        # Sandboxed: its keeper killed what the call left and said it is clean.
-        # Unsandboxed: no namespace holds its processes apart, so none is promised (a
-        # call sees and reaches every process and file of the worker's user anyway):
-        # an empty directory serves the next call.
-        clean = (keeper_calls.recycled.pop(record.id, None) if record.keeper_pid is not None
-                 else True)
         if clean and record.fresh and _left_nothing(record, settings) \
                 and self._give_back(record, settings):
             return  # nothing of the call is left in it
