@@ -34,6 +34,26 @@ def test_file_size_limit(tmp_path: Path, janitor: Janitor) -> None:
         assert (engine.tmp / "big.bin").stat().st_size <= 1024 * 1024
 
 
+def test_a_sandboxed_calls_file_size_limit_is_set_by_its_keeper_with_no_script(
+        tmp_path: Path, janitor: Janitor) -> None:
+    """With the file size its only limit and no state to capture, a sandboxed call's bash
+    sources no startup script: its keeper sets RLIMIT_FSIZE as `ulimit -f` would (soft
+    and hard), and BASH_ENV is unset, as the script left it."""
+    with engine_with(tmp_path, janitor, isolation="process", limit_file_mb=1) as engine:
+        # `ls` not last: bash would exec it, and list its own descriptors.
+        show = 'ulimit -Sf; ulimit -Hf; echo "[${BASH_ENV-unset}]"; ls /proc/$$/fd; :'
+        plain = engine.run(show)
+        assert plain.error is None, plain
+        lines = plain.stdout.split()
+        assert lines[:3] == ["1024", "1024", "[unset]"], plain.stdout
+        assert sorted(lines[3:], key=int) == ["0", "1", "2"]  # no script's descriptor
+        # The same call keeping its shell's state still sources its script (the effect
+        # this test looks for could have happened): one descriptor more, same limits.
+        kept = engine.run(show, capture_state=True)
+        assert kept.stdout.split()[:3] == ["1024", "1024", "[unset]"], kept.stdout
+        assert len(kept.stdout.split()) == len(lines) + 1, kept.stdout
+
+
 def test_memory_limit(tmp_path: Path, janitor: Janitor) -> None:
     with engine_with(tmp_path, janitor, limit_memory_mb=300) as engine:
         result = engine.run("python3 -c 'x = bytearray(800 * 1024 * 1024)'")

@@ -35,7 +35,7 @@ pytestmark = needs_root("a user namespace mapped to other host ids, as a keeper'
 #: bash changes as it runs (its blocked signals, a pipeline's pipes while it starts one).
 PROBE = r"""
 exec 2>&1
-id -u; id -g; id -G; pwd; ulimit -n; ulimit -Hn
+id -u; id -g; id -G; pwd; ulimit -n; ulimit -Hn; ulimit -Sf; ulimit -Hf
 read -r _ _ _ _ _ sid _ < /proc/$$/stat; [ "$sid" = "$$" ] && echo session-leader
 grep -E '^(Cap(Inh|Prm|Eff|Bnd|Amb)|NoNewPrivs|Seccomp|Seccomp_filters|SigIgn):' \
     /proc/$$/status
@@ -87,14 +87,15 @@ def _run(tmp_path: Path, how: str, spawner: int, who: kernel.Identity, *,
         stdio, targets = [null, sink, sink, extra], [0, 1, 2, 200]
         if how == "fork":
             pid = kernel.spawn(None, argv, env, stdio, targets, cwd=cwd, who=who,
-                               open_files=512, seccomp=kernel.syscall_filter(seccomp)
-                               if seccomp else None)
+                               open_files=512, file_size=3 << 20,
+                               seccomp=kernel.syscall_filter(seccomp) if seccomp else None)
         else:
             if seccomp:
                 memfd = os.memfd_create("filter", os.MFD_CLOEXEC)
                 os.write(memfd, seccomp)
             started = kernel.spawn_through(spawner, None, argv, env, stdio, targets, cwd=cwd,
-                                           who=who, open_files=512, filter_fd=memfd)
+                                           who=who, open_files=512, file_size=3 << 20,
+                                           filter_fd=memfd)
             assert started is not None
             pid = started
         _, status = os.waitpid(pid, 0)
@@ -123,7 +124,9 @@ def test_a_call_is_the_same_whichever_started_it(place: Path, spawner: int, user
             for how in ("fork", "spawner")}
     assert seen["fork"] == seen["spawner"]
     lines = seen["spawner"].splitlines()
-    assert lines[:6] == [str(uid), str(uid), f"{uid} 5", str(work), "512", "512"]
+    # RLIMIT_FSIZE of 3 MiB, soft and hard: 3072 of bash's 1 KiB blocks.
+    assert lines[:8] == [str(uid), str(uid), f"{uid} 5", str(work), "512", "512", "3072",
+                         "3072"]
     assert "session-leader" in lines
     assert ("Seccomp:\t2" in lines) is filtered and ("NoNewPrivs:\t1" in lines) is filtered
     assert ("CapEff:\t0000000000000000" in lines) is (uid != 0)

@@ -194,12 +194,30 @@ def test_a_calls_workspace_is_put_away_when_its_watcher_says(settings: Settings)
     result = run_call(Call(call_id="watch-5", command="true", timeout_s=20),
                       settings=settings, watcher=keeping)
     assert result.exit_code == 0
-    # The call took a ready throwaway; the step that gives it back is the watcher's.
-    assert len(keeping.steps) == 1
+    # The call took a ready throwaway; the steps that give it back are the watcher's:
+    # its output files' removal, then the workspace's turn (which finds them gone).
+    assert len(keeping.steps) == 2
     taken = before - _ready_ids()
     assert len(taken) == 1
-    keeping.steps[0]()
+    for step in keeping.steps:
+        step()
     assert taken <= _ready_ids()
+
+
+def test_a_calls_unkept_output_files_go_with_its_put_away_steps(settings: Settings) -> None:
+    """Output nobody reads again is removed after the answer (the watcher's steps), not
+    on the way to it; the workspace's own step then finds its output folder empty."""
+    keeping = Keeping()
+    result = run_call(Call(call_id="watch-9", command="echo out; echo err >&2", timeout_s=20),
+                      settings=settings, watcher=keeping)
+    assert (result.stdout, result.stderr, result.spill) == ("out\n", "err\n", None)
+    root = settings.workspace_root
+    assert root is not None
+    files = sorted(p.name for p in root.rglob("watch-9.*"))
+    assert files == ["watch-9.err", "watch-9.out"]  # the effect is still to come
+    for step in keeping.steps:
+        step()
+    assert list(root.rglob("watch-9.*")) == []
 
 
 def test_an_unwatched_call_puts_its_workspace_away_before_it_returns(
@@ -225,5 +243,6 @@ def test_a_call_that_started_a_job_puts_its_workspace_away_at_once(settings: Set
     # Still the step's job for a call that started none (the effect could have happened).
     run_call(Call(call_id="watch-8", command="true", timeout_s=20), settings=settings,
              watcher=keeping)
-    assert len(keeping.steps) == 1
-    keeping.steps[0]()
+    assert len(keeping.steps) == 2
+    for step in keeping.steps:
+        step()

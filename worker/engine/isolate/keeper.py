@@ -359,7 +359,8 @@ class Keeper:
                 pid = kernel.spawn_through(
                     self.spawner, body.get("executable"), body["argv"], body["env"], stdio,
                     targets, cwd=body["cwd"], who=self.who, ctty=bool(body.get("ctty")),
-                    open_files=self.open_files, filter_fd=self._filter_fd())
+                    open_files=self.open_files, file_size=body.get("file_size"),
+                    filter_fd=self._filter_fd())
             except kernel.SpawnerUnavailableError:
                 os.close(self.spawner)  # this keeper forks its calls from now on
                 self.spawner = -1
@@ -368,7 +369,8 @@ class Keeper:
                 return pid
         return kernel.spawn(body.get("executable"), body["argv"], body["env"], stdio, targets,
                             cwd=body["cwd"], who=self.who, ctty=bool(body.get("ctty")),
-                            open_files=self.open_files, seccomp=self.seccomp)
+                            open_files=self.open_files, file_size=body.get("file_size"),
+                            seccomp=self.seccomp)
 
     def _filter_fd(self) -> int:
         """The calls' seccomp program in a sealed memfd, for the spawner (-1: none)."""

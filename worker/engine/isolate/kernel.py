@@ -504,12 +504,14 @@ def lowered_nofile(wanted: int) -> int:
 def spawn(executable: str | None, argv: Sequence[str], env: Mapping[str, str],
           fds: Sequence[int], targets: Sequence[int], *, cwd: str,
           who: Identity | None = None, ctty: bool = False,
-          open_files: int | None = None, seccomp: SyscallFilter | None = None) -> int:
+          open_files: int | None = None, file_size: int | None = None,
+          seccomp: SyscallFilter | None = None) -> int:
     """Start `argv` in a new session with `fds` as its `targets`, in `cwd`: a fork whose
     child first becomes `who` (enters its user namespace, takes its ids), then enters
     `cwd` as that user (every component of the path checked by the kernel against the
     user who runs there, never against the keeper's root), lowers its RLIMIT_NOFILE to
-    `open_files` (soft and hard: it cannot raise it back), then execs (`executable`, or
+    `open_files` (soft and hard: it cannot raise it back), sets RLIMIT_FSIZE to
+    `file_size` bytes (soft and hard), then execs (`executable`, or
     `argv[0]` searched on the child's PATH from there). With `ctty` fd 0 (a PTY slave)
     becomes its controlling terminal. With `seccomp` the child installs that filter last,
     just before its exec. The child's failure comes back on a close-on-exec
@@ -520,7 +522,7 @@ def spawn(executable: str | None, argv: Sequence[str], env: Mapping[str, str],
     if pid == 0:  # pragma: no cover - the child execs or exits
         os.close(read_end)
         _child(executable, argv, env, fds, targets, cwd, who, ctty, write_end,
-               open_files=open_files, seccomp=seccomp)
+               open_files=open_files, file_size=file_size, seccomp=seccomp)
     os.close(write_end)
     return _started(pid, read_end, cwd)
 
@@ -550,7 +552,7 @@ class SpawnerUnavailableError(OSError):
 def spawn_through(spawner: int, executable: str | None, argv: Sequence[str],  # noqa: PLR0917
                   env: Mapping[str, str], fds: Sequence[int], targets: Sequence[int], *,
                   cwd: str, who: Identity, ctty: bool = False, open_files: int | None = None,
-                  filter_fd: int = -1) -> int | None:
+                  file_size: int | None = None, filter_fd: int = -1) -> int | None:
     """`spawn`, by the spawner binary (`spawner`, a descriptor of it) posix_spawned
     through /proc/self/fd: a vfork, not a fork of this process, then the same steps in
     the same order as `_child` (spawn.c), the seccomp program read from `filter_fd`.
@@ -565,8 +567,9 @@ def spawn_through(spawner: int, executable: str | None, argv: Sequence[str],  # 
         os.close(write_end)
         return None
     nofile = lowered_nofile(open_files) if open_files is not None else -1
+    fsize = file_size if file_size is not None else -1
     args = [SPAWN_NAME, str(write_end), str(who.userns_fd), str(who.uid), str(who.gid),
-            ",".join(str(group) for group in who.groups), cwd, str(nofile),
+            ",".join(str(group) for group in who.groups), cwd, str(nofile), str(fsize),
             "1" if ctty else "0", str(filter_fd), executable or "", str(len(argv)), *argv,
             *(f"{name}={value}" for name, value in env.items())]
     actions = [(os.POSIX_SPAWN_DUP2, fd, target) for fd, target in zip(fds, targets, strict=True)]
@@ -591,6 +594,7 @@ def spawn_through(spawner: int, executable: str | None, argv: Sequence[str],  # 
 def _child(executable: str | None, argv: Sequence[str], env: Mapping[str, str],  # noqa: PLR0917
            fds: Sequence[int], targets: Sequence[int], cwd: str, who: Identity | None,
            ctty: bool, report: int, *, open_files: int | None = None,
+           file_size: int | None = None,
            seccomp: SyscallFilter | None = None) -> None:  # pragma: no cover - the child
     stage, name = "setup", ""
     try:
@@ -619,11 +623,9 @@ def _child(executable: str | None, argv: Sequence[str], env: Mapping[str, str], 
         os.setsid()
         for fd, target in zip(fds, targets, strict=True):
             os.dup2(fd, target)
-        if open_files is not None:
-            # After the dup2s: the engine's descriptors (200 and up) stay open above a
-            # lower limit; only new ones count against it.
-            wanted = lowered_nofile(open_files)
-            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, wanted))
+        # After the dup2s: the engine's descriptors (200 and up) stay open above a lower
+        # RLIMIT_NOFILE; only new ones count against it.
+        _set_limits(open_files, file_size)
         if ctty:
             fcntl.ioctl(0, termios.TIOCSCTTY, 0)
         for signum in _DEFAULT_SIGNALS:
@@ -640,6 +642,16 @@ def _child(executable: str | None, argv: Sequence[str], env: Mapping[str, str], 
             os.write(report, f"{stage} {exc.errno or errno.EIO} {name}".encode())
     finally:
         os._exit(127)
+
+
+def _set_limits(open_files: int | None, file_size: int | None) -> None:
+    """RLIMIT_NOFILE lowered to `open_files`, RLIMIT_FSIZE set to `file_size` bytes (soft
+    and hard each; None: left as they are)."""
+    if open_files is not None:
+        wanted = lowered_nofile(open_files)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, wanted))
+    if file_size is not None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (file_size, file_size))
 
 
 def _exec(executable: str | None, argv: Sequence[str], env: Mapping[str, str]) -> None:

@@ -50,6 +50,9 @@ class SpawnRequest(TypedDict, total=False):
     kill_grace_s: float | None
     recycle: bool
     output_cap: int | None
+    file_size: int | None
+    """RLIMIT_FSIZE (bytes, soft and hard) for the call, when no startup script of its
+    sets it (`ulimit -f`)."""
     job: JobTerms
 
 

@@ -20,7 +20,8 @@
  *
  *   enter the workspace's user namespace; take the user's groups, gid and uid; link
  *   the user keyring into the session's; no capability left unless it is root there;
- *   enter the cwd as that user; a new session; RLIMIT_NOFILE lowered; the controlling
+ *   enter the cwd as that user; a new session; RLIMIT_NOFILE lowered; RLIMIT_FSIZE set
+ *   (the call's file size limit, when no startup script sets it); the controlling
  *   terminal (a PTY's slave on fd 0); the signals the keeper ignores back at their
  *   defaults; the system call filter last; exec (argv[0] searched on the call's PATH
  *   when no executable is given, as execvp does).
@@ -31,7 +32,7 @@
  * undumpable (an exec makes a process dumpable): no process of the workspace may
  * ptrace it while it holds the keeper's ids.
  *
- *   bashfleet-spawn REPORT_FD USERNS_FD UID GID GROUPS CWD NOFILE CTTY FILTER_FD
+ *   bashfleet-spawn REPORT_FD USERNS_FD UID GID GROUPS CWD NOFILE FSIZE CTTY FILTER_FD
  *                   EXECUTABLE ARGC ARGV... ENV...
  *   bashfleet-spawn --probe      (prints SPAWN_PROBE_ANSWER: this is the spawner)
  *
@@ -322,7 +323,7 @@ static int spawn_main(int argc, char **argv) {
         long n = sys3(__NR_write, 1, SPAWN_PROBE_ANSWER, sizeof SPAWN_PROBE_ANSWER - 1);
         return n == (long)sizeof SPAWN_PROBE_ANSWER - 1 ? 0 : 1;
     }
-    if (argc < 13) return 2;
+    if (argc < 14) return 2;
     report_fd = (int)whole(argv[1]);
     int userns = (int)whole(argv[2]);
     long uid = whole(argv[3]), gid = whole(argv[4]);
@@ -330,14 +331,15 @@ static int spawn_main(int argc, char **argv) {
     unsigned long ngroups = parse_groups(argv[5], groups);
     const char *cwd = argv[6];
     long nofile = whole(argv[7]);
-    int ctty = (int)whole(argv[8]);
-    int filter = (int)whole(argv[9]);
-    const char *executable = argv[10];
-    long nargs = whole(argv[11]);
-    if (nargs < 1 || nargs > argc - 12) fail("setup", EINVAL, "bashfleet-spawn");
+    long fsize = whole(argv[8]);
+    int ctty = (int)whole(argv[9]);
+    int filter = (int)whole(argv[10]);
+    const char *executable = argv[11];
+    long nargs = whole(argv[12]);
+    if (nargs < 1 || nargs > argc - 13) fail("setup", EINVAL, "bashfleet-spawn");
     /* The command's arguments, then its environment, each ended by a NULL of its own
      * (argv's own NULL ends the environment). */
-    char **args = argv + 12, **env = argv + 12 + nargs;
+    char **args = argv + 13, **env = argv + 13 + nargs;
     memmove(args - 1, args, (unsigned long)nargs * sizeof *args);
     args -= 1;
     args[nargs] = 0;
@@ -361,6 +363,11 @@ static int spawn_main(int argc, char **argv) {
     if (nofile >= 0) {
         unsigned long long limit[2] = {(unsigned long long)nofile, (unsigned long long)nofile};
         check(sys4(__NR_prlimit64, 0, RLIMIT_NOFILE, limit, 0), "setup", "RLIMIT_NOFILE");
+    }
+    if (fsize >= 0) {
+        /* What `ulimit -f` in the call's startup script would set (soft and hard). */
+        unsigned long long limit[2] = {(unsigned long long)fsize, (unsigned long long)fsize};
+        check(sys4(__NR_prlimit64, 0, RLIMIT_FSIZE, limit, 0), "setup", "RLIMIT_FSIZE");
     }
     if (ctty) check(sys3(__NR_ioctl, 0, TIOCSCTTY, 0), "setup", "TIOCSCTTY");
     static const int defaults[] = {SIGPIPE, SIGXFSZ, SIGINT, SIGCHLD, SIGTERM, SIGHUP};

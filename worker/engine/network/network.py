@@ -168,6 +168,8 @@ def take_denied(settings: Settings, ws_id: str) -> tuple[str, ...]:
     seen = path.with_name(f"{path.name}.seen")
     try:
         size = path.stat().st_size
+        if size == 0:  # nothing refused yet (most workspaces): no offset to read
+            return ()
         offset = int(seen.read_text("ascii") or 0) if seen.exists() else 0
     except (OSError, ValueError):
         return ()
