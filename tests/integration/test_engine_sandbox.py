@@ -360,6 +360,32 @@ def test_a_throwaway_call_leaves_nothing_running_nor_anything_for_the_next(
                what="the throwaway's sleep to end")
 
 
+@pytest.mark.parametrize("left", ["ipc", "shm"])
+def test_a_throwaway_calls_ipc_objects_and_shm_files_never_reach_the_next_call(
+    engine: Engine, left: str,
+) -> None:
+    """System V IPC objects, or a /dev/shm file, a throwaway call leaves make its
+    workspace unfit for another call (its keeper says so after the call's status went
+    out): that workspace is not given back, and the next calls see none of them."""
+    def ready() -> list[str]:
+        return [record.id for (state, _), records in throwaways.ready.items()
+                if state == engine.settings.state_dir for record in records]
+
+    count = "ipcs -m -q -s | grep -c '^0x'; ls -A /dev/shm"
+    make = ("ipcmk -M 4096 && ipcmk -Q && ipcmk -S 1" if left == "ipc"
+            else "echo x > /dev/shm/left")
+    assert engine.run("true", cwd=None).exit_code == 0
+    wait_until(lambda: bool(ready()), what="a throwaway given back")
+    reused = ready()[-1]  # the next call takes the last given back
+    made = engine.run(f"{{ {make}; }} >/dev/null && {count}", cwd=None)
+    # They were made, in its namespaces.
+    assert made.stdout == ("3\n" if left == "ipc" else "0\nleft\n"), made
+    assert reused not in ready()
+    for _ in range(3):
+        later = engine.run(f"{count}; echo looked", cwd=None)
+        assert later.stdout == "0\nlooked\n", later
+
+
 def test_a_throwaway_reused_by_its_stamps_never_shows_a_call_what_the_last_one_made(
     engine: Engine,
 ) -> None:
