@@ -579,6 +579,8 @@ class KeeperConnection:
         self.clean_pending = False
         """The keeper's word on that (`K`) follows its call's status, unread yet
         (`read_clean`)."""
+        self._status: dict[str, Any] | None = None
+        """The call's status, read already (by `adopt`, which the call's end beat)."""
 
     @classmethod
     def connect(cls, path: str, timeout: float = 5.0) -> KeeperConnection:
@@ -634,16 +636,20 @@ class KeeperConnection:
     def wait_status(self, timeout: float | None) -> int:
         """The raw wait status of the call's bash; TimeoutError while it runs. A keeper
         that died (its workspace deleted) reports SIGKILL."""
-        self.sock.settimeout(timeout)
-        try:
-            tag, body, fds = proto.recv(self.sock)
-        except TimeoutError:
-            raise
-        except OSError:
-            tag, body, fds = b"", {}, []
-        finally:
-            with contextlib.suppress(OSError):
-                self.sock.settimeout(None)
+        fds: list[int] = []
+        if self._status is not None:
+            tag, body, self._status = b"S", self._status, None
+        else:
+            self.sock.settimeout(timeout)
+            try:
+                tag, body, fds = proto.recv(self.sock)
+            except TimeoutError:
+                raise
+            except OSError:
+                tag, body, fds = b"", {}, []
+            finally:
+                with contextlib.suppress(OSError):
+                    self.sock.settimeout(None)
         proto.close_all(fds)
         if tag != b"S":
             self.reusable = False
@@ -670,13 +676,21 @@ class KeeperConnection:
 
     def adopt(self, body: proto.AdoptRequest, fds: Sequence[int], timeout: float = 10.0) -> bool:
         """Make the running call a job whose end the keeper records; False when it ended
-        first (its status is then the next message: `wait_status`)."""
+        first (its status is then `wait_status`'s, read here already when it came
+        first)."""
         self._send(b"A", body, fds)
         try:
-            self._expect(b"a", timeout)
+            tag, answer, _ = self._expect(b"aS", timeout)
         except KeeperLostError:
             raise
         except SandboxError:
+            return False
+        if tag == b"S":
+            # It ended as it was asked: its status was sent first, kept here for
+            # `wait_status`. The keeper's refusal (`E`) follows, after its `K` for a
+            # throwaway's call: the connection serves nothing else.
+            self._status = answer
+            self.reusable = False
             return False
         return True
 
