@@ -252,8 +252,9 @@ def run_call(
         else:
             result = _start_background(call, cwd, settings, record, started)
         if record.network.mode in ("allow", "egress"):
-            result = result.model_copy(update={
-                "network_denied": network.take_denied(settings, record.id)})
+            denied = network.take_denied(settings, record.id)
+            if denied:  # most calls' is empty, as the result's already is
+                result = result.model_copy(update={"network_denied": denied})
         return result if full is None else _with_notice(result, workspaces.disk_cap_notice(
             record, full))
     except CallError as exc:
