@@ -41,11 +41,12 @@ STEPS: dict[str, list[tuple[str, str]]] = {
     "bashfleet.worker.engine.call": [
         ("prepare", "prepare"), ("workspace_of", "workspace taken"),
         ("child_env", "child env"), ("_open_streams", "spill files"),
-        ("_spawn", "spawn"), ("_Launch._arm", "startup script"),
+        ("_spawn", "spawn"), ("_open_files", "output files made"),
+        ("_Launch._arm", "startup script"),
         ("_wait", "wait for exit"), ("_finished", "result built"),
         ("_after", "workspace given back"),
     ],
-    "bashfleet.worker.engine.launcher": [
+    "bashfleet.worker.engine.isolate.launcher": [
         ("KeeperConnection.start", "keeper starts bash (C -> P)"),
         ("KeeperConnection.wait_status", "keeper reports exit (S)"),
     ],
