@@ -252,9 +252,7 @@ def run_call(
         else:
             result = _start_background(call, cwd, settings, record, started)
         if record.network.mode in ("allow", "egress"):
-            denied = network.take_denied(settings, record.id)
-            if denied:  # most calls' is empty, as the result's already is
-                result = result.model_copy(update={"network_denied": denied})
+            result = _with_denials(result, network.take_denied(settings, record.id))
         return result if full is None else _with_notice(result, workspaces.disk_cap_notice(
             record, full))
     except CallError as exc:
@@ -268,6 +266,12 @@ def run_call(
             step()
         else:
             watcher.put_away(step)
+
+
+def _with_denials(result: CallResult, denied: tuple[str, ...]) -> CallResult:
+    """A result with what its workspace's guard refused (most calls': nothing, as the
+    result says already: no copy then)."""
+    return result.model_copy(update={"network_denied": denied}) if denied else result
 
 
 def _with_notice(result: CallResult, notice: str) -> CallResult:
