@@ -10,6 +10,7 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 import urllib.error
 import urllib.request
 import uuid
@@ -110,6 +111,37 @@ def test_flower_lists_the_hosts_and_the_calls(
         # redacted (here one of the call's own env); the env never shows.
         assert "'command': 'echo seen [REDACTED]'" in tasks[call_id]["args"]
         assert "v4lue-x9" not in json.dumps(tasks[call_id])
+
+
+def test_a_running_call_shows_as_started_with_its_command(
+    two_hosts: tuple[WorkerProcess, WorkerProcess], flower: str, fleet: Fleet
+) -> None:
+    """A call's `task-started` event is held from Celery's `on_accepted` and sent once
+    its bash runs: while the call runs Flower shows it STARTED, with its command as the
+    call was verified (its own env's values redacted); once it ended, SUCCESS, started
+    before it succeeded."""
+    wait_for(lambda: _try_get(f"{flower}/api/workers?status=1"), 60, "Flower", interval=0.5)
+    project = two_hosts[0].project()  # the call waits for a file the test makes there
+    call_id = f"crun{uuid.uuid4().hex[:8]}"
+    gate = project / f"{call_id}.go"
+    command = f"echo run v4lue-r7; until [ -e {gate.name} ]; do sleep 0.05; done"
+    results: list[Any] = []
+    caller = threading.Thread(target=lambda: results.append(fleet.run(
+        command, host="alpha", call_id=call_id, cwd=str(project),
+        env={"CALL_ONLY": "v4lue-r7"})))
+    caller.start()
+    try:
+        running = wait_for(lambda: _task_when(flower, call_id, "STARTED"), 30,
+                           "the call to show as started", interval=0.2)
+        assert "'command': 'echo run [REDACTED]; until" in running["args"], running
+        assert "v4lue-r7" not in json.dumps(running)
+    finally:
+        gate.touch()
+        caller.join(60)
+    assert results and results[0].exit_code == 0 and results[0].stdout == "run v4lue-r7\n"
+    done = wait_for(lambda: _task_when(flower, call_id, "SUCCESS"), 30, "the success",
+                    interval=0.3)
+    assert done["started"] is not None and done["started"] <= done["succeeded"]
 
 
 def _metric(metrics: str, name: str, **labels: str) -> float:

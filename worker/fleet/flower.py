@@ -11,8 +11,8 @@ control that would lie.
   scrubbed environment, its secret files, its own keys), the values of the call's own
   `env` that can be secrets, credentials written inline (a URL's password, a bearer
   token, `--password X`, `TOKEN=...`, the well-known token formats), and cut past
-  MAX_COMMAND_CHARS. A call's command shows from its start (`task-started`: as its
-  message says it) and again when it ends (as it ran).
+  MAX_COMMAND_CHARS. A call's command shows from its start (`task-started`, sent once
+  its bash runs: as the call was verified) and again when it ends (as it ran).
 - Control: Celery's remote control is off (it is unsigned: anyone who can write to
   Redis could stop hosts), so Flower's Revoke and Terminate would answer "Revoked" and
   stop nothing. Flower serving this app is read-only (`read_only_by_default`): it offers
@@ -260,9 +260,9 @@ class CallRequest(Request):  # type: ignore[misc]  # celery is untyped
 
 
 def _started_args(args: Any) -> str | None:
-    """A call's arguments as its message says them, for its `task-started` event (before
-    the call is verified: a message that does not verify is refused, and its end event
-    says so); None when they cannot be read as a call."""
+    """A call's arguments as its message says them, for the `task-started` event of a
+    call that ended before its bash ran (refused, or not verified: its end event says
+    so); None when they cannot be read as a call."""
     payload = args[0] if isinstance(args, list | tuple) and args else None
     if isinstance(payload, dict) and "auth" in payload:
         inner = payload.get("args")
