@@ -492,13 +492,14 @@ class _Launch:
     def _sandboxed(self, stdout: int, stderr: int) -> procs.Process:
         null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
         self.group = workspaces.group_of(self.workspace)
-        plain, file_size = self._without_script(carried=self.group is not None)
+        carried = self.group is not None
+        plain, file_size = self._without_script(carried)
         if plain:
             # As the script would leave it: BASH_ENV unset (none of the caller's sourced).
             self.child.env.pop("BASH_ENV", None)
             state = []
         else:
-            state = [self._arm("", carried=self.group is not None)]
+            state = [self._arm("", carried=carried)]
         line = CommandLine([workspaces.shell_of(self.workspace)], self.call.command,
                            fd_in_child=COMMAND_FD)
         fds = [null, stdout, stderr, *state, *([line.fd] if line.fd is not None else [])]

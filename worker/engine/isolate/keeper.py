@@ -452,15 +452,15 @@ class Keeper:
                 # processes end before its status goes (its output is whole then); what
                 # only the next call needs looked at, after (`K`), while the worker
                 # builds this call's result.
-                ended = self._end_all() if tracked.recycle else False
                 if tracked.recycle:
+                    ended = self._end_all()
                     answer["clean_follows"] = True
                 with contextlib.suppress(OSError):
                     proto.send(tracked.conn.sock, b"S", answer)
                 if tracked.recycle:
-                    clean = ended and _left_nothing()
+                    clean = proto.CleanAnswer(clean=ended and _left_nothing())
                     with contextlib.suppress(OSError):
-                        proto.send(tracked.conn.sock, b"K", proto.CleanAnswer(clean=clean))
+                        proto.send(tracked.conn.sock, b"K", clean)
         finally:
             tracked.close()
 
@@ -528,16 +528,15 @@ def _no_ipc_objects() -> bool:
         except OSError:
             continue
         try:
-            # A header line, then one per object: a second line is an object. (Plain
-            # reads: a file object costs three system calls more, after every call.)
-            text = os.read(fd, 65536)
-            while text.count(b"\n") < 2 and (more := os.read(fd, 65536)):
-                text += more
+            # Plain reads: a file object costs three system calls more, after every call.
+            chunks = [os.read(fd, 65536)]
+            while chunks[-1]:
+                chunks.append(os.read(fd, 65536))
         except OSError:
             continue
         finally:
             os.close(fd)
-        if text.count(b"\n") > 1 or (text.count(b"\n") == 1 and not text.endswith(b"\n")):
+        if len(b"".join(chunks).splitlines()) > 1:  # a header line, then one per object
             return False
     return True
 

@@ -122,16 +122,15 @@ class WorkspaceProcess(KeeperProcess):
         self.record = record
 
     def ended(self) -> None:
-        if self.conn.clean_pending:
-            # Its keeper's word on the workspace follows: read by its put-away, once the
-            # call's answer went out (`take_clean`), not now.
+        # Its keeper's word on the workspace, or the connection it follows on: read by
+        # its put-away, once the call's answer went out (`take_clean`), not now.
+        pending = self.conn.clean_pending
+        word = self.conn if pending else self.conn.clean
+        if word is not None:
             with _clean_lock:
-                recycled[self.record.id] = self.conn
-            return
-        if self.conn.clean is not None:
-            with _clean_lock:
-                recycled[self.record.id] = self.conn.clean
-        connections.give_back(self.record.id, self.conn)
+                recycled[self.record.id] = word
+        if not pending:
+            connections.give_back(self.record.id, self.conn)
 
 
 #: Workspace id -> whether its throwaway call left it clean (its keeper's word), or the
