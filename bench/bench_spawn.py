@@ -6,7 +6,9 @@ alternating, in this process.
 Each row is the time from the start to the moment the program runs (posix_spawn until
 the report pipe closes at its exec: what a keeper waits for before it answers `P`), and
 the CPU the started processes spent, per start. The filter's rows show what installing
-it costs: its size barely counts, its install does.
+it costs: its size barely counts, its install does. The last row is a ready spawner
+(`--ready`, what a throwaway workspace's keeper starts before its next call comes,
+filter installed): from the call handed to it to its exec; the CPU is all of it.
 
     python -m bench.bench_spawn [--starts N] [--rounds N]
 
@@ -34,6 +36,9 @@ from bashfleet.worker.settings import Settings
 PROGRAM = "/usr/bin/true"
 #: One instruction: SECCOMP_RET_ALLOW (struct sock_filter: code, jt, jf, k).
 ALLOW_ALL = struct.pack("HBBI", 0x06, 0, 0, 0x7FFF0000)
+#: Between a ready spawner's start and its call, in its row: a call's answer and the
+#: next call's request take longer than this through the fleet.
+READY_GAP_S = 0.002
 
 
 def _memfd(data: bytes, name: str) -> int:
@@ -92,11 +97,30 @@ def main() -> None:
                 return lambda: os.waitpid(pid, 0)
             return start
 
+        def through_ready(filter_fd: int) -> Start:
+            waiting = [kernel.ready_spawn(spawner, nobody, filter_fd)]
+
+            def start() -> Callable[[], object]:
+                pid = kernel.start_ready(waiting[0], PROGRAM, ["true"], {}, [null] * 3,
+                                         [0, 1, 2], cwd="/")
+                assert pid is not None
+
+                def wait() -> None:  # and the next start's spawner made ready, untimed
+                    os.waitpid(pid, 0)
+                    waiting[0] = kernel.ready_spawn(spawner, nobody, filter_fd)
+                    # As a keeper's: ready by the time its call comes (a call's answer
+                    # and the next call's request are milliseconds).
+                    time.sleep(READY_GAP_S)
+                return wait
+            return start
+
         def popen() -> Callable[[], object]:
             return subprocess.Popen([PROGRAM], stdin=null, stdout=null, stderr=null).wait
 
         rows: dict[str, Start] = {"subprocess.Popen (baseline)": popen}
         rows |= {f"spawner, {name}": through_spawner(fd) for name, fd in filters.items()}
+        ready = through_ready(filters[f"the default filter ({len(default) // 8})"])
+        rows["ready spawner, the default filter"] = ready
         times: dict[str, list[float]] = {name: [] for name in rows}
         cpu: dict[str, list[float]] = {name: [] for name in rows}
         for _ in range(args.rounds):
@@ -104,6 +128,7 @@ def main() -> None:
                 took, spent = _measure(start, args.starts)
                 times[name] += took
                 cpu[name].append(spent)
+        ready()()  # the last one made ready, used and ended
         for fd in (spawner, null, *filters.values()):
             if fd >= 0:
                 os.close(fd)

@@ -1,22 +1,26 @@
 """A call's first process as a program (isolate/spawn.c): a keeper posix_spawns it
-through /proc/self/fd instead of forking itself. What a call gets must not depend on
-which of the two started it; the fork stays for a keeper the spawner cannot serve."""
+through /proc/self/fd instead of forking itself, or started it before the call came
+(`--ready`: a throwaway workspace's next call). What a call gets must not depend on
+which of the three started it; the fork stays for a keeper the spawner cannot serve."""
 
 from __future__ import annotations
 
 import os
 import platform
 import shutil
+import socket
 import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 from privilege import needs_root
 
 from bashfleet.worker.engine import holder, sandbox, workspaces
-from bashfleet.worker.engine.isolate import kernel, syscall_filter
+from bashfleet.worker.engine.isolate import SPAWN_NAME, kernel, syscall_filter
+from bashfleet.worker.engine.workspaces import store, throwaway_pool
 from bashfleet.worker.settings import Settings
 from bashfleet.worker.wire.models import WorkspaceSpec
 
@@ -26,6 +30,7 @@ from .engine_helpers import (
     _engine_fixture,  # noqa: F401 - the `engine` fixture
     _janitor_fixture,  # noqa: F401 - the `janitor` fixture
     holds_open,
+    wait_until,
 )
 
 pytestmark = needs_root("a user namespace mapped to other host ids, as a keeper's")
@@ -93,9 +98,14 @@ def _run(tmp_path: Path, how: str, spawner: int, who: kernel.Identity, *,
             if seccomp:
                 memfd = os.memfd_create("filter", os.MFD_CLOEXEC)
                 os.write(memfd, seccomp)
-            started = kernel.spawn_through(spawner, None, argv, env, stdio, targets, cwd=cwd,
-                                           who=who, open_files=512, file_size=3 << 20,
-                                           filter_fd=memfd)
+            if how == "ready":
+                ready = kernel.ready_spawn(spawner, who, memfd)
+                started = kernel.start_ready(ready, None, argv, env, stdio, targets, cwd=cwd,
+                                             open_files=512, file_size=3 << 20)
+            else:
+                started = kernel.spawn_through(spawner, None, argv, env, stdio, targets,
+                                               cwd=cwd, who=who, open_files=512,
+                                               file_size=3 << 20, filter_fd=memfd)
             assert started is not None
             pid = started
         _, status = os.waitpid(pid, 0)
@@ -121,8 +131,8 @@ def test_a_call_is_the_same_whichever_started_it(place: Path, spawner: int, user
     env = {"PATH": "/usr/bin:/bin", "LC_ALL": "C", "WITH SPACE": "a=b c\nd", "EMPTY": ""}
     seen = {how: _run(place, how, spawner, who, seccomp=program, cwd=str(work),
                       argv=["bash", "-c", PROBE], env=env)
-            for how in ("fork", "spawner")}
-    assert seen["fork"] == seen["spawner"]
+            for how in ("fork", "spawner", "ready")}
+    assert seen["fork"] == seen["spawner"] == seen["ready"]
     lines = seen["spawner"].splitlines()
     # RLIMIT_FSIZE of 3 MiB, soft and hard: 3072 of bash's 1 KiB blocks.
     assert lines[:8] == [str(uid), str(uid), f"{uid} 5", str(work), "512", "512", "3072",
@@ -145,8 +155,9 @@ def test_a_call_is_the_same_whichever_started_it(place: Path, spawner: int, user
         assert not ignored & 1 << (signum - 1), (signum, hex(ignored))
 
 
+@pytest.mark.parametrize("ready", [False, True])
 def test_what_failed_is_said_as_the_fork_says_it(place: Path, spawner: int,
-                                                  userns: int) -> None:
+                                                  userns: int, ready: bool) -> None:
     tmp_path = place
     (tmp_path / "a").mkdir()
     tool = tmp_path / "a" / "tool"
@@ -157,8 +168,14 @@ def test_what_failed_is_said_as_the_fork_says_it(place: Path, spawner: int,
     null = os.open(os.devnull, os.O_RDWR)
     try:
         def through(executable: str | None, argv: list[str], path: str, cwd: Path) -> int:
-            pid = kernel.spawn_through(spawner, executable, argv, {"PATH": path},
-                                       [null, null, null], [0, 1, 2], cwd=str(cwd), who=who)
+            if ready:
+                pid = kernel.start_ready(kernel.ready_spawn(spawner, who), executable, argv,
+                                         {"PATH": path}, [null, null, null], [0, 1, 2],
+                                         cwd=str(cwd))
+            else:
+                pid = kernel.spawn_through(spawner, executable, argv, {"PATH": path},
+                                           [null, null, null], [0, 1, 2], cwd=str(cwd),
+                                           who=who)
             assert pid is not None
             return pid
 
@@ -182,6 +199,53 @@ def test_what_failed_is_said_as_the_fork_says_it(place: Path, spawner: int,
         os.close(null)
 
 
+def test_a_ready_spawner_it_cannot_use_is_not_used(place: Path, spawner: int,
+                                                   userns: int) -> None:
+    """A ready spawner that failed its own steps, ended, or would be given its control
+    socket's number is not handed the call (None: the keeper starts it the usual way,
+    nothing of it run); one whose keeper goes away ends by itself."""
+    marker = place / "ran"
+    argv = ["sh", "-c", f"echo ran > {marker}"]
+    env = {"PATH": "/usr/bin:/bin"}
+    os.chown(place, 3900000000, 3900000000)
+    null = os.open(os.devnull, os.O_RDWR)
+    try:
+        def ends(pid: int) -> int:
+            return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+
+        # Its own steps failed (a descriptor that is not a user namespace): it said so.
+        bad = kernel.ready_spawn(spawner, kernel.Identity(0, 0, (), null))
+        assert ends(bad.pid) == 127
+        assert kernel.start_ready(bad, None, argv, env, [null] * 3, [0, 1, 2], cwd="/") is None
+        # Killed while it waited.
+        killed = kernel.ready_spawn(spawner, kernel.Identity(0, 0, (), userns))
+        kernel.end_ready(killed)
+        assert ends(killed.pid) == -9
+        gone = kernel.ReadySpawn(killed.pid, *_dead_socket())
+        assert kernel.start_ready(gone, None, argv, env, [null] * 3, [0, 1, 2], cwd="/") is None
+        # A target is its control socket's number.
+        taken = kernel.ready_spawn(spawner, kernel.Identity(0, 0, (), userns))
+        assert kernel.start_ready(taken, None, argv, env, [null], [taken.child_fd],
+                                  cwd="/") is None
+        assert ends(taken.pid) == 0  # its keeper's end closed: it ends, running nothing
+        # The same call through one that can: it runs (the cases above could have).
+        fine = kernel.ready_spawn(spawner, kernel.Identity(0, 0, (), userns))
+        pid = kernel.start_ready(fine, None, argv, env, [null] * 3, [0, 1, 2], cwd="/")
+        assert pid == fine.pid and ends(pid) == 0
+        assert marker.read_text() == "ran\n"
+    finally:
+        os.close(null)
+
+
+def _dead_socket() -> tuple[socket.socket, int]:
+    """A control socket whose other end is closed (its spawner ended), and that end's
+    number."""
+    mine, theirs = socket.socketpair()
+    number = theirs.fileno()
+    theirs.close()
+    return mine, number
+
+
 def test_a_workspace_with_ids_starts_its_calls_by_the_spawner(engine: Engine) -> None:
     """The suite's calls go the spawner's way (so every test of a call tests it): the
     keeper holds the binary, and still does after calls ran."""
@@ -201,6 +265,67 @@ def test_a_workspace_with_ids_starts_its_calls_by_the_spawner(engine: Engine) ->
         assert holds_open(record, SPAWNER_FILTER)
     finally:
         workspaces.delete(record.id, engine.settings)
+
+
+#: A call's own start, in clock ticks since boot (/proc/PID/stat's 22nd field: the same
+#: number whichever PID namespace reads it).
+START_TICKS = "read -r -a stat < /proc/$$/stat; echo ${stat[21]}"
+
+
+def _ready_spawners(settings: Settings) -> dict[int, int]:
+    """The ready spawners (`--ready`) of the keepers of a state directory's workspaces:
+    {host pid: start ticks}."""
+    found = {}
+    for record in store.local_records(settings):
+        try:
+            keeper = psutil.Process(record.keeper_pid) if record.keeper_pid else None
+            for process in keeper.children() if keeper else ():
+                if process.cmdline()[:2] == [SPAWN_NAME, "--ready"]:
+                    found[process.pid] = _start_ticks(process.pid)
+        except psutil.Error:
+            continue
+    return found
+
+
+def _start_ticks(pid: int) -> int:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return int(stat.rsplit(")", 1)[1].split()[19])
+
+
+def _ticks_now() -> int:
+    return round(float(Path("/proc/uptime").read_text().split()[0]) * os.sysconf("SC_CLK_TCK"))
+
+
+def test_a_throwaway_workspaces_call_is_started_before_it_comes(engine: Engine) -> None:
+    """A throwaway workspace's keeper starts its next call's spawner ahead (as the
+    workspace is made, and once a call's processes ended): the call's process is one
+    that was waiting before the call was sent, with everything a call gets (the test
+    above: which way started it does not show)."""
+    # The pool's throwaways made (as a consumer starts), each with its spawner waiting.
+    throwaway_pool.throwaways.fill(engine.settings)
+    full = throwaway_pool._pool_size(engine.settings)
+
+    def all_waiting() -> dict[int, int] | None:
+        found = _ready_spawners(engine.settings)
+        return found if len(found) >= full else None
+
+    waiting = wait_until(all_waiting, what="the throwaways' spawners")
+    # Clock ticks go by after the last of them started: a call spawned now could not
+    # have their start (it would be later).
+    sent_after = max(waiting.values()) + 2
+    wait_until(lambda: _ticks_now() >= sent_after, what="two clock ticks")
+    assert _ready_spawners(engine.settings) == waiting
+    second = engine.run(f"{START_TICKS}; grep ^Seccomp: /proc/$$/status", cwd=None)
+    assert second.error is None, second
+    ticks, seccomp = second.stdout.split("\n")[:2]
+    assert int(ticks) in waiting.values() and int(ticks) < sent_after, (ticks, waiting)
+    assert seccomp == "Seccomp:\t2", second.stdout
+    # The one it took was that call's, and is gone; once the call's processes ended, its
+    # keeper started the next one (the workspace, left clean, serves another call).
+    taken = set(waiting) - set(_ready_spawners(engine.settings))
+    assert len(taken) == 1
+    wait_until(lambda: len(_ready_spawners(engine.settings)) == full,
+               what="the next call's spawner")
 
 
 def test_a_host_without_a_spawner_says_so_at_start(engine: Engine, tmp_path: Path) -> None:

@@ -146,11 +146,15 @@ def test_a_prebuilt_spawner_starts_calls_only_when_it_answers_the_probe(tmp_path
     old = tmp_path / "old"
     old.write_text("#!/bin/sh\nexit 2\n")
     new = tmp_path / "new"
-    new.write_text('#!/bin/sh\n[ "$1" = --probe ] && printf "bashfleet-spawn 1\\n"\n')
-    for path in (old, new):
+    new.write_text('#!/bin/sh\n[ "$1" = --probe ] && printf "bashfleet-spawn 2\\n"\n')
+    # One of before `--ready` (its keepers would start their next calls with it).
+    before = tmp_path / "before"
+    before.write_text('#!/bin/sh\n[ "$1" = --probe ] && printf "bashfleet-spawn 1\\n"\n')
+    for path in (old, new, before):
         path.chmod(0o755)
     state = tmp_path / "state"
     assert holder.spawner(Settings(state_dir=state, spawner=old)) is None
+    assert holder.spawner(Settings(state_dir=state, spawner=before)) is None
     assert holder.find_spawner(Settings(state_dir=state, spawner=old)) == (
         None, f"spawner {old} is not one (it does not answer `bashfleet-spawn --probe`)")
     assert holder.spawner(Settings(state_dir=state, spawner=new)) == str(new)

@@ -36,7 +36,7 @@ SOURCE = Path(__file__).parent / "isolate" / "holder.c"
 #: A call's first process (`bashfleet-spawn`): a binary of its own, without a C library.
 SPAWN_SOURCE = SOURCE.with_name("spawn.c")
 #: What the spawner prints for `--probe`.
-SPAWN_PROBE_ANSWER = b"bashfleet-spawn 1\n"
+SPAWN_PROBE_ANSWER = b"bashfleet-spawn 2\n"
 #: Seconds a build may take (one small file: ~0.2 s; a loaded machine: more).
 BUILD_TIMEOUT_S = 60.0
 

@@ -180,6 +180,10 @@ class Keeper:
         """The spawner binary (spawn.c), opened before the view: its calls are started
         by a vfork of it, not a fork of this process (-1: forked)."""
         self.filter_fd = -1
+        self.ready: kernel.ReadySpawn | None = None
+        """The spawner started for a throwaway workspace's next call, once its last
+        call's processes ended (`make_ready`): its steps that do not depend on the
+        call, the filter's among them, are taken before the call comes."""
         self.idle_s = 0.0
         """Seconds with nothing to do after which it exits, its holder keeping the
         workspace (0: never; a keeper that is pid 1 never sleeps)."""
@@ -292,7 +296,10 @@ class Keeper:
             conn.hold = conn.hold or bool(body.get("hold"))
             proto.send(conn.sock, b"!", proto.PingAnswer(pid=os.getpid()))
         elif tag == b"R":
-            proto.send(conn.sock, b"r", proto.RecycleAnswer(clean=self._recycle()))
+            clean = self._recycle()
+            proto.send(conn.sock, b"r", proto.RecycleAnswer(clean=clean))
+            if clean:
+                self.make_ready()
         else:
             proto.close_all(fds)
             proto.send(conn.sock, b"E", proto.ErrorAnswer(errno=errno.EPROTO,
@@ -354,6 +361,15 @@ class Keeper:
                targets: Sequence[int]) -> int:
         # The child enters the cwd and finds bash as the workspace's user, in its view:
         # the keeper (root) never resolves a path a command may have planted.
+        if self.ready is not None:
+            ready, self.ready = self.ready, None
+            pid = kernel.start_ready(
+                ready, body.get("executable"), body["argv"], body["env"], stdio, targets,
+                cwd=body["cwd"], ctty=bool(body.get("ctty")), open_files=self.open_files,
+                file_size=body.get("file_size"))
+            if pid is not None:
+                return pid
+            kernel.end_ready(ready)
         if self.spawner >= 0 and self.who is not None:
             try:
                 pid = kernel.spawn_through(
@@ -371,6 +387,22 @@ class Keeper:
                             cwd=body["cwd"], who=self.who, ctty=bool(body.get("ctty")),
                             open_files=self.open_files, file_size=body.get("file_size"),
                             seccomp=self.seccomp)
+
+    def make_ready(self) -> None:
+        """Start the next call's spawner now (a throwaway workspace, clean after its last
+        call): what bash waits for at a call is then only the call's own steps."""
+        if self.ready is not None or self.spawner < 0 or self.who is None:
+            return
+        try:
+            self.ready = kernel.ready_spawn(self.spawner, self.who, self._filter_fd())
+        except OSError:
+            self.ready = None  # the next call starts its spawner itself
+
+    def _drop_ready(self) -> None:
+        """The ready spawner is gone, or about to be (`kill(-1)`): forget it."""
+        if self.ready is not None:
+            self.ready.close()
+            self.ready = None
 
     def _filter_fd(self) -> int:
         """The calls' seccomp program in a sealed memfd, for the spawner (-1: none)."""
@@ -403,6 +435,7 @@ class Keeper:
         one is tracked (a job runs) or they would not go."""
         if self.tracked:
             return False
+        self._drop_ready()
         deadline = time.monotonic() + RECYCLE_TIMEOUT_S
         delay = 0.0005
         while True:
@@ -430,6 +463,8 @@ class Keeper:
                 return
             if pid == 0:
                 return
+            if self.ready is not None and pid == self.ready.pid:
+                self._drop_ready()
             tracked = self.tracked.pop(pid, None)
             if tracked is not None:
                 self._ended(tracked, status)
@@ -461,6 +496,8 @@ class Keeper:
                     clean = proto.CleanAnswer(clean=ended and _left_nothing())
                     with contextlib.suppress(OSError):
                         proto.send(tracked.conn.sock, b"K", clean)
+                    if clean["clean"]:
+                        self.make_ready()
         finally:
             tracked.close()
 
@@ -619,6 +656,8 @@ def main(spec: dict[str, Any], listener_fd: int, report_fd: int) -> int:
     if spec.get("holder_fd") is not None and keeper.lease is not None and keeper.maker < 0 \
             and idle_s > 0:
         _split(keeper, spec, idle_s)  # returns in the service (or when the exec failed)
+    if spec.get("bound_to_maker"):
+        keeper.make_ready()  # a throwaway made ahead: its first call's spawner too
     return keeper.serve()
 
 

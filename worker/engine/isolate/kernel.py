@@ -591,6 +591,97 @@ def spawn_through(spawner: int, executable: str | None, argv: Sequence[str],  # 
     return _started(pid, read_end, cwd)
 
 
+#: What a ready spawner takes with its call (spawn.c's MAX_CALL_FDS, MAX_CALL_BYTES).
+READY_MAX_FDS = 16
+READY_MAX_BYTES = 8 << 20
+
+
+@dataclasses.dataclass
+class ReadySpawn:
+    """A spawner started before its call (`spawn.c --ready`): the user's ids, session,
+    signals and filter taken, waiting on `control` for the call's descriptors and
+    arguments. `child_fd` is that socket's number in it (no call may target it)."""
+
+    pid: int
+    control: socket.socket
+    child_fd: int
+
+    def close(self) -> None:
+        self.control.close()
+
+
+def ready_spawn(spawner: int, who: Identity, filter_fd: int = -1) -> ReadySpawn:
+    """Start the spawner `--ready`: it takes every step of `spawn_through` a call's
+    arguments do not choose, then waits for `start_ready`. SpawnerUnavailableError when
+    the binary could not be started; a step that failed is seen at `start_ready`."""
+    mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    passed = [fd for fd in (theirs.fileno(), who.userns_fd, filter_fd) if fd >= 0]
+    args = [SPAWN_NAME, "--ready", str(theirs.fileno()), str(who.userns_fd), str(who.uid),
+            str(who.gid), ",".join(str(group) for group in who.groups), str(filter_fd)]
+    for fd in passed:
+        os.set_inheritable(fd, True)
+    try:
+        pid = os.posix_spawn(f"/proc/self/fd/{spawner}", args, {})
+    except OSError as exc:
+        mine.close()
+        raise SpawnerUnavailableError(exc.errno or errno.EIO, f"the spawner: {exc}") from exc
+    finally:
+        for fd in passed:
+            os.set_inheritable(fd, False)
+        child_fd = theirs.fileno()
+        theirs.close()
+    return ReadySpawn(pid, mine, child_fd)
+
+
+def start_ready(ready: ReadySpawn, executable: str | None, argv: Sequence[str],  # noqa: PLR0917
+                env: Mapping[str, str], fds: Sequence[int], targets: Sequence[int], *,
+                cwd: str, ctty: bool = False, open_files: int | None = None,
+                file_size: int | None = None) -> int | None:
+    """Start a call by a ready spawner: `spawn_through`'s steps that depend on the call
+    (its descriptors at `targets`, cwd, limits, terminal), then its exec. None when this
+    one cannot (it is gone, or failed its own steps; a target is its control socket;
+    too many descriptors or bytes): the caller ends it (`end_ready`) and starts the
+    call another way. An OSError as `spawn` raises it for what the call itself failed.
+    `ready` is used up either way (its socket closed)."""
+    fields = [cwd, str(lowered_nofile(open_files) if open_files is not None else -1),
+              str(file_size if file_size is not None else -1), "1" if ctty else "0",
+              ",".join(str(target) for target in targets), executable or "", str(len(argv)),
+              *argv, *(f"{name}={value}" for name, value in env.items())]
+    try:
+        text = b"".join(os.fsencode(field) + b"\0" for field in fields)
+    except ValueError:  # a NUL in a field: `spawn` says what is wrong with it
+        text = b""
+    if (not text or len(text) > READY_MAX_BYTES or len(fds) > READY_MAX_FDS
+            or ready.child_fd in targets):
+        ready.close()
+        return None
+    control = ready.control
+    try:
+        control.recv(1, socket.MSG_DONTWAIT | socket.MSG_PEEK)
+    except BlockingIOError:
+        pass  # waiting for its call, as it should be
+    else:  # it reported a failed step, or ended
+        ready.close()
+        return None
+    header = struct.pack("=II", len(text), len(fds))
+    try:
+        sent = control.sendmsg([header, text], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
+                                                  struct.pack(f"{len(fds)}i", *fds))])
+    except OSError:  # it ended meanwhile
+        ready.close()
+        return None
+    with contextlib.suppress(OSError):  # it ended with part of its call: its report says
+        control.sendall((header + text)[sent:])  # why, or its status does
+    return _started(ready.pid, control.detach(), cwd)
+
+
+def end_ready(ready: ReadySpawn) -> None:
+    """Kill a ready spawner not used (its keeper reaps it)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(ready.pid, signal.SIGKILL)
+    ready.close()
+
+
 def _child(executable: str | None, argv: Sequence[str], env: Mapping[str, str],  # noqa: PLR0917
            fds: Sequence[int], targets: Sequence[int], cwd: str, who: Identity | None,
            ctty: bool, report: int, *, open_files: int | None = None,

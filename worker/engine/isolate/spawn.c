@@ -35,6 +35,20 @@
  *   bashfleet-spawn REPORT_FD USERNS_FD UID GID GROUPS CWD NOFILE FSIZE CTTY FILTER_FD
  *                   EXECUTABLE ARGC ARGV... ENV...
  *   bashfleet-spawn --probe      (prints SPAWN_PROBE_ANSWER: this is the spawner)
+ *   bashfleet-spawn --ready CONTROL_FD USERNS_FD UID GID GROUPS FILTER_FD
+ *
+ * `--ready` starts a call's process before its call is known (a throwaway workspace's
+ * next call, started once the last one's processes ended): every step that depends on
+ * the workspace alone is taken, the user's ids and keyring, the new session, the
+ * signals, the filter (installing one costs ~0.25 ms here, a wait on the other CPU
+ * as much as work), then it waits on CONTROL_FD, a stream socket only the keeper holds
+ * the other end of, for its call: a header of two 32-bit numbers (the bytes that
+ * follow, the descriptors passed with it), the call's descriptors (SCM_RIGHTS), then
+ * "CWD NOFILE FSIZE CTTY TARGETS EXECUTABLE ARGC ARGV... ENV..." as NUL-ended strings
+ * (TARGETS comma-separated, one per descriptor). It puts the descriptors in place and
+ * takes the call's steps (cwd, limits, terminal) under the filter, then execs.
+ * CONTROL_FD is its report descriptor, close-on-exec. End-of-file before a call (its
+ * keeper gone) ends it quietly.
  *
  * -1 for a descriptor or a limit it has not; GROUPS a comma-separated list ("" for
  * none); EXECUTABLE "" to search ARGV[0]. FILTER_FD holds the seccomp program (struct
@@ -51,15 +65,42 @@
 #include <linux/resource.h>
 #include <linux/sched.h>
 #include <linux/seccomp.h>
+#include <linux/mman.h>
+#include <linux/uio.h>
 #include <asm/ioctls.h>
 #include <asm/signal.h>
 
 /* What `--probe` prints (holder.py checks a prebuilt spawner for it). */
-#define SPAWN_PROBE_ANSWER "bashfleet-spawn 1\n"
+#define SPAWN_PROBE_ANSWER "bashfleet-spawn 2\n"
 
 #define MAX_GROUPS 256
 #define MAX_FILTER (4096 * 8)
 #define MAX_PATH 4096
+/* A ready spawner's call: descriptors passed, bytes of its strings (the keeper starts a
+ * call past either the usual way). */
+#define MAX_CALL_FDS 16
+#define MAX_CALL_BYTES (8UL << 20)
+/* The socket ABI's part a ready spawner reads its call with (sys/socket.h's, which a
+ * program without a C library does not have): the same on both architectures. */
+#define SOCKET_LEVEL 1 /* SOL_SOCKET */
+#define RIGHTS 1       /* SCM_RIGHTS */
+#define RECV_CLOEXEC 0x40000000 /* MSG_CMSG_CLOEXEC */
+#define RECV_CTRUNC 0x8 /* MSG_CTRUNC */
+struct message_header {
+    void *name;
+    int name_len;
+    struct iovec *iov;
+    unsigned long iov_len;
+    void *control;
+    unsigned long control_len;
+    unsigned int flags;
+};
+struct control_header {
+    unsigned long len;
+    int level;
+    int type;
+};
+
 /* The C library's own real-time signals (NPTL's), below the SIGRTMIN it reports. */
 #define LIBC_SIGNAL_FIRST 32
 #define LIBC_SIGNAL_LAST 33
@@ -317,18 +358,184 @@ static __attribute__((noreturn)) void exec_command(const char *executable, char 
     fail("exec", last, args[0]);
 }
 
+/* The workspace's user: its user namespace entered, its groups, gid and uid taken, its
+ * keyring linked into the session's; no capability left unless it is root there. */
+static void become(int userns, long uid, long gid, const char *group_list) {
+    static unsigned int groups[MAX_GROUPS];
+    unsigned long ngroups = parse_groups(group_list, groups);
+    if (uid >= 0) {
+        if (userns >= 0) {
+            check(sys2(__NR_setns, userns, CLONE_NEWUSER), "setup", "setns");
+            sys1(__NR_close, userns);
+        }
+        /* A namespace made without privilege has setgroups denied: no group to drop. */
+        long ret = sys2(__NR_setgroups, ngroups, groups);
+        if (failed(ret) && !(ret == -EPERM && ngroups == 0)) fail("setup", -ret, "setgroups");
+        check(sys3(__NR_setresgid, gid, gid, gid), "setup", "setresgid");
+        check(sys3(__NR_setresuid, uid, uid, uid), "setup", "setresuid");
+        /* The keeper's session keyring is the workspace's; the user's is linked in. */
+        sys3(__NR_keyctl, KEYCTL_LINK, KEY_SPEC_USER_KEYRING, KEY_SPEC_SESSION_KEYRING);
+    }
+    if (uid != 0) drop_capabilities();
+}
+
+/* A limit, soft and hard (-1: left as it is). */
+static void set_limit(int resource, long value, const char *name) {
+    if (value < 0) return;
+    unsigned long long limit[2] = {(unsigned long long)value, (unsigned long long)value};
+    check(sys4(__NR_prlimit64, 0, resource, limit, 0), "setup", name);
+}
+
+/* The signals the keeper ignores, and posix_spawn's child the C library's own (an
+ * ignored signal stays ignored across an exec), back at their defaults; none blocked. */
+static void signals_at_defaults(void) {
+    static const int defaults[] = {SIGPIPE, SIGXFSZ, SIGINT, SIGCHLD, SIGTERM, SIGHUP};
+    for (unsigned long i = 0; i < sizeof defaults / sizeof defaults[0]; i++)
+        default_action(defaults[i]);
+    for (int sig = LIBC_SIGNAL_FIRST; sig <= LIBC_SIGNAL_LAST; sig++) default_action(sig);
+    unsigned long none = 0;
+    sys4(__NR_rt_sigprocmask, SIG_SETMASK, &none, 0, KERNEL_SIGSET_BYTES);
+}
+
+/* ------------------------------------------------------------------ a ready spawner */
+
+/* `count` bytes from `fd` into `into`; end-of-file before a byte of the call ends this
+ * process quietly (its keeper went away), one within it is a failed setup. */
+static void read_exactly(int fd, char *into, unsigned long count, int started) {
+    while (count) {
+        long n = sys3(__NR_read, fd, into, count);
+        if (n == -EINTR) continue;
+        if (failed(n)) fail("setup", -n, "call");
+        if (n == 0) {
+            if (!started) leave(0);
+            fail("setup", EPROTO, "call");
+        }
+        into += n, count -= (unsigned long)n, started = 1;
+    }
+}
+
+static void *take_memory(unsigned long size) {
+    long at = sys6(__NR_mmap, 0, (long)size, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (failed(at)) fail("setup", -at, "call");
+    return (void *)at;
+}
+
+/* The call's descriptors, each at its target: first all moved past every target and
+ * the control descriptor (a target may be another's number), then each dup'ed to its
+ * target (a dup is not close-on-exec), the moved ones close-on-exec. */
+static void place_descriptors(const int *fds, unsigned long count, const char *targets) {
+    int at[MAX_CALL_FDS];
+    long moved[MAX_CALL_FDS];
+    unsigned long n = 0;
+    long floor = report_fd;
+    while (*targets) {
+        if (n == count) fail("setup", EINVAL, "targets");
+        const char *start = targets;
+        long value = 0;
+        for (; *targets >= '0' && *targets <= '9'; targets++) {
+            value = value * 10 + (*targets - '0');
+            if (value > 0x7fffffffL) fail("setup", ERANGE, "targets");
+        }
+        if (targets == start || (*targets && *targets != ',')) fail("setup", EINVAL, "targets");
+        if (value == report_fd) fail("setup", EBADF, "targets");
+        at[n++] = (int)value;
+        if (value > floor) floor = value;
+        if (*targets) targets++;
+    }
+    if (n != count) fail("setup", EINVAL, "targets");
+    for (unsigned long i = 0; i < n; i++) {
+        moved[i] = check(sys3(__NR_fcntl, fds[i], F_DUPFD_CLOEXEC, floor + 1), "setup", "dup");
+        sys1(__NR_close, fds[i]);
+    }
+    for (unsigned long i = 0; i < n; i++)
+        check(sys3(__NR_dup3, moved[i], at[i], 0), "setup", "dup");
+    for (unsigned long i = 0; i < n; i++) sys1(__NR_close, moved[i]);
+}
+
+static __attribute__((noreturn)) void serve_one_call(void) {
+    unsigned int header[2];
+    /* Room for MAX_CALL_FDS descriptors exactly (CMSG_SPACE): more is MSG_CTRUNC. */
+    union {
+        struct control_header head;
+        char bytes[sizeof(struct control_header) + MAX_CALL_FDS * sizeof(int)];
+    } control;
+    struct iovec part = {header, sizeof header};
+    struct message_header message = {0, 0, &part, 1, control.bytes, sizeof control.bytes, 0};
+    long n;
+    do n = sys3(__NR_recvmsg, report_fd, &message, RECV_CLOEXEC);
+    while (n == -EINTR);
+    if (failed(n)) fail("setup", -n, "call");
+    if (n == 0) leave(0);
+    int fds[MAX_CALL_FDS];
+    unsigned long nfds = 0;
+    if (message.control_len >= sizeof(struct control_header) &&
+        control.head.level == SOCKET_LEVEL && control.head.type == RIGHTS) {
+        nfds = (control.head.len - sizeof(struct control_header)) / sizeof(int);
+        if (nfds > MAX_CALL_FDS) nfds = MAX_CALL_FDS;
+        memcpy(fds, control.bytes + sizeof(struct control_header), nfds * sizeof(int));
+    }
+    if (message.flags & RECV_CTRUNC) fail("setup", E2BIG, "descriptors");
+    read_exactly(report_fd, (char *)header + n, sizeof header - (unsigned long)n, 1);
+    if (header[1] != nfds || header[0] == 0 || header[0] > MAX_CALL_BYTES)
+        fail("setup", EPROTO, "call");
+    char *text = take_memory(header[0] + 1UL);
+    read_exactly(report_fd, text, header[0], 1);
+    text[header[0]] = 0;
+    if (text[header[0] - 1] != 0) fail("setup", EPROTO, "call");
+    /* Its strings, in order: the fields, then ARGC arguments, then the environment. */
+    unsigned long strings = 0;
+    for (unsigned long i = 0; i < header[0]; i++) strings += text[i] == 0;
+    if (strings < 7) fail("setup", EPROTO, "call");
+    char **list = take_memory((strings + 2) * sizeof(char *));
+    char *at = text;
+    for (unsigned long i = 0; i < strings; i++) {
+        list[i] = at;
+        at += text_len(at) + 1;
+    }
+    const char *cwd = list[0], *targets = list[4], *executable = list[5];
+    long nofile = whole(list[1]), fsize = whole(list[2]), ctty = whole(list[3]);
+    long nargs = whole(list[6]);
+    if (nargs < 1 || (unsigned long)nargs > strings - 7) fail("setup", EINVAL, "call");
+    char **args = list + 7, **env = list + 7 + nargs;
+    /* ARGV and ENV each end with a NULL of their own: the arguments move down one. */
+    memmove(args - 1, args, (unsigned long)nargs * sizeof *args);
+    args -= 1;
+    args[nargs] = 0;
+    list[strings] = 0;
+    place_descriptors(fds, nfds, targets);
+    check(sys1(__NR_chdir, cwd), "cwd", cwd);
+    set_limit(RLIMIT_NOFILE, nofile, "RLIMIT_NOFILE");
+    set_limit(RLIMIT_FSIZE, fsize, "RLIMIT_FSIZE");
+    if (ctty) check(sys3(__NR_ioctl, 0, TIOCSCTTY, 0), "setup", "TIOCSCTTY");
+    exec_command(executable, args, env);
+}
+
+static int ready_main(int argc, char **argv) {
+    if (argc != 8) return 2;
+    report_fd = (int)whole(argv[2]);
+    check(sys3(__NR_fcntl, report_fd, F_SETFD, FD_CLOEXEC), "setup", "report");
+    int userns = (int)whole(argv[3]);
+    long uid = whole(argv[4]), gid = whole(argv[5]);
+    int filter = (int)whole(argv[7]);
+    become(userns, uid, gid, argv[6]);
+    check(sys0(__NR_setsid), "setup", "setsid");
+    signals_at_defaults();
+    if (filter >= 0) install_filter(filter);
+    serve_one_call();
+}
+
 static int spawn_main(int argc, char **argv) {
     sys5(__NR_prctl, PR_SET_DUMPABLE, 0, 0, 0, 0);
     if (argc == 2 && same_text(argv[1], "--probe")) {
         long n = sys3(__NR_write, 1, SPAWN_PROBE_ANSWER, sizeof SPAWN_PROBE_ANSWER - 1);
         return n == (long)sizeof SPAWN_PROBE_ANSWER - 1 ? 0 : 1;
     }
+    if (argc >= 2 && same_text(argv[1], "--ready")) return ready_main(argc, argv);
     if (argc < 14) return 2;
     report_fd = (int)whole(argv[1]);
     int userns = (int)whole(argv[2]);
     long uid = whole(argv[3]), gid = whole(argv[4]);
-    static unsigned int groups[MAX_GROUPS];
-    unsigned long ngroups = parse_groups(argv[5], groups);
     const char *cwd = argv[6];
     long nofile = whole(argv[7]);
     long fsize = whole(argv[8]);
@@ -344,40 +551,14 @@ static int spawn_main(int argc, char **argv) {
     args -= 1;
     args[nargs] = 0;
 
-    if (uid >= 0) {
-        if (userns >= 0) {
-            check(sys2(__NR_setns, userns, CLONE_NEWUSER), "setup", "setns");
-            sys1(__NR_close, userns);
-        }
-        /* A namespace made without privilege has setgroups denied: no group to drop. */
-        long ret = sys2(__NR_setgroups, ngroups, groups);
-        if (failed(ret) && !(ret == -EPERM && ngroups == 0)) fail("setup", -ret, "setgroups");
-        check(sys3(__NR_setresgid, gid, gid, gid), "setup", "setresgid");
-        check(sys3(__NR_setresuid, uid, uid, uid), "setup", "setresuid");
-        /* The keeper's session keyring is the workspace's; the user's is linked in. */
-        sys3(__NR_keyctl, KEYCTL_LINK, KEY_SPEC_USER_KEYRING, KEY_SPEC_SESSION_KEYRING);
-    }
-    if (uid != 0) drop_capabilities();
+    become(userns, uid, gid, argv[5]);
     check(sys1(__NR_chdir, cwd), "cwd", cwd);
     check(sys0(__NR_setsid), "setup", "setsid");
-    if (nofile >= 0) {
-        unsigned long long limit[2] = {(unsigned long long)nofile, (unsigned long long)nofile};
-        check(sys4(__NR_prlimit64, 0, RLIMIT_NOFILE, limit, 0), "setup", "RLIMIT_NOFILE");
-    }
-    if (fsize >= 0) {
-        /* What `ulimit -f` in the call's startup script would set (soft and hard). */
-        unsigned long long limit[2] = {(unsigned long long)fsize, (unsigned long long)fsize};
-        check(sys4(__NR_prlimit64, 0, RLIMIT_FSIZE, limit, 0), "setup", "RLIMIT_FSIZE");
-    }
+    set_limit(RLIMIT_NOFILE, nofile, "RLIMIT_NOFILE");
+    /* What `ulimit -f` in the call's startup script would set (soft and hard). */
+    set_limit(RLIMIT_FSIZE, fsize, "RLIMIT_FSIZE");
     if (ctty) check(sys3(__NR_ioctl, 0, TIOCSCTTY, 0), "setup", "TIOCSCTTY");
-    static const int defaults[] = {SIGPIPE, SIGXFSZ, SIGINT, SIGCHLD, SIGTERM, SIGHUP};
-    for (unsigned long i = 0; i < sizeof defaults / sizeof defaults[0]; i++)
-        default_action(defaults[i]);
-    /* posix_spawn's child ignores the C library's own signals up to its exec, and an
-     * ignored signal stays ignored across an exec: back to the default. */
-    for (int sig = LIBC_SIGNAL_FIRST; sig <= LIBC_SIGNAL_LAST; sig++) default_action(sig);
-    unsigned long none = 0;
-    sys4(__NR_rt_sigprocmask, SIG_SETMASK, &none, 0, KERNEL_SIGSET_BYTES);
+    signals_at_defaults();
     /* Last before the exec: from here on everything runs the tenant's, filtered. */
     if (filter >= 0) install_filter(filter);
     check(sys3(__NR_fcntl, report_fd, F_SETFD, FD_CLOEXEC), "setup", "report");
