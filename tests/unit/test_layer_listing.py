@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from bashfleet.worker.engine.isolate import kernel
 from bashfleet.worker.engine.workspaces import disk
 
 
@@ -62,3 +63,37 @@ def test_a_relative_layer_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.chdir(tmp_path)
     assert [item[0] for item in disk.layer_listing(Path("upper"))] == ["d", "d/f"]
     assert disk.layer_listing(Path("upper")) == _by_relpath(Path("upper"))
+
+
+@pytest.mark.parametrize(("points", "uppers", "covered"), [
+    ([], ["root"], set()),
+    (["/"], ["root"], set()),                              # `/` is the layer's own
+    (["/", "/usr", "/proc/sys"], ["root"], {"root/usr", "root/proc/sys"}),
+    (["/srv", "/srv/ws/w1"], ["root", "top.srv"], {"root/srv", "root/srv/ws/w1",
+                                                    "top.srv/ws/w1"}),
+    (["/srv/ws/w1"], ["root"], {"root/srv/ws/w1"}),         # no overlay of /srv's own
+    (["/a b/c"], ["root", "top.a b"], {"root/a b/c", "top.a b/c"}),
+    (["/usr/"], ["root"], {"root/usr"}),
+    (["relative", "/usr/../etc"], ["root"], {"root/etc"}),  # as the kernel resolves it
+])
+def test_the_mounts_of_a_view_cover_their_paths_in_its_layers(
+        points: list[str], uppers: list[str], covered: set[str]) -> None:
+    assert disk.covered_by_mounts(points, uppers) == covered
+
+
+def test_a_listing_leaves_out_what_is_covered_and_what_it_holds(tmp_path: Path) -> None:
+    for path in ("root/usr/local", "root/var", "top.srv/ws"):
+        (tmp_path / path).mkdir(parents=True)
+    (tmp_path / "root" / "usr" / "local" / "f").write_text("x")
+    covered = frozenset({"root/usr", "top.srv/ws"})
+    names = [item[0] for item in disk.layer_listing(tmp_path, covered)]
+    assert names == ["root", "root/var", "top.srv"]
+    assert len(disk.layer_listing(tmp_path)) == 7
+
+
+def test_a_views_mount_points_are_read_from_its_mountinfo() -> None:
+    text = (b"22 1 0:21 / / rw - overlay overlay rw\n"
+            b"23 22 8:1 /usr /usr ro,nosuid - ext4 /dev/sda1 ro\n"
+            b"24 22 8:1 /srv/a\\040b /srv/a\\040b rw - ext4 /dev/sda1 rw\n"
+            b"\n")
+    assert kernel.mount_points(text) == ["/", "/usr", "/srv/a b"]

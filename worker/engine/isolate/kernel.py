@@ -159,13 +159,16 @@ def set_tree_attrs(path: str, attrs: int) -> None:
 def mounts_under(path: str) -> list[str]:
     """Mount points at or under `path`, parents first (from /proc/self/mountinfo)."""
     prefix = path.rstrip("/") + "/"
-    found = []
     with open("/proc/self/mountinfo", "rb") as info:
-        for line in info:
-            point = os.fsdecode(_unescape(line.split()[4]))
-            if point == path or point.startswith(prefix):
-                found.append(point)
+        found = [point for point in mount_points(info.read())
+                 if point == path or point.startswith(prefix)]
     return sorted(set(found), key=len)
+
+
+def mount_points(mountinfo: bytes) -> list[str]:
+    """The mount points a mountinfo text lists (its fifth field, unescaped), in order."""
+    return [os.fsdecode(_unescape(fields[4])) for line in mountinfo.splitlines()
+            if len(fields := line.split()) > 4]
 
 
 def _unescape(field: bytes) -> bytes:

@@ -12,9 +12,11 @@ import os
 import shutil
 import socket
 import stat
+from collections.abc import Iterable
 from pathlib import Path
 
 from bashfleet.worker.engine import hostname, id_slots, layout
+from bashfleet.worker.engine.isolate import kernel
 from bashfleet.worker.engine.network import network
 from bashfleet.worker.engine.workspaces import store, untouched
 from bashfleet.worker.settings import Settings
@@ -190,10 +192,42 @@ def remove_tree(path: Path) -> None:
         shutil.rmtree(path, onerror=unlock)
 
 
-def layer_listing(upper: Path) -> list[list[object]]:
+def layer_listing(upper: Path, covered: frozenset[str] = frozenset()) -> list[list[object]]:
     """Every entry of a workspace's upper layers, with its type, mode and owner: what its
-    view's build left there (mount points), to tell later whether a call changed any."""
-    return untouched.listing_with_stamps(os.fspath(upper))[0]
+    view's build left there (mount points), to tell later whether a call changed any.
+    `covered` (`covered_by_mounts`) are left out, with what they hold."""
+    return untouched.listing_with_stamps(os.fspath(upper), skip=covered)[0]
+
+
+def view_mount_points(keeper_pid: int) -> list[str]:
+    """The mount points of a workspace's view (its keeper's mount namespace, paths as
+    its processes see them); none when they cannot be read."""
+    try:
+        with open(f"/proc/{keeper_pid}/mountinfo", "rb") as info:
+            return kernel.mount_points(info.read())
+    except OSError:
+        return []
+
+
+def covered_by_mounts(mount_points: Iterable[str], uppers: Iterable[str]) -> frozenset[str]:
+    """The paths below a workspace's `upper/` that a mount of its view covers: `root/P`
+    for a mount point `/P` (`/`'s own layer), `top.N/P` for `/N/P` where `/N` is an
+    overlay of its own (`layout.upper_name`). No process of the workspace can reach
+    them: what it does at `/P` is done in the mount, which it cannot take away (its
+    users hold no capability over the view's mount namespace, and a namespace of their
+    own gets its mounts locked), so a call cannot change them, and a throwaway's check
+    that its call changed nothing need not look at them."""
+    names = set(uppers)
+    covered: set[str] = set()
+    for point in mount_points:
+        rel = os.path.normpath(point).strip("/")
+        if not point.startswith("/") or not rel:
+            continue
+        covered.add(f"root/{rel}")
+        top, _, below = rel.partition("/")
+        if below and layout.upper_name(top) in names:
+            covered.add(f"{layout.upper_name(top)}/{below}")
+    return frozenset(covered)
 
 
 def skeleton_path(settings: Settings, ws_id: str) -> Path:

@@ -435,7 +435,9 @@ def _start_keeper(record: WorkspaceRecord, settings: Settings, user: sandbox.Use
     _claim_network(record, settings, blank)
     if slot is not None:
         upper = store.state_path(settings, record.id) / "layer" / "upper"
-        skeleton = disk.layer_listing(upper)
+        # What its view's mounts cover is left out: no call can change it.
+        covered = disk.covered_by_mounts(disk.view_mount_points(blank.pid), os.listdir(upper))
+        skeleton = {"listing": disk.layer_listing(upper, covered), "covered": sorted(covered)}
         disk.skeleton_path(settings, record.id).write_text(json.dumps(skeleton),
                                                                      encoding="utf-8")
     return record.model_copy(update={

@@ -74,13 +74,15 @@ def _left_nothing(record: WorkspaceRecord, settings: Settings) -> bool:
 def _layer_as_built(upper: str, record: WorkspaceRecord, settings: Settings
                     ) -> tuple[bool, untouched.TreeStamps]:
     """Whether the upper layer lists as its view's build left it (its skeleton), and
-    the stamps of what was seen."""
+    the stamps of what was seen. What the view's mounts cover is not looked at (no call
+    can reach it: `disk.covered_by_mounts`)."""
     try:
         kept = json.loads(disk.skeleton_path(settings, record.id).read_text("utf-8"))
-    except (OSError, ValueError):
+        covered = frozenset(str(path) for path in kept["covered"])
+    except (OSError, ValueError, TypeError, KeyError):
         return False, ()
-    listing, stamps = untouched.listing_with_stamps(upper)
-    return kept == listing, stamps
+    listing, stamps = untouched.listing_with_stamps(upper, skip=covered)
+    return kept["listing"] == listing, stamps
 
 
 def _skeleton(record: WorkspaceRecord) -> set[str]:

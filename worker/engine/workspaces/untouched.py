@@ -137,14 +137,16 @@ def only_skeleton(root: str, skeleton: Iterable[str]) -> tuple[bool, TreeStamps]
     return True, tuple(stamps)
 
 
-def listing_with_stamps(root: str) -> tuple[list[list[object]], TreeStamps]:
+def listing_with_stamps(root: str, skip: frozenset[str] = frozenset()
+                        ) -> tuple[list[list[object]], TreeStamps]:
     """Every entry below `root` (path below it, mode, owner, size of a file: what
     `disk.layer_listing` gives), sorted by path, and the stamps of the root and every
-    entry. A directory that cannot be read is listed as far as it could be."""
+    entry. A directory that cannot be read is listed as far as it could be. The paths
+    `skip` names are left out, with what they hold."""
     found: list[list[object]] = []
     stamps: list[tuple[str, Stamp]] = []
     try:
-        for rel, info in _walk(os.path.normpath(root), strict=False):
+        for rel, info in _walk(os.path.normpath(root), strict=False, skip=skip):
             stamps.append((rel, stamp_of(info)))
             if rel:
                 found.append([rel, info.st_mode, info.st_uid, info.st_gid,
@@ -155,11 +157,13 @@ def listing_with_stamps(root: str) -> tuple[list[list[object]], TreeStamps]:
     return found, tuple(stamps)
 
 
-def _walk(root: str, *, strict: bool) -> Iterator[tuple[str, os.stat_result]]:
+def _walk(root: str, *, strict: bool, skip: frozenset[str] = frozenset()
+          ) -> Iterator[tuple[str, os.stat_result]]:
     """(path below `root`, lstat) of `root` ('') and of every entry below it, each
-    directory before what it holds, never following a link. OSError when the root
-    cannot be looked at; for a directory that cannot be read on the way, OSError when
-    `strict`, else what it listed so far."""
+    directory before what it holds, never following a link, but for the paths `skip`
+    names and what they hold. OSError when the root cannot be looked at; for a
+    directory that cannot be read on the way, OSError when `strict`, else what it
+    listed so far."""
     yield "", os.lstat(root)
     stack = [""]
     while stack:
@@ -167,6 +171,8 @@ def _walk(root: str, *, strict: bool) -> Iterator[tuple[str, os.stat_result]]:
         try:
             with os.scandir(f"{root}/{prefix}" if prefix else root) as listing:
                 for entry in listing:
+                    if skip and f"{prefix}{entry.name}" in skip:
+                        continue
                     info = entry.stat(follow_symlinks=False)
                     yield f"{prefix}{entry.name}", info
                     if stat.S_ISDIR(info.st_mode):
