@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import platform
 import shutil
+import signal
 import socket
 import tempfile
 import uuid
@@ -326,6 +327,27 @@ def test_a_throwaway_workspaces_call_is_started_before_it_comes(engine: Engine) 
     assert len(taken) == 1
     wait_until(lambda: len(_ready_spawners(engine.settings)) == full,
                what="the next call's spawner")
+
+
+def test_a_call_whose_ready_spawner_was_killed_starts_the_usual_way(engine: Engine) -> None:
+    """A ready spawner gone before its call (killed, here from outside) is not handed
+    the call: the keeper starts it as before, and makes the next one ready after it."""
+    throwaway_pool.throwaways.fill(engine.settings)
+    full = throwaway_pool._pool_size(engine.settings)
+
+    def all_waiting() -> dict[int, int] | None:
+        found = _ready_spawners(engine.settings)
+        return found if len(found) >= full else None
+
+    for pid in wait_until(all_waiting, what="the throwaways' spawners"):
+        os.kill(pid, signal.SIGKILL)
+    wait_until(lambda: not _ready_spawners(engine.settings), what="them gone")
+    sent_at = _ticks_now()
+    ran = engine.run(f"{START_TICKS}; grep ^Seccomp: /proc/$$/status", cwd=None)
+    assert ran.error is None and ran.exit_code == 0, ran
+    ticks, seccomp = ran.stdout.split("\n")[:2]
+    assert int(ticks) >= sent_at and seccomp == "Seccomp:\t2", ran.stdout
+    wait_until(lambda: _ready_spawners(engine.settings), what="a spawner made ready again")
 
 
 def test_a_host_without_a_spawner_says_so_at_start(engine: Engine, tmp_path: Path) -> None:

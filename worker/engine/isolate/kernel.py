@@ -673,8 +673,9 @@ def start_ready(ready: ReadySpawn, executable: str | None, argv: Sequence[str], 
     except OSError:  # it ended meanwhile
         ready.close()
         return None
-    with contextlib.suppress(OSError):  # it ended with part of its call: its report says
-        control.sendall((header + text)[sent:])  # why, or its status does
+    if sent < len(header) + len(text):
+        with contextlib.suppress(OSError):  # it ended with part of its call: its report
+            control.sendall((header + text)[sent:])  # says why, or its status does
     return _started(ready.pid, control.detach(), cwd)
 
 

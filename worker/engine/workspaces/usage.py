@@ -81,7 +81,10 @@ def full_path(settings: Settings, ws_id: str) -> Path:
 
 
 def over_disk_cap(record: WorkspaceRecord, settings: Settings) -> int | None:
-    """The bytes a workspace held when last counted over its disk cap; None: under it."""
+    """The bytes a workspace held when last counted over its disk cap; None: under it
+    (or it has none: no count flags it then)."""
+    if record.limits.disk_mb is None:
+        return None
     try:
         return int(full_path(settings, record.id).read_text("ascii") or 0)
     except (OSError, ValueError):
