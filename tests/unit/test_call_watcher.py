@@ -195,9 +195,8 @@ def test_a_calls_workspace_is_put_away_when_its_watcher_says(settings: Settings)
     result = run_call(Call(call_id="watch-5", command="true", timeout_s=20),
                       settings=settings, watcher=keeping)
     assert result.exit_code == 0
-    # The call took a ready throwaway; the steps that give it back are the watcher's:
-    # its output files' removal, then the workspace's turn (which finds them gone).
-    assert len(keeping.steps) == 2
+    # The call took a ready throwaway; the step that gives it back is the watcher's.
+    assert len(keeping.steps) == 1
     taken = before - _ready_ids()
     assert len(taken) == 1
     for step in keeping.steps:
@@ -205,19 +204,24 @@ def test_a_calls_workspace_is_put_away_when_its_watcher_says(settings: Settings)
     assert taken <= _ready_ids()
 
 
-def test_a_calls_unkept_output_files_go_with_its_put_away_steps(settings: Settings) -> None:
-    """Output nobody reads again is removed after the answer (the watcher's steps), not
-    on the way to it; the workspace's own step then finds its output folder empty."""
+def test_a_calls_unkept_output_files_are_gone_by_its_answer(settings: Settings) -> None:
+    """Output nobody reads again is removed before the answer goes out (it says none was
+    kept: whoever looks at the host then finds none), not left to the put-away step."""
     keeping = Keeping()
     result = run_call(Call(call_id="watch-9", command="echo out; echo err >&2", timeout_s=20),
                       settings=settings, watcher=keeping)
     assert (result.stdout, result.stderr, result.spill) == ("out\n", "err\n", None)
     root = settings.workspace_root
     assert root is not None
-    assert _named(root, "watch-9.") == ["watch-9.err", "watch-9.out"]  # still to come
+    assert _named(root, "watch-9.") == []
+    # Kept output (cut, past the size a policy keeps) is there, and stays.
+    kept = run_call(Call(call_id="watch-10", command="seq 1 20000", timeout_s=20),
+                    settings=settings, watcher=keeping)
+    assert kept.spill is not None and _named(root, "watch-10.") == ["watch-10.err",
+                                                                    "watch-10.out"]
     for step in keeping.steps:
         step()
-    assert _named(root, "watch-9.") == []
+    assert _named(root, "watch-10.") == ["watch-10.err", "watch-10.out"]
 
 
 def _named(root: Path, prefix: str) -> list[str]:
@@ -251,6 +255,6 @@ def test_a_call_that_started_a_job_puts_its_workspace_away_at_once(settings: Set
     # Still the step's job for a call that started none (the effect could have happened).
     run_call(Call(call_id="watch-8", command="true", timeout_s=20), settings=settings,
              watcher=keeping)
-    assert len(keeping.steps) == 2
+    assert len(keeping.steps) == 1
     for step in keeping.steps:
         step()

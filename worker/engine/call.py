@@ -715,8 +715,7 @@ def _run_foreground(
         _reap(proc)
         launch.release()
         raise
-    builder = ResultBuilder(call, settings, streams, files, secrets, cwd, started, pipes,
-                            later=watcher.put_away)
+    builder = ResultBuilder(call, settings, streams, files, secrets, cwd, started, pipes)
     if reason == "exited":
         return _finished(builder, proc, launch, started_with=child.env)
     # With output in memory there is no file to keep running into: kill instead.

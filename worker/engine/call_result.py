@@ -10,7 +10,6 @@ import os
 import re
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -95,9 +94,6 @@ class ResultBuilder:
     cwd: str
     started: float
     pipes: Pipes | None = None
-    later: Callable[[Callable[[], None]], None] | None = None
-    """Where work the result does not wait for goes (the watcher's `put_away`: after
-    the call's answer); None: done at once."""
 
     def _sources(self) -> list[tuple[Source, int, int]]:
         """(source, size, lines) of each stream, files caught up to their end."""
@@ -132,17 +128,10 @@ class ResultBuilder:
             and sum(sizes) > self.call.policy.spill_min_bytes
         )
         if not wanted:
-            paths = [followed.path for followed in self.files]
-
-            def discard() -> None:
-                for path in paths:
-                    path.unlink(missing_ok=True)
-
-            # Nobody reads them again: removed once the answer went out, not before.
-            if self.later is not None:
-                self.later(discard)
-            else:
-                discard()
+            # Nobody reads them again, and the answer says none was kept: gone before it
+            # goes out (whoever looks at the host once they heard it finds none).
+            for followed in self.files:
+                followed.path.unlink(missing_ok=True)
             return None
         return Spill(
             host=self.settings.host,
