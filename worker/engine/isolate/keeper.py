@@ -184,6 +184,9 @@ class Keeper:
         """The spawner started for a throwaway workspace's next call, once its last
         call's processes ended (`make_ready`): its steps that do not depend on the
         call, the filter's among them, are taken before the call comes."""
+        self.ready_misses = 0
+        """Ready spawners in a row that could not take their call: past READY_MISSES
+        none is started any more (one that fails its own steps would every time)."""
         self.idle_s = 0.0
         """Seconds with nothing to do after which it exits, its holder keeping the
         workspace (0: never; a keeper that is pid 1 never sleeps)."""
@@ -368,8 +371,10 @@ class Keeper:
                 cwd=body["cwd"], ctty=bool(body.get("ctty")), open_files=self.open_files,
                 file_size=body.get("file_size"))
             if pid is not None:
+                self.ready_misses = 0
                 return pid
             kernel.end_ready(ready)
+            self.ready_misses += 1
         if self.spawner >= 0 and self.who is not None:
             try:
                 pid = kernel.spawn_through(
@@ -391,7 +396,8 @@ class Keeper:
     def make_ready(self) -> None:
         """Start the next call's spawner now (a throwaway workspace, clean after its last
         call): what bash waits for at a call is then only the call's own steps."""
-        if self.ready is not None or self.spawner < 0 or self.who is None:
+        if (self.ready is not None or self.spawner < 0 or self.who is None
+                or self.ready_misses >= READY_MISSES):
             return
         try:
             self.ready = kernel.ready_spawn(self.spawner, self.who, self._filter_fd())
@@ -530,6 +536,9 @@ class Keeper:
 #: Seconds a recycle waits for the last processes to die of SIGKILL (one stuck in the
 #: kernel, on a dead NFS server say): past it the workspace is deleted instead.
 RECYCLE_TIMEOUT_S = 2.0
+#: Ready spawners in a row not able to take their call after which a keeper starts
+#: its calls' spawners as the calls come.
+READY_MISSES = 3
 
 
 
