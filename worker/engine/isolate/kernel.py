@@ -576,22 +576,32 @@ def spawn_through(spawner: int, executable: str | None, argv: Sequence[str],  # 
             "1" if ctty else "0", str(filter_fd), executable or "", str(len(argv)), *argv,
             *(f"{name}={value}" for name, value in env.items())]
     actions = [(os.POSIX_SPAWN_DUP2, fd, target) for fd, target in zip(fds, targets, strict=True)]
-    # Open across the exec for the spawner alone: it closes them (the report pipe at
-    # its own exec). This process is single-threaded: nothing else starts meanwhile.
-    inherited = [write_end, *passed]
+    try:
+        pid = _start_spawner(spawner, args, [write_end, *passed], actions)
+    except SpawnerUnavailableError:
+        os.close(read_end)
+        raise
+    finally:
+        os.close(write_end)
+    return _started(pid, read_end, cwd)
+
+
+def _start_spawner(spawner: int, args: list[str], inherited: Sequence[int],
+                   actions: Sequence[tuple[int, int, int]] = ()) -> int:
+    """posix_spawn the spawner binary through /proc/self/fd with `inherited` open across
+    its exec for it alone (it closes them, a report descriptor at its own exec): this
+    process is single-threaded, nothing else starts meanwhile. Its environment is
+    empty: a command's is its only once it is the call's user (spawn.c).
+    SpawnerUnavailableError when the binary could not be started."""
     for fd in inherited:
         os.set_inheritable(fd, True)
     try:
-        # Its environment is the command's only once it is the call's user (spawn.c).
-        pid = os.posix_spawn(f"/proc/self/fd/{spawner}", args, {}, file_actions=actions)
+        return os.posix_spawn(f"/proc/self/fd/{spawner}", args, {}, file_actions=actions)
     except OSError as exc:
-        os.close(read_end)
         raise SpawnerUnavailableError(exc.errno or errno.EIO, f"the spawner: {exc}") from exc
     finally:
-        for fd in passed:
+        for fd in inherited:
             os.set_inheritable(fd, False)
-        os.close(write_end)
-    return _started(pid, read_end, cwd)
 
 
 #: What a ready spawner takes with its call (spawn.c's MAX_CALL_FDS, MAX_CALL_BYTES).
@@ -618,20 +628,16 @@ def ready_spawn(spawner: int, who: Identity, filter_fd: int = -1) -> ReadySpawn:
     arguments do not choose, then waits for `start_ready`. SpawnerUnavailableError when
     the binary could not be started; a step that failed is seen at `start_ready`."""
     mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    passed = [fd for fd in (theirs.fileno(), who.userns_fd, filter_fd) if fd >= 0]
-    args = [SPAWN_NAME, "--ready", str(theirs.fileno()), str(who.userns_fd), str(who.uid),
+    child_fd = theirs.fileno()
+    args = [SPAWN_NAME, "--ready", str(child_fd), str(who.userns_fd), str(who.uid),
             str(who.gid), ",".join(str(group) for group in who.groups), str(filter_fd)]
-    for fd in passed:
-        os.set_inheritable(fd, True)
     try:
-        pid = os.posix_spawn(f"/proc/self/fd/{spawner}", args, {})
-    except OSError as exc:
+        pid = _start_spawner(spawner, args,
+                             [fd for fd in (child_fd, who.userns_fd, filter_fd) if fd >= 0])
+    except SpawnerUnavailableError:
         mine.close()
-        raise SpawnerUnavailableError(exc.errno or errno.EIO, f"the spawner: {exc}") from exc
+        raise
     finally:
-        for fd in passed:
-            os.set_inheritable(fd, False)
-        child_fd = theirs.fileno()
         theirs.close()
     return ReadySpawn(pid, mine, child_fd)
 

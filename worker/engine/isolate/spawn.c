@@ -278,19 +278,21 @@ static long whole(const char *text) {
     return negative ? -(long)value : (long)value;
 }
 
-/* GROUPS: comma-separated decimal ids, each below 2^32. */
-static unsigned long parse_groups(const char *text, unsigned int *groups) {
+/* A comma-separated list of decimal numbers ("" for none): at most `most` of them,
+ * each at most `highest` (GROUPS' ids, a ready spawner's TARGETS). */
+static unsigned long parse_numbers(const char *text, unsigned int *values, unsigned long most,
+                                   unsigned long highest, const char *name) {
     unsigned long count = 0;
     while (*text) {
-        if (count == MAX_GROUPS) fail("setup", E2BIG, "groups");
+        if (count == most) fail("setup", E2BIG, name);
         unsigned long value = 0;
         const char *start = text;
         for (; *text >= '0' && *text <= '9'; text++) {
             value = value * 10 + (unsigned long)(*text - '0');
-            if (value > 0xffffffffUL) fail("setup", ERANGE, "groups");
+            if (value > highest) fail("setup", ERANGE, name);
         }
-        if (text == start || (*text && *text != ',')) fail("setup", EINVAL, "groups");
-        groups[count++] = (unsigned int)value;
+        if (text == start || (*text && *text != ',')) fail("setup", EINVAL, name);
+        values[count++] = (unsigned int)value;
         if (*text) text++;
     }
     return count;
@@ -362,7 +364,7 @@ static __attribute__((noreturn)) void exec_command(const char *executable, char 
  * keyring linked into the session's; no capability left unless it is root there. */
 static void become(int userns, long uid, long gid, const char *group_list) {
     static unsigned int groups[MAX_GROUPS];
-    unsigned long ngroups = parse_groups(group_list, groups);
+    unsigned long ngroups = parse_numbers(group_list, groups, MAX_GROUPS, 0xffffffffUL, "groups");
     if (uid >= 0) {
         if (userns >= 0) {
             check(sys2(__NR_setns, userns, CLONE_NEWUSER), "setup", "setns");
@@ -425,25 +427,15 @@ static void *take_memory(unsigned long size) {
  * the control descriptor (a target may be another's number), then each dup'ed to its
  * target (a dup is not close-on-exec), the moved ones close-on-exec. */
 static void place_descriptors(const int *fds, unsigned long count, const char *targets) {
-    int at[MAX_CALL_FDS];
+    unsigned int at[MAX_CALL_FDS];
     long moved[MAX_CALL_FDS];
-    unsigned long n = 0;
-    long floor = report_fd;
-    while (*targets) {
-        if (n == count) fail("setup", EINVAL, "targets");
-        const char *start = targets;
-        long value = 0;
-        for (; *targets >= '0' && *targets <= '9'; targets++) {
-            value = value * 10 + (*targets - '0');
-            if (value > 0x7fffffffL) fail("setup", ERANGE, "targets");
-        }
-        if (targets == start || (*targets && *targets != ',')) fail("setup", EINVAL, "targets");
-        if (value == report_fd) fail("setup", EBADF, "targets");
-        at[n++] = (int)value;
-        if (value > floor) floor = value;
-        if (*targets) targets++;
-    }
+    unsigned long n = parse_numbers(targets, at, MAX_CALL_FDS, 0x7fffffffUL, "targets");
     if (n != count) fail("setup", EINVAL, "targets");
+    long floor = report_fd;
+    for (unsigned long i = 0; i < n; i++) {
+        if ((long)at[i] == report_fd) fail("setup", EBADF, "targets");
+        if ((long)at[i] > floor) floor = at[i];
+    }
     for (unsigned long i = 0; i < n; i++) {
         moved[i] = check(sys3(__NR_fcntl, fds[i], F_DUPFD_CLOEXEC, floor + 1), "setup", "dup");
         sys1(__NR_close, fds[i]);
