@@ -10,6 +10,7 @@ able to fail.
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import socket
@@ -213,6 +214,32 @@ def test_20_6_another_fleets_state_output_and_sessions_are_out_of_reach(
             assert own.stdout == "300000\n"
         finally:
             workspaces.delete(ws_b.id, fleet_b.settings)
+
+
+def test_the_keeper_refuses_a_call_with_a_nul_byte_and_serves_on(
+    engine: Engine, spaces: Workspaces,
+) -> None:
+    """A NUL in a call's cwd, command or environment (the worker's models refuse one
+    first) is refused by the keeper itself, by whichever way it would start the call:
+    never split into other fields, and the keeper serves the next call."""
+    record = spaces.new()
+    assert record.socket_path is not None
+    null = os.open(os.devnull, os.O_RDWR)
+    base: dict[str, object] = {"argv": ["bash", "-c", "true"], "env": {"PATH": "/usr/bin:/bin"},
+                               "cwd": "/", "targets": [0, 1, 2]}
+    try:
+        for change in ({"argv": ["bash", "-c", "true\0PATH=/x"]}, {"cwd": "/\0-1"},
+                       {"env": {"PATH": "/usr/bin\0X=1"}}, {"env": {"A\0B": "1"}}):
+            conn = launcher.KeeperConnection.connect(record.socket_path)
+            try:
+                with pytest.raises(launcher.SandboxError) as refused:
+                    conn.start(base | change, [null] * 3)  # type: ignore[arg-type]
+                assert refused.value.errno == errno.EINVAL, refused.value
+            finally:
+                conn.close()
+    finally:
+        os.close(null)
+    assert spaces.run(record, "echo served").stdout == "served\n"
 
 
 def test_the_keeper_answers_its_worker_only(engine: Engine, spaces: Workspaces) -> None:

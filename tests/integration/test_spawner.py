@@ -229,6 +229,17 @@ def test_a_ready_spawner_it_cannot_use_is_not_used(place: Path, spawner: int,
         assert kernel.start_ready(taken, None, argv, env, [null], [taken.child_fd],
                                   cwd="/") is None
         assert ends(taken.pid) == 0  # its keeper's end closed: it ends, running nothing
+        # A NUL inside a field (the worker's models refuse one; the keeper checks again):
+        # it would shift every field after it, an environment variable into its argv.
+        nuls: list[tuple[list[str], dict[str, str], str]] = [
+            ([*argv[:2], argv[2] + "\0PATH=/x"], env, "/"), (argv, env, "/\0-1"),
+            (argv, {"PATH": "/usr/bin\0FAKE=1"}, "/")]
+        for nul_argv, nul_env, nul_cwd in nuls:
+            held = kernel.ready_spawn(spawner, kernel.Identity(0, 0, (), userns))
+            assert kernel.start_ready(held, None, nul_argv, nul_env, [null] * 3, [0, 1, 2],
+                                      cwd=nul_cwd) is None
+            assert ends(held.pid) == 0
+        assert not marker.exists()
         # The same call through one that can: it runs (the cases above could have).
         fine = kernel.ready_spawn(spawner, kernel.Identity(0, 0, (), userns))
         pid = kernel.start_ready(fine, None, argv, env, [null] * 3, [0, 1, 2], cwd="/")

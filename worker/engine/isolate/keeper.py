@@ -364,6 +364,11 @@ class Keeper:
                targets: Sequence[int]) -> int:
         # The child enters the cwd and finds bash as the workspace's user, in its view:
         # the keeper (root) never resolves a path a command may have planted.
+        env = body["env"]
+        if "\0" in "".join((body["cwd"], body.get("executable") or "", *body["argv"], *env,
+                             *env.values())):
+            # The worker's models refuse one; exec could not take it either way.
+            raise OSError(errno.EINVAL, "a NUL byte in the call's cwd, command or environment")
         if self.ready is not None:
             ready, self.ready = self.ready, None
             pid = kernel.start_ready(

@@ -16,6 +16,7 @@ import resource
 import signal
 import socket
 import struct
+import sys
 import termios
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -604,6 +605,9 @@ def _start_spawner(spawner: int, args: list[str], inherited: Sequence[int],
             os.set_inheritable(fd, False)
 
 
+#: How a path or an argument becomes bytes for exec (os.fsencode's encoding).
+_FS_ENCODING, _FS_ERRORS = sys.getfilesystemencoding(), sys.getfilesystemencodeerrors()
+
 #: What a ready spawner takes with its call (spawn.c's MAX_CALL_FDS, MAX_CALL_BYTES).
 READY_MAX_FDS = 16
 READY_MAX_BYTES = 8 << 20
@@ -656,9 +660,15 @@ def start_ready(ready: ReadySpawn, executable: str | None, argv: Sequence[str], 
               str(file_size if file_size is not None else -1), "1" if ctty else "0",
               ",".join(str(target) for target in targets), executable or "", str(len(argv)),
               *argv, *(f"{name}={value}" for name, value in env.items())]
+    # One encode of the whole, as os.fsencode would encode each field. The file system
+    # encoding (UTF-8, or one built on ASCII) makes a 0 byte of NUL alone: one more 0
+    # byte than the separators is a NUL inside a field, which would shift every field
+    # after it. Such a call is started the usual way, where exec refuses it.
     try:
-        text = b"".join(os.fsencode(field) + b"\0" for field in fields)
-    except ValueError:  # a NUL in a field: `spawn` says what is wrong with it
+        text = ("\0".join(fields) + "\0").encode(_FS_ENCODING, _FS_ERRORS)
+    except UnicodeEncodeError:
+        text = b""
+    if text.count(b"\0") != len(fields):
         text = b""
     if (not text or len(text) > READY_MAX_BYTES or len(fds) > READY_MAX_FDS
             or ready.child_fd in targets):
