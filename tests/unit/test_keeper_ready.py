@@ -4,14 +4,16 @@ own steps would every time), the kernel's side played by stand-ins."""
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from bashfleet.worker.engine.isolate import keeper, kernel
+from bashfleet.worker.engine.isolate import keeper, kernel, proto
 
 WHO = kernel.Identity(0, 0, (), 5)
 
@@ -88,3 +90,41 @@ def test_ready_spawners_that_cannot_take_their_call_stop_being_made(
     made.make_ready()
     assert made.ready is None and fake.readied == keeper.READY_MISSES
     assert made._start(BODY, [], [0, 1, 2]) == 2001 + keeper.READY_MISSES
+
+
+def test_an_output_caps_first_look_comes_once_the_call_could_write(
+        played: tuple[keeper.Keeper, Kernel], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A look as the call starts finds nothing written and waits the longest before the
+    next: a flood had 50 ms to run past the cap (16-71 MiB over a 2 MiB cap measured).
+    The first look comes after the shortest wait instead, as a job supervisor's does."""
+    made, _ = played
+    monkeypatch.setattr(kernel, "host_pid", lambda pid, proc: pid)
+    monkeypatch.setattr(kernel, "start_ticks", lambda pid, proc: 1)
+    clock = [100.0]
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    out_read, out_write = os.pipe()
+    try:
+        conn = keeper.Conn(ours)
+        request: Any = {**BODY, "targets": [1], "output_cap": 1 << 20}
+        made._spawn(conn, request, [out_write])
+        tracked = made.tracked[2001]
+        assert tracked.watch is not None
+        assert tracked.next_look == pytest.approx(100.0 + proto.CAP_MIN_WAIT_S)
+        looks: list[float] = []
+
+        def step() -> tuple[bool, float]:
+            looks.append(clock[0])
+            return False, proto.CAP_MAX_WAIT_S
+
+        monkeypatch.setattr(tracked.watch, "step", step)
+        made._tick()  # at once: not yet
+        clock[0] += proto.CAP_MIN_WAIT_S
+        made._tick()
+        assert looks == [clock[0]]
+    finally:
+        for tracked in made.tracked.values():
+            tracked.close()
+        ours.close()
+        theirs.close()
+        os.close(out_read)

@@ -349,6 +349,9 @@ class Keeper:
         cap = body.get("output_cap")
         if cap is not None and outputs:
             tracked.watch = proto.CapWatch(lambda: proto.files_size(tracked.outputs), int(cap))
+            # Its first look once it had time to write, as a job supervisor's: a look at
+            # once finds nothing and waits the longest (most calls end before).
+            tracked.next_look = time.monotonic() + proto.CAP_MIN_WAIT_S
         job = body.get("job")
         if job is not None and extra:
             tracked.job = _job(job, extra[0])
