@@ -28,9 +28,6 @@ _lock = threading.Lock()
 STEPS: dict[str, list[tuple[str, str]]] = {
     # Called once a BRPOP's answer is there to read: the message reached the worker.
     "kombu.transport.redis": [("Channel._brpop_read", "message read (BRPOP)")],
-    # The task's thread starts it (`bashfleet.worker.fleet.handoff`: once the loop sent
-    # the next BRPOP).
-    "celery.app.trace": [("fast_trace_task", "task's thread runs it")],
     "bashfleet.worker.fleet.tasks": [
         ("verify", "verify"), ("run_exec", "exec"), ("run_call", "engine"),
         ("deliver", "deliver (a reply FINISH held back)"),

@@ -25,7 +25,7 @@ import redis
 from celery.signals import worker_ready, worker_shutting_down
 
 from bashfleet.worker.engine import running, workspaces
-from bashfleet.worker.fleet import flower, handoff, registry, tasks
+from bashfleet.worker.fleet import flower, registry, tasks
 from bashfleet.worker.fleet.app import app, setup_consumer_logging
 from bashfleet.worker.fleet.connect import redis_client
 from bashfleet.worker.fleet.control import Runtime
@@ -83,14 +83,11 @@ def run_consumer(role: Role, instance: str) -> int:
         queues, slots = names.exec_queues(host, settings.labels), settings.concurrency
     else:
         queues, slots = [names.ctl_queue(host)], CTL_CONCURRENCY
-    # Celery's threads pool, handing tasks over once the loop is about to wait. Set as
-    # the app's pool, not `--pool`: Celery's command line takes only its own names.
-    app.conf.worker_pool = handoff.POOL
     app.worker_main(
         [
             *celery_options, "worker", "--hostname", flower.worker_name(role, host),
             "--queues", ",".join(queues),
-            "--concurrency", str(slots), "--without-gossip",
+            "--pool", "threads", "--concurrency", str(slots), "--without-gossip",
             "--without-mingle", "--task-events", "--loglevel", "INFO",
         ]
     )

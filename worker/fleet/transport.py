@@ -13,9 +13,6 @@ the `routing_key` its sender wrote in the message, which anyone who pushes a mes
 onto another queue writes too. `TrueQueue` overwrites it with the list the message was
 popped from, so a signed message's target is checked against the truth
 (`bashfleet.worker.fleet.verify`).
-
-And a consumer's loop hands the tasks it read to their threads only after its tick has
-sent the next BRPOP (`bashfleet.worker.fleet.handoff`).
 """
 
 from __future__ import annotations
@@ -72,16 +69,6 @@ class TrueQueue:
         )
 
 
-def _register_handing_over(register: Any, connection: Any, loop: Any) -> None:
-    # Imported here: only a consumer's loop registers; a client sending through this
-    # transport never loads Celery's pool for it.
-    from bashfleet.worker.fleet import handoff  # noqa: PLC0415
-
-    before = set(loop.on_tick)
-    register(connection, loop)
-    handoff.after_ticks(loop, set(loop.on_tick) - before)
-
-
 class Channel(TrueQueue, SharedClient, kombu_redis.Channel):
     """A Redis channel that reuses its synchronous client."""
 
@@ -90,10 +77,6 @@ class Transport(kombu_redis.Transport):
     """kombu's Redis transport with `Channel` above."""
 
     Channel = Channel
-
-    def register_with_event_loop(self, connection: Any, loop: Any) -> None:
-        """kombu's, with the tasks a turn read handed over after its tick (`handoff`)."""
-        _register_handing_over(super().register_with_event_loop, connection, loop)
 
 
 class SentinelChannel(TrueQueue, SharedClient, kombu_redis.SentinelChannel):
@@ -104,7 +87,3 @@ class SentinelTransport(kombu_redis.SentinelTransport):
     """kombu's Sentinel transport with `SentinelChannel` above."""
 
     Channel = SentinelChannel
-
-    def register_with_event_loop(self, connection: Any, loop: Any) -> None:
-        """kombu's, with the tasks a turn read handed over after its tick (`handoff`)."""
-        _register_handing_over(super().register_with_event_loop, connection, loop)
