@@ -108,6 +108,7 @@ def test_text_keeps_its_look_and_adds_the_ids() -> None:
     assert line.endswith(f" bashfleet[{plain.process}] INFO host a up")
     assert formatter.format(tagged).endswith("INFO [c-4 j-4] call ended")
     assert tagged.getMessage() == "call ended"  # the record itself is left as it was
+    assert tagged.message == "call ended"  # the tagged text went to a copy of it
     celery_style = logs.make_formatter("text", HOST, "exec", "[%(levelname)s] %(message)s")
     assert celery_style.format(tagged) == "[INFO] [c-4 j-4] call ended"
     injected = logging.LogRecord("bashfleet.worker", logging.INFO, __file__, 1, "x", None, None)
@@ -130,3 +131,10 @@ def test_setup_installs_one_handler_unless_logging_is_configured() -> None:
         logging.captureWarnings(False)
         root.handlers = saved
         root.setLevel(level)
+
+
+def test_a_line_without_a_url_is_left_as_it_is() -> None:
+    text = "call ended: exit 0 in 0.01s"
+    assert logs.mask_urls(text) is text
+    assert logs.mask_urls("see http://u:pw@h/ and ftp://v:pw2@k") == (
+        "see http://u:**@h/ and ftp://v:**@k")

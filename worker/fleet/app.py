@@ -46,6 +46,10 @@ def setup_consumer_logging(log_format: logs.LogFormat, host: str, role: str) -> 
     # Until Celery sets up its handlers, what the start logs or warns (its
     # SecurityWarning under root, for one) is in our format too.
     logs.setup(log_format, host, role)
+    # No record looks for the file and line that logged it (no format shows them): a
+    # walk up the stack on each of an exec consumer's two lines a call (the logging
+    # HOWTO's own advice when they are not needed).
+    logging._srcfile = None
 
     def restyle(logger: logging.Logger, format: str = logs.TEXT_FORMAT, **_: object) -> None:
         logs.restyle(logger, log_format, host, role, format)

@@ -22,7 +22,6 @@ guard behind the callers, which already log URLs masked.
 from __future__ import annotations
 
 import contextlib
-import copy
 import json
 import logging
 import os
@@ -52,6 +51,8 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 def mask_urls(text: str) -> str:
     """`text` with the password of every URL in it replaced by `**`."""
+    if "://" not in text:  # no URL (the pattern needs one): most lines, at a glance
+        return text
     return _URL_PASSWORD.sub(r"\1**@", text)
 
 
@@ -111,10 +112,11 @@ class TextFormatter(logging.Formatter):
         ids = record_ids(record)
         if not ids:
             return super().formatMessage(record)
-        # A copy: other handlers of the same record must see its message untouched.
-        tagged = copy.copy(record)
+        # A copy: other handlers of the same record must see its message untouched. Its
+        # attributes copied as they are, without copy.copy's generic protocol.
+        tagged = object.__new__(logging.LogRecord)
         tag = " ".join(_CONTROL.sub("?", value) for value in ids.values())
-        tagged.message = f"[{tag}] {record.message}"
+        tagged.__dict__ = {**record.__dict__, "message": f"[{tag}] {record.message}"}
         return super().formatMessage(tagged)
 
     def format(self, record: logging.LogRecord) -> str:
