@@ -54,6 +54,7 @@ BENCHMARKS = {
                        "directory of 64 files up", "write_file in 4 MiB calls"],
     "bench_environments": ["time to interactive, p50", "time to interactive, p99",
                            "environments at once: wall", "environments at once: failures"],
+    "side_by_side": ["`true` end to end, p50", "`echo`, 16 callers"],
     "trace_call": ["message read (BRPOP)", "CLAIM script sent", "CLAIM script answered",
                    "FINISH script", "end to end"],
     "bench_scale": ["1 host(s) x 4 slots", "8 host(s) x 4 slots", "calls in flight, one AsyncFleet",
