@@ -171,3 +171,25 @@ def test_it_is_at_least_as_tight_as_the_profile() -> None:
                "process_madvise", "iopl", "ioperm", "vhangup", "lookup_dcookie",
                "vmsplice", "move_pages", "migrate_pages", "uselib"}
     assert not refused & sf.ALLOWED
+
+
+def test_a_search_too_long_for_short_jumps_jumps_far() -> None:
+    # 400 alternating ranges: a lower half past 255 instructions, which only a long
+    # jump (`ja`) gets over; the search still finds every number's action.
+    actions = [ALLOW, EPERM]
+    ranges = [(number * 2, actions[number % 2]) for number in range(400)]
+    tree = sf._tree(ranges)
+    codes = {struct.unpack_from("=H", tree, at)[0] for at in range(0, len(tree), 8)}
+    assert sf.BPF_JA in codes and len(tree) // 8 > sf.MAX_CONDITIONAL_JUMP
+    program = sf._insn(sf.BPF_LD_W_ABS, sf.NR_AT) + tree  # the number in A, as `program`
+    for nr in range(0, 802):
+        assert run(program, nr, 0) == actions[min(nr // 2, 399) % 2], nr
+
+
+def test_the_programs_take_no_long_jump_they_do_not_need() -> None:
+    # Shorter than one short jump's reach: every comparison jumps over its lower half
+    # itself (fewer instructions for the kernel to compile at each call's start).
+    for program in PROGRAMS.values():
+        codes = [struct.unpack_from("=H", program, at)[0] for at in range(0, len(program), 8)]
+        assert sf.BPF_JA not in codes
+        assert len(codes) <= sf.MAX_CONDITIONAL_JUMP
