@@ -853,11 +853,18 @@ def _claimed(listener: socket.socket, spec: dict[str, Any]
     (exiting when it cannot: the worker makes the workspace again). The descriptors of
     the claim (its id slot's lock) are held for good: open while the keeper lives."""
     maker = int(spec.get("maker_fd", -1))
-    listener.setblocking(True)
+    # Not blocking: a connection the poll saw may be gone when accept comes (a keeper
+    # blocked in accept then outlived its maker: found left over after a CI run). Back
+    # to the poll instead, which watches the maker too.
+    listener.setblocking(maker < 0)
     while True:
         if maker >= 0 and _first_ready([listener.fileno(), maker]) == maker:
             os._exit(0)  # the worker process that made it ahead is gone: none will claim it
-        sock, _ = listener.accept()
+        try:
+            sock, _ = listener.accept()
+        except (BlockingIOError, ConnectionAbortedError):
+            continue
+        sock.setblocking(True)
         pid, uid, _ = struct.unpack("3i", sock.getsockopt(
             socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
         if pid != 0 or uid != int(spec["worker_uid"]):
