@@ -67,7 +67,9 @@ def burst(url: str, host: str, seconds: float) -> float:
     def loop(_: int) -> int:
         fleet, count = Fleet(url), 0
         while time.monotonic() < stop:
-            fleet.run(f"echo {count}", host=host)
+            result = fleet.run(f"echo {count}", host=host)
+            # A side that answers wrongly must not pass for a fast one.
+            assert result.stdout == f"{count}\n", result
             count += 1
         return count
 
