@@ -11,6 +11,8 @@ import time
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from bashfleet.client._core.identity import _owner_identity
 from bashfleet.worker.fleet.verify import check_owner
@@ -190,3 +192,26 @@ def test_the_clients_user_reads_what_workers_write_and_never_writes_it() -> None
     assert "(~bashfleet.* +lpush +llen)" in rules
     lines = acl.acl_lines("w" * 20, "c" * 20)
     assert lines[0] == "user default off" and "w" * 20 not in "".join(lines)
+
+
+@given(st.binary(min_size=0, max_size=64).flatmap(
+    lambda data: st.tuples(st.just(data), st.binary(min_size=len(data), max_size=len(data)))))
+def test_a_wrap_is_the_key_xor_its_pad_byte_by_byte(pair: tuple[bytes, bytes]) -> None:
+    data, pad = pair
+    assert auth._xor(data, pad) == bytes(a ^ b for a, b in zip(data, pad, strict=True))
+    assert auth._xor(auth._xor(data, pad), pad) == data
+
+
+def test_a_wrap_of_the_wrong_length_does_not_open() -> None:
+    with pytest.raises(ValueError, match="wrong length"):
+        auth._xor(b"\x01" * 32, b"\x02" * 31)
+    locked = auth.lock(SEALING.for_owner("alice"), auth.JOB, "j1", "true")
+    head, _, body = locked.partition("\n")
+    ring = auth.keyring([ALICE.secret])
+    kid, _, wrap = next(part.split(":") for part in head.split(",")
+                        if part.split(":")[0] in ring)
+    assert auth.unlock(ring, auth.JOB, "j1", locked) == "true"  # the whole wrap opens
+    # A wrap one byte short, its MAC made right (by one who holds the key): refused.
+    short = f"{kid}:{auth._lock_mac(ring[kid], auth.JOB, 'j1', wrap[:-2], body)}:{wrap[:-2]}"
+    with pytest.raises(auth.AuthError, match="does not decrypt"):
+        auth.unlock(ring, auth.JOB, "j1", f"{short}\n{body}")

@@ -297,6 +297,14 @@ def _pad(key: str, purpose: str, name: str, nonce: bytes) -> bytes:
                     hashlib.sha256).digest()
 
 
+def _xor(data: bytes, pad: bytes) -> bytes:
+    """`data` XOR `pad`, of one length (ValueError otherwise): as one integer each, not
+    byte by byte (~1 us rather than ~5, on every answer's lock and unlock)."""
+    if len(data) != len(pad):
+        raise ValueError("a wrapped key of the wrong length")
+    return (int.from_bytes(data) ^ int.from_bytes(pad)).to_bytes(len(data))
+
+
 def _lock_mac(key: str, purpose: str, name: str, wrap: str, body: str) -> str:
     return _mac(key, f"lock\n{purpose}\n{name}\n{wrap}\n{body}".encode())
 
@@ -313,8 +321,7 @@ def lock(keys: Sequence[str], purpose: str, name: str, value: str) -> str:
     body = base64.b64encode(nonce + sealed).decode()
     heads = []
     for key in chosen:
-        wrap = bytes(a ^ b for a, b in zip(data_key, _pad(key, purpose, name, nonce),
-                                           strict=True)).hex()
+        wrap = _xor(data_key, _pad(key, purpose, name, nonce)).hex()
         heads.append(f"{key_id(key)}:{_lock_mac(key, purpose, name, wrap, body)}:{wrap}")
     return ",".join(heads) + "\n" + body
 
@@ -364,8 +371,7 @@ def _open(key: str, purpose: str, name: str, wrap: str, body: str) -> str:
     try:
         raw = base64.b64decode(body, validate=True)
         nonce, sealed = raw[:_NONCE_BYTES], raw[_NONCE_BYTES:]
-        data_key = bytes(a ^ b for a, b in zip(bytes.fromhex(wrap),
-                                               _pad(key, purpose, name, nonce), strict=True))
+        data_key = _xor(bytes.fromhex(wrap), _pad(key, purpose, name, nonce))
         plain = _aead(data_key).decrypt(nonce, sealed, f"{purpose}\n{name}".encode())
     except Exception:
         raise AuthError("bad_signature", f"{purpose} that does not decrypt refused") from None
