@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import os
 import signal
 import tempfile
@@ -19,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from bashfleet.worker.engine import sandbox
+from bashfleet.worker.engine import resources, sandbox
 from bashfleet.worker.engine.isolate import launcher
 from bashfleet.worker.engine.workspaces import blank_pool
 from bashfleet.worker.settings import Settings
@@ -249,3 +250,44 @@ def test_a_pool_closed_at_exit_leaves_no_blank_s_cgroup(tmp_path: Path) -> None:
     finally:
         pool.close()
     assert [path for path in groups if os.path.exists(path)] == []
+
+
+@needs_cgroups
+def test_a_maker_that_dies_before_its_blank_s_keeper_starts_leaves_the_reaper_its_cgroup(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker killed while it makes a blank, its cgroup made and its keeper not yet
+    started: the reaper ends the blank (by its note, a keeper of pid 0) and removes its
+    cgroup, which would otherwise outlive everything that named it."""
+    settings = Settings(state_dir=tmp_path / "state", host="dies",
+                        workspace_root=tmp_path / "ws", workspace_pool=0)
+    made: list[str] = []
+    real_group = resources.blank_group
+
+    def group(*args: Any) -> Any:
+        found = real_group(*args)
+        made.extend(path for path, _ in (found.paths if found is not None else []))
+        return found
+
+    class Killed(BaseException):
+        """The maker's death, where its keeper would start."""
+
+    def killed(*_: Any) -> int:
+        raise Killed
+
+    monkeypatch.setattr(resources, "blank_group", group)
+    monkeypatch.setattr(sandbox.zygote, "keeper", killed)
+    with pytest.raises(Killed):
+        blank_pool.make_blank(settings, "none")
+    notes = list(settings.workspaces_dir.glob("*.blank"))
+    assert len(notes) == 1 and made and all(os.path.isdir(path) for path in made)
+    # Not while its maker lives (this process): a blank on its way is never taken away.
+    assert blank_pool.reap_blanks(settings) == 0
+    assert all(os.path.isdir(path) for path in made)
+    # Its maker gone (the note names a process that is no more): reaped.
+    note = json.loads(notes[0].read_text("utf-8"))
+    assert note["pid"] == 0
+    notes[0].write_text(json.dumps({**note, "maker_start": note["maker_start"] - 3600}),
+                        encoding="utf-8")
+    assert blank_pool.reap_blanks(settings) == 1
+    assert [path for path in made if os.path.exists(path)] == []
+    assert list(settings.workspaces_dir.glob("*.blank")) == []

@@ -61,7 +61,9 @@ class Blank:
             return []
         self.ended = True
         with contextlib.suppress(ProcessLookupError):
-            if self.start is None or procs.is_same_process(self.pid, self.start):
+            # pid 0: its maker died before its keeper started (kill(0) is our own group).
+            if self.pid > 0 and (self.start is None
+                                 or procs.is_same_process(self.pid, self.start)):
                 os.kill(self.pid, 9)
         for path in (self.socket_path, str(self.note)):
             with contextlib.suppress(FileNotFoundError):
@@ -220,12 +222,14 @@ def make_blank(settings: Settings, net: str, *, prebuilt: bool = False) -> Blank
             spec["prebuild"] = layout.prebuild_steps(str(layers), visibility.host_entries())
         with contextlib.suppress(OSError):
             group = resources.blank_group(settings, f"ws-{ws_id}")
+        # Said before its keeper starts: a maker that dies from here on leaves the reaper
+        # a note of what to remove (its cgroup would otherwise stay behind for good).
+        _write_note(note, 0, None, group, layers)
         listener = launcher.listen(sock_path)
     except BaseException:
         if slot is not None:
             slot.close()
-        if layers is not None:
-            disk.remove_tree(layers)
+        _undo(group, layers, note)
         raise
     fds = group.procs_fds() if group is not None else []
     try:
@@ -234,12 +238,7 @@ def make_blank(settings: Settings, net: str, *, prebuilt: bool = False) -> Blank
         pid = sandbox.zygote.keeper(settings, spec, [listener.fileno(), *fds,
                                                      *([slot.fd] if slot else [])])
     except OSError:
-        if group is not None:
-            group.remove(timeout=0)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(sock_path)
-        if layers is not None:
-            disk.remove_tree(layers)
+        _undo(group, layers, note, sock_path)
         raise
     finally:
         listener.close()
@@ -252,12 +251,32 @@ def make_blank(settings: Settings, net: str, *, prebuilt: bool = False) -> Blank
                   layers=layers, prebuilt=layers is not None, ws_id=ws_id)
     if net == "egress":
         _blank_network(blank, settings)
-    note.write_text(json.dumps({"pid": pid, "start": blank.start, "maker": os.getpid(),
+    _write_note(note, pid, blank.start, group, layers)
+    return blank
+
+
+def _undo(group: cgroups.Group | None, layers: Path | None, note: Path,
+          sock_path: str | None = None) -> None:
+    """Remove what a blank that could not be made had taken."""
+    if group is not None:
+        group.remove(timeout=0)
+    if sock_path is not None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(sock_path)
+    if layers is not None:
+        disk.remove_tree(layers)
+    note.unlink(missing_ok=True)
+
+
+def _write_note(note: Path, pid: int, start: float | None, group: cgroups.Group | None,
+                layers: Path | None) -> None:
+    """A blank's note: its keeper (pid 0: not started yet), its maker, and what it
+    holds, for the reaper to end once its maker is gone (`reap_blanks`)."""
+    note.write_text(json.dumps({"pid": pid, "start": start, "maker": os.getpid(),
                                 "maker_start": procs.start_time(os.getpid()),
                                 "cgroup": [p for p, _ in group.paths] if group else [],
                                 "layers": str(layers) if layers else None}),
                     encoding="utf-8")
-    return blank
 
 
 def _blank_network(blank: Blank, settings: Settings) -> None:
@@ -279,8 +298,11 @@ def _claim_ids(settings: Settings) -> id_slots.Slot | None:
 
 
 def reap_blanks(settings: Settings) -> int:
-    """End the blank keepers of worker processes that died; how many."""
+    """End the blank keepers of worker processes that died; how many. Returns once
+    their layers and cgroups are removed (or their removal gave up): a short-lived
+    caller (`bashfleet down`) would otherwise leave the cgroups behind for good."""
     ended = 0
+    enders: list[threading.Thread] = []
     with contextlib.suppress(FileNotFoundError):
         for entry in os.scandir(settings.workspaces_dir):
             if not entry.name.endswith(".blank"):
@@ -292,7 +314,10 @@ def reap_blanks(settings: Settings) -> int:
                     continue
                 group = cgroups.Group("v2", [(p, ()) for p in info.get("cgroup", [])])
                 layers = info.get("layers")
-                Blank(info["pid"], info.get("start"), entry.path[:-6] + ".sock", group,
-                      Path(entry.path), layers=Path(layers) if layers else None).end()
+                enders += Blank(info["pid"], info.get("start"), entry.path[:-6] + ".sock",
+                                group, Path(entry.path),
+                                layers=Path(layers) if layers else None).end()
                 ended += 1
+    for thread in enders:
+        thread.join()  # each gives up by itself (`Group.remove`, `_remove_when_free`)
     return ended
