@@ -5,26 +5,21 @@ worker by design; a benchmark's hosts are gone for good, so nothing else would e
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
 from bashfleet.worker.engine import teardown
-from bashfleet.worker.settings import Settings
 
 
 def end_hosts_under(root: Path) -> int:
     """`teardown.end_host` for every host state directory under `root` (those holding a
     `workspace-state` directory); how many workspaces and stray keepers were ended."""
-    ended = 0
-    for folder, dirs, _ in os.walk(root):
-        if "workspace-state" in dirs:
-            own = workspace_root(Path(folder))
-            done = teardown.end_host(Settings(state_dir=Path(folder),
-                                              workspace_root=own if own.is_dir() else None))
-            ended += done.workspaces + done.keepers
-            dirs.remove("workspace-state")
-    return ended
+    return teardown.end_hosts_under(root, _own_workspace_root)
+
+
+def _own_workspace_root(state_dir: Path) -> Path | None:
+    own = workspace_root(state_dir)
+    return own if own.is_dir() else None
 
 
 def workspace_root(state_dir: Path) -> Path:

@@ -130,6 +130,22 @@ def _settle(since: float, timeout: float = 5.0) -> list[psutil.Process]:
 
 
 @pytest.fixture(autouse=True)
+def _end_hosts_left_in_tmp_path(request: pytest.FixtureRequest) -> Iterator[None]:
+    """The hosts a test kept in its `tmp_path` end with it, once its workers stopped: a
+    worker it killed (or an in-process caller that died) leaves its workspaces' records,
+    cgroups and keepers to a reaper that never comes, and the cgroups would outlive the
+    directory for good (`teardown.end_hosts_under`)."""
+    if "tmp_path" not in request.fixturenames:
+        yield
+        return
+    tmp: Path = request.getfixturevalue("tmp_path")  # set up first: torn down after us
+    yield
+    from bashfleet.worker.engine import teardown  # noqa: PLC0415 - only for such tests
+
+    teardown.end_hosts_under(tmp)
+
+
+@pytest.fixture(autouse=True)
 def _end_sandbox_pools() -> Iterator[None]:
     """The sandbox launchers and idle runners a test's in-process calls started end with
     the test (each layout, a state directory, has its own), and so does the nftables

@@ -14,6 +14,7 @@ import contextlib
 import os
 import signal
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,6 +52,26 @@ def end_host(settings: Settings) -> Ended:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)  # pid 1 of its namespaces: they end with it
     return Ended(jobs=ended_jobs, workspaces=len(records), keepers=len(strays))
+
+
+def end_hosts_under(
+    root: Path, workspace_root: Callable[[Path], Path | None] = lambda _: None,
+) -> int:
+    """`end_host` for every host state directory under `root` (those holding a
+    `workspace-state` directory), `workspace_root` giving each one's workspace root
+    (None: its default); how many workspaces and stray keepers were ended. For what is
+    gone for good with its workers: a benchmark's or a test's temporary hosts (a worker
+    it killed leaves its workspaces' records, cgroups and keepers to a reaper that never
+    comes)."""
+    ended = 0
+    for folder, dirs, _ in os.walk(root):
+        if "workspace-state" in dirs:
+            state_dir = Path(folder)
+            done = end_host(Settings(state_dir=state_dir,
+                                     workspace_root=workspace_root(state_dir)))
+            ended += done.workspaces + done.keepers
+            dirs.remove("workspace-state")
+    return ended
 
 
 def keepers_under(directory: Path) -> list[int]:
