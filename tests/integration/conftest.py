@@ -27,15 +27,14 @@ import redis
 from bashfleet.client import BashfleetError, Fleet, records
 from bashfleet.client._core.sending import open_reply
 from bashfleet.client.redis_server import RedisServer
-from bashfleet.worker.engine import procs, workspaces
-from bashfleet.worker.engine.jobs import jobs
+from bashfleet.worker.engine import teardown
 from bashfleet.worker.settings import Settings
 from bashfleet.worker.wire import auth
 from bashfleet.worker.wire.messages import task_message
 from bashfleet.worker.wire.models import CallResult
 from bashfleet.worker.wire.names import Task, exec_queue
 
-from .engine_helpers import give_to_run_user, keepers_under
+from .engine_helpers import give_to_run_user
 from .netns_helpers import NetNs
 from .registry import Registry, pushed_images, running_registry
 
@@ -208,24 +207,13 @@ class WorkerProcess:
         return self.proc.returncode
 
     def kill_jobs(self) -> None:
-        """End every background job this worker's host still runs, and delete its
-        workspaces (test cleanup): their keepers outlive the worker by design (a real
-        host's reaper would end them; here nothing else would)."""
+        """End every background job this worker's host still runs, delete its
+        workspaces, and end its blanks and the keepers no record names (test cleanup:
+        `teardown.end_host`). Their keepers outlive the worker by design (a real host's
+        reaper would end them; here nothing else would), and so would their cgroups."""
         root = self.env().get("BASHFLEET_WORKSPACE_ROOT")
-        settings = Settings(state_dir=self.state_dir, host=self.host,
-                            workspace_root=Path(root) if root else None)
-        for record in jobs.local_records(settings):
-            if jobs.is_running(record):
-                leader = procs.is_same_process(record.pid, record.start_time)
-                procs.terminate(record.pgid if leader else None, record.marker, grace_s=0.5)
-        for workspace in workspaces.local_records(settings):
-            workspaces.delete(workspace.id, settings)
-        # A worker killed between starting a keeper and saving its record leaves a keeper
-        # no record names (nothing, not even the reaper, would end it): found by its
-        # mounts (its /tmp and HOME come from this state directory), ended by pid.
-        for pid in keepers_under(self.state_dir):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        teardown.end_host(Settings(state_dir=self.state_dir, host=self.host,
+                                   workspace_root=Path(root) if root else None))
 
 
 @pytest.fixture(scope="session")

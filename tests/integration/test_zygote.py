@@ -288,6 +288,34 @@ def test_a_maker_that_dies_before_its_blank_s_keeper_starts_leaves_the_reaper_it
     assert note["pid"] == 0
     notes[0].write_text(json.dumps({**note, "maker_start": note["maker_start"] - 3600}),
                         encoding="utf-8")
-    assert blank_pool.reap_blanks(settings) == 1
+    assert blank_pool.reap_blanks(settings, wait=True) == 1
     assert [path for path in made if os.path.exists(path)] == []
     assert list(settings.workspaces_dir.glob("*.blank")) == []
+
+
+@needs_cgroups
+def test_a_blank_s_note_stays_until_its_cgroup_is_gone(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A blank ended while its cgroup could not be removed (its keeper would not go, or
+    its maker was killed meanwhile) keeps its note: the next reaper, once the maker is
+    gone, removes what is left. Removed whole, its note goes."""
+    settings = Settings(state_dir=tmp_path / "state", host="stays",
+                        workspace_root=tmp_path / "ws", workspace_pool=0)
+    blank = blank_pool.make_blank(settings, "none")
+    assert blank.group is not None and blank.pid > 0
+    paths = [path for path, _ in blank.group.paths]
+    gave_up = monkeypatch.context()
+    with gave_up as patch:
+        patch.setattr(type(blank.group), "remove", lambda self, timeout=2.0: False)
+        for thread in blank.end():
+            thread.join()
+    assert blank.note.exists() and all(os.path.isdir(path) for path in paths)
+    assert blank_pool.reap_blanks(settings, wait=True) == 0  # its maker (we) lives
+    note = json.loads(blank.note.read_text("utf-8"))
+    blank.note.write_text(json.dumps({**note, "maker_start": note["maker_start"] - 3600}),
+                          encoding="utf-8")
+    assert blank_pool.reap_blanks(settings, wait=True) == 1
+    assert [path for path in paths if os.path.exists(path)] == []
+    assert not blank.note.exists()
+    wait_until(lambda: not os.path.exists(f"/proc/{blank.pid}") or None,
+               what="the blank's keeper to be gone")

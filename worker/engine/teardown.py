@@ -46,7 +46,7 @@ def end_host(settings: Settings) -> Ended:
     records = workspaces.local_records(settings)
     for workspace in records:
         workspaces.delete(workspace.id, settings)
-    workspaces.reap_blanks(settings)
+    workspaces.reap_blanks(settings, wait=True)
     strays = keepers_under(settings.workspaces_dir)
     for pid in strays:
         with contextlib.suppress(ProcessLookupError):

@@ -28,6 +28,12 @@ log = logging.getLogger("bashfleet.workspaces")
 # --------------------------------------------------------------------- blank keepers
 
 
+#: The notes of the blanks whose removal this process runs now: the reaper leaves them
+#: to it (a keeper that will not die would get a thread a round otherwise).
+_removing: set[str] = set()
+_removing_lock = threading.Lock()
+
+
 @dataclass
 class Blank:
     """A keeper made ahead: its namespaces and cgroup ready, no view yet."""
@@ -55,8 +61,8 @@ class Blank:
 
     def end(self) -> list[threading.Thread]:
         """Kill it and remove what it held (a blank never claimed, or a failed claim):
-        its layers and cgroup on threads that wait for the keeper to be gone (returned:
-        a process that exits joins them, or its blanks' cgroups stay behind, empty)."""
+        its cgroup and layers on a thread that waits for the keeper to be gone
+        (returned: a process that exits joins it), its note last (`_remove_held`)."""
         if self.ended:
             return []
         self.ended = True
@@ -65,19 +71,32 @@ class Blank:
             if self.pid > 0 and (self.start is None
                                  or procs.is_same_process(self.pid, self.start)):
                 os.kill(self.pid, 9)
-        for path in (self.socket_path, str(self.note)):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
-        enders = []
-        if self.layers is not None:
-            enders.append(threading.Thread(target=_remove_when_free, args=(self.layers,),
-                                           daemon=True, name="bashfleet-blank-end"))
-        if self.group is not None:
-            enders.append(threading.Thread(target=self.group.remove, kwargs={"timeout": 10.0},
-                                           daemon=True, name="bashfleet-blank-end"))
-        for thread in enders:
-            thread.start()
-        return enders
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.socket_path)
+        if self.layers is None and self.group is None:
+            self.note.unlink(missing_ok=True)
+            return []
+        with _removing_lock:
+            _removing.add(str(self.note))
+        ender = threading.Thread(target=self._remove_held, daemon=True,
+                                 name="bashfleet-blank-end")
+        ender.start()
+        return [ender]
+
+    def _remove_held(self) -> None:
+        """Its cgroup and layers, removed once its keeper is gone; its note last, and only
+        once both went: a process killed meanwhile (or a removal that gave up) leaves the
+        reaper a note of what is left (`reap_blanks`)."""
+        try:
+            removed = self.group is None or self.group.remove(timeout=10.0)
+            if self.layers is not None:
+                removed = _remove_when_free(self.layers) and removed
+            if removed:
+                self.note.unlink(missing_ok=True)
+        finally:
+            with _removing_lock:
+                _removing.discard(str(self.note))
+
 
     def forget(self) -> None:
         """It is a workspace now: its note goes."""
@@ -86,13 +105,16 @@ class Blank:
             self.note.unlink()
 
 
-def _remove_when_free(path: Path) -> None:
-    """Remove a blank's layers once its namespace (where they were mounted) is gone."""
+def _remove_when_free(path: Path) -> bool:
+    """Remove a blank's layers once its namespace (where they were mounted) is gone;
+    False when they were still there after 10 s."""
     deadline = time.monotonic() + 10.0
     while True:
         disk.remove_tree(path)
-        if not path.exists() or time.monotonic() > deadline:
-            return
+        if not path.exists():
+            return True
+        if time.monotonic() > deadline:
+            return False
         time.sleep(0.05)  # the dead keeper's mounts are let go of a moment later
 
 
@@ -297,16 +319,20 @@ def _claim_ids(settings: Settings) -> id_slots.Slot | None:
                      lock_dir=settings.id_lock_dir, legacy=settings.id_range is None)
 
 
-def reap_blanks(settings: Settings) -> int:
-    """End the blank keepers of worker processes that died; how many. Returns once
-    their layers and cgroups are removed (or their removal gave up): a short-lived
-    caller (`bashfleet down`) would otherwise leave the cgroups behind for good."""
+def reap_blanks(settings: Settings, *, wait: bool = False) -> int:
+    """End the blank keepers of worker processes that died; how many. `wait`: return
+    once their layers and cgroups are removed (or their removal gave up), as a
+    short-lived caller must (`bashfleet down`): its threads would end with it, and the
+    cgroups stay behind (their notes, kept, are the next reaper's)."""
     ended = 0
     enders: list[threading.Thread] = []
     with contextlib.suppress(FileNotFoundError):
         for entry in os.scandir(settings.workspaces_dir):
             if not entry.name.endswith(".blank"):
                 continue
+            with _removing_lock:
+                if entry.path in _removing:
+                    continue
             with contextlib.suppress(OSError, ValueError, KeyError):
                 info = json.loads(Path(entry.path).read_text("utf-8"))
                 maker_start = info.get("maker_start")
@@ -318,6 +344,6 @@ def reap_blanks(settings: Settings) -> int:
                                 group, Path(entry.path),
                                 layers=Path(layers) if layers else None).end()
                 ended += 1
-    for thread in enders:
+    for thread in enders if wait else ():
         thread.join()  # each gives up by itself (`Group.remove`, `_remove_when_free`)
     return ended
