@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 from privilege import needs_root
 
-from bashfleet.worker.engine import workspaces
+from bashfleet.worker.engine import teardown, workspaces
 from bashfleet.worker.engine.images import images
 from bashfleet.worker.engine.snapshots import snapshot_store, snapshots
-from bashfleet.worker.engine.workspaces import disk, store, usage
+from bashfleet.worker.engine.workspaces import disk, lifecycle, store, usage
 from bashfleet.worker.settings import Settings
 from bashfleet.worker.wire.models import WorkspaceRecord, WorkspaceSpec
 
@@ -362,6 +362,61 @@ def test_the_reaper_finishes_a_deletion_its_process_left_half_done(engine: Engin
         assert not store.lock_path(engine.settings, ws.id).exists()
     finally:
         workspaces.delete(ws.id, engine.settings)
+
+
+@needs_cgroups
+def test_a_deletion_whose_cgroup_still_holds_a_process_leaves_it_to_the_reaper(
+        engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process the keeper's end did not take (here one of the host's, moved into the
+    workspace's cgroup) keeps the group from going: the record stays set aside, gone for
+    every caller, and the reaper removes the group once it is empty. Before, the record
+    went with the files and the group was nobody's for good."""
+    monkeypatch.setattr(lifecycle, "CGROUP_GONE_S", 0.2, raising=False)
+    ws = workspaces.create(WorkspaceSpec(owner="o"), engine.settings)
+    lodger = subprocess.Popen(["sleep", "600"])
+    try:
+        assert ws.cgroup and all(os.path.isdir(path) for path in ws.cgroup)
+        for path in ws.cgroup:
+            Path(path, "cgroup.procs").write_text(str(lodger.pid))
+        state = workspaces.state_path(engine.settings, ws.id)
+        assert workspaces.delete(ws.id, engine.settings) is True
+        with pytest.raises(store.WorkspaceError):
+            store.load(ws.id, engine.settings)
+        assert ws.id not in [r.id for r in workspaces.local_records(engine.settings)]
+        assert not state.exists()
+        assert all(os.path.isdir(path) for path in ws.cgroup)
+        assert store.ending_path(engine.settings, ws.id).exists()
+        assert workspaces.reap(engine.settings) == []  # still held: left for the next pass
+        assert all(os.path.isdir(path) for path in ws.cgroup)
+        lodger.kill()
+        lodger.wait()
+        assert [r.id for r in workspaces.reap(engine.settings)] == [ws.id]
+        assert not any(os.path.exists(path) for path in ws.cgroup)
+        assert not store.ending_path(engine.settings, ws.id).exists()
+        assert not store.lock_path(engine.settings, ws.id).exists()
+    finally:
+        lodger.kill()
+        lodger.wait()
+        workspaces.delete(ws.id, engine.settings)
+        workspaces.finish_endings(engine.settings)
+
+
+def test_ending_a_host_finishes_the_deletions_its_worker_left_half_done(
+        engine: Engine) -> None:
+    """`bashfleet down` (teardown.end_host) after a worker stopped while a deletion it had
+    answered went on behind: the rest is done then, cgroup included."""
+    ws = workspaces.create(WorkspaceSpec(owner="o"), engine.settings)
+    state = workspaces.state_path(engine.settings, ws.id)
+    assert ws.keeper_pid is not None and state.is_dir()
+    os.kill(ws.keeper_pid, signal.SIGKILL)
+    os.replace(store.record_path(engine.settings, ws.id),
+               store.ending_path(engine.settings, ws.id))
+    wait_until(lambda: not usage.keeper_alive(ws), what="its keeper's end")
+    ended = teardown.end_host(engine.settings)
+    assert ended.workspaces == 1
+    assert not state.exists() and not Path(ws.path).exists()
+    assert not store.ending_path(engine.settings, ws.id).exists()
+    assert not any(os.path.exists(path) for path in ws.cgroup)
 
 
 def test_a_workspace_past_its_disk_cap_is_not_snapshotted(engine: Engine) -> None:

@@ -34,9 +34,10 @@ class Ended:
 
 
 def end_host(settings: Settings) -> Ended:
-    """End the host's running jobs, delete its workspaces, and kill the keepers left
-    without a record (a worker killed between starting one and saving its record, a
-    blank one made ahead by a worker that died)."""
+    """End the host's running jobs, delete its workspaces (and finish the deletions its
+    workers left half done), and kill the keepers left without a record (a worker
+    killed between starting one and saving its record, a blank one made ahead by a
+    worker that died)."""
     ended_jobs = 0
     for record in jobs.local_records(settings):
         if jobs.is_running(record):
@@ -46,12 +47,16 @@ def end_host(settings: Settings) -> Ended:
     records = workspaces.local_records(settings)
     for workspace in records:
         workspaces.delete(workspace.id, settings)
+    # Deletions its workers began (`rm` answered, the rest behind) and did not finish,
+    # and those whose cgroup was still held a moment ago.
+    finished = workspaces.finish_endings(settings)
+    ended_workspaces = len({r.id for r in records} | {r.id for r in finished})
     workspaces.reap_blanks(settings, wait=True)
     strays = keepers_under(settings.workspaces_dir)
     for pid in strays:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)  # pid 1 of its namespaces: they end with it
-    return Ended(jobs=ended_jobs, workspaces=len(records), keepers=len(strays))
+    return Ended(jobs=ended_jobs, workspaces=ended_workspaces, keepers=len(strays))
 
 
 def end_hosts_under(

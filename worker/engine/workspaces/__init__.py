@@ -23,6 +23,7 @@ from bashfleet.worker.engine.workspaces.disk import remove_tree
 from bashfleet.worker.engine.workspaces.keeper_calls import WorkspaceProcess, connections, start
 from bashfleet.worker.engine.workspaces.lifecycle import (
     delete,
+    finish_endings,
     reap,
     restore,
     set_network,
@@ -68,6 +69,7 @@ __all__ = [
     "delete",
     "disk_bytes",
     "disk_cap_notice",
+    "finish_endings",
     "group_of",
     "home_of",
     "last_used",

@@ -32,6 +32,10 @@ from bashfleet.worker.wire.network import NetworkPolicy
 
 log = logging.getLogger("bashfleet.workspaces")
 
+#: How long a deletion waits for its cgroup's last processes to go (the kernel ends them
+#: once the keeper, pid 1 of their namespace, is killed) before leaving it to the reaper.
+CGROUP_GONE_S = 2.0
+
 # --------------------------------------------------------------------------- its end
 
 
@@ -99,19 +103,31 @@ def _delete_behind(ws_id: str, settings: Settings, note: str, answer: Future[boo
             log.warning("workspace %s: its deletion is left to the reaper: %s", ws_id, exc)
 
 
-def _remove_ended(record: WorkspaceRecord, settings: Settings, note: str) -> None:
+def _remove_ended(record: WorkspaceRecord, settings: Settings, note: str) -> bool:
     """What is left of a workspace whose keeper ended: its jobs' ends recorded, its
-    cgroup, files, record (or the record set aside) and lock removed."""
+    cgroup, files, record (or the record set aside) and lock removed. False when its
+    cgroup still held a process after CGROUP_GONE_S (one in the kernel's hands, on a
+    busy host): the record then stays set aside (`store.ending_path`), for the reaper
+    (`finish_endings`) to remove that cgroup later; gone with the record, the cgroup
+    would be nobody's for good (the worker sweeps only the groups it names by pid)."""
     ws_id = record.id
     job_records.end_workspace_jobs(settings, ws_id, note)
-    for path in record.cgroup:
-        cgroups.Group("v2", [(path, ())]).remove(timeout=2.0)
+    left = [path for path in record.cgroup
+            if not cgroups.Group("v2", [(path, ())]).remove(timeout=CGROUP_GONE_S)]
     disk.remove_files(record, settings)
     usage.full_path(settings, ws_id).unlink(missing_ok=True)
+    if left:
+        with contextlib.suppress(FileNotFoundError):
+            os.replace(store.record_path(settings, ws_id), store.ending_path(settings, ws_id))
+        store.forget(ws_id, settings)
+        log.warning("workspace %s: its cgroup %s still holds a process; the reaper "
+                    "removes it later", ws_id, left[0])
+        return False
     store.record_path(settings, ws_id).unlink(missing_ok=True)
     store.ending_path(settings, ws_id).unlink(missing_ok=True)
     store.forget(ws_id, settings)
     store.lock_path(settings, ws_id).unlink(missing_ok=True)  # a waiter opens a new one
+    return True
 
 
 def restore(ws_id: str, snap_id: str, settings: Settings) -> tuple[WorkspaceRecord, int]:
@@ -251,14 +267,15 @@ def reap(settings: Settings, now: float | None = None) -> list[WorkspaceRecord]:
             note = None if used is None else _reap_note(current, used, now)
             if note is not None and _delete_held(current.id, settings, note):
                 reaped.append(current)
-    reaped += _finish_ending(settings)
+    reaped += finish_endings(settings)
     blank_pool.reap_blanks(settings)
     return reaped
 
 
-def _finish_ending(settings: Settings) -> list[WorkspaceRecord]:
-    """Finish the deletions set aside (`delete(finish_later=True)`) that nobody holds:
-    those of a process that died before it was done."""
+def finish_endings(settings: Settings) -> list[WorkspaceRecord]:
+    """Finish the deletions set aside that nobody holds: those of a process that died
+    before it was done (`delete(finish_later=True)`), and those whose cgroup still held
+    a process (`_remove_ended`); the ones finished now."""
     finished = []
     for ws_id in store.ending_ids(settings):
         with store.changing(settings, ws_id, wait=False) as held:
@@ -268,8 +285,8 @@ def _finish_ending(settings: Settings) -> list[WorkspaceRecord]:
             if record is None:
                 continue
             _end_keeper(record)
-            _remove_ended(record, settings, "its workspace was deleted")
-            finished.append(record)
+            if _remove_ended(record, settings, "its workspace was deleted"):
+                finished.append(record)
     return finished
 
 
