@@ -20,10 +20,12 @@ from typing import Any
 
 import pytest
 
-from bashfleet.worker.engine import resources, sandbox
+from bashfleet.worker.engine import resources, sandbox, workspaces
 from bashfleet.worker.engine.isolate import launcher
-from bashfleet.worker.engine.workspaces import blank_pool
+from bashfleet.worker.engine.workspaces import blank_pool, disk, making, store, usage
+from bashfleet.worker.engine.workspaces.store import WorkspaceError
 from bashfleet.worker.settings import Settings
+from bashfleet.worker.wire.models import WorkspaceSpec
 
 from .engine_helpers import fd_holders, wait_until
 from .sandbox_helpers import needs_bubblewrap, needs_cgroups
@@ -319,3 +321,142 @@ def test_a_blank_s_note_stays_until_its_cgroup_is_gone(
     assert not blank.note.exists()
     wait_until(lambda: not os.path.exists(f"/proc/{blank.pid}") or None,
                what="the blank's keeper to be gone")
+
+
+def _taken_blanks(monkeypatch: pytest.MonkeyPatch) -> list[blank_pool.Blank]:
+    """The blanks `workspaces.create` takes from now on."""
+    taken: list[blank_pool.Blank] = []
+    real_take = blank_pool.blanks.take
+
+    def take(*args: Any, **kwargs: Any) -> blank_pool.Blank:
+        blank = real_take(*args, **kwargs)
+        taken.append(blank)
+        return blank
+
+    monkeypatch.setattr(blank_pool.blanks, "take", take)
+    return taken
+
+
+def _maker_gone(note: Path) -> None:
+    """Make a note name a maker that is no more (its start an hour earlier)."""
+    info = json.loads(note.read_text("utf-8"))
+    note.write_text(json.dumps({**info, "maker_start": info["maker_start"] - 3600}),
+                    encoding="utf-8")
+
+
+def _gone(pid: int) -> Callable[[], bool | None]:
+    return lambda: not os.path.exists(f"/proc/{pid}") or None
+
+
+@needs_cgroups
+def test_a_claim_that_fails_after_the_keeper_took_it_ends_the_blank(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The workspace's network could not be put in force once its keeper was claimed: the
+    blank is ended, its keeper and cgroup with it (its note had gone at the claim: the
+    keeper and its group stayed for good)."""
+    settings = Settings(state_dir=tmp_path / "state", host="fails",
+                        workspace_root=tmp_path / "ws", workspace_pool=0)
+    taken = _taken_blanks(monkeypatch)
+
+    def refused(*_: Any) -> None:
+        raise WorkspaceError("spawn_failed", "no network for it")
+
+    monkeypatch.setattr(making, "_claim_network", refused)
+    with pytest.raises(WorkspaceError, match="no network for it"):
+        workspaces.create(WorkspaceSpec(owner="o"), settings)
+    assert len(taken) == 1 and taken[0].group is not None and taken[0].pid > 0
+    paths = [path for path, _ in taken[0].group.paths]
+    wait_until(_gone(taken[0].pid), what="the claimed blank's keeper to be gone")
+    wait_until(lambda: not any(os.path.exists(path) for path in paths) or None,
+               what="its cgroup to be removed")
+    wait_until(lambda: not list(settings.workspaces_dir.glob("*.blank")) or None,
+               what="its note to go")
+
+
+@needs_cgroups
+def test_a_maker_killed_before_the_record_is_saved_leaves_the_reaper_its_blank(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker killed between a blank's claim and the workspace record's save: no record
+    names the keeper or the cgroup, so the blank's note must (it went at the claim)."""
+    settings = Settings(state_dir=tmp_path / "state", host="killed",
+                        workspace_root=tmp_path / "ws", workspace_pool=0)
+    taken = _taken_blanks(monkeypatch)
+
+    class Killed(BaseException):
+        """The maker's death, where the record would be saved: nothing of it runs after."""
+
+    def killed(*_: Any) -> None:
+        raise Killed
+
+    with monkeypatch.context() as dying:
+        dying.setattr(store, "save", killed)
+        dying.setattr(blank_pool.Blank, "end", lambda self: [])
+        dying.setattr(disk, "remove_files", lambda *_: None)
+        with pytest.raises(Killed):
+            workspaces.create(WorkspaceSpec(owner="o"), settings)
+    blank = taken[0]
+    assert blank.group is not None
+    paths = [path for path, _ in blank.group.paths]
+    assert os.path.exists(f"/proc/{blank.pid}") and all(os.path.isdir(p) for p in paths)
+    assert blank.note.exists()
+    _maker_gone(blank.note)
+    assert blank_pool.reap_blanks(settings, wait=True) == 1
+    wait_until(_gone(blank.pid), what="the keeper to be gone")
+    assert not any(os.path.exists(path) for path in paths)
+    assert not blank.note.exists()
+
+
+@needs_cgroups
+def test_a_note_left_beside_a_saved_record_is_dropped_not_reaped(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A maker killed after the record's save and before its blank's note went: the
+    keeper and cgroup are the workspace's; the reaper drops the note and ends nothing."""
+    settings = Settings(state_dir=tmp_path / "state", host="saved",
+                        workspace_root=tmp_path / "ws", workspace_pool=0)
+    taken = _taken_blanks(monkeypatch)
+    with monkeypatch.context() as dying:
+        dying.setattr(blank_pool.Blank, "forget", lambda self: None)
+        record = workspaces.create(WorkspaceSpec(owner="o"), settings)
+    try:
+        blank = taken[0]
+        assert blank.note.exists() and record.keeper_pid == blank.pid and record.cgroup
+        _maker_gone(blank.note)
+        assert blank_pool.reap_blanks(settings, wait=True) == 0
+        assert not blank.note.exists()
+        assert usage.keeper_alive(record)
+        assert all(os.path.isdir(path) for path in record.cgroup)
+    finally:
+        workspaces.delete(record.id, settings)
+
+
+@needs_cgroups
+def test_a_maker_that_dies_as_its_blank_s_cgroup_is_made_leaves_the_reaper_a_note(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The note is written before the blank's cgroup and layers are made: a maker killed
+    right after making the group (a process exiting while its make-ahead thread ran)
+    leaves the reaper a note naming it."""
+    settings = Settings(state_dir=tmp_path / "state", host="dies-early",
+                        workspace_root=tmp_path / "ws", workspace_pool=0)
+    made: list[str] = []
+    real_group = resources.blank_group
+
+    class Killed(BaseException):
+        """The maker's death, just after its blank's cgroup was made."""
+
+    def group_then_killed(*args: Any) -> Any:
+        found = real_group(*args)
+        made.extend(path for path, _ in (found.paths if found is not None else []))
+        raise Killed
+
+    with monkeypatch.context() as dying:
+        dying.setattr(resources, "blank_group", group_then_killed)
+        dying.setattr(blank_pool, "_undo", lambda *_, **__: None)  # nothing runs after death
+        with pytest.raises(Killed):
+            blank_pool.make_blank(settings, "none")
+    assert made and all(os.path.isdir(path) for path in made)
+    notes = list(settings.workspaces_dir.glob("*.blank"))
+    assert len(notes) == 1
+    _maker_gone(notes[0])
+    assert blank_pool.reap_blanks(settings, wait=True) == 1
+    assert [path for path in made if os.path.exists(path)] == []
+    assert list(settings.workspaces_dir.glob("*.blank")) == []

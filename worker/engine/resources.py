@@ -91,16 +91,30 @@ def cgroup_plan(settings: Settings) -> tuple[cgroups.CgroupLimits, cgroups.Suppo
 def blank_group(settings: Settings, name: str) -> cgroups.Group | None:
     """A cgroup with every controller a workspace may need and no limit yet (a blank
     keeper's: its workspace's limits are written when it is claimed)."""
-    support = cgroup_support(settings, cgroups.CONTROLLERS)
+    support = _blank_support(settings)
     if support.version is None:
         return None
+    return cgroups.create(support, cgroups.CgroupLimits(), name=name)
+
+
+def blank_group_paths(settings: Settings, name: str) -> list[str]:
+    """The directories `blank_group(settings, name)` makes (none made here): what a
+    blank's note names before they exist."""
+    support = _blank_support(settings)
+    if support.version is None:
+        return []
+    return [os.path.join(item.base, name) for item in support.hierarchies]
+
+
+def _blank_support(settings: Settings) -> cgroups.Support:
+    support = cgroup_support(settings, cgroups.CONTROLLERS)
     if support.version == "v1":
         # v1's freezer is a hierarchy of its own (v2 has one in every group): a directory
         # there lets a snapshot pause the workspace's processes for its instant.
         frozen = cgroup_support(settings, (*cgroups.CONTROLLERS, "freezer"))
         if frozen.version == "v1":
             support = frozen
-    return cgroups.create(support, cgroups.CgroupLimits(), name=name)
+    return support
 
 
 def ulimit_limits(settings: Settings, carried_by_cgroup: bool) -> limits.ResourceLimits:

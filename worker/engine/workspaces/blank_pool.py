@@ -98,8 +98,13 @@ class Blank:
                 _removing.discard(str(self.note))
 
 
+    def hold(self, group: cgroups.Group) -> None:
+        """Its cgroup under another name (a claim's): its note says so, for the reaper."""
+        self.group = group
+        _write_note(self.note, self.pid, self.start, group, self.layers)
+
     def forget(self) -> None:
-        """It is a workspace now: its note goes."""
+        """It is a workspace now (its record saved): its note goes."""
         self.ended = True
         with contextlib.suppress(FileNotFoundError):
             self.note.unlink()
@@ -236,6 +241,10 @@ def make_blank(settings: Settings, net: str, *, prebuilt: bool = False) -> Blank
                                "maker": os.getpid()}
     group = None
     try:
+        # Said before anything is made: a maker that dies from here on leaves the reaper
+        # a note of what to remove (its cgroup and layers would stay behind for good).
+        _write_note(note, 0, None, resources.blank_group_paths(settings, f"ws-{ws_id}"),
+                    layers)
         if slot is not None:
             spec["ids"] = {"uid": slot.uid, "gid": slot.gid, "count": id_slots.SLOT_SIZE}
             spec["slot"] = True
@@ -244,9 +253,6 @@ def make_blank(settings: Settings, net: str, *, prebuilt: bool = False) -> Blank
             spec["prebuild"] = layout.prebuild_steps(str(layers), visibility.host_entries())
         with contextlib.suppress(OSError):
             group = resources.blank_group(settings, f"ws-{ws_id}")
-        # Said before its keeper starts: a maker that dies from here on leaves the reaper
-        # a note of what to remove (its cgroup would otherwise stay behind for good).
-        _write_note(note, 0, None, group, layers)
         listener = launcher.listen(sock_path)
     except BaseException:
         if slot is not None:
@@ -290,13 +296,29 @@ def _undo(group: cgroups.Group | None, layers: Path | None, note: Path,
     note.unlink(missing_ok=True)
 
 
-def _write_note(note: Path, pid: int, start: float | None, group: cgroups.Group | None,
-                layers: Path | None) -> None:
+def _claimed(settings: Settings, cgroup_paths: list[str]) -> bool:
+    """True when a workspace's record (or its deletion's) names this cgroup: the blank
+    was claimed and its record saved."""
+    for path in cgroup_paths:
+        name = os.path.basename(path)
+        if name.startswith("ws-") and store.valid_id(name[3:]):
+            ws_id = name[3:]
+            if (store.record_path(settings, ws_id).exists()
+                    or store.ending_path(settings, ws_id).exists()):
+                return True
+    return False
+
+
+def _write_note(note: Path, pid: int, start: float | None,
+                group: cgroups.Group | list[str] | None, layers: Path | None) -> None:
     """A blank's note: its keeper (pid 0: not started yet), its maker, and what it
-    holds, for the reaper to end once its maker is gone (`reap_blanks`)."""
+    holds (or will: `group` as paths), for the reaper to end once its maker is gone
+    (`reap_blanks`)."""
+    paths = group if isinstance(group, list) else \
+        [p for p, _ in group.paths] if group is not None else []
     note.write_text(json.dumps({"pid": pid, "start": start, "maker": os.getpid(),
                                 "maker_start": procs.start_time(os.getpid()),
-                                "cgroup": [p for p, _ in group.paths] if group else [],
+                                "cgroup": paths,
                                 "layers": str(layers) if layers else None}),
                     encoding="utf-8")
 
@@ -337,6 +359,11 @@ def reap_blanks(settings: Settings, *, wait: bool = False) -> int:
                 info = json.loads(Path(entry.path).read_text("utf-8"))
                 maker_start = info.get("maker_start")
                 if maker_start is not None and procs.is_same_process(info["maker"], maker_start):
+                    continue
+                if _claimed(settings, info.get("cgroup", [])):
+                    # Its maker died between saving the workspace's record and removing
+                    # this note: the keeper and cgroup are that workspace's now.
+                    Path(entry.path).unlink(missing_ok=True)
                     continue
                 group = cgroups.Group("v2", [(p, ()) for p in info.get("cgroup", [])])
                 layers = info.get("layers")

@@ -122,6 +122,11 @@ def _create(spec: WorkspaceSpec, settings: Settings, choice: sandbox.Choice,  # 
             record = _start_keeper(record, settings, user, blank, inside=inside,
                                    image_root=image_root)
         store.save(record, settings)
+        if blank is not None:
+            # Its note goes only now that the record names its keeper and cgroup: a
+            # claim that failed is ended with it (`create`), and a worker killed before
+            # this leaves the reaper the note (`reap_blanks`).
+            blank.forget()
     except BaseException:
         disk.remove_files(record, settings)
         raise
@@ -431,7 +436,6 @@ def _start_keeper(record: WorkspaceRecord, settings: Settings, user: sandbox.Use
     except OSError as exc:
         raise WorkspaceError("spawn_failed", f"could not make the workspace's sandbox: "
                              f"{exc.strerror or exc}") from exc
-    blank.forget()
     _claim_network(record, settings, blank)
     if slot is not None:
         upper = store.state_path(settings, record.id) / "layer" / "upper"
@@ -479,7 +483,8 @@ def _claim_group(blank: blank_pool.Blank, record: WorkspaceRecord) -> cgroups.Gr
         return None
     group = blank.group
     if record.id != blank.ws_id:  # an id its maker chose (a restore keeps its own)
-        group = blank.group = cgroups.rename(group, f"ws-{record.id}")
+        blank.hold(cgroups.rename(group, f"ws-{record.id}"))
+        group = blank.group
     cgroups.write_limits(group, resources.cgroup_limits(record.limits))
     group.baseline = group.counters()
     return group
