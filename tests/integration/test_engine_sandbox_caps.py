@@ -21,7 +21,7 @@ import pytest
 from privilege import needs_root
 from pydantic import ValidationError
 
-from bashfleet.worker.engine import sandbox, workspaces
+from bashfleet.worker.engine import sandbox, teardown, workspaces
 from bashfleet.worker.engine.isolate import launcher
 from bashfleet.worker.engine.jobs.jobs import load_record
 from bashfleet.worker.settings import Settings
@@ -132,6 +132,8 @@ def _shared_dir_fixture() -> Iterator[Path]:
     try:
         yield folder
     finally:
+        # Its hosts' workspaces first (their cgroups are outside it, named by their records).
+        teardown.end_hosts_under(folder, workspace_root=lambda _: folder / "workspaces")
         shutil.rmtree(folder, ignore_errors=True)
 
 
