@@ -296,16 +296,21 @@ def _undo(group: cgroups.Group | None, layers: Path | None, note: Path,
     note.unlink(missing_ok=True)
 
 
-def _claimed(settings: Settings, cgroup_paths: list[str]) -> bool:
-    """True when a workspace's record (or its deletion's) names this cgroup: the blank
-    was claimed and its record saved."""
-    for path in cgroup_paths:
-        name = os.path.basename(path)
-        if name.startswith("ws-") and store.valid_id(name[3:]):
-            ws_id = name[3:]
-            if (store.record_path(settings, ws_id).exists()
-                    or store.ending_path(settings, ws_id).exists()):
-                return True
+def _claimed(settings: Settings, info: dict[str, object]) -> bool:
+    """True when a workspace's record (or its deletion's) names this blank's keeper and
+    cgroup: the blank was claimed and its record saved. Another keeper named there (a
+    restore whose maker died before it saved the new one) does not make it that
+    workspace's."""
+    paths = info.get("cgroup")
+    for path in paths if isinstance(paths, list) else []:
+        name = os.path.basename(str(path))
+        if not (name.startswith("ws-") and store.valid_id(name[3:])):
+            continue
+        for saved in (store.record_path(settings, name[3:]),
+                      store.ending_path(settings, name[3:])):
+            with contextlib.suppress(OSError, ValueError):
+                if json.loads(saved.read_text("utf-8")).get("keeper_pid") == info.get("pid"):
+                    return True
     return False
 
 
@@ -360,7 +365,7 @@ def reap_blanks(settings: Settings, *, wait: bool = False) -> int:
                 maker_start = info.get("maker_start")
                 if maker_start is not None and procs.is_same_process(info["maker"], maker_start):
                     continue
-                if _claimed(settings, info.get("cgroup", [])):
+                if _claimed(settings, info):
                     # Its maker died between saving the workspace's record and removing
                     # this note: the keeper and cgroup are that workspace's now.
                     Path(entry.path).unlink(missing_ok=True)
