@@ -294,8 +294,8 @@ def _ready_spawners(settings: Settings) -> dict[int, int]:
             for process in keeper.children() if keeper else ():
                 if process.cmdline()[:2] == [SPAWN_NAME, "--ready"]:
                     found[process.pid] = _start_ticks(process.pid)
-        except psutil.Error:
-            continue
+        except (psutil.Error, FileNotFoundError, ProcessLookupError):
+            continue  # gone between its listing and the read of its start (a killed one)
     return found
 
 
