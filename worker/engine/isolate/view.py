@@ -106,9 +106,16 @@ def _hide(path: str, mode: int) -> None:
 
 
 def _hide_ro(path: str) -> None:
-    """A hidden directory's tmpfs made read-only (none when `_hide` found it gone)."""
-    if path not in _gone:
+    """A hidden directory's tmpfs made read-only (none when `_hide` found it gone, or
+    when it went since: the host's rmdir took the tmpfs on it with it)."""
+    if path in _gone:
+        return
+    try:
         kernel.remount_read_only(path)
+    except FileNotFoundError:
+        if os.path.lexists(path):
+            raise
+        _gone.add(path)
 
 
 def _mkdir(path: str, mode: int) -> None:
