@@ -6,6 +6,7 @@ a fork really changed a file) before it asserts what must not have.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import stat
@@ -399,6 +400,48 @@ def test_a_deletion_whose_cgroup_still_holds_a_process_leaves_it_to_the_reaper(
         lodger.wait()
         workspaces.delete(ws.id, engine.settings)
         workspaces.finish_endings(engine.settings)
+
+
+@needs_cgroups
+def test_a_restore_whose_old_cgroup_still_holds_a_process_sets_it_aside_for_the_reaper(
+        engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process the old keeper's end did not take (here one of the host's, moved into
+    the workspace's cgroup) keeps that group from going. The restore still succeeds:
+    the old group steps aside under a name of its own, with a note the reaper removes
+    it by once it is empty, and the new keeper's group takes the workspace's name.
+    Before, the restore failed making a group of the same name, and the old group was
+    nobody's for good."""
+    monkeypatch.setattr(lifecycle, "CGROUP_GONE_S", 0.2, raising=False)
+    ws = workspaces.create(WorkspaceSpec(owner="o"), engine.settings)
+    lodger = subprocess.Popen(["sleep", "600"])
+    notes = lambda: sorted(engine.settings.workspaces_dir.glob("*.held-cgroup"))  # noqa: E731
+    try:
+        _sh(engine, ws.id, "echo good > f")
+        snap, _ = snapshots.take(ws, engine.settings)
+        _sh(engine, ws.id, "echo bad > f")
+        assert ws.cgroup
+        for path in ws.cgroup:
+            Path(path, "cgroup.procs").write_text(str(lodger.pid))
+        restored, _ = workspaces.restore(ws.id, snap.id, engine.settings)
+        assert _sh(engine, ws.id, "cat f").strip() == "good"
+        assert _cgroup_named_for(restored) == []
+        assert len(notes()) == 1
+        held = json.loads(notes()[0].read_text())["cgroup"]
+        assert [path.rsplit("-held-", 1)[0] for path in held] == list(ws.cgroup)
+        assert all(str(lodger.pid) in Path(path, "cgroup.procs").read_text().split()
+                   for path in held)
+        assert workspaces.reap(engine.settings) == []  # still held: left for the next pass
+        assert len(notes()) == 1 and all(os.path.isdir(path) for path in held)
+        lodger.kill()
+        lodger.wait()
+        workspaces.reap(engine.settings)
+        assert notes() == [] and not any(os.path.exists(path) for path in held)
+        assert _cgroup_named_for(workspaces.load(ws.id, engine.settings)) == []
+    finally:
+        lodger.kill()
+        lodger.wait()
+        workspaces.delete(ws.id, engine.settings)
+        workspaces.remove_held_groups(engine.settings)
 
 
 def test_ending_a_host_finishes_the_deletions_its_worker_left_half_done(

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from bashfleet.worker.engine import isolate, procs, workspaces
 from bashfleet.worker.engine.jobs import jobs
+from bashfleet.worker.engine.workspaces import lifecycle
 from bashfleet.worker.settings import Settings
 
 
@@ -50,6 +51,7 @@ def end_host(settings: Settings) -> Ended:
     # Deletions its workers began (`rm` answered, the rest behind) and did not finish,
     # and those whose cgroup was still held a moment ago.
     finished = workspaces.finish_endings(settings)
+    workspaces.remove_held_groups(settings, timeout=lifecycle.CGROUP_GONE_S)
     ended_workspaces = len({r.id for r in records} | {r.id for r in finished})
     workspaces.reap_blanks(settings, wait=True)
     strays = keepers_under(settings.workspaces_dir)

@@ -11,6 +11,7 @@ A workspace is a directory on this host plus the namespaces its calls share (its
 - `keeper_calls`: a process started through its keeper;
 - `usage`: its processes and disk;
 - `lifecycle`: delete, restore, network changes, reaping leases;
+- `held_groups`: the old cgroups a restore found still held, until they empty;
 - `throwaway_pool`: the workspaces of calls that name none.
 
 This package's own names are what the rest of the worker uses.
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 from bashfleet.worker.engine.workspaces.blank_pool import make_blank, reap_blanks
 from bashfleet.worker.engine.workspaces.disk import remove_tree
+from bashfleet.worker.engine.workspaces.held_groups import remove_emptied as remove_held_groups
 from bashfleet.worker.engine.workspaces.keeper_calls import WorkspaceProcess, connections, start
 from bashfleet.worker.engine.workspaces.lifecycle import (
     delete,
@@ -84,6 +86,7 @@ __all__ = [
     "reap",
     "reap_blanks",
     "record_path",
+    "remove_held_groups",
     "remove_tree",
     "restore",
     "save",

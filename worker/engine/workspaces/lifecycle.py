@@ -21,7 +21,15 @@ from bashfleet.worker.engine.isolate import launcher
 from bashfleet.worker.engine.jobs import job_records
 from bashfleet.worker.engine.network import netlog, network
 from bashfleet.worker.engine.snapshots import snapshot_store
-from bashfleet.worker.engine.workspaces import blank_pool, disk, keeper_calls, making, store, usage
+from bashfleet.worker.engine.workspaces import (
+    blank_pool,
+    disk,
+    held_groups,
+    keeper_calls,
+    making,
+    store,
+    usage,
+)
 from bashfleet.worker.engine.workspaces.store import WorkspaceError
 from bashfleet.worker.settings import Settings
 from bashfleet.worker.wire.models import (
@@ -163,8 +171,12 @@ def _restore_held(ws_id: str, snap_id: str, settings: Settings
     keeper_calls.connections.drop(ws_id)
     _end_keeper(record)
     job_records.end_workspace_jobs(settings, ws_id, f"its workspace was restored to {snap_id}")
-    for path in record.cgroup:
-        cgroups.Group("v2", [(path, ())]).remove(timeout=2.0)
+    held = [path for path in record.cgroup
+            if not cgroups.Group("v2", [(path, ())]).remove(timeout=CGROUP_GONE_S)]
+    if held:  # the new keeper's group takes the name; the reaper removes this one
+        moved = held_groups.set_aside(settings, ws_id, held)
+        log.warning("workspace %s: its old cgroup still holds a process; set aside as %s "
+                    "for the reaper", ws_id, moved[0])
     disk.remove_files(record, settings)
     usage.full_path(settings, ws_id).unlink(missing_ok=True)
     spec = WorkspaceSpec(owner=record.owner, snapshot=snap_id, isolation=record.isolation,
@@ -268,6 +280,7 @@ def reap(settings: Settings, now: float | None = None) -> list[WorkspaceRecord]:
             if note is not None and _delete_held(current.id, settings, note):
                 reaped.append(current)
     reaped += finish_endings(settings)
+    held_groups.remove_emptied(settings)
     blank_pool.reap_blanks(settings)
     return reaped
 
