@@ -414,7 +414,10 @@ def test_a_restore_whose_old_cgroup_still_holds_a_process_sets_it_aside_for_the_
     monkeypatch.setattr(lifecycle, "CGROUP_GONE_S", 0.2, raising=False)
     ws = workspaces.create(WorkspaceSpec(owner="o"), engine.settings)
     lodger = subprocess.Popen(["sleep", "600"])
-    notes = lambda: sorted(engine.settings.workspaces_dir.glob("*.held-cgroup"))  # noqa: E731
+
+    def notes() -> list[Path]:
+        return sorted(engine.settings.workspaces_dir.glob("*.held-cgroup"))
+
     try:
         _sh(engine, ws.id, "echo good > f")
         snap, _ = snapshots.take(ws, engine.settings)
