@@ -17,6 +17,7 @@ from privilege import needs_root
 
 from bashfleet.client import Fleet
 from bashfleet.client.redis_server import RedisServer
+from bashfleet.worker.engine import mountinfo
 from bashfleet.worker.engine.snapshots import layer_fs, snapshot_store
 from bashfleet.worker.settings import Settings
 
@@ -90,3 +91,15 @@ def test_a_snapshot_on_the_image_clones_and_keeps_its_instant(
         with fleet.workspace(snapshot=snap) as other:
             assert other.run(SUMS).stdout == before
         assert ws.check(beat.id).running
+
+
+def test_only_a_root_host_left_on_ext4_is_told_what_the_image_would_change(
+        two_hosts: tuple[WorkerProcess, WorkerProcess], host: WorkerProcess) -> None:
+    hint = "BASHFLEET_LAYER_IMAGE_GB=64 keeps layers and snapshots on an XFS image"
+    plain = two_hosts[0]
+    with open("/proc/self/mountinfo", encoding="utf-8") as handle:
+        entry = mountinfo.holding(handle.read(), str(plain.state_dir.resolve()))
+    assert entry is not None
+    told = entry.fs_type == "ext4" and os.geteuid() == 0
+    assert (hint in plain.log()) is told, (entry, plain.log()[-2000:])
+    assert hint not in host.log()  # it asked for the image: it says what it did instead

@@ -38,6 +38,8 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
+from bashfleet.worker.engine import mountinfo
+
 #: Ids per workspace: a container's usual 16 bits (uid 65534, nobody, included).
 SLOT_SIZE = 65536
 #: Shared by every worker on the machine: slots are machine-wide, not per fleet.
@@ -295,10 +297,10 @@ def lock_scope(lock_dir: Path, *, proc: str = "/proc") -> str | None:
         return _init_sees(lock_dir, mine, proc)
     try:
         with open(f"{proc}/self/mountinfo", encoding="utf-8") as handle:
-            mountinfo = handle.read()
+            mount_text = handle.read()
     except OSError as exc:
         return f"cannot tell whether {lock_dir} is the machine's: {exc}"
-    if bound_from_outside(mountinfo, str(lock_dir)):
+    if bound_from_outside(mount_text, str(lock_dir)):
         return None
     return (f"this worker runs in a container and {lock_dir} is its own: a worker in "
             "another container or on the host may give a workspace's ids (bind the "
@@ -322,25 +324,9 @@ def _init_sees(lock_dir: Path, mine: os.stat_result, proc: str) -> str | None:
             "namespace): another worker of this machine may give a workspace's ids")
 
 
-def bound_from_outside(mountinfo: str, path: str) -> bool:
+def bound_from_outside(mountinfo_text: str, path: str) -> bool:
     """Whether the mount `path` lies on (the deepest mount point holding it) is a
     directory bound from elsewhere (a host path or a volume: its root in its file system
     is not `/`) rather than this container's own root or a tmpfs of its own."""
-    best: tuple[int, str] | None = None
-    for line in mountinfo.splitlines():
-        fields = line.split()
-        if len(fields) < 5:
-            continue
-        point = _unescape(fields[4])
-        holds = path == point or path.startswith(point.rstrip("/") + "/") or point == "/"
-        if holds and (best is None or len(point) >= best[0]):
-            best = (len(point), _unescape(fields[3]))
-    return best is not None and best[1] != "/"
-
-
-def _unescape(text: str) -> str:
-    # mountinfo escapes space, tab, newline and backslash as octal.
-    for code, char in (("\\040", " "), ("\\011", "\t"), ("\\012", "\n"),
-                       ("\\134", "\\")):
-        text = text.replace(code, char)
-    return text
+    entry = mountinfo.holding(mountinfo_text, path)
+    return entry is not None and entry.root != "/"

@@ -180,10 +180,26 @@ def main(
             return EXIT_USAGE
         # JSON logs: the warning line says it; a text banner would break one object a line.
         _warn_unsigned(host, banner=settings.log_format == "text")
-    layers = layer_fs.prepare(settings)
-    if layers is not None:  # said either way: what was mounted, or why it was not
-        (log.info if layers[0] else log.warning)("host %s: %s", host, layers[1])
+    _put_layers(host, settings)
     return HostSupervisor(settings, url).run()
+
+
+def _put_layers(host: str, settings: Settings) -> None:
+    """The layer image in place when asked for, and said either way: what was mounted,
+    or why it was not; not asked for, where the layers' file system makes it worth it."""
+    layers = layer_fs.prepare(settings)
+    if layers is not None:
+        (log.info if layers[0] else log.warning)("host %s: %s", host, layers[1])
+    elif (hint := _plain_layers_hint(settings)) is not None:
+        log.info("host %s: %s", host, hint)
+
+
+def _plain_layers_hint(settings: Settings) -> str | None:
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8") as handle:
+            return layer_fs.plain_layers_hint(settings, handle.read())
+    except OSError:
+        return None
 
 
 #: Why a worker without a signing key does not start.

@@ -30,6 +30,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from bashfleet.worker.engine import mountinfo
 from bashfleet.worker.settings import Settings
 
 IMAGE_NAME = "layers.xfs"
@@ -98,6 +99,35 @@ def prepare(settings: Settings) -> tuple[bool, str] | None:
                        f"could not set up {image}: {exc}")
     what = "; ".join(did) if did else f"{image} already in place"
     return True, f"workspace layers and snapshots on {mount} (XFS, reflink): {what}"
+
+
+#: File systems whose inode allocator passes over recently freed inodes one by one (ext4's
+#: `recently_deleted`: an inode freed in the last minute, five when its table block is
+#: not yet written, is not reused): on a host that makes and deletes workspaces all the
+#: time, every mkdir and create of a new workspace's layers walks past them. Measured
+#: here under churn (`bench_snapshots`, runs back to back): `fork(1)` 108-209 ms and a
+#: fresh workspace 36-47 ms on ext4, 38-43 ms and 14-18 ms on the XFS image; on ext4
+#: back at 54 ms once the kernel's caches were dropped.
+SLOW_UNDER_CHURN = frozenset({"ext4"})
+
+
+def plain_layers_hint(settings: Settings, mountinfo_text: str) -> str | None:
+    """What a root worker that was not asked for the image says at start when its
+    workspaces' layers are on ext4 (None otherwise): what that costs, and the setting."""
+    if settings.layer_image_gb is not None or os.geteuid() != 0:
+        return None
+    path = settings.workspaces_dir
+    while not path.exists() and path != path.parent:
+        path = path.parent  # not made yet: the file system it will be made on
+    entry = mountinfo.holding(mountinfo_text, str(path.resolve()))
+    fs = entry.fs_type if entry is not None else None
+    if fs not in SLOW_UNDER_CHURN:
+        return None
+    return (f"workspace layers on {fs} ({settings.workspaces_dir}): a snapshot copies its "
+            f"files' bytes, and while workspaces come and go {fs} makes each new one "
+            "slower (it will not reuse an inode freed in the last minutes); "
+            "BASHFLEET_LAYER_IMAGE_GB=64 keeps layers and snapshots on an XFS image with "
+            "reflink instead (deploy/OPERATIONS.md)")
 
 
 def make_image(image: Path, size: int) -> None:
