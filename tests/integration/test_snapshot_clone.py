@@ -101,5 +101,6 @@ def test_only_a_root_host_left_on_ext4_is_told_what_the_image_would_change(
         entry = mountinfo.holding(handle.read(), str(plain.state_dir.resolve()))
     assert entry is not None
     told = entry.fs_type == "ext4" and os.geteuid() == 0
-    assert (hint in plain.log()) is told, (entry, plain.log()[-2000:])
-    assert hint not in host.log()  # it asked for the image: it says what it did instead
+    # The whole log: these hosts have served other modules since they said it.
+    assert (hint in plain.log_path.read_text(errors="replace")) is told, entry
+    assert hint not in host.log_path.read_text(errors="replace")  # it said what it did

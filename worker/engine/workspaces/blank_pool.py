@@ -186,8 +186,10 @@ class Blanks:
                                         daemon=True, name="bashfleet-blanks")
                        for _ in range(missing)]
             self.threads = [t for t in self.threads if t.is_alive()] + threads
-        for thread in threads:
-            thread.start()
+            # Started before the lock goes: `close` joins what it lists, and joining a
+            # thread not yet started raises (a worker ending while a take tops up).
+            for thread in threads:
+                thread.start()
 
     def _make_one(self, settings: Settings, kind: str, prebuilt: bool) -> None:
         key = (settings.state_dir, kind, prebuilt)
