@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from bashfleet.worker.engine.isolate.job_supervisor import open_procs_files
+from bashfleet.worker.engine.mountinfo import unescape
 
 #: Controllers a call's limits may need, and the limit each one carries.
 CONTROLLERS = ("memory", "pids", "cpu")
@@ -117,18 +118,13 @@ def parse_mountinfo(text: str) -> list[Mount]:
         fields, tail = left.split(), right.split()
         if not sep or len(fields) < 5 or len(tail) < 3:
             continue
-        point = _unescape(fields[4])
+        point = unescape(fields[4])
         if tail[0] == "cgroup2":
             mounts.append(Mount(point, "v2", ()))
         elif tail[0] == "cgroup":
             names = tuple(o for o in tail[2].split(",") if o in (*CONTROLLERS, "freezer"))
             mounts.append(Mount(point, "v1", names))
     return mounts
-
-
-def _unescape(path: str) -> str:
-    # mountinfo escapes space, tab, newline and backslash as octal.
-    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), path)
 
 
 def plan(cgroup_text: str, mountinfo_text: str, wanted: Iterable[str]) -> Plan:

@@ -7,6 +7,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from bashfleet.worker.engine.layout import inside
+
 
 @dataclass(frozen=True)
 class MountEntry:
@@ -40,8 +42,6 @@ def holding(text: str, path: str) -> MountEntry | None:
     is `path` or one of its parents, the last listed there (it hides the earlier ones)."""
     best: MountEntry | None = None
     for entry in entries(text):
-        point = entry.point
-        inside = point in ("/", path) or path.startswith(point.rstrip("/") + "/")
-        if inside and (best is None or len(point) >= len(best.point)):
+        if inside(path, entry.point) and (best is None or len(entry.point) >= len(best.point)):
             best = entry
     return best

@@ -28,6 +28,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from bashfleet.worker.engine.images.image_meta import ImageError, ImageRef, Platform
+from bashfleet.worker.engine.mountinfo import unescape
 from bashfleet.worker.settings import Settings
 
 Progress = Callable[[str], None]
@@ -192,7 +193,7 @@ def mounts_under(root: Path, mountinfo: str) -> list[str]:
     for line in mountinfo.splitlines():
         fields = line.split()
         if len(fields) > 4:
-            point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), fields[4])
+            point = unescape(fields[4])
             if point == prefix or point.startswith(prefix + "/"):
                 found.append(point)
     return sorted(set(found), key=lambda point: point.count("/"), reverse=True)
