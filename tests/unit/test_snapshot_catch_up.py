@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from privilege import needs_root
 
-from bashfleet.worker.engine.snapshots import snapshots, tree_copy
+from bashfleet.worker.engine.snapshots import snapshot_store, snapshots, tree_copy
 from bashfleet.worker.wire.models import WorkspaceRecord
 
 
@@ -229,3 +229,40 @@ def test_a_file_rewritten_after_the_copy_looked_is_copied_again(tmp_path: Path) 
     (src / "f").write_text("bbbb")
     copies, _ = snapshots._catch_up(copy, snapshots.stamps(copied), snapshots._listing(src))
     assert copies == ["f"]
+
+
+def test_layers_copied_at_once_answer_in_order_and_a_failure_waits_for_the_others(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first layer copies on the calling thread, the others on the host's copier
+    threads; what each left out comes back in the jobs' order, and a failing copy is
+    raised as the workspace's SnapshotError only once every other copy ended (none
+    still writes into a copy its caller is about to remove)."""
+    import threading  # noqa: PLC0415 - only this test waits on threads
+    import time  # noqa: PLC0415 - likewise
+
+    ws = WorkspaceRecord(id="w" + "1" * 15, host="h", path="/x", fresh=True, out_dir="/o",
+                         isolation="strict", network=True, ttl_s=1, created_at=0)
+    ran_on: dict[str, int] = {}
+    ended: list[str] = []
+
+    def fake_entries(src: str, dest: str, rels: list[str], ids: object = None) -> list[str]:
+        ran_on[src] = threading.get_ident()
+        if src == "slow":
+            time.sleep(0.3)  # still copying when the first one fails
+        ended.append(src)
+        if src == "bad":
+            raise OSError(28, "No space left on device")
+        return [f"{src}-gone"]
+
+    monkeypatch.setattr(tree_copy, "copy_entries", fake_entries)
+    jobs: list[snapshots.CopyJob] = [(Path(name), tmp_path / name, ["x"], None)
+                                     for name in ("a", "b", "slow")]
+    assert snapshots._copy_layers(jobs, ws) == [["a-gone"], ["b-gone"], ["slow-gone"]]
+    assert ran_on["a"] == threading.get_ident()
+    assert ran_on["slow"] != threading.get_ident()
+    ended.clear()
+    bad_first: list[snapshots.CopyJob] = [(Path("bad"), tmp_path / "bad", ["x"], None),
+                                          (Path("slow"), tmp_path / "slow", ["x"], None)]
+    with pytest.raises(snapshot_store.SnapshotError, match=f"could not copy workspace {ws.id}'s"):
+        snapshots._copy_layers(bad_first, ws)
+    assert sorted(ended) == ["bad", "slow"]  # the slow copy ended before the error came

@@ -22,9 +22,10 @@ import logging
 import os
 import shutil
 import stat
+import threading
 import time
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 
 from bashfleet.worker.engine import cgroups, id_slots, layout
@@ -327,7 +328,8 @@ def _copy_layers(jobs: list[CopyJob], ws: WorkspaceRecord, *,
     """Run copies of layers at once (the cost is per file, the kernel's, which the
     host's cores share: the copies release the interpreter while the kernel copies),
     owners mapped by `ids`; what each left out (gone or changed while it ran);
-    SnapshotError naming the first that failed."""
+    SnapshotError naming the first that failed. The first runs on the calling thread,
+    the others on the host's copier threads; none is left running when this returns."""
     def one(job: CopyJob) -> list[str]:
         src, dest, rels, copied = job
         if rels is None:
@@ -336,16 +338,44 @@ def _copy_layers(jobs: list[CopyJob], ws: WorkspaceRecord, *,
 
     if not jobs:
         return []
+    futures = [_copiers().submit(one, job) for job in jobs[1:]]
+    outcomes: list[list[str] | BaseException] = []
+    try:
+        outcomes.append(one(jobs[0]))
+    except BaseException as exc:  # the others still end first: they write into its copy
+        outcomes.append(exc)
+    for future in futures:
+        try:
+            outcomes.append(future.result(timeout=COPY_TIMEOUT_S))
+        except BaseException as exc:
+            outcomes.append(exc)
+    wait(futures)  # one that timed out too: its copy is not removed under it
     gone: list[list[str]] = []
-    with ThreadPoolExecutor(max_workers=min(len(jobs), 4)) as pool:
-        futures = [pool.submit(one, job) for job in jobs]
-        for future in futures:
-            try:
-                gone.append(future.result(timeout=COPY_TIMEOUT_S))
-            except OSError as exc:
-                raise SnapshotError("internal", f"could not copy workspace {ws.id}'s "
-                                    f"layers: {exc}") from exc
+    for outcome in outcomes:
+        if isinstance(outcome, OSError):
+            raise SnapshotError("internal", f"could not copy workspace {ws.id}'s "
+                                f"layers: {outcome}") from outcome
+        if isinstance(outcome, BaseException):
+            raise outcome
+        gone.append(outcome)
     return gone
+
+
+#: Threads that copy a snapshot's other layers beside its own thread, kept from one
+#: snapshot to the next: a thread started per snapshot waited to be scheduled, 1-3 ms
+#: of a `fork(1)` in a busy consumer (py-spy).
+_copier_pool: ThreadPoolExecutor | None = None
+_copier_lock = threading.Lock()
+COPIER_THREADS = 4
+
+
+def _copiers() -> ThreadPoolExecutor:
+    global _copier_pool  # noqa: PLW0603 - one pool a process, made at its first snapshot
+    with _copier_lock:
+        if _copier_pool is None:
+            _copier_pool = ThreadPoolExecutor(COPIER_THREADS,
+                                              thread_name_prefix="bashfleet-copy")
+        return _copier_pool
 
 
 def image_id(host_id: int, first: int) -> int:
