@@ -266,3 +266,39 @@ def test_layers_copied_at_once_answer_in_order_and_a_failure_waits_for_the_other
     with pytest.raises(snapshot_store.SnapshotError, match=f"could not copy workspace {ws.id}'s"):
         snapshots._copy_layers(bad_first, ws)
     assert sorted(ended) == ["bad", "slow"]  # the slow copy ended before the error came
+
+
+def test_a_forked_child_copies_on_copier_threads_of_its_own(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The copier threads are the parent's: a child forked after they started (none
+    of them in it) makes its own, rather than queueing work no thread will run."""
+    import signal  # noqa: PLC0415 - only this test forks
+    import time  # noqa: PLC0415 - likewise
+
+    ws = WorkspaceRecord(id="w" + "2" * 15, host="h", path="/x", fresh=True, out_dir="/o",
+                         isolation="strict", network=True, ttl_s=1, created_at=0)
+    monkeypatch.setattr(tree_copy, "copy_entries",
+                        lambda src, dest, rels, ids=None: [f"{src}-gone"])
+    jobs: list[snapshots.CopyJob] = [(Path(name), tmp_path / name, ["x"], None)
+                                     for name in ("a", "b", "c")]
+    assert snapshots._copy_layers(jobs, ws) == [["a-gone"], ["b-gone"], ["c-gone"]]
+    assert snapshots._copier_pool is not None  # started, in this process
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the child reports by its exit status
+        ok = False
+        try:
+            # Not the parent's pool (CPython's, copied, hands work to threads it
+            # counts idle, which the child does not have), then one of its own.
+            ok = snapshots._copier_pool is None and \
+                snapshots._copy_layers(jobs, ws) == [["a-gone"], ["b-gone"], ["c-gone"]] and \
+                snapshots._copier_pool is not None
+        finally:
+            os._exit(0 if ok else 1)
+    deadline = time.monotonic() + 20
+    while (status := os.waitpid(child, os.WNOHANG))[0] == 0:
+        if time.monotonic() > deadline:
+            os.kill(child, signal.SIGKILL)
+            os.waitpid(child, 0)
+            pytest.fail("the child's copy never ran: it queued on threads it does not have")
+        time.sleep(0.01)  # polling the child's end, with a deadline
+    assert os.waitstatus_to_exitcode(status[1]) == 0

@@ -378,6 +378,15 @@ def _copiers() -> ThreadPoolExecutor:
         return _copier_pool
 
 
+def _forget_copiers() -> None:
+    # A forked child has none of the pool's threads: work queued on it would never run.
+    global _copier_pool, _copier_lock
+    _copier_pool, _copier_lock = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_copiers)
+
+
 def image_id(host_id: int, first: int) -> int:
     """A host id of a workspace whose slot starts at `first`, as its snapshot keeps it:
     its slot's own as 0-65535 (what any workspace's user namespace shows as its own
