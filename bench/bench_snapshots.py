@@ -61,6 +61,7 @@ from bashfleet.worker.engine.snapshots import layer_fs, snapshot_store, snapshot
 from bashfleet.worker.fleet import snapshot_calls
 from bashfleet.worker.settings import Settings
 from bashfleet.worker.wire.models import WorkspaceSpec
+from bench import cleanup
 from bench.bench_containers import Row, _du, _ms, _ok, _pct, _print, _say
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
@@ -235,7 +236,6 @@ def fleet_rows(base: Path, count: int, layer_image_gb: int | None = None) -> lis
     once it stopped."""
     from bashfleet.client import Fleet  # noqa: PLC0415 - only these rows need the client
     from bashfleet.client.redis_server import RedisServer  # noqa: PLC0415 - likewise
-    from bench import cleanup  # noqa: PLC0415 - likewise
     from bench.bench_fleet import HOST, _process, _wait, worker_env  # noqa: PLC0415 - likewise
 
     root = base / "fleet"
@@ -299,11 +299,14 @@ def _quiet() -> None:
 @contextlib.contextmanager
 def _released(state_dir: Path, layer_image_gb: int | None) -> Iterator[None]:
     """Unmount the layer image a worker of `state_dir` mounted, once it stopped (a worker
-    leaves it for its next start)."""
+    leaves it for its next start). What its workspaces left running (a round that
+    failed before its deletes) is ended first: the record of a workspace is on the image,
+    and once the image is released nothing would find its keeper again."""
     try:
         yield
     finally:
         if layer_image_gb is not None:
+            cleanup.end_hosts_under(state_dir)
             layer_fs.release(Settings(state_dir=state_dir, layer_image_gb=layer_image_gb))
 
 
