@@ -165,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     root = Path(tempfile.mkdtemp(prefix="bashfleet-bench-control-"))
     print("bashfleet control plane benchmark")
     print(f"python {sys.version.split()[0]}, cpus {os.cpu_count()}, state {root}")
-    with cleanup.hosts_ended(root), RedisServer(root / "redis") as server:
+    with cleanup.hosts_ended(root, remove=True), RedisServer(root / "redis") as server:
         env = worker_env(server.url, root / "host") | {
             "BASHFLEET_WORKSPACE_ROOT": str(root / "workspaces"),
             "BASHFLEET_FILE_OP_TIMEOUT_S": str(FILE_DEADLINE_S)}

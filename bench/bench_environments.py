@@ -244,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     root = Path(tempfile.mkdtemp(prefix="bashfleet-bench-environments-"))
     print("bashfleet environments benchmark (inspect-ai's sandbox API)")
     print(f"python {sys.version.split()[0]}, cpus {os.cpu_count()}, state {root}")
-    with cleanup.hosts_ended(root), RedisServer(root / "redis") as server:
+    with cleanup.hosts_ended(root, remove=True), RedisServer(root / "redis") as server:
         env = worker_env(server.url, root / "host")
         os.environ["BASHFLEET_REDIS_URL"] = server.url  # the adapter's fleet, as a user's
         worker = [sys.executable, "-m", "bashfleet.worker.fleet.supervisor", "--host", HOST,

@@ -333,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
     root = Path(tempfile.mkdtemp(prefix="bashfleet-bench-fleet-"))
     print("bashfleet fleet benchmark")
     print(f"python {sys.version.split()[0]}, cpus {os.cpu_count()}, state {root}")
-    with cleanup.hosts_ended(root), RedisServer(root / "redis") as server:
+    with cleanup.hosts_ended(root, remove=True), RedisServer(root / "redis") as server:
         env = worker_env(server.url, root / "host") | {"BARE_REDIS_URL": server.url}
         worker = [sys.executable, "-m", "bashfleet.worker.fleet.supervisor", "--host", HOST,
                   "--concurrency", str(slots)]

@@ -397,7 +397,7 @@ def main(argv: list[str] | None = None) -> int:
           f"memory {psutil.virtual_memory().total / 2**30:.0f} GiB, state {root}", flush=True)
     started = time.perf_counter()
     rows: list[Row] = []
-    with cleanup.hosts_ended(root), RedisServer(root / "redis") as server:
+    with cleanup.hosts_ended(root, remove=True), RedisServer(root / "redis") as server:
         for step in (throughput_rows, ceiling_rows, in_flight_rows, job_rows):
             print(f"... {step.__name__}", file=sys.stderr, flush=True)
             found = step(server.url, root, args.quick)

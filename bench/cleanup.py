@@ -5,6 +5,7 @@ worker by design; a benchmark's hosts are gone for good, so nothing else would e
 from __future__ import annotations
 
 import contextlib
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -31,9 +32,13 @@ def workspace_root(state_dir: Path) -> Path:
 
 
 @contextlib.contextmanager
-def hosts_ended(root: Path) -> Iterator[None]:
-    """`end_hosts_under(root)` when the block ends (its workers stopped by then)."""
+def hosts_ended(root: Path, *, remove: bool = False) -> Iterator[None]:
+    """`end_hosts_under(root)` when the block ends (its workers stopped by then).
+    `remove`: `root` is the run's own temporary directory, removed too once the block
+    ended well; one that failed keeps it, its logs to look at."""
     try:
         yield
     finally:
         end_hosts_under(root)
+    if remove:
+        shutil.rmtree(root, ignore_errors=True)
