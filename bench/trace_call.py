@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -118,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'end to end':<44} {'':>15} {whole:12.3f}")
     print(f"{'reference: subprocess.run bash -c true':<44} {'':>15} "
           f"{statistics.median(bare):12.3f}")
+    shutil.rmtree(root, ignore_errors=True)  # a run that failed keeps it: its logs
     return 0
 
 
