@@ -4,8 +4,11 @@
 from __future__ import annotations
 
 import os
+import signal
 import stat
 import subprocess
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -33,6 +36,12 @@ def _tree(root: Path) -> dict[str, tuple[object, ...]]:
             found[rel] = (stat.S_IFMT(info.st_mode), stat.S_IMODE(info.st_mode), info.st_uid,
                           content, xattrs)
     return found
+
+
+def _ws(ws_id: str) -> WorkspaceRecord:
+    """A workspace record that names whose layers a copy's errors are about."""
+    return WorkspaceRecord(id=ws_id, host="h", path="/x", fresh=True, out_dir="/o",
+                           isolation="strict", network=True, ttl_s=1, created_at=0)
 
 
 def _base(src: Path) -> None:
@@ -115,8 +124,7 @@ def _catch_up_and_compare(src: Path, copy: Path, before: dict[str, tuple[snapsho
                           after: dict[str, tuple[snapshots.Stamp, int]]) -> None:
     """The catch-up copy from listing `before` to `after`, then `copy` equals `src`."""
     copies, dirs = snapshots._catch_up(copy, before, after)
-    ws = WorkspaceRecord(id="w" + "0" * 15, host="h", path="/x", fresh=True, out_dir="/o",
-                         isolation="strict", network=True, ttl_s=1, created_at=0)
+    ws = _ws("w" + "0" * 15)
     snapshots._copy_layers([(src, copy, copies, None)] if copies else [], ws)
     snapshots._settle_dirs(src, copy, dirs)
     assert _tree(copy) == _tree(src)
@@ -157,8 +165,7 @@ def test_a_link_the_first_copy_took_is_never_followed(tmp_path: Path,
         (src / "a2").rmdir()
     after = snapshots._listing(src)
     copies, dirs = snapshots._catch_up(copy, before, after)
-    ws = WorkspaceRecord(id="w" + "0" * 15, host="h", path="/x", fresh=True, out_dir="/o",
-                         isolation="strict", network=True, ttl_s=1, created_at=0)
+    ws = _ws("w" + "0" * 15)
     snapshots._copy_layers([(src, copy, copies, None)] if copies else [], ws)
     snapshots._settle_dirs(src, copy, dirs)
     # What the first copy took and the source no longer holds goes at the settling
@@ -179,8 +186,7 @@ def test_a_copy_whose_source_went_names_it_and_fails_nothing(tmp_path: Path) -> 
     src = tmp_path / "src"
     _base(src)
     (tmp_path / "copy").mkdir()
-    ws = WorkspaceRecord(id="w" + "0" * 15, host="h", path="/x", fresh=True, out_dir="/o",
-                         isolation="strict", network=True, ttl_s=1, created_at=0)
+    ws = _ws("w" + "0" * 15)
     gone = snapshots._copy_layers(
         [(src, tmp_path / "copy", ["d/a.txt", "d/gone", "nope/x"], None)], ws)
     assert gone == [["d/gone", "nope/x"]]
@@ -237,11 +243,7 @@ def test_layers_copied_at_once_answer_in_order_and_a_failure_waits_for_the_other
     threads; what each left out comes back in the jobs' order, and a failing copy is
     raised as the workspace's SnapshotError only once every other copy ended (none
     still writes into a copy its caller is about to remove)."""
-    import threading  # noqa: PLC0415 - only this test waits on threads
-    import time  # noqa: PLC0415 - likewise
-
-    ws = WorkspaceRecord(id="w" + "1" * 15, host="h", path="/x", fresh=True, out_dir="/o",
-                         isolation="strict", network=True, ttl_s=1, created_at=0)
+    ws = _ws("w" + "1" * 15)
     ran_on: dict[str, int] = {}
     ended: list[str] = []
 
@@ -272,11 +274,7 @@ def test_a_forked_child_copies_on_copier_threads_of_its_own(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The copier threads are the parent's: a child forked after they started (none
     of them in it) makes its own, rather than queueing work no thread will run."""
-    import signal  # noqa: PLC0415 - only this test forks
-    import time  # noqa: PLC0415 - likewise
-
-    ws = WorkspaceRecord(id="w" + "2" * 15, host="h", path="/x", fresh=True, out_dir="/o",
-                         isolation="strict", network=True, ttl_s=1, created_at=0)
+    ws = _ws("w" + "2" * 15)
     monkeypatch.setattr(tree_copy, "copy_entries",
                         lambda src, dest, rels, ids=None: [f"{src}-gone"])
     jobs: list[snapshots.CopyJob] = [(Path(name), tmp_path / name, ["x"], None)
