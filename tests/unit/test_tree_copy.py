@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import stat
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -88,11 +89,11 @@ def test_a_directory_swapped_for_a_link_between_look_and_open_is_not_followed(
     (src / "p" / "etc" / "mine").write_text("mine\n")
     real_remove = tree_copy._remove_in
 
-    def swap_then_remove(dest_dir: int, name: str) -> None:
+    def swap_then_remove(dest_dir: int, name: str, **flags: bool) -> None:
         if name == "p":
             (src / "p").rename(src / "p.real")
             (src / "p").symlink_to(canary)
-        real_remove(dest_dir, name)
+        real_remove(dest_dir, name, **flags)
 
     monkeypatch.setattr(tree_copy, "_remove_in", swap_then_remove)
     gone = tree_copy.copy_tree(str(src), str(tmp_path / "copy"))
@@ -150,14 +151,91 @@ def test_a_link_swapped_for_a_directory_between_look_and_read_is_left_out(
     (src / "q").symlink_to("/")
     real_remove = tree_copy._remove_in
 
-    def swap_then_remove(dest_dir: int, name: str) -> None:
+    def swap_then_remove(dest_dir: int, name: str, **flags: bool) -> None:
         if name == "q":
             (src / "q").unlink()
             (src / "q").mkdir()
-        real_remove(dest_dir, name)
+        real_remove(dest_dir, name, **flags)
 
     monkeypatch.setattr(tree_copy, "_remove_in", swap_then_remove)
     assert tree_copy.copy_tree(str(src), str(tmp_path / "copy")) == ["q"]
+
+
+def _swap_after_listing(monkeypatch: pytest.MonkeyPatch, swap: Callable[[], None]) -> None:
+    """Run `swap` once the copy listed the source's top directory, before it opens any
+    of its entries (the copy asks who owns what it makes in between)."""
+    real_owner = tree_copy._new_owner
+    done: list[bool] = []
+
+    def swap_then_look(dest_dir: int) -> tuple[int, int]:
+        if not done:
+            done.append(True)
+            swap()
+        return real_owner(dest_dir)
+
+    monkeypatch.setattr(tree_copy, "_new_owner", swap_then_look)
+
+
+def test_a_file_listed_then_swapped_for_a_link_is_left_out_and_not_followed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A regular file when listed, a link to a host file when opened: left out for the
+    frozen pass (`O_NOFOLLOW`), nothing of the host's file copied."""
+    canary = tmp_path / "shadow"
+    canary.write_text("root's only\n")
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "f").write_text("mine\n")
+    (src / "g").write_text("kept\n")
+
+    def swap() -> None:
+        (src / "f").unlink()
+        (src / "f").symlink_to(canary)
+
+    _swap_after_listing(monkeypatch, swap)
+    assert tree_copy.copy_tree(str(src), str(tmp_path / "copy")) == ["f"]
+    assert sorted(p.name for p in (tmp_path / "copy").iterdir()) == ["g"]
+    assert (tmp_path / "copy" / "g").read_text() == "kept\n"
+
+
+@pytest.mark.parametrize("kind", ["dir", "fifo"])
+def test_a_file_listed_then_swapped_for_another_kind_is_copied_as_it_is_then(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str) -> None:
+    """A regular file when listed, a directory or a FIFO once opened: copied as what it
+    is then, as `cp -a` of the tree at that moment would (the look is the opened one)."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "f").write_text("mine\n")
+
+    def swap() -> None:
+        (src / "f").unlink()
+        if kind == "dir":
+            (src / "f").mkdir()
+            (src / "f" / "inner").write_text("inside\n")
+        else:
+            os.mkfifo(src / "f")
+
+    _swap_after_listing(monkeypatch, swap)
+    assert tree_copy.copy_tree(str(src), str(tmp_path / "ours")) == []
+    subprocess.run(["cp", "-a", "-T", str(src), str(tmp_path / "cp")], check=True)
+    assert _tree(tmp_path / "ours") == _tree(tmp_path / "cp")
+
+
+def test_a_copy_made_in_a_set_group_id_directory_keeps_its_sources_groups(
+        tmp_path: Path) -> None:
+    """Files made under a set-group-id directory take its group: the copy sets each
+    file's group to its source's all the same (not taking the one it was made with)."""
+    parent = tmp_path / "sgid"
+    parent.mkdir()
+    os.chown(parent, 0, 4242)
+    parent.chmod(0o2775)
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "root-owned").write_text("0:0\n")
+    (src / "other").write_text("5:6\n")
+    os.chown(src / "other", 5, 6)
+    assert tree_copy.copy_tree(str(src), str(parent / "copy")) == []
+    owners = {p.name: (p.stat().st_uid, p.stat().st_gid) for p in (parent / "copy").iterdir()}
+    assert owners == {"root-owned": (0, 0), "other": (5, 6)}
 
 
 def test_owners_are_mapped_as_the_copy_makes_each_entry(tmp_path: Path) -> None:

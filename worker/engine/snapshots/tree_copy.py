@@ -163,13 +163,64 @@ def _dest_dir(src_root: int, dest_root: int, rel: str, ids: IdMap | None = None)
 
 
 def _fill(src_dir: int, dest_dir: int, prefix: str, state: _Copy) -> None:
-    """Copy every entry of `src_dir` into `dest_dir`."""
+    """Copy every entry of `src_dir` into `dest_dir` (made by this copy, not settled)."""
     with os.scandir(src_dir) as listing:
-        names = [entry.name for entry in listing]
-    for name in names:
+        # The kind the directory's listing gives (no system call): a regular file is
+        # opened at once, without a look first (`_copy_listed_file`).
+        names = [(entry.name, entry.is_file(follow_symlinks=False)) for entry in listing]
+    owned = _new_owner(dest_dir)
+    for name, regular in names:
         # `dest_dir` is this copy's own, its metadata set once it is filled: what is
-        # made in it inherits nothing (no default ACL yet).
-        _copy_entry(src_dir, dest_dir, name, f"{prefix}{name}", state, fresh=True)
+        # made in it inherits nothing (no default ACL yet), and holds nothing yet.
+        rel = f"{prefix}{name}"
+        if not regular or not _copy_listed_file(
+                src_dir, dest_dir, name, rel, state, owned=owned):
+            _copy_entry(src_dir, dest_dir, name, rel, state, fresh=True)
+
+
+def _new_owner(dest_dir: int) -> tuple[int, int]:
+    """The owner a file made in `dest_dir` gets: this process's (file system) ids, the
+    directory's group where it has the set-group-id bit (inherited from the directory
+    the copy was made in)."""
+    info = os.fstat(dest_dir)
+    group = info.st_gid if info.st_mode & stat.S_ISGID else os.getegid()
+    return os.geteuid(), group
+
+
+def _copy_listed_file(src_dir: int, dest_dir: int, name: str, rel: str, state: _Copy, *,
+                      owned: tuple[int, int]) -> bool:
+    """Copy an entry the listing gave as a regular file into a directory this copy made
+    (nothing there by that name), looked at through the descriptor its bytes are read
+    from: one look, not a look by name and another once open. False (nothing done) when
+    it is no regular file any more once open: the caller copies it as what it is then
+    (`_copy_entry`). An entry gone, or swapped for a link (`O_NOFOLLOW`), is named in
+    `state.gone`."""
+    try:
+        src_fd = os.open(name, _FILE_FLAGS, dir_fd=src_dir)
+    except OSError as exc:
+        if exc.errno not in GONE:
+            raise
+        state.gone.append(rel)
+        return True
+    try:
+        info = os.fstat(src_fd)
+        if not stat.S_ISREG(info.st_mode):
+            return False
+        state.copied[rel] = info
+        if info.st_nlink > 1 and _linked(dest_dir, name, info, state):
+            return True
+        _write_copy(src_fd, dest_dir, name, info, state, fresh=True, owned=owned)
+        if info.st_nlink > 1:
+            state.links[(info.st_dev, info.st_ino)] = (_path_of(dest_dir, state), name)
+        return True
+    except OSError as exc:
+        if exc.errno not in GONE:
+            raise
+        state.copied.pop(rel, None)
+        state.gone.append(rel)
+        return True
+    finally:
+        os.close(src_fd)
 
 
 def _copy_entry(src_dir: int, dest_dir: int, name: str, rel: str, state: _Copy, *,
@@ -179,7 +230,7 @@ def _copy_entry(src_dir: int, dest_dir: int, name: str, rel: str, state: _Copy, 
     is not settled yet (an entry made in it has no extended attributes of its own)."""
     try:
         info = os.stat(name, dir_fd=src_dir, follow_symlinks=False)
-        _remove_in(dest_dir, name)
+        _remove_in(dest_dir, name, fresh=fresh)
         kind = stat.S_IFMT(info.st_mode)
         state.copied[rel] = info
         if kind == stat.S_IFDIR:
@@ -229,16 +280,24 @@ def _copy_file(src_dir: int, dest_dir: int, name: str, info: os.stat_result,
         opened = os.fstat(src_fd)
         if not stat.S_ISREG(opened.st_mode) or not _same(opened, info):
             raise ChangedError(errno.ESTALE, f"{name} changed while it was copied")
-        dest_fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
-                          | os.O_CLOEXEC, 0o600, dir_fd=dest_dir)
-        try:
-            _data(src_fd, dest_fd, (opened.st_dev, state.dest_dev))
-            settle(src_fd, dest_fd, opened, state.ids, fresh=fresh)
-        finally:
-            os.close(dest_fd)
+        _write_copy(src_fd, dest_dir, name, opened, state, fresh=fresh)
     finally:
         os.close(src_fd)
     return opened
+
+
+def _write_copy(src_fd: int, dest_dir: int, name: str, info: os.stat_result, state: _Copy,
+                *, fresh: bool, owned: tuple[int, int] | None = None) -> None:
+    """Make the copy of the opened regular file `src_fd` (looked at as `info`) as `name`
+    in `dest_dir`: its bytes, then its metadata (`settle`; `owned`, the owner it is made
+    with where known)."""
+    dest_fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                      | os.O_CLOEXEC, 0o600, dir_fd=dest_dir)
+    try:
+        _data(src_fd, dest_fd, (info.st_dev, state.dest_dev))
+        settle(src_fd, dest_fd, info, state.ids, fresh=fresh, owned=owned)
+    finally:
+        os.close(dest_fd)
 
 
 #: What FICLONE answers where the file systems cannot share extents: the source's and the
@@ -297,12 +356,15 @@ def _same(a: os.stat_result, b: os.stat_result) -> bool:
 
 
 def settle(src_fd: int, dest_fd: int, info: os.stat_result, ids: IdMap | None = None, *,
-           fresh: bool = False) -> None:
+           fresh: bool = False, owned: tuple[int, int] | None = None) -> None:
     """Owner (mapped by `ids`), mode (set-id bits after the owner, which clears them),
     extended attributes (those the source has not, removed, unless the copy is `fresh`:
     made by this copy, with none of its own) and times of the opened source (`info`: as
-    it was looked at) on the opened copy."""
-    os.fchown(dest_fd, *_owner(info, ids))
+    it was looked at) on the opened copy. `owned`: the owner the copy was made with,
+    where known (a file this copy just made, its mode 0600): not set again."""
+    owner = _owner(info, ids)
+    if owner != owned:
+        os.fchown(dest_fd, *owner)
     os.fchmod(dest_fd, stat.S_IMODE(info.st_mode))
     wanted = set(os.listxattr(src_fd))
     for attr in () if fresh else set(os.listxattr(dest_fd)) - wanted:
@@ -356,8 +418,11 @@ def _path_of(dest_dir: int, state: _Copy) -> str:
     return "" if rel == "." else rel
 
 
-def _remove_in(dest_dir: int, name: str) -> None:
-    """Clear the place of `name` in the copy (a catch-up copies an entry again)."""
+def _remove_in(dest_dir: int, name: str, *, fresh: bool = False) -> None:
+    """Clear the place of `name` in the copy (a catch-up copies an entry again); nothing
+    to look for in a `fresh` directory (made by this copy, each name copied once)."""
+    if fresh:
+        return
     try:
         info = os.stat(name, dir_fd=dest_dir, follow_symlinks=False)
     except FileNotFoundError:
