@@ -8,6 +8,7 @@ import stat
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -87,15 +88,16 @@ def test_a_directory_swapped_for_a_link_between_look_and_open_is_not_followed(
     src = tmp_path / "src"
     (src / "p" / "etc").mkdir(parents=True)
     (src / "p" / "etc" / "mine").write_text("mine\n")
-    real_remove = tree_copy._remove_in
+    real_copy_dir = tree_copy._copy_dir
 
-    def swap_then_remove(dest_dir: int, name: str, **flags: bool) -> None:
+    def swap_then_copy(src_dir: int, dest_dir: int, name: str, rel: str,
+                       **rest: Any) -> None:
         if name == "p":
             (src / "p").rename(src / "p.real")
             (src / "p").symlink_to(canary)
-        real_remove(dest_dir, name, **flags)
+        real_copy_dir(src_dir, dest_dir, name, rel, **rest)
 
-    monkeypatch.setattr(tree_copy, "_remove_in", swap_then_remove)
+    monkeypatch.setattr(tree_copy, "_copy_dir", swap_then_copy)
     gone = tree_copy.copy_tree(str(src), str(tmp_path / "copy"))
     assert gone == ["p"]
     copied = [str(p.relative_to(tmp_path / "copy")) for p in (tmp_path / "copy").rglob("*")]
@@ -149,15 +151,15 @@ def test_a_link_swapped_for_a_directory_between_look_and_read_is_left_out(
     src = tmp_path / "src"
     src.mkdir()
     (src / "q").symlink_to("/")
-    real_remove = tree_copy._remove_in
+    real_target = tree_copy._link_target
 
-    def swap_then_remove(dest_dir: int, name: str, **flags: bool) -> None:
+    def swap_then_read(src_dir: int, name: str) -> str:
         if name == "q":
             (src / "q").unlink()
             (src / "q").mkdir()
-        real_remove(dest_dir, name, **flags)
+        return real_target(src_dir, name)
 
-    monkeypatch.setattr(tree_copy, "_remove_in", swap_then_remove)
+    monkeypatch.setattr(tree_copy, "_link_target", swap_then_read)
     assert tree_copy.copy_tree(str(src), str(tmp_path / "copy")) == ["q"]
 
 

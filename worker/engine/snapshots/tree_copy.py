@@ -207,11 +207,7 @@ def _copy_listed_file(src_dir: int, dest_dir: int, name: str, rel: str, state: _
         if not stat.S_ISREG(info.st_mode):
             return False
         state.copied[rel] = info
-        if info.st_nlink > 1 and _linked(dest_dir, name, info, state):
-            return True
-        _write_copy(src_fd, dest_dir, name, info, state, fresh=True, owned=owned)
-        if info.st_nlink > 1:
-            state.links[(info.st_dev, info.st_ino)] = (_path_of(dest_dir, state), name)
+        _place_file(src_fd, dest_dir, name, info, state, fresh=True, owned=owned)
         return True
     except OSError as exc:
         if exc.errno not in GONE:
@@ -230,24 +226,21 @@ def _copy_entry(src_dir: int, dest_dir: int, name: str, rel: str, state: _Copy, 
     is not settled yet (an entry made in it has no extended attributes of its own)."""
     try:
         info = os.stat(name, dir_fd=src_dir, follow_symlinks=False)
-        _remove_in(dest_dir, name, fresh=fresh)
+        if not fresh:  # a directory this copy made holds nothing yet
+            _remove_in(dest_dir, name)
         kind = stat.S_IFMT(info.st_mode)
         state.copied[rel] = info
         if kind == stat.S_IFDIR:
             _copy_dir(src_dir, dest_dir, name, rel, info=info, state=state, fresh=fresh)
             return
-        if kind == stat.S_IFREG and info.st_nlink > 1 and _linked(dest_dir, name, info, state):
-            return
         if kind == stat.S_IFREG:
             state.copied[rel] = _copy_file(src_dir, dest_dir, name, info, state, fresh=fresh)
-        elif kind == stat.S_IFLNK:
+            return
+        if kind == stat.S_IFLNK:
             os.symlink(_link_target(src_dir, name), name, dir_fd=dest_dir)
         else:  # FIFOs, sockets, devices (an overlay's whiteout is the device 0:0)
             os.mknod(name, info.st_mode, info.st_rdev, dir_fd=dest_dir)
-        if kind != stat.S_IFREG:
-            _settle_at(dest_dir, name, info, state.ids)
-        if kind == stat.S_IFREG and info.st_nlink > 1:
-            state.links[(info.st_dev, info.st_ino)] = (_path_of(dest_dir, state), name)
+        _settle_at(dest_dir, name, info, state.ids)
     except OSError as exc:
         if exc.errno not in GONE and not isinstance(exc, ChangedError):
             raise
@@ -280,17 +273,20 @@ def _copy_file(src_dir: int, dest_dir: int, name: str, info: os.stat_result,
         opened = os.fstat(src_fd)
         if not stat.S_ISREG(opened.st_mode) or not _same(opened, info):
             raise ChangedError(errno.ESTALE, f"{name} changed while it was copied")
-        _write_copy(src_fd, dest_dir, name, opened, state, fresh=fresh)
+        _place_file(src_fd, dest_dir, name, opened, state, fresh=fresh)
     finally:
         os.close(src_fd)
     return opened
 
 
-def _write_copy(src_fd: int, dest_dir: int, name: str, info: os.stat_result, state: _Copy,
+def _place_file(src_fd: int, dest_dir: int, name: str, info: os.stat_result, state: _Copy,
                 *, fresh: bool, owned: tuple[int, int] | None = None) -> None:
     """Make the copy of the opened regular file `src_fd` (looked at as `info`) as `name`
-    in `dest_dir`: its bytes, then its metadata (`settle`; `owned`, the owner it is made
-    with where known)."""
+    in `dest_dir`: a hard link to the copy of a file copied before under another name,
+    else its bytes, then its metadata (`settle`; `owned`, the owner it is made with
+    where known), remembered for the links to it still to come."""
+    if info.st_nlink > 1 and _linked(dest_dir, name, info, state):
+        return
     dest_fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
                       | os.O_CLOEXEC, 0o600, dir_fd=dest_dir)
     try:
@@ -298,6 +294,8 @@ def _write_copy(src_fd: int, dest_dir: int, name: str, info: os.stat_result, sta
         settle(src_fd, dest_fd, info, state.ids, fresh=fresh, owned=owned)
     finally:
         os.close(dest_fd)
+    if info.st_nlink > 1:
+        state.links[(info.st_dev, info.st_ino)] = (_path_of(dest_dir, state), name)
 
 
 #: What FICLONE answers where the file systems cannot share extents: the source's and the
@@ -418,11 +416,8 @@ def _path_of(dest_dir: int, state: _Copy) -> str:
     return "" if rel == "." else rel
 
 
-def _remove_in(dest_dir: int, name: str, *, fresh: bool = False) -> None:
-    """Clear the place of `name` in the copy (a catch-up copies an entry again); nothing
-    to look for in a `fresh` directory (made by this copy, each name copied once)."""
-    if fresh:
-        return
+def _remove_in(dest_dir: int, name: str) -> None:
+    """Clear the place of `name` in the copy (a catch-up copies an entry again)."""
     try:
         info = os.stat(name, dir_fd=dest_dir, follow_symlinks=False)
     except FileNotFoundError:
