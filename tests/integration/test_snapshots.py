@@ -12,6 +12,7 @@ import signal
 import stat
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,8 +21,8 @@ from privilege import needs_root
 
 from bashfleet.worker.engine import teardown, workspaces
 from bashfleet.worker.engine.images import images
-from bashfleet.worker.engine.snapshots import snapshot_store, snapshots
-from bashfleet.worker.engine.workspaces import disk, lifecycle, store, usage
+from bashfleet.worker.engine.snapshots import fork_reuse, snapshot_store, snapshots
+from bashfleet.worker.engine.workspaces import disk, lifecycle, store, untouched, usage
 from bashfleet.worker.settings import Settings
 from bashfleet.worker.wire.models import WorkspaceRecord, WorkspaceSpec
 
@@ -138,6 +139,145 @@ def test_a_snapshot_of_a_fork_stands_on_the_first(engine: Engine) -> None:
     finally:
         for ws_id in made:
             workspaces.delete(ws_id, engine.settings)
+
+
+def _fork_snapshot(engine: Engine, source: WorkspaceRecord, **tags: str) -> str:
+    """A snapshot taken as `fork` takes one (hidden, kept the grace); its id."""
+    snap, _ = snapshots.take(workspaces.load(source.id, engine.settings), engine.settings,
+                             ttl_s=snapshots.HIDDEN_GRACE_S, hidden=True, tags=tags)
+    return snap.id
+
+
+def test_a_fork_of_an_unchanged_workspace_stands_on_its_last_forks_snapshot(
+    engine: Engine,
+) -> None:
+    source = workspaces.create(WorkspaceSpec(owner="o"), engine.settings)
+    made: list[str] = []
+    try:
+        _sh(engine, source.id, "mkdir -p repo && echo one > repo/a.txt && echo t > /tmp/t")
+        written = time.time()
+        # Its stamps are trusted once every ctime is older than the margin (`fork_reuse`).
+        wait_until(lambda: time.time() - written > untouched.MARGIN_S + 0.05,
+                   what="the files' ctimes to age past the margin")
+        first = _fork_snapshot(engine, source)
+        made_at = snapshot_store.load(first, engine.settings).created_at
+        layers = sorted(p.name for p in snapshot_store.snapshots_dir(engine.settings).iterdir())
+        # Nothing changed: the same snapshot, renewed, and no copy made.
+        assert _fork_snapshot(engine, source) == first
+        assert snapshot_store.load(first, engine.settings).created_at > made_at
+        assert sorted(p.name for p in snapshot_store.snapshots_dir(engine.settings).iterdir()
+                      ) == layers
+        # Other tags, or a snapshot that is not a fork's: taken anew.
+        tagged = _fork_snapshot(engine, source, step="2")
+        assert tagged != first
+        plain, _ = snapshots.take(source, engine.settings)
+        assert plain.id not in (first, tagged)
+        # A change of the same size (only its times and ctime tell it): taken anew, and
+        # a fork of each sees its own instant.
+        _sh(engine, source.id, "echo two > repo/a.txt")
+        second = _fork_snapshot(engine, source, step="2")
+        assert second not in (first, tagged)
+        for snap_id, seen in ((first, "one"), (second, "two")):
+            fork = workspaces.create(WorkspaceSpec(owner="o", snapshot=snap_id),
+                                     engine.settings)
+            made.append(fork.id)
+            assert _sh(engine, fork.id, "cat repo/a.txt /tmp/t").split() == [seen, "t"]
+        # A call that changes nothing (its output kept outside the layers) keeps the
+        # last fork's snapshot good, once the change before it aged past the margin.
+        written = time.time()
+        _sh(engine, source.id, "cat repo/a.txt")
+        wait_until(lambda: time.time() - written > untouched.MARGIN_S + 0.05,
+                   what="the change's ctime to age past the margin")
+        third = _fork_snapshot(engine, source, step="3")
+        assert _fork_snapshot(engine, source, step="3") == third
+        # A removed snapshot is never stood on again.
+        assert snapshots.remove(third, engine.settings)
+        fourth = _fork_snapshot(engine, source, step="3")
+        assert fourth != third
+        assert _fork_snapshot(engine, source, step="3") == fourth
+        # One made (or renewed) past half the grace is not stood on either.
+        stale = snapshot_store.load(fourth, engine.settings)
+        snapshot_store.save(stale.model_copy(update={
+            "created_at": time.time() - fork_reuse.REUSE_WITHIN_S - 1}), engine.settings)
+        assert _fork_snapshot(engine, source, step="3") != fourth
+    finally:
+        for ws_id in made:
+            workspaces.delete(ws_id, engine.settings)
+        workspaces.delete(source.id, engine.settings)
+
+
+#: A process that maps `m.bin` shared and writable, writes A through the mapping, then
+#: the next letter at each SIGUSR1: a write to a page dirty already changes the file
+#: with its times kept (no fault, no time update) until the page is written back.
+MAPPER = (
+    "head -c 4096 /dev/zero > m.bin; python3 -c '\n"
+    "import mmap, os, signal, time\n"
+    "f = open(\"m.bin\", \"r+b\"); m = mmap.mmap(f.fileno(), 4096); m[0:1] = b\"A\"\n"
+    "signal.signal(signal.SIGUSR1, lambda *a: m.__setitem__(0, m[0] + 1))\n"
+    "open(\"/tmp/mapper.pid\", \"w\").write(str(os.getpid()))\n"
+    "time.sleep(300)' > /dev/null 2>&1 &"
+)
+
+
+def test_a_fork_of_a_workspace_that_maps_a_file_shared_takes_a_snapshot_anew(
+    engine: Engine,
+) -> None:
+    source = workspaces.create(WorkspaceSpec(owner="o"), engine.settings)
+    try:
+        assert engine.run(MAPPER, workspace=source.id, cwd=None, owner="o").exit_code == 0
+        wait_until(lambda: _sh(engine, source.id, "cat /tmp/mapper.pid 2>/dev/null || true"),
+                   what="the mapper's first write")
+        host_file = Path(workspaces.load(source.id, engine.settings).host_dir()) / "m.bin"
+        written = time.time()
+        wait_until(lambda: time.time() - written > untouched.MARGIN_S + 0.05,
+                   what="the files' ctimes to age past the margin")
+        # A write-back between the fork and the write (a sync of the host's) makes the
+        # write change the file's times: tried again until one left them as they were.
+        for letter in b"BCDEFGH":
+            first = _fork_snapshot(engine, source)
+            before = os.stat(host_file)
+            _sh(engine, source.id, "kill -USR1 $(cat /tmp/mapper.pid)")
+            wait_until(lambda: host_file.read_bytes()[0] == letter,  # noqa: B023
+                       what="the mapper's write")
+            after = os.stat(host_file)
+            if (after.st_mtime_ns, after.st_ctime_ns) == (before.st_mtime_ns,
+                                                         before.st_ctime_ns):
+                break
+        # The change could have gone unseen: the file's stamps are as they were.
+        assert (after.st_size, after.st_mtime_ns, after.st_ctime_ns) == (
+            before.st_size, before.st_mtime_ns, before.st_ctime_ns)
+        second = _fork_snapshot(engine, source)
+        assert second != first
+        fork = workspaces.create(WorkspaceSpec(owner="o", snapshot=second), engine.settings)
+        try:
+            assert _sh(engine, fork.id, "head -c 1 m.bin") == chr(letter)
+        finally:
+            workspaces.delete(fork.id, engine.settings)
+    finally:
+        workspaces.delete(source.id, engine.settings)
+
+
+def test_a_fork_of_a_workspace_whose_limits_changed_takes_a_snapshot_anew(
+    engine: Engine,
+) -> None:
+    source = workspaces.create(WorkspaceSpec(owner="o"), engine.settings)
+    try:
+        _sh(engine, source.id, "echo x > f")
+        written = time.time()
+        wait_until(lambda: time.time() - written > untouched.MARGIN_S + 0.05,
+                   what="the files' ctimes to age past the margin")
+        first = _fork_snapshot(engine, source)
+        assert _fork_snapshot(engine, source) == first
+        # What a fork takes from its workspace besides files (here its limits) changed.
+        record = workspaces.load(source.id, engine.settings)
+        changed = record.model_copy(update={"limits": record.limits.model_copy(
+            update={"disk_mb": 4096})})
+        workspaces.save(changed, engine.settings)
+        again = _fork_snapshot(engine, source)
+        assert again != first
+        assert snapshot_store.load(again, engine.settings).limits.disk_mb == 4096
+    finally:
+        workspaces.delete(source.id, engine.settings)
 
 
 def test_a_project_workspace_cannot_be_snapshotted(engine: Engine, tmp_path: Path) -> None:

@@ -89,6 +89,32 @@ def test_the_rl_pattern_snapshot_fork_patch_and_test(host: WorkerProcess,
         assert not fleet.delete_snapshot(snap.id)
 
 
+def test_forks_of_an_unchanged_workspace_stand_on_one_snapshot(
+    host: WorkerProcess, redis_server: RedisServer,
+) -> None:
+    """An episode's forks, then the next episode's from the same state: they stand on the
+    first's snapshot (no copy, no place more in the owner's quota); a change makes the
+    next fork's snapshot anew, and each fork has the files of its own instant."""
+    with Fleet(redis_server.url, owner=owner()) as fleet, fleet.workspace(host="snp") as ws:
+        assert ws.run(REPO).exit_code == 0
+        written = time.monotonic()
+        # Stamps are trusted once every ctime is older than the margin (`fork_reuse`).
+        while time.monotonic() - written < 0.3:
+            time.sleep(0.05)  # the files' ctimes aging: what is waited for is time
+        first = ws.fork(2)
+        second = ws.fork(3)
+        snaps = {f.view.snapshot for f in first + second}
+        assert len(snaps) == 1 and None not in snaps
+        assert ws.run("echo changed >> repo/calc.py").exit_code == 0
+        (third,) = ws.fork(1)
+        assert third.view.snapshot not in snaps
+        assert first[0].run("tail -1 repo/calc.py").stdout == "    return a - b\n"
+        assert third.run("tail -1 repo/calc.py").stdout == "changed\n"
+        for fork in [*first, *second, third]:
+            assert fork.delete()
+        assert fleet.snapshots() == []
+
+
 def test_a_workspace_from_a_snapshot_and_restore(host: WorkerProcess,
                                                  redis_server: RedisServer) -> None:
     with Fleet(redis_server.url, owner=owner()) as fleet, fleet.workspace(host="snp") as ws:

@@ -239,3 +239,25 @@ def test_v2_refuses_missing_controllers(tmp_path: Path) -> None:
     (owner / "cgroup.controllers").write_text("cpu io\n")
     with pytest.raises(OSError, match="not delegated"):
         cgroups._prepare_v2(laid_out)
+
+
+def test_members_are_the_pids_of_a_group_and_of_the_groups_beneath_it(tmp_path: Path) -> None:
+    group = tmp_path / "ws-1"
+    (group / "call-a").mkdir(parents=True)
+    (group / "cgroup.procs").write_text("10\n11\n")
+    (group / "call-a" / "cgroup.procs").write_text("12\n")
+    other = tmp_path / "freezer" / "ws-1"
+    other.mkdir(parents=True)
+    (other / "cgroup.procs").write_text("11\n13\n")
+    # Every hierarchy's, once each.
+    assert cgroups.members([str(group), str(other)]) == [10, 11, 12, 13]
+    assert cgroups.members([]) is None
+    assert cgroups.members([str(tmp_path / "gone")]) == []  # no group there: no process
+    # A group beneath removed while it was read (its file gone) held no process.
+    (group / "call-a" / "cgroup.procs").unlink()
+    assert sorted(cgroups.members([str(group)]) or []) == [10, 11]
+    (group / "call-a" / "cgroup.procs").write_text("not a pid\n")
+    assert cgroups.members([str(group)]) is None  # what it cannot read: cannot tell
+    (group / "call-a" / "cgroup.procs").write_text("12\n")
+    (group / "cgroup.procs").unlink()
+    assert cgroups.members([str(group)]) is None  # the group's own file gone: cannot tell

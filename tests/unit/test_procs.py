@@ -75,3 +75,28 @@ def test_is_same_process(child: subprocess.Popen[bytes]) -> None:
     child.kill()
     child.wait()
     assert not procs.is_same_process(child.pid, started)
+
+
+MAPS = """\
+55d0c0a00000-55d0c0a01000 r--p 00000000 08:01 1234  /usr/bin/python3.11
+7f0000000000-7f0000001000 rw-s 00000000 08:01 99    /work/m.bin
+7f0000001000-7f0000002000 r--s 00000000 08:01 98    /work/read-only.bin
+7f0000002000-7f0000003000 rw-p 00000000 08:01 97    /work/private.bin
+7f0000003000-7f0000004000 rw-s 00000000 00:01 5     /dev/zero (deleted)
+7f0000004000-7f0000005000 rw-p 00000000 00:00 0
+7ffd00000000-7ffd00021000 rw-p 00000000 00:00 0     [stack]
+7ffd00030000-7ffd00031000 rw-s 00000000 00:00 0     [vvar]
+"""
+
+
+def test_shared_writable_files_are_the_shared_writable_mappings_with_a_path() -> None:
+    # A private mapping copies on write (the file never changes); a read-only one cannot
+    # write; shared memory without a file (a /dev/zero one) is told as a file: it errs
+    # toward "cannot tell".
+    assert procs.shared_writable_files(MAPS) == ["/work/m.bin", "/dev/zero (deleted)"]
+    assert procs.shared_writable_files("") == []
+
+
+def test_a_process_that_maps_nothing_shared_is_told_so(child: subprocess.Popen[bytes]) -> None:
+    assert procs.maps_shared_writable(child.pid) is False
+    assert procs.maps_shared_writable(2**22 + 1) is None  # no such process

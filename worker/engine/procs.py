@@ -92,6 +92,28 @@ def _read_proc_file(path: str) -> bytes | None:
     return b"".join(chunks)
 
 
+def shared_writable_files(maps: str) -> list[str]:
+    """The files a process maps shared and writable, from its /proc/<pid>/maps text: what
+    it can change without a write call, so without the file's times changing at each
+    change (only at the first write to a page since it was last written back)."""
+    found = []
+    for line in maps.splitlines():
+        fields = line.split(maxsplit=5)
+        if len(fields) == 6 and fields[1][1] == "w" and fields[1][3] == "s" \
+                and not fields[5].startswith("["):
+            found.append(fields[5])
+    return found
+
+
+def maps_shared_writable(pid: int) -> bool | None:
+    """Whether process `pid` maps a file shared and writable (`shared_writable_files`);
+    None when its maps cannot be read (it is gone)."""
+    raw = _read_proc_file(f"/proc/{pid}/maps")
+    if raw is None:
+        return None
+    return bool(shared_writable_files(raw.decode("utf-8", "replace")))
+
+
 def _pids() -> Iterator[int]:
     for name in os.listdir("/proc"):
         if name.isdigit():

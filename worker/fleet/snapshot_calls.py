@@ -121,7 +121,11 @@ def _take(rt: Runtime, ws_id: str, owner: str, admin: bool, *, ttl_s: float | No
         registry.quota_release(rt.redis, QUOTA_KIND, source.owner, snap_id)
         raise
     cap = rt.settings.limit_snapshot_mb
-    if cap is not None:
+    if record.id != snap_id:
+        # The last fork's snapshot, renewed (`fork_reuse`): it holds its place already,
+        # and no byte more.
+        registry.quota_release(rt.redis, QUOTA_KIND, source.owner, snap_id)
+    elif cap is not None:
         held = _owner_bytes(rt, source.owner, but=snap_id)
         if held + record.bytes > cap * 2**20:
             engine.remove(record.id, rt.settings)

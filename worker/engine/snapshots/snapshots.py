@@ -24,12 +24,12 @@ import shutil
 import stat
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 
-from bashfleet.worker.engine import cgroups, id_slots, layout
-from bashfleet.worker.engine.snapshots import snapshot_store, tree_copy
+from bashfleet.worker.engine import cgroups, id_slots, layout, procs
+from bashfleet.worker.engine.snapshots import fork_reuse, snapshot_store, tree_copy
 from bashfleet.worker.engine.snapshots.snapshot_store import SnapshotError
 from bashfleet.worker.engine.workspaces import disk, store, usage
 from bashfleet.worker.settings import Settings
@@ -39,7 +39,7 @@ from bashfleet.worker.wire.models import SnapshotRecord, WorkspaceRecord
 #: Seconds a copy may take before the snapshot is given up (its source thawed at once).
 COPY_TIMEOUT_S = 600.0
 #: Seconds a snapshot made by `fork` is kept before its forks stand on it.
-HIDDEN_GRACE_S = 120.0
+HIDDEN_GRACE_S = fork_reuse.HIDDEN_GRACE_S
 #: The id an id of no workspace's slot becomes in a snapshot (nobody).
 OVERFLOW_ID = 65534
 
@@ -91,6 +91,10 @@ def _take_held(ws: WorkspaceRecord, settings: Settings, *, ttl_s: float | None,
         raise SnapshotError("limit", (
             f"workspace {ws.id} holds {used / 2**20:.0f} MiB, past its disk cap of "
             f"{ws.limits.disk_mb} MiB: remove files before taking a snapshot of it"))
+    if hidden:
+        again = _fork_again(ws, settings, tags or {})
+        if again is not None:
+            return again
     snap_id = snap_id or snapshot_store.new_id()
     base = snapshot_store.snapshots_dir(settings)
     base.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -102,21 +106,22 @@ def _take_held(ws: WorkspaceRecord, settings: Settings, *, ttl_s: float | None,
         def shifted(uid: int, gid: int) -> tuple[int, int]:
             return image_id(uid, first), image_id(gid, first)
 
+        copy_started, mapped = time.time(), [True]
+
+        def look_at_maps(frozen: bool) -> None:
+            mapped[0] = not frozen or _maps_files_shared(ws)
+
         paused_ms, listings = _copy_frozen(ws, own_dirs(ws, settings), staging / "layer",
-                                           ids=shifted)
+                                           ids=shifted,
+                                           on_frozen=look_at_maps if hidden else None)
         layer = staging / "layer"
         size = _settle_copy(layer, listings)
         for name in snapshot_store.LAYER_NAMES:
             (layer / name).mkdir(mode=0o755, exist_ok=True)
         record = SnapshotRecord(
-            id=snap_id, host=settings.host, owner=ws.owner, workspace=ws.id,
-            created_at=time.time(), ttl_s=ttl_s or settings.snapshot_ttl_s,
-            bytes=size, tags=dict(tags or {}),
-            layers=(snap_id, *ws.lowers), path=ws.path, image=ws.image, user=ws.user,
-            home=ws.home, limits=ws.limits, isolation=ws.isolation, network=ws.network,
-            mounts={view_path: os.path.relpath(host, ws.host_dir())
-                    for view_path, host in ws.mounts.items()},
-            hidden=hidden,
+            id=snap_id, created_at=time.time(), ttl_s=ttl_s or settings.snapshot_ttl_s,
+            bytes=size, tags=dict(tags or {}), layers=(snap_id, *ws.lowers), hidden=hidden,
+            **_from_workspace(ws, settings),
         )
         os.rename(staging, base / snap_id)
     except BaseException:
@@ -127,7 +132,70 @@ def _take_held(ws: WorkspaceRecord, settings: Settings, *, ttl_s: float | None,
     except BaseException:
         disk.remove_tree(base / snap_id)
         raise
+    if hidden and not mapped[0]:
+        _last_forks.remember(ws.id, fork_reuse.LastFork(snap_id, first, listings),
+                             copy_started)
+    elif hidden:
+        _last_forks.forget(ws.id)
     return record, paused_ms
+
+
+def _maps_files_shared(ws: WorkspaceRecord) -> bool:
+    """Whether a process of `ws` maps a file shared and writable (or that cannot be told):
+    it can change the file with its times kept, so the stamps of a copy taken now cannot
+    tell whether the workspace changed since (`fork_reuse`)."""
+    pids = cgroups.members(ws.cgroup)
+    return pids is None or any(procs.maps_shared_writable(pid) for pid in pids)
+
+
+def _from_workspace(ws: WorkspaceRecord, settings: Settings) -> dict[str, object]:
+    """What a snapshot's record takes from its workspace as it is (besides its layers)."""
+    return {
+        "host": settings.host, "owner": ws.owner, "workspace": ws.id, "path": ws.path,
+        "image": ws.image, "user": ws.user, "home": ws.home, "limits": ws.limits,
+        "isolation": ws.isolation, "network": ws.network,
+        "mounts": {view_path: os.path.relpath(host, ws.host_dir())
+                   for view_path, host in ws.mounts.items()},
+    }
+
+
+# ------------------------------------------------------------------ a fork's snapshot again
+
+#: The last fork of each workspace this process took (`fork_reuse`).
+_last_forks = fork_reuse.ForkMemory()
+
+
+def _fork_again(ws: WorkspaceRecord, settings: Settings, tags: Mapping[str, str]
+                ) -> tuple[SnapshotRecord, float | None] | None:
+    """The snapshot of `ws`'s last fork, renewed, when `ws` has not changed since and it
+    may stand for a new one (`fork_reuse`): (its record, ms `ws` was paused to tell).
+    None: take one."""
+    last = _last_forks.last(ws.id)
+    if last is None or ws.ids is None or ws.ids[0] != last.first_id:
+        return None
+    try:
+        record = snapshot_store.load(last.snap_id, settings)
+    except SnapshotError:  # collected, or deleted by its id
+        _last_forks.forget(ws.id)
+        return None
+    described = _from_workspace(ws, settings)
+    if (record.deleted or not record.hidden or not fork_reuse.young(record.created_at, time.time())
+            or record.layers[1:] != tuple(ws.lowers) or record.tags != dict(tags)
+            or any(getattr(record, name) != value for name, value in described.items())):
+        return None
+    started = time.monotonic()
+    frozen = cgroups.freeze(ws.cgroup)
+    try:
+        now = {name: _listing(src) for src, name in own_dirs(ws, settings)}
+    finally:
+        if frozen:
+            cgroups.thaw(ws.cgroup)
+    paused_ms = (time.monotonic() - started) * 1000 if frozen else None
+    if now != last.listings:
+        return None
+    renewed = record.model_copy(update={"created_at": time.time()})
+    snapshot_store.save(renewed, settings)
+    return renewed, paused_ms
 
 
 #: What tells that an entry changed: kind and mode, inode, owner, size, and both times
@@ -178,13 +246,14 @@ def _stamp(info: os.stat_result) -> tuple[Stamp, int]:
 
 
 def _copy_frozen(ws: WorkspaceRecord, sources: list[tuple[Path, str]], dest: Path, *,
-                 ids: tree_copy.IdMap | None = None
+                 ids: tree_copy.IdMap | None = None,
+                 on_frozen: Callable[[bool], None] | None = None,
                  ) -> tuple[float | None, dict[str, dict[str, tuple[Stamp, int]]]]:
     """Copy `sources` into `dest` (each under its layer name, owners mapped by `ids`) as
     they are at one instant: copied while the workspace runs, then, its processes
     frozen, what changed meanwhile copied again (its pause is that, not the whole copy).
     The ms they were paused, and what each layer held then (`_settle_copy` makes the
-    copy that)."""
+    copy that). `on_frozen(frozen)` is called at that instant, before the thaw."""
     # The workspace runs meanwhile: an entry it removes (or swaps) while the copy walks
     # is left out, not an error; the frozen pass below settles it. What the copy took is
     # stamped as it took it (no listing of its own beforehand: one walk fewer, and a
@@ -213,6 +282,8 @@ def _copy_frozen(ws: WorkspaceRecord, sources: list[tuple[Path, str]], dest: Pat
                                 "it was frozen; take the snapshot again")
         for src, copy, dirs in settle:
             _settle_dirs(src, copy, dirs, ids)
+        if on_frozen is not None:
+            on_frozen(frozen)
     finally:
         if frozen:
             cgroups.thaw(ws.cgroup)
