@@ -148,6 +148,13 @@ def _fork_snapshot(engine: Engine, source: WorkspaceRecord, **tags: str) -> str:
     return snap.id
 
 
+def _past_the_margin(since: float) -> None:
+    """Wait until what was written before `since` (time.time()) is older than the margin
+    a fork's stamps need to be trusted (`fork_reuse`)."""
+    wait_until(lambda: time.time() - since > untouched.MARGIN_S + 0.05,
+               what="the files' ctimes to age past the margin")
+
+
 def test_a_fork_of_an_unchanged_workspace_stands_on_its_last_forks_snapshot(
     engine: Engine,
 ) -> None:
@@ -155,10 +162,7 @@ def test_a_fork_of_an_unchanged_workspace_stands_on_its_last_forks_snapshot(
     made: list[str] = []
     try:
         _sh(engine, source.id, "mkdir -p repo && echo one > repo/a.txt && echo t > /tmp/t")
-        written = time.time()
-        # Its stamps are trusted once every ctime is older than the margin (`fork_reuse`).
-        wait_until(lambda: time.time() - written > untouched.MARGIN_S + 0.05,
-                   what="the files' ctimes to age past the margin")
+        _past_the_margin(time.time())
         first = _fork_snapshot(engine, source)
         made_at = snapshot_store.load(first, engine.settings).created_at
         layers = sorted(p.name for p in snapshot_store.snapshots_dir(engine.settings).iterdir())
@@ -186,8 +190,7 @@ def test_a_fork_of_an_unchanged_workspace_stands_on_its_last_forks_snapshot(
         # last fork's snapshot good, once the change before it aged past the margin.
         written = time.time()
         _sh(engine, source.id, "cat repo/a.txt")
-        wait_until(lambda: time.time() - written > untouched.MARGIN_S + 0.05,
-                   what="the change's ctime to age past the margin")
+        _past_the_margin(written)
         third = _fork_snapshot(engine, source, step="3")
         assert _fork_snapshot(engine, source, step="3") == third
         # A removed snapshot is never stood on again.
@@ -228,9 +231,7 @@ def test_a_fork_of_a_workspace_that_maps_a_file_shared_takes_a_snapshot_anew(
         wait_until(lambda: _sh(engine, source.id, "cat /tmp/mapper.pid 2>/dev/null || true"),
                    what="the mapper's first write")
         host_file = Path(workspaces.load(source.id, engine.settings).host_dir()) / "m.bin"
-        written = time.time()
-        wait_until(lambda: time.time() - written > untouched.MARGIN_S + 0.05,
-                   what="the files' ctimes to age past the margin")
+        _past_the_margin(time.time())
         # A write-back between the fork and the write (a sync of the host's) makes the
         # write change the file's times: tried again until one left them as they were.
         for letter in b"BCDEFGH":
@@ -263,9 +264,7 @@ def test_a_fork_of_a_workspace_whose_limits_changed_takes_a_snapshot_anew(
     source = workspaces.create(WorkspaceSpec(owner="o"), engine.settings)
     try:
         _sh(engine, source.id, "echo x > f")
-        written = time.time()
-        wait_until(lambda: time.time() - written > untouched.MARGIN_S + 0.05,
-                   what="the files' ctimes to age past the margin")
+        _past_the_margin(time.time())
         first = _fork_snapshot(engine, source)
         assert _fork_snapshot(engine, source) == first
         # What a fork takes from its workspace besides files (here its limits) changed.

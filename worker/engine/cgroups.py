@@ -426,9 +426,11 @@ def members(paths: Iterable[str]) -> list[int] | None:
     beneath it, in any of its hierarchies; None when a directory of it cannot be read
     (or it has none). A group beneath it removed meanwhile held none (only an empty
     group can be removed)."""
-    found: set[int] | None = None
+    paths = list(paths)
+    if not paths:
+        return None
+    found: set[int] = set()
     for path in paths:
-        found = found or set()
         for folder, _, _ in os.walk(path):
             try:
                 text = _read(os.path.join(folder, "cgroup.procs"))
@@ -439,7 +441,7 @@ def members(paths: Iterable[str]) -> list[int] | None:
                     return None
             except ValueError:
                 return None
-    return None if found is None else sorted(found)
+    return sorted(found)
 
 
 class GroupPool:

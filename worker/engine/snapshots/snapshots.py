@@ -186,12 +186,12 @@ def _fork_again(ws: WorkspaceRecord, settings: Settings, tags: Mapping[str, str]
     started = time.monotonic()
     frozen = cgroups.freeze(ws.cgroup)
     try:
-        now = {name: _listing(src) for src, name in own_dirs(ws, settings)}
+        listed = {name: _listing(src) for src, name in own_dirs(ws, settings)}
     finally:
         if frozen:
             cgroups.thaw(ws.cgroup)
     paused_ms = (time.monotonic() - started) * 1000 if frozen else None
-    if now != last.listings:
+    if listed != last.listings:
         return None
     renewed = record.model_copy(update={"created_at": time.time()})
     snapshot_store.save(renewed, settings)
