@@ -21,7 +21,7 @@ from privilege import needs_root
 
 from bashfleet.worker.engine import teardown, workspaces
 from bashfleet.worker.engine.images import images
-from bashfleet.worker.engine.snapshots import fork_reuse, snapshot_store, snapshots
+from bashfleet.worker.engine.snapshots import fork_delta, fork_reuse, snapshot_store, snapshots
 from bashfleet.worker.engine.workspaces import disk, lifecycle, store, untouched, usage
 from bashfleet.worker.settings import Settings
 from bashfleet.worker.wire.models import WorkspaceRecord, WorkspaceSpec
@@ -277,6 +277,131 @@ def test_a_fork_of_a_workspace_whose_limits_changed_takes_a_snapshot_anew(
         assert snapshot_store.load(again, engine.settings).limits.disk_mb == 4096
     finally:
         workspaces.delete(source.id, engine.settings)
+
+
+#: What a workspace shows of its own files, to compare a fork with its source: every
+#: entry of its directory with its kind, mode, link target and content, and /tmp/t.
+SHOW = ("find . -mindepth 1 -printf '%y %m %p %l\\n' | sort; "
+        "find . -type f | sort | xargs -r md5sum; cat /tmp/t")
+
+
+def _own_layers(engine: Engine, snap_id: str, source: WorkspaceRecord) -> tuple[str, ...]:
+    """The snapshots of `snap_id`'s chain that are its source's forks' own (the lowers
+    its source stands on left out)."""
+    layers = snapshot_store.load(snap_id, engine.settings).layers
+    return layers[:len(layers) - len(source.lowers)]
+
+
+def _sees_as_source(engine: Engine, source: WorkspaceRecord, snap_id: str,
+                    made: list[str]) -> None:
+    """A workspace made from `snap_id` shows what `source` shows now."""
+    fork = workspaces.create(WorkspaceSpec(owner="o", snapshot=snap_id), engine.settings)
+    made.append(fork.id)
+    assert _sh(engine, fork.id, SHOW) == _sh(engine, source.id, SHOW)
+
+
+def test_a_fork_of_a_changed_workspace_copies_only_what_changed_over_its_last_fork(
+    engine: Engine,
+) -> None:
+    source = workspaces.create(WorkspaceSpec(owner="o"), engine.settings)
+    made: list[str] = []
+    try:
+        _sh(engine, source.id, (
+            "mkdir -p repo/old/deep repo/re repo/keep && echo a > repo/a && echo b > repo/b "
+            "&& echo x > repo/old/deep/x && echo 1 > repo/re/one && echo 2 > repo/re/two "
+            "&& echo f > repo/was_file && mkdir repo/was_dir && echo i > repo/was_dir/i "
+            "&& for i in $(seq 50); do echo $i > repo/keep/$i; done && echo t > /tmp/t"))
+        before = _sh(engine, source.id, SHOW)
+        _past_the_margin(time.time())
+        first = _fork_snapshot(engine, source)
+        assert _own_layers(engine, first, source) == (first,)
+        _sh(engine, source.id, (
+            "echo A > repo/a && rm repo/b && rm -rf repo/old && rm -rf repo/re && mkdir repo/re "
+            "&& echo 2 > repo/re/two && rm repo/was_file && mkdir repo/was_file "
+            "&& echo n > repo/was_file/n && rm -rf repo/was_dir && echo d > repo/was_dir "
+            "&& mkdir -p repo/new/sub && echo s > repo/new/sub/s && ln -s a repo/link "
+            "&& chmod 700 repo/keep/7 && echo t2 > /tmp/t && rm -f ~/.bash_history"))
+        second = _fork_snapshot(engine, source)
+        # Thin: it stands on the first, and holds what changed, not the 49 files kept.
+        assert _own_layers(engine, second, source) == (second, first)
+        thin = snapshot_store.layer_path(engine.settings, second) / "work"
+        kept = sorted(p.name for p in (thin / "repo" / "keep").iterdir())
+        assert kept == ["7"]
+        assert stat.S_ISCHR(os.lstat(thin / "repo" / "b").st_mode)  # a whiteout
+        assert os.lstat(thin / "repo" / "b").st_rdev == 0
+        _sees_as_source(engine, source, second, made)
+        # The first fork's snapshot still shows the workspace as it was then.
+        fork = workspaces.create(WorkspaceSpec(owner="o", snapshot=first), engine.settings)
+        made.append(fork.id)
+        assert _sh(engine, fork.id, SHOW) == before
+        # What changed just before the second fork was too young to be trusted (unless
+        # this machine took longer than the margin to get to the fork): the next fork
+        # copies it again, over the second; once all is older than the margin, a fork
+        # stands on the last one.
+        remembered = snapshots._last_forks.last(source.id)
+        assert remembered is not None and remembered.snap_id == second
+        young = any(stamp[fork_reuse.CTIME_AT] == fork_reuse.UNTRUSTED_CTIME
+                    for listing in remembered.listings.values()
+                    for stamp, _ in listing.values())
+        third = _fork_snapshot(engine, source)
+        assert _own_layers(engine, third, source) == (
+            (third, second, first) if young else (second, first))
+        _past_the_margin(time.time())
+        fourth = _fork_snapshot(engine, source)
+        assert _fork_snapshot(engine, source) == fourth
+        _sees_as_source(engine, source, fourth, made)
+        # A chain is at most MAX_CHAIN deep: past it, a change takes a whole copy.
+        chain = _own_layers(engine, fourth, source)
+        while len(chain) < fork_delta.MAX_CHAIN:
+            _sh(engine, source.id, f"echo {len(chain)} > repo/a")
+            chain = _own_layers(engine, _fork_snapshot(engine, source), source)
+        _sh(engine, source.id, "echo AA > repo/a")
+        whole = _fork_snapshot(engine, source)
+        assert _own_layers(engine, whole, source) == (whole,)
+        _sees_as_source(engine, source, whole, made)
+        # A chain goes when nothing stands on it any more, its base once its top went.
+        for ws_id in made:
+            workspaces.delete(ws_id, engine.settings)
+        made.clear()
+        later = time.time() + snapshots.HIDDEN_GRACE_S + 1
+        gone = {r.id for r in snapshots.collect(engine.settings, now=later)}
+        assert {first, second, third, fourth, *chain, whole} <= gone
+        assert not snapshot_store.local_records(engine.settings)
+    finally:
+        for ws_id in made:
+            workspaces.delete(ws_id, engine.settings)
+        workspaces.delete(source.id, engine.settings)
+
+
+def test_a_fork_over_an_opaque_directory_takes_a_whole_copy(engine: Engine) -> None:
+    base = workspaces.create(WorkspaceSpec(owner="o"), engine.settings)
+    made: list[str] = []
+    try:
+        _sh(engine, base.id, "mkdir -p repo/d && echo old > repo/d/old")
+        snap, _ = snapshots.take(base, engine.settings)
+        source = workspaces.create(WorkspaceSpec(owner="o", snapshot=snap.id), engine.settings)
+        made.append(source.id)
+        # A directory of the snapshot beneath removed and made again: the overlay marks
+        # the new one opaque (nothing beneath shows through it).
+        _sh(engine, source.id, "rm -rf repo/d && mkdir repo/d && echo p > repo/d/p "
+            "&& echo q > repo/d/q")
+        upper = Path(workspaces.load(source.id, engine.settings).host_dir())
+        assert any(a.endswith("overlay.opaque") for a in os.listxattr(upper / "repo" / "d")), \
+            "the overlay did not mark the directory opaque"
+        _past_the_margin(time.time())
+        _fork_snapshot(engine, source)
+        _sh(engine, source.id, "echo P > repo/d/p")
+        # A thin layer would make that directory, opaque as its source is, over the first
+        # fork's: q would be hidden. A whole copy is taken instead.
+        second = _fork_snapshot(engine, source)
+        assert _own_layers(engine, second, source) == (second,)
+        fork = workspaces.create(WorkspaceSpec(owner="o", snapshot=second), engine.settings)
+        made.append(fork.id)
+        assert _sh(engine, fork.id, "ls repo/d && cat repo/d/p").split() == ["p", "q", "P"]
+    finally:
+        for ws_id in reversed(made):
+            workspaces.delete(ws_id, engine.settings)
+        workspaces.delete(base.id, engine.settings)
 
 
 def test_a_project_workspace_cannot_be_snapshotted(engine: Engine, tmp_path: Path) -> None:

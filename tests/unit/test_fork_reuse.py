@@ -18,28 +18,42 @@ def _listings(*ctimes: float) -> Listings:
     return {"root": {"": _stamp(1.0)}, "work": {f"f{i}": _stamp(c) for i, c in enumerate(ctimes)}}
 
 
-@pytest.mark.parametrize(("ctimes", "started", "trusted"), [
-    ((), 10.0, True),                 # only the layer roots, long ago
-    ((5.0, 9.7), 10.0, True),         # the newest 0.3 s before the copy
-    ((5.0, 9.8), 10.0, False),        # exactly the margin: not older than it
-    ((9.95,), 10.0, False),           # written just before the fork
-    ((10.5,), 10.0, False),           # written while the copy ran
+def _kept(listings: Listings) -> list[bool]:
+    """For each file of `_listings`, whether its stamp was kept as it was."""
+    return [stamp[fork_reuse.CTIME_AT] != fork_reuse.UNTRUSTED_CTIME
+            for _, (stamp, _) in sorted(listings["work"].items())]
+
+
+@pytest.mark.parametrize(("ctimes", "started", "kept"), [
+    ((), 10.0, []),                                  # only the layer roots, long ago
+    ((5.0, 9.7), 10.0, [True, True]),                # the newest 0.3 s before the copy
+    ((5.0, 9.8), 10.0, [True, False]),               # exactly the margin: not older than it
+    ((9.95, 1.0), 10.0, [False, True]),              # written just before the fork
+    ((10.5,), 10.0, [False]),                        # written while the copy ran
 ])
-def test_trusted_only_when_every_ctime_is_older_than_the_margin(
-    ctimes: tuple[float, ...], started: float, trusted: bool,
+def test_a_stamp_younger_than_the_margin_is_remembered_as_changed(
+    ctimes: tuple[float, ...], started: float, kept: list[bool],
 ) -> None:
-    assert fork_reuse.trusted(_listings(*ctimes), started, margin_s=0.2) is trusted
+    remembered = fork_reuse.remembered(_listings(*ctimes), started, margin_s=0.2)
+    assert _kept(remembered) == kept
+    assert remembered["root"] == _listings()["root"]
 
 
 @given(st.lists(st.floats(0, 1e6, allow_nan=False), max_size=20),
        st.floats(0, 1e6, allow_nan=False))
-def test_trusted_is_every_ctime_before_start_less_the_margin(
+def test_remembered_keeps_each_stamp_older_than_the_margin_and_only_those(
     ctimes: list[float], started: float,
 ) -> None:
     listings = _listings(*ctimes)
-    newest = max([1.0, *[int(c * 1e9) / 1e9 for c in ctimes]])
-    assert fork_reuse.newest_ctime_s(listings) == pytest.approx(newest)
-    assert fork_reuse.trusted(listings, started, 0.2) is (newest < started - 0.2)
+    remembered = fork_reuse.remembered(listings, started, 0.2)
+    for name, listing in listings.items():
+        assert remembered[name].keys() == listing.keys()
+        for rel, (stamp, blocks) in listing.items():
+            kept, kept_blocks = remembered[name][rel]
+            assert kept_blocks == blocks
+            trusted = stamp[fork_reuse.CTIME_AT] < (started - 0.2) * 1e9
+            assert (kept == stamp) is trusted
+            assert kept[:fork_reuse.CTIME_AT] == stamp[:fork_reuse.CTIME_AT]
 
 
 @pytest.mark.parametrize(("age", "young"), [
@@ -52,14 +66,15 @@ def test_a_snapshot_is_used_again_only_in_the_first_half_of_its_grace(
     assert fork_reuse.young(1000.0, 1000.0 + age) is young
 
 
-def test_the_memory_keeps_trusted_forks_forgets_the_rest_and_its_oldest() -> None:
+def test_the_memory_keeps_the_last_fork_of_each_and_forgets_its_oldest() -> None:
     memory = ForkMemory(size=2)
     old = LastFork("s1", 100000, _listings(1.0))
     memory.remember("w1", old, copy_started=100.0)
     assert memory.last("w1") == old
-    # A copy of stamps too young to tell a later change: what was kept of w1 goes too.
+    # A copy of a stamp too young to tell a later change: kept, that entry as changed.
     memory.remember("w1", LastFork("s2", 100000, _listings(99.9)), copy_started=100.0)
-    assert memory.last("w1") is None
+    kept = memory.last("w1")
+    assert kept is not None and kept.snap_id == "s2" and _kept(kept.listings) == [False]
     for ws in ("w1", "w2", "w3"):
         memory.remember(ws, LastFork(f"s-{ws}", 0, _listings(1.0)), copy_started=100.0)
     assert memory.last("w1") is None  # the least recently kept, past the size

@@ -12,9 +12,11 @@ snapshot instead, and pays a listing of the workspace (frozen) rather than a cop
 its processes are frozen, against the stamps the last fork's copy settled on (listed
 frozen too). A ctime is the one time no process can set: a change after a look gets a
 later one, unless the file system's clock gives the same ctime twice (a coarse clock's
-tick). So a copy's stamps are remembered only when every ctime in them is at least
-`untouched.MARGIN_S` older than the moment the copy started: a change after its thaw is
-then in a later tick, with a later ctime.
+tick). So a copy's stamp is trusted only when its ctime is at least `untouched.MARGIN_S`
+older than the moment the copy started: a change after its thaw is then in a later
+tick, with a later ctime. An entry changed just before the copy is remembered as
+changed (`UNTRUSTED_CTIME`): the next fork copies it again (`fork_delta`), whatever its
+stamp says then.
 
 A hidden snapshot that nothing stands on is collected `HIDDEN_GRACE_S` after it was
 made. One is used again only within `REUSE_WITHIN_S` of its making (half the grace),
@@ -49,6 +51,9 @@ Listings = Mapping[str, Mapping[str, tuple[tuple[int, ...], int]]]
 
 #: Where a stamp (`snapshots.Stamp`) keeps the entry's ctime, in ns.
 CTIME_AT = 6
+#: The ctime a remembered stamp is given when its own was too young to be trusted: no
+#: entry has it, so the entry counts as changed at the next fork.
+UNTRUSTED_CTIME = -1
 
 
 @dataclass(frozen=True)
@@ -61,18 +66,16 @@ class LastFork:
     listings: Listings
 
 
-def newest_ctime_s(listings: Listings) -> float:
-    """The latest ctime of any entry listed, in seconds (0 for no entry)."""
-    newest = max((stamp[CTIME_AT] for listing in listings.values()
-                  for stamp, _ in listing.values()), default=0)
-    return newest / 1e9
-
-
-def trusted(listings: Listings, copy_started: float, margin_s: float = untouched.MARGIN_S
-            ) -> bool:
-    """Whether a copy's stamps can tell a later change (see the module's doc): every
-    ctime in them is `margin_s` older than `copy_started` (time.time())."""
-    return newest_ctime_s(listings) < copy_started - margin_s
+def remembered(listings: Listings, copy_started: float,
+               margin_s: float = untouched.MARGIN_S) -> Listings:
+    """`listings` as the next fork compares against them: each entry whose ctime is not
+    `margin_s` older than `copy_started` stamped `UNTRUSTED_CTIME` (changed, whatever
+    it shows next)."""
+    limit = (copy_started - margin_s) * 1e9
+    return {name: {rel: (stamp if stamp[CTIME_AT] < limit else
+                         (*stamp[:CTIME_AT], UNTRUSTED_CTIME, *stamp[CTIME_AT + 1:]), blocks)
+                   for rel, (stamp, blocks) in listing.items()}
+            for name, listing in listings.items()}
 
 
 def young(created_at: float, now: float) -> bool:
@@ -89,13 +92,11 @@ class ForkMemory:
         self._last: OrderedDict[str, LastFork] = OrderedDict()
 
     def remember(self, ws_id: str, last: LastFork, copy_started: float) -> None:
-        """Keep `last` as `ws_id`'s last fork when its stamps can be trusted (forget
-        what was kept of it otherwise)."""
-        if not trusted(last.listings, copy_started):
-            self.forget(ws_id)
-            return
+        """Keep `last` as `ws_id`'s last fork, the stamps too young to be trusted kept
+        as changed (`remembered`)."""
+        kept = LastFork(last.snap_id, last.first_id, remembered(last.listings, copy_started))
         with self._lock:
-            self._last[ws_id] = last
+            self._last[ws_id] = kept
             self._last.move_to_end(ws_id)
             while len(self._last) > self.size:
                 self._last.popitem(last=False)

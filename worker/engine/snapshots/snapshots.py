@@ -29,7 +29,7 @@ from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 
 from bashfleet.worker.engine import cgroups, id_slots, layout, procs
-from bashfleet.worker.engine.snapshots import fork_reuse, snapshot_store, tree_copy
+from bashfleet.worker.engine.snapshots import fork_delta, fork_reuse, snapshot_store, tree_copy
 from bashfleet.worker.engine.snapshots.snapshot_store import SnapshotError
 from bashfleet.worker.engine.workspaces import disk, store, usage
 from bashfleet.worker.settings import Settings
@@ -91,21 +91,19 @@ def _take_held(ws: WorkspaceRecord, settings: Settings, *, ttl_s: float | None,
         raise SnapshotError("limit", (
             f"workspace {ws.id} holds {used / 2**20:.0f} MiB, past its disk cap of "
             f"{ws.limits.disk_mb} MiB: remove files before taking a snapshot of it"))
+    snap_id = snap_id or snapshot_store.new_id()
+    first = ws.ids[0]
+
+    def shifted(uid: int, gid: int) -> tuple[int, int]:
+        return image_id(uid, first), image_id(gid, first)
+
     if hidden:
-        again = _fork_again(ws, settings, tags or {})
+        again = _fork_again(ws, settings, tags or {}, snap_id, shifted,
+                            ttl_s=ttl_s or settings.snapshot_ttl_s)
         if again is not None:
             return again
-    snap_id = snap_id or snapshot_store.new_id()
-    base = snapshot_store.snapshots_dir(settings)
-    base.mkdir(mode=0o700, parents=True, exist_ok=True)
-    staging = base / f".{snap_id}.tmp"
-    (staging / "layer").mkdir(mode=0o700, parents=True)
+    staging = _staged(settings, snap_id)
     try:
-        first = ws.ids[0]
-
-        def shifted(uid: int, gid: int) -> tuple[int, int]:
-            return image_id(uid, first), image_id(gid, first)
-
         copy_started, mapped = time.time(), [True]
 
         def look_at_maps(frozen: bool) -> None:
@@ -123,21 +121,41 @@ def _take_held(ws: WorkspaceRecord, settings: Settings, *, ttl_s: float | None,
             bytes=size, tags=dict(tags or {}), layers=(snap_id, *ws.lowers), hidden=hidden,
             **_from_workspace(ws, settings),
         )
-        os.rename(staging, base / snap_id)
     except BaseException:
         disk.remove_tree(staging)
         raise
-    try:
-        snapshot_store.save(record, settings)
-    except BaseException:
-        disk.remove_tree(base / snap_id)
-        raise
+    _seal(staging, record, settings)
     if hidden and not mapped[0]:
         _last_forks.remember(ws.id, fork_reuse.LastFork(snap_id, first, listings),
                              copy_started)
     elif hidden:
         _last_forks.forget(ws.id)
     return record, paused_ms
+
+
+def _staged(settings: Settings, snap_id: str) -> Path:
+    """A new snapshot's staging directory (its `layer/` made, empty)."""
+    base = snapshot_store.snapshots_dir(settings)
+    base.mkdir(mode=0o700, parents=True, exist_ok=True)
+    staging = base / f".{snap_id}.tmp"
+    (staging / "layer").mkdir(mode=0o700, parents=True)
+    return staging
+
+
+def _seal(staging: Path, record: SnapshotRecord, settings: Settings) -> None:
+    """The snapshot staged at `staging` made the host's, as `record` says; on any
+    failure nothing of it is left."""
+    kept = snapshot_store.snapshots_dir(settings) / record.id
+    try:
+        os.rename(staging, kept)
+    except BaseException:
+        disk.remove_tree(staging)
+        raise
+    try:
+        snapshot_store.save(record, settings)
+    except BaseException:
+        disk.remove_tree(kept)
+        raise
 
 
 def _maps_files_shared(ws: WorkspaceRecord) -> bool:
@@ -165,11 +183,61 @@ def _from_workspace(ws: WorkspaceRecord, settings: Settings) -> dict[str, object
 _last_forks = fork_reuse.ForkMemory()
 
 
-def _fork_again(ws: WorkspaceRecord, settings: Settings, tags: Mapping[str, str]
+def _fork_again(ws: WorkspaceRecord, settings: Settings, tags: Mapping[str, str],
+                snap_id: str, ids: tree_copy.IdMap, *, ttl_s: float
                 ) -> tuple[SnapshotRecord, float | None] | None:
-    """The snapshot of `ws`'s last fork, renewed, when `ws` has not changed since and it
-    may stand for a new one (`fork_reuse`): (its record, ms `ws` was paused to tell).
-    None: take one."""
+    """The snapshot of `ws`'s next fork made from its last fork's, when that one may
+    stand beneath it (`fork_reuse`): the last one renewed when `ws` has not changed
+    since, else a thin snapshot `snap_id` (kept `ttl_s`) over it of what changed
+    (`fork_delta`), copied while `ws` is frozen: (its record, ms `ws` was paused).
+    None: take a whole copy."""
+    found = _last_fork(ws, settings, tags)
+    if found is None:
+        return None
+    last, record = found
+    sources = own_dirs(ws, settings)
+    started, started_at = time.monotonic(), time.time()
+    thin: tuple[Path, int] | None = None
+    mapped = True
+    frozen = cgroups.freeze(ws.cgroup)
+    try:
+        listed = {name: _listing(src) for src, name in sources}
+        if listed != last.listings:
+            own = len(record.layers) - len(ws.lowers)
+            deltas = fork_delta.plan(last.listings, listed) \
+                if frozen and own < fork_delta.MAX_CHAIN else None
+            thin = None if deltas is None else _copy_thin(sources, settings, snap_id, deltas,
+                                                           ids)
+            if thin is None:
+                return None
+            mapped = _maps_files_shared(ws)
+    finally:
+        if frozen:
+            cgroups.thaw(ws.cgroup)
+    paused_ms = (time.monotonic() - started) * 1000 if frozen else None
+    if thin is None:  # unchanged: the last fork's snapshot stands for this one
+        renewed = record.model_copy(update={"created_at": time.time()})
+        snapshot_store.save(renewed, settings)
+        return renewed, paused_ms
+    staging, size = thin
+    made = SnapshotRecord(
+        id=snap_id, created_at=time.time(), ttl_s=ttl_s, bytes=size,
+        tags=dict(tags), layers=(snap_id, *record.layers), hidden=True,
+        **_from_workspace(ws, settings))
+    _seal(staging, made, settings)
+    if mapped:
+        _last_forks.forget(ws.id)
+    else:
+        _last_forks.remember(ws.id, fork_reuse.LastFork(snap_id, last.first_id, listed),
+                             started_at)
+    return made, paused_ms
+
+
+def _last_fork(ws: WorkspaceRecord, settings: Settings, tags: Mapping[str, str]
+               ) -> tuple[fork_reuse.LastFork, SnapshotRecord] | None:
+    """`ws`'s last fork remembered, with its snapshot's record, when a fork of `ws` now
+    may stand on that snapshot: the same id slot, lowers, tags and settings, the
+    snapshot hidden, kept and young (`fork_reuse`)."""
     last = _last_forks.last(ws.id)
     if last is None or ws.ids is None or ws.ids[0] != last.first_id:
         return None
@@ -179,23 +247,90 @@ def _fork_again(ws: WorkspaceRecord, settings: Settings, tags: Mapping[str, str]
         _last_forks.forget(ws.id)
         return None
     described = _from_workspace(ws, settings)
+    own = len(record.layers) - len(ws.lowers)  # the last fork's own snapshots, its first
     if (record.deleted or not record.hidden or not fork_reuse.young(record.created_at, time.time())
-            or record.layers[1:] != tuple(ws.lowers) or record.tags != dict(tags)
+            or own < 1 or record.layers[own:] != tuple(ws.lowers) or record.tags != dict(tags)
             or any(getattr(record, name) != value for name, value in described.items())):
         return None
-    started = time.monotonic()
-    frozen = cgroups.freeze(ws.cgroup)
+    return last, record
+
+
+#: Extended attributes of an overlay's layer that speak of the layers beneath it. A
+#: thin snapshot given one where it stacks on the last fork's is given up for a copy:
+#: an opaque directory stacked on the last fork's would hide what that one holds.
+_BENEATH_ATTRS = ("overlay.opaque", "overlay.redirect", "overlay.metacopy")
+
+
+def _copy_thin(sources: list[tuple[Path, str]], settings: Settings, snap_id: str,
+               deltas: Mapping[str, fork_delta.LayerDelta], ids: tree_copy.IdMap
+               ) -> tuple[Path, int] | None:
+    """Stage snapshot `snap_id` as each own layer's thin snapshot (`fork_delta`), from
+    its source (the workspace frozen): what changed copied, directories made as they
+    are now, whiteouts for what went. (Where it is staged, the bytes it holds); None,
+    with nothing left, when something went anyway, or an overlay attribute is where the
+    thin layer stacks on the last fork's (take a copy)."""
+    staging = _staged(settings, snap_id)
+    layer, total = staging / "layer", 0
     try:
-        listed = {name: _listing(src) for src, name in own_dirs(ws, settings)}
-    finally:
-        if frozen:
-            cgroups.thaw(ws.cgroup)
-    paused_ms = (time.monotonic() - started) * 1000 if frozen else None
-    if listed != last.listings:
-        return None
-    renewed = record.model_copy(update={"created_at": time.time()})
-    snapshot_store.save(renewed, settings)
-    return renewed, paused_ms
+        for src, name in sources:
+            delta = deltas[name]
+            dest = layer / name
+            os.mkdir(dest, 0o700)
+            if tree_copy.copy_entries(str(src), str(dest), delta.copy, ids=ids):
+                disk.remove_tree(staging)
+                return None
+            tree_copy.make_dirs(str(src), str(dest), delta.dirs, ids=ids)
+            tree_copy.whiteouts(str(src), str(dest), delta.whiteouts, ids=ids)
+            made = _entries_of(dest)
+            _settle_dirs(src, dest, [rel for rel, is_dir in made if is_dir], ids)
+            size = _thin_bytes(dest, made, set(delta.copy))
+            if size is None:
+                disk.remove_tree(staging)
+                return None
+            total += size
+        for name in snapshot_store.LAYER_NAMES:
+            (layer / name).mkdir(mode=0o755, exist_ok=True)
+        os.chown(layer, 0, 0)  # the layer directory itself is the snapshot's, not a copy
+    except BaseException:
+        disk.remove_tree(staging)
+        raise
+    return staging, total
+
+
+def _entries_of(root: Path) -> list[tuple[str, bool]]:
+    """Every entry of a tree of the host's own (`root` itself as ''), as (relative path,
+    whether it is a directory), never following a link."""
+    found, stack = [("", True)], [(str(root), "")]
+    while stack:
+        folder, prefix = stack.pop()
+        with os.scandir(folder) as entries:
+            for entry in entries:
+                is_dir = entry.is_dir(follow_symlinks=False)
+                found.append((f"{prefix}{entry.name}", is_dir))
+                if is_dir:
+                    stack.append((entry.path, f"{prefix}{entry.name}/"))
+    return found
+
+
+#: Extended attributes of an overlay's layer that speak of the layers beneath it. A
+#: thin snapshot given one where it stacks on the last fork's is given up for a copy:
+#: an opaque directory stacked on the last fork's would hide what that one holds.
+_BENEATH_ATTRS = ("overlay.opaque", "overlay.redirect", "overlay.metacopy")
+
+
+def _thin_bytes(root: Path, entries: list[tuple[str, bool]], whole: set[str]) -> int | None:
+    """The bytes a thin layer's `entries` hold; None when one carries an overlay
+    attribute that speaks of what is beneath it (`_BENEATH_ATTRS`; opaque only matters
+    for a directory stacked on the last fork's, not one copied whole or beneath one)."""
+    total = 0
+    for rel, is_dir in entries:
+        path = os.path.join(root, rel) if rel else str(root)
+        stacked = is_dir and not (rel and fork_delta.under(rel, whole))
+        for attr in os.listxattr(path, follow_symlinks=False):
+            if attr.endswith(_BENEATH_ATTRS[1:]) or (stacked and attr.endswith(_BENEATH_ATTRS[0])):
+                return None
+        total += os.lstat(path).st_blocks * 512
+    return total
 
 
 #: What tells that an entry changed: kind and mode, inode, owner, size, and both times

@@ -13,6 +13,8 @@ workspace's ids as an image's), each set once, with the copy's other metadata.
 
     copy_tree(src, dest)                   the whole tree of src as dest (made here)
     copy_entries(src, dest, ["a/b", ...])  those entries of src again, into dest's tree
+    make_dirs(src, dest, ["a", ...])       those directories of src, without what they hold
+    whiteouts(src, dest, ["a/c", ...])     an overlay's whiteout at each, in dest's tree
 
 Entries that go while they are copied (the workspace runs meanwhile) are left out and
 named in the answer: the caller copies again once the workspace is frozen.
@@ -119,6 +121,42 @@ def copy_entries(src: str, dest: str, rels: Iterable[str], *, ids: IdMap | None 
         os.close(src_root)
         os.close(dest_root)
     return state.gone
+
+
+def make_dirs(src: str, dest: str, rels: Iterable[str], *, ids: IdMap | None = None
+              ) -> None:
+    """Each directory `rels` names made under `dest` as its source under `src` is (owner
+    mapped by `ids`, mode, extended attributes, times), with those on the way, where
+    missing; none of what the source directories hold."""
+    src_root = os.open(src, _DIR_FLAGS)
+    dest_root = os.open(dest, _DIR_FLAGS)
+    try:
+        for rel in rels:
+            os.close(_dest_dir(src_root, dest_root, rel, ids))
+    finally:
+        os.close(src_root)
+        os.close(dest_root)
+
+
+def whiteouts(src: str, dest: str, rels: Iterable[str], *, ids: IdMap | None = None,
+              owner: tuple[int, int] = (0, 0)) -> None:
+    """An overlay's whiteout (the device 0:0, owned by `owner`) at each of `rels` under
+    `dest`, whose directories on the way are made as their sources under `src` where
+    missing (as `copy_entries` makes them; `ids`: their owners)."""
+    src_root = os.open(src, _DIR_FLAGS)
+    dest_root = os.open(dest, _DIR_FLAGS)
+    try:
+        for rel in rels:
+            parent, name = os.path.split(rel)
+            dest_dir = _dest_dir(src_root, dest_root, parent, ids)
+            try:
+                os.mknod(name, stat.S_IFCHR, os.makedev(0, 0), dir_fd=dest_dir)
+                os.chown(name, *owner, dir_fd=dest_dir, follow_symlinks=False)
+            finally:
+                os.close(dest_dir)
+    finally:
+        os.close(src_root)
+        os.close(dest_root)
 
 
 def open_beneath(root: int, rel: str) -> int:
