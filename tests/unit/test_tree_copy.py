@@ -288,3 +288,32 @@ def test_a_catch_up_removes_extended_attributes_the_source_has_not(tmp_path: Pat
         patch.setattr(os, "open", open_with_attr)
         assert tree_copy.copy_entries(str(src), str(copy), ["f"]) == []
     assert os.listxattr(copy / "f") == []
+
+
+def test_make_dirs_and_whiteouts_make_what_they_name_with_their_parents(tmp_path: Path) -> None:
+    """A thin snapshot's directories (without what they hold) and whiteouts, the
+    directories on the way made as their sources, owners mapped."""
+    src = tmp_path / "src"
+    (src / "a" / "b" / "c").mkdir(parents=True)
+    (src / "a" / "b" / "c" / "kept").write_text("not copied")
+    for path, owner in ((src, 100000), (src / "a", 100001), (src / "a" / "b", 100002),
+                        (src / "a" / "b" / "c", 100003)):
+        os.chown(path, owner, owner)
+    os.chmod(src / "a" / "b", 0o700)
+    os.utime(src / "a", ns=(1_000_000_000, 2_000_000_000))
+    dest = tmp_path / "thin"
+    dest.mkdir()
+
+    def shifted(uid: int, gid: int) -> tuple[int, int]:
+        return uid - 100000, gid - 100000
+
+    tree_copy.make_dirs(str(src), str(dest), ["a/b/c"], ids=shifted)
+    tree_copy.whiteouts(str(src), str(dest), ["a/gone", "a/b/also"], ids=shifted)
+    assert sorted(str(p.relative_to(dest)) for p in dest.rglob("*")) == [
+        "a", "a/b", "a/b/also", "a/b/c", "a/gone"]
+    assert [os.lstat(dest / rel).st_uid for rel in ("a", "a/b", "a/b/c")] == [1, 2, 3]
+    assert stat.S_IMODE(os.lstat(dest / "a" / "b").st_mode) == 0o700
+    for rel in ("a/gone", "a/b/also"):
+        info = os.lstat(dest / rel)
+        assert stat.S_ISCHR(info.st_mode) and info.st_rdev == os.makedev(0, 0)
+        assert (info.st_uid, info.st_gid, stat.S_IMODE(info.st_mode)) == (0, 0, 0)
